@@ -1,0 +1,5 @@
+"""Run gpubot as ``python -m gpubot``."""
+
+from gpubot.cli import main
+
+raise SystemExit(main())

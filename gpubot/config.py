@@ -1,0 +1,220 @@
+"""Settings: one frozen object, loaded once from TOML (+ environment for secrets), passed down.
+
+Every problem is a ``ConfigError`` whose message names the file, the key and what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpubot.core.models import NodeConfig
+from gpubot.errors import ConfigError
+
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+DEFAULT_PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm", "dcgm-exporter", "Xorg")
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How gpubot reaches nodes."""
+
+    known_hosts: str = "~/.ssh/known_hosts"
+    connect_timeout_s: float = 5.0
+    command_timeout_s: float = 20.0
+    max_parallel: int = 64
+    keepalive_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class ResetSettings:
+    """Defaults of the reset engine."""
+
+    grace_s: float = 10.0
+    verify_timeout_s: float = 30.0
+    free_threshold_mib: int = 256
+    poll_interval_s: float = 0.25
+    protected: tuple[str, ...] = DEFAULT_PROTECTED
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything gpubot is configured with."""
+
+    path: str | None = None
+    database_url: str = "sqlite:///gpubot.db"
+    ssh: SshSettings = field(default_factory=SshSettings)
+    reset: ResetSettings = field(default_factory=ResetSettings)
+    nodes: tuple[NodeConfig, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)  # sections owned by later front ends
+
+    def node(self, name: str) -> NodeConfig | None:
+        """Return the node called ``name`` or None."""
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """Return each group name with its node names."""
+        out: dict[str, list[str]] = {}
+        for n in self.nodes:
+            for g in n.groups:
+                out.setdefault(g, []).append(n.name)
+        return {g: tuple(ns) for g, ns in out.items()}
+
+
+# Sections other issues own; accepted as tables and kept raw in ``Settings.extra``.
+EXTRA_SECTIONS = ("slack", "users", "approvals", "permissions", "sweep", "alerts", "metrics")
+
+
+def config_path(cli_value: str | None, environ: Mapping[str, str]) -> Path:
+    """Choose the settings file: ``--config``, else ``$GPUBOT_CONFIG``, else ``./gpubot.toml``."""
+    return Path(cli_value or environ.get("GPUBOT_CONFIG") or "gpubot.toml")
+
+
+def load(path: Path) -> Settings:
+    """Load and validate the settings file at ``path``."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (use --config or $GPUBOT_CONFIG)") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse(raw, str(path))
+
+
+def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
+    """Validate a decoded TOML document into ``Settings``."""
+    v = _Validator(where)
+    v.keys("", raw, {"database", "ssh", "reset", "nodes", *EXTRA_SECTIONS})
+    db = v.table("database", raw.get("database", {}))
+    v.keys("database", db, {"url"})
+    url = v.string("database.url", db.get("url", "sqlite:///gpubot.db"))
+    if "@" in url and ":" in url.split("@", 1)[0].split("//", 1)[-1]:
+        raise ConfigError(
+            f"{where}: database.url: put the password in $GPUBOT_DB_PASSWORD, not here"
+        )
+
+    ssh_raw = v.table("ssh", raw.get("ssh", {}))
+    v.keys("ssh", ssh_raw, {"known_hosts", "connect_timeout_s", "command_timeout_s",
+                            "max_parallel", "keepalive_s"})  # fmt: skip
+    d = SshSettings()
+    ssh = SshSettings(
+        known_hosts=v.string("ssh.known_hosts", ssh_raw.get("known_hosts", d.known_hosts)),
+        connect_timeout_s=v.positive("ssh.connect_timeout_s",
+                                     ssh_raw.get("connect_timeout_s", d.connect_timeout_s)),
+        command_timeout_s=v.positive("ssh.command_timeout_s",
+                                     ssh_raw.get("command_timeout_s", d.command_timeout_s)),
+        max_parallel=int(v.positive("ssh.max_parallel", ssh_raw.get("max_parallel", d.max_parallel),
+                                    integer=True)),
+        keepalive_s=v.positive("ssh.keepalive_s", ssh_raw.get("keepalive_s", d.keepalive_s)),
+    )  # fmt: skip
+
+    rr = v.table("reset", raw.get("reset", {}))
+    r = ResetSettings()
+    v.keys("reset", rr, {"grace_s", "verify_timeout_s", "free_threshold_mib", "poll_interval_s",
+                         "protected"})  # fmt: skip
+    protected = rr.get("protected", list(r.protected))
+    if not isinstance(protected, list) or not all(isinstance(p, str) for p in protected):
+        raise ConfigError(f"{where}: reset.protected: expected a list of process names")
+    reset = ResetSettings(
+        grace_s=v.positive("reset.grace_s", rr.get("grace_s", r.grace_s), zero=True),
+        verify_timeout_s=v.positive("reset.verify_timeout_s",
+                                    rr.get("verify_timeout_s", r.verify_timeout_s)),
+        free_threshold_mib=int(v.positive("reset.free_threshold_mib",
+                                          rr.get("free_threshold_mib", r.free_threshold_mib),
+                                          integer=True, zero=True)),
+        poll_interval_s=v.positive("reset.poll_interval_s",
+                                   rr.get("poll_interval_s", r.poll_interval_s)),
+        protected=tuple(protected),
+    )  # fmt: skip
+
+    nodes_raw = raw.get("nodes", [])
+    if not isinstance(nodes_raw, list):
+        raise ConfigError(f"{where}: nodes: expected [[nodes]] tables")
+    nodes: list[NodeConfig] = []
+    seen: set[str] = set()
+    for i, n in enumerate(nodes_raw):
+        nodes.append(_node(v, f"nodes[{i}]", n, seen))
+    extra = {k: v.table(k, raw[k]) for k in EXTRA_SECTIONS if k in raw}
+    return Settings(where, url, ssh, reset, tuple(nodes), extra)
+
+
+def _node(v: _Validator, key: str, n: Any, seen: set[str]) -> NodeConfig:
+    t = v.table(key, n)
+    v.keys(key, t, {"name", "host", "port", "user", "key", "dev_prefix", "sudo", "groups",
+                    "nvidia_smi"})  # fmt: skip
+    if "name" not in t or "host" not in t:
+        raise ConfigError(f"{v.where}: {key}: 'name' and 'host' are required")
+    name = v.string(f"{key}.name", t["name"])
+    if not NODE_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{v.where}: {key}.name: {name!r} must match [A-Za-z0-9][A-Za-z0-9._-]{{0,62}}"
+        )
+    if name in seen:
+        raise ConfigError(f"{v.where}: {key}.name: duplicate node name {name!r}")
+    seen.add(name)
+    port = t.get("port", 22)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ConfigError(f"{v.where}: {key}.port: {port!r} is not a port number (1-65535)")
+    groups = t.get("groups", [])
+    if not isinstance(groups, list) or not all(
+        isinstance(g, str) and NODE_NAME.fullmatch(g) for g in groups
+    ):
+        raise ConfigError(f"{v.where}: {key}.groups: expected a list of group names")
+    if name in groups:
+        raise ConfigError(f"{v.where}: {key}.groups: a group cannot be named like its node")
+    sudo = t.get("sudo", False)
+    if not isinstance(sudo, bool):
+        raise ConfigError(f"{v.where}: {key}.sudo: expected true or false")
+    user = t.get("user")
+    keyf = t.get("key")
+    return NodeConfig(
+        name=name,
+        host=v.string(f"{key}.host", t["host"]),
+        port=port,
+        user=None if user is None else v.string(f"{key}.user", user),
+        key=None if keyf is None else v.string(f"{key}.key", keyf),
+        dev_prefix=v.string(f"{key}.dev_prefix", t.get("dev_prefix", "/dev/nvidia")),
+        sudo=sudo,
+        groups=tuple(groups),
+        nvidia_smi=v.string(f"{key}.nvidia_smi", t.get("nvidia_smi", "nvidia-smi")),
+    )
+
+
+class _Validator:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def keys(self, section: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+        for k in table:
+            if k not in allowed:
+                name = f"{section}.{k}" if section else k
+                raise ConfigError(f"{self.where}: {name}: unknown key")
+
+    def table(self, key: str, value: Any) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{self.where}: {key}: expected a table")
+        return value
+
+    def string(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{self.where}: {key}: expected a non-empty string")
+        return value
+
+    def positive(self, key: str, value: Any, *, integer: bool = False, zero: bool = False) -> float:
+        ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
+        if isinstance(value, bool) or not ok_type or value < 0 or (value == 0 and not zero):
+            kind = "a whole number" if integer else "a number"
+            raise ConfigError(f"{self.where}: {key}: expected {kind} > 0, got {value!r}")
+        return float(value)
+
+
+def expand(path: str) -> str:
+    """Expand ``~`` in a configured path."""
+    return os.path.expanduser(path)

@@ -1,0 +1,175 @@
+"""Snapshots and value types shared by every layer.
+
+Snapshots are frozen and built only by parsers; an unknown value is ``None``, never ``0`` or "N/A".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The result of one command, shaped like ``subprocess.CompletedProcess``."""
+
+    argv: tuple[str, ...]
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One box of the inventory and how to reach it."""
+
+    name: str
+    host: str  # "local" means the box gpubot runs on (NVML, no SSH)
+    port: int = 22
+    user: str | None = None
+    key: str | None = None
+    dev_prefix: str = (
+        "/dev/nvidia"  # GPU i is {dev_prefix}{i}; also {dev_prefix}ctl, {dev_prefix}-uvm
+    )
+    sudo: bool = False  # prefix privileged commands with ``sudo -n``
+    groups: tuple[str, ...] = ()
+    nvidia_smi: str = "nvidia-smi"  # the command to run; the simulated fleet points it elsewhere
+
+    def device(self, gpu_index: int) -> str:
+        """Return the device file of GPU ``gpu_index``."""
+        return f"{self.dev_prefix}{gpu_index}"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One row of ``nvidia-smi --query-gpu``."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    utilization_pct: int | None
+
+
+@dataclass(frozen=True)
+class ComputeApp:
+    """One row of ``nvidia-smi --query-compute-apps``."""
+
+    pid: int
+    gpu_uuid: str
+    used_memory_mib: int | None
+    process_name: str
+
+
+@dataclass(frozen=True)
+class DeviceHolder:
+    """One process holding a device file, as ``fuser -v`` reports it."""
+
+    path: str
+    pid: int
+    user: str
+    access: str
+    command: str
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What ``/proc/PID/stat`` and ``ps`` say of one process."""
+
+    pid: int
+    ppid: int
+    user: str
+    state: str  # one letter: R S D Z T t X I
+    start_ticks: int  # field 22 of /proc/PID/stat: identity against PID reuse
+    elapsed_s: int | None
+    command: str
+
+
+@dataclass(frozen=True)
+class ProcessKey:
+    """A process's identity: a PID alone can be reused, PID + kernel start time cannot."""
+
+    node: str
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process on one GPU: memory from nvidia-smi and/or a hold on the GPU's device file."""
+
+    pid: int
+    gpu_index: int
+    used_memory_mib: int | None
+    process_name: str
+    visible_to_nvidia_smi: bool
+    holds_device_file: bool
+    user: str | None = None
+    ppid: int | None = None
+    state: str | None = None
+    start_ticks: int | None = None
+    elapsed_s: int | None = None
+    command: str | None = None
+
+    @property
+    def hidden(self) -> bool:
+        """Holds the device file but nvidia-smi does not list it (another PID namespace)."""
+        return self.holds_device_file and not self.visible_to_nvidia_smi
+
+    @property
+    def exists(self) -> bool:
+        """Whether ``/proc`` still knows the process."""
+        return self.start_ticks is not None
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """Everything one node said about its GPUs at one moment."""
+
+    node: str
+    taken_at: float  # unix time
+    gpus: tuple[GpuInfo, ...]
+    processes: tuple[GpuProcess, ...] = ()
+    ctl_only: tuple[ProcInfo, ...] = field(default=())  # hold nvidiactl/uvm but no GPU
+
+    def gpu(self, index: int) -> GpuInfo | None:
+        """Return GPU ``index`` or None."""
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def on_gpu(self, index: int) -> tuple[GpuProcess, ...]:
+        """Return the processes on GPU ``index``."""
+        return tuple(p for p in self.processes if p.gpu_index == index)
+
+
+class Outcome(StrEnum):
+    """How a targeted GPU ended after a reset."""
+
+    FREED = "freed"
+    ORPHANED = "orphaned"
+    STUCK = "stuck"
+    RESPAWNED = "respawned"
+    UNKNOWN = "unknown"
+
+
+class FindingKind(StrEnum):
+    """Kinds of trouble a sweep finds."""
+
+    ORPHANED_VRAM = "orphaned-vram"
+    ZOMBIE_PROCESS = "zombie-process"
+    HIDDEN_HOLDER = "hidden-holder"
+    IDLE_HOLDER = "idle-holder"
+    NODE_UNREACHABLE = "node-unreachable"
+    SMI_FAILED = "smi-failed"
+
+
+class ApprovalState(StrEnum):
+    """Life of an approval for a forced kill."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    EXECUTED = "executed"
+    FAILED = "failed"

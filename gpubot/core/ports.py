@@ -1,0 +1,66 @@
+"""Ports: what services need from the outside world (``typing.Protocol``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from gpubot.core.models import CommandResult, NodeConfig
+
+
+class Transport(Protocol):
+    """Runs argv lists on nodes; raises ``TransportError`` subclasses, never library errors."""
+
+    async def run(
+        self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
+    ) -> CommandResult:
+        """Run ``argv`` on ``node`` (joined with ``shlex.join``) and return its result."""
+        ...
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        ...
+
+
+class Clock(Protocol):
+    """Time, passed in so that tests and the core can reason about it."""
+
+    def now(self) -> float:
+        """Return unix time in seconds."""
+        ...
+
+    def monotonic(self) -> float:
+        """Return a monotonic time in seconds."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``."""
+        ...
+
+
+class AuditStore(Protocol):
+    """The append-only, hash-chained audit log. Every method raises ``StoreError`` on failure."""
+
+    async def begin_action(
+        self,
+        *,
+        kind: str,
+        actor: str,
+        source: str,
+        command: str,
+        node: str | None,
+        gpus: Sequence[int],
+        plan: Mapping[str, Any] | None,
+    ) -> int:
+        """Write the intent of an action BEFORE anything happens; return the action id."""
+        ...
+
+    async def record_event(self, action_id: int, event: Mapping[str, Any]) -> None:
+        """Append one step of an action (signal sent, process exited, GPU outcome ...)."""
+        ...
+
+    async def finish_action(
+        self, action_id: int, *, status: str, result: Mapping[str, Any]
+    ) -> None:
+        """Append the outcome of an action."""
+        ...

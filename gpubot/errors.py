@@ -1,0 +1,125 @@
+"""One error tree for gpubot.
+
+::
+
+    GpubotError
+    ├── ConfigError(ValueError)            invalid settings file or environment
+    ├── UsageError(ValueError)             bad user input (CLI, console, Slack text)
+    ├── TransportError                     a node could not be asked
+    │   ├── NodeUnreachable(ConnectionError)
+    │   ├── AuthRefused(PermissionError)
+    │   ├── HostKeyRejected                unknown or changed host key
+    │   └── CommandTimeout(TimeoutError)
+    ├── ProbeError                         a node answered, but not usefully
+    │   ├── SmiMissing                     nvidia-smi not installed (exit 127)
+    │   ├── SmiFailed                      nvidia-smi error exit (e.g. driver gone, exit 9)
+    │   └── ParseError(ValueError)         output that cannot be parsed; carries the raw line
+    ├── ResetRefused                       the reset cannot start (lock held, empty plan, ...)
+    ├── StoreError                         the audit store failed (fail closed)
+    │   └── DatabaseBehind                 migrations not applied
+    └── ApprovalError                      an approval decision refused
+        ├── SelfApproval(PermissionError)
+        ├── NotAnApprover(PermissionError)
+        ├── ApprovalExpired
+        └── AlreadyDecided
+
+Adapters translate library errors at their boundary (``raise NodeUnreachable(node) from exc``).
+Every message is one line fit to show a person.
+"""
+
+from __future__ import annotations
+
+
+class GpubotError(Exception):
+    """Base of every error gpubot raises on purpose."""
+
+
+class ConfigError(GpubotError, ValueError):
+    """The settings file or environment is invalid."""
+
+
+class UsageError(GpubotError, ValueError):
+    """A person gave input that cannot be acted on."""
+
+
+class TransportError(GpubotError):
+    """A node could not be asked."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(f"{node}: {reason}")
+        self.node = node
+        self.reason = reason
+
+
+class NodeUnreachable(TransportError, ConnectionError):
+    """The node did not accept a connection."""
+
+
+class AuthRefused(TransportError, PermissionError):
+    """The node refused our key."""
+
+
+class HostKeyRejected(TransportError):
+    """The node's host key is unknown or changed."""
+
+
+class CommandTimeout(TransportError, TimeoutError):
+    """A remote command did not finish in time."""
+
+
+class ProbeError(GpubotError):
+    """A node answered, but its answer cannot be used."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(f"{node}: {reason}")
+        self.node = node
+        self.reason = reason
+
+
+class SmiMissing(ProbeError):
+    """nvidia-smi is not installed on the node."""
+
+
+class SmiFailed(ProbeError):
+    """nvidia-smi exited with an error."""
+
+
+class ParseError(GpubotError, ValueError):
+    """Output that cannot be parsed; ``line`` holds the raw text."""
+
+    def __init__(self, what: str, line: str) -> None:
+        super().__init__(f"cannot parse {what}: {line!r}")
+        self.what = what
+        self.line = line
+
+
+class ResetRefused(GpubotError):
+    """A reset cannot start."""
+
+
+class StoreError(GpubotError):
+    """The audit store failed; callers fail closed."""
+
+
+class DatabaseBehind(StoreError):
+    """The database schema is older than this gpubot."""
+
+
+class ApprovalError(GpubotError):
+    """An approval decision is refused."""
+
+
+class SelfApproval(ApprovalError, PermissionError):
+    """The requester tried to approve their own forced kill."""
+
+
+class NotAnApprover(ApprovalError, PermissionError):
+    """The person deciding is not an approver."""
+
+
+class ApprovalExpired(ApprovalError):
+    """The approval expired before the decision."""
+
+
+class AlreadyDecided(ApprovalError):
+    """The approval was decided already."""
