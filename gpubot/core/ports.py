@@ -64,3 +64,16 @@ class AuditStore(Protocol):
     ) -> None:
         """Append the outcome of an action."""
         ...
+
+    async def record_query(
+        self,
+        *,
+        kind: str,
+        actor: str,
+        source: str,
+        nodes: Sequence[str],
+        failed: Mapping[str, str],
+        seconds: float,
+    ) -> None:
+        """Append a brief record of a read-only query (status, sweep)."""
+        ...

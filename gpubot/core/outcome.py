@@ -1,0 +1,96 @@
+"""Classifying how each targeted GPU ended: never call a GPU freed that is not."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpubot.core.models import Outcome
+
+
+@dataclass(frozen=True)
+class Survivor:
+    """A target still alive after SIGKILL."""
+
+    pid: int
+    state: str | None
+    wchan: str | None
+
+
+@dataclass(frozen=True)
+class Newcomer:
+    """A process on a targeted GPU that was not there when the plan was made."""
+
+    pid: int
+    user: str | None
+    command: str
+    ppid: int | None
+    parent_command: str | None
+    parent_unit: str | None  # systemd unit or cgroup of the parent
+
+
+@dataclass(frozen=True)
+class GpuObservation:
+    """What verification saw of one targeted GPU at its end."""
+
+    index: int
+    memory_after_mib: int | None
+    verified: bool  # memory reached the expected level with no target or newcomer on it
+    survivors: tuple[Survivor, ...] = ()
+    newcomers: tuple[Newcomer, ...] = ()
+    holders: int = 0  # processes still on the GPU (listed or holding its device file)
+    error: str | None = None  # the last verification failure, if verification never succeeded
+
+
+@dataclass(frozen=True)
+class GpuResult:
+    """The outcome of one targeted GPU."""
+
+    index: int
+    outcome: Outcome
+    detail: str
+    memory_before_mib: int | None
+    memory_after_mib: int | None
+    seconds_to_free: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form."""
+        d = asdict(self)
+        d["outcome"] = str(self.outcome)
+        return d
+
+
+def classify(
+    obs: GpuObservation, expected_after_mib: int, threshold_mib: int
+) -> tuple[Outcome, str]:
+    """Decide the outcome of one GPU and say why, with the next step for a person."""
+    if obs.survivors:
+        s = obs.survivors[0]
+        where = f" in state {s.state}" if s.state else ""
+        wchan = f", waiting in {s.wchan}" if s.wchan else ""
+        return Outcome.STUCK, (
+            f"pid {s.pid} survived SIGKILL{where}{wchan}: it is stuck in the kernel; "
+            "a node reboot is the usual fix"
+        )
+    if obs.newcomers:
+        n = obs.newcomers[0]
+        parent = f"parent pid {n.ppid}" if n.ppid else "unknown parent"
+        if n.parent_command:
+            parent += f" ({n.parent_command})"
+        unit = f", unit {n.parent_unit}" if n.parent_unit else ""
+        return Outcome.RESPAWNED, (
+            f"pid {n.pid} ({n.command}) took the GPU again, started by {parent}{unit}: "
+            "stop the supervisor first"
+        )
+    if obs.verified:
+        return Outcome.FREED, f"memory at {obs.memory_after_mib} MiB"
+    if obs.memory_after_mib is None:
+        return Outcome.UNKNOWN, f"could not verify: {obs.error or 'no answer from nvidia-smi'}"
+    limit = expected_after_mib + threshold_mib
+    if obs.holders == 0 and obs.memory_after_mib > limit:
+        return Outcome.ORPHANED, (
+            f"{obs.memory_after_mib} MiB still in use and no process holds the GPU: "
+            f"the memory leaked; a GPU reset (nvidia-smi --gpu-reset -i {obs.index}) frees it"
+        )
+    why = obs.error or f"memory still {obs.memory_after_mib} MiB (expected <= {limit})"
+    return Outcome.UNKNOWN, f"not verified free: {why}"

@@ -1,0 +1,236 @@
+"""Planning a reset: a pure function of a snapshot and a request.
+
+The plan names every process that will be signalled and why, and nothing else: never a process
+that holds only ``nvidiactl``/``nvidia-uvm``, never one on a GPU outside the request, never a
+protected daemon.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpubot.core.models import GpuProcess, NodeSnapshot
+from gpubot.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    """What a person asked to free."""
+
+    node: str
+    requester: (
+        str | None
+    )  # the Linux user the requester maps to; None: unknown, so every kill is forced
+    gpus: tuple[int, ...] = ()  # empty: every GPU of the node (or the GPUs the given pids hold)
+    pids: tuple[int, ...] = ()
+    user: str | None = None  # only this Linux user's processes
+    grace_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    """One process the reset will signal."""
+
+    pid: int
+    start_ticks: int | None  # None: /proc did not know it at planning time (nothing to signal)
+    user: str | None
+    gpus: tuple[int, ...]  # the requested GPUs it is on
+    mib: int | None
+    command: str
+    reasons: tuple[str, ...]
+    also_on: tuple[int, ...] = ()  # GPUs outside the request it also holds: they lose it too
+    forced: bool = False
+    state: str | None = None
+    ppid: int | None = None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A process on a requested GPU that the reset leaves alone, and why."""
+
+    pid: int
+    gpu: int
+    user: str | None
+    command: str
+    reason: str
+    start_ticks: int | None = None
+
+
+@dataclass(frozen=True)
+class ResetPlan:
+    """The whole plan: targets, what is left alone, and what each GPU should fall to."""
+
+    node: str
+    gpus: tuple[int, ...]
+    targets: tuple[Target, ...]
+    skipped: tuple[Skipped, ...]
+    requester: str | None
+    memory_before_mib: dict[int, int | None] = field(default_factory=dict)
+    # memory still expected on each GPU once the targets are gone (processes left alone)
+    expected_after_mib: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def forced(self) -> bool:
+        """Whether any target belongs to someone other than the requester."""
+        return any(t.forced for t in self.targets)
+
+    @property
+    def owners(self) -> tuple[str, ...]:
+        """Owners of the targets, sorted."""
+        return tuple(sorted({t.user or "?" for t in self.targets}))
+
+    @property
+    def total_mib(self) -> int:
+        """Memory the targets hold, where known."""
+        return sum(t.mib or 0 for t in self.targets)
+
+    def identities(self) -> set[tuple[int, int | None]]:
+        """Return (pid, start_ticks) of every process the plan saw on its GPUs."""
+        return {(t.pid, t.start_ticks) for t in self.targets} | {
+            (s.pid, s.start_ticks) for s in self.skipped
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form (used by --json, the audit log and approvals)."""
+        d = asdict(self)
+        d["forced"] = self.forced
+        d["memory_before_mib"] = {str(k): v for k, v in self.memory_before_mib.items()}
+        d["expected_after_mib"] = {str(k): v for k, v in self.expected_after_mib.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ResetPlan:
+        """Rebuild a plan from ``to_dict`` output (e.g. an approval record)."""
+        return cls(
+            node=d["node"],
+            gpus=tuple(d["gpus"]),
+            targets=tuple(
+                Target(**{**t, "gpus": tuple(t["gpus"]), "reasons": tuple(t["reasons"]),
+                          "also_on": tuple(t["also_on"])})
+                for t in d["targets"]
+            ),
+            skipped=tuple(Skipped(**s) for s in d["skipped"]),
+            requester=d["requester"],
+            memory_before_mib={int(k): v for k, v in d["memory_before_mib"].items()},
+            expected_after_mib={int(k): v for k, v in d["expected_after_mib"].items()},
+        )  # fmt: skip
+
+
+def is_protected(proc: GpuProcess, protected: Sequence[str]) -> bool:
+    """Whether the process is a protected daemon (matched on its executable's base name)."""
+    names = {os.path.basename(proc.process_name)}
+    if proc.command:
+        names.add(os.path.basename(proc.command.split(" ", 1)[0]))
+    return any(n in protected for n in names)
+
+
+def plan_reset(
+    snapshot: NodeSnapshot, request: ResetRequest, protected: Sequence[str]
+) -> ResetPlan:
+    """Plan which processes a reset signals; raise ``UsageError`` if the request cannot apply."""
+    indices = {g.index for g in snapshot.gpus}
+    for g in request.gpus:
+        if g not in indices:
+            have = ", ".join(str(i) for i in sorted(indices)) or "none"
+            raise UsageError(f"{snapshot.node} has no GPU {g} (GPUs: {have})")
+    for pid in request.pids:
+        if not any(p.pid == pid for p in snapshot.processes):
+            raise UsageError(f"pid {pid} holds no GPU on {snapshot.node}")
+    if request.gpus:
+        gpus = tuple(sorted(set(request.gpus)))
+    elif request.pids:
+        gpus = tuple(sorted({p.gpu_index for p in snapshot.processes if p.pid in request.pids}))
+    else:
+        gpus = tuple(sorted(indices))
+    if request.pids:
+        outside = [pid for pid in request.pids if not any(
+            p.pid == pid and p.gpu_index in gpus for p in snapshot.processes)]  # fmt: skip
+        if outside:
+            raise UsageError(f"pid {outside[0]} is not on GPU {', '.join(map(str, gpus))}")
+
+    chosen: dict[int, list[GpuProcess]] = {}
+    skipped: list[Skipped] = []
+    for proc in snapshot.processes:
+        if proc.gpu_index not in gpus:
+            continue
+        reason = _skip_reason(proc, request, protected)
+        if reason:
+            skipped.append(Skipped(proc.pid, proc.gpu_index, proc.user, _command(proc), reason))
+        else:
+            chosen.setdefault(proc.pid, []).append(proc)
+
+    targets = [_target(snapshot, procs, gpus, request) for procs in chosen.values()]
+    targets.sort(key=lambda t: (t.gpus, t.pid))
+    expected: dict[int, int] = {}
+    for g in gpus:
+        left = [p for p in snapshot.on_gpu(g) if p.pid not in chosen]
+        expected[g] = sum(p.used_memory_mib or 0 for p in left)
+    return ResetPlan(
+        node=snapshot.node,
+        gpus=gpus,
+        targets=tuple(targets),
+        skipped=tuple(sorted(skipped, key=lambda s: (s.gpu, s.pid))),
+        requester=request.requester,
+        memory_before_mib={g: _mem(snapshot, g) for g in gpus},
+        expected_after_mib=expected,
+    )
+
+
+def _mem(snapshot: NodeSnapshot, index: int) -> int | None:
+    gpu = snapshot.gpu(index)
+    return gpu.memory_used_mib if gpu else None
+
+
+def _command(proc: GpuProcess) -> str:
+    return proc.command or proc.process_name
+
+
+def _skip_reason(proc: GpuProcess, request: ResetRequest, protected: Sequence[str]) -> str | None:
+    if is_protected(proc, protected):
+        return "protected process"
+    if request.pids and proc.pid not in request.pids:
+        return "not among the requested pids"
+    if request.user and proc.user != request.user:
+        return f"not owned by {request.user}"
+    if not proc.exists:
+        return "no longer in /proc (nothing to signal)"
+    return None
+
+
+def _target(
+    snapshot: NodeSnapshot, procs: list[GpuProcess], gpus: tuple[int, ...], request: ResetRequest
+) -> Target:
+    first = procs[0]
+    on = tuple(sorted({p.gpu_index for p in procs}))
+    elsewhere = tuple(
+        sorted({p.gpu_index for p in snapshot.processes if p.pid == first.pid} - set(gpus))
+    )
+    reasons: list[str] = []
+    mib_known = [p.used_memory_mib for p in procs if p.used_memory_mib is not None]
+    if any(p.visible_to_nvidia_smi for p in procs):
+        reasons.append(f"holds {sum(mib_known)} MiB on GPU {', '.join(map(str, on))}")
+    if any(p.hidden for p in procs):
+        reasons.append(
+            f"holds {', '.join(f'GPU {g}' for g in on)} device file but nvidia-smi does not list it"
+        )
+    if request.pids:
+        reasons.append("pid requested")
+    if elsewhere:
+        reasons.append(f"also holds GPU {', '.join(map(str, elsewhere))}")
+    forced = request.requester is None or first.user != request.requester
+    return Target(
+        pid=first.pid,
+        start_ticks=first.start_ticks,
+        user=first.user,
+        gpus=on,
+        mib=sum(mib_known) if mib_known else None,
+        command=_command(first),
+        reasons=tuple(reasons),
+        also_on=elsewhere,
+        forced=forced,
+        state=first.state,
+        ppid=first.ppid,
+    )

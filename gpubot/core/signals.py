@@ -1,0 +1,74 @@
+"""Remote scripts of the reset engine: signal a process only if it is still the same process.
+
+Identity is checked on the node, in the same exec, immediately before each ``kill``: a PID whose
+kernel start time (field 22 of ``/proc/PID/stat``) differs from the planned one has been reused and
+is never signalled. The script is a constant; PIDs and start times arrive as validated arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpubot.errors import ParseError
+
+# $1: TERM | KILL | check   $2: 1 to use `sudo -n kill`   then PID:START_TICKS pairs.
+# Prints one line per pair: "PID gone" | "PID reused" | "PID alive STATE WCHAN" | "PID sent"
+# | "PID failed".
+SIGNAL_SCRIPT = r"""
+sig=$1; su=$2; shift 2
+k() { if [ "$su" = 1 ]; then sudo -n kill "$@"; else kill "$@"; fi; }
+for t; do
+  p=${t%%:*}; want=${t#*:}
+  s=$(cat "/proc/$p/stat" 2>/dev/null) || { echo "$p gone"; continue; }
+  r=${s##*) }
+  set -- $r
+  st=$1; shift 19; ticks=$1
+  if [ "$ticks" != "$want" ]; then echo "$p reused"; continue; fi
+  if [ "$st" = Z ] || [ "$st" = X ]; then echo "$p gone"; continue; fi
+  if [ "$sig" = check ]; then
+    w=$(cat "/proc/$p/wchan" 2>/dev/null); echo "$p alive $st ${w:-0}"; continue
+  fi
+  if k -s "$sig" "$p" 2>/dev/null; then echo "$p sent"; else echo "$p failed"; fi
+done
+"""
+
+SIGNALS = ("TERM", "KILL", "check")
+
+
+@dataclass(frozen=True)
+class PidReport:
+    """What the node said about one planned process."""
+
+    pid: int
+    status: str  # gone | reused | alive | sent | failed
+    state: str | None = None
+    wchan: str | None = None
+
+
+def signal_argv(signal: str, targets: Sequence[tuple[int, int]], *, sudo: bool) -> list[str]:
+    """Build the argv that signals (or checks) ``(pid, start_ticks)`` pairs, identity first."""
+    if signal not in SIGNALS:
+        raise ValueError(f"unknown signal {signal!r}")
+    pairs = [f"{int(pid)}:{int(ticks)}" for pid, ticks in targets if pid > 0 and ticks >= 0]
+    return ["sh", "-c", SIGNAL_SCRIPT, "gpubot-signal", signal, "1" if sudo else "0", *pairs]
+
+
+def parse_signal_output(text: str) -> dict[int, PidReport]:
+    """Parse the script's lines into one report per PID."""
+    out: dict[int, PidReport] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) < 2 or not parts[0].isdigit():
+            raise ParseError("signal script output", line)
+        pid, status = int(parts[0]), parts[1]
+        if status == "alive" and len(parts) == 4:
+            wchan = None if parts[3] == "0" else parts[3]
+            out[pid] = PidReport(pid, status, parts[2], wchan)
+        elif status in {"gone", "reused", "sent", "failed"} and len(parts) == 2:
+            out[pid] = PidReport(pid, status)
+        else:
+            raise ParseError("signal script output", line)
+    return out
