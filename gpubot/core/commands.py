@@ -1,0 +1,289 @@
+"""The ``/gpu …`` language: one pure parser shared by Slack, the console and the CLI's vocabulary.
+
+::
+
+    status [NODE|GROUP|all ...]
+    reset NODE [gpu N[,M]] [pid P[,Q]] [user NAME] [grace S]
+    gpu-reset NODE gpu N
+    sweep
+    audit [NODE] [N]
+    help [COMMAND]
+    approve ID | deny ID              (console only: Slack decides with buttons)
+
+Options may also be written ``gpu=1,2`` or ``--gpu 1,2``. The text is split on white space and
+every word is validated here; nothing of it ever reaches a shell.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+from gpubot.errors import UsageError
+
+MAX_INPUT = 300  # characters of one command line
+MAX_GPU_INDEX = 255
+MAX_PID = 4_194_304  # Linux's largest pid_max (2^22)
+MAX_GRACE_S = 600.0
+DEFAULT_AUDIT = 10
+MAX_AUDIT = 100
+MAX_LIST = 16  # GPUs or PIDs in one request
+
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # as in the settings file
+LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_INT = re.compile(r"[0-9]{1,9}")
+_SECONDS = re.compile(r"([0-9]{1,6})(\.[0-9]{1,3})?s?")
+
+
+@dataclass(frozen=True)
+class Status:
+    """``status``: nodes, groups or ``all`` (empty: all)."""
+
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reset:
+    """``reset``: free GPUs of one node."""
+
+    node: str
+    gpus: tuple[int, ...] = ()
+    pids: tuple[int, ...] = ()
+    user: str | None = None
+    grace_s: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuReset:
+    """``gpu-reset``: ``nvidia-smi --gpu-reset`` one idle GPU."""
+
+    node: str
+    gpu: int
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """``sweep``: look for zombies and orphaned memory now."""
+
+
+@dataclass(frozen=True)
+class Audit:
+    """``audit``: the latest actions, of one node or all."""
+
+    node: str | None = None
+    limit: int = DEFAULT_AUDIT
+
+
+@dataclass(frozen=True)
+class Help:
+    """``help``: the usage of all commands or one."""
+
+    topic: str | None = None
+
+
+@dataclass(frozen=True)
+class Decide:
+    """``approve ID`` / ``deny ID`` (the console's buttons)."""
+
+    approval_id: int
+    approve: bool
+
+
+Command = Status | Reset | GpuReset | Sweep | Audit | Help | Decide
+
+USAGE: dict[str, str] = {
+    "status": "/gpu status [NODE|GROUP|all]  — per-GPU memory, utilisation and processes",
+    "reset": "/gpu reset NODE [gpu N[,M]] [pid P] [user NAME] [grace S]  — free GPUs safely "
+    "(TERM, grace, KILL, verify); killing someone else's job needs on-call approval",
+    "gpu-reset": "/gpu gpu-reset NODE gpu N  — nvidia-smi --gpu-reset an idle GPU whose memory "
+    "leaked",
+    "sweep": "/gpu sweep  — look for zombie processes and orphaned GPU memory now",
+    "audit": "/gpu audit [NODE] [N]  — the last N actions (default 10, at most 100)",
+    "help": "/gpu help [COMMAND]  — this text",
+}
+DECIDE_USAGE = {
+    "approve": "approve ID  — approve a pending forced kill (console)",
+    "deny": "deny ID  — deny a pending forced kill (console)",
+}
+_VERBS = (*USAGE, *DECIDE_USAGE)
+_ALIASES = {"gpureset": "gpu-reset", "gpu_reset": "gpu-reset", "st": "status", "?": "help"}
+_RESET_OPTS = {"gpu": "gpu", "gpus": "gpu", "pid": "pid", "pids": "pid", "user": "user",
+               "grace": "grace"}  # fmt: skip
+
+
+def help_text(topic: str | None = None, *, decisions: bool = False) -> str:
+    """Return the usage of every command, or of ``topic``."""
+    table = {**USAGE, **(DECIDE_USAGE if decisions else {})}
+    if topic is not None:
+        key = _ALIASES.get(topic.lower(), topic.lower())
+        if key in table:
+            return table[key]
+    return "\n".join(table.values())
+
+
+def parse(text: str, *, decisions: bool = False) -> Command:
+    """Parse one ``/gpu …`` line (with or without ``/gpu``); raise ``UsageError`` saying why not.
+
+    ``decisions`` admits ``approve ID`` / ``deny ID`` (the console).
+    """
+    if len(text) > MAX_INPUT:
+        raise UsageError(f"input too long ({len(text)} characters, at most {MAX_INPUT})")
+    bad = next((c for c in text if not c.isprintable() and c not in " \t\n\r"), None)
+    if bad is not None:
+        raise UsageError(f"input contains a control character ({ord(bad):#04x})")
+    words = text.split()
+    if words and words[0].lower() == "/gpu":
+        words = words[1:]
+    if not words:
+        return Help()
+    verb = words[0].lower()
+    verb = _ALIASES.get(verb, verb)
+    args = words[1:]
+    if verb == "status":
+        return Status(tuple(_name(w, "node or group") for w in args))
+    if verb == "reset":
+        return _reset(args)
+    if verb == "gpu-reset":
+        return _gpu_reset(args)
+    if verb == "sweep":
+        _no_more(args, "sweep")
+        return Sweep()
+    if verb == "audit":
+        return _audit(args)
+    if verb == "help":
+        if len(args) > 1:
+            _no_more(args[1:], "help")
+        return Help(args[0].lower() if args else None)
+    if verb in DECIDE_USAGE and decisions:
+        if len(args) != 1:
+            raise UsageError(f"usage: {DECIDE_USAGE[verb]}")
+        return Decide(_int(args[0], "approval id", 1, 10**9), verb == "approve")
+    if verb in DECIDE_USAGE:
+        raise UsageError(f"{verb!r}: use the Approve / Deny buttons on the request")
+    known = [v for v in _VERBS if decisions or v not in DECIDE_USAGE]
+    close = difflib.get_close_matches(verb, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UsageError(f"unknown command {_show(words[0])}{hint}; try: {', '.join(USAGE)}")
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """Parse ``N[,M…]`` into sorted unique GPU indices."""
+    return _int_list(text, "GPU number", 0, MAX_GPU_INDEX)
+
+
+def parse_pids(text: str) -> tuple[int, ...]:
+    """Parse ``P[,Q…]`` into sorted unique PIDs."""
+    return _int_list(text, "pid", 2, MAX_PID)
+
+
+def parse_grace(text: str) -> float:
+    """Parse a grace period in seconds (``30``, ``2.5``, ``10s``)."""
+    m = _SECONDS.fullmatch(text)
+    value = float(m.group(1) + (m.group(2) or "")) if m else -1.0
+    if not m or value > MAX_GRACE_S:
+        raise UsageError(
+            f"bad grace {_show(text)}: expected seconds from 0 to {MAX_GRACE_S:g} (e.g. 30)"
+        )
+    return value
+
+
+def check_node_name(text: str) -> str:
+    """Return ``text`` if it is a valid node name, else raise ``UsageError``."""
+    return _name(text, "node")
+
+
+def _reset(args: list[str]) -> Reset:
+    if not args:
+        raise UsageError(f"reset needs a node; usage: {USAGE['reset']}")
+    node = _name(args[0], "node")
+    opts = _options(args[1:], _RESET_OPTS, f"reset {node}")
+    user = opts.get("user")
+    if user is not None and not LINUX_USER.fullmatch(user):
+        raise UsageError(f"bad user name {_show(user)}")
+    return Reset(
+        node=node,
+        gpus=parse_gpus(opts["gpu"]) if "gpu" in opts else (),
+        pids=parse_pids(opts["pid"]) if "pid" in opts else (),
+        user=user,
+        grace_s=parse_grace(opts["grace"]) if "grace" in opts else None,
+    )
+
+
+def _gpu_reset(args: list[str]) -> GpuReset:
+    if not args:
+        raise UsageError(f"gpu-reset needs a node; usage: {USAGE['gpu-reset']}")
+    node = _name(args[0], "node")
+    opts = _options(args[1:], {"gpu": "gpu"}, f"gpu-reset {node}")
+    if "gpu" not in opts:
+        raise UsageError(f"gpu-reset needs one GPU; usage: {USAGE['gpu-reset']}")
+    gpus = parse_gpus(opts["gpu"])
+    if len(gpus) != 1:
+        raise UsageError("gpu-reset takes exactly one GPU")
+    return GpuReset(node, gpus[0])
+
+
+def _audit(args: list[str]) -> Audit:
+    node: str | None = None
+    limit = DEFAULT_AUDIT
+    rest = list(args)
+    if rest and not _INT.fullmatch(rest[0]):
+        node = _name(rest.pop(0), "node")
+    if rest:
+        limit = _int(rest.pop(0), "count", 1, MAX_AUDIT)
+    _no_more(rest, "audit")
+    return Audit(node, limit)
+
+
+def _options(args: list[str], names: dict[str, str], context: str) -> dict[str, str]:
+    """Read ``key value`` / ``key=value`` / ``--key value`` pairs; each key once."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        word = args[i]
+        key, eq, value = word.removeprefix("--").partition("=")
+        canon = names.get(key.lower())
+        if canon is None:
+            expected = ", ".join(sorted(set(names.values())))
+            raise UsageError(f"unexpected {_show(word)} after {context!r} (expected {expected})")
+        if not eq:
+            if i + 1 >= len(args):
+                raise UsageError(f"{key.lower()} needs a value")
+            value = args[i + 1]
+            i += 1
+        if canon in out:
+            raise UsageError(f"{canon} given twice")
+        if not value:
+            raise UsageError(f"{key.lower()} needs a value")
+        out[canon] = value
+        i += 1
+    return out
+
+
+def _int_list(text: str, what: str, low: int, high: int) -> tuple[int, ...]:
+    parts = text.split(",")
+    if len(parts) > MAX_LIST:
+        raise UsageError(f"too many values for {what} ({len(parts)}, at most {MAX_LIST})")
+    return tuple(sorted({_int(p, what, low, high) for p in parts}))
+
+
+def _int(text: str, what: str, low: int, high: int) -> int:
+    if not _INT.fullmatch(text) or not low <= int(text) <= high:
+        raise UsageError(f"bad {what} {_show(text)}: expected a whole number {low}-{high}")
+    return int(text)
+
+
+def _name(text: str, what: str) -> str:
+    if not NODE_NAME.fullmatch(text):
+        raise UsageError(f"bad {what} name {_show(text)}: letters, digits, '.', '_' and '-' only")
+    return text
+
+
+def _no_more(args: list[str], verb: str) -> None:
+    if args:
+        raise UsageError(f"unexpected {_show(args[0])} after {verb!r}; usage: {USAGE[verb]}")
+
+
+def _show(word: str) -> str:
+    """Quote a piece of user input for an error message, shortened."""
+    return repr(word if len(word) <= 40 else word[:37] + "...")

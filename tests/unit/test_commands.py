@@ -1,0 +1,148 @@
+"""The ``/gpu …`` parser: tables of good and bad lines, and properties of arbitrary input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpubot.core import commands as c
+from gpubot.errors import UsageError
+
+GOOD = [
+    ("", c.Help()),
+    ("/gpu", c.Help()),
+    ("help", c.Help()),
+    ("help reset", c.Help("reset")),
+    ("status", c.Status()),
+    ("/gpu status node1", c.Status(("node1",))),
+    ("STATUS all", c.Status(("all",))),
+    ("status node1 team-a", c.Status(("node1", "team-a"))),
+    ("  status\tnode1  ", c.Status(("node1",))),
+    ("reset node1", c.Reset("node1")),
+    ("reset node1 gpu 1", c.Reset("node1", gpus=(1,))),
+    ("reset node1 gpu 3,1,3", c.Reset("node1", gpus=(1, 3))),
+    ("reset node1 gpus=0,2", c.Reset("node1", gpus=(0, 2))),
+    ("reset node1 --gpu 2 --pid 4242", c.Reset("node1", gpus=(2,), pids=(4242,))),
+    ("reset node1 pid 10,11 grace 30", c.Reset("node1", pids=(10, 11), grace_s=30.0)),
+    ("reset node1 grace 2.5s", c.Reset("node1", grace_s=2.5)),
+    ("reset node1 grace=0", c.Reset("node1", grace_s=0.0)),
+    ("reset node1 user alice", c.Reset("node1", user="alice")),
+    ("gpu-reset node2 gpu 3", c.GpuReset("node2", 3)),
+    ("gpureset node2 gpu=3", c.GpuReset("node2", 3)),
+    ("sweep", c.Sweep()),
+    ("audit", c.Audit()),
+    ("audit node1", c.Audit("node1")),
+    ("audit 25", c.Audit(None, 25)),
+    ("audit node1 5", c.Audit("node1", 5)),
+]
+
+
+@pytest.mark.parametrize(("line", "want"), GOOD, ids=[g[0] or "<empty>" for g in GOOD])
+def test_parses(line: str, want: c.Command) -> None:
+    assert c.parse(line) == want
+
+
+BAD = [
+    ("stauts", "did you mean 'status'"),
+    ("frobnicate", "unknown command 'frobnicate'"),
+    ("reset", "reset needs a node"),
+    ("reset node1;rm", "bad node name 'node1;rm'"),
+    ("reset $(id)", "bad node name"),
+    ("reset node1 gpu", "gpu needs a value"),
+    ("reset node1 gpu x", "bad GPU number 'x'"),
+    ("reset node1 gpu -1", "bad GPU number '-1'"),
+    ("reset node1 gpu 1,,2", "bad GPU number ''"),
+    ("reset node1 gpu 256", "bad GPU number '256'"),
+    ("reset node1 gpu ١", "bad GPU number"),  # a non-ASCII digit
+    ("reset node1 pid 1", "bad pid '1'"),
+    ("reset node1 pid 99999999", "bad pid"),
+    ("reset node1 grace 601", "bad grace '601'"),
+    ("reset node1 grace -5", "bad grace"),
+    ("reset node1 gpu 1 gpu 2", "gpu given twice"),
+    ("reset node1 now", "unexpected 'now' after 'reset node1'"),
+    ("reset node1 user Alice;", "bad user name"),
+    ("reset node1 gpu " + ",".join(["1"] * 17), "too many values"),
+    ("gpu-reset node1", "needs one GPU"),
+    ("gpu-reset node1 gpu 1,2", "exactly one GPU"),
+    ("gpu-reset node1 pid 4", "unexpected 'pid'"),
+    ("sweep now", "unexpected 'now' after 'sweep'"),
+    ("audit node1 0", "bad count '0'"),
+    ("audit node1 101", "bad count"),
+    ("audit node1 5 6", "unexpected '6'"),
+    ("status node1 no|de", "bad node or group name"),
+    ("approve 3", "use the Approve / Deny buttons"),
+    ("status " + "a" * 300, "input too long"),
+    ("status node1\x00", "control character"),
+    ("status \x1b[31m", "control character"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD, ids=[b[0][:30] for b in BAD])
+def test_refuses_with_a_reason(line: str, message: str) -> None:
+    with pytest.raises(UsageError, match=None) as exc:
+        c.parse(line)
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_decisions_only_where_admitted() -> None:
+    assert c.parse("approve 12", decisions=True) == c.Decide(12, True)
+    assert c.parse("deny 7", decisions=True) == c.Decide(7, False)
+    with pytest.raises(UsageError, match="approval id"):
+        c.parse("approve x", decisions=True)
+    with pytest.raises(UsageError, match="usage: approve ID"):
+        c.parse("approve", decisions=True)
+
+
+def test_help_text() -> None:
+    assert c.help_text("reset") == c.USAGE["reset"]
+    assert c.help_text("gpureset") == c.USAGE["gpu-reset"]
+    full = c.help_text()
+    assert all(u in full for u in c.USAGE.values())
+    assert "approve ID" not in full
+    assert "approve ID" in c.help_text(decisions=True)
+    assert c.help_text("nonsense") == full
+
+
+def test_shared_vocabulary_helpers() -> None:
+    assert c.parse_gpus("2,0") == (0, 2)
+    assert c.parse_pids("300") == (300,)
+    assert c.parse_grace("10s") == 10.0
+    assert c.check_node_name("node-7.a") == "node-7.a"
+    with pytest.raises(UsageError):
+        c.check_node_name("-x")
+
+
+@given(st.text(max_size=400))
+def test_any_text_parses_or_says_why(text: str) -> None:
+    try:
+        cmd = c.parse(text)
+    except UsageError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        assert len(str(exc)) < 400
+        return
+    # whatever was accepted only carries validated names and numbers
+    for name in getattr(cmd, "names", ()) + tuple(
+        n for n in (getattr(cmd, "node", None),) if n is not None
+    ):
+        assert c.NODE_NAME.fullmatch(name)
+    for gpu in getattr(cmd, "gpus", ()):
+        assert 0 <= gpu <= c.MAX_GPU_INDEX
+
+
+@given(
+    st.sampled_from(["node1", "n-2", "box.a"]),
+    st.lists(st.integers(0, 255), min_size=1, max_size=16),
+    st.lists(st.integers(2, c.MAX_PID), max_size=16),
+    st.one_of(st.none(), st.integers(0, 600)),
+)
+def test_round_trip(node: str, gpus: list[int], pids: list[int], grace: int | None) -> None:
+    line = f"reset {node} gpu {','.join(map(str, gpus))}"
+    if pids:
+        line += f" pid {','.join(map(str, pids))}"
+    if grace is not None:
+        line += f" grace {grace}"
+    want = c.Reset(node, tuple(sorted(set(gpus))), tuple(sorted(set(pids))), None,
+                   None if grace is None else float(grace))  # fmt: skip
+    assert c.parse(line) == want
