@@ -84,6 +84,8 @@ class ProcInfo:
     start_ticks: int  # field 22 of /proc/PID/stat: identity against PID reuse
     elapsed_s: int | None
     command: str
+    wchan: str | None = None  # kernel function it sleeps in (/proc/PID/wchan), if known
+    cgroup: str | None = None  # first line of /proc/PID/cgroup (which container/job)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,8 @@ class GpuProcess:
     start_ticks: int | None = None
     elapsed_s: int | None = None
     command: str | None = None
+    wchan: str | None = None
+    cgroup: str | None = None
 
     @property
     def hidden(self) -> bool:
