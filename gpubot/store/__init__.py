@@ -1,0 +1,214 @@
+"""The audit store: an append-only, hash-chained log of every action, plus approvals and alerts.
+
+SQLAlchemy Core over SQLite (the embedded default) or PostgreSQL; the async methods run the
+synchronous engine in a worker thread. Every failure is a ``StoreError``: callers fail closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from gpubot.errors import StoreError
+from gpubot.store import audit, migrate
+from gpubot.store.alerts import AlertStore
+from gpubot.store.approvals import ApprovalStore
+from gpubot.store.engine import guard, make_engine, parse_url, read_tx, write_tx
+from gpubot.store.records import (
+    ActionDetail,
+    ActionSummary,
+    Alert,
+    Approval,
+    AuditRecord,
+    FindingKey,
+    VerifyResult,
+)
+
+T = TypeVar("T")
+
+__all__ = [
+    "ActionDetail",
+    "ActionSummary",
+    "Alert",
+    "AlertStore",
+    "Approval",
+    "ApprovalStore",
+    "AuditRecord",
+    "FindingKey",
+    "Store",
+    "VerifyResult",
+    "open_store",
+]
+
+
+def open_store(url: str, *, password: str | None = None, check_schema: bool = True) -> Store:
+    """Open the store at ``url``; with ``check_schema``, refuse a database that is behind."""
+    store = Store(url, password=password)
+    if check_schema:
+        try:
+            migrate.check(store.engine)
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
+class Store:
+    """The audit log (implements ``gpubot.core.ports.AuditStore``), approvals and alerts."""
+
+    def __init__(self, url: str, *, password: str | None = None) -> None:
+        self.engine = make_engine(url, password)
+        self.url = parse_url(url).render_as_string(hide_password=True)
+        self.approvals = ApprovalStore(self.engine)
+        self.alerts = AlertStore(self.engine)
+
+    # -- actions ---------------------------------------------------------------------------
+
+    async def begin_action(
+        self,
+        *,
+        kind: str,
+        actor: str,
+        source: str,
+        command: str,
+        node: str | None,
+        gpus: Sequence[int],
+        plan: Mapping[str, Any] | None,
+    ) -> int:
+        """Write the intent of an action BEFORE anything happens; return the action id."""
+        payload = {"action": kind, "command": command, "gpus": list(gpus), "plan": plan}
+        return await asyncio.to_thread(self._begin, actor, source, node, payload)
+
+    def _begin(self, actor: str, source: str, node: str | None, payload: dict[str, Any]) -> int:
+        with guard("cannot record the intent, so nothing was done"), write_tx(self.engine) as c:
+            rec = audit.append(
+                c,
+                kind="intent",
+                actor=actor,
+                source=source,
+                node=node,
+                payload=payload,
+                own_action=True,
+            )
+            return rec.seq
+
+    async def record_event(self, action_id: int, event: Mapping[str, Any]) -> None:
+        """Append one step of an action (signal sent, process exited, GPU outcome ...)."""
+        await asyncio.to_thread(self._follow, action_id, "event", dict(event))
+
+    async def finish_action(
+        self, action_id: int, *, status: str, result: Mapping[str, Any]
+    ) -> None:
+        """Append the outcome of an action (once)."""
+        await asyncio.to_thread(
+            self._follow, action_id, "outcome", {"status": status, "result": result}
+        )
+
+    def _follow(self, action_id: int, kind: str, payload: dict[str, Any]) -> None:
+        with guard(f"cannot record the {kind} of action {action_id}"), write_tx(self.engine) as c:
+            intent, outcome = audit.intent_of(c, action_id)
+            if outcome is not None:
+                raise StoreError(f"action {action_id} is finished already")
+            audit.append(
+                c,
+                kind=kind,
+                actor=intent.actor,
+                source=intent.source,
+                node=intent.node,
+                payload=payload,
+                action_id=action_id,
+            )
+
+    async def record_query(
+        self,
+        *,
+        kind: str,
+        actor: str,
+        source: str,
+        nodes: Sequence[str],
+        failed: Mapping[str, str],
+        seconds: float,
+    ) -> None:
+        """Append a brief record of a read-only query (status, sweep)."""
+        payload = {
+            "query": kind,
+            "nodes": list(nodes),
+            "failed": dict(failed),
+            "seconds": round(seconds, 3),
+        }
+        node = nodes[0] if len(nodes) == 1 else None
+        await asyncio.to_thread(self._query, actor, source, node, payload)
+
+    def _query(self, actor: str, source: str, node: str | None, payload: dict[str, Any]) -> None:
+        with guard("cannot record the query"), write_tx(self.engine) as c:
+            audit.append(c, kind="query", actor=actor, source=source, node=node, payload=payload)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def incomplete_actions(self) -> list[ActionSummary]:
+        """Return actions with an intent but no outcome (running, or the bot died), newest first."""
+        return await self._reading(lambda c: audit.summaries(c, limit=None, incomplete_only=True))
+
+    async def actions(
+        self,
+        *,
+        node: str | None = None,
+        actor: str | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+    ) -> list[ActionSummary]:
+        """Return actions newest first; ``actor`` matches any part of the recorded actor."""
+        return await self._reading(
+            lambda c: audit.summaries(c, node=node, actor=actor, since=since, limit=limit)
+        )
+
+    async def queries(
+        self, *, actor: str | None = None, since: datetime | None = None, limit: int = 50
+    ) -> list[AuditRecord]:
+        """Return status and sweep records, newest first."""
+        return await self._reading(
+            lambda c: audit.page(
+                c, kind="query", actor=actor, since=since, limit=limit, newest_first=True
+            )
+        )
+
+    async def action(self, action_id: int) -> ActionDetail | None:
+        """Return an action's intent, events and outcome, or None."""
+        return await self._reading(lambda c: audit.detail(c, action_id))
+
+    async def records(self, *, after: int = 0, limit: int = audit.PAGE) -> list[AuditRecord]:
+        """Return up to ``limit`` raw records after seq ``after``, in chain order (for export)."""
+        return await self._reading(lambda c: audit.page(c, after=after, limit=limit))
+
+    async def verify(self) -> VerifyResult:
+        """Walk the chain and report the first record that was edited, removed or reordered."""
+        return await self._reading(audit.verify)
+
+    async def _reading(self, fn: Callable[[Connection], T]) -> T:
+        return await asyncio.to_thread(self._read, fn)
+
+    def _read(self, fn: Callable[[Connection], T]) -> T:
+        with guard("cannot read the audit log"), read_tx(self.engine) as c:
+            return fn(c)
+
+    # -- schema ----------------------------------------------------------------------------
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply the migrations (``gpubot db upgrade``)."""
+        migrate.upgrade(self.engine, revision)
+
+    def downgrade(self, revision: str) -> None:
+        """Undo migrations down to ``revision`` (``base``: drop everything)."""
+        migrate.downgrade(self.engine, revision)
+
+    def revision(self) -> tuple[str | None, str]:
+        """Return the database's revision (None when empty) and the one this gpubot needs."""
+        return migrate.current(self.engine), migrate.head()
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()

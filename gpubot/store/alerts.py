@@ -1,0 +1,186 @@
+"""Alert state of sweep findings, keyed by ``FindingKey`` (node, gpu, kind, holder).
+
+A sweep calls ``upsert_seen`` with every key it found, then ``mark_resolved`` with the open keys
+it no longer found. Alerting, reminding, snoozing and resolving are appended to the audit chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, select
+
+from gpubot.errors import StoreError
+from gpubot.store.audit import append
+from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.records import Alert, FindingKey, iso, parse_iso
+from gpubot.store.tables import alerts
+
+
+class AlertStore:
+    """Findings seen across sweeps; every method is async and raises ``StoreError``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def upsert_seen(self, keys: Iterable[FindingKey], now: datetime) -> list[Alert]:
+        """Record that a sweep at ``now`` saw ``keys``; return their state (new ones included)."""
+        return await asyncio.to_thread(self._upsert_seen, list(keys), now)
+
+    async def mark_alerted(
+        self, key: FindingKey, *, channel: str, message_ts: str, now: datetime
+    ) -> Alert:
+        """Record that an alert for ``key`` was posted as message ``message_ts`` in ``channel``."""
+        return await asyncio.to_thread(
+            self._change,
+            key,
+            now,
+            "alerted",
+            {"alerted_at": iso(now), "channel": channel, "message_ts": message_ts},
+        )
+
+    async def mark_reminded(self, key: FindingKey, now: datetime) -> Alert:
+        """Record that a reminder for ``key`` was posted."""
+        return await asyncio.to_thread(
+            self._change, key, now, "reminded", {"reminded_at": iso(now)}
+        )
+
+    async def snooze(self, key: FindingKey, until: datetime, *, by: str, now: datetime) -> Alert:
+        """Silence alerts for ``key`` until ``until`` (kept if the finding comes back)."""
+        return await asyncio.to_thread(
+            self._change, key, now, "snoozed", {"snoozed_until": iso(until)}, by
+        )
+
+    async def mark_resolved(self, keys: Iterable[FindingKey], now: datetime) -> list[Alert]:
+        """Resolve the open findings among ``keys``; return those that were open."""
+        return await asyncio.to_thread(self._resolve, list(keys), now)
+
+    async def open_alerts(self) -> list[Alert]:
+        """Return every unresolved finding, oldest first."""
+        return await asyncio.to_thread(self._open)
+
+    # -- synchronous parts, run in a worker thread ------------------------------------------
+
+    def _upsert_seen(self, keys: list[FindingKey], now: datetime) -> list[Alert]:
+        at = iso(now)
+        out: list[Alert] = []
+        with guard("cannot record sweep findings"), write_tx(self._engine) as conn:
+            for key in dict.fromkeys(keys):  # once each, in order
+                row = _row(conn, key)
+                if row is None:
+                    conn.execute(
+                        alerts.insert().values(
+                            key=key.text(),
+                            node=key.node,
+                            gpu=key.gpu,
+                            kind=key.kind,
+                            holder=key.holder,
+                            first_seen=at,
+                            last_seen=at,
+                            seen_count=1,
+                        )
+                    )
+                elif row.resolved_at is None:
+                    conn.execute(
+                        alerts.update()
+                        .where(alerts.c.id == row.id)
+                        .values(last_seen=at, seen_count=alerts.c.seen_count + 1)
+                    )
+                else:  # it came back: a new occurrence; a snooze still holds
+                    conn.execute(
+                        alerts.update()
+                        .where(alerts.c.id == row.id)
+                        .values(
+                            first_seen=at,
+                            last_seen=at,
+                            seen_count=1,
+                            alerted_at=None,
+                            channel=None,
+                            message_ts=None,
+                            reminded_at=None,
+                            resolved_at=None,
+                        )
+                    )
+                out.append(_alert(_must(conn, key)))
+        return out
+
+    def _change(
+        self, key: FindingKey, now: datetime, what: str, values: dict[str, Any], by: str = "gpubot"
+    ) -> Alert:
+        with guard(f"cannot record the alert as {what}"), write_tx(self._engine) as conn:
+            row = _must(conn, key)
+            conn.execute(alerts.update().where(alerts.c.id == row.id).values(**values))
+            append(
+                conn,
+                kind="alert",
+                actor=by,
+                source="gpubot",
+                node=key.node,
+                now=now,
+                payload={"alert": what, "key": key.text(), **values},
+            )
+            return _alert(_must(conn, key))
+
+    def _resolve(self, keys: list[FindingKey], now: datetime) -> list[Alert]:
+        out: list[Alert] = []
+        with guard("cannot resolve alerts"), write_tx(self._engine) as conn:
+            for key in dict.fromkeys(keys):
+                row = _row(conn, key)
+                if row is None or row.resolved_at is not None:
+                    continue
+                conn.execute(
+                    alerts.update().where(alerts.c.id == row.id).values(resolved_at=iso(now))
+                )
+                append(
+                    conn,
+                    kind="alert",
+                    actor="gpubot",
+                    source="gpubot",
+                    node=key.node,
+                    now=now,
+                    payload={"alert": "resolved", "key": key.text(), "seen_count": row.seen_count},
+                )
+                out.append(_alert(_must(conn, key)))
+        return out
+
+    def _open(self) -> list[Alert]:
+        with guard("cannot read alerts"), read_tx(self._engine) as conn:
+            rows = conn.execute(
+                select(alerts).where(alerts.c.resolved_at.is_(None)).order_by(alerts.c.id)
+            ).all()
+            return [_alert(r) for r in rows]
+
+
+def _row(conn: Connection, key: FindingKey) -> Row[Any] | None:
+    return conn.execute(select(alerts).where(alerts.c.key == key.text())).one_or_none()
+
+
+def _must(conn: Connection, key: FindingKey) -> Row[Any]:
+    row = _row(conn, key)
+    if row is None:
+        raise StoreError(f"no finding {key.text()} was seen")
+    return row
+
+
+def _alert(row: Row[Any]) -> Alert:
+    def t(v: str | None) -> datetime | None:
+        return None if v is None else parse_iso(v)
+
+    node, gpu, kind, holder = json.loads(row.key)
+    return Alert(
+        id=int(row.id),
+        key=FindingKey(node, None if gpu == "-" else int(gpu), kind, holder),
+        first_seen=parse_iso(row.first_seen),
+        last_seen=parse_iso(row.last_seen),
+        seen_count=int(row.seen_count),
+        alerted_at=t(row.alerted_at),
+        channel=row.channel,
+        message_ts=row.message_ts,
+        reminded_at=t(row.reminded_at),
+        snoozed_until=t(row.snoozed_until),
+        resolved_at=t(row.resolved_at),
+    )

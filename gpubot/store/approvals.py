@@ -1,0 +1,356 @@
+"""Approval records for forced actions: pending → approved | denied | expired | cancelled,
+then approved → executed | failed.
+
+Each transition is one conditional UPDATE (``WHERE state = <from> ...``) inside the write lock,
+appended to the audit chain in the same transaction: two approvers clicking at once, or one
+clicking twice, change the state exactly once. Who may approve is the approvals service's
+business; the store enforces the transitions, the expiry and that nobody decides their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, and_, select
+
+from gpubot.core.models import ApprovalState
+from gpubot.errors import (
+    AlreadyDecided,
+    ApprovalError,
+    ApprovalExpired,
+    GpubotError,
+    SelfApproval,
+)
+from gpubot.store.audit import append
+from gpubot.store.chain import canonical_json
+from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.records import Approval, iso, parse_iso
+from gpubot.store.tables import approvals
+
+DEFAULT_EXPIRY_S = 900.0
+S = ApprovalState
+
+
+class ApprovalStore:
+    """Approval records on one engine; every method is async and raises ``StoreError``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def create(
+        self,
+        requester: str,
+        requester_name: str,
+        node: str,
+        plan: Mapping[str, Any],
+        expires_in_s: float = DEFAULT_EXPIRY_S,
+        *,
+        source: str = "slack",
+        now: datetime | None = None,
+    ) -> Approval:
+        """Record a pending request that expires ``expires_in_s`` seconds from ``now``."""
+        return await asyncio.to_thread(
+            self._create, requester, requester_name, node, plan, expires_in_s, source, now
+        )
+
+    async def decide(
+        self,
+        approval_id: int,
+        approver: str,
+        approve: bool,
+        now: datetime,
+        *,
+        approver_name: str = "",
+        source: str = "slack",
+    ) -> Approval:
+        """Approve or deny a pending request exactly once; raise SelfApproval, ApprovalExpired,
+        AlreadyDecided (or ApprovalError for an unknown id)."""
+        return await asyncio.to_thread(
+            self._decide, approval_id, approver, approve, now, approver_name, source
+        )
+
+    async def cancel(
+        self, approval_id: int, by: str, now: datetime, *, source: str = "slack"
+    ) -> Approval:
+        """Cancel a pending request (the service checks that ``by`` may)."""
+        return await asyncio.to_thread(
+            self._move, approval_id, (S.PENDING,), S.CANCELLED, by, source, now, None
+        )
+
+    async def mark_executed(
+        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Approval:
+        """Record that the approved action ran; AlreadyDecided if it is not (or no longer)
+        approved."""
+        return await asyncio.to_thread(
+            self._move, approval_id, (S.APPROVED,), S.EXECUTED, "gpubot", "gpubot", now, result
+        )
+
+    async def mark_failed(
+        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Approval:
+        """Record that the approved action failed; AlreadyDecided if it is not approved."""
+        return await asyncio.to_thread(
+            self._move, approval_id, (S.APPROVED,), S.FAILED, "gpubot", "gpubot", now, result
+        )
+
+    async def expire_due(self, now: datetime) -> list[Approval]:
+        """Expire every pending request whose time is up at ``now``; return them."""
+        return await asyncio.to_thread(self._expire_due, now)
+
+    async def set_message(self, approval_id: int, channel: str, message_ts: str) -> None:
+        """Remember the Slack message that shows the request (to update it later)."""
+        await asyncio.to_thread(self._set_message, approval_id, channel, message_ts)
+
+    async def get(self, approval_id: int) -> Approval | None:
+        """Return one approval or None."""
+        return await asyncio.to_thread(self._get, approval_id)
+
+    async def pending(self) -> list[Approval]:
+        """Return every pending approval, oldest first (they survive restarts)."""
+        return await asyncio.to_thread(self._pending)
+
+    # -- synchronous parts, run in a worker thread ------------------------------------------
+
+    def _create(
+        self,
+        requester: str,
+        requester_name: str,
+        node: str,
+        plan: Mapping[str, Any],
+        expires_in_s: float,
+        source: str,
+        now: datetime | None,
+    ) -> Approval:
+        if expires_in_s <= 0:
+            raise ApprovalError(f"an approval must expire in the future, not {expires_in_s}s")
+        at = now or datetime.now(UTC)
+        expires = at + timedelta(seconds=expires_in_s)
+        with guard("cannot record the approval request"), write_tx(self._engine) as conn:
+            res = conn.execute(
+                approvals.insert().values(
+                    requester=requester,
+                    requester_name=requester_name,
+                    source=source,
+                    node=node,
+                    plan=canonical_json(plan),
+                    state=S.PENDING.value,
+                    created_at=iso(at),
+                    expires_at=iso(expires),
+                )
+            )
+            key = res.inserted_primary_key
+            if key is None:
+                raise ApprovalError("the database gave the new approval no id")
+            aid = int(key[0])
+            detail = {"plan": plan, "expires_at": iso(expires), "requester_name": requester_name}
+            self._audit(conn, aid, None, S.PENDING, requester, source, node, at, detail)
+            return self._load(conn, aid)
+
+    def _decide(
+        self, aid: int, approver: str, approve: bool, now: datetime, approver_name: str, source: str
+    ) -> Approval:
+        new = S.APPROVED if approve else S.DENIED
+        error: GpubotError
+        with guard("cannot record the decision"), write_tx(self._engine) as conn:
+            changed = conn.execute(
+                approvals.update()
+                .where(
+                    approvals.c.id == aid,
+                    approvals.c.state == S.PENDING.value,
+                    approvals.c.expires_at > iso(now),
+                    approvals.c.requester != approver,
+                )
+                .values(
+                    state=new.value,
+                    decided_by=approver,
+                    decided_by_name=approver_name,
+                    decided_at=iso(now),
+                )
+            )
+            if changed.rowcount == 1:
+                a = self._load(conn, aid)
+                self._audit(
+                    conn,
+                    aid,
+                    S.PENDING,
+                    new,
+                    approver,
+                    source,
+                    a.node,
+                    now,
+                    {"by_name": approver_name},
+                )
+                return a
+            row = self._row(conn, aid)
+            if row is None:
+                error = ApprovalError(f"there is no approval {aid}")
+            elif row.requester == approver:
+                error = SelfApproval(
+                    "you cannot approve your own forced kill: ask another approver"
+                    if approve
+                    else "you cannot decide your own request: cancel it instead"
+                )
+            elif row.state != S.PENDING.value:
+                error = _already(aid, row)
+            else:  # pending, but its time is up: expire it now, then refuse
+                self._move_in(conn, aid, (S.PENDING,), S.EXPIRED, "gpubot", "gpubot", now, None)
+                error = ApprovalExpired(
+                    f"approval {aid} expired at {row.expires_at[11:19]} UTC: request it again"
+                )
+        raise error
+
+    def _move(
+        self,
+        aid: int,
+        from_: tuple[S, ...],
+        to: S,
+        by: str,
+        source: str,
+        now: datetime | None,
+        result: Mapping[str, Any] | None,
+    ) -> Approval:
+        with guard(f"cannot record approval {aid} as {to.value}"), write_tx(self._engine) as conn:
+            return self._move_in(conn, aid, from_, to, by, source, now, result)
+
+    def _move_in(
+        self,
+        conn: Connection,
+        aid: int,
+        from_: tuple[S, ...],
+        to: S,
+        by: str,
+        source: str,
+        now: datetime | None,
+        result: Mapping[str, Any] | None,
+    ) -> Approval:
+        at = now or datetime.now(UTC)
+        values: dict[str, Any] = {"state": to.value}
+        if to in (S.EXECUTED, S.FAILED):
+            values |= {"finished_at": iso(at), "result": canonical_json(result or {})}
+        else:
+            values |= {"decided_by": by, "decided_at": iso(at)}
+        row = self._row(conn, aid)
+        if row is None:
+            raise ApprovalError(f"there is no approval {aid}")
+        changed = conn.execute(
+            approvals.update()
+            .where(approvals.c.id == aid, approvals.c.state.in_([s.value for s in from_]))
+            .values(**values)
+        )
+        if changed.rowcount != 1:
+            raise _already(aid, row)
+        extra = {} if result is None else {"result": result}
+        self._audit(conn, aid, S(row.state), to, by, source, row.node, at, extra)
+        return self._load(conn, aid)
+
+    def _expire_due(self, now: datetime) -> list[Approval]:
+        out: list[Approval] = []
+        with guard("cannot expire approvals"), write_tx(self._engine) as conn:
+            due = (
+                conn.execute(
+                    select(approvals.c.id)
+                    .where(
+                        and_(
+                            approvals.c.state == S.PENDING.value, approvals.c.expires_at <= iso(now)
+                        )
+                    )
+                    .order_by(approvals.c.id)
+                )
+                .scalars()
+                .all()
+            )
+            for aid in due:
+                out.append(
+                    self._move_in(conn, aid, (S.PENDING,), S.EXPIRED, "gpubot", "gpubot", now, None)
+                )
+        return out
+
+    def _set_message(self, aid: int, channel: str, ts: str) -> None:
+        with guard("cannot record the approval message"), write_tx(self._engine) as conn:
+            changed = conn.execute(
+                approvals.update()
+                .where(approvals.c.id == aid)
+                .values(channel=channel, message_ts=ts)
+            )
+            if changed.rowcount != 1:
+                raise ApprovalError(f"there is no approval {aid}")
+
+    def _get(self, aid: int) -> Approval | None:
+        with guard("cannot read approvals"), read_tx(self._engine) as conn:
+            row = self._row(conn, aid)
+            return None if row is None else _approval(row)
+
+    def _pending(self) -> list[Approval]:
+        with guard("cannot read approvals"), read_tx(self._engine) as conn:
+            rows = conn.execute(
+                select(approvals)
+                .where(approvals.c.state == S.PENDING.value)
+                .order_by(approvals.c.id)
+            ).all()
+            return [_approval(r) for r in rows]
+
+    def _row(self, conn: Connection, aid: int) -> Row[Any] | None:
+        return conn.execute(select(approvals).where(approvals.c.id == aid)).one_or_none()
+
+    def _load(self, conn: Connection, aid: int) -> Approval:
+        row = self._row(conn, aid)
+        if row is None:
+            raise ApprovalError(f"there is no approval {aid}")
+        return _approval(row)
+
+    def _audit(
+        self,
+        conn: Connection,
+        aid: int,
+        from_: S | None,
+        to: S,
+        by: str,
+        source: str,
+        node: str,
+        at: datetime,
+        extra: Mapping[str, Any],
+    ) -> None:
+        payload = {
+            "approval": aid,
+            "from": None if from_ is None else from_.value,
+            "to": to.value,
+            **extra,
+        }
+        append(conn, kind="approval", actor=by, source=source, node=node, payload=payload, now=at)
+
+
+def _already(aid: int, row: Row[Any]) -> ApprovalError:
+    if row.state == S.PENDING.value:
+        return ApprovalError(f"approval {aid} is still pending")
+    who = row.decided_by_name or row.decided_by
+    by = f" by {who}" if who and row.state != S.EXPIRED.value else ""
+    return AlreadyDecided(f"approval {aid} is already {row.state}{by}")
+
+
+def _approval(row: Row[Any]) -> Approval:
+    def t(v: str | None) -> datetime | None:
+        return None if v is None else parse_iso(v)
+
+    return Approval(
+        id=int(row.id),
+        requester=row.requester,
+        requester_name=row.requester_name,
+        source=row.source,
+        node=row.node,
+        plan=json.loads(row.plan),
+        state=S(row.state),
+        created_at=parse_iso(row.created_at),
+        expires_at=parse_iso(row.expires_at),
+        decided_by=row.decided_by,
+        decided_by_name=row.decided_by_name,
+        decided_at=t(row.decided_at),
+        finished_at=t(row.finished_at),
+        result=None if row.result is None else json.loads(row.result),
+        channel=row.channel,
+        message_ts=row.message_ts,
+    )

@@ -1,0 +1,228 @@
+"""Appending to the audit chain and reading it back (synchronous; ``Store`` runs it in threads).
+
+``append`` must run inside ``engine.write_tx`` so that the head it reads cannot move under it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, select
+
+from gpubot.errors import StoreError
+from gpubot.store.chain import GENESIS, canonical_json, record_hash, walk
+from gpubot.store.records import (
+    ActionDetail,
+    ActionSummary,
+    AuditRecord,
+    VerifyResult,
+    iso,
+    parse_iso,
+)
+from gpubot.store.tables import audit_head, audit_log
+
+PAGE = 2000  # records read per query while walking the chain
+
+
+def append(
+    conn: Connection,
+    *,
+    kind: str,
+    actor: str,
+    source: str,
+    node: str | None,
+    payload: Mapping[str, Any],
+    action_id: int | None = None,
+    own_action: bool = False,
+    now: datetime | None = None,
+) -> AuditRecord:
+    """Append one record after the chain head; ``own_action`` makes its action_id its own seq."""
+    head = conn.execute(
+        select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
+    ).one_or_none()
+    if head is None:
+        raise StoreError("the audit chain head is missing: was `gpubot db upgrade` run?")
+    seq = int(head.seq) + 1
+    fields: dict[str, Any] = {
+        "seq": seq,
+        "action_id": seq if own_action else action_id,
+        "kind": kind,
+        "created_at": iso(now or datetime.now(UTC)),
+        "actor": actor,
+        "source": source,
+        "node": node,
+        "payload": canonical_json(payload),
+    }
+    digest = record_hash(head.hash, **fields)
+    conn.execute(audit_log.insert().values(**fields, prev_hash=head.hash, hash=digest))
+    updated = conn.execute(
+        audit_head.update()
+        .where(and_(audit_head.c.id == 1, audit_head.c.seq == head.seq))
+        .values(seq=seq, hash=digest)
+    )
+    if updated.rowcount != 1:  # only possible if the write lock was not held
+        raise StoreError("the audit chain head moved during an append")
+    return AuditRecord(prev_hash=head.hash, hash=digest, **fields)
+
+
+def to_record(row: Row[Any]) -> AuditRecord:
+    """Build an ``AuditRecord`` from an ``audit_log`` row."""
+    return AuditRecord(
+        seq=int(row.seq),
+        action_id=None if row.action_id is None else int(row.action_id),
+        kind=row.kind,
+        created_at=row.created_at,
+        actor=row.actor,
+        source=row.source,
+        node=row.node,
+        payload=row.payload,
+        prev_hash=row.prev_hash,
+        hash=row.hash,
+    )
+
+
+def intent_of(conn: Connection, action_id: int) -> tuple[AuditRecord, AuditRecord | None]:
+    """Return an action's intent and outcome (None while incomplete); StoreError if unknown."""
+    rows = conn.execute(
+        select(audit_log).where(
+            audit_log.c.action_id == action_id, audit_log.c.kind.in_(("intent", "outcome"))
+        )
+    ).all()
+    recs = {r.kind: to_record(r) for r in rows}
+    if "intent" not in recs:
+        raise StoreError(f"no action {action_id} in the audit log")
+    return recs["intent"], recs.get("outcome")
+
+
+def summaries(
+    conn: Connection,
+    *,
+    node: str | None = None,
+    actor: str | None = None,
+    since: datetime | None = None,
+    limit: int | None = 50,
+    incomplete_only: bool = False,
+) -> list[ActionSummary]:
+    """Return actions, newest first, with their outcome status."""
+    outcome = audit_log.alias("outcome")
+    q = (
+        select(audit_log, outcome.c.payload.label("o_payload"), outcome.c.created_at.label("o_at"))
+        .select_from(
+            audit_log.outerjoin(
+                outcome,
+                and_(outcome.c.action_id == audit_log.c.action_id, outcome.c.kind == "outcome"),
+            )
+        )
+        .where(audit_log.c.kind == "intent")
+        .order_by(audit_log.c.seq.desc())
+    )
+    if node is not None:
+        q = q.where(audit_log.c.node == node)
+    if actor is not None:
+        q = q.where(audit_log.c.actor.contains(actor, autoescape=True))
+    if since is not None:
+        q = q.where(audit_log.c.created_at >= iso(since))
+    if incomplete_only:
+        q = q.where(outcome.c.seq.is_(None))
+    if limit is not None:
+        q = q.limit(limit)
+    return [summary(to_record(r), r.o_payload, r.o_at) for r in conn.execute(q).all()]
+
+
+def summary(
+    intent: AuditRecord, outcome_payload: str | None, outcome_at: str | None
+) -> ActionSummary:
+    """Build an ``ActionSummary`` from an intent and its outcome's payload and time."""
+    data = intent.data
+    status = "incomplete"
+    if outcome_payload is not None:
+        status = str(json.loads(outcome_payload).get("status", "unknown"))
+    return ActionSummary(
+        id=intent.seq,
+        kind=str(data.get("action", "")),
+        actor=intent.actor,
+        source=intent.source,
+        command=str(data.get("command", "")),
+        node=intent.node,
+        gpus=tuple(int(g) for g in data.get("gpus", ())),
+        started_at=intent.time,
+        status=status,
+        finished_at=None if outcome_at is None else parse_iso(outcome_at),
+    )
+
+
+def detail(conn: Connection, action_id: int) -> ActionDetail | None:
+    """Return an action's intent, events and outcome, or None if there is no such action."""
+    rows = conn.execute(
+        select(audit_log).where(audit_log.c.action_id == action_id).order_by(audit_log.c.seq)
+    ).all()
+    recs = tuple(to_record(r) for r in rows)
+    intent = next((r for r in recs if r.kind == "intent"), None)
+    if intent is None:
+        return None
+    outcome = next((r for r in recs if r.kind == "outcome"), None)
+    out_data = None if outcome is None else outcome.data
+    return ActionDetail(
+        summary=summary(
+            intent,
+            None if outcome is None else outcome.payload,
+            None if outcome is None else outcome.created_at,
+        ),
+        plan=intent.data.get("plan"),
+        events=tuple(r for r in recs if r.kind == "event"),
+        result=None if out_data is None else out_data.get("result"),
+        records=recs,
+    )
+
+
+def page(
+    conn: Connection,
+    *,
+    after: int = 0,
+    limit: int = PAGE,
+    kind: str | None = None,
+    actor: str | None = None,
+    since: datetime | None = None,
+    newest_first: bool = False,
+) -> list[AuditRecord]:
+    """Return up to ``limit`` records after seq ``after`` (or newest first), optionally filtered."""
+    q = select(audit_log)
+    if newest_first:
+        q = q.order_by(audit_log.c.seq.desc())
+    else:
+        q = q.where(audit_log.c.seq > after).order_by(audit_log.c.seq)
+    if kind is not None:
+        q = q.where(audit_log.c.kind == kind)
+    if actor is not None:
+        q = q.where(audit_log.c.actor.contains(actor, autoescape=True))
+    if since is not None:
+        q = q.where(audit_log.c.created_at >= iso(since))
+    return [to_record(r) for r in conn.execute(q.limit(limit)).all()]
+
+
+def _all(conn: Connection) -> Iterator[AuditRecord]:
+    after = 0
+    while True:
+        batch = page(conn, after=after)
+        yield from batch
+        if len(batch) < PAGE:
+            return
+        after = batch[-1].seq
+
+
+def verify(conn: Connection) -> VerifyResult:
+    """Walk the whole chain inside one snapshot and report the first record that is not intact."""
+    head = conn.execute(
+        select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
+    ).one_or_none()
+    if head is None:
+        return VerifyResult(False, 0, 0, "the chain head is missing", GENESIS)
+
+    def seq_of_hash(h: str) -> int | None:
+        found = conn.execute(select(audit_log.c.seq).where(audit_log.c.hash == h)).scalar()
+        return None if found is None else int(found)
+
+    return walk(_all(conn), (int(head.seq), head.hash), seq_of_hash)

@@ -1,0 +1,123 @@
+"""Engines, transactions and error translation for SQLite and PostgreSQL.
+
+Writes are serialised in the database, so that two bot replicas or a bot and the CLI never fork
+the chain: PostgreSQL takes a transaction-scoped advisory lock, SQLite takes its write lock at
+``BEGIN IMMEDIATE``. SQLite runs in WAL mode with a busy timeout, so readers never block.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from gpubot.errors import GpubotError, StoreError
+
+LOCK_KEY = 0x6770_7562_6F74  # "gpubot": the advisory lock every PostgreSQL write takes
+BUSY_TIMEOUT_S = 15.0  # how long SQLite waits for another writer
+CONNECT_TIMEOUT_S = 5  # how long PostgreSQL may take to answer a connection
+
+
+def parse_url(url: str, password: str | None = None) -> URL:
+    """Parse a database URL, add ``password``, and choose psycopg for plain ``postgresql://``."""
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"not a database URL: {url!r}") from None
+    backend = u.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreError(
+            f"unsupported database {backend!r}: use sqlite:///PATH or postgresql+psycopg://..."
+        )
+    if u.drivername == "postgresql":
+        u = u.set(drivername="postgresql+psycopg")
+    if password is not None and backend == "postgresql":
+        u = u.set(password=password)
+    return u
+
+
+def make_engine(url: str, password: str | None = None) -> Engine:
+    """Create the engine for ``url``; nothing connects until first use."""
+    u = parse_url(url, password)
+    try:
+        if u.get_backend_name() == "postgresql":
+            return create_engine(
+                u, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
+            )
+        memory = u.database in (None, "", ":memory:")
+        engine = create_engine(
+            u,
+            poolclass=StaticPool if memory else None,
+            connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
+        )
+    except (SQLAlchemyError, ImportError) as exc:
+        raise StoreError(f"cannot use {u.render_as_string()}: {describe(exc)}") from exc
+    event.listen(engine, "connect", _sqlite_connect)
+    event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Take BEGIN away from the sqlite3 module so that _sqlite_begin chooses it.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    finally:
+        cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    immediate = conn.get_execution_options().get("gpubot_write", False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def is_postgresql(engine: Engine) -> bool:
+    """Whether ``engine`` talks to PostgreSQL."""
+    return engine.dialect.name == "postgresql"
+
+
+@contextmanager
+def write_tx(engine: Engine) -> Iterator[Connection]:
+    """Open a transaction that holds the database-wide write lock until it ends."""
+    with engine.connect() as conn:
+        conn.execution_options(gpubot_write=True)
+        with conn.begin():
+            if is_postgresql(engine):
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+            yield conn
+
+
+@contextmanager
+def read_tx(engine: Engine) -> Iterator[Connection]:
+    """Open a read transaction that sees one consistent snapshot."""
+    with engine.connect() as conn:
+        if is_postgresql(engine):
+            conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
+
+
+def describe(exc: BaseException) -> str:
+    """Return the first line of what the database driver said."""
+    inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
+    return lines[0] if lines else type(inner).__name__
+
+
+@contextmanager
+def guard(what: str) -> Iterator[None]:
+    """Turn database failures into ``StoreError("<what>: <reason>")``."""
+    try:
+        yield
+    except GpubotError:
+        raise
+    except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+        raise StoreError(f"{what}: {describe(exc)}") from exc

@@ -1,0 +1,197 @@
+"""Value types the store hands out (standard library only, so any layer may read them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gpubot.core.models import ApprovalState
+
+# Fixed width, so that text order is time order on every database.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def iso(moment: datetime) -> str:
+    """Render an aware datetime as the store's UTC text (microseconds, fixed width)."""
+    if moment.tzinfo is None:
+        raise ValueError("naive datetime: pass an aware one, e.g. datetime.now(UTC)")
+    return moment.astimezone(UTC).strftime(TIME_FORMAT)
+
+
+def parse_iso(text: str) -> datetime:
+    """Parse the store's UTC text back into an aware datetime."""
+    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One append-only record of the hash chain, exactly as stored."""
+
+    seq: int
+    action_id: int | None
+    kind: str  # intent | event | outcome | query | approval | alert
+    created_at: str  # UTC text, see ``iso``
+    actor: str
+    source: str
+    node: str | None
+    payload: str  # canonical JSON text
+    prev_hash: str
+    hash: str
+
+    @property
+    def time(self) -> datetime:
+        """Return ``created_at`` as an aware datetime."""
+        return parse_iso(self.created_at)
+
+    @property
+    def data(self) -> Any:
+        """Return the decoded payload."""
+        return json.loads(self.payload)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return every stored field (for export)."""
+        return {
+            "seq": self.seq,
+            "action_id": self.action_id,
+            "kind": self.kind,
+            "created_at": self.created_at,
+            "actor": self.actor,
+            "source": self.source,
+            "node": self.node,
+            "payload": self.payload,
+            "prev_hash": self.prev_hash,
+            "hash": self.hash,
+        }
+
+
+@dataclass(frozen=True)
+class ActionSummary:
+    """An action's intent and, once written, its outcome status."""
+
+    id: int
+    kind: str  # what was done: reset, gpu-reset, ...
+    actor: str
+    source: str
+    command: str
+    node: str | None
+    gpus: tuple[int, ...]
+    started_at: datetime
+    status: str  # the outcome's status, or "incomplete" while no outcome is written
+    finished_at: datetime | None
+
+    @property
+    def incomplete(self) -> bool:
+        """Whether no outcome was written (still running, or the bot died)."""
+        return self.finished_at is None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "actor": self.actor,
+            "source": self.source,
+            "command": self.command,
+            "node": self.node,
+            "gpus": list(self.gpus),
+            "started_at": iso(self.started_at),
+            "status": self.status,
+            "finished_at": None if self.finished_at is None else iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class ActionDetail:
+    """An action's intent, every event recorded for it, and its outcome."""
+
+    summary: ActionSummary
+    plan: Any  # the plan given to begin_action (decoded JSON) or None
+    events: tuple[AuditRecord, ...]
+    result: Any  # the result given to finish_action (decoded JSON) or None
+    records: tuple[AuditRecord, ...]  # intent, events, outcome: as stored
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {
+            **self.summary.as_dict(),
+            "plan": self.plan,
+            "events": [{"at": e.created_at, **_as_object(e.data)} for e in self.events],
+            "result": self.result,
+            "records": [r.seq for r in self.records],
+        }
+
+
+def _as_object(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {"value": value}
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What walking the hash chain found."""
+
+    ok: bool
+    checked: int  # records found intact before the first bad one (all of them when ok)
+    first_bad_seq: int | None
+    reason: str  # one line for a person
+    head_hash: str  # the last intact record's hash: note it elsewhere to anchor the chain
+
+
+@dataclass(frozen=True)
+class Approval:
+    """One request to run a forced action, and its life."""
+
+    id: int
+    requester: str  # Slack user id (or cli:<user>)
+    requester_name: str
+    source: str
+    node: str
+    plan: Any  # decoded JSON
+    state: ApprovalState
+    created_at: datetime
+    expires_at: datetime
+    decided_by: str | None
+    decided_by_name: str | None
+    decided_at: datetime | None
+    finished_at: datetime | None
+    result: Any  # decoded JSON given to mark_executed / mark_failed, or None
+    channel: str | None
+    message_ts: str | None
+
+
+@dataclass(frozen=True)
+class FindingKey:
+    """The stable identity of a finding: the same trouble on the next sweep has the same key."""
+
+    node: str
+    gpu: int | None
+    kind: str  # a FindingKind value
+    holder: str = ""  # e.g. "pid:start_ticks" of the process holding the GPU, "" if none
+
+    def text(self) -> str:
+        """Return the key as one string (what the database indexes)."""
+        gpu = "-" if self.gpu is None else str(self.gpu)
+        return json.dumps([self.node, gpu, self.kind, self.holder], separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Alert:
+    """The alerting state of one finding across sweeps."""
+
+    id: int
+    key: FindingKey
+    first_seen: datetime
+    last_seen: datetime
+    seen_count: int  # sweeps in a row that saw it (restarts at 1 when it comes back)
+    alerted_at: datetime | None
+    channel: str | None
+    message_ts: str | None
+    reminded_at: datetime | None
+    snoozed_until: datetime | None
+    resolved_at: datetime | None
+
+    def snoozed(self, now: datetime) -> bool:
+        """Whether alerts for it are snoozed at ``now``."""
+        return self.snoozed_until is not None and now < self.snoozed_until

@@ -1,0 +1,107 @@
+"""The schema (SQLAlchemy Core): one definition that runs unchanged on SQLite and PostgreSQL.
+
+Times are UTC text of fixed width (``records.iso``) so they round-trip byte for byte on both
+databases and the chain hashes recompute. The migrations in ``migrations/`` must build exactly
+this; a test runs autogenerate against both databases and expects no difference.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+from gpubot.core.models import ApprovalState
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "pk": "pk_%(table_name)s",
+}
+TIME = String(27)  # 2024-01-31T12:00:00.000000Z
+HASH = String(64)  # sha256 hex
+
+metadata = MetaData(naming_convention=NAMING)
+
+# Append-only: no code path updates or deletes a row; triggers refuse it too.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("action_id", BigInteger, nullable=True),  # seq of the action's intent
+    Column("kind", String(16), nullable=False),
+    Column("created_at", TIME, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("node", Text, nullable=True),
+    Column("payload", Text, nullable=False),
+    Column("prev_hash", HASH, nullable=False, unique=True),  # a fork would repeat a prev_hash
+    Column("hash", HASH, nullable=False, unique=True),
+    Index(None, "action_id"),
+    Index(None, "kind", "seq"),
+    Index(None, "created_at"),
+)
+
+# One row (id 1): the last record's seq and hash, updated in the append's transaction, so that
+# removing records from the end of the log is noticed too.
+audit_head = Table(
+    "audit_head",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("hash", HASH, nullable=False),
+)
+
+_STATES = ", ".join(f"'{s.value}'" for s in ApprovalState)
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("requester", Text, nullable=False),
+    Column("requester_name", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("node", Text, nullable=False),
+    Column("plan", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at", TIME, nullable=False),
+    Column("expires_at", TIME, nullable=False),
+    Column("decided_by", Text, nullable=True),
+    Column("decided_by_name", Text, nullable=True),
+    Column("decided_at", TIME, nullable=True),
+    Column("finished_at", TIME, nullable=True),
+    Column("result", Text, nullable=True),
+    Column("channel", Text, nullable=True),
+    Column("message_ts", Text, nullable=True),
+    CheckConstraint(f"state IN ({_STATES})", name="state"),
+    Index(None, "state"),
+)
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", Text, nullable=False, unique=True),  # FindingKey.text()
+    Column("node", Text, nullable=False),
+    Column("gpu", Integer, nullable=True),
+    Column("kind", String(32), nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("first_seen", TIME, nullable=False),
+    Column("last_seen", TIME, nullable=False),
+    Column("seen_count", Integer, nullable=False),
+    Column("alerted_at", TIME, nullable=True),
+    Column("channel", Text, nullable=True),
+    Column("message_ts", Text, nullable=True),
+    Column("reminded_at", TIME, nullable=True),
+    Column("snoozed_until", TIME, nullable=True),
+    Column("resolved_at", TIME, nullable=True),
+)

@@ -1,0 +1,1 @@
+"""gpubot's Alembic migrations (installed as the package ``gpubot_migrations``)."""
