@@ -1,0 +1,427 @@
+"""Block Kit messages for GPU status: pure ``render_*() -> dict`` functions within Slack's limits.
+
+A message is ``{"text": fallback, "blocks": [...]}``. Limits (checked by ``limit_problems``): 50
+blocks a message (100 in the Home tab), 3000 characters a section text, 150 a header, 10 context
+elements, one ``table`` block a message with at most 100 rows of at most 20 cells. Dynamic text is
+escaped (``&``, ``<``, ``>``) so a process name can never mention ``@channel``.
+
+``message_text`` turns any message back into plain text: the console prints exactly that.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from gpubot.core.flags import gpu_flags, process_flags
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+
+Message = dict[str, Any]
+Block = dict[str, Any]
+
+MAX_BLOCKS = 50
+MAX_VIEW_BLOCKS = 100
+MAX_TEXT = 3000
+MAX_HEADER = 150
+MAX_CONTEXT = 10
+MAX_TABLE_ROWS = 100
+MAX_TABLE_CELLS = 20
+MAX_TABLE_CHARS = 10_000  # the whole table's cells, as for Slack's data tables
+MAX_FALLBACK = 3900  # top-level ``text``: Slack truncates past 40 000 and advises 4 000
+MAX_BUTTON = 75
+MAX_VALUE = 2000
+MAX_BLOCK_ID = 255
+FEW_NODES = 3  # up to this many nodes, a fleet answer shows each node's GPUs in full
+MAX_FLAGGED = 60  # flagged GPUs detailed in a fleet answer (the rest are counted)
+
+
+def escape(text: str) -> str:
+    """Escape text for mrkdwn: ``&``, ``<`` and ``>`` only (Slack's rule)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def code_safe(text: str) -> str:
+    """Escape text for a preformatted block (no back-tick can close it)."""
+    return escape(text).replace("`", "'")
+
+
+def clip(text: str, n: int) -> str:
+    """Shorten ``text`` to at most ``n`` characters, marking the cut."""
+    return text if len(text) <= n else text[: max(0, n - 1)] + "…"
+
+
+def date(ts: float) -> str:
+    """Return a Slack date token that shows local time, with a UTC fallback."""
+    fallback = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"<!date^{int(ts)}^{{date_short_pretty}} {{time_secs}}|{fallback}>"
+
+
+def header(text: str) -> Block:
+    """Return a header block (plain text, clipped to 150)."""
+    return {"type": "header", "text": {"type": "plain_text", "text": clip(text, MAX_HEADER)}}
+
+
+def section(mrkdwn: str) -> Block:
+    """Return a section block (clipped to 3000)."""
+    return {"type": "section", "text": {"type": "mrkdwn", "text": clip(mrkdwn, MAX_TEXT)}}
+
+
+def context(*parts: str) -> Block:
+    """Return a context block of up to 10 mrkdwn parts."""
+    elements = [{"type": "mrkdwn", "text": clip(p, MAX_TEXT)} for p in parts if p]
+    return {"type": "context", "elements": elements[:MAX_CONTEXT] or [{"type": "mrkdwn",
+            "text": " "}]}  # fmt: skip
+
+
+def pre(lines: Iterable[str]) -> str:
+    """Return lines as a preformatted mrkdwn text (already escaped lines)."""
+    return "```\n" + "\n".join(lines) + "\n```"
+
+
+def table(
+    rows: Sequence[Sequence[str]], *, wrap: Sequence[int] = (), right: Sequence[int] = ()
+) -> Block:
+    """Return a ``table`` block; the first row is the header. Cells are raw text."""
+    width = max(len(r) for r in rows)
+    settings = [
+        {"is_wrapped": i in wrap, "align": "right" if i in right else "left"} for i in range(width)
+    ]
+    return {
+        "type": "table",
+        "column_settings": settings,
+        "rows": [[{"type": "raw_text", "text": c or "–"} for c in r] for r in rows],
+    }
+
+
+def table_fits(rows: Sequence[Sequence[str]]) -> bool:
+    """Whether rows fit one table block (rows, cells and characters)."""
+    return (
+        0 < len(rows) <= MAX_TABLE_ROWS
+        and all(0 < len(r) <= MAX_TABLE_CELLS for r in rows)
+        and sum(len(c or "–") for r in rows for c in r) <= MAX_TABLE_CHARS
+    )
+
+
+class Budget:
+    """Blocks of one message, never more than ``limit``; ``reserve`` keeps room for a tail."""
+
+    def __init__(self, limit: int = MAX_BLOCKS) -> None:
+        self.limit = limit
+        self.blocks: list[Block] = []
+
+    @property
+    def room(self) -> int:
+        """Return how many blocks can still be added."""
+        return self.limit - len(self.blocks)
+
+    def add(self, block: Block) -> bool:
+        """Add one block if there is room."""
+        if self.room <= 0:
+            return False
+        self.blocks.append(block)
+        return True
+
+    def add_pre(self, lines: Sequence[str], *, reserve: int = 0) -> int:
+        """Pack lines into preformatted sections; return how many lines fit."""
+        chunk: list[str] = []
+        size = 8  # the fences
+        done = 0
+        for line in lines:
+            line = clip(line, MAX_TEXT - 10)
+            if chunk and size + len(line) + 1 > MAX_TEXT:
+                if self.room <= reserve:
+                    return done
+                self.add(section(pre(chunk)))
+                done += len(chunk)
+                chunk, size = [], 8
+            chunk.append(line)
+            size += len(line) + 1
+        if chunk and self.room > reserve:
+            self.add(section(pre(chunk)))
+            done += len(chunk)
+        return done
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+def _num(v: int | None) -> str:
+    return "?" if v is None else str(v)
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.0f} GiB" if mib >= 10240 else f"{mib} MiB"
+
+
+def short_command(p: GpuProcess, n: int = 32) -> str:
+    """Return a process's command, shortened to the program name and first arguments."""
+    cmd = (p.command or p.process_name or "?").strip()
+    first, _, rest = cmd.partition(" ")
+    return clip(f"{first.rsplit('/', 1)[-1]} {rest}".strip(), n)
+
+
+def proc_label(p: GpuProcess) -> str:
+    """Return ``user pid MiB command [flags]`` for one process (not escaped)."""
+    flags = process_flags(p)
+    tail = f" [{', '.join(flags)}]" if flags else ""
+    return f"{p.user or '?'} {p.pid} {_num(p.used_memory_mib)} MiB {short_command(p)}{tail}"
+
+
+def _mem(g: GpuInfo) -> str:
+    return f"{_num(g.memory_used_mib)} / {_num(g.memory_total_mib)} MiB"
+
+
+def _util(g: GpuInfo) -> str:
+    return "?" if g.utilization_pct is None else f"{g.utilization_pct} %"
+
+
+def node_rows(snap: NodeSnapshot, *, max_procs: int = 4) -> list[list[str]]:
+    """Return the table rows of one node: header, then one row per GPU."""
+    rows = [["GPU", "Memory", "Util", "Processes (user pid MiB command)", "Flags"]]
+    for g in snap.gpus:
+        procs = snap.on_gpu(g.index)
+        labels = [proc_label(p) for p in procs[:max_procs]]
+        if len(procs) > max_procs:
+            labels.append(f"+{len(procs) - max_procs} more")
+        rows.append([str(g.index), _mem(g), _util(g), "; ".join(labels) or "–",
+                     ", ".join(gpu_flags(g, procs)) or "–"])  # fmt: skip
+    return rows
+
+
+def node_lines(snap: NodeSnapshot, *, max_procs: int = 8) -> list[str]:
+    """Return one node's GPUs as preformatted lines (escaped)."""
+    lines = [code_safe(f"{snap.node}: {len(snap.gpus)} GPU(s)")]
+    for g in snap.gpus:
+        procs = snap.on_gpu(g.index)
+        flags = ", ".join(gpu_flags(g, procs))
+        head = f"GPU {g.index:<2} {_mem(g):<22} {_util(g):>5}"
+        lines.append(code_safe(f"{head}  {'⚠ ' + flags if flags else ''}".rstrip()))
+        for p in procs[:max_procs]:
+            lines.append(code_safe(f"       {proc_label(p)}"))
+        if len(procs) > max_procs:
+            lines.append(f"       +{len(procs) - max_procs} more")
+    return lines
+
+
+def _counts(snaps: Sequence[NodeSnapshot]) -> tuple[int, int, int, int]:
+    """Return GPUs total, busy, idle, flagged."""
+    total = busy = flagged = 0
+    for s in snaps:
+        for g in s.gpus:
+            procs = s.on_gpu(g.index)
+            total += 1
+            busy += bool(procs)
+            flagged += bool(gpu_flags(g, procs))
+    return total, busy, total - busy, flagged
+
+
+def _taken(snaps: Sequence[NodeSnapshot]) -> str:
+    return f"taken {date(min(s.taken_at for s in snaps))}" if snaps else ""
+
+
+def render_node(snap: NodeSnapshot, *, use_table: bool = True) -> Message:
+    """Render one node's GPUs: a table block where it fits, else preformatted text."""
+    total, busy, idle, flagged = _counts([snap])
+    summary = f"{snap.node}: {total} GPUs, {busy} busy, {idle} idle, {flagged} flagged"
+    b = Budget()
+    name = snap.gpus[0].name if snap.gpus else "no GPUs"
+    b.add(header(f"{snap.node} · {len(snap.gpus)} × {name}"))
+    rows = node_rows(snap)
+    if not snap.gpus:
+        b.add(section("_no GPUs found_"))
+    elif use_table and table_fits(rows):
+        b.add(table(rows, wrap=(3, 4)))
+    else:
+        left = b.add_pre(node_lines(snap)[1:], reserve=1)
+        missing = len(node_lines(snap)) - 1 - left
+        if missing:
+            b.add(context(f"… {missing} more lines not shown"))
+    b.add(context(escape(f"{busy} busy · {idle} idle · {flagged} flagged"), _taken([snap])))
+    return {"text": escape(summary), "blocks": b.blocks}
+
+
+def render_fleet(
+    snapshots: Sequence[NodeSnapshot],
+    failed: Mapping[str, str],
+    *,
+    seconds: float = 0.0,
+    title: str = "GPU status",
+    use_table: bool = True,
+    limit: int = MAX_BLOCKS,
+) -> Message:
+    """Render several nodes: a summary, failing nodes, and details only where needed."""
+    if len(snapshots) == 1 and not failed:
+        return render_node(snapshots[0], use_table=use_table)
+    total, busy, idle, flagged = _counts(snapshots)
+    ok, bad = len(snapshots), len(failed)
+    summary = (
+        f"{title}: {ok} node(s) OK, {bad} failing · {total} GPUs: {busy} busy, {idle} idle, "
+        f"{flagged} flagged"
+    )
+    b = Budget(limit)
+    b.add(header(title))
+    b.add(section(
+        f"*Nodes:* {ok} OK, {bad} failing    *GPUs:* {busy} busy, {idle} idle, {flagged} flagged"
+    ))  # fmt: skip
+    tail = 2  # room kept for "more not shown" and the context line
+    if failed:
+        lines = [code_safe(f"{n}: {why}") for n, why in failed.items()]
+        b.add(section(f"*{bad} node(s) did not answer:*"))
+        shown = b.add_pre(lines[:60], reserve=tail + 2)
+        if shown < bad:
+            b.add(context(f"… and {bad - shown} more failing node(s)"))
+    if len(snapshots) <= FEW_NODES:
+        for s in snapshots:
+            lines = node_lines(s)
+            if b.add_pre(lines, reserve=tail) < len(lines):
+                break
+    else:
+        rows = [["Node", "GPUs busy", "Memory used", "Flagged"]]
+        order = sorted(snapshots, key=lambda s: -_counts([s])[3])
+        for s in order[: MAX_TABLE_ROWS - 1]:
+            used = sum(g.memory_used_mib or 0 for g in s.gpus)
+            cap = sum(g.memory_total_mib or 0 for g in s.gpus)
+            _, sb, _, sf = _counts([s])
+            rows.append([s.node, f"{sb}/{len(s.gpus)}", f"{_gib(used)} / {_gib(cap)}", str(sf)])
+        if use_table and table_fits(rows):
+            b.add(table(rows, right=(1, 2, 3)))
+            if len(snapshots) > len(rows) - 1:
+                b.add(context(f"{len(rows) - 1} of {len(snapshots)} nodes listed, flagged first"))
+        flagged_lines = _flagged_lines(snapshots)
+        if flagged_lines:
+            b.add(section(f"*Flagged GPUs ({len(flagged_lines)}):*"))
+            shown = b.add_pre(flagged_lines[:MAX_FLAGGED], reserve=tail)
+            if shown < len(flagged_lines):
+                b.add(context(
+                    f"… and {len(flagged_lines) - shown} more flagged GPU(s): "
+                    "use `/gpu status NODE` for one node"
+                ))  # fmt: skip
+    b.add(context(f"{ok + bad} node(s) asked in {seconds:.1f} s", _taken(snapshots)))
+    return {"text": escape(summary), "blocks": b.blocks}
+
+
+def _flagged_lines(snaps: Sequence[NodeSnapshot]) -> list[str]:
+    out = []
+    for s in snaps:
+        for g in s.gpus:
+            procs = s.on_gpu(g.index)
+            flags = gpu_flags(g, procs)
+            if flags:
+                who = ", ".join(sorted({p.user or "?" for p in procs})) or "no process"
+                out.append(code_safe(
+                    f"{s.node} GPU {g.index}: {_mem(g)}  {', '.join(flags)}  ({who})"
+                ))  # fmt: skip
+    return out
+
+
+def render_text(text: str, *, title: str | None = None) -> Message:
+    """Render a short mrkdwn answer (usage errors, notices)."""
+    blocks = [header(title)] if title else []
+    return {"text": clip(text, MAX_FALLBACK), "blocks": [*blocks, section(text)]}
+
+
+# --- limits and plain text -------------------------------------------------------------------
+
+
+def limit_problems(message: Mapping[str, Any], *, max_blocks: int = MAX_BLOCKS) -> list[str]:
+    """Return every way ``message`` breaks a Slack limit (empty when it fits)."""
+    problems: list[str] = []
+    blocks = message.get("blocks") or []
+    if len(blocks) > max_blocks:
+        problems.append(f"{len(blocks)} blocks > {max_blocks}")
+    text = message.get("text", "")
+    if len(text) > MAX_FALLBACK:
+        problems.append(f"text of {len(text)} characters > {MAX_FALLBACK}")
+    tables = 0
+    for i, blk in enumerate(blocks):
+        kind = blk.get("type")
+        if len(blk.get("block_id", "")) > MAX_BLOCK_ID:
+            problems.append(f"block {i}: block_id too long")
+        if kind == "header" and len(blk["text"]["text"]) > MAX_HEADER:
+            problems.append(f"block {i}: header > {MAX_HEADER}")
+        if kind == "section":
+            if "text" in blk and len(blk["text"]["text"]) > MAX_TEXT:
+                problems.append(f"block {i}: section text > {MAX_TEXT}")
+            if "text" in blk and not blk["text"]["text"]:
+                problems.append(f"block {i}: empty section text")
+            if len(blk.get("fields", [])) > 10:
+                problems.append(f"block {i}: more than 10 fields")
+        if kind == "context":
+            els = blk.get("elements", [])
+            if not 0 < len(els) <= MAX_CONTEXT:
+                problems.append(f"block {i}: context has {len(els)} elements")
+            if any(len(e.get("text", "")) > MAX_TEXT for e in els):
+                problems.append(f"block {i}: context text > {MAX_TEXT}")
+        if kind == "table":
+            tables += 1
+            rows = [[c["text"] for c in r] for r in blk["rows"]]
+            if not table_fits(rows):
+                problems.append(f"block {i}: table of {len(rows)} rows breaks a table limit")
+            if any(not c for r in rows for c in r):
+                problems.append(f"block {i}: empty table cell")
+        if kind == "actions":
+            for el in blk.get("elements", []):
+                if len(el.get("text", {}).get("text", "")) > MAX_BUTTON:
+                    problems.append(f"block {i}: button text > {MAX_BUTTON}")
+                if len(el.get("value", "")) > MAX_VALUE:
+                    problems.append(f"block {i}: button value > {MAX_VALUE}")
+    if tables > 1:
+        problems.append(f"{tables} table blocks (one a message)")
+    return problems
+
+
+_MENTION = re.compile(r"<[@#!]([^>|]+)(?:\|([^>]*))?>")
+_LINK = re.compile(r"<(https?://[^>|]+)\|([^>]*)>")
+_BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
+
+
+def _plain(mrkdwn: str) -> str:
+    """Turn mrkdwn into plain text (for the console and text fallbacks)."""
+    out = []
+    for i, part in enumerate(mrkdwn.split("```")):
+        if i % 2:  # inside a preformatted block
+            out.append(part.strip("\n"))
+            continue
+        part = _LINK.sub(r"\2", part)
+        part = _MENTION.sub(lambda m: m.group(2) or ("@" + m.group(1).split("^")[0]), part)
+        out.append(_BOLD.sub(r"\1", part))
+    text = "\n".join(p for p in out if p.strip())
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def table_text(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Return rows as aligned text columns."""
+    width = [max(len(r[i]) if i < len(r) else 0 for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(width[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """Render a message's blocks as plain text (its fallback when it has no blocks)."""
+    blocks = message.get("blocks")
+    if not blocks:
+        return _plain(message.get("text", ""))
+    out: list[str] = []
+    for blk in blocks:
+        kind = blk.get("type")
+        if kind == "header":
+            out.append(f"== {blk['text']['text']} ==")
+        elif kind == "section":
+            if "text" in blk:
+                out.append(_plain(blk["text"]["text"]))
+            out.extend(_plain(f["text"]) for f in blk.get("fields", []))
+        elif kind == "context":
+            out.append(" · ".join(_plain(e.get("text", "")) for e in blk["elements"]).strip())
+        elif kind == "table":
+            out.extend(table_text([[c["text"] for c in r] for r in blk["rows"]]))
+        elif kind == "actions":
+            out.append("  ".join(f"[{e['text']['text']}]" for e in blk["elements"]))
+        elif kind == "divider":
+            out.append("-" * 40)
+    return "\n".join(line for line in out if line.strip())
+
+
+def text_only(message: Mapping[str, Any]) -> Message:
+    """Return a blocks-free copy of ``message`` carrying its content as text."""
+    return {"text": clip(escape(message_text(message)), MAX_FALLBACK)}

@@ -1,0 +1,51 @@
+"""The App Home tab: the viewer's own processes, then the fleet summary (pure render)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpubot.core.models import NodeSnapshot
+from gpubot.slack.blocks import (
+    MAX_VIEW_BLOCKS,
+    Budget,
+    code_safe,
+    context,
+    date,
+    escape,
+    header,
+    proc_label,
+    render_fleet,
+    section,
+)
+
+
+def render_home(
+    user_id: str,
+    linux_user: str | None,
+    snapshots: Sequence[NodeSnapshot],
+    failed: Mapping[str, str],
+    *,
+    seconds: float,
+    now: float,
+) -> dict[str, Any]:
+    """Render the Home tab view for ``user_id`` (at most 100 blocks)."""
+    b = Budget(MAX_VIEW_BLOCKS)
+    b.add(header("GPU fleet"))
+    if linux_user is None:
+        b.add(section(
+            f"Hello <@{user_id}>. Your Slack account is not mapped to a Linux user, so every "
+            "reset you ask for needs on-call approval. Ask an admin to add you to `[users]`."
+        ))  # fmt: skip
+    else:
+        mine = [(s.node, p) for s in snapshots for p in s.processes if p.user == linux_user]
+        b.add(section(f"*Your processes* (Linux user `{escape(linux_user)}`): {len(mine)}"))
+        lines = [code_safe(f"{node} GPU {p.gpu_index}: {proc_label(p)}") for node, p in mine]
+        shown = b.add_pre(lines[:200], reserve=40) if lines else 0
+        if shown < len(mine):
+            b.add(context(f"… and {len(mine) - shown} more"))
+    fleet = render_fleet(snapshots, failed, seconds=seconds, title="Fleet", limit=b.room - 1)
+    for blk in fleet["blocks"]:
+        b.add(blk)
+    b.add(context(f"refreshed {date(now)} · type `/gpu help` in any channel"))
+    return {"type": "home", "blocks": b.blocks}
