@@ -1,0 +1,231 @@
+"""The SSH transport: a pool of persistent asyncssh connections, one per node.
+
+Commands are argv lists joined with ``shlex.join``. Host keys are always verified against the
+configured known_hosts file: there is deliberately no switch to turn that off. Every asyncssh or
+socket error is translated at this boundary into the ``TransportError`` tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import os
+import shlex
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncssh
+
+from gpubot.config import SshSettings, expand
+from gpubot.core.models import CommandResult, NodeConfig
+from gpubot.errors import (
+    AuthRefused,
+    CommandTimeout,
+    HostKeyRejected,
+    NodeUnreachable,
+)
+
+# OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay under it.
+MAX_CHANNELS = 8
+
+
+@dataclass
+class _Pooled:
+    conn: asyncssh.SSHClientConnection
+    params: tuple[str, int, str | None, str | None]
+
+
+def describe(argv: Sequence[str], limit: int = 60) -> str:
+    """Return a short, one-line name of a command for messages."""
+    if len(argv) > 3 and argv[0] == "sh" and argv[1] == "-c":
+        return argv[3]  # our scripts name themselves in $0 (gpubot-probe, ...)
+    text = " ".join(shlex.join(argv).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def exit_status_of(status: int | None, sig: tuple[str, bool, str, str] | None) -> int | None:
+    """Return a shell-style exit status: the status, or 128 + the signal that ended it."""
+    if status is not None and status >= 0:
+        return status
+    if sig:
+        try:
+            return 128 + int(signal.Signals[f"SIG{sig[0]}"])
+        except KeyError:
+            return 255
+    return None
+
+
+class SshTransport:
+    """Runs argv lists on nodes over pooled SSH connections (implements ``Transport``)."""
+
+    def __init__(self, ssh: SshSettings, *, max_channels: int = MAX_CHANNELS) -> None:
+        self._ssh = ssh
+        self._max_channels = max_channels
+        self._pool: dict[str, _Pooled] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._channels: dict[str, asyncio.Semaphore] = {}
+        self._closed = False
+
+    def connected(self) -> int:
+        """Return how many pooled connections are open."""
+        return sum(1 for p in self._pool.values() if not p.conn.is_closed())
+
+    async def run(
+        self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
+    ) -> CommandResult:
+        """Run ``argv`` on ``node`` (joined with ``shlex.join``) and return its result."""
+        if not argv:
+            raise ValueError("empty argv")
+        command = shlex.join(argv)
+        limit = self._ssh.command_timeout_s if timeout is None else timeout
+        for attempt in (1, 2):
+            conn = await self._connection(node)
+            async with self._channels.setdefault(node.name, asyncio.Semaphore(self._max_channels)):
+                try:
+                    proc = await conn.create_process(
+                        command, stdin=asyncssh.DEVNULL, encoding="utf-8", errors="replace"
+                    )
+                except (asyncssh.Error, OSError) as exc:
+                    # The pooled connection died since its last use (server restarted, network
+                    # blip): nothing ran yet, so connect again and retry once.
+                    stale = conn.is_closed() or isinstance(
+                        exc, asyncssh.DisconnectError | ConnectionError
+                    )
+                    self._forget(node, conn)
+                    if stale and attempt == 1:
+                        continue
+                    raise NodeUnreachable(node.name, f"cannot open an SSH session: {exc}") from exc
+                return await self._finish(node, conn, proc, argv, limit)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        self._closed = True
+        pooled, self._pool = list(self._pool.values()), {}
+        for p in pooled:
+            p.conn.close()
+        for p in pooled:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(p.conn.wait_closed(), 5)
+
+    async def _finish(
+        self,
+        node: NodeConfig,
+        conn: asyncssh.SSHClientConnection,
+        proc: asyncssh.SSHClientProcess[str],
+        argv: Sequence[str],
+        limit: float,
+    ) -> CommandResult:
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), limit)
+        except TimeoutError:
+            _abandon(proc)
+            raise CommandTimeout(
+                node.name, f"{describe(argv)}: no answer in {limit:g}s (abandoned)"
+            ) from None
+        except asyncio.CancelledError:
+            _abandon(proc)
+            raise
+        except (asyncssh.Error, OSError) as exc:
+            self._forget(node, conn)
+            raise NodeUnreachable(node.name, f"connection lost during {describe(argv)}") from exc
+        status = exit_status_of(proc.exit_status, proc.exit_signal)
+        if status is None:  # the channel closed without an exit status: connection lost
+            self._forget(node, conn)
+            raise NodeUnreachable(node.name, f"connection lost during {describe(argv)}")
+        return CommandResult(tuple(argv), status, out or "", err or "")
+
+    async def _connection(self, node: NodeConfig) -> asyncssh.SSHClientConnection:
+        params = (node.host, node.port, node.user, node.key)
+        pooled = self._pool.get(node.name)
+        if pooled and pooled.params == params and not pooled.conn.is_closed():
+            return pooled.conn
+        # One connect per node at a time: concurrent first calls share the connection.
+        async with self._locks.setdefault(node.name, asyncio.Lock()):
+            pooled = self._pool.get(node.name)
+            if pooled and pooled.params == params and not pooled.conn.is_closed():
+                return pooled.conn
+            if pooled:
+                self._forget(node, pooled.conn)
+            conn = await self._connect(node)
+            self._pool[node.name] = _Pooled(conn, params)
+            return conn
+
+    def _forget(self, node: NodeConfig, conn: asyncssh.SSHClientConnection) -> None:
+        pooled = self._pool.get(node.name)
+        if pooled and pooled.conn is conn:
+            del self._pool[node.name]
+        conn.close()
+
+    async def _connect(self, node: NodeConfig) -> asyncssh.SSHClientConnection:
+        known_path = expand(self._ssh.known_hosts)
+        try:
+            known = asyncssh.read_known_hosts(known_path)
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise HostKeyRejected(
+                node.name, f"cannot read known_hosts {known_path}: {why}"
+            ) from exc
+        options: dict[str, Any] = {
+            # A callable (always truthy) so asyncssh never falls back to ~/.ssh/known_hosts.
+            "known_hosts": lambda host, addr, port: known.match(host, addr, port),
+            "config": None,  # ignore ~/.ssh/config: the inventory says how to connect
+            "connect_timeout": self._ssh.connect_timeout_s,
+            "login_timeout": self._ssh.connect_timeout_s,
+            "keepalive_interval": self._ssh.keepalive_s,
+            "keepalive_count_max": 3,
+            "password_auth": False,
+            "kbdint_auth": False,
+            "gss_auth": False,
+            "gss_kex": False,
+            "host_based_auth": False,
+        }
+        if node.user:
+            options["username"] = node.user
+        if node.key:
+            key_path = expand(node.key)
+            try:
+                options["client_keys"] = [asyncssh.read_private_key(key_path)]
+            except (OSError, asyncssh.KeyImportError) as exc:
+                why = getattr(exc, "strerror", None) or str(exc)
+                raise AuthRefused(node.name, f"cannot load key {key_path}: {why}") from exc
+            options["agent_path"] = None
+        where = f"{node.host}:{node.port}"
+        try:
+            return await asyncssh.connect(node.host, node.port, **options)
+        except asyncssh.HostKeyNotVerifiable as exc:
+            host_keys, ca_keys, *_ = known.match(node.host, "", node.port)
+            if host_keys or ca_keys:
+                why = (
+                    f"host key of {where} CHANGED: it does not match {known_path}; "
+                    "refusing to connect (check the box, then update known_hosts)"
+                )
+            else:
+                why = (
+                    f"host key of {where} is unknown: not in {known_path}; "
+                    "refusing to connect (add it after checking its fingerprint)"
+                )
+            raise HostKeyRejected(node.name, why) from exc
+        except asyncssh.PermissionDenied as exc:
+            user = node.user or getpass.getuser()
+            raise AuthRefused(node.name, f"{where} refused our key for {user}") from exc
+        except TimeoutError as exc:
+            raise NodeUnreachable(
+                node.name, f"no SSH answer from {where} in {self._ssh.connect_timeout_s:g}s"
+            ) from exc
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__
+            raise NodeUnreachable(node.name, f"cannot connect to {where}: {why}") from exc
+        except asyncssh.Error as exc:
+            raise NodeUnreachable(node.name, f"SSH to {where} failed: {exc.reason}") from exc
+
+
+def _abandon(proc: asyncssh.SSHClientProcess[str]) -> None:
+    """Ask the remote command to stop (where the server honours signals), then close."""
+    with contextlib.suppress(Exception):
+        proc.terminate()
+    with contextlib.suppress(Exception):
+        proc.close()
