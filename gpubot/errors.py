@@ -15,6 +15,8 @@
     │   ├── SmiFailed                      nvidia-smi error exit (e.g. driver gone, exit 9)
     │   └── ParseError(ValueError)         output that cannot be parsed; carries the raw line
     ├── ResetRefused                       the reset cannot start (lock held, empty plan, ...)
+    ├── NotPermitted(PermissionError)      the person may not act on this node
+    ├── SimError                           the simulated fleet failed (server, workload, daemon)
     ├── StoreError                         the audit store failed (fail closed)
     │   └── DatabaseBehind                 migrations not applied
     └── ApprovalError                      an approval decision refused
@@ -123,3 +125,11 @@ class ApprovalExpired(ApprovalError):
 
 class AlreadyDecided(ApprovalError):
     """The approval was decided already."""
+
+
+class SimError(GpubotError):
+    """The simulated fleet failed: a server, a workload or the fleet daemon did not start."""
+
+
+class NotPermitted(GpubotError, PermissionError):
+    """The person may not act on this node (``[permissions]``)."""

@@ -1,0 +1,428 @@
+"""One simulated GPU node: its directory, device files, stand-in nvidia-smi and workloads."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pwd
+import select
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpubot.errors import SimError, UsageError
+from gpubot.sim import simstate
+from gpubot.sim.nvidia_smi import APP_ALIASES, APP_FIELDS, GPU_ALIASES, GPU_FIELDS
+from gpubot.sim.workload import BEHAVIOURS, PAGE
+
+if TYPE_CHECKING:
+    from gpubot.sim.fleet import SimFleet
+
+FAULTS = ("hang", "slow", "missing", "garbled", "driver-error")
+# PCI bus ids of the eight GPUs of an HGX H100/H200 board, as nvidia-smi prints them.
+HGX_BUS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
+READY_TIMEOUT_S = 15.0
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    """Return the stable UUID of GPU ``index`` of ``node``."""
+    h = hashlib.sha256(f"gpusim/{node}/{index}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def bus_id(index: int) -> str:
+    """Return the PCI bus id of GPU ``index``."""
+    bus = HGX_BUS[index] if index < len(HGX_BUS) else f"{0xE0 + index - len(HGX_BUS):02X}"
+    return f"00000000:{bus}:00.0"
+
+
+@dataclass
+class Workload:
+    """A process (or, for ``respawn``, a supervisor and its child) that a test started."""
+
+    node: str
+    pid: int
+    start_ticks: int
+    gpu: int | None
+    mib: int
+    behaviour: str
+    user: str
+    name: str
+    supervisor_pid: int | None = None
+    supervisor_start_ticks: int | None = None
+    _node: SimNode | None = field(default=None, repr=False, compare=False)
+
+    def current_pid(self) -> int | None:
+        """Return the pid now holding this workload's GPU (a respawned child's), or None."""
+        if self._node is None:
+            return None
+        live = [a for a in self._node.state()["allocations"] if a["alive"]]
+        if self.supervisor_pid is not None:
+            mine = [a for a in live if a["supervisor_pid"] == self.supervisor_pid]
+            return mine[-1]["pid"] if mine else None
+        ok = any(a["pid"] == self.pid and a["start_ticks"] == self.start_ticks for a in live)
+        return self.pid if ok else None
+
+    def alive(self) -> bool:
+        """Tell whether the process (the supervisor, for ``respawn``) still runs."""
+        if self.supervisor_pid is not None and self.supervisor_start_ticks is not None:
+            return simstate.is_alive(self.supervisor_pid, self.supervisor_start_ticks)
+        return simstate.is_alive(self.pid, self.start_ticks)
+
+
+class SimNode:
+    """A simulated node: a state directory, device files and real processes."""
+
+    def __init__(
+        self,
+        fleet: SimFleet,
+        name: str,
+        index: int,
+        root: Path,
+        gpus: int,
+        model: str,
+        memory_mib: int,
+        release_delay_s: float,
+    ) -> None:
+        self.fleet = fleet
+        self.name = name
+        self.index = index
+        self.dir = root / name
+        self.state_dir = self.dir / "state"
+        self.gpus = gpus
+        self.model = model
+        self.memory_mib = memory_mib
+        self.dev_prefix = str(self.dir / "dev" / "nvidia")
+        self.nvidia_smi = str(self.dir / "bin" / "nvidia-smi")
+        self.port = 0
+        self._initial_delay = release_delay_s
+        self._seq = 0
+
+    # ---- layout ---------------------------------------------------------------------------
+
+    def create(self, lib_dir: Path, python: str) -> None:
+        """Create the node's directories, device files, state and nvidia-smi launcher."""
+        for sub, mode in (("", 0o755), ("dev", 0o755), ("bin", 0o755), ("exe", 0o755),
+                          ("log", 0o755), ("state", 0o777), ("state/run", 0o777)):  # fmt: skip
+            d = self.dir / sub
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, mode)  # workloads of other users write their records here
+        names = [f"nvidia{i}" for i in range(self.gpus)] + ["nvidiactl", "nvidia-uvm"]
+        for n in names:
+            path = self.dir / "dev" / n
+            path.write_bytes(b"\0" * PAGE)  # one page, so that workloads can map it
+            os.chmod(path, 0o666)
+        gpus = [
+            {
+                "index": i,
+                "uuid": gpu_uuid(self.name, i),
+                "name": self.model,
+                "memory_total": self.memory_mib,
+                "bus_id": bus_id(i),
+            }
+            for i in range(self.gpus)
+        ]
+        lock = self.state_dir / simstate.LOCK_FILE
+        lock.touch()
+        os.chmod(lock, 0o666)
+        with simstate.locked(str(self.state_dir)):
+            state = simstate.new_state(self.name, gpus, self.dev_prefix, self._initial_delay)
+            simstate.save(str(self.state_dir), state)
+        launcher = (
+            f"#!{python} -S\n"
+            f'"""nvidia-smi of the simulated node {self.name}."""\n'
+            "import sys\n"
+            f"sys.path.insert(0, {str(lib_dir)!r})\n"
+            "from gpusim.nvidia_smi import main\n"
+            f"sys.exit(main(sys.argv[1:], {str(self.state_dir)!r}))\n"
+        )
+        smi = Path(self.nvidia_smi)
+        smi.write_text(launcher, encoding="utf-8")
+        os.chmod(smi, 0o755)
+
+    def device(self, gpu: int) -> str:
+        """Return the device file of GPU ``gpu``."""
+        return f"{self.dev_prefix}{gpu}"
+
+    # ---- workloads ------------------------------------------------------------------------
+
+    def spawn(
+        self,
+        gpu: int | None,
+        mib: int = 1024,
+        behaviour: str = "normal",
+        user: str | None = None,
+        name: str = "python3",
+        util_pct: int = 50,
+        slow_exit_s: float = 3.0,
+    ) -> Workload:
+        """Start a workload process on GPU ``gpu`` and return once it holds the GPU."""
+        if behaviour not in BEHAVIOURS:
+            raise UsageError(f"unknown behaviour {behaviour!r} (one of {', '.join(BEHAVIOURS)})")
+        if behaviour == "ctl-only":
+            gpu = None
+        elif gpu is None or not 0 <= gpu < self.gpus:
+            raise UsageError(
+                f"{self.name}: no GPU {gpu} (this node has GPUs 0-{self.gpus - 1})"
+                if gpu is not None
+                else f"{self.name}: a {behaviour} workload needs a GPU index"
+            )
+        if not 0 <= mib <= self.memory_mib:
+            raise UsageError(f"{self.name}: {mib} MiB does not fit a {self.memory_mib} MiB GPU")
+        if not 0 <= util_pct <= 100:
+            raise UsageError(f"utilisation must be 0-100 %, not {util_pct}")
+        if slow_exit_s < 0:
+            raise UsageError(f"slow_exit_s must not be negative, not {slow_exit_s}")
+        if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 100:
+            raise UsageError(f"bad process name {name!r}")
+        pw = self._user(user)
+        exe = self._exe(name)
+        argv = [name, "-S", str(self.fleet.lib_dir / "gpusim_workload.py"),
+                "--node-dir", str(self.state_dir), "--gpu", str(-1 if gpu is None else gpu),
+                "--mib", str(mib), "--behaviour", behaviour, "--util", str(util_pct),
+                "--slow-exit-s", str(slow_exit_s), "--name", name, "--exe", exe]  # fmt: skip
+        env = {
+            "PATH": f"{self.dir / 'exe'}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": pw.pw_dir or "/",
+            "USER": pw.pw_name,
+            "LOGNAME": pw.pw_name,
+            "LANG": "C.UTF-8",
+        }
+        self._seq += 1
+        log_path = self.dir / "log" / f"workload-{self._seq}.log"
+        r, w = os.pipe()
+        try:
+            with open(log_path, "wb") as log:
+                extra: dict[str, Any] = {}
+                if pw.pw_uid != os.geteuid():
+                    extra = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+                proc = subprocess.Popen(
+                    [*argv, "--ready-fd", str(w)],
+                    executable=exe,
+                    pass_fds=(w,),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    cwd="/",
+                    env=env,
+                    start_new_session=True,  # a Ctrl-C at the fleet's terminal is not for them
+                    **extra,
+                )
+            os.close(w)
+            w = -1
+            self.fleet._track(proc)
+            line = _read_line(r, READY_TIMEOUT_S)
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
+        parts = line.split()
+        if len(parts) != 3 or parts[0] != "ready":
+            proc.kill()
+            proc.wait()
+            why = _last_line(log_path) or f"no ready line within {READY_TIMEOUT_S:g}s"
+            raise SimError(f"{self.name}: workload did not start: {why}")
+        pid, ticks = int(parts[1]), int(parts[2])
+        sup_ticks = simstate.start_ticks(proc.pid) if behaviour == "respawn" else None
+        self.fleet._watch(str(self.state_dir), pid, ticks)
+        return Workload(
+            node=self.name,
+            pid=pid,
+            start_ticks=ticks,
+            gpu=gpu,
+            mib=0 if behaviour == "ctl-only" else mib,
+            behaviour=behaviour,
+            user=pw.pw_name,
+            name=name,
+            supervisor_pid=proc.pid if behaviour == "respawn" else None,
+            supervisor_start_ticks=sup_ticks,
+            _node=self,
+        )
+
+    def _user(self, user: str | None) -> pwd.struct_passwd:
+        if user is None:
+            return pwd.getpwuid(os.geteuid())
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise UsageError(f"no such user {user!r}") from None
+        if pw.pw_uid != os.geteuid() and os.geteuid() != 0:
+            raise UsageError(f"cannot run a workload as {user!r}: that needs root")
+        return pw
+
+    def _exe(self, name: str) -> str:
+        """Return a link named ``name`` to the interpreter: exec'd through it, comm is ``name``."""
+        link = self.dir / "exe" / name
+        if not link.is_symlink():
+            with contextlib.suppress(FileExistsError):
+                link.symlink_to(self.fleet.python_real)
+        return str(link)
+
+    # ---- faults, overrides, state ---------------------------------------------------------
+
+    def set_fault(self, kind: str | None, **params: Any) -> None:
+        """Set the nvidia-smi fault: hang, slow (delay_s), missing, garbled, driver-error, None."""
+        if kind is not None and kind not in FAULTS:
+            raise UsageError(f"unknown fault {kind!r} (one of {', '.join(FAULTS)}, or none)")
+        allowed = {"delay_s"} if kind == "slow" else set()
+        if set(params) - allowed:
+            raise UsageError(f"fault {kind}: unknown parameter(s) {sorted(set(params) - allowed)}")
+        fault: dict[str, Any] = {"kind": kind}
+        if kind == "slow":
+            delay = params.get("delay_s", 5.0)
+            if not isinstance(delay, int | float) or isinstance(delay, bool) or delay < 0:
+                raise UsageError(f"fault slow: delay_s must be a number >= 0, not {delay!r}")
+            fault["delay_s"] = float(delay)
+        smi = Path(self.nvidia_smi)
+        hidden = smi.with_name(".nvidia-smi.missing")
+        if kind != "missing" and hidden.exists():
+            os.replace(hidden, smi)
+        with simstate.transaction(str(self.state_dir)) as state:
+            state["fault"] = fault
+        if kind == "missing" and smi.exists():
+            os.replace(smi, hidden)  # the shell itself answers 127, as on a box without a driver
+
+    def override(self, query: str, fld: str, text: str | None, gpu: int | None = None) -> None:
+        """Make nvidia-smi print ``text`` (e.g. ``[N/A]``) for a field; None restores the value.
+
+        ``query`` is ``"gpu"`` (``--query-gpu``; ``gpu=None`` means every GPU) or ``"apps"``
+        (``--query-compute-apps``, every row).
+        """
+        if query == "gpu":
+            canon = GPU_ALIASES.get(fld, fld)
+            if canon not in GPU_FIELDS:
+                raise UsageError(f"unknown --query-gpu field {fld!r}")
+            if gpu is not None and not 0 <= gpu < self.gpus:
+                raise UsageError(f"{self.name}: no GPU {gpu}")
+            slot = "*" if gpu is None else str(gpu)
+        elif query == "apps":
+            canon = APP_ALIASES.get(fld, fld)
+            if canon not in APP_FIELDS:
+                raise UsageError(f"unknown --query-compute-apps field {fld!r}")
+            slot = ""
+        else:
+            raise UsageError(f"query must be 'gpu' or 'apps', not {query!r}")
+        with simstate.transaction(str(self.state_dir)) as state:
+            table = state["overrides"][query]
+            target = table.setdefault(slot, {}) if query == "gpu" else table
+            if text is None:
+                target.pop(canon, None)
+            else:
+                target[canon] = text
+            if query == "gpu" and not target:
+                table.pop(slot, None)
+
+    @property
+    def release_delay_s(self) -> float:
+        """Seconds between a process's death and the release of its memory."""
+        with simstate.locked(str(self.state_dir)):
+            return float(simstate.load(str(self.state_dir))["release_delay_s"])
+
+    @release_delay_s.setter
+    def release_delay_s(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise UsageError(f"release delay must be a number of seconds >= 0, not {value!r}")
+        with simstate.transaction(str(self.state_dir)) as state:
+            state["release_delay_s"] = float(value)
+
+    def state(self) -> dict[str, Any]:
+        """Return the node's GPUs, allocations and fault as plain data."""
+        with simstate.transaction(str(self.state_dir)) as st:
+            now = time.time()
+            simstate.refresh(st, now)
+            usage = simstate.gpu_usage(st, now)
+            return {
+                "node": self.name,
+                "port": self.port,
+                "release_delay_s": st["release_delay_s"],
+                "fault": st["fault"],
+                "gpus": [
+                    {
+                        "index": g["index"],
+                        "uuid": g["uuid"],
+                        "name": g["name"],
+                        "bus_id": g["bus_id"],
+                        "memory_total_mib": g["memory_total"],
+                        "memory_used_mib": usage[g["index"]][0],
+                        "utilization_pct": usage[g["index"]][1],
+                    }
+                    for g in st["gpus"]
+                ],
+                "allocations": [simstate.view(a, st, now) for a in st["allocs"]],
+            }
+
+    # ---- servers --------------------------------------------------------------------------
+
+    def stop_server(self) -> None:
+        """Stop this node's SSH server (and drop its connections): the port refuses."""
+        self.fleet._servers_for(self).stop(self.name)
+
+    def start_server(self) -> None:
+        """Start this node's SSH server again on the same port."""
+        self.fleet._start_server(self)
+
+    def hang_server(self) -> None:
+        """Replace the SSH server by a listener that accepts TCP and never speaks SSH."""
+        self.fleet._hang_server(self)
+
+    def ssh_argv(self, *remote: str) -> list[str]:
+        """Return an OpenSSH client command line that runs ``remote`` (joined) on this node."""
+        f = self.fleet
+        return [
+            "ssh", "-i", str(f.client_key), "-p", str(self.port),
+            "-o", f"UserKnownHostsFile={f.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "IdentitiesOnly=yes", "-F", "/dev/null",
+            f"{f.user}@127.0.0.1", shlex.join(remote),
+        ]  # fmt: skip
+
+    def live_pids(self) -> list[tuple[int, int]]:
+        """Return ``(pid, start ticks)`` of every live registered process of this node."""
+        with simstate.locked(str(self.state_dir)):
+            st = simstate.load(str(self.state_dir))
+        return [
+            (a["pid"], a["start_ticks"])
+            for a in st["allocs"]
+            if simstate.is_alive(a["pid"], a["start_ticks"])
+        ]
+
+    def hung_smi(self) -> list[tuple[int, int]]:
+        """Return ``(pid, start ticks)`` of the stand-in's calls that hang now."""
+        out = []
+        for p in (self.state_dir / "run").glob("smi-*"):
+            try:
+                pid, ticks = (int(x) for x in p.name.split("-")[1:3])
+            except ValueError:
+                continue
+            out.append((pid, ticks))
+        return out
+
+
+def _read_line(fd: int, timeout_s: float) -> str:
+    """Read one line from ``fd`` within ``timeout_s`` ('' on EOF or timeout)."""
+    buf = b""
+    deadline = time.monotonic() + timeout_s
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        chunk = os.read(fd, 256)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").split("\n", 1)[0]
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
