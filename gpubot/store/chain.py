@@ -101,12 +101,22 @@ def walk(
     ``seq_of_hash`` finds the record that carries a hash, to tell a reordering from an edit.
     """
     prev_seq, prev_hash = 0, GENESIS
+    before_prev = GENESIS  # the hash before prev_hash, for when the previous record is bad
     checked = 0
 
     def bad(seq: int, reason: str) -> VerifyResult:
         return VerifyResult(False, checked, seq, reason, prev_hash)
 
+    def prev_bad(reason: str) -> VerifyResult:
+        return VerifyResult(False, checked - 1, prev_seq, reason, before_prev)
+
+    head_seq, head_hash = head
     for r in records:
+        if r.seq > head_seq:  # walked in one snapshot, so not a concurrent append
+            return bad(
+                r.seq,
+                f"record {r.seq} was added behind gpubot's back (the chain head is at {head_seq})",
+            )
         expected = prev_seq + 1
         if r.seq != expected:
             if r.seq == expected + 1:
@@ -117,30 +127,20 @@ def walk(
             if other is not None and other != prev_seq:
                 return bad(r.seq, f"record {r.seq} is out of order: it was written after {other}")
             if hash_of(r) == r.hash and prev_seq > 0:
-                return bad(
-                    prev_seq,
-                    f"record {prev_seq} was rewritten: record {r.seq} links to another hash",
+                return prev_bad(
+                    f"record {prev_seq} was rewritten: record {r.seq} links to another hash"
                 )
             return bad(r.seq, f"record {r.seq} was edited: its link to the record before is wrong")
         if hash_of(r) != r.hash:
             return bad(r.seq, f"record {r.seq} was edited: its content does not match its hash")
-        prev_seq, prev_hash = r.seq, r.hash
+        before_prev, prev_seq, prev_hash = prev_hash, r.seq, r.hash
         checked += 1
-    head_seq, head_hash = head
     if head_seq > prev_seq:
         first = prev_seq + 1
         what = f"record {first} was" if first == head_seq else f"records {first} to {head_seq} were"
         return bad(first, f"{what} removed from the end (the chain head is at {head_seq})")
-    if head_seq < prev_seq:
-        return bad(head_seq + 1, f"record {head_seq + 1} was added behind gpubot's back")
     if head_hash != prev_hash:
         if prev_seq == 0:
             return bad(0, "the chain head was edited: it holds a hash with no record")
-        return VerifyResult(
-            False,
-            checked - 1,
-            prev_seq,
-            f"record {prev_seq} was rewritten: the chain head holds another hash",
-            prev_hash,
-        )
+        return prev_bad(f"record {prev_seq} was rewritten: the chain head holds another hash")
     return VerifyResult(True, checked, None, f"{checked} records intact", prev_hash)

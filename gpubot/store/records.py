@@ -18,7 +18,12 @@ def iso(moment: datetime) -> str:
     """Render an aware datetime as the store's UTC text (microseconds, fixed width)."""
     if moment.tzinfo is None:
         raise ValueError("naive datetime: pass an aware one, e.g. datetime.now(UTC)")
-    return moment.astimezone(UTC).strftime(TIME_FORMAT)
+    u = moment.astimezone(UTC)
+    # Spelled out: strftime("%Y") does not pad years before 1000 on every platform.
+    return (
+        f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}"
+        f".{u.microsecond:06d}Z"
+    )
 
 
 def parse_iso(text: str) -> datetime:

@@ -1,0 +1,219 @@
+"""``gpubot audit list | show ID | export | verify``: read the audit log and check its chain."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TextIO
+
+from gpubot.cli.db import open_configured
+from gpubot.errors import UsageError
+from gpubot.store import ActionDetail, ActionSummary, AuditRecord, Store
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+EXPORT_FIELDS = (
+    "seq",
+    "action_id",
+    "kind",
+    "created_at",
+    "actor",
+    "source",
+    "node",
+    "payload",
+    "prev_hash",
+    "hash",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``audit`` actions."""
+    sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
+    ls = sub.add_parser("list", help="list actions (or status/sweep queries), newest first")
+    ls.add_argument("--node", help="only actions on this node")
+    ls.add_argument("--actor", help="only actors whose id or name contains this")
+    ls.add_argument("--since", help="2h, 30m, 7d ... or an ISO time (UTC unless it says)")
+    ls.add_argument("--limit", default="50", help="at most this many (default 50)")
+    ls.add_argument("--queries", action="store_true", help="list status and sweep queries")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    show = sub.add_parser("show", help="show one action: intent, every event, outcome")
+    show.add_argument("id", metavar="ID")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    exp = sub.add_parser("export", help="print every record as stored, hashes included")
+    exp.add_argument("--format", default="jsonl", help="jsonl (default) or csv")
+    sub.add_parser("verify", help="walk the hash chain; exit 1 naming the first bad record")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one ``audit`` action; return the exit status."""
+    check_args(args)
+    store = open_configured(args.config, os.environ, check_schema=True)
+    try:
+        return asyncio.run(_run(store, args, sys.stdout))
+    finally:
+        store.close()
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Validate option values, raising ``UsageError`` with one line."""
+    if args.audit_command == "list":
+        args.limit = positive_int("--limit", args.limit)
+        args.since = None if args.since is None else parse_since(args.since, datetime.now(UTC))
+        if args.queries and args.node:
+            raise UsageError("--node does not apply to --queries (they may span many nodes)")
+    elif args.audit_command == "show":
+        args.id = positive_int("ID", args.id)
+    elif args.audit_command == "export" and args.format not in ("jsonl", "csv"):
+        raise UsageError(f"--format: expected jsonl or csv, got {args.format!r}")
+
+
+def positive_int(name: str, text: str) -> int:
+    """Parse a whole number > 0."""
+    if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) < 1:
+        raise UsageError(f"{name}: expected a whole number > 0, got {text!r}")
+    return int(text)
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """Parse ``2h`` / ``30m`` / ``7d`` (before ``now``) or an ISO time (naive means UTC)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([smhdw])\s*", text)
+    if m:
+        return now - timedelta(seconds=int(m.group(1)) * UNITS[m.group(2)])
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"--since: expected a duration like 2h, 30m, 7d or an ISO time, got {text!r}"
+        ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+async def _run(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    cmd = args.audit_command
+    if cmd == "list" and args.queries:
+        qs = await store.queries(actor=args.actor, since=args.since, limit=args.limit)
+        _print_queries(qs, args.json, out)
+    elif cmd == "list":
+        acts = await store.actions(
+            node=args.node, actor=args.actor, since=args.since, limit=args.limit
+        )
+        _print_actions(acts, args.json, out)
+    elif cmd == "show":
+        detail = await store.action(args.id)
+        if detail is None:
+            raise UsageError(f"there is no action {args.id} in the audit log")
+        out.write(json.dumps(detail.as_dict(), indent=2) + "\n" if args.json else _show(detail))
+    elif cmd == "export":
+        await _export(store, args.format, out)
+    else:
+        result = await store.verify()
+        if not result.ok:
+            print(
+                f"gpubot: audit log tampered: {result.reason} ({result.checked} records "
+                f"intact before it)",
+                file=sys.stderr,
+            )
+            return 1
+        out.write(f"audit log intact: {result.checked} records, head {result.head_hash}\n")
+    return 0
+
+
+def _t(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+def _print_actions(acts: list[ActionSummary], as_json: bool, out: TextIO) -> None:
+    if as_json:
+        out.write(json.dumps([a.as_dict() for a in acts], indent=2) + "\n")
+        return
+    if not acts:
+        out.write("no actions match\n")
+        return
+    rows = [("ID", "STARTED (UTC)", "STATUS", "NODE", "GPUS", "ACTOR", "SOURCE", "COMMAND")]
+    rows += [
+        (
+            str(a.id),
+            _t(a.started_at),
+            a.status,
+            a.node or "-",
+            ",".join(map(str, a.gpus)) or "-",
+            a.actor,
+            a.source,
+            a.command,
+        )
+        for a in acts
+    ]
+    _table(rows, out)
+
+
+def _print_queries(qs: list[AuditRecord], as_json: bool, out: TextIO) -> None:
+    if as_json:
+        out.write(json.dumps([{**q.as_dict(), "payload": q.data} for q in qs], indent=2) + "\n")
+        return
+    if not qs:
+        out.write("no queries match\n")
+        return
+    rows = [("SEQ", "TIME (UTC)", "QUERY", "ACTOR", "SOURCE", "NODES", "FAILED", "SECONDS")]
+    for q in qs:
+        d: dict[str, Any] = q.data
+        rows.append(
+            (
+                str(q.seq),
+                _t(q.time),
+                str(d.get("query")),
+                q.actor,
+                q.source,
+                str(len(d.get("nodes", ()))),
+                ",".join(d.get("failed", {})) or "-",
+                f"{d.get('seconds', 0):.2f}",
+            )
+        )
+    _table(rows, out)
+
+
+def _show(d: ActionDetail) -> str:
+    s = d.summary
+    took = (
+        ""
+        if s.finished_at is None
+        else f" ({(s.finished_at - s.started_at).total_seconds():.1f} s)"
+    )
+    gpus = ",".join(map(str, s.gpus)) or "-"
+    lines = [
+        f"action {s.id}: {s.kind} on {s.node or '-'} GPUs {gpus}: {s.status}",
+        f"  who:      {s.actor} via {s.source}",
+        f"  command:  {s.command}",
+        f"  started:  {_t(s.started_at)} UTC   finished: {_t(s.finished_at)}{took}",
+        f"  plan:     {json.dumps(d.plan, sort_keys=True)}",
+        f"  events:   {len(d.events)}",
+    ]
+    lines += [f"    {_t(e.time)}  {e.payload}" for e in d.events]
+    lines.append(f"  result:   {json.dumps(d.result, sort_keys=True)}")
+    lines.append(f"  records:  {', '.join(str(r.seq) for r in d.records)}")
+    return "\n".join(lines) + "\n"
+
+
+async def _export(store: Store, fmt: str, out: TextIO) -> None:
+    writer = csv.DictWriter(out, fieldnames=EXPORT_FIELDS) if fmt == "csv" else None
+    if writer is not None:
+        writer.writeheader()
+    after = 0
+    while batch := await store.records(after=after):
+        for r in batch:
+            if writer is not None:
+                writer.writerow(r.as_dict())
+            else:
+                out.write(json.dumps(r.as_dict(), ensure_ascii=False) + "\n")
+        after = batch[-1].seq

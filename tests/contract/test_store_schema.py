@@ -1,0 +1,193 @@
+"""Migrations, schema checks and failing closed, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from gpubot.errors import DatabaseBehind, StoreError
+from gpubot.store import open_store
+from gpubot.store.tables import metadata
+
+REPO = Path(__file__).resolve().parents[2]
+TABLES = {"alembic_version", "audit_log", "audit_head", "approvals", "alerts"}
+
+
+def _tables(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_migrations_go_up_from_empty_and_down_again(empty_db_url: str) -> None:
+    with pytest.raises(DatabaseBehind, match=r"base \(empty\).*needs 0001.*gpubot db upgrade"):
+        open_store(empty_db_url)
+    store = open_store(empty_db_url, check_schema=False)
+    try:
+        assert store.revision() == (None, "0001")
+        store.upgrade()
+        assert store.revision() == ("0001", "0001")
+        assert _tables(empty_db_url) == TABLES
+        store.upgrade()  # again: nothing to do
+        store.downgrade("base")
+        assert store.revision() == (None, "0001")
+        assert _tables(empty_db_url) <= {"alembic_version"}
+        store.upgrade()
+        assert _tables(empty_db_url) == TABLES
+    finally:
+        store.close()
+    opened = open_store(empty_db_url)  # at head: accepted
+    opened.close()
+
+
+def test_models_and_migrations_agree(store_url: str) -> None:
+    engine = sa.create_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(ctx, metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_a_database_behind_or_unknown_is_refused(fresh_db_url: str) -> None:
+    store = open_store(fresh_db_url, check_schema=False)
+    try:
+        store.downgrade("base")
+    finally:
+        store.close()
+    with pytest.raises(DatabaseBehind, match="run `gpubot db upgrade`"):
+        open_store(fresh_db_url)
+    engine = sa.create_engine(fresh_db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO alembic_version (version_num) VALUES ('9999')")
+    engine.dispose()
+    with pytest.raises(StoreError, match="9999, which this gpubot does not know"):
+        open_store(fresh_db_url)
+
+
+def test_a_downgrade_to_an_unknown_revision_is_one_line(fresh_db_url: str) -> None:
+    store = open_store(fresh_db_url, check_schema=False)
+    try:
+        with pytest.raises(Exception, match="cannot downgrade to 'nope'") as info:
+            store.downgrade("nope")
+        assert "\n" not in str(info.value)
+    finally:
+        store.close()
+
+
+async def test_unreachable_postgresql_fails_closed(closed_port_url: str) -> None:
+    store = open_store(closed_port_url, check_schema=False)
+    try:
+        with pytest.raises(StoreError, match=r"cannot record the intent.*(refused|failed)"):
+            await store.begin_action(kind="reset", actor="U1", source="slack", command="x",
+                                     node="n", gpus=[0], plan=None)  # fmt: skip
+    finally:
+        store.close()
+    with pytest.raises(StoreError):
+        open_store(closed_port_url)
+
+
+CHILD = """
+import asyncio, sys
+from gpubot.errors import StoreError
+from gpubot.store import open_store
+
+async def main() -> int:
+    store = open_store(sys.argv[1], check_schema=False)
+    try:
+        await store.begin_action(kind="reset", actor="U1", source="slack", command="x",
+                                 node="n", gpus=[0], plan=None)
+    except StoreError as exc:
+        print(f"StoreError: {exc}")
+        return 0
+    print("recorded")
+    return 1
+
+sys.exit(asyncio.run(main()))
+"""
+
+
+def _without_root_override() -> list[str]:
+    """Return the argv prefix that makes root respect file modes (nothing for other users)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.fail("running as root needs setpriv (util-linux) to drop CAP_DAC_OVERRIDE")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
+
+
+def test_a_read_only_sqlite_file_fails_closed() -> None:
+    # Root writes through file modes: as root, the writer runs without CAP_DAC_OVERRIDE.
+    folder = Path(tempfile.mkdtemp(prefix="gpubot-ro-"))
+    try:
+        folder.chmod(0o777)
+        url = f"sqlite:///{folder / 'audit.db'}"
+        store = open_store(url, check_schema=False)
+        store.upgrade()
+        store.close()
+        (folder / "audit.db").chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        done = subprocess.run(
+            [*_without_root_override(), sys.executable, "-c", CHILD, url],
+            cwd=folder,
+            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "StoreError: cannot record the intent" in done.stdout
+        assert "readonly database" in done.stdout
+        (folder / "audit.db").chmod(0o644)
+        store = open_store(url)
+        try:
+            assert store.engine.dialect.name == "sqlite"
+            with store.engine.connect() as conn:
+                assert conn.exec_driver_sql("SELECT count(*) FROM audit_log").scalar() == 0
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'g.db'}", check_schema=False)
+    try:
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert int(conn.exec_driver_sql("PRAGMA busy_timeout").scalar() or 0) >= 5000
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [("mysql://u@h/db", "unsupported database 'mysql'"), ("not a url", "not a database URL")],
+)
+def test_unsupported_urls_are_refused(url: str, words: str) -> None:
+    with pytest.raises(StoreError, match=words):
+        open_store(url)
+
+
+def test_the_password_comes_separately_and_is_never_shown() -> None:
+    store = open_store("postgresql://gpubot@db.example:5432/gpubot", password="s3cret",
+                       check_schema=False)  # fmt: skip
+    try:
+        assert store.engine.url.password == "s3cret"
+        assert store.engine.url.drivername == "postgresql+psycopg"
+        assert "s3cret" not in store.url
+    finally:
+        store.close()
