@@ -158,7 +158,11 @@ def plan_reset(
             continue
         reason = _skip_reason(proc, request, protected)
         if reason:
-            skipped.append(Skipped(proc.pid, proc.gpu_index, proc.user, _command(proc), reason))
+            skipped.append(
+                Skipped(
+                    proc.pid, proc.gpu_index, proc.user, _command(proc), reason, proc.start_ticks
+                )
+            )
         else:
             chosen.setdefault(proc.pid, []).append(proc)
 

@@ -1,0 +1,138 @@
+"""``gpubot reset NODE ...`` and ``gpubot gpu-reset NODE --gpu N``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from gpubot.app import App
+from gpubot.cli.common import cli_actor, color, linux_user, with_app
+from gpubot.cli.render import render_plan_lines, render_reset
+from gpubot.core.plan import ResetPlan, ResetRequest
+from gpubot.errors import UsageError
+from gpubot.services.reset import ResetEvent, ResetResult
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {v}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 s: {v}")
+    return v
+
+
+def add_reset_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the reset arguments."""
+    p.add_argument("node")
+    p.add_argument(
+        "--gpu", type=_nonneg_int, action="append", default=[], help="GPU index (repeat)"
+    )
+    p.add_argument("--pid", type=_nonneg_int, action="append", default=[], help="only this PID")
+    p.add_argument("--user", help="only this Linux user's processes")
+    p.add_argument("--grace", type=_seconds, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--yes", action="store_true", help="do not ask")
+    p.add_argument("--force", action="store_true", help="allow killing other users' processes")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def add_gpu_reset_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the gpu-reset arguments."""
+    p.add_argument("node")
+    p.add_argument("--gpu", type=_nonneg_int, required=True, help="GPU index")
+    p.add_argument("--yes", action="store_true", help="do not ask")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError("not a terminal: add --yes to go ahead without being asked")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    if answer not in {"y", "yes"}:
+        raise UsageError("cancelled; nothing was done")
+
+
+async def _print_event(event: ResetEvent) -> None:
+    if event.kind in {"signal", "exited", "verifying", "gpu_outcome", "gpu_reset"}:
+        detail = " ".join(f"{k}={v}" for k, v in event.data.items() if k != "detail")
+        print(f"  {event.kind}: {detail}", file=sys.stderr)
+
+
+def _finish(result: ResetResult, as_json: bool) -> int:
+    print(
+        json.dumps(result.to_dict(), indent=2) if as_json else render_reset(result, color=color())
+    )
+    return 0 if result.ok else 1
+
+
+def run_reset(args: argparse.Namespace) -> int:
+    """Plan, confirm and run a reset; exit 0 when every targeted GPU ends freed."""
+    request = ResetRequest(
+        node=args.node,
+        requester=linux_user(),
+        gpus=tuple(args.gpu),
+        pids=tuple(args.pid),
+        user=args.user,
+        grace_s=args.grace,
+    )
+    command = shlex.join(["gpubot", "reset", *sys.argv[2:]])
+
+    async def body(app: App) -> int:
+        plan, before = await app.reset.plan(request)
+        if args.dry_run:
+            if args.json:
+                doc = {"node": plan.node, "plan": plan.to_dict(), "steps": [], "gpus": []}
+                print(json.dumps(doc, indent=2))
+            else:
+                print("\n".join(render_plan_lines(plan)))
+            return 0
+        if not args.json:
+            print("\n".join(render_plan_lines(plan)), file=sys.stderr)
+        _check_forced(plan, args.force)
+        _confirm(f"signal {len(plan.targets)} process(es) on {plan.node}?", args.yes)
+        result = await app.reset.execute(
+            plan, actor=cli_actor(), source="cli", command=command,
+            on_event=None if args.json else _print_event, grace_s=args.grace, before=before,
+        )  # fmt: skip
+        return _finish(result, args.json)
+
+    return with_app(args, True, body)
+
+
+def _check_forced(plan: ResetPlan, force: bool) -> None:
+    if plan.forced and not force:
+        raise UsageError(
+            f"this reset kills processes of {', '.join(plan.owners)}: "
+            "add --force to do it anyway (recorded as a forced kill)"
+        )
+
+
+def run_gpu_reset(args: argparse.Namespace) -> int:
+    """Reset one orphaned GPU with nvidia-smi --gpu-reset and verify it."""
+    command = shlex.join(["gpubot", "gpu-reset", *sys.argv[2:]])
+
+    async def body(app: App) -> int:
+        _confirm(f"run nvidia-smi --gpu-reset on {args.node} GPU {args.gpu}?", args.yes)
+        result = await app.reset.gpu_reset(
+            args.node, args.gpu, actor=cli_actor(), source="cli", command=command,
+            on_event=None if args.json else _print_event,
+        )  # fmt: skip
+        return _finish(result, args.json)
+
+    return with_app(args, True, body)

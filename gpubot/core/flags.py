@@ -1,0 +1,36 @@
+"""Flags shown beside GPUs and processes in every table (terminal, console, Slack)."""
+
+from __future__ import annotations
+
+from gpubot.core.models import GpuInfo, GpuProcess
+
+NO_PROCESS_MEMORY_MIB = 256  # below this, memory with no process is the driver's own
+
+
+def process_flags(p: GpuProcess) -> tuple[str, ...]:
+    """Return the flags of one process on a GPU."""
+    flags: list[str] = []
+    if p.hidden:
+        flags.append("hidden")
+    if not p.exists:
+        flags.append("gone")  # nvidia-smi lists it, /proc does not
+    if p.state == "D":
+        flags.append("D-state")
+    if p.state == "Z":
+        flags.append("zombie")
+    return tuple(flags)
+
+
+def gpu_flags(gpu: GpuInfo, procs: tuple[GpuProcess, ...]) -> tuple[str, ...]:
+    """Return the flags of one GPU given the processes on it."""
+    flags: list[str] = []
+    used = gpu.memory_used_mib
+    if used is not None and used > NO_PROCESS_MEMORY_MIB and not any(p.exists for p in procs):
+        flags.append("no-process-memory")
+    if used is None:
+        flags.append("memory-unknown")
+    for p in procs:
+        for f in process_flags(p):
+            if f not in flags:
+                flags.append(f)
+    return tuple(flags)

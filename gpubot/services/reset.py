@@ -1,0 +1,434 @@
+"""The reset engine: plan → audit intent → SIGTERM → grace → SIGKILL → device holders → verify.
+
+Only planned processes are ever signalled, each after an identity check on the node; no fixed
+sleeps; a GPU is called freed only when ``nvidia-smi`` shows its memory back where expected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpubot.config import Settings
+from gpubot.core.models import GpuProcess, NodeConfig, NodeSnapshot, Outcome
+from gpubot.core.outcome import GpuObservation, GpuResult, Newcomer, Survivor, classify
+from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
+from gpubot.core.ports import AuditStore, Transport
+from gpubot.core.probe import parse_procs, proc_argv
+from gpubot.core.signals import PidReport, parse_signal_output, signal_argv
+from gpubot.errors import GpubotError, ResetRefused, UsageError
+from gpubot.services.status import StatusService
+
+
+@dataclass(frozen=True)
+class ResetEvent:
+    """One step of a reset, as it happens: planned, signal, exited, verifying, gpu_outcome, done."""
+
+    kind: str
+    at: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form."""
+        return {"kind": self.kind, "at": _iso(self.at), **self.data}
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    """Everything a reset did and how each GPU ended."""
+
+    node: str
+    plan: ResetPlan
+    gpus: tuple[GpuResult, ...]
+    steps: tuple[ResetEvent, ...]
+    before: NodeSnapshot
+    after: NodeSnapshot | None
+    action_id: int | None
+
+    @property
+    def ok(self) -> bool:
+        """Whether every targeted GPU ended freed."""
+        return all(g.outcome is Outcome.FREED for g in self.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the ``--json`` document."""
+        return {
+            "node": self.node,
+            "action_id": self.action_id,
+            "plan": self.plan.to_dict(),
+            "steps": [s.to_dict() for s in self.steps],
+            "gpus": [g.to_dict() for g in self.gpus],
+            "ok": self.ok,
+        }
+
+
+EventSink = Callable[[ResetEvent], Awaitable[None]]
+
+
+class NodeLocks:
+    """One reset per node at a time; a second is refused with who holds the node and since when."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[str, float]] = {}
+
+    @contextmanager
+    def hold(self, node: str, holder: str) -> Iterator[None]:
+        """Hold ``node`` for ``holder`` or raise ``ResetRefused``."""
+        if node in self._held:
+            who, since = self._held[node]
+            raise ResetRefused(f"{node} is already being reset by {who} since {_iso(since)}")
+        self._held[node] = (holder, time.time())
+        try:
+            yield
+        finally:
+            del self._held[node]
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+
+
+class ResetService:
+    """Frees GPUs safely; the CLI, the console and Slack all call this one engine."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        transport: Transport,
+        store: AuditStore,
+        status: StatusService,
+        locks: NodeLocks | None = None,
+    ) -> None:
+        self.settings = settings
+        self.transport = transport
+        self.store = store
+        self.status = status
+        self.locks = locks or NodeLocks()
+
+    async def plan(self, request: ResetRequest) -> tuple[ResetPlan, NodeSnapshot]:
+        """Snapshot the node and plan the reset (nothing is signalled)."""
+        node = self.status.node(request.node)
+        snap = await self.status.snapshot(node)
+        return plan_reset(snap, request, self.settings.reset.protected), snap
+
+    async def execute(
+        self,
+        plan: ResetPlan,
+        *,
+        actor: str,
+        source: str,
+        command: str,
+        on_event: EventSink | None = None,
+        approval_id: int | None = None,
+        grace_s: float | None = None,
+        before: NodeSnapshot | None = None,
+    ) -> ResetResult:
+        """Run a planned reset; the intent is audited before any signal (fail closed)."""
+        node = self.status.node(plan.node)
+        with self.locks.hold(node.name, actor):
+            intent = {**plan.to_dict(), "approval_id": approval_id}
+            action_id = await self.store.begin_action(
+                kind="reset", actor=actor, source=source, command=command,
+                node=node.name, gpus=plan.gpus, plan=intent,
+            )  # fmt: skip
+            run = _Run(self, node, action_id, on_event)
+            try:
+                if before is None:
+                    before = await self.status.snapshot(node)
+                gpus = await run.reset(
+                    plan, self.settings.reset.grace_s if grace_s is None else grace_s
+                )
+                after = await run.final_snapshot()
+            except BaseException as exc:
+                await _finish_quietly(self.store, action_id, exc, run.steps)
+                raise
+            result = ResetResult(node.name, plan, gpus, tuple(run.steps), before, after, action_id)
+            await self.store.finish_action(
+                action_id, status="freed" if result.ok else "not-freed", result=result.to_dict()
+            )
+            return result
+
+    async def gpu_reset(
+        self,
+        node_name: str,
+        gpu: int,
+        *,
+        actor: str,
+        source: str,
+        command: str,
+        on_event: EventSink | None = None,
+    ) -> ResetResult:
+        """Run ``nvidia-smi --gpu-reset`` on an idle GPU and verify it like a reset."""
+        node = self.status.node(node_name)
+        before = await self.status.snapshot(node)
+        if before.gpu(gpu) is None:
+            raise UsageError(f"{node.name} has no GPU {gpu}")
+        busy = [p for p in before.on_gpu(gpu) if p.exists]
+        if busy:
+            who = ", ".join(f"{p.user or '?'}:{p.pid}" for p in busy)
+            raise ResetRefused(
+                f"GPU {gpu} on {node.name} still has processes ({who}): reset them first"
+            )
+        plan = plan_reset(before, ResetRequest(node.name, None, gpus=(gpu,)), ())
+        with self.locks.hold(node.name, actor):
+            action_id = await self.store.begin_action(
+                kind="gpu-reset", actor=actor, source=source, command=command,
+                node=node.name, gpus=(gpu,), plan=plan.to_dict(),
+            )  # fmt: skip
+            run = _Run(self, node, action_id, on_event)
+            try:
+                gpus = await run.gpu_reset(plan, gpu)
+                after = await run.final_snapshot()
+            except BaseException as exc:
+                await _finish_quietly(self.store, action_id, exc, run.steps)
+                raise
+            result = ResetResult(node.name, plan, gpus, tuple(run.steps), before, after, action_id)
+            await self.store.finish_action(
+                action_id, status="freed" if result.ok else "not-freed", result=result.to_dict()
+            )
+            return result
+
+
+async def _finish_quietly(
+    store: AuditStore, action_id: int, exc: BaseException, steps: Sequence[ResetEvent]
+) -> None:
+    """Record a failed action's end; if even that fails the action stays visibly incomplete."""
+    with suppress(GpubotError):
+        await store.finish_action(
+            action_id,
+            status="error",
+            result={"error": str(exc) or type(exc).__name__, "steps": [s.to_dict() for s in steps]},
+        )
+
+
+class _Run:
+    """State of one reset in progress: its steps, and how it talks to the node."""
+
+    def __init__(
+        self, svc: ResetService, node: NodeConfig, action_id: int, sink: EventSink | None
+    ) -> None:
+        self.svc = svc
+        self.node = node
+        self.action_id = action_id
+        self.sink = sink
+        self.cfg = svc.settings.reset
+        self.steps: list[ResetEvent] = []
+        self.last_snapshot: NodeSnapshot | None = None
+
+    async def emit(self, kind: str, **data: Any) -> None:
+        """Record a step in the audit log first (a failure stops the reset), then report it."""
+        event = ResetEvent(kind, time.time(), data)
+        self.steps.append(event)
+        await self.svc.store.record_event(self.action_id, event.to_dict())
+        if self.sink is not None:
+            await self.sink(event)
+
+    async def signal(self, sig: str, pairs: Sequence[tuple[int, int]]) -> dict[int, PidReport]:
+        """Signal (or check) planned processes, identity checked on the node."""
+        if not pairs:
+            return {}
+        argv = signal_argv(sig, pairs, sudo=self.node.sudo)
+        res = await self.svc.transport.run(
+            self.node, argv, timeout=self.svc.settings.ssh.command_timeout_s
+        )
+        return parse_signal_output(res.stdout)
+
+    async def reset(self, plan: ResetPlan, grace_s: float) -> tuple[GpuResult, ...]:
+        """Signal the plan's targets and verify every targeted GPU."""
+        await self.emit(
+            "planned", gpus=list(plan.gpus), targets=[t.pid for t in plan.targets],
+            forced=plan.forced,
+        )  # fmt: skip
+        pairs = {t.pid: t.start_ticks for t in plan.targets if t.start_ticks is not None}
+        deaths: dict[int, float] = {}
+        alive = await self.send("TERM", pairs, deaths)
+        alive = await self.wait_gone(alive, pairs, deaths, time.monotonic() + grace_s)
+        last: dict[int, PidReport] = {}
+        if alive:
+            alive = await self.send("KILL", {p: pairs[p] for p in alive}, deaths)
+            kill_wait = min(5.0, self.cfg.verify_timeout_s)
+            alive = await self.wait_gone(alive, pairs, deaths, time.monotonic() + kill_wait)
+            last = await self.signal("check", [(p, pairs[p]) for p in alive])
+        survivors = {
+            p: Survivor(p, r.state, r.wchan) for p, r in last.items() if r.status == "alive"
+        }
+        return await self.verify(plan, pairs, deaths, survivors)
+
+    async def send(self, sig: str, pairs: dict[int, int], deaths: dict[int, float]) -> set[int]:
+        """Send ``sig`` to each pair; return the PIDs it reached."""
+        reports = await self.signal(sig, list(pairs.items()))
+        reached: set[int] = set()
+        for pid, rep in sorted(reports.items()):
+            await self.emit("signal", pid=pid, signal=f"SIG{sig}", result=rep.status)
+            if rep.status == "sent":
+                reached.add(pid)
+            elif rep.status == "gone":
+                deaths.setdefault(pid, time.monotonic())
+        return reached
+
+    async def wait_gone(
+        self, alive: set[int], pairs: dict[int, int], deaths: dict[int, float], deadline: float
+    ) -> set[int]:
+        """Poll until every PID in ``alive`` is gone or the deadline passes."""
+        alive = set(alive)
+        while alive and time.monotonic() < deadline:
+            await asyncio.sleep(self.cfg.poll_interval_s)
+            reports = await self.signal("check", [(p, pairs[p]) for p in sorted(alive)])
+            now = time.monotonic()
+            for pid in sorted(alive):
+                rep = reports.get(pid)
+                if rep is None or rep.status != "alive":
+                    alive.discard(pid)
+                    deaths[pid] = now
+                    await self.emit("exited", pid=pid)
+        return alive
+
+    async def verify(
+        self,
+        plan: ResetPlan,
+        pairs: dict[int, int],
+        deaths: dict[int, float],
+        survivors: dict[int, Survivor],
+    ) -> tuple[GpuResult, ...]:
+        """Poll nvidia-smi until each targeted GPU is decided or the deadline passes."""
+        await self.emit("verifying", gpus=list(plan.gpus))
+        start = time.monotonic()
+        deadline = start + self.cfg.verify_timeout_s
+        known = plan.identities()
+        stuck_gpus = {g for t in plan.targets if t.pid in survivors for g in t.gpus}
+        decided: dict[int, GpuResult] = {}
+        for g in sorted(stuck_gpus):
+            obs = GpuObservation(
+                g, None, False, tuple(s for s in survivors.values() if _on(plan, s.pid, g))
+            )
+            decided[g] = await self.decide(plan, obs, None)
+        killed_again: set[int] = set()
+        last_error: str | None = None
+        snap: NodeSnapshot | None = None
+        while True:
+            pending = [g for g in plan.gpus if g not in decided]
+            if not pending:
+                break
+            try:
+                snap = await self.svc.status.snapshot(self.node, gpu_indices=pending)
+                self.last_snapshot = snap
+                last_error = None
+            except GpubotError as exc:
+                snap, last_error = None, str(exc)
+            now = time.monotonic()
+            if snap is not None:
+                for g in pending:
+                    obs = await self.observe(plan, snap, g, known, pairs)
+                    back = [p.pid for p in snap.on_gpu(g) if _planned(p, pairs)]
+                    again = [p for p in back if p not in killed_again]
+                    if again:  # a planned process still holds the device file: deal with it by PID
+                        killed_again.update(again)
+                        await self.send("KILL", {p: pairs[p] for p in again}, deaths)
+                    if obs.verified or obs.newcomers:
+                        decided[g] = await self.decide(
+                            plan, obs, _since(plan, g, deaths, start, now)
+                        )
+            if time.monotonic() >= deadline:
+                for g in [g for g in plan.gpus if g not in decided]:
+                    if snap is None:
+                        obs = GpuObservation(g, None, False, error=last_error)
+                    else:
+                        obs = await self.observe(plan, snap, g, known, pairs)
+                    decided[g] = await self.decide(plan, obs, None)
+                break
+            await asyncio.sleep(self.cfg.poll_interval_s)
+        return tuple(decided[g] for g in plan.gpus)
+
+    async def observe(
+        self,
+        plan: ResetPlan,
+        snap: NodeSnapshot,
+        g: int,
+        known: set[tuple[int, int | None]],
+        pairs: dict[int, int],
+    ) -> GpuObservation:
+        """Read one GPU's state from a verification snapshot."""
+        gpu = snap.gpu(g)
+        mem = gpu.memory_used_mib if gpu else None
+        procs = [p for p in snap.on_gpu(g) if p.exists]
+        planned_left = [p for p in procs if _planned(p, pairs)]
+        newcomers = tuple(
+            [await self.newcomer(p) for p in procs if (p.pid, p.start_ticks) not in known]
+        )
+        limit = plan.expected_after_mib.get(g, 0) + self.cfg.free_threshold_mib
+        verified = mem is not None and mem <= limit and not planned_left and not newcomers
+        holders = len([p for p in procs if not _left_alone(plan, p)])
+        return GpuObservation(g, mem, verified, newcomers=newcomers, holders=holders)
+
+    async def newcomer(self, p: GpuProcess) -> Newcomer:
+        """Describe a process that took a GPU after planning, with its parent and unit."""
+        info = None
+        if p.ppid:
+            res = await self.svc.transport.run(
+                self.node, proc_argv([p.ppid], sudo=self.node.sudo),
+                timeout=self.svc.settings.ssh.command_timeout_s,
+            )  # fmt: skip
+            info = parse_procs(res.stdout).get(p.ppid)
+        cmd = p.command or p.process_name
+        parent_cmd = info.command if info else None
+        unit = (info.cgroup if info else None) or p.cgroup
+        return Newcomer(p.pid, p.user, cmd, p.ppid, parent_cmd, unit)
+
+    async def decide(
+        self, plan: ResetPlan, obs: GpuObservation, seconds: float | None
+    ) -> GpuResult:
+        """Classify one GPU and report it."""
+        outcome, detail = classify(
+            obs, plan.expected_after_mib.get(obs.index, 0), self.cfg.free_threshold_mib
+        )
+        res = GpuResult(
+            obs.index, outcome, detail, plan.memory_before_mib.get(obs.index),
+            obs.memory_after_mib, seconds if outcome is Outcome.FREED else None,
+        )  # fmt: skip
+        await self.emit("gpu_outcome", **res.to_dict())
+        return res
+
+    async def gpu_reset(self, plan: ResetPlan, gpu: int) -> tuple[GpuResult, ...]:
+        """Run ``nvidia-smi --gpu-reset -i N`` and verify the GPU's memory is back."""
+        argv = [self.node.nvidia_smi, "--gpu-reset", "-i", str(gpu)]
+        if self.node.sudo:
+            argv = ["sudo", "-n", *argv]
+        res = await self.svc.transport.run(
+            self.node, argv, timeout=self.svc.settings.ssh.command_timeout_s
+        )
+        text = (res.stdout + res.stderr).strip()
+        await self.emit("gpu_reset", gpu=gpu, exit_status=res.exit_status, output=text[-500:])
+        if res.exit_status != 0:
+            obs = GpuObservation(gpu, None, False, error=f"nvidia-smi --gpu-reset: {text[:200]}")
+            return (await self.decide(plan, obs, None),)
+        return await self.verify(plan, {}, {}, {})
+
+    async def final_snapshot(self) -> NodeSnapshot | None:
+        """Take a full snapshot for the after table; None if the node does not answer."""
+        try:
+            return await self.svc.status.snapshot(self.node)
+        except GpubotError:
+            return self.last_snapshot
+
+
+def _planned(p: GpuProcess, pairs: dict[int, int]) -> bool:
+    return p.pid in pairs and pairs[p.pid] == p.start_ticks
+
+
+def _left_alone(plan: ResetPlan, p: GpuProcess) -> bool:
+    return any(s.pid == p.pid and s.gpu == p.gpu_index for s in plan.skipped)
+
+
+def _on(plan: ResetPlan, pid: int, g: int) -> bool:
+    return any(t.pid == pid and g in t.gpus for t in plan.targets)
+
+
+def _since(plan: ResetPlan, g: int, deaths: dict[int, float], start: float, now: float) -> float:
+    """Seconds from the last target on GPU ``g`` dying to now (or from verification start)."""
+    times = [deaths[t.pid] for t in plan.targets if g in t.gpus and t.pid in deaths]
+    return round(now - (max(times) if times else start), 3)

@@ -1,0 +1,164 @@
+"""Status: what is on every GPU right now, for one node or a fleet, each node failing alone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from gpubot.config import Settings
+from gpubot.core.models import ComputeApp, GpuInfo, NodeConfig, NodeSnapshot
+from gpubot.core.ports import AuditStore, Transport
+from gpubot.core.probe import new_nonce, parse_probe, probe_argv
+from gpubot.errors import GpubotError, ProbeError, StoreError, UsageError
+
+log = logging.getLogger(__name__)
+
+NvmlReader = Callable[[], tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FleetStatus:
+    """Snapshots of the nodes that answered, and the reason of each that did not."""
+
+    snapshots: tuple[NodeSnapshot, ...]
+    failed: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    timed_out: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Whether every node answered."""
+        return not self.failed
+
+
+@dataclass(frozen=True)
+class FanOut(Generic[T]):
+    """Results of one call per node, sorted into answers and failures."""
+
+    ok: dict[str, T]
+    failed: dict[str, GpubotError]
+
+
+async def fan_out(
+    nodes: Sequence[NodeConfig], call: Callable[[NodeConfig], Awaitable[T]], limit: int
+) -> FanOut[T]:
+    """Run ``call`` on every node, at most ``limit`` at once; each node fails alone."""
+    gate = asyncio.Semaphore(max(1, limit))
+
+    async def one(node: NodeConfig) -> T:
+        async with gate:
+            return await call(node)
+
+    results = await asyncio.gather(*(one(n) for n in nodes), return_exceptions=True)
+    ok: dict[str, T] = {}
+    failed: dict[str, GpubotError] = {}
+    for node, res in zip(nodes, results, strict=True):
+        if isinstance(res, GpubotError):
+            failed[node.name] = res
+        elif isinstance(res, BaseException):
+            if not isinstance(res, Exception):
+                raise res  # cancellation and interrupts are not a node's failure
+            log.exception("unexpected error from %s", node.name, exc_info=res)
+            failed[node.name] = GpubotError(f"{node.name}: internal error: {res!r}")
+        else:
+            ok[node.name] = res
+    return FanOut(ok, failed)
+
+
+def reason(exc: GpubotError, node: str) -> str:
+    """Return the one-line reason of a node's failure, without repeating the node's name."""
+    text = str(exc)
+    return text[len(node) + 2 :] if text.startswith(f"{node}: ") else text
+
+
+class StatusService:
+    """Reads nodes through the transport; the same service serves the CLI, the console and Slack."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        transport: Transport,
+        store: AuditStore | None = None,
+        nvml: NvmlReader | None = None,
+    ) -> None:
+        self.settings = settings
+        self.transport = transport
+        self.store = store
+        self.nvml = nvml
+
+    def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
+        """Turn node names, group names or ``all`` into nodes, in inventory order."""
+        if not self.settings.nodes:
+            raise UsageError("no nodes configured (add [[nodes]] to the settings file)")
+        if not names or "all" in names:
+            return self.settings.nodes
+        groups = self.settings.groups()
+        wanted: set[str] = set()
+        for name in names:
+            if self.settings.node(name):
+                wanted.add(name)
+            elif name in groups:
+                wanted.update(groups[name])
+            else:
+                raise UsageError(f"unknown node or group {name!r}")
+        return tuple(n for n in self.settings.nodes if n.name in wanted)
+
+    def node(self, name: str) -> NodeConfig:
+        """Return the node called ``name`` or raise ``UsageError``."""
+        node = self.settings.node(name)
+        if node is None:
+            raise UsageError(f"unknown node {name!r}")
+        return node
+
+    async def snapshot(
+        self, node: NodeConfig, *, gpu_indices: Sequence[int] | None = None
+    ) -> NodeSnapshot:
+        """Take one node's snapshot with one remote exec (NVML first on the local box)."""
+        timeout = self.settings.ssh.command_timeout_s
+        smi_timeout = max(1.0, timeout - 2.0)
+        nvml_parts = None
+        if node.host == "local" and self.nvml is not None:
+            try:
+                nvml_parts = await asyncio.to_thread(self.nvml)
+            except ProbeError as exc:
+                log.info("NVML unavailable on %s, using nvidia-smi: %s", node.name, exc)
+        nonce = new_nonce()
+        indices = gpu_indices
+        if nvml_parts is not None and indices is None:
+            indices = [g.index for g in nvml_parts[0]]
+        argv = probe_argv(
+            node, nonce, smi_timeout_s=smi_timeout, gpu_indices=indices,
+            skip_smi=nvml_parts is not None,
+            pids=[a.pid for a in nvml_parts[1]] if nvml_parts is not None else (),
+        )  # fmt: skip
+        taken_at = time.time()
+        result = await self.transport.run(node, argv, timeout=timeout)
+        return parse_probe(node, nonce, result, taken_at, nvml=nvml_parts)
+
+    async def fleet(
+        self, names: Sequence[str] = ("all",), *, actor: str = "cli", source: str = "cli"
+    ) -> FleetStatus:
+        """Snapshot every named node concurrently; failures are reported per node."""
+        nodes = self.resolve(names)
+        started = time.monotonic()
+        res = await fan_out(nodes, self.snapshot, self.settings.ssh.max_parallel)
+        seconds = time.monotonic() - started
+        order = {n.name: i for i, n in enumerate(nodes)}
+        snaps = tuple(sorted(res.ok.values(), key=lambda s: order[s.node]))
+        failed = {n: reason(e, n) for n, e in sorted(res.failed.items(), key=lambda x: order[x[0]])}
+        timed_out = tuple(n for n, e in res.failed.items() if isinstance(e, TimeoutError))
+        status = FleetStatus(snaps, failed, seconds, timed_out)
+        if self.store is not None:
+            try:
+                await self.store.record_query(
+                    kind="status", actor=actor, source=source,
+                    nodes=[n.name for n in nodes], failed=failed, seconds=seconds,
+                )  # fmt: skip
+            except StoreError as exc:  # a read-only query still answers; the gap is logged
+                log.warning("status query not recorded in the audit log: %s", exc)
+        return status
