@@ -19,7 +19,7 @@ from gpubot.core.plan import ResetRequest
 from gpubot.errors import ResetRefused, StoreError
 from gpubot.services.reset import NodeLocks, ResetEvent, ResetResult, ResetService
 from gpubot.services.status import StatusService
-from gpubot.sim.fleet import SimFleet, SimNode, Workload
+from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.ssh import make_transport
 from gpubot.store import Store, open_store
 
@@ -86,7 +86,12 @@ async def reset(
 ) -> ResetResult:
     plan, before = await engine.plan(ResetRequest("node1", requester, gpus=gpus))
     return await engine.execute(
-        plan, actor="test", source="test", command="test", before=before, **kw  # type: ignore[arg-type]
+        plan,
+        actor="test",
+        source="test",
+        command="test",
+        before=before,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -199,7 +204,7 @@ async def test_reset_of_gpu3_leaves_everything_else_alive(
 
 
 def _spawn_with_pid(pid: int) -> subprocess.Popen[bytes] | None:
-    """Start ``sleep`` with exactly ``pid`` (root: ns_last_pid); None if another fork won the race."""
+    """Start ``sleep`` as ``pid`` (root: ns_last_pid); None if another fork won the race."""
     with open("/proc/sys/kernel/ns_last_pid", "w") as f:
         f.write(str(pid - 1))
     p = subprocess.Popen(["sleep", "60"])
