@@ -67,7 +67,7 @@ class SshTransport:
         self._pool: dict[str, _Pooled] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._channels: dict[str, asyncio.Semaphore] = {}
-        self._closed = False
+        self.connections_made = 0  # SSH connections opened so far (reconnects included)
 
     def connected(self) -> int:
         """Return how many pooled connections are open."""
@@ -103,7 +103,6 @@ class SshTransport:
 
     async def close(self) -> None:
         """Close every pooled connection."""
-        self._closed = True
         pooled, self._pool = list(self._pool.values()), {}
         for p in pooled:
             p.conn.close()
@@ -195,7 +194,9 @@ class SshTransport:
             options["agent_path"] = None
         where = f"{node.host}:{node.port}"
         try:
-            return await asyncssh.connect(node.host, node.port, **options)
+            conn = await asyncssh.connect(node.host, node.port, **options)
+            self.connections_made += 1
+            return conn
         except asyncssh.HostKeyNotVerifiable as exc:
             host_keys, ca_keys, *_ = known.match(node.host, "", node.port)
             if host_keys or ca_keys:

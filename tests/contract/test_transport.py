@@ -1,0 +1,594 @@
+"""The Transport contract, run against every adapter.
+
+The SSH transport runs against the simulated fleet served by asyncssh's server AND by OpenSSH
+``sshd`` (real SSH, real processes); the local transport runs the same command contract here. NVML
+is exercised with an injected fake of the small pynvml surface gpubot uses; the real pynvml on a
+box without a GPU shows the fallback to nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpubot.config import Settings, SshSettings, load
+from gpubot.core.models import ComputeApp, GpuInfo, NodeConfig
+from gpubot.core.ports import Transport
+from gpubot.errors import (
+    AuthRefused,
+    CommandTimeout,
+    HostKeyRejected,
+    NodeUnreachable,
+    ParseError,
+    SmiFailed,
+    SmiMissing,
+)
+from gpubot.ssh import LocalTransport, SshTransport, make_transport, nvml_query, probe_node
+
+try:
+    from gpubot.sim.fleet import SimFleet
+except ImportError:  # pragma: no cover - the simulated fleet is another engineer's module
+    SimFleet = None  # type: ignore[assignment,misc]
+
+
+@dataclass
+class World:
+    kind: str  # "asyncssh" | "sshd" | "local"
+    settings: Settings
+    fleet: Any  # SimFleet, or None for the local box
+
+
+NASTY = [
+    "plain",
+    "two words",
+    "it's",
+    'say "hi"',
+    "$(touch /tmp/gpubot-pwned)",
+    "`id`",
+    "a; echo injected",
+    "x && y || z",
+    "$HOME ${PATH}",
+    "*",
+    "back\\slash",
+    "new\nline",
+    "tab\tchar",
+    "",
+    "-n",
+    "ünï©ødé",
+]
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fleets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Simulated fleets by server kind, started on first use, stopped at the end of the module."""
+    started: dict[str, Any] = {}
+    try:
+        yield started
+    finally:
+        for fleet in started.values():
+            fleet.stop()
+
+
+def _world(kind: str, fleets: dict[str, Any], tmp: pytest.TempPathFactory) -> World:
+    if kind == "local":
+        return World(kind, Settings(nodes=(NodeConfig(name="here", host="local"),)), None)
+    if SimFleet is None:
+        pytest.fail("gpubot.sim.fleet is missing: the transport contract needs the simulated fleet")
+    if kind not in fleets:
+        fleet = SimFleet(tmp.mktemp(f"fleet-{kind}"), nodes=2, gpus=4, server=kind)
+        fleet.start()
+        fleets[kind] = fleet
+    fleet = fleets[kind]
+    return World(kind, load(fleet.config_path), fleet)
+
+
+@pytest.fixture(params=["asyncssh", "sshd", "local"])
+def world(
+    request: pytest.FixtureRequest, fleets: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> World:
+    """Every adapter: SSH to both server kinds, and the local box."""
+    return _world(request.param, fleets, tmp_path_factory)
+
+
+@pytest.fixture(params=["asyncssh", "sshd"])
+def ssh_world(
+    request: pytest.FixtureRequest, fleets: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> World:
+    """SSH to both server kinds."""
+    return _world(request.param, fleets, tmp_path_factory)
+
+
+@pytest.fixture
+async def transport(world: World) -> AsyncIterator[Transport]:
+    t: Transport
+    t = (
+        LocalTransport(world.settings.ssh)
+        if world.kind == "local"
+        else SshTransport(world.settings.ssh)
+    )
+    try:
+        yield t
+    finally:
+        await t.close()
+
+
+@pytest.fixture
+async def ssh(ssh_world: World) -> AsyncIterator[SshTransport]:
+    t = SshTransport(ssh_world.settings.ssh)
+    try:
+        yield t
+    finally:
+        await t.close()
+
+
+def node_of(world: World) -> NodeConfig:
+    return world.settings.nodes[0]
+
+
+# ---- the command contract (every adapter) -------------------------------------------------------
+
+
+async def test_stdout_stderr_and_exit_status(world: World, transport: Transport) -> None:
+    node = node_of(world)
+    r = await transport.run(node, ["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert (r.exit_status, r.stdout, r.stderr) == (7, "out\n", "err\n")
+    assert r.argv == ("sh", "-c", "echo out; echo err >&2; exit 7")
+    ok = await transport.run(node, ["true"])
+    assert ok.exit_status == 0 and ok.stdout == ok.stderr == ""
+
+
+async def test_missing_program_is_exit_127(world: World, transport: Transport) -> None:
+    r = await transport.run(node_of(world), ["gpubot-no-such-program", "x"])
+    assert r.exit_status == 127
+
+
+async def test_nasty_arguments_arrive_verbatim(world: World, transport: Transport) -> None:
+    python = sys.executable if world.kind == "local" else "python3"
+    code = "import sys, json; print(json.dumps(sys.argv[1:]))"
+    r = await transport.run(node_of(world), [python, "-c", code, *NASTY])
+    assert r.exit_status == 0, r.stderr
+    assert json.loads(r.stdout) == NASTY
+    assert not _exists("/tmp/gpubot-pwned")
+
+
+async def test_stdin_is_closed(world: World, transport: Transport) -> None:
+    r = await transport.run(node_of(world), ["cat"], timeout=5)
+    assert (r.exit_status, r.stdout) == (0, "")
+
+
+async def test_command_timeout_abandons_the_command(world: World, transport: Transport) -> None:
+    node = node_of(world)
+    t0 = time.monotonic()
+    with pytest.raises(CommandTimeout) as ei:
+        await transport.run(node, ["sleep", "5"], timeout=0.5)
+    assert ei.value.node == node.name and "0.5s" in ei.value.reason
+    assert isinstance(ei.value, TimeoutError)
+    assert time.monotonic() - t0 < 2.5
+    # The transport stays usable after a timeout.
+    assert (await transport.run(node, ["echo", "still here"])).stdout == "still here\n"
+
+
+async def test_binary_output_is_replaced_not_fatal(world: World, transport: Transport) -> None:
+    r = await transport.run(node_of(world), ["printf", "a\\377b"])
+    assert r.exit_status == 0 and r.stdout == "a\ufffdb"
+
+
+# ---- SSH only (both server kinds) ---------------------------------------------------------------
+
+
+async def test_one_connection_shared_by_concurrent_commands(
+    ssh_world: World, ssh: SshTransport
+) -> None:
+    node = node_of(ssh_world)
+    results = await asyncio.gather(
+        *(ssh.run(node, ["sh", "-c", f"sleep 0.2; echo {i}"]) for i in range(24))
+    )
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(24)]
+    # 24 concurrent first calls made ONE connection (more sessions than sshd's MaxSessions=10).
+    assert ssh.connected() == 1 and ssh.connections_made == 1
+    await ssh.run(ssh_world.settings.nodes[1], ["true"])
+    assert ssh.connected() == 2
+    await ssh.close()
+    assert ssh.connected() == 0
+
+
+async def test_reconnects_after_server_restart(ssh_world: World, ssh: SshTransport) -> None:
+    node = node_of(ssh_world)
+    sim = ssh_world.fleet.node(node.name)
+    assert (await ssh.run(node, ["echo", "1"])).stdout == "1\n"
+    sim.stop_server()
+    try:
+        with pytest.raises(NodeUnreachable):
+            await ssh.run(node, ["echo", "2"])
+    finally:
+        sim.start_server()
+    # The dead connection is noticed and redone, transparently.
+    assert (await ssh.run(node, ["echo", "3"])).stdout == "3\n"
+    assert ssh.connected() == 1
+    sim.stop_server()
+    sim.start_server()  # restarted between two commands, unseen by the transport
+    assert (await ssh.run(node, ["echo", "4"])).stdout == "4\n"
+    assert ssh.connected() == 1 and ssh.connections_made == 3
+
+
+async def test_unreachable_port(ssh_world: World, ssh: SshTransport) -> None:
+    node = replace(node_of(ssh_world), port=_free_port())
+    with pytest.raises(NodeUnreachable, match="refused") as ei:
+        await ssh.run(node, ["true"])
+    assert isinstance(ei.value, ConnectionError)
+
+
+async def test_hung_ssh_endpoint_is_unreachable(ssh_world: World) -> None:
+    with socket.socket() as ls:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen()  # accepts TCP, never speaks SSH
+        node = replace(node_of(ssh_world), port=ls.getsockname()[1])
+        t = SshTransport(replace(ssh_world.settings.ssh, connect_timeout_s=0.5))
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(NodeUnreachable, match="no SSH answer"):
+                await t.run(node, ["true"])
+        finally:
+            await t.close()
+        assert time.monotonic() - t0 < 3
+
+
+async def test_changed_host_key_is_refused(ssh_world: World, tmp_path: Path) -> None:
+    # Same host patterns, another key: what a man in the middle would present.
+    known = _swap_keys(Path(ssh_world.settings.ssh.known_hosts), tmp_path)
+    t = SshTransport(replace(ssh_world.settings.ssh, known_hosts=str(known)))
+    try:
+        with pytest.raises(HostKeyRejected, match="CHANGED"):
+            await t.run(node_of(ssh_world), ["true"])
+    finally:
+        await t.close()
+
+
+async def test_unknown_host_is_refused(ssh_world: World, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    _write(empty, "")
+    for path, match in ((empty, "unknown"), (tmp_path / "absent", "cannot read known_hosts")):
+        t = SshTransport(replace(ssh_world.settings.ssh, known_hosts=str(path)))
+        try:
+            with pytest.raises(HostKeyRejected, match=match):
+                await t.run(node_of(ssh_world), ["true"])
+        finally:
+            await t.close()
+
+
+async def test_auth_refused_with_another_key(
+    ssh_world: World, ssh: SshTransport, tmp_path: Path
+) -> None:
+    _keygen(tmp_path / "stranger")
+    node = replace(node_of(ssh_world), key=str(tmp_path / "stranger"))
+    with pytest.raises(AuthRefused, match="refused our key") as ei:
+        await ssh.run(node, ["true"])
+    assert isinstance(ei.value, PermissionError)
+    with pytest.raises(AuthRefused, match="cannot load key"):
+        await ssh.run(replace(node, key=str(tmp_path / "absent")), ["true"])
+
+
+# ---- the probe end to end against the simulated fleet -----------------------------------------
+
+
+async def test_probe_matches_the_sim(ssh_world: World, ssh: SshTransport) -> None:
+    node = node_of(ssh_world)
+    sim = ssh_world.fleet.node(node.name)
+    seen = sim.spawn(gpu=1, mib=2048)
+    hidden = sim.spawn(gpu=2, mib=1024, behaviour="hidden")
+    ctl = sim.spawn(gpu=None, behaviour="ctl-only")
+    try:
+        snap = await probe_node(ssh, node, smi_timeout_s=5, taken_at=123.0)
+        state = sim.state()
+        assert snap.node == node.name and snap.taken_at == 123.0
+        assert [g.index for g in snap.gpus] == list(range(4))
+        for g, want in zip(snap.gpus, state["gpus"], strict=True):
+            assert (g.index, g.uuid, g.name) == (want["index"], want["uuid"], want["name"])
+            assert g.memory_used_mib == want["memory_used_mib"]
+            assert g.memory_total_mib == want["memory_total_mib"] == 143771
+            assert g.utilization_pct == want["utilization_pct"]
+        assert snap.gpu(1) is not None and snap.gpu(2) is not None
+        assert snap.gpu(1).memory_used_mib >= 2048 and snap.gpu(2).memory_used_mib >= 1024  # type: ignore[union-attr]
+        procs = {(p.pid, p.gpu_index): p for p in snap.processes}
+        p = procs[(seen.pid, 1)]
+        assert p.visible_to_nvidia_smi and p.holds_device_file and p.used_memory_mib == 2048
+        assert p.start_ticks == seen.start_ticks and p.state in ("S", "R")
+        h = procs[(hidden.pid, 2)]
+        assert h.hidden and h.used_memory_mib is None and h.start_ticks == hidden.start_ticks
+        assert [c.pid for c in snap.ctl_only] == [ctl.pid]
+        assert all(pid != ctl.pid for pid, _ in procs)
+        # Only GPU 3 is asked for: nothing from GPUs 1-2.
+        only3 = await probe_node(ssh, node, smi_timeout_s=5, taken_at=1.0, gpu_indices=[3])
+        assert [g.index for g in only3.gpus] == [3] and only3.processes == ()
+        assert ssh.connected() == 1
+    finally:
+        for w in (seen, hidden, ctl):
+            _kill(w)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "match"),
+    [
+        ("missing", SmiMissing, "not found"),
+        ("driver-error", SmiFailed, "couldn't communicate with the NVIDIA driver"),
+        ("hang", SmiFailed, "hung"),
+        ("garbled", ParseError, "cannot parse"),
+    ],
+)
+async def test_probe_maps_each_nvidia_smi_fault(
+    ssh_world: World, ssh: SshTransport, fault: str, error: type, match: str
+) -> None:
+    node = node_of(ssh_world)
+    sim = ssh_world.fleet.node(node.name)
+    w = sim.spawn(gpu=0, mib=512)  # garbling interleaves process lines
+    sim.set_fault(fault)
+    try:
+        with pytest.raises(error, match=match):
+            await probe_node(ssh, node, smi_timeout_s=1, taken_at=0.0)
+    finally:
+        sim.set_fault(None)
+        _kill(w)
+    snap = await probe_node(ssh, node, smi_timeout_s=5, taken_at=0.0)  # healthy again
+    assert len(snap.gpus) == 4
+
+
+def _exists(path: str) -> bool:
+    return Path(path).exists()
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _swap_keys(known_hosts: Path, tmp: Path) -> Path:
+    _keygen(tmp / "other")
+    other = (tmp / "other.pub").read_text().split()
+    lines = [ln.split() for ln in known_hosts.read_text().splitlines() if ln.strip()]
+    out = tmp / "known_hosts_changed"
+    out.write_text("".join(f"{ln[0]} {other[0]} {other[1]}\n" for ln in lines))
+    return out
+
+
+def _kill(w: Any) -> None:
+    """Kill a workload this test spawned (by its PID, never by name)."""
+    for pid in {w.pid, getattr(w, "supervisor_pid", None)} - {None}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _keygen(path: Path) -> None:
+    import asyncssh
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key.write_private_key(str(path))
+    key.write_public_key(str(path) + ".pub")
+    path.chmod(0o600)
+
+
+# ---- the local transport: NVML and its fallback -----------------------------------------------
+
+
+class FakeNvml:
+    """The small pynvml surface gpubot uses, with NVML's error codes."""
+
+    nvmlMemory_v2 = 0x02000028
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            super().__init__(f"NVML error {value}")
+            self.value = value
+
+    def __init__(self, *, init_error: int | None = None, v2: bool = True) -> None:
+        self.init_error = init_error
+        self.v2 = v2
+        self.inits = self.shutdowns = 0
+        gib = 1024**3
+        self.devices = [
+            dict(uuid=b"GPU-00000000-1111-2222-3333-444444444444", name=b"NVIDIA H200",
+                 used=3 * gib + 5, reserved_extra=512 * 1024**2, total=143771 * 1024**2,
+                 util=37, procs=[(4242, 2 * gib), (4343, None)]),
+            dict(uuid="GPU-55555555-6666-7777-8888-999999999999", name="NVIDIA H200",
+                 used=0, reserved_extra=0, total=143771 * 1024**2, util=None, procs=[]),
+        ]  # fmt: skip
+        self.names = {4242: b"/usr/bin/python3"}
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.NVMLError(self.init_error)
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetIndex(self, h: int) -> int:
+        return h
+
+    def nvmlDeviceGetUUID(self, h: int) -> Any:
+        return self.devices[h]["uuid"]
+
+    def nvmlDeviceGetName(self, h: int) -> Any:
+        return self.devices[h]["name"]
+
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> Any:
+        d = self.devices[h]
+        if version is not None:
+            if not self.v2:
+                raise self.NVMLError(13)  # FUNCTION_NOT_FOUND on an old driver
+            return SimpleNamespace(used=d["used"], total=d["total"])
+        return SimpleNamespace(used=d["used"] + d["reserved_extra"], total=d["total"])
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        if self.devices[h]["util"] is None:
+            raise self.NVMLError(3)  # NOT_SUPPORTED (e.g. MIG mode)
+        return SimpleNamespace(gpu=self.devices[h]["util"], memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in self.devices[h]["procs"]]
+
+    def nvmlSystemGetProcessName(self, pid: int) -> Any:
+        if pid not in self.names:
+            raise self.NVMLError(6)  # NOT_FOUND: another PID namespace
+        return self.names[pid]
+
+
+def test_nvml_tables_convert() -> None:
+    fake = FakeNvml()
+    gpus, apps = nvml_query("box", nvml=fake)
+    assert gpus == (
+        GpuInfo(0, "GPU-00000000-1111-2222-3333-444444444444", "NVIDIA H200", 3072, 143771, 37),
+        GpuInfo(1, "GPU-55555555-6666-7777-8888-999999999999", "NVIDIA H200", 0, 143771, None),
+    )
+    assert apps == (
+        ComputeApp(4242, gpus[0].uuid, 2048, "/usr/bin/python3"),
+        ComputeApp(4343, gpus[0].uuid, None, "[Not Found]"),
+    )
+    assert fake.inits == fake.shutdowns == 1
+    # An old driver without the v2 memory call: v1 counts reserved memory as used.
+    gpus_v1, _ = nvml_query("box", nvml=FakeNvml(v2=False))
+    assert gpus_v1[0].memory_used_mib == 3072 + 512
+
+
+def test_nvml_errors() -> None:
+    with pytest.raises(SmiMissing, match="not found"):
+        nvml_query("box", nvml=FakeNvml(init_error=12))  # LIBRARY_NOT_FOUND
+    with pytest.raises(SmiFailed, match="NVML init failed"):
+        nvml_query("box", nvml=FakeNvml(init_error=9))  # DRIVER_NOT_LOADED
+    broken = FakeNvml()
+    broken.devices[1]["util"] = "boom"
+
+    def lost(h: int) -> Any:
+        raise broken.NVMLError(15)  # GPU_IS_LOST
+
+    broken.nvmlDeviceGetComputeRunningProcesses = lost  # type: ignore[method-assign]
+    with pytest.raises(SmiFailed, match="NVML"):
+        nvml_query("box", nvml=broken)
+    assert broken.shutdowns == 1
+
+
+SMI = """#!/bin/sh
+echo "$*" >>"$(dirname "$0")/calls"
+case $1 in
+  --query-gpu*) echo "0, GPU-00000000-1111-2222-3333-444444444444, NVIDIA H200, 10, 143771, 1" ;;
+esac
+"""
+
+
+@pytest.fixture
+def local_node(tmp_path: Path) -> NodeConfig:
+    (tmp_path / "dev").mkdir()
+    for f in ("nvidia0", "nvidia1", "nvidiactl"):
+        (tmp_path / "dev" / f).touch()
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(SMI)
+    smi.chmod(0o755)
+    (tmp_path / "calls").write_text("")
+    return NodeConfig(name="here", host="local", dev_prefix=f"{tmp_path}/dev/nvidia",
+                      nvidia_smi=str(smi))  # fmt: skip
+
+
+async def test_local_probe_uses_nvml(local_node: NodeConfig, tmp_path: Path) -> None:
+    holder = await asyncio.create_subprocess_exec(
+        "sleep",
+        "30",
+        stdin=open(f"{local_node.dev_prefix}1", "rb"),  # noqa: ASYNC230, SIM115
+    )
+    fake = FakeNvml()
+    fake.devices[0]["procs"] = [(os.getpid(), 1024**3)]
+    t = make_transport(SshSettings())
+    t.local = LocalTransport(nvml=fake)
+    try:
+        snap = await probe_node(t, local_node, smi_timeout_s=5, taken_at=9.0)
+        assert (tmp_path / "calls").read_text() == ""  # nvidia-smi never ran
+        assert [g.memory_used_mib for g in snap.gpus] == [3072, 0]
+        procs = {(p.pid, p.gpu_index): p for p in snap.processes}
+        assert procs[(os.getpid(), 0)].start_ticks is not None  # /proc read by the same exec
+        assert procs[(os.getpid(), 0)].used_memory_mib == 1024
+        assert procs[(holder.pid, 1)].hidden
+        assert t.connected() == 0  # no SSH for a local node
+    finally:
+        holder.kill()
+        await holder.wait()
+        await t.close()
+
+
+async def test_local_probe_falls_back_to_nvidia_smi(local_node: NodeConfig, tmp_path: Path) -> None:
+    t = make_transport(SshSettings())
+    t.local = LocalTransport(nvml=FakeNvml(init_error=12))  # no libnvidia-ml
+    snap = await probe_node(t, local_node, smi_timeout_s=5, taken_at=9.0)
+    assert [g.memory_used_mib for g in snap.gpus] == [10]
+    assert len((tmp_path / "calls").read_text().splitlines()) == 2  # GPU and apps queries
+    # A driver error in NVML also falls back: nvidia-smi then says what is wrong.
+    t.local = LocalTransport(nvml=FakeNvml(init_error=9))
+    assert (await t.local.nvml_snapshot(local_node)) is None
+
+
+async def test_real_pynvml_here(local_node: NodeConfig) -> None:
+    """On a box without a GPU the real pynvml is missing its library: NVML falls back."""
+    try:
+        gpus, apps = nvml_query("here")
+    except (SmiMissing, SmiFailed):
+        assert await LocalTransport().nvml_snapshot(local_node) is None
+    else:  # a box with a GPU (see tests/gpu/check_local.py for the real comparison)
+        assert gpus and all(isinstance(g, GpuInfo) for g in gpus)
+        assert all(isinstance(a, ComputeApp) for a in apps)
+
+
+async def test_local_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    node = NodeConfig(name="here", host="local")
+    pidfile = tmp_path / "child"
+    t = LocalTransport()
+    with pytest.raises(CommandTimeout):
+        await t.run(node, ["sh", "-c", f"sleep 30 & echo $! >{pidfile}; wait"], timeout=0.5)
+    child = int(pidfile.read_text())
+    for _ in range(50):  # a killed orphan may linger as a zombie until reaped
+        if _gone(child):
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail(f"grandchild {child} survived the timeout")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+async def test_router_sends_hosts_to_the_right_transport(tmp_path: Path) -> None:
+    t = make_transport(SshSettings(known_hosts=str(tmp_path / "absent"), connect_timeout_s=0.5))
+    try:
+        assert (await t.run(NodeConfig(name="l", host="local"), ["echo", "hi"])).stdout == "hi\n"
+        with pytest.raises(HostKeyRejected):  # a remote node goes through SSH (and its checks)
+            await t.run(NodeConfig(name="r", host="127.0.0.1", port=_free_port()), ["true"])
+    finally:
+        await t.close()
