@@ -122,12 +122,15 @@ def _outcome_line(d: Mapping[str, Any]) -> str:
     return f"{MARK.get(outcome, '⚠')} GPU {d.get('index')}: {outcome}{when} — {d.get('detail')}"
 
 
-def render_progress(title: str, who: str, plan: ResetPlan, events: Sequence[ResetEvent]) -> Message:
+def render_progress(
+    title: str, who: str, plan: ResetPlan | None, events: Sequence[ResetEvent]
+) -> Message:
     """Render a reset in progress; ``who`` is mrkdwn (e.g. ``Requested by <@U1>``)."""
     b = Budget()
     b.add(header(title))
     b.add(section(who))
-    _add_plan(b, plan, use_table=True, reserve=2)
+    if plan is not None:
+        _add_plan(b, plan, use_table=True, reserve=2)
     b.add(section("\n".join(step_lines(events))))
     b.add(context("in progress …"))
     return {"text": escape(f"{title}: in progress"), "blocks": b.blocks}
@@ -239,12 +242,13 @@ def render_approval_request(
 
 
 STATE_LINE = {
-    "approved": "✅ Approved by {by} {at}",
-    "denied": "❌ Denied by {by} {at}",
-    "expired": "⌛ Expired {at}: nothing was killed",
-    "cancelled": "Cancelled by {by} {at}: nothing was killed",
-    "executed": "✅ Approved by {by} {at}",
-    "failed": "✅ Approved by {by} {at}",
+    "pending": "⏳ Waiting for an on-call approver (expires {at})",
+    "approved": "✅ Approved by {by} at {at}",
+    "denied": "❌ Denied by {by} at {at}: nothing was killed",
+    "expired": "⌛ Expired at {at}: nothing was killed",
+    "cancelled": "Cancelled by {by} at {at}: nothing was killed",
+    "executed": "✅ Approved by {by} at {at}",
+    "failed": "✅ Approved by {by} at {at}",
 }
 
 
@@ -262,7 +266,7 @@ def render_approval_state(
 ) -> Message:
     """Render a decided request (no buttons): who decided and when, then progress or result."""
     line = STATE_LINE.get(state, state).format(
-        by=f"<@{by}>" if by else "?", at=f"at {date(at)}" if at else ""
+        by=f"<@{by}>" if by else "?", at=date(at) if at else ""
     )
     b = Budget()
     b.add(header(f"Forced kill on {plan.node} · request #{approval_id}"))

@@ -1,0 +1,198 @@
+"""The Slack Web API, made safe to call: retries on 429, text fallbacks, never an exception.
+
+``SlackApi`` wraps ``AsyncWebClient`` (its retry handlers wait ``Retry-After`` on 429). A message
+Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks`` …) is sent again as plain
+text; a failed ``chat.update`` posts a new message. Failures are logged and return None: a Slack
+outage never stops a reset half-way or leaves an approval in a wrong state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient
+
+from gpubot.errors import GpubotError
+from gpubot.slack.blocks import Message, text_only
+from gpubot.slack.flows import Handle
+
+log = logging.getLogger(__name__)
+
+# Errors that mean "these blocks, not this message": try again as text.
+BLOCK_ERRORS = frozenset({
+    "msg_too_long", "invalid_blocks", "invalid_blocks_format", "invalid_attachments",
+    "too_many_blocks", "block_mismatch", "only_one_table_allowed", "invalid_arguments",
+})  # fmt: skip
+# Errors that mean "the bot cannot post here": answer through the command's response_url.
+NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
+
+
+def retry_handlers() -> list[Any]:
+    """Return the retry policy: connection errors, 429 (Retry-After), one 5xx retry."""
+    return [
+        AsyncConnectionErrorRetryHandler(max_retry_count=2),
+        AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+        AsyncServerErrorRetryHandler(max_retry_count=1),
+    ]
+
+
+def make_client(token: str, base_url: str, *, timeout: int = 10) -> AsyncWebClient:
+    """Return a Web API client for ``base_url`` (which ends with ``/``) with the retry policy."""
+    return AsyncWebClient(
+        token=token, base_url=base_url, timeout=timeout, retry_handlers=retry_handlers()
+    )
+
+
+def _error(exc: Exception) -> str:
+    if isinstance(exc, SlackApiError):
+        return str(exc.response.get("error", "unknown_error"))
+    return type(exc).__name__
+
+
+class SlackApi:
+    """The few Web API calls gpubot makes, each with its fallback."""
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self.client = client
+
+    async def post(
+        self, channel: str, msg: Message, *, response_url: str | None = None
+    ) -> Handle | None:
+        """Post ``msg`` (blocks, else text); if the bot cannot post there, use ``response_url``."""
+        try:
+            resp = await self._send("chat_postMessage", msg, channel=channel)
+        except (SlackApiError, SlackClientError) as exc:
+            err = _error(exc)
+            if err in NOT_HERE and response_url:
+                await self.respond(response_url, msg, ephemeral=False)
+            else:
+                log.error("chat.postMessage to %s failed: %s", channel, err)
+            return None
+        return str(resp["channel"]), str(resp["ts"])
+
+    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+        """Replace a message; if that fails, post a new one and return where it is."""
+        if handle is None:
+            return None
+        channel, ts = handle
+        try:
+            await self._send("chat_update", msg, channel=channel, ts=ts)
+            return handle
+        except (SlackApiError, SlackClientError) as exc:
+            log.warning("chat.update %s/%s failed (%s): posting anew", channel, ts, _error(exc))
+        return await self.post(channel, msg)
+
+    async def respond(self, response_url: str, msg: Message, *, ephemeral: bool = True) -> None:
+        """Answer through a command's or action's ``response_url``."""
+        hook = AsyncWebhookClient(response_url, timeout=10, retry_handlers=retry_handlers())
+        kind = "ephemeral" if ephemeral else "in_channel"
+        for body in (msg, text_only(msg)):
+            try:
+                resp = await hook.send_dict({**body, "response_type": kind,
+                                             "replace_original": False})  # fmt: skip
+            except Exception as exc:  # aiohttp errors: the answer is lost, never the action
+                log.error("response_url failed: %r", exc)
+                return
+            if resp.status_code == 200:
+                return
+            log.warning("response_url answered %s %s", resp.status_code, resp.body[:100])
+            if "blocks" not in body:
+                return
+
+    async def ephemeral(
+        self, channel: str | None, user: str, msg: Message, *, response_url: str | None
+    ) -> None:
+        """Show ``msg`` to one user only."""
+        if response_url:
+            await self.respond(response_url, msg)
+            return
+        if channel is None:
+            return
+        try:
+            await self._send("chat_postEphemeral", msg, channel=channel, user=user)
+        except (SlackApiError, SlackClientError) as exc:
+            log.error("chat.postEphemeral failed: %s", _error(exc))
+
+    async def publish_home(self, user: str, view: Mapping[str, Any]) -> bool:
+        """Publish the Home tab of ``user``."""
+        try:
+            await self.client.views_publish(user_id=user, view=dict(view))
+            return True
+        except (SlackApiError, SlackClientError) as exc:
+            log.error("views.publish for %s failed: %s", user, _error(exc))
+            return False
+
+    async def _send(self, method: str, msg: Message, **where: Any) -> Any:
+        """Call a chat method with blocks; on a blocks error, once more as plain text."""
+        call = getattr(self.client, method)
+        try:
+            return await call(**where, **msg)
+        except SlackApiError as exc:
+            if _error(exc) not in BLOCK_ERRORS or "blocks" not in msg:
+                raise
+            log.warning("%s refused the blocks (%s): sending text", method, _error(exc))
+        return await call(**where, **text_only(msg), blocks=[])
+
+
+class SlackSurface:
+    """Where one command's or click's messages go in Slack."""
+
+    def __init__(
+        self, api: SlackApi, *, channel: str | None, user: str, response_url: str | None
+    ) -> None:
+        self.api = api
+        self.channel = channel
+        self.user = user
+        self.response_url = response_url
+
+    async def reply(self, msg: Message) -> None:
+        """Answer the person only."""
+        await self.api.ephemeral(self.channel, self.user, msg, response_url=self.response_url)
+
+    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+        """Post in the conversation of the command (or in ``channel``)."""
+        target = channel or self.channel
+        if target is None:
+            await self.reply(msg)
+            return None
+        url = self.response_url if channel is None else None
+        return await self.api.post(target, msg, response_url=url)
+
+    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+        """Replace a posted message (post anew if that fails)."""
+        if handle is None:
+            return await self.post(msg)
+        return await self.api.update(handle, msg)
+
+
+class SlackDirectory:
+    """User groups and e-mails through the Web API (the approvals service caches them)."""
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self.client = client
+
+    async def group_members(self, group_id: str) -> frozenset[str]:
+        """Return the members of a user group (``usergroups.users.list``)."""
+        try:
+            resp = await self.client.usergroups_users_list(usergroup=group_id)
+        except (SlackApiError, SlackClientError) as exc:
+            raise GpubotError(f"usergroups.users.list {group_id}: {_error(exc)}") from None
+        return frozenset(str(u) for u in resp.get("users") or [])
+
+    async def email(self, user_id: str) -> str | None:
+        """Return the profile e-mail of a user (``users.info``; needs users:read.email)."""
+        try:
+            resp = await self.client.users_info(user=user_id)
+        except (SlackApiError, SlackClientError) as exc:
+            raise GpubotError(f"users.info {user_id}: {_error(exc)}") from None
+        email = (resp.get("user") or {}).get("profile", {}).get("email")
+        return email if isinstance(email, str) else None

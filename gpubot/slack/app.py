@@ -1,0 +1,258 @@
+"""The bolt app: ``/gpu`` commands, Approve / Deny / "Reset GPU N" buttons, the Home tab.
+
+Every handler acknowledges first (usage errors are the acknowledgement itself, so a bad command
+answers at once and nothing runs), then runs the slow work in a tracked background task. A
+global middleware drops repeated deliveries (``event_id``, a command's ``trigger_id``, a click's
+``action_ts``) so a retry never runs an action twice; the store's exactly-once transition is the
+backstop for double clicks by people.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.response import BoltResponse
+from slack_sdk.web.async_client import AsyncWebClient
+
+from gpubot.core import commands as c
+from gpubot.core.policy import linux_user
+from gpubot.errors import UsageError
+from gpubot.services.approvals import Identity
+from gpubot.slack.api import SlackApi, SlackSurface
+from gpubot.slack.blocks import Message, escape, render_text
+from gpubot.slack.flows import Flows, Handle, Services
+from gpubot.slack.reset_blocks import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
+
+log = logging.getLogger(__name__)
+
+
+class Deduper:
+    """Remembers delivery keys for ``ttl_s``; ``seen`` is True for a repeat."""
+
+    def __init__(self, ttl_s: float = 900.0, size: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self.size = size
+        self._keys: OrderedDict[str, float] = OrderedDict()
+
+    def seen(self, key: str, now: float | None = None) -> bool:
+        """Record ``key``; return whether it was recorded already (and not expired)."""
+        now = time.monotonic() if now is None else now
+        while self._keys and (
+            len(self._keys) >= self.size or next(iter(self._keys.values())) < now - self.ttl_s
+        ):
+            self._keys.popitem(last=False)
+        if key in self._keys:
+            return True
+        self._keys[key] = now
+        return False
+
+
+def delivery_key(body: dict[str, Any]) -> str | None:
+    """Return what identifies one delivery of a request, or None."""
+    if body.get("event_id"):
+        return f"event:{body['event_id']}"
+    if body.get("type") == "block_actions":
+        acts = body.get("actions") or [{}]
+        user = (body.get("user") or {}).get("id", "")
+        return f"action:{user}:{acts[0].get('action_id')}:{acts[0].get('action_ts')}"
+    if body.get("command") and body.get("trigger_id"):
+        return f"command:{body['trigger_id']}"
+    return None
+
+
+class GpuBot:
+    """The Slack front end over the shared flows."""
+
+    def __init__(
+        self,
+        services: Services,
+        client: AsyncWebClient,
+        *,
+        signing_secret: str | None,
+        min_update_s: float = 1.0,
+    ) -> None:
+        """Register the handlers; ``signing_secret`` None: Socket Mode (no HTTP signatures)."""
+        self.services = services
+        self.client = client
+        self.api = SlackApi(self.client)
+        self.flows = Flows(services, source="slack", min_update_s=min_update_s)
+        self.dedupe = Deduper()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.app = AsyncApp(
+            client=self.client,
+            signing_secret=signing_secret or "",
+            request_verification_enabled=signing_secret is not None,
+            name="gpubot",
+            logger=logging.getLogger("gpubot.slack.bolt"),
+        )
+        self.app.middleware(self._dedupe)
+        self.app.command("/gpu")(self._on_command)
+        self.app.action(ACTION_APPROVE)(self._on_decide)
+        self.app.action(ACTION_DENY)(self._on_decide)
+        self.app.action(ACTION_RESET_GPU)(self._on_reset_button)
+        self.app.event("app_home_opened")(self._on_home)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``coro`` in the background, tracked, its failure logged."""
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except Exception:
+                log.exception("%s failed", what)
+
+        task = asyncio.create_task(guarded(), name=what)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait until every background task has finished."""
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    async def _dedupe(
+        self, body: dict[str, Any], request: Any, next: Callable[[], Awaitable[None]]
+    ) -> BoltResponse | None:
+        retry = request.headers.get("x-slack-retry-num") if request is not None else None
+        key = delivery_key(body)
+        if key is not None and self.dedupe.seen(key):
+            log.info("dropping a repeated delivery %s (retry %s)", key, retry or "-")
+            return BoltResponse(status=200, body="")
+        await next()
+        return None
+
+    async def identify(self, user_id: str, name: str) -> Identity:
+        """Return who a Slack user is on the boxes."""
+        if self.services.approvals is not None:
+            return await self.services.approvals.identify(user_id, name)
+        return Identity(user_id, name, linux_user(self.services.policy, user_id))
+
+    def surface(self, body: dict[str, Any]) -> SlackSurface:
+        """Return where answers to ``body`` go."""
+        channel = body.get("channel_id") or (body.get("channel") or {}).get("id")
+        user = body.get("user_id") or (body.get("user") or {}).get("id", "")
+        return SlackSurface(self.api, channel=channel, user=user,
+                            response_url=body.get("response_url"))  # fmt: skip
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    async def _on_command(self, ack: Any, body: dict[str, Any]) -> None:
+        text = str(body.get("text") or "")
+        try:
+            cmd = c.parse(text)
+            self.flows.check(cmd)
+        except UsageError as exc:
+            await ack(**_ephemeral(render_text(f"⚠ {escape(str(exc))}\n{_usage_hint(text)}")))
+            return
+        if isinstance(cmd, c.Help):
+            await ack(**_ephemeral(render_text(escape(c.help_text(cmd.topic)), title="/gpu")))
+            return
+        await ack()
+        self.spawn(self._command(cmd, body, f"/gpu {text.strip()}"), f"/gpu {text[:40]}")
+
+    async def _command(self, cmd: c.Command, body: dict[str, Any], text: str) -> None:
+        who = await self.identify(str(body.get("user_id")), str(body.get("user_name") or ""))
+        await self.flows.run(cmd, who, self.surface(body), text=text)
+
+    async def _on_decide(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        try:
+            approval_id = int(str(action.get("value")))
+        except ValueError:
+            log.warning("a decision with a bad value %r", action.get("value"))
+            return
+        approve = action.get("action_id") == ACTION_APPROVE
+        container = body.get("container") or {}
+        handle: Handle | None = None
+        if container.get("channel_id") and container.get("message_ts"):
+            handle = (str(container["channel_id"]), str(container["message_ts"]))
+        user = body.get("user") or {}
+        self.spawn(self._decide(approval_id, approve, body, handle, user), f"decide {approval_id}")
+
+    async def _decide(
+        self, approval_id: int, approve: bool, body: dict[str, Any], handle: Handle | None,
+        user: dict[str, Any],
+    ) -> None:  # fmt: skip
+        who = await self.identify(str(user.get("id")), str(user.get("username") or ""))
+        await self.flows.decide(approval_id, approve, who, self.surface(body), handle=handle)
+
+    async def _on_reset_button(
+        self, ack: Any, body: dict[str, Any], action: dict[str, Any]
+    ) -> None:
+        await ack()
+        node, _, gpu = str(action.get("value")).rpartition(":")
+        out = self.surface(body)
+        try:
+            cmd = c.parse(f"reset {node} gpu {gpu}")
+            self.flows.check(cmd)
+        except UsageError as exc:
+            self.spawn(out.reply(render_text(f"⚠ {escape(str(exc))}")), "reset button")
+            return
+        self.spawn(self._command(cmd, {**body, "user_id": (body.get("user") or {}).get("id"),
+                                       "user_name": (body.get("user") or {}).get("username")},
+                                 f"/gpu reset {node} gpu {gpu} (alert button)"),
+                   "reset button")  # fmt: skip
+
+    async def _on_home(self, event: dict[str, Any]) -> None:
+        if event.get("tab", "home") != "home":
+            return
+        self.spawn(self._home(str(event.get("user"))), "home")
+
+    async def _home(self, user_id: str) -> None:
+        who = await self.identify(user_id, "")
+        await self.api.publish_home(user_id, await self.flows.home(who))
+
+    # -- background duties -----------------------------------------------------------------------
+
+    async def expire_forever(self, every_s: float = 30.0) -> None:
+        """Expire due approvals and update their messages, every ``every_s`` seconds."""
+        out = SlackSurface(self.api, channel=None, user="", response_url=None)
+        while True:
+            try:
+                await self.flows.expire(out)
+            except Exception:
+                log.exception("expiring approvals failed")
+            await asyncio.sleep(every_s)
+
+    async def post_alert(self, channel: str | None, msg: Message) -> Handle | None:
+        """Post a sweep alert (built with ``reset_blocks.render_alert``) to ``channel``."""
+        target = channel or self.services.policy.channel
+        if target is None:
+            log.warning("no [slack] channel configured: alert not posted: %s", msg.get("text"))
+            return None
+        return await self.api.post(target, msg)
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    def web_app(self, path: str = "/slack/events") -> web.Application:
+        """Return the aiohttp application serving Slack's requests at ``path``."""
+
+        async def handle(request: web.Request) -> web.Response:
+            bolt_resp = await self.app.async_dispatch(await to_bolt_request(request))
+            return await to_aiohttp_response(bolt_resp)
+
+        async def health(_: web.Request) -> web.Response:
+            return web.Response(text="ok\n")
+
+        webapp = web.Application(client_max_size=1 << 20)
+        webapp.add_routes([web.post(path, handle), web.get("/healthz", health)])
+        return webapp
+
+
+def _ephemeral(msg: Message) -> dict[str, Any]:
+    return {"response_type": "ephemeral", "text": msg["text"], "blocks": msg["blocks"]}
+
+
+def _usage_hint(text: str) -> str:
+    verb = text.split()[0].lower() if text.split() else ""
+    return escape(c.help_text(verb) if verb in c.USAGE else "Try `/gpu help`.")

@@ -1,0 +1,432 @@
+"""Chat flows shared by Slack and the console: validate → call a service → render → post/update.
+
+No Slack library here: a front end supplies a ``Surface`` (post, update, reply). Flows never
+raise: every error becomes a message. Slow work reports progress by updating one message; the
+reset engine never waits on chat (updates are coalesced in a task of their own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpubot.config import Settings
+from gpubot.core import commands as c
+from gpubot.core.models import ApprovalState
+from gpubot.core.plan import ResetPlan
+from gpubot.core.policy import Policy, load_policy
+from gpubot.errors import (
+    ApprovalError,
+    ApprovalExpired,
+    GpubotError,
+    NotPermitted,
+    StoreError,
+    TransportError,
+    UsageError,
+)
+from gpubot.services.approvals import ApprovalService, Directory, Identity, plan_of, unix
+from gpubot.services.reset import ResetEvent, ResetResult, ResetService
+from gpubot.services.status import FleetStatus, StatusService
+from gpubot.slack.blocks import Message, escape, render_fleet, render_text
+from gpubot.slack.home import render_home
+from gpubot.slack.reset_blocks import (
+    render_approval_request,
+    render_approval_state,
+    render_audit,
+    render_progress,
+    render_result,
+)
+from gpubot.store import Approval, Store
+
+log = logging.getLogger(__name__)
+
+Handle = tuple[str, str]  # (channel, message ts) in Slack
+EventSink = Callable[[ResetEvent], Awaitable[None]]
+Sweeper = Callable[[Identity], Awaitable[Message]]
+
+
+class Surface(Protocol):
+    """Where a flow's messages go; implementations log their own failures and never raise."""
+
+    async def reply(self, msg: Message) -> None:
+        """Answer only the person who asked (ephemeral)."""
+        ...
+
+    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+        """Post a message where the person asked (or in ``channel``); None if it failed."""
+        ...
+
+    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+        """Replace a message (or post anew if that fails); return where it now is."""
+        ...
+
+
+@dataclass
+class Services:
+    """What the chat front ends call: the same services as the CLI."""
+
+    settings: Settings
+    policy: Policy
+    status: StatusService
+    approvals: ApprovalService | None  # None: no audit store, so no resets (fail closed)
+    store: Store | None
+    sweep: Sweeper | None = None
+
+
+def make_services(
+    settings: Settings,
+    status: StatusService,
+    reset: ResetService,
+    store: Store | None,
+    directory: Directory,
+    *,
+    sweep: Sweeper | None = None,
+) -> Services:
+    """Validate the chat settings and wire the services the front ends call."""
+    policy = load_policy(settings.extra, settings.path or "<settings>")
+    approvals = None
+    if store is not None:
+        approvals = ApprovalService(policy, store.approvals, reset, directory)
+    return Services(settings, policy, status, approvals, store, sweep)
+
+
+def error_message(exc: BaseException) -> Message:
+    """Render an error for a person, one line."""
+    if isinstance(exc, UsageError):
+        return render_text(f"⚠ {escape(str(exc))}")
+    if isinstance(exc, NotPermitted | ApprovalError):
+        return render_text(f"⛔ {escape(str(exc))}")
+    if isinstance(exc, StoreError):
+        return render_text(
+            f"🛑 The audit log is unavailable, so nothing was done: {escape(str(exc))}"
+        )
+    if isinstance(exc, TransportError):
+        return render_text(f"📡 {escape(str(exc))}")
+    if isinstance(exc, GpubotError):
+        return render_text(f"⚠ {escape(str(exc))}")
+    return render_text("💥 Internal error: the details are in gpubot's log")
+
+
+class Flows:
+    """Runs parsed ``/gpu`` commands for one front end (``source``: "slack", "console")."""
+
+    def __init__(self, svc: Services, *, source: str, min_update_s: float = 1.0) -> None:
+        self.svc = svc
+        self.source = source
+        self.min_update_s = min_update_s
+        self.waiting: dict[int, Handle | None] = {}  # approval id → the requester's message
+        self.deciding: set[int] = set()  # approvals being decided now (double clicks)
+        self._home: tuple[float, FleetStatus] | None = None
+
+    def check(self, cmd: c.Command) -> None:
+        """Check names against the inventory (pure and fast: before acknowledging)."""
+        if isinstance(cmd, c.Status):
+            self.svc.status.resolve(cmd.names)
+        elif isinstance(cmd, c.Reset | c.GpuReset):
+            self.svc.status.node(cmd.node)
+
+    async def run(self, cmd: c.Command, who: Identity, out: Surface, *, text: str) -> None:
+        """Run one command to its end; errors become messages."""
+        try:
+            if isinstance(cmd, c.Help):
+                await out.reply(render_text(escape(c.help_text(cmd.topic)), title="/gpu"))
+            elif isinstance(cmd, c.Status):
+                await self.status(cmd, who, out)
+            elif isinstance(cmd, c.Reset):
+                await self.reset(cmd, who, out, text=text)
+            elif isinstance(cmd, c.GpuReset):
+                await self.gpu_reset(cmd, who, out, text=text)
+            elif isinstance(cmd, c.Audit):
+                await self.audit(cmd, out)
+            elif isinstance(cmd, c.Sweep):
+                await self.sweep(who, out)
+            elif isinstance(cmd, c.Decide):
+                await self.decide(cmd.approval_id, cmd.approve, who, out, handle=None)
+        except GpubotError as exc:
+            await out.reply(error_message(exc))
+        except Exception as exc:
+            log.exception("command %r by %s failed", text, who.id)
+            await out.reply(error_message(exc))
+
+    async def status(self, cmd: c.Status, who: Identity, out: Surface) -> None:
+        """Answer ``status``: one node in full, a few nodes each, a fleet in summary."""
+        nodes = self.svc.status.resolve(cmd.names)
+        handle = await out.post(render_text(f"⏳ asking {len(nodes)} node(s) …"))
+        try:
+            fleet = await self.svc.status.fleet(
+                cmd.names or ("all",), actor=who.id, source=self.source
+            )
+        except GpubotError as exc:
+            await out.update(handle, error_message(exc))
+            return
+        title = "GPU status · " + (", ".join(cmd.names) if cmd.names else "all")
+        await out.update(handle, render_fleet(fleet.snapshots, fleet.failed,
+                                              seconds=fleet.seconds, title=title))  # fmt: skip
+
+    async def reset(self, cmd: c.Reset, who: Identity, out: Surface, *, text: str) -> None:
+        """Plan; run at once if only the asker's processes die, else ask for approval."""
+        approvals = self._approvals()
+        try:
+            await approvals.check_may_reset(who, cmd.node)
+        except NotPermitted as exc:
+            await out.reply(error_message(exc))
+            return
+        handle = await out.post(render_text(f"⏳ planning a reset of *{escape(cmd.node)}* …"))
+        try:
+            plan, before = await approvals.plan(who, cmd)
+        except GpubotError as exc:
+            await out.update(handle, error_message(exc))
+            return
+        title = f"Reset {plan.node} · GPU {', '.join(map(str, plan.gpus)) or '–'}"
+        asked = f"Requested by <@{who.id}>"
+        if not plan.forced:
+            await self._execute(
+                out, handle, title, asked, plan,
+                lambda sink: approvals.run(who, plan, before, grace_s=cmd.grace_s,
+                                           command=text, source=self.source, on_event=sink),
+            )  # fmt: skip
+            return
+        try:
+            approval = await approvals.open(
+                who, plan, grace_s=cmd.grace_s, command=text, source=self.source
+            )
+        except GpubotError as exc:
+            await out.update(handle, error_message(exc))
+            return
+        expires = unix(approval.expires_at) or 0.0
+        request = render_approval_request(approval.id, plan, who.id, who.linux_user, expires)
+        where = await out.post(request, channel=self.svc.policy.approval_channel)
+        if where is not None:
+            await self._remember(approval.id, where)
+        waiting = render_approval_state(
+            approval.id, plan, who.id, who.linux_user, state="pending", by=None, at=expires
+        )
+        self.waiting[approval.id] = await out.update(handle, waiting)
+
+    async def gpu_reset(self, cmd: c.GpuReset, who: Identity, out: Surface, *, text: str) -> None:
+        """Reset one idle GPU whose memory leaked."""
+        approvals = self._approvals()
+        try:
+            await approvals.check_may_reset(who, cmd.node)
+        except NotPermitted as exc:
+            await out.reply(error_message(exc))
+            return
+        handle = await out.post(render_text(f"⏳ resetting {cmd.node} GPU {cmd.gpu} …"))
+        await self._execute(
+            out, handle, f"GPU reset {cmd.node} · GPU {cmd.gpu}", f"Requested by <@{who.id}>",
+            None,
+            lambda sink: approvals.reset.gpu_reset(cmd.node, cmd.gpu, actor=who.id,
+                                                   source=self.source, command=text,
+                                                   on_event=sink),
+        )  # fmt: skip
+
+    async def audit(self, cmd: c.Audit, out: Surface) -> None:
+        """Show the latest actions."""
+        if self.svc.store is None:
+            raise StoreError("the audit log is unavailable")
+        actions = await self.svc.store.actions(node=cmd.node, limit=cmd.limit)
+        await out.reply(render_audit(actions, node=cmd.node))
+
+    async def sweep(self, who: Identity, out: Surface) -> None:
+        """Sweep the fleet now, if this gpubot sweeps."""
+        if self.svc.sweep is None:
+            await out.reply(render_text("Sweeps are not set up in this gpubot."))
+            return
+        handle = await out.post(render_text("⏳ sweeping …"))
+        await out.update(handle, await self.svc.sweep(who))
+
+    # -- approvals -------------------------------------------------------------------------
+
+    async def decide(
+        self, approval_id: int, approve: bool, who: Identity, out: Surface, *,
+        handle: Handle | None,
+    ) -> None:  # fmt: skip
+        """Approve or deny a forced kill; an approval runs the plan once and reports here."""
+        approvals = self._approvals()
+        if approval_id in self.deciding:
+            await out.reply(render_text(f"⏳ Request #{approval_id} is being decided already."))
+            return
+        self.deciding.add(approval_id)
+        try:
+            try:
+                approval = await approvals.decide(approval_id, who, approve, source=self.source)
+            except ApprovalExpired as exc:
+                await out.reply(error_message(exc))
+                expired = await approvals.approvals.get(approval_id)
+                if expired is not None:
+                    await self._show_final(out, expired, handle)
+                return
+            except (ApprovalError, StoreError) as exc:
+                await out.reply(error_message(exc))
+                return
+            handle = handle or _where(approval)
+            plan = plan_of(approval)
+            frame = _framer(approval, plan)
+            handle = await out.update(handle, frame(None))
+            mine = self.waiting.pop(approval_id, None)
+            if approval.state is not ApprovalState.APPROVED:
+                if mine is not None:
+                    await out.update(mine, frame(None))
+                return
+            if mine is not None:
+                await out.update(mine, frame(render_text("⏳ running …")))
+            title = f"Reset {plan.node} · GPU {', '.join(map(str, plan.gpus))}"
+            asked = f"Requested by <@{approval.requester}>, approved by <@{who.id}>"
+            _, result = await self._execute(
+                out, handle, title, asked, plan,
+                lambda sink: approvals.execute(approval, source=self.source, on_event=sink),
+                frame=frame,
+            )  # fmt: skip
+            if mine is not None:
+                failed = render_text("⚠ the reset failed: see the on-call channel")
+                body = render_result(title, asked, result) if result is not None else failed
+                await out.update(mine, frame(body))
+        finally:
+            self.deciding.discard(approval_id)
+
+    async def expire(self, out: Surface) -> int:
+        """Expire requests whose time is up and show it on their messages."""
+        if self.svc.approvals is None:
+            return 0
+        expired = await self.svc.approvals.expire_due()
+        for a in expired:
+            await self._show_final(out, a, None)
+        return len(expired)
+
+    async def _show_final(self, out: Surface, a: Approval, handle: Handle | None) -> None:
+        msg = _framer(a, plan_of(a))(None)
+        where = handle or _where(a)
+        if where is not None:
+            await out.update(where, msg)
+        mine = self.waiting.pop(a.id, None)
+        if mine is not None:
+            await out.update(mine, msg)
+
+    async def _remember(self, approval_id: int, where: Handle) -> None:
+        try:
+            await self._approvals().approvals.set_message(approval_id, *where)
+        except StoreError as exc:  # the request still works from its buttons
+            log.warning("approval %s: cannot remember its message: %s", approval_id, exc)
+
+    def _approvals(self) -> ApprovalService:
+        if self.svc.approvals is None:
+            raise StoreError("resets need the audit log, which could not be opened")
+        return self.svc.approvals
+
+    # -- running with progress -------------------------------------------------------------
+
+    async def _execute(
+        self,
+        out: Surface,
+        handle: Handle | None,
+        title: str,
+        asked: str,
+        plan: ResetPlan | None,
+        start: Callable[[EventSink], Awaitable[ResetResult]],
+        *,
+        frame: Callable[[Message | None], Message] | None = None,
+    ) -> tuple[Handle | None, ResetResult | None]:
+        """Run a reset, updating ``handle`` as events arrive; end with the result or error."""
+        wrap = frame or (lambda m: m or render_text(""))
+        events: list[ResetEvent] = []
+        progress = _Progress(
+            out, handle, lambda: wrap(render_progress(title, asked, plan, events)),
+            self.min_update_s,
+        )  # fmt: skip
+
+        async def sink(event: ResetEvent) -> None:
+            events.append(event)
+            progress.poke()
+
+        try:
+            result = await start(sink)
+        except GpubotError as exc:
+            where = await progress.stop()
+            return await out.update(where, wrap(error_message(exc))), None
+        except BaseException:
+            await progress.stop()
+            raise
+        where = await progress.stop()
+        return await out.update(where, wrap(render_result(title, asked, result))), result
+
+    # -- home ------------------------------------------------------------------------------
+
+    async def home(self, who: Identity, *, max_age_s: float = 15.0) -> dict[str, Any]:
+        """Return the Home tab for ``who`` (fleet answers shared for ``max_age_s``)."""
+        now = time.time()
+        if self._home is None or now - self._home[0] > max_age_s:
+            fleet = await self.svc.status.fleet(("all",), actor=who.id, source=self.source)
+            self._home = (now, fleet)
+        fleet = self._home[1]
+        return render_home(who.id, who.linux_user, fleet.snapshots, fleet.failed,
+                           seconds=fleet.seconds, now=now)  # fmt: skip
+
+
+def _where(a: Approval) -> Handle | None:
+    return (a.channel, a.message_ts) if a.channel and a.message_ts else None
+
+
+def _framer(a: Approval, plan: ResetPlan) -> Callable[[Message | None], Message]:
+    """Return a function that wraps a body in the approval's header and decision line."""
+    user = a.plan.get("requester_user") if isinstance(a.plan, dict) else None
+    at = unix(a.decided_at) if a.state is not ApprovalState.EXPIRED else unix(a.expires_at)
+
+    def frame(body: Message | None) -> Message:
+        return render_approval_state(
+            a.id, plan, a.requester, user if isinstance(user, str) else None,
+            state=str(a.state), by=a.decided_by, at=at, body=body,
+        )  # fmt: skip
+
+    return frame
+
+
+class _Progress:
+    """Coalesces progress updates: at most one in flight, at most one per ``interval``."""
+
+    def __init__(
+        self,
+        out: Surface,
+        handle: Handle | None,
+        render: Callable[[], Message],
+        interval: float,
+    ) -> None:
+        self.out = out
+        self.handle = handle
+        self.render = render
+        self.interval = interval
+        self.dirty = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.task = asyncio.create_task(self._loop())
+
+    def poke(self) -> None:
+        """Ask for an update soon."""
+        self.dirty.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self.dirty.wait()
+            if self.stopping.is_set():
+                return
+            self.dirty.clear()
+            if self.handle is None:  # nothing to update in place: only the final answer goes
+                continue
+            try:
+                self.handle = await self.out.update(self.handle, self.render())
+            except Exception:  # progress is best effort; the final update tells the outcome
+                log.exception("progress update failed")
+            try:
+                await asyncio.wait_for(self.stopping.wait(), self.interval)
+                return
+            except TimeoutError:
+                pass
+
+    async def stop(self) -> Handle | None:
+        """Stop updating (an update in flight finishes); return where the message is."""
+        self.stopping.set()
+        self.dirty.set()
+        await self.task
+        return self.handle
