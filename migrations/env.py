@@ -1,7 +1,8 @@
-"""Alembic environment: gpubot passes its own connection (``gpubot db upgrade``).
+"""Alembic environment: ``gpubot db upgrade`` runs it with gpubot's own connection.
 
-Run through ``gpubot.store.migrate``; the bare ``alembic`` command works too with
-``-x url=sqlite:///gpubot.db`` (used only to write new revisions: ``alembic -c /dev/null ...``).
+The bare ``alembic`` command works too, for writing new revisions: with an ini file holding
+``[alembic] script_location = migrations``, run
+``alembic -c that.ini -x url=sqlite:///dev.db revision --autogenerate -m "what changed"``.
 """
 
 from __future__ import annotations

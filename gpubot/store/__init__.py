@@ -103,7 +103,9 @@ class Store:
     async def finish_action(
         self, action_id: int, *, status: str, result: Mapping[str, Any]
     ) -> None:
-        """Append the outcome of an action (once)."""
+        """Append the outcome of an action (once); ``status`` is e.g. ok, failed, refused."""
+        if not status or status == "incomplete":
+            raise StoreError(f"an outcome needs a status other than {status!r}")
         await asyncio.to_thread(
             self._follow, action_id, "outcome", {"status": status, "result": result}
         )

@@ -28,8 +28,9 @@ def migrations_dir() -> Path:
     spec = importlib.util.find_spec("gpubot_migrations")
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
-    beside = Path(__file__).resolve().parents[2] / "migrations"
-    if (beside / "env.py").is_file():
+    beside = Path(__file__).resolve().parents[2] / "migrations"  # a source checkout
+    env = beside / "env.py"
+    if env.is_file() and "gpubot.store" in env.read_text(encoding="utf-8"):
         return beside
     raise StoreError("the database migrations are missing from this install: reinstall gpubot")
 

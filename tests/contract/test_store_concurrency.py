@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpubot.store import Store
+from gpubot.store import Store, open_store
+from gpubot.store.engine import write_tx
 
 REPO = Path(__file__).resolve().parents[2]
 WRITERS = 4
@@ -80,3 +81,28 @@ async def test_parallel_writers_never_fork_the_chain(store: Store, fresh_db_url:
     actors = [r.actor for r in records]
     switches = sum(1 for a, b in itertools.pairwise(actors) if a != b)
     assert switches >= WRITERS
+
+
+async def test_a_held_write_lock_delays_writers_but_not_readers(
+    store: Store, fresh_db_url: str
+) -> None:
+    other = open_store(fresh_db_url)  # e.g. the CLI next to a running bot
+    try:
+        with write_tx(store.engine):  # BEGIN IMMEDIATE on SQLite, the advisory lock on PostgreSQL
+            assert await other.actions() == []  # readers go on
+            writer = asyncio.create_task(
+                other.begin_action(
+                    kind="reset",
+                    actor="cli:root",
+                    source="cli",
+                    command="x",
+                    node="node1",
+                    gpus=[0],
+                    plan=None,
+                )
+            )
+            await asyncio.sleep(0.3)
+            assert not writer.done()  # waiting for the lock, not failing at once
+        assert await asyncio.wait_for(writer, 10) == 1
+    finally:
+        other.close()
