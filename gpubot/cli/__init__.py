@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run gpubot; return the exit status."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(args_in)
+    logging.basicConfig(level=logging.WARNING, format="gpubot: %(levelname)s: %(message)s")
     try:
         parser = build_parser(command)
         args = parser.parse_args(args_in)
