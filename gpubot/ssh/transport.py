@@ -81,13 +81,30 @@ class SshTransport:
             raise ValueError("empty argv")
         command = shlex.join(argv)
         limit = self._ssh.command_timeout_s if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit  # covers waiting for a session slot, opening it, running
         for attempt in (1, 2):
-            conn = await self._connection(node)
-            async with self._channels.setdefault(node.name, asyncio.Semaphore(self._max_channels)):
+            conn = await self._connection(node)  # bounded by the connect timeout
+            slots = self._channels.setdefault(node.name, asyncio.Semaphore(self._max_channels))
+            try:
+                await asyncio.wait_for(slots.acquire(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise CommandTimeout(
+                    node.name, f"{describe(argv)}: no free SSH session in {limit:g}s"
+                ) from None
+            try:
                 try:
-                    proc = await conn.create_process(
-                        command, stdin=asyncssh.DEVNULL, encoding="utf-8", errors="replace"
+                    proc = await asyncio.wait_for(
+                        conn.create_process(
+                            command, stdin=asyncssh.DEVNULL, encoding="utf-8", errors="replace"
+                        ),
+                        max(0.0, deadline - loop.time()),
                     )
+                except TimeoutError:
+                    self._forget(node, conn)  # a connection that cannot open a channel is dead
+                    raise NodeUnreachable(
+                        node.name, f"SSH connection stalled: no session opened in {limit:g}s"
+                    ) from None
                 except (asyncssh.Error, OSError) as exc:
                     # The pooled connection died since its last use (server restarted, network
                     # blip): nothing ran yet, so connect again and retry once.
@@ -98,7 +115,10 @@ class SshTransport:
                     if stale and attempt == 1:
                         continue
                     raise NodeUnreachable(node.name, f"cannot open an SSH session: {exc}") from exc
-                return await self._finish(node, conn, proc, argv, limit)
+                left = max(0.0, deadline - loop.time())
+                return await self._finish(node, conn, proc, argv, left, limit)
+            finally:
+                slots.release()
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
@@ -116,10 +136,11 @@ class SshTransport:
         conn: asyncssh.SSHClientConnection,
         proc: asyncssh.SSHClientProcess[str],
         argv: Sequence[str],
+        left: float,
         limit: float,
     ) -> CommandResult:
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), limit)
+            out, err = await asyncio.wait_for(proc.communicate(), left)
         except TimeoutError:
             _abandon(proc)
             raise CommandTimeout(

@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from gpubot.config import Settings, SshSettings, load
-from gpubot.core.models import ComputeApp, GpuInfo, NodeConfig
+from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 from gpubot.core.ports import Transport
 from gpubot.errors import (
     AuthRefused,
@@ -208,6 +208,20 @@ async def test_one_connection_shared_by_concurrent_commands(
     assert ssh.connected() == 0
 
 
+async def test_waiting_for_a_session_slot_counts_against_the_timeout(ssh_world: World) -> None:
+    t = SshTransport(ssh_world.settings.ssh, max_channels=1)
+    node = node_of(ssh_world)
+    try:
+        busy = asyncio.create_task(t.run(node, ["sleep", "1"]))
+        await asyncio.sleep(0.2)
+        with pytest.raises(CommandTimeout, match="no free SSH session"):
+            await t.run(node, ["true"], timeout=0.3)
+        assert (await busy).exit_status == 0
+        assert (await t.run(node, ["true"])).exit_status == 0  # the slot was given back
+    finally:
+        await t.close()
+
+
 async def test_reconnects_after_server_restart(ssh_world: World, ssh: SshTransport) -> None:
     node = node_of(ssh_world)
     sim = ssh_world.fleet.node(node.name)
@@ -293,8 +307,11 @@ async def test_probe_matches_the_sim(ssh_world: World, ssh: SshTransport) -> Non
     seen = sim.spawn(gpu=1, mib=2048)
     hidden = sim.spawn(gpu=2, mib=1024, behaviour="hidden")
     ctl = sim.spawn(gpu=None, behaviour="ctl-only")
+    runs: list[list[str]] = []
+    counting = _Counting(ssh, runs)
     try:
-        snap = await probe_node(ssh, node, smi_timeout_s=5, taken_at=123.0)
+        snap = await probe_node(counting, node, smi_timeout_s=5, taken_at=123.0)
+        assert len(runs) == 1  # one remote exec per snapshot
         state = sim.state()
         assert snap.node == node.name and snap.taken_at == 123.0
         assert [g.index for g in snap.gpus] == list(range(4))
@@ -346,6 +363,22 @@ async def test_probe_maps_each_nvidia_smi_fault(
         _kill(w)
     snap = await probe_node(ssh, node, smi_timeout_s=5, taken_at=0.0)  # healthy again
     assert len(snap.gpus) == 4
+
+
+class _Counting:
+    """A transport that records each command it passes on."""
+
+    def __init__(self, inner: Transport, runs: list[list[str]]) -> None:
+        self.inner, self.runs = inner, runs
+
+    async def run(
+        self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
+    ) -> CommandResult:
+        self.runs.append(list(argv))
+        return await self.inner.run(node, argv, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 def _exists(path: str) -> bool:
