@@ -18,6 +18,7 @@ from collections.abc import Callable
 from gpubot.sim import simstate
 
 Key = tuple[str, int, int]  # (state dir, pid, start ticks)
+ORPHAN_SWEEP_S = 0.5
 
 
 class Driver:
@@ -39,6 +40,8 @@ class Driver:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._stop = threading.Event()
+        self._zombies: set[int] = set()
+        self._next_sweep = 0.0
         self._thread = threading.Thread(target=self._run, name="gpusim-driver", daemon=True)
 
     def start(self) -> None:
@@ -110,6 +113,38 @@ class Driver:
                     os.close(fd)
                     dead.append(alloc)
             self._record(dead, now)
+            if time.monotonic() >= self._next_sweep:
+                self._next_sweep = time.monotonic() + ORPHAN_SWEEP_S
+                self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        """Reap zombies adopted by this process (a child subreaper) that nobody else waits for.
+
+        A process whose parent died comes to us (an sshd session's command, a killed shell's
+        child). Only zombies in another session than ours, seen on two sweeps in a row, are
+        taken: a child that other code forked and waits for is reaped by that code at once.
+        """
+        mine = os.getsid(0)
+        seen: set[int] = set()
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        for tid in tasks:
+            try:
+                with open(f"/proc/self/task/{tid}/children", encoding="ascii") as f:
+                    kids = [int(p) for p in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for pid in kids:
+                st = _state_and_session(pid)
+                if st is None or st[0] != "Z" or st[1] == mine:
+                    continue
+                if pid in self._zombies:
+                    self._reap(pid)
+                else:
+                    seen.add(pid)
+        self._zombies = seen
 
     def _discover(self) -> list[Key]:
         """Return allocations that are not watched yet (state files that changed, and requests)."""
@@ -165,3 +200,14 @@ class Driver:
         for key in dead:
             self._keys.discard(key)
             self._reap(key[1])
+
+
+def _state_and_session(pid: int) -> tuple[str, int] | None:
+    """Return the state letter and session id of ``pid``, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rindex(b")") + 2 :].split()
+    return rest[0].decode(), int(rest[3])

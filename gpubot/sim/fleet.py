@@ -109,6 +109,7 @@ class SimFleet:
         self._stopped = False
         self._lock = threading.Lock()
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
+        self._supervisors: dict[int, str] = {}  # pid -> node, of respawn supervisors
         self._driver: Driver | None = None
         self._pool: ServerPool | None = None
         self._hung: dict[str, HungListener] = {}
@@ -233,9 +234,12 @@ class SimFleet:
         targets: list[tuple[int, int]] = []
         for _ in range(2):
             for node in self.nodes:
-                for pid, ticks in node.live_pids() + node.hung_smi():
+                for pid, ticks in node.live_pids():
                     if _signal_if(pid, ticks, signal.SIGKILL):
                         targets.append((pid, ticks))
+                # Hung nvidia-smi calls: killed, but reaped by whoever started them.
+                for pid, ticks in node.hung_smi():
+                    _signal_if(pid, ticks, signal.SIGKILL)
             time.sleep(0.05)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -250,11 +254,25 @@ class SimFleet:
 
     # ---- helpers for SimNode --------------------------------------------------------------
 
-    def _track(self, proc: subprocess.Popen[bytes]) -> None:
+    def _track(self, proc: subprocess.Popen[bytes], supervisor_of: str | None = None) -> None:
         with self._lock:
             self._popens[proc.pid] = proc
+            if supervisor_of is not None:
+                self._supervisors[proc.pid] = supervisor_of
         if self._driver is not None:
             self._driver.watch_child(proc.pid)
+
+    def _kill_supervisors(self, node: str) -> int:
+        """SIGKILL the live respawn supervisors of ``node`` (unreaped children: pid is safe)."""
+        with self._lock:
+            procs = [self._popens[p] for p, n in self._supervisors.items() if n == node]
+        killed = 0
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                    killed += 1
+        return killed
 
     def _watch(self, state_dir: str, pid: int, ticks: int) -> None:
         if self._driver is not None:
@@ -268,6 +286,7 @@ class SimFleet:
             if proc.poll() is not None:
                 with self._lock:
                     self._popens.pop(pid, None)
+                    self._supervisors.pop(pid, None)
             return
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)

@@ -8,6 +8,7 @@ import os
 import pwd
 import select
 import shlex
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpubot.errors import SimError, UsageError
 from gpubot.sim import simstate
 from gpubot.sim.nvidia_smi import APP_ALIASES, APP_FIELDS, GPU_ALIASES, GPU_FIELDS
+from gpubot.sim.server import _signal_if
 from gpubot.sim.workload import BEHAVIOURS, PAGE
 
 if TYPE_CHECKING:
@@ -214,7 +216,7 @@ class SimNode:
                 )
             os.close(w)
             w = -1
-            self.fleet._track(proc)
+            self.fleet._track(proc, self.name if behaviour == "respawn" else None)
             line = _read_line(r, READY_TIMEOUT_S)
         finally:
             os.close(r)
@@ -379,6 +381,25 @@ class SimNode:
             "-o", "IdentitiesOnly=yes", "-F", "/dev/null",
             f"{f.user}@127.0.0.1", shlex.join(remote),
         ]  # fmt: skip
+
+    def kill_workloads(self, timeout_s: float = 5.0) -> int:
+        """SIGKILL every live workload of this node (supervisors first); return how many."""
+        killed = self.fleet._kill_supervisors(self.name)
+        for pid, ticks in self.live_pids():
+            if _signal_if(pid, ticks, signal.SIGKILL):
+                killed += 1
+        deadline = time.monotonic() + timeout_s
+        while self.live_pids() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return killed
+
+    def clear(self) -> None:
+        """Kill the workloads and forget them, clear the fault and the overrides."""
+        self.kill_workloads()
+        self.set_fault(None)
+        with simstate.transaction(str(self.state_dir)) as state:
+            state["allocs"] = []
+            state["overrides"] = {"gpu": {}, "apps": {}}
 
     def live_pids(self) -> list[tuple[int, int]]:
         """Return ``(pid, start ticks)`` of every live registered process of this node."""

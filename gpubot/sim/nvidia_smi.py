@@ -284,7 +284,7 @@ def table(
         out.append(row("", "", "Disabled "))
         out.append(bar)
     out += [
-        " " * 89,
+        " " * 91,
         wide,
         f"|{' Processes:':<89}|",
         f"|{'  GPU   GI   CI        PID   Type   Process name':<78}GPU Memory |",

@@ -351,10 +351,13 @@ class SshdPool:
             _signal_if(pid, ticks, signal.SIGKILL)
         d.proc.wait()
         deadline = time.monotonic() + 3
-        for pid, ticks in family:  # orphans come to us (child subreaper): reap them
-            while simstate.start_ticks(pid) == ticks and time.monotonic() < deadline:
+        left = family
+        while left and time.monotonic() < deadline:
+            for pid, _ in left:  # orphans come to us (a child subreaper): reap them
                 self._reap(pid)
-                time.sleep(0.01)
+            left = [(p, t) for p, t in left if simstate.start_ticks(p) == t]
+            if left:
+                time.sleep(0.02)
 
     def close(self) -> None:
         """Stop every sshd."""
