@@ -18,7 +18,7 @@ from typing import Any
 from gpubot.config import SshSettings
 from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed, SmiMissing
-from gpubot.ssh.transport import describe
+from gpubot.ssh.transport import check_argv, describe
 
 MIB = 1024 * 1024
 # NVML return codes (nvml.h) that mean "this value is not available", not "NVML is broken".
@@ -39,8 +39,7 @@ class LocalTransport:
         self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
     ) -> CommandResult:
         """Run ``argv`` here (no shell) and return its result."""
-        if not argv:
-            raise ValueError("empty argv")
+        check_argv(argv)
         limit = self._ssh.command_timeout_s if timeout is None else timeout
         args = tuple(argv)
         try:

@@ -13,6 +13,7 @@ import getpass
 import os
 import shlex
 import signal
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from gpubot.errors import (
     CommandTimeout,
     HostKeyRejected,
     NodeUnreachable,
+    UsageError,
 )
 
 # OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay under it.
@@ -77,8 +79,7 @@ class SshTransport:
         self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
     ) -> CommandResult:
         """Run ``argv`` on ``node`` (joined with ``shlex.join``) and return its result."""
-        if not argv:
-            raise ValueError("empty argv")
+        check_argv(argv)
         command = shlex.join(argv)
         limit = self._ssh.command_timeout_s if timeout is None else timeout
         loop = asyncio.get_running_loop()
@@ -239,10 +240,26 @@ class SshTransport:
                 node.name, f"no SSH answer from {where} in {self._ssh.connect_timeout_s:g}s"
             ) from exc
         except OSError as exc:
-            why = os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__
-            raise NodeUnreachable(node.name, f"cannot connect to {where}: {why}") from exc
+            raise NodeUnreachable(node.name, f"cannot connect to {where}: {_reason(exc)}") from exc
         except asyncssh.Error as exc:
             raise NodeUnreachable(node.name, f"SSH to {where} failed: {exc.reason}") from exc
+
+
+def _reason(exc: OSError) -> str:
+    """Return a short reason for a socket error ("Connection refused", a DNS failure ...)."""
+    if isinstance(exc, socket.gaierror) and exc.strerror:
+        return exc.strerror
+    if exc.errno and exc.errno > 0:
+        return os.strerror(exc.errno)
+    return str(exc) or type(exc).__name__
+
+
+def check_argv(argv: Sequence[str]) -> None:
+    """Refuse an argv that no exec can carry (empty, or holding a NUL byte)."""
+    if not argv:
+        raise UsageError("empty command")
+    if any("\0" in a for a in argv):
+        raise UsageError("a command argument contains a NUL byte")
 
 
 def _abandon(proc: asyncssh.SSHClientProcess[str]) -> None:

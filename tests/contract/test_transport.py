@@ -35,6 +35,7 @@ from gpubot.errors import (
     ParseError,
     SmiFailed,
     SmiMissing,
+    UsageError,
 )
 from gpubot.ssh import LocalTransport, SshTransport, make_transport, nvml_query, probe_node
 
@@ -165,6 +166,15 @@ async def test_nasty_arguments_arrive_verbatim(world: World, transport: Transpor
     assert r.exit_status == 0, r.stderr
     assert json.loads(r.stdout) == NASTY
     assert not _exists("/tmp/gpubot-pwned")
+
+
+async def test_unexecutable_argv_is_refused_before_sending(
+    world: World, transport: Transport
+) -> None:
+    with pytest.raises(UsageError, match="NUL"):
+        await transport.run(node_of(world), ["echo", "a\0b"])
+    with pytest.raises(UsageError, match="empty"):
+        await transport.run(node_of(world), [])
 
 
 async def test_stdin_is_closed(world: World, transport: Transport) -> None:
@@ -615,6 +625,18 @@ def _gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+async def test_unknown_host_name_is_unreachable(tmp_path: Path) -> None:
+    _write(tmp_path / "known_hosts", "")
+    t = SshTransport(SshSettings(known_hosts=str(tmp_path / "known_hosts"), connect_timeout_s=3))
+    try:
+        with pytest.raises(
+            NodeUnreachable, match=r"cannot connect to gpubot-no-such-host\.invalid"
+        ):
+            await t.run(NodeConfig(name="x", host="gpubot-no-such-host.invalid"), ["true"])
+    finally:
+        await t.close()
 
 
 async def test_router_sends_hosts_to_the_right_transport(tmp_path: Path) -> None:
