@@ -1,0 +1,79 @@
+"""The settings loader: every mistake is one line naming the file, the key and the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpubot.config import load, parse
+from gpubot.errors import ConfigError
+
+GOOD = """
+[database]
+url = "sqlite:///gpubot.db"
+[ssh]
+known_hosts = "~/.ssh/known_hosts"
+connect_timeout_s = 5
+command_timeout_s = 20
+max_parallel = 64
+[[nodes]]
+name = "node3"
+host = "node3.example.org"
+port = 22
+user = "gpubot"
+key = "~/.ssh/gpubot_ed25519"
+dev_prefix = "/dev/nvidia"
+sudo = true
+groups = ["h200", "team-a"]
+"""
+
+
+def test_the_documented_shape_loads(tmp_path: Path) -> None:
+    f = tmp_path / "gpubot.toml"
+    f.write_text(GOOD)
+    s = load(f)
+    (n,) = s.nodes
+    assert (n.name, n.port, n.sudo, n.groups, n.device(3)) == (
+        "node3", 22, True, ("h200", "team-a"), "/dev/nvidia3",
+    )  # fmt: skip
+    assert s.ssh.max_parallel == 64 and s.groups() == {"h200": ("node3",), "team-a": ("node3",)}
+
+
+NODE = '[[nodes]]\nname = "{name}"\nhost = "h"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[ssh]\nknwon_hosts = 'x'\n", "ssh.knwon_hosts: unknown key"),
+        ("colour = 1\n", "colour: unknown key"),
+        (NODE.format(name="a") + NODE.format(name="a"), "nodes[1].name: duplicate node name 'a'"),
+        (NODE.format(name="a") + "port = 70000\n", "nodes[0].port: 70000 is not a port number"),
+        (NODE.format(name="a") + "port = '22'\n", "nodes[0].port: '22' is not a port number"),
+        (NODE.format(name="-bad"), "nodes[0].name: '-bad' must match"),
+        (NODE.format(name="a b"), "nodes[0].name: 'a b' must match"),
+        (NODE.format(name="x" * 64), "must match"),
+        ('[[nodes]]\nname = "a"\n', "nodes[0]: 'name' and 'host' are required"),
+        (NODE.format(name="a") + "sudo = 'yes'\n", "nodes[0].sudo: expected true or false"),
+        (NODE.format(name="a") + "groups = 'g'\n", "nodes[0].groups: expected a list"),
+        ("[ssh]\nmax_parallel = 0\n", "ssh.max_parallel: expected a whole number > 0"),
+        ("[ssh]\ncommand_timeout_s = -1\n", "ssh.command_timeout_s: expected a number > 0"),
+        ("[database]\nurl = 'postgresql+psycopg://u:secret@h/db'\n", "GPUBOT_DB_PASSWORD"),
+        ("[reset]\nprotected = 'Xorg'\n", "reset.protected: expected a list"),
+    ],
+)
+def test_mistakes_are_named(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(__import__("tomllib").loads(text), "/etc/gpubot.toml")
+    line = str(err.value)
+    assert line.startswith("/etc/gpubot.toml: ") and message in line and "\n" not in line
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[ssh\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(bad)
