@@ -419,7 +419,11 @@ class SimNode:
                 pid, ticks = (int(x) for x in p.name.split("-")[1:3])
             except ValueError:
                 continue
-            out.append((pid, ticks))
+            if simstate.is_alive(pid, ticks):
+                out.append((pid, ticks))
+            else:  # killed before it could clean up
+                with contextlib.suppress(OSError):
+                    p.unlink()
         return out
 
 

@@ -245,13 +245,14 @@ class AsyncsshPool:
                 else:
                     process.exit(rc)
         finally:
-            for task in (feeder, closed, pumps):
-                if not task.done():
-                    task.cancel()
             if proc.returncode is None:  # the client went away: end what it started
                 _killpg(proc.pid)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(proc.wait(), 5)
+            for task in (feeder, closed, pumps):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(feeder, closed, pumps, return_exceptions=True)
             self._children.discard(proc)
 
 

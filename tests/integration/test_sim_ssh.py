@@ -1,0 +1,203 @@
+"""Both SSH servers of the simulated fleet: real asyncssh and OpenSSH clients, every fault."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+
+from gpubot.config import load
+from gpubot.core import nvsmi
+from gpubot.errors import ParseError
+from gpubot.sim.fleet import SimFleet, SimNode
+from gpubot.sim.nvidia_smi import DRIVER_ERROR
+
+GPU_Q = "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu"
+
+
+@pytest.fixture(params=["asyncssh", "sshd"])
+def fleet(request: pytest.FixtureRequest) -> SimFleet:
+    """The module's asyncssh fleet, then its sshd fleet."""
+    name = "sim_fleet" if request.param == "asyncssh" else "sshd_fleet"
+    f: SimFleet = request.getfixturevalue(name)
+    return f
+
+
+@pytest.fixture
+def node(fleet: SimFleet) -> Iterator[SimNode]:
+    n = fleet.node("node2")
+    n.clear()
+    yield n
+    n.clear()
+    n.start_server()
+
+
+def connect(fleet: SimFleet, node: SimNode, **kw: Any) -> Any:
+    opts: dict[str, Any] = {
+        "username": fleet.user,
+        "client_keys": [str(fleet.client_key)],
+        "known_hosts": str(fleet.known_hosts),
+        "connect_timeout": 10,
+    }
+    opts.update(kw)
+    return asyncssh.connect("127.0.0.1", node.port, **opts)
+
+
+async def run(fleet: SimFleet, node: SimNode, cmd: str, **kw: Any) -> asyncssh.SSHCompletedProcess:
+    async with connect(fleet, node) as conn:
+        return await conn.run(cmd, check=False, **kw)
+
+
+def test_inventory_loads_and_describes_the_fleet(fleet: SimFleet) -> None:
+    s = load(fleet.config_path)
+    assert [n.name for n in s.nodes] == [n.name for n in fleet.nodes]
+    for cfg, node in zip(s.nodes, fleet.nodes, strict=True):
+        assert (cfg.host, cfg.port, cfg.user) == ("127.0.0.1", node.port, fleet.user)
+        assert cfg.key == str(fleet.client_key) and Path(cfg.key).stat().st_mode & 0o077 == 0
+        assert cfg.dev_prefix == node.dev_prefix and cfg.device(0) == node.device(0)
+        assert cfg.nvidia_smi == node.nvidia_smi
+    assert s.groups()["sim"] == tuple(n.name for n in fleet.nodes)
+    assert s.groups()["odd"][0] == "node1" and s.groups()["even"][0] == "node2"
+    assert s.ssh.known_hosts == str(fleet.known_hosts)
+    assert s.database_url.startswith("sqlite:///") and s.database_url.endswith("/gpubot.db")
+
+
+def test_openssh_client_gets_what_nvidia_smi_prints(fleet: SimFleet, node: SimNode) -> None:
+    w = node.spawn(gpu=1, mib=4321)
+    local = subprocess.run([node.nvidia_smi, GPU_Q, "--format=csv"], capture_output=True,
+                           text=True)  # fmt: skip
+    remote = subprocess.run(node.ssh_argv(node.nvidia_smi, GPU_Q, "--format=csv"),
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == local.stdout
+    apps = subprocess.run(
+        node.ssh_argv(node.nvidia_smi, "--query-compute-apps=pid,used_memory",
+                      "--format=csv,noheader"),
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert apps.stdout == f"{w.pid}, 4321 MiB\n"
+
+
+async def test_asyncssh_client_exit_status_streams_and_stdin(
+    fleet: SimFleet, node: SimNode
+) -> None:
+    async with connect(fleet, node) as conn:
+        r = await conn.run("printf out; printf err >&2; exit 3", check=False)
+        assert (r.exit_status, r.stdout, r.stderr) == (3, "out", "err")
+        r = await conn.run("cat", input="piped\n", check=False)
+        assert (r.exit_status, r.stdout) == (0, "piped\n")
+        r = await conn.run("kill -TERM $$", check=False)
+        assert r.exit_signal is not None and r.exit_signal[0] == "TERM"
+        r = await conn.run('echo "$USER $HOME"', check=False)
+        assert r.stdout.split()[0] == fleet.user
+
+
+async def test_wrong_user_and_unknown_host_key_are_refused(
+    fleet: SimFleet, node: SimNode, tmp_path: Path
+) -> None:
+    with pytest.raises(asyncssh.PermissionDenied):
+        async with connect(fleet, node, username="gpusim-nobody"):
+            pass
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().split()
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{node.port} {other[0]} {other[1]}\n")
+    with pytest.raises(asyncssh.HostKeyNotVerifiable):
+        async with connect(fleet, node, known_hosts=str(wrong)):
+            pass
+
+
+async def test_hang_fault_times_out_and_the_call_goes_away_with_the_client(
+    fleet: SimFleet, node: SimNode
+) -> None:
+    node.set_fault("hang")
+    async with connect(fleet, node) as conn:
+        with pytest.raises(asyncssh.TimeoutError):
+            await conn.run(f"{node.nvidia_smi} -L", check=False, timeout=1.0)
+        assert node.hung_smi()  # it hangs on the node
+    deadline = time.monotonic() + 5
+    while node.hung_smi() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert node.hung_smi() == []  # and goes once nobody can read its answer
+
+
+async def test_slow_fault_delays_the_answer(fleet: SimFleet, node: SimNode) -> None:
+    node.set_fault("slow", delay_s=0.6)
+    t0 = time.monotonic()
+    r = await run(fleet, node, f"{node.nvidia_smi} -L")
+    assert r.exit_status == 0 and r.stdout.startswith("GPU 0: NVIDIA H200 (UUID: GPU-")
+    assert time.monotonic() - t0 >= 0.6
+
+
+async def test_missing_fault_is_exit_127_from_the_shell(fleet: SimFleet, node: SimNode) -> None:
+    node.set_fault("missing")
+    r = await run(fleet, node, f"{node.nvidia_smi} -L")
+    assert r.exit_status == 127
+    assert "No such file or directory" in str(r.stderr) or "not found" in str(r.stderr)
+    node.set_fault(None)
+    assert (await run(fleet, node, f"{node.nvidia_smi} -L")).exit_status == 0
+
+
+async def test_garbled_fault_breaks_the_parser(fleet: SimFleet, node: SimNode) -> None:
+    node.set_fault("garbled")
+    r = await run(fleet, node, f"{node.nvidia_smi} {GPU_Q} --format=csv,noheader,nounits")
+    assert r.exit_status == 0
+    assert "1949090, 0 MiB" in str(r.stdout).splitlines()
+    with pytest.raises(ParseError):
+        nvsmi.parse_gpus(str(r.stdout))
+
+
+async def test_driver_error_fault_is_exit_9(fleet: SimFleet, node: SimNode) -> None:
+    node.set_fault("driver-error")
+    r = await run(fleet, node, f"{node.nvidia_smi} {GPU_Q} --format=csv")
+    assert (r.exit_status, r.stdout) == (9, DRIVER_ERROR)
+    assert node.state()["fault"] == {"kind": "driver-error"}
+
+
+async def test_stopped_server_refuses_and_restarts_on_the_same_port(
+    fleet: SimFleet, node: SimNode
+) -> None:
+    port = node.port
+    async with connect(fleet, node) as conn:
+        node.stop_server()
+        with pytest.raises((OSError, asyncssh.Error)):  # the open connection dropped too
+            await conn.run("true", check=True, timeout=5)
+    with pytest.raises(ConnectionRefusedError):
+        async with connect(fleet, node):
+            pass
+    node.start_server()
+    assert node.port == port
+    assert (await run(fleet, node, "echo back")).stdout == "back\n"  # same host key
+
+
+async def test_hung_endpoint_accepts_tcp_and_never_speaks(fleet: SimFleet, node: SimNode) -> None:
+    node.hang_server()
+    with socket.create_connection(("127.0.0.1", node.port), timeout=2) as s:
+        s.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            s.recv(1)  # no SSH banner, ever
+    with pytest.raises((asyncssh.Error, TimeoutError, asyncio.TimeoutError)):
+        async with connect(fleet, node, login_timeout=1, connect_timeout=1):
+            pass
+    node.start_server()
+    assert (await run(fleet, node, "echo up")).exit_status == 0
+
+
+async def test_asyncssh_server_kills_the_command_of_a_client_that_left(
+    sim_fleet: SimFleet,
+) -> None:
+    node = sim_fleet.node("node3")
+    async with connect(sim_fleet, node) as conn:
+        proc = await conn.create_process("echo $$; exec sleep 30")
+        pid = int(await asyncio.wait_for(proc.stdout.readline(), 10))
+        assert Path(f"/proc/{pid}").exists()
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
