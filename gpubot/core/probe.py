@@ -48,23 +48,32 @@ set -f
 
 # /proc for each PID argument: stat (comm may hold spaces, parens, newlines), owner, cmdline
 # (NUL -> space), wchan, first cgroup line. Builtins where possible: this runs for every PID.
+# /proc for each PID argument: stat (comm may hold spaces, parens, newlines), cmdline (NUL ->
+# space), wchan, first cgroup line, then every owner in one stat(1). Builtins where possible: this
+# runs for every PID. A stat line is complete when 20+ fields follow its last ")": comm (at most 15
+# bytes) cannot fake that, so only a comm holding a newline costs a cat.
 _PROCS = """procs() {
   up=; { read -r up _; } 2>/dev/null </proc/uptime
   m clock "$(getconf CLK_TCK 2>/dev/null)" "$up"
-  seen=' '
+  seen=' ' dirs=
   for p in "$@"; do
     case $p in ''|*[!0-9]*) continue ;; esac
     case $seen in *" $p "*) continue ;; esac
     seen="$seen$p "
-    [ -r "/proc/$p/stat" ] || continue
-    m stat "$p"; cat "/proc/$p/stat" 2>/dev/null
-    m owner "$p"; stat -c '%U %u' "/proc/$p" 2>/dev/null
+    s=; { read -r s; } 2>/dev/null <"/proc/$p/stat"
+    [ -n "$s" ] || continue
+    m stat "$p"
+    IFS=' '; set -- ${s##*)}
+    if [ $# -ge 20 ]; then printf '%s\\n' "$s"; else cat "/proc/$p/stat" 2>/dev/null; fi
     m cmdline "$p"; tr '\\0' ' ' 2>/dev/null <"/proc/$p/cmdline"
     w=; { read -r w; } 2>/dev/null <"/proc/$p/wchan"
     m wchan "$p"; printf '%s\\n' "$w"
     c=; { read -r c; } 2>/dev/null <"/proc/$p/cgroup"
     m cgroup "$p"; printf '%s\\n' "$c"
+    dirs="$dirs /proc/$p"
   done
+  m owners
+  [ -z "$dirs" ] || stat -c '%n %U %u' $dirs 2>/dev/null
 }
 """
 
@@ -445,9 +454,16 @@ class _Sections:
             uptime = _float_or_none(clock[0][1])
         fields: dict[int, dict[str, str]] = {}
         for kind, args, body in self.items:
-            if kind in ("stat", "owner", "cmdline", "wchan", "cgroup"):
+            if kind in ("stat", "cmdline", "wchan", "cgroup"):
                 pid = _int(args[0] if args else "", f"{self.what} ({kind} pid)")
                 fields.setdefault(pid, {})[kind] = body
+            elif kind == "owners":  # "/proc/PID USER UID" per line
+                for line in body.splitlines():
+                    words = line.split()
+                    if len(words) != 3 or not words[0].startswith("/proc/"):
+                        raise ParseError(f"{self.what} (owner line)", line)
+                    pid = _int(words[0][len("/proc/") :], f"{self.what} (owner pid)")
+                    fields.setdefault(pid, {})["owner"] = f"{words[1]} {words[2]}"
         out: dict[int, ProcInfo] = {}
         for pid, f in fields.items():
             info = _proc_info(pid, f, ticks, uptime)

@@ -384,20 +384,22 @@ def test_forged_sections_with_another_nonce_are_text() -> None:
 
 def test_vanished_midway_and_odd_stat() -> None:
     stat = "42 (a) b\n(c)) S 1 42 42 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0\n"
-    r = out("procs\n", "clock 100 17.5\n", f"stat 42\n{stat}", "owner 42\nUNKNOWN 1234\n",
-            "cmdline 42\n", "wchan 42\n0", "cgroup 42\n0::/job\n",
-            "stat 43\n43 (x) S 1 2 3\n", "owner 43\nroot 0\n", "end\n")  # fmt: skip
+    r = out("procs\n", "clock 100 17.5\n", f"stat 42\n{stat}", "cmdline 42\n", "wchan 42\n0",
+            "cgroup 42\n0::/job\n", "stat 43\n43 (x) S 1 2 3\n",
+            "owners\n/proc/42 UNKNOWN 1234\n/proc/43 root 0\n", "end\n")  # fmt: skip
     with pytest.raises(ParseError):  # 43's stat is too short to be real
         parse_procs(r.stdout)
-    r = out("procs\n", "clock 100 17.5\n", f"stat 42\n{stat}", "owner 42\nUNKNOWN 1234\n",
-            "cmdline 42\n", "wchan 42\n0", "cgroup 42\n0::/job\n",
-            "stat 44\n44 (y) S 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 5 0\n",  # owner never came
-            "end\n")  # fmt: skip
+    r = out("procs\n", "clock 100 17.5\n", f"stat 42\n{stat}", "cmdline 42\n", "wchan 42\n0",
+            "cgroup 42\n0::/job\n",
+            "stat 44\n44 (y) S 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 5 0\n",  # gone before stat(1)
+            "owners\n/proc/42 UNKNOWN 1234\n", "end\n")  # fmt: skip
     procs = parse_procs(r.stdout)
     assert set(procs) == {42}
     p = procs[42]
     assert (p.ppid, p.state, p.start_ticks, p.user, p.elapsed_s) == (1, "S", 777, "1234", 9)
     assert (p.command, p.wchan, p.cgroup) == ("[a) b\n(c)]", None, "0::/job")
+    with pytest.raises(ParseError):
+        parse_procs(out("procs\n", "owners\nroot 0\n", "end\n").stdout)
 
 
 # ---- fuser ------------------------------------------------------------------------------------
