@@ -102,9 +102,12 @@ PROBE_SCRIPT = (
 shift 7
 extra=$*
 exec 4>&1
+PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions
 m probe "$T" "${{idx:--}}"
+need() {{ command -v "$1" >/dev/null 2>&1 || {{ m fatal "no-$1"; m end; exit 0; }}; }}
+if [ "$sudo" = sudo ]; then need sudo; else need fuser; fi
 if [ "$mode" = smi ]; then
-  command -v timeout >/dev/null 2>&1 || {{ m fatal no-timeout; m end; exit 0; }}
+  need timeout
   m gpus-err
   if [ -n "$idx" ]; then
     g=$(timeout -k 1 "$T" {_GPU_Q} -i "$idx" 2>&4)
@@ -161,6 +164,13 @@ procs "$@"
 m end
 """
 )
+
+
+_MISSING = {
+    "no-timeout": "timeout (coreutils) not found on the node",
+    "no-fuser": "fuser (psmisc) not found on the node",
+    "no-sudo": "sudo not found on the node (its inventory entry says sudo = true)",
+}
 
 
 def new_nonce() -> str:
@@ -290,8 +300,10 @@ def parse_probe(
     """
     _check_nonce(nonce)
     s = _Sections.parse(result.stdout, nonce, "probe output", result=result, node=node.name)
-    if s.first("fatal") is not None:
-        raise ProbeError(node.name, "timeout (coreutils) not found on the node")
+    fatal = s.first("fatal")
+    if fatal is not None:
+        missing = fatal[0][0] if fatal[0] else "?"
+        raise ProbeError(node.name, _MISSING.get(missing, f"probe stopped: {missing}"))
     timeout_s = _float_or_none(s.probe_arg(0))
     if nvml is not None:
         gpus, apps = nvml

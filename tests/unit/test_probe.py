@@ -132,7 +132,13 @@ def gpus_text(n: int = 3) -> str:
 
 def run(argv: list[str], shell: str = "dash", env: dict[str, str] | None = None) -> CommandResult:
     assert argv[0] == "sh"
-    p = subprocess.run([shell, *argv[1:]], capture_output=True, text=True, env=env, timeout=30)
+    p = subprocess.run(
+        [shutil.which(shell) or shell, *argv[1:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr)
 
 
@@ -323,6 +329,23 @@ def test_sudo_refusal_is_a_probe_error(box: Box, tmp_path: Path) -> None:
     box.set(gpus=gpus_text(), apps="")
     with pytest.raises(ProbeError, match="sudo -n fuser refused: sudo: a password is required"):
         probe(box, node=replace(box.node, sudo=True), env=env)
+
+
+def test_missing_tools_are_named(box: Box, tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"  # every tool the probe needs, except fuser and sudo
+    bindir.mkdir()
+    for tool in ("cat", "stat", "tr", "awk", "getconf", "timeout", "dirname", "sleep"):
+        (bindir / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    env = {"PATH": str(bindir)}
+    box.set(gpus=gpus_text(), apps="")
+    with pytest.raises(ProbeError, match=r"fuser \(psmisc\) not found"):
+        probe(box, env=env)
+    with pytest.raises(ProbeError, match="sudo not found"):
+        probe(box, node=replace(box.node, sudo=True), env=env)
+    (bindir / "timeout").unlink()
+    (bindir / "fuser").symlink_to(shutil.which("fuser") or "/usr/bin/fuser")
+    with pytest.raises(ProbeError, match=r"timeout \(coreutils\) not found"):
+        probe(box, env=env)
 
 
 # ---- parse_probe on synthetic output -----------------------------------------------------------
