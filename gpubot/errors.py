@@ -15,6 +15,7 @@
     │   ├── SmiFailed                      nvidia-smi error exit (e.g. driver gone, exit 9)
     │   └── ParseError(ValueError)         output that cannot be parsed; carries the raw line
     ├── ResetRefused                       the reset cannot start (lock held, empty plan, ...)
+    │   └── LockHeld                       a database lock (sweep, node reset) is held elsewhere
     ├── NotPermitted(PermissionError)      the person may not act on this node
     ├── SimError                           the simulated fleet failed (server, workload, daemon)
     ├── StoreError                         the audit store failed (fail closed)
@@ -97,6 +98,15 @@ class ParseError(GpubotError, ValueError):
 
 class ResetRefused(GpubotError):
     """A reset cannot start."""
+
+
+class LockHeld(ResetRefused):
+    """A named database lock (the sweep, one node's reset) is held by another holder."""
+
+    def __init__(self, name: str, holder: str) -> None:
+        super().__init__(f"{name} is busy: held by {holder}")
+        self.name = name
+        self.holder = holder
 
 
 class StoreError(GpubotError):
