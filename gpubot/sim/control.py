@@ -7,10 +7,12 @@ process that hosts the fleet spawns every workload, so its driver watches and re
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
 import socketserver
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,16 @@ if TYPE_CHECKING:
     from gpubot.sim.fleet import SimFleet
 
 SOCKET_NAME = "control.sock"
+MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+
+
+def socket_path(directory: Path) -> Path:
+    """Return the control socket of the fleet in ``directory`` (short enough for AF_UNIX)."""
+    path = directory / SOCKET_NAME
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return path
+    digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"gpusim-{digest}.sock"
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -123,7 +135,7 @@ class ControlServer:
 
 def request(directory: Path, req: dict[str, Any], timeout_s: float = 60.0) -> Any:
     """Send one request to the fleet running in ``directory``; return its result."""
-    path = directory / SOCKET_NAME
+    path = socket_path(directory)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:

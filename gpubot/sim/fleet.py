@@ -33,7 +33,7 @@ import asyncssh
 
 from gpubot.errors import SimError, UsageError
 from gpubot.sim import simstate
-from gpubot.sim.control import SOCKET_NAME, ControlServer
+from gpubot.sim.control import ControlServer, socket_path
 from gpubot.sim.driver import Driver
 from gpubot.sim.node import SimNode, Workload
 from gpubot.sim.server import (
@@ -140,7 +140,7 @@ class SimFleet:
     @property
     def control_path(self) -> Path:
         """The control socket of ``gpubot sim spawn|fault|state``."""
-        return self.directory / SOCKET_NAME
+        return socket_path(self.directory)
 
     def node(self, name: str) -> SimNode:
         """Return the node called ``name``; raise ``UsageError`` for an unknown one."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import pwd
 import select
@@ -102,7 +103,7 @@ class SimNode:
         self.nvidia_smi = str(self.dir / "bin" / "nvidia-smi")
         self.port = 0
         self._initial_delay = release_delay_s
-        self._seq = 0
+        self._seq = itertools.count(1)  # next() is atomic: control threads may spawn at once
 
     # ---- layout ---------------------------------------------------------------------------
 
@@ -194,8 +195,7 @@ class SimNode:
             "LOGNAME": pw.pw_name,
             "LANG": "C.UTF-8",
         }
-        self._seq += 1
-        log_path = self.dir / "log" / f"workload-{self._seq}.log"
+        log_path = self.dir / "log" / f"workload-{next(self._seq)}.log"
         r, w = os.pipe()
         try:
             with open(log_path, "wb") as log:

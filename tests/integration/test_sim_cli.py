@@ -17,6 +17,7 @@ import pytest
 
 from gpubot.config import load
 from gpubot.sim import simstate
+from gpubot.sim.control import MAX_SOCKET_PATH, socket_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -157,3 +158,10 @@ def test_down_stops_the_daemon_and_its_workloads(tmp_path: Path) -> None:
     assert down.returncode == 0 and down.stdout.startswith("stopped the simulated fleet")
     assert not running(pid) and not running(w["pid"]) and not running(w["supervisor_pid"])
     assert not (tmp_path / "sim.pid").exists()
+
+
+def test_a_long_directory_gets_a_short_control_socket(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    path = socket_path(deep)
+    assert len(str(path)) <= MAX_SOCKET_PATH and path == socket_path(deep)
+    assert socket_path(tmp_path) == tmp_path / "control.sock"

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+import gpubot.sim
 from gpubot.core import nvsmi
 from gpubot.sim.fleet import SimFleet, SimNode
 
@@ -203,3 +207,29 @@ def test_gpu_reset_refused_while_in_use_then_frees_orphaned_memory(node: SimNode
         assert smi(node, *q).stdout == "0\n"
     finally:
         node.release_delay_s = 1.5
+
+
+@pytest.mark.parametrize("module", ["simstate", "nvidia_smi", "workload"])
+def test_standalone_parts_import_only_the_standard_library(module: str) -> None:
+    path = Path(gpubot.sim.__file__).parent / f"{module}.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            assert all(a.name.split(".")[0] in sys.stdlib_module_names for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            relative = node.level == 1 and node.module is None
+            stdlib = node.level == 0 and (node.module or "").split(".")[0] in (
+                sys.stdlib_module_names | {"__future__"}
+            )
+            assert relative or stdlib, f"{module} imports {node.module}"
+
+
+def test_the_copied_stand_in_runs_with_the_system_python(sim_fleet: SimFleet) -> None:
+    node = sim_fleet.node("node4")
+    with open(node.nvidia_smi) as f:
+        shebang = f.readline()
+    assert shebang == f"#!{sim_fleet.python} -S\n"
+    if os.access("/usr/bin/python3", os.X_OK):
+        assert sim_fleet.python == "/usr/bin/python3"  # one that other users can run
+    env = {"PATH": "/usr/bin:/bin"}  # nothing of gpubot's virtual environment
+    out = subprocess.run([node.nvidia_smi, "-L"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == 8
