@@ -245,7 +245,7 @@ def fuser_argv(paths: Sequence[str], *, sudo: bool) -> list[str]:
         if not p.startswith("/"):
             raise ValueError(f"fuser paths must be absolute: {p!r}")
     inner = ["sudo", "-n", "fuser", "-v", *paths] if sudo else ["fuser", "-v", *paths]
-    return ["sh", "-c", 'exec 2>&1; exec "$@"', "gpubot-fuser", *inner]
+    return ["sh", "-c", 'PATH=$PATH:/usr/sbin:/sbin; exec 2>&1; exec "$@"', "gpubot-fuser", *inner]
 
 
 _ACCESS = re.compile(r"[.cefFrmM]{5}")
@@ -341,9 +341,13 @@ def parse_probe(
             )
         visible[key] = _gpu_process(app.pid, key[1], mem, app.process_name, True,
                                     key in on_gpu, procs.get(app.pid))  # fmt: skip
+    # A hidden holder is a process nvidia-smi lists on NO GPU (another PID namespace, a leak).
+    # CUDA opens every visible GPU's device file, so a job nvidia-smi lists on GPU 0 also holds
+    # nvidia1..N: that does not put it on those GPUs.
+    listed_by_smi = {a.pid for a in apps}
     for key, h in on_gpu.items():
-        if key not in visible:  # fuser misreads a comm holding ")": prefer /proc's
-            name = s.comms.get(h.pid, h.command)
+        if key not in visible and h.pid not in listed_by_smi:
+            name = s.comms.get(h.pid, h.command)  # fuser misreads a comm holding ")"
             visible[key] = _gpu_process(h.pid, key[1], None, name, False, True,
                                         procs.get(h.pid), fallback_user=h.user)  # fmt: skip
     listed = {pid for pid, _ in visible}

@@ -243,6 +243,25 @@ def test_probe_builds_the_snapshot(box: Box, shell: str) -> None:
     assert [len(box.calls()), all("-i" not in c for c in box.calls())] == [2, True]
 
 
+def test_a_listed_job_holding_other_gpus_files_stays_on_its_gpu(box: Box) -> None:
+    # CUDA opens every visible GPU's device file: listed on GPU 0, it also holds nvidia2.
+    fds = [os.open(f"{box.node.dev_prefix}{i}", os.O_RDONLY) for i in (0, 2)]
+    job = subprocess.Popen(SLEEP_PY, pass_fds=fds)
+    for fd in fds:
+        os.close(fd)
+    try:
+        time.sleep(0.05)
+        box.set(gpus=gpus_text(), apps=f"{job.pid}, {U[0]}, 100, /usr/bin/python3\n")
+        snap = probe(box)
+        mine = [(p.gpu_index, p.visible_to_nvidia_smi, p.holds_device_file)
+                for p in snap.processes if p.pid == job.pid]  # fmt: skip
+        assert mine == [(0, True, True)]
+        assert (box.pids["D"], 2) in {(p.pid, p.gpu_index) for p in snap.processes}
+    finally:
+        job.kill()
+        job.wait()
+
+
 def test_probe_asks_only_the_given_gpus(box: Box) -> None:
     box.set(gpus="0, {0}, NVIDIA H200, 1, 2, 3\n2, {2}, NVIDIA H200, 1, 2, 3\n".format(*U),
             apps=f"{box.pids['B']}, {U[1]}, 99, /x\n")  # fmt: skip
