@@ -63,6 +63,10 @@ class AlertStore:
         """Return every unresolved finding, oldest first."""
         return await asyncio.to_thread(self._open)
 
+    async def on_message(self, channel: str, message_ts: str) -> list[Alert]:
+        """Return the findings alerted in one message (resolved ones too), oldest first."""
+        return await asyncio.to_thread(self._on_message, channel, message_ts)
+
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
     def _upsert_seen(self, keys: list[FindingKey], now: datetime) -> list[Alert]:
@@ -151,6 +155,16 @@ class AlertStore:
         with guard("cannot read alerts"), read_tx(self._engine) as conn:
             rows = conn.execute(
                 select(alerts).where(alerts.c.resolved_at.is_(None)).order_by(alerts.c.id)
+            ).all()
+            return [_alert(r) for r in rows]
+
+
+    def _on_message(self, channel: str, message_ts: str) -> list[Alert]:
+        with guard("cannot read alerts"), read_tx(self._engine) as conn:
+            rows = conn.execute(
+                select(alerts)
+                .where(alerts.c.channel == channel, alerts.c.message_ts == message_ts)
+                .order_by(alerts.c.id)
             ).all()
             return [_alert(r) for r in rows]
 

@@ -1,0 +1,646 @@
+"""Sweep findings: snapshots + failures + thresholds + time → findings with stable keys.
+
+Pure (standard library only, time passed in). Also the decisions a sweep takes on each finding's
+alert state: confirm (seen in two consecutive sweeps; an idle holder also idle long enough),
+alert, remind, resolve, snooze.
+
+Settings (all optional)::
+
+    [sweep]
+    interval_s = 300              # a sweep every 5 minutes inside ``gpubot serve``
+    budget_s = 240                # a sweep never takes longer (default: 80 % of the interval)
+    orphan_threshold_mib = 1024   # memory in use with no process above this is orphaned
+    [sweep.idle_holder]           # off by default: a paused notebook is not a zombie
+    enabled = false
+    min_mib = 1024
+    after_s = 7200
+
+    [alerts]
+    channel = "C0123"             # default: [slack] channel
+    reminder_s = 21600            # remind of a finding that persists, every 6 h
+
+    [metrics]
+    port = 9400                   # or ``gpubot serve --metrics-port``
+    host = "127.0.0.1"
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, NamedTuple, Protocol
+
+from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.policy import SLACK_CHANNEL
+from gpubot.errors import ConfigError, GpubotError, ParseError, ProbeError
+
+CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
+SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
+NODE_KINDS = frozenset({FindingKind.NODE_UNREACHABLE, FindingKind.SMI_FAILED})
+GONE = "gone"  # holder suffix of a process nvidia-smi lists but /proc does not know
+
+TITLES: dict[FindingKind, str] = {
+    FindingKind.ORPHANED_VRAM: "orphaned GPU memory",
+    FindingKind.ZOMBIE_PROCESS: "zombie process",
+    FindingKind.HIDDEN_HOLDER: "hidden GPU holder",
+    FindingKind.IDLE_HOLDER: "idle GPU holder",
+    FindingKind.NODE_UNREACHABLE: "node unreachable",
+    FindingKind.SMI_FAILED: "nvidia-smi failed",
+}
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IdleRule:
+    """When a process counts as an idle holder."""
+
+    enabled: bool = False
+    min_mib: int = 1024
+    after_s: float = 7200.0
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The ``[sweep]``, ``[alerts]`` and ``[metrics]`` settings, validated."""
+
+    interval_s: float = 300.0
+    budget_s: float = 240.0
+    orphan_threshold_mib: int = 1024
+    idle: IdleRule = field(default_factory=IdleRule)
+    reminder_s: float = 21600.0
+    channel: str | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+
+
+def load_sweep_config(extra: Mapping[str, Any], where: str = "<settings>") -> SweepConfig:
+    """Validate the raw ``[sweep]``, ``[alerts]`` and ``[metrics]`` tables of the settings."""
+    sweep = _table(where, "sweep", extra.get("sweep", {}))
+    _keys(where, "sweep", sweep, {"interval_s", "budget_s", "orphan_threshold_mib", "idle_holder"})
+    interval = _number(where, "sweep.interval_s", sweep.get("interval_s", 300.0))
+    budget = _number(where, "sweep.budget_s", sweep.get("budget_s", round(interval * 0.8, 3)))
+    if budget > interval:
+        raise ConfigError(
+            f"{where}: sweep.budget_s: {budget:g} is longer than sweep.interval_s ({interval:g})"
+        )
+    orphan = _number(
+        where,
+        "sweep.orphan_threshold_mib",
+        sweep.get("orphan_threshold_mib", 1024),
+        integer=True,
+        zero=True,
+    )
+    idle_raw = _table(where, "sweep.idle_holder", sweep.get("idle_holder", {}))
+    _keys(where, "sweep.idle_holder", idle_raw, {"enabled", "min_mib", "after_s"})
+    enabled = idle_raw.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{where}: sweep.idle_holder.enabled: expected true or false")
+    idle = IdleRule(
+        enabled=enabled,
+        min_mib=int(
+            _number(where, "sweep.idle_holder.min_mib", idle_raw.get("min_mib", 1024), integer=True)
+        ),
+        after_s=_number(where, "sweep.idle_holder.after_s", idle_raw.get("after_s", 7200.0)),
+    )
+
+    alerts = _table(where, "alerts", extra.get("alerts", {}))
+    _keys(where, "alerts", alerts, {"channel", "reminder_s"})
+    reminder = _number(where, "alerts.reminder_s", alerts.get("reminder_s", 21600.0))
+    slack = extra.get("slack", {})
+    channel = alerts.get("channel", slack.get("channel") if isinstance(slack, Mapping) else None)
+    if channel is not None and (
+        not isinstance(channel, str) or not SLACK_CHANNEL.fullmatch(channel)
+    ):
+        raise ConfigError(f"{where}: alerts.channel: expected a channel id (C…), got {channel!r}")
+
+    metrics = _table(where, "metrics", extra.get("metrics", {}))
+    _keys(where, "metrics", metrics, {"port", "host"})
+    port = metrics.get("port")
+    if port is not None:
+        port = check_port(port, f"{where}: metrics.port")
+    host = metrics.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"{where}: metrics.host: expected an address, got {host!r}")
+    return SweepConfig(interval, budget, int(orphan), idle, reminder, channel, port, host)
+
+
+def check_port(value: Any, what: str) -> int:
+    """Return ``value`` as a TCP port number or raise ``ConfigError`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigError(f"{what}: {value!r} is not a port number (0-65535, 0: any free port)")
+    return value
+
+
+def _table(where: str, key: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: {key}: expected a table")
+    return value
+
+
+def _keys(where: str, section: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+    for k in table:
+        if k not in allowed:
+            raise ConfigError(f"{where}: {section}.{k}: unknown key")
+
+
+def _number(
+    where: str, key: str, value: Any, *, integer: bool = False, zero: bool = False
+) -> float:
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok or value < 0 or (value == 0 and not zero):
+        kind = "a whole number" if integer else "a number"
+        raise ConfigError(f"{where}: {key}: expected {kind} > 0, got {value!r}")
+    return float(value)
+
+
+# --- findings ----------------------------------------------------------------------------------
+
+
+class Key(NamedTuple):
+    """The stable identity of a finding: node, GPU, kind, holder ("pid:start_ticks" or "")."""
+
+    node: str
+    gpu: int | None
+    kind: str
+    holder: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One piece of trouble a sweep found."""
+
+    node: str
+    gpu: int | None
+    kind: FindingKind
+    holder: str  # "" (no process), "pid:start_ticks", or "pid:gone"
+    summary: str  # one line for a person
+    pid: int | None = None
+    user: str | None = None
+    memory_mib: int | None = None
+    owner: str | None = None  # container, systemd unit or job, from /proc/PID/cgroup
+
+    @property
+    def key(self) -> Key:
+        """Return the finding's stable key."""
+        return Key(self.node, self.gpu, self.kind.value, self.holder)
+
+    @property
+    def title(self) -> str:
+        """Return the kind as words."""
+        return TITLES[self.kind]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form."""
+        return {
+            "node": self.node,
+            "gpu": self.gpu,
+            "kind": self.kind.value,
+            "holder": self.holder,
+            "summary": self.summary,
+            "pid": self.pid,
+            "user": self.user,
+            "memory_mib": self.memory_mib,
+            "owner": self.owner,
+        }
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """A node that gave no usable answer, and why."""
+
+    kind: FindingKind  # NODE_UNREACHABLE or SMI_FAILED
+    reason: str
+
+
+def classify_failure(exc: GpubotError) -> FindingKind:
+    """Return the finding kind of a node's failure: nvidia-smi's own, or the node's."""
+    if isinstance(exc, ProbeError | ParseError):
+        return FindingKind.SMI_FAILED
+    return FindingKind.NODE_UNREACHABLE
+
+
+def holder_id(p: GpuProcess) -> str:
+    """Return the identity of a holding process: ``pid:start_ticks`` (``pid:gone`` if gone)."""
+    return f"{p.pid}:{GONE if p.start_ticks is None else p.start_ticks}"
+
+
+def is_protected(p: GpuProcess, protected: Collection[str]) -> bool:
+    """Whether ``p`` is a daemon that holds GPUs by design (persistence daemon, DCGM ...)."""
+    names = {p.process_name.rsplit("/", 1)[-1]}
+    if p.command:
+        names.add(p.command.split(" ", 1)[0].rsplit("/", 1)[-1])
+    return any(n in protected for n in names)
+
+
+def find(
+    snapshots: Iterable[NodeSnapshot],
+    failures: Mapping[str, NodeFailure],
+    config: SweepConfig,
+    *,
+    protected: Collection[str] = (),
+) -> tuple[Finding, ...]:
+    """Return every finding of one sweep, in node then GPU order."""
+    out: list[Finding] = []
+    for snap in snapshots:
+        for g in sorted(snap.gpus, key=lambda g: g.index):
+            out.extend(_gpu_findings(snap.node, g, snap.on_gpu(g.index), config, protected))
+    for node, f in failures.items():
+        out.append(Finding(node, None, f.kind, "", f.reason))
+    return tuple(out)
+
+
+def _gpu_findings(
+    node: str,
+    g: GpuInfo,
+    procs: Sequence[GpuProcess],
+    config: SweepConfig,
+    protected: Collection[str],
+) -> list[Finding]:
+    out: list[Finding] = []
+    holders = [p for p in procs if not is_protected(p, protected)]
+    used = g.memory_used_mib
+    if not holders and used is not None and used > config.orphan_threshold_mib:
+        out.append(
+            Finding(
+                node,
+                g.index,
+                FindingKind.ORPHANED_VRAM,
+                "",
+                f"{used} MiB in use and no process holds the GPU",
+                memory_mib=used,
+            )
+        )
+    for p in holders:
+        kind_summary = _process_trouble(p, g, config)
+        if kind_summary is not None:
+            kind, summary = kind_summary
+            out.append(
+                Finding(
+                    node,
+                    g.index,
+                    kind,
+                    holder_id(p),
+                    summary,
+                    pid=p.pid,
+                    user=p.user,
+                    memory_mib=p.used_memory_mib,
+                    owner=cgroup_owner(p.cgroup),
+                )
+            )
+    return out
+
+
+def _process_trouble(
+    p: GpuProcess, g: GpuInfo, config: SweepConfig
+) -> tuple[FindingKind, str] | None:
+    """Return the kind and summary of what is wrong with one holder, or None."""
+    who = f"pid {p.pid} {p.process_name}" + (f" ({p.user})" if p.user else "")
+    mem = "" if p.used_memory_mib is None else f", {p.used_memory_mib} MiB"
+    if p.state == "Z":
+        return FindingKind.ZOMBIE_PROCESS, f"{who} is a zombie (state Z){mem}"
+    if p.state == "D":
+        where = f" in {p.wchan}" if p.wchan else ""
+        return FindingKind.ZOMBIE_PROCESS, f"{who} is stuck in the kernel (state D{where}){mem}"
+    if p.visible_to_nvidia_smi and not p.exists:
+        return FindingKind.ZOMBIE_PROCESS, f"{who} is listed by nvidia-smi but gone from /proc{mem}"
+    if p.hidden and p.exists:
+        owner = cgroup_owner(p.cgroup)
+        seen = f" in {owner}" if owner else ""
+        return (
+            FindingKind.HIDDEN_HOLDER,
+            f"{who} holds the device file{seen} but nvidia-smi does not list it",
+        )
+    if (
+        config.idle.enabled
+        and g.utilization_pct == 0
+        and p.exists
+        and p.used_memory_mib is not None
+        and p.used_memory_mib >= config.idle.min_mib
+    ):
+        return FindingKind.IDLE_HOLDER, f"{who} holds {p.used_memory_mib} MiB at 0 % utilisation"
+    return None
+
+
+_CGROUP_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"slurm[^/]*/(?:uid_\d+/)?job_(\d+)"), "Slurm job {0}"),
+    (
+        re.compile(
+            r"kubepods.*pod([0-9a-f_-]{36}).*?(?:cri-containerd-|crio-|docker-|/)"
+            r"([0-9a-f]{64})"
+        ),
+        "Kubernetes pod {0} container {1:.12}",
+    ),
+    (re.compile(r"libpod-(?:conmon-)?([0-9a-f]{12,64})"), "podman container {0:.12}"),
+    (re.compile(r"(?:docker-|/docker/)([0-9a-f]{12,64})"), "docker container {0:.12}"),
+    (re.compile(r"(?:cri-containerd-|containerd/|crio-)([0-9a-f]{12,64})"), "container {0:.12}"),
+    (re.compile(r"/lxc(?:\.payload)?[./]([^/]+)"), "LXC container {0}"),
+    (re.compile(r"user-(\d+)\.slice/(session-[^/]+\.scope)"), "{1} of uid {0}"),
+    (
+        re.compile(
+            r"user-(\d+)\.slice/user@\d+\.service/(?:[^/]+\.slice/)*([^/]+\.(?:service|scope))"
+        ),
+        "{1} of uid {0}",
+    ),
+    (re.compile(r"system\.slice/(?:[^/]+\.slice/)*([^/]+\.service)"), "systemd unit {0}"),
+)
+
+
+def cgroup_owner(cgroup: str | None) -> str | None:
+    """Name the container, job or systemd unit of a ``/proc/PID/cgroup`` line, if it tells."""
+    if not cgroup:
+        return None
+    path = cgroup.split(":", 2)[-1]
+    for pattern, template in _CGROUP_RULES:
+        m = pattern.search(path)
+        if m:
+            return template.format(*m.groups())
+    return None
+
+
+# --- alert decisions -------------------------------------------------------------------------
+
+
+class AlertState(Protocol):
+    """What the decisions read of a finding's stored alert state (``gpubot.store.Alert``)."""
+
+    @property
+    def first_seen(self) -> datetime: ...
+    @property
+    def seen_count(self) -> int: ...
+    @property
+    def alerted_at(self) -> datetime | None: ...
+    @property
+    def reminded_at(self) -> datetime | None: ...
+    @property
+    def snoozed_until(self) -> datetime | None: ...
+    @property
+    def resolved_at(self) -> datetime | None: ...
+
+
+class Notice(StrEnum):
+    """What to say about a finding after a sweep."""
+
+    NONE = "none"
+    ALERT = "alert"
+    REMIND = "remind"
+
+
+def confirmed(kind: str, state: AlertState, now: datetime, config: SweepConfig) -> bool:
+    """Whether a finding is real: seen in consecutive sweeps (an idle one, idle long enough)."""
+    if state.resolved_at is not None or state.seen_count < CONFIRM_SWEEPS:
+        return False
+    if kind == FindingKind.IDLE_HOLDER:
+        return (now - state.first_seen).total_seconds() >= config.idle.after_s
+    return True
+
+
+def snoozed(state: AlertState, now: datetime) -> bool:
+    """Whether alerts for the finding are snoozed at ``now``."""
+    return state.snoozed_until is not None and now < state.snoozed_until
+
+
+def notice(kind: str, state: AlertState, now: datetime, config: SweepConfig) -> Notice:
+    """Decide whether a finding seen by this sweep alerts, reminds, or stays quiet."""
+    if not confirmed(kind, state, now, config) or snoozed(state, now):
+        return Notice.NONE
+    if state.alerted_at is None:
+        return Notice.ALERT
+    last = max(state.alerted_at, state.reminded_at or state.alerted_at)
+    due = last + timedelta(seconds=config.reminder_s)
+    if state.snoozed_until is not None and state.snoozed_until > last:
+        due = min(due, state.snoozed_until)  # a snooze that ended since: remind at its end
+    return Notice.REMIND if now >= due else Notice.NONE
+
+
+def to_resolve(
+    open_keys: Iterable[Key],
+    found: Collection[Key],
+    *,
+    answered: Collection[str],
+    failed: Collection[str],
+    configured: Collection[str],
+) -> list[Key]:
+    """Return the open findings that cleared: not found again where the sweep could see.
+
+    A GPU finding of a node that did not answer stays open (nobody looked); a node finding
+    clears once the node answers or fails in another way; a node no longer configured clears.
+    """
+    out: list[Key] = []
+    for key in open_keys:
+        if key in found:
+            continue
+        gone = key.node not in configured
+        looked = key.node in answered or (key.kind in NODE_KINDS and key.node in failed)
+        if gone or looked:
+            out.append(key)
+    return out
+
+
+def snooze_until(now: datetime, choice: str) -> datetime:
+    """Return when a snooze chosen as ``1h`` or ``1d`` ends; raise ``ValueError`` otherwise."""
+    if choice not in SNOOZES:
+        raise ValueError(f"unknown snooze {choice!r} (one of {', '.join(SNOOZES)})")
+    return now + timedelta(seconds=SNOOZES[choice])
+
+
+def duration_text(seconds: float) -> str:
+    """Return a duration for people: ``45 s``, ``14 min``, ``2 h 5 min``, ``3 d 4 h``."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(s // 3600, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+# --- reset readiness of an orphaned GPU --------------------------------------------------------
+
+_READY_MARK = re.compile(r"[0-9a-f]{16,64}")
+
+# One exec: topology, MIG and persistence mode of the GPUs, the persistence daemon. Everything
+# that varies arrives as a positional argument; sections are opened by "<nonce> <kind> <status>".
+READY_SCRIPT = """m() { printf '\\n%s %s\\n' "$N" "$*"; }
+N=$1 smi=$2 T=$3 idx=$4
+o=$(timeout -k 1 "$T" "$smi" topo -m 2>&1); s=$?
+m topo "$s"; printf '%s\\n' "$o"
+o=$(timeout -k 1 "$T" "$smi" --query-gpu=index,mig.mode.current,persistence_mode \\
+    --format=csv,noheader -i "$idx" 2>&1); s=$?
+m modes "$s"; printf '%s\\n' "$o"
+o=$(ps -C nvidia-persistenced -o pid= 2>&1); s=$?
+m persistenced "$s"; printf '%s\\n' "$o"
+m end
+"""
+
+
+def ready_argv(nvidia_smi: str, nonce: str, gpus: Sequence[int], timeout_s: float) -> list[str]:
+    """Return the argv that gathers the reset readiness of ``gpus`` (parse with ``readiness``)."""
+    if not _READY_MARK.fullmatch(nonce):
+        raise ValueError("nonce must be 16-64 lowercase hex digits")
+    if not gpus or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
+        raise ValueError(f"GPU indices must be whole numbers >= 0, got {list(gpus)!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    return [
+        "sh",
+        "-c",
+        READY_SCRIPT,
+        "gpubot-ready",
+        nonce,
+        nvidia_smi,
+        f"{timeout_s:g}",
+        ",".join(str(g) for g in gpus),
+    ]
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What a person should know before ``nvidia-smi --gpu-reset`` of one GPU."""
+
+    gpu: int
+    processes: tuple[str, ...]  # what still holds the GPU (daemons included)
+    persistence_daemon: str  # "running (pid N)", "not running", "unknown"
+    nvlink_peers: tuple[int, ...] | None  # None: unknown
+    nvlink_note: str  # why unknown
+    mig_mode: str | None  # "Enabled", "Disabled", "not supported", None: unknown
+    persistence_mode: str | None
+
+    def lines(self) -> list[str]:
+        """Return the readiness list, one line per item."""
+        procs = ", ".join(self.processes) if self.processes else "none"
+        if self.nvlink_peers is None:
+            peers = f"unknown ({self.nvlink_note})" if self.nvlink_note else "unknown"
+        elif self.nvlink_peers:
+            peers = "GPU " + ", ".join(str(g) for g in self.nvlink_peers) + " (may reset too)"
+        else:
+            peers = "none"
+        pm = f" (persistence mode {self.persistence_mode})" if self.persistence_mode else ""
+        return [
+            f"processes on GPU {self.gpu}: {procs}",
+            f"persistence daemon: {self.persistence_daemon}{pm}",
+            f"NVLink peers: {peers}",
+            f"MIG mode: {self.mig_mode or 'unknown'}",
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form."""
+        return {
+            "gpu": self.gpu,
+            "processes": list(self.processes),
+            "persistence_daemon": self.persistence_daemon,
+            "nvlink_peers": None if self.nvlink_peers is None else list(self.nvlink_peers),
+            "nvlink_note": self.nvlink_note,
+            "mig_mode": self.mig_mode,
+            "persistence_mode": self.persistence_mode,
+        }
+
+
+def readiness(
+    snap: NodeSnapshot | None,
+    gpus: Sequence[int],
+    output: str | None,
+    nonce: str,
+    *,
+    why_unknown: str = "",
+) -> dict[int, Readiness]:
+    """Build the readiness of ``gpus`` from the snapshot and the ``ready_argv`` output.
+
+    ``output`` None (the command could not run) leaves what only the node can say unknown.
+    """
+    sections = _ready_sections(output or "", nonce) if output is not None else {}
+    topo_status, topo = sections.get("topo", (None, ""))
+    peers: dict[int, tuple[int, ...]] | None = None
+    note = why_unknown or "not asked"
+    if topo_status == 0:
+        peers = parse_topo_peers(topo)
+        note = "" if peers is not None else "nvidia-smi topo -m gave no GPU matrix"
+    elif topo_status is not None:
+        note = "nvidia-smi topo -m is not available here"
+    modes_status, modes_text = sections.get("modes", (None, ""))
+    modes = parse_modes(modes_text) if modes_status == 0 else {}
+    pd_status, pd_text = sections.get("persistenced", (None, ""))
+    if pd_status == 0:
+        pids = [w for w in pd_text.split() if w.isdigit()]
+        daemon = f"running (pid {', '.join(pids)})" if pids else "running"
+    elif pd_status == 1:
+        daemon = "not running"
+    else:
+        daemon = "unknown"
+    out: dict[int, Readiness] = {}
+    for g in gpus:
+        procs = tuple(
+            f"{p.process_name} (pid {p.pid}, {p.user or '?'})"
+            for p in (snap.on_gpu(g) if snap is not None else ())
+        )
+        mig, pm = modes.get(g, (None, None))
+        gpu_peers = None if peers is None else peers.get(g, ())
+        out[g] = Readiness(g, procs, daemon, gpu_peers, note if gpu_peers is None else "", mig, pm)
+    return out
+
+
+def _ready_sections(text: str, nonce: str) -> dict[str, tuple[int | None, str]]:
+    marker = re.compile("\n" + re.escape(nonce) + " ([^\n]*)\n")
+    text = "\n" + text
+    found = list(marker.finditer(text))
+    out: dict[str, tuple[int | None, str]] = {}
+    for m, nxt in zip(found, [*found[1:], None], strict=True):
+        words = m[1].split(" ")
+        body = text[m.end() : nxt.start() if nxt else len(text)]
+        status = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+        out.setdefault(words[0], (status, body))
+    return out
+
+
+_GPU_COL = re.compile(r"GPU(\d+)")
+
+
+def parse_topo_peers(text: str) -> dict[int, tuple[int, ...]] | None:
+    """Return each GPU's NVLink peers from ``nvidia-smi topo -m`` (None: no matrix found)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header: list[str] | None = None
+    out: dict[int, tuple[int, ...]] = {}
+    for line in lines:
+        words = line.split()
+        if header is None:
+            # The header names the columns; every row has an "X" where a GPU meets itself.
+            if words and _GPU_COL.fullmatch(words[0]) and "X" not in words:
+                header = []
+                for w in words:  # device columns end where "CPU Affinity" begins
+                    if w in ("CPU", "NUMA", "GPU") or w.startswith(("CPU", "NUMA")):
+                        break
+                    header.append(w)
+            continue
+        if not words or words[0] == "Legend:":
+            break
+        row = _GPU_COL.fullmatch(words[0])
+        if row is None:
+            continue
+        cells = words[1 : 1 + len(header)]
+        peers = []
+        for name, cell in zip(header, cells, strict=False):
+            col = _GPU_COL.fullmatch(name)
+            if col and re.fullmatch(r"NV\d+", cell) and col[1] != row[1]:
+                peers.append(int(col[1]))
+        out[int(row[1])] = tuple(peers)
+    return out if header is not None and out else None
+
+
+def parse_modes(text: str) -> dict[int, tuple[str | None, str | None]]:
+    """Return ``{gpu: (MIG mode, persistence mode)}`` from the readiness query's CSV rows."""
+    out: dict[int, tuple[str | None, str | None]] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        mig = "not supported" if parts[1] in ("[N/A]", "N/A", "[Not Supported]") else parts[1]
+        pm = None if parts[2] in ("[N/A]", "N/A", "[Not Supported]") else parts[2]
+        out[int(parts[0])] = (mig or None, pm or None)
+    return out
