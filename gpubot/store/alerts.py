@@ -158,7 +158,6 @@ class AlertStore:
             ).all()
             return [_alert(r) for r in rows]
 
-
     def _on_message(self, channel: str, message_ts: str) -> list[Alert]:
         with guard("cannot read alerts"), read_tx(self._engine) as conn:
             rows = conn.execute(
