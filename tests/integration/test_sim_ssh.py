@@ -201,3 +201,51 @@ async def test_asyncssh_server_kills_the_command_of_a_client_that_left(
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists()
+
+
+async def test_every_behaviour_seen_and_signalled_over_ssh(fleet: SimFleet, node: SimNode) -> None:
+    node.release_delay_s = 0.3
+    kinds = ["normal", "stubborn", "slow", "respawn", "orphan", "hidden"]
+    w = {k: node.spawn(gpu=i, mib=1000 + i, behaviour=k, slow_exit_s=1.5)
+         for i, k in enumerate(kinds)}  # fmt: skip
+    ctl = node.spawn(gpu=None, behaviour="ctl-only")
+    smi = node.nvidia_smi
+    async with connect(fleet, node) as conn:
+
+        async def sh(cmd: str) -> str:
+            r = await conn.run(cmd, check=False)
+            return str(r.stdout) + str(r.stderr)
+
+        async def look() -> tuple[dict[int, int], list[int]]:
+            """One SSH session: the listed processes, then memory used per GPU."""
+            out = await sh(
+                f"{smi} --query-compute-apps=pid,used_memory --format=csv,noheader,nounits;"
+                f" echo --; {smi} --query-gpu=memory.used --format=csv,noheader,nounits"
+            )
+            apps, mem = out.split("--\n")
+            rows = (line.split(", ") for line in apps.splitlines())
+            return {int(p): int(m) for p, m in rows}, [int(x) for x in mem.split()]
+
+        listed, mem = await look()
+        assert listed == {w[k].pid: 1000 + i for i, k in enumerate(kinds) if k != "hidden"}
+        assert mem[:6] == [1000, 1001, 1002, 1003, 1004, 1005]
+        table = " ".join((await sh(f"fuser -v {node.device(5)} {node.dev_prefix}ctl 2>&1")).split())
+        assert f"{w['hidden'].pid} F...m" in table  # fuser sees the hidden one
+        assert f"{ctl.pid} F...m" in table
+        await sh("kill -TERM " + " ".join(str(w[k].pid) for k in kinds))
+        await asyncio.sleep(0.3)
+        listed, _ = await look()
+        assert w["normal"].pid not in listed and w["stubborn"].pid in listed
+        assert w["slow"].pid in listed  # still shutting down
+        await asyncio.sleep(2.0)  # the slow one's 1.5 s, then the 0.3 s release delay
+        listed, mem = await look()
+        assert w["slow"].pid not in listed and w["orphan"].pid not in listed
+        respawned = [p for p, m in listed.items() if m == 1003]
+        assert len(respawned) == 1 and respawned[0] != w["respawn"].pid
+        assert mem[0] == 0 and mem[2] == 0 and mem[5] == 0  # released after the delay
+        assert mem[4] == 1004  # the orphan's memory leaked
+        assert "successfully reset" in await sh(f"{smi} --gpu-reset -i 4; kill -KILL "
+                                                f"{w['stubborn'].pid}")  # fmt: skip
+        await asyncio.sleep(0.2)
+        listed, mem = await look()
+        assert mem[4] == 0 and w["stubborn"].pid not in listed
