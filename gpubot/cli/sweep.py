@@ -1,0 +1,58 @@
+"""``gpubot sweep [--json]``: look for zombie processes and orphaned VRAM on every node, now.
+
+Read-only: it reports findings (with the reset readiness of orphaned GPUs) and records the query
+in the audit log, but leaves the alert state to the scheduled sweeps of ``gpubot serve``.
+Exit status: 0 nothing found, 1 findings or failing nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gpubot.app import App
+from gpubot.cli.common import cli_actor, with_app
+from gpubot.core.findings import load_sweep_config
+from gpubot.services.sweep import SweepResult, SweepService
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the sweep arguments."""
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Sweep every node once and print the findings."""
+
+    async def body(app: App) -> int:
+        config = load_sweep_config(app.settings.extra, app.settings.path or "<settings>")
+        service = SweepService(app.settings, config, app.status, app.store)
+        result = await service.run(alerting=False, source="cli", actor=cli_actor())
+        if args.json:
+            print(json.dumps(result.to_dict(), indent=2))
+        else:
+            print(render(result))
+        return 0 if result.ok else 1
+
+    return with_app(args, False, body)
+
+
+def render(result: SweepResult) -> str:
+    """Return a sweep's report as text for a terminal."""
+    n, bad, found = len(result.nodes), len(result.failed), len(result.findings)
+    out = [f"sweep: {n} node(s) in {result.seconds:.1f} s, {bad} failing, {found} finding(s)"]
+    if not result.findings:
+        out.append("nothing found: no zombie processes, orphaned memory or failing nodes")
+    width = max((len(f.node) for f in result.findings), default=0)
+    for f in result.findings:
+        gpu = "-" if f.gpu is None else f"GPU {f.gpu}"
+        state = result.known.get(f.key)
+        seen = ""
+        if state is not None and state.alerted_at is not None:
+            seen = f"  [alerted {state.alerted_at:%Y-%m-%d %H:%M} UTC]"
+        out.append(f"{f.node:<{width}}  {gpu:<6} {f.kind.value:<16} {f.summary}{seen}")
+        ready = result.readiness.get((f.node, f.gpu)) if f.gpu is not None else None
+        if ready is not None:
+            out.append(f"{'':<{width}}  before `gpubot gpu-reset {f.node} --gpu {f.gpu}`:")
+            out.extend(f"{'':<{width}}    - {line}" for line in ready.lines())
+    return "\n".join(out)

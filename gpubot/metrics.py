@@ -1,0 +1,172 @@
+"""Prometheus metrics (the only module importing ``prometheus_client``).
+
+Per GPU from the last sweep this process ran (``gpubot_gpu_memory_used_bytes{node,gpu,uuid}``,
+``gpubot_gpu_memory_total_bytes``, ``gpubot_gpu_utilization_ratio``), open findings by kind,
+resets by outcome, sweep durations and node failures. GPU series come from one snapshot swapped
+in whole, so a scrape never sees half a sweep; a node that did not answer has no GPU series
+(a stale number would look like a healthy one). Served over HTTP by ``serve(port)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from functools import wraps
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+from prometheus_client.registry import Collector
+
+from gpubot.core.models import FindingKind, NodeSnapshot
+from gpubot.errors import ConfigError, ResetRefused
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+SWEEP_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class _LastSweep(Collector):
+    """GPU gauges and open findings, from the last sweep's snapshots."""
+
+    def __init__(self) -> None:
+        # Swapped in whole by one assignment, so a scrape sees one sweep's numbers.
+        self.state: tuple[tuple[NodeSnapshot, ...], dict[str, int]] = (
+            (),
+            {k.value: 0 for k in FindingKind},
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        snaps, findings = self.state
+        used = GaugeMetricFamily(
+            "gpubot_gpu_memory_used_bytes",
+            "GPU memory in use at the last sweep",
+            labels=["node", "gpu", "uuid"],
+        )
+        total = GaugeMetricFamily(
+            "gpubot_gpu_memory_total_bytes", "GPU memory size", labels=["node", "gpu", "uuid"]
+        )
+        util = GaugeMetricFamily(
+            "gpubot_gpu_utilization_ratio",
+            "GPU utilisation at the last sweep (0-1)",
+            labels=["node", "gpu", "uuid"],
+        )
+        for s in snaps:
+            for g in s.gpus:
+                labels = [s.node, str(g.index), g.uuid]
+                if g.memory_used_mib is not None:
+                    used.add_metric(labels, g.memory_used_mib * MIB)
+                if g.memory_total_mib is not None:
+                    total.add_metric(labels, g.memory_total_mib * MIB)
+                if g.utilization_pct is not None:
+                    util.add_metric(labels, g.utilization_pct / 100.0)
+        yield used
+        yield total
+        yield util
+        fam = GaugeMetricFamily(
+            "gpubot_findings_open", "Confirmed open sweep findings", labels=["kind"]
+        )
+        for kind, n in sorted(findings.items()):
+            fam.add_metric([kind], n)
+        yield fam
+
+
+class Metrics:
+    """gpubot's metrics in a registry of their own (several can live in one process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._last = _LastSweep()
+        self.registry.register(self._last)
+        self.resets = Counter(
+            "gpubot_resets", "GPUs reset, by outcome", ["outcome"], registry=self.registry
+        )
+        self.sweep_duration = Histogram(
+            "gpubot_sweep_duration_seconds",
+            "How long sweeps took",
+            buckets=SWEEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.node_failures = Counter(
+            "gpubot_node_failures",
+            "Sweeps in which a node gave no usable answer",
+            ["node"],
+            registry=self.registry,
+        )
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def observe_sweep(
+        self,
+        snapshots: Sequence[NodeSnapshot],
+        failed: Sequence[str],
+        seconds: float,
+        open_findings: Mapping[str, int],
+    ) -> None:
+        """Record one sweep: its snapshots, failing nodes, duration and open findings."""
+        counts = {k.value: 0 for k in FindingKind}
+        counts.update(open_findings)
+        self._last.state = (tuple(snapshots), counts)
+        self.sweep_duration.observe(seconds)
+        for node in failed:
+            self.node_failures.labels(node=node).inc()
+
+    def count_reset(self, outcome: str, n: int = 1) -> None:
+        """Count ``n`` GPUs whose reset ended as ``outcome`` (freed, stuck, refused ...)."""
+        self.resets.labels(outcome=outcome).inc(n)
+
+    def text(self) -> str:
+        """Return the exposition text (what a scrape gets)."""
+        return generate_latest(self.registry).decode()
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` on ``host:port`` in a daemon thread; return the bound port."""
+        if self._server is not None:
+            raise ConfigError("metrics are served already")
+        try:
+            server, thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
+        self._server, self._thread = server, thread
+        return int(server.server_port)
+
+    def close(self) -> None:
+        """Stop serving."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def instrument_resets(reset: Any, metrics: Metrics) -> None:
+    """Count every reset ``reset`` (a ``ResetService``) runs, by GPU outcome, in ``metrics``."""
+    for name in ("execute", "gpu_reset"):
+        original: Callable[..., Awaitable[Any]] = getattr(reset, name)
+        setattr(reset, name, _counted(original, metrics))
+
+
+def _counted(fn: Callable[..., Awaitable[Any]], metrics: Metrics) -> Callable[..., Awaitable[Any]]:
+    @wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = await fn(*args, **kwargs)
+        except ResetRefused:
+            metrics.count_reset("refused")
+            raise
+        except Exception:
+            metrics.count_reset("error")
+            raise
+        for g in getattr(result, "gpus", ()):
+            metrics.count_reset(str(getattr(g, "outcome", "unknown")))
+        return result
+
+    return wrapper
