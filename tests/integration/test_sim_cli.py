@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubot.cli import main
 from gpubot.config import load
 from gpubot.sim import simstate
 from gpubot.sim.control import MAX_SOCKET_PATH, socket_path
@@ -28,6 +29,16 @@ def gpubot(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProce
         [sys.executable, "-m", "gpubot", *map(str, args)],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
     )  # fmt: skip
+
+
+def in_process(
+    capsys: pytest.CaptureFixture[str], *args: str | Path
+) -> subprocess.CompletedProcess[str]:
+    """Run ``gpubot`` in this process (the same code path, without a new interpreter)."""
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess([str(a) for a in args], rc, out.out, out.err)
 
 
 def running(pid: int) -> bool:
@@ -118,8 +129,10 @@ def test_spawn_fault_state_through_the_daemon(daemon: Daemon) -> None:
         (["state", "--node", "nodeX"], "unknown node 'nodeX'"),
     ],
 )
-def test_bad_input_is_one_line_and_non_zero(daemon: Daemon, args: list[str], text: str) -> None:
-    one_line_error(gpubot("sim", args[0], "--dir", daemon.dir, *args[1:]), text)
+def test_bad_input_is_one_line_and_non_zero(
+    daemon: Daemon, args: list[str], text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_line_error(in_process(capsys, "sim", args[0], "--dir", daemon.dir, *args[1:]), text)
 
 
 def test_port_in_use_is_refused(tmp_path: Path) -> None:
@@ -142,8 +155,10 @@ def test_port_in_use_is_refused(tmp_path: Path) -> None:
         (["spawn", "--node", "node1", "--gpu", "0"], "no simulated fleet runs in"),
     ],
 )
-def test_bad_input_without_a_fleet(tmp_path: Path, args: list[str], text: str) -> None:
-    one_line_error(gpubot("sim", args[0], "--dir", tmp_path, *args[1:]), text)
+def test_bad_input_without_a_fleet(
+    tmp_path: Path, args: list[str], text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_line_error(in_process(capsys, "sim", args[0], "--dir", tmp_path, *args[1:]), text)
 
 
 def test_down_stops_the_daemon_and_its_workloads(tmp_path: Path) -> None:

@@ -113,18 +113,24 @@ async def test_wrong_user_and_unknown_host_key_are_refused(
             pass
 
 
-async def test_hang_fault_times_out_and_the_call_goes_away_with_the_client(
+async def until(cond: Any, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return bool(cond())
+
+
+async def test_hang_fault_never_answers_and_the_call_goes_away_with_the_client(
     fleet: SimFleet, node: SimNode
 ) -> None:
     node.set_fault("hang")
     async with connect(fleet, node) as conn:
-        with pytest.raises(asyncssh.TimeoutError):
-            await conn.run(f"{node.nvidia_smi} -L", check=False, timeout=1.0)
-        assert node.hung_smi()  # it hangs on the node
-    deadline = time.monotonic() + 5
-    while node.hung_smi() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert node.hung_smi() == []  # and goes once nobody can read its answer
+        proc = await conn.create_process(f"{node.nvidia_smi} -L")
+        assert await until(lambda: bool(node.hung_smi()))  # it hangs on the node ...
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), 0.5)  # ... and says nothing
+        proc.close()
+    assert await until(lambda: not node.hung_smi())  # gone once nobody can read its answer
 
 
 async def test_slow_fault_delays_the_answer(fleet: SimFleet, node: SimNode) -> None:
@@ -183,7 +189,7 @@ async def test_hung_endpoint_accepts_tcp_and_never_speaks(fleet: SimFleet, node:
         with pytest.raises(TimeoutError):
             s.recv(1)  # no SSH banner, ever
     with pytest.raises((asyncssh.Error, TimeoutError, asyncio.TimeoutError)):
-        async with connect(fleet, node, login_timeout=1, connect_timeout=1):
+        async with connect(fleet, node, login_timeout=0.5, connect_timeout=0.5):
             pass
     node.start_server()
     assert (await run(fleet, node, "echo up")).exit_status == 0
@@ -233,10 +239,12 @@ async def test_every_behaviour_seen_and_signalled_over_ssh(fleet: SimFleet, node
         assert f"{w['hidden'].pid} F...m" in table  # fuser sees the hidden one
         assert f"{ctl.pid} F...m" in table
         await sh("kill -TERM " + " ".join(str(w[k].pid) for k in kinds))
+        killed = time.monotonic()
         await asyncio.sleep(0.3)
         listed, _ = await look()
         assert w["normal"].pid not in listed and w["stubborn"].pid in listed
-        assert w["slow"].pid in listed  # still shutting down
+        if time.monotonic() - killed < 1.4:  # (a loaded machine may answer later than that)
+            assert w["slow"].pid in listed  # still shutting down
         await asyncio.sleep(2.0)  # the slow one's 1.5 s, then the 0.3 s release delay
         listed, mem = await look()
         assert w["slow"].pid not in listed and w["orphan"].pid not in listed
