@@ -122,9 +122,6 @@ class ControlServer:
             params = dict(req.get("params") or {})
             f.node(req["node"]).set_fault(req.get("kind"), **params)
             return f.node(req["node"]).state()["fault"]
-        if op == "release-delay":
-            f.node(req["node"]).release_delay_s = float(req["seconds"])
-            return None
         if op == "stop":
             if self._on_stop is None:
                 raise UsageError("this fleet is run by a program, not by 'gpubot sim up'")

@@ -9,6 +9,7 @@ saw (when no driver runs), so the state never lies, it is only less precise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
@@ -65,13 +66,18 @@ class Driver:
         """Watch one process now, without waiting for the next look at the state file."""
         with self._lock:
             self._pending.append((state_dir, pid, ticks))
-        os.write(self._wake_w, b"x")
+        self._wake()
 
     def watch_child(self, pid: int) -> None:
         """Reap our child ``pid`` as soon as it exits (a supervisor, an sshd, a workload)."""
         with self._lock:
             self._pending_children.append(pid)
-        os.write(self._wake_w, b"x")
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self._stop.is_set():  # after stop() the pipe is closed
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
 
     def _run(self) -> None:
         poller = select.poll()

@@ -202,18 +202,21 @@ class SimNode:
                 extra: dict[str, Any] = {}
                 if pw.pw_uid != os.geteuid():
                     extra = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-                proc = subprocess.Popen(
-                    [*argv, "--ready-fd", str(w)],
-                    executable=exe,
-                    pass_fds=(w,),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log,
-                    cwd="/",
-                    env=env,
-                    start_new_session=True,  # a Ctrl-C at the fleet's terminal is not for them
-                    **extra,
-                )
+                try:
+                    proc = subprocess.Popen(
+                        [*argv, "--ready-fd", str(w)],
+                        executable=exe,
+                        pass_fds=(w,),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                        cwd="/",
+                        env=env,
+                        start_new_session=True,  # a Ctrl-C at the fleet's terminal is not theirs
+                        **extra,
+                    )
+                except OSError as exc:
+                    raise SimError(f"{self.name}: cannot start a workload: {exc}") from None
             os.close(w)
             w = -1
             self.fleet._track(proc, self.name if behaviour == "respawn" else None)
