@@ -1,0 +1,465 @@
+"""core/findings: findings from snapshots, the alert decisions, settings, reset readiness."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpubot.core.findings import (
+    GONE,
+    IdleRule,
+    Key,
+    NodeFailure,
+    Notice,
+    SweepConfig,
+    cgroup_owner,
+    classify_failure,
+    confirmed,
+    duration_text,
+    find,
+    load_sweep_config,
+    notice,
+    parse_modes,
+    parse_topo_peers,
+    readiness,
+    ready_argv,
+    snooze_until,
+    to_resolve,
+)
+from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.errors import (
+    CommandTimeout,
+    ConfigError,
+    NodeUnreachable,
+    ParseError,
+    SmiFailed,
+    SmiMissing,
+)
+
+CFG = SweepConfig(orphan_threshold_mib=1024)
+IDLE = replace(CFG, idle=IdleRule(enabled=True, min_mib=1024, after_s=7200))
+PROTECTED = ("nvidia-persistenced", "dcgm")
+
+
+def gpu(index: int, used: int | None, util: int | None = 50) -> GpuInfo:
+    return GpuInfo(index, f"GPU-{index}", "H200", used, 143771, util)
+
+
+def proc(
+    pid: int,
+    g: int = 0,
+    *,
+    mem: int | None = 4096,
+    state: str | None = "S",
+    ticks: int | None = 1000,
+    visible: bool = True,
+    holds: bool = True,
+    name: str = "python3",
+    cgroup: str | None = None,
+    wchan: str | None = None,
+) -> GpuProcess:
+    return GpuProcess(pid=pid, gpu_index=g, used_memory_mib=mem, process_name=name,
+                      visible_to_nvidia_smi=visible, holds_device_file=holds, user="alice",
+                      state=state, start_ticks=ticks, command=f"/usr/bin/{name} train.py",
+                      wchan=wchan, cgroup=cgroup)  # fmt: skip
+
+
+def snap(*gpus: GpuInfo, procs: tuple[GpuProcess, ...] = ()) -> NodeSnapshot:
+    return NodeSnapshot("n1", 0.0, gpus, procs)
+
+
+def kinds(found: tuple[object, ...]) -> list[tuple[int | None, str, str]]:
+    return [(f.gpu, f.kind.value, f.holder) for f in found]  # type: ignore[attr-defined]
+
+
+# --- findings --------------------------------------------------------------------------------
+
+CASES = [
+    ("healthy: a process using its memory", snap(gpu(0, 4096), procs=(proc(10),)), CFG, []),
+    ("idle GPU, driver's own memory", snap(gpu(0, 300)), CFG, []),
+    ("memory at the threshold is not orphaned", snap(gpu(0, 1024)), CFG, []),
+    ("orphaned: memory, no process", snap(gpu(0, 8192)), CFG, [(0, "orphaned-vram", "")]),
+    ("unknown memory is never orphaned", snap(gpu(0, None)), CFG, []),
+    ("a persistence daemon does not hold memory",
+     snap(gpu(0, 8192), procs=(proc(5, mem=None, visible=False, name="nvidia-persistenced"),)),
+     CFG, [(0, "orphaned-vram", "")]),
+    ("a protected daemon is never a hidden holder",
+     snap(gpu(0, 100), procs=(proc(5, mem=None, visible=False, name="dcgm"),)), CFG, []),
+    ("zombie: state Z", snap(gpu(0, 4096), procs=(proc(11, state="Z"),)), CFG,
+     [(0, "zombie-process", "11:1000")]),
+    ("zombie: state D", snap(gpu(0, 4096), procs=(proc(12, state="D", wchan="uvm_wait"),)), CFG,
+     [(0, "zombie-process", "12:1000")]),
+    ("zombie: listed by nvidia-smi, gone from /proc",
+     snap(gpu(0, 4096), procs=(proc(13, state=None, ticks=None, holds=False),)), CFG,
+     [(0, "zombie-process", f"13:{GONE}")]),
+    ("a zombie is not also orphaned memory",
+     snap(gpu(0, 9000), procs=(proc(13, state=None, ticks=None, holds=False),)), CFG,
+     [(0, "zombie-process", f"13:{GONE}")]),
+    ("hidden: holds the device file, not listed",
+     snap(gpu(0, 2048), procs=(proc(14, mem=None, visible=False),)), CFG,
+     [(0, "hidden-holder", "14:1000")]),
+    ("idle rule off by default", snap(gpu(0, 4096, util=0), procs=(proc(15),)), CFG, []),
+    ("idle holder when enabled", snap(gpu(0, 4096, util=0), procs=(proc(15),)), IDLE,
+     [(0, "idle-holder", "15:1000")]),
+    ("busy GPU is not idle", snap(gpu(0, 4096, util=3), procs=(proc(15),)), IDLE, []),
+    ("small holders are not idle", snap(gpu(0, 512, util=0), procs=(proc(15, mem=512),)), IDLE,
+     []),
+    ("unknown utilisation is not idle", snap(gpu(0, 4096, util=None), procs=(proc(15),)), IDLE,
+     []),
+    ("GPUs in index order, each on its own",
+     snap(gpu(1, 8192), gpu(0, 4096), procs=(proc(16, g=0, state="Z"),)), CFG,
+     [(0, "zombie-process", "16:1000"), (1, "orphaned-vram", "")]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("what", "s", "cfg", "want"), CASES, ids=[c[0] for c in CASES])
+def test_findings_table(what: str, s: NodeSnapshot, cfg: SweepConfig, want: list[object]) -> None:
+    assert kinds(find([s], {}, cfg, protected=PROTECTED)) == want
+
+
+def test_finding_details() -> None:
+    cg = "0::/system.slice/docker-" + "ab" * 32 + ".scope"
+    (f,) = find([snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg),))], {},
+                CFG)  # fmt: skip
+    assert f.key == Key("n1", 0, "hidden-holder", "14:1000")
+    assert (f.pid, f.user, f.owner) == (14, "alice", "docker container abababababab")
+    assert (
+        "in docker container abababababab" in f.summary and "nvidia-smi does not list" in f.summary
+    )
+    (d,) = find([snap(gpu(0, 4096), procs=(proc(12, state="D", wchan="uvm_wait"),))], {}, CFG)
+    assert "state D in uvm_wait" in d.summary and "4096 MiB" in d.summary
+    (o,) = find([snap(gpu(3, 8192))], {}, CFG)
+    assert (o.memory_mib, o.title) == (8192, "orphaned GPU memory")
+    assert o.to_dict()["kind"] == "orphaned-vram"
+
+
+def test_keys_are_stable_across_sweeps() -> None:
+    a = find([snap(gpu(0, 4096), procs=(proc(11, state="Z"),))], {}, CFG)
+    b = find([replace(snap(gpu(0, 4000), procs=(proc(11, state="Z", mem=4000),)), taken_at=9.0)],
+             {}, CFG)  # fmt: skip
+    assert [f.key for f in a] == [f.key for f in b]
+    # the same PID with another start time is another process: another finding
+    c = find([snap(gpu(0, 4096), procs=(proc(11, state="Z", ticks=2000),))], {}, CFG)
+    assert a[0].key != c[0].key
+
+
+def test_node_failures() -> None:
+    failures = {
+        "n2": NodeFailure(FindingKind.NODE_UNREACHABLE, "connection refused"),
+        "n3": NodeFailure(FindingKind.SMI_FAILED, "nvidia-smi hung: no answer in 5s"),
+    }
+    found = find([], failures, CFG)
+    assert [(f.node, f.gpu, f.kind.value, f.summary) for f in found] == [
+        ("n2", None, "node-unreachable", "connection refused"),
+        ("n3", None, "smi-failed", "nvidia-smi hung: no answer in 5s"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (NodeUnreachable("n", "refused"), FindingKind.NODE_UNREACHABLE),
+        (CommandTimeout("n", "no answer in 20s"), FindingKind.NODE_UNREACHABLE),
+        (SmiFailed("n", "nvidia-smi hung"), FindingKind.SMI_FAILED),
+        (SmiMissing("n", "not found"), FindingKind.SMI_FAILED),
+        (ParseError("nvidia-smi output", "garbage"), FindingKind.SMI_FAILED),
+    ],
+)
+def test_classify_failure(exc: Exception, kind: FindingKind) -> None:
+    assert classify_failure(exc) is kind  # type: ignore[arg-type]
+
+
+HEX = "3f2a9c1b7d4e5f60718293a4b5c6d7e8f9012345678901234567890abcdef1234"
+POD = "2c7d6a1e_52f4_4c3b_9a9e_0f1e2d3c4b5a"
+
+
+@pytest.mark.parametrize(
+    ("line", "owner"),
+    [
+        (f"0::/system.slice/docker-{HEX}.scope", "docker container 3f2a9c1b7d4e"),
+        (f"0::/docker/{HEX}", "docker container 3f2a9c1b7d4e"),
+        (f"12:devices:/docker/{HEX}", "docker container 3f2a9c1b7d4e"),
+        (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD}.slice/"
+         f"cri-containerd-{HEX}.scope", f"Kubernetes pod {POD} container 3f2a9c1b7d4e"),
+        (f"0::/kubepods/burstable/pod{POD.replace('_', '-')}/{HEX}",
+         f"Kubernetes pod {POD.replace('_', '-')} container 3f2a9c1b7d4e"),
+        (f"0::/machine.slice/libpod-{HEX}.scope/container", "podman container 3f2a9c1b7d4e"),
+        ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "Slurm job 4242"),
+        ("4:memory:/slurm/uid_1000/job_77/step_batch", "Slurm job 77"),
+        ("0::/user.slice/user-1000.slice/session-3.scope", "session-3.scope of uid 1000"),
+        ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service",
+         "jupyter.service of uid 1000"),
+        ("0::/system.slice/jupyterhub.service", "systemd unit jupyterhub.service"),
+        ("0::/", None),
+        ("", None),
+        (None, None),
+    ],
+)  # fmt: skip
+def test_cgroup_owner(line: str | None, owner: str | None) -> None:
+    assert cgroup_owner(line) == owner
+
+
+# --- decisions ---------------------------------------------------------------------------------
+
+T0 = datetime(2025, 1, 6, 12, 0, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class State:
+    first_seen: datetime = T0
+    seen_count: int = 2
+    alerted_at: datetime | None = None
+    reminded_at: datetime | None = None
+    snoozed_until: datetime | None = None
+    resolved_at: datetime | None = None
+
+
+H = timedelta(hours=1)
+DECISIONS = [
+    ("first sighting: wait for a second sweep", "orphaned-vram", State(seen_count=1), T0,
+     Notice.NONE),
+    ("second sweep: alert", "orphaned-vram", State(), T0, Notice.ALERT),
+    ("alerted: quiet", "orphaned-vram", State(seen_count=9, alerted_at=T0), T0 + 5 * H,
+     Notice.NONE),
+    ("alerted 6 h ago: remind", "orphaned-vram", State(seen_count=9, alerted_at=T0), T0 + 6 * H,
+     Notice.REMIND),
+    ("reminded 1 h ago: quiet", "orphaned-vram",
+     State(seen_count=99, alerted_at=T0, reminded_at=T0 + 6 * H), T0 + 7 * H, Notice.NONE),
+    ("second reminder", "orphaned-vram",
+     State(seen_count=99, alerted_at=T0, reminded_at=T0 + 6 * H), T0 + 12 * H, Notice.REMIND),
+    ("snoozed before the alert: quiet", "zombie-process", State(snoozed_until=T0 + H), T0,
+     Notice.NONE),
+    ("snooze over before the alert: alert", "zombie-process", State(snoozed_until=T0 + H),
+     T0 + H, Notice.ALERT),
+    ("snoozed after the alert: quiet", "zombie-process",
+     State(alerted_at=T0, snoozed_until=T0 + 2 * H), T0 + H, Notice.NONE),
+    ("snooze ended: remind at its end", "zombie-process",
+     State(alerted_at=T0, snoozed_until=T0 + 2 * H), T0 + 2 * H, Notice.REMIND),
+    ("an old snooze does not remind early", "zombie-process",
+     State(alerted_at=T0 + 3 * H, snoozed_until=T0 + 2 * H), T0 + 4 * H, Notice.NONE),
+    ("idle: not idle for long enough", "idle-holder", State(seen_count=5), T0 + H, Notice.NONE),
+    ("idle: idle for 2 h", "idle-holder", State(seen_count=25), T0 + 2 * H, Notice.ALERT),
+    ("resolved: never", "orphaned-vram", State(resolved_at=T0), T0, Notice.NONE),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("what", "kind", "state", "now", "want"), DECISIONS,
+                         ids=[d[0] for d in DECISIONS])  # fmt: skip
+def test_notice_table(what: str, kind: str, state: State, now: datetime, want: Notice) -> None:
+    assert notice(kind, state, now, IDLE) is want
+
+
+def test_confirmed_needs_two_sweeps() -> None:
+    assert not confirmed("orphaned-vram", State(seen_count=1), T0, CFG)
+    assert confirmed("orphaned-vram", State(seen_count=2), T0, CFG)
+
+
+def test_to_resolve() -> None:
+    open_keys = [
+        Key("n1", 0, "orphaned-vram", ""),  # n1 answered, not found: clears
+        Key("n1", 1, "zombie-process", "5:9"),  # found again: stays
+        Key("n2", 0, "orphaned-vram", ""),  # n2 did not answer: nobody looked, stays
+        Key("n2", None, "smi-failed", ""),  # n2 fails another way now: clears
+        Key("n2", None, "node-unreachable", ""),  # still unreachable: found, stays
+        Key("n3", None, "node-unreachable", ""),  # n3 answers again: clears
+        Key("gone", 2, "hidden-holder", "1:2"),  # node removed from the inventory: clears
+    ]
+    found = {Key("n1", 1, "zombie-process", "5:9"), Key("n2", None, "node-unreachable", "")}
+    out = to_resolve(open_keys, found, answered={"n1", "n3"}, failed={"n2"},
+                     configured={"n1", "n2", "n3"})  # fmt: skip
+    assert out == [open_keys[0], open_keys[3], open_keys[5], open_keys[6]]
+
+
+def test_snooze_until() -> None:
+    assert snooze_until(T0, "1h") == T0 + H
+    assert snooze_until(T0, "1d") == T0 + 24 * H
+    with pytest.raises(ValueError, match="unknown snooze"):
+        snooze_until(T0, "1w")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0 s"), (45.9, "45 s"), (60, "1 min"), (14 * 60 + 59, "14 min"), (3600, "1 h"),
+     (2 * 3600 + 5 * 60, "2 h 5 min"), (86400, "1 d"), (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
+     (-5, "0 s")],
+)  # fmt: skip
+def test_duration_text(seconds: float, text: str) -> None:
+    assert duration_text(seconds) == text
+
+
+@given(st.floats(min_value=0, max_value=1e9, allow_nan=False))
+def test_duration_text_is_short(seconds: float) -> None:
+    text = duration_text(seconds)
+    assert 3 <= len(text) <= 16 and text[0].isdigit()
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+def test_settings_defaults() -> None:
+    c = load_sweep_config({})
+    assert (c.interval_s, c.budget_s, c.reminder_s, c.idle.enabled, c.idle.after_s) == (
+        300.0, 240.0, 21600.0, False, 7200.0)  # fmt: skip
+    assert c.channel is None and c.metrics_port is None and c.metrics_host == "127.0.0.1"
+    c = load_sweep_config({"sweep": {"interval_s": 60}, "slack": {"channel": "C0ALERTS"}})
+    assert (c.budget_s, c.channel) == (48.0, "C0ALERTS")
+    c = load_sweep_config({
+        "sweep": {"interval_s": 120, "budget_s": 90, "orphan_threshold_mib": 0,
+                  "idle_holder": {"enabled": True, "min_mib": 2048, "after_s": 600}},
+        "alerts": {"channel": "C0SWEEP", "reminder_s": 3600}, "slack": {"channel": "C0OTHER"},
+        "metrics": {"port": 9400, "host": "0.0.0.0"},
+    })  # fmt: skip
+    assert c == SweepConfig(120.0, 90.0, 0, IdleRule(True, 2048, 600.0), 3600.0, "C0SWEEP",
+                            9400, "0.0.0.0")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"sweep": {"interval": 5}}, "sweep.interval: unknown key"),
+        ({"sweep": {"interval_s": 0}}, "sweep.interval_s: expected a number > 0, got 0"),
+        ({"sweep": {"interval_s": "5m"}}, "sweep.interval_s: expected a number > 0"),
+        ({"sweep": {"interval_s": 60, "budget_s": 61}}, "budget_s: 61 is longer than"),
+        ({"sweep": {"orphan_threshold_mib": 1.5}}, "orphan_threshold_mib: expected a whole"),
+        ({"sweep": {"idle_holder": {"enabled": "yes"}}}, "idle_holder.enabled: expected true"),
+        ({"sweep": {"idle_holder": {"after": 1}}}, "sweep.idle_holder.after: unknown key"),
+        ({"sweep": {"idle_holder": True}}, "sweep.idle_holder: expected a table"),
+        ({"alerts": {"channel": "#gpu"}}, "alerts.channel: expected a channel id"),
+        ({"alerts": {"reminder_s": -1}}, "alerts.reminder_s: expected a number > 0"),
+        ({"metrics": {"port": 70000}}, "metrics.port: 70000 is not a port number"),
+        ({"metrics": {"port": True}}, "metrics.port: True is not a port number"),
+        ({"metrics": {"host": ""}}, "metrics.host: expected an address"),
+    ],
+)
+def test_settings_errors(extra: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=r"^gpubot\.toml: ") as exc:
+        load_sweep_config(extra, "gpubot.toml")
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+# --- readiness ---------------------------------------------------------------------------------
+
+# ``nvidia-smi topo -m`` as the real program prints it (tab separated, legends after the matrix).
+TOPO_MIXED = (
+    "\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+    "GPU0\t X \tNV12\tNODE\tSYS\tPXB\t0-23\t0\t\tN/A\n"
+    "GPU1\tNV12\t X \tSYS\tNODE\tPXB\t0-23\t0\t\tN/A\n"
+    "GPU2\tNODE\tSYS\t X \tNV4\tSYS\t24-47\t1\t\tN/A\n"
+    "GPU3\tSYS\tSYS\tNV4\t X \tSYS\t24-47\t1\t\tN/A\n"
+    "NIC0\tPXB\tPXB\tSYS\tSYS\t X \t\t\t\t\n"
+    "\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP "
+    "interconnect between NUMA nodes (e.g., QPI/UPI)\n  NV#  = Connection traversing a bonded "
+    "set of # NVLinks\n\nNIC Legend:\n\n  NIC0: mlx5_0\n\n"
+)
+TOPO_PCIE = (
+    "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
+    "GPU0\t X \tPHB\t0-15\t0\nGPU1\tPHB\t X \t0-15\t0\n\nLegend:\n\n  X    = Self\n"
+)
+_HGX_HEAD = "\t" + "\t".join(f"GPU{i}" for i in range(8)) + "\tCPU Affinity\tNUMA Affinity\n"
+TOPO_HGX = _HGX_HEAD + "".join(
+    f"GPU{i}\t" + "\t".join(" X " if j == i else "NV18" for j in range(8)) + "\t0-55\t0\n"
+    for i in range(8)
+)
+
+
+def test_parse_topo() -> None:
+    assert parse_topo_peers(TOPO_MIXED) == {0: (1,), 1: (0,), 2: (3,), 3: (2,)}
+    assert parse_topo_peers(TOPO_PCIE) == {0: (), 1: ()}
+    hgx = parse_topo_peers(TOPO_HGX)
+    assert hgx is not None and hgx[5] == (0, 1, 2, 3, 4, 6, 7)
+    # the same matrix with its tabs turned into spaces still parses
+    assert parse_topo_peers(TOPO_MIXED.replace("\t", "   ")) == parse_topo_peers(TOPO_MIXED)
+    for junk in ("", "Invalid combination of input arguments.", "GPU0 X"):
+        assert parse_topo_peers(junk) is None
+
+
+def test_parse_modes() -> None:
+    text = "0, Disabled, Enabled\n1, [N/A], Disabled\ngarbage\n3, Enabled, [N/A]\n"
+    assert parse_modes(text) == {0: ("Disabled", "Enabled"), 1: ("not supported", "Disabled"),
+                                 3: ("Enabled", None)}  # fmt: skip
+
+
+NONCE = "0123456789abcdef0123456789abcdef"
+
+
+def _fake_smi(tmp: Path, topo: str | None, modes: str | None) -> str:
+    """A stand-in nvidia-smi: prints ``topo``/``modes`` or fails like an old driver."""
+    (tmp / "topo.txt").write_text(topo or "")
+    (tmp / "modes.txt").write_text(modes or "")
+    script = tmp / "nvidia-smi"
+    topo_cmd = f"cat {tmp / 'topo.txt'}" if topo else "echo Invalid combination; exit 2"
+    modes_cmd = f"cat {tmp / 'modes.txt'}" if modes else "echo Field is not valid; exit 2"
+    script.write_text(
+        f'#!/bin/sh\ncase "$1" in\n  topo) {topo_cmd} ;;\n  --query-gpu=*) {modes_cmd} ;;\nesac\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def test_ready_script_under_sh_with_a_full_driver(tmp_path: Path) -> None:
+    smi = _fake_smi(tmp_path, TOPO_MIXED, "2, Disabled, Enabled\n")
+    out = subprocess.run(ready_argv(smi, NONCE, [2], 5), capture_output=True, text=True,
+                         timeout=20, env={"PATH": os.environ["PATH"]})  # fmt: skip
+    s = snap(gpu(2, 8192))
+    (r,) = readiness(s, [2], out.stdout, NONCE).values()
+    assert (r.gpu, r.nvlink_peers, r.mig_mode, r.persistence_mode) == (
+        2,
+        (3,),
+        "Disabled",
+        "Enabled",
+    )
+    assert r.persistence_daemon == "not running"  # no nvidia-persistenced on this box
+    assert r.lines() == [
+        "processes on GPU 2: none",
+        "persistence daemon: not running (persistence mode Enabled)",
+        "NVLink peers: GPU 3 (may reset too)",
+        "MIG mode: Disabled",
+    ]
+
+
+def test_ready_script_when_the_driver_cannot_say(tmp_path: Path) -> None:
+    smi = _fake_smi(tmp_path, None, None)
+    out = subprocess.run(ready_argv(smi, NONCE, [0, 1], 5), capture_output=True, text=True,
+                         timeout=20)  # fmt: skip
+    s = snap(gpu(0, 8192), gpu(1, 100), procs=(proc(7, g=1, name="nvidia-persistenced"),))
+    r = readiness(s, [0, 1], out.stdout, NONCE)
+    assert r[0].nvlink_peers is None and r[0].mig_mode is None
+    assert "NVLink peers: unknown (nvidia-smi topo -m is not available here)" in r[0].lines()
+    assert "MIG mode: unknown" in r[0].lines()
+    assert r[1].processes == ("nvidia-persistenced (pid 7, alice)",)
+
+
+def test_readiness_without_an_answer() -> None:
+    (r,) = readiness(None, [4], None, NONCE, why_unknown="no SSH answer in 5s").values()
+    assert r.persistence_daemon == "unknown" and r.nvlink_peers is None
+    assert r.lines()[2] == "NVLink peers: unknown (no SSH answer in 5s)"
+    # a forged section marker in foreign output is not a section
+    forged = f"\n{'f' * 32} topo 0\n{TOPO_MIXED}\n{NONCE} end\n"
+    assert readiness(None, [0], forged, NONCE)[0].nvlink_peers is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("nvidia-smi", "NOTHEX", [0], 5.0), "nonce"),
+        (("nvidia-smi", NONCE, [], 5.0), "GPU indices"),
+        (("nvidia-smi", NONCE, [-1], 5.0), "GPU indices"),
+        (("nvidia-smi", NONCE, [0], 0.0), "timeout_s"),
+    ],
+)
+def test_ready_argv_refuses_bad_input(args: tuple[object, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ready_argv(*args)  # type: ignore[arg-type]
+
+
+def test_ready_argv_passes_values_as_arguments() -> None:
+    argv = ready_argv("/opt/nv smi; rm -rf /", NONCE, [0, 3], 2.5)
+    assert argv[:2] == ["sh", "-c"] and argv[4:] == [NONCE, "/opt/nv smi; rm -rf /", "2.5", "0,3"]
