@@ -1,0 +1,46 @@
+"""A sweep of 64 simulated nodes, 8 of them with a hung nvidia-smi: within budget, exactly 8."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from gpubot.app import build
+from gpubot.config import load
+from gpubot.core.findings import load_sweep_config
+from gpubot.services.sweep import SweepService
+from gpubot.sim.fleet import SimFleet
+
+
+async def test_64_nodes_with_8_hung(fleet_factory: Callable[..., SimFleet]) -> None:
+    fleet = fleet_factory(nodes=64, gpus=1)
+    hung = {f"node{i}" for i in range(8, 65, 8)}
+    for name in hung:
+        fleet.node(name).set_fault("hang")
+    fleet.node("node5").spawn(gpu=0, mib=2048)  # the others are not idle boxes only
+    s = load(fleet.config_path)
+    # A short command timeout: the probe gives nvidia-smi 1 s before calling it hung.
+    ssh = dataclasses.replace(s.ssh, command_timeout_s=3.0, connect_timeout_s=3.0)
+    budget = 20.0
+    s = dataclasses.replace(s, ssh=ssh, extra={"sweep": {"interval_s": 60, "budget_s": budget}})
+    app = build(s, {}, need_store=False)
+    svc = SweepService(s, load_sweep_config(s.extra), app.status, None)
+    try:
+        started = time.monotonic()
+        result = await svc.run(alerting=False)
+        took = time.monotonic() - started
+    finally:
+        await app.close()
+    assert took < budget and result.seconds < svc.node_budget_s(), took
+    assert set(result.failed) == hung
+    # Each one did not answer: nvidia-smi hung (the probe's own timeout), or on a loaded box
+    # the whole probe ran past the command timeout first.
+    for f in result.failed.values():
+        assert (f.kind.value, "hung" in f.reason) == ("smi-failed", True) or (
+            f.kind.value == "node-unreachable" and "no answer in 3s" in f.reason
+        ), f
+    assert {(f.node, f.gpu) for f in result.findings} == {(n, None) for n in hung}
+    assert len(result.snapshots) == 56 and {s.node for s in result.snapshots}.isdisjoint(hung)
+    (node5,) = [s for s in result.snapshots if s.node == "node5"]
+    assert node5.gpus[0].memory_used_mib == 2048
