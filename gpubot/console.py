@@ -1,0 +1,167 @@
+"""``gpubot console``: the ``/gpu …`` commands on a terminal, answered as text.
+
+The same flows as the Slack bot (parse → services → the same Block Kit messages), printed with
+``message_text``. Approvals are typed: ``approve ID`` / ``deny ID``, as an approver named with
+``--as U…`` (a Slack user id listed in ``[approvals] approvers``). Without ``--as`` the console
+user is the local Unix user (``console:NAME``), who owns their own processes on the boxes.
+
+``answer(flows, line, who)`` returns the text one line would post (the demo uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import os
+import sys
+from collections.abc import Callable
+
+from gpubot.app import App, build, settings_from
+from gpubot.core import commands as c
+from gpubot.core.policy import SLACK_USER, Policy, linux_user
+from gpubot.errors import UsageError
+from gpubot.services.approvals import Identity, NoDirectory
+from gpubot.slack.blocks import Message, message_text
+from gpubot.slack.flows import Flows, Handle, make_services
+from gpubot.slack.reset_blocks import ACTION_APPROVE
+
+PROMPT = "gpu> "
+
+
+def render(msg: Message) -> str:
+    """Return a message as console text (buttons become the words to type)."""
+    text = message_text(msg)
+    for blk in msg.get("blocks") or []:
+        for el in blk.get("elements", []) if blk.get("type") == "actions" else []:
+            if el.get("action_id") == ACTION_APPROVE:
+                n = el["value"]
+                text += f"\n→ an approver types: approve {n}   (or: deny {n})"
+    return text
+
+
+class TextSurface:
+    """Collects a command's messages as text; ``echo`` prints what is new as it comes."""
+
+    def __init__(self, echo: Callable[[str], None] | None = None) -> None:
+        self.echo = echo
+        self.messages: list[Message] = []
+        self._printed: dict[int, list[str]] = {}
+
+    def _show(self, index: int) -> None:
+        if self.echo is None:
+            return
+        lines = render(self.messages[index]).splitlines()
+        before = self._printed.get(index, [])
+        new = [line for line in lines if line not in before]
+        if new:
+            self.echo("\n".join(new))
+        self._printed[index] = lines
+
+    def _add(self, msg: Message) -> int:
+        self.messages.append(msg)
+        self._show(len(self.messages) - 1)
+        return len(self.messages) - 1
+
+    async def reply(self, msg: Message) -> None:
+        """Show an answer for the asker."""
+        self._add(msg)
+
+    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+        """Show a message; one for another channel (on-call) is shown but not kept to update."""
+        index = self._add(msg)
+        return None if channel is not None else ("console", str(index))
+
+    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+        """Replace a message of this command, or show a new one."""
+        if handle is None or handle[0] != "console" or int(handle[1]) >= len(self.messages):
+            return ("console", str(self._add(msg)))
+        index = int(handle[1])
+        self.messages[index] = msg
+        self._show(index)
+        return handle
+
+    def text(self) -> str:
+        """Return the final text of every message."""
+        return "\n\n".join(render(m) for m in self.messages)
+
+
+def identity(policy: Policy, as_id: str | None, name: str | None = None) -> Identity:
+    """Return who types at the console: ``--as`` a Slack user id, else the local Unix user."""
+    if as_id is not None:
+        if not SLACK_USER.fullmatch(as_id):
+            raise UsageError(f"--as {as_id!r}: expected a Slack user id (U…)")
+        return Identity(as_id, name or as_id, linux_user(policy, as_id))
+    user = getpass.getuser()
+    return Identity(f"console:{user}", name or user, user)
+
+
+def make_flows(app: App) -> Flows:
+    """Wire console flows over the services of ``app``."""
+    services = make_services(app.settings, app.status, app.reset, app.store, NoDirectory())
+    return Flows(services, source="console", min_update_s=0.0)
+
+
+async def answer(
+    flows: Flows, line: str, who: Identity, *, echo: Callable[[str], None] | None = None
+) -> str:
+    """Run one ``/gpu …`` line as ``who``; return the text it would post."""
+    out = TextSurface(echo)
+    try:
+        cmd = c.parse(line, decisions=True)
+        flows.check(cmd)
+    except UsageError as exc:
+        verb = line.split()[1:2] if line.strip().startswith("/gpu") else line.split()[:1]
+        hint = c.help_text(verb[0]) if verb and verb[0].lower() in c.USAGE else ""
+        text = f"⚠ {exc}\n{hint}".strip()
+        if echo is not None:
+            echo(text)
+        return text
+    if isinstance(cmd, c.Help):
+        await out.reply({"text": c.help_text(cmd.topic, decisions=True)})
+        return out.text()
+    await flows.run(cmd, who, out, text=line.strip())
+    return out.text()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``gpubot console`` options."""
+    parser.add_argument("--as", dest="as_id", metavar="USER_ID",
+                        help="act as this Slack user id (e.g. an approver)")  # fmt: skip
+    parser.add_argument("--name", help="display name (default: the user)")
+    parser.add_argument("-c", "--command", action="append", metavar="LINE",
+                        help="run LINE and exit (repeatable) instead of reading stdin")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read ``/gpu`` lines and print the answers until end of input."""
+    settings = settings_from(args.config, os.environ)
+    app = build(settings, os.environ, need_store=False)
+    flows = make_flows(app)
+    who = identity(flows.svc.policy, args.as_id, args.name)
+    return asyncio.run(_loop(app, flows, who, args.command))
+
+
+async def _loop(app: App, flows: Flows, who: Identity, lines: list[str] | None) -> int:
+    def echo(text: str) -> None:
+        print(text, flush=True)
+
+    try:
+        if lines:
+            for line in lines:
+                await answer(flows, line, who, echo=echo)
+            return 0
+        tty = sys.stdin.isatty()
+        if tty:
+            print(f"gpubot console as {who.name} (Linux user {who.linux_user or 'unknown'}); "
+                  "type help, or quit", flush=True)  # fmt: skip
+        while True:
+            if tty:
+                print(PROMPT, end="", flush=True)
+            line = await asyncio.to_thread(sys.stdin.readline)
+            if not line or line.strip() in ("quit", "exit"):
+                return 0
+            if line.strip():
+                await answer(flows, line, who, echo=echo)
+    finally:
+        await app.close()

@@ -1,0 +1,156 @@
+"""``gpubot console``: the same flows as Slack, typed on a terminal, answered as text."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpubot.app import App, build
+from gpubot.console import answer, identity, make_flows
+from gpubot.core.models import ApprovalState
+from gpubot.slack.flows import Flows
+from gpubot.store import open_store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in {"Z", "X"}
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def node1(slack_fleet: Any) -> Iterator[Any]:
+    node = slack_fleet.node("node1")
+    yield node
+    for a in node.state()["allocations"]:  # stop, by pid, what this test started and left
+        if a["alive"]:
+            os.kill(a["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(g["memory_used_mib"] for g in node.state()["gpus"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+@pytest.fixture
+async def app(slack_settings: Any, tmp_path: Path) -> AsyncIterator[App]:
+    url = f"sqlite:///{tmp_path}/audit.db"
+    init = open_store(url, check_schema=False)
+    init.upgrade()
+    init.close()
+    built = build(dataclasses.replace(slack_settings, database_url=url), {}, need_store=True)
+    yield built
+    await built.close()
+
+
+@pytest.fixture
+def flows(app: App) -> Flows:
+    return make_flows(app)
+
+
+async def test_status_as_text(flows: Flows, node1: Any) -> None:
+    w = node1.spawn(gpu=2, mib=2048)
+    me = identity(flows.svc.policy, None)
+    text = await answer(flows, "/gpu status node1", me)
+    assert "== node1 · 4 × NVIDIA H200 ==" in text
+    assert f"{w.user} {w.pid} 2048 MiB" in text
+    assert "GPU  Memory" in text  # the table as aligned columns
+    bad = await answer(flows, "status node1 ;rm", me)
+    assert bad.startswith("⚠ bad node or group name ';rm'")
+
+
+async def test_own_processes_reset_at_once(flows: Flows, node1: Any) -> None:
+    w = node1.spawn(gpu=1, mib=4096)
+    local = identity(flows.svc.policy, None)
+    assert local.id.startswith("console:") and local.linux_user == w.user
+    refused = await answer(flows, "reset node1 gpu 1", local)  # [permissions] name Slack ids
+    assert "you may not reset GPUs on node1" in refused and alive(w.pid)
+    me = identity(flows.svc.policy, "U0OWNER")
+    assert me.linux_user == w.user
+    lines: list[str] = []
+    text = await answer(flows, "reset node1 gpu 1", me, echo=lines.append)
+    assert not alive(w.pid)
+    assert "Reset node1 · GPU 1 · freed" in text and "✅ freed" in text
+    assert any("SIGTERM: 1 sent" in line for line in lines)  # progress was printed as it came
+    (action,) = await flows.svc.store.actions()  # type: ignore[union-attr]
+    assert action.source == "console" and action.actor == me.id
+
+
+async def test_forced_kill_approved_by_typing(flows: Flows, node1: Any) -> None:
+    w = node1.spawn(gpu=3, mib=1000)
+    bob = identity(flows.svc.policy, "U0BOB")
+    asked = await answer(flows, "reset node1 gpu 3", bob)
+    assert "Approval needed · forced kill on node1" in asked
+    line = next(x for x in asked.splitlines() if "an approver types: approve" in x)
+    approval_id = int(line.split("approve ")[1].split()[0])
+    assert alive(w.pid)
+
+    refused = await answer(flows, f"approve {approval_id}", identity(flows.svc.policy, "U0DAVE"))
+    assert "only on-call approvers" in refused
+    own = await answer(flows, f"approve {approval_id}", bob)
+    assert "cannot approve your own" in own
+    assert alive(w.pid)
+
+    carol = identity(flows.svc.policy, "U0CAROL")
+    done = await answer(flows, f"approve {approval_id}", carol)
+    assert "Approved by @U0CAROL" in done and "✅ freed" in done
+    assert not alive(w.pid)
+    store = flows.svc.store
+    assert store is not None
+    approval = await store.approvals.get(approval_id)
+    assert approval is not None and approval.state is ApprovalState.EXECUTED
+    again = await answer(flows, f"deny {approval_id}", carol)
+    assert "already executed" in again
+
+
+async def test_requester_withdraws_with_deny(flows: Flows, node1: Any) -> None:
+    w = node1.spawn(gpu=0, mib=500)
+    bob = identity(flows.svc.policy, "U0BOB")
+    asked = await answer(flows, "reset node1 gpu 0", bob)
+    approval_id = int(asked.split("approve ")[-1].split()[0])
+    text = await answer(flows, f"deny {approval_id}", bob)
+    assert "Cancelled by @U0BOB" in text
+    assert alive(w.pid)
+
+
+async def test_console_process_reads_stdin(app: App, slack_fleet: Any, tmp_path: Path) -> None:
+    cfg = tmp_path / "gpubot.toml"
+    text = slack_fleet.config_path.read_text()
+    start = text.index('url = "', text.index("[database]"))
+    cfg.write_text(text[:start] + f'url = "{app.settings.database_url}"'
+                   + text[text.index("\n", start):])  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpubot", "--config", str(cfg), "console",
+        cwd=REPO, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(
+        proc.communicate(b"status node2\nfrobnicate\nhelp audit\naudit 5\nquit\n"), 60
+    )
+    assert proc.returncode == 0, err
+    stdout = out.decode()
+    assert "== node2 · 4 × NVIDIA H200 ==" in stdout
+    assert "unknown command 'frobnicate'" in stdout
+    assert "/gpu audit [NODE] [N]" in stdout
+    assert "Audit log" in stdout
+    bad = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpubot", "--config", str(cfg), "console", "--as", "alice",
+        cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(bad.communicate(), 60)
+    assert bad.returncode != 0
+    assert err.decode().strip().splitlines() == [
+        "gpubot: error: --as 'alice': expected a Slack user id (U…)"
+    ]
