@@ -1,0 +1,73 @@
+"""The Slack app manifests match what the bot does: its command, events, buttons and scopes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpubot.slack.serve import add_arguments
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = {"socket": ROOT / "deploy/slack-manifest.yml",
+             "http": ROOT / "deploy/slack-manifest-http.yml"}  # fmt: skip
+
+# Web API methods (slack_sdk spelling) → the bot scope each needs (None: no scope).
+SCOPE_OF = {
+    "chat_postMessage": "chat:write",
+    "chat_update": "chat:write",
+    "chat_postEphemeral": "chat:write",
+    "views_publish": None,
+    "auth_test": None,
+    "usergroups_users_list": "usergroups:read",
+    "users_info": "users:read",
+}
+
+
+def load(kind: str) -> dict[str, Any]:
+    data = yaml.safe_load(MANIFESTS[kind].read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def methods_called() -> set[str]:
+    found: set[str] = set()
+    for path in (ROOT / "gpubot/slack").glob("*.py"):
+        text = path.read_text()
+        found.update(re.findall(r"client\.([a-z]+_[A-Za-z_]+)\(", text))
+        found.update(re.findall(r'_send\(\s*"([a-z]+_[A-Za-z]+)"', text))
+    return found
+
+
+@pytest.mark.parametrize("kind", sorted(MANIFESTS))
+def test_manifest_matches_the_bot(kind: str) -> None:
+    m = load(kind)
+    (cmd,) = m["features"]["slash_commands"]
+    assert cmd["command"] == "/gpu" and cmd["should_escape"] is False
+    assert m["features"]["app_home"]["home_tab_enabled"] is True
+    assert m["settings"]["event_subscriptions"]["bot_events"] == ["app_home_opened"]
+    assert m["settings"]["interactivity"]["is_enabled"] is True
+    scopes = set(m["oauth_config"]["scopes"]["bot"])
+    called = methods_called()
+    assert called and called <= set(SCOPE_OF), called - set(SCOPE_OF)
+    needed = {SCOPE_OF[c] for c in called} - {None}
+    assert needed | {"commands", "users:read.email"} == scopes  # least scopes: nothing extra
+    assert not any("write" in s and s != "chat:write" for s in scopes)
+
+
+def test_socket_mode_and_http_urls() -> None:
+    assert load("socket")["settings"]["socket_mode_enabled"] is True
+    http = load("http")
+    assert http["settings"]["socket_mode_enabled"] is False
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    path = parser.parse_args([]).path
+    urls = [http["features"]["slash_commands"][0]["url"],
+            http["settings"]["event_subscriptions"]["request_url"],
+            http["settings"]["interactivity"]["request_url"]]  # fmt: skip
+    assert all(u.startswith("https://") and u.endswith(path) for u in urls)
