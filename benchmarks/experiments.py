@@ -1,0 +1,76 @@
+"""Prototypes of fixes to gpubot's own code, applied by monkeypatching, to measure their effect.
+
+gpubot's code is not changed here: a fix that proves itself is described in the README for the
+maintainers to apply. ``apply(name)`` patches the running process;
+``python -m benchmarks.experiments NAME -- GPUBOT-ARGS...`` runs the gpubot CLI patched.
+
+- ``coalesce``: concurrent fleet status requests for the same nodes share one in-flight probe
+  round (single flight) instead of each probing every node. Target of the change:
+  ``gpubot/services/status.py``, ``StatusService.fleet``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+NAMES = ("coalesce",)
+
+
+def _coalesce() -> None:
+    from gpubot.services.status import FleetStatus, StatusService
+
+    original = StatusService.fleet
+    inflight: dict[tuple[int, tuple[str, ...]], asyncio.Future[FleetStatus]] = {}
+
+    async def fleet(
+        self: StatusService,
+        names: Sequence[str] = ("all",),
+        *,
+        actor: str = "cli",
+        source: str = "cli",
+    ) -> FleetStatus:
+        key = (id(self), tuple(n.name for n in self.resolve(names)))
+        shared = inflight.get(key)
+        if shared is not None:
+            return await asyncio.shield(shared)
+        fut: asyncio.Future[FleetStatus] = asyncio.get_running_loop().create_future()
+        inflight[key] = fut
+        try:
+            result = await original(self, names, actor=actor, source=source)
+            fut.set_result(result)
+            return result
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody waits
+            raise
+        finally:
+            inflight.pop(key, None)
+
+    StatusService.fleet = fleet  # type: ignore[method-assign]
+
+
+def apply(name: str) -> None:
+    """Patch this process with experiment ``name``."""
+    if name == "coalesce":
+        _coalesce()
+    elif name:
+        raise SystemExit(f"unknown experiment {name!r} (known: {', '.join(NAMES)})")
+
+
+def main(argv: list[str]) -> int:
+    """Run ``gpubot`` with an experiment applied: ``NAME -- ARGS...``."""
+    name, rest = argv[0], argv[1:]
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    apply(name)
+    from gpubot.cli import main as gpubot_main
+
+    result: Any = gpubot_main(rest)
+    return int(result)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,406 @@
+"""Fleet status, side by side: gpubot cold and warm against the tools an admin reaches for.
+
+Every method does at least the two nvidia-smi queries on every node of the same simulated fleet
+(one OpenSSH ``sshd`` per node) and its output is checked (every node, every GPU), so a method
+cannot look fast by failing. The baselines run ONE remote command per node: the GPU query, then
+the compute-apps query. gpubot runs its probe instead: one exec that does both queries (each
+under ``timeout``), ``fuser -v`` on the GPU device files and reads ``/proc`` for every holder.
+
+Within one repeat the methods run one after another, in an order that rotates every repeat.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    PYTHON,
+    REPO,
+    Finished,
+    Sample,
+    Series,
+    ServerMeter,
+    run_timed,
+    sshd_listeners,
+)
+from benchmarks.worker import baseline_command, check_baseline_output
+from gpubot.sim.fleet import SimFleet
+
+METHODS = (
+    "ssh-seq",  # sequential OpenSSH loop
+    "ssh-xargs",  # the same with xargs -P N
+    "pssh",  # parallel-ssh (ParallelSSHClient), a fresh process per run
+    "ansible",  # ansible ad-hoc -m shell -f N
+    "asyncssh-floor",  # minimal asyncssh over already-open connections
+    "gpubot-cold",  # gpubot status all --json, a new process
+    "gpubot-warm",  # a running gpubot, pooled connections
+    "gpubot-sweep",  # a running gpubot's scheduled sweep (probe, find, record, alert state)
+)
+SLOW = ("ssh-seq", "ansible")  # capped repeats (see ``slow_repeat``)
+
+SSH_OPTS = (
+    "-o",
+    "StrictHostKeyChecking=yes",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "GlobalKnownHostsFile=/dev/null",
+    "-o",
+    "IdentitiesOnly=yes",
+    "-F",
+    "/dev/null",
+)
+
+
+def installed(method: str) -> str:
+    """Return '' if ``method`` can run here, else why not ('not installed: ...')."""
+    if method == "pssh" and importlib.util.find_spec("pssh") is None:
+        return "not installed (pip install parallel-ssh)"
+    if method == "ansible" and not _ansible_bin():
+        return "not installed (pip install ansible-core)"
+    if method.startswith("ssh-") and not shutil.which("ssh"):
+        return "not installed (openssh-client)"
+    if method == "ssh-xargs" and not shutil.which("xargs"):
+        return "not installed (findutils)"
+    return ""
+
+
+def _ansible_bin() -> str | None:
+    here = Path(PYTHON).parent / "ansible"
+    return str(here) if here.exists() else shutil.which("ansible")
+
+
+@dataclass
+class Warm:
+    """A running worker process (gpubot warm or the asyncssh floor)."""
+
+    proc: subprocess.Popen[str]
+    ready: dict[str, Any]
+    last: dict[str, Any] = field(default_factory=dict)
+
+    def round(self, what: str = "round") -> dict[str, Any]:
+        """Ask for one timed round (or sweep); return its JSON report."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{what}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.proc.args!r} died")
+        report: dict[str, Any] = json.loads(line)
+        self.last = report
+        return report
+
+    def close(self) -> None:
+        """Tell the worker to quit and wait for it (killed by pid if it hangs)."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=30)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_worker(method: str, config: Path, gpus: int, experiment: str = "") -> Warm:
+    """Start a warm worker and wait until it has connected to every node."""
+    argv = [PYTHON, "-m", "benchmarks.worker", method, str(config), str(gpus)]
+    if experiment:
+        argv.append(experiment)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, bufsize=1
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait()
+        raise RuntimeError(f"worker {method} failed to start (exit {proc.returncode})")
+    ready: dict[str, Any] = json.loads(line)
+    if not ready.get("ready"):
+        w = Warm(proc, ready)
+        w.close()
+        raise RuntimeError(f"worker {method} could not reach every node: {ready.get('note')}")
+    return Warm(proc, ready)
+
+
+@dataclass
+class FleetBench:
+    """One simulated fleet and every fleet-status method over it."""
+
+    fleet: SimFleet
+    work: Path
+    warm: dict[str, Warm] = field(default_factory=dict)
+    experiment: str = ""
+    meter: ServerMeter | None = None
+
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return self.fleet.size
+
+    def setup(self) -> None:
+        """Write the baselines' inputs and migrate the audit database gpubot cold writes to."""
+        f = self.fleet
+        for node in f.nodes:
+            if any(c.isspace() for c in node.nvidia_smi):
+                raise RuntimeError(f"nvidia-smi path with spaces: {node.nvidia_smi!r}")
+        (self.work / "nodes.txt").write_text(
+            "".join(f"{n.port} {n.nvidia_smi}\n" for n in f.nodes), encoding="utf-8"
+        )
+        ssh = " ".join(
+            shlex.quote(a)
+            for a in (
+                "ssh",
+                "-n",
+                "-i",
+                str(f.client_key),
+                "-o",
+                f"UserKnownHostsFile={f.known_hosts}",
+                *SSH_OPTS,
+            )
+        )
+        remote = baseline_command("SMI").replace("SMI", "$smi")  # expanded here, sent unquoted
+        target = shlex.quote(f"{f.user}@127.0.0.1")
+        # What an admin writes: a loop over the nodes, one ssh each.
+        (self.work / "seq.sh").write_text(
+            "while read -r port smi; do\n"
+            f'  {ssh} -p "$port" {target} "{remote}" || exit 1\n'
+            f"done < {shlex.quote(str(self.work / 'nodes.txt'))}\n",
+            encoding="utf-8",
+        )
+        one = f'port=$1 smi=$2; exec {ssh} -p "$port" {target} "{remote}"'
+        (self.work / "one.sh").write_text(one + "\n", encoding="utf-8")
+        spec = {
+            "user": f.user,
+            "key": str(f.client_key),
+            "nodes": [{"port": n.port, "command": baseline_command(n.nvidia_smi)} for n in f.nodes],
+        }
+        (self.work / "pssh.json").write_text(json.dumps(spec), encoding="utf-8")
+        self._write_ansible()
+        db = run_timed([PYTHON, "-m", "gpubot", "--config", str(f.config_path), "db", "upgrade"])
+        if db.returncode != 0:
+            raise RuntimeError(f"gpubot db upgrade failed: {db.stderr.strip()}")
+
+    def _write_ansible(self) -> None:
+        f = self.fleet
+        common = (
+            f"-o UserKnownHostsFile={f.known_hosts} -o StrictHostKeyChecking=yes "
+            "-o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o ControlMaster=no"
+        )
+        lines = ["[sim]"]
+        for n in f.nodes:
+            lines.append(
+                f"{n.name} ansible_host=127.0.0.1 ansible_port={n.port} ansible_user={f.user} "
+                f"ansible_ssh_private_key_file={f.client_key} smi={n.nvidia_smi}"
+            )
+        lines += [
+            "",
+            "[sim:vars]",
+            "ansible_connection=ssh",
+            f"ansible_python_interpreter={f.python}",
+            f"ansible_ssh_common_args='{common}'",
+            "",
+        ]
+        (self.work / "inventory.ini").write_text("\n".join(lines), encoding="utf-8")
+        home = self.work / "ansible-home"
+        home.mkdir(exist_ok=True)
+        (self.work / "ansible.cfg").write_text("[defaults]\n", encoding="utf-8")
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUBOT_", "ANSIBLE_"))}
+        home = str(self.work / "ansible-home")
+        env.update(
+            ANSIBLE_HOME=home,
+            ANSIBLE_LOCAL_TEMP=f"{home}/tmp",
+            ANSIBLE_REMOTE_TEMP=f"{home}/rtmp",
+            ANSIBLE_PIPELINING="True",
+            ANSIBLE_HOST_KEY_CHECKING="True",
+            ANSIBLE_NOCOLOR="1",
+            ANSIBLE_CONFIG=str(self.work / "ansible.cfg"),
+            ANSIBLE_LOAD_CALLBACK_PLUGINS="False",
+            ANSIBLE_DEPRECATION_WARNINGS="False",
+        )
+        return env
+
+    # ---- methods -------------------------------------------------------------------------
+
+    def run(self, method: str) -> Sample:
+        """Run ``method`` once over the whole fleet; return its sample (checked)."""
+        meter = self.meter
+        procs = meter.count() if meter else 0
+        server0 = meter.usage() if meter else None
+        sample = self._dispatch(method)
+        if meter is not None and server0 is not None:
+            meter.settle(procs)  # cold methods' sessions finish closing on the server
+            sample.server_cpu = (meter.usage() or 0.0) - server0
+        return sample
+
+    def _dispatch(self, method: str) -> Sample:
+        runners: dict[str, Callable[[], Sample]] = {
+            "ssh-seq": lambda: self._cold(["bash", str(self.work / "seq.sh")], self._check_text),
+            "ssh-xargs": lambda: self._cold(
+                [
+                    "xargs",
+                    "-a",
+                    str(self.work / "nodes.txt"),
+                    "-P",
+                    str(self.n),
+                    "-n",
+                    "2",
+                    "sh",
+                    str(self.work / "one.sh"),
+                ],
+                self._check_text,
+            ),
+            "pssh": lambda: self._cold(
+                [PYTHON, "-m", "benchmarks.pssh_status", str(self.work / "pssh.json")],
+                self._check_text,
+            ),
+            "ansible": lambda: self._cold(
+                [
+                    _ansible_bin() or "ansible",
+                    "sim",
+                    "-i",
+                    str(self.work / "inventory.ini"),
+                    "-m",
+                    "shell",
+                    "-f",
+                    str(self.n),
+                    "-o",
+                    "-a",
+                    baseline_command("SMI").replace("SMI", "{{ smi }}"),
+                ],
+                self._check_ansible,
+            ),
+            "gpubot-cold": lambda: self._cold(
+                [
+                    PYTHON,
+                    "-m",
+                    "gpubot",
+                    "--config",
+                    str(self.fleet.config_path),
+                    "status",
+                    "all",
+                    "--json",
+                ],
+                self._check_gpubot,
+            ),
+            "asyncssh-floor": lambda: self._warm("asyncssh"),
+            "gpubot-warm": lambda: self._warm("gpubot"),
+            "gpubot-sweep": lambda: self._warm("gpubot", "sweep"),
+        }
+        return runners[method]()
+
+    def _cold(self, argv: list[str], check: Callable[[Finished], str | None]) -> Sample:
+        fin = run_timed(argv, env=self._env(), timeout=600)
+        why = check(fin)
+        return Sample(fin.wall, fin.cpu, ok=why is None, note=why or "")
+
+    def _warm(self, kind: str, what: str = "round") -> Sample:
+        w = self.warm.get(kind)
+        if w is None:
+            w = self.warm[kind] = start_worker(
+                kind,
+                self.fleet.config_path,
+                self.fleet.gpus,
+                self.experiment if kind == "gpubot" else "",
+            )
+        r = w.round(what)
+        return Sample(r["wall"], r["cpu"], ok=r["ok"], note=r["note"])
+
+    def close(self) -> None:
+        """Stop the warm workers."""
+        for w in self.warm.values():
+            w.close()
+        self.warm.clear()
+        if self.meter is not None:
+            self.meter.close()
+
+    # ---- output checks -------------------------------------------------------------------
+
+    def _check_text(self, fin: Finished) -> str | None:
+        if fin.returncode != 0:
+            return f"exit {fin.returncode}: {fin.stderr.strip()[-300:]}"
+        want = self.n * self.fleet.gpus
+        got = len([ln for ln in fin.stdout.splitlines() if ln.count(",") == 5 and "GPU-" in ln])
+        return None if got == want else f"expected {want} GPU lines, got {got}"
+
+    def _check_ansible(self, fin: Finished) -> str | None:
+        if fin.returncode != 0:
+            return f"exit {fin.returncode}: {(fin.stdout + fin.stderr).strip()[-300:]}"
+        # -o prints one line per host; its output's newlines appear as literal "\n".
+        text = fin.stdout.replace("\\n", "\n")
+        want = self.n * self.fleet.gpus
+        got = len([ln for ln in text.splitlines() if "GPU-" in ln])
+        return None if got >= want else f"expected {want} GPU lines, got {got}"
+
+    def _check_gpubot(self, fin: Finished) -> str | None:
+        if fin.returncode != 0:
+            return f"exit {fin.returncode}: {fin.stderr.strip()[-300:]}"
+        doc = json.loads(fin.stdout)
+        nodes = doc["nodes"]
+        bad = [n["name"] for n in nodes if not n["ok"] or len(n["gpus"]) != self.fleet.gpus]
+        if len(nodes) != self.n or bad:
+            return f"{len(nodes)} nodes, not ok: {bad[:5]}"
+        return None
+
+
+def check_one_node_output(text: str, gpus: int) -> str | None:
+    """Return why one node's baseline output is incomplete (re-exported for the smoke test)."""
+    return check_baseline_output(text, gpus)
+
+
+def measure(
+    fleet: SimFleet,
+    work: Path,
+    methods: list[str],
+    repeat: int,
+    slow_repeat: int,
+    log: Callable[[str], None],
+    experiment: str = "",
+) -> tuple[dict[str, Series], dict[str, Any]]:
+    """Run every method ``repeat`` times over ``fleet`` (alternating); return series and extras."""
+    bench = FleetBench(fleet, work, experiment=experiment)
+    bench.setup()
+    bench.meter = ServerMeter(sshd_listeners())
+    series = {m: Series(m, fleet.size, missing=installed(m)) for m in methods}
+    extras: dict[str, Any] = {}
+    runnable = [m for m in methods if not series[m].missing]
+    try:
+        for m, kind in (
+            ("asyncssh-floor", "asyncssh"),
+            ("gpubot-warm", "gpubot"),
+            ("gpubot-sweep", "gpubot"),
+        ):
+            if (
+                m in runnable and kind not in bench.warm
+            ):  # connect before any timing: warm rounds reuse the connections
+                bench.warm[kind] = start_worker(
+                    kind, fleet.config_path, fleet.gpus, experiment if kind == "gpubot" else ""
+                )
+        for r in range(repeat):
+            order = runnable[r % len(runnable) :] + runnable[: r % len(runnable)]
+            for m in order:
+                if m in SLOW and r >= slow_repeat:
+                    continue
+                s = bench.run(m)
+                series[m].samples.append(s)
+                flag = "" if s.ok else f"  FAILED: {s.note}"
+                log(
+                    f"  N={fleet.size:<3} repeat {r + 1}/{repeat} {m:<15} {s.wall:7.3f} s  "
+                    f"cpu {s.cpu:6.3f} s  server {s.server_cpu or 0:6.3f} s{flag}"
+                )
+        for kind, w in bench.warm.items():
+            extras[kind] = {**w.ready, "after_rounds": w.last}
+    finally:
+        bench.close()
+    return series, extras

@@ -1,0 +1,181 @@
+"""Slack acknowledgement under a burst: N concurrent signed ``/gpu status all`` requests.
+
+``gpubot serve --http`` runs as a real process over the simulated fleet, with its Web API
+pointed at the loopback fake of Slack from ``tests/fixtures/slack.py``. The benchmark sends the
+burst at once (each request on its own connection, signed like Slack) and times each HTTP 200:
+that is the acknowledgement Slack waits at most 3 s for. Every request then starts a fleet
+status in the bot, so the later acks land while that work runs. Afterwards it waits (bounded)
+for the answers and reports how many arrived and when the last one did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from benchmarks.common import PYTHON, REPO, percentile
+from gpubot.sim.fleet import SimFleet
+from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack, SlackSender
+
+
+@dataclass
+class AckResult:
+    """What one burst measured."""
+
+    label: str
+    requests: int
+    acks: list[float] = field(default_factory=list)  # seconds to each HTTP 200
+    bad: list[str] = field(default_factory=list)  # non-200 answers
+    answered: int = 0  # final status messages posted within the wait
+    last_answer_s: float | None = None  # from the burst's start to the last answer
+
+    @property
+    def p50(self) -> float | None:
+        """Median acknowledgement time."""
+        return percentile(self.acks, 50) if self.acks else None
+
+    @property
+    def p99(self) -> float | None:
+        """99th percentile (nearest rank) of the acknowledgement times."""
+        return percentile(self.acks, 99) if self.acks else None
+
+
+def write_config(fleet: SimFleet, work: Path) -> Path:
+    """Write the fleet's settings with a migrated audit database and a Slack channel."""
+    db = f"sqlite:///{work}/slack-audit.db"
+    text = fleet.config_path.read_text(encoding="utf-8")
+    start = text.index('url = "', text.index("[database]"))
+    end = text.index("\n", start)
+    text = text[:start] + f'url = "{db}"' + text[end:]
+    text += '\n[slack]\nchannel = "C0GENERAL"\n'
+    path = work / "slack-gpubot.toml"
+    path.write_text(text, encoding="utf-8")
+    up = subprocess.run(
+        [PYTHON, "-m", "gpubot", "--config", str(path), "db", "upgrade"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if up.returncode != 0:
+        raise RuntimeError(f"gpubot db upgrade failed: {up.stderr.strip()}")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _wait_healthy(port: int, proc: asyncio.subprocess.Process, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise RuntimeError(f"gpubot serve exited with {proc.returncode}")
+            try:
+                async with s.get(f"http://127.0.0.1:{port}/healthz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError("gpubot serve did not start listening")
+
+
+def _finals(fake: FakeSlack) -> list[float]:
+    """Return when each final status answer (not the "⏳ asking" placeholder) was posted."""
+    out = []
+    for call in fake.calls:
+        if not call.method.startswith(("response:", "chat.")):
+            continue
+        body = call.body
+        text = str(body.get("text", "")) + json.dumps(body.get("blocks", ""), ensure_ascii=False)
+        if "⏳" not in text:
+            out.append(call.at)
+    return out
+
+
+async def burst(
+    config: Path, requests: int, wait_s: float, experiment: str = "", label: str = "gpubot"
+) -> AckResult:
+    """Start ``gpubot serve --http``, send the burst, return the acknowledgement times."""
+    fake = FakeSlack()
+    await fake.start()
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
+    env.update(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_SIGNING_SECRET=SECRET, SLACK_API_URL=fake.base_url)
+    head = (
+        [PYTHON, "-m", "benchmarks.experiments", experiment, "--"]
+        if experiment
+        else [PYTHON, "-m", "gpubot"]
+    )
+    proc = await asyncio.create_subprocess_exec(
+        *head,
+        "--config",
+        str(config),
+        "serve",
+        "--http",
+        "--port",
+        str(port),
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    result = AckResult(label, requests)
+    try:
+        await _wait_healthy(port, proc, 60)
+        sender = SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake)
+        bodies = [sender.command_body("status all", user=f"U0B{i:04d}") for i in range(requests)]
+        started = time.monotonic()
+        replies = await asyncio.gather(
+            *(sender.send(b, "application/x-www-form-urlencoded") for b in bodies),
+            return_exceptions=True,
+        )
+        for r in replies:
+            if isinstance(r, BaseException):
+                result.bad.append(repr(r)[:200])
+            elif r.status != 200:
+                result.bad.append(f"HTTP {r.status}: {r.text[:100]}")
+            else:
+                result.acks.append(r.seconds)
+        left = started + wait_s - time.monotonic()
+        with contextlib.suppress(AssertionError):  # not all answered in time: counted below
+            await fake.wait_for(lambda: len(_finals(fake)) >= requests, timeout=max(0.1, left))
+        finals = _finals(fake)
+        result.answered = len(finals)
+        result.last_answer_s = max(finals) - started if finals else None
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)  # our own child, by pid
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        await fake.stop()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    """Run one burst against an existing config: ``CONFIG REQUESTS [EXPERIMENT]``."""
+    res = asyncio.run(burst(Path(argv[0]), int(argv[1]), 120, argv[2] if len(argv) > 2 else ""))
+    print(json.dumps(res.__dict__))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,66 @@
+"""The benchmark's smoke mode (N=4, one run each) still works end to end.
+
+Not a timing test: it checks that every method did the whole job (each node, each GPU), that
+both resets ended freed, that every Slack request was acknowledged and answered, and that the
+report has its tables. Methods whose optional package is not installed must say so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+OPTIONAL = ("pssh", "ansible")
+
+
+@pytest.mark.timeout(300)
+def test_smoke_run_measures_every_part(tmp_path: Path) -> None:
+    out, raw = tmp_path / "report.md", tmp_path / "raw.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--smoke", "--workdir", str(tmp_path / "w"),
+         "--out", str(out), "--json", str(raw)],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(raw.read_text())
+
+    status = data["status"]["4"]
+    for method, series in status.items():
+        if series["missing"]:
+            assert method in OPTIONAL and series["missing"].startswith("not installed"), method
+            continue
+        samples = series["samples"]
+        assert len(samples) == 1, method
+        assert all(s["ok"] for s in samples), (method, samples)
+        assert all(s["wall"] > 0 and s["cpu"] >= 0 for s in samples), (method, samples)
+    assert not status["gpubot-cold"]["missing"] and not status["gpubot-warm"]["missing"]
+
+    for behaviour in ("normal", "stubborn"):
+        (run,) = data["reset"][behaviour]
+        assert run["outcome"] == "freed", run
+        assert run["signals"] == (["SIGTERM"] if behaviour == "normal" else ["SIGTERM", "SIGKILL"])
+        seg = run["segments"]
+        parts = ("planning", "signalling", "exit", "release", "overhead")
+        assert abs(sum(seg[p] for p in parts) - seg["total"]) < 1e-6
+        assert (
+            0 <= seg["release"] <= 0.3 + 1e-3
+        )  # the sim's delay (less what signalling overlapped)
+
+    (burst,) = data["slack"]
+    assert burst["bad"] == [] and len(burst["acks"]) == burst["requests"] == 10
+    assert burst["answered"] == 10
+
+    (rendered, with_failures) = data["slack_render"]
+    assert rendered["nodes"] == 1000 and rendered["problems"] == []
+    assert with_failures["failing"] == 100 and with_failures["problems"] == []
+
+    report = out.read_text()
+    for heading in ("### Fleet status", "### Reset latency", "### Slack acknowledgement",
+                    "### Extrapolation to 1000 nodes", "### Ratios and targets"):  # fmt: skip
+        assert heading in report
+    assert report == proc.stdout.strip() + "\n"
