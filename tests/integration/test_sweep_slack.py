@@ -1,0 +1,205 @@
+"""``start_sweeps`` inside the real bot over HTTP: the scheduled sweep, the alert message, its
+snooze buttons clicked through signed requests, ``/gpu sweep``, and the metrics endpoint scraped
+on 127.0.0.1 (GPU gauges, open findings, sweep durations, node failures, resets by outcome)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpubot.app import build
+from gpubot.core.models import GpuInfo, NodeSnapshot
+from gpubot.errors import ConfigError
+from gpubot.metrics import Metrics
+from gpubot.sim.fleet import SimFleet
+from gpubot.slack.alerts import Sweeps, start_sweeps
+from gpubot.slack.serve import Tokens, build_bot, start_http
+from tests.fixtures.db import temp_database
+from tests.fixtures.slack import (
+    BOT_TOKEN,
+    SECRET,
+    FakeSlack,
+    Harness,
+    SlackSender,
+    assert_within_limits,
+)
+
+MIB = 1024 * 1024
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> Iterator[str]:
+    with temp_database("postgresql", tmp_path) as url:
+        yield url
+
+
+@asynccontextmanager
+async def serving(
+    settings: Any, fake: FakeSlack, db_url: str
+) -> AsyncIterator[tuple[Harness, Sweeps]]:
+    """What ``gpubot serve`` does, with sweeps started as the lead is to wire them."""
+    extra = {**settings.extra, "sweep": {"interval_s": 3600}}  # one scheduled sweep, at once
+    settings = dataclasses.replace(settings, database_url=db_url, extra=extra)
+    app = build(settings, {}, need_store=True)
+    bot = build_bot(settings, app, Tokens(BOT_TOKEN, None, SECRET, fake.base_url), http=True,
+                    min_update_s=0.05)  # fmt: skip
+    sweeps = await start_sweeps(settings, app, bot, metrics_port=0, first_after_s=0)
+    runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
+    try:
+        yield Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url), sweeps
+    finally:
+        await bot.drain()
+        await sweeps.stop()
+        await runner.cleanup()
+        await app.close()
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def kill_and_wait(pid: int) -> None:
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
+async def test_sweeps_in_the_bot(
+    slack_fleet: SimFleet, slack_settings: Any, fake_slack: FakeSlack, pg_url: str
+) -> None:
+    n1 = slack_fleet.node("node1")
+    w = n1.spawn(gpu=3, mib=4096, behaviour="orphan")
+    kill_and_wait(w.pid)
+    mine = slack_fleet.node("node2").spawn(gpu=0, mib=1000)
+    try:
+        async with serving(slack_settings, fake_slack, pg_url) as (h, sweeps):
+            store = h.store
+            # the scheduler's first sweep runs at once and records itself
+            deadline = time.monotonic() + 20
+            while not [r for r in await store.queries() if r.source == "schedule"]:
+                assert time.monotonic() < deadline, "no scheduled sweep"
+                await asyncio.sleep(0.05)
+            assert fake_slack.of("chat.postMessage") == []  # seen once: no alert yet
+            second = await sweeps.service.run()  # the next interval's sweep
+            assert len(second.alerted) == 1
+            (posted,) = fake_slack.ok("chat.postMessage")
+            channel, ts = posted.answer["channel"], posted.answer["ts"]
+            assert channel == "C0GENERAL"  # [slack] channel: no [alerts] channel set
+            blocks = posted.body["blocks"]
+            blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+            buttons = {e["action_id"]: e["value"] for b in blocks if b["type"] == "actions"
+                       for e in b["elements"]}  # fmt: skip
+            assert buttons["gpubot_reset_gpu"] == "node1:3"
+
+            # "Snooze 1 day", clicked in Slack
+            reply = await h.send.click("gpubot_snooze_1d", buttons["gpubot_snooze_1d"],
+                                       channel=channel, message_ts=ts)  # fmt: skip
+            assert reply.status == 200 and reply.seconds < 3
+            await h.settle()
+            (alert,) = await store.alerts.open_alerts()
+            assert alert.snoozed_until is not None
+            left = alert.snoozed_until.timestamp() - time.time()
+            assert 86400 - 60 < left <= 86400
+            (update,) = fake_slack.ok("chat.update")
+            assert (update.body["channel"], update.body["ts"]) == (channel, ts)
+            assert "snoozed until" in json.dumps(update.body["blocks"])
+            answers = [c.body for c in fake_slack.calls if c.method.startswith("response:")]
+            assert answers and "snoozed until" in answers[-1]["text"]
+            assert answers[-1]["response_type"] == "ephemeral"
+            records = [r for r in await store.records() if r.kind == "alert"]
+            assert [(r.data["alert"], r.actor) for r in records] == [
+                ("alerted", "gpubot"), ("snoozed", "slack:U0CAROL")]  # fmt: skip
+
+            # a forged button value is refused, to the clicker only
+            await h.send.click("gpubot_snooze_1h", "not-a-key", channel=channel, message_ts=ts)
+            await h.settle()
+            answers = [c.body for c in fake_slack.calls if c.method.startswith("response:")]
+            assert "not a finding key" in answers[-1]["text"]
+
+            # /gpu sweep: a read-only sweep now, answered where it was asked
+            reply = await h.send.command("sweep", user="U0BOB")
+            assert reply.status == 200
+            await h.settle()
+            last = fake_slack.ok("chat.update")[-1].body
+            assert "Sweep: 2 node(s), 0 failing, 1 finding(s)" in last["text"]
+            assert "node1 GPU 3: orphaned-vram" in json.dumps(last["blocks"])
+            assert len(fake_slack.ok("chat.postMessage")) == 2  # the alert, and "sweeping …"
+
+            # a reset through Slack is counted by outcome
+            reply = await h.send.command("reset node2 gpu 0", user="U0OWNER")
+            await h.settle()
+            assert not mine.alive()
+
+            m = scrape(sweeps.metrics_port or 0)
+            uuid = second.snapshots[0].gpus[3].uuid
+            assert value(m, "gpubot_gpu_memory_used_bytes", node="node1", gpu="3",
+                         uuid=uuid) == 4096 * MIB  # fmt: skip
+            total = value(m, "gpubot_gpu_memory_total_bytes", node="node1", gpu="3", uuid=uuid)
+            assert total == slack_fleet.memory_mib * MIB
+            assert value(m, "gpubot_gpu_utilization_ratio", node="node1", gpu="3",
+                         uuid=uuid) == 0.0  # fmt: skip
+            assert value(m, "gpubot_findings_open", kind="orphaned-vram") == 1.0
+            assert value(m, "gpubot_findings_open", kind="zombie-process") == 0.0
+            assert value(m, "gpubot_sweep_duration_seconds_count") == 3.0
+            assert value(m, "gpubot_resets_total", outcome="freed") == 1.0
+    finally:
+        n1.clear()
+        slack_fleet.node("node2").clear()
+    assert_within_limits(fake_slack)
+
+
+def test_metrics_of_a_sweep_with_a_failing_node() -> None:
+    m = Metrics()
+    gpus = (GpuInfo(0, "GPU-a", "H200", 1024, 143771, 37), GpuInfo(1, "GPU-b", "H200", None,
+                                                                   None, None))  # fmt: skip
+    m.observe_sweep([NodeSnapshot("n1", 0.0, gpus)], ["n2"], 1.5, {"hidden-holder": 2})
+    m.observe_sweep([NodeSnapshot("n1", 0.0, gpus[:1])], ["n2", "n3"], 0.5, {})
+    port = m.serve(0)
+    try:
+        s = scrape(port)
+        with pytest.raises(ConfigError, match="served already"):
+            m.serve(0)
+        taken = Metrics()
+        with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            taken.serve(port)
+    finally:
+        m.close()
+    assert value(s, "gpubot_gpu_memory_used_bytes", node="n1", gpu="0", uuid="GPU-a") == 1024 * MIB
+    assert value(s, "gpubot_gpu_utilization_ratio", node="n1", gpu="0", uuid="GPU-a") == 0.37
+    # unknown values and GPUs the last sweep did not see have no series at all
+    assert not [k for k in s if ("gpu", "1") in k[1]]
+    assert value(s, "gpubot_findings_open", kind="hidden-holder") == 0.0  # the last sweep's
+    assert value(s, "gpubot_node_failures_total", node="n2") == 2.0
+    assert value(s, "gpubot_node_failures_total", node="n3") == 1.0
+    assert value(s, "gpubot_sweep_duration_seconds_count") == 2.0
+    assert value(s, "gpubot_sweep_duration_seconds_sum") == 2.0
+    assert "gpubot_gpu_memory_used_bytes" in m.text()
