@@ -1,0 +1,191 @@
+"""``gpubot demo``: the real code paths on a throw-away simulated fleet, shown as Slack would.
+
+Four simulated nodes (in-process SSH servers on 127.0.0.1, real processes): one healthy and busy,
+one with a process that ignores SIGTERM, one with leaked VRAM, one unreachable. SQLite in a
+temporary folder; no GPU, sshd, database server or Slack needed. All it starts, it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from gpubot.app import App, build
+from gpubot.config import load
+from gpubot.console import _loop, answer, make_flows
+from gpubot.core.findings import load_sweep_config
+from gpubot.services.approvals import Identity
+from gpubot.services.sweep import AlertGroup, SweepService
+from gpubot.sim.fleet import SimFleet
+from gpubot.slack.alerts import render_alert_group, render_sweep
+from gpubot.slack.blocks import message_text
+from gpubot.slack.flows import Flows
+from gpubot.store import open_store
+
+OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the demo's options."""
+    p.add_argument(
+        "--interactive",
+        action="store_true",
+        help="drop into `gpubot console` on the demo fleet instead of the walk-through",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the walk-through (or a console) on a simulated fleet; leave nothing behind."""
+    with (
+        _workspace() as folder,
+        SimFleet(folder / "fleet", nodes=4, gpus=4, release_delay_s=0.5) as sim,
+    ):
+        me = getpass.getuser()
+        cfg = _write_config(sim, folder, me)
+        store = open_store(f"sqlite:///{folder}/gpubot.db", check_schema=False)
+        store.upgrade()
+        store.close()
+        _stage(sim)
+        return asyncio.run(_main(cfg, me, args.interactive))
+
+
+@contextmanager
+def _workspace() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="gpubot-demo-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_config(sim: SimFleet, folder: Path, me: str) -> Path:
+    cfg = folder / "gpubot.toml"
+    db = f'url = "sqlite:///{folder}/gpubot.db"'
+    text = re.sub(r'(?m)^url = "sqlite:///.*"$', db, sim.config_path.read_text(), count=1)
+    cfg.write_text(
+        text
+        + f"""
+[reset]
+grace_s = 2
+verify_timeout_s = 8
+poll_interval_s = 0.1
+
+[slack]
+channel = "C0GPUOPS"
+oncall_channel = "C0ONCALL"
+
+[users]
+{OPERATOR} = "{me}"
+{REQUESTER} = "alice"
+{ONCALL} = "olga"
+
+[approvals]
+approvers = ["{ONCALL}"]
+
+[sweep]
+interval_s = 300
+orphan_threshold_mib = 1024
+"""
+    )
+    return cfg
+
+
+def _stage(sim: SimFleet) -> None:
+    """Put the demo's processes on the fleet."""
+    n1, n2, n3, n4 = sim.nodes
+    n1.spawn(gpu=0, mib=61440, util_pct=93, name="python3")
+    n1.spawn(gpu=1, mib=30720, util_pct=71, name="python3")
+    n2.spawn(gpu=1, mib=40960, behaviour="stubborn", util_pct=0, name="python3")
+    leak = n3.spawn(gpu=2, mib=81920, behaviour="orphan", name="python3")
+    os.kill(leak.pid, signal.SIGKILL)  # dies; its memory stays allocated: the VRAM leak
+    n4.stop_server()
+
+
+def _say(title: str, text: str = "") -> None:
+    print(f"\n━━ {title}")
+    if text:
+        print(text)
+
+
+async def _main(cfg: Path, me: str, interactive: bool) -> int:
+    settings = load(cfg)
+    app = build(settings, {}, need_store=True)
+    flows = make_flows(app)  # the same flows as Slack's, printed as text
+    operator = Identity(OPERATOR, "dana", me)
+    if interactive:
+        print(f"demo fleet: 4 nodes; you are dana (Linux user {me}). Try /gpu status all, quit")
+        return await _loop(app, flows, operator, None)
+    try:
+        return await _walk(app, flows, operator)
+    finally:
+        await app.close()
+
+
+async def _walk(app: App, ask: Flows, operator: Identity) -> int:
+    started = time.monotonic()
+    alice = Identity(REQUESTER, "alice", "alice")
+    olga = Identity(ONCALL, "olga", "olga")
+
+    _say("1. /gpu status all  (what is on the GPUs right now?)")
+    print(await answer(ask, "/gpu status all", operator))
+
+    _say("2. the scheduled sweep, twice (a finding must persist across two sweeps to alert)")
+    sweeper = SweepService(
+        app.settings, load_sweep_config(app.settings.extra), app.status, app.store,
+        notifier=_PrintAlerts(),
+    )  # fmt: skip
+    await sweeper.run(alerting=True, source="demo", actor="gpubot:demo")
+    result = await sweeper.run(alerting=True, source="demo", actor="gpubot:demo")
+    print(message_text(render_sweep(result)))
+
+    _say("3. dana frees her own GPU: /gpu reset node2 gpu 1  (the process ignores SIGTERM)")
+    print(await answer(ask, "/gpu reset node2 gpu 1 grace 1", operator))
+
+    _say("4. alice asks to free node1 GPU 0, held by another user's job: a forced kill")
+    print(await answer(ask, "/gpu reset node1 gpu 0", alice))
+    store = app.store
+    assert store is not None  # build(need_store=True) opened it
+    pending = await store.approvals.pending()
+    if pending:
+        _say(f"   the on-call responder olga approves: approve {pending[0].id}")
+        print(await answer(ask, f"approve {pending[0].id}", olga))
+
+    _say("5. the leaked VRAM on node3: /gpu gpu-reset node3 gpu 2")
+    print(await answer(ask, "/gpu gpu-reset node3 gpu 2", operator))
+
+    _say("6. gpubot audit verify")
+    verdict = await store.verify()
+    print(
+        f"audit log intact: {verdict.checked} records, head {verdict.head_hash}"
+        if verdict.ok
+        else f"audit log BROKEN at record {verdict.first_bad_seq}: {verdict.reason}"
+    )
+    _say(f"done in {time.monotonic() - started:.1f} s; stopping the simulated fleet")
+    return 0 if verdict.ok else 1
+
+
+class _PrintAlerts:
+    """A notifier that prints the alert messages the bot would post to Slack."""
+
+    async def post(self, group: AlertGroup) -> tuple[str, str]:
+        """Print a new alert."""
+        print("[alert posted to #gpu-ops]\n" + message_text(render_alert_group(group)))
+        return ("C0GPUOPS", f"{time.time():.6f}")
+
+    async def update(self, where: tuple[str, str], group: AlertGroup) -> None:
+        """Print an updated alert."""
+        print("[alert updated]\n" + message_text(render_alert_group(group)))
+
+    async def remind(self, where: tuple[str, str], group: AlertGroup) -> None:
+        """Print a reminder."""
+        print("[reminder]\n" + message_text(render_alert_group(group)))

@@ -1,0 +1,54 @@
+"""``gpubot demo`` as a newcomer runs it: a subprocess with a clean environment."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _cmdlines() -> dict[int, str]:
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                out[int(entry.name)] = (
+                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                )
+    return out
+
+
+def test_demo_walks_through_and_leaves_nothing(tmp_path: Path) -> None:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "gpubot", "demo"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    out = p.stdout
+    assert "Traceback" not in p.stderr
+    for words in (
+        "1 node(s) did not answer",  # the unreachable node
+        "orphaned GPU memory",  # the sweep's finding ...
+        "node unreachable",
+        "✅ freed",  # the self-service reset of the stubborn process
+        "Waiting for an on-call approver",  # the forced kill ...
+        "Approved by @U0OLGA",  # ... approved, then run
+        "GPU reset node3 · GPU 2 · freed",  # the leaked VRAM freed by --gpu-reset
+        "audit log intact",
+    ):
+        assert words in out, words
+    # Every simulated process lives under the fleet's folder: none may outlive the demo.
+    folders = set(re.findall(r"/tmp/gpusim-[A-Za-z0-9_]+", out))
+    assert folders, "the demo's fleet folder should appear in its tables"
+    leftovers = {pid: c for pid, c in _cmdlines().items() if any(f in c for f in folders)}
+    assert not leftovers, leftovers
+    assert not any(Path(f).exists() for f in folders)
+    assert list(tmp_path.iterdir()) == [] or all(x.name.startswith(".") for x in tmp_path.iterdir())
