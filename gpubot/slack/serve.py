@@ -25,6 +25,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from gpubot.app import App, build, settings_from
 from gpubot.config import Settings
 from gpubot.errors import ConfigError
+from gpubot.slack.alerts import start_sweeps
 from gpubot.slack.api import SlackDirectory, make_client
 from gpubot.slack.app import GpuBot
 from gpubot.slack.flows import make_services
@@ -101,6 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HTTP: request path (default /slack/events)")  # fmt: skip
     parser.add_argument("--expire-every", type=float, default=30.0, metavar="S",
                         help="check approvals for expiry every S seconds (default 30)")  # fmt: skip
+    parser.add_argument("--metrics-port", type=int, metavar="P",
+                        help="serve Prometheus metrics on port P ([metrics] port)")  # fmt: skip
+    parser.add_argument("--no-sweeps", action="store_true",
+                        help="do not run scheduled sweeps in this process")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port}: not a port number (1-65535)")
     if not args.path.startswith("/"):
         raise ConfigError(f"--path {args.path!r}: must start with /")
+    if not args.expire_every > 0:
+        raise ConfigError(f"--expire-every {args.expire_every}: must be > 0 seconds")
     environ = os.environ
     tokens = read_tokens(environ, http=args.http)
     settings = settings_from(args.config, environ)
@@ -122,12 +129,14 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(
     args: argparse.Namespace, settings: Settings, tokens: Tokens, environ: Mapping[str, str]
 ) -> None:
-    app = build(settings, environ, need_store=False)
-    bot = build_bot(settings, app, tokens, http=args.http)
+    app = build(settings, environ, need_store=True)  # a database that is behind stops us here
+    sweeps = None
     try:
+        bot = build_bot(settings, app, tokens, http=args.http)
         await _check_token(bot)
-        if bot.services.approvals is None:
-            log.error("the audit log is unavailable: status works, resets are refused")
+        sweeps = await start_sweeps(
+            settings, app, bot, metrics_port=args.metrics_port, schedule=not args.no_sweeps
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -152,6 +161,8 @@ async def _serve(
             await expiry
         await bot.drain()
     finally:
+        if sweeps is not None:
+            await sweeps.stop()
         await app.close()
 
 

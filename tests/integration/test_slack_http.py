@@ -5,8 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
+from typing import Any
 
-from tests.fixtures.slack import FakeSlack, Harness, sign
+import pytest
+
+from tests.fixtures.slack import FakeSlack, Harness, sign, slack_settings_for
+
+
+@pytest.fixture(scope="module")
+def slack_settings(slack_fleet: Any) -> Any:
+    """Short SSH timeouts here: one test waits for a hung node to time out."""
+    return slack_settings_for(slack_fleet.config_path, slack_fleet.user, command_timeout_s=3.0)
 
 
 def posted(fake: FakeSlack) -> list[str]:

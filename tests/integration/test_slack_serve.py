@@ -99,6 +99,23 @@ async def test_bad_tokens_one_line_and_nonzero_exit(
     assert "xoxp-user-token" not in err and "Traceback" not in err
 
 
+async def test_database_behind_refused_at_start(
+    config: Path, fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    text = config.read_text()
+    start = text.index('url = "', text.index("[database]"))
+    behind = tmp_path / "gpubot.toml"
+    behind.write_text(text[:start] + f'url = "sqlite:///{tmp_path}/empty.db"'
+                      + text[text.index("\n", start):])  # fmt: skip
+    env = env_with(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_APP_TOKEN=APP_TOKEN,
+                   SLACK_API_URL=fake_slack.base_url)  # fmt: skip
+    code, err = await run_serve(behind, env)
+    assert code != 0
+    (line,) = err.strip().splitlines()
+    assert line.startswith("gpubot: error: ") and "gpubot db upgrade" in line
+    assert fake_slack.calls == []  # it stopped before talking to Slack
+
+
 async def test_token_refused_by_slack(config: Path, fake_slack: FakeSlack) -> None:
     env = env_with(SLACK_BOT_TOKEN="xoxb-revoked-token-1", SLACK_APP_TOKEN=APP_TOKEN,
                    SLACK_API_URL=fake_slack.base_url)  # fmt: skip
