@@ -1,9 +1,10 @@
 """The Slack Web API, made safe to call: retries on 429, text fallbacks, never an exception.
 
 ``SlackApi`` wraps ``AsyncWebClient`` (its retry handlers wait ``Retry-After`` on 429). A message
-Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks`` …) is sent again as plain
-text; a failed ``chat.update`` posts a new message. Failures are logged and return None: a Slack
-outage never stops a reset half-way or leaves an approval in a wrong state.
+Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks`` …) is sent again with its
+table as preformatted text, then as plain text; a failed ``chat.update`` posts a new message.
+Failures are logged and return None: a Slack outage never stops a reset half-way or leaves an
+approval in a wrong state.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from gpubot.errors import GpubotError
-from gpubot.slack.blocks import Message, text_only
+from gpubot.slack.blocks import Message, text_only, without_tables
 from gpubot.slack.flows import Handle
 
 log = logging.getLogger(__name__)
@@ -132,14 +133,18 @@ class SlackApi:
             return False
 
     async def _send(self, method: str, msg: Message, **where: Any) -> Any:
-        """Call a chat method with blocks; on a blocks error, once more as plain text."""
+        """Call a chat method; if Slack refuses the blocks, retry without tables, then as text."""
         call = getattr(self.client, method)
-        try:
-            return await call(**where, **msg)
-        except SlackApiError as exc:
-            if _error(exc) not in BLOCK_ERRORS or "blocks" not in msg:
-                raise
-            log.warning("%s refused the blocks (%s): sending text", method, _error(exc))
+        plain = without_tables(msg)
+        for attempt in (msg, plain):
+            if attempt is None:
+                continue
+            try:
+                return await call(**where, **attempt)
+            except SlackApiError as exc:
+                if _error(exc) not in BLOCK_ERRORS or not attempt.get("blocks"):
+                    raise
+                log.warning("%s refused the blocks (%s): simpler next", method, _error(exc))
         return await call(**where, **text_only(msg), blocks=[])
 
 

@@ -422,6 +422,26 @@ def message_text(message: Mapping[str, Any]) -> str:
     return "\n".join(line for line in out if line.strip())
 
 
+def without_tables(message: Mapping[str, Any]) -> Message | None:
+    """Return a copy with each table block turned into preformatted text; None if none."""
+    blocks = list(message.get("blocks") or [])
+    if not any(b.get("type") == "table" for b in blocks):
+        return None
+    out: list[Block] = []
+    for blk in blocks:
+        if blk.get("type") != "table":
+            out.append(blk)
+            continue
+        lines = [code_safe(line) for line in table_text([[c["text"] for c in r]
+                                                          for r in blk["rows"]])]  # fmt: skip
+        chunk = Budget(MAX_BLOCKS)
+        chunk.add_pre(lines)
+        out.extend(chunk.blocks)
+    if len(out) > MAX_BLOCKS:
+        out = [*out[: MAX_BLOCKS - 1], context("… the rest did not fit in one message")]
+    return {**message, "blocks": out}
+
+
 def text_only(message: Mapping[str, Any]) -> Message:
     """Return a blocks-free copy of ``message`` carrying its content as text."""
     return {"text": clip(escape(message_text(message)), MAX_FALLBACK)}

@@ -7,6 +7,7 @@ maps to someone else, so his resets of them are forced kills that need on-call a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -223,7 +224,7 @@ async def test_non_approver_refused_then_group_member_approves(
     await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0ERIN", message_ts=ts)
     await harness.settle()
     assert not alive(w.pid)
-    assert harness.fake.of("usergroups.users.list")  # membership came from Slack
+    assert len(harness.fake.ok("usergroups.users.list")) == 1  # read from Slack, then cached
     assert (await harness.store.approvals.get(approval_id)).decided_by == "U0ERIN"
 
 
@@ -278,13 +279,25 @@ async def test_rate_limited_post_waits_and_succeeds(harness: Harness, node1: Any
     assert harness.fake.ok("chat.update")[-1].body["ts"] == calls[1].answer["ts"]
 
 
-async def test_rejected_blocks_fall_back_to_text(harness: Harness, node1: Any) -> None:
+async def test_rejected_table_falls_back_to_preformatted(harness: Harness, node1: Any) -> None:
     w = node1.spawn(gpu=0, mib=1234)
-    harness.fake.fail("chat.update", "invalid_blocks")
+    harness.fake.fail("chat.update", "invalid_blocks")  # e.g. a workspace without table blocks
     await harness.send.command("status node1")
     await harness.settle()
     failed, retried = harness.fake.of("chat.update")
     assert failed.status == 200 and failed.answer["error"] == "invalid_blocks"
+    assert any(b["type"] == "table" for b in blocks_of(failed))
+    assert retried.answer["ok"] and not any(b["type"] == "table" for b in blocks_of(retried))
+    assert f"{w.pid} 1234 MiB" in text_of(retried) and "```" in text_of(retried)
+
+
+async def test_rejected_blocks_fall_back_to_text(harness: Harness, node1: Any) -> None:
+    w = node1.spawn(gpu=0, mib=1234)
+    harness.fake.fail("chat.update", "msg_too_long", times=2)
+    await harness.send.command("status node1")
+    await harness.settle()
+    *failed, retried = harness.fake.of("chat.update")
+    assert [f.answer["error"] for f in failed] == ["msg_too_long", "msg_too_long"]
     assert retried.answer["ok"] and not retried.body.get("blocks")
     assert f"{w.pid} 1234 MiB" in retried.body["text"]  # the content survives as text
 
@@ -348,3 +361,26 @@ async def test_sweep_now(harness: Harness, node1: Any) -> None:
     assert "GPU reset node1 · GPU 2 · freed" in message_text(done.body)
     (action,) = await harness.store.actions()
     assert action.kind == "gpu-reset" and action.status == "freed"
+
+
+async def test_identity_from_the_profile_email(harness: Harness, node1: Any) -> None:
+    approvals = harness.bot.services.approvals
+    policy = dataclasses.replace(approvals.policy, email_local_part=True,
+                                 email_domains=("example.org",), permissions=None)  # fmt: skip
+    approvals.policy = policy
+    w = node1.spawn(gpu=3, mib=700)
+    harness.fake.emails["U0FRANK"] = f"{w.user}@example.org"  # Frank is the owner on the boxes
+    await harness.send.command("reset node1 gpu 3", user="U0FRANK")
+    await harness.settle()
+    assert not alive(w.pid)  # his own processes: no approval needed
+    assert not [c for c in harness.fake.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
+    (info,) = harness.fake.of("users.info")
+    assert info.body["user"] == "U0FRANK"
+
+    w2 = node1.spawn(gpu=3, mib=700)
+    harness.fake.emails["U0GINA"] = f"{w2.user}@elsewhere.com"  # not a trusted domain
+    await harness.send.command("reset node1 gpu 3", user="U0GINA")
+    await harness.settle()
+    assert alive(w2.pid)
+    request_in_oncall(harness.fake)  # unknown on the boxes: every kill is forced
+    assert "no known Linux user" in text_of(harness.fake.ok("chat.update")[-1])

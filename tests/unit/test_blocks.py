@@ -261,3 +261,12 @@ def test_text_only_keeps_content_and_escapes() -> None:
     assert set(msg) == {"text"}
     assert "alice 4242" in msg["text"] and "&lt;!channel&gt;" in msg["text"]
     assert len(msg["text"]) <= bk.MAX_FALLBACK
+
+
+def test_without_tables_keeps_the_rows_as_preformatted_text() -> None:
+    msg = bk.render_fleet(big_fleet(), {}, seconds=1.0)
+    plain = bk.without_tables(msg)
+    assert plain is not None and bk.limit_problems(plain) == []
+    assert not any(b["type"] == "table" for b in plain["blocks"])
+    assert "node026" in bk.message_text(plain) and plain["text"] == msg["text"]
+    assert bk.without_tables(bk.render_text("x")) is None
