@@ -237,8 +237,8 @@ class ApprovalService:
                 on_event=on_event, approval_id=approval.id,
                 grace_s=float(grace) if isinstance(grace, int | float) else None,
             )  # fmt: skip
-        except GpubotError as exc:
-            await self._finish(approval.id, ok=False, result={"error": str(exc)})
+        except BaseException as exc:  # never leave it "approved" with nothing running
+            await self._finish(approval.id, ok=False, result={"error": str(exc) or repr(exc)})
             raise
         await self._finish(approval.id, ok=True, result={
             "action_id": result.action_id, "ok": result.ok,

@@ -200,11 +200,18 @@ class Flows:
         expires = unix(approval.expires_at) or 0.0
         request = render_approval_request(approval.id, plan, who.id, who.linux_user, expires)
         where = await out.post(request, channel=self.svc.policy.approval_channel)
+        note = None
         if where is not None:
             await self._remember(approval.id, where)
+        elif self.source == "slack":
+            note = (
+                "⚠ The request could not be posted for the approvers; one can still decide it "
+                f"with `gpubot console --as THEIR_ID`, then `approve {approval.id}`."
+            )
         waiting = render_approval_state(
-            approval.id, plan, who.id, who.linux_user, state="pending", by=None, at=expires
-        )
+            approval.id, plan, who.id, who.linux_user, state="pending", by=None, at=expires,
+            note=note,
+        )  # fmt: skip
         self.waiting[approval.id] = await out.update(handle, waiting)
 
     async def gpu_reset(self, cmd: c.GpuReset, who: Identity, out: Surface, *, text: str) -> None:

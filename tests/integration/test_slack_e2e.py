@@ -384,3 +384,18 @@ async def test_identity_from_the_profile_email(harness: Harness, node1: Any) -> 
     assert alive(w2.pid)
     request_in_oncall(harness.fake)  # unknown on the boxes: every kill is forced
     assert "no known Linux user" in text_of(harness.fake.ok("chat.update")[-1])
+
+
+async def test_unpostable_request_tells_the_requester_how_to_decide(
+    harness: Harness, node1: Any
+) -> None:
+    w = node1.spawn(gpu=2, mib=800)
+    harness.fake.fail("chat.postMessage", "not_in_channel", channel="C0ONCALL")
+    await harness.send.command("reset node1 gpu 2", user="U0BOB")
+    await harness.settle()
+    waiting = harness.fake.ok("chat.update")[-1]
+    assert "could not be posted for the approvers" in text_of(waiting)
+    assert "approve 1" in text_of(waiting)
+    approval = await harness.store.approvals.get(1)
+    assert approval is not None and approval.state is ApprovalState.PENDING
+    assert approval.channel is None and alive(w.pid)
