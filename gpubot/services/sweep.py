@@ -505,11 +505,15 @@ class SweepService:
         return alert
 
     def _open_counts(self, result: SweepResult) -> dict[str, int]:
-        """Return confirmed open findings by kind (every kind, zeros included)."""
+        """Return confirmed open findings by kind (every kind, zeros included).
+
+        Confirmed as the scheduled sweeps count: a finding seen once (or by a sweep by hand
+        only) is not open yet.
+        """
         counts = {k.value: 0 for k in FindingKind}
         now = datetime.fromtimestamp(result.started_at, UTC)
         for f in result.findings:
             state = result.known.get(f.key)
-            if state is None or confirmed(f.kind, state, now, self.config):
+            if state is not None and confirmed(f.kind, state, now, self.config):
                 counts[f.kind.value] += 1
         return counts

@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpubot.app import build
-from gpubot.core.models import GpuInfo, NodeSnapshot
+from gpubot.core.findings import Finding, Readiness
+from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
+from gpubot.services.sweep import AlertGroup, AlertItem, store_key
 from gpubot.sim.fleet import SimFleet
-from gpubot.slack.alerts import Sweeps, start_sweeps
+from gpubot.slack.alerts import Sweeps, render_alert_group, render_reminder, start_sweeps
+from gpubot.slack.blocks import limit_problems, message_text
 from gpubot.slack.serve import Tokens, build_bot, start_http
 from tests.fixtures.db import temp_database
 from tests.fixtures.slack import (
@@ -203,3 +207,35 @@ def test_metrics_of_a_sweep_with_a_failing_node() -> None:
     assert value(s, "gpubot_sweep_duration_seconds_count") == 2.0
     assert value(s, "gpubot_sweep_duration_seconds_sum") == 2.0
     assert "gpubot_gpu_memory_used_bytes" in m.text()
+
+
+def test_a_crowded_alert_fits_slack() -> None:
+    """64 GPUs with a finding each, long names and readiness lists: within every limit."""
+    now = datetime.now(UTC)
+    gpus = tuple(GpuInfo(i, f"GPU-{i}", "H200", 9000, 143771, 0) for i in range(64))
+    procs = tuple(GpuProcess(10_000 + i, i, 9000, "x" * 300, False, True, user="<!channel>",
+                             command="y" * 500) for i in range(64))  # fmt: skip
+    items = []
+    for i in range(64):
+        kind = FindingKind.HIDDEN_HOLDER if i % 2 else FindingKind.ORPHANED_VRAM
+        f = Finding("node1", i, kind, f"{10_000 + i}:1" if i % 2 else "", "z<@U0>&" * 200)
+        ready = Readiness(i, ("p" * 400,) * 8, "running (pid 1)", tuple(range(64)), "", None, None)
+        resolved = now if i % 5 == 0 else None
+        items.append(AlertItem(store_key(f.key), f, now - timedelta(hours=3), resolved,
+                               now + timedelta(hours=1), ready))  # fmt: skip
+    group = AlertGroup("node1", tuple(items), NodeSnapshot("node1", 0.0, gpus, procs), now)
+    for msg in (render_alert_group(group), render_reminder(group)):
+        assert limit_problems(msg) == [], limit_problems(msg)
+        # mrkdwn (and the notification text) is escaped; table cells are raw text by type
+        mrkdwn = [msg["text"]] + [
+            t["text"]
+            for b in msg["blocks"]
+            for t in ([b["text"]] if "text" in b else []) + b.get("elements", [])
+            if t.get("type") == "mrkdwn" or b["type"] == "header"
+        ]
+        assert not [t for t in mrkdwn if "<!channel>" in t or "<@U0>" in t]
+    assert "z&lt;@U0&gt;&amp;" in json.dumps(render_alert_group(group))
+    text = message_text(render_alert_group(group))
+    assert "51 of 64 findings open" in text and "more finding(s) on node1" in text
+    assert "resolved* after 3 h" not in text and "resolved after 3 h" in text
+    assert "snoozed until" in text
