@@ -91,22 +91,24 @@ def snooze_buttons(key_text: str) -> list[dict[str, Any]]:
 
 
 def _item_text(item: AlertItem, now: datetime) -> str:
+    # Each part is clipped, so that the state line always fits the section's 3000 characters.
+    summary = clip(escape(_summary(item)), 600)
     lines = []
     if item.resolved_at is not None:
         lasted = duration_text((item.resolved_at - item.first_seen).total_seconds())
         lines.append(f"✅ ~{escape(_where(item))}: {escape(_title(item))}~ — "
                      f"*resolved* after {lasted}")  # fmt: skip
-        if _summary(item):
-            lines.append(f"_{escape(_summary(item))}_")
+        if summary:
+            lines.append(f"_{summary}_")
         return "\n".join(lines)
     lines.append(f"⚠ *{escape(_where(item))}: {escape(_title(item))}*")
-    if _summary(item):
-        lines.append(escape(_summary(item)))
+    if summary:
+        lines.append(summary)
     if item.finding is not None and item.finding.owner:
-        lines.append(f"owner: {escape(item.finding.owner)}")
+        lines.append(f"owner: {clip(escape(item.finding.owner), 200)}")
     if item.readiness is not None:
         lines.append("_before a GPU reset:_\n" + "\n".join(
-            f"• {escape(line)}" for line in item.readiness.lines()))  # fmt: skip
+            f"• {clip(escape(line), 250)}" for line in item.readiness.lines()))  # fmt: skip
     state = f"first seen {date(item.first_seen.timestamp())}"
     if item.snoozed_until is not None and item.snoozed_until > now:
         state += f" · 🔕 snoozed until {date(item.snoozed_until.timestamp())}"
