@@ -12,14 +12,16 @@ maintainers to apply. ``apply(name)`` patches the running process;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 NAMES = ("coalesce",)
+Undo = Callable[[], None]
 
 
-def _coalesce() -> None:
+def _coalesce() -> Undo:
     from gpubot.services.status import FleetStatus, StatusService
 
     original = StatusService.fleet
@@ -51,13 +53,31 @@ def _coalesce() -> None:
 
     StatusService.fleet = fleet  # type: ignore[method-assign]
 
+    def undo() -> None:
+        StatusService.fleet = original  # type: ignore[method-assign]
 
-def apply(name: str) -> None:
-    """Patch this process with experiment ``name``."""
-    if name == "coalesce":
-        _coalesce()
-    elif name:
+    return undo
+
+
+_EXPERIMENTS: dict[str, Callable[[], Undo]] = {"coalesce": _coalesce}
+
+
+def apply(name: str) -> Undo:
+    """Patch this process with experiment ``name``; return what undoes it."""
+    if name not in _EXPERIMENTS:
         raise SystemExit(f"unknown experiment {name!r} (known: {', '.join(NAMES)})")
+    return _EXPERIMENTS[name]()
+
+
+@contextlib.contextmanager
+def patched(name: str) -> Iterator[None]:
+    """Apply experiment ``name`` (nothing for '') while the block runs."""
+    undo = apply(name) if name else None
+    try:
+        yield
+    finally:
+        if undo is not None:
+            undo()
 
 
 def main(argv: list[str]) -> int:

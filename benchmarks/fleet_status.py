@@ -223,6 +223,8 @@ class FleetBench:
             ANSIBLE_LOCAL_TEMP=f"{home}/tmp",
             ANSIBLE_REMOTE_TEMP=f"{home}/rtmp",
             ANSIBLE_PIPELINING="True",
+            ANSIBLE_SSH_CONTROL_PATH_DIR=f"{home}/cp",
+            ANSIBLE_PERSISTENT_CONTROL_PATH_DIR=f"{home}/pcp",
             ANSIBLE_HOST_KEY_CHECKING="True",
             ANSIBLE_NOCOLOR="1",
             ANSIBLE_CONFIG=str(self.work / "ansible.cfg"),

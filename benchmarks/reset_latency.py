@@ -10,11 +10,12 @@ over SSH, audit in SQLite). One timeline per reset, from clocks on the same mach
 - released: ``died + release delay``, when the sim gives the memory back;
 - freed: the ``gpu_outcome`` event that says ``freed``.
 
-Segments: planning = planned - request; signalling = signalled - planned; waiting for exit =
-died - signalled (0 if it died before the signal exec returned; for stubborn it holds the grace
-period and SIGKILL); release = released - max(died, signalled); verification overhead =
-freed - released, i.e. what gpubot adds beyond the sim's own delays, to be within one poll
-interval.
+The sim's release delay is the base delay plus a part of one poll interval that changes every
+repeat (see ``measure``). Segments: planning = planned - request; signalling = signalled -
+planned; waiting for exit = died - signalled (0 if it died before the signal exec returned; for
+stubborn it holds the grace period and SIGKILL); release = released - max(died, signalled);
+verification overhead = freed - released, i.e. what gpubot adds beyond the sim's own delays,
+to be within one poll interval.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.experiments import patched
 from gpubot.config import Settings, load
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
@@ -66,6 +68,10 @@ class ResetSeries:
         """Return the largest value of one segment over the freed runs."""
         vals = [r.segments[seg] for r in self.runs if r.outcome == Outcome.FREED.value]
         return max(vals) if vals else None
+
+
+def _label(behaviour: str, experiment: str) -> str:
+    return f"{behaviour} + {experiment}" if experiment else behaviour
 
 
 def reset_settings(fleet: SimFleet, grace_s: float, poll_s: float | None) -> Settings:
@@ -119,25 +125,38 @@ async def measure(
     grace_s: float,
     user: str | None,
     log: Callable[[str], None],
+    experiments: Sequence[str] = (),
 ) -> tuple[dict[str, ResetSeries], dict[str, Any]]:
-    """Reset a normal and a stubborn workload ``repeat`` times each, alternating."""
+    """Reset a normal and a stubborn workload ``repeat`` times each (and under each experiment).
+
+    Series are keyed ``behaviour`` or ``behaviour + experiment``; all of them alternate.
+    """
     settings = reset_settings(fleet, grace_s, None)
     store = open_store(f"sqlite:///{work}/reset-audit.db", check_schema=False)
     store.upgrade()
     transport = make_transport(settings.ssh)
     status = StatusService(settings, transport, store)
     engine = ResetService(settings, transport, store, status, NodeLocks())
-    series = {b: ResetSeries(b) for b in BEHAVIOURS}
+    cases = [(b, e) for e in ("", *experiments) for b in BEHAVIOURS]
+    series = {_label(b, e): ResetSeries(_label(b, e)) for b, e in cases}
     try:
         await status.fleet([fleet.nodes[0].name])  # connect first: a bot's connection is warm
+        base_delay = fleet.nodes[0].release_delay_s
+        poll = settings.reset.poll_interval_s
         for r in range(repeat):
-            order = BEHAVIOURS if r % 2 == 0 else tuple(reversed(BEHAVIOURS))
-            for b in order:
-                run = await one_reset(engine, fleet, b, user)
-                series[b].runs.append(run)
+            # The release delay sweeps one poll interval (golden-ratio steps): with a delay that
+            # is a multiple of the interval, polls paced from the signal would land right on the
+            # release and flatter the overhead. Every case of one repeat gets the same delay.
+            fleet.nodes[0].release_delay_s = base_delay + poll * ((r + 1) * 0.6180339887 % 1.0)
+            order = cases[r % len(cases) :] + cases[: r % len(cases)]
+            for b, e in order:
+                with patched(e):
+                    run = await one_reset(engine, fleet, b, user)
+                series[_label(b, e)].runs.append(run)
                 s = run.segments
                 log(
-                    f"  reset {b:<8} {r + 1}/{repeat}: {run.outcome:<8} total {s['total']:.3f} s"
+                    f"  reset {_label(b, e):<18} {r + 1}/{repeat}: {run.outcome:<8}"
+                    f" total {s['total']:.3f} s"
                     f" (plan {s['planning']:.3f}, signal {s['signalling']:.3f},"
                     f" exit {s['exit']:.3f}, release {s['release']:.3f},"
                     f" overhead {s['overhead']:.3f}) {run.signals}"
@@ -145,9 +164,11 @@ async def measure(
     finally:
         await transport.close()
         store.close()
+    fleet.nodes[0].release_delay_s = base_delay
     info = {
+        "experiments": list(experiments),
         "poll_interval_s": settings.reset.poll_interval_s,
         "grace_s": grace_s,
-        "release_delay_s": fleet.nodes[0].release_delay_s,
+        "release_delay_s": base_delay,
     }
     return series, info

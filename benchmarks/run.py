@@ -178,15 +178,16 @@ def run_slack(a: argparse.Namespace, fleet: SimFleet, work: Path, res: dict[str,
     """The acknowledgement burst, as gpubot is and with each experiment."""
     config = slack_ack.write_config(fleet, work)
     res["slack"] = []
-    for exp in ["", *[e for e in a.experiments.split(",") if e]]:
+    for exp in ["", *[e for e in a.experiments.split(",") if e in ("coalesce",)]]:
         label = "gpubot" if not exp else f"gpubot + {exp}"
         log(
             f"  slack burst: {a.slack_requests} x /gpu status all over {fleet.size} nodes ({label})"
         )
         r = asyncio.run(slack_ack.burst(config, a.slack_requests, a.slack_wait, exp, label))
         log(
-            f"    ack p50 {fmt_ms(r.p50)} ms p99 {fmt_ms(r.p99)} ms, answered {r.answered}/"
-            f"{r.requests}, last {fmt_s(r.last_answer_s, 1)} s, bad {len(r.bad)}"
+            f"    ack p50/p99 {fmt_ms(r.p50)}/{fmt_ms(r.p99)} ms, busy {fmt_ms(r.busy_p50)}/"
+            f"{fmt_ms(r.busy_p99)} ms, answered {r.answered}/{2 * r.requests}, "
+            f"last {fmt_s(r.last_answer_s, 1)} s, bad {len(r.bad) + len(r.busy_bad)}"
         )
         res["slack"].append(r)
         res["slack_nodes"] = fleet.size
@@ -397,7 +398,8 @@ def _reset_table(res: dict[str, Any]) -> list[str]:
         "### Reset latency (ms, median; request → freed)",
         "",
         f"Poll interval {info['poll_interval_s']} s (gpubot's default), grace period "
-        f"{info['grace_s']} s, sim release delay {info['release_delay_s']} s; one warm SSH "
+        f"{info['grace_s']} s, sim release delay {info['release_delay_s']} s plus a part of one "
+        "poll interval that changes every repeat (so polls cannot line up with it); one warm SSH "
         "connection, audit in SQLite. Overhead = freed − (death + release delay): what gpubot "
         "adds beyond the sim's own delays.",
         "",
@@ -422,31 +424,44 @@ def _reset_table(res: dict[str, Any]) -> list[str]:
 def _slack_table(res: dict[str, Any]) -> list[str]:
     rows = []
     for r in res["slack"]:
-        rows.append(
-            [
-                r.label,
-                str(r.requests),
-                f"{len(r.acks)}",
-                fmt_ms(r.p50),
-                fmt_ms(r.p99),
-                fmt_ms(max(r.acks) if r.acks else None),
-                f"{r.answered}/{r.requests}",
-                fmt_s(r.last_answer_s, 1),
-            ]
+        waves = (
+            ("idle", r.acks, r.bad, r.p50, r.p99),
+            (
+                f"+{r.busy_after_s:.1f} s, fleet work running",
+                r.busy_acks,
+                r.busy_bad,
+                r.busy_p50,
+                r.busy_p99,
+            ),
         )
+        for i, (when, acks, _bad, p50, p99) in enumerate(waves):
+            rows.append(
+                [
+                    r.label if i == 0 else "",
+                    when,
+                    str(r.requests),
+                    f"{len(acks)}",
+                    fmt_ms(p50),
+                    fmt_ms(p99),
+                    fmt_ms(max(acks) if acks else None),
+                    f"{r.answered}/{2 * r.requests}" if i == 0 else "",
+                    fmt_s(r.last_answer_s, 1) if i == 0 else "",
+                ]
+            )
     return [
-        f"### Slack acknowledgement: concurrent signed `/gpu status all` over {res['slack_nodes']} "
-        "nodes",
+        f"### Slack acknowledgement: bursts of concurrent signed `/gpu status all` over "
+        f"{res['slack_nodes']} nodes",
         "",
         table(
             [
                 "bot",
+                "burst sent",
                 "requests",
                 "HTTP 200",
                 "ack p50 ms",
                 "ack p99 ms",
                 "ack max ms",
-                "answers posted",
+                "answers posted (both bursts)",
                 "last answer s",
             ],
             rows,
@@ -488,9 +503,11 @@ def _targets(res: dict[str, Any]) -> list[str]:
             f"- sequential OpenSSH loop / warm = {_x(r4)}",
         ]
     for r in res.get("slack", []):
-        ok = None if r.p99 is None else (r.p99 < TARGETS["ack_p99_s"] and not r.bad)
+        worst = max([x for x in (r.p99, r.busy_p99) if x is not None], default=None)
+        ok = None if worst is None else (worst < TARGETS["ack_p99_s"] and not r.bad + r.busy_bad)
         lines.append(
-            f"- Slack ack p99 ({r.label}) = {fmt_ms(r.p99)} ms (target < 300 ms): {_verdict(ok)}"
+            f"- Slack ack p99 ({r.label}) = {fmt_ms(r.p99)} ms idle, {fmt_ms(r.busy_p99)} ms while "
+            f"the fleet work runs (target < 300 ms): {_verdict(ok)}"
         )
     lines.append("")
     return lines

@@ -1,16 +1,18 @@
 """Slack acknowledgement under a burst: N concurrent signed ``/gpu status all`` requests.
 
 ``gpubot serve --http`` runs as a real process over the simulated fleet, with its Web API
-pointed at the loopback fake of Slack from ``tests/fixtures/slack.py``. The benchmark sends the
+pointed at the loopback fake of Slack from ``tests/fixtures/slack.py``. The benchmark sends a
 burst at once (each request on its own connection, signed like Slack) and times each HTTP 200:
 that is the acknowledgement Slack waits at most 3 s for. Every request then starts a fleet
-status in the bot, so the later acks land while that work runs. Afterwards it waits (bounded)
-for the answers and reports how many arrived and when the last one did.
+status in the bot. A second, equal burst goes out ``busy_after_s`` later, while that fleet work
+runs, and is timed the same way. Afterwards it waits (bounded) for all the answers and reports
+how many arrived and when the last one did.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -31,14 +33,18 @@ from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack, SlackSender
 
 @dataclass
 class AckResult:
-    """What one burst measured."""
+    """What one burst measured (``busy``: the second burst, sent while the first one's work ran)."""
 
     label: str
     requests: int
     acks: list[float] = field(default_factory=list)  # seconds to each HTTP 200
     bad: list[str] = field(default_factory=list)  # non-200 answers
-    answered: int = 0  # final status messages posted within the wait
-    last_answer_s: float | None = None  # from the burst's start to the last answer
+    answered: int = 0  # final status messages posted within the wait (both bursts)
+    last_answer_s: float | None = None  # from the first burst's start to the last answer
+    busy_acks: list[float] = field(default_factory=list)
+    busy_bad: list[str] = field(default_factory=list)
+    busy_after_s: float = 0.0  # when the second burst was sent, after the first
+    calls: dict[str, int] = field(default_factory=dict)  # Web API / response_url calls made
 
     @property
     def p50(self) -> float | None:
@@ -49,6 +55,16 @@ class AckResult:
     def p99(self) -> float | None:
         """99th percentile (nearest rank) of the acknowledgement times."""
         return percentile(self.acks, 99) if self.acks else None
+
+    @property
+    def busy_p50(self) -> float | None:
+        """Median acknowledgement time of the second burst."""
+        return percentile(self.busy_acks, 50) if self.busy_acks else None
+
+    @property
+    def busy_p99(self) -> float | None:
+        """99th percentile of the second burst's acknowledgement times."""
+        return percentile(self.busy_acks, 99) if self.busy_acks else None
 
 
 def write_config(fleet: SimFleet, work: Path) -> Path:
@@ -96,22 +112,58 @@ async def _wait_healthy(port: int, proc: asyncio.subprocess.Process, timeout: fl
 
 
 def _finals(fake: FakeSlack) -> list[float]:
-    """Return when each final status answer (not the "⏳ asking" placeholder) was posted."""
-    out = []
+    """Return when each request got its final answer (not the "⏳ asking" placeholder).
+
+    The bot posts a placeholder and then updates it (``chat.update`` of that message's ``ts``)
+    or answers on the request's own ``response_url`` (``response:cmdN``): the first final
+    answer per message or per URL counts.
+    """
+    first: dict[str, float] = {}
     for call in fake.calls:
         if not call.method.startswith(("response:", "chat.")):
             continue
         body = call.body
         text = str(body.get("text", "")) + json.dumps(body.get("blocks", ""), ensure_ascii=False)
         if "⏳" not in text:
-            out.append(call.at)
-    return out
+            if call.method.startswith("response:"):
+                key = call.method
+            elif call.method == "chat.update":
+                key = f"update:{body.get('channel')}:{body.get('ts')}"
+            else:
+                key = f"{call.method}:{id(call)}"
+            first.setdefault(key, call.at)
+    return sorted(first.values())
+
+
+async def _send_burst(
+    sender: SlackSender, requests: int, tag: str
+) -> tuple[list[float], list[str]]:
+    """Send ``requests`` signed ``/gpu status all`` at once; return ack times and failures."""
+    bodies = [sender.command_body("status all", user=f"U0{tag}{i:04d}") for i in range(requests)]
+    replies = await asyncio.gather(
+        *(sender.send(b, "application/x-www-form-urlencoded") for b in bodies),
+        return_exceptions=True,
+    )
+    acks, bad = [], []
+    for r in replies:
+        if isinstance(r, BaseException):
+            bad.append(repr(r)[:200])
+        elif r.status != 200:
+            bad.append(f"HTTP {r.status}: {r.text[:100]}")
+        else:
+            acks.append(r.seconds)
+    return acks, bad
 
 
 async def burst(
-    config: Path, requests: int, wait_s: float, experiment: str = "", label: str = "gpubot"
+    config: Path,
+    requests: int,
+    wait_s: float,
+    experiment: str = "",
+    label: str = "gpubot",
+    busy_after_s: float = 1.0,
 ) -> AckResult:
-    """Start ``gpubot serve --http``, send the burst, return the acknowledgement times."""
+    """Start ``gpubot serve --http``; send a burst, and another while its work runs; time acks."""
     fake = FakeSlack()
     await fake.start()
     port = _free_port()
@@ -139,24 +191,18 @@ async def burst(
     try:
         await _wait_healthy(port, proc, 60)
         sender = SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake)
-        bodies = [sender.command_body("status all", user=f"U0B{i:04d}") for i in range(requests)]
         started = time.monotonic()
-        replies = await asyncio.gather(
-            *(sender.send(b, "application/x-www-form-urlencoded") for b in bodies),
-            return_exceptions=True,
-        )
-        for r in replies:
-            if isinstance(r, BaseException):
-                result.bad.append(repr(r)[:200])
-            elif r.status != 200:
-                result.bad.append(f"HTTP {r.status}: {r.text[:100]}")
-            else:
-                result.acks.append(r.seconds)
+        result.acks, result.bad = await _send_burst(sender, requests, "A")
+        # The first burst's fleet work is running now: the second burst's acks wait on it.
+        await asyncio.sleep(max(0.0, started + busy_after_s - time.monotonic()))
+        result.busy_after_s = time.monotonic() - started
+        result.busy_acks, result.busy_bad = await _send_burst(sender, requests, "B")
         left = started + wait_s - time.monotonic()
         with contextlib.suppress(AssertionError):  # not all answered in time: counted below
-            await fake.wait_for(lambda: len(_finals(fake)) >= requests, timeout=max(0.1, left))
+            await fake.wait_for(lambda: len(_finals(fake)) >= 2 * requests, timeout=max(0.1, left))
         finals = _finals(fake)
         result.answered = len(finals)
+        result.calls = dict(collections.Counter(c.method.split(":")[0] for c in fake.calls))
         result.last_answer_s = max(finals) - started if finals else None
     finally:
         if proc.returncode is None:

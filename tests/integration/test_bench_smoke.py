@@ -52,8 +52,9 @@ def test_smoke_run_measures_every_part(tmp_path: Path) -> None:
         )  # the sim's delay (less what signalling overlapped)
 
     (burst,) = data["slack"]
-    assert burst["bad"] == [] and len(burst["acks"]) == burst["requests"] == 10
-    assert burst["answered"] == 10
+    assert burst["bad"] == burst["busy_bad"] == []
+    assert len(burst["acks"]) == len(burst["busy_acks"]) == burst["requests"] == 10
+    assert burst["answered"] == 20
 
     (rendered, with_failures) = data["slack_render"]
     assert rendered["nodes"] == 1000 and rendered["problems"] == []
