@@ -7,17 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpubot.config import Settings, config_path, load
-from gpubot.core.ports import AuditStore, Transport
+from gpubot.core.ports import AuditStore, Locks, Transport
 from gpubot.errors import StoreError
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.ssh import make_transport
 from gpubot.ssh.local import nvml_query
 from gpubot.store import Store, open_store
+from gpubot.store.locks import DbLocks
 
 log = logging.getLogger(__name__)
 
-_LOCKS = NodeLocks()  # one registry per process: every front end shares it
+_LOCAL_LOCKS = NodeLocks()  # without a database: one registry per process
 
 
 @dataclass
@@ -59,7 +60,9 @@ def build(settings: Settings, environ: Mapping[str, str], *, need_store: bool) -
     transport = make_transport(settings.ssh)
     status = StatusService(settings, transport, store, nvml=nvml_query)
     audit: AuditStore = store if store is not None else _NoStore()
-    reset = ResetService(settings, transport, audit, status, _LOCKS)
+    # With a database, a node's reset is exclusive across replicas (PostgreSQL advisory locks).
+    locks: Locks = DbLocks(store.engine) if store is not None else _LOCAL_LOCKS
+    reset = ResetService(settings, transport, audit, status, locks)
     return App(settings, transport, store, status, reset)
 
 

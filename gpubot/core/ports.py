@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from gpubot.core.models import CommandResult, NodeConfig
@@ -19,6 +20,14 @@ class Transport(Protocol):
 
     async def close(self) -> None:
         """Close every pooled connection."""
+        ...
+
+
+class Locks(Protocol):
+    """Named locks that are never waited for: a held lock raises ``LockHeld`` naming its holder."""
+
+    def hold(self, name: str, *, holder: str = "") -> AbstractAsyncContextManager[None]:
+        """Hold ``name`` for the block or raise ``LockHeld`` at once."""
         ...
 
 

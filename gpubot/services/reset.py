@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -18,10 +18,10 @@ from gpubot.config import Settings
 from gpubot.core.models import GpuProcess, NodeConfig, NodeSnapshot, Outcome
 from gpubot.core.outcome import GpuObservation, GpuResult, Newcomer, Survivor, classify
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
-from gpubot.core.ports import AuditStore, Transport
+from gpubot.core.ports import AuditStore, Locks, Transport
 from gpubot.core.probe import parse_procs, proc_argv
 from gpubot.core.signals import PidReport, parse_signal_output, signal_argv
-from gpubot.errors import GpubotError, ResetRefused, UsageError
+from gpubot.errors import GpubotError, LockHeld, ResetRefused, UsageError
 from gpubot.services.status import StatusService
 
 
@@ -71,22 +71,27 @@ EventSink = Callable[[ResetEvent], Awaitable[None]]
 
 
 class NodeLocks:
-    """One reset per node at a time; a second is refused with who holds the node and since when."""
+    """In-process named locks (one process, no shared database): the default ``Locks``."""
 
     def __init__(self) -> None:
         self._held: dict[str, tuple[str, float]] = {}
 
-    @contextmanager
-    def hold(self, node: str, holder: str) -> Iterator[None]:
-        """Hold ``node`` for ``holder`` or raise ``ResetRefused``."""
-        if node in self._held:
-            who, since = self._held[node]
-            raise ResetRefused(f"{node} is already being reset by {who} since {_iso(since)}")
-        self._held[node] = (holder, time.time())
+    @asynccontextmanager
+    async def hold(self, name: str, *, holder: str = "") -> AsyncIterator[None]:
+        """Hold ``name`` or raise ``LockHeld`` naming who holds it and since when."""
+        if name in self._held:
+            who, since = self._held[name]
+            raise LockHeld(name, f"{who} since {_iso(since)}")
+        self._held[name] = (holder, time.time())
         try:
             yield
         finally:
-            del self._held[node]
+            del self._held[name]
+
+
+def reset_lock(node: str) -> str:
+    """Return the name of the lock a reset of ``node`` holds (shared by every replica)."""
+    return f"reset:{node}"
 
 
 def _iso(t: float) -> str:
@@ -102,13 +107,13 @@ class ResetService:
         transport: Transport,
         store: AuditStore,
         status: StatusService,
-        locks: NodeLocks | None = None,
+        locks: Locks | None = None,
     ) -> None:
         self.settings = settings
         self.transport = transport
         self.store = store
         self.status = status
-        self.locks = locks or NodeLocks()
+        self.locks: Locks = locks or NodeLocks()
 
     async def plan(self, request: ResetRequest) -> tuple[ResetPlan, NodeSnapshot]:
         """Snapshot the node and plan the reset (nothing is signalled)."""
@@ -130,7 +135,7 @@ class ResetService:
     ) -> ResetResult:
         """Run a planned reset; the intent is audited before any signal (fail closed)."""
         node = self.status.node(plan.node)
-        with self.locks.hold(node.name, actor):
+        async with self.locks.hold(reset_lock(node.name), holder=actor):
             intent = {**plan.to_dict(), "approval_id": approval_id}
             action_id = await self.store.begin_action(
                 kind="reset", actor=actor, source=source, command=command,
@@ -175,7 +180,7 @@ class ResetService:
                 f"GPU {gpu} on {node.name} still has processes ({who}): reset them first"
             )
         plan = plan_reset(before, ResetRequest(node.name, None, gpus=(gpu,)), ())
-        with self.locks.hold(node.name, actor):
+        async with self.locks.hold(reset_lock(node.name), holder=actor):
             action_id = await self.store.begin_action(
                 kind="gpu-reset", actor=actor, source=source, command=command,
                 node=node.name, gpus=(gpu,), plan=plan.to_dict(),

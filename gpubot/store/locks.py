@@ -40,11 +40,6 @@ _LOCAL: dict[tuple[str, str], tuple[str, float]] = {}  # (database, name) -> (ho
 _LOCAL_GUARD = threading.Lock()
 
 
-def reset_lock_name(node: str) -> str:
-    """Return the name of the lock a reset of ``node`` holds."""
-    return f"reset:{node}"
-
-
 def replica_name() -> str:
     """Return this process's name among replicas: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"

@@ -28,7 +28,7 @@ from gpubot.core.plan import ResetRequest
 from gpubot.errors import GpubotError, LockHeld
 from gpubot.scheduler import SweepScheduler
 from gpubot.services.sweep import SweepResult, SweepService
-from gpubot.store.locks import DbLocks, reset_lock_name
+from gpubot.store.locks import DbLocks
 
 
 def emit(event: str, **data: Any) -> None:
@@ -67,7 +67,7 @@ async def main(config: str, db_url: str, name: str, extra: dict[str, Any]) -> No
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     sched.start()
-    commands = asyncio.create_task(read_commands(app, locks, name))
+    commands = asyncio.create_task(read_commands(app, name))
     emit("ready", name=name)
     await stop.wait()
     commands.cancel()
@@ -76,8 +76,8 @@ async def main(config: str, db_url: str, name: str, extra: dict[str, Any]) -> No
     await app.close()
 
 
-async def read_commands(app: Any, locks: DbLocks, name: str) -> None:
-    """Run ``reset NODE GPU`` lines from stdin, each under the node's reset lock."""
+async def read_commands(app: Any, name: str) -> None:
+    """Run ``reset NODE GPU`` lines from stdin (the engine takes the node's reset lock)."""
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue[str] = asyncio.Queue()
 
@@ -91,13 +91,12 @@ async def read_commands(app: Any, locks: DbLocks, name: str) -> None:
         words = line.split()
         if len(words) == 3 and words[0] == "reset":
             node, gpu = words[1], int(words[2])
-            try:
-                async with locks.hold(reset_lock_name(node), holder="reset"):
-                    plan, before = await app.reset.plan(ResetRequest(node, None, gpus=(gpu,)))
-                    result = await app.reset.execute(
-                        plan, actor=f"test:{name}", source="test", command=line.strip(),
-                        before=before,
-                    )  # fmt: skip
+            try:  # the reset engine takes the node's database lock itself
+                plan, before = await app.reset.plan(ResetRequest(node, None, gpus=(gpu,)))
+                result = await app.reset.execute(
+                    plan, actor=f"test:{name}", source="test", command=line.strip(),
+                    before=before,
+                )  # fmt: skip
                 emit("reset", node=node, ok=result.ok, action_id=result.action_id)
             except LockHeld as exc:
                 emit("refused", node=node, why=str(exc))

@@ -254,7 +254,7 @@ async def test_two_concurrent_resets_one_runs_one_is_refused(
     refused = [o for o in outcomes if isinstance(o, ResetRefused)]
     done = [o for o in outcomes if isinstance(o, ResetResult)]
     assert len(refused) == 1 and len(done) == 1
-    assert "already being reset by alice since" in str(refused[0])
+    assert "reset:node1 is busy: held by alice since" in str(refused[0])
     assert done[0].ok
 
 

@@ -18,9 +18,10 @@ from gpubot.config import load
 from gpubot.core.findings import load_sweep_config
 from gpubot.errors import LockHeld, ResetRefused
 from gpubot.scheduler import SweepScheduler
+from gpubot.services.reset import reset_lock as reset_lock_name
 from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet
-from gpubot.store.locks import SWEEP_LOCK, DbLocks, reset_lock_name
+from gpubot.store.locks import SWEEP_LOCK, DbLocks
 from tests.fixtures.db import temp_database
 
 
