@@ -12,7 +12,6 @@ from gpubot.errors import StoreError
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.ssh import make_transport
-from gpubot.ssh.local import nvml_query
 from gpubot.store import Store, open_store
 from gpubot.store.locks import DbLocks
 
@@ -58,7 +57,7 @@ def build(settings: Settings, environ: Mapping[str, str], *, need_store: bool) -
             raise
         log.warning("audit log unavailable, this query is not recorded: %s", exc)
     transport = make_transport(settings.ssh)
-    status = StatusService(settings, transport, store, nvml=nvml_query)
+    status = StatusService(settings, transport, store)
     audit: AuditStore = store if store is not None else _NoStore()
     # With a database, a node's reset is exclusive across replicas (PostgreSQL advisory locks).
     locks: Locks = DbLocks(store.engine) if store is not None else _LOCAL_LOCKS

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from gpubot.core.models import CommandResult, NodeConfig
+from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 
 
 class Transport(Protocol):
@@ -20,6 +20,18 @@ class Transport(Protocol):
 
     async def close(self) -> None:
         """Close every pooled connection."""
+        ...
+
+
+NvmlTables = tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]]
+
+
+@runtime_checkable
+class NvmlReader(Protocol):
+    """A transport that can also read a node's GPUs through NVML (the local box)."""
+
+    async def nvml_snapshot(self, node: NodeConfig) -> NvmlTables | None:
+        """Return NVML's GPU and compute-app tables, or None to fall back to nvidia-smi."""
         ...
 
 

@@ -10,14 +10,13 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from gpubot.config import Settings
-from gpubot.core.models import ComputeApp, GpuInfo, NodeConfig, NodeSnapshot
-from gpubot.core.ports import AuditStore, Transport
+from gpubot.core.models import NodeConfig, NodeSnapshot
+from gpubot.core.ports import AuditStore, NvmlReader, NvmlTables, Transport
 from gpubot.core.probe import new_nonce, parse_probe, probe_argv
-from gpubot.errors import GpubotError, ProbeError, StoreError, UsageError
+from gpubot.errors import GpubotError, StoreError, UsageError
 
 log = logging.getLogger(__name__)
 
-NvmlReader = Callable[[], tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]]]
 T = TypeVar("T")
 
 
@@ -84,12 +83,10 @@ class StatusService:
         settings: Settings,
         transport: Transport,
         store: AuditStore | None = None,
-        nvml: NvmlReader | None = None,
     ) -> None:
         self.settings = settings
         self.transport = transport
         self.store = store
-        self.nvml = nvml
 
     def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
         """Turn node names, group names or ``all`` into nodes, in inventory order."""
@@ -120,25 +117,12 @@ class StatusService:
     ) -> NodeSnapshot:
         """Take one node's snapshot with one remote exec (NVML first on the local box)."""
         timeout = self.settings.ssh.command_timeout_s
-        smi_timeout = max(1.0, timeout - 2.0)
-        nvml_parts = None
-        if node.host == "local" and self.nvml is not None:
-            try:
-                nvml_parts = await asyncio.to_thread(self.nvml)
-            except ProbeError as exc:
-                log.info("NVML unavailable on %s, using nvidia-smi: %s", node.name, exc)
-        nonce = new_nonce()
-        indices = gpu_indices
-        if nvml_parts is not None and indices is None:
-            indices = [g.index for g in nvml_parts[0]]
-        argv = probe_argv(
-            node, nonce, smi_timeout_s=smi_timeout, gpu_indices=indices,
-            skip_smi=nvml_parts is not None,
-            pids=[a.pid for a in nvml_parts[1]] if nvml_parts is not None else (),
+        # The probe runs two nvidia-smi queries one after the other: each gets half the time.
+        smi_timeout = max(1.0, (timeout - 2.0) / 2)
+        return await probe_node(
+            self.transport, node, smi_timeout_s=smi_timeout, taken_at=time.time(),
+            gpu_indices=gpu_indices, timeout=timeout,
         )  # fmt: skip
-        taken_at = time.time()
-        result = await self.transport.run(node, argv, timeout=timeout)
-        return parse_probe(node, nonce, result, taken_at, nvml=nvml_parts)
 
     async def fleet(
         self, names: Sequence[str] = ("all",), *, actor: str = "cli", source: str = "cli"
@@ -162,3 +146,35 @@ class StatusService:
             except StoreError as exc:  # a read-only query still answers; the gap is logged
                 log.warning("status query not recorded in the audit log: %s", exc)
         return status
+
+
+async def probe_node(
+    transport: Transport,
+    node: NodeConfig,
+    *,
+    smi_timeout_s: float,
+    taken_at: float,
+    gpu_indices: Sequence[int] | None = None,
+    timeout: float | None = None,
+) -> NodeSnapshot:
+    """Take one snapshot of ``node`` in one exec (NVML first when the transport offers it)."""
+    nonce = new_nonce()
+    nvml: NvmlTables | None = None
+    if isinstance(transport, NvmlReader):
+        nvml = await transport.nvml_snapshot(node)
+    if nvml is not None:
+        gpus, apps = nvml
+        if gpu_indices is not None:
+            wanted = set(gpu_indices)
+            gpus = tuple(g for g in gpus if g.index in wanted)
+            uuids = {g.uuid for g in gpus}
+            apps = tuple(a for a in apps if a.gpu_uuid in uuids)
+        nvml = (gpus, apps)
+        argv = probe_argv(
+            node, nonce, smi_timeout_s=smi_timeout_s, skip_smi=True,
+            gpu_indices=[g.index for g in gpus], pids=[a.pid for a in apps],
+        )  # fmt: skip
+    else:
+        argv = probe_argv(node, nonce, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices)
+    result = await transport.run(node, argv, timeout=timeout)
+    return parse_probe(node, nonce, result, taken_at, nvml=nvml)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpubot.config import SshSettings
-from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig, NodeSnapshot
+from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 from gpubot.core.ports import Transport
-from gpubot.core.probe import new_nonce, parse_probe, probe_argv
 from gpubot.ssh.local import LocalTransport, nvml_query
 from gpubot.ssh.transport import SshTransport
 
@@ -17,7 +16,6 @@ __all__ = [
     "SshTransport",
     "make_transport",
     "nvml_query",
-    "probe_node",
 ]
 
 NvmlTables = tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]]
@@ -54,39 +52,3 @@ class RoutingTransport:
 def make_transport(ssh: SshSettings) -> RoutingTransport:
     """Return the transport for an inventory: local nodes run here, the rest over SSH."""
     return RoutingTransport(ssh)
-
-
-async def probe_node(
-    transport: Transport,
-    node: NodeConfig,
-    *,
-    smi_timeout_s: float,
-    taken_at: float,
-    gpu_indices: Sequence[int] | None = None,
-    timeout: float | None = None,
-) -> NodeSnapshot:
-    """Take one snapshot of ``node`` in one exec (NVML first on the local box)."""
-    nonce = new_nonce()
-    nvml: NvmlTables | None = None
-    reader = getattr(transport, "nvml_snapshot", None)
-    if reader is not None:
-        nvml = await reader(node)
-    if nvml is not None:
-        gpus, apps = nvml
-        if gpu_indices is not None:
-            gpus = tuple(g for g in gpus if g.index in set(gpu_indices))
-            uuids = {g.uuid for g in gpus}
-            apps = tuple(a for a in apps if a.gpu_uuid in uuids)
-        nvml = (gpus, apps)
-        argv = probe_argv(
-            node,
-            nonce,
-            smi_timeout_s=smi_timeout_s,
-            skip_smi=True,
-            gpu_indices=[g.index for g in gpus],
-            pids=[a.pid for a in apps],
-        )
-    else:
-        argv = probe_argv(node, nonce, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices)
-    result = await transport.run(node, argv, timeout=timeout)
-    return parse_probe(node, nonce, result, taken_at, nvml=nvml)

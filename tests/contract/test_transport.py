@@ -37,7 +37,8 @@ from gpubot.errors import (
     SmiMissing,
     UsageError,
 )
-from gpubot.ssh import LocalTransport, SshTransport, make_transport, nvml_query, probe_node
+from gpubot.services.status import probe_node
+from gpubot.ssh import LocalTransport, SshTransport, make_transport, nvml_query
 
 try:
     from gpubot.sim.fleet import SimFleet

@@ -22,7 +22,8 @@ from gpubot.config import SshSettings
 from gpubot.core.models import ComputeApp, GpuInfo, NodeConfig, NodeSnapshot
 from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv, parse_apps, parse_gpus
 from gpubot.errors import GpubotError
-from gpubot.ssh import RoutingTransport, probe_node
+from gpubot.services.status import probe_node
+from gpubot.ssh import RoutingTransport
 from gpubot.ssh.local import LocalTransport, nvml_query
 
 MEM_TOLERANCE_MIB = 64  # memory moves a little between two reads (other tenants, the driver)
