@@ -7,6 +7,12 @@ maintainers to apply. ``apply(name)`` patches the running process;
 - ``coalesce``: concurrent fleet status requests for the same nodes share one in-flight probe
   round (single flight) instead of each probing every node. Target of the change:
   ``gpubot/services/status.py``, ``StatusService.fleet``.
+
+And a diagnostic, not a fix:
+
+- ``smi-only``: the probe cut to the two nvidia-smi queries (no ``fuser``, no ``/proc``), so
+  gpubot's warm path does the floor's remote work: what is left of the gap is gpubot's own
+  client-side cost (transport, parsing, rendering, audit).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-NAMES = ("coalesce",)
+NAMES = ("coalesce", "smi-only")
 Undo = Callable[[], None]
 
 
@@ -59,7 +65,24 @@ def _coalesce() -> Undo:
     return undo
 
 
-_EXPERIMENTS: dict[str, Callable[[], Undo]] = {"coalesce": _coalesce}
+def _smi_only() -> Undo:
+    from gpubot.core import probe
+
+    original = probe.PROBE_SCRIPT
+    start = original.index("\nset --\nIFS=")
+    end = original.index("\nprocs $extra $fp\n")
+    # An empty fuser section (exit 1: no device file given) and no /proc reads.
+    probe.PROBE_SCRIPT = (
+        original[:start] + "\nm fuser 1" + original[end + len("\nprocs $extra $fp") :]
+    )
+
+    def undo() -> None:
+        probe.PROBE_SCRIPT = original
+
+    return undo
+
+
+_EXPERIMENTS: dict[str, Callable[[], Undo]] = {"coalesce": _coalesce, "smi-only": _smi_only}
 
 
 def apply(name: str) -> Undo:

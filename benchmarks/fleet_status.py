@@ -44,6 +44,7 @@ METHODS = (
     "gpubot-cold",  # gpubot status all --json, a new process
     "gpubot-warm",  # a running gpubot, pooled connections
     "gpubot-sweep",  # a running gpubot's scheduled sweep (probe, find, record, alert state)
+    "gpubot-warm:smi-only",  # diagnostic: gpubot warm with a probe cut to the two queries
 )
 SLOW = ("ssh-seq", "ansible")  # capped repeats (see ``slow_repeat``)
 
@@ -59,6 +60,19 @@ SSH_OPTS = (
     "-F",
     "/dev/null",
 )
+
+
+def warm_spec(method: str) -> tuple[str, str, str] | None:
+    """Return (worker kind, experiment, round) of a warm method, None for a cold one."""
+    if method == "asyncssh-floor":
+        return ("asyncssh", "", "round")
+    if method == "gpubot-warm":
+        return ("gpubot", "", "round")
+    if method == "gpubot-sweep":
+        return ("gpubot", "", "sweep")
+    if method.startswith("gpubot-warm:"):
+        return ("gpubot", method.split(":", 1)[1], "round")
+    return None
 
 
 def installed(method: str) -> str:
@@ -139,7 +153,6 @@ class FleetBench:
     fleet: SimFleet
     work: Path
     warm: dict[str, Warm] = field(default_factory=dict)
-    experiment: str = ""
     meter: ServerMeter | None = None
 
     @property
@@ -194,7 +207,7 @@ class FleetBench:
         f = self.fleet
         common = (
             f"-o UserKnownHostsFile={f.known_hosts} -o StrictHostKeyChecking=yes "
-            "-o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o ControlMaster=no"
+            "-o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes"
         )
         lines = ["[sim]"]
         for n in f.nodes:
@@ -223,6 +236,9 @@ class FleetBench:
             ANSIBLE_LOCAL_TEMP=f"{home}/tmp",
             ANSIBLE_REMOTE_TEMP=f"{home}/rtmp",
             ANSIBLE_PIPELINING="True",
+            # Cold like every other cold method: no ControlMaster/ControlPersist (the default
+            # keeps a master per host for 60 s), and so no ControlPath socket either.
+            ANSIBLE_SSH_ARGS="-o ControlMaster=no",
             ANSIBLE_SSH_CONTROL_PATH_DIR=f"{home}/cp",
             ANSIBLE_PERSISTENT_CONTROL_PATH_DIR=f"{home}/pcp",
             ANSIBLE_HOST_KEY_CHECKING="True",
@@ -296,27 +312,31 @@ class FleetBench:
                 ],
                 self._check_gpubot,
             ),
-            "asyncssh-floor": lambda: self._warm("asyncssh"),
-            "gpubot-warm": lambda: self._warm("gpubot"),
-            "gpubot-sweep": lambda: self._warm("gpubot", "sweep"),
         }
-        return runners[method]()
+        if method in runners:
+            return runners[method]()
+        spec = warm_spec(method)
+        if spec is None:
+            raise ValueError(f"unknown method {method!r}")
+        return self._warm(*spec)
 
     def _cold(self, argv: list[str], check: Callable[[Finished], str | None]) -> Sample:
         fin = run_timed(argv, env=self._env(), timeout=600)
         why = check(fin)
         return Sample(fin.wall, fin.cpu, ok=why is None, note=why or "")
 
-    def _warm(self, kind: str, what: str = "round") -> Sample:
-        w = self.warm.get(kind)
+    def start_warm(self, kind: str, experiment: str) -> Warm:
+        """Return the worker of ``kind`` (with ``experiment``), starting it if needed."""
+        key = f"{kind}:{experiment}" if experiment else kind
+        w = self.warm.get(key)
         if w is None:
-            w = self.warm[kind] = start_worker(
-                kind,
-                self.fleet.config_path,
-                self.fleet.gpus,
-                self.experiment if kind == "gpubot" else "",
+            w = self.warm[key] = start_worker(
+                kind, self.fleet.config_path, self.fleet.gpus, experiment
             )
-        r = w.round(what)
+        return w
+
+    def _warm(self, kind: str, experiment: str, what: str) -> Sample:
+        r = self.start_warm(kind, experiment).round(what)
         return Sample(r["wall"], r["cpu"], ok=r["ok"], note=r["note"])
 
     def close(self) -> None:
@@ -368,27 +388,19 @@ def measure(
     repeat: int,
     slow_repeat: int,
     log: Callable[[str], None],
-    experiment: str = "",
 ) -> tuple[dict[str, Series], dict[str, Any]]:
     """Run every method ``repeat`` times over ``fleet`` (alternating); return series and extras."""
-    bench = FleetBench(fleet, work, experiment=experiment)
+    bench = FleetBench(fleet, work)
     bench.setup()
     bench.meter = ServerMeter(sshd_listeners())
     series = {m: Series(m, fleet.size, missing=installed(m)) for m in methods}
     extras: dict[str, Any] = {}
     runnable = [m for m in methods if not series[m].missing]
     try:
-        for m, kind in (
-            ("asyncssh-floor", "asyncssh"),
-            ("gpubot-warm", "gpubot"),
-            ("gpubot-sweep", "gpubot"),
-        ):
-            if (
-                m in runnable and kind not in bench.warm
-            ):  # connect before any timing: warm rounds reuse the connections
-                bench.warm[kind] = start_worker(
-                    kind, fleet.config_path, fleet.gpus, experiment if kind == "gpubot" else ""
-                )
+        for m in runnable:  # connect before any timing: warm rounds reuse the connections
+            spec = warm_spec(m)
+            if spec is not None:
+                bench.start_warm(spec[0], spec[1])
         for r in range(repeat):
             order = runnable[r % len(runnable) :] + runnable[: r % len(runnable)]
             for m in order:

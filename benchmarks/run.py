@@ -86,7 +86,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.sizes = sorted({int(x) for x in a.nodes.split(",") if x.strip()})
     a.parts = {x.strip() for x in a.only.split(",") if x.strip()}
     a.method_list = [m.strip() for m in a.methods.split(",") if m.strip()]
-    unknown = [m for m in a.method_list if m not in fleet_status.METHODS]
+    unknown = [
+        m
+        for m in a.method_list
+        if m not in fleet_status.METHODS and not m.startswith("gpubot-warm:")
+    ]
     if unknown or not a.sizes or any(not 1 <= n <= 64 for n in a.sizes) or a.repeat < 1:
         p.error(f"bad --nodes/--repeat/--methods ({unknown or a.nodes})")
     return a
