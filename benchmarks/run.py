@@ -106,9 +106,12 @@ def remote_work(fleet: SimFleet, user: str | None, runs: int = 9) -> dict[str, f
     from gpubot.core.probe import new_nonce, probe_argv
 
     node = load(fleet.config_path).nodes[0]
+    devices = [f"{node.dev_prefix}{i}" for i in range(fleet.gpus)]
+    devices += [f"{node.dev_prefix}ctl", f"{node.dev_prefix}-uvm"]
     cmds = {
         "baseline (2 queries)": ["sh", "-c", baseline_command(node.nvidia_smi)],
         "gpubot probe": probe_argv(node, new_nonce(), smi_timeout_s=18.0),
+        "fuser -v alone": ["fuser", "-v", *devices],
     }
     out = {}
     for name, argv in cmds.items():
@@ -121,6 +124,7 @@ def remote_work(fleet: SimFleet, user: str | None, runs: int = 9) -> dict[str, f
             proc.returncode = os.waitstatus_to_exitcode(status)
             cpu.append(ru.ru_utime + ru.ru_stime)
         out[name] = statistics.median(cpu)
+    out["processes on the box"] = float(sum(1 for p in os.listdir("/proc") if p.isdigit()))
     return out
 
 
@@ -159,8 +163,7 @@ def run_status(a: argparse.Namespace, work: Path, user: str | None, res: dict[st
             spawn_workloads(fleet, a.procs, user)
             log(f"  started in {time.monotonic() - t0:.1f} s")
             if "status" in a.parts:
-                if not res["remote_work"]:
-                    res["remote_work"] = remote_work(fleet, user)
+                res["remote_work"][n] = remote_work(fleet, user)
                 wd = work / f"status-{n}"
                 wd.mkdir()
                 series, extras = fleet_status.measure(
@@ -285,10 +288,17 @@ def _status_tables(a: argparse.Namespace, res: dict[str, Any]) -> list[str]:
     ]
     rw = res.get("remote_work") or {}
     if rw:
+        names = [k for k in next(iter(rw.values())) if k != "processes on the box"]
+        rw_rows = [
+            [str(n), str(int(rw[n]["processes on the box"]))]
+            + [f"{rw[n][k] * 1000:.1f}" for k in names]
+            for n in sorted(rw)
+        ]
         lines += [
-            "Remote work of one node, run locally as the login user (no SSH), median CPU: "
-            + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in rw.items())
-            + ".",
+            "Remote work of one node, run locally as the login user (no SSH), median CPU ms. "
+            "All simulated nodes share this box's /proc, which `fuser` scans whole:",
+            "",
+            table(["N", "processes on the box", *names], rw_rows),
             "",
         ]
     # Scaling: the running bot's memory and descriptors.
@@ -431,7 +441,7 @@ def _slack_table(res: dict[str, Any]) -> list[str]:
         waves = (
             ("idle", r.acks, r.bad, r.p50, r.p99),
             (
-                f"+{r.busy_after_s:.1f} s, fleet work running",
+                f"then 1 every {r.busy_after_s:.1f} s, fleet work running",
                 r.busy_acks,
                 r.busy_bad,
                 r.busy_p50,

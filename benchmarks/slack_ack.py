@@ -4,9 +4,10 @@
 pointed at the loopback fake of Slack from ``tests/fixtures/slack.py``. The benchmark sends a
 burst at once (each request on its own connection, signed like Slack) and times each HTTP 200:
 that is the acknowledgement Slack waits at most 3 s for. Every request then starts a fleet
-status in the bot. A second, equal burst goes out ``busy_after_s`` later, while that fleet work
-runs, and is timed the same way. Afterwards it waits (bounded) for all the answers and reports
-how many arrived and when the last one did.
+status in the bot. Then as many requests again arrive one every ``spacing_s`` while that fleet
+work runs (users who keep asking), each timed the same way: their acks sample the bot's
+responsiveness across the busy period rather than at one instant. Afterwards it waits
+(bounded) for all the answers and reports how many arrived and when the last one did.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class AckResult:
     last_answer_s: float | None = None  # from the first burst's start to the last answer
     busy_acks: list[float] = field(default_factory=list)
     busy_bad: list[str] = field(default_factory=list)
-    busy_after_s: float = 0.0  # when the second burst was sent, after the first
+    busy_after_s: float = 0.0  # spacing of the second wave's requests
     calls: dict[str, int] = field(default_factory=dict)  # Web API / response_url calls made
 
     @property
@@ -161,7 +162,7 @@ async def burst(
     wait_s: float,
     experiment: str = "",
     label: str = "gpubot",
-    busy_after_s: float = 1.0,
+    spacing_s: float = 0.1,
 ) -> AckResult:
     """Start ``gpubot serve --http``; send a burst, and another while its work runs; time acks."""
     fake = FakeSlack()
@@ -193,10 +194,15 @@ async def burst(
         sender = SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake)
         started = time.monotonic()
         result.acks, result.bad = await _send_burst(sender, requests, "A")
-        # The first burst's fleet work is running now: the second burst's acks wait on it.
-        await asyncio.sleep(max(0.0, started + busy_after_s - time.monotonic()))
-        result.busy_after_s = time.monotonic() - started
-        result.busy_acks, result.busy_bad = await _send_burst(sender, requests, "B")
+        # The first burst's fleet work runs now: more requests arrive, one every spacing_s.
+        result.busy_after_s = spacing_s
+        waves = []
+        for i in range(requests):
+            waves.append(asyncio.create_task(_send_burst(sender, 1, f"B{i:03d}")))
+            await asyncio.sleep(spacing_s)
+        for acks, bad in await asyncio.gather(*waves):
+            result.busy_acks += acks
+            result.busy_bad += bad
         left = started + wait_s - time.monotonic()
         with contextlib.suppress(AssertionError):  # not all answered in time: counted below
             await fake.wait_for(lambda: len(_finals(fake)) >= 2 * requests, timeout=max(0.1, left))
