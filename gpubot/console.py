@@ -142,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_loop(app, flows, who, args.command))
 
 
+async def repl(app: App, flows: Flows, who: Identity, lines: list[str] | None) -> int:
+    """Answer ``lines`` (or stdin until end of input / quit), printing as answers come; close."""
+    return await _loop(app, flows, who, lines)
+
+
 async def _loop(app: App, flows: Flows, who: Identity, lines: list[str] | None) -> int:
     def echo(text: str) -> None:
         print(text, flush=True)
