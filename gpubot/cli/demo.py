@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpubot.app import App, build
 from gpubot.config import load
-from gpubot.console import _loop, answer, make_flows
+from gpubot.console import answer, make_flows, repl
 from gpubot.core.findings import load_sweep_config
 from gpubot.services.approvals import Identity
 from gpubot.services.sweep import AlertGroup, SweepService
@@ -124,7 +124,7 @@ async def _main(cfg: Path, me: str, interactive: bool) -> int:
     operator = Identity(OPERATOR, "dana", me)
     if interactive:
         print(f"demo fleet: 4 nodes; you are dana (Linux user {me}). Try /gpu status all, quit")
-        return await _loop(app, flows, operator, None)
+        return await repl(app, flows, operator, None)
     try:
         return await _walk(app, flows, operator)
     finally:

@@ -28,7 +28,9 @@ from gpubot.errors import ConfigError
 from gpubot.slack.alerts import start_sweeps
 from gpubot.slack.api import SlackDirectory, make_client
 from gpubot.slack.app import GpuBot
+from gpubot.slack.blocks import render_text
 from gpubot.slack.flows import make_services
+from gpubot.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,8 @@ async def _serve(
     try:
         bot = build_bot(settings, app, tokens, http=args.http)
         await _check_token(bot)
+        if app.store is not None:
+            await report_incomplete(app.store, bot)
         sweeps = await start_sweeps(
             settings, app, bot, metrics_port=args.metrics_port, schedule=not args.no_sweeps
         )
@@ -164,6 +168,26 @@ async def _serve(
         if sweeps is not None:
             await sweeps.stop()
         await app.close()
+
+
+async def report_incomplete(store: Store, bot: GpuBot) -> None:
+    """Say, at start-up, which actions have no outcome: a bot died while running them."""
+    left = await store.incomplete_actions()
+    if not left:
+        return
+    lines = [
+        f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
+        f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`"
+        for a in left[:10]
+    ]
+    if len(left) > 10:
+        lines.append(f"… and {len(left) - 10} more (`gpubot audit list`)")
+    text = (
+        f"{len(left)} action(s) never recorded an outcome (gpubot stopped while running them); "
+        "check those nodes:\n" + "\n".join(lines)
+    )
+    log.warning("%s", text.replace("\n", " "))
+    await bot.post_alert(None, render_text(text, title="Incomplete actions"))
 
 
 async def _check_token(bot: GpuBot) -> None:
