@@ -87,6 +87,8 @@ class StatusService:
         self.settings = settings
         self.transport = transport
         self.store = store
+        # Fleet probes in flight, by node list: identical requests share one (single flight).
+        self._inflight: dict[tuple[str, ...], asyncio.Future[FanOut[NodeSnapshot]]] = {}
 
     def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
         """Turn node names, group names or ``all`` into nodes, in inventory order."""
@@ -124,13 +126,28 @@ class StatusService:
             gpu_indices=gpu_indices, timeout=timeout,
         )  # fmt: skip
 
+    async def _probe_all(self, nodes: Sequence[NodeConfig]) -> FanOut[NodeSnapshot]:
+        """Snapshot ``nodes``; a request for the same nodes while one runs shares its answer.
+
+        A burst of ``/gpu status all`` would otherwise probe every node once per request.
+        """
+        key = tuple(n.name for n in nodes)
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.ensure_future(
+                fan_out(nodes, self.snapshot, self.settings.ssh.max_parallel)
+            )
+            self._inflight[key] = task
+            task.add_done_callback(lambda _: self._inflight.pop(key, None))
+        return await asyncio.shield(task)  # one caller giving up does not cancel the others
+
     async def fleet(
         self, names: Sequence[str] = ("all",), *, actor: str = "cli", source: str = "cli"
     ) -> FleetStatus:
         """Snapshot every named node concurrently; failures are reported per node."""
         nodes = self.resolve(names)
         started = time.monotonic()
-        res = await fan_out(nodes, self.snapshot, self.settings.ssh.max_parallel)
+        res = await self._probe_all(nodes)
         seconds = time.monotonic() - started
         order = {n.name: i for i, n in enumerate(nodes)}
         snaps = tuple(sorted(res.ok.values(), key=lambda s: order[s.node]))

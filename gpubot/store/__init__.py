@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from gpubot.errors import StoreError
-from gpubot.store import audit, migrate
+from gpubot.store import audit, version
 from gpubot.store.alerts import AlertStore
 from gpubot.store.approvals import ApprovalStore
 from gpubot.store.engine import guard, make_engine, parse_url, read_tx, write_tx
@@ -50,7 +50,7 @@ def open_store(url: str, *, password: str | None = None, check_schema: bool = Tr
     store = Store(url, password=password)
     if check_schema:
         try:
-            migrate.check(store.engine)
+            version.check(store.engine)
         except BaseException:
             store.close()
             raise
@@ -201,14 +201,20 @@ class Store:
 
     def upgrade(self, revision: str = "head") -> None:
         """Apply the migrations (``gpubot db upgrade``)."""
+        from gpubot.store import migrate  # Alembic, only when migrating
+
         migrate.upgrade(self.engine, revision)
 
     def downgrade(self, revision: str) -> None:
         """Undo migrations down to ``revision`` (``base``: drop everything)."""
+        from gpubot.store import migrate  # Alembic, only when migrating
+
         migrate.downgrade(self.engine, revision)
 
     def revision(self) -> tuple[str | None, str]:
         """Return the database's revision (None when empty) and the one this gpubot needs."""
+        from gpubot.store import migrate  # Alembic, only when migrating
+
         return migrate.current(self.engine), migrate.head()
 
     def close(self) -> None:

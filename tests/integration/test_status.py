@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import pwd
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
 from gpubot.config import Settings, load
+from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet
 from gpubot.ssh import make_transport
@@ -135,3 +138,25 @@ async def test_fleet_of_32_with_some_down(fleet_factory: Callable[..., SimFleet]
     assert "no SSH answer" in result.failed["node20"], result.failed["node20"]
     node5 = next(s for s in result.snapshots if s.node == "node5")
     assert node5.gpu(1).memory_used_mib == 777  # type: ignore[union-attr]
+
+
+async def test_identical_requests_in_flight_share_one_probe(fleet: SimFleet) -> None:
+    settings = _settings(fleet)
+    transport = make_transport(settings.ssh)
+    runs: list[str] = []
+    real_run = transport.run
+
+    async def counting_run(node: NodeConfig, argv: Sequence[str], **kw: Any) -> CommandResult:
+        runs.append(node.name)
+        return await real_run(node, argv, **kw)
+
+    transport.run = counting_run  # type: ignore[method-assign]
+    status = StatusService(settings, transport)
+    try:
+        burst = await asyncio.gather(*(status.fleet(["all"]) for _ in range(5)))
+        assert all(r.ok and len(r.snapshots) == 3 for r in burst)
+        assert sorted(runs) == ["node1", "node2", "node3"]  # one probe per node, not five
+        await status.fleet(["all"])  # the next request, after the burst, probes again
+        assert len(runs) == 6
+    finally:
+        await transport.close()
