@@ -135,28 +135,17 @@ class ResetService:
     ) -> ResetResult:
         """Run a planned reset; the intent is audited before any signal (fail closed)."""
         node = self.status.node(plan.node)
-        async with self.locks.hold(reset_lock(node.name), holder=actor):
-            intent = {**plan.to_dict(), "approval_id": approval_id}
-            action_id = await self.store.begin_action(
-                kind="reset", actor=actor, source=source, command=command,
-                node=node.name, gpus=plan.gpus, plan=intent,
-            )  # fmt: skip
-            run = _Run(self, node, action_id, on_event)
-            try:
-                if before is None:
-                    before = await self.status.snapshot(node)
-                gpus = await run.reset(
-                    plan, self.settings.reset.grace_s if grace_s is None else grace_s
-                )
-                after = await run.final_snapshot()
-            except BaseException as exc:
-                await _finish_quietly(self.store, action_id, exc, run.steps)
-                raise
-            result = ResetResult(node.name, plan, gpus, tuple(run.steps), before, after, action_id)
-            await self.store.finish_action(
-                action_id, status="freed" if result.ok else "not-freed", result=result.to_dict()
-            )
-            return result
+        grace = self.settings.reset.grace_s if grace_s is None else grace_s
+
+        async def body(run: _Run) -> tuple[tuple[GpuResult, ...], NodeSnapshot]:
+            snap = before if before is not None else await self.status.snapshot(node)
+            return await run.reset(plan, grace), snap
+
+        intent = {**plan.to_dict(), "approval_id": approval_id}
+        return await self._audited(
+            "reset", node, plan, intent, body, actor=actor, source=source, command=command,
+            on_event=on_event,
+        )  # fmt: skip
 
     async def gpu_reset(
         self,
@@ -180,14 +169,37 @@ class ResetService:
                 f"GPU {gpu} on {node.name} still has processes ({who}): reset them first"
             )
         plan = plan_reset(before, ResetRequest(node.name, None, gpus=(gpu,)), ())
+
+        async def body(run: _Run) -> tuple[tuple[GpuResult, ...], NodeSnapshot]:
+            return await run.gpu_reset(plan, gpu), before
+
+        return await self._audited(
+            "gpu-reset", node, plan, plan.to_dict(), body, actor=actor, source=source,
+            command=command, on_event=on_event,
+        )  # fmt: skip
+
+    async def _audited(
+        self,
+        kind: str,
+        node: NodeConfig,
+        plan: ResetPlan,
+        intent: dict[str, Any],
+        body: Callable[[_Run], Awaitable[tuple[tuple[GpuResult, ...], NodeSnapshot]]],
+        *,
+        actor: str,
+        source: str,
+        command: str,
+        on_event: EventSink | None,
+    ) -> ResetResult:
+        """Hold the node, write the intent, run ``body``, write the outcome (fail closed)."""
         async with self.locks.hold(reset_lock(node.name), holder=actor):
             action_id = await self.store.begin_action(
-                kind="gpu-reset", actor=actor, source=source, command=command,
-                node=node.name, gpus=(gpu,), plan=plan.to_dict(),
+                kind=kind, actor=actor, source=source, command=command,
+                node=node.name, gpus=plan.gpus, plan=intent,
             )  # fmt: skip
             run = _Run(self, node, action_id, on_event)
             try:
-                gpus = await run.gpu_reset(plan, gpu)
+                gpus, before = await body(run)
                 after = await run.final_snapshot()
             except BaseException as exc:
                 await _finish_quietly(self.store, action_id, exc, run.steps)
