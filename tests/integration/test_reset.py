@@ -290,3 +290,45 @@ async def test_store_unavailable_means_nothing_is_signalled(
     finally:
         await transport.close()
         readonly.close()
+
+
+class _DiesAfter:
+    """The real store, except that it fails from the ``n``-th recorded event on (a DB outage)."""
+
+    def __init__(self, store: Store, n: int) -> None:
+        self.store, self.n, self.events = store, n, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def record_event(self, action_id: int, event: dict[str, object]) -> None:
+        self.events += 1
+        if self.events >= self.n:
+            raise StoreError("database went away")
+        await self.store.record_event(action_id, event)
+
+    async def finish_action(self, *a: object, **kw: object) -> None:
+        raise StoreError("database went away")
+
+
+async def test_losing_the_database_mid_reset_stops_signalling(
+    settings: Settings, store: Store, node: SimNode
+) -> None:
+    dying = _DiesAfter(store, 2)  # "planned" is written; the first signal's record fails
+    transport = make_transport(settings.ssh)
+    engine = ResetService(
+        settings, transport, dying, StatusService(settings, transport), NodeLocks()
+    )  # type: ignore[arg-type]
+    w = node.spawn(gpu=1, mib=1024, behaviour="stubborn")
+    try:
+        plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
+        with pytest.raises(StoreError):
+            await engine.execute(
+                plan, actor="t", source="t", command="t", before=before, grace_s=0.3
+            )
+        await asyncio.sleep(0.6)
+        assert alive(w.pid)  # SIGTERM (ignored) went out; SIGKILL never did
+        (left,) = await store.incomplete_actions()  # the intent stays, visibly incomplete
+        assert left.node == "node1"
+    finally:
+        await transport.close()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,16 @@ def test_arguments_are_validated() -> None:
 def test_parser_is_strict(line: str) -> None:
     with pytest.raises(ParseError):
         parse_signal_output(line)
+
+
+def test_sudo_nodes_signal_through_sudo_n(sleeper: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    log = tmp_path / "sudo.log"
+    fake = tmp_path / "sudo"  # records its arguments, then runs the command without privilege
+    fake.write_text(f"#!/bin/sh\nprintf '%s ' \"$@\" >> {log}\nshift\nexec \"$@\"\n")
+    fake.chmod(0o755)
+    argv = signal_argv("TERM", [(sleeper.pid, start_ticks(sleeper.pid))], sudo=True)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
+    assert parse_signal_output(out)[sleeper.pid].status == "sent"
+    assert log.read_text().split() == ["-n", "kill", "-s", "TERM", str(sleeper.pid)]
+    assert sleeper.wait(5) == -signal.SIGTERM
