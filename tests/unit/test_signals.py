@@ -89,7 +89,7 @@ def test_parser_is_strict(line: str) -> None:
 def test_sudo_nodes_signal_through_sudo_n(sleeper: subprocess.Popen[bytes], tmp_path: Path) -> None:
     log = tmp_path / "sudo.log"
     fake = tmp_path / "sudo"  # records its arguments, then runs the command without privilege
-    fake.write_text(f"#!/bin/sh\nprintf '%s ' \"$@\" >> {log}\nshift\nexec \"$@\"\n")
+    fake.write_text(f'#!/bin/sh\nprintf \'%s \' "$@" >> {log}\nshift\nexec "$@"\n')
     fake.chmod(0o755)
     argv = signal_argv("TERM", [(sleeper.pid, start_ticks(sleeper.pid))], sudo=True)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
