@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import signal
 import sys
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +17,9 @@ from gpubot.console import answer, identity, make_flows
 from gpubot.core.models import ApprovalState
 from gpubot.slack.flows import Flows
 from gpubot.store import open_store
+from tests.procs import alive
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in {"Z", "X"}
-    except FileNotFoundError:
-        return False
-
-
-@pytest.fixture
-def node1(slack_fleet: Any) -> Iterator[Any]:
-    node = slack_fleet.node("node1")
-    yield node
-    for a in node.state()["allocations"]:  # stop, by pid, what this test started and left
-        if a["alive"]:
-            os.kill(a["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(g["memory_used_mib"] for g in node.state()["gpus"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 @pytest.fixture

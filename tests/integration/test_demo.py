@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-
-def _cmdlines() -> dict[int, str]:
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                out[int(entry.name)] = (
-                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                )
-    return out
+from tests.procs import cmdlines
 
 
 def test_demo_walks_through_and_leaves_nothing(tmp_path: Path) -> None:
@@ -48,7 +38,7 @@ def test_demo_walks_through_and_leaves_nothing(tmp_path: Path) -> None:
     # Every simulated process lives under the fleet's folder: none may outlive the demo.
     folders = set(re.findall(r"/tmp/gpusim-[A-Za-z0-9_]+", out))
     assert folders, "the demo's fleet folder should appear in its tables"
-    leftovers = {pid: c for pid, c in _cmdlines().items() if any(f in c for f in folders)}
+    leftovers = {pid: c for pid, c in cmdlines().items() if any(f in c for f in folders)}
     assert not leftovers, leftovers
     assert not any(Path(f).exists() for f in folders)
     assert list(tmp_path.iterdir()) == [] or all(x.name.startswith(".") for x in tmp_path.iterdir())

@@ -21,6 +21,7 @@ import pytest
 from gpubot.sim.fleet import SimFleet
 from gpubot.store import open_store
 from tests.fixtures.db import temp_database
+from tests.procs import remote_probes
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 1.5
@@ -99,19 +100,6 @@ def start(fleet: SimFleet, pg_url: str) -> Iterator[Callable[[str], Replica]]:
     for n in fleet.nodes:
         n.set_fault(None)
     wait_for(lambda: not remote_probes(fleet), 10, "remote probes to end")
-
-
-def remote_probes(fleet: SimFleet) -> list[int]:
-    """Return the pids of probes or nvidia-smi calls still running on the fleet's nodes."""
-    out = []
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(fleet.root) in cmd and ("gpubot-probe" in cmd or "nvidia-smi" in cmd):
-            out.append(pid)
-    return out
 
 
 def spans(replicas: list[Replica]) -> list[tuple[float, float, str]]:

@@ -22,18 +22,10 @@ from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.ssh import make_transport
 from gpubot.store import Store, open_store
+from tests.procs import alive
 
 POLL = 0.2
 RELEASE = 1.0
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in {"Z", "X"}
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -12,35 +12,13 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from gpubot.core.models import ApprovalState
 from gpubot.slack.blocks import message_text
 from gpubot.slack.reset_blocks import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from tests.fixtures.slack import Call, FakeSlack, Harness
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in {"Z", "X"}
-    except FileNotFoundError:
-        return False
-
-
-@pytest.fixture
-def node1(slack_fleet: Any) -> Iterator[Any]:
-    node = slack_fleet.node("node1")
-    yield node
-    for a in node.state()["allocations"]:  # stop, by pid, what this test started and left
-        if a["alive"]:
-            os.kill(a["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10  # and let the simulated driver free their memory
-    while any(g["memory_used_mib"] for g in node.state()["gpus"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+from tests.procs import alive
 
 
 def blocks_of(call: Call) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from tests.fixtures.db import temp_database
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+from tests.procs import remote_probes
 
 CHANNEL = "C0ALERTS"
 
@@ -65,19 +66,6 @@ def clean(fleet: SimFleet) -> Iterator[None]:
     deadline = time.monotonic() + 15
     while remote_probes(fleet) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def remote_probes(fleet: SimFleet) -> list[int]:
-    """Return the pids of probes or nvidia-smi calls still running on the fleet's nodes."""
-    out = []
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(fleet.root) in cmd and ("gpubot-probe" in cmd or "nvidia-smi" in cmd):
-            out.append(pid)
-    return out
 
 
 @pytest.fixture
