@@ -103,14 +103,14 @@ def remote_work(fleet: SimFleet, user: str | None, runs: int = 9) -> dict[str, f
     """CPU of one node's remote work, run locally as the login user (no SSH): baseline vs probe."""
     from benchmarks.worker import baseline_command
     from gpubot.config import load
-    from gpubot.core.probe import new_nonce, probe_argv
+    from gpubot.core.probe import probe_argv
 
     node = load(fleet.config_path).nodes[0]
     devices = [f"{node.dev_prefix}{i}" for i in range(fleet.gpus)]
     devices += [f"{node.dev_prefix}ctl", f"{node.dev_prefix}-uvm"]
     cmds = {
         "baseline (2 queries)": ["sh", "-c", baseline_command(node.nvidia_smi)],
-        "gpubot probe": probe_argv(node, new_nonce(), smi_timeout_s=18.0),
+        "gpubot probe": probe_argv(node, smi_timeout_s=18.0),
         "fuser -v alone": ["fuser", "-v", *devices],
     }
     out = {}

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.core.models import NodeConfig
+from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
 from gpubot.errors import ConfigError
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-DEFAULT_PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm", "dcgm-exporter", "Xorg")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,13 @@ class ResetSettings:
     verify_timeout_s: float = 30.0
     free_threshold_mib: int = 256
     poll_interval_s: float = 0.25
-    protected: tuple[str, ...] = DEFAULT_PROTECTED
+    protected: tuple[str, ...] = DEFAULT_DAEMON_PATHS  # daemon executables, absolute paths
+    system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS  # the accounts they must run as
+
+    @property
+    def protection(self) -> Protection:
+        """Return the protected-daemon rule (see ``core.protect``)."""
+        return Protection(self.protected, self.system_users)
 
 
 @dataclass(frozen=True)
@@ -118,10 +124,16 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     rr = v.table("reset", raw.get("reset", {}))
     r = ResetSettings()
     v.keys("reset", rr, {"grace_s", "verify_timeout_s", "free_threshold_mib", "poll_interval_s",
-                         "protected"})  # fmt: skip
-    protected = rr.get("protected", list(r.protected))
-    if not isinstance(protected, list) or not all(isinstance(p, str) for p in protected):
-        raise ConfigError(f"{where}: reset.protected: expected a list of process names")
+                         "protected", "system_users"})  # fmt: skip
+    protected = v.strings("reset.protected", rr.get("protected", list(r.protected)))
+    for p in protected:
+        if not p.startswith("/"):
+            raise ConfigError(
+                f"{where}: reset.protected: {p!r} is not an absolute path: list daemon "
+                "executables by path (e.g. /usr/bin/nvidia-persistenced), never by name"
+            )
+    system_users = v.strings("reset.system_users",
+                             rr.get("system_users", list(r.system_users)))  # fmt: skip
     reset = ResetSettings(
         grace_s=v.positive("reset.grace_s", rr.get("grace_s", r.grace_s), zero=True),
         verify_timeout_s=v.positive("reset.verify_timeout_s",
@@ -131,7 +143,8 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
                                           integer=True, zero=True)),
         poll_interval_s=v.positive("reset.poll_interval_s",
                                    rr.get("poll_interval_s", r.poll_interval_s)),
-        protected=tuple(protected),
+        protected=protected,
+        system_users=system_users,
     )  # fmt: skip
 
     nodes_raw = raw.get("nodes", [])
@@ -206,6 +219,11 @@ class _Validator:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{self.where}: {key}: expected a non-empty string")
         return value
+
+    def strings(self, key: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+            raise ConfigError(f"{self.where}: {key}: expected a list of non-empty strings")
+        return tuple(value)
 
     def positive(self, key: str, value: Any, *, integer: bool = False, zero: bool = False) -> float:
         ok_type = isinstance(value, int) if integer else isinstance(value, int | float)

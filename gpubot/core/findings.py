@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, Protocol
 
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.policy import SLACK_CHANNEL
+from gpubot.core.protect import Protection, is_protected
 from gpubot.errors import ConfigError, GpubotError, ParseError, ProbeError
 
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
@@ -229,26 +230,19 @@ def holder_id(p: GpuProcess) -> str:
     return f"{p.pid}:{GONE if p.start_ticks is None else p.start_ticks}"
 
 
-def is_protected(p: GpuProcess, protected: Collection[str]) -> bool:
-    """Whether ``p`` is a daemon that holds GPUs by design (persistence daemon, DCGM ...)."""
-    names = {p.process_name.rsplit("/", 1)[-1]}
-    if p.command:
-        names.add(p.command.split(" ", 1)[0].rsplit("/", 1)[-1])
-    return any(n in protected for n in names)
-
-
 def find(
     snapshots: Iterable[NodeSnapshot],
     failures: Mapping[str, NodeFailure],
     config: SweepConfig,
     *,
-    protected: Collection[str] = (),
+    protection: Protection | None = None,
 ) -> tuple[Finding, ...]:
     """Return every finding of one sweep, in node then GPU order."""
     out: list[Finding] = []
     for snap in snapshots:
         for g in sorted(snap.gpus, key=lambda g: g.index):
-            out.extend(_gpu_findings(snap.node, g, snap.on_gpu(g.index), config, protected))
+            out.extend(_gpu_findings(snap.node, g, snap.on_gpu(g.index), config,
+                                     protection or Protection()))  # fmt: skip
     for node, f in failures.items():
         out.append(Finding(node, None, f.kind, "", f.reason))
     return tuple(out)
@@ -259,10 +253,10 @@ def _gpu_findings(
     g: GpuInfo,
     procs: Sequence[GpuProcess],
     config: SweepConfig,
-    protected: Collection[str],
+    protection: Protection,
 ) -> list[Finding]:
     out: list[Finding] = []
-    holders = [p for p in procs if not is_protected(p, protected)]
+    holders = [p for p in procs if not is_protected(p, protection)]
     used = g.memory_used_mib
     if not holders and used is not None and used > config.orphan_threshold_mib:
         out.append(
@@ -464,12 +458,11 @@ def duration_text(seconds: float) -> str:
 
 # --- reset readiness of an orphaned GPU --------------------------------------------------------
 
-_READY_MARK = re.compile(r"[0-9a-f]{16,64}")
-
 # One exec: topology, MIG and persistence mode of the GPUs, the persistence daemon. Everything
-# that varies arrives as a positional argument; sections are opened by "<nonce> <kind> <status>".
-READY_SCRIPT = """m() { printf '\\n%s %s\\n' "$N" "$*"; }
-N=$1 smi=$2 T=$3 idx=$4
+# that varies arrives as a positional argument; sections are opened by "@gpubot <kind> <status>".
+# No output holds text a process controls (ps prints PIDs only), so a fixed marker is enough.
+READY_SCRIPT = """m() { printf '\\n@gpubot %s\\n' "$*"; }
+smi=$1 T=$2 idx=$3
 o=$(timeout -k 1 "$T" "$smi" topo -m 2>&1); s=$?
 m topo "$s"; printf '%s\\n' "$o"
 o=$(timeout -k 1 "$T" "$smi" --query-gpu=index,mig.mode.current,persistence_mode \\
@@ -481,10 +474,8 @@ m end
 """
 
 
-def ready_argv(nvidia_smi: str, nonce: str, gpus: Sequence[int], timeout_s: float) -> list[str]:
+def ready_argv(nvidia_smi: str, gpus: Sequence[int], timeout_s: float) -> list[str]:
     """Return the argv that gathers the reset readiness of ``gpus`` (parse with ``readiness``)."""
-    if not _READY_MARK.fullmatch(nonce):
-        raise ValueError("nonce must be 16-64 lowercase hex digits")
     if not gpus or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
         raise ValueError(f"GPU indices must be whole numbers >= 0, got {list(gpus)!r}")
     if timeout_s <= 0:
@@ -494,7 +485,6 @@ def ready_argv(nvidia_smi: str, nonce: str, gpus: Sequence[int], timeout_s: floa
         "-c",
         READY_SCRIPT,
         "gpubot-ready",
-        nonce,
         nvidia_smi,
         f"{timeout_s:g}",
         ",".join(str(g) for g in gpus),
@@ -547,7 +537,6 @@ def readiness(
     snap: NodeSnapshot | None,
     gpus: Sequence[int],
     output: str | None,
-    nonce: str,
     *,
     why_unknown: str = "",
 ) -> dict[int, Readiness]:
@@ -555,7 +544,7 @@ def readiness(
 
     ``output`` None (the command could not run) leaves what only the node can say unknown.
     """
-    sections = _ready_sections(output or "", nonce) if output is not None else {}
+    sections = _ready_sections(output or "") if output is not None else {}
     topo_status, topo = sections.get("topo", (None, ""))
     peers: dict[int, tuple[int, ...]] | None = None
     note = why_unknown or "not asked"
@@ -586,8 +575,8 @@ def readiness(
     return out
 
 
-def _ready_sections(text: str, nonce: str) -> dict[str, tuple[int | None, str]]:
-    marker = re.compile("\n" + re.escape(nonce) + " ([^\n]*)\n")
+def _ready_sections(text: str) -> dict[str, tuple[int | None, str]]:
+    marker = re.compile("\n@gpubot ([^\n]*)\n")
     text = "\n" + text
     found = list(marker.finditer(text))
     out: dict[str, tuple[int | None, str]] = {}

@@ -59,7 +59,6 @@ class ComputeApp:
     pid: int
     gpu_uuid: str
     used_memory_mib: int | None
-    process_name: str
 
 
 @dataclass(frozen=True)
@@ -75,17 +74,22 @@ class DeviceHolder:
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """What ``/proc/PID/stat`` and ``ps`` say of one process."""
+    """What ``/proc/PID`` says of one process (text the process controls is marked so)."""
 
     pid: int
     ppid: int
-    user: str
+    user: str  # the effective uid's name on the node (the uid as digits if it has none)
     state: str  # one letter: R S D Z T t X I
     start_ticks: int  # field 22 of /proc/PID/stat: identity against PID reuse
     elapsed_s: int | None
-    command: str
+    command: str  # the process's own say: argv joined by spaces, or [comm]
     wchan: str | None = None  # kernel function it sleeps in (/proc/PID/wchan), if known
     cgroup: str | None = None  # first line of /proc/PID/cgroup (which container/job)
+    uid: int | None = None  # effective uid, from /proc/PID/status (a process cannot fake it)
+    real_uid: int | None = None  # real uid: differs from ``uid`` for a setuid program
+    exe: str | None = None  # /proc/PID/exe when gpubot may read it (own or root), else None
+    comm: str = ""  # the process's own say: its name (15 bytes, may hold anything)
+    argv0: str = ""  # the process's own say: argv[0]
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class GpuProcess:
     pid: int
     gpu_index: int
     used_memory_mib: int | None
-    process_name: str
+    process_name: str  # comm from /proc (the process's own say); "?" when /proc lost it
     visible_to_nvidia_smi: bool
     holds_device_file: bool
     user: str | None = None
@@ -115,6 +119,10 @@ class GpuProcess:
     command: str | None = None
     wchan: str | None = None
     cgroup: str | None = None
+    uid: int | None = None
+    real_uid: int | None = None
+    exe: str | None = None
+    argv0: str | None = None
 
     @property
     def hidden(self) -> bool:

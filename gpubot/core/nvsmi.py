@@ -8,10 +8,12 @@ Formats (``--format=csv``; ``noheader`` drops the first line, ``nounits`` drops 
     index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]
     0, GPU-5f3c..., NVIDIA H200, 1024 MiB, 143771 MiB, 37 %
 
-    pid, gpu_uuid, used_gpu_memory [MiB], process_name
-    4242, GPU-5f3c..., 1024 MiB, /usr/bin/python3
+    pid, gpu_uuid, used_gpu_memory [MiB]
+    4242, GPU-5f3c..., 1024 MiB
 
 With no compute processes the apps query prints only its header (nothing with ``noheader``).
+``process_name`` is never asked for: NVML reports the process's own argv[0], which the process can
+rewrite at run time (newlines included); the probe reads names from ``/proc`` and escapes them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from gpubot.core.models import ComputeApp, GpuInfo
 from gpubot.errors import ParseError, ProbeError, SmiFailed, SmiMissing
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
-APP_FIELDS = ("pid", "gpu_uuid", "used_memory", "process_name")
+APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
 
 # What nvidia-smi prints in place of a value it cannot give (NVML error strings in brackets).
 UNAVAILABLE = frozenset(
@@ -39,8 +41,8 @@ UNAVAILABLE = frozenset(
 )
 
 _GPU_HEADER = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
-_APP_HEADER = ("pid", "gpu_uuid", "used_gpu_memory", "process_name")
-_APP_HEADER_ALT = ("pid", "gpu_uuid", "used_memory", "process_name")
+_APP_HEADER = ("pid", "gpu_uuid", "used_gpu_memory")
+_APP_HEADER_ALT = ("pid", "gpu_uuid", "used_memory")
 _UNIT = re.compile(r"\s*\[[^\]]*\]$")  # " [MiB]" after a header name
 _UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*")
 _INT = re.compile(r"[0-9]{1,12}")
@@ -92,25 +94,23 @@ def parse_gpus(text: str) -> tuple[GpuInfo, ...]:
 
 
 def parse_apps(text: str) -> tuple[ComputeApp, ...]:
-    """Parse ``--query-compute-apps`` output (process names may hold ", "); raise ParseError."""
+    """Parse ``--query-compute-apps=pid,gpu_uuid,used_memory`` output; raise ParseError."""
     lines = _data_lines(text, (_APP_HEADER, _APP_HEADER_ALT))
     if lines == [_NO_PROCESSES]:  # older drivers say so instead of printing nothing
         return ()
     rows: list[ComputeApp] = []
     for line in lines:
-        parts = line.split(",", 3)  # the name is last and may contain commas
-        if len(parts) != 4:
+        parts = line.split(",")
+        if len(parts) != 3:
             raise ParseError("nvidia-smi compute-apps line", line)
-        pid, uuid, used = (p.strip() for p in parts[:3])
-        name = parts[3].strip()
-        if not _INT.fullmatch(pid) or int(pid) == 0 or not _UUID.fullmatch(uuid) or not name:
+        pid, uuid, used = (p.strip() for p in parts)
+        if not _INT.fullmatch(pid) or int(pid) == 0 or not _UUID.fullmatch(uuid):
             raise ParseError("nvidia-smi compute-apps line", line)
         rows.append(
             ComputeApp(
                 pid=int(pid),
                 gpu_uuid=uuid,
                 used_memory_mib=_number(used, "MiB", line, "nvidia-smi compute-apps line"),
-                process_name=name,
             )
         )
     return tuple(rows)

@@ -30,6 +30,16 @@ class Newcomer:
 
 
 @dataclass(frozen=True)
+class Kept:
+    """A protected daemon the plan left alone that still holds memory on the GPU."""
+
+    pid: int
+    user: str | None
+    command: str
+    mib: int | None
+
+
+@dataclass(frozen=True)
 class GpuObservation:
     """What verification saw of one targeted GPU at its end."""
 
@@ -40,6 +50,8 @@ class GpuObservation:
     newcomers: tuple[Newcomer, ...] = ()
     holders: int = 0  # processes still on the GPU (listed or holding its device file)
     error: str | None = None  # the last verification failure, if verification never succeeded
+    kept: tuple[Kept, ...] = ()  # protected daemons still holding memory there
+    not_signalled: tuple[str, ...] = ()  # planned processes the node's identity check refused
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,14 @@ def classify(
             f"pid {n.pid} ({n.command}) took the GPU again, started by {parent}{unit}: "
             "stop the supervisor first"
         )
+    if obs.kept:
+        k = obs.kept[0]
+        return Outcome.STUCK, (
+            f"pid {k.pid} ({k.command}, {k.user or '?'}) is a protected system daemon, left alone, "
+            f"and still holds {k.mib} MiB: stop that service by hand if the GPU must be empty"
+        )
+    if obs.not_signalled and not obs.verified:
+        return Outcome.UNKNOWN, f"not verified free: {obs.not_signalled[0]}"
     if obs.verified:
         return Outcome.FREED, f"memory at {obs.memory_after_mib} MiB"
     if obs.memory_after_mib is None:

@@ -2,18 +2,17 @@
 
 The plan names every process that will be signalled and why, and nothing else: never a process
 that holds only ``nvidiactl``/``nvidia-uvm``, never one on a GPU outside the request, never a
-protected daemon.
+protected daemon (``core.protect``: owned by a system account and running a configured executable).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpubot.core.models import GpuProcess, NodeSnapshot
-from gpubot.errors import UsageError
+from gpubot.core.protect import Protection, is_protected, program
+from gpubot.errors import ResetRefused, UsageError
 
 
 @dataclass(frozen=True)
@@ -45,6 +44,7 @@ class Target:
     forced: bool = False
     state: str | None = None
     ppid: int | None = None
+    uid: int | None = None  # the effective uid at planning: re-checked with every signal
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class Skipped:
     command: str
     reason: str
     start_ticks: int | None = None
+    protected: bool = False  # a system daemon: the GPU is not free while it holds memory
+    mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,18 +121,11 @@ class ResetPlan:
         )  # fmt: skip
 
 
-def is_protected(proc: GpuProcess, protected: Sequence[str]) -> bool:
-    """Whether the process is a protected daemon (matched on its executable's base name)."""
-    names = {os.path.basename(proc.process_name)}
-    if proc.command:
-        names.add(os.path.basename(proc.command.split(" ", 1)[0]))
-    return any(n in protected for n in names)
+def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protection) -> ResetPlan:
+    """Plan which processes a reset signals.
 
-
-def plan_reset(
-    snapshot: NodeSnapshot, request: ResetRequest, protected: Sequence[str]
-) -> ResetPlan:
-    """Plan which processes a reset signals; raise ``UsageError`` if the request cannot apply."""
+    Raise ``UsageError`` if the request cannot apply, ``ResetRefused`` if it names a protected pid.
+    """
     indices = {g.index for g in snapshot.gpus}
     for g in request.gpus:
         if g not in indices:
@@ -139,6 +134,13 @@ def plan_reset(
     for pid in request.pids:
         if not any(p.pid == pid for p in snapshot.processes):
             raise UsageError(f"pid {pid} holds no GPU on {snapshot.node}")
+        daemon = next((p for p in snapshot.processes
+                       if p.pid == pid and is_protected(p, protection)), None)  # fmt: skip
+        if daemon is not None:
+            raise ResetRefused(
+                f"pid {pid} on {snapshot.node} is a protected system daemon "
+                f"({program(daemon)}, run by {daemon.user}): gpubot never signals it"
+            )
     if request.gpus:
         gpus = tuple(sorted(set(request.gpus)))
     elif request.pids:
@@ -156,13 +158,13 @@ def plan_reset(
     for proc in snapshot.processes:
         if proc.gpu_index not in gpus:
             continue
-        reason = _skip_reason(proc, request, protected)
+        protected = is_protected(proc, protection)
+        reason = "protected system daemon" if protected else _skip_reason(proc, request)
         if reason:
             skipped.append(
-                Skipped(
-                    proc.pid, proc.gpu_index, proc.user, _command(proc), reason, proc.start_ticks
-                )
-            )
+                Skipped(proc.pid, proc.gpu_index, proc.user, _command(proc), reason,
+                        proc.start_ticks, protected, proc.used_memory_mib)
+            )  # fmt: skip
         else:
             chosen.setdefault(proc.pid, []).append(proc)
 
@@ -192,15 +194,15 @@ def _command(proc: GpuProcess) -> str:
     return proc.command or proc.process_name
 
 
-def _skip_reason(proc: GpuProcess, request: ResetRequest, protected: Sequence[str]) -> str | None:
-    if is_protected(proc, protected):
-        return "protected process"
+def _skip_reason(proc: GpuProcess, request: ResetRequest) -> str | None:
     if request.pids and proc.pid not in request.pids:
         return "not among the requested pids"
     if request.user and proc.user != request.user:
         return f"not owned by {request.user}"
     if not proc.exists:
         return "no longer in /proc (nothing to signal)"
+    if proc.uid is None:
+        return "owner unknown (nothing to check a signal against)"
     return None
 
 
@@ -237,4 +239,5 @@ def _target(
         forced=forced,
         state=first.state,
         ppid=first.ppid,
+        uid=first.uid,
     )

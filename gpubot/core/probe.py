@@ -1,23 +1,20 @@
 """The node probe: ONE remote exec that gathers everything a ``NodeSnapshot`` needs.
 
-The probe is a constant POSIX ``sh`` script (dash-compatible). Everything that varies (the nonce,
-the nvidia-smi command, the device prefix, PIDs) arrives as positional arguments, so no text from a
-user or from a remote output ever reaches a shell unquoted. It runs the GPU and compute-apps queries
+The scripts live in ``probe_script``: a constant ``sh`` script runs the GPU and compute-app queries
 under ``timeout`` (a hung nvidia-smi becomes exit 124 and is killed), ``fuser -v`` on exactly the
 device files of the GPUs found plus ``{prefix}ctl`` and ``{prefix}-uvm`` (never a glob), then reads
-``/proc`` for every PID seen.
+``/proc`` for every PID seen, escaping every byte a process controls about itself.
 
-Its output is a series of sections, each opened by a line ``<nonce> <kind> <args...>`` printed
-after a newline. The nonce is random per call, so no process name or nvidia-smi output can forge a
-section. A PID that vanishes mid-probe is simply absent.
+The output is parsed strictly: the sections must come exactly as the script writes them, in order
+and once each; each PID once; every escaped field well formed. Anything else is a ``ParseError``
+for the node, never a different table. A PID that vanishes mid-probe is simply absent.
 """
 
 from __future__ import annotations
 
 import re
-import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpubot.core.models import (
     CommandResult,
@@ -29,142 +26,20 @@ from gpubot.core.models import (
     NodeSnapshot,
     ProcInfo,
 )
-from gpubot.core.nvsmi import (
-    apps_query_argv,
-    first_meaningful_line,
-    gpu_query_argv,
-    parse_apps,
-    parse_gpus,
-    smi_error,
-)
+from gpubot.core.nvsmi import first_meaningful_line, parse_apps, parse_gpus, smi_error
+from gpubot.core.probe_script import MARK, PROBE_SCRIPT, PROC_SCRIPT
 from gpubot.errors import ConfigError, ParseError, ProbeError
 
-NONCE = re.compile(r"[0-9a-f]{16,64}")
-
-# Prints a section marker; every marker starts on a fresh line (output may lack a final newline).
-_MARK = """m() { printf '\\n%s %s\\n' "$N" "$*"; }
-set -f
-"""
-
-# /proc for each PID argument: stat (comm may hold spaces, parens, newlines), owner, cmdline
-# (NUL -> space), wchan, first cgroup line. Builtins where possible: this runs for every PID.
-# /proc for each PID argument: stat (comm may hold spaces, parens, newlines), cmdline (NUL ->
-# space), wchan, first cgroup line, then every owner in one stat(1). Builtins where possible: this
-# runs for every PID. A stat line is complete when 20+ fields follow its last ")": comm (at most 15
-# bytes) cannot fake that, so only a comm holding a newline costs a cat.
-_PROCS = """procs() {
-  up=; { read -r up _; } 2>/dev/null </proc/uptime
-  m clock "$(getconf CLK_TCK 2>/dev/null)" "$up"
-  seen=' ' dirs=
-  for p in "$@"; do
-    case $p in ''|*[!0-9]*) continue ;; esac
-    case $seen in *" $p "*) continue ;; esac
-    seen="$seen$p "
-    s=; { read -r s; } 2>/dev/null <"/proc/$p/stat"
-    [ -n "$s" ] || continue
-    m stat "$p"
-    IFS=' '; set -- ${s##*)}
-    if [ $# -ge 20 ]; then printf '%s\\n' "$s"; else cat "/proc/$p/stat" 2>/dev/null; fi
-    m cmdline "$p"; tr '\\0' ' ' 2>/dev/null <"/proc/$p/cmdline"
-    w=; { read -r w; } 2>/dev/null <"/proc/$p/wchan"
-    m wchan "$p"; printf '%s\\n' "$w"
-    c=; { read -r c; } 2>/dev/null <"/proc/$p/cgroup"
-    m cgroup "$p"; printf '%s\\n' "$c"
-    dirs="$dirs /proc/$p"
-  done
-  m owners
-  [ -z "$dirs" ] || stat -c '%n %U %u' $dirs 2>/dev/null
-}
-"""
-
-# Numeric first CSV fields of each line of $1 (GPU indices, PIDs), space separated.
-_FIRSTS = """firsts() {
-  printf '%s\\n' "$1" | while IFS=, read -r f _; do
-    case $f in ''|*[!0-9]*) ;; *) printf '%s ' "$f" ;; esac
-  done
-}
-"""
-
-
-def _smi(argv: list[str]) -> str:
-    # The queries are constants; only "$smi" (and -i "$idx") vary and are quoted.
-    return '"$smi" ' + " ".join(argv[1:])
-
-
-_GPU_Q = _smi(gpu_query_argv("nvidia-smi"))
-_APPS_Q = _smi(apps_query_argv("nvidia-smi"))
-
-PROBE_SCRIPT = (
-    _MARK
-    + _PROCS
-    + _FIRSTS
-    + f"""N=$1 smi=$2 pre=$3 T=$4 sudo=$5 mode=$6 idx=$7
-shift 7
-extra=$*
-exec 4>&1
-PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions
-m probe "$T" "${{idx:--}}"
-need() {{ command -v "$1" >/dev/null 2>&1 || {{ m fatal "no-$1"; m end; exit 0; }}; }}
-if [ "$sudo" = sudo ]; then need sudo; else need fuser; fi
-if [ "$mode" = smi ]; then
-  need timeout
-  m gpus-err
-  if [ -n "$idx" ]; then
-    g=$(timeout -k 1 "$T" {_GPU_Q} -i "$idx" 2>&4)
-  else
-    g=$(timeout -k 1 "$T" {_GPU_Q} 2>&4)
-  fi
-  s=$?
-  m gpus "$s"; printf '%s\\n' "$g"
-  [ "$s" -eq 0 ] || {{ m end; exit 0; }}
-  [ -n "$idx" ] || idx=$(firsts "$g")
-  m apps-err
-  a=$(timeout -k 1 "$T" {_APPS_Q} 2>&4)
-  s=$?
-  m apps "$s"; printf '%s\\n' "$a"
-  [ "$s" -eq 0 ] || {{ m end; exit 0; }}
-  extra="$extra $(firsts "$a")"
-fi
-set --
-IFS=', '
-for i in $idx; do
-  case $i in ''|*[!0-9]*) continue ;; esac
-  [ -e "$pre$i" ] && set -- "$@" "$pre$i"
-done
-IFS=' '
-for f in "${{pre}}ctl" "${{pre}}-uvm"; do [ -e "$f" ] && set -- "$@" "$f"; done
-if [ $# -gt 0 ]; then
-  if [ "$sudo" = sudo ]; then f=$(sudo -n fuser -v "$@" 2>&1); else f=$(fuser -v "$@" 2>&1); fi
-  s=$?
-else
-  f= s=1
-fi
-m fuser "$s"
-# The table without permission noise goes out; the PIDs (field before ACCESS) come back.
-fp=$(printf '%s\\n' "$f" | awk '
-  /^Cannot stat / {{ next }}
-  {{ print
-    for (i = 2; i <= NF; i++)
-      if ($i ~ /^[.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM]$/ && $(i-1) ~ /^[0-9]+$/)
-        printf "%s ", $(i-1) > "/dev/stderr"
-  }}
-' 2>&1 >&4)
-procs $extra $fp
-m end
-"""
+# The section sequences the scripts can write, as words joined by spaces.
+_PROBE_GRAMMAR = re.compile(
+    r"probe (?:fatal end|gpus-err gpus (?:end|apps-err apps (?:end|fuser procs end))"
+    r"|fuser procs end)"
 )
-
-PROC_SCRIPT = (
-    _MARK
-    + _PROCS
-    + """N=$1
-shift
-m procs
-procs "$@"
-m end
-"""
-)
-
+_PROC_GRAMMAR = re.compile(r"procs end")
+_MARKER = re.compile("\n" + re.escape(MARK) + " ([^\n]*)\n")
+_ESCAPED = re.compile(r"=(?:[!-\[\]-~]|\\[0-3][0-7]{2})*")
+_OCTAL = re.compile(r"\\([0-3][0-7]{2})")
+_NUM = re.compile(r"[0-9]{1,12}")
 
 _MISSING = {
     "no-timeout": "timeout (coreutils) not found on the node",
@@ -173,14 +48,8 @@ _MISSING = {
 }
 
 
-def new_nonce() -> str:
-    """Return a fresh random section nonce."""
-    return secrets.token_hex(16)
-
-
 def probe_argv(
     node: NodeConfig,
-    nonce: str,
     *,
     smi_timeout_s: float,
     gpu_indices: Sequence[int] | None = None,
@@ -192,7 +61,6 @@ def probe_argv(
     ``skip_smi`` (the local box read through NVML) needs ``gpu_indices``; ``pids`` are extra
     processes to read from ``/proc`` (NVML's compute apps).
     """
-    _check_nonce(nonce)
     _check_prefix(node)
     if smi_timeout_s <= 0:
         raise ValueError(f"smi_timeout_s must be > 0, got {smi_timeout_s!r}")
@@ -204,7 +72,6 @@ def probe_argv(
         "-c",
         PROBE_SCRIPT,
         "gpubot-probe",
-        nonce,
         node.nvidia_smi,
         node.dev_prefix,
         _seconds(smi_timeout_s),
@@ -215,37 +82,17 @@ def probe_argv(
     ]
 
 
-def proc_argv(pids: Sequence[int], *, sudo: bool, nonce: str | None = None) -> list[str]:
-    """Return the argv that reads ``/proc`` for ``pids`` alone (parse with ``parse_procs``)."""
-    nonce = nonce or new_nonce()
-    _check_nonce(nonce)
-    argv = ["sh", "-c", PROC_SCRIPT, "gpubot-procs", nonce, *(str(_nonneg(p)) for p in pids)]
-    return ["sudo", "-n", *argv] if sudo else argv
+def proc_argv(pids: Sequence[int]) -> list[str]:
+    """Return the argv that reads ``/proc`` for ``pids`` alone (parse with ``parse_procs``).
 
-
-def parse_procs(text: str) -> dict[int, ProcInfo]:
-    """Parse the output of ``proc_argv``; a PID that vanished is absent; raise ParseError."""
-    start = text.lstrip("\n")
-    nonce = start.split(" ", 1)[0]
-    if not NONCE.fullmatch(nonce):
-        raise ParseError("process listing (no section marker)", first_meaningful_line(text))
-    sections = _Sections.parse(text, nonce, "process listing")
-    return sections.procs()
-
-
-def fuser_argv(paths: Sequence[str], *, sudo: bool) -> list[str]:
-    """Return ``fuser -v PATHS`` (+ ``sudo -n``), its stderr merged into stdout in order.
-
-    fuser writes the PIDs to stdout and the rest of its table to stderr; only the merged stream
-    (``result.stdout``) can be parsed.
+    Reading needs no privilege: this never runs under sudo.
     """
-    if not paths:
-        raise ValueError("fuser needs at least one path")
-    for p in paths:
-        if not p.startswith("/"):
-            raise ValueError(f"fuser paths must be absolute: {p!r}")
-    inner = ["sudo", "-n", "fuser", "-v", *paths] if sudo else ["fuser", "-v", *paths]
-    return ["sh", "-c", 'PATH=$PATH:/usr/sbin:/sbin; exec 2>&1; exec "$@"', "gpubot-fuser", *inner]
+    return ["sh", "-c", PROC_SCRIPT, "gpubot-procs", *(str(_nonneg(p)) for p in pids)]
+
+
+def parse_procs(text: str, pids: Sequence[int]) -> dict[int, ProcInfo]:
+    """Parse the output of ``proc_argv(pids)``; a PID that vanished is absent; raise ParseError."""
+    return _Sections.parse(text, _PROC_GRAMMAR, "process listing").procs(pids)
 
 
 _ACCESS = re.compile(r"[.cefFrmM]{5}")
@@ -254,7 +101,7 @@ _FUSER_NOISE = ("Cannot stat ", "Specified filename ")
 
 
 def parse_fuser(text: str) -> tuple[DeviceHolder, ...]:
-    """Parse ``fuser -v`` output (stdout and stderr merged); raise ParseError."""
+    """Parse ``fuser -v`` output (stdout and stderr merged, COMMAND optional); raise ParseError."""
     holders: list[DeviceHolder] = []
     path: str | None = None
     for raw in text.splitlines():
@@ -278,17 +125,16 @@ def parse_fuser(text: str) -> tuple[DeviceHolder, ...]:
         parts = entry.split(None, 3)
         if len(parts) >= 2 and parts[1] == "kernel":  # a mount or swap use, not a process
             continue
-        if len(parts) != 4 or not parts[1].isdigit() or not _ACCESS.fullmatch(parts[2]):
+        if len(parts) not in (3, 4) or not parts[1].isdigit() or not _ACCESS.fullmatch(parts[2]):
             raise ParseError("fuser line", raw)
-        user, pid, access, command = parts
-        holders.append(DeviceHolder(path=path, pid=int(pid), user=user, access=access,
+        command = parts[3] if len(parts) == 4 else ""
+        holders.append(DeviceHolder(path=path, pid=int(parts[1]), user=parts[0], access=parts[2],
                                     command=command))  # fmt: skip
     return tuple(holders)
 
 
 def parse_probe(
     node: NodeConfig,
-    nonce: str,
     result: CommandResult,
     taken_at: float,
     nvml: tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]] | None = None,
@@ -298,21 +144,27 @@ def parse_probe(
     Raises ``SmiMissing``/``SmiFailed`` when nvidia-smi failed, ``ProbeError`` when the probe could
     not run, ``ParseError`` on output that cannot be parsed.
     """
-    _check_nonce(nonce)
-    s = _Sections.parse(result.stdout, nonce, "probe output", result=result, node=node.name)
-    fatal = s.first("fatal")
+    s = _Sections.parse(result.stdout, _PROBE_GRAMMAR, "probe output", result=result,
+                        node=node.name)  # fmt: skip
+    fatal = s.get("fatal")
     if fatal is not None:
         missing = fatal[0][0] if fatal[0] else "?"
         raise ProbeError(node.name, _MISSING.get(missing, f"probe stopped: {missing}"))
-    timeout_s = _float_or_none(s.probe_arg(0))
+    probe_args = s.args("probe", 2)
+    timeout_s = _float_or_none(probe_args[0])
+    asked_all = probe_args[1] == "-"
     if nvml is not None:
+        if "gpus" in s.kinds:
+            raise ParseError("probe output (nvidia-smi ran on an NVML node)", "")
         gpus, apps = nvml
     else:
+        if "gpus" not in s.kinds:
+            raise ParseError("probe output (no gpus section)", "")
         gpus = parse_gpus(s.smi_output("gpus", node.name, timeout_s))
         apps = parse_apps(s.smi_output("apps", node.name, timeout_s))
+    gpus = tuple(sorted(gpus, key=lambda g: g.index))
     by_uuid = {g.uuid: g.index for g in gpus}
     holders = s.fuser(node)
-    procs = s.procs()
 
     gpu_paths = {node.device(g.index): g.index for g in gpus}
     ctl_paths = {f"{node.dev_prefix}ctl", f"{node.dev_prefix}-uvm"}
@@ -325,11 +177,13 @@ def parse_probe(
             ctl_pids.add(h.pid)
         else:
             raise ParseError("fuser line (a file the probe did not ask about)", h.path)
+    # The script reads /proc for the apps' PIDs, then fuser's, in that order: so must the output.
+    procs = s.procs([a.pid for a in apps] + [h.pid for h in holders])
 
     visible: dict[tuple[int, int], GpuProcess] = {}
     for app in apps:
         if app.gpu_uuid not in by_uuid:
-            if nvml is None and s.probe_arg(1) == "-":  # every GPU was asked for
+            if nvml is None and asked_all:  # every GPU was asked for
                 raise ParseError("compute app on a GPU nvidia-smi did not list", app.gpu_uuid)
             continue
         key = (app.pid, by_uuid[app.gpu_uuid])
@@ -339,17 +193,15 @@ def parse_probe(
             mem = (
                 None if mem is None or prev.used_memory_mib is None else mem + prev.used_memory_mib
             )
-        visible[key] = _gpu_process(app.pid, key[1], mem, app.process_name, True,
-                                    key in on_gpu, procs.get(app.pid))  # fmt: skip
+        visible[key] = _gpu_process(app.pid, key[1], mem, True, key in on_gpu, procs.get(app.pid))
     # A hidden holder is a process nvidia-smi lists on NO GPU (another PID namespace, a leak).
     # CUDA opens every visible GPU's device file, so a job nvidia-smi lists on GPU 0 also holds
     # nvidia1..N: that does not put it on those GPUs.
     listed_by_smi = {a.pid for a in apps}
     for key, h in on_gpu.items():
         if key not in visible and h.pid not in listed_by_smi:
-            name = s.comms.get(h.pid, h.command)  # fuser misreads a comm holding ")"
-            visible[key] = _gpu_process(h.pid, key[1], None, name, False, True,
-                                        procs.get(h.pid), fallback_user=h.user)  # fmt: skip
+            visible[key] = _gpu_process(h.pid, key[1], None, False, True, procs.get(h.pid),
+                                        fallback_user=h.user)  # fmt: skip
     listed = {pid for pid, _ in visible}
     ctl_only = tuple(
         procs[pid] for pid in sorted(ctl_pids - listed) if pid in procs
@@ -363,7 +215,6 @@ def _gpu_process(
     pid: int,
     gpu: int,
     mem: int | None,
-    name: str,
     visible: bool,
     holds: bool,
     info: ProcInfo | None,
@@ -373,7 +224,7 @@ def _gpu_process(
         pid=pid,
         gpu_index=gpu,
         used_memory_mib=mem,
-        process_name=name,
+        process_name=info.comm if info else "?",
         visible_to_nvidia_smi=visible,
         holds_device_file=holds,
         user=info.user if info else fallback_user,
@@ -384,158 +235,203 @@ def _gpu_process(
         command=info.command if info else None,
         wchan=info.wchan if info else None,
         cgroup=info.cgroup if info else None,
+        uid=info.uid if info else None,
+        real_uid=info.real_uid if info else None,
+        exe=info.exe if info else None,
+        argv0=info.argv0 if info else None,
     )
 
 
 @dataclass
 class _Sections:
-    """The sections of one probe's output, in order."""
+    """The sections of one script's output, checked against the script's grammar."""
 
     what: str
-    items: list[tuple[str, list[str], str]] = field(default_factory=list)
+    items: list[tuple[str, list[str], str]]
     node: str = "?"
-    stderr: str = ""
-    comms: dict[int, str] = field(default_factory=dict)  # comm of each PID read, from stat
+
+    @property
+    def kinds(self) -> list[str]:
+        return [k for k, _, _ in self.items]
 
     @classmethod
     def parse(
         cls,
         text: str,
-        nonce: str,
+        grammar: re.Pattern[str],
         what: str,
         *,
         result: CommandResult | None = None,
         node: str = "?",
     ) -> _Sections:
-        marker = re.compile("\n" + re.escape(nonce) + " ([^\n]*)\n")
         text = "\n" + text
-        matches = list(marker.finditer(text))
-        out = cls(what=what, node=node, stderr=result.stderr if result else "")
+        matches = list(_MARKER.finditer(text))
         if not matches:
             if result is not None and result.exit_status != 0:
                 why = first_meaningful_line(result.stderr) or first_meaningful_line(result.stdout)
                 raise ProbeError(node, f"probe failed (exit {result.exit_status}): {why}")
             raise ParseError(f"{what} (no section marker)", first_meaningful_line(text))
+        if text[: matches[0].start()].strip():
+            raise ParseError(f"{what} (text before the first section)", text[:80].strip())
+        items: list[tuple[str, list[str], str]] = []
         for m, nxt in zip(matches, [*matches[1:], None], strict=True):
             words = m[1].split(" ")
             body = text[m.end() : nxt.start() if nxt else len(text)]
-            out.items.append((words[0], words[1:], body))
-        if out.items[-1][0] != "end":
-            raise ParseError(f"{what} (cut short)", first_meaningful_line(text[-300:]))
-        return out
+            items.append((words[0], words[1:], body))
+        kinds = " ".join(k for k, _, _ in items)
+        if not grammar.fullmatch(kinds):
+            if items[-1][0] != "end":
+                raise ParseError(f"{what} (cut short)", first_meaningful_line(text[-300:]))
+            raise ParseError(f"{what} (sections out of order or repeated)", kinds[:200])
+        if items[-1][2].strip():
+            raise ParseError(f"{what} (text after the end)", items[-1][2].strip()[:80])
+        return cls(what=what, items=items, node=node)
 
-    def first(self, kind: str) -> tuple[list[str], str] | None:
+    def get(self, kind: str) -> tuple[list[str], str] | None:
         return next(((a, b) for k, a, b in self.items if k == kind), None)
 
-    def probe_arg(self, i: int) -> str | None:
-        found = self.first("probe")
-        return found[0][i] if found and len(found[0]) > i else None
+    def args(self, kind: str, n: int) -> list[str]:
+        found = self.get(kind)
+        if found is None or len(found[0]) != n or found[1].strip():
+            raise ParseError(f"{self.what} ({kind} section)", " ".join(found[0]) if found else "")
+        return found[0]
 
-    def smi_output(self, kind: str, node: str, timeout_s: float | None) -> str:
-        found = self.first(kind)
+    def status(self, kind: str) -> tuple[int, str]:
+        found = self.get(kind)
         if found is None:
             raise ParseError(f"{self.what} (no {kind} section)", "")
         args, body = found
-        status = _int(args[0] if args else "", f"{self.what} ({kind} status)")
+        if len(args) != 1 or not _NUM.fullmatch(args[0]):
+            raise ParseError(f"{self.what} ({kind} status)", " ".join(args))
+        return int(args[0]), body
+
+    def smi_output(self, kind: str, node: str, timeout_s: float | None) -> str:
+        status, body = self.status(kind)
+        err = self.get(f"{kind}-err")
+        if err is None or err[0]:
+            raise ParseError(f"{self.what} ({kind}-err section)", "")
         if status != 0:
-            err = self.first(f"{kind}-err")
-            text = (err[1] if err else "") + "\n" + body
-            error = smi_error(node, status, text, timeout_s=timeout_s)
+            error = smi_error(node, status, err[1] + "\n" + body, timeout_s=timeout_s)
             assert error is not None
             raise error
         return body
 
     def fuser(self, node: NodeConfig) -> tuple[DeviceHolder, ...]:
-        found = self.first("fuser")
-        if found is None:
-            raise ParseError(f"{self.what} (no fuser section)", "")
-        args, body = found
-        status = _int(args[0] if args else "", f"{self.what} (fuser status)")
+        status, body = self.status("fuser")
         if status == 127:
             raise ProbeError(node.name, "fuser (psmisc) not found on the node")
         for line in body.splitlines():
-            if line.startswith("sudo:"):
-                raise ProbeError(node.name, f"sudo -n fuser refused: {line.strip()}")
+            if line.startswith("sudo:") or line.startswith("Sorry, user"):
+                raise ProbeError(node.name, f"sudo -n fuser refused: {line.strip()[:200]}")
         if status not in (0, 1):
             why = first_meaningful_line(body)
             raise ProbeError(node.name, f"fuser failed (exit {status}): {why}")
         return parse_fuser(body)
 
-    def procs(self) -> dict[int, ProcInfo]:
-        clock = self.first("clock")
-        ticks: int | None = None
-        uptime: float | None = None
-        if clock is not None and len(clock[0]) == 2:
-            ticks = int(clock[0][0]) if clock[0][0].isdigit() and clock[0][0] != "0" else None
-            uptime = _float_or_none(clock[0][1])
-        fields: dict[int, dict[str, str]] = {}
-        for kind, args, body in self.items:
-            if kind in ("stat", "cmdline", "wchan", "cgroup"):
-                pid = _int(args[0] if args else "", f"{self.what} ({kind} pid)")
-                fields.setdefault(pid, {})[kind] = body
-            elif kind == "owners":  # "/proc/PID USER UID" per line
-                for line in body.splitlines():
-                    words = line.split()
-                    if len(words) != 3 or not words[0].startswith("/proc/"):
-                        raise ParseError(f"{self.what} (owner line)", line)
-                    pid = _int(words[0][len("/proc/") :], f"{self.what} (owner pid)")
-                    fields.setdefault(pid, {})["owner"] = f"{words[1]} {words[2]}"
-        out: dict[int, ProcInfo] = {}
-        for pid, f in fields.items():
-            info = _proc_info(pid, f, ticks, uptime)
-            if info is not None:
-                out[pid] = info
-                stat = f["stat"]
-                self.comms[pid] = stat[stat.find("(") + 1 : stat.rfind(")")]
-        return out
+    def procs(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
+        found = self.get("procs")
+        if found is None or found[0]:
+            raise ParseError(f"{self.what} (procs section)", "")
+        return parse_proc_lines(found[1], pids, self.what)
+
+
+def parse_proc_lines(
+    body: str, pids: Sequence[int], what: str = "process listing"
+) -> dict[int, ProcInfo]:
+    """Parse the ``procs`` section: ``c`` once; one ``p`` or ``g`` line per PID asked, in order;
+    one ``u`` line per uid seen."""
+    lines = [ln for ln in body.split("\n") if ln]
+    if not lines or not lines[0].startswith("c "):
+        raise ParseError(f"{what} (no clock line)", lines[0] if lines else "")
+    clock = lines[0].split(" ")
+    if len(clock) != 3:
+        raise ParseError(f"{what} (clock line)", lines[0])
+    ticks = int(clock[1]) if _NUM.fullmatch(clock[1]) and int(clock[1]) > 0 else None
+    uptime = _float_or_none(clock[2]) if clock[2] != "-" else None
+    rows: dict[int, list[str]] = {}
+    seen: list[int] = []
+    names: dict[int, str | None] = {}
+    for line in lines[1:]:
+        f = line.split(" ")
+        if f[0] in ("p", "g") and not names:
+            if len(f) != (12 if f[0] == "p" else 2) or not _NUM.fullmatch(f[1]):
+                raise ParseError(f"{what} (process line)", line[:200])
+            pid = int(f[1])
+            if pid in seen:
+                raise ParseError(f"{what} (pid {pid} twice)", line[:200])
+            seen.append(pid)
+            if f[0] == "p":
+                rows[pid] = f
+        elif f[0] == "u" and len(f) == 3 and _NUM.fullmatch(f[1]) and int(f[1]) not in names:
+            names[int(f[1])] = None if f[2] == "!" else _unescape(f[2], what)
+        else:
+            raise ParseError(f"{what} (unexpected line)", line[:200])
+    asked = list(dict.fromkeys(pids))
+    if seen != asked:
+        raise ParseError(f"{what} (pids not as asked)", f"{seen[:20]} for {asked[:20]}")
+    uids = {int(f[6]) for f in rows.values() if _NUM.fullmatch(f[6])}
+    if uids != set(names):
+        raise ParseError(f"{what} (owner names)", " ".join(map(str, sorted(uids)))[:200])
+    out: dict[int, ProcInfo] = {}
+    for pid, f in rows.items():
+        out[pid] = _proc_info(pid, f, names, ticks, uptime, what)
+    return out
 
 
 def _proc_info(
-    pid: int, f: Mapping[str, str], ticks: int | None, uptime: float | None
-) -> ProcInfo | None:
-    """Build one ProcInfo; None when the process vanished before all of it was read."""
-    stat = _strip_nl(f.get("stat", ""))
-    owner = _strip_nl(f.get("owner", "")).split()
-    if not stat or not owner:
-        return None
-    # /proc/PID/stat: "pid (comm) state ppid ... starttime(22) ..."; comm may hold anything.
-    lpar, rpar = stat.find("("), stat.rfind(")")
-    if lpar < 0 or rpar < lpar:
-        raise ParseError("/proc/PID/stat", stat)
-    head, comm, rest = stat[:lpar].strip(), stat[lpar + 1 : rpar], stat[rpar + 1 :].split()
-    if head != str(pid) or len(rest) < 20 or not rest[1].lstrip("-").isdigit():
-        raise ParseError("/proc/PID/stat", stat)
-    if not rest[19].isdigit() or len(rest[0]) != 1:
-        raise ParseError("/proc/PID/stat", stat)
-    state, ppid, start = rest[0], int(rest[1]), int(rest[19])  # fields 3, 4, 22
+    pid: int,
+    f: list[str],
+    names: dict[int, str | None],
+    ticks: int | None,
+    uptime: float | None,
+    what: str,
+) -> ProcInfo:
+    """Build one ProcInfo from ``p PID STATE PPID START RUID EUID =COMM =CMD =EXE|! =CG =WCHAN``."""
+    _, _, state, ppid, start, ruid, euid, comm, cmd, exe, cgroup, wchan = f
+    if len(state) != 1 or not state.isalpha() or not all(_NUM.fullmatch(x) for x in (ppid, start)):
+        raise ParseError(f"{what} (process line)", " ".join(f)[:200])
+    uid = int(euid) if _NUM.fullmatch(euid) else None
+    real = int(ruid) if _NUM.fullmatch(ruid) else None
+    if uid is None:
+        raise ParseError(f"{what} (process line: no uid)", " ".join(f)[:200])
     elapsed = None
     if ticks and uptime is not None:
-        elapsed = max(0, int(uptime - start / ticks))
-    user = owner[0] if owner[0] != "UNKNOWN" or len(owner) < 2 else owner[1]
-    cmdline = f.get("cmdline", "").replace("\n", " ").strip()
-    wchan = _strip_nl(f.get("wchan", "")).strip()
-    cgroup = _strip_nl(f.get("cgroup", "")).strip()
+        elapsed = max(0, int(uptime - int(start) / ticks))
+    name = _unescape(comm, what)
+    argv = _unescape(cmd, what).rstrip("\0").split("\0")
+    command = printable(" ".join(a for a in argv)).strip()
+    w = _unescape(wchan, what).strip()
     return ProcInfo(
         pid=pid,
-        ppid=ppid,
-        user=user,
+        ppid=int(ppid),
+        user=names.get(uid) or str(uid),
         state=state,
-        start_ticks=start,
+        start_ticks=int(start),
         elapsed_s=elapsed,
-        command=cmdline or f"[{comm}]",
-        wchan=None if wchan in ("", "0") else wchan,
-        cgroup=cgroup or None,
+        command=command or f"[{printable(name)}]",
+        wchan=None if w in ("", "0") else printable(w),
+        cgroup=printable(_unescape(cgroup, what).strip()) or None,
+        uid=uid,
+        real_uid=real,
+        exe=None if exe == "!" else _unescape(exe, what),
+        comm=printable(name),
+        argv0=argv[0],
     )
 
 
-def _strip_nl(s: str) -> str:
-    return s[:-1] if s.endswith("\n") else s
+def _unescape(field: str, what: str) -> str:
+    """Decode one escaped field (``=`` then printable ASCII and ``\\ooo``); raise ParseError."""
+    if not _ESCAPED.fullmatch(field):
+        raise ParseError(f"{what} (escaped field)", field[:200])
+    raw = _OCTAL.sub(lambda m: chr(int(m[1], 8)), field[1:])
+    return raw.encode("latin-1").decode("utf-8", errors="replace")
 
 
-def _int(s: str, what: str) -> int:
-    if not s.lstrip("-").isdigit():
-        raise ParseError(what, s)
-    return int(s)
+def printable(text: str) -> str:
+    """Return ``text`` with every non-printable character (newline, tab, bidi ...) as ``\\xNN``."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 def _float_or_none(s: str | None) -> float | None:
@@ -553,11 +449,6 @@ def _nonneg(i: int) -> int:
 
 def _seconds(s: float) -> str:
     return f"{s:.3f}".rstrip("0").rstrip(".")
-
-
-def _check_nonce(nonce: str) -> None:
-    if not NONCE.fullmatch(nonce):
-        raise ValueError("nonce must be 16-64 lowercase hex digits")
 
 
 def _check_prefix(node: NodeConfig) -> None:

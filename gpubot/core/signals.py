@@ -1,8 +1,9 @@
 """Remote scripts of the reset engine: signal a process only if it is still the same process.
 
-Identity is checked on the node, in the same exec, immediately before each ``kill``: a PID whose
-kernel start time (field 22 of ``/proc/PID/stat``) differs from the planned one has been reused and
-is never signalled. The script is a constant; PIDs and start times arrive as validated arguments.
+Identity is checked on the node, in the same exec, immediately before each ``kill``: the kernel
+start time (field 22 of ``/proc/PID/stat``) and the effective uid (``/proc/PID/status``) must be the
+planned ones. A reused PID, or a process whose owner is not the planned owner, is never signalled.
+The script is a constant; PIDs, start times and uids arrive as validated arguments.
 """
 
 from __future__ import annotations
@@ -12,20 +13,26 @@ from dataclasses import dataclass
 
 from gpubot.errors import ParseError
 
-# $1: TERM | KILL | check   $2: 1 to use `sudo -n kill`   then PID:START_TICKS pairs.
-# Prints one line per pair: "PID gone" | "PID reused" | "PID alive STATE WCHAN" | "PID sent"
-# | "PID failed".
+# $1: TERM | KILL | check   $2: 1 to use `sudo -n kill`   then PID:START_TICKS:UID triples.
+# Prints one line per triple: "PID gone" | "PID reused" | "PID owner UID" | "PID alive STATE WCHAN"
+# | "PID sent" | "PID failed".
 SIGNAL_SCRIPT = r"""
 sig=$1; su=$2; shift 2
 k() { if [ "$su" = 1 ]; then sudo -n kill "$@"; else kill "$@"; fi; }
 for t; do
-  p=${t%%:*}; want=${t#*:}
+  p=${t%%:*}; rest=${t#*:}; want=${rest%%:*}; wuid=${rest#*:}
   s=$(cat "/proc/$p/stat" 2>/dev/null) || { echo "$p gone"; continue; }
   r=${s##*) }
   set -- $r
   st=$1; shift 19; ticks=$1
   if [ "$ticks" != "$want" ]; then echo "$p reused"; continue; fi
   if [ "$st" = Z ] || [ "$st" = X ]; then echo "$p gone"; continue; fi
+  u=
+  while read -r key _ eu _; do
+    if [ "$key" = Uid: ]; then u=$eu; break; fi
+  done 2>/dev/null <"/proc/$p/status"
+  [ -n "$u" ] || { echo "$p gone"; continue; }
+  if [ "$u" != "$wuid" ]; then echo "$p owner $u"; continue; fi
   if [ "$sig" = check ]; then
     w=$(cat "/proc/$p/wchan" 2>/dev/null); echo "$p alive $st ${w:-0}"; continue
   fi
@@ -34,6 +41,7 @@ done
 """
 
 SIGNALS = ("TERM", "KILL", "check")
+Identity = tuple[int, int, int]  # (pid, start_ticks, uid)
 
 
 @dataclass(frozen=True)
@@ -41,16 +49,29 @@ class PidReport:
     """What the node said about one planned process."""
 
     pid: int
-    status: str  # gone | reused | alive | sent | failed
+    status: str  # gone | reused | owner | alive | sent | failed
     state: str | None = None
     wchan: str | None = None
+    uid: int | None = None  # with "owner": the uid the process has now
+
+    @property
+    def why(self) -> str | None:
+        """Say why a planned process was not signalled, if it was not."""
+        if self.status == "reused":
+            return "its start time differs from the plan's: the pid was reused; not signalled"
+        if self.status == "owner":
+            return f"its owner is now uid {self.uid}, not the planned owner; not signalled"
+        if self.status == "failed":
+            return "kill failed on the node"
+        return None
 
 
-def signal_argv(signal: str, targets: Sequence[tuple[int, int]], *, sudo: bool) -> list[str]:
-    """Build the argv that signals (or checks) ``(pid, start_ticks)`` pairs, identity first."""
+def signal_argv(signal: str, targets: Sequence[Identity], *, sudo: bool) -> list[str]:
+    """Build the argv that signals (or checks) ``(pid, start_ticks, uid)``, identity first."""
     if signal not in SIGNALS:
         raise ValueError(f"unknown signal {signal!r}")
-    pairs = [f"{int(pid)}:{int(ticks)}" for pid, ticks in targets if pid > 0 and ticks >= 0]
+    pairs = [f"{int(pid)}:{int(ticks)}:{int(uid)}" for pid, ticks, uid in targets
+             if pid > 0 and ticks >= 0 and uid >= 0]  # fmt: skip
     return ["sh", "-c", SIGNAL_SCRIPT, "gpubot-signal", signal, "1" if sudo else "0", *pairs]
 
 
@@ -67,6 +88,8 @@ def parse_signal_output(text: str) -> dict[int, PidReport]:
         if status == "alive" and len(parts) == 4:
             wchan = None if parts[3] == "0" else parts[3]
             out[pid] = PidReport(pid, status, parts[2], wchan)
+        elif status == "owner" and len(parts) == 3 and parts[2].isdigit():
+            out[pid] = PidReport(pid, status, uid=int(parts[2]))
         elif status in {"gone", "reused", "sent", "failed"} and len(parts) == 2:
             out[pid] = PidReport(pid, status)
         else:

@@ -1,6 +1,7 @@
 """The reset engine: plan → audit intent → SIGTERM → grace → SIGKILL → device holders → verify.
 
-Only planned processes are ever signalled, each after an identity check on the node; no fixed
+Only planned processes are ever signalled, each after an identity check on the node (pid, start
+time and owner, in the same exec as the signal); no fixed
 sleeps; a GPU is called freed only when ``nvidia-smi`` shows its memory back where expected.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -16,11 +17,11 @@ from typing import Any
 
 from gpubot.config import Settings
 from gpubot.core.models import GpuProcess, NodeConfig, NodeSnapshot, Outcome
-from gpubot.core.outcome import GpuObservation, GpuResult, Newcomer, Survivor, classify
+from gpubot.core.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Locks, Transport
 from gpubot.core.probe import parse_procs, proc_argv
-from gpubot.core.signals import PidReport, parse_signal_output, signal_argv
+from gpubot.core.signals import Identity, PidReport, parse_signal_output, signal_argv
 from gpubot.errors import GpubotError, LockHeld, ResetRefused, UsageError
 from gpubot.services.status import StatusService
 
@@ -119,7 +120,7 @@ class ResetService:
         """Snapshot the node and plan the reset (nothing is signalled)."""
         node = self.status.node(request.node)
         snap = await self.status.snapshot(node)
-        return plan_reset(snap, request, self.settings.reset.protected), snap
+        return plan_reset(snap, request, self.settings.reset.protection), snap
 
     async def execute(
         self,
@@ -168,7 +169,9 @@ class ResetService:
             raise ResetRefused(
                 f"GPU {gpu} on {node.name} still has processes ({who}): reset them first"
             )
-        plan = plan_reset(before, ResetRequest(node.name, None, gpus=(gpu,)), ())
+        plan = plan_reset(
+            before, ResetRequest(node.name, None, gpus=(gpu,)), self.settings.reset.protection
+        )
 
         async def body(run: _Run) -> tuple[tuple[GpuResult, ...], NodeSnapshot]:
             return await run.gpu_reset(plan, gpu), before
@@ -236,6 +239,7 @@ class _Run:
         self.cfg = svc.settings.reset
         self.steps: list[ResetEvent] = []
         self.last_snapshot: NodeSnapshot | None = None
+        self.refused: dict[int, str] = {}  # planned pids the node's identity check refused, why
 
     async def emit(self, kind: str, **data: Any) -> None:
         """Record a step in the audit log first (a failure stops the reset), then report it."""
@@ -245,11 +249,11 @@ class _Run:
         if self.sink is not None:
             await self.sink(event)
 
-    async def signal(self, sig: str, pairs: Sequence[tuple[int, int]]) -> dict[int, PidReport]:
+    async def signal(self, sig: str, ids: Sequence[Identity]) -> dict[int, PidReport]:
         """Signal (or check) planned processes, identity checked on the node."""
-        if not pairs:
+        if not ids:
             return {}
-        argv = signal_argv(sig, pairs, sudo=self.node.sudo)
+        argv = signal_argv(sig, ids, sudo=self.node.sudo)
         res = await self.svc.transport.run(
             self.node, argv, timeout=self.svc.settings.ssh.command_timeout_s
         )
@@ -261,7 +265,14 @@ class _Run:
             "planned", gpus=list(plan.gpus), targets=[t.pid for t in plan.targets],
             forced=plan.forced,
         )  # fmt: skip
-        pairs = {t.pid: t.start_ticks for t in plan.targets if t.start_ticks is not None}
+        pairs: dict[int, tuple[int, int]] = {}
+        for t in plan.targets:
+            if t.start_ticks is None or t.uid is None:  # a plan from before owners were known
+                self.refused[t.pid] = "the plan does not know its start time and owner"
+                await self.emit("signal", pid=t.pid, signal="SIGTERM", result="not-sent",
+                                why=self.refused[t.pid])  # fmt: skip
+            else:
+                pairs[t.pid] = (t.start_ticks, t.uid)
         deaths: dict[int, float] = {}
         alive = await self.send("TERM", pairs, deaths)
         alive = await self.wait_gone(alive, pairs, deaths, time.monotonic() + grace_s)
@@ -270,18 +281,25 @@ class _Run:
             alive = await self.send("KILL", {p: pairs[p] for p in alive}, deaths)
             kill_wait = min(5.0, self.cfg.verify_timeout_s)
             alive = await self.wait_gone(alive, pairs, deaths, time.monotonic() + kill_wait)
-            last = await self.signal("check", [(p, pairs[p]) for p in alive])
+            last = await self.signal("check", _ids(pairs, alive))
         survivors = {
             p: Survivor(p, r.state, r.wchan) for p, r in last.items() if r.status == "alive"
         }
         return await self.verify(plan, pairs, deaths, survivors)
 
-    async def send(self, sig: str, pairs: dict[int, int], deaths: dict[int, float]) -> set[int]:
-        """Send ``sig`` to each pair; return the PIDs it reached."""
-        reports = await self.signal(sig, list(pairs.items()))
+    async def send(
+        self, sig: str, pairs: dict[int, tuple[int, int]], deaths: dict[int, float]
+    ) -> set[int]:
+        """Send ``sig`` to each planned process; return the PIDs it reached."""
+        reports = await self.signal(sig, _ids(pairs, pairs))
         reached: set[int] = set()
         for pid, rep in sorted(reports.items()):
-            await self.emit("signal", pid=pid, signal=f"SIG{sig}", result=rep.status)
+            why = rep.why
+            if why is None:
+                await self.emit("signal", pid=pid, signal=f"SIG{sig}", result=rep.status)
+            else:
+                self.refused[pid] = why
+                await self.emit("signal", pid=pid, signal=f"SIG{sig}", result=rep.status, why=why)
             if rep.status == "sent":
                 reached.add(pid)
             elif rep.status == "gone":
@@ -289,13 +307,17 @@ class _Run:
         return reached
 
     async def wait_gone(
-        self, alive: set[int], pairs: dict[int, int], deaths: dict[int, float], deadline: float
+        self,
+        alive: set[int],
+        pairs: dict[int, tuple[int, int]],
+        deaths: dict[int, float],
+        deadline: float,
     ) -> set[int]:
         """Poll until every PID in ``alive`` is gone or the deadline passes."""
         alive = set(alive)
         while alive and time.monotonic() < deadline:
             await asyncio.sleep(self.cfg.poll_interval_s)
-            reports = await self.signal("check", [(p, pairs[p]) for p in sorted(alive)])
+            reports = await self.signal("check", _ids(pairs, alive))
             now = time.monotonic()
             for pid in sorted(alive):
                 rep = reports.get(pid)
@@ -308,7 +330,7 @@ class _Run:
     async def verify(
         self,
         plan: ResetPlan,
-        pairs: dict[int, int],
+        pairs: dict[int, tuple[int, int]],
         deaths: dict[int, float],
         survivors: dict[int, Survivor],
     ) -> tuple[GpuResult, ...]:
@@ -367,7 +389,7 @@ class _Run:
         snap: NodeSnapshot,
         g: int,
         known: set[tuple[int, int | None]],
-        pairs: dict[int, int],
+        pairs: dict[int, tuple[int, int]],
     ) -> GpuObservation:
         """Read one GPU's state from a verification snapshot."""
         gpu = snap.gpu(g)
@@ -377,20 +399,28 @@ class _Run:
         newcomers = tuple(
             [await self.newcomer(p) for p in procs if (p.pid, p.start_ticks) not in known]
         )
+        kept = tuple(
+            Kept(p.pid, p.user, p.command or p.process_name, p.used_memory_mib)
+            for p in procs if _protected(plan, p) and (p.used_memory_mib or 0) > 0
+        )  # fmt: skip
+        refused = tuple(
+            f"pid {p.pid}: {self.refused[p.pid]}" for p in planned_left if p.pid in self.refused
+        )
         limit = plan.expected_after_mib.get(g, 0) + self.cfg.free_threshold_mib
         verified = mem is not None and mem <= limit and not planned_left and not newcomers
         holders = len([p for p in procs if not _left_alone(plan, p)])
-        return GpuObservation(g, mem, verified, newcomers=newcomers, holders=holders)
+        return GpuObservation(g, mem, verified, newcomers=newcomers, holders=holders, kept=kept,
+                              not_signalled=refused)  # fmt: skip
 
     async def newcomer(self, p: GpuProcess) -> Newcomer:
         """Describe a process that took a GPU after planning, with its parent and unit."""
         info = None
         if p.ppid:
             res = await self.svc.transport.run(
-                self.node, proc_argv([p.ppid], sudo=self.node.sudo),
+                self.node, proc_argv([p.ppid]),
                 timeout=self.svc.settings.ssh.command_timeout_s,
             )  # fmt: skip
-            info = parse_procs(res.stdout).get(p.ppid)
+            info = parse_procs(res.stdout, [p.ppid]).get(p.ppid)
         cmd = p.command or p.process_name
         parent_cmd = info.command if info else None
         unit = (info.cgroup if info else None) or p.cgroup
@@ -433,12 +463,22 @@ class _Run:
             return self.last_snapshot
 
 
-def _planned(p: GpuProcess, pairs: dict[int, int]) -> bool:
-    return p.pid in pairs and pairs[p.pid] == p.start_ticks
+def _ids(pairs: dict[int, tuple[int, int]], pids: Iterable[int]) -> list[Identity]:
+    return [(p, *pairs[p]) for p in sorted(pids)]
+
+
+def _planned(p: GpuProcess, pairs: dict[int, tuple[int, int]]) -> bool:
+    return p.pid in pairs and pairs[p.pid][0] == p.start_ticks
 
 
 def _left_alone(plan: ResetPlan, p: GpuProcess) -> bool:
     return any(s.pid == p.pid and s.gpu == p.gpu_index for s in plan.skipped)
+
+
+def _protected(plan: ResetPlan, p: GpuProcess) -> bool:
+    """Whether ``p`` is a daemon the plan left alone as protected (same pid and start time)."""
+    return any(s.protected and s.pid == p.pid and s.start_ticks == p.start_ticks
+               and s.gpu == p.gpu_index for s in plan.skipped)  # fmt: skip
 
 
 def _on(plan: ResetPlan, pid: int, g: int) -> bool:

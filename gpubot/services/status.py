@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 from gpubot.config import Settings
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditStore, NvmlReader, NvmlTables, Transport
-from gpubot.core.probe import new_nonce, parse_probe, probe_argv
+from gpubot.core.probe import parse_probe, probe_argv
 from gpubot.errors import GpubotError, StoreError, UsageError
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,6 @@ async def probe_node(
     timeout: float | None = None,
 ) -> NodeSnapshot:
     """Take one snapshot of ``node`` in one exec (NVML first when the transport offers it)."""
-    nonce = new_nonce()
     nvml: NvmlTables | None = None
     if isinstance(transport, NvmlReader):
         nvml = await transport.nvml_snapshot(node)
@@ -188,10 +187,10 @@ async def probe_node(
             apps = tuple(a for a in apps if a.gpu_uuid in uuids)
         nvml = (gpus, apps)
         argv = probe_argv(
-            node, nonce, smi_timeout_s=smi_timeout_s, skip_smi=True,
+            node, smi_timeout_s=smi_timeout_s, skip_smi=True,
             gpu_indices=[g.index for g in gpus], pids=[a.pid for a in apps],
         )  # fmt: skip
     else:
-        argv = probe_argv(node, nonce, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices)
+        argv = probe_argv(node, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices)
     result = await transport.run(node, argv, timeout=timeout)
-    return parse_probe(node, nonce, result, taken_at, nvml=nvml)
+    return parse_probe(node, result, taken_at, nvml=nvml)

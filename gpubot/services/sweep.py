@@ -41,7 +41,6 @@ from gpubot.core.findings import (
     to_resolve,
 )
 from gpubot.core.models import FindingKind, NodeConfig, NodeSnapshot
-from gpubot.core.probe import new_nonce
 from gpubot.errors import GpubotError, LockHeld, StoreError, UsageError
 from gpubot.services.status import StatusService, reason
 from gpubot.store import Alert, FindingKey, Store
@@ -283,7 +282,7 @@ class SweepService:
         t0 = time.monotonic()
         snaps, failed, timed_out = await self._probe(nodes, self.node_budget_s())
         seconds = time.monotonic() - t0
-        findings = find(snaps, failed, self.config, protected=self.settings.reset.protected)
+        findings = find(snaps, failed, self.config, protection=self.settings.reset.protection)
         result = SweepResult(
             started, seconds, tuple(n.name for n in nodes), tuple(snaps), failed,
             tuple(timed_out), findings,
@@ -384,15 +383,14 @@ class SweepService:
         """Ask one node (one exec); what it cannot say stays unknown."""
         node = self.status.node(node_name)
         snap = self._snaps.get(node_name)
-        nonce = new_nonce()
         # The alerting reserve of the budget bounds this question, not the command timeout alone.
         timeout = min(self.settings.ssh.command_timeout_s, max(2.0, self.config.budget_s * 0.15))
-        argv = ready_argv(node.nvidia_smi, nonce, gpus, max(1.0, timeout - 1.0))
+        argv = ready_argv(node.nvidia_smi, gpus, max(1.0, timeout - 1.0))
         try:
             res = await self.status.transport.run(node, argv, timeout=timeout)
         except GpubotError as exc:
-            return readiness(snap, gpus, None, nonce, why_unknown=reason(exc, node_name))
-        return readiness(snap, gpus, res.stdout, nonce)
+            return readiness(snap, gpus, None, why_unknown=reason(exc, node_name))
+        return readiness(snap, gpus, res.stdout)
 
     # -- alert state ---------------------------------------------------------------------------
 

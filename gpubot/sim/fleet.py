@@ -45,11 +45,12 @@ from gpubot.sim.server import (
     _signal_if,
     check_port_free,
 )
+from gpubot.sim.sudo import parse_sudoers
 
 __all__ = ["SERVERS", "SimFleet", "SimNode", "Workload"]
 
 SERVERS = ("asyncssh", "sshd")
-STANDALONE = ("simstate.py", "nvidia_smi.py", "workload.py")
+STANDALONE = ("simstate.py", "nvidia_smi.py", "workload.py", "sudo.py")
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -67,7 +68,12 @@ class SimFleet:
         memory_mib: int = 143771,
         base_port: int | None = None,
         on_stop: Callable[[], None] | None = None,
+        sudo_rule: str | None = None,
     ) -> None:
+        """``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
+        given, every node gets the sudo stand-in first on its session PATH, allowing only that
+        rule's commands with ``sudo -n``, and ``sudo = true`` in the inventory.
+        """
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
             raise UsageError(f"nodes must be 1-64, not {nodes!r}")
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
@@ -84,6 +90,10 @@ class SimFleet:
             raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
         if base_port is not None and not 1 <= base_port <= 65536 - nodes:
             raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
+        try:
+            self._sudo_rule = None if sudo_rule is None else parse_sudoers(sudo_rule)
+        except ValueError as exc:
+            raise UsageError(f"sudo rule: {exc}") from None
         self.directory = Path(directory).absolute()
         self.size = nodes
         self.gpus = gpus
@@ -189,6 +199,8 @@ class SimFleet:
             node = SimNode(self, f"node{i + 1}", i, self.root, self.gpus, self.model,
                            self.memory_mib, self._release_delay_s)  # fmt: skip
             node.create(self.lib_dir, self.python)
+            if self._sudo_rule is not None:
+                node.create_sudo(self.lib_dir, self.python, self._sudo_rule)
             self.nodes.append(node)
         self._driver = Driver([str(n.state_dir) for n in self.nodes], self._reap)
         self._driver.start()
@@ -300,6 +312,7 @@ class SimFleet:
             home=self._home,
             shell=self._shell,
             workdir=node.dir,
+            path_first=str(node.sudo_dir) if node.sudo else None,
         )
 
     def _servers_for(self, node: SimNode) -> ServerPool:
@@ -412,6 +425,7 @@ class SimFleet:
                 f"key = {q(str(self.client_key))}",
                 f"dev_prefix = {q(n.dev_prefix)}",
                 f"nvidia_smi = {q(n.nvidia_smi)}",
+                *(["sudo = true"] if n.sudo else []),
                 f'groups = ["sim", "{parity}"]',
                 "",
             ]

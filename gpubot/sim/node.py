@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import itertools
+import json
 import os
 import pwd
 import select
 import shlex
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +24,7 @@ from gpubot.errors import SimError, UsageError
 from gpubot.sim import simstate
 from gpubot.sim.nvidia_smi import APP_ALIASES, APP_FIELDS, GPU_ALIASES, GPU_FIELDS
 from gpubot.sim.server import _signal_if
+from gpubot.sim.sudo import node_rule
 from gpubot.sim.workload import BEHAVIOURS, PAGE
 
 if TYPE_CHECKING:
@@ -29,6 +34,8 @@ FAULTS = ("hang", "slow", "missing", "garbled", "driver-error")
 # PCI bus ids of the eight GPUs of an HGX H100/H200 board, as nvidia-smi prints them.
 HGX_BUS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 READY_TIMEOUT_S = 15.0
+FORGE_PAD = 4000  # bytes of padding in a forger's argv: room for the forged text
+FORGE_MAX = 2000  # longest forge text (base64 makes it 4/3 longer on the command line)
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -101,6 +108,11 @@ class SimNode:
         self.memory_mib = memory_mib
         self.dev_prefix = str(self.dir / "dev" / "nvidia")
         self.nvidia_smi = str(self.dir / "bin" / "nvidia-smi")
+        # The sudo stand-in (a fleet started with sudo_rule=): its directory comes first on PATH.
+        self.sudo = False
+        self.sudo_dir = self.dir / "sbin-sudo"
+        self.sudo_rule_path = self.dir / "sudoers.json"
+        self.sudo_log_path = self.dir / "log" / "sudo.jsonl"
         self.port = 0
         self._initial_delay = release_delay_s
         self._seq = itertools.count(1)  # next() is atomic: control threads may spawn at once
@@ -147,6 +159,46 @@ class SimNode:
         smi.write_text(launcher, encoding="utf-8")
         os.chmod(smi, 0o755)
 
+    def create_sudo(self, lib_dir: Path, python: str, rule: dict[str, Any]) -> None:
+        """Install the sudo stand-in: ``sbin-sudo/sudo``, this node's rule file and its log.
+
+        ``rule`` is ``gpubot.sim.sudo.parse_sudoers`` of the README's block; its device and
+        nvidia-smi paths are rewritten to this node's.
+        """
+        mine = node_rule(rule, self.name, self.dev_prefix, self.nvidia_smi, str(self.sudo_log_path))
+        self.sudo_rule_path.write_text(json.dumps(mine, indent=2) + "\n", encoding="utf-8")
+        os.chmod(self.sudo_rule_path, 0o644)
+        self.sudo_log_path.write_bytes(b"")
+        os.chmod(self.sudo_log_path, 0o644)
+        self.sudo_dir.mkdir(exist_ok=True)
+        os.chmod(self.sudo_dir, 0o755)
+        launcher = (
+            f"#!{python} -S\n"
+            f'"""sudo of the simulated node {self.name}: only the rule commands, with -n."""\n'
+            "import sys\n"
+            f"sys.path.insert(0, {str(lib_dir)!r})\n"
+            "from gpusim.sudo import main\n"
+            f"sys.exit(main(sys.argv[1:], {str(self.sudo_rule_path)!r}))\n"
+        )
+        sudo = self.sudo_dir / "sudo"
+        sudo.write_text(launcher, encoding="utf-8")
+        os.chmod(sudo, 0o755)
+        self.sudo = True
+
+    def sudo_log(self) -> list[dict[str, Any]]:
+        """Return every call of this node's sudo stand-in, oldest first ([] without one).
+
+        Each is ``{"argv", "command", "allowed", "verdict", "node", "pid", "uid", "time"}``
+        (+ ``"reason"`` when refused): ``argv`` as sudo got it, ``command`` the resolved
+        command line it checked (None if it never got that far), ``verdict`` one of ``run``,
+        ``denied``, ``not-found``, ``no-n``, ``usage``.
+        """
+        try:
+            text = self.sudo_log_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
     def device(self, gpu: int) -> str:
         """Return the device file of GPU ``gpu``."""
         return f"{self.dev_prefix}{gpu}"
@@ -162,8 +214,17 @@ class SimNode:
         name: str = "python3",
         util_pct: int = 50,
         slow_exit_s: float = 3.0,
+        forge: str | None = None,
+        exe_path: str | None = None,
     ) -> Workload:
-        """Start a workload process on GPU ``gpu`` and return once it holds the GPU."""
+        """Start a workload process on GPU ``gpu`` and return once it holds the GPU.
+
+        ``forge``: once ready, the process keeps rewriting its argv and comm to this text, with
+        ``{token}`` replaced by the latest hex token seen in another process's command line and
+        ``{pid}`` by its pid (see ``gpubot.sim.workload``); it may hold newlines and NULs.
+        ``exe_path``: run through a copy of the interpreter at this path inside the node's
+        directory (see ``daemon_exe``): ``/proc/PID/exe`` shows it, comm is its basename.
+        """
         if behaviour not in BEHAVIOURS:
             raise UsageError(f"unknown behaviour {behaviour!r} (one of {', '.join(BEHAVIOURS)})")
         if behaviour == "ctl-only":
@@ -182,12 +243,17 @@ class SimNode:
             raise UsageError(f"slow_exit_s must not be negative, not {slow_exit_s}")
         if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 100:
             raise UsageError(f"bad process name {name!r}")
+        if forge is not None and (not isinstance(forge, str) or len(forge.encode()) > FORGE_MAX):
+            raise UsageError(f"forge text must be a str of at most {FORGE_MAX} bytes")
         pw = self._user(user)
-        exe = self._exe(name)
+        exe = self._exe(name) if exe_path is None else self._interpreter_copy(exe_path)
         argv = [name, "-S", str(self.fleet.lib_dir / "gpusim_workload.py"),
                 "--node-dir", str(self.state_dir), "--gpu", str(-1 if gpu is None else gpu),
                 "--mib", str(mib), "--behaviour", behaviour, "--util", str(util_pct),
                 "--slow-exit-s", str(slow_exit_s), "--name", name, "--exe", exe]  # fmt: skip
+        if forge is not None:
+            # Base64, as argv cannot hold NULs; the padding makes room to rewrite argv into.
+            argv += ["--forge", base64.b64encode(forge.encode()).decode(), "--pad", "x" * FORGE_PAD]
         env = {
             "PATH": f"{self.dir / 'exe'}:/usr/local/bin:/usr/bin:/bin",
             "HOME": pw.pw_dir or "/",
@@ -247,6 +313,39 @@ class SimNode:
             supervisor_start_ticks=sup_ticks,
             _node=self,
         )
+
+    def daemon_exe(self, name: str) -> str:
+        """Return ``<node dir>/sbin/<name>``, a copy of the interpreter, made on first use."""
+        if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 100:
+            raise UsageError(f"bad executable name {name!r}")
+        sbin = Path(os.path.realpath(self.dir)) / "sbin"
+        sbin.mkdir(exist_ok=True)
+        os.chmod(sbin, 0o755)  # workloads of other users exec from it
+        return self._interpreter_copy(str(sbin / name))
+
+    def _interpreter_copy(self, path: str) -> str:
+        """Make ``path`` (inside the node's directory) a copy of the interpreter; return it."""
+        target = Path(os.path.realpath(os.path.abspath(path)))
+        if not target.is_relative_to(os.path.realpath(self.dir)):
+            raise UsageError(f"{self.name}: {path!r} is outside the node's directory {self.dir}")
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            raise UsageError(f"{self.name}: {path!r} is not a regular file")
+        if not target.exists():
+            # A link of a finished copy: a racing spawn never execs a half-written file, and
+            # a running daemon's file is never replaced (its /proc/PID/exe would say deleted).
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
+            try:
+                shutil.copyfile(self.fleet.python_real, tmp)
+                os.chmod(tmp, 0o755)
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, target)
+            except OSError as exc:
+                why = f"cannot copy the interpreter to {path}: {exc}"
+                raise SimError(f"{self.name}: {why}") from None
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+        return str(target)
 
     def _user(self, user: str | None) -> pwd.struct_passwd:
         if user is None:
@@ -397,9 +496,11 @@ class SimNode:
         return killed
 
     def clear(self) -> None:
-        """Kill the workloads and forget them, clear the fault and the overrides."""
+        """Kill the workloads and forget them, clear the fault, the overrides and the sudo log."""
         self.kill_workloads()
         self.set_fault(None)
+        if self.sudo:
+            self.sudo_log_path.write_bytes(b"")
         with simstate.transaction(str(self.state_dir)) as state:
             state["allocs"] = []
             state["overrides"] = {"gpu": {}, "apps": {}}

@@ -42,6 +42,7 @@ class ServerSpec:
     home: str  # an existing directory: the sessions' working directory
     shell: str
     workdir: Path  # for sshd's config and log
+    path_first: str | None = None  # a directory put before the standard PATH (the sudo stand-in)
 
 
 class ServerPool(Protocol):
@@ -80,10 +81,19 @@ def free_port() -> int:
         return port
 
 
+def session_path(spec: ServerSpec) -> str:
+    """Return the PATH of a session: ``spec.path_first`` (if any), then the standard one."""
+    if spec.path_first is None:
+        return STD_PATH
+    if not spec.path_first.startswith("/") or any(c in spec.path_first for c in ':"\n\0'):
+        raise UsageError(f"{spec.name}: bad directory for PATH: {spec.path_first!r}")
+    return f"{spec.path_first}:{STD_PATH}"
+
+
 def session_env(spec: ServerSpec) -> dict[str, str]:
     """Return the environment ``sshd`` gives a session of ``spec.user``."""
     return {
-        "PATH": STD_PATH,
+        "PATH": session_path(spec),
         "HOME": spec.home,
         "USER": spec.user,
         "LOGNAME": spec.user,
@@ -368,8 +378,11 @@ class SshdPool:
 
 def sshd_config(spec: ServerSpec, port: int) -> str:
     """Return an sshd_config that serves one node on 127.0.0.1:``port``."""
+    # SetEnv overrides the PATH that sshd gives every session (its own default, ~/.ssh/environment).
+    env = [f'SetEnv "PATH={session_path(spec)}"'] if spec.path_first is not None else []
     return "\n".join(
         [
+            *env,
             f"Port {port}",
             "ListenAddress 127.0.0.1",
             "AddressFamily inet",

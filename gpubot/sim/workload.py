@@ -12,24 +12,44 @@ death), ``hidden`` (not listed by ``--query-compute-apps``), ``ctl-only`` (holds
 
 Readiness: once the device files are open and the allocation is registered, the process writes
 ``ready PID START_TICKS`` to the file descriptor ``--ready-fd`` and closes it.
+
+Forger (``--forge B64``, with any behaviour): a hostile local user's process. Once ready, a
+daemon thread loops every ~5 ms for the process's life: it reads every other process's
+``/proc/*/cmdline`` for tokens matching ``[0-9a-f]{16,64}`` (secrets in someone's argv) and keeps
+the last few, renders the forge text (base64 of UTF-8 on the command line, so that it may hold
+NUL bytes) with ``{token}`` replaced by the latest token found (left as is while none is) and
+``{pid}`` by its own pid, then rewrites its own argv area in place through ``/proc/self/mem``
+(truncated to the area, NUL-padded: the text up to the first NUL is argv[0], newlines and all)
+and sets its comm to the first 15 bytes. ``--pad`` (ignored) makes the argv area big enough.
+Nothing else changes: the allocation record keeps the ``--name`` it started with.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
+import collections
 import mmap
 import os
 import pwd
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import FrameType
+from typing import BinaryIO
 
 from . import simstate
 
 BEHAVIOURS = ("normal", "stubborn", "slow", "respawn", "orphan", "hidden", "ctl-only")
 PAGE = 4096
+FORGE_PERIOD_S = 0.005
+TOKEN = re.compile(rb"[0-9a-f]{16,64}")
+PR_SET_NAME = 15
+COMM_LEN = 15  # the kernel keeps 15 bytes of a comm (16 with the NUL)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -46,7 +66,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--exe", default=sys.executable)
     p.add_argument("--supervisor", type=int, default=0)
     p.add_argument("--respawn-delay-s", type=float, default=0.3)
+    p.add_argument("--forge", type=_b64, default=None, help="forge text, base64 of UTF-8")
+    p.add_argument("--pad", default="", help="ignored: room in the argv area for --forge")
     return p.parse_args(argv)
+
+
+def _b64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise argparse.ArgumentTypeError("not base64") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +135,8 @@ def hold(args: argparse.Namespace) -> int:
     if args.ready_fd >= 0:
         os.write(args.ready_fd, f"ready {me} {ticks}\n".encode())
         os.close(args.ready_fd)
+    if args.forge is not None:
+        start_forger(args.forge)
     while True:
         if stopping:
             time.sleep(max(0.0, stopping[0] + args.slow_exit_s - time.monotonic()))
@@ -168,3 +199,92 @@ def _without(argv: list[str], option: str) -> list[str]:
         elif not a.startswith(option + "="):
             out.append(a)
     return out
+
+
+# ---- the forger -----------------------------------------------------------------------------
+
+
+def start_forger(template: bytes) -> threading.Thread:
+    """Start the daemon thread that keeps this process's argv and comm set to the forge text."""
+    # A process-directed signal goes to any thread that does not block it; one caught by the
+    # forger would never wake the main thread's pause(): the forger blocks them all.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        t = threading.Thread(target=forge_loop, args=(template,), name="forger", daemon=True)
+        t.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return t
+
+
+def forge_loop(template: bytes) -> None:
+    """Hunt tokens in other processes' argv and show the rendered payload, forever."""
+    me = os.getpid()
+    start, end = argv_area(me)
+    found: collections.deque[bytes] = collections.deque(maxlen=8)
+    shown: bytes | None = None
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        while True:
+            for token in scan_tokens(me):
+                if token not in found:
+                    found.append(token)
+            payload = render(template, found[-1] if found else None, me)
+            if payload != shown:
+                set_comm(me, payload[:COMM_LEN])  # first: a changed argv means both changed
+                write_argv(mem, start, end, payload)
+                shown = payload
+            time.sleep(FORGE_PERIOD_S)
+
+
+def render(template: bytes, token: bytes | None, pid: int) -> bytes:
+    """Return the payload: ``{token}`` and ``{pid}`` of the template filled in."""
+    out = template if token is None else template.replace(b"{token}", token)
+    return out.replace(b"{pid}", str(pid).encode())
+
+
+def scan_tokens(me: int) -> list[bytes]:
+    """Return the hex tokens in the command lines of every process but ``me``."""
+    out: list[bytes] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        out.extend(TOKEN.findall(raw))
+    return out
+
+
+def argv_area(pid: int) -> tuple[int, int]:
+    """Return ``(arg_start, arg_end)`` of ``pid``: fields 48 and 49 of ``/proc/PID/stat``."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    # comm (field 2) may hold anything, ')' included: field 3 is the first after the last ')'.
+    rest = data[data.rindex(b")") + 2 :].split()
+    return int(rest[48 - 3]), int(rest[49 - 3])
+
+
+def write_argv(mem: BinaryIO, start: int, end: int, payload: bytes) -> None:
+    """Overwrite the argv area with ``payload``, truncated and NUL-padded to fill it."""
+    # The last byte stays NUL: a non-NUL one makes the kernel read on into the environment.
+    room = end - start - 1
+    data = payload[:room].ljust(end - start, b"\0")
+    mem.seek(start)
+    mem.write(data)
+
+
+def set_comm(pid: int, name: bytes) -> None:
+    """Set the comm of the forger thread (prctl) and of the main thread (which ps shows)."""
+    import ctypes  # only forgers need it
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    # PR_SET_NAME names only the calling thread; /proc/PID/comm is the main thread's.
+    with open(f"/proc/{pid}/task/{pid}/comm", "wb", buffering=0) as f:
+        f.write(name)

@@ -141,14 +141,12 @@ def nvml_query(
                 )
             )
             for p in lib.nvmlDeviceGetComputeRunningProcesses(h):
-                mem = p.usedGpuMemory
-                name = _optional(lib, lambda p=p: _text(lib.nvmlSystemGetProcessName(p.pid)))
+                mem = p.usedGpuMemory  # no nvmlSystemGetProcessName: the name is the process's say
                 apps.append(
                     ComputeApp(
                         pid=int(p.pid),
                         gpu_uuid=uuid,
                         used_memory_mib=None if mem is None else int(mem) // MIB,
-                        process_name=name or "[Not Found]",
                     )
                 )
         return tuple(gpus), tuple(apps)

@@ -10,6 +10,7 @@ import pytest
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
 from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetRequest, plan_reset
+from gpubot.core.protect import Protection
 from gpubot.services.reset import ResetEvent, ResetResult
 from gpubot.slack import blocks as bk
 from gpubot.slack import reset_blocks as rb
@@ -19,10 +20,12 @@ EVIL = "<!channel> & <@U0BOSS> ```rm -rf``` `x`"
 
 
 def proc(pid: int, gpu: int, user: str, mib: int | None = 1024, **kw: object) -> GpuProcess:
+    uid = 1000 + sum(map(ord, user))  # a known owner: a plan targets only processes with a uid
     args: dict[str, object] = {
         "visible_to_nvidia_smi": True, "holds_device_file": True, "user": user, "ppid": 1,
         "state": "S", "start_ticks": 1000 + pid, "elapsed_s": 60,
-        "command": f"python train.py --run {pid}",
+        "command": f"python train.py --run {pid}", "uid": uid, "real_uid": uid,
+        "exe": "/usr/bin/python3", "argv0": "python",
     }  # fmt: skip
     args.update(kw)
     return GpuProcess(pid, gpu, mib, "python", **args)  # type: ignore[arg-type]
@@ -147,7 +150,7 @@ def test_limit_checker_catches_breakage() -> None:
 
 def plan_and_result(ok: bool = True) -> ResetResult:
     s = snap()
-    plan = plan_reset(s, ResetRequest("node1", "alice", gpus=(0,)), ())
+    plan = plan_reset(s, ResetRequest("node1", "alice", gpus=(0,)), Protection())
     after = NodeSnapshot("node1", s.taken_at + 3, (gpu(0, 0 if ok else 900),))
     g = GpuResult(0, Outcome.FREED if ok else Outcome.STUCK, "memory at 0 MiB" if ok else
                   "pid 4243 survived SIGKILL in state D", 2048, 0 if ok else 900,
@@ -219,7 +222,8 @@ def test_approval_request_and_decision() -> None:
 def test_approval_of_a_huge_plan_fits() -> None:
     procs = tuple(proc(1000 + i, i % 8, f"u{i}", command=EVIL * 20) for i in range(500))
     s = NodeSnapshot("n", 0.0, tuple(gpu(i, 5000) for i in range(8)), procs)
-    plan = plan_reset(s, ResetRequest("n", "alice"), ())
+    plan = plan_reset(s, ResetRequest("n", "alice"), Protection())
+    assert len(plan.targets) == 500 and plan.forced  # a huge plan indeed
     msg = rb.render_approval_request(1, plan, "U0A", "alice", 0.0)
     assert bk.limit_problems(msg) == []
     assert [b for b in msg["blocks"] if b["type"] == "actions"]  # the buttons always survive

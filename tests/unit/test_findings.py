@@ -35,6 +35,7 @@ from gpubot.core.findings import (
     to_resolve,
 )
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.protect import Protection
 from gpubot.errors import (
     CommandTimeout,
     ConfigError,
@@ -46,7 +47,11 @@ from gpubot.errors import (
 
 CFG = SweepConfig(orphan_threshold_mib=1024)
 IDLE = replace(CFG, idle=IdleRule(enabled=True, min_mib=1024, after_s=7200))
-PROTECTED = ("nvidia-persistenced", "dcgm")
+PROTECTION = Protection(
+    paths=("/usr/bin/nvidia-persistenced", "/usr/bin/nv-hostengine"),
+    system_users=("root", "nvidia-dcgm"),
+)
+PERSISTENCED = "/usr/bin/nvidia-persistenced"
 
 
 def gpu(index: int, used: int | None, util: int | None = 50) -> GpuInfo:
@@ -65,11 +70,27 @@ def proc(
     name: str = "python3",
     cgroup: str | None = None,
     wchan: str | None = None,
+    user: str = "alice",
+    uid: int | None = 1000,
+    real_uid: int | None = None,
+    exe: str | None = None,
 ) -> GpuProcess:
+    """A process; by default alice's job, ``exe`` ``/usr/bin/<name>``."""
     return GpuProcess(pid=pid, gpu_index=g, used_memory_mib=mem, process_name=name,
-                      visible_to_nvidia_smi=visible, holds_device_file=holds, user="alice",
+                      visible_to_nvidia_smi=visible, holds_device_file=holds, user=user,
                       state=state, start_ticks=ticks, command=f"/usr/bin/{name} train.py",
-                      wchan=wchan, cgroup=cgroup)  # fmt: skip
+                      wchan=wchan, cgroup=cgroup, uid=uid,
+                      real_uid=uid if real_uid is None else real_uid,
+                      exe=f"/usr/bin/{name}" if exe is None else exe,
+                      argv0=f"/usr/bin/{name}")  # fmt: skip
+
+
+def daemon(pid: int, g: int = 0, *, user: str = "root", uid: int = 0, exe: str = PERSISTENCED,
+           **kw: object) -> GpuProcess:
+    """A protected system daemon: a system account's real and effective uid, a daemon's exe."""
+    name = exe.rsplit("/", 1)[-1][:15]
+    return proc(pid, g, mem=None, visible=False, name=name, user=user, uid=uid, exe=exe,
+                **kw)  # type: ignore[arg-type]  # fmt: skip
 
 
 def snap(*gpus: GpuInfo, procs: tuple[GpuProcess, ...] = ()) -> NodeSnapshot:
@@ -89,10 +110,26 @@ CASES = [
     ("orphaned: memory, no process", snap(gpu(0, 8192)), CFG, [(0, "orphaned-vram", "")]),
     ("unknown memory is never orphaned", snap(gpu(0, None)), CFG, []),
     ("a persistence daemon does not hold memory",
-     snap(gpu(0, 8192), procs=(proc(5, mem=None, visible=False, name="nvidia-persistenced"),)),
-     CFG, [(0, "orphaned-vram", "")]),
+     snap(gpu(0, 8192), procs=(daemon(5),)), CFG, [(0, "orphaned-vram", "")]),
     ("a protected daemon is never a hidden holder",
-     snap(gpu(0, 100), procs=(proc(5, mem=None, visible=False, name="dcgm"),)), CFG, []),
+     snap(gpu(0, 100), procs=(daemon(5, user="nvidia-dcgm", uid=990,
+                                     exe="/usr/bin/nv-hostengine"),)), CFG, []),
+    ("a protected daemon in state D is not a zombie finding",
+     snap(gpu(0, 100), procs=(daemon(5, state="D"),)), CFG, []),
+    ("a user's job named like the daemon is a holder",
+     snap(gpu(0, 8192), procs=(proc(5, mem=None, visible=False, name="nvidia-persistenced",
+                                    exe="/home/alice/nvidia-persistenced"),)),
+     CFG, [(0, "hidden-holder", "5:1000")]),
+    ("a user running the daemon's own executable is a holder",
+     snap(gpu(0, 8192), procs=(proc(5, mem=None, visible=False, name="nvidia-persistenced",
+                                    exe=PERSISTENCED),)),
+     CFG, [(0, "hidden-holder", "5:1000")]),
+    ("a setuid daemon started by a user is a holder",
+     snap(gpu(0, 8192), procs=(daemon(5, real_uid=1000),)), CFG,
+     [(0, "hidden-holder", "5:1000")]),
+    ("root with another executable is a holder",
+     snap(gpu(0, 8192), procs=(daemon(5, exe="/usr/bin/python3"),)), CFG,
+     [(0, "hidden-holder", "5:1000")]),
     ("zombie: state Z", snap(gpu(0, 4096), procs=(proc(11, state="Z"),)), CFG,
      [(0, "zombie-process", "11:1000")]),
     ("zombie: state D", snap(gpu(0, 4096), procs=(proc(12, state="D", wchan="uvm_wait"),)), CFG,
@@ -122,7 +159,15 @@ CASES = [
 
 @pytest.mark.parametrize(("what", "s", "cfg", "want"), CASES, ids=[c[0] for c in CASES])
 def test_findings_table(what: str, s: NodeSnapshot, cfg: SweepConfig, want: list[object]) -> None:
-    assert kinds(find([s], {}, cfg, protected=PROTECTED)) == want
+    assert kinds(find([s], {}, cfg, protection=PROTECTION)) == want
+
+
+def test_default_protection() -> None:
+    """Without a protection, the default daemon paths and system users apply."""
+    s = snap(gpu(0, 8192), procs=(daemon(5),))
+    assert kinds(find([s], {}, CFG)) == [(0, "orphaned-vram", "")]
+    nothing = Protection(paths=(), system_users=())
+    assert kinds(find([s], {}, CFG, protection=nothing)) == [(0, "hidden-holder", "5:1000")]
 
 
 def test_finding_details() -> None:
@@ -387,9 +432,6 @@ def test_parse_modes() -> None:
                                  3: ("Enabled", None)}  # fmt: skip
 
 
-NONCE = "0123456789abcdef0123456789abcdef"
-
-
 def _fake_smi(tmp: Path, topo: str | None, modes: str | None) -> str:
     """A stand-in nvidia-smi: prints ``topo``/``modes`` or fails like an old driver."""
     (tmp / "topo.txt").write_text(topo or "")
@@ -406,10 +448,12 @@ def _fake_smi(tmp: Path, topo: str | None, modes: str | None) -> str:
 
 def test_ready_script_under_sh_with_a_full_driver(tmp_path: Path) -> None:
     smi = _fake_smi(tmp_path, TOPO_MIXED, "2, Disabled, Enabled\n")
-    out = subprocess.run(ready_argv(smi, NONCE, [2], 5), capture_output=True, text=True,
+    out = subprocess.run(ready_argv(smi, [2], 5), capture_output=True, text=True,
                          timeout=20, env={"PATH": os.environ["PATH"]})  # fmt: skip
+    assert "\n@gpubot topo 0\n" in out.stdout and "\n@gpubot modes 0\n" in out.stdout
+    assert out.stdout.rstrip().endswith("\n@gpubot end")
     s = snap(gpu(2, 8192))
-    (r,) = readiness(s, [2], out.stdout, NONCE).values()
+    (r,) = readiness(s, [2], out.stdout).values()
     assert (r.gpu, r.nvlink_peers, r.mig_mode, r.persistence_mode) == (
         2,
         (3,),
@@ -427,10 +471,10 @@ def test_ready_script_under_sh_with_a_full_driver(tmp_path: Path) -> None:
 
 def test_ready_script_when_the_driver_cannot_say(tmp_path: Path) -> None:
     smi = _fake_smi(tmp_path, None, None)
-    out = subprocess.run(ready_argv(smi, NONCE, [0, 1], 5), capture_output=True, text=True,
+    out = subprocess.run(ready_argv(smi, [0, 1], 5), capture_output=True, text=True,
                          timeout=20)  # fmt: skip
     s = snap(gpu(0, 8192), gpu(1, 100), procs=(proc(7, g=1, name="nvidia-persistenced"),))
-    r = readiness(s, [0, 1], out.stdout, NONCE)
+    r = readiness(s, [0, 1], out.stdout)
     assert r[0].nvlink_peers is None and r[0].mig_mode is None
     assert "NVLink peers: unknown (nvidia-smi topo -m is not available here)" in r[0].lines()
     assert "MIG mode: unknown" in r[0].lines()
@@ -438,21 +482,58 @@ def test_ready_script_when_the_driver_cannot_say(tmp_path: Path) -> None:
 
 
 def test_readiness_without_an_answer() -> None:
-    (r,) = readiness(None, [4], None, NONCE, why_unknown="no SSH answer in 5s").values()
+    (r,) = readiness(None, [4], None, why_unknown="no SSH answer in 5s").values()
     assert r.persistence_daemon == "unknown" and r.nvlink_peers is None
     assert r.lines()[2] == "NVLink peers: unknown (no SSH answer in 5s)"
-    # a forged section marker in foreign output is not a section
-    forged = f"\n{'f' * 32} topo 0\n{TOPO_MIXED}\n{NONCE} end\n"
-    assert readiness(None, [0], forged, NONCE)[0].nvlink_peers is None
+
+
+def test_ready_sections_need_the_fixed_marker_on_its_own_line() -> None:
+    good = f"@gpubot topo 0\n{TOPO_MIXED}\n@gpubot end\n"
+    assert readiness(None, [0], good)[0].nvlink_peers == (1,)
+    for bad in (
+        f"\n{'f' * 32} topo 0\n{TOPO_MIXED}\n@gpubot end\n",  # the old nonce form
+        f"\nx @gpubot topo 0\n{TOPO_MIXED}\n@gpubot end\n",  # not at the start of a line
+        f"\n@GPUBOT topo 0\n{TOPO_MIXED}\n@gpubot end\n",
+        f"\n@gpubot topo\n{TOPO_MIXED}\n@gpubot end\n",  # no status: unknown
+        f"\n@gpubot topo 2\n{TOPO_MIXED}\n@gpubot end\n",  # topo failed
+    ):
+        assert readiness(None, [0], bad)[0].nvlink_peers is None, bad
+    # a kind seen twice keeps its first section
+    twice = f"\n@gpubot topo 2\n\n@gpubot topo 0\n{TOPO_MIXED}\n@gpubot end\n"
+    r = readiness(None, [0], twice)[0]
+    assert r.nvlink_peers is None and r.nvlink_note == "nvidia-smi topo -m is not available here"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="source bug: _ready_sections zips found with [*found[1:], None] strictly, "
+    "which raises ValueError when the output holds no marker at all",
+)
+@pytest.mark.parametrize("output", ["", "sh: 1: timeout: not found\n", "garbage"])
+def test_readiness_of_output_without_any_marker_is_unknown(output: str) -> None:
+    (r,) = readiness(None, [0], output).values()
+    assert r.persistence_daemon == "unknown" and r.nvlink_peers is None and r.mig_mode is None
+
+
+@pytest.mark.parametrize(
+    ("pd", "daemon_line"),
+    [("0\n 812\n", "running (pid 812)"), ("1\n\n", "not running"), ("x\n", "unknown")],
+)
+def test_readiness_persistence_daemon(pd: str, daemon_line: str) -> None:
+    (r,) = readiness(None, [0], f"\n@gpubot persistenced {pd}@gpubot end\n").values()
+    assert r.persistence_daemon == daemon_line
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("nvidia-smi", "NOTHEX", [0], 5.0), "nonce"),
-        (("nvidia-smi", NONCE, [], 5.0), "GPU indices"),
-        (("nvidia-smi", NONCE, [-1], 5.0), "GPU indices"),
-        (("nvidia-smi", NONCE, [0], 0.0), "timeout_s"),
+        (("nvidia-smi", [], 5.0), "GPU indices"),
+        (("nvidia-smi", [-1], 5.0), "GPU indices"),
+        (("nvidia-smi", [True], 5.0), "GPU indices"),
+        (("nvidia-smi", ["0"], 5.0), "GPU indices"),
+        (("nvidia-smi", [0], 0.0), "timeout_s"),
+        (("nvidia-smi", [0], -1.0), "timeout_s"),
     ],
 )
 def test_ready_argv_refuses_bad_input(args: tuple[object, ...], message: str) -> None:
@@ -461,5 +542,6 @@ def test_ready_argv_refuses_bad_input(args: tuple[object, ...], message: str) ->
 
 
 def test_ready_argv_passes_values_as_arguments() -> None:
-    argv = ready_argv("/opt/nv smi; rm -rf /", NONCE, [0, 3], 2.5)
-    assert argv[:2] == ["sh", "-c"] and argv[4:] == [NONCE, "/opt/nv smi; rm -rf /", "2.5", "0,3"]
+    argv = ready_argv("/opt/nv smi; rm -rf /", [0, 3], 2.5)
+    assert argv[:2] == ["sh", "-c"] and argv[4:] == ["/opt/nv smi; rm -rf /", "2.5", "0,3"]
+    assert "/opt/nv smi" not in argv[2]  # the script is fixed text
