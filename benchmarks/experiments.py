@@ -10,9 +10,10 @@ maintainers to apply. ``apply(name)`` patches the running process;
 
 And a diagnostic, not a fix:
 
-- ``smi-only``: the probe cut to the two nvidia-smi queries (no ``fuser``, no ``/proc``), so
-  gpubot's warm path does the floor's remote work: what is left of the gap is gpubot's own
-  client-side cost (transport, parsing, rendering, audit).
+- ``smi-only``: the probe cut to the two nvidia-smi queries (no ``fuser``; ``/proc`` only for the
+  PIDs nvidia-smi lists, which the strict parser insists on), so gpubot's warm path does about the
+  floor's remote work: what is left of the gap is gpubot's own client-side cost (transport,
+  parsing, rendering, audit).
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ def _smi_only() -> Undo:
     original = probe.PROBE_SCRIPT
     start = original.index("\nset --\nIFS=")
     end = original.index("\nprocs $extra $fp\n")
-    # An empty fuser section (exit 1: no device file given) and no /proc reads.
+    # An empty fuser section (exit 1: no device file given); /proc read for nvidia-smi's PIDs only
+    # (the parser insists on every PID it was told of).
     probe.PROBE_SCRIPT = (
-        original[:start] + "\nm fuser 1" + original[end + len("\nprocs $extra $fp") :]
+        original[:start] + "\nm fuser 1\nprocs $extra" + original[end + len("\nprocs $extra $fp") :]
     )
 
     def undo() -> None:

@@ -580,7 +580,7 @@ def _ready_sections(text: str) -> dict[str, tuple[int | None, str]]:
     text = "\n" + text
     found = list(marker.finditer(text))
     out: dict[str, tuple[int | None, str]] = {}
-    for m, nxt in zip(found, [*found[1:], None], strict=True):
+    for m, nxt in zip(found, [*found[1:], None][: len(found)], strict=True):
         words = m[1].split(" ")
         body = text[m.end() : nxt.start() if nxt else len(text)]
         status = int(words[1]) if len(words) > 1 and words[1].isdigit() else None

@@ -77,7 +77,8 @@ BEGIN {
   if (any) {
     while ((cmd | getline l) > 0) {
       n = split(l, f, ":")
-      if (n >= 3 && (f[3] in uids) && uids[f[3]] == 1) { print "u", f[3], esc(f[1]); uids[f[3]] = 2 }
+      if (n < 3 || !(f[3] in uids) || uids[f[3]] != 1) continue
+      print "u", f[3], esc(f[1]); uids[f[3]] = 2
     }
     close(cmd)
   }

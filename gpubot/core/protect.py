@@ -53,4 +53,10 @@ def system_owned(p: GpuProcess, protection: Protection) -> bool:
 
 def is_protected(p: GpuProcess, protection: Protection) -> bool:
     """Whether ``p`` is a system daemon gpubot leaves alone (see the module's docstring)."""
-    return system_owned(p, protection) and program(p) in protection.paths
+    path = program(p)
+    return (
+        system_owned(p, protection)
+        and path is not None
+        and path.startswith("/")
+        and path in protection.paths
+    )

@@ -30,7 +30,9 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(scope="module", params=["asyncssh", "sshd"])
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:  # fmt: skip
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SimFleet]:
     with SimFleet(tmp_path_factory.mktemp("sudo-node"), nodes=1, gpus=4, release_delay_s=0.3,
                   server=request.param, sudo_rule=readme_sudo_rule(README)) as f:  # fmt: skip
         yield f
@@ -79,7 +81,7 @@ def shapes(node: SimNode) -> list[str]:
         assert call["verdict"] == "run", call  # nothing gpubot asked for was refused
         argv = call["argv"]
         assert argv[0] == "-n"
-        words = [os.path.basename(argv[1])] + argv[2:4]
+        words = [os.path.basename(argv[1]), *argv[2:4]]
         out.append(" ".join(a for a in words if not a.isdigit() and not a.startswith("/")))
     return out
 

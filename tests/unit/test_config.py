@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from gpubot.config import load, parse
+from gpubot.config import ResetSettings, load, parse
+from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
 from gpubot.errors import ConfigError
 
 GOOD = """
@@ -61,13 +63,53 @@ NODE = '[[nodes]]\nname = "{name}"\nhost = "h"\n'
         ("[ssh]\ncommand_timeout_s = -1\n", "ssh.command_timeout_s: expected a number > 0"),
         ("[database]\nurl = 'postgresql+psycopg://u:secret@h/db'\n", "GPUBOT_DB_PASSWORD"),
         ("[reset]\nprotected = 'Xorg'\n", "reset.protected: expected a list"),
+        ("[reset]\nprotected = ['nvidia-persistenced']\n",
+         "reset.protected: 'nvidia-persistenced' is not an absolute path"),
+        ("[reset]\nprotected = ['/usr/bin/nvidia-persistenced', 'Xorg']\n",
+         "reset.protected: 'Xorg' is not an absolute path"),
+        ("[reset]\nprotected = ['usr/bin/Xorg']\n", "'usr/bin/Xorg' is not an absolute path"),
+        ("[reset]\nprotected = ['~/bin/dcgm']\n", "'~/bin/dcgm' is not an absolute path"),
+        ("[reset]\nprotected = [' /usr/bin/Xorg']\n", "is not an absolute path"),
+        ("[reset]\nprotected = ['']\n", "reset.protected: expected a list of non-empty strings"),
+        ("[reset]\nprotected = [1]\n", "reset.protected: expected a list of non-empty strings"),
+        ("[reset]\nsystem_users = 'root'\n", "reset.system_users: expected a list"),
+        ("[reset]\nsystem_users = ['root', '']\n", "reset.system_users: expected a list"),
+        ("[reset]\nsystem_users = [0]\n", "reset.system_users: expected a list"),
+        ("[reset]\nsystem_user = ['root']\n", "reset.system_user: unknown key"),
     ],
-)
+)  # fmt: skip
 def test_mistakes_are_named(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse(__import__("tomllib").loads(text), "/etc/gpubot.toml")
+        parse(tomllib.loads(text), "/etc/gpubot.toml")
     line = str(err.value)
     assert line.startswith("/etc/gpubot.toml: ") and message in line and "\n" not in line
+
+
+def test_absolute_path_message_says_why() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse({"reset": {"protected": ["nvidia-persistenced"]}}, "g.toml")
+    assert "never by name" in str(err.value) and "/usr/bin/nvidia-persistenced" in str(err.value)
+
+
+def test_protection_defaults_and_settings() -> None:
+    r = parse({}).reset
+    assert (r.protected, r.system_users) == (DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS)
+    assert r.protection == Protection() == ResetSettings().protection
+    text = """
+[reset]
+protected = ["/opt/nvidia/bin/nvidia-persistenced", "/usr/bin/nv-hostengine"]
+system_users = ["root", "nvidia-dcgm"]
+"""
+    r = parse(tomllib.loads(text)).reset
+    assert r.protection == Protection(
+        paths=("/opt/nvidia/bin/nvidia-persistenced", "/usr/bin/nv-hostengine"),
+        system_users=("root", "nvidia-dcgm"),
+    )
+    only_users = parse({"reset": {"system_users": ["nvidia-persistenced"]}}).reset.protection
+    assert only_users == Protection(DEFAULT_DAEMON_PATHS, ("nvidia-persistenced",))
+    # empty lists: nothing is protected (every holder can be signalled)
+    none = parse({"reset": {"protected": [], "system_users": []}}).reset.protection
+    assert none == Protection(paths=(), system_users=())
 
 
 def test_missing_and_broken_files(tmp_path: Path) -> None:

@@ -85,8 +85,9 @@ def proc(
                       argv0=f"/usr/bin/{name}")  # fmt: skip
 
 
-def daemon(pid: int, g: int = 0, *, user: str = "root", uid: int = 0, exe: str = PERSISTENCED,
-           **kw: object) -> GpuProcess:
+def daemon(
+    pid: int, g: int = 0, *, user: str = "root", uid: int = 0, exe: str = PERSISTENCED, **kw: object
+) -> GpuProcess:
     """A protected system daemon: a system account's real and effective uid, a daemon's exe."""
     name = exe.rsplit("/", 1)[-1][:15]
     return proc(pid, g, mem=None, visible=False, name=name, user=user, uid=uid, exe=exe,
@@ -504,12 +505,6 @@ def test_ready_sections_need_the_fixed_marker_on_its_own_line() -> None:
     assert r.nvlink_peers is None and r.nvlink_note == "nvidia-smi topo -m is not available here"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="source bug: _ready_sections zips found with [*found[1:], None] strictly, "
-    "which raises ValueError when the output holds no marker at all",
-)
 @pytest.mark.parametrize("output", ["", "sh: 1: timeout: not found\n", "garbage"])
 def test_readiness_of_output_without_any_marker_is_unknown(output: str) -> None:
     (r,) = readiness(None, [0], output).values()

@@ -324,6 +324,8 @@ def test_mangled_apps_parse_exactly_or_raise(data: st.DataObject) -> None:
     assert len(rows) == _data_lines(bad)
     assert all(a.pid > 0 for a in rows)
     for a in rows:
-        assert a.used_memory_mib is None or (isinstance(a.used_memory_mib, int) and a.used_memory_mib >= 0)
+        assert a.used_memory_mib is None or (
+            isinstance(a.used_memory_mib, int) and a.used_memory_mib >= 0
+        )
     if bad == text:
         assert rows == apps

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
-from gpubot.errors import UsageError
+from gpubot.core.protect import Protection
+from gpubot.errors import ResetRefused, UsageError
 
-PROTECTED = ("nvidia-persistenced", "Xorg")
+PERSISTENCED = "/usr/bin/nvidia-persistenced"
+PROTECTION = Protection(paths=(PERSISTENCED, "/usr/lib/xorg/Xorg"),
+                        system_users=("root", "nvidia-persistenced"))  # fmt: skip
+UIDS = {"root": 0, "nvidia-persistenced": 990, "alice": 1000, "bob": 1001, "carol": 1002,
+        "dave": 1003}  # fmt: skip
+AUTO = -1  # the uid of ``user``
 
 
 def gpu(i: int, used: int | None = 0) -> GpuInfo:
@@ -16,33 +24,46 @@ def gpu(i: int, used: int | None = 0) -> GpuInfo:
 
 
 def proc(
-    pid: int, g: int, user: str = "alice", mib: int | None = 1000, *, visible: bool = True,
-    name: str = "/usr/bin/python3", ticks: int | None = 100,
+    pid: int, g: int, user: str | None = "alice", mib: int | None = 1000, *, visible: bool = True,
+    name: str = "/usr/bin/python3", ticks: int | None = 100, uid: int | None = AUTO,
+    real_uid: int | None = AUTO, exe: str | None = "", argv0: str | None = None,
 ) -> GpuProcess:  # fmt: skip
-    return GpuProcess(pid, g, mib if visible else None, name, visible, True, user,
-                      ppid=1, state="S", start_ticks=ticks, command=f"{name} train.py")  # fmt: skip
+    """A process; ``name`` is what it says it runs, and by default also its exe and argv[0]."""
+    uid = UIDS.get(user or "") if uid == AUTO else uid
+    real_uid = uid if real_uid == AUTO else real_uid
+    return GpuProcess(pid, g, mib if visible else None, name.rsplit("/", 1)[-1][:15], visible,
+                      True, user, ppid=1, state="S", start_ticks=ticks,
+                      command=f"{name} train.py", uid=uid, real_uid=real_uid,
+                      exe=name if exe == "" else exe,
+                      argv0=name if argv0 is None else argv0)  # fmt: skip
 
 
 SNAP = NodeSnapshot(
     "node1",
     0.0,
-    (gpu(0, 1000), gpu(1, 3000), gpu(2, 500), gpu(3, 0)),
+    (gpu(0, 1000), gpu(1, 3000), gpu(2, 500), gpu(3, 0), gpu(4, 1300)),
     (
         proc(10, 0),
         proc(11, 1, "bob", 2000),
         proc(12, 1, mib=1000),
         proc(13, 1, "carol", visible=False),  # hidden: device file only
-        proc(14, 2, "root", 500, name="/usr/bin/nvidia-persistenced"),
+        proc(14, 2, "root", 500, name=PERSISTENCED),  # the protected daemon
         proc(15, 1, "alice", 500),  # also on GPU 2 below
         proc(15, 2, "alice", 0),
-        proc(16, 3, "dave", 100, ticks=None),  # listed but gone from /proc
+        proc(16, 3, "dave", 100, ticks=None, uid=None),  # listed but gone from /proc
+        # GPU 4: things that look like the daemon, and one whose owner is unknown
+        proc(17, 4, "alice", 700, name=PERSISTENCED),  # alice runs the daemon's own executable
+        proc(18, 4, "alice", 300, name="nvidia-persistenced", exe=None,
+             argv0=PERSISTENCED),  # a job named like it, exe unreadable, argv[0] forged
+        proc(19, 4, None, 200, uid=None),  # /proc gave no uid
+        proc(20, 4, "root", 100, name=PERSISTENCED, real_uid=1000),  # setuid, started by alice
     ),
-)
+)  # fmt: skip
 
 
 def plan(**kw: object) -> ResetPlan:
     req = ResetRequest("node1", kw.pop("requester", "alice"), **kw)  # type: ignore[arg-type]
-    return plan_reset(SNAP, req, PROTECTED)
+    return plan_reset(SNAP, req, PROTECTION)
 
 
 @pytest.mark.parametrize(
@@ -54,14 +75,88 @@ def plan(**kw: object) -> ResetPlan:
         ({"pids": (12,)}, [12], False),
         ({"gpus": (2,)}, [15], False),  # the protected daemon is left alone
         ({"gpus": (3,)}, [], False),  # nothing to signal: the listed pid is gone
-        ({}, [10, 11, 12, 13, 15], True),
+        ({}, [10, 11, 12, 13, 15, 17, 18, 20], True),
         ({"gpus": (0,), "requester": None}, [10], True),
+        # named like the daemon, even running its executable: alice's jobs are targets
+        ({"gpus": (4,), "user": "alice"}, [17, 18], False),
+        ({"gpus": (4,), "user": "alice", "requester": "bob"}, [17, 18], True),
+        ({"pids": (17,), "requester": "bob"}, [17], True),
+        ({"pids": (18,), "requester": "bob"}, [18], True),
+        ({"gpus": (4,), "requester": "bob"}, [17, 18, 20], True),  # setuid root is no daemon
     ],
 )
 def test_targets(kw: dict[str, object], targets: list[int], forced: bool) -> None:
     p = plan(**kw)
     assert sorted(t.pid for t in p.targets) == targets
     assert p.forced is forced
+
+
+def test_targets_carry_their_owner() -> None:
+    uids = {t.pid: t.uid for t in plan().targets}
+    assert uids == {10: 1000, 11: 1001, 12: 1000, 13: 1002, 15: 1000, 17: 1000, 18: 1000, 20: 0}
+
+
+def test_a_job_named_like_the_daemon_is_forced_for_another_requester() -> None:
+    p = plan(gpus=(4,), user="alice", requester="bob")
+    (t17, t18) = p.targets
+    assert (t17.user, t17.forced, t17.command) == ("alice", True, f"{PERSISTENCED} train.py")
+    assert (t18.user, t18.forced) == ("alice", True)
+    assert p.forced and p.owners == ("alice",)
+    assert not any(s.protected for s in p.skipped)
+
+
+def test_protected_daemon_is_skipped_and_listed() -> None:
+    p = plan(gpus=(2,))
+    (s,) = p.skipped
+    assert (s.pid, s.gpu, s.user, s.reason, s.protected, s.mib) == (
+        14, 2, "root", "protected system daemon", True, 500)  # fmt: skip
+    assert s.start_ticks == 100 and s.command == f"{PERSISTENCED} train.py"
+    assert p.expected_after_mib == {2: 500}  # its memory stays
+    assert [t.pid for t in p.targets] == [15]
+
+
+def test_system_user_daemon_known_by_argv0_is_protected() -> None:
+    """Without root the exe of a system account's process is unreadable: argv[0] stands in."""
+    d = proc(30, 0, "nvidia-persistenced", 400, name=PERSISTENCED, exe=None)
+    s = NodeSnapshot("node1", 0.0, (gpu(0, 1400),), (d, proc(31, 0)))
+    p = plan_reset(s, ResetRequest("node1", "alice"), PROTECTION)
+    assert [t.pid for t in p.targets] == [31]
+    assert [(k.pid, k.protected) for k in p.skipped] == [(30, True)]
+    deleted = replace(d, exe=PERSISTENCED + " (deleted)", argv0="x")  # after a package upgrade
+    p = plan_reset(replace(s, processes=(deleted,)), ResetRequest("node1", "alice"), PROTECTION)
+    assert p.targets == () and p.skipped[0].protected
+
+
+@pytest.mark.parametrize(
+    "protection",
+    [
+        Protection(paths=(), system_users=("root",)),  # no daemon configured
+        Protection(paths=(PERSISTENCED,), system_users=("nvidia-persistenced",)),  # not root
+        Protection(paths=("nvidia-persistenced",), system_users=("root",)),  # names never match
+    ],
+)
+def test_protection_is_what_is_configured(protection: Protection) -> None:
+    p = plan_reset(SNAP, ResetRequest("node1", "root", gpus=(2,)), protection)
+    assert 14 in [t.pid for t in p.targets] and not any(s.protected for s in p.skipped)
+
+
+def test_unknown_owner_is_skipped() -> None:
+    p = plan(gpus=(4,), requester="bob")
+    assert [(s.pid, s.reason, s.protected, s.mib) for s in p.skipped] == [
+        (19, "owner unknown (nothing to check a signal against)", False, 200)]  # fmt: skip
+    assert p.expected_after_mib == {4: 200}
+    by_pid = plan(pids=(19,))  # asked for by pid, it is still not signalled
+    assert by_pid.targets == ()
+    assert {k.pid: k.reason for k in by_pid.skipped}[19].startswith("owner unknown")
+
+
+@pytest.mark.parametrize("kw", [{"pids": (14,)}, {"pids": (12, 14)}, {"pids": (14,), "gpus": (2,)},
+                                {"pids": (14,), "requester": "root"}])  # fmt: skip
+def test_pid_request_on_a_protected_daemon_is_refused(kw: dict[str, object]) -> None:
+    with pytest.raises(ResetRefused) as ei:
+        plan(**kw)
+    assert str(ei.value) == (f"pid 14 on node1 is a protected system daemon ({PERSISTENCED}, run "
+                             "by root): gpubot never signals it")  # fmt: skip
 
 
 def test_hidden_holder_is_a_target_with_its_reason() -> None:
@@ -78,18 +173,19 @@ def test_left_alone_processes_set_the_expected_memory() -> None:
     p = plan(gpus=(1, 2), user="alice")
     assert p.expected_after_mib == {1: 2000, 2: 500}
     reasons = {(s.pid, s.reason) for s in p.skipped}
-    assert (11, "not owned by alice") in reasons and (14, "protected process") in reasons
+    assert (11, "not owned by alice") in reasons and (14, "protected system daemon") in reasons
+    assert {s.pid: s.protected for s in p.skipped} == {11: False, 13: False, 14: True}
 
 
 def test_plan_round_trips_through_dict() -> None:
-    p = plan(gpus=(1,))
-    assert ResetPlan.from_dict(p.to_dict()) == p
+    for p in (plan(gpus=(1,)), plan(), plan(gpus=(2, 4), requester="bob")):
+        assert ResetPlan.from_dict(p.to_dict()) == p
 
 
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"gpus": (9,)}, "node1 has no GPU 9 (GPUs: 0, 1, 2, 3)"),
+        ({"gpus": (9,)}, "node1 has no GPU 9 (GPUs: 0, 1, 2, 3, 4)"),
         ({"pids": (999,)}, "pid 999 holds no GPU on node1"),
         ({"gpus": (0,), "pids": (12,)}, "pid 12 is not on GPU 0"),
     ],

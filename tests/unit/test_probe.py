@@ -425,7 +425,7 @@ def test_parse_probe_full() -> None:
                 "fuser 127\nsh: fuser: not found\n",
                 "procs\nc 1 1\n",
                 "end\n",
-            ),  # fmt: skip
+            ),
             ProbeError,
             "fuser \\(psmisc\\) not found",
         ),
@@ -439,7 +439,7 @@ def test_parse_probe_full() -> None:
                 "fuser 0\n/etc/passwd: root 1 f.... x\n",
                 "procs\nc 1 1\n",
                 "end\n",
-            ),  # fmt: skip
+            ),
             ParseError,
             "did not ask",
         ),
@@ -458,7 +458,11 @@ def test_parse_probe_full() -> None:
         (out(*full()[:6], PROCS.replace("=job", "=j ob"), "end\n"), ParseError, "process line"),
         (out(*full()[:6], PROCS.replace("=job", "=j\\9ob"), "end\n"), ParseError, "escaped"),
         (out(*full()[:6], PROCS.replace("=job", "job"), "end\n"), ParseError, "escaped"),
-        (out(*full()[:6], PROCS.replace(" 1234 1234 ", " 1234 - "), "end\n"), ParseError, "owner names|uid"),
+        (
+            out(*full()[:6], PROCS.replace(" 1234 1234 ", " 1234 - "), "end\n"),
+            ParseError,
+            "owner names|uid",
+        ),
         (
             CommandResult(("sh",), 0, "junk" + out(*full()).stdout, ""),
             ParseError,
@@ -611,3 +615,26 @@ def test_proc_argv_runs_for_real(box: Box) -> None:
 def test_printable_escapes_what_would_break_a_table() -> None:
     assert printable("ok name") == "ok name"
     assert printable("a\nb\tc\u202ed") == "a\\x0ab\\x09c\\x202ed"
+
+
+AWKS = [a for a in ("gawk", "mawk", "original-awk", "busybox") if shutil.which(a)]
+
+
+@pytest.mark.parametrize("awk", AWKS)
+def test_the_same_snapshot_under_each_awk(box: Box, awk: str, tmp_path: Path) -> None:
+    # Debian and Ubuntu nodes run mawk as awk, RHEL-family nodes gawk: the escaping must agree.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    if awk == "busybox":
+        (bindir / "awk").write_text(f'#!/bin/sh\nexec {shutil.which("busybox")} awk "$@"\n')
+        (bindir / "awk").chmod(0o755)
+    else:
+        (bindir / "awk").symlink_to(shutil.which(awk) or awk)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    box.set(gpus=gpus_text(), apps=f"{box.pids['A']}, {U[0]}, 2048\n")
+    default, under = probe(box), probe(box, env=env)
+    same = [(replace(p, elapsed_s=None), replace(q, elapsed_s=None))
+            for p, q in zip(under.processes, default.processes, strict=True)]  # fmt: skip
+    assert all(p == q for p, q in same) and len(under.ctl_only) == len(default.ctl_only)
+    d = {p.pid: p for p in under.processes}[box.pids["D"]]
+    assert d.process_name == "x) (y\\x0az" and d.exe == str(box.dir / "x) (y\nz")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core.signals import parse_signal_output, signal_argv
+from gpubot.core.signals import PidReport, parse_signal_output, signal_argv
 from gpubot.errors import ParseError
+
+ME = os.geteuid()  # the owner of the processes the tests start
+SHELLS = [sh for sh in ("dash", "bash") if shutil.which(sh)]
 
 
 def start_ticks(pid: int) -> int:
@@ -34,7 +38,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 def test_check_reports_alive_with_state(sleeper: subprocess.Popen[bytes]) -> None:
     rep = parse_signal_output(
         subprocess.run(
-            signal_argv("check", [(sleeper.pid, start_ticks(sleeper.pid))], sudo=False),
+            signal_argv("check", [(sleeper.pid, start_ticks(sleeper.pid), ME)], sudo=False),
             capture_output=True,
             text=True,
             check=True,
@@ -44,7 +48,7 @@ def test_check_reports_alive_with_state(sleeper: subprocess.Popen[bytes]) -> Non
 
 
 def test_term_reaches_the_right_process(sleeper: subprocess.Popen[bytes]) -> None:
-    argv = signal_argv("TERM", [(sleeper.pid, start_ticks(sleeper.pid))], sudo=False)
+    argv = signal_argv("TERM", [(sleeper.pid, start_ticks(sleeper.pid), ME)], sudo=False)
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     assert parse_signal_output(out)[sleeper.pid].status == "sent"
     assert sleeper.wait(5) == -signal.SIGTERM
@@ -54,11 +58,53 @@ def test_a_reused_pid_is_never_signalled(sleeper: subprocess.Popen[bytes]) -> No
     wrong = (
         start_ticks(sleeper.pid) - 1
     )  # as if the planned process had died and the PID was reused
-    argv = signal_argv("KILL", [(sleeper.pid, wrong)], sudo=False)
+    argv = signal_argv("KILL", [(sleeper.pid, wrong, ME)], sudo=False)
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     assert parse_signal_output(out)[sleeper.pid].status == "reused"
     time.sleep(0.1)
     assert sleeper.poll() is None
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("sig", ["KILL", "TERM", "check"])
+def test_another_owner_is_never_signalled(
+    sleeper: subprocess.Popen[bytes], shell: str, sig: str
+) -> None:
+    """The planned owner differs from the process's effective uid: reported, not signalled."""
+    planned = ME + 4242  # as if the pid now ran as someone else than the plan saw
+    argv = signal_argv(sig, [(sleeper.pid, start_ticks(sleeper.pid), planned)], sudo=False)
+    assert argv[0] == "sh"
+    argv[0] = shell
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert out == f"{sleeper.pid} owner {ME}\n"
+    rep = parse_signal_output(out)[sleeper.pid]
+    assert (rep.status, rep.uid) == ("owner", ME)
+    assert rep.why is not None and f"uid {ME}" in rep.why and "not signalled" in rep.why
+    time.sleep(0.1)
+    assert sleeper.poll() is None  # still alive
+    # the right owner in the same exec, under the same shell, is signalled
+    argv = signal_argv("TERM", [(sleeper.pid, start_ticks(sleeper.pid), ME)], sudo=False)
+    argv[0] = shell
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert parse_signal_output(out)[sleeper.pid].status == "sent"
+    assert sleeper.wait(5) == -signal.SIGTERM
+
+
+def test_each_identity_is_checked_on_its_own(sleeper: subprocess.Popen[bytes]) -> None:
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        ticks, other_ticks = start_ticks(sleeper.pid), start_ticks(other.pid)
+        argv = signal_argv("KILL", [(other.pid, other_ticks, ME + 1), (sleeper.pid, ticks, ME)],
+                           sudo=False)  # fmt: skip
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        reports = parse_signal_output(out)
+        assert reports[other.pid].status == "owner" and reports[sleeper.pid].status == "sent"
+        assert sleeper.wait(5) == -signal.SIGKILL
+        time.sleep(0.1)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_gone_and_zombie_count_as_gone() -> None:
@@ -66,7 +112,7 @@ def test_gone_and_zombie_count_as_gone() -> None:
     ticks = start_ticks(p.pid)
     os.kill(p.pid, signal.SIGKILL)
     time.sleep(0.2)  # now a zombie: not reaped yet
-    argv = signal_argv("check", [(p.pid, ticks)], sudo=False)
+    argv = signal_argv("check", [(p.pid, ticks, ME)], sudo=False)
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     assert parse_signal_output(out)[p.pid].status == "gone"
     p.wait()
@@ -76,14 +122,49 @@ def test_gone_and_zombie_count_as_gone() -> None:
 
 def test_arguments_are_validated() -> None:
     with pytest.raises(ValueError):
-        signal_argv("HUP; rm -rf /", [(1, 1)], sudo=False)
-    assert signal_argv("TERM", [(0, 5), (-1, 5)], sudo=False)[6:] == []
+        signal_argv("HUP; rm -rf /", [(1, 1, 0)], sudo=False)
+    bad = [(0, 5, 1000), (-1, 5, 1000), (7, -1, 1000), (7, 5, -1)]
+    assert signal_argv("TERM", bad, sudo=False)[6:] == []
+    assert signal_argv("KILL", [(7, 5, 0), (8, 9, 1000)], sudo=True)[4:] == [
+        "KILL", "1", "7:5:0", "8:9:1000"]  # fmt: skip
 
 
-@pytest.mark.parametrize("line", ["abc gone", "12", "12 alive S", "12 exploded"])
+@pytest.mark.parametrize(
+    "line",
+    ["abc gone", "12", "12 alive S", "12 exploded", "12 owner", "12 owner x", "12 owner -1",
+     "12 owner 5 6", "12 gone 5", "12 sent 0"],
+)  # fmt: skip
 def test_parser_is_strict(line: str) -> None:
     with pytest.raises(ParseError):
         parse_signal_output(line)
+
+
+def test_parser_reads_every_status() -> None:
+    out = "1 gone\n2 reused\n3 owner 1001\n4 alive D uvm_wait\n5 alive S 0\n6 sent\n7 failed\n"
+    assert parse_signal_output(out) == {
+        1: PidReport(1, "gone"), 2: PidReport(2, "reused"), 3: PidReport(3, "owner", uid=1001),
+        4: PidReport(4, "alive", "D", "uvm_wait"), 5: PidReport(5, "alive", "S", None),
+        6: PidReport(6, "sent"), 7: PidReport(7, "failed"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("report", "why"),
+    [
+        (PidReport(1, "reused"), "the pid was reused; not signalled"),
+        (PidReport(1, "owner", uid=1001), "its owner is now uid 1001, not the planned owner; "
+                                          "not signalled"),
+        (PidReport(1, "failed"), "kill failed on the node"),
+        (PidReport(1, "sent"), None),
+        (PidReport(1, "gone"), None),
+        (PidReport(1, "alive", "S"), None),
+    ],
+)  # fmt: skip
+def test_why(report: PidReport, why: str | None) -> None:
+    if why is None:
+        assert report.why is None
+    else:
+        assert report.why is not None and report.why.endswith(why)
 
 
 def test_sudo_nodes_signal_through_sudo_n(sleeper: subprocess.Popen[bytes], tmp_path: Path) -> None:
@@ -91,7 +172,7 @@ def test_sudo_nodes_signal_through_sudo_n(sleeper: subprocess.Popen[bytes], tmp_
     fake = tmp_path / "sudo"  # records its arguments, then runs the command without privilege
     fake.write_text(f'#!/bin/sh\nprintf \'%s \' "$@" >> {log}\nshift\nexec "$@"\n')
     fake.chmod(0o755)
-    argv = signal_argv("TERM", [(sleeper.pid, start_ticks(sleeper.pid))], sudo=True)
+    argv = signal_argv("TERM", [(sleeper.pid, start_ticks(sleeper.pid), ME)], sudo=True)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
     assert parse_signal_output(out)[sleeper.pid].status == "sent"
