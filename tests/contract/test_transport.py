@@ -511,8 +511,8 @@ def test_nvml_tables_convert() -> None:
         GpuInfo(1, "GPU-55555555-6666-7777-8888-999999999999", "NVIDIA H200", 0, 143771, None),
     )
     assert apps == (
-        ComputeApp(4242, gpus[0].uuid, 2048, "/usr/bin/python3"),
-        ComputeApp(4343, gpus[0].uuid, None, "[Not Found]"),
+        ComputeApp(4242, gpus[0].uuid, 2048),  # no name asked of NVML: the process's own say
+        ComputeApp(4343, gpus[0].uuid, None),
     )
     assert fake.inits == fake.shutdowns == 1
     # An old driver without the v2 memory call: v1 counts reserved memory as used.

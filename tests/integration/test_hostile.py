@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import pwd
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from gpubot.sim.fleet import SimFleet, SimNode, Workload
 from gpubot.sim.node import gpu_uuid
 from gpubot.ssh import make_transport
 from gpubot.store import Store, open_store
+from tests.fixtures.fleet import leave_clean
 from tests.fixtures.slack import FakeSlack, running_bot, slack_settings_for
 from tests.procs import alive
 
@@ -108,12 +108,7 @@ async def engine(settings: Settings, store: Store) -> AsyncIterator[ResetService
 def node(fleet: SimFleet) -> Iterator[SimNode]:
     n = fleet.node("node1")
     yield n
-    for a in n.state()["allocations"]:  # kill by pid what the test left behind
-        if a["alive"]:
-            os.kill(a["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(g["memory_used_mib"] for g in n.state()["gpus"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    leave_clean(n)
 
 
 def uid_of(user: str) -> int:

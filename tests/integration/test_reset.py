@@ -182,13 +182,20 @@ async def test_hanging_nvidia_smi_during_verification_is_unknown(
 
 
 async def test_reset_of_gpu3_leaves_everything_else_alive(
-    engine: ResetService, node: SimNode
+    settings: Settings, store: Store, node: SimNode
 ) -> None:
     target = node.spawn(gpu=3, mib=4096)
     neighbour = node.spawn(gpu=2, mib=4096)
     ctl = node.spawn(gpu=None, behaviour="ctl-only")
-    daemon = node.spawn(gpu=3, mib=200, name="nvidia-persistenced")
-    result = await reset(engine, (3,))
+    exe = node.daemon_exe("nvidia-persistenced")  # root's, holding the GPU but no memory
+    daemon = node.spawn(gpu=3, mib=0, exe_path=exe)
+    s = dataclasses.replace(settings, reset=dataclasses.replace(settings.reset, protected=(exe,)))
+    transport = make_transport(s.ssh)
+    try:
+        engine = ResetService(s, transport, store, StatusService(s, transport, store), NodeLocks())
+        result = await reset(engine, (3,))
+    finally:
+        await transport.close()
     assert result.ok
     assert signals_sent(result) == [(target.pid, "SIGTERM")]
     assert not alive(target.pid)

@@ -95,7 +95,8 @@ def test_compute_apps_query(node: SimNode) -> None:
     )
     bare = smi(node, APP_Q, "--format=csv,noheader,nounits").stdout
     assert bare == f"{w.pid}, {uuid5}, 2048, python3\n"
-    (app,) = nvsmi.parse_apps(bare)
+    ours = smi(node, *nvsmi.apps_query_argv("x")[1:]).stdout  # gpubot never asks for the name
+    (app,) = nvsmi.parse_apps(ours)
     assert (app.pid, app.gpu_uuid, app.used_memory_mib) == (w.pid, uuid5, 2048)
 
 
@@ -143,9 +144,9 @@ def test_na_and_not_supported_fields(node: SimNode) -> None:
     parsed = nvsmi.parse_gpus(smi(node, GPU_Q, "--format=csv,noheader,nounits").stdout)
     assert parsed[0].utilization_pct is None and parsed[1].memory_used_mib is None
     assert parsed[0].memory_used_mib == 512
-    apps = smi(node, APP_Q, "--format=csv,noheader")
+    apps = smi(node, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader")
     (app,) = nvsmi.parse_apps(apps.stdout)
-    assert ", [N/A], " in apps.stdout and app.used_memory_mib is None
+    assert apps.stdout.endswith(", [N/A]\n") and app.used_memory_mib is None
 
 
 @pytest.mark.parametrize(

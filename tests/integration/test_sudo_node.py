@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.sim.sudo import readme_sudo_rule
 from gpubot.ssh import make_transport
 from gpubot.store import Store, open_store
+from tests.fixtures.fleet import leave_clean
 from tests.procs import alive
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -61,12 +61,7 @@ async def engine(settings: Settings, tmp_path: Path) -> AsyncIterator[ResetServi
 def node(fleet: SimFleet) -> Iterator[SimNode]:
     n = fleet.node("node1")
     yield n
-    for a in n.state()["allocations"]:
-        if a["alive"]:
-            os.kill(a["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(g["memory_used_mib"] for g in n.state()["gpus"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    leave_clean(n)
 
 
 async def reset(engine: ResetService, gpu: int) -> ResetResult:
