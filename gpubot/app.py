@@ -6,9 +6,9 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpubot.config import Settings, config_path, load
+from gpubot.config import Settings, audit_key, config_path, load
 from gpubot.core.ports import AuditStore, Locks, Transport
-from gpubot.errors import StoreError
+from gpubot.errors import DatabaseBehind, StoreError
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.ssh import make_transport
@@ -43,15 +43,28 @@ def settings_from(cli_config: str | None, environ: Mapping[str, str]) -> Setting
 
 
 def open_app_store(settings: Settings, environ: Mapping[str, str]) -> Store:
-    """Open the audit store; raises ``StoreError`` (``DatabaseBehind`` says how to fix it)."""
-    return open_store(settings.database_url, password=environ.get("GPUBOT_DB_PASSWORD"))
+    """Open the audit store; raises ``StoreError`` (``DatabaseBehind`` says how to fix it).
+
+    ``$GPUBOT_DB_PASSWORD`` is the database password, ``$GPUBOT_AUDIT_KEY`` the chain's key.
+    """
+    return open_store(
+        settings.database_url,
+        password=environ.get("GPUBOT_DB_PASSWORD"),
+        audit_key=audit_key(environ),
+    )
 
 
 def build(settings: Settings, environ: Mapping[str, str], *, need_store: bool) -> App:
-    """Wire adapters and services; without ``need_store`` a broken database only warns."""
+    """Wire adapters and services; without ``need_store`` a database that fails only warns.
+
+    A schema that is not set up (``DatabaseBehind``) always stops us: it is fixed once, by
+    ``gpubot db upgrade``, not worked around on every call.
+    """
     store: Store | None = None
     try:
         store = open_app_store(settings, environ)
+    except DatabaseBehind:
+        raise
     except StoreError as exc:
         if need_store:
             raise

@@ -18,6 +18,11 @@ from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Prot
 from gpubot.errors import ConfigError
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+DURATION = re.compile(r"\s*([0-9]{1,9})\s*([smhdw])\s*")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MIN_PUBLISH_S = 60.0  # a head posted more often than once a minute is noise, likely a typo
+AUDIT_KEY_ENV = "GPUBOT_AUDIT_KEY"  # makes the audit chain an HMAC chain (see store.chain)
+MIN_AUDIT_KEY = 16
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,13 @@ class ResetSettings:
 
 
 @dataclass(frozen=True)
+class AuditSettings:
+    """The ``[audit]`` settings."""
+
+    publish_head_every_s: float | None = 86400.0  # post the chain head this often; None: never
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything gpubot is configured with."""
 
@@ -58,6 +70,7 @@ class Settings:
     reset: ResetSettings = field(default_factory=ResetSettings)
     nodes: tuple[NodeConfig, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)  # sections owned by later front ends
+    audit: AuditSettings = field(default_factory=AuditSettings)
 
     def node(self, name: str) -> NodeConfig | None:
         """Return the node called ``name`` or None."""
@@ -97,7 +110,7 @@ def load(path: Path) -> Settings:
 def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     """Validate a decoded TOML document into ``Settings``."""
     v = _Validator(where)
-    v.keys("", raw, {"database", "ssh", "reset", "nodes", *EXTRA_SECTIONS})
+    v.keys("", raw, {"database", "ssh", "reset", "nodes", "audit", *EXTRA_SECTIONS})
     db = v.table("database", raw.get("database", {}))
     v.keys("database", db, {"url"})
     url = v.string("database.url", db.get("url", "sqlite:///gpubot.db"))
@@ -155,13 +168,52 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     for i, n in enumerate(nodes_raw):
         nodes.append(_node(v, f"nodes[{i}]", n, seen))
     extra = {k: v.table(k, raw[k]) for k in EXTRA_SECTIONS if k in raw}
-    return Settings(where, url, ssh, reset, tuple(nodes), extra)
+    return Settings(where, url, ssh, reset, tuple(nodes), extra, _audit(v, raw))
+
+
+def _audit(v: _Validator, raw: Mapping[str, Any]) -> AuditSettings:
+    t = v.table("audit", raw.get("audit", {}))
+    v.keys("audit", t, {"publish_head_every"})
+    every = t.get("publish_head_every", "24h")
+    if every == "off":
+        return AuditSettings(None)
+    seconds = parse_duration(every)
+    if seconds is None or seconds < MIN_PUBLISH_S:
+        raise ConfigError(
+            f"{v.where}: audit.publish_head_every: expected a duration of at least 1m like "
+            f'"24h", "30m", "7d", or "off", got {every!r}'
+        )
+    return AuditSettings(seconds)
+
+
+def parse_duration(value: Any) -> float | None:
+    """Return the seconds of ``"90s"``, ``"30m"``, ``"24h"``, ``"7d"`` or ``"1w"`` (else None)."""
+    m = DURATION.fullmatch(value) if isinstance(value, str) else None
+    return None if m is None else float(int(m[1]) * DURATION_UNITS[m[2]])
+
+
+def audit_key(environ: Mapping[str, str]) -> bytes | None:
+    """Return the audit chain's HMAC key from ``$GPUBOT_AUDIT_KEY``; None when it is not set.
+
+    Surrounding whitespace is dropped (a key read with ``$(cat file)`` or from an env file is
+    the same key). A key that is set but short or empty is an error: never a silent plain chain.
+    """
+    raw = environ.get(AUDIT_KEY_ENV)
+    if raw is None:
+        return None
+    key = raw.strip().encode("utf-8")
+    if len(key) < MIN_AUDIT_KEY:
+        raise ConfigError(
+            f"{AUDIT_KEY_ENV} is set but shorter than {MIN_AUDIT_KEY} characters: use a long "
+            "random secret (e.g. `openssl rand -hex 32`), or unset it"
+        )
+    return key
 
 
 def _node(v: _Validator, key: str, n: Any, seen: set[str]) -> NodeConfig:
     t = v.table(key, n)
     v.keys(key, t, {"name", "host", "port", "user", "key", "dev_prefix", "sudo", "groups",
-                    "nvidia_smi"})  # fmt: skip
+                    "nvidia_smi", "driver_dir"})  # fmt: skip
     if "name" not in t or "host" not in t:
         raise ConfigError(f"{v.where}: {key}: 'name' and 'host' are required")
     name = v.string(f"{key}.name", t["name"])
@@ -197,6 +249,7 @@ def _node(v: _Validator, key: str, n: Any, seen: set[str]) -> NodeConfig:
         sudo=sudo,
         groups=tuple(groups),
         nvidia_smi=v.string(f"{key}.nvidia_smi", t.get("nvidia_smi", "nvidia-smi")),
+        driver_dir=v.string(f"{key}.driver_dir", t.get("driver_dir", "/proc/driver/nvidia")),
     )
 
 

@@ -3,7 +3,8 @@
 The same flows as the Slack bot (parse → services → the same Block Kit messages), printed with
 ``message_text``. Approvals are typed: ``approve ID`` / ``deny ID``, as an approver named with
 ``--as U…`` (a Slack user id listed in ``[approvals] approvers``). Without ``--as`` the console
-user is the local Unix user (``console:NAME``), who owns their own processes on the boxes.
+user is the local Unix user (``console:NAME``), who owns their own processes on the boxes, except
+root or a ``[reset] system_users`` account: self-service never acts as one.
 
 ``answer(flows, line, who)`` returns the text one line would post (the demo uses it).
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 from gpubot.app import App, build, settings_from
 from gpubot.core import commands as c
-from gpubot.core.policy import SLACK_USER, Policy, linux_user
+from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity, NoDirectory
 from gpubot.slack.blocks import Message, message_text
@@ -91,9 +92,11 @@ def identity(policy: Policy, as_id: str | None, name: str | None = None) -> Iden
     if as_id is not None:
         if not SLACK_USER.fullmatch(as_id):
             raise UsageError(f"--as {as_id!r}: expected a Slack user id (U…)")
-        return Identity(as_id, name or as_id, linux_user(policy, as_id))
+        found = resolve(policy, as_id, None, None)
+        return Identity(as_id, name or as_id, found.linux_user, found.refused)
     user = getpass.getuser()
-    return Identity(f"console:{user}", name or user, user)
+    mine = None if system_user_refusal(policy, user) else user  # never root's self-service
+    return Identity(f"console:{user}", name or user, mine)
 
 
 def make_flows(app: App) -> Flows:

@@ -17,6 +17,7 @@
     ├── ResetRefused                       the reset cannot start (lock held, empty plan, ...)
     │   └── LockHeld                       a database lock (sweep, node reset) is held elsewhere
     ├── NotPermitted(PermissionError)      the person may not act on this node
+    │   └── IdentityRefused                a guest, another workspace, deleted, a bot, root
     ├── SimError                           the simulated fleet failed (server, workload, daemon)
     ├── StoreError                         the audit store failed (fail closed)
     │   └── DatabaseBehind                 migrations not applied
@@ -24,7 +25,8 @@
         ├── SelfApproval(PermissionError)
         ├── NotAnApprover(PermissionError)
         ├── ApprovalExpired
-        └── AlreadyDecided
+        ├── AlreadyDecided
+        └── ApproversUnknown               an approver user group could not be refreshed
 
 Adapters translate library errors at their boundary (``raise NodeUnreachable(node) from exc``).
 Every message is one line fit to show a person.
@@ -137,9 +139,17 @@ class AlreadyDecided(ApprovalError):
     """The approval was decided already."""
 
 
+class ApproversUnknown(ApprovalError):
+    """An approver user group could not be refreshed: nobody is decided on a stale list."""
+
+
 class SimError(GpubotError):
     """The simulated fleet failed: a server, a workload or the fleet daemon did not start."""
 
 
 class NotPermitted(GpubotError, PermissionError):
     """The person may not act on this node (``[permissions]``)."""
+
+
+class IdentityRefused(NotPermitted):
+    """The chat account may not use gpubot at all (guest, other workspace, deleted, bot, root)."""

@@ -1,9 +1,10 @@
-"""The sweep schedule: APScheduler 3's ``AsyncIOScheduler`` (the only module importing it).
+"""Schedules (the sweep, the audit head's publication): APScheduler 3's ``AsyncIOScheduler``,
+the only module importing it.
 
-One interval job runs the sweep on the running event loop. ``max_instances=1`` means a sweep
-never overlaps the previous one (a run due while one is still going is skipped); ``coalesce``
-folds runs missed while the loop was busy into one; ``misfire_grace_time`` lets a late run still
-happen within an interval. The job's own failures are logged, never fatal to the bot.
+One interval job runs on the running event loop. ``max_instances=1`` means a run never overlaps
+the previous one (a run due while one is still going is skipped); ``coalesce`` folds runs missed
+while the loop was busy into one; ``misfire_grace_time`` lets a late run still happen within an
+interval. The job's own failures are logged, never fatal to the bot.
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 log = logging.getLogger(__name__)
 
-JOB_ID = "gpubot-sweep"
 
-
-class SweepScheduler:
+class IntervalScheduler:
     """Runs ``job`` every ``interval_s`` seconds on the running loop, never twice at once."""
 
     def __init__(
@@ -32,15 +31,17 @@ class SweepScheduler:
         *,
         first_after_s: float | None = None,
         stop_wait_s: float = 30.0,
+        name: str = "sweep",
     ) -> None:
         """``first_after_s``: delay of the first run (default: a few seconds after start)."""
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self.name = name
         self.job = job
         self.interval_s = interval_s
         self.first_after_s = min(5.0, interval_s) if first_after_s is None else first_after_s
         self.stop_wait_s = stop_wait_s
-        self.runs = 0  # sweeps started by this scheduler
+        self.runs = 0  # runs started by this scheduler
         self._scheduler: AsyncIOScheduler | None = None
         self._running: asyncio.Task[Any] | None = None
 
@@ -58,8 +59,8 @@ class SweepScheduler:
             self._run,
             "interval",
             seconds=self.interval_s,
-            id=JOB_ID,
-            name="sweep",
+            id=f"gpubot-{self.name}",
+            name=self.name,
             max_instances=1,
             coalesce=True,
             misfire_grace_time=max(1, int(self.interval_s)),
@@ -74,12 +75,12 @@ class SweepScheduler:
         try:
             await self.job()
         except Exception:
-            log.exception("the sweep failed")
+            log.exception("the %s failed", self.name)
         finally:
             self._running = None
 
     async def stop(self) -> None:
-        """Stop the schedule; a sweep under way may finish (up to ``stop_wait_s``)."""
+        """Stop the schedule; a run under way may finish (up to ``stop_wait_s``)."""
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is None:
             return
@@ -93,3 +94,6 @@ class SweepScheduler:
                     await task
         scheduler.shutdown(wait=False)
         await asyncio.sleep(0)  # AsyncIOScheduler shuts down through call_soon
+
+
+SweepScheduler = IntervalScheduler  # the sweep's schedule (its default name)

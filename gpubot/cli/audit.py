@@ -1,4 +1,9 @@
-"""``gpubot audit list | show ID | export | verify``: read the audit log and check its chain."""
+"""``gpubot audit list | show ID | export | verify``: read the audit log and check its chain.
+
+``verify`` reads the chain's key from ``$GPUBOT_AUDIT_KEY`` (a keyed log cannot be verified
+without it) and, with ``--expect-head SEQ:HASH``, checks the log against a head noted elsewhere
+(the bot posts one to the alerts channel): that catches a rewrite even without the key.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
@@ -47,7 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument("--json", action="store_true", help="print JSON")
     exp = sub.add_parser("export", help="print every record as stored, hashes included")
     exp.add_argument("--format", default="jsonl", help="jsonl (default) or csv")
-    sub.add_parser("verify", help="walk the hash chain; exit 1 naming the first bad record")
+    exp.add_argument("-o", "--output", metavar="PATH",
+                     help="write to PATH (created 0600) instead of standard output")  # fmt: skip
+    ver = sub.add_parser("verify", help="walk the hash chain; exit 1 naming the first bad record")
+    ver.add_argument("--expect-head", metavar="SEQ:HASH",
+                     help="fail unless the log holds this head (as verify or the bot printed "
+                          "it)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +82,19 @@ def check_args(args: argparse.Namespace) -> None:
         args.id = positive_int("ID", args.id)
     elif args.audit_command == "export" and args.format not in ("jsonl", "csv"):
         raise UsageError(f"--format: expected jsonl or csv, got {args.format!r}")
+    elif args.audit_command == "verify" and args.expect_head is not None:
+        args.expect_head = parse_head(args.expect_head)
+
+
+def parse_head(text: str) -> tuple[int, str]:
+    """Parse ``SEQ:HASH`` (a record's seq and its 64 hex digit hash)."""
+    m = re.fullmatch(r"\s*([0-9]{1,18}):([0-9a-fA-F]{64})\s*", text)
+    if m is None or int(m[1]) < 1:
+        raise UsageError(
+            f"--expect-head: expected SEQ:HASH as `gpubot audit verify` prints it "
+            f"(e.g. 42:9f86d081…, 64 hex digits), got {text!r}"
+        )
+    return int(m[1]), m[2].lower()
 
 
 def positive_int(name: str, text: str) -> int:
@@ -110,18 +134,36 @@ async def _run(store: Store, args: argparse.Namespace, out: TextIO) -> int:
             raise UsageError(f"there is no action {args.id} in the audit log")
         out.write(json.dumps(detail.as_dict(), indent=2) + "\n" if args.json else _show(detail))
     elif cmd == "export":
-        await _export(store, args.format, out)
+        with _output(args.output, out) as dest:
+            await _export(store, args.format, dest)
     else:
-        result = await store.verify()
+        result = await store.verify(published=args.expect_head)
         if not result.ok:
-            print(
-                f"gpubot: audit log tampered: {result.reason} ({result.checked} records "
-                f"intact before it)",
-                file=sys.stderr,
-            )
+            print(f"gpubot: {result.line()}", file=sys.stderr)
             return 1
-        out.write(f"audit log intact: {result.checked} records, head {result.head_hash}\n")
+        held = f", holds {args.expect_head[0]}:{args.expect_head[1]}" if args.expect_head else ""
+        out.write(f"{result.line()}{held}\n")
     return 0
+
+
+@contextmanager
+def _output(path: str | None, out: TextIO) -> Iterator[TextIO]:
+    """Yield ``out``, or the file at ``path`` created (or truncated) ``0600`` before any write."""
+    if path is None:
+        yield out
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {path}: {exc.strerror}") from None
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask, and for a file that was there already
+    except OSError as exc:
+        os.close(fd)
+        raise UsageError(f"--output: cannot make {path} private: {exc.strerror}") from None
+    with open(fd, "w", encoding="utf-8", newline="") as f:
+        yield f
 
 
 def _t(moment: datetime | None) -> str:
@@ -194,6 +236,7 @@ def _show(d: ActionDetail) -> str:
     lines = [
         f"action {s.id}: {s.kind} on {s.node or '-'} GPUs {gpus}: {s.status}",
         f"  who:      {s.actor} via {s.source}",
+        *_approval_line(d),
         f"  command:  {s.command}",
         f"  started:  {_t(s.started_at)} UTC   finished: {_t(s.finished_at)}{took}",
         f"  plan:     {json.dumps(d.plan, sort_keys=True)}",
@@ -203,6 +246,17 @@ def _show(d: ActionDetail) -> str:
     lines.append(f"  result:   {json.dumps(d.result, sort_keys=True)}")
     lines.append(f"  records:  {', '.join(str(r.seq) for r in d.records)}")
     return "\n".join(lines) + "\n"
+
+
+def _approval_line(d: ActionDetail) -> list[str]:
+    a = d.approval
+    if a is None:
+        return []
+    return [
+        f"  approval: #{a.get('id')} requested by {a.get('requester')} "
+        f"({a.get('requester_name') or '-'}), approved by {a.get('approver')} "
+        f"({a.get('approver_name') or '-'})"
+    ]
 
 
 async def _export(store: Store, fmt: str, out: TextIO) -> None:

@@ -22,11 +22,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def open_configured(
     config_arg: str | None, environ: Mapping[str, str], *, check_schema: bool
 ) -> Store:
-    """Open the store named by the settings file; the password comes from $GPUBOT_DB_PASSWORD."""
+    """Open the store named by the settings file.
+
+    The password comes from ``$GPUBOT_DB_PASSWORD``, the audit chain's key from
+    ``$GPUBOT_AUDIT_KEY``.
+    """
     settings = config.load(config.config_path(config_arg, environ))
     return open_store(
         settings.database_url,
         password=environ.get("GPUBOT_DB_PASSWORD") or None,
+        audit_key=config.audit_key(environ),
         check_schema=check_schema,
     )
 

@@ -50,13 +50,20 @@ def run(args: argparse.Namespace) -> int:
         _workspace() as folder,
         SimFleet(folder / "fleet", nodes=4, gpus=4, release_delay_s=0.5) as sim,
     ):
-        me = getpass.getuser()
+        me = _operator_user()
         cfg = _write_config(sim, folder, me)
         store = open_store(f"sqlite:///{folder}/gpubot.db", check_schema=False)
         store.upgrade()
         store.close()
-        _stage(sim)
+        _stage(sim, me)
         return asyncio.run(_main(cfg, me, args.interactive))
+
+
+def _operator_user() -> str:
+    """Return the Linux user the demo's operator is: you, or ``nobody`` if you are root
+    (self-service never acts as root, so root's own processes would need an approval)."""
+    me = getpass.getuser()
+    return "nobody" if me == "root" else me
 
 
 @contextmanager
@@ -100,12 +107,13 @@ orphan_threshold_mib = 1024
     return cfg
 
 
-def _stage(sim: SimFleet) -> None:
-    """Put the demo's processes on the fleet."""
+def _stage(sim: SimFleet, operator: str) -> None:
+    """Put the demo's processes on the fleet (the stubborn one is the operator's)."""
     n1, n2, n3, n4 = sim.nodes
     n1.spawn(gpu=0, mib=61440, util_pct=93, name="python3")
     n1.spawn(gpu=1, mib=30720, util_pct=71, name="python3")
-    n2.spawn(gpu=1, mib=40960, behaviour="stubborn", util_pct=0, name="python3")
+    mine = None if operator == getpass.getuser() else operator
+    n2.spawn(gpu=1, mib=40960, behaviour="stubborn", util_pct=0, name="python3", user=mine)
     leak = n3.spawn(gpu=2, mib=81920, behaviour="orphan", name="python3")
     os.kill(leak.pid, signal.SIGKILL)  # dies; its memory stays allocated: the VRAM leak
     n4.stop_server()

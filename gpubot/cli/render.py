@@ -55,6 +55,7 @@ def render_snapshot(snap: NodeSnapshot, *, color: bool = False) -> list[str]:
                 tail = f"{tail} {pflags}".strip()
             code = RED if tail else ""
             lines.append((text + " " + _c(tail, code, color)).rstrip()[: WIDTH + 10])
+    lines.extend(_c(f"  ! {note}"[:WIDTH], YELLOW, color) for note in snap.notes)
     return lines
 
 
@@ -86,6 +87,8 @@ def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
                 "memory_used_mib": g.memory_used_mib,
                 "memory_total_mib": g.memory_total_mib,
                 "utilization_pct": g.utilization_pct,
+                "bus_id": g.bus_id,
+                "device_minor": g.minor,
                 "flags": list(gpu_flags(g, procs)),
                 "processes": [
                     {
@@ -106,7 +109,8 @@ def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
                 ],
             }
         )
-    return {"name": snap.node, "ok": True, "error": None, "taken_at": snap.taken_at, "gpus": gpus}
+    return {"name": snap.node, "ok": True, "error": None, "taken_at": snap.taken_at, "gpus": gpus,
+            "notes": list(snap.notes), "lost": list(snap.lost)}  # fmt: skip
 
 
 def fleet_dict(status: FleetStatus, order: list[str]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ TITLES: dict[FindingKind, str] = {
     FindingKind.IDLE_HOLDER: "idle GPU holder",
     FindingKind.NODE_UNREACHABLE: "node unreachable",
     FindingKind.SMI_FAILED: "nvidia-smi failed",
+    FindingKind.GPU_LOST: "GPU lost",
 }
 
 
@@ -243,6 +244,9 @@ def find(
         for g in sorted(snap.gpus, key=lambda g: g.index):
             out.extend(_gpu_findings(snap.node, g, snap.on_gpu(g.index), config,
                                      protection or Protection()))  # fmt: skip
+        for bus in snap.lost:  # its index was not said: the node's finding, keyed by bus id
+            out.append(Finding(snap.node, None, FindingKind.GPU_LOST, bus,
+                               f"a GPU ({bus}) is lost: it needs a reset or a reboot"))  # fmt: skip
     for node, f in failures.items():
         out.append(Finding(node, None, f.kind, "", f.reason))
     return tuple(out)
@@ -256,16 +260,21 @@ def _gpu_findings(
     protection: Protection,
 ) -> list[Finding]:
     out: list[Finding] = []
+    if "lost" in g.flags:  # fell off the bus: nothing else about it can be known
+        why = f" ({g.bus_id})" if g.bus_id else ""
+        return [Finding(node, g.index, FindingKind.GPU_LOST, "",
+                        f"GPU {g.index}{why} is lost: it needs a reset or a reboot")]  # fmt: skip
     holders = [p for p in procs if not is_protected(p, protection)]
     used = g.memory_used_mib
     if not holders and used is not None and used > config.orphan_threshold_mib:
+        unseen = " (holders of its device file cannot be seen)" if g.minor is None else ""
         out.append(
             Finding(
                 node,
                 g.index,
                 FindingKind.ORPHANED_VRAM,
                 "",
-                f"{used} MiB in use and no process holds the GPU",
+                f"{used} MiB in use and no process holds the GPU{unseen}",
                 memory_mib=used,
             )
         )

@@ -23,12 +23,14 @@ def process_flags(p: GpuProcess) -> tuple[str, ...]:
 
 def gpu_flags(gpu: GpuInfo, procs: tuple[GpuProcess, ...]) -> tuple[str, ...]:
     """Return the flags of one GPU given the processes on it."""
-    flags: list[str] = []
+    flags: list[str] = list(gpu.flags)  # lost, requires-reset, warning ...: nvidia-smi's own say
     used = gpu.memory_used_mib
     if used is not None and used > NO_PROCESS_MEMORY_MIB and not any(p.exists for p in procs):
         flags.append("no-process-memory")
-    if used is None:
+    if used is None and "lost" not in flags:
         flags.append("memory-unknown")
+    if gpu.minor is None:  # holders of its device file cannot be told: never guessed from index
+        flags.append("device-file-unknown")
     for p in procs:
         for f in process_flags(p):
             if f not in flags:

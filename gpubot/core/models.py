@@ -29,15 +29,20 @@ class NodeConfig:
     user: str | None = None
     key: str | None = None
     dev_prefix: str = (
-        "/dev/nvidia"  # GPU i is {dev_prefix}{i}; also {dev_prefix}ctl, {dev_prefix}-uvm
+        "/dev/nvidia"  # minor m is {dev_prefix}{m}; also {dev_prefix}ctl, {dev_prefix}-uvm
     )
     sudo: bool = False  # prefix privileged commands with ``sudo -n``
     groups: tuple[str, ...] = ()
     nvidia_smi: str = "nvidia-smi"  # the command to run; the simulated fleet points it elsewhere
+    # The driver's /proc folder: gpus/<bus id>/information says each GPU's "Device Minor".
+    driver_dir: str = "/proc/driver/nvidia"
 
-    def device(self, gpu_index: int) -> str:
-        """Return the device file of GPU ``gpu_index``."""
-        return f"{self.dev_prefix}{gpu_index}"
+    def device(self, minor: int) -> str:
+        """Return the device file of the GPU whose device minor number is ``minor``.
+
+        A GPU's index (PCI or CUDA_DEVICE_ORDER order) is NOT its minor: see ``GpuInfo.minor``.
+        """
+        return f"{self.dev_prefix}{minor}"
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class GpuInfo:
     memory_used_mib: int | None
     memory_total_mib: int | None
     utilization_pct: int | None
+    bus_id: str | None = None  # PCI bus id as nvidia-smi prints it ("00000000:18:00.0")
+    minor: int | None = None  # its device file's minor number; None: unknown (never assumed)
+    flags: tuple[str, ...] = ()  # what nvidia-smi said instead of values: lost, requires-reset ...
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,8 @@ class NodeSnapshot:
     gpus: tuple[GpuInfo, ...]
     processes: tuple[GpuProcess, ...] = ()
     ctl_only: tuple[ProcInfo, ...] = field(default=())  # hold nvidiactl/uvm but no GPU
+    notes: tuple[str, ...] = ()  # what the node said beside its tables (a lost GPU, a warning)
+    lost: tuple[str, ...] = ()  # bus ids ("?" unknown) of lost GPUs whose index nobody said
 
     def gpu(self, index: int) -> GpuInfo | None:
         """Return GPU ``index`` or None."""
@@ -173,6 +183,7 @@ class FindingKind(StrEnum):
     IDLE_HOLDER = "idle-holder"
     NODE_UNREACHABLE = "node-unreachable"
     SMI_FAILED = "smi-failed"
+    GPU_LOST = "gpu-lost"
 
 
 class ApprovalState(StrEnum):
@@ -185,3 +196,4 @@ class ApprovalState(StrEnum):
     CANCELLED = "cancelled"
     EXECUTED = "executed"
     FAILED = "failed"
+    INCOMPLETE = "incomplete"  # approved, but the bot stopped before recording the end

@@ -27,6 +27,9 @@ class ResetRequest:
     pids: tuple[int, ...] = ()
     user: str | None = None  # only this Linux user's processes
     grace_s: float | None = None
+    # Self-service floor: a process whose uid is below it (or root) is never the requester's
+    # own, so killing it is forced. None: no floor (the CLI, run on the trusted gpubot host).
+    min_uid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,15 @@ def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protec
         gpus = tuple(sorted({p.gpu_index for p in snapshot.processes if p.pid in request.pids}))
     else:
         gpus = tuple(sorted(indices))
+    if not request.pids:  # a whole GPU: its device file's holders must be knowable
+        for g in gpus:
+            info = snapshot.gpu(g)
+            if info is not None and info.minor is None:
+                raise ResetRefused(
+                    f"{snapshot.node}: gpubot cannot tell which device file is GPU {g} (the driver "
+                    "names no Device Minor for its bus id), so it cannot see who holds it; "
+                    "reset by pid instead"
+                )
     if request.pids:
         outside = [pid for pid in request.pids if not any(
             p.pid == pid and p.gpu_index in gpus for p in snapshot.processes)]  # fmt: skip
@@ -183,6 +195,13 @@ def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protec
         memory_before_mib={g: _mem(snapshot, g) for g in gpus},
         expected_after_mib=expected,
     )
+
+
+def below_floor(uid: int | None, min_uid: int | None) -> bool:
+    """Whether a process of ``uid`` is below the self-service floor (root always is)."""
+    if min_uid is None:
+        return False
+    return uid is None or uid == 0 or uid < min_uid
 
 
 def _mem(snapshot: NodeSnapshot, index: int) -> int | None:
@@ -226,7 +245,10 @@ def _target(
         reasons.append("pid requested")
     if elsewhere:
         reasons.append(f"also holds GPU {', '.join(map(str, elsewhere))}")
-    forced = request.requester is None or first.user != request.requester
+    below = below_floor(first.uid, request.min_uid)
+    if below and first.user == request.requester:
+        reasons.append(f"uid {first.uid} is below min_uid {request.min_uid}: never self-service")
+    forced = request.requester is None or first.user != request.requester or below
     return Target(
         pid=first.pid,
         start_ticks=first.start_ticks,

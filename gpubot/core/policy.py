@@ -11,12 +11,18 @@ Settings (all optional)::
     [users]
     U012ABC = "alice"            # Slack user id -> Linux user
     email_local_part = true      # else: the local part of the Slack profile e-mail
-    email_domains = ["example.com"]   # ... only for these domains (default: any)
+    email_domains = ["example.com"]   # ... only for these domains (required with the above)
+    min_uid = 1000               # a process below this uid (or root) is never self-service
 
     [approvals]
     approvers = ["U0ONCALL"]     # user ids
     usergroup = "S0ONCALL"       # and/or user groups (a string or a list)
     expiry_s = 900
+    group_cache_s = 60           # user group members are re-read after this; unreadable: refuse
+
+Who may use gpubot at all (``resolve``): never a guest, an account of another workspace, a
+deleted account or a bot; and a mapping to ``root`` or a system account (``[reset]
+system_users``) is refused, never used.
 
     [permissions]                # who may reset which nodes; absent: everyone, everywhere
     "team-a" = ["U012ABC", "S0TEAMA"]   # key: a node group or node name, "*" for every node
@@ -31,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpubot.core.models import NodeConfig
+from gpubot.core.plan import ResetPlan
+from gpubot.core.protect import DEFAULT_SYSTEM_USERS
 from gpubot.errors import ConfigError
 
 SLACK_USER = re.compile(r"[UW][A-Z0-9]{2,30}")
@@ -38,8 +46,14 @@ SLACK_GROUP = re.compile(r"S[A-Z0-9]{2,30}")
 SLACK_CHANNEL = re.compile(r"[CGD][A-Z0-9]{2,30}")
 LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _NODE_OR_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
 DEFAULT_EXPIRY_S = 900.0
 MAX_EXPIRY_S = 7 * 24 * 3600.0
+DEFAULT_MIN_UID = 1000
+MAX_UID = 2**31 - 1
+DEFAULT_GROUP_CACHE_S = 60.0
+MAX_GROUP_CACHE_S = 3600.0
+SLACKBOT = "USLACKBOT"
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,9 @@ class Policy:
     permissions: Mapping[str, tuple[str, ...]] | None = None  # None: no restriction
     channel: str | None = None
     oncall_channel: str | None = None
+    min_uid: int = DEFAULT_MIN_UID
+    group_cache_s: float = DEFAULT_GROUP_CACHE_S
+    system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS  # [reset] system_users: never mapped to
 
     @property
     def approval_channel(self) -> str | None:
@@ -69,7 +86,12 @@ class Policy:
         return tuple(sorted(found))
 
 
-def load_policy(extra: Mapping[str, Any], where: str = "<settings>") -> Policy:
+def load_policy(
+    extra: Mapping[str, Any],
+    where: str = "<settings>",
+    *,
+    system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS,
+) -> Policy:
     """Validate the ``[slack]``, ``[users]``, ``[approvals]`` and ``[permissions]`` tables."""
     v = _Check(where)
     slack = v.table("slack", extra.get("slack", {}))
@@ -83,6 +105,7 @@ def load_policy(extra: Mapping[str, Any], where: str = "<settings>") -> Policy:
     users: dict[str, str] = {}
     email = False
     domains: tuple[str, ...] = ()
+    min_uid = DEFAULT_MIN_UID
     for key, value in users_raw.items():
         if key == "email_local_part":
             if not isinstance(value, bool):
@@ -90,6 +113,17 @@ def load_policy(extra: Mapping[str, Any], where: str = "<settings>") -> Policy:
             email = value
         elif key == "email_domains":
             domains = tuple(d.lower() for d in v.str_list("users.email_domains", value))
+            for d in domains:
+                if not _DOMAIN.fullmatch(d):
+                    raise ConfigError(
+                        f"{where}: users.email_domains: {d!r} is not a domain (e.g. example.com)"
+                    )
+        elif key == "min_uid":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_UID:
+                raise ConfigError(
+                    f"{where}: users.min_uid: expected a uid from 0 to {MAX_UID}, got {value!r}"
+                )
+            min_uid = value
         elif SLACK_USER.fullmatch(key):
             if not isinstance(value, str) or not LINUX_USER.fullmatch(value):
                 raise ConfigError(
@@ -98,12 +132,17 @@ def load_policy(extra: Mapping[str, Any], where: str = "<settings>") -> Policy:
             users[key] = value
         else:
             raise ConfigError(
-                f"{where}: users.{key}: not a Slack user id (U…/W…), email_local_part or "
-                "email_domains"
+                f"{where}: users.{key}: not a Slack user id (U…/W…), email_local_part, "
+                "email_domains or min_uid"
             )
+    if email and not domains:
+        raise ConfigError(
+            f"{where}: users.email_local_part: needs users.email_domains (the domains whose "
+            "addresses are your Linux users): otherwise any profile e-mail picks a Linux user"
+        )
 
     appr = v.table("approvals", extra.get("approvals", {}))
-    v.keys("approvals", appr, {"approvers", "usergroup", "expiry_s"})
+    v.keys("approvals", appr, {"approvers", "usergroup", "expiry_s", "group_cache_s"})
     approvers = v.str_list("approvals.approvers", appr.get("approvers", []))
     for a in approvers:
         if not SLACK_USER.fullmatch(a):
@@ -120,6 +159,13 @@ def load_policy(extra: Mapping[str, Any], where: str = "<settings>") -> Policy:
         raise ConfigError(
             f"{where}: approvals.expiry_s: expected seconds > 0 and <= {MAX_EXPIRY_S:g}, "
             f"got {expiry!r}"
+        )
+    cache = appr.get("group_cache_s", DEFAULT_GROUP_CACHE_S)
+    if (isinstance(cache, bool) or not isinstance(cache, int | float)
+            or not 0 <= cache <= MAX_GROUP_CACHE_S):  # fmt: skip
+        raise ConfigError(
+            f"{where}: approvals.group_cache_s: expected seconds from 0 to "
+            f"{MAX_GROUP_CACHE_S:g}, got {cache!r}"
         )
 
     permissions: dict[str, tuple[str, ...]] | None = None
@@ -146,6 +192,9 @@ def load_policy(extra: Mapping[str, Any], where: str = "<settings>") -> Policy:
         permissions=permissions,
         channel=channel,
         oncall_channel=oncall,
+        min_uid=min_uid,
+        group_cache_s=float(cache),
+        system_users=tuple(system_users),
     )
 
 
@@ -156,10 +205,99 @@ def linux_user(policy: Policy, user_id: str, email: str | None = None) -> str | 
     if not policy.email_local_part or not email or email.count("@") != 1:
         return None
     local, domain = email.split("@")
-    if policy.email_domains and domain.lower() not in policy.email_domains:
+    if domain.lower() not in policy.email_domains:  # no domains: no e-mail mapping at all
         return None
     local = local.lower()
     return local if LINUX_USER.fullmatch(local) else None
+
+
+@dataclass(frozen=True)
+class ChatAccount:
+    """What the chat system says of an account (Slack ``users.info``)."""
+
+    id: str
+    team_id: str | None = None
+    email: str | None = None
+    deleted: bool = False
+    is_bot: bool = False
+    is_restricted: bool = False  # a multi-channel guest
+    is_ultra_restricted: bool = False  # a single-channel guest
+    is_stranger: bool = False  # seen through a shared channel, of another organisation
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Who a chat user is on the boxes: a Linux user (None: unknown), or why they are refused."""
+
+    linux_user: str | None
+    refused: str | None = None
+
+
+def account_refusal(account: ChatAccount, home_team: str | None) -> str | None:
+    """Return why this account may not use gpubot at all, or None."""
+    if account.id == SLACKBOT or account.is_bot:
+        return "bots cannot use gpubot"
+    if account.deleted:
+        return "this Slack account is deactivated"
+    if account.is_stranger or (
+        home_team is not None and account.team_id is not None and account.team_id != home_team
+    ):
+        return "accounts of another workspace cannot use gpubot"
+    if account.is_restricted or account.is_ultra_restricted:
+        return "guest accounts cannot use gpubot"
+    return None
+
+
+def system_user_refusal(policy: Policy, name: str) -> str | None:
+    """Return why a mapping to the Linux user ``name`` is refused (root, a system account)."""
+    if name == "root" or name in policy.system_users:
+        return (
+            f"your Slack account maps to the system account {name!r} "
+            "(root or [reset] system_users): gpubot never acts as it; ask an admin to fix [users]"
+        )
+    return None
+
+
+def resolve(
+    policy: Policy, user_id: str, account: ChatAccount | None, home_team: str | None
+) -> Resolved:
+    """Decide who ``user_id`` is: refused accounts, root and system accounts never map.
+
+    ``account`` None: the front end has no directory of accounts (the console), so only the
+    ``[users]`` table applies.
+    """
+    if user_id == SLACKBOT:
+        return Resolved(None, "bots cannot use gpubot")
+    if account is not None:
+        why = account_refusal(account, home_team)
+        if why is not None:
+            return Resolved(None, why)
+    name = linux_user(policy, user_id, account.email if account is not None else None)
+    if name is not None:
+        why = system_user_refusal(policy, name)
+        if why is not None:
+            return Resolved(None, why)
+    return Resolved(name)
+
+
+def same_person(requester_user: str | None, approver_user: str | None) -> bool:
+    """Whether two chat accounts are one person on the boxes (the same known Linux user)."""
+    return requester_user is not None and requester_user == approver_user
+
+
+def floor_note(plan: ResetPlan, linux_user: str | None, min_uid: int) -> str | None:
+    """Say why the requester's own processes still need approval (a uid below ``min_uid``)."""
+    if linux_user is None:
+        return None
+    own = [t for t in plan.targets if t.user == linux_user and t.forced]
+    if not own:
+        return None
+    uid = own[0].uid
+    root = " (root)" if uid == 0 else ""
+    return (
+        f"Self-service refused: {linux_user} has uid {uid}{root} on {plan.node}, below [users] "
+        f"min_uid ({min_uid}); killing its processes needs an on-call approval"
+    )
 
 
 def is_approver(policy: Policy, user_id: str, members: Mapping[str, Collection[str]]) -> bool:

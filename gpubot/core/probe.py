@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpubot.core.models import (
     CommandResult,
@@ -26,15 +26,21 @@ from gpubot.core.models import (
     NodeSnapshot,
     ProcInfo,
 )
-from gpubot.core.nvsmi import first_meaningful_line, parse_apps, parse_gpus, smi_error
+from gpubot.core.nvsmi import (
+    first_meaningful_line,
+    normal_bus_id,
+    parse_apps_answer,
+    parse_gpu_answer,
+)
 from gpubot.core.probe_script import MARK, PROBE_SCRIPT, PROC_SCRIPT
 from gpubot.errors import ConfigError, ParseError, ProbeError
 
 # The section sequences the scripts can write, as words joined by spaces.
 _PROBE_GRAMMAR = re.compile(
-    r"probe (?:fatal end|gpus-err gpus (?:end|apps-err apps (?:end|fuser procs end))"
-    r"|fuser procs end)"
+    r"probe (?:fatal end|gpus-err gpus (?:end|apps-err apps (?:end|minors fuser procs end))"
+    r"|minors fuser procs end)"
 )
+_BUS_DIR = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _PROC_GRAMMAR = re.compile(r"procs end")
 _MARKER = re.compile("\n" + re.escape(MARK) + " ([^\n]*)\n")
 _ESCAPED = re.compile(r"=(?:[!-\[\]-~]|\\[0-3][0-7]{2})*")
@@ -55,11 +61,12 @@ def probe_argv(
     gpu_indices: Sequence[int] | None = None,
     skip_smi: bool = False,
     pids: Sequence[int] = (),
+    minors: Sequence[int] = (),
 ) -> list[str]:
     """Return the argv of the one-exec probe of ``node``.
 
     ``skip_smi`` (the local box read through NVML) needs ``gpu_indices``; ``pids`` are extra
-    processes to read from ``/proc`` (NVML's compute apps).
+    processes to read from ``/proc`` (NVML's compute apps), ``minors`` device minors NVML knows.
     """
     _check_prefix(node)
     if smi_timeout_s <= 0:
@@ -78,6 +85,8 @@ def probe_argv(
         "sudo" if node.sudo else "-",
         "nvml" if skip_smi else "smi",
         idx,
+        node.driver_dir,
+        ",".join(str(_nonneg(m)) for m in minors),
         *(str(_nonneg(p)) for p in pids),
     ]
 
@@ -153,6 +162,8 @@ def parse_probe(
     probe_args = s.args("probe", 2)
     timeout_s = _float_or_none(probe_args[0])
     asked_all = probe_args[1] == "-"
+    notes: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
     if nvml is not None:
         if "gpus" in s.kinds:
             raise ParseError("probe output (nvidia-smi ran on an NVML node)", "")
@@ -160,13 +171,18 @@ def parse_probe(
     else:
         if "gpus" not in s.kinds:
             raise ParseError("probe output (no gpus section)", "")
-        gpus = parse_gpus(s.smi_output("gpus", node.name, timeout_s))
-        apps = parse_apps(s.smi_output("apps", node.name, timeout_s))
-    gpus = tuple(sorted(gpus, key=lambda g: g.index))
+        gpus, said = parse_gpu_answer(node.name, *s.smi_answer("gpus"), timeout_s=timeout_s)
+        apps = parse_apps_answer(node.name, *s.smi_answer("apps"), timeout_s=timeout_s)
+        notes = said.lines()
+        lost = tuple(bus or "?" for index, bus, _ in said.lost if index is None)
+    gpus = _with_minors(sorted(gpus, key=lambda g: g.index), s.minors())
     by_uuid = {g.uuid: g.index for g in gpus}
     holders = s.fuser(node)
 
-    gpu_paths = {node.device(g.index): g.index for g in gpus}
+    # A holder is put on a GPU only through that GPU's minor (never index == minor); device files
+    # of GPUs this probe did not ask about are known and left out.
+    gpu_paths = {node.device(g.minor): g.index for g in gpus if g.minor is not None}
+    other_gpus = {node.device(m) for m in s.minors().values() if m is not None}
     ctl_paths = {f"{node.dev_prefix}ctl", f"{node.dev_prefix}-uvm"}
     on_gpu: dict[tuple[int, int], DeviceHolder] = {}
     ctl_pids: set[int] = set()
@@ -175,7 +191,7 @@ def parse_probe(
             on_gpu.setdefault((h.pid, gpu_paths[h.path]), h)
         elif h.path in ctl_paths:
             ctl_pids.add(h.pid)
-        else:
+        elif h.path not in other_gpus:
             raise ParseError("fuser line (a file the probe did not ask about)", h.path)
     # The script reads /proc for the apps' PIDs, then fuser's, in that order: so must the output.
     procs = s.procs([a.pid for a in apps] + [h.pid for h in holders])
@@ -202,13 +218,28 @@ def parse_probe(
         if key not in visible and h.pid not in listed_by_smi:
             visible[key] = _gpu_process(h.pid, key[1], None, False, True, procs.get(h.pid),
                                         fallback_user=h.user)  # fmt: skip
-    listed = {pid for pid, _ in visible}
+    listed = {pid for pid, _ in visible} | {h.pid for h in holders if h.path in other_gpus}
     ctl_only = tuple(
         procs[pid] for pid in sorted(ctl_pids - listed) if pid in procs
     )  # a ctl holder that vanished is gone: nothing to show
     processes = tuple(sorted(visible.values(), key=lambda p: (p.gpu_index, p.pid)))
     return NodeSnapshot(node=node.name, taken_at=taken_at, gpus=tuple(gpus),
-                        processes=processes, ctl_only=ctl_only)  # fmt: skip
+                        processes=processes, ctl_only=ctl_only, notes=notes,
+                        lost=lost)  # fmt: skip
+
+
+def _with_minors(gpus: Sequence[GpuInfo], by_bus: dict[str, int | None]) -> tuple[GpuInfo, ...]:
+    """Give each GPU its device minor: NVML's where it said, else the driver's for its bus id."""
+    out = []
+    for g in gpus:
+        minor = g.minor
+        if minor is None and g.bus_id is not None:
+            minor = by_bus.get(normal_bus_id(g.bus_id) or "")
+        out.append(replace(g, minor=minor))
+    minors = [g.minor for g in out if g.minor is not None]
+    if len(set(minors)) != len(minors):
+        raise ParseError("device minors (two GPUs on one device file)", str(sorted(minors)))
+    return tuple(out)
 
 
 def _gpu_process(
@@ -305,16 +336,13 @@ class _Sections:
             raise ParseError(f"{self.what} ({kind} status)", " ".join(args))
         return int(args[0]), body
 
-    def smi_output(self, kind: str, node: str, timeout_s: float | None) -> str:
+    def smi_answer(self, kind: str) -> tuple[int, str, str]:
+        """Return nvidia-smi's exit status, standard output and standard error for ``kind``."""
         status, body = self.status(kind)
         err = self.get(f"{kind}-err")
         if err is None or err[0]:
             raise ParseError(f"{self.what} ({kind}-err section)", "")
-        if status != 0:
-            error = smi_error(node, status, err[1] + "\n" + body, timeout_s=timeout_s)
-            assert error is not None
-            raise error
-        return body
+        return status, body, err[1]
 
     def fuser(self, node: NodeConfig) -> tuple[DeviceHolder, ...]:
         status, body = self.status("fuser")
@@ -327,6 +355,23 @@ class _Sections:
             why = first_meaningful_line(body)
             raise ProbeError(node.name, f"fuser failed (exit {status}): {why}")
         return parse_fuser(body)
+
+    def minors(self) -> dict[str, int | None]:
+        """Return each GPU's device minor by bus id (``0000:18:00.0``) from the driver's files."""
+        found = self.get("minors")
+        if found is None or found[0]:
+            raise ParseError(f"{self.what} (minors section)", "")
+        out: dict[str, int | None] = {}
+        for line in found[1].split("\n"):
+            if not line:
+                continue
+            words = line.split(" ")
+            if len(words) != 2 or not _BUS_DIR.fullmatch(words[0]) or words[0] in out:
+                raise ParseError(f"{self.what} (device minor line)", line[:200])
+            if not (_NUM.fullmatch(words[1]) or words[1] == "-"):
+                raise ParseError(f"{self.what} (device minor line)", line[:200])
+            out[words[0]] = int(words[1]) if words[1] != "-" else None
+        return out
 
     def procs(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
         found = self.get("procs")

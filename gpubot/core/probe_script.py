@@ -138,8 +138,8 @@ PROBE_SCRIPT = (
     _MARK
     + _PROCS
     + _FIRSTS
-    + """smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6
-shift 6
+    + """smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8
+shift 8
 extra=$*
 exec 4>&1
 PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions
@@ -156,19 +156,35 @@ if [ "$mode" = smi ]; then
   fi
   s=$?
   m gpus "$s"; printf '%s\\n' "$g"
-  [ "$s" -eq 0 ] || { m end; exit 0; }
+  case $s in 0|14|15) ;; *) m end; exit 0 ;; esac  # 14: infoROM warning, 15: a GPU lost
   [ -n "$idx" ] || idx=$(firsts "$g")
   m apps-err
   a=$(timeout -k 1 "$T" APPS_Q 2>&4)
   s=$?
   m apps "$s"; printf '%s\\n' "$a"
-  [ "$s" -eq 0 ] || { m end; exit 0; }
+  case $s in 0|14|15) ;; *) m end; exit 0 ;; esac
   extra="$extra $(firsts "$a")"
 fi
+# Each GPU's device minor, as the driver says: a GPU's index is not its minor.
+m minors
+set +f
+for d in "$drv"/gpus/*; do
+  [ -r "$d/information" ] || continue
+  mi=-
+  while IFS=: read -r k v; do
+    if [ "$k" = "Device Minor" ]; then set -f; set -- $v; mi=${1:--}; set +f; fi
+  done 2>/dev/null <"$d/information"
+  printf '%s %s\n' "${d##*/}" "$mi"
+  mins="$mins,$mi"
+done
+set -f
 set --
+seen=,
 IFS=', '
-for i in $idx; do
+for i in $mins; do
   case $i in ''|*[!0-9]*) continue ;; esac
+  case $seen in *",$i,"*) continue ;; esac
+  seen="$seen$i,"
   [ -e "$pre$i" ] && set -- "$@" "$pre$i"
 done
 IFS=' '

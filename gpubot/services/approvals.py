@@ -2,8 +2,9 @@
 
 The store's conditional transition (pending → approved exactly once, never by the requester,
 never after expiry) is the backstop; this service adds what the store cannot know: the Slack →
-Linux identity, approver membership (user ids and Slack user groups, cached briefly) and node
-permissions. It speaks to chat only through the ``Directory`` port.
+Linux identity (and who is refused outright), approver membership (user ids and Slack user
+groups, cached at most ``[approvals] group_cache_s``), node permissions, and one person behind
+two chat accounts. It speaks to chat only through the ``Directory`` port.
 """
 
 from __future__ import annotations
@@ -18,22 +19,33 @@ from typing import Any, Protocol
 from gpubot.core.commands import Reset
 from gpubot.core.models import ApprovalState, NodeSnapshot
 from gpubot.core.plan import ResetPlan, ResetRequest
-from gpubot.core.policy import Policy, is_approver, linux_user, may_reset
+from gpubot.core.policy import (
+    ChatAccount,
+    Policy,
+    is_approver,
+    may_reset,
+    resolve,
+    same_person,
+)
 from gpubot.errors import (
     ApprovalError,
+    ApproversUnknown,
     GpubotError,
+    IdentityRefused,
+    LockHeld,
     NotAnApprover,
     NotPermitted,
     ResetRefused,
+    SelfApproval,
     StoreError,
 )
-from gpubot.services.reset import ResetEvent, ResetResult, ResetService
+from gpubot.services.reset import ResetEvent, ResetResult, ResetService, reset_lock
 from gpubot.store import Approval, ApprovalStore
+from gpubot.store.records import iso
 
 log = logging.getLogger(__name__)
 
-GROUP_TTL_S = 60.0
-EMAIL_TTL_S = 600.0
+ACCOUNT_TTL_S = 60.0  # a deactivated or demoted account is refused within this
 
 
 class Directory(Protocol):
@@ -43,30 +55,41 @@ class Directory(Protocol):
         """Return the user ids in a user group; raise ``GpubotError`` when it cannot tell."""
         ...
 
-    async def email(self, user_id: str) -> str | None:
-        """Return the user's profile e-mail, or None."""
+    async def account(self, user_id: str) -> ChatAccount | None:
+        """Return what the chat system says of an account (None: it keeps no directory);
+        raise ``GpubotError`` when it cannot tell."""
+        ...
+
+    async def home_team(self) -> str | None:
+        """Return the workspace gpubot is installed in; raise ``GpubotError`` if unknown."""
         ...
 
 
 class NoDirectory:
-    """A directory that knows nobody's groups or e-mail (the console)."""
+    """A directory that knows nobody's groups or accounts (the console)."""
 
     async def group_members(self, group_id: str) -> frozenset[str]:
         """Return no members."""
         return frozenset()
 
-    async def email(self, user_id: str) -> str | None:
-        """Return no e-mail."""
+    async def account(self, user_id: str) -> ChatAccount | None:
+        """Return None: there is no directory to check accounts against."""
+        return None
+
+    async def home_team(self) -> str | None:
+        """Return None."""
         return None
 
 
 @dataclass(frozen=True)
 class Identity:
-    """A person talking to gpubot: chat user id, display name, and Linux user (None: unknown)."""
+    """A person talking to gpubot: chat user id, display name, Linux user (None: unknown), and
+    why they may not use gpubot at all (None: they may)."""
 
     id: str
     name: str
     linux_user: str | None
+    refused: str | None = None
 
 
 EventSink = Callable[[ResetEvent], Awaitable[None]]
@@ -75,6 +98,12 @@ EventSink = Callable[[ResetEvent], Awaitable[None]]
 def plan_of(approval: Approval) -> ResetPlan:
     """Return the plan stored with an approval."""
     return ResetPlan.from_dict(approval.plan)
+
+
+def requester_user(approval: Approval) -> str | None:
+    """Return the Linux user the requester mapped to when asking (None: unknown)."""
+    user = approval.plan.get("requester_user") if isinstance(approval.plan, dict) else None
+    return user if isinstance(user, str) else None
 
 
 def unix(moment: datetime | None) -> float | None:
@@ -100,58 +129,94 @@ class ApprovalService:
         self.directory = directory
         self.clock = clock
         self._groups: dict[str, tuple[float, frozenset[str]]] = {}
-        self._emails: dict[str, tuple[float, str | None]] = {}
+        self._accounts: dict[str, tuple[float, ChatAccount | None]] = {}
+        self._team: str | None = None
 
     # -- who ---------------------------------------------------------------------------------
 
     async def identify(self, user_id: str, name: str) -> Identity:
-        """Return who ``user_id`` is on the boxes (the ``[users]`` table, else e-mail)."""
-        email = None
-        if user_id not in self.policy.users and self.policy.email_local_part:
-            email = await self._email(user_id)
-        return Identity(user_id, name, linux_user(self.policy, user_id, email))
+        """Return who ``user_id`` is on the boxes, or why they are refused (``resolve``)."""
+        try:
+            account = await self._account(user_id)
+            team = None if account is None else await self._home_team()
+        except GpubotError as exc:  # fail closed: an account we cannot check is not trusted
+            log.warning("cannot check the account %s: %s", user_id, exc)
+            why = f"gpubot cannot check your Slack account just now ({exc}): try again shortly"
+            return Identity(user_id, name, None, why)
+        found = resolve(self.policy, user_id, account, team)
+        return Identity(user_id, name, found.linux_user, found.refused)
 
-    async def members(self) -> dict[str, frozenset[str]]:
-        """Resolve every user group the policy mentions (cached ``GROUP_TTL_S``)."""
-        out: dict[str, frozenset[str]] = {}
+    async def _account(self, user_id: str) -> ChatAccount | None:
         now = self.clock()
-        for group in self.policy.groups_to_resolve():
+        cached = self._accounts.get(user_id)
+        if cached is not None and now - cached[0] < ACCOUNT_TTL_S:
+            return cached[1]
+        account = await self.directory.account(user_id)
+        self._accounts[user_id] = (now, account)
+        return account
+
+    async def _home_team(self) -> str | None:
+        if self._team is None:
+            self._team = await self.directory.home_team()
+        return self._team
+
+    async def _groups_now(
+        self, groups: tuple[str, ...]
+    ) -> tuple[dict[str, frozenset[str]], list[str]]:
+        """Return the members of ``groups`` and those that cannot be read now.
+
+        A list is used for at most ``group_cache_s``; then it is read again, and if that fails
+        the group counts as unreadable: never decided on a stale list.
+        """
+        found: dict[str, frozenset[str]] = {}
+        unreadable: list[str] = []
+        for group in groups:
+            now = self.clock()
             cached = self._groups.get(group)
-            if cached is not None and now - cached[0] < GROUP_TTL_S:
-                out[group] = cached[1]
+            if cached is not None and now - cached[0] < self.policy.group_cache_s:
+                found[group] = cached[1]
                 continue
             try:
-                found = await self.directory.group_members(group)
-            except GpubotError as exc:  # fail closed: nobody is in a group we cannot read
+                members = await self.directory.group_members(group)
+            except GpubotError as exc:
                 log.warning("cannot read user group %s: %s", group, exc)
-                out[group] = cached[1] if cached else frozenset()
+                self._groups.pop(group, None)
+                unreadable.append(group)
                 continue
-            self._groups[group] = (now, found)
-            out[group] = found
-        return out
+            self._groups[group] = (now, members)
+            found[group] = members
+        return found, unreadable
 
-    async def _email(self, user_id: str) -> str | None:
-        now = self.clock()
-        cached = self._emails.get(user_id)
-        if cached is not None and now - cached[0] < EMAIL_TTL_S:
-            return cached[1]
-        try:
-            email = await self.directory.email(user_id)
-        except GpubotError as exc:
-            log.warning("cannot read the e-mail of %s: %s", user_id, exc)
-            return None
-        self._emails[user_id] = (now, email)
-        return email
+    async def members(self) -> dict[str, frozenset[str]]:
+        """Resolve every user group the policy mentions (one that cannot be read: nobody)."""
+        found, _ = await self._groups_now(self.policy.groups_to_resolve())
+        return found
 
     async def is_approver(self, who: Identity) -> bool:
-        """Whether ``who`` may decide forced kills."""
-        return is_approver(self.policy, who.id, await self.members())
+        """Whether ``who`` may decide forced kills; ``ApproversUnknown`` if that depends on a
+        user group that cannot be refreshed."""
+        if who.id in self.policy.approvers:
+            return True
+        found, unreadable = await self._groups_now(self.policy.approver_groups)
+        if is_approver(self.policy, who.id, found):
+            return True
+        if unreadable:
+            raise ApproversUnknown(
+                f"gpubot cannot refresh the on-call user group {', '.join(unreadable)} from "
+                f"Slack and decides nothing on a list older than {self.policy.group_cache_s:g} s "
+                "([approvals] group_cache_s): try again shortly"
+            )
+        return False
 
     async def check_may_reset(self, who: Identity, node_name: str) -> None:
         """Raise ``NotPermitted`` unless ``who`` may ask for resets on the node."""
+        if who.refused is not None:
+            raise IdentityRefused(who.refused)
         node = self.reset.status.node(node_name)
-        if not may_reset(self.policy, who.id, node, await self.members()):
-            raise NotPermitted(f"you may not reset GPUs on {node.name} (see [permissions])")
+        found, unreadable = await self._groups_now(self.policy.groups_to_resolve())
+        if not may_reset(self.policy, who.id, node, found):
+            unread = f"; user group {', '.join(unreadable)} could not be read" if unreadable else ""
+            raise NotPermitted(f"you may not reset GPUs on {node.name} (see [permissions]{unread})")
 
     # -- asking ------------------------------------------------------------------------------
 
@@ -160,7 +225,7 @@ class ApprovalService:
         await self.check_may_reset(who, cmd.node)
         request = ResetRequest(
             cmd.node, who.linux_user, gpus=cmd.gpus, pids=cmd.pids, user=cmd.user,
-            grace_s=cmd.grace_s,
+            grace_s=cmd.grace_s, min_uid=self.policy.min_uid,
         )  # fmt: skip
         return await self.reset.plan(request)
 
@@ -209,15 +274,25 @@ class ApprovalService:
     async def decide(
         self, approval_id: int, who: Identity, approve: bool, *, source: str
     ) -> Approval:
-        """Approve or deny once; the requester's own "deny" cancels. Raises ``ApprovalError``."""
+        """Approve or deny once; the requester's own "deny" cancels. Raises ``ApprovalError``
+        (or ``IdentityRefused``)."""
+        if who.refused is not None:
+            raise IdentityRefused(who.refused)
         current = await self.approvals.get(approval_id)
         if current is None:
             raise ApprovalError(f"there is no approval {approval_id}")
         now = datetime.fromtimestamp(self.clock(), UTC)
         if not approve and current.requester == who.id:
             return await self.approvals.cancel(approval_id, who.id, now, source=source)
-        if current.requester != who.id and not await self.is_approver(who):
-            raise NotAnApprover("only on-call approvers can decide forced kills")
+        if current.requester != who.id:
+            if same_person(requester_user(current), who.linux_user):
+                raise SelfApproval(
+                    f"you cannot {'approve' if approve else 'decide'} a request of your own "
+                    f"Linux user ({who.linux_user}) made from another Slack account: "
+                    "ask another approver"
+                )
+            if not await self.is_approver(who):
+                raise NotAnApprover("only on-call approvers can decide forced kills")
         return await self.approvals.decide(
             approval_id, who.id, approve, now, approver_name=who.name, source=source
         )
@@ -234,7 +309,7 @@ class ApprovalService:
         try:
             result = await self.reset.execute(
                 plan, actor=approval.decided_by or "?", source=source, command=command,
-                on_event=on_event, approval_id=approval.id,
+                on_event=on_event, approval_id=approval.id, approval=approval_record(approval),
                 grace_s=float(grace) if isinstance(grace, int | float) else None,
             )  # fmt: skip
         except BaseException as exc:  # never leave it "approved" with nothing running
@@ -259,3 +334,53 @@ class ApprovalService:
     async def expire_due(self) -> list[Approval]:
         """Expire every pending request whose time is up; return them."""
         return await self.approvals.expire_due(datetime.fromtimestamp(self.clock(), UTC))
+
+    async def abandon_approved(self) -> list[Approval]:
+        """Mark ``incomplete`` the approvals a stopped gpubot left ``approved``; return them.
+
+        One that a live replica is running holds its node's reset lock and is left alone.
+        """
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        marked: list[Approval] = []
+        for a in await self.approvals.approved(now):
+            why = {"error": "gpubot stopped before this approved action recorded its end: "
+                            "check the node and the audit log"}  # fmt: skip
+            try:
+                async with self.reset.locks.hold(reset_lock(a.node), holder="gpubot start-up"):
+                    marked.append(await self.approvals.mark_incomplete(a.id, why, now=now))
+            except LockHeld:
+                log.info("approval %s: its node is being reset by a live gpubot", a.id)
+            except ApprovalError as exc:  # it ended meanwhile
+                log.info("approval %s: %s", a.id, exc)
+        return marked
+
+    # -- the record of refusals --------------------------------------------------------------
+
+    async def record_refusal(
+        self, who: Identity, *, action: str, command: str, node: str | None, reason: str,
+        source: str,
+    ) -> None:  # fmt: skip
+        """Audit who tried what and why it was refused (``audit list`` shows it as refused)."""
+        store = self.reset.store
+        who_data = {"id": who.id, "name": who.name, "linux_user": who.linux_user}
+        try:
+            action_id = await store.begin_action(
+                kind=action, actor=who.id, source=source, command=command, node=node, gpus=(),
+                plan={"refused": reason, "who": who_data},
+            )  # fmt: skip
+            await store.finish_action(action_id, status="refused", result={"reason": reason})
+        except StoreError as exc:  # nothing was done anyway; the log keeps the trace
+            log.error("cannot audit a refusal of %s (%s): %s", who.id, reason, exc)
+
+
+def approval_record(a: Approval) -> dict[str, Any]:
+    """Return who asked and who approved, as recorded with a forced action's intent."""
+    return {
+        "id": a.id,
+        "requester": a.requester,
+        "requester_name": a.requester_name,
+        "requester_user": requester_user(a),
+        "approver": a.decided_by,
+        "approver_name": a.decided_by_name,
+        "approved_at": None if a.decided_at is None else iso(a.decided_at),
+    }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,6 +17,7 @@ from typing import Any
 
 from gpubot.config import Settings
 from gpubot.core.models import GpuProcess, NodeConfig, NodeSnapshot, Outcome
+from gpubot.core.nvsmi import USABLE_EXIT
 from gpubot.core.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Locks, Transport
@@ -133,8 +134,12 @@ class ResetService:
         approval_id: int | None = None,
         grace_s: float | None = None,
         before: NodeSnapshot | None = None,
+        approval: Mapping[str, Any] | None = None,
     ) -> ResetResult:
-        """Run a planned reset; the intent is audited before any signal (fail closed)."""
+        """Run a planned reset; the intent is audited before any signal (fail closed).
+
+        ``approval``: who asked for a forced kill and who approved it, recorded with the intent.
+        """
         node = self.status.node(plan.node)
         grace = self.settings.reset.grace_s if grace_s is None else grace_s
 
@@ -143,6 +148,8 @@ class ResetService:
             return await run.reset(plan, grace), snap
 
         intent = {**plan.to_dict(), "approval_id": approval_id}
+        if approval is not None:
+            intent["approval"] = dict(approval)
         return await self._audited(
             "reset", node, plan, intent, body, actor=actor, source=source, command=command,
             on_event=on_event,
@@ -409,8 +416,11 @@ class _Run:
         limit = plan.expected_after_mib.get(g, 0) + self.cfg.free_threshold_mib
         verified = mem is not None and mem <= limit and not planned_left and not newcomers
         holders = len([p for p in procs if not _left_alone(plan, p)])
+        blind = None
+        if gpu is not None and gpu.minor is None:  # who holds its device file cannot be seen
+            holders, blind = max(holders, 1), "its device file's holders cannot be seen"
         return GpuObservation(g, mem, verified, newcomers=newcomers, holders=holders, kept=kept,
-                              not_signalled=refused)  # fmt: skip
+                              not_signalled=refused, error=blind)  # fmt: skip
 
     async def newcomer(self, p: GpuProcess) -> Newcomer:
         """Describe a process that took a GPU after planning, with its parent and unit."""
@@ -450,7 +460,11 @@ class _Run:
         )
         text = (res.stdout + res.stderr).strip()
         await self.emit("gpu_reset", gpu=gpu, exit_status=res.exit_status, output=text[-500:])
-        if res.exit_status != 0:
+        # 14/15 (an infoROM warning, another GPU lost) still reset this one when it says so.
+        done = res.exit_status == 0 or (
+            res.exit_status in USABLE_EXIT and "was successfully reset" in text
+        )
+        if not done:
             obs = GpuObservation(gpu, None, False, error=f"nvidia-smi --gpu-reset: {text[:200]}")
             return (await self.decide(plan, obs, None),)
         return await self.verify(plan, {}, {}, {})

@@ -189,6 +189,7 @@ async def probe_node(
         argv = probe_argv(
             node, smi_timeout_s=smi_timeout_s, skip_smi=True,
             gpu_indices=[g.index for g in gpus], pids=[a.pid for a in apps],
+            minors=[g.minor for g in gpus if g.minor is not None],
         )  # fmt: skip
     else:
         argv = probe_argv(node, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices)

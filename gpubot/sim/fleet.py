@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -69,8 +69,12 @@ class SimFleet:
         base_port: int | None = None,
         on_stop: Callable[[], None] | None = None,
         sudo_rule: str | None = None,
+        minors: Sequence[int] | None = None,
     ) -> None:
-        """``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
+        """``minors``: the device minor of each GPU index, e.g. ``[3, 2, 1, 0]`` (a permutation;
+        default: minor == index). Real boxes number device files apart from GPU indices.
+
+        ``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
         given, every node gets the sudo stand-in first on its session PATH, allowing only that
         rule's commands with ``sudo -n``, and ``sudo = true`` in the inventory.
         """
@@ -78,6 +82,9 @@ class SimFleet:
             raise UsageError(f"nodes must be 1-64, not {nodes!r}")
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
             raise UsageError(f"gpus must be 1-64, not {gpus!r}")
+        if minors is not None and sorted(minors) != list(range(gpus)):
+            raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
+        self._minors = list(minors) if minors is not None else list(range(gpus))
         if server not in SERVERS:
             raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
         if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
@@ -197,7 +204,7 @@ class SimFleet:
         self._write_keys()
         for i in range(self.size):
             node = SimNode(self, f"node{i + 1}", i, self.root, self.gpus, self.model,
-                           self.memory_mib, self._release_delay_s)  # fmt: skip
+                           self.memory_mib, self._release_delay_s, self._minors)  # fmt: skip
             node.create(self.lib_dir, self.python)
             if self._sudo_rule is not None:
                 node.create_sudo(self.lib_dir, self.python, self._sudo_rule)
@@ -425,6 +432,7 @@ class SimFleet:
                 f"key = {q(str(self.client_key))}",
                 f"dev_prefix = {q(n.dev_prefix)}",
                 f"nvidia_smi = {q(n.nvidia_smi)}",
+                f"driver_dir = {q(n.driver_dir)}",
                 *(["sudo = true"] if n.sudo else []),
                 f'groups = ["sim", "{parity}"]',
                 "",

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,8 @@ from gpubot.sim.workload import BEHAVIOURS, PAGE
 if TYPE_CHECKING:
     from gpubot.sim.fleet import SimFleet
 
-FAULTS = ("hang", "slow", "missing", "garbled", "driver-error")
+FAULTS = ("hang", "slow", "missing", "garbled", "driver-error", "inforom", "lost")
+LOST_STYLES = ("index-bus", "bus", "index")  # the three shapes drivers print
 # PCI bus ids of the eight GPUs of an HGX H100/H200 board, as nvidia-smi prints them.
 HGX_BUS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 READY_TIMEOUT_S = 15.0
@@ -97,6 +99,7 @@ class SimNode:
         model: str,
         memory_mib: int,
         release_delay_s: float,
+        minors: Sequence[int] | None = None,
     ) -> None:
         self.fleet = fleet
         self.name = name
@@ -108,6 +111,9 @@ class SimNode:
         self.memory_mib = memory_mib
         self.dev_prefix = str(self.dir / "dev" / "nvidia")
         self.nvidia_smi = str(self.dir / "bin" / "nvidia-smi")
+        # GPU index i opens {dev_prefix}{minors[i]}; the driver's folder says so per bus id.
+        self.minors = list(minors) if minors is not None else list(range(gpus))
+        self.driver_dir = str(self.dir / "driver")
         # The sudo stand-in (a fleet started with sudo_rule=): its directory comes first on PATH.
         self.sudo = False
         self.sudo_dir = self.dir / "sbin-sudo"
@@ -126,7 +132,7 @@ class SimNode:
             d = self.dir / sub
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, mode)  # workloads of other users write their records here
-        names = [f"nvidia{i}" for i in range(self.gpus)] + ["nvidiactl", "nvidia-uvm"]
+        names = [f"nvidia{m}" for m in self.minors] + ["nvidiactl", "nvidia-uvm"]
         for n in names:
             path = self.dir / "dev" / n
             path.write_bytes(b"\0" * PAGE)  # one page, so that workloads can map it
@@ -138,9 +144,12 @@ class SimNode:
                 "name": self.model,
                 "memory_total": self.memory_mib,
                 "bus_id": bus_id(i),
+                "minor": self.minors[i],
             }
             for i in range(self.gpus)
         ]
+        for g in gpus:
+            self._write_information(g)
         lock = self.state_dir / simstate.LOCK_FILE
         lock.touch()
         os.chmod(lock, 0o666)
@@ -200,8 +209,22 @@ class SimNode:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def device(self, gpu: int) -> str:
-        """Return the device file of GPU ``gpu``."""
-        return f"{self.dev_prefix}{gpu}"
+        """Return the device file of GPU ``gpu`` (index): the one named by its minor."""
+        return f"{self.dev_prefix}{self.minors[gpu]}"
+
+    def _write_information(self, g: dict[str, Any]) -> None:
+        """Write the driver's ``gpus/<bus id>/information`` of one GPU, in the real layout."""
+        domain, rest = g["bus_id"].split(":", 1)
+        bus = f"{int(domain, 16):04x}:{rest.lower()}"
+        folder = Path(self.driver_dir) / "gpus" / bus
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "information").write_text(
+            f"Model: \t\t {g['name']}\nIRQ:   \t\t {200 + g['index']}\n"
+            f"GPU UUID: \t {g['uuid']}\nVideo BIOS: \t 96.00.74.00.11\nBus Type: \t PCIe\n"
+            f"DMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t {bus}\n"
+            f"Device Minor: \t {g['minor']}\nGPU Excluded:\t No\n",
+            encoding="utf-8",
+        )
 
     # ---- workloads ------------------------------------------------------------------------
 
@@ -369,10 +392,12 @@ class SimNode:
     # ---- faults, overrides, state ---------------------------------------------------------
 
     def set_fault(self, kind: str | None, **params: Any) -> None:
-        """Set the nvidia-smi fault: hang, slow (delay_s), missing, garbled, driver-error, None."""
+        """Set the nvidia-smi fault: hang, slow (delay_s), missing, garbled, driver-error,
+        inforom (exit 14 with the warning), lost (gpu, style: GPU ``gpu`` fell off the bus), None.
+        """
         if kind is not None and kind not in FAULTS:
             raise UsageError(f"unknown fault {kind!r} (one of {', '.join(FAULTS)}, or none)")
-        allowed = {"delay_s"} if kind == "slow" else set()
+        allowed = {"slow": {"delay_s"}, "lost": {"gpu", "style"}}.get(kind or "", set())
         if set(params) - allowed:
             raise UsageError(f"fault {kind}: unknown parameter(s) {sorted(set(params) - allowed)}")
         fault: dict[str, Any] = {"kind": kind}
@@ -381,6 +406,11 @@ class SimNode:
             if not isinstance(delay, int | float) or isinstance(delay, bool) or delay < 0:
                 raise UsageError(f"fault slow: delay_s must be a number >= 0, not {delay!r}")
             fault["delay_s"] = float(delay)
+        if kind == "lost":
+            gpu, style = params.get("gpu", 0), params.get("style", "index-bus")
+            if not isinstance(gpu, int) or not 0 <= gpu < self.gpus or style not in LOST_STYLES:
+                raise UsageError(f"fault lost: gpu 0-{self.gpus - 1}, style one of {LOST_STYLES}")
+            fault.update(gpu=gpu, style=style)
         smi = Path(self.nvidia_smi)
         hidden = smi.with_name(".nvidia-smi.missing")
         if kind != "missing" and hidden.exists():

@@ -13,7 +13,10 @@ Standalone (standard library only): copied into ``<fleet>/lib/gpusim/`` and run 
   ``--gpu-reset -i N`` (refused with exit 255 while any process holds the GPU).
 - Faults: ``hang``, ``slow`` (``delay_s``), ``missing`` (the fleet removes this file, so the
   shell answers 127), ``garbled`` (rows interleaved with foreign output), ``driver-error``
-  (exit 9).
+  (exit 9), ``inforom`` (``WARNING: infoROM is corrupted at gpu <bus>`` first, data, exit 14)
+  and ``lost`` (GPU ``gpu`` fell off the bus: ``Unable to determine the device handle for
+  GPU…: Unknown Error`` in one of the drivers' three shapes, the other GPUs listed, exit 15;
+  nvidia-smi(1) RETURN VALUE names 14 and 15).
 """
 
 from __future__ import annotations
@@ -116,8 +119,22 @@ def main(argv: list[str], node_dir: str) -> int:
             code, text = exc.code, exc.text
     if kind == "garbled" and code == 0:
         text = garble(text)
+    if kind == "inforom" and code == 0:
+        bus = state["gpus"][0]["bus_id"]
+        text, code = f"WARNING: infoROM is corrupted at gpu {bus[4:]}\n{text}", 14
+    if kind == "lost":
+        text, code = lost_line(state, fault) + text, 15 if code == 0 else code
     sys.stdout.write(text)
     return code
+
+
+def lost_line(state: simstate.State, fault: dict[str, Any]) -> str:
+    """Return what nvidia-smi prints for a GPU that fell off the bus, in the fault's shape."""
+    g = state["gpus"][int(fault["gpu"])]
+    bus = g["bus_id"][4:]  # "0000:18:00.0"
+    head = "Unable to determine the device handle for GPU"
+    shape = {"bus": f"{bus}", "index": f"{g['index']}", "index-bus": f"{g['index']}: {bus}"}
+    return f"{head}{shape[fault.get('style', 'index-bus')]}: Unknown Error\n"
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
@@ -158,8 +175,13 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 
 
 def select_gpus(state: simstate.State, ids: list[str] | None) -> list[dict[str, Any]]:
-    """Return the GPUs ``-i`` names (all without ``-i``); raise ``Usage`` for an unknown one."""
-    gpus: list[dict[str, Any]] = state["gpus"]
+    """Return the GPUs ``-i`` names (all without ``-i``); raise ``Usage`` for an unknown one.
+
+    A lost GPU (fault ``lost``) answers nothing: it is left out.
+    """
+    fault = state.get("fault") or {}
+    gone = fault.get("gpu") if fault.get("kind") == "lost" else None
+    gpus: list[dict[str, Any]] = [g for g in state["gpus"] if g["index"] != gone]
     if ids is None:
         return gpus
     out: list[dict[str, Any]] = []
@@ -345,7 +367,7 @@ def gpu_reset(state: simstate.State, opts: dict[str, Any], now: float) -> tuple[
             a["gpu"] == g["index"] and simstate.is_alive(a["pid"], a["start_ticks"])
             for a in state["allocs"]
         )
-        if in_use or holders(f"{state['dev_prefix']}{g['index']}"):
+        if in_use or holders(f"{state['dev_prefix']}{simstate.minor(state, g['index'])}"):
             busy.append(g)
     if busy:
         lines = ["The following GPUs could not be reset:"]

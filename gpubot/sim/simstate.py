@@ -45,6 +45,11 @@ def proc_stat(pid: int) -> tuple[str, int, int] | None:
     return rest[0].decode(), int(rest[1]), int(rest[19])
 
 
+def minor(state: State, gpu: int) -> int:
+    """Return the device minor of GPU ``gpu`` (index) of a node's state."""
+    return int(next((g.get("minor", gpu) for g in state["gpus"] if g["index"] == gpu), gpu))
+
+
 def start_ticks(pid: int) -> int | None:
     """Return the kernel start time of ``pid`` (clock ticks after boot), or None."""
     st = proc_stat(pid)

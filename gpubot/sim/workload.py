@@ -90,10 +90,11 @@ def hold(args: argparse.Namespace) -> int:
     """Open the device files, register the allocation, then wait for signals."""
     state_dir = args.node_dir
     with simstate.locked(state_dir):
-        prefix = simstate.load(state_dir)["dev_prefix"]
+        state = simstate.load(state_dir)
+    prefix = state["dev_prefix"]
     paths = [f"{prefix}ctl", f"{prefix}-uvm"]
-    if args.behaviour != "ctl-only":
-        paths.insert(0, f"{prefix}{args.gpu}")
+    if args.behaviour != "ctl-only":  # the GPU's device file is named by its minor, not index
+        paths.insert(0, f"{prefix}{simstate.minor(state, args.gpu)}")
     held = []
     for path in paths:
         fd = os.open(path, os.O_RDWR)

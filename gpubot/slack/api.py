@@ -22,6 +22,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
+from gpubot.core.policy import ChatAccount
 from gpubot.errors import GpubotError
 from gpubot.slack.blocks import Message, text_only, without_tables
 from gpubot.slack.flows import Handle
@@ -180,7 +181,7 @@ class SlackSurface:
 
 
 class SlackDirectory:
-    """User groups and e-mails through the Web API (the approvals service caches them)."""
+    """User groups and accounts through the Web API (the approvals service caches them)."""
 
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client
@@ -193,11 +194,45 @@ class SlackDirectory:
             raise GpubotError(f"usergroups.users.list {group_id}: {_error(exc)}") from None
         return frozenset(str(u) for u in resp.get("users") or [])
 
-    async def email(self, user_id: str) -> str | None:
-        """Return the profile e-mail of a user (``users.info``; needs users:read.email)."""
+    async def account(self, user_id: str) -> ChatAccount:
+        """Return what ``users.info`` says of a user (the e-mail needs users:read.email)."""
         try:
             resp = await self.client.users_info(user=user_id)
         except (SlackApiError, SlackClientError) as exc:
-            raise GpubotError(f"users.info {user_id}: {_error(exc)}") from None
-        email = (resp.get("user") or {}).get("profile", {}).get("email")
-        return email if isinstance(email, str) else None
+            raise GpubotError(f"users.info: {_error(exc)}") from None
+        return account_of(user_id, resp.get("user"))
+
+    async def home_team(self) -> str | None:
+        """Return the team id of the workspace the bot token belongs to (``auth.test``)."""
+        try:
+            resp = await self.client.auth_test()
+        except (SlackApiError, SlackClientError) as exc:
+            raise GpubotError(f"auth.test: {_error(exc)}") from None
+        team = resp.get("team_id")
+        if not isinstance(team, str) or not team:
+            raise GpubotError("auth.test named no team")
+        return team
+
+
+def account_of(user_id: str, user: Any) -> ChatAccount:
+    """Build a ``ChatAccount`` from a ``users.info`` user object (missing flags: not set)."""
+    if not isinstance(user, Mapping) or user.get("id") not in (None, user_id):
+        raise GpubotError(f"users.info: no account {user_id} in the answer")
+    u: Mapping[str, Any] = user
+    profile = u.get("profile")
+    email = profile.get("email") if isinstance(profile, Mapping) else None
+    team = u.get("team_id")
+
+    def flag(name: str) -> bool:
+        return u.get(name) is True
+
+    return ChatAccount(
+        id=user_id,
+        team_id=team if isinstance(team, str) and team else None,
+        email=email if isinstance(email, str) else None,
+        deleted=flag("deleted"),
+        is_bot=flag("is_bot") or flag("is_app_user"),
+        is_restricted=flag("is_restricted"),
+        is_ultra_restricted=flag("is_ultra_restricted"),
+        is_stranger=flag("is_stranger"),
+    )

@@ -23,7 +23,7 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gpubot.core import commands as c
-from gpubot.core.policy import linux_user
+from gpubot.core.policy import resolve
 from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
@@ -132,10 +132,11 @@ class GpuBot:
         return None
 
     async def identify(self, user_id: str, name: str) -> Identity:
-        """Return who a Slack user is on the boxes."""
+        """Return who a Slack user is on the boxes, or why they are refused."""
         if self.services.approvals is not None:
             return await self.services.approvals.identify(user_id, name)
-        return Identity(user_id, name, linux_user(self.services.policy, user_id))
+        found = resolve(self.services.policy, user_id, None, None)  # no store: resets refused
+        return Identity(user_id, name, found.linux_user, found.refused)
 
     def surface(self, body: dict[str, Any]) -> SlackSurface:
         """Return where answers to ``body`` go."""

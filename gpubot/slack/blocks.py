@@ -202,6 +202,7 @@ def node_lines(snap: NodeSnapshot, *, max_procs: int = 8) -> list[str]:
             lines.append(code_safe(f"       {proc_label(p)}"))
         if len(procs) > max_procs:
             lines.append(f"       +{len(procs) - max_procs} more")
+    lines.extend(code_safe(f"⚠ {clip(note, 200)}") for note in snap.notes)
     return lines
 
 
@@ -238,6 +239,8 @@ def render_node(snap: NodeSnapshot, *, use_table: bool = True) -> Message:
         missing = len(node_lines(snap)) - 1 - left
         if missing:
             b.add(context(f"… {missing} more lines not shown"))
+    if snap.notes:
+        b.add(context(*(escape(f"⚠ {clip(n, 200)}") for n in snap.notes[:5])))
     b.add(context(escape(f"{busy} busy · {idle} idle · {flagged} flagged"), _taken([snap])))
     return {"text": escape(summary), "blocks": b.blocks}
 

@@ -18,12 +18,16 @@ from gpubot.config import Settings
 from gpubot.core import commands as c
 from gpubot.core.models import ApprovalState
 from gpubot.core.plan import ResetPlan
-from gpubot.core.policy import Policy, load_policy
+from gpubot.core.policy import Policy, floor_note, load_policy
 from gpubot.errors import (
     ApprovalError,
     ApprovalExpired,
+    ApproversUnknown,
     GpubotError,
+    IdentityRefused,
+    NotAnApprover,
     NotPermitted,
+    SelfApproval,
     StoreError,
     TransportError,
     UsageError,
@@ -32,7 +36,7 @@ from gpubot.services.approvals import ApprovalService, Directory, Identity, plan
 from gpubot.services.reset import ResetEvent, ResetResult, ResetService
 from gpubot.services.status import FleetStatus, StatusService
 from gpubot.slack.blocks import Message, escape, render_fleet, render_text
-from gpubot.slack.home import render_home
+from gpubot.slack.home import render_home, render_refused_home
 from gpubot.slack.reset_blocks import (
     render_approval_request,
     render_approval_state,
@@ -43,6 +47,9 @@ from gpubot.slack.reset_blocks import (
 from gpubot.store import Approval, Store
 
 log = logging.getLogger(__name__)
+
+# Refused for who the person is, not for the state of a request: these are audited.
+WHO_REFUSALS = (NotPermitted, NotAnApprover, SelfApproval, ApproversUnknown)
 
 Handle = tuple[str, str]  # (channel, message ts) in Slack
 EventSink = Callable[[ResetEvent], Awaitable[None]]
@@ -87,7 +94,8 @@ def make_services(
     sweep: Sweeper | None = None,
 ) -> Services:
     """Validate the chat settings and wire the services the front ends call."""
-    policy = load_policy(settings.extra, settings.path or "<settings>")
+    policy = load_policy(settings.extra, settings.path or "<settings>",
+                         system_users=settings.reset.system_users)  # fmt: skip
     approvals = None
     if store is not None:
         approvals = ApprovalService(policy, store.approvals, reset, directory)
@@ -132,7 +140,10 @@ class Flows:
     async def run(self, cmd: c.Command, who: Identity, out: Surface, *, text: str) -> None:
         """Run one command to its end; errors become messages."""
         try:
-            if isinstance(cmd, c.Help):
+            if who.refused is not None and not isinstance(cmd, c.Help):
+                await self.refuse(who, out, IdentityRefused(who.refused), action=_action(cmd),
+                                  command=text, node=getattr(cmd, "node", None))  # fmt: skip
+            elif isinstance(cmd, c.Help):
                 await out.reply(render_text(escape(c.help_text(cmd.topic)), title="/gpu"))
             elif isinstance(cmd, c.Status):
                 await self.status(cmd, who, out)
@@ -173,7 +184,7 @@ class Flows:
         try:
             await approvals.check_may_reset(who, cmd.node)
         except NotPermitted as exc:
-            await out.reply(error_message(exc))
+            await self.refuse(who, out, exc, action="reset", command=text, node=cmd.node)
             return
         handle = await out.post(render_text(f"⏳ planning a reset of *{escape(cmd.node)}* …"))
         try:
@@ -183,6 +194,10 @@ class Flows:
             return
         title = f"Reset {plan.node} · GPU {', '.join(map(str, plan.gpus)) or '–'}"
         asked = f"Requested by <@{who.id}>"
+        floor = floor_note(plan, who.linux_user, self.svc.policy.min_uid) if plan.forced else None
+        if floor is not None:  # refused as self-service; on-call may still approve it
+            await self.refuse(who, out, NotPermitted(floor), action="reset", command=text,
+                              node=plan.node)  # fmt: skip
         if not plan.forced:
             await self._execute(
                 out, handle, title, asked, plan,
@@ -220,7 +235,7 @@ class Flows:
         try:
             await approvals.check_may_reset(who, cmd.node)
         except NotPermitted as exc:
-            await out.reply(error_message(exc))
+            await self.refuse(who, out, exc, action="gpu-reset", command=text, node=cmd.node)
             return
         handle = await out.post(render_text(f"⏳ resetting {cmd.node} GPU {cmd.gpu} …"))
         await self._execute(
@@ -261,6 +276,12 @@ class Flows:
         try:
             try:
                 approval = await approvals.decide(approval_id, who, approve, source=self.source)
+            except WHO_REFUSALS as exc:
+                asked = await _node_of(approvals, approval_id)
+                await self.refuse(who, out, exc, action="approve" if approve else "deny",
+                                  command=f"{'approve' if approve else 'deny'} {approval_id}",
+                                  node=asked)  # fmt: skip
+                return
             except ApprovalExpired as exc:
                 await out.reply(error_message(exc))
                 expired = await approvals.approvals.get(approval_id)
@@ -303,6 +324,18 @@ class Flows:
         for a in expired:
             await self._show_final(out, a, None)
         return len(expired)
+
+    async def refuse(
+        self, who: Identity, out: Surface, exc: GpubotError, *, action: str, command: str,
+        node: str | None,
+    ) -> None:  # fmt: skip
+        """Tell the person why they are refused (only them), and audit who tried what."""
+        await out.reply(error_message(exc))
+        if self.svc.approvals is not None:
+            await self.svc.approvals.record_refusal(
+                who, action=action, command=command, node=node, reason=str(exc),
+                source=self.source,
+            )  # fmt: skip
 
     async def _show_final(self, out: Surface, a: Approval, handle: Handle | None) -> None:
         msg = _framer(a, plan_of(a))(None)
@@ -365,12 +398,32 @@ class Flows:
     async def home(self, who: Identity, *, max_age_s: float = 15.0) -> dict[str, Any]:
         """Return the Home tab for ``who`` (fleet answers shared for ``max_age_s``)."""
         now = time.time()
+        if who.refused is not None:
+            return render_refused_home(who.id, who.refused, now=now)
         if self._home is None or now - self._home[0] > max_age_s:
             fleet = await self.svc.status.fleet(("all",), actor=who.id, source=self.source)
             self._home = (now, fleet)
         fleet = self._home[1]
         return render_home(who.id, who.linux_user, fleet.snapshots, fleet.failed,
                            seconds=fleet.seconds, now=now)  # fmt: skip
+
+
+def _action(cmd: c.Command) -> str:
+    """Return what a command tries to do, as the audit log names it."""
+    if isinstance(cmd, c.Decide):
+        return "approve" if cmd.approve else "deny"
+    if isinstance(cmd, c.GpuReset):
+        return "gpu-reset"
+    return type(cmd).__name__.lower()
+
+
+async def _node_of(approvals: ApprovalService, approval_id: int) -> str | None:
+    """Return the node an approval is about, if it can be read (for the audit record)."""
+    try:
+        found = await approvals.approvals.get(approval_id)
+    except StoreError:
+        return None
+    return None if found is None else found.node
 
 
 def _where(a: Approval) -> Handle | None:

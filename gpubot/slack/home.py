@@ -49,3 +49,15 @@ def render_home(
         b.add(blk)
     b.add(context(f"refreshed {date(now)} · type `/gpu help` in any channel"))
     return {"type": "home", "blocks": b.blocks}
+
+
+def render_refused_home(user_id: str, reason: str, *, now: float) -> dict[str, Any]:
+    """Render the Home tab for an account gpubot refuses (no fleet data is shown)."""
+    return {
+        "type": "home",
+        "blocks": [
+            header("GPU fleet"),
+            section(f"Hello <@{user_id}>. ⛔ {escape(reason)}."),
+            context(f"checked {date(now)}"),
+        ],
+    }

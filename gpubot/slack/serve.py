@@ -30,7 +30,8 @@ from gpubot.slack.api import SlackDirectory, make_client
 from gpubot.slack.app import GpuBot
 from gpubot.slack.blocks import render_text
 from gpubot.slack.flows import make_services
-from gpubot.store import Store
+from gpubot.slack.heads import start_head_publication
+from gpubot.store import Approval, Store
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ async def _serve(
 ) -> None:
     app = build(settings, environ, need_store=True)  # a database that is behind stops us here
     sweeps = None
+    heads = None
     try:
         bot = build_bot(settings, app, tokens, http=args.http)
         await _check_token(bot)
@@ -141,6 +143,7 @@ async def _serve(
         sweeps = await start_sweeps(
             settings, app, bot, metrics_port=args.metrics_port, schedule=not args.no_sweeps
         )
+        heads = await start_head_publication(settings, app, bot)  # [audit] publish_head_every
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -165,29 +168,53 @@ async def _serve(
             await expiry
         await bot.drain()
     finally:
+        if heads is not None:
+            await heads.stop()
         if sweeps is not None:
             await sweeps.stop()
         await app.close()
 
 
 async def report_incomplete(store: Store, bot: GpuBot) -> None:
-    """Say, at start-up, which actions have no outcome: a bot died while running them."""
+    """Say, at start-up, which actions have no outcome and which approved forced kills never
+    ended (a bot died while running them); mark those approvals ``incomplete``."""
     left = await store.incomplete_actions()
-    if not left:
+    if left:
+        lines = [
+            f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
+            f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`"
+            for a in left[:10]
+        ]
+        if len(left) > 10:
+            lines.append(f"… and {len(left) - 10} more (`gpubot audit list`)")
+        text = (
+            f"{len(left)} action(s) never recorded an outcome (gpubot stopped while running "
+            "them); check those nodes:\n" + "\n".join(lines)
+        )
+        log.warning("%s", text.replace("\n", " "))
+        await bot.post_alert(None, render_text(text, title="Incomplete actions"))
+    if bot.services.approvals is not None:
+        await _report_approvals(await bot.services.approvals.abandon_approved(), bot)
+
+
+async def _report_approvals(marked: list[Approval], bot: GpuBot) -> None:
+    if not marked:
         return
     lines = [
-        f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
-        f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`"
-        for a in left[:10]
+        f"• approval #{a.id} on {a.node}: asked by {a.requester_name or a.requester} "
+        f"({a.requester}), approved by {a.decided_by_name or a.decided_by} ({a.decided_by})"
+        f"{'' if a.decided_at is None else f' at {a.decided_at:%Y-%m-%d %H:%M:%S} UTC'}: "
+        f"`{a.plan.get('command', '') if isinstance(a.plan, dict) else ''}`"
+        for a in marked[:10]
     ]
-    if len(left) > 10:
-        lines.append(f"… and {len(left) - 10} more (`gpubot audit list`)")
+    if len(marked) > 10:
+        lines.append(f"… and {len(marked) - 10} more")
     text = (
-        f"{len(left)} action(s) never recorded an outcome (gpubot stopped while running them); "
-        "check those nodes:\n" + "\n".join(lines)
+        f"{len(marked)} approved forced kill(s) never recorded an end (gpubot stopped while "
+        "running them), now marked incomplete; check those nodes:\n" + "\n".join(lines)
     )
     log.warning("%s", text.replace("\n", " "))
-    await bot.post_alert(None, render_text(text, title="Incomplete actions"))
+    await bot.post_alert(None, render_text(text, title="Incomplete approvals"))
 
 
 async def _check_token(bot: GpuBot) -> None:

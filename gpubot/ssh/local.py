@@ -138,6 +138,9 @@ def nvml_query(
                     utilization_pct=_optional(
                         lib, lambda h=h: lib.nvmlDeviceGetUtilizationRates(h).gpu
                     ),
+                    bus_id=_optional(lib, lambda h=h: _text(lib.nvmlDeviceGetPciInfo(h).busId)),
+                    # The device file's minor: a GPU's index is not its minor.
+                    minor=_optional(lib, lambda h=h: int(lib.nvmlDeviceGetMinorNumber(h))),
                 )
             )
             for p in lib.nvmlDeviceGetComputeRunningProcesses(h):

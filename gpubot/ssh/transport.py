@@ -1,7 +1,9 @@
 """The SSH transport: a pool of persistent asyncssh connections, one per node.
 
 Commands are argv lists joined with ``shlex.join``. Host keys are always verified against the
-configured known_hosts file: there is deliberately no switch to turn that off. Every asyncssh or
+configured known_hosts file: there is deliberately no switch to turn that off. Nothing else in
+``~/.ssh`` is trusted: not its config, and not the X.509 CA bundle (``ca-bundle.crt``) or
+certificate folder (``crt/``) that asyncssh would load by default. Every asyncssh or
 socket error is translated at this boundary into the ``TransportError`` tree.
 """
 
@@ -181,18 +183,15 @@ class SshTransport:
             del self._pool[node.name]
         conn.close()
 
-    async def _connect(self, node: NodeConfig) -> asyncssh.SSHClientConnection:
-        known_path = expand(self._ssh.known_hosts)
-        try:
-            known = asyncssh.read_known_hosts(known_path)
-        except (OSError, ValueError) as exc:
-            why = getattr(exc, "strerror", None) or str(exc)
-            raise HostKeyRejected(
-                node.name, f"cannot read known_hosts {known_path}: {why}"
-            ) from exc
+    def client_options(self, node: NodeConfig, known: asyncssh.SSHKnownHosts) -> dict[str, Any]:
+        """Return the ``asyncssh.connect`` options for ``node``, host keys checked by ``known``."""
         options: dict[str, Any] = {
             # A callable (always truthy) so asyncssh never falls back to ~/.ssh/known_hosts.
             "known_hosts": lambda host, addr, port: known.match(host, addr, port),
+            # No X.509 server certificates: asyncssh would trust ~/.ssh/ca-bundle.crt and the
+            # hash folder ~/.ssh/crt by default. Host keys are trusted through known_hosts only.
+            "x509_trusted_certs": None,
+            "x509_trusted_cert_paths": [],
             "config": None,  # ignore ~/.ssh/config: the inventory says how to connect
             "connect_timeout": self._ssh.connect_timeout_s,
             "login_timeout": self._ssh.connect_timeout_s,
@@ -214,6 +213,18 @@ class SshTransport:
                 why = getattr(exc, "strerror", None) or str(exc)
                 raise AuthRefused(node.name, f"cannot load key {key_path}: {why}") from exc
             options["agent_path"] = None
+        return options
+
+    async def _connect(self, node: NodeConfig) -> asyncssh.SSHClientConnection:
+        known_path = expand(self._ssh.known_hosts)
+        try:
+            known = asyncssh.read_known_hosts(known_path)
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise HostKeyRejected(
+                node.name, f"cannot read known_hosts {known_path}: {why}"
+            ) from exc
+        options = self.client_options(node, known)
         where = f"{node.host}:{node.port}"
         try:
             conn = await asyncssh.connect(node.host, node.port, **options)

@@ -17,7 +17,7 @@ from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import AlertStore
 from gpubot.store.approvals import ApprovalStore
-from gpubot.store.engine import guard, make_engine, parse_url, read_tx, write_tx
+from gpubot.store.engine import guard, is_empty, make_engine, parse_url, read_tx, write_tx
 from gpubot.store.records import (
     ActionDetail,
     ActionSummary,
@@ -45,11 +45,23 @@ __all__ = [
 ]
 
 
-def open_store(url: str, *, password: str | None = None, check_schema: bool = True) -> Store:
-    """Open the store at ``url``; with ``check_schema``, refuse a database that is behind."""
-    store = Store(url, password=password)
+def open_store(
+    url: str,
+    *,
+    password: str | None = None,
+    audit_key: bytes | None = None,
+    check_schema: bool = True,
+) -> Store:
+    """Open the store at ``url``; with ``check_schema``, refuse a database that is behind.
+
+    A new SQLite database (no table yet) is created and migrated here: the embedded default
+    sets itself up. PostgreSQL is migrated only by ``gpubot db upgrade``.
+    """
+    store = Store(url, password=password, audit_key=audit_key)
     if check_schema:
         try:
+            if not version.at_head(store.engine) and is_empty(store.engine):
+                store.upgrade()
             version.check(store.engine)
         except BaseException:
             store.close()
@@ -60,8 +72,11 @@ def open_store(url: str, *, password: str | None = None, check_schema: bool = Tr
 class Store:
     """The audit log (implements ``gpubot.core.ports.AuditStore``), approvals and alerts."""
 
-    def __init__(self, url: str, *, password: str | None = None) -> None:
-        self.engine = make_engine(url, password)
+    def __init__(
+        self, url: str, *, password: str | None = None, audit_key: bytes | None = None
+    ) -> None:
+        """``audit_key`` makes the audit chain an HMAC chain (see ``store.chain``)."""
+        self.engine = make_engine(url, password, audit_key=audit_key)
         self.url = parse_url(url).render_as_string(hide_password=True)
         self.approvals = ApprovalStore(self.engine)
         self.alerts = AlertStore(self.engine)
@@ -186,9 +201,12 @@ class Store:
         """Return up to ``limit`` raw records after seq ``after``, in chain order (for export)."""
         return await self._reading(lambda c: audit.page(c, after=after, limit=limit))
 
-    async def verify(self) -> VerifyResult:
-        """Walk the chain and report the first record that was edited, removed or reordered."""
-        return await self._reading(audit.verify)
+    async def verify(self, *, published: tuple[int, str] | None = None) -> VerifyResult:
+        """Walk the chain and report the first record that was edited, removed or reordered.
+
+        ``published``: a head (seq, hash) noted elsewhere earlier, that the log must still hold.
+        """
+        return await self._reading(lambda c: audit.verify(c, published))
 
     async def _reading(self, fn: Callable[[Connection], T]) -> T:
         return await asyncio.to_thread(self._read, fn)

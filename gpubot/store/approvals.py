@@ -1,5 +1,5 @@
 """Approval records for forced actions: pending → approved | denied | expired | cancelled,
-then approved → executed | failed.
+then approved → executed | failed | incomplete (the bot stopped before recording the end).
 
 Each transition is one conditional UPDATE (``WHERE state = <from> ...``) inside the write lock,
 appended to the audit chain in the same transaction: two approvers clicking at once, or one
@@ -97,6 +97,18 @@ class ApprovalStore:
         return await asyncio.to_thread(
             self._move, approval_id, (S.APPROVED,), S.FAILED, "gpubot", "gpubot", now, result
         )
+
+    async def mark_incomplete(
+        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Approval:
+        """Record that an approved action never recorded its end (the bot stopped mid-run)."""
+        return await asyncio.to_thread(
+            self._move, approval_id, (S.APPROVED,), S.INCOMPLETE, "gpubot", "gpubot", now, result
+        )
+
+    async def approved(self, decided_before: datetime) -> list[Approval]:
+        """Return approvals still ``approved`` (not run to an end) decided before a moment."""
+        return await asyncio.to_thread(self._approved, decided_before)
 
     async def expire_due(self, now: datetime) -> list[Approval]:
         """Expire every pending request whose time is up at ``now``; return them."""
@@ -230,7 +242,7 @@ class ApprovalStore:
     ) -> Approval:
         at = now or datetime.now(UTC)
         values: dict[str, Any] = {"state": to.value}
-        if to in (S.EXECUTED, S.FAILED):
+        if to in (S.EXECUTED, S.FAILED, S.INCOMPLETE):
             values |= {"finished_at": iso(at), "result": canonical_json(result or {})}
         else:
             values |= {"decided_by": by, "decided_at": iso(at)}
@@ -290,6 +302,15 @@ class ApprovalStore:
             rows = conn.execute(
                 select(approvals)
                 .where(approvals.c.state == S.PENDING.value)
+                .order_by(approvals.c.id)
+            ).all()
+            return [_approval(r) for r in rows]
+
+    def _approved(self, before: datetime) -> list[Approval]:
+        with guard("cannot read approvals"), read_tx(self._engine) as conn:
+            rows = conn.execute(
+                select(approvals)
+                .where(approvals.c.state == S.APPROVED.value, approvals.c.decided_at < iso(before))
                 .order_by(approvals.c.id)
             ).all()
             return [_approval(r) for r in rows]

@@ -1,6 +1,9 @@
 """Appending to the audit chain and reading it back (synchronous; ``Store`` runs it in threads).
 
 ``append`` must run inside ``engine.write_tx`` so that the head it reads cannot move under it.
+It keys each record with the engine's audit key (see ``chain`` for the two modes): the first
+record written with a key is preceded by the ``chain`` marker; a log once keyed takes records
+only from writers holding the same key.
 """
 
 from __future__ import annotations
@@ -13,7 +16,18 @@ from typing import Any
 from sqlalchemy import Connection, Row, and_, select
 
 from gpubot.errors import StoreError
-from gpubot.store.chain import GENESIS, canonical_json, record_hash, walk
+from gpubot.store.chain import (
+    GENESIS,
+    MARKER,
+    canonical_json,
+    check_published,
+    key_id,
+    marker_key_id,
+    marker_payload,
+    record_hash,
+    walk,
+)
+from gpubot.store.engine import audit_key_of
 from gpubot.store.records import (
     ActionDetail,
     ActionSummary,
@@ -45,27 +59,59 @@ def append(
     ).one_or_none()
     if head is None:
         raise StoreError("the audit chain head is missing: was `gpubot db upgrade` run?")
-    seq = int(head.seq) + 1
-    fields: dict[str, Any] = {
-        "seq": seq,
-        "action_id": seq if own_action else action_id,
-        "kind": kind,
-        "created_at": iso(now or datetime.now(UTC)),
-        "actor": actor,
-        "source": source,
-        "node": node,
-        "payload": canonical_json(payload),
-    }
-    digest = record_hash(head.hash, **fields)
-    conn.execute(audit_log.insert().values(**fields, prev_hash=head.hash, hash=digest))
+    at = iso(now or datetime.now(UTC))
+    key = audit_key_of(conn)
+    seq, prev = int(head.seq), str(head.hash)
+    if _keyed_from(conn, key) is None and key is not None:  # the first keyed record: say so
+        marker = _insert(conn, seq, prev, key, kind=MARKER, actor="gpubot", source="gpubot",
+                         node=None, payload=canonical_json(marker_payload(key)), created_at=at,
+                         action_id=None)  # fmt: skip
+        seq, prev = marker.seq, marker.hash
+    return _insert(conn, seq, prev, key, kind=kind, actor=actor, source=source, node=node,
+                   payload=canonical_json(payload), created_at=at,
+                   action_id=seq + 1 if own_action else action_id)  # fmt: skip
+
+
+def _keyed_from(conn: Connection, key: bytes | None) -> int | None:
+    """Return the seq of the log's chain marker (None: plain); refuse a writer without its key."""
+    marker = conn.execute(
+        select(audit_log.c.seq, audit_log.c.payload)
+        .where(audit_log.c.kind == MARKER)
+        .order_by(audit_log.c.seq)
+        .limit(1)
+    ).one_or_none()
+    if marker is None:
+        return None
+    kid = marker_key_id(marker.payload)
+    if key is None:
+        raise StoreError(
+            f"the audit log is keyed (HMAC-SHA256, key id {kid}) from record {marker.seq}: "
+            "set GPUBOT_AUDIT_KEY to write to it"
+        )
+    if kid != key_id(key):
+        raise StoreError(
+            f"GPUBOT_AUDIT_KEY (key id {key_id(key)}) is not the key the audit log is keyed "
+            f"with (key id {kid}, from record {marker.seq})"
+        )
+    return int(marker.seq)
+
+
+def _insert(
+    conn: Connection, head_seq: int, head_hash: str, key: bytes | None, **fields: Any
+) -> AuditRecord:
+    """Write the record after (head_seq, head_hash) and move the chain head to it."""
+    seq = head_seq + 1
+    fields["seq"] = seq
+    digest = record_hash(head_hash, key=key, **fields)
+    conn.execute(audit_log.insert().values(**fields, prev_hash=head_hash, hash=digest))
     updated = conn.execute(
         audit_head.update()
-        .where(and_(audit_head.c.id == 1, audit_head.c.seq == head.seq))
+        .where(and_(audit_head.c.id == 1, audit_head.c.seq == head_seq))
         .values(seq=seq, hash=digest)
     )
     if updated.rowcount != 1:  # only possible if the write lock was not held
         raise StoreError("the audit chain head moved during an append")
-    return AuditRecord(prev_hash=head.hash, hash=digest, **fields)
+    return AuditRecord(prev_hash=head_hash, hash=digest, **fields)
 
 
 def to_record(row: Row[Any]) -> AuditRecord:
@@ -213,8 +259,11 @@ def _all(conn: Connection) -> Iterator[AuditRecord]:
         after = batch[-1].seq
 
 
-def verify(conn: Connection) -> VerifyResult:
-    """Walk the whole chain inside one snapshot and report the first record that is not intact."""
+def verify(conn: Connection, published: tuple[int, str] | None = None) -> VerifyResult:
+    """Walk the whole chain inside one snapshot and report the first record that is not intact.
+
+    With ``published`` (seq, hash), also check that the log holds that head.
+    """
     head = conn.execute(
         select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
     ).one_or_none()
@@ -225,4 +274,8 @@ def verify(conn: Connection) -> VerifyResult:
         found = conn.execute(select(audit_log.c.seq).where(audit_log.c.hash == h)).scalar()
         return None if found is None else int(found)
 
-    return walk(_all(conn), (int(head.seq), head.hash), seq_of_hash)
+    result = walk(_all(conn), (int(head.seq), head.hash), seq_of_hash, audit_key_of(conn))
+    if published is None:
+        return result
+    found = conn.execute(select(audit_log.c.hash).where(audit_log.c.seq == published[0])).scalar()
+    return check_published(result, published, found, int(head.seq))

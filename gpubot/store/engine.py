@@ -3,11 +3,20 @@
 Writes are serialised in the database, so that two bot replicas or a bot and the CLI never fork
 the chain: PostgreSQL takes a transaction-scoped advisory lock, SQLite takes its write lock at
 ``BEGIN IMMEDIATE``. SQLite runs in WAL mode with a busy timeout, so readers never block.
+
+A SQLite file holds other users' command lines: gpubot creates it ``0600`` before SQLite opens
+it, and SQLite gives its ``-wal`` and ``-shm`` files the database file's mode.
+
+The audit chain's HMAC key, when there is one, travels with the engine as the execution option
+``gpubot_audit_key``, so that every ``audit.append`` on any of its connections uses it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,6 +27,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from gpubot.errors import GpubotError, StoreError
+
+log = logging.getLogger(__name__)
 
 LOCK_KEY = 0x6770_7562_6F74  # "gpubot": the advisory lock every PostgreSQL write takes
 BUSY_TIMEOUT_S = 15.0  # how long SQLite waits for another writer
@@ -42,8 +53,19 @@ def parse_url(url: str, password: str | None = None) -> URL:
     return u
 
 
-def make_engine(url: str, password: str | None = None) -> Engine:
+def make_engine(url: str, password: str | None = None, *, audit_key: bytes | None = None) -> Engine:
     """Create the engine for ``url``; nothing connects until first use."""
+    engine = _engine(url, password)
+    return engine if audit_key is None else engine.execution_options(gpubot_audit_key=audit_key)
+
+
+def audit_key_of(conn: Connection) -> bytes | None:
+    """Return the HMAC key of the audit chain that ``conn``'s engine was made with."""
+    key = conn.get_execution_options().get("gpubot_audit_key")
+    return key if isinstance(key, bytes) else None
+
+
+def _engine(url: str, password: str | None) -> Engine:
     u = parse_url(url, password)
     try:
         if u.get_backend_name() == "postgresql":
@@ -58,9 +80,55 @@ def make_engine(url: str, password: str | None = None) -> Engine:
         )
     except (SQLAlchemyError, ImportError) as exc:
         raise StoreError(f"cannot use {u.render_as_string()}: {describe(exc)}") from exc
+    if not memory and not str(u.database).startswith("file:"):
+        path = str(u.database)
+        event.listen(engine, "do_connect", lambda *_: create_private(path))
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+def create_private(path: str) -> None:
+    """Create ``path`` empty and ``0600`` (whatever the umask) unless it exists; warn if public.
+
+    SQLite takes an empty file for a new database, and gives the ``-wal`` and ``-shm`` files it
+    creates beside it the database file's mode.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        _warn_if_public(path)
+        return
+    except OSError:
+        return  # SQLite reports it (a missing folder ...) in its own words
+    try:
+        os.fchmod(fd, 0o600)  # the umask may have taken bits away, never added: set them all
+    finally:
+        os.close(fd)
+
+
+def _warn_if_public(path: str) -> None:
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return
+    if mode & 0o077:
+        log.warning(
+            "%s is readable by other users (mode %04o): it holds their command lines; "
+            "run `chmod 600 %s`",
+            path,
+            mode,
+            path,
+        )
+
+
+def is_empty(engine: Engine) -> bool:
+    """Whether a SQLite database holds no table at all (a new file): gpubot may set it up."""
+    if is_postgresql(engine):
+        return False
+    with guard("cannot open the database"), engine.connect() as conn:
+        return conn.exec_driver_sql("SELECT count(*) FROM sqlite_master").scalar() == 0
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -118,10 +118,17 @@ class ActionDetail:
     result: Any  # the result given to finish_action (decoded JSON) or None
     records: tuple[AuditRecord, ...]  # intent, events, outcome: as stored
 
+    @property
+    def approval(self) -> dict[str, Any] | None:
+        """Return who asked for and who approved a forced action (None: not an approved one)."""
+        found = self.plan.get("approval") if isinstance(self.plan, Mapping) else None
+        return dict(found) if isinstance(found, Mapping) else None
+
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
         return {
             **self.summary.as_dict(),
+            "approval": self.approval,
             "plan": self.plan,
             "events": [{"at": e.created_at, **_as_object(e.data)} for e in self.events],
             "result": self.result,
@@ -137,11 +144,40 @@ def _as_object(value: Any) -> dict[str, Any]:
 class VerifyResult:
     """What walking the hash chain found."""
 
-    ok: bool
+    ok: bool  # intact, checked with the key it needs, holding the published head (if given)
     checked: int  # records found intact before the first bad one (all of them when ok)
-    first_bad_seq: int | None
-    reason: str  # one line for a person
+    first_bad_seq: int | None  # None when nothing was found bad (ok, or unverified)
+    reason: str  # one line for a person: what the walk found
     head_hash: str  # the last intact record's hash: note it elsewhere to anchor the chain
+    head_seq: int = 0  # the last intact record's seq (0: none)
+    mode: str = "plain"  # "plain" (sha256) or "keyed" (HMAC-SHA256 from record keyed_from on)
+    keyed_from: int | None = None
+    key_id: str | None = None  # the key a keyed log names
+    unverified: bool = False  # the walk could not check: no key, or another key
+    published: str | None = None  # why the log does not hold the published head (None: it does)
+
+    @property
+    def head(self) -> str:
+        """Return ``SEQ:HASH`` of the last intact record, as ``--expect-head`` takes it."""
+        return f"{self.head_seq}:{self.head_hash}"
+
+    def mode_text(self) -> str:
+        """Return the chain's mode for a person."""
+        if self.mode == "keyed":
+            return f"keyed (HMAC-SHA256 from record {self.keyed_from}, key id {self.key_id})"
+        return "plain (sha256, no key)"
+
+    def line(self) -> str:
+        """Return the verdict in one line: intact, tampered, or not verified."""
+        if self.ok:
+            return f"audit log intact: {self.checked} records, head {self.head}, {self.mode_text()}"
+        parts = [self.published] if self.published else []
+        if self.first_bad_seq is not None:
+            parts.append(f"{self.reason} ({self.checked} records intact before it)")
+        elif self.unverified:
+            parts.append(self.reason)
+        tampered = self.first_bad_seq is not None or self.published is not None
+        return f"audit log {'tampered' if tampered else 'not verified'}: " + "; ".join(parts)
 
 
 @dataclass(frozen=True)

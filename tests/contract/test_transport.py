@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from gpubot.config import Settings, SshSettings, load
+from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 from gpubot.core.ports import Transport
 from gpubot.errors import (
@@ -331,8 +332,9 @@ async def test_probe_matches_the_sim(ssh_world: World, ssh: SshTransport) -> Non
             assert g.memory_used_mib == want["memory_used_mib"]
             assert g.memory_total_mib == want["memory_total_mib"] == 143771
             assert g.utilization_pct == want["utilization_pct"]
-        assert snap.gpu(1) is not None and snap.gpu(2) is not None
-        assert snap.gpu(1).memory_used_mib >= 2048 and snap.gpu(2).memory_used_mib >= 1024  # type: ignore[union-attr]
+        g1, g2 = snap.gpu(1), snap.gpu(2)
+        assert g1 is not None and g1.memory_used_mib is not None and g1.memory_used_mib >= 2048
+        assert g2 is not None and g2.memory_used_mib is not None and g2.memory_used_mib >= 1024
         procs = {(p.pid, p.gpu_index): p for p in snap.processes}
         p = procs[(seen.pid, 1)]
         assert p.visible_to_nvidia_smi and p.holds_device_file and p.used_memory_mib == 2048
@@ -449,14 +451,14 @@ class FakeNvml:
         self.v2 = v2
         self.inits = self.shutdowns = 0
         gib = 1024**3
-        self.devices = [
+        self.devices: list[dict[str, Any]] = [
             dict(uuid=b"GPU-00000000-1111-2222-3333-444444444444", name=b"NVIDIA H200",
                  used=3 * gib + 5, reserved_extra=512 * 1024**2, total=143771 * 1024**2,
                  util=37, procs=[(4242, 2 * gib), (4343, None)]),
             dict(uuid="GPU-55555555-6666-7777-8888-999999999999", name="NVIDIA H200",
                  used=0, reserved_extra=0, total=143771 * 1024**2, util=None, procs=[]),
         ]  # fmt: skip
-        self.names = {4242: b"/usr/bin/python3"}
+        self.minors = [1, None]  # GPU 0 is /dev/nvidia1; GPU 1's minor NVML cannot say
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -497,19 +499,25 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
         return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in self.devices[h]["procs"]]
 
-    def nvmlSystemGetProcessName(self, pid: int) -> Any:
-        if pid not in self.names:
-            raise self.NVMLError(6)  # NOT_FOUND: another PID namespace
-        return self.names[pid]
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0".encode())
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        minor = self.minors[h]
+        if minor is None:
+            raise self.NVMLError(3)  # NOT_SUPPORTED
+        return minor
 
 
 def test_nvml_tables_convert() -> None:
     fake = FakeNvml()
     gpus, apps = nvml_query("box", nvml=fake)
     assert gpus == (
-        GpuInfo(0, "GPU-00000000-1111-2222-3333-444444444444", "NVIDIA H200", 3072, 143771, 37),
-        GpuInfo(1, "GPU-55555555-6666-7777-8888-999999999999", "NVIDIA H200", 0, 143771, None),
-    )
+        GpuInfo(0, "GPU-00000000-1111-2222-3333-444444444444", "NVIDIA H200", 3072, 143771, 37,
+                "00000000:18:00.0", 1),
+        GpuInfo(1, "GPU-55555555-6666-7777-8888-999999999999", "NVIDIA H200", 0, 143771, None,
+                "00000000:19:00.0", None),
+    )  # fmt: skip
     assert apps == (
         ComputeApp(4242, gpus[0].uuid, 2048),  # no name asked of NVML: the process's own say
         ComputeApp(4343, gpus[0].uuid, None),
@@ -537,10 +545,13 @@ def test_nvml_errors() -> None:
     assert broken.shutdowns == 1
 
 
-SMI = """#!/bin/sh
+SMI_GPU = (
+    "0, GPU-00000000-1111-2222-3333-444444444444, 00000000:18:00.0, NVIDIA H200, 10, 143771, 1"
+)
+SMI = f"""#!/bin/sh
 echo "$*" >>"$(dirname "$0")/calls"
 case $1 in
-  --query-gpu*) echo "0, GPU-00000000-1111-2222-3333-444444444444, NVIDIA H200, 10, 143771, 1" ;;
+  --query-gpu*) echo "{SMI_GPU}" ;;
 esac
 """
 
@@ -554,17 +565,28 @@ def local_node(tmp_path: Path) -> NodeConfig:
     smi.write_text(SMI)
     smi.chmod(0o755)
     (tmp_path / "calls").write_text("")
+    # The driver's folders, as on a box whose device minors are not its GPU indices: GPU 0
+    # (bus 18) is /dev/nvidia1, GPU 1 (bus 19) is /dev/nvidia0.
+    for bus, minor in (("0000:18:00.0", 1), ("0000:19:00.0", 0)):
+        folder = tmp_path / "driver" / "gpus" / bus
+        folder.mkdir(parents=True)
+        (folder / "information").write_text(
+            f"Model: \t\t NVIDIA H200\nBus Location: \t {bus}\nDevice Minor: \t {minor}\n"
+        )
     return NodeConfig(name="here", host="local", dev_prefix=f"{tmp_path}/dev/nvidia",
-                      nvidia_smi=str(smi))  # fmt: skip
+                      nvidia_smi=str(smi), driver_dir=str(tmp_path / "driver"))  # fmt: skip
+
+
+async def _hold(path: str) -> asyncio.subprocess.Process:
+    """Start a process that holds ``path`` open and that nvidia-smi does not list."""
+    return await asyncio.create_subprocess_exec(
+        "sleep", "30", stdin=open(path, "rb")  # noqa: ASYNC230
+    )  # fmt: skip
 
 
 async def test_local_probe_uses_nvml(local_node: NodeConfig, tmp_path: Path) -> None:
-    holder = await asyncio.create_subprocess_exec(
-        "sleep",
-        "30",
-        stdin=open(f"{local_node.dev_prefix}1", "rb"),  # noqa: ASYNC230, SIM115
-    )
-    fake = FakeNvml()
+    on1, on0 = await _hold(f"{local_node.dev_prefix}1"), await _hold(f"{local_node.dev_prefix}0")
+    fake = FakeNvml()  # says GPU 0 is minor 1; GPU 1's minor it cannot say: the driver does
     fake.devices[0]["procs"] = [(os.getpid(), 1024**3)]
     t = make_transport(SshSettings())
     t.local = LocalTransport(nvml=fake)
@@ -572,14 +594,38 @@ async def test_local_probe_uses_nvml(local_node: NodeConfig, tmp_path: Path) -> 
         snap = await probe_node(t, local_node, smi_timeout_s=5, taken_at=9.0)
         assert (tmp_path / "calls").read_text() == ""  # nvidia-smi never ran
         assert [g.memory_used_mib for g in snap.gpus] == [3072, 0]
+        assert [(g.bus_id, g.minor) for g in snap.gpus] == [
+            ("00000000:18:00.0", 1), ("00000000:19:00.0", 0)]  # fmt: skip
         procs = {(p.pid, p.gpu_index): p for p in snap.processes}
         assert procs[(os.getpid(), 0)].start_ticks is not None  # /proc read by the same exec
         assert procs[(os.getpid(), 0)].used_memory_mib == 1024
-        assert procs[(holder.pid, 1)].hidden
+        # A holder is on the GPU its device file's minor names, not the GPU of that index.
+        assert procs[(on1.pid, 0)].hidden and (on1.pid, 1) not in procs
+        assert procs[(on0.pid, 1)].hidden and (on0.pid, 0) not in procs
         assert t.connected() == 0  # no SSH for a local node
     finally:
-        holder.kill()
-        await holder.wait()
+        for h in (on1, on0):
+            h.kill()
+            await h.wait()
+        await t.close()
+
+
+async def test_local_probe_never_guesses_a_minor(local_node: NodeConfig, tmp_path: Path) -> None:
+    """NVML cannot say GPU 1's minor and the driver has no folder for it: minor unknown."""
+    (tmp_path / "driver" / "gpus" / "0000:19:00.0" / "information").unlink()
+    (tmp_path / "driver" / "gpus" / "0000:19:00.0").rmdir()
+    on0 = await _hold(f"{local_node.dev_prefix}0")  # /dev/nvidia0: GPU 1's, but no one says so
+    t = make_transport(SshSettings())
+    t.local = LocalTransport(nvml=FakeNvml())
+    try:
+        snap = await probe_node(t, local_node, smi_timeout_s=5, taken_at=9.0)
+        assert [(g.index, g.minor) for g in snap.gpus] == [(0, 1), (1, None)]
+        assert not any(p.pid == on0.pid for p in snap.processes)  # on no GPU, not on GPU 0
+        assert "device-file-unknown" in gpu_flags(snap.gpus[1], snap.on_gpu(1))
+        assert "device-file-unknown" not in gpu_flags(snap.gpus[0], snap.on_gpu(0))
+    finally:
+        on0.kill()
+        await on0.wait()
         await t.close()
 
 
@@ -588,6 +634,7 @@ async def test_local_probe_falls_back_to_nvidia_smi(local_node: NodeConfig, tmp_
     t.local = LocalTransport(nvml=FakeNvml(init_error=12))  # no libnvidia-ml
     snap = await probe_node(t, local_node, smi_timeout_s=5, taken_at=9.0)
     assert [g.memory_used_mib for g in snap.gpus] == [10]
+    assert [(g.bus_id, g.minor) for g in snap.gpus] == [("00000000:18:00.0", 1)]  # the driver's
     assert len((tmp_path / "calls").read_text().splitlines()) == 2  # GPU and apps queries
     # A driver error in NVML also falls back: nvidia-smi then says what is wrong.
     t.local = LocalTransport(nvml=FakeNvml(init_error=9))

@@ -52,7 +52,8 @@ async def test_status_as_text(flows: Flows, node1: Any) -> None:
 async def test_own_processes_reset_at_once(flows: Flows, node1: Any) -> None:
     w = node1.spawn(gpu=1, mib=4096)
     local = identity(flows.svc.policy, None)
-    assert local.id.startswith("console:") and local.linux_user == w.user
+    assert local.id.startswith("console:")
+    assert local.linux_user == (w.user if os.geteuid() != 0 else None)  # never root's own
     refused = await answer(flows, "reset node1 gpu 1", local)  # [permissions] name Slack ids
     assert "you may not reset GPUs on node1" in refused and alive(w.pid)
     me = identity(flows.svc.policy, "U0OWNER")
@@ -62,8 +63,9 @@ async def test_own_processes_reset_at_once(flows: Flows, node1: Any) -> None:
     assert not alive(w.pid)
     assert "Reset node1 · GPU 1 · freed" in text and "✅ freed" in text
     assert any("SIGTERM: 1 sent" in line for line in lines)  # progress was printed as it came
-    (action,) = await flows.svc.store.actions()  # type: ignore[union-attr]
+    action, refusal = await flows.svc.store.actions()  # type: ignore[union-attr]
     assert action.source == "console" and action.actor == me.id
+    assert (refusal.status, refusal.actor) == ("refused", local.id)  # who tried, and was refused
 
 
 async def test_forced_kill_approved_by_typing(flows: Flows, node1: Any) -> None:

@@ -18,8 +18,9 @@ import pytest
 import gpubot.sim
 from gpubot.core import nvsmi
 from gpubot.sim.fleet import SimFleet, SimNode
+from gpubot.sim.node import bus_id
 
-GPU_Q = "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu"
+GPU_Q = nvsmi.gpu_query_argv("x")[1]  # the GPU query gpubot asks
 APP_Q = "--query-compute-apps=pid,gpu_uuid,used_memory,process_name"
 UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -41,15 +42,18 @@ def test_gpu_query_with_header_and_units(node: SimNode) -> None:
     node.spawn(gpu=2, mib=4096, util_pct=37)
     out = smi(node, GPU_Q, "--format=csv")
     assert out.returncode == 0 and out.stderr == ""
+    assert GPU_Q == (
+        "--query-gpu=index,uuid,pci.bus_id,name,memory.used,memory.total,utilization.gpu"
+    )
     lines = out.stdout.split("\n")
     assert lines[0] == (
-        "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
+        "index, uuid, pci.bus_id, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
     )
     assert lines[-1] == "" and len(lines) == 1 + 8 + 1  # header, 8 GPUs, final newline
     row = lines[3].split(", ")
-    assert row[0] == "2" and UUID.fullmatch(row[1]) and row[2] == "NVIDIA H200"
-    assert row[3:] == ["4096 MiB", "143771 MiB", "37 %"]
-    assert lines[1].endswith(", NVIDIA H200, 0 MiB, 143771 MiB, 0 %")
+    assert row[0] == "2" and UUID.fullmatch(row[1]) and row[2] == "00000000:3A:00.0"
+    assert row[3] == "NVIDIA H200" and row[4:] == ["4096 MiB", "143771 MiB", "37 %"]
+    assert lines[1].endswith(", 00000000:18:00.0, NVIDIA H200, 0 MiB, 143771 MiB, 0 %")
 
 
 def test_gpu_query_noheader_nounits_parses_with_gpubots_parser(node: SimNode) -> None:
@@ -57,10 +61,16 @@ def test_gpu_query_noheader_nounits_parses_with_gpubots_parser(node: SimNode) ->
     node.spawn(gpu=0, mib=500, util_pct=90)  # utilisation adds up, capped at 100
     out = smi(node, GPU_Q, "--format=csv,noheader,nounits")
     first = out.stdout.splitlines()[0].split(", ")
-    assert first[0] == "0" and first[3:] == ["1500", "143771", "100"]
+    assert first[0] == "0" and first[2] == "00000000:18:00.0"
+    assert first[4:] == ["1500", "143771", "100"]
     gpus = nvsmi.parse_gpus(out.stdout)
     assert [g.index for g in gpus] == list(range(8))
     assert gpus[0].memory_used_mib == 1500 and gpus[0].utilization_pct == 100
+    assert [g.bus_id for g in gpus] == [bus_id(i) for i in range(8)]
+    assert all(g.minor is None for g in gpus)  # nvidia-smi never says it: the probe finds it
+    normal = [nvsmi.normal_bus_id(g.bus_id or "") for g in gpus]
+    assert normal[0] == "0000:18:00.0" and normal[4] == "0000:9a:00.0"
+    assert len(set(normal)) == 8  # one driver folder per GPU
     # noheader alone keeps the units, nounits alone keeps the header (with its units)
     assert (
         smi(node, GPU_Q, "--format=csv,noheader")
@@ -70,7 +80,7 @@ def test_gpu_query_noheader_nounits_parses_with_gpubots_parser(node: SimNode) ->
     assert (
         smi(node, GPU_Q, "--format=csv,nounits")
         .stdout.splitlines()[0]
-        .startswith("index, uuid, name, memory.used [MiB]")
+        .startswith("index, uuid, pci.bus_id, name, memory.used [MiB]")
     )
 
 
@@ -138,12 +148,14 @@ def test_na_and_not_supported_fields(node: SimNode) -> None:
     node.override("gpu", "utilization.gpu", "[N/A]")
     node.override("gpu", "memory.used", "[Not Supported]", gpu=1)
     node.override("apps", "used_memory", "[N/A]")
+    node.override("gpu", "pci.bus_id", "[N/A]", gpu=2)
     gpu = smi(node, "--query-gpu=index,memory.used,utilization.gpu", "--format=csv,nounits")
     lines = gpu.stdout.splitlines()
     assert lines[1:3] == ["0, 512, [N/A]", "1, [Not Supported], [N/A]"]
     parsed = nvsmi.parse_gpus(smi(node, GPU_Q, "--format=csv,noheader,nounits").stdout)
     assert parsed[0].utilization_pct is None and parsed[1].memory_used_mib is None
     assert parsed[0].memory_used_mib == 512
+    assert parsed[2].bus_id is None and parsed[1].bus_id == bus_id(1)  # never a made-up bus id
     apps = smi(node, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader")
     (app,) = nvsmi.parse_apps(apps.stdout)
     assert apps.stdout.endswith(", [N/A]\n") and app.used_memory_mib is None

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.slack import FakeSlack, Harness, sign, slack_settings_for
+from tests.fixtures.slack import FakeSlack, Harness, sign, slack_settings_for, workload_owner
 
 
 @pytest.fixture(scope="module")
 def slack_settings(slack_fleet: Any) -> Any:
     """Short SSH timeouts here: one test waits for a hung node to time out."""
-    return slack_settings_for(slack_fleet.config_path, slack_fleet.user, command_timeout_s=3.0)
+    owner = workload_owner(slack_fleet)
+    return slack_settings_for(slack_fleet.config_path, owner, command_timeout_s=3.0)
 
 
 def posted(fake: FakeSlack) -> list[str]:

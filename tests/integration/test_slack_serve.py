@@ -23,6 +23,8 @@ from tests.fixtures.slack import (
     SLACK_EXTRA,
     FakeSlack,
     SlackSender,
+    users_table,
+    workload_owner,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +52,7 @@ def config(slack_fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     start = text.index('url = "', text.index("[database]"))
     end = text.index("\n", start)
     text = text[:start] + f'url = "{db}"' + text[end:]
-    extra = {**SLACK_EXTRA, "users": {**SLACK_EXTRA["users"], "U0OWNER": slack_fleet.user}}
+    extra = {**SLACK_EXTRA, "users": users_table(workload_owner(slack_fleet))}
     for table, values in extra.items():
         text += f"\n[{table}]\n" + "".join(f'"{k}" = {toml_value(v)}\n' for k, v in values.items())
     path = folder / "gpubot.toml"

@@ -37,6 +37,7 @@ from tests.fixtures.slack import (
     Harness,
     SlackSender,
     assert_within_limits,
+    owned,
 )
 
 MIB = 1024 * 1024
@@ -103,7 +104,7 @@ async def test_sweeps_in_the_bot(
     n1 = slack_fleet.node("node1")
     w = n1.spawn(gpu=3, mib=4096, behaviour="orphan")
     kill_and_wait(w.pid)
-    mine = slack_fleet.node("node2").spawn(gpu=0, mib=1000)
+    mine = owned(slack_fleet, "node2").spawn(gpu=0, mib=1000)  # U0OWNER's
     try:
         async with serving(slack_settings, fake_slack, pg_url) as (h, sweeps):
             store = h.store

@@ -31,8 +31,11 @@ def proc(pid: int, gpu: int, user: str, mib: int | None = 1024, **kw: object) ->
     return GpuProcess(pid, gpu, mib, "python", **args)  # type: ignore[arg-type]
 
 
-def gpu(i: int, used: int | None = 0, total: int | None = 81920) -> GpuInfo:
-    return GpuInfo(i, f"GPU-{i:04d}", "NVIDIA H100 80GB HBM3", used, total, 50)
+def gpu(i: int, used: int | None = 0, total: int | None = 81920, minor: int | None = -1) -> GpuInfo:
+    """A GPU whose device file is known; its minor is not its index (``i ^ 1`` unless given)."""
+    return GpuInfo(i, f"GPU-{i:04d}", "NVIDIA H100 80GB HBM3", used, total, 50,
+                   bus_id=f"00000000:{i % 256:02X}:00.0",
+                   minor=i ^ 1 if minor == -1 else minor)  # fmt: skip
 
 
 def snap(name: str = "node1") -> NodeSnapshot:
@@ -80,6 +83,22 @@ def test_one_node_is_a_table() -> None:
     assert rows[4][1] == "? / 81920 MiB" and "memory-unknown" in rows[4][4]
     assert "zombie" in rows[4][4]
     assert msg["text"] == "node1: 4 GPUs, 3 busy, 1 idle, 3 flagged"
+
+
+def test_a_gpu_whose_device_file_is_unknown_is_flagged() -> None:
+    s = snap()
+    s = NodeSnapshot(s.node, s.taken_at, (*s.gpus, gpu(4, 0, minor=None)), s.processes)
+    msg = bk.render_node(s)
+    assert bk.limit_problems(msg) == []
+    rows = [[c["text"] for c in r] for b in msg["blocks"] if b["type"] == "table"
+            for r in b["rows"]]  # fmt: skip
+    assert rows[5][0] == "4" and rows[5][4] == "device-file-unknown"
+    assert all("device-file-unknown" not in r[4] for r in rows[1:5])  # minors known, not = index
+    assert msg["text"] == "node1: 5 GPUs, 3 busy, 2 idle, 4 flagged"
+    plain = bk.message_text(bk.render_node(s, use_table=False))
+    assert "device-file-unknown" in plain
+    fleet = bk.message_text(bk.render_fleet([s], {}, seconds=1.0))
+    assert "device-file-unknown" in fleet
 
 
 def test_mrkdwn_is_escaped_but_table_cells_are_raw() -> None:

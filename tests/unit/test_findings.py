@@ -55,7 +55,9 @@ PERSISTENCED = "/usr/bin/nvidia-persistenced"
 
 
 def gpu(index: int, used: int | None, util: int | None = 50) -> GpuInfo:
-    return GpuInfo(index, f"GPU-{index}", "H200", used, 143771, util)
+    """A GPU whose device file is known (its minor is not its index, as on real boxes)."""
+    return GpuInfo(index, f"GPU-{index}", "H200", used, 143771, util,
+                   bus_id=f"00000000:{0x18 + index:02X}:00.0", minor=index ^ 1)  # fmt: skip
 
 
 def proc(

@@ -6,12 +6,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpubot.core import nvsmi
 from gpubot.core.models import ComputeApp, GpuInfo
 from gpubot.core.nvsmi import (
     APP_FIELDS,
     GPU_FIELDS,
     apps_query_argv,
     gpu_query_argv,
+    normal_bus_id,
     parse_apps,
     parse_gpus,
     smi_error,
@@ -20,7 +22,11 @@ from gpubot.errors import ParseError, SmiFailed, SmiMissing
 
 U0 = "GPU-5f3c9a4e-1b2d-4c6e-8f00-0123456789ab"
 U1 = "GPU-7a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
-GPU_HEADER = "index, uuid, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
+B0 = "00000000:18:00.0"  # as nvidia-smi prints a PCI bus id: 8-digit domain, capitals
+B1 = "00000000:2A:00.0"
+GPU_HEADER = (
+    "index, uuid, pci.bus_id, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
+)
 APP_HEADER = "pid, gpu_uuid, used_gpu_memory [MiB]"
 APP_HEADER_ALT = "pid, gpu_uuid, used_memory [MiB]"
 
@@ -28,7 +34,7 @@ APP_HEADER_ALT = "pid, gpu_uuid, used_memory [MiB]"
 def test_query_argv() -> None:
     assert gpu_query_argv("nvidia-smi") == [
         "nvidia-smi",
-        "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu",
+        "--query-gpu=index,uuid,pci.bus_id,name,memory.used,memory.total,utilization.gpu",
         "--format=csv,noheader,nounits",
     ]
     assert gpu_query_argv("/x/smi", [0, 3])[-2:] == ["-i", "0,3"]
@@ -49,34 +55,91 @@ def test_query_argv() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        f"0, {U0}, NVIDIA H200, 1024, 143771, 37\n1, {U1}, NVIDIA H200, 0, 143771, 0\n",
-        f"{GPU_HEADER}\n0, {U0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 %\n"
-        f"1, {U1}, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\n",
-        f"{GPU_HEADER}\n0, {U0}, NVIDIA H200, 1024, 143771, 37\n1, {U1}, NVIDIA H200, 0, 143771, 0",
-        f"\n0, {U0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 %\r\n"
-        f"1, {U1}, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\r\n\n",
+        f"0, {U0}, {B0}, NVIDIA H200, 1024, 143771, 37\n1, {U1}, {B1}, NVIDIA H200, 0, 143771, 0\n",
+        f"{GPU_HEADER}\n0, {U0}, {B0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 %\n"
+        f"1, {U1}, {B1}, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\n",
+        f"{GPU_HEADER}\n0, {U0}, {B0}, NVIDIA H200, 1024, 143771, 37\n"
+        f"1, {U1}, {B1}, NVIDIA H200, 0, 143771, 0",
+        f"\n0, {U0}, {B0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 %\r\n"
+        f"1, {U1}, {B1}, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\r\n\n",
     ],
     ids=["nounits", "units+header", "header+nounits", "crlf+blank"],
 )
 def test_parse_gpus_formats(text: str) -> None:
     assert parse_gpus(text) == (
-        GpuInfo(0, U0, "NVIDIA H200", 1024, 143771, 37),
-        GpuInfo(1, U1, "NVIDIA H200", 0, 143771, 0),
+        GpuInfo(0, U0, "NVIDIA H200", 1024, 143771, 37, bus_id=B0),
+        GpuInfo(1, U1, "NVIDIA H200", 0, 143771, 0, bus_id=B1),
     )
 
 
 @pytest.mark.parametrize("na", ["[N/A]", "[Not Supported]", "N/A", "[Unknown Error]"])
 def test_unavailable_is_none_not_zero(na: str) -> None:
-    (g,) = parse_gpus(f"0, {U0}, NVIDIA A100-SXM4-80GB, {na}, 81920, {na}")
+    (g,) = parse_gpus(f"0, {U0}, {B0}, NVIDIA A100-SXM4-80GB, {na}, 81920, {na}")
     assert g.memory_used_mib is None and g.utilization_pct is None
-    assert g.memory_total_mib == 81920
+    assert g.memory_total_mib == 81920 and g.bus_id == B0
     (a,) = parse_apps(f"4242, {U0}, {na}")
     assert a.used_memory_mib is None
 
 
 def test_gpu_name_with_comma_is_kept() -> None:
-    (g,) = parse_gpus(f"0, {U0}, Odd, Name, 1, 2, 3")
+    (g,) = parse_gpus(f"0, {U0}, {B0}, Odd, Name, 1, 2, 3")
     assert g.name == "Odd, Name" and (g.memory_used_mib, g.utilization_pct) == (1, 3)
+    assert g.bus_id == B0
+
+
+@pytest.mark.parametrize(
+    "na", ["[N/A]", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]"]
+)
+def test_unavailable_bus_id_is_none(na: str) -> None:
+    (g,) = parse_gpus(f"0, {U0}, {na}, NVIDIA H200, 1024, 143771, 37")
+    assert g.bus_id is None and g.name == "NVIDIA H200" and g.memory_used_mib == 1024
+    assert g.minor is None  # nvidia-smi never says the minor: the probe finds it, or no one
+
+
+@pytest.mark.parametrize(
+    "bus",
+    [
+        "00000000:18:00.0",  # as printed: 8-digit domain, capitals
+        "00000000:C1:00.0",
+        "0000:c1:00.0",  # 4-digit domain, lower case: kept as printed too
+        "00000001:AB:1F.7",
+    ],
+)
+def test_bus_id_is_kept_as_printed(bus: str) -> None:
+    (g,) = parse_gpus(f"3, {U0}, {bus}, NVIDIA H200, 0, 143771, 0")
+    assert g.bus_id == bus and g.index == 3
+
+
+@pytest.mark.parametrize(
+    ("bus", "normal"),
+    [
+        ("00000000:C1:00.0", "0000:c1:00.0"),  # nvidia-smi's form -> the /proc folder's name
+        ("00000000:18:00.0", "0000:18:00.0"),
+        ("00000001:AB:1F.7", "0001:ab:1f.7"),
+        ("0000:c1:00.0", "0000:c1:00.0"),  # already normal: unchanged
+        ("0000:C1:00.0", "0000:c1:00.0"),
+        ("00001:c1:00.0", "0001:c1:00.0"),  # leading zeros beyond 4 digits go
+        ("00010000:01:00.0", "10000:01:00.0"),  # a domain above ffff keeps all its digits
+        ("10000:01:00.0", "10000:01:00.0"),  # e.g. a VMD domain: stays 5 digits
+        ("FFFFFFFF:FF:1F.7", "ffffffff:ff:1f.7"),
+        ("", None),
+        ("[N/A]", None),
+        ("N/A", None),
+        ("C1:00.0", None),  # no domain
+        ("000:c1:00.0", None),  # 3-digit domain
+        ("000000000:C1:00.0", None),  # 9-digit domain
+        ("00000000:C1:00", None),  # no function
+        ("00000000:C1:00.8", None),  # function is 0-7
+        ("00000000:G1:00.0", None),
+        ("00000000:C1:0.0", None),  # device of one digit
+        (" 00000000:C1:00.0", None),  # never trimmed: the parser strips, not this
+        ("00000000:C1:00.0\n", None),
+        ("00000000:C1:00.0/../../x", None),  # no path of any kind comes out of it
+        ("0000:c1:00.0:", None),
+    ],
+)
+def test_normal_bus_id(bus: str, normal: str | None) -> None:
+    assert normal_bus_id(bus) == normal
 
 
 def test_empty_output() -> None:
@@ -99,20 +162,34 @@ def test_parse_apps_formats(header: str) -> None:
     "line",
     [
         "1949090, 0 MiB",  # the garbled interleaving of the simulated fault
-        f"0, {U0}, NVIDIA H200, 1024, 143771",  # one field short
-        f"x, {U0}, NVIDIA H200, 1024, 143771, 37",  # index not a number
-        "0, not-a-uuid, NVIDIA H200, 1024, 143771, 37",
-        f"0, {U0}, NVIDIA H200, -5, 143771, 37",
-        f"0, {U0}, NVIDIA H200, 1024 GiB, 143771, 37",  # wrong unit
-        f"0, {U0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 MiB",
-        f"0, {U0}, , 1024, 143771, 37",  # empty name
-        f"0, {U0}, NVIDIA H200, 0, 143771, 37 trailing",
+        f"0, {U0}, {B0}, NVIDIA H200, 1024, 143771",  # one field short
+        f"0, {U0}, NVIDIA H200, 1024, 143771, 37",  # the old 6-column form, no bus id
+        f"0, {U0}, Odd, Name, 1, 2, 3",  # the old form with a comma in the name: "Odd" no bus id
+        f"x, {U0}, {B0}, NVIDIA H200, 1024, 143771, 37",  # index not a number
+        f"0, not-a-uuid, {B0}, NVIDIA H200, 1024, 143771, 37",
+        f"0, {B0}, {U0}, NVIDIA H200, 1024, 143771, 37",  # uuid and bus id swapped
+        f"0, {U0}, {B0}, NVIDIA H200, -5, 143771, 37",
+        f"0, {U0}, {B0}, NVIDIA H200, 1024 GiB, 143771, 37",  # wrong unit
+        f"0, {U0}, {B0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 MiB",
+        f"0, {U0}, {B0}, , 1024, 143771, 37",  # empty name
+        f"0, {U0}, 18:00.0, NVIDIA H200, 1024, 143771, 37",  # bus id without a domain
+        f"0, {U0}, 000:18:00.0, NVIDIA H200, 1024, 143771, 37",  # domain of 3 digits
+        f"0, {U0}, 000000000:18:00.0, NVIDIA H200, 1024, 143771, 37",  # domain of 9 digits
+        f"0, {U0}, 00000000:18:00, NVIDIA H200, 1024, 143771, 37",  # no function
+        f"0, {U0}, 00000000:18:00.8, NVIDIA H200, 1024, 143771, 37",  # function is 0-7
+        f"0, {U0}, 00000000:1G:00.0, NVIDIA H200, 1024, 143771, 37",  # not hex
+        f"0, {U0}, 00000000:018:00.0, NVIDIA H200, 1024, 143771, 37",  # bus of 3 digits
+        f"0, {U0}, 00000000:18:00.0.1, NVIDIA H200, 1024, 143771, 37",
+        f"0, {U0}, , NVIDIA H200, 1024, 143771, 37",  # an empty bus id is no placeholder
+        f"0, {U0}, N/A, NVIDIA H200, 1024, 143771, 37",  # a bus id's placeholder is bracketed
+        f"0, {U0}, 0, NVIDIA H200, 1024, 143771, 37",
+        f"0, {U0}, {B0}, NVIDIA H200, 0, 143771, 37 trailing",
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
         "No devices were found",
     ],
 )
 def test_parse_gpus_rejects_with_raw_line(line: str) -> None:
-    good = f"1, {U1}, NVIDIA H200, 0, 143771, 0"
+    good = f"1, {U1}, {B1}, NVIDIA H200, 0, 143771, 0"
     with pytest.raises(ParseError) as ei:
         parse_gpus(f"{good}\n{line}\n{good.replace('1,', '2,', 1)}")
     assert ei.value.line == line.strip()
@@ -120,7 +197,7 @@ def test_parse_gpus_rejects_with_raw_line(line: str) -> None:
 
 def test_parse_gpus_rejects_duplicate_index() -> None:
     with pytest.raises(ParseError):
-        parse_gpus(f"0, {U0}, A, 1, 2, 3\n0, {U1}, A, 1, 2, 3")
+        parse_gpus(f"0, {U0}, {B0}, A, 1, 2, 3\n0, {U1}, {B1}, A, 1, 2, 3")
 
 
 @pytest.mark.parametrize(
@@ -193,6 +270,9 @@ _uuid = st.from_regex(
 )
 _mib = st.none() | st.integers(0, 10**9)
 _NA = st.sampled_from(["[N/A]", "[Not Supported]", "N/A"])
+_BUS_NA = st.sampled_from(["[N/A]", "[Not Supported]"])  # bracketed only, for a bus id
+_bus = st.none() | st.from_regex(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]",
+                                 fullmatch=True)  # fmt: skip
 
 
 @st.composite
@@ -206,6 +286,7 @@ def _gpu_tables(draw: st.DrawFn) -> tuple[tuple[GpuInfo, ...], str]:
             draw(_mib),
             draw(_mib),
             draw(st.none() | st.integers(0, 100)),
+            bus_id=draw(_bus),
         )
         for i in range(n)
     )
@@ -220,7 +301,8 @@ def _gpu_tables(draw: st.DrawFn) -> tuple[tuple[GpuInfo, ...], str]:
     lines = [GPU_HEADER] if header else []
     for g in gpus:
         lines.append(
-            f"{g.index}, {g.uuid}, {g.name}, {val(g.memory_used_mib, 'MiB')}, "
+            f"{g.index}, {g.uuid}, {g.bus_id or draw(_BUS_NA)}, {g.name}, "
+            f"{val(g.memory_used_mib, 'MiB')}, "
             f"{val(g.memory_total_mib, 'MiB')}, {val(g.utilization_pct, '%')}"
         )
     return gpus, "\n".join(lines) + draw(st.sampled_from(["", "\n"]))
@@ -246,6 +328,15 @@ def _app_tables(draw: st.DrawFn) -> tuple[tuple[ComputeApp, ...], str]:
 def test_gpus_round_trip(case: tuple[tuple[GpuInfo, ...], str]) -> None:
     gpus, text = case
     assert parse_gpus(text) == gpus
+
+
+@given(_bus.filter(lambda b: b is not None))
+def test_normal_bus_id_is_lower_case_and_idempotent(bus: str) -> None:
+    n = normal_bus_id(bus)
+    assert n is not None and n == n.lower() and normal_bus_id(n) == n
+    domain, rest = n.split(":", 1)
+    assert len(domain) >= 4 and int(domain, 16) == int(bus.split(":", 1)[0], 16)
+    assert rest == bus.split(":", 1)[1].lower()
 
 
 @given(_app_tables())
@@ -308,6 +399,8 @@ def test_mangled_output_parses_exactly_or_raises(data: st.DataObject) -> None:
     for g in rows:
         for v in (g.memory_used_mib, g.memory_total_mib, g.utilization_pct):
             assert v is None or (isinstance(v, int) and v >= 0)
+        assert g.bus_id is None or normal_bus_id(g.bus_id) is not None  # valid, or none at all
+        assert g.minor is None
     if bad == text:
         assert rows == gpus
 
@@ -329,3 +422,61 @@ def test_mangled_apps_parse_exactly_or_raise(data: st.DataObject) -> None:
         )
     if bad == text:
         assert rows == apps
+
+
+# ---- real-format corpus: lost GPUs, infoROM warnings, bracketed values ---------------------------
+# Each sample is shaped as its public source quotes it; the numbers and uuids are made up.
+ROW0 = "0, GPU-5f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:18:00.0, NVIDIA H200, 10, 143771, 5"
+ROW2 = "2, GPU-6f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:34:00.0, NVIDIA H200, 0, 143771, 0"
+CORPUS = [
+    # A monitoring tool's tests quoting the older driver shape: bus id glued to "GPU".
+    ("Unable to determine the device handle for GPU0000:CB:00.0: Unknown Error", 15,
+     (None, "0000:CB:00.0")),
+    # A public bug thread (driver 610, 4-GPU box): index, then bus id.
+    ("Unable to determine the device handle for GPU1: 0000:34:00.0: Unknown Error", 15,
+     (1, "0000:34:00.0")),
+    # A public GPU-failure write-up: index only.
+    ("Unable to determine the device handle for GPU1: Unknown Error", 15, (1, None)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("line", "status", "lost"), CORPUS)
+def test_a_lost_gpu_line_leaves_the_others_listed(
+    line: str, status: int, lost: tuple[int | None, str | None]
+) -> None:
+    for out, err in ((f"{line}\n{ROW0}\n{ROW2}\n", ""), (f"{ROW0}\n{ROW2}\n", line + "\n")):
+        gpus, notes = nvsmi.parse_gpu_answer("n", status, out, err)
+        assert [(i, b) for i, b, _ in notes.lost] == [lost]
+        assert "is lost" in notes.lines()[0]
+        listed = {g.index: g for g in gpus}
+        assert listed[0].memory_used_mib == 10 and listed[2].flags == ()
+        if lost[0] is not None:
+            assert listed[lost[0]].flags == ("lost",) and listed[lost[0]].memory_used_mib is None
+
+
+def test_an_inforom_warning_keeps_the_rows_and_flags_its_gpu() -> None:
+    # nvidia-smi(1), RETURN VALUE 14: "infoROM is corrupted"; the warning names the GPU's bus.
+    warn = "WARNING: infoROM is corrupted at gpu 0000:18:00.0"
+    gpus, notes = nvsmi.parse_gpu_answer("n", 14, f"{warn}\n{ROW0}\n{ROW2}\n", "")
+    assert [g.flags for g in gpus] == [("warning",), ()]
+    assert notes.lines() == (warn,)
+
+
+@pytest.mark.parametrize("status", [9, 255, 15, 14])
+def test_a_failure_without_rows_is_still_a_failure(status: int) -> None:
+    with pytest.raises(SmiFailed):
+        nvsmi.parse_gpu_answer("n", status, "NVIDIA-SMI has failed because ...\n", "")
+
+
+@pytest.mark.parametrize(
+    ("value", "flag"),
+    [("[GPU is lost]", "lost"), ("[GPU requires reset]", "requires-reset"),
+     ("[Unknown Error]", "unknown-error"), ("[No data]", "no-data"), ("[Timeout]", "timeout"),
+     ("[N/A]", None), ("[Some new words]", None)],
+)  # fmt: skip
+def test_any_bracketed_value_is_none_with_a_flag_where_it_says_something(
+    value: str, flag: str | None
+) -> None:
+    line = f"3, GPU-5f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:18:00.0, X, {value}, 1, 2"
+    (g,) = nvsmi.parse_gpus(line)
+    assert g.memory_used_mib is None and g.flags == ((flag,) if flag else ())

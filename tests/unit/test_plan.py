@@ -19,8 +19,13 @@ UIDS = {"root": 0, "nvidia-persistenced": 990, "alice": 1000, "bob": 1001, "caro
 AUTO = -1  # the uid of ``user``
 
 
-def gpu(i: int, used: int | None = 0) -> GpuInfo:
-    return GpuInfo(i, f"GPU-{i:08d}", "NVIDIA H200", used, 143771, 0)
+MINORS = {0: 3, 1: 0, 2: 4, 3: 1, 4: 2}  # an index is not its device file's minor number
+
+
+def gpu(i: int, used: int | None = 0, minor: int | None = -1) -> GpuInfo:
+    return GpuInfo(i, f"GPU-{i:08d}", "NVIDIA H200", used, 143771, 0,
+                   bus_id=f"00000000:{0x18 + i:02X}:00.0",
+                   minor=MINORS.get(i, i) if minor == -1 else minor)  # fmt: skip
 
 
 def proc(
@@ -193,3 +198,66 @@ def test_plan_round_trips_through_dict() -> None:
 def test_bad_requests(kw: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan(**kw)
+
+
+# ---- a GPU whose device file is unknown ---------------------------------------------------------
+
+# GPU 1's minor is unknown: its device file's holders (hidden ones included) cannot be listed.
+BLIND = replace(SNAP, gpus=tuple(replace(g, minor=None) if g.index == 1 else g for g in SNAP.gpus))
+
+
+def blind(**kw: object) -> ResetPlan:
+    req = ResetRequest("node1", kw.pop("requester", "alice"), **kw)  # type: ignore[arg-type]
+    return plan_reset(BLIND, req, PROTECTION)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"gpus": (1,)},
+        {"gpus": (1,), "user": "alice"},  # a user's share of it still needs its holders
+        {"gpus": (0, 1)},
+        {},  # every GPU, this one among them
+        {"requester": "root"},
+    ],
+)
+def test_gpu_wide_request_on_an_unknown_device_file_is_refused(kw: dict[str, object]) -> None:
+    with pytest.raises(ResetRefused) as ei:
+        blind(**kw)
+    assert str(ei.value) == (
+        "node1: gpubot cannot tell which device file is GPU 1 (the driver names no Device Minor "
+        "for its bus id), so it cannot see who holds it; reset by pid instead"
+    )
+
+
+def test_unknown_device_file_of_one_gpu_does_not_refuse_another() -> None:
+    for kw in ({"gpus": (0,)}, {"gpus": (2, 4), "requester": "bob"}):
+        assert blind(**kw) == plan(**kw)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"pids": (12,)},
+        {"pids": (11, 12), "requester": "root"},
+        {"pids": (12,), "gpus": (1,)},  # pids narrowed to the GPU: still a pid request
+        {"pids": (15,)},  # on GPU 1 and GPU 2
+        {"pids": (10, 12)},  # one GPU known, one not
+    ],
+)
+def test_pid_request_plans_on_a_gpu_whose_device_file_is_unknown(kw: dict[str, object]) -> None:
+    p = blind(**kw)
+    assert p == plan(**kw)
+    pids = kw["pids"]
+    assert isinstance(pids, tuple) and sorted(t.pid for t in p.targets) == sorted(pids)
+    assert 1 in p.gpus
+
+
+def test_a_minor_is_never_guessed_from_the_index() -> None:
+    """Any minor at all is enough; it need not equal the index."""
+    s = NodeSnapshot("node1", 0.0, (gpu(0, 1000, minor=7),), (proc(10, 0),))
+    p = plan_reset(s, ResetRequest("node1", "alice"), PROTECTION)
+    assert [t.pid for t in p.targets] == [10]
+    s = replace(s, gpus=(gpu(0, 1000, minor=None),))
+    with pytest.raises(ResetRefused, match="which device file is GPU 0"):
+        plan_reset(s, ResetRequest("node1", "alice"), PROTECTION)

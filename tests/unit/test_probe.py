@@ -21,7 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, DeviceHolder, GpuInfo, NodeConfig
+from gpubot.core.plan import ResetRequest, plan_reset
 from gpubot.core.probe import (
     PROBE_SCRIPT,
     parse_fuser,
@@ -31,7 +33,8 @@ from gpubot.core.probe import (
     probe_argv,
     proc_argv,
 )
-from gpubot.errors import ConfigError, ParseError, ProbeError, SmiFailed, SmiMissing
+from gpubot.core.protect import Protection
+from gpubot.errors import ConfigError, ParseError, ProbeError, ResetRefused, SmiFailed, SmiMissing
 
 U = [f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(3)]
 SLEEP_PY = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -86,6 +89,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     dev.mkdir()
     for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
         (dev / name).touch()
+    set_minors(d / "driver", [0, 1, 2])
     smi = d / "nvidia-smi"
     smi.write_text(SMI)
     smi.chmod(0o755)
@@ -118,6 +122,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
             host="unused",
             dev_prefix=f"{dev}/nvidia",
             nvidia_smi=str(smi),
+            driver_dir=str(d / "driver"),
         )
         b = Box(d, node, {k: p.pid for k, p in procs.items()}, gone.pid)
         time.sleep(0.05)
@@ -129,7 +134,23 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
 
 
 def gpus_text(n: int = 3) -> str:
-    return "".join(f"{i}, {U[i]}, NVIDIA H200, {1024 * i}, 143771, {10 * i}\n" for i in range(n))
+    return "".join(f"{i}, {U[i]}, {BUS[i]}, NVIDIA H200, {1024 * i}, 143771, {10 * i}\n"
+                   for i in range(n))  # fmt: skip
+
+
+BUS = [f"00000000:{0x18 + 0x10 * i:02X}:00.0" for i in range(3)]
+
+
+def set_minors(driver: Path, minors: list[int | None]) -> None:
+    """Write the driver's information file of each GPU (real layout; None: no such line)."""
+    for i, minor in enumerate(minors):
+        folder = driver / "gpus" / f"0000:{0x18 + 0x10 * i:02x}:00.0"
+        folder.mkdir(parents=True, exist_ok=True)
+        line = "" if minor is None else f"Device Minor: \t {minor}\n"
+        (folder / "information").write_text(
+            f"Model: \t\t NVIDIA H200\nGPU UUID: \t {U[i]}\nBus Location: \t "
+            f"0000:{0x18 + 0x10 * i:02x}:00.0\n{line}GPU Excluded:\t No\n"
+        )
 
 
 def run(argv: list[str], shell: str = "dash", env: dict[str, str] | None = None) -> CommandResult:
@@ -168,14 +189,15 @@ def test_script_is_constant_and_values_are_arguments() -> None:
     a = probe_argv(nasty, smi_timeout_s=2.5, gpu_indices=[0, 3])
     b = probe_argv(plain, smi_timeout_s=10)
     assert a[:4] == b[:4] == ["sh", "-c", PROBE_SCRIPT, "gpubot-probe"]
-    assert a[4:] == [nasty.nvidia_smi, nasty.dev_prefix, "2.5", "sudo", "smi", "0,3"]
-    assert b[4:] == ["nvidia-smi", "/dev/nvidia", "10", "-", "smi", ""]
+    drv = "/proc/driver/nvidia"
+    assert a[4:] == [nasty.nvidia_smi, nasty.dev_prefix, "2.5", "sudo", "smi", "0,3", drv, ""]
+    assert b[4:] == ["nvidia-smi", "/dev/nvidia", "10", "-", "smi", "", drv, ""]
     # No per-call secret: anyone on the node may read this argv; two calls are identical.
     assert probe_argv(plain, smi_timeout_s=10) == b
     assert "nvidia" not in PROBE_SCRIPT.replace("nvidia-smi", "").replace("--query", "")
     assert "*" not in PROBE_SCRIPT.split("fuser -v")[1].split("\n")[0]  # never a glob
     assert probe_argv(plain, smi_timeout_s=1, gpu_indices=[1], skip_smi=True,
-                      pids=[7, 9])[8:] == ["nvml", "1", "7", "9"]  # fmt: skip
+                      pids=[7, 9], minors=[4])[8:] == ["nvml", "1", drv, "4", "7", "9"]  # fmt: skip
     assert "process_name" not in PROBE_SCRIPT  # a process's own say about its name
 
 
@@ -211,7 +233,7 @@ def test_probe_builds_the_snapshot(box: Box, shell: str) -> None:
     snap = probe(box, shell)
     assert snap.node == "n1" and snap.taken_at == 1000.0
     assert [g.index for g in snap.gpus] == [0, 1, 2]
-    assert snap.gpu(1) == GpuInfo(1, U[1], "NVIDIA H200", 1024, 143771, 10)
+    assert snap.gpu(1) == GpuInfo(1, U[1], "NVIDIA H200", 1024, 143771, 10, BUS[1], 1)
     got = {(p.pid, p.gpu_index): p for p in snap.processes}
     assert set(got) == {(a, 0), (box.gone, 1), (b, 1), (d, 2)}
 
@@ -267,7 +289,7 @@ def test_a_listed_job_holding_other_gpus_files_stays_on_its_gpu(box: Box) -> Non
 
 
 def test_probe_asks_only_the_given_gpus(box: Box) -> None:
-    box.set(gpus="0, {0}, NVIDIA H200, 1, 2, 3\n2, {2}, NVIDIA H200, 1, 2, 3\n".format(*U),
+    box.set(gpus="".join(ln for ln in gpus_text().splitlines(keepends=True) if ln[0] in "02"),
             apps=f"{box.pids['B']}, {U[1]}, 99\n")  # fmt: skip
     snap = probe(box, gpu_indices=[0, 2])
     assert any(c.endswith("-i 0,2") for c in box.calls())
@@ -286,11 +308,14 @@ def test_app_on_an_unlisted_gpu_is_a_parse_error(box: Box) -> None:
 
 def test_nvml_mode_skips_nvidia_smi(box: Box) -> None:
     box.set(mode="hang")  # would cost 5 s if it ran
-    gpus = (GpuInfo(0, U[0], "NVIDIA H200", 1, 143771, 0), GpuInfo(1, U[1], "NVIDIA H200", 2, 3, 4))
+    # NVML knows GPU 0's minor; GPU 1's comes from the driver's file for its bus id.
+    gpus = (GpuInfo(0, U[0], "NVIDIA H200", 1, 143771, 0, None, 0),
+            GpuInfo(1, U[1], "NVIDIA H200", 2, 3, 4, BUS[1], None))  # fmt: skip
     apps = (ComputeApp(box.pids["A"], U[0], 77),)
-    snap = probe(box, gpu_indices=[0, 1], skip_smi=True, pids=[box.pids["A"]], nvml=(gpus, apps))
+    snap = probe(box, gpu_indices=[0, 1], skip_smi=True, pids=[box.pids["A"]], minors=[0],
+                 nvml=(gpus, apps))  # fmt: skip
     assert box.calls() == []
-    assert snap.gpus == gpus
+    assert snap.gpus == (gpus[0], replace(gpus[1], minor=1))
     got = {(p.pid, p.gpu_index): p for p in snap.processes}
     assert set(got) == {(box.pids["A"], 0), (box.pids["B"], 1)}
     assert got[(box.pids["A"], 0)].start_ticks == start_ticks(box.pids["A"])
@@ -377,6 +402,7 @@ NODE = NodeConfig(name="n9", host="h", dev_prefix="/d/nvidia")
 P42 = "p 42 S 1 777 1234 1234 =a)\\040b\\012(c =job\\000--x\\000 ! =0::/job =0"
 P43 = "p 43 R 1 900 0 0 =python3 =/usr/bin/python3\\000train.py\\000 =/usr/bin/python3.11 =0::/ =0"
 PROCS = f"procs\nc 100 17.5\n{P43}\n{P42}\nu 0 =root\nu 1234 !\n"
+MINORS = "minors\n0000:18:00.0 0\n"
 FUSER_OK = "fuser 0\n/d/nvidia0:          alice   42 F...m\n                     root    43 F...m\n"
 
 
@@ -386,12 +412,12 @@ def out(*sections: str) -> CommandResult:
 
 def full(apps: str = "43, GPU-00000000-aaaa-bbbb-cccc-000000000000, 100\n") -> list[str]:
     return ["probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n" + apps,
-            FUSER_OK, PROCS, "end\n"]  # fmt: skip
+            MINORS, FUSER_OK, PROCS, "end\n"]  # fmt: skip
 
 
 def test_parse_probe_minimal() -> None:
     r = out("probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n",
-            "fuser 1\n", "procs\nc 100 5.0\n", "end\n")  # fmt: skip
+            MINORS, "fuser 1\n", "procs\nc 100 5.0\n", "end\n")  # fmt: skip
     snap = parse_probe(NODE, r, 1.0)
     assert len(snap.gpus) == 1 and snap.processes == () and snap.ctl_only == ()
 
@@ -422,6 +448,7 @@ def test_parse_probe_full() -> None:
                 "gpus 0\n",
                 "apps-err\n",
                 "apps 0\n",
+                MINORS,
                 "fuser 127\nsh: fuser: not found\n",
                 "procs\nc 1 1\n",
                 "end\n",
@@ -436,6 +463,7 @@ def test_parse_probe_full() -> None:
                 "gpus 0\n",
                 "apps-err\n",
                 "apps 0\n",
+                MINORS,
                 "fuser 0\n/etc/passwd: root 1 f.... x\n",
                 "procs\nc 1 1\n",
                 "end\n",
@@ -446,20 +474,20 @@ def test_parse_probe_full() -> None:
         (out("probe 5 -\n", "gpus-err\n", "gpus x\n", "end\n"), ParseError, "status"),
         (out(*full()[:-1], "end\ntrailing\n"), ParseError, "after the end"),
         (out(*full()[:2], full()[2], *full()[2:]), ParseError, "out of order or repeated"),
-        (out(*full()[:6], PROCS + P42 + "\n", "end\n"), ParseError, "unexpected line"),
-        (out(*full()[:6], PROCS.replace("u 0", f"{P43}\nu 0"), "end\n"), ParseError, "twice"),
+        (out(*full()[:7], PROCS + P42 + "\n", "end\n"), ParseError, "unexpected line"),
+        (out(*full()[:7], PROCS.replace("u 0", f"{P43}\nu 0"), "end\n"), ParseError, "twice"),
         (
-            out(*full()[:6], PROCS.replace(f"{P43}\n{P42}", f"{P42}\n{P43}"), "end\n"),
+            out(*full()[:7], PROCS.replace(f"{P43}\n{P42}", f"{P42}\n{P43}"), "end\n"),
             ParseError,
             "not as asked",
         ),
-        (out(*full()[:6], PROCS.replace(f"{P42}\n", ""), "end\n"), ParseError, "not as asked"),
-        (out(*full()[:6], PROCS.replace("u 1234 !\n", ""), "end\n"), ParseError, "owner names"),
-        (out(*full()[:6], PROCS.replace("=job", "=j ob"), "end\n"), ParseError, "process line"),
-        (out(*full()[:6], PROCS.replace("=job", "=j\\9ob"), "end\n"), ParseError, "escaped"),
-        (out(*full()[:6], PROCS.replace("=job", "job"), "end\n"), ParseError, "escaped"),
+        (out(*full()[:7], PROCS.replace(f"{P42}\n", ""), "end\n"), ParseError, "not as asked"),
+        (out(*full()[:7], PROCS.replace("u 1234 !\n", ""), "end\n"), ParseError, "owner names"),
+        (out(*full()[:7], PROCS.replace("=job", "=j ob"), "end\n"), ParseError, "process line"),
+        (out(*full()[:7], PROCS.replace("=job", "=j\\9ob"), "end\n"), ParseError, "escaped"),
+        (out(*full()[:7], PROCS.replace("=job", "job"), "end\n"), ParseError, "escaped"),
         (
-            out(*full()[:6], PROCS.replace(" 1234 1234 ", " 1234 - "), "end\n"),
+            out(*full()[:7], PROCS.replace(" 1234 1234 ", " 1234 - "), "end\n"),
             ParseError,
             "owner names|uid",
         ),
@@ -638,3 +666,30 @@ def test_the_same_snapshot_under_each_awk(box: Box, awk: str, tmp_path: Path) ->
     assert all(p == q for p, q in same) and len(under.ctl_only) == len(default.ctl_only)
     d = {p.pid: p for p in under.processes}[box.pids["D"]]
     assert d.process_name == "x) (y\\x0az" and d.exe == str(box.dir / "x) (y\nz")
+
+
+def test_holders_go_to_the_gpu_their_device_minor_names(box: Box) -> None:
+    # A box whose driver numbered the device files apart from the GPU indices (documented on
+    # A100 systems): nvidia2 is GPU 0, nvidia0 is GPU 1, nvidia1 is GPU 2.
+    driver = Path(box.node.driver_dir)
+    set_minors(driver, [2, 0, 1])
+    try:
+        box.set(gpus=gpus_text(), apps=f"{box.pids['A']}, {U[0]}, 2048\n")
+        snap = probe(box)
+        assert [(g.index, g.minor) for g in snap.gpus] == [(0, 2), (1, 0), (2, 1)]
+        got = {(p.pid, p.gpu_index, p.hidden) for p in snap.processes}
+        # B holds nvidia1 (GPU 2), D holds nvidia2 (GPU 0); A is listed by nvidia-smi on GPU 0.
+        assert got == {(box.pids["A"], 0, False), (box.pids["B"], 2, True),
+                       (box.pids["D"], 0, True)}  # fmt: skip
+        set_minors(driver, [0, None, 2])  # the driver names no minor for GPU 1
+        snap = probe(box)
+        assert snap.gpu(1) is not None and snap.gpu(1).minor is None  # type: ignore[union-attr]
+        assert "device-file-unknown" in gpu_flags(snap.gpus[1], snap.on_gpu(1))
+        assert box.pids["B"] not in {p.pid for p in snap.processes}  # nvidia1 is nobody's GPU
+        with pytest.raises(ResetRefused, match="cannot tell which device file is GPU 1"):
+            plan_reset(snap, ResetRequest("n1", "root", gpus=(1,)), Protection())
+        set_minors(driver, [0, 0, 2])
+        with pytest.raises(ParseError, match="two GPUs on one device file"):
+            probe(box)
+    finally:
+        set_minors(driver, [0, 1, 2])

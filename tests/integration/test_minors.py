@@ -1,0 +1,101 @@
+"""A box whose device files are numbered apart from its GPU indices, on both SSH servers.
+
+NVIDIA orders GPU indices by PCI bus (or CUDA_DEVICE_ORDER) while the driver assigns each GPU's
+device minor: ``/dev/nvidiaN`` is the GPU whose ``/proc/driver/nvidia/gpus/<bus>/information``
+says ``Device Minor: N``, which need not be GPU N. Here GPU i opens ``nvidia{3 - i}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubot.config import Settings, load
+from gpubot.core.models import Outcome
+from gpubot.core.plan import ResetRequest
+from gpubot.services.reset import NodeLocks, ResetResult, ResetService
+from gpubot.services.status import StatusService
+from gpubot.sim.fleet import SimFleet, SimNode
+from gpubot.ssh import make_transport
+from gpubot.store import Store, open_store
+from tests.fixtures.fleet import leave_clean
+from tests.procs import alive
+
+MINORS = [3, 2, 1, 0]
+
+
+@pytest.fixture(scope="module", params=["asyncssh", "sshd"])
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SimFleet]:
+    with SimFleet(tmp_path_factory.mktemp("minors"), nodes=1, gpus=4, release_delay_s=0.3,
+                  server=request.param, minors=MINORS) as f:  # fmt: skip
+        yield f
+
+
+@pytest.fixture(scope="module")
+def settings(fleet: SimFleet) -> Settings:
+    s = load(fleet.config_path)
+    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=8.0, poll_interval_s=0.2)
+    return dataclasses.replace(s, reset=reset, ssh=dataclasses.replace(s.ssh, command_timeout_s=15))
+
+
+@pytest.fixture
+async def engine(settings: Settings, tmp_path: Path) -> AsyncIterator[ResetService]:
+    store: Store = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
+    store.upgrade()
+    transport = make_transport(settings.ssh)
+    yield ResetService(settings, transport, store, StatusService(settings, transport, store),
+                       NodeLocks())  # fmt: skip
+    await transport.close()
+    store.close()
+
+
+@pytest.fixture
+def node(fleet: SimFleet) -> Iterator[SimNode]:
+    n = fleet.node("node1")
+    yield n
+    leave_clean(n)
+
+
+async def reset(engine: ResetService, gpu: int) -> ResetResult:
+    plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(gpu,)))
+    return await engine.execute(plan, actor="t", source="t", command="t", before=before)
+
+
+async def test_a_reset_never_signals_a_process_on_another_gpu(
+    engine: ResetService, node: SimNode
+) -> None:
+    assert node.device(0) == f"{node.dev_prefix}3"  # GPU 0's job holds nvidia3
+    on0 = node.spawn(gpu=0, mib=1000)
+    on3 = node.spawn(gpu=3, mib=2000)
+    hidden1 = node.spawn(gpu=1, mib=500, behaviour="hidden")  # only its device file tells
+    snap = await engine.status.snapshot(engine.status.node("node1"))
+    assert [(g.index, g.minor) for g in snap.gpus] == list(enumerate(MINORS))
+    assert {(p.pid, p.gpu_index, p.hidden) for p in snap.processes} == {
+        (on0.pid, 0, False), (on3.pid, 3, False), (hidden1.pid, 1, True)}  # fmt: skip
+
+    r = await reset(engine, 3)  # index 3 is nvidia0: under index == minor, on0 would die
+    assert [t.pid for t in r.plan.targets] == [on3.pid]
+    assert {s.data["pid"] for s in r.steps if s.kind == "signal"} == {on3.pid}
+    assert [g.outcome for g in r.gpus] == [Outcome.FREED]
+    assert alive(on0.pid) and alive(hidden1.pid) and not alive(on3.pid)
+
+    r = await reset(engine, 1)  # the hidden holder of nvidia2
+    assert [t.pid for t in r.plan.targets] == [hidden1.pid]
+    assert alive(on0.pid) and not alive(hidden1.pid)
+
+
+async def test_gpu_reset_sees_the_holder_through_the_minor(
+    engine: ResetService, node: SimNode
+) -> None:
+    held = node.spawn(gpu=2, mib=0, behaviour="hidden")  # holds nvidia1, no memory listed
+    snap = await engine.status.snapshot(engine.status.node("node1"))
+    assert [(p.pid, p.gpu_index) for p in snap.processes] == [(held.pid, 2)]
+    with pytest.raises(Exception, match="still has processes"):
+        await engine.gpu_reset("node1", 2, actor="t", source="t", command="t")
+    r = await engine.gpu_reset("node1", 1, actor="t", source="t", command="t")  # nvidia2: idle
+    assert [g.outcome for g in r.gpus] == [Outcome.FREED] and alive(held.pid)

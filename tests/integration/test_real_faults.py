@@ -1,0 +1,161 @@
+"""What real boxes do and the first simulator did not: lost GPUs, infoROM warnings, odd values.
+
+Each case on the simulated fleet through status (text and ``--json``), reset, gpu-reset and a
+sweep. Formats: nvidia-smi(1) RETURN VALUE (14: infoROM corrupted, 15: GPU fallen off the bus);
+the "Unable to determine the device handle" line in the three shapes public bug reports quote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubot.config import Settings, load
+from gpubot.core.findings import load_sweep_config
+from gpubot.core.models import FindingKind, Outcome
+from gpubot.core.plan import ResetRequest
+from gpubot.services.reset import NodeLocks, ResetService
+from gpubot.services.status import StatusService
+from gpubot.services.sweep import SweepService
+from gpubot.sim.fleet import SimFleet, SimNode
+from gpubot.ssh import make_transport
+from gpubot.store import Store, open_store
+from tests.fixtures.fleet import leave_clean
+from tests.procs import alive
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
+    with SimFleet(tmp_path_factory.mktemp("faults"), nodes=1, gpus=4, release_delay_s=0.3,
+                  minors=[1, 0, 3, 2]) as f:  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
+        subprocess.run([sys.executable, "-m", "gpubot", "--config", str(f.config_path), "db",
+                        "upgrade"], check=True, capture_output=True, env=env)  # fmt: skip
+        yield f
+
+
+@pytest.fixture(scope="module")
+def settings(fleet: SimFleet) -> Settings:
+    s = load(fleet.config_path)
+    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=6.0, poll_interval_s=0.2)
+    return dataclasses.replace(s, reset=reset, ssh=dataclasses.replace(s.ssh, command_timeout_s=15))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    st = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
+    st.upgrade()
+    yield st
+    st.close()
+
+
+@pytest.fixture
+async def engine(settings: Settings, store: Store) -> AsyncIterator[ResetService]:
+    transport = make_transport(settings.ssh)
+    yield ResetService(settings, transport, store, StatusService(settings, transport, store),
+                       NodeLocks())  # fmt: skip
+    await transport.close()
+
+
+@pytest.fixture
+def node(fleet: SimFleet) -> Iterator[SimNode]:
+    n = fleet.node("node1")
+    yield n
+    n.set_fault(None)
+    for g in range(n.gpus):
+        n.override("gpu", "memory.used", None, gpu=g)
+    leave_clean(n)
+
+
+def cli_status(fleet: SimFleet, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
+    return subprocess.run([sys.executable, "-m", "gpubot", "--config", str(fleet.config_path),
+                           "status", *args], capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+
+
+async def sweep_kinds(settings: Settings, store: Store, engine: ResetService) -> set[str]:
+    svc = SweepService(settings, load_sweep_config({"sweep": {"interval_s": 60}}), engine.status,
+                       store, replica="test")  # fmt: skip
+    result = await svc.run()
+    return {f"{f.kind}:{f.gpu}" for f in result.findings}
+
+
+@pytest.mark.parametrize("style", ["index-bus", "bus", "index"])
+async def test_a_lost_gpu_is_flagged_and_the_others_still_work(
+    engine: ResetService, store: Store, settings: Settings, fleet: SimFleet, node: SimNode,
+    style: str,
+) -> None:  # fmt: skip
+    job = node.spawn(gpu=1, mib=2000)
+    node.set_fault("lost", gpu=2, style=style)
+    snap = await engine.status.snapshot(engine.status.node("node1"))
+    listed = {g.index: g for g in snap.gpus}
+    assert {0, 1, 3} <= set(listed) and listed[1].memory_used_mib == 2000
+    assert any("is lost" in n for n in snap.notes)
+    if style == "bus":  # no index said: the node notes it by bus id
+        assert 2 not in listed and snap.lost == ("0000:3A:00.0",)
+    else:
+        assert listed[2].flags == ("lost",) and listed[2].memory_used_mib is None
+
+    text = cli_status(fleet, "node1")
+    assert text.returncode == 0, text.stderr
+    assert "is lost" in text.stdout and "2000" in text.stdout
+    doc = json.loads(cli_status(fleet, "node1", "--json").stdout)
+    (n,) = doc["nodes"] if "nodes" in doc else [doc]
+    assert any("is lost" in note for note in n["notes"])
+
+    kinds = await sweep_kinds(settings, store, engine)
+    assert (f"{FindingKind.GPU_LOST}:{None if style == 'bus' else 2}") in kinds
+
+    plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
+    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    assert [g.outcome for g in r.gpus] == [Outcome.FREED] and not alive(job.pid)
+
+    r = await engine.gpu_reset("node1", 3, actor="t", source="t", command="t")
+    assert [g.outcome for g in r.gpus] == [Outcome.FREED]
+
+
+async def test_an_inforom_warning_keeps_the_data_and_flags_the_gpu(
+    engine: ResetService, store: Store, settings: Settings, fleet: SimFleet, node: SimNode
+) -> None:
+    job = node.spawn(gpu=0, mib=1500)
+    node.set_fault("inforom")
+    snap = await engine.status.snapshot(engine.status.node("node1"))
+    assert snap.gpus[0].memory_used_mib == 1500 and "warning" in snap.gpus[0].flags
+    assert [n for n in snap.notes if "infoROM is corrupted" in n]
+    assert "warning" in cli_status(fleet, "node1").stdout
+    assert await sweep_kinds(settings, store, engine) == set()  # a warning is not an incident
+    plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(0,)))
+    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    assert [g.outcome for g in r.gpus] == [Outcome.FREED], r.gpus
+    assert not alive(job.pid)
+    r = await engine.gpu_reset("node1", 0, actor="t", source="t", command="t")
+    assert [g.outcome for g in r.gpus] == [Outcome.FREED]
+
+
+@pytest.mark.parametrize(
+    ("text", "flag"),
+    [("[GPU requires reset]", "requires-reset"), ("[GPU is lost]", "lost"),
+     ("[Unknown Error]", "unknown-error"), ("[No data]", "no-data"), ("[Timeout]", "timeout")],
+)  # fmt: skip
+async def test_a_bracketed_value_is_unknown_and_flagged_not_a_node_failure(
+    engine: ResetService, fleet: SimFleet, node: SimNode, text: str, flag: str
+) -> None:
+    node.override("gpu", "memory.used", text, gpu=3)
+    job = node.spawn(gpu=1, mib=700)
+    snap = await engine.status.snapshot(engine.status.node("node1"))
+    g3 = snap.gpu(3)
+    assert g3 is not None and g3.memory_used_mib is None and flag in g3.flags
+    assert snap.gpu(1) is not None and snap.gpu(1).memory_used_mib == 700  # type: ignore[union-attr]
+    doc = cli_status(fleet, "node1", "--json")
+    assert doc.returncode == 0 and flag in doc.stdout
+    plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
+    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    assert [g.outcome for g in r.gpus] == [Outcome.FREED] and not alive(job.pid)

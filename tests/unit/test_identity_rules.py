@@ -1,0 +1,193 @@
+"""Who may use gpubot, who may approve, and the self-service floor: tables for the pure rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.plan import ResetRequest, below_floor, plan_reset
+from gpubot.core.policy import (
+    ChatAccount,
+    Policy,
+    Resolved,
+    account_refusal,
+    floor_note,
+    linux_user,
+    load_policy,
+    resolve,
+    same_person,
+    system_user_refusal,
+)
+from gpubot.core.protect import Protection
+from gpubot.errors import ConfigError
+
+USERS: dict[str, Any] = {
+    "users": {
+        "U0ALICE": "alice",
+        "U0ROOT": "root",
+        "U0PERS": "nvidia-persistenced",
+        "email_local_part": True,
+        "email_domains": ["example.com"],
+    }
+}
+P = load_policy(USERS)
+OK = ChatAccount("U0DAVE", team_id="T0HOME", email="dave@example.com")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"users": {"email_local_part": True}}, "users.email_local_part: needs users.email_domains"),
+        ({"users": {"email_local_part": True, "email_domains": []}}, "needs users.email_domains"),
+        ({"users": {"email_domains": ["@example.com"]}}, "users.email_domains: '@example.com'"),
+        ({"users": {"min_uid": -1}}, "users.min_uid: expected a uid from 0"),
+        ({"users": {"min_uid": "1000"}}, "users.min_uid"),
+        ({"users": {"min_uid": True}}, "users.min_uid"),
+        ({"users": {"min_uid": 2**31}}, "users.min_uid"),
+        ({"approvals": {"group_cache_s": -1}}, "approvals.group_cache_s: expected seconds"),
+        ({"approvals": {"group_cache_s": 3601}}, "approvals.group_cache_s"),
+        ({"approvals": {"group_cache_s": "1m"}}, "approvals.group_cache_s"),
+    ],
+)
+def test_bad_identity_settings_name_the_key(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_policy(extra, "g.toml")
+    assert str(exc.value).startswith("g.toml: ") and message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_identity_settings_defaults_and_values() -> None:
+    p = Policy()
+    assert (p.min_uid, p.group_cache_s) == (1000, 60.0)
+    assert "root" in p.system_users
+    q = load_policy({"users": {"min_uid": 500}, "approvals": {"group_cache_s": 0}},
+                    system_users=("root", "gdm"))  # fmt: skip
+    assert (q.min_uid, q.group_cache_s, q.system_users) == (500, 0.0, ("root", "gdm"))
+
+
+def test_no_email_mapping_without_domains() -> None:
+    # A Policy built by hand (not from a file) with no domains maps no e-mail at all.
+    p = Policy(email_local_part=True)
+    assert linux_user(p, "U0X", "bob@anything.org") is None
+
+
+@pytest.mark.parametrize(
+    ("account", "home", "want"),
+    [
+        (OK, "T0HOME", None),
+        (OK, None, None),  # home team unknown: only the account's own flags count
+        (ChatAccount("U0G", is_restricted=True), "T0HOME", "guest accounts cannot use gpubot"),
+        (ChatAccount("U0G", is_ultra_restricted=True), None, "guest accounts cannot use gpubot"),
+        (ChatAccount("U0S", is_stranger=True), None, "accounts of another workspace"),
+        (ChatAccount("U0S", team_id="T0OTHER"), "T0HOME", "accounts of another workspace"),
+        (ChatAccount("U0S", team_id="T0OTHER"), None, None),
+        (ChatAccount("U0D", deleted=True), "T0HOME", "this Slack account is deactivated"),
+        (ChatAccount("U0B", is_bot=True), "T0HOME", "bots cannot use gpubot"),
+        (ChatAccount("USLACKBOT"), "T0HOME", "bots cannot use gpubot"),
+        # the worst flag wins the message; every one refuses
+        (ChatAccount("U0X", deleted=True, is_restricted=True), None, "deactivated"),
+    ],
+)
+def test_account_refusals(account: ChatAccount, home: str | None, want: str | None) -> None:
+    got = account_refusal(account, home)
+    assert got == want if want is None else (got is not None and want in got)
+
+
+@pytest.mark.parametrize(
+    ("user", "account", "linux", "refused"),
+    [
+        ("U0ALICE", None, "alice", None),  # the console: the table only
+        ("U0ALICE", ChatAccount("U0ALICE", team_id="T0HOME"), "alice", None),
+        ("U0DAVE", OK, "dave", None),  # by e-mail, a trusted domain
+        ("U0ROOT", None, None, "system account 'root'"),
+        ("U0PERS", None, None, "system account 'nvidia-persistenced'"),
+        ("U0ROOT2", ChatAccount("U0ROOT2", email="root@example.com"), None, "'root'"),
+        ("U0ROOT3", ChatAccount("U0ROOT3", email="Root@Example.com"), None, "'root'"),
+        ("U0ALICE", ChatAccount("U0ALICE", is_restricted=True), None, "guest"),  # never mapped
+        ("U0DAVE", ChatAccount("U0DAVE", email="dave@elsewhere.org"), None, None),  # unknown
+        ("USLACKBOT", None, None, "bots"),
+    ],
+)
+def test_resolve(
+    user: str, account: ChatAccount | None, linux: str | None, refused: str | None
+) -> None:
+    got = resolve(P, user, account, "T0HOME")
+    assert got.linux_user == linux
+    if refused is None:
+        assert got == Resolved(linux)
+    else:
+        assert got.refused is not None and refused in got.refused
+
+
+def test_system_users_come_from_the_reset_settings() -> None:
+    p = load_policy({"users": {"U0G": "gdm"}}, system_users=("root", "gdm"))
+    assert resolve(p, "U0G", None, None).refused is not None
+    assert system_user_refusal(p, "root") is not None  # root always, listed or not
+    assert system_user_refusal(load_policy({}, system_users=()), "root") is not None
+    assert system_user_refusal(p, "alice") is None
+
+
+@pytest.mark.parametrize(
+    ("requester", "approver", "want"),
+    [("carol", "carol", True), ("carol", "dave", False), (None, None, False),
+     (None, "carol", False), ("carol", None, False)],
+)  # fmt: skip
+def test_same_person(requester: str | None, approver: str | None, want: bool) -> None:
+    assert same_person(requester, approver) is want
+
+
+@pytest.mark.parametrize(
+    ("uid", "floor", "want"),
+    [(0, None, False), (0, 0, True), (0, 1000, True), (999, 1000, True), (1000, 1000, False),
+     (65534, 1000, False), (None, 1000, True), (500, 0, False)],
+)  # fmt: skip
+def test_below_floor(uid: int | None, floor: int | None, want: bool) -> None:
+    assert below_floor(uid, floor) is want
+
+
+def _snapshot(*procs: tuple[int, str, int]) -> NodeSnapshot:
+    gpus = (GpuInfo(0, "GPU-0", "H200", 9000, 143771, 10, minor=0),)
+    return NodeSnapshot("node1", 0.0, gpus, tuple(
+        GpuProcess(pid, 0, 1000, "python3", True, True, user=user, uid=uid, real_uid=uid,
+                   start_ticks=pid * 10, state="S", command="python3 train.py")
+        for pid, user, uid in procs
+    ))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("requester", "floor", "procs", "forced"),
+    [
+        ("alice", 1000, [(11, "alice", 1001)], [False]),  # her own: self-service
+        ("alice", 1000, [(11, "bob", 1002)], [True]),  # someone else's
+        ("svc", 1000, [(11, "svc", 998)], [True]),  # hers by name, but a system uid
+        ("root", 1000, [(11, "root", 0)], [True]),  # root is never self-service
+        ("root", 0, [(11, "root", 0)], [True]),  # not even with the floor at 0
+        ("root", None, [(11, "root", 0)], [False]),  # no floor: the CLI on the gpubot host
+        (None, 1000, [(11, "alice", 1001)], [True]),  # unknown requester
+        ("alice", 1000, [(11, "alice", 1001), (12, "alice", 999)], [False, True]),
+    ],
+)
+def test_the_floor_makes_a_kill_forced(
+    requester: str | None, floor: int | None, procs: list[tuple[int, str, int]],
+    forced: list[bool],
+) -> None:  # fmt: skip
+    plan = plan_reset(_snapshot(*procs), ResetRequest("node1", requester, min_uid=floor),
+                      Protection())  # fmt: skip
+    assert [t.forced for t in plan.targets] == forced
+
+
+def test_floor_note_says_why_own_processes_need_approval() -> None:
+    plan = plan_reset(_snapshot((11, "svc", 998)), ResetRequest("node1", "svc", min_uid=1000),
+                      Protection())  # fmt: skip
+    note = floor_note(plan, "svc", 1000)
+    assert note is not None and "svc has uid 998 on node1, below [users] min_uid (1000)" in note
+    assert "below min_uid 1000" in plan.targets[0].reasons[-1]
+    root = plan_reset(_snapshot((11, "root", 0)), ResetRequest("node1", "root", min_uid=1000),
+                      Protection())  # fmt: skip
+    assert "root has uid 0 (root) on node1" in (floor_note(root, "root", 1000) or "")
+    other = plan_reset(_snapshot((11, "bob", 1002)), ResetRequest("node1", "alice", min_uid=1000),
+                       Protection())  # fmt: skip
+    assert floor_note(other, "alice", 1000) is None  # forced, but not for the floor
+    assert floor_note(other, None, 1000) is None
