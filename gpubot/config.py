@@ -46,6 +46,8 @@ class ResetSettings:
     poll_interval_s: float = 0.25
     protected: tuple[str, ...] = DEFAULT_DAEMON_PATHS  # daemon executables, absolute paths
     system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS  # the accounts they must run as
+    # gpu-reset of a GPU a daemon holds (persistence mode): nvidia-smi -pm 0 before, -pm 1 after
+    toggle_persistence: bool = False
 
     @property
     def protection(self) -> Protection:
@@ -137,7 +139,10 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     rr = v.table("reset", raw.get("reset", {}))
     r = ResetSettings()
     v.keys("reset", rr, {"grace_s", "verify_timeout_s", "free_threshold_mib", "poll_interval_s",
-                         "protected", "system_users"})  # fmt: skip
+                         "protected", "system_users", "toggle_persistence"})  # fmt: skip
+    toggle = rr.get("toggle_persistence", False)
+    if not isinstance(toggle, bool):
+        raise ConfigError(f"{where}: reset.toggle_persistence: expected true or false")
     protected = v.strings("reset.protected", rr.get("protected", list(r.protected)))
     for p in protected:
         if not p.startswith("/"):
@@ -158,6 +163,7 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
                                    rr.get("poll_interval_s", r.poll_interval_s)),
         protected=protected,
         system_users=system_users,
+        toggle_persistence=toggle,
     )  # fmt: skip
 
     nodes_raw = raw.get("nodes", [])

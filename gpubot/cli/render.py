@@ -30,7 +30,9 @@ def _mem(g: GpuInfo) -> str:
 
 
 def process_label(p: GpuProcess) -> str:
-    """Return ``user:pid:MiB command`` for one process."""
+    """Return ``user:pid:MiB command`` for one process (``system: name`` for a daemon)."""
+    if p.system:
+        return f"system: {p.process_name} ({p.pid})"
     cmd = (p.command or p.process_name).strip()
     return f"{p.user or '?'}:{p.pid}:{_num(p.used_memory_mib)} {cmd}"
 
@@ -103,6 +105,7 @@ def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
                         "command": p.command,
                         "visible_to_nvidia_smi": p.visible_to_nvidia_smi,
                         "holds_device_file": p.holds_device_file,
+                        "system": p.system,
                         "flags": list(process_flags(p)),
                     }
                     for p in procs

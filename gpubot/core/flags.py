@@ -9,6 +9,8 @@ NO_PROCESS_MEMORY_MIB = 256  # below this, memory with no process is the driver'
 
 def process_flags(p: GpuProcess) -> tuple[str, ...]:
     """Return the flags of one process on a GPU."""
+    if p.system:  # a protected daemon holds every GPU by design: not a job, not hidden
+        return ("system",)
     flags: list[str] = []
     if p.hidden:
         flags.append("hidden")
@@ -25,13 +27,14 @@ def gpu_flags(gpu: GpuInfo, procs: tuple[GpuProcess, ...]) -> tuple[str, ...]:
     """Return the flags of one GPU given the processes on it."""
     flags: list[str] = list(gpu.flags)  # lost, requires-reset, warning ...: nvidia-smi's own say
     used = gpu.memory_used_mib
-    if used is not None and used > NO_PROCESS_MEMORY_MIB and not any(p.exists for p in procs):
+    jobs = [p for p in procs if not p.system]  # a daemon holding the GPU does not hide a leak
+    if used is not None and used > NO_PROCESS_MEMORY_MIB and not any(p.exists for p in jobs):
         flags.append("no-process-memory")
     if used is None and "lost" not in flags:
         flags.append("memory-unknown")
     if gpu.minor is None:  # holders of its device file cannot be told: never guessed from index
         flags.append("device-file-unknown")
-    for p in procs:
+    for p in jobs:
         for f in process_flags(p):
             if f not in flags:
                 flags.append(f)

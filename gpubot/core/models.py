@@ -131,6 +131,7 @@ class GpuProcess:
     real_uid: int | None = None
     exe: str | None = None
     argv0: str | None = None
+    system: bool = False  # a protected system daemon (core.protect): not a job, never signalled
 
     @property
     def hidden(self) -> bool:

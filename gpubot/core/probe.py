@@ -33,6 +33,7 @@ from gpubot.core.nvsmi import (
     parse_gpu_answer,
 )
 from gpubot.core.probe_script import MARK, PROBE_SCRIPT, PROC_SCRIPT
+from gpubot.core.protect import Protection, is_protected
 from gpubot.errors import ConfigError, ParseError, ProbeError
 
 # The section sequences the scripts can write, as words joined by spaces.
@@ -147,8 +148,11 @@ def parse_probe(
     result: CommandResult,
     taken_at: float,
     nvml: tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]] | None = None,
+    protection: Protection | None = None,
 ) -> NodeSnapshot:
     """Build the snapshot of ``node`` from the probe's result (and NVML's tables when given).
+
+    ``protection`` marks the protected system daemons (``GpuProcess.system``).
 
     Raises ``SmiMissing``/``SmiFailed`` when nvidia-smi failed, ``ProbeError`` when the probe could
     not run, ``ParseError`` on output that cannot be parsed.
@@ -222,7 +226,9 @@ def parse_probe(
     ctl_only = tuple(
         procs[pid] for pid in sorted(ctl_pids - listed) if pid in procs
     )  # a ctl holder that vanished is gone: nothing to show
-    processes = tuple(sorted(visible.values(), key=lambda p: (p.gpu_index, p.pid)))
+    rule = protection or Protection()
+    processes = tuple(sorted((replace(p, system=is_protected(p, rule)) for p in visible.values()),
+                             key=lambda p: (p.gpu_index, p.pid)))  # fmt: skip
     return NodeSnapshot(node=node.name, taken_at=taken_at, gpus=tuple(gpus),
                         processes=processes, ctl_only=ctl_only, notes=notes,
                         lost=lost)  # fmt: skip

@@ -20,6 +20,7 @@ from gpubot.core.commands import Reset
 from gpubot.core.models import ApprovalState, NodeSnapshot
 from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.core.policy import (
+    SLACKBOT,
     ChatAccount,
     Policy,
     is_approver,
@@ -136,6 +137,8 @@ class ApprovalService:
 
     async def identify(self, user_id: str, name: str) -> Identity:
         """Return who ``user_id`` is on the boxes, or why they are refused (``resolve``)."""
+        if user_id == SLACKBOT:  # no need to ask Slack about Slackbot
+            return Identity(user_id, name, None, resolve(self.policy, user_id, None, None).refused)
         try:
             account = await self._account(user_id)
             team = None if account is None else await self._home_team()
@@ -162,14 +165,14 @@ class ApprovalService:
 
     async def _groups_now(
         self, groups: tuple[str, ...]
-    ) -> tuple[dict[str, frozenset[str]], list[str]]:
-        """Return the members of ``groups`` and those that cannot be read now.
+    ) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
+        """Return the members of ``groups``, and those that cannot be read now (with why).
 
         A list is used for at most ``group_cache_s``; then it is read again, and if that fails
         the group counts as unreadable: never decided on a stale list.
         """
         found: dict[str, frozenset[str]] = {}
-        unreadable: list[str] = []
+        unreadable: dict[str, str] = {}
         for group in groups:
             now = self.clock()
             cached = self._groups.get(group)
@@ -181,7 +184,7 @@ class ApprovalService:
             except GpubotError as exc:
                 log.warning("cannot read user group %s: %s", group, exc)
                 self._groups.pop(group, None)
-                unreadable.append(group)
+                unreadable[group] = str(exc)
                 continue
             self._groups[group] = (now, members)
             found[group] = members
@@ -201,10 +204,11 @@ class ApprovalService:
         if is_approver(self.policy, who.id, found):
             return True
         if unreadable:
+            group, why = next(iter(unreadable.items()))
             raise ApproversUnknown(
-                f"gpubot cannot refresh the on-call user group {', '.join(unreadable)} from "
-                f"Slack and decides nothing on a list older than {self.policy.group_cache_s:g} s "
-                "([approvals] group_cache_s): try again shortly"
+                f"gpubot cannot read the on-call user group {group} ({why}) and decides nothing "
+                f"on a list older than {self.policy.group_cache_s:g} s ([approvals] "
+                "group_cache_s): try again shortly"
             )
         return False
 

@@ -170,18 +170,26 @@ class ResetService:
         before = await self.status.snapshot(node)
         if before.gpu(gpu) is None:
             raise UsageError(f"{node.name} has no GPU {gpu}")
-        busy = [p for p in before.on_gpu(gpu) if p.exists]
+        busy = [p for p in before.on_gpu(gpu) if p.exists and not p.system]
         if busy:
             who = ", ".join(f"{p.user or '?'}:{p.pid}" for p in busy)
             raise ResetRefused(
                 f"GPU {gpu} on {node.name} still has processes ({who}): reset them first"
+            )
+        daemons = [p for p in before.on_gpu(gpu) if p.exists and p.system]
+        if daemons and not self.settings.reset.toggle_persistence:
+            names = ", ".join(f"{p.process_name} (pid {p.pid})" for p in daemons)
+            raise ResetRefused(
+                f"GPU {gpu} on {node.name} is held by {names}: with persistence mode on, "
+                "nvidia-smi --gpu-reset fails with 'In use by another client'; set [reset] "
+                "toggle_persistence = true to turn it off and on around the reset"
             )
         plan = plan_reset(
             before, ResetRequest(node.name, None, gpus=(gpu,)), self.settings.reset.protection
         )
 
         async def body(run: _Run) -> tuple[tuple[GpuResult, ...], NodeSnapshot]:
-            return await run.gpu_reset(plan, gpu), before
+            return await run.gpu_reset(plan, gpu, toggle=bool(daemons)), before
 
         return await self._audited(
             "gpu-reset", node, plan, plan.to_dict(), body, actor=actor, source=source,
@@ -450,20 +458,38 @@ class _Run:
         await self.emit("gpu_outcome", **res.to_dict())
         return res
 
-    async def gpu_reset(self, plan: ResetPlan, gpu: int) -> tuple[GpuResult, ...]:
-        """Run ``nvidia-smi --gpu-reset -i N`` and verify the GPU's memory is back."""
-        argv = [self.node.nvidia_smi, "--gpu-reset", "-i", str(gpu)]
+    async def smi(self, *args: str) -> tuple[int, str]:
+        """Run a privileged ``nvidia-smi ARGS`` (``sudo -n`` where configured); return its say."""
+        argv = [self.node.nvidia_smi, *args]
         if self.node.sudo:
             argv = ["sudo", "-n", *argv]
         res = await self.svc.transport.run(
             self.node, argv, timeout=self.svc.settings.ssh.command_timeout_s
         )
-        text = (res.stdout + res.stderr).strip()
-        await self.emit("gpu_reset", gpu=gpu, exit_status=res.exit_status, output=text[-500:])
+        return res.exit_status, (res.stdout + res.stderr).strip()
+
+    async def gpu_reset(
+        self, plan: ResetPlan, gpu: int, *, toggle: bool = False
+    ) -> tuple[GpuResult, ...]:
+        """Run ``nvidia-smi --gpu-reset -i N`` and verify the GPU's memory is back.
+
+        ``toggle``: persistence mode off before (the daemon lets the GPU go) and on after.
+        """
+        if not toggle:
+            return await self._gpu_reset(plan, gpu)
+        status, text = await self.smi("-pm", "0", "-i", str(gpu))
+        await self.emit("persistence", gpu=gpu, mode=0, exit_status=status, output=text[-300:])
+        try:
+            return await self._gpu_reset(plan, gpu)
+        finally:
+            status, text = await self.smi("-pm", "1", "-i", str(gpu))
+            await self.emit("persistence", gpu=gpu, mode=1, exit_status=status, output=text[-300:])
+
+    async def _gpu_reset(self, plan: ResetPlan, gpu: int) -> tuple[GpuResult, ...]:
+        status, text = await self.smi("--gpu-reset", "-i", str(gpu))
+        await self.emit("gpu_reset", gpu=gpu, exit_status=status, output=text[-500:])
         # 14/15 (an infoROM warning, another GPU lost) still reset this one when it says so.
-        done = res.exit_status == 0 or (
-            res.exit_status in USABLE_EXIT and "was successfully reset" in text
-        )
+        done = status == 0 or (status in USABLE_EXIT and "was successfully reset" in text)
         if not done:
             obs = GpuObservation(gpu, None, False, error=f"nvidia-smi --gpu-reset: {text[:200]}")
             return (await self.decide(plan, obs, None),)

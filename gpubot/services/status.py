@@ -13,6 +13,7 @@ from gpubot.config import Settings
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditStore, NvmlReader, NvmlTables, Transport
 from gpubot.core.probe import parse_probe, probe_argv
+from gpubot.core.protect import Protection
 from gpubot.errors import GpubotError, StoreError, UsageError
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class StatusService:
         smi_timeout = max(1.0, (timeout - 2.0) / 2)
         return await probe_node(
             self.transport, node, smi_timeout_s=smi_timeout, taken_at=time.time(),
-            gpu_indices=gpu_indices, timeout=timeout,
+            gpu_indices=gpu_indices, timeout=timeout, protection=self.settings.reset.protection,
         )  # fmt: skip
 
     async def _probe_all(self, nodes: Sequence[NodeConfig]) -> FanOut[NodeSnapshot]:
@@ -173,6 +174,7 @@ async def probe_node(
     taken_at: float,
     gpu_indices: Sequence[int] | None = None,
     timeout: float | None = None,
+    protection: Protection | None = None,
 ) -> NodeSnapshot:
     """Take one snapshot of ``node`` in one exec (NVML first when the transport offers it)."""
     nvml: NvmlTables | None = None
@@ -194,4 +196,4 @@ async def probe_node(
     else:
         argv = probe_argv(node, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices)
     result = await transport.run(node, argv, timeout=timeout)
-    return parse_probe(node, result, taken_at, nvml=nvml)
+    return parse_probe(node, result, taken_at, nvml=nvml, protection=protection)

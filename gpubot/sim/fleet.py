@@ -31,6 +31,7 @@ from types import TracebackType
 
 import asyncssh
 
+from gpubot.core.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import SimError, UsageError
 from gpubot.sim import simstate
 from gpubot.sim.control import ControlServer, socket_path
@@ -70,9 +71,14 @@ class SimFleet:
         on_stop: Callable[[], None] | None = None,
         sudo_rule: str | None = None,
         minors: Sequence[int] | None = None,
+        persistenced: bool = False,
     ) -> None:
         """``minors``: the device minor of each GPU index, e.g. ``[3, 2, 1, 0]`` (a permutation;
         default: minor == index). Real boxes number device files apart from GPU indices.
+
+        ``persistenced``: every node runs a persistence daemon (root, from the node's
+        ``sbin/nvidia-persistenced``) holding every GPU's device file, and the inventory lists
+        that executable as protected, as an admin would.
 
         ``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
         given, every node gets the sudo stand-in first on its session PATH, allowing only that
@@ -85,6 +91,7 @@ class SimFleet:
         if minors is not None and sorted(minors) != list(range(gpus)):
             raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
         self._minors = list(minors) if minors is not None else list(range(gpus))
+        self._persistenced = persistenced
         if server not in SERVERS:
             raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
         if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
@@ -218,6 +225,10 @@ class SimFleet:
             if isinstance(self._pool, SshdPool):
                 self._watch_sshd(node)
         self._write_known_hosts()
+        if self._persistenced:
+            for node in self.nodes:
+                node.spawn(None, behaviour="persistenced",
+                           exe_path=node.daemon_exe("nvidia-persistenced"))  # fmt: skip
         self._write_config()
         self._control = ControlServer(self.control_path, self, self._on_stop)
 
@@ -421,6 +432,12 @@ class SimFleet:
             f"known_hosts = {q(str(self.known_hosts))}",
             "",
         ]
+        if self._persistenced:  # the daemon's executable, where this fleet put it
+            paths = [
+                *DEFAULT_DAEMON_PATHS,
+                *(n.daemon_exe("nvidia-persistenced") for n in self.nodes),
+            ]
+            out += ["[reset]", f"protected = [{', '.join(q(p) for p in paths)}]", ""]
         for n in self.nodes:
             parity = "odd" if (n.index + 1) % 2 else "even"
             out += [

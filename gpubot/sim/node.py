@@ -250,7 +250,7 @@ class SimNode:
         """
         if behaviour not in BEHAVIOURS:
             raise UsageError(f"unknown behaviour {behaviour!r} (one of {', '.join(BEHAVIOURS)})")
-        if behaviour == "ctl-only":
+        if behaviour in ("ctl-only", "persistenced"):
             gpu = None
         elif gpu is None or not 0 <= gpu < self.gpus:
             raise UsageError(
@@ -328,7 +328,7 @@ class SimNode:
             pid=pid,
             start_ticks=ticks,
             gpu=gpu,
-            mib=0 if behaviour == "ctl-only" else mib,
+            mib=0 if behaviour in ("ctl-only", "persistenced") else mib,
             behaviour=behaviour,
             user=pw.pw_name,
             name=name,

@@ -113,6 +113,8 @@ def main(argv: list[str], node_dir: str) -> int:
         try:
             if opts["mode"] == "reset":
                 code, text = gpu_reset(state, opts, now)
+            elif opts["mode"] == "pm":
+                code, text = persistence(state, opts)
             else:
                 code, text = 0, render(state, opts, now)
         except Usage as exc:
@@ -126,6 +128,22 @@ def main(argv: list[str], node_dir: str) -> int:
         text, code = lost_line(state, fault) + text, 15 if code == 0 else code
     sys.stdout.write(text)
     return code
+
+
+def persistence(state: simstate.State, opts: dict[str, Any]) -> tuple[int, str]:
+    """``-pm 0|1 [-i N]``: ask the persistence daemon to let go of (or take) the GPUs.
+
+    As a public incident write-up shows it: ``Disabled persistence mode for GPU <bus>.``, then
+    the daemon no longer holds that GPU's device file; ``-pm 1`` answers ``Enabled persistence
+    mode via daemon for GPU <bus>.``
+    """
+    modes = state.setdefault("persistence", {})
+    lines = []
+    for g in select_gpus(state, opts["ids"]):
+        modes[str(g["index"])] = opts["pm"]
+        said = "Enabled persistence mode via daemon" if opts["pm"] else "Disabled persistence mode"
+        lines.append(f"{said} for GPU {g['bus_id']}.")
+    return 0, "\n".join(lines) + "\nAll done.\n"
 
 
 def lost_line(state: simstate.State, fault: dict[str, Any]) -> str:
@@ -161,6 +179,11 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             opts["mode"] = "list"
         elif arg in ("-r", "--gpu-reset"):
             opts["mode"] = "reset"
+        elif name in ("-pm", "--persistence-mode"):
+            value = value if eq else next(it, "")
+            if value not in ("0", "1", "ENABLED", "DISABLED"):
+                raise Usage(INVALID_ARGS)
+            opts["mode"], opts["pm"] = "pm", int(value in ("1", "ENABLED"))
         elif arg in ("-h", "--help"):
             raise Usage("NVIDIA System Management Interface -- v550.127.05 (simulated)\n", 0)
         else:

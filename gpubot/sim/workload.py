@@ -40,11 +40,13 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from . import simstate
 
-BEHAVIOURS = ("normal", "stubborn", "slow", "respawn", "orphan", "hidden", "ctl-only")
+BEHAVIOURS = ("normal", "stubborn", "slow", "respawn", "orphan", "hidden", "ctl-only",
+              "persistenced")  # fmt: skip
+GPULESS = ("ctl-only", "persistenced")  # hold no GPU memory of their own
 PAGE = 4096
 FORGE_PERIOD_S = 0.005
 TOKEN = re.compile(rb"[0-9a-f]{16,64}")
@@ -93,13 +95,11 @@ def hold(args: argparse.Namespace) -> int:
         state = simstate.load(state_dir)
     prefix = state["dev_prefix"]
     paths = [f"{prefix}ctl", f"{prefix}-uvm"]
-    if args.behaviour != "ctl-only":  # the GPU's device file is named by its minor, not index
+    if args.behaviour not in GPULESS:  # the GPU's device file is named by its minor, not index
         paths.insert(0, f"{prefix}{simstate.minor(state, args.gpu)}")
-    held = []
-    for path in paths:
-        fd = os.open(path, os.O_RDWR)
-        # A CUDA context maps its device files: fuser shows "F...m" like a real one.
-        held.append((fd, mmap.mmap(fd, PAGE, mmap.MAP_SHARED, mmap.PROT_READ)))
+    held = [_open(path) for path in paths]
+    if args.behaviour == "persistenced":  # the daemon keeps every GPU's device file open
+        return persist(args, state_dir, state, held)
 
     stopping: list[float] = []
     if args.behaviour == "stubborn":
@@ -119,9 +119,9 @@ def hold(args: argparse.Namespace) -> int:
     record = {
         "pid": me,
         "start_ticks": ticks,
-        "gpu": None if args.behaviour == "ctl-only" else args.gpu,
-        "mib": 0 if args.behaviour == "ctl-only" else args.mib,
-        "util": 0 if args.behaviour == "ctl-only" else args.util,
+        "gpu": None if args.behaviour in GPULESS else args.gpu,
+        "mib": 0 if args.behaviour in GPULESS else args.mib,
+        "util": 0 if args.behaviour in GPULESS else args.util,
         "behaviour": args.behaviour,
         "name": args.name,
         "user": pwd.getpwuid(os.geteuid()).pw_name,
@@ -143,6 +143,42 @@ def hold(args: argparse.Namespace) -> int:
             time.sleep(max(0.0, stopping[0] + args.slow_exit_s - time.monotonic()))
             return 0
         signal.pause()
+
+
+def _open(path: str) -> tuple[int, mmap.mmap]:
+    fd = os.open(path, os.O_RDWR)
+    # A CUDA context maps its device files: fuser shows "F...m" like a real one.
+    return fd, mmap.mmap(fd, PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
+
+
+def persist(args: argparse.Namespace, state_dir: str, state: simstate.State, ctl: list[Any]) -> int:
+    """Be nvidia-persistenced: hold every GPU's device file while its persistence mode is on.
+
+    ``nvidia-smi -pm 0 -i N`` turns GPU N's mode off (the state says so): the daemon lets its
+    device file go within 0.1 s, and takes it again at ``-pm 1``. It holds no memory and is not
+    a compute app (NVIDIA's driver README: the daemon keeps the device files open).
+    """
+    prefix = state["dev_prefix"]
+    files = {g["index"]: f"{prefix}{simstate.minor(state, g['index'])}" for g in state["gpus"]}
+    held: dict[int, Any] = {i: _open(p) for i, p in files.items()}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    me = os.getpid()
+    ticks = simstate.start_ticks(me)
+    if args.ready_fd >= 0:
+        os.write(args.ready_fd, f"ready {me} {ticks}\n".encode())
+        os.close(args.ready_fd)
+    while True:
+        with simstate.locked(state_dir):
+            modes = simstate.load(state_dir).get("persistence", {})
+        for i, path in files.items():
+            on = modes.get(str(i), 1) == 1
+            if on and i not in held:
+                held[i] = _open(path)
+            elif not on and i in held:
+                fd, mm = held.pop(i)
+                mm.close()
+                os.close(fd)
+        time.sleep(0.1)
 
 
 def supervise(args: argparse.Namespace, argv: list[str]) -> int:

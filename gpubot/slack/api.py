@@ -191,7 +191,7 @@ class SlackDirectory:
         try:
             resp = await self.client.usergroups_users_list(usergroup=group_id)
         except (SlackApiError, SlackClientError) as exc:
-            raise GpubotError(f"usergroups.users.list {group_id}: {_error(exc)}") from None
+            raise GpubotError(f"usergroups.users.list: {_error(exc)}") from None
         return frozenset(str(u) for u in resp.get("users") or [])
 
     async def account(self, user_id: str) -> ChatAccount:

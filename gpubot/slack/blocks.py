@@ -164,6 +164,8 @@ def short_command(p: GpuProcess, n: int = 32) -> str:
 
 def proc_label(p: GpuProcess) -> str:
     """Return ``user pid MiB command [flags]`` for one process (not escaped)."""
+    if p.system:
+        return f"system: {p.process_name} ({p.pid})"
     flags = process_flags(p)
     tail = f" [{', '.join(flags)}]" if flags else ""
     return f"{p.user or '?'} {p.pid} {_num(p.used_memory_mib)} MiB {short_command(p)}{tail}"
@@ -213,7 +215,7 @@ def _counts(snaps: Sequence[NodeSnapshot]) -> tuple[int, int, int, int]:
         for g in s.gpus:
             procs = s.on_gpu(g.index)
             total += 1
-            busy += bool(procs)
+            busy += any(not p.system for p in procs)  # a daemon on it is not a job
             flagged += bool(gpu_flags(g, procs))
     return total, busy, total - busy, flagged
 

@@ -108,7 +108,7 @@ async def test_a_lost_gpu_is_flagged_and_the_others_still_work(
     assert text.returncode == 0, text.stderr
     assert "is lost" in text.stdout and "2000" in text.stdout
     doc = json.loads(cli_status(fleet, "node1", "--json").stdout)
-    (n,) = doc["nodes"] if "nodes" in doc else [doc]
+    (n,) = doc.get("nodes", [doc])
     assert any("is lost" in note for note in n["notes"])
 
     kinds = await sweep_kinds(settings, store, engine)

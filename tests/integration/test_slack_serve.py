@@ -107,8 +107,13 @@ async def test_database_behind_refused_at_start(
     text = config.read_text()
     start = text.index('url = "', text.index("[database]"))
     behind = tmp_path / "gpubot.toml"
-    behind.write_text(text[:start] + f'url = "sqlite:///{tmp_path}/empty.db"'
+    behind.write_text(text[:start] + f'url = "sqlite:///{tmp_path}/behind.db"'
                       + text[text.index("\n", start):])  # fmt: skip
+    # A new SQLite file would set itself up: this one was migrated, then taken back to base.
+    store = open_store(f"sqlite:///{tmp_path}/behind.db", check_schema=False)
+    store.upgrade()
+    store.downgrade("base")
+    store.close()
     env = env_with(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_APP_TOKEN=APP_TOKEN,
                    SLACK_API_URL=fake_slack.base_url)  # fmt: skip
     code, err = await run_serve(behind, env)

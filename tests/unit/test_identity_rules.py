@@ -39,7 +39,7 @@ OK = ChatAccount("U0DAVE", team_id="T0HOME", email="dave@example.com")
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"users": {"email_local_part": True}}, "users.email_local_part: needs users.email_domains"),
+        ({"users": {"email_local_part": True}}, "users.email_local_part: needs users.email_do"),
         ({"users": {"email_local_part": True, "email_domains": []}}, "needs users.email_domains"),
         ({"users": {"email_domains": ["@example.com"]}}, "users.email_domains: '@example.com'"),
         ({"users": {"min_uid": -1}}, "users.min_uid: expected a uid from 0"),
