@@ -34,11 +34,12 @@ from gpubot.core.nvsmi import (
 )
 from gpubot.core.probe_script import MARK, PROBE_SCRIPT, PROC_SCRIPT
 from gpubot.core.protect import Protection, is_protected
-from gpubot.errors import ConfigError, ParseError, ProbeError
+from gpubot.errors import ConfigError, ParseError, ProbeError, SmiFailed
 
 # The section sequences the scripts can write, as words joined by spaces.
 _PROBE_GRAMMAR = re.compile(
-    r"probe (?:fatal end|gpus-err gpus (?:end|apps-err apps (?:end|minors fuser procs end))"
+    r"probe (?:fatal end|stuck end"
+    r"|gpus-err gpus (?:end|apps-err apps (?:end|minors fuser procs end))"
     r"|minors fuser procs end)"
 )
 _BUS_DIR = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
@@ -165,6 +166,9 @@ def parse_probe(
         raise ProbeError(node.name, _MISSING.get(missing, f"probe stopped: {missing}"))
     probe_args = s.args("probe", 2)
     timeout_s = _float_or_none(probe_args[0])
+    stuck = s.get("stuck")
+    if stuck is not None:
+        raise _stuck(node.name, stuck[1])
     asked_all = probe_args[1] == "-"
     notes: tuple[str, ...] = ()
     lost: tuple[str, ...] = ()
@@ -232,6 +236,21 @@ def parse_probe(
     return NodeSnapshot(node=node.name, taken_at=taken_at, gpus=tuple(gpus),
                         processes=processes, ctl_only=ctl_only, notes=notes,
                         lost=lost)  # fmt: skip
+
+
+def _stuck(node: str, body: str) -> SmiFailed:
+    """Say that nvidia-smi hangs in the kernel (the probe started no other); raise ParseError."""
+    rows = [line.split(" ") for line in body.split("\n") if line]
+    if not rows or any(len(r) != 3 or not _NUM.fullmatch(r[0]) or not _NUM.fullmatch(r[2])
+                       or len(r[1]) != 1 for r in rows):  # fmt: skip
+        raise ParseError("probe output (stuck section)", body[:200])
+    pid, state, age = rows[0]
+    more = f" (and {len(rows) - 1} more)" if len(rows) > 1 else ""
+    return SmiFailed(
+        node,
+        f"driver hung: nvidia-smi pid {pid} stuck for {age}s (state {state}){more}; no new query "
+        "started: the node needs a GPU reset or a reboot",
+    )
 
 
 def _with_minors(gpus: Sequence[GpuInfo], by_bus: dict[str, int | None]) -> tuple[GpuInfo, ...]:

@@ -148,6 +148,25 @@ need() { command -v "$1" >/dev/null 2>&1 || { m fatal "no-$1"; m end; exit 0; };
 if [ "$sudo" = sudo ]; then need sudo; else need fuser; fi
 if [ "$mode" = smi ]; then
   need timeout
+  # A hung driver leaves nvidia-smi in the kernel (state D), where timeout cannot kill it: each
+  # new query would leave one more. One of ours stuck, or older than our own limit: ask nothing.
+  me=; while read -r k _ eu _; do [ "$k" = Uid: ] && { me=$eu; break; }; done </proc/$$/status
+  lim=$(( 2 * ${T%%.*} + 2 )) tck= up= stuck=
+  for p in $(pgrep -x nvidia-smi 2>/dev/null); do
+    case $p in ''|*[!0-9]*) continue ;; esac
+    s=; { read -r s; } 2>/dev/null <"/proc/$p/stat"
+    u=; while read -r k _ eu _; do [ "$k" = Uid: ] && { u=$eu; break; }; done 2>/dev/null \
+      <"/proc/$p/status"
+    [ -n "$s" ] && [ -n "$u" ] && [ "$u" = "$me" ] || continue
+    set -- ${s##*)}
+    st=$1; shift 19; start=$1
+    [ -n "$tck" ] || { tck=$(getconf CLK_TCK 2>/dev/null); read -r up _ </proc/uptime; }
+    age=$(( ${up%%.*} - start / ${tck:-100} ))
+    case $st in Z|X) continue ;; esac
+    if [ "$st" = D ] || [ "$age" -gt "$lim" ]; then stuck="$stuck$p $st $age
+"; fi
+  done
+  if [ -n "$stuck" ]; then m stuck; printf '%s' "$stuck"; m end; exit 0; fi
   m gpus-err
   if [ -n "$idx" ]; then
     g=$(timeout -k 1 "$T" GPU_Q -i "$idx" 2>&4)

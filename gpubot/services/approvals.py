@@ -190,11 +190,6 @@ class ApprovalService:
             found[group] = members
         return found, unreadable
 
-    async def members(self) -> dict[str, frozenset[str]]:
-        """Resolve every user group the policy mentions (one that cannot be read: nobody)."""
-        found, _ = await self._groups_now(self.policy.groups_to_resolve())
-        return found
-
     async def is_approver(self, who: Identity) -> bool:
         """Whether ``who`` may decide forced kills; ``ApproversUnknown`` if that depends on a
         user group that cannot be refreshed."""

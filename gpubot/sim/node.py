@@ -31,7 +31,7 @@ from gpubot.sim.workload import BEHAVIOURS, PAGE
 if TYPE_CHECKING:
     from gpubot.sim.fleet import SimFleet
 
-FAULTS = ("hang", "slow", "missing", "garbled", "driver-error", "inforom", "lost")
+FAULTS = ("hang", "slow", "missing", "garbled", "driver-error", "inforom", "lost", "stuck")
 LOST_STYLES = ("index-bus", "bus", "index")  # the three shapes drivers print
 # PCI bus ids of the eight GPUs of an HGX H100/H200 board, as nvidia-smi prints them.
 HGX_BUS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
@@ -393,11 +393,15 @@ class SimNode:
 
     def set_fault(self, kind: str | None, **params: Any) -> None:
         """Set the nvidia-smi fault: hang, slow (delay_s), missing, garbled, driver-error,
-        inforom (exit 14 with the warning), lost (gpu, style: GPU ``gpu`` fell off the bus), None.
+        inforom (exit 14 with the warning), lost (gpu, style: GPU ``gpu`` fell off the bus),
+        stuck (hold_s: every call hangs and leaves a copy no kill reaches), None. Clearing the
+        fault ends the stuck copies.
         """
         if kind is not None and kind not in FAULTS:
             raise UsageError(f"unknown fault {kind!r} (one of {', '.join(FAULTS)}, or none)")
-        allowed = {"slow": {"delay_s"}, "lost": {"gpu", "style"}}.get(kind or "", set())
+        allowed = {"slow": {"delay_s"}, "lost": {"gpu", "style"}, "stuck": {"hold_s"}}.get(
+            kind or "", set()
+        )
         if set(params) - allowed:
             raise UsageError(f"fault {kind}: unknown parameter(s) {sorted(set(params) - allowed)}")
         fault: dict[str, Any] = {"kind": kind}
@@ -406,6 +410,10 @@ class SimNode:
             if not isinstance(delay, int | float) or isinstance(delay, bool) or delay < 0:
                 raise UsageError(f"fault slow: delay_s must be a number >= 0, not {delay!r}")
             fault["delay_s"] = float(delay)
+        if kind == "stuck":
+            fault["hold_s"] = float(params.get("hold_s", 60.0))
+        if kind is None:
+            self.unstick()
         if kind == "lost":
             gpu, style = params.get("gpu", 0), params.get("style", "index-bus")
             if not isinstance(gpu, int) or not 0 <= gpu < self.gpus or style not in LOST_STYLES:
@@ -544,6 +552,26 @@ class SimNode:
             for a in st["allocs"]
             if simstate.is_alive(a["pid"], a["start_ticks"])
         ]
+
+    def stuck_smi(self) -> list[tuple[int, int]]:
+        """Return ``(pid, start ticks)`` of the stuck copies (fault ``stuck``) still there."""
+        out = []
+        for p in (self.state_dir / "run").glob("stuck-*"):
+            with contextlib.suppress(ValueError):
+                pid, ticks = (int(x) for x in p.name.split("-")[1:3])
+                if simstate.is_alive(pid, ticks):
+                    out.append((pid, ticks))
+        return out
+
+    def unstick(self) -> None:
+        """End the stuck copies (by pid and start time) and forget them."""
+        for pid, ticks in self.stuck_smi():
+            if simstate.is_alive(pid, ticks):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for p in (self.state_dir / "run").glob("stuck-*"):
+            with contextlib.suppress(OSError):
+                p.unlink()
 
     def hung_smi(self) -> list[tuple[int, int]]:
         """Return ``(pid, start ticks)`` of the stand-in's calls that hang now."""

@@ -99,6 +99,10 @@ def main(argv: list[str], node_dir: str) -> int:
     if kind == "hang":
         hang(node_dir)
         return 1
+    if kind == "stuck":  # in the kernel: one copy survives the caller's kill, like state D
+        stick(node_dir, float(fault.get("hold_s", 60.0)))
+        hang(node_dir)
+        return 1
     if kind == "missing":  # the fleet renamed this file away; a racing call ends like the shell
         sys.stderr.write(f"bash: line 1: {sys.argv[0]}: No such file or directory\n")
         return 127
@@ -414,6 +418,31 @@ def garble(text: str) -> str:
         cut = max(1, len(row) // 2)
         out[3:4] = [row[:cut] + GARBLE_LINES[1], row[cut:]]
     return "".join(line + "\n" for line in out)
+
+
+def stick(node_dir: str, hold_s: float) -> None:
+    """Leave a copy of this nvidia-smi behind that no kill of the caller's reaches (for hold_s).
+
+    A real one hangs in the kernel in state D and survives SIGKILL; this one is out of reach
+    instead (its own session, its own streams), with the same name and owner.
+    """
+    if os.fork() != 0:
+        return
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, 65536)  # the caller's streams (the SSH session's) must end without it
+        me = os.getpid()
+        mark = os.path.join(node_dir, "run", f"stuck-{me}-{simstate.start_ticks(me)}")
+        with open(mark, "w", encoding="utf-8") as f:
+            f.write(f"{me}\n")
+        time.sleep(hold_s)
+        with contextlib.suppress(OSError):
+            os.unlink(mark)
+    finally:
+        os._exit(0)
 
 
 def hang(node_dir: str) -> None:

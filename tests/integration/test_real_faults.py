@@ -7,6 +7,7 @@ the "Unable to determine the device handle" line in the three shapes public bug 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -21,6 +22,7 @@ from gpubot.config import Settings, load
 from gpubot.core.findings import load_sweep_config
 from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
+from gpubot.errors import SmiFailed
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
@@ -159,3 +161,47 @@ async def test_a_bracketed_value_is_unknown_and_flagged_not_a_node_failure(
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
     r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
     assert [g.outcome for g in r.gpus] == [Outcome.FREED] and not alive(job.pid)
+
+
+async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(
+    settings: Settings, store: Store, fleet: SimFleet, node: SimNode, tmp_path: Path
+) -> None:
+    # A 4 s command timeout: each nvidia-smi query gets 1 s; an own copy older than 4 s is stuck.
+    ssh = dataclasses.replace(settings.ssh, command_timeout_s=4.0)
+    short = dataclasses.replace(settings, ssh=ssh)
+    transport = make_transport(short.ssh)
+    engine = ResetService(short, transport, store, StatusService(short, transport, store),
+                          NodeLocks())  # fmt: skip
+    conf = tmp_path / "gpubot.toml"
+    conf.write_text(
+        fleet.config_path.read_text().replace("[ssh]\n", "[ssh]\ncommand_timeout_s = 4\n")
+    )
+    try:
+        node.set_fault("stuck", hold_s=60)
+        with pytest.raises(SmiFailed, match="hung"):
+            await engine.status.snapshot(engine.status.node("node1"))
+        assert len(node.stuck_smi()) == 1  # the kill did not reach it
+        await asyncio.sleep(5)
+        with pytest.raises(SmiFailed, match=r"driver hung: nvidia-smi pid \d+ stuck for \d+s"):
+            await engine.status.snapshot(engine.status.node("node1"))
+        assert len(node.stuck_smi()) == 1 and node.hung_smi() == []  # no new query started
+        env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
+        for args in ((), ("--json",)):
+            p = subprocess.run([sys.executable, "-m", "gpubot", "--config", str(conf), "status",
+                                "node1", *args], capture_output=True, text=True, env=env,
+                               timeout=120)  # fmt: skip
+            assert p.returncode != 0 and "driver hung" in p.stdout + p.stderr
+        sweep = SweepService(short, load_sweep_config({"sweep": {"interval_s": 60}}),
+                             engine.status, store, replica="test")  # fmt: skip
+        found = (await sweep.run()).findings
+        assert [(f.kind, "driver hung" in f.summary) for f in found] == [
+            (FindingKind.SMI_FAILED, True)]  # fmt: skip
+        with pytest.raises(SmiFailed, match="driver hung"):
+            await engine.plan(ResetRequest("node1", "root", gpus=(0,)))
+        with pytest.raises(SmiFailed, match="driver hung"):
+            await engine.gpu_reset("node1", 0, actor="t", source="t", command="t")
+        assert len(node.stuck_smi()) == 1
+    finally:
+        node.set_fault(None)
+        await transport.close()
+    assert node.stuck_smi() == []

@@ -23,12 +23,14 @@ from gpubot.sim.sudo import (
 )
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-RULE = """\
-Cmnd_Alias GPUBOT_FUSER = /usr/bin/fuser -v /dev/nvidia[0-9]*, /usr/sbin/fuser -v /dev/nvidia[0-9]*
-Cmnd_Alias GPUBOT_KILL  = /usr/bin/kill -s TERM [0-9]*, /usr/bin/kill -s KILL [0-9]*
-Cmnd_Alias GPUBOT_RESET = /usr/bin/nvidia-smi --gpu-reset -i [0-9]*, /usr/bin/nvidia-smi -pm 0 -i [0-9]*, /usr/bin/nvidia-smi -pm 1 -i [0-9]*
-gpubot ALL=(root) NOPASSWD: GPUBOT_FUSER, GPUBOT_KILL, GPUBOT_RESET
-"""
+RULE = (
+    "Cmnd_Alias GPUBOT_FUSER = /usr/bin/fuser -v /dev/nvidia[0-9]*, "
+    "/usr/sbin/fuser -v /dev/nvidia[0-9]*\n"
+    "Cmnd_Alias GPUBOT_KILL  = /usr/bin/kill -s TERM [0-9]*, /usr/bin/kill -s KILL [0-9]*\n"
+    "Cmnd_Alias GPUBOT_RESET = /usr/bin/nvidia-smi --gpu-reset -i [0-9]*, "
+    "/usr/bin/nvidia-smi -pm 0 -i [0-9]*, /usr/bin/nvidia-smi -pm 1 -i [0-9]*\n"
+    "gpubot ALL=(root) NOPASSWD: GPUBOT_FUSER, GPUBOT_KILL, GPUBOT_RESET\n"
+)
 
 
 # ---- the rule itself (no SSH) ----------------------------------------------------------------
