@@ -26,7 +26,8 @@ from gpubot.core.models import ComputeApp, GpuInfo
 from gpubot.errors import ParseError, ProbeError, SmiFailed, SmiMissing
 
 GPU_FIELDS = (
-    "index", "uuid", "pci.bus_id", "name", "memory.used", "memory.total", "utilization.gpu"
+    "index", "uuid", "pci.bus_id", "mig.mode.current", "name", "memory.used", "memory.total",
+    "utilization.gpu",
 )  # fmt: skip
 APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
 
@@ -180,18 +181,22 @@ def parse_gpus(text: str) -> tuple[GpuInfo, ...]:
     rows: list[GpuInfo] = []
     for line in _data_lines(text, (_GPU_HEADER,)):
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 7:
+        if len(parts) < 8:
             raise ParseError("nvidia-smi GPU line", line)
-        # A name may contain a comma: take three fields from the left, three from the right.
-        index, uuid, bus = parts[0], parts[1], parts[2]
-        name = ", ".join(parts[3:-3])
+        # A name may contain a comma: take four fields from the left, three from the right.
+        index, uuid, bus, mig = parts[0], parts[1], parts[2], parts[3]
+        name = ", ".join(parts[4:-3])
         used, total, util = parts[-3:]
         if not _INT.fullmatch(index) or not _UUID.fullmatch(uuid) or not name:
             raise ParseError("nvidia-smi GPU line", line)
         if not _BUS.fullmatch(bus) and not _BRACKETED.fullmatch(bus):
             raise ParseError("nvidia-smi GPU line (bus id)", line)
+        if mig not in ("Enabled", "Disabled") and mig not in UNAVAILABLE:
+            raise ParseError("nvidia-smi GPU line (MIG mode)", line)
         flags = tuple(dict.fromkeys(
             f for v in (used, total, util, bus) if (f := _PLACEHOLDER_FLAGS.get(v))))  # fmt: skip
+        if mig == "Enabled":  # in instances: a reset lists them all, gpu-reset wants all idle
+            flags = (*flags, "mig")
         rows.append(
             GpuInfo(
                 index=int(index),

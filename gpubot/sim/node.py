@@ -428,6 +428,13 @@ class SimNode:
         if kind == "missing" and smi.exists():
             os.replace(smi, hidden)  # the shell itself answers 127, as on a box without a driver
 
+    def set_mig(self, gpu: int, enabled: bool) -> None:
+        """Put GPU ``gpu`` in MIG mode (``mig.mode.current`` says Enabled) or take it out."""
+        if not 0 <= gpu < self.gpus:
+            raise UsageError(f"{self.name}: no GPU {gpu}")
+        with simstate.transaction(str(self.state_dir)) as state:
+            state["gpus"][gpu]["mig"] = "Enabled" if enabled else "Disabled"
+
     def override(self, query: str, fld: str, text: str | None, gpu: int | None = None) -> None:
         """Make nvidia-smi print ``text`` (e.g. ``[N/A]``) for a field; None restores the value.
 

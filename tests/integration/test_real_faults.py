@@ -22,7 +22,7 @@ from gpubot.config import Settings, load
 from gpubot.core.findings import load_sweep_config
 from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
-from gpubot.errors import SmiFailed
+from gpubot.errors import ResetRefused, SmiFailed
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
@@ -205,3 +205,27 @@ async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(
         node.set_fault(None)
         await transport.close()
     assert node.stuck_smi() == []
+
+
+async def test_a_gpu_in_mig_mode(
+    engine: ResetService, store: Store, settings: Settings, fleet: SimFleet, node: SimNode
+) -> None:
+    node.set_mig(2, True)
+    try:
+        # Two jobs on two instances of GPU 2: nvidia-smi lists them against the GPU.
+        jobs = [node.spawn(gpu=2, mib=1000), node.spawn(gpu=2, mib=2000)]
+        snap = await engine.status.snapshot(engine.status.node("node1"))
+        assert "mig" in snap.gpus[2].flags and "mig" not in snap.gpus[1].flags
+        assert "mig" in cli_status(fleet, "node1").stdout
+        assert '"mig"' in cli_status(fleet, "node1", "--json").stdout
+        assert await sweep_kinds(settings, store, engine) == set()
+        with pytest.raises(ResetRefused, match="still has processes"):
+            await engine.gpu_reset("node1", 2, actor="t", source="t", command="t")
+        plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(2,)))
+        assert sorted(t.pid for t in plan.targets) == sorted(j.pid for j in jobs)
+        r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+        assert [g.outcome for g in r.gpus] == [Outcome.FREED]
+        r = await engine.gpu_reset("node1", 2, actor="t", source="t", command="t")
+        assert [g.outcome for g in r.gpus] == [Outcome.FREED]  # every instance idle now
+    finally:
+        node.set_mig(2, False)

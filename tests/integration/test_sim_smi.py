@@ -43,17 +43,20 @@ def test_gpu_query_with_header_and_units(node: SimNode) -> None:
     out = smi(node, GPU_Q, "--format=csv")
     assert out.returncode == 0 and out.stderr == ""
     assert GPU_Q == (
-        "--query-gpu=index,uuid,pci.bus_id,name,memory.used,memory.total,utilization.gpu"
+        "--query-gpu=index,uuid,pci.bus_id,mig.mode.current,name,memory.used,memory.total,"
+        "utilization.gpu"
     )
     lines = out.stdout.split("\n")
     assert lines[0] == (
-        "index, uuid, pci.bus_id, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
+        "index, uuid, pci.bus_id, mig.mode.current, name, memory.used [MiB], memory.total [MiB], "
+        "utilization.gpu [%]"
     )
     assert lines[-1] == "" and len(lines) == 1 + 8 + 1  # header, 8 GPUs, final newline
     row = lines[3].split(", ")
     assert row[0] == "2" and UUID.fullmatch(row[1]) and row[2] == "00000000:3A:00.0"
-    assert row[3] == "NVIDIA H200" and row[4:] == ["4096 MiB", "143771 MiB", "37 %"]
-    assert lines[1].endswith(", 00000000:18:00.0, NVIDIA H200, 0 MiB, 143771 MiB, 0 %")
+    assert row[3] == "Disabled" and row[4] == "NVIDIA H200"
+    assert row[5:] == ["4096 MiB", "143771 MiB", "37 %"]
+    assert lines[1].endswith(", 00000000:18:00.0, Disabled, NVIDIA H200, 0 MiB, 143771 MiB, 0 %")
 
 
 def test_gpu_query_noheader_nounits_parses_with_gpubots_parser(node: SimNode) -> None:
@@ -62,7 +65,7 @@ def test_gpu_query_noheader_nounits_parses_with_gpubots_parser(node: SimNode) ->
     out = smi(node, GPU_Q, "--format=csv,noheader,nounits")
     first = out.stdout.splitlines()[0].split(", ")
     assert first[0] == "0" and first[2] == "00000000:18:00.0"
-    assert first[4:] == ["1500", "143771", "100"]
+    assert first[3] == "Disabled" and first[5:] == ["1500", "143771", "100"]
     gpus = nvsmi.parse_gpus(out.stdout)
     assert [g.index for g in gpus] == list(range(8))
     assert gpus[0].memory_used_mib == 1500 and gpus[0].utilization_pct == 100
@@ -80,7 +83,7 @@ def test_gpu_query_noheader_nounits_parses_with_gpubots_parser(node: SimNode) ->
     assert (
         smi(node, GPU_Q, "--format=csv,nounits")
         .stdout.splitlines()[0]
-        .startswith("index, uuid, pci.bus_id, name, memory.used [MiB]")
+        .startswith("index, uuid, pci.bus_id, mig.mode.current, name, memory.used [MiB]")
     )
 
 

@@ -25,7 +25,8 @@ U1 = "GPU-7a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
 B0 = "00000000:18:00.0"  # as nvidia-smi prints a PCI bus id: 8-digit domain, capitals
 B1 = "00000000:2A:00.0"
 GPU_HEADER = (
-    "index, uuid, pci.bus_id, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]"
+    "index, uuid, pci.bus_id, mig.mode.current, name, memory.used [MiB], memory.total [MiB], "
+    "utilization.gpu [%]"
 )
 APP_HEADER = "pid, gpu_uuid, used_gpu_memory [MiB]"
 APP_HEADER_ALT = "pid, gpu_uuid, used_memory [MiB]"
@@ -34,7 +35,8 @@ APP_HEADER_ALT = "pid, gpu_uuid, used_memory [MiB]"
 def test_query_argv() -> None:
     assert gpu_query_argv("nvidia-smi") == [
         "nvidia-smi",
-        "--query-gpu=index,uuid,pci.bus_id,name,memory.used,memory.total,utilization.gpu",
+        "--query-gpu=index,uuid,pci.bus_id,mig.mode.current,name,memory.used,memory.total,"
+        "utilization.gpu",
         "--format=csv,noheader,nounits",
     ]
     assert gpu_query_argv("/x/smi", [0, 3])[-2:] == ["-i", "0,3"]
@@ -55,13 +57,14 @@ def test_query_argv() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        f"0, {U0}, {B0}, NVIDIA H200, 1024, 143771, 37\n1, {U1}, {B1}, NVIDIA H200, 0, 143771, 0\n",
-        f"{GPU_HEADER}\n0, {U0}, {B0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 %\n"
-        f"1, {U1}, {B1}, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\n",
-        f"{GPU_HEADER}\n0, {U0}, {B0}, NVIDIA H200, 1024, 143771, 37\n"
-        f"1, {U1}, {B1}, NVIDIA H200, 0, 143771, 0",
-        f"\n0, {U0}, {B0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 %\r\n"
-        f"1, {U1}, {B1}, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\r\n\n",
+        f"0, {U0}, {B0}, Disabled, NVIDIA H200, 1024, 143771, 37\n"
+        f"1, {U1}, {B1}, Disabled, NVIDIA H200, 0, 143771, 0\n",
+        f"{GPU_HEADER}\n0, {U0}, {B0}, Disabled, NVIDIA H200, 1024 MiB, 143771 MiB, 37 %\n"
+        f"1, {U1}, {B1}, Disabled, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\n",
+        f"{GPU_HEADER}\n0, {U0}, {B0}, Disabled, NVIDIA H200, 1024, 143771, 37\n"
+        f"1, {U1}, {B1}, Disabled, NVIDIA H200, 0, 143771, 0",
+        f"\n0, {U0}, {B0}, Disabled, NVIDIA H200, 1024 MiB, 143771 MiB, 37 %\r\n"
+        f"1, {U1}, {B1}, Disabled, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\r\n\n",
     ],
     ids=["nounits", "units+header", "header+nounits", "crlf+blank"],
 )
@@ -74,7 +77,7 @@ def test_parse_gpus_formats(text: str) -> None:
 
 @pytest.mark.parametrize("na", ["[N/A]", "[Not Supported]", "N/A", "[Unknown Error]"])
 def test_unavailable_is_none_not_zero(na: str) -> None:
-    (g,) = parse_gpus(f"0, {U0}, {B0}, NVIDIA A100-SXM4-80GB, {na}, 81920, {na}")
+    (g,) = parse_gpus(f"0, {U0}, {B0}, {na}, NVIDIA A100-SXM4-80GB, {na}, 81920, {na}")
     assert g.memory_used_mib is None and g.utilization_pct is None
     assert g.memory_total_mib == 81920 and g.bus_id == B0
     (a,) = parse_apps(f"4242, {U0}, {na}")
@@ -82,7 +85,7 @@ def test_unavailable_is_none_not_zero(na: str) -> None:
 
 
 def test_gpu_name_with_comma_is_kept() -> None:
-    (g,) = parse_gpus(f"0, {U0}, {B0}, Odd, Name, 1, 2, 3")
+    (g,) = parse_gpus(f"0, {U0}, {B0}, Disabled, Odd, Name, 1, 2, 3")
     assert g.name == "Odd, Name" and (g.memory_used_mib, g.utilization_pct) == (1, 3)
     assert g.bus_id == B0
 
@@ -91,7 +94,7 @@ def test_gpu_name_with_comma_is_kept() -> None:
     "na", ["[N/A]", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]"]
 )
 def test_unavailable_bus_id_is_none(na: str) -> None:
-    (g,) = parse_gpus(f"0, {U0}, {na}, NVIDIA H200, 1024, 143771, 37")
+    (g,) = parse_gpus(f"0, {U0}, {na}, Disabled, NVIDIA H200, 1024, 143771, 37")
     assert g.bus_id is None and g.name == "NVIDIA H200" and g.memory_used_mib == 1024
     assert g.minor is None  # nvidia-smi never says the minor: the probe finds it, or no one
 
@@ -106,7 +109,7 @@ def test_unavailable_bus_id_is_none(na: str) -> None:
     ],
 )
 def test_bus_id_is_kept_as_printed(bus: str) -> None:
-    (g,) = parse_gpus(f"3, {U0}, {bus}, NVIDIA H200, 0, 143771, 0")
+    (g,) = parse_gpus(f"3, {U0}, {bus}, Disabled, NVIDIA H200, 0, 143771, 0")
     assert g.bus_id == bus and g.index == 3
 
 
@@ -162,34 +165,34 @@ def test_parse_apps_formats(header: str) -> None:
     "line",
     [
         "1949090, 0 MiB",  # the garbled interleaving of the simulated fault
-        f"0, {U0}, {B0}, NVIDIA H200, 1024, 143771",  # one field short
-        f"0, {U0}, NVIDIA H200, 1024, 143771, 37",  # the old 6-column form, no bus id
+        f"0, {U0}, {B0}, Disabled, NVIDIA H200, 1024, 143771",  # one field short
+        f"0, {U0}, Disabled, NVIDIA H200, 1024, 143771, 37",  # the old 6-column form, no bus id
         f"0, {U0}, Odd, Name, 1, 2, 3",  # the old form with a comma in the name: "Odd" no bus id
-        f"x, {U0}, {B0}, NVIDIA H200, 1024, 143771, 37",  # index not a number
-        f"0, not-a-uuid, {B0}, NVIDIA H200, 1024, 143771, 37",
-        f"0, {B0}, {U0}, NVIDIA H200, 1024, 143771, 37",  # uuid and bus id swapped
-        f"0, {U0}, {B0}, NVIDIA H200, -5, 143771, 37",
-        f"0, {U0}, {B0}, NVIDIA H200, 1024 GiB, 143771, 37",  # wrong unit
-        f"0, {U0}, {B0}, NVIDIA H200, 1024 MiB, 143771 MiB, 37 MiB",
+        f"x, {U0}, {B0}, Disabled, NVIDIA H200, 1024, 143771, 37",  # index not a number
+        f"0, not-a-uuid, {B0}, Disabled, NVIDIA H200, 1024, 143771, 37",
+        f"0, {B0}, {U0}, Disabled, NVIDIA H200, 1024, 143771, 37",  # uuid and bus id swapped
+        f"0, {U0}, {B0}, Disabled, NVIDIA H200, -5, 143771, 37",
+        f"0, {U0}, {B0}, Disabled, NVIDIA H200, 1024 GiB, 143771, 37",  # wrong unit
+        f"0, {U0}, {B0}, Disabled, NVIDIA H200, 1024 MiB, 143771 MiB, 37 MiB",
         f"0, {U0}, {B0}, , 1024, 143771, 37",  # empty name
-        f"0, {U0}, 18:00.0, NVIDIA H200, 1024, 143771, 37",  # bus id without a domain
-        f"0, {U0}, 000:18:00.0, NVIDIA H200, 1024, 143771, 37",  # domain of 3 digits
-        f"0, {U0}, 000000000:18:00.0, NVIDIA H200, 1024, 143771, 37",  # domain of 9 digits
-        f"0, {U0}, 00000000:18:00, NVIDIA H200, 1024, 143771, 37",  # no function
-        f"0, {U0}, 00000000:18:00.8, NVIDIA H200, 1024, 143771, 37",  # function is 0-7
-        f"0, {U0}, 00000000:1G:00.0, NVIDIA H200, 1024, 143771, 37",  # not hex
-        f"0, {U0}, 00000000:018:00.0, NVIDIA H200, 1024, 143771, 37",  # bus of 3 digits
-        f"0, {U0}, 00000000:18:00.0.1, NVIDIA H200, 1024, 143771, 37",
-        f"0, {U0}, , NVIDIA H200, 1024, 143771, 37",  # an empty bus id is no placeholder
-        f"0, {U0}, N/A, NVIDIA H200, 1024, 143771, 37",  # a bus id's placeholder is bracketed
-        f"0, {U0}, 0, NVIDIA H200, 1024, 143771, 37",
-        f"0, {U0}, {B0}, NVIDIA H200, 0, 143771, 37 trailing",
+        f"0, {U0}, 18:00.0, Disabled, NVIDIA H200, 1024, 143771, 37",  # bus id without a domain
+        f"0, {U0}, 000:18:00.0, Disabled, NVIDIA H200, 1024, 143771, 37",  # domain of 3 digits
+        f"0, {U0}, 000000000:18:00.0, Disabled, NVIDIA H200, 1024, 143771, 37",  # 9-digit domain
+        f"0, {U0}, 00000000:18:00, Disabled, NVIDIA H200, 1024, 143771, 37",  # no function
+        f"0, {U0}, 00000000:18:00.8, Disabled, NVIDIA H200, 1024, 143771, 37",  # function is 0-7
+        f"0, {U0}, 00000000:1G:00.0, Disabled, NVIDIA H200, 1024, 143771, 37",  # not hex
+        f"0, {U0}, 00000000:018:00.0, Disabled, NVIDIA H200, 1024, 143771, 37",  # bus of 3 digits
+        f"0, {U0}, 00000000:18:00.0.1, Disabled, NVIDIA H200, 1024, 143771, 37",
+        f"0, {U0}, , Disabled, NVIDIA H200, 1024, 143771, 37",  # an empty bus id is no placeholder
+        f"0, {U0}, N/A, Disabled, NVIDIA H200, 1024, 143771, 37",  # placeholders are bracketed
+        f"0, {U0}, 0, Disabled, NVIDIA H200, 1024, 143771, 37",
+        f"0, {U0}, {B0}, Disabled, NVIDIA H200, 0, 143771, 37 trailing",
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
         "No devices were found",
     ],
 )
 def test_parse_gpus_rejects_with_raw_line(line: str) -> None:
-    good = f"1, {U1}, {B1}, NVIDIA H200, 0, 143771, 0"
+    good = f"1, {U1}, {B1}, Disabled, NVIDIA H200, 0, 143771, 0"
     with pytest.raises(ParseError) as ei:
         parse_gpus(f"{good}\n{line}\n{good.replace('1,', '2,', 1)}")
     assert ei.value.line == line.strip()
@@ -301,7 +304,7 @@ def _gpu_tables(draw: st.DrawFn) -> tuple[tuple[GpuInfo, ...], str]:
     lines = [GPU_HEADER] if header else []
     for g in gpus:
         lines.append(
-            f"{g.index}, {g.uuid}, {g.bus_id or draw(_BUS_NA)}, {g.name}, "
+            f"{g.index}, {g.uuid}, {g.bus_id or draw(_BUS_NA)}, Disabled, {g.name}, "
             f"{val(g.memory_used_mib, 'MiB')}, "
             f"{val(g.memory_total_mib, 'MiB')}, {val(g.utilization_pct, '%')}"
         )
@@ -426,8 +429,8 @@ def test_mangled_apps_parse_exactly_or_raise(data: st.DataObject) -> None:
 
 # ---- real-format corpus: lost GPUs, infoROM warnings, bracketed values ---------------------------
 # Each sample is shaped as its public source quotes it; the numbers and uuids are made up.
-ROW0 = "0, GPU-5f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:18:00.0, NVIDIA H200, 10, 143771, 5"
-ROW2 = "2, GPU-6f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:34:00.0, NVIDIA H200, 0, 143771, 0"
+ROW0 = f"0, {U0}, 00000000:18:00.0, Disabled, NVIDIA H200, 10, 143771, 5"
+ROW2 = "2, GPU-6f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:34:00.0, Disabled, H200, 0, 1, 0"
 CORPUS = [
     # A monitoring tool's tests quoting the older driver shape: bus id glued to "GPU".
     ("Unable to determine the device handle for GPU0000:CB:00.0: Unknown Error", 15,
@@ -477,6 +480,16 @@ def test_a_failure_without_rows_is_still_a_failure(status: int) -> None:
 def test_any_bracketed_value_is_none_with_a_flag_where_it_says_something(
     value: str, flag: str | None
 ) -> None:
-    line = f"3, GPU-5f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:18:00.0, X, {value}, 1, 2"
+    line = (
+        f"3, GPU-5f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:18:00.0, Disabled, X, {value}, 1, 2"
+    )
     (g,) = nvsmi.parse_gpus(line)
     assert g.memory_used_mib is None and g.flags == ((flag,) if flag else ())
+
+
+@pytest.mark.parametrize(("mig", "flags"), [("Enabled", ("mig",)), ("Disabled", ()), ("[N/A]", ())])
+def test_a_gpu_in_mig_mode_is_flagged(mig: str, flags: tuple[str, ...]) -> None:
+    (g,) = parse_gpus(f"0, {U0}, {B0}, {mig}, NVIDIA A100-SXM4-80GB, 5, 81920, 0")
+    assert g.flags == flags and g.memory_used_mib == 5
+    with pytest.raises(ParseError):
+        parse_gpus(f"0, {U0}, {B0}, Maybe, NVIDIA A100-SXM4-80GB, 5, 81920, 0")

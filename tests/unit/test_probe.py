@@ -134,7 +134,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
 
 
 def gpus_text(n: int = 3) -> str:
-    return "".join(f"{i}, {U[i]}, {BUS[i]}, NVIDIA H200, {1024 * i}, 143771, {10 * i}\n"
+    return "".join(f"{i}, {U[i]}, {BUS[i]}, Disabled, NVIDIA H200, {1024 * i}, 143771, {10 * i}\n"
                    for i in range(n))  # fmt: skip
 
 
