@@ -242,8 +242,9 @@ def find(
     out: list[Finding] = []
     for snap in snapshots:
         for g in sorted(snap.gpus, key=lambda g: g.index):
-            out.extend(_gpu_findings(snap.node, g, snap.on_gpu(g.index), config,
-                                     protection or Protection()))  # fmt: skip
+            procs = snap.on_gpu(g.index)
+            rule = protection or Protection()
+            out.extend(_gpu_findings(snap.node, g, procs, config, rule, hidepid=bool(snap.hidepid)))
         for bus in snap.lost:  # its index was not said: the node's finding, keyed by bus id
             out.append(Finding(snap.node, None, FindingKind.GPU_LOST, bus,
                                f"a GPU ({bus}) is lost: it needs a reset or a reboot"))  # fmt: skip
@@ -258,6 +259,8 @@ def _gpu_findings(
     procs: Sequence[GpuProcess],
     config: SweepConfig,
     protection: Protection,
+    *,
+    hidepid: bool = False,
 ) -> list[Finding]:
     out: list[Finding] = []
     if "lost" in g.flags:  # fell off the bus: nothing else about it can be known
@@ -279,6 +282,8 @@ def _gpu_findings(
             )
         )
     for p in holders:
+        if hidepid and not p.exists:  # "gone" may only be hidden: no zombie on that evidence
+            continue
         kind_summary = _process_trouble(p, g, config)
         if kind_summary is not None:
             kind, summary = kind_summary

@@ -155,6 +155,8 @@ class NodeSnapshot:
     ctl_only: tuple[ProcInfo, ...] = field(default=())  # hold nvidiactl/uvm but no GPU
     notes: tuple[str, ...] = ()  # what the node said beside its tables (a lost GPU, a warning)
     lost: tuple[str, ...] = ()  # bus ids ("?" unknown) of lost GPUs whose index nobody said
+    unseen: int = 0  # processes whose open files fuser could not see (gpubot is not root)
+    hidepid: str | None = None  # /proc's hidepid= option: other users' processes are hidden
 
     def gpu(self, index: int) -> GpuInfo | None:
         """Return GPU ``index`` or None."""

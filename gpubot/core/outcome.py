@@ -31,12 +31,17 @@ class Newcomer:
 
 @dataclass(frozen=True)
 class Kept:
-    """A protected daemon the plan left alone that still holds memory on the GPU."""
+    """A process the reset could not touch that still holds memory on the GPU.
+
+    A protected daemon, or a process nvidia-smi lists that ``/proc`` does not show (hidden by
+    hidepid, or gone while the driver keeps its memory).
+    """
 
     pid: int
     user: str | None
     command: str
     mib: int | None
+    protected: bool = True
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,11 @@ def classify(
         )
     if obs.kept:
         k = obs.kept[0]
+        if not k.protected:
+            return Outcome.STUCK, (
+                f"pid {k.pid} still holds {k.mib} MiB by nvidia-smi, but /proc does not show it "
+                "(hidden, or gone while the driver keeps its memory): gpubot cannot signal it"
+            )
         return Outcome.STUCK, (
             f"pid {k.pid} ({k.command}, {k.user or '?'}) is a protected system daemon, left alone, "
             f"and still holds {k.mib} MiB: stop that service by hand if the GPU must be empty"

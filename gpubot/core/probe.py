@@ -39,8 +39,8 @@ from gpubot.errors import ConfigError, ParseError, ProbeError, SmiFailed
 # The section sequences the scripts can write, as words joined by spaces.
 _PROBE_GRAMMAR = re.compile(
     r"probe (?:fatal end|stuck end"
-    r"|gpus-err gpus (?:end|apps-err apps (?:end|minors fuser procs end))"
-    r"|minors fuser procs end)"
+    r"|gpus-err gpus (?:end|apps-err apps (?:end|minors fuser view procs end))"
+    r"|minors fuser view procs end)"
 )
 _BUS_DIR = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _PROC_GRAMMAR = re.compile(r"procs end")
@@ -233,9 +233,26 @@ def parse_probe(
     rule = protection or Protection()
     processes = tuple(sorted((replace(p, system=is_protected(p, rule)) for p in visible.values()),
                              key=lambda p: (p.gpu_index, p.pid)))  # fmt: skip
+    unseen = s.unseen()
+    hidepid, uid = s.view()
+    if uid not in (None, 0) and not node.sudo:  # fuser skips what it may not look into, silently
+        notes += (
+            f"partial view: gpubot reads this node as uid {uid}, without sudo: fuser cannot see "
+            "other users' open files, so a holder of a GPU's device file may be missed",
+        )
+    elif unseen:
+        notes += (
+            f"partial view: fuser could not look into {unseen} other process(es): a holder of a "
+            "GPU's device file may be missed",
+        )
+    if hidepid:
+        notes += (
+            f"partial view: /proc is mounted hidepid={hidepid}: other users' processes are "
+            "hidden from gpubot, and nvidia-smi's may show as gone",
+        )
     return NodeSnapshot(node=node.name, taken_at=taken_at, gpus=tuple(gpus),
                         processes=processes, ctl_only=ctl_only, notes=notes,
-                        lost=lost)  # fmt: skip
+                        lost=lost, unseen=unseen, hidepid=hidepid)  # fmt: skip
 
 
 def _stuck(node: str, body: str) -> SmiFailed:
@@ -369,8 +386,29 @@ class _Sections:
             raise ParseError(f"{self.what} ({kind}-err section)", "")
         return status, body, err[1]
 
+    def unseen(self) -> int:
+        """Return how many processes fuser could not look into (the ``~unseen N`` line)."""
+        _, body = self.status("fuser")
+        for line in body.splitlines():
+            if line.startswith("~unseen "):
+                n = line.split(" ", 1)[1]
+                if not _NUM.fullmatch(n):
+                    raise ParseError(f"{self.what} (fuser unseen count)", line)
+                return int(n)
+        return 0
+
+    def view(self) -> tuple[str | None, int | None]:
+        """Return /proc's ``hidepid`` option (None when not set) and the uid the probe ran as."""
+        hp, uid = self.args("view", 2)
+        if hp != "-" and not re.fullmatch(r"[0-9a-z]{1,16}", hp):
+            raise ParseError(f"{self.what} (view section)", hp)
+        if uid != "-" and not _NUM.fullmatch(uid):
+            raise ParseError(f"{self.what} (view section)", uid)
+        return (None if hp in ("-", "0", "off") else hp), (None if uid == "-" else int(uid))
+
     def fuser(self, node: NodeConfig) -> tuple[DeviceHolder, ...]:
         status, body = self.status("fuser")
+        body = "\n".join(ln for ln in body.splitlines() if not ln.startswith("~unseen "))
         if status == 127:
             raise ProbeError(node.name, "fuser (psmisc) not found on the node")
         for line in body.splitlines():

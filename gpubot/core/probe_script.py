@@ -115,6 +115,12 @@ _FIRSTS = """firsts() {
 # fuser -v: the PIDs (the field before ACCESS) go to stderr for the /proc read; the table goes
 # out without its COMMAND column (the process's own name: read from /proc instead, escaped).
 _AWK_FUSER = r"""
+# Without root, fuser cannot look into the processes of other users: count them (PID 1 aside,
+# which a container root cannot look into either, and which holds no GPU), never drop them.
+/^Cannot stat file \/proc\/[0-9]+\// {
+  split($4, q, "/"); if (q[3] != "1" && !(q[3] in blind)) { blind[q[3]] = 1; nb++ }
+  next
+}
 /^Cannot stat / || /^Specified filename / { next }
 $1 == "USER" && $2 == "PID" && $3 == "ACCESS" { next }
 {
@@ -126,6 +132,7 @@ $1 == "USER" && $2 == "PID" && $3 == "ACCESS" { next }
   print o
   printf "%s ", $(i - 1) > "/dev/stderr"
 }
+END { if (nb) print "~unseen", nb }
 """
 
 
@@ -146,11 +153,11 @@ PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions
 m probe "$T" "${idx:--}"
 need() { command -v "$1" >/dev/null 2>&1 || { m fatal "no-$1"; m end; exit 0; }; }
 if [ "$sudo" = sudo ]; then need sudo; else need fuser; fi
+me=; while read -r k _ eu _; do [ "$k" = Uid: ] && { me=$eu; break; }; done </proc/$$/status
 if [ "$mode" = smi ]; then
   need timeout
   # A hung driver leaves nvidia-smi in the kernel (state D), where timeout cannot kill it: each
   # new query would leave one more. One of ours stuck, or older than our own limit: ask nothing.
-  me=; while read -r k _ eu _; do [ "$k" = Uid: ] && { me=$eu; break; }; done </proc/$$/status
   lim=$(( 2 * ${T%%.*} + 2 )) tck= up= stuck=
   for p in $(pgrep -x nvidia-smi 2>/dev/null); do
     case $p in ''|*[!0-9]*) continue ;; esac
@@ -217,6 +224,13 @@ else
 fi
 m fuser "$s"
 fp=$(printf '%s\\n' "$f" | LC_ALL=C awk 'AWK_FUSER' 2>&1 >&4)
+# /proc mounted with hidepid: other users' processes are not there to read.
+hp=-
+while read -r _ mnt fs opts _; do
+  [ "$mnt" = /proc ] && [ "$fs" = proc ] || continue
+  case ,$opts, in *,hidepid=*) hp=${opts#*hidepid=}; hp=${hp%%,*} ;; esac
+done 2>/dev/null </proc/mounts
+m view "$hp" "${me:--}"
 procs $extra $fp
 m end
 """.replace("GPU_Q", _smi(gpu_query_argv("nvidia-smi")))

@@ -417,6 +417,11 @@ class _Run:
         kept = tuple(
             Kept(p.pid, p.user, p.command or p.process_name, p.used_memory_mib)
             for p in procs if _protected(plan, p) and (p.used_memory_mib or 0) > 0
+        ) + tuple(
+            Kept(p.pid, p.user, p.process_name, p.used_memory_mib, protected=False)
+            for p in snap.on_gpu(g)  # left alone as not in /proc, yet nvidia-smi gives it memory
+            if not p.exists and p.visible_to_nvidia_smi and (p.used_memory_mib or 0) > 0
+            and _left_alone(plan, p)
         )  # fmt: skip
         refused = tuple(
             f"pid {p.pid}: {self.refused[p.pid]}" for p in planned_left if p.pid in self.refused

@@ -72,6 +72,8 @@ class SimFleet:
         sudo_rule: str | None = None,
         minors: Sequence[int] | None = None,
         persistenced: bool = False,
+        view_user: str | None = None,
+        hidepid: bool = False,
     ) -> None:
         """``minors``: the device minor of each GPU index, e.g. ``[3, 2, 1, 0]`` (a permutation;
         default: minor == index). Real boxes number device files apart from GPU indices.
@@ -79,6 +81,10 @@ class SimFleet:
         ``persistenced``: every node runs a persistence daemon (root, from the node's
         ``sbin/nvidia-persistenced``) holding every GPU's device file, and the inventory lists
         that executable as protected, as an admin would.
+
+        ``view_user``: SSH sessions log in and run as this Linux user (not root): fuser and
+        /proc show what such an account sees. ``hidepid``: each session's /proc is mounted
+        ``hidepid=2`` (needs ``view_user``). Both only with the asyncssh server.
 
         ``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
         given, every node gets the sudo stand-in first on its session PATH, allowing only that
@@ -119,7 +125,18 @@ class SimFleet:
         self._on_stop = on_stop
         self.root = self.directory
         self.nodes: list[SimNode] = []
-        pw = pwd.getpwuid(os.geteuid())
+        if (view_user or hidepid) and server != "asyncssh":
+            raise UsageError("view_user and hidepid need the asyncssh server")
+        if hidepid and not view_user:
+            raise UsageError("hidepid needs view_user: root sees every process anyway")
+        if view_user is not None and os.geteuid() != 0:
+            raise UsageError("view_user needs root (to start sessions as another user)")
+        try:
+            pw = pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
+        except KeyError:
+            raise UsageError(f"no such user {view_user!r}") from None
+        self._run_as = (pw.pw_uid, pw.pw_gid) if view_user else None
+        self.hidepid = hidepid  # every session sees /proc mounted hidepid=2
         self.user = pw.pw_name
         self._home = pw.pw_dir if pw.pw_dir and os.path.isdir(pw.pw_dir) else "/"
         shell = pw.pw_shell
@@ -331,6 +348,8 @@ class SimFleet:
             shell=self._shell,
             workdir=node.dir,
             path_first=str(node.sudo_dir) if node.sudo else None,
+            run_as=self._run_as,
+            hidepid=self.hidepid,
         )
 
     def _servers_for(self, node: SimNode) -> ServerPool:

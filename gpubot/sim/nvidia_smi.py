@@ -116,7 +116,10 @@ def main(argv: list[str], node_dir: str) -> int:
         now = time.time()
         simstate.refresh(state, now)
         try:
-            if opts["mode"] == "reset":
+            if opts["mode"] in ("reset", "pm") and os.geteuid() != 0:
+                # nvidia-smi(1) RETURN VALUE 4: no permission; NVML says "Insufficient Permissions"
+                code, text = 4, "Unable to change this GPU: Insufficient Permissions\n"
+            elif opts["mode"] == "reset":
                 code, text = gpu_reset(state, opts, now)
             elif opts["mode"] == "pm":
                 code, text = persistence(state, opts)

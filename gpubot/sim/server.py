@@ -43,6 +43,8 @@ class ServerSpec:
     shell: str
     workdir: Path  # for sshd's config and log
     path_first: str | None = None  # a directory put before the standard PATH (the sudo stand-in)
+    run_as: tuple[int, int] | None = None  # (uid, gid) sessions run as (asyncssh only; root)
+    hidepid: bool = False  # each session's /proc is mounted hidepid=2 (asyncssh only)
 
 
 class ServerPool(Protocol):
@@ -79,6 +81,13 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+# Run as root in a fresh mount namespace: mount /proc hidepid=2, then become the session's user.
+_HIDEPID = (
+    "mount -t proc -o hidepid=2 proc /proc || exit 126; uid=$1 gid=$2; shift 2; "
+    'exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"'
+)
 
 
 def session_path(spec: ServerSpec) -> str:
@@ -224,6 +233,13 @@ class AsyncsshPool:
         cmd = process.command
         # sshd hands the command line to the user's login shell: so do we.
         argv = [spec.shell, "-c", cmd] if cmd is not None else [spec.shell]
+        who: dict[str, Any] = {}
+        if spec.run_as is not None and spec.hidepid:
+            # A private mount namespace whose /proc hides other users' processes, then the user.
+            argv = ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", _HIDEPID,
+                    "gpusim-session", str(spec.run_as[0]), str(spec.run_as[1]), *argv]  # fmt: skip
+        elif spec.run_as is not None:
+            who = {"user": spec.run_as[0], "group": spec.run_as[1], "extra_groups": []}
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -233,6 +249,7 @@ class AsyncsshPool:
                 cwd=spec.home,
                 env=session_env(spec),
                 start_new_session=True,  # its own process group, killed as one on disconnect
+                **who,
             )
         except OSError as exc:
             process.stderr.write(f"{spec.shell}: {exc.strerror}\n".encode())

@@ -125,8 +125,11 @@ def refresh(state: State, now: float) -> bool:
     changed = False
     delay = float(state["release_delay_s"])
     keep: list[Alloc] = []
+    # Only root sees every process in /proc (hidepid hides others' from other users); a caller
+    # that may not leaves deaths to the fleet's driver thread, as NVML answers from the driver.
+    sees_all = os.geteuid() == 0
     for a in state["allocs"]:
-        if a.get("died_at") is None and not is_alive(a["pid"], a["start_ticks"]):
+        if a.get("died_at") is None and sees_all and not is_alive(a["pid"], a["start_ticks"]):
             a["died_at"] = now
             changed = True
         rel = released_at(a, delay)

@@ -1,8 +1,9 @@
 """The Slack Web API, made safe to call: retries on 429, text fallbacks, never an exception.
 
 ``SlackApi`` wraps ``AsyncWebClient`` (its retry handlers wait ``Retry-After`` on 429). A message
-Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks`` …) is sent again with its
-table as preformatted text, then as plain text; a failed ``chat.update`` posts a new message.
+Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks``, ``internal_error`` …) is sent
+again with its table as preformatted text, then as plain text, through the Web API and through a
+``response_url`` alike; a failed ``chat.update`` posts a new message.
 Failures are logged and return None: a Slack outage never stops a reset half-way or leaves an
 approval in a wrong state.
 """
@@ -29,10 +30,14 @@ from gpubot.slack.flows import Handle
 
 log = logging.getLogger(__name__)
 
-# Errors that mean "these blocks, not this message": try again as text.
+# Errors that mean "these blocks, not this message": try again without tables, then as text.
+# ``internal_error`` is among them: Slack has answered it, not ``invalid_blocks``, for blocks it
+# could not render (table blocks with raw_text cells, soxtoby/SlackNet#246; ``markdown`` blocks,
+# slackapi/python-slack-sdk#1756). A simpler form costs one call; an outage fails it again.
 BLOCK_ERRORS = frozenset({
     "msg_too_long", "invalid_blocks", "invalid_blocks_format", "invalid_attachments",
     "too_many_blocks", "block_mismatch", "only_one_table_allowed", "invalid_arguments",
+    "internal_error",
 })  # fmt: skip
 # Errors that mean "the bot cannot post here": answer through the command's response_url.
 NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
@@ -94,10 +99,17 @@ class SlackApi:
         return await self.post(channel, msg)
 
     async def respond(self, response_url: str, msg: Message, *, ephemeral: bool = True) -> None:
-        """Answer through a command's or action's ``response_url``."""
+        """Answer through a command's or action's ``response_url``: as is, without tables, as text.
+
+        The same steps as ``_send``. A ``response_url`` is a webhook, not a Web API method: a
+        refusal is any answer but HTTP 200 (its body is logged, not relied on), and it steps
+        down. A ``response_url`` takes only five answers in 30 minutes (Slack's "Handling user
+        interaction" guide, https://api.slack.com/interactivity/handling#message_responses), so
+        a message without a table skips the middle step, and text is the last try.
+        """
         hook = AsyncWebhookClient(response_url, timeout=10, retry_handlers=retry_handlers())
         kind = "ephemeral" if ephemeral else "in_channel"
-        for body in (msg, text_only(msg)):
+        for body in _simpler(msg):
             try:
                 resp = await hook.send_dict({**body, "response_type": kind,
                                              "replace_original": False})  # fmt: skip
@@ -106,9 +118,8 @@ class SlackApi:
                 return
             if resp.status_code == 200:
                 return
-            log.warning("response_url answered %s %s", resp.status_code, resp.body[:100])
-            if "blocks" not in body:
-                return
+            log.warning("response_url answered %s %s: simpler next", resp.status_code,
+                        str(resp.body)[:100])  # fmt: skip
 
     async def ephemeral(
         self, channel: str | None, user: str, msg: Message, *, response_url: str | None
@@ -136,17 +147,26 @@ class SlackApi:
     async def _send(self, method: str, msg: Message, **where: Any) -> Any:
         """Call a chat method; if Slack refuses the blocks, retry without tables, then as text."""
         call = getattr(self.client, method)
-        plain = without_tables(msg)
-        for attempt in (msg, plain):
-            if attempt is None:
-                continue
+        *richer, text = _simpler(msg)
+        for attempt in richer:
             try:
                 return await call(**where, **attempt)
             except SlackApiError as exc:
-                if _error(exc) not in BLOCK_ERRORS or not attempt.get("blocks"):
+                if _error(exc) not in BLOCK_ERRORS:
                     raise
                 log.warning("%s refused the blocks (%s): simpler next", method, _error(exc))
-        return await call(**where, **text_only(msg), blocks=[])
+        return await call(**where, **text, blocks=[])
+
+
+def _simpler(msg: Message) -> list[Message]:
+    """Return the forms to try in turn: ``msg``, then without tables (if it has one), then text.
+
+    A message without blocks is sent as it is (one try).
+    """
+    if not msg.get("blocks"):
+        return [{k: v for k, v in msg.items() if k != "blocks"}]
+    plain = without_tables(msg)
+    return [msg, *([plain] if plain is not None else []), text_only(msg)]
 
 
 class SlackSurface:

@@ -28,7 +28,7 @@ from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
 from gpubot.slack.blocks import Message, escape, render_text
-from gpubot.slack.flows import Flows, Handle, Services
+from gpubot.slack.flows import MIN_UPDATE_S, Flows, Handle, Services
 from gpubot.slack.reset_blocks import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class GpuBot:
         client: AsyncWebClient,
         *,
         signing_secret: str | None,
-        min_update_s: float = 1.0,
+        min_update_s: float = MIN_UPDATE_S,
     ) -> None:
         """Register the handlers; ``signing_secret`` None: Socket Mode (no HTTP signatures)."""
         self.services = services

@@ -33,6 +33,10 @@ MAX_FALLBACK = 3900  # top-level ``text``: Slack truncates past 40 000 and advis
 MAX_BUTTON = 75
 MAX_VALUE = 2000
 MAX_BLOCK_ID = 255
+# A confirmation dialog's parts are all plain_text: title ≤ 100, text ≤ 300, buttons ≤ 30
+# (Block Kit reference, "Confirmation dialog object":
+# https://api.slack.com/reference/block-kit/composition-objects#confirm).
+MAX_CONFIRM = {"title": 100, "text": 300, "confirm": 30, "deny": 30}
 FEW_NODES = 3  # up to this many nodes, a fleet answer shows each node's GPUs in full
 MAX_FLAGGED = 60  # flagged GPUs detailed in a fleet answer (the rest are counted)
 
@@ -93,6 +97,25 @@ def table(
         "column_settings": settings,
         "rows": [[{"type": "raw_text", "text": c or "–"} for c in r] for r in rows],
     }
+
+
+def confirm_dialog(
+    title: str, text: str, *, confirm: str, deny: str, style: str | None = None
+) -> dict[str, Any]:
+    """Return a confirmation dialog object: every part ``plain_text`` and clipped to its limit.
+
+    Slack's reference gives ``title``, ``text``, ``confirm`` and ``deny`` as plain_text text
+    objects (https://api.slack.com/reference/block-kit/composition-objects#confirm), so the
+    text is raw, never mrkdwn: nothing in it is parsed (no mention, no link), and it is not
+    HTML-escaped (a plain_text ``&amp;`` would show as such).
+    """
+    parts = {"title": title, "text": text, "confirm": confirm, "deny": deny}
+    dialog: dict[str, Any] = {
+        k: {"type": "plain_text", "text": clip(v, MAX_CONFIRM[k]) or "–"} for k, v in parts.items()
+    }
+    if style is not None:
+        dialog["style"] = style
+    return dialog
 
 
 def table_fits(rows: Sequence[Sequence[str]]) -> bool:
@@ -292,8 +315,12 @@ def render_fleet(
             rows.append([s.node, f"{sb}/{len(s.gpus)}", f"{_gib(used)} / {_gib(cap)}", str(sf)])
         if use_table and table_fits(rows):
             b.add(table(rows, right=(1, 2, 3)))
-            if len(snapshots) > len(rows) - 1:
-                b.add(context(f"{len(rows) - 1} of {len(snapshots)} nodes listed, flagged first"))
+            listed = len(rows) - 1
+        else:  # the same rows as aligned text (the Home tab, or a table that would not fit)
+            lines = [code_safe(line) for line in table_text(rows)]
+            listed = max(0, b.add_pre(lines, reserve=tail + 3) - 1)
+        if len(snapshots) > listed:
+            b.add(context(f"{listed} of {len(snapshots)} nodes listed, flagged first"))
         flagged_lines = _flagged_lines(snapshots)
         if flagged_lines:
             b.add(section(f"*Flagged GPUs ({len(flagged_lines)}):*"))
@@ -330,10 +357,49 @@ def render_text(text: str, *, title: str | None = None) -> Message:
 # --- limits and plain text -------------------------------------------------------------------
 
 
-def limit_problems(message: Mapping[str, Any], *, max_blocks: int = MAX_BLOCKS) -> list[str]:
-    """Return every way ``message`` breaks a Slack limit (empty when it fits)."""
+def nested(obj: Any) -> Iterable[Mapping[str, Any]]:
+    """Yield every mapping inside ``obj`` (itself included), depth first."""
+    if isinstance(obj, Mapping):
+        yield obj
+        for v in obj.values():
+            yield from nested(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from nested(v)
+
+
+def confirm_problems(blocks: Any) -> list[str]:
+    """Return every way a confirmation dialog in ``blocks`` breaks Slack's rules."""
+    problems = []
+    for obj in nested(blocks):
+        dialog = obj.get("confirm")
+        if not isinstance(dialog, Mapping) or "title" not in dialog:
+            continue  # not a dialog (a dialog's own "confirm" is a text object)
+        for part, most in MAX_CONFIRM.items():
+            t = dialog.get(part)
+            if not isinstance(t, Mapping) or t.get("type") != "plain_text":
+                problems.append(f"confirm dialog: {part} is not a plain_text object")
+            elif not 0 < len(str(t.get("text", ""))) <= most:
+                problems.append(f"confirm dialog: {part} not 1-{most} characters")
+    return problems
+
+
+def limit_problems(
+    message: Mapping[str, Any], *, max_blocks: int | None = None, view: bool = False
+) -> list[str]:
+    """Return every way ``message`` (or, ``view``, a Home tab view) breaks a Slack limit.
+
+    A view holds up to 100 blocks and no ``table`` block at all, nested or not: Slack renders
+    tables in messages only (https://docs.slack.dev/reference/block-kit/blocks, the
+    "Surfaces" of each block; https://docs.slack.dev/reference/block-kit/blocks/table-block).
+    """
     problems: list[str] = []
     blocks = message.get("blocks") or []
+    if max_blocks is None:
+        max_blocks = MAX_VIEW_BLOCKS if view else MAX_BLOCKS
+    if view and any(o.get("type") == "table" for o in nested(blocks)):
+        problems.append("a table block in a view (tables render in messages only)")
+    problems.extend(confirm_problems(blocks))
     if len(blocks) > max_blocks:
         problems.append(f"{len(blocks)} blocks > {max_blocks}")
     text = message.get("text", "")

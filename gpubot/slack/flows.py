@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 WHO_REFUSALS = (NotPermitted, NotAnApprover, SelfApproval, ApproversUnknown)
 
 Handle = tuple[str, str]  # (channel, message ts) in Slack
+# Progress edits of one message are spaced at least this much. chat.update is a Tier 3 method
+# (https://api.slack.com/methods/chat.update), about 50 calls a minute per app per workspace
+# (https://api.slack.com/docs/rate-limits), shared by every reset and status answer at once;
+# one edit per 2.5 s per message leaves room for several at a time. The final answer is not
+# held back.
+MIN_UPDATE_S = 2.5
 EventSink = Callable[[ResetEvent], Awaitable[None]]
 Sweeper = Callable[[Identity], Awaitable[Message]]
 
@@ -122,7 +128,7 @@ def error_message(exc: BaseException) -> Message:
 class Flows:
     """Runs parsed ``/gpu`` commands for one front end (``source``: "slack", "console")."""
 
-    def __init__(self, svc: Services, *, source: str, min_update_s: float = 1.0) -> None:
+    def __init__(self, svc: Services, *, source: str, min_update_s: float = MIN_UPDATE_S) -> None:
         self.svc = svc
         self.source = source
         self.min_update_s = min_update_s
@@ -373,7 +379,7 @@ class Flows:
         """Run a reset, updating ``handle`` as events arrive; end with the result or error."""
         wrap = frame or (lambda m: m or render_text(""))
         events: list[ResetEvent] = []
-        progress = _Progress(
+        progress = Progress(
             out, handle, lambda: wrap(render_progress(title, asked, plan, events)),
             self.min_update_s,
         )  # fmt: skip
@@ -444,8 +450,13 @@ def _framer(a: Approval, plan: ResetPlan) -> Callable[[Message | None], Message]
     return frame
 
 
-class _Progress:
-    """Coalesces progress updates: at most one in flight, at most one per ``interval``."""
+class Progress:
+    """Coalesces the progress edits of one message: at most one in flight, one per ``interval``.
+
+    The message was just written by the caller, so the first edit also waits ``interval``. Edits
+    asked for meanwhile collapse into one that renders the latest state when the interval is
+    up; ``stop`` ends at once (the caller's final answer supersedes any edit still pending).
+    """
 
     def __init__(
         self,
@@ -458,6 +469,7 @@ class _Progress:
         self.handle = handle
         self.render = render
         self.interval = interval
+        self.last = time.monotonic()  # when the message was last written
         self.dirty = asyncio.Event()
         self.stopping = asyncio.Event()
         self.task = asyncio.create_task(self._loop())
@@ -469,20 +481,24 @@ class _Progress:
     async def _loop(self) -> None:
         while True:
             await self.dirty.wait()
-            if self.stopping.is_set():
+            wait = self.last + self.interval - time.monotonic()
+            if self.stopping.is_set() or (wait > 0 and await self._stopped_within(wait)):
                 return
-            self.dirty.clear()
+            self.dirty.clear()  # what is rendered now includes every event so far
             if self.handle is None:  # nothing to update in place: only the final answer goes
                 continue
             try:
                 self.handle = await self.out.update(self.handle, self.render())
             except Exception:  # progress is best effort; the final update tells the outcome
                 log.exception("progress update failed")
-            try:
-                await asyncio.wait_for(self.stopping.wait(), self.interval)
-                return
-            except TimeoutError:
-                pass
+            self.last = time.monotonic()  # spaced from the end of the call: a slow call is no burst
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+            return True
+        except TimeoutError:
+            return False
 
     async def stop(self) -> Handle | None:
         """Stop updating (an update in flight finishes); return where the message is."""

@@ -1,4 +1,10 @@
-"""The App Home tab: the viewer's own processes, then the fleet summary (pure render)."""
+"""The App Home tab: the viewer's own processes, then the fleet summary (pure render).
+
+A view is not a message: it holds up to 100 blocks, and no ``table`` block (Slack renders
+tables in messages only: the "Surfaces" column of https://docs.slack.dev/reference/block-kit/blocks
+and https://docs.slack.dev/reference/block-kit/blocks/table-block). The fleet summary shares
+the message renderer with ``use_table=False``: the same rows as preformatted section text.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ def render_home(
     seconds: float,
     now: float,
 ) -> dict[str, Any]:
-    """Render the Home tab view for ``user_id`` (at most 100 blocks)."""
+    """Render the Home tab view for ``user_id`` (at most 100 blocks, no table block)."""
     b = Budget(MAX_VIEW_BLOCKS)
     b.add(header("GPU fleet"))
     if linux_user is None:
@@ -44,7 +50,8 @@ def render_home(
         shown = b.add_pre(lines[:200], reserve=40) if lines else 0
         if shown < len(mine):
             b.add(context(f"… and {len(mine) - shown} more"))
-    fleet = render_fleet(snapshots, failed, seconds=seconds, title="Fleet", limit=b.room - 1)
+    fleet = render_fleet(snapshots, failed, seconds=seconds, title="Fleet", use_table=False,
+                         limit=b.room - 1)  # fmt: skip
     for blk in fleet["blocks"]:
         b.add(blk)
     b.add(context(f"refreshed {date(now)} · type `/gpu help` in any channel"))

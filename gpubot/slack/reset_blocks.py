@@ -14,6 +14,7 @@ from gpubot.slack.blocks import (
     Message,
     clip,
     code_safe,
+    confirm_dialog,
     context,
     date,
     escape,
@@ -218,15 +219,13 @@ def render_approval_request(
             {
                 "type": "button", "action_id": ACTION_APPROVE, "value": str(approval_id),
                 "style": "primary", "text": {"type": "plain_text", "text": "Approve"},
-                "confirm": {
-                    "title": {"type": "plain_text", "text": "Approve the forced kill?"},
-                    "text": {"type": "mrkdwn", "text": clip(escape(
-                        f"{len(plan.targets)} process(es) of {', '.join(plan.owners)} on "
-                        f"{plan.node} GPU {gpus} will be killed."), 300)},
-                    "confirm": {"type": "plain_text", "text": "Kill them"},
-                    "deny": {"type": "plain_text", "text": "Cancel"},
-                    "style": "danger",
-                },
+                # plain_text throughout, raw (not escaped): see blocks.confirm_dialog
+                "confirm": confirm_dialog(
+                    "Approve the forced kill?",
+                    f"{len(plan.targets)} process(es) of {', '.join(plan.owners)} on "
+                    f"{plan.node} GPU {gpus} will be killed.",
+                    confirm="Kill them", deny="Cancel", style="danger",
+                ),
             },
             {
                 "type": "button", "action_id": ACTION_DENY, "value": str(approval_id),
@@ -238,7 +237,7 @@ def render_approval_request(
         f"Approval needed (#{approval_id}): forced kill of {', '.join(plan.owners)}'s processes "
         f"on {plan.node} GPU {gpus}"
     )
-    return {"text": escape(text), "blocks": b.blocks}
+    return {"text": escape(clip(text, 3000)), "blocks": b.blocks}  # many owners: clipped
 
 
 STATE_LINE = {

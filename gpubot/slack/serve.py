@@ -29,7 +29,7 @@ from gpubot.slack.alerts import start_sweeps
 from gpubot.slack.api import SlackDirectory, make_client
 from gpubot.slack.app import GpuBot
 from gpubot.slack.blocks import render_text
-from gpubot.slack.flows import make_services
+from gpubot.slack.flows import MIN_UPDATE_S, make_services
 from gpubot.slack.heads import start_head_publication
 from gpubot.store import Approval, Store
 
@@ -77,9 +77,18 @@ def read_tokens(environ: Mapping[str, str], *, http: bool) -> Tokens:
 
 
 def build_bot(
-    settings: Settings, app: App, tokens: Tokens, *, http: bool, min_update_s: float = 1.0
+    settings: Settings,
+    app: App,
+    tokens: Tokens,
+    *,
+    http: bool,
+    min_update_s: float = MIN_UPDATE_S,
 ) -> GpuBot:
-    """Wire the Slack front end over the services of ``app``."""
+    """Wire the Slack front end over the services of ``app``.
+
+    ``min_update_s``: the least time between two progress edits of one message (tests pass a
+    small value; see ``flows.MIN_UPDATE_S``).
+    """
     client = make_client(tokens.bot, tokens.api_url)
     services = make_services(settings, app.status, app.reset, app.store, SlackDirectory(client))
     return GpuBot(services, client, signing_secret=tokens.signing_secret if http else None,

@@ -4,6 +4,11 @@ Commands run with ``asyncio.create_subprocess_exec`` (never a shell) with the sa
 error semantics as SSH: a missing program is exit 127, a timeout kills the command's whole process
 group and raises ``CommandTimeout``. GPUs are read through NVML (``pynvml``); when NVML is missing
 or fails, callers fall back to ``nvidia-smi`` through the probe.
+
+NVML parity with the nvidia-smi path: a GPU NVML calls lost (or needing a reset) is one flagged
+row, never a failed node; a GPU in MIG mode is flagged ``mig`` and its instances' processes are
+listed against it; each GPU carries its device minor. Calls an old driver's library lacks
+(FUNCTION_NOT_FOUND) are remembered per library for the process's life, not asked on every probe.
 """
 
 from __future__ import annotations
@@ -12,19 +17,40 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, TypeVar
 
 from gpubot.config import SshSettings
 from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
+from gpubot.core.ports import NvmlTables
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed, SmiMissing
 from gpubot.ssh.transport import check_argv, describe
 
+T = TypeVar("T")
 MIB = 1024 * 1024
-# NVML return codes (nvml.h) that mean "this value is not available", not "NVML is broken".
-_NOT_AVAILABLE = {3, 4, 6}  # NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND
+# NVML return codes (nvml.h; pynvml's NVML_ERROR_* constants).
+_NOT_SUPPORTED, _NO_PERMISSION, _NOT_FOUND = 3, 4, 6
+# Codes that mean "this value is not available", not "NVML is broken".
+_NOT_AVAILABLE = (_NOT_SUPPORTED, _NO_PERMISSION, _NOT_FOUND)
 _LIBRARY_NOT_FOUND = 12
-_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15  # fell off the bus: nothing more can be read of that GPU
+_RESET_REQUIRED = 16
+# FUNCTION_NOT_FOUND (13): the driver's library lacks the symbol (an old driver);
+# ARGUMENT_VERSION_MISMATCH (25): it lacks that version of the call's struct.
+_NO_SUCH_CALL = (13, 25)
+_MIG_ENABLE = 1  # NVML_DEVICE_MIG_ENABLE, nvmlDeviceGetMigMode's current mode
+_MEMORY_V2 = "nvmlDeviceGetMemoryInfo_v2"
+# pynvml's unversioned call is v3, which older drivers lack: it then raises
+# NVMLLibraryMismatchError (no NVMLError), so the versions are asked for by name, newest first.
+_PROCESS_CALLS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+# The calls each pynvml-like module lacks in this process. The library is loaded once per
+# process and does not grow functions, so a missing one is asked once, not on every probe.
+_MISSING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 class LocalTransport:
@@ -73,9 +99,7 @@ class LocalTransport:
             args, status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         )
 
-    async def nvml_snapshot(
-        self, node: NodeConfig
-    ) -> tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]] | None:
+    async def nvml_snapshot(self, node: NodeConfig) -> NvmlTables | None:
         """Return NVML's GPU and compute-app tables, or None to fall back to nvidia-smi."""
         if self._nvml_absent:
             return None
@@ -108,10 +132,13 @@ def _import_pynvml(node: str) -> Any:
     return pynvml
 
 
-def nvml_query(
-    node: str = "local", *, nvml: Any = None
-) -> tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]]:
-    """Read every GPU and compute process through NVML; raise SmiMissing when NVML is absent."""
+def nvml_query(node: str = "local", *, nvml: Any = None) -> NvmlTables:
+    """Read every GPU and compute process through NVML; raise SmiMissing when NVML is absent.
+
+    A GPU that NVML calls lost is a row of unknowns flagged ``lost`` (one that needs a reset:
+    ``requires-reset``), the others are listed as usual; a GPU in MIG mode is flagged ``mig`` and
+    its instances' processes are listed against it. Any other NVML error raises SmiFailed.
+    """
     lib = nvml if nvml is not None else _import_pynvml(node)
     try:
         lib.nvmlInit()
@@ -121,73 +148,222 @@ def nvml_query(
         raise SmiFailed(node, f"NVML init failed: {exc}") from exc
     except OSError as exc:
         raise SmiMissing(node, f"NVML library cannot be loaded: {exc}") from exc
+    r = _Reader(node, lib)
     try:
         gpus: list[GpuInfo] = []
         apps: list[ComputeApp] = []
-        for i in range(lib.nvmlDeviceGetCount()):
-            h = lib.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(lib.nvmlDeviceGetUUID(h))
-            used, total = _memory(lib, h)
-            gpus.append(
-                GpuInfo(
-                    index=int(lib.nvmlDeviceGetIndex(h)),
-                    uuid=uuid,
-                    name=_text(lib.nvmlDeviceGetName(h)),
-                    memory_used_mib=used,
-                    memory_total_mib=total,
-                    utilization_pct=_optional(
-                        lib, lambda h=h: lib.nvmlDeviceGetUtilizationRates(h).gpu
-                    ),
-                    bus_id=_optional(lib, lambda h=h: _text(lib.nvmlDeviceGetPciInfo(h).busId)),
-                    # The device file's minor: a GPU's index is not its minor.
-                    minor=_optional(lib, lambda h=h: int(lib.nvmlDeviceGetMinorNumber(h))),
-                )
-            )
-            for p in lib.nvmlDeviceGetComputeRunningProcesses(h):
-                mem = p.usedGpuMemory  # no nvmlSystemGetProcessName: the name is the process's say
-                apps.append(
-                    ComputeApp(
-                        pid=int(p.pid),
-                        gpu_uuid=uuid,
-                        used_memory_mib=None if mem is None else int(mem) // MIB,
-                    )
-                )
+        for i in range(int(lib.nvmlDeviceGetCount())):
+            gpu, on_it = _read_gpu(r, i)
+            gpus.append(gpu)
+            apps.extend(on_it)
         return tuple(gpus), tuple(apps)
-    except lib.NVMLError as exc:
+    except r.errors as exc:
         raise SmiFailed(node, f"NVML: {exc}") from exc
     finally:
         with contextlib.suppress(Exception):
             lib.nvmlShutdown()
 
 
-def _memory(lib: Any, h: Any) -> tuple[int | None, int | None]:
-    """Return (used, total) MiB as nvidia-smi shows them (v2 excludes reserved memory)."""
-    info: Any = None
-    v2 = getattr(lib, "nvmlMemory_v2", None)
-    if v2 is not None:
+def missing_functions(nvml: Any = None) -> frozenset[str]:
+    """Return the NVML functions this process found missing (asked once, then skipped)."""
+    lib = nvml if nvml is not None else _import_pynvml("local")
+    return frozenset(_missing_set(lib))
+
+
+class _Lost(Exception):
+    """NVML said NVML_ERROR_GPU_IS_LOST in one GPU's reads: what was read of it is dropped."""
+
+
+class _Absent:
+    """The function is not in this process's NVML (or a pynvml too old to wrap it)."""
+
+
+_ABSENT = _Absent()
+
+
+class _Reader:
+    """One ``nvml_query``'s calls: sorts NVML's errors per GPU, remembers missing functions."""
+
+    def __init__(self, node: str, lib: Any) -> None:
+        self.node = node
+        self.lib = lib
+        mismatch = getattr(lib, "NVMLLibraryMismatchError", None)  # pynvml's "no such version"
+        extra = (
+            (mismatch,) if isinstance(mismatch, type) and issubclass(mismatch, Exception) else ()
+        )
+        self.errors: tuple[type[Exception], ...] = (lib.NVMLError, *extra)
+        self.missing = _missing_set(lib)
+        self.flags: list[str] = []  # the current GPU's
+
+    def flag(self, flag: str) -> None:
+        if flag not in self.flags:
+            self.flags.append(flag)
+
+    def call(
+        self, name: str, *args: Any, key: str = "", quiet: Collection[int] = _NOT_AVAILABLE,
+        **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        """Return ``lib.name(*args)``: None when the value is unknown, _ABSENT when no such call.
+
+        Raise _Lost when the GPU is lost; a GPU that needs a reset is flagged and its value is
+        None; error codes not in ``quiet`` and not these raise as they are.
+        """
+        key = key or name
+        fn = getattr(self.lib, name, None)
+        if key in self.missing or not callable(fn):
+            return _ABSENT
         try:
-            info = lib.nvmlDeviceGetMemoryInfo(h, version=v2)
-        except lib.NVMLError as exc:
-            if getattr(exc, "value", None) not in (*_NOT_AVAILABLE, _FUNCTION_NOT_FOUND):
-                raise
-    if info is None:
-        try:
-            info = lib.nvmlDeviceGetMemoryInfo(h)
-        except lib.NVMLError as exc:
-            if getattr(exc, "value", None) in _NOT_AVAILABLE:
-                return None, None
+            return fn(*args, **kwargs)
+        except self.errors as exc:
+            if not isinstance(exc, self.lib.NVMLError):  # pynvml's "no such version here"
+                self.missing.add(key)
+                return _ABSENT
+            code = getattr(exc, "value", None)
+            if code == _GPU_IS_LOST:
+                raise _Lost(name) from exc
+            if code == _RESET_REQUIRED:
+                self.flag("requires-reset")
+                return None
+            if code in _NO_SUCH_CALL:
+                self.missing.add(key)  # the loaded library will not grow it: never ask again
+                return _ABSENT
+            if code in quiet:
+                return None
             raise
+
+    def need(self, name: str, *args: Any, quiet: Collection[int] = ()) -> Any:
+        """Like ``call``, but a function this NVML lacks fails the query (nvidia-smi says it)."""
+        got = self.call(name, *args, quiet=quiet)
+        if got is _ABSENT:
+            raise SmiFailed(self.node, f"NVML: {name} is not in this driver's library")
+        return got
+
+    def value(self, name: str, *args: Any) -> Any:
+        """Return ``lib.name(*args)``, or None when unknown or not in this NVML."""
+        got = self.call(name, *args)
+        return None if got is _ABSENT else got
+
+    def processes(self, h: Any, *, quiet: Collection[int] = ()) -> list[Any] | None:
+        """Return the compute processes on ``h`` (newest call this NVML has); None: unknown."""
+        for name in _PROCESS_CALLS:
+            got = self.call(name, h, quiet=quiet)
+            if got is not _ABSENT:
+                return None if got is None else list(got)
+        raise SmiFailed(self.node, "NVML: no compute-process call in this driver's library")
+
+
+def _read_gpu(r: _Reader, i: int) -> tuple[GpuInfo, list[ComputeApp]]:
+    """Return GPU ``i``'s row and compute apps; a lost GPU is a row of unknowns."""
+    r.flags = []
+    try:
+        h = r.lib.nvmlDeviceGetHandleByIndex(i)
+    except r.lib.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        if code == _GPU_IS_LOST:
+            return _unknown(i, None, None, "lost"), []  # no handle: not even its bus id
+        if code == _RESET_REQUIRED:
+            return _unknown(i, None, None, "requires-reset"), []
+        raise
+    try:
+        return _read_handle(r, i, h)
+    except _Lost:
+        return _unknown(i, _quietly(r, lambda: _bus_id(r, h)),
+                        _quietly(r, lambda: _minor(r, h)), "lost"), []  # fmt: skip
+
+
+def _read_handle(r: _Reader, i: int, h: Any) -> tuple[GpuInfo, list[ComputeApp]]:
+    index = r.value("nvmlDeviceGetIndex", h)
+    uuid = r.need("nvmlDeviceGetUUID", h)
+    name = r.need("nvmlDeviceGetName", h)
+    used, total = _memory(r, h)
+    util = r.value("nvmlDeviceGetUtilizationRates", h)  # NOT_SUPPORTED in MIG mode
+    mode = r.value("nvmlDeviceGetMigMode", h)  # (current, pending); NOT_SUPPORTED: no MIG
+    mig = mode is not None and int(mode[0]) == _MIG_ENABLE
+    if mig:
+        r.flag("mig")
+    # In MIG mode the parent's list may leave out the instances' processes (it is an aggregate
+    # only for privileged callers): each instance is read too, below.
+    listed = r.processes(h, quiet=(_NOT_SUPPORTED, _NO_PERMISSION) if mig else ())
+    uuid_text = "" if uuid is None else _text(uuid)
+    apps = [_app(p, uuid_text) for p in listed or ()]
+    if mig:
+        apps += _instance_apps(r, h, uuid_text, {a.pid for a in apps})
+    gpu = GpuInfo(
+        index=i if index is None else int(index),
+        uuid=uuid_text,
+        name="?" if name is None else _text(name),
+        memory_used_mib=used,
+        memory_total_mib=total,
+        utilization_pct=None if util is None else int(util.gpu),
+        bus_id=_bus_id(r, h),
+        minor=_minor(r, h),  # the device file's minor: a GPU's index is not its minor
+        flags=tuple(r.flags),
+    )
+    # Without its uuid a GPU's processes cannot be told apart from another's: none listed.
+    return gpu, apps if uuid_text else []
+
+
+def _instance_apps(r: _Reader, h: Any, uuid: str, listed: set[int]) -> list[ComputeApp]:
+    """Return the processes of a MIG GPU's instances not on the parent's list, as the parent's."""
+    count = r.need("nvmlDeviceGetMaxMigDeviceCount", h)
+    apps: list[ComputeApp] = []
+    for j in range(int(count or 0)):
+        mig = r.need("nvmlDeviceGetMigDeviceHandleByIndex", h, j, quiet=(_NOT_FOUND,))
+        if mig is None:
+            continue  # an empty slot
+        for p in r.processes(mig) or ():
+            if int(p.pid) not in listed:  # a process on two instances counts on each
+                apps.append(_app(p, uuid))
+    return apps
+
+
+def _app(p: Any, uuid: str) -> ComputeApp:
+    mem = p.usedGpuMemory  # no nvmlSystemGetProcessName: the name is the process's own say
+    return ComputeApp(pid=int(p.pid), gpu_uuid=uuid,
+                      used_memory_mib=None if mem is None else int(mem) // MIB)  # fmt: skip
+
+
+def _memory(r: _Reader, h: Any) -> tuple[int | None, int | None]:
+    """Return (used, total) MiB as nvidia-smi shows them (v2 excludes reserved memory)."""
+    info: Any = _ABSENT
+    v2 = getattr(r.lib, "nvmlMemory_v2", None)
+    if v2 is not None:
+        info = r.call("nvmlDeviceGetMemoryInfo", h, key=_MEMORY_V2, version=v2)
+    if info is None or info is _ABSENT:
+        info = r.call("nvmlDeviceGetMemoryInfo", h)
+    if info is None or info is _ABSENT:
+        return None, None
     return int(info.used) // MIB, int(info.total) // MIB
 
 
-def _optional(lib: Any, read: Any) -> Any:
-    """Return ``read()``, or None when NVML says the value is not available."""
+def _bus_id(r: _Reader, h: Any) -> str | None:
+    pci = r.value("nvmlDeviceGetPciInfo", h)
+    return None if pci is None else _text(pci.busId)
+
+
+def _minor(r: _Reader, h: Any) -> int | None:
+    minor = r.value("nvmlDeviceGetMinorNumber", h)
+    return None if minor is None else int(minor)
+
+
+def _quietly(r: _Reader, read: Callable[[], T]) -> T | None:
+    """Return ``read()``, or None on any NVML error: what can still be said of a lost GPU."""
+    errors: tuple[type[Exception], ...] = (_Lost, SmiFailed, *r.errors)
     try:
         return read()
-    except lib.NVMLError as exc:
-        if getattr(exc, "value", None) in _NOT_AVAILABLE:
-            return None
-        raise
+    except errors:
+        return None
+
+
+def _unknown(i: int, bus: str | None, minor: int | None, flag: str) -> GpuInfo:
+    return GpuInfo(i, "", "?", None, None, None, bus, minor, (flag,))
+
+
+def _missing_set(lib: Any) -> set[str]:
+    try:
+        return _MISSING.setdefault(lib, set())
+    except TypeError:  # not weakly referable: nothing to remember it by
+        return set()
 
 
 def _text(value: str | bytes) -> str:

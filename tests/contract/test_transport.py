@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +41,7 @@ from gpubot.errors import (
 )
 from gpubot.services.status import probe_node
 from gpubot.ssh import LocalTransport, SshTransport, make_transport, nvml_query
+from gpubot.ssh.local import missing_functions
 
 try:
     from gpubot.sim.fleet import SimFleet
@@ -437,7 +439,13 @@ def _keygen(path: Path) -> None:
 
 
 class FakeNvml:
-    """The small pynvml surface gpubot uses, with NVML's error codes."""
+    """The small pynvml surface gpubot uses, with NVML's error codes and pynvml's quirks.
+
+    ``missing``: functions this driver's library lacks (FUNCTION_NOT_FOUND, 13); ``fail``: NVML
+    errors by (handle, function), e.g. ``{(1, "nvmlDeviceGetHandleByIndex"): 15}`` for a GPU
+    lost before its handle; a MIG device's handle is (GPU index, slot). ``calls`` counts every
+    call by function name.
+    """
 
     nvmlMemory_v2 = 0x02000028
 
@@ -446,19 +454,40 @@ class FakeNvml:
             super().__init__(f"NVML error {value}")
             self.value = value
 
-    def __init__(self, *, init_error: int | None = None, v2: bool = True) -> None:
+    class NVMLLibraryMismatchError(Exception):
+        """What pynvml's unversioned call raises when the library lacks that version."""
+
+    def __init__(
+        self, *, init_error: int | None = None, v2: bool = True, missing: Sequence[str] = (),
+        fail: dict[tuple[int, str], int] | None = None,
+    ) -> None:  # fmt: skip
         self.init_error = init_error
-        self.v2 = v2
+        self.missing = set(missing) | (set() if v2 else {"nvmlDeviceGetMemoryInfo_v2"})
+        self.fail = dict(fail or {})
+        self.calls: Counter[str] = Counter()
         self.inits = self.shutdowns = 0
         gib = 1024**3
         self.devices: list[dict[str, Any]] = [
             dict(uuid=b"GPU-00000000-1111-2222-3333-444444444444", name=b"NVIDIA H200",
                  used=3 * gib + 5, reserved_extra=512 * 1024**2, total=143771 * 1024**2,
-                 util=37, procs=[(4242, 2 * gib), (4343, None)]),
+                 util=37, procs=[(4242, 2 * gib), (4343, None)], mig=None, instances=[]),
             dict(uuid="GPU-55555555-6666-7777-8888-999999999999", name="NVIDIA H200",
-                 used=0, reserved_extra=0, total=143771 * 1024**2, util=None, procs=[]),
+                 used=0, reserved_extra=0, total=143771 * 1024**2, util=None, procs=[],
+                 mig=None, instances=[]),
         ]  # fmt: skip
+        # mig: None (MIG NOT_SUPPORTED) or (current, pending); instances: one entry per MIG slot,
+        # None for an empty one (NOT_FOUND), else that instance's (pid, bytes) processes.
         self.minors = [1, None]  # GPU 0 is /dev/nvidia1; GPU 1's minor NVML cannot say
+
+    def _call(self, fn: str, h: Any = None) -> dict[str, Any]:
+        """Count a call; raise what this driver says to it; return the device's record."""
+        self.calls[fn] += 1
+        if fn in self.missing:
+            raise self.NVMLError(13)  # FUNCTION_NOT_FOUND: an older driver's library
+        code = self.fail.get((h, fn))  # h: a GPU's index, or a MIG device's (index, slot)
+        if code is not None:
+            raise self.NVMLError(code)
+        return self.devices[h[0] if isinstance(h, tuple) else h]
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -472,57 +501,92 @@ class FakeNvml:
         return len(self.devices)
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        self._call("nvmlDeviceGetHandleByIndex", i)
         return i
 
     def nvmlDeviceGetIndex(self, h: int) -> int:
+        self._call("nvmlDeviceGetIndex", h)
         return h
 
     def nvmlDeviceGetUUID(self, h: int) -> Any:
-        return self.devices[h]["uuid"]
+        return self._call("nvmlDeviceGetUUID", h)["uuid"]
 
     def nvmlDeviceGetName(self, h: int) -> Any:
-        return self.devices[h]["name"]
+        return self._call("nvmlDeviceGetName", h)["name"]
 
     def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> Any:
-        d = self.devices[h]
+        d = self._call("nvmlDeviceGetMemoryInfo" + ("_v2" if version else ""), h)
         if version is not None:
-            if not self.v2:
-                raise self.NVMLError(13)  # FUNCTION_NOT_FOUND on an old driver
             return SimpleNamespace(used=d["used"], total=d["total"])
         return SimpleNamespace(used=d["used"] + d["reserved_extra"], total=d["total"])
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
-        if self.devices[h]["util"] is None:
+        d = self._call("nvmlDeviceGetUtilizationRates", h)
+        if d["util"] is None:
             raise self.NVMLError(3)  # NOT_SUPPORTED (e.g. MIG mode)
-        return SimpleNamespace(gpu=self.devices[h]["util"], memory=0)
+        return SimpleNamespace(gpu=d["util"], memory=0)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
-        return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in self.devices[h]["procs"]]
+    def _procs(self, fn: str, h: Any) -> list[Any]:
+        d = self._call(fn, h)
+        procs = d["instances"][h[1]] if isinstance(h, tuple) else d["procs"]
+        return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in procs]
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: Any) -> list[Any]:
+        return self._procs("nvmlDeviceGetComputeRunningProcesses_v3", h)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h: Any) -> list[Any]:
+        return self._procs("nvmlDeviceGetComputeRunningProcesses_v2", h)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        try:  # as pynvml: the unversioned call is v3, and a missing v3 is a mismatch
+            return self._procs("nvmlDeviceGetComputeRunningProcesses_v3", h)
+        except self.NVMLError as exc:
+            if exc.value == 13:
+                raise self.NVMLLibraryMismatchError("use a versioned function") from None
+            raise
 
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        self._call("nvmlDeviceGetPciInfo", h)
         return SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0".encode())
 
     def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        self._call("nvmlDeviceGetMinorNumber", h)
         minor = self.minors[h]
         if minor is None:
             raise self.NVMLError(3)  # NOT_SUPPORTED
         return minor
 
+    def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
+        mig = self._call("nvmlDeviceGetMigMode", h)["mig"]
+        if mig is None:
+            raise self.NVMLError(3)  # NOT_SUPPORTED: no MIG on this GPU
+        return list(mig)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        return len(self._call("nvmlDeviceGetMaxMigDeviceCount", h)["instances"])
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, j: int) -> tuple[int, int]:
+        if self._call("nvmlDeviceGetMigDeviceHandleByIndex", h)["instances"][j] is None:
+            raise self.NVMLError(6)  # NOT_FOUND: no instance in that slot
+        return (h, j)
+
+
+GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
+GPU1 = "GPU-55555555-6666-7777-8888-999999999999"
+H200_0 = GpuInfo(0, GPU0, "NVIDIA H200", 3072, 143771, 37, "00000000:18:00.0", 1)
+H200_1 = GpuInfo(1, GPU1, "NVIDIA H200", 0, 143771, None, "00000000:19:00.0", None)
+
 
 def test_nvml_tables_convert() -> None:
     fake = FakeNvml()
     gpus, apps = nvml_query("box", nvml=fake)
-    assert gpus == (
-        GpuInfo(0, "GPU-00000000-1111-2222-3333-444444444444", "NVIDIA H200", 3072, 143771, 37,
-                "00000000:18:00.0", 1),
-        GpuInfo(1, "GPU-55555555-6666-7777-8888-999999999999", "NVIDIA H200", 0, 143771, None,
-                "00000000:19:00.0", None),
-    )  # fmt: skip
+    assert gpus == (H200_0, H200_1)
     assert apps == (
         ComputeApp(4242, gpus[0].uuid, 2048),  # no name asked of NVML: the process's own say
         ComputeApp(4343, gpus[0].uuid, None),
     )
     assert fake.inits == fake.shutdowns == 1
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 2  # the newest call first
     # An old driver without the v2 memory call: v1 counts reserved memory as used.
     gpus_v1, _ = nvml_query("box", nvml=FakeNvml(v2=False))
     assert gpus_v1[0].memory_used_mib == 3072 + 512
@@ -533,20 +597,136 @@ def test_nvml_errors() -> None:
         nvml_query("box", nvml=FakeNvml(init_error=12))  # LIBRARY_NOT_FOUND
     with pytest.raises(SmiFailed, match="NVML init failed"):
         nvml_query("box", nvml=FakeNvml(init_error=9))  # DRIVER_NOT_LOADED
-    broken = FakeNvml()
-    broken.devices[1]["util"] = "boom"
+    # Any other error fails NVML for the node: the probe then asks nvidia-smi, which says it.
+    for fn, code in (("nvmlDeviceGetComputeRunningProcesses_v3", 999),  # UNKNOWN
+                     ("nvmlDeviceGetComputeRunningProcesses_v3", 4),  # NO_PERMISSION, no MIG
+                     ("nvmlDeviceGetHandleByIndex", 4),
+                     ("nvmlDeviceGetUUID", 3)):  # fmt: skip
+        broken = FakeNvml(fail={(1, fn): code})
+        with pytest.raises(SmiFailed, match="NVML"):
+            nvml_query("box", nvml=broken)
+        assert broken.shutdowns == 1
 
-    def lost(h: int) -> Any:
-        raise broken.NVMLError(15)  # GPU_IS_LOST
 
-    broken.nvmlDeviceGetComputeRunningProcesses = lost  # type: ignore[method-assign]
-    with pytest.raises(SmiFailed, match="NVML"):
-        nvml_query("box", nvml=broken)
-    assert broken.shutdowns == 1
+@pytest.mark.parametrize("code, flag", [(15, "lost"), (16, "requires-reset")])
+def test_nvml_gpu_lost_before_its_handle(code: int, flag: str) -> None:
+    """GPU_IS_LOST (15) / RESET_REQUIRED (16) for a handle: a row of unknowns, the rest listed."""
+    fake = FakeNvml(fail={(0, "nvmlDeviceGetHandleByIndex"): code})
+    gpus, apps = nvml_query("box", nvml=fake)
+    assert gpus == (GpuInfo(0, "", "?", None, None, None, None, None, (flag,)), H200_1)
+    assert apps == ()  # GPU 0's processes are not known; nothing is put on another GPU
+    assert fake.calls["nvmlDeviceGetUUID"] == 1 and fake.shutdowns == 1
+
+
+@pytest.mark.parametrize("fn", [
+    "nvmlDeviceGetIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMinorNumber",
+])  # fmt: skip
+def test_nvml_gpu_lost_in_any_read(fn: str) -> None:
+    """GPU_IS_LOST on any one call: that GPU is a lost row, never a failed node."""
+    gpus, apps = nvml_query("box", nvml=FakeNvml(fail={(0, fn): 15}))
+    bus = None if fn == "nvmlDeviceGetPciInfo" else "00000000:18:00.0"  # what it still says
+    minor = None if fn == "nvmlDeviceGetMinorNumber" else 1
+    assert gpus == (GpuInfo(0, "", "?", None, None, None, bus, minor, ("lost",)), H200_1)
+    assert apps == ()  # what was read of GPU 0 before it was lost is dropped
+
+
+def test_nvml_gpu_lost_in_a_mig_instance() -> None:
+    fake = FakeNvml(fail={(0, "nvmlDeviceGetComputeRunningProcesses_v3"): 15})
+    fake.devices[1].update(mig=(1, 1), instances=[[(77, None)]])
+    gpus, apps = nvml_query("box", nvml=fake)
+    assert [g.flags for g in gpus] == [("lost",), ("mig",)]
+    assert apps == (ComputeApp(77, GPU1, None),)
+    for fail in ({(1, "nvmlDeviceGetMigDeviceHandleByIndex"): 15},
+                 {((1, 0), "nvmlDeviceGetComputeRunningProcesses_v3"): 15}):  # fmt: skip
+        fake.fail = fail
+        gpus, apps = nvml_query("box", nvml=fake)
+        assert gpus == (H200_0, GpuInfo(1, "", "?", None, None, None, "00000000:19:00.0", None,
+                                        ("lost",)))  # fmt: skip
+        assert {a.gpu_uuid for a in apps} == {GPU0}  # GPU 1's instance process is dropped
+
+
+def test_nvml_reset_required_in_a_read() -> None:
+    """RESET_REQUIRED on one value: None and a flag, the rest of the GPU still read."""
+    gpus, apps = nvml_query("box", nvml=FakeNvml(fail={(0, "nvmlDeviceGetUtilizationRates"): 16}))
+    assert gpus == (replace(H200_0, utilization_pct=None, flags=("requires-reset",)), H200_1)
+    assert {a.pid for a in apps} == {4242, 4343}
+    # Without its uuid, its processes cannot be put on it: none listed, none put elsewhere.
+    gpus, apps = nvml_query("box", nvml=FakeNvml(fail={(0, "nvmlDeviceGetUUID"): 16}))
+    assert gpus == (replace(H200_0, uuid="", flags=("requires-reset",)), H200_1)
+    assert apps == ()
+    # On the process list: memory and the rest known, the processes not.
+    fail = {(0, "nvmlDeviceGetComputeRunningProcesses_v3"): 16}
+    gpus, apps = nvml_query("box", nvml=FakeNvml(fail=fail))
+    assert gpus[0] == replace(H200_0, flags=("requires-reset",)) and apps == ()
+
+
+def test_nvml_mig_gpu_lists_every_instance() -> None:
+    gib = 1024**3
+    fake = FakeNvml()
+    slots = [[(5001, gib)], None, [(5002, None), (5003, 2 * gib)]]  # None: an empty slot
+    fake.devices[0].update(mig=(1, 1), util=None, procs=[(5001, gib)], instances=slots)
+    fake.devices[1].update(mig=(0, 1))  # MIG pending (after a reset): not in MIG mode yet
+    gpus, apps = nvml_query("box", nvml=fake)
+    assert gpus == (replace(H200_0, utilization_pct=None, flags=("mig",)), H200_1)
+    assert apps == (  # against the parent GPU: a reset of it lists every instance's processes
+        ComputeApp(5001, GPU0, 1024), ComputeApp(5002, GPU0, None), ComputeApp(5003, GPU0, 2048),
+    )  # fmt: skip
+    assert fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 3
+    assert fake.calls["nvmlDeviceGetMaxMigDeviceCount"] == 1  # GPU 1 is not in MIG mode
+    # An unprivileged caller: the parent's list is refused, the instances' still read.
+    fake.fail = {(0, "nvmlDeviceGetComputeRunningProcesses_v3"): 4}  # NO_PERMISSION
+    _, apps = nvml_query("box", nvml=fake)
+    assert [a.pid for a in apps] == [5001, 5002, 5003]
+    # An instance's list refused: not known to be idle, so NVML fails and nvidia-smi answers.
+    fake.fail = {((0, 2), "nvmlDeviceGetComputeRunningProcesses_v3"): 4}
+    with pytest.raises(SmiFailed):
+        nvml_query("box", nvml=fake)
+
+
+def test_nvml_remembers_functions_the_driver_lacks() -> None:
+    """FUNCTION_NOT_FOUND is asked once per library, not on every probe."""
+    old = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetMigMode",
+           "nvmlDeviceGetComputeRunningProcesses_v3")  # fmt: skip
+    fake = FakeNvml(missing=old)
+    first = nvml_query("box", nvml=fake)
+    assert first[0] == (replace(H200_0, memory_used_mib=3072 + 512, minor=None), H200_1)
+    assert [a.pid for a in first[1]] == [4242, 4343]  # through the v2 process call
+    assert all(fake.calls[fn] == 1 for fn in old)  # once, on the first GPU, then remembered
+    assert missing_functions(fake) == set(old)
+    fake.calls.clear()
+    assert nvml_query("box", nvml=fake) == first
+    assert not any(fake.calls[fn] for fn in old)
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v2"] == 2
+    # Remembered for that library only.
+    other = FakeNvml()
+    assert nvml_query("box", nvml=other)[0] == (H200_0, H200_1)
+    assert missing_functions(other) == frozenset()
+
+
+def test_nvml_pynvml_version_mismatch_never_escapes() -> None:
+    """pynvml's unversioned call raises NVMLLibraryMismatchError, no NVMLError: still handled."""
+    fake = FakeNvml(missing=("nvmlDeviceGetComputeRunningProcesses_v3",
+                             "nvmlDeviceGetComputeRunningProcesses_v2"))  # fmt: skip
+    with pytest.raises(SmiFailed, match="no compute-process call"):
+        nvml_query("box", nvml=fake)
+    assert "nvmlDeviceGetComputeRunningProcesses" in missing_functions(fake)
+
+    class OldPynvml(FakeNvml):  # bindings that predate the versioned names
+        nvmlDeviceGetComputeRunningProcesses_v3 = None  # type: ignore[assignment]
+        nvmlDeviceGetComputeRunningProcesses_v2 = None  # type: ignore[assignment]
+
+    old = OldPynvml()
+    old.missing = {"nvmlDeviceGetComputeRunningProcesses_v3"}
+    with pytest.raises(SmiFailed, match="no compute-process call"):
+        nvml_query("box", nvml=old)  # the unversioned call (v3 inside) cannot answer either
+    assert [a.pid for a in nvml_query("box", nvml=OldPynvml())[1]] == [4242, 4343]
 
 
 SMI_GPU = (
-    "0, GPU-00000000-1111-2222-3333-444444444444, 00000000:18:00.0, NVIDIA H200, 10, 143771, 1"
+    "0, GPU-00000000-1111-2222-3333-444444444444, 00000000:18:00.0, Disabled, NVIDIA H200, 10, "
+    "143771, 1"
 )
 SMI = f"""#!/bin/sh
 echo "$*" >>"$(dirname "$0")/calls"
@@ -626,6 +806,34 @@ async def test_local_probe_never_guesses_a_minor(local_node: NodeConfig, tmp_pat
     finally:
         on0.kill()
         await on0.wait()
+        await t.close()
+
+
+async def test_local_probe_with_a_lost_and_a_mig_gpu(
+    local_node: NodeConfig, tmp_path: Path
+) -> None:
+    """NVML's lost row and MIG flag reach the snapshot; device files still go by minor."""
+    on1 = await _hold(f"{local_node.dev_prefix}1")  # GPU 0's device file (minor 1)
+    fake = FakeNvml(fail={(0, "nvmlDeviceGetUtilizationRates"): 15})  # GPU 0 falls off the bus
+    fake.devices[1].update(mig=(1, 1), instances=[None, [(os.getpid(), 1024**3)]])
+    t = make_transport(SshSettings())
+    t.local = LocalTransport(nvml=fake)
+    try:
+        snap = await probe_node(t, local_node, smi_timeout_s=5, taken_at=9.0)
+        assert (tmp_path / "calls").read_text() == ""  # nvidia-smi never ran
+        g0, g1 = snap.gpus
+        assert (g0.index, g0.uuid, g0.memory_used_mib, g0.minor, g0.flags) == (
+            0, "", None, 1, ("lost",))  # fmt: skip
+        assert (g1.minor, g1.flags) == (0, ("mig",))  # its minor: the driver's, by bus id
+        procs = {(p.pid, p.gpu_index): p for p in snap.processes}
+        me = procs[(os.getpid(), 1)]  # an instance's process, on the MIG GPU
+        assert me.visible_to_nvidia_smi and me.used_memory_mib == 1024
+        assert procs[(on1.pid, 0)].hidden  # the lost GPU's device file is still GPU 0's
+        assert "lost" in gpu_flags(g0, snap.on_gpu(0))
+        assert "mig" in gpu_flags(g1, snap.on_gpu(1))
+    finally:
+        on1.kill()
+        await on1.wait()
         await t.close()
 
 

@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
 """Compare NVML with nvidia-smi, and the probe with both, on a machine with a real NVIDIA GPU.
 
+Also checks each GPU's device minor (NVML, the driver's /proc files, the device node and both
+probes agree, and a process holding ``/dev/nvidia<minor>`` lands on that GPU's index), and that a
+running ``nvidia-persistenced`` shows as ``system`` on every GPU, never as a job.
+
 Run from the repository root: ``python tests/gpu/check_local.py`` (``--no-workload`` to skip the
-CUDA allocation). It prints one line per check and exits 0 when everything agrees, 1 on a
-mismatch, 2 when this machine cannot run the check (no GPU, no driver). It needs no package beyond
-gpubot's own dependencies: the test workload allocates GPU memory through ``libcuda`` via ctypes.
+CUDA allocation; as root to see a daemon of another account). It prints one line per check and
+exits 0 when everything agrees, 1 on a mismatch, 2 when this machine cannot run the check (no GPU,
+no driver). It needs no package beyond gpubot's own dependencies: the test workload allocates GPU
+memory through ``libcuda`` via ctypes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import pwd
+import re
+import stat
 import subprocess
 import sys
 import time
@@ -19,15 +28,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpubot.config import SshSettings
+from gpubot.core.flags import gpu_flags, process_flags
 from gpubot.core.models import ComputeApp, GpuInfo, NodeConfig, NodeSnapshot
-from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv, parse_apps, parse_gpus
+from gpubot.core.nvsmi import (
+    apps_query_argv,
+    gpu_query_argv,
+    normal_bus_id,
+    parse_apps,
+    parse_gpus,
+)
+from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
 from gpubot.errors import GpubotError
 from gpubot.services.status import probe_node
 from gpubot.ssh import RoutingTransport
-from gpubot.ssh.local import LocalTransport, nvml_query
+from gpubot.ssh.local import LocalTransport, missing_functions, nvml_query
 
 MEM_TOLERANCE_MIB = 64  # memory moves a little between two reads (other tenants, the driver)
 WORKLOAD_MIB = 1024
+DRIVER_DIR = Path("/proc/driver/nvidia/gpus")
+NVIDIA_MAJOR = 195  # the character-device major of /dev/nvidia<minor> (the driver's README)
+PERSISTENCED = "nvidia-persistenced"
 
 # A child that allocates WORKLOAD_MIB on GPU 0 through the CUDA driver API, says "ready", and
 # holds it until its stdin closes. Only ctypes: no torch, no CUDA toolkit.
@@ -78,6 +98,9 @@ def compare_gpus(r: Report, label: str, a: tuple[GpuInfo, ...], b: tuple[GpuInfo
         r.check((x.utilization_pct is None) == (y.utilization_pct is None),
                 f"{label}: GPU {x.index} utilization both known or both N/A",
                 f"{x.utilization_pct} vs {y.utilization_pct}")  # fmt: skip
+        # Flags NVML has a case for (lost, requires-reset, mig); infoROM warnings are smi's.
+        fx, fy = set(x.flags) - {"warning"}, set(y.flags) - {"warning"}
+        r.check(fx == fy, f"{label}: GPU {x.index} flags agree", f"{x.flags} vs {y.flags}")
 
 
 def compare_apps(r: Report, a: tuple[ComputeApp, ...], b: tuple[ComputeApp, ...]) -> None:
@@ -108,7 +131,9 @@ def check_snapshot(r: Report, label: str, snap: NodeSnapshot, workload: int | No
     if not r.check(len(mine) == 1, f"{label}: the test workload is on GPU 0"):
         return
     p = mine[0]
-    r.check(p.holds_device_file, f"{label}: fuser sees the workload hold /dev/nvidia0")
+    gpu0 = snap.gpu(0)
+    dev = "/dev/nvidia?" if gpu0 is None or gpu0.minor is None else f"/dev/nvidia{gpu0.minor}"
+    r.check(p.holds_device_file, f"{label}: fuser sees the workload hold GPU 0's {dev}")
     r.check(p.start_ticks == start_ticks(workload), f"{label}: start ticks match /proc")
     if p.visible_to_nvidia_smi:
         r.check(
@@ -122,8 +147,11 @@ def check_snapshot(r: Report, label: str, snap: NodeSnapshot, workload: int | No
 
 def start_workload(r: Report) -> subprocess.Popen[str] | None:
     """Start the CUDA allocation; None when it could not allocate."""
+    # CUDA's device 0 is NVML's GPU 0 only in PCI order (CUDA's default is fastest first).
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     w = subprocess.Popen([sys.executable, "-c", WORKLOAD], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+                         stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     assert w.stdout is not None
     line = w.stdout.readline().strip()
     if not r.check(line == "ready", "CUDA workload allocated memory", line):
@@ -194,25 +222,229 @@ async def checks(r: Report, smi: str, pid: int | None) -> None:
     except GpubotError as exc:
         r.check(False, "--format=csv (header, units) parses", str(exc))
 
+    missing = sorted(missing_functions())
+    r.note(f"NVML calls this driver lacks (asked once, then skipped): {missing or 'none'}")
+
+    daemons = find_daemons(PERSISTENCED)
+    protection = protection_for(r, daemons)
+    holders = start_holders(r, gpus)
+    try:
+        await probes(r, node, gpus, pid, holders, daemons, protection)
+    finally:
+        for h in holders.values():
+            h.kill()
+            h.wait()
+
+
+async def probes(
+    r: Report,
+    node: NodeConfig,
+    gpus: tuple[GpuInfo, ...],
+    pid: int | None,
+    holders: dict[int, subprocess.Popen[bytes]],
+    daemons: dict[int, Daemon],
+    protection: Protection,
+) -> None:
+    """Run the probe with NVML and forced onto nvidia-smi; check each snapshot, then compare."""
     snap = None
     with_nvml = RoutingTransport(SshSettings(command_timeout_s=60))
     try:
-        snap = await probe_node(with_nvml, node, smi_timeout_s=20, taken_at=time.time())
+        snap = await probe_node(with_nvml, node, smi_timeout_s=20, taken_at=time.time(),
+                                protection=protection)  # fmt: skip
         check_snapshot(r, "probe (NVML)", snap, pid)
+        check_minors(r, "probe (NVML)", gpus, snap)
+        check_holders(r, "probe (NVML)", snap, holders)
+        check_daemons(r, "probe (NVML)", snap, daemons)
     except GpubotError as exc:
         r.check(False, "probe (NVML)", str(exc))
     without = RoutingTransport(SshSettings(command_timeout_s=60))
     without.local = LocalTransport(SshSettings(command_timeout_s=60), nvml=NoNvml())
     try:
-        snap2 = await probe_node(without, node, smi_timeout_s=20, taken_at=time.time())
+        snap2 = await probe_node(without, node, smi_timeout_s=20, taken_at=time.time(),
+                                 protection=protection)  # fmt: skip
         check_snapshot(r, "probe (nvidia-smi fallback)", snap2, pid)
+        check_minors(r, "probe (nvidia-smi fallback)", gpus, snap2)
+        check_holders(r, "probe (nvidia-smi fallback)", snap2, holders)
+        check_daemons(r, "probe (nvidia-smi fallback)", snap2, daemons)
         if snap is not None:
             compare_gpus(r, "probe NVML vs probe nvidia-smi", snap.gpus, snap2.gpus)
+            r.check([g.minor for g in snap.gpus] == [g.minor for g in snap2.gpus],
+                    "both probes give each GPU the same device minor")  # fmt: skip
             r.check({(p.pid, p.gpu_index) for p in snap.processes}
                     == {(p.pid, p.gpu_index) for p in snap2.processes},
                     "both probes see the same GPU processes")  # fmt: skip
     except GpubotError as exc:
         r.check(False, "probe (nvidia-smi fallback)", str(exc))
+    if daemons and snap is not None and any(d.visible for d in daemons.values()):
+        # The negative: with no protected paths the daemon is a hidden job like any other.
+        try:
+            bare = await probe_node(with_nvml, node, smi_timeout_s=20, taken_at=time.time(),
+                                    protection=Protection(paths=()))  # fmt: skip
+        except GpubotError as exc:
+            r.check(False, "probe (NVML) without protected paths", str(exc))
+            return
+        seen = [p for p in bare.processes if p.pid in daemons]
+        r.check(bool(seen) and not any(p.system for p in seen),
+                f"without protected paths {PERSISTENCED} is not `system` (the paths decide)",
+                f"{[(p.pid, p.gpu_index, process_flags(p)) for p in seen]}")  # fmt: skip
+
+
+# ---- device minors -----------------------------------------------------------------------------
+
+
+def driver_minor(bus_id: str | None) -> int | None:
+    """Return "Device Minor" from the driver's /proc file for ``bus_id``, or None."""
+    folder = normal_bus_id(bus_id) if bus_id else None
+    if folder is None:
+        return None
+    try:
+        text = (DRIVER_DIR / folder / "information").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^Device Minor:\s*(\d+)\s*$", text, re.MULTILINE)
+    return int(m[1]) if m else None
+
+
+def check_minors(r: Report, label: str, nvml: tuple[GpuInfo, ...], snap: NodeSnapshot) -> None:
+    """NVML's minor, the driver's "Device Minor", the device node and the probe's all agree."""
+    by_index = {g.index: g for g in snap.gpus}
+    for g in nvml:
+        if "lost" in g.flags:
+            r.note(f"{label}: GPU {g.index} is lost: its minor is not checked")
+            continue
+        driver = driver_minor(g.bus_id)
+        r.check(driver is not None, f"{label}: GPU {g.index} has a Device Minor in "
+                f"{DRIVER_DIR}/<bus id>/information", f"bus {g.bus_id}")  # fmt: skip
+        r.check(g.minor == driver, f"{label}: GPU {g.index} NVML minor = the driver's",
+                f"{g.minor} vs {driver}")  # fmt: skip
+        probed = by_index.get(g.index)
+        r.check(probed is not None and probed.minor == driver,
+                f"{label}: GPU {g.index} probe's GpuInfo.minor = the driver's",
+                f"{probed.minor if probed else 'no such GPU'} vs {driver}")  # fmt: skip
+        if driver is None:
+            continue
+        path = f"/dev/nvidia{driver}"
+        try:
+            st = os.stat(path)
+            rdev = (os.major(st.st_rdev), os.minor(st.st_rdev))
+            ok = stat.S_ISCHR(st.st_mode) and rdev == (NVIDIA_MAJOR, driver)
+            r.check(ok, f"{label}: {path} is the character device {NVIDIA_MAJOR}:{driver}",
+                    f"{rdev}")  # fmt: skip
+        except OSError as exc:
+            r.check(False, f"{label}: {path} exists", str(exc))
+        if g.index != driver:
+            r.note(f"{label}: GPU {g.index} is /dev/nvidia{driver}: index != minor on this box")
+    minors = [g.minor for g in snap.gpus if g.minor is not None]
+    r.check(len(minors) == len(set(minors)), f"{label}: no two GPUs share a device minor",
+            f"{minors}")  # fmt: skip
+
+
+def start_holders(r: Report, gpus: tuple[GpuInfo, ...]) -> dict[int, subprocess.Popen[bytes]]:
+    """Start one process per GPU that holds only that GPU's device file (by its minor)."""
+    out: dict[int, subprocess.Popen[bytes]] = {}
+    for g in gpus:
+        minor = g.minor if g.minor is not None else driver_minor(g.bus_id)
+        if minor is None:
+            r.note(f"GPU {g.index}: minor unknown: no device-file holder started for it")
+            continue
+        try:
+            with open(f"/dev/nvidia{minor}", "rb") as f:
+                out[g.index] = subprocess.Popen(["sleep", "600"], stdin=f)
+        except OSError as exc:
+            r.note(f"GPU {g.index}: cannot open /dev/nvidia{minor} ({exc}): no holder for it")
+    return out
+
+
+def check_holders(
+    r: Report, label: str, snap: NodeSnapshot, holders: dict[int, subprocess.Popen[bytes]]
+) -> None:
+    """Each holder of /dev/nvidia<minor> is on that GPU's index, and on no other GPU."""
+    for index, h in holders.items():
+        on = sorted(p.gpu_index for p in snap.processes if p.pid == h.pid)
+        r.check(on == [index], f"{label}: the holder of GPU {index}'s device file (pid {h.pid}) "
+                f"is on GPU {index} alone", f"on {on}")  # fmt: skip
+        mine = [p for p in snap.processes if p.pid == h.pid]
+        r.check(all(p.hidden for p in mine), f"{label}: that holder is a hidden holder "
+                "(nvidia-smi lists it on no GPU)")  # fmt: skip
+
+
+# ---- the persistence daemon ---------------------------------------------------------------------
+
+
+class Daemon:
+    """A running daemon: its executable (or argv[0]) and effective account."""
+
+    def __init__(self, pid: int, exe: str, uid: int) -> None:
+        self.pid, self.exe, self.uid = pid, exe, uid
+        try:
+            self.user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            self.user = str(uid)
+        # fuser sees another account's open files only as root.
+        self.visible = os.geteuid() in (0, uid)
+
+
+def find_daemons(name: str) -> dict[int, Daemon]:
+    """Return the running processes called ``name`` (comm is cut at 15 characters)."""
+    out: dict[int, Daemon] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() != name[:15]:
+                continue
+            try:
+                exe = os.readlink(d / "exe")
+            except OSError:  # another account's, and we are not root: argv[0] says it
+                exe = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            uid = next(int(line.split()[2]) for line in (d / "status").read_text().splitlines()
+                       if line.startswith("Uid:"))  # fmt: skip
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue  # it ended while being read
+        out[int(d.name)] = Daemon(int(d.name), exe.removesuffix(" (deleted)"), uid)
+    return out
+
+
+def protection_for(r: Report, daemons: dict[int, Daemon]) -> Protection:
+    """Return gpubot's default protection, with the daemons' executables and accounts in it."""
+    paths, users = list(DEFAULT_DAEMON_PATHS), list(DEFAULT_SYSTEM_USERS)
+    if not daemons:
+        r.note(f"{PERSISTENCED} is not running: its checks are skipped")
+    for d in daemons.values():
+        r.note(f"{PERSISTENCED}: pid {d.pid}, {d.exe}, user {d.user}")
+        if d.exe not in paths:
+            r.note(f"  {d.exe} is not among the default protected paths: added for this check "
+                   "(list it in [reset] protected)")  # fmt: skip
+            paths.append(d.exe)
+        if d.user not in users and d.uid != 0:
+            r.note(f"  {d.user} is not among the default system users: added for this check")
+            users.append(d.user)
+    return Protection(tuple(paths), tuple(users))
+
+
+def check_daemons(r: Report, label: str, snap: NodeSnapshot, daemons: dict[int, Daemon]) -> None:
+    """The persistence daemon is `system` on every GPU, never a job; it changes no GPU flag."""
+    for d in daemons.values():
+        if not d.visible:
+            r.note(
+                f"{label}: {PERSISTENCED} runs as {d.user}, this check not as root: fuser "
+                f"cannot see its files (unseen={snap.unseen}); run as root to check it"
+            )
+            continue
+        for g in snap.gpus:
+            if g.minor is None:
+                r.note(f"{label}: GPU {g.index}: minor unknown, holders not attributed")
+                continue
+            procs = snap.on_gpu(g.index)
+            mine = [p for p in procs if p.pid == d.pid]
+            seen = [(process_flags(p), p.exe or p.argv0) for p in mine]
+            r.check(len(mine) == 1 and mine[0].system and process_flags(mine[0]) == ("system",),
+                    f"{label}: {PERSISTENCED} (pid {d.pid}) is `system` on GPU {g.index}",
+                    f"{seen or 'not seen'}")  # fmt: skip
+            others = tuple(p for p in procs if p.pid != d.pid)
+            r.check(gpu_flags(g, procs) == gpu_flags(g, others),
+                    f"{label}: it changes no flag of GPU {g.index} (not a job, hides no leak)",
+                    f"{gpu_flags(g, procs)} vs {gpu_flags(g, others)}")  # fmt: skip
 
 
 class NoNvml:

@@ -272,7 +272,7 @@ def test_alert_and_audit() -> None:
 def test_home_tab_within_view_limits() -> None:
     view = render_home("U0ALICE", "user1", big_fleet(), {"x": "down"}, seconds=1.0, now=0.0)
     assert view["type"] == "home"
-    assert bk.limit_problems(view, max_blocks=100) == []
+    assert bk.limit_problems(view, view=True) == []
     text = bk.message_text(view)
     assert "Your processes" in text and "user1" in text
     unknown = render_home("U0X", None, [snap()], {}, seconds=0.1, now=0.0)

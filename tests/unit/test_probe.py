@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpubot.core import probe_script
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, DeviceHolder, GpuInfo, NodeConfig
 from gpubot.core.plan import ResetRequest, plan_reset
@@ -403,7 +404,10 @@ P42 = "p 42 S 1 777 1234 1234 =a)\\040b\\012(c =job\\000--x\\000 ! =0::/job =0"
 P43 = "p 43 R 1 900 0 0 =python3 =/usr/bin/python3\\000train.py\\000 =/usr/bin/python3.11 =0::/ =0"
 PROCS = f"procs\nc 100 17.5\n{P43}\n{P42}\nu 0 =root\nu 1234 !\n"
 MINORS = "minors\n0000:18:00.0 0\n"
-FUSER_OK = "fuser 0\n/d/nvidia0:          alice   42 F...m\n                     root    43 F...m\n"
+FUSER_OK = (
+    "fuser 0\n/d/nvidia0:          alice   42 F...m\n                     root    43 F...m\n"
+    "\n@gpubot view - 0\n"
+)
 
 
 def out(*sections: str) -> CommandResult:
@@ -417,7 +421,7 @@ def full(apps: str = "43, GPU-00000000-aaaa-bbbb-cccc-000000000000, 100\n") -> l
 
 def test_parse_probe_minimal() -> None:
     r = out("probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n",
-            MINORS, "fuser 1\n", "procs\nc 100 5.0\n", "end\n")  # fmt: skip
+            MINORS, "fuser 1\n\n@gpubot view - 0\n", "procs\nc 100 5.0\n", "end\n")  # fmt: skip
     snap = parse_probe(NODE, r, 1.0)
     assert len(snap.gpus) == 1 and snap.processes == () and snap.ctl_only == ()
 
@@ -449,7 +453,7 @@ def test_parse_probe_full() -> None:
                 "apps-err\n",
                 "apps 0\n",
                 MINORS,
-                "fuser 127\nsh: fuser: not found\n",
+                "fuser 127\nsh: fuser: not found\n\n@gpubot view - 0\n",
                 "procs\nc 1 1\n",
                 "end\n",
             ),
@@ -464,7 +468,7 @@ def test_parse_probe_full() -> None:
                 "apps-err\n",
                 "apps 0\n",
                 MINORS,
-                "fuser 0\n/etc/passwd: root 1 f.... x\n",
+                "fuser 0\n/etc/passwd: root 1 f.... x\n\n@gpubot view - 0\n",
                 "procs\nc 1 1\n",
                 "end\n",
             ),
@@ -693,3 +697,35 @@ def test_holders_go_to_the_gpu_their_device_minor_names(box: Box) -> None:
             probe(box)
     finally:
         set_minors(driver, [0, 1, 2])
+
+
+def test_the_awk_programs_hold_no_single_quote() -> None:
+    # Each is passed to awk inside single quotes of the sh script: one quote would end it.
+    assert "'" not in probe_script._AWK_PROCS and "'" not in probe_script._AWK_FUSER
+
+
+@pytest.mark.parametrize(
+    ("fuser", "view", "unseen", "hidepid"),
+    [("~unseen 3\n", "-", 3, None), ("", "2", 0, "2"), ("", "invisible", 0, "invisible"),
+     ("", "0", 0, None)],
+)  # fmt: skip
+def test_a_partial_view_is_noted(fuser: str, view: str, unseen: int, hidepid: str | None) -> None:
+    head = ["probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n"]
+    r = out(*head, MINORS, f"fuser 1\n{fuser}", f"view {view} 0\n", "procs\nc 100 5.0\n", "end\n")
+    snap = parse_probe(NODE, r, 1.0)
+    assert (snap.unseen, snap.hidepid) == (unseen, hidepid)
+    assert len([n for n in snap.notes if n.startswith("partial view")]) == bool(unseen) + bool(
+        hidepid
+    )
+    with pytest.raises(ParseError):
+        bad = out(*head, MINORS, "fuser 1\n", "view x;y 0\n", "procs\nc 1 1\n", "end\n")
+        parse_probe(NODE, bad, 1.0)
+
+
+def test_an_ordinary_account_without_sudo_sees_part_of_the_node() -> None:
+    # psmisc's fuser skips, without a word, the processes it may not look into.
+    head = ["probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n"]
+    r = out(*head, MINORS, "fuser 1\n", "view - 1000\n", "procs\nc 100 5.0\n", "end\n")
+    snap = parse_probe(NODE, r, 1.0)
+    assert [n for n in snap.notes if "uid 1000, without sudo" in n]
+    assert not parse_probe(replace(NODE, sudo=True), r, 1.0).notes  # sudo fuser sees them all
