@@ -70,12 +70,14 @@ def _smi_only() -> Undo:
     from gpubot.core import probe
 
     original = probe.PROBE_SCRIPT
-    start = original.index("\nset --\nIFS=")
+    start = original.index("\n# Each GPU's device minor")
     end = original.index("\nprocs $extra $fp\n")
     # An empty fuser section (exit 1: no device file given); /proc read for nvidia-smi's PIDs only
     # (the parser insists on every PID it was told of).
     probe.PROBE_SCRIPT = (
-        original[:start] + "\nm fuser 1\nprocs $extra" + original[end + len("\nprocs $extra $fp") :]
+        original[:start]
+        + "\nm minors\nm fuser 1\nm view - -\nprocs $extra"
+        + original[end + len("\nprocs $extra $fp") :]
     )
 
     def undo() -> None:

@@ -33,6 +33,7 @@ from benchmarks.common import (
     sshd_listeners,
 )
 from benchmarks.worker import baseline_command, check_baseline_output
+from gpubot.core.nvsmi import GPU_FIELDS
 from gpubot.sim.fleet import SimFleet
 
 METHODS = (
@@ -353,7 +354,10 @@ class FleetBench:
         if fin.returncode != 0:
             return f"exit {fin.returncode}: {fin.stderr.strip()[-300:]}"
         want = self.n * self.fleet.gpus
-        got = len([ln for ln in fin.stdout.splitlines() if ln.count(",") == 5 and "GPU-" in ln])
+        commas = len(GPU_FIELDS) - 1
+        got = len(
+            [ln for ln in fin.stdout.splitlines() if ln.count(",") == commas and "GPU-" in ln]
+        )
         return None if got == want else f"expected {want} GPU lines, got {got}"
 
     def _check_ansible(self, fin: Finished) -> str | None:

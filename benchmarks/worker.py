@@ -40,8 +40,10 @@ def baseline_command(smi: str) -> str:
 
 def check_baseline_output(text: str, gpus: int) -> str | None:
     """Return why a baseline's output of one node is incomplete, or None when it is whole."""
+    from gpubot.core.nvsmi import GPU_FIELDS
+
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    gpu_lines = [ln for ln in lines if ln.count(",") == 5 and "GPU-" in ln]
+    gpu_lines = [ln for ln in lines if ln.count(",") == len(GPU_FIELDS) - 1 and "GPU-" in ln]
     if len(gpu_lines) != gpus:
         return f"expected {gpus} GPU lines, got {len(gpu_lines)}"
     return None

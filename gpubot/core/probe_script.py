@@ -165,6 +165,9 @@ if [ "$mode" = smi ]; then
     u=; while read -r k _ eu _; do [ "$k" = Uid: ] && { u=$eu; break; }; done 2>/dev/null \
       <"/proc/$p/status"
     [ -n "$s" ] && [ -n "$u" ] && [ "$u" = "$me" ] || continue
+    # ours, started as this probe starts it: "$smi" is one of its arguments (argv[0], or the
+    # script's path after its interpreter)
+    tr '\\0' '\\n' <"/proc/$p/cmdline" 2>/dev/null | grep -qxF -- "$smi" || continue
     set -- ${s##*)}
     st=$1; shift 19; start=$1
     [ -n "$tck" ] || { tck=$(getconf CLK_TCK 2>/dev/null); read -r up _ </proc/uptime; }

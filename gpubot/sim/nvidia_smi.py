@@ -134,8 +134,24 @@ def main(argv: list[str], node_dir: str) -> int:
         text, code = f"WARNING: infoROM is corrupted at gpu {bus[4:]}\n{text}", 14
     if kind == "lost":
         text, code = lost_line(state, fault) + text, 15 if code == 0 else code
+    if opts["mode"] == "pm" and code == 0:
+        await_daemon(node_dir, state.get("persistence", {}))
     sys.stdout.write(text)
     return code
+
+
+def await_daemon(node_dir: str, modes: dict[str, int], limit_s: float = 5.0) -> None:
+    """Return once the persistence daemon (if any) has done what ``modes`` asks, or after limit_s.
+
+    The real ``-pm`` asks the daemon and answers after it acted.
+    """
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with simstate.locked(node_dir):
+            done = simstate.load(node_dir).get("persistence_done")
+        if done is None or all(done.get(k, v) == v for k, v in modes.items()):
+            return
+        time.sleep(0.05)
 
 
 def persistence(state: simstate.State, opts: dict[str, Any]) -> tuple[int, str]:

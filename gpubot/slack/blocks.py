@@ -2,7 +2,8 @@
 
 A message is ``{"text": fallback, "blocks": [...]}``. Limits (checked by ``limit_problems``): 50
 blocks a message (100 in the Home tab), 3000 characters a section text, 150 a header, 10 context
-elements, one ``table`` block a message with at most 100 rows of at most 20 cells. Dynamic text is
+elements, one ``table`` block a message with at most 100 rows of at most 20 cells, and none in a
+view (``limit_problems(..., view=True)``); confirmation dialogs are plain_text. Dynamic text is
 escaped (``&``, ``<``, ``>``) so a process name can never mention ``@channel``.
 
 ``message_text`` turns any message back into plain text: the console prints exactly that.

@@ -189,41 +189,36 @@ async def report_incomplete(store: Store, bot: GpuBot) -> None:
     ended (a bot died while running them); mark those approvals ``incomplete``."""
     left = await store.incomplete_actions()
     if left:
-        lines = [
+        await _post_list(bot, "Incomplete actions", [
             f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
-            f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`"
-            for a in left[:10]
-        ]
-        if len(left) > 10:
-            lines.append(f"… and {len(left) - 10} more (`gpubot audit list`)")
-        text = (
-            f"{len(left)} action(s) never recorded an outcome (gpubot stopped while running "
-            "them); check those nodes:\n" + "\n".join(lines)
-        )
-        log.warning("%s", text.replace("\n", " "))
-        await bot.post_alert(None, render_text(text, title="Incomplete actions"))
+            f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`" for a in left
+        ], f"{len(left)} action(s) never recorded an outcome (gpubot stopped while running "
+           "them); check those nodes", " (`gpubot audit list`)")  # fmt: skip
     if bot.services.approvals is not None:
-        await _report_approvals(await bot.services.approvals.abandon_approved(), bot)
+        marked = await bot.services.approvals.abandon_approved()
+        if marked:
+            await _post_list(bot, "Incomplete approvals", [_approval_line(a) for a in marked],
+                             f"{len(marked)} approved forced kill(s) never recorded an end "
+                             "(gpubot stopped while running them), now marked incomplete; "
+                             "check those nodes", "")  # fmt: skip
 
 
-async def _report_approvals(marked: list[Approval], bot: GpuBot) -> None:
-    if not marked:
-        return
-    lines = [
+def _approval_line(a: Approval) -> str:
+    at = "" if a.decided_at is None else f" at {a.decided_at:%Y-%m-%d %H:%M:%S} UTC"
+    command = a.plan.get("command", "") if isinstance(a.plan, dict) else ""
+    return (
         f"• approval #{a.id} on {a.node}: asked by {a.requester_name or a.requester} "
         f"({a.requester}), approved by {a.decided_by_name or a.decided_by} ({a.decided_by})"
-        f"{'' if a.decided_at is None else f' at {a.decided_at:%Y-%m-%d %H:%M:%S} UTC'}: "
-        f"`{a.plan.get('command', '') if isinstance(a.plan, dict) else ''}`"
-        for a in marked[:10]
-    ]
-    if len(marked) > 10:
-        lines.append(f"… and {len(marked) - 10} more")
-    text = (
-        f"{len(marked)} approved forced kill(s) never recorded an end (gpubot stopped while "
-        "running them), now marked incomplete; check those nodes:\n" + "\n".join(lines)
+        f"{at}: `{command}`"
     )
+
+
+async def _post_list(bot: GpuBot, title: str, lines: list[str], head: str, more: str) -> None:
+    """Log ``head`` with at most ten of ``lines`` and post it to the alerts channel."""
+    shown = lines[:10] + ([f"… and {len(lines) - 10} more{more}"] if len(lines) > 10 else [])
+    text = head + ":\n" + "\n".join(shown)
     log.warning("%s", text.replace("\n", " "))
-    await bot.post_alert(None, render_text(text, title="Incomplete approvals"))
+    await bot.post_alert(None, render_text(text, title=title))
 
 
 async def _check_token(bot: GpuBot) -> None:

@@ -12,18 +12,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import pwd
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpubot.config import Settings, load
+from gpubot.config import Settings
 from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.errors import ResetRefused
@@ -32,8 +29,8 @@ from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet, SimNode, Workload
 from gpubot.sim.node import gpu_uuid
 from gpubot.ssh import make_transport
-from gpubot.store import Store, open_store
-from tests.fixtures.fleet import leave_clean
+from gpubot.store import Store
+from tests.fixtures.fleet import gpubot_cli, reset_fixtures
 from tests.fixtures.slack import FakeSlack, running_bot, slack_settings_for
 from tests.procs import alive
 
@@ -81,34 +78,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         yield f
 
 
-@pytest.fixture(scope="module")
-def settings(fleet: SimFleet) -> Settings:
-    s = load(fleet.config_path)
-    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=6.0, poll_interval_s=0.2)
-    return dataclasses.replace(s, reset=reset, ssh=dataclasses.replace(s.ssh, command_timeout_s=15))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    st = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
-    st.upgrade()
-    yield st
-    st.close()
-
-
-@pytest.fixture
-async def engine(settings: Settings, store: Store) -> AsyncIterator[ResetService]:
-    transport = make_transport(settings.ssh)
-    yield ResetService(settings, transport, store, StatusService(settings, transport, store),
-                       NodeLocks())  # fmt: skip
-    await transport.close()
-
-
-@pytest.fixture
-def node(fleet: SimFleet) -> Iterator[SimNode]:
-    n = fleet.node("node1")
-    yield n
-    leave_clean(n)
+settings, store, engine, node = reset_fixtures()
 
 
 def uid_of(user: str) -> int:
@@ -243,12 +213,6 @@ async def test_status_of_everyone_survives_a_forger(
     got = {(p.pid, p.gpu_index, p.user, p.used_memory_mib) for p in snap.processes}
     assert got == {(w.pid, w.gpu, bob, w.mib) for w in others} | {(forger.pid, 0, alice, 50)}
     await asyncio.sleep(0)
-
-
-def gpubot_cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "gpubot", "--config", str(config), *args],
-                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
 
 
 def test_cli_self_service_cannot_be_forged(node: SimNode, fleet: SimFleet,

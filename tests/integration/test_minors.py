@@ -7,21 +7,19 @@ says ``Device Minor: N``, which need not be GPU N. Here GPU i opens ``nvidia{3 -
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from gpubot.config import Settings, load
-from gpubot.core.models import Outcome
+from gpubot.config import Settings
+from gpubot.core.findings import load_sweep_config
+from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
-from gpubot.services.reset import NodeLocks, ResetResult, ResetService
-from gpubot.services.status import StatusService
+from gpubot.services.reset import ResetResult, ResetService
+from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.ssh import make_transport
-from gpubot.store import Store, open_store
-from tests.fixtures.fleet import leave_clean
+from gpubot.store import Store
+from tests.fixtures.fleet import reset_fixtures, status_notes
 from tests.procs import alive
 
 MINORS = [3, 2, 1, 0]
@@ -36,29 +34,7 @@ def fleet(
         yield f
 
 
-@pytest.fixture(scope="module")
-def settings(fleet: SimFleet) -> Settings:
-    s = load(fleet.config_path)
-    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=8.0, poll_interval_s=0.2)
-    return dataclasses.replace(s, reset=reset, ssh=dataclasses.replace(s.ssh, command_timeout_s=15))
-
-
-@pytest.fixture
-async def engine(settings: Settings, tmp_path: Path) -> AsyncIterator[ResetService]:
-    store: Store = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
-    store.upgrade()
-    transport = make_transport(settings.ssh)
-    yield ResetService(settings, transport, store, StatusService(settings, transport, store),
-                       NodeLocks())  # fmt: skip
-    await transport.close()
-    store.close()
-
-
-@pytest.fixture
-def node(fleet: SimFleet) -> Iterator[SimNode]:
-    n = fleet.node("node1")
-    yield n
-    leave_clean(n)
+settings, store, engine, node = reset_fixtures(verify_timeout_s=8.0)
 
 
 async def reset(engine: ResetService, gpu: int) -> ResetResult:
@@ -67,7 +43,7 @@ async def reset(engine: ResetService, gpu: int) -> ResetResult:
 
 
 async def test_a_reset_never_signals_a_process_on_another_gpu(
-    engine: ResetService, node: SimNode
+    engine: ResetService, node: SimNode, fleet: SimFleet, settings: Settings, store: Store
 ) -> None:
     assert node.device(0) == f"{node.dev_prefix}3"  # GPU 0's job holds nvidia3
     on0 = node.spawn(gpu=0, mib=1000)
@@ -77,6 +53,15 @@ async def test_a_reset_never_signals_a_process_on_another_gpu(
     assert [(g.index, g.minor) for g in snap.gpus] == list(enumerate(MINORS))
     assert {(p.pid, p.gpu_index, p.hidden) for p in snap.processes} == {
         (on0.pid, 0, False), (on3.pid, 3, False), (hidden1.pid, 1, True)}  # fmt: skip
+    text, doc = status_notes(fleet.config_path, "node1")
+    assert [g["device_minor"] for g in doc["gpus"]] == MINORS
+    assert [[p["pid"] for p in g["processes"]] for g in doc["gpus"]] == [
+        [on0.pid], [hidden1.pid], [], [on3.pid]]  # fmt: skip
+    assert str(hidden1.pid) in text and "hidden" in text
+    sweep = SweepService(settings, load_sweep_config({"sweep": {"interval_s": 60}}),
+                         engine.status, store, replica="test")  # fmt: skip
+    found = {(f.kind, f.gpu, f.pid) for f in (await sweep.run()).findings}
+    assert found == {(FindingKind.HIDDEN_HOLDER, 1, hidden1.pid)}
 
     r = await reset(engine, 3)  # index 3 is nvidia0: under index == minor, on0 would die
     assert [t.pid for t in r.plan.targets] == [on3.pid]

@@ -7,27 +7,19 @@ its view is partial and never turn what it cannot see into a finding or a "freed
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from gpubot.config import Settings, load
+from gpubot.config import Settings
 from gpubot.core.findings import load_sweep_config
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
-from gpubot.services.reset import NodeLocks, ResetService
-from gpubot.services.status import StatusService
+from gpubot.services.reset import ResetService
 from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.ssh import make_transport
-from gpubot.store import Store, open_store
-from tests.fixtures.fleet import leave_clean
+from gpubot.store import Store
+from tests.fixtures.fleet import reset_fixtures, status_notes
 from tests.procs import alive
 
 
@@ -42,34 +34,7 @@ def fleet(
         yield f
 
 
-@pytest.fixture(scope="module")
-def settings(fleet: SimFleet) -> Settings:
-    s = load(fleet.config_path)
-    reset = dataclasses.replace(s.reset, grace_s=0.5, verify_timeout_s=3.0, poll_interval_s=0.2)
-    return dataclasses.replace(s, reset=reset, ssh=dataclasses.replace(s.ssh, command_timeout_s=15))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    st = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
-    st.upgrade()
-    yield st
-    st.close()
-
-
-@pytest.fixture
-async def engine(settings: Settings, store: Store) -> AsyncIterator[ResetService]:
-    transport = make_transport(settings.ssh)
-    yield ResetService(settings, transport, store, StatusService(settings, transport, store),
-                       NodeLocks())  # fmt: skip
-    await transport.close()
-
-
-@pytest.fixture
-def node(fleet: SimFleet) -> Iterator[SimNode]:
-    n = fleet.node("node1")
-    yield n
-    leave_clean(n)
+settings, store, engine, node = reset_fixtures(grace_s=0.5, verify_timeout_s=3.0)
 
 
 async def test_a_partial_view_is_said_and_never_taken_for_the_truth(
@@ -89,13 +54,9 @@ async def test_a_partial_view_is_said_and_never_taken_for_the_truth(
     (t,) = [p for p in snap.processes if p.pid == theirs.pid]
     assert t.used_memory_mib == 2000 and t.exists == (not hidepid)
 
-    env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
-    p = subprocess.run([sys.executable, "-m", "gpubot", "--config", str(fleet.config_path),
-                        "status", "node1", "--json"], capture_output=True, text=True, env=env,
-                       timeout=120)  # fmt: skip
-    doc = json.loads(p.stdout)
-    (n,) = doc.get("nodes", [doc])
-    assert any(note.startswith("partial view") for note in n["notes"])
+    text, doc = status_notes(fleet.config_path, "node1")
+    assert "partial view" in text
+    assert any(note.startswith("partial view") for note in doc["notes"])
 
     sweep = SweepService(settings, load_sweep_config({"sweep": {"interval_s": 60}}),
                          engine.status, store, replica="test")  # fmt: skip

@@ -13,12 +13,12 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpubot.config import Settings, load
+from gpubot.config import Settings
 from gpubot.core.findings import load_sweep_config
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import FindingKind, Outcome
@@ -30,8 +30,8 @@ from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.sim.sudo import readme_sudo_rule
 from gpubot.ssh import make_transport
-from gpubot.store import Store, open_store
-from tests.fixtures.fleet import leave_clean
+from gpubot.store import Store
+from tests.fixtures.fleet import reset_fixtures, status_notes
 from tests.procs import alive
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -48,19 +48,7 @@ def fleet(
         yield f
 
 
-@pytest.fixture(scope="module")
-def settings(fleet: SimFleet) -> Settings:
-    s = load(fleet.config_path)
-    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=6.0, poll_interval_s=0.2)
-    return dataclasses.replace(s, reset=reset, ssh=dataclasses.replace(s.ssh, command_timeout_s=15))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    st = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
-    st.upgrade()
-    yield st
-    st.close()
+settings, store, engine, node = reset_fixtures()
 
 
 def engine_for(settings: Settings, store: Store) -> tuple[ResetService, object]:
@@ -68,20 +56,6 @@ def engine_for(settings: Settings, store: Store) -> tuple[ResetService, object]:
     svc = ResetService(settings, transport, store, StatusService(settings, transport, store),
                        NodeLocks())  # fmt: skip
     return svc, transport
-
-
-@pytest.fixture
-async def engine(settings: Settings, store: Store) -> AsyncIterator[ResetService]:
-    svc, _ = engine_for(settings, store)
-    yield svc
-    await svc.transport.close()
-
-
-@pytest.fixture
-def node(fleet: SimFleet) -> Iterator[SimNode]:
-    n = fleet.node("node1")
-    yield n
-    leave_clean(n)
 
 
 def holders(path: str) -> set[int]:
@@ -95,7 +69,7 @@ def daemon_pid(node: SimNode) -> int:
 
 
 async def test_the_daemon_is_shown_apart_and_hides_no_leak(
-    engine: ResetService, settings: Settings, store: Store, node: SimNode
+    engine: ResetService, settings: Settings, store: Store, node: SimNode, fleet: SimFleet
 ) -> None:
     daemon = daemon_pid(node)
     leak = node.spawn(gpu=2, mib=3000, behaviour="orphan")
@@ -107,6 +81,10 @@ async def test_the_daemon_is_shown_apart_and_hides_no_leak(
         assert d.system and d.user == "root" and d.process_name == "nvidia-persiste"
     assert "no-process-memory" in gpu_flags(snap.gpus[2], snap.on_gpu(2))
     assert "hidden" not in gpu_flags(snap.gpus[0], snap.on_gpu(0))
+    text, doc = status_notes(fleet.config_path, "node1")
+    assert f"system: nvidia-persiste ({daemon})" in text
+    assert all(any(p["pid"] == daemon and p["system"] for p in g["processes"]) for g in doc["gpus"])
+    assert "no-process-memory" in doc["gpus"][2]["flags"]
     sweep = SweepService(settings, load_sweep_config({"sweep": {"interval_s": 60}}),
                          engine.status, store, replica="test")  # fmt: skip
     found = {(f.kind, f.gpu) for f in (await sweep.run()).findings}
@@ -138,7 +116,7 @@ async def test_gpu_reset_under_persistence_mode(
         r = await svc.gpu_reset("node1", 3, actor="t", source="t", command="t")
     finally:
         await svc.transport.close()
-    assert [g.outcome for g in r.gpus] == [Outcome.FREED]
+    assert [g.outcome for g in r.gpus] == [Outcome.FREED], r.gpus
     modes = [(s.data["mode"], s.data["exit_status"]) for s in r.steps if s.kind == "persistence"]
     assert modes == [(0, 0), (1, 0)]
     deadline = time.monotonic() + 5  # persistence mode is back on: the daemon holds GPU 3 again

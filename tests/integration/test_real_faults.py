@@ -13,12 +13,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpubot.config import Settings, load
+from gpubot.config import Settings
 from gpubot.core.findings import load_sweep_config
 from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
@@ -28,8 +28,8 @@ from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.ssh import make_transport
-from gpubot.store import Store, open_store
-from tests.fixtures.fleet import leave_clean
+from gpubot.store import Store
+from tests.fixtures.fleet import gpubot_cli, reset_fixtures, status_notes
 from tests.procs import alive
 
 
@@ -43,44 +43,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
         yield f
 
 
-@pytest.fixture(scope="module")
-def settings(fleet: SimFleet) -> Settings:
-    s = load(fleet.config_path)
-    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=6.0, poll_interval_s=0.2)
-    return dataclasses.replace(s, reset=reset, ssh=dataclasses.replace(s.ssh, command_timeout_s=15))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    st = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
-    st.upgrade()
-    yield st
-    st.close()
-
-
-@pytest.fixture
-async def engine(settings: Settings, store: Store) -> AsyncIterator[ResetService]:
-    transport = make_transport(settings.ssh)
-    yield ResetService(settings, transport, store, StatusService(settings, transport, store),
-                       NodeLocks())  # fmt: skip
-    await transport.close()
-
-
-@pytest.fixture
-def node(fleet: SimFleet) -> Iterator[SimNode]:
-    n = fleet.node("node1")
-    yield n
-    n.set_fault(None)
-    for g in range(n.gpus):
-        n.override("gpu", "memory.used", None, gpu=g)
-    leave_clean(n)
+settings, store, engine, node = reset_fixtures()
 
 
 def cli_status(fleet: SimFleet, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "gpubot", "--config", str(fleet.config_path),
-                           "status", *args], capture_output=True, text=True, env=env,
-                          timeout=120)  # fmt: skip
+    return gpubot_cli(fleet.config_path, "status", *args)
 
 
 async def sweep_kinds(settings: Settings, store: Store, engine: ResetService) -> set[str]:
@@ -132,7 +99,9 @@ async def test_an_inforom_warning_keeps_the_data_and_flags_the_gpu(
     snap = await engine.status.snapshot(engine.status.node("node1"))
     assert snap.gpus[0].memory_used_mib == 1500 and "warning" in snap.gpus[0].flags
     assert [n for n in snap.notes if "infoROM is corrupted" in n]
-    assert "warning" in cli_status(fleet, "node1").stdout
+    text, doc = status_notes(fleet.config_path, "node1")
+    assert "warning" in text and "warning" in doc["gpus"][0]["flags"]
+    assert [n for n in doc["notes"] if "infoROM is corrupted" in n]
     assert await sweep_kinds(settings, store, engine) == set()  # a warning is not an incident
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(0,)))
     r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
@@ -148,19 +117,26 @@ async def test_an_inforom_warning_keeps_the_data_and_flags_the_gpu(
      ("[Unknown Error]", "unknown-error"), ("[No data]", "no-data"), ("[Timeout]", "timeout")],
 )  # fmt: skip
 async def test_a_bracketed_value_is_unknown_and_flagged_not_a_node_failure(
-    engine: ResetService, fleet: SimFleet, node: SimNode, text: str, flag: str
-) -> None:
+    engine: ResetService, store: Store, settings: Settings, fleet: SimFleet, node: SimNode,
+    text: str, flag: str,
+) -> None:  # fmt: skip
     node.override("gpu", "memory.used", text, gpu=3)
     job = node.spawn(gpu=1, mib=700)
     snap = await engine.status.snapshot(engine.status.node("node1"))
     g3 = snap.gpu(3)
     assert g3 is not None and g3.memory_used_mib is None and flag in g3.flags
     assert snap.gpu(1) is not None and snap.gpu(1).memory_used_mib == 700  # type: ignore[union-attr]
-    doc = cli_status(fleet, "node1", "--json")
-    assert doc.returncode == 0 and flag in doc.stdout
+    text, doc = status_notes(fleet.config_path, "node1")
+    assert flag in text and flag in doc["gpus"][3]["flags"]
+    assert doc["gpus"][3]["memory_used_mib"] is None
+    lost = {f"{FindingKind.GPU_LOST}:3"} if flag == "lost" else set()
+    assert await sweep_kinds(settings, store, engine) == lost  # unknown is never orphaned
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
     r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
     assert [g.outcome for g in r.gpus] == [Outcome.FREED] and not alive(job.pid)
+    r = await engine.gpu_reset("node1", 3, actor="t", source="t", command="t")
+    (g,) = r.gpus  # its memory stays unknown: never called freed
+    assert g.outcome is Outcome.UNKNOWN
 
 
 async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(

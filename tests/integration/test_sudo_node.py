@@ -6,24 +6,19 @@ check, a GPU reset), and every command gpubot ran through ``sudo -n`` was one th
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpubot.config import Settings, load
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
-from gpubot.services.reset import NodeLocks, ResetResult, ResetService
-from gpubot.services.status import StatusService
+from gpubot.services.reset import ResetResult, ResetService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.sim.sudo import readme_sudo_rule
-from gpubot.ssh import make_transport
-from gpubot.store import Store, open_store
-from tests.fixtures.fleet import leave_clean
+from tests.fixtures.fleet import reset_fixtures
 from tests.procs import alive
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -38,30 +33,7 @@ def fleet(
         yield f
 
 
-@pytest.fixture(scope="module")
-def settings(fleet: SimFleet) -> Settings:
-    s = load(fleet.config_path)
-    assert all(n.sudo for n in s.nodes)
-    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=8.0, poll_interval_s=0.2)
-    return dataclasses.replace(s, reset=reset, ssh=dataclasses.replace(s.ssh, command_timeout_s=15))
-
-
-@pytest.fixture
-async def engine(settings: Settings, tmp_path: Path) -> AsyncIterator[ResetService]:
-    store: Store = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
-    store.upgrade()
-    transport = make_transport(settings.ssh)
-    yield ResetService(settings, transport, store, StatusService(settings, transport, store),
-                       NodeLocks())  # fmt: skip
-    await transport.close()
-    store.close()
-
-
-@pytest.fixture
-def node(fleet: SimFleet) -> Iterator[SimNode]:
-    n = fleet.node("node1")
-    yield n
-    leave_clean(n)
+settings, store, engine, node = reset_fixtures(verify_timeout_s=8.0)
 
 
 async def reset(engine: ResetService, gpu: int) -> ResetResult:
@@ -84,6 +56,7 @@ def shapes(node: SimNode) -> list[str]:
 async def test_every_behaviour_works_with_only_the_readme_rule(
     engine: ResetService, node: SimNode
 ) -> None:
+    assert all(n.sudo for n in engine.settings.nodes)  # the inventory says sudo = true
     node.clear()
     hidden = node.spawn(gpu=0, mib=100, behaviour="hidden")
     snap = await engine.status.snapshot(engine.status.node("node1"))
