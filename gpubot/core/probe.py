@@ -235,6 +235,17 @@ def parse_probe(
                              key=lambda p: (p.gpu_index, p.pid)))  # fmt: skip
     unseen = s.unseen()
     hidepid, uid = s.view()
+    notes += _partial_view(node, unseen, hidepid, uid)
+    return NodeSnapshot(node=node.name, taken_at=taken_at, gpus=tuple(gpus),
+                        processes=processes, ctl_only=ctl_only, notes=notes,
+                        lost=lost, unseen=unseen, hidepid=hidepid)  # fmt: skip
+
+
+def _partial_view(
+    node: NodeConfig, unseen: int, hidepid: str | None, uid: int | None
+) -> tuple[str, ...]:
+    """Say what this probe could not see: other users' open files, hidden /proc entries."""
+    notes: tuple[str, ...] = ()
     if uid not in (None, 0) and not node.sudo:  # fuser skips what it may not look into, silently
         notes += (
             f"partial view: gpubot reads this node as uid {uid}, without sudo: fuser cannot see "
@@ -250,9 +261,7 @@ def parse_probe(
             f"partial view: /proc is mounted hidepid={hidepid}: other users' processes are "
             "hidden from gpubot, and nvidia-smi's may show as gone",
         )
-    return NodeSnapshot(node=node.name, taken_at=taken_at, gpus=tuple(gpus),
-                        processes=processes, ctl_only=ctl_only, notes=notes,
-                        lost=lost, unseen=unseen, hidepid=hidepid)  # fmt: skip
+    return notes
 
 
 def _stuck(node: str, body: str) -> SmiFailed:
