@@ -5,6 +5,8 @@ What a process cannot change about itself: its uids (``/proc/PID/status``) and t
 (``/proc/PID/exe``). A process is protected only if both its real and effective uid belong to a
 configured system account and its executable is one of the configured daemon paths.
 
+The probe reads ``/proc/PID/exe`` only for processes of a system-range account (uid < 1000,
+real = effective); a system account with a higher uid is judged by its argv[0] as below.
 ``/proc/PID/exe`` of another account's process is readable only by root. Where gpubot reads a node
 without root (``sudo = true`` nodes), the exe of a system process is unknown; its argv[0] stands in,
 which only that system account (or root) can have written: a user cannot make a process that runs
