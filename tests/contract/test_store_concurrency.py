@@ -34,6 +34,8 @@ async def main() -> None:
         await store.finish_action(aid, status="ok", result={"round": i})
         await store.record_query(kind="status", actor=name, source="cli", nodes=["node1"],
                                  failed={}, seconds=0.0)
+        await asyncio.sleep(0.02)  # a pause between rounds, as real writers have: SQLite's
+        # lock is not fair, and a writer that never pauses may keep taking it back
     store.close()
 
 asyncio.run(main())
