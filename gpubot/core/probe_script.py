@@ -103,6 +103,8 @@ _PROCS = (
     seen="$seen$p " list="$list $p"
   done
   m procs
+  # No process to read (idle GPUs): no awk, no clock.
+  [ -n "$list" ] || { printf 'c - -\n'; return 0; }
   LC_ALL=C awk '"""
     + _AWK_PROCS
     + """' "$(getconf CLK_TCK 2>/dev/null)" $list

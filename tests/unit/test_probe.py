@@ -729,3 +729,26 @@ def test_an_ordinary_account_without_sudo_sees_part_of_the_node() -> None:
     snap = parse_probe(NODE, r, 1.0)
     assert [n for n in snap.notes if "uid 1000, without sudo" in n]
     assert not parse_probe(replace(NODE, sudo=True), r, 1.0).notes  # sudo fuser sees them all
+
+
+def test_idle_gpus_cost_no_process_work(box: Box, tmp_path: Path) -> None:
+    # A wrapper on PATH says which awk programs run: the /proc reader must not, for idle GPUs.
+    bindir, log = tmp_path / "bin", tmp_path / "awk.log"
+    bindir.mkdir()
+    (bindir / "awk").write_text(
+        f'#!/bin/sh\ncase "$1" in *"function rd("*) echo procs ;; *) echo other ;; esac >>{log}\n'
+        f'exec {shutil.which("awk")} "$@"\n'
+    )
+    (bindir / "awk").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    idle = tmp_path / "dev"
+    idle.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
+        (idle / name).touch()  # nobody holds these
+    box.set(gpus=gpus_text(), apps="")
+    snap = probe(box, node=replace(box.node, dev_prefix=f"{idle}/nvidia"), env=env)
+    assert snap.processes == () and len(snap.gpus) == 3
+    assert log.read_text().split() == ["other"]  # fuser's filter only
+    log.write_text("")
+    probe(box, env=env)  # the box's own device files are held: /proc is read, once
+    assert log.read_text().split() == ["other", "procs"]
