@@ -183,14 +183,15 @@ def parse_probe(
         apps = parse_apps_answer(node.name, *s.smi_answer("apps"), timeout_s=timeout_s)
         notes = said.lines()
         lost = tuple(bus or "?" for index, bus, _ in said.lost if index is None)
-    gpus = _with_minors(sorted(gpus, key=lambda g: g.index), s.minors())
+    minors = s.minors()
+    gpus = _with_minors(sorted(gpus, key=lambda g: g.index), minors)
     by_uuid = {g.uuid: g.index for g in gpus}
-    holders = s.fuser(node)
+    holders, unseen = s.fuser(node)
 
     # A holder is put on a GPU only through that GPU's minor (never index == minor); device files
     # of GPUs this probe did not ask about are known and left out.
     gpu_paths = {node.device(g.minor): g.index for g in gpus if g.minor is not None}
-    other_gpus = {node.device(m) for m in s.minors().values() if m is not None}
+    other_gpus = {node.device(m) for m in minors.values() if m is not None}
     ctl_paths = {f"{node.dev_prefix}ctl", f"{node.dev_prefix}-uvm"}
     on_gpu: dict[tuple[int, int], DeviceHolder] = {}
     ctl_pids: set[int] = set()
@@ -233,7 +234,6 @@ def parse_probe(
     rule = protection or Protection()
     processes = tuple(sorted((replace(p, system=is_protected(p, rule)) for p in visible.values()),
                              key=lambda p: (p.gpu_index, p.pid)))  # fmt: skip
-    unseen = s.unseen()
     hidepid, uid = s.view()
     notes += _partial_view(node, unseen, hidepid, uid)
     return NodeSnapshot(node=node.name, taken_at=taken_at, gpus=tuple(gpus),
@@ -395,17 +395,6 @@ class _Sections:
             raise ParseError(f"{self.what} ({kind}-err section)", "")
         return status, body, err[1]
 
-    def unseen(self) -> int:
-        """Return how many processes fuser could not look into (the ``~unseen N`` line)."""
-        _, body = self.status("fuser")
-        for line in body.splitlines():
-            if line.startswith("~unseen "):
-                n = line.split(" ", 1)[1]
-                if not _NUM.fullmatch(n):
-                    raise ParseError(f"{self.what} (fuser unseen count)", line)
-                return int(n)
-        return 0
-
     def view(self) -> tuple[str | None, int | None]:
         """Return /proc's ``hidepid`` option (None when not set) and the uid the probe ran as."""
         hp, uid = self.args("view", 2)
@@ -415,9 +404,20 @@ class _Sections:
             raise ParseError(f"{self.what} (view section)", uid)
         return (None if hp in ("-", "0", "off") else hp), (None if uid == "-" else int(uid))
 
-    def fuser(self, node: NodeConfig) -> tuple[DeviceHolder, ...]:
+    def fuser(self, node: NodeConfig) -> tuple[tuple[DeviceHolder, ...], int]:
+        """Return fuser's holders and how many processes it could not look into."""
         status, body = self.status("fuser")
-        body = "\n".join(ln for ln in body.splitlines() if not ln.startswith("~unseen "))
+        unseen = 0
+        lines = []
+        for line in body.splitlines():
+            if line.startswith("~unseen "):  # the awk filter's count, last
+                n = line.split(" ", 1)[1]
+                if not _NUM.fullmatch(n):
+                    raise ParseError(f"{self.what} (fuser unseen count)", line)
+                unseen = int(n)
+            else:
+                lines.append(line)
+        body = "\n".join(lines)
         if status == 127:
             raise ProbeError(node.name, "fuser (psmisc) not found on the node")
         for line in body.splitlines():
@@ -426,7 +426,7 @@ class _Sections:
         if status not in (0, 1):
             why = first_meaningful_line(body)
             raise ProbeError(node.name, f"fuser failed (exit {status}): {why}")
-        return parse_fuser(body)
+        return parse_fuser(body), unseen
 
     def minors(self) -> dict[str, int | None]:
         """Return each GPU's device minor by bus id (``0000:18:00.0``) from the driver's files."""
