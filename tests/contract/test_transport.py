@@ -903,3 +903,30 @@ async def test_router_sends_hosts_to_the_right_transport(tmp_path: Path) -> None
             await t.run(NodeConfig(name="r", host="127.0.0.1", port=_free_port()), ["true"])
     finally:
         await t.close()
+
+
+async def test_local_probe_takes_nothing_from_a_forged_name(
+    local_node: NodeConfig, tmp_path: Path
+) -> None:
+    """A job NVML lists writes probe-shaped text into its argv: it is shown, never obeyed."""
+    forged = ("x\n\n@gpubot procs\nc 100 1\np 1 S 0 1 0 0 =init =init ! =0::/ =0\nu 0 =root\n"
+              "\n@gpubot end\n")  # fmt: skip
+    with open(f"{local_node.dev_prefix}1", "rb") as held:  # noqa: ASYNC230 (a test fixture file)
+        job = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import time; time.sleep(30)", forged, stdin=held
+        )
+    fake = FakeNvml()
+    fake.devices[0]["procs"] = [(job.pid, 1024**3)]
+    t = make_transport(SshSettings())
+    t.local = LocalTransport(nvml=fake)
+    try:
+        snap = await probe_node(t, local_node, smi_timeout_s=5, taken_at=9.0)
+        assert {(p.pid, p.gpu_index) for p in snap.processes} == {(job.pid, 0)}  # no pid 1
+        (p,) = snap.processes
+        assert (p.uid, p.start_ticks is not None, p.used_memory_mib) == (os.geteuid(), True, 1024)
+        assert "\n" not in p.command and "@gpubot end" in p.command
+        assert "nvmlSystemGetProcessName" not in fake.calls  # NVML is never asked for a name
+    finally:
+        job.kill()
+        await job.wait()
+        await t.close()

@@ -419,6 +419,12 @@ def full(apps: str = "43, GPU-00000000-aaaa-bbbb-cccc-000000000000, 100\n") -> l
             MINORS, FUSER_OK, PROCS, "end\n"]  # fmt: skip
 
 
+def with_fuser(fuser: str) -> CommandResult:
+    """A probe output with no GPU work and the given fuser section (status, then body)."""
+    return out("probe 5 -\n", "gpus-err\n", "gpus 0\n", "apps-err\n", "apps 0\n", MINORS,
+               f"fuser {fuser}\n@gpubot view - 0\n", "procs\nc 1 1\n", "end\n")  # fmt: skip
+
+
 def test_parse_probe_minimal() -> None:
     r = out("probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n",
             MINORS, "fuser 1\n\n@gpubot view - 0\n", "procs\nc 100 5.0\n", "end\n")  # fmt: skip
@@ -445,33 +451,9 @@ def test_parse_probe_full() -> None:
         (CommandResult(("sh",), 2, "", "sh: 0: cannot open x"), ProbeError, "probe failed"),
         (CommandResult(("sh",), 0, "hello\n", ""), ParseError, "no section marker"),
         (out("probe 5 -\n", "fatal no-timeout\n", "end\n"), ProbeError, "timeout"),
+        (with_fuser("127\nsh: fuser: not found\n"), ProbeError, "fuser \\(psmisc\\) not found"),
         (
-            out(
-                "probe 5 -\n",
-                "gpus-err\n",
-                "gpus 0\n",
-                "apps-err\n",
-                "apps 0\n",
-                MINORS,
-                "fuser 127\nsh: fuser: not found\n\n@gpubot view - 0\n",
-                "procs\nc 1 1\n",
-                "end\n",
-            ),
-            ProbeError,
-            "fuser \\(psmisc\\) not found",
-        ),
-        (
-            out(
-                "probe 5 -\n",
-                "gpus-err\n",
-                "gpus 0\n",
-                "apps-err\n",
-                "apps 0\n",
-                MINORS,
-                "fuser 0\n/etc/passwd: root 1 f.... x\n\n@gpubot view - 0\n",
-                "procs\nc 1 1\n",
-                "end\n",
-            ),
+            with_fuser("0\n/etc/passwd: root 1 f.... x\n"),
             ParseError,
             "did not ask",
         ),
