@@ -16,6 +16,7 @@ from gpubot.errors import UsageError
 from gpubot.sim import simstate
 from gpubot.sim.fleet import SimFleet, SimNode
 
+HEX = "0123456789abcdef"
 APPS = ("--query-compute-apps=pid,process_name", "--format=csv,noheader")
 
 
@@ -105,7 +106,9 @@ def test_forger_copies_a_token_from_another_process_argv(
     node: SimNode, user: str | None, secret_holder: Callable[[], str]
 ) -> None:
     w = node.spawn(gpu=1, user=user, forge="gpubot-probe --nonce {token}\n{pid}")
-    assert wait_for(lambda: cmdline(w.pid).startswith(b"gpubot-probe --nonce {token}\n"), 1.0)
+    # The box may already run processes with hex tokens in argv (CI runners do): the forger
+    # shows one of those or the literal {token}; either way it is forging before ours exists.
+    assert wait_for(lambda: cmdline(w.pid).startswith(b"gpubot-probe --nonce "), 1.0)
     token = secret_holder()
     # Other processes may bring newer tokens at any time: any moment that shows ours counts.
     want = f"gpubot-probe --nonce {token}\n{w.pid}\0".encode()
@@ -125,7 +128,9 @@ def test_long_forge_text_is_cut_to_the_argv_area(node: SimNode) -> None:
     assert wait_for(lambda: cmdline(w.pid).startswith(b"A" * 2000 + b"\0"), 1.0)
     area = len(cmdline(w.pid))
     w2 = node.spawn(gpu=3, forge="{token}" * 280)  # a 64-byte token each would overflow it
-    assert wait_for(lambda: cmdline(w2.pid)[:1] == b"{", 1.0)
+    # Forging shows "{token}..." or, where some process on the box has a hex token in its
+    # argv, that token: either way no longer the interpreter's path that the real argv starts with.
+    assert wait_for(lambda: cmdline(w2.pid)[:1] in (b"{", *(c.encode() for c in HEX)), 1.0)
     assert len(cmdline(w2.pid)) <= area + 7 * 280 and cmdline(w2.pid).endswith(b"\0")
     with pytest.raises(UsageError):
         node.spawn(gpu=3, forge="A" * 2001)
