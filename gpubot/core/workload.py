@@ -1,0 +1,271 @@
+"""Who a process works for: its container, Slurm job, pod, service or session, from its cgroup.
+
+``parse_cgroup`` reads the whole ``/proc/PID/cgroup`` text. Every shape is matched from the
+root of the hierarchy: a user may create cgroups only inside their own delegated subtree
+(``/user.slice/user-UID.slice/user@UID.service/...``) and cannot move a process into a cgroup
+elsewhere, so ``/system.slice/docker-ID.scope`` or ``/slurm/uid_U/job_J`` can only be where root
+(dockerd, slurmd, the kubelet) put it. A lookalike inside a user's subtree is that user's
+(a rootless container) or ``other``. Paths are as the kernel shows them to gpubot: relative to
+the cgroup namespace of the probe, which must be the node's initial one.
+
+Sources of the shapes: Docker's ``cgroupdriver`` docs (``docker-ID.scope`` under systemd,
+``/docker/ID`` under cgroupfs), Podman's ``--cgroup-manager`` (``libpod-ID.scope`` in
+``machine.slice``; ``/libpod_parent/libpod-ID``), the kubelet's cgroup drivers
+(``kubepods-QOS-podUID.slice/cri-containerd-ID.scope``, ``/kubepods/QOS/podUID/ID``), Slurm's
+``cgroup.conf`` docs (v1 ``/slurm/uid_U/job_J/step_S``, v2 ``slurmstepd.scope/job_J/step_S``)
+and systemd.special(7) (``system.slice``, ``user.slice``, ``machine.slice``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+
+class WorkloadKind(StrEnum):
+    """What kind of workload a process runs in."""
+
+    DOCKER = "docker"
+    PODMAN = "podman"
+    KUBERNETES = "kubernetes"
+    SLURM = "slurm"
+    SERVICE = "service"
+    SESSION = "session"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The workload of one process.
+
+    ``owner`` is the Linux user the workload belongs to when something root controls says so
+    (Slurm's job user, a configured container label, a rootless container's user slice); for a
+    root container without that label it is ``root``. ``None``: the process's own user decides.
+    Text a job's owner chose (names, images, labels) is marked by ``printable`` before it lands
+    here, and ``detail`` holds only strings.
+    """
+
+    kind: WorkloadKind
+    id: str  # container id, Slurm job id, pod uid, unit name, session, or the raw path
+    name: str | None = None  # container name, Slurm job name, namespace/pod, unit
+    owner: str | None = None
+    detail: tuple[tuple[str, str], ...] = ()
+
+    def get(self, key: str) -> str | None:
+        """Return one detail value, or None."""
+        return next((v for k, v in self.detail if k == key), None)
+
+    def with_detail(self, **values: str | None) -> Workload:
+        """Return a copy with these detail values set (None values are left out)."""
+        keep = {k: v for k, v in self.detail if k not in values}
+        keep.update({k: v for k, v in values.items() if v is not None})
+        return replace(self, detail=tuple(sorted(keep.items())))
+
+    @property
+    def short(self) -> str:
+        """Return a short label for tables: ``docker:train-llama``, ``slurm:8812.0``."""
+        if self.kind is WorkloadKind.SLURM:
+            step = self.get("step")
+            return f"slurm:{self.id}" + (f".{step}" if step is not None else "")
+        if self.kind is WorkloadKind.OTHER:
+            return "other"
+        label = self.name or (self.id[:12] if _is_hex(self.id) else self.id)
+        return f"{self.kind}:{label}"
+
+    def describe(self) -> str:
+        """Say what killing this workload's process kills, for plans and approvals."""
+        owner = f" of Linux user `{self.owner}`" if self.owner else ""
+        if self.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN):
+            image = self.get("image")
+            img = f" (image `{image}`)" if image else ""
+            return f"container `{self.name or self.id[:12]}`{img}{owner}"
+        if self.kind is WorkloadKind.KUBERNETES:
+            pod = self.name or f"pod {self.get('pod_uid') or '?'}"
+            return f"Kubernetes pod `{pod}`{owner}"
+        if self.kind is WorkloadKind.SLURM:
+            step = self.get("step")
+            bits = [f"user `{self.owner}`" if self.owner else None,
+                    f"job name `{self.name}`" if self.name else None]  # fmt: skip
+            said = ", ".join(b for b in bits if b)
+            return (
+                f"Slurm job {self.id}"
+                + (f" step {step}" if step else "")
+                + (f" ({said})" if said else "")
+            )
+        if self.kind is WorkloadKind.SERVICE:
+            return f"systemd service `{self.id}`"
+        if self.kind is WorkloadKind.SESSION:
+            return f"login session `{self.id}`" + (
+                f" of uid {self.get('uid')}" if self.get("uid") else ""
+            )
+        return f"cgroup `{self.id}`"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the ``status --json`` form."""
+        return {
+            "kind": str(self.kind),
+            "id": self.id,
+            "name": self.name,
+            "owner": self.owner,
+            "detail": dict(self.detail),
+        }
+
+
+_HEX64 = r"[0-9a-f]{64}"
+_POD = r"[0-9a-f_-]{36}"  # a pod UID; the systemd driver writes its dashes as underscores
+_TAIL = r"(?:/.*)?"  # cgroups a workload made inside its own (a container's init.scope ...)
+
+# (kind, pattern over the whole path); the first that matches wins.
+_SHAPES: tuple[tuple[WorkloadKind, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(pattern + r"\Z"))
+    for kind, pattern in (
+        (WorkloadKind.KUBERNETES,
+         rf"/kubepods\.slice/(?:kubepods-(?P<qos>besteffort|burstable)\.slice/)?"
+         rf"kubepods(?:-(?:besteffort|burstable))?-pod(?P<pod>{_POD})\.slice"
+         rf"(?:/(?P<rt>cri-containerd|crio|docker)-(?P<id>{_HEX64})\.scope)?{_TAIL}"),
+        (WorkloadKind.KUBERNETES,
+         rf"/kubepods/(?:(?P<qos>besteffort|burstable)/)?pod(?P<pod>{_POD})"
+         rf"(?:/(?P<id>{_HEX64}))?{_TAIL}"),
+        (WorkloadKind.DOCKER, rf"/system\.slice/docker-(?P<id>{_HEX64})\.scope{_TAIL}"),
+        (WorkloadKind.DOCKER, rf"/docker/(?P<id>{_HEX64}){_TAIL}"),
+        (WorkloadKind.PODMAN,
+         rf"/(?:machine|system)\.slice/libpod-(?P<id>{_HEX64})\.scope{_TAIL}"),
+        (WorkloadKind.PODMAN, rf"/libpod_parent/libpod-(?P<id>{_HEX64}){_TAIL}"),
+        (WorkloadKind.SLURM,
+         r"/slurm/uid_(?P<uid>\d+)/job_(?P<job>\d+)(?:/step_(?P<step>[a-z0-9]+))?" + _TAIL),
+        (WorkloadKind.SLURM,
+         r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(?P<job>\d+)"
+         r"(?:/step_(?P<step>[a-z0-9]+))?" + _TAIL),
+        # Rootless containers: inside the user's own subtree, so the user's, whatever they say.
+        (WorkloadKind.PODMAN,
+         rf"/user\.slice/user-(?P<uid>\d+)\.slice/user@\d+\.service/(?:[^/]+/)*"
+         rf"libpod-(?P<id>{_HEX64})\.scope{_TAIL}"),
+        (WorkloadKind.DOCKER,
+         rf"/user\.slice/user-(?P<uid>\d+)\.slice/user@\d+\.service/(?:[^/]+/)*"
+         rf"docker-(?P<id>{_HEX64})\.scope{_TAIL}"),
+        (WorkloadKind.SESSION,
+         r"/user\.slice/user-(?P<uid>\d+)\.slice/(?P<unit>session-[0-9a-z]+\.scope)" + _TAIL),
+        (WorkloadKind.SESSION,
+         r"/user\.slice/user-(?P<uid>\d+)\.slice/(?P<unit>user@\d+\.service)" + _TAIL),
+        (WorkloadKind.SERVICE,
+         r"/system\.slice/(?:[^/]+\.slice/)*(?P<unit>[A-Za-z0-9:_.@\\-]+\.service)" + _TAIL),
+    )
+)  # fmt: skip
+
+# v1 hierarchies to read when the v2 line says nothing (a hybrid or v1-only box), best first.
+_V1_ORDER = ("name=systemd", "memory", "pids", "cpu,cpuacct", "devices", "cpuset")
+
+
+def cgroup_path(text: str) -> str | None:
+    """Pick the path that says most from a whole ``/proc/PID/cgroup`` text.
+
+    The v2 line (``0::PATH``) when it is not the root; otherwise the v1 hierarchies in
+    ``_V1_ORDER``, then any v1 line that is not the root. None when every line says ``/``.
+    """
+    v2: str | None = None
+    v1: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        hid, controllers, path = parts
+        if hid == "0" and controllers == "":
+            v2 = path
+        else:
+            v1.setdefault(controllers, path)
+    if v2 and v2 != "/":
+        return v2
+    for name in (*_V1_ORDER, *v1):
+        found = v1.get(name)
+        if found and found != "/":
+            return found
+    return None
+
+
+def parse_cgroup(text: str | None) -> Workload | None:
+    """Return the workload a ``/proc/PID/cgroup`` text names; None when it says nothing."""
+    path = cgroup_path(text or "")
+    if path is None:
+        return None
+    for kind, pattern in _SHAPES:
+        m = pattern.match(path)
+        if m is None:
+            continue
+        g = {k: v for k, v in m.groupdict().items() if v is not None}
+        if kind is WorkloadKind.KUBERNETES:
+            pod = g["pod"].replace("_", "-")
+            runtime = {"cri-containerd": "containerd", "crio": "cri-o"}.get(g.get("rt", ""))
+            return Workload(kind, g.get("id") or pod).with_detail(
+                pod_uid=pod, qos=g.get("qos", "guaranteed"), runtime=runtime or g.get("rt"),
+                container_id=g.get("id"),
+            )  # fmt: skip
+        if kind is WorkloadKind.SLURM:
+            return Workload(kind, g["job"]).with_detail(step=g.get("step"), uid=g.get("uid"))
+        if kind in (WorkloadKind.SERVICE, WorkloadKind.SESSION):
+            return Workload(kind, g["unit"]).with_detail(uid=g.get("uid"))
+        return Workload(kind, g["id"]).with_detail(
+            uid=g.get("uid"), rootless="yes" if "uid" in g else None
+        )
+    return Workload(WorkloadKind.OTHER, path)
+
+
+def _is_hex(s: str) -> bool:
+    return bool(s) and all(c in "0123456789abcdef" for c in s)
+
+
+# --- who it belongs to, and how to stop it for good ------------------------------------------
+
+_NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # docker/podman container names
+_USER_OK = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z")  # a Linux user name (useradd's rule)
+
+
+def valid_user(name: str | None) -> bool:
+    """Whether ``name`` is a well-formed Linux user name."""
+    return name is not None and bool(_USER_OK.match(name))
+
+
+def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None) -> Workload:
+    """Set ``owner`` from what root controls: never from a name a process gave itself.
+
+    Slurm: the job user (the ``uid_U`` of a v1 path, or the ``user`` scontrol gave). A container:
+    the user named by the ``owner_label`` label (when configured and well formed), a rootless
+    one's user slice, else ``root``. Services, sessions and others: None (the process's user).
+    """
+    uid = w.get("uid")
+    by_uid = uid_names.get(int(uid)) if uid is not None else None
+    if w.kind is WorkloadKind.SLURM:
+        owner = by_uid or w.get("user")
+    elif w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN, WorkloadKind.KUBERNETES):
+        label = w.get(f"label.{owner_label}") if owner_label else None
+        if w.get("rootless"):
+            owner = by_uid  # a label cannot hand a user's own container to someone else
+        elif valid_user(label):
+            owner = label
+        else:
+            owner = "root"
+    else:
+        owner = None
+    return replace(w, owner=owner if valid_user(owner) else None)
+
+
+def stop_command(w: Workload) -> str | None:
+    """Return the command that stops this workload for good (a restart policy, a requeue).
+
+    Only ids and names of a safe shape are put in a command; None when there is none to give.
+    """
+    if w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN) and not w.get("rootless"):
+        who = w.name if w.name and _NAME_OK.match(w.name) else w.id[:12]
+        return f"{w.kind} stop {who}"
+    if w.kind is WorkloadKind.SLURM and w.id.isdigit():
+        return f"scancel {w.id}"
+    if w.kind is WorkloadKind.SERVICE and re.fullmatch(r"[A-Za-z0-9:_.@-]+\.service", w.id):
+        return f"systemctl stop {w.id}"
+    return None
+
+
+def stop_argv(w: Workload) -> list[str] | None:
+    """Return ``stop_command`` as an argv (what ``[reset] stop_workloads`` runs), or None."""
+    cmd = stop_command(w)
+    return cmd.split(" ") if cmd else None
