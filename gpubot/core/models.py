@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpubot.core.workload import Workload
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -92,12 +94,13 @@ class ProcInfo:
     elapsed_s: int | None
     command: str  # the process's own say: argv joined by spaces, or [comm]
     wchan: str | None = None  # kernel function it sleeps in (/proc/PID/wchan), if known
-    cgroup: str | None = None  # first line of /proc/PID/cgroup (which container/job)
+    cgroup: str | None = None  # the whole /proc/PID/cgroup text (which container/job)
     uid: int | None = None  # effective uid, from /proc/PID/status (a process cannot fake it)
     real_uid: int | None = None  # real uid: differs from ``uid`` for a setuid program
     exe: str | None = None  # /proc/PID/exe when gpubot may read it (own or root), else None
     comm: str = ""  # the process's own say: its name (15 bytes, may hold anything)
     argv0: str = ""  # the process's own say: argv[0]
+    workload: Workload | None = None  # its container, job, pod, service or session (cgroup)
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class GpuProcess:
     exe: str | None = None
     argv0: str | None = None
     system: bool = False  # a protected system daemon (core.protect): not a job, never signalled
+    workload: Workload | None = None  # from its cgroup (+ names where the node allows lookups)
 
     @property
     def hidden(self) -> bool:
