@@ -34,6 +34,7 @@ from gpubot.core.nvsmi import (
 )
 from gpubot.core.probe_script import MARK, PROBE_SCRIPT, PROC_SCRIPT
 from gpubot.core.protect import Protection, is_protected
+from gpubot.core.workload import parse_cgroup
 from gpubot.errors import ConfigError, ParseError, ProbeError, SmiFailed
 
 # The section sequences the scripts can write, as words joined by spaces.
@@ -317,6 +318,7 @@ def _gpu_process(
         command=info.command if info else None,
         wchan=info.wchan if info else None,
         cgroup=info.cgroup if info else None,
+        workload=info.workload if info else None,
         uid=info.uid if info else None,
         real_uid=info.real_uid if info else None,
         exe=info.exe if info else None,
@@ -518,6 +520,7 @@ def _proc_info(
     argv = _unescape(cmd, what).rstrip("\0").split("\0")
     command = printable(" ".join(a for a in argv)).strip()
     w = _unescape(wchan, what).strip()
+    cg = _unescape(cgroup, what).strip()
     return ProcInfo(
         pid=pid,
         ppid=int(ppid),
@@ -527,7 +530,8 @@ def _proc_info(
         elapsed_s=elapsed,
         command=command or f"[{printable(name)}]",
         wchan=None if w in ("", "0") else printable(w),
-        cgroup=printable(_unescape(cgroup, what).strip()) or None,
+        cgroup=cg or None,
+        workload=parse_cgroup(cg),
         uid=uid,
         real_uid=real,
         exe=None if exe == "!" else _unescape(exe, what),

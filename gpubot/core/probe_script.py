@@ -72,7 +72,7 @@ BEGIN {
       close(x)
       if (ne) ex = esc(e)
     }
-    cg = rd(d "/cgroup"); sub(/\n.*/, "", cg)
+    cg = rd(d "/cgroup")
     wc = rd(d "/wchan")
     sl = (F[1] ~ /^[A-Za-z]$/) ? F[1] : "-"
     printf "p %s %s %s %s %s %s %s %s %s %s %s\n", p, sl, num(F[2]), num(F[20]), num(ru), num(eu),

@@ -158,37 +158,70 @@ _SHAPES: tuple[tuple[WorkloadKind, re.Pattern[str]], ...] = tuple(
 _V1_ORDER = ("name=systemd", "memory", "pids", "cpu,cpuacct", "devices", "cpuset")
 
 
-def cgroup_path(text: str) -> str | None:
-    """Pick the path that says most from a whole ``/proc/PID/cgroup`` text.
+_LINE = re.compile(r"(\d+):([^:\n]*):(/[^\n]*)\Z")
 
-    The v2 line (``0::PATH``) when it is not the root; otherwise the v1 hierarchies in
-    ``_V1_ORDER``, then any v1 line that is not the root. None when every line says ``/``.
+# Specific shapes (root put the process there) beat generic ones: on a hybrid box a Slurm
+# task of the v1 cgroup plugin shows ``0::/system.slice/slurmd.service`` on its v2 line.
+_RANK = {WorkloadKind.SERVICE: 1, WorkloadKind.SESSION: 1, WorkloadKind.OTHER: 2}
+
+
+def cgroup_paths(text: str) -> list[str] | None:
+    """Return the paths of a whole ``/proc/PID/cgroup`` text, the v2 one first, then the v1
+    hierarchies in ``_V1_ORDER`` and the rest; None when the text is not what the kernel writes.
+
+    The kernel writes one ``ID:CONTROLLERS:PATH`` line per hierarchy, IDs strictly falling to
+    the v2 line ``0::PATH``, which comes last. A cgroup name may hold a newline (a user may name
+    a cgroup in their own subtree anything), and the kernel does not escape it: such a name
+    could forge a line. Any repeated or out-of-order ID, or malformed line, makes the whole
+    text untrusted.
     """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    last: int | None = None
     v2: str | None = None
     v1: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3 or not parts[2].startswith("/"):
-            continue
-        hid, controllers, path = parts
-        if hid == "0" and controllers == "":
-            v2 = path
+    for line in lines:
+        m = _LINE.match(line)
+        if m is None:
+            return None
+        hid = int(m[1])
+        if (last is not None and hid >= last) or (hid == 0) != (m[2] == ""):
+            return None
+        last = hid
+        if hid == 0:
+            v2 = m[3]
         else:
-            v1.setdefault(controllers, path)
-    if v2 and v2 != "/":
-        return v2
-    for name in (*_V1_ORDER, *v1):
-        found = v1.get(name)
-        if found and found != "/":
-            return found
-    return None
+            v1[m[2]] = m[3]
+    order = [v1[k] for k in _V1_ORDER if k in v1] + [p for k, p in v1.items() if k not in _V1_ORDER]
+    return ([v2] if v2 is not None else []) + order
 
 
 def parse_cgroup(text: str | None) -> Workload | None:
-    """Return the workload a ``/proc/PID/cgroup`` text names; None when it says nothing."""
-    path = cgroup_path(text or "")
-    if path is None:
+    """Return the workload a ``/proc/PID/cgroup`` text names; None when it says nothing.
+
+    Each path is matched against the shapes; the most specific match wins (a container or job
+    over a service or session over ``other``). Text that is not the kernel's shape is ``other``
+    with ``untrusted`` in its detail: it names no owner.
+    """
+    if not text:
         return None
+    paths = cgroup_paths(text)
+    if paths is None:
+        return Workload(WorkloadKind.OTHER, printable_path(text)).with_detail(untrusted="yes")
+    found = [w for w in (_match(p) for p in paths if p != "/") if w is not None]
+    if not found:
+        return None
+    return min(found, key=lambda w: _RANK.get(w.kind, 0))
+
+
+def printable_path(text: str) -> str:
+    """Return ``text`` with non-printable characters as ``\\xNN``, at most 300 of them."""
+    out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    return out[:300]
+
+
+def _match(path: str) -> Workload:
     for kind, pattern in _SHAPES:
         m = pattern.match(path)
         if m is None:
@@ -208,7 +241,7 @@ def parse_cgroup(text: str | None) -> Workload | None:
         return Workload(kind, g["id"]).with_detail(
             uid=g.get("uid"), rootless="yes" if "uid" in g else None
         )
-    return Workload(WorkloadKind.OTHER, path)
+    return Workload(WorkloadKind.OTHER, printable_path(path))
 
 
 def _is_hex(s: str) -> bool:
