@@ -17,6 +17,7 @@ from gpubot.core.models import NodeConfig
 from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
 from gpubot.errors import ConfigError
 
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 DURATION = re.compile(r"\s*([0-9]{1,9})\s*([smhdw])\s*")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -48,6 +49,9 @@ class ResetSettings:
     system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS  # the accounts they must run as
     # gpu-reset of a GPU a daemon holds (persistence mode): nvidia-smi -pm 0 before, -pm 1 after
     toggle_persistence: bool = False
+    # A respawned workload: run its stop command (docker stop, scancel, systemctl stop) as part
+    # of the reset. False: gpubot only says which command stops it.
+    stop_workloads: bool = False
 
     @property
     def protection(self) -> Protection:
@@ -62,6 +66,18 @@ class AuditSettings:
     publish_head_every_s: float | None = 86400.0  # post the chain head this often; None: never
 
 
+RUNTIMES = ("docker", "podman", "slurm", "crictl")
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    """The ``[attribution]`` settings: who a container belongs to, and how long lookups take."""
+
+    # A container belongs to the Linux user this label names; None: every container is root's.
+    container_owner_label: str | None = None
+    lookup_timeout_s: float = 5.0  # each runtime lookup (docker inspect ...) on a node
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything gpubot is configured with."""
@@ -73,6 +89,7 @@ class Settings:
     nodes: tuple[NodeConfig, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)  # sections owned by later front ends
     audit: AuditSettings = field(default_factory=AuditSettings)
+    attribution: AttributionSettings = field(default_factory=AttributionSettings)
 
     def node(self, name: str) -> NodeConfig | None:
         """Return the node called ``name`` or None."""
@@ -112,7 +129,8 @@ def load(path: Path) -> Settings:
 def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     """Validate a decoded TOML document into ``Settings``."""
     v = _Validator(where)
-    v.keys("", raw, {"database", "ssh", "reset", "nodes", "audit", *EXTRA_SECTIONS})
+    v.keys("", raw, {"database", "ssh", "reset", "nodes", "audit", "groups", "attribution",
+                     *EXTRA_SECTIONS})  # fmt: skip
     db = v.table("database", raw.get("database", {}))
     v.keys("database", db, {"url"})
     url = v.string("database.url", db.get("url", "sqlite:///gpubot.db"))
@@ -139,10 +157,9 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     rr = v.table("reset", raw.get("reset", {}))
     r = ResetSettings()
     v.keys("reset", rr, {"grace_s", "verify_timeout_s", "free_threshold_mib", "poll_interval_s",
-                         "protected", "system_users", "toggle_persistence"})  # fmt: skip
-    toggle = rr.get("toggle_persistence", False)
-    if not isinstance(toggle, bool):
-        raise ConfigError(f"{where}: reset.toggle_persistence: expected true or false")
+                         "protected", "system_users", "toggle_persistence",
+                         "stop_workloads"})  # fmt: skip
+    toggle = v.boolean("reset.toggle_persistence", rr.get("toggle_persistence", False))
     protected = v.strings("reset.protected", rr.get("protected", list(r.protected)))
     for p in protected:
         if not p.startswith("/"):
@@ -164,6 +181,7 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         protected=protected,
         system_users=system_users,
         toggle_persistence=toggle,
+        stop_workloads=v.boolean("reset.stop_workloads", rr.get("stop_workloads", False)),
     )  # fmt: skip
 
     nodes_raw = raw.get("nodes", [])
@@ -171,10 +189,52 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         raise ConfigError(f"{where}: nodes: expected [[nodes]] tables")
     nodes: list[NodeConfig] = []
     seen: set[str] = set()
+    group_runtimes = _groups(v, raw)
     for i, n in enumerate(nodes_raw):
-        nodes.append(_node(v, f"nodes[{i}]", n, seen))
+        nodes.append(_node(v, f"nodes[{i}]", n, seen, group_runtimes))
+    used = {g for n in nodes for g in n.groups}
+    for g in group_runtimes:
+        if g not in used:
+            raise ConfigError(f"{where}: groups.{g}: no node is in group {g!r}")
     extra = {k: v.table(k, raw[k]) for k in EXTRA_SECTIONS if k in raw}
-    return Settings(where, url, ssh, reset, tuple(nodes), extra, _audit(v, raw))
+    return Settings(where, url, ssh, reset, tuple(nodes), extra, _audit(v, raw),
+                    _attribution(v, raw))  # fmt: skip
+
+
+def _runtimes(v: _Validator, key: str, value: Any) -> tuple[str, ...]:
+    names = v.strings(key, value)
+    for name in names:
+        if name not in RUNTIMES:
+            raise ConfigError(
+                f"{v.where}: {key}: unknown runtime {name!r} (one of {', '.join(RUNTIMES)})"
+            )
+    return names
+
+
+def _groups(v: _Validator, raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Return each ``[groups.NAME]`` table's runtimes."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, t in v.table("groups", raw.get("groups", {})).items():
+        key = f"groups.{name}"
+        t = v.table(key, t)
+        v.keys(key, t, {"runtimes"})
+        out[name] = _runtimes(v, f"{key}.runtimes", t.get("runtimes", []))
+    return out
+
+
+def _attribution(v: _Validator, raw: Mapping[str, Any]) -> AttributionSettings:
+    t = v.table("attribution", raw.get("attribution", {}))
+    v.keys("attribution", t, {"container_owner_label", "lookup_timeout_s"})
+    label = t.get("container_owner_label")
+    if label is not None and not (isinstance(label, str) and LABEL.fullmatch(label)):
+        raise ConfigError(
+            f"{v.where}: attribution.container_owner_label: expected a label key like "
+            f'"owner" or "com.example.owner", got {label!r}'
+        )
+    d = AttributionSettings()
+    timeout = v.positive("attribution.lookup_timeout_s",
+                         t.get("lookup_timeout_s", d.lookup_timeout_s))  # fmt: skip
+    return AttributionSettings(label, timeout)
 
 
 def _audit(v: _Validator, raw: Mapping[str, Any]) -> AuditSettings:
@@ -216,10 +276,12 @@ def audit_key(environ: Mapping[str, str]) -> bytes | None:
     return key
 
 
-def _node(v: _Validator, key: str, n: Any, seen: set[str]) -> NodeConfig:
+def _node(
+    v: _Validator, key: str, n: Any, seen: set[str], group_runtimes: Mapping[str, tuple[str, ...]]
+) -> NodeConfig:
     t = v.table(key, n)
     v.keys(key, t, {"name", "host", "port", "user", "key", "dev_prefix", "sudo", "groups",
-                    "nvidia_smi", "driver_dir"})  # fmt: skip
+                    "nvidia_smi", "driver_dir", "runtimes"})  # fmt: skip
     if "name" not in t or "host" not in t:
         raise ConfigError(f"{v.where}: {key}: 'name' and 'host' are required")
     name = v.string(f"{key}.name", t["name"])
@@ -240,9 +302,10 @@ def _node(v: _Validator, key: str, n: Any, seen: set[str]) -> NodeConfig:
         raise ConfigError(f"{v.where}: {key}.groups: expected a list of group names")
     if name in groups:
         raise ConfigError(f"{v.where}: {key}.groups: a group cannot be named like its node")
-    sudo = t.get("sudo", False)
-    if not isinstance(sudo, bool):
-        raise ConfigError(f"{v.where}: {key}.sudo: expected true or false")
+    sudo = v.boolean(f"{key}.sudo", t.get("sudo", False))
+    runtimes = list(_runtimes(v, f"{key}.runtimes", t.get("runtimes", [])))
+    for g in groups:
+        runtimes += [r for r in group_runtimes.get(g, ()) if r not in runtimes]
     user = t.get("user")
     keyf = t.get("key")
     return NodeConfig(
@@ -256,6 +319,7 @@ def _node(v: _Validator, key: str, n: Any, seen: set[str]) -> NodeConfig:
         groups=tuple(groups),
         nvidia_smi=v.string(f"{key}.nvidia_smi", t.get("nvidia_smi", "nvidia-smi")),
         driver_dir=v.string(f"{key}.driver_dir", t.get("driver_dir", "/proc/driver/nvidia")),
+        runtimes=tuple(runtimes),
     )
 
 
@@ -277,6 +341,11 @@ class _Validator:
     def string(self, key: str, value: Any) -> str:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{self.where}: {key}: expected a non-empty string")
+        return value
+
+    def boolean(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.where}: {key}: expected true or false")
         return value
 
     def strings(self, key: str, value: Any) -> tuple[str, ...]:

@@ -38,6 +38,9 @@ class NodeConfig:
     nvidia_smi: str = "nvidia-smi"  # the command to run; the simulated fleet points it elsewhere
     # The driver's /proc folder: gpus/<bus id>/information says each GPU's "Device Minor".
     driver_dir: str = "/proc/driver/nvidia"
+    # Runtimes gpubot may ask for workload names (docker, podman, slurm, crictl): the node's own
+    # list and its groups' (``[groups.NAME] runtimes``). Empty: attribution from cgroups only.
+    runtimes: tuple[str, ...] = ()
 
     def device(self, minor: int) -> str:
         """Return the device file of the GPU whose device minor number is ``minor``.

@@ -119,3 +119,44 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
     bad.write_text("[ssh\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load(bad)
+
+
+def test_runtimes_come_from_the_node_and_its_groups() -> None:
+    s = parse(tomllib.loads(
+        '[groups.slurm-h200]\nruntimes = ["slurm"]\n'
+        '[attribution]\ncontainer_owner_label = "com.example.owner"\nlookup_timeout_s = 2\n'
+        '[reset]\nstop_workloads = true\n'
+        '[[nodes]]\nname = "a"\nhost = "h"\nruntimes = ["docker"]\ngroups = ["slurm-h200"]\n'
+        '[[nodes]]\nname = "b"\nhost = "h"\n'
+    ))  # fmt: skip
+    assert [n.runtimes for n in s.nodes] == [("docker", "slurm"), ()]
+    assert s.attribution.container_owner_label == "com.example.owner"
+    assert s.attribution.lookup_timeout_s == 2 and s.reset.stop_workloads
+    d = parse({})
+    assert d.attribution.container_owner_label is None and not d.reset.stop_workloads
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (NODE.format(name="a") + "runtimes = ['lxc']\n",
+         "nodes[0].runtimes: unknown runtime 'lxc' (one of docker, podman, slurm, crictl)"),
+        (NODE.format(name="a") + "runtimes = 'docker'\n", "nodes[0].runtimes: expected a list"),
+        ("[groups.g]\nruntimes = ['k8s']\n" + NODE.format(name="a") + "groups = ['g']\n",
+         "groups.g.runtimes: unknown runtime 'k8s'"),
+        ("[groups.g]\nruntime = ['docker']\n", "groups.g.runtime: unknown key"),
+        ("[groups.g]\nruntimes = ['docker']\n" + NODE.format(name="a"),
+         "groups.g: no node is in group 'g'"),
+        ("[attribution]\ncontainer_owner_label = 'own er'\n",
+         "attribution.container_owner_label: expected a label key"),
+        ("[attribution]\ncontainer_owner_label = 3\n", "attribution.container_owner_label"),
+        ("[attribution]\nlookup_timeout_s = 0\n", "attribution.lookup_timeout_s: expected"),
+        ("[attribution]\nlabel = 'x'\n", "attribution.label: unknown key"),
+        ("[reset]\nstop_workloads = 'yes'\n", "reset.stop_workloads: expected true or false"),
+    ],
+)  # fmt: skip
+def test_attribution_mistakes_are_named(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(tomllib.loads(text), "/etc/gpubot.toml")
+    line = str(err.value)
+    assert line.startswith("/etc/gpubot.toml: ") and message in line and "\n" not in line
