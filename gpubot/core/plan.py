@@ -12,6 +12,7 @@ from typing import Any
 
 from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.protect import Protection, is_protected, program
+from gpubot.core.workload import Workload
 from gpubot.errors import ResetRefused, UsageError
 
 
@@ -48,6 +49,8 @@ class Target:
     state: str | None = None
     ppid: int | None = None
     uid: int | None = None  # the effective uid at planning: re-checked with every signal
+    owner: str | None = None  # whose job it is: its workload's owner, else ``user``
+    workload: Workload | None = None
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,15 @@ class ResetPlan:
 
     @property
     def owners(self) -> tuple[str, ...]:
-        """Owners of the targets, sorted."""
-        return tuple(sorted({t.user or "?" for t in self.targets}))
+        """Owners of the targets (a container's or job's owner, else the process's), sorted."""
+        return tuple(sorted({t.owner or t.user or "?" for t in self.targets}))
+
+    @property
+    def workloads(self) -> tuple[str, ...]:
+        """What the targets' workloads are, in words, each once, in target order."""
+        said = [t.workload.describe() for t in self.targets
+                if t.workload is not None and _named(t.workload)]  # fmt: skip
+        return tuple(dict.fromkeys(said))
 
     @property
     def total_mib(self) -> int:
@@ -114,7 +124,8 @@ class ResetPlan:
             gpus=tuple(d["gpus"]),
             targets=tuple(
                 Target(**{**t, "gpus": tuple(t["gpus"]), "reasons": tuple(t["reasons"]),
-                          "also_on": tuple(t["also_on"])})
+                          "also_on": tuple(t["also_on"]),
+                          "workload": Workload.from_dict(t.get("workload"))})
                 for t in d["targets"]
             ),
             skipped=tuple(Skipped(**s) for s in d["skipped"]),
@@ -197,6 +208,22 @@ def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protec
     )
 
 
+def owner_of(proc: GpuProcess) -> tuple[str | None, bool]:
+    """Return whose job ``proc`` is and whether its workload said so (not the process's uid).
+
+    A workload's owner comes only from what root controls (``core.workload.decide_owner``).
+    """
+    w = proc.workload
+    if w is not None and w.owner is not None:
+        return w.owner, True
+    return proc.user, False
+
+
+def _named(w: Workload | None) -> bool:
+    """Whether a workload is worth naming in a plan (not a bare session or unknown cgroup)."""
+    return w is not None and w.kind not in ("session", "other")
+
+
 def below_floor(uid: int | None, min_uid: int | None) -> bool:
     """Whether a process of ``uid`` is below the self-service floor (root always is)."""
     if min_uid is None:
@@ -216,7 +243,7 @@ def _command(proc: GpuProcess) -> str:
 def _skip_reason(proc: GpuProcess, request: ResetRequest) -> str | None:
     if request.pids and proc.pid not in request.pids:
         return "not among the requested pids"
-    if request.user and proc.user != request.user:
+    if request.user and owner_of(proc)[0] != request.user:
         return f"not owned by {request.user}"
     if not proc.exists:
         return "no longer in /proc (nothing to signal)"
@@ -234,6 +261,8 @@ def _target(
         sorted({p.gpu_index for p in snapshot.processes if p.pid == first.pid} - set(gpus))
     )
     reasons: list[str] = []
+    if first.workload is not None and _named(first.workload):
+        reasons.append(f"kills {first.workload.describe()}")
     mib_known = [p.used_memory_mib for p in procs if p.used_memory_mib is not None]
     if any(p.visible_to_nvidia_smi for p in procs):
         reasons.append(f"holds {sum(mib_known)} MiB on GPU {', '.join(map(str, on))}")
@@ -245,10 +274,16 @@ def _target(
         reasons.append("pid requested")
     if elsewhere:
         reasons.append(f"also holds GPU {', '.join(map(str, elsewhere))}")
-    below = below_floor(first.uid, request.min_uid)
-    if below and first.user == request.requester:
-        reasons.append(f"uid {first.uid} is below min_uid {request.min_uid}: never self-service")
-    forced = request.requester is None or first.user != request.requester or below
+    owner, by_workload = owner_of(first)
+    if by_workload:  # a container's process runs as root by design: its owner decides
+        below = owner == "root" and request.min_uid is not None
+    else:
+        below = below_floor(first.uid, request.min_uid)
+        if below and owner == request.requester:
+            reasons.append(
+                f"uid {first.uid} is below min_uid {request.min_uid}: never self-service"
+            )
+    forced = request.requester is None or owner != request.requester or below
     return Target(
         pid=first.pid,
         start_ticks=first.start_ticks,
@@ -262,4 +297,6 @@ def _target(
         state=first.state,
         ppid=first.ppid,
         uid=first.uid,
+        owner=owner,
+        workload=first.workload,
     )

@@ -102,6 +102,17 @@ class Workload:
             )
         return f"cgroup `{self.id}`"
 
+    @classmethod
+    def from_dict(cls, d: Any) -> Workload | None:
+        """Rebuild a workload from ``to_dict`` output (a stored plan); None for None."""
+        if d is None:
+            return None
+        detail = d.get("detail") or {}
+        if isinstance(detail, list):  # a plan's asdict() keeps the pairs as lists
+            detail = dict(detail)
+        return cls(WorkloadKind(d["kind"]), str(d["id"]), d.get("name"), d.get("owner"),
+                   tuple(sorted((str(k), str(v)) for k, v in detail.items())))  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         """Return the ``status --json`` form."""
         return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.protect import Protection
+from gpubot.core.workload import Workload, WorkloadKind, decide_owner
 from gpubot.errors import ResetRefused, UsageError
 
 PERSISTENCED = "/usr/bin/nvidia-persistenced"
@@ -261,3 +263,66 @@ def test_a_minor_is_never_guessed_from_the_index() -> None:
     s = replace(s, gpus=(gpu(0, 1000, minor=None),))
     with pytest.raises(ResetRefused, match="which device file is GPU 0"):
         plan_reset(s, ResetRequest("node1", "alice"), PROTECTION)
+
+
+# --- workloads: the owner of a container or job decides self-service -----------------------
+
+CID = "ab" * 32
+
+
+def in_workload(p: GpuProcess, w: Workload) -> GpuProcess:
+    return replace(p, workload=decide_owner(w, {v: k for k, v in UIDS.items()}, "owner"))
+
+
+LABELLED = Workload(WorkloadKind.DOCKER, CID, "train-llama").with_detail(
+    image="pytorch:24.05", **{"label.owner": "alice"}
+)
+UNLABELLED = Workload(WorkloadKind.DOCKER, CID, "train-llama")
+JOB = Workload(WorkloadKind.SLURM, "8812", "sweep-lr").with_detail(uid="1001", step="0")
+
+
+def one(p: GpuProcess) -> NodeSnapshot:
+    return NodeSnapshot("node1", 0.0, (gpu(0, p.used_memory_mib),), (p,))
+
+
+@pytest.mark.parametrize(
+    ("p", "requester", "forced", "owner"),
+    [
+        # alice's labelled container runs as root: hers, self-service, even under min_uid
+        (in_workload(proc(30, 0, "root"), LABELLED), "alice", False, "alice"),
+        (in_workload(proc(30, 0, "root"), LABELLED), "bob", True, "alice"),
+        # no label: root's, so a forced kill for everyone
+        (in_workload(proc(30, 0, "root"), UNLABELLED), "alice", True, "root"),
+        (in_workload(proc(30, 0, "root"), UNLABELLED), "root", True, "root"),
+        # a Slurm job is its job user's
+        (in_workload(proc(31, 0, "bob"), JOB), "bob", False, "bob"),
+        (in_workload(proc(31, 0, "bob"), JOB), "alice", True, "bob"),
+        # a session names no owner: the process's uid decides, as before
+        (in_workload(proc(32, 0, "root"),
+                     Workload(WorkloadKind.SESSION, "session-1.scope").with_detail(uid="1000")),
+         "alice", True, "root"),
+    ],
+)  # fmt: skip
+def test_the_workload_owner_decides_self_service(
+    p: GpuProcess, requester: str, forced: bool, owner: str
+) -> None:
+    req = ResetRequest("node1", requester, gpus=(0,), min_uid=1000)
+    (t,) = plan_reset(one(p), req, PROTECTION).targets
+    assert (t.forced, t.owner) == (forced, owner)
+
+
+def test_plans_say_what_is_killed_and_survive_a_round_trip() -> None:
+    p = in_workload(proc(30, 0, "root"), LABELLED)
+    got = plan_reset(one(p), ResetRequest("node1", "alice", gpus=(0,), min_uid=1000), PROTECTION)
+    said = "container `train-llama` (image `pytorch:24.05`) of Linux user `alice`"
+    assert got.targets[0].reasons[0] == f"kills {said}"
+    assert got.workloads == (said,) and got.owners == ("alice",)
+    back = ResetPlan.from_dict(json.loads(json.dumps(got.to_dict())))
+    assert back == got
+
+
+def test_reset_of_a_users_processes_includes_their_containers() -> None:
+    c = in_workload(proc(30, 0, "root"), LABELLED)
+    snap = NodeSnapshot("node1", 0.0, (gpu(0, 2000),), (c, proc(33, 0, "bob")))
+    got = plan_reset(snap, ResetRequest("node1", "alice", gpus=(0,), user="alice"), PROTECTION)
+    assert [t.pid for t in got.targets] == [30]
