@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpubot.core.flags import gpu_flags, process_flags
+from gpubot.core.flags import gpu_flags, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
 from gpubot.core.plan import ResetPlan
 from gpubot.services.reset import ResetResult
@@ -34,14 +34,14 @@ def process_label(p: GpuProcess) -> str:
     if p.system:
         return f"system: {p.process_name} ({p.pid})"
     cmd = (p.command or p.process_name).strip()
-    return f"{p.user or '?'}:{p.pid}:{_num(p.used_memory_mib)} {cmd}"
+    return f"{owner_label(p)}:{p.pid}:{_num(p.used_memory_mib)} {workload_label(p)}{cmd}"
 
 
 def render_snapshot(snap: NodeSnapshot, *, color: bool = False) -> list[str]:
     """Render one node's per-GPU table, at most ``WIDTH`` columns."""
     name = snap.gpus[0].name if snap.gpus else "no GPUs"
     lines = [_c(f"{snap.node} · {len(snap.gpus)} × {name}", BOLD, color)]
-    procs_head = "PROCESSES (user:pid:MiB command)"
+    procs_head = "PROCESSES (owner:pid:MiB workload command)"
     lines.append(f"{'GPU':>3}  {'MEMORY MiB':<19}  {'UTIL':>4}  {procs_head:<48} FLAGS")
     for g in snap.gpus:
         procs = snap.on_gpu(g.index)
@@ -107,6 +107,7 @@ def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
                         "holds_device_file": p.holds_device_file,
                         "system": p.system,
                         "flags": list(process_flags(p)),
+                        "workload": p.workload.to_dict() if p.workload else None,
                     }
                     for p in procs
                 ],

@@ -39,3 +39,18 @@ def gpu_flags(gpu: GpuInfo, procs: tuple[GpuProcess, ...]) -> tuple[str, ...]:
             if f not in flags:
                 flags.append(f)
     return tuple(flags)
+
+
+def owner_label(p: GpuProcess) -> str:
+    """Return whose job a process is: its workload's owner, else its own user."""
+    w = p.workload
+    return (w.owner if w is not None and w.owner else p.user) or "?"
+
+
+def workload_label(p: GpuProcess, n: int = 24) -> str:
+    """Return the short workload column of a process (``docker:train-llama ``), or ""."""
+    w = p.workload
+    if w is None or w.kind in ("session", "other"):
+        return ""
+    short = w.short
+    return (short if len(short) <= n else short[: n - 1] + "…") + " "

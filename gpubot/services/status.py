@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from gpubot.config import Settings
+from gpubot.core.attribute import attribute
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditStore, NvmlReader, NvmlTables, Transport
 from gpubot.core.probe import parse_probe, probe_argv
@@ -122,10 +123,11 @@ class StatusService:
         timeout = self.settings.ssh.command_timeout_s
         # The probe runs two nvidia-smi queries one after the other: each gets half the time.
         smi_timeout = max(1.0, (timeout - 2.0) / 2)
-        return await probe_node(
+        snap = await probe_node(
             self.transport, node, smi_timeout_s=smi_timeout, taken_at=time.time(),
             gpu_indices=gpu_indices, timeout=timeout, protection=self.settings.reset.protection,
         )  # fmt: skip
+        return attribute(snap, self.settings.attribution.container_owner_label)
 
     async def _probe_all(self, nodes: Sequence[NodeConfig]) -> FanOut[NodeSnapshot]:
         """Snapshot ``nodes``; a request for the same nodes while one runs shares its answer.

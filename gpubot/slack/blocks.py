@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gpubot.core.flags import gpu_flags, process_flags
+from gpubot.core.flags import gpu_flags, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 
 Message = dict[str, Any]
@@ -192,7 +192,8 @@ def proc_label(p: GpuProcess) -> str:
         return f"system: {p.process_name} ({p.pid})"
     flags = process_flags(p)
     tail = f" [{', '.join(flags)}]" if flags else ""
-    return f"{p.user or '?'} {p.pid} {_num(p.used_memory_mib)} MiB {short_command(p)}{tail}"
+    mib = _num(p.used_memory_mib)
+    return f"{owner_label(p)} {p.pid} {mib} MiB {workload_label(p)}{short_command(p)}{tail}"
 
 
 def _mem(g: GpuInfo) -> str:
@@ -205,7 +206,7 @@ def _util(g: GpuInfo) -> str:
 
 def node_rows(snap: NodeSnapshot, *, max_procs: int = 4) -> list[list[str]]:
     """Return the table rows of one node: header, then one row per GPU."""
-    rows = [["GPU", "Memory", "Util", "Processes (user pid MiB command)", "Flags"]]
+    rows = [["GPU", "Memory", "Util", "Processes (owner pid MiB workload command)", "Flags"]]
     for g in snap.gpus:
         procs = snap.on_gpu(g.index)
         labels = [proc_label(p) for p in procs[:max_procs]]

@@ -1,0 +1,35 @@
+"""Give every process of a snapshot its workload's owner (and names, where a node said them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from gpubot.core.models import GpuProcess, NodeSnapshot
+from gpubot.core.workload import Workload, decide_owner
+
+# Turns a workload read from a cgroup into one with names (``core.enrich``); None: unknown.
+Namer = Callable[[Workload], Workload | None]
+
+
+def attribute(
+    snap: NodeSnapshot, owner_label: str | None, named: Mapping[tuple[str, str], Workload] = {}
+) -> NodeSnapshot:
+    """Return ``snap`` with each process's workload named (from ``named``, by kind and id) and
+    owned (``core.workload.decide_owner``, uid names from the snapshot's own processes)."""
+    uid_names = {p.uid: p.user for p in snap.processes if p.uid is not None and p.user}
+    uid_names |= {p.uid: p.user for p in snap.ctl_only if p.uid is not None and p.user}
+
+    def one(w: Workload | None) -> Workload | None:
+        if w is None:
+            return None
+        w = named.get((str(w.kind), w.id), w)
+        return decide_owner(w, uid_names, owner_label)
+
+    procs = tuple(_with(p, one(p.workload)) for p in snap.processes)
+    ctl = tuple(replace(p, workload=one(p.workload)) for p in snap.ctl_only)
+    return replace(snap, processes=procs, ctl_only=ctl)
+
+
+def _with(p: GpuProcess, w: Workload | None) -> GpuProcess:
+    return p if w == p.workload else replace(p, workload=w)
