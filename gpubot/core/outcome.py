@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubot.core.models import Outcome
+from gpubot.core.workload import Workload, stop_command
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class Newcomer:
     command: str
     ppid: int | None
     parent_command: str | None
-    parent_unit: str | None  # systemd unit or cgroup of the parent
+    parent_unit: str | None  # the parent's workload (unit, container, job), short form
+    workload: Workload | None = None  # the workload it runs in (named as in the plan if known)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,12 @@ def classify(
         parent = f"parent pid {n.ppid}" if n.ppid else "unknown parent"
         if n.parent_command:
             parent += f" ({n.parent_command})"
+        stop = stop_command(n.workload) if n.workload is not None else None
+        if n.workload is not None and stop is not None:
+            return Outcome.RESPAWNED, (
+                f"pid {n.pid} ({n.command}) took the GPU again in {n.workload.describe()}, "
+                f"which restarts it: stop it with `{stop}`"
+            )
         unit = f", unit {n.parent_unit}" if n.parent_unit else ""
         return Outcome.RESPAWNED, (
             f"pid {n.pid} ({n.command}) took the GPU again, started by {parent}{unit}: "

@@ -23,8 +23,10 @@ from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Locks, Transport
 from gpubot.core.probe import parse_procs, proc_argv
 from gpubot.core.signals import Identity, PidReport, parse_signal_output, signal_argv
+from gpubot.core.workload import Workload
 from gpubot.errors import GpubotError, LockHeld, ResetRefused, UsageError
 from gpubot.services.status import StatusService
+from gpubot.services.workloads import as_planned, stop_respawned
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class ResetService:
 
         async def body(run: _Run) -> tuple[tuple[GpuResult, ...], NodeSnapshot]:
             snap = before if before is not None else await self.status.snapshot(node)
-            return await run.reset(plan, grace), snap
+            return await run.reset(plan, grace, snap), snap
 
         intent = {**plan.to_dict(), "approval_id": approval_id}
         if approval is not None:
@@ -255,6 +257,7 @@ class _Run:
         self.steps: list[ResetEvent] = []
         self.last_snapshot: NodeSnapshot | None = None
         self.refused: dict[int, str] = {}  # planned pids the node's identity check refused, why
+        self.respawned: dict[int, Workload] = {}  # GPU -> the workload that took it again
 
     async def emit(self, kind: str, **data: Any) -> None:
         """Record a step in the audit log first (a failure stops the reset), then report it."""
@@ -274,8 +277,19 @@ class _Run:
         )
         return parse_signal_output(res.stdout)
 
-    async def reset(self, plan: ResetPlan, grace_s: float) -> tuple[GpuResult, ...]:
-        """Signal the plan's targets and verify every targeted GPU."""
+    async def reset(
+        self, plan: ResetPlan, grace_s: float, before: NodeSnapshot | None = None
+    ) -> tuple[GpuResult, ...]:
+        """Signal the plan's targets and verify every targeted GPU; with ``[reset]
+        stop_workloads``, stop what respawned them and verify again."""
+        results = await self._reset(plan, grace_s)
+        stop = self.cfg.stop_workloads and self.respawned and before is not None
+        if stop and before is not None and await stop_respawned(self, plan, before):
+            self.respawned = {}
+            results = await self.verify(plan, {}, {}, {})
+        return results
+
+    async def _reset(self, plan: ResetPlan, grace_s: float) -> tuple[GpuResult, ...]:
         await self.emit(
             "planned", gpus=list(plan.gpus), targets=[t.pid for t in plan.targets],
             forced=plan.forced,
@@ -412,7 +426,7 @@ class _Run:
         procs = [p for p in snap.on_gpu(g) if p.exists]
         planned_left = [p for p in procs if _planned(p, pairs)]
         newcomers = tuple(
-            [await self.newcomer(p) for p in procs if (p.pid, p.start_ticks) not in known]
+            [await self.newcomer(plan, p) for p in procs if (p.pid, p.start_ticks) not in known]
         )
         kept = tuple(
             Kept(p.pid, p.user, p.command or p.process_name, p.used_memory_mib)
@@ -435,7 +449,7 @@ class _Run:
         return GpuObservation(g, mem, verified, newcomers=newcomers, holders=holders, kept=kept,
                               not_signalled=refused, error=blind)  # fmt: skip
 
-    async def newcomer(self, p: GpuProcess) -> Newcomer:
+    async def newcomer(self, plan: ResetPlan, p: GpuProcess) -> Newcomer:
         """Describe a process that took a GPU after planning, with its parent and unit."""
         info = None
         if p.ppid:
@@ -446,8 +460,11 @@ class _Run:
             info = parse_procs(res.stdout, [p.ppid]).get(p.ppid)
         cmd = p.command or p.process_name
         parent_cmd = info.command if info else None
-        unit = (info.cgroup if info else None) or p.cgroup
-        return Newcomer(p.pid, p.user, cmd, p.ppid, parent_cmd, unit)
+        parent_w = info.workload if info else None
+        either = parent_w or p.workload
+        unit = either.short if either is not None else None
+        return Newcomer(p.pid, p.user, cmd, p.ppid, parent_cmd, unit,
+                        workload=as_planned(plan, p.workload or parent_w))  # fmt: skip
 
     async def decide(
         self, plan: ResetPlan, obs: GpuObservation, seconds: float | None
@@ -460,6 +477,8 @@ class _Run:
             obs.index, outcome, detail, plan.memory_before_mib.get(obs.index),
             obs.memory_after_mib, seconds if outcome is Outcome.FREED else None,
         )  # fmt: skip
+        if outcome is Outcome.RESPAWNED and obs.newcomers[0].workload is not None:
+            self.respawned[obs.index] = obs.newcomers[0].workload
         await self.emit("gpu_outcome", **res.to_dict())
         return res
 
