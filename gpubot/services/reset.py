@@ -383,7 +383,7 @@ class _Run:
             if not pending:
                 break
             try:
-                snap = await self.svc.status.snapshot(self.node, gpu_indices=pending)
+                snap = await self.svc.status.snapshot(self.node, gpu_indices=pending, names=False)
                 self.last_snapshot = snap
                 last_error = None
             except GpubotError as exc:

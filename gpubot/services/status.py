@@ -7,14 +7,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gpubot.config import Settings
 from gpubot.core.attribute import attribute
+from gpubot.core.enrich import apply_enrichment, enrich_argv, enrich_target, parse_enrichment
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditStore, NvmlReader, NvmlTables, Transport
 from gpubot.core.probe import parse_probe, probe_argv
 from gpubot.core.protect import Protection
+from gpubot.core.workload import Workload
 from gpubot.errors import GpubotError, StoreError, UsageError
 
 log = logging.getLogger(__name__)
@@ -117,9 +119,14 @@ class StatusService:
         return node
 
     async def snapshot(
-        self, node: NodeConfig, *, gpu_indices: Sequence[int] | None = None
+        self, node: NodeConfig, *, gpu_indices: Sequence[int] | None = None, names: bool = True
     ) -> NodeSnapshot:
-        """Take one node's snapshot with one remote exec (NVML first on the local box)."""
+        """Take one node's snapshot with one remote exec (NVML first on the local box).
+
+        ``names``: ask the node's runtimes (``runtimes``) to name its containers and jobs, one
+        bounded exec per runtime, at once; a lookup that fails or times out leaves the names
+        unknown and never fails the snapshot. Verification polls skip it.
+        """
         timeout = self.settings.ssh.command_timeout_s
         # The probe runs two nvidia-smi queries one after the other: each gets half the time.
         smi_timeout = max(1.0, (timeout - 2.0) / 2)
@@ -127,7 +134,40 @@ class StatusService:
             self.transport, node, smi_timeout_s=smi_timeout, taken_at=time.time(),
             gpu_indices=gpu_indices, timeout=timeout, protection=self.settings.reset.protection,
         )  # fmt: skip
-        return attribute(snap, self.settings.attribution.container_owner_label)
+        label = self.settings.attribution.container_owner_label
+        named = await self.names(node, snap) if names and node.runtimes else {}
+        return attribute(snap, label, named)
+
+    async def names(self, node: NodeConfig, snap: NodeSnapshot) -> dict[tuple[str, str], Workload]:
+        """Look up the names of ``snap``'s workloads with the node's runtimes (fails soft)."""
+        cfg = self.settings.attribution
+        workloads = {(str(p.workload.kind), p.workload.id): p.workload
+                     for p in snap.processes if p.workload is not None}  # fmt: skip
+        targets = {key: enrich_target(w) for key, w in workloads.items()}
+        asked: dict[str, list[str]] = {}
+        for t in targets.values():
+            if t is not None and t[0] in node.runtimes and t[1] not in asked.get(t[0], []):
+                asked.setdefault(t[0], []).append(t[1])
+
+        async def one(runtime: str, ids: list[str]) -> dict[str, Any]:
+            argv = enrich_argv(runtime, ids, timeout_s=cfg.lookup_timeout_s, sudo=node.sudo)
+            try:
+                res = await self.transport.run(node, argv, timeout=cfg.lookup_timeout_s + 3)
+            except GpubotError as exc:
+                log.info("%s: %s lookup failed: %s", node.name, runtime, exc)
+                return {}
+            return dict(parse_enrichment(runtime, res.stdout, ids))
+
+        found = dict(zip(asked, await asyncio.gather(*(one(r, i) for r, i in asked.items())),
+                         strict=True))  # fmt: skip
+        uid_names = {p.uid: p.user for p in snap.processes if p.uid is not None and p.user}
+        out: dict[tuple[str, str], Workload] = {}
+        for key, w in workloads.items():
+            t = targets[key]
+            if t is not None and t[0] in node.runtimes:
+                rec = found.get(t[0], {}).get(t[1])
+                out[key] = apply_enrichment(w, rec, cfg.container_owner_label, uid_names)
+        return out
 
     async def _probe_all(self, nodes: Sequence[NodeConfig]) -> FanOut[NodeSnapshot]:
         """Snapshot ``nodes``; a request for the same nodes while one runs shares its answer.
