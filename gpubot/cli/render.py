@@ -151,7 +151,7 @@ def render_plan_lines(plan: ResetPlan) -> list[str]:
         lines.append("  no process to signal")
     for t in plan.targets:
         lines.append(
-            f"  kill {t.user or '?'}:{t.pid} {_num(t.mib)} MiB on GPU "
+            f"  kill {t.owner or t.user or '?'}:{t.pid} {_num(t.mib)} MiB on GPU "
             f"{','.join(map(str, t.gpus))}: {t.command[:50]} ({'; '.join(t.reasons)})"
         )
     for s in plan.skipped:

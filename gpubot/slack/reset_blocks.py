@@ -191,10 +191,11 @@ def _aligned(rows: list[list[str]]) -> list[str]:
 def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None) -> str:
     who = escape(requester_user) if requester_user else "no known Linux user"
     owners = escape(", ".join(plan.owners))
+    kills = "; ".join(plan.workloads[:5]) + ("; …" if len(plan.workloads) > 5 else "")
     return (
         f"<@{requester_id}> ({who}) asks to free *{escape(plan.node)}* GPU {_gpus(plan.gpus)}. "
         f"This kills processes of *{owners}*: {len(plan.targets)} process(es), "
-        f"{plan.total_mib} MiB."
+        f"{plan.total_mib} MiB." + (f" It kills {escape(clip(kills, 1500))}." if kills else "")
     )
 
 
