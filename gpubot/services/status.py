@@ -156,6 +156,9 @@ class StatusService:
             except GpubotError as exc:
                 log.info("%s: %s lookup failed: %s", node.name, runtime, exc)
                 return {}
+            if res.exit_status in (124, 137):  # timeout cut it: a cut output proves nothing
+                log.info("%s: %s lookup timed out", node.name, runtime)
+                return {}
             return dict(parse_enrichment(runtime, res.stdout, ids))
 
         found = dict(zip(asked, await asyncio.gather(*(one(r, i) for r, i in asked.items())),
