@@ -1,8 +1,8 @@
 """Sweep findings: snapshots + failures + thresholds + time → findings with stable keys.
 
 Pure (standard library only, time passed in). Also the decisions a sweep takes on each finding's
-alert state: confirm (seen in two consecutive sweeps; an idle holder also idle long enough),
-alert, remind, resolve, snooze.
+alert state: confirm (seen in two consecutive sweeps), alert, remind, resolve, snooze. Which GPUs
+are idle comes from the samples of earlier sweeps (``gpubot.core.idle``), passed in.
 
 Settings (all optional)::
 
@@ -10,10 +10,9 @@ Settings (all optional)::
     interval_s = 300              # a sweep every 5 minutes inside ``gpubot serve``
     budget_s = 240                # a sweep never takes longer (default: 80 % of the interval)
     orphan_threshold_mib = 1024   # memory in use with no process above this is orphaned
-    [sweep.idle_holder]           # off by default: a paused notebook is not a zombie
-    enabled = false
-    min_mib = 1024
-    after_s = 7200
+    idle_min_mib = 4096           # idle holders: a process holding at least this much ...
+    idle_hours = 4                # ... of a GPU at 0 % in every sample this long (0: off)
+    keep_samples = "14d"          # utilisation samples are kept this long
 
     [alerts]
     channel = "C0123"             # default: [slack] channel
@@ -33,6 +32,15 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
 
+from gpubot.core.idle import (
+    DEFAULT_KEEP_S,
+    MAX_GAP_INTERVALS,
+    IdleRule,
+    holder_owner,
+    idle_summary,
+    is_idle_holder,
+    parse_duration,
+)
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.policy import SLACK_CHANNEL
 from gpubot.core.protect import Protection, is_protected
@@ -58,15 +66,6 @@ TITLES: dict[FindingKind, str] = {
 
 
 @dataclass(frozen=True)
-class IdleRule:
-    """When a process counts as an idle holder."""
-
-    enabled: bool = False
-    min_mib: int = 1024
-    after_s: float = 7200.0
-
-
-@dataclass(frozen=True)
 class SweepConfig:
     """The ``[sweep]``, ``[alerts]`` and ``[metrics]`` settings, validated."""
 
@@ -79,11 +78,25 @@ class SweepConfig:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
 
+    @property
+    def max_gap_s(self) -> float:
+        """Return the longest gap between two samples that keeps a GPU's idle run going."""
+        return MAX_GAP_INTERVALS * self.interval_s
+
+
+SWEEP_KEYS = {"interval_s", "budget_s", "orphan_threshold_mib", "idle_min_mib", "idle_hours",
+              "keep_samples"}  # fmt: skip
+
 
 def load_sweep_config(extra: Mapping[str, Any], where: str = "<settings>") -> SweepConfig:
     """Validate the raw ``[sweep]``, ``[alerts]`` and ``[metrics]`` tables of the settings."""
     sweep = _table(where, "sweep", extra.get("sweep", {}))
-    _keys(where, "sweep", sweep, {"interval_s", "budget_s", "orphan_threshold_mib", "idle_holder"})
+    if "idle_holder" in sweep:
+        raise ConfigError(
+            f"{where}: sweep.idle_holder: replaced by sweep.idle_min_mib, sweep.idle_hours "
+            '(0: off) and sweep.keep_samples (e.g. "14d"); remove the [sweep.idle_holder] table'
+        )
+    _keys(where, "sweep", sweep, SWEEP_KEYS)
     interval = _number(where, "sweep.interval_s", sweep.get("interval_s", 300.0))
     budget = _number(where, "sweep.budget_s", sweep.get("budget_s", round(interval * 0.8, 3)))
     if budget > interval:
@@ -97,18 +110,7 @@ def load_sweep_config(extra: Mapping[str, Any], where: str = "<settings>") -> Sw
         integer=True,
         zero=True,
     )
-    idle_raw = _table(where, "sweep.idle_holder", sweep.get("idle_holder", {}))
-    _keys(where, "sweep.idle_holder", idle_raw, {"enabled", "min_mib", "after_s"})
-    enabled = idle_raw.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{where}: sweep.idle_holder.enabled: expected true or false")
-    idle = IdleRule(
-        enabled=enabled,
-        min_mib=int(
-            _number(where, "sweep.idle_holder.min_mib", idle_raw.get("min_mib", 1024), integer=True)
-        ),
-        after_s=_number(where, "sweep.idle_holder.after_s", idle_raw.get("after_s", 7200.0)),
-    )
+    idle = _idle_rule(where, sweep)
 
     alerts = _table(where, "alerts", extra.get("alerts", {}))
     _keys(where, "alerts", alerts, {"channel", "reminder_s"})
@@ -129,6 +131,26 @@ def load_sweep_config(extra: Mapping[str, Any], where: str = "<settings>") -> Sw
     if not isinstance(host, str) or not host:
         raise ConfigError(f"{where}: metrics.host: expected an address, got {host!r}")
     return SweepConfig(interval, budget, int(orphan), idle, reminder, channel, port, host)
+
+
+def _idle_rule(where: str, sweep: Mapping[str, Any]) -> IdleRule:
+    min_mib = _number(where, "sweep.idle_min_mib", sweep.get("idle_min_mib", IdleRule.min_mib),
+                      integer=True)  # fmt: skip
+    hours = _number(where, "sweep.idle_hours", sweep.get("idle_hours", IdleRule.hours), zero=True)
+    keep_raw = sweep.get("keep_samples", None)
+    keep = DEFAULT_KEEP_S
+    if keep_raw is not None:
+        try:
+            keep = parse_duration(keep_raw)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: sweep.keep_samples: {exc}") from None
+    rule = IdleRule(int(min_mib), hours, keep)
+    if rule.enabled and keep < rule.window_s:
+        raise ConfigError(
+            f"{where}: sweep.keep_samples: {keep_raw} is shorter than sweep.idle_hours "
+            f"({hours:g} h): no GPU could ever be seen idle that long"
+        )
+    return rule
 
 
 def check_port(value: Any, what: str) -> int:
@@ -156,7 +178,8 @@ def _number(
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
     if isinstance(value, bool) or not ok or value < 0 or (value == 0 and not zero):
         kind = "a whole number" if integer else "a number"
-        raise ConfigError(f"{where}: {key}: expected {kind} > 0, got {value!r}")
+        bound = ">= 0" if zero else "> 0"
+        raise ConfigError(f"{where}: {key}: expected {kind} {bound}, got {value!r}")
     return float(value)
 
 
@@ -182,9 +205,11 @@ class Finding:
     holder: str  # "" (no process), "pid:start_ticks", or "pid:gone"
     summary: str  # one line for a person
     pid: int | None = None
-    user: str | None = None
+    user: str | None = None  # the process's user on the node
     memory_mib: int | None = None
-    owner: str | None = None  # container, systemd unit or job, from /proc/PID/cgroup
+    owner: str | None = None  # whose job it is: its workload's owner, else ``user``
+    workload: str | None = None  # its workload's short label (``docker:train``, ``slurm:88``)
+    idle_s: float | None = None  # an idle holder: how long its GPU has been held idle so far
 
     @property
     def key(self) -> Key:
@@ -208,6 +233,8 @@ class Finding:
             "user": self.user,
             "memory_mib": self.memory_mib,
             "owner": self.owner,
+            "workload": self.workload,
+            "idle_hours": None if self.idle_s is None else round(self.idle_s / 3600.0, 2),
         }
 
 
@@ -237,14 +264,21 @@ def find(
     config: SweepConfig,
     *,
     protection: Protection | None = None,
+    idle: Mapping[tuple[str, int], float] | None = None,
 ) -> tuple[Finding, ...]:
-    """Return every finding of one sweep, in node then GPU order."""
+    """Return every finding of one sweep, in node then GPU order.
+
+    ``idle``: ``{(node, gpu): seconds held idle}`` of the GPUs idle for the idle window
+    (``core.idle.idle_gpus``); their holders of enough memory are idle holders.
+    """
     out: list[Finding] = []
     for snap in snapshots:
         for g in sorted(snap.gpus, key=lambda g: g.index):
             procs = snap.on_gpu(g.index)
             rule = protection or Protection()
-            out.extend(_gpu_findings(snap.node, g, procs, config, rule, hidepid=bool(snap.hidepid)))
+            idle_s = (idle or {}).get((snap.node, g.index))
+            out.extend(_gpu_findings(snap.node, g, procs, config, rule, idle_s,
+                                     hidepid=bool(snap.hidepid)))  # fmt: skip
         for bus in snap.lost:  # its index was not said: the node's finding, keyed by bus id
             out.append(Finding(snap.node, None, FindingKind.GPU_LOST, bus,
                                f"a GPU ({bus}) is lost: it needs a reset or a reboot"))  # fmt: skip
@@ -259,6 +293,7 @@ def _gpu_findings(
     procs: Sequence[GpuProcess],
     config: SweepConfig,
     protection: Protection,
+    idle_s: float | None,
     *,
     hidepid: bool = False,
 ) -> list[Finding]:
@@ -284,7 +319,7 @@ def _gpu_findings(
     for p in holders:
         if hidepid and not p.exists:  # "gone" may only be hidden: no zombie on that evidence
             continue
-        kind_summary = _process_trouble(p, g, config)
+        kind_summary = _process_trouble(p, g, config, idle_s)
         if kind_summary is not None:
             kind, summary = kind_summary
             out.append(
@@ -297,14 +332,16 @@ def _gpu_findings(
                     pid=p.pid,
                     user=p.user,
                     memory_mib=p.used_memory_mib,
-                    owner=cgroup_owner(p.cgroup),
+                    owner=holder_owner(p),
+                    workload=p.workload.short if p.workload is not None else None,
+                    idle_s=idle_s if kind is FindingKind.IDLE_HOLDER else None,
                 )
             )
     return out
 
 
 def _process_trouble(
-    p: GpuProcess, g: GpuInfo, config: SweepConfig
+    p: GpuProcess, g: GpuInfo, config: SweepConfig, idle_s: float | None
 ) -> tuple[FindingKind, str] | None:
     """Return the kind and summary of what is wrong with one holder, or None."""
     who = f"pid {p.pid} {p.process_name}" + (f" ({p.user})" if p.user else "")
@@ -317,56 +354,13 @@ def _process_trouble(
     if p.visible_to_nvidia_smi and not p.exists:
         return FindingKind.ZOMBIE_PROCESS, f"{who} is listed by nvidia-smi but gone from /proc{mem}"
     if p.hidden and p.exists:
-        owner = cgroup_owner(p.cgroup)
-        seen = f" in {owner}" if owner else ""
+        seen = f" in {p.workload.short}" if p.workload is not None else ""
         return (
             FindingKind.HIDDEN_HOLDER,
             f"{who} holds the device file{seen} but nvidia-smi does not list it",
         )
-    if (
-        config.idle.enabled
-        and g.utilization_pct == 0
-        and p.exists
-        and p.used_memory_mib is not None
-        and p.used_memory_mib >= config.idle.min_mib
-    ):
-        return FindingKind.IDLE_HOLDER, f"{who} holds {p.used_memory_mib} MiB at 0 % utilisation"
-    return None
-
-
-_CGROUP_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"slurm[^/]*/(?:uid_\d+/)?job_(\d+)"), "Slurm job {0}"),
-    (
-        re.compile(
-            r"kubepods.*pod([0-9a-f_-]{36}).*?(?:cri-containerd-|crio-|docker-|/)"
-            r"([0-9a-f]{64})"
-        ),
-        "Kubernetes pod {0} container {1:.12}",
-    ),
-    (re.compile(r"libpod-(?:conmon-)?([0-9a-f]{12,64})"), "podman container {0:.12}"),
-    (re.compile(r"(?:docker-|/docker/)([0-9a-f]{12,64})"), "docker container {0:.12}"),
-    (re.compile(r"(?:cri-containerd-|containerd/|crio-)([0-9a-f]{12,64})"), "container {0:.12}"),
-    (re.compile(r"/lxc(?:\.payload)?[./]([^/]+)"), "LXC container {0}"),
-    (re.compile(r"user-(\d+)\.slice/(session-[^/]+\.scope)"), "{1} of uid {0}"),
-    (
-        re.compile(
-            r"user-(\d+)\.slice/user@\d+\.service/(?:[^/]+\.slice/)*([^/]+\.(?:service|scope))"
-        ),
-        "{1} of uid {0}",
-    ),
-    (re.compile(r"system\.slice/(?:[^/]+\.slice/)*([^/]+\.service)"), "systemd unit {0}"),
-)
-
-
-def cgroup_owner(cgroup: str | None) -> str | None:
-    """Name the container, job or systemd unit of a ``/proc/PID/cgroup`` line, if it tells."""
-    if not cgroup:
-        return None
-    path = cgroup.split(":", 2)[-1]
-    for pattern, template in _CGROUP_RULES:
-        m = pattern.search(path)
-        if m:
-            return template.format(*m.groups())
+    if idle_s is not None and config.idle.enabled and is_idle_holder(p, config.idle):
+        return FindingKind.IDLE_HOLDER, idle_summary(p, g, duration_text(idle_s))
     return None
 
 
@@ -399,12 +393,12 @@ class Notice(StrEnum):
 
 
 def confirmed(kind: str, state: AlertState, now: datetime, config: SweepConfig) -> bool:
-    """Whether a finding is real: seen in consecutive sweeps (an idle one, idle long enough)."""
-    if state.resolved_at is not None or state.seen_count < CONFIRM_SWEEPS:
-        return False
-    if kind == FindingKind.IDLE_HOLDER:
-        return (now - state.first_seen).total_seconds() >= config.idle.after_s
-    return True
+    """Whether a finding is real: seen in consecutive sweeps.
+
+    An idle holder is found only once its GPU's samples span the idle window; it is confirmed
+    like any other, so a process that has just started on a GPU held idle gets one interval.
+    """
+    return state.resolved_at is None and state.seen_count >= CONFIRM_SWEEPS
 
 
 def snoozed(state: AlertState, now: datetime) -> bool:

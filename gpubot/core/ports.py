@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from gpubot.core.idle import GpuSample
 from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 
 
@@ -97,4 +98,26 @@ class AuditStore(Protocol):
         seconds: float,
     ) -> None:
         """Append a brief record of a read-only query (status, sweep)."""
+        ...
+
+
+class SampleStore(Protocol):
+    """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.idle``).
+
+    Every method raises ``StoreError`` on failure.
+    """
+
+    async def add_samples(self, samples: Sequence[GpuSample]) -> None:
+        """Store one sweep's samples (one batched insert)."""
+        ...
+
+    async def samples_since(
+        self, since: float, *, gpus: Collection[tuple[str, int]] | None = None
+    ) -> list[GpuSample]:
+        """Return the samples taken at or after ``since`` (of ``gpus``: (node, index) only),
+        by node, GPU and time."""
+        ...
+
+    async def prune_samples(self, before: float) -> int:
+        """Delete the samples taken before ``before``; return how many went."""
         ...

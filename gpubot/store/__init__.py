@@ -1,4 +1,5 @@
-"""The audit store: an append-only, hash-chained log of every action, plus approvals and alerts.
+"""The audit store: an append-only, hash-chained log of every action, plus approvals, alerts
+and the GPU samples of sweeps.
 
 SQLAlchemy Core over SQLite (the embedded default) or PostgreSQL; the async methods run the
 synchronous engine in a worker thread. Every failure is a ``StoreError``: callers fail closed.
@@ -27,6 +28,7 @@ from gpubot.store.records import (
     FindingKey,
     VerifyResult,
 )
+from gpubot.store.samples import DbSamples
 
 T = TypeVar("T")
 
@@ -38,6 +40,7 @@ __all__ = [
     "Approval",
     "ApprovalStore",
     "AuditRecord",
+    "DbSamples",
     "FindingKey",
     "Store",
     "VerifyResult",
@@ -70,7 +73,7 @@ def open_store(
 
 
 class Store:
-    """The audit log (implements ``gpubot.core.ports.AuditStore``), approvals and alerts."""
+    """The audit log (implements ``gpubot.core.ports.AuditStore``), approvals, alerts, samples."""
 
     def __init__(
         self, url: str, *, password: str | None = None, audit_key: bytes | None = None
@@ -80,6 +83,7 @@ class Store:
         self.url = parse_url(url).render_as_string(hide_password=True)
         self.approvals = ApprovalStore(self.engine)
         self.alerts = AlertStore(self.engine)
+        self.samples = DbSamples(self.engine)
 
     # -- actions ---------------------------------------------------------------------------
 

@@ -105,3 +105,19 @@ alerts = Table(
     Column("snoozed_until", TIME, nullable=True),
     Column("resolved_at", TIME, nullable=True),
 )
+
+# One row per GPU per sweep (``core.idle``): what idle detection reads; pruned after
+# ``[sweep] keep_samples``. Not part of the audit chain: rows are deleted when they age out.
+gpu_samples = Table(
+    "gpu_samples",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", Text, nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("taken_at", TIME, nullable=False),
+    Column("utilization_pct", Integer, nullable=True),  # None: unknown (never 0)
+    Column("memory_used_mib", Integer, nullable=True),
+    Index(None, "taken_at"),
+    Index(None, "node", "gpu_index", "taken_at"),
+)

@@ -21,7 +21,7 @@ from gpubot.store.tables import metadata
 from gpubot.store.version import HEAD
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"alembic_version", "audit_log", "audit_head", "approvals", "alerts"}
+TABLES = {"alembic_version", "audit_log", "audit_head", "approvals", "alerts", "gpu_samples"}
 
 
 def _tables(url: str) -> set[str]:

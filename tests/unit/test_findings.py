@@ -20,7 +20,6 @@ from gpubot.core.findings import (
     NodeFailure,
     Notice,
     SweepConfig,
-    cgroup_owner,
     classify_failure,
     confirmed,
     duration_text,
@@ -36,6 +35,7 @@ from gpubot.core.findings import (
 )
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.protect import Protection
+from gpubot.core.workload import Workload, WorkloadKind, parse_cgroup
 from gpubot.errors import (
     CommandTimeout,
     ConfigError,
@@ -46,7 +46,7 @@ from gpubot.errors import (
 )
 
 CFG = SweepConfig(orphan_threshold_mib=1024)
-IDLE = replace(CFG, idle=IdleRule(enabled=True, min_mib=1024, after_s=7200))
+IDLE = replace(CFG, idle=IdleRule(min_mib=1024, hours=2.0))
 PROTECTION = Protection(
     paths=("/usr/bin/nvidia-persistenced", "/usr/bin/nv-hostengine"),
     system_users=("root", "nvidia-dcgm"),
@@ -71,6 +71,7 @@ def proc(
     holds: bool = True,
     name: str = "python3",
     cgroup: str | None = None,
+    workload: Workload | None = None,
     wchan: str | None = None,
     user: str = "alice",
     uid: int | None = 1000,
@@ -84,7 +85,7 @@ def proc(
                       wchan=wchan, cgroup=cgroup, uid=uid,
                       real_uid=uid if real_uid is None else real_uid,
                       exe=f"/usr/bin/{name}" if exe is None else exe,
-                      argv0=f"/usr/bin/{name}")  # fmt: skip
+                      argv0=f"/usr/bin/{name}", workload=workload)  # fmt: skip
 
 
 def daemon(
@@ -146,14 +147,8 @@ CASES = [
     ("hidden: holds the device file, not listed",
      snap(gpu(0, 2048), procs=(proc(14, mem=None, visible=False),)), CFG,
      [(0, "hidden-holder", "14:1000")]),
-    ("idle rule off by default", snap(gpu(0, 4096, util=0), procs=(proc(15),)), CFG, []),
-    ("idle holder when enabled", snap(gpu(0, 4096, util=0), procs=(proc(15),)), IDLE,
-     [(0, "idle-holder", "15:1000")]),
-    ("busy GPU is not idle", snap(gpu(0, 4096, util=3), procs=(proc(15),)), IDLE, []),
-    ("small holders are not idle", snap(gpu(0, 512, util=0), procs=(proc(15, mem=512),)), IDLE,
-     []),
-    ("unknown utilisation is not idle", snap(gpu(0, 4096, util=None), procs=(proc(15),)), IDLE,
-     []),
+    ("0 % in one snapshot is no idle holder: only samples over hours say so",
+     snap(gpu(0, 4096, util=0), procs=(proc(15),)), IDLE, []),
     ("GPUs in index order, each on its own",
      snap(gpu(1, 8192), gpu(0, 4096), procs=(proc(16, g=0, state="Z"),)), CFG,
      [(0, "zombie-process", "16:1000"), (1, "orphaned-vram", "")]),
@@ -175,13 +170,22 @@ def test_default_protection() -> None:
 
 def test_finding_details() -> None:
     cg = "0::/system.slice/docker-" + "ab" * 32 + ".scope"
-    (f,) = find([snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg),))], {},
-                CFG)  # fmt: skip
+    w = parse_cgroup(cg)
+    (f,) = find([snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg,
+                                               workload=w),))], {}, CFG)  # fmt: skip
     assert f.key == Key("n1", 0, "hidden-holder", "14:1000")
-    assert (f.pid, f.user, f.owner) == (14, "alice", "docker container abababababab")
-    assert (
-        "in docker container abababababab" in f.summary and "nvidia-smi does not list" in f.summary
-    )
+    assert (f.pid, f.user, f.owner, f.workload) == (14, "alice", "alice", "docker:abababababab")
+    assert "in docker:abababababab" in f.summary and "nvidia-smi does not list" in f.summary
+    # the workload names the owner when root's side says so (a Slurm job's user)
+    job = Workload(WorkloadKind.SLURM, "88", name="train", owner="bob")
+    (g,) = find([snap(gpu(0, 100), procs=(proc(15, mem=None, visible=False, workload=job),))],
+                {}, CFG)  # fmt: skip
+    assert (g.user, g.owner, g.workload) == ("alice", "bob", "slurm:88")
+    assert g.to_dict()["owner"] == "bob" and g.to_dict()["workload"] == "slurm:88"
+    # a cgroup alone (no workload from the probe) names nothing: the probe decides, not a regex
+    (h,) = find([snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg),))], {},
+                CFG)  # fmt: skip
+    assert h.workload is None and " in " not in h.summary
     (d,) = find([snap(gpu(0, 4096), procs=(proc(12, state="D", wchan="uvm_wait"),))], {}, CFG)
     assert "state D in uvm_wait" in d.summary and "4096 MiB" in d.summary
     (o,) = find([snap(gpu(3, 8192))], {}, CFG)
@@ -225,36 +229,6 @@ def test_classify_failure(exc: Exception, kind: FindingKind) -> None:
     assert classify_failure(exc) is kind  # type: ignore[arg-type]
 
 
-HEX = "3f2a9c1b7d4e5f60718293a4b5c6d7e8f9012345678901234567890abcdef1234"
-POD = "2c7d6a1e_52f4_4c3b_9a9e_0f1e2d3c4b5a"
-
-
-@pytest.mark.parametrize(
-    ("line", "owner"),
-    [
-        (f"0::/system.slice/docker-{HEX}.scope", "docker container 3f2a9c1b7d4e"),
-        (f"0::/docker/{HEX}", "docker container 3f2a9c1b7d4e"),
-        (f"12:devices:/docker/{HEX}", "docker container 3f2a9c1b7d4e"),
-        (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD}.slice/"
-         f"cri-containerd-{HEX}.scope", f"Kubernetes pod {POD} container 3f2a9c1b7d4e"),
-        (f"0::/kubepods/burstable/pod{POD.replace('_', '-')}/{HEX}",
-         f"Kubernetes pod {POD.replace('_', '-')} container 3f2a9c1b7d4e"),
-        (f"0::/machine.slice/libpod-{HEX}.scope/container", "podman container 3f2a9c1b7d4e"),
-        ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "Slurm job 4242"),
-        ("4:memory:/slurm/uid_1000/job_77/step_batch", "Slurm job 77"),
-        ("0::/user.slice/user-1000.slice/session-3.scope", "session-3.scope of uid 1000"),
-        ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service",
-         "jupyter.service of uid 1000"),
-        ("0::/system.slice/jupyterhub.service", "systemd unit jupyterhub.service"),
-        ("0::/", None),
-        ("", None),
-        (None, None),
-    ],
-)  # fmt: skip
-def test_cgroup_owner(line: str | None, owner: str | None) -> None:
-    assert cgroup_owner(line) == owner
-
-
 # --- decisions ---------------------------------------------------------------------------------
 
 T0 = datetime(2025, 1, 6, 12, 0, tzinfo=UTC)
@@ -293,8 +267,10 @@ DECISIONS = [
      State(alerted_at=T0, snoozed_until=T0 + 2 * H), T0 + 2 * H, Notice.REMIND),
     ("an old snooze does not remind early", "zombie-process",
      State(alerted_at=T0 + 3 * H, snoozed_until=T0 + 2 * H), T0 + 4 * H, Notice.NONE),
-    ("idle: not idle for long enough", "idle-holder", State(seen_count=5), T0 + H, Notice.NONE),
-    ("idle: idle for 2 h", "idle-holder", State(seen_count=25), T0 + 2 * H, Notice.ALERT),
+    ("idle holder seen once: wait for a second sweep", "idle-holder", State(seen_count=1),
+     T0 + H, Notice.NONE),
+    ("idle holder (its samples span the window) seen twice: alert", "idle-holder", State(),
+     T0 + H, Notice.ALERT),
     ("resolved: never", "orphaned-vram", State(resolved_at=T0), T0, Notice.NONE),
 ]  # fmt: skip
 
@@ -354,19 +330,22 @@ def test_duration_text_is_short(seconds: float) -> None:
 
 def test_settings_defaults() -> None:
     c = load_sweep_config({})
-    assert (c.interval_s, c.budget_s, c.reminder_s, c.idle.enabled, c.idle.after_s) == (
-        300.0, 240.0, 21600.0, False, 7200.0)  # fmt: skip
+    assert (c.interval_s, c.budget_s, c.reminder_s) == (300.0, 240.0, 21600.0)
+    assert c.idle == IdleRule(4096, 4.0, 14 * 86400.0) and c.idle.enabled  # on by default
+    assert c.max_gap_s == 450.0  # one missed sweep breaks an idle run
     assert c.channel is None and c.metrics_port is None and c.metrics_host == "127.0.0.1"
     c = load_sweep_config({"sweep": {"interval_s": 60}, "slack": {"channel": "C0ALERTS"}})
     assert (c.budget_s, c.channel) == (48.0, "C0ALERTS")
     c = load_sweep_config({
         "sweep": {"interval_s": 120, "budget_s": 90, "orphan_threshold_mib": 0,
-                  "idle_holder": {"enabled": True, "min_mib": 2048, "after_s": 600}},
+                  "idle_min_mib": 2048, "idle_hours": 1.5, "keep_samples": "2d12h"},
         "alerts": {"channel": "C0SWEEP", "reminder_s": 3600}, "slack": {"channel": "C0OTHER"},
         "metrics": {"port": 9400, "host": "0.0.0.0"},
     })  # fmt: skip
-    assert c == SweepConfig(120.0, 90.0, 0, IdleRule(True, 2048, 600.0), 3600.0, "C0SWEEP",
+    assert c == SweepConfig(120.0, 90.0, 0, IdleRule(2048, 1.5, 216000.0), 3600.0, "C0SWEEP",
                             9400, "0.0.0.0")  # fmt: skip
+    off = load_sweep_config({"sweep": {"idle_hours": 0, "keep_samples": "30m"}})
+    assert not off.idle.enabled and off.idle.keep_s == 1800.0  # off: any retention will do
 
 
 @pytest.mark.parametrize(
@@ -377,9 +356,29 @@ def test_settings_defaults() -> None:
         ({"sweep": {"interval_s": "5m"}}, "sweep.interval_s: expected a number > 0"),
         ({"sweep": {"interval_s": 60, "budget_s": 61}}, "budget_s: 61 is longer than"),
         ({"sweep": {"orphan_threshold_mib": 1.5}}, "orphan_threshold_mib: expected a whole"),
-        ({"sweep": {"idle_holder": {"enabled": "yes"}}}, "idle_holder.enabled: expected true"),
-        ({"sweep": {"idle_holder": {"after": 1}}}, "sweep.idle_holder.after: unknown key"),
-        ({"sweep": {"idle_holder": True}}, "sweep.idle_holder: expected a table"),
+        (
+            {"sweep": {"idle_holder": {"enabled": True}}},
+            "sweep.idle_holder: replaced by sweep.idle_min_mib, sweep.idle_hours (0: off) and "
+            'sweep.keep_samples (e.g. "14d"); remove the [sweep.idle_holder] table',
+        ),
+        ({"sweep": {"idle_holder": True}}, "sweep.idle_holder: replaced by"),
+        ({"sweep": {"idle_hours": -1}}, "sweep.idle_hours: expected a number >= 0, got -1"),
+        ({"sweep": {"idle_hours": "4h"}}, "sweep.idle_hours: expected a number >= 0, got '4h'"),
+        ({"sweep": {"idle_min_mib": 0}}, "sweep.idle_min_mib: expected a whole number > 0"),
+        ({"sweep": {"idle_min_mib": 4096.5}}, "sweep.idle_min_mib: expected a whole number"),
+        (
+            {"sweep": {"keep_samples": 14}},
+            'sweep.keep_samples: expected a duration like "30m", "12h" or "14d" (units s, m, h, d, '
+            "w), got 14",
+        ),
+        ({"sweep": {"keep_samples": "14"}}, "sweep.keep_samples: expected a duration like"),
+        ({"sweep": {"keep_samples": "14 days"}}, "got '14 days'"),
+        ({"sweep": {"keep_samples": "0d"}}, "greater than zero, got '0d'"),
+        (
+            {"sweep": {"keep_samples": "2h"}},
+            "sweep.keep_samples: 2h is shorter than sweep.idle_hours (4 h): no GPU could ever be "
+            "seen idle that long",
+        ),
         ({"alerts": {"channel": "#gpu"}}, "alerts.channel: expected a channel id"),
         ({"alerts": {"reminder_s": -1}}, "alerts.reminder_s: expected a number > 0"),
         ({"metrics": {"port": 70000}}, "metrics.port: 70000 is not a port number"),
