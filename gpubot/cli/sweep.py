@@ -1,7 +1,8 @@
-"""``gpubot sweep [--json]``: look for zombie processes and orphaned VRAM on every node, now.
+"""``gpubot sweep [--json]``: look for zombie processes, orphaned VRAM and idle holders, now.
 
-Read-only: it reports findings (with the reset readiness of orphaned GPUs) and records the query
-in the audit log, but leaves the alert state to the scheduled sweeps of ``gpubot serve``.
+It reports findings (with the reset readiness of orphaned GPUs) and the GPU-hours each owner
+holds idle, stores this sweep's GPU samples and records the query in the audit log, but leaves
+the alert state to the scheduled sweeps of ``gpubot serve``.
 Exit status: 0 nothing found, 1 findings or failing nodes.
 """
 
@@ -57,4 +58,7 @@ def render(result: SweepResult) -> str:
         if ready is not None:
             out.append(f"{'':<{width}}  before `gpubot gpu-reset {f.node} --gpu {f.gpu}`:")
             out.extend(f"{'':<{width}}    - {line}" for line in ready.lines())
+    if result.idle_gpu_hours:
+        held = ", ".join(f"{u} {h:.1f}" for u, h in result.idle_gpu_hours.items())
+        out.append(f"GPU-hours held idle: {held}")
     return "\n".join(out)

@@ -44,6 +44,7 @@ from gpubot.core.idle import (
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.policy import SLACK_CHANNEL
 from gpubot.core.protect import Protection, is_protected
+from gpubot.core.workload import WorkloadKind
 from gpubot.errors import ConfigError, GpubotError, ParseError, ProbeError
 
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
@@ -333,11 +334,17 @@ def _gpu_findings(
                     user=p.user,
                     memory_mib=p.used_memory_mib,
                     owner=holder_owner(p),
-                    workload=p.workload.short if p.workload is not None else None,
+                    workload=workload_label(p),
                     idle_s=idle_s if kind is FindingKind.IDLE_HOLDER else None,
                 )
             )
     return out
+
+
+def workload_label(p: GpuProcess) -> str | None:
+    """Return the short label of a process's workload, if it names one (``docker:train``)."""
+    w = p.workload
+    return None if w is None or w.kind is WorkloadKind.OTHER else w.short
 
 
 def _process_trouble(
@@ -354,7 +361,8 @@ def _process_trouble(
     if p.visible_to_nvidia_smi and not p.exists:
         return FindingKind.ZOMBIE_PROCESS, f"{who} is listed by nvidia-smi but gone from /proc{mem}"
     if p.hidden and p.exists:
-        seen = f" in {p.workload.short}" if p.workload is not None else ""
+        label = workload_label(p)
+        seen = f" in {label}" if label else ""
         return (
             FindingKind.HIDDEN_HOLDER,
             f"{who} holds the device file{seen} but nvidia-smi does not list it",

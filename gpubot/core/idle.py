@@ -31,6 +31,8 @@ DEFAULT_KEEP_S = 14 * 86400.0
 # A gap between two samples longer than this many sweep intervals breaks an idle run: a missed
 # sweep is a stretch of time nobody looked at.
 MAX_GAP_INTERVALS = 1.5
+# Stored sample times keep microseconds: a run of exactly the window may come back a hair short.
+TIME_SLACK_S = 0.001
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])")
@@ -148,8 +150,8 @@ def idle_gpus(
     for now in current:
         since = held_idle_since(by_gpu.get(now.key, []), now, min_mib=rule.min_mib,
                                 max_gap_s=max_gap_s)  # fmt: skip
-        if since is not None and now.taken_at - since >= rule.window_s:
-            out[(now.node, now.gpu)] = now.taken_at - since
+        if since is not None and now.taken_at - since >= rule.window_s - TIME_SLACK_S:
+            out[(now.node, now.gpu)] = round(now.taken_at - since, 3)
     return out
 
 

@@ -10,6 +10,11 @@ are pure (``gpubot.core.findings``); this service only orchestrates ports.
 and records the query, but leaves the alert state alone (so a sweep by hand never confirms a
 finding early). ``scheduled()`` is what the scheduler calls: it takes the sweep lock, so only
 one replica sweeps at a time and only once an interval.
+
+Every sweep, by hand or scheduled, stores one utilisation sample per GPU through the
+``SampleStore`` port and prunes those older than ``[sweep] keep_samples``; GPUs whose samples say
+0 % for ``idle_hours`` make idle-holder findings (``gpubot.core.idle``), and the GPU-hours each
+owner has held idle are in the result (``idle_gpu_hours``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ from gpubot.core.findings import (
     snooze_until,
     to_resolve,
 )
+from gpubot.core.idle import gpu_hours_by_owner, held_idle, idle_gpus, samples_of
 from gpubot.core.models import FindingKind, NodeConfig, NodeSnapshot
+from gpubot.core.ports import SampleStore
 from gpubot.errors import GpubotError, LockHeld, StoreError, UsageError
 from gpubot.services.status import StatusService, reason
 from gpubot.store import Alert, FindingKey, Store
@@ -131,6 +138,11 @@ class SweepResult:
     skipped: str | None = None  # why this replica did not sweep
 
     @property
+    def idle_gpu_hours(self) -> dict[str, float]:
+        """Return the GPU-hours each owner's idle holders have held idle so far, most first."""
+        return held_idle_hours(self.findings)
+
+    @property
     def ok(self) -> bool:
         """Whether the sweep ran, every node answered, and nothing was found."""
         return self.skipped is None and not self.failed and not self.findings
@@ -164,7 +176,17 @@ class SweepResult:
             "alerted": [key(k) for k in self.alerted],
             "reminded": [key(k) for k in self.reminded],
             "resolved": [key(k) for k in self.resolved],
+            "idle_gpu_hours": {u: round(h, 2) for u, h in self.idle_gpu_hours.items()},
         }
+
+
+def held_idle_hours(findings: Iterable[Finding]) -> dict[str, float]:
+    """Return GPU-hours held idle per owner, from the idle-holder findings."""
+    return gpu_hours_by_owner(
+        (f.owner, f.node, f.gpu, f.idle_s)
+        for f in findings
+        if f.kind is FindingKind.IDLE_HOLDER and f.gpu is not None and f.idle_s is not None
+    )
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -213,7 +235,10 @@ class SweepService:
         observer: SweepObserver | None = None,
         clock: Callable[[], float] = time.time,
         replica: str | None = None,
+        samples: SampleStore | None = None,
     ) -> None:
+        """``samples`` defaults to the store's (``Store.samples``); without either, no GPU is
+        ever found idle (nothing remembers what earlier sweeps saw)."""
         self.settings = settings
         self.config = config
         self.status = status
@@ -223,6 +248,7 @@ class SweepService:
         self.observer = observer
         self.clock = clock
         self.replica = replica or replica_name()
+        self.samples: SampleStore | None = samples or (store.samples if store is not None else None)
         # What this process saw last: details for re-rendering messages (the store keeps keys).
         self._findings: dict[str, Finding] = {}
         self._ready: dict[str, Readiness] = {}
@@ -282,7 +308,10 @@ class SweepService:
         t0 = time.monotonic()
         snaps, failed, timed_out = await self._probe(nodes, self.node_budget_s())
         seconds = time.monotonic() - t0
-        findings = find(snaps, failed, self.config, protection=self.settings.reset.protection)
+        idle = await self._idle(snaps, started)
+        await self._keep_samples(snaps, started)
+        findings = find(snaps, failed, self.config, protection=self.settings.reset.protection,
+                        idle=idle)  # fmt: skip
         result = SweepResult(
             started, seconds, tuple(n.name for n in nodes), tuple(snaps), failed,
             tuple(timed_out), findings,
@@ -344,6 +373,56 @@ class SweepService:
             elif isinstance(res, BaseException):
                 raise res  # cancellation and interrupts are not a node's failure
         return snaps, failed, timed_out
+
+    # -- GPU samples and idle GPUs ----------------------------------------------------------
+
+    async def _idle(
+        self, snaps: Sequence[NodeSnapshot], now: float
+    ) -> dict[tuple[str, int], float]:
+        """Return ``{(node, gpu): seconds held idle}`` of the GPUs idle for the idle window.
+
+        Two reads, each only of GPUs held idle now: the window (are they idle long enough?),
+        then, for those that are, every sample kept (since when?). A store that fails leaves no
+        GPU idle: unknown is not idle.
+        """
+        rule, gap = self.config.idle, self.config.max_gap_s
+        if not rule.enabled or self.samples is None:
+            return {}
+        current = [s for s in samples_of(snaps, now) if held_idle(s, rule.min_mib)]
+        if not current:
+            return {}
+        try:
+            window = await self.samples.samples_since(
+                now - rule.window_s - gap, gpus={(s.node, s.gpu) for s in current}
+            )
+            idle = idle_gpus(current, window, rule, max_gap_s=gap)
+            if not idle:
+                return {}
+            kept = await self.samples.samples_since(now - rule.keep_s, gpus=idle.keys())
+        except StoreError as exc:
+            log.warning("idle GPUs not looked for: %s", exc)
+            return {}
+        return idle_gpus([s for s in current if (s.node, s.gpu) in idle], kept, rule,
+                         max_gap_s=gap)  # fmt: skip
+
+    async def _keep_samples(self, snaps: Sequence[NodeSnapshot], now: float) -> None:
+        """Store this sweep's samples (one insert) and prune those older than ``keep_samples``."""
+        if self.samples is None:
+            return
+        try:
+            await self.samples.add_samples(samples_of(snaps, now))
+            await self.samples.prune_samples(now - self.config.idle.keep_s)
+        except StoreError as exc:  # the sweep stands; idle detection misses this sample
+            log.warning("GPU samples not stored: %s", exc)
+
+    async def idle_gpu_hours(self, snapshots: Sequence[NodeSnapshot]) -> dict[str, float]:
+        """Return the GPU-hours each owner holds idle now, for ``snapshots`` (the Home tab)."""
+        idle = await self._idle(snapshots, self.clock())
+        if not idle:
+            return {}
+        found = find(snapshots, {}, self.config, protection=self.settings.reset.protection,
+                     idle=idle)  # fmt: skip
+        return held_idle_hours(found)
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
         if self.store is None:

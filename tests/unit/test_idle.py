@@ -188,6 +188,21 @@ def test_idle_holders_from_the_idle_gpus() -> None:
         "alice": 5.0, "bob": 4.5}  # alice's two processes share one GPU: counted once # fmt: skip
 
 
+def test_a_cgroup_that_names_nothing_is_no_workload_label() -> None:
+    other = Workload(WorkloadKind.OTHER, "/my.slice/looks-like-docker")
+    snap = NodeSnapshot("n1", NOW, (gpu(0, 8192),), (proc(30, 8192, workload=other),))
+    (f,) = find([snap], {}, CFG, idle={("n1", 0): 4 * H})
+    assert (f.workload, f.owner) == (None, "alice") and f.summary.endswith("for 4 h")
+
+
+def test_a_run_of_exactly_the_window_read_back_from_the_store_counts() -> None:
+    """Stored times keep microseconds: a run of exactly the window may come back a hair short."""
+    start = 1_796_040_000.123456789
+    history = [GpuSample("n1", 0, "GPU-0", start + 0.0000004, 0, 8192)]
+    now = GpuSample("n1", 0, "GPU-0", start + 4 * H, 0, 8192)
+    assert idle_gpus([now], history, RULE, max_gap_s=5 * H) == {("n1", 0): 4 * H}
+
+
 def test_what_is_worse_than_idle_stays_what_it_is() -> None:
     snap = NodeSnapshot("n1", NOW, (gpu(0, 16384),), (
         proc(20, 8192, state="Z"), proc(21, 8192, ticks=None)))  # fmt: skip
