@@ -5,14 +5,20 @@ readiness list), a "Reset GPU N" button (the normal plan → approval flow) and 
 "Snooze 1 day" buttons, then the node's per-GPU table. When a finding clears, the message is
 updated in place to "resolved" with how long it lasted; a reminder goes to the alert's thread.
 
+An alert on idle holders is also sent, once, as a direct message to each owner that maps to
+Slack users (``slack.idle_dm``: *Free it* and *Snooze 1 day*). Opening a DM needs the optional
+``im:write`` scope; a DM that cannot be sent is logged and changes nothing else.
+
 ``start_sweeps`` wires sweeps into ``gpubot serve``: the scheduler, the Slack notifier, the
-snooze buttons, ``/gpu sweep``, the database locks and the metrics endpoint.
+snooze and "Free it" buttons, ``/gpu sweep``, the Home tab's idle figures, the database locks
+and the metrics endpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +53,7 @@ from gpubot.slack.blocks import (
     table_fits,
 )
 from gpubot.slack.flows import Sweeper, error_message
+from gpubot.slack.idle_dm import register_free_it, render_idle_dm, slack_users_of
 from gpubot.slack.reset_blocks import reset_button
 from gpubot.store.locks import DbLocks
 
@@ -200,6 +207,10 @@ def render_sweep(result: SweepResult) -> Message:
         done = b.add_pre(lines, reserve=2)
         if done < len(lines):
             b.add(context(f"… {len(lines) - done} more lines: `gpubot sweep` shows all"))
+    idle = result.idle_gpu_hours
+    if idle:
+        held = " · ".join(f"{escape(u)} {h:.1f}" for u, h in list(idle.items())[:20])
+        b.add(context(f"GPU-hours held idle: {held}"))
     b.add(context(f"{n} node(s) asked in {result.seconds:.1f} s · {date(result.started_at)}"))
     return {"text": escape(title), "blocks": b.blocks}
 
@@ -208,15 +219,49 @@ def render_sweep(result: SweepResult) -> Message:
 
 
 class SlackAlerts:
-    """Posts, updates and reminds alert messages in one channel (implements ``Notifier``)."""
+    """Posts, updates and reminds alert messages in one channel (implements ``Notifier``).
 
-    def __init__(self, api: SlackApi, channel: str) -> None:
+    ``people``: Linux user → Slack user ids; their idle holders are told in a direct message.
+    """
+
+    def __init__(
+        self, api: SlackApi, channel: str, *, people: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
         self.api = api
         self.channel = channel
+        self.people = people or {}
+        self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
 
     async def post(self, group: AlertGroup) -> Handle | None:
-        """Post a new alert message; return where it is."""
-        return await self.api.post(self.channel, render_alert_group(group))
+        """Post a new alert message; return where it is (then DM the idle holders' owners)."""
+        where = await self.api.post(self.channel, render_alert_group(group))
+        if where is not None:  # once per finding: the DM rides on the alert it belongs to
+            try:
+                await self.direct(group, where)
+            except Exception:  # a courtesy message never fails a sweep
+                log.exception("direct messages about idle GPUs on %s failed", group.node)
+        return where
+
+    async def direct(self, group: AlertGroup, where: Handle | None) -> int:
+        """DM each owner of the group's open idle holders who maps to Slack; return DMs sent."""
+        mine: dict[str, list[AlertItem]] = {}
+        for item in group.open:
+            f = item.finding
+            if f is None or f.kind is not FindingKind.IDLE_HOLDER or f.owner is None:
+                continue
+            for user in self.people.get(f.owner, ()):
+                mine.setdefault(user, []).append(item)
+        sent = 0
+        for user, items in mine.items():
+            channel = self._dms.get(user) or await self.api.open_dm(user)
+            if channel is None:
+                continue
+            self._dms[user] = channel
+            msg = render_idle_dm(items, group.node, now=group.at, alert=where,
+                                 snooze=lambda key: snooze_buttons(key)[-1])  # fmt: skip
+            if await self.api.post(channel, msg) is not None:
+                sent += 1
+        return sent
 
     async def update(self, where: Handle, group: AlertGroup) -> None:
         """Replace an alert message by the group's current state."""
@@ -327,12 +372,15 @@ async def start_sweeps(
         if channel is None:
             log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
         else:
-            notifier = SlackAlerts(bot.api, channel)
+            people = slack_users_of(bot.services.policy.users)
+            notifier = SlackAlerts(bot.api, channel, people=people)
     service = SweepService(settings, config, app.status, app.store, notifier=notifier,
                            locks=locks, observer=metrics)  # fmt: skip
     if bot is not None:
         register_snooze(bot, service)
+        register_free_it(bot, service)
         bot.services.sweep = chat_sweeper(service)
+        bot.services.idle = service.idle_gpu_hours
     scheduler = SweepScheduler(service.scheduled, config.interval_s, first_after_s=first_after_s,
                                stop_wait_s=config.budget_s)  # fmt: skip
     if schedule:

@@ -135,6 +135,26 @@ class SlackApi:
         except (SlackApiError, SlackClientError) as exc:
             log.error("chat.postEphemeral failed: %s", _error(exc))
 
+    async def open_dm(self, user: str) -> str | None:
+        """Open (or find) the direct message with ``user``; return its channel id or None.
+
+        ``conversations.open`` needs the optional ``im:write`` scope: without it, or on any
+        failure, this logs why and returns None (a DM is a courtesy, never a reason to fail).
+        """
+        try:
+            resp = await self.client.conversations_open(users=user)
+        except (SlackApiError, SlackClientError) as exc:
+            err = _error(exc)
+            hint = " (add the im:write scope to the Slack app)" if err == "missing_scope" else ""
+            log.warning("conversations.open with %s failed: %s%s", user, err, hint)
+            return None
+        channel = resp.get("channel")
+        found = channel.get("id") if isinstance(channel, Mapping) else None
+        if not isinstance(found, str) or not found:
+            log.warning("conversations.open with %s named no channel", user)
+            return None
+        return found
+
     async def publish_home(self, user: str, view: Mapping[str, Any]) -> bool:
         """Publish the Home tab of ``user``."""
         try:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpubot.config import Settings
 from gpubot.core import commands as c
-from gpubot.core.models import ApprovalState
+from gpubot.core.models import ApprovalState, NodeSnapshot
 from gpubot.core.plan import ResetPlan
 from gpubot.core.policy import Policy, floor_note, load_policy
 from gpubot.errors import (
@@ -60,6 +60,8 @@ Handle = tuple[str, str]  # (channel, message ts) in Slack
 MIN_UPDATE_S = 2.5
 EventSink = Callable[[ResetEvent], Awaitable[None]]
 Sweeper = Callable[[Identity], Awaitable[Message]]
+# GPU-hours each owner holds idle now, for these snapshots (``SweepService.idle_gpu_hours``).
+IdleHours = Callable[[Sequence[NodeSnapshot]], Awaitable[Mapping[str, float]]]
 
 
 class Surface(Protocol):
@@ -88,6 +90,7 @@ class Services:
     approvals: ApprovalService | None  # None: no audit store, so no resets (fail closed)
     store: Store | None
     sweep: Sweeper | None = None
+    idle: IdleHours | None = None  # set where sweeps run (``slack.alerts.start_sweeps``)
 
 
 def make_services(
@@ -410,8 +413,14 @@ class Flows:
             fleet = await self.svc.status.fleet(("all",), actor=who.id, source=self.source)
             self._home = (now, fleet)
         fleet = self._home[1]
+        idle: Mapping[str, float] | None = None
+        if self.svc.idle is not None:
+            try:
+                idle = await self.svc.idle(fleet.snapshots)
+            except GpubotError as exc:  # the tab still shows the fleet
+                log.warning("idle GPU-hours unavailable for the Home tab: %s", exc)
         return render_home(who.id, who.linux_user, fleet.snapshots, fleet.failed,
-                           seconds=fleet.seconds, now=now)  # fmt: skip
+                           seconds=fleet.seconds, now=now, idle_hours=idle)  # fmt: skip
 
 
 def _action(cmd: c.Command) -> str:

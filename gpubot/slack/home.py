@@ -4,6 +4,9 @@ A view is not a message: it holds up to 100 blocks, and no ``table`` block (Slac
 tables in messages only: the "Surfaces" column of https://docs.slack.dev/reference/block-kit/blocks
 and https://docs.slack.dev/reference/block-kit/blocks/table-block). The fleet summary shares
 the message renderer with ``use_table=False``: the same rows as preformatted section text.
+
+Where sweeps run, the tab also says how many GPU-hours the viewer holds idle (GPUs at 0 % for
+``[sweep] idle_hours`` while their processes keep memory on them), and the same for the fleet.
 """
 
 from __future__ import annotations
@@ -34,8 +37,12 @@ def render_home(
     *,
     seconds: float,
     now: float,
+    idle_hours: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Render the Home tab view for ``user_id`` (at most 100 blocks, no table block)."""
+    """Render the Home tab view for ``user_id`` (at most 100 blocks, no table block).
+
+    ``idle_hours``: GPU-hours held idle per Linux user (None: not known here).
+    """
     b = Budget(MAX_VIEW_BLOCKS)
     b.add(header("GPU fleet"))
     if linux_user is None:
@@ -50,12 +57,27 @@ def render_home(
         shown = b.add_pre(lines[:200], reserve=40) if lines else 0
         if shown < len(mine):
             b.add(context(f"… and {len(mine) - shown} more"))
+        held = (idle_hours or {}).get(linux_user)
+        if held:
+            b.add(section(
+                f"⏳ *You hold GPUs idle: {held:.1f} GPU-hours so far.* Your processes keep memory "
+                "on GPUs that have been at 0 % for hours; free them with `/gpu reset NODE gpu N "
+                "pid P`, or *Free it* in my direct message."
+            ))  # fmt: skip
+    if idle_hours:
+        top = list(idle_hours.items())[:MAX_IDLE_USERS]
+        more = len(idle_hours) - len(top)
+        held_by = " · ".join(f"{escape(u)} {h:.1f}" for u, h in top)
+        b.add(context(f"GPU-hours held idle: {held_by}" + (f" · and {more} more" if more else "")))
     fleet = render_fleet(snapshots, failed, seconds=seconds, title="Fleet", use_table=False,
                          limit=b.room - 1)  # fmt: skip
     for blk in fleet["blocks"]:
         b.add(blk)
     b.add(context(f"refreshed {date(now)} · type `/gpu help` in any channel"))
     return {"type": "home", "blocks": b.blocks}
+
+
+MAX_IDLE_USERS = 20  # owners named in the fleet's idle line (most GPU-hours first)
 
 
 def render_refused_home(user_id: str, reason: str, *, now: float) -> dict[str, Any]:

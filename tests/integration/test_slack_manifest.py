@@ -24,7 +24,9 @@ SCOPE_OF = {
     "auth_test": None,
     "usergroups_users_list": "usergroups:read",
     "users_info": "users:read",
+    "conversations_open": "im:write",  # optional: direct messages to idle GPU holders
 }
+OPTIONAL = {"usergroups:read", "users:read.email", "im:write"}  # documented as optional
 
 
 def load(kind: str) -> dict[str, Any]:
@@ -55,7 +57,18 @@ def test_manifest_matches_the_bot(kind: str) -> None:
     assert called and called <= set(SCOPE_OF), called - set(SCOPE_OF)
     needed = {SCOPE_OF[c] for c in called} - {None}
     assert needed | {"commands", "users:read.email"} == scopes  # least scopes: nothing extra
-    assert not any("write" in s and s != "chat:write" for s in scopes)
+    assert not any("write" in s and s not in ("chat:write", "im:write") for s in scopes)
+    # the DMs show in the app's Messages tab, which takes no messages: gpubot reads none
+    home = m["features"]["app_home"]
+    assert home["messages_tab_enabled"] is True and home["messages_tab_read_only_enabled"] is True
+    assert "message.im" not in m["settings"]["event_subscriptions"]["bot_events"]
+
+
+def test_optional_scopes_say_so_in_the_manifest() -> None:
+    text = MANIFESTS["socket"].read_text()
+    for scope in OPTIONAL:
+        (line,) = [ln for ln in text.splitlines() if ln.strip().startswith(f"- {scope} ")]
+        assert "optional" in line, line
 
 
 def test_socket_mode_and_http_urls() -> None:

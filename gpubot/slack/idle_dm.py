@@ -1,0 +1,141 @@
+"""The direct message to an idle holder's owner, and its "Free it" button.
+
+When a sweep alerts on idle holders (``core.idle``), each owner whose Linux user maps to Slack
+users (``[users]``) gets one direct message listing their idle GPUs, each with *Free it* and
+*Snooze 1 day*. *Free it* is the clicker's own ``/gpu reset NODE gpu N pid P``: the usual
+identity, permission and approval rules decide, so someone else's process still needs on-call.
+Before that, the process is looked up again: a pid that ended or was reused since the alert is
+never reset on the alert's word.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from gpubot.core import commands as c
+from gpubot.core.findings import duration_text
+from gpubot.errors import GpubotError, UsageError
+from gpubot.services.sweep import AlertItem, Handle, SweepService, parse_key
+from gpubot.slack.app import GpuBot
+from gpubot.slack.blocks import (
+    MAX_FALLBACK,
+    Budget,
+    Message,
+    clip,
+    confirm_dialog,
+    context,
+    date,
+    escape,
+    render_text,
+    section,
+)
+from gpubot.slack.flows import error_message
+
+log = logging.getLogger(__name__)
+
+ACTION_FREE = "gpubot_free_it"  # the value is the finding's key text
+MAX_DM_ITEMS = 10  # idle GPUs detailed in one message (2 blocks each)
+
+
+def slack_users_of(users: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """Return Linux user → the Slack user ids ``[users]`` maps to it (sorted)."""
+    out: dict[str, list[str]] = {}
+    for slack_id, linux in users.items():
+        out.setdefault(linux, []).append(slack_id)
+    return {linux: tuple(sorted(ids)) for linux, ids in out.items()}
+
+
+def free_button(key_text: str, node: str, gpu: int, pid: str) -> dict[str, Any]:
+    """Return the "Free it" button of one idle holder (confirmed before anything happens)."""
+    return {
+        "type": "button", "action_id": ACTION_FREE, "value": key_text, "style": "danger",
+        "text": {"type": "plain_text", "text": "Free it"},
+        # plain_text throughout, raw (not escaped): see blocks.confirm_dialog
+        "confirm": confirm_dialog(
+            f"Free {node} GPU {gpu}?",
+            f"pid {pid} gets SIGTERM, then SIGKILL if it has not ended after the grace period.",
+            confirm="Free it", deny="Cancel", style="danger",
+        ),
+    }  # fmt: skip
+
+
+def render_idle_dm(
+    items: Sequence[AlertItem],
+    node: str,
+    *,
+    now: datetime,
+    alert: Handle | None,
+    snooze: Callable[[str], dict[str, Any]],
+) -> Message:
+    """Render the direct message to one owner about their idle holders on ``node``."""
+    found = [i for i in items if i.finding is not None and i.key.gpu is not None]
+    hours = max((i.finding.idle_s or 0.0 for i in found if i.finding is not None), default=0.0)
+    gpus = ", ".join(f"GPU {i.key.gpu}" for i in found)
+    title = f"Your job holds {node} {gpus} idle ({duration_text(hours)} at 0 %)"
+    b = Budget()
+    b.add(section(
+        f"👋 *{escape(title)}*\nOthers are waiting for GPUs. If you are done, *Free it* stops "
+        "the process (your own reset: SIGTERM, then SIGKILL after the grace period). Not done "
+        "yet? *Snooze 1 day*."
+    ))  # fmt: skip
+    for item in found[:MAX_DM_ITEMS]:
+        f = item.finding
+        assert f is not None and item.key.gpu is not None
+        lines = [f"*{escape(node)} GPU {item.key.gpu}*: {clip(escape(f.summary), 800)}"]
+        if f.owner:
+            job = f" · workload: `{clip(escape(f.workload), 200)}`" if f.workload else ""
+            lines.append(f"owner: `{escape(f.owner)}`{job}")
+        b.add(section("\n".join(lines)))
+        pid = item.key.holder.split(":", 1)[0]
+        free = free_button(item.key.text(), node, item.key.gpu, pid)
+        b.add({"type": "actions", "elements": [free, snooze(item.key.text())]})
+    if len(found) > MAX_DM_ITEMS:
+        b.add(context(f"… and {len(found) - MAX_DM_ITEMS} more idle GPU(s) on {escape(node)}"))
+    where = f" · also in <#{alert[0]}>" if alert is not None else ""
+    b.add(context(f"gpubot sweep · {date(now.timestamp())}{where}"))
+    return {"text": escape(clip(title, MAX_FALLBACK)), "blocks": b.blocks}
+
+
+# --- the button -------------------------------------------------------------------------------
+
+
+def register_free_it(bot: GpuBot, service: SweepService) -> None:
+    """Handle the "Free it" buttons of idle-holder messages in ``bot``."""
+
+    async def on_free(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        user = body.get("user") or {}
+        bot.spawn(_free(bot, service, body, str(action.get("value")), str(user.get("id", "")),
+                        str(user.get("username") or "")), "free it")  # fmt: skip
+
+    bot.app.action(ACTION_FREE)(on_free)
+
+
+async def _free(
+    bot: GpuBot, service: SweepService, body: dict[str, Any], value: str, user: str, name: str
+) -> None:
+    out = bot.surface(body)
+    try:
+        key = parse_key(value)
+        pid_text, _, ticks = key.holder.partition(":")
+        if key.gpu is None or not pid_text.isdigit() or not ticks.isdigit():
+            raise UsageError("this button names no process to free")
+        pid = int(pid_text)
+        line = f"reset {key.node} gpu {key.gpu} pid {pid}"
+        cmd = c.parse(line)
+        who = await bot.identify(user, name)
+        if who.refused is None:
+            snap = await service.status.snapshot(service.status.node(key.node))
+            if not any(p.pid == pid and p.start_ticks == int(ticks) and p.gpu_index == key.gpu
+                       for p in snap.processes):  # fmt: skip
+                await out.reply(render_text(
+                    f"✅ pid {pid} no longer holds {escape(key.node)} GPU {key.gpu} (it ended, "
+                    "or the pid is another process now): nothing to free."))  # fmt: skip
+                return
+    except GpubotError as exc:
+        await out.reply(error_message(exc))
+        return
+    await bot.flows.run(cmd, who, out, text=f"/gpu {line} (Free it)")
