@@ -22,9 +22,11 @@ from typing import Any
 import gpubot
 from gpubot.errors import SimError, UsageError
 from gpubot.sim import simstate
+from gpubot.sim.cgroups import KINDS
 from gpubot.sim.control import request
 from gpubot.sim.fleet import SERVERS, SimFleet
 from gpubot.sim.node import FAULTS
+from gpubot.sim.runtimes import RESTARTS
 from gpubot.sim.server import check_port_free
 from gpubot.sim.workload import BEHAVIOURS
 
@@ -49,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--memory-mib", type=int, default=143771, help="memory of each GPU")
     up.add_argument("--port", type=int, default=None, metavar="BASE",
                     help="serve node i on port BASE+i-1 (default: free ports)")  # fmt: skip
+    up.add_argument("--runtimes", action="store_true",
+                    help="give every node stand-in docker, podman, crictl, scontrol, scancel "
+                    "and systemctl")  # fmt: skip
     up.add_argument("--foreground", action="store_true", help="run in this process")
 
     down = sub.add_parser("down", help="stop the fleet and every process it started")
@@ -64,6 +69,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     spawn.add_argument("--name", default="python3", help="process name (argv[0] and comm)")
     spawn.add_argument("--util", type=int, default=50, help="GPU utilisation %% it causes")
     spawn.add_argument("--slow-exit-s", type=float, default=3.0)
+    spawn.add_argument(
+        "--cgroup",
+        metavar="KIND",
+        default=None,
+        help=f"run it in a fresh real cgroup: {', '.join(KINDS)} (needs root)",
+    )
+    spawn.add_argument(
+        "--container-name",
+        metavar="NAME",
+        default=None,
+        help="docker/podman/kubernetes: the container's name",
+    )
+    spawn.add_argument("--image", default=None, help="docker/podman/kubernetes: the image")
+    spawn.add_argument(
+        "--label",
+        metavar="KEY=VALUE",
+        action="append",
+        default=None,
+        help="docker/podman/kubernetes: a container label (repeatable)",
+    )
+    spawn.add_argument(
+        "--restart",
+        metavar="POLICY",
+        default=None,
+        help=f"docker/podman: the restart policy ({', '.join(RESTARTS)})",
+    )
+    spawn.add_argument(
+        "--pod", metavar="NAMESPACE/NAME", default=None, help="kubernetes: the container's pod"
+    )
+    spawn.add_argument("--job-name", default=None, help="slurm: the job's name")
+    spawn.add_argument("--job-user", metavar="USER", default=None,
+                       help="slurm: the job's user (it runs as that user)")  # fmt: skip
 
     fault = sub.add_parser("fault", help="make a node's nvidia-smi misbehave (or stop it)")
     _dir(fault)
@@ -91,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
     if action == "spawn":
         req = {"op": "spawn", "node": args.node, "gpu": args.gpu, "mib": args.mib,
                "behaviour": args.behaviour, "user": args.user, "name": args.name,
-               "util_pct": args.util, "slow_exit_s": args.slow_exit_s}  # fmt: skip
+               "util_pct": args.util, "slow_exit_s": args.slow_exit_s,
+               "cgroup": args.cgroup, "container_name": args.container_name,
+               "image": args.image, "labels": _labels(args.label), "restart": args.restart,
+               "pod": args.pod, "job_name": args.job_name, "job_user": args.job_user}  # fmt: skip
         print(json.dumps(request(directory, req)))
         return 0
     if action == "fault":
@@ -111,6 +151,21 @@ def run(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown sim action {action!r}")
 
 
+def _labels(given: list[str] | None) -> dict[str, str] | None:
+    """Parse ``--label KEY=VALUE`` (repeatable) into a mapping; bad input is a ``UsageError``."""
+    if given is None:
+        return None
+    out: dict[str, str] = {}
+    for item in given:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--label wants KEY=VALUE, not {item!r}")
+        if key in out:
+            raise UsageError(f"--label {key} given twice")
+        out[key] = value
+    return out
+
+
 def _fleet(args: argparse.Namespace, directory: Path, on_stop: Any = None) -> SimFleet:
     return SimFleet(
         directory,
@@ -122,6 +177,7 @@ def _fleet(args: argparse.Namespace, directory: Path, on_stop: Any = None) -> Si
         memory_mib=args.memory_mib,
         base_port=args.port,
         on_stop=on_stop,
+        runtimes=args.runtimes,
     )
 
 
@@ -149,6 +205,8 @@ def _up(args: argparse.Namespace, directory: Path) -> int:
             "--memory-mib", str(args.memory_mib)]  # fmt: skip
     if args.port is not None:
         argv += ["--port", str(args.port)]
+    if args.runtimes:
+        argv.append("--runtimes")
     env = dict(os.environ)
     here = str(Path(gpubot.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)

@@ -22,6 +22,7 @@ from gpubot.errors import GpubotError, SimError, UsageError
 
 if TYPE_CHECKING:
     from gpubot.sim.fleet import SimFleet
+    from gpubot.sim.node import Workload
 
 SOCKET_NAME = "control.sock"
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -106,8 +107,16 @@ class ControlServer:
                 name=str(req.get("name", "python3")),
                 util_pct=int(req.get("util_pct", 50)),
                 slow_exit_s=float(req.get("slow_exit_s", 3.0)),
+                cgroup=req.get("cgroup"),
+                container_name=req.get("container_name"),
+                image=req.get("image"),
+                labels=req.get("labels"),
+                restart=req.get("restart"),
+                pod=req.get("pod"),
+                job_name=req.get("job_name"),
+                job_user=req.get("job_user"),
             )
-            return {
+            out = {
                 "node": w.node,
                 "pid": w.pid,
                 "start_ticks": w.start_ticks,
@@ -118,6 +127,9 @@ class ControlServer:
                 "name": w.name,
                 "supervisor_pid": w.supervisor_pid,
             }
+            if w.cgroup_kind is not None:  # the identity made for it, where it has one
+                out.update({k: v for k, v in _identity(w).items() if v not in (None, {})})
+            return out
         if op == "fault":
             params = dict(req.get("params") or {})
             f.node(req["node"]).set_fault(req.get("kind"), **params)
@@ -128,6 +140,26 @@ class ControlServer:
             self._on_stop()
             return None
         raise UsageError(f"unknown control operation {op!r}")
+
+
+def _identity(w: Workload) -> dict[str, Any]:
+    return {
+        "cgroup_kind": w.cgroup_kind,
+        "cgroup_path": w.cgroup_path,
+        "cgroup_v1_path": w.cgroup_v1_path,
+        "container_id": w.container_id,
+        "container_name": w.container_name,
+        "image": w.image,
+        "labels": w.labels,
+        "restart": w.restart,
+        "pod_uid": w.pod_uid,
+        "pod_namespace": w.pod_namespace,
+        "pod_name": w.pod_name,
+        "job_id": w.job_id,
+        "job_name": w.job_name,
+        "job_user": w.job_user,
+        "unit": w.unit,
+    }
 
 
 def request(directory: Path, req: dict[str, Any], timeout_s: float = 60.0) -> Any:

@@ -33,7 +33,8 @@ import asyncssh
 
 from gpubot.core.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
+from gpubot.sim import cgroups, simstate
+from gpubot.sim.cgroups import CgroupSet, Placement
 from gpubot.sim.control import ControlServer, socket_path
 from gpubot.sim.driver import Driver
 from gpubot.sim.node import SimNode, Workload
@@ -51,7 +52,8 @@ from gpubot.sim.sudo import parse_sudoers
 __all__ = ["SERVERS", "SimFleet", "SimNode", "Workload"]
 
 SERVERS = ("asyncssh", "sshd")
-STANDALONE = ("simstate.py", "nvidia_smi.py", "workload.py", "sudo.py")
+STANDALONE = ("simstate.py", "nvidia_smi.py", "workload.py", "sudo.py", "runtimes.py")
+RUNTIMES = ("docker", "podman", "slurm", "crictl")  # what the inventory lists (gpubot.config)
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -74,6 +76,7 @@ class SimFleet:
         persistenced: bool = False,
         view_user: str | None = None,
         hidepid: bool = False,
+        runtimes: bool = False,
     ) -> None:
         """``minors``: the device minor of each GPU index, e.g. ``[3, 2, 1, 0]`` (a permutation;
         default: minor == index). Real boxes number device files apart from GPU indices.
@@ -89,6 +92,13 @@ class SimFleet:
         ``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
         given, every node gets the sudo stand-in first on its session PATH, allowing only that
         rule's commands with ``sudo -n``, and ``sudo = true`` in the inventory.
+
+        ``runtimes``: every node gets the stand-in ``docker``, ``podman``, ``crictl``,
+        ``scontrol``, ``scancel`` and ``systemctl`` (``gpubot.sim.runtimes``) on its session PATH
+        (after the sudo stand-in's directory, before the standard one), and the inventory lists
+        ``runtimes = ["docker", "podman", "slurm", "crictl"]``. Without it a session finds this
+        machine's own programs, if any (a sudo node never does: its rule points into the node).
+        Workloads go into real cgroups (``SimNode.spawn(cgroup=...)``) either way.
         """
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
             raise UsageError(f"nodes must be 1-64, not {nodes!r}")
@@ -137,6 +147,7 @@ class SimFleet:
             raise UsageError(f"no such user {view_user!r}") from None
         self._run_as = (pw.pw_uid, pw.pw_gid) if view_user else None
         self.hidepid = hidepid  # every session sees /proc mounted hidepid=2
+        self.runtimes = runtimes
         self.user = pw.pw_name
         self._home = pw.pw_dir if pw.pw_dir and os.path.isdir(pw.pw_dir) else "/"
         shell = pw.pw_shell
@@ -155,6 +166,8 @@ class SimFleet:
         self._pool: ServerPool | None = None
         self._hung: dict[str, HungListener] = {}
         self._control: ControlServer | None = None
+        self._cgroups: CgroupSet | None = None
+        self._placements: dict[str, list[Placement]] = {}  # node -> the cgroups made for it
 
     # ---- paths ----------------------------------------------------------------------------
 
@@ -232,6 +245,8 @@ class SimFleet:
             node.create(self.lib_dir, self.python)
             if self._sudo_rule is not None:
                 node.create_sudo(self.lib_dir, self.python, self._sudo_rule)
+            if self.runtimes:
+                node.create_runtimes(self.lib_dir, self.python)
             self.nodes.append(node)
         self._driver = Driver([str(n.state_dir) for n in self.nodes], self._reap)
         self._driver.start()
@@ -263,6 +278,7 @@ class SimFleet:
         if self._pool is not None:
             self._pool.close()
         self._kill_all()
+        self._release_cgroups()
         if self._driver is not None:
             self._driver.stop()
         if self._own_root:
@@ -321,6 +337,51 @@ class SimFleet:
                     killed += 1
         return killed
 
+    def _place(self, node: str, kind: str, uid: int) -> Placement:
+        """Make a fresh cgroup of ``kind`` for a workload of ``node``; remember it."""
+        with self._lock:
+            if self._cgroups is None:
+                why = cgroups.unavailable()
+                if why is not None:
+                    raise SimError(f"cannot put workloads in cgroups here: {why}")
+                with open("/proc/self/mountinfo", encoding="utf-8") as f:
+                    mountinfo = f.read()
+                with open("/proc/self/cgroup", encoding="utf-8") as f:
+                    found = cgroups.find_hierarchies(mountinfo, f.read())
+                if isinstance(found, str):
+                    raise SimError(f"cannot put workloads in cgroups here: {found}")
+                self._cgroups = CgroupSet(found)
+            cgs = self._cgroups
+        placement = cgs.create(kind, uid)
+        with self._lock:
+            self._placements.setdefault(node, []).append(placement)
+        return placement
+
+    def _move(self, placement: Placement, pid: int) -> None:
+        assert self._cgroups is not None
+        self._cgroups.move(placement, pid)
+
+    def _unplace(self, node: str, placement: Placement) -> None:
+        """Remove one workload's cgroup (its processes are killed first) and forget it."""
+        with self._lock:
+            mine = self._placements.get(node, [])
+            if placement in mine:
+                mine.remove(placement)
+        if self._cgroups is not None:
+            self._cgroups.release(placement)
+
+    def _release_cgroups(self, node: str | None = None) -> list[str]:
+        """Remove the cgroups made for ``node``'s workloads (every node's: None); return the
+        directories that could not be removed."""
+        with self._lock:
+            names = [node] if node is not None else list(self._placements)
+            todo = [p for n in names for p in self._placements.pop(n, [])]
+        left: list[str] = []
+        if self._cgroups is not None:
+            for placement in reversed(todo):
+                left += self._cgroups.release(placement)
+        return left
+
     def _watch(self, state_dir: str, pid: int, ticks: int) -> None:
         if self._driver is not None:
             self._driver.watch(state_dir, pid, ticks)
@@ -347,7 +408,11 @@ class SimFleet:
             home=self._home,
             shell=self._shell,
             workdir=node.dir,
-            path_first=str(node.sudo_dir) if node.sudo else None,
+            path_dirs=tuple(
+                str(d)
+                for d, on in ((node.sudo_dir, node.sudo), (node.runtime_dir, node.runtimes))
+                if on
+            ),
             run_as=self._run_as,
             hidepid=self.hidepid,
         )
@@ -470,6 +535,7 @@ class SimFleet:
                 f"nvidia_smi = {q(n.nvidia_smi)}",
                 f"driver_dir = {q(n.driver_dir)}",
                 *(["sudo = true"] if n.sudo else []),
+                *([f"runtimes = [{', '.join(q(r) for r in RUNTIMES)}]"] if n.runtimes else []),
                 f'groups = ["sim", "{parity}"]',
                 "",
             ]

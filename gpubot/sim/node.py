@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import grp
 import hashlib
 import itertools
 import json
@@ -16,13 +17,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
+from gpubot.sim import runtimes, simstate
+from gpubot.sim.cgroups import Placement, Spec, make_spec
 from gpubot.sim.nvidia_smi import APP_ALIASES, APP_FIELDS, GPU_ALIASES, GPU_FIELDS
 from gpubot.sim.server import _signal_if
 from gpubot.sim.sudo import node_rule
@@ -66,6 +68,22 @@ class Workload:
     name: str
     supervisor_pid: int | None = None
     supervisor_start_ticks: int | None = None
+    # Its cgroup (``spawn(cgroup=...)``) and the identity made for it; None otherwise.
+    cgroup_kind: str | None = None  # docker podman kubernetes slurm service session
+    cgroup_path: str | None = None  # the v2 path, as the v2 line of /proc/PID/cgroup shows it
+    cgroup_v1_path: str | None = None  # the path in the v1 hierarchies (name=systemd, memory)
+    container_id: str | None = None  # 64 hex: docker, podman, kubernetes
+    container_name: str | None = None
+    image: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    restart: str | None = None  # docker, podman
+    pod_uid: str | None = None  # kubernetes
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    job_id: str | None = None  # slurm
+    job_name: str | None = None
+    job_user: str | None = None
+    unit: str | None = None  # service: gpusim-N.service; session: session-N.scope
     _node: SimNode | None = field(default=None, repr=False, compare=False)
 
     def current_pid(self) -> int | None:
@@ -119,6 +137,9 @@ class SimNode:
         self.sudo_dir = self.dir / "sbin-sudo"
         self.sudo_rule_path = self.dir / "sudoers.json"
         self.sudo_log_path = self.dir / "log" / "sudo.jsonl"
+        # The docker/podman/crictl/scontrol/scancel/systemctl stand-ins (``runtimes=True``).
+        self.runtimes = False
+        self.runtime_dir = self.dir / "runtime-bin"
         self.port = 0
         self._initial_delay = release_delay_s
         self._seq = itertools.count(1)  # next() is atomic: control threads may spawn at once
@@ -174,7 +195,10 @@ class SimNode:
         ``rule`` is ``gpubot.sim.sudo.parse_sudoers`` of the README's block; its device and
         nvidia-smi paths are rewritten to this node's.
         """
-        mine = node_rule(rule, self.name, self.dev_prefix, self.nvidia_smi, str(self.sudo_log_path))
+        # The runtime programs always point into the node (installed or not): a sudo node never
+        # reaches this machine's own docker or systemctl.
+        mine = node_rule(rule, self.name, self.dev_prefix, self.nvidia_smi, str(self.sudo_log_path),
+                         programs=self.runtime_programs())  # fmt: skip
         self.sudo_rule_path.write_text(json.dumps(mine, indent=2) + "\n", encoding="utf-8")
         os.chmod(self.sudo_rule_path, 0o644)
         self.sudo_log_path.write_bytes(b"")
@@ -193,6 +217,40 @@ class SimNode:
         sudo.write_text(launcher, encoding="utf-8")
         os.chmod(sudo, 0o755)
         self.sudo = True
+
+    def runtime_programs(self) -> dict[str, str]:
+        """Return where this node's runtime stand-ins are (or would be): name -> path."""
+        return {prog: str(self.runtime_dir / prog) for prog in runtimes.PROGRAMS}
+
+    def create_runtimes(self, lib_dir: Path, python: str) -> None:
+        """Install the stand-ins ``docker``, ``podman``, ``crictl``, ``scontrol``, ``scancel``
+        and ``systemctl`` in ``runtime-bin/`` (see ``gpubot.sim.runtimes``)."""
+        self.runtime_dir.mkdir(exist_ok=True)
+        os.chmod(self.runtime_dir, 0o755)
+        for prog, path in self.runtime_programs().items():
+            Path(path).write_text(
+                f"#!{python} -S\n"
+                f'"""{prog} of the simulated node {self.name} (gpubot.sim.runtimes)."""\n'
+                "import sys\n"
+                f"sys.path.insert(0, {str(lib_dir)!r})\n"
+                "from gpusim.runtimes import main\n"
+                f"sys.exit(main({prog!r}, sys.argv[1:], {str(self.state_dir)!r}))\n",
+                encoding="utf-8",
+            )
+            os.chmod(path, 0o755)
+        self.runtimes = True
+
+    def set_runtime_delay(self, seconds: float) -> None:
+        """Make every runtime stand-in of this node sleep ``seconds`` before it answers."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise UsageError(f"runtime delay must be a number of seconds >= 0, not {seconds!r}")
+        runtimes.set_delay(str(self.state_dir), float(seconds))
+
+    def registry(self) -> list[dict[str, Any]]:
+        """Return the node's container/job registry (``gpubot.sim.runtimes`` documents it)."""
+        with simstate.locked(str(self.state_dir)):
+            entries: list[dict[str, Any]] = runtimes.load(str(self.state_dir))["entries"]
+        return entries
 
     def sudo_log(self) -> list[dict[str, Any]]:
         """Return every call of this node's sudo stand-in, oldest first ([] without one).
@@ -239,6 +297,15 @@ class SimNode:
         slow_exit_s: float = 3.0,
         forge: str | None = None,
         exe_path: str | None = None,
+        *,
+        cgroup: str | None = None,
+        container_name: str | None = None,
+        image: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        restart: str | None = None,
+        pod: str | None = None,
+        job_name: str | None = None,
+        job_user: str | None = None,
     ) -> Workload:
         """Start a workload process on GPU ``gpu`` and return once it holds the GPU.
 
@@ -247,7 +314,29 @@ class SimNode:
         ``{pid}`` by its pid (see ``gpubot.sim.workload``); it may hold newlines and NULs.
         ``exe_path``: run through a copy of the interpreter at this path inside the node's
         directory (see ``daemon_exe``): ``/proc/PID/exe`` shows it, comm is its basename.
+
+        ``cgroup`` (docker, podman, kubernetes, slurm, service, session): the process (for
+        ``respawn``, its supervisor) is moved into a fresh real cgroup of that shape before it
+        starts anything (see ``gpubot.sim.cgroups``), and the node's registry records it for the
+        runtime stand-ins. Containers take ``container_name``, ``image``, ``labels``; docker and
+        podman a ``restart`` policy (``always``, ``on-failure``, ``unless-stopped``: the
+        ``respawn`` behaviour, the supervisor standing in for the daemon's restart manager, until
+        ``docker stop``); kubernetes a ``pod`` (``NAMESPACE/NAME``); slurm ``job_name`` and
+        ``job_user`` (whom the job runs as). ``SimError`` when cgroups cannot be made here.
         """
+        spec = make_spec(cgroup, container_name=container_name, image=image, labels=labels,
+                         restart=restart, pod=pod, job_name=job_name,
+                         job_user=job_user)  # fmt: skip
+        if spec is not None and spec.restarts:
+            if behaviour not in ("normal", "respawn"):
+                raise UsageError(
+                    f"restart={spec.restart} restarts a normal process, not {behaviour}"
+                )
+            behaviour = "respawn"
+        if spec is not None and spec.job_user is not None:
+            if user is not None and user != spec.job_user:
+                raise UsageError(f"a Slurm job runs as its user ({spec.job_user}), not {user}")
+            user = spec.job_user
         if behaviour not in BEHAVIOURS:
             raise UsageError(f"unknown behaviour {behaviour!r} (one of {', '.join(BEHAVIOURS)})")
         if behaviour in ("ctl-only", "persistenced"):
@@ -269,6 +358,10 @@ class SimNode:
         if forge is not None and (not isinstance(forge, str) or len(forge.encode()) > FORGE_MAX):
             raise UsageError(f"forge text must be a str of at most {FORGE_MAX} bytes")
         pw = self._user(user)
+        if spec is not None and spec.kind in ("docker", "podman") and spec.name is not None:
+            taken = {e["name"] for e in self.registry() if e["kind"] == spec.kind}
+            if spec.name in taken:  # as the daemon's "Conflict. The container name ... is in use"
+                raise UsageError(f'{self.name}: the container name "{spec.name}" is already in use')
         exe = self._exe(name) if exe_path is None else self._interpreter_copy(exe_path)
         argv = [name, "-S", str(self.fleet.lib_dir / "gpusim_workload.py"),
                 "--node-dir", str(self.state_dir), "--gpu", str(-1 if gpu is None else gpu),
@@ -277,53 +370,18 @@ class SimNode:
         if forge is not None:
             # Base64, as argv cannot hold NULs; the padding makes room to rewrite argv into.
             argv += ["--forge", base64.b64encode(forge.encode()).decode(), "--pad", "x" * FORGE_PAD]
-        env = {
-            "PATH": f"{self.dir / 'exe'}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": pw.pw_dir or "/",
-            "USER": pw.pw_name,
-            "LOGNAME": pw.pw_name,
-            "LANG": "C.UTF-8",
-        }
-        log_path = self.dir / "log" / f"workload-{next(self._seq)}.log"
-        r, w = os.pipe()
+        placement = None
+        if spec is not None:
+            placement = self.fleet._place(self.name, spec.kind, pw.pw_uid)
         try:
-            with open(log_path, "wb") as log:
-                extra: dict[str, Any] = {}
-                if pw.pw_uid != os.geteuid():
-                    extra = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-                try:
-                    proc = subprocess.Popen(
-                        [*argv, "--ready-fd", str(w)],
-                        executable=exe,
-                        pass_fds=(w,),
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=log,
-                        cwd="/",
-                        env=env,
-                        start_new_session=True,  # a Ctrl-C at the fleet's terminal is not theirs
-                        **extra,
-                    )
-                except OSError as exc:
-                    raise SimError(f"{self.name}: cannot start a workload: {exc}") from None
-            os.close(w)
-            w = -1
-            self.fleet._track(proc, self.name if behaviour == "respawn" else None)
-            line = _read_line(r, READY_TIMEOUT_S)
-        finally:
-            os.close(r)
-            if w >= 0:
-                os.close(w)
-        parts = line.split()
-        if len(parts) != 3 or parts[0] != "ready":
-            proc.kill()
-            proc.wait()
-            why = _last_line(log_path) or f"no ready line within {READY_TIMEOUT_S:g}s"
-            raise SimError(f"{self.name}: workload did not start: {why}")
-        pid, ticks = int(parts[1]), int(parts[2])
+            pid, ticks, proc = self._start(argv, exe, pw, behaviour, placement)
+        except BaseException:
+            if placement is not None:
+                self.fleet._unplace(self.name, placement)
+            raise
         sup_ticks = simstate.start_ticks(proc.pid) if behaviour == "respawn" else None
         self.fleet._watch(str(self.state_dir), pid, ticks)
-        return Workload(
+        w = Workload(
             node=self.name,
             pid=pid,
             start_ticks=ticks,
@@ -336,6 +394,125 @@ class SimNode:
             supervisor_start_ticks=sup_ticks,
             _node=self,
         )
+        if spec is not None and placement is not None:
+            self._register(w, spec, placement, pw)
+        return w
+
+    def _start(
+        self,
+        argv: list[str],
+        exe: str,
+        pw: pwd.struct_passwd,
+        behaviour: str,
+        placement: Placement | None,
+    ) -> tuple[int, int, subprocess.Popen[bytes]]:
+        """Start the process (moved into ``placement`` before it may go on); wait until ready."""
+        env = {
+            "PATH": f"{self.dir / 'exe'}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": pw.pw_dir or "/",
+            "USER": pw.pw_name,
+            "LOGNAME": pw.pw_name,
+            "LANG": "C.UTF-8",
+        }
+        log_path = self.dir / "log" / f"workload-{next(self._seq)}.log"
+        r, w = os.pipe()
+        go_r, go_w = os.pipe() if placement is not None else (-1, -1)
+        fds = (w,) if placement is None else (w, go_r)
+        if placement is not None:
+            argv = [*argv, "--go-fd", str(go_r)]
+        try:
+            with open(log_path, "wb") as log:
+                extra: dict[str, Any] = {}
+                if pw.pw_uid != os.geteuid():
+                    extra = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+                try:
+                    proc = subprocess.Popen(
+                        [*argv, "--ready-fd", str(w)],
+                        executable=exe,
+                        pass_fds=fds,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                        cwd="/",
+                        env=env,
+                        start_new_session=True,  # a Ctrl-C at the fleet's terminal is not theirs
+                        **extra,
+                    )
+                except OSError as exc:
+                    raise SimError(f"{self.name}: cannot start a workload: {exc}") from None
+            for fd in (w, go_r):
+                if fd >= 0:
+                    os.close(fd)
+            w = go_r = -1
+            self.fleet._track(proc, self.name if behaviour == "respawn" else None)
+            if placement is not None:
+                try:
+                    self.fleet._move(placement, proc.pid)
+                except SimError:
+                    proc.kill()
+                    proc.wait()
+                    raise
+                os.write(go_w, b"g")  # in its cgroup now: it may go on
+            line = _read_line(r, READY_TIMEOUT_S)
+        finally:
+            for fd in (r, w, go_r, go_w):
+                if fd >= 0:
+                    os.close(fd)
+        parts = line.split()
+        if len(parts) != 3 or parts[0] != "ready":
+            proc.kill()
+            proc.wait()
+            why = _last_line(log_path) or f"no ready line within {READY_TIMEOUT_S:g}s"
+            raise SimError(f"{self.name}: workload did not start: {why}")
+        return int(parts[1]), int(parts[2]), proc
+
+    def _register(
+        self, w: Workload, spec: Spec, placement: Placement, pw: pwd.struct_passwd
+    ) -> None:
+        """Fill in ``w``'s identity and record it in the node's registry for the stand-ins."""
+        shape = placement.shape
+        kind = spec.kind
+        w.cgroup_kind, w.cgroup_path, w.cgroup_v1_path = kind, shape.v2, shape.v1
+        entry: dict[str, Any] = {
+            "kind": kind, "image": None, "labels": {}, "restart": None, "pod": None,
+            "job": None, "user": pw.pw_name, "uid": pw.pw_uid, "gid": pw.pw_gid, "gpu": w.gpu,
+            "process": w.name, "cgroup": shape.v2, "top": placement.top, "pid": w.pid,
+            "start_ticks": w.start_ticks, "supervisor_pid": w.supervisor_pid,
+            "supervisor_start_ticks": w.supervisor_start_ticks, "sandbox_id": None,
+            "created": time.time(), "state": "running", "finished": None, "exit_code": None,
+        }  # fmt: skip
+        if kind in ("docker", "podman", "kubernetes"):
+            assert shape.container_id is not None
+            suffix = shape.container_id[:6]
+            w.container_id = shape.container_id
+            w.container_name = spec.name or ("main" if kind == "kubernetes" else f"gpusim_{suffix}")
+            w.image = spec.image or "nvcr.io/nvidia/pytorch:24.05-py3"
+            w.labels = dict(spec.labels)
+            entry.update(id=w.container_id, name=w.container_name, image=w.image,
+                         labels=w.labels)  # fmt: skip
+        if kind in ("docker", "podman"):
+            w.restart = spec.restart or "no"
+            entry["restart"] = w.restart
+        if kind == "kubernetes":
+            w.pod_namespace, w.pod_name = spec.pod or ("default", f"gpusim-{suffix[:5]}")
+            w.pod_uid = shape.pod_uid
+            entry["pod"] = {"namespace": w.pod_namespace, "name": w.pod_name, "uid": w.pod_uid}
+            entry["sandbox_id"] = hashlib.sha256(f"sandbox/{w.pod_uid}".encode()).hexdigest()
+        if kind == "slurm":
+            assert shape.job_id is not None
+            w.job_id, w.job_name, w.job_user = shape.job_id, spec.job_name or w.name, pw.pw_name
+            try:
+                group = grp.getgrgid(pw.pw_gid).gr_name
+            except KeyError:
+                group = str(pw.pw_gid)
+            entry.update(id=w.job_id, name=w.job_name)
+            entry["job"] = {"id": w.job_id, "name": w.job_name, "user": pw.pw_name,
+                            "uid": pw.pw_uid, "group": group, "gid": pw.pw_gid,
+                            "home": pw.pw_dir or "/"}  # fmt: skip
+        if kind in ("service", "session"):
+            w.unit = shape.unit
+            entry.update(id=w.unit, name=w.unit)
+        runtimes.register(str(self.state_dir), entry)
 
     def daemon_exe(self, name: str) -> str:
         """Return ``<node dir>/sbin/<name>``, a copy of the interpreter, made on first use."""
@@ -541,8 +718,11 @@ class SimNode:
         return killed
 
     def clear(self) -> None:
-        """Kill the workloads and forget them, clear the fault, the overrides and the sudo log."""
+        """Kill the workloads and forget them, clear the fault, the overrides and the sudo log;
+        remove the workloads' cgroups and empty the registry (and the stand-ins' delay)."""
         self.kill_workloads()
+        self.fleet._release_cgroups(self.name)
+        runtimes.clear(str(self.state_dir))
         self.set_fault(None)
         if self.sudo:
             self.sudo_log_path.write_bytes(b"")

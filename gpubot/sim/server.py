@@ -42,7 +42,9 @@ class ServerSpec:
     home: str  # an existing directory: the sessions' working directory
     shell: str
     workdir: Path  # for sshd's config and log
-    path_first: str | None = None  # a directory put before the standard PATH (the sudo stand-in)
+    # Directories put before the standard PATH, in this order (the sudo stand-in's, the runtime
+    # stand-ins').
+    path_dirs: tuple[str, ...] = ()
     run_as: tuple[int, int] | None = None  # (uid, gid) sessions run as (asyncssh only; root)
     hidepid: bool = False  # each session's /proc is mounted hidepid=2 (asyncssh only)
 
@@ -91,12 +93,11 @@ _HIDEPID = (
 
 
 def session_path(spec: ServerSpec) -> str:
-    """Return the PATH of a session: ``spec.path_first`` (if any), then the standard one."""
-    if spec.path_first is None:
-        return STD_PATH
-    if not spec.path_first.startswith("/") or any(c in spec.path_first for c in ':"\n\0'):
-        raise UsageError(f"{spec.name}: bad directory for PATH: {spec.path_first!r}")
-    return f"{spec.path_first}:{STD_PATH}"
+    """Return the PATH of a session: ``spec.path_dirs`` (if any), then the standard one."""
+    for d in spec.path_dirs:
+        if not d.startswith("/") or any(c in d for c in ':"\n\0'):
+            raise UsageError(f"{spec.name}: bad directory for PATH: {d!r}")
+    return ":".join([*spec.path_dirs, STD_PATH])
 
 
 def session_env(spec: ServerSpec) -> dict[str, str]:
@@ -396,7 +397,7 @@ class SshdPool:
 def sshd_config(spec: ServerSpec, port: int) -> str:
     """Return an sshd_config that serves one node on 127.0.0.1:``port``."""
     # SetEnv overrides the PATH that sshd gives every session (its own default, ~/.ssh/environment).
-    env = [f'SetEnv "PATH={session_path(spec)}"'] if spec.path_first is not None else []
+    env = [f'SetEnv "PATH={session_path(spec)}"'] if spec.path_dirs else []
     return "\n".join(
         [
             *env,

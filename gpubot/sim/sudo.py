@@ -8,8 +8,10 @@ What it does, as sudo 1.9 with that rule in ``/etc/sudoers.d`` does it:
 
 - Only ``sudo -n CMD [ARG...]`` is accepted. Without ``-n`` sudo would ask for a password that
   an SSH session without a terminal cannot give; any other option is refused too.
-- ``CMD`` without a slash is looked up in sudo's ``secure_path``, except ``nvidia-smi``, which
-  is the node's own stand-in.
+- ``CMD`` without a slash is looked up in sudo's ``secure_path``, except ``nvidia-smi`` and the
+  runtime programs (``docker``, ``podman``, ``crictl``, ``scontrol``, ``scancel``,
+  ``systemctl``), which are the node's own stand-ins: found in the node's directory when the
+  fleet installed them, not found otherwise (never this machine's own).
 - The command (resolved path, then the arguments joined by single spaces) must match one of the
   rule's command patterns, with sudoers' wildcards: in the path, ``*`` and ``?`` stop at ``/``;
   in the arguments, ``*`` matches anything, spaces and slashes included; ``[0-9]`` is a class;
@@ -23,8 +25,9 @@ What it does, as sudo 1.9 with that rule in ``/etc/sudoers.d`` does it:
 - Every call, run or refused, is appended to the node's log as one JSON line.
 
 The rule file (JSON) is written by the fleet: ``user``, ``host``, ``runas``, ``nopasswd``,
-``commands`` (patterns, with ``/dev/nvidia`` and ``/usr/bin/nvidia-smi`` already rewritten to
-the node's device prefix and nvidia-smi), ``nvidia_smi`` and ``log``. The stand-in changes no
+``commands`` (patterns, with ``/dev/nvidia``, ``/usr/bin/nvidia-smi`` and ``/usr/bin/PROG`` of
+each runtime program already rewritten to the node's device prefix and its own programs),
+``nvidia_smi``, ``programs`` (name -> the node's path) and ``log``. The stand-in changes no
 privilege: it runs the command as the session's own user (root, in the test suite).
 """
 
@@ -127,14 +130,29 @@ def parse_sudoers(text: str) -> dict[str, Any]:
 
 
 def node_rule(
-    rule: dict[str, Any], host: str, dev_prefix: str, nvidia_smi: str, log: str
+    rule: dict[str, Any],
+    host: str,
+    dev_prefix: str,
+    nvidia_smi: str,
+    log: str,
+    programs: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Return the rule file of one node: the rule's paths rewritten to the node's own."""
-    smi, dev = _escape(nvidia_smi), _escape(dev_prefix)
-    cmds = [
-        c.replace("/usr/bin/nvidia-smi", smi).replace("/dev/nvidia", dev) for c in rule["commands"]
-    ]
-    return {**rule, "commands": cmds, "host": host, "nvidia_smi": nvidia_smi, "log": log}
+    """Return the rule file of one node: the rule's paths rewritten to the node's own.
+
+    ``programs``: the node's own runtime programs (name -> path); a pattern's ``/usr/bin/NAME``
+    (the path the README's rule gives them) becomes the node's path.
+    """
+    own = {"nvidia-smi": nvidia_smi, **(programs or {})}
+    dev = _escape(dev_prefix)
+    cmds = []
+    for c in rule["commands"]:
+        words = re.split(r"(?<!\\)([ \t]+)", c.strip(), maxsplit=1)  # path, space, arguments
+        path, name = words[0], words[0].removeprefix("/usr/bin/")
+        if path.startswith("/usr/bin/") and name in own:
+            path = _escape(own[name])
+        cmds.append(path + "".join(words[1:]).replace("/dev/nvidia", dev))
+    return {**rule, "commands": cmds, "host": host, "nvidia_smi": nvidia_smi,
+            "programs": own, "log": log}  # fmt: skip
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -291,13 +309,17 @@ def command_matches(pattern: str, path: str, args: list[str]) -> bool:
     return glob_regex(pargs, pathname=False).fullmatch(" ".join(args)) is not None
 
 
-def resolve(cmd: str, nvidia_smi: str | None = None) -> str | None:
-    """Find ``cmd`` as sudo does (``secure_path``); ``nvidia-smi`` is the node's own."""
+def resolve(
+    cmd: str, nvidia_smi: str | None = None, programs: dict[str, str] | None = None
+) -> str | None:
+    """Find ``cmd`` as sudo does (``secure_path``); ``nvidia-smi`` and ``programs`` (name ->
+    path) are the node's own, and a missing one is not found rather than looked up here."""
     if "/" in cmd:
         path = os.path.abspath(cmd)
         return path if _executable(path) else None
-    if cmd == "nvidia-smi" and nvidia_smi:
-        return nvidia_smi if _executable(nvidia_smi) else None
+    own = {**({"nvidia-smi": nvidia_smi} if nvidia_smi else {}), **(programs or {})}
+    if cmd in own:
+        return own[cmd] if _executable(own[cmd]) else None
     for d in SECURE_PATH:
         path = os.path.join(d, cmd)
         if _executable(path):
@@ -343,7 +365,7 @@ def main(argv: list[str], rule_path: str) -> int:
     if len(argv) == 1 or argv[1].startswith("-"):
         return refuse("usage", USAGE)
     cmd, args = argv[1], argv[2:]
-    path = resolve(cmd, rule.get("nvidia_smi"))
+    path = resolve(cmd, rule.get("nvidia_smi"), rule.get("programs"))
     if path is None:
         if "/" in cmd:
             return refuse("not-found", f"sudo: {cmd}: command not found")

@@ -13,6 +13,10 @@ death), ``hidden`` (not listed by ``--query-compute-apps``), ``ctl-only`` (holds
 Readiness: once the device files are open and the allocation is registered, the process writes
 ``ready PID START_TICKS`` to the file descriptor ``--ready-fd`` and closes it.
 
+Go-ahead (``--go-fd``): the process first waits for one byte on that file descriptor before it
+does anything (its parent moves it into a cgroup meanwhile, so that whatever it starts is born
+there); EOF instead means the parent gave up: it exits with status 1.
+
 Forger (``--forge B64``, with any behaviour): a hostile local user's process. Once ready, a
 daemon thread loops every ~5 ms for the process's life: it reads every other process's
 ``/proc/*/cmdline`` for tokens matching ``[0-9a-f]{16,64}`` (secrets in someone's argv) and keeps
@@ -64,6 +68,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--util", type=int, default=50)
     p.add_argument("--slow-exit-s", type=float, default=3.0)
     p.add_argument("--ready-fd", type=int, default=-1)
+    p.add_argument("--go-fd", type=int, default=-1)
     p.add_argument("--name", default="python3")
     p.add_argument("--exe", default=sys.executable)
     p.add_argument("--supervisor", type=int, default=0)
@@ -83,6 +88,11 @@ def _b64(text: str) -> bytes:
 def main(argv: list[str] | None = None) -> int:
     """Run the workload; return its exit status."""
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.go_fd >= 0:
+        go = os.read(args.go_fd, 1)
+        os.close(args.go_fd)
+        if go != b"g":
+            return 1
     if args.behaviour == "respawn" and not args.supervisor:
         return supervise(args, argv if argv is not None else sys.argv[1:])
     return hold(args)
@@ -200,7 +210,8 @@ def supervise(args: argparse.Namespace, argv: list[str]) -> int:
     ready_fd = args.ready_fd
     script = sys.argv[0]  # the launcher this supervisor was started through
     while not flags.stopping():
-        child_argv = [*_without(argv, "--ready-fd"), "--supervisor", str(os.getpid())]
+        own = _without(_without(argv, "--ready-fd"), "--go-fd")
+        child_argv = [*own, "--supervisor", str(os.getpid())]
         fds: tuple[int, ...] = ()
         if ready_fd >= 0:
             child_argv += ["--ready-fd", str(ready_fd)]
