@@ -29,7 +29,14 @@ RULE = (
     "Cmnd_Alias GPUBOT_KILL  = /usr/bin/kill -s TERM [0-9]*, /usr/bin/kill -s KILL [0-9]*\n"
     "Cmnd_Alias GPUBOT_RESET = /usr/bin/nvidia-smi --gpu-reset -i [0-9]*, "
     "/usr/bin/nvidia-smi -pm 0 -i [0-9]*, /usr/bin/nvidia-smi -pm 1 -i [0-9]*\n"
-    "gpubot ALL=(root) NOPASSWD: GPUBOT_FUSER, GPUBOT_KILL, GPUBOT_RESET\n"
+    "# Only needed with a node's `runtimes` (GPUBOT_INSPECT) and with [reset] stop_workloads "
+    "(GPUBOT_STOP):\n"
+    "Cmnd_Alias GPUBOT_INSPECT = /usr/bin/docker inspect *, /usr/bin/podman inspect *, "
+    "/usr/bin/crictl inspect *\n"
+    "Cmnd_Alias GPUBOT_STOP  = /usr/bin/docker stop *, /usr/bin/podman stop *, "
+    "/usr/bin/scancel *, /usr/bin/systemctl stop *\n"
+    "gpubot ALL=(root) NOPASSWD: GPUBOT_FUSER, GPUBOT_KILL, GPUBOT_RESET, GPUBOT_INSPECT, "
+    "GPUBOT_STOP\n"
 )
 
 
@@ -48,6 +55,13 @@ def test_readme_holds_exactly_the_rule() -> None:
         "/usr/bin/nvidia-smi --gpu-reset -i [0-9]*",
         "/usr/bin/nvidia-smi -pm 0 -i [0-9]*",
         "/usr/bin/nvidia-smi -pm 1 -i [0-9]*",
+        "/usr/bin/docker inspect *",
+        "/usr/bin/podman inspect *",
+        "/usr/bin/crictl inspect *",
+        "/usr/bin/docker stop *",
+        "/usr/bin/podman stop *",
+        "/usr/bin/scancel *",
+        "/usr/bin/systemctl stop *",
     ]
 
 
@@ -103,7 +117,7 @@ def test_wildcards(pattern: str, args: list[str], ok: bool) -> None:
     [
         "Defaults !authenticate\n" + RULE,
         RULE + "gpubot ALL=(root) NOPASSWD: !/bin/sh\n",
-        RULE.replace("GPUBOT_RESET\n", "GPUBOT_RESTE\n"),
+        RULE.replace("GPUBOT_STOP\n", "GPUBOT_STPO\n"),
         RULE.replace("(root)", "(ALL : wheel)"),
         RULE + "alice ALL=(root) NOPASSWD: /bin/true\n",
         "gpubot ALL=(root) NOPASSWD: ALL\n",

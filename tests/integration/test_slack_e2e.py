@@ -60,7 +60,8 @@ async def test_status_of_one_node(harness: Harness, node1: Any) -> None:
     assert post.body["channel"] == "C0GENERAL" and "asking 1 node" in post.body["text"]
     assert update.body["ts"] == post.answer["ts"]
     rows = table_rows(update)
-    assert rows[0] == ["GPU", "Memory", "Util", "Processes (owner pid MiB workload command)", "Flags"]
+    head = ["GPU", "Memory", "Util", "Processes (owner pid MiB workload command)", "Flags"]
+    assert rows[0] == head
     assert [r[0] for r in rows[1:]] == ["0", "1", "2", "3"]
     assert f"{w.user} {w.pid} 2048 MiB" in rows[2][3]
     assert rows[2][1].startswith("2048 / 143771 MiB")

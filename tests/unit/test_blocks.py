@@ -75,7 +75,8 @@ def test_one_node_is_a_table() -> None:
     tables = [b for b in msg["blocks"] if b["type"] == "table"]
     assert len(tables) == 1
     rows = [[c["text"] for c in r] for r in tables[0]["rows"]]
-    assert rows[0] == ["GPU", "Memory", "Util", "Processes (owner pid MiB workload command)", "Flags"]
+    head = ["GPU", "Memory", "Util", "Processes (owner pid MiB workload command)", "Flags"]
+    assert rows[0] == head
     assert rows[1][:3] == ["0", "2048 / 81920 MiB", "50 %"]
     assert "alice 4242 1024 MiB python train.py --run 4242" in rows[1][3]
     assert rows[2][4] == "hidden"  # dave holds GPU 1's device file, unlisted by nvidia-smi
