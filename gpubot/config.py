@@ -52,6 +52,9 @@ class ResetSettings:
     # A respawned workload: run its stop command (docker stop, scancel, systemctl stop) as part
     # of the reset. False: gpubot only says which command stops it.
     stop_workloads: bool = False
+    # A GPU whose target's workload may start it again (a restart policy, a pod, a job, a
+    # service) is called freed only once it has stayed free this long.
+    respawn_watch_s: float = 3.0
 
     @property
     def protection(self) -> Protection:
@@ -158,7 +161,7 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     r = ResetSettings()
     v.keys("reset", rr, {"grace_s", "verify_timeout_s", "free_threshold_mib", "poll_interval_s",
                          "protected", "system_users", "toggle_persistence",
-                         "stop_workloads"})  # fmt: skip
+                         "stop_workloads", "respawn_watch_s"})  # fmt: skip
     toggle = v.boolean("reset.toggle_persistence", rr.get("toggle_persistence", False))
     protected = v.strings("reset.protected", rr.get("protected", list(r.protected)))
     for p in protected:
@@ -182,6 +185,8 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         system_users=system_users,
         toggle_persistence=toggle,
         stop_workloads=v.boolean("reset.stop_workloads", rr.get("stop_workloads", False)),
+        respawn_watch_s=v.positive("reset.respawn_watch_s",
+                                   rr.get("respawn_watch_s", r.respawn_watch_s), zero=True),
     )  # fmt: skip
 
     nodes_raw = raw.get("nodes", [])

@@ -309,6 +309,19 @@ def stop_command(w: Workload) -> str | None:
     return None
 
 
+def may_restart(w: Workload | None) -> bool:
+    """Whether something may start this workload's process again once it is killed.
+
+    A container with a restart policy other than ``no`` (or an unknown one), a pod (the kubelet
+    restarts containers), a Slurm job (its batch script may start the next step) or a service.
+    """
+    if w is None:
+        return False
+    if w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN):
+        return w.get("restart") not in ("no", "")
+    return w.kind in (WorkloadKind.KUBERNETES, WorkloadKind.SLURM, WorkloadKind.SERVICE)
+
+
 def stop_argv(w: Workload) -> list[str] | None:
     """Return ``stop_command`` as an argv (what ``[reset] stop_workloads`` runs), or None."""
     cmd = stop_command(w)

@@ -23,7 +23,7 @@ from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Locks, Transport
 from gpubot.core.probe import parse_procs, proc_argv
 from gpubot.core.signals import Identity, PidReport, parse_signal_output, signal_argv
-from gpubot.core.workload import Workload
+from gpubot.core.workload import Workload, may_restart
 from gpubot.errors import GpubotError, LockHeld, ResetRefused, UsageError
 from gpubot.services.status import StatusService
 from gpubot.services.workloads import as_planned, stop_respawned
@@ -376,6 +376,9 @@ class _Run:
             )
             decided[g] = await self.decide(plan, obs, None)
         killed_again: set[int] = set()
+        # GPUs a restart policy, a pod, a job or a service may fill again: free must stay free.
+        watch = {g for t in plan.targets if may_restart(t.workload) for g in t.gpus}
+        free_since: dict[int, float] = {}
         last_error: str | None = None
         snap: NodeSnapshot | None = None
         while True:
@@ -397,10 +400,15 @@ class _Run:
                     if again:  # a planned process still holds the device file: deal with it by PID
                         killed_again.update(again)
                         await self.send("KILL", {p: pairs[p] for p in again}, deaths)
+                    if obs.verified and not obs.newcomers and g in watch:
+                        free_since.setdefault(g, now)
+                        if now - free_since[g] < self.cfg.respawn_watch_s:
+                            continue  # free, but not yet for long enough to be sure
+                    elif not obs.verified:
+                        free_since.pop(g, None)
                     if obs.verified or obs.newcomers:
-                        decided[g] = await self.decide(
-                            plan, obs, _since(plan, g, deaths, start, now)
-                        )
+                        seconds = _since(plan, g, deaths, start, free_since.get(g, now))
+                        decided[g] = await self.decide(plan, obs, seconds)
             if time.monotonic() >= deadline:
                 for g in [g for g in plan.gpus if g not in decided]:
                     if snap is None:

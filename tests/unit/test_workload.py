@@ -11,6 +11,7 @@ from gpubot.core.workload import (
     WorkloadKind,
     cgroup_paths,
     decide_owner,
+    may_restart,
     parse_cgroup,
     stop_argv,
     stop_command,
@@ -187,3 +188,22 @@ def test_descriptions_name_what_is_killed() -> None:
     assert job.describe() == "Slurm job 8812 step 0 (user `bob`, job name `sweep-lr`)"
     assert job.short == "slurm:8812.0"
     assert container().short == "docker:train-llama"
+
+
+@pytest.mark.parametrize(
+    ("w", "may"),
+    [
+        (container(restart="always"), True),
+        (container(restart="on-failure"), True),
+        (container(), True),  # policy unknown (no lookup): watch it
+        (container(restart="no"), False),
+        (Workload(WorkloadKind.KUBERNETES, CID), True),
+        (Workload(WorkloadKind.SLURM, "1"), True),
+        (Workload(WorkloadKind.SERVICE, "x.service"), True),
+        (Workload(WorkloadKind.SESSION, "session-1.scope"), False),
+        (Workload(WorkloadKind.OTHER, "/x"), False),
+        (None, False),
+    ],
+)
+def test_what_may_come_back(w: Workload | None, may: bool) -> None:
+    assert may_restart(w) is may
