@@ -2,7 +2,7 @@
 
 Memory and descriptors are fitted (least squares, a line) through the running bot's RSS and open
 descriptors at each measured N. The Slack part is measured, not fitted: the real fleet
-answer (``gpubot.slack.blocks.render_fleet``) is rendered for 1,000 nodes made from snapshots
+answer (``gpubot.chat.blocks.render_fleet``) is rendered for 1,000 nodes made from snapshots
 the benchmark fleet really returned, and checked against Slack's limits.
 """
 
@@ -14,8 +14,8 @@ import resource
 from collections.abc import Sequence
 from typing import Any
 
+from gpubot.chat.blocks import MAX_BLOCKS, MAX_TEXT, limit_problems, render_fleet
 from gpubot.core.models import NodeSnapshot
-from gpubot.slack.blocks import MAX_BLOCKS, MAX_TEXT, limit_problems, render_fleet
 
 TARGET = 1000
 

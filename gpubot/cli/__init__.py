@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("gpubot.cli.audit", "list, show, export and verify the audit log"),
     "db": ("gpubot.cli.db", "database migrations"),
     "serve": ("gpubot.slack.serve", "run the Slack bot"),
-    "console": ("gpubot.console", "type /gpu commands on a terminal"),
+    "console": ("gpubot.cli.console", "type /gpu commands on a terminal"),
     "sim": ("gpubot.sim.cli", "run and drive a simulated GPU fleet"),
 }
 

@@ -21,15 +21,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpubot.app import App, build
+from gpubot.chat.blocks import message_text
+from gpubot.chat.flows import Flows
+from gpubot.cli.console import answer, make_flows, repl
 from gpubot.config import load
-from gpubot.console import answer, make_flows, repl
 from gpubot.core.findings import load_sweep_config
 from gpubot.services.approvals import Identity
 from gpubot.services.sweep import AlertGroup, SweepService
 from gpubot.sim.fleet import SimFleet
 from gpubot.slack.alerts import render_alert_group, render_sweep
-from gpubot.slack.blocks import message_text
-from gpubot.slack.flows import Flows
 from gpubot.store import open_store
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"

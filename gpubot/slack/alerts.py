@@ -26,17 +26,7 @@ from typing import Any
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from gpubot.app import App
-from gpubot.config import Settings
-from gpubot.core.findings import TITLES, SweepConfig, check_port, duration_text, load_sweep_config
-from gpubot.core.models import FindingKind
-from gpubot.errors import GpubotError
-from gpubot.metrics import Metrics, instrument_resets
-from gpubot.scheduler import SweepScheduler
-from gpubot.services.approvals import Identity
-from gpubot.services.sweep import AlertGroup, AlertItem, Handle, SweepResult, SweepService
-from gpubot.slack.api import SlackApi
-from gpubot.slack.app import GpuBot
-from gpubot.slack.blocks import (
+from gpubot.chat.blocks import (
     MAX_FALLBACK,
     Budget,
     Message,
@@ -52,9 +42,19 @@ from gpubot.slack.blocks import (
     table,
     table_fits,
 )
-from gpubot.slack.flows import Sweeper, error_message
+from gpubot.chat.flows import Sweeper, error_message
+from gpubot.chat.reset_view import reset_button
+from gpubot.config import Settings
+from gpubot.core.findings import TITLES, SweepConfig, check_port, duration_text, load_sweep_config
+from gpubot.core.models import FindingKind
+from gpubot.errors import GpubotError
+from gpubot.metrics import Metrics, instrument_resets
+from gpubot.scheduler import SweepScheduler
+from gpubot.services.approvals import Identity
+from gpubot.services.sweep import AlertGroup, AlertItem, Handle, SweepResult, SweepService
+from gpubot.slack.api import SlackApi
+from gpubot.slack.app import GpuBot
 from gpubot.slack.idle_dm import register_free_it, render_idle_dm, slack_users_of
-from gpubot.slack.reset_blocks import reset_button
 from gpubot.store.locks import DbLocks
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
+from gpubot.chat.blocks import Message, text_only, without_tables
+from gpubot.chat.flows import Handle
 from gpubot.core.policy import ChatAccount
 from gpubot.errors import GpubotError
-from gpubot.slack.blocks import Message, text_only, without_tables
-from gpubot.slack.flows import Handle
 
 log = logging.getLogger(__name__)
 

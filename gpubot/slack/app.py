@@ -22,14 +22,14 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from gpubot.chat.blocks import Message, escape, render_text
+from gpubot.chat.flows import MIN_UPDATE_S, Flows, Handle, Services
+from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.core import commands as c
 from gpubot.core.policy import resolve
 from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
-from gpubot.slack.blocks import Message, escape, render_text
-from gpubot.slack.flows import MIN_UPDATE_S, Flows, Handle, Services
-from gpubot.slack.reset_blocks import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 
 log = logging.getLogger(__name__)
 

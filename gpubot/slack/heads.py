@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gpubot.app import App
+from gpubot.chat.blocks import Message, context, date, escape, header, section
 from gpubot.config import Settings
 from gpubot.core.findings import load_sweep_config
 from gpubot.errors import GpubotError
 from gpubot.scheduler import IntervalScheduler
 from gpubot.slack.api import SlackApi
 from gpubot.slack.app import GpuBot
-from gpubot.slack.blocks import Message, context, date, escape, header, section
 from gpubot.store import Store, VerifyResult
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gpubot.core import commands as c
-from gpubot.core.findings import duration_text
-from gpubot.errors import GpubotError, UsageError
-from gpubot.services.sweep import AlertItem, Handle, SweepService, parse_key
-from gpubot.slack.app import GpuBot
-from gpubot.slack.blocks import (
+from gpubot.chat.blocks import (
     MAX_FALLBACK,
     Budget,
     Message,
@@ -32,7 +27,12 @@ from gpubot.slack.blocks import (
     render_text,
     section,
 )
-from gpubot.slack.flows import error_message
+from gpubot.chat.flows import error_message
+from gpubot.core import commands as c
+from gpubot.core.findings import duration_text
+from gpubot.errors import GpubotError, UsageError
+from gpubot.services.sweep import AlertItem, Handle, SweepService, parse_key
+from gpubot.slack.app import GpuBot
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from aiohttp import web
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from gpubot.app import App, build, settings_from
+from gpubot.chat.blocks import render_text
+from gpubot.chat.flows import MIN_UPDATE_S, make_services
 from gpubot.config import Settings
 from gpubot.errors import ConfigError
 from gpubot.slack.alerts import start_sweeps
 from gpubot.slack.api import SlackDirectory, make_client
 from gpubot.slack.app import GpuBot
-from gpubot.slack.blocks import render_text
-from gpubot.slack.flows import MIN_UPDATE_S, make_services
 from gpubot.slack.heads import start_head_publication
 from gpubot.store import Approval, Store
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from gpubot.app import App, build
-from gpubot.console import answer, identity, make_flows
+from gpubot.chat.flows import Flows
+from gpubot.cli.console import answer, identity, make_flows
 from gpubot.core.models import ApprovalState
-from gpubot.slack.flows import Flows
 from gpubot.store import open_store
 from tests.procs import alive
 

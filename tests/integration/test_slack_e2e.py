@@ -14,11 +14,11 @@ import signal
 import time
 from typing import Any
 
+from gpubot.chat.blocks import message_text
+from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.core.models import ApprovalState
-from gpubot.slack.blocks import message_text
-from gpubot.slack.reset_blocks import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from tests.fixtures.slack import Call, FakeSlack, Harness
-from tests.procs import alive
+from tests.procs import alive, until
 
 
 def blocks_of(call: Call) -> list[dict[str, Any]]:
@@ -322,8 +322,7 @@ async def test_alert_button_starts_the_same_flow(harness: Harness, node1: Any) -
 async def test_sweep_now(harness: Harness, node1: Any) -> None:
     w = node1.spawn(gpu=2, mib=6000, behaviour="orphan")
     os.kill(w.pid, signal.SIGKILL)  # its memory stays behind: orphaned VRAM
-    while alive(w.pid):
-        await asyncio.sleep(0.05)
+    await until(lambda: not alive(w.pid), 10, f"workload {w.pid} to die")
     await harness.send.command("sweep", user="U0BOB")
     await harness.settle()
     first, last = harness.fake.of("chat.postMessage")[0], harness.fake.ok("chat.update")[-1]

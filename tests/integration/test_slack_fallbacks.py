@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from gpubot.chat.blocks import Message, nested, render_node, render_text
+from gpubot.chat.home import render_home
 from gpubot.slack.api import SlackApi, make_client
-from gpubot.slack.blocks import Message, nested, render_node, render_text
-from gpubot.slack.home import render_home
 from tests.fixtures.slack import BOT_TOKEN, Call, FakeSlack, assert_within_limits
 from tests.unit.test_blocks import big_fleet, snap
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.cli import main
 from gpubot.core.models import ApprovalState
 from gpubot.errors import ConfigError
 from gpubot.services.reset import reset_lock
-from gpubot.slack.reset_blocks import ACTION_APPROVE
 from gpubot.slack.serve import report_incomplete
 from gpubot.store import Store, open_store
 from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack, Harness, running_bot

@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpubot.app import build
+from gpubot.chat.blocks import limit_problems, message_text
 from gpubot.core.findings import Finding, Readiness
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.errors import ConfigError
@@ -27,7 +28,6 @@ from gpubot.metrics import Metrics
 from gpubot.services.sweep import AlertGroup, AlertItem, store_key
 from gpubot.sim.fleet import SimFleet
 from gpubot.slack.alerts import Sweeps, render_alert_group, render_reminder, start_sweeps
-from gpubot.slack.blocks import limit_problems, message_text
 from gpubot.slack.serve import Tokens, build_bot, start_http
 from tests.fixtures.db import temp_database
 from tests.fixtures.slack import (
@@ -39,6 +39,7 @@ from tests.fixtures.slack import (
     assert_within_limits,
     owned,
 )
+from tests.procs import wait_dead
 
 MIB = 1024 * 1024
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -88,14 +89,7 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 def kill_and_wait(pid: int) -> None:
     os.kill(pid, 9)
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return
-        except OSError:
-            return
-        time.sleep(0.02)
+    wait_dead(pid)
 
 
 async def test_sweeps_in_the_bot(

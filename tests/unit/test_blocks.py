@@ -7,14 +7,14 @@ import random
 
 import pytest
 
+from gpubot.chat import blocks as bk
+from gpubot.chat import reset_view as rb
+from gpubot.chat.home import render_home
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
 from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetRequest, plan_reset
 from gpubot.core.protect import Protection
 from gpubot.services.reset import ResetEvent, ResetResult
-from gpubot.slack import blocks as bk
-from gpubot.slack import reset_blocks as rb
-from gpubot.slack.home import render_home
 
 EVIL = "<!channel> & <@U0BOSS> ```rm -rf``` `x`"
 

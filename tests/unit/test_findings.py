@@ -450,8 +450,14 @@ def _fake_smi(tmp: Path, topo: str | None, modes: str | None) -> str:
 
 def test_ready_script_under_sh_with_a_full_driver(tmp_path: Path) -> None:
     smi = _fake_smi(tmp_path, TOPO_MIXED, "2, Disabled, Enabled\n")
-    out = subprocess.run(ready_argv(smi, [2], 5), capture_output=True, text=True,
-                         timeout=20, env={"PATH": os.environ["PATH"]})  # fmt: skip
+    # A box without the daemon, whatever runs on this one (another test's simulated daemon):
+    # procps's ps prints nothing and exits 1 when no process has that name.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ps").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "ps").chmod(0o755)
+    out = subprocess.run(ready_argv(smi, [2], 5), capture_output=True, text=True, timeout=20,
+                         env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})  # fmt: skip
     assert "\n@gpubot topo 0\n" in out.stdout and "\n@gpubot modes 0\n" in out.stdout
     assert out.stdout.rstrip().endswith("\n@gpubot end")
     s = snap(gpu(2, 8192))

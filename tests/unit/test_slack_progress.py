@@ -13,12 +13,12 @@ import itertools
 import time
 from typing import Any, cast
 
+from gpubot.chat import flows
+from gpubot.chat.blocks import Message, message_text, render_text
+from gpubot.chat.flows import Flows, Handle, Progress, Services
 from gpubot.errors import GpubotError
 from gpubot.services.reset import ResetEvent
-from gpubot.slack import flows
 from gpubot.slack.app import GpuBot
-from gpubot.slack.blocks import Message, message_text, render_text
-from gpubot.slack.flows import Flows, Handle, Progress, Services
 from gpubot.slack.serve import build_bot
 
 INTERVAL = 0.3

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from gpubot.chat import blocks as bk
+from gpubot.chat import reset_view as rb
+from gpubot.chat.home import render_home
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.plan import ResetRequest, plan_reset
 from gpubot.core.protect import Protection
-from gpubot.slack import blocks as bk
-from gpubot.slack import reset_blocks as rb
-from gpubot.slack.home import render_home
 from tests.unit.test_blocks import EVIL, big_fleet, gpu, plan_and_result, proc, snap
 
 SLACK_SRC = Path(__file__).resolve().parents[2] / "gpubot" / "slack"

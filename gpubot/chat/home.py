@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpubot.core.models import NodeSnapshot
-from gpubot.slack.blocks import (
+from gpubot.chat.blocks import (
     MAX_VIEW_BLOCKS,
     Budget,
     code_safe,
@@ -27,6 +26,7 @@ from gpubot.slack.blocks import (
     render_fleet,
     section,
 )
+from gpubot.core.models import NodeSnapshot
 
 
 def render_home(

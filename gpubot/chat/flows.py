@@ -14,6 +14,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpubot.chat.blocks import Message, escape, render_fleet, render_text
+from gpubot.chat.home import render_home, render_refused_home
+from gpubot.chat.reset_view import (
+    render_approval_request,
+    render_approval_state,
+    render_audit,
+    render_progress,
+    render_result,
+)
 from gpubot.config import Settings
 from gpubot.core import commands as c
 from gpubot.core.models import ApprovalState, NodeSnapshot
@@ -35,15 +44,6 @@ from gpubot.errors import (
 from gpubot.services.approvals import ApprovalService, Directory, Identity, plan_of, unix
 from gpubot.services.reset import ResetEvent, ResetResult, ResetService
 from gpubot.services.status import FleetStatus, StatusService
-from gpubot.slack.blocks import Message, escape, render_fleet, render_text
-from gpubot.slack.home import render_home, render_refused_home
-from gpubot.slack.reset_blocks import (
-    render_approval_request,
-    render_approval_state,
-    render_audit,
-    render_progress,
-    render_result,
-)
 from gpubot.store import Approval, Store
 
 log = logging.getLogger(__name__)

@@ -6,9 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from gpubot.core.models import NodeSnapshot, Outcome
-from gpubot.core.plan import ResetPlan
-from gpubot.slack.blocks import (
+from gpubot.chat.blocks import (
     MAX_TABLE_ROWS,
     Budget,
     Message,
@@ -23,6 +21,8 @@ from gpubot.slack.blocks import (
     table,
     table_fits,
 )
+from gpubot.core.models import NodeSnapshot, Outcome
+from gpubot.core.plan import ResetPlan
 
 if TYPE_CHECKING:
     from gpubot.services.reset import ResetEvent, ResetResult

@@ -19,13 +19,13 @@ import sys
 from collections.abc import Callable
 
 from gpubot.app import App, build, settings_from
+from gpubot.chat.blocks import Message, message_text
+from gpubot.chat.flows import Flows, Handle, make_services
+from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.core import commands as c
 from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity, NoDirectory
-from gpubot.slack.blocks import Message, message_text
-from gpubot.slack.flows import Flows, Handle, make_services
-from gpubot.slack.reset_blocks import ACTION_APPROVE
 
 PROMPT = "gpu> "
 
@@ -142,15 +142,12 @@ def run(args: argparse.Namespace) -> int:
     app = build(settings, os.environ, need_store=False)
     flows = make_flows(app)
     who = identity(flows.svc.policy, args.as_id, args.name)
-    return asyncio.run(_loop(app, flows, who, args.command))
+    return asyncio.run(repl(app, flows, who, args.command))
 
 
 async def repl(app: App, flows: Flows, who: Identity, lines: list[str] | None) -> int:
     """Answer ``lines`` (or stdin until end of input / quit), printing as answers come; close."""
-    return await _loop(app, flows, who, lines)
 
-
-async def _loop(app: App, flows: Flows, who: Identity, lines: list[str] | None) -> int:
     def echo(text: str) -> None:
         print(text, flush=True)
 
