@@ -42,6 +42,7 @@ from gpubot.errors import (
 from gpubot.services.status import probe_node
 from gpubot.ssh import LocalTransport, SshTransport, make_transport, nvml_query
 from gpubot.ssh.local import missing_functions
+from tests.procs import alive, cmdlines, until
 
 try:
     from gpubot.sim.fleet import SimFleet
@@ -226,8 +227,10 @@ async def test_waiting_for_a_session_slot_counts_against_the_timeout(ssh_world: 
     t = SshTransport(ssh_world.settings.ssh, max_channels=1)
     node = node_of(ssh_world)
     try:
-        busy = asyncio.create_task(t.run(node, ["sleep", "1"]))
-        await asyncio.sleep(0.2)
+        token = f"gpubot-slot-{os.getpid()}-{time.monotonic_ns()}"
+        busy = asyncio.create_task(t.run(node, ["sh", "-c", f"sleep 2; : {token}"]))
+        # the busy command runs, so it holds the only slot (for 2 s more at least)
+        await until(lambda: any(token in c for c in cmdlines().values()), 30, "the busy command")
         with pytest.raises(CommandTimeout, match="no free SSH session"):
             await t.run(node, ["true"], timeout=0.3)
         assert (await busy).exit_status == 0
@@ -867,20 +870,8 @@ async def test_local_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     with pytest.raises(CommandTimeout):
         await t.run(node, ["sh", "-c", f"sleep 30 & echo $! >{pidfile}; wait"], timeout=0.5)
     child = int(pidfile.read_text())
-    for _ in range(50):  # a killed orphan may linger as a zombie until reaped
-        if _gone(child):
-            break
-        await asyncio.sleep(0.02)
-    else:
-        pytest.fail(f"grandchild {child} survived the timeout")
-
-
-def _gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    # a killed orphan may linger as a zombie until reaped: that counts as gone
+    await until(lambda: not alive(child), 10, f"grandchild {child} to die with its group")
 
 
 async def test_unknown_host_name_is_unreachable(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ def test_forger_shows_its_payload_in_argv_comm_and_nvidia_smi(
 ) -> None:
     w = node.spawn(gpu=0, mib=512, user=user, name="python3", forge="evil\n{pid}, 1 MiB")
     payload = f"evil\n{w.pid}, 1 MiB"
-    assert wait_for(lambda: cmdline(w.pid).startswith(payload.encode() + b"\0"), 1.0)
+    assert wait_for(lambda: cmdline(w.pid).startswith(payload.encode() + b"\0"), 10.0)
     # The whole argv area is the payload and NULs: no trace of the real arguments is left.
     assert cmdline(w.pid).rstrip(b"\0") == payload.encode()
     assert comm(w.pid) == payload[:15] + "\n"  # newline included; the kernel keeps 15 bytes
@@ -108,7 +108,7 @@ def test_forger_copies_a_token_from_another_process_argv(
     w = node.spawn(gpu=1, user=user, forge="gpubot-probe --nonce {token}\n{pid}")
     # The box may already run processes with hex tokens in argv (CI runners do): the forger
     # shows one of those or the literal {token}; either way it is forging before ours exists.
-    assert wait_for(lambda: cmdline(w.pid).startswith(b"gpubot-probe --nonce "), 1.0)
+    assert wait_for(lambda: cmdline(w.pid).startswith(b"gpubot-probe --nonce "), 10.0)
     token = secret_holder()
     # Other processes may bring newer tokens at any time: any moment that shows ours counts.
     want = f"gpubot-probe --nonce {token}\n{w.pid}\0".encode()
@@ -117,7 +117,7 @@ def test_forger_copies_a_token_from_another_process_argv(
 
 def test_forge_text_with_nuls_makes_several_args(node: SimNode) -> None:
     w = node.spawn(gpu=2, forge="python3\0train.py\0--epochs=90")
-    assert wait_for(lambda: cmdline(w.pid).startswith(b"python3\0train.py\0--epochs=90\0"), 1.0)
+    assert wait_for(lambda: cmdline(w.pid).startswith(b"python3\0train.py\0--epochs=90\0"), 10.0)
     assert cmdline(w.pid).rstrip(b"\0") == b"python3\0train.py\0--epochs=90"
     assert comm(w.pid) == "python3\n"
     assert smi(node, *APPS) == f"{w.pid}, python3\n"
@@ -125,12 +125,12 @@ def test_forge_text_with_nuls_makes_several_args(node: SimNode) -> None:
 
 def test_long_forge_text_is_cut_to_the_argv_area(node: SimNode) -> None:
     w = node.spawn(gpu=3, forge="A" * 2000)
-    assert wait_for(lambda: cmdline(w.pid).startswith(b"A" * 2000 + b"\0"), 1.0)
+    assert wait_for(lambda: cmdline(w.pid).startswith(b"A" * 2000 + b"\0"), 10.0)
     area = len(cmdline(w.pid))
     w2 = node.spawn(gpu=3, forge="{token}" * 280)  # a 64-byte token each would overflow it
     # Forging shows "{token}..." or, where some process on the box has a hex token in its
     # argv, that token: either way no longer the interpreter's path that the real argv starts with.
-    assert wait_for(lambda: cmdline(w2.pid)[:1] in (b"{", *(c.encode() for c in HEX)), 1.0)
+    assert wait_for(lambda: cmdline(w2.pid)[:1] in (b"{", *(c.encode() for c in HEX)), 10.0)
     assert len(cmdline(w2.pid)) <= area + 7 * 280 and cmdline(w2.pid).endswith(b"\0")
     with pytest.raises(UsageError):
         node.spawn(gpu=3, forge="A" * 2001)
@@ -139,11 +139,13 @@ def test_long_forge_text_is_cut_to_the_argv_area(node: SimNode) -> None:
 @pytest.mark.parametrize("behaviour", ["slow", "stubborn"])
 def test_forger_keeps_its_behaviour(node: SimNode, behaviour: str) -> None:
     w = node.spawn(gpu=0, behaviour=behaviour, slow_exit_s=0.3, forge="kworker/0:1")
-    assert wait_for(lambda: comm(w.pid) == "kworker/0:1\n", 1.0)
+    assert wait_for(lambda: comm(w.pid) == "kworker/0:1\n", 10.0)
+    t0 = time.monotonic()
     os.kill(w.pid, signal.SIGTERM)  # the forger thread blocks signals: the main thread gets it
     if behaviour == "slow":
         time.sleep(0.1)
-        assert running(w.pid)
+        if time.monotonic() - t0 < 0.25:  # (a loaded machine may wake this test later)
+            assert running(w.pid)
         assert wait_for(lambda: not running(w.pid), 3.0)
     else:
         time.sleep(0.3)
@@ -154,13 +156,13 @@ def test_forger_keeps_its_behaviour(node: SimNode, behaviour: str) -> None:
 
 def test_respawned_children_forge_too(node: SimNode) -> None:
     w = node.spawn(gpu=1, behaviour="respawn", forge="child {pid}")
-    assert wait_for(lambda: cmdline(w.pid).startswith(f"child {w.pid}\0".encode()), 1.0)
+    assert wait_for(lambda: cmdline(w.pid).startswith(f"child {w.pid}\0".encode()), 10.0)
     assert w.supervisor_pid is not None and not cmdline(w.supervisor_pid).startswith(b"child")
     os.kill(w.pid, signal.SIGKILL)
     assert wait_for(lambda: w.current_pid() not in (None, w.pid), 5.0)
     new = w.current_pid()
     assert new is not None
-    assert wait_for(lambda: cmdline(new).startswith(f"child {new}\0".encode()), 1.0)
+    assert wait_for(lambda: cmdline(new).startswith(f"child {new}\0".encode()), 10.0)
     os.kill(w.supervisor_pid, signal.SIGTERM)
     assert wait_for(lambda: not running(new) and not running(w.supervisor_pid or 0), 5.0)
 
@@ -180,7 +182,7 @@ def test_daemon_exe_is_a_real_executable_of_its_own(node: SimNode, user: str | N
 def test_daemon_exe_can_forge_too(node: SimNode) -> None:
     exe = node.daemon_exe("nvidia-persistenced")
     w = node.spawn(gpu=3, exe_path=exe, forge="/usr/bin/nvidia-persistenced --user nvpd")
-    assert wait_for(lambda: cmdline(w.pid).startswith(b"/usr/bin/nvidia-persistenced --"), 1.0)
+    assert wait_for(lambda: cmdline(w.pid).startswith(b"/usr/bin/nvidia-persistenced --"), 10.0)
     assert os.readlink(f"/proc/{w.pid}/exe") == exe
     assert comm(w.pid) == "/usr/bin/nvidia\n"
 

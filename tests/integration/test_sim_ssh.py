@@ -6,7 +6,7 @@ import asyncio
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +232,16 @@ async def test_every_behaviour_seen_and_signalled_over_ssh(fleet: SimFleet, node
             rows = (line.split(", ") for line in apps.splitlines())
             return {int(p): int(m) for p, m in rows}, [int(x) for x in mem.split()]
 
+        async def look_until(
+            done: Callable[[dict[int, int], list[int]], bool], what: str
+        ) -> tuple[dict[int, int], list[int]]:
+            """Look again until ``done`` holds (a loaded machine answers late), at most 20 s."""
+            deadline = time.monotonic() + 20
+            while not done(*(seen := await look())):
+                assert time.monotonic() < deadline, f"timed out waiting for {what}: {seen}"
+                await asyncio.sleep(0.05)
+            return seen
+
         listed, mem = await look()
         assert listed == {w[k].pid: 1000 + i for i, k in enumerate(kinds) if k != "hidden"}
         assert mem[:6] == [1000, 1001, 1002, 1003, 1004, 1005]
@@ -240,13 +250,16 @@ async def test_every_behaviour_seen_and_signalled_over_ssh(fleet: SimFleet, node
         assert f"{ctl.pid} F...m" in table
         await sh("kill -TERM " + " ".join(str(w[k].pid) for k in kinds))
         killed = time.monotonic()
-        await asyncio.sleep(0.3)
-        listed, _ = await look()
-        assert w["normal"].pid not in listed and w["stubborn"].pid in listed
+        listed, _ = await look_until(lambda ls, _: w["normal"].pid not in ls, "normal to exit")
+        assert w["stubborn"].pid in listed
         if time.monotonic() - killed < 1.4:  # (a loaded machine may answer later than that)
             assert w["slow"].pid in listed  # still shutting down
-        await asyncio.sleep(2.0)  # the slow one's 1.5 s, then the 0.3 s release delay
-        listed, mem = await look()
+        # the slow one's 1.5 s, then the 0.3 s release delay; the respawned child shows up
+        listed, mem = await look_until(
+            lambda ls, m: w["slow"].pid not in ls and m[0] == m[2] == m[5] == 0
+            and 1003 in ls.values(),
+            "slow to exit, memory to be released and respawn to come back",
+        )  # fmt: skip
         assert w["slow"].pid not in listed and w["orphan"].pid not in listed
         respawned = [p for p, m in listed.items() if m == 1003]
         assert len(respawned) == 1 and respawned[0] != w["respawn"].pid
@@ -254,6 +267,5 @@ async def test_every_behaviour_seen_and_signalled_over_ssh(fleet: SimFleet, node
         assert mem[4] == 1004  # the orphan's memory leaked
         assert "successfully reset" in await sh(f"{smi} --gpu-reset -i 4; kill -KILL "
                                                 f"{w['stubborn'].pid}")  # fmt: skip
-        await asyncio.sleep(0.2)
-        listed, mem = await look()
-        assert mem[4] == 0 and w["stubborn"].pid not in listed
+        await look_until(lambda ls, m: m[4] == 0 and w["stubborn"].pid not in ls,
+                         "GPU 4 reset and stubborn killed")  # fmt: skip

@@ -106,7 +106,7 @@ def test_release_delay_is_settable(node: SimNode) -> None:
     node.release_delay_s = 0.0
     w = node.spawn(gpu=1, mib=100)
     os.kill(w.pid, signal.SIGKILL)
-    assert wait_for(lambda: used(node, 1) == 0, 2)
+    assert wait_for(lambda: used(node, 1) == 0, 10)
     assert node.release_delay_s == 0.0
 
 
@@ -124,7 +124,8 @@ def test_slow_exits_some_seconds_after_sigterm(node: SimNode) -> None:
     t0 = time.monotonic()
     os.kill(w.pid, signal.SIGTERM)
     time.sleep(0.4)
-    assert running(w.pid)
+    if time.monotonic() - t0 < 0.7:  # (a loaded machine may wake this test later than that)
+        assert running(w.pid)
     assert wait_for(lambda: not running(w.pid), 3)
     assert time.monotonic() - t0 >= 0.8
 

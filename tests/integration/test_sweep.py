@@ -29,7 +29,7 @@ from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from tests.fixtures.db import temp_database
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
-from tests.procs import remote_probes
+from tests.procs import remote_probes, start_ticks, wait_dead, wait_zombie
 
 CHANNEL = "C0ALERTS"
 
@@ -101,24 +101,10 @@ async def sweeper(
         await app.close()
 
 
-def ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[19])
-
-
-def state_of(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):  # reaped between open and read
-        return None
-
-
 def kill_and_wait(pid: int) -> None:
+    """SIGKILL ``pid`` (a workload this test started) and wait until it is dead."""
     os.kill(pid, 9)
-    deadline = time.monotonic() + 5
-    while state_of(pid) not in (None, "Z") and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_dead(pid)
 
 
 def keys(result: Any) -> set[tuple[str, int | None, str, str]]:
@@ -152,9 +138,8 @@ async def test_each_kind_comes_from_its_behaviour(fleet: SimFleet, pg_url: str) 
     # child of this test that exited unreaped) for the memory a live workload holds.
     carrier = n2.spawn(gpu=0, mib=3072)
     zombie = subprocess.Popen(["true"])
-    while state_of(zombie.pid) != "Z":
-        time.sleep(0.01)
-    zombie_ticks = ticks(zombie.pid)
+    wait_zombie(zombie.pid)
+    zombie_ticks = start_ticks(zombie.pid)
     n2.override("apps", "pid", str(zombie.pid))
     # ... and on node3 the pid of a process that is gone from /proc altogether.
     carrier3 = n3.spawn(gpu=1, mib=1536)

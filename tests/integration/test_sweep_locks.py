@@ -23,6 +23,7 @@ from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet
 from gpubot.store.locks import SWEEP_LOCK, DbLocks
 from tests.fixtures.db import temp_database
+from tests.procs import until
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -99,7 +100,7 @@ async def test_the_schedule_never_overlaps_and_stops_cleanly() -> None:
 
     sched = SweepScheduler(slow_sweep, 0.1, first_after_s=0)
     sched.start()
-    await asyncio.sleep(1.3)
+    await until(lambda: len(spans) >= 2, 30, "two sweeps")
     await sched.stop()  # lets the sweep under way finish
     assert len(spans) >= 2 and sched.runs == len(spans)
     for (_, end), (start, _) in itertools.pairwise(spans):
@@ -119,7 +120,7 @@ async def test_a_failing_sweep_does_not_stop_the_schedule() -> None:
 
     sched = SweepScheduler(broken, 0.1, first_after_s=0)
     sched.start()
-    await asyncio.sleep(0.45)
+    await until(lambda: calls >= 3, 30, "three failed sweeps")
     await sched.stop()
     assert calls >= 3
 

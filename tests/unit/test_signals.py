@@ -15,15 +15,10 @@ import pytest
 
 from gpubot.core.signals import PidReport, parse_signal_output, signal_argv
 from gpubot.errors import ParseError
+from tests.procs import start_ticks, wait_zombie
 
 ME = os.geteuid()  # the owner of the processes the tests start
 SHELLS = [sh for sh in ("dash", "bash") if shutil.which(sh)]
-
-
-def start_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 @pytest.fixture
@@ -111,7 +106,7 @@ def test_gone_and_zombie_count_as_gone() -> None:
     p = subprocess.Popen(["sleep", "30"])
     ticks = start_ticks(p.pid)
     os.kill(p.pid, signal.SIGKILL)
-    time.sleep(0.2)  # now a zombie: not reaped yet
+    wait_zombie(p.pid)  # killed, not reaped yet
     argv = signal_argv("check", [(p.pid, ticks, ME)], sudo=False)
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     assert parse_signal_output(out)[p.pid].status == "gone"
