@@ -45,7 +45,11 @@ class Locks(Protocol):
 
 
 class Clock(Protocol):
-    """Time, passed in so that tests and the core can reason about it."""
+    """Time, passed in so that tests and the core can reason about it.
+
+    Wall time (``now``) is what is recorded and shown; deadlines and durations use
+    ``monotonic``. The default everywhere is ``gpubot.core.clock.SYSTEM_CLOCK``.
+    """
 
     def now(self) -> float:
         """Return unix time in seconds."""
