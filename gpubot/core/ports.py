@@ -125,3 +125,11 @@ class SampleStore(Protocol):
     async def prune_samples(self, before: float) -> int:
         """Delete the samples taken before ``before``; return how many went."""
         ...
+
+
+class ResetObserver(Protocol):
+    """Counts resets by how each GPU ended (the metrics): ``freed``, ``stuck``, ``refused``..."""
+
+    def count_reset(self, outcome: str, n: int = 1) -> None:
+        """Count ``n`` GPUs that ended ``outcome``."""
+        ...

@@ -20,7 +20,7 @@ from gpubot.core.models import GpuProcess, NodeConfig, NodeSnapshot, Outcome
 from gpubot.core.nvsmi import USABLE_EXIT
 from gpubot.core.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
-from gpubot.core.ports import AuditStore, Locks, Transport
+from gpubot.core.ports import AuditStore, Locks, ResetObserver, Transport
 from gpubot.core.probe import parse_procs, proc_argv
 from gpubot.core.signals import Identity, PidReport, parse_signal_output, signal_argv
 from gpubot.core.workload import Workload, may_restart
@@ -112,12 +112,30 @@ class ResetService:
         store: AuditStore,
         status: StatusService,
         locks: Locks | None = None,
+        observer: ResetObserver | None = None,
     ) -> None:
         self.settings = settings
         self.transport = transport
         self.store = store
         self.status = status
         self.locks: Locks = locks or NodeLocks()
+        self.observer = observer
+
+    async def _observed(self, work: Awaitable[ResetResult]) -> ResetResult:
+        """Run a reset and count how each GPU ended (or that it was refused or failed)."""
+        if self.observer is None:
+            return await work
+        try:
+            result = await work
+        except ResetRefused:
+            self.observer.count_reset("refused")
+            raise
+        except Exception:
+            self.observer.count_reset("error")
+            raise
+        for g in result.gpus:
+            self.observer.count_reset(str(g.outcome))
+        return result
 
     async def plan(self, request: ResetRequest) -> tuple[ResetPlan, NodeSnapshot]:
         """Snapshot the node and plan the reset (nothing is signalled)."""
@@ -152,10 +170,10 @@ class ResetService:
         intent = {**plan.to_dict(), "approval_id": approval_id}
         if approval is not None:
             intent["approval"] = dict(approval)
-        return await self._audited(
+        return await self._observed(self._audited(
             "reset", node, plan, intent, body, actor=actor, source=source, command=command,
             on_event=on_event,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     async def gpu_reset(
         self,
@@ -168,6 +186,21 @@ class ResetService:
         on_event: EventSink | None = None,
     ) -> ResetResult:
         """Run ``nvidia-smi --gpu-reset`` on an idle GPU and verify it like a reset."""
+        return await self._observed(
+            self._gpu_reset(node_name, gpu, actor=actor, source=source, command=command,
+                            on_event=on_event)
+        )  # fmt: skip
+
+    async def _gpu_reset(
+        self,
+        node_name: str,
+        gpu: int,
+        *,
+        actor: str,
+        source: str,
+        command: str,
+        on_event: EventSink | None = None,
+    ) -> ResetResult:
         node = self.status.node(node_name)
         before = await self.status.snapshot(node)
         if before.gpu(gpu) is None:
