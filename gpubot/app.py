@@ -1,23 +1,49 @@
-"""The composition root: settings → adapters → services. Entry points call ``build``."""
+"""The composition root: settings → adapters → services, each built once. Entry points call
+``build``; front ends receive the ``App`` and never build or change a service.
+
+What a front end does not need is not built (nor its library imported): the Slack Web API
+adapters only with ``slack=``, the scheduler, the audit head's publication and the metrics only
+with ``serving=True``.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from gpubot.chat.alerts import chat_sweeper
+from gpubot.chat.flows import Services
 from gpubot.config import Settings, audit_key, config_path, load
+from gpubot.core.findings import SweepConfig, load_sweep_config
+from gpubot.core.policy import Policy, load_policy
 from gpubot.core.ports import AuditStore, Locks, Transport
 from gpubot.errors import DatabaseBehind, StoreError
+from gpubot.services.approvals import ApprovalService, NoDirectory
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
+from gpubot.services.sweep import Notifier, SweepService
 from gpubot.ssh import make_transport
 from gpubot.store import Store, open_store
-from gpubot.store.locks import DbLocks
+
+if TYPE_CHECKING:
+    from gpubot.metrics import Metrics
+    from gpubot.scheduler import IntervalScheduler
+    from gpubot.slack.api import SlackApi
+    from gpubot.slack.heads import HeadPublisher
 
 log = logging.getLogger(__name__)
 
 _LOCAL_LOCKS = NodeLocks()  # without a database: one registry per process
+
+
+@dataclass(frozen=True)
+class SlackAccess:
+    """Where the Slack Web API is and the bot's token (read from the environment by serve)."""
+
+    bot_token: str
+    api_url: str
 
 
 @dataclass
@@ -27,12 +53,39 @@ class App:
     settings: Settings
     transport: Transport
     store: Store | None
+    locks: Locks
     status: StatusService
     reset: ResetService
+    policy: Policy
+    sweep_config: SweepConfig
+    sweep: SweepService
+    chat: Services  # what the chat front ends (Slack, console, demo) call
+    slack: SlackApi | None = None  # the Web API adapter, when built for Slack
+    metrics: Metrics | None = None  # with serving=True
+    schedulers: list[IntervalScheduler] = field(default_factory=list)  # with serving=True
+    heads: HeadPublisher | None = None  # posts the audit head (serving, Slack, a store)
+
+    def scheduler(self, name: str) -> IntervalScheduler | None:
+        """Return the schedule called ``name`` ("sweep", "audit-head"), if built."""
+        return next((s for s in self.schedulers if s.name == name), None)
+
+    def start(self, *, sweeps: bool = True) -> None:
+        """Start the schedules (the sweep unless ``sweeps`` is False, the audit head's
+        publication): call on the running event loop."""
+        for s in self.schedulers:
+            if sweeps or s.name != "sweep":
+                s.start()
 
     async def close(self) -> None:
-        """Close connections and the database."""
+        """Stop the schedules and the metrics, close connections, locks and the database."""
+        for s in self.schedulers:
+            await s.stop()
+        if self.metrics is not None:
+            self.metrics.close()
         await self.transport.close()
+        close_locks = getattr(self.locks, "close", None)
+        if callable(close_locks):
+            close_locks()
         if self.store is not None:
             self.store.close()
 
@@ -54,28 +107,115 @@ def open_app_store(settings: Settings, environ: Mapping[str, str]) -> Store:
     )
 
 
-def build(settings: Settings, environ: Mapping[str, str], *, need_store: bool) -> App:
+def build(
+    settings: Settings,
+    environ: Mapping[str, str],
+    *,
+    need_store: bool,
+    slack: SlackAccess | None = None,
+    serving: bool = False,
+    notifier: Notifier | None = None,
+    first_after_s: float | None = None,
+) -> App:
     """Wire adapters and services; without ``need_store`` a database that fails only warns.
 
     A schema that is not set up (``DatabaseBehind``) always stops us: it is fixed once, by
-    ``gpubot db upgrade``, not worked around on every call.
+    ``gpubot db upgrade``, not worked around on every call. ``slack``: build the Web API
+    adapters (directory, alerts, the audit head's poster). ``serving``: also the sweep and
+    audit-head schedules and the metrics. ``notifier``: where sweep alerts go, when not Slack
+    (the demo prints them). ``first_after_s``: when the schedules first run (default: a few
+    seconds after start). Raises ``ConfigError`` for bad settings.
     """
-    store: Store | None = None
+    where = settings.path or "<settings>"
+    policy = load_policy(settings.extra, where, system_users=settings.reset.system_users)
+    sweep_config = load_sweep_config(settings.extra, where)
+    store = _store(settings, environ, need_store)
+    transport = make_transport(settings.ssh)
+    status = StatusService(settings, transport, store)
+    audit: AuditStore = store if store is not None else _NoStore()
+    # With a database, a node's reset and the sweep are exclusive across replicas (PostgreSQL
+    # advisory locks); one Locks for both.
+    locks: Locks = _locks(store)
+    metrics = _metrics() if serving else None
+    reset = ResetService(settings, transport, audit, status, locks, observer=metrics)
+    api = directory = None
+    if slack is not None:
+        from gpubot.slack.api import SlackApi, SlackDirectory, make_client
+
+        api = SlackApi(make_client(slack.bot_token, slack.api_url))
+        directory = SlackDirectory(api.client)
+        notifier = notifier or _slack_alerts(api, sweep_config, policy)
+    sweep = SweepService(settings, sweep_config, status, store, notifier=notifier, locks=locks,
+                         observer=metrics)  # fmt: skip
+    approvals = None
+    if store is not None:
+        approvals = ApprovalService(policy, store.approvals, reset, directory or NoDirectory())
+    chat = Services(settings, policy, status, approvals, store, chat_sweeper(sweep),
+                    sweep.idle_gpu_hours)  # fmt: skip
+    app = App(settings, transport, store, locks, status, reset, policy, sweep_config, sweep,
+              chat, api, metrics)  # fmt: skip
+    if serving:
+        _schedule(app, first_after_s)
+    return app
+
+
+def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:
     try:
-        store = open_app_store(settings, environ)
+        return open_app_store(settings, environ)
     except DatabaseBehind:
         raise
     except StoreError as exc:
         if need_store:
             raise
         log.warning("audit log unavailable, this query is not recorded: %s", exc)
-    transport = make_transport(settings.ssh)
-    status = StatusService(settings, transport, store)
-    audit: AuditStore = store if store is not None else _NoStore()
-    # With a database, a node's reset is exclusive across replicas (PostgreSQL advisory locks).
-    locks: Locks = DbLocks(store.engine) if store is not None else _LOCAL_LOCKS
-    reset = ResetService(settings, transport, audit, status, locks)
-    return App(settings, transport, store, status, reset)
+        return None
+
+
+def _locks(store: Store | None) -> Locks:
+    if store is None:
+        return _LOCAL_LOCKS
+    from gpubot.store.locks import DbLocks
+
+    return DbLocks(store.engine)
+
+
+def _metrics() -> Metrics:
+    from gpubot.metrics import Metrics
+
+    return Metrics()
+
+
+def _slack_alerts(api: SlackApi, config: SweepConfig, policy: Policy) -> Notifier | None:
+    """Return the Slack notifier of sweep alerts, or None when no channel is configured."""
+    from gpubot.slack.alerts import SlackAlerts, slack_users_of
+
+    channel = config.channel or policy.channel
+    if channel is None:
+        log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
+        return None
+    return SlackAlerts(api, channel, people=slack_users_of(policy.users))
+
+
+def _schedule(app: App, first_after_s: float | None) -> None:
+    """Build the sweep's schedule and, with Slack and a store, the audit head's publication."""
+    from gpubot.scheduler import IntervalScheduler
+
+    cfg = app.sweep_config
+    sweeps = IntervalScheduler(app.sweep.scheduled, cfg.interval_s, first_after_s=first_after_s,
+                               stop_wait_s=cfg.budget_s)  # fmt: skip
+    app.schedulers = [sweeps]
+    every = app.settings.audit.publish_head_every_s
+    if every is None or app.store is None or app.slack is None:
+        return
+    channel = cfg.channel or app.policy.channel
+    if channel is None:
+        log.warning("no [alerts] or [slack] channel: the audit head is not published")
+        return
+    from gpubot.slack.heads import HeadPublisher
+
+    app.heads = HeadPublisher(app.store, app.slack, channel)
+    app.schedulers.append(IntervalScheduler(app.heads.publish, every, first_after_s=first_after_s,
+                                            name="audit-head"))  # fmt: skip
 
 
 class _NoStore:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from functools import wraps
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -22,7 +20,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
 from gpubot.core.models import FindingKind, NodeSnapshot
-from gpubot.errors import ConfigError, ResetRefused
+from gpubot.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -145,28 +143,3 @@ class Metrics:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-
-
-def instrument_resets(reset: Any, metrics: Metrics) -> None:
-    """Count every reset ``reset`` (a ``ResetService``) runs, by GPU outcome, in ``metrics``."""
-    for name in ("execute", "gpu_reset"):
-        original: Callable[..., Awaitable[Any]] = getattr(reset, name)
-        setattr(reset, name, _counted(original, metrics))
-
-
-def _counted(fn: Callable[..., Awaitable[Any]], metrics: Metrics) -> Callable[..., Awaitable[Any]]:
-    @wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            result = await fn(*args, **kwargs)
-        except ResetRefused:
-            metrics.count_reset("refused")
-            raise
-        except Exception:
-            metrics.count_reset("error")
-            raise
-        for g in getattr(result, "gpus", ()):
-            metrics.count_reset(str(getattr(g, "outcome", "unknown")))
-        return result
-
-    return wrapper

@@ -25,9 +25,11 @@ from gpubot.chat.reset_view import (
 )
 from gpubot.config import Settings
 from gpubot.core import commands as c
+from gpubot.core.approval import Approval
 from gpubot.core.models import ApprovalState, NodeSnapshot
 from gpubot.core.plan import ResetPlan
-from gpubot.core.policy import Policy, floor_note, load_policy
+from gpubot.core.policy import Policy, floor_note
+from gpubot.core.ports import AuditLog
 from gpubot.errors import (
     ApprovalError,
     ApprovalExpired,
@@ -41,10 +43,9 @@ from gpubot.errors import (
     TransportError,
     UsageError,
 )
-from gpubot.services.approvals import ApprovalService, Directory, Identity, plan_of, unix
-from gpubot.services.reset import ResetEvent, ResetResult, ResetService
+from gpubot.services.approvals import ApprovalService, Identity, plan_of, unix
+from gpubot.services.reset import ResetEvent, ResetResult
 from gpubot.services.status import FleetStatus, StatusService
-from gpubot.store import Approval, Store
 
 log = logging.getLogger(__name__)
 
@@ -88,27 +89,9 @@ class Services:
     policy: Policy
     status: StatusService
     approvals: ApprovalService | None  # None: no audit store, so no resets (fail closed)
-    store: Store | None
+    audit: AuditLog | None  # None: no audit store
     sweep: Sweeper | None = None
-    idle: IdleHours | None = None  # set where sweeps run (``slack.alerts.start_sweeps``)
-
-
-def make_services(
-    settings: Settings,
-    status: StatusService,
-    reset: ResetService,
-    store: Store | None,
-    directory: Directory,
-    *,
-    sweep: Sweeper | None = None,
-) -> Services:
-    """Validate the chat settings and wire the services the front ends call."""
-    policy = load_policy(settings.extra, settings.path or "<settings>",
-                         system_users=settings.reset.system_users)  # fmt: skip
-    approvals = None
-    if store is not None:
-        approvals = ApprovalService(policy, store.approvals, reset, directory)
-    return Services(settings, policy, status, approvals, store, sweep)
+    idle: IdleHours | None = None  # GPU-hours held idle (``SweepService.idle_gpu_hours``)
 
 
 def error_message(exc: BaseException) -> Message:
@@ -257,9 +240,9 @@ class Flows:
 
     async def audit(self, cmd: c.Audit, out: Surface) -> None:
         """Show the latest actions."""
-        if self.svc.store is None:
+        if self.svc.audit is None:
             raise StoreError("the audit log is unavailable")
-        actions = await self.svc.store.actions(node=cmd.node, limit=cmd.limit)
+        actions = await self.svc.audit.actions(node=cmd.node, limit=cmd.limit)
         await out.reply(render_audit(actions, node=cmd.node))
 
     async def sweep(self, who: Identity, out: Surface) -> None:

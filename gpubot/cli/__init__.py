@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("gpubot.cli.sweep", "look for zombie processes and orphaned VRAM now"),
     "audit": ("gpubot.cli.audit", "list, show, export and verify the audit log"),
     "db": ("gpubot.cli.db", "database migrations"),
-    "serve": ("gpubot.slack.serve", "run the Slack bot"),
+    "serve": ("gpubot.cli.serve", "run the Slack bot"),
     "console": ("gpubot.cli.console", "type /gpu commands on a terminal"),
     "sim": ("gpubot.sim.cli", "run and drive a simulated GPU fleet"),
 }

@@ -20,12 +20,12 @@ from collections.abc import Callable
 
 from gpubot.app import App, build, settings_from
 from gpubot.chat.blocks import Message, message_text
-from gpubot.chat.flows import Flows, Handle, make_services
+from gpubot.chat.flows import Flows, Handle
 from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.core import commands as c
 from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
-from gpubot.services.approvals import Identity, NoDirectory
+from gpubot.services.approvals import Identity
 
 PROMPT = "gpu> "
 
@@ -101,8 +101,7 @@ def identity(policy: Policy, as_id: str | None, name: str | None = None) -> Iden
 
 def make_flows(app: App) -> Flows:
     """Wire console flows over the services of ``app``."""
-    services = make_services(app.settings, app.status, app.reset, app.store, NoDirectory())
-    return Flows(services, source="console", min_update_s=0.0)
+    return Flows(app.chat, source="console", min_update_s=0.0)
 
 
 async def answer(

@@ -21,15 +21,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpubot.app import App, build
+from gpubot.chat.alerts import render_alert_group, render_sweep
 from gpubot.chat.blocks import message_text
 from gpubot.chat.flows import Flows
 from gpubot.cli.console import answer, make_flows, repl
 from gpubot.config import load
-from gpubot.core.findings import load_sweep_config
 from gpubot.services.approvals import Identity
-from gpubot.services.sweep import AlertGroup, SweepService
+from gpubot.services.sweep import AlertGroup
 from gpubot.sim.fleet import SimFleet
-from gpubot.slack.alerts import render_alert_group, render_sweep
 from gpubot.store import open_store
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"
@@ -127,7 +126,7 @@ def _say(title: str, text: str = "") -> None:
 
 async def _main(cfg: Path, me: str, interactive: bool) -> int:
     settings = load(cfg)
-    app = build(settings, {}, need_store=True)
+    app = build(settings, {}, need_store=True, notifier=_PrintAlerts())
     flows = make_flows(app)  # the same flows as Slack's, printed as text
     operator = Identity(OPERATOR, "dana", me)
     if interactive:
@@ -148,12 +147,8 @@ async def _walk(app: App, ask: Flows, operator: Identity) -> int:
     print(await answer(ask, "/gpu status all", operator))
 
     _say("2. the scheduled sweep, twice (a finding must persist across two sweeps to alert)")
-    sweeper = SweepService(
-        app.settings, load_sweep_config(app.settings.extra), app.status, app.store,
-        notifier=_PrintAlerts(),
-    )  # fmt: skip
-    await sweeper.run(alerting=True, source="demo", actor="gpubot:demo")
-    result = await sweeper.run(alerting=True, source="demo", actor="gpubot:demo")
+    await app.sweep.run(alerting=True, source="demo", actor="gpubot:demo")
+    result = await app.sweep.run(alerting=True, source="demo", actor="gpubot:demo")
     print(message_text(render_sweep(result)))
 
     _say("3. dana frees her own GPU: /gpu reset node2 gpu 1  (the process ignores SIGTERM)")

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from gpubot.core.alerting import Alert, AlertGroup, Handle
+from gpubot.core.approval import Approval
+from gpubot.core.findings import FindingKey
 from gpubot.core.idle import GpuSample
-from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
+from gpubot.core.models import (
+    ActionStatus,
+    CommandResult,
+    ComputeApp,
+    GpuInfo,
+    NodeConfig,
+    NodeSnapshot,
+)
 
 
 class Transport(Protocol):
@@ -86,7 +97,7 @@ class AuditStore(Protocol):
         ...
 
     async def finish_action(
-        self, action_id: int, *, status: str, result: Mapping[str, Any]
+        self, action_id: int, *, status: ActionStatus, result: Mapping[str, Any]
     ) -> None:
         """Append the outcome of an action."""
         ...
@@ -102,6 +113,75 @@ class AuditStore(Protocol):
         seconds: float,
     ) -> None:
         """Append a brief record of a read-only query (status, sweep)."""
+        ...
+
+
+class ApprovalStore(Protocol):
+    """Approvals for forced actions; each transition happens at most once (the store's
+    conditional update). Every method raises ``StoreError`` on failure, ``ApprovalError``
+    (``AlreadyDecided``, ``ApprovalExpired``, ``SelfApproval``) on a refused transition."""
+
+    async def create(
+        self,
+        requester: str,
+        requester_name: str,
+        node: str,
+        plan: Mapping[str, Any],
+        expires_in_s: float = ...,
+        *,
+        source: str = ...,
+        now: datetime | None = None,
+    ) -> Approval:
+        """Record a pending request that expires ``expires_in_s`` seconds from ``now``."""
+        ...
+
+    async def get(self, approval_id: int) -> Approval | None:
+        """Return one approval or None."""
+        ...
+
+    async def decide(
+        self,
+        approval_id: int,
+        approver: str,
+        approve: bool,
+        now: datetime,
+        *,
+        approver_name: str = ...,
+        source: str = ...,
+    ) -> Approval:
+        """Approve or deny a pending request exactly once (never the requester's own)."""
+        ...
+
+    async def cancel(
+        self, approval_id: int, by: str, now: datetime, *, source: str = ...
+    ) -> Approval:
+        """Cancel a pending request."""
+        ...
+
+    async def mark_executed(
+        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Approval:
+        """Record that the approved action ran."""
+        ...
+
+    async def mark_failed(
+        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Approval:
+        """Record that the approved action failed."""
+        ...
+
+    async def mark_incomplete(
+        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Approval:
+        """Record that an approved action never recorded its end (gpubot stopped mid-run)."""
+        ...
+
+    async def approved(self, decided_before: datetime) -> list[Approval]:
+        """Return approvals still ``approved`` (not run to an end) decided before a moment."""
+        ...
+
+    async def expire_due(self, now: datetime) -> list[Approval]:
+        """Expire every pending request whose time is up at ``now``; return them."""
         ...
 
 
@@ -132,4 +212,107 @@ class ResetObserver(Protocol):
 
     def count_reset(self, outcome: str, n: int = 1) -> None:
         """Count ``n`` GPUs that ended ``outcome``."""
+        ...
+
+
+class AlertStore(Protocol):
+    """The alert state of sweep findings across sweeps (``core.alerting.Alert``), keyed by
+    ``FindingKey``. Alerting, reminding, snoozing and resolving are audited. Every method
+    raises ``StoreError`` on failure."""
+
+    async def upsert_seen(self, keys: Iterable[FindingKey], now: datetime) -> Sequence[Alert]:
+        """Record that a sweep at ``now`` saw ``keys``; return their state (new ones included)."""
+        ...
+
+    async def mark_alerted(
+        self, key: FindingKey, *, channel: str, message_ts: str, now: datetime
+    ) -> Alert:
+        """Record that an alert for ``key`` was posted as message ``message_ts`` in ``channel``."""
+        ...
+
+    async def mark_reminded(self, key: FindingKey, now: datetime) -> Alert:
+        """Record that a reminder for ``key`` was posted."""
+        ...
+
+    async def snooze(self, key: FindingKey, until: datetime, *, by: str, now: datetime) -> Alert:
+        """Silence alerts for ``key`` until ``until`` (kept if the finding comes back)."""
+        ...
+
+    async def mark_resolved(self, keys: Iterable[FindingKey], now: datetime) -> Sequence[Alert]:
+        """Resolve the open findings among ``keys``; return those that were open."""
+        ...
+
+    async def open_alerts(self) -> Sequence[Alert]:
+        """Return every unresolved finding, oldest first."""
+        ...
+
+    async def on_message(self, channel: str, message_ts: str) -> Sequence[Alert]:
+        """Return the findings alerted in one message (resolved ones too), oldest first."""
+        ...
+
+
+class AuditEntry(Protocol):
+    """One record of the audit log, as read back."""
+
+    @property
+    def time(self) -> datetime:
+        """Return when it was recorded."""
+        ...
+
+    @property
+    def source(self) -> str:
+        """Return where it came from (cli, slack, schedule ...)."""
+        ...
+
+    @property
+    def data(self) -> Any:
+        """Return the decoded payload."""
+        ...
+
+
+class QueryLog(AuditStore, Protocol):
+    """The audit log, with its records of queries (status, sweep) read back."""
+
+    async def queries(
+        self, *, actor: str | None = None, since: datetime | None = None, limit: int = 50
+    ) -> Sequence[AuditEntry]:
+        """Return status and sweep records, newest first."""
+        ...
+
+
+class Notifier(Protocol):
+    """Posts and updates alert messages (Slack); implementations log failures and never raise."""
+
+    async def post(self, group: AlertGroup) -> Handle | None:
+        """Post a new alert; return where it is (None: not posted)."""
+        ...
+
+    async def update(self, where: Handle, group: AlertGroup) -> None:
+        """Replace an alert message by the group's current state."""
+        ...
+
+    async def remind(self, where: Handle, group: AlertGroup) -> None:
+        """Remind of findings that persist (in the alert's thread)."""
+        ...
+
+
+class SweepObserver(Protocol):
+    """Receives each sweep's numbers (the metrics)."""
+
+    def observe_sweep(
+        self,
+        snapshots: Sequence[NodeSnapshot],
+        failed: Sequence[str],
+        seconds: float,
+        open_findings: Mapping[str, int],
+    ) -> None:
+        """Record one sweep."""
+        ...
+
+
+class AuditLog(Protocol):
+    """Reads the audit log's actions (what ``/gpu audit`` shows)."""
+
+    async def actions(self, *, node: str | None = None, limit: int = 50) -> Sequence[Any]:
+        """Return action summaries, newest first (``id``, ``started_at``, ``actor``, ...)."""
         ...

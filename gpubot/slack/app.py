@@ -20,7 +20,6 @@ from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
-from slack_sdk.web.async_client import AsyncWebClient
 
 from gpubot.chat.blocks import Message, escape, render_text
 from gpubot.chat.flows import MIN_UPDATE_S, Flows, Handle, Services
@@ -74,15 +73,15 @@ class GpuBot:
     def __init__(
         self,
         services: Services,
-        client: AsyncWebClient,
+        api: SlackApi,
         *,
         signing_secret: str | None,
         min_update_s: float = MIN_UPDATE_S,
     ) -> None:
         """Register the handlers; ``signing_secret`` None: Socket Mode (no HTTP signatures)."""
         self.services = services
-        self.client = client
-        self.api = SlackApi(self.client)
+        self.api = api
+        self.client = api.client
         self.flows = Flows(services, source="slack", min_update_s=min_update_s)
         self.dedupe = Deduper()
         self.tasks: set[asyncio.Task[None]] = set()

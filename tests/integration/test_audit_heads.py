@@ -11,13 +11,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gpubot.app import build
+from gpubot.app import App, SlackAccess, build
 from gpubot.config import AuditSettings, Settings
-from gpubot.slack.heads import HeadPublication, start_head_publication
-from gpubot.slack.serve import Tokens, build_bot
 from gpubot.store import Store
 from tests.fixtures.db import audit_rows, rewrite_chain
-from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack, assert_within_limits
+from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
 
 EXTRA: dict[str, Any] = {"slack": {"channel": "C0GENERAL"}, "alerts": {"channel": "C0ALERTS"}}
 
@@ -25,23 +23,20 @@ EXTRA: dict[str, Any] = {"slack": {"channel": "C0GENERAL"}, "alerts": {"channel"
 @asynccontextmanager
 async def publishing(
     fake: FakeSlack, tmp_path: Path, **changes: Any
-) -> AsyncIterator[tuple[Store, HeadPublication | None]]:
-    """What ``gpubot serve`` wires: the app, the bot, and the head's publication."""
+) -> AsyncIterator[tuple[Store, App]]:
+    """What ``gpubot serve`` wires: the app with its schedules, among them the head's."""
     settings = dataclasses.replace(
         Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}", extra=EXTRA), **changes
     )
-    app = build(settings, {}, need_store=True)
+    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url),
+                serving=True, first_after_s=0)  # fmt: skip
     assert app.store is not None
-    bot = build_bot(settings, app, Tokens(BOT_TOKEN, None, SECRET, fake.base_url), http=True)
     await app.store.record_query(kind="status", actor="U0BOB", source="slack", nodes=["n1"],
                                  failed={}, seconds=0.1)  # fmt: skip
-    heads = await start_head_publication(settings, app, bot, first_after_s=0)
+    app.start(sweeps=False)
     try:
-        yield app.store, heads
+        yield app.store, app
     finally:
-        if heads is not None:
-            await heads.stop()
-        await bot.drain()
         await app.close()
 
 
@@ -58,9 +53,12 @@ def posted(fake: FakeSlack) -> list[tuple[str, str, str]]:
 async def test_the_head_is_posted_to_the_alerts_channel(
     fake_slack: FakeSlack, tmp_path: Path
 ) -> None:
-    async with publishing(fake_slack, tmp_path) as (store, heads):
+    async with publishing(fake_slack, tmp_path) as (store, app):
+        heads = app.heads
         assert heads is not None
-        assert heads.scheduler.interval_s == 86400.0  # [audit] publish_head_every = "24h"
+        schedule = app.scheduler("audit-head")
+        assert schedule is not None
+        assert schedule.interval_s == 86400.0  # [audit] publish_head_every = "24h"
         await fake_slack.wait_for(lambda: bool(fake_slack.ok("chat.postMessage")))
         result = await store.verify()
         [(channel, text, blocks)] = posted(fake_slack)
@@ -70,8 +68,8 @@ async def test_the_head_is_posted_to_the_alerts_channel(
         assert text == f"Audit log head {result.head}"
         assert f"gpubot audit verify --expect-head {result.head}" in blocks
         assert "1 records, plain (sha256, no key)" in blocks
-        assert heads.publisher.last == (result.head_seq, result.head_hash)
-        assert (await store.verify(published=heads.publisher.last)).ok
+        assert heads.last == (result.head_seq, result.head_hash)
+        assert (await store.verify(published=heads.last)).ok
     assert_within_limits(fake_slack)
 
 
@@ -79,28 +77,29 @@ async def test_a_rewrite_after_a_publication_is_posted(
     fake_slack: FakeSlack, tmp_path: Path
 ) -> None:
     url = f"sqlite:///{tmp_path / 'audit.db'}"
-    async with publishing(fake_slack, tmp_path) as (store, heads):
+    async with publishing(fake_slack, tmp_path) as (store, app):
+        heads = app.heads
         assert heads is not None
         await fake_slack.wait_for(lambda: bool(fake_slack.ok("chat.postMessage")))
-        first = heads.publisher.last
+        first = heads.last
         await store.record_query(kind="status", actor="U0BOB", source="slack", nodes=["n2"],
                                  failed={}, seconds=0.1)  # fmt: skip
         rewrite_chain(url, 1, '{"query":"nothing"}')  # consistent again, but not the same log
-        result = await heads.publisher.publish()
+        result = await heads.publish()
         assert result is not None and not result.ok
         [_, (channel, text, blocks)] = posted(fake_slack)
         assert channel == "C0ALERTS"
         assert text.startswith("⚠ The audit log does not verify: audit log tampered: the "
                                f"published head {first[0]}:")  # type: ignore[index]  # fmt: skip
         assert "Audit log check failed" in blocks and "(the log was rewritten)" in blocks
-        assert heads.publisher.last == first  # the anchor stays the last good head
+        assert heads.last == first  # the anchor stays the last good head
     assert_within_limits(fake_slack)
 
 
 async def test_no_publication_when_off(fake_slack: FakeSlack, tmp_path: Path) -> None:
-    async with publishing(fake_slack, tmp_path, audit=AuditSettings(None)) as (_, heads):
-        assert heads is None
+    async with publishing(fake_slack, tmp_path, audit=AuditSettings(None)) as (_, app):
+        assert app.heads is None and app.scheduler("audit-head") is None
     (tmp_path / "other").mkdir()
-    async with publishing(fake_slack, tmp_path / "other", extra={}) as (_, heads):
-        assert heads is None  # no channel to post to
+    async with publishing(fake_slack, tmp_path / "other", extra={}) as (_, app):
+        assert app.heads is None  # no channel to post to
     assert fake_slack.of("chat.postMessage") == []

@@ -63,12 +63,13 @@ async def test_own_processes_reset_at_once(flows: Flows, node1: Any) -> None:
     assert not alive(w.pid)
     assert "Reset node1 · GPU 1 · freed" in text and "✅ freed" in text
     assert any("SIGTERM: 1 sent" in line for line in lines)  # progress was printed as it came
-    action, refusal = await flows.svc.store.actions()  # type: ignore[union-attr]
+    assert flows.svc.audit is not None
+    action, refusal = await flows.svc.audit.actions()
     assert action.source == "console" and action.actor == me.id
     assert (refusal.status, refusal.actor) == ("refused", local.id)  # who tried, and was refused
 
 
-async def test_forced_kill_approved_by_typing(flows: Flows, node1: Any) -> None:
+async def test_forced_kill_approved_by_typing(app: App, flows: Flows, node1: Any) -> None:
     w = node1.spawn(gpu=3, mib=1000)
     bob = identity(flows.svc.policy, "U0BOB")
     asked = await answer(flows, "reset node1 gpu 3", bob)
@@ -87,9 +88,8 @@ async def test_forced_kill_approved_by_typing(flows: Flows, node1: Any) -> None:
     done = await answer(flows, f"approve {approval_id}", carol)
     assert "Approved by @U0CAROL" in done and "✅ freed" in done
     assert not alive(w.pid)
-    store = flows.svc.store
-    assert store is not None
-    approval = await store.approvals.get(approval_id)
+    assert app.store is not None
+    approval = await app.store.approvals.get(approval_id)
     assert approval is not None and approval.state is ApprovalState.EXECUTED
     again = await answer(flows, f"deny {approval_id}", carol)
     assert "already executed" in again

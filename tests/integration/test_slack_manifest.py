@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpubot.slack.serve import add_arguments
+from gpubot.cli.serve import add_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = {"socket": ROOT / "deploy/slack-manifest.yml",

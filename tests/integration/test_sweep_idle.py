@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import build
+from gpubot.app import App, SlackAccess, build
+from gpubot.chat.idle import ACTION_FREE
 from gpubot.core.findings import Finding
 from gpubot.core.models import FindingKind, GpuInfo, NodeSnapshot
 from gpubot.services.sweep import AlertGroup, AlertItem, SweepResult, store_key
 from gpubot.sim.fleet import SimFleet
-from gpubot.slack.alerts import SlackAlerts, Sweeps, start_sweeps
+from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
-from gpubot.slack.idle_dm import ACTION_FREE
-from gpubot.slack.serve import Tokens, build_bot, start_http
+from gpubot.slack.serve import build_bot, start_http
 from tests.fixtures.slack import (
     BOT_TOKEN,
     SECRET,
@@ -87,22 +87,19 @@ def node1(slack_fleet: SimFleet) -> Iterator[Any]:
 @asynccontextmanager
 async def serving(
     settings: Any, fake: FakeSlack, db_url: str, clock: Clock
-) -> AsyncIterator[tuple[Harness, Sweeps]]:
+) -> AsyncIterator[tuple[Harness, App]]:
     """The bot as ``gpubot serve`` wires it, with no schedule: the test sweeps on its clock."""
     settings = dataclasses.replace(settings, database_url=db_url,
                                    extra={**settings.extra, "sweep": SWEEP})  # fmt: skip
-    app = build(settings, {}, need_store=True)
-    bot = build_bot(settings, app, Tokens(BOT_TOKEN, None, SECRET, fake.base_url), http=True,
-                    min_update_s=0.05)  # fmt: skip
-    sweeps = await start_sweeps(settings, app, bot, schedule=False)
-    sweeps.service.clock = clock
+    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    app.sweep.clock = clock
+    bot = build_bot(app, SECRET, min_update_s=0.05)
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:
-        yield Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url), sweeps
+        yield Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url, app), app
     finally:
         await bot.drain()
-        await sweeps.stop()
         await runner.cleanup()
         await app.close()
 
@@ -143,8 +140,8 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
     start = time.time() - 3600 - 120
     clock = Clock(start)
     fake = dm_slack
-    async with serving(slack_settings, fake, db_url, clock) as (h, sweeps):
-        svc = sweeps.service
+    async with serving(slack_settings, fake, db_url, clock) as (h, app):
+        svc = app.sweep
         for i in range(4):  # 0, 15, 30, 45 minutes: not an hour yet
             clock.t = start + i * INTERVAL
             result = await svc.run()

@@ -1,5 +1,6 @@
-"""``start_sweeps`` inside the real bot over HTTP: the scheduled sweep, the alert message, its
-snooze buttons clicked through signed requests, ``/gpu sweep``, and the metrics endpoint scraped
+"""Sweeps as ``gpubot serve`` wires them (``gpubot.app.build(serving=True)``), inside the real
+bot over HTTP: the scheduled sweep, the alert message, its snooze buttons clicked through signed
+requests, ``/gpu sweep``, and the metrics endpoint scraped
 on 127.0.0.1 (GPU gauges, open findings, sweep durations, node failures, resets by outcome)."""
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpubot.app import build
+from gpubot.app import App, SlackAccess, build
+from gpubot.chat.alerts import render_alert_group, render_reminder
 from gpubot.chat.blocks import limit_problems, message_text
 from gpubot.core.findings import Finding, Readiness
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
@@ -27,8 +29,7 @@ from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
 from gpubot.services.sweep import AlertGroup, AlertItem, store_key
 from gpubot.sim.fleet import SimFleet
-from gpubot.slack.alerts import Sweeps, render_alert_group, render_reminder, start_sweeps
-from gpubot.slack.serve import Tokens, build_bot, start_http
+from gpubot.slack.serve import build_bot, start_http, start_metrics
 from tests.fixtures.db import temp_database
 from tests.fixtures.slack import (
     BOT_TOKEN,
@@ -54,21 +55,21 @@ def pg_url(tmp_path: Path) -> Iterator[str]:
 @asynccontextmanager
 async def serving(
     settings: Any, fake: FakeSlack, db_url: str
-) -> AsyncIterator[tuple[Harness, Sweeps]]:
-    """What ``gpubot serve`` does, with sweeps started as the lead is to wire them."""
+) -> AsyncIterator[tuple[Harness, App, int | None]]:
+    """What ``gpubot serve`` does: the app with its schedules, the bot, the metrics."""
     extra = {**settings.extra, "sweep": {"interval_s": 3600}}  # one scheduled sweep, at once
     settings = dataclasses.replace(settings, database_url=db_url, extra=extra)
-    app = build(settings, {}, need_store=True)
-    bot = build_bot(settings, app, Tokens(BOT_TOKEN, None, SECRET, fake.base_url), http=True,
-                    min_update_s=0.05)  # fmt: skip
-    sweeps = await start_sweeps(settings, app, bot, metrics_port=0, first_after_s=0)
+    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url),
+                serving=True, first_after_s=0)  # fmt: skip
+    bot = build_bot(app, SECRET, min_update_s=0.05)
+    port = start_metrics(app, 0)
+    app.start()
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:
-        yield Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url), sweeps
+        yield Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url, app), app, port
     finally:
         await bot.drain()
-        await sweeps.stop()
         await runner.cleanup()
         await app.close()
 
@@ -100,7 +101,7 @@ async def test_sweeps_in_the_bot(
     kill_and_wait(w.pid)
     mine = owned(slack_fleet, "node2").spawn(gpu=0, mib=1000)  # U0OWNER's
     try:
-        async with serving(slack_settings, fake_slack, pg_url) as (h, sweeps):
+        async with serving(slack_settings, fake_slack, pg_url) as (h, app, metrics_port):
             store = h.store
             # the scheduler's first sweep runs at once and records itself
             deadline = time.monotonic() + 20
@@ -108,7 +109,7 @@ async def test_sweeps_in_the_bot(
                 assert time.monotonic() < deadline, "no scheduled sweep"
                 await asyncio.sleep(0.05)
             assert fake_slack.of("chat.postMessage") == []  # seen once: no alert yet
-            second = await sweeps.service.run()  # the next interval's sweep
+            second = await app.sweep.run()  # the next interval's sweep
             assert len(second.alerted) == 1
             (posted,) = fake_slack.ok("chat.postMessage")
             channel, ts = posted.answer["channel"], posted.answer["ts"]
@@ -158,7 +159,7 @@ async def test_sweeps_in_the_bot(
             await h.settle()
             assert not mine.alive()
 
-            m = scrape(sweeps.metrics_port or 0)
+            m = scrape(metrics_port or 0)
             uuid = second.snapshots[0].gpus[3].uuid
             assert value(m, "gpubot_gpu_memory_used_bytes", node="node1", gpu="3",
                          uuid=uuid) == 4096 * MIB  # fmt: skip

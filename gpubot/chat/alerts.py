@@ -1,0 +1,194 @@
+"""Sweep alerts and reports, as messages: one message per node's findings, reminders, resolution,
+the snooze buttons, and ``/gpu sweep``'s report (pure ``render_*``)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from gpubot.chat.blocks import (
+    MAX_FALLBACK,
+    Budget,
+    Message,
+    clip,
+    code_safe,
+    context,
+    date,
+    escape,
+    header,
+    node_lines,
+    node_rows,
+    section,
+    table,
+    table_fits,
+)
+from gpubot.chat.flows import Sweeper
+from gpubot.chat.reset_view import reset_button
+from gpubot.core.findings import TITLES, duration_text
+from gpubot.core.models import FindingKind
+from gpubot.services.approvals import Identity
+from gpubot.services.sweep import AlertGroup, AlertItem, SweepResult, SweepService
+
+ACTION_SNOOZE = "gpubot_snooze_"  # + "1h" | "1d"; the value is the finding's key text
+SNOOZE_ACTION = re.compile(r"^gpubot_snooze_(1h|1d)$")
+SNOOZE_LABELS = {"1h": "Snooze 1 h", "1d": "Snooze 1 day"}
+MAX_ITEMS = 12  # findings detailed in one message (3 blocks each); the rest are counted
+RESET_KINDS = frozenset({FindingKind.ORPHANED_VRAM, FindingKind.ZOMBIE_PROCESS,
+                         FindingKind.HIDDEN_HOLDER, FindingKind.IDLE_HOLDER})  # fmt: skip
+
+
+def _where(item: AlertItem) -> str:
+    return "node" if item.key.gpu is None else f"GPU {item.key.gpu}"
+
+
+def _title(item: AlertItem) -> str:
+    try:
+        return TITLES[FindingKind(item.key.kind)]
+    except ValueError:
+        return item.key.kind
+
+
+def _summary(item: AlertItem) -> str:
+    if item.finding is not None:
+        return item.finding.summary
+    pid = item.key.holder.split(":", 1)[0]
+    return f"pid {pid}" if pid else ""
+
+
+def snooze_buttons(key_text: str) -> list[dict[str, Any]]:
+    """Return the "Snooze 1 h" / "Snooze 1 day" buttons of one finding."""
+    return [
+        {"type": "button", "action_id": f"{ACTION_SNOOZE}{choice}", "value": key_text,
+         "text": {"type": "plain_text", "text": label}}
+        for choice, label in SNOOZE_LABELS.items()
+    ]  # fmt: skip
+
+
+def _item_text(item: AlertItem, now: datetime) -> str:
+    # Each part is clipped, so that the state line always fits the section's 3000 characters.
+    summary = clip(escape(_summary(item)), 600)
+    lines = []
+    if item.resolved_at is not None:
+        lasted = duration_text((item.resolved_at - item.first_seen).total_seconds())
+        lines.append(f"✅ ~{escape(_where(item))}: {escape(_title(item))}~ — "
+                     f"*resolved* after {lasted}")  # fmt: skip
+        if summary:
+            lines.append(f"_{summary}_")
+        return "\n".join(lines)
+    lines.append(f"⚠ *{escape(_where(item))}: {escape(_title(item))}*")
+    if summary:
+        lines.append(summary)
+    if item.finding is not None and item.finding.owner:
+        lines.append(f"owner: {clip(escape(item.finding.owner), 200)}")
+    if item.readiness is not None:
+        lines.append("_before a GPU reset:_\n" + "\n".join(
+            f"• {clip(escape(line), 250)}" for line in item.readiness.lines()))  # fmt: skip
+    state = f"first seen {date(item.first_seen.timestamp())}"
+    if item.snoozed_until is not None and item.snoozed_until > now:
+        state += f" · 🔕 snoozed until {date(item.snoozed_until.timestamp())}"
+    lines.append(state)
+    return "\n".join(lines)
+
+
+def _actions(item: AlertItem, now: datetime) -> dict[str, Any] | None:
+    if item.resolved_at is not None:
+        return None
+    elements = []
+    if item.key.gpu is not None and item.key.kind in RESET_KINDS:
+        elements.append(reset_button(item.key.node, item.key.gpu))
+    elements += snooze_buttons(item.key.text())
+    return {"type": "actions", "elements": elements}
+
+
+def render_alert_group(group: AlertGroup) -> Message:
+    """Render the alert message of one node's findings, as they stand now."""
+    now = group.at
+    open_n, total = len(group.open), len(group.items)
+    if open_n == 0:
+        title = f"✅ {group.node}: resolved"
+    elif open_n == total:
+        title = f"⚠ {group.node}: {total} finding{'s' if total != 1 else ''}"
+    else:
+        title = f"⚠ {group.node}: {open_n} of {total} findings open"
+    b = Budget()
+    b.add(header(title))
+    reserve = 3  # the table, "more not shown", the context line
+    shown = 0
+    for item in group.items[:MAX_ITEMS]:
+        acts = _actions(item, now)
+        if b.room <= reserve + (2 if acts else 1):
+            break
+        b.add(section(_item_text(item, now)))
+        if acts is not None:
+            b.add(acts)
+        shown += 1
+    if shown < total:
+        b.add(context(f"… and {total - shown} more finding(s) on {escape(group.node)}"))
+    snap = group.snapshot
+    if snap is not None and snap.gpus:
+        rows = node_rows(snap)
+        if table_fits(rows):
+            b.add(table(rows, wrap=(3, 4)))
+        else:
+            b.add_pre(node_lines(snap)[1:], reserve=1)
+    b.add(context(f"gpubot sweep · {date(now.timestamp())}"))
+    parts = [f"{_where(i)} {_title(i)}" + (" (resolved)" if i.resolved_at else "")
+             for i in group.items]  # fmt: skip
+    fallback = escape(clip(f"{title}: " + "; ".join(parts), MAX_FALLBACK))
+    return {"text": fallback, "blocks": b.blocks}
+
+
+def render_reminder(group: AlertGroup) -> Message:
+    """Render a reminder of findings that persist (posted in the alert's thread)."""
+    now = group.at
+    lines = []
+    for item in group.items[:40]:
+        lasted = duration_text((now - item.first_seen).total_seconds())
+        lines.append(f"• {escape(_where(item))}: {escape(_title(item))} — open for {lasted}")
+    more = len(group.items) - min(len(group.items), 40)
+    if more:
+        lines.append(f"… and {more} more")
+    text = f"⏰ *Still open on {escape(group.node)}:*\n" + "\n".join(lines)
+    return {"text": clip(f"Still open on {group.node}", MAX_FALLBACK), "blocks": [section(text)]}
+
+
+def render_sweep(result: SweepResult) -> Message:
+    """Render a sweep's report (``/gpu sweep``)."""
+    if result.skipped:
+        return {"text": f"Sweep skipped: {escape(result.skipped)}",
+                "blocks": [section(f"Sweep skipped: {escape(result.skipped)}")]}  # fmt: skip
+    n, bad, found = len(result.nodes), len(result.failed), len(result.findings)
+    title = f"Sweep: {n} node(s), {bad} failing, {found} finding(s)"
+    b = Budget()
+    b.add(header(title))
+    if not result.findings:
+        b.add(section("✅ No zombie processes, orphaned memory or failing nodes found."))
+    lines = []
+    for f in result.findings:
+        where = f"{f.node} GPU {f.gpu}" if f.gpu is not None else f.node
+        lines.append(code_safe(f"{where}: {f.kind.value}: {f.summary}"))
+        ready = result.readiness.get((f.node, f.gpu)) if f.gpu is not None else None
+        if ready is not None:
+            lines += [code_safe(f"    {line}") for line in ready.lines()]
+    if lines:
+        done = b.add_pre(lines, reserve=2)
+        if done < len(lines):
+            b.add(context(f"… {len(lines) - done} more lines: `gpubot sweep` shows all"))
+    idle = result.idle_gpu_hours
+    if idle:
+        held = " · ".join(f"{escape(u)} {h:.1f}" for u, h in list(idle.items())[:20])
+        b.add(context(f"GPU-hours held idle: {held}"))
+    b.add(context(f"{n} node(s) asked in {result.seconds:.1f} s · {date(result.started_at)}"))
+    return {"text": escape(title), "blocks": b.blocks}
+
+
+
+def chat_sweeper(service: SweepService) -> Sweeper:
+    """Return what ``/gpu sweep`` runs: a read-only sweep now, rendered."""
+
+    async def sweep(who: Identity) -> Message:
+        result = await service.run(alerting=False, source="slack", actor=f"slack:{who.id}")
+        return render_sweep(result)
+
+    return sweep

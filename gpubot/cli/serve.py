@@ -1,0 +1,121 @@
+"""``gpubot serve``: run the Slack bot, over Socket Mode (default) or HTTP (``--http``).
+
+The only place that reads Slack secrets, from the environment: ``SLACK_BOT_TOKEN`` (always),
+``SLACK_APP_TOKEN`` (Socket Mode), ``SLACK_SIGNING_SECRET`` (HTTP), ``SLACK_API_URL`` (optional:
+another Web API host, e.g. Slack's government cloud, or a test fake).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpubot.app import SlackAccess, build, settings_from
+from gpubot.config import Settings
+from gpubot.core.findings import check_port
+from gpubot.errors import ConfigError
+
+DEFAULT_API_URL = "https://slack.com/api/"
+_BOT = re.compile(r"xoxb-[A-Za-z0-9-]{8,}")
+_APP = re.compile(r"xapp-[A-Za-z0-9-]{8,}")
+_SECRET = re.compile(r"[0-9a-fA-F]{16,128}")
+_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Slack credentials and where the Web API is."""
+
+    bot: str
+    app: str | None
+    signing_secret: str | None
+    api_url: str
+
+    @property
+    def access(self) -> SlackAccess:
+        """Return what the composition root needs to build the Web API adapters."""
+        return SlackAccess(self.bot, self.api_url)
+
+
+def read_tokens(environ: Mapping[str, str], *, http: bool) -> Tokens:
+    """Read and check the Slack variables; raise ``ConfigError`` naming the first bad one."""
+
+    def need(name: str, pattern: re.Pattern[str], what: str) -> str:
+        value = environ.get(name, "").strip()
+        if not value:
+            raise ConfigError(f"{name} is not set: {what}")
+        if not pattern.fullmatch(value):
+            raise ConfigError(f"{name} is malformed: expected {what}")
+        return value
+
+    bot = need("SLACK_BOT_TOKEN", _BOT, "the bot token (xoxb-…) from OAuth & Permissions")
+    app = secret = None
+    if http:
+        secret = need("SLACK_SIGNING_SECRET", _SECRET,
+                      "the signing secret (hex) from Basic Information")  # fmt: skip
+    else:
+        app = need("SLACK_APP_TOKEN", _APP, "an app-level token (xapp-…) for Socket Mode")
+    url = environ.get("SLACK_API_URL", "").strip() or DEFAULT_API_URL
+    if not _URL.fullmatch(url):
+        raise ConfigError(f"SLACK_API_URL is malformed: expected http(s)://host/path/, got {url!r}")
+    return Tokens(bot, app, secret, url if url.endswith("/") else url + "/")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``gpubot serve`` options."""
+    parser.add_argument("--http", action="store_true",
+                        help="serve the Events API over HTTP instead of Socket Mode")  # fmt: skip
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="HTTP: address to listen on (default 127.0.0.1)")  # fmt: skip
+    parser.add_argument("--port", type=int, default=3000, help="HTTP: port (default 3000)")
+    parser.add_argument("--path", default="/slack/events",
+                        help="HTTP: request path (default /slack/events)")  # fmt: skip
+    parser.add_argument("--expire-every", type=float, default=30.0, metavar="S",
+                        help="check approvals for expiry every S seconds (default 30)")  # fmt: skip
+    parser.add_argument("--metrics-port", type=int, metavar="P",
+                        help="serve Prometheus metrics on port P ([metrics] port)")  # fmt: skip
+    parser.add_argument("--no-sweeps", action="store_true",
+                        help="do not run scheduled sweeps in this process")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bot until interrupted."""
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port}: not a port number (1-65535)")
+    if not args.path.startswith("/"):
+        raise ConfigError(f"--path {args.path!r}: must start with /")
+    if not args.expire_every > 0:
+        raise ConfigError(f"--expire-every {args.expire_every}: must be > 0 seconds")
+    if args.metrics_port is not None:
+        check_port(args.metrics_port, "--metrics-port")
+    environ = os.environ
+    tokens = read_tokens(environ, http=args.http)
+    settings = settings_from(args.config, environ)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(_serve(args, settings, tokens, environ))
+    return 0
+
+
+async def _serve(
+    args: argparse.Namespace, settings: Settings, tokens: Tokens, environ: Mapping[str, str]
+) -> None:
+    from gpubot.slack.serve import Listener, serve_forever
+
+    # A database that is behind stops us here; the composition root builds everything once.
+    app = build(settings, environ, need_store=True, slack=tokens.access, serving=True)
+    listen = Listener(http=args.http, host=args.host, port=args.port, path=args.path,
+                      app_token=tokens.app, signing_secret=tokens.signing_secret)  # fmt: skip
+    try:
+        await serve_forever(
+            app, listen, metrics_port=args.metrics_port, sweeps=not args.no_sweeps,
+            expire_every_s=args.expire_every,
+        )  # fmt: skip
+    finally:
+        await app.close()
