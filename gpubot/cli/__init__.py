@@ -52,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser(command)
         args = parser.parse_args(args_in)
+        args._argv = tuple(args_in)  # the command as typed (the audit log records it)
         mod = importlib.import_module(args._module)
         runner = getattr(mod, f"run_{args._name.replace('-', '_')}", None) or mod.run
         return int(runner(args))

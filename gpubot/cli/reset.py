@@ -91,7 +91,7 @@ def run_reset(args: argparse.Namespace) -> int:
         user=args.user,
         grace_s=args.grace,
     )
-    command = shlex.join(["gpubot", "reset", *sys.argv[2:]])
+    command = shlex.join(["gpubot", *args._argv])
 
     async def body(app: App) -> int:
         plan, before = await app.reset.plan(request)
@@ -125,7 +125,7 @@ def _check_forced(plan: ResetPlan, force: bool) -> None:
 
 def run_gpu_reset(args: argparse.Namespace) -> int:
     """Reset one orphaned GPU with nvidia-smi --gpu-reset and verify it."""
-    command = shlex.join(["gpubot", "gpu-reset", *sys.argv[2:]])
+    command = shlex.join(["gpubot", *args._argv])
 
     async def body(app: App) -> int:
         _confirm(f"run nvidia-smi --gpu-reset on {args.node} GPU {args.gpu}?", args.yes)

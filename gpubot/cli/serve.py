@@ -79,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check approvals for expiry every S seconds (default 30)")  # fmt: skip
     parser.add_argument("--metrics-port", type=int, metavar="P",
                         help="serve Prometheus metrics on port P ([metrics] port)")  # fmt: skip
+    parser.add_argument("--metrics-host", metavar="ADDR",
+                        help="address the metrics listen on ([metrics] host, default "
+                             "127.0.0.1; a container's own interface: 0.0.0.0)")  # fmt: skip
     parser.add_argument("--no-sweeps", action="store_true",
                         help="do not run scheduled sweeps in this process")  # fmt: skip
 
@@ -114,7 +117,8 @@ async def _serve(
                       app_token=tokens.app, signing_secret=tokens.signing_secret)  # fmt: skip
     try:
         await serve_forever(
-            app, listen, metrics_port=args.metrics_port, sweeps=not args.no_sweeps,
+            app, listen, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+            sweeps=not args.no_sweeps,
             expire_every_s=args.expire_every,
         )  # fmt: skip
     finally:

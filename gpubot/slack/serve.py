@@ -66,26 +66,33 @@ async def start_http(bot: GpuBot, host: str, port: int, path: str) -> web.AppRun
     return runner
 
 
-def start_metrics(app: App, port: int | None) -> int | None:
-    """Serve the metrics on ``port`` (``--metrics-port``), else ``[metrics] port``, if either;
-    return the bound port."""
+def start_metrics(app: App, port: int | None, host: str | None = None) -> int | None:
+    """Serve the metrics on ``port`` (``--metrics-port``), else ``[metrics] port``, if either,
+    at ``host`` (``--metrics-host``), else ``[metrics] host``; return the bound port."""
     port = app.sweep_config.metrics_port if port is None else port
+    host = host or app.sweep_config.metrics_host
     if port is None or app.metrics is None:
         return None
-    bound = app.metrics.serve(port, app.sweep_config.metrics_host)
-    log.info("metrics at http://%s:%d/metrics", app.sweep_config.metrics_host, bound)
+    bound = app.metrics.serve(port, host)
+    log.info("metrics at http://%s:%d/metrics", host, bound)
     return bound
 
 
 async def serve_forever(
-    app: App, listen: Listener, *, metrics_port: int | None, sweeps: bool, expire_every_s: float
+    app: App,
+    listen: Listener,
+    *,
+    metrics_port: int | None,
+    metrics_host: str | None = None,
+    sweeps: bool,
+    expire_every_s: float,
 ) -> None:
     """Run the Slack front end on ``app`` until SIGTERM or SIGINT."""
     bot = build_bot(app, listen.signing_secret if listen.http else None)
     await _check_token(bot)
     if app.store is not None:
         await report_incomplete(app.store, bot)
-    start_metrics(app, metrics_port)
+    start_metrics(app, metrics_port, metrics_host)
     app.start(sweeps=sweeps)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import signal
 import subprocess
@@ -168,3 +169,9 @@ def test_reset_exit_status_follows_the_outcome(fleet: Fleet) -> None:
     assert p.returncode == 0 and "freed" in p.stdout
     p = gpubot(fleet.config_path, "audit", "verify")
     assert p.returncode == 0, p.stdout + p.stderr
+    # The audit log records each command as typed, --config included.
+    p = gpubot(fleet.config_path, "audit", "list", "--json")
+    commands = [a["command"] for a in json.loads(p.stdout)]
+    cfg = shlex.quote(str(fleet.config_path))
+    assert f"gpubot --config {cfg} reset node2 --gpu 0 --yes --grace 1" in commands
+    assert f"gpubot --config {cfg} gpu-reset node2 --gpu 0 --yes" in commands
