@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import shlex
 import os
+import shlex
 import signal
 import subprocess
 import sys
