@@ -172,11 +172,8 @@ class Flows:
 
     async def reset(self, cmd: c.Reset, who: Identity, out: Surface, *, text: str) -> None:
         """Plan; run at once if only the asker's processes die, else ask for approval."""
-        approvals = self._approvals()
-        try:
-            await approvals.check_may_reset(who, cmd.node)
-        except NotPermitted as exc:
-            await self.refuse(who, out, exc, action="reset", command=text, node=cmd.node)
+        approvals = await self._permitted(who, out, "reset", text, cmd.node)
+        if approvals is None:
             return
         handle = await out.post(render_text(f"⏳ planning a reset of *{escape(cmd.node)}* …"))
         try:
@@ -223,11 +220,8 @@ class Flows:
 
     async def gpu_reset(self, cmd: c.GpuReset, who: Identity, out: Surface, *, text: str) -> None:
         """Reset one idle GPU whose memory leaked."""
-        approvals = self._approvals()
-        try:
-            await approvals.check_may_reset(who, cmd.node)
-        except NotPermitted as exc:
-            await self.refuse(who, out, exc, action="gpu-reset", command=text, node=cmd.node)
+        approvals = await self._permitted(who, out, "gpu-reset", text, cmd.node)
+        if approvals is None:
             return
         handle = await out.post(render_text(f"⏳ resetting {cmd.node} GPU {cmd.gpu} …"))
         await self._execute(
@@ -343,6 +337,19 @@ class Flows:
             await self._approvals().approvals.set_message(approval_id, *where)
         except StoreError as exc:  # the request still works from its buttons
             log.warning("approval %s: cannot remember its message: %s", approval_id, exc)
+
+    async def _permitted(
+        self, who: Identity, out: Surface, action: str, text: str, node: str
+    ) -> ApprovalService | None:
+        """Return the approvals service if ``who`` may reset on ``node``; else say why (and
+        audit the refusal) and return None."""
+        approvals = self._approvals()
+        try:
+            await approvals.check_may_reset(who, node)
+        except NotPermitted as exc:
+            await self.refuse(who, out, exc, action=action, command=text, node=node)
+            return None
+        return approvals
 
     def _approvals(self) -> ApprovalService:
         if self.svc.approvals is None:
