@@ -207,3 +207,36 @@ class ApprovalState(StrEnum):
     EXECUTED = "executed"
     FAILED = "failed"
     INCOMPLETE = "incomplete"  # approved, but the bot stopped before recording the end
+
+
+class ActionStatus(StrEnum):
+    """How an audited action ended (the outcome record's ``status``)."""
+
+    FREED = "freed"  # every targeted GPU ended freed
+    NOT_FREED = "not-freed"  # the action ran; some GPU did not end freed
+    ERROR = "error"  # it stopped on an error (the result says which)
+    REFUSED = "refused"  # nothing was done: gpubot refused the person or the request
+    INCOMPLETE = "incomplete"  # no outcome is written: still running, or gpubot stopped
+    UNKNOWN = "unknown"  # an outcome written without a status
+
+
+class ResetStep(StrEnum):
+    """Kinds of step a reset reports as it happens (``ResetEvent.kind``)."""
+
+    PLANNED = "planned"
+    SIGNAL = "signal"
+    EXITED = "exited"
+    VERIFYING = "verifying"
+    GPU_OUTCOME = "gpu_outcome"
+    PERSISTENCE = "persistence"
+    GPU_RESET = "gpu_reset"
+    STOP_WORKLOAD = "stop_workload"
+
+
+class StopResult(StrEnum):
+    """What became of a command that stops a respawning workload (``stop_workload`` steps)."""
+
+    NOT_RUN = "not-run"  # the workload has processes the plan does not kill
+    RUNNING = "running"  # audited before it runs
+    DONE = "done"
+    FAILED = "failed"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from gpubot.errors import ParseError
 
@@ -44,24 +45,36 @@ SIGNALS = ("TERM", "KILL", "check")
 Identity = tuple[int, int, int]  # (pid, start_ticks, uid)
 
 
+class PidStatus(StrEnum):
+    """What the signal script said of one planned process (a ``signal`` step's ``result``)."""
+
+    GONE = "gone"
+    REUSED = "reused"  # another process has its pid now
+    OWNER = "owner"  # its owner is not the planned one
+    ALIVE = "alive"  # ("check") still there
+    SENT = "sent"
+    FAILED = "failed"  # kill failed on the node
+    NOT_SENT = "not-sent"  # not from the node: the plan lacks its identity, nothing was sent
+
+
 @dataclass(frozen=True)
 class PidReport:
     """What the node said about one planned process."""
 
     pid: int
-    status: str  # gone | reused | owner | alive | sent | failed
+    status: PidStatus
     state: str | None = None
     wchan: str | None = None
-    uid: int | None = None  # with "owner": the uid the process has now
+    uid: int | None = None  # with OWNER: the uid the process has now
 
     @property
     def why(self) -> str | None:
         """Say why a planned process was not signalled, if it was not."""
-        if self.status == "reused":
+        if self.status == PidStatus.REUSED:
             return "its start time differs from the plan's: the pid was reused; not signalled"
-        if self.status == "owner":
+        if self.status == PidStatus.OWNER:
             return f"its owner is now uid {self.uid}, not the planned owner; not signalled"
-        if self.status == "failed":
+        if self.status == PidStatus.FAILED:
             return "kill failed on the node"
         return None
 
@@ -75,6 +88,9 @@ def signal_argv(signal: str, targets: Sequence[Identity], *, sudo: bool) -> list
     return ["sh", "-c", SIGNAL_SCRIPT, "gpubot-signal", signal, "1" if sudo else "0", *pairs]
 
 
+_BARE = frozenset({PidStatus.GONE, PidStatus.REUSED, PidStatus.SENT, PidStatus.FAILED})
+
+
 def parse_signal_output(text: str) -> dict[int, PidReport]:
     """Parse the script's lines into one report per PID."""
     out: dict[int, PidReport] = {}
@@ -84,14 +100,14 @@ def parse_signal_output(text: str) -> dict[int, PidReport]:
         parts = line.split()
         if len(parts) < 2 or not parts[0].isdigit():
             raise ParseError("signal script output", line)
-        pid, status = int(parts[0]), parts[1]
-        if status == "alive" and len(parts) == 4:
+        pid, said = int(parts[0]), parts[1]
+        if said == PidStatus.ALIVE and len(parts) == 4:
             wchan = None if parts[3] == "0" else parts[3]
-            out[pid] = PidReport(pid, status, parts[2], wchan)
-        elif status == "owner" and len(parts) == 3 and parts[2].isdigit():
-            out[pid] = PidReport(pid, status, uid=int(parts[2]))
-        elif status in {"gone", "reused", "sent", "failed"} and len(parts) == 2:
-            out[pid] = PidReport(pid, status)
+            out[pid] = PidReport(pid, PidStatus.ALIVE, parts[2], wchan)
+        elif said == PidStatus.OWNER and len(parts) == 3 and parts[2].isdigit():
+            out[pid] = PidReport(pid, PidStatus.OWNER, uid=int(parts[2]))
+        elif said in _BARE and len(parts) == 2:
+            out[pid] = PidReport(pid, PidStatus(said))
         else:
             raise ParseError("signal script output", line)
     return out

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
+from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import AlertStore
@@ -123,7 +124,7 @@ class Store:
         self, action_id: int, *, status: str, result: Mapping[str, Any]
     ) -> None:
         """Append the outcome of an action (once); ``status`` is e.g. ok, failed, refused."""
-        if not status or status == "incomplete":
+        if not status or status == ActionStatus.INCOMPLETE:
             raise StoreError(f"an outcome needs a status other than {status!r}")
         await asyncio.to_thread(
             self._follow, action_id, "outcome", {"status": status, "result": result}

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, and_, select
 
+from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError
 from gpubot.store.chain import (
     GENESIS,
@@ -183,9 +184,9 @@ def summary(
 ) -> ActionSummary:
     """Build an ``ActionSummary`` from an intent and its outcome's payload and time."""
     data = intent.data
-    status = "incomplete"
+    status: str = ActionStatus.INCOMPLETE
     if outcome_payload is not None:
-        status = str(json.loads(outcome_payload).get("status", "unknown"))
+        status = str(json.loads(outcome_payload).get("status", ActionStatus.UNKNOWN))
     return ActionSummary(
         id=intent.seq,
         kind=str(data.get("action", "")),

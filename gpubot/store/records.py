@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gpubot.core.models import ApprovalState
+from gpubot.core.approval import Approval as Approval  # defined in core: services read it
+from gpubot.core.timefmt import iso as _iso
 
 # Fixed width, so that text order is time order on every database.
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -18,12 +19,7 @@ def iso(moment: datetime) -> str:
     """Render an aware datetime as the store's UTC text (microseconds, fixed width)."""
     if moment.tzinfo is None:
         raise ValueError("naive datetime: pass an aware one, e.g. datetime.now(UTC)")
-    u = moment.astimezone(UTC)
-    # Spelled out: strftime("%Y") does not pad years before 1000 on every platform.
-    return (
-        f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}"
-        f".{u.microsecond:06d}Z"
-    )
+    return _iso(moment, timespec="microseconds")  # isoformat pads years before 1000 too
 
 
 def parse_iso(text: str) -> datetime:
@@ -84,7 +80,7 @@ class ActionSummary:
     node: str | None
     gpus: tuple[int, ...]
     started_at: datetime
-    status: str  # the outcome's status, or "incomplete" while no outcome is written
+    status: str  # an ActionStatus (INCOMPLETE while no outcome is written) or an older word
     finished_at: datetime | None
 
     @property
@@ -178,28 +174,6 @@ class VerifyResult:
             parts.append(self.reason)
         tampered = self.first_bad_seq is not None or self.published is not None
         return f"audit log {'tampered' if tampered else 'not verified'}: " + "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class Approval:
-    """One request to run a forced action, and its life."""
-
-    id: int
-    requester: str  # Slack user id (or cli:<user>)
-    requester_name: str
-    source: str
-    node: str
-    plan: Any  # decoded JSON
-    state: ApprovalState
-    created_at: datetime
-    expires_at: datetime
-    decided_by: str | None
-    decided_by_name: str | None
-    decided_at: datetime | None
-    finished_at: datetime | None
-    result: Any  # decoded JSON given to mark_executed / mark_failed, or None
-    channel: str | None
-    message_ts: str | None
 
 
 @dataclass(frozen=True)
