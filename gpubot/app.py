@@ -95,15 +95,19 @@ def settings_from(cli_config: str | None, environ: Mapping[str, str]) -> Setting
     return load(config_path(cli_config, environ))
 
 
-def open_app_store(settings: Settings, environ: Mapping[str, str]) -> Store:
+def open_app_store(
+    settings: Settings, environ: Mapping[str, str], *, check_schema: bool = True
+) -> Store:
     """Open the audit store; raises ``StoreError`` (``DatabaseBehind`` says how to fix it).
 
     ``$GPUBOT_DB_PASSWORD`` is the database password, ``$GPUBOT_AUDIT_KEY`` the chain's key.
+    ``check_schema`` False: also a database that is behind (``gpubot db`` migrates it).
     """
     return open_store(
         settings.database_url,
-        password=environ.get("GPUBOT_DB_PASSWORD"),
+        password=environ.get("GPUBOT_DB_PASSWORD") or None,
         audit_key=audit_key(environ),
+        check_schema=check_schema,
     )
 
 

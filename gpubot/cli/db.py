@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping
 
 from gpubot import config
-from gpubot.store import Store, open_store
+from gpubot.app import open_app_store
+from gpubot.store import Store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,12 +29,7 @@ def open_configured(
     ``$GPUBOT_AUDIT_KEY``.
     """
     settings = config.load(config.config_path(config_arg, environ))
-    return open_store(
-        settings.database_url,
-        password=environ.get("GPUBOT_DB_PASSWORD") or None,
-        audit_key=config.audit_key(environ),
-        check_schema=check_schema,
-    )
+    return open_app_store(settings, environ, check_schema=check_schema)
 
 
 def run(args: argparse.Namespace) -> int:

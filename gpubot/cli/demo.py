@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpubot.app import App, build
+from gpubot.app import App, build, open_app_store
 from gpubot.chat.alerts import render_alert_group, render_sweep
 from gpubot.chat.blocks import message_text
 from gpubot.chat.flows import Flows
@@ -29,7 +29,6 @@ from gpubot.config import load
 from gpubot.services.approvals import Identity
 from gpubot.services.sweep import AlertGroup
 from gpubot.sim.fleet import SimFleet
-from gpubot.store import open_store
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"
 
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     ):
         me = _operator_user()
         cfg = _write_config(sim, folder, me)
-        store = open_store(f"sqlite:///{folder}/gpubot.db", check_schema=False)
+        store = open_app_store(load(cfg), {}, check_schema=False)
         store.upgrade()
         store.close()
         _stage(sim, me)

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
-from gpubot.app import App, settings_from
+from gpubot.app import App
 from gpubot.cli.common import cli_actor, with_app
-from gpubot.core.findings import load_sweep_config
-from gpubot.services.sweep import SweepResult, SweepService
+from gpubot.services.sweep import SweepResult
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,12 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Sweep every node once and print the findings."""
-    settings = settings_from(args.config, os.environ)  # bad settings: one line, nothing opened
-    config = load_sweep_config(settings.extra, settings.path or "<settings>")
 
     async def body(app: App) -> int:
-        service = SweepService(app.settings, config, app.status, app.store)
-        result = await service.run(alerting=False, source="cli", actor=cli_actor())
+        result = await app.sweep.run(alerting=False, source="cli", actor=cli_actor())
         if args.json:
             print(json.dumps(result.to_dict(), indent=2))
         else:
