@@ -14,7 +14,8 @@ import resource
 from collections.abc import Sequence
 from typing import Any
 
-from gpubot.chat.blocks import MAX_BLOCKS, MAX_TEXT, limit_problems, render_fleet
+from gpubot.chat.blocks import MAX_BLOCKS, MAX_TEXT, limit_problems
+from gpubot.chat.fleet_view import render_fleet
 from gpubot.core.models import NodeSnapshot
 
 TARGET = 1000

@@ -17,12 +17,11 @@ from gpubot.chat.blocks import (
     date,
     escape,
     header,
-    node_lines,
-    node_rows,
     section,
     table,
     table_fits,
 )
+from gpubot.chat.fleet_view import node_lines, node_rows
 from gpubot.chat.flows import Sweeper
 from gpubot.chat.reset_view import reset_button
 from gpubot.core.findings import TITLES, duration_text
@@ -181,7 +180,6 @@ def render_sweep(result: SweepResult) -> Message:
         b.add(context(f"GPU-hours held idle: {held}"))
     b.add(context(f"{n} node(s) asked in {result.seconds:.1f} s · {date(result.started_at)}"))
     return {"text": escape(title), "blocks": b.blocks}
-
 
 
 def chat_sweeper(service: SweepService) -> Sweeper:

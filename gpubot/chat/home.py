@@ -22,10 +22,9 @@ from gpubot.chat.blocks import (
     date,
     escape,
     header,
-    proc_label,
-    render_fleet,
     section,
 )
+from gpubot.chat.fleet_view import proc_label, render_fleet
 from gpubot.core.models import NodeSnapshot
 
 

@@ -20,8 +20,9 @@ from collections.abc import Callable
 
 from gpubot.app import App, build, settings_from
 from gpubot.chat.blocks import Message, message_text
-from gpubot.chat.flows import Flows, Handle
+from gpubot.chat.flows import Flows
 from gpubot.chat.reset_view import ACTION_APPROVE
+from gpubot.chat.surface import Handle
 from gpubot.core import commands as c
 from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError

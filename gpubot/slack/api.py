@@ -24,7 +24,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from gpubot.chat.blocks import Message, text_only, without_tables
-from gpubot.chat.flows import Handle
+from gpubot.chat.surface import Handle
 from gpubot.core.policy import ChatAccount
 from gpubot.errors import GpubotError
 

@@ -22,8 +22,9 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 
 from gpubot.chat.blocks import Message, escape, render_text
-from gpubot.chat.flows import MIN_UPDATE_S, Flows, Handle, Services
+from gpubot.chat.flows import Flows, Services
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
+from gpubot.chat.surface import MIN_UPDATE_S, Handle
 from gpubot.core import commands as c
 from gpubot.core.policy import resolve
 from gpubot.errors import UsageError

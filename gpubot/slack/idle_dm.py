@@ -13,10 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gpubot.chat.blocks import (
-    escape,
-    render_text,
-)
+from gpubot.chat.blocks import escape, render_text
 from gpubot.chat.flows import error_message
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.core import commands as c

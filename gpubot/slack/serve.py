@@ -21,7 +21,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 
 from gpubot.app import App
 from gpubot.chat.blocks import render_text
-from gpubot.chat.flows import MIN_UPDATE_S
+from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.errors import ConfigError
 from gpubot.slack import alerts, idle_dm
 from gpubot.slack.app import GpuBot

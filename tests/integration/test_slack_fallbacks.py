@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpubot.chat.blocks import Message, nested, render_node, render_text
+from gpubot.chat.blocks import Message, nested, render_text
+from gpubot.chat.fleet_view import render_node
 from gpubot.chat.home import render_home
 from gpubot.slack.api import SlackApi, make_client
 from tests.fixtures.slack import BOT_TOKEN, Call, FakeSlack, assert_within_limits

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from gpubot.chat import blocks as bk
+from gpubot.chat import fleet_view as fv
 from gpubot.chat import reset_view as rb
 from gpubot.chat.home import render_home
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
@@ -70,7 +71,7 @@ def all_text(msg: dict[str, object]) -> str:
 
 
 def test_one_node_is_a_table() -> None:
-    msg = bk.render_node(snap())
+    msg = fv.render_node(snap())
     assert bk.limit_problems(msg) == []
     tables = [b for b in msg["blocks"] if b["type"] == "table"]
     assert len(tables) == 1
@@ -89,21 +90,21 @@ def test_one_node_is_a_table() -> None:
 def test_a_gpu_whose_device_file_is_unknown_is_flagged() -> None:
     s = snap()
     s = NodeSnapshot(s.node, s.taken_at, (*s.gpus, gpu(4, 0, minor=None)), s.processes)
-    msg = bk.render_node(s)
+    msg = fv.render_node(s)
     assert bk.limit_problems(msg) == []
     rows = [[c["text"] for c in r] for b in msg["blocks"] if b["type"] == "table"
             for r in b["rows"]]  # fmt: skip
     assert rows[5][0] == "4" and rows[5][4] == "device-file-unknown"
     assert all("device-file-unknown" not in r[4] for r in rows[1:5])  # minors known, not = index
     assert msg["text"] == "node1: 5 GPUs, 3 busy, 2 idle, 4 flagged"
-    plain = bk.message_text(bk.render_node(s, use_table=False))
+    plain = bk.message_text(fv.render_node(s, use_table=False))
     assert "device-file-unknown" in plain
-    fleet = bk.message_text(bk.render_fleet([s], {}, seconds=1.0))
+    fleet = bk.message_text(fv.render_fleet([s], {}, seconds=1.0))
     assert "device-file-unknown" in fleet
 
 
 def test_mrkdwn_is_escaped_but_table_cells_are_raw() -> None:
-    msg = bk.render_node(snap(), use_table=False)
+    msg = fv.render_node(snap(), use_table=False)
     text = all_text(msg)
     assert "<!channel>" not in text and "<@U0BOSS>" not in text
     assert "&lt;!channel&gt; &amp; &lt;@U0BOSS&gt;" in text
@@ -115,14 +116,14 @@ def test_mrkdwn_is_escaped_but_table_cells_are_raw() -> None:
 
 def test_fallback_when_the_table_would_not_fit() -> None:
     many = NodeSnapshot("wide", 0.0, tuple(gpu(i, 10) for i in range(150)))
-    msg = bk.render_node(many)
+    msg = fv.render_node(many)
     assert not any(b["type"] == "table" for b in msg["blocks"])
     assert bk.limit_problems(msg) == []
     assert "GPU 149" in bk.message_text(msg)
 
 
 def test_few_nodes_show_every_gpu() -> None:
-    msg = bk.render_fleet([snap("a"), snap("b")], {"c": "connection refused"}, seconds=1.5)
+    msg = fv.render_fleet([snap("a"), snap("b")], {"c": "connection refused"}, seconds=1.5)
     assert bk.limit_problems(msg) == []
     text = bk.message_text(msg)
     assert "Nodes: 2 OK, 1 failing" in text
@@ -134,7 +135,7 @@ def test_few_nodes_show_every_gpu() -> None:
 def test_256_node_fleet_fits_every_limit(use_table: bool) -> None:
     fleet = big_fleet()
     failed = {f"dead{i:03d}": "ssh: connection refused " + "y" * 200 for i in range(40)}
-    msg = bk.render_fleet(fleet, failed, seconds=3.2, use_table=use_table)
+    msg = fv.render_fleet(fleet, failed, seconds=3.2, use_table=use_table)
     assert bk.limit_problems(msg) == []
     assert len(msg["blocks"]) <= 50
     assert sum(b["type"] == "table" for b in msg["blocks"]) == (1 if use_table else 0)
@@ -143,12 +144,12 @@ def test_256_node_fleet_fits_every_limit(use_table: bool) -> None:
     assert "more flagged GPU(s)" in text  # details are cut, and it says so
     assert "<!channel>" not in all_text(msg)
     for s in fleet[:3]:  # each node's own answer fits too
-        assert bk.limit_problems(bk.render_node(s)) == []
+        assert bk.limit_problems(fv.render_node(s)) == []
 
 
 def test_huge_failures_only() -> None:
     failed = {f"n{i}": "timeout " * 50 for i in range(1000)}
-    msg = bk.render_fleet([], failed)
+    msg = fv.render_fleet([], failed)
     assert bk.limit_problems(msg) == []
     assert "more failing node(s)" in bk.message_text(msg)
 
@@ -281,14 +282,14 @@ def test_home_tab_within_view_limits() -> None:
 
 
 def test_text_only_keeps_content_and_escapes() -> None:
-    msg = bk.text_only(bk.render_node(snap()))
+    msg = bk.text_only(fv.render_node(snap()))
     assert set(msg) == {"text"}
     assert "alice 4242" in msg["text"] and "&lt;!channel&gt;" in msg["text"]
     assert len(msg["text"]) <= bk.MAX_FALLBACK
 
 
 def test_without_tables_keeps_the_rows_as_preformatted_text() -> None:
-    msg = bk.render_fleet(big_fleet(), {}, seconds=1.0)
+    msg = fv.render_fleet(big_fleet(), {}, seconds=1.0)
     plain = bk.without_tables(msg)
     assert plain is not None and bk.limit_problems(plain) == []
     assert not any(b["type"] == "table" for b in plain["blocks"])

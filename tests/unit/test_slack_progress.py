@@ -2,7 +2,7 @@
 
 ``chat.update`` is a Tier 3 method (https://api.slack.com/methods/chat.update), about 50 calls a
 minute per app per workspace (https://api.slack.com/docs/rate-limits): gpubot spaces the progress
-edits of one message by ``flows.MIN_UPDATE_S`` (2.5 s) unless told otherwise.
+edits of one message by ``surface.MIN_UPDATE_S`` (2.5 s) unless told otherwise.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import itertools
 import time
 from typing import Any, cast
 
-from gpubot.chat import flows
+from gpubot.chat import surface
 from gpubot.chat.blocks import Message, message_text, render_text
-from gpubot.chat.flows import Flows, Handle, Progress, Services
+from gpubot.chat.flows import Flows, Services
+from gpubot.chat.surface import Handle, Progress
 from gpubot.errors import GpubotError
 from gpubot.services.reset import ResetEvent
 from gpubot.slack.app import GpuBot
@@ -50,7 +51,7 @@ def gaps(times: list[float]) -> list[float]:
 
 
 def test_the_default_spacing_is_2_5_seconds_everywhere_slack_builds_flows() -> None:
-    assert flows.MIN_UPDATE_S == 2.5
+    assert surface.MIN_UPDATE_S == 2.5
     for fn in (Flows.__init__, GpuBot.__init__, build_bot):
         assert inspect.signature(fn).parameters["min_update_s"].default == 2.5, fn
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gpubot.chat import blocks as bk
+from gpubot.chat import fleet_view as fv
 from gpubot.chat import reset_view as rb
 from gpubot.chat.home import render_home
 from gpubot.core.models import NodeSnapshot
@@ -75,7 +76,7 @@ def test_home_view_has_no_table_and_fits_a_view(
 
 def test_home_view_keeps_the_rows_a_message_shows_as_a_table() -> None:
     snaps = big_fleet(nodes=40, gpus=4)
-    message = bk.render_fleet(snaps, {}, seconds=1.0, title="Fleet")
+    message = fv.render_fleet(snaps, {}, seconds=1.0, title="Fleet")
     assert "table" in types_in(message)  # the message does use a table: the check means something
     table = next(b for b in message["blocks"] if b["type"] == "table")
     view = render_home("U0ALICE", None, snaps, {}, seconds=1.0, now=0.0)

@@ -1,0 +1,210 @@
+"""Status as messages: a node's per-GPU table, a fleet answer, and a process's label."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpubot.chat.blocks import (
+    FEW_NODES,
+    MAX_BLOCKS,
+    MAX_FLAGGED,
+    MAX_TABLE_ROWS,
+    Budget,
+    Message,
+    clip,
+    code_safe,
+    context,
+    date,
+    escape,
+    header,
+    section,
+    table,
+    table_fits,
+    table_text,
+)
+from gpubot.core.flags import gpu_flags, owner_label, process_flags, workload_label
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+
+
+def _num(v: int | None) -> str:
+    return "?" if v is None else str(v)
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.0f} GiB" if mib >= 10240 else f"{mib} MiB"
+
+
+def short_command(p: GpuProcess, n: int = 32) -> str:
+    """Return a process's command, shortened to the program name and first arguments."""
+    cmd = (p.command or p.process_name or "?").strip()
+    first, _, rest = cmd.partition(" ")
+    return clip(f"{first.rsplit('/', 1)[-1]} {rest}".strip(), n)
+
+
+def proc_label(p: GpuProcess) -> str:
+    """Return ``user pid MiB command [flags]`` for one process (not escaped)."""
+    if p.system:
+        return f"system: {p.process_name} ({p.pid})"
+    flags = process_flags(p)
+    tail = f" [{', '.join(flags)}]" if flags else ""
+    mib = _num(p.used_memory_mib)
+    return f"{owner_label(p)} {p.pid} {mib} MiB {workload_label(p)}{short_command(p)}{tail}"
+
+
+def _mem(g: GpuInfo) -> str:
+    return f"{_num(g.memory_used_mib)} / {_num(g.memory_total_mib)} MiB"
+
+
+def _util(g: GpuInfo) -> str:
+    return "?" if g.utilization_pct is None else f"{g.utilization_pct} %"
+
+
+def node_rows(snap: NodeSnapshot, *, max_procs: int = 4) -> list[list[str]]:
+    """Return the table rows of one node: header, then one row per GPU."""
+    rows = [["GPU", "Memory", "Util", "Processes (owner pid MiB workload command)", "Flags"]]
+    for g in snap.gpus:
+        procs = snap.on_gpu(g.index)
+        labels = [proc_label(p) for p in procs[:max_procs]]
+        if len(procs) > max_procs:
+            labels.append(f"+{len(procs) - max_procs} more")
+        rows.append([str(g.index), _mem(g), _util(g), "; ".join(labels) or "–",
+                     ", ".join(gpu_flags(g, procs)) or "–"])  # fmt: skip
+    return rows
+
+
+def node_lines(snap: NodeSnapshot, *, max_procs: int = 8) -> list[str]:
+    """Return one node's GPUs as preformatted lines (escaped)."""
+    lines = [code_safe(f"{snap.node}: {len(snap.gpus)} GPU(s)")]
+    for g in snap.gpus:
+        procs = snap.on_gpu(g.index)
+        flags = ", ".join(gpu_flags(g, procs))
+        head = f"GPU {g.index:<2} {_mem(g):<22} {_util(g):>5}"
+        lines.append(code_safe(f"{head}  {'⚠ ' + flags if flags else ''}".rstrip()))
+        for p in procs[:max_procs]:
+            lines.append(code_safe(f"       {proc_label(p)}"))
+        if len(procs) > max_procs:
+            lines.append(f"       +{len(procs) - max_procs} more")
+    lines.extend(code_safe(f"⚠ {clip(note, 200)}") for note in snap.notes)
+    return lines
+
+
+def _counts(snaps: Sequence[NodeSnapshot]) -> tuple[int, int, int, int]:
+    """Return GPUs total, busy, idle, flagged."""
+    total = busy = flagged = 0
+    for s in snaps:
+        for g in s.gpus:
+            procs = s.on_gpu(g.index)
+            total += 1
+            busy += any(not p.system for p in procs)  # a daemon on it is not a job
+            flagged += bool(gpu_flags(g, procs))
+    return total, busy, total - busy, flagged
+
+
+def _taken(snaps: Sequence[NodeSnapshot]) -> str:
+    return f"taken {date(min(s.taken_at for s in snaps))}" if snaps else ""
+
+
+def render_node(snap: NodeSnapshot, *, use_table: bool = True) -> Message:
+    """Render one node's GPUs: a table block where it fits, else preformatted text."""
+    total, busy, idle, flagged = _counts([snap])
+    summary = f"{snap.node}: {total} GPUs, {busy} busy, {idle} idle, {flagged} flagged"
+    b = Budget()
+    name = snap.gpus[0].name if snap.gpus else "no GPUs"
+    b.add(header(f"{snap.node} · {len(snap.gpus)} × {name}"))
+    rows = node_rows(snap)
+    if not snap.gpus:
+        b.add(section("_no GPUs found_"))
+    elif use_table and table_fits(rows):
+        b.add(table(rows, wrap=(3, 4)))
+    else:
+        left = b.add_pre(node_lines(snap)[1:], reserve=1)
+        missing = len(node_lines(snap)) - 1 - left
+        if missing:
+            b.add(context(f"… {missing} more lines not shown"))
+    if snap.notes:
+        b.add(context(*(escape(f"⚠ {clip(n, 200)}") for n in snap.notes[:5])))
+    b.add(context(escape(f"{busy} busy · {idle} idle · {flagged} flagged"), _taken([snap])))
+    return {"text": escape(summary), "blocks": b.blocks}
+
+
+def render_fleet(
+    snapshots: Sequence[NodeSnapshot],
+    failed: Mapping[str, str],
+    *,
+    seconds: float = 0.0,
+    title: str = "GPU status",
+    use_table: bool = True,
+    limit: int = MAX_BLOCKS,
+) -> Message:
+    """Render several nodes: a summary, failing nodes, and details only where needed."""
+    if len(snapshots) == 1 and not failed:
+        return render_node(snapshots[0], use_table=use_table)
+    total, busy, idle, flagged = _counts(snapshots)
+    ok, bad = len(snapshots), len(failed)
+    summary = (
+        f"{title}: {ok} node(s) OK, {bad} failing · {total} GPUs: {busy} busy, {idle} idle, "
+        f"{flagged} flagged"
+    )
+    b = Budget(limit)
+    b.add(header(title))
+    b.add(section(
+        f"*Nodes:* {ok} OK, {bad} failing    *GPUs:* {busy} busy, {idle} idle, {flagged} flagged"
+    ))  # fmt: skip
+    tail = 2  # room kept for "more not shown" and the context line
+    if failed:
+        lines = [code_safe(f"{n}: {why}") for n, why in failed.items()]
+        b.add(section(f"*{bad} node(s) did not answer:*"))
+        shown = b.add_pre(lines[:60], reserve=tail + 2)
+        if shown < bad:
+            b.add(context(f"… and {bad - shown} more failing node(s)"))
+    if len(snapshots) <= FEW_NODES:
+        for s in snapshots:
+            lines = node_lines(s)
+            if b.add_pre(lines, reserve=tail) < len(lines):
+                break
+    else:
+        _add_many(b, snapshots, use_table=use_table, tail=tail)
+    b.add(context(f"{ok + bad} node(s) asked in {seconds:.1f} s", _taken(snapshots)))
+    return {"text": escape(summary), "blocks": b.blocks}
+
+
+def _add_many(b: Budget, snapshots: Sequence[NodeSnapshot], *, use_table: bool, tail: int) -> None:
+    """Add a one-row-per-node table (flagged first), then the flagged GPUs' lines."""
+    rows = [["Node", "GPUs busy", "Memory used", "Flagged"]]
+    order = sorted(snapshots, key=lambda s: -_counts([s])[3])
+    for s in order[: MAX_TABLE_ROWS - 1]:
+        used = sum(g.memory_used_mib or 0 for g in s.gpus)
+        cap = sum(g.memory_total_mib or 0 for g in s.gpus)
+        _, sb, _, sf = _counts([s])
+        rows.append([s.node, f"{sb}/{len(s.gpus)}", f"{_gib(used)} / {_gib(cap)}", str(sf)])
+    if use_table and table_fits(rows):
+        b.add(table(rows, right=(1, 2, 3)))
+        listed = len(rows) - 1
+    else:  # the same rows as aligned text (the Home tab, or a table that would not fit)
+        lines = [code_safe(line) for line in table_text(rows)]
+        listed = max(0, b.add_pre(lines, reserve=tail + 3) - 1)
+    if len(snapshots) > listed:
+        b.add(context(f"{listed} of {len(snapshots)} nodes listed, flagged first"))
+    flagged_lines = _flagged_lines(snapshots)
+    if flagged_lines:
+        b.add(section(f"*Flagged GPUs ({len(flagged_lines)}):*"))
+        shown = b.add_pre(flagged_lines[:MAX_FLAGGED], reserve=tail)
+        if shown < len(flagged_lines):
+            b.add(context(
+                f"… and {len(flagged_lines) - shown} more flagged GPU(s): "
+                "use `/gpu status NODE` for one node"
+            ))  # fmt: skip
+
+
+def _flagged_lines(snaps: Sequence[NodeSnapshot]) -> list[str]:
+    out = []
+    for s in snaps:
+        for g in s.gpus:
+            procs = s.on_gpu(g.index)
+            flags = gpu_flags(g, procs)
+            if flags:
+                who = ", ".join(sorted({p.user or "?" for p in procs})) or "no process"
+                out.append(code_safe(
+                    f"{s.node} GPU {g.index}: {_mem(g)}  {', '.join(flags)}  ({who})"
+                ))  # fmt: skip
+    return out

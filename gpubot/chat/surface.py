@@ -1,0 +1,97 @@
+"""Where a flow's messages go (``Surface``), and how a long answer's progress edits are spaced."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from gpubot.chat.blocks import Message
+from gpubot.core.alerting import Handle
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MIN_UPDATE_S", "Handle", "Progress", "Surface"]
+
+# Progress edits of one message are spaced at least this much. chat.update is a Tier 3 method
+# (https://api.slack.com/methods/chat.update), about 50 calls a minute per app per workspace
+# (https://api.slack.com/docs/rate-limits), shared by every reset and status answer at once;
+# one edit per 2.5 s per message leaves room for several at a time. The final answer is not
+# held back.
+MIN_UPDATE_S = 2.5
+
+
+class Surface(Protocol):
+    """Where a flow's messages go; implementations log their own failures and never raise."""
+
+    async def reply(self, msg: Message) -> None:
+        """Answer only the person who asked (ephemeral)."""
+        ...
+
+    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+        """Post a message where the person asked (or in ``channel``); None if it failed."""
+        ...
+
+    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+        """Replace a message (or post anew if that fails); return where it now is."""
+        ...
+
+
+class Progress:
+    """Coalesces the progress edits of one message: at most one in flight, one per ``interval``.
+
+    The message was just written by the caller, so the first edit also waits ``interval``. Edits
+    asked for meanwhile collapse into one that renders the latest state when the interval is
+    up; ``stop`` ends at once (the caller's final answer supersedes any edit still pending).
+    """
+
+    def __init__(
+        self,
+        out: Surface,
+        handle: Handle | None,
+        render: Callable[[], Message],
+        interval: float,
+    ) -> None:
+        self.out = out
+        self.handle = handle
+        self.render = render
+        self.interval = interval
+        self.last = time.monotonic()  # when the message was last written
+        self.dirty = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.task = asyncio.create_task(self._loop())
+
+    def poke(self) -> None:
+        """Ask for an update soon."""
+        self.dirty.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self.dirty.wait()
+            wait = self.last + self.interval - time.monotonic()
+            if self.stopping.is_set() or (wait > 0 and await self._stopped_within(wait)):
+                return
+            self.dirty.clear()  # what is rendered now includes every event so far
+            if self.handle is None:  # nothing to update in place: only the final answer goes
+                continue
+            try:
+                self.handle = await self.out.update(self.handle, self.render())
+            except Exception:  # progress is best effort; the final update tells the outcome
+                log.exception("progress update failed")
+            self.last = time.monotonic()  # spaced from the end of the call: a slow call is no burst
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+            return True
+        except TimeoutError:
+            return False
+
+    async def stop(self) -> Handle | None:
+        """Stop updating (an update in flight finishes); return where the message is."""
+        self.stopping.set()
+        self.dirty.set()
+        await self.task
+        return self.handle
