@@ -762,9 +762,8 @@ def local_node(tmp_path: Path) -> NodeConfig:
 
 async def _hold(path: str) -> asyncio.subprocess.Process:
     """Start a process that holds ``path`` open and that nvidia-smi does not list."""
-    return await asyncio.create_subprocess_exec(
-        "sleep", "30", stdin=open(path, "rb")  # noqa: ASYNC230
-    )  # fmt: skip
+    with open(path, "rb") as held:  # noqa: ASYNC230 - the child keeps its own copy
+        return await asyncio.create_subprocess_exec("sleep", "30", stdin=held)
 
 
 async def test_local_probe_uses_nvml(local_node: NodeConfig, tmp_path: Path) -> None:
