@@ -54,8 +54,6 @@ async def gpubot_method(config: str, experiment: str) -> tuple[dict[str, Round],
     from gpubot.app import build
     from gpubot.cli.render import fleet_dict
     from gpubot.config import load
-    from gpubot.core.findings import load_sweep_config
-    from gpubot.services.sweep import SweepService
 
     if experiment:
         from benchmarks import experiments
@@ -64,9 +62,7 @@ async def gpubot_method(config: str, experiment: str) -> tuple[dict[str, Round],
     settings = load(Path(config))
     app = build(settings, os.environ, need_store=False)
     names = [n.name for n in settings.nodes]
-    sweeper = SweepService(
-        settings, load_sweep_config(settings.extra, config), app.status, app.store
-    )
+    sweeper = app.sweep  # the composition's: the store's alert state and samples, no notifier
 
     async def status() -> tuple[bool, str]:
         res = await app.status.fleet(["all"], actor="bench", source="bench")

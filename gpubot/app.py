@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 from gpubot.chat.alerts import chat_sweeper
 from gpubot.chat.flows import Services
 from gpubot.config import Settings, audit_key, config_path, load
-from gpubot.core.findings import SweepConfig, load_sweep_config
-from gpubot.core.policy import Policy, load_policy
-from gpubot.core.ports import AuditStore, Locks, Transport
+from gpubot.core.findings import SweepConfig
+from gpubot.core.policy import Policy
+from gpubot.core.ports import AuditStore, Locks, Notifier, Transport
 from gpubot.errors import DatabaseBehind, StoreError
 from gpubot.services.approvals import ApprovalService, NoDirectory
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
-from gpubot.services.sweep import Notifier, SweepService
+from gpubot.services.sweep import SweepService
 from gpubot.ssh import make_transport
 from gpubot.store import Store, open_store
 
@@ -130,9 +130,8 @@ def build(
     (the demo prints them). ``first_after_s``: when the schedules first run (default: a few
     seconds after start). Raises ``ConfigError`` for bad settings.
     """
-    where = settings.path or "<settings>"
-    policy = load_policy(settings.extra, where, system_users=settings.reset.system_users)
-    sweep_config = load_sweep_config(settings.extra, where)
+    policy = settings.policy
+    sweep_config = settings.sweep
     store = _store(settings, environ, need_store)
     transport = make_transport(settings.ssh)
     status = StatusService(settings, transport, store)
@@ -149,7 +148,8 @@ def build(
         api = SlackApi(make_client(slack.bot_token, slack.api_url))
         directory = SlackDirectory(api.client)
         notifier = notifier or _slack_alerts(api, sweep_config, policy)
-    sweep = SweepService(settings, sweep_config, status, store, notifier=notifier, locks=locks,
+    sweep = SweepService(settings, status, audit=store, alerts=store.alerts if store else None,
+                         samples=store.samples if store else None, notifier=notifier, locks=locks,
                          observer=metrics)  # fmt: skip
     approvals = None
     if store is not None:

@@ -24,10 +24,11 @@ from gpubot.chat.blocks import (
 from gpubot.chat.fleet_view import node_lines, node_rows
 from gpubot.chat.flows import Sweeper
 from gpubot.chat.reset_view import reset_button
+from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import TITLES, duration_text
 from gpubot.core.models import FindingKind
 from gpubot.services.approvals import Identity
-from gpubot.services.sweep import AlertGroup, AlertItem, SweepResult, SweepService
+from gpubot.services.sweep import SweepService
 
 ACTION_SNOOZE = "gpubot_snooze_"  # + "1h" | "1d"; the value is the finding's key text
 SNOOZE_ACTION = re.compile(r"^gpubot_snooze_(1h|1d)$")

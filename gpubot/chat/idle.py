@@ -17,8 +17,8 @@ from gpubot.chat.blocks import (
     escape,
     section,
 )
+from gpubot.core.alerting import AlertItem, Handle
 from gpubot.core.findings import duration_text
-from gpubot.services.sweep import AlertItem, Handle
 
 ACTION_FREE = "gpubot_free_it"  # the value is the finding's key text
 MAX_DM_ITEMS = 10  # idle GPUs detailed in one message (2 blocks each)

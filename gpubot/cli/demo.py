@@ -26,8 +26,8 @@ from gpubot.chat.blocks import message_text
 from gpubot.chat.flows import Flows
 from gpubot.cli.console import answer, make_flows, repl
 from gpubot.config import load
+from gpubot.core.alerting import AlertGroup
 from gpubot.services.approvals import Identity
-from gpubot.services.sweep import AlertGroup
 from gpubot.sim.fleet import SimFleet
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"

@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpubot.app import SlackAccess, build, settings_from
-from gpubot.config import Settings
-from gpubot.core.findings import check_port
+from gpubot.config import Settings, check_port
 from gpubot.errors import ConfigError
 
 DEFAULT_API_URL = "https://slack.com/api/"

@@ -13,7 +13,7 @@ import json
 
 from gpubot.app import App
 from gpubot.cli.common import cli_actor, with_app
-from gpubot.services.sweep import SweepResult
+from gpubot.core.alerting import SweepResult
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

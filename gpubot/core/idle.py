@@ -9,7 +9,7 @@ reach the node says nothing of that time). A GPU held idle for at least the rule
 *idle*; each process on it holding at least ``min_mib`` is an *idle holder*, and the time the
 GPU has been held idle so far counts as that holder's idle GPU time.
 
-Settings, in the ``[sweep]`` table (``core.findings.load_sweep_config``)::
+Settings, in the ``[sweep]`` table (validated by ``gpubot.config``)::
 
     idle_min_mib = 4096      # a process holding less is not hoarding
     idle_hours = 4           # 0 % over every sample for this long (0 turns idle findings off)

@@ -1,6 +1,7 @@
 """Who is who and who may do what: Slack users → Linux users, approvers, node permissions.
 
-Pure: group memberships (Slack user groups) are resolved by the caller and passed in.
+Pure: group memberships (Slack user groups) are resolved by the caller and passed in. The
+settings are validated by ``gpubot.config`` into ``Settings.policy``.
 
 Settings (all optional)::
 
@@ -34,25 +35,18 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpubot.core.models import NodeConfig
 from gpubot.core.plan import ResetPlan
 from gpubot.core.protect import DEFAULT_SYSTEM_USERS
-from gpubot.errors import ConfigError
 
 SLACK_USER = re.compile(r"[UW][A-Z0-9]{2,30}")
 SLACK_GROUP = re.compile(r"S[A-Z0-9]{2,30}")
 SLACK_CHANNEL = re.compile(r"[CGD][A-Z0-9]{2,30}")
 LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-_NODE_OR_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-_DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
 DEFAULT_EXPIRY_S = 900.0
-MAX_EXPIRY_S = 7 * 24 * 3600.0
 DEFAULT_MIN_UID = 1000
-MAX_UID = 2**31 - 1
 DEFAULT_GROUP_CACHE_S = 60.0
-MAX_GROUP_CACHE_S = 3600.0
 SLACKBOT = "USLACKBOT"
 
 
@@ -84,118 +78,6 @@ class Policy:
         for who in (self.permissions or {}).values():
             found.update(w for w in who if SLACK_GROUP.fullmatch(w))
         return tuple(sorted(found))
-
-
-def load_policy(
-    extra: Mapping[str, Any],
-    where: str = "<settings>",
-    *,
-    system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS,
-) -> Policy:
-    """Validate the ``[slack]``, ``[users]``, ``[approvals]`` and ``[permissions]`` tables."""
-    v = _Check(where)
-    slack = v.table("slack", extra.get("slack", {}))
-    v.keys("slack", slack, {"channel", "oncall_channel"})
-    channel = v.opt_id("slack.channel", slack.get("channel"), SLACK_CHANNEL, "a channel id (C…)")
-    oncall = v.opt_id(
-        "slack.oncall_channel", slack.get("oncall_channel"), SLACK_CHANNEL, "a channel id (C…)"
-    )
-
-    users_raw = v.table("users", extra.get("users", {}))
-    users: dict[str, str] = {}
-    email = False
-    domains: tuple[str, ...] = ()
-    min_uid = DEFAULT_MIN_UID
-    for key, value in users_raw.items():
-        if key == "email_local_part":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}: users.email_local_part: expected true or false")
-            email = value
-        elif key == "email_domains":
-            domains = tuple(d.lower() for d in v.str_list("users.email_domains", value))
-            for d in domains:
-                if not _DOMAIN.fullmatch(d):
-                    raise ConfigError(
-                        f"{where}: users.email_domains: {d!r} is not a domain (e.g. example.com)"
-                    )
-        elif key == "min_uid":
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_UID:
-                raise ConfigError(
-                    f"{where}: users.min_uid: expected a uid from 0 to {MAX_UID}, got {value!r}"
-                )
-            min_uid = value
-        elif SLACK_USER.fullmatch(key):
-            if not isinstance(value, str) or not LINUX_USER.fullmatch(value):
-                raise ConfigError(
-                    f"{where}: users.{key}: expected a Linux user name, got {value!r}"
-                )
-            users[key] = value
-        else:
-            raise ConfigError(
-                f"{where}: users.{key}: not a Slack user id (U…/W…), email_local_part, "
-                "email_domains or min_uid"
-            )
-    if email and not domains:
-        raise ConfigError(
-            f"{where}: users.email_local_part: needs users.email_domains (the domains whose "
-            "addresses are your Linux users): otherwise any profile e-mail picks a Linux user"
-        )
-
-    appr = v.table("approvals", extra.get("approvals", {}))
-    v.keys("approvals", appr, {"approvers", "usergroup", "expiry_s", "group_cache_s"})
-    approvers = v.str_list("approvals.approvers", appr.get("approvers", []))
-    for a in approvers:
-        if not SLACK_USER.fullmatch(a):
-            raise ConfigError(f"{where}: approvals.approvers: {a!r} is not a Slack user id (U…)")
-    groups_raw = appr.get("usergroup", [])
-    groups = v.str_list("approvals.usergroup", [groups_raw] if isinstance(groups_raw, str)
-                        else groups_raw)  # fmt: skip
-    for g in groups:
-        if not SLACK_GROUP.fullmatch(g):
-            raise ConfigError(f"{where}: approvals.usergroup: {g!r} is not a user group id (S…)")
-    expiry = appr.get("expiry_s", DEFAULT_EXPIRY_S)
-    if (isinstance(expiry, bool) or not isinstance(expiry, int | float)
-            or not 0 < expiry <= MAX_EXPIRY_S):  # fmt: skip
-        raise ConfigError(
-            f"{where}: approvals.expiry_s: expected seconds > 0 and <= {MAX_EXPIRY_S:g}, "
-            f"got {expiry!r}"
-        )
-    cache = appr.get("group_cache_s", DEFAULT_GROUP_CACHE_S)
-    if (isinstance(cache, bool) or not isinstance(cache, int | float)
-            or not 0 <= cache <= MAX_GROUP_CACHE_S):  # fmt: skip
-        raise ConfigError(
-            f"{where}: approvals.group_cache_s: expected seconds from 0 to "
-            f"{MAX_GROUP_CACHE_S:g}, got {cache!r}"
-        )
-
-    permissions: dict[str, tuple[str, ...]] | None = None
-    if "permissions" in extra:
-        permissions = {}
-        for key, who in v.table("permissions", extra["permissions"]).items():
-            if key != "*" and not _NODE_OR_GROUP.fullmatch(key):
-                raise ConfigError(f"{where}: permissions.{key}: not a node or group name")
-            ids = v.str_list(f"permissions.{key}", who)
-            for w in ids:
-                if w != "*" and not SLACK_USER.fullmatch(w) and not SLACK_GROUP.fullmatch(w):
-                    raise ConfigError(
-                        f"{where}: permissions.{key}: {w!r} is not a user id (U…), "
-                        'a user group id (S…) or "*"'
-                    )
-            permissions[key] = tuple(ids)
-    return Policy(
-        users=users,
-        email_local_part=email,
-        email_domains=domains,
-        approvers=frozenset(approvers),
-        approver_groups=tuple(groups),
-        expiry_s=float(expiry),
-        permissions=permissions,
-        channel=channel,
-        oncall_channel=oncall,
-        min_uid=min_uid,
-        group_cache_s=float(cache),
-        system_users=tuple(system_users),
-    )
 
 
 def linux_user(policy: Policy, user_id: str, email: str | None = None) -> str | None:
@@ -319,30 +201,3 @@ def may_reset(
             if who in ("*", user_id) or user_id in members.get(who, ()):
                 return True
     return False
-
-
-class _Check:
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def table(self, key: str, value: Any) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{self.where}: {key}: expected a table")
-        return value
-
-    def keys(self, section: str, table: Mapping[str, Any], allowed: set[str]) -> None:
-        for k in table:
-            if k not in allowed:
-                raise ConfigError(f"{self.where}: {section}.{k}: unknown key")
-
-    def str_list(self, key: str, value: Any) -> list[str]:
-        if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
-            raise ConfigError(f"{self.where}: {key}: expected a list of strings")
-        return list(value)
-
-    def opt_id(self, key: str, value: Any, pattern: re.Pattern[str], what: str) -> str | None:
-        if value is None:
-            return None
-        if not isinstance(value, str) or not pattern.fullmatch(value):
-            raise ConfigError(f"{self.where}: {key}: expected {what}, got {value!r}")
-        return value

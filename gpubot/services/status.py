@@ -17,7 +17,7 @@ from gpubot.core.ports import AuditStore, NvmlReader, NvmlTables, Transport
 from gpubot.core.probe import parse_probe, probe_argv
 from gpubot.core.protect import Protection
 from gpubot.core.workload import Workload
-from gpubot.errors import GpubotError, StoreError, UsageError
+from gpubot.errors import CommandTimeout, GpubotError, StoreError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,31 @@ class FanOut(Generic[T]):
 
 
 async def fan_out(
-    nodes: Sequence[NodeConfig], call: Callable[[NodeConfig], Awaitable[T]], limit: int
+    nodes: Sequence[NodeConfig],
+    call: Callable[[NodeConfig], Awaitable[T]],
+    limit: int,
+    *,
+    budget_s: float | None = None,
+    budget_name: str = "budget",
 ) -> FanOut[T]:
-    """Run ``call`` on every node, at most ``limit`` at once; each node fails alone."""
+    """Run ``call`` on every node, at most ``limit`` at once; each node fails alone.
+
+    ``budget_s``: a node that has not answered this long after the start (waiting for its turn
+    included) fails with ``CommandTimeout`` "no answer within the <budget_name> (N s)".
+    """
     gate = asyncio.Semaphore(max(1, limit))
+    deadline = None if budget_s is None else asyncio.get_running_loop().time() + budget_s
 
     async def one(node: NodeConfig) -> T:
-        async with gate:
-            return await call(node)
+        cm = asyncio.timeout_at(deadline)
+        try:
+            async with cm, gate:
+                return await call(node)
+        except TimeoutError:
+            if cm.expired():
+                why = f"no answer within the {budget_name} ({budget_s:g} s)"
+                raise CommandTimeout(node.name, why) from None
+            raise
 
     results = await asyncio.gather(*(one(n) for n in nodes), return_exceptions=True)
     ok: dict[str, T] = {}
@@ -66,7 +83,7 @@ async def fan_out(
         elif isinstance(res, BaseException):
             if not isinstance(res, Exception):
                 raise res  # cancellation and interrupts are not a node's failure
-            log.exception("unexpected error from %s", node.name, exc_info=res)
+            log.error("unexpected error from %s", node.name, exc_info=res)
             failed[node.name] = GpubotError(f"{node.name}: internal error: {res!r}")
         else:
             ok[node.name] = res

@@ -26,9 +26,10 @@ from gpubot.chat.alerts import SNOOZE_ACTION, render_alert_group, render_reminde
 from gpubot.chat.blocks import date, escape, section
 from gpubot.chat.flows import error_message
 from gpubot.chat.idle import render_idle_dm, slack_users_of
+from gpubot.core.alerting import AlertGroup, AlertItem, Handle
 from gpubot.core.models import FindingKind
 from gpubot.errors import GpubotError
-from gpubot.services.sweep import AlertGroup, AlertItem, Handle, SweepService
+from gpubot.services.sweep import SweepService
 from gpubot.slack.api import SlackApi
 
 if TYPE_CHECKING:

@@ -17,14 +17,16 @@ from gpubot.chat.blocks import escape, render_text
 from gpubot.chat.flows import error_message
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.core import commands as c
+from gpubot.core.findings import FindingKey
 from gpubot.errors import GpubotError, UsageError
-from gpubot.services.sweep import SweepService, parse_key
+from gpubot.services.sweep import SweepService
 
 if TYPE_CHECKING:
     from gpubot.app import App
     from gpubot.slack.app import GpuBot
 
 log = logging.getLogger(__name__)
+
 
 def register(bot: GpuBot, app: App) -> None:
     """Handle the "Free it" buttons of idle-holder messages in ``bot``."""
@@ -44,7 +46,7 @@ async def _free(
 ) -> None:
     out = bot.surface(body)
     try:
-        key = parse_key(value)
+        key = FindingKey.parse(value)
         pid_text, _, ticks = key.holder.partition(":")
         if key.gpu is None or not pid_text.isdigit() or not ticks.isdigit():
             raise UsageError("this button names no process to free")

@@ -69,8 +69,8 @@ async def start_http(bot: GpuBot, host: str, port: int, path: str) -> web.AppRun
 def start_metrics(app: App, port: int | None, host: str | None = None) -> int | None:
     """Serve the metrics on ``port`` (``--metrics-port``), else ``[metrics] port``, if either,
     at ``host`` (``--metrics-host``), else ``[metrics] host``; return the bound port."""
-    port = app.sweep_config.metrics_port if port is None else port
-    host = host or app.sweep_config.metrics_host
+    port = app.settings.metrics.port if port is None else port
+    host = host or app.settings.metrics.host
     if port is None or app.metrics is None:
         return None
     bound = app.metrics.serve(port, host)

@@ -17,16 +17,14 @@ from sqlalchemy import Connection
 from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError
 from gpubot.store import audit, version
-from gpubot.store.alerts import AlertStore
+from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import ApprovalStore
 from gpubot.store.engine import guard, is_empty, make_engine, parse_url, read_tx, write_tx
 from gpubot.store.records import (
     ActionDetail,
     ActionSummary,
-    Alert,
     Approval,
     AuditRecord,
-    FindingKey,
     VerifyResult,
 )
 from gpubot.store.samples import DbSamples
@@ -36,13 +34,11 @@ T = TypeVar("T")
 __all__ = [
     "ActionDetail",
     "ActionSummary",
-    "Alert",
-    "AlertStore",
     "Approval",
     "ApprovalStore",
     "AuditRecord",
+    "DbAlerts",
     "DbSamples",
-    "FindingKey",
     "Store",
     "VerifyResult",
     "open_store",
@@ -83,7 +79,7 @@ class Store:
         self.engine = make_engine(url, password, audit_key=audit_key)
         self.url = parse_url(url).render_as_string(hide_password=True)
         self.approvals = ApprovalStore(self.engine)
-        self.alerts = AlertStore(self.engine)
+        self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
 
     # -- actions ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Alert state of sweep findings, keyed by ``FindingKey`` (node, gpu, kind, holder).
+"""Alert state of sweep findings, keyed by ``FindingKey`` (node, gpu, kind, holder): the
+``AlertStore`` port (``core.ports``) on the database.
 
 A sweep calls ``upsert_seen`` with every key it found, then ``mark_resolved`` with the open keys
 it no longer found. Alerting, reminding, snoozing and resolving are appended to the audit chain.
@@ -7,21 +8,22 @@ it no longer found. Alerting, reminding, snoozing and resolving are appended to 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, select
 
+from gpubot.core.alerting import Alert
+from gpubot.core.findings import FindingKey
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
 from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.records import Alert, FindingKey, iso, parse_iso
+from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alerts
 
 
-class AlertStore:
+class DbAlerts:
     """Findings seen across sweeps; every method is async and raises ``StoreError``."""
 
     def __init__(self, engine: Engine) -> None:
@@ -183,10 +185,9 @@ def _alert(row: Row[Any]) -> Alert:
     def t(v: str | None) -> datetime | None:
         return None if v is None else parse_iso(v)
 
-    node, gpu, kind, holder = json.loads(row.key)
     return Alert(
         id=int(row.id),
-        key=FindingKey(node, None if gpu == "-" else int(gpu), kind, holder),
+        key=FindingKey(row.node, None if row.gpu is None else int(row.gpu), row.kind, row.holder),
         first_seen=parse_iso(row.first_seen),
         last_seen=parse_iso(row.last_seen),
         seen_count=int(row.seen_count),

@@ -174,39 +174,3 @@ class VerifyResult:
             parts.append(self.reason)
         tampered = self.first_bad_seq is not None or self.published is not None
         return f"audit log {'tampered' if tampered else 'not verified'}: " + "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class FindingKey:
-    """The stable identity of a finding: the same trouble on the next sweep has the same key."""
-
-    node: str
-    gpu: int | None
-    kind: str  # a FindingKind value
-    holder: str = ""  # e.g. "pid:start_ticks" of the process holding the GPU, "" if none
-
-    def text(self) -> str:
-        """Return the key as one string (what the database indexes)."""
-        gpu = "-" if self.gpu is None else str(self.gpu)
-        return json.dumps([self.node, gpu, self.kind, self.holder], separators=(",", ":"))
-
-
-@dataclass(frozen=True)
-class Alert:
-    """The alerting state of one finding across sweeps."""
-
-    id: int
-    key: FindingKey
-    first_seen: datetime
-    last_seen: datetime
-    seen_count: int  # sweeps in a row that saw it (restarts at 1 when it comes back)
-    alerted_at: datetime | None
-    channel: str | None
-    message_ts: str | None
-    reminded_at: datetime | None
-    snoozed_until: datetime | None
-    resolved_at: datetime | None
-
-    def snoozed(self, now: datetime) -> bool:
-        """Whether alerts for it are snoozed at ``now``."""
-        return self.snoozed_until is not None and now < self.snoozed_until

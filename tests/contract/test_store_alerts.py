@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gpubot.core.findings import FindingKey
 from gpubot.errors import StoreError
-from gpubot.store import FindingKey, Store
+from gpubot.store import Store
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 ORPHAN = FindingKey("node3", 2, "orphaned-vram")

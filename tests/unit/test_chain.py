@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpubot.core.models import ApprovalState, Outcome
+from gpubot.core.findings import FindingKey, NodeFailure
+from gpubot.core.models import ApprovalState, FindingKind, Outcome
 from gpubot.errors import StoreError
 from gpubot.store.chain import GENESIS, canonical_json, hash_of, record_hash, walk
-from gpubot.store.records import AuditRecord, FindingKey, VerifyResult, iso, parse_iso
+from gpubot.store.records import AuditRecord, VerifyResult, iso, parse_iso
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -169,12 +170,13 @@ def test_canonical_json_is_one_text_per_value() -> None:
 
 
 def test_canonical_json_turns_gpubot_values_into_json() -> None:
-    key = FindingKey("node3", 0, "orphaned-vram")
+    key = FindingKey("node3", 0, "orphaned-vram")  # a named tuple: a list
+    failure = NodeFailure(FindingKind.SMI_FAILED, "exit 9")  # a dataclass: an object
     value = {"outcome": Outcome.FREED, "state": ApprovalState.PENDING, "at": T0, "key": key,
-             "set": {3, 1, 2}}  # fmt: skip
+             "failure": failure, "set": {3, 1, 2}}  # fmt: skip
     assert canonical_json(value) == (
-        '{"at":"2024-05-01T12:00:00.123456Z","key":{"gpu":0,"holder":"","kind":"orphaned-vram",'
-        '"node":"node3"},"outcome":"freed","set":[1,2,3],"state":"pending"}'
+        '{"at":"2024-05-01T12:00:00.123456Z","failure":{"kind":"smi-failed","reason":"exit 9"},'
+        '"key":["node3",0,"orphaned-vram",""],"outcome":"freed","set":[1,2,3],"state":"pending"}'
     )
 
 

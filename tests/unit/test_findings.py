@@ -1,4 +1,5 @@
-"""core/findings: findings from snapshots, the alert decisions, settings, reset readiness."""
+"""core/findings, core/alerting, core/readiness: findings from snapshots, their keys, the
+alert decisions, reset readiness (the [sweep] settings: ``test_config_tables``)."""
 
 from __future__ import annotations
 
@@ -13,36 +14,28 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpubot.core.alerting import Notice, confirmed, notice, snooze_until, to_resolve
 from gpubot.core.findings import (
     GONE,
-    IdleRule,
-    Key,
+    FindingKey,
     NodeFailure,
-    Notice,
     SweepConfig,
     classify_failure,
-    confirmed,
     duration_text,
     find,
-    load_sweep_config,
-    notice,
-    parse_modes,
-    parse_topo_peers,
-    readiness,
-    ready_argv,
-    snooze_until,
-    to_resolve,
 )
+from gpubot.core.idle import IdleRule
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.protect import Protection
+from gpubot.core.readiness import parse_modes, parse_topo_peers, readiness, ready_argv
 from gpubot.core.workload import Workload, WorkloadKind, parse_cgroup
 from gpubot.errors import (
     CommandTimeout,
-    ConfigError,
     NodeUnreachable,
     ParseError,
     SmiFailed,
     SmiMissing,
+    UsageError,
 )
 
 CFG = SweepConfig(orphan_threshold_mib=1024)
@@ -173,7 +166,7 @@ def test_finding_details() -> None:
     w = parse_cgroup(cg)
     (f,) = find([snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg,
                                                workload=w),))], {}, CFG)  # fmt: skip
-    assert f.key == Key("n1", 0, "hidden-holder", "14:1000")
+    assert f.key == FindingKey("n1", 0, "hidden-holder", "14:1000")
     assert (f.pid, f.user, f.owner, f.workload) == (14, "alice", "alice", "docker:abababababab")
     assert "in docker:abababababab" in f.summary and "nvidia-smi does not list" in f.summary
     # the workload names the owner when root's side says so (a Slurm job's user)
@@ -288,15 +281,18 @@ def test_confirmed_needs_two_sweeps() -> None:
 
 def test_to_resolve() -> None:
     open_keys = [
-        Key("n1", 0, "orphaned-vram", ""),  # n1 answered, not found: clears
-        Key("n1", 1, "zombie-process", "5:9"),  # found again: stays
-        Key("n2", 0, "orphaned-vram", ""),  # n2 did not answer: nobody looked, stays
-        Key("n2", None, "smi-failed", ""),  # n2 fails another way now: clears
-        Key("n2", None, "node-unreachable", ""),  # still unreachable: found, stays
-        Key("n3", None, "node-unreachable", ""),  # n3 answers again: clears
-        Key("gone", 2, "hidden-holder", "1:2"),  # node removed from the inventory: clears
+        FindingKey("n1", 0, "orphaned-vram", ""),  # n1 answered, not found: clears
+        FindingKey("n1", 1, "zombie-process", "5:9"),  # found again: stays
+        FindingKey("n2", 0, "orphaned-vram", ""),  # n2 did not answer: nobody looked, stays
+        FindingKey("n2", None, "smi-failed", ""),  # n2 fails another way now: clears
+        FindingKey("n2", None, "node-unreachable", ""),  # still unreachable: found, stays
+        FindingKey("n3", None, "node-unreachable", ""),  # n3 answers again: clears
+        FindingKey("gone", 2, "hidden-holder", "1:2"),  # node removed from the inventory: clears
     ]
-    found = {Key("n1", 1, "zombie-process", "5:9"), Key("n2", None, "node-unreachable", "")}
+    found = {
+        FindingKey("n1", 1, "zombie-process", "5:9"),
+        FindingKey("n2", None, "node-unreachable", ""),
+    }
     out = to_resolve(open_keys, found, answered={"n1", "n3"}, failed={"n2"},
                      configured={"n1", "n2", "n3"})  # fmt: skip
     assert out == [open_keys[0], open_keys[3], open_keys[5], open_keys[6]]
@@ -325,71 +321,29 @@ def test_duration_text_is_short(seconds: float) -> None:
     assert 3 <= len(text) <= 16 and text[0].isdigit()
 
 
-# --- settings ----------------------------------------------------------------------------------
+# --- finding keys ------------------------------------------------------------------------------
 
 
-def test_settings_defaults() -> None:
-    c = load_sweep_config({})
-    assert (c.interval_s, c.budget_s, c.reminder_s) == (300.0, 240.0, 21600.0)
-    assert c.idle == IdleRule(4096, 4.0, 14 * 86400.0) and c.idle.enabled  # on by default
-    assert c.max_gap_s == 450.0  # one missed sweep breaks an idle run
-    assert c.channel is None and c.metrics_port is None and c.metrics_host == "127.0.0.1"
-    c = load_sweep_config({"sweep": {"interval_s": 60}, "slack": {"channel": "C0ALERTS"}})
-    assert (c.budget_s, c.channel) == (48.0, "C0ALERTS")
-    c = load_sweep_config({
-        "sweep": {"interval_s": 120, "budget_s": 90, "orphan_threshold_mib": 0,
-                  "idle_min_mib": 2048, "idle_hours": 1.5, "keep_samples": "2d12h"},
-        "alerts": {"channel": "C0SWEEP", "reminder_s": 3600}, "slack": {"channel": "C0OTHER"},
-        "metrics": {"port": 9400, "host": "0.0.0.0"},
-    })  # fmt: skip
-    assert c == SweepConfig(120.0, 90.0, 0, IdleRule(2048, 1.5, 216000.0), 3600.0, "C0SWEEP",
-                            9400, "0.0.0.0")  # fmt: skip
-    off = load_sweep_config({"sweep": {"idle_hours": 0, "keep_samples": "30m"}})
-    assert not off.idle.enabled and off.idle.keep_s == 1800.0  # off: any retention will do
+def test_a_key_is_its_text_and_back() -> None:
+    for key in (FindingKey("node3", 2, "orphaned-vram"), FindingKey("n", None, "gpu-lost", "0:1F"),
+                FindingKey("node3", 0, "zombie-process", "4242:991")):  # fmt: skip
+        assert FindingKey.parse(key.text()) == key
+    assert (
+        FindingKey("node3", None, "node-unreachable").text()
+        == '["node3","-","node-unreachable",""]'
+    )
 
 
 @pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"sweep": {"interval": 5}}, "sweep.interval: unknown key"),
-        ({"sweep": {"interval_s": 0}}, "sweep.interval_s: expected a number > 0, got 0"),
-        ({"sweep": {"interval_s": "5m"}}, "sweep.interval_s: expected a number > 0"),
-        ({"sweep": {"interval_s": 60, "budget_s": 61}}, "budget_s: 61 is longer than"),
-        ({"sweep": {"orphan_threshold_mib": 1.5}}, "orphan_threshold_mib: expected a whole"),
-        (
-            {"sweep": {"idle_holder": {"enabled": True}}},
-            "sweep.idle_holder: replaced by sweep.idle_min_mib, sweep.idle_hours (0: off) and "
-            'sweep.keep_samples (e.g. "14d"); remove the [sweep.idle_holder] table',
-        ),
-        ({"sweep": {"idle_holder": True}}, "sweep.idle_holder: replaced by"),
-        ({"sweep": {"idle_hours": -1}}, "sweep.idle_hours: expected a number >= 0, got -1"),
-        ({"sweep": {"idle_hours": "4h"}}, "sweep.idle_hours: expected a number >= 0, got '4h'"),
-        ({"sweep": {"idle_min_mib": 0}}, "sweep.idle_min_mib: expected a whole number > 0"),
-        ({"sweep": {"idle_min_mib": 4096.5}}, "sweep.idle_min_mib: expected a whole number"),
-        (
-            {"sweep": {"keep_samples": 14}},
-            'sweep.keep_samples: expected a duration like "30m", "12h" or "14d" (units s, m, h, d, '
-            "w), got 14",
-        ),
-        ({"sweep": {"keep_samples": "14"}}, "sweep.keep_samples: expected a duration like"),
-        ({"sweep": {"keep_samples": "14 days"}}, "got '14 days'"),
-        ({"sweep": {"keep_samples": "0d"}}, "greater than zero, got '0d'"),
-        (
-            {"sweep": {"keep_samples": "2h"}},
-            "sweep.keep_samples: 2h is shorter than sweep.idle_hours (4 h): no GPU could ever be "
-            "seen idle that long",
-        ),
-        ({"alerts": {"channel": "#gpu"}}, "alerts.channel: expected a channel id"),
-        ({"alerts": {"reminder_s": -1}}, "alerts.reminder_s: expected a number > 0"),
-        ({"metrics": {"port": 70000}}, "metrics.port: 70000 is not a port number"),
-        ({"metrics": {"port": True}}, "metrics.port: True is not a port number"),
-        ({"metrics": {"host": ""}}, "metrics.host: expected an address"),
-    ],
-)
-def test_settings_errors(extra: dict[str, object], message: str) -> None:
-    with pytest.raises(ConfigError, match=r"^gpubot\.toml: ") as exc:
-        load_sweep_config(extra, "gpubot.toml")
-    assert message in str(exc.value) and "\n" not in str(exc.value)
+    ("text", "message"),
+    [("nope", "not a finding key: 'nope'"), ("null", "not a finding key"),
+     ('["n", "x", "orphaned-vram", ""]', "not a finding key"),
+     ('["n", 0, "orphaned-vram"]', "not a finding key"),
+     ('["n", 0, "hoarding", ""]', "not a finding kind: 'hoarding'")],
+)  # fmt: skip
+def test_a_key_that_is_not_one_is_a_usage_error(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        FindingKey.parse(text)
 
 
 # --- readiness ---------------------------------------------------------------------------------

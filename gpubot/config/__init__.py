@@ -1,0 +1,105 @@
+"""Settings: one frozen object, loaded once from TOML (+ environment for secrets), passed down.
+
+Every problem is a ``ConfigError`` whose message names the file, the key and what is wrong.
+``settings`` holds the typed object, ``validate`` the one validator and the general sections,
+``tables`` the policy, sweep and metrics tables.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpubot.config import tables, validate
+from gpubot.config.settings import (
+    AttributionSettings,
+    AuditSettings,
+    MetricsSettings,
+    ResetSettings,
+    Settings,
+    SshSettings,
+)
+from gpubot.config.validate import Validator, check_port, parse_duration
+from gpubot.errors import ConfigError
+
+__all__ = [
+    "AttributionSettings",
+    "AuditSettings",
+    "MetricsSettings",
+    "ResetSettings",
+    "Settings",
+    "SshSettings",
+    "audit_key",
+    "check_port",
+    "config_path",
+    "expand",
+    "load",
+    "parse",
+    "parse_duration",
+]
+
+AUDIT_KEY_ENV = "GPUBOT_AUDIT_KEY"  # makes the audit chain an HMAC chain (see store.chain)
+MIN_AUDIT_KEY = 16
+SECTIONS = {"database", "ssh", "reset", "nodes", "audit", "groups", "attribution", "slack",
+            "users", "approvals", "permissions", "sweep", "alerts", "metrics"}  # fmt: skip
+
+
+def config_path(cli_value: str | None, environ: Mapping[str, str]) -> Path:
+    """Choose the settings file: ``--config``, else ``$GPUBOT_CONFIG``, else ``./gpubot.toml``."""
+    return Path(cli_value or environ.get("GPUBOT_CONFIG") or "gpubot.toml")
+
+
+def load(path: Path) -> Settings:
+    """Load and validate the settings file at ``path``."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (use --config or $GPUBOT_CONFIG)") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse(raw, str(path))
+
+
+def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
+    """Validate a decoded TOML document into ``Settings``."""
+    v = Validator(where)
+    v.keys("", raw, SECTIONS)
+    url = validate.database(v, raw)
+    ssh = validate.ssh(v, raw)
+    reset = validate.reset(v, raw)
+    nodes = validate.nodes(v, raw)
+    audit = validate.audit(v, raw)
+    attribution = validate.attribution(v, raw)
+    return Settings(
+        path=where, database_url=url, ssh=ssh, reset=reset, nodes=nodes, audit=audit,
+        attribution=attribution, policy=tables.policy(v, raw, reset.system_users),
+        sweep=tables.sweep(v, raw), metrics=tables.metrics(v, raw),
+    )  # fmt: skip
+
+
+def audit_key(environ: Mapping[str, str]) -> bytes | None:
+    """Return the audit chain's HMAC key from ``$GPUBOT_AUDIT_KEY``; None when it is not set.
+
+    Surrounding whitespace is dropped (a key read with ``$(cat file)`` or from an env file is
+    the same key). A key that is set but short or empty is an error: never a silent plain chain.
+    """
+    raw = environ.get(AUDIT_KEY_ENV)
+    if raw is None:
+        return None
+    key = raw.strip().encode("utf-8")
+    if len(key) < MIN_AUDIT_KEY:
+        raise ConfigError(
+            f"{AUDIT_KEY_ENV} is set but shorter than {MIN_AUDIT_KEY} characters: use a long "
+            "random secret (e.g. `openssl rand -hex 32`), or unset it"
+        )
+    return key
+
+
+def expand(path: str) -> str:
+    """Expand ``~`` in a configured path."""
+    return os.path.expanduser(path)

@@ -1,0 +1,102 @@
+"""The settings, as one frozen object (``Settings``), passed down through constructors.
+
+Built only by ``gpubot.config.parse``, which validates every table; each field is typed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpubot.core.findings import SweepConfig
+from gpubot.core.models import NodeConfig
+from gpubot.core.policy import Policy
+from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How gpubot reaches nodes."""
+
+    known_hosts: str = "~/.ssh/known_hosts"
+    connect_timeout_s: float = 5.0
+    command_timeout_s: float = 20.0
+    max_parallel: int = 64
+    keepalive_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class ResetSettings:
+    """Defaults of the reset engine."""
+
+    grace_s: float = 10.0
+    verify_timeout_s: float = 30.0
+    free_threshold_mib: int = 256
+    poll_interval_s: float = 0.25
+    protected: tuple[str, ...] = DEFAULT_DAEMON_PATHS  # daemon executables, absolute paths
+    system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS  # the accounts they must run as
+    # gpu-reset of a GPU a daemon holds (persistence mode): nvidia-smi -pm 0 before, -pm 1 after
+    toggle_persistence: bool = False
+    # A respawned workload: run its stop command (docker stop, scancel, systemctl stop) as part
+    # of the reset. False: gpubot only says which command stops it.
+    stop_workloads: bool = False
+    # A GPU whose target's workload may start it again (a restart policy, a pod, a job, a
+    # service) is called freed only once it has stayed free this long.
+    respawn_watch_s: float = 3.0
+
+    @property
+    def protection(self) -> Protection:
+        """Return the protected-daemon rule (see ``core.protect``)."""
+        return Protection(self.protected, self.system_users)
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """The ``[audit]`` settings."""
+
+    publish_head_every_s: float | None = 86400.0  # post the chain head this often; None: never
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    """The ``[attribution]`` settings: who a container belongs to, and how long lookups take."""
+
+    # A container belongs to the Linux user this label names; None: every container is root's.
+    container_owner_label: str | None = None
+    lookup_timeout_s: float = 5.0  # each runtime lookup (docker inspect ...) on a node
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The ``[metrics]`` settings: where ``gpubot serve`` serves Prometheus metrics."""
+
+    port: int | None = None  # None: not served (unless ``--metrics-port``); 0: any free port
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything gpubot is configured with."""
+
+    path: str | None = None
+    database_url: str = "sqlite:///gpubot.db"
+    ssh: SshSettings = field(default_factory=SshSettings)
+    reset: ResetSettings = field(default_factory=ResetSettings)
+    nodes: tuple[NodeConfig, ...] = ()
+    audit: AuditSettings = field(default_factory=AuditSettings)
+    attribution: AttributionSettings = field(default_factory=AttributionSettings)
+    # [slack] channels, [users], [approvals], [permissions] (its system_users: [reset]'s)
+    policy: Policy = field(default_factory=Policy)
+    sweep: SweepConfig = field(default_factory=SweepConfig)  # [sweep] and [alerts]
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+
+    def node(self, name: str) -> NodeConfig | None:
+        """Return the node called ``name`` or None."""
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """Return each group name with its node names."""
+        out: dict[str, list[str]] = {}
+        for n in self.nodes:
+            for g in n.groups:
+                out.setdefault(g, []).append(n.name)
+        return {g: tuple(ns) for g, ns in out.items()}

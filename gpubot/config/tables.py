@@ -1,0 +1,187 @@
+"""The policy and sweep tables: ``[slack]``, ``[users]``, ``[approvals]``, ``[permissions]``
+(``Settings.policy``), ``[sweep]``, ``[alerts]`` (``Settings.sweep``), ``[metrics]``.
+
+What each setting means: ``gpubot.core.policy`` and ``gpubot.core.findings``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpubot.config.settings import MetricsSettings
+from gpubot.config.validate import NODE_NAME, Validator, check_port
+from gpubot.core.findings import SweepConfig
+from gpubot.core.idle import DEFAULT_KEEP_S, IdleRule
+from gpubot.core.idle import parse_duration as idle_duration
+from gpubot.core.policy import (
+    DEFAULT_EXPIRY_S,
+    DEFAULT_GROUP_CACHE_S,
+    DEFAULT_MIN_UID,
+    LINUX_USER,
+    SLACK_GROUP,
+    SLACK_USER,
+    Policy,
+)
+from gpubot.errors import ConfigError
+
+DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
+MAX_EXPIRY_S = 7 * 24 * 3600.0  # [approvals] expiry_s
+MAX_UID = 2**31 - 1  # [users] min_uid
+MAX_GROUP_CACHE_S = 3600.0  # [approvals] group_cache_s
+
+
+# --- [slack] [users] [approvals] [permissions]: the policy -------------------------------------
+
+
+def policy(v: Validator, raw: Mapping[str, Any], system_users: tuple[str, ...]) -> Policy:
+    """Validate the ``[slack]``, ``[users]``, ``[approvals]`` and ``[permissions]`` tables."""
+    slack = v.table("slack", raw.get("slack", {}))
+    v.keys("slack", slack, {"channel", "oncall_channel"})
+    channel = v.channel("slack.channel", slack.get("channel"))
+    oncall = v.channel("slack.oncall_channel", slack.get("oncall_channel"))
+    users = _users(v, raw)
+    appr = v.table("approvals", raw.get("approvals", {}))
+    v.keys("approvals", appr, {"approvers", "usergroup", "expiry_s", "group_cache_s"})
+    approvers = v.strings("approvals.approvers", appr.get("approvers", []))
+    for a in approvers:
+        if not SLACK_USER.fullmatch(a):
+            raise ConfigError(f"{v.where}: approvals.approvers: {a!r} is not a Slack user id (U…)")
+    groups_raw = appr.get("usergroup", [])
+    groups = v.strings("approvals.usergroup", [groups_raw] if isinstance(groups_raw, str)
+                       else groups_raw)  # fmt: skip
+    for g in groups:
+        if not SLACK_GROUP.fullmatch(g):
+            raise ConfigError(f"{v.where}: approvals.usergroup: {g!r} is not a user group id (S…)")
+    expiry = v.seconds("approvals.expiry_s", appr.get("expiry_s", DEFAULT_EXPIRY_S), MAX_EXPIRY_S)
+    cache = v.seconds("approvals.group_cache_s", appr.get("group_cache_s", DEFAULT_GROUP_CACHE_S),
+                      MAX_GROUP_CACHE_S, zero=True)  # fmt: skip
+    return replace(users, channel=channel, oncall_channel=oncall, approvers=frozenset(approvers),
+                   approver_groups=groups, expiry_s=expiry, group_cache_s=cache,
+                   permissions=_permissions(v, raw), system_users=tuple(system_users))  # fmt: skip
+
+
+USERS_KEYS = ("email_local_part", "email_domains", "min_uid")
+
+
+def _users(v: Validator, raw: Mapping[str, Any]) -> Policy:
+    """Validate the ``[users]`` table (the rest of the policy left at its defaults)."""
+    t = v.table("users", raw.get("users", {}))
+    users: dict[str, str] = {}
+    for key, value in t.items():
+        if key in USERS_KEYS:
+            continue
+        if not SLACK_USER.fullmatch(key):
+            raise ConfigError(
+                f"{v.where}: users.{key}: not a Slack user id (U…/W…), email_local_part, "
+                "email_domains or min_uid"
+            )
+        if not isinstance(value, str) or not LINUX_USER.fullmatch(value):
+            raise ConfigError(f"{v.where}: users.{key}: expected a Linux user name, got {value!r}")
+        users[key] = value
+    email = v.boolean("users.email_local_part", t.get("email_local_part", False))
+    domains = tuple(d.lower() for d in v.strings("users.email_domains",
+                                                 t.get("email_domains", [])))  # fmt: skip
+    for d in domains:
+        if not DOMAIN.fullmatch(d):
+            raise ConfigError(
+                f"{v.where}: users.email_domains: {d!r} is not a domain (e.g. example.com)"
+            )
+    if email and not domains:
+        raise ConfigError(
+            f"{v.where}: users.email_local_part: needs users.email_domains (the domains whose "
+            "addresses are your Linux users): otherwise any profile e-mail picks a Linux user"
+        )
+    min_uid = t.get("min_uid", DEFAULT_MIN_UID)
+    if isinstance(min_uid, bool) or not isinstance(min_uid, int) or not 0 <= min_uid <= MAX_UID:
+        raise ConfigError(
+            f"{v.where}: users.min_uid: expected a uid from 0 to {MAX_UID}, got {min_uid!r}"
+        )
+    return Policy(users=users, email_local_part=email, email_domains=domains, min_uid=min_uid)
+
+
+def _permissions(v: Validator, raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]] | None:
+    """Validate ``[permissions]``; None when absent (no restriction)."""
+    if "permissions" not in raw:
+        return None
+    out: dict[str, tuple[str, ...]] = {}
+    for key, who in v.table("permissions", raw["permissions"]).items():
+        if key != "*" and not NODE_NAME.fullmatch(key):
+            raise ConfigError(f"{v.where}: permissions.{key}: not a node or group name")
+        ids = v.strings(f"permissions.{key}", who)
+        for w in ids:
+            if w != "*" and not SLACK_USER.fullmatch(w) and not SLACK_GROUP.fullmatch(w):
+                raise ConfigError(
+                    f"{v.where}: permissions.{key}: {w!r} is not a user id (U…), "
+                    'a user group id (S…) or "*"'
+                )
+        out[key] = ids
+    return out
+
+
+# --- [sweep] [alerts] [metrics] ------------------------------------------------------------------
+
+SWEEP_KEYS = {"interval_s", "budget_s", "orphan_threshold_mib", "idle_min_mib", "idle_hours",
+              "keep_samples"}  # fmt: skip
+
+
+def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
+    """Validate the ``[sweep]`` and ``[alerts]`` tables (alerts go to [slack] channel too)."""
+    sweep = v.table("sweep", raw.get("sweep", {}))
+    if "idle_holder" in sweep:
+        raise ConfigError(
+            f"{v.where}: sweep.idle_holder: replaced by sweep.idle_min_mib, sweep.idle_hours "
+            '(0: off) and sweep.keep_samples (e.g. "14d"); remove the [sweep.idle_holder] table'
+        )
+    v.keys("sweep", sweep, SWEEP_KEYS)
+    interval = v.positive("sweep.interval_s", sweep.get("interval_s", 300.0))
+    budget = v.positive("sweep.budget_s", sweep.get("budget_s", round(interval * 0.8, 3)))
+    if budget > interval:
+        raise ConfigError(
+            f"{v.where}: sweep.budget_s: {budget:g} is longer than sweep.interval_s ({interval:g})"
+        )
+    orphan = v.positive("sweep.orphan_threshold_mib", sweep.get("orphan_threshold_mib", 1024),
+                        integer=True, zero=True)  # fmt: skip
+    idle = _idle_rule(v, sweep)
+    alerts = v.table("alerts", raw.get("alerts", {}))
+    v.keys("alerts", alerts, {"channel", "reminder_s"})
+    reminder = v.positive("alerts.reminder_s", alerts.get("reminder_s", 21600.0))
+    slack = raw.get("slack", {})  # validated with the policy
+    channel = alerts.get("channel", slack.get("channel") if isinstance(slack, Mapping) else None)
+    return SweepConfig(interval, budget, int(orphan), idle, reminder,
+                       v.channel("alerts.channel", channel))  # fmt: skip
+
+
+def _idle_rule(v: Validator, sweep: Mapping[str, Any]) -> IdleRule:
+    min_mib = v.positive("sweep.idle_min_mib", sweep.get("idle_min_mib", IdleRule.min_mib),
+                         integer=True)  # fmt: skip
+    hours = v.positive("sweep.idle_hours", sweep.get("idle_hours", IdleRule.hours), zero=True)
+    keep_raw = sweep.get("keep_samples", None)
+    keep = DEFAULT_KEEP_S
+    if keep_raw is not None:
+        try:
+            keep = idle_duration(keep_raw)
+        except ValueError as exc:
+            raise ConfigError(f"{v.where}: sweep.keep_samples: {exc}") from None
+    rule = IdleRule(int(min_mib), hours, keep)
+    if rule.enabled and keep < rule.window_s:
+        raise ConfigError(
+            f"{v.where}: sweep.keep_samples: {keep_raw} is shorter than sweep.idle_hours "
+            f"({hours:g} h): no GPU could ever be seen idle that long"
+        )
+    return rule
+
+
+def metrics(v: Validator, raw: Mapping[str, Any]) -> MetricsSettings:
+    """Validate ``[metrics]``."""
+    t = v.table("metrics", raw.get("metrics", {}))
+    v.keys("metrics", t, {"port", "host"})
+    port = t.get("port")
+    if port is not None:
+        port = check_port(port, f"{v.where}: metrics.port")
+    host = t.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"{v.where}: metrics.host: expected an address, got {host!r}")
+    return MetricsSettings(port, host)

@@ -1,0 +1,274 @@
+"""The one validator of settings tables, and the general sections: ``[database]``, ``[ssh]``,
+``[reset]``, ``[[nodes]]``, ``[groups]``, ``[attribution]``, ``[audit]``.
+
+Every problem is a ``ConfigError`` whose message is one line: the file, the key, what is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpubot.config.settings import AttributionSettings, AuditSettings, ResetSettings, SshSettings
+from gpubot.core.models import NodeConfig
+from gpubot.core.policy import SLACK_CHANNEL
+from gpubot.errors import ConfigError
+
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+DURATION = re.compile(r"\s*([0-9]{1,9})\s*([smhdw])\s*")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MIN_PUBLISH_S = 60.0  # a head posted more often than once a minute is noise, likely a typo
+RUNTIMES = ("docker", "podman", "slurm", "crictl")
+
+
+class Validator:
+    """Checks values of one settings file; every refusal names the file and the key."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def keys(self, section: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+        for k in table:
+            if k not in allowed:
+                name = f"{section}.{k}" if section else k
+                raise ConfigError(f"{self.where}: {name}: unknown key")
+
+    def table(self, key: str, value: Any) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{self.where}: {key}: expected a table")
+        return value
+
+    def string(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{self.where}: {key}: expected a non-empty string")
+        return value
+
+    def boolean(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.where}: {key}: expected true or false")
+        return value
+
+    def strings(self, key: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+            raise ConfigError(f"{self.where}: {key}: expected a list of non-empty strings")
+        return tuple(value)
+
+    def positive(self, key: str, value: Any, *, integer: bool = False, zero: bool = False) -> float:
+        ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
+        if isinstance(value, bool) or not ok_type or value < 0 or (value == 0 and not zero):
+            kind = "a whole number" if integer else "a number"
+            bound = ">= 0" if zero else "> 0"
+            raise ConfigError(f"{self.where}: {key}: expected {kind} {bound}, got {value!r}")
+        return float(value)
+
+    def seconds(self, key: str, value: Any, most: float, *, zero: bool = False) -> float:
+        ok = not isinstance(value, bool) and isinstance(value, int | float)
+        if not ok or not (value >= 0 if zero else value > 0) or value > most:
+            span = f"from 0 to {most:g}" if zero else f"> 0 and <= {most:g}"
+            raise ConfigError(f"{self.where}: {key}: expected seconds {span}, got {value!r}")
+        return float(value)
+
+    def channel(self, key: str, value: Any) -> str | None:
+        """Return a Slack channel id (C…, G…, D…) or None when not set."""
+        if value is None:
+            return None
+        if not isinstance(value, str) or not SLACK_CHANNEL.fullmatch(value):
+            raise ConfigError(f"{self.where}: {key}: expected a channel id (C…), got {value!r}")
+        return value
+
+
+def check_port(value: Any, what: str) -> int:
+    """Return ``value`` as a TCP port number or raise ``ConfigError`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigError(f"{what}: {value!r} is not a port number (0-65535, 0: any free port)")
+    return value
+
+
+def database(v: Validator, raw: Mapping[str, Any]) -> str:
+    """Return ``[database] url`` (never with a password in it)."""
+    db = v.table("database", raw.get("database", {}))
+    v.keys("database", db, {"url"})
+    url = v.string("database.url", db.get("url", "sqlite:///gpubot.db"))
+    if "@" in url and ":" in url.split("@", 1)[0].split("//", 1)[-1]:
+        raise ConfigError(
+            f"{v.where}: database.url: put the password in $GPUBOT_DB_PASSWORD, not here"
+        )
+    return url
+
+
+def ssh(v: Validator, raw: Mapping[str, Any]) -> SshSettings:
+    """Validate ``[ssh]``."""
+    t = v.table("ssh", raw.get("ssh", {}))
+    v.keys("ssh", t, {"known_hosts", "connect_timeout_s", "command_timeout_s", "max_parallel",
+                      "keepalive_s"})  # fmt: skip
+    d = SshSettings()
+    return SshSettings(
+        known_hosts=v.string("ssh.known_hosts", t.get("known_hosts", d.known_hosts)),
+        connect_timeout_s=v.positive("ssh.connect_timeout_s",
+                                     t.get("connect_timeout_s", d.connect_timeout_s)),
+        command_timeout_s=v.positive("ssh.command_timeout_s",
+                                     t.get("command_timeout_s", d.command_timeout_s)),
+        max_parallel=int(v.positive("ssh.max_parallel", t.get("max_parallel", d.max_parallel),
+                                    integer=True)),
+        keepalive_s=v.positive("ssh.keepalive_s", t.get("keepalive_s", d.keepalive_s)),
+    )  # fmt: skip
+
+
+def reset(v: Validator, raw: Mapping[str, Any]) -> ResetSettings:
+    """Validate ``[reset]`` (protected daemons by absolute path only)."""
+    rr = v.table("reset", raw.get("reset", {}))
+    r = ResetSettings()
+    v.keys("reset", rr, {"grace_s", "verify_timeout_s", "free_threshold_mib", "poll_interval_s",
+                         "protected", "system_users", "toggle_persistence",
+                         "stop_workloads", "respawn_watch_s"})  # fmt: skip
+    toggle = v.boolean("reset.toggle_persistence", rr.get("toggle_persistence", False))
+    protected = v.strings("reset.protected", rr.get("protected", list(r.protected)))
+    for p in protected:
+        if not p.startswith("/"):
+            raise ConfigError(
+                f"{v.where}: reset.protected: {p!r} is not an absolute path: list daemon "
+                "executables by path (e.g. /usr/bin/nvidia-persistenced), never by name"
+            )
+    system_users = v.strings("reset.system_users",
+                             rr.get("system_users", list(r.system_users)))  # fmt: skip
+    return ResetSettings(
+        grace_s=v.positive("reset.grace_s", rr.get("grace_s", r.grace_s), zero=True),
+        verify_timeout_s=v.positive("reset.verify_timeout_s",
+                                    rr.get("verify_timeout_s", r.verify_timeout_s)),
+        free_threshold_mib=int(v.positive("reset.free_threshold_mib",
+                                          rr.get("free_threshold_mib", r.free_threshold_mib),
+                                          integer=True, zero=True)),
+        poll_interval_s=v.positive("reset.poll_interval_s",
+                                   rr.get("poll_interval_s", r.poll_interval_s)),
+        protected=protected,
+        system_users=system_users,
+        toggle_persistence=toggle,
+        stop_workloads=v.boolean("reset.stop_workloads", rr.get("stop_workloads", False)),
+        respawn_watch_s=v.positive("reset.respawn_watch_s",
+                                   rr.get("respawn_watch_s", r.respawn_watch_s), zero=True),
+    )  # fmt: skip
+
+
+def nodes(v: Validator, raw: Mapping[str, Any]) -> tuple[NodeConfig, ...]:
+    """Validate ``[[nodes]]`` and ``[groups.NAME]`` (a node takes its groups' runtimes)."""
+    nodes_raw = raw.get("nodes", [])
+    if not isinstance(nodes_raw, list):
+        raise ConfigError(f"{v.where}: nodes: expected [[nodes]] tables")
+    out: list[NodeConfig] = []
+    seen: set[str] = set()
+    group_runtimes = _groups(v, raw)
+    for i, n in enumerate(nodes_raw):
+        out.append(_node(v, f"nodes[{i}]", n, seen, group_runtimes))
+    used = {g for n in out for g in n.groups}
+    for g in group_runtimes:
+        if g not in used:
+            raise ConfigError(f"{v.where}: groups.{g}: no node is in group {g!r}")
+    return tuple(out)
+
+
+def _runtimes(v: Validator, key: str, value: Any) -> tuple[str, ...]:
+    names = v.strings(key, value)
+    for name in names:
+        if name not in RUNTIMES:
+            raise ConfigError(
+                f"{v.where}: {key}: unknown runtime {name!r} (one of {', '.join(RUNTIMES)})"
+            )
+    return names
+
+
+def _groups(v: Validator, raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Return each ``[groups.NAME]`` table's runtimes."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, t in v.table("groups", raw.get("groups", {})).items():
+        key = f"groups.{name}"
+        t = v.table(key, t)
+        v.keys(key, t, {"runtimes"})
+        out[name] = _runtimes(v, f"{key}.runtimes", t.get("runtimes", []))
+    return out
+
+
+def attribution(v: Validator, raw: Mapping[str, Any]) -> AttributionSettings:
+    """Validate ``[attribution]``."""
+    t = v.table("attribution", raw.get("attribution", {}))
+    v.keys("attribution", t, {"container_owner_label", "lookup_timeout_s"})
+    label = t.get("container_owner_label")
+    if label is not None and not (isinstance(label, str) and LABEL.fullmatch(label)):
+        raise ConfigError(
+            f"{v.where}: attribution.container_owner_label: expected a label key like "
+            f'"owner" or "com.example.owner", got {label!r}'
+        )
+    d = AttributionSettings()
+    timeout = v.positive("attribution.lookup_timeout_s",
+                         t.get("lookup_timeout_s", d.lookup_timeout_s))  # fmt: skip
+    return AttributionSettings(label, timeout)
+
+
+def audit(v: Validator, raw: Mapping[str, Any]) -> AuditSettings:
+    """Validate ``[audit]``."""
+    t = v.table("audit", raw.get("audit", {}))
+    v.keys("audit", t, {"publish_head_every"})
+    every = t.get("publish_head_every", "24h")
+    if every == "off":
+        return AuditSettings(None)
+    seconds = parse_duration(every)
+    if seconds is None or seconds < MIN_PUBLISH_S:
+        raise ConfigError(
+            f"{v.where}: audit.publish_head_every: expected a duration of at least 1m like "
+            f'"24h", "30m", "7d", or "off", got {every!r}'
+        )
+    return AuditSettings(seconds)
+
+
+def parse_duration(value: Any) -> float | None:
+    """Return the seconds of ``"90s"``, ``"30m"``, ``"24h"``, ``"7d"`` or ``"1w"`` (else None)."""
+    m = DURATION.fullmatch(value) if isinstance(value, str) else None
+    return None if m is None else float(int(m[1]) * DURATION_UNITS[m[2]])
+
+
+def _node(
+    v: Validator, key: str, n: Any, seen: set[str], group_runtimes: Mapping[str, tuple[str, ...]]
+) -> NodeConfig:
+    t = v.table(key, n)
+    v.keys(key, t, {"name", "host", "port", "user", "key", "dev_prefix", "sudo", "groups",
+                    "nvidia_smi", "driver_dir", "runtimes"})  # fmt: skip
+    if "name" not in t or "host" not in t:
+        raise ConfigError(f"{v.where}: {key}: 'name' and 'host' are required")
+    name = v.string(f"{key}.name", t["name"])
+    if not NODE_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{v.where}: {key}.name: {name!r} must match [A-Za-z0-9][A-Za-z0-9._-]{{0,62}}"
+        )
+    if name in seen:
+        raise ConfigError(f"{v.where}: {key}.name: duplicate node name {name!r}")
+    seen.add(name)
+    port = t.get("port", 22)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ConfigError(f"{v.where}: {key}.port: {port!r} is not a port number (1-65535)")
+    groups = t.get("groups", [])
+    if not isinstance(groups, list) or not all(
+        isinstance(g, str) and NODE_NAME.fullmatch(g) for g in groups
+    ):
+        raise ConfigError(f"{v.where}: {key}.groups: expected a list of group names")
+    if name in groups:
+        raise ConfigError(f"{v.where}: {key}.groups: a group cannot be named like its node")
+    sudo = v.boolean(f"{key}.sudo", t.get("sudo", False))
+    runtimes = list(_runtimes(v, f"{key}.runtimes", t.get("runtimes", [])))
+    for g in groups:
+        runtimes += [r for r in group_runtimes.get(g, ()) if r not in runtimes]
+    user = t.get("user")
+    keyf = t.get("key")
+    return NodeConfig(
+        name=name,
+        host=v.string(f"{key}.host", t["host"]),
+        port=port,
+        user=None if user is None else v.string(f"{key}.user", user),
+        key=None if keyf is None else v.string(f"{key}.key", keyf),
+        dev_prefix=v.string(f"{key}.dev_prefix", t.get("dev_prefix", "/dev/nvidia")),
+        sudo=sudo,
+        groups=tuple(groups),
+        nvidia_smi=v.string(f"{key}.nvidia_smi", t.get("nvidia_smi", "nvidia-smi")),
+        driver_dir=v.string(f"{key}.driver_dir", t.get("driver_dir", "/proc/driver/nvidia")),
+        runtimes=tuple(runtimes),
+    )

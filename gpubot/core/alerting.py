@@ -1,0 +1,240 @@
+"""What a sweep decides on each finding's alert state, and what it reports.
+
+Pure (standard library only, time passed in). A finding is confirmed once two sweeps in a row
+saw it; it then alerts, reminds after ``reminder_s`` and resolves once a sweep that could look
+no longer finds it; a person may snooze it. The state itself (``Alert``) is kept by the
+``AlertStore`` port; the messages a ``Notifier`` posts carry ``AlertGroup``s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any, Protocol
+
+from gpubot.core.findings import Finding, FindingKey, NodeFailure, SweepConfig
+from gpubot.core.idle import gpu_hours_by_owner
+from gpubot.core.models import FindingKind, NodeSnapshot
+from gpubot.core.readiness import Readiness
+from gpubot.core.timefmt import iso
+
+CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
+SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
+NODE_KINDS = frozenset({FindingKind.NODE_UNREACHABLE, FindingKind.SMI_FAILED})
+
+Handle = tuple[str, str]  # where an alert message is: (channel, message ts)
+
+
+class AlertState(Protocol):
+    """What the decisions read of a finding's stored alert state (``Alert``)."""
+
+    @property
+    def first_seen(self) -> datetime: ...
+    @property
+    def seen_count(self) -> int: ...
+    @property
+    def alerted_at(self) -> datetime | None: ...
+    @property
+    def reminded_at(self) -> datetime | None: ...
+    @property
+    def snoozed_until(self) -> datetime | None: ...
+    @property
+    def resolved_at(self) -> datetime | None: ...
+
+
+@dataclass(frozen=True)
+class Alert:
+    """The alerting state of one finding across sweeps (what the ``AlertStore`` keeps)."""
+
+    id: int
+    key: FindingKey
+    first_seen: datetime
+    last_seen: datetime
+    seen_count: int  # sweeps in a row that saw it (restarts at 1 when it comes back)
+    alerted_at: datetime | None
+    channel: str | None
+    message_ts: str | None
+    reminded_at: datetime | None
+    snoozed_until: datetime | None
+    resolved_at: datetime | None
+
+    def snoozed(self, now: datetime) -> bool:
+        """Whether alerts for it are snoozed at ``now``."""
+        return self.snoozed_until is not None and now < self.snoozed_until
+
+    @property
+    def handle(self) -> Handle | None:
+        """Return where its alert message is, or None when none was posted."""
+        return (self.channel, self.message_ts) if self.channel and self.message_ts else None
+
+
+class Notice(StrEnum):
+    """What to say about a finding after a sweep."""
+
+    NONE = "none"
+    ALERT = "alert"
+    REMIND = "remind"
+
+
+def confirmed(kind: str, state: AlertState, now: datetime, config: SweepConfig) -> bool:
+    """Whether a finding is real: seen in consecutive sweeps.
+
+    An idle holder is found only once its GPU's samples span the idle window; it is confirmed
+    like any other, so a process that has just started on a GPU held idle gets one interval.
+    """
+    return state.resolved_at is None and state.seen_count >= CONFIRM_SWEEPS
+
+
+def snoozed(state: AlertState, now: datetime) -> bool:
+    """Whether alerts for the finding are snoozed at ``now``."""
+    return state.snoozed_until is not None and now < state.snoozed_until
+
+
+def notice(kind: str, state: AlertState, now: datetime, config: SweepConfig) -> Notice:
+    """Decide whether a finding seen by this sweep alerts, reminds, or stays quiet."""
+    if not confirmed(kind, state, now, config) or snoozed(state, now):
+        return Notice.NONE
+    if state.alerted_at is None:
+        return Notice.ALERT
+    last = max(state.alerted_at, state.reminded_at or state.alerted_at)
+    due = last + timedelta(seconds=config.reminder_s)
+    if state.snoozed_until is not None and state.snoozed_until > last:
+        due = min(due, state.snoozed_until)  # a snooze that ended since: remind at its end
+    return Notice.REMIND if now >= due else Notice.NONE
+
+
+def to_resolve(
+    open_keys: Iterable[FindingKey],
+    found: Collection[FindingKey],
+    *,
+    answered: Collection[str],
+    failed: Collection[str],
+    configured: Collection[str],
+) -> list[FindingKey]:
+    """Return the open findings that cleared: not found again where the sweep could see.
+
+    A GPU finding of a node that did not answer stays open (nobody looked); a node finding
+    clears once the node answers or fails in another way; a node no longer configured clears.
+    """
+    out: list[FindingKey] = []
+    for key in open_keys:
+        if key in found:
+            continue
+        gone = key.node not in configured
+        looked = key.node in answered or (key.kind in NODE_KINDS and key.node in failed)
+        if gone or looked:
+            out.append(key)
+    return out
+
+
+def snooze_until(now: datetime, choice: str) -> datetime:
+    """Return when a snooze chosen as ``1h`` or ``1d`` ends; raise ``ValueError`` otherwise."""
+    if choice not in SNOOZES:
+        raise ValueError(f"unknown snooze {choice!r} (one of {', '.join(SNOOZES)})")
+    return now + timedelta(seconds=SNOOZES[choice])
+
+
+# --- what the front ends get -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlertItem:
+    """One finding of an alert message, as it stands now."""
+
+    key: FindingKey
+    finding: Finding | None  # None: only the key is known (seen by another replica or run)
+    first_seen: datetime
+    resolved_at: datetime | None = None
+    snoozed_until: datetime | None = None
+    readiness: Readiness | None = None
+
+
+@dataclass(frozen=True)
+class AlertGroup:
+    """The findings of one node in one alert message (its per-GPU table when known)."""
+
+    node: str
+    items: tuple[AlertItem, ...]
+    snapshot: NodeSnapshot | None
+    at: datetime
+
+    @property
+    def open(self) -> tuple[AlertItem, ...]:
+        """Return the items not resolved yet."""
+        return tuple(i for i in self.items if i.resolved_at is None)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one sweep saw and did."""
+
+    started_at: float  # unix time
+    seconds: float
+    nodes: tuple[str, ...]
+    snapshots: tuple[NodeSnapshot, ...] = ()
+    failed: dict[str, NodeFailure] = field(default_factory=dict)
+    timed_out: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    readiness: dict[tuple[str, int], Readiness] = field(default_factory=dict)
+    alerted: tuple[FindingKey, ...] = ()
+    reminded: tuple[FindingKey, ...] = ()
+    resolved: tuple[FindingKey, ...] = ()
+    known: dict[FindingKey, Alert] = field(default_factory=dict)  # stored state of each finding
+    skipped: str | None = None  # why this replica did not sweep
+
+    @property
+    def idle_gpu_hours(self) -> dict[str, float]:
+        """Return the GPU-hours each owner's idle holders have held idle so far, most first."""
+        return held_idle_hours(self.findings)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the sweep ran, every node answered, and nothing was found."""
+        return self.skipped is None and not self.failed and not self.findings
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the ``--json`` document."""
+
+        def key(k: FindingKey) -> dict[str, Any]:
+            return {"node": k.node, "gpu": k.gpu, "kind": k.kind, "holder": k.holder}
+
+        findings = []
+        for f in self.findings:
+            d = f.to_dict()
+            ready = self.readiness.get((f.node, f.gpu)) if f.gpu is not None else None
+            d["readiness"] = ready.to_dict() if ready else None
+            state = self.known.get(f.key)
+            d["alerted_at"] = _iso(state.alerted_at) if state else None
+            d["seen_count"] = state.seen_count if state else None
+            findings.append(d)
+        return {
+            "started_at": _iso(datetime.fromtimestamp(self.started_at, UTC)),
+            "seconds": round(self.seconds, 3),
+            "skipped": self.skipped,
+            "nodes": list(self.nodes),
+            "answered": [s.node for s in self.snapshots],
+            "failed": {
+                n: {"kind": f.kind.value, "reason": f.reason} for n, f in self.failed.items()
+            },
+            "timed_out": list(self.timed_out),
+            "findings": findings,
+            "alerted": [key(k) for k in self.alerted],
+            "reminded": [key(k) for k in self.reminded],
+            "resolved": [key(k) for k in self.resolved],
+            "idle_gpu_hours": {u: round(h, 2) for u, h in self.idle_gpu_hours.items()},
+        }
+
+
+def held_idle_hours(findings: Iterable[Finding]) -> dict[str, float]:
+    """Return GPU-hours held idle per owner, from the idle-holder findings."""
+    return gpu_hours_by_owner(
+        (f.owner, f.node, f.gpu, f.idle_s)
+        for f in findings
+        if f.kind is FindingKind.IDLE_HOLDER and f.gpu is not None and f.idle_s is not None
+    )
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else iso(moment)
