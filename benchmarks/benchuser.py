@@ -95,9 +95,6 @@ def fleet_as(fleet: SimFleet, user: str | None) -> SimFleet:
     """Make a not yet started fleet log in as ``user`` (its sshd and workloads use that user)."""
     if user is None:
         return fleet
-    pw = pwd.getpwnam(user)
     # SimFleet takes its login user from the effective uid; the benchmark (root) wants another.
-    fleet.user = pw.pw_name
-    fleet._home = "/"
-    fleet._shell = pw.pw_shell
+    fleet.login_as(user)
     return fleet

@@ -5,6 +5,13 @@ stand-in ``nvidia-smi`` and real workload processes, served over real SSH on 127
 (asyncssh in-process, or OpenSSH ``sshd``), and writes a ``gpubot.toml`` that the rest of
 gpubot uses unchanged. ``gpubot sim up|down|spawn|fault|state`` drives it from a shell.
 
-``simstate``, ``nvidia_smi`` and ``workload`` are standalone (standard library only): the
-fleet copies them next to the nodes so that they run with the system Python as any user.
+The fleet side: ``fleet`` (with ``fleet_setup``, ``inventory``, ``placements``, ``driver``,
+``control``, ``server*``) builds ``node.SimNode``s, which lay out their files (``node_layout``),
+start workloads (``spawning``, ``cgroups``) and ask the fleet for the rest through
+``host.NodeHost``. Nothing outside gpubot.sim but ``gpubot.cli.demo`` imports it.
+
+The node side (``fleet_setup.STANDALONE``: ``simstate``, ``nvidia_smi``, ``smi_faults``,
+``workload``, ``sudo``, ``runtimes``, ``runtime_registry``, ``containers``, ``jobs``) is
+standalone: standard library only, importing one another relatively; the fleet copies those
+modules next to the nodes (``gpusim``) so that they run with the system Python as any user.
 """

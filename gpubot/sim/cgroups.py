@@ -46,7 +46,7 @@ from pathlib import Path
 
 from gpubot.errors import SimError, UsageError
 from gpubot.sim import simstate
-from gpubot.sim.runtimes import RESTARTS, kill_members, members
+from gpubot.sim.runtime_registry import RESTARTS, kill_members, members
 
 KINDS = ("docker", "podman", "kubernetes", "slurm", "service", "session")
 REGISTRY = Path(tempfile.gettempdir()) / "gpusim-cgroups.json"
@@ -397,6 +397,29 @@ def make_spec(
     extra = sorted(k for k, v in given.items() if v is not None and k not in fits.get(kind, ()))
     if extra:
         raise UsageError(f"a {kind} workload takes no {', '.join(extra)}")
+    pairs = _check_container(container_name, image, labels)
+    if restart is not None and restart not in RESTARTS:
+        raise UsageError(f"unknown restart policy {restart!r} (one of {', '.join(RESTARTS)})")
+    ns_name: tuple[str, str] | None = None
+    if pod is not None:
+        ns, _, name = str(pod).partition("/")
+        if not (_DNS.match(ns) and _DNS.match(name)):
+            raise UsageError(f"bad pod {pod!r}: NAMESPACE/NAME, lower-case DNS labels")
+        ns_name = (ns, name)
+    if job_name is not None and not (
+        isinstance(job_name, str) and 0 < len(job_name) <= 200 and job_name.isprintable()
+    ):
+        raise UsageError(f"bad Slurm job name {job_name!r}")
+    if job_user is not None and not isinstance(job_user, str):
+        raise UsageError(f"bad Slurm job user {job_user!r}")
+    return Spec(kind, container_name, image, tuple(sorted(pairs)), restart, ns_name,
+                job_name, job_user)  # fmt: skip
+
+
+def _check_container(
+    container_name: str | None, image: str | None, labels: Mapping[str, str] | None
+) -> list[tuple[str, str]]:
+    """Check a container's name, image and labels; return the labels as pairs."""
     if container_name is not None and not (
         isinstance(container_name, str) and _NAME.match(container_name)
     ):
@@ -415,19 +438,4 @@ def make_spec(
         if not (isinstance(k, str) and isinstance(v, str)) or not k or "=" in k or "\0" in k + v:
             raise UsageError(f"bad label {k!r}={v!r} (a non-empty key without '=', text values)")
         pairs.append((k, v))
-    if restart is not None and restart not in RESTARTS:
-        raise UsageError(f"unknown restart policy {restart!r} (one of {', '.join(RESTARTS)})")
-    ns_name: tuple[str, str] | None = None
-    if pod is not None:
-        ns, _, name = str(pod).partition("/")
-        if not (_DNS.match(ns) and _DNS.match(name)):
-            raise UsageError(f"bad pod {pod!r}: NAMESPACE/NAME, lower-case DNS labels")
-        ns_name = (ns, name)
-    if job_name is not None and not (
-        isinstance(job_name, str) and 0 < len(job_name) <= 200 and job_name.isprintable()
-    ):
-        raise UsageError(f"bad Slurm job name {job_name!r}")
-    if job_user is not None and not isinstance(job_user, str):
-        raise UsageError(f"bad Slurm job user {job_user!r}")
-    return Spec(kind, container_name, image, tuple(sorted(pairs)), restart, ns_name,
-                job_name, job_user)  # fmt: skip
+    return pairs

@@ -26,7 +26,7 @@ from gpubot.sim.cgroups import KINDS
 from gpubot.sim.control import request
 from gpubot.sim.fleet import SERVERS, SimFleet
 from gpubot.sim.node import FAULTS
-from gpubot.sim.runtimes import RESTARTS
+from gpubot.sim.runtime_registry import RESTARTS
 from gpubot.sim.server import check_port_free
 from gpubot.sim.workload import BEHAVIOURS
 
@@ -39,7 +39,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``sim`` sub-subcommands to ``parser``."""
     sub = parser.add_subparsers(dest="sim_command", metavar="ACTION", required=True)
 
-    up = sub.add_parser("up", help="start a simulated fleet and write its gpubot.toml")
+    _add_up(sub.add_parser("up", help="start a simulated fleet and write its gpubot.toml"))
+    down = sub.add_parser("down", help="stop the fleet and every process it started")
+    _dir(down)
+    _add_spawn(sub.add_parser("spawn", help="start a workload process on a node's GPU"))
+    fault = sub.add_parser("fault", help="make a node's nvidia-smi misbehave (or stop it)")
+    _dir(fault)
+    fault.add_argument("--node", required=True)
+    fault.add_argument("kind", choices=[*FAULTS, "none"])
+    fault.add_argument("--delay-s", type=float, default=None, help="delay of the slow fault")
+    state = sub.add_parser("state", help="print the nodes' GPUs and allocations as JSON")
+    _dir(state)
+    state.add_argument("--node", default=None)
+
+
+def _add_up(up: argparse.ArgumentParser) -> None:
+    """Add the options of ``sim up``."""
     _dir(up)
     up.add_argument("--nodes", type=int, default=4, help="number of nodes (default 4)")
     up.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
@@ -56,10 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "and systemctl")  # fmt: skip
     up.add_argument("--foreground", action="store_true", help="run in this process")
 
-    down = sub.add_parser("down", help="stop the fleet and every process it started")
-    _dir(down)
 
-    spawn = sub.add_parser("spawn", help="start a workload process on a node's GPU")
+def _add_spawn(spawn: argparse.ArgumentParser) -> None:
+    """Add the options of ``sim spawn``."""
     _dir(spawn)
     spawn.add_argument("--node", required=True)
     spawn.add_argument("--gpu", type=int, default=None, help="GPU index (none for ctl-only)")
@@ -101,16 +115,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     spawn.add_argument("--job-name", default=None, help="slurm: the job's name")
     spawn.add_argument("--job-user", metavar="USER", default=None,
                        help="slurm: the job's user (it runs as that user)")  # fmt: skip
-
-    fault = sub.add_parser("fault", help="make a node's nvidia-smi misbehave (or stop it)")
-    _dir(fault)
-    fault.add_argument("--node", required=True)
-    fault.add_argument("kind", choices=[*FAULTS, "none"])
-    fault.add_argument("--delay-s", type=float, default=None, help="delay of the slow fault")
-
-    state = sub.add_parser("state", help="print the nodes' GPUs and allocations as JSON")
-    _dir(state)
-    state.add_argument("--node", default=None)
 
 
 def _dir(p: argparse.ArgumentParser) -> None:

@@ -14,18 +14,36 @@ import socket
 import socketserver
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpubot.errors import GpubotError, SimError, UsageError
 
 if TYPE_CHECKING:
-    from gpubot.sim.fleet import SimFleet
-    from gpubot.sim.node import Workload
+    from gpubot.sim.node import SimNode
+    from gpubot.sim.spawning import Workload
 
 SOCKET_NAME = "control.sock"
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+
+
+class ControlledFleet(Protocol):
+    """What the control socket drives (``SimFleet``): its inventory and its nodes."""
+
+    @property
+    def config_path(self) -> Path:
+        """The fleet's gpubot.toml."""
+        ...
+
+    @property
+    def nodes(self) -> Sequence[SimNode]:
+        """Every node, in order."""
+        ...
+
+    def node(self, name: str) -> SimNode:
+        """Return the node called ``name``; ``UsageError`` for an unknown one."""
+        ...
 
 
 def socket_path(directory: Path) -> Path:
@@ -66,7 +84,9 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 class ControlServer:
     """Serve the control socket of ``fleet`` at ``path``."""
 
-    def __init__(self, path: Path, fleet: SimFleet, on_stop: Callable[[], None] | None) -> None:
+    def __init__(
+        self, path: Path, fleet: ControlledFleet, on_stop: Callable[[], None] | None
+    ) -> None:
         self.path = path
         self._fleet = fleet
         self._on_stop = on_stop

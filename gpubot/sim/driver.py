@@ -210,10 +210,7 @@ class Driver:
 
 def _state_and_session(pid: int) -> tuple[str, int] | None:
     """Return the state letter and session id of ``pid``, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+    rest = simstate.stat_fields(pid)
+    if rest is None:
         return None
-    rest = data[data.rindex(b")") + 2 :].split()
-    return rest[0].decode(), int(rest[3])
+    return rest[3 - 3].decode(), int(rest[6 - 3])

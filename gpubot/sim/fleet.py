@@ -14,51 +14,61 @@ kills, by pid and start time, exactly the processes the fleet started, and nothi
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pwd
 import shutil
 import signal
-import stat
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-
-import asyncssh
+from typing import Any
 
 from gpubot.core.protect import DEFAULT_DAEMON_PATHS
-from gpubot.errors import SimError, UsageError
-from gpubot.sim import cgroups, simstate
-from gpubot.sim.cgroups import CgroupSet, Placement
+from gpubot.errors import UsageError
+from gpubot.sim import fleet_setup, inventory, simstate
 from gpubot.sim.control import ControlServer, socket_path
 from gpubot.sim.driver import Driver
 from gpubot.sim.node import SimNode, Workload
-from gpubot.sim.server import (
-    AsyncsshPool,
-    HungListener,
-    ServerPool,
-    ServerSpec,
-    SshdPool,
-    _signal_if,
-    check_port_free,
-)
+from gpubot.sim.placements import Placements
+from gpubot.sim.server import HungListener, ServerPool, ServerSpec, check_port_free
+from gpubot.sim.server_asyncssh import AsyncsshPool
+from gpubot.sim.server_sshd import SshdPool
 from gpubot.sim.sudo import parse_sudoers
 
 __all__ = ["SERVERS", "SimFleet", "SimNode", "Workload"]
 
 SERVERS = ("asyncssh", "sshd")
-STANDALONE = ("simstate.py", "nvidia_smi.py", "workload.py", "sudo.py", "runtimes.py")
-RUNTIMES = ("docker", "podman", "slurm", "crictl")  # what the inventory lists (gpubot.config)
-PR_SET_CHILD_SUBREAPER = 36
+RUNTIMES = inventory.RUNTIMES
 
 
 class SimFleet:
-    """N simulated GPU nodes, each with its own SSH server on 127.0.0.1."""
+    """N simulated GPU nodes, each with its own SSH server on 127.0.0.1; a ``NodeHost``.
+
+    ``minors``: the device minor of each GPU index, e.g. ``[3, 2, 1, 0]`` (a permutation;
+    default: minor == index). Real boxes number device files apart from GPU indices.
+
+    ``persistenced``: every node runs a persistence daemon (root, from the node's
+    ``sbin/nvidia-persistenced``) holding every GPU's device file, and the inventory lists
+    that executable as protected, as an admin would.
+
+    ``view_user``: SSH sessions log in and run as this Linux user (not root): fuser and
+    /proc show what such an account sees. ``hidepid``: each session's /proc is mounted
+    ``hidepid=2`` (needs ``view_user``). Both only with the asyncssh server.
+
+    ``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
+    given, every node gets the sudo stand-in first on its session PATH, allowing only that
+    rule's commands with ``sudo -n``, and ``sudo = true`` in the inventory.
+
+    ``runtimes``: every node gets the stand-in ``docker``, ``podman``, ``crictl``,
+    ``scontrol``, ``scancel`` and ``systemctl`` (``gpubot.sim.runtimes``) on its session PATH
+    (after the sudo stand-in's directory, before the standard one), and the inventory lists
+    ``runtimes = ["docker", "podman", "slurm", "crictl"]``. Without it a session finds this
+    machine's own programs, if any (a sudo node never does: its rule points into the node).
+    Workloads go into real cgroups (``SimNode.spawn(cgroup=...)``) either way.
+    """
 
     def __init__(
         self,
@@ -78,48 +88,12 @@ class SimFleet:
         hidepid: bool = False,
         runtimes: bool = False,
     ) -> None:
-        """``minors``: the device minor of each GPU index, e.g. ``[3, 2, 1, 0]`` (a permutation;
-        default: minor == index). Real boxes number device files apart from GPU indices.
-
-        ``persistenced``: every node runs a persistence daemon (root, from the node's
-        ``sbin/nvidia-persistenced``) holding every GPU's device file, and the inventory lists
-        that executable as protected, as an admin would.
-
-        ``view_user``: SSH sessions log in and run as this Linux user (not root): fuser and
-        /proc show what such an account sees. ``hidepid``: each session's /proc is mounted
-        ``hidepid=2`` (needs ``view_user``). Both only with the asyncssh server.
-
-        ``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
-        given, every node gets the sudo stand-in first on its session PATH, allowing only that
-        rule's commands with ``sudo -n``, and ``sudo = true`` in the inventory.
-
-        ``runtimes``: every node gets the stand-in ``docker``, ``podman``, ``crictl``,
-        ``scontrol``, ``scancel`` and ``systemctl`` (``gpubot.sim.runtimes``) on its session PATH
-        (after the sudo stand-in's directory, before the standard one), and the inventory lists
-        ``runtimes = ["docker", "podman", "slurm", "crictl"]``. Without it a session finds this
-        machine's own programs, if any (a sudo node never does: its rule points into the node).
-        Workloads go into real cgroups (``SimNode.spawn(cgroup=...)``) either way.
-        """
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
-            raise UsageError(f"nodes must be 1-64, not {nodes!r}")
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
-            raise UsageError(f"gpus must be 1-64, not {gpus!r}")
-        if minors is not None and sorted(minors) != list(range(gpus)):
-            raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
+        """Check the options (``UsageError``) and start nothing: ``start`` (or ``with``) does."""
+        _check_options(nodes=nodes, gpus=gpus, server=server, release_delay_s=release_delay_s,
+                       model=model, memory_mib=memory_mib, base_port=base_port, minors=minors,
+                       view_user=view_user, hidepid=hidepid)  # fmt: skip
         self._minors = list(minors) if minors is not None else list(range(gpus))
         self._persistenced = persistenced
-        if server not in SERVERS:
-            raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
-        if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
-            raise UsageError(f"release delay must be a number, not {release_delay_s!r}")
-        if release_delay_s < 0:
-            raise UsageError(f"release delay must be >= 0 s, not {release_delay_s}")
-        if not model or "," in model or "\n" in model:
-            raise UsageError(f"bad GPU model name {model!r}")
-        if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
-            raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
-        if base_port is not None and not 1 <= base_port <= 65536 - nodes:
-            raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
         try:
             self._sudo_rule = None if sudo_rule is None else parse_sudoers(sudo_rule)
         except ValueError as exc:
@@ -135,26 +109,13 @@ class SimFleet:
         self._on_stop = on_stop
         self.root = self.directory
         self.nodes: list[SimNode] = []
-        if (view_user or hidepid) and server != "asyncssh":
-            raise UsageError("view_user and hidepid need the asyncssh server")
-        if hidepid and not view_user:
-            raise UsageError("hidepid needs view_user: root sees every process anyway")
-        if view_user is not None and os.geteuid() != 0:
-            raise UsageError("view_user needs root (to start sessions as another user)")
-        try:
-            pw = pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
-        except KeyError:
-            raise UsageError(f"no such user {view_user!r}") from None
+        pw = _account(view_user)
         self._run_as = (pw.pw_uid, pw.pw_gid) if view_user else None
         self.hidepid = hidepid  # every session sees /proc mounted hidepid=2
         self.runtimes = runtimes
         self.user = pw.pw_name
-        self._home = pw.pw_dir if pw.pw_dir and os.path.isdir(pw.pw_dir) else "/"
-        shell = pw.pw_shell
-        ok = shell and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false"))
-        self._shell = shell if ok else "/bin/sh"
-        self.python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else ""
-        self.python = self.python or sys.executable
+        self._home, self._shell = _home_and_shell(pw)
+        self.python = fleet_setup.node_python()
         self.python_real = os.path.realpath(self.python)
         self._own_root = False
         self._started = False
@@ -166,8 +127,16 @@ class SimFleet:
         self._pool: ServerPool | None = None
         self._hung: dict[str, HungListener] = {}
         self._control: ControlServer | None = None
-        self._cgroups: CgroupSet | None = None
-        self._placements: dict[str, list[Placement]] = {}  # node -> the cgroups made for it
+        self.placements = Placements()  # the workloads' cgroups, node by node
+
+    def login_as(self, user: str) -> None:
+        """Make a fleet not started yet log in as ``user`` (home ``/``, that user's shell)."""
+        if self._started:
+            raise UsageError("login_as: the fleet is started already")
+        pw = pwd.getpwnam(user)
+        self.user = pw.pw_name
+        self._home = "/"
+        self._shell = pw.pw_shell
 
     # ---- paths ----------------------------------------------------------------------------
 
@@ -234,11 +203,14 @@ class SimFleet:
         if self.base_port is not None:
             for i in range(self.size):
                 check_port_free(self.base_port + i)
-        _become_subreaper()
-        self._check_python()
-        self.root = self._choose_root()
-        self._write_lib()
-        self._write_keys()
+        fleet_setup.become_subreaper()
+        self.python = fleet_setup.usable_python(self.python)
+        self.python_real = os.path.realpath(self.python)
+        fresh = fleet_setup.choose_root(self.directory)
+        self._own_root = fresh is not None
+        self.root = fresh or self.directory
+        fleet_setup.write_lib(self.lib_dir)
+        inventory.write_keys(self.root, self.client_key, self.size)
         for i in range(self.size):
             node = SimNode(self, f"node{i + 1}", i, self.root, self.gpus, self.model,
                            self.memory_mib, self._release_delay_s, self._minors)  # fmt: skip
@@ -256,7 +228,7 @@ class SimFleet:
             node.port = self._pool.start(self._spec(node), port)
             if isinstance(self._pool, SshdPool):
                 self._watch_sshd(node)
-        self._write_known_hosts()
+        inventory.write_known_hosts(self.known_hosts, self.nodes)
         if self._persistenced:
             for node in self.nodes:
                 node.spawn(None, behaviour="persistenced",
@@ -278,7 +250,7 @@ class SimFleet:
         if self._pool is not None:
             self._pool.close()
         self._kill_all()
-        self._release_cgroups()
+        self.placements.release()
         if self._driver is not None:
             self._driver.stop()
         if self._own_root:
@@ -298,11 +270,11 @@ class SimFleet:
         for _ in range(2):
             for node in self.nodes:
                 for pid, ticks in node.live_pids():
-                    if _signal_if(pid, ticks, signal.SIGKILL):
+                    if simstate.signal_if(pid, ticks, signal.SIGKILL):
                         targets.append((pid, ticks))
                 # Hung nvidia-smi calls: killed, but reaped by whoever started them.
                 for pid, ticks in node.hung_smi():
-                    _signal_if(pid, ticks, signal.SIGKILL)
+                    simstate.signal_if(pid, ticks, signal.SIGKILL)
             time.sleep(0.05)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -315,9 +287,10 @@ class SimFleet:
                 break
             time.sleep(0.02)
 
-    # ---- helpers for SimNode --------------------------------------------------------------
+    # ---- NodeHost: what the nodes ask of their fleet ----------------------------------------
 
-    def _track(self, proc: subprocess.Popen[bytes], supervisor_of: str | None = None) -> None:
+    def track(self, proc: subprocess.Popen[bytes], supervisor_of: str | None = None) -> None:
+        """Keep our child ``proc`` (a respawn supervisor of node ``supervisor_of``) to reap."""
         with self._lock:
             self._popens[proc.pid] = proc
             if supervisor_of is not None:
@@ -325,7 +298,7 @@ class SimFleet:
         if self._driver is not None:
             self._driver.watch_child(proc.pid)
 
-    def _kill_supervisors(self, node: str) -> int:
+    def kill_supervisors(self, node: str) -> int:
         """SIGKILL the live respawn supervisors of ``node`` (unreaped children: pid is safe)."""
         with self._lock:
             procs = [self._popens[p] for p, n in self._supervisors.items() if n == node]
@@ -337,54 +310,30 @@ class SimFleet:
                     killed += 1
         return killed
 
-    def _place(self, node: str, kind: str, uid: int) -> Placement:
-        """Make a fresh cgroup of ``kind`` for a workload of ``node``; remember it."""
-        with self._lock:
-            if self._cgroups is None:
-                why = cgroups.unavailable()
-                if why is not None:
-                    raise SimError(f"cannot put workloads in cgroups here: {why}")
-                with open("/proc/self/mountinfo", encoding="utf-8") as f:
-                    mountinfo = f.read()
-                with open("/proc/self/cgroup", encoding="utf-8") as f:
-                    found = cgroups.find_hierarchies(mountinfo, f.read())
-                if isinstance(found, str):
-                    raise SimError(f"cannot put workloads in cgroups here: {found}")
-                self._cgroups = CgroupSet(found)
-            cgs = self._cgroups
-        placement = cgs.create(kind, uid)
-        with self._lock:
-            self._placements.setdefault(node, []).append(placement)
-        return placement
-
-    def _move(self, placement: Placement, pid: int) -> None:
-        assert self._cgroups is not None
-        self._cgroups.move(placement, pid)
-
-    def _unplace(self, node: str, placement: Placement) -> None:
-        """Remove one workload's cgroup (its processes are killed first) and forget it."""
-        with self._lock:
-            mine = self._placements.get(node, [])
-            if placement in mine:
-                mine.remove(placement)
-        if self._cgroups is not None:
-            self._cgroups.release(placement)
-
-    def _release_cgroups(self, node: str | None = None) -> list[str]:
-        """Remove the cgroups made for ``node``'s workloads (every node's: None); return the
-        directories that could not be removed."""
-        with self._lock:
-            names = [node] if node is not None else list(self._placements)
-            todo = [p for n in names for p in self._placements.pop(n, [])]
-        left: list[str] = []
-        if self._cgroups is not None:
-            for placement in reversed(todo):
-                left += self._cgroups.release(placement)
-        return left
-
-    def _watch(self, state_dir: str, pid: int, ticks: int) -> None:
+    def watch(self, state_dir: str, pid: int, ticks: int) -> None:
+        """Have the driver record the death of ``(pid, ticks)`` the moment it happens."""
         if self._driver is not None:
             self._driver.watch(state_dir, pid, ticks)
+
+    def stop_server(self, node: str) -> None:
+        """Stop ``node``'s SSH server and drop its connections."""
+        self._servers_for(node).stop(node)
+
+    def start_server(self, node: str) -> None:
+        """Start ``node``'s SSH server again on the same port."""
+        pool = self._servers_for(node)
+        pool.stop(node)
+        n = self.node(node)
+        n.port = pool.start(self._spec(n), n.port)
+        if isinstance(pool, SshdPool):
+            self._watch_sshd(n)
+
+    def hang_server(self, node: str) -> None:
+        """Replace ``node``'s SSH server by a listener that never speaks SSH."""
+        self._servers_for(node).stop(node)
+        self._hung[node] = HungListener(self.node(node).port)
+
+    # ---- helpers ---------------------------------------------------------------------------
 
     def _reap(self, pid: int) -> None:
         """Collect the exit status of ``pid`` if it is our child (spawned, or orphaned to us)."""
@@ -417,162 +366,83 @@ class SimFleet:
             hidepid=self.hidepid,
         )
 
-    def _servers_for(self, node: SimNode) -> ServerPool:
+    def _servers_for(self, node: str) -> ServerPool:
         if self._pool is None:
             raise UsageError("the fleet is not started")
-        hung = self._hung.pop(node.name, None)
+        hung = self._hung.pop(node, None)
         if hung is not None:
             hung.close()
         return self._pool
 
-    def _start_server(self, node: SimNode) -> None:
-        pool = self._servers_for(node)
-        pool.stop(node.name)
-        node.port = pool.start(self._spec(node), node.port)
-        if isinstance(pool, SshdPool):
-            self._watch_sshd(node)
-
-    def _hang_server(self, node: SimNode) -> None:
-        self._servers_for(node).stop(node.name)
-        self._hung[node.name] = HungListener(node.port)
-
     def _watch_sshd(self, node: SimNode) -> None:
         assert isinstance(self._pool, SshdPool)
-        d = self._pool._daemons[node.name]
         if self._driver is not None:
-            self._driver.watch_child(d.proc.pid)
+            self._driver.watch_child(self._pool.daemon_pid(node.name))
 
     # ---- setup ----------------------------------------------------------------------------
 
-    def _check_python(self) -> None:
-        probe = subprocess.run(
-            [self.python, "-S", "-c", "import sys; sys.exit(sys.version_info < (3, 10))"],
-            capture_output=True,
-        )
-        if probe.returncode != 0:
-            self.python = sys.executable
-            self.python_real = os.path.realpath(self.python)
-
-    def _choose_root(self) -> Path:
-        """Return where the nodes live: the directory, or a fresh one that others can reach."""
-        if os.geteuid() != 0 or _traversable(self.directory):
-            return self.directory
-        # Workloads of other users (and their Python) must reach the node files: the given
-        # directory is private (like pytest's), so the nodes live in a world-traversable one.
-        root = Path(tempfile.mkdtemp(prefix="gpusim-", dir="/tmp"))
-        os.chmod(root, 0o755)
-        self._own_root = True
-        link = self.directory / "fleet"
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()
-        link.symlink_to(root)
-        return root
-
-    def _write_lib(self) -> None:
-        pkg = self.lib_dir / "gpusim"
-        pkg.mkdir(parents=True, exist_ok=True)
-        here = Path(__file__).parent
-        (pkg / "__init__.py").write_text('"""Standalone parts of gpubot.sim."""\n')
-        for name in STANDALONE:
-            shutil.copyfile(here / name, pkg / name)
-        (self.lib_dir / "gpusim_workload.py").write_text(
-            "import sys\n\nfrom gpusim.workload import main\n\nsys.exit(main())\n"
-        )
-        for p in [self.lib_dir, pkg, *self.lib_dir.rglob("*")]:
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)
-
-    def _write_keys(self) -> None:
-        client = asyncssh.generate_private_key("ssh-ed25519", comment=f"gpusim@{self.root}")
-        client.write_private_key(str(self.client_key))
-        client.write_public_key(str(self.client_key) + ".pub")
-        os.chmod(self.client_key, 0o600)
-        (self.root / "authorized_keys").write_bytes(client.export_public_key())
-        for i in range(self.size):
-            d = self.root / f"node{i + 1}"
-            d.mkdir(parents=True, exist_ok=True)
-            host = asyncssh.generate_private_key("ssh-ed25519", comment=f"node{i + 1}")
-            host.write_private_key(str(d / "ssh_host_ed25519_key"))
-            host.write_public_key(str(d / "ssh_host_ed25519_key.pub"))
-            os.chmod(d / "ssh_host_ed25519_key", 0o600)
-
-    def _write_known_hosts(self) -> None:
-        lines = []
-        for n in self.nodes:
-            pub = (n.dir / "ssh_host_ed25519_key.pub").read_text().split()
-            lines.append(f"[127.0.0.1]:{n.port} {pub[0]} {pub[1]}\n")
-        self.known_hosts.write_text("".join(lines))
-
     def _write_config(self) -> None:
-        q = _toml_str
-        out = [
-            f"# A simulated GPU fleet: {self.size} nodes x {self.gpus} {self.model}, "
-            f"{self.server} SSH servers on 127.0.0.1.",
-            "# Written by gpubot.sim; load it with gpubot --config (or $GPUBOT_CONFIG).",
-            "",
-            "[database]",
-            f"url = {q('sqlite:///' + str(self.root / 'gpubot.db'))}",
-            "",
-            "[ssh]",
-            f"known_hosts = {q(str(self.known_hosts))}",
-            "",
-        ]
+        protected = None
         if self._persistenced:  # the daemon's executable, where this fleet put it
-            paths = [
+            protected = [
                 *DEFAULT_DAEMON_PATHS,
                 *(n.daemon_exe("nvidia-persistenced") for n in self.nodes),
             ]
-            out += ["[reset]", f"protected = [{', '.join(q(p) for p in paths)}]", ""]
-        for n in self.nodes:
-            parity = "odd" if (n.index + 1) % 2 else "even"
-            out += [
-                "[[nodes]]",
-                f"name = {q(n.name)}",
-                'host = "127.0.0.1"',
-                f"port = {n.port}",
-                f"user = {q(self.user)}",
-                f"key = {q(str(self.client_key))}",
-                f"dev_prefix = {q(n.dev_prefix)}",
-                f"nvidia_smi = {q(n.nvidia_smi)}",
-                f"driver_dir = {q(n.driver_dir)}",
-                *(["sudo = true"] if n.sudo else []),
-                *([f"runtimes = [{', '.join(q(r) for r in RUNTIMES)}]"] if n.runtimes else []),
-                f'groups = ["sim", "{parity}"]',
-                "",
-            ]
-        self.config_path.write_text("\n".join(out), encoding="utf-8")
+        text = inventory.config_text(
+            self.nodes,
+            title=f"A simulated GPU fleet: {self.size} nodes x {self.gpus} {self.model}, "
+            f"{self.server} SSH servers on 127.0.0.1.",
+            database_url="sqlite:///" + str(self.root / "gpubot.db"),
+            known_hosts=self.known_hosts,
+            user=self.user,
+            client_key=self.client_key,
+            protected=protected,
+        )
+        self.config_path.write_text(text, encoding="utf-8")
 
 
-def _toml_str(s: str) -> str:
-    """Quote ``s`` as a TOML basic string."""
-    out = ['"']
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
+def _check_options(
+    *, nodes: Any, gpus: Any, server: str, release_delay_s: Any, model: str, memory_mib: Any,
+    base_port: int | None, minors: Sequence[int] | None, view_user: str | None, hidepid: bool,
+) -> None:  # fmt: skip
+    """Raise ``UsageError`` for options that make no fleet."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
+        raise UsageError(f"nodes must be 1-64, not {nodes!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+        raise UsageError(f"gpus must be 1-64, not {gpus!r}")
+    if minors is not None and sorted(minors) != list(range(gpus)):
+        raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
+    if server not in SERVERS:
+        raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
+    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
+        raise UsageError(f"release delay must be a number, not {release_delay_s!r}")
+    if release_delay_s < 0:
+        raise UsageError(f"release delay must be >= 0 s, not {release_delay_s}")
+    if not model or "," in model or "\n" in model:
+        raise UsageError(f"bad GPU model name {model!r}")
+    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
+        raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
+    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
+        raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
+    if (view_user or hidepid) and server != "asyncssh":
+        raise UsageError("view_user and hidepid need the asyncssh server")
+    if hidepid and not view_user:
+        raise UsageError("hidepid needs view_user: root sees every process anyway")
+    if view_user is not None and os.geteuid() != 0:
+        raise UsageError("view_user needs root (to start sessions as another user)")
 
 
-def _traversable(path: Path) -> bool:
-    """Tell whether every user may traverse ``path`` and all its parents."""
-    p = path.resolve()
-    for d in [p, *p.parents]:
-        try:
-            if not os.stat(d).st_mode & stat.S_IXOTH:
-                return False
-        except OSError:
-            return False
-    return True
-
-
-def _become_subreaper() -> None:
-    """Adopt orphaned descendants (a killed supervisor's child) so that we can reap them."""
+def _account(view_user: str | None) -> pwd.struct_passwd:
+    """Return the account SSH sessions log in as: ``view_user``, or the effective user."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
-    except (OSError, AttributeError) as exc:
-        raise SimError(f"cannot become a child subreaper: {exc}") from None
+        return pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
+    except KeyError:
+        raise UsageError(f"no such user {view_user!r}") from None
+
+
+def _home_and_shell(pw: pwd.struct_passwd) -> tuple[str, str]:
+    """Return the sessions' home (``/`` if missing) and shell (``/bin/sh`` if it is no login)."""
+    home = pw.pw_dir if pw.pw_dir and os.path.isdir(pw.pw_dir) else "/"
+    shell = pw.pw_shell
+    ok = shell and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false"))
+    return home, shell if ok else "/bin/sh"

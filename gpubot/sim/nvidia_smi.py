@@ -21,15 +21,14 @@ Standalone (standard library only): copied into ``<fleet>/lib/gpusim/`` and run 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
 import sys
 import time
 from datetime import datetime
 from typing import Any
 
 from . import simstate
+from .smi_faults import garble, hang, lost_line, stick
 
 DRIVER_ERROR = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -49,8 +48,6 @@ RESET_IN_USE_MANY = (
     "application such as another instance of nvidia-smi). Please first kill all processes "
     "using these devices and all compute applications running in the system.\n"
 )
-# Foreign lines a garbled call interleaves with its own (another query's row, a warning).
-GARBLE_LINES = ("1949090, 0 MiB", "WARNING: infoROM is corrupted at gpu 0000:18:00.0")
 
 # canonical name -> unit ("" for none); aliases map to canonical names.
 GPU_FIELDS = {
@@ -168,15 +165,6 @@ def persistence(state: simstate.State, opts: dict[str, Any]) -> tuple[int, str]:
         said = "Enabled persistence mode via daemon" if opts["pm"] else "Disabled persistence mode"
         lines.append(f"{said} for GPU {g['bus_id']}.")
     return 0, "\n".join(lines) + "\nAll done.\n"
-
-
-def lost_line(state: simstate.State, fault: dict[str, Any]) -> str:
-    """Return what nvidia-smi prints for a GPU that fell off the bus, in the fault's shape."""
-    g = state["gpus"][int(fault["gpu"])]
-    bus = g["bus_id"][4:]  # "0000:18:00.0"
-    head = "Unable to determine the device handle for GPU"
-    shape = {"bus": f"{bus}", "index": f"{g['index']}", "index-bus": f"{g['index']}: {bus}"}
-    return f"{head}{shape[fault.get('style', 'index-bus')]}: Unknown Error\n"
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
@@ -428,66 +416,3 @@ def gpu_reset(state: simstate.State, opts: dict[str, Any], now: float) -> tuple[
             if a["gpu"] == g["index"] and simstate.holds_memory(a, state, now):
                 a["reset_at"] = now
     return 0, "".join(f"GPU {g['bus_id']} was successfully reset.\n" for g in gpus)
-
-
-def garble(text: str) -> str:
-    """Interleave foreign output with ``text``, as when two programs share one stream."""
-    lines = text.splitlines()
-    out = [*lines[:1], GARBLE_LINES[0], *lines[1:]]
-    if len(lines) >= 3:  # one row cut in two by another writer
-        row = out[3]
-        cut = max(1, len(row) // 2)
-        out[3:4] = [row[:cut] + GARBLE_LINES[1], row[cut:]]
-    return "".join(line + "\n" for line in out)
-
-
-def stick(node_dir: str, hold_s: float) -> None:
-    """Leave a copy of this nvidia-smi behind that no kill of the caller's reaches (for hold_s).
-
-    A real one hangs in the kernel in state D and survives SIGKILL; this one is out of reach
-    instead (its own session, its own streams), with the same name and owner.
-    """
-    if os.fork() != 0:
-        return
-    try:
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(3, 65536)  # the caller's streams (the SSH session's) must end without it
-        me = os.getpid()
-        mark = os.path.join(node_dir, "run", f"stuck-{me}-{simstate.start_ticks(me)}")
-        with open(mark, "w", encoding="utf-8") as f:
-            f.write(f"{me}\n")
-        time.sleep(hold_s)
-        with contextlib.suppress(OSError):
-            os.unlink(mark)
-    finally:
-        os._exit(0)
-
-
-def hang(node_dir: str) -> None:
-    """Never answer: wait until the reader goes away, the parent dies, or a signal ends us."""
-    me = os.getpid()
-    ticks = simstate.start_ticks(me)
-    mark = os.path.join(node_dir, "run", f"smi-{me}-{ticks}")
-    try:
-        with open(mark, "w", encoding="utf-8") as f:
-            f.write(f"{me} {ticks}\n")
-    except OSError:
-        mark = ""
-    parent = os.getppid()
-    poller = select.poll()
-    try:
-        out_fd = sys.stdout.fileno()
-        poller.register(out_fd, select.POLLERR | select.POLLHUP)
-    except (OSError, ValueError):
-        pass
-    try:
-        while os.getppid() == parent:
-            if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(250)):
-                return  # the SSH session closed the pipe: nobody will read an answer
-    finally:
-        if mark:
-            with contextlib.suppress(OSError):
-                os.unlink(mark)

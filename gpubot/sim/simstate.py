@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,16 +34,26 @@ Alloc = dict[str, Any]
 State = dict[str, Any]
 
 
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """Return ``(state letter, ppid, start ticks)`` of ``pid``, or None if it does not exist."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """Return the fields of ``/proc/PID/stat`` from field 3 on (field N is ``[N - 3]``), or None.
+
+    The one parser of that file in gpubot.sim: comm (field 2) may hold spaces and parentheses,
+    so the fields start after the last ')'.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = data[data.rindex(b")") + 2 :].split()
-    return rest[0].decode(), int(rest[1]), int(rest[19])
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """Return ``(state letter, ppid, start ticks)`` of ``pid``, or None if it does not exist."""
+    rest = stat_fields(pid)
+    if rest is None:
+        return None
+    return rest[3 - 3].decode(), int(rest[4 - 3]), int(rest[22 - 3])
 
 
 def minor(state: State, gpu: int) -> int:
@@ -60,6 +71,28 @@ def is_alive(pid: int, ticks: int) -> bool:
     """Tell whether the process ``(pid, ticks)`` still runs (a zombie or a reused pid: no)."""
     st = proc_stat(pid)
     return st is not None and st[2] == ticks and st[0] not in ("Z", "X", "x")
+
+
+def signal_if(pid: int | None, ticks: int | None, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only if it is still the process started at ``ticks``; tell if sent.
+
+    The pid is pinned with a pidfd before its start time is checked: a reused pid is never hit.
+    """
+    if pid is None or ticks is None:
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if start_ticks(pid) != ticks:
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def cmdline_name(pid: int) -> str | None:

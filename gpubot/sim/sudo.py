@@ -334,6 +334,15 @@ def _executable(path: str) -> bool:
 # ---- the program -----------------------------------------------------------------------------
 
 
+class _Refused(Exception):
+    """Sudo refuses: the log's verdict and the lines it prints."""
+
+    def __init__(self, verdict: str, *lines: str) -> None:
+        super().__init__(verdict)
+        self.verdict = verdict
+        self.lines = lines
+
+
 def main(argv: list[str], rule_path: str) -> int:
     """Run ``sudo ARGV`` under the rule in ``rule_path``; return the exit status if not exec'd."""
     with open(rule_path, encoding="utf-8") as f:
@@ -347,29 +356,42 @@ def main(argv: list[str], rule_path: str) -> int:
         "command": None,
         "allowed": False,
     }
-
-    def refuse(verdict: str, *lines: str) -> int:
-        record["verdict"] = verdict
+    try:
+        path = _check(argv, rule, record)
+    except _Refused as no:
+        record["verdict"] = no.verdict
         with contextlib.suppress(OSError):
             _log(rule["log"], record)
-        for line in lines:
+        for line in no.lines:
             print(line, file=sys.stderr)
         return 1
+    record["allowed"] = True
+    record["verdict"] = "run"
+    try:
+        _log(rule["log"], record)
+    except OSError as exc:  # what is not logged is not run: the log is the proof
+        print(f"sudo: cannot write the log {rule['log']}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return _exec(path, argv[1], argv[2:], rule["runas"], record["command"])
 
+
+def _check(argv: list[str], rule: dict[str, Any], record: dict[str, Any]) -> str:
+    """Return the program that ``sudo ARGV`` may run (``record`` gets its command line);
+    raise ``_Refused`` otherwise (``record`` gets the reason, if the rule said no)."""
     if not argv:
-        return refuse("usage", USAGE)
+        raise _Refused("usage", USAGE)
     if argv[0] != "-n":
         if argv[0].startswith("-"):
-            return refuse("usage", f"sudo: option {argv[0]!r} is not supported here", USAGE)
-        return refuse("no-n", NO_TERMINAL, PASSWORD_REQUIRED)
+            raise _Refused("usage", f"sudo: option {argv[0]!r} is not supported here", USAGE)
+        raise _Refused("no-n", NO_TERMINAL, PASSWORD_REQUIRED)
     if len(argv) == 1 or argv[1].startswith("-"):
-        return refuse("usage", USAGE)
+        raise _Refused("usage", USAGE)
     cmd, args = argv[1], argv[2:]
     path = resolve(cmd, rule.get("nvidia_smi"), rule.get("programs"))
     if path is None:
         if "/" in cmd:
-            return refuse("not-found", f"sudo: {cmd}: command not found")
-        return refuse("denied", PASSWORD_REQUIRED)
+            raise _Refused("not-found", f"sudo: {cmd}: command not found")
+        raise _Refused("denied", PASSWORD_REQUIRED)
     line = " ".join([path, *args])
     record["command"] = line
     allowed = any(command_matches(p, path, args) for p in rule["commands"])
@@ -380,21 +402,19 @@ def main(argv: list[str], rule_path: str) -> int:
             if not allowed
             else "the rule has no NOPASSWD tag"
         )
-        return refuse("denied", PASSWORD_REQUIRED)
-    record["allowed"] = True
-    record["verdict"] = "run"
-    try:
-        _log(rule["log"], record)
-    except OSError as exc:  # what is not logged is not run: the log is the proof
-        print(f"sudo: cannot write the log {rule['log']}: {exc.strerror}", file=sys.stderr)
-        return 1
+        raise _Refused("denied", PASSWORD_REQUIRED)
+    return path
+
+
+def _exec(path: str, cmd: str, args: list[str], runas: str, line: str) -> int:
+    """Exec ``path`` as ``cmd ARGS`` in sudo's environment; return 1 if that fails."""
     env = {k: v for k, v in os.environ.items() if k in KEEP_ENV or k.startswith("LC_")}
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
     env.update({
         "PATH": ":".join(SECURE_PATH),
         "HOME": "/root",
-        "USER": rule["runas"],
-        "LOGNAME": rule["runas"],
+        "USER": runas,
+        "LOGNAME": runas,
         "SHELL": "/bin/sh",
         "SUDO_COMMAND": line,
         "SUDO_USER": user,

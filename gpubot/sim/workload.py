@@ -315,10 +315,9 @@ def scan_tokens(me: int) -> list[bytes]:
 
 def argv_area(pid: int) -> tuple[int, int]:
     """Return ``(arg_start, arg_end)`` of ``pid``: fields 48 and 49 of ``/proc/PID/stat``."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    # comm (field 2) may hold anything, ')' included: field 3 is the first after the last ')'.
-    rest = data[data.rindex(b")") + 2 :].split()
+    rest = simstate.stat_fields(pid)
+    if rest is None:
+        raise OSError(f"cannot read /proc/{pid}/stat")
     return int(rest[48 - 3]), int(rest[49 - 3])
 
 

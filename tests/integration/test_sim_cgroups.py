@@ -28,7 +28,8 @@ from gpubot.errors import UsageError
 from gpubot.sim import simstate
 from gpubot.sim.cgroups import CgroupSet, Hierarchies, find_hierarchies
 from gpubot.sim.fleet import SimFleet, SimNode, Workload
-from gpubot.sim.server import SSHD, STD_PATH
+from gpubot.sim.server import STD_PATH
+from gpubot.sim.server_sshd import SSHD
 from gpubot.sim.sudo import PASSWORD_REQUIRED, readme_sudo_rule
 
 README = Path(__file__).resolve().parents[2] / "README.md"

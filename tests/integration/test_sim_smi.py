@@ -18,6 +18,7 @@ import pytest
 import gpubot.sim
 from gpubot.core import nvsmi
 from gpubot.sim.fleet import SimFleet, SimNode
+from gpubot.sim.fleet_setup import STANDALONE
 from gpubot.sim.node import bus_id
 
 GPU_Q = nvsmi.gpu_query_argv("x")[1]  # the GPU query gpubot asks
@@ -225,14 +226,16 @@ def test_gpu_reset_refused_while_in_use_then_frees_orphaned_memory(node: SimNode
         node.release_delay_s = 1.5
 
 
-@pytest.mark.parametrize("module", ["simstate", "nvidia_smi", "workload"])
+@pytest.mark.parametrize("module", [name.removesuffix(".py") for name in STANDALONE])
 def test_standalone_parts_import_only_the_standard_library(module: str) -> None:
     path = Path(gpubot.sim.__file__).parent / f"{module}.py"
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             assert all(a.name.split(".")[0] in sys.stdlib_module_names for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            relative = node.level == 1 and node.module is None
+            # ``from . import simstate`` or ``from .smi_faults import ...``: copied alongside.
+            names = [a.name for a in node.names] if node.module is None else [node.module]
+            relative = node.level == 1 and all(f"{n}.py" in STANDALONE for n in names)
             stdlib = node.level == 0 and (node.module or "").split(".")[0] in (
                 sys.stdlib_module_names | {"__future__"}
             )

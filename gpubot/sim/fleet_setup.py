@@ -1,0 +1,89 @@
+"""The host side of a simulated fleet: where its files live, its Python, its library, reaping."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gpubot.errors import SimError
+
+# The standalone modules (standard library only) that nodes run as ``gpusim.*``.
+STANDALONE = ("simstate.py", "nvidia_smi.py", "smi_faults.py", "workload.py", "sudo.py",
+              "runtimes.py", "runtime_registry.py", "containers.py", "jobs.py")  # fmt: skip
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def node_python() -> str:
+    """Return the Python that nodes run: the system's (other users can run it), else ours."""
+    return "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+
+
+def usable_python(python: str) -> str:
+    """Return ``python`` if it runs the standalone modules (3.10 or later), else ours."""
+    probe = subprocess.run(
+        [python, "-S", "-c", "import sys; sys.exit(sys.version_info < (3, 10))"],
+        capture_output=True,
+    )
+    return python if probe.returncode == 0 else sys.executable
+
+
+def choose_root(directory: Path) -> Path | None:
+    """Return a fresh directory for the nodes when others cannot reach ``directory``, else None.
+
+    The fresh one is linked as ``directory/fleet``; whoever gets it removes it.
+    """
+    if os.geteuid() != 0 or traversable(directory):
+        return None
+    # Workloads of other users (and their Python) must reach the node files: the given
+    # directory is private (like pytest's), so the nodes live in a world-traversable one.
+    root = Path(tempfile.mkdtemp(prefix="gpusim-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    link = directory / "fleet"
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()
+    link.symlink_to(root)
+    return root
+
+
+def write_lib(lib_dir: Path) -> None:
+    """Copy the standalone modules to ``lib_dir/gpusim/`` with a workload launcher; all readable."""
+    pkg = lib_dir / "gpusim"
+    pkg.mkdir(parents=True, exist_ok=True)
+    here = Path(__file__).parent
+    (pkg / "__init__.py").write_text('"""Standalone parts of gpubot.sim."""\n')
+    for name in STANDALONE:
+        shutil.copyfile(here / name, pkg / name)
+    (lib_dir / "gpusim_workload.py").write_text(
+        "import sys\n\nfrom gpusim.workload import main\n\nsys.exit(main())\n"
+    )
+    for p in [lib_dir, pkg, *lib_dir.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+def traversable(path: Path) -> bool:
+    """Tell whether every user may traverse ``path`` and all its parents."""
+    p = path.resolve()
+    for d in [p, *p.parents]:
+        try:
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned descendants (a killed supervisor's child) so that we can reap them."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    except (OSError, AttributeError) as exc:
+        raise SimError(f"cannot become a child subreaper: {exc}") from None

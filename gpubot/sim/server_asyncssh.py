@@ -1,0 +1,229 @@
+"""Every simulated node's SSH server as an asyncssh server, on one event loop in its own thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import asyncssh
+
+from gpubot.errors import SimError, UsageError
+from gpubot.sim.server import ServerSpec, session_env
+
+T = TypeVar("T")
+
+# Run as root in a fresh mount namespace: mount /proc hidepid=2, then become the session's user.
+_HIDEPID = (
+    "mount -t proc -o hidepid=2 proc /proc || exit 126; uid=$1 gid=$2; shift 2; "
+    'exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"'
+)
+
+
+@dataclass
+class _Listener:
+    spec: ServerSpec
+    authorized: asyncssh.SSHAuthorizedKeys
+    acceptor: asyncssh.SSHAcceptor | None = None
+    conns: set[asyncssh.SSHServerConnection] = field(default_factory=set)
+
+
+class _Server(asyncssh.SSHServer):
+    def __init__(self, lst: _Listener) -> None:
+        self._lst = lst
+        self._conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._conn = conn
+        self._lst.conns.add(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._conn is not None:
+            self._lst.conns.discard(self._conn)
+
+    def begin_auth(self, username: str) -> bool:
+        # Only the configured user has keys; anyone else is refused like sshd's AllowUsers.
+        if username == self._lst.spec.user and self._conn is not None:
+            self._conn.set_authorized_keys(self._lst.authorized)
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def kbdint_auth_supported(self) -> bool:
+        return False
+
+
+class AsyncsshPool:
+    """Every node's asyncssh server, on one event loop in a background thread."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="gpusim-asyncssh", daemon=True
+        )
+        self._thread.start()
+        self._listeners: dict[str, _Listener] = {}
+        self._children: set[asyncio.subprocess.Process] = set()
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def start(self, spec: ServerSpec, port: int) -> int:
+        """Serve ``spec`` on 127.0.0.1:``port`` (0: any free port); return the port."""
+        return self._call(self._start(spec, port))
+
+    async def _start(self, spec: ServerSpec, port: int) -> int:
+        lst = _Listener(spec, asyncssh.read_authorized_keys(str(spec.authorized_keys)))
+        key = asyncssh.read_private_key(str(spec.host_key))
+
+        async def handle(process: asyncssh.SSHServerProcess[bytes]) -> None:
+            await self._session(lst, process)
+
+        try:
+            lst.acceptor = await asyncssh.listen(
+                "127.0.0.1",
+                port,
+                server_factory=lambda: _Server(lst),
+                server_host_keys=[key],
+                process_factory=handle,
+                encoding=None,
+                reuse_address=True,
+                agent_forwarding=False,
+                x11_forwarding=False,
+                allow_scp=False,
+                login_timeout=30,
+            )
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {port} on 127.0.0.1 is in use") from None
+            raise SimError(f"{spec.name}: cannot listen on 127.0.0.1:{port}: {exc}") from None
+        self._listeners[spec.name] = lst
+        return int(lst.acceptor.get_port())
+
+    def stop(self, name: str) -> None:
+        """Stop serving node ``name`` and drop its connections."""
+        self._call(self._stop(name))
+
+    async def _stop(self, name: str) -> None:
+        lst = self._listeners.pop(name, None)
+        if lst is None:
+            return
+        if lst.acceptor is not None:
+            lst.acceptor.close()
+            await lst.acceptor.wait_closed()
+        for conn in list(lst.conns):
+            conn.abort()  # like a box going away: no goodbye
+        await asyncio.sleep(0)
+
+    def close(self) -> None:
+        """Stop every server, kill the commands still running, and end the loop thread."""
+        if not self._thread.is_alive():
+            return
+        with contextlib.suppress(Exception):
+            self._call(self._close_all(), timeout=15)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    async def _close_all(self) -> None:
+        for name in list(self._listeners):
+            await self._stop(name)
+        for proc in list(self._children):
+            _killpg(proc.pid)
+        if self._children:
+            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in self._children], timeout=5)
+
+    async def _session(self, lst: _Listener, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        spec = lst.spec
+        cmd = process.command
+        # sshd hands the command line to the user's login shell: so do we.
+        argv = [spec.shell, "-c", cmd] if cmd is not None else [spec.shell]
+        who: dict[str, Any] = {}
+        if spec.run_as is not None and spec.hidepid:
+            # A private mount namespace whose /proc hides other users' processes, then the user.
+            argv = ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", _HIDEPID,
+                    "gpusim-session", str(spec.run_as[0]), str(spec.run_as[1]), *argv]  # fmt: skip
+        elif spec.run_as is not None:
+            who = {"user": spec.run_as[0], "group": spec.run_as[1], "extra_groups": []}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=spec.home,
+                env=session_env(spec),
+                start_new_session=True,  # its own process group, killed as one on disconnect
+                **who,
+            )
+        except OSError as exc:
+            process.stderr.write(f"{spec.shell}: {exc.strerror}\n".encode())
+            process.exit(127)
+            return
+        self._children.add(proc)
+        assert proc.stdout is not None and proc.stderr is not None
+        feeder = asyncio.ensure_future(_feed(process, proc))
+        pumps = asyncio.ensure_future(
+            asyncio.gather(_pump(proc.stdout, process.stdout), _pump(proc.stderr, process.stderr))
+        )
+        closed = asyncio.ensure_future(process.channel.wait_closed())
+        waiters: list[asyncio.Future[Any]] = [pumps, closed]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if pumps.done() and pumps.exception() is None:
+                rc = await proc.wait()
+                if rc < 0:
+                    process.exit_with_signal(signal.Signals(-rc).name.removeprefix("SIG"))
+                else:
+                    process.exit(rc)
+        finally:
+            if proc.returncode is None:  # the client went away: end what it started
+                _killpg(proc.pid)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(proc.wait(), 5)
+            for task in (feeder, closed, pumps):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(feeder, closed, pumps, return_exceptions=True)
+            self._children.discard(proc)
+
+
+async def _pump(src: asyncio.StreamReader, dst: asyncssh.SSHWriter[bytes]) -> None:
+    while True:
+        data = await src.read(65536)
+        if not data:
+            return
+        dst.write(data)
+        await dst.drain()
+
+
+async def _feed(
+    process: asyncssh.SSHServerProcess[bytes], proc: asyncio.subprocess.Process
+) -> None:
+    assert proc.stdin is not None
+    try:
+        while True:
+            data = await process.stdin.read(65536)
+            if not data:
+                break
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+    except (OSError, asyncssh.Error):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+
+
+def _killpg(pgid: int) -> None:
+    """Kill the process group that one session started (its leader is our own child)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
