@@ -275,6 +275,8 @@ def test_stop_kills_exactly_what_the_fleet_started(
         # Dead and reaped (no zombie left): the pid no longer names the process.
         assert all(simstate.start_ticks(p) != t for p, t in procs)
         assert hung.wait(5) == -signal.SIGKILL
+        assert hung.stdout is not None
+        hung.stdout.close()
         assert bystander.poll() is None
     finally:
         bystander.kill()
