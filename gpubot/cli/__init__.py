@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("gpubot.cli.db", "database migrations"),
     "serve": ("gpubot.cli.serve", "run the Slack bot"),
     "console": ("gpubot.cli.console", "type /gpu commands on a terminal"),
-    "sim": ("gpubot.sim.cli", "run and drive a simulated GPU fleet"),
+    "sim": ("gpubot.cli.demo", "run and drive a simulated GPU fleet"),  # the demo's simulator
 }
 
 

@@ -3,6 +3,10 @@
 Four simulated nodes (in-process SSH servers on 127.0.0.1, real processes): one healthy and busy,
 one with a process that ignores SIGTERM, one with leaked VRAM, one unreachable. SQLite in a
 temporary folder; no GPU, sshd, database server or Slack needed. All it starts, it stops.
+
+It also serves ``gpubot sim`` (``add_sim_arguments``, ``run_sim``: ``gpubot.sim.cli``): this is
+the one module outside ``gpubot.sim`` that imports the simulator. Each command imports only what
+it runs, so ``gpubot sim`` loads no part of the bot.
 """
 
 from __future__ import annotations
@@ -19,16 +23,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpubot.app import App, build, open_app_store
-from gpubot.chat.alerts import render_alert_group, render_sweep
-from gpubot.chat.blocks import message_text
-from gpubot.chat.flows import Flows
-from gpubot.cli.console import answer, make_flows, repl
-from gpubot.config import load
-from gpubot.core.alerting import AlertGroup
-from gpubot.services.approvals import Identity
-from gpubot.sim.fleet import SimFleet
+if TYPE_CHECKING:
+    from gpubot.app import App
+    from gpubot.chat.flows import Flows
+    from gpubot.core.alerting import AlertGroup
+    from gpubot.services.approvals import Identity
+    from gpubot.sim.fleet import SimFleet
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"
 
@@ -42,8 +44,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_sim_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``sim`` actions (``gpubot.sim.cli``)."""
+    from gpubot.sim import cli
+
+    cli.add_arguments(p)
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    """Run one ``gpubot sim`` action; return the exit status."""
+    from gpubot.sim import cli
+
+    return cli.run(args)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the walk-through (or a console) on a simulated fleet; leave nothing behind."""
+    from gpubot.app import open_app_store
+    from gpubot.config import load
+    from gpubot.sim.fleet import SimFleet
+
     with (
         _workspace() as folder,
         SimFleet(folder / "fleet", nodes=4, gpus=4, release_delay_s=0.5) as sim,
@@ -124,6 +144,11 @@ def _say(title: str, text: str = "") -> None:
 
 
 async def _main(cfg: Path, me: str, interactive: bool) -> int:
+    from gpubot.app import build
+    from gpubot.cli.console import make_flows, repl
+    from gpubot.config import load
+    from gpubot.services.approvals import Identity
+
     settings = load(cfg)
     app = build(settings, {}, need_store=True, notifier=_PrintAlerts())
     flows = make_flows(app)  # the same flows as Slack's, printed as text
@@ -138,6 +163,11 @@ async def _main(cfg: Path, me: str, interactive: bool) -> int:
 
 
 async def _walk(app: App, ask: Flows, operator: Identity) -> int:
+    from gpubot.chat.alerts import render_sweep
+    from gpubot.chat.blocks import message_text
+    from gpubot.cli.console import answer
+    from gpubot.services.approvals import Identity
+
     started = time.monotonic()
     alice = Identity(REQUESTER, "alice", "alice")
     olga = Identity(ONCALL, "olga", "olga")
@@ -181,13 +211,21 @@ class _PrintAlerts:
 
     async def post(self, group: AlertGroup) -> tuple[str, str]:
         """Print a new alert."""
-        print("[alert posted to #gpu-ops]\n" + message_text(render_alert_group(group)))
+        print("[alert posted to #gpu-ops]\n" + _alert_text(group))
         return ("C0GPUOPS", f"{time.time():.6f}")
 
     async def update(self, where: tuple[str, str], group: AlertGroup) -> None:
         """Print an updated alert."""
-        print("[alert updated]\n" + message_text(render_alert_group(group)))
+        print("[alert updated]\n" + _alert_text(group))
 
     async def remind(self, where: tuple[str, str], group: AlertGroup) -> None:
         """Print a reminder."""
-        print("[reminder]\n" + message_text(render_alert_group(group)))
+        print("[reminder]\n" + _alert_text(group))
+
+
+def _alert_text(group: AlertGroup) -> str:
+    """Return the alert message of ``group`` as text."""
+    from gpubot.chat.alerts import render_alert_group
+    from gpubot.chat.blocks import message_text
+
+    return message_text(render_alert_group(group))
