@@ -1,7 +1,7 @@
 """Slack acknowledgement under a burst: N concurrent signed ``/gpu status all`` requests.
 
 ``gpubot serve --http`` runs as a real process over the simulated fleet, with its Web API
-pointed at the loopback fake of Slack from ``tests/fixtures/slack.py``. The benchmark sends a
+pointed at the loopback fake of Slack from ``benchmarks/fake_slack.py``. The benchmark sends a
 burst at once (each request on its own connection, signed like Slack) and times each HTTP 200:
 that is the acknowledgement Slack waits at most 3 s for. Every request then starts a fleet
 status in the bot. Then as many requests again arrive one every ``spacing_s`` while that fleet
@@ -28,8 +28,8 @@ from pathlib import Path
 import aiohttp
 
 from benchmarks.common import PYTHON, REPO, percentile
+from benchmarks.fake_slack import BOT_TOKEN, SECRET, FakeSlack, SlackSender
 from gpubot.sim.fleet import SimFleet
-from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack, SlackSender
 
 
 @dataclass

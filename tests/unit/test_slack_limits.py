@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.slack_limits import advice, problems
+from benchmarks.slack_limits import advice, problems
 
 Message = dict[str, Any]
 
