@@ -1,0 +1,79 @@
+"""``verify`` walks the chain a page at a time: records past the first page are checked too, a
+record missing at a page boundary is found, and a missing chain head is said, never crashed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpubot.errors import StoreError
+from gpubot.store import Store
+from gpubot.store.audit import PAGE, append
+from gpubot.store.engine import write_tx
+from tests.fixtures.db import tamper
+
+N = 2 * PAGE + 3  # three pages: two full ones and a short one
+
+
+def _append_many(store: Store, n: int) -> None:
+    """Append ``n`` query records in one transaction (the store's own append, at speed)."""
+    with write_tx(store.engine) as conn:
+        for i in range(n):
+            append(conn, kind="query", actor=f"U{i}", source="test", node=None,
+                   payload={"query": "status", "i": i})  # fmt: skip
+
+
+@pytest.fixture
+async def long_log(store: Store) -> Store:
+    await asyncio.to_thread(_append_many, store, N)
+    return store
+
+
+async def test_a_log_of_several_pages_verifies_whole(long_log: Store) -> None:
+    result = await long_log.verify()
+    assert result.ok, result.reason
+    assert result.checked == N and result.head_seq == N
+
+
+@pytest.mark.parametrize(
+    ("seq", "words"),
+    [
+        (PAGE, "removed"),  # the last record of the first page
+        (PAGE + 1, "removed"),  # the first record of the second page
+        (2 * PAGE + 2, "removed"),  # on the last, short page
+    ],
+)
+async def test_a_record_removed_at_a_page_boundary_is_found(
+    long_log: Store, fresh_db_url: str, seq: int, words: str
+) -> None:
+    tamper(fresh_db_url, f"DELETE FROM audit_log WHERE seq = {seq}")
+    result = await long_log.verify()
+    assert not result.ok and result.first_bad_seq == seq, result.reason
+    assert f"record {seq} was {words}" in result.reason
+    assert result.checked == seq - 1
+
+
+async def test_a_record_edited_on_a_later_page_is_found(long_log: Store, fresh_db_url: str) -> None:
+    seq = PAGE + PAGE // 2
+    tamper(fresh_db_url, f"UPDATE audit_log SET actor = 'U0MALLORY' WHERE seq = {seq}")
+    result = await long_log.verify()
+    assert (result.ok, result.first_bad_seq) == (False, seq)
+    assert f"record {seq} was edited" in result.reason
+
+
+async def test_a_missing_head_is_said_and_nothing_is_appended(
+    store: Store, fresh_db_url: str
+) -> None:
+    await store.record_query(kind="status", actor="U1", source="test", nodes=["node1"],
+                             failed={}, seconds=0.1)  # fmt: skip
+    tamper(fresh_db_url, "DELETE FROM audit_head")
+    result = await store.verify()
+    assert not result.ok
+    assert result.reason == "the chain head is missing"
+    with pytest.raises(StoreError, match=r"the audit chain head is missing: was `gpubot db "
+                                         r"upgrade` run\?"):  # fmt: skip
+        await store.record_query(kind="status", actor="U2", source="test", nodes=[], failed={},
+                                 seconds=0.1)  # fmt: skip
+    assert len(await store.queries()) == 1  # the record before stays; none was added
