@@ -73,6 +73,10 @@ class Progress:
             wait = self.last + self.interval - time.monotonic()
             if self.stopping.is_set() or (wait > 0 and await self._stopped_within(wait)):
                 return
+            # ``stop`` may have run while wait_for unwound its timeout: check again before the
+            # clear (nothing awaits between the check and the clear), or its wake-up is lost.
+            if self.stopping.is_set():
+                return
             self.dirty.clear()  # what is rendered now includes every event so far
             if self.handle is None:  # nothing to update in place: only the final answer goes
                 continue
