@@ -82,8 +82,8 @@ async def test_a_failed_gpu_reset_is_no_freed_gpu(
         else:  # another job takes the GPU between the look and the reset
             came.append(node.spawn(gpu=2, mib=512, behaviour="hidden").pid)
 
-    svc = ResetService(settings, engine.transport, _OnIntent(store, meanwhile),  # type: ignore[arg-type]
-                       engine.status, NodeLocks())  # fmt: skip
+    hooked = _OnIntent(store, meanwhile)
+    svc = ResetService(settings, engine.transport, hooked, engine.status, NodeLocks())
     result = await svc.gpu_reset("node1", 2, actor="t", source="t", command="gpu-reset node1 2")
     node.set_fault(None)
     assert not result.ok
