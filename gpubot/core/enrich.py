@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpubot.core.probe import printable
+from gpubot.core.probe_fields import printable
 from gpubot.core.workload import Workload, WorkloadKind, decide_owner, valid_user
 
 RUNTIMES = ("docker", "podman", "crictl", "slurm")

@@ -140,57 +140,9 @@ def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protec
 
     Raise ``UsageError`` if the request cannot apply, ``ResetRefused`` if it names a protected pid.
     """
-    indices = {g.index for g in snapshot.gpus}
-    for g in request.gpus:
-        if g not in indices:
-            have = ", ".join(str(i) for i in sorted(indices)) or "none"
-            raise UsageError(f"{snapshot.node} has no GPU {g} (GPUs: {have})")
-    for pid in request.pids:
-        if not any(p.pid == pid for p in snapshot.processes):
-            raise UsageError(f"pid {pid} holds no GPU on {snapshot.node}")
-        daemon = next((p for p in snapshot.processes
-                       if p.pid == pid and is_protected(p, protection)), None)  # fmt: skip
-        if daemon is not None:
-            raise ResetRefused(
-                f"pid {pid} on {snapshot.node} is a protected system daemon "
-                f"({program(daemon)}, run by {daemon.user}): gpubot never signals it"
-            )
-    if request.gpus:
-        gpus = tuple(sorted(set(request.gpus)))
-    elif request.pids:
-        gpus = tuple(sorted({p.gpu_index for p in snapshot.processes if p.pid in request.pids}))
-    else:
-        gpus = tuple(sorted(indices))
-    if not request.pids:  # a whole GPU: its device file's holders must be knowable
-        for g in gpus:
-            info = snapshot.gpu(g)
-            if info is not None and info.minor is None:
-                raise ResetRefused(
-                    f"{snapshot.node}: gpubot cannot tell which device file is GPU {g} (the driver "
-                    "names no Device Minor for its bus id), so it cannot see who holds it; "
-                    "reset by pid instead"
-                )
-    if request.pids:
-        outside = [pid for pid in request.pids if not any(
-            p.pid == pid and p.gpu_index in gpus for p in snapshot.processes)]  # fmt: skip
-        if outside:
-            raise UsageError(f"pid {outside[0]} is not on GPU {', '.join(map(str, gpus))}")
-
-    chosen: dict[int, list[GpuProcess]] = {}
-    skipped: list[Skipped] = []
-    for proc in snapshot.processes:
-        if proc.gpu_index not in gpus:
-            continue
-        protected = is_protected(proc, protection)
-        reason = "protected system daemon" if protected else _skip_reason(proc, request)
-        if reason:
-            skipped.append(
-                Skipped(proc.pid, proc.gpu_index, proc.user, _command(proc), reason,
-                        proc.start_ticks, protected, proc.used_memory_mib)
-            )  # fmt: skip
-        else:
-            chosen.setdefault(proc.pid, []).append(proc)
-
+    _check_named(snapshot, request, protection)
+    gpus = _targeted_gpus(snapshot, request)
+    chosen, skipped = _choose(snapshot, gpus, request, protection)
     targets = [_target(snapshot, procs, gpus, request) for procs in chosen.values()]
     targets.sort(key=lambda t: (t.gpus, t.pid))
     expected: dict[int, int] = {}
@@ -206,6 +158,72 @@ def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protec
         memory_before_mib={g: _mem(snapshot, g) for g in gpus},
         expected_after_mib=expected,
     )
+
+
+def _check_named(snapshot: NodeSnapshot, request: ResetRequest, protection: Protection) -> None:
+    """Refuse GPUs the node lacks, pids that hold no GPU, and protected pids."""
+    indices = {g.index for g in snapshot.gpus}
+    for g in request.gpus:
+        if g not in indices:
+            have = ", ".join(str(i) for i in sorted(indices)) or "none"
+            raise UsageError(f"{snapshot.node} has no GPU {g} (GPUs: {have})")
+    for pid in request.pids:
+        if not any(p.pid == pid for p in snapshot.processes):
+            raise UsageError(f"pid {pid} holds no GPU on {snapshot.node}")
+        daemon = next((p for p in snapshot.processes
+                       if p.pid == pid and is_protected(p, protection)), None)  # fmt: skip
+        if daemon is not None:
+            raise ResetRefused(
+                f"pid {pid} on {snapshot.node} is a protected system daemon "
+                f"({program(daemon)}, run by {daemon.user}): gpubot never signals it"
+            )
+
+
+def _targeted_gpus(snapshot: NodeSnapshot, request: ResetRequest) -> tuple[int, ...]:
+    """Return the GPUs a reset targets; refuse a whole GPU whose holders cannot be seen, and
+    pids outside the GPUs named."""
+    if request.gpus:
+        gpus = tuple(sorted(set(request.gpus)))
+    elif request.pids:
+        gpus = tuple(sorted({p.gpu_index for p in snapshot.processes if p.pid in request.pids}))
+    else:
+        gpus = tuple(sorted({g.index for g in snapshot.gpus}))
+    if not request.pids:  # a whole GPU: its device file's holders must be knowable
+        for g in gpus:
+            info = snapshot.gpu(g)
+            if info is not None and info.minor is None:
+                raise ResetRefused(
+                    f"{snapshot.node}: gpubot cannot tell which device file is GPU {g} (the driver "
+                    "names no Device Minor for its bus id), so it cannot see who holds it; "
+                    "reset by pid instead"
+                )
+    if request.pids:
+        outside = [pid for pid in request.pids if not any(
+            p.pid == pid and p.gpu_index in gpus for p in snapshot.processes)]  # fmt: skip
+        if outside:
+            raise UsageError(f"pid {outside[0]} is not on GPU {', '.join(map(str, gpus))}")
+    return gpus
+
+
+def _choose(
+    snapshot: NodeSnapshot, gpus: tuple[int, ...], request: ResetRequest, protection: Protection
+) -> tuple[dict[int, list[GpuProcess]], list[Skipped]]:
+    """Sort the processes on ``gpus`` into targets (by pid) and those left alone, with why."""
+    chosen: dict[int, list[GpuProcess]] = {}
+    skipped: list[Skipped] = []
+    for proc in snapshot.processes:
+        if proc.gpu_index not in gpus:
+            continue
+        protected = is_protected(proc, protection)
+        reason = "protected system daemon" if protected else _skip_reason(proc, request)
+        if reason:
+            skipped.append(
+                Skipped(proc.pid, proc.gpu_index, proc.user, _command(proc), reason,
+                        proc.start_ticks, protected, proc.used_memory_mib)
+            )  # fmt: skip
+        else:
+            chosen.setdefault(proc.pid, []).append(proc)
+    return chosen, skipped
 
 
 def owner_of(proc: GpuProcess) -> tuple[str | None, bool]:

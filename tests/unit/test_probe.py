@@ -25,15 +25,8 @@ from gpubot.core import probe_script
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, DeviceHolder, GpuInfo, NodeConfig
 from gpubot.core.plan import ResetRequest, plan_reset
-from gpubot.core.probe import (
-    PROBE_SCRIPT,
-    parse_fuser,
-    parse_probe,
-    parse_procs,
-    printable,
-    probe_argv,
-    proc_argv,
-)
+from gpubot.core.probe import PROBE_SCRIPT, parse_probe, parse_procs, probe_argv, proc_argv
+from gpubot.core.probe_fields import parse_fuser, printable
 from gpubot.core.protect import Protection
 from gpubot.errors import ConfigError, ParseError, ProbeError, ResetRefused, SmiFailed, SmiMissing
 
