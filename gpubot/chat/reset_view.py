@@ -83,7 +83,7 @@ def _add_plan(b: Budget, plan: ResetPlan, *, use_table: bool, reserve: int) -> N
 def step_lines(events: Sequence[ResetEvent]) -> list[str]:
     """Summarise reset events: planned → signals → exits → verifying → outcome per GPU."""
     lines: list[str] = []
-    kinds = [e.kind for e in events]
+    kinds: list[str] = [e.kind for e in events]
     for e in events:
         if e.kind == "planned":
             n = len(e.data.get("targets", []))

@@ -184,6 +184,10 @@ class ApprovalStore(Protocol):
         """Expire every pending request whose time is up at ``now``; return them."""
         ...
 
+    async def set_message(self, approval_id: int, channel: str, message_ts: str) -> None:
+        """Remember the chat message that shows the request (to update it later)."""
+        ...
+
 
 class SampleStore(Protocol):
     """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.idle``).

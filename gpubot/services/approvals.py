@@ -10,14 +10,15 @@ two chat accounts. It speaks to chat only through the ``Directory`` port.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from gpubot.core.approval import Approval
+from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.commands import Reset
-from gpubot.core.models import ApprovalState, NodeSnapshot
+from gpubot.core.models import ActionStatus, ApprovalState, NodeSnapshot
 from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.core.policy import (
     SLACKBOT,
@@ -28,6 +29,8 @@ from gpubot.core.policy import (
     resolve,
     same_person,
 )
+from gpubot.core.ports import ApprovalStore, Clock
+from gpubot.core.timefmt import iso
 from gpubot.errors import (
     ApprovalError,
     ApproversUnknown,
@@ -40,9 +43,7 @@ from gpubot.errors import (
     SelfApproval,
     StoreError,
 )
-from gpubot.services.reset import ResetEvent, ResetResult, ResetService, reset_lock
-from gpubot.store import Approval, ApprovalStore
-from gpubot.store.records import iso
+from gpubot.services.reset import EventSink, ResetResult, ResetService, reset_lock
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,6 @@ class Identity:
     refused: str | None = None
 
 
-EventSink = Callable[[ResetEvent], Awaitable[None]]
-
-
 def plan_of(approval: Approval) -> ResetPlan:
     """Return the plan stored with an approval."""
     return ResetPlan.from_dict(approval.plan)
@@ -122,7 +120,7 @@ class ApprovalService:
         reset: ResetService,
         directory: Directory,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.policy = policy
         self.approvals = approvals
@@ -132,6 +130,10 @@ class ApprovalService:
         self._groups: dict[str, tuple[float, frozenset[str]]] = {}
         self._accounts: dict[str, tuple[float, ChatAccount | None]] = {}
         self._team: str | None = None
+
+    def _now(self) -> datetime:
+        """Return the clock's wall time as an aware datetime (what the store takes)."""
+        return datetime.fromtimestamp(self.clock.now(), UTC)
 
     # -- who ---------------------------------------------------------------------------------
 
@@ -150,7 +152,7 @@ class ApprovalService:
         return Identity(user_id, name, found.linux_user, found.refused)
 
     async def _account(self, user_id: str) -> ChatAccount | None:
-        now = self.clock()
+        now = self.clock.now()
         cached = self._accounts.get(user_id)
         if cached is not None and now - cached[0] < ACCOUNT_TTL_S:
             return cached[1]
@@ -174,7 +176,7 @@ class ApprovalService:
         found: dict[str, frozenset[str]] = {}
         unreadable: dict[str, str] = {}
         for group in groups:
-            now = self.clock()
+            now = self.clock.now()
             cached = self._groups.get(group)
             if cached is not None and now - cached[0] < self.policy.group_cache_s:
                 found[group] = cached[1]
@@ -246,8 +248,9 @@ class ApprovalService:
         stored = {**plan.to_dict(), "grace_s": grace_s, "command": command,
                   "requester_user": who.linux_user}  # fmt: skip
         return await self.approvals.create(
-            who.id, who.name, plan.node, stored, self.policy.expiry_s, source=source
-        )
+            who.id, who.name, plan.node, stored, self.policy.expiry_s, source=source,
+            now=self._now(),
+        )  # fmt: skip
 
     async def run(
         self,
@@ -280,7 +283,7 @@ class ApprovalService:
         current = await self.approvals.get(approval_id)
         if current is None:
             raise ApprovalError(f"there is no approval {approval_id}")
-        now = datetime.fromtimestamp(self.clock(), UTC)
+        now = self._now()
         if not approve and current.requester == who.id:
             return await self.approvals.cancel(approval_id, who.id, now, source=source)
         if current.requester != who.id:
@@ -324,22 +327,22 @@ class ApprovalService:
         """Record the end of an approved action; the reset's own audit record stands anyway."""
         try:
             if ok:
-                await self.approvals.mark_executed(approval_id, result)
+                await self.approvals.mark_executed(approval_id, result, now=self._now())
             else:
-                await self.approvals.mark_failed(approval_id, result)
+                await self.approvals.mark_failed(approval_id, result, now=self._now())
         except (StoreError, ApprovalError) as exc:
             log.error("approval %s: cannot record its end: %s", approval_id, exc)
 
     async def expire_due(self) -> list[Approval]:
         """Expire every pending request whose time is up; return them."""
-        return await self.approvals.expire_due(datetime.fromtimestamp(self.clock(), UTC))
+        return await self.approvals.expire_due(self._now())
 
     async def abandon_approved(self) -> list[Approval]:
         """Mark ``incomplete`` the approvals a stopped gpubot left ``approved``; return them.
 
         One that a live replica is running holds its node's reset lock and is left alone.
         """
-        now = datetime.fromtimestamp(self.clock(), UTC)
+        now = self._now()
         marked: list[Approval] = []
         for a in await self.approvals.approved(now):
             why = {"error": "gpubot stopped before this approved action recorded its end: "
@@ -367,7 +370,9 @@ class ApprovalService:
                 kind=action, actor=who.id, source=source, command=command, node=node, gpus=(),
                 plan={"refused": reason, "who": who_data},
             )  # fmt: skip
-            await store.finish_action(action_id, status="refused", result={"reason": reason})
+            await store.finish_action(
+                action_id, status=ActionStatus.REFUSED, result={"reason": reason}
+            )
         except StoreError as exc:  # nothing was done anyway; the log keeps the trace
             log.error("cannot audit a refusal of %s (%s): %s", who.id, reason, exc)
 
@@ -381,5 +386,5 @@ def approval_record(a: Approval) -> dict[str, Any]:
         "requester_user": requester_user(a),
         "approver": a.decided_by,
         "approver_name": a.decided_by_name,
-        "approved_at": None if a.decided_at is None else iso(a.decided_at),
+        "approved_at": None if a.decided_at is None else iso(a.decided_at, timespec="microseconds"),
     }

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpubot.core.models import NodeSnapshot
+from gpubot.core.models import NodeSnapshot, ResetStep, StopResult
 from gpubot.core.plan import ResetPlan
-from gpubot.core.probe import printable
+from gpubot.core.probe_fields import printable
 from gpubot.core.workload import Workload, stop_argv
 
 if TYPE_CHECKING:
-    from gpubot.services.reset import _Run
+    from gpubot.services.reset_run import ResetRun
 
 
 def as_planned(plan: ResetPlan, w: Workload | None) -> Workload | None:
@@ -36,7 +36,7 @@ def whole_in_plan(plan: ResetPlan, before: NodeSnapshot, w: Workload) -> bool:
     return bool(mine) and all((p.pid, p.start_ticks) in targets for p in mine)
 
 
-async def stop_respawned(run: _Run, plan: ResetPlan, before: NodeSnapshot) -> bool:
+async def stop_respawned(run: ResetRun, plan: ResetPlan, before: NodeSnapshot) -> bool:
     """Stop each workload that took a GPU again; return whether any stop command ran."""
     ran = False
     seen: set[tuple[str, str]] = set()
@@ -47,22 +47,23 @@ async def stop_respawned(run: _Run, plan: ResetPlan, before: NodeSnapshot) -> bo
         argv = stop_argv(w)
         if argv is None:
             continue
+        step = ResetStep.STOP_WORKLOAD
         if not whole_in_plan(plan, before, w):
             why = "it has processes the plan does not kill"
-            await run.emit("stop_workload", gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
-                           result="not-run", why=why)  # fmt: skip
+            await run.emit(step, gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
+                           result=StopResult.NOT_RUN, why=why)  # fmt: skip
             continue
         # Audited before it runs (a failure to record stops the reset), like every signal.
-        await run.emit("stop_workload", gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
-                       result="running")  # fmt: skip
+        await run.emit(step, gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
+                       result=StopResult.RUNNING)  # fmt: skip
         if run.node.sudo:
             argv = ["sudo", "-n", *argv]
         res = await run.svc.transport.run(
             run.node, argv, timeout=run.svc.settings.ssh.command_timeout_s
         )
         said = printable((res.stdout + res.stderr).strip())[-300:]
-        await run.emit("stop_workload", gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
-                       result="done" if res.exit_status == 0 else "failed",
+        await run.emit(step, gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
+                       result=StopResult.DONE if res.exit_status == 0 else StopResult.FAILED,
                        exit_status=res.exit_status, output=said)  # fmt: skip
         ran = ran or res.exit_status == 0
     return ran

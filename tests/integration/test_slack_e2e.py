@@ -16,9 +16,20 @@ from typing import Any
 
 from gpubot.chat.blocks import message_text
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
+from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
 from tests.fixtures.slack import Call, FakeSlack, Harness
 from tests.procs import alive, until
+
+
+class Later(SystemClock):
+    """The system clock with wall time ``seconds`` ahead (deadlines keep real time)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def now(self) -> float:
+        return time.time() + self.seconds
 
 
 def blocks_of(call: Call) -> list[dict[str, Any]]:
@@ -153,7 +164,7 @@ async def test_forced_reset_denied(harness: Harness, node1: Any) -> None:
 async def test_expired_request_is_refused_and_shown(harness: Harness, node1: Any) -> None:
     w, approval_id, ts = await forced_request(harness, node1)
     approvals = harness.bot.services.approvals
-    approvals.clock = lambda: time.time() + 901  # 15 minutes and a second later
+    approvals.clock = Later(901)  # 15 minutes and a second later
     await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
     await harness.settle()
     assert alive(w.pid)
@@ -166,7 +177,7 @@ async def test_expired_request_is_refused_and_shown(harness: Harness, node1: Any
 
 async def test_expiry_sweep_updates_the_messages(harness: Harness, node1: Any) -> None:
     w, approval_id, ts = await forced_request(harness, node1)
-    harness.bot.services.approvals.clock = lambda: time.time() + 901
+    harness.bot.services.approvals.clock = Later(901)
     task = asyncio.create_task(harness.bot.expire_forever(every_s=0.1))
     try:
         await harness.fake.wait_for(lambda: bool(updates_of(harness.fake, ts)))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import pwd
 import time
@@ -27,8 +26,21 @@ from gpubot.errors import ConfigError
 from gpubot.services.reset import reset_lock
 from gpubot.slack.serve import report_incomplete
 from gpubot.store import Store, open_store
-from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack, Harness, running_bot
-from tests.integration.test_slack_e2e import ephemeral_texts, request_in_oncall, updates_of
+from tests.fixtures.settings import with_tables
+from tests.fixtures.slack import (
+    BOT_TOKEN,
+    SECRET,
+    FakeSlack,
+    Harness,
+    running_bot,
+    slack_tables,
+)
+from tests.integration.test_slack_e2e import (
+    Later,
+    ephemeral_texts,
+    request_in_oncall,
+    updates_of,
+)
 from tests.integration.test_slack_serve import env_with, run_serve
 from tests.procs import alive
 
@@ -38,10 +50,10 @@ async def bot_with(
     slack_settings: Any, fake: FakeSlack, tmp_path: Path, **tables: dict[str, Any]
 ) -> AsyncIterator[Harness]:
     """Run a bot whose settings tables are the Slack tests' ones updated with ``tables``."""
-    extra = {k: dict(v) for k, v in slack_settings.extra.items()}
+    merged = slack_tables(slack_settings.policy.users["U0OWNER"])
     for table, values in tables.items():
-        extra[table] = {**extra.get(table, {}), **values}
-    settings = dataclasses.replace(slack_settings, extra=extra)
+        merged[table] = {**merged.get(table, {}), **values}
+    settings = with_tables(slack_settings, merged)
     async with running_bot(settings, fake, f"sqlite:///{tmp_path}/audit.db") as h:
         yield h
 
@@ -237,7 +249,7 @@ async def test_a_stale_approver_group_decides_nothing(
     approval_id, ts = request_in_oncall(harness.fake)
     assert len(harness.fake.ok("usergroups.users.list")) == 1
     approvals = harness.bot.services.approvals
-    approvals.clock = lambda: time.time() + 61  # past [approvals] group_cache_s (60)
+    approvals.clock = Later(61)  # past [approvals] group_cache_s (60)
     harness.fake.fail("usergroups.users.list", "internal_error", times=3)
     await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0ERIN", message_ts=ts)
     await harness.settle()
