@@ -23,12 +23,13 @@ import time
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
+from gpubot.core.timefmt import iso
 from gpubot.errors import LockHeld, StoreError
 from gpubot.store.engine import CONNECT_TIMEOUT_S, guard, is_postgresql
 
@@ -123,7 +124,7 @@ def _holder(conn: Connection, key: int) -> str:
         return "another session (gone by now)"
     app = str(row[0] or "").removeprefix("gpubot ") or "another session"
     since = row[1]
-    return f"{app} since {_iso(since)}" if isinstance(since, datetime) else app
+    return f"{app} since {iso(since)}" if isinstance(since, datetime) else app
 
 
 def _release(conn: Connection, name: str) -> None:
@@ -148,14 +149,9 @@ class _LocalLock:
             held = _LOCAL.get(self.key)
             if held is not None:
                 holder, since = held
-                raise LockHeld(self.key[1], f"{holder} since {_iso(since)}")
+                raise LockHeld(self.key[1], f"{holder} since {iso(since)}")
             _LOCAL[self.key] = (self.who, time.time())
 
     def __exit__(self, *exc: Any) -> None:
         with _LOCAL_GUARD:
             _LOCAL.pop(self.key, None)
-
-
-def _iso(t: datetime | float) -> str:
-    moment = t if isinstance(t, datetime) else datetime.fromtimestamp(t, UTC)
-    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
