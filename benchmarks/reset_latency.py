@@ -35,7 +35,7 @@ from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet
-from gpubot.ssh import make_transport
+from gpubot.transport import make_transport
 from gpubot.store import open_store
 
 SEGMENTS = ("planning", "signalling", "exit", "release", "overhead", "total")

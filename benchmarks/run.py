@@ -139,7 +139,7 @@ async def fleet_snapshots(fleet: SimFleet) -> list[Any]:
     """Return the real snapshots of the fleet (for rendering Slack answers at 1,000 nodes)."""
     from gpubot.config import load
     from gpubot.services.status import StatusService
-    from gpubot.ssh import make_transport
+    from gpubot.transport import make_transport
 
     settings = load(fleet.config_path)
     transport = make_transport(settings.ssh)

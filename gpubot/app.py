@@ -24,7 +24,7 @@ from gpubot.services.approvals import ApprovalService, NoDirectory
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
-from gpubot.ssh import make_transport
+from gpubot.transport import make_transport
 from gpubot.store import Store, open_store
 
 if TYPE_CHECKING:

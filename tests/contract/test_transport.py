@@ -40,8 +40,8 @@ from gpubot.errors import (
     UsageError,
 )
 from gpubot.services.status import probe_node
-from gpubot.ssh import LocalTransport, SshTransport, make_transport, nvml_query
-from gpubot.ssh.local import missing_functions
+from gpubot.transport import LocalTransport, SshTransport, make_transport, nvml_query
+from gpubot.transport.local import missing_functions
 from tests.procs import alive, cmdlines, until
 
 try:
@@ -462,11 +462,11 @@ class FakeNvml:
 
     def __init__(
         self, *, init_error: int | None = None, v2: bool = True, missing: Sequence[str] = (),
-        fail: dict[tuple[int, str], int] | None = None,
+        fail: dict[tuple[Any, str], int] | None = None,
     ) -> None:  # fmt: skip
         self.init_error = init_error
         self.missing = set(missing) | (set() if v2 else {"nvmlDeviceGetMemoryInfo_v2"})
-        self.fail = dict(fail or {})
+        self.fail: dict[tuple[Any, str], int] = dict(fail or {})
         self.calls: Counter[str] = Counter()
         self.inits = self.shutdowns = 0
         gib = 1024**3
@@ -914,7 +914,7 @@ async def test_local_probe_takes_nothing_from_a_forged_name(
         assert {(p.pid, p.gpu_index) for p in snap.processes} == {(job.pid, 0)}  # no pid 1
         (p,) = snap.processes
         assert (p.uid, p.start_ticks is not None, p.used_memory_mib) == (os.geteuid(), True, 1024)
-        assert "\n" not in p.command and "@gpubot end" in p.command
+        assert p.command is not None and "\n" not in p.command and "@gpubot end" in p.command
         assert "nvmlSystemGetProcessName" not in fake.calls  # NVML is never asked for a name
     finally:
         job.kill()

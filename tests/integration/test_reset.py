@@ -8,8 +8,9 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,7 +143,7 @@ async def test_respawned_process_is_classified_with_its_parent(
     (g,) = result.gpus
     assert g.outcome is Outcome.RESPAWNED
     assert f"parent pid {w.supervisor_pid}" in g.detail
-    assert alive(w.supervisor_pid)  # the supervisor was never a target
+    assert w.supervisor_pid is not None and alive(w.supervisor_pid)  # never a target
     os.kill(w.supervisor_pid, signal.SIGKILL)  # started by this test, stopped by PID
 
 
@@ -297,16 +298,16 @@ class _DiesAfter:
     def __init__(self, store: Store, n: int) -> None:
         self.store, self.n, self.events = store, n, 0
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    async def record_event(self, action_id: int, event: dict[str, object]) -> None:
+    async def record_event(self, action_id: int, event: Mapping[str, Any]) -> None:
         self.events += 1
         if self.events >= self.n:
             raise StoreError("database went away")
         await self.store.record_event(action_id, event)
 
-    async def finish_action(self, *a: object, **kw: object) -> None:
+    async def finish_action(self, *a: Any, **kw: Any) -> None:
         raise StoreError("database went away")
 
 
@@ -317,7 +318,7 @@ async def test_losing_the_database_mid_reset_stops_signalling(
     transport = make_transport(settings.ssh)
     engine = ResetService(
         settings, transport, dying, StatusService(settings, transport), NodeLocks()
-    )  # type: ignore[arg-type]
+    )
     w = node.spawn(gpu=1, mib=1024, behaviour="stubborn")
     try:
         plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))

@@ -484,12 +484,12 @@ def test_the_cli_spawns_into_a_cgroup(
                      "--cgroup", "docker", "--container-name", "cli-train", "--image", "img:1",
                      "--label", "owner=bob", "--label", "x=", "--restart", "always")  # fmt: skip
         assert out.returncode == 0, out.stderr
-        w = json.loads(out.stdout)
-        assert (w["cgroup_kind"], w["container_name"], w["image"], w["restart"]) == (
+        doc = json.loads(out.stdout)
+        assert (doc["cgroup_kind"], doc["container_name"], doc["image"], doc["restart"]) == (
             "docker", "cli-train", "img:1", "always")  # fmt: skip
-        assert w["labels"] == {"owner": "bob", "x": ""} and w["supervisor_pid"]
-        found = parse_cgroup(cgroup_of(w["pid"]))
-        assert found is not None and found.id == w["container_id"]
+        assert doc["labels"] == {"owner": "bob", "x": ""} and doc["supervisor_pid"]
+        found = parse_cgroup(cgroup_of(doc["pid"]))
+        assert found is not None and found.id == doc["container_id"]
         for args, text in [
             (["--cgroup", "lxc"], "unknown cgroup kind 'lxc'"),
             (["--cgroup", "docker", "--label", "novalue"], "--label wants KEY=VALUE"),
@@ -507,9 +507,9 @@ def test_the_cli_spawns_into_a_cgroup(
     finally:
         down = gpubot("sim", "down", "--dir", tmp_path)
     assert down.returncode == 0, down.stderr
-    assert not simstate.is_alive(w["pid"], w["start_ticks"])
-    found = find_hierarchies(
+    assert not simstate.is_alive(doc["pid"], doc["start_ticks"])
+    trees = find_hierarchies(
         Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()
     )
-    assert not isinstance(found, str)
-    assert not os.path.exists(found.v2 + w["cgroup_path"])
+    assert not isinstance(trees, str)
+    assert not os.path.exists(trees.v2 + doc["cgroup_path"])

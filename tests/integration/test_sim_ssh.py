@@ -52,7 +52,8 @@ def connect(fleet: SimFleet, node: SimNode, **kw: Any) -> Any:
 
 async def run(fleet: SimFleet, node: SimNode, cmd: str, **kw: Any) -> asyncssh.SSHCompletedProcess:
     async with connect(fleet, node) as conn:
-        return await conn.run(cmd, check=False, **kw)
+        done: asyncssh.SSHCompletedProcess = await conn.run(cmd, check=False, **kw)
+        return done
 
 
 def test_inventory_loads_and_describes_the_fleet(fleet: SimFleet) -> None:
@@ -137,7 +138,7 @@ async def test_slow_fault_delays_the_answer(fleet: SimFleet, node: SimNode) -> N
     node.set_fault("slow", delay_s=0.6)
     t0 = time.monotonic()
     r = await run(fleet, node, f"{node.nvidia_smi} -L")
-    assert r.exit_status == 0 and r.stdout.startswith("GPU 0: NVIDIA H200 (UUID: GPU-")
+    assert r.exit_status == 0 and str(r.stdout).startswith("GPU 0: NVIDIA H200 (UUID: GPU-")
     assert time.monotonic() - t0 >= 0.6
 
 

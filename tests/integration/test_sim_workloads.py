@@ -249,7 +249,7 @@ def test_bad_spawn_arguments_are_usage_errors(node: SimNode) -> None:
                    {"gpu": 0, "mib": 10**7}, {"gpu": 0, "user": "gpusim-nobody-here"},
                    {"gpu": 0, "name": "a/b"}):  # fmt: skip
         with pytest.raises(UsageError):
-            node.spawn(**kwargs)  # type: ignore[arg-type]
+            node.spawn(**kwargs)
     assert node.live_pids() == []
 
 

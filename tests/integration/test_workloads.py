@@ -71,8 +71,9 @@ def only(snap: NodeSnapshot, pid: int) -> Any:
 
 
 async def test_status_attributes_each_kind(
-    engine: ResetService, node: SimNode, sim_users: tuple[str, ...], tmp_path: Path
-) -> None:
+    engine: ResetService, fleet: SimFleet, node: SimNode, sim_users: tuple[str, ...],
+    tmp_path: Path,
+) -> None:  # fmt: skip
     alice, bob = sim_users
     d = node.spawn(gpu=0, mib=3000, cgroup="docker", container_name="train-llama",
                    image="pytorch:24.05", labels={"owner": alice})  # fmt: skip
@@ -98,7 +99,7 @@ async def test_status_attributes_each_kind(
     assert got[svc.pid].owner is None and got[sess.pid].owner is None
     assert only(snap, d.pid).user == "root"  # the process itself is root's: its owner is alice
 
-    cfg = labelled_config(node.fleet, tmp_path)
+    cfg = labelled_config(fleet, tmp_path)
     out = gpubot_cli(cfg, "status", "node1")
     assert out.returncode == 0, out.stderr
     assert f"{alice}:{d.pid}:3000 docker:train-llama" in out.stdout
@@ -201,6 +202,7 @@ async def test_stop_workloads_stops_the_container_audited(
     assert [(x["command"], x["result"]) for x in stops] == [
         ("docker stop trainer2", "running"), ("docker stop trainer2", "done")]  # fmt: skip
     assert c.current_pid() is None and not c.alive()
+    assert result.action_id is not None
     detail = await store.action(result.action_id)  # the audit log holds the same steps
     assert detail is not None
     logged = [e for e in json.loads(json.dumps(detail.as_dict(), default=str))["events"]
@@ -222,4 +224,5 @@ async def test_a_lookup_that_times_out_still_gives_a_status(
     w = only(snap, c.pid).workload
     assert (w.kind, w.id, w.name, w.get("name_unknown")) == ("docker", c.container_id, None, "yes")
     assert w.owner == "root" and took < 15
-    assert snap.gpu(0) is not None and snap.gpu(0).memory_used_mib == 1000
+    gpu0 = snap.gpu(0)
+    assert gpu0 is not None and gpu0.memory_used_mib == 1000

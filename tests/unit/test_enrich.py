@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -51,7 +52,7 @@ EXAMPLE_LABELS = {
 
 def docker_obj(
     cid: str = D1, name: str = "/boring_euclid", labels: object = EXAMPLE_LABELS
-) -> dict:
+) -> dict[str, Any]:
     """One container as ``docker inspect`` prints it (Engine API example, trimmed)."""
     return {
         "Id": cid,
@@ -97,7 +98,7 @@ PODMAN_OUT = """[
 """.replace("PODMAN_ID", P1)
 
 
-def crictl_obj(cid: str = C1, pod_uid: str = "redhat-test-crio") -> dict:
+def crictl_obj(cid: str = C1, pod_uid: str = "redhat-test-crio") -> dict[str, Any]:
     """One ``{"status": ..., "info": ...}`` object as crictl inspect prints it."""
     return {
         "status": {
@@ -226,7 +227,7 @@ def test_podman_sample_null_labels_and_empty_restart() -> None:
     }
 
 
-def _docker(*objs: dict) -> str:
+def _docker(*objs: dict[str, Any]) -> str:
     return json.dumps(list(objs), indent=4) + "\n"
 
 

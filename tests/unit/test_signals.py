@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpubot.core.signals import PidReport, parse_signal_output, signal_argv
+from gpubot.core.signals import PidStatus as S
 from gpubot.errors import ParseError
 from tests.procs import start_ticks, wait_zombie
 
@@ -137,22 +138,22 @@ def test_parser_is_strict(line: str) -> None:
 def test_parser_reads_every_status() -> None:
     out = "1 gone\n2 reused\n3 owner 1001\n4 alive D uvm_wait\n5 alive S 0\n6 sent\n7 failed\n"
     assert parse_signal_output(out) == {
-        1: PidReport(1, "gone"), 2: PidReport(2, "reused"), 3: PidReport(3, "owner", uid=1001),
-        4: PidReport(4, "alive", "D", "uvm_wait"), 5: PidReport(5, "alive", "S", None),
-        6: PidReport(6, "sent"), 7: PidReport(7, "failed"),
+        1: PidReport(1, S.GONE), 2: PidReport(2, S.REUSED), 3: PidReport(3, S.OWNER, uid=1001),
+        4: PidReport(4, S.ALIVE, "D", "uvm_wait"), 5: PidReport(5, S.ALIVE, "S", None),
+        6: PidReport(6, S.SENT), 7: PidReport(7, S.FAILED),
     }  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("report", "why"),
     [
-        (PidReport(1, "reused"), "the pid was reused; not signalled"),
-        (PidReport(1, "owner", uid=1001), "its owner is now uid 1001, not the planned owner; "
+        (PidReport(1, S.REUSED), "the pid was reused; not signalled"),
+        (PidReport(1, S.OWNER, uid=1001), "its owner is now uid 1001, not the planned owner; "
                                           "not signalled"),
-        (PidReport(1, "failed"), "kill failed on the node"),
-        (PidReport(1, "sent"), None),
-        (PidReport(1, "gone"), None),
-        (PidReport(1, "alive", "S"), None),
+        (PidReport(1, S.FAILED), "kill failed on the node"),
+        (PidReport(1, S.SENT), None),
+        (PidReport(1, S.GONE), None),
+        (PidReport(1, S.ALIVE, "S"), None),
     ],
 )  # fmt: skip
 def test_why(report: PidReport, why: str | None) -> None:
