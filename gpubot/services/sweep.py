@@ -340,9 +340,9 @@ class SweepService:
         now: datetime,
     ) -> tuple[FindingKey, ...]:
         """Post one alert per node of new findings; return the keys alerted."""
-        assert self.notifier is not None and self.alerts is not None
         alerted: list[FindingKey] = []
         for node, fs in new.items():
+            assert self.notifier is not None and self.alerts is not None  # findings: both set
             items = []
             for f in fs:
                 r = ready.get((node, f.gpu)) if f.gpu is not None else None

@@ -36,7 +36,6 @@ from gpubot.store.engine import CONNECT_TIMEOUT_S, guard, is_postgresql
 log = logging.getLogger(__name__)
 
 LOCK_CLASS = 0x67707562  # "gpub": the first key of every named lock (two-int key space)
-SWEEP_LOCK = "sweep"
 _LOCAL: dict[tuple[str, str], tuple[str, float]] = {}  # (database, name) -> (holder, since)
 _LOCAL_GUARD = threading.Lock()
 

@@ -23,12 +23,13 @@ from typing import Any
 
 from gpubot.app import build
 from gpubot.config import load
-from gpubot.core.findings import load_sweep_config
+from gpubot.core.alerting import SweepResult
 from gpubot.core.plan import ResetRequest
 from gpubot.errors import GpubotError, LockHeld
 from gpubot.scheduler import SweepScheduler
-from gpubot.services.sweep import SweepResult, SweepService
+from gpubot.services.sweep import SweepService
 from gpubot.store.locks import DbLocks
+from tests.fixtures.settings import sweep_ports, with_tables
 
 
 def emit(event: str, **data: Any) -> None:
@@ -52,18 +53,17 @@ class TracedSweeps(SweepService):
         return result
 
 
-async def main(config: str, db_url: str, name: str, extra: dict[str, Any]) -> None:
+async def main(config: str, db_url: str, name: str, tables: dict[str, Any]) -> None:
     """Run until SIGTERM."""
     s = load(Path(config))
     ssh = dataclasses.replace(s.ssh, command_timeout_s=4.0, connect_timeout_s=2.0)
     reset = dataclasses.replace(s.reset, grace_s=5.0, verify_timeout_s=6.0, poll_interval_s=0.1)
-    s = dataclasses.replace(s, database_url=db_url, ssh=ssh, reset=reset, extra=extra)
+    s = with_tables(dataclasses.replace(s, database_url=db_url, ssh=ssh, reset=reset), tables)
     app = build(s, {}, need_store=True)
     assert app.store is not None
     locks = DbLocks(app.store.engine, replica=name)
-    config_ = load_sweep_config(s.extra)
-    svc = TracedSweeps(s, config_, app.status, app.store, locks=locks, replica=name)
-    sched = SweepScheduler(svc.scheduled, config_.interval_s, first_after_s=0)
+    svc = TracedSweeps(s, app.status, **sweep_ports(app.store), locks=locks, replica=name)
+    sched = SweepScheduler(svc.scheduled, s.sweep.interval_s, first_after_s=0)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     sched.start()

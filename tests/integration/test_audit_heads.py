@@ -15,6 +15,7 @@ from gpubot.app import App, SlackAccess, build
 from gpubot.config import AuditSettings, Settings
 from gpubot.store import Store
 from tests.fixtures.db import audit_rows, rewrite_chain
+from tests.fixtures.settings import with_tables
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
 
 EXTRA: dict[str, Any] = {"slack": {"channel": "C0GENERAL"}, "alerts": {"channel": "C0ALERTS"}}
@@ -22,11 +23,11 @@ EXTRA: dict[str, Any] = {"slack": {"channel": "C0GENERAL"}, "alerts": {"channel"
 
 @asynccontextmanager
 async def publishing(
-    fake: FakeSlack, tmp_path: Path, **changes: Any
+    fake: FakeSlack, tmp_path: Path, tables: dict[str, Any] = EXTRA, **changes: Any
 ) -> AsyncIterator[tuple[Store, App]]:
     """What ``gpubot serve`` wires: the app with its schedules, among them the head's."""
     settings = dataclasses.replace(
-        Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}", extra=EXTRA), **changes
+        with_tables(Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}"), tables), **changes
     )
     app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url),
                 serving=True, first_after_s=0)  # fmt: skip
@@ -100,6 +101,6 @@ async def test_no_publication_when_off(fake_slack: FakeSlack, tmp_path: Path) ->
     async with publishing(fake_slack, tmp_path, audit=AuditSettings(None)) as (_, app):
         assert app.heads is None and app.scheduler("audit-head") is None
     (tmp_path / "other").mkdir()
-    async with publishing(fake_slack, tmp_path / "other", extra={}) as (_, app):
+    async with publishing(fake_slack, tmp_path / "other", tables={}) as (_, app):
         assert app.heads is None  # no channel to post to
     assert fake_slack.of("chat.postMessage") == []

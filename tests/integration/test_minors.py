@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 
 from gpubot.config import Settings
-from gpubot.core.findings import load_sweep_config
 from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import ResetResult, ResetService
@@ -20,6 +19,7 @@ from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
 from tests.fixtures.fleet import reset_fixtures, status_notes
+from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive
 
 MINORS = [3, 2, 1, 0]
@@ -58,8 +58,8 @@ async def test_a_reset_never_signals_a_process_on_another_gpu(
     assert [[p["pid"] for p in g["processes"]] for g in doc["gpus"]] == [
         [on0.pid], [hidden1.pid], [], [on3.pid]]  # fmt: skip
     assert str(hidden1.pid) in text and "hidden" in text
-    sweep = SweepService(settings, load_sweep_config({"sweep": {"interval_s": 60}}),
-                         engine.status, store, replica="test")  # fmt: skip
+    sweep = SweepService(with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store),
+                         replica="test")  # fmt: skip
     found = {(f.kind, f.gpu, f.pid) for f in (await sweep.run()).findings}
     assert found == {(FindingKind.HIDDEN_HOLDER, 1, hidden1.pid)}
 

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 
 from gpubot.config import Settings
-from gpubot.core.findings import load_sweep_config
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import ResetService
@@ -20,6 +19,7 @@ from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
 from tests.fixtures.fleet import reset_fixtures, status_notes
+from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive
 
 
@@ -58,8 +58,8 @@ async def test_a_partial_view_is_said_and_never_taken_for_the_truth(
     assert "partial view" in text
     assert any(note.startswith("partial view") for note in doc["notes"])
 
-    sweep = SweepService(settings, load_sweep_config({"sweep": {"interval_s": 60}}),
-                         engine.status, store, replica="test")  # fmt: skip
+    sweep = SweepService(with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store),
+                         replica="test")  # fmt: skip
     assert (await sweep.run()).findings == ()  # nothing it cannot see becomes a zombie
 
     plan, before = await engine.plan(ResetRequest("node1", me, gpus=(0,)))

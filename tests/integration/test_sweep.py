@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,29 +22,19 @@ import pytest
 
 from gpubot.app import build
 from gpubot.config import Settings, load
-from gpubot.core.findings import Key, load_sweep_config
-from gpubot.services.sweep import SweepService, store_key
+from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.findings import FindingKey
+from gpubot.core.ports import Clock
+from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from tests.fixtures.db import temp_database
+from tests.fixtures.settings import ManualClock, sweep_ports, with_tables
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
 from tests.procs import remote_probes, start_ticks, wait_dead, wait_zombie
 
 CHANNEL = "C0ALERTS"
-
-
-class Clock:
-    """Unix time that moves only when told (starts now)."""
-
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +70,21 @@ def settings_for(
     # Generous timeouts: the box is shared with other test runs; tests of timeouts set their own.
     s = load(fleet.config_path)
     ssh = dataclasses.replace(s.ssh, command_timeout_s=command_timeout_s, connect_timeout_s=5.0)
-    extra = {"sweep": {"interval_s": 60, **sweep}, "alerts": {"channel": CHANNEL}}
-    return dataclasses.replace(s, database_url=db_url, ssh=ssh, extra=extra)
+    s = dataclasses.replace(s, database_url=db_url, ssh=ssh)
+    return with_tables(s, {"sweep": {"interval_s": 60, **sweep}, "alerts": {"channel": CHANNEL}})
 
 
 @asynccontextmanager
 async def sweeper(
-    settings: Settings, *, fake: FakeSlack | None = None, clock: Callable[[], float] = time.time
+    settings: Settings, *, fake: FakeSlack | None = None, clock: Clock = SYSTEM_CLOCK
 ) -> AsyncIterator[SweepService]:
     """The real composition (``gpubot.app.build``) with a sweep service over it."""
     app = build(settings, {}, need_store=True)
     notifier = None
     if fake is not None:
         notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
-    svc = SweepService(settings, load_sweep_config(settings.extra), app.status, app.store,
-                       notifier=notifier, clock=clock, replica="test")  # fmt: skip
+    svc = SweepService(settings, app.status, **sweep_ports(app.store), notifier=notifier,
+                       clock=clock, replica="test")  # fmt: skip
     try:
         yield svc
     finally:
@@ -226,7 +216,7 @@ async def test_alert_once_then_remind_then_resolve(
     n1 = fleet.node("node1")
     w = n1.spawn(gpu=2, mib=6144, behaviour="orphan")
     kill_and_wait(w.pid)
-    clock = Clock()
+    clock = ManualClock()
     async with sweeper(settings_for(fleet, pg_url), fake=fake_slack, clock=clock) as svc:
         first = await svc.run()
         assert ("node1", 2, "orphaned-vram", "") in keys(first)
@@ -243,8 +233,8 @@ async def test_alert_once_then_remind_then_resolve(
         actions = [e for b in blocks_of(alert) if b["type"] == "actions" for e in b["elements"]]
         assert [(e["action_id"], e["value"]) for e in actions] == [
             ("gpubot_reset_gpu", "node1:2"),
-            ("gpubot_snooze_1h", store_key(second.alerted[0]).text()),
-            ("gpubot_snooze_1d", store_key(second.alerted[0]).text()),
+            ("gpubot_snooze_1h", second.alerted[0].text()),
+            ("gpubot_snooze_1d", second.alerted[0].text()),
         ]
         assert any(b["type"] == "table" for b in blocks_of(alert))  # the per-GPU table
         ts = fake_slack.ok("chat.postMessage")[0].answer["ts"]
@@ -278,7 +268,7 @@ async def test_alert_once_then_remind_then_resolve(
         assert not any(b["type"] == "actions" for b in blocks_of(update))
         assert len(posts(fake_slack)) == 2
 
-        records = [r.data for r in await svc.store.records() if r.kind == "alert"]  # type: ignore[union-attr]
+        records = [r.data for r in await svc.audit.records() if r.kind == "alert"]  # type: ignore[union-attr]
         assert [r["alert"] for r in records] == ["alerted", "reminded", "resolved"]
     assert_within_limits(fake_slack)
 
@@ -290,7 +280,7 @@ async def test_memory_still_being_released_never_alerts(
     n1.release_delay_s = 2.0
     w = n1.spawn(gpu=3, mib=4096)
     kill_and_wait(w.pid)
-    clock = Clock()
+    clock = ManualClock()
     async with sweeper(settings_for(fleet, pg_url), fake=fake_slack, clock=clock) as svc:
         first = await svc.run()
         assert ("node1", 3, "orphaned-vram", "") in keys(first)  # looks orphaned for now
@@ -331,14 +321,14 @@ async def test_snooze_and_a_restart_keep_their_word(
 ) -> None:
     hidden = fleet.node("node4").spawn(gpu=0, mib=1000, behaviour="hidden")
     key = ("node4", 0, "hidden-holder", f"{hidden.pid}:{hidden.start_ticks}")
-    clock = Clock()
+    clock = ManualClock()
     settings = settings_for(fleet, pg_url)
     async with sweeper(settings, fake=fake_slack, clock=clock) as svc:
         await svc.run()
         clock.advance(300)
         assert [tuple(k) for k in (await svc.run()).alerted] == [key]
         ts = fake_slack.ok("chat.postMessage")[0].answer["ts"]
-        snoozed = await svc.snooze(store_key(Key(*key)).text(), "1h", by="slack:U0CAROL")
+        snoozed = await svc.snooze(FindingKey(*key).text(), "1h", by="slack:U0CAROL")
         assert snoozed.snoozed_until is not None
         (update,) = [c.body for c in fake_slack.ok("chat.update")]
         assert update["ts"] == ts and "snoozed until" in all_text(update)
@@ -357,7 +347,7 @@ async def test_snooze_and_a_restart_keep_their_word(
         assert [tuple(k) for k in (await svc2.run()).resolved] == [key]
         last = fake_slack.ok("chat.update")[-1].body
         assert last["ts"] == ts and "*resolved* after 1 h 16 min" in all_text(last)
-        records = [r for r in await svc2.store.records() if r.kind == "alert"]  # type: ignore[union-attr]
+        records = [r for r in await svc2.audit.records() if r.kind == "alert"]  # type: ignore[union-attr]
         assert [r.data["alert"] for r in records] == ["alerted", "snoozed", "reminded", "resolved"]
         assert records[1].actor == "slack:U0CAROL"
     assert_within_limits(fake_slack)

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 from gpubot.app import build
 from gpubot.config import load
-from gpubot.core.findings import load_sweep_config
 from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet
+from tests.fixtures.settings import with_sweep
 
 
 async def test_64_nodes_with_8_hung(fleet_factory: Callable[..., SimFleet]) -> None:
@@ -23,9 +23,9 @@ async def test_64_nodes_with_8_hung(fleet_factory: Callable[..., SimFleet]) -> N
     # The probe gives nvidia-smi the command timeout less 2 s (here 4 s) before calling it hung.
     ssh = dataclasses.replace(s.ssh, command_timeout_s=6.0, connect_timeout_s=6.0)
     budget = 30.0
-    s = dataclasses.replace(s, ssh=ssh, extra={"sweep": {"interval_s": 60, "budget_s": budget}})
+    s = with_sweep(dataclasses.replace(s, ssh=ssh), interval_s=60, budget_s=budget)
     app = build(s, {}, need_store=False)
-    svc = SweepService(s, load_sweep_config(s.extra), app.status, None)
+    svc = SweepService(s, app.status)
     try:
         started = time.monotonic()
         result = await svc.run(alerting=False)

@@ -25,13 +25,14 @@ import pytest
 
 from gpubot.app import App, SlackAccess, build
 from gpubot.chat.idle import ACTION_FREE
+from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import Finding
 from gpubot.core.models import FindingKind, GpuInfo, NodeSnapshot
-from gpubot.services.sweep import AlertGroup, AlertItem, SweepResult, store_key
 from gpubot.sim.fleet import SimFleet
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.serve import build_bot, start_http
+from tests.fixtures.settings import ManualClock, with_sweep
 from tests.fixtures.slack import (
     BOT_TOKEN,
     SECRET,
@@ -66,16 +67,6 @@ async def dm_slack() -> AsyncIterator[DmSlack]:
     await fake.stop()
 
 
-class Clock:
-    """Unix time that moves only when told."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
 def node1(slack_fleet: SimFleet) -> Iterator[Any]:
     from tests.fixtures.fleet import leave_clean
@@ -86,11 +77,10 @@ def node1(slack_fleet: SimFleet) -> Iterator[Any]:
 
 @asynccontextmanager
 async def serving(
-    settings: Any, fake: FakeSlack, db_url: str, clock: Clock
+    settings: Any, fake: FakeSlack, db_url: str, clock: ManualClock
 ) -> AsyncIterator[tuple[Harness, App]]:
     """The bot as ``gpubot serve`` wires it, with no schedule: the test sweeps on its clock."""
-    settings = dataclasses.replace(settings, database_url=db_url,
-                                   extra={**settings.extra, "sweep": SWEEP})  # fmt: skip
+    settings = with_sweep(dataclasses.replace(settings, database_url=db_url), **SWEEP)
     app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
     app.sweep.clock = clock
     bot = build_bot(app, SECRET, min_update_s=0.05)
@@ -138,7 +128,7 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
     # The test's hour of sweeps ends two minutes before the real now: the CLI, on real time,
     # continues the same run of samples.
     start = time.time() - 3600 - 120
-    clock = Clock(start)
+    clock = ManualClock(start)
     fake = dm_slack
     async with serving(slack_settings, fake, db_url, clock) as (h, app):
         svc = app.sweep
@@ -191,7 +181,7 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
         assert dm.body["text"] == "Your job holds node1 GPU 0 idle (1 h 15 min at 0 %)"
         assert f"pid {hoarder.pid} python3 ({hoarder.user}) holds 8192 MiB of GPU 0" in said
         assert f"owner: `{owner}`" in said and "Free it" in said
-        key = store_key(alerted.alerted[0]).text()
+        key = alerted.alerted[0].text()
         assert buttons(dm) == [("Free it", ACTION_FREE, key),
                                ("Snooze 1 day", "gpubot_snooze_1d", key)]  # fmt: skip
         assert "idle GPU holder" in json.dumps(blocks_of(posts[0]))
@@ -244,7 +234,7 @@ def idle_group(owner: str) -> AlertGroup:
                 f"pid 4242 python3 ({owner}) holds 40000 MiB of GPU 3, idle (0 %) for 5 h",
                 pid=4242, user=owner, memory_mib=40000, owner=owner, idle_s=5 * 3600.0)  # fmt: skip
     snap = NodeSnapshot("node7", 0.0, (GpuInfo(3, "GPU-3", "H200", 40000, 143771, 0),))
-    return AlertGroup("node7", (AlertItem(store_key(f.key), f, NOW),), snap, NOW)
+    return AlertGroup("node7", (AlertItem(f.key, f, NOW),), snap, NOW)
 
 
 async def test_a_dm_that_cannot_be_sent_changes_nothing_else(

@@ -15,14 +15,14 @@ import sqlalchemy as sa
 
 from gpubot.app import build
 from gpubot.config import load
-from gpubot.core.findings import load_sweep_config
 from gpubot.errors import LockHeld, ResetRefused
 from gpubot.scheduler import SweepScheduler
 from gpubot.services.reset import reset_lock as reset_lock_name
-from gpubot.services.sweep import SweepService
+from gpubot.services.sweep import SWEEP_LOCK, SweepService
 from gpubot.sim.fleet import SimFleet
-from gpubot.store.locks import SWEEP_LOCK, DbLocks
+from gpubot.store.locks import DbLocks
 from tests.fixtures.db import temp_database
+from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import until
 
 
@@ -133,14 +133,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
 
 async def test_one_scheduled_sweep_an_interval(fleet: SimFleet, db_url: str) -> None:
     s = load(fleet.config_path)
-    s = dataclasses.replace(s, database_url=db_url, extra={"sweep": {"interval_s": 30}})
-    config = load_sweep_config(s.extra)
+    s = with_sweep(dataclasses.replace(s, database_url=db_url), interval_s=30)
     app_a, app_b = build(s, {}, need_store=True), build(s, {}, need_store=True)
     assert app_a.store is not None and app_b.store is not None
     locks_a, locks_b = DbLocks(app_a.store.engine, replica="A"), DbLocks(app_b.store.engine,
                                                                         replica="B")  # fmt: skip
-    a = SweepService(s, config, app_a.status, app_a.store, locks=locks_a, replica="A")
-    b = SweepService(s, config, app_b.status, app_b.store, locks=locks_b, replica="B")
+    a = SweepService(s, app_a.status, **sweep_ports(app_a.store), locks=locks_a, replica="A")
+    b = SweepService(s, app_b.status, **sweep_ports(app_b.store), locks=locks_b, replica="B")
     try:
         async with locks_a.hold(SWEEP_LOCK, holder="sweep"):  # A is sweeping right now
             busy = await b.scheduled()

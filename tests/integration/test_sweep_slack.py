@@ -23,14 +23,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpubot.app import App, SlackAccess, build
 from gpubot.chat.alerts import render_alert_group, render_reminder
 from gpubot.chat.blocks import limit_problems, message_text
-from gpubot.core.findings import Finding, Readiness
+from gpubot.core.alerting import AlertGroup, AlertItem
+from gpubot.core.findings import Finding
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.readiness import Readiness
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
-from gpubot.services.sweep import AlertGroup, AlertItem, store_key
 from gpubot.sim.fleet import SimFleet
 from gpubot.slack.serve import build_bot, start_http, start_metrics
 from tests.fixtures.db import temp_database
+from tests.fixtures.settings import with_sweep
 from tests.fixtures.slack import (
     BOT_TOKEN,
     SECRET,
@@ -57,8 +59,8 @@ async def serving(
     settings: Any, fake: FakeSlack, db_url: str
 ) -> AsyncIterator[tuple[Harness, App, int | None]]:
     """What ``gpubot serve`` does: the app with its schedules, the bot, the metrics."""
-    extra = {**settings.extra, "sweep": {"interval_s": 3600}}  # one scheduled sweep, at once
-    settings = dataclasses.replace(settings, database_url=db_url, extra=extra)
+    settings = dataclasses.replace(settings, database_url=db_url)
+    settings = with_sweep(settings, interval_s=3600)  # one scheduled sweep, at once
     app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url),
                 serving=True, first_after_s=0)  # fmt: skip
     bot = build_bot(app, SECRET, min_update_s=0.05)
@@ -217,7 +219,7 @@ def test_a_crowded_alert_fits_slack() -> None:
         f = Finding("node1", i, kind, f"{10_000 + i}:1" if i % 2 else "", "z<@U0>&" * 200)
         ready = Readiness(i, ("p" * 400,) * 8, "running (pid 1)", tuple(range(64)), "", None, None)
         resolved = now if i % 5 == 0 else None
-        items.append(AlertItem(store_key(f.key), f, now - timedelta(hours=3), resolved,
+        items.append(AlertItem(f.key, f, now - timedelta(hours=3), resolved,
                                now + timedelta(hours=1), ready))  # fmt: skip
     group = AlertGroup("node1", tuple(items), NodeSnapshot("node1", 0.0, gpus, procs), now)
     for msg in (render_alert_group(group), render_reminder(group)):
