@@ -35,8 +35,8 @@ from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet
-from gpubot.transport import make_transport
 from gpubot.store import open_store
+from gpubot.transport import make_transport
 
 SEGMENTS = ("planning", "signalling", "exit", "release", "overhead", "total")
 BEHAVIOURS = ("normal", "stubborn")

@@ -24,8 +24,8 @@ from gpubot.services.approvals import ApprovalService, NoDirectory
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
-from gpubot.transport import make_transport
 from gpubot.store import Store, open_store
+from gpubot.transport import make_transport
 
 if TYPE_CHECKING:
     from gpubot.metrics import Metrics

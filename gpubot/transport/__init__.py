@@ -1,14 +1,15 @@
-"""Transports to nodes: SSH for remote boxes, a local one (NVML) for ``host = "local"``."""
+"""Transports to nodes: ``ssh`` (an asyncssh pool) for remote boxes, ``local`` (NVML and local
+processes) for ``host = "local"``; the only place that imports asyncssh and pynvml."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from gpubot.config import SshSettings
-from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
-from gpubot.core.ports import Transport
-from gpubot.ssh.local import LocalTransport, nvml_query
-from gpubot.ssh.transport import SshTransport
+from gpubot.core.models import CommandResult, NodeConfig
+from gpubot.core.ports import NvmlTables, Transport
+from gpubot.transport.local import LocalTransport, nvml_query
+from gpubot.transport.ssh import SshTransport
 
 __all__ = [
     "LocalTransport",
@@ -17,8 +18,6 @@ __all__ = [
     "make_transport",
     "nvml_query",
 ]
-
-NvmlTables = tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]]
 
 
 class RoutingTransport:

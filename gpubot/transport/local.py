@@ -25,7 +25,7 @@ from gpubot.config import SshSettings
 from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 from gpubot.core.ports import NvmlTables
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed, SmiMissing
-from gpubot.ssh.transport import check_argv, describe
+from gpubot.transport.ssh import check_argv, describe
 
 T = TypeVar("T")
 MIB = 1024 * 1024

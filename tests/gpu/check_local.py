@@ -40,8 +40,8 @@ from gpubot.core.nvsmi import (
 from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
 from gpubot.errors import GpubotError
 from gpubot.services.status import probe_node
-from gpubot.ssh import RoutingTransport
-from gpubot.ssh.local import LocalTransport, missing_functions, nvml_query
+from gpubot.transport import RoutingTransport
+from gpubot.transport.local import LocalTransport, missing_functions, nvml_query
 
 MEM_TOLERANCE_MIB = 64  # memory moves a little between two reads (other tenants, the driver)
 WORKLOAD_MIB = 1024

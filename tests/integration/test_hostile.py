@@ -28,8 +28,8 @@ from gpubot.services.reset import NodeLocks, ResetResult, ResetService
 from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet, SimNode, Workload
 from gpubot.sim.node import gpu_uuid
-from gpubot.ssh import make_transport
 from gpubot.store import Store
+from gpubot.transport import make_transport
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
 from tests.fixtures.slack import FakeSlack, running_bot, slack_settings_for
 from tests.procs import alive

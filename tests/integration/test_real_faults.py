@@ -27,8 +27,8 @@ from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.ssh import make_transport
 from gpubot.store import Store
+from gpubot.transport import make_transport
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures, status_notes
 from tests.procs import alive
 

@@ -21,8 +21,8 @@ from gpubot.errors import ResetRefused, StoreError
 from gpubot.services.reset import NodeLocks, ResetEvent, ResetResult, ResetService
 from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.ssh import make_transport
 from gpubot.store import Store, open_store
+from gpubot.transport import make_transport
 from tests.procs import alive
 
 POLL = 0.2

@@ -14,8 +14,8 @@ from gpubot.errors import StoreError
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet
-from gpubot.ssh import make_transport
 from gpubot.store import open_store
+from gpubot.transport import make_transport
 
 
 @pytest.fixture(scope="module")

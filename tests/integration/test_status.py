@@ -15,7 +15,7 @@ from gpubot.config import Settings, load
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet
-from gpubot.ssh import make_transport
+from gpubot.transport import make_transport
 
 
 def _settings(fleet: SimFleet, command_timeout_s: float = 12.0) -> Settings:

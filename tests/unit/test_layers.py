@@ -35,13 +35,13 @@ def test_core_imports_only_stdlib(path: Path) -> None:
 
 
 LIBS = {
-    "asyncssh": ("ssh", "sim"),
+    "asyncssh": ("transport", "sim"),
     "sqlalchemy": ("store",),
     "alembic": ("store",),
     "slack_bolt": ("slack",),
     "slack_sdk": ("slack",),
     "apscheduler": ("scheduler.py",),
-    "pynvml": ("ssh",),
+    "pynvml": ("transport",),
 }
 
 
@@ -68,7 +68,7 @@ def _is(mod: str, *names: str) -> bool:
     return any(mod == n or mod.startswith(n + ".") for n in names)
 
 
-ADAPTERS = ("gpubot.store", "gpubot.ssh", "gpubot.transport", "gpubot.slack", "gpubot.sim",
+ADAPTERS = ("gpubot.store", "gpubot.transport", "gpubot.slack", "gpubot.sim",
             "sqlalchemy", "alembic", "asyncssh", "slack_bolt", "slack_sdk", "pynvml",
             "apscheduler", "prometheus_client", "aiohttp")  # fmt: skip
 
@@ -85,7 +85,7 @@ def test_chat_imports_no_slack_library_and_no_store() -> None:
 
 # What builds an adapter (or a long-lived service object) and where it is defined.
 CONSTRUCTORS = {
-    "open_store": "store/", "Store": "store/", "make_transport": "ssh/", "DbLocks": "store/",
+    "open_store": "store/", "Store": "store/", "make_transport": "transport/", "DbLocks": "store/",
     "SlackApi": "slack/", "SlackDirectory": "slack/", "make_client": "slack/",
     "SlackAlerts": "slack/", "HeadPublisher": "slack/", "Metrics": "metrics.py",
     "IntervalScheduler": "scheduler.py", "StatusService": "services/", "ResetService": "services/",
