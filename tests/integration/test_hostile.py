@@ -31,7 +31,8 @@ from gpubot.sim.node import gpu_uuid
 from gpubot.store import Store
 from gpubot.transport import make_transport
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
-from tests.fixtures.slack import FakeSlack, running_bot, slack_settings_for
+from tests.fixtures.settings import with_tables
+from tests.fixtures.slack import FakeSlack, running_bot, slack_settings_for, slack_tables
 from tests.procs import alive
 
 SERVERS = ["asyncssh", "sshd"]
@@ -241,10 +242,10 @@ async def test_slack_self_service_cannot_be_forged(
                                            alice, 2))  # fmt: skip
     wait_forging(forger)
     s = slack_settings_for(fleet.config_path, "nobody")
-    extra = dict(s.extra)
-    extra["users"] = {**extra["users"], "U0ALICE": alice}
-    extra["permissions"] = {**extra["permissions"], "*": ["U0ALICE", "U0CAROL", "S0ONCALL"]}
-    s = dataclasses.replace(s, extra=extra)
+    tables = slack_tables("nobody")
+    tables["users"] = {**tables["users"], "U0ALICE": alice}
+    tables["permissions"] = {**tables["permissions"], "*": ["U0ALICE", "U0CAROL", "S0ONCALL"]}
+    s = with_tables(s, tables)
     async with running_bot(s, fake_slack, f"sqlite:///{tmp_path}/audit.db") as h:
         await h.send.command("reset node1 gpu 2", user="U0ALICE")
         await h.settle()

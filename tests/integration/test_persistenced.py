@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import Settings
-from gpubot.core.findings import load_sweep_config
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
@@ -32,6 +31,7 @@ from gpubot.sim.sudo import readme_sudo_rule
 from gpubot.store import Store
 from gpubot.transport import make_transport
 from tests.fixtures.fleet import reset_fixtures, status_notes
+from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -85,8 +85,8 @@ async def test_the_daemon_is_shown_apart_and_hides_no_leak(
     assert f"system: nvidia-persiste ({daemon})" in text
     assert all(any(p["pid"] == daemon and p["system"] for p in g["processes"]) for g in doc["gpus"])
     assert "no-process-memory" in doc["gpus"][2]["flags"]
-    sweep = SweepService(settings, load_sweep_config({"sweep": {"interval_s": 60}}),
-                         engine.status, store, replica="test")  # fmt: skip
+    sweep = SweepService(with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store),
+                         replica="test")  # fmt: skip
     found = {(f.kind, f.gpu) for f in (await sweep.run()).findings}
     assert found == {(FindingKind.ORPHANED_VRAM, 2)}
 

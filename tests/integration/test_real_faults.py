@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import Settings
-from gpubot.core.findings import load_sweep_config
 from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.errors import CommandTimeout, ResetRefused, SmiFailed
@@ -30,6 +29,7 @@ from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
 from gpubot.transport import make_transport
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures, status_notes
+from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive
 
 
@@ -51,8 +51,8 @@ def cli_status(fleet: SimFleet, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def sweep_kinds(settings: Settings, store: Store, engine: ResetService) -> set[str]:
-    svc = SweepService(settings, load_sweep_config({"sweep": {"interval_s": 60}}), engine.status,
-                       store, replica="test")  # fmt: skip
+    svc = SweepService(with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store),
+                       replica="test")  # fmt: skip
     result = await svc.run()
     return {f"{f.kind}:{f.gpu}" for f in result.findings}
 
@@ -168,8 +168,8 @@ async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(
                                 "node1", *args], capture_output=True, text=True, env=env,
                                timeout=120)  # fmt: skip
             assert p.returncode != 0 and "driver hung" in p.stdout + p.stderr
-        sweep = SweepService(short, load_sweep_config({"sweep": {"interval_s": 60}}),
-                             engine.status, store, replica="test")  # fmt: skip
+        sweep = SweepService(with_sweep(short, interval_s=60), engine.status,
+                             **sweep_ports(store), replica="test")  # fmt: skip
         found = (await sweep.run()).findings
         assert [(f.kind, "driver hung" in f.summary) for f in found] == [
             (FindingKind.SMI_FAILED, True)]  # fmt: skip
