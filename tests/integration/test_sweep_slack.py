@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpubot.app import App, SlackAccess, build
 from gpubot.chat.alerts import render_alert_group, render_reminder
 from gpubot.chat.blocks import limit_problems, message_text
+from gpubot.config import AuditSettings
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import Finding
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
@@ -58,8 +59,9 @@ def pg_url(tmp_path: Path) -> Iterator[str]:
 async def serving(
     settings: Any, fake: FakeSlack, db_url: str
 ) -> AsyncIterator[tuple[Harness, App, int | None]]:
-    """What ``gpubot serve`` does: the app with its schedules, the bot, the metrics."""
-    settings = dataclasses.replace(settings, database_url=db_url)
+    """What ``gpubot serve`` does: the app with its schedules, the bot, the metrics (the audit
+    head's publication, which posts to the same channel at start, has its own test)."""
+    settings = dataclasses.replace(settings, database_url=db_url, audit=AuditSettings(None))
     settings = with_sweep(settings, interval_s=3600)  # one scheduled sweep, at once
     app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url),
                 serving=True, first_after_s=0)  # fmt: skip
