@@ -271,6 +271,8 @@ class FakeSlack:
         if method == "views.publish":
             view = body.get("view")
             view = json.loads(view) if isinstance(view, str) else view
+            if not isinstance(view, dict):
+                return {"ok": False, "error": "invalid_arguments"}
             problems = slack_limits.problems({"blocks": view.get("blocks")}, view=True)
             if problems:
                 return {"ok": False, "error": "invalid_blocks", "errors": problems}

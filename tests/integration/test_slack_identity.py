@@ -70,7 +70,7 @@ async def audit_cli(store: Store, tmp_path: Path, capsys: Any, *argv: str) -> st
     code = await asyncio.to_thread(main, ["--config", str(cfg), "audit", *argv])
     out, err = capsys.readouterr()
     assert code == 0, err
-    return out
+    return str(out)
 
 
 ACCOUNTS = [
@@ -213,7 +213,8 @@ async def test_two_accounts_of_one_person_cannot_approve_each_other(
 ) -> None:
     w = node1.spawn(gpu=2, mib=3000)
     fake_slack.groups["S0ONCALL"] = ["U0ERIN"]
-    tables = {"users": {"U0CAROL2": "carol"}, "permissions": {"*": ["*"]}}
+    tables: dict[str, dict[str, Any]] = {"users": {"U0CAROL2": "carol"},
+                                         "permissions": {"*": ["*"]}}  # fmt: skip
     async with bot_with(slack_settings, fake_slack, tmp_path, **tables) as h:
         await h.send.command("reset node1 gpu 2", user="U0CAROL2")  # carol's second account
         await h.settle()

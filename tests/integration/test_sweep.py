@@ -111,7 +111,7 @@ def blocks_of(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def all_text(body: dict[str, Any]) -> str:
-    return json.dumps(blocks_of(body), ensure_ascii=False) + body.get("text", "")
+    return json.dumps(blocks_of(body), ensure_ascii=False) + str(body.get("text", ""))
 
 
 # --- findings ----------------------------------------------------------------------------------

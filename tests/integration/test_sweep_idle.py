@@ -218,8 +218,8 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
         await h.send.click(ACTION_FREE, key, user="U0OWNER", channel="D0OWNER",
                            message_ts=str(dm.answer["ts"]))  # fmt: skip
         await h.settle()
-        said = [c.body.get("text", "") for c in fake.responses()]
-        assert f"pid {hoarder.pid} no longer holds node1 GPU 0" in said[-1]
+        answers = [c.body.get("text", "") for c in fake.responses()]
+        assert f"pid {hoarder.pid} no longer holds node1 GPU 0" in answers[-1]
         assert len(await h.store.actions()) == 1
     assert_within_limits(fake)
 

@@ -11,7 +11,7 @@ from gpubot.chat import blocks as bk
 from gpubot.chat import fleet_view as fv
 from gpubot.chat import reset_view as rb
 from gpubot.chat.home import render_home
-from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome, ResetStep
 from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetRequest, plan_reset
 from gpubot.core.protect import Protection
@@ -176,18 +176,20 @@ def plan_and_result(ok: bool = True) -> ResetResult:
     g = GpuResult(0, Outcome.FREED if ok else Outcome.STUCK, "memory at 0 MiB" if ok else
                   "pid 4243 survived SIGKILL in state D", 2048, 0 if ok else 900,
                   1.25 if ok else None)  # fmt: skip
-    steps = (ResetEvent("planned", 1.0, {"gpus": [0], "targets": [4242, 4243], "forced": True}),)
+    steps = (
+        ResetEvent(ResetStep.PLANNED, 1.0, {"gpus": [0], "targets": [4242, 4243], "forced": True}),
+    )
     return ResetResult("node1", plan, (g,), steps, s, after, 17)
 
 
 def test_reset_progress_and_result() -> None:
     res = plan_and_result()
     events = [
-        ResetEvent("planned", 1.0, {"gpus": [0], "targets": [4242, 4243], "forced": True}),
-        ResetEvent("signal", 1.1, {"pid": 4242, "signal": "SIGTERM", "result": "sent"}),
-        ResetEvent("signal", 1.1, {"pid": 4243, "signal": "SIGTERM", "result": "sent"}),
-        ResetEvent("exited", 1.5, {"pid": 4242}),
-        ResetEvent("verifying", 2.0, {"gpus": [0]}),
+        ResetEvent(ResetStep.PLANNED, 1.0, {"gpus": [0], "targets": [4242, 4243], "forced": True}),
+        ResetEvent(ResetStep.SIGNAL, 1.1, {"pid": 4242, "signal": "SIGTERM", "result": "sent"}),
+        ResetEvent(ResetStep.SIGNAL, 1.1, {"pid": 4243, "signal": "SIGTERM", "result": "sent"}),
+        ResetEvent(ResetStep.EXITED, 1.5, {"pid": 4242}),
+        ResetEvent(ResetStep.VERIFYING, 2.0, {"gpus": [0]}),
     ]
     prog = rb.render_progress("Reset node1 · GPU 0", "Requested by <@U0ALICE>", res.plan, events)
     assert bk.limit_problems(prog) == []
@@ -195,7 +197,7 @@ def test_reset_progress_and_result() -> None:
     for want in ("planned: 2 process(es) on GPU 0", "SIGTERM: 2 sent", "exited: 1",
                  "verifying GPU 0", "Requested by @U0ALICE"):  # fmt: skip
         assert want in text
-    events.append(ResetEvent("gpu_outcome", 3.0, res.gpus[0].to_dict()))
+    events.append(ResetEvent(ResetStep.GPU_OUTCOME, 3.0, res.gpus[0].to_dict()))
     assert "GPU 0: freed in 1.2 s" in "\n".join(rb.step_lines(events))
 
     done = rb.render_result("Reset node1", "Requested by <@U0ALICE>", res)

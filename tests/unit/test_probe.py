@@ -25,8 +25,9 @@ from gpubot.core import probe_script
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, DeviceHolder, GpuInfo, NodeConfig
 from gpubot.core.plan import ResetRequest, plan_reset
-from gpubot.core.probe import PROBE_SCRIPT, parse_probe, parse_procs, probe_argv, proc_argv
+from gpubot.core.probe import parse_probe, parse_procs, probe_argv, proc_argv
 from gpubot.core.probe_fields import parse_fuser, printable
+from gpubot.core.probe_script import PROBE_SCRIPT
 from gpubot.core.protect import Protection
 from gpubot.errors import ConfigError, ParseError, ProbeError, ResetRefused, SmiFailed, SmiMissing
 
@@ -325,7 +326,7 @@ def test_nvml_mode_skips_nvidia_smi(box: Box) -> None:
         ("apps-fail", SmiFailed, "nvidia-smi failed (exit 255): Unknown Error"),
     ],
 )
-def test_nvidia_smi_faults(box: Box, mode: str, error: type, message: str) -> None:
+def test_nvidia_smi_faults(box: Box, mode: str, error: type[SmiFailed], message: str) -> None:
     box.set(gpus=gpus_text(), apps="", mode=mode)
     t = time.monotonic()
     with pytest.raises(error) as ei:
@@ -662,7 +663,8 @@ def test_holders_go_to_the_gpu_their_device_minor_names(box: Box) -> None:
                        (box.pids["D"], 0, True)}  # fmt: skip
         set_minors(driver, [0, None, 2])  # the driver names no minor for GPU 1
         snap = probe(box)
-        assert snap.gpu(1) is not None and snap.gpu(1).minor is None  # type: ignore[union-attr]
+        gpu1 = snap.gpu(1)
+        assert gpu1 is not None and gpu1.minor is None
         assert "device-file-unknown" in gpu_flags(snap.gpus[1], snap.on_gpu(1))
         assert box.pids["B"] not in {p.pid for p in snap.processes}  # nvidia1 is nobody's GPU
         with pytest.raises(ResetRefused, match="cannot tell which device file is GPU 1"):

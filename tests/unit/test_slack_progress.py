@@ -17,6 +17,7 @@ from gpubot.chat import surface
 from gpubot.chat.blocks import Message, message_text, render_text
 from gpubot.chat.flows import Flows, Services
 from gpubot.chat.surface import Handle, Progress
+from gpubot.core.models import ResetStep
 from gpubot.errors import GpubotError
 from gpubot.services.reset import ResetEvent
 from gpubot.slack.app import GpuBot
@@ -93,7 +94,9 @@ async def test_the_final_answer_goes_out_at_once_after_a_burst() -> None:
 
     async def start(sink: Any) -> Any:
         for i in range(20):
-            await sink(ResetEvent("signal", time.time(), {"signal": "SIGTERM", "result": "sent"}))
+            await sink(
+                ResetEvent(ResetStep.SIGNAL, time.time(), {"signal": "SIGTERM", "result": "sent"})
+            )
             await asyncio.sleep(0.01 * (i % 2))
         done_at["t"] = time.monotonic()
         raise GpubotError("node1 stopped answering")
@@ -111,7 +114,7 @@ async def test_the_final_answer_follows_a_pending_edit_in_order() -> None:
 
     async def start(sink: Any) -> Any:
         for _ in range(30):
-            await sink(ResetEvent("exited", time.time(), {}))
+            await sink(ResetEvent(ResetStep.EXITED, time.time(), {}))
             await asyncio.sleep(0.03)
         raise GpubotError("gave up")
 

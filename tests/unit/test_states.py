@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from enum import StrEnum
 
 import pytest
 
@@ -22,7 +23,7 @@ WORDS = [
 
 
 @pytest.mark.parametrize(("enum", "words"), WORDS, ids=lambda e: getattr(e, "__name__", ""))
-def test_the_stored_words_stay(enum: type, words: list[str]) -> None:
+def test_the_stored_words_stay(enum: type[StrEnum], words: list[str]) -> None:
     assert [m.value for m in enum] == words
     for m in enum:
         assert json.dumps({"x": m}) == json.dumps({"x": m.value}) and f"{m}" == m.value == m
