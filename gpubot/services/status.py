@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from gpubot.config import Settings
 from gpubot.core.attribute import attribute
+from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.enrich import apply_enrichment, enrich_argv, enrich_target, parse_enrichment
 from gpubot.core.models import NodeConfig, NodeSnapshot
-from gpubot.core.ports import AuditStore, NvmlReader, NvmlTables, Transport
+from gpubot.core.ports import AuditStore, Clock, NvmlReader, NvmlTables, Transport
 from gpubot.core.probe import parse_probe, probe_argv
 from gpubot.core.protect import Protection
 from gpubot.core.workload import Workload
@@ -104,10 +104,12 @@ class StatusService:
         settings: Settings,
         transport: Transport,
         store: AuditStore | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
         self.transport = transport
         self.store = store
+        self.clock = clock
         # Fleet probes in flight, by node list: identical requests share one (single flight).
         self._inflight: dict[tuple[str, ...], asyncio.Future[FanOut[NodeSnapshot]]] = {}
 
@@ -148,7 +150,7 @@ class StatusService:
         # The probe runs two nvidia-smi queries one after the other: each gets half the time.
         smi_timeout = max(1.0, (timeout - 2.0) / 2)
         snap = await probe_node(
-            self.transport, node, smi_timeout_s=smi_timeout, taken_at=time.time(),
+            self.transport, node, smi_timeout_s=smi_timeout, taken_at=self.clock.now(),
             gpu_indices=gpu_indices, timeout=timeout, protection=self.settings.reset.protection,
         )  # fmt: skip
         label = self.settings.attribution.container_owner_label
@@ -209,9 +211,9 @@ class StatusService:
     ) -> FleetStatus:
         """Snapshot every named node concurrently; failures are reported per node."""
         nodes = self.resolve(names)
-        started = time.monotonic()
+        started = self.clock.monotonic()
         res = await self._probe_all(nodes)
-        seconds = time.monotonic() - started
+        seconds = self.clock.monotonic() - started
         order = {n.name: i for i, n in enumerate(nodes)}
         snaps = tuple(sorted(res.ok.values(), key=lambda s: order[s.node]))
         failed = {n: reason(e, n) for n, e in sorted(res.failed.items(), key=lambda x: order[x[0]])}

@@ -151,13 +151,8 @@ def test_files_and_functions_stay_small() -> None:
     assert (big, long) == ([], [])
 
 
-CLOCK_PENDING = {"status.py"}  # still reads time.time() / time.monotonic() directly
-
-
 @pytest.mark.parametrize("path", _files("services"), ids=lambda p: p.name)
 def test_services_read_time_through_the_clock(path: Path) -> None:
-    if path.name in CLOCK_PENDING:
-        pytest.skip("not on the Clock port yet")
     text = path.read_text(encoding="utf-8")
     assert "time" not in _imports(path), path.name
     assert "asyncio.sleep" not in text and "datetime.now" not in text, path.name
