@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 from gpubot.chat.alerts import chat_sweeper
 from gpubot.chat.flows import Services
 from gpubot.config import Settings, audit_key, config_path, load
-from gpubot.core.findings import SweepConfig
-from gpubot.core.policy import Policy
 from gpubot.core.ports import AuditStore, Locks, Notifier, Transport
 from gpubot.errors import DatabaseBehind, StoreError
 from gpubot.services.approvals import ApprovalService, NoDirectory
@@ -56,8 +54,6 @@ class App:
     locks: Locks
     status: StatusService
     reset: ResetService
-    policy: Policy
-    sweep_config: SweepConfig
     sweep: SweepService
     chat: Services  # what the chat front ends (Slack, console, demo) call
     slack: SlackApi | None = None  # the Web API adapter, when built for Slack
@@ -131,7 +127,6 @@ def build(
     seconds after start). Raises ``ConfigError`` for bad settings.
     """
     policy = settings.policy
-    sweep_config = settings.sweep
     store = _store(settings, environ, need_store)
     transport = make_transport(settings.ssh)
     status = StatusService(settings, transport, store)
@@ -147,7 +142,7 @@ def build(
 
         api = SlackApi(make_client(slack.bot_token, slack.api_url))
         directory = SlackDirectory(api.client)
-        notifier = notifier or _slack_alerts(api, sweep_config, policy)
+        notifier = notifier or _slack_alerts(api, settings)
     sweep = SweepService(settings, status, audit=store, alerts=store.alerts if store else None,
                          samples=store.samples if store else None, notifier=notifier, locks=locks,
                          observer=metrics)  # fmt: skip
@@ -156,8 +151,7 @@ def build(
         approvals = ApprovalService(policy, store.approvals, reset, directory or NoDirectory())
     chat = Services(settings, policy, status, approvals, store, chat_sweeper(sweep),
                     sweep.idle_gpu_hours)  # fmt: skip
-    app = App(settings, transport, store, locks, status, reset, policy, sweep_config, sweep,
-              chat, api, metrics)  # fmt: skip
+    app = App(settings, transport, store, locks, status, reset, sweep, chat, api, metrics)
     if serving:
         _schedule(app, first_after_s)
     return app
@@ -189,29 +183,29 @@ def _metrics() -> Metrics:
     return Metrics()
 
 
-def _slack_alerts(api: SlackApi, config: SweepConfig, policy: Policy) -> Notifier | None:
+def _slack_alerts(api: SlackApi, settings: Settings) -> Notifier | None:
     """Return the Slack notifier of sweep alerts, or None when no channel is configured."""
     from gpubot.slack.alerts import SlackAlerts, slack_users_of
 
-    channel = config.channel or policy.channel
+    channel = settings.sweep.channel  # [alerts] channel, else [slack] channel
     if channel is None:
         log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
         return None
-    return SlackAlerts(api, channel, people=slack_users_of(policy.users))
+    return SlackAlerts(api, channel, people=slack_users_of(settings.policy.users))
 
 
 def _schedule(app: App, first_after_s: float | None) -> None:
     """Build the sweep's schedule and, with Slack and a store, the audit head's publication."""
     from gpubot.scheduler import IntervalScheduler
 
-    cfg = app.sweep_config
+    cfg = app.settings.sweep
     sweeps = IntervalScheduler(app.sweep.scheduled, cfg.interval_s, first_after_s=first_after_s,
                                stop_wait_s=cfg.budget_s)  # fmt: skip
     app.schedulers = [sweeps]
     every = app.settings.audit.publish_head_every_s
     if every is None or app.store is None or app.slack is None:
         return
-    channel = cfg.channel or app.policy.channel
+    channel = cfg.channel
     if channel is None:
         log.warning("no [alerts] or [slack] channel: the audit head is not published")
         return

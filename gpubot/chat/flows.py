@@ -25,7 +25,7 @@ from gpubot.chat.reset_view import (
 )
 from gpubot.chat.surface import MIN_UPDATE_S, Handle, Progress, Surface
 from gpubot.config import Settings
-from gpubot.core import commands as c
+from gpubot.core import commands
 from gpubot.core.approval import Approval
 from gpubot.core.models import ApprovalState, NodeSnapshot
 from gpubot.core.plan import ResetPlan
@@ -45,7 +45,8 @@ from gpubot.errors import (
     UsageError,
 )
 from gpubot.services.approvals import ApprovalService, Identity, plan_of, unix
-from gpubot.services.reset import ResetEvent, ResetResult
+from gpubot.services.reset import ResetResult
+from gpubot.services.reset_run import EventSink, ResetEvent
 from gpubot.services.status import FleetStatus, StatusService
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 # Refused for who the person is, not for the state of a request: these are audited.
 WHO_REFUSALS = (NotPermitted, NotAnApprover, SelfApproval, ApproversUnknown)
 
-EventSink = Callable[[ResetEvent], Awaitable[None]]
 Sweeper = Callable[[Identity], Awaitable[Message]]
 # GPU-hours each owner holds idle now, for these snapshots (``SweepService.idle_gpu_hours``).
 IdleHours = Callable[[Sequence[NodeSnapshot]], Awaitable[Mapping[str, float]]]
@@ -100,32 +100,32 @@ class Flows:
         self.deciding: set[int] = set()  # approvals being decided now (double clicks)
         self._home: tuple[float, FleetStatus] | None = None
 
-    def check(self, cmd: c.Command) -> None:
+    def check(self, cmd: commands.Command) -> None:
         """Check names against the inventory (pure and fast: before acknowledging)."""
-        if isinstance(cmd, c.Status):
+        if isinstance(cmd, commands.Status):
             self.svc.status.resolve(cmd.names)
-        elif isinstance(cmd, c.Reset | c.GpuReset):
+        elif isinstance(cmd, commands.Reset | commands.GpuReset):
             self.svc.status.node(cmd.node)
 
-    async def run(self, cmd: c.Command, who: Identity, out: Surface, *, text: str) -> None:
+    async def run(self, cmd: commands.Command, who: Identity, out: Surface, *, text: str) -> None:
         """Run one command to its end; errors become messages."""
         try:
-            if who.refused is not None and not isinstance(cmd, c.Help):
+            if who.refused is not None and not isinstance(cmd, commands.Help):
                 await self.refuse(who, out, IdentityRefused(who.refused), action=_action(cmd),
                                   command=text, node=getattr(cmd, "node", None))  # fmt: skip
-            elif isinstance(cmd, c.Help):
-                await out.reply(render_text(escape(c.help_text(cmd.topic)), title="/gpu"))
-            elif isinstance(cmd, c.Status):
+            elif isinstance(cmd, commands.Help):
+                await out.reply(render_text(escape(commands.help_text(cmd.topic)), title="/gpu"))
+            elif isinstance(cmd, commands.Status):
                 await self.status(cmd, who, out)
-            elif isinstance(cmd, c.Reset):
+            elif isinstance(cmd, commands.Reset):
                 await self.reset(cmd, who, out, text=text)
-            elif isinstance(cmd, c.GpuReset):
+            elif isinstance(cmd, commands.GpuReset):
                 await self.gpu_reset(cmd, who, out, text=text)
-            elif isinstance(cmd, c.Audit):
+            elif isinstance(cmd, commands.Audit):
                 await self.audit(cmd, out)
-            elif isinstance(cmd, c.Sweep):
+            elif isinstance(cmd, commands.Sweep):
                 await self.sweep(who, out)
-            elif isinstance(cmd, c.Decide):
+            elif isinstance(cmd, commands.Decide):
                 await self.decide(cmd.approval_id, cmd.approve, who, out, handle=None)
         except GpubotError as exc:
             await out.reply(error_message(exc))
@@ -133,7 +133,7 @@ class Flows:
             log.exception("command %r by %s failed", text, who.id)
             await out.reply(error_message(exc))
 
-    async def status(self, cmd: c.Status, who: Identity, out: Surface) -> None:
+    async def status(self, cmd: commands.Status, who: Identity, out: Surface) -> None:
         """Answer ``status``: one node in full, a few nodes each, a fleet in summary."""
         nodes = self.svc.status.resolve(cmd.names)
         handle = await out.post(render_text(f"⏳ asking {len(nodes)} node(s) …"))
@@ -148,7 +148,7 @@ class Flows:
         await out.update(handle, render_fleet(fleet.snapshots, fleet.failed,
                                               seconds=fleet.seconds, title=title))  # fmt: skip
 
-    async def reset(self, cmd: c.Reset, who: Identity, out: Surface, *, text: str) -> None:
+    async def reset(self, cmd: commands.Reset, who: Identity, out: Surface, *, text: str) -> None:
         """Plan; run at once if only the asker's processes die, else ask for approval."""
         approvals = await self._permitted(who, out, "reset", text, cmd.node)
         if approvals is None:
@@ -196,7 +196,9 @@ class Flows:
         )  # fmt: skip
         self.waiting[approval.id] = await out.update(handle, waiting)
 
-    async def gpu_reset(self, cmd: c.GpuReset, who: Identity, out: Surface, *, text: str) -> None:
+    async def gpu_reset(
+        self, cmd: commands.GpuReset, who: Identity, out: Surface, *, text: str
+    ) -> None:
         """Reset one idle GPU whose memory leaked."""
         approvals = await self._permitted(who, out, "gpu-reset", text, cmd.node)
         if approvals is None:
@@ -210,7 +212,7 @@ class Flows:
                                                    on_event=sink),
         )  # fmt: skip
 
-    async def audit(self, cmd: c.Audit, out: Surface) -> None:
+    async def audit(self, cmd: commands.Audit, out: Surface) -> None:
         """Show the latest actions."""
         if self.svc.audit is None:
             raise StoreError("the audit log is unavailable")
@@ -391,11 +393,11 @@ class Flows:
                            seconds=fleet.seconds, now=now, idle_hours=idle)  # fmt: skip
 
 
-def _action(cmd: c.Command) -> str:
+def _action(cmd: commands.Command) -> str:
     """Return what a command tries to do, as the audit log names it."""
-    if isinstance(cmd, c.Decide):
+    if isinstance(cmd, commands.Decide):
         return "approve" if cmd.approve else "deny"
-    if isinstance(cmd, c.GpuReset):
+    if isinstance(cmd, commands.GpuReset):
         return "gpu-reset"
     return type(cmd).__name__.lower()
 

@@ -23,7 +23,7 @@ from gpubot.chat.blocks import Message, message_text
 from gpubot.chat.flows import Flows
 from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.chat.surface import Handle
-from gpubot.core import commands as c
+from gpubot.core import commands
 from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity
@@ -111,17 +111,17 @@ async def answer(
     """Run one ``/gpu …`` line as ``who``; return the text it would post."""
     out = TextSurface(echo)
     try:
-        cmd = c.parse(line, decisions=True)
+        cmd = commands.parse(line, decisions=True)
         flows.check(cmd)
     except UsageError as exc:
         verb = line.split()[1:2] if line.strip().startswith("/gpu") else line.split()[:1]
-        hint = c.help_text(verb[0]) if verb and verb[0].lower() in c.USAGE else ""
+        hint = commands.help_text(verb[0]) if verb and verb[0].lower() in commands.USAGE else ""
         text = f"⚠ {exc}\n{hint}".strip()
         if echo is not None:
             echo(text)
         return text
-    if isinstance(cmd, c.Help):
-        await out.reply({"text": c.help_text(cmd.topic, decisions=True)})
+    if isinstance(cmd, commands.Help):
+        await out.reply({"text": commands.help_text(cmd.topic, decisions=True)})
         return out.text()
     await flows.run(cmd, who, out, text=line.strip())
     return out.text()

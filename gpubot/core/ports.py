@@ -274,8 +274,13 @@ class AuditEntry(Protocol):
         ...
 
 
-class QueryLog(AuditStore, Protocol):
-    """The audit log, with its records of queries (status, sweep) read back."""
+class AuditLog(AuditStore, Protocol):
+    """The audit log, written and read back: its actions (``/gpu audit``) and its records of
+    queries (status, sweep)."""
+
+    async def actions(self, *, node: str | None = None, limit: int = 50) -> Sequence[Any]:
+        """Return action summaries, newest first (``id``, ``started_at``, ``actor``, ...)."""
+        ...
 
     async def queries(
         self, *, actor: str | None = None, since: datetime | None = None, limit: int = 50
@@ -311,12 +316,4 @@ class SweepObserver(Protocol):
         open_findings: Mapping[str, int],
     ) -> None:
         """Record one sweep."""
-        ...
-
-
-class AuditLog(Protocol):
-    """Reads the audit log's actions (what ``/gpu audit`` shows)."""
-
-    async def actions(self, *, node: str | None = None, limit: int = 50) -> Sequence[Any]:
-        """Return action summaries, newest first (``id``, ``started_at``, ``actor``, ...)."""
         ...

@@ -47,10 +47,10 @@ from gpubot.core.idle import held_idle, idle_gpus, samples_of
 from gpubot.core.models import FindingKind, NodeConfig, NodeSnapshot
 from gpubot.core.ports import (
     AlertStore,
+    AuditLog,
     Clock,
     Locks,
     Notifier,
-    QueryLog,
     SampleStore,
     SweepObserver,
 )
@@ -73,7 +73,7 @@ class SweepService:
         settings: Settings,
         status: StatusService,
         *,
-        audit: QueryLog | None = None,
+        audit: AuditLog | None = None,
         alerts: AlertStore | None = None,
         samples: SampleStore | None = None,
         locks: Locks | None = None,

@@ -25,7 +25,7 @@ from gpubot.chat.blocks import Message, escape, render_text
 from gpubot.chat.flows import Flows, Services
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.chat.surface import MIN_UPDATE_S, Handle
-from gpubot.core import commands as c
+from gpubot.core import commands
 from gpubot.core.policy import resolve
 from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity
@@ -150,18 +150,20 @@ class GpuBot:
     async def _on_command(self, ack: Any, body: dict[str, Any]) -> None:
         text = str(body.get("text") or "")
         try:
-            cmd = c.parse(text)
+            cmd = commands.parse(text)
             self.flows.check(cmd)
         except UsageError as exc:
             await ack(**_ephemeral(render_text(f"⚠ {escape(str(exc))}\n{_usage_hint(text)}")))
             return
-        if isinstance(cmd, c.Help):
-            await ack(**_ephemeral(render_text(escape(c.help_text(cmd.topic)), title="/gpu")))
+        if isinstance(cmd, commands.Help):
+            await ack(
+                **_ephemeral(render_text(escape(commands.help_text(cmd.topic)), title="/gpu"))
+            )
             return
         await ack()
         self.spawn(self._command(cmd, body, f"/gpu {text.strip()}"), f"/gpu {text[:40]}")
 
-    async def _command(self, cmd: c.Command, body: dict[str, Any], text: str) -> None:
+    async def _command(self, cmd: commands.Command, body: dict[str, Any], text: str) -> None:
         who = await self.identify(str(body.get("user_id")), str(body.get("user_name") or ""))
         await self.flows.run(cmd, who, self.surface(body), text=text)
 
@@ -194,7 +196,7 @@ class GpuBot:
         node, _, gpu = str(action.get("value")).rpartition(":")
         out = self.surface(body)
         try:
-            cmd = c.parse(f"reset {node} gpu {gpu}")
+            cmd = commands.parse(f"reset {node} gpu {gpu}")
             self.flows.check(cmd)
         except UsageError as exc:
             self.spawn(out.reply(render_text(f"⚠ {escape(str(exc))}")), "reset button")
@@ -256,4 +258,4 @@ def _ephemeral(msg: Message) -> dict[str, Any]:
 
 def _usage_hint(text: str) -> str:
     verb = text.split()[0].lower() if text.split() else ""
-    return escape(c.help_text(verb) if verb in c.USAGE else "Try `/gpu help`.")
+    return escape(commands.help_text(verb) if verb in commands.USAGE else "Try `/gpu help`.")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gpubot.chat.blocks import escape, render_text
 from gpubot.chat.flows import error_message
 from gpubot.chat.idle import ACTION_FREE
-from gpubot.core import commands as c
+from gpubot.core import commands
 from gpubot.core.findings import FindingKey
 from gpubot.errors import GpubotError, UsageError
 from gpubot.services.sweep import SweepService
@@ -52,7 +52,7 @@ async def _free(
             raise UsageError("this button names no process to free")
         pid = int(pid_text)
         line = f"reset {key.node} gpu {key.gpu} pid {pid}"
-        cmd = c.parse(line)
+        cmd = commands.parse(line)
         who = await bot.identify(user, name)
         if who.refused is None:
             snap = await service.status.snapshot(service.status.node(key.node))

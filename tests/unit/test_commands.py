@@ -6,41 +6,41 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpubot.core import commands as c
+from gpubot.core import commands
 from gpubot.errors import UsageError
 
 GOOD = [
-    ("", c.Help()),
-    ("/gpu", c.Help()),
-    ("help", c.Help()),
-    ("help reset", c.Help("reset")),
-    ("status", c.Status()),
-    ("/gpu status node1", c.Status(("node1",))),
-    ("STATUS all", c.Status(("all",))),
-    ("status node1 team-a", c.Status(("node1", "team-a"))),
-    ("  status\tnode1  ", c.Status(("node1",))),
-    ("reset node1", c.Reset("node1")),
-    ("reset node1 gpu 1", c.Reset("node1", gpus=(1,))),
-    ("reset node1 gpu 3,1,3", c.Reset("node1", gpus=(1, 3))),
-    ("reset node1 gpus=0,2", c.Reset("node1", gpus=(0, 2))),
-    ("reset node1 --gpu 2 --pid 4242", c.Reset("node1", gpus=(2,), pids=(4242,))),
-    ("reset node1 pid 10,11 grace 30", c.Reset("node1", pids=(10, 11), grace_s=30.0)),
-    ("reset node1 grace 2.5s", c.Reset("node1", grace_s=2.5)),
-    ("reset node1 grace=0", c.Reset("node1", grace_s=0.0)),
-    ("reset node1 user alice", c.Reset("node1", user="alice")),
-    ("gpu-reset node2 gpu 3", c.GpuReset("node2", 3)),
-    ("gpureset node2 gpu=3", c.GpuReset("node2", 3)),
-    ("sweep", c.Sweep()),
-    ("audit", c.Audit()),
-    ("audit node1", c.Audit("node1")),
-    ("audit 25", c.Audit(None, 25)),
-    ("audit node1 5", c.Audit("node1", 5)),
+    ("", commands.Help()),
+    ("/gpu", commands.Help()),
+    ("help", commands.Help()),
+    ("help reset", commands.Help("reset")),
+    ("status", commands.Status()),
+    ("/gpu status node1", commands.Status(("node1",))),
+    ("STATUS all", commands.Status(("all",))),
+    ("status node1 team-a", commands.Status(("node1", "team-a"))),
+    ("  status\tnode1  ", commands.Status(("node1",))),
+    ("reset node1", commands.Reset("node1")),
+    ("reset node1 gpu 1", commands.Reset("node1", gpus=(1,))),
+    ("reset node1 gpu 3,1,3", commands.Reset("node1", gpus=(1, 3))),
+    ("reset node1 gpus=0,2", commands.Reset("node1", gpus=(0, 2))),
+    ("reset node1 --gpu 2 --pid 4242", commands.Reset("node1", gpus=(2,), pids=(4242,))),
+    ("reset node1 pid 10,11 grace 30", commands.Reset("node1", pids=(10, 11), grace_s=30.0)),
+    ("reset node1 grace 2.5s", commands.Reset("node1", grace_s=2.5)),
+    ("reset node1 grace=0", commands.Reset("node1", grace_s=0.0)),
+    ("reset node1 user alice", commands.Reset("node1", user="alice")),
+    ("gpu-reset node2 gpu 3", commands.GpuReset("node2", 3)),
+    ("gpureset node2 gpu=3", commands.GpuReset("node2", 3)),
+    ("sweep", commands.Sweep()),
+    ("audit", commands.Audit()),
+    ("audit node1", commands.Audit("node1")),
+    ("audit 25", commands.Audit(None, 25)),
+    ("audit node1 5", commands.Audit("node1", 5)),
 ]
 
 
 @pytest.mark.parametrize(("line", "want"), GOOD, ids=[g[0] or "<empty>" for g in GOOD])
-def test_parses(line: str, want: c.Command) -> None:
-    assert c.parse(line) == want
+def test_parses(line: str, want: commands.Command) -> None:
+    assert commands.parse(line) == want
 
 
 BAD = [
@@ -81,43 +81,43 @@ BAD = [
 @pytest.mark.parametrize(("line", "message"), BAD, ids=[b[0][:30] for b in BAD])
 def test_refuses_with_a_reason(line: str, message: str) -> None:
     with pytest.raises(UsageError, match=None) as exc:
-        c.parse(line)
+        commands.parse(line)
     assert message in str(exc.value)
     assert "\n" not in str(exc.value)
 
 
 def test_decisions_only_where_admitted() -> None:
-    assert c.parse("approve 12", decisions=True) == c.Decide(12, True)
-    assert c.parse("deny 7", decisions=True) == c.Decide(7, False)
+    assert commands.parse("approve 12", decisions=True) == commands.Decide(12, True)
+    assert commands.parse("deny 7", decisions=True) == commands.Decide(7, False)
     with pytest.raises(UsageError, match="approval id"):
-        c.parse("approve x", decisions=True)
+        commands.parse("approve x", decisions=True)
     with pytest.raises(UsageError, match="usage: approve ID"):
-        c.parse("approve", decisions=True)
+        commands.parse("approve", decisions=True)
 
 
 def test_help_text() -> None:
-    assert c.help_text("reset") == c.USAGE["reset"]
-    assert c.help_text("gpureset") == c.USAGE["gpu-reset"]
-    full = c.help_text()
-    assert all(u in full for u in c.USAGE.values())
+    assert commands.help_text("reset") == commands.USAGE["reset"]
+    assert commands.help_text("gpureset") == commands.USAGE["gpu-reset"]
+    full = commands.help_text()
+    assert all(u in full for u in commands.USAGE.values())
     assert "approve ID" not in full
-    assert "approve ID" in c.help_text(decisions=True)
-    assert c.help_text("nonsense") == full
+    assert "approve ID" in commands.help_text(decisions=True)
+    assert commands.help_text("nonsense") == full
 
 
 def test_shared_vocabulary_helpers() -> None:
-    assert c.parse_gpus("2,0") == (0, 2)
-    assert c.parse_pids("300") == (300,)
-    assert c.parse_grace("10s") == 10.0
-    assert c.check_node_name("node-7.a") == "node-7.a"
+    assert commands.parse_gpus("2,0") == (0, 2)
+    assert commands.parse_pids("300") == (300,)
+    assert commands.parse_grace("10s") == 10.0
+    assert commands.check_node_name("node-7.a") == "node-7.a"
     with pytest.raises(UsageError):
-        c.check_node_name("-x")
+        commands.check_node_name("-x")
 
 
 @given(st.text(max_size=400))
 def test_any_text_parses_or_says_why(text: str) -> None:
     try:
-        cmd = c.parse(text)
+        cmd = commands.parse(text)
     except UsageError as exc:
         assert str(exc) and "\n" not in str(exc)
         assert len(str(exc)) < 400
@@ -126,15 +126,15 @@ def test_any_text_parses_or_says_why(text: str) -> None:
     for name in getattr(cmd, "names", ()) + tuple(
         n for n in (getattr(cmd, "node", None),) if n is not None
     ):
-        assert c.NODE_NAME.fullmatch(name)
+        assert commands.NODE_NAME.fullmatch(name)
     for gpu in getattr(cmd, "gpus", ()):
-        assert 0 <= gpu <= c.MAX_GPU_INDEX
+        assert 0 <= gpu <= commands.MAX_GPU_INDEX
 
 
 @given(
     st.sampled_from(["node1", "n-2", "box.a"]),
     st.lists(st.integers(0, 255), min_size=1, max_size=16),
-    st.lists(st.integers(2, c.MAX_PID), max_size=16),
+    st.lists(st.integers(2, commands.MAX_PID), max_size=16),
     st.one_of(st.none(), st.integers(0, 600)),
 )
 def test_round_trip(node: str, gpus: list[int], pids: list[int], grace: int | None) -> None:
@@ -143,6 +143,6 @@ def test_round_trip(node: str, gpus: list[int], pids: list[int], grace: int | No
         line += f" pid {','.join(map(str, pids))}"
     if grace is not None:
         line += f" grace {grace}"
-    want = c.Reset(node, tuple(sorted(set(gpus))), tuple(sorted(set(pids))), None,
+    want = commands.Reset(node, tuple(sorted(set(gpus))), tuple(sorted(set(pids))), None,
                    None if grace is None else float(grace))  # fmt: skip
-    assert c.parse(line) == want
+    assert commands.parse(line) == want
