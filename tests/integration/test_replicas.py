@@ -3,6 +3,7 @@ interval, one reset per node, and takeover after the sweeping one is killed (SIG
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -36,6 +37,7 @@ class Replica:
     proc: subprocess.Popen[str]
     events: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    reader: threading.Thread | None = None
 
     def read(self) -> None:
         assert self.proc.stdout is not None
@@ -82,7 +84,8 @@ def start(fleet: SimFleet, pg_url: str) -> Iterator[Callable[[str], Replica]]:
         proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
         r = Replica(name, proc)
-        threading.Thread(target=r.read, daemon=True).start()
+        r.reader = threading.Thread(target=r.read, daemon=True)
+        r.reader.start()
         started.append(r)
         return r
 
@@ -95,6 +98,12 @@ def start(fleet: SimFleet, pg_url: str) -> Iterator[Callable[[str], Replica]]:
             except subprocess.TimeoutExpired:
                 r.proc.kill()
                 r.proc.wait()
+        if r.reader is not None:
+            r.reader.join(timeout=10)  # it reads to the end of a dead process's output
+        for pipe in (r.proc.stdin, r.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
     # A killed replica's probe still runs on the (simulated) node: let it end before the fleet
     # stops, as its SSH server cannot close a session whose command still runs.
     for n in fleet.nodes:
