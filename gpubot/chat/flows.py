@@ -235,7 +235,18 @@ class Flows:
     ) -> None:  # fmt: skip
         """Approve or deny a forced kill; an approval runs the plan once and reports here."""
         approvals = self._approvals()
+        verb = "approve" if approve else "deny"
         if approval_id in self.deciding:
+            # Someone's decision is in flight. One who may not decide is still refused and
+            # audited as such; only a legitimate second click is told to wait.
+            try:
+                await approvals.check_decision(approval_id, who, approve)
+            except WHO_REFUSALS as exc:
+                await self.refuse(who, out, exc, action=verb, command=f"{verb} {approval_id}",
+                                  node=await _node_of(approvals, approval_id))  # fmt: skip
+                return
+            except (ApprovalError, StoreError):
+                pass
             await out.reply(render_text(f"⏳ Request #{approval_id} is being decided already."))
             return
         self.deciding.add(approval_id)
@@ -243,10 +254,8 @@ class Flows:
             try:
                 approval = await approvals.decide(approval_id, who, approve, source=self.source)
             except WHO_REFUSALS as exc:
-                asked = await _node_of(approvals, approval_id)
-                await self.refuse(who, out, exc, action="approve" if approve else "deny",
-                                  command=f"{'approve' if approve else 'deny'} {approval_id}",
-                                  node=asked)  # fmt: skip
+                await self.refuse(who, out, exc, action=verb, command=f"{verb} {approval_id}",
+                                  node=await _node_of(approvals, approval_id))  # fmt: skip
                 return
             except ApprovalExpired as exc:
                 await out.reply(error_message(exc))

@@ -278,14 +278,24 @@ class ApprovalService:
     ) -> Approval:
         """Approve or deny once; the requester's own "deny" cancels. Raises ``ApprovalError``
         (or ``IdentityRefused``)."""
+        current = await self.check_decision(approval_id, who, approve)
+        now = self._now()
+        if not approve and current.requester == who.id:
+            return await self.approvals.cancel(approval_id, who.id, now, source=source)
+        return await self.approvals.decide(
+            approval_id, who.id, approve, now, approver_name=who.name, source=source
+        )
+
+    async def check_decision(self, approval_id: int, who: Identity, approve: bool) -> Approval:
+        """Return the approval if ``who`` may decide it (its requester may withdraw it); raise
+        ``IdentityRefused``, ``SelfApproval``, ``NotAnApprover`` or ``ApprovalError``."""
         if who.refused is not None:
             raise IdentityRefused(who.refused)
         current = await self.approvals.get(approval_id)
         if current is None:
             raise ApprovalError(f"there is no approval {approval_id}")
-        now = self._now()
-        if not approve and current.requester == who.id:
-            return await self.approvals.cancel(approval_id, who.id, now, source=source)
+        if current.requester == who.id and not approve:
+            return current
         if current.requester != who.id:
             if same_person(requester_user(current), who.linux_user):
                 raise SelfApproval(
@@ -295,9 +305,7 @@ class ApprovalService:
                 )
             if not await self.is_approver(who):
                 raise NotAnApprover("only on-call approvers can decide forced kills")
-        return await self.approvals.decide(
-            approval_id, who.id, approve, now, approver_name=who.name, source=source
-        )
+        return current
 
     async def execute(
         self, approval: Approval, *, source: str, on_event: EventSink | None = None

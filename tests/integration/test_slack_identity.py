@@ -296,6 +296,28 @@ async def test_refused_clicks_are_in_audit_list(
     assert "only on-call approvers can decide forced kills" in shown  # why
 
 
+async def test_a_refusal_is_audited_while_another_decision_is_in_flight(
+    harness: Harness, node1: Any
+) -> None:
+    w = node1.spawn(gpu=1, mib=500)
+    await harness.send.command("reset node1 gpu 1", user="U0BOB")
+    await harness.settle()
+    approval_id, ts = request_in_oncall(harness.fake)
+    harness.bot.flows.deciding.add(approval_id)  # as while an approver's click is being run
+    try:
+        await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0DAVE", message_ts=ts)
+        await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
+        await harness.settle()
+    finally:
+        harness.bot.flows.deciding.discard(approval_id)
+    refused = [a for a in await harness.store.actions() if a.status == "refused"]
+    assert [(a.actor, a.command) for a in refused] == [("U0DAVE", f"approve {approval_id}")]
+    told = " ".join(c.body.get("text", "") for c in harness.fake.calls
+                    if c.method.startswith("response:"))  # fmt: skip
+    assert f"Request #{approval_id} is being decided already" in told  # carol: wait, not refused
+    assert alive(w.pid)
+
+
 async def test_a_forced_action_records_requester_approver_and_approval(
     harness: Harness, node1: Any, capsys: Any, tmp_path: Path
 ) -> None:
