@@ -237,17 +237,7 @@ class Flows:
         approvals = self._approvals()
         verb = "approve" if approve else "deny"
         if approval_id in self.deciding:
-            # Someone's decision is in flight. One who may not decide is still refused and
-            # audited as such; only a legitimate second click is told to wait.
-            try:
-                await approvals.check_decision(approval_id, who, approve)
-            except WHO_REFUSALS as exc:
-                await self.refuse(who, out, exc, action=verb, command=f"{verb} {approval_id}",
-                                  node=await _node_of(approvals, approval_id))  # fmt: skip
-                return
-            except (ApprovalError, StoreError):
-                pass
-            await out.reply(render_text(f"⏳ Request #{approval_id} is being decided already."))
+            await self._in_flight(approvals, approval_id, approve, who, out)
             return
         self.deciding.add(approval_id)
         try:
@@ -290,6 +280,23 @@ class Flows:
                 await out.update(mine, frame(body))
         finally:
             self.deciding.discard(approval_id)
+
+    async def _in_flight(
+        self, approvals: ApprovalService, approval_id: int, approve: bool, who: Identity,
+        out: Surface,
+    ) -> None:  # fmt: skip
+        """Answer a click while someone's decision of the same request is in flight: one who
+        may not decide is still refused and audited as such; a legitimate one is told to wait."""
+        verb = "approve" if approve else "deny"
+        try:
+            await approvals.check_decision(approval_id, who, approve)
+        except WHO_REFUSALS as exc:
+            await self.refuse(who, out, exc, action=verb, command=f"{verb} {approval_id}",
+                              node=await _node_of(approvals, approval_id))  # fmt: skip
+            return
+        except (ApprovalError, StoreError):
+            pass
+        await out.reply(render_text(f"⏳ Request #{approval_id} is being decided already."))
 
     async def expire(self, out: Surface) -> int:
         """Expire requests whose time is up and show it on their messages."""

@@ -275,7 +275,10 @@ def render_approval_state(
     if body is None:
         _add_plan(b, plan, use_table=True, reserve=1)
     else:
-        for blk in body["blocks"][1:]:  # the body's own header is replaced by ours
+        blocks = body["blocks"]
+        if blocks and blocks[0].get("type") == "header":  # ours replaces the body's own header
+            blocks = blocks[1:]
+        for blk in blocks:
             b.add(blk)
     return {"text": escape(f"Request #{approval_id} on {plan.node}: {state}"), "blocks": b.blocks}
 

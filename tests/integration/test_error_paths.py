@@ -199,12 +199,6 @@ async def test_an_approved_plan_that_fails_is_failed_and_audited(
     assert (await harness.store.verify()).ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gpubot/chat/reset_view.py render_approval_state drops a body's first block, taking "
-    "it for the body's header: an error body (error_message, no header) vanishes, so on-call "
-    "and the requester see 'approved' and never the failure",
-)
 async def test_the_failure_of_an_approved_plan_is_shown_to_on_call_and_the_requester(
     harness: Harness, node1: Any
 ) -> None:
