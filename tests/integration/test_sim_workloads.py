@@ -39,7 +39,9 @@ def running(pid: int) -> bool:
     return st is not None and st[0] not in ("Z", "X")
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    # Only ever waited on to become true: a long deadline costs nothing when the box is quick,
+    # and a box with a load of 25 (the busy-machine runs) takes seconds to let a process die.
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
