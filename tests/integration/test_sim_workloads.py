@@ -81,27 +81,32 @@ def node(sim_fleet: SimFleet) -> Iterator[SimNode]:
 
 
 def test_normal_exits_on_sigterm_and_memory_is_released_after_the_delay(node: SimNode) -> None:
-    w = node.spawn(gpu=0, mib=4096)
-    assert listed(node) == {w.pid: 4096} and used(node, 0) == 4096
-    killed_at = time.time()
-    os.kill(w.pid, signal.SIGTERM)
-    assert wait_for(lambda: not running(w.pid))
-    assert wait_for(lambda: w.current_pid() is None)
-    (a,) = node.state()["allocations"]
-    assert 0 <= a["died_at"] - killed_at < 0.25  # the driver saw the death at once
-    assert listed(node) == {}  # a dead process is not listed ...
-    seen: list[tuple[float, int, float]] = []
-    while not seen or seen[-1][1]:
-        before = time.time()
-        seen.append((before, used(node, 0), time.time()))
-        assert before < a["died_at"] + 3
-    # ... but its memory lingers for the release delay, and not longer.
-    assert seen[0][1] == 4096 and seen[0][2] < a["died_at"] + 0.5
-    release = a["died_at"] + 0.5
-    assert all(mem == 4096 for _, mem, t1 in seen if t1 < release)  # answered before it
-    assert all(mem == 0 for t0, mem, _ in seen if t0 > release)  # asked after it
-    assert seen[-1][0] - a["died_at"] < 0.5 + 0.2
-    assert a["released_at"] == pytest.approx(a["died_at"] + 0.5)
+    # A delay long enough that the first look after the death comes before the release even on
+    # a box with a load of 25; the checks below are on the state's own timestamps, not on speed.
+    delay, node.release_delay_s = node.release_delay_s, 3.0
+    try:
+        w = node.spawn(gpu=0, mib=4096)
+        assert listed(node) == {w.pid: 4096} and used(node, 0) == 4096
+        killed_at = time.time()
+        os.kill(w.pid, signal.SIGTERM)
+        assert wait_for(lambda: not running(w.pid))
+        assert wait_for(lambda: w.current_pid() is None)
+        (a,) = node.state()["allocations"]
+        assert killed_at <= a["died_at"] <= time.time()  # the driver saw the death
+        assert listed(node) == {}  # a dead process is not listed ...
+        seen: list[tuple[float, int, float]] = []
+        while not seen or seen[-1][1]:
+            before = time.time()
+            seen.append((before, used(node, 0), time.time()))
+            assert before < a["died_at"] + 30
+        # ... but its memory lingers for the release delay, and not longer.
+        release = a["died_at"] + 3.0
+        assert a["released_at"] == pytest.approx(release)
+        assert seen[0][2] < release and seen[0][1] == 4096
+        assert all(mem == 4096 for _, mem, t1 in seen if t1 < release)  # answered before it
+        assert all(mem == 0 for t0, mem, _ in seen if t0 > release)  # asked after it
+    finally:
+        node.release_delay_s = delay
 
 
 def test_release_delay_is_settable(node: SimNode) -> None:
