@@ -20,9 +20,10 @@ async def test_64_nodes_with_8_hung(fleet_factory: Callable[..., SimFleet]) -> N
         fleet.node(name).set_fault("hang")
     fleet.node("node5").spawn(gpu=0, mib=2048)  # the others are not idle boxes only
     s = load(fleet.config_path)
-    # The probe gives nvidia-smi the command timeout less 2 s (here 4 s) before calling it hung.
-    ssh = dataclasses.replace(s.ssh, command_timeout_s=6.0, connect_timeout_s=6.0)
-    budget = 30.0
+    # The probe gives nvidia-smi the command timeout less 2 s (here 10 s) before calling it hung;
+    # 12 s lets a healthy node answer even at a load of 20 (6 s did not).
+    ssh = dataclasses.replace(s.ssh, command_timeout_s=12.0, connect_timeout_s=12.0)
+    budget = 60.0
     s = with_sweep(dataclasses.replace(s, ssh=ssh), interval_s=60, budget_s=budget)
     app = build(s, {}, need_store=False)
     svc = SweepService(s, app.status)
