@@ -70,6 +70,10 @@ class IntervalScheduler:
         self._scheduler = scheduler
 
     async def _run(self) -> None:
+        if self._scheduler is None:
+            # The executor may have created this run's task just before ``stop``: a stopped
+            # schedule starts nothing (seen on a busy box: a sweep began after stop returned).
+            return
         self.runs += 1
         self._running = asyncio.current_task()
         try:
