@@ -1,9 +1,10 @@
 """The node probe: ONE remote exec that gathers everything a ``NodeSnapshot`` needs.
 
-The scripts live in ``probe_script``: a constant ``sh`` script runs the GPU and compute-app queries
-under ``timeout`` (a hung nvidia-smi becomes exit 124 and is killed), ``fuser -v`` on exactly the
-device files of the GPUs found plus ``{prefix}ctl`` and ``{prefix}-uvm`` (never a glob), then reads
-``/proc`` for every PID seen, escaping every byte a process controls about itself.
+The scripts live in ``probe_script``: a constant ``bash`` script runs the GPU and compute-app
+queries under a time limit (a hung nvidia-smi becomes exit 124 and is killed), ``fuser -v`` on
+exactly the device files of the GPUs found plus ``{prefix}ctl`` and ``{prefix}-uvm`` (never a
+glob), then reads ``/proc`` for every PID seen, escaping every byte a process controls about
+itself.
 
 The output is parsed strictly: the sections must come exactly as the script writes them, in order
 and once each; each PID once; every escaped field well formed. Anything else is a ``ParseError``
@@ -36,6 +37,7 @@ _MISSING = {
     "no-timeout": "timeout (coreutils) not found on the node",
     "no-fuser": "fuser (psmisc) not found on the node",
     "no-sudo": "sudo not found on the node (its inventory entry says sudo = true)",
+    "old-bash": "the probe needs bash 4.4 or later on the node",
 }
 
 
@@ -60,7 +62,7 @@ def probe_argv(
         raise ValueError("skip_smi needs gpu_indices (from NVML)")
     idx = "" if gpu_indices is None else ",".join(str(_nonneg(i)) for i in gpu_indices)
     return [
-        "sh",
+        "bash",
         "-c",
         PROBE_SCRIPT,
         "gpubot-probe",
@@ -81,7 +83,7 @@ def proc_argv(pids: Sequence[int]) -> list[str]:
 
     Reading needs no privilege: this never runs under sudo.
     """
-    return ["sh", "-c", PROC_SCRIPT, "gpubot-procs", *(str(_nonneg(p)) for p in pids)]
+    return ["bash", "-c", PROC_SCRIPT, "gpubot-procs", *(str(_nonneg(p)) for p in pids)]
 
 
 def parse_procs(text: str, pids: Sequence[int]) -> dict[int, ProcInfo]:

@@ -1,15 +1,31 @@
-"""The node probe's remote scripts: constant POSIX ``sh`` (dash-compatible) with ``awk``.
+"""The node probe's remote scripts: constant ``bash`` (4.4 or later) using builtins only.
+
+Remote work is what a probe costs every node on every status and sweep, so the scripts start no
+program they can do without: in the common case a probe runs ``bash``, the two nvidia-smi
+queries and ``fuser``, four programs in all. Everything else is a bash builtin: each query's time
+limit (``read -t`` on a process substitution, then ``kill``; no ``timeout``), the look for a stuck
+nvidia-smi (no ``pgrep``), the filter of fuser's table, the ``/proc`` reads and their escaping (no
+``awk``), and the owners' names (``/etc/passwd``; ``getent`` only for accounts it does not hold,
+such as LDAP's). ``readlink`` runs only for a process of a system account (a daemon's executable
+is what protects it, and bash cannot read a link). A GPU with no processes costs no ``/proc`` work.
 
 Everything that varies (the nvidia-smi command, the device prefix, GPU indices, PIDs) arrives as
 positional arguments, so no text from a person or a node ever reaches a shell unquoted. There is no
 per-call secret: anyone on the node can read these arguments in ``/proc/PID/cmdline``.
 
 Framing without a secret: every byte a process controls about itself (comm, argv, exe path, cgroup)
-is read by ``awk`` and written escaped: printable ASCII except space and backslash stays, every
-other byte becomes ``\\ooo`` (octal). Such text can never hold a newline, so it can never start a
-line, and every section marker (``@gpubot KIND ARGS`` on a line of its own) comes from the script.
-The other bodies are the output of trusted programs: nvidia-smi's GPU and compute-app tables
-(without ``process_name``), and fuser's table with its COMMAND column cut off.
+is written escaped: printable ASCII except space and backslash stays, every other byte becomes
+``\\ooo`` (octal; the shell runs with ``LC_ALL=C``, so a character is a byte). Such text can never
+hold a newline, so it can never start a line, and every section marker (``@gpubot KIND ARGS`` on a
+line of its own) comes from the script. The other bodies are the output of trusted programs:
+nvidia-smi's GPU and compute-app tables (without ``process_name``), and fuser's table with its
+COMMAND column cut off.
+
+Why bash and not POSIX ``sh``: ``dash`` has no timed ``read``, no way to read NUL-separated argv,
+and no byte arithmetic, so each of those cost a program (``timeout``, ``awk``) per probe. Bash is on
+every distribution NVIDIA ships drivers for; 4.4 (RHEL 8, Ubuntu 18.04, Debian 10) is the first
+that sets ``$!`` to a process substitution and can ``wait`` for it. An older bash stops the probe
+with a clear error.
 """
 
 from __future__ import annotations
@@ -18,129 +34,210 @@ from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv
 
 MARK = "@gpubot"
 
-# Prints a section marker; every marker starts on a fresh line (output may lack a final newline).
-_MARK = """m() { printf '\\n@gpubot %s\\n' "$*"; }
+# USER_HZ, the unit of /proc/PID/stat's start time, is 100 on every architecture NVIDIA's driver
+# supports (x86-64, arm64, ppc64le: include/asm-generic/param.h); getconf would be one more exec.
+CLK_TCK = 100
+
+# The marker printer, and the helpers every script shares. ``rd FILE``: the file's text (at most
+# 8 KiB, without its last newline) in R, empty when unreadable. ``esc TEXT``: TEXT escaped as
+# "=..." in R (at most 4096 bytes of it). ``nm X``: X when it is a number, else "-", in N.
+_COMMON = r"""m() { printf '\n@gpubot %s\n' "$*"; }
 set -f
-"""
+LC_ALL=C
+TCK=CLK_TCK_VALUE
+E1='\134' E2='\040' E3='\012' E4='\011'
+rd() { R=; { IFS= read -r -N 8192 R <"$1"; } 2>/dev/null; R=${R%$'\n'}; }
+esc() {
+  local s=$1 o= c i n
+  (( ${#s} > 4096 )) && s=${s:0:4096}
+  s=${s//\\/"$E1"}; s=${s// /"$E2"}; s=${s//$'\n'/"$E3"}; s=${s//$'\t'/"$E4"}
+  if [[ $s == *[!\!-~]* ]]; then
+    for (( i = 0, n = ${#s}; i < n; i++ )); do
+      c=${s:i:1}
+      case $c in [\!-~]) o+=$c ;; *) printf -v c '\\%03o' "'$c"; o+=$c ;; esac
+    done
+    s=$o
+  fi
+  R="=$s"
+}
+nm() { case $1 in ''|*[!0-9]*) N=- ;; *) N=$1 ;; esac; }
+lines() { local IFS=$'\n'; L=($1); }
+""".replace("CLK_TCK_VALUE", str(CLK_TCK))
 
 # One line per process, fields separated by single spaces, escaped text prefixed with "=":
 #   c CLK_TCK UPTIME                      (first)
 #   p PID STATE PPID START RUID EUID =COMM =CMDLINE =EXE|! =CGROUP =WCHAN
 #   g PID                                 (it exited: stat or status could not be read)
-#   u UID =NAME|!                         (getent passwd, once for every EUID seen)
+#   u UID =NAME|!                         (once for every EUID seen)
 # Every PID argument gets exactly one p or g line, in argument order.
-_AWK_PROCS = r"""
-function rd(f,   s, l, n, r) {
-  s = ""; n = 0
-  while ((r = (getline l < f)) > 0) { s = (n++ ? s "\n" : "") l; if (length(s) > 4096) break }
-  close(f)
-  RD = (r >= 0 || n > 0)
-  return s
+_PROCS = r"""argv_of() {  # /proc/PID/cmdline escaped (NUL as \000) in R
+  local a o= n=0
+  while :; do
+    if IFS= read -r -d '' a; then
+      esc "$a"; o+=${R#=}'\000'; (( n += ${#a} + 1 ))
+      (( n > 4096 )) && break
+    else
+      [[ -n $a ]] && { esc "$a"; o+=${R#=}; }
+      break
+    fi
+  done 2>/dev/null <"$1"
+  R="=$o"
 }
-function esc(s,   o, i, c, n) {
-  o = "="; n = length(s); if (n > 4096) n = 4096
-  for (i = 1; i <= n; i++) {
-    c = substr(s, i, 1)
-    if (c in ok) o = o c; else o = o sprintf("\\%03o", (c in ord) ? ord[c] : 0)
-  }
-  return o
-}
-function num(s) { return (s ~ /^[0-9]+$/) ? s : "-" }
-BEGIN {
-  for (i = 0; i < 256; i++) ord[sprintf("%c", i)] = i
-  for (i = 33; i < 127; i++) if (i != 92) ok[sprintf("%c", i)] = 1
-  split(rd("/proc/uptime"), up, " ")
-  print "c", num(ARGV[1]), ((up[1] ~ /^[0-9]+(\.[0-9]+)?$/) ? up[1] : "-")
-  for (a = 2; a < ARGC; a++) {
-    p = ARGV[a]; d = "/proc/" p
-    st = rd(d "/stat"); if (!RD || st == "") { print "g", p; continue }
-    sts = rd(d "/status"); if (!RD) { print "g", p; continue }
-    ru = eu = "-"
-    n = split(sts, L, "\n")
-    for (i = 1; i <= n; i++) if (L[i] ~ /^Uid:/) { split(L[i], f, /[ \t]+/); ru = f[2]; eu = f[3] }
-    l = index(st, "("); r = 0
-    for (i = length(st); i > l; i--) if (substr(st, i, 1) == ")") { r = i; break }
-    k = (l && r) ? split(substr(st, r + 1), F, " ") : 0
-    if (k < 20) { print "g", p; continue }
-    cm = rd(d "/cmdline")
-    ex = "!"
-    if (ru == eu && eu ~ /^[0-9]+$/ && eu + 0 < 1000) {
-      # Only a system account can own a protected daemon: read its exe (where permitted) and
-      # spare every user job a readlink.
-      x = "readlink /proc/" p "/exe 2>/dev/null"; e = ""; ne = 0
-      while ((x | getline xl) > 0) e = (ne++ ? e "\n" : "") xl
-      close(x)
-      if (ne) ex = esc(e)
-    }
-    cg = rd(d "/cgroup")
-    wc = rd(d "/wchan")
-    sl = (F[1] ~ /^[A-Za-z]$/) ? F[1] : "-"
-    printf "p %s %s %s %s %s %s %s %s %s %s %s\n", p, sl, num(F[2]), num(F[20]), num(ru), num(eu),
-      esc(substr(st, l + 1, r - l - 1)), esc(cm), ex, esc(cg), esc(wc)
-    if (eu ~ /^[0-9]+$/) uids[eu] = 1
-  }
-  cmd = "getent passwd"; any = 0
-  for (u in uids) { cmd = cmd " " u; any = 1 }
-  if (any) {
-    while ((cmd | getline l) > 0) {
-      n = split(l, f, ":")
-      if (n < 3 || !(f[3] in uids) || uids[f[3]] != 1) continue
-      print "u", f[3], esc(f[1]); uids[f[3]] = 2
-    }
-    close(cmd)
-  }
-  for (u in uids) if (uids[u] == 1) print "u", u, "!"
-}
-"""
-
-# /proc for each PID argument (digits only, each once).
-_PROCS = (
-    """procs() {
-  seen=' ' list=
+procs() {
+  local seen=' ' list= p d st sts x up cm cmd ex cg wc e ru eu uids=' ' name u
+  local -a F U
   for p in "$@"; do
     case $p in ''|*[!0-9]*) continue ;; esac
     case $seen in *" $p "*) continue ;; esac
-    seen="$seen$p " list="$list $p"
+    seen+="$p " list+=" $p"
   done
   m procs
-  # No process to read (idle GPUs): no awk, no clock.
-  [ -n "$list" ] || { printf 'c - -\n'; return 0; }
-  LC_ALL=C awk '"""
-    + _AWK_PROCS
-    + """' "$(getconf CLK_TCK 2>/dev/null)" $list
-}
-"""
-)
-
-# Numeric first CSV fields of each line of $1 (GPU indices, PIDs), space separated.
-_FIRSTS = """firsts() {
-  printf '%s\\n' "$1" | while IFS=, read -r f _; do
-    case $f in ''|*[!0-9]*) ;; *) printf '%s ' "$f" ;; esac
+  # No process to read (idle GPUs): no /proc work at all.
+  [[ -n $list ]] || { printf 'c - -\n'; return 0; }
+  up=; { read -r up _ </proc/uptime; } 2>/dev/null
+  [[ $up =~ ^[0-9]+(\.[0-9]+)?$ ]] || up=-
+  printf 'c %s %s\n' "$TCK" "$up"
+  for p in $list; do
+    d=/proc/$p
+    rd "$d/stat"; st=$R
+    rd "$d/status"; sts=$R
+    if [[ -z $st || -z $sts || $st != *'('*')'* ]]; then printf 'g %s\n' "$p"; continue; fi
+    x=${st##*')'}; F=($x)
+    (( ${#F[@]} >= 20 )) || { printf 'g %s\n' "$p"; continue; }
+    ru=- eu=-
+    x=${sts#*$'\n'Uid:}  # the kernel escapes a newline in Name: no line can be forged
+    if [[ $x != "$sts" ]]; then U=(${x%%$'\n'*}); ru=${U[0]:--} eu=${U[1]:--}; fi
+    cm=${st#*'('}; cm=${cm%')'*}
+    argv_of "$d/cmdline"; cmd=$R
+    ex='!'
+    if [[ $ru == "$eu" && $eu =~ ^[0-9]+$ ]] && (( eu < 1000 )); then
+      # Only a system account can own a protected daemon: read its exe (where permitted) and
+      # spare every user job a readlink.
+      e=$(readlink "$d/exe" 2>/dev/null) && [[ -n $e ]] && { esc "$e"; ex=$R; }
+    fi
+    rd "$d/cgroup"; esc "$R"; cg=$R
+    rd "$d/wchan"; esc "$R"; wc=$R
+    esc "$cm"; cm=$R
+    x=${F[0]}; [[ $x == [A-Za-z] ]] || x=-
+    nm "${F[1]}"; printf 'p %s %s %s' "$p" "$x" "$N"
+    nm "${F[19]}"; printf ' %s' "$N"
+    nm "$ru"; printf ' %s' "$N"
+    nm "$eu"; printf ' %s %s %s %s %s %s\n' "$N" "$cm" "$cmd" "$ex" "$cg" "$wc"
+    [[ $N != - && $uids != *" $N "* ]] && uids+="$N "
   done
+  [[ $uids == ' ' ]] && return 0
+  # Names: local accounts from /etc/passwd; NSS (getent) only for the rest (LDAP, SSSD).
+  while IFS=: read -r name _ u _; do
+    [[ $uids == *" $u "* ]] || continue
+    esc "$name"; printf 'u %s %s\n' "$u" "$R"; uids=${uids/ $u / }
+  done 2>/dev/null </etc/passwd
+  if [[ $uids != ' ' ]]; then
+    while IFS=: read -r name _ u _; do
+      [[ $uids == *" $u "* ]] || continue
+      esc "$name"; printf 'u %s %s\n' "$u" "$R"; uids=${uids/ $u / }
+    done < <(getent passwd $uids 2>/dev/null)
+  fi
+  for u in $uids; do printf 'u %s !\n' "$u"; done
 }
 """
 
-# fuser -v: the PIDs (the field before ACCESS) go to stderr for the /proc read; the table goes
-# out without its COMMAND column (the process's own name: read from /proc instead, escaped).
-_AWK_FUSER = r"""
+# Numeric first CSV fields of each line of $1 (GPU indices, PIDs), space separated, in R.
+_FIRSTS = r"""firsts() {
+  local f o=
+  lines "$1"
+  for f in "${L[@]}"; do
+    f=${f%%,*}
+    case $f in ''|*[!0-9]*) ;; *) o+="$f " ;; esac
+  done
+  R=$o
+}
+"""
+
+# Runs an nvidia-smi query for at most $T seconds: its output in Q, its exit status in S; like
+# timeout(1), 124 when the time ran out (then TERM, and KILL a second later). A copy stuck in the
+# kernel cannot die: it is left behind, never waited for, and the next probe finds it (below).
+_QUERY = r"""query() {
+  local fd p
+  Q=
+  exec {fd}< <(exec "$@" 2>&4)
+  p=$!
+  IFS= read -r -d '' -t "$T" -u "$fd" Q; S=$?
+  if (( S > 128 )); then
+    kill -TERM "$p" 2>/dev/null
+    IFS= read -r -d '' -t 1 -u "$fd" _
+    kill -KILL "$p" 2>/dev/null
+    exec {fd}<&-
+    S=124
+    return 0
+  fi
+  exec {fd}<&-
+  wait "$p"; S=$?
+}
+"""
+
+# A hung driver leaves nvidia-smi in the kernel (state D), where no kill reaches it: each new query
+# would leave one more. One of ours stuck, or older than our own limit: ask nothing. What pgrep -x
+# did, with builtins: each process's comm, then the rest only for a copy of nvidia-smi.
+_STUCK = r"""stuck_smi() {
+  local d c p s x a mine lim=$(( 2 * ${T%%.*} + 2 )) up= age out=
+  local -a dirs F U
+  set +f; dirs=(/proc/[0-9]*); set -f
+  for d in "${dirs[@]}"; do
+    [[ -O $d ]] || continue  # a process of ours: a stat, cheaper than reading its name
+    c=; { IFS= read -r c <"$d/comm"; } 2>/dev/null
+    [[ $c == nvidia-smi ]] || continue
+    rd "$d/stat"; s=$R; rd "$d/status"; x=$R
+    [[ $s == *')'* && $x == *$'\n'Uid:* ]] || continue
+    x=${x#*$'\n'Uid:}; U=(${x%%$'\n'*})
+    [[ ${U[1]} == "$me" ]] || continue
+    # ours, started as this probe starts it: "$smi" is one of its arguments (argv[0], or the
+    # script's path after its interpreter)
+    mine=
+    while IFS= read -r -d '' a; do [[ $a == "$smi" ]] && { mine=1; break; }; done 2>/dev/null \
+      <"$d/cmdline"
+    [[ -n $mine ]] || continue
+    x=${s##*')'}; F=($x)
+    [[ ${F[0]} == [ZX] || ! ${F[19]} =~ ^[0-9]+$ ]] && continue
+    [[ -n $up ]] || { read -r up _ </proc/uptime; up=${up%%.*}; }
+    p=${d#/proc/}; age=$(( up - F[19] / TCK ))
+    if [[ ${F[0]} == D ]] || (( age > lim )); then out+="$p ${F[0]} $age"$'\n'; fi
+  done
+  R=$out
+}
+"""
+
+# fuser -v: the table goes out without its COMMAND column (the process's own name: read from
+# /proc instead, escaped); the PIDs (the field before ACCESS) collect in FP for the /proc read.
 # Without root, fuser cannot look into the processes of other users: count them (PID 1 aside,
 # which a container root cannot look into either, and which holds no GPU), never drop them.
-/^Cannot stat file \/proc\/[0-9]+\// {
-  split($4, q, "/"); if (q[3] != "1" && !(q[3] in blind)) { blind[q[3]] = 1; nb++ }
-  next
+_FUSER = r"""fuser_table() {
+  local line o i q blind=' ' nb=0
+  local -a F
+  FP=
+  lines "$1"
+  for line in "${L[@]}"; do
+    case $line in
+      'Cannot stat file /proc/'[0-9]*/*)
+        q=${line#'Cannot stat file /proc/'}; q=${q%%/*}
+        [[ $q != 1 && $blind != *" $q "* ]] && { blind+="$q "; (( nb += 1 )); }
+        continue ;;
+      'Cannot stat '*|'Specified filename '*) continue ;;
+    esac
+    F=($line)
+    [[ ${F[0]} == USER && ${F[1]} == PID && ${F[2]} == ACCESS ]] && continue
+    for (( i = 1; i < ${#F[@]}; i++ )); do
+      [[ ${F[i]} == [.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM] \
+         && ${F[i-1]} =~ ^[0-9]+$ ]] && break
+    done
+    if (( i >= ${#F[@]} )); then printf '%s\n' "$line"; continue; fi
+    o=${F[0]}; [[ $line == ' '* ]] && o="  $o"
+    o+=" ${F[*]:1:i}"
+    printf '%s\n' "$o"
+    FP+=" ${F[i-1]}"
+  done
+  (( nb )) && printf '~unseen %s\n' "$nb"
+  return 0
 }
-/^Cannot stat / || /^Specified filename / { next }
-$1 == "USER" && $2 == "PID" && $3 == "ACCESS" { next }
-{
-  for (i = 2; i <= NF; i++)
-    if ($i ~ /^[.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM]$/ && $(i - 1) ~ /^[0-9]+$/) break
-  if (i > NF) { print; next }
-  o = (substr($0, 1, 1) == " ") ? "  " $1 : $1
-  for (j = 2; j <= i; j++) o = o " " $j
-  print o
-  printf "%s ", $(i - 1) > "/dev/stderr"
-}
-END { if (nb) print "~unseen", nb }
 """
 
 
@@ -150,107 +247,86 @@ def _smi(argv: list[str]) -> str:
 
 
 PROBE_SCRIPT = (
-    _MARK
+    _COMMON
     + _PROCS
     + _FIRSTS
-    + """smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8
+    + _QUERY
+    + _STUCK
+    + _FUSER
+    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8
 shift 8
 extra=$*
 exec 4>&1
 PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions
 m probe "$T" "${idx:--}"
+if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404 )); then m fatal old-bash; m end; exit 0; fi
 need() { command -v "$1" >/dev/null 2>&1 || { m fatal "no-$1"; m end; exit 0; }; }
-if [ "$sudo" = sudo ]; then need sudo; else need fuser; fi
-me=; while read -r k _ eu _; do [ "$k" = Uid: ] && { me=$eu; break; }; done </proc/$$/status
-if [ "$mode" = smi ]; then
-  need timeout
-  # A hung driver leaves nvidia-smi in the kernel (state D), where timeout cannot kill it: each
-  # new query would leave one more. One of ours stuck, or older than our own limit: ask nothing.
-  lim=$(( 2 * ${T%%.*} + 2 )) tck= up= stuck=
-  for p in $(pgrep -x nvidia-smi 2>/dev/null); do
-    case $p in ''|*[!0-9]*) continue ;; esac
-    s=; { read -r s; } 2>/dev/null <"/proc/$p/stat"
-    u=; while read -r k _ eu _; do [ "$k" = Uid: ] && { u=$eu; break; }; done 2>/dev/null \
-      <"/proc/$p/status"
-    [ -n "$s" ] && [ -n "$u" ] && [ "$u" = "$me" ] || continue
-    # ours, started as this probe starts it: "$smi" is one of its arguments (argv[0], or the
-    # script's path after its interpreter)
-    tr '\\0' '\\n' <"/proc/$p/cmdline" 2>/dev/null | grep -qxF -- "$smi" || continue
-    set -- ${s##*)}
-    st=$1; shift 19; start=$1
-    [ -n "$tck" ] || { tck=$(getconf CLK_TCK 2>/dev/null); read -r up _ </proc/uptime; }
-    age=$(( ${up%%.*} - start / ${tck:-100} ))
-    case $st in Z|X) continue ;; esac
-    if [ "$st" = D ] || [ "$age" -gt "$lim" ]; then stuck="$stuck$p $st $age
-"; fi
-  done
-  if [ -n "$stuck" ]; then m stuck; printf '%s' "$stuck"; m end; exit 0; fi
+if [[ $sudo == sudo ]]; then need sudo; else need fuser; fi
+me=; while read -r k _ eu _; do [[ $k == Uid: ]] && { me=$eu; break; }; done </proc/$$/status
+if [[ $mode == smi ]]; then
+  stuck_smi
+  if [[ -n $R ]]; then m stuck; printf '%s' "$R"; m end; exit 0; fi
   m gpus-err
-  if [ -n "$idx" ]; then
-    g=$(timeout -k 1 "$T" GPU_Q -i "$idx" 2>&4)
-  else
-    g=$(timeout -k 1 "$T" GPU_Q 2>&4)
-  fi
-  s=$?
-  m gpus "$s"; printf '%s\\n' "$g"
-  case $s in 0|14|15) ;; *) m end; exit 0 ;; esac  # 14: infoROM warning, 15: a GPU lost
-  [ -n "$idx" ] || idx=$(firsts "$g")
+  if [[ -n $idx ]]; then query GPU_Q -i "$idx"; else query GPU_Q; fi
+  m gpus "$S"; printf '%s\n' "$Q"
+  case $S in 0|14|15) ;; *) m end; exit 0 ;; esac  # 14: infoROM warning, 15: a GPU lost
+  g=$Q
+  [[ -n $idx ]] || { firsts "$g"; idx=$R; }
   m apps-err
-  a=$(timeout -k 1 "$T" APPS_Q 2>&4)
-  s=$?
-  m apps "$s"; printf '%s\\n' "$a"
-  case $s in 0|14|15) ;; *) m end; exit 0 ;; esac
-  extra="$extra $(firsts "$a")"
+  query APPS_Q
+  m apps "$S"; printf '%s\n' "$Q"
+  case $S in 0|14|15) ;; *) m end; exit 0 ;; esac
+  firsts "$Q"; extra+=" $R"
 fi
 # Each GPU's device minor, as the driver says: a GPU's index is not its minor.
 m minors
-set +f
-for d in "$drv"/gpus/*; do
-  [ -r "$d/information" ] || continue
+set +f; gdirs=("$drv"/gpus/*); set -f
+for d in "${gdirs[@]}"; do
+  [[ -r $d/information ]] || continue
   mi=-
   while IFS=: read -r k v; do
-    if [ "$k" = "Device Minor" ]; then set -f; set -- $v; mi=${1:--}; set +f; fi
+    if [[ $k == 'Device Minor' ]]; then v=($v); mi=${v[0]:--}; fi
   done 2>/dev/null <"$d/information"
   printf '%s %s\n' "${d##*/}" "$mi"
-  mins="$mins,$mi"
+  mins+=",$mi"
 done
-set -f
-set --
+files=()
 seen=,
 IFS=', '
 for i in $mins; do
   case $i in ''|*[!0-9]*) continue ;; esac
   case $seen in *",$i,"*) continue ;; esac
-  seen="$seen$i,"
-  [ -e "$pre$i" ] && set -- "$@" "$pre$i"
+  seen+="$i,"
+  [[ -e $pre$i ]] && files+=("$pre$i")
 done
-IFS=' '
-ng=$#  # no GPU device file: nothing to ask fuser (the sudoers rule wants one first)
-for f in "${pre}ctl" "${pre}-uvm"; do [ -e "$f" ] && set -- "$@" "$f"; done
-if [ "$ng" -gt 0 ]; then
-  if [ "$sudo" = sudo ]; then f=$(sudo -n fuser -v "$@" 2>&1); else f=$(fuser -v "$@" 2>&1); fi
+IFS=$' \t\n'
+ng=${#files[@]}  # no GPU device file: nothing to ask fuser (the sudoers rule wants one first)
+for f in "${pre}ctl" "${pre}-uvm"; do [[ -e $f ]] && files+=("$f"); done
+if (( ng > 0 )); then
+  if [[ $sudo == sudo ]]; then f=$(sudo -n fuser -v "${files[@]}" 2>&1); else
+    f=$(fuser -v "${files[@]}" 2>&1); fi
   s=$?
 else
   f= s=1
 fi
 m fuser "$s"
-fp=$(printf '%s\\n' "$f" | LC_ALL=C awk 'AWK_FUSER' 2>&1 >&4)
+fuser_table "$f"
 # /proc mounted with hidepid: other users' processes are not there to read.
 hp=-
 while read -r _ mnt fs opts _; do
-  [ "$mnt" = /proc ] && [ "$fs" = proc ] || continue
+  [[ $mnt == /proc && $fs == proc ]] || continue
   case ,$opts, in *,hidepid=*) hp=${opts#*hidepid=}; hp=${hp%%,*} ;; esac
 done 2>/dev/null </proc/mounts
 m view "$hp" "${me:--}"
-procs $extra $fp
+procs $extra $FP
 m end
-""".replace("GPU_Q", _smi(gpu_query_argv("nvidia-smi")))
-    .replace("APPS_Q", _smi(apps_query_argv("nvidia-smi")))
-    .replace("AWK_FUSER", _AWK_FUSER)
+""".replace("GPU_Q", _smi(gpu_query_argv("nvidia-smi"))).replace(
+        "APPS_Q", _smi(apps_query_argv("nvidia-smi"))
+    )
 )
 
 PROC_SCRIPT = (
-    _MARK
+    _COMMON
     + _PROCS
     + """procs "$@"
 m end

@@ -56,6 +56,8 @@ class Sections:
         text = "\n" + text
         matches = list(MARKER.finditer(text))
         if not matches:
+            if result is not None and result.exit_status == 127 and "bash" in result.stderr:
+                raise ProbeError(node, "bash not found on the node (the probe is a bash script)")
             if result is not None and result.exit_status != 0:
                 why = first_meaningful_line(result.stderr) or first_meaningful_line(result.stdout)
                 raise ProbeError(node, f"probe failed (exit {result.exit_status}): {why}")

@@ -1,4 +1,4 @@
-"""The one-exec node probe, run by real dash and bash against real processes holding files.
+"""The one-exec node probe, run by real bash against real processes holding files.
 
 A stand-in nvidia-smi (a tiny sh script reading its answers from files) lets each test choose what
 the GPUs say; the "device files" are plain files in a temporary folder that real ``sleep``
@@ -21,7 +21,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpubot.core import probe_script
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, DeviceHolder, GpuInfo, NodeConfig
 from gpubot.core.plan import ResetRequest, plan_reset
@@ -33,12 +32,13 @@ from gpubot.errors import ConfigError, ParseError, ProbeError, ResetRefused, Smi
 
 U = [f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(3)]
 SLEEP_PY = [sys.executable, "-c", "import time; time.sleep(120)"]
-SHELLS = [s for s in ("dash", "bash") if shutil.which(s)]
 
-SMI = """#!/bin/sh
-d=$(dirname "$0")
+SMI = """#!/bin/bash
+# Builtins only on the normal paths: a test counts the programs the probe starts.
+d=${0%/*}
 printf '%s\\n' "$*" >>"$d/calls"
-mode=$(cat "$d/mode" 2>/dev/null)
+mode=; read -r mode <"$d/mode" 2>/dev/null
+show() { while IFS= read -r l || [[ -n $l ]]; do printf '%s\\n' "$l"; done <"$1"; }
 case $mode in
   hang) exec sleep 30 ;;
   stubborn) trap '' TERM; while :; do sleep 0.05; done ;;
@@ -47,8 +47,8 @@ case $mode in
   apps-fail) case $1 in --query-compute-apps*) echo "Unknown Error" >&2; exit 255 ;; esac ;;
 esac
 case $1 in
-  --query-gpu*) cat "$d/gpus" ;;
-  --query-compute-apps*) cat "$d/apps" ;;
+  --query-gpu*) show "$d/gpus" ;;
+  --query-compute-apps*) show "$d/apps" ;;
 esac
 """
 
@@ -148,10 +148,10 @@ def set_minors(driver: Path, minors: list[int | None]) -> None:
         )
 
 
-def run(argv: list[str], shell: str = "dash", env: dict[str, str] | None = None) -> CommandResult:
-    assert argv[0] == "sh"
+def run(argv: list[str], env: dict[str, str] | None = None) -> CommandResult:
+    assert argv[0] == "bash"
     p = subprocess.run(
-        [shutil.which(shell) or shell, *argv[1:]],
+        [shutil.which("bash") or "/bin/bash", *argv[1:]],  # sshd finds it on the login PATH
         capture_output=True,
         text=True,
         env=env,
@@ -160,13 +160,13 @@ def run(argv: list[str], shell: str = "dash", env: dict[str, str] | None = None)
     return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr)
 
 
-def probe(box: Box, shell: str = "dash", node: NodeConfig | None = None, **kw: object):  # type: ignore[no-untyped-def]
+def probe(box: Box, node: NodeConfig | None = None, **kw: object):  # type: ignore[no-untyped-def]
     node = node or box.node
     kw.setdefault("smi_timeout_s", 5)
     nvml = kw.pop("nvml", None)
     env = kw.pop("env", None)
     argv = probe_argv(node, **kw)  # type: ignore[arg-type]
-    return parse_probe(node, run(argv, shell, env), 1000.0, nvml=nvml)  # type: ignore[arg-type]
+    return parse_probe(node, run(argv, env), 1000.0, nvml=nvml)  # type: ignore[arg-type]
 
 
 # ---- argv -----------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def test_script_is_constant_and_values_are_arguments() -> None:
     plain = NodeConfig(name="n1", host="h")
     a = probe_argv(nasty, smi_timeout_s=2.5, gpu_indices=[0, 3])
     b = probe_argv(plain, smi_timeout_s=10)
-    assert a[:4] == b[:4] == ["sh", "-c", PROBE_SCRIPT, "gpubot-probe"]
+    assert a[:4] == b[:4] == ["bash", "-c", PROBE_SCRIPT, "gpubot-probe"]
     drv = "/proc/driver/nvidia"
     assert a[4:] == [nasty.nvidia_smi, nasty.dev_prefix, "2.5", "sudo", "smi", "0,3", drv, ""]
     assert b[4:] == ["nvidia-smi", "/dev/nvidia", "10", "-", "smi", "", drv, ""]
@@ -218,14 +218,13 @@ def test_probe_argv_rejects_a_relative_prefix() -> None:
 # ---- end to end against real processes --------------------------------------------------------
 
 
-@pytest.mark.parametrize("shell", SHELLS)
-def test_probe_builds_the_snapshot(box: Box, shell: str) -> None:
+def test_probe_builds_the_snapshot(box: Box) -> None:
     a, b, c, d = (box.pids[k] for k in "ABCD")
     box.set(
         gpus=gpus_text(),
         apps=f"{a}, {U[0]}, 2048\n{box.gone}, {U[1]}, 512\n",
     )
-    snap = probe(box, shell)
+    snap = probe(box)
     assert snap.node == "n1" and snap.taken_at == 1000.0
     assert [g.index for g in snap.gpus] == [0, 1, 2]
     assert snap.gpu(1) == GpuInfo(1, U[1], "NVIDIA H200", 1024, 143771, 10, BUS[1], 1)
@@ -375,9 +374,9 @@ def test_sudo_refusal_is_a_probe_error(box: Box, tmp_path: Path) -> None:
 
 
 def test_missing_tools_are_named(box: Box, tmp_path: Path) -> None:
-    bindir = tmp_path / "bin"  # every tool the probe needs, except fuser and sudo
+    bindir = tmp_path / "bin"  # what the stand-in nvidia-smi needs; none of fuser and sudo
     bindir.mkdir()
-    for tool in ("cat", "awk", "getconf", "getent", "readlink", "timeout", "dirname", "sleep"):
+    for tool in ("cat", "dirname", "sleep"):
         (bindir / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
     env = {"PATH": str(bindir)}
     box.set(gpus=gpus_text(), apps="")
@@ -385,10 +384,18 @@ def test_missing_tools_are_named(box: Box, tmp_path: Path) -> None:
         probe(box, env=env)
     with pytest.raises(ProbeError, match="sudo not found"):
         probe(box, node=replace(box.node, sudo=True), env=env)
-    (bindir / "timeout").unlink()
+    # Nothing else: no timeout, awk, getconf, pgrep or getent is needed.
     (bindir / "fuser").symlink_to(shutil.which("fuser") or "/usr/bin/fuser")
-    with pytest.raises(ProbeError, match=r"timeout \(coreutils\) not found"):
-        probe(box, env=env)
+    assert len(probe(box, env=env).gpus) == 3
+
+
+def test_an_old_bash_or_none_is_named() -> None:
+    old = out("probe 5 -\n", "fatal old-bash\n", "end\n")
+    with pytest.raises(ProbeError, match=r"needs bash 4\.4 or later"):
+        parse_probe(NODE, old, 1.0)
+    none = CommandResult(("bash",), 127, "", "sh: 1: bash: not found\n")
+    with pytest.raises(ProbeError, match="bash not found on the node"):
+        parse_probe(NODE, none, 1.0)
 
 
 # ---- parse_probe on synthetic output -----------------------------------------------------------
@@ -613,7 +620,7 @@ def test_a_name_shaped_like_a_fuser_line_adds_no_holder(box: Box) -> None:
 def test_proc_argv_runs_for_real(box: Box) -> None:
     a, d = box.pids["A"], box.pids["D"]
     argv = proc_argv([a, d, box.gone, a])
-    assert argv[:3] == ["sh", "-c", argv[2]] and "sudo" not in argv  # reading needs no privilege
+    assert argv[:3] == ["bash", "-c", argv[2]] and "sudo" not in argv  # reading needs no privilege
     procs = parse_procs(run(argv).stdout, [a, d, box.gone])
     assert set(procs) == {a, d}
     assert procs[d].start_ticks == start_ticks(d) and procs[d].command.endswith(" 120")
@@ -623,29 +630,6 @@ def test_proc_argv_runs_for_real(box: Box) -> None:
 def test_printable_escapes_what_would_break_a_table() -> None:
     assert printable("ok name") == "ok name"
     assert printable("a\nb\tc\u202ed") == "a\\x0ab\\x09c\\x202ed"
-
-
-AWKS = [a for a in ("gawk", "mawk", "original-awk", "busybox") if shutil.which(a)]
-
-
-@pytest.mark.parametrize("awk", AWKS)
-def test_the_same_snapshot_under_each_awk(box: Box, awk: str, tmp_path: Path) -> None:
-    # Debian and Ubuntu nodes run mawk as awk, RHEL-family nodes gawk: the escaping must agree.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    if awk == "busybox":
-        (bindir / "awk").write_text(f'#!/bin/sh\nexec {shutil.which("busybox")} awk "$@"\n')
-        (bindir / "awk").chmod(0o755)
-    else:
-        (bindir / "awk").symlink_to(shutil.which(awk) or awk)
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    box.set(gpus=gpus_text(), apps=f"{box.pids['A']}, {U[0]}, 2048\n")
-    default, under = probe(box), probe(box, env=env)
-    same = [(replace(p, elapsed_s=None), replace(q, elapsed_s=None))
-            for p, q in zip(under.processes, default.processes, strict=True)]  # fmt: skip
-    assert all(p == q for p, q in same) and len(under.ctl_only) == len(default.ctl_only)
-    d = {p.pid: p for p in under.processes}[box.pids["D"]]
-    assert d.process_name == "x) (y\\x0az" and d.exe == str(box.dir / "x) (y\nz")
 
 
 def test_holders_go_to_the_gpu_their_device_minor_names(box: Box) -> None:
@@ -676,11 +660,6 @@ def test_holders_go_to_the_gpu_their_device_minor_names(box: Box) -> None:
         set_minors(driver, [0, 1, 2])
 
 
-def test_the_awk_programs_hold_no_single_quote() -> None:
-    # Each is passed to awk inside single quotes of the sh script: one quote would end it.
-    assert "'" not in probe_script._AWK_PROCS and "'" not in probe_script._AWK_FUSER
-
-
 @pytest.mark.parametrize(
     ("fuser", "view", "unseen", "hidepid"),
     [("~unseen 3\n", "-", 3, None), ("", "2", 0, "2"), ("", "invisible", 0, "invisible"),
@@ -708,24 +687,75 @@ def test_an_ordinary_account_without_sudo_sees_part_of_the_node() -> None:
     assert not parse_probe(replace(NODE, sudo=True), r, 1.0).notes  # sudo fuser sees them all
 
 
-def test_idle_gpus_cost_no_process_work(box: Box, tmp_path: Path) -> None:
-    # A wrapper on PATH says which awk programs run: the /proc reader must not, for idle GPUs.
-    bindir, log = tmp_path / "bin", tmp_path / "awk.log"
+def _logging_path(tmp: Path) -> tuple[dict[str, str], Path]:
+    """A PATH whose every program (all of the real PATH's, and sbin's) logs its name, then runs."""
+    bindir, log = tmp / "bin", tmp / "execs.log"
     bindir.mkdir()
-    (bindir / "awk").write_text(
-        f'#!/bin/sh\ncase "$1" in *"function rd("*) echo procs ;; *) echo other ;; esac >>{log}\n'
-        f'exec {shutil.which("awk")} "$@"\n'
-    )
-    (bindir / "awk").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    idle = tmp_path / "dev"
-    idle.mkdir()
-    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
-        (idle / name).touch()  # nobody holds these
-    box.set(gpus=gpus_text(), apps="")
-    snap = probe(box, node=replace(box.node, dev_prefix=f"{idle}/nvidia"), env=env)
-    assert snap.processes == () and len(snap.gpus) == 3
-    assert log.read_text().split() == ["other"]  # fuser's filter only
     log.write_text("")
-    probe(box, env=env)  # the box's own device files are held: /proc is read, once
-    assert log.read_text().split() == ["other", "procs"]
+    for folder in [*os.environ["PATH"].split(":"), "/usr/sbin", "/sbin"]:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for e in entries:
+            wrapper = bindir / e.name
+            if wrapper.exists() or not re.fullmatch(r"[\w.+-]+", e.name):
+                continue
+            if not (e.is_file() and os.access(e.path, os.X_OK)):
+                continue
+            wrapper.write_text(f'#!/bin/sh\necho {e.name} >>{log}\nexec {e.path} "$@"\n')
+            wrapper.chmod(0o755)
+    return {**os.environ, "PATH": str(bindir)}, log
+
+
+def test_the_probe_runs_four_programs_and_no_proc_work_for_idle_gpus(
+    box: Box, tmp_path: Path
+) -> None:
+    # Every program the probe starts by name is logged; nvidia-smi logs its own calls. bash
+    # itself is the fourth.
+    env, log = _logging_path(tmp_path)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
+        (dev / name).touch(mode=0o644)
+    node = replace(box.node, dev_prefix=f"{dev}/nvidia")
+
+    def programs() -> list[str]:
+        smi = [f"nvidia-smi:{c.split('=')[0]}" for c in box.calls()]
+        ran = sorted(log.read_text().split() + smi)
+        log.write_text("")
+        box.set()
+        return ran
+
+    queries = ["nvidia-smi:--query-compute-apps", "nvidia-smi:--query-gpu"]
+    box.set(gpus=gpus_text(), apps="")
+    raw = run(probe_argv(node, smi_timeout_s=5), env)
+    assert parse_probe(node, raw, 1.0).processes == ()
+    assert "\n@gpubot procs\nc - -\n\n@gpubot end" in raw.stdout  # no /proc read at all
+    assert programs() == ["fuser", *queries]
+
+    # Two jobs of an ordinary user: one nvidia-smi lists on GPU 0, one hidden on GPU 1.
+    jobs = []
+    for files in (["nvidia0", "nvidiactl"], ["nvidia1"]):
+        fds = [os.open(dev / f, os.O_RDONLY) for f in files]
+        jobs.append(subprocess.Popen(["sleep", "60"], pass_fds=fds, user="nobody"))
+        for fd in fds:
+            os.close(fd)
+    try:
+        box.set(gpus=gpus_text(), apps=f"{jobs[0].pid}, {U[0]}, 2048\n")
+        snap = probe(box, node=node, env=env)
+        assert {(p.pid, p.gpu_index, p.user) for p in snap.processes} == {
+            (jobs[0].pid, 0, "nobody"), (jobs[1].pid, 1, "nobody")}  # fmt: skip
+        assert programs() == ["fuser", *queries]
+        # A process of a system account costs one readlink: its executable is what protects it.
+        fd = os.open(dev / "nvidia2", os.O_RDONLY)
+        jobs.append(subprocess.Popen(["sleep", "60"], pass_fds=[fd]))
+        os.close(fd)
+        box.set(gpus=gpus_text(), apps=f"{jobs[0].pid}, {U[0]}, 2048\n")
+        snap = probe(box, node=node, env=env)
+        assert {p.user for p in snap.processes} == {"nobody", "root"}
+        assert programs() == ["fuser", *queries, "readlink"]
+    finally:
+        for j in jobs:
+            j.kill()
+            j.wait()
