@@ -71,6 +71,9 @@ class SshTransport:
         self._pool: dict[str, _Pooled] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._channels: dict[str, asyncio.Semaphore] = {}
+        # Parsed once and shared by every connection, re-read when the file changes: parsing
+        # known_hosts per connection cost CPU and memory that grew with the square of the fleet.
+        self._files: dict[str, tuple[tuple[int, int, int], Any]] = {}
         self.connections_made = 0  # SSH connections opened so far (reconnects included)
 
     def connected(self) -> int:
@@ -208,17 +211,28 @@ class SshTransport:
         if node.key:
             key_path = expand(node.key)
             try:
-                options["client_keys"] = [asyncssh.read_private_key(key_path)]
+                options["client_keys"] = [self._parsed(key_path, asyncssh.read_private_key)]
             except (OSError, asyncssh.KeyImportError) as exc:
                 why = getattr(exc, "strerror", None) or str(exc)
                 raise AuthRefused(node.name, f"cannot load key {key_path}: {why}") from exc
             options["agent_path"] = None
         return options
 
+    def _parsed(self, path: str, parse: Any) -> Any:
+        """Return ``parse(path)``, reused while the file's inode, mtime and size stay the same."""
+        st = os.stat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        value = parse(path)
+        self._files[path] = (stamp, value)
+        return value
+
     async def _connect(self, node: NodeConfig) -> asyncssh.SSHClientConnection:
         known_path = expand(self._ssh.known_hosts)
         try:
-            known = asyncssh.read_known_hosts(known_path)
+            known = self._parsed(known_path, asyncssh.read_known_hosts)
         except (OSError, ValueError) as exc:
             why = getattr(exc, "strerror", None) or str(exc)
             raise HostKeyRejected(

@@ -291,6 +291,27 @@ async def test_changed_host_key_is_refused(ssh_world: World, tmp_path: Path) -> 
         await t.close()
 
 
+async def test_known_hosts_is_parsed_once_and_reread_when_it_changes(
+    ssh_world: World, tmp_path: Path
+) -> None:
+    good = tmp_path / "known_hosts"
+    good.write_text(Path(ssh_world.settings.ssh.known_hosts).read_text())
+    t = SshTransport(replace(ssh_world.settings.ssh, known_hosts=str(good)))
+    first, second = ssh_world.settings.nodes[0], ssh_world.settings.nodes[1]
+    try:
+        await t.run(first, ["true"])
+        parsed = t._files[str(good)][1]
+        await t.run(second, ["true"])
+        assert t._files[str(good)][1] is parsed  # one parse, shared by both connections
+        # The file now says another key (a rotation, or a revoked one): the next connect obeys.
+        good.write_text(_swap_keys(good, tmp_path).read_text())
+        await t.close()
+        with pytest.raises(HostKeyRejected, match="CHANGED"):
+            await t.run(first, ["true"])
+    finally:
+        await t.close()
+
+
 async def test_unknown_host_is_refused(ssh_world: World, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     _write(empty, "")
