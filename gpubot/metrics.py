@@ -5,16 +5,22 @@ Per GPU from the last sweep this process ran (``gpubot_gpu_memory_used_bytes{nod
 resets by outcome, sweep durations and node failures. GPU series come from one snapshot swapped
 in whole, so a scrape never sees half a sweep; a node that did not answer has no GPU series
 (a stale number would look like a healthy one). Served over HTTP by ``serve(port)``.
+
+And the event loop's health: ``watch_loop`` (run by ``gpubot serve``) wakes every few ms and
+records how late each wake-up came (``gpubot_event_loop_stall_seconds``) and the longest since
+it began (``gpubot_event_loop_max_stall_seconds``): work that holds the loop that long delays
+every Slack acknowledgement queued behind it (Slack waits 3 s).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
@@ -26,6 +32,8 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 SWEEP_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+STALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LOOP_TICK_S = 0.02  # how often watch_loop wakes: a stall shorter than this is not seen
 
 
 class _LastSweep(Collector):
@@ -95,6 +103,18 @@ class Metrics:
             ["node"],
             registry=self.registry,
         )
+        self.loop_stalls = Histogram(
+            "gpubot_event_loop_stall_seconds",
+            "How late each of the event-loop watch's wake-ups came (the loop was held that long)",
+            buckets=STALL_BUCKETS,
+            registry=self.registry,
+        )
+        self.loop_max_stall = Gauge(
+            "gpubot_event_loop_max_stall_seconds",
+            "The longest event-loop stall since the watch began",
+            registry=self.registry,
+        )
+        self.max_stall_s = 0.0
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -116,6 +136,22 @@ class Metrics:
     def count_reset(self, outcome: str, n: int = 1) -> None:
         """Count ``n`` GPUs whose reset ended as ``outcome`` (freed, stuck, refused ...)."""
         self.resets.labels(outcome=outcome).inc(n)
+
+    def observe_stall(self, seconds: float) -> None:
+        """Record that the event loop answered ``seconds`` late."""
+        self.loop_stalls.observe(seconds)
+        if seconds > self.max_stall_s:
+            self.max_stall_s = seconds
+            self.loop_max_stall.set(seconds)
+
+    async def watch_loop(self, every_s: float = LOOP_TICK_S) -> None:
+        """Watch the running event loop until cancelled: sleep ``every_s``, record how late the
+        wake-up came. Anything that holds the loop (parsing, rendering, a blocking call) shows."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(every_s)
+            self.observe_stall(max(0.0, loop.time() - start - every_s))
 
     def text(self) -> str:
         """Return the exposition text (what a scrape gets)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from gpubot.chat.blocks import (
@@ -24,6 +25,7 @@ from gpubot.chat.blocks import (
 )
 from gpubot.core.flags import gpu_flags, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.services.status import FleetStatus
 
 
 def _num(v: int | None) -> str:
@@ -166,6 +168,34 @@ def render_fleet(
         _add_many(b, snapshots, use_table=use_table, tail=tail)
     b.add(context(f"{ok + bad} node(s) asked in {seconds:.1f} s", _taken(snapshots)))
     return {"text": escape(summary), "blocks": b.blocks}
+
+
+class FleetRenders:
+    """Renders each fleet answer once per title, and keeps the last ``keep`` messages.
+
+    Requests that joined one round of probes get the same ``FleetStatus`` object from the
+    status service (single flight), so a burst of ``/gpu status all`` is rendered once, not once
+    per request. Keyed on the answer's identity (the answer is held, so its id is not reused
+    while kept); a rendered message is shared, and never changed afterwards.
+    """
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self.made = 0  # messages rendered
+        self._kept: OrderedDict[tuple[int, str], tuple[FleetStatus, Message]] = OrderedDict()
+
+    def fleet(self, answer: FleetStatus, title: str) -> Message:
+        """Return ``answer`` rendered with ``title`` (``render_fleet``), rendering it once."""
+        key = (id(answer), title)
+        hit = self._kept.get(key)
+        if hit is not None and hit[0] is answer:
+            return hit[1]
+        msg = render_fleet(answer.snapshots, answer.failed, seconds=answer.seconds, title=title)
+        self.made += 1
+        self._kept[key] = (answer, msg)
+        while len(self._kept) > self.keep:
+            self._kept.popitem(last=False)
+        return msg
 
 
 def _add_many(b: Budget, snapshots: Sequence[NodeSnapshot], *, use_table: bool, tail: int) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubot.chat.blocks import Message, escape, render_text
-from gpubot.chat.fleet_view import render_fleet
+from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home
 from gpubot.chat.reset_view import (
     render_approval_request,
@@ -99,6 +99,7 @@ class Flows:
         self.waiting: dict[int, Handle | None] = {}  # approval id → the requester's message
         self.deciding: set[int] = set()  # approvals being decided now (double clicks)
         self._home: tuple[float, FleetStatus] | None = None
+        self.renders = FleetRenders()
 
     def check(self, cmd: commands.Command) -> None:
         """Check names against the inventory (pure and fast: before acknowledging)."""
@@ -145,8 +146,7 @@ class Flows:
             await out.update(handle, error_message(exc))
             return
         title = "GPU status · " + (", ".join(cmd.names) if cmd.names else "all")
-        await out.update(handle, render_fleet(fleet.snapshots, fleet.failed,
-                                              seconds=fleet.seconds, title=title))  # fmt: skip
+        await out.update(handle, self.renders.fleet(fleet, title))  # once per shared answer
 
     async def reset(self, cmd: commands.Reset, who: Identity, out: Surface, *, text: str) -> None:
         """Plan; run at once if only the asker's processes die, else ask for approval."""

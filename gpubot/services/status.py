@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -110,8 +110,8 @@ class StatusService:
         self.transport = transport
         self.store = store
         self.clock = clock
-        # Fleet probes in flight, by node list: identical requests share one (single flight).
-        self._inflight: dict[tuple[str, ...], asyncio.Future[FanOut[NodeSnapshot]]] = {}
+        # Rounds of fleet probes in flight, by node list: identical requests share one.
+        self._inflight: dict[tuple[str, ...], asyncio.Future[FleetStatus]] = {}
 
     def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
         """Turn node names, group names or ``all`` into nodes, in inventory order."""
@@ -191,43 +191,66 @@ class StatusService:
                 out[key] = apply_enrichment(w, rec, cfg.container_owner_label, uid_names)
         return out
 
-    async def _probe_all(self, nodes: Sequence[NodeConfig]) -> FanOut[NodeSnapshot]:
-        """Snapshot ``nodes``; a request for the same nodes while one runs shares its answer.
+    async def fleet(
+        self, names: Sequence[str] = ("all",), *, actor: str = "cli", source: str = "cli"
+    ) -> FleetStatus:
+        """Snapshot every named node concurrently; failures are reported per node.
+
+        Single flight: calls for the same nodes while a round of probes runs join that round
+        and get the same ``FleetStatus`` object (so a front end can render it once); a call
+        after the round ended starts a new one. Every call records its own audit query, with
+        its own actor, source and wait.
+        """
+        nodes = self.resolve(names)
+        started = self.clock.monotonic()
+        status = await self._round(nodes)
+        await self._record(actor, source, nodes, status.failed, self.clock.monotonic() - started)
+        return status
+
+    async def _round(self, nodes: Sequence[NodeConfig]) -> FleetStatus:
+        """Return the answer of the round of probes of ``nodes`` in flight, starting one if none.
 
         A burst of ``/gpu status all`` would otherwise probe every node once per request.
         """
         key = tuple(n.name for n in nodes)
         task = self._inflight.get(key)
-        if task is None:
-            task = asyncio.ensure_future(
-                fan_out(nodes, self.snapshot, self.settings.ssh.max_parallel)
-            )
+        if task is None or task.done():  # a finished round is never reused: no stale answers
+            task = asyncio.ensure_future(self._probe_round(nodes))
             self._inflight[key] = task
-            task.add_done_callback(lambda _: self._inflight.pop(key, None))
+            task.add_done_callback(lambda t: self._round_done(key, t))
         return await asyncio.shield(task)  # one caller giving up does not cancel the others
 
-    async def fleet(
-        self, names: Sequence[str] = ("all",), *, actor: str = "cli", source: str = "cli"
-    ) -> FleetStatus:
-        """Snapshot every named node concurrently; failures are reported per node."""
-        nodes = self.resolve(names)
+    def _round_done(self, key: tuple[str, ...], task: asyncio.Future[FleetStatus]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: no "never retrieved" log if every caller gave up
+
+    async def _probe_round(self, nodes: Sequence[NodeConfig]) -> FleetStatus:
+        """Probe ``nodes`` (bounded fan-out, each failing alone) into one ``FleetStatus``."""
         started = self.clock.monotonic()
-        res = await self._probe_all(nodes)
+        res = await fan_out(nodes, self.snapshot, self.settings.ssh.max_parallel)
         seconds = self.clock.monotonic() - started
         order = {n.name: i for i, n in enumerate(nodes)}
         snaps = tuple(sorted(res.ok.values(), key=lambda s: order[s.node]))
         failed = {n: reason(e, n) for n, e in sorted(res.failed.items(), key=lambda x: order[x[0]])}
         timed_out = tuple(n for n, e in res.failed.items() if isinstance(e, TimeoutError))
-        status = FleetStatus(snaps, failed, seconds, timed_out)
-        if self.store is not None:
-            try:
-                await self.store.record_query(
-                    kind="status", actor=actor, source=source,
-                    nodes=[n.name for n in nodes], failed=failed, seconds=seconds,
-                )  # fmt: skip
-            except StoreError as exc:  # a read-only query still answers; the gap is logged
-                log.warning("status query not recorded in the audit log: %s", exc)
-        return status
+        return FleetStatus(snaps, failed, seconds, timed_out)
+
+    async def _record(
+        self, actor: str, source: str, nodes: Sequence[NodeConfig], failed: Mapping[str, str],
+        seconds: float,
+    ) -> None:  # fmt: skip
+        """Record one status query in the audit log (a failure to record is logged, not raised)."""
+        if self.store is None:
+            return
+        try:
+            await self.store.record_query(
+                kind="status", actor=actor, source=source,
+                nodes=[n.name for n in nodes], failed=failed, seconds=seconds,
+            )  # fmt: skip
+        except StoreError as exc:  # a read-only query still answers; the gap is logged
+            log.warning("status query not recorded in the audit log: %s", exc)
 
 
 async def probe_node(

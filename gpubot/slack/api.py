@@ -6,14 +6,21 @@ again with its table as preformatted text, then as plain text, through the Web A
 ``response_url`` alike; a failed ``chat.update`` posts a new message.
 Failures are logged and return None: a Slack outage never stops a reset half-way or leaves an
 approval in a wrong state.
+
+A bot's client (``make_client(..., shared_session=True)``) sends every Web API and
+``response_url`` call over one aiohttp session, one pool of kept-alive connections
+(``WebSession``), instead of slack_sdk's default of a new session, and so a new connection, per
+call; ``SlackApi.close`` closes it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
@@ -52,11 +59,74 @@ def retry_handlers() -> list[Any]:
     ]
 
 
-def make_client(token: str, base_url: str, *, timeout: int = 10) -> AsyncWebClient:
-    """Return a Web API client for ``base_url`` (which ends with ``/``) with the retry policy."""
-    return AsyncWebClient(
-        token=token, base_url=base_url, timeout=timeout, retry_handlers=retry_handlers()
-    )
+class WebSession:
+    """One aiohttp session (one connection pool) for every Web API call of a bot.
+
+    Made on first use, on the running loop (aiohttp binds a session to its loop), with the
+    clients' timeout (slack_sdk applies its own per call only to sessions it makes). After
+    ``close`` it hands out nothing: a late call gets slack_sdk's session of its own.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.made = 0  # sessions made: one in a bot's life, unless one was closed under it
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def get(self) -> aiohttp.ClientSession | None:
+        """Return the shared session (made now if need be); None after ``close`` or off-loop."""
+        if self._closed:
+            return None
+        if self._session is None or self._session.closed:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return None
+            timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+            self.made += 1
+        return self._session
+
+    async def close(self) -> None:
+        """Close the session and its connections; hand out no other."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+class PooledWebClient(AsyncWebClient):
+    """An ``AsyncWebClient`` whose every call, and every per-request copy bolt makes of it
+    (bolt copies ``client.session``), goes over one ``WebSession``."""
+
+    def __init__(self, pool: WebSession, **kwargs: Any) -> None:
+        self.pool = pool
+        super().__init__(**kwargs)
+
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        """The shared session (slack_sdk reads it on every call)."""
+        return self.pool.get()
+
+    @session.setter
+    def session(self, value: aiohttp.ClientSession | None) -> None:
+        if value is not None:  # AsyncBaseClient.__init__ sets None; nothing else sets it
+            raise ValueError("a PooledWebClient's session is its pool's")
+
+
+def make_client(
+    token: str, base_url: str, *, timeout: int = 10, shared_session: bool = False
+) -> AsyncWebClient:
+    """Return a Web API client for ``base_url`` (which ends with ``/``) with the retry policy.
+
+    ``shared_session``: every call over one session (``WebSession``), as a bot's client; close
+    it with ``SlackApi.close``. Without it, slack_sdk makes a session per call.
+    """
+    kwargs: dict[str, Any] = dict(token=token, base_url=base_url, timeout=timeout,
+                                  retry_handlers=retry_handlers())  # fmt: skip
+    if shared_session:
+        return PooledWebClient(WebSession(timeout), **kwargs)
+    return AsyncWebClient(**kwargs)
 
 
 def _error(exc: Exception) -> str:
@@ -70,6 +140,12 @@ class SlackApi:
 
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client
+        self.pool = client.pool if isinstance(client, PooledWebClient) else None
+
+    async def close(self) -> None:
+        """Close the shared session of the client's calls, if it has one."""
+        if self.pool is not None:
+            await self.pool.close()
 
     async def post(
         self, channel: str, msg: Message, *, response_url: str | None = None
@@ -107,7 +183,9 @@ class SlackApi:
         interaction" guide, https://api.slack.com/interactivity/handling#message_responses), so
         a message without a table skips the middle step, and text is the last try.
         """
-        hook = AsyncWebhookClient(response_url, timeout=10, retry_handlers=retry_handlers())
+        session = self.pool.get() if self.pool is not None else None
+        hook = AsyncWebhookClient(response_url, timeout=10, session=session,
+                                  retry_handlers=retry_handlers())  # fmt: skip
         kind = "ephemeral" if ephemeral else "in_channel"
         for body in _simpler(msg):
             try:
@@ -165,28 +243,44 @@ class SlackApi:
             return False
 
     async def _send(self, method: str, msg: Message, **where: Any) -> Any:
-        """Call a chat method; if Slack refuses the blocks, retry without tables, then as text."""
+        """Call a chat method; if Slack refuses the blocks, retry without tables, then as text.
+
+        The simpler forms are made only when needed: a message shared by many requests (one
+        fleet answer) costs each of them one call, not two more renders.
+        """
         call = getattr(self.client, method)
-        *richer, text = _simpler(msg)
-        for attempt in richer:
+        for attempt in _richer(msg):
             try:
                 return await call(**where, **attempt)
             except SlackApiError as exc:
                 if _error(exc) not in BLOCK_ERRORS:
                     raise
                 log.warning("%s refused the blocks (%s): simpler next", method, _error(exc))
-        return await call(**where, **text, blocks=[])
+        return await call(**where, **_plain(msg), blocks=[])
 
 
-def _simpler(msg: Message) -> list[Message]:
-    """Return the forms to try in turn: ``msg``, then without tables (if it has one), then text.
-
-    A message without blocks is sent as it is (one try).
-    """
+def _richer(msg: Message) -> Iterator[Message]:
+    """Yield the forms with blocks to try in turn: ``msg``, then without tables (if it has one)."""
     if not msg.get("blocks"):
-        return [{k: v for k, v in msg.items() if k != "blocks"}]
+        return
+    yield msg
     plain = without_tables(msg)
-    return [msg, *([plain] if plain is not None else []), text_only(msg)]
+    if plain is not None:
+        yield plain
+
+
+def _plain(msg: Message) -> Message:
+    """Return the last form to try: ``msg``'s content as text (as it is if it has no blocks)."""
+    if not msg.get("blocks"):
+        return {k: v for k, v in msg.items() if k != "blocks"}
+    return text_only(msg)
+
+
+def _simpler(msg: Message) -> Iterator[Message]:
+    """Yield the forms to try in turn, each made when asked for: ``msg``, then without tables
+    (if it has one), then text. A message without blocks is sent as it is (one try)."""
+    yield from _richer(msg)
+    yield _plain(msg)
 
 
 class SlackSurface:

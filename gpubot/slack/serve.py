@@ -9,6 +9,7 @@ and serves until SIGTERM or SIGINT.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -93,12 +94,15 @@ async def serve_forever(
     if app.store is not None:
         await report_incomplete(app.store, bot)
     start_metrics(app, metrics_port, metrics_host)
+    settle_heap()
     app.start(sweeps=sweeps)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     expiry = asyncio.create_task(bot.expire_forever(expire_every_s))
+    # How long anything holds the loop, from here on (gpubot_event_loop_max_stall_seconds).
+    watch = asyncio.create_task(app.metrics.watch_loop()) if app.metrics is not None else None
     if listen.http:
         runner = await start_http(bot, listen.host, listen.port, listen.path)
         print(f"gpubot: serving Slack at http://{listen.host}:{listen.port}{listen.path}",
@@ -113,10 +117,25 @@ async def serve_forever(
         print("gpubot: connected to Slack (Socket Mode)", file=sys.stderr)
         await stop.wait()
         await handler.close_async()
-    expiry.cancel()
-    with suppress(asyncio.CancelledError):
-        await expiry
+    for task in (expiry, watch):
+        if task is not None:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
     await bot.drain()
+
+
+def settle_heap() -> None:
+    """Keep what start-up made (modules, settings, the bolt app: alive as long as the process)
+    out of the garbage collector's full passes from now on.
+
+    Each full pass walks every tracked object with the event loop held. Measured in-process
+    (the bot, its fake Slack and sender in one process; CPU time per loop callback) while it
+    answered 100 ``/gpu status all`` over 64 nodes: one full pass took 67-87 ms of CPU, the only
+    callback over 10 ms; with what existed before the burst frozen, 26 ms.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 async def report_incomplete(store: Store, bot: GpuBot) -> None:
