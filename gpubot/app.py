@@ -8,32 +8,33 @@ with ``serving=True``.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpubot.chat.alerts import chat_sweeper
-from gpubot.chat.flows import Services
 from gpubot.config import Settings, audit_key, config_path, load
 from gpubot.core.ports import AuditStore, Locks, Notifier, Transport
 from gpubot.errors import DatabaseBehind, StoreError
-from gpubot.services.approvals import ApprovalService, NoDirectory
-from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
-from gpubot.services.sweep import SweepService
-from gpubot.store import Store, open_store
-from gpubot.transport import make_transport
 
+# Imported where used: ``gpubot status`` needs the status service and the transport, not the
+# chat flows, the reset, sweep and approval services or SQLAlchemy before its probe is out.
 if TYPE_CHECKING:
+    from gpubot.chat.flows import Services
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
+    from gpubot.services.reset import ResetService
+    from gpubot.services.sweep import SweepService
     from gpubot.slack.api import SlackApi
     from gpubot.slack.heads import HeadPublisher
+    from gpubot.store import Store
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-_LOCAL_LOCKS = NodeLocks()  # without a database: one registry per process
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,15 @@ class App:
                 s.start()
 
     async def close(self) -> None:
-        """Stop the schedules and the metrics, close connections, locks and the database."""
+        """Stop the schedules and the metrics, close connections (SSH, the Slack Web API's),
+        locks and the database."""
         for s in self.schedulers:
             await s.stop()
         if self.metrics is not None:
             self.metrics.close()
         await self.transport.close()
+        if self.slack is not None:
+            await self.slack.close()
         close_locks = getattr(self.locks, "close", None)
         if callable(close_locks):
             close_locks()
@@ -99,6 +103,8 @@ def open_app_store(
     ``$GPUBOT_DB_PASSWORD`` is the database password, ``$GPUBOT_AUDIT_KEY`` the chain's key.
     ``check_schema`` False: also a database that is behind (``gpubot db`` migrates it).
     """
+    from gpubot.store import open_store  # SQLAlchemy: only once a store is wanted
+
     return open_store(
         settings.database_url,
         password=environ.get("GPUBOT_DB_PASSWORD") or None,
@@ -126,6 +132,13 @@ def build(
     (the demo prints them). ``first_after_s``: when the schedules first run (default: a few
     seconds after start). Raises ``ConfigError`` for bad settings.
     """
+    from gpubot.chat.alerts import chat_sweeper
+    from gpubot.chat.flows import Services
+    from gpubot.services.approvals import ApprovalService, NoDirectory
+    from gpubot.services.reset import ResetService
+    from gpubot.services.sweep import SweepService
+    from gpubot.transport import make_transport
+
     policy = settings.policy
     store = _store(settings, environ, need_store)
     transport = make_transport(settings.ssh)
@@ -140,7 +153,8 @@ def build(
     if slack is not None:
         from gpubot.slack.api import SlackApi, SlackDirectory, make_client
 
-        api = SlackApi(make_client(slack.bot_token, slack.api_url))
+        # One HTTP session (connection pool) for every Web API call; closed by App.close.
+        api = SlackApi(make_client(slack.bot_token, slack.api_url, shared_session=True))
         directory = SlackDirectory(api.client)
         notifier = notifier or _slack_alerts(api, settings)
     sweep = SweepService(settings, status, audit=store, alerts=store.alerts if store else None,
@@ -157,6 +171,70 @@ def build(
     return app
 
 
+@dataclass
+class StatusApp:
+    """What ``gpubot status`` needs: the transport and the status service. The audit store
+    opens in a worker thread while the nodes are probed (``run``); the query is recorded once
+    it is open."""
+
+    settings: Settings
+    environ: Mapping[str, str]
+    transport: Transport
+    status: StatusService
+    audit: _OpeningStore
+    store: Store | None = None  # once open (None: unusable, warned)
+    _opening: asyncio.Future[Store | None] | None = None
+
+    async def run(self, body: Callable[[StatusApp], Awaitable[T]]) -> T:
+        """Run ``body`` while the store opens beside it; return what ``body`` returns.
+
+        The store fails as in ``build(need_store=False)``: a database that cannot be used warns
+        and the query is not recorded; ``DatabaseBehind`` (or any other failure to open) stops
+        ``body`` before it answers and is raised, as is a failure of ``body`` after the store's.
+        """
+        task = asyncio.ensure_future(body(self))
+        try:
+            # The probe first: let its tasks reach the network before SQLAlchemy's import (in
+            # the thread) competes with them for the interpreter; it then runs while the nodes
+            # work.
+            for _ in range(_HEAD_START_TURNS):
+                await asyncio.sleep(0)
+            loop = asyncio.get_running_loop()
+            self._opening = loop.run_in_executor(None, _store, self.settings, self.environ, False)
+            self.store = await asyncio.shield(self._opening)
+        except BaseException:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        self.audit.opened(self.store)
+        return await task
+
+    async def close(self) -> None:
+        """Close the connections and the store (waiting for it to finish opening)."""
+        await self.transport.close()
+        opening = self._opening
+        if opening is None:
+            return
+        await asyncio.wait([opening])  # cancelled meanwhile: its thread still ends; close that
+        if not opening.cancelled() and opening.exception() is None:
+            store = opening.result()
+            if store is not None:
+                store.close()
+
+
+_HEAD_START_TURNS = 8  # event-loop turns: the fan-out's layers of tasks, each starting the next
+
+
+def build_status(settings: Settings, environ: Mapping[str, str]) -> StatusApp:
+    """Wire what ``gpubot status`` needs; ``StatusApp.run`` opens the store as the probe runs."""
+    from gpubot.transport import make_transport
+
+    audit = _OpeningStore()
+    transport = make_transport(settings.ssh)
+    status = StatusService(settings, transport, audit)
+    return StatusApp(settings, environ, transport, status, audit)
+
+
 def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:
     try:
         return open_app_store(settings, environ)
@@ -171,10 +249,18 @@ def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> 
 
 def _locks(store: Store | None) -> Locks:
     if store is None:
-        return _LOCAL_LOCKS
+        return _local_locks()
     from gpubot.store.locks import DbLocks
 
     return DbLocks(store.engine)
+
+
+@functools.cache
+def _local_locks() -> Locks:
+    """Without a database: one registry of node locks per process."""
+    from gpubot.services.reset import NodeLocks
+
+    return NodeLocks()
 
 
 def _metrics() -> Metrics:
@@ -214,6 +300,38 @@ def _schedule(app: App, first_after_s: float | None) -> None:
     app.heads = HeadPublisher(app.store, app.slack, channel)
     app.schedulers.append(IntervalScheduler(app.heads.publish, every, first_after_s=first_after_s,
                                             name="audit-head"))  # fmt: skip
+
+
+class _OpeningStore:
+    """The audit store while ``StatusApp.run`` opens it: a write waits until it is open; none
+    is made when it could not be (that was warned)."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._store: AuditStore | None = None
+
+    def opened(self, store: AuditStore | None) -> None:
+        """Take the opened store (None: unusable) and let the waiting writes go."""
+        self._store = store
+        self._open.set()
+
+    async def _ready(self) -> AuditStore:
+        await self._open.wait()
+        return self._store if self._store is not None else _NoStore()
+
+    async def record_query(self, **query: Any) -> None:
+        await self._open.wait()
+        if self._store is not None:  # None: "not recorded" was said when it failed to open
+            await self._store.record_query(**query)
+
+    async def begin_action(self, **action: Any) -> int:
+        return await (await self._ready()).begin_action(**action)
+
+    async def record_event(self, action_id: int, event: Mapping[str, Any]) -> None:
+        await (await self._ready()).record_event(action_id, event)
+
+    async def finish_action(self, action_id: int, **outcome: Any) -> None:
+        await (await self._ready()).finish_action(action_id, **outcome)
 
 
 class _NoStore:

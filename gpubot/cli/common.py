@@ -10,7 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from gpubot.app import App, build, settings_from
+from gpubot.app import App, StatusApp, build, build_status, settings_from
 
 T = TypeVar("T")
 
@@ -44,6 +44,20 @@ def with_app(args: argparse.Namespace, need_store: bool, body: Callable[[App], A
         app = build(settings, os.environ, need_store=need_store)
         try:
             return await body(app)
+        finally:
+            await app.close()
+
+    return asyncio.run(main())
+
+
+def with_status_app(args: argparse.Namespace, body: Callable[[StatusApp], Awaitable[T]]) -> T:
+    """Run ``body`` on what ``status`` needs; the audit store opens while it probes the nodes."""
+    settings = settings_from(args.config, os.environ)
+
+    async def main() -> T:
+        app = build_status(settings, os.environ)
+        try:
+            return await app.run(body)
         finally:
             await app.close()
 

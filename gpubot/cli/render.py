@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpubot.core.flags import gpu_flags, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
-from gpubot.core.plan import ResetPlan
-from gpubot.services.reset import ResetResult
-from gpubot.services.status import FleetStatus
+
+if TYPE_CHECKING:  # types only: ``gpubot status`` need not import the reset service
+    from gpubot.core.plan import ResetPlan
+    from gpubot.services.reset import ResetResult
+    from gpubot.services.status import FleetStatus
 
 WIDTH = 100
 RED, GREEN, YELLOW, BOLD, RESET = "\033[31m", "\033[32m", "\033[33m", "\033[1m", "\033[0m"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpubot.app import App
-from gpubot.cli.common import cli_actor, color, with_app
+from gpubot.app import StatusApp
+from gpubot.cli.common import cli_actor, color, with_status_app
 from gpubot.cli.render import fleet_dict, render_fleet
 
 
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print per-GPU tables; exit 0 when every node answered, 1 otherwise."""
 
-    async def body(app: App) -> int:
+    async def body(app: StatusApp) -> int:
         names = args.targets or ["all"]
         nodes = app.status.resolve(names)
         status = await app.status.fleet(names, actor=cli_actor(), source="cli")
@@ -31,4 +31,4 @@ def run(args: argparse.Namespace) -> int:
             print(render_fleet(status, color=color()))
         return 0 if status.ok else 1
 
-    return with_app(args, False, body)
+    return with_status_app(args, body)  # the store opens while the nodes are probed

@@ -5,12 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gpubot.core.alerting import Alert, AlertGroup, Handle
-from gpubot.core.approval import Approval
-from gpubot.core.findings import FindingKey
-from gpubot.core.idle import GpuSample
 from gpubot.core.models import (
     ActionStatus,
     CommandResult,
@@ -19,6 +15,12 @@ from gpubot.core.models import (
     NodeConfig,
     NodeSnapshot,
 )
+
+if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting and approvals
+    from gpubot.core.alerting import Alert, AlertGroup, Handle
+    from gpubot.core.approval import Approval
+    from gpubot.core.findings import FindingKey
+    from gpubot.core.idle import GpuSample
 
 
 class Transport(Protocol):
