@@ -2,13 +2,11 @@
 
 gpubot's code is not changed here: a fix that proves itself is described in the README for the
 maintainers to apply. ``apply(name)`` patches the running process;
-``python -m benchmarks.experiments NAME -- GPUBOT-ARGS...`` runs the gpubot CLI patched.
+``python -m benchmarks.experiments NAME -- GPUBOT-ARGS...`` runs the gpubot CLI patched
+(``benchmarks.run --experiments NAME`` runs the Slack burst so too).
 
-- ``coalesce``: concurrent fleet status requests for the same nodes share one in-flight probe
-  round (single flight) instead of each probing every node. Target of the change:
-  ``gpubot/services/status.py``, ``StatusService.fleet``.
-
-And a diagnostic, not a fix:
+The ``coalesce`` prototype (single flight for fleet status) is gone: gpubot does it itself now
+(``StatusService.fleet``). What is left is a diagnostic, not a fix:
 
 - ``smi-only``: the probe cut to the two nvidia-smi queries (no ``fuser``; ``/proc`` only for the
   PIDs nvidia-smi lists, which the strict parser insists on), so gpubot's warm path does about the
@@ -18,52 +16,13 @@ And a diagnostic, not a fix:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
-NAMES = ("coalesce", "smi-only")
+NAMES = ("smi-only",)
 Undo = Callable[[], None]
-
-
-def _coalesce() -> Undo:
-    from gpubot.services.status import FleetStatus, StatusService
-
-    original = StatusService.fleet
-    inflight: dict[tuple[int, tuple[str, ...]], asyncio.Future[FleetStatus]] = {}
-
-    async def fleet(
-        self: StatusService,
-        names: Sequence[str] = ("all",),
-        *,
-        actor: str = "cli",
-        source: str = "cli",
-    ) -> FleetStatus:
-        key = (id(self), tuple(n.name for n in self.resolve(names)))
-        shared = inflight.get(key)
-        if shared is not None:
-            return await asyncio.shield(shared)
-        fut: asyncio.Future[FleetStatus] = asyncio.get_running_loop().create_future()
-        inflight[key] = fut
-        try:
-            result = await original(self, names, actor=actor, source=source)
-            fut.set_result(result)
-            return result
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: no "never retrieved" warning when nobody waits
-            raise
-        finally:
-            inflight.pop(key, None)
-
-    StatusService.fleet = fleet  # type: ignore[method-assign]
-
-    def undo() -> None:
-        StatusService.fleet = original  # type: ignore[method-assign]
-
-    return undo
 
 
 def _smi_only() -> Undo:
@@ -71,13 +30,13 @@ def _smi_only() -> Undo:
 
     original = probe.PROBE_SCRIPT
     start = original.index("\n# Each GPU's device minor")
-    end = original.index("\nprocs $extra $fp\n")
+    end = original.index("\nprocs $extra $FP\n")
     # An empty fuser section (exit 1: no device file given); /proc read for nvidia-smi's PIDs only
     # (the parser insists on every PID it was told of).
     probe.PROBE_SCRIPT = (
         original[:start]
         + "\nm minors\nm fuser 1\nm view - -\nprocs $extra"
-        + original[end + len("\nprocs $extra $fp") :]
+        + original[end + len("\nprocs $extra $FP") :]
     )
 
     def undo() -> None:
@@ -86,7 +45,7 @@ def _smi_only() -> Undo:
     return undo
 
 
-_EXPERIMENTS: dict[str, Callable[[], Undo]] = {"coalesce": _coalesce, "smi-only": _smi_only}
+_EXPERIMENTS: dict[str, Callable[[], Undo]] = {"smi-only": _smi_only}
 
 
 def apply(name: str) -> Undo:

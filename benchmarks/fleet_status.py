@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from benchmarks.common import (
     ServerMeter,
     run_timed,
     sshd_listeners,
+    table,
 )
 from benchmarks.worker import baseline_command, check_baseline_output
 from gpubot.core.nvsmi import GPU_FIELDS
@@ -41,6 +43,7 @@ METHODS = (
     "ssh-xargs",  # the same with xargs -P N
     "pssh",  # parallel-ssh (ParallelSSHClient), a fresh process per run
     "ansible",  # ansible ad-hoc -m shell -f N
+    "asyncssh-cold",  # a minimal asyncssh script, a new process: connect, run, exit
     "asyncssh-floor",  # minimal asyncssh over already-open connections
     "gpubot-cold",  # gpubot status all --json, a new process
     "gpubot-warm",  # a running gpubot, pooled connections
@@ -48,6 +51,40 @@ METHODS = (
     "gpubot-warm:smi-only",  # diagnostic: gpubot warm with a probe cut to the two queries
 )
 SLOW = ("ssh-seq", "ansible")  # capped repeats (see ``slow_repeat``)
+
+# ``asyncssh-cold``: what a person writes with asyncssh to ask every node once. Run as a new
+# Python process each time, like ``gpubot status``; host keys checked against known_hosts.
+ASYNCSSH_COLD = """\
+import asyncio, json, sys
+
+import asyncssh
+
+
+async def one(spec, node):
+    async with asyncssh.connect(
+        "127.0.0.1", node["port"], username=spec["user"], client_keys=[spec["key"]],
+        known_hosts=spec["known_hosts"], agent_path=None, config=None,
+    ) as conn:
+        return await conn.run(node["command"])
+
+
+async def main(path):
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+    results = await asyncio.gather(*(one(spec, n) for n in spec["nodes"]),
+                                   return_exceptions=True)
+    bad = 0
+    for r in results:
+        if isinstance(r, BaseException) or r.exit_status != 0:
+            print(repr(r), file=sys.stderr)
+            bad += 1
+        else:
+            sys.stdout.write(r.stdout)
+    return 1 if bad else 0
+
+
+sys.exit(asyncio.run(main(sys.argv[1])))
+"""
 
 SSH_OPTS = (
     "-o",
@@ -199,6 +236,9 @@ class FleetBench:
             "nodes": [{"port": n.port, "command": baseline_command(n.nvidia_smi)} for n in f.nodes],
         }
         (self.work / "pssh.json").write_text(json.dumps(spec), encoding="utf-8")
+        spec["known_hosts"] = str(f.known_hosts)
+        (self.work / "asyncssh.json").write_text(json.dumps(spec), encoding="utf-8")
+        (self.work / "asyncssh_cold.py").write_text(ASYNCSSH_COLD, encoding="utf-8")
         self._write_ansible()
         db = run_timed([PYTHON, "-m", "gpubot", "--config", str(f.config_path), "db", "upgrade"])
         if db.returncode != 0:
@@ -282,6 +322,10 @@ class FleetBench:
             ),
             "pssh": lambda: self._cold(
                 [PYTHON, "-m", "benchmarks.pssh_status", str(self.work / "pssh.json")],
+                self._check_text,
+            ),
+            "asyncssh-cold": lambda: self._cold(
+                [PYTHON, str(self.work / "asyncssh_cold.py"), str(self.work / "asyncssh.json")],
                 self._check_text,
             ),
             "ansible": lambda: self._cold(
@@ -422,3 +466,102 @@ def measure(
     finally:
         bench.close()
     return series, extras
+
+
+# ---- start-up: what a cold ``gpubot status`` imports, and when ------------------------------
+
+# Libraries ``gpubot status`` must not import (issue 16), then the heavy ones it needs.
+NOT_FOR_STATUS = ("alembic", "slack_bolt", "slack_sdk", "aiohttp", "apscheduler",
+                  "prometheus_client")  # fmt: skip
+HEAVY = ("asyncssh", "cryptography", "sqlalchemy", "gpubot")
+# Run in a new process: the imports of ``gpubot status`` in the order it needs them.
+PHASES = """\
+import json, time
+t = [time.perf_counter()]
+import gpubot.cli.status  # the command, its settings and the status service
+t.append(time.perf_counter())
+import gpubot.transport  # asyncssh: before the first connection goes out
+t.append(time.perf_counter())
+import gpubot.store  # SQLAlchemy: in a worker thread, while the nodes work
+t.append(time.perf_counter())
+print(json.dumps([b - a for a, b in zip(t, t[1:])]))
+"""
+PHASE_NAMES = (
+    "`gpubot.cli.status` (settings, status service), before the probe",
+    "`gpubot.transport` (asyncssh), before the probe",
+    "`gpubot.store` (SQLAlchemy), in a worker thread while the nodes work",
+)
+
+
+def importtime_by_package(stderr: str) -> dict[str, float]:
+    """Sum ``-X importtime``'s self times (ms) by top-level package."""
+    out: dict[str, float] = {}
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        self_us, _cumulative, name = (x.strip() for x in line[12:].split("|"))
+        if self_us.isdigit():
+            top = name.split(".")[0]
+            out[top] = out.get(top, 0.0) + int(self_us) / 1000
+    return out
+
+
+def _run_ok(argv: list[str], env: dict[str, str] | None) -> Finished:
+    fin = run_timed(argv, env=env)
+    if fin.returncode != 0:
+        raise RuntimeError(f"{argv[1:4]} failed: {fin.stderr.strip()[-300:]}")
+    return fin
+
+
+def startup(config: Path, runs: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Measure a cold ``gpubot status all --json``'s imports: per phase (wall) and per package
+    (``-X importtime``), each in a new process with nothing beside it; and which packages the
+    real command on ``config`` loads (its own ``-X importtime``)."""
+    interpreter, phases, packages, loaded = [], [], [], set()
+    for _ in range(runs):
+        interpreter.append(_run_ok([PYTHON, "-c", "pass"], env).wall)
+        phases.append(json.loads(_run_ok([PYTHON, "-c", PHASES], env).stdout))
+        fin = _run_ok([PYTHON, "-X", "importtime", "-c", PHASES], env)
+        packages.append(importtime_by_package(fin.stderr))
+        argv = [PYTHON, "-X", "importtime", "-m", "gpubot", "--config", str(config), "status",
+                "all", "--json"]  # fmt: skip
+        loaded |= set(importtime_by_package(_run_ok(argv, env).stderr))
+    names = sorted({p for run in packages for p in run})
+    per_package = {p: statistics.median(run.get(p, 0.0) for run in packages) for p in names}
+    return {
+        "runs": runs,
+        "interpreter_s": statistics.median(interpreter),
+        "phases_s": {n: statistics.median(p[i] for p in phases) for i, n in enumerate(PHASE_NAMES)},
+        "importtime_ms": per_package,
+        "importtime_total_ms": statistics.median(sum(run.values()) for run in packages),
+        "loaded": [p for p in (*HEAVY, *NOT_FOR_STATUS) if p in loaded],
+        "forbidden_loaded": [p for p in NOT_FOR_STATUS if p in loaded],
+    }
+
+
+def startup_report(st: dict[str, Any]) -> list[str]:
+    """Return the start-up section of the report."""
+    phase_rows = [[n, f"{s * 1000:.0f}"] for n, s in st["phases_s"].items()]
+    ms, loaded = st["importtime_ms"], st["loaded"]
+    pkg_rows = [[f"`{p}`", "yes" if p in loaded else "no", f"{ms[p]:.0f}" if p in ms else "-"]
+                for p in (*HEAVY, *NOT_FOR_STATUS)]  # fmt: skip
+    rest = st["importtime_total_ms"] - sum(ms.get(p, 0.0) for p in HEAVY)
+    total = f"{st['importtime_total_ms']:.0f}"
+    pkg_rows += [["everything else (stdlib ...)", "yes", f"{rest:.0f}"],
+                 ["**all three imports above**", "", total]]  # fmt: skip
+    return [
+        "### Start-up of a cold `gpubot status all --json`",
+        "",
+        f"Median of {st['runs']} runs. An empty interpreter (`python -c pass`) starts in "
+        f"{st['interpreter_s'] * 1000:.0f} ms. Imports, in a new process each, in the order "
+        "status needs them (wall ms):",
+        "",
+        table(["import", "ms"], phase_rows),
+        "",
+        "By package: *loaded* by the real `gpubot status all --json` on this fleet (its "
+        "`-X importtime`); *import ms*: the self times of `-X importtime` summed, for the three "
+        "imports above alone (importtime's own overhead included):",
+        "",
+        table(["package", "loaded", "import ms"], pkg_rows),
+        "",
+    ]

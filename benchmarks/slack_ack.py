@@ -7,7 +7,10 @@ that is the acknowledgement Slack waits at most 3 s for. Every request then star
 status in the bot. Then as many requests again arrive one every ``spacing_s`` while that fleet
 work runs (users who keep asking), each timed the same way: their acks sample the bot's
 responsiveness across the busy period rather than at one instant. Afterwards it waits
-(bounded) for all the answers and reports how many arrived and when the last one did.
+(bounded) for all the answers and reports how many arrived and when the last one did, and
+scrapes the bot's metrics (``--metrics-port``) for the longest time its event loop was held
+(``gpubot_event_loop_max_stall_seconds``, since it began serving) and how many of its watch's
+wake-ups came over 50 ms late: an ack waits behind such a stall.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class AckResult:
     busy_bad: list[str] = field(default_factory=list)
     busy_after_s: float = 0.0  # spacing of the second wave's requests
     calls: dict[str, int] = field(default_factory=dict)  # Web API / response_url calls made
+    max_stall_s: float | None = None  # the bot's longest event-loop stall (its metrics)
+    stalls_over_50ms: int | None = None  # the loop watch's wake-ups more than 50 ms late
 
     @property
     def p50(self) -> float | None:
@@ -112,6 +117,33 @@ async def _wait_healthy(port: int, proc: asyncio.subprocess.Process, timeout: fl
     raise RuntimeError("gpubot serve did not start listening")
 
 
+STALL_METRIC = "gpubot_event_loop_max_stall_seconds"
+STALL_BUCKET = 'gpubot_event_loop_stall_seconds_bucket{le="0.05"}'
+STALL_COUNT = "gpubot_event_loop_stall_seconds_count"
+
+
+def parse_stalls(text: str) -> tuple[float | None, int | None]:
+    """Return the longest loop stall (s) and the wake-ups over 50 ms late from a scrape."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in (STALL_METRIC, STALL_BUCKET, STALL_COUNT):
+            values[name] = float(value)
+    late = None
+    if STALL_BUCKET in values and STALL_COUNT in values:
+        late = int(values[STALL_COUNT] - values[STALL_BUCKET])
+    return values.get(STALL_METRIC), late
+
+
+async def scrape_stalls(port: int) -> tuple[float | None, int | None]:
+    """Scrape the bot's metrics; (None, None) if they cannot be read."""
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
+            return parse_stalls(await r.text())
+    except aiohttp.ClientError:
+        return None, None
+
+
 def _finals(fake: FakeSlack) -> list[float]:
     """Return when each request got its final answer (not the "⏳ asking" placeholder).
 
@@ -167,7 +199,7 @@ async def burst(
     """Start ``gpubot serve --http``; send a burst, and another while its work runs; time acks."""
     fake = FakeSlack()
     await fake.start()
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
     env.update(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_SIGNING_SECRET=SECRET, SLACK_API_URL=fake.base_url)
     head = (
@@ -183,6 +215,10 @@ async def burst(
         "--http",
         "--port",
         str(port),
+        "--metrics-port",
+        str(metrics_port),
+        "--metrics-host",
+        "127.0.0.1",
         cwd=REPO,
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
@@ -210,6 +246,7 @@ async def burst(
         result.answered = len(finals)
         result.calls = dict(collections.Counter(c.method.split(":")[0] for c in fake.calls))
         result.last_answer_s = max(finals) - started if finals else None
+        result.max_stall_s, result.stalls_over_50ms = await scrape_stalls(metrics_port)
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)  # our own child, by pid

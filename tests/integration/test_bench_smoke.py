@@ -63,3 +63,24 @@ def test_smoke_run_measures_every_part(tmp_path: Path) -> None:
                     "### Extrapolation to 1000 nodes", "### Ratios and targets"):  # fmt: skip
         assert heading in report
     assert report == proc.stdout.strip() + "\n"
+
+
+@pytest.mark.timeout(180)
+def test_smoke_scale_runs_a_bot_over_a_fleet(tmp_path: Path) -> None:
+    out, raw = tmp_path / "report.md", tmp_path / "raw.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--smoke", "--only", "scale",
+         "--workdir", str(tmp_path / "w"), "--out", str(out), "--json", str(raw)],
+        cwd=REPO, capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scale = json.loads(raw.read_text())["scale"]
+    assert scale["nodes"] == 16 and scale["fleet"]["workloads"] == 2
+    for phase in ("cold", "warm", "sweep"):
+        p = scale["phases"][phase]
+        assert not p.get("skipped"), p
+        assert (p["answered"], p["failed"]) == (16, 0), (phase, p["reasons"])
+        assert p["wall"] > 0 and p["cpu"] >= 0 and p["rss_kib"] > 0
+    assert scale["phases"]["cold"]["render_problems"] == []
+    assert scale["phases"]["cold"]["short"] == []
+    assert "### A running bot over 16 simulated nodes" in out.read_text()
