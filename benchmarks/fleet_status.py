@@ -34,7 +34,8 @@ from benchmarks.common import (
     sshd_listeners,
     table,
 )
-from benchmarks.worker import baseline_command, check_baseline_output
+from benchmarks.worker import baseline_command, check_baseline_output, remote_command
+from gpubot.config import load
 from gpubot.core.nvsmi import GPU_FIELDS
 from gpubot.sim.fleet import SimFleet
 
@@ -45,6 +46,11 @@ METHODS = (
     "ansible",  # ansible ad-hoc -m shell -f N
     "asyncssh-cold",  # a minimal asyncssh script, a new process: connect, run, exit
     "asyncssh-floor",  # minimal asyncssh over already-open connections
+    # The same three running gpubot's probe instead of the two queries: equal remote work, so the
+    # ratio is gpubot's own client-side cost (every simulated node shares this box's 2 cores).
+    "pssh:probe",
+    "asyncssh-cold:probe",
+    "asyncssh-floor:probe",
     "gpubot-cold",  # gpubot status all --json, a new process
     "gpubot-warm",  # a running gpubot, pooled connections
     "gpubot-sweep",  # a running gpubot's scheduled sweep (probe, find, record, alert state)
@@ -104,6 +110,8 @@ def warm_spec(method: str) -> tuple[str, str, str] | None:
     """Return (worker kind, experiment, round) of a warm method, None for a cold one."""
     if method == "asyncssh-floor":
         return ("asyncssh", "", "round")
+    if method == "asyncssh-floor:probe":
+        return ("asyncssh", "probe", "round")
     if method == "gpubot-warm":
         return ("gpubot", "", "round")
     if method == "gpubot-sweep":
@@ -115,7 +123,7 @@ def warm_spec(method: str) -> tuple[str, str, str] | None:
 
 def installed(method: str) -> str:
     """Return '' if ``method`` can run here, else why not ('not installed: ...')."""
-    if method == "pssh" and importlib.util.find_spec("pssh") is None:
+    if method.startswith("pssh") and importlib.util.find_spec("pssh") is None:
         return "not installed (pip install parallel-ssh)"
     if method == "ansible" and not _ansible_bin():
         return "not installed (pip install ansible-core)"
@@ -238,6 +246,12 @@ class FleetBench:
         (self.work / "pssh.json").write_text(json.dumps(spec), encoding="utf-8")
         spec["known_hosts"] = str(f.known_hosts)
         (self.work / "asyncssh.json").write_text(json.dumps(spec), encoding="utf-8")
+        configs = load(f.config_path).nodes
+        probe = {**spec, "nodes": [{"port": n.port, "command": remote_command(c, "probe")}
+                                   for n, c in zip(f.nodes, configs, strict=True)]}  # fmt: skip
+        (self.work / "asyncssh_probe.json").write_text(json.dumps(probe), encoding="utf-8")
+        del probe["known_hosts"]
+        (self.work / "pssh_probe.json").write_text(json.dumps(probe), encoding="utf-8")
         (self.work / "asyncssh_cold.py").write_text(ASYNCSSH_COLD, encoding="utf-8")
         self._write_ansible()
         db = run_timed([PYTHON, "-m", "gpubot", "--config", str(f.config_path), "db", "upgrade"])
@@ -326,6 +340,18 @@ class FleetBench:
             ),
             "asyncssh-cold": lambda: self._cold(
                 [PYTHON, str(self.work / "asyncssh_cold.py"), str(self.work / "asyncssh.json")],
+                self._check_text,
+            ),
+            "pssh:probe": lambda: self._cold(
+                [PYTHON, "-m", "benchmarks.pssh_status", str(self.work / "pssh_probe.json")],
+                self._check_text,
+            ),
+            "asyncssh-cold:probe": lambda: self._cold(
+                [
+                    PYTHON,
+                    str(self.work / "asyncssh_cold.py"),
+                    str(self.work / "asyncssh_probe.json"),
+                ],
                 self._check_text,
             ),
             "ansible": lambda: self._cold(

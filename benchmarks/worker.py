@@ -38,6 +38,20 @@ def baseline_command(smi: str) -> str:
     return shlex.join(gpu_query_argv(smi)) + "; " + shlex.join(apps_query_argv(smi))
 
 
+PROBE_SMI_TIMEOUT_S = 18.0  # what gpubot gives each query with its default settings
+
+
+def remote_command(node: Any, remote: str) -> str:
+    """Return a baseline's command for ``node`` (a NodeConfig): the two queries, or with
+    ``remote == "probe"`` gpubot's own probe, so a baseline does the same remote work as gpubot
+    and a ratio measures gpubot's client side alone."""
+    if remote == "probe":
+        from gpubot.core.probe import probe_argv
+
+        return shlex.join(probe_argv(node, smi_timeout_s=PROBE_SMI_TIMEOUT_S))
+    return baseline_command(node.nvidia_smi)
+
+
 def check_baseline_output(text: str, gpus: int) -> str | None:
     """Return why a baseline's output of one node is incomplete, or None when it is whole."""
     from gpubot.core.nvsmi import GPU_FIELDS
@@ -80,8 +94,11 @@ async def gpubot_method(config: str, experiment: str) -> tuple[dict[str, Round],
     return {"round": status, "sweep": sweep}, app.close
 
 
-async def asyncssh_method(config: str, gpus: int) -> tuple[dict[str, Round], Closer]:
-    """Open one asyncssh connection per node; return a round of the two queries and a close."""
+async def asyncssh_method(
+    config: str, gpus: int, remote: str = ""
+) -> tuple[dict[str, Round], Closer]:
+    """Open one asyncssh connection per node; return a round of the two queries (or of the probe,
+    ``remote == "probe"``) and a close."""
     import asyncssh
 
     from gpubot.config import expand, load
@@ -102,9 +119,7 @@ async def asyncssh_method(config: str, gpus: int) -> tuple[dict[str, Round], Clo
         )
 
     opened = await asyncio.gather(*(connect(n) for n in settings.nodes))
-    conns = [
-        (c, baseline_command(n.nvidia_smi)) for c, n in zip(opened, settings.nodes, strict=True)
-    ]
+    conns = [(c, remote_command(n, remote)) for c, n in zip(opened, settings.nodes, strict=True)]
 
     async def one() -> tuple[bool, str]:
         results = await asyncio.gather(*(c.run(cmd) for c, cmd in conns))
@@ -130,7 +145,7 @@ async def serve(method: str, config: str, gpus: int, experiment: str) -> int:
     if method == "gpubot":
         rounds, close = await gpubot_method(config, experiment)
     elif method == "asyncssh":
-        rounds, close = await asyncssh_method(config, gpus)
+        rounds, close = await asyncssh_method(config, gpus, experiment)
     else:
         print(json.dumps({"error": f"unknown method {method}"}), flush=True)
         return 2
