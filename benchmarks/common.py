@@ -220,6 +220,46 @@ class ServerMeter:
             pass
 
 
+class FleetYields:
+    """Put the fleet's sshd listeners (and so every session and command they start) in a v1
+    ``cpu`` cgroup with the smallest weight (``cpu.shares`` 2 against the default 1024).
+
+    On a real deployment the bot has its own host: the nodes' work never takes its CPU. Here
+    every simulated node shares this box's 2 cores with the bot, so a burst's fleet work would
+    starve the bot's event loop of CPU and delay acknowledgements for reasons that are the
+    simulation's, not gpubot's. With the fleet yielding, the bot runs whenever it has work and
+    the fleet gets the rest. Needs root and the ``cpu`` hierarchy; ``applied`` says if it was.
+    """
+
+    ROOT = Path("/sys/fs/cgroup/cpu")
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.path: Path | None = self.ROOT / f"gpubot-bench-yield-{os.getpid()}"
+        try:
+            self.path.mkdir()
+            (self.path / "cpu.shares").write_text("2\n")
+            for pid in pids:
+                (self.path / "cgroup.procs").write_text(f"{pid}\n")
+        except OSError:
+            self.close()
+
+    @property
+    def applied(self) -> bool:
+        """Whether the fleet's servers now yield the CPU."""
+        return self.path is not None
+
+    def close(self) -> None:
+        """Move every process back to the root group and remove ours."""
+        if self.path is None:
+            return
+        with contextlib.suppress(OSError):
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):  # exited meanwhile
+                    (self.ROOT / "cgroup.procs").write_text(f"{pid}\n")
+            self.path.rmdir()
+        self.path = None
+
+
 # ---- reporting --------------------------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks import execs, extrapolate, fleet_status, reset_latency, scale, slack_ack
 from benchmarks.benchuser import bench_user, fleet_as
-from benchmarks.common import Series, fmt_ms, fmt_s, machine, table
+from benchmarks.common import FleetYields, Series, fmt_ms, fmt_s, machine, sshd_listeners, table
 from gpubot.sim.fleet import SimFleet
 
 TARGETS = {
@@ -210,12 +210,23 @@ def run_slack(a: argparse.Namespace, fleet: SimFleet, work: Path, res: dict[str,
 
     config = slack_ack.write_config(fleet, work)
     res["slack"] = []
-    for exp in ["", *[e for e in a.experiments.split(",") if e in NAMES]]:
+    # The bot as deployed (the fleet's work on the nodes' own CPUs: here the fleet yields this
+    # box's CPU to the bot), then as on one shared box (the fleet at equal priority).
+    runs = [(exp, True) for exp in ["", *[e for e in a.experiments.split(",") if e in NAMES]]]
+    for exp, yields in [*runs, ("", False)]:
         label = "gpubot" if not exp else f"gpubot + {exp}"
+        label += ", fleet yields CPU" if yields else ", fleet at equal CPU priority"
         log(
             f"  slack burst: {a.slack_requests} x /gpu status all over {fleet.size} nodes ({label})"
         )
-        r = asyncio.run(slack_ack.burst(config, a.slack_requests, a.slack_wait, exp, label))
+        fy = FleetYields(sshd_listeners()) if yields else None
+        if fy is not None and not fy.applied:
+            label += " (could not apply: needs root and the cpu cgroup)"
+        try:
+            r = asyncio.run(slack_ack.burst(config, a.slack_requests, a.slack_wait, exp, label))
+        finally:
+            if fy is not None:
+                fy.close()
         log(
             f"    ack p50/p99 {fmt_ms(r.p50)}/{fmt_ms(r.p99)} ms, busy {fmt_ms(r.busy_p50)}/"
             f"{fmt_ms(r.busy_p99)} ms, answered {r.answered}/{2 * r.requests}, "
