@@ -122,7 +122,7 @@ class Sections:
         unseen = 0
         lines = []
         for line in body.splitlines():
-            if line.startswith("~unseen "):  # the awk filter's count, last
+            if line.startswith("~unseen "):  # the fuser filter's count, last
                 n = line.split(" ", 1)[1]
                 if not NUM.fullmatch(n):
                     raise ParseError(f"{self.what} (fuser unseen count)", line)
