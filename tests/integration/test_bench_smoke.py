@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-OPTIONAL = ("pssh", "ansible")
+OPTIONAL = ("pssh", "pssh:probe", "ansible")
 
 
 @pytest.mark.timeout(300)
@@ -49,10 +49,13 @@ def test_smoke_run_measures_every_part(tmp_path: Path) -> None:
         assert abs(sum(seg[p] for p in parts) - seg["total"]) < 1e-6
         assert all(seg[p] >= 0 for p in parts)  # timings are reported, not asserted (a busy CI)
 
-    (burst,) = data["slack"]
-    assert burst["bad"] == burst["busy_bad"] == []
-    assert len(burst["acks"]) == len(burst["busy_acks"]) == burst["requests"] == 10
-    assert burst["answered"] == 20
+    # The bot with the fleet yielding it the CPU (as deployed), then at equal priority.
+    yields, equal = data["slack"]
+    assert "fleet yields CPU" in yields["label"] and "equal CPU priority" in equal["label"]
+    for burst in (yields, equal):
+        assert burst["bad"] == burst["busy_bad"] == []
+        assert len(burst["acks"]) == len(burst["busy_acks"]) == burst["requests"] == 10
+        assert burst["answered"] == 20
 
     (rendered, with_failures) = data["slack_render"]
     assert rendered["nodes"] == 1000 and rendered["problems"] == []
