@@ -156,22 +156,36 @@ _FIRSTS = r"""firsts() {
 # Runs an nvidia-smi query for at most $T seconds: its output in Q, its exit status in S; like
 # timeout(1), 124 when the time ran out (then TERM, and KILL a second later). A copy stuck in the
 # kernel cannot die: it is left behind, never waited for, and the next probe finds it (below).
+# The query runs as a job of a subshell that passes the signals on and appends the status to the
+# output: bash's own record of a process substitution's status can be lost when it exits at once
+# (seen as "wait" returning -1 on a loaded box).
 _QUERY = r"""query() {
   local fd p
   Q=
-  exec {fd}< <(exec "$@" 2>&4)
+  exec {fd}< <(
+    trap 'kill -TERM "$c" 2>/dev/null' TERM
+    trap 'kill -KILL "$c" 2>/dev/null' HUP
+    "$@" 2>&4 & c=$!
+    while :; do
+      wait "$c"; s=$?
+      (( s > 128 )) && kill -0 "$c" 2>/dev/null && continue  # a signal for us, not its end
+      break
+    done
+    printf '\n@rc %s' "$s"
+  )
   p=$!
   IFS= read -r -d '' -t "$T" -u "$fd" Q; S=$?
   if (( S > 128 )); then
     kill -TERM "$p" 2>/dev/null
     IFS= read -r -d '' -t 1 -u "$fd" _
-    kill -KILL "$p" 2>/dev/null
+    kill -HUP "$p" 2>/dev/null
     exec {fd}<&-
     S=124
     return 0
   fi
   exec {fd}<&-
-  wait "$p"; S=$?
+  S=${Q##*$'\n'@rc }
+  Q=${Q%$'\n'@rc *}
 }
 """
 
