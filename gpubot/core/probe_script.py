@@ -156,29 +156,36 @@ _FIRSTS = r"""firsts() {
 # Runs an nvidia-smi query for at most $T seconds: its output in Q, its exit status in S; like
 # timeout(1), 124 when the time ran out (then TERM, and KILL a second later). A copy stuck in the
 # kernel cannot die: it is left behind, never waited for, and the next probe finds it (below).
-# The query runs as a job of a subshell that passes the signals on and appends the status to the
-# output: bash's own record of a process substitution's status can be lost when it exits at once
-# (seen as "wait" returning -1 on a loaded box).
-_QUERY = r"""query() {
-  local fd p
+# The query is a job of a subshell, which appends its exit status to the output (bash's own record
+# of a process substitution's status can be lost when it exits at once: "wait" returned -1 on a
+# loaded box). The job writes its own PID first, then execs the query, so the PID always comes
+# first; it is signalled only while it is still the process that started then (no PID reuse), and
+# directly, never through a trap (a signal ignored when bash started cannot be trapped: nohup).
+_QUERY = r"""started() {  # the start time of process $1, in R (empty when it is gone)
+  local x; local -a F
+  rd "/proc/$1/stat"; x=${R##*')'}; F=($x); R=${F[19]}
+}
+signal() {  # signal $1 to process $2 if it is still the one that started at $3
+  started "$2"; [[ -n $3 && $R == "$3" ]] && kill "-$1" "$2" 2>/dev/null
+}
+query() {
+  local fd c= t= r
   Q=
   exec {fd}< <(
-    trap 'kill -TERM "$c" 2>/dev/null' TERM
-    trap 'kill -KILL "$c" 2>/dev/null' HUP
-    "$@" 2>&4 & c=$!
-    while :; do
-      wait "$c"; s=$?
-      (( s > 128 )) && kill -0 "$c" 2>/dev/null && continue  # a signal for us, not its end
-      break
-    done
-    printf '\n@rc %s' "$s"
+    { printf '%s\n' "$BASHPID"; exec "$@" 2>&4; } &
+    wait "$!"
+    printf '\n@rc %s' "$?"
   )
-  p=$!
-  IFS= read -r -d '' -t "$T" -u "$fd" Q; S=$?
-  if (( S > 128 )); then
-    kill -TERM "$p" 2>/dev/null
+  IFS= read -r -t "$T" -u "$fd" c
+  r=142
+  if [[ $c =~ ^[0-9]+$ ]]; then
+    started "$c"; t=$R
+    IFS= read -r -d '' -t "$T" -u "$fd" Q; r=$?
+  fi
+  if (( r > 128 )); then
+    signal TERM "$c" "$t"
     IFS= read -r -d '' -t 1 -u "$fd" _
-    kill -HUP "$p" 2>/dev/null
+    signal KILL "$c" "$t"
     exec {fd}<&-
     S=124
     return 0
