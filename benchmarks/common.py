@@ -248,15 +248,22 @@ class FleetYields:
         """Whether the fleet's servers now yield the CPU."""
         return self.path is not None
 
-    def close(self) -> None:
-        """Move every process back to the root group and remove ours."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Move every process back to the root group and remove ours (a session that was still
+        closing, or not yet reaped, keeps the group busy for a moment: try again until
+        ``timeout``)."""
         if self.path is None:
             return
-        with contextlib.suppress(OSError):
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):  # exited meanwhile
-                    (self.ROOT / "cgroup.procs").write_text(f"{pid}\n")
-            self.path.rmdir()
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError):
+                for pid in (self.path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):  # exited meanwhile
+                        (self.ROOT / "cgroup.procs").write_text(f"{pid}\n")
+                self.path.rmdir()
+            if not self.path.exists() or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         self.path = None
 
 
