@@ -61,6 +61,11 @@ esc() {
   R="=$s"
 }
 nm() { case $1 in ''|*[!0-9]*) N=- ;; *) N=$1 ;; esac; }
+# A /proc/PID/stat text's fields after its name (which may hold anything but ends at the last
+# ")"), in the caller's array F; a /proc/PID/status text's uids (real, effective ...), in U (the
+# kernel escapes a newline in Name: no Uid line can be forged).
+fields() { local x=${1##*')'}; F=($x); }
+uid_fields() { local x=${1#*$'\n'Uid:}; U=(); [[ $x == "$1" ]] || U=(${x%%$'\n'*}); }
 lines() { local IFS=$'\n'; L=($1); }
 """.replace("CLK_TCK_VALUE", str(CLK_TCK))
 
@@ -102,11 +107,9 @@ procs() {
     rd "$d/stat"; st=$R
     rd "$d/status"; sts=$R
     if [[ -z $st || -z $sts || $st != *'('*')'* ]]; then printf 'g %s\n' "$p"; continue; fi
-    x=${st##*')'}; F=($x)
+    fields "$st"
     (( ${#F[@]} >= 20 )) || { printf 'g %s\n' "$p"; continue; }
-    ru=- eu=-
-    x=${sts#*$'\n'Uid:}  # the kernel escapes a newline in Name: no line can be forged
-    if [[ $x != "$sts" ]]; then U=(${x%%$'\n'*}); ru=${U[0]:--} eu=${U[1]:--}; fi
+    uid_fields "$sts"; ru=${U[0]:--} eu=${U[1]:--}
     cm=${st#*'('}; cm=${cm%')'*}
     argv_of "$d/cmdline"; cmd=$R
     ex='!'
@@ -162,8 +165,8 @@ _FIRSTS = r"""firsts() {
 # first; it is signalled only while it is still the process that started then (no PID reuse), and
 # directly, never through a trap (a signal ignored when bash started cannot be trapped: nohup).
 _QUERY = r"""started() {  # the start time of process $1, in R (empty when it is gone)
-  local x; local -a F
-  rd "/proc/$1/stat"; x=${R##*')'}; F=($x); R=${F[19]}
+  local -a F
+  rd "/proc/$1/stat"; [[ $R == *')'* ]] && fields "$R"; R=${F[19]}
 }
 signal() {  # signal $1 to process $2 if it is still the one that started at $3
   started "$2"; [[ -n $3 && $R == "$3" ]] && kill "-$1" "$2" 2>/dev/null
@@ -208,16 +211,15 @@ _STUCK = r"""stuck_smi() {
     c=; { IFS= read -r c <"$d/comm"; } 2>/dev/null
     [[ $c == nvidia-smi ]] || continue
     rd "$d/stat"; s=$R; rd "$d/status"; x=$R
-    [[ $s == *')'* && $x == *$'\n'Uid:* ]] || continue
-    x=${x#*$'\n'Uid:}; U=(${x%%$'\n'*})
-    [[ ${U[1]} == "$me" ]] || continue
+    [[ $s == *')'* ]] || continue
+    uid_fields "$x"; [[ -n ${U[1]} && ${U[1]} == "$me" ]] || continue
     # ours, started as this probe starts it: "$smi" is one of its arguments (argv[0], or the
     # script's path after its interpreter)
     mine=
     while IFS= read -r -d '' a; do [[ $a == "$smi" ]] && { mine=1; break; }; done 2>/dev/null \
       <"$d/cmdline"
     [[ -n $mine ]] || continue
-    x=${s##*')'}; F=($x)
+    fields "$s"
     [[ ${F[0]} == [ZX] || ! ${F[19]} =~ ^[0-9]+$ ]] && continue
     [[ -n $up ]] || { read -r up _ </proc/uptime; up=${up%%.*}; }
     p=${d#/proc/}; age=$(( up - F[19] / TCK ))

@@ -16,9 +16,9 @@ import os
 import shlex
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import asyncssh
 
@@ -33,6 +33,7 @@ from gpubot.errors import (
 )
 
 # OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay under it.
+T = TypeVar("T")
 MAX_CHANNELS = 8
 
 
@@ -218,13 +219,13 @@ class SshTransport:
             options["agent_path"] = None
         return options
 
-    def _parsed(self, path: str, parse: Any) -> Any:
+    def _parsed(self, path: str, parse: Callable[[str], T]) -> T:
         """Return ``parse(path)``, reused while the file's inode, mtime and size stay the same."""
         st = os.stat(path)
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         cached = self._files.get(path)
         if cached is not None and cached[0] == stamp:
-            return cached[1]
+            return cast(T, cached[1])  # stored by the same path's parse
         value = parse(path)
         self._files[path] = (stamp, value)
         return value

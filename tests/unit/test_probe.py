@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpubot.core import probe_script
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, DeviceHolder, GpuInfo, NodeConfig
 from gpubot.core.plan import ResetRequest, plan_reset
@@ -332,6 +334,51 @@ def test_nvidia_smi_faults(box: Box, mode: str, error: type[SmiFailed], message:
         probe(box, smi_timeout_s=0.3)
     assert ei.value.node == "n1" and ei.value.reason.startswith(message)
     assert time.monotonic() - t < 5
+
+
+def test_a_query_out_of_time_is_signalled_only_while_it_is_the_same_process() -> None:
+    # The probe signals a query by the PID it wrote, and only if that PID still started when the
+    # query did: a PID the kernel gave to another process since is never signalled.
+    script = (
+        probe_script._COMMON
+        + probe_script._QUERY
+        + """
+sleep 30 & p=$!
+signal KILL "$p" 12345   # another start time: someone else's process now
+kill -0 "$p" && echo spared
+started "$p"; signal KILL "$p" "$R"
+wait "$p"; echo "status $?"
+"""
+    )
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.stdout.split("\n")[:2] == ["spared", "status 137"], out.stderr
+
+
+def test_another_users_nvidia_smi_never_stops_the_probe(box: Box) -> None:
+    # Anyone may start a process named nvidia-smi whose argv holds gpubot's nvidia-smi path, and
+    # let it age past the probe's limit: only gpubot's own login user's copy counts as stuck.
+    folder = Path(tempfile.mkdtemp(prefix="gpubot-fake-smi-"))
+    folder.chmod(0o755)
+    fake = folder / "nvidia-smi"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", fake)
+    fake.chmod(0o755)
+    argv = [box.node.nvidia_smi, "60"]
+    theirs = subprocess.Popen(argv, executable=fake, user="nobody")
+    ours = None
+    try:
+        time.sleep(2.5)  # older than the limit of a 0.3 s query: 2 × 0 + 2 s
+        box.set(gpus=gpus_text(), apps="")
+        assert len(probe(box, smi_timeout_s=0.3).gpus) == 3
+        ours = subprocess.Popen(argv, executable=fake)  # the same, as the probe's own user
+        time.sleep(2.5)
+        with pytest.raises(SmiFailed, match=rf"driver hung: nvidia-smi pid {ours.pid} stuck"):
+            probe(box, smi_timeout_s=0.3)
+    finally:
+        for proc in (theirs, ours):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(folder)
 
 
 def test_nvidia_smi_missing(box: Box) -> None:
