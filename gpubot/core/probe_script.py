@@ -202,7 +202,14 @@ query() {
 # A hung driver leaves nvidia-smi in the kernel (state D), where no kill reaches it: each new query
 # would leave one more. One of ours stuck, or older than our own limit: ask nothing. What pgrep -x
 # did, with builtins: each process's comm, then the rest only for a copy of nvidia-smi.
-_STUCK = r"""stuck_smi() {
+_STUCK = r"""uptime_ticks() {  # /proc/uptime ("12345.67") in clock ticks, in up
+  local i f
+  up=0; { read -r up _ </proc/uptime; } 2>/dev/null
+  [[ $up =~ ^([0-9]+)(\.([0-9]*))?$ ]] || { up=0; return; }
+  i=${BASH_REMATCH[1]} f=${BASH_REMATCH[3]}00
+  up=$(( (10#$i * 100 + 10#${f:0:2}) * TCK / 100 ))
+}
+stuck_smi() {
   local d c p s x a mine lim=$(( 2 * ${T%%.*} + 2 )) up= age out=
   local -a dirs F U
   set +f; dirs=(/proc/[0-9]*); set -f
@@ -221,9 +228,10 @@ _STUCK = r"""stuck_smi() {
     [[ -n $mine ]] || continue
     fields "$s"
     [[ ${F[0]} == [ZX] || ! ${F[19]} =~ ^[0-9]+$ ]] && continue
-    [[ -n $up ]] || { read -r up _ </proc/uptime; up=${up%%.*}; }
-    p=${d#/proc/}; age=$(( up - F[19] / TCK ))
-    if [[ ${F[0]} == D ]] || (( age > lim )); then out+="$p ${F[0]} $age"$'\n'; fi
+    [[ -n $up ]] || uptime_ticks
+    # in clock ticks: whole seconds on both sides would round an age of 2.6 s down to 2
+    p=${d#/proc/}; age=$(( up - 10#${F[19]} ))
+    if [[ ${F[0]} == D ]] || (( age > lim * TCK )); then out+="$p ${F[0]} $(( age / TCK ))"$'\n'; fi
   done
   R=$out
 }
