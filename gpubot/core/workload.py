@@ -12,7 +12,8 @@ Sources of the shapes: Docker's ``cgroupdriver`` docs (``docker-ID.scope`` under
 ``/docker/ID`` under cgroupfs), Podman's ``--cgroup-manager`` (``libpod-ID.scope`` in
 ``machine.slice``; ``/libpod_parent/libpod-ID``), the kubelet's cgroup drivers
 (``kubepods-QOS-podUID.slice/cri-containerd-ID.scope``, ``/kubepods/QOS/podUID/ID``), Slurm's
-``cgroup.conf`` docs (v1 ``/slurm/uid_U/job_J/step_S``, v2 ``slurmstepd.scope/job_J/step_S``)
+``cgroup.conf`` docs (v1 ``/slurm/uid_U/job_J/step_S``, or ``/slurm_NODE/...`` where Slurm is
+built with ``MULTIPLE_SLURMD``, as Debian's and Spack's are, v2 ``slurmstepd.scope/job_J/step_S``)
 and systemd.special(7) (``system.slice``, ``user.slice``, ``machine.slice``).
 """
 
@@ -145,7 +146,8 @@ _SHAPES: tuple[tuple[WorkloadKind, re.Pattern[str]], ...] = tuple(
          rf"/(?:machine|system)\.slice/libpod-(?P<id>{_HEX64})\.scope{_TAIL}"),
         (WorkloadKind.PODMAN, rf"/libpod_parent/libpod-(?P<id>{_HEX64}){_TAIL}"),
         (WorkloadKind.SLURM,
-         r"/slurm/uid_(?P<uid>\d+)/job_(?P<job>\d+)(?:/step_(?P<step>[a-z0-9]+))?" + _TAIL),
+         r"/slurm(?:_[A-Za-z0-9._-]+)?/uid_(?P<uid>\d+)/job_(?P<job>\d+)"
+         r"(?:/step_(?P<step>[a-z0-9]+))?" + _TAIL),
         (WorkloadKind.SLURM,
          r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(?P<job>\d+)"
          r"(?:/step_(?P<step>[a-z0-9]+))?" + _TAIL),

@@ -50,6 +50,9 @@ SHAPES = [
     ("4:memory:/slurm/uid_1001/job_8812/step_0\n0::/\n", "slurm", "8812",
      {"uid": "1001", "step": "0"}),
     ("4:memory:/slurm/uid_1001/job_8812/step_batch/task_0\n", "slurm", "8812", {"step": "batch"}),
+    # Debian's and Spack's Slurm (MULTIPLE_SLURMD): the v1 root is /slurm_<NodeName>.
+    ("4:memory:/slurm_gpu-n07/uid_1001/job_8812/step_0/task_0\n", "slurm", "8812",
+     {"uid": "1001", "step": "0"}),
     (v2("/system.slice/slurmstepd.scope/job_8812/step_0/user/task_0"), "slurm", "8812",
      {"step": "0"}),
     (v2("/system.slice/node7_slurmstepd.scope/job_77/step_extern"), "slurm", "77",
