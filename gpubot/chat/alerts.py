@@ -76,8 +76,8 @@ def _item_text(item: AlertItem, now: datetime) -> str:
         lasted = duration_text((item.resolved_at - item.first_seen).total_seconds())
         lines.append(f"✅ ~{escape(_where(item))}: {escape(_title(item))}~ — "
                      f"*resolved* after {lasted}")  # fmt: skip
-        if summary:  # inside our italics: plain text only, no code span
-            lines.append(f"_{clip_mrkdwn(escape(summary), 600)}_")
+        if summary:  # not in our italics: those would style a name's words too
+            lines.append(clip_mrkdwn(mrkdwn(summary), 600))
         return "\n".join(lines)
     lines.append(f"⚠ *{escape(_where(item))}: {escape(_title(item))}*")
     if summary:

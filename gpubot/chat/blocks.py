@@ -59,7 +59,8 @@ LOOKALIKES = {"*": "\u2217", "_": "\u02cd", "~": "\u223c", TICK: TICK_STANDIN}
 _PLAIN = str.maketrans({**_ENTITIES, **LOOKALIKES})
 _CODE = str.maketrans({**_ENTITIES, TICK: TICK_STANDIN})
 SOFT_HYPHEN = "\u00ad"  # invisible: put before a leading ``&gt;``, it stops a block quote
-_UNDO = str.maketrans({**{v: k for k, v in LOOKALIKES.items()}, SOFT_HYPHEN: None})
+# The console shows a name's own characters again, but keeps ˋ: it marks where a name ends.
+_UNDO = str.maketrans({**{v: k for k, v in LOOKALIKES.items() if k != TICK}, SOFT_HYPHEN: None})
 
 
 def escape(text: str) -> str:
@@ -71,6 +72,11 @@ def escape(text: str) -> str:
 def escape_lines(text: str) -> str:
     """Return ``escape`` of each line of ``text`` (lines stay lines: for text gpubot wrote)."""
     return "\n".join(escape(line) for line in text.split("\n"))
+
+
+def mrkdwn_lines(text: str) -> str:
+    """Return ``mrkdwn`` of each line of ``text`` (lines stay lines: for text gpubot wrote)."""
+    return "\n".join(mrkdwn(line) for line in text.split("\n"))
 
 
 def code_safe(text: str) -> str:
@@ -85,17 +91,14 @@ def code(text: str) -> str:
 
 
 def mrkdwn(text: str) -> str:
-    """Return a core sentence as mrkdwn: each literal core marked (``core.text.code``) a code
-    span, every other part plain text (``escape``); each line of ``text`` stays a line.
+    """Return a core sentence as one line of mrkdwn: each literal core marked
+    (``core.text.code``) a code span, every other part plain text (``escape``).
 
     Each part is escaped for where it lands, so nothing formats whoever wrote the back-ticks: a
-    stray back-tick of a name core did not mark at worst moves text into or out of a span.
+    stray back-tick of a name core did not mark at worst moves text into or out of a span. A
+    newline (of a name core did not mark) is ``\\x0a``, as in ``escape``.
     """
-    return "\n".join(_mrkdwn_line(line) for line in text.split("\n"))
-
-
-def _mrkdwn_line(line: str) -> str:
-    parts = line.split(TICK)
+    parts = one_line(text).split(TICK)
     if len(parts) % 2 == 0:  # an unmatched back-tick is text, not the start of a span
         parts[-2:] = [parts[-2] + TICK + parts[-1]]
     return "".join(code(p) if i % 2 else escape(p) for i, p in enumerate(parts))
@@ -344,12 +347,20 @@ def _plain(mrkdwn: str) -> str:
         if i % 2:  # inside a preformatted block
             out.append(part.strip("\n"))
             continue
-        part = _LINK.sub(r"\2", part)
-        part = _MENTION.sub(lambda m: m.group(2) or ("@" + m.group(1).split("^")[0]), part)
-        out.append(_BOLD.sub(r"\1", part))
+        out.append(_unformat(part))
     text = "\n".join(p for p in out if p.strip())
     text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
     return text.translate(_UNDO)  # the look-alikes of ``escape`` back to the real characters
+
+
+def _unformat(text: str) -> str:
+    """Drop our bold, links and mentions outside code spans (a span's text is shown as is)."""
+    spans = text.split(TICK)
+    for i in range(0, len(spans), 2):
+        part = _LINK.sub(r"\2", spans[i])
+        part = _MENTION.sub(lambda m: m.group(2) or ("@" + m.group(1).split("^")[0]), part)
+        spans[i] = _BOLD.sub(r"\1", part)
+    return TICK.join(spans)
 
 
 def table_text(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpubot.chat.blocks import Message, escape, mrkdwn, render_text
+from gpubot.chat.blocks import Message, escape, mrkdwn, mrkdwn_lines, render_text
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home
 from gpubot.chat.reset_view import (
@@ -115,7 +115,9 @@ class Flows:
                 await self.refuse(who, out, IdentityRefused(who.refused), action=_action(cmd),
                                   command=text, node=getattr(cmd, "node", None))  # fmt: skip
             elif isinstance(cmd, commands.Help):
-                await out.reply(render_text(mrkdwn(commands.help_text(cmd.topic)), title="/gpu"))
+                await out.reply(
+                    render_text(mrkdwn_lines(commands.help_text(cmd.topic)), title="/gpu")
+                )
             elif isinstance(cmd, commands.Status):
                 await self.status(cmd, who, out)
             elif isinstance(cmd, commands.Reset):
