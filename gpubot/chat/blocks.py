@@ -56,7 +56,10 @@ MAX_FLAGGED = 60  # flagged GPUs detailed in a fleet answer (the rest are counte
 # yhatt/jsx-slack src/mrkdwn/escape.ts): ∗ U+2217, ˍ U+02CD, ∼ U+223C, ˋ U+02CB.
 _ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 LOOKALIKES = {"*": "\u2217", "_": "\u02cd", "~": "\u223c", TICK: TICK_STANDIN}
-_PLAIN = str.maketrans({**_ENTITIES, **LOOKALIKES})
+_PLAIN = str.maketrans({**_ENTITIES, **{k: v for k, v in LOOKALIKES.items() if k != "_"}})
+# An underscore between two letters or digits can neither open nor close italics, and names are
+# full of them (``train_llama``, ``gpu_node1``): only the others become look-alikes.
+_EDGE_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
 _CODE = str.maketrans({**_ENTITIES, TICK: TICK_STANDIN})
 SOFT_HYPHEN = "\u00ad"  # invisible: put before a leading ``&gt;``, it stops a block quote
 # The console shows a name's own characters again, but keeps ˋ: it marks where a name ends.
@@ -65,7 +68,7 @@ _UNDO = str.maketrans({**{v: k for k, v in LOOKALIKES.items() if k != TICK}, SOF
 
 def escape(text: str) -> str:
     """Return text a node user may control as one line of plain mrkdwn that formats nothing."""
-    out = one_line(text).translate(_PLAIN)
+    out = _EDGE_UNDERSCORE.sub(LOOKALIKES["_"], one_line(text).translate(_PLAIN))
     return SOFT_HYPHEN + out if out.startswith("&gt;") else out
 
 

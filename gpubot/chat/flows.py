@@ -205,7 +205,7 @@ class Flows:
         approvals = await self._permitted(who, out, "gpu-reset", text, cmd.node)
         if approvals is None:
             return
-        handle = await out.post(render_text(f"⏳ resetting {cmd.node} GPU {cmd.gpu} …"))
+        handle = await out.post(render_text(f"⏳ resetting {escape(cmd.node)} GPU {cmd.gpu} …"))
         await self._execute(
             out, handle, f"GPU reset {cmd.node} · GPU {cmd.gpu}", f"Requested by <@{who.id}>",
             None,

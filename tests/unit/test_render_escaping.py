@@ -305,6 +305,11 @@ def test_control_each_layer_is_needed(
         (bk.code, "a`b<&>", "`aˋb&lt;&amp;&gt;`"),
         (bk.code, "", "–"),
         (bk.escape, "*a* _b_ ~c~ `d`", "∗a∗ ˍbˍ ∼c∼ ˋdˋ"),
+        (
+            bk.escape,
+            "gpu_node_1 x_ _y a__b",
+            "gpu_node_1 xˍ ˍy aˍˍb",
+        ),  # only a word's inner _ stays
         (bk.escape, "> q\nr", "\u00ad&gt; q\\x0ar"),
         (bk.code_safe, "x```y *z*", "xˋˋˋy *z*"),
         (bk.mrkdwn, "kills `a*b*` and *c*", "kills `a*b*` and ∗c∗"),
