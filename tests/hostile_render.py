@@ -32,6 +32,7 @@ IMAGE = f"img:`*{ATTACK}*` <https://evil.example|click> &amp;"
 LDAP_USER = f"eve\n{FORGED} *{ATTACK}*"  # a user database may hold any name
 ARGV = [
     "python",
+    "don`t",  # one back-tick: it pairs with the next one in any sentence that is not marked
     f"`*{ATTACK}*`",
     "_itsfine_",
     "~struck~",
