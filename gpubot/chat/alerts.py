@@ -12,11 +12,14 @@ from gpubot.chat.blocks import (
     Budget,
     Message,
     clip,
+    clip_mrkdwn,
+    code,
     code_safe,
     context,
     date,
     escape,
     header,
+    mrkdwn,
     section,
     table,
     table_fits,
@@ -67,23 +70,23 @@ def snooze_buttons(key_text: str) -> list[dict[str, Any]]:
 
 def _item_text(item: AlertItem, now: datetime) -> str:
     # Each part is clipped, so that the state line always fits the section's 3000 characters.
-    summary = clip(escape(_summary(item)), 600)
+    summary = _summary(item)  # a core sentence: its names marked (core.text.code)
     lines = []
     if item.resolved_at is not None:
         lasted = duration_text((item.resolved_at - item.first_seen).total_seconds())
         lines.append(f"✅ ~{escape(_where(item))}: {escape(_title(item))}~ — "
                      f"*resolved* after {lasted}")  # fmt: skip
-        if summary:
-            lines.append(f"_{summary}_")
+        if summary:  # not in our italics: those would style a name's words too
+            lines.append(clip_mrkdwn(mrkdwn(summary), 600))
         return "\n".join(lines)
     lines.append(f"⚠ *{escape(_where(item))}: {escape(_title(item))}*")
     if summary:
-        lines.append(summary)
+        lines.append(clip_mrkdwn(mrkdwn(summary), 600))
     if item.finding is not None and item.finding.owner:
-        lines.append(f"owner: {clip(escape(item.finding.owner), 200)}")
+        lines.append(f"owner: {clip_mrkdwn(code(item.finding.owner), 200)}")
     if item.readiness is not None:
         lines.append("_before a GPU reset:_\n" + "\n".join(
-            f"• {clip(escape(line), 250)}" for line in item.readiness.lines()))  # fmt: skip
+            f"• {clip_mrkdwn(mrkdwn(line), 250)}" for line in item.readiness.lines()))  # fmt: skip
     state = f"first seen {date(item.first_seen.timestamp())}"
     if item.snoozed_until is not None and item.snoozed_until > now:
         state += f" · 🔕 snoozed until {date(item.snoozed_until.timestamp())}"

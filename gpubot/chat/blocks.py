@@ -3,8 +3,17 @@
 A message is ``{"text": fallback, "blocks": [...]}``. Limits (checked by ``limit_problems``): 50
 blocks a message (100 in the Home tab), 3000 characters a section text, 150 a header, 10 context
 elements, one ``table`` block a message with at most 100 rows of at most 20 cells, and none in a
-view (``limit_problems(..., view=True)``); confirmation dialogs are plain_text. Dynamic text is
-escaped (``&``, ``<``, ``>``) so a process name can never mention ``@channel``.
+view (``limit_problems(..., view=True)``); confirmation dialogs are plain_text.
+
+Text a node user controls (names, commands, paths, user names) reaches mrkdwn only through one
+of four functions, whatever its place: ``escape`` (plain text), ``code`` (a code span),
+``code_safe`` (a line of a preformatted block) and ``mrkdwn`` (a core sentence whose names core
+marked with ``core.text.code``). Each writes ``&``, ``<`` and ``>`` as entities (Slack's one
+documented escape), so no name can mention ``@channel`` or forge a link; lets no back-tick
+through (a look-alike ``ˋ``), so no name can close a code span or a block; shows ``*``, ``_``
+and ``~`` of plain text as look-alikes (Slack has no escape for them), so no name can format;
+and writes newlines and other control characters ``\\xNN``, so no name can start a line of its
+own. Plain-text objects (headers, table cells, dialogs) are one line too.
 
 ``message_text`` turns any message back into plain text: the console prints exactly that.
 """
@@ -15,6 +24,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from gpubot.core.text import TICK, TICK_STANDIN, one_line
 
 Message = dict[str, Any]
 Block = dict[str, Any]
@@ -39,19 +50,82 @@ FEW_NODES = 3  # up to this many nodes, a fleet answer shows each node's GPUs in
 MAX_FLAGGED = 60  # flagged GPUs detailed in a fleet answer (the rest are counted)
 
 
+# Slack: "&, < and > … must be replaced with HTML entities" in all mrkdwn
+# (https://api.slack.com/reference/surfaces/formatting#escaping). It gives no escape for the
+# formatting characters: plain text shows look-alikes instead (those of jsx-slack's <Escape>,
+# yhatt/jsx-slack src/mrkdwn/escape.ts): ∗ U+2217, ˍ U+02CD, ∼ U+223C, ˋ U+02CB.
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+LOOKALIKES = {"*": "\u2217", "_": "\u02cd", "~": "\u223c", TICK: TICK_STANDIN}
+_PLAIN = str.maketrans({**_ENTITIES, **{k: v for k, v in LOOKALIKES.items() if k != "_"}})
+# An underscore between two letters or digits can neither open nor close italics, and names are
+# full of them (``train_llama``, ``gpu_node1``): only the others become look-alikes.
+_EDGE_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
+_CODE = str.maketrans({**_ENTITIES, TICK: TICK_STANDIN})
+SOFT_HYPHEN = "\u00ad"  # invisible: put before a leading ``&gt;``, it stops a block quote
+# The console shows a name's own characters again, but keeps ˋ: it marks where a name ends.
+_UNDO = str.maketrans({**{v: k for k, v in LOOKALIKES.items() if k != TICK}, SOFT_HYPHEN: None})
+
+
 def escape(text: str) -> str:
-    """Escape text for mrkdwn: ``&``, ``<`` and ``>`` only (Slack's rule)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Return text a node user may control as one line of plain mrkdwn that formats nothing."""
+    out = _EDGE_UNDERSCORE.sub(LOOKALIKES["_"], one_line(text).translate(_PLAIN))
+    return SOFT_HYPHEN + out if out.startswith("&gt;") else out
+
+
+def escape_lines(text: str) -> str:
+    """Return ``escape`` of each line of ``text`` (lines stay lines: for text gpubot wrote)."""
+    return "\n".join(escape(line) for line in text.split("\n"))
+
+
+def mrkdwn_lines(text: str) -> str:
+    """Return ``mrkdwn`` of each line of ``text`` (lines stay lines: for text gpubot wrote)."""
+    return "\n".join(mrkdwn(line) for line in text.split("\n"))
 
 
 def code_safe(text: str) -> str:
-    """Escape text for a preformatted block (no back-tick can close it)."""
-    return escape(text).replace("`", "'")
+    """Return text as one line for a code span or a preformatted block (no back-tick in it)."""
+    return one_line(text).translate(_CODE)
+
+
+def code(text: str) -> str:
+    """Return text as a code span (``code_safe`` inside one pair of back-ticks); "–" if empty."""
+    inner = code_safe(text)
+    return f"`{inner}`" if inner else "–"
+
+
+def mrkdwn(text: str) -> str:
+    """Return a core sentence as one line of mrkdwn: each literal core marked
+    (``core.text.code``) a code span, every other part plain text (``escape``).
+
+    Each part is escaped for where it lands, so nothing formats whoever wrote the back-ticks: a
+    stray back-tick of a name core did not mark at worst moves text into or out of a span. A
+    newline (of a name core did not mark) is ``\\x0a``, as in ``escape``.
+    """
+    parts = one_line(text).split(TICK)
+    if len(parts) % 2 == 0:  # an unmatched back-tick is text, not the start of a span
+        parts[-2:] = [parts[-2] + TICK + parts[-1]]
+    return "".join(code(p) if i % 2 else escape(p) for i, p in enumerate(parts))
 
 
 def clip(text: str, n: int) -> str:
     """Shorten ``text`` to at most ``n`` characters, marking the cut."""
     return text if len(text) <= n else text[: max(0, n - 1)] + "…"
+
+
+_ENTITY_TAIL = re.compile(r"&[a-z]*\Z")
+
+
+def clip_mrkdwn(text: str, n: int) -> str:
+    """Shorten inline mrkdwn (made by ``escape``, ``code``, ``mrkdwn``) to at most ``n``
+    characters, marking the cut: never inside an entity, and a code span cut short is closed
+    (escaped text holds back-ticks only as the spans' own)."""
+    if len(text) <= n:
+        return text
+    cut = _ENTITY_TAIL.sub("", text[: max(0, n - 1)])
+    if cut.count(TICK) % 2 == 0:
+        return cut + "…"
+    cut = _ENTITY_TAIL.sub("", cut[: max(0, n - 2)])  # room for the closing back-tick
+    return cut + ("…" + TICK if cut.count(TICK) % 2 else "…")
 
 
 def date(ts: float) -> str:
@@ -62,7 +136,10 @@ def date(ts: float) -> str:
 
 def header(text: str) -> Block:
     """Return a header block (plain text, clipped to 150)."""
-    return {"type": "header", "text": {"type": "plain_text", "text": clip(text, MAX_HEADER)}}
+    return {
+        "type": "header",
+        "text": {"type": "plain_text", "text": clip(one_line(text), MAX_HEADER)},
+    }
 
 
 def section(mrkdwn: str) -> Block:
@@ -85,7 +162,7 @@ def pre(lines: Iterable[str]) -> str:
 def table(
     rows: Sequence[Sequence[str]], *, wrap: Sequence[int] = (), right: Sequence[int] = ()
 ) -> Block:
-    """Return a ``table`` block; the first row is the header. Cells are raw text."""
+    """Return a ``table`` block; the first row is the header. Cells are raw text, one line."""
     width = max(len(r) for r in rows)
     settings = [
         {"is_wrapped": i in wrap, "align": "right" if i in right else "left"} for i in range(width)
@@ -93,7 +170,7 @@ def table(
     return {
         "type": "table",
         "column_settings": settings,
-        "rows": [[{"type": "raw_text", "text": c or "–"} for c in r] for r in rows],
+        "rows": [[{"type": "raw_text", "text": one_line(c) or "–"} for c in r] for r in rows],
     }
 
 
@@ -109,7 +186,8 @@ def confirm_dialog(
     """
     parts = {"title": title, "text": text, "confirm": confirm, "deny": deny}
     dialog: dict[str, Any] = {
-        k: {"type": "plain_text", "text": clip(v, MAX_CONFIRM[k]) or "–"} for k, v in parts.items()
+        k: {"type": "plain_text", "text": clip(one_line(v), MAX_CONFIRM[k]) or "–"}
+        for k, v in parts.items()
     }
     if style is not None:
         dialog["style"] = style
@@ -272,11 +350,20 @@ def _plain(mrkdwn: str) -> str:
         if i % 2:  # inside a preformatted block
             out.append(part.strip("\n"))
             continue
-        part = _LINK.sub(r"\2", part)
-        part = _MENTION.sub(lambda m: m.group(2) or ("@" + m.group(1).split("^")[0]), part)
-        out.append(_BOLD.sub(r"\1", part))
+        out.append(_unformat(part))
     text = "\n".join(p for p in out if p.strip())
-    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    return text.translate(_UNDO)  # the look-alikes of ``escape`` back to the real characters
+
+
+def _unformat(text: str) -> str:
+    """Drop our bold, links and mentions outside code spans (a span's text is shown as is)."""
+    spans = text.split(TICK)
+    for i in range(0, len(spans), 2):
+        part = _LINK.sub(r"\2", spans[i])
+        part = _MENTION.sub(lambda m: m.group(2) or ("@" + m.group(1).split("^")[0]), part)
+        spans[i] = _BOLD.sub(r"\1", part)
+    return TICK.join(spans)
 
 
 def table_text(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -332,4 +419,4 @@ def without_tables(message: Mapping[str, Any]) -> Message | None:
 
 def text_only(message: Mapping[str, Any]) -> Message:
     """Return a blocks-free copy of ``message`` carrying its content as text."""
-    return {"text": clip(escape(message_text(message)), MAX_FALLBACK)}
+    return {"text": clip(escape_lines(message_text(message)), MAX_FALLBACK)}

@@ -18,6 +18,7 @@ from gpubot.chat.blocks import (
     date,
     escape,
     header,
+    mrkdwn,
     section,
     table,
     table_fits,
@@ -124,7 +125,7 @@ def render_node(snap: NodeSnapshot, *, use_table: bool = True) -> Message:
         if missing:
             b.add(context(f"… {missing} more lines not shown"))
     if snap.notes:
-        b.add(context(*(escape(f"⚠ {clip(n, 200)}") for n in snap.notes[:5])))
+        b.add(context(*(mrkdwn(f"⚠ {clip(n, 200)}") for n in snap.notes[:5])))
     b.add(context(escape(f"{busy} busy · {idle} idle · {flagged} flagged"), _taken([snap])))
     return {"text": escape(summary), "blocks": b.blocks}
 

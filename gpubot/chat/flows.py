@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpubot.chat.blocks import Message, escape, render_text
+from gpubot.chat.blocks import Message, escape, mrkdwn, mrkdwn_lines, render_text
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home
 from gpubot.chat.reset_view import (
@@ -75,17 +75,17 @@ class Services:
 def error_message(exc: BaseException) -> Message:
     """Render an error for a person, one line."""
     if isinstance(exc, UsageError):
-        return render_text(f"⚠ {escape(str(exc))}")
+        return render_text(f"⚠ {mrkdwn(str(exc))}")
     if isinstance(exc, NotPermitted | ApprovalError):
-        return render_text(f"⛔ {escape(str(exc))}")
+        return render_text(f"⛔ {mrkdwn(str(exc))}")
     if isinstance(exc, StoreError):
         return render_text(
-            f"🛑 The audit log is unavailable, so nothing was done: {escape(str(exc))}"
+            f"🛑 The audit log is unavailable, so nothing was done: {mrkdwn(str(exc))}"
         )
     if isinstance(exc, TransportError):
-        return render_text(f"📡 {escape(str(exc))}")
+        return render_text(f"📡 {mrkdwn(str(exc))}")
     if isinstance(exc, GpubotError):
-        return render_text(f"⚠ {escape(str(exc))}")
+        return render_text(f"⚠ {mrkdwn(str(exc))}")
     return render_text("💥 Internal error: the details are in gpubot's log")
 
 
@@ -115,7 +115,9 @@ class Flows:
                 await self.refuse(who, out, IdentityRefused(who.refused), action=_action(cmd),
                                   command=text, node=getattr(cmd, "node", None))  # fmt: skip
             elif isinstance(cmd, commands.Help):
-                await out.reply(render_text(escape(commands.help_text(cmd.topic)), title="/gpu"))
+                await out.reply(
+                    render_text(mrkdwn_lines(commands.help_text(cmd.topic)), title="/gpu")
+                )
             elif isinstance(cmd, commands.Status):
                 await self.status(cmd, who, out)
             elif isinstance(cmd, commands.Reset):
@@ -203,7 +205,7 @@ class Flows:
         approvals = await self._permitted(who, out, "gpu-reset", text, cmd.node)
         if approvals is None:
             return
-        handle = await out.post(render_text(f"⏳ resetting {cmd.node} GPU {cmd.gpu} …"))
+        handle = await out.post(render_text(f"⏳ resetting {escape(cmd.node)} GPU {cmd.gpu} …"))
         await self._execute(
             out, handle, f"GPU reset {cmd.node} · GPU {cmd.gpu}", f"Requested by <@{who.id}>",
             None,

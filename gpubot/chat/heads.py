@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from gpubot.chat.blocks import Message, context, date, escape, header, section
+from gpubot.chat.blocks import Message, code, context, date, escape, header, section
 
 
 class HeadCheck(Protocol):
@@ -45,10 +45,12 @@ def render_head(result: HeadCheck, at: datetime) -> Message:
         "blocks": [
             header("Audit log head"),
             section(
-                f"`{head}`\n{result.checked} records, {escape(result.mode_text())}.\n"
+                f"{code(head)}\n{result.checked} records, {escape(result.mode_text())}.\n"
                 "This message is a copy of the head outside the database: keep it."
             ),
-            context(f"Check the log still holds it: `gpubot audit verify --expect-head {head}`"),
+            context(
+                "Check the log still holds it: " + code(f"gpubot audit verify --expect-head {head}")
+            ),
             context(f"gpubot audit head · {when}"),
         ],
     }

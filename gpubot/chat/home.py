@@ -17,6 +17,7 @@ from typing import Any
 from gpubot.chat.blocks import (
     MAX_VIEW_BLOCKS,
     Budget,
+    code,
     code_safe,
     context,
     date,
@@ -51,7 +52,7 @@ def render_home(
         ))  # fmt: skip
     else:
         mine = [(s.node, p) for s in snapshots for p in s.processes if p.user == linux_user]
-        b.add(section(f"*Your processes* (Linux user `{escape(linux_user)}`): {len(mine)}"))
+        b.add(section(f"*Your processes* (Linux user {code(linux_user)}): {len(mine)}"))
         lines = [code_safe(f"{node} GPU {p.gpu_index}: {proc_label(p)}") for node, p in mine]
         shown = b.add_pre(lines[:200], reserve=40) if lines else 0
         if shown < len(mine):

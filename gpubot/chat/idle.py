@@ -11,10 +11,13 @@ from gpubot.chat.blocks import (
     Budget,
     Message,
     clip,
+    clip_mrkdwn,
+    code,
     confirm_dialog,
     context,
     date,
     escape,
+    mrkdwn,
     section,
 )
 from gpubot.core.alerting import AlertItem, Handle
@@ -68,10 +71,10 @@ def render_idle_dm(
     for item in found[:MAX_DM_ITEMS]:
         f = item.finding
         assert f is not None and item.key.gpu is not None
-        lines = [f"*{escape(node)} GPU {item.key.gpu}*: {clip(escape(f.summary), 800)}"]
+        lines = [f"*{escape(node)} GPU {item.key.gpu}*: {clip_mrkdwn(mrkdwn(f.summary), 800)}"]
         if f.owner:
-            job = f" · workload: `{clip(escape(f.workload), 200)}`" if f.workload else ""
-            lines.append(f"owner: `{escape(f.owner)}`{job}")
+            job = f" · workload: {clip_mrkdwn(code(f.workload), 200)}" if f.workload else ""
+            lines.append(f"owner: {code(f.owner)}{job}")
         b.add(section("\n".join(lines)))
         pid = item.key.holder.split(":", 1)[0]
         free = free_button(item.key.text(), node, item.key.gpu, pid)

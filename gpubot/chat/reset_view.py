@@ -11,12 +11,15 @@ from gpubot.chat.blocks import (
     Budget,
     Message,
     clip,
+    clip_mrkdwn,
+    code,
     code_safe,
     confirm_dialog,
     context,
     date,
     escape,
     header,
+    mrkdwn,
     section,
     table,
     table_fits,
@@ -113,7 +116,7 @@ def step_lines(events: Sequence[ResetEvent]) -> list[str]:
         lines.append(_outcome_line(o.data))
     if not lines:
         lines.append("⏳ planning …")
-    return [escape(line) for line in lines]
+    return [mrkdwn(line) for line in lines]  # outcome details are core sentences
 
 
 def _outcome_line(d: Mapping[str, Any]) -> str:
@@ -172,7 +175,9 @@ def render_result(title: str, who: str, result: ResetResult, *, use_table: bool 
         b.add_pre([code_safe(r) for r in _aligned(rows)], reserve=4)
     problems = [g for g in result.gpus if g.outcome is not Outcome.FREED]
     if problems:
-        text = "\n".join(escape(f"• GPU {g.index}: {g.outcome} — {g.detail}") for g in problems)
+        text = "\n".join(
+            "• " + mrkdwn(f"GPU {g.index}: {g.outcome} — {g.detail}") for g in problems
+        )
         b.add(section(text))
     killed = ", ".join(f"{t.user or '?'} {t.pid}" for t in result.plan.targets[:10])
     more = f" (+{len(result.plan.targets) - 10})" if len(result.plan.targets) > 10 else ""
@@ -190,12 +195,14 @@ def _aligned(rows: list[list[str]]) -> list[str]:
 
 def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None) -> str:
     who = escape(requester_user) if requester_user else "no known Linux user"
-    owners = escape(", ".join(plan.owners))
+    # Owners are names a node's user database gives: code spans, never inside our own bold.
+    owners = ", ".join(code(o) for o in plan.owners)
     kills = "; ".join(plan.workloads[:5]) + ("; …" if len(plan.workloads) > 5 else "")
     return (
         f"<@{requester_id}> ({who}) asks to free *{escape(plan.node)}* GPU {_gpus(plan.gpus)}. "
-        f"This kills processes of *{owners}*: {len(plan.targets)} process(es), "
-        f"{plan.total_mib} MiB." + (f" It kills {escape(clip(kills, 1500))}." if kills else "")
+        f"This kills processes of {owners}: {len(plan.targets)} process(es), "
+        f"{plan.total_mib} MiB."
+        + (f" It kills {clip_mrkdwn(mrkdwn(kills), 1500)}." if kills else "")
     )
 
 
@@ -271,7 +278,7 @@ def render_approval_state(
     b = Budget()
     b.add(header(f"Forced kill on {plan.node} · request #{approval_id}"))
     b.add(section(_request_text(plan, requester_id, requester_user)))
-    b.add(section(line + (f"\n{escape(note)}" if note else "")))
+    b.add(section(line + (f"\n{mrkdwn(note)}" if note else "")))
     if body is None:
         _add_plan(b, plan, use_table=True, reserve=1)
     else:
@@ -297,7 +304,7 @@ def render_alert(node: str, gpu: int | None, title: str, detail: str, *, at: flo
     """Render a sweep alert; one about a GPU carries a "Reset GPU N" button."""
     where = f"{node} GPU {gpu}" if gpu is not None else node
     blocks = [
-        section(f"⚠ *{escape(where)}: {escape(title)}*\n{escape(detail)}"),
+        section(f"⚠ *{escape(where)}: {escape(title)}*\n{mrkdwn(detail)}"),
         context(f"found {date(at)}"),
     ]
     if gpu is not None:

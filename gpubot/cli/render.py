@@ -1,4 +1,9 @@
-"""Plain-text and JSON renderings of snapshots and reset results (terminal and console)."""
+"""Plain-text and JSON renderings of snapshots and reset results (terminal and console).
+
+Text a node user controls (commands, names, user names, notes, reasons) is written through
+``one_line`` before any colour is added: a newline, carriage return or escape sequence in it is
+shown as ``\\xNN``, so it can neither forge a line of the table nor drive the terminal.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpubot.core.flags import gpu_flags, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
+from gpubot.core.text import one_line
 
 if TYPE_CHECKING:  # types only: ``gpubot status`` need not import the reset service
     from gpubot.core.plan import ResetPlan
@@ -34,15 +40,15 @@ def _mem(g: GpuInfo) -> str:
 def process_label(p: GpuProcess) -> str:
     """Return ``user:pid:MiB command`` for one process (``system: name`` for a daemon)."""
     if p.system:
-        return f"system: {p.process_name} ({p.pid})"
+        return one_line(f"system: {p.process_name} ({p.pid})")
     cmd = (p.command or p.process_name).strip()
-    return f"{owner_label(p)}:{p.pid}:{_num(p.used_memory_mib)} {workload_label(p)}{cmd}"
+    return one_line(f"{owner_label(p)}:{p.pid}:{_num(p.used_memory_mib)} {workload_label(p)}{cmd}")
 
 
 def render_snapshot(snap: NodeSnapshot, *, color: bool = False) -> list[str]:
     """Render one node's per-GPU table, at most ``WIDTH`` columns."""
     name = snap.gpus[0].name if snap.gpus else "no GPUs"
-    lines = [_c(f"{snap.node} · {len(snap.gpus)} × {name}", BOLD, color)]
+    lines = [_c(one_line(f"{snap.node} · {len(snap.gpus)} × {name}"), BOLD, color)]
     procs_head = "PROCESSES (owner:pid:MiB workload command)"
     lines.append(f"{'GPU':>3}  {'MEMORY MiB':<19}  {'UTIL':>4}  {procs_head:<48} FLAGS")
     for g in snap.gpus:
@@ -59,7 +65,7 @@ def render_snapshot(snap: NodeSnapshot, *, color: bool = False) -> list[str]:
                 tail = f"{tail} {pflags}".strip()
             code = RED if tail else ""
             lines.append((text + " " + _c(tail, code, color)).rstrip()[: WIDTH + 10])
-    lines.extend(_c(f"  ! {note}"[:WIDTH], YELLOW, color) for note in snap.notes)
+    lines.extend(_c(one_line(f"  ! {note}")[:WIDTH], YELLOW, color) for note in snap.notes)
     return lines
 
 
@@ -71,7 +77,7 @@ def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
         out.append("")
     if status.failed:
         out.append(_c(f"{len(status.failed)} node(s) did not answer:", RED, color))
-        out.extend(f"  {n:<16} {r}" for n, r in status.failed.items())
+        out.extend(one_line(f"  {n:<16} {r}") for n, r in status.failed.items())
         out.append("")
     ok = len(status.snapshots)
     out.append(f"{ok}/{ok + len(status.failed)} nodes answered in {status.seconds:.2f} s")
@@ -138,7 +144,7 @@ def render_reset(result: ResetResult, *, color: bool = False) -> str:
         word = _c(str(g.outcome), OUTCOME_COLOR.get(g.outcome, RED), color)
         lines.append(
             f"  GPU {g.index}: {word}{took}  "
-            f"({_num(g.memory_before_mib)} → {_num(g.memory_after_mib)} MiB) {g.detail}"
+            f"({_num(g.memory_before_mib)} → {_num(g.memory_after_mib)} MiB) {one_line(g.detail)}"
         )
     if result.after is not None:
         lines.append("")
@@ -160,4 +166,4 @@ def render_plan_lines(plan: ResetPlan) -> list[str]:
         lines.append(f"  leave {s.user or '?'}:{s.pid} on GPU {s.gpu}: {s.reason}")
     if plan.forced:
         lines.append(f"  FORCED: kills processes of {', '.join(plan.owners)}")
-    return lines
+    return [one_line(line) for line in lines]

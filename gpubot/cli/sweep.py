@@ -14,6 +14,7 @@ import json
 from gpubot.app import App
 from gpubot.cli.common import cli_actor, with_app
 from gpubot.core.alerting import SweepResult
+from gpubot.core.text import one_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,4 +57,4 @@ def render(result: SweepResult) -> str:
     if result.idle_gpu_hours:
         held = ", ".join(f"{u} {h:.1f}" for u, h in result.idle_gpu_hours.items())
         out.append(f"GPU-hours held idle: {held}")
-    return "\n".join(out)
+    return "\n".join(map(one_line, out))  # a name's newline or escape sequence stays \\xNN

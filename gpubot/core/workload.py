@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from gpubot.core.text import code
+
 
 class WorkloadKind(StrEnum):
     """What kind of workload a process runs in."""
@@ -76,32 +78,36 @@ class Workload:
         return f"{self.kind}:{label}"
 
     def describe(self) -> str:
-        """Say what killing this workload's process kills, for plans and approvals."""
-        owner = f" of Linux user `{self.owner}`" if self.owner else ""
+        """Say what killing this workload's process kills, for plans and approvals.
+
+        Every name is written by ``core.text.code`` (back-ticks, one line, none inside): a job
+        name such as ``x` *pre-approved* `y`` stays one literal, and each front end shows it as
+        one (a Slack code span, a terminal's text).
+        """
+        owner = f" of Linux user {code(self.owner)}" if self.owner else ""
         if self.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN):
             image = self.get("image")
-            img = f" (image `{image}`)" if image else ""
-            return f"container `{self.name or self.id[:12]}`{img}{owner}"
+            img = f" (image {code(image)})" if image else ""
+            return f"container {code(self.name or self.id[:12])}{img}{owner}"
         if self.kind is WorkloadKind.KUBERNETES:
             pod = self.name or f"pod {self.get('pod_uid') or '?'}"
-            return f"Kubernetes pod `{pod}`{owner}"
+            return f"Kubernetes pod {code(pod)}{owner}"
         if self.kind is WorkloadKind.SLURM:
             step = self.get("step")
-            bits = [f"user `{self.owner}`" if self.owner else None,
-                    f"job name `{self.name}`" if self.name else None]  # fmt: skip
+            bits = [f"user {code(self.owner)}" if self.owner else None,
+                    f"job name {code(self.name)}" if self.name else None]  # fmt: skip
             said = ", ".join(b for b in bits if b)
             return (
-                f"Slurm job {self.id}"
+                f"Slurm job {self.id}"  # digits and [a-z0-9]+ only (the cgroup shapes)
                 + (f" step {step}" if step else "")
                 + (f" ({said})" if said else "")
             )
         if self.kind is WorkloadKind.SERVICE:
-            return f"systemd service `{self.id}`"
+            return f"systemd service {code(self.id)}"
         if self.kind is WorkloadKind.SESSION:
-            return f"login session `{self.id}`" + (
-                f" of uid {self.get('uid')}" if self.get("uid") else ""
-            )
-        return f"cgroup `{self.id}`"
+            uid = self.get("uid")  # digits only (the cgroup shape)
+            return f"login session {code(self.id)}" + (f" of uid {uid}" if uid else "")
+        return f"cgroup {code(self.id)}"
 
     @classmethod
     def from_dict(cls, d: Any) -> Workload | None:

@@ -21,7 +21,7 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 
-from gpubot.chat.blocks import Message, escape, render_text
+from gpubot.chat.blocks import Message, mrkdwn, mrkdwn_lines, render_text
 from gpubot.chat.flows import Flows, Services
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.chat.surface import MIN_UPDATE_S, Handle
@@ -153,11 +153,11 @@ class GpuBot:
             cmd = commands.parse(text)
             self.flows.check(cmd)
         except UsageError as exc:
-            await ack(**_ephemeral(render_text(f"⚠ {escape(str(exc))}\n{_usage_hint(text)}")))
+            await ack(**_ephemeral(render_text(f"⚠ {mrkdwn(str(exc))}\n{_usage_hint(text)}")))
             return
         if isinstance(cmd, commands.Help):
             await ack(
-                **_ephemeral(render_text(escape(commands.help_text(cmd.topic)), title="/gpu"))
+                **_ephemeral(render_text(mrkdwn_lines(commands.help_text(cmd.topic)), title="/gpu"))
             )
             return
         await ack()
@@ -199,7 +199,7 @@ class GpuBot:
             cmd = commands.parse(f"reset {node} gpu {gpu}")
             self.flows.check(cmd)
         except UsageError as exc:
-            self.spawn(out.reply(render_text(f"⚠ {escape(str(exc))}")), "reset button")
+            self.spawn(out.reply(render_text(f"⚠ {mrkdwn(str(exc))}")), "reset button")
             return
         self.spawn(self._command(cmd, {**body, "user_id": (body.get("user") or {}).get("id"),
                                        "user_name": (body.get("user") or {}).get("username")},
@@ -258,4 +258,4 @@ def _ephemeral(msg: Message) -> dict[str, Any]:
 
 def _usage_hint(text: str) -> str:
     verb = text.split()[0].lower() if text.split() else ""
-    return escape(commands.help_text(verb) if verb in commands.USAGE else "Try `/gpu help`.")
+    return mrkdwn_lines(commands.help_text(verb) if verb in commands.USAGE else "Try `/gpu help`.")

@@ -117,7 +117,7 @@ async def test_forced_reset_approved_runs_once(harness: Harness, node1: Any) -> 
     request = next(c for c in posts if c.body["channel"] == "C0ONCALL")
     text = text_of(request)
     assert "<@U0BOB> (bob) asks to free *node1* GPU 2" in text
-    assert f"This kills processes of *{w.user}*: 1 process(es), 3000 MiB" in text
+    assert f"This kills processes of `{w.user}`: 1 process(es), 3000 MiB" in text
     waiting = harness.fake.ok("chat.update")[-1]
     assert waiting.body["channel"] == "C0GENERAL"
     assert "Waiting for an on-call approver" in text_of(waiting)

@@ -224,7 +224,7 @@ def test_approval_request_and_decision() -> None:
     assert "confirm" in actions[0] and "confirm" not in actions[1]
     text = bk.message_text(msg)
     assert "@U0BOB (bob) asks to free node1 GPU 0" in text
-    assert "kills processes of alice, bob: 2 process(es), 2048 MiB" in text
+    assert "kills processes of `alice`, `bob`: 2 process(es), 2048 MiB" in text
     assert "Request #12" in text and "2023-11-14 22:28:20 UTC" in text
 
     decided = rb.render_approval_state(12, plan, "U0BOB", "bob", state="denied", by="U0CAROL",
