@@ -322,7 +322,8 @@ def verify(
     if published is not None:
         found = hash_at(conn, published[0])
         result = check_published(result, published, found, int(head.seq))
-    if seals is not None and result.mode == "keyed" and not result.unverified:
+    walked = result.first_bad_seq is None and not result.unverified  # to the end: its seals
+    if seals is not None and result.mode == "keyed" and walked:
         result = _check_seal_age(result, seals, now or datetime.now(UTC))
     if file_head is not None:
         result = _check_file(conn, result, file_head, head_file, int(head.seq), key)

@@ -5,7 +5,7 @@ database can delete the last records and move ``audit_head`` back, and the short
 intact. ``gpubot serve`` with ``$GPUBOT_AUDIT_KEY`` therefore appends a *seal* at a fixed
 interval, at start and stop, and after every forced action:
 
-    {"seal": "periodic", "every_s": 900, "prev": [SEQ, "HASH"] | null, "after": ACTION | null}
+    {"seal": "periodic", "every_s": 900, "prev": [SEQ, "HASH"] | null}   (+ "after": ACTION)
 
 A seal is keyed like every record after the chain marker, so nobody without the key can write
 one. ``verify`` then checks two things:
@@ -53,12 +53,14 @@ def seal_payload(
     """Return the payload of a seal record (kept small: a log gains one every interval)."""
     if reason not in REASONS:
         raise ValueError(f"not a seal reason: {reason!r}")
-    return {
+    out: dict[str, Any] = {
         "seal": reason,
         "every_s": int(every_s),
         "prev": None if prev is None else [prev[0], prev[1]],
-        "after": after,
     }
+    if after is not None:
+        out["after"] = after  # the forced action this seal follows
+    return out
 
 
 def parse_seal(r: AuditRecord) -> Seal | None:
