@@ -2,8 +2,9 @@
 ``build``; front ends receive the ``App`` and never build or change a service.
 
 What a front end does not need is not built (nor its library imported): the Slack Web API
-adapters only with ``slack=``, the scheduler, the audit head's publication and the metrics only
-with ``serving=True``.
+adapters only with ``slack=``, the scheduler, the audit head's publication, the audit seals'
+schedule and the metrics only with ``serving=True`` (a forced reset is sealed in every front
+end, when the audit log has its key).
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ class HeadFile:
             self._say(
                 f"the audit log no longer holds the head recorded in {self.path} (seq "
                 f"{current.seq} at {current.at}): records were removed; the file is kept as "
-                "the evidence (`gpubot audit verify` reports it)"
+                "the evidence (`gpubot audit verify` reports it; move it away once explained)"
             )
             return
         if current is not None and current.seq >= seq:
