@@ -9,6 +9,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from gpubot.store import SealRule, Store, open_store
 from tests.fixtures.audit_cut import (
     EVERY_S,
@@ -238,3 +240,28 @@ async def test_a_head_file_that_cannot_be_written_loses_no_record(
         store.close()
     assert [r.kind for r in audit_rows(fresh_db_url)] == ["chain", "seal", "seal"]
     assert not result.ok and "does not exist" in result.line()
+
+
+async def test_control_a_writer_that_overwrote_the_head_file_would_hide_the_cut(
+    fresh_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CONTROL for the test above: without the writer's check that the log still holds the
+    file's head, the next write after a cut replaces the evidence and verify says intact."""
+    head_file = tmp_path / "audit.head"
+    store = _open(fresh_db_url, head_file)
+    try:
+        history = await sealed_history(store)
+    finally:
+        store.close()
+    cut_tail(fresh_db_url, history.last_action)
+    monkeypatch.setattr(Store, "_holds", lambda self, seq, digest: True)  # the defence removed
+    restarted = _open(fresh_db_url, head_file)
+    try:
+        at(restarted, history.now)
+        for _ in range(12):  # past the lost head's seq, as in the test above
+            await restarted.seal("periodic", EVERY_S)
+        result = await restarted.verify(seals=SealRule(), now=history.now)
+    finally:
+        restarted.close()
+    assert json.loads(head_file.read_text())["seq"] == audit_rows(fresh_db_url)[-1].seq
+    assert result.ok, result.line()  # the cut is hidden
