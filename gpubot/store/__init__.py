@@ -192,8 +192,10 @@ class Store:
 
     def _query(self, actor: str, source: str, node: str | None, payload: dict[str, Any]) -> None:
         with guard("cannot record the query"), write_tx(self.engine) as c:
-            audit.append(c, kind="query", actor=actor, source=source, node=node, payload=payload,
-                         now=self.clock())  # fmt: skip
+            now = self.clock()
+            audit.append(
+                c, kind="query", actor=actor, source=source, node=node, payload=payload, now=now
+            )
 
     # -- seals and the head outside the database ---------------------------------------------
 
@@ -225,8 +227,10 @@ class Store:
     def _seal(self, reason: str, every_s: float, after: int | None) -> SealWritten:
         prev = self._last
         with guard("cannot write the audit seal"), write_tx(self.engine) as c:
-            rec, held = audit.seal(c, reason=reason, every_s=every_s, prev=prev, after=after,
-                                   now=self.clock())  # fmt: skip
+            now = self.clock()
+            rec, held = audit.seal(
+                c, reason=reason, every_s=every_s, prev=prev, after=after, now=now
+            )
         return SealWritten(rec, prev, held)
 
     # -- reading ---------------------------------------------------------------------------

@@ -287,8 +287,9 @@ def seal(
         raise StoreError("a seal needs GPUBOT_AUDIT_KEY: without the key anyone could forge one")
     held = prev is None or hash_at(conn, prev[0]) == prev[1]
     payload = seal_payload(reason, every_s, prev, after)
-    rec = append(conn, kind=SEAL, actor="gpubot", source="gpubot", node=None, payload=payload,
-                 now=now)  # fmt: skip
+    rec = append(
+        conn, kind=SEAL, actor="gpubot", source="gpubot", node=None, payload=payload, now=now
+    )
     return rec, held
 
 

@@ -220,6 +220,11 @@ class VerifyResult:
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (``audit verify --json``)."""
+        seal = None if self.seal is None else {**self.seal.as_dict(), "age_s": self.seal_age_s}
+        head_file = None
+        if self.file_head is not None:
+            seq, digest, at = self.file_head
+            head_file = {"seq": seq, "hash": digest, "at": at}
         return {
             "ok": self.ok,
             "verdict": self.line(),
@@ -232,15 +237,11 @@ class VerifyResult:
             "reason": self.reason,
             "unverified": self.unverified,
             "published": self.published,
-            "seal": None
-            if self.seal is None
-            else {**self.seal.as_dict(), "age_s": self.seal_age_s},
+            "seal": seal,
             "seals": self.seals,
             "end": list(self.end),
             "end_tampered": self.end_tampered,
-            "head_file": None
-            if self.file_head is None
-            else {"seq": self.file_head[0], "hash": self.file_head[1], "at": self.file_head[2]},
+            "head_file": head_file,
         }
 
 
