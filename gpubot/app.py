@@ -2,8 +2,9 @@
 ``build``; front ends receive the ``App`` and never build or change a service.
 
 What a front end does not need is not built (nor its library imported): the Slack Web API
-adapters only with ``slack=``, the scheduler, the audit head's publication and the metrics only
-with ``serving=True``.
+adapters only with ``slack=``, the scheduler, the audit head's publication, the audit seals'
+schedule and the metrics only with ``serving=True`` (a forced reset is sealed in every front
+end, when the audit log has its key).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
     from gpubot.services.reset import ResetService
+    from gpubot.services.seals import SealService
     from gpubot.services.sweep import SweepService
     from gpubot.slack.api import SlackApi
     from gpubot.slack.heads import HeadPublisher
@@ -61,9 +63,10 @@ class App:
     metrics: Metrics | None = None  # with serving=True
     schedulers: list[IntervalScheduler] = field(default_factory=list)  # with serving=True
     heads: HeadPublisher | None = None  # posts the audit head (serving, Slack, a store)
+    seals: SealService | None = None  # the audit log's seals (serving, a store, its key)
 
     def scheduler(self, name: str) -> IntervalScheduler | None:
-        """Return the schedule called ``name`` ("sweep", "audit-head"), if built."""
+        """Return the schedule called ``name`` ("sweep", "audit-head", "audit-seal"), if built."""
         return next((s for s in self.schedulers if s.name == name), None)
 
     def start(self, *, sweeps: bool = True) -> None:
@@ -78,6 +81,8 @@ class App:
         locks and the database."""
         for s in self.schedulers:
             await s.stop()
+        if self.seals is not None:
+            await self.seals.stop()  # the clean stop's seal, before the store closes
         if self.metrics is not None:
             self.metrics.close()
         await self.transport.close()
@@ -110,6 +115,7 @@ def open_app_store(
         password=environ.get("GPUBOT_DB_PASSWORD") or None,
         audit_key=audit_key(environ),
         check_schema=check_schema,
+        head_file=settings.audit.head_file,
     )
 
 
@@ -166,6 +172,7 @@ def build(
     chat = Services(settings, policy, status, approvals, store, chat_sweeper(sweep),
                     sweep.idle_gpu_hours)  # fmt: skip
     app = App(settings, transport, store, locks, status, reset, sweep, chat, api, metrics)
+    app.seals = _seals(settings, store, reset)
     if serving:
         _schedule(app, first_after_s)
     return app
@@ -281,13 +288,23 @@ def _slack_alerts(api: SlackApi, settings: Settings) -> Notifier | None:
 
 
 def _schedule(app: App, first_after_s: float | None) -> None:
-    """Build the sweep's schedule and, with Slack and a store, the audit head's publication."""
+    """Build the sweep's schedule, the audit seals' (with their key) and, with Slack and a
+    store, the audit head's publication."""
     from gpubot.scheduler import IntervalScheduler
 
     cfg = app.settings.sweep
     sweeps = IntervalScheduler(app.sweep.scheduled, cfg.interval_s, first_after_s=first_after_s,
                                stop_wait_s=cfg.budget_s)  # fmt: skip
     app.schedulers = [sweeps]
+    if app.seals is not None:
+        app.schedulers.append(
+            IntervalScheduler(
+                app.seals.periodic,
+                app.seals.every_s,
+                first_after_s=first_after_s,
+                name="audit-seal",
+            )
+        )
     every = app.settings.audit.publish_head_every_s
     if every is None or app.store is None or app.slack is None:
         return
@@ -300,6 +317,25 @@ def _schedule(app: App, first_after_s: float | None) -> None:
     app.heads = HeadPublisher(app.store, app.slack, channel)
     app.schedulers.append(IntervalScheduler(app.heads.publish, every, first_after_s=first_after_s,
                                             name="audit-head"))  # fmt: skip
+    if app.seals is not None:
+        app.seals.after_forced.append(app.heads.publish)  # a head outside the DB, at once
+
+
+def _seals(settings: Settings, store: Store | None, reset: ResetService) -> SealService | None:
+    """With a store and its key: the audit log's seals; a forced reset is sealed at its end
+    (the CLI's too). ``gpubot serve`` also seals at start, every interval and at a clean stop
+    (``_schedule``)."""
+    every = settings.audit.seal_every_s
+    if every is None or store is None:
+        return None
+    if store.audit_key is None:
+        log.debug("the audit log is not sealed: seals need $GPUBOT_AUDIT_KEY")
+        return None
+    from gpubot.services.seals import SealService
+
+    seals = SealService(store, every)
+    reset.after_forced = seals.forced
+    return seals
 
 
 class _OpeningStore:

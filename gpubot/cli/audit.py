@@ -2,7 +2,10 @@
 
 ``verify`` reads the chain's key from ``$GPUBOT_AUDIT_KEY`` (a keyed log cannot be verified
 without it) and, with ``--expect-head SEQ:HASH``, checks the log against a head noted elsewhere
-(the bot posts one to the alerts channel): that catches a rewrite even without the key.
+(the bot posts one to the alerts channel): that catches a rewrite even without the key. A
+keyed log's newest seal must be younger than ``[audit] max_seal_age`` (``--max-seal-age``
+overrides it, e.g. ``off`` for an archive or a bot stopped on purpose), and with ``[audit]
+head_file`` the log must hold the head recorded there: both catch records cut from the end.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
-from gpubot.cli.db import open_configured
+from gpubot import config
+from gpubot.app import open_app_store
+from gpubot.config import AuditSettings, parse_duration
 from gpubot.errors import UsageError
-from gpubot.store import ActionDetail, ActionSummary, AuditRecord, Store
+from gpubot.store import ActionDetail, ActionSummary, AuditRecord, SealRule, Store
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 EXPORT_FIELDS = (
@@ -59,12 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ver.add_argument("--expect-head", metavar="SEQ:HASH",
                      help="fail unless the log holds this head (as verify or the bot printed "
                           "it)")  # fmt: skip
+    ver.add_argument(
+        "--max-seal-age",
+        metavar="AGE",
+        help="fail when a keyed log's newest seal is older (30m, 2h ...; off: do not check); "
+        "default: [audit] max_seal_age",
+    )
+    ver.add_argument("--json", action="store_true", help="print the verdict as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one ``audit`` action; return the exit status."""
     check_args(args)
-    store = open_configured(args.config, os.environ, check_schema=True)
+    settings = config.load(config.config_path(args.config, os.environ))
+    if args.audit_command == "verify":
+        args.seals = seal_rule(args.max_seal_age, settings.audit)
+    store = open_app_store(settings, os.environ, check_schema=True)
     try:
         return asyncio.run(_run(store, args, sys.stdout))
     finally:
@@ -82,8 +97,28 @@ def check_args(args: argparse.Namespace) -> None:
         args.id = positive_int("ID", args.id)
     elif args.audit_command == "export" and args.format not in ("jsonl", "csv"):
         raise UsageError(f"--format: expected jsonl or csv, got {args.format!r}")
-    elif args.audit_command == "verify" and args.expect_head is not None:
-        args.expect_head = parse_head(args.expect_head)
+    elif args.audit_command == "verify":
+        if args.expect_head is not None:
+            args.expect_head = parse_head(args.expect_head)
+        if args.max_seal_age not in (None, "off"):
+            seconds = parse_duration(args.max_seal_age)
+            if seconds is None or seconds <= 0:
+                raise UsageError(
+                    "--max-seal-age: expected a duration like 30m, 2h, 1d or off, "
+                    f"got {args.max_seal_age!r}"
+                )
+            args.max_seal_age = seconds
+
+
+def seal_rule(option: float | str | None, audit: AuditSettings) -> SealRule | None:
+    """Return how verify judges the newest seal: ``--max-seal-age``, else the settings."""
+    if option == "off":
+        return None
+    if isinstance(option, float):
+        return SealRule(option)
+    if audit.seal_every_s is None or not audit.check_seals:
+        return None  # nothing seals this log, or the check is off
+    return SealRule(audit.max_seal_age_s)
 
 
 def parse_head(text: str) -> tuple[int, str]:
@@ -137,12 +172,23 @@ async def _run(store: Store, args: argparse.Namespace, out: TextIO) -> int:
         with _output(args.output, out) as dest:
             await _export(store, args.format, dest)
     else:
-        result = await store.verify(published=args.expect_head)
-        if not result.ok:
-            print(f"gpubot: {result.line()}", file=sys.stderr)
-            return 1
-        held = f", holds {args.expect_head[0]}:{args.expect_head[1]}" if args.expect_head else ""
-        out.write(f"{result.line()}{held}\n")
+        return await _verify(store, args, out)
+    return 0
+
+
+async def _verify(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    result = await store.verify(published=args.expect_head, seals=args.seals)
+    if args.json:
+        data = result.as_dict()
+        if args.expect_head is not None:
+            data["expect_head"] = f"{args.expect_head[0]}:{args.expect_head[1]}"
+        out.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        return 0 if result.ok else 1
+    if not result.ok:
+        print(f"gpubot: {result.line()}", file=sys.stderr)
+        return 1
+    held = f", holds {args.expect_head[0]}:{args.expect_head[1]}" if args.expect_head else ""
+    out.write(f"{result.line()}{held}\n")
     return 0
 
 

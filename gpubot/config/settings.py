@@ -54,6 +54,14 @@ class AuditSettings:
     """The ``[audit]`` settings."""
 
     publish_head_every_s: float | None = 86400.0  # post the chain head this often; None: never
+    # With $GPUBOT_AUDIT_KEY: a keyed seal record this often while gpubot serve runs (and after
+    # every forced action); None: no seals.
+    seal_every_s: float | None = 900.0
+    # ``audit verify`` fails when the newest seal is older than this; None: twice the interval
+    # the seal itself records. ``check_seals`` False: seal age is not checked ("off").
+    max_seal_age_s: float | None = None
+    check_seals: bool = True
+    head_file: str | None = None  # the chain head, written after every write, outside the DB
 
 
 @dataclass(frozen=True)

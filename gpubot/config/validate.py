@@ -6,6 +6,7 @@ Every problem is a ``ConfigError`` whose message is one line: the file, the key,
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +20,7 @@ LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 DURATION = re.compile(r"\s*([0-9]{1,9})\s*([smhdw])\s*")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-MIN_PUBLISH_S = 60.0  # a head posted more often than once a minute is noise, likely a typo
+MIN_PUBLISH_S = 60.0  # an [audit] interval under a minute is noise, likely a typo
 RUNTIMES = ("docker", "podman", "slurm", "crictl")
 
 
@@ -205,20 +206,44 @@ def attribution(v: Validator, raw: Mapping[str, Any]) -> AttributionSettings:
     return AttributionSettings(label, timeout)
 
 
+AUDIT_KEYS = {"publish_head_every", "seal_every", "max_seal_age", "head_file"}
+
+
 def audit(v: Validator, raw: Mapping[str, Any]) -> AuditSettings:
     """Validate ``[audit]``."""
     t = v.table("audit", raw.get("audit", {}))
-    v.keys("audit", t, {"publish_head_every"})
-    every = t.get("publish_head_every", "24h")
-    if every == "off":
-        return AuditSettings(None)
-    seconds = parse_duration(every)
+    v.keys("audit", t, AUDIT_KEYS)
+    publish = _every(v, "audit.publish_head_every", t.get("publish_head_every", "24h"))
+    seal = _every(v, "audit.seal_every", t.get("seal_every", "15m"))
+    age_raw = t.get("max_seal_age")
+    age = None if age_raw in (None, "off") else _every(v, "audit.max_seal_age", age_raw)
+    if age is not None and seal is not None and age < seal:
+        raise ConfigError(
+            f"{v.where}: audit.max_seal_age: {age_raw} is shorter than audit.seal_every "
+            f"({t.get('seal_every', '15m')}): every verify between two seals would fail"
+        )
+    head_file = t.get("head_file")
+    if head_file is not None:
+        head_file = os.path.expanduser(v.string("audit.head_file", head_file))
+        if not os.path.isabs(head_file) or head_file.endswith("/"):
+            raise ConfigError(
+                f"{v.where}: audit.head_file: expected an absolute file path like "
+                f'"/var/lib/gpubot/audit.head", got {t["head_file"]!r}'
+            )
+    return AuditSettings(publish, seal, age, age_raw != "off", head_file)
+
+
+def _every(v: Validator, key: str, value: Any) -> float | None:
+    """Return an ``[audit]`` interval of at least a minute in seconds; None for "off"."""
+    if value == "off":
+        return None
+    seconds = parse_duration(value)
     if seconds is None or seconds < MIN_PUBLISH_S:
         raise ConfigError(
-            f"{v.where}: audit.publish_head_every: expected a duration of at least 1m like "
-            f'"24h", "30m", "7d", or "off", got {every!r}'
+            f"{v.where}: {key}: expected a duration of at least 1m like "
+            f'"24h", "30m", "7d", or "off", got {value!r}'
         )
-    return AuditSettings(seconds)
+    return seconds
 
 
 def parse_duration(value: Any) -> float | None:

@@ -108,6 +108,8 @@ class ResetService:
         self.clock = clock
         self.locks: Locks = locks or NodeLocks(clock)
         self.observer = observer
+        # Told (the action id, None if it never began) after every forced reset: the audit seal.
+        self.after_forced: Callable[[int | None], Awaitable[None]] | None = None
 
     async def _observed(self, work: Awaitable[ResetResult]) -> ResetResult:
         """Run a reset and count how each GPU ended (or that it was refused or failed)."""
@@ -158,10 +160,30 @@ class ResetService:
         intent = {**plan.to_dict(), "approval_id": approval_id}
         if approval is not None:
             intent["approval"] = dict(approval)
-        return await self._observed(self._audited(
-            "reset", node, plan, intent, body, actor=actor, source=source, command=command,
+        work = self._audited(
+            "reset",
+            node,
+            plan,
+            intent,
+            body,
+            actor=actor,
+            source=source,
+            command=command,
             on_event=on_event,
-        ))  # fmt: skip
+        )
+        return await self._sealed(plan, self._observed(work))
+
+    async def _sealed(self, plan: ResetPlan, work: Awaitable[ResetResult]) -> ResetResult:
+        """Run a reset; after a forced one, whatever its end, tell ``after_forced``."""
+        if not plan.forced or self.after_forced is None:
+            return await work
+        action_id: int | None = None
+        try:
+            result = await work
+            action_id = result.action_id
+            return result
+        finally:
+            await self.after_forced(action_id)
 
     async def gpu_reset(
         self,

@@ -7,11 +7,14 @@ walks the chain first, against the head this bot posted last, and posts what it 
 of a head when the log does not verify.
 
 ``[audit] publish_head_every`` (default ``"24h"``, ``"off"`` to stop) sets the interval; the
-first publication is a few seconds after start (``gpubot.app`` schedules it).
+first publication is a few seconds after start (``gpubot.app`` schedules it). With seals (a key
+and ``[audit] seal_every``), a head is also posted after every forced action's seal, so that
+the records of the actions that matter most have a copy outside the database at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 
@@ -31,9 +34,14 @@ class HeadPublisher:
         self.api = api
         self.channel = channel
         self.last: tuple[int, str] | None = None  # the head this publisher posted last
+        self._lock = asyncio.Lock()  # the schedule and a forced action's seal: one at a time
 
     async def publish(self) -> VerifyResult | None:
         """Verify the log (it must still hold the last head posted) and post the verdict."""
+        async with self._lock:
+            return await self._publish()
+
+    async def _publish(self) -> VerifyResult | None:
         try:
             result = await self.store.verify(published=self.last)
         except GpubotError as exc:

@@ -8,8 +8,10 @@ synchronous engine in a worker thread. Every failure is a ``StoreError``: caller
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
@@ -20,6 +22,7 @@ from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import ApprovalStore
 from gpubot.store.engine import guard, is_empty, make_engine, parse_url, read_tx, write_tx
+from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.records import (
     ActionDetail,
     ActionSummary,
@@ -28,6 +31,7 @@ from gpubot.store.records import (
     VerifyResult,
 )
 from gpubot.store.samples import DbSamples
+from gpubot.store.seals import SealRule
 
 T = TypeVar("T")
 
@@ -39,6 +43,8 @@ __all__ = [
     "AuditRecord",
     "DbAlerts",
     "DbSamples",
+    "SealRule",
+    "SealWritten",
     "Store",
     "VerifyResult",
     "open_store",
@@ -51,13 +57,14 @@ def open_store(
     password: str | None = None,
     audit_key: bytes | None = None,
     check_schema: bool = True,
+    head_file: str | None = None,
 ) -> Store:
     """Open the store at ``url``; with ``check_schema``, refuse a database that is behind.
 
     A new SQLite database (no table yet) is created and migrated here: the embedded default
     sets itself up. PostgreSQL is migrated only by ``gpubot db upgrade``.
     """
-    store = Store(url, password=password, audit_key=audit_key)
+    store = Store(url, password=password, audit_key=audit_key, head_file=head_file)
     if check_schema:
         try:
             if not version.at_head(store.engine) and is_empty(store.engine):
@@ -69,15 +76,35 @@ def open_store(
     return store
 
 
+@dataclass(frozen=True)
+class SealWritten:
+    """A seal appended: the record, the record it names, whether the log still held that."""
+
+    record: AuditRecord
+    prev: tuple[int, str] | None
+    held: bool
+
+
 class Store:
     """The audit log (implements ``gpubot.core.ports.AuditStore``), approvals, alerts, samples."""
 
     def __init__(
-        self, url: str, *, password: str | None = None, audit_key: bytes | None = None
+        self,
+        url: str,
+        *,
+        password: str | None = None,
+        audit_key: bytes | None = None,
+        head_file: str | None = None,
     ) -> None:
-        """``audit_key`` makes the audit chain an HMAC chain (see ``store.chain``)."""
-        self.engine = make_engine(url, password, audit_key=audit_key)
+        """``audit_key`` makes the audit chain an HMAC chain (see ``store.chain``);
+        ``head_file``: write the chain head there after every write (``store.headfile``)."""
+        self.audit_key = audit_key
+        self.head_file = None if head_file is None else HeadFile(head_file, audit_key)
+        self.engine = make_engine(url, password, audit_key=audit_key, on_append=self._appended)
         self.url = parse_url(url).render_as_string(hide_password=True)
+        self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)  # record times
+        self._last: tuple[int, str] | None = None  # the last record this store wrote
+        self._last_lock = threading.Lock()
         self.approvals = ApprovalStore(self.engine)
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
@@ -109,6 +136,7 @@ class Store:
                 node=node,
                 payload=payload,
                 own_action=True,
+                now=self.clock(),
             )
             return rec.seq
 
@@ -139,6 +167,7 @@ class Store:
                 node=intent.node,
                 payload=payload,
                 action_id=action_id,
+                now=self.clock(),
             )
 
     async def record_query(
@@ -163,7 +192,46 @@ class Store:
 
     def _query(self, actor: str, source: str, node: str | None, payload: dict[str, Any]) -> None:
         with guard("cannot record the query"), write_tx(self.engine) as c:
-            audit.append(c, kind="query", actor=actor, source=source, node=node, payload=payload)
+            now = self.clock()
+            audit.append(
+                c, kind="query", actor=actor, source=source, node=node, payload=payload, now=now
+            )
+
+    # -- seals and the head outside the database ---------------------------------------------
+
+    @property
+    def last_written(self) -> tuple[int, str] | None:
+        """Return (seq, hash) of the last audit record this store wrote (None: none yet)."""
+        return self._last
+
+    def _appended(self, seq: int, digest: str, at: str) -> None:
+        """After each committed append: remember it, and write it to the head file."""
+        with self._last_lock:
+            if self._last is None or seq > self._last[0]:
+                self._last = (seq, digest)
+        if self.head_file is not None:
+            self.head_file.record(seq, digest, at, self._holds)
+
+    def _holds(self, seq: int, digest: str) -> bool:
+        with guard("cannot read the audit log"), read_tx(self.engine) as c:
+            return audit.hash_at(c, seq) == digest
+
+    async def seal(self, reason: str, every_s: float, *, after: int | None = None) -> SealWritten:
+        """Append a keyed seal (``store.seals``) naming the last record this store wrote.
+
+        Raises ``StoreError`` without the audit key. ``SealWritten.held`` is False when the log
+        no longer holds that record: records were removed (the seal says so in the chain).
+        """
+        return await asyncio.to_thread(self._seal, reason, every_s, after)
+
+    def _seal(self, reason: str, every_s: float, after: int | None) -> SealWritten:
+        prev = self._last
+        with guard("cannot write the audit seal"), write_tx(self.engine) as c:
+            now = self.clock()
+            rec, held = audit.seal(
+                c, reason=reason, every_s=every_s, prev=prev, after=after, now=now
+            )
+        return SealWritten(rec, prev, held)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -202,12 +270,33 @@ class Store:
         """Return up to ``limit`` raw records after seq ``after``, in chain order (for export)."""
         return await self._reading(lambda c: audit.page(c, after=after, limit=limit))
 
-    async def verify(self, *, published: tuple[int, str] | None = None) -> VerifyResult:
+    async def verify(
+        self,
+        *,
+        published: tuple[int, str] | None = None,
+        seals: SealRule | None = None,
+        now: datetime | None = None,
+    ) -> VerifyResult:
         """Walk the chain and report the first record that was edited, removed or reordered.
 
         ``published``: a head (seq, hash) noted elsewhere earlier, that the log must still hold.
+        ``seals``: the newest seal must be young enough at ``now`` (default: the clock). With a
+        head file, the log must hold the head it records (read before the walk's snapshot, so
+        a write meanwhile cannot look like a cut).
         """
-        return await self._reading(lambda c: audit.verify(c, published))
+        file_head: FileHead | HeadFileError | None = None
+        if self.head_file is not None:
+            try:
+                file_head = await asyncio.to_thread(self.head_file.read)
+            except HeadFileError as exc:
+                file_head = exc
+        when = now or self.clock()
+        path = "" if self.head_file is None else self.head_file.path
+        return await self._reading(
+            lambda c: audit.verify(
+                c, published, seals=seals, now=when, file_head=file_head, head_file=path
+            )
+        )
 
     async def _reading(self, fn: Callable[[Connection], T]) -> T:
         return await asyncio.to_thread(self._read, fn)

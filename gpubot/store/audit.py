@@ -8,6 +8,7 @@ only from writers holding the same key.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -28,7 +29,8 @@ from gpubot.store.chain import (
     record_hash,
     walk,
 )
-from gpubot.store.engine import audit_key_of
+from gpubot.store.engine import NEW_HEAD, audit_key_of
+from gpubot.store.headfile import FileHead, HeadFileError, HeadFileMissing, compare
 from gpubot.store.records import (
     ActionDetail,
     ActionSummary,
@@ -37,6 +39,7 @@ from gpubot.store.records import (
     iso,
     parse_iso,
 )
+from gpubot.store.seals import SEAL, SealRule, age_problem, seal_payload
 from gpubot.store.tables import audit_head, audit_log
 
 PAGE = 2000  # records read per query while walking the chain
@@ -112,6 +115,7 @@ def _insert(
     )
     if updated.rowcount != 1:  # only possible if the write lock was not held
         raise StoreError("the audit chain head moved during an append")
+    conn.info[NEW_HEAD] = (seq, digest, fields["created_at"])  # for ``engine.write_tx``'s hook
     return AuditRecord(prev_hash=head_hash, hash=digest, **fields)
 
 
@@ -260,10 +264,49 @@ def _all(conn: Connection) -> Iterator[AuditRecord]:
         after = batch[-1].seq
 
 
-def verify(conn: Connection, published: tuple[int, str] | None = None) -> VerifyResult:
+def hash_at(conn: Connection, seq: int) -> str | None:
+    """Return the hash of record ``seq`` (None: no such record)."""
+    found = conn.execute(select(audit_log.c.hash).where(audit_log.c.seq == seq)).scalar()
+    return None if found is None else str(found)
+
+
+def seal(
+    conn: Connection,
+    *,
+    reason: str,
+    every_s: float,
+    prev: tuple[int, str] | None,
+    after: int | None = None,
+    now: datetime | None = None,
+) -> tuple[AuditRecord, bool]:
+    """Append a seal (``store.seals``); return it and whether the log still holds ``prev``.
+
+    The seal names ``prev`` even when the log no longer holds it: that is the evidence.
+    """
+    if audit_key_of(conn) is None:
+        raise StoreError("a seal needs GPUBOT_AUDIT_KEY: without the key anyone could forge one")
+    held = prev is None or hash_at(conn, prev[0]) == prev[1]
+    payload = seal_payload(reason, every_s, prev, after)
+    rec = append(
+        conn, kind=SEAL, actor="gpubot", source="gpubot", node=None, payload=payload, now=now
+    )
+    return rec, held
+
+
+def verify(
+    conn: Connection,
+    published: tuple[int, str] | None = None,
+    *,
+    seals: SealRule | None = None,
+    now: datetime | None = None,
+    file_head: FileHead | HeadFileError | None = None,
+    head_file: str = "",
+) -> VerifyResult:
     """Walk the whole chain inside one snapshot and report the first record that is not intact.
 
-    With ``published`` (seq, hash), also check that the log holds that head.
+    With ``published`` (seq, hash), also check that the log holds that head. ``seals``: judge
+    the newest seal's age at ``now`` (a keyed log only). ``file_head``: what the head file at
+    ``head_file`` held, read before this snapshot (or why it could not be read).
     """
     head = conn.execute(
         select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
@@ -275,8 +318,47 @@ def verify(conn: Connection, published: tuple[int, str] | None = None) -> Verify
         found = conn.execute(select(audit_log.c.seq).where(audit_log.c.hash == h)).scalar()
         return None if found is None else int(found)
 
-    result = walk(_all(conn), (int(head.seq), head.hash), seq_of_hash, audit_key_of(conn))
-    if published is None:
-        return result
-    found = conn.execute(select(audit_log.c.hash).where(audit_log.c.seq == published[0])).scalar()
-    return check_published(result, published, found, int(head.seq))
+    key = audit_key_of(conn)
+    result = walk(_all(conn), (int(head.seq), head.hash), seq_of_hash, key)
+    if published is not None:
+        found = hash_at(conn, published[0])
+        result = check_published(result, published, found, int(head.seq))
+    walked = result.first_bad_seq is None and not result.unverified  # to the end: its seals
+    if seals is not None and result.mode == "keyed" and walked:
+        result = _check_seal_age(result, seals, now or datetime.now(UTC))
+    if file_head is not None:
+        result = _check_file(conn, result, file_head, head_file, int(head.seq), key)
+    return result
+
+
+def _check_seal_age(result: VerifyResult, rule: SealRule, now: datetime) -> VerifyResult:
+    age = None if result.seal is None else (now - result.seal.time).total_seconds()
+    why = age_problem(result.seal, now, rule)
+    if why is None:
+        return dataclasses.replace(result, seal_age_s=age)
+    return dataclasses.replace(result, ok=False, seal_age_s=age, end=(*result.end, why))
+
+
+def _check_file(
+    conn: Connection,
+    result: VerifyResult,
+    file_head: FileHead | HeadFileError,
+    path: str,
+    db_seq: int,
+    key: bytes | None,
+) -> VerifyResult:
+    """Add what the head file says about the log's end to ``result``."""
+    if isinstance(file_head, HeadFileMissing) and db_seq == 0:
+        return result  # nothing written yet, so no head to record
+    if isinstance(file_head, HeadFileError):
+        why = str(file_head)
+        if isinstance(file_head, HeadFileMissing):
+            why += ": gpubot has written nothing since [audit] head_file was set, or it was removed"
+        return dataclasses.replace(result, ok=False, end=(*result.end, why))
+    found = compare(file_head, path, hash_at(conn, file_head.seq), db_seq, key)
+    if found is None:
+        return dataclasses.replace(result, file_head=(file_head.seq, file_head.hash, file_head.at))
+    why, tampered = found
+    return dataclasses.replace(
+        result, ok=False, end=(*result.end, why), end_tampered=result.end_tampered or tampered
+    )

@@ -23,6 +23,7 @@ from typing import Any
 
 from gpubot.errors import StoreError
 from gpubot.store.records import AuditRecord, VerifyResult, iso
+from gpubot.store.seals import SealTrail
 
 GENESIS = "0" * 64  # the prev_hash of record 1
 MARKER = "chain"  # the kind of the record from which a log is keyed
@@ -167,6 +168,7 @@ class _Walk:
         self.checked = 0
         self.keyed_from: int | None = None  # the chain marker's seq, once walked past it
         self.log_key_id: str | None = None  # the key id it names
+        self.trail = SealTrail(seq_of_hash)  # the seals walked (``store.seals``)
 
     def verdict(
         self,
@@ -179,8 +181,9 @@ class _Walk:
         kid: str | None = None,
     ) -> VerifyResult:
         """Return a result that ends the walk after the last intact record."""
+        broken = () if self.trail.broken is None else (self.trail.broken,)
         return VerifyResult(
-            ok,
+            ok and not broken,
             self.checked,
             bad,
             reason,
@@ -190,6 +193,10 @@ class _Walk:
             keyed_from=self.keyed_from,
             key_id=kid or self.log_key_id,
             unverified=unverified,
+            seal=self.trail.newest,
+            seals=self.trail.count,
+            end=broken,
+            end_tampered=bool(broken),
         )
 
     def bad(self, seq: int, reason: str) -> VerifyResult:
@@ -254,6 +261,9 @@ class _Walk:
             )
         if kid is not None:
             self.keyed_from, self.log_key_id = r.seq, kid
+        bad_seal = self.trail.see(r, keyed=self.keyed_from is not None and kid is None)
+        if bad_seal is not None:
+            return self.bad(r.seq, bad_seal)
         self.before_prev, self.prev_seq, self.prev_hash = self.prev_hash, r.seq, r.hash
         self.checked += 1
         return None

@@ -17,7 +17,7 @@ import logging
 import os
 import sqlite3
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,10 +53,29 @@ def parse_url(url: str, password: str | None = None) -> URL:
     return u
 
 
-def make_engine(url: str, password: str | None = None, *, audit_key: bytes | None = None) -> Engine:
-    """Create the engine for ``url``; nothing connects until first use."""
+NEW_HEAD = "gpubot_new_head"  # conn.info: (seq, hash, created_at) of the last record appended
+Appended = Callable[[int, str, str], None]  # told (seq, hash, created_at) after each commit
+
+
+def make_engine(
+    url: str,
+    password: str | None = None,
+    *,
+    audit_key: bytes | None = None,
+    on_append: Appended | None = None,
+) -> Engine:
+    """Create the engine for ``url``; nothing connects until first use.
+
+    ``on_append``: called with the chain's new head after every committed write that appended
+    to the audit log (outside the transaction, so a head it is told is in the database).
+    """
     engine = _engine(url, password)
-    return engine if audit_key is None else engine.execution_options(gpubot_audit_key=audit_key)
+    options: dict[str, Any] = {}
+    if audit_key is not None:
+        options["gpubot_audit_key"] = audit_key
+    if on_append is not None:
+        options["gpubot_on_append"] = on_append
+    return engine.execution_options(**options) if options else engine
 
 
 def audit_key_of(conn: Connection) -> bytes | None:
@@ -157,10 +176,15 @@ def write_tx(engine: Engine) -> Iterator[Connection]:
     """Open a transaction that holds the database-wide write lock until it ends."""
     with engine.connect() as conn:
         conn.execution_options(gpubot_write=True)
+        conn.info.pop(NEW_HEAD, None)  # left by a write that rolled back
         with conn.begin():
             if is_postgresql(engine):
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
             yield conn
+        head = conn.info.pop(NEW_HEAD, None)
+    hook = engine.get_execution_options().get("gpubot_on_append")
+    if head is not None and callable(hook):
+        hook(*head)
 
 
 @contextmanager

@@ -137,6 +137,26 @@ def _as_object(value: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Seal:
+    """One seal record, as read from the chain (see ``store.seals``)."""
+
+    seq: int
+    at: str  # its created_at (store time text)
+    reason: str  # start, periodic, forced or stop
+    every_s: float  # the interval the sealing bot ran with
+    prev: tuple[int, str] | None  # the last record the sealing process wrote before it
+
+    @property
+    def time(self) -> datetime:
+        """Return when the seal was written."""
+        return parse_iso(self.at)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return {"seq": self.seq, "at": self.at, "reason": self.reason, "every_s": self.every_s}
+
+
+@dataclass(frozen=True)
 class VerifyResult:
     """What walking the hash chain found."""
 
@@ -151,6 +171,12 @@ class VerifyResult:
     key_id: str | None = None  # the key a keyed log names
     unverified: bool = False  # the walk could not check: no key, or another key
     published: str | None = None  # why the log does not hold the published head (None: it does)
+    seal: Seal | None = None  # the newest keyed seal walked
+    seals: int = 0  # keyed seals walked
+    seal_age_s: float | None = None  # the newest seal's age when its age was checked
+    end: tuple[str, ...] = ()  # why the log's end is not vouched for (seals, the head file)
+    end_tampered: bool = False  # one of those shows records were removed
+    file_head: tuple[int, str, str] | None = None  # (seq, hash, at) of a head file the log holds
 
     @property
     def head(self) -> str:
@@ -166,11 +192,66 @@ class VerifyResult:
     def line(self) -> str:
         """Return the verdict in one line: intact, tampered, or not verified."""
         if self.ok:
-            return f"audit log intact: {self.checked} records, head {self.head}, {self.mode_text()}"
+            return (
+                f"audit log intact: {self.checked} records, head {self.head}, {self.mode_text()}"
+                + self._end_text()
+            )
         parts = [self.published] if self.published else []
+        parts += self.end
         if self.first_bad_seq is not None:
             parts.append(f"{self.reason} ({self.checked} records intact before it)")
         elif self.unverified:
             parts.append(self.reason)
         tampered = self.first_bad_seq is not None or self.published is not None
+        tampered = tampered or self.end_tampered
         return f"audit log {'tampered' if tampered else 'not verified'}: " + "; ".join(parts)
+
+    def _end_text(self) -> str:
+        """What vouches for the end of an intact log: its newest seal, the head file."""
+        out = ""
+        if self.seal is not None:
+            age = "" if self.seal_age_s is None else f", {span(self.seal_age_s)} old"
+            out += (
+                f"; newest seal: record {self.seal.seq} ({self.seal.reason}, {self.seal.at}{age})"
+            )
+        if self.file_head is not None:
+            out += f"; holds the head file's record {self.file_head[0]} ({self.file_head[2]})"
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict (``audit verify --json``)."""
+        seal = None if self.seal is None else {**self.seal.as_dict(), "age_s": self.seal_age_s}
+        head_file = None
+        if self.file_head is not None:
+            seq, digest, at = self.file_head
+            head_file = {"seq": seq, "hash": digest, "at": at}
+        return {
+            "ok": self.ok,
+            "verdict": self.line(),
+            "checked": self.checked,
+            "head": self.head if self.head_seq else None,
+            "mode": self.mode,
+            "keyed_from": self.keyed_from,
+            "key_id": self.key_id,
+            "first_bad_seq": self.first_bad_seq,
+            "reason": self.reason,
+            "unverified": self.unverified,
+            "published": self.published,
+            "seal": seal,
+            "seals": self.seals,
+            "end": list(self.end),
+            "end_tampered": self.end_tampered,
+            "head_file": head_file,
+        }
+
+
+def span(seconds: float) -> str:
+    """Render a duration for a person: 45 s, 12 min, 3 h 5 min, 2 d 4 h."""
+    s = int(max(0.0, seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    if s < 172800:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
