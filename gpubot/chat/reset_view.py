@@ -23,6 +23,7 @@ from gpubot.chat.blocks import (
 )
 from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.plan import ResetPlan
+from gpubot.core.stopgate import plan_stop_notes
 
 if TYPE_CHECKING:
     from gpubot.services.reset import ResetEvent, ResetResult
@@ -195,7 +196,9 @@ def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None
     return (
         f"<@{requester_id}> ({who}) asks to free *{escape(plan.node)}* GPU {_gpus(plan.gpus)}. "
         f"This kills processes of *{owners}*: {len(plan.targets)} process(es), "
-        f"{plan.total_mib} MiB." + (f" It kills {escape(clip(kills, 1500))}." if kills else "")
+        f"{plan.total_mib} MiB."
+        + (f" It kills {escape(clip(kills, 1500))}." if kills else "")
+        + "".join(f" {escape(clip(n, 500))}." for n in plan_stop_notes(plan)[:3])
     )
 
 

@@ -152,7 +152,7 @@ def _who(check: StopCheck) -> str:
     pids = ", ".join(str(f.pid) for f in check.foreign[:5])
     more = check.foreign_count - min(len(check.foreign), 5)
     tail = f" and {more} more" if more > 0 else ""
-    return f"{', '.join(said) or 'other users'} (pid {pids}{tail})"
+    return f"{', '.join(said) or 'other users'}, pid {pids}{tail}"
 
 
 def refusal(check: StopCheck | None, what: str) -> str:
@@ -190,7 +190,7 @@ def plan_stop_notes(plan: ResetPlan) -> tuple[str, ...]:
         what = noun(w, cmd.split(" "))
         extra = stop_note(w)
         notes[
-            f"if it restarts, the fix is `{cmd}`: it stops every process of {what}, "
+            f"If it restarts, the fix is `{cmd}`: it stops every process of {what}, "
             "whoever runs them" + (f"; {extra}" if extra else "")
         ] = None
     return tuple(notes)
