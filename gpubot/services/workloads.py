@@ -13,7 +13,7 @@ whose processes the node found in it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -143,7 +143,7 @@ async def _stop_one(
         why = f"no answer from {run.node.name} ({exc}): whether it stopped is unknown"
         await run.emit(step, **base, result=StopResult.FAILED, why=why)
         return why
-    found = _found(check)
+    found = _found(check, g.cgroups)
     if check is None or not check.stopping:
         why = refusal(check, noun(w, argv))
         await run.emit(
@@ -170,14 +170,17 @@ async def _run_checked(run: ResetRun, argv: list[str]) -> tuple[StopCheck | None
     )
     try:
         check: StopCheck | None = parse_stop_output(res.stdout)
-    except GpubotError:
-        check = None
+    except GpubotError:  # not the script's lines: what ran is judged by its verdict alone
+        lines = res.stdout.split("\n")
+        ran = "stopping" in lines
+        after = "\n".join(lines[lines.index("stopping") + 1 :]) if ran else ""
+        check = StopCheck(stopping=True, refused=False, output=after) if ran else None
     out = check.output if check is not None and check.stopping else res.stdout
     said = printable((out + res.stderr).strip())[-300:]
     return check, res.exit_status, said
 
 
-def _found(check: StopCheck | None) -> dict[str, Any]:
+def _found(check: StopCheck | None, cgroups: Sequence[tuple[str, str]]) -> dict[str, Any]:
     """What the node's check found, for the audit log."""
     if check is None:
         return {}
@@ -186,5 +189,5 @@ def _found(check: StopCheck | None) -> dict[str, Any]:
         "foreign": [{"pid": f.pid, "real_uid": f.real_uid, "uid": f.uid} for f in check.foreign],
         "foreign_count": check.foreign_count,
         "unknown": list(check.unknown),
-        "unreadable": [g - 1 for g in check.unreadable],
+        "unreadable": [f"{c}:{p}" for i, (c, p) in enumerate(cgroups, 1) if i in check.unreadable],
     }

@@ -207,6 +207,33 @@ async def test_an_approved_forced_reset_stops_the_shared_unit(
     assert {"pid": other.pid, "real_uid": uid, "uid": uid} in steps[1]["foreign"]  # on record
 
 
+async def test_a_slurm_job_is_cancelled_self_service_only_when_all_of_it_is_the_users(
+    app: App, flows: Flows, node: SimNode, sim_users: tuple[str, ...]
+) -> None:
+    alice, bob = sim_users
+    me = identity(flows.svc.policy, "U0OWNER")
+    job = node.spawn(gpu=1, mib=1500, cgroup="slurm", behaviour="respawn", job_user=alice)
+    with joined(job, bob) as other:
+        text = await answer(flows, "reset node1 gpu 1", me)
+        assert alive(other.pid) and job.alive()
+    assert f"Slurm job {job.job_id} also runs processes of uid" in text, text
+    assert f"`scancel {job.job_id}` ends the job on every node it runs on" in text
+    node.clear()
+    job = node.spawn(gpu=1, mib=1500, cgroup="slurm", behaviour="respawn", job_user=alice)
+    with joined(job, alice) as mine:
+        text = await answer(flows, "reset node1 gpu 1", me)
+        wait_until(lambda: not alive(mine.pid), 10.0, "the job's other process to end")
+    assert "Reset node1 · GPU 1 · freed" in text, text
+    steps = await stop_steps(app)
+    assert [(s["command"], s["result"]) for s in steps] == [
+        (f"scancel {job.job_id}", "running"),
+        (f"scancel {job.job_id}", "done"),
+    ]
+    assert ("", f"/system.slice/slurmstepd.scope/job_{job.job_id}") in [
+        tuple(c.split(":", 1)) for c in steps[0]["cgroups"]
+    ]
+
+
 # ---- the script itself, on real cgroups of this machine ------------------------------------
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpubot.core.models import Outcome
+from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetPlan, Target
 from gpubot.core.stop_script import (
     Foreign,
@@ -24,6 +26,7 @@ from gpubot.core.stopgate import (
 )
 from gpubot.core.workload import Workload, WorkloadKind, parse_cgroup
 from gpubot.errors import ParseError
+from gpubot.services.workloads import annotate
 
 CID = "4f" * 32
 SVC = Workload(WorkloadKind.SERVICE, "x.service")
@@ -227,3 +230,15 @@ def test_scancel_says_it_ends_the_job_on_every_node() -> None:
         "whoever runs them; `scancel 77` ends the job on every node it runs on, not only on "
         "this one"
     )
+
+
+def test_a_respawned_gpus_outcome_says_why_and_what_scancel_ends() -> None:
+    g = GpuResult(0, Outcome.RESPAWNED, "pid 5 took the GPU again", 10, 10, None)
+    free = GpuResult(1, Outcome.FREED, "memory at 0 MiB", 10, 0, 1.0)
+    out = annotate((g, free), {0: JOB, 1: JOB}, {0: "gpubot did not stop it: x"})
+    assert out[0].detail == (
+        "pid 5 took the GPU again (gpubot did not stop it: x; `scancel 8812` ends the job on "
+        "every node it runs on, not only on this one)"
+    )
+    assert out[1] == free
+    assert annotate((g,), {0: SVC}, {}) == (g,)
