@@ -29,12 +29,18 @@ import pytest
 from gpubot.app import App, build
 from gpubot.chat.flows import Flows
 from gpubot.cli.console import answer, identity, make_flows
+from gpubot.config import load
+from gpubot.core.plan import ResetRequest
 from gpubot.core.stop_script import Foreign, parse_stop_output, stop_check_argv
 from gpubot.core.stopgate import gate_for
+from gpubot.services.reset import ResetService
+from gpubot.services.status import StatusService
 from gpubot.sim.cgroups import find_hierarchies
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.sim.spawning import Workload
+from gpubot.sim.sudo import readme_sudo_rule
 from gpubot.store import open_store
+from gpubot.transport import make_transport
 from tests.fixtures.slack import slack_settings_for
 from tests.procs import alive, wait_until
 
@@ -232,6 +238,60 @@ async def test_a_slurm_job_is_cancelled_self_service_only_when_all_of_it_is_the_
     assert ("", f"/system.slice/slurmstepd.scope/job_{job.job_id}") in [
         tuple(c.split(":", 1)) for c in steps[0]["cgroups"]
     ]
+
+
+@pytest.fixture(scope="module")
+def sudo_fleet(
+    cgroups_ok: None, sim_users: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SimFleet]:
+    """A ``sudo = true`` fleet whose sudo allows exactly the README's rule."""
+    rule = readme_sudo_rule(Path(__file__).resolve().parents[2] / "README.md")
+    with SimFleet(
+        tmp_path_factory.mktemp("stop-sudo"),
+        nodes=1,
+        gpus=1,
+        runtimes=True,
+        release_delay_s=0.2,
+        sudo_rule=rule,
+    ) as f:
+        yield f
+
+
+async def test_on_a_sudo_node_the_checked_stop_runs_through_the_rules_sudo(
+    sudo_fleet: SimFleet, sim_users: tuple[str, ...], tmp_path: Path
+) -> None:
+    alice, bob = sim_users
+    s = load(sudo_fleet.config_path)
+    reset = dataclasses.replace(
+        s.reset, grace_s=1.0, verify_timeout_s=8.0, poll_interval_s=0.2, stop_workloads=True
+    )
+    s = dataclasses.replace(s, reset=reset)
+    store = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
+    store.upgrade()
+    transport = make_transport(s.ssh)
+    node = sudo_fleet.node("node1")
+    try:
+        engine = ResetService(s, transport, store, StatusService(s, transport, store))
+        for other_user, stopped in ((bob, False), (alice, True)):
+            w = respawning_service(node, alice)
+            with joined(w, other_user) as other:
+                plan, before = await engine.plan(
+                    ResetRequest("node1", alice, gpus=(0,), min_uid=1000)
+                )
+                result = await engine.execute(
+                    plan, actor="t", source="t", command="t", before=before
+                )
+                if stopped:
+                    wait_until(lambda: not alive(other.pid), 10.0, "the unit to stop")
+                assert alive(other.pid) is not stopped
+            assert [g.outcome == "freed" for g in result.gpus] == [stopped]
+            calls = [c["argv"] for c in node.sudo_log() if "systemctl" in c["command"]]
+            assert calls == ([["-n", "systemctl", "stop", w.unit]] if stopped else [])
+            assert all(c["verdict"] == "run" for c in node.sudo_log())
+            node.clear()
+    finally:
+        await transport.close()
+        store.close()
 
 
 # ---- the script itself, on real cgroups of this machine ------------------------------------
