@@ -26,6 +26,7 @@ from gpubot.chat.blocks import (
 )
 from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.plan import ResetPlan
+from gpubot.core.stopgate import plan_stop_notes
 
 if TYPE_CHECKING:
     from gpubot.services.reset import ResetEvent, ResetResult
@@ -203,6 +204,7 @@ def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None
         f"This kills processes of {owners}: {len(plan.targets)} process(es), "
         f"{plan.total_mib} MiB."
         + (f" It kills {clip_mrkdwn(mrkdwn(kills), 1500)}." if kills else "")
+        + "".join(f" {clip_mrkdwn(mrkdwn(n), 500)}." for n in plan_stop_notes(plan)[:3])
     )
 
 

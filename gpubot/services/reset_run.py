@@ -19,7 +19,7 @@ from gpubot.core.timefmt import iso
 from gpubot.core.workload import Workload
 from gpubot.errors import GpubotError
 from gpubot.services.verify import Pairs, conclude, verify
-from gpubot.services.workloads import stop_respawned
+from gpubot.services.workloads import after_respawn
 
 if TYPE_CHECKING:
     from gpubot.services.reset import ResetService
@@ -81,11 +81,9 @@ class ResetRun:
         """Signal the plan's targets and verify every targeted GPU; with ``[reset]
         stop_workloads``, stop what respawned them and verify again."""
         results = await self.terminate(plan, grace_s)
-        stop = self.cfg.stop_workloads and self.respawned and before is not None
-        if stop and before is not None and await stop_respawned(self, plan, before):
-            self.respawned = {}
-            results = await verify(self, plan, {}, {}, {})
-        return results
+        return await after_respawn(
+            self, plan, before, results, lambda: verify(self, plan, {}, {}, {})
+        )
 
     async def terminate(self, plan: ResetPlan, grace_s: float) -> tuple[GpuResult, ...]:
         """SIGTERM the targets, SIGKILL those alive after ``grace_s``, then verify."""

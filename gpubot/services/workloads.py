@@ -1,22 +1,35 @@
 """What a reset does about the workload that restarts a killed process (``[reset] stop_workloads``).
 
 By default gpubot only names the command that stops a respawning workload (``core.outcome``).
-With ``stop_workloads = true`` it runs that command itself, audited like a signal, but only for
-a workload the plan already kills whole: every process of it that the snapshot before the reset
-saw on any GPU was a target, so stopping it kills nothing the plan did not name.
+With ``stop_workloads = true`` it runs that command itself, audited before and after like a
+signal, but only for a workload the plan already kills whole on the GPUs (every process of it
+that the snapshot before the reset saw on any GPU was a target), and, in a self-service reset,
+only if every process of the unit, container or job is the requester's: checked on the node in
+the same exec as the stop (``core.stopgate``, ``core.stop_script``). Otherwise the stop is not
+run, the step and its reason are audited, and the GPU's outcome says why and that stopping it
+needs an on-call approval. A forced (approved) reset runs the stop, and the audit log records
+whose processes the node found in it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from gpubot.core.models import NodeSnapshot, ResetStep, StopResult
+from gpubot.core.models import NodeSnapshot, Outcome, ResetStep, StopResult
+from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetPlan
 from gpubot.core.probe_fields import printable
+from gpubot.core.stop_script import StopCheck, parse_stop_output, stop_check_argv
+from gpubot.core.stopgate import gate_for, noun, refusal, stop_note
 from gpubot.core.workload import Workload, stop_argv
+from gpubot.errors import GpubotError
 
 if TYPE_CHECKING:
     from gpubot.services.reset_run import ResetRun
+
+Results = tuple[GpuResult, ...]
 
 
 def as_planned(plan: ResetPlan, w: Workload | None) -> Workload | None:
@@ -27,43 +40,154 @@ def as_planned(plan: ResetPlan, w: Workload | None) -> Workload | None:
     return next((x for x in same if (x.kind, x.id) == (w.kind, w.id)), w)
 
 
+def _of(before: NodeSnapshot, w: Workload) -> list[Any]:
+    key = (w.kind, w.id)
+    return [
+        p
+        for p in before.processes
+        if p.workload is not None and (p.workload.kind, p.workload.id) == key
+    ]
+
+
 def whole_in_plan(plan: ResetPlan, before: NodeSnapshot, w: Workload) -> bool:
     """Whether every process of ``w`` seen before the reset, on any GPU, was a target."""
     targets = {(t.pid, t.start_ticks) for t in plan.targets}
-    key = (w.kind, w.id)
-    mine = [p for p in before.processes
-            if p.workload is not None and (p.workload.kind, p.workload.id) == key]  # fmt: skip
+    mine = _of(before, w)
     return bool(mine) and all((p.pid, p.start_ticks) in targets for p in mine)
 
 
-async def stop_respawned(run: ResetRun, plan: ResetPlan, before: NodeSnapshot) -> bool:
-    """Stop each workload that took a GPU again; return whether any stop command ran."""
+async def after_respawn(
+    run: ResetRun,
+    plan: ResetPlan,
+    before: NodeSnapshot | None,
+    results: Results,
+    reverify: Callable[[], Awaitable[Results]],
+) -> Results:
+    """Stop what respawned (with ``stop_workloads``), verify again if a stop ran, and add to
+    each respawned GPU's outcome why it was not stopped and what a ``scancel`` ends."""
+    notes: dict[int, str] = {}
+    if run.cfg.stop_workloads and run.respawned and before is not None:
+        ran, notes = await stop_respawned(run, plan, before)
+        if ran:
+            run.respawned = {}
+            results = await reverify()
+    return annotate(results, run.respawned, notes)
+
+
+def annotate(
+    results: Results, respawned: Mapping[int, Workload], notes: Mapping[int, str]
+) -> Results:
+    """Add each respawned GPU's note (a refused stop) and ``scancel``'s reach to its detail."""
+    out = []
+    for g in results:
+        if g.outcome is Outcome.RESPAWNED:
+            extra = [x for x in (notes.get(g.index), stop_note(respawned.get(g.index))) if x]
+            if extra:
+                g = replace(g, detail=f"{g.detail} ({'; '.join(extra)})")
+        out.append(g)
+    return tuple(out)
+
+
+async def stop_respawned(
+    run: ResetRun, plan: ResetPlan, before: NodeSnapshot
+) -> tuple[bool, dict[int, str]]:
+    """Stop each workload that took a GPU again; return whether any stop command ran, and for
+    each GPU whose workload was not stopped, why."""
     ran = False
-    seen: set[tuple[str, str]] = set()
+    notes: dict[int, str] = {}
+    done: dict[tuple[str, str], str | None] = {}
     for gpu, w in sorted(run.respawned.items()):
-        if (w.kind, w.id) in seen:
-            continue
-        seen.add((w.kind, w.id))
-        argv = stop_argv(w)
-        if argv is None:
-            continue
-        step = ResetStep.STOP_WORKLOAD
-        if not whole_in_plan(plan, before, w):
-            why = "it has processes the plan does not kill"
-            await run.emit(step, gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
-                           result=StopResult.NOT_RUN, why=why)  # fmt: skip
-            continue
-        # Audited before it runs (a failure to record stops the reset), like every signal.
-        await run.emit(step, gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
-                       result=StopResult.RUNNING)  # fmt: skip
-        if run.node.sudo:
-            argv = ["sudo", "-n", *argv]
-        res = await run.svc.transport.run(
-            run.node, argv, timeout=run.svc.settings.ssh.command_timeout_s
+        key = (str(w.kind), w.id)
+        if key not in done:
+            argv = stop_argv(w)
+            done[key] = None if argv is None else await _stop_one(run, plan, before, gpu, w, argv)
+            ran = ran or (argv is not None and done[key] is None)
+        why = done[key]
+        if why is not None:
+            notes[gpu] = f"gpubot did not stop it: {why}"
+    return ran, notes
+
+
+async def _stop_one(
+    run: ResetRun, plan: ResetPlan, before: NodeSnapshot, gpu: int, w: Workload, argv: list[str]
+) -> str | None:
+    """Stop one workload; return None when its stop command ran and succeeded, else why not."""
+    base: dict[str, Any] = {"gpu": gpu, "workload": w.to_dict(), "command": " ".join(argv)}
+    step = ResetStep.STOP_WORKLOAD
+    if not whole_in_plan(plan, before, w):
+        why = "it has processes on GPUs that the plan does not kill"
+        await run.emit(step, **base, result=StopResult.NOT_RUN, why=why)
+        return why
+    g = gate_for(plan, w, argv, (p.cgroup for p in _of(before, w)), run.node.name)
+    gate = {
+        "forced": plan.forced,
+        "requester_uid": g.uid,
+        "cgroups": [f"{c}:{p}" for c, p in g.cgroups],
+    }
+    if g.why_not is not None:
+        await run.emit(step, **base, **gate, result=StopResult.NOT_RUN, why=g.why_not)
+        return g.why_not
+    try:
+        checked = stop_check_argv(
+            g.argv, g.cgroups, uid=g.uid, gate=g.gate, sudo=run.node.sudo, kind=str(w.kind)
         )
-        said = printable((res.stdout + res.stderr).strip())[-300:]
-        await run.emit(step, gpu=gpu, workload=w.to_dict(), command=" ".join(argv),
-                       result=StopResult.DONE if res.exit_status == 0 else StopResult.FAILED,
-                       exit_status=res.exit_status, output=said)  # fmt: skip
-        ran = ran or res.exit_status == 0
-    return ran
+    except ValueError as exc:
+        why = f"gpubot cannot check {noun(w, argv)} ({exc}): not stopped"
+        await run.emit(step, **base, **gate, result=StopResult.NOT_RUN, why=why)
+        return why
+    # Audited before it runs (a failure to record stops the reset), like every signal.
+    await run.emit(step, **base, **gate, result=StopResult.RUNNING)
+    try:
+        check, status, said = await _run_checked(run, checked)
+    except GpubotError as exc:
+        why = f"no answer from {run.node.name} ({exc}): whether it stopped is unknown"
+        await run.emit(step, **base, result=StopResult.FAILED, why=why)
+        return why
+    found = _found(check, g.cgroups)
+    if check is None or not check.stopping:
+        why = refusal(check, noun(w, argv))
+        await run.emit(
+            step,
+            **base,
+            **found,
+            result=StopResult.NOT_RUN,
+            why=why,
+            exit_status=status,
+            output=said,
+        )
+        return why
+    ok = status == 0
+    result = StopResult.DONE if ok else StopResult.FAILED
+    await run.emit(step, **base, **found, result=result, exit_status=status, output=said)
+    return None if ok else f"`{' '.join(argv)}` failed on the node (exit {status})"
+
+
+async def _run_checked(run: ResetRun, argv: list[str]) -> tuple[StopCheck | None, int, str]:
+    """Run the check and the stop in one exec; return the node's findings (None: unparsable),
+    the exit status and what it printed (marked printable, the last 300 characters)."""
+    res = await run.svc.transport.run(
+        run.node, argv, timeout=run.svc.settings.ssh.command_timeout_s
+    )
+    try:
+        check: StopCheck | None = parse_stop_output(res.stdout)
+    except GpubotError:  # not the script's lines: what ran is judged by its verdict alone
+        lines = res.stdout.split("\n")
+        ran = "stopping" in lines
+        after = "\n".join(lines[lines.index("stopping") + 1 :]) if ran else ""
+        check = StopCheck(stopping=True, refused=False, output=after) if ran else None
+    out = check.output if check is not None and check.stopping else res.stdout
+    said = printable((out + res.stderr).strip())[-300:]
+    return check, res.exit_status, said
+
+
+def _found(check: StopCheck | None, cgroups: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """What the node's check found, for the audit log."""
+    if check is None:
+        return {}
+    return {
+        "checked": check.checked,
+        "foreign": [{"pid": f.pid, "real_uid": f.real_uid, "uid": f.uid} for f in check.foreign],
+        "foreign_count": check.foreign_count,
+        "unknown": list(check.unknown),
+        "unreadable": [f"{c}:{p}" for i, (c, p) in enumerate(cgroups, 1) if i in check.unreadable],
+    }

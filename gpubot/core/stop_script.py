@@ -1,0 +1,254 @@
+"""The node script that runs a workload's stop command only if everything in it is the requester's.
+
+``systemctl stop``, ``docker stop``, ``podman stop`` and ``scancel`` kill every process of the
+unit, container or job, not only the GPU holders gpubot saw. So in a self-service reset the stop
+runs in the same exec as a check of the whole workload: the script reads ``cgroup.procs`` of the
+workload's cgroup and of every cgroup below it, in each hierarchy the probe saw it in (cgroup v2
+and the v1 ones), and each PID's ``Uid:`` line of ``/proc/PID/status`` (real, effective, saved
+and filesystem uid). Only when every one of them is the requester's uid does it ``exec`` the stop;
+otherwise it prints what it found and stops nothing. The script is a constant: the mode, the uid,
+the cgroup paths and the stop argv arrive as positional arguments (``shlex.join`` by the
+transport), and nothing a node says reaches a shell unquoted: it prints only digits and markers.
+
+Where the check cannot see (fail closed, the stop is refused): a hierarchy not mounted at its root
+in gpubot's mount namespace, an unreadable ``cgroup.procs`` (a delegated subtree made unreadable,
+a cgroup removed while it is walked), a listed PID whose status cannot be read (gone meanwhile,
+or hidden by ``hidepid``), an empty cgroup.
+
+Races, and what is and is not covered:
+
+- A PID read from ``cgroup.procs`` that exits and is reused before its status is read names
+  another process: at worst a foreign uid is seen and the stop is refused (never the reverse).
+- A process that joins the workload between the check and the stop: a fork of a process that was
+  checked (the requester's own, or a setuid program it ran, whose real uid is still the
+  requester's: the requester could signal it anyway); or a process that something with write
+  access to the workload's root-owned cgroup moves in (root, the runtime's daemon: ``docker exec
+  -u``, ``srun --overlap`` by the job's user, a unit's later ``ExecStart`` as another ``User=``).
+  Those are not covered: the window is the few milliseconds between the last status read and the
+  stop's own kill, and only root-controlled agents can add another user's process then.
+- ``docker stop`` ends the container's PID namespace; a process put into that namespace but not
+  into its cgroup (``nsenter`` by root) is not seen. ``scancel`` ends the job on every node it
+  runs on, and this check sees only this node's part of it.
+- A Slurm job's own ``slurmstepd`` (name ``slurmstepd``, all four uids 0: only root can start such
+  a process) sits in the job's cgroup and is not another user's process: it is not counted.
+
+``gate`` false (a forced reset that an approver allowed, or an operator's ``--force``): the same
+check is made and reported, then the stop runs whatever it found.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpubot.errors import ParseError
+
+# $1 gate (1: refuse unless every process is $2's)  $2 uid or -  $3 1: sudo -n the stop
+# $4 kind (slurm: its slurmstepd is not counted)  $5 N, then N CONTROLLERS:PATH (v2: empty
+# controllers), then the stop argv.
+# Prints "unreadable I" (the I-th cgroup), "unknown PID", "foreign PID RUID EUID" (the first
+# 20), "user UID NAME", "checked N foreign M", then "refused" or "stopping" and execs the stop.
+STOP_SCRIPT = r"""
+gate=$1; want=$2; su=$3; kind=$4; n=$5; shift 5
+set -f
+mnt() {
+  m=
+  while read -r _ _ _ root point rest; do
+    [ "$root" = / ] || continue
+    case $point in *\\*) continue ;; esac
+    set -- ${rest#* - }
+    if [ -z "$1" ]; then continue; fi
+    if [ -z "$ctl" ]; then
+      [ "$1" = cgroup2 ] && { m=$point; return; }
+      continue
+    fi
+    [ "$1" = cgroup ] || continue
+    ok=1; o=",$3,"; left=$ctl,
+    while [ -n "$left" ]; do
+      c=${left%%,*}; left=${left#*,}
+      case $o in *",$c,"*) ;; *) ok=0 ;; esac
+    done
+    [ "$ok" = 1 ] && { m=$point; return; }
+  done </proc/self/mountinfo
+}
+bad=0; pids=; i=0
+while [ "$i" -lt "$n" ]; do
+  a=$1; shift; i=$((i + 1))
+  ctl=${a%%:*}; path=${a#*:}
+  mnt
+  d=$m$path
+  if [ -z "$m" ] || [ ! -r "$d/cgroup.procs" ]; then echo "unreadable $i"; bad=1; continue; fi
+  got=$(find "$d" -type f -name cgroup.procs -exec cat -- {} + 2>/dev/null) \
+    || { echo "unreadable $i"; bad=1; continue; }
+  pids="$pids $got"
+done
+seen=' '; count=0; nf=0; uids=' '
+for p in $pids; do
+  case $p in *[!0-9]*) bad=1; continue ;; esac
+  case $seen in *" $p "*) continue ;; esac
+  seen="$seen$p "; count=$((count + 1))
+  nm=; r=
+  while read -r key a b c f _; do
+    case $key in
+      Name:) nm=$a ;;
+      Uid:) r=$a; e=$b; s=$c; fs=$f; break ;;
+    esac
+  done 2>/dev/null <"/proc/$p/status"
+  if [ -z "$r" ]; then echo "unknown $p"; bad=1; continue; fi
+  if [ "$r" = "$want" ] && [ "$e" = "$want" ] && [ "$s" = "$want" ] && [ "$fs" = "$want" ]; then
+    continue
+  fi
+  if [ "$kind" = slurm ] && [ "$nm" = slurmstepd ] && [ "$r" = 0 ] && [ "$e" = 0 ] \
+    && [ "$s" = 0 ] && [ "$fs" = 0 ]; then
+    continue
+  fi
+  nf=$((nf + 1)); bad=1
+  if [ "$nf" -le 20 ]; then echo "foreign $p $r $e"; fi
+  for u in $r $e; do
+    case $uids in *" $u "*) continue ;; esac
+    uids="$uids$u "
+    name=$(id -nu "$u" 2>/dev/null) && echo "user $u $name"
+  done
+done
+echo "checked $count foreign $nf"
+if [ "$gate" = 1 ] && { [ "$bad" = 1 ] || [ "$count" = 0 ]; }; then echo refused; exit 0; fi
+echo stopping
+if [ "$su" = 1 ]; then exec sudo -n "$@"; fi
+exec "$@"
+"""
+
+_CONTROLLERS = re.compile(r"[A-Za-z0-9_.=,-]*\Z")
+MAX_CGROUPS = 16
+
+
+def check_path(path: str) -> bool:
+    """Whether ``path`` is a cgroup path the script may be given: absolute, below the root, and
+    without ``.``/``..`` components or control characters."""
+    parts = path.split("/")
+    return (
+        path.startswith("/")
+        and path != "/"
+        and all(p not in ("", ".", "..") for p in parts[1:])
+        and all(c.isprintable() for c in path)
+    )
+
+
+def stop_check_argv(
+    stop: Sequence[str],
+    cgroups: Sequence[tuple[str, str]],
+    *,
+    uid: int | None,
+    gate: bool,
+    sudo: bool,
+    kind: str,
+) -> list[str]:
+    """Build the argv that checks ``cgroups`` (``(controllers, path)``, v2's controllers empty)
+    and then runs ``stop``; ``ValueError`` for anything the script must not be given."""
+    if not stop or any("\0" in a for a in stop):
+        raise ValueError("a stop command is a non-empty argv without NUL bytes")
+    if gate and (uid is None or uid < 0):
+        raise ValueError("a gated stop needs the requester's uid")
+    if len(cgroups) > MAX_CGROUPS:
+        raise ValueError(f"at most {MAX_CGROUPS} cgroups, not {len(cgroups)}")
+    for ctl, path in cgroups:
+        if not _CONTROLLERS.match(ctl) or not check_path(path):
+            raise ValueError(f"not a cgroup to check: {ctl}:{path!r}")
+    head = ["1" if gate else "0", "-" if uid is None else str(int(uid)), "1" if sudo else "0"]
+    kind = kind if kind.isalpha() else "other"
+    paths = [f"{ctl}:{path}" for ctl, path in cgroups]
+    return ["sh", "-c", STOP_SCRIPT, "gpubot-stop", *head, kind, str(len(paths)), *paths, *stop]
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """A process in the workload that is not the requester's."""
+
+    pid: int
+    real_uid: int
+    uid: int  # effective
+
+
+@dataclass(frozen=True)
+class StopCheck:
+    """What the node said: the check's findings, and whether the stop command ran."""
+
+    stopping: bool  # the check passed (or did not gate) and the stop command was exec'd
+    refused: bool  # the check refused: nothing was stopped
+    checked: int = 0  # distinct processes whose uids were read
+    foreign: tuple[Foreign, ...] = ()
+    foreign_count: int = 0  # all of them (only the first 20 are listed)
+    unknown: tuple[int, ...] = ()  # listed pids whose status could not be read
+    unreadable: tuple[int, ...] = ()  # indices (from 1) of the cgroups that could not be read
+    names: tuple[tuple[int, str], ...] = ()  # uid -> user name on the node
+    output: str = ""  # what the stop command itself printed
+
+    def name(self, uid: int) -> str | None:
+        """Return the node's name of ``uid``, if it said one."""
+        return next((n for u, n in self.names if u == uid), None)
+
+
+_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z")
+
+
+def _digits(parts: Sequence[str], line: str) -> list[int]:
+    if not all(p.isdigit() for p in parts):
+        raise ParseError("stop script output", line)
+    return [int(p) for p in parts]
+
+
+@dataclass
+class _Seen:
+    foreign: list[Foreign] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+    unreadable: list[int] = field(default_factory=list)
+    names: list[tuple[int, str]] = field(default_factory=list)
+    checked: int = 0
+    count: int = 0
+
+    def verdict(self, line: str, output: str) -> StopCheck:
+        return StopCheck(
+            stopping=line == "stopping",
+            refused=line == "refused",
+            checked=self.checked,
+            foreign=tuple(self.foreign),
+            foreign_count=self.count,
+            unknown=tuple(self.unknown),
+            unreadable=tuple(self.unreadable),
+            names=tuple(self.names),
+            output=output,
+        )
+
+    def add(self, line: str) -> None:
+        parts = line.split()
+        if not parts:
+            return
+        key, rest = parts[0], parts[1:]
+        if key == "foreign" and len(rest) == 3:
+            self.foreign.append(Foreign(*_digits(rest, line)))
+        elif key == "unknown" and len(rest) == 1:
+            self.unknown += _digits(rest, line)
+        elif key == "unreadable" and len(rest) == 1:
+            self.unreadable += _digits(rest, line)
+        elif key == "user":  # the node's passwd says it: kept only when well formed
+            if len(rest) == 2 and rest[0].isdigit() and _USER.match(rest[1]):
+                self.names.append((int(rest[0]), rest[1]))
+        elif key == "checked" and len(rest) == 3 and rest[1] == "foreign":
+            self.checked, self.count = _digits([rest[0], rest[2]], line)
+        else:
+            raise ParseError("stop script output", line)
+
+
+def parse_stop_output(text: str) -> StopCheck:
+    """Parse the script's answer; what follows ``stopping`` is the stop command's own output.
+
+    ``ParseError`` for a line the script does not write (before its verdict). An answer without
+    a verdict (the script was cut short) is neither stopping nor refused.
+    """
+    lines = text.split("\n")
+    seen = _Seen()
+    for i, line in enumerate(lines):
+        if line in ("refused", "stopping"):
+            return seen.verdict(line, "\n".join(lines[i + 1 :]).strip())
+        seen.add(line)
+    return seen.verdict("", "")
