@@ -24,7 +24,8 @@ Sources, each shape with the public text that shows it (the real samples are in 
   (containerd issue #5226, DataDog agent and OpenTelemetry test fixtures).
 - Slurm (slurm.conf/cgroup.conf, ``src/plugins/cgroup/v1/xcgroup.c``): v1
   ``/slurm/uid_U/job_J/step_S``, or ``/slurm_NODE/...`` under ``MULTIPLE_SLURMD`` (Debian's and
-  Spack's builds); v2 ``/system.slice/NODE_slurmstepd.scope/job_J/step_S``.
+  Spack's builds); v2 ``/system.slice/NODE_slurmstepd.scope/job_J/step_S``, and from Slurm
+  26.05 ``.../slurmstepd.scope/SLUID/step_S`` (doc/html/cgroups.shtml).
 - LXC/LXD (lxc.container.conf(5) ``lxc.cgroup.dir``; LXC 4.0 release notes): ``/lxc.payload.NAME``
   and ``/lxc.monitor.NAME`` (LXC 4+ and LXD), ``/lxc/NAME`` (LXC 3 and older).
 - Apptainer/Singularity ``--apply-cgroups`` (apptainer PR #336): ``singularity-PID.scope`` in
@@ -44,6 +45,9 @@ _POD = r"(?:[0-9a-f_-]{36}|[0-9a-f]{32})"
 _TAIL = r"(?:/.*)?"  # cgroups a workload made inside its own (a container's init.scope ...)
 _NEST = r"(?P<tail>/.*)?"  # the same, where a container's root may have nested another one
 _LXC_NAME = r"(?P<id>[A-Za-z0-9][A-Za-z0-9_.+-]{0,63})"
+# Slurm 26.05+ names a job's v2 cgroup by its SLUID ("s" and 13 Crockford base32 digits,
+# src/common/sluid.h; commit de2b2dd9 "cgroup/v2 - Use sluid instead of job_id in cgroup path").
+SLUID = r"s[0-9A-HJKMNP-TV-Z]{13}"
 _QOS = r"(?:-(?P<qos>besteffort|burstable))?"
 _K8S_RT = r"(?P<rt>cri-containerd|crio|docker)"
 
@@ -97,8 +101,10 @@ SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ),
         (
             "slurm",
-            r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(?P<job>\d+)"
-            r"(?:/step_(?P<step>[a-z0-9]+))?" + _TAIL,
+            r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/(?:job_(?P<job>\d+)|(?P<sluid>"
+            + SLUID
+            + r"))(?:/step_(?P<step>[a-z0-9]+))?"
+            + _TAIL,
         ),
         # LXC 4+ and LXD (lxc.payload.NAME, lxc.monitor.NAME), LXC 3 and older (/lxc/NAME).
         ("lxc", rf"/lxc\.payload[./]{_LXC_NAME}{_NEST}"),

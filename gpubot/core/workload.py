@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from gpubot.core.cgroup_shapes import MAX_NEST, REASONS, SHAPES
+from gpubot.core.cgroup_shapes import MAX_NEST, REASONS, SHAPES, SLUID
 
 
 class WorkloadKind(StrEnum):
@@ -203,6 +203,11 @@ def printable_path(text: str) -> str:
     return out[:300]
 
 
+def match_path(path: str) -> Workload:
+    """Return the workload one cgroup path (as ``/proc/PID/cgroup`` shows it) names."""
+    return _match(path)
+
+
 def _match(path: str, depth: int = 0) -> Workload:
     for kind, pattern in SHAPES:
         m = pattern.match(path)
@@ -229,7 +234,8 @@ def _build(kind: WorkloadKind, path: str, g: dict[str, str]) -> Workload:
             container_id=g.get("id"),
         )  # fmt: skip
     if kind is WorkloadKind.SLURM:
-        return Workload(kind, g["job"]).with_detail(step=g.get("step"), uid=g.get("uid"))
+        job = g.get("job") or g["sluid"]
+        return Workload(kind, job).with_detail(step=g.get("step"), uid=g.get("uid"))
     if kind in (WorkloadKind.SERVICE, WorkloadKind.SESSION):
         return Workload(kind, g["unit"]).with_detail(uid=g.get("uid"))
     if kind is WorkloadKind.OTHER:
@@ -277,6 +283,7 @@ def _is_hex(s: str) -> bool:
 
 # --- who it belongs to, and how to stop it for good ------------------------------------------
 
+_SLUID = re.compile(SLUID)
 _NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # docker/podman container names
 _USER_OK = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z")  # a Linux user name (useradd's rule)
 
@@ -323,8 +330,8 @@ def stop_command(w: Workload) -> str | None:
     if w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN) and not w.get("rootless"):
         who = w.name if w.name and _NAME_OK.match(w.name) else w.id[:12]
         return f"{w.kind} stop {who}"
-    if w.kind is WorkloadKind.SLURM and w.id.isdigit():
-        return f"scancel {w.id}"
+    if w.kind is WorkloadKind.SLURM and (w.id.isdigit() or _SLUID.fullmatch(w.id)):
+        return f"scancel {w.id}"  # scancel takes a SLUID too (Slurm 26.05, src/scancel/opt.c)
     if w.kind is WorkloadKind.SERVICE and re.fullmatch(r"[A-Za-z0-9:_.@-]+\.service", w.id):
         return f"systemctl stop {w.id}"
     return None

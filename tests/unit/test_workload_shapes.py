@@ -254,3 +254,35 @@ def test_an_lxc_container_is_roots_and_has_no_stop_command() -> None:
     assert decide_owner(w, {}, "owner").owner == "root"
     assert stop_command(w) is None and may_restart(w)
     assert w.describe() == "LXC/LXD container `web01`"
+
+
+SLUID = "s5K1KKYAYG5D00"  # Slurm 26.05's job id in v2 cgroup paths (doc/html/cgroups.shtml)
+
+
+@pytest.mark.parametrize(
+    ("path", "step"),
+    [
+        (f"/system.slice/slurmstepd.scope/{SLUID}/step_0/user/task_0", "0"),
+        (f"/system.slice/node7_slurmstepd.scope/{SLUID}/step_extern/slurm", "extern"),
+    ],
+)
+def test_a_slurm_job_named_by_its_sluid(path: str, step: str) -> None:
+    w = parse_cgroup(v2(path))
+    assert w is not None and (w.kind, w.id, w.get("step")) == (WorkloadKind.SLURM, SLUID, step)
+    assert stop_command(w) == f"scancel {SLUID}"  # scancel takes a SLUID since 26.05
+    assert enrich_target(w) is None  # scontrol is asked by numeric job id only
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/system.slice/slurmstepd.scope/s5K1KKYAYG5D0I/step_0",  # I is no Crockford digit
+        "/system.slice/slurmstepd.scope/s5K1KKYAYG5D0/step_0",  # 12 digits
+        "/system.slice/slurmstepd.scope/x5K1KKYAYG5D00/step_0",
+        f"/user.slice/user-1000.slice/user@1000.service/system.slice/slurmstepd.scope/{SLUID}",
+    ],
+)
+def test_sluid_lookalikes_name_no_job(path: str) -> None:
+    w = parse_cgroup(v2(path))
+    assert w is not None and w.kind in (WorkloadKind.OTHER, WorkloadKind.SESSION)
+    assert stop_command(w) is None
