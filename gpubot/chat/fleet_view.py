@@ -24,7 +24,7 @@ from gpubot.chat.blocks import (
     table_fits,
     table_text,
 )
-from gpubot.core.flags import gpu_flags, owner_label, process_flags, workload_label
+from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.services.status import FleetStatus
 
@@ -87,7 +87,7 @@ def node_lines(snap: NodeSnapshot, *, max_procs: int = 8) -> list[str]:
             lines.append(code_safe(f"       {proc_label(p)}"))
         if len(procs) > max_procs:
             lines.append(f"       +{len(procs) - max_procs} more")
-    lines.extend(code_safe(f"⚠ {clip(note, 200)}") for note in snap.notes)
+    lines.extend(code_safe(f"⚠ {clip(note, 400)}") for note in node_notes(snap))
     return lines
 
 
@@ -124,8 +124,9 @@ def render_node(snap: NodeSnapshot, *, use_table: bool = True) -> Message:
         missing = len(node_lines(snap)) - 1 - left
         if missing:
             b.add(context(f"… {missing} more lines not shown"))
-    if snap.notes:
-        b.add(context(*(mrkdwn(f"⚠ {clip(n, 200)}") for n in snap.notes[:5])))
+    notes = node_notes(snap)
+    if notes:
+        b.add(context(*(mrkdwn(f"⚠ {clip(n, 400)}") for n in notes[:5])))
     b.add(context(escape(f"{busy} busy · {idle} idle · {flagged} flagged"), _taken([snap])))
     return {"text": escape(summary), "blocks": b.blocks}
 

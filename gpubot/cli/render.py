@@ -7,9 +7,10 @@ shown as ``\\xNN``, so it can neither forge a line of the table nor drive the te
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any
 
-from gpubot.core.flags import gpu_flags, owner_label, process_flags, workload_label
+from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
 from gpubot.core.text import one_line
 
@@ -65,8 +66,13 @@ def render_snapshot(snap: NodeSnapshot, *, color: bool = False) -> list[str]:
                 tail = f"{tail} {pflags}".strip()
             code = RED if tail else ""
             lines.append((text + " " + _c(tail, code, color)).rstrip()[: WIDTH + 10])
-    lines.extend(_c(one_line(f"  ! {note}")[:WIDTH], YELLOW, color) for note in snap.notes)
+    lines.extend(_c(line, YELLOW, color) for n in node_notes(snap) for line in _wrap(one_line(n)))
     return lines
+
+
+def _wrap(note: str) -> list[str]:
+    """Return a note as ``  ! `` lines that fit ``WIDTH`` (the first 6 of them)."""
+    return textwrap.wrap(note, WIDTH, initial_indent="  ! ", subsequent_indent="    ")[:6]
 
 
 def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
@@ -122,7 +128,7 @@ def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
             }
         )
     return {"name": snap.node, "ok": True, "error": None, "taken_at": snap.taken_at, "gpus": gpus,
-            "notes": list(snap.notes), "lost": list(snap.lost)}  # fmt: skip
+            "notes": list(node_notes(snap)), "lost": list(snap.lost)}  # fmt: skip
 
 
 def fleet_dict(status: FleetStatus, order: list[str]) -> dict[str, Any]:

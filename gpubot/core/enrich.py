@@ -105,8 +105,15 @@ def enrich_target(w: Workload) -> tuple[str, str] | None:
     """Return ``(runtime, id)`` to look ``w`` up with, or None when no runtime can name it.
 
     A rootless container is left out: the system's daemon does not know it, and its owner
-    comes from its user slice anyway.
+    comes from its user slice anyway. A container inside another is looked up by the outer
+    one's id (the inner id was chosen inside the outer container: it could be another's).
     """
+    outer = w.get("outer")
+    if outer is not None:
+        runtime = {"docker": "docker", "podman": "podman", "kubernetes": "crictl"}
+        rt = runtime.get(w.get("outer_kind") or "")
+        ok = rt is not None and not w.get("rootless") and _HEX64.fullmatch(outer)
+        return (rt, outer) if ok and rt else None
     if w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN):
         ok = not w.get("rootless") and _HEX64.fullmatch(w.id)
         return (str(w.kind), w.id) if ok else None
@@ -358,6 +365,13 @@ def apply_enrichment(
     contradicts what root's cgroup path says (another uid, another pod) counts as not found.
     """
     names = dict(uid_names or {})
+    if w.get("outer") is not None:  # the outer container's record: its name and owner label
+        pod = w.get("outer_pod_uid")
+        if found is not None and pod and found.pod_uid and found.pod_uid != pod:
+            found = None
+        label = dict(found.labels).get(owner_label or "") if found and owner_label else None
+        outer = {"outer_name": found.name if found else None, f"label.{owner_label}": label}
+        return decide_owner(w.with_detail(**outer), names, owner_label)
     if found is not None and _contradicts(w, found):
         found = None
     if found is None:

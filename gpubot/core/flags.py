@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpubot.core.models import GpuInfo, GpuProcess
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 
 NO_PROCESS_MEMORY_MIB = 256  # below this, memory with no process is the driver's own
 
@@ -54,3 +54,30 @@ def workload_label(p: GpuProcess, n: int = 24) -> str:
         return ""
     short = w.short
     return (short if len(short) <= n else short[: n - 1] + "…") + " "
+
+
+def minor_note(snap: NodeSnapshot) -> str | None:
+    """Say, in words, what gpubot cannot see on GPUs whose device minor is unknown, or None.
+
+    A driver whose ``/proc/driver/nvidia/gpus/BUS/information`` has no ``Device Minor`` line
+    (older drivers), with no NVML to say it, leaves gpubot unable to tell which ``/dev/nvidiaN``
+    is the GPU's: the index is never taken for the minor. Such a GPU is flagged
+    ``device-file-unknown``; this note says what that means.
+    """
+    blind = [g.index for g in snap.gpus if g.minor is None]
+    if not blind:
+        return None
+    which = f"GPU {blind[0]}" if len(blind) == 1 else f"GPUs {', '.join(map(str, blind))}"
+    return (
+        f"device file unknown for {which}: the driver does not say which /dev/nvidiaN is "
+        f"{'its' if len(blind) == 1 else 'theirs'} (no Device Minor line), so gpubot cannot see "
+        "who holds that device file: a holder nvidia-smi does not list (hidden, another PID "
+        "namespace, leaked memory) is missed, and a reset cannot find or wait for holders by "
+        "device file, nor call the GPU free on that evidence"
+    )
+
+
+def node_notes(snap: NodeSnapshot) -> tuple[str, ...]:
+    """Return every note of a node's answer: what the node said, then what gpubot cannot see."""
+    note = minor_note(snap)
+    return snap.notes + ((note,) if note is not None else ())

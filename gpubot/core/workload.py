@@ -8,13 +8,10 @@ elsewhere, so ``/system.slice/docker-ID.scope`` or ``/slurm/uid_U/job_J`` can on
 (a rootless container) or ``other``. Paths are as the kernel shows them to gpubot: relative to
 the cgroup namespace of the probe, which must be the node's initial one.
 
-Sources of the shapes: Docker's ``cgroupdriver`` docs (``docker-ID.scope`` under systemd,
-``/docker/ID`` under cgroupfs), Podman's ``--cgroup-manager`` (``libpod-ID.scope`` in
-``machine.slice``; ``/libpod_parent/libpod-ID``), the kubelet's cgroup drivers
-(``kubepods-QOS-podUID.slice/cri-containerd-ID.scope``, ``/kubepods/QOS/podUID/ID``), Slurm's
-``cgroup.conf`` docs (v1 ``/slurm/uid_U/job_J/step_S``, or ``/slurm_NODE/...`` where Slurm is
-built with ``MULTIPLE_SLURMD``, as Debian's and Spack's are, v2 ``slurmstepd.scope/job_J/step_S``)
-and systemd.special(7) (``system.slice``, ``user.slice``, ``machine.slice``).
+The shapes, with their sources, are the table in ``core.cgroup_shapes``. A container found
+inside another container's cgroup (docker-in-docker, a kind node's pods) is the inner one, named
+only as a label: its owner, lookup and stop come from the outer container (``_nest``). A
+runtime's own unit (``containerd.service``, ``slurmstepd.scope`` ...) is never a workload.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from gpubot.core.cgroup_shapes import MAX_NEST, REASONS, SHAPES, SLUID
 from gpubot.core.text import code
 
 
@@ -33,6 +31,7 @@ class WorkloadKind(StrEnum):
     DOCKER = "docker"
     PODMAN = "podman"
     KUBERNETES = "kubernetes"
+    LXC = "lxc"
     SLURM = "slurm"
     SERVICE = "service"
     SESSION = "session"
@@ -74,7 +73,8 @@ class Workload:
             return f"slurm:{self.id}" + (f".{step}" if step is not None else "")
         if self.kind is WorkloadKind.OTHER:
             return "other"
-        label = self.name or (self.id[:12] if _is_hex(self.id) else self.id)
+        wid = self.get("inner_id") or self.id
+        label = self.name or (wid[:12] if _is_hex(wid) else wid)
         return f"{self.kind}:{label}"
 
     def describe(self) -> str:
@@ -85,6 +85,11 @@ class Workload:
         one (a Slack code span, a terminal's text).
         """
         owner = f" of Linux user {code(self.owner)}" if self.owner else ""
+        outer = self.get("outer")
+        if outer is not None:
+            name = self.get("outer_name") or outer[:12]
+            inside = f"{self.kind} container {code((self.get('inner_id') or '?')[:12])}"
+            return f"{inside} inside container {code(name)}{owner}"
         if self.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN):
             image = self.get("image")
             img = f" (image {code(image)})" if image else ""
@@ -92,6 +97,8 @@ class Workload:
         if self.kind is WorkloadKind.KUBERNETES:
             pod = self.name or f"pod {self.get('pod_uid') or '?'}"
             return f"Kubernetes pod {code(pod)}{owner}"
+        if self.kind is WorkloadKind.LXC:
+            return f"LXC/LXD container {code(self.id)}{owner}"
         if self.kind is WorkloadKind.SLURM:
             step = self.get("step")
             bits = [f"user {code(self.owner)}" if self.owner else None,
@@ -131,47 +138,7 @@ class Workload:
         }
 
 
-_HEX64 = r"[0-9a-f]{64}"
-_POD = r"[0-9a-f_-]{36}"  # a pod UID; the systemd driver writes its dashes as underscores
-_TAIL = r"(?:/.*)?"  # cgroups a workload made inside its own (a container's init.scope ...)
-
-# (kind, pattern over the whole path); the first that matches wins.
-_SHAPES: tuple[tuple[WorkloadKind, re.Pattern[str]], ...] = tuple(
-    (kind, re.compile(pattern + r"\Z"))
-    for kind, pattern in (
-        (WorkloadKind.KUBERNETES,
-         rf"/kubepods\.slice/(?:kubepods-(?P<qos>besteffort|burstable)\.slice/)?"
-         rf"kubepods(?:-(?:besteffort|burstable))?-pod(?P<pod>{_POD})\.slice"
-         rf"(?:/(?P<rt>cri-containerd|crio|docker)-(?P<id>{_HEX64})\.scope)?{_TAIL}"),
-        (WorkloadKind.KUBERNETES,
-         rf"/kubepods/(?:(?P<qos>besteffort|burstable)/)?pod(?P<pod>{_POD})"
-         rf"(?:/(?P<id>{_HEX64}))?{_TAIL}"),
-        (WorkloadKind.DOCKER, rf"/system\.slice/docker-(?P<id>{_HEX64})\.scope{_TAIL}"),
-        (WorkloadKind.DOCKER, rf"/docker/(?P<id>{_HEX64}){_TAIL}"),
-        (WorkloadKind.PODMAN,
-         rf"/(?:machine|system)\.slice/libpod-(?P<id>{_HEX64})\.scope{_TAIL}"),
-        (WorkloadKind.PODMAN, rf"/libpod_parent/libpod-(?P<id>{_HEX64}){_TAIL}"),
-        (WorkloadKind.SLURM,
-         r"/slurm(?:_[A-Za-z0-9._-]+)?/uid_(?P<uid>\d+)/job_(?P<job>\d+)"
-         r"(?:/step_(?P<step>[a-z0-9]+))?" + _TAIL),
-        (WorkloadKind.SLURM,
-         r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(?P<job>\d+)"
-         r"(?:/step_(?P<step>[a-z0-9]+))?" + _TAIL),
-        # Rootless containers: inside the user's own subtree, so the user's, whatever they say.
-        (WorkloadKind.PODMAN,
-         rf"/user\.slice/user-(?P<uid>\d+)\.slice/user@\d+\.service/(?:[^/]+/)*"
-         rf"libpod-(?P<id>{_HEX64})\.scope{_TAIL}"),
-        (WorkloadKind.DOCKER,
-         rf"/user\.slice/user-(?P<uid>\d+)\.slice/user@\d+\.service/(?:[^/]+/)*"
-         rf"docker-(?P<id>{_HEX64})\.scope{_TAIL}"),
-        (WorkloadKind.SESSION,
-         r"/user\.slice/user-(?P<uid>\d+)\.slice/(?P<unit>session-[0-9a-z]+\.scope)" + _TAIL),
-        (WorkloadKind.SESSION,
-         r"/user\.slice/user-(?P<uid>\d+)\.slice/(?P<unit>user@\d+\.service)" + _TAIL),
-        (WorkloadKind.SERVICE,
-         r"/system\.slice/(?:[^/]+\.slice/)*(?P<unit>[A-Za-z0-9:_.@\\-]+\.service)" + _TAIL),
-    )
-)  # fmt: skip
+_CONTAINERS = (WorkloadKind.DOCKER, WorkloadKind.PODMAN, WorkloadKind.KUBERNETES, WorkloadKind.LXC)
 
 # v1 hierarchies to read when the v2 line says nothing (a hybrid or v1-only box), best first.
 _V1_ORDER = ("name=systemd", "memory", "pids", "cpu,cpuacct", "devices", "cpuset")
@@ -220,8 +187,9 @@ def parse_cgroup(text: str | None) -> Workload | None:
     """Return the workload a ``/proc/PID/cgroup`` text names; None when it says nothing.
 
     Each path is matched against the shapes; the most specific match wins (a container or job
-    over a service or session over ``other``). Text that is not the kernel's shape is ``other``
-    with ``untrusted`` in its detail: it names no owner.
+    over a service or session over ``other``; a container nested in another over the outer
+    one). Text that is not the kernel's shape is ``other`` with ``untrusted`` in its detail: it
+    names no owner.
     """
     if not text:
         return None
@@ -231,7 +199,7 @@ def parse_cgroup(text: str | None) -> Workload | None:
     found = [w for w in (_match(p) for p in paths if p != "/") if w is not None]
     if not found:
         return None
-    return min(found, key=lambda w: _RANK.get(w.kind, 0))
+    return min(found, key=lambda w: (_RANK.get(w.kind, 0), w.get("outer") is None))
 
 
 def printable_path(text: str) -> str:
@@ -240,27 +208,78 @@ def printable_path(text: str) -> str:
     return out[:300]
 
 
-def _match(path: str) -> Workload:
-    for kind, pattern in _SHAPES:
+def match_path(path: str) -> Workload:
+    """Return the workload one cgroup path (as ``/proc/PID/cgroup`` shows it) names."""
+    return _match(path)
+
+
+def _match(path: str, depth: int = 0) -> Workload:
+    for kind, pattern in SHAPES:
         m = pattern.match(path)
-        if m is None:
-            continue
-        g = {k: v for k, v in m.groupdict().items() if v is not None}
-        if kind is WorkloadKind.KUBERNETES:
-            pod = g["pod"].replace("_", "-")
-            runtime = {"cri-containerd": "containerd", "crio": "cri-o"}.get(g.get("rt", ""))
-            return Workload(kind, g.get("id") or pod).with_detail(
-                pod_uid=pod, qos=g.get("qos", "guaranteed"), runtime=runtime or g.get("rt"),
-                container_id=g.get("id"),
-            )  # fmt: skip
-        if kind is WorkloadKind.SLURM:
-            return Workload(kind, g["job"]).with_detail(step=g.get("step"), uid=g.get("uid"))
-        if kind in (WorkloadKind.SERVICE, WorkloadKind.SESSION):
-            return Workload(kind, g["unit"]).with_detail(uid=g.get("uid"))
-        return Workload(kind, g["id"]).with_detail(
-            uid=g.get("uid"), rootless="yes" if "uid" in g else None
-        )
-    return Workload(WorkloadKind.OTHER, printable_path(path))
+        if m is not None:
+            g = {k: v for k, v in m.groupdict().items() if v is not None}
+            w = _build(WorkloadKind(kind), path, g)
+            tail = g.get("tail")
+            if tail and w.kind in _CONTAINERS and depth < MAX_NEST and _lookup_id(w):
+                inner = _match(tail, depth + 1)
+                if inner.kind in _CONTAINERS:
+                    return _nest(w, inner)
+            return w
+    return Workload(WorkloadKind.OTHER, printable_path(path)).with_detail(
+        reason="no known workload shape"
+    )
+
+
+def _build(kind: WorkloadKind, path: str, g: dict[str, str]) -> Workload:
+    if kind is WorkloadKind.KUBERNETES:
+        pod = g["pod"].replace("_", "-")
+        runtime = {"cri-containerd": "containerd", "crio": "cri-o"}.get(g.get("rt", ""))
+        return Workload(kind, g.get("id") or pod).with_detail(
+            pod_uid=pod, qos=g.get("qos", "guaranteed"), runtime=runtime or g.get("rt"),
+            container_id=g.get("id"),
+        )  # fmt: skip
+    if kind is WorkloadKind.SLURM:
+        job = g.get("job") or g["sluid"]
+        return Workload(kind, job).with_detail(step=g.get("step"), uid=g.get("uid"))
+    if kind in (WorkloadKind.SERVICE, WorkloadKind.SESSION):
+        return Workload(kind, g["unit"]).with_detail(uid=g.get("uid"))
+    if kind is WorkloadKind.OTHER:
+        why = next(r for k, r in REASONS.items() if k in g)
+        return Workload(kind, printable_path(path)).with_detail(reason=why)
+    if kind is WorkloadKind.LXC:
+        return Workload(kind, g["id"], name=g["id"])
+    return Workload(kind, g["id"]).with_detail(
+        uid=g.get("uid"), rootless="yes" if "uid" in g else None
+    )
+
+
+def _lookup_id(w: Workload) -> str | None:
+    """Return the id the host's runtime knows ``w`` by (a pod's container id), or None."""
+    if w.kind is WorkloadKind.KUBERNETES:
+        return w.get("container_id")
+    return w.id
+
+
+def _nest(outer: Workload, inner: Workload) -> Workload:
+    """Return the workload of a container found inside ``outer``'s cgroup: docker-in-docker, a
+    kind node's pods, a container run by a container's own systemd.
+
+    The outer container's root made the inner cgroup, and chose its name: the inner id is taken
+    only as a label, never looked up in the host's runtimes nor put in a stop command (it could
+    be another container's). The workload's id joins both, so it is no host container's id;
+    what root controls (owner, rootless uid, lookup) comes from the outer container.
+    """
+    inner_id = inner.get("inner_id") or _lookup_id(inner) or inner.id
+    keep = {k: v for k, v in inner.detail if k in ("pod_uid", "qos", "runtime")}
+    return Workload(inner.kind, f"{outer.id}/{inner_id}").with_detail(
+        **keep,
+        outer=outer.id,
+        outer_kind=str(outer.kind),
+        inner_id=inner_id,
+        uid=outer.get("uid"),
+        rootless=outer.get("rootless"),
+        outer_pod_uid=outer.get("pod_uid"),
+    )
 
 
 def _is_hex(s: str) -> bool:
@@ -269,6 +288,7 @@ def _is_hex(s: str) -> bool:
 
 # --- who it belongs to, and how to stop it for good ------------------------------------------
 
+_SLUID = re.compile(SLUID)
 _NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # docker/podman container names
 _USER_OK = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z")  # a Linux user name (useradd's rule)
 
@@ -289,7 +309,7 @@ def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None
     by_uid = uid_names.get(int(uid)) if uid is not None else None
     if w.kind is WorkloadKind.SLURM:
         owner = by_uid or w.get("user")
-    elif w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN, WorkloadKind.KUBERNETES):
+    elif w.kind in _CONTAINERS:
         label = w.get(f"label.{owner_label}") if owner_label else None
         if w.get("rootless"):
             owner = by_uid  # a label cannot hand a user's own container to someone else
@@ -305,13 +325,18 @@ def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None
 def stop_command(w: Workload) -> str | None:
     """Return the command that stops this workload for good (a restart policy, a requeue).
 
-    Only ids and names of a safe shape are put in a command; None when there is none to give.
+    Only ids and names of a safe shape are put in a command; None when there is none to give:
+    a runtime's own unit, a container inside another (the host's runtime does not know it, and
+    its id was chosen inside the outer one), an LXC container (``lxc stop`` and ``lxc-stop``
+    are different tools, and gpubot cannot tell which one manages it).
     """
+    if w.get("outer") is not None:
+        return None
     if w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN) and not w.get("rootless"):
         who = w.name if w.name and _NAME_OK.match(w.name) else w.id[:12]
         return f"{w.kind} stop {who}"
-    if w.kind is WorkloadKind.SLURM and w.id.isdigit():
-        return f"scancel {w.id}"
+    if w.kind is WorkloadKind.SLURM and (w.id.isdigit() or _SLUID.fullmatch(w.id)):
+        return f"scancel {w.id}"  # scancel takes a SLUID too (Slurm 26.05, src/scancel/opt.c)
     if w.kind is WorkloadKind.SERVICE and re.fullmatch(r"[A-Za-z0-9:_.@-]+\.service", w.id):
         return f"systemctl stop {w.id}"
     return None
@@ -327,7 +352,8 @@ def may_restart(w: Workload | None) -> bool:
         return False
     if w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN):
         return w.get("restart") not in ("no", "")
-    return w.kind in (WorkloadKind.KUBERNETES, WorkloadKind.SLURM, WorkloadKind.SERVICE)
+    restarts = (WorkloadKind.KUBERNETES, WorkloadKind.LXC, WorkloadKind.SLURM, WorkloadKind.SERVICE)
+    return w.kind in restarts
 
 
 def stop_argv(w: Workload) -> list[str] | None:
