@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from gpubot.core.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import UsageError
@@ -40,7 +39,7 @@ from gpubot.sim.sudo import parse_sudoers
 
 __all__ = ["SERVERS", "SimFleet", "SimNode", "Workload"]
 
-SERVERS = ("asyncssh", "sshd")
+SERVERS = fleet_setup.SERVERS
 RUNTIMES = inventory.RUNTIMES
 
 
@@ -67,7 +66,13 @@ class SimFleet:
     (after the sudo stand-in's directory, before the standard one), and the inventory lists
     ``runtimes = ["docker", "podman", "slurm", "crictl"]``. Without it a session finds this
     machine's own programs, if any (a sudo node never does: its rule points into the node).
-    Workloads go into real cgroups (``SimNode.spawn(cgroup=...)``) either way.
+    Workloads go into real cgroups (``SimNode.spawn(cgroup=...)``) either way. A list of
+    runtime names instead (e.g. ``["docker"]``) installs no stand-in: the inventory lists those
+    runtimes, and sessions run this machine's real programs (``SimNode.adopt`` makes their
+    containers' and jobs' processes compute apps).
+
+    ``session_path``: directories put first on every session's PATH (wrappers that point this
+    machine's ``docker`` or ``scontrol`` at a test's own daemon, for example).
     """
 
     def __init__(
@@ -86,12 +91,24 @@ class SimFleet:
         persistenced: bool = False,
         view_user: str | None = None,
         hidepid: bool = False,
-        runtimes: bool = False,
+        runtimes: bool | Sequence[str] = False,
+        session_path: Sequence[str] = (),
     ) -> None:
         """Check the options (``UsageError``) and start nothing: ``start`` (or ``with``) does."""
-        _check_options(nodes=nodes, gpus=gpus, server=server, release_delay_s=release_delay_s,
-                       model=model, memory_mib=memory_mib, base_port=base_port, minors=minors,
-                       view_user=view_user, hidepid=hidepid)  # fmt: skip
+        fleet_setup.check_options(
+            nodes=nodes,
+            gpus=gpus,
+            server=server,
+            release_delay_s=release_delay_s,
+            model=model,
+            memory_mib=memory_mib,
+            base_port=base_port,
+            minors=minors,
+            view_user=view_user,
+            hidepid=hidepid,
+        )
+        self._runtime_names = fleet_setup.runtime_names(runtimes, inventory.RUNTIMES)
+        self._session_path = fleet_setup.path_dirs(session_path)
         self._minors = list(minors) if minors is not None else list(range(gpus))
         self._persistenced = persistenced
         try:
@@ -109,12 +126,12 @@ class SimFleet:
         self._on_stop = on_stop
         self.root = self.directory
         self.nodes: list[SimNode] = []
-        pw = _account(view_user)
+        pw = fleet_setup.account(view_user)
         self._run_as = (pw.pw_uid, pw.pw_gid) if view_user else None
         self.hidepid = hidepid  # every session sees /proc mounted hidepid=2
-        self.runtimes = runtimes
+        self.runtimes = runtimes is True  # the stand-ins
         self.user = pw.pw_name
-        self._home, self._shell = _home_and_shell(pw)
+        self._home, self._shell = fleet_setup.home_and_shell(pw)
         self.python = fleet_setup.node_python()
         self.python_real = os.path.realpath(self.python)
         self._own_root = False
@@ -219,6 +236,7 @@ class SimFleet:
                 node.create_sudo(self.lib_dir, self.python, self._sudo_rule)
             if self.runtimes:
                 node.create_runtimes(self.lib_dir, self.python)
+            node.runtime_names = self._runtime_names
             self.nodes.append(node)
         self._driver = Driver([str(n.state_dir) for n in self.nodes], self._reap)
         self._driver.start()
@@ -357,7 +375,8 @@ class SimFleet:
             home=self._home,
             shell=self._shell,
             workdir=node.dir,
-            path_dirs=tuple(
+            path_dirs=self._session_path
+            + tuple(
                 str(d)
                 for d, on in ((node.sudo_dir, node.sudo), (node.runtime_dir, node.runtimes))
                 if on
@@ -399,50 +418,3 @@ class SimFleet:
             protected=protected,
         )
         self.config_path.write_text(text, encoding="utf-8")
-
-
-def _check_options(
-    *, nodes: Any, gpus: Any, server: str, release_delay_s: Any, model: str, memory_mib: Any,
-    base_port: int | None, minors: Sequence[int] | None, view_user: str | None, hidepid: bool,
-) -> None:  # fmt: skip
-    """Raise ``UsageError`` for options that make no fleet."""
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
-        raise UsageError(f"nodes must be 1-64, not {nodes!r}")
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
-        raise UsageError(f"gpus must be 1-64, not {gpus!r}")
-    if minors is not None and sorted(minors) != list(range(gpus)):
-        raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
-    if server not in SERVERS:
-        raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
-    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
-        raise UsageError(f"release delay must be a number, not {release_delay_s!r}")
-    if release_delay_s < 0:
-        raise UsageError(f"release delay must be >= 0 s, not {release_delay_s}")
-    if not model or "," in model or "\n" in model:
-        raise UsageError(f"bad GPU model name {model!r}")
-    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
-        raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
-    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
-        raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
-    if (view_user or hidepid) and server != "asyncssh":
-        raise UsageError("view_user and hidepid need the asyncssh server")
-    if hidepid and not view_user:
-        raise UsageError("hidepid needs view_user: root sees every process anyway")
-    if view_user is not None and os.geteuid() != 0:
-        raise UsageError("view_user needs root (to start sessions as another user)")
-
-
-def _account(view_user: str | None) -> pwd.struct_passwd:
-    """Return the account SSH sessions log in as: ``view_user``, or the effective user."""
-    try:
-        return pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
-    except KeyError:
-        raise UsageError(f"no such user {view_user!r}") from None
-
-
-def _home_and_shell(pw: pwd.struct_passwd) -> tuple[str, str]:
-    """Return the sessions' home (``/`` if missing) and shell (``/bin/sh`` if it is no login)."""
-    home = pw.pw_dir if pw.pw_dir and os.path.isdir(pw.pw_dir) else "/"
-    shell = pw.pw_shell
-    ok = shell and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false"))
-    return home, shell if ok else "/bin/sh"

@@ -5,19 +5,23 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pwd
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from gpubot.errors import SimError
+from gpubot.errors import SimError, UsageError
 
 # The standalone modules (standard library only) that nodes run as ``gpusim.*``.
 STANDALONE = ("simstate.py", "nvidia_smi.py", "smi_faults.py", "workload.py", "sudo.py",
               "runtimes.py", "runtime_registry.py", "containers.py", "jobs.py")  # fmt: skip
 PR_SET_CHILD_SUBREAPER = 36
+SERVERS = ("asyncssh", "sshd")
 
 
 def node_python() -> str:
@@ -87,3 +91,71 @@ def become_subreaper() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
     except (OSError, AttributeError) as exc:
         raise SimError(f"cannot become a child subreaper: {exc}") from None
+
+
+def check_options(
+    *, nodes: Any, gpus: Any, server: str, release_delay_s: Any, model: str, memory_mib: Any,
+    base_port: int | None, minors: Sequence[int] | None, view_user: str | None, hidepid: bool,
+) -> None:  # fmt: skip
+    """Raise ``UsageError`` for options that make no fleet."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
+        raise UsageError(f"nodes must be 1-64, not {nodes!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+        raise UsageError(f"gpus must be 1-64, not {gpus!r}")
+    if minors is not None and sorted(minors) != list(range(gpus)):
+        raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
+    if server not in SERVERS:
+        raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
+    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
+        raise UsageError(f"release delay must be a number, not {release_delay_s!r}")
+    if release_delay_s < 0:
+        raise UsageError(f"release delay must be >= 0 s, not {release_delay_s}")
+    if not model or "," in model or "\n" in model:
+        raise UsageError(f"bad GPU model name {model!r}")
+    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
+        raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
+    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
+        raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
+    if (view_user or hidepid) and server != "asyncssh":
+        raise UsageError("view_user and hidepid need the asyncssh server")
+    if hidepid and not view_user:
+        raise UsageError("hidepid needs view_user: root sees every process anyway")
+    if view_user is not None and os.geteuid() != 0:
+        raise UsageError("view_user needs root (to start sessions as another user)")
+
+
+def account(view_user: str | None) -> pwd.struct_passwd:
+    """Return the account SSH sessions log in as: ``view_user``, or the effective user."""
+    try:
+        return pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
+    except KeyError:
+        raise UsageError(f"no such user {view_user!r}") from None
+
+
+def home_and_shell(pw: pwd.struct_passwd) -> tuple[str, str]:
+    """Return the sessions' home (``/`` if missing) and shell (``/bin/sh`` if it is no login)."""
+    home = pw.pw_dir if pw.pw_dir and os.path.isdir(pw.pw_dir) else "/"
+    shell = pw.pw_shell
+    ok = shell and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false"))
+    return home, shell if ok else "/bin/sh"
+
+
+def runtime_names(runtimes: bool | Sequence[str], known: Sequence[str]) -> tuple[str, ...]:
+    """Return the runtimes the inventory lists: all ``known`` for True, none for False, else
+    the names given (each one of ``known``); ``UsageError`` for anything else."""
+    if isinstance(runtimes, bool):
+        return tuple(known) if runtimes else ()
+    if isinstance(runtimes, str) or not all(r in known for r in runtimes) or not runtimes:
+        raise UsageError(f"runtimes must be True, False or names from {list(known)}: {runtimes!r}")
+    return tuple(dict.fromkeys(runtimes))
+
+
+def path_dirs(dirs: Sequence[str]) -> tuple[str, ...]:
+    """Return ``dirs`` (for a session's PATH) as absolute paths; ``UsageError`` for a bad one."""
+    if isinstance(dirs, str):
+        raise UsageError(f"session_path must be a list of directories, not {dirs!r}")
+    out = tuple(str(d) for d in dirs)
+    for d in out:
+        if not os.path.isabs(d) or ":" in d or not os.path.isdir(d):
+            raise UsageError(f"session_path: not an absolute directory for PATH: {d!r}")
+    return out
