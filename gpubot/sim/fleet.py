@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from gpubot.core.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import UsageError
@@ -39,7 +40,7 @@ from gpubot.sim.sudo import parse_sudoers
 
 __all__ = ["SERVERS", "SimFleet", "SimNode", "Workload"]
 
-SERVERS = fleet_setup.SERVERS
+SERVERS = ("asyncssh", "sshd")
 RUNTIMES = inventory.RUNTIMES
 
 
@@ -95,20 +96,10 @@ class SimFleet:
         session_path: Sequence[str] = (),
     ) -> None:
         """Check the options (``UsageError``) and start nothing: ``start`` (or ``with``) does."""
-        fleet_setup.check_options(
-            nodes=nodes,
-            gpus=gpus,
-            server=server,
-            release_delay_s=release_delay_s,
-            model=model,
-            memory_mib=memory_mib,
-            base_port=base_port,
-            minors=minors,
-            view_user=view_user,
-            hidepid=hidepid,
-        )
-        self._runtime_names = fleet_setup.runtime_names(runtimes, inventory.RUNTIMES)
-        self._session_path = fleet_setup.path_dirs(session_path)
+        _check_options(nodes=nodes, gpus=gpus, server=server, release_delay_s=release_delay_s,
+                       model=model, memory_mib=memory_mib, base_port=base_port, minors=minors,
+                       view_user=view_user, hidepid=hidepid)  # fmt: skip
+        self._listed, self._path_dirs = fleet_setup.runtime_options(runtimes, session_path)
         self._minors = list(minors) if minors is not None else list(range(gpus))
         self._persistenced = persistenced
         try:
@@ -236,7 +227,7 @@ class SimFleet:
                 node.create_sudo(self.lib_dir, self.python, self._sudo_rule)
             if self.runtimes:
                 node.create_runtimes(self.lib_dir, self.python)
-            node.runtime_names = self._runtime_names
+            node.runtime_names = self._listed
             self.nodes.append(node)
         self._driver = Driver([str(n.state_dir) for n in self.nodes], self._reap)
         self._driver.start()
@@ -375,7 +366,7 @@ class SimFleet:
             home=self._home,
             shell=self._shell,
             workdir=node.dir,
-            path_dirs=self._session_path
+            path_dirs=self._path_dirs
             + tuple(
                 str(d)
                 for d, on in ((node.sudo_dir, node.sudo), (node.runtime_dir, node.runtimes))
@@ -418,3 +409,34 @@ class SimFleet:
             protected=protected,
         )
         self.config_path.write_text(text, encoding="utf-8")
+
+
+def _check_options(
+    *, nodes: Any, gpus: Any, server: str, release_delay_s: Any, model: str, memory_mib: Any,
+    base_port: int | None, minors: Sequence[int] | None, view_user: str | None, hidepid: bool,
+) -> None:  # fmt: skip
+    """Raise ``UsageError`` for options that make no fleet."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
+        raise UsageError(f"nodes must be 1-64, not {nodes!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+        raise UsageError(f"gpus must be 1-64, not {gpus!r}")
+    if minors is not None and sorted(minors) != list(range(gpus)):
+        raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
+    if server not in SERVERS:
+        raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
+    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
+        raise UsageError(f"release delay must be a number, not {release_delay_s!r}")
+    if release_delay_s < 0:
+        raise UsageError(f"release delay must be >= 0 s, not {release_delay_s}")
+    if not model or "," in model or "\n" in model:
+        raise UsageError(f"bad GPU model name {model!r}")
+    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
+        raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
+    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
+        raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
+    if (view_user or hidepid) and server != "asyncssh":
+        raise UsageError("view_user and hidepid need the asyncssh server")
+    if hidepid and not view_user:
+        raise UsageError("hidepid needs view_user: root sees every process anyway")
+    if view_user is not None and os.geteuid() != 0:
+        raise UsageError("view_user needs root (to start sessions as another user)")

@@ -13,15 +13,14 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from gpubot.errors import SimError, UsageError
+from gpubot.sim.inventory import RUNTIMES
 
 # The standalone modules (standard library only) that nodes run as ``gpusim.*``.
 STANDALONE = ("simstate.py", "nvidia_smi.py", "smi_faults.py", "workload.py", "sudo.py",
               "runtimes.py", "runtime_registry.py", "containers.py", "jobs.py")  # fmt: skip
 PR_SET_CHILD_SUBREAPER = 36
-SERVERS = ("asyncssh", "sshd")
 
 
 def node_python() -> str:
@@ -93,37 +92,6 @@ def become_subreaper() -> None:
         raise SimError(f"cannot become a child subreaper: {exc}") from None
 
 
-def check_options(
-    *, nodes: Any, gpus: Any, server: str, release_delay_s: Any, model: str, memory_mib: Any,
-    base_port: int | None, minors: Sequence[int] | None, view_user: str | None, hidepid: bool,
-) -> None:  # fmt: skip
-    """Raise ``UsageError`` for options that make no fleet."""
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
-        raise UsageError(f"nodes must be 1-64, not {nodes!r}")
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
-        raise UsageError(f"gpus must be 1-64, not {gpus!r}")
-    if minors is not None and sorted(minors) != list(range(gpus)):
-        raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
-    if server not in SERVERS:
-        raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
-    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
-        raise UsageError(f"release delay must be a number, not {release_delay_s!r}")
-    if release_delay_s < 0:
-        raise UsageError(f"release delay must be >= 0 s, not {release_delay_s}")
-    if not model or "," in model or "\n" in model:
-        raise UsageError(f"bad GPU model name {model!r}")
-    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
-        raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
-    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
-        raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
-    if (view_user or hidepid) and server != "asyncssh":
-        raise UsageError("view_user and hidepid need the asyncssh server")
-    if hidepid and not view_user:
-        raise UsageError("hidepid needs view_user: root sees every process anyway")
-    if view_user is not None and os.geteuid() != 0:
-        raise UsageError("view_user needs root (to start sessions as another user)")
-
-
 def account(view_user: str | None) -> pwd.struct_passwd:
     """Return the account SSH sessions log in as: ``view_user``, or the effective user."""
     try:
@@ -138,6 +106,14 @@ def home_and_shell(pw: pwd.struct_passwd) -> tuple[str, str]:
     shell = pw.pw_shell
     ok = shell and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false"))
     return home, shell if ok else "/bin/sh"
+
+
+def runtime_options(
+    runtimes: bool | Sequence[str], session_path: Sequence[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Check ``SimFleet``'s ``runtimes`` and ``session_path``; return what the inventory lists
+    and the directories put first on a session's PATH (``UsageError`` for a bad value)."""
+    return runtime_names(runtimes, RUNTIMES), path_dirs(session_path)
 
 
 def runtime_names(runtimes: bool | Sequence[str], known: Sequence[str]) -> tuple[str, ...]:
