@@ -1,11 +1,16 @@
-"""``SimNode.adopt``: a process the fleet did not start holds a simulated GPU, as a real
-container's or Slurm job's does in ``test_real_containers`` and ``test_real_slurm``.
+"""The parts the real-runtime tests stand on: ``SimNode.adopt`` and a runtime that cannot start.
 
-Here the process is a plain ``sh`` this test starts: it opens the GPU's device file and sleeps.
+``SimNode.adopt``: a process the fleet did not start holds a simulated GPU, as a real
+container's or Slurm job's does in ``test_real_containers`` and ``test_real_slurm``. Here the
+process is a plain ``sh`` this test starts: it opens the GPU's device file and sleeps.
+
+A runtime fixture that cannot start its daemon fails the test with the daemon's own words (never
+a skip), and leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 
@@ -15,6 +20,8 @@ from gpubot.errors import UsageError
 from gpubot.sim import simstate
 from gpubot.sim.adopt import holds
 from gpubot.sim.fleet import SimFleet, SimNode
+from tests.fixtures.daemons import running
+from tests.fixtures.runtimes import DockerEngine
 from tests.procs import alive, wait_until
 
 
@@ -97,3 +104,16 @@ def test_adopt_refuses_what_would_make_the_simulator_lie(
     with pytest.raises(UsageError, match="more than a GPU holds"):
         node.adopt(holder.pid, 1, node.memory_mib + 1)
     assert compute_apps(node) == []
+
+
+def test_a_runtime_that_cannot_start_fails_with_its_daemons_words() -> None:
+    engine = DockerEngine(extra_args=("--no-such-option",))
+    # Caught whatever it is: a skip (pytest's Skipped) must not pass for a failure.
+    with pytest.raises(BaseException) as failed, running(engine):
+        raise AssertionError("a runtime that did not start was used")
+    assert failed.type is pytest.fail.Exception
+    said = str(failed.value)
+    assert said.startswith("docker did not start: dockerd exited with status")
+    assert "unknown flag: --no-such-option" in said  # dockerd's own log line
+    assert engine.daemons[0].proc.returncode not in (None, 0)
+    assert not os.path.exists(engine.root)  # stopped and removed all the same
