@@ -8,7 +8,13 @@ import os
 from hypothesis import HealthCheck, settings
 
 # Fixture plugins; each is a module of tests/fixtures.
-_PLUGINS = ("tests.fixtures.fleet", "tests.fixtures.db", "tests.fixtures.slack")
+_PLUGINS = (
+    "tests.fixtures.fleet",
+    "tests.fixtures.db",
+    "tests.fixtures.slack",
+    "tests.fixtures.runtimes",
+    "tests.fixtures.slurm",
+)
 pytest_plugins = [m for m in _PLUGINS if importlib.util.find_spec(m) is not None]
 
 # Hypothesis on a busy shared machine: no per-example deadline and no "too slow" health checks

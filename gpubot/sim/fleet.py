@@ -67,7 +67,13 @@ class SimFleet:
     (after the sudo stand-in's directory, before the standard one), and the inventory lists
     ``runtimes = ["docker", "podman", "slurm", "crictl"]``. Without it a session finds this
     machine's own programs, if any (a sudo node never does: its rule points into the node).
-    Workloads go into real cgroups (``SimNode.spawn(cgroup=...)``) either way.
+    Workloads go into real cgroups (``SimNode.spawn(cgroup=...)``) either way. A list of
+    runtime names instead (e.g. ``["docker"]``) installs no stand-in: the inventory lists those
+    runtimes, and sessions run this machine's real programs (``SimNode.adopt`` makes their
+    containers' and jobs' processes compute apps).
+
+    ``session_path``: directories put first on every session's PATH (wrappers that point this
+    machine's ``docker`` or ``scontrol`` at a test's own daemon, for example).
     """
 
     def __init__(
@@ -86,12 +92,14 @@ class SimFleet:
         persistenced: bool = False,
         view_user: str | None = None,
         hidepid: bool = False,
-        runtimes: bool = False,
+        runtimes: bool | Sequence[str] = False,
+        session_path: Sequence[str] = (),
     ) -> None:
         """Check the options (``UsageError``) and start nothing: ``start`` (or ``with``) does."""
         _check_options(nodes=nodes, gpus=gpus, server=server, release_delay_s=release_delay_s,
                        model=model, memory_mib=memory_mib, base_port=base_port, minors=minors,
                        view_user=view_user, hidepid=hidepid)  # fmt: skip
+        self._listed, self._path_dirs = fleet_setup.runtime_options(runtimes, session_path)
         self._minors = list(minors) if minors is not None else list(range(gpus))
         self._persistenced = persistenced
         try:
@@ -109,12 +117,12 @@ class SimFleet:
         self._on_stop = on_stop
         self.root = self.directory
         self.nodes: list[SimNode] = []
-        pw = _account(view_user)
+        pw = fleet_setup.account(view_user)
         self._run_as = (pw.pw_uid, pw.pw_gid) if view_user else None
         self.hidepid = hidepid  # every session sees /proc mounted hidepid=2
-        self.runtimes = runtimes
+        self.runtimes = runtimes is True  # the stand-ins
         self.user = pw.pw_name
-        self._home, self._shell = _home_and_shell(pw)
+        self._home, self._shell = fleet_setup.home_and_shell(pw)
         self.python = fleet_setup.node_python()
         self.python_real = os.path.realpath(self.python)
         self._own_root = False
@@ -219,6 +227,7 @@ class SimFleet:
                 node.create_sudo(self.lib_dir, self.python, self._sudo_rule)
             if self.runtimes:
                 node.create_runtimes(self.lib_dir, self.python)
+            node.runtime_names = self._listed
             self.nodes.append(node)
         self._driver = Driver([str(n.state_dir) for n in self.nodes], self._reap)
         self._driver.start()
@@ -357,7 +366,8 @@ class SimFleet:
             home=self._home,
             shell=self._shell,
             workdir=node.dir,
-            path_dirs=tuple(
+            path_dirs=self._path_dirs
+            + tuple(
                 str(d)
                 for d, on in ((node.sudo_dir, node.sudo), (node.runtime_dir, node.runtimes))
                 if on
@@ -430,19 +440,3 @@ def _check_options(
         raise UsageError("hidepid needs view_user: root sees every process anyway")
     if view_user is not None and os.geteuid() != 0:
         raise UsageError("view_user needs root (to start sessions as another user)")
-
-
-def _account(view_user: str | None) -> pwd.struct_passwd:
-    """Return the account SSH sessions log in as: ``view_user``, or the effective user."""
-    try:
-        return pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
-    except KeyError:
-        raise UsageError(f"no such user {view_user!r}") from None
-
-
-def _home_and_shell(pw: pwd.struct_passwd) -> tuple[str, str]:
-    """Return the sessions' home (``/`` if missing) and shell (``/bin/sh`` if it is no login)."""
-    home = pw.pw_dir if pw.pw_dir and os.path.isdir(pw.pw_dir) else "/"
-    shell = pw.pw_shell
-    ok = shell and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false"))
-    return home, shell if ok else "/bin/sh"

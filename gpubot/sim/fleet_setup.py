@@ -5,14 +5,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pwd
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from gpubot.errors import SimError
+from gpubot.errors import SimError, UsageError
+from gpubot.sim.inventory import RUNTIMES
 
 # The standalone modules (standard library only) that nodes run as ``gpusim.*``.
 STANDALONE = ("simstate.py", "nvidia_smi.py", "smi_faults.py", "workload.py", "sudo.py",
@@ -87,3 +90,48 @@ def become_subreaper() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
     except (OSError, AttributeError) as exc:
         raise SimError(f"cannot become a child subreaper: {exc}") from None
+
+
+def account(view_user: str | None) -> pwd.struct_passwd:
+    """Return the account SSH sessions log in as: ``view_user``, or the effective user."""
+    try:
+        return pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
+    except KeyError:
+        raise UsageError(f"no such user {view_user!r}") from None
+
+
+def home_and_shell(pw: pwd.struct_passwd) -> tuple[str, str]:
+    """Return the sessions' home (``/`` if missing) and shell (``/bin/sh`` if it is no login)."""
+    home = pw.pw_dir if pw.pw_dir and os.path.isdir(pw.pw_dir) else "/"
+    shell = pw.pw_shell
+    ok = shell and os.access(shell, os.X_OK) and not shell.endswith(("nologin", "false"))
+    return home, shell if ok else "/bin/sh"
+
+
+def runtime_options(
+    runtimes: bool | Sequence[str], session_path: Sequence[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Check ``SimFleet``'s ``runtimes`` and ``session_path``; return what the inventory lists
+    and the directories put first on a session's PATH (``UsageError`` for a bad value)."""
+    return runtime_names(runtimes, RUNTIMES), path_dirs(session_path)
+
+
+def runtime_names(runtimes: bool | Sequence[str], known: Sequence[str]) -> tuple[str, ...]:
+    """Return the runtimes the inventory lists: all ``known`` for True, none for False, else
+    the names given (each one of ``known``); ``UsageError`` for anything else."""
+    if isinstance(runtimes, bool):
+        return tuple(known) if runtimes else ()
+    if isinstance(runtimes, str) or not all(r in known for r in runtimes) or not runtimes:
+        raise UsageError(f"runtimes must be True, False or names from {list(known)}: {runtimes!r}")
+    return tuple(dict.fromkeys(runtimes))
+
+
+def path_dirs(dirs: Sequence[str]) -> tuple[str, ...]:
+    """Return ``dirs`` (for a session's PATH) as absolute paths; ``UsageError`` for a bad one."""
+    if isinstance(dirs, str):
+        raise UsageError(f"session_path must be a list of directories, not {dirs!r}")
+    out = tuple(str(d) for d in dirs)
+    for d in out:
+        if not os.path.isabs(d) or ":" in d or not os.path.isdir(d):
+            raise UsageError(f"session_path: not an absolute directory for PATH: {d!r}")
+    return out

@@ -70,7 +70,11 @@ def config_text(
             f"nvidia_smi = {q(n.nvidia_smi)}",
             f"driver_dir = {q(n.driver_dir)}",
             *(["sudo = true"] if n.sudo else []),
-            *([f"runtimes = [{', '.join(q(r) for r in RUNTIMES)}]"] if n.runtimes else []),
+            *(
+                [f"runtimes = [{', '.join(q(r) for r in n.runtime_names)}]"]
+                if n.runtime_names
+                else []
+            ),
             f'groups = ["sim", "{parity}"]',
             "",
         ]

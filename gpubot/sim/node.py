@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.errors import UsageError
-from gpubot.sim import node_layout, runtime_registry, runtimes, simstate, smi_faults
+from gpubot.sim import adopt, node_layout, runtime_registry, runtimes, simstate, smi_faults
 from gpubot.sim.cgroups import make_spec
 from gpubot.sim.host import NodeHost
 from gpubot.sim.node_layout import bus_id, gpu_uuid
@@ -66,6 +66,7 @@ class SimNode:
         # The docker/podman/crictl/scontrol/scancel/systemctl stand-ins (``runtimes=True``).
         self.runtimes = False
         self.runtime_dir = self.dir / "runtime-bin"
+        self.runtime_names: tuple[str, ...] = ()  # what the inventory lists (real or stand-ins)
         self.port = 0
         self._initial_delay = release_delay_s
         self._seq = itertools.count(1)  # next() is atomic: control threads may spawn at once
@@ -235,6 +236,26 @@ class SimNode:
             runtime_registry.register(str(self.state_dir), identify(w, spec, placement, pw))
         return w
 
+    def adopt(self, pid: int, gpu: int, mib: int, util_pct: int = 50) -> Workload:
+        """Make ``pid``, a process the fleet did not start (a real container's or Slurm job's)
+        that holds GPU ``gpu``'s device file open, a compute app using ``mib`` there.
+
+        The driver watches it and frees its memory ``release_delay_s`` after it dies, as for a
+        spawned workload; the fleet never signals it (see ``gpubot.sim.adopt``).
+        """
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < self.gpus:
+            raise UsageError(f"{self.name}: no GPU {gpu!r}")
+        if isinstance(mib, int) and mib > self.memory_mib:
+            raise UsageError(f"{self.name}: {mib} MiB is more than a GPU holds")
+        rec = adopt.record(self.name, pid, gpu, mib, util_pct, self.device(gpu))
+        ticks, user, name = rec["start_ticks"], rec["user"], rec["name"]
+        with simstate.transaction(str(self.state_dir)) as state:
+            if any((a["pid"], a["start_ticks"]) == (pid, ticks) for a in state["allocs"]):
+                raise UsageError(f"{self.name}: pid {pid} holds a GPU of this node already")
+            state["allocs"].append(rec)
+        self.fleet.watch(str(self.state_dir), pid, ticks)
+        return Workload(self.name, pid, ticks, gpu, mib, adopt.BEHAVIOUR, user, name, _node=self)
+
     def daemon_exe(self, name: str) -> str:
         """Return ``<node dir>/sbin/<name>``, a copy of the interpreter, made on first use."""
         node_layout.check_exe_name(name, "executable")
@@ -400,13 +421,14 @@ class SimNode:
             state["overrides"] = {"gpu": {}, "apps": {}}
 
     def live_pids(self) -> list[tuple[int, int]]:
-        """Return ``(pid, start ticks)`` of every live registered process of this node."""
+        """Return ``(pid, start ticks)`` of every live process this node started (an adopted
+        process is its runtime's: left out)."""
         with simstate.locked(str(self.state_dir)):
             st = simstate.load(str(self.state_dir))
         return [
             (a["pid"], a["start_ticks"])
             for a in st["allocs"]
-            if simstate.is_alive(a["pid"], a["start_ticks"])
+            if not a.get("adopted") and simstate.is_alive(a["pid"], a["start_ticks"])
         ]
 
     def stuck_smi(self) -> list[tuple[int, int]]:
