@@ -13,9 +13,9 @@ Namer = Callable[[Workload], Workload | None]
 
 
 def attribute(
-    snap: NodeSnapshot, owner_label: str | None, named: Mapping[tuple[str, str], Workload] = {}
+    snap: NodeSnapshot, owner_label: str | None, named: Mapping[tuple[str, str, str], Workload] = {}
 ) -> NodeSnapshot:
-    """Return ``snap`` with each process's workload named (from ``named``, by kind and id) and
+    """Return ``snap`` with each process's workload named (from ``named``, by ``Workload.key``) and
     owned (``core.workload.decide_owner``, uid names from the snapshot's own processes)."""
     uid_names = {p.uid: p.user for p in snap.processes if p.uid is not None and p.user}
     uid_names |= {p.uid: p.user for p in snap.ctl_only if p.uid is not None and p.user}
@@ -23,7 +23,7 @@ def attribute(
     def one(w: Workload | None) -> Workload | None:
         if w is None:
             return None
-        w = named.get((str(w.kind), w.id), w)
+        w = named.get(w.key, w)
         return decide_owner(w, uid_names, owner_label)
 
     procs = tuple(_with(p, one(p.workload)) for p in snap.processes)

@@ -66,6 +66,13 @@ class Workload:
         return replace(self, detail=tuple(sorted(keep.items())))
 
     @property
+    def key(self) -> tuple[str, str, str]:
+        """Return what tells two workloads apart: kind, id and, for a rootless container, its
+        user. A user names the cgroups of their own subtree freely, so a rootless container may
+        carry a root container's id: by kind and id alone the two would be one workload."""
+        return str(self.kind), self.id, (self.get("uid") or "") if self.get("rootless") else ""
+
+    @property
     def short(self) -> str:
         """Return a short label for tables: ``docker:train-llama``, ``slurm:8812.0``."""
         if self.kind is WorkloadKind.SLURM:

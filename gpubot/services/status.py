@@ -157,11 +157,12 @@ class StatusService:
         named = await self.names(node, snap) if names and node.runtimes else {}
         return attribute(snap, label, named)
 
-    async def names(self, node: NodeConfig, snap: NodeSnapshot) -> dict[tuple[str, str], Workload]:
+    async def names(
+        self, node: NodeConfig, snap: NodeSnapshot
+    ) -> dict[tuple[str, str, str], Workload]:
         """Look up the names of ``snap``'s workloads with the node's runtimes (fails soft)."""
         cfg = self.settings.attribution
-        workloads = {(str(p.workload.kind), p.workload.id): p.workload
-                     for p in snap.processes if p.workload is not None}  # fmt: skip
+        workloads = {p.workload.key: p.workload for p in snap.processes if p.workload is not None}
         targets = {key: enrich_target(w) for key, w in workloads.items()}
         asked: dict[str, list[str]] = {}
         for t in targets.values():
@@ -183,7 +184,7 @@ class StatusService:
         found = dict(zip(asked, await asyncio.gather(*(one(r, i) for r, i in asked.items())),
                          strict=True))  # fmt: skip
         uid_names = {p.uid: p.user for p in snap.processes if p.uid is not None and p.user}
-        out: dict[tuple[str, str], Workload] = {}
+        out: dict[tuple[str, str, str], Workload] = {}
         for key, w in workloads.items():
             t = targets[key]
             if t is not None and t[0] in node.runtimes:

@@ -37,16 +37,11 @@ def as_planned(plan: ResetPlan, w: Workload | None) -> Workload | None:
     if w is None:
         return None
     same = (t.workload for t in plan.targets if t.workload is not None)
-    return next((x for x in same if (x.kind, x.id) == (w.kind, w.id)), w)
+    return next((x for x in same if x.key == w.key), w)
 
 
 def _of(before: NodeSnapshot, w: Workload) -> list[Any]:
-    key = (w.kind, w.id)
-    return [
-        p
-        for p in before.processes
-        if p.workload is not None and (p.workload.kind, p.workload.id) == key
-    ]
+    return [p for p in before.processes if p.workload is not None and p.workload.key == w.key]
 
 
 def whole_in_plan(plan: ResetPlan, before: NodeSnapshot, w: Workload) -> bool:
@@ -95,9 +90,9 @@ async def stop_respawned(
     each GPU whose workload was not stopped, why."""
     ran = False
     notes: dict[int, str] = {}
-    done: dict[tuple[str, str], str | None] = {}
+    done: dict[tuple[str, str, str], str | None] = {}
     for gpu, w in sorted(run.respawned.items()):
-        key = (str(w.kind), w.id)
+        key = w.key
         if key not in done:
             argv = stop_argv(w)
             done[key] = None if argv is None else await _stop_one(run, plan, before, gpu, w, argv)
