@@ -40,25 +40,35 @@ CLK_TCK = 100
 
 # The marker printer, and the helpers every script shares. ``rd FILE``: the file's text (at most
 # 8 KiB, without its last newline) in R, empty when unreadable. ``esc TEXT``: TEXT escaped as
-# "=..." in R (at most 4096 bytes of it). ``nm X``: X when it is a number, else "-", in N.
+# "=..." in R (at most 4096 bytes of it: the cap comes before any escaping). ``nm X``: X when it
+# is a number, else "-", in N. ``over``: true past the probe's time budget (DL, microseconds since
+# the epoch, or SECONDS since the script began where bash has no EPOCHREALTIME; none when empty).
 _COMMON = r"""m() { printf '\n@gpubot %s\n' "$*"; }
 set -f
 LC_ALL=C
 TCK=CLK_TCK_VALUE
 E1='\134' E2='\040' E3='\012' E4='\011'
 rd() { R=; { IFS= read -r -N 8192 R <"$1"; } 2>/dev/null; R=${R%$'\n'}; }
-esc() {
-  local s=$1 o= c i n
-  (( ${#s} > 4096 )) && s=${s:0:4096}
-  s=${s//\\/"$E1"}; s=${s// /"$E2"}; s=${s//$'\n'/"$E3"}; s=${s//$'\t'/"$E4"}
-  if [[ $s == *[!\!-~]* ]]; then
-    for (( i = 0, n = ${#s}; i < n; i++ )); do
-      c=${s:i:1}
-      case $c in [\!-~]) o+=$c ;; *) printf -v c '\\%03o' "'$c"; o+=$c ;; esac
-    done
-    s=$o
-  fi
-  R="=$s"
+esc() { P=("${1:0:4096}"); esc_all; R="=${P[0]}"; }
+# Escapes every element of the caller's array P in place. Each byte outside printable ASCII costs
+# one substitution over the whole array (at most 161 distinct bytes), never a step per byte: 4 KiB
+# of non-ASCII text took 0.6 s a process byte by byte, so 40 such processes stalled the probe.
+esc_all() {
+  local j c x
+  P=("${P[@]//\\/"$E1"}"); P=("${P[@]// /"$E2"}")
+  P=("${P[@]//$'\n'/"$E3"}"); P=("${P[@]//$'\t'/"$E4"}")
+  printf -v j '%s' "${P[@]}"
+  while [[ $j == *[!\!-~]* ]]; do
+    x=${j%%[!\!-~]*}; c=${j:${#x}:1}
+    printf -v x '\\%03o' "'$c"
+    P=("${P[@]//"$c"/"$x"}"); j=${j//"$c"/}
+  done
+}
+over() {
+  [[ -n $DL ]] || return 1
+  local t=${EPOCHREALTIME//[!0-9]/}
+  [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
+  (( 10#$t > DL ))
 }
 nm() { case $1 in ''|*[!0-9]*) N=- ;; *) N=$1 ;; esac; }
 # A /proc/PID/stat text's fields after its name (which may hold anything but ends at the last
@@ -75,22 +85,21 @@ lines() { local IFS=$'\n'; L=($1); }
 #   g PID                                 (it exited: stat or status could not be read)
 #   u UID =NAME|!                         (once for every EUID seen)
 # Every PID argument gets exactly one p or g line, in argument order.
-_PROCS = r"""argv_of() {  # /proc/PID/cmdline escaped (NUL as \000) in R
-  local a o= n=0
-  while :; do
-    if IFS= read -r -d '' a; then
-      esc "$a"; o+=${R#=}'\000'; (( n += ${#a} + 1 ))
-      (( n > 4096 )) && break
-    else
-      [[ -n $a ]] && { esc "$a"; o+=${R#=}; }
-      break
-    fi
+_PROCS = r"""argv_of() {  # /proc/PID/cmdline escaped (each NUL as \000) in R: 64 args, 4096 bytes
+  local a n=0
+  local -a P=()
+  while (( n < 4096 && ${#P[@]} < 64 )); do
+    if IFS= read -r -d '' -n $(( 4096 - n )) a; then P+=("$a"); (( n += ${#a} + 1 ))
+    else [[ -n $a ]] && P+=("$a"); break; fi
   done 2>/dev/null <"$1"
-  R="=$o"
+  R==
+  (( ${#P[@]} )) || return 0
+  esc_all
+  printf -v R '%s\\000' "${P[@]}"; R="=$R"
 }
 procs() {
   local seen=' ' list= p d st sts x up cm cmd ex cg wc e ru eu uids=' ' name u
-  local -a F U
+  local -a F U P
   for p in "$@"; do
     case $p in ''|*[!0-9]*) continue ;; esac
     case $seen in *" $p "*) continue ;; esac
@@ -103,6 +112,7 @@ procs() {
   [[ $up =~ ^[0-9]+(\.[0-9]+)?$ ]] || up=-
   printf 'c %s %s\n' "$TCK" "$up"
   for p in $list; do
+    over && { m over "$B" procs; m end; exit 0; }
     d=/proc/$p
     rd "$d/stat"; st=$R
     rd "$d/status"; sts=$R
@@ -202,6 +212,15 @@ query() {
 # A hung driver leaves nvidia-smi in the kernel (state D), where no kill reaches it: each new query
 # would leave one more. One of ours stuck, or older than our own limit: ask nothing. What pgrep -x
 # did, with builtins: each process's comm, then the rest only for a copy of nvidia-smi.
+#
+# "Ours" only by facts no other user can fake (own_query): the process's real, effective and saved
+# uids are all the probe's, and its argv is exactly one of this probe's queries ("$smi" and the
+# constant arguments, after at most an interpreter and its one option: a "#!" script). A setuid
+# program keeps its caller's real uid, so a user's setuid-root program named nvidia-smi never
+# counts, whatever its argv; only root or gpubot's own account can set all three uids, and the argv
+# then tells our queries from that account's other nvidia-smi (dmon, -l 5, another query). No file
+# of started PIDs: it would need a place on every node that only gpubot's account can write, and
+# that survives the probe, is cleaned up, and is not shared between nodes (an NFS home).
 _STUCK = r"""uptime_ticks() {  # /proc/uptime ("12345.67") in clock ticks, in up
   local i f
   up=0; { read -r up _ </proc/uptime; } 2>/dev/null
@@ -209,23 +228,33 @@ _STUCK = r"""uptime_ticks() {  # /proc/uptime ("12345.67") in clock ticks, in up
   i=${BASH_REMATCH[1]} f=${BASH_REMATCH[3]}00
   up=$(( (10#$i * 100 + 10#${f:0:2}) * TCK / 100 ))
 }
+own_query() {  # the caller's uids (U) are the probe's and its argv (A) is one of our queries
+  local i n
+  [[ -n $me && ${U[0]} == "$me" && ${U[1]} == "$me" && ${U[2]} == "$me" ]] || return 1
+  for (( i = 0; i < 3 && i < ${#A[@]}; i++ )); do
+    [[ ${A[i]} == "$smi" ]] || continue
+    n=$(( ${#A[@]} - i - 1 ))  # as many arguments as the query, and the same ones, in order
+    (( n == ${#AQ[@]} )) && [[ "${A[*]:i+1}" == "${AQ[*]}" ]] && return 0
+    (( n == ${#GQ[@]} )) && [[ "${A[*]:i+1}" == "${GQ[*]}" ]] && return 0
+    (( n == ${#GQ[@]} + 2 )) && [[ "${A[*]:i+1:n-2}" == "${GQ[*]}" && ${A[i+n-1]} == -i \
+      && ${A[i+n]} =~ ^[0-9,]+$ ]] && return 0
+  done
+  return 1
+}
 stuck_smi() {
-  local d c p s x a mine lim=$(( 2 * ${T%%.*} + 2 )) up= age out=
-  local -a dirs F U
+  local d c p s x lim=$(( 2 * ${T%%.*} + 2 )) up= age out=
+  local -a dirs F U A
   set +f; dirs=(/proc/[0-9]*); set -f
   for d in "${dirs[@]}"; do
+    over && { m over "$B" stuck; m end; exit 0; }
     [[ -O $d ]] || continue  # a process of ours: a stat, cheaper than reading its name
     c=; { IFS= read -r c <"$d/comm"; } 2>/dev/null
     [[ $c == nvidia-smi ]] || continue
     rd "$d/stat"; s=$R; rd "$d/status"; x=$R
     [[ $s == *')'* ]] || continue
-    uid_fields "$x"; [[ -n ${U[1]} && ${U[1]} == "$me" ]] || continue
-    # ours, started as this probe starts it: "$smi" is one of its arguments (argv[0], or the
-    # script's path after its interpreter)
-    mine=
-    while IFS= read -r -d '' a; do [[ $a == "$smi" ]] && { mine=1; break; }; done 2>/dev/null \
-      <"$d/cmdline"
-    [[ -n $mine ]] || continue
+    uid_fields "$x"
+    A=(); { mapfile -t -d '' -n 8 A <"$d/cmdline"; } 2>/dev/null
+    own_query || continue
     fields "$s"
     [[ ${F[0]} == [ZX] || ! ${F[19]} =~ ^[0-9]+$ ]] && continue
     [[ -n $up ]] || uptime_ticks
@@ -238,15 +267,18 @@ stuck_smi() {
 """
 
 # fuser -v: the table goes out without its COMMAND column (the process's own name: read from
-# /proc instead, escaped); the PIDs (the field before ACCESS) collect in FP for the /proc read.
+# /proc instead, escaped); the PIDs (the field before ACCESS) of a GPU's device file collect in FP
+# for the /proc read. A holder of only {prefix}ctl or {prefix}-uvm is never a target: its row goes
+# out (the parser counts it) but its /proc is never read, so any number of them costs no /proc work.
 # Without root, fuser cannot look into the processes of other users: count them (PID 1 aside,
 # which a container root cannot look into either, and which holds no GPU), never drop them.
 _FUSER = r"""fuser_table() {
-  local line o i q blind=' ' nb=0
+  local line o i q blind=' ' nb=0 ctl=0
   local -a F
   FP=
   lines "$1"
   for line in "${L[@]}"; do
+    over && { m over "$B" fuser; m end; exit 0; }
     case $line in
       'Cannot stat file /proc/'[0-9]*/*)
         q=${line#'Cannot stat file /proc/'}; q=${q%%/*}
@@ -256,6 +288,9 @@ _FUSER = r"""fuser_table() {
     esac
     F=($line)
     [[ ${F[0]} == USER && ${F[1]} == PID && ${F[2]} == ACCESS ]] && continue
+    if [[ $line != ' '* ]]; then  # a file's first row: which file the rows below are about
+      ctl=0; [[ $line == "${pre}ctl:"* || $line == "${pre}-uvm:"* ]] && ctl=1
+    fi
     for (( i = 1; i < ${#F[@]}; i++ )); do
       [[ ${F[i]} == [.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM] \
          && ${F[i-1]} =~ ^[0-9]+$ ]] && break
@@ -264,7 +299,7 @@ _FUSER = r"""fuser_table() {
     o=${F[0]}; [[ $line == ' '* ]] && o="  $o"
     o+=" ${F[*]:1:i}"
     printf '%s\n' "$o"
-    FP+=" ${F[i-1]}"
+    (( ctl )) || FP+=" ${F[i-1]}"
   done
   (( nb )) && printf '~unseen %s\n' "$nb"
   return 0
@@ -272,9 +307,9 @@ _FUSER = r"""fuser_table() {
 """
 
 
-def _smi(argv: list[str]) -> str:
-    # The queries are constants; only "$smi" (and -i "$idx") vary and are quoted.
-    return '"$smi" ' + " ".join(argv[1:])
+def _args(argv: list[str]) -> str:
+    # The queries are constants (bash arrays GQ and AQ); only "$smi" and "$idx" vary, quoted.
+    return " ".join(argv[1:])
 
 
 PROBE_SCRIPT = (
@@ -284,9 +319,15 @@ PROBE_SCRIPT = (
     + _QUERY
     + _STUCK
     + _FUSER
-    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8
-shift 8
+    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8 B=$9
+shift 9
 extra=$*
+# The time budget (B ms): past it the probe writes "over" and stops; the parser takes the rest
+# of the node's answer for unknown, never for a timeout or for "no holders".
+t=${EPOCHREALTIME//[!0-9]/}; [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
+DL=; [[ $B =~ ^[0-9]+$ ]] && DL=$(( 10#$t + 10#$B * 1000 ))
+GQ=(GPU_Q)
+AQ=(APPS_Q)
 exec 4>&1
 PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions
 m probe "$T" "${idx:--}"
@@ -298,13 +339,13 @@ if [[ $mode == smi ]]; then
   stuck_smi
   if [[ -n $R ]]; then m stuck; printf '%s' "$R"; m end; exit 0; fi
   m gpus-err
-  if [[ -n $idx ]]; then query GPU_Q -i "$idx"; else query GPU_Q; fi
+  if [[ -n $idx ]]; then query "$smi" "${GQ[@]}" -i "$idx"; else query "$smi" "${GQ[@]}"; fi
   m gpus "$S"; printf '%s\n' "$Q"
   case $S in 0|14|15) ;; *) m end; exit 0 ;; esac  # 14: infoROM warning, 15: a GPU lost
   g=$Q
   [[ -n $idx ]] || { firsts "$g"; idx=$R; }
   m apps-err
-  query APPS_Q
+  query "$smi" "${AQ[@]}"
   m apps "$S"; printf '%s\n' "$Q"
   case $S in 0|14|15) ;; *) m end; exit 0 ;; esac
   firsts "$Q"; extra+=" $R"
@@ -351,8 +392,8 @@ done 2>/dev/null </proc/mounts
 m view "$hp" "${me:--}"
 procs $extra $FP
 m end
-""".replace("GPU_Q", _smi(gpu_query_argv("nvidia-smi"))).replace(
-        "APPS_Q", _smi(apps_query_argv("nvidia-smi"))
+""".replace("GPU_Q", _args(gpu_query_argv("nvidia-smi"))).replace(
+        "APPS_Q", _args(apps_query_argv("nvidia-smi"))
     )
 )
 
