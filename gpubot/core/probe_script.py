@@ -307,6 +307,28 @@ _FUSER = r"""fuser_table() {
 """
 
 
+# A probe gpubot gave up on must not go on: OpenSSH's sshd passes no signal on and keeps the
+# session's processes when the channel closes, which the script only sees when it next writes
+# (and a query may wait T seconds first). The watchdog, a fork (no program), writes an empty line
+# to stderr every half second (read -t on a pipe of its own is its sleep); once that write fails,
+# the channel is gone: it kills the probe's process group (the probe leads one under sshd, the
+# simulator's server and the local transport), or the probe alone where it leads none. The probe
+# kills it on exit.
+_WATCHDOG = r"""watchdog() {
+  local w g x
+  trap '' PIPE
+  exec >/dev/null {w}<> <(:)
+  rd "/proc/$$/stat"; x=${R##*')'}; x=($x); g=${x[2]}
+  while :; do
+    read -r -t 0.5 -u "$w" _
+    printf '\n' >&2 2>/dev/null || break
+  done
+  [[ $g == "$$" ]] && kill -KILL 0
+  kill -KILL "$$"
+}
+"""
+
+
 def _args(argv: list[str]) -> str:
     # The queries are constants (bash arrays GQ and AQ); only "$smi" and "$idx" vary, quoted.
     return " ".join(argv[1:])
@@ -319,6 +341,7 @@ PROBE_SCRIPT = (
     + _QUERY
     + _STUCK
     + _FUSER
+    + _WATCHDOG
     + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8 B=$9
 shift 9
 extra=$*
@@ -328,6 +351,9 @@ t=${EPOCHREALTIME//[!0-9]/}; [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
 DL=; [[ $B =~ ^[0-9]+$ ]] && DL=$(( 10#$t + 10#$B * 1000 ))
 GQ=(GPU_Q)
 AQ=(APPS_Q)
+watchdog &
+wd=$!
+trap 'kill -KILL "$wd" 2>/dev/null' EXIT
 exec 4>&1
 PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions
 m probe "$T" "${idx:--}"
