@@ -130,9 +130,15 @@ class Holders:
         try:
             t = time.monotonic()
             for _ in range(self.count):
-                self.procs.append(subprocess.Popen([argv0, "600"], executable="/bin/sleep",
-                                                   user=self.user, pass_fds=fds,
-                                                   stdin=subprocess.DEVNULL))  # fmt: skip
+                self.procs.append(
+                    subprocess.Popen(
+                        [argv0, "600"],
+                        executable="/bin/sleep",
+                        user=self.user,
+                        pass_fds=fds,
+                        stdin=subprocess.DEVNULL,
+                    )
+                )
             self.spawn_s = time.monotonic() - t
         except BaseException:
             self.__exit__(None, None, None)
@@ -142,8 +148,9 @@ class Holders:
                 os.close(fd)
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         for p in self.procs:
             p.kill()
         for p in self.procs:

@@ -49,15 +49,23 @@ LIM_S = 4.5
 
 
 @pytest.fixture(scope="module")
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-          sim_users: tuple[str, ...]) -> Iterator[SimFleet]:  # fmt: skip
+def fleet(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    sim_users: tuple[str, ...],
+) -> Iterator[SimFleet]:
     """``root``: asyncssh, logged in as root; ``view``: as gpusim-bob; ``sshd``: OpenSSH, root."""
     kind = getattr(request, "param", "root")
     opts: dict[str, Any] = {"server": "sshd"} if kind == "sshd" else {}
     if kind == "view":
         opts["view_user"] = sim_users[1]
-    with SimFleet(tmp_path_factory.mktemp(f"hostile-probe-{kind}"), nodes=1, gpus=2,
-                  release_delay_s=0.3, **opts) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp(f"hostile-probe-{kind}"),
+        nodes=1,
+        gpus=2,
+        release_delay_s=0.3,
+        **opts,
+    ) as f:
         yield f
 
 
@@ -77,8 +85,7 @@ async def probe_with(settings: Settings, script: str | None = None, **kw: Any) -
     transport = SshTransport(settings.ssh)
     try:
         if script is None:
-            return await probe_node(transport, cfg, smi_timeout_s=T, taken_at=1.0,
-                                    timeout=timeout)  # fmt: skip
+            return await probe_node(transport, cfg, smi_timeout_s=T, taken_at=1.0, timeout=timeout)
         argv = probe_argv(cfg, smi_timeout_s=T, **kw)
         argv[2] = script
         return parse_probe(cfg, await transport.run(cfg, argv, timeout=timeout), 1.0)
@@ -107,14 +114,18 @@ async def test_a_setuid_program_named_nvidia_smi_never_blinds_the_node(
     # took for ours on a non-root login): alice runs both, argv[0] gpubot's nvidia-smi path.
     alice, me = sim_users[0], login(fleet)
     with setuid_folder() as folder:
-        fakes = {owner: fake_smi(folder, owner, alice, [node.nvidia_smi, "600"])
-                 for owner in dict.fromkeys(["root", me])}  # fmt: skip
+        fakes = {
+            owner: fake_smi(folder, owner, alice, [node.nvidia_smi, "600"])
+            for owner in dict.fromkeys(["root", me])
+        }
         try:
             for owner, p in fakes.items():
                 status = Path(f"/proc/{p.pid}/status").read_text()
                 uids = next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1:]
-                assert uids[:3] == [str(pwd.getpwnam(alice).pw_uid),
-                                    *[str(pwd.getpwnam(owner).pw_uid)] * 2]  # fmt: skip
+                assert uids[:3] == [
+                    str(pwd.getpwnam(alice).pw_uid),
+                    *[str(pwd.getpwnam(owner).pw_uid)] * 2,
+                ]
             aged([p.pid for p in fakes.values()])
             snap = await probe_with(settings)
             assert len(snap.gpus) == 2 and all(alive(p.pid) for p in fakes.values())
@@ -139,9 +150,15 @@ async def test_another_nvidia_smi_of_gpubots_own_account_never_blinds_the_node(
         (folder / args[-1]).write_text("read -r _\n")
         (folder / args[-1]).chmod(0o644)
         (folder / "nvidia-smi").symlink_to("/bin/bash")
-        p = subprocess.Popen([node.nvidia_smi, *args], executable=folder / "nvidia-smi",
-                             cwd=folder, user=login(fleet), stdin=subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        p = subprocess.Popen(
+            [node.nvidia_smi, *args],
+            executable=folder / "nvidia-smi",
+            cwd=folder,
+            user=login(fleet),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             aged([p.pid])
             assert Path(f"/proc/{p.pid}/comm").read_text() == "nvidia-smi\n" and alive(p.pid)
@@ -185,9 +202,12 @@ def holders(node: SimNode, sim_users: tuple[str, ...]) -> Iterator[Holders]:
 
 
 async def test_200_ctl_only_holders_cost_the_probe_nothing(
-    settings: Settings, engine: ResetService, node: SimNode, holders: Holders,
+    settings: Settings,
+    engine: ResetService,
+    node: SimNode,
+    holders: Holders,
     sim_users: tuple[str, ...],
-) -> None:  # fmt: skip
+) -> None:
     job = node.spawn(gpu=0, mib=30000, user=sim_users[0])  # alice's own 30 GB job
     limit = settings.ssh.command_timeout_s
     t = time.monotonic()
@@ -211,8 +231,9 @@ async def test_the_old_path_stalls_on_200_ctl_only_holders_and_is_left_running_n
     # Control: /proc read for every holder, escaped byte by byte, no budget: no answer in 10 s.
     t = time.monotonic()
     with pytest.raises(CommandTimeout):
-        await probe_with(settings, old_script(escaping=True, reading=True), budget_s=1000,
-                         timeout=10)  # fmt: skip
+        await probe_with(
+            settings, old_script(escaping=True, reading=True), budget_s=1000, timeout=10
+        )
     assert time.monotonic() - t < 20
     wait_until(lambda: probe_processes(node) == [], 10, "the abandoned probe to end")
 

@@ -188,16 +188,31 @@ def test_script_is_constant_and_values_are_arguments() -> None:
     b = probe_argv(plain, smi_timeout_s=10)
     assert a[:4] == b[:4] == ["bash", "-c", PROBE_SCRIPT, "gpubot-probe"]
     drv = "/proc/driver/nvidia"
-    assert a[4:] == [nasty.nvidia_smi, nasty.dev_prefix, "2.5", "sudo", "smi", "0,3", drv, "",
-                     "6000"]  # fmt: skip
+    assert a[4:] == [
+        nasty.nvidia_smi,
+        nasty.dev_prefix,
+        "2.5",
+        "sudo",
+        "smi",
+        "0,3",
+        drv,
+        "",
+        "6000",
+    ]
     assert b[4:] == ["nvidia-smi", "/dev/nvidia", "10", "-", "smi", "", drv, "", "21000"]
     # No per-call secret: anyone on the node may read this argv; two calls are identical.
     assert probe_argv(plain, smi_timeout_s=10) == b
     assert "nvidia" not in PROBE_SCRIPT.replace("nvidia-smi", "").replace("--query", "")
     assert "*" not in PROBE_SCRIPT.split("fuser -v")[1].split("\n")[0]  # never a glob
-    assert probe_argv(plain, smi_timeout_s=1, gpu_indices=[1], skip_smi=True,
-                      pids=[7, 9], minors=[4], budget_s=2.5)[8:] == ["nvml", "1", drv, "4", "2500",
-                                                            "7", "9"]  # fmt: skip
+    assert probe_argv(
+        plain,
+        smi_timeout_s=1,
+        gpu_indices=[1],
+        skip_smi=True,
+        pids=[7, 9],
+        minors=[4],
+        budget_s=2.5,
+    )[8:] == ["nvml", "1", drv, "4", "2500", "7", "9"]
     assert "process_name" not in PROBE_SCRIPT  # a process's own say about its name
 
 
@@ -367,8 +382,10 @@ def test_another_users_nvidia_smi_never_stops_the_probe(box: Box) -> None:
     shutil.copy(shutil.which("sleep") or "/bin/sleep", fake)
     fake.chmod(0o755)
     argv = [box.node.nvidia_smi, "60"]
-    procs = [subprocess.Popen(argv, executable=fake, user="nobody"),
-             subprocess.Popen(argv, executable=fake)]  # fmt: skip
+    procs = [
+        subprocess.Popen(argv, executable=fake, user="nobody"),
+        subprocess.Popen(argv, executable=fake),
+    ]
     try:
         time.sleep(2.5)  # older than the limit of a 0.3 s query: 2 × 0 + 2 s
         box.set(gpus=gpus_text(), apps="")
