@@ -9,6 +9,12 @@ nvidia-smi (no ``pgrep``), the filter of fuser's table, the ``/proc`` reads and 
 such as LDAP's). ``readlink`` runs only for a process of a system account (a daemon's executable
 is what protects it, and bash cannot read a link). A GPU with no processes costs no ``/proc`` work.
 
+Bounded whatever the node holds (issue 21): a holder of only ``nvidiactl``/``nvidia-uvm`` is never
+a target and is counted from fuser's table, never read; the text escaped per field is capped
+before any escaping (4096 bytes; argv 64 arguments), and escaping costs one substitution per
+distinct byte, not a step per byte; past its time budget the script writes ``over`` and stops (the
+parser: the node's answer is unknown); a watchdog (a fork) ends the probe once its channel is gone.
+
 Everything that varies (the nvidia-smi command, the device prefix, GPU indices, PIDs) arrives as
 positional arguments, so no text from a person or a node ever reaches a shell unquoted. There is no
 per-call secret: anyone on the node can read these arguments in ``/proc/PID/cmdline``.
