@@ -56,19 +56,43 @@ TCK=CLK_TCK_VALUE
 E1='\134' E2='\040' E3='\012' E4='\011'
 rd() { R=; { IFS= read -r -N 8192 R <"$1"; } 2>/dev/null; R=${R%$'\n'}; }
 esc() { P=("${1:0:4096}"); esc_all; R="=${P[0]}"; }
-# Escapes every element of the caller's array P in place. Each byte outside printable ASCII costs
-# one substitution over the whole array (at most 161 distinct bytes), never a step per byte: 4 KiB
-# of non-ASCII text took 0.6 s a process byte by byte, so 40 such processes stalled the probe.
+# Escapes every element of the caller's array P in place. Text with bytes outside printable ASCII
+# (and space, tab, newline) goes through printf %q, which writes them as \ooo in C code, and a few
+# substitutions over its ASCII answer turn its $'...' into this format; an answer of any other
+# shape (another bash's %q) takes the slow path: one substitution over the text per distinct byte.
+# Never a step per byte: 4 KiB of non-ASCII text took 0.6 s a process byte by byte, so 40 such
+# processes stalled the probe.
 esc_all() {
-  local j c x
-  P=("${P[@]//\\/"$E1"}"); P=("${P[@]// /"$E2"}")
-  P=("${P[@]//$'\n'/"$E3"}"); P=("${P[@]//$'\t'/"$E4"}")
-  printf -v j '%s' "${P[@]}"
+  local k s q t=$'\t\n'
+  for k in "${!P[@]}"; do
+    s=${P[k]}
+    if [[ $s == *[!\ -~"$t"]* ]]; then
+      printf -v q '%q' "$s"
+      if [[ $q == "\$'"*"'" ]]; then
+        q=${q:2:${#q}-3}
+        q=${q//'\\'/'\134'}; q=${q//"\\'"/"'"}; q=${q// /'\040'}; q=${q//'\n'/'\012'}
+        q=${q//'\t'/'\011'}; q=${q//'\r'/'\015'}; q=${q//'\a'/'\007'}; q=${q//'\b'/'\010'}
+        q=${q//'\E'/'\033'}; q=${q//'\e'/'\033'}; q=${q//'\f'/'\014'}; q=${q//'\v'/'\013'}
+        s=${q//\\[0-3][0-7][0-7]/}
+        [[ $s == *[!\!-~]* || $s == *\\* ]] || { P[k]=$q; continue; }
+        s=${P[k]}
+      fi
+      P[k]=$(esc_slow "$s")
+    else
+      s=${s//\\/"$E1"}; s=${s// /"$E2"}; s=${s//$'\n'/"$E3"}; P[k]=${s//$'\t'/"$E4"}
+    fi
+  done
+}
+esc_slow() {  # $1 escaped, printed: one substitution per distinct byte outside printable ASCII
+  local s=$1 j c x
+  s=${s//\\/"$E1"}; s=${s// /"$E2"}; s=${s//$'\n'/"$E3"}; s=${s//$'\t'/"$E4"}
+  j=$s
   while [[ $j == *[!\!-~]* ]]; do
     x=${j%%[!\!-~]*}; c=${j:${#x}:1}
     printf -v x '\\%03o' "'$c"
-    P=("${P[@]//"$c"/"$x"}"); j=${j//"$c"/}
+    s=${s//"$c"/"$x"}; j=${j//"$c"/}
   done
+  printf '%s' "$s"
 }
 over() {
   [[ -n $DL ]] || return 1
