@@ -105,12 +105,8 @@ def measure(argvs: dict[str, list[str]], repeat: int, cap: float) -> dict[str, s
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.probe_cost")
-    p.add_argument("--holders", type=int, default=200)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--baseline-timeout", type=float, default=60.0)
-    a = p.parse_args(argv)
+def run(count: int = 200, repeat: int = 3, baseline_timeout: float = 60.0) -> list[str]:
+    """Measure every case, before and after; return the report's Markdown lines."""
     old = baseline_script(Path(__file__).resolve().parent.parent)
     rows = []
     with tempfile.TemporaryDirectory() as work, SimFleet(work, nodes=1, gpus=2) as fleet:
@@ -124,17 +120,17 @@ def main(argv: list[str] | None = None) -> int:
             before[2] = old
         cases = {
             "usual (2 GPU processes)": [],
-            f"+ {a.holders} ctl-only holders, 4 KiB non-ASCII argv": [
+            f"+ {count} ctl-only holders, 4 KiB non-ASCII argv": [
                 f"{cfg.dev_prefix}ctl",
                 f"{cfg.dev_prefix}-uvm",
             ],
-            f"+ {a.holders} holders of GPU 0's file, 4 KiB non-ASCII argv": [node.device(0)],
+            f"+ {count} holders of GPU 0's file, 4 KiB non-ASCII argv": [node.device(0)],
         }
         for case, files in cases.items():
-            extra = holders(files, a.holders) if files else []
+            extra = holders(files, count) if files else []
             try:
                 argvs = {"after": new, **({"before": before} if old is not None else {})}
-                got = measure(argvs, a.repeat, a.baseline_timeout)
+                got = measure(argvs, repeat, baseline_timeout)
                 rows.append([case, got.get("before", "-"), got["after"]])
                 print(f"{case}: {got}", file=sys.stderr, flush=True)
             finally:
@@ -143,8 +139,22 @@ def main(argv: list[str] | None = None) -> int:
                     h.wait()
         for j in jobs:
             os.kill(j.pid, 9)
-    print(f"### The probe's cost on one node (median of {a.repeat}, seconds)\n")
-    print(table(["case", f"before ({BASELINE})", "after"], rows))
+    return [
+        f"### The probe's cost on one node (median of {repeat}, seconds)",
+        "",
+        table(["case", f"before ({BASELINE})", "after"], rows),
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the probe's cost benchmark alone; print its table."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.probe_cost")
+    p.add_argument("--holders", type=int, default=200)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--baseline-timeout", type=float, default=60.0)
+    a = p.parse_args(argv)
+    print("\n".join(run(a.holders, a.repeat, a.baseline_timeout)))
     return 0
 
 
