@@ -37,6 +37,7 @@ with a clear error.
 from __future__ import annotations
 
 from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv
+from gpubot.core.probe_guards import STUCK, WATCHDOG
 
 MARK = "@gpubot"
 
@@ -99,6 +100,13 @@ over() {
   local t=${EPOCHREALTIME//[!0-9]/}
   [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
   (( 10#$t > DL ))
+}
+left() {  # seconds left of the budget less $1 ms, in R (an hour without one; at least 0.001)
+  local t=${EPOCHREALTIME//[!0-9]/} x
+  [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
+  x=3600000000; [[ -n $DL ]] && x=$(( DL - 10#$t - ${1:-0} * 1000 ))
+  (( x > 1000 )) || x=1000
+  printf -v R '%d.%06d' $(( x / 1000000 )) $(( x % 1000000 ))
 }
 nm() { case $1 in ''|*[!0-9]*) N=- ;; *) N=$1 ;; esac; }
 # A /proc/PID/stat text's fields after its name (which may hold anything but ends at the last
@@ -215,7 +223,7 @@ query() {
   local fd c= t= r
   Q=
   exec {fd}< <(
-    { printf '%s\n' "$BASHPID"; exec "$@" 2>&4; } &
+    { printf '%s\n' "$BASHPID"; exec "$@" 2>&"${QE:-4}"; } &
     wait "$!"
     printf '\n@rc %s' "$?"
   )
@@ -236,63 +244,6 @@ query() {
   exec {fd}<&-
   S=${Q##*$'\n'@rc }
   Q=${Q%$'\n'@rc *}
-}
-"""
-
-# A hung driver leaves nvidia-smi in the kernel (state D), where no kill reaches it: each new query
-# would leave one more. One of ours stuck, or older than our own limit: ask nothing. What pgrep -x
-# did, with builtins: each process's comm, then the rest only for a copy of nvidia-smi.
-#
-# "Ours" only by facts no other user can fake (own_query): the process's real, effective and saved
-# uids are all the probe's, and its argv is exactly one of this probe's queries ("$smi" and the
-# constant arguments, after at most an interpreter and its one option: a "#!" script). A setuid
-# program keeps its caller's real uid, so a user's setuid-root program named nvidia-smi never
-# counts, whatever its argv; only root or gpubot's own account can set all three uids, and the argv
-# then tells our queries from that account's other nvidia-smi (dmon, -l 5, another query). No file
-# of started PIDs: it would need a place on every node that only gpubot's account can write, and
-# that survives the probe, is cleaned up, and is not shared between nodes (an NFS home).
-_STUCK = r"""uptime_ticks() {  # /proc/uptime ("12345.67") in clock ticks, in up
-  local i f
-  up=0; { read -r up _ </proc/uptime; } 2>/dev/null
-  [[ $up =~ ^([0-9]+)(\.([0-9]*))?$ ]] || { up=0; return; }
-  i=${BASH_REMATCH[1]} f=${BASH_REMATCH[3]}00
-  up=$(( (10#$i * 100 + 10#${f:0:2}) * TCK / 100 ))
-}
-own_query() {  # the caller's uids (U) are the probe's and its argv (A) is one of our queries
-  local i n
-  [[ -n $me && ${U[0]} == "$me" && ${U[1]} == "$me" && ${U[2]} == "$me" ]] || return 1
-  for (( i = 0; i < 3 && i < ${#A[@]}; i++ )); do
-    [[ ${A[i]} == "$smi" ]] || continue
-    n=$(( ${#A[@]} - i - 1 ))  # as many arguments as the query, and the same ones, in order
-    (( n == ${#AQ[@]} )) && [[ "${A[*]:i+1}" == "${AQ[*]}" ]] && return 0
-    (( n == ${#GQ[@]} )) && [[ "${A[*]:i+1}" == "${GQ[*]}" ]] && return 0
-    (( n == ${#GQ[@]} + 2 )) && [[ "${A[*]:i+1:n-2}" == "${GQ[*]}" && ${A[i+n-1]} == -i \
-      && ${A[i+n]} =~ ^[0-9,]+$ ]] && return 0
-  done
-  return 1
-}
-stuck_smi() {
-  local d c p s x lim=$(( 2 * ${T%%.*} + 2 )) up= age out=
-  local -a dirs F U A
-  set +f; dirs=(/proc/[0-9]*); set -f
-  for d in "${dirs[@]}"; do
-    over && { m over "$B" stuck; m end; exit 0; }
-    [[ -O $d ]] || continue  # a process of ours: a stat, cheaper than reading its name
-    c=; { IFS= read -r c <"$d/comm"; } 2>/dev/null
-    [[ $c == nvidia-smi ]] || continue
-    rd "$d/stat"; s=$R; rd "$d/status"; x=$R
-    [[ $s == *')'* ]] || continue
-    uid_fields "$x"
-    A=(); { mapfile -t -d '' -n 8 A <"$d/cmdline"; } 2>/dev/null
-    own_query || continue
-    fields "$s"
-    [[ ${F[0]} == [ZX] || ! ${F[19]} =~ ^[0-9]+$ ]] && continue
-    [[ -n $up ]] || uptime_ticks
-    # in clock ticks: whole seconds on both sides would round an age of 2.6 s down to 2
-    p=${d#/proc/}; age=$(( up - 10#${F[19]} ))
-    if [[ ${F[0]} == D ]] || (( age > lim * TCK )); then out+="$p ${F[0]} $(( age / TCK ))"$'\n'; fi
-  done
-  R=$out
 }
 """
 
@@ -337,28 +288,6 @@ _FUSER = r"""fuser_table() {
 """
 
 
-# A probe gpubot gave up on must not go on: OpenSSH's sshd passes no signal on and keeps the
-# session's processes when the channel closes, which the script only sees when it next writes
-# (and a query may wait T seconds first). The watchdog, a fork (no program), writes an empty line
-# to stderr every half second (read -t on a pipe of its own is its sleep); once that write fails,
-# the channel is gone: it kills the probe's process group (the probe leads one under sshd, the
-# simulator's server and the local transport), or the probe alone where it leads none. The probe
-# kills it on exit.
-_WATCHDOG = r"""watchdog() {
-  local w g x
-  trap '' PIPE
-  exec >/dev/null {w}<> <(:)
-  rd "/proc/$$/stat"; x=${R##*')'}; x=($x); g=${x[2]}
-  while :; do
-    read -r -t 0.5 -u "$w" _
-    printf '\n' >&2 2>/dev/null || break
-  done
-  [[ $g == "$$" ]] && kill -KILL 0
-  kill -KILL "$$"
-}
-"""
-
-
 def _args(argv: list[str]) -> str:
     # The queries are constants (bash arrays GQ and AQ); only "$smi" and "$idx" vary, quoted.
     return " ".join(argv[1:])
@@ -369,9 +298,9 @@ PROBE_SCRIPT = (
     + _PROCS
     + _FIRSTS
     + _QUERY
-    + _STUCK
+    + STUCK
     + _FUSER
-    + _WATCHDOG
+    + WATCHDOG
     + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8 B=$9
 shift 9
 extra=$*
@@ -431,9 +360,13 @@ IFS=$' \t\n'
 ng=${#files[@]}  # no GPU device file: nothing to ask fuser (the sudoers rule wants one first)
 for f in "${pre}ctl" "${pre}-uvm"; do [[ -e $f ]] && files+=("$f"); done
 if (( ng > 0 )); then
-  if [[ $sudo == sudo ]]; then f=$(sudo -n fuser -v "${files[@]}" 2>&1); else
-    f=$(fuser -v "${files[@]}" 2>&1); fi
-  s=$?
+  # fuser reads every process's open files: it runs for what is left of the budget, at most
+  # (a query, its errors merged into its answer); past it, the node's answer is unknown.
+  left  # out of time: TERM (fuser dies at once), the "over" marker within the transport's limit
+  if [[ $sudo == sudo ]]; then QE=1 T=$R query sudo -n fuser -v "${files[@]}"; else
+    QE=1 T=$R query fuser -v "${files[@]}"; fi
+  (( S == 124 )) && { m over "$B" fuser; m end; exit 0; }
+  f=$Q s=$S
 else
   f= s=1
 fi

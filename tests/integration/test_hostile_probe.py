@@ -30,7 +30,6 @@ from gpubot.core.plan import ResetRequest
 from gpubot.core.probe import parse_probe, probe_argv
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed
 from gpubot.services.reset import ResetService
-from gpubot.services.status import probe_node
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.transport import SshTransport, ssh
 from tests.fixtures.fleet import reset_fixtures
@@ -83,11 +82,10 @@ async def probe_with(settings: Settings, script: str | None = None, **kw: Any) -
     assert cfg is not None
     timeout = kw.pop("timeout", settings.ssh.command_timeout_s)
     transport = SshTransport(settings.ssh)
+    kw.setdefault("budget_s", timeout - 1)  # as the status service's: its queries' and a second
     try:
-        if script is None:
-            return await probe_node(transport, cfg, smi_timeout_s=T, taken_at=1.0, timeout=timeout)
         argv = probe_argv(cfg, smi_timeout_s=T, **kw)
-        argv[2] = script
+        argv[2] = script or argv[2]
         return parse_probe(cfg, await transport.run(cfg, argv, timeout=timeout), 1.0)
     finally:
         await transport.close()

@@ -166,6 +166,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> CommandResult:
 def probe(box: Box, node: NodeConfig | None = None, **kw: object):  # type: ignore[no-untyped-def]
     node = node or box.node
     kw.setdefault("smi_timeout_s", 5)
+    kw.setdefault("budget_s", 60)  # a loaded 2-core box must not turn slowness into "unknown"
     nvml = kw.pop("nvml", None)
     env = kw.pop("env", None)
     argv = probe_argv(node, **kw)  # type: ignore[arg-type]
