@@ -6,10 +6,10 @@
     python -m benchmarks.run --smoke                         # N=4, 1 repeat: keeps it working
 
 Parts (``--only``): ``status`` (fleet status, scaling, sweep cost, 1,000-node extrapolation),
-``reset`` (reset latency split), ``slack`` (acknowledgement under a burst), and, only when
-asked, ``scale`` (a running bot over ``--scale-nodes`` asyncssh nodes, 512 by default). The
-report is Markdown on stdout (``--out FILE`` also writes it, ``--json FILE`` the raw figures);
-progress goes to stderr.
+``reset`` (reset latency split), ``slack`` (acknowledgement under a burst), and, only when asked,
+``probe`` (one node's probe with 200 hostile holders, before and after issue 21) and ``scale`` (a
+running bot over ``--scale-nodes`` asyncssh nodes, 512 by default). The report is Markdown on
+stdout (``--out FILE`` also writes it, ``--json FILE`` the raw figures); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import execs, extrapolate, fleet_status, reset_latency, scale, slack_ack
+from benchmarks import execs, extrapolate, fleet_status, probe_cost, reset_latency, scale, slack_ack
 from benchmarks.benchuser import bench_user, fleet_as
 from benchmarks.common import FleetYields, Series, fmt_ms, fmt_s, machine, sshd_listeners, table
 from gpubot.sim.fleet import SimFleet
@@ -297,6 +297,8 @@ def report(a: argparse.Namespace, res: dict[str, Any], took: float) -> str:
         out += scale.report(res["scale"], res.get("extrapolation"))
     if "slack" in res:
         out += _slack_table(res)
+    if "probe" in res:
+        out += res["probe"]
     if "status" in res or "slack" in res:
         out += _targets(res)
     return "\n".join(out).rstrip("\n") + "\n"
@@ -669,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
             run_reset(a, work, user, res)
         if "scale" in a.parts:
             run_scale(a, work, user, res)
+    if "probe" in a.parts:  # one node's probe, hostile cases, before and after (issue 21)
+        res["probe"] = probe_cost.run(20 if a.smoke else 200, a.repeat, 60.0)
     took = time.monotonic() - started
     res["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     # Busy: other work had the machine's cores half loaded or more before we began.

@@ -18,7 +18,6 @@ def attribute(
     """Return ``snap`` with each process's workload named (from ``named``, by ``Workload.key``) and
     owned (``core.workload.decide_owner``, uid names from the snapshot's own processes)."""
     uid_names = {p.uid: p.user for p in snap.processes if p.uid is not None and p.user}
-    uid_names |= {p.uid: p.user for p in snap.ctl_only if p.uid is not None and p.user}
 
     def one(w: Workload | None) -> Workload | None:
         if w is None:
@@ -27,8 +26,7 @@ def attribute(
         return decide_owner(w, uid_names, owner_label)
 
     procs = tuple(_with(p, one(p.workload)) for p in snap.processes)
-    ctl = tuple(replace(p, workload=one(p.workload)) for p in snap.ctl_only)
-    return replace(snap, processes=procs, ctl_only=ctl)
+    return replace(snap, processes=procs)
 
 
 def _with(p: GpuProcess, w: Workload | None) -> GpuProcess:

@@ -159,7 +159,7 @@ class NodeSnapshot:
     taken_at: float  # unix time
     gpus: tuple[GpuInfo, ...]
     processes: tuple[GpuProcess, ...] = ()
-    ctl_only: tuple[ProcInfo, ...] = field(default=())  # hold nvidiactl/uvm but no GPU
+    ctl_only: tuple[DeviceHolder, ...] = field(default=())  # hold only nvidiactl/uvm: unread
     notes: tuple[str, ...] = ()  # what the node said beside its tables (a lost GPU, a warning)
     lost: tuple[str, ...] = ()  # bus ids ("?" unknown) of lost GPUs whose index nobody said
     unseen: int = 0  # processes whose open files fuser could not see (gpubot is not root)

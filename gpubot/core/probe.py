@@ -3,8 +3,9 @@
 The scripts live in ``probe_script``: a constant ``bash`` script runs the GPU and compute-app
 queries under a time limit (a hung nvidia-smi becomes exit 124 and is killed), ``fuser -v`` on
 exactly the device files of the GPUs found plus ``{prefix}ctl`` and ``{prefix}-uvm`` (never a
-glob), then reads ``/proc`` for every PID seen, escaping every byte a process controls about
-itself.
+glob), then reads ``/proc`` for every PID seen on a GPU's device file (a holder of only the
+control files is counted from fuser's rows, never read), escaping every byte a process controls
+about itself. A probe past its time budget says so: the node's answer is unknown (``ProbeError``).
 
 The output is parsed strictly: the sections must come exactly as the script writes them, in order
 and once each; each PID once; every escaped field well formed. Anything else is a ``ParseError``
@@ -49,15 +50,22 @@ def probe_argv(
     skip_smi: bool = False,
     pids: Sequence[int] = (),
     minors: Sequence[int] = (),
+    budget_s: float | None = None,
 ) -> list[str]:
     """Return the argv of the one-exec probe of ``node``.
 
     ``skip_smi`` (the local box read through NVML) needs ``gpu_indices``; ``pids`` are extra
     processes to read from ``/proc`` (NVML's compute apps), ``minors`` device minors NVML knows.
+    ``budget_s``: the script's own time budget (default: its two queries' limits and a second,
+    which is the status service's command timeout less one second); past it, the probe says so
+    and stops, and the node's answer is unknown (``parse_probe`` raises ``ProbeError``).
     """
     _check_prefix(node)
     if smi_timeout_s <= 0:
         raise ValueError(f"smi_timeout_s must be > 0, got {smi_timeout_s!r}")
+    budget = 2 * smi_timeout_s + 1 if budget_s is None else budget_s
+    if budget <= 0:
+        raise ValueError(f"budget_s must be > 0, got {budget_s!r}")
     if skip_smi and gpu_indices is None:
         raise ValueError("skip_smi needs gpu_indices (from NVML)")
     idx = "" if gpu_indices is None else ",".join(str(_nonneg(i)) for i in gpu_indices)
@@ -74,6 +82,7 @@ def probe_argv(
         idx,
         node.driver_dir,
         ",".join(str(_nonneg(m)) for m in minors),
+        str(max(1, round(budget * 1000))),
         *(str(_nonneg(p)) for p in pids),
     ]
 
@@ -114,14 +123,15 @@ def parse_probe(
     holders, unseen = s.fuser(node)
     files = _DeviceFiles.of(node, gpus, minors)
     on_gpu, ctl_pids = files.sort(holders)
-    # The script reads /proc for the apps' PIDs, then fuser's, in that order: so must the output.
-    procs = s.procs([a.pid for a in apps] + [h.pid for h in holders])
+    # The script reads /proc for the apps' PIDs, then those of the GPUs' device files' holders, in
+    # that order: so must the output. A holder of only the control files is counted, never read.
+    read = [h.pid for h in holders if h.path not in files.ctl_paths]
+    procs = s.procs([a.pid for a in apps] + read)
     strict = nvml is None and asked_all  # every GPU was asked for: each app must be on one
     visible = _on_gpus(gpus, apps, on_gpu, procs, strict=strict)
     listed = {pid for pid, _ in visible} | {h.pid for h in holders if h.path in files.other_gpus}
-    ctl_only = tuple(
-        procs[pid] for pid in sorted(ctl_pids - listed) if pid in procs
-    )  # a ctl holder that vanished is gone: nothing to show
+    first = {h.pid: h for h in reversed(holders) if h.path in files.ctl_paths}
+    ctl_only = tuple(first[pid] for pid in sorted(ctl_pids - listed))  # fuser's rows, unread
     rule = protection or Protection()
     processes = tuple(sorted((replace(p, system=is_protected(p, rule)) for p in visible.values()),
                              key=lambda p: (p.gpu_index, p.pid)))  # fmt: skip

@@ -9,6 +9,12 @@ nvidia-smi (no ``pgrep``), the filter of fuser's table, the ``/proc`` reads and 
 such as LDAP's). ``readlink`` runs only for a process of a system account (a daemon's executable
 is what protects it, and bash cannot read a link). A GPU with no processes costs no ``/proc`` work.
 
+Bounded whatever the node holds (issue 21): a holder of only ``nvidiactl``/``nvidia-uvm`` is never
+a target and is counted from fuser's table, never read; the text escaped per field is capped
+before any escaping (4096 bytes; argv 64 arguments), and escaping costs one substitution per
+distinct byte, not a step per byte; past its time budget the script writes ``over`` and stops (the
+parser: the node's answer is unknown); a watchdog (a fork) ends the probe once its channel is gone.
+
 Everything that varies (the nvidia-smi command, the device prefix, GPU indices, PIDs) arrives as
 positional arguments, so no text from a person or a node ever reaches a shell unquoted. There is no
 per-call secret: anyone on the node can read these arguments in ``/proc/PID/cmdline``.
@@ -31,6 +37,7 @@ with a clear error.
 from __future__ import annotations
 
 from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv
+from gpubot.core.probe_guards import STUCK, WATCHDOG
 
 MARK = "@gpubot"
 
@@ -40,25 +47,66 @@ CLK_TCK = 100
 
 # The marker printer, and the helpers every script shares. ``rd FILE``: the file's text (at most
 # 8 KiB, without its last newline) in R, empty when unreadable. ``esc TEXT``: TEXT escaped as
-# "=..." in R (at most 4096 bytes of it). ``nm X``: X when it is a number, else "-", in N.
+# "=..." in R (at most 4096 bytes of it: the cap comes before any escaping). ``nm X``: X when it
+# is a number, else "-", in N. ``over``: true past the probe's time budget (DL, microseconds since
+# the epoch, or SECONDS since the script began where bash has no EPOCHREALTIME; none when empty).
 _COMMON = r"""m() { printf '\n@gpubot %s\n' "$*"; }
 set -f
 LC_ALL=C
 TCK=CLK_TCK_VALUE
 E1='\134' E2='\040' E3='\012' E4='\011'
 rd() { R=; { IFS= read -r -N 8192 R <"$1"; } 2>/dev/null; R=${R%$'\n'}; }
-esc() {
-  local s=$1 o= c i n
-  (( ${#s} > 4096 )) && s=${s:0:4096}
+esc() { P=("${1:0:4096}"); esc_all; R="=${P[0]}"; }
+# Escapes every element of the caller's array P in place. Text with bytes outside printable ASCII
+# (and space, tab, newline) goes through printf %q, which writes them as \ooo in C code, and a few
+# substitutions over its ASCII answer turn its $'...' into this format; an answer of any other
+# shape (another bash's %q) takes the slow path: one substitution over the text per distinct byte.
+# Never a step per byte: 4 KiB of non-ASCII text took 0.6 s a process byte by byte, so 40 such
+# processes stalled the probe.
+esc_all() {
+  local k s q t=$'\t\n'
+  for k in "${!P[@]}"; do
+    s=${P[k]}
+    if [[ $s == *[!\ -~"$t"]* ]]; then
+      printf -v q '%q' "$s"
+      if [[ $q == "\$'"*"'" ]]; then
+        q=${q:2:${#q}-3}
+        q=${q//'\\'/'\134'}; q=${q//"\\'"/"'"}; q=${q// /'\040'}; q=${q//'\n'/'\012'}
+        q=${q//'\t'/'\011'}; q=${q//'\r'/'\015'}; q=${q//'\a'/'\007'}; q=${q//'\b'/'\010'}
+        q=${q//'\E'/'\033'}; q=${q//'\e'/'\033'}; q=${q//'\f'/'\014'}; q=${q//'\v'/'\013'}
+        s=${q//\\[0-3][0-7][0-7]/}
+        [[ $s == *[!\!-~]* || $s == *\\* ]] || { P[k]=$q; continue; }
+        s=${P[k]}
+      fi
+      P[k]=$(esc_slow "$s")
+    else
+      s=${s//\\/"$E1"}; s=${s// /"$E2"}; s=${s//$'\n'/"$E3"}; P[k]=${s//$'\t'/"$E4"}
+    fi
+  done
+}
+esc_slow() {  # $1 escaped, printed: one substitution per distinct byte outside printable ASCII
+  local s=$1 j c x
   s=${s//\\/"$E1"}; s=${s// /"$E2"}; s=${s//$'\n'/"$E3"}; s=${s//$'\t'/"$E4"}
-  if [[ $s == *[!\!-~]* ]]; then
-    for (( i = 0, n = ${#s}; i < n; i++ )); do
-      c=${s:i:1}
-      case $c in [\!-~]) o+=$c ;; *) printf -v c '\\%03o' "'$c"; o+=$c ;; esac
-    done
-    s=$o
-  fi
-  R="=$s"
+  j=$s
+  while [[ $j == *[!\!-~]* ]]; do
+    x=${j%%[!\!-~]*}; c=${j:${#x}:1}
+    printf -v x '\\%03o' "'$c"
+    s=${s//"$c"/"$x"}; j=${j//"$c"/}
+  done
+  printf '%s' "$s"
+}
+over() {
+  [[ -n $DL ]] || return 1
+  local t=${EPOCHREALTIME//[!0-9]/}
+  [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
+  (( 10#$t > DL ))
+}
+left() {  # seconds left of the budget less $1 ms, in R (an hour without one; at least 0.001)
+  local t=${EPOCHREALTIME//[!0-9]/} x
+  [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
+  x=3600000000; [[ -n $DL ]] && x=$(( DL - 10#$t - ${1:-0} * 1000 ))
+  (( x > 1000 )) || x=1000
+  printf -v R '%d.%06d' $(( x / 1000000 )) $(( x % 1000000 ))
 }
 nm() { case $1 in ''|*[!0-9]*) N=- ;; *) N=$1 ;; esac; }
 # A /proc/PID/stat text's fields after its name (which may hold anything but ends at the last
@@ -75,22 +123,21 @@ lines() { local IFS=$'\n'; L=($1); }
 #   g PID                                 (it exited: stat or status could not be read)
 #   u UID =NAME|!                         (once for every EUID seen)
 # Every PID argument gets exactly one p or g line, in argument order.
-_PROCS = r"""argv_of() {  # /proc/PID/cmdline escaped (NUL as \000) in R
-  local a o= n=0
-  while :; do
-    if IFS= read -r -d '' a; then
-      esc "$a"; o+=${R#=}'\000'; (( n += ${#a} + 1 ))
-      (( n > 4096 )) && break
-    else
-      [[ -n $a ]] && { esc "$a"; o+=${R#=}; }
-      break
-    fi
+_PROCS = r"""argv_of() {  # /proc/PID/cmdline escaped (each NUL as \000) in R: 64 args, 4096 bytes
+  local a n=0
+  local -a P=()
+  while (( n < 4096 && ${#P[@]} < 64 )); do
+    if IFS= read -r -d '' -n $(( 4096 - n )) a; then P+=("$a"); (( n += ${#a} + 1 ))
+    else [[ -n $a ]] && P+=("$a"); break; fi
   done 2>/dev/null <"$1"
-  R="=$o"
+  R==
+  (( ${#P[@]} )) || return 0
+  esc_all
+  printf -v R '%s\\000' "${P[@]}"; R="=$R"
 }
 procs() {
   local seen=' ' list= p d st sts x up cm cmd ex cg wc e ru eu uids=' ' name u
-  local -a F U
+  local -a F U P
   for p in "$@"; do
     case $p in ''|*[!0-9]*) continue ;; esac
     case $seen in *" $p "*) continue ;; esac
@@ -103,6 +150,7 @@ procs() {
   [[ $up =~ ^[0-9]+(\.[0-9]+)?$ ]] || up=-
   printf 'c %s %s\n' "$TCK" "$up"
   for p in $list; do
+    over && { m over "$B" procs; m end; exit 0; }
     d=/proc/$p
     rd "$d/stat"; st=$R
     rd "$d/status"; sts=$R
@@ -175,7 +223,7 @@ query() {
   local fd c= t= r
   Q=
   exec {fd}< <(
-    { printf '%s\n' "$BASHPID"; exec "$@" 2>&4; } &
+    { printf '%s\n' "$BASHPID"; exec "$@" 2>&"${QE:-4}"; } &
     wait "$!"
     printf '\n@rc %s' "$?"
   )
@@ -199,54 +247,19 @@ query() {
 }
 """
 
-# A hung driver leaves nvidia-smi in the kernel (state D), where no kill reaches it: each new query
-# would leave one more. One of ours stuck, or older than our own limit: ask nothing. What pgrep -x
-# did, with builtins: each process's comm, then the rest only for a copy of nvidia-smi.
-_STUCK = r"""uptime_ticks() {  # /proc/uptime ("12345.67") in clock ticks, in up
-  local i f
-  up=0; { read -r up _ </proc/uptime; } 2>/dev/null
-  [[ $up =~ ^([0-9]+)(\.([0-9]*))?$ ]] || { up=0; return; }
-  i=${BASH_REMATCH[1]} f=${BASH_REMATCH[3]}00
-  up=$(( (10#$i * 100 + 10#${f:0:2}) * TCK / 100 ))
-}
-stuck_smi() {
-  local d c p s x a mine lim=$(( 2 * ${T%%.*} + 2 )) up= age out=
-  local -a dirs F U
-  set +f; dirs=(/proc/[0-9]*); set -f
-  for d in "${dirs[@]}"; do
-    [[ -O $d ]] || continue  # a process of ours: a stat, cheaper than reading its name
-    c=; { IFS= read -r c <"$d/comm"; } 2>/dev/null
-    [[ $c == nvidia-smi ]] || continue
-    rd "$d/stat"; s=$R; rd "$d/status"; x=$R
-    [[ $s == *')'* ]] || continue
-    uid_fields "$x"; [[ -n ${U[1]} && ${U[1]} == "$me" ]] || continue
-    # ours, started as this probe starts it: "$smi" is one of its arguments (argv[0], or the
-    # script's path after its interpreter)
-    mine=
-    while IFS= read -r -d '' a; do [[ $a == "$smi" ]] && { mine=1; break; }; done 2>/dev/null \
-      <"$d/cmdline"
-    [[ -n $mine ]] || continue
-    fields "$s"
-    [[ ${F[0]} == [ZX] || ! ${F[19]} =~ ^[0-9]+$ ]] && continue
-    [[ -n $up ]] || uptime_ticks
-    # in clock ticks: whole seconds on both sides would round an age of 2.6 s down to 2
-    p=${d#/proc/}; age=$(( up - 10#${F[19]} ))
-    if [[ ${F[0]} == D ]] || (( age > lim * TCK )); then out+="$p ${F[0]} $(( age / TCK ))"$'\n'; fi
-  done
-  R=$out
-}
-"""
-
 # fuser -v: the table goes out without its COMMAND column (the process's own name: read from
-# /proc instead, escaped); the PIDs (the field before ACCESS) collect in FP for the /proc read.
+# /proc instead, escaped); the PIDs (the field before ACCESS) of a GPU's device file collect in FP
+# for the /proc read. A holder of only {prefix}ctl or {prefix}-uvm is never a target: its row goes
+# out (the parser counts it) but its /proc is never read, so any number of them costs no /proc work.
 # Without root, fuser cannot look into the processes of other users: count them (PID 1 aside,
 # which a container root cannot look into either, and which holds no GPU), never drop them.
 _FUSER = r"""fuser_table() {
-  local line o i q blind=' ' nb=0
+  local line o i q blind=' ' nb=0 ctl=0
   local -a F
   FP=
   lines "$1"
   for line in "${L[@]}"; do
+    over && { m over "$B" fuser; m end; exit 0; }
     case $line in
       'Cannot stat file /proc/'[0-9]*/*)
         q=${line#'Cannot stat file /proc/'}; q=${q%%/*}
@@ -256,6 +269,9 @@ _FUSER = r"""fuser_table() {
     esac
     F=($line)
     [[ ${F[0]} == USER && ${F[1]} == PID && ${F[2]} == ACCESS ]] && continue
+    if [[ $line != ' '* ]]; then  # a file's first row: which file the rows below are about
+      ctl=0; [[ $line == "${pre}ctl:"* || $line == "${pre}-uvm:"* ]] && ctl=1
+    fi
     for (( i = 1; i < ${#F[@]}; i++ )); do
       [[ ${F[i]} == [.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM] \
          && ${F[i-1]} =~ ^[0-9]+$ ]] && break
@@ -264,7 +280,7 @@ _FUSER = r"""fuser_table() {
     o=${F[0]}; [[ $line == ' '* ]] && o="  $o"
     o+=" ${F[*]:1:i}"
     printf '%s\n' "$o"
-    FP+=" ${F[i-1]}"
+    (( ctl )) || FP+=" ${F[i-1]}"
   done
   (( nb )) && printf '~unseen %s\n' "$nb"
   return 0
@@ -272,9 +288,9 @@ _FUSER = r"""fuser_table() {
 """
 
 
-def _smi(argv: list[str]) -> str:
-    # The queries are constants; only "$smi" (and -i "$idx") vary and are quoted.
-    return '"$smi" ' + " ".join(argv[1:])
+def _args(argv: list[str]) -> str:
+    # The queries are constants (bash arrays GQ and AQ); only "$smi" and "$idx" vary, quoted.
+    return " ".join(argv[1:])
 
 
 PROBE_SCRIPT = (
@@ -282,11 +298,21 @@ PROBE_SCRIPT = (
     + _PROCS
     + _FIRSTS
     + _QUERY
-    + _STUCK
+    + STUCK
     + _FUSER
-    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8
-shift 8
+    + WATCHDOG
+    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8 B=$9
+shift 9
 extra=$*
+# The time budget (B ms): past it the probe writes "over" and stops; the parser takes the rest
+# of the node's answer for unknown, never for a timeout or for "no holders".
+t=${EPOCHREALTIME//[!0-9]/}; [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
+DL=; [[ $B =~ ^[0-9]+$ ]] && DL=$(( 10#$t + 10#$B * 1000 ))
+GQ=(GPU_Q)
+AQ=(APPS_Q)
+watchdog &
+wd=$!
+trap 'kill -KILL "$wd" 2>/dev/null' EXIT
 exec 4>&1
 PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions
 m probe "$T" "${idx:--}"
@@ -298,13 +324,13 @@ if [[ $mode == smi ]]; then
   stuck_smi
   if [[ -n $R ]]; then m stuck; printf '%s' "$R"; m end; exit 0; fi
   m gpus-err
-  if [[ -n $idx ]]; then query GPU_Q -i "$idx"; else query GPU_Q; fi
+  if [[ -n $idx ]]; then query "$smi" "${GQ[@]}" -i "$idx"; else query "$smi" "${GQ[@]}"; fi
   m gpus "$S"; printf '%s\n' "$Q"
   case $S in 0|14|15) ;; *) m end; exit 0 ;; esac  # 14: infoROM warning, 15: a GPU lost
   g=$Q
   [[ -n $idx ]] || { firsts "$g"; idx=$R; }
   m apps-err
-  query APPS_Q
+  query "$smi" "${AQ[@]}"
   m apps "$S"; printf '%s\n' "$Q"
   case $S in 0|14|15) ;; *) m end; exit 0 ;; esac
   firsts "$Q"; extra+=" $R"
@@ -334,9 +360,13 @@ IFS=$' \t\n'
 ng=${#files[@]}  # no GPU device file: nothing to ask fuser (the sudoers rule wants one first)
 for f in "${pre}ctl" "${pre}-uvm"; do [[ -e $f ]] && files+=("$f"); done
 if (( ng > 0 )); then
-  if [[ $sudo == sudo ]]; then f=$(sudo -n fuser -v "${files[@]}" 2>&1); else
-    f=$(fuser -v "${files[@]}" 2>&1); fi
-  s=$?
+  # fuser reads every process's open files: it runs for what is left of the budget, at most
+  # (a query, its errors merged into its answer); past it, the node's answer is unknown.
+  left  # out of time: TERM (fuser dies at once), the "over" marker within the transport's limit
+  if [[ $sudo == sudo ]]; then QE=1 T=$R query sudo -n fuser -v "${files[@]}"; else
+    QE=1 T=$R query fuser -v "${files[@]}"; fi
+  (( S == 124 )) && { m over "$B" fuser; m end; exit 0; }
+  f=$Q s=$S
 else
   f= s=1
 fi
@@ -351,8 +381,8 @@ done 2>/dev/null </proc/mounts
 m view "$hp" "${me:--}"
 procs $extra $FP
 m end
-""".replace("GPU_Q", _smi(gpu_query_argv("nvidia-smi"))).replace(
-        "APPS_Q", _smi(apps_query_argv("nvidia-smi"))
+""".replace("GPU_Q", _args(gpu_query_argv("nvidia-smi"))).replace(
+        "APPS_Q", _args(apps_query_argv("nvidia-smi"))
     )
 )
 

@@ -69,6 +69,8 @@ class Sections:
             words = m[1].split(" ")
             body = text[m.end() : nxt.start() if nxt else len(text)]
             items.append((words[0], words[1:], body))
+        if len(items) > 2 and items[-2][0] == "over" and items[-1][0] == "end":
+            raise _over(node, items[-2][1])
         kinds = " ".join(k for k, _, _ in items)
         if not grammar.fullmatch(kinds):
             if items[-1][0] != "end":
@@ -163,3 +165,21 @@ class Sections:
         if found is None or found[0]:
             raise ParseError(f"{self.what} (procs section)", "")
         return parse_proc_lines(found[1], pids, self.what)
+
+
+_STAGES = {
+    "stuck": "looking for a stuck nvidia-smi",
+    "fuser": "reading fuser's table",
+    "procs": "reading /proc",
+}
+
+
+def _over(node: str, args: list[str]) -> ProbeError:
+    """Say that the probe stopped at its time budget: what the node holds is unknown."""
+    if len(args) != 2 or not NUM.fullmatch(args[0]) or args[1] not in _STAGES:
+        raise ParseError("probe output (over section)", " ".join(args)[:200])
+    return ProbeError(
+        node,
+        f"probe stopped at its time budget ({int(args[0]) / 1000:g}s) while {_STAGES[args[1]]}: "
+        "too much to read in time, so what this node's GPUs hold is unknown",
+    )

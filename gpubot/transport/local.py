@@ -2,8 +2,9 @@
 
 Commands run with ``asyncio.create_subprocess_exec`` (never a shell) with the same timeout and
 error semantics as SSH: a missing program is exit 127, a timeout kills the command's whole process
-group and raises ``CommandTimeout``. GPUs are read through NVML (``pynvml``); when NVML is missing
-or fails, callers fall back to ``nvidia-smi`` through the probe.
+group and raises ``CommandTimeout``, output past the cap kills it and raises ``ProbeError``. GPUs
+are read through NVML (``pynvml``); when NVML is missing or fails, callers fall back to
+``nvidia-smi`` through the probe.
 
 NVML parity with the nvidia-smi path: a GPU NVML calls lost (or needing a reset) is one flagged
 row, never a failed node; a GPU in MIG mode is flagged ``mig`` and its instances' processes are
@@ -25,7 +26,14 @@ from gpubot.config import SshSettings
 from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 from gpubot.core.ports import NvmlTables
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed, SmiMissing
-from gpubot.transport.ssh import check_argv, describe
+from gpubot.transport.ssh import (
+    MAX_OUTPUT_BYTES,
+    OutputCapped,
+    capped,
+    check_argv,
+    describe,
+    read_capped,
+)
 
 T = TypeVar("T")
 MIB = 1024 * 1024
@@ -56,8 +64,15 @@ _MISSING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 class LocalTransport:
     """Runs argv lists on this box and reads its GPUs through NVML (implements ``Transport``)."""
 
-    def __init__(self, ssh: SshSettings | None = None, *, nvml: Any = None) -> None:
+    def __init__(
+        self,
+        ssh: SshSettings | None = None,
+        *,
+        nvml: Any = None,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> None:
         self._ssh = ssh or SshSettings()
+        self._max_output = max_output_bytes
         self._nvml = nvml  # a pynvml-like module; None: import pynvml when first needed
         self._nvml_absent = False
 
@@ -82,8 +97,14 @@ class LocalTransport:
             return CommandResult(args, 126, "", f"{args[0]}: permission denied\n")
         except OSError as exc:
             return CommandResult(args, 126, "", f"{args[0]}: {exc.strerror or exc}\n")
+        assert proc.stdout is not None and proc.stderr is not None
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), limit)
+            async with asyncio.timeout(limit):
+                out, err = await read_capped(proc.stdout, proc.stderr, self._max_output)
+                await proc.wait()
+        except OutputCapped:
+            await _end(proc)
+            raise ProbeError(node.name, capped(args, self._max_output)) from None
         except TimeoutError:
             await _end(proc)
             raise CommandTimeout(
@@ -95,9 +116,7 @@ class LocalTransport:
         rc = proc.returncode
         assert rc is not None
         status = 128 - rc if rc < 0 else rc  # killed by signal N: 128 + N, as a shell says
-        return CommandResult(
-            args, status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        )
+        return CommandResult(args, status, out, err)
 
     async def nvml_snapshot(self, node: NodeConfig) -> NvmlTables | None:
         """Return NVML's GPU and compute-app tables, or None to fall back to nvidia-smi."""

@@ -1,10 +1,14 @@
 """The SSH transport: a pool of persistent asyncssh connections, one per node.
 
-Commands are argv lists joined with ``shlex.join``. Host keys are always verified against the
+Commands are argv lists joined with ``shlex.join``. A command's output is read up to a cap
+(``max_output_bytes``, stdout and stderr together): a node that prints more is a ``ProbeError``
+(its answer unknown, in one line), and the command is abandoned, never buffered without end. A
+command given up on (timeout, cap, cancellation) is sent TERM, which OpenSSH's sshd delivers to the
+session's whole process group, and its channel is closed. Host keys are always verified against the
 configured known_hosts file: there is deliberately no switch to turn that off. Nothing else in
 ``~/.ssh`` is trusted: not its config, and not the X.509 CA bundle (``ca-bundle.crt``) or
-certificate folder (``crt/``) that asyncssh would load by default. Every asyncssh or
-socket error is translated at this boundary into the ``TransportError`` tree.
+certificate folder (``crt/``) that asyncssh would load by default. Every asyncssh or socket error
+is translated at this boundary into the ``TransportError`` tree.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import signal
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import asyncssh
 
@@ -29,12 +33,17 @@ from gpubot.errors import (
     CommandTimeout,
     HostKeyRejected,
     NodeUnreachable,
+    ProbeError,
     UsageError,
 )
 
 # OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay under it.
 T = TypeVar("T")
 MAX_CHANNELS = 8
+# The most a command may print (stdout and stderr together). A probe of a busy 8-GPU node prints
+# tens of KiB; one with hundreds of hostile processes, each at the probe's per-process cap, a few
+# MiB. More than this is never read into memory: the node's answer is unknown.
+MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -45,7 +54,7 @@ class _Pooled:
 
 def describe(argv: Sequence[str], limit: int = 60) -> str:
     """Return a short, one-line name of a command for messages."""
-    if len(argv) > 3 and argv[0] == "sh" and argv[1] == "-c":
+    if len(argv) > 3 and argv[0] in ("sh", "bash") and argv[1] == "-c":
         return argv[3]  # our scripts name themselves in $0 (gpubot-probe, ...)
     text = " ".join(shlex.join(argv).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -66,9 +75,16 @@ def exit_status_of(status: int | None, sig: tuple[str, bool, str, str] | None) -
 class SshTransport:
     """Runs argv lists on nodes over pooled SSH connections (implements ``Transport``)."""
 
-    def __init__(self, ssh: SshSettings, *, max_channels: int = MAX_CHANNELS) -> None:
+    def __init__(
+        self,
+        ssh: SshSettings,
+        *,
+        max_channels: int = MAX_CHANNELS,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> None:
         self._ssh = ssh
         self._max_channels = max_channels
+        self._max_output = max_output_bytes
         self._pool: dict[str, _Pooled] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._channels: dict[str, asyncio.Semaphore] = {}
@@ -102,9 +118,7 @@ class SshTransport:
             try:
                 try:
                     proc = await asyncio.wait_for(
-                        conn.create_process(
-                            command, stdin=asyncssh.DEVNULL, encoding="utf-8", errors="replace"
-                        ),
+                        conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None),
                         max(0.0, deadline - loop.time()),
                     )
                 except TimeoutError:
@@ -141,13 +155,16 @@ class SshTransport:
         self,
         node: NodeConfig,
         conn: asyncssh.SSHClientConnection,
-        proc: asyncssh.SSHClientProcess[str],
+        proc: asyncssh.SSHClientProcess[bytes],
         argv: Sequence[str],
         left: float,
         limit: float,
     ) -> CommandResult:
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), left)
+            out, err = await asyncio.wait_for(_collect(proc, self._max_output), left)
+        except OutputCapped:
+            _abandon(proc)
+            raise ProbeError(node.name, capped(argv, self._max_output)) from None
         except TimeoutError:
             _abandon(proc)
             raise CommandTimeout(
@@ -163,7 +180,7 @@ class SshTransport:
         if status is None:  # the channel closed without an exit status: connection lost
             self._forget(node, conn)
             raise NodeUnreachable(node.name, f"connection lost during {describe(argv)}")
-        return CommandResult(tuple(argv), status, out or "", err or "")
+        return CommandResult(tuple(argv), status, out, err)
 
     async def _connection(self, node: NodeConfig) -> asyncssh.SSHClientConnection:
         params = (node.host, node.port, node.user, node.key)
@@ -288,7 +305,54 @@ def check_argv(argv: Sequence[str]) -> None:
         raise UsageError("a command argument contains a NUL byte")
 
 
-def _abandon(proc: asyncssh.SSHClientProcess[str]) -> None:
+class OutputCapped(Exception):
+    """A command printed more than the transport reads."""
+
+
+def capped(argv: Sequence[str], cap: int) -> str:
+    """Return the one line a person sees for a command that printed more than ``cap`` bytes."""
+    return (
+        f"{describe(argv)} printed more than {cap // 1024} KiB: not read, so the node's answer is "
+        "unknown (hundreds of processes with long names on it?)"
+    )
+
+
+class Readable(Protocol):
+    """A stream read in chunks: asyncssh's SSHReader, asyncio's StreamReader."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+async def read_capped(out: Readable, err: Readable, cap: int) -> tuple[str, str]:
+    """Read both streams to their ends, at most ``cap`` bytes together; raise OutputCapped."""
+    got = [0]
+
+    async def drain(stream: Readable) -> bytes:
+        parts: list[bytes] = []
+        while chunk := await stream.read(65536):
+            got[0] += len(chunk)
+            if got[0] > cap:
+                raise OutputCapped
+            parts.append(chunk)
+        return b"".join(parts)
+
+    try:
+        async with asyncio.TaskGroup() as tg:  # one stream over the cap ends the other's read
+            o = tg.create_task(drain(out))
+            e = tg.create_task(drain(err))
+    except* OutputCapped:
+        raise OutputCapped from None
+    return o.result().decode("utf-8", "replace"), e.result().decode("utf-8", "replace")
+
+
+async def _collect(proc: asyncssh.SSHClientProcess[bytes], cap: int) -> tuple[str, str]:
+    """Read stdout and stderr (at most ``cap`` bytes together), then wait for the exit status."""
+    out, err = await read_capped(proc.stdout, proc.stderr, cap)
+    await proc.wait_closed()
+    return out, err
+
+
+def _abandon(proc: asyncssh.SSHClientProcess[bytes]) -> None:
     """Ask the remote command to stop (where the server honours signals), then close."""
     with contextlib.suppress(Exception):
         proc.terminate()

@@ -1,0 +1,133 @@
+"""What bounds the probe's cost (issue 21), run by real bash: the escaping, the argv cap, the time
+budget's marker, and holders of only the control files never read."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpubot.core import probe_script
+from gpubot.core.models import CommandResult, GpuInfo, NodeConfig
+from gpubot.core.probe import parse_probe, probe_argv
+from gpubot.core.probe_fields import parse_proc_lines
+from gpubot.errors import ParseError, ProbeError
+
+
+def reference(raw: bytes) -> str:
+    """The escaped form the parser reads: printable ASCII but backslash stays, the rest \\ooo."""
+    return "=" + "".join(chr(c) if 0x21 <= c <= 0x7E and c != 0x5C else f"\\{c:03o}" for c in raw)
+
+
+def bash(script: str, *args: bytes) -> bytes:
+    argv = [b"bash", b"-c", script.encode(), b"t", *args]
+    return subprocess.run(argv, capture_output=True, timeout=60, check=True).stdout
+
+
+SAMPLES = [
+    bytes(range(1, 256)),
+    bytes(random.Random(21).randrange(1, 256) for _ in range(4096)),
+    "h\u00e9llo w\u00f6rld \\ \t\n x \u6f22\u5b57 \u202e".encode(),
+    b"\\'\\n \\\\ '\"\\303 $'x'",
+    b"plain-ascii",
+    b"",
+]
+
+
+@pytest.mark.parametrize("raw", SAMPLES, ids=range(len(SAMPLES)))
+def test_both_escaping_paths_give_exactly_the_format_the_parser_reads(raw: bytes) -> None:
+    common = probe_script._COMMON
+    fast = bash(common + 'esc "$1"; printf "%s" "$R"', raw).decode()
+    slow = bash(common + 'esc_slow "${1:0:4096}"', raw).decode()  # the fallback, for other bashes
+    assert fast == reference(raw[:4096])
+    assert "=" + slow == reference(raw[:4096])
+
+
+def test_argv_is_capped_before_it_is_escaped() -> None:
+    # 100 arguments of 100 bytes: at most 64 arguments and 4096 bytes of them are read.
+    args = [bytes([0xC3, 0xA9]) * 50 for _ in range(100)]
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args])
+    try:
+        out = bash(
+            probe_script._COMMON + probe_script._PROCS + 'argv_of "/proc/$1/cmdline"; '
+            'printf "%s" "$R"',
+            str(p.pid).encode(),
+        ).decode()
+    finally:
+        p.kill()
+        p.wait()
+    got = out[1:].split("\\000")[:-1]
+    assert len(got) <= 64 and sum(len(a) for a in got) <= 4 * 4096
+    assert got[:3] == [sys.executable, "-c", "import\\040time;\\040time.sleep(60)"]
+    assert got[3] == "\\303\\251" * 50
+
+
+def out(*sections: str) -> CommandResult:
+    return CommandResult(("bash",), 0, "".join(f"\n@gpubot {s}" for s in sections), "")
+
+
+NODE = NodeConfig(name="n9", host="h", dev_prefix="/d/nvidia")
+
+
+@pytest.mark.parametrize(
+    ("stage", "said"),
+    [
+        ("stuck", "looking for a stuck nvidia-smi"),
+        ("fuser", "reading fuser's table"),
+        ("procs", "reading /proc"),
+    ],
+)
+def test_past_its_budget_the_node_is_unknown_never_a_timeout_nor_empty(
+    stage: str, said: str
+) -> None:
+    partial = [
+        "probe 9 -\n",
+        "gpus-err\n",
+        "gpus 0\n0, GPU-x, 0000:18:00.0, Disabled, H, 1, 2, 3\n",
+    ]
+    with pytest.raises(ProbeError, match=rf"time budget \(19s\) while {said}: .* unknown") as ei:
+        parse_probe(NODE, out(*partial, f"over 19000 {stage}\n", "end\n"), 1.0)
+    assert not isinstance(ei.value, TimeoutError)
+    for bad in ("over 19000 elsewhere\n", "over x procs\n", "over 19000\n"):
+        with pytest.raises(ParseError, match="over section"):
+            parse_probe(NODE, out(*partial, bad, "end\n"), 1.0)
+
+
+def test_a_control_file_holder_is_counted_from_fusers_rows_and_never_read(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidiactl", "nvidia-uvm"):
+        (dev / name).touch()
+    node = NodeConfig(
+        name="n1",
+        host="h",
+        dev_prefix=f"{dev}/nvidia",
+        nvidia_smi="/nonexistent",
+        driver_dir=str(tmp_path / "drv"),
+    )
+    fds = [os.open(dev / f, os.O_RDONLY) for f in ("nvidiactl", "nvidia-uvm")]
+    gpu = os.open(dev / "nvidia0", os.O_RDONLY)
+    ctl = subprocess.Popen(["sleep", "60"], pass_fds=fds)
+    job = subprocess.Popen(["sleep", "60"], pass_fds=[gpu, *fds])
+    for fd in (*fds, gpu):
+        os.close(fd)
+    try:
+        argv = probe_argv(node, smi_timeout_s=5, skip_smi=True, gpu_indices=[0], minors=[0])
+        raw = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+    finally:
+        for p in (ctl, job):
+            p.kill()
+            p.wait()
+    procs = raw.split("\n@gpubot procs\n")[1].split("\n@gpubot end")[0]
+    assert f"\np {job.pid} " in procs and f" {ctl.pid} " not in procs  # the job's /proc only
+    fuser = raw.split("\n@gpubot fuser ")[1].split("\n@gpubot view")[0]
+    assert f" {ctl.pid} " in fuser  # its rows go out: the parser counts it
+    gpus = (GpuInfo(0, "GPU-x", "H200", 0, 1, 0, None, 0),)
+    snap = parse_probe(node, CommandResult(tuple(argv), 0, raw, ""), 1.0, nvml=(gpus, ()))
+    assert [(p.pid, p.gpu_index, p.hidden) for p in snap.processes] == [(job.pid, 0, True)]
+    assert [h.pid for h in snap.ctl_only] == [ctl.pid]
+    assert parse_proc_lines(procs, [job.pid])[job.pid].pid == job.pid
