@@ -17,14 +17,17 @@ node still reports whose processes were in it, for the audit log.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gpubot.core.cgroup_shapes import SLUID
 from gpubot.core.plan import ResetPlan
 from gpubot.core.stop_script import MAX_CGROUPS, StopCheck, check_path
 from gpubot.core.workload import Workload, WorkloadKind, cgroup_paths, may_restart, stop_command
 
 NEEDS_APPROVAL = "stopping it needs an on-call approval"
+_SLUID = re.compile(SLUID)
 
 
 def cgroup_lines(text: str | None) -> list[tuple[str, str]]:
@@ -48,8 +51,9 @@ def _is_root_of(w: Workload, comp: str, prev: str) -> bool:
         return comp == f"docker-{w.id}.scope" or (prev == "docker" and comp == w.id)
     if w.kind is WorkloadKind.PODMAN:
         return comp in (f"libpod-{w.id}.scope", f"libpod-{w.id}")
-    if w.kind is WorkloadKind.SLURM:
-        return comp == f"job_{w.id}"  # the whole job: scancel ends every step
+    if w.kind is WorkloadKind.SLURM:  # the whole job: scancel ends every step
+        # Slurm 26.05's v2 cgroup is named by the job's SLUID itself, without "job_".
+        return comp == f"job_{w.id}" or (comp == w.id and _SLUID.fullmatch(w.id) is not None)
     return False
 
 

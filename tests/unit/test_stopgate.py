@@ -242,3 +242,27 @@ def test_a_respawned_gpus_outcome_says_why_and_what_scancel_ends() -> None:
     )
     assert out[1] == free
     assert annotate((g,), {0: SVC}, {}) == (g,)
+
+
+SLUID_TEXT = "0::/system.slice/node1_slurmstepd.scope/s0123456789ABC/step_0/user/task_0\n"
+
+
+def test_a_sluid_job_is_checked_over_its_own_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm 26.05 names a job's v2 cgroup by its SLUID (no ``job_``): the stop of
+    ``scancel SLUID`` is checked over that cgroup, not refused for want of one (and a forced
+    stop is not run over no cgroup at all). Control: the old rule (``job_ID`` only) finds none."""
+    import gpubot.core.stopgate as sg
+
+    w = parse_cgroup(SLUID_TEXT)
+    assert w is not None and w.kind is WorkloadKind.SLURM and w.id == "s0123456789ABC"
+    root = ("", "/system.slice/node1_slurmstepd.scope/s0123456789ABC")
+    assert stop_cgroups([SLUID_TEXT], w) == (root,)
+    # a digit job id is never taken from a bare component, only a SLUID is
+    assert workload_root("/slurm/uid_1/job_7/7", Workload(WorkloadKind.SLURM, "7")) == (
+        "/slurm/uid_1/job_7"
+    )
+    assert workload_root("/x/7/job_8", Workload(WorkloadKind.SLURM, "7")) is None
+    monkeypatch.setattr(
+        sg, "_is_root_of", lambda w, comp, prev: comp == f"job_{w.id}"
+    )  # the rule before the fix
+    assert stop_cgroups([SLUID_TEXT], w) == ()
