@@ -59,6 +59,7 @@ _DAEMON = (
     r"|snap\.docker\.dockerd|snap\.lxd\.daemon|snap\.microk8s\.daemon-(?:containerd|kubelite)"
     r"|lxd|lxc|slurmd|slurmctld|slurmdbd"
 )
+_LOGIN = r"ssh|sshd|openssh-server|cron|crond|cronie|anacron|atd|xrdp|xrdp-sesman"
 _ROOT_SLICES = r"/(?:(?!user\.slice/)[^/]+\.slice/)*"  # slices only root can make
 
 # (kind, pattern over the whole path); the first that matches wins. ``reason`` names a shape
@@ -131,6 +132,13 @@ SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             rf"{_ROOT_SLICES}(?P<reason_daemon>(?:{_DAEMON})\.service|(?:[^/]+_)?slurmstepd\.scope)"
             + _TAIL,
         ),
+        # Without pam_systemd, every login or cron job stays in the unit of the daemon that
+        # started it: stopping that unit would end sshd or cron (and everyone's sessions).
+        (
+            "other",
+            rf"{_ROOT_SLICES}(?P<reason_login>(?:{_LOGIN})\.service|(?:serial-)?getty@[^/]+\.service)"
+            + _TAIL,
+        ),
         # Apptainer/Singularity --apply-cgroups: a scope or folder named by the starter's PID.
         (
             "other",
@@ -146,6 +154,7 @@ SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 
 REASONS = {
     "reason_daemon": "runtime daemon's own unit",
+    "reason_login": "a login or cron daemon's own unit: it holds other users' sessions too",
     "reason_lxc_monitor": "LXC's monitor of a container, not the container",
     "reason_apptainer": "Apptainer cgroup named by its starter's PID: no stable container id",
     "reason_apptainer_fs": "Apptainer cgroup named by its starter's PID: no stable container id",

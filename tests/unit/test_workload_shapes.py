@@ -135,6 +135,19 @@ def test_more_real_shapes(text: str, kind: str, wid: str, detail: dict[str, str]
         ("/system.slice/slurmstepd.scope/system", "runtime daemon's own unit"),
         ("/system.slice/node7_slurmstepd.scope/system", "runtime daemon's own unit"),
         ("/system.slice/k3s.service", "runtime daemon's own unit"),
+        # No pam_systemd: users' logins and cron jobs stay in the daemon's unit.
+        (
+            "/system.slice/ssh.service",
+            "a login or cron daemon's own unit: it holds other users' sessions too",
+        ),
+        (
+            "/system.slice/cron.service",
+            "a login or cron daemon's own unit: it holds other users' sessions too",
+        ),
+        (
+            "/system.slice/getty@tty1.service",
+            "a login or cron daemon's own unit: it holds other users' sessions too",
+        ),
         (
             "/system.slice/containerd.service/kubepods-pod-nothing-known",
             "runtime daemon's own unit",
