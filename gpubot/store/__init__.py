@@ -236,8 +236,25 @@ class Store:
     # -- reading ---------------------------------------------------------------------------
 
     async def incomplete_actions(self) -> list[ActionSummary]:
-        """Return actions with an intent but no outcome (running, or the bot died), newest first."""
-        return await self._reading(lambda c: audit.summaries(c, limit=None, incomplete_only=True))
+        """Return actions with an intent but no outcome (running, or the bot died) that no one
+        has marked reviewed, newest first."""
+        return await self.interrupted()
+
+    async def interrupted(self, nodes: Sequence[str] | None = None) -> list[ActionSummary]:
+        """Return the unfinished, unreviewed actions (on ``nodes``), newest first: one query."""
+        return await self._reading(lambda c: audit.interrupted(c, nodes))
+
+    async def review_action(
+        self, action_id: int, *, actor: str, source: str, note: str = ""
+    ) -> AuditRecord:
+        """Record that ``actor`` looked at interrupted action ``action_id``: it is no longer
+        listed. ``UsageError`` when it finished or was reviewed already."""
+        return await asyncio.to_thread(self._review, action_id, actor, source, note)
+
+    def _review(self, action_id: int, actor: str, source: str, note: str) -> AuditRecord:
+        with guard(f"cannot record the review of action {action_id}"), write_tx(self.engine) as c:
+            now = self.clock()
+            return audit.review(c, action_id, actor=actor, source=source, note=note, now=now)
 
     async def actions(
         self,
