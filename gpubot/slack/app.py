@@ -27,9 +27,10 @@ from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.chat.surface import MIN_UPDATE_S, Handle
 from gpubot.core import commands
 from gpubot.core.policy import resolve
-from gpubot.errors import UsageError
+from gpubot.errors import StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
+from gpubot.slack.outage import DatabaseState
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class GpuBot:
         self.flows = Flows(services, source="slack", min_update_s=min_update_s)
         self.dedupe = Deduper()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.database = DatabaseState(log, "approvals are not expired")
         self.app = AsyncApp(
             client=self.client,
             signing_secret=signing_secret or "",
@@ -223,8 +225,12 @@ class GpuBot:
         while True:
             try:
                 await self.flows.expire(out)
+            except StoreError as exc:  # the database is down: one line per change, no traceback
+                self.database.failed(exc)
             except Exception:
                 log.exception("expiring approvals failed")
+            else:
+                self.database.answered()
             await asyncio.sleep(every_s)
 
     async def post_alert(self, channel: str | None, msg: Message) -> Handle | None:
