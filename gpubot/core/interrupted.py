@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Protocol
 
+from gpubot.core.text import code
 from gpubot.core.timefmt import iso
 
 
@@ -53,7 +54,7 @@ def interrupted_line(a: Unfinished) -> str:
     when = a.started_at.strftime("%Y-%m-%d %H:%M:%S")
     return (
         f"{a.kind or 'action'} #{a.id} on {a.node or '-'} by {a.actor} at {when} UTC "
-        f"never finished: `{show_command(a.id)}`"
+        f"never finished: {code(show_command(a.id))}"
     )
 
 
@@ -65,7 +66,7 @@ def interrupted_lines(actions: Iterable[Unfinished]) -> list[str]:
     ids = " ".join(str(a.id) for a in found[:5])
     return [
         *(interrupted_line(a) for a in found),
-        f"  check the node, then mark each reviewed: `gpubot audit review {ids}`",
+        f"  check the node, then mark each reviewed: {code(f'gpubot audit review {ids}')}",
     ]
 
 
