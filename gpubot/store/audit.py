@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, exists, select
+from sqlalchemy import Connection, Row, Select, and_, exists, select
 
 from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError, UsageError
@@ -191,6 +191,12 @@ def interrupted(conn: Connection, nodes: Sequence[str] | None = None) -> list[Ac
     through the ``action_id`` index (an intent's action_id is its own seq). ``nodes``: only
     actions on these nodes.
     """
+    rows = conn.execute(interrupted_query(nodes)).all()
+    return [summary(to_record(r), None, None) for r in rows]
+
+
+def interrupted_query(nodes: Sequence[str] | None) -> Select[Any]:
+    """Return ``interrupted``'s query (a test reads its plan on both databases)."""
     later = audit_log.alias("later")
     ended = exists().where(
         later.c.action_id == audit_log.c.action_id, later.c.kind.in_(("outcome", REVIEW))
@@ -198,8 +204,7 @@ def interrupted(conn: Connection, nodes: Sequence[str] | None = None) -> list[Ac
     q = select(audit_log).where(audit_log.c.kind == "intent", ~ended)
     if nodes is not None:
         q = q.where(audit_log.c.node.in_(list(nodes)))
-    rows = conn.execute(q.order_by(audit_log.c.seq.desc())).all()
-    return [summary(to_record(r), None, None) for r in rows]
+    return q.order_by(audit_log.c.seq.desc())
 
 
 def review(
