@@ -112,6 +112,9 @@ def test_a_sigkilled_cli_reset_is_named_until_reviewed(fleet: SimFleet) -> None:
         assert any(ln.startswith(line) for ln in dry.stderr.splitlines()), dry.stderr
         dry_doc = json.loads(gpubot_cli(config, "reset", "node1", "--dry-run", "--json").stdout)
         assert [i["id"] for i in dry_doc["interrupted"]] == [action]
+        gpu_reset = gpubot_cli(config, "gpu-reset", "node1", "--gpu", "0")  # no TTY: asks no one
+        assert gpu_reset.returncode == 2 and "add --yes" in gpu_reset.stderr
+        assert any(ln.startswith(line) for ln in gpu_reset.stderr.splitlines()), gpu_reset.stderr
         sweep = gpubot_cli(config, "sweep")
         assert any(ln.startswith(line) for ln in sweep.stdout.splitlines()), sweep.stdout
         sweep_doc = json.loads(gpubot_cli(config, "sweep", "--json").stdout)
