@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from gpubot.errors import StoreError, UsageError
-from gpubot.store import Store, audit
+from gpubot.store import Store, audit, open_store
 from gpubot.store.tables import audit_log
 
 
@@ -24,7 +24,18 @@ async def _begin(store: Store, node: str) -> int:
     )
 
 
-async def test_only_unfinished_unreviewed_actions_on_the_nodes_asked(store: Store) -> None:
+async def test_only_unfinished_unreviewed_actions_on_the_nodes_asked(
+    store: Store, fresh_db_url: str
+) -> None:
+    writer = open_store(fresh_db_url)  # the process that began them (and died)
+    try:
+        ids = await _record(writer)
+    finally:
+        writer.close()
+    await _check_listed_and_reviewed(store, *ids)
+
+
+async def _record(store: Store) -> tuple[int, int, int]:
     done = await _begin(store, "node1")
     await store.record_event(done, {"type": "signal", "pid": 1, "signal": "SIGTERM"})
     await store.finish_action(done, status="freed", result={})
@@ -34,6 +45,11 @@ async def test_only_unfinished_unreviewed_actions_on_the_nodes_asked(store: Stor
     await store.record_query(
         kind="status", actor="x", source="cli", nodes=["node1"], failed={}, seconds=0.1
     )
+    return done, cut1, cut2
+
+
+async def _check_listed_and_reviewed(store: Store, done: int, cut1: int, cut2: int) -> None:
+    assert [a.id for a in await store.actions()] == [cut2, cut1, done]
 
     assert [a.id for a in await store.interrupted(["node1"])] == [cut1]
     assert [a.id for a in await store.interrupted(["node1", "node2"])] == [cut2, cut1]
@@ -101,3 +117,31 @@ def test_control_a_query_without_the_kind_filter_scans_the_log(store: Store) -> 
             conn.exec_driver_sql("SET enable_seqscan = off")
             plan = "\n".join(str(r[0]) for r in conn.exec_driver_sql(f"EXPLAIN {sql}"))
             assert "Seq Scan" in plan
+
+
+async def test_an_action_this_process_runs_is_not_called_interrupted(
+    store: Store, fresh_db_url: str
+) -> None:
+    running = await _begin(store, "node5")
+    assert running not in [a.id for a in await store.interrupted(["node5"])]
+    other = open_store(fresh_db_url)  # the store fixture's database, as another process opens it
+    try:  # another process cannot tell it from a dead one: it lists it
+        assert running in [a.id for a in await other.interrupted(["node5"])]
+    finally:
+        other.close()
+    await store.finish_action(running, status="freed", result={})
+    assert await store.interrupted(["node5"]) == []
+
+
+async def test_an_outcome_that_could_not_be_written_leaves_it_interrupted(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cut = await _begin(store, "node6")
+
+    def down(*_: object) -> None:
+        raise StoreError("cannot record the outcome: connection refused")
+
+    monkeypatch.setattr(store, "_follow", down)
+    with pytest.raises(StoreError):
+        await store.finish_action(cut, status="failed", result={})
+    assert [a.id for a in await store.interrupted(["node6"])] == [cut]

@@ -11,12 +11,22 @@ import time
 from typing import Any
 
 from gpubot.chat.interrupted import ACTION_REVIEW
+from gpubot.store import Store, open_store
 from tests.fixtures.slack import Harness
 
 
 async def _interrupted(harness: Harness) -> int:
-    """Write what a reset that gpubot was killed in leaves: an intent, and no outcome."""
-    done = await harness.store.begin_action(
+    """Write what a reset that gpubot was killed in leaves: an intent, and no outcome (through
+    a store of its own: the bot's store knows the actions it runs itself are not interrupted)."""
+    store = open_store(harness.app.settings.database_url)
+    try:
+        return await _intents(store)
+    finally:
+        store.close()
+
+
+async def _intents(store: Store) -> int:
+    done = await store.begin_action(
         kind="reset",
         actor="U0ALICE",
         source="slack",
@@ -25,9 +35,9 @@ async def _interrupted(harness: Harness) -> int:
         gpus=[1],
         plan={"targets": []},
     )
-    await harness.store.finish_action(done, status="freed", result={})
+    await store.finish_action(done, status="freed", result={})
     return int(
-        await harness.store.begin_action(
+        await store.begin_action(
             kind="reset",
             actor="U0ALICE",
             source="slack",
@@ -102,3 +112,19 @@ async def test_home_tab_and_sweep_name_it_until_an_approver_reviews_it(harness: 
 async def test_nothing_interrupted_means_no_block(harness: Harness) -> None:
     view = await _home(harness, "U0CAROL")
     assert "interrupted" not in json.dumps(view) and _buttons(view) == []
+
+
+async def test_a_reset_the_bot_is_running_is_not_offered_for_review(harness: Harness) -> None:
+    harness.fake.groups["S0ONCALL"] = ["U0DAVE"]
+    running = await harness.store.begin_action(
+        kind="reset",
+        actor="U0ALICE",
+        source="slack",
+        command="/gpu reset node1 gpu 3",
+        node="node1",
+        gpus=[3],
+        plan={"targets": []},
+    )  # the bot's own store: this bot runs it (say, in its grace wait)
+    view = await _home(harness, "U0CAROL")
+    assert f"#{running}" not in json.dumps(view) and _buttons(view) == []
+    await harness.store.finish_action(running, status="freed", result={})
