@@ -3,7 +3,9 @@ the snooze buttons, and ``/gpu sweep``'s report (pure ``render_*``)."""
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,12 +28,17 @@ from gpubot.chat.blocks import (
 )
 from gpubot.chat.fleet_view import node_lines, node_rows
 from gpubot.chat.flows import Sweeper
+from gpubot.chat.interrupted import sweep_lines
 from gpubot.chat.reset_view import reset_button
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import TITLES, duration_text
+from gpubot.core.interrupted import Unfinished
 from gpubot.core.models import FindingKind
+from gpubot.errors import GpubotError
 from gpubot.services.approvals import Identity
 from gpubot.services.sweep import SweepService
+
+log = logging.getLogger(__name__)
 
 ACTION_SNOOZE = "gpubot_snooze_"  # + "1h" | "1d"; the value is the finding's key text
 SNOOZE_ACTION = re.compile(r"^gpubot_snooze_(1h|1d)$")
@@ -156,8 +163,9 @@ def render_reminder(group: AlertGroup) -> Message:
     return {"text": clip(f"Still open on {group.node}", MAX_FALLBACK), "blocks": [section(text)]}
 
 
-def render_sweep(result: SweepResult) -> Message:
-    """Render a sweep's report (``/gpu sweep``)."""
+def render_sweep(result: SweepResult, interrupted: Sequence[Unfinished] = ()) -> Message:
+    """Render a sweep's report (``/gpu sweep``); ``interrupted``: actions on its nodes that
+    never finished and no one has marked reviewed."""
     if result.skipped:
         return {"text": f"Sweep skipped: {escape(result.skipped)}",
                 "blocks": [section(f"Sweep skipped: {escape(result.skipped)}")]}  # fmt: skip
@@ -182,6 +190,9 @@ def render_sweep(result: SweepResult) -> Message:
     if idle:
         held = " · ".join(f"{escape(u)} {h:.1f}" for u, h in list(idle.items())[:20])
         b.add(context(f"GPU-hours held idle: {held}"))
+    if interrupted:
+        cut = "\n".join(sweep_lines(interrupted))
+        b.add(section(f"⚠ *{len(interrupted)} interrupted action(s)* never finished:\n{cut}"))
     b.add(context(f"{n} node(s) asked in {result.seconds:.1f} s · {date(result.started_at)}"))
     return {"text": escape(title), "blocks": b.blocks}
 
@@ -191,6 +202,12 @@ def chat_sweeper(service: SweepService) -> Sweeper:
 
     async def sweep(who: Identity) -> Message:
         result = await service.run(alerting=False, source="slack", actor=f"slack:{who.id}")
-        return render_sweep(result)
+        found: Sequence[Unfinished] = ()
+        if service.audit is not None and not result.skipped:
+            try:
+                found = await service.audit.interrupted(result.nodes)
+            except GpubotError as exc:  # the report still shows what the sweep found
+                log.warning("interrupted actions not listed in the sweep report: %s", exc)
+        return render_sweep(result, found)
 
     return sweep

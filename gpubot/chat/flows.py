@@ -16,6 +16,7 @@ from typing import Any
 from gpubot.chat.blocks import Message, escape, mrkdwn, mrkdwn_lines, render_text
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home
+from gpubot.chat.interrupted import interrupted_for
 from gpubot.chat.reset_view import (
     render_approval_request,
     render_approval_state,
@@ -407,7 +408,8 @@ class Flows:
                 idle = await self.svc.idle(fleet.snapshots)
             except GpubotError as exc:  # the tab still shows the fleet
                 log.warning("idle GPU-hours unavailable for the Home tab: %s", exc)
-        return render_home(who.id, who.linux_user, fleet.snapshots, fleet.failed,
+        cut = await interrupted_for(self.svc.audit, self.svc.approvals, who)
+        return render_home(who.id, who.linux_user, fleet.snapshots, fleet.failed, interrupted=cut,
                            seconds=fleet.seconds, now=now, idle_hours=idle)  # fmt: skip
 
 

@@ -26,6 +26,7 @@ from gpubot.chat.blocks import (
     section,
 )
 from gpubot.chat.fleet_view import proc_label, render_fleet
+from gpubot.chat.interrupted import Interrupted, interrupted_blocks
 from gpubot.core.models import NodeSnapshot
 
 
@@ -38,13 +39,17 @@ def render_home(
     seconds: float,
     now: float,
     idle_hours: Mapping[str, float] | None = None,
+    interrupted: Interrupted | None = None,
 ) -> dict[str, Any]:
     """Render the Home tab view for ``user_id`` (at most 100 blocks, no table block).
 
     ``idle_hours``: GPU-hours held idle per Linux user (None: not known here).
+    ``interrupted``: actions gpubot never recorded an end of, shown first until reviewed.
     """
     b = Budget(MAX_VIEW_BLOCKS)
     b.add(header("GPU fleet"))
+    for blk in interrupted_blocks(interrupted, buttons=True):
+        b.add(blk)
     if linux_user is None:
         b.add(section(
             f"Hello <@{user_id}>. Your Slack account is not mapped to a Linux user, so every "

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reset": ("gpubot.cli.reset", "free GPUs safely: plan, TERM, KILL, verify"),
     "gpu-reset": ("gpubot.cli.reset", "nvidia-smi --gpu-reset an orphaned GPU"),
     "sweep": ("gpubot.cli.sweep", "look for zombie processes and orphaned VRAM now"),
-    "audit": ("gpubot.cli.audit", "list, show, export and verify the audit log"),
+    "audit": ("gpubot.cli.audit", "list, show, review, export and verify the audit log"),
     "db": ("gpubot.cli.db", "database migrations"),
     "serve": ("gpubot.cli.serve", "run the Slack bot"),
     "console": ("gpubot.cli.console", "type /gpu commands on a terminal"),

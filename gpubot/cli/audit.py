@@ -1,4 +1,6 @@
-"""``gpubot audit list | show ID | export | verify``: read the audit log and check its chain.
+"""``gpubot audit list | show ID | review ID | export | verify``: read the audit log and check
+its chain. ``list --incomplete`` lists interrupted actions (an intent, no outcome) that no one
+has marked reviewed; ``review ID`` marks one reviewed, as a record of its own in the chain.
 
 ``verify`` reads the chain's key from ``$GPUBOT_AUDIT_KEY`` (a keyed log cannot be verified
 without it) and, with ``--expect-head SEQ:HASH``, checks the log against a head noted elsewhere
@@ -24,6 +26,7 @@ from typing import Any, TextIO
 
 from gpubot import config
 from gpubot.app import open_app_store
+from gpubot.cli.common import cli_actor
 from gpubot.config import AuditSettings, parse_duration
 from gpubot.errors import UsageError
 from gpubot.store import ActionDetail, ActionSummary, AuditRecord, SealRule, Store
@@ -52,10 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ls.add_argument("--since", help="2h, 30m, 7d ... or an ISO time (UTC unless it says)")
     ls.add_argument("--limit", default="50", help="at most this many (default 50)")
     ls.add_argument("--queries", action="store_true", help="list status and sweep queries")
+    ls.add_argument(
+        "--incomplete", action="store_true", help="only interrupted actions not marked reviewed"
+    )
     ls.add_argument("--json", action="store_true", help="print JSON")
     show = sub.add_parser("show", help="show one action: intent, every event, outcome")
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true", help="print JSON")
+    rev = sub.add_parser("review", help="mark interrupted actions reviewed (recorded)")
+    rev.add_argument("ids", nargs="+", metavar="ID")
+    rev.add_argument("--note", default="", help="what was found on the node")
     exp = sub.add_parser("export", help="print every record as stored, hashes included")
     exp.add_argument("--format", default="jsonl", help="jsonl (default) or csv")
     exp.add_argument("-o", "--output", metavar="PATH",
@@ -93,8 +102,12 @@ def check_args(args: argparse.Namespace) -> None:
         args.since = None if args.since is None else parse_since(args.since, datetime.now(UTC))
         if args.queries and args.node:
             raise UsageError("--node does not apply to --queries (they may span many nodes)")
+        if args.queries and args.incomplete:
+            raise UsageError("--incomplete does not apply to --queries (queries do not end)")
     elif args.audit_command == "show":
         args.id = positive_int("ID", args.id)
+    elif args.audit_command == "review":
+        args.ids = [positive_int("ID", i) for i in args.ids]
     elif args.audit_command == "export" and args.format not in ("jsonl", "csv"):
         raise UsageError(f"--format: expected jsonl or csv, got {args.format!r}")
     elif args.audit_command == "verify":
@@ -158,11 +171,15 @@ async def _run(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     if cmd == "list" and args.queries:
         qs = await store.queries(actor=args.actor, since=args.since, limit=args.limit)
         _print_queries(qs, args.json, out)
+    elif cmd == "list" and args.incomplete:
+        _print_actions(_matching(await store.interrupted(), args), args.json, out)
     elif cmd == "list":
         acts = await store.actions(
             node=args.node, actor=args.actor, since=args.since, limit=args.limit
         )
         _print_actions(acts, args.json, out)
+    elif cmd == "review":
+        await _review(store, args.ids, args.note, out)
     elif cmd == "show":
         detail = await store.action(args.id)
         if detail is None:
@@ -174,6 +191,21 @@ async def _run(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     else:
         return await _verify(store, args, out)
     return 0
+
+
+def _matching(acts: list[ActionSummary], args: argparse.Namespace) -> list[ActionSummary]:
+    """Apply ``list``'s filters to interrupted actions (few: the query reads them all)."""
+    acts = [a for a in acts if args.node is None or a.node == args.node]
+    acts = [a for a in acts if args.actor is None or args.actor in a.actor]
+    acts = [a for a in acts if args.since is None or a.started_at >= args.since]
+    return acts[: args.limit]
+
+
+async def _review(store: Store, ids: list[int], note: str, out: TextIO) -> None:
+    """Mark each action reviewed, by the CLI's user; stop at the first that cannot be."""
+    for action_id in ids:
+        rec = await store.review_action(action_id, actor=cli_actor(), source="cli", note=note)
+        out.write(f"action {action_id} marked reviewed by {rec.actor} (audit record {rec.seq})\n")
 
 
 async def _verify(store: Store, args: argparse.Namespace, out: TextIO) -> int:
@@ -289,6 +321,11 @@ def _show(d: ActionDetail) -> str:
         f"  events:   {len(d.events)}",
     ]
     lines += [f"    {_t(e.time)}  {e.payload}" for e in d.events]
+    lines += [
+        f"  reviewed: by {r.actor} at {_t(r.time)} UTC: {r.data.get('note') or '-'}"
+        for r in d.records
+        if r.kind == "review"
+    ]
     lines.append(f"  result:   {json.dumps(d.result, sort_keys=True)}")
     lines.append(f"  records:  {', '.join(str(r.seq) for r in d.records)}")
     return "\n".join(lines) + "\n"

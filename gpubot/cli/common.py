@@ -7,10 +7,16 @@ import asyncio
 import getpass
 import os
 import sys
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from gpubot.app import App, StatusApp, build, build_status, settings_from
+from gpubot.core.interrupted import interrupted_dict, interrupted_lines
+from gpubot.core.text import one_line
+from gpubot.errors import StoreError
+
+if TYPE_CHECKING:
+    from gpubot.store import ActionSummary, Store
 
 T = TypeVar("T")
 
@@ -62,3 +68,28 @@ def with_status_app(args: argparse.Namespace, body: Callable[[StatusApp], Awaita
             await app.close()
 
     return asyncio.run(main())
+
+
+async def interrupted_on(
+    store: Store | None, nodes: Sequence[str] | None
+) -> list[ActionSummary] | None:
+    """Return the interrupted, unreviewed actions on ``nodes`` (None: every node), from one
+    query; None when there is no audit log to ask or it cannot be read (said on stderr)."""
+    if store is None:
+        return None
+    try:
+        return await store.interrupted(nodes)
+    except StoreError as exc:
+        print(f"gpubot: warning: cannot list interrupted actions: {exc}", file=sys.stderr)
+        return None
+
+
+def print_interrupted(found: Sequence[ActionSummary] | None, out: TextIO) -> None:
+    """Print one line per interrupted action (nothing when there is none)."""
+    for line in interrupted_lines(found or ()):
+        print(one_line(line), file=out)
+
+
+def interrupted_json(found: Sequence[ActionSummary] | None) -> list[dict[str, Any]] | None:
+    """Return the ``interrupted`` field of a ``--json`` document (null: not known)."""
+    return None if found is None else [interrupted_dict(a) for a in found]

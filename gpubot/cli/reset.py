@@ -6,13 +6,25 @@ import argparse
 import json
 import shlex
 import sys
+from typing import TYPE_CHECKING, Any
 
 from gpubot.app import App
-from gpubot.cli.common import cli_actor, color, linux_user, with_app
+from gpubot.cli.common import (
+    cli_actor,
+    color,
+    interrupted_json,
+    interrupted_on,
+    linux_user,
+    print_interrupted,
+    with_app,
+)
 from gpubot.cli.render import render_plan_lines, render_reset
 from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.errors import UsageError
 from gpubot.services.reset import ResetEvent, ResetResult
+
+if TYPE_CHECKING:
+    from gpubot.store import ActionSummary
 
 
 def _nonneg_int(text: str) -> int:
@@ -74,11 +86,20 @@ async def _print_event(event: ResetEvent) -> None:
         print(f"  {event.kind}: {detail}", file=sys.stderr)
 
 
-def _finish(result: ResetResult, as_json: bool) -> int:
-    print(
-        json.dumps(result.to_dict(), indent=2) if as_json else render_reset(result, color=color())
-    )
+def _finish(result: ResetResult, as_json: bool, found: list[ActionSummary] | None) -> int:
+    if as_json:
+        print(json.dumps({**result.to_dict(), "interrupted": interrupted_json(found)}, indent=2))
+    else:
+        print(render_reset(result, color=color()))
     return 0 if result.ok else 1
+
+
+async def _interrupted(app: App, node: str, as_json: bool) -> list[ActionSummary] | None:
+    """Return (and, on a terminal, say first) what was interrupted on ``node`` before."""
+    found = await interrupted_on(app.store, [node])
+    if not as_json:
+        print_interrupted(found, sys.stderr)
+    return found
 
 
 def run_reset(args: argparse.Namespace) -> int:
@@ -94,10 +115,12 @@ def run_reset(args: argparse.Namespace) -> int:
     command = shlex.join(["gpubot", *args._argv])
 
     async def body(app: App) -> int:
+        found = await _interrupted(app, args.node, args.json)
         plan, before = await app.reset.plan(request)
         if args.dry_run:
             if args.json:
-                doc = {"node": plan.node, "plan": plan.to_dict(), "steps": [], "gpus": []}
+                doc: dict[str, Any] = {"node": plan.node, "plan": plan.to_dict()}
+                doc |= {"steps": [], "gpus": [], "interrupted": interrupted_json(found)}
                 print(json.dumps(doc, indent=2))
             else:
                 print("\n".join(render_plan_lines(plan)))
@@ -110,7 +133,7 @@ def run_reset(args: argparse.Namespace) -> int:
             plan, actor=cli_actor(), source="cli", command=command,
             on_event=None if args.json else _print_event, grace_s=args.grace, before=before,
         )  # fmt: skip
-        return _finish(result, args.json)
+        return _finish(result, args.json, found)
 
     return with_app(args, True, body)
 
@@ -128,11 +151,12 @@ def run_gpu_reset(args: argparse.Namespace) -> int:
     command = shlex.join(["gpubot", *args._argv])
 
     async def body(app: App) -> int:
+        found = await _interrupted(app, args.node, args.json)
         _confirm(f"run nvidia-smi --gpu-reset on {args.node} GPU {args.gpu}?", args.yes)
         result = await app.reset.gpu_reset(
             args.node, args.gpu, actor=cli_actor(), source="cli", command=command,
             on_event=None if args.json else _print_event,
         )  # fmt: skip
-        return _finish(result, args.json)
+        return _finish(result, args.json, found)
 
     return with_app(args, True, body)

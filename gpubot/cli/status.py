@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from gpubot.app import StatusApp
-from gpubot.cli.common import cli_actor, color, with_status_app
+from gpubot.cli.common import (
+    cli_actor,
+    color,
+    interrupted_json,
+    interrupted_on,
+    print_interrupted,
+    with_status_app,
+)
 from gpubot.cli.render import fleet_dict, render_fleet
 
 
@@ -25,10 +33,15 @@ def run(args: argparse.Namespace) -> int:
         names = args.targets or ["all"]
         nodes = app.status.resolve(names)
         status = await app.status.fleet(names, actor=cli_actor(), source="cli")
+        # The store is open (or known unusable) once the query is recorded, as fleet() does.
+        found = await interrupted_on(app.store, [n.name for n in nodes])
         if args.json:
-            print(json.dumps(fleet_dict(status, [n.name for n in nodes]), indent=2))
+            doc = fleet_dict(status, [n.name for n in nodes])
+            doc["interrupted"] = interrupted_json(found)
+            print(json.dumps(doc, indent=2))
         else:
             print(render_fleet(status, color=color()))
+            print_interrupted(found, sys.stdout)
         return 0 if status.ok else 1
 
     return with_status_app(args, body)  # the store opens while the nodes are probed

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from gpubot.app import App
-from gpubot.cli.common import cli_actor, with_app
+from gpubot.cli.common import (
+    cli_actor,
+    interrupted_json,
+    interrupted_on,
+    print_interrupted,
+    with_app,
+)
 from gpubot.core.alerting import SweepResult
 from gpubot.core.text import one_line
 
@@ -27,10 +34,14 @@ def run(args: argparse.Namespace) -> int:
 
     async def body(app: App) -> int:
         result = await app.sweep.run(alerting=False, source="cli", actor=cli_actor())
+        found = await interrupted_on(app.store, result.nodes)
         if args.json:
-            print(json.dumps(result.to_dict(), indent=2))
+            print(
+                json.dumps({**result.to_dict(), "interrupted": interrupted_json(found)}, indent=2)
+            )
         else:
             print(render(result))
+            print_interrupted(found, sys.stdout)
         return 0 if result.ok else 1
 
     return with_app(args, False, body)

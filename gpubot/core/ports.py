@@ -7,6 +7,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from gpubot.core.interrupted import Unfinished
 from gpubot.core.models import (
     ActionStatus,
     CommandResult,
@@ -288,6 +289,16 @@ class AuditLog(AuditStore, Protocol):
         self, *, actor: str | None = None, since: datetime | None = None, limit: int = 50
     ) -> Sequence[AuditEntry]:
         """Return status and sweep records, newest first."""
+        ...
+
+    async def interrupted(self, nodes: Sequence[str] | None = None) -> Sequence[Unfinished]:
+        """Return the unfinished actions (on ``nodes``) no one marked reviewed, newest first."""
+        ...
+
+    async def review_action(
+        self, action_id: int, *, actor: str, source: str, note: str = ""
+    ) -> AuditEntry:
+        """Record that ``actor`` reviewed an interrupted action (``UsageError``: it cannot be)."""
         ...
 
 

@@ -21,15 +21,17 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 
-from gpubot.chat.blocks import Message, mrkdwn, mrkdwn_lines, render_text
+from gpubot.chat.blocks import Message, context, escape, mrkdwn, mrkdwn_lines, render_text
 from gpubot.chat.flows import Flows, Services
+from gpubot.chat.interrupted import ACTION_REVIEW, review
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.chat.surface import MIN_UPDATE_S, Handle
 from gpubot.core import commands
 from gpubot.core.policy import resolve
-from gpubot.errors import UsageError
+from gpubot.errors import StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
+from gpubot.slack.outage import DatabaseState
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ class GpuBot:
         self.flows = Flows(services, source="slack", min_update_s=min_update_s)
         self.dedupe = Deduper()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.database = DatabaseState(log, "approvals are not expired")
         self.app = AsyncApp(
             client=self.client,
             signing_secret=signing_secret or "",
@@ -98,6 +101,7 @@ class GpuBot:
         self.app.action(ACTION_APPROVE)(self._on_decide)
         self.app.action(ACTION_DENY)(self._on_decide)
         self.app.action(ACTION_RESET_GPU)(self._on_reset_button)
+        self.app.action(ACTION_REVIEW)(self._on_review)
         self.app.event("app_home_opened")(self._on_home)
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -211,9 +215,23 @@ class GpuBot:
             return
         self.spawn(self._home(str(event.get("user"))), "home")
 
-    async def _home(self, user_id: str) -> None:
+    async def _home(self, user_id: str, notice: str | None = None) -> None:
         who = await self.identify(user_id, "")
-        await self.api.publish_home(user_id, await self.flows.home(who))
+        view = await self.flows.home(who)  # interrupted actions are read anew each time
+        if notice is not None:  # what the click did, under the header
+            view["blocks"].insert(1, context(escape(notice)))
+        await self.api.publish_home(user_id, view)
+
+    async def _on_review(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        user = body.get("user") or {}
+        self.spawn(self._review(user, str(action.get("value"))), "review")
+
+    async def _review(self, user: dict[str, Any], value: str) -> None:
+        who = await self.identify(str(user.get("id")), str(user.get("username") or ""))
+        done = await review(self.services.audit, self.services.approvals, who, value)
+        log.info("Home tab review by %s: %s", who.id, done)
+        await self._home(who.id, done)
 
     # -- background duties -----------------------------------------------------------------------
 
@@ -223,8 +241,12 @@ class GpuBot:
         while True:
             try:
                 await self.flows.expire(out)
+            except StoreError as exc:  # the database is down: one line per change, no traceback
+                self.database.failed(exc)
             except Exception:
                 log.exception("expiring approvals failed")
+            else:
+                self.database.answered()
             await asyncio.sleep(every_s)
 
     async def post_alert(self, channel: str | None, msg: Message) -> Handle | None:

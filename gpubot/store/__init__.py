@@ -105,6 +105,7 @@ class Store:
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)  # record times
         self._last: tuple[int, str] | None = None  # the last record this store wrote
         self._last_lock = threading.Lock()
+        self._running: set[int] = set()  # actions begun here whose outcome is not yet written
         self.approvals = ApprovalStore(self.engine)
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
@@ -124,7 +125,9 @@ class Store:
     ) -> int:
         """Write the intent of an action BEFORE anything happens; return the action id."""
         payload = {"action": kind, "command": command, "gpus": list(gpus), "plan": plan}
-        return await asyncio.to_thread(self._begin, actor, source, node, payload)
+        action_id = await asyncio.to_thread(self._begin, actor, source, node, payload)
+        self._running.add(action_id)  # not interrupted while this process runs it
+        return action_id
 
     def _begin(self, actor: str, source: str, node: str | None, payload: dict[str, Any]) -> int:
         with guard("cannot record the intent, so nothing was done"), write_tx(self.engine) as c:
@@ -150,9 +153,12 @@ class Store:
         """Append the outcome of an action (once); ``status`` is e.g. ok, failed, refused."""
         if not status or status == ActionStatus.INCOMPLETE:
             raise StoreError(f"an outcome needs a status other than {status!r}")
-        await asyncio.to_thread(
-            self._follow, action_id, "outcome", {"status": status, "result": result}
-        )
+        try:
+            await asyncio.to_thread(
+                self._follow, action_id, "outcome", {"status": status, "result": result}
+            )
+        finally:  # written or not, this process is done with it: unwritten, it is interrupted
+            self._running.discard(action_id)
 
     def _follow(self, action_id: int, kind: str, payload: dict[str, Any]) -> None:
         with guard(f"cannot record the {kind} of action {action_id}"), write_tx(self.engine) as c:
@@ -236,8 +242,29 @@ class Store:
     # -- reading ---------------------------------------------------------------------------
 
     async def incomplete_actions(self) -> list[ActionSummary]:
-        """Return actions with an intent but no outcome (running, or the bot died), newest first."""
-        return await self._reading(lambda c: audit.summaries(c, limit=None, incomplete_only=True))
+        """Return actions with an intent but no outcome (running, or the bot died) that no one
+        has marked reviewed, newest first (``serve`` reports them at start-up)."""
+        return await self._reading(lambda c: audit.interrupted(c, None))
+
+    async def interrupted(self, nodes: Sequence[str] | None = None) -> list[ActionSummary]:
+        """Return the unfinished, unreviewed actions (on ``nodes``), newest first: one query.
+
+        Actions this process is running are left out; another process's running action is
+        listed (nothing here can tell it from a dead one)."""
+        found = await self._reading(lambda c: audit.interrupted(c, nodes))
+        return [a for a in found if a.id not in self._running]
+
+    async def review_action(
+        self, action_id: int, *, actor: str, source: str, note: str = ""
+    ) -> AuditRecord:
+        """Record that ``actor`` looked at interrupted action ``action_id``: it is no longer
+        listed. ``UsageError`` when it finished or was reviewed already."""
+        return await asyncio.to_thread(self._review, action_id, actor, source, note)
+
+    def _review(self, action_id: int, actor: str, source: str, note: str) -> AuditRecord:
+        with guard(f"cannot record the review of action {action_id}"), write_tx(self.engine) as c:
+            now = self.clock()
+            return audit.review(c, action_id, actor=actor, source=source, note=note, now=now)
 
     async def actions(
         self,

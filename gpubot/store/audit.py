@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, select
+from sqlalchemy import Connection, Row, Select, and_, exists, select
 
 from gpubot.core.models import ActionStatus
-from gpubot.errors import StoreError
+from gpubot.errors import StoreError, UsageError
 from gpubot.store.chain import (
     GENESIS,
     MARKER,
@@ -43,6 +43,7 @@ from gpubot.store.seals import SEAL, SealRule, age_problem, seal_payload
 from gpubot.store.tables import audit_head, audit_log
 
 PAGE = 2000  # records read per query while walking the chain
+REVIEW = "review"  # a person's note that an interrupted action was looked at (``review``)
 
 
 def append(
@@ -181,6 +182,59 @@ def summaries(
     if limit is not None:
         q = q.limit(limit)
     return [summary(to_record(r), r.o_payload, r.o_at) for r in conn.execute(q).all()]
+
+
+def interrupted(conn: Connection, nodes: Sequence[str] | None = None) -> list[ActionSummary]:
+    """Return the actions with an intent but neither an outcome nor a review, newest first.
+
+    One query: the intents through the ``(kind, seq)`` index, each outcome or review looked up
+    through the ``action_id`` index (an intent's action_id is its own seq). ``nodes``: only
+    actions on these nodes.
+    """
+    rows = conn.execute(interrupted_query(nodes)).all()
+    return [summary(to_record(r), None, None) for r in rows]
+
+
+def interrupted_query(nodes: Sequence[str] | None) -> Select[Any]:
+    """Return ``interrupted``'s query (a test reads its plan on both databases)."""
+    later = audit_log.alias("later")
+    ended = exists().where(
+        later.c.action_id == audit_log.c.action_id, later.c.kind.in_(("outcome", REVIEW))
+    )
+    q = select(audit_log).where(audit_log.c.kind == "intent", ~ended)
+    if nodes is not None:
+        q = q.where(audit_log.c.node.in_(list(nodes)))
+    return q.order_by(audit_log.c.seq.desc())
+
+
+def review(
+    conn: Connection, action_id: int, *, actor: str, source: str, note: str, now: datetime
+) -> AuditRecord:
+    """Append a review of an interrupted action (inside ``write_tx``); refuse any other."""
+    intent, outcome = intent_of(conn, action_id)
+    if outcome is not None:
+        status = outcome.data.get("status", "?")
+        raise UsageError(f"action {action_id} finished ({status}): there is nothing to review")
+    done = conn.execute(
+        select(audit_log.c.actor, audit_log.c.created_at).where(
+            audit_log.c.action_id == action_id, audit_log.c.kind == REVIEW
+        )
+    ).first()
+    if done is not None:
+        raise UsageError(
+            f"action {action_id} was marked reviewed already, by {done.actor} at {done.created_at}"
+        )
+    payload = {"reviewed": action_id, "action": intent.data.get("action", ""), "note": note}
+    return append(
+        conn,
+        kind=REVIEW,
+        actor=actor,
+        source=source,
+        node=intent.node,
+        payload=payload,
+        action_id=action_id,
+        now=now,
+    )
 
 
 def summary(

@@ -1,0 +1,108 @@
+"""Interrupted actions in chat: what the Home tab and the sweep report show, and the "Mark
+reviewed" button (only approvers see it and may use it; the review is an audit record).
+
+The lines are ``core.interrupted``'s, the same the CLI prints; names are escaped here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpubot.chat.blocks import Block, context, mrkdwn, section
+from gpubot.core.interrupted import Unfinished, interrupted_line
+from gpubot.core.ports import AuditLog
+from gpubot.errors import GpubotError, UsageError
+from gpubot.services.approvals import ApprovalService, Identity
+
+log = logging.getLogger(__name__)
+
+ACTION_REVIEW = "gpubot_review_action"  # the value is the action id
+MAX_SHOWN = 10  # interrupted actions detailed (one block each); the rest are counted
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The interrupted actions one person sees, and whether they may mark them reviewed."""
+
+    actions: tuple[Unfinished, ...]
+    may_review: bool = False
+
+
+async def interrupted_for(
+    audit: AuditLog | None, approvals: ApprovalService | None, who: Identity | None
+) -> Interrupted | None:
+    """Return what was interrupted (every node) for ``who`` (None: no approver check); None
+    when there is no audit log or it cannot be read (logged: the view still shows the rest)."""
+    if audit is None:
+        return None
+    try:
+        found = tuple(await audit.interrupted())
+    except GpubotError as exc:
+        log.warning("interrupted actions not listed: %s", exc)
+        return None
+    may = False
+    if found and who is not None and who.refused is None and approvals is not None:
+        try:
+            may = await approvals.is_approver(who)
+        except GpubotError as exc:  # the on-call group unreadable: no button this time
+            log.warning("Home tab without review buttons: %s", exc)
+    return Interrupted(found, may)
+
+
+async def review(
+    audit: AuditLog | None, approvals: ApprovalService | None, who: Identity, value: str
+) -> str:
+    """Mark the action ``value`` reviewed for ``who`` (an approver); return one line saying
+    what was done, or why not."""
+    try:
+        action_id = int(value)
+    except ValueError:
+        return f"not an action id: {value[:20]!r}"
+    if audit is None or approvals is None:
+        return "there is no audit log here: nothing was marked"
+    try:
+        if who.refused is not None or not await approvals.is_approver(who):
+            return "only on-call approvers can mark interrupted actions reviewed"
+        await audit.review_action(action_id, actor=who.id, source="slack", note="Home tab")
+    except UsageError as exc:
+        return str(exc)
+    except GpubotError as exc:
+        return f"action {action_id} was not marked reviewed: {exc}"
+    return f"action {action_id} marked reviewed by you (recorded in the audit log)"
+
+
+def interrupted_blocks(found: Interrupted | None, *, buttons: bool) -> list[Block]:
+    """Return the blocks naming each interrupted action (none: no block at all); ``buttons``:
+    a "Mark reviewed" button beside each, when the viewer may use it."""
+    if found is None or not found.actions:
+        return []
+    acts = found.actions
+    head = f"⚠ *{len(acts)} interrupted action(s)*: gpubot stopped before recording their "
+    out = [section(head + "outcome. Check the node, then mark each reviewed.")]
+    for a in acts[:MAX_SHOWN]:
+        blk = section(_escaped_line(a))
+        if buttons and found.may_review:
+            blk["accessory"] = {
+                "type": "button",
+                "action_id": ACTION_REVIEW,
+                "value": str(a.id),
+                "text": {"type": "plain_text", "text": "Mark reviewed"},
+            }
+        out.append(blk)
+    if len(acts) > MAX_SHOWN:
+        out.append(context(f"… and {len(acts) - MAX_SHOWN} more: `gpubot audit list --incomplete`"))
+    return out
+
+
+def _escaped_line(a: Unfinished) -> str:
+    return mrkdwn(interrupted_line(a))
+
+
+def sweep_lines(actions: Sequence[Unfinished]) -> list[str]:
+    """Return the sweep report's lines about interrupted actions (mrkdwn)."""
+    out = [_escaped_line(a) for a in actions[:MAX_SHOWN]]
+    if len(actions) > MAX_SHOWN:
+        out.append(f"… and {len(actions) - MAX_SHOWN} more: `gpubot audit list --incomplete`")
+    return out
