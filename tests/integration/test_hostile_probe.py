@@ -240,9 +240,11 @@ async def test_past_its_budget_the_probe_says_unknown_not_timeout(
     settings: Settings, node: SimNode, holders: Holders
 ) -> None:
     # The old reading and escaping path, but the new budget (2 s): the node's answer is unknown,
-    # in one line, well before the transport's limit; never a timeout, never "no holders".
+    # in one line, well before the transport's limit; never a timeout, never "no holders". (On a
+    # box far busier than its cores the budget may already run out in fuser's table.)
     t = time.monotonic()
-    with pytest.raises(ProbeError, match=r"time budget \(2s\) while reading /proc: .* unknown"):
+    budget = r"time budget \(2s\) while reading (/proc|fuser's table): .* unknown"
+    with pytest.raises(ProbeError, match=budget):
         await probe_with(settings, old_script(escaping=True, reading=True), budget_s=2)
     assert time.monotonic() - t < settings.ssh.command_timeout_s
     assert probe_processes(node) == []
@@ -252,8 +254,9 @@ async def test_past_its_budget_the_probe_says_unknown_not_timeout(
 async def test_a_probe_given_up_on_leaves_nothing_running(
     settings: Settings, node: SimNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # nvidia-smi answers after 30 s; gpubot gives up after 3: the remote bash, its query's
-    # subshell and nvidia-smi itself must all be gone, by PID and start time.
+    # nvidia-smi answers after 30 s; gpubot gives up after 8 (time enough for OpenSSH's session
+    # to start on a box far busier than its cores): the remote bash, its query's subshell and
+    # nvidia-smi itself must all be gone, by PID and start time.
     node.set_fault("slow", delay_s=30)
     cfg = settings.node("node1")
     assert cfg is not None
@@ -265,7 +268,7 @@ async def test_a_probe_given_up_on_leaves_nothing_running(
         watcher = asyncio.ensure_future(_watch(node, seen))
         try:
             with pytest.raises(CommandTimeout):
-                await transport.run(cfg, probe_argv(cfg, smi_timeout_s=20), timeout=3.0)
+                await transport.run(cfg, probe_argv(cfg, smi_timeout_s=20), timeout=8.0)
             watcher.cancel()
             assert len(seen) >= 2, seen  # bash and nvidia-smi at least
             gone = await asyncio.to_thread(_wait_gone, seen, 5.0)
