@@ -26,11 +26,12 @@ from gpubot.chat.alerts import SNOOZE_ACTION, render_alert_group, render_reminde
 from gpubot.chat.blocks import date, escape, section
 from gpubot.chat.flows import error_message
 from gpubot.chat.idle import render_idle_dm, slack_users_of
-from gpubot.core.alerting import AlertGroup, AlertItem, Handle
+from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
 from gpubot.core.models import FindingKind
 from gpubot.errors import GpubotError
 from gpubot.services.sweep import SweepService
 from gpubot.slack.api import SlackApi
+from gpubot.slack.outbox import find_post, post_once
 
 if TYPE_CHECKING:
     from gpubot.app import App
@@ -57,15 +58,20 @@ class SlackAlerts:
         self.people = people or {}
         self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
 
-    async def post(self, group: AlertGroup) -> Handle | None:
-        """Post a new alert message; return where it is (then DM the idle holders' owners)."""
-        where = await self.api.post(self.channel, render_alert_group(group))
-        if where is not None:  # once per finding: the DM rides on the alert it belongs to
+    async def post(self, group: AlertGroup, *, token: str) -> Posted:
+        """Post a new alert message carrying ``token`` in its metadata (``slack.outbox``);
+        once Slack has answered that it took it, DM the idle holders' owners."""
+        posted = await post_once(self.api, self.channel, render_alert_group(group), token=token)
+        if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
             try:
-                await self.direct(group, where)
+                await self.direct(group, posted.handle)
             except Exception:  # a courtesy message never fails a sweep
                 log.exception("direct messages about idle GPUs on %s failed", group.node)
-        return where
+        return posted
+
+    async def find(self, token: str, since: datetime) -> Lookup:
+        """Look for the alert carrying ``token`` in the channel's history since ``since``."""
+        return await find_post(self.api.client, self.channel, token, since)
 
     async def direct(self, group: AlertGroup, where: Handle | None) -> int:
         """DM each owner of the group's open idle holders who maps to Slack; return DMs sent."""
