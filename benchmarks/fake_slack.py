@@ -87,6 +87,7 @@ class FakeSlack:
         self.sockets: list[web.WebSocketResponse] = []
         self.delays: dict[str, float] = {}  # method → seconds it answers after (its work done)
         self.history_readable = True  # False: conversations.history answers missing_scope
+        self._stopping = asyncio.Event()
         self.socket_received: list[dict[str, Any]] = []
 
     @property
@@ -154,6 +155,7 @@ class FakeSlack:
 
     async def stop(self) -> None:
         """Stop listening (and close Socket Mode connections)."""
+        self._stopping.set()
         for ws in self.sockets:
             await ws.close()
         if self._runner is not None:
@@ -247,8 +249,9 @@ class FakeSlack:
             call
         )  # done (a message kept) before any delay: a slow answer, not a slow Slack
         delay = self.delays.get(method, 0.0)
-        if delay:
-            await asyncio.sleep(delay)
+        if delay:  # cut short only by ``stop``: a test never waits on a client long gone
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
             call.answered_at = time.monotonic()
         return web.json_response(call.answer)
 
@@ -279,7 +282,7 @@ class FakeSlack:
                 kept = self.messages[key].get("metadata")  # Slack keeps it unless one is given
                 self.messages[key] = {"metadata": kept, **body} if kept else body
                 return {"ok": True, "channel": channel, "ts": key[1]}
-            ts = f"1700000000.{next(self._ts):06d}"
+            ts = f"{int(time.time())}.{next(self._ts):06d}"  # now, as Slack's, and unique
             if method == "chat.postEphemeral":
                 return {"ok": True, "message_ts": ts}
             self.messages[(channel, ts)] = body
