@@ -104,7 +104,7 @@ async def test_a_web_api_answering_after_12_s_posts_the_alert_once(
         fake_slack.delays.clear()
         assert (await svc.run()).alerted == ()
         await fake_slack.wait_for(lambda: post.answered_at is not None, 30)
-        assert post.answered_at - post.at >= SLOW_S - 0.5
+        assert (post.answered_at or 0.0) - post.at >= SLOW_S - 0.5  # Slack answered after 12 s
         [(ts, message)] = channel_messages(fake_slack)
         meta = message["metadata"]
         assert meta["event_type"] == ALERT_EVENT and len(meta["event_payload"]["token"]) == 32
@@ -141,7 +141,7 @@ async def test_control_a_slow_answer_posts_twice_without_the_outbox(
         fake_slack.delays.clear()
         await svc.run()  # and the alert goes out again
         await svc.run()
-    assert len(channel_messages(fake_slack)) >= 2
+    assert len(channel_messages(fake_slack)) == 2  # the same alert, twice
 
 
 async def test_unreadable_history_posts_once_saying_it_may_repeat(
