@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.errors import SlackApiError
 
 from gpubot.chat.alerts import SNOOZE_ACTION, render_alert_group, render_reminder, snooze_buttons
 from gpubot.chat.blocks import date, escape, section
@@ -30,7 +30,7 @@ from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup
 from gpubot.core.models import FindingKind
 from gpubot.errors import GpubotError
 from gpubot.services.sweep import SweepService
-from gpubot.slack.api import SlackApi
+from gpubot.slack.api import CALL_ERRORS, SlackApi
 from gpubot.slack.outbox import find_post, post_once
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class SlackAlerts:
             await self.api.client.chat_postMessage(
                 channel=where[0], thread_ts=where[1], reply_broadcast=True, **msg
             )
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
             log.error("reminder in %s/%s failed: %s", where[0], where[1], err)
 

@@ -225,3 +225,19 @@ async def test_sigkill_with_an_alert_post_in_flight(
         store.close()
     (history,) = fake_slack.of("conversations.history")
     assert float(history.body["oldest"]) <= float(ts)
+
+
+async def test_a_late_answer_never_raises_out_of_the_web_api_wrapper(
+    fake_slack: FakeSlack,
+) -> None:
+    """``SlackApi`` answers None on a timeout, and a ``chat.update`` whose answer is late posts
+    no second message; the control: the client under it raises ``TimeoutError``."""
+    api = SlackApi(make_client(BOT_TOKEN, fake_slack.base_url, timeout=1))
+    where = await api.post("C0X", {"text": "first"})
+    assert where is not None
+    fake_slack.delays.update({"chat.postMessage": 3.0, "chat.update": 3.0})
+    assert await api.post("C0X", {"text": "late"}) is None
+    assert await api.update(where, {"text": "edited"}) == where  # it may have applied
+    assert len(fake_slack.of("chat.postMessage")) == 2  # no post "anew" after a late update
+    with pytest.raises(TimeoutError):
+        await api.client.chat_postMessage(channel="C0X", text="raw")
