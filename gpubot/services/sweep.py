@@ -5,6 +5,8 @@ spent is reported (``node-unreachable``) and never holds up the others. Findings
 alert state (the ``AlertStore`` port): a finding alerts once it was seen in two sweeps in a row,
 reminds after ``reminder_s``, and its message is updated when it clears. The decisions are pure
 (``gpubot.core.findings``, ``gpubot.core.alerting``); this service only orchestrates ports.
+An alert is posted once, through the outbox (``services.alert_outbox``): its intent is recorded
+before it is posted, and every alerting sweep first settles the posts whose end is unknown.
 
 ``run(alerting=False)`` is the read-only sweep of ``gpubot sweep`` and ``/gpu sweep``: it reports
 and records the query, but leaves the alert state alone (so a sweep by hand never confirms a
