@@ -25,7 +25,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from gpubot.chat.blocks import Message
 from gpubot.core.alerting import Delivery, Lookup, Posted
-from gpubot.slack.api import SlackApi
+from gpubot.slack.api import BLOCK_ERRORS, SlackApi, _plain, _richer
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +45,31 @@ def once_client(client: AsyncWebClient) -> AsyncWebClient:
 async def post_once(
     api: SlackApi, channel: str, msg: Message, *, token: str, event: str = ALERT_EVENT
 ) -> Posted:
-    """Post ``msg`` carrying ``token`` in its metadata; say whether Slack has it."""
+    """Post ``msg`` carrying ``token`` in its metadata; say whether Slack has it.
+
+    Like ``SlackApi._send``, blocks Slack refuses step down to simpler forms, but only on an
+    answer of HTTP 200 (nothing was posted): after a 5xx it may be there, so nothing follows.
+    """
     meta = {"event_type": event, "event_payload": {"token": token}}
-    sender = SlackApi(once_client(api.client))
-    try:
-        resp = await sender._send("chat_postMessage", msg, channel=channel, metadata=meta)
-    except SlackApiError as exc:
-        status = int(getattr(exc.response, "status_code", 200) or 200)
-        err = str(exc.response.get("error", "unknown_error"))
-        if status >= 500:  # an answer from the server's side may follow a post it took
-            return Posted(Delivery.UNCERTAIN, why=f"HTTP {status} {err}")
-        log.error("chat.postMessage to %s failed: %s", channel, err)
-        return Posted(Delivery.REFUSED, why=err)
-    except Exception as exc:  # timeouts and connection errors: the post may have landed
-        return Posted(Delivery.UNCERTAIN, why=type(exc).__name__)
-    return Posted(Delivery.POSTED, (str(resp["channel"]), str(resp["ts"])))
+    call = once_client(api.client).chat_postMessage
+    forms = [*_richer(msg), {**_plain(msg), "blocks": []}]
+    for n, form in enumerate(forms, 1):
+        try:
+            resp = await call(channel=channel, metadata=meta, **form)
+        except SlackApiError as exc:
+            status = int(getattr(exc.response, "status_code", 200) or 200)
+            err = str(exc.response.get("error", "unknown_error"))
+            if status >= 500:  # an answer from the server's side may follow a post it took
+                return Posted(Delivery.UNCERTAIN, why=f"HTTP {status} {err}")
+            if err in BLOCK_ERRORS and n < len(forms):
+                log.warning("chat.postMessage refused the blocks (%s): simpler next", err)
+                continue
+            log.error("chat.postMessage to %s failed: %s", channel, err)
+            return Posted(Delivery.REFUSED, why=err)
+        except Exception as exc:  # timeouts and connection errors: the post may have landed
+            return Posted(Delivery.UNCERTAIN, why=type(exc).__name__)
+        return Posted(Delivery.POSTED, (str(resp["channel"]), str(resp["ts"])))
+    return Posted(Delivery.REFUSED, why="no form of the message was taken")
 
 
 async def find_post(

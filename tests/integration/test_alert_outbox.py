@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from gpubot.app import build
-from gpubot.core.alerting import Lookup
+from gpubot.core.alerting import Delivery, Lookup
 from gpubot.core.findings import FindingKey
 from gpubot.services.sweep import SweepService
 from gpubot.sim.fleet import SimFleet
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
-from gpubot.slack.outbox import ALERT_EVENT
+from gpubot.slack.outbox import ALERT_EVENT, post_once
 from gpubot.store import Store
 from tests.fixtures.settings import sweep_ports
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
@@ -241,3 +241,28 @@ async def test_a_late_answer_never_raises_out_of_the_web_api_wrapper(
     assert len(fake_slack.of("chat.postMessage")) == 2  # no post "anew" after a late update
     with pytest.raises(TimeoutError):
         await api.client.chat_postMessage(channel="C0X", text="raw")
+
+
+async def test_a_5xx_answer_is_uncertain_and_never_followed_by_another_post(
+    fake_slack: FakeSlack,
+) -> None:
+    """After HTTP 500 Slack may have the post: ``post_once`` sends nothing more (no retry, no
+    simpler form); a refusal of the blocks at HTTP 200 steps down as usual. The control,
+    ``SlackApi.post``, follows the 500 with a second post."""
+    api = SlackApi(make_client(BOT_TOKEN, fake_slack.base_url))
+    msg = {"text": "x", "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "x"}}]}
+    fake_slack.fail("chat.postMessage", "internal_error", status=500)
+    posted = await post_once(api, CHANNEL, msg, token="t1")
+    assert (posted.delivery, posted.why) == (Delivery.UNCERTAIN, "HTTP 500 internal_error")
+    assert len(fake_slack.of("chat.postMessage")) == 1
+    fake_slack.fail("chat.postMessage", "invalid_blocks")
+    posted = await post_once(api, CHANNEL, msg, token="t2")
+    assert posted.delivery is Delivery.POSTED
+    assert fake_slack.of("chat.postMessage")[-1].body["blocks"] == []  # as text, the token kept
+    assert fake_slack.of("chat.postMessage")[-1].body["metadata"]["event_payload"] == {
+        "token": "t2"
+    }
+    fake_slack.calls.clear()
+    fake_slack.fail("chat.postMessage", "internal_error", status=500)
+    assert await api.post(CHANNEL, msg) is not None
+    assert len(fake_slack.of("chat.postMessage")) == 2  # the control: a second post
