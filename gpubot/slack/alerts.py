@@ -7,7 +7,8 @@ updated in place to "resolved" with how long it lasted; a reminder goes to the a
 
 An alert on idle holders is also sent, once, as a direct message to each owner that maps to
 Slack users (``slack.idle_dm``: *Free it* and *Snooze 1 day*). Opening a DM needs the optional
-``im:write`` scope; a DM that cannot be sent is logged and changes nothing else.
+``im:write`` scope; a DM that cannot be sent is logged and changes nothing else. Alerts are
+posted once (``slack.outbox``, ``services.alert_outbox``); a DM at most once.
 
 The messages themselves are rendered by ``gpubot.chat.alerts``; this module only posts them
 (``SlackAlerts``, built by ``gpubot.app``) and handles the snooze buttons (``register``).
@@ -31,7 +32,7 @@ from gpubot.core.models import FindingKind
 from gpubot.errors import GpubotError
 from gpubot.services.sweep import SweepService
 from gpubot.slack.api import CALL_ERRORS, SlackApi
-from gpubot.slack.outbox import find_post, post_once
+from gpubot.slack.outbox import DM_EVENT, find_post, new_token, post_once
 
 if TYPE_CHECKING:
     from gpubot.app import App
@@ -90,7 +91,10 @@ class SlackAlerts:
             self._dms[user] = channel
             msg = render_idle_dm(items, group.node, now=group.at, alert=where,
                                  snooze=lambda key: snooze_buttons(key)[-1])  # fmt: skip
-            if await self.api.post(channel, msg) is not None:
+            # At most once: no retry of any kind, and one whose answer is lost is not resent
+            # (a courtesy; it rides on its alert, which the outbox posts once).
+            posted = await post_once(self.api, channel, msg, token=new_token(), event=DM_EVENT)
+            if posted.delivery is Delivery.POSTED:
                 sent += 1
         return sent
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import secrets
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -30,9 +31,15 @@ from gpubot.slack.api import BLOCK_ERRORS, SlackApi, _plain, _richer
 log = logging.getLogger(__name__)
 
 ALERT_EVENT = "gpubot_alert_posted"  # the metadata event_type of alert messages
+DM_EVENT = "gpubot_dm_posted"  # ... and of the direct messages about idle GPUs
 PAGE = 200  # messages a history page asks for (Slack: at most 999, internal apps)
 MAX_PAGES = 10
 SLACK_SKEW_S = 60.0  # the history is searched from this long before the findings were seen
+
+
+def new_token() -> str:
+    """Return a fresh client token for one post (it rides in the message metadata)."""
+    return secrets.token_hex(16)
 
 
 def once_client(client: AsyncWebClient) -> AsyncWebClient:
