@@ -112,6 +112,14 @@ async def test_a_web_api_answering_after_12_s_posts_the_alert_once(
         assert alert.handle == (CHANNEL, ts)
         (record,) = [r.data for r in await store.records() if r.kind == "alert"]
         assert (record["alert"], record["adopted"], record["message_ts"]) == ("alerted", True, ts)
+        # the adopted message is the alert's: it is the one updated when the finding clears
+        slack_fleet.node("node1").clear()
+        cleared = await svc.run()
+        assert [k.text() for k in cleared.resolved] == [orphan]
+        (update,) = fake_slack.ok("chat.update")
+        assert (update.body["channel"], update.body["ts"]) == (CHANNEL, ts)
+        [(_, message)] = channel_messages(fake_slack)
+        assert "resolved" in text_of(message) and message["metadata"] == meta
     assert_within_limits(fake_slack)
 
 
