@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from benchmarks import slack_limits
+from benchmarks.fake_history import history, metadata_problem
 
 BOT_TOKEN = "xoxb-1-test-token"
 APP_TOKEN = "xapp-1-test-token"
@@ -50,6 +51,7 @@ class Call:
     at: float = field(default_factory=time.monotonic)
     status: int = 200
     answer: dict[str, Any] = field(default_factory=dict)
+    answered_at: float | None = None  # set when a delayed answer went out
 
 
 @dataclass
@@ -83,6 +85,9 @@ class FakeSlack:
         self.changed = asyncio.Event()
         self.app_token = APP_TOKEN
         self.sockets: list[web.WebSocketResponse] = []
+        self.delays: dict[str, float] = {}  # method → seconds it answers after (its work done)
+        self.history_readable = True  # False: conversations.history answers missing_scope
+        self._stopping = asyncio.Event()
         self.socket_received: list[dict[str, Any]] = []
 
     @property
@@ -150,6 +155,7 @@ class FakeSlack:
 
     async def stop(self) -> None:
         """Stop listening (and close Socket Mode connections)."""
+        self._stopping.set()
         for ws in self.sockets:
             await ws.close()
         if self._runner is not None:
@@ -239,14 +245,26 @@ class FakeSlack:
             call.answer = {"ok": False, "error": "invalid_auth"}
         else:
             call.answer = self._answer(method, body)
-        self._record(call)
+        self._record(
+            call
+        )  # done (a message kept) before any delay: a slow answer, not a slow Slack
+        delay = self.delays.get(method, 0.0)
+        if delay:  # cut short only by ``stop``: a test never waits on a client long gone
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            call.answered_at = time.monotonic()
         return web.json_response(call.answer)
 
     def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":
             return {"ok": True, "url": "https://fake.slack.com/", "team": "Fake", "user": "gpubot",
                     "team_id": "T0FAKE", "user_id": "U0BOT", "bot_id": "B0BOT"}  # fmt: skip
+        if method == "conversations.history":
+            return history(self.messages, body, readable=self.history_readable)
         if method in ("chat.postMessage", "chat.update", "chat.postEphemeral"):
+            bad_meta = metadata_problem(body.get("metadata"))
+            if bad_meta is not None:
+                return {"ok": False, "error": bad_meta}
             blocks = body.get("blocks")
             if isinstance(blocks, str):
                 blocks = json.loads(blocks)
@@ -261,9 +279,10 @@ class FakeSlack:
                 key = (channel, str(body.get("ts")))
                 if key not in self.messages:
                     return {"ok": False, "error": "message_not_found"}
-                self.messages[key] = body
+                kept = self.messages[key].get("metadata")  # Slack keeps it unless one is given
+                self.messages[key] = {"metadata": kept, **body} if kept else body
                 return {"ok": True, "channel": channel, "ts": key[1]}
-            ts = f"1700000000.{next(self._ts):06d}"
+            ts = f"{int(time.time())}.{next(self._ts):06d}"  # now, as Slack's, and unique
             if method == "chat.postEphemeral":
                 return {"ok": True, "message_ts": ts}
             self.messages[(channel, ts)] = body

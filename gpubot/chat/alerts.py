@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from gpubot.chat.blocks import (
@@ -123,7 +123,7 @@ def render_alert_group(group: AlertGroup) -> Message:
         title = f"⚠ {group.node}: {open_n} of {total} findings open"
     b = Budget()
     b.add(header(title))
-    reserve = 3  # the table, "more not shown", the context line
+    reserve = 3 + (group.repeat_of is not None)  # table, "more not shown", context line(s)
     shown = 0
     for item in group.items[:MAX_ITEMS]:
         acts = _actions(item, now)
@@ -142,11 +142,24 @@ def render_alert_group(group: AlertGroup) -> Message:
             b.add(table(rows, wrap=(3, 4)))
         else:
             b.add_pre(node_lines(snap)[1:], reserve=1)
+    if group.repeat_of is not None:  # the outbox could not tell whether that one landed
+        b.add(context(repeat_line(group.repeat_of)))
     b.add(context(f"gpubot sweep · {date(now.timestamp())}"))
     parts = [f"{_where(i)} {_title(i)}" + (" (resolved)" if i.resolved_at else "")
              for i in group.items]  # fmt: skip
-    fallback = escape(clip(f"{title}: " + "; ".join(parts), MAX_FALLBACK))
+    again = " (this may repeat an earlier alert)" if group.repeat_of is not None else ""
+    fallback = escape(clip(f"{title}{again}: " + "; ".join(parts), MAX_FALLBACK))
     return {"text": fallback, "blocks": b.blocks}
+
+
+def repeat_line(earlier: datetime) -> str:
+    """Return the line of an alert that may repeat one posted at ``earlier`` (HH:MM)."""
+    ts = int(earlier.timestamp())
+    hhmm = earlier.astimezone(UTC).strftime("%H:%M UTC")
+    return (
+        f"⚠ this may repeat the alert of <!date^{ts}^{{time}}|{hhmm}>: gpubot could not "
+        "read the channel's history to check whether that one was posted"
+    )
 
 
 def render_reminder(group: AlertGroup) -> Message:

@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from gpubot.app import App
     from gpubot.chat.flows import Flows
-    from gpubot.core.alerting import AlertGroup
+    from gpubot.core.alerting import AlertGroup, Lookup, Posted
     from gpubot.services.approvals import Identity
     from gpubot.sim.fleet import SimFleet
 
@@ -209,10 +211,18 @@ async def _walk(app: App, ask: Flows, operator: Identity) -> int:
 class _PrintAlerts:
     """A notifier that prints the alert messages the bot would post to Slack."""
 
-    async def post(self, group: AlertGroup) -> tuple[str, str]:
+    async def post(self, group: AlertGroup, *, token: str) -> Posted:
         """Print a new alert."""
+        from gpubot.core.alerting import Delivery, Posted
+
         print("[alert posted to #gpu-ops]\n" + _alert_text(group))
-        return ("C0GPUOPS", f"{time.time():.6f}")
+        return Posted(Delivery.POSTED, ("C0GPUOPS", f"{time.time():.6f}"))
+
+    async def find(self, token: str, since: datetime) -> Lookup:
+        """Nothing printed is ever uncertain: every post is answered at once."""
+        from gpubot.core.alerting import Lookup
+
+        return Lookup(True)
 
     async def update(self, where: tuple[str, str], group: AlertGroup) -> None:
         """Print an updated alert."""

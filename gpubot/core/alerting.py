@@ -159,11 +159,76 @@ class AlertGroup:
     items: tuple[AlertItem, ...]
     snapshot: NodeSnapshot | None
     at: datetime
+    repeat_of: datetime | None = None  # may repeat the alert posted then (history unreadable)
 
     @property
     def open(self) -> tuple[AlertItem, ...]:
         """Return the items not resolved yet."""
         return tuple(i for i in self.items if i.resolved_at is None)
+
+
+# --- the outbox: an alert is posted once ---------------------------------------------------------
+
+MAX_REPEATS = 1  # posts made without proof that the earlier one is not in the channel
+
+
+class Delivery(StrEnum):
+    """How a post ended: Slack took it, refused it, or nobody knows (a timeout, a crash)."""
+
+    POSTED = "posted"
+    REFUSED = "refused"
+    UNCERTAIN = "uncertain"
+
+
+@dataclass(frozen=True)
+class Posted:
+    """What a ``Notifier`` says of one post: how it ended, and where the message is."""
+
+    delivery: Delivery
+    handle: Handle | None = None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What a search of the channel's history for a post's token found.
+
+    ``checked`` False: the history could not be read (no scope, an error, too long to page).
+    """
+
+    checked: bool
+    handle: Handle | None = None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class PendingPost:
+    """An alert post recorded before it was made (the outbox row), not yet known posted."""
+
+    token: str
+    node: str
+    keys: tuple[FindingKey, ...]
+    since: datetime  # the findings' first sighting: the history is searched from there
+    created_at: datetime
+    repeats: int = 0  # posts made with "this may repeat the alert of …"
+
+
+class Next(StrEnum):
+    """What to do with a pending post once the channel was searched for it."""
+
+    ADOPT = "adopt"  # it is there: record it, post nothing
+    POST = "post"  # provably not there: post it (the same token)
+    REPEAT = "repeat"  # cannot tell: post once, saying it may repeat
+    GIVE_UP = "give-up"  # cannot tell, and one such post was made already
+
+
+def next_step(pending: PendingPost, lookup: Lookup) -> Next:
+    """Decide a pending post's fate from what the history search found (pure)."""
+    if lookup.handle is not None:
+        return Next.ADOPT
+    if lookup.checked:
+        return Next.POST
+    return Next.REPEAT if pending.repeats < MAX_REPEATS else Next.GIVE_UP
 
 
 @dataclass(frozen=True)

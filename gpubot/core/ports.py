@@ -18,7 +18,7 @@ from gpubot.core.models import (
 )
 
 if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting and approvals
-    from gpubot.core.alerting import Alert, AlertGroup, Handle
+    from gpubot.core.alerting import Alert, AlertGroup, Handle, Lookup, PendingPost, Posted
     from gpubot.core.approval import Approval
     from gpubot.core.findings import FindingKey
     from gpubot.core.idle import GpuSample
@@ -257,6 +257,36 @@ class AlertStore(Protocol):
         """Return the findings alerted in one message (resolved ones too), oldest first."""
         ...
 
+    # The outbox (``store.outbox``): a post's intent is recorded with the findings' state change.
+
+    async def begin_post(
+        self, token: str, node: str, keys: Sequence[FindingKey], now: datetime
+    ) -> PendingPost | None:
+        """Record the intent to post on ``keys`` not alerted yet and mark them alerted."""
+        ...
+
+    async def finish_post(
+        self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
+    ) -> Sequence[FindingKey]:
+        """Record where the post ``token`` is; return the keys it alerted."""
+        ...
+
+    async def cancel_post(self, token: str, now: datetime) -> None:
+        """Record that the post ``token`` was refused: its findings are not alerted."""
+        ...
+
+    async def note_repeat(self, token: str) -> None:
+        """Record, before it is made, a post that may repeat the post ``token``."""
+        ...
+
+    async def abandon_post(self, token: str, why: str, now: datetime) -> None:
+        """Give up on the post ``token``."""
+        ...
+
+    async def pending_posts(self) -> Sequence[PendingPost]:
+        """Return the posts recorded and not known posted or refused, oldest first."""
+        ...
+
 
 class AuditEntry(Protocol):
     """One record of the audit log, as read back."""
@@ -305,8 +335,12 @@ class AuditLog(AuditStore, Protocol):
 class Notifier(Protocol):
     """Posts and updates alert messages (Slack); implementations log failures and never raise."""
 
-    async def post(self, group: AlertGroup) -> Handle | None:
-        """Post a new alert; return where it is (None: not posted)."""
+    async def post(self, group: AlertGroup, *, token: str) -> Posted:
+        """Post a new alert carrying ``token`` (unseen by people); say how the post ended."""
+        ...
+
+    async def find(self, token: str, since: datetime) -> Lookup:
+        """Look for the alert that carries ``token`` among those posted since ``since``."""
         ...
 
     async def update(self, where: Handle, group: AlertGroup) -> None:

@@ -5,6 +5,8 @@ spent is reported (``node-unreachable``) and never holds up the others. Findings
 alert state (the ``AlertStore`` port): a finding alerts once it was seen in two sweeps in a row,
 reminds after ``reminder_s``, and its message is updated when it clears. The decisions are pure
 (``gpubot.core.findings``, ``gpubot.core.alerting``); this service only orchestrates ports.
+An alert is posted once, through the outbox (``services.alert_outbox``): its intent is recorded
+before it is posted, and every alerting sweep first settles the posts whose end is unknown.
 
 ``run(alerting=False)`` is the read-only sweep of ``gpubot sweep`` and ``/gpu sweep``: it reports
 and records the query, but leaves the alert state alone (so a sweep by hand never confirms a
@@ -34,6 +36,7 @@ from gpubot.core.alerting import (
     AlertItem,
     Handle,
     Notice,
+    PendingPost,
     SweepResult,
     confirmed,
     held_idle_hours,
@@ -57,6 +60,7 @@ from gpubot.core.ports import (
 from gpubot.core.readiness import Readiness, readiness, ready_argv
 from gpubot.core.timefmt import iso
 from gpubot.errors import GpubotError, LockHeld, StoreError, UsageError
+from gpubot.services.alert_outbox import AlertOutbox
 from gpubot.services.status import StatusService, fan_out, reason
 
 log = logging.getLogger(__name__)
@@ -96,6 +100,9 @@ class SweepService:
         self.observer = observer
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
+        self.outbox = (
+            AlertOutbox(alerts, notifier) if alerts is not None and notifier is not None else None
+        )
         # What this process saw last: details for re-rendering messages (the store keeps keys).
         self._findings: dict[str, Finding] = {}
         self._ready: dict[str, Readiness] = {}
@@ -298,14 +305,22 @@ class SweepService:
         states = {a.key: a for a in await self.alerts.upsert_seen(list(found), now)}
         for k, f in found.items():
             self._findings[k.text()] = f
-        open_keys = [a.key for a in await self.alerts.open_alerts()]
+        open_ = {a.key: a for a in await self.alerts.open_alerts()}
+        open_keys = list(open_)
+        settled: tuple[FindingKey, ...] = ()
+        if self.outbox is not None:  # posts whose end is unknown, before anything else posts
+            settled = await self.outbox.reconcile(
+                lambda p, at: self._pending_group(p, at, open_), now
+            )
         gone = to_resolve(open_keys, found.keys(), answered={s.node for s in result.snapshots},
                           failed=result.failed.keys(),
                           configured={n.name for n in self.settings.nodes})  # fmt: skip
         resolved = await self.alerts.mark_resolved(gone, now)
         new, remind = self._due(found, states, now)
         ready = await self._readiness_of(f for fs in new.values() for f in fs)
-        alerted = await self._post(new, states, ready, now)
+        alerted = settled + await self._post(new, states, ready, now)
+        if alerted:  # their state changed: alerted, and where
+            states.update({a.key: a for a in await self.alerts.open_alerts() if a.key in states})
         reminded = await self._remind(remind, states, now)
         cleared = {h: a.key.node for a in resolved if (h := a.handle) is not None}
         for where, node in cleared.items():
@@ -339,26 +354,30 @@ class SweepService:
         ready: Mapping[tuple[str, int], Readiness],
         now: datetime,
     ) -> tuple[FindingKey, ...]:
-        """Post one alert per node of new findings; return the keys alerted."""
+        """Post one alert per node of new findings, each through the outbox (recorded before
+        it is posted: ``services.alert_outbox``); return the keys alerted."""
         alerted: list[FindingKey] = []
         for node, fs in new.items():
-            assert self.notifier is not None and self.alerts is not None  # findings: both set
+            assert self.outbox is not None  # findings to post: a notifier and a store
             items = []
             for f in fs:
                 r = ready.get((node, f.gpu)) if f.gpu is not None else None
                 if r is not None:
                     self._ready[f.key.text()] = r
                 items.append(AlertItem(f.key, f, states[f.key].first_seen, readiness=r))
-            where = await self.notifier.post(AlertGroup(node, tuple(items),
-                                                        self._snaps.get(node), now))  # fmt: skip
-            if where is None:
-                continue  # not posted: the next sweep tries again
-            for f in fs:
-                states[f.key] = await self.alerts.mark_alerted(
-                    f.key, channel=where[0], message_ts=where[1], now=now
-                )
-                alerted.append(f.key)
+            group = AlertGroup(node, tuple(items), self._snaps.get(node), now)
+            alerted += await self.outbox.post(group)
         return tuple(alerted)
+
+    def _pending_group(
+        self, pending: PendingPost, repeat_of: datetime | None, open_: Mapping[FindingKey, Alert]
+    ) -> AlertGroup | None:
+        """Rebuild the message of a pending post from its findings still open (None: none)."""
+        items = tuple(self._item(k, open_[k]) for k in pending.keys if k in open_)
+        if not items:
+            return None
+        node = pending.node
+        return AlertGroup(node, items, self._snaps.get(node), self._now(), repeat_of=repeat_of)
 
     async def _remind(
         self, remind: Mapping[Handle, list[Finding]], states: dict[FindingKey, Alert], now: datetime

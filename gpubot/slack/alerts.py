@@ -7,7 +7,8 @@ updated in place to "resolved" with how long it lasted; a reminder goes to the a
 
 An alert on idle holders is also sent, once, as a direct message to each owner that maps to
 Slack users (``slack.idle_dm``: *Free it* and *Snooze 1 day*). Opening a DM needs the optional
-``im:write`` scope; a DM that cannot be sent is logged and changes nothing else.
+``im:write`` scope; a DM that cannot be sent is logged and changes nothing else. Alerts are
+posted once (``slack.outbox``, ``services.alert_outbox``); a DM at most once.
 
 The messages themselves are rendered by ``gpubot.chat.alerts``; this module only posts them
 (``SlackAlerts``, built by ``gpubot.app``) and handles the snooze buttons (``register``).
@@ -20,17 +21,18 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.errors import SlackApiError
 
 from gpubot.chat.alerts import SNOOZE_ACTION, render_alert_group, render_reminder, snooze_buttons
 from gpubot.chat.blocks import date, escape, section
 from gpubot.chat.flows import error_message
 from gpubot.chat.idle import render_idle_dm, slack_users_of
-from gpubot.core.alerting import AlertGroup, AlertItem, Handle
+from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
 from gpubot.core.models import FindingKind
 from gpubot.errors import GpubotError
 from gpubot.services.sweep import SweepService
-from gpubot.slack.api import SlackApi
+from gpubot.slack.api import CALL_ERRORS, SlackApi
+from gpubot.slack.outbox import DM_EVENT, find_post, new_token, post_once
 
 if TYPE_CHECKING:
     from gpubot.app import App
@@ -57,15 +59,20 @@ class SlackAlerts:
         self.people = people or {}
         self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
 
-    async def post(self, group: AlertGroup) -> Handle | None:
-        """Post a new alert message; return where it is (then DM the idle holders' owners)."""
-        where = await self.api.post(self.channel, render_alert_group(group))
-        if where is not None:  # once per finding: the DM rides on the alert it belongs to
+    async def post(self, group: AlertGroup, *, token: str) -> Posted:
+        """Post a new alert message carrying ``token`` in its metadata (``slack.outbox``);
+        once Slack has answered that it took it, DM the idle holders' owners."""
+        posted = await post_once(self.api, self.channel, render_alert_group(group), token=token)
+        if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
             try:
-                await self.direct(group, where)
+                await self.direct(group, posted.handle)
             except Exception:  # a courtesy message never fails a sweep
                 log.exception("direct messages about idle GPUs on %s failed", group.node)
-        return where
+        return posted
+
+    async def find(self, token: str, since: datetime) -> Lookup:
+        """Look for the alert carrying ``token`` in the channel's history since ``since``."""
+        return await find_post(self.api.client, self.channel, token, since)
 
     async def direct(self, group: AlertGroup, where: Handle | None) -> int:
         """DM each owner of the group's open idle holders who maps to Slack; return DMs sent."""
@@ -84,7 +91,10 @@ class SlackAlerts:
             self._dms[user] = channel
             msg = render_idle_dm(items, group.node, now=group.at, alert=where,
                                  snooze=lambda key: snooze_buttons(key)[-1])  # fmt: skip
-            if await self.api.post(channel, msg) is not None:
+            # At most once: no retry of any kind, and one whose answer is lost is not resent
+            # (a courtesy; it rides on its alert, which the outbox posts once).
+            posted = await post_once(self.api, channel, msg, token=new_token(), event=DM_EVENT)
+            if posted.delivery is Delivery.POSTED:
                 sent += 1
         return sent
 
@@ -99,7 +109,7 @@ class SlackAlerts:
             await self.api.client.chat_postMessage(
                 channel=where[0], thread_ts=where[1], reply_broadcast=True, **msg
             )
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
             log.error("reminder in %s/%s failed: %s", where[0], where[1], err)
 

@@ -46,6 +46,9 @@ BLOCK_ERRORS = frozenset({
     "too_many_blocks", "block_mismatch", "only_one_table_allowed", "invalid_arguments",
     "internal_error",
 })  # fmt: skip
+# What a Web API call raises: Slack's answer, the client's errors, and (slack_sdk lets them
+# through) a timeout or a connection's aiohttp error; each is caught, logged, answered None.
+CALL_ERRORS = (SlackApiError, SlackClientError, TimeoutError, aiohttp.ClientError)
 # Errors that mean "the bot cannot post here": answer through the command's response_url.
 NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
 
@@ -153,7 +156,7 @@ class SlackApi:
         """Post ``msg`` (blocks, else text); if the bot cannot post there, use ``response_url``."""
         try:
             resp = await self._send("chat_postMessage", msg, channel=channel)
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             err = _error(exc)
             if err in NOT_HERE and response_url:
                 await self.respond(response_url, msg, ephemeral=False)
@@ -170,7 +173,10 @@ class SlackApi:
         try:
             await self._send("chat_update", msg, channel=channel, ts=ts)
             return handle
-        except (SlackApiError, SlackClientError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:  # it may have applied: no second one
+            log.warning("chat.update %s/%s unanswered (%s)", channel, ts, _error(exc))
+            return handle
+        except CALL_ERRORS as exc:
             log.warning("chat.update %s/%s failed (%s): posting anew", channel, ts, _error(exc))
         return await self.post(channel, msg)
 
@@ -210,7 +216,7 @@ class SlackApi:
             return
         try:
             await self._send("chat_postEphemeral", msg, channel=channel, user=user)
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             log.error("chat.postEphemeral failed: %s", _error(exc))
 
     async def open_dm(self, user: str) -> str | None:
@@ -221,7 +227,7 @@ class SlackApi:
         """
         try:
             resp = await self.client.conversations_open(users=user)
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             err = _error(exc)
             hint = " (add the im:write scope to the Slack app)" if err == "missing_scope" else ""
             log.warning("conversations.open with %s failed: %s%s", user, err, hint)
@@ -238,7 +244,7 @@ class SlackApi:
         try:
             await self.client.views_publish(user_id=user, view=dict(view))
             return True
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             log.error("views.publish for %s failed: %s", user, _error(exc))
             return False
 
@@ -324,7 +330,7 @@ class SlackDirectory:
         """Return the members of a user group (``usergroups.users.list``)."""
         try:
             resp = await self.client.usergroups_users_list(usergroup=group_id)
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             raise GpubotError(f"usergroups.users.list: {_error(exc)}") from None
         return frozenset(str(u) for u in resp.get("users") or [])
 
@@ -332,7 +338,7 @@ class SlackDirectory:
         """Return what ``users.info`` says of a user (the e-mail needs users:read.email)."""
         try:
             resp = await self.client.users_info(user=user_id)
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             raise GpubotError(f"users.info: {_error(exc)}") from None
         return account_of(user_id, resp.get("user"))
 
@@ -340,7 +346,7 @@ class SlackDirectory:
         """Return the team id of the workspace the bot token belongs to (``auth.test``)."""
         try:
             resp = await self.client.auth_test()
-        except (SlackApiError, SlackClientError) as exc:
+        except CALL_ERRORS as exc:
             raise GpubotError(f"auth.test: {_error(exc)}") from None
         team = resp.get("team_id")
         if not isinstance(team, str) or not team:

@@ -19,12 +19,14 @@ from gpubot.core.findings import FindingKey
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
 from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.outbox import OutboxMixin
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alerts
 
 
-class DbAlerts:
-    """Findings seen across sweeps; every method is async and raises ``StoreError``."""
+class DbAlerts(OutboxMixin):
+    """Findings seen across sweeps, and the outbox of their alert posts (``store.outbox``);
+    every method is async and raises ``StoreError``."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine

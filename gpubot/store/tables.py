@@ -106,6 +106,27 @@ alerts = Table(
     Column("resolved_at", TIME, nullable=True),
 )
 
+# The alert outbox (``store.outbox``): a post's intent, written with its findings' state change
+# before anything is posted; its token rides in the message's metadata, so that a post whose
+# answer was lost (a timeout, a crash) is found in the channel's history instead of repeated.
+alert_posts = Table(
+    "alert_posts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("token", String(64), nullable=False, unique=True),
+    Column("node", Text, nullable=False),
+    Column("keys", Text, nullable=False),  # JSON list of FindingKey.text()
+    Column("since", TIME, nullable=False),  # the findings' first sighting
+    Column("created_at", TIME, nullable=False),
+    Column("state", String(16), nullable=False),  # pending, posted, refused, abandoned
+    Column("repeats", Integer, nullable=False),
+    Column("channel", Text, nullable=True),
+    Column("message_ts", Text, nullable=True),
+    Column("finished_at", TIME, nullable=True),
+    CheckConstraint("state IN ('pending', 'posted', 'refused', 'abandoned')", name="state"),
+    Index(None, "state"),
+)
+
 # One row per GPU per sweep (``core.idle``): what idle detection reads; pruned after
 # ``[sweep] keep_samples``. Not part of the audit chain: rows are deleted when they age out.
 gpu_samples = Table(

@@ -22,6 +22,7 @@ from gpubot.store.version import HEAD
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = {"alembic_version", "audit_log", "audit_head", "approvals", "alerts", "gpu_samples"}
+TABLES |= {"alert_posts"}
 
 
 def _tables(url: str) -> set[str]:

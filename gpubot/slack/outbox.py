@@ -1,0 +1,121 @@
+"""Posts that must appear once: a token in the message metadata, found again in the history.
+
+``post_once`` posts with ``metadata`` (Slack's ``event_type`` / ``event_payload``, unseen by
+people) and says how the post ended: ``posted``, ``refused`` (Slack answered no: nothing is in
+the channel) or ``uncertain`` (a timeout, a dropped connection, a 5xx: it may be there). Its
+client retries only a 429, which Slack documents as not taken: slack_sdk's connection-error
+and 5xx retries would post a second message when the first was taken but its answer lost.
+
+``find_post`` pages through ``conversations.history`` (``include_all_metadata``, from a moment
+on) for the token. It needs the ``channels:history`` scope (``groups:history`` for a private
+channel); without it, or on any error, it says the history could not be checked.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import secrets
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
+from slack_sdk.web.async_client import AsyncWebClient
+
+from gpubot.chat.blocks import Message
+from gpubot.core.alerting import Delivery, Lookup, Posted
+from gpubot.slack.api import BLOCK_ERRORS, SlackApi, _plain, _richer
+
+log = logging.getLogger(__name__)
+
+ALERT_EVENT = "gpubot_alert_posted"  # the metadata event_type of alert messages
+DM_EVENT = "gpubot_dm_posted"  # ... and of the direct messages about idle GPUs
+PAGE = 200  # messages a history page asks for (Slack: at most 999, internal apps)
+MAX_PAGES = 10
+SLACK_SKEW_S = 60.0  # the history is searched from this long before the findings were seen
+
+
+def new_token() -> str:
+    """Return a fresh client token for one post (it rides in the message metadata)."""
+    return secrets.token_hex(16)
+
+
+def once_client(client: AsyncWebClient) -> AsyncWebClient:
+    """Return ``client`` retrying only 429s (a copy sharing its session and token)."""
+    once = copy.copy(client)
+    once.retry_handlers = [AsyncRateLimitErrorRetryHandler(max_retry_count=3)]
+    return once
+
+
+async def post_once(
+    api: SlackApi, channel: str, msg: Message, *, token: str, event: str = ALERT_EVENT
+) -> Posted:
+    """Post ``msg`` carrying ``token`` in its metadata; say whether Slack has it.
+
+    Like ``SlackApi._send``, blocks Slack refuses step down to simpler forms, but only on an
+    answer of HTTP 200 (nothing was posted): after a 5xx it may be there, so nothing follows.
+    """
+    meta = {"event_type": event, "event_payload": {"token": token}}
+    call = once_client(api.client).chat_postMessage
+    forms = [*_richer(msg), {**_plain(msg), "blocks": []}]
+    for n, form in enumerate(forms, 1):
+        try:
+            resp = await call(channel=channel, metadata=meta, **form)
+        except SlackApiError as exc:
+            status = int(getattr(exc.response, "status_code", 200) or 200)
+            err = str(exc.response.get("error", "unknown_error"))
+            if status >= 500:  # an answer from the server's side may follow a post it took
+                return Posted(Delivery.UNCERTAIN, why=f"HTTP {status} {err}")
+            if err in BLOCK_ERRORS and n < len(forms):
+                log.warning("chat.postMessage refused the blocks (%s): simpler next", err)
+                continue
+            log.error("chat.postMessage to %s failed: %s", channel, err)
+            return Posted(Delivery.REFUSED, why=err)
+        except Exception as exc:  # timeouts and connection errors: the post may have landed
+            return Posted(Delivery.UNCERTAIN, why=type(exc).__name__)
+        return Posted(Delivery.POSTED, (str(resp["channel"]), str(resp["ts"])))
+    return Posted(Delivery.REFUSED, why="no form of the message was taken")
+
+
+async def find_post(
+    client: AsyncWebClient, channel: str, token: str, since: datetime, *, event: str = ALERT_EVENT
+) -> Lookup:
+    """Look for the message carrying ``token`` in ``channel``'s history since ``since``."""
+    oldest = f"{max(0.0, since.timestamp() - SLACK_SKEW_S):.6f}"
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        try:
+            resp = await client.conversations_history(
+                channel=channel,
+                oldest=oldest,
+                include_all_metadata=True,
+                limit=PAGE,
+                cursor=cursor,
+            )
+        except SlackApiError as exc:
+            err = str(exc.response.get("error", "unknown_error"))
+            if err == "missing_scope":
+                err += " (add channels:history, or groups:history for a private channel)"
+            return Lookup(False, why=f"conversations.history: {err}")
+        except Exception as exc:  # a timeout, a dropped connection
+            return Lookup(False, why=f"conversations.history: {type(exc).__name__}")
+        for m in resp.get("messages") or []:
+            if _carries(m, event, token):
+                return Lookup(True, (channel, str(m["ts"])))
+        meta = resp.get("response_metadata")
+        cursor = meta.get("next_cursor") if isinstance(meta, Mapping) else None
+        if not resp.get("has_more") or not cursor:
+            return Lookup(True)
+    return Lookup(False, why=f"more than {MAX_PAGES * PAGE} messages to search")
+
+
+def _carries(message: Any, event: str, token: str) -> bool:
+    if not isinstance(message, Mapping) or "ts" not in message:
+        return False
+    meta = message.get("metadata")
+    if not isinstance(meta, Mapping) or meta.get("event_type") != event:
+        return False
+    payload = meta.get("event_payload")
+    return isinstance(payload, Mapping) and payload.get("token") == token

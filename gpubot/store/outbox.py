@@ -1,0 +1,222 @@
+"""The alert outbox on the database: an alert post is recorded before it is made.
+
+``begin_post`` writes the post's intent (its token, node, findings) and the findings' state
+change (``alerted_at``) in one transaction, so that no later sweep posts them again whatever
+happens to the post; ``finish_post`` records where the message is, or that a search of the
+channel's history found it (adopted); ``cancel_post`` undoes the state change of a post Slack
+refused, so the next sweep tries again; ``abandon_post`` gives up on one nobody can confirm.
+``DbAlerts`` (``store.alerts``) mixes these in: they are part of the ``AlertStore`` port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, select
+
+from gpubot.core.alerting import PendingPost
+from gpubot.core.findings import FindingKey
+from gpubot.errors import StoreError
+from gpubot.store.audit import append
+from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.records import iso, parse_iso
+from gpubot.store.tables import alert_posts, alerts
+
+
+class OutboxMixin:
+    """The outbox half of ``DbAlerts``; every method is async and raises ``StoreError``."""
+
+    _engine: Engine
+
+    async def begin_post(
+        self, token: str, node: str, keys: Sequence[FindingKey], now: datetime
+    ) -> PendingPost | None:
+        """Record the intent to post an alert on ``keys`` (those not alerted yet), and mark
+        them alerted, in one transaction; return the intent, or None if none is left."""
+        return await asyncio.to_thread(self._begin_post, token, node, list(keys), now)
+
+    async def finish_post(
+        self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
+    ) -> list[FindingKey]:
+        """Record that the post ``token`` is message ``message_ts`` in ``channel`` (``adopted``:
+        found in the history, not answered); return the keys it alerted."""
+        return await asyncio.to_thread(self._finish_post, token, channel, message_ts, now, adopted)
+
+    async def cancel_post(self, token: str, now: datetime) -> None:
+        """Record that Slack refused the post ``token``: its findings are not alerted."""
+        await asyncio.to_thread(self._cancel_post, token, now)
+
+    async def note_repeat(self, token: str) -> None:
+        """Record, before it is made, a post that may repeat the post ``token``."""
+        await asyncio.to_thread(self._note_repeat, token)
+
+    async def abandon_post(self, token: str, why: str, now: datetime) -> None:
+        """Give up on the post ``token`` (nobody can tell whether it is in the channel)."""
+        await asyncio.to_thread(self._abandon_post, token, why, now)
+
+    async def pending_posts(self) -> list[PendingPost]:
+        """Return the posts recorded and not known to be posted or refused, oldest first."""
+        return await asyncio.to_thread(self._pending)
+
+    # -- synchronous parts, run in a worker thread ------------------------------------------
+
+    def _begin_post(
+        self, token: str, node: str, keys: list[FindingKey], now: datetime
+    ) -> PendingPost | None:
+        at = iso(now)
+        with (
+            guard("cannot record the alert post, so it was not posted"),
+            write_tx(self._engine) as conn,
+        ):
+            rows = [
+                r
+                for k in dict.fromkeys(keys)
+                if (r := _alert_row(conn, k)) is not None
+                and r.alerted_at is None
+                and r.resolved_at is None
+            ]
+            if not rows:
+                return None
+            conn.execute(
+                alerts.update().where(alerts.c.id.in_([r.id for r in rows])).values(alerted_at=at)
+            )
+            since = min(r.first_seen for r in rows)
+            texts = [r.key for r in rows]
+            conn.execute(
+                alert_posts.insert().values(
+                    token=token,
+                    node=node,
+                    keys=json.dumps(texts),
+                    since=since,
+                    created_at=at,
+                    state="pending",
+                    repeats=0,
+                )
+            )
+            return _pending(_post_row(conn, token))
+
+    def _finish_post(
+        self, token: str, channel: str, ts: str, now: datetime, adopted: bool
+    ) -> list[FindingKey]:
+        with guard("cannot record the alert as posted"), write_tx(self._engine) as conn:
+            post = _post_row(conn, token)
+            conn.execute(
+                alert_posts.update()
+                .where(alert_posts.c.id == post.id)
+                .values(state="posted", channel=channel, message_ts=ts, finished_at=iso(now))
+            )
+            done: list[FindingKey] = []
+            for text in json.loads(post.keys):
+                row = conn.execute(select(alerts).where(alerts.c.key == text)).one_or_none()
+                if row is None or row.message_ts is not None:
+                    continue
+                conn.execute(
+                    alerts.update()
+                    .where(alerts.c.id == row.id)
+                    .values(channel=channel, message_ts=ts, alerted_at=row.alerted_at or iso(now))
+                )
+                payload: dict[str, Any] = {
+                    "alert": "alerted",
+                    "key": text,
+                    "token": token,
+                    "channel": channel,
+                    "message_ts": ts,
+                }
+                if adopted:
+                    payload["adopted"] = True
+                append(
+                    conn,
+                    kind="alert",
+                    actor="gpubot",
+                    source="gpubot",
+                    node=row.node,
+                    now=now,
+                    payload=payload,
+                )
+                done.append(FindingKey.parse(text))
+            return done
+
+    def _cancel_post(self, token: str, now: datetime) -> None:
+        with guard("cannot record the refused alert post"), write_tx(self._engine) as conn:
+            post = _post_row(conn, token)
+            conn.execute(
+                alert_posts.update()
+                .where(alert_posts.c.id == post.id)
+                .values(state="refused", finished_at=iso(now))
+            )
+            conn.execute(
+                alerts.update()
+                .where(
+                    alerts.c.key.in_(json.loads(post.keys)),
+                    alerts.c.message_ts.is_(None),
+                    alerts.c.alerted_at == post.created_at,
+                )
+                .values(alerted_at=None)
+            )
+
+    def _note_repeat(self, token: str) -> None:
+        with guard("cannot record the repeated alert post"), write_tx(self._engine) as conn:
+            post = _post_row(conn, token)
+            conn.execute(
+                alert_posts.update()
+                .where(alert_posts.c.id == post.id)
+                .values(repeats=alert_posts.c.repeats + 1)
+            )
+
+    def _abandon_post(self, token: str, why: str, now: datetime) -> None:
+        with guard("cannot record the abandoned alert post"), write_tx(self._engine) as conn:
+            post = _post_row(conn, token)
+            conn.execute(
+                alert_posts.update()
+                .where(alert_posts.c.id == post.id)
+                .values(state="abandoned", finished_at=iso(now))
+            )
+            append(
+                conn,
+                kind="alert",
+                actor="gpubot",
+                source="gpubot",
+                node=post.node,
+                now=now,
+                payload={
+                    "alert": "not posted",
+                    "keys": json.loads(post.keys),
+                    "token": token,
+                    "why": why,
+                },
+            )
+
+    def _pending(self) -> list[PendingPost]:
+        with guard("cannot read the alert outbox"), read_tx(self._engine) as conn:
+            rows = conn.execute(
+                select(alert_posts)
+                .where(alert_posts.c.state == "pending")
+                .order_by(alert_posts.c.id)
+            ).all()
+            return [_pending(r) for r in rows]
+
+
+def _alert_row(conn: Connection, key: FindingKey) -> Row[Any] | None:
+    return conn.execute(select(alerts).where(alerts.c.key == key.text())).one_or_none()
+
+
+def _post_row(conn: Connection, token: str) -> Row[Any]:
+    row = conn.execute(select(alert_posts).where(alert_posts.c.token == token)).one_or_none()
+    if row is None:
+        raise StoreError(f"no alert post {token} was recorded")
+    return row
+
+
+def _pending(row: Row[Any]) -> PendingPost:
+    return PendingPost(
+        token=row.token,
+        node=row.node,
+        keys=tuple(FindingKey.parse(t) for t in json.loads(row.keys)),
+        since=parse_iso(row.since),
+        created_at=parse_iso(row.created_at),
+        repeats=int(row.repeats),
+    )

@@ -1,0 +1,99 @@
+"""The alert outbox on SQLite and PostgreSQL: the intent to post is recorded with the findings'
+state change, in one transaction, and settles once (posted, adopted, refused, abandoned)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from gpubot.core.alerting import Notice, notice
+from gpubot.core.findings import FindingKey, SweepConfig
+from gpubot.errors import StoreError
+from gpubot.store import Store
+from gpubot.store.tables import alert_posts
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+ORPHAN = FindingKey("node3", 2, "orphaned-vram")
+ZOMBIE = FindingKey("node3", 0, "zombie-process", "pid:4242:991")
+
+
+def _at(minutes: int) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+async def _confirmed(store: Store) -> None:
+    await store.alerts.upsert_seen([ORPHAN, ZOMBIE], _at(0))
+    await store.alerts.upsert_seen([ORPHAN, ZOMBIE], _at(5))
+
+
+async def test_the_intent_marks_the_findings_alerted_before_the_post(store: Store) -> None:
+    await _confirmed(store)
+    pending = await store.alerts.begin_post("tok1", "node3", [ORPHAN, ZOMBIE], _at(5))
+    assert pending is not None
+    assert (pending.token, pending.node, pending.keys) == ("tok1", "node3", (ORPHAN, ZOMBIE))
+    assert (pending.since, pending.created_at, pending.repeats) == (_at(0), _at(5), 0)
+    assert await store.alerts.pending_posts() == [pending]
+    # a sweep after a crash here alerts nothing anew: the state says "alerted", no message yet
+    for a in await store.alerts.upsert_seen([ORPHAN, ZOMBIE], _at(10)):
+        assert (a.alerted_at, a.handle) == (_at(5), None)
+        assert notice(a.key.kind, a, _at(10), SweepConfig()) is Notice.NONE
+    # nor does a second intent for the same findings (another replica, a retry)
+    assert await store.alerts.begin_post("tok2", "node3", [ORPHAN], _at(10)) is None
+
+    assert await store.alerts.finish_post("tok1", "C1", "1.5", _at(11)) == [ORPHAN, ZOMBIE]
+    assert await store.alerts.pending_posts() == []
+    assert {a.handle for a in await store.alerts.open_alerts()} == {("C1", "1.5")}
+    trail = [r.data for r in await store.records() if r.kind == "alert"]
+    assert [(d["alert"], d["key"], d["token"]) for d in trail] == [
+        ("alerted", ORPHAN.text(), "tok1"),
+        ("alerted", ZOMBIE.text(), "tok1"),
+    ]
+    assert (await store.verify()).ok
+
+
+async def test_a_refused_post_leaves_the_findings_to_alert_again(store: Store) -> None:
+    await _confirmed(store)
+    assert await store.alerts.begin_post("tok1", "node3", [ORPHAN], _at(5)) is not None
+    await store.alerts.cancel_post("tok1", _at(6))
+    assert await store.alerts.pending_posts() == []
+    orphan = next(a for a in await store.alerts.open_alerts() if a.key == ORPHAN)
+    assert orphan.alerted_at is None
+    assert notice(ORPHAN.kind, orphan, _at(6), SweepConfig()) is Notice.ALERT
+    assert await store.alerts.begin_post("tok2", "node3", [ORPHAN], _at(10)) is not None
+
+
+async def test_an_adopted_post_and_an_abandoned_one_are_audited(store: Store) -> None:
+    await _confirmed(store)
+    await store.alerts.begin_post("tok1", "node3", [ORPHAN], _at(5))
+    await store.alerts.begin_post("tok2", "node3", [ZOMBIE], _at(5))
+    await store.alerts.note_repeat("tok2")
+    [p1, p2] = await store.alerts.pending_posts()
+    assert (p1.repeats, p2.repeats) == (0, 1)
+    await store.alerts.finish_post("tok1", "C1", "1.7", _at(6), adopted=True)
+    await store.alerts.abandon_post("tok2", "history unreadable", _at(6))
+    assert await store.alerts.pending_posts() == []
+    trail = [r.data for r in await store.records() if r.kind == "alert"]
+    assert trail[0]["adopted"] is True and trail[0]["message_ts"] == "1.7"
+    assert trail[1] == {
+        "alert": "not posted",
+        "keys": [ZOMBIE.text()],
+        "token": "tok2",
+        "why": "history unreadable",
+    }
+    with store.engine.connect() as conn:
+        states = dict(conn.execute(sa.select(alert_posts.c.token, alert_posts.c.state)).all())
+    assert states == {"tok1": "posted", "tok2": "abandoned"}
+
+
+async def test_a_token_is_recorded_once(store: Store) -> None:
+    await _confirmed(store)
+    await store.alerts.begin_post("tok1", "node3", [ORPHAN], _at(5))
+    with pytest.raises(StoreError):
+        await store.alerts.begin_post("tok1", "node3", [ZOMBIE], _at(5))
+    with pytest.raises(StoreError, match="no alert post"):
+        await store.alerts.finish_post("nope", "C1", "1.1", _at(6))
+    # the failed intent changed nothing: ZOMBIE is still to alert
+    zombie = next(a for a in await store.alerts.open_alerts() if a.key == ZOMBIE)
+    assert zombie.alerted_at is None
