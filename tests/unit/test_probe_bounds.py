@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,60 @@ def test_a_control_file_holder_is_counted_from_fusers_rows_and_never_read(tmp_pa
     assert [(p.pid, p.gpu_index, p.hidden) for p in snap.processes] == [(job.pid, 0, True)]
     assert [h.pid for h in snap.ctl_only] == [ctl.pid]
     assert parse_proc_lines(procs, [job.pid])[job.pid].pid == job.pid
+
+
+_OLD_GETENT = """  if [[ $uids != ' ' ]]; then
+    while IFS=: read -r name _ u _; do
+      [[ $uids == *" $u "* ]] || continue
+      esc "$name"; printf 'u %s %s\\n' "$u" "$R"; uids=${uids/ $u / }
+    done < <(getent passwd $uids 2>/dev/null)
+  fi"""
+
+
+@pytest.mark.parametrize("defended", [True, False], ids=["bounded", "control-unbounded"])
+def test_a_slow_name_service_cannot_hold_the_probe_past_its_budget(
+    tmp_path: Path, defended: bool
+) -> None:
+    # Two processes under uids /etc/passwd does not list; the name service (a stand-in getent on
+    # PATH) takes 5 s, the budget is 1 s. The names stay unknown ("!") and the probe ends in
+    # time; the control (the old unbounded lookup) waits for the name service.
+    if os.geteuid() != 0:
+        pytest.fail("this test starts processes under other uids: run it as root")
+    getent = tmp_path / "getent"
+    getent.write_text("#!/bin/sh\nsleep 5\nexit 2\n")
+    getent.chmod(0o755)
+    uids = [54321, 54322]
+    procs = [subprocess.Popen(["sleep", "60"], user=u, stdin=subprocess.DEVNULL) for u in uids]
+    procs_part = probe_script._PROCS
+    if not defended:
+        start = procs_part.index("  # NSS may be")
+        end = procs_part.index("  fi", procs_part.index("getent passwd $ask")) + len("  fi")
+        procs_part = procs_part[:start] + _OLD_GETENT + procs_part[end:]
+        assert "getent passwd $uids" in procs_part
+    script = (
+        probe_script._COMMON
+        + procs_part
+        + 't=${EPOCHREALTIME//[!0-9]/}; DL=$(( 10#$t + 1000000 )); procs "$@"'
+    )
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    try:
+        t = time.monotonic()
+        text = subprocess.run(
+            ["bash", "-c", script, "t", *(str(p.pid) for p in procs)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
+            check=True,
+        ).stdout
+        took = time.monotonic() - t
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    names = [line for line in text.splitlines() if line.startswith("u ")]
+    assert names == [f"u {u} !" for u in uids]
+    if defended:
+        assert took < 4, took
+    else:
+        assert took >= 5, took  # the attack: the name service decides how long the probe runs
