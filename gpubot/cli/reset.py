@@ -6,12 +6,13 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Awaitable
 
 from gpubot.app import App
 from gpubot.cli.common import cli_actor, color, linux_user, with_app
 from gpubot.cli.render import render_plan_lines, render_reset
 from gpubot.core.plan import ResetPlan, ResetRequest
-from gpubot.errors import UsageError
+from gpubot.errors import ResetInterrupted, UsageError
 from gpubot.services.reset import ResetEvent, ResetResult
 
 
@@ -74,6 +75,20 @@ async def _print_event(event: ResetEvent) -> None:
         print(f"  {event.kind}: {detail}", file=sys.stderr)
 
 
+async def _finished(work: Awaitable[ResetResult], as_json: bool) -> int:
+    """Print the reset's outcome; one cut off after signals went out prints what was sent
+    (``--json``: the document, each targeted GPU ``unknown``) and exits 2 like any error."""
+    try:
+        result = await work
+    except ResetInterrupted as exc:
+        if not as_json:
+            raise
+        print(json.dumps(exc.document, indent=2))
+        print(f"gpubot: error: {exc}", file=sys.stderr)
+        return 2
+    return _finish(result, as_json)
+
+
 def _finish(result: ResetResult, as_json: bool) -> int:
     print(
         json.dumps(result.to_dict(), indent=2) if as_json else render_reset(result, color=color())
@@ -106,11 +121,11 @@ def run_reset(args: argparse.Namespace) -> int:
             print("\n".join(render_plan_lines(plan)), file=sys.stderr)
         _check_forced(plan, args.force)
         _confirm(f"signal {len(plan.targets)} process(es) on {plan.node}?", args.yes)
-        result = await app.reset.execute(
+        work = app.reset.execute(
             plan, actor=cli_actor(), source="cli", command=command,
             on_event=None if args.json else _print_event, grace_s=args.grace, before=before,
         )  # fmt: skip
-        return _finish(result, args.json)
+        return await _finished(work, args.json)
 
     return with_app(args, True, body)
 
@@ -129,10 +144,10 @@ def run_gpu_reset(args: argparse.Namespace) -> int:
 
     async def body(app: App) -> int:
         _confirm(f"run nvidia-smi --gpu-reset on {args.node} GPU {args.gpu}?", args.yes)
-        result = await app.reset.gpu_reset(
+        work = app.reset.gpu_reset(
             args.node, args.gpu, actor=cli_actor(), source="cli", command=command,
             on_event=None if args.json else _print_event,
         )  # fmt: skip
-        return _finish(result, args.json)
+        return await _finished(work, args.json)
 
     return with_app(args, True, body)

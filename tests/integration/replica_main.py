@@ -28,7 +28,7 @@ from gpubot.core.plan import ResetRequest
 from gpubot.errors import GpubotError, LockHeld
 from gpubot.scheduler import SweepScheduler
 from gpubot.services.sweep import SweepService
-from gpubot.store.locks import DbLocks
+from gpubot.store.leases import DbLeases
 from tests.fixtures.settings import sweep_ports, with_tables
 
 
@@ -61,7 +61,7 @@ async def main(config: str, db_url: str, name: str, tables: dict[str, Any]) -> N
     s = with_tables(dataclasses.replace(s, database_url=db_url, ssh=ssh, reset=reset), tables)
     app = build(s, {}, need_store=True)
     assert app.store is not None
-    locks = DbLocks(app.store.engine, replica=name)
+    locks = DbLeases(app.store.engine, replica=name, ttl_s=s.leases.ttl_s, renew_s=s.leases.renew_s)
     svc = TracedSweeps(s, app.status, **sweep_ports(app.store), locks=locks, replica=name)
     sched = SweepScheduler(svc.scheduled, s.sweep.interval_s, first_after_s=0)
     stop = asyncio.Event()
