@@ -45,9 +45,23 @@ __all__ = [
 
 AUDIT_KEY_ENV = "GPUBOT_AUDIT_KEY"  # makes the audit chain an HMAC chain (see store.chain)
 MIN_AUDIT_KEY = 16
-SECTIONS = {"database", "ssh", "reset", "nodes", "audit", "groups", "attribution", "slack",
-            "users", "approvals", "permissions", "sweep", "alerts", "metrics",
-            "leases"}  # fmt: skip
+SECTIONS = {
+    "database",
+    "ssh",
+    "reset",
+    "nodes",
+    "audit",
+    "groups",
+    "attribution",
+    "slack",
+    "users",
+    "approvals",
+    "permissions",
+    "sweep",
+    "alerts",
+    "metrics",
+    "leases",
+}
 
 
 def config_path(cli_value: str | None, environ: Mapping[str, str]) -> Path:

@@ -279,8 +279,9 @@ class ResetService:
             try:
                 gpus, before = await body(run)
                 after = await run.final_snapshot()
-                result = ResetResult(node.name, plan, gpus, tuple(run.steps), before, after,
-                                     action_id)  # fmt: skip
+                result = ResetResult(
+                    node.name, plan, gpus, tuple(run.steps), before, after, action_id
+                )
                 await self.store.finish_action(
                     action_id,
                     status=ActionStatus.FREED if result.ok else ActionStatus.NOT_FREED,
@@ -291,8 +292,7 @@ class ResetService:
             except BaseException as exc:
                 doc = interrupted(run, plan, exc)
                 with suppress(GpubotError):  # if even that fails it stays visibly incomplete
-                    await self.store.finish_action(action_id, status=ActionStatus.ERROR,
-                                                   result=doc)  # fmt: skip
+                    await self.store.finish_action(action_id, status=ActionStatus.ERROR, result=doc)
                 if isinstance(exc, GpubotError) and doc["sent"]:
                     why = interrupted_message(node.name, doc["error"], run.sent(), plan.gpus)
                     raise ResetInterrupted(why, doc) from exc

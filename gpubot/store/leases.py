@@ -103,8 +103,12 @@ def take(conn: Connection, resource: str, holder: str, now: datetime, ttl_s: flo
         raise StoreError(f"the lease {resource!r} changed while it was taken")
     lease = Lease(resource, holder, token, until.timestamp(), ttl_s)
     if row.holder:  # never released: its holder died or lost the database past its lease
-        lease.took_over = {"holder": row.holder, "token": int(row.token), "since": row.since,
-                           "expired_at": row.expires_at}  # fmt: skip
+        lease.took_over = {
+            "holder": row.holder,
+            "token": int(row.token),
+            "since": row.since,
+            "expired_at": row.expires_at,
+        }
         _audit_takeover(conn, lease, now)
     return lease
 
@@ -120,8 +124,15 @@ def _audit_takeover(conn: Connection, lease: Lease, now: datetime) -> None:
         f"{(lease.took_over or {}).get('holder')}, which never released it",
     }
     node = name if kind == "reset" and name else None
-    append(conn, kind=LEASE_RECORD, actor=lease.holder, source="gpubot", node=node,
-           payload=payload, now=now)  # fmt: skip
+    append(
+        conn,
+        kind=LEASE_RECORD,
+        actor=lease.holder,
+        source="gpubot",
+        node=node,
+        payload=payload,
+        now=now,
+    )
 
 
 def release(conn: Connection, fence: Fence, now: datetime) -> bool:
