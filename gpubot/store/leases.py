@@ -176,7 +176,15 @@ class DbLeases:
     async def hold(self, name: str, *, holder: str = "") -> AsyncIterator[Lease]:
         """Hold the lease ``name`` for the block (renewed meanwhile), or raise ``LockHeld``."""
         who = f"{self.replica} {holder}".strip()
-        lease = await asyncio.to_thread(self._take, name, who)
+        taking = asyncio.ensure_future(asyncio.to_thread(self._take, name, who))
+        try:
+            lease = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the take still ends in its thread: give back what it got
+            await asyncio.gather(taking, return_exceptions=True)
+            got = None if taking.exception() is not None else taking.result().fence
+            if got is not None:
+                await asyncio.to_thread(self._release, got)
+            raise
         renewer = asyncio.create_task(self._renew(lease), name=f"lease {name}")
         try:
             yield lease
@@ -211,8 +219,12 @@ class DbLeases:
         while lease.lost is None:
             await asyncio.sleep(self.renew_s)
             asked = time.time()
+            renewing = asyncio.ensure_future(asyncio.to_thread(self._renew_once, fence))
             try:
-                held = await asyncio.to_thread(self._renew_once, fence)
+                held = await asyncio.shield(renewing)
+            except asyncio.CancelledError:  # the block ended: let the write end (its connection
+                await asyncio.gather(renewing, return_exceptions=True)  # goes back to the pool)
+                raise
             except StoreError as exc:
                 if not failing:
                     log.warning("%s (retrying every %g s)", exc, self.renew_s)

@@ -57,6 +57,11 @@ def pg() -> Iterator[OwnPostgres]:
 
 
 @pytest.fixture
+def pg_url(pg: OwnPostgres) -> str:
+    return pg.database()  # a fresh database of the test's own on the shared server
+
+
+@pytest.fixture
 def node(fleet: SimFleet) -> Iterator[SimNode]:
     n = fleet.node("node1")
     yield n
@@ -145,10 +150,10 @@ async def second_reset(r: Replica) -> ResetResult:
 
 
 async def test_a_restarted_postgresql_keeps_the_node_lease(
-    settings: Settings, pg: OwnPostgres, node: SimNode
+    settings: Settings, pg: OwnPostgres, pg_url: str, node: SimNode
 ) -> None:
     w = node.spawn(gpu=0, mib=2048, behaviour="stubborn")  # SIGTERM is not enough: SIGKILL
-    async with replica(settings, pg.url, "A") as a, replica(settings, pg.url, "B") as b:
+    async with replica(settings, pg_url, "A") as a, replica(settings, pg_url, "B") as b:
         first = FirstReset(a)
         await first.started()
         await asyncio.to_thread(pg.restart)  # every connection of both replicas is cut
@@ -171,13 +176,13 @@ async def test_a_restarted_postgresql_keeps_the_node_lease(
 
 
 async def test_control_the_advisory_lock_is_lost_across_a_restart(
-    settings: Settings, pg: OwnPostgres, node: SimNode
+    settings: Settings, pg: OwnPostgres, pg_url: str, node: SimNode
 ) -> None:
     """The old mechanism, the same sequence: the second reset runs during the first's wait."""
     w = node.spawn(gpu=0, mib=2048, behaviour="stubborn")
     async with (
-        replica(settings, pg.url, "A", advisory=True) as a,
-        replica(settings, pg.url, "B", advisory=True) as b,
+        replica(settings, pg_url, "A", advisory=True) as a,
+        replica(settings, pg_url, "B", advisory=True) as b,
     ):
         first = FirstReset(a)
         await first.started()
@@ -205,7 +210,7 @@ def _expire(store: Store, resource: str) -> None:
 @pytest.fixture(params=["postgresql", "sqlite"])
 def db_url(request: pytest.FixtureRequest, pg: OwnPostgres, tmp_path: Path) -> str:
     if request.param == "postgresql":
-        return pg.url
+        return pg.database()
     url = f"sqlite:///{tmp_path}/audit.db"
     open_store(url).close()  # a new SQLite file sets itself up
     return url
