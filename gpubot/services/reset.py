@@ -276,6 +276,7 @@ class ResetService:
                 node=node.name, gpus=plan.gpus, plan=intent, fence=lease.fence,
             )  # fmt: skip
             run = ResetRun(self, node, action_id, on_event, lease)
+            gpus: tuple[GpuResult, ...] | None = None
             try:
                 gpus, before = await body(run)
                 after = await run.final_snapshot()
@@ -290,7 +291,7 @@ class ResetService:
                 )
                 return result
             except BaseException as exc:
-                doc = interrupted(run, plan, exc)
+                doc = interrupted(run, plan, exc, gpus)
                 with suppress(GpubotError):  # if even that fails it stays visibly incomplete
                     await self.store.finish_action(action_id, status=ActionStatus.ERROR, result=doc)
                 if isinstance(exc, GpubotError) and doc["sent"]:
@@ -299,15 +300,18 @@ class ResetService:
                 raise
 
 
-def interrupted(run: ResetRun, plan: ResetPlan, exc: BaseException) -> dict[str, Any]:
-    """Return the outcome of a reset stopped by ``exc``: the error, what was sent, each GPU.
+def interrupted(
+    run: ResetRun, plan: ResetPlan, exc: BaseException, known: tuple[GpuResult, ...] | None
+) -> dict[str, Any]:
+    """Return the outcome of a reset stopped by ``exc``: the error, what was sent, each GPU
+    (``known``: as verified, when only recording the outcome failed; else ``unknown``).
 
     Written without the fence: it records what happened, even (above all) once the lease is
     gone; it signals nothing.
     """
     error = str(exc) or type(exc).__name__
     sent = run.sent()
-    gpus = unknown_gpus(plan.gpus, {}, error) if sent else ()
+    gpus = known if known is not None else unknown_gpus(plan.gpus, {}, error) if sent else ()
     return {
         "node": run.node.name,
         "action_id": run.action_id,

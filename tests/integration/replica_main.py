@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.app import build
-from gpubot.config import load
+from gpubot.config import LeaseSettings, load
 from gpubot.core.alerting import SweepResult
 from gpubot.core.plan import ResetRequest
 from gpubot.errors import GpubotError, LockHeld
@@ -58,7 +58,9 @@ async def main(config: str, db_url: str, name: str, tables: dict[str, Any]) -> N
     s = load(Path(config))
     ssh = dataclasses.replace(s.ssh, command_timeout_s=4.0, connect_timeout_s=2.0)
     reset = dataclasses.replace(s.reset, grace_s=5.0, verify_timeout_s=6.0, poll_interval_s=0.1)
-    s = with_tables(dataclasses.replace(s, database_url=db_url, ssh=ssh, reset=reset), tables)
+    leases = LeaseSettings(**tables.pop("leases", {}))  # a dead replica's lease runs out soon
+    s = dataclasses.replace(s, database_url=db_url, ssh=ssh, reset=reset, leases=leases)
+    s = with_tables(s, tables)
     app = build(s, {}, need_store=True)
     assert app.store is not None
     locks = DbLeases(app.store.engine, replica=name, ttl_s=s.leases.ttl_s, renew_s=s.leases.renew_s)
