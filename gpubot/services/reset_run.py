@@ -81,9 +81,13 @@ class ResetRun:
             await self.sink(event)
 
     async def before_sending(self, **what: Any) -> None:
-        """Check the lease, then record what is about to go out (fenced): raise if it is gone."""
+        """Check the lease, then record what is about to go out (fenced): raise if it is gone.
+
+        The check here is what the renewal found (lost, or run out while the database did not
+        answer); the fenced write then asks the database itself.
+        """
         if self.lease is not None:
-            self.lease.check(self.svc.clock.now())
+            self.lease.check()
         await self.emit(ResetStep.SENDING, **what)
 
     def sent(self) -> list[Sent]:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from gpubot.sim.fleet import SimFleet
+from gpubot.store.version import HEAD
 
 # Runs the ``gpubot`` command line, then prints the modules the process imported on stderr.
 WRAPPER = """
@@ -33,7 +34,7 @@ NOT_IMPORTED = ("alembic", "slack_bolt", "slack_sdk", "aiohttp", "apscheduler",
                 "prometheus_client", "gpubot.store.migrate", "gpubot.slack", "gpubot.chat",
                 "gpubot.scheduler", "gpubot.metrics", "gpubot.services.reset",
                 "gpubot.services.sweep", "gpubot.services.approvals")  # fmt: skip
-BEHIND = "gpubot: error: database is at 0002, this gpubot needs 0003: run `gpubot db upgrade`"
+BEHIND = f"gpubot: error: database is at 0002, this gpubot needs {HEAD}: run `gpubot db upgrade`"
 
 
 @pytest.fixture(scope="module")
