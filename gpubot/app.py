@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpubot.config import Settings, audit_key, config_path, load
+from gpubot.core.lease import Fence
 from gpubot.core.ports import AuditStore, Locks, Notifier, Transport
 from gpubot.errors import DatabaseBehind, StoreError
 from gpubot.services.status import StatusService
@@ -150,9 +151,9 @@ def build(
     transport = make_transport(settings.ssh)
     status = StatusService(settings, transport, store)
     audit: AuditStore = store if store is not None else _NoStore()
-    # With a database, a node's reset and the sweep are exclusive across replicas (PostgreSQL
-    # advisory locks); one Locks for both.
-    locks: Locks = _locks(store)
+    # With a database, a node's reset and the sweep are exclusive across replicas and processes
+    # (leases with fencing tokens, SQLite and PostgreSQL alike); one Locks for both.
+    locks: Locks = _locks(settings, store)
     metrics = _metrics() if serving else None
     reset = ResetService(settings, transport, audit, status, locks, observer=metrics)
     api = directory = None
@@ -254,12 +255,13 @@ def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> 
         return None
 
 
-def _locks(store: Store | None) -> Locks:
+def _locks(settings: Settings, store: Store | None) -> Locks:
     if store is None:
         return _local_locks()
-    from gpubot.store.locks import DbLocks
+    from gpubot.store.leases import DbLeases
 
-    return DbLocks(store.engine)
+    cfg = settings.leases
+    return DbLeases(store.engine, ttl_s=cfg.ttl_s, renew_s=cfg.renew_s, now=lambda: store.clock())
 
 
 @functools.cache
@@ -363,8 +365,10 @@ class _OpeningStore:
     async def begin_action(self, **action: Any) -> int:
         return await (await self._ready()).begin_action(**action)
 
-    async def record_event(self, action_id: int, event: Mapping[str, Any]) -> None:
-        await (await self._ready()).record_event(action_id, event)
+    async def record_event(
+        self, action_id: int, event: Mapping[str, Any], *, fence: Fence | None = None
+    ) -> None:
+        await (await self._ready()).record_event(action_id, event, fence=fence)
 
     async def finish_action(self, action_id: int, **outcome: Any) -> None:
         await (await self._ready()).finish_action(action_id, **outcome)
@@ -376,7 +380,7 @@ class _NoStore:
     async def begin_action(self, **_: object) -> int:
         raise StoreError("the audit log is unavailable; nothing was done")
 
-    async def record_event(self, *_: object) -> None:
+    async def record_event(self, *_: object, **__: object) -> None:
         raise StoreError("the audit log is unavailable")
 
     async def finish_action(self, *_: object, **__: object) -> None:

@@ -19,8 +19,10 @@
     ├── NotPermitted(PermissionError)      the person may not act on this node
     │   └── IdentityRefused                a guest, another workspace, deleted, a bot, root
     ├── SimError                           the simulated fleet failed (server, workload, daemon)
+    ├── ResetInterrupted                   a reset stopped after signals went out (lists them)
     ├── StoreError                         the audit store failed (fail closed)
-    │   └── DatabaseBehind                 migrations not applied
+    │   ├── DatabaseBehind                 migrations not applied
+    │   └── LeaseLost                      a lease (node reset, sweep) is no longer held
     └── ApprovalError                      an approval decision refused
         ├── SelfApproval(PermissionError)
         ├── NotAnApprover(PermissionError)
@@ -33,6 +35,8 @@ Every message is one line fit to show a person.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class GpubotError(Exception):
@@ -113,6 +117,23 @@ class LockHeld(ResetRefused):
 
 class StoreError(GpubotError):
     """The audit store failed; callers fail closed."""
+
+
+class LeaseLost(StoreError):
+    """A lease this holder had is gone (expired, taken over): stop before the next step."""
+
+    def __init__(self, resource: str, why: str) -> None:
+        super().__init__(why)
+        self.resource = resource
+
+
+class ResetInterrupted(GpubotError):
+    """A reset that ended in an error after signals went out: the message lists what was sent;
+    ``document`` is the ``--json`` form (each targeted GPU ``unknown``)."""
+
+    def __init__(self, message: str, document: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.document = document
 
 
 class DatabaseBehind(StoreError):

@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from gpubot.app import App
@@ -20,7 +21,7 @@ from gpubot.cli.common import (
 )
 from gpubot.cli.render import render_plan_lines, render_reset
 from gpubot.core.plan import ResetPlan, ResetRequest
-from gpubot.errors import UsageError
+from gpubot.errors import ResetInterrupted, UsageError
 from gpubot.services.reset import ResetEvent, ResetResult
 
 if TYPE_CHECKING:
@@ -86,6 +87,22 @@ async def _print_event(event: ResetEvent) -> None:
         print(f"  {event.kind}: {detail}", file=sys.stderr)
 
 
+async def _finished(
+    work: Awaitable[ResetResult], as_json: bool, found: list[ActionSummary] | None
+) -> int:
+    """Print the reset's outcome; one cut off after signals went out prints what was sent
+    (``--json``: the document, each targeted GPU ``unknown``) and exits 2 like any error."""
+    try:
+        result = await work
+    except ResetInterrupted as exc:
+        if not as_json:
+            raise
+        print(json.dumps({**exc.document, "interrupted": interrupted_json(found)}, indent=2))
+        print(f"gpubot: error: {exc}", file=sys.stderr)
+        return 2
+    return _finish(result, as_json, found)
+
+
 def _finish(result: ResetResult, as_json: bool, found: list[ActionSummary] | None) -> int:
     if as_json:
         print(json.dumps({**result.to_dict(), "interrupted": interrupted_json(found)}, indent=2))
@@ -129,11 +146,11 @@ def run_reset(args: argparse.Namespace) -> int:
             print("\n".join(render_plan_lines(plan)), file=sys.stderr)
         _check_forced(plan, args.force)
         _confirm(f"signal {len(plan.targets)} process(es) on {plan.node}?", args.yes)
-        result = await app.reset.execute(
+        work = app.reset.execute(
             plan, actor=cli_actor(), source="cli", command=command,
             on_event=None if args.json else _print_event, grace_s=args.grace, before=before,
         )  # fmt: skip
-        return _finish(result, args.json, found)
+        return await _finished(work, args.json, found)
 
     return with_app(args, True, body)
 
@@ -153,10 +170,10 @@ def run_gpu_reset(args: argparse.Namespace) -> int:
     async def body(app: App) -> int:
         found = await _interrupted(app, args.node, args.json)
         _confirm(f"run nvidia-smi --gpu-reset on {args.node} GPU {args.gpu}?", args.yes)
-        result = await app.reset.gpu_reset(
+        work = app.reset.gpu_reset(
             args.node, args.gpu, actor=cli_actor(), source="cli", command=command,
             on_event=None if args.json else _print_event,
         )  # fmt: skip
-        return _finish(result, args.json, found)
+        return await _finished(work, args.json, found)
 
     return with_app(args, True, body)

@@ -17,6 +17,7 @@ from gpubot.config import tables, validate
 from gpubot.config.settings import (
     AttributionSettings,
     AuditSettings,
+    LeaseSettings,
     MetricsSettings,
     ResetSettings,
     Settings,
@@ -28,6 +29,7 @@ from gpubot.errors import ConfigError
 __all__ = [
     "AttributionSettings",
     "AuditSettings",
+    "LeaseSettings",
     "MetricsSettings",
     "ResetSettings",
     "Settings",
@@ -43,8 +45,23 @@ __all__ = [
 
 AUDIT_KEY_ENV = "GPUBOT_AUDIT_KEY"  # makes the audit chain an HMAC chain (see store.chain)
 MIN_AUDIT_KEY = 16
-SECTIONS = {"database", "ssh", "reset", "nodes", "audit", "groups", "attribution", "slack",
-            "users", "approvals", "permissions", "sweep", "alerts", "metrics"}  # fmt: skip
+SECTIONS = {
+    "database",
+    "ssh",
+    "reset",
+    "nodes",
+    "audit",
+    "groups",
+    "attribution",
+    "slack",
+    "users",
+    "approvals",
+    "permissions",
+    "sweep",
+    "alerts",
+    "metrics",
+    "leases",
+}
 
 
 def config_path(cli_value: str | None, environ: Mapping[str, str]) -> Path:
@@ -79,6 +96,7 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         path=where, database_url=url, ssh=ssh, reset=reset, nodes=nodes, audit=audit,
         attribution=attribution, policy=tables.policy(v, raw, reset.system_users),
         sweep=tables.sweep(v, raw), metrics=tables.metrics(v, raw),
+        leases=validate.leases(v, raw),
     )  # fmt: skip
 
 

@@ -74,6 +74,15 @@ class AttributionSettings:
 
 
 @dataclass(frozen=True)
+class LeaseSettings:
+    """The ``[leases]`` settings: how long a lease on exclusive work (a node's reset, the
+    sweep) lasts without renewal, and how often its holder renews it while the work runs."""
+
+    ttl_s: float = 30.0  # a dead holder's lease is taken over this long after its last renewal
+    renew_s: float = 5.0  # at most half the ttl: one missed renewal never loses the lease
+
+
+@dataclass(frozen=True)
 class MetricsSettings:
     """The ``[metrics]`` settings: where ``gpubot serve`` serves Prometheus metrics."""
 
@@ -96,6 +105,7 @@ class Settings:
     policy: Policy = field(default_factory=Policy)
     sweep: SweepConfig = field(default_factory=SweepConfig)  # [sweep] and [alerts]
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
 
     def node(self, name: str) -> NodeConfig | None:
         """Return the node called ``name`` or None."""

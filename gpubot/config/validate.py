@@ -11,7 +11,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpubot.config.settings import AttributionSettings, AuditSettings, ResetSettings, SshSettings
+from gpubot.config.settings import (
+    AttributionSettings,
+    AuditSettings,
+    LeaseSettings,
+    ResetSettings,
+    SshSettings,
+)
 from gpubot.core.models import NodeConfig
 from gpubot.core.policy import SLACK_CHANNEL
 from gpubot.errors import ConfigError
@@ -204,6 +210,24 @@ def attribution(v: Validator, raw: Mapping[str, Any]) -> AttributionSettings:
     timeout = v.positive("attribution.lookup_timeout_s",
                          t.get("lookup_timeout_s", d.lookup_timeout_s))  # fmt: skip
     return AttributionSettings(label, timeout)
+
+
+MAX_LEASE_S = 3600.0
+
+
+def leases(v: Validator, raw: Mapping[str, Any]) -> LeaseSettings:
+    """Validate ``[leases]``: a renewal at most every half ttl (one may fail and none is lost)."""
+    t = v.table("leases", raw.get("leases", {}))
+    v.keys("leases", t, {"ttl_s", "renew_s"})
+    d = LeaseSettings()
+    ttl = v.seconds("leases.ttl_s", t.get("ttl_s", d.ttl_s), MAX_LEASE_S)
+    renew = v.seconds("leases.renew_s", t.get("renew_s", d.renew_s), MAX_LEASE_S)
+    if renew * 2 > ttl:
+        raise ConfigError(
+            f"{v.where}: leases.renew_s: {renew:g} s is more than half of leases.ttl_s "
+            f"({ttl:g} s): one late renewal would lose the lease"
+        )
+    return LeaseSettings(ttl, renew)
 
 
 AUDIT_KEYS = {"publish_head_every", "seal_every", "max_seal_age", "head_file"}

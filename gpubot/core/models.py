@@ -231,6 +231,7 @@ class ResetStep(StrEnum):
     PERSISTENCE = "persistence"
     GPU_RESET = "gpu_reset"
     STOP_WORKLOAD = "stop_workload"
+    SENDING = "sending"  # a signal's or command's intent, written (fenced) just before it goes
 
 
 class StopResult(StrEnum):

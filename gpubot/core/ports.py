@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gpubot.core.interrupted import Unfinished
+from gpubot.core.lease import Fence, Lease
 from gpubot.core.models import (
     ActionStatus,
     CommandResult,
@@ -51,9 +52,13 @@ class NvmlReader(Protocol):
 
 
 class Locks(Protocol):
-    """Named locks that are never waited for: a held lock raises ``LockHeld`` naming its holder."""
+    """Named leases that are never waited for: a held one raises ``LockHeld`` naming its holder.
 
-    def hold(self, name: str, *, holder: str = "") -> AbstractAsyncContextManager[None]:
+    The block gets the ``Lease`` (``core.lease``): renewed while the block runs, its ``fence``
+    passed to the audit writes of the work, its ``check`` called before each step on a node.
+    """
+
+    def hold(self, name: str, *, holder: str = "") -> AbstractAsyncContextManager[Lease]:
         """Hold ``name`` for the block or raise ``LockHeld`` at once."""
         ...
 
@@ -79,7 +84,15 @@ class Clock(Protocol):
 
 
 class AuditStore(Protocol):
-    """The append-only, hash-chained audit log. Every method raises ``StoreError`` on failure."""
+    """The append-only, hash-chained audit log. Every method raises ``StoreError`` on failure.
+
+    ``fence``: the lease the action runs under. The store checks (and extends) it in the same
+    transaction as the write and refuses the write with ``LeaseLost`` when it is gone, so a
+    recorded step proves that its writer still held the lease. An explicit argument, not a
+    context the store reads: which writes are fenced is then visible at each call and checked
+    by the type checker, and a task that happens to run inside (or outside) a lease's block
+    cannot fence (or skip fencing) a write without saying so.
+    """
 
     async def begin_action(
         self,
@@ -91,16 +104,24 @@ class AuditStore(Protocol):
         node: str | None,
         gpus: Sequence[int],
         plan: Mapping[str, Any] | None,
+        fence: Fence | None = None,
     ) -> int:
         """Write the intent of an action BEFORE anything happens; return the action id."""
         ...
 
-    async def record_event(self, action_id: int, event: Mapping[str, Any]) -> None:
+    async def record_event(
+        self, action_id: int, event: Mapping[str, Any], *, fence: Fence | None = None
+    ) -> None:
         """Append one step of an action (signal sent, process exited, GPU outcome ...)."""
         ...
 
     async def finish_action(
-        self, action_id: int, *, status: ActionStatus, result: Mapping[str, Any]
+        self,
+        action_id: int,
+        *,
+        status: ActionStatus,
+        result: Mapping[str, Any],
+        fence: Fence | None = None,
     ) -> None:
         """Append the outcome of an action."""
         ...

@@ -3,23 +3,30 @@
 Only planned processes are ever signalled, each after an identity check on the node (pid, start
 time and owner, in the same exec as the signal); no fixed
 sleeps; a GPU is called freed only when ``nvidia-smi`` shows its memory back where expected.
+
+A reset holds its node's lease (``Locks``) from before its intent to after its outcome, and
+fences every audit write with it. A reset that stops on an error after something went out to
+the node raises ``ResetInterrupted``: it lists what was sent, and each targeted GPU is
+``unknown`` (in the audit outcome too).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.cutoff import interrupted_message, unknown_gpus
+from gpubot.core.lease import Lease
 from gpubot.core.models import ActionStatus, NodeConfig, NodeSnapshot, Outcome
 from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Clock, Locks, ResetObserver, Transport
 from gpubot.core.timefmt import iso
-from gpubot.errors import GpubotError, LockHeld, ResetRefused, UsageError
+from gpubot.errors import GpubotError, LockHeld, ResetInterrupted, ResetRefused, UsageError
 from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun
 from gpubot.services.status import StatusService
 
@@ -63,21 +70,26 @@ class ResetResult:
 
 
 class NodeLocks:
-    """In-process named locks (one process, no shared database): the default ``Locks``."""
+    """In-process named leases (one process, no shared database): the default ``Locks``.
+
+    Such a lease is never lost and has no fence: nothing outside this process could check it.
+    """
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self._held: dict[str, tuple[str, float]] = {}
         self._clock = clock
+        self._tokens = 0
 
     @asynccontextmanager
-    async def hold(self, name: str, *, holder: str = "") -> AsyncIterator[None]:
+    async def hold(self, name: str, *, holder: str = "") -> AsyncIterator[Lease]:
         """Hold ``name`` or raise ``LockHeld`` naming who holds it and since when."""
         if name in self._held:
             who, since = self._held[name]
             raise LockHeld(name, f"{who} since {iso(since)}")
         self._held[name] = (holder, self._clock.now())
+        self._tokens += 1
         try:
-            yield
+            yield Lease(name, holder, self._tokens, float("inf"), shared=False)
         finally:
             del self._held[name]
 
@@ -254,35 +266,58 @@ class ResetService:
         command: str,
         on_event: EventSink | None,
     ) -> ResetResult:
-        """Hold the node, write the intent, run ``body``, write the outcome (fail closed)."""
-        async with self.locks.hold(reset_lock(node.name), holder=actor):
+        """Hold the node's lease, write the intent, run ``body``, write the outcome (fail
+        closed); every write is fenced by the lease."""
+        async with self.locks.hold(reset_lock(node.name), holder=actor) as lease:
+            if lease.took_over is not None:  # the audit log has the takeover's own record too
+                intent = {**intent, "lease": {"took_over": lease.took_over}}
             action_id = await self.store.begin_action(
                 kind=kind, actor=actor, source=source, command=command,
-                node=node.name, gpus=plan.gpus, plan=intent,
+                node=node.name, gpus=plan.gpus, plan=intent, fence=lease.fence,
             )  # fmt: skip
-            run = ResetRun(self, node, action_id, on_event)
+            run = ResetRun(self, node, action_id, on_event, lease)
+            gpus: tuple[GpuResult, ...] | None = None
             try:
                 gpus, before = await body(run)
                 after = await run.final_snapshot()
+                result = ResetResult(
+                    node.name, plan, gpus, tuple(run.steps), before, after, action_id
+                )
+                await self.store.finish_action(
+                    action_id,
+                    status=ActionStatus.FREED if result.ok else ActionStatus.NOT_FREED,
+                    result=result.to_dict(),
+                    fence=lease.fence,
+                )
+                return result
             except BaseException as exc:
-                await _finish_quietly(self.store, action_id, exc, run.steps)
+                doc = interrupted(run, plan, exc, gpus)
+                with suppress(GpubotError):  # if even that fails it stays visibly incomplete
+                    await self.store.finish_action(action_id, status=ActionStatus.ERROR, result=doc)
+                if isinstance(exc, GpubotError) and doc["sent"]:
+                    why = interrupted_message(node.name, doc["error"], run.sent(), plan.gpus)
+                    raise ResetInterrupted(why, doc) from exc
                 raise
-            result = ResetResult(node.name, plan, gpus, tuple(run.steps), before, after, action_id)
-            await self.store.finish_action(
-                action_id,
-                status=ActionStatus.FREED if result.ok else ActionStatus.NOT_FREED,
-                result=result.to_dict(),
-            )
-            return result
 
 
-async def _finish_quietly(
-    store: AuditStore, action_id: int, exc: BaseException, steps: Sequence[ResetEvent]
-) -> None:
-    """Record a failed action's end; if even that fails the action stays visibly incomplete."""
-    with suppress(GpubotError):
-        await store.finish_action(
-            action_id,
-            status=ActionStatus.ERROR,
-            result={"error": str(exc) or type(exc).__name__, "steps": [s.to_dict() for s in steps]},
-        )
+def interrupted(
+    run: ResetRun, plan: ResetPlan, exc: BaseException, known: tuple[GpuResult, ...] | None
+) -> dict[str, Any]:
+    """Return the outcome of a reset stopped by ``exc``: the error, what was sent, each GPU
+    (``known``: as verified, when only recording the outcome failed; else ``unknown``).
+
+    Written without the fence: it records what happened, even (above all) once the lease is
+    gone; it signals nothing.
+    """
+    error = str(exc) or type(exc).__name__
+    sent = run.sent()
+    gpus = known if known is not None else unknown_gpus(plan.gpus, {}, error) if sent else ()
+    return {
+        "node": run.node.name,
+        "action_id": run.action_id,
+        "error": error,
+        "sent": [s.to_dict() for s in sent],
+        "gpus": [g.to_dict() for g in gpus],
+        "steps": [s.to_dict() for s in run.steps],
+        "ok": False,
+    }

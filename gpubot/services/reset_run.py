@@ -2,14 +2,21 @@
 
 Every step is recorded in the audit log before it is reported (a failure to record stops the
 reset). Only planned processes are signalled, each after an identity check on the node.
+
+The reset runs under the node's lease (``core.lease``): every record is fenced (the store checks
+the lease in the write's transaction), and before each signal or command the lease is checked
+and a ``sending`` step is written, so a holder that lost its lease stops before its next signal.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpubot.core.cutoff import Sent, sent_items
+from gpubot.core.lease import Lease
 from gpubot.core.models import NodeConfig, NodeSnapshot, ResetStep
 from gpubot.core.nvsmi import USABLE_EXIT
 from gpubot.core.outcome import GpuObservation, GpuResult, Survivor
@@ -45,7 +52,12 @@ class ResetRun:
     """State of one reset in progress: its steps, and how it talks to the node."""
 
     def __init__(
-        self, svc: ResetService, node: NodeConfig, action_id: int, sink: EventSink | None
+        self,
+        svc: ResetService,
+        node: NodeConfig,
+        action_id: int,
+        sink: EventSink | None,
+        lease: Lease | None = None,
     ) -> None:
         self.svc = svc
         self.node = node
@@ -56,14 +68,31 @@ class ResetRun:
         self.last_snapshot: NodeSnapshot | None = None
         self.refused: dict[int, str] = {}  # planned pids the node's identity check refused, why
         self.respawned: dict[int, Workload] = {}  # GPU -> the workload that took it again
+        self.lease = lease
+        self.alive_at: dict[int, str] = {}  # target pid -> when a check last saw it alive
 
     async def emit(self, kind: ResetStep, **data: Any) -> None:
         """Record a step in the audit log first (a failure stops the reset), then report it."""
         event = ResetEvent(kind, self.svc.clock.now(), data)
         self.steps.append(event)
-        await self.svc.store.record_event(self.action_id, event.to_dict())
+        fence = None if self.lease is None else self.lease.fence
+        await self.svc.store.record_event(self.action_id, event.to_dict(), fence=fence)
         if self.sink is not None:
             await self.sink(event)
+
+    async def before_sending(self, **what: Any) -> None:
+        """Check the lease, then record what is about to go out (fenced): raise if it is gone.
+
+        The check here is what the renewal found (lost, or run out while the database did not
+        answer); the fenced write then asks the database itself.
+        """
+        if self.lease is not None:
+            self.lease.check()
+        await self.emit(ResetStep.SENDING, **what)
+
+    def sent(self) -> list[Sent]:
+        """Return the signals and commands that went out so far, and what is known since."""
+        return sent_items([s.to_dict() for s in self.steps], self.alive_at)
 
     async def signal(self, sig: str, ids: Sequence[Identity]) -> dict[int, PidReport]:
         """Signal (or check) planned processes, identity checked on the node."""
@@ -115,6 +144,8 @@ class ResetRun:
 
     async def send(self, sig: str, pairs: Pairs, deaths: dict[int, float]) -> set[int]:
         """Send ``sig`` to each planned process; return the PIDs it reached."""
+        if pairs:
+            await self.before_sending(signal=f"SIG{sig}", pids=sorted(pairs))
         reports = await self.signal(sig, _ids(pairs, pairs))
         reached: set[int] = set()
         for pid, rep in sorted(reports.items()):
@@ -143,7 +174,9 @@ class ResetRun:
             now = clock.monotonic()
             for pid in sorted(alive):
                 rep = reports.get(pid)
-                if rep is None or rep.status != PidStatus.ALIVE:
+                if rep is not None and rep.status == PidStatus.ALIVE:
+                    self.alive_at[pid] = iso(clock.now(), timespec="milliseconds")
+                else:
                     alive.discard(pid)
                     deaths[pid] = now
                     await self.emit(ResetStep.EXITED, pid=pid)
@@ -151,6 +184,7 @@ class ResetRun:
 
     async def smi(self, *args: str) -> tuple[int, str]:
         """Run a privileged ``nvidia-smi ARGS`` (``sudo -n`` where configured); return its say."""
+        await self.before_sending(command=shlex.join(["nvidia-smi", *args]))
         argv = [self.node.nvidia_smi, *args]
         if self.node.sudo:
             argv = ["sudo", "-n", *argv]

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
+from gpubot.core.lease import Fence
 from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError
 from gpubot.store import audit, version
@@ -23,6 +24,7 @@ from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import ApprovalStore
 from gpubot.store.engine import guard, is_empty, make_engine, parse_url, read_tx, write_tx
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
+from gpubot.store.leases import check_fence
 from gpubot.store.records import (
     ActionDetail,
     ActionSummary,
@@ -122,15 +124,28 @@ class Store:
         node: str | None,
         gpus: Sequence[int],
         plan: Mapping[str, Any] | None,
+        fence: Fence | None = None,
     ) -> int:
-        """Write the intent of an action BEFORE anything happens; return the action id."""
+        """Write the intent of an action BEFORE anything happens; return the action id.
+
+        ``fence``: the lease the action runs under, checked in the same transaction.
+        """
         payload = {"action": kind, "command": command, "gpus": list(gpus), "plan": plan}
-        action_id = await asyncio.to_thread(self._begin, actor, source, node, payload)
+        action_id = await asyncio.to_thread(self._begin, actor, source, node, payload, fence)
         self._running.add(action_id)  # not interrupted while this process runs it
         return action_id
 
-    def _begin(self, actor: str, source: str, node: str | None, payload: dict[str, Any]) -> int:
+    def _begin(
+        self,
+        actor: str,
+        source: str,
+        node: str | None,
+        payload: dict[str, Any],
+        fence: Fence | None,
+    ) -> int:
         with guard("cannot record the intent, so nothing was done"), write_tx(self.engine) as c:
+            if fence is not None:
+                check_fence(c, fence, self.clock())
             rec = audit.append(
                 c,
                 kind="intent",
@@ -143,25 +158,36 @@ class Store:
             )
             return rec.seq
 
-    async def record_event(self, action_id: int, event: Mapping[str, Any]) -> None:
+    async def record_event(
+        self, action_id: int, event: Mapping[str, Any], *, fence: Fence | None = None
+    ) -> None:
         """Append one step of an action (signal sent, process exited, GPU outcome ...)."""
-        await asyncio.to_thread(self._follow, action_id, "event", dict(event))
+        await asyncio.to_thread(self._follow, action_id, "event", dict(event), fence)
 
     async def finish_action(
-        self, action_id: int, *, status: str, result: Mapping[str, Any]
+        self,
+        action_id: int,
+        *,
+        status: str,
+        result: Mapping[str, Any],
+        fence: Fence | None = None,
     ) -> None:
         """Append the outcome of an action (once); ``status`` is e.g. ok, failed, refused."""
         if not status or status == ActionStatus.INCOMPLETE:
             raise StoreError(f"an outcome needs a status other than {status!r}")
         try:
             await asyncio.to_thread(
-                self._follow, action_id, "outcome", {"status": status, "result": result}
+                self._follow, action_id, "outcome", {"status": status, "result": result}, fence
             )
         finally:  # written or not, this process is done with it: unwritten, it is interrupted
             self._running.discard(action_id)
 
-    def _follow(self, action_id: int, kind: str, payload: dict[str, Any]) -> None:
+    def _follow(
+        self, action_id: int, kind: str, payload: dict[str, Any], fence: Fence | None = None
+    ) -> None:
         with guard(f"cannot record the {kind} of action {action_id}"), write_tx(self.engine) as c:
+            if fence is not None:  # the lease first: a lost one writes nothing
+                check_fence(c, fence, self.clock())
             intent, outcome = audit.intent_of(c, action_id)
             if outcome is not None:
                 raise StoreError(f"action {action_id} is finished already")

@@ -142,3 +142,17 @@ gpu_samples = Table(
     Index(None, "taken_at"),
     Index(None, "node", "gpu_index", "taken_at"),
 )
+
+# One row per exclusive thing (``reset:NODE``, ``sweep``): who holds it, under which fencing
+# token, until when (``store.leases``). A row is never deleted, so a token is never reused; a
+# released lease keeps its token with an empty holder. Not part of the audit chain (renewed every
+# few seconds); taking over a dead holder's expired lease is audited.
+leases = Table(
+    "leases",
+    metadata,
+    Column("resource", Text, primary_key=True),
+    Column("holder", Text, nullable=False),  # "" once released
+    Column("token", BigInteger, nullable=False),
+    Column("since", TIME, nullable=False),  # when this holder took it
+    Column("expires_at", TIME, nullable=False),
+)

@@ -21,8 +21,16 @@ from gpubot.store.tables import metadata
 from gpubot.store.version import HEAD
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"alembic_version", "audit_log", "audit_head", "approvals", "alerts", "gpu_samples"}
-TABLES |= {"alert_posts"}
+TABLES = {
+    "alembic_version",
+    "audit_log",
+    "audit_head",
+    "approvals",
+    "alerts",
+    "gpu_samples",
+    "alert_posts",
+    "leases",
+}
 
 
 def _tables(url: str) -> set[str]:

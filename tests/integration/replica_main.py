@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.app import build
-from gpubot.config import load
+from gpubot.config import LeaseSettings, load
 from gpubot.core.alerting import SweepResult
 from gpubot.core.plan import ResetRequest
 from gpubot.errors import GpubotError, LockHeld
 from gpubot.scheduler import SweepScheduler
 from gpubot.services.sweep import SweepService
-from gpubot.store.locks import DbLocks
+from gpubot.store.leases import DbLeases
 from tests.fixtures.settings import sweep_ports, with_tables
 
 
@@ -58,10 +58,12 @@ async def main(config: str, db_url: str, name: str, tables: dict[str, Any]) -> N
     s = load(Path(config))
     ssh = dataclasses.replace(s.ssh, command_timeout_s=4.0, connect_timeout_s=2.0)
     reset = dataclasses.replace(s.reset, grace_s=5.0, verify_timeout_s=6.0, poll_interval_s=0.1)
-    s = with_tables(dataclasses.replace(s, database_url=db_url, ssh=ssh, reset=reset), tables)
+    leases = LeaseSettings(**tables.pop("leases", {}))  # a dead replica's lease runs out soon
+    s = dataclasses.replace(s, database_url=db_url, ssh=ssh, reset=reset, leases=leases)
+    s = with_tables(s, tables)
     app = build(s, {}, need_store=True)
     assert app.store is not None
-    locks = DbLocks(app.store.engine, replica=name)
+    locks = DbLeases(app.store.engine, replica=name, ttl_s=s.leases.ttl_s, renew_s=s.leases.renew_s)
     svc = TracedSweeps(s, app.status, **sweep_ports(app.store), locks=locks, replica=name)
     sched = SweepScheduler(svc.scheduled, s.sweep.interval_s, first_after_s=0)
     stop = asyncio.Event()

@@ -26,7 +26,11 @@ from tests.procs import remote_probes
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 1.5
-EXTRA = {"sweep": {"interval_s": INTERVAL, "budget_s": INTERVAL}}
+TTL_S = 1.5  # a killed replica's sweep lease is taken over this long after its last renewal
+EXTRA = {
+    "sweep": {"interval_s": INTERVAL, "budget_s": INTERVAL},
+    "leases": {"ttl_s": TTL_S, "renew_s": 0.25},
+}
 
 
 @dataclass
@@ -157,10 +161,10 @@ def test_two_replicas_share_sweeps_and_resets(
     os.kill(sweeping.proc.pid, signal.SIGKILL)
     sweeping.proc.wait(timeout=10)
     assert len(sweeping.of("done")) < len(sweeping.of("start"))  # it died mid-sweep
-    wait_for(lambda: any(e["t"] > killed_at for e in other.of("done")), 3 * INTERVAL + 5,
+    wait_for(lambda: any(e["t"] > killed_at for e in other.of("done")), 3 * INTERVAL + TTL_S + 5,
              "the survivor's sweep")  # fmt: skip
     took_over = min(e["t"] for e in other.of("start") if e["t"] > killed_at)
-    assert took_over - killed_at < 2 * INTERVAL + 1
+    assert took_over - killed_at < 2 * INTERVAL + TTL_S + 1  # its lease ran out first
 
     # The audit log holds exactly the sweeps that finished, and one reset of node1.
     store = open_store(pg_url)
@@ -169,8 +173,12 @@ def test_two_replicas_share_sweeps_and_resets(
 
         records = asyncio.run(store.queries(limit=1000))
         actions = asyncio.run(store.actions(node="node1"))
+        notes = [r for r in asyncio.run(store.records(limit=100_000)) if r.kind == "lease"]
     finally:
         store.close()
+    # The takeover of the killed replica's expired sweep lease is in the audit log.
+    took = [n.data["took_over"]["holder"] for n in notes if n.data["lease"] == "sweep"]
+    assert f"{sweeping.name} sweep" in took, [n.data for n in notes]
     recorded = sorted(r.actor for r in records if r.data["query"] == "sweep")
     finished = sorted(f"gpubot:{r.name}" for r in (a, b) for _ in r.of("done"))
     assert recorded == finished

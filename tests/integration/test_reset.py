@@ -17,7 +17,7 @@ import pytest
 from gpubot.config import Settings, load
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
-from gpubot.errors import ResetRefused, StoreError
+from gpubot.errors import ResetInterrupted, ResetRefused, StoreError
 from gpubot.services.reset import NodeLocks, ResetEvent, ResetResult, ResetService
 from gpubot.services.status import StatusService
 from gpubot.sim.fleet import SimFleet, SimNode
@@ -303,7 +303,9 @@ class _DiesAfter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    async def record_event(self, action_id: int, event: Mapping[str, Any]) -> None:
+    async def record_event(
+        self, action_id: int, event: Mapping[str, Any], *, fence: Any = None
+    ) -> None:
         self.events += 1
         if self.events >= self.n:
             raise StoreError("database went away")
@@ -316,7 +318,7 @@ class _DiesAfter:
 async def test_losing_the_database_mid_reset_stops_signalling(
     settings: Settings, store: Store, node: SimNode
 ) -> None:
-    dying = _DiesAfter(store, 2)  # "planned" is written; the first signal's record fails
+    dying = _DiesAfter(store, 3)  # "planned" and SIGTERM's intent are written; its record fails
     transport = make_transport(settings.ssh)
     engine = ResetService(
         settings, transport, dying, StatusService(settings, transport), NodeLocks()
@@ -324,10 +326,16 @@ async def test_losing_the_database_mid_reset_stops_signalling(
     w = node.spawn(gpu=1, mib=1024, behaviour="stubborn")
     try:
         plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
-        with pytest.raises(StoreError):
+        with pytest.raises(ResetInterrupted) as cut:
             await engine.execute(
                 plan, actor="t", source="t", command="t", before=before, grace_s=0.3
             )
+        # The error says what had gone out already, and that GPU 1 is unknown.
+        assert str(cut.value).startswith("database went away; ")
+        assert f"already sent on node1: SIGTERM to pid {w.pid} at " in str(cut.value)
+        assert "GPU 1: unknown" in str(cut.value)
+        assert isinstance(cut.value.__cause__, StoreError)
+        assert [g["outcome"] for g in cut.value.document["gpus"]] == ["unknown"]
         await asyncio.sleep(0.6)
         assert alive(w.pid)  # SIGTERM (ignored) went out; SIGKILL never did
         (left,) = await store.incomplete_actions()  # the intent stays, visibly incomplete

@@ -1,4 +1,4 @@
-"""Database locks (PostgreSQL advisory locks, SQLite in-process), the schedule, and the
+"""Database leases (SQLite and PostgreSQL alike), the schedule, and the
 replica rule of ``scheduled()``: one sweep at a time, one an interval."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gpubot.scheduler import SweepScheduler
 from gpubot.services.reset import reset_lock as reset_lock_name
 from gpubot.services.sweep import SWEEP_LOCK, SweepService
 from gpubot.sim.fleet import SimFleet
-from gpubot.store.locks import DbLocks
+from gpubot.store.leases import DbLeases
 from tests.fixtures.db import temp_database
 from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import until
@@ -34,7 +34,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 async def test_a_held_lock_is_refused_with_its_holder(db_url: str) -> None:
     engine = sa.create_engine(db_url)
-    a, b = DbLocks(engine, replica="hostA:1"), DbLocks(engine, replica="hostB:2")
+    a, b = DbLeases(engine, replica="hostA:1"), DbLeases(engine, replica="hostB:2")
     try:
         async with a.hold(reset_lock_name("node3"), holder="slack:U0BOB"):
             with pytest.raises(LockHeld) as exc:
@@ -55,7 +55,7 @@ async def test_a_held_lock_is_refused_with_its_holder(db_url: str) -> None:
 
 async def test_a_cancelled_holder_gives_the_lock_back(db_url: str) -> None:
     engine = sa.create_engine(db_url)
-    locks = DbLocks(engine)
+    locks = DbLeases(engine)
     inside = asyncio.Event()
 
     async def holder() -> None:
@@ -77,7 +77,7 @@ async def test_a_cancelled_holder_gives_the_lock_back(db_url: str) -> None:
 async def test_postgresql_locks_are_per_schema(tmp_path: Path) -> None:
     with temp_database("postgresql", tmp_path) as one, temp_database("postgresql", tmp_path) as two:
         e1, e2 = sa.create_engine(one), sa.create_engine(two)
-        l1, l2, l1b = DbLocks(e1), DbLocks(e2), DbLocks(e1)
+        l1, l2, l1b = DbLeases(e1), DbLeases(e2), DbLeases(e1)
         try:
             async with l1.hold(SWEEP_LOCK), l2.hold(SWEEP_LOCK):  # two deployments: no conflict
                 with pytest.raises(LockHeld):
@@ -136,7 +136,7 @@ async def test_one_scheduled_sweep_an_interval(fleet: SimFleet, db_url: str) -> 
     s = with_sweep(dataclasses.replace(s, database_url=db_url), interval_s=30)
     app_a, app_b = build(s, {}, need_store=True), build(s, {}, need_store=True)
     assert app_a.store is not None and app_b.store is not None
-    locks_a, locks_b = DbLocks(app_a.store.engine, replica="A"), DbLocks(app_b.store.engine,
+    locks_a, locks_b = DbLeases(app_a.store.engine, replica="A"), DbLeases(app_b.store.engine,
                                                                         replica="B")  # fmt: skip
     a = SweepService(s, app_a.status, **sweep_ports(app_a.store), locks=locks_a, replica="A")
     b = SweepService(s, app_b.status, **sweep_ports(app_b.store), locks=locks_b, replica="B")

@@ -85,7 +85,7 @@ def test_chat_imports_no_slack_library_and_no_store() -> None:
 
 # What builds an adapter (or a long-lived service object) and where it is defined.
 CONSTRUCTORS = {
-    "open_store": "store/", "Store": "store/", "make_transport": "transport/", "DbLocks": "store/",
+    "open_store": "store/", "Store": "store/", "make_transport": "transport/", "DbLeases": "store/",
     "SlackApi": "slack/", "SlackDirectory": "slack/", "make_client": "slack/",
     "SlackAlerts": "slack/", "HeadPublisher": "slack/", "Metrics": "metrics.py",
     "IntervalScheduler": "scheduler.py", "StatusService": "services/", "ResetService": "services/",

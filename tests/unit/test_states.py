@@ -16,7 +16,7 @@ from gpubot.store.records import iso as stored_iso
 WORDS = [
     (ActionStatus, ["freed", "not-freed", "error", "refused", "incomplete", "unknown"]),
     (ResetStep, ["planned", "signal", "exited", "verifying", "gpu_outcome", "persistence",
-                 "gpu_reset", "stop_workload"]),
+                 "gpu_reset", "stop_workload", "sending"]),
     (StopResult, ["not-run", "running", "done", "failed"]),
     (PidStatus, ["gone", "reused", "owner", "alive", "sent", "failed", "not-sent"]),
 ]  # fmt: skip
