@@ -136,11 +136,14 @@ class LocalTransport:
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:
-    """Kill the command's process group (ours: it was started in a new session) and reap it."""
+    """Kill the command's process group (ours: it was started in a new session) and reap it.
+
+    Its pipes are read to their end too (``communicate``, not ``wait``): a read stopped at the
+    output cap leaves a pipe transport paused short of EOF, open until it is collected."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(proc.wait(), 5)
+        await asyncio.wait_for(proc.communicate(), 5)
 
 
 def _import_pynvml(node: str) -> Any:
