@@ -41,7 +41,7 @@ own_query() {  # the caller's uids (U) are the probe's and its argv (A) is one o
   return 1
 }
 stuck_smi() {
-  local d c p s x lim=$(( 2 * ${T%%.*} + 2 )) up= age out=
+  local d c p s x up= age out=
   local -a dirs F U A
   set +f; dirs=(/proc/[0-9]*); set -f
   for d in "${dirs[@]}"; do
@@ -59,9 +59,15 @@ stuck_smi() {
     [[ -n $up ]] || uptime_ticks
     # in clock ticks: whole seconds on both sides would round an age of 2.6 s down to 2
     p=${d#/proc/}; age=$(( up - 10#${F[19]} ))
-    if [[ ${F[0]} == D ]] || (( age > lim * TCK )); then out+="$p ${F[0]} $(( age / TCK ))"$'\n'; fi
+    stale "${F[0]}" "$age" && out+="$p ${F[0]} $(( age / TCK ))"$'\n'
   done
   R=$out
+}
+stale() {  # whether one of our queries in state $1, $2 clock ticks old, is stuck
+  # Past twice our own limit: stuck whatever its state. In state D (in the kernel) only once it is
+  # older than one query's limit: another probe of this node's running at the same moment has its
+  # own query in a driver call (state D for a moment), and that one must not read as hung.
+  (( $2 > (2 * ${T%%.*} + 2) * TCK )) || { [[ $1 == D ]] && (( $2 > ${T%%.*} * TCK )); }
 }
 """
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core import probe_script
+from gpubot.core import probe_guards, probe_script
 from gpubot.core.models import CommandResult, GpuInfo, NodeConfig
 from gpubot.core.probe import parse_probe, probe_argv
 from gpubot.core.probe_fields import parse_proc_lines
@@ -189,3 +189,31 @@ def test_a_slow_name_service_cannot_hold_the_probe_past_its_budget(
         assert took < 4, took
     else:
         assert took >= 5, took  # the attack: the name service decides how long the probe runs
+
+
+# T = 9 s (the default query limit), ages in clock ticks (100 a second).
+STALE_CASES = [
+    ("D", 50, False),  # a query of another probe of this node, in a driver call right now
+    ("D", 900, False),
+    ("D", 901, True),  # in the kernel past one query's limit: the driver is hung
+    ("S", 1999, False),
+    ("S", 2001, True),  # past twice the limit, whatever its state
+    ("R", 2001, True),
+]
+
+
+@pytest.mark.parametrize(("state", "age", "stuck"), STALE_CASES)
+def test_a_query_of_a_probe_running_beside_this_one_is_not_stuck(
+    state: str, age: int, stuck: bool
+) -> None:
+    script = (
+        probe_script._COMMON + probe_guards.STUCK + 'T=9; stale "$1" "$2" && echo yes || echo no'
+    )
+    assert bash(script, state.encode(), str(age).encode()).strip() == (b"yes" if stuck else b"no")
+
+
+def test_control_the_old_rule_took_a_probe_beside_this_one_for_a_hung_driver() -> None:
+    # The rule before: any query of ours in state D was stuck, so two probes of one node at the
+    # same moment could report "driver hung" for each other.
+    old = "T=9; lim=$(( 2 * ${T%%.*} + 2 )); [[ $1 == D ]] || (( $2 > lim * TCK )) && echo yes"
+    assert bash(probe_script._COMMON + old, b"D", b"50").strip() == b"yes"
