@@ -26,12 +26,11 @@ from gpubot.cli.render import render_reset
 from gpubot.config import AttributionSettings, Settings, load
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
-from gpubot.services.reset import NodeLocks, ResetService
-from gpubot.services.status import StatusService
+from gpubot.services.reset import ResetService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
-from gpubot.transport import make_transport
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
+from tests.fixtures.real_runs import config_with, procs_of, with_engine
 from tests.fixtures.runtimes import ContainerEngine, DockerEngine, PodmanEngine
 from tests.procs import alive, wait_until
 
@@ -87,32 +86,6 @@ def node(fleet: SimFleet, rt: ContainerEngine) -> Iterator[SimNode]:
     n.clear()
 
 
-def config_with(fleet: SimFleet, tmp: Path, **reset: Any) -> Path:
-    """The fleet's settings file with the owner label (and ``[reset]`` keys) for the CLI."""
-    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in reset.items())
-    text = fleet.config_path.read_text() + '\n[attribution]\ncontainer_owner_label = "owner"\n'
-    text += "[reset]\ngrace_s = 1.0\nverify_timeout_s = 8.0\n" + extra
-    path = tmp / "gpubot.toml"
-    path.write_text(text)
-    return path
-
-
-def procs_of(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    return {q["pid"]: q for n in doc["nodes"] for g in n["gpus"] for q in g["processes"]}
-
-
-async def with_engine(settings: Settings, store: Store, body: Any) -> Any:
-    """Run ``body(engine)`` with a reset service of ``settings``; close its transport."""
-    transport = make_transport(settings.ssh)
-    try:
-        eng = ResetService(
-            settings, transport, store, StatusService(settings, transport, store), NodeLocks()
-        )
-        return await body(eng)
-    finally:
-        await transport.close()
-
-
 def test_status_names_real_containers(
     fleet: SimFleet,
     node: SimNode,
@@ -128,7 +101,7 @@ def test_status_names_real_containers(
     shared = rt.run_gpu(f"{kind}-shared", node, 1)  # root's, no label, no restart policy
     node.adopt(mine.pid, 0, 3000)
     node.adopt(shared.pid, 1, 1000)
-    cfg = config_with(fleet, tmp_path)
+    cfg = config_with(fleet, tmp_path, owner_label=True)
     out = gpubot_cli(cfg, "status", "node1")
     assert out.returncode == 0, out.stderr
     assert f"{alice}:{mine.pid}:3000 {kind}:{kind}-train" in out.stdout
@@ -191,7 +164,7 @@ def test_a_restarting_container_names_its_stop_command(
     name = f"{rt.kind}-respawner"
     c = rt.run_gpu(name, node, 2, user=alice, labels={"owner": alice}, restart="always")
     node.adopt(c.pid, 2, 2500)
-    cfg = config_with(fleet, tmp_path)  # stop_workloads is off: advice only
+    cfg = config_with(fleet, tmp_path, owner_label=True)  # stop_workloads is off: advice only
     assert gpubot_cli(cfg, "db", "upgrade").returncode == 0
     out = gpubot_cli(cfg, "reset", "node1", "--gpu", "2", "--yes", "--force", "--json")
     doc = json.loads(out.stdout)

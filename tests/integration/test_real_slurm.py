@@ -28,12 +28,11 @@ from gpubot.cli.render import render_reset
 from gpubot.config import AttributionSettings, Settings, load
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
-from gpubot.services.reset import NodeLocks, ResetService
-from gpubot.services.status import StatusService
+from gpubot.services.reset import ResetService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
-from gpubot.transport import make_transport
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
+from tests.fixtures.real_runs import config_with, with_engine
 from tests.fixtures.slurm import SlurmCluster
 from tests.procs import alive, wait_until
 
@@ -93,26 +92,6 @@ def job_on(
     pid = cluster.holder(job, node.device(gpu))
     node.adopt(pid, gpu, mib)
     return job, pid
-
-
-def config_with(fleet: SimFleet, tmp: Path, **reset: Any) -> Path:
-    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in reset.items())
-    path = tmp / "gpubot.toml"
-    path.write_text(
-        fleet.config_path.read_text() + "\n[reset]\ngrace_s = 1.0\nverify_timeout_s = 8.0\n" + extra
-    )
-    return path
-
-
-async def with_engine(settings: Settings, store: Store, body: Any) -> Any:
-    transport = make_transport(settings.ssh)
-    try:
-        eng = ResetService(
-            settings, transport, store, StatusService(settings, transport, store), NodeLocks()
-        )
-        return await body(eng)
-    finally:
-        await transport.close()
 
 
 def test_status_names_a_real_job(
