@@ -92,8 +92,10 @@ def _item_text(item: AlertItem, now: datetime) -> str:
     if item.finding is not None and item.finding.owner:
         lines.append(f"owner: {clip_mrkdwn(code(item.finding.owner), 200)}")
     if item.readiness is not None:
-        lines.append("_before a GPU reset:_\n" + "\n".join(
-            f"• {clip_mrkdwn(mrkdwn(line), 250)}" for line in item.readiness.lines()))  # fmt: skip
+        lines.append(
+            "_before a GPU reset:_\n"
+            + "\n".join(f"• {clip_mrkdwn(mrkdwn(line), 250)}" for line in item.readiness.lines())
+        )
     state = f"first seen {date(item.first_seen.timestamp())}"
     if item.snoozed_until is not None and item.snoozed_until > now:
         state += f" · 🔕 snoozed until {date(item.snoozed_until.timestamp())}"

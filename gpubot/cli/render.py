@@ -127,8 +127,15 @@ def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
                 ],
             }
         )
-    return {"name": snap.node, "ok": True, "error": None, "taken_at": snap.taken_at, "gpus": gpus,
-            "notes": list(node_notes(snap)), "lost": list(snap.lost)}  # fmt: skip
+    return {
+        "name": snap.node,
+        "ok": True,
+        "error": None,
+        "taken_at": snap.taken_at,
+        "gpus": gpus,
+        "notes": list(node_notes(snap)),
+        "lost": list(snap.lost),
+    }
 
 
 def fleet_dict(status: FleetStatus, order: list[str]) -> dict[str, Any]:

@@ -108,8 +108,10 @@ class Workload:
             return f"LXC/LXD container {code(self.id)}{owner}"
         if self.kind is WorkloadKind.SLURM:
             step = self.get("step")
-            bits = [f"user {code(self.owner)}" if self.owner else None,
-                    f"job name {code(self.name)}" if self.name else None]  # fmt: skip
+            bits = [
+                f"user {code(self.owner)}" if self.owner else None,
+                f"job name {code(self.name)}" if self.name else None,
+            ]
             said = ", ".join(b for b in bits if b)
             return (
                 f"Slurm job {self.id}"  # digits and [a-z0-9]+ only (the cgroup shapes)
@@ -242,9 +244,11 @@ def _build(kind: WorkloadKind, path: str, g: dict[str, str]) -> Workload:
         pod = g["pod"].replace("_", "-")
         runtime = {"cri-containerd": "containerd", "crio": "cri-o"}.get(g.get("rt", ""))
         return Workload(kind, g.get("id") or pod).with_detail(
-            pod_uid=pod, qos=g.get("qos", "guaranteed"), runtime=runtime or g.get("rt"),
+            pod_uid=pod,
+            qos=g.get("qos", "guaranteed"),
+            runtime=runtime or g.get("rt"),
             container_id=g.get("id"),
-        )  # fmt: skip
+        )
     if kind is WorkloadKind.SLURM:
         job = g.get("job") or g["sluid"]
         return Workload(kind, job).with_detail(step=g.get("step"), uid=g.get("uid"))
