@@ -24,7 +24,7 @@ from gpubot.app import App
 from gpubot.chat.blocks import render_text
 from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.errors import ConfigError
-from gpubot.slack import alerts, idle_dm
+from gpubot.slack import alerts, dump, idle_dm
 from gpubot.slack.app import GpuBot
 from gpubot.store import Approval, Store
 
@@ -100,7 +100,8 @@ async def serve_forever(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    expiry = asyncio.create_task(bot.expire_forever(expire_every_s))
+    dump.install(loop)  # kill -USR1: log what every task and thread is waiting on
+    expiry = asyncio.create_task(bot.expire_forever(expire_every_s), name="expire approvals")
     # How long anything holds the loop, from here on (gpubot_event_loop_max_stall_seconds).
     watch = asyncio.create_task(app.metrics.watch_loop()) if app.metrics is not None else None
     if listen.http:
@@ -123,6 +124,7 @@ async def serve_forever(
             with suppress(asyncio.CancelledError):
                 await task
     await bot.drain()
+    dump.uninstall(loop)
 
 
 def settle_heap() -> None:

@@ -7,7 +7,6 @@ synchronous engine in a worker thread. Every failure is a ``StoreError``: caller
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from gpubot.store.records import (
 )
 from gpubot.store.samples import DbSamples
 from gpubot.store.seals import SealRule
+from gpubot.store.waits import in_thread
 
 T = TypeVar("T")
 
@@ -131,7 +131,7 @@ class Store:
         ``fence``: the lease the action runs under, checked in the same transaction.
         """
         payload = {"action": kind, "command": command, "gpus": list(gpus), "plan": plan}
-        action_id = await asyncio.to_thread(self._begin, actor, source, node, payload, fence)
+        action_id = await in_thread(self._begin, actor, source, node, payload, fence)
         self._running.add(action_id)  # not interrupted while this process runs it
         return action_id
 
@@ -162,7 +162,7 @@ class Store:
         self, action_id: int, event: Mapping[str, Any], *, fence: Fence | None = None
     ) -> None:
         """Append one step of an action (signal sent, process exited, GPU outcome ...)."""
-        await asyncio.to_thread(self._follow, action_id, "event", dict(event), fence)
+        await in_thread(self._follow, action_id, "event", dict(event), fence)
 
     async def finish_action(
         self,
@@ -176,7 +176,7 @@ class Store:
         if not status or status == ActionStatus.INCOMPLETE:
             raise StoreError(f"an outcome needs a status other than {status!r}")
         try:
-            await asyncio.to_thread(
+            await in_thread(
                 self._follow, action_id, "outcome", {"status": status, "result": result}, fence
             )
         finally:  # written or not, this process is done with it: unwritten, it is interrupted
@@ -220,7 +220,7 @@ class Store:
             "seconds": round(seconds, 3),
         }
         node = nodes[0] if len(nodes) == 1 else None
-        await asyncio.to_thread(self._query, actor, source, node, payload)
+        await in_thread(self._query, actor, source, node, payload)
 
     def _query(self, actor: str, source: str, node: str | None, payload: dict[str, Any]) -> None:
         with guard("cannot record the query"), write_tx(self.engine) as c:
@@ -254,7 +254,7 @@ class Store:
         Raises ``StoreError`` without the audit key. ``SealWritten.held`` is False when the log
         no longer holds that record: records were removed (the seal says so in the chain).
         """
-        return await asyncio.to_thread(self._seal, reason, every_s, after)
+        return await in_thread(self._seal, reason, every_s, after)
 
     def _seal(self, reason: str, every_s: float, after: int | None) -> SealWritten:
         prev = self._last
@@ -285,7 +285,7 @@ class Store:
     ) -> AuditRecord:
         """Record that ``actor`` looked at interrupted action ``action_id``: it is no longer
         listed. ``UsageError`` when it finished or was reviewed already."""
-        return await asyncio.to_thread(self._review, action_id, actor, source, note)
+        return await in_thread(self._review, action_id, actor, source, note)
 
     def _review(self, action_id: int, actor: str, source: str, note: str) -> AuditRecord:
         with guard(f"cannot record the review of action {action_id}"), write_tx(self.engine) as c:
@@ -340,7 +340,7 @@ class Store:
         file_head: FileHead | HeadFileError | None = None
         if self.head_file is not None:
             try:
-                file_head = await asyncio.to_thread(self.head_file.read)
+                file_head = await in_thread(self.head_file.read)
             except HeadFileError as exc:
                 file_head = exc
         when = now or self.clock()
@@ -352,7 +352,7 @@ class Store:
         )
 
     async def _reading(self, fn: Callable[[Connection], T]) -> T:
-        return await asyncio.to_thread(self._read, fn)
+        return await in_thread(self._read, fn)
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
         with guard("cannot read the audit log"), read_tx(self.engine) as c:

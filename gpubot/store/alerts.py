@@ -7,7 +7,6 @@ it no longer found. Alerting, reminding, snoozing and resolving are appended to 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -22,6 +21,7 @@ from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.outbox import OutboxMixin
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alerts
+from gpubot.store.waits import in_thread
 
 
 class DbAlerts(OutboxMixin):
@@ -33,13 +33,13 @@ class DbAlerts(OutboxMixin):
 
     async def upsert_seen(self, keys: Iterable[FindingKey], now: datetime) -> list[Alert]:
         """Record that a sweep at ``now`` saw ``keys``; return their state (new ones included)."""
-        return await asyncio.to_thread(self._upsert_seen, list(keys), now)
+        return await in_thread(self._upsert_seen, list(keys), now)
 
     async def mark_alerted(
         self, key: FindingKey, *, channel: str, message_ts: str, now: datetime
     ) -> Alert:
         """Record that an alert for ``key`` was posted as message ``message_ts`` in ``channel``."""
-        return await asyncio.to_thread(
+        return await in_thread(
             self._change,
             key,
             now,
@@ -49,27 +49,23 @@ class DbAlerts(OutboxMixin):
 
     async def mark_reminded(self, key: FindingKey, now: datetime) -> Alert:
         """Record that a reminder for ``key`` was posted."""
-        return await asyncio.to_thread(
-            self._change, key, now, "reminded", {"reminded_at": iso(now)}
-        )
+        return await in_thread(self._change, key, now, "reminded", {"reminded_at": iso(now)})
 
     async def snooze(self, key: FindingKey, until: datetime, *, by: str, now: datetime) -> Alert:
         """Silence alerts for ``key`` until ``until`` (kept if the finding comes back)."""
-        return await asyncio.to_thread(
-            self._change, key, now, "snoozed", {"snoozed_until": iso(until)}, by
-        )
+        return await in_thread(self._change, key, now, "snoozed", {"snoozed_until": iso(until)}, by)
 
     async def mark_resolved(self, keys: Iterable[FindingKey], now: datetime) -> list[Alert]:
         """Resolve the open findings among ``keys``; return those that were open."""
-        return await asyncio.to_thread(self._resolve, list(keys), now)
+        return await in_thread(self._resolve, list(keys), now)
 
     async def open_alerts(self) -> list[Alert]:
         """Return every unresolved finding, oldest first."""
-        return await asyncio.to_thread(self._open)
+        return await in_thread(self._open)
 
     async def on_message(self, channel: str, message_ts: str) -> list[Alert]:
         """Return the findings alerted in one message (resolved ones too), oldest first."""
-        return await asyncio.to_thread(self._on_message, channel, message_ts)
+        return await in_thread(self._on_message, channel, message_ts)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 

@@ -9,7 +9,6 @@ business; the store enforces the transitions, the expiry and that nobody decides
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -30,6 +29,7 @@ from gpubot.store.chain import canonical_json
 from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.records import Approval, iso, parse_iso
 from gpubot.store.tables import approvals
+from gpubot.store.waits import in_thread
 
 DEFAULT_EXPIRY_S = 900.0
 S = ApprovalState
@@ -53,7 +53,7 @@ class ApprovalStore:
         now: datetime | None = None,
     ) -> Approval:
         """Record a pending request that expires ``expires_in_s`` seconds from ``now``."""
-        return await asyncio.to_thread(
+        return await in_thread(
             self._create, requester, requester_name, node, plan, expires_in_s, source, now
         )
 
@@ -69,7 +69,7 @@ class ApprovalStore:
     ) -> Approval:
         """Approve or deny a pending request exactly once; raise SelfApproval, ApprovalExpired,
         AlreadyDecided (or ApprovalError for an unknown id)."""
-        return await asyncio.to_thread(
+        return await in_thread(
             self._decide, approval_id, approver, approve, now, approver_name, source
         )
 
@@ -77,7 +77,7 @@ class ApprovalStore:
         self, approval_id: int, by: str, now: datetime, *, source: str = "slack"
     ) -> Approval:
         """Cancel a pending request (the service checks that ``by`` may)."""
-        return await asyncio.to_thread(
+        return await in_thread(
             self._move, approval_id, (S.PENDING,), S.CANCELLED, by, source, now, None
         )
 
@@ -86,7 +86,7 @@ class ApprovalStore:
     ) -> Approval:
         """Record that the approved action ran; AlreadyDecided if it is not (or no longer)
         approved."""
-        return await asyncio.to_thread(
+        return await in_thread(
             self._move, approval_id, (S.APPROVED,), S.EXECUTED, "gpubot", "gpubot", now, result
         )
 
@@ -94,7 +94,7 @@ class ApprovalStore:
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
         """Record that the approved action failed; AlreadyDecided if it is not approved."""
-        return await asyncio.to_thread(
+        return await in_thread(
             self._move, approval_id, (S.APPROVED,), S.FAILED, "gpubot", "gpubot", now, result
         )
 
@@ -102,29 +102,29 @@ class ApprovalStore:
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
         """Record that an approved action never recorded its end (the bot stopped mid-run)."""
-        return await asyncio.to_thread(
+        return await in_thread(
             self._move, approval_id, (S.APPROVED,), S.INCOMPLETE, "gpubot", "gpubot", now, result
         )
 
     async def approved(self, decided_before: datetime) -> list[Approval]:
         """Return approvals still ``approved`` (not run to an end) decided before a moment."""
-        return await asyncio.to_thread(self._approved, decided_before)
+        return await in_thread(self._approved, decided_before)
 
     async def expire_due(self, now: datetime) -> list[Approval]:
         """Expire every pending request whose time is up at ``now``; return them."""
-        return await asyncio.to_thread(self._expire_due, now)
+        return await in_thread(self._expire_due, now)
 
     async def set_message(self, approval_id: int, channel: str, message_ts: str) -> None:
         """Remember the Slack message that shows the request (to update it later)."""
-        await asyncio.to_thread(self._set_message, approval_id, channel, message_ts)
+        await in_thread(self._set_message, approval_id, channel, message_ts)
 
     async def get(self, approval_id: int) -> Approval | None:
         """Return one approval or None."""
-        return await asyncio.to_thread(self._get, approval_id)
+        return await in_thread(self._get, approval_id)
 
     async def pending(self) -> list[Approval]:
         """Return every pending approval, oldest first (they survive restarts)."""
-        return await asyncio.to_thread(self._pending)
+        return await in_thread(self._pending)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 

@@ -33,6 +33,17 @@ log = logging.getLogger(__name__)
 LOCK_KEY = 0x6770_7562_6F74  # "gpubot": the advisory lock every PostgreSQL write takes
 BUSY_TIMEOUT_S = 15.0  # how long SQLite waits for another writer
 CONNECT_TIMEOUT_S = 5  # how long PostgreSQL may take to answer a connection
+POOL_TIMEOUT_S = 10  # how long a call waits for a free pooled connection
+# A server gone without closing the connection (host down, cut network) ends a blocked call:
+# keepalives probe an idle connection, tcp_user_timeout bounds unacknowledged sends.
+PG_CONNECT_ARGS = {
+    "connect_timeout": CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # ms
+}
 
 
 def parse_url(url: str, password: str | None = None) -> URL:
@@ -89,7 +100,7 @@ def _engine(url: str, password: str | None) -> Engine:
     try:
         if u.get_backend_name() == "postgresql":
             return create_engine(
-                u, pool_pre_ping=True, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
+                u, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=PG_CONNECT_ARGS
             )
         memory = u.database in (None, "", ":memory:")
         engine = create_engine(

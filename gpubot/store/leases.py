@@ -45,6 +45,7 @@ from gpubot.store.audit import append
 from gpubot.store.engine import guard, write_tx
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import leases
+from gpubot.store.waits import in_thread
 
 log = logging.getLogger(__name__)
 
@@ -176,14 +177,14 @@ class DbLeases:
     async def hold(self, name: str, *, holder: str = "") -> AsyncIterator[Lease]:
         """Hold the lease ``name`` for the block (renewed meanwhile), or raise ``LockHeld``."""
         who = f"{self.replica} {holder}".strip()
-        taking = asyncio.ensure_future(asyncio.to_thread(self._take, name, who))
+        taking = asyncio.ensure_future(in_thread(self._take, name, who))
         try:
             lease = await asyncio.shield(taking)
         except asyncio.CancelledError:  # the take still ends in its thread: give back what it got
             await asyncio.gather(taking, return_exceptions=True)
             got = None if taking.exception() is not None else taking.result().fence
             if got is not None:
-                await asyncio.to_thread(self._release, got)
+                await in_thread(self._release, got)
             raise
         renewer = asyncio.create_task(self._renew(lease), name=f"lease {name}")
         try:
@@ -219,7 +220,7 @@ class DbLeases:
         while lease.lost is None:
             await asyncio.sleep(self.renew_s)
             asked = time.time()
-            renewing = asyncio.ensure_future(asyncio.to_thread(self._renew_once, fence))
+            renewing = asyncio.ensure_future(in_thread(self._renew_once, fence))
             try:
                 held = await asyncio.shield(renewing)
             except asyncio.CancelledError:  # the block ended: let the write end (its connection
@@ -249,4 +250,4 @@ class DbLeases:
         await asyncio.gather(renewer, return_exceptions=True)
         fence = lease.fence
         if fence is not None:  # conditional: a lease taken over meanwhile is left alone
-            await asyncio.to_thread(self._release, fence)
+            await in_thread(self._release, fence)

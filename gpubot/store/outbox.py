@@ -10,7 +10,6 @@ refused, so the next sweep tries again; ``abandon_post`` gives up on one nobody 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -25,6 +24,7 @@ from gpubot.store.audit import append
 from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alert_posts, alerts
+from gpubot.store.waits import in_thread
 
 
 class OutboxMixin:
@@ -37,30 +37,30 @@ class OutboxMixin:
     ) -> PendingPost | None:
         """Record the intent to post an alert on ``keys`` (those not alerted yet), and mark
         them alerted, in one transaction; return the intent, or None if none is left."""
-        return await asyncio.to_thread(self._begin_post, token, node, list(keys), now)
+        return await in_thread(self._begin_post, token, node, list(keys), now)
 
     async def finish_post(
         self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
     ) -> list[FindingKey]:
         """Record that the post ``token`` is message ``message_ts`` in ``channel`` (``adopted``:
         found in the history, not answered); return the keys it alerted."""
-        return await asyncio.to_thread(self._finish_post, token, channel, message_ts, now, adopted)
+        return await in_thread(self._finish_post, token, channel, message_ts, now, adopted)
 
     async def cancel_post(self, token: str, now: datetime) -> None:
         """Record that Slack refused the post ``token``: its findings are not alerted."""
-        await asyncio.to_thread(self._cancel_post, token, now)
+        await in_thread(self._cancel_post, token, now)
 
     async def note_repeat(self, token: str) -> None:
         """Record, before it is made, a post that may repeat the post ``token``."""
-        await asyncio.to_thread(self._note_repeat, token)
+        await in_thread(self._note_repeat, token)
 
     async def abandon_post(self, token: str, why: str, now: datetime) -> None:
         """Give up on the post ``token`` (nobody can tell whether it is in the channel)."""
-        await asyncio.to_thread(self._abandon_post, token, why, now)
+        await in_thread(self._abandon_post, token, why, now)
 
     async def pending_posts(self) -> list[PendingPost]:
         """Return the posts recorded and not known to be posted or refused, oldest first."""
-        return await asyncio.to_thread(self._pending)
+        return await in_thread(self._pending)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 

@@ -6,7 +6,6 @@ fixed-width UTC text, so comparing text compares time on both databases.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 
@@ -16,6 +15,7 @@ from gpubot.core.idle import GpuSample
 from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import gpu_samples as t
+from gpubot.store.waits import in_thread
 
 
 def _text(unix: float) -> str:
@@ -31,7 +31,7 @@ class DbSamples:
     async def add_samples(self, samples: Sequence[GpuSample]) -> None:
         """Store one sweep's samples (one batched insert)."""
         if samples:
-            await asyncio.to_thread(self._add, list(samples))
+            await in_thread(self._add, list(samples))
 
     async def samples_since(
         self, since: float, *, gpus: Collection[tuple[str, int]] | None = None
@@ -39,11 +39,11 @@ class DbSamples:
         """Return the samples taken at or after ``since`` (of ``gpus`` only), by GPU and time."""
         if gpus is not None and not gpus:
             return []
-        return await asyncio.to_thread(self._since, since, None if gpus is None else list(gpus))
+        return await in_thread(self._since, since, None if gpus is None else list(gpus))
 
     async def prune_samples(self, before: float) -> int:
         """Delete the samples taken before ``before``; return how many went."""
-        return await asyncio.to_thread(self._prune, before)
+        return await in_thread(self._prune, before)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 

@@ -1,0 +1,59 @@
+"""What the bot is waiting on, on demand: ``kill -USR1 <pid>`` logs every asyncio task with its
+stack and every thread's stack (issue 22: a bot that acknowledged commands but acted on none).
+
+One handler, set up by ``serve_forever`` on the running loop and removed when it stops. The
+dump is one log record (WARNING, logger ``gpubot.slack.dump``) so that it stays together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import signal
+import sys
+import threading
+import traceback
+
+log = logging.getLogger(__name__)
+
+
+def render(loop: asyncio.AbstractEventLoop) -> str:
+    """Return the stacks of ``loop``'s tasks and of every thread, as text."""
+    out = io.StringIO()
+    tasks = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
+    out.write(f"{len(tasks)} asyncio task(s):\n")
+    for task in tasks:
+        out.write(f"--- task {task.get_name()!r} ({_state(task)})\n")
+        task.print_stack(limit=20, file=out)
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sys._current_frames()
+    out.write(f"{len(frames)} thread(s):\n")
+    for ident, frame in sorted(frames.items()):
+        out.write(f"--- thread {names.get(ident, '?')!r} ({ident})\n")
+        out.write("".join(traceback.format_stack(frame, limit=20)))
+    return out.getvalue()
+
+
+def _state(task: asyncio.Task[object]) -> str:
+    if task.done():
+        return "done"
+    return "cancelling" if task.cancelling() else "pending"
+
+
+def dump(loop: asyncio.AbstractEventLoop) -> None:
+    """Log what ``loop``'s tasks and every thread are waiting on."""
+    try:
+        log.warning("SIGUSR1: what gpubot is waiting on\n%s", render(loop))
+    except Exception:  # a dump must never take the bot down
+        log.exception("SIGUSR1: the dump failed")
+
+
+def install(loop: asyncio.AbstractEventLoop) -> None:
+    """Log a dump on every SIGUSR1 (until ``uninstall``)."""
+    loop.add_signal_handler(signal.SIGUSR1, dump, loop)
+
+
+def uninstall(loop: asyncio.AbstractEventLoop) -> None:
+    """Remove the SIGUSR1 handler ``install`` set."""
+    loop.remove_signal_handler(signal.SIGUSR1)

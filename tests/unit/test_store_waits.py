@@ -1,0 +1,65 @@
+"""Store calls: their own threads, and a deadline (``gpubot.store.waits``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from gpubot.errors import StoreError
+from gpubot.store import waits
+
+
+async def test_a_call_with_no_answer_is_refused_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(waits, "DEADLINE_S", 0.3)
+    gate = threading.Event()
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreError, match=r"not answering \(no reply in 0.3 s\)"):
+            await waits.in_thread(gate.wait, 30)
+    finally:
+        gate.set()  # the blocked thread ends once the database answers
+    assert time.monotonic() - started < 10
+
+
+async def test_control_without_the_deadline_the_call_waits_until_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(waits, "DEADLINE_S", None)
+    gate = threading.Event()
+    call = asyncio.ensure_future(waits.in_thread(gate.wait, 30))
+    await asyncio.sleep(1.0)
+    assert not call.done()  # still waiting, long after the 0.3 s above
+    gate.set()
+    assert await call is True
+
+
+async def test_store_calls_run_when_the_default_pool_is_full() -> None:
+    gate = threading.Event()
+    loop = asyncio.get_running_loop()
+    blocked = [loop.run_in_executor(None, gate.wait, 30) for _ in range(64)]
+    try:
+        name = await asyncio.wait_for(waits.in_thread(lambda: threading.current_thread().name), 10)
+        assert name.startswith("gpubot-db")
+    finally:
+        gate.set()
+        await asyncio.gather(*blocked)
+
+
+async def test_control_in_the_default_pool_a_store_call_queues_behind_blocked_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(waits, "pool", lambda: None)  # the defence removed: the loop's pool
+    gate = threading.Event()
+    loop = asyncio.get_running_loop()
+    blocked = [loop.run_in_executor(None, gate.wait, 30) for _ in range(64)]
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(waits.in_thread(lambda: None), 1.0)
+    finally:
+        gate.set()
+        await asyncio.gather(*blocked)
