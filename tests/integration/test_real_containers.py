@@ -23,14 +23,20 @@ from typing import Any
 import pytest
 
 from gpubot.cli.render import render_reset
-from gpubot.config import AttributionSettings, Settings, load
+from gpubot.config import Settings
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import ResetService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
-from tests.fixtures.real_runs import config_with, procs_of, with_engine
+from tests.fixtures.real_runs import (
+    config_with,
+    procs_of,
+    quick_settings,
+    real_fleet,
+    with_engine,
+)
 from tests.fixtures.runtimes import ContainerEngine, DockerEngine, PodmanEngine
 from tests.procs import alive, wait_until
 
@@ -45,15 +51,8 @@ def fleet(
     podman_engine: PodmanEngine,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[SimFleet]:
-    path = [str(docker_engine.bin_dir), str(podman_engine.bin_dir)]
-    with SimFleet(
-        tmp_path_factory.mktemp("real-containers"),
-        nodes=1,
-        gpus=4,
-        runtimes=list(KINDS),
-        session_path=path,
-        release_delay_s=0.2,
-    ) as f:
+    path = [docker_engine.bin_dir, podman_engine.bin_dir]
+    with real_fleet(tmp_path_factory.mktemp("real-containers"), KINDS, path) as f:
         yield f
 
 
@@ -63,12 +62,7 @@ store = reset_fixtures()[1]
 @pytest.fixture(scope="module")
 def settings(fleet: SimFleet) -> Settings:
     """Quick resets; a container's ``owner`` label names its user; lookups may take 10 s."""
-    s = load(fleet.config_path)
-    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=8.0, poll_interval_s=0.2)
-    ssh = dataclasses.replace(s.ssh, command_timeout_s=20.0)
-    return dataclasses.replace(
-        s, reset=reset, ssh=ssh, attribution=AttributionSettings("owner", 10.0)
-    )
+    return quick_settings(fleet, "owner")
 
 
 @pytest.fixture(params=KINDS)

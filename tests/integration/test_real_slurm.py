@@ -25,14 +25,14 @@ from typing import Any
 import pytest
 
 from gpubot.cli.render import render_reset
-from gpubot.config import AttributionSettings, Settings, load
+from gpubot.config import Settings
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import ResetService
 from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
-from tests.fixtures.real_runs import config_with, with_engine
+from tests.fixtures.real_runs import config_with, quick_settings, real_fleet, with_engine
 from tests.fixtures.slurm import SlurmCluster
 from tests.procs import alive, wait_until
 
@@ -43,14 +43,7 @@ def fleet(
     slurm_cluster: SlurmCluster,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[SimFleet]:
-    with SimFleet(
-        tmp_path_factory.mktemp("real-slurm"),
-        nodes=1,
-        gpus=4,
-        runtimes=["slurm"],
-        session_path=[str(slurm_cluster.bin_dir)],
-        release_delay_s=0.2,
-    ) as f:
+    with real_fleet(tmp_path_factory.mktemp("real-slurm"), ["slurm"], [slurm_cluster.bin_dir]) as f:
         yield f
 
 
@@ -60,10 +53,7 @@ store = reset_fixtures()[1]
 @pytest.fixture(scope="module")
 def settings(fleet: SimFleet) -> Settings:
     """Quick resets; lookups may take 10 s on a loaded box."""
-    s = load(fleet.config_path)
-    reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=8.0, poll_interval_s=0.2)
-    ssh = dataclasses.replace(s.ssh, command_timeout_s=20.0)
-    return dataclasses.replace(s, reset=reset, ssh=ssh, attribution=AttributionSettings(None, 10.0))
+    return quick_settings(fleet, None)
 
 
 @pytest.fixture
