@@ -42,7 +42,7 @@ from tests.integration.hostile_scripts import (
     probe_processes,
     setuid_folder,
 )
-from tests.procs import alive, wait_until
+from tests.procs import alive, until, wait_until
 
 T = 1.5  # each query's limit: a copy of ours older than 2 × 1 + 2 = 4 s is stuck
 LIM_S = 4.5
@@ -234,7 +234,7 @@ async def test_the_old_path_stalls_on_200_ctl_only_holders_and_is_left_running_n
             settings, old_script(escaping=True, reading=True), budget_s=1000, timeout=10
         )
     assert time.monotonic() - t < 20
-    wait_until(lambda: probe_processes(node) == [], 10, "the abandoned probe to end")
+    await until(lambda: probe_processes(node) == [], 10, "the abandoned probe to end")
 
 
 async def test_past_its_budget_the_probe_says_unknown_not_timeout(
