@@ -61,11 +61,13 @@ async def test_a_live_lease_refuses_a_second_holder_and_tokens_only_grow(
 
 
 async def test_renewal_keeps_a_lease_past_its_ttl(store: Store) -> None:
-    a = DbLeases(store.engine, replica="A", ttl_s=1.0, renew_s=0.2)
-    b = DbLeases(store.engine, replica="B", ttl_s=1.0, renew_s=0.2)
+    # A ttl of 2 s: a renewal may be late by well over a second on a loaded box (1 s was not
+    # enough in CI) and the lease still holds.
+    a = DbLeases(store.engine, replica="A", ttl_s=2.0, renew_s=0.2)
+    b = DbLeases(store.engine, replica="B", ttl_s=2.0, renew_s=0.2)
     async with a.hold(NODE) as lease:
-        for _ in range(3):  # 3 s: three ttls
-            await asyncio.sleep(1.0)
+        for _ in range(3):  # 6 s: three ttls
+            await asyncio.sleep(2.0)
             with pytest.raises(LockHeld):
                 async with b.hold(NODE):
                     pass
