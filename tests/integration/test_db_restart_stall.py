@@ -16,11 +16,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.store import waits
@@ -108,12 +110,27 @@ def _pg_pids(pg: OwnPostgres) -> list[int]:
     return [main, *kids]
 
 
+async def _warm_pool(h: Harness, connections: int = 5) -> None:
+    """Leave ``connections`` established connections idle in the store's pool, so that the
+    click after the freeze takes one of them and waits on the frozen server (the stall the
+    deadline is for) rather than failing a new connection after ``connect_timeout``."""
+    barrier = threading.Barrier(connections)
+
+    def hold() -> None:
+        with h.store.engine.connect() as c:
+            c.execute(text("select 1"))
+            barrier.wait(timeout=10)
+
+    await asyncio.gather(*(waits.in_thread(hold) for _ in range(connections)))
+
+
 async def _frozen(bot: Bot, node1: Any, answer_within_s: float) -> bool:
     """Freeze the server; click Approve and send more ``/gpu status`` than the default thread
     pool has threads; return whether the click was answered within ``answer_within_s``; thaw
     the server and check that the bot acts on commands again."""
     h, pg = bot
     w, approval_id, ts = await forced_request(h, node1)
+    await _warm_pool(h)
     pids = _pg_pids(pg)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
