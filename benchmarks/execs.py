@@ -32,8 +32,14 @@ def programs(argv: list[str], user: str | None) -> list[str] | None:
         cmd = [strace, "-f", "-qq", "-e", "trace=execve", "-o", str(log)]
         if user is not None:
             cmd += ["-u", user]
-        subprocess.run([*cmd, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       cwd="/", timeout=120, check=False)  # fmt: skip
+        subprocess.run(
+            [*cmd, *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            timeout=120,
+            check=False,
+        )
         names = []
         for line in log.read_text(errors="replace").splitlines():
             m = _EXECVE.match(line)

@@ -100,9 +100,15 @@ class FakeSlack:
         return f"http://127.0.0.1:{self.port}/response/{name}"
 
     def fail(
-        self, method: str, error: str, *, status: int = 200, retry_after: int | None = None,
-        times: int = 1, channel: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        method: str,
+        error: str,
+        *,
+        status: int = 200,
+        retry_after: int | None = None,
+        times: int = 1,
+        channel: str | None = None,
+    ) -> None:
         """Make the next ``times`` calls of ``method`` (to ``channel``, if given) fail;
         ``method`` "response" is any response_url answer (an HTTP error, 400 unless given)."""
         failure = Failure(error, status, retry_after, times, channel)
@@ -144,9 +150,14 @@ class FakeSlack:
     async def start(self) -> None:
         """Listen on 127.0.0.1 (a free port)."""
         app = web.Application()
-        app.add_routes([web.post("/api/{method}", self._api), web.get("/api/{method}", self._api),
-                        web.post("/response/{name}", self._response),
-                        web.get("/link", self._socket)])  # fmt: skip
+        app.add_routes(
+            [
+                web.post("/api/{method}", self._api),
+                web.get("/api/{method}", self._api),
+                web.post("/response/{name}", self._response),
+                web.get("/link", self._socket),
+            ]
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -167,8 +178,9 @@ class FakeSlack:
         await ws.prepare(request)
         self.sockets.append(ws)
         self._record(Call("socket:connect", dict(request.query), dict(request.headers)))
-        await ws.send_json({"type": "hello", "num_connections": 1,
-                            "connection_info": {"app_id": "A0GPUBOT"}})  # fmt: skip
+        await ws.send_json(
+            {"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0GPUBOT"}}
+        )
         async for msg in ws:
             if msg.type == aiohttp.WSMsgType.TEXT:
                 self.socket_received.append(json.loads(msg.data))
@@ -229,8 +241,9 @@ class FakeSlack:
         method = request.match_info["method"]
         body = await self._body(request)
         call = Call(method, body, dict(request.headers))
-        planned = [f for f in self.failures.get(method, [])
-                   if f.channel in (None, body.get("channel"))]  # fmt: skip
+        planned = [
+            f for f in self.failures.get(method, []) if f.channel in (None, body.get("channel"))
+        ]
         if planned:
             f = planned[0]
             f.times -= 1
@@ -257,8 +270,15 @@ class FakeSlack:
 
     def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":
-            return {"ok": True, "url": "https://fake.slack.com/", "team": "Fake", "user": "gpubot",
-                    "team_id": "T0FAKE", "user_id": "U0BOT", "bot_id": "B0BOT"}  # fmt: skip
+            return {
+                "ok": True,
+                "url": "https://fake.slack.com/",
+                "team": "Fake",
+                "user": "gpubot",
+                "team_id": "T0FAKE",
+                "user_id": "U0BOT",
+                "bot_id": "B0BOT",
+            }
         if method == "conversations.history":
             return history(self.messages, body, readable=self.history_readable)
         if method in ("chat.postMessage", "chat.update", "chat.postEphemeral"):
@@ -305,9 +325,15 @@ class FakeSlack:
             return {"ok": True, "url": f"ws://127.0.0.1:{self.port}/link?ticket=t1"}
         if method == "users.info":
             user = str(body.get("user"))
-            info = {"id": user, "team_id": "T0FAKE", "deleted": False, "is_bot": False,
-                    "is_restricted": False, "is_ultra_restricted": False,
-                    "profile": {"email": self.emails.get(user)}}  # fmt: skip
+            info = {
+                "id": user,
+                "team_id": "T0FAKE",
+                "deleted": False,
+                "is_bot": False,
+                "is_restricted": False,
+                "is_ultra_restricted": False,
+                "profile": {"email": self.emails.get(user)},
+            }
             return {"ok": True, "user": {**info, **self.users.get(user, {})}}
         return {"ok": False, "error": "unknown_method"}
 
@@ -341,9 +367,14 @@ class SlackSender:
         self._ids = itertools.count(1)
 
     async def send(
-        self, body: str, content_type: str, *, timestamp: int | None = None,
-        signature: str | None = None, headers: dict[str, str] | None = None,
-    ) -> Reply:  # fmt: skip
+        self,
+        body: str,
+        content_type: str,
+        *,
+        timestamp: int | None = None,
+        signature: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
         """POST ``body`` signed (or with the given signature/timestamp)."""
         ts = int(time.time()) if timestamp is None else timestamp
         hdrs = {
@@ -358,19 +389,30 @@ class SlackSender:
             return Reply(r.status, await r.text(), time.monotonic() - started)
 
     def command_body(
-        self, text: str, *, user: str = "U0ROOT", channel: str = "C0GENERAL",
+        self,
+        text: str,
+        *,
+        user: str = "U0ROOT",
+        channel: str = "C0GENERAL",
         trigger_id: str | None = None,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """Return a slash command's form body."""
         n = next(self._ids)
         fields = {
-            "token": "legacy-verification-token", "team_id": "T0FAKE", "team_domain": "fake",
-            "channel_id": channel, "channel_name": "general", "user_id": user,
-            "user_name": user.lower(), "command": "/gpu", "text": text, "api_app_id": "A0GPUBOT",
+            "token": "legacy-verification-token",
+            "team_id": "T0FAKE",
+            "team_domain": "fake",
+            "channel_id": channel,
+            "channel_name": "general",
+            "user_id": user,
+            "user_name": user.lower(),
+            "command": "/gpu",
+            "text": text,
+            "api_app_id": "A0GPUBOT",
             "is_enterprise_install": "false",
             "response_url": self.fake.response_url(f"cmd{n}") if self.fake else "",
             "trigger_id": trigger_id or f"{n}.1.trigger",
-        }  # fmt: skip
+        }
         return urllib.parse.urlencode(fields)
 
     async def command(self, text: str, **kw: Any) -> Reply:
@@ -378,41 +420,72 @@ class SlackSender:
         return await self.send(self.command_body(text, **kw), "application/x-www-form-urlencoded")
 
     def action_body(
-        self, action_id: str, value: str, *, user: str = "U0CAROL", channel: str = "C0ONCALL",
-        message_ts: str = "1700000000.000001", action_ts: str | None = None,
-    ) -> str:  # fmt: skip
+        self,
+        action_id: str,
+        value: str,
+        *,
+        user: str = "U0CAROL",
+        channel: str = "C0ONCALL",
+        message_ts: str = "1700000000.000001",
+        action_ts: str | None = None,
+    ) -> str:
         """Return a block action's ``payload=`` form body (a button click)."""
         n = next(self._ids)
         payload = {
             "type": "block_actions",
-            "user": {"id": user, "username": user.lower(), "name": user.lower(),
-                     "team_id": "T0FAKE"},
-            "api_app_id": "A0GPUBOT", "token": "legacy-verification-token",
-            "container": {"type": "message", "message_ts": message_ts, "channel_id": channel,
-                          "is_ephemeral": False},
-            "trigger_id": f"{n}.2.trigger", "team": {"id": "T0FAKE", "domain": "fake"},
-            "enterprise": None, "is_enterprise_install": False,
+            "user": {
+                "id": user,
+                "username": user.lower(),
+                "name": user.lower(),
+                "team_id": "T0FAKE",
+            },
+            "api_app_id": "A0GPUBOT",
+            "token": "legacy-verification-token",
+            "container": {
+                "type": "message",
+                "message_ts": message_ts,
+                "channel_id": channel,
+                "is_ephemeral": False,
+            },
+            "trigger_id": f"{n}.2.trigger",
+            "team": {"id": "T0FAKE", "domain": "fake"},
+            "enterprise": None,
+            "is_enterprise_install": False,
             "channel": {"id": channel, "name": "oncall"},
             "message": {"type": "message", "ts": message_ts, "text": "…"},
             "response_url": self.fake.response_url(f"act{n}") if self.fake else "",
-            "actions": [{"action_id": action_id, "block_id": "b", "value": value,
-                         "type": "button", "text": {"type": "plain_text", "text": "x"},
-                         "action_ts": action_ts or f"{time.time():.6f}"}],
-        }  # fmt: skip
+            "actions": [
+                {
+                    "action_id": action_id,
+                    "block_id": "b",
+                    "value": value,
+                    "type": "button",
+                    "text": {"type": "plain_text", "text": "x"},
+                    "action_ts": action_ts or f"{time.time():.6f}",
+                }
+            ],
+        }
         return urllib.parse.urlencode({"payload": json.dumps(payload)})
 
     async def click(self, action_id: str, value: str, **kw: Any) -> Reply:
         """Click a button."""
-        return await self.send(self.action_body(action_id, value, **kw),
-                               "application/x-www-form-urlencoded")  # fmt: skip
+        return await self.send(
+            self.action_body(action_id, value, **kw), "application/x-www-form-urlencoded"
+        )
 
     def event_body(self, event: dict[str, Any], *, event_id: str | None = None) -> str:
         """Return an Events API callback body."""
-        return json.dumps({
-            "token": "legacy-verification-token", "team_id": "T0FAKE", "api_app_id": "A0GPUBOT",
-            "event": event, "type": "event_callback",
-            "event_id": event_id or f"Ev{next(self._ids):08d}", "event_time": int(time.time()),
-        })  # fmt: skip
+        return json.dumps(
+            {
+                "token": "legacy-verification-token",
+                "team_id": "T0FAKE",
+                "api_app_id": "A0GPUBOT",
+                "event": event,
+                "type": "event_callback",
+                "event_id": event_id or f"Ev{next(self._ids):08d}",
+                "event_time": int(time.time()),
+            }
+        )
 
     async def event(self, event: dict[str, Any], **kw: Any) -> Reply:
         """Send an event."""

@@ -247,8 +247,13 @@ class FleetBench:
         spec["known_hosts"] = str(f.known_hosts)
         (self.work / "asyncssh.json").write_text(json.dumps(spec), encoding="utf-8")
         configs = load(f.config_path).nodes
-        probe = {**spec, "nodes": [{"port": n.port, "command": remote_command(c, "probe")}
-                                   for n, c in zip(f.nodes, configs, strict=True)]}  # fmt: skip
+        probe = {
+            **spec,
+            "nodes": [
+                {"port": n.port, "command": remote_command(c, "probe")}
+                for n, c in zip(f.nodes, configs, strict=True)
+            ],
+        }
         (self.work / "asyncssh_probe.json").write_text(json.dumps(probe), encoding="utf-8")
         del probe["known_hosts"]
         (self.work / "pssh_probe.json").write_text(json.dumps(probe), encoding="utf-8")
@@ -497,8 +502,14 @@ def measure(
 # ---- start-up: what a cold ``gpubot status`` imports, and when ------------------------------
 
 # Libraries ``gpubot status`` must not import (issue 16), then the heavy ones it needs.
-NOT_FOR_STATUS = ("alembic", "slack_bolt", "slack_sdk", "aiohttp", "apscheduler",
-                  "prometheus_client")  # fmt: skip
+NOT_FOR_STATUS = (
+    "alembic",
+    "slack_bolt",
+    "slack_sdk",
+    "aiohttp",
+    "apscheduler",
+    "prometheus_client",
+)
 HEAVY = ("asyncssh", "cryptography", "sqlalchemy", "gpubot")
 # Run in a new process: the imports of ``gpubot status`` in the order it needs them.
 PHASES = """\
@@ -549,8 +560,18 @@ def startup(config: Path, runs: int, env: dict[str, str] | None = None) -> dict[
         phases.append(json.loads(_run_ok([PYTHON, "-c", PHASES], env).stdout))
         fin = _run_ok([PYTHON, "-X", "importtime", "-c", PHASES], env)
         packages.append(importtime_by_package(fin.stderr))
-        argv = [PYTHON, "-X", "importtime", "-m", "gpubot", "--config", str(config), "status",
-                "all", "--json"]  # fmt: skip
+        argv = [
+            PYTHON,
+            "-X",
+            "importtime",
+            "-m",
+            "gpubot",
+            "--config",
+            str(config),
+            "status",
+            "all",
+            "--json",
+        ]
         loaded |= set(importtime_by_package(_run_ok(argv, env).stderr))
     names = sorted({p for run in packages for p in run})
     per_package = {p: statistics.median(run.get(p, 0.0) for run in packages) for p in names}
@@ -569,12 +590,16 @@ def startup_report(st: dict[str, Any]) -> list[str]:
     """Return the start-up section of the report."""
     phase_rows = [[n, f"{s * 1000:.0f}"] for n, s in st["phases_s"].items()]
     ms, loaded = st["importtime_ms"], st["loaded"]
-    pkg_rows = [[f"`{p}`", "yes" if p in loaded else "no", f"{ms[p]:.0f}" if p in ms else "-"]
-                for p in (*HEAVY, *NOT_FOR_STATUS)]  # fmt: skip
+    pkg_rows = [
+        [f"`{p}`", "yes" if p in loaded else "no", f"{ms[p]:.0f}" if p in ms else "-"]
+        for p in (*HEAVY, *NOT_FOR_STATUS)
+    ]
     rest = st["importtime_total_ms"] - sum(ms.get(p, 0.0) for p in HEAVY)
     total = f"{st['importtime_total_ms']:.0f}"
-    pkg_rows += [["everything else (stdlib ...)", "yes", f"{rest:.0f}"],
-                 ["**all three imports above**", "", total]]  # fmt: skip
+    pkg_rows += [
+        ["everything else (stdlib ...)", "yes", f"{rest:.0f}"],
+        ["**all three imports above**", "", total],
+    ]
     return [
         "### Start-up of a cold `gpubot status all --json`",
         "",

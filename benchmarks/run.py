@@ -616,12 +616,21 @@ def _cold_targets(res: dict[str, Any]) -> list[str]:
                 ok = v >= limit if key == "seq_vs_cold" else v <= limit
             cells.append(_x(v) + ("" if ok is None else f" {_verdict(ok)}"))
         rows.append(cells)
-    header = ["N", "cold / asyncssh-cold (≤ 1.25×)", "cold / parallel-ssh (≤ 1.00×)",
-              "sequential OpenSSH loop / cold (≥ 5×)", "cold / asyncssh-cold, same remote work",
-              "cold / parallel-ssh, same remote work"]  # fmt: skip
+    header = [
+        "N",
+        "cold / asyncssh-cold (≤ 1.25×)",
+        "cold / parallel-ssh (≤ 1.00×)",
+        "sequential OpenSSH loop / cold (≥ 5×)",
+        "cold / asyncssh-cold, same remote work",
+        "cold / parallel-ssh, same remote work",
+    ]
     sizes = " and ".join(map(str, COLD_SIZES))
-    lines = [f"Cold `gpubot status all --json` at each N (the targets apply at N = {sizes}):",
-             "", table(header, rows), ""]  # fmt: skip
+    lines = [
+        f"Cold `gpubot status all --json` at each N (the targets apply at N = {sizes}):",
+        "",
+        table(header, rows),
+        "",
+    ]
     st = res.get("startup")
     if st is not None:
         bad = st["forbidden_loaded"]

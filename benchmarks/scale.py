@@ -143,12 +143,16 @@ class Child:
     def usage(self) -> dict[str, int]:
         """Return the child's RSS (KiB), open descriptors and threads."""
         threads = len(os.listdir(f"/proc/{self.proc.pid}/task"))
-        return {"rss_kib": rss_kib(self.proc.pid), "fds": open_fds(self.proc.pid),
-                "threads": threads}  # fmt: skip
+        return {
+            "rss_kib": rss_kib(self.proc.pid),
+            "fds": open_fds(self.proc.pid),
+            "threads": threads,
+        }
 
 
-def _host(directory: str, size: int, gpus: int, user: str, procs: int, every: int,
-          first: int) -> int:  # fmt: skip
+def _host(
+    directory: str, size: int, gpus: int, user: str, procs: int, every: int, first: int
+) -> int:
     """Serve one ``SimFleet`` (``first``: its first node's index in the whole fleet) until EOF."""
     from benchmarks.benchuser import fleet_as
     from gpubot.sim.fleet import SimFleet
@@ -164,12 +168,29 @@ def _host(directory: str, size: int, gpus: int, user: str, procs: int, every: in
                 for g in range(min(procs, gpus)):
                     node.spawn(gpu=g, mib=2048 + 1024 * g, user=user or None)
                     spawned += 1
-        nodes = [{"port": n.port, "dev_prefix": n.dev_prefix, "nvidia_smi": n.nvidia_smi,
-                  "driver_dir": n.driver_dir} for n in f.nodes]  # fmt: skip
-        print(json.dumps({"user": f.user, "client_key": str(f.client_key), "nodes": nodes,
-                          "known_hosts": str(f.known_hosts), "workloads": spawned,
-                          "start_s": started, "spawn_s": time.monotonic() - t0 - started}),
-              flush=True)  # fmt: skip
+        nodes = [
+            {
+                "port": n.port,
+                "dev_prefix": n.dev_prefix,
+                "nvidia_smi": n.nvidia_smi,
+                "driver_dir": n.driver_dir,
+            }
+            for n in f.nodes
+        ]
+        print(
+            json.dumps(
+                {
+                    "user": f.user,
+                    "client_key": str(f.client_key),
+                    "nodes": nodes,
+                    "known_hosts": str(f.known_hosts),
+                    "workloads": spawned,
+                    "start_s": started,
+                    "spawn_s": time.monotonic() - t0 - started,
+                }
+            ),
+            flush=True,
+        )
         while sys.stdin.readline().strip() not in ("", "quit"):
             pass
     return 0
@@ -195,8 +216,19 @@ def fleet(
         for i, size in enumerate(info["fleets"]):
             d = work / f"fleet-{i + 1}"
             d.mkdir()
-            argv = [PYTHON, "-m", "benchmarks.scale", "host", str(d), str(size), str(gpus),
-                    user or "", str(procs), str(every), str(first)]  # fmt: skip
+            argv = [
+                PYTHON,
+                "-m",
+                "benchmarks.scale",
+                "host",
+                str(d),
+                str(size),
+                str(gpus),
+                user or "",
+                str(procs),
+                str(every),
+                str(first),
+            ]
             hosts.append(Child(argv))
             first += size
         served = [h.answer(timeout) for h in hosts]
@@ -296,8 +328,9 @@ async def _serve(config: str, gpus: int) -> int:
         res = await app.status.fleet(["all"], actor="bench", source="bench")
         doc = fleet_dict(res, names)
         json.dumps(doc)
-        msg = render_fleet(list(res.snapshots), res.failed, seconds=res.seconds,
-                           title="GPU status · all")  # fmt: skip
+        msg = render_fleet(
+            list(res.snapshots), res.failed, seconds=res.seconds, title="GPU status · all"
+        )
         whole = {s.node for s in res.snapshots if len(s.gpus) == gpus}
         out = _outcome(names, whole, dict(res.failed))
         short = [s.node for s in res.snapshots if s.node not in whole]
@@ -395,8 +428,13 @@ def probe_cpu(config: Path, user: str | None, runs: int = 5) -> float:
     node = load(config).nodes[0]
     cpu = []
     for _ in range(runs):
-        proc = subprocess.Popen(probe_argv(node, smi_timeout_s=18.0), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, cwd="/", user=user)  # fmt: skip
+        proc = subprocess.Popen(
+            probe_argv(node, smi_timeout_s=18.0),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            user=user,
+        )
         _, status, ru = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         cpu.append(ru.ru_utime + ru.ru_stime)
@@ -416,9 +454,18 @@ def report(r: dict[str, Any], fitted: dict[str, Any] | None = None) -> list[str]
     n, ready, phases = r["nodes"], r["ready"], r["phases"]
     cores = r.get("cores") or 1
     rows = [
-        ["bot started, built, not connected", "-", "-", "-", "-", "-", "-",
-         f"{ready['built']['rss_kib'] / 1024:.1f}", str(ready["built"]["fds"])],
-    ]  # fmt: skip
+        [
+            "bot started, built, not connected",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            f"{ready['built']['rss_kib'] / 1024:.1f}",
+            str(ready["built"]["fds"]),
+        ],
+    ]
     for key, _, label in PHASES:
         p = phases[key]
         answered = f"{p['answered']}/{p['nodes']}"

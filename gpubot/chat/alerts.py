@@ -44,8 +44,14 @@ ACTION_SNOOZE = "gpubot_snooze_"  # + "1h" | "1d"; the value is the finding's ke
 SNOOZE_ACTION = re.compile(r"^gpubot_snooze_(1h|1d)$")
 SNOOZE_LABELS = {"1h": "Snooze 1 h", "1d": "Snooze 1 day"}
 MAX_ITEMS = 12  # findings detailed in one message (3 blocks each); the rest are counted
-RESET_KINDS = frozenset({FindingKind.ORPHANED_VRAM, FindingKind.ZOMBIE_PROCESS,
-                         FindingKind.HIDDEN_HOLDER, FindingKind.IDLE_HOLDER})  # fmt: skip
+RESET_KINDS = frozenset(
+    {
+        FindingKind.ORPHANED_VRAM,
+        FindingKind.ZOMBIE_PROCESS,
+        FindingKind.HIDDEN_HOLDER,
+        FindingKind.IDLE_HOLDER,
+    }
+)
 
 
 def _where(item: AlertItem) -> str:
@@ -69,10 +75,14 @@ def _summary(item: AlertItem) -> str:
 def snooze_buttons(key_text: str) -> list[dict[str, Any]]:
     """Return the "Snooze 1 h" / "Snooze 1 day" buttons of one finding."""
     return [
-        {"type": "button", "action_id": f"{ACTION_SNOOZE}{choice}", "value": key_text,
-         "text": {"type": "plain_text", "text": label}}
+        {
+            "type": "button",
+            "action_id": f"{ACTION_SNOOZE}{choice}",
+            "value": key_text,
+            "text": {"type": "plain_text", "text": label},
+        }
         for choice, label in SNOOZE_LABELS.items()
-    ]  # fmt: skip
+    ]
 
 
 def _item_text(item: AlertItem, now: datetime) -> str:
@@ -81,8 +91,9 @@ def _item_text(item: AlertItem, now: datetime) -> str:
     lines = []
     if item.resolved_at is not None:
         lasted = duration_text((item.resolved_at - item.first_seen).total_seconds())
-        lines.append(f"✅ ~{escape(_where(item))}: {escape(_title(item))}~ — "
-                     f"*resolved* after {lasted}")  # fmt: skip
+        lines.append(
+            f"✅ ~{escape(_where(item))}: {escape(_title(item))}~ — *resolved* after {lasted}"
+        )
         if summary:  # not in our italics: those would style a name's words too
             lines.append(clip_mrkdwn(mrkdwn(summary), 600))
         return "\n".join(lines)
@@ -147,8 +158,9 @@ def render_alert_group(group: AlertGroup) -> Message:
     if group.repeat_of is not None:  # the outbox could not tell whether that one landed
         b.add(context(repeat_line(group.repeat_of)))
     b.add(context(f"gpubot sweep · {date(now.timestamp())}"))
-    parts = [f"{_where(i)} {_title(i)}" + (" (resolved)" if i.resolved_at else "")
-             for i in group.items]  # fmt: skip
+    parts = [
+        f"{_where(i)} {_title(i)}" + (" (resolved)" if i.resolved_at else "") for i in group.items
+    ]
     again = " (this may repeat an earlier alert)" if group.repeat_of is not None else ""
     fallback = escape(clip(f"{title}{again}: " + "; ".join(parts), MAX_FALLBACK))
     return {"text": fallback, "blocks": b.blocks}
@@ -182,8 +194,10 @@ def render_sweep(result: SweepResult, interrupted: Sequence[Unfinished] = ()) ->
     """Render a sweep's report (``/gpu sweep``); ``interrupted``: actions on its nodes that
     never finished and no one has marked reviewed."""
     if result.skipped:
-        return {"text": f"Sweep skipped: {escape(result.skipped)}",
-                "blocks": [section(f"Sweep skipped: {escape(result.skipped)}")]}  # fmt: skip
+        return {
+            "text": f"Sweep skipped: {escape(result.skipped)}",
+            "blocks": [section(f"Sweep skipped: {escape(result.skipped)}")],
+        }
     n, bad, found = len(result.nodes), len(result.failed), len(result.findings)
     title = f"Sweep: {n} node(s), {bad} failing, {found} finding(s)"
     b = Budget()

@@ -150,8 +150,10 @@ def section(mrkdwn: str) -> Block:
 def context(*parts: str) -> Block:
     """Return a context block of up to 10 mrkdwn parts."""
     elements = [{"type": "mrkdwn", "text": clip(p, MAX_TEXT)} for p in parts if p]
-    return {"type": "context", "elements": elements[:MAX_CONTEXT] or [{"type": "mrkdwn",
-            "text": " "}]}  # fmt: skip
+    return {
+        "type": "context",
+        "elements": elements[:MAX_CONTEXT] or [{"type": "mrkdwn", "text": " "}],
+    }
 
 
 def pre(lines: Iterable[str]) -> str:
@@ -407,8 +409,9 @@ def without_tables(message: Mapping[str, Any]) -> Message | None:
         if blk.get("type") != "table":
             out.append(blk)
             continue
-        lines = [code_safe(line) for line in table_text([[c["text"] for c in r]
-                                                          for r in blk["rows"]])]  # fmt: skip
+        lines = [
+            code_safe(line) for line in table_text([[c["text"] for c in r] for r in blk["rows"]])
+        ]
         chunk = Budget(MAX_BLOCKS)
         chunk.add_pre(lines)
         out.extend(chunk.blocks)

@@ -70,8 +70,15 @@ def node_rows(snap: NodeSnapshot, *, max_procs: int = 4) -> list[list[str]]:
         labels = [proc_label(p) for p in procs[:max_procs]]
         if len(procs) > max_procs:
             labels.append(f"+{len(procs) - max_procs} more")
-        rows.append([str(g.index), _mem(g), _util(g), "; ".join(labels) or "–",
-                     ", ".join(gpu_flags(g, procs)) or "–"])  # fmt: skip
+        rows.append(
+            [
+                str(g.index),
+                _mem(g),
+                _util(g),
+                "; ".join(labels) or "–",
+                ", ".join(gpu_flags(g, procs)) or "–",
+            ]
+        )
     return rows
 
 
@@ -151,9 +158,12 @@ def render_fleet(
     )
     b = Budget(limit)
     b.add(header(title))
-    b.add(section(
-        f"*Nodes:* {ok} OK, {bad} failing    *GPUs:* {busy} busy, {idle} idle, {flagged} flagged"
-    ))  # fmt: skip
+    b.add(
+        section(
+            f"*Nodes:* {ok} OK, {bad} failing    "
+            f"*GPUs:* {busy} busy, {idle} idle, {flagged} flagged"
+        )
+    )
     tail = 2  # room kept for "more not shown" and the context line
     if failed:
         lines = [code_safe(f"{n}: {why}") for n, why in failed.items()]
@@ -222,10 +232,12 @@ def _add_many(b: Budget, snapshots: Sequence[NodeSnapshot], *, use_table: bool, 
         b.add(section(f"*Flagged GPUs ({len(flagged_lines)}):*"))
         shown = b.add_pre(flagged_lines[:MAX_FLAGGED], reserve=tail)
         if shown < len(flagged_lines):
-            b.add(context(
-                f"… and {len(flagged_lines) - shown} more flagged GPU(s): "
-                "use `/gpu status NODE` for one node"
-            ))  # fmt: skip
+            b.add(
+                context(
+                    f"… and {len(flagged_lines) - shown} more flagged GPU(s): "
+                    "use `/gpu status NODE` for one node"
+                )
+            )
 
 
 def _flagged_lines(snaps: Sequence[NodeSnapshot]) -> list[str]:
@@ -236,7 +248,7 @@ def _flagged_lines(snaps: Sequence[NodeSnapshot]) -> list[str]:
             flags = gpu_flags(g, procs)
             if flags:
                 who = ", ".join(sorted({p.user or "?" for p in procs})) or "no process"
-                out.append(code_safe(
-                    f"{s.node} GPU {g.index}: {_mem(g)}  {', '.join(flags)}  ({who})"
-                ))  # fmt: skip
+                out.append(
+                    code_safe(f"{s.node} GPU {g.index}: {_mem(g)}  {', '.join(flags)}  ({who})")
+                )
     return out

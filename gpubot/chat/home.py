@@ -51,10 +51,12 @@ def render_home(
     for blk in interrupted_blocks(interrupted, buttons=True):
         b.add(blk)
     if linux_user is None:
-        b.add(section(
-            f"Hello <@{user_id}>. Your Slack account is not mapped to a Linux user, so every "
-            "reset you ask for needs on-call approval. Ask an admin to add you to `[users]`."
-        ))  # fmt: skip
+        b.add(
+            section(
+                f"Hello <@{user_id}>. Your Slack account is not mapped to a Linux user, so every "
+                "reset you ask for needs on-call approval. Ask an admin to add you to `[users]`."
+            )
+        )
     else:
         mine = [(s.node, p) for s in snapshots for p in s.processes if p.user == linux_user]
         b.add(section(f"*Your processes* (Linux user {code(linux_user)}): {len(mine)}"))
@@ -64,18 +66,22 @@ def render_home(
             b.add(context(f"… and {len(mine) - shown} more"))
         held = (idle_hours or {}).get(linux_user)
         if held:
-            b.add(section(
-                f"⏳ *You hold GPUs idle: {held:.1f} GPU-hours so far.* Your processes keep memory "
-                "on GPUs that have been at 0 % for hours; free them with `/gpu reset NODE gpu N "
-                "pid P`, or *Free it* in my direct message."
-            ))  # fmt: skip
+            b.add(
+                section(
+                    f"⏳ *You hold GPUs idle: {held:.1f} GPU-hours so far.* "
+                    "Your processes keep memory on GPUs that have been at 0 % for hours; "
+                    "free them with `/gpu reset NODE gpu N pid P`, "
+                    "or *Free it* in my direct message."
+                )
+            )
     if idle_hours:
         top = list(idle_hours.items())[:MAX_IDLE_USERS]
         more = len(idle_hours) - len(top)
         held_by = " · ".join(f"{escape(u)} {h:.1f}" for u, h in top)
         b.add(context(f"GPU-hours held idle: {held_by}" + (f" · and {more} more" if more else "")))
-    fleet = render_fleet(snapshots, failed, seconds=seconds, title="Fleet", use_table=False,
-                         limit=b.room - 1)  # fmt: skip
+    fleet = render_fleet(
+        snapshots, failed, seconds=seconds, title="Fleet", use_table=False, limit=b.room - 1
+    )
     for blk in fleet["blocks"]:
         b.add(blk)
     b.add(context(f"refreshed {date(now)} · type `/gpu help` in any channel"))

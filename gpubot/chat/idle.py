@@ -38,15 +38,20 @@ def slack_users_of(users: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
 def free_button(key_text: str, node: str, gpu: int, pid: str) -> dict[str, Any]:
     """Return the "Free it" button of one idle holder (confirmed before anything happens)."""
     return {
-        "type": "button", "action_id": ACTION_FREE, "value": key_text, "style": "danger",
+        "type": "button",
+        "action_id": ACTION_FREE,
+        "value": key_text,
+        "style": "danger",
         "text": {"type": "plain_text", "text": "Free it"},
         # plain_text throughout, raw (not escaped): see blocks.confirm_dialog
         "confirm": confirm_dialog(
             f"Free {node} GPU {gpu}?",
             f"pid {pid} gets SIGTERM, then SIGKILL if it has not ended after the grace period.",
-            confirm="Free it", deny="Cancel", style="danger",
+            confirm="Free it",
+            deny="Cancel",
+            style="danger",
         ),
-    }  # fmt: skip
+    }
 
 
 def render_idle_dm(
@@ -63,11 +68,13 @@ def render_idle_dm(
     gpus = ", ".join(f"GPU {i.key.gpu}" for i in found)
     title = f"Your job holds {node} {gpus} idle ({duration_text(hours)} at 0 %)"
     b = Budget()
-    b.add(section(
-        f"👋 *{escape(title)}*\nOthers are waiting for GPUs. If you are done, *Free it* stops "
-        "the process (your own reset: SIGTERM, then SIGKILL after the grace period). Not done "
-        "yet? *Snooze 1 day*."
-    ))  # fmt: skip
+    b.add(
+        section(
+            f"👋 *{escape(title)}*\nOthers are waiting for GPUs. If you are done, *Free it* stops "
+            "the process (your own reset: SIGTERM, then SIGKILL after the grace period). Not done "
+            "yet? *Snooze 1 day*."
+        )
+    )
     for item in found[:MAX_DM_ITEMS]:
         f = item.finding
         assert f is not None and item.key.gpu is not None

@@ -49,18 +49,28 @@ def plan_rows(plan: ResetPlan) -> list[list[str]]:
     """Return the table rows of a plan's targets: header, then one row per process."""
     rows = [["PID", "User", "GPU", "MiB", "Command", "Why"]]
     for t in plan.targets:
-        rows.append([str(t.pid), t.user or "?", _gpus(t.gpus), "?" if t.mib is None else
-                     str(t.mib), clip(t.command, 60), clip("; ".join(t.reasons), 120)])  # fmt: skip
+        rows.append(
+            [
+                str(t.pid),
+                t.user or "?",
+                _gpus(t.gpus),
+                "?" if t.mib is None else str(t.mib),
+                clip(t.command, 60),
+                clip("; ".join(t.reasons), 120),
+            ]
+        )
     return rows
 
 
 def plan_lines(plan: ResetPlan) -> list[str]:
     """Return a plan as preformatted lines (escaped)."""
     lines = [
-        code_safe(f"kill  {t.user or '?'} {t.pid} {_mib(t.mib)} GPU {_gpus(t.gpus)}  "
-                  f"{clip(t.command, 50)}  ({'; '.join(t.reasons)})")
+        code_safe(
+            f"kill  {t.user or '?'} {t.pid} {_mib(t.mib)} GPU {_gpus(t.gpus)}  "
+            f"{clip(t.command, 50)}  ({'; '.join(t.reasons)})"
+        )
         for t in plan.targets
-    ]  # fmt: skip
+    ]
     lines += [
         code_safe(f"leave {s.user or '?'} {s.pid} GPU {s.gpu}  {clip(s.command, 40)}: {s.reason}")
         for s in plan.skipped
@@ -73,8 +83,9 @@ def _add_plan(b: Budget, plan: ResetPlan, *, use_table: bool, reserve: int) -> N
     if use_table and plan.targets and table_fits(rows):
         b.add(table(rows, wrap=(4, 5), right=(0, 3)))
         if plan.skipped:
-            left = "; ".join(f"{s.user or '?'} {s.pid} on GPU {s.gpu}: {s.reason}"
-                             for s in plan.skipped[:5])  # fmt: skip
+            left = "; ".join(
+                f"{s.user or '?'} {s.pid} on GPU {s.gpu}: {s.reason}" for s in plan.skipped[:5]
+            )
             more = f" (+{len(plan.skipped) - 5} more)" if len(plan.skipped) > 5 else ""
             b.add(context(escape(f"Left alone: {left}{more}")))
         return
@@ -104,13 +115,17 @@ def step_lines(events: Sequence[ResetEvent]) -> list[str]:
         lines.append(f"✓ exited: {exited} process(es)")
     for e in events:
         if e.kind == "gpu_reset":
-            lines.append(f"✓ nvidia-smi --gpu-reset -i {e.data.get('gpu')}: exit "
-                         f"{e.data.get('exit_status')}")  # fmt: skip
+            lines.append(
+                f"✓ nvidia-smi --gpu-reset -i {e.data.get('gpu')}: exit {e.data.get('exit_status')}"
+            )
     outcomes = [e for e in events if e.kind == "gpu_outcome"]
     verifying = next((e for e in events if e.kind == "verifying"), None)
     if verifying is not None:
-        pending = [g for g in verifying.data.get("gpus", [])
-                   if not any(o.data.get("index") == g for o in outcomes)]  # fmt: skip
+        pending = [
+            g
+            for g in verifying.data.get("gpus", [])
+            if not any(o.data.get("index") == g for o in outcomes)
+        ]
         if pending:
             lines.append(f"⏳ verifying GPU {_gpus(pending)} …")
     for o in outcomes:
@@ -153,13 +168,15 @@ def result_rows(result: ResetResult) -> list[list[str]]:
     rows = [["GPU", "Before", "After", "Outcome", "Freed in"]]
     for g in result.gpus:
         took = "–" if g.seconds_to_free is None else f"{g.seconds_to_free:.1f} s"
-        rows.append([
-            str(g.index),
-            _mib(g.memory_before_mib) + _users_on(result.before, g.index),
-            _mib(g.memory_after_mib) + _users_on(result.after, g.index),
-            f"{MARK.get(g.outcome, '⚠')} {g.outcome}",
-            took,
-        ])  # fmt: skip
+        rows.append(
+            [
+                str(g.index),
+                _mib(g.memory_before_mib) + _users_on(result.before, g.index),
+                _mib(g.memory_after_mib) + _users_on(result.after, g.index),
+                f"{MARK.get(g.outcome, '⚠')} {g.outcome}",
+                took,
+            ]
+        )
     return rows
 
 
@@ -184,8 +201,9 @@ def render_result(title: str, who: str, result: ResetResult, *, use_table: bool 
     more = f" (+{len(result.plan.targets) - 10})" if len(result.plan.targets) > 10 else ""
     audit = f"audit #{result.action_id}" if result.action_id is not None else "not audited"
     b.add(context(escape(f"signalled: {killed or 'none'}{more}"), audit))
-    fallback = f"{title}: {verdict} — " + "; ".join(f"GPU {g.index} {g.outcome}"
-                                                    for g in result.gpus[:20])  # fmt: skip
+    fallback = f"{title}: {verdict} — " + "; ".join(
+        f"GPU {g.index} {g.outcome}" for g in result.gpus[:20]
+    )
     return {"text": escape(clip(fallback, 3000)), "blocks": b.blocks}
 
 
@@ -222,27 +240,37 @@ def render_approval_request(
     _add_plan(b, plan, use_table=True, reserve=2)
     b.add(context(f"Request #{approval_id}", f"expires {date(expires_at)}"))
     gpus = _gpus(plan.gpus)
-    b.blocks.append({
-        "type": "actions",
-        "block_id": f"gpubot_approval_{approval_id}",
-        "elements": [
-            {
-                "type": "button", "action_id": ACTION_APPROVE, "value": str(approval_id),
-                "style": "primary", "text": {"type": "plain_text", "text": "Approve"},
-                # plain_text throughout, raw (not escaped): see blocks.confirm_dialog
-                "confirm": confirm_dialog(
-                    "Approve the forced kill?",
-                    f"{len(plan.targets)} process(es) of {', '.join(plan.owners)} on "
-                    f"{plan.node} GPU {gpus} will be killed.",
-                    confirm="Kill them", deny="Cancel", style="danger",
-                ),
-            },
-            {
-                "type": "button", "action_id": ACTION_DENY, "value": str(approval_id),
-                "style": "danger", "text": {"type": "plain_text", "text": "Deny"},
-            },
-        ],
-    })  # fmt: skip
+    b.blocks.append(
+        {
+            "type": "actions",
+            "block_id": f"gpubot_approval_{approval_id}",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": ACTION_APPROVE,
+                    "value": str(approval_id),
+                    "style": "primary",
+                    "text": {"type": "plain_text", "text": "Approve"},
+                    # plain_text throughout, raw (not escaped): see blocks.confirm_dialog
+                    "confirm": confirm_dialog(
+                        "Approve the forced kill?",
+                        f"{len(plan.targets)} process(es) of {', '.join(plan.owners)} on "
+                        f"{plan.node} GPU {gpus} will be killed.",
+                        confirm="Kill them",
+                        deny="Cancel",
+                        style="danger",
+                    ),
+                },
+                {
+                    "type": "button",
+                    "action_id": ACTION_DENY,
+                    "value": str(approval_id),
+                    "style": "danger",
+                    "text": {"type": "plain_text", "text": "Deny"},
+                },
+            ],
+        }
+    )
     text = (
         f"Approval needed (#{approval_id}): forced kill of {', '.join(plan.owners)}'s processes "
         f"on {plan.node} GPU {gpus}"
@@ -324,10 +352,22 @@ def render_audit(actions: Sequence[Any], *, node: str | None = None) -> Message:
         return {"text": f"{title}: no actions", "blocks": b.blocks}
     rows = [["#", "When (UTC)", "Who", "What", "Node", "GPUs", "Status"]]
     for a in actions[: MAX_TABLE_ROWS - 1]:
-        when = a.started_at.strftime("%m-%d %H:%M:%S") if isinstance(a.started_at, datetime) \
-            else str(a.started_at)  # fmt: skip
-        rows.append([str(a.id), when, clip(f"{a.actor} ({a.source})", 40), clip(a.command, 60),
-                     a.node or "–", _gpus(a.gpus), a.status])  # fmt: skip
+        when = (
+            a.started_at.strftime("%m-%d %H:%M:%S")
+            if isinstance(a.started_at, datetime)
+            else str(a.started_at)
+        )
+        rows.append(
+            [
+                str(a.id),
+                when,
+                clip(f"{a.actor} ({a.source})", 40),
+                clip(a.command, 60),
+                a.node or "–",
+                _gpus(a.gpus),
+                a.status,
+            ]
+        )
     if table_fits(rows):
         b.add(table(rows, wrap=(3,), right=(0,)))
     else:

@@ -31,8 +31,9 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     """Build the parser; only ``command``'s module is imported."""
     parser = argparse.ArgumentParser(prog="gpubot", description="Chat-ops for shared GPU boxes.")
     parser.add_argument("--version", action="version", version=f"gpubot {__version__}")
-    parser.add_argument("--config", metavar="PATH", help="settings file (default: $GPUBOT_CONFIG "
-                        "or ./gpubot.toml)")  # fmt: skip
+    parser.add_argument(
+        "--config", metavar="PATH", help="settings file (default: $GPUBOT_CONFIG or ./gpubot.toml)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)

@@ -67,12 +67,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rev.add_argument("--note", default="", help="what was found on the node")
     exp = sub.add_parser("export", help="print every record as stored, hashes included")
     exp.add_argument("--format", default="jsonl", help="jsonl (default) or csv")
-    exp.add_argument("-o", "--output", metavar="PATH",
-                     help="write to PATH (created 0600) instead of standard output")  # fmt: skip
+    exp.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="write to PATH (created 0600) instead of standard output",
+    )
     ver = sub.add_parser("verify", help="walk the hash chain; exit 1 naming the first bad record")
-    ver.add_argument("--expect-head", metavar="SEQ:HASH",
-                     help="fail unless the log holds this head (as verify or the bot printed "
-                          "it)")  # fmt: skip
+    ver.add_argument(
+        "--expect-head",
+        metavar="SEQ:HASH",
+        help="fail unless the log holds this head (as verify or the bot printed it)",
+    )
     ver.add_argument(
         "--max-seal-age",
         metavar="AGE",

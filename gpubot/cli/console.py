@@ -129,11 +129,17 @@ async def answer(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``gpubot console`` options."""
-    parser.add_argument("--as", dest="as_id", metavar="USER_ID",
-                        help="act as this Slack user id (e.g. an approver)")  # fmt: skip
+    parser.add_argument(
+        "--as", dest="as_id", metavar="USER_ID", help="act as this Slack user id (e.g. an approver)"
+    )
     parser.add_argument("--name", help="display name (default: the user)")
-    parser.add_argument("-c", "--command", action="append", metavar="LINE",
-                        help="run LINE and exit (repeatable) instead of reading stdin")  # fmt: skip
+    parser.add_argument(
+        "-c",
+        "--command",
+        action="append",
+        metavar="LINE",
+        help="run LINE and exit (repeatable) instead of reading stdin",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,8 +164,11 @@ async def repl(app: App, flows: Flows, who: Identity, lines: list[str] | None) -
             return 0
         tty = sys.stdin.isatty()
         if tty:
-            print(f"gpubot console as {who.name} (Linux user {who.linux_user or 'unknown'}); "
-                  "type help, or quit", flush=True)  # fmt: skip
+            print(
+                f"gpubot console as {who.name} (Linux user {who.linux_user or 'unknown'}); "
+                "type help, or quit",
+                flush=True,
+            )
         while True:
             if tty:
                 print(PROMPT, end="", flush=True)

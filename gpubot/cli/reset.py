@@ -147,9 +147,14 @@ def run_reset(args: argparse.Namespace) -> int:
         _check_forced(plan, args.force)
         _confirm(f"signal {len(plan.targets)} process(es) on {plan.node}?", args.yes)
         work = app.reset.execute(
-            plan, actor=cli_actor(), source="cli", command=command,
-            on_event=None if args.json else _print_event, grace_s=args.grace, before=before,
-        )  # fmt: skip
+            plan,
+            actor=cli_actor(),
+            source="cli",
+            command=command,
+            on_event=None if args.json else _print_event,
+            grace_s=args.grace,
+            before=before,
+        )
         return await _finished(work, args.json, found)
 
     return with_app(args, True, body)
@@ -171,9 +176,13 @@ def run_gpu_reset(args: argparse.Namespace) -> int:
         found = await _interrupted(app, args.node, args.json)
         _confirm(f"run nvidia-smi --gpu-reset on {args.node} GPU {args.gpu}?", args.yes)
         work = app.reset.gpu_reset(
-            args.node, args.gpu, actor=cli_actor(), source="cli", command=command,
+            args.node,
+            args.gpu,
+            actor=cli_actor(),
+            source="cli",
+            command=command,
             on_event=None if args.json else _print_event,
-        )  # fmt: skip
+        )
         return await _finished(work, args.json, found)
 
     return with_app(args, True, body)

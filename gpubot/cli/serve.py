@@ -55,8 +55,9 @@ def read_tokens(environ: Mapping[str, str], *, http: bool) -> Tokens:
     bot = need("SLACK_BOT_TOKEN", _BOT, "the bot token (xoxb-…) from OAuth & Permissions")
     app = secret = None
     if http:
-        secret = need("SLACK_SIGNING_SECRET", _SECRET,
-                      "the signing secret (hex) from Basic Information")  # fmt: skip
+        secret = need(
+            "SLACK_SIGNING_SECRET", _SECRET, "the signing secret (hex) from Basic Information"
+        )
     else:
         app = need("SLACK_APP_TOKEN", _APP, "an app-level token (xapp-…) for Socket Mode")
     url = environ.get("SLACK_API_URL", "").strip() or DEFAULT_API_URL
@@ -67,22 +68,38 @@ def read_tokens(environ: Mapping[str, str], *, http: bool) -> Tokens:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``gpubot serve`` options."""
-    parser.add_argument("--http", action="store_true",
-                        help="serve the Events API over HTTP instead of Socket Mode")  # fmt: skip
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="HTTP: address to listen on (default 127.0.0.1)")  # fmt: skip
+    parser.add_argument(
+        "--http", action="store_true", help="serve the Events API over HTTP instead of Socket Mode"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="HTTP: address to listen on (default 127.0.0.1)"
+    )
     parser.add_argument("--port", type=int, default=3000, help="HTTP: port (default 3000)")
-    parser.add_argument("--path", default="/slack/events",
-                        help="HTTP: request path (default /slack/events)")  # fmt: skip
-    parser.add_argument("--expire-every", type=float, default=30.0, metavar="S",
-                        help="check approvals for expiry every S seconds (default 30)")  # fmt: skip
-    parser.add_argument("--metrics-port", type=int, metavar="P",
-                        help="serve Prometheus metrics on port P ([metrics] port)")  # fmt: skip
-    parser.add_argument("--metrics-host", metavar="ADDR",
-                        help="address the metrics listen on ([metrics] host, default "
-                             "127.0.0.1; a container's own interface: 0.0.0.0)")  # fmt: skip
-    parser.add_argument("--no-sweeps", action="store_true",
-                        help="do not run scheduled sweeps in this process")  # fmt: skip
+    parser.add_argument(
+        "--path", default="/slack/events", help="HTTP: request path (default /slack/events)"
+    )
+    parser.add_argument(
+        "--expire-every",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="check approvals for expiry every S seconds (default 30)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="serve Prometheus metrics on port P ([metrics] port)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        metavar="ADDR",
+        help="address the metrics listen on ([metrics] host, default "
+        "127.0.0.1; a container's own interface: 0.0.0.0)",
+    )
+    parser.add_argument(
+        "--no-sweeps", action="store_true", help="do not run scheduled sweeps in this process"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,13 +129,22 @@ async def _serve(
 
     # A database that is behind stops us here; the composition root builds everything once.
     app = build(settings, environ, need_store=True, slack=tokens.access, serving=True)
-    listen = Listener(http=args.http, host=args.host, port=args.port, path=args.path,
-                      app_token=tokens.app, signing_secret=tokens.signing_secret)  # fmt: skip
+    listen = Listener(
+        http=args.http,
+        host=args.host,
+        port=args.port,
+        path=args.path,
+        app_token=tokens.app,
+        signing_secret=tokens.signing_secret,
+    )
     try:
         await serve_forever(
-            app, listen, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+            app,
+            listen,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
             sweeps=not args.no_sweeps,
             expire_every_s=args.expire_every,
-        )  # fmt: skip
+        )
     finally:
         await app.close()

@@ -93,11 +93,18 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     audit = validate.audit(v, raw)
     attribution = validate.attribution(v, raw)
     return Settings(
-        path=where, database_url=url, ssh=ssh, reset=reset, nodes=nodes, audit=audit,
-        attribution=attribution, policy=tables.policy(v, raw, reset.system_users),
-        sweep=tables.sweep(v, raw), metrics=tables.metrics(v, raw),
+        path=where,
+        database_url=url,
+        ssh=ssh,
+        reset=reset,
+        nodes=nodes,
+        audit=audit,
+        attribution=attribution,
+        policy=tables.policy(v, raw, reset.system_users),
+        sweep=tables.sweep(v, raw),
+        metrics=tables.metrics(v, raw),
         leases=validate.leases(v, raw),
-    )  # fmt: skip
+    )
 
 
 def audit_key(environ: Mapping[str, str]) -> bytes | None:

@@ -50,17 +50,30 @@ def policy(v: Validator, raw: Mapping[str, Any], system_users: tuple[str, ...]) 
         if not SLACK_USER.fullmatch(a):
             raise ConfigError(f"{v.where}: approvals.approvers: {a!r} is not a Slack user id (U…)")
     groups_raw = appr.get("usergroup", [])
-    groups = v.strings("approvals.usergroup", [groups_raw] if isinstance(groups_raw, str)
-                       else groups_raw)  # fmt: skip
+    groups = v.strings(
+        "approvals.usergroup", [groups_raw] if isinstance(groups_raw, str) else groups_raw
+    )
     for g in groups:
         if not SLACK_GROUP.fullmatch(g):
             raise ConfigError(f"{v.where}: approvals.usergroup: {g!r} is not a user group id (S…)")
     expiry = v.seconds("approvals.expiry_s", appr.get("expiry_s", DEFAULT_EXPIRY_S), MAX_EXPIRY_S)
-    cache = v.seconds("approvals.group_cache_s", appr.get("group_cache_s", DEFAULT_GROUP_CACHE_S),
-                      MAX_GROUP_CACHE_S, zero=True)  # fmt: skip
-    return replace(users, channel=channel, oncall_channel=oncall, approvers=frozenset(approvers),
-                   approver_groups=groups, expiry_s=expiry, group_cache_s=cache,
-                   permissions=_permissions(v, raw), system_users=tuple(system_users))  # fmt: skip
+    cache = v.seconds(
+        "approvals.group_cache_s",
+        appr.get("group_cache_s", DEFAULT_GROUP_CACHE_S),
+        MAX_GROUP_CACHE_S,
+        zero=True,
+    )
+    return replace(
+        users,
+        channel=channel,
+        oncall_channel=oncall,
+        approvers=frozenset(approvers),
+        approver_groups=groups,
+        expiry_s=expiry,
+        group_cache_s=cache,
+        permissions=_permissions(v, raw),
+        system_users=tuple(system_users),
+    )
 
 
 USERS_KEYS = ("email_local_part", "email_domains", "min_uid")
@@ -82,8 +95,7 @@ def _users(v: Validator, raw: Mapping[str, Any]) -> Policy:
             raise ConfigError(f"{v.where}: users.{key}: expected a Linux user name, got {value!r}")
         users[key] = value
     email = v.boolean("users.email_local_part", t.get("email_local_part", False))
-    domains = tuple(d.lower() for d in v.strings("users.email_domains",
-                                                 t.get("email_domains", [])))  # fmt: skip
+    domains = tuple(d.lower() for d in v.strings("users.email_domains", t.get("email_domains", [])))
     for d in domains:
         if not DOMAIN.fullmatch(d):
             raise ConfigError(
@@ -123,8 +135,14 @@ def _permissions(v: Validator, raw: Mapping[str, Any]) -> dict[str, tuple[str, .
 
 # --- [sweep] [alerts] [metrics] ------------------------------------------------------------------
 
-SWEEP_KEYS = {"interval_s", "budget_s", "orphan_threshold_mib", "idle_min_mib", "idle_hours",
-              "keep_samples"}  # fmt: skip
+SWEEP_KEYS = {
+    "interval_s",
+    "budget_s",
+    "orphan_threshold_mib",
+    "idle_min_mib",
+    "idle_hours",
+    "keep_samples",
+}
 
 
 def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
@@ -142,21 +160,27 @@ def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
         raise ConfigError(
             f"{v.where}: sweep.budget_s: {budget:g} is longer than sweep.interval_s ({interval:g})"
         )
-    orphan = v.positive("sweep.orphan_threshold_mib", sweep.get("orphan_threshold_mib", 1024),
-                        integer=True, zero=True)  # fmt: skip
+    orphan = v.positive(
+        "sweep.orphan_threshold_mib",
+        sweep.get("orphan_threshold_mib", 1024),
+        integer=True,
+        zero=True,
+    )
     idle = _idle_rule(v, sweep)
     alerts = v.table("alerts", raw.get("alerts", {}))
     v.keys("alerts", alerts, {"channel", "reminder_s"})
     reminder = v.positive("alerts.reminder_s", alerts.get("reminder_s", 21600.0))
     slack = raw.get("slack", {})  # validated with the policy
     channel = alerts.get("channel", slack.get("channel") if isinstance(slack, Mapping) else None)
-    return SweepConfig(interval, budget, int(orphan), idle, reminder,
-                       v.channel("alerts.channel", channel))  # fmt: skip
+    return SweepConfig(
+        interval, budget, int(orphan), idle, reminder, v.channel("alerts.channel", channel)
+    )
 
 
 def _idle_rule(v: Validator, sweep: Mapping[str, Any]) -> IdleRule:
-    min_mib = v.positive("sweep.idle_min_mib", sweep.get("idle_min_mib", IdleRule.min_mib),
-                         integer=True)  # fmt: skip
+    min_mib = v.positive(
+        "sweep.idle_min_mib", sweep.get("idle_min_mib", IdleRule.min_mib), integer=True
+    )
     hours = v.positive("sweep.idle_hours", sweep.get("idle_hours", IdleRule.hours), zero=True)
     keep_raw = sweep.get("keep_samples", None)
     keep = DEFAULT_KEEP_S

@@ -108,28 +108,46 @@ def database(v: Validator, raw: Mapping[str, Any]) -> str:
 def ssh(v: Validator, raw: Mapping[str, Any]) -> SshSettings:
     """Validate ``[ssh]``."""
     t = v.table("ssh", raw.get("ssh", {}))
-    v.keys("ssh", t, {"known_hosts", "connect_timeout_s", "command_timeout_s", "max_parallel",
-                      "keepalive_s"})  # fmt: skip
+    v.keys(
+        "ssh",
+        t,
+        {"known_hosts", "connect_timeout_s", "command_timeout_s", "max_parallel", "keepalive_s"},
+    )
     d = SshSettings()
     return SshSettings(
         known_hosts=v.string("ssh.known_hosts", t.get("known_hosts", d.known_hosts)),
-        connect_timeout_s=v.positive("ssh.connect_timeout_s",
-                                     t.get("connect_timeout_s", d.connect_timeout_s)),
-        command_timeout_s=v.positive("ssh.command_timeout_s",
-                                     t.get("command_timeout_s", d.command_timeout_s)),
-        max_parallel=int(v.positive("ssh.max_parallel", t.get("max_parallel", d.max_parallel),
-                                    integer=True)),
+        connect_timeout_s=v.positive(
+            "ssh.connect_timeout_s", t.get("connect_timeout_s", d.connect_timeout_s)
+        ),
+        command_timeout_s=v.positive(
+            "ssh.command_timeout_s", t.get("command_timeout_s", d.command_timeout_s)
+        ),
+        max_parallel=int(
+            v.positive("ssh.max_parallel", t.get("max_parallel", d.max_parallel), integer=True)
+        ),
         keepalive_s=v.positive("ssh.keepalive_s", t.get("keepalive_s", d.keepalive_s)),
-    )  # fmt: skip
+    )
 
 
 def reset(v: Validator, raw: Mapping[str, Any]) -> ResetSettings:
     """Validate ``[reset]`` (protected daemons by absolute path only)."""
     rr = v.table("reset", raw.get("reset", {}))
     r = ResetSettings()
-    v.keys("reset", rr, {"grace_s", "verify_timeout_s", "free_threshold_mib", "poll_interval_s",
-                         "protected", "system_users", "toggle_persistence",
-                         "stop_workloads", "respawn_watch_s"})  # fmt: skip
+    v.keys(
+        "reset",
+        rr,
+        {
+            "grace_s",
+            "verify_timeout_s",
+            "free_threshold_mib",
+            "poll_interval_s",
+            "protected",
+            "system_users",
+            "toggle_persistence",
+            "stop_workloads",
+            "respawn_watch_s",
+        },
+    )
     toggle = v.boolean("reset.toggle_persistence", rr.get("toggle_persistence", False))
     protected = v.strings("reset.protected", rr.get("protected", list(r.protected)))
     for p in protected:
@@ -138,24 +156,31 @@ def reset(v: Validator, raw: Mapping[str, Any]) -> ResetSettings:
                 f"{v.where}: reset.protected: {p!r} is not an absolute path: list daemon "
                 "executables by path (e.g. /usr/bin/nvidia-persistenced), never by name"
             )
-    system_users = v.strings("reset.system_users",
-                             rr.get("system_users", list(r.system_users)))  # fmt: skip
+    system_users = v.strings("reset.system_users", rr.get("system_users", list(r.system_users)))
     return ResetSettings(
         grace_s=v.positive("reset.grace_s", rr.get("grace_s", r.grace_s), zero=True),
-        verify_timeout_s=v.positive("reset.verify_timeout_s",
-                                    rr.get("verify_timeout_s", r.verify_timeout_s)),
-        free_threshold_mib=int(v.positive("reset.free_threshold_mib",
-                                          rr.get("free_threshold_mib", r.free_threshold_mib),
-                                          integer=True, zero=True)),
-        poll_interval_s=v.positive("reset.poll_interval_s",
-                                   rr.get("poll_interval_s", r.poll_interval_s)),
+        verify_timeout_s=v.positive(
+            "reset.verify_timeout_s", rr.get("verify_timeout_s", r.verify_timeout_s)
+        ),
+        free_threshold_mib=int(
+            v.positive(
+                "reset.free_threshold_mib",
+                rr.get("free_threshold_mib", r.free_threshold_mib),
+                integer=True,
+                zero=True,
+            )
+        ),
+        poll_interval_s=v.positive(
+            "reset.poll_interval_s", rr.get("poll_interval_s", r.poll_interval_s)
+        ),
         protected=protected,
         system_users=system_users,
         toggle_persistence=toggle,
         stop_workloads=v.boolean("reset.stop_workloads", rr.get("stop_workloads", False)),
-        respawn_watch_s=v.positive("reset.respawn_watch_s",
-                                   rr.get("respawn_watch_s", r.respawn_watch_s), zero=True),
-    )  # fmt: skip
+        respawn_watch_s=v.positive(
+            "reset.respawn_watch_s", rr.get("respawn_watch_s", r.respawn_watch_s), zero=True
+        ),
+    )
 
 
 def nodes(v: Validator, raw: Mapping[str, Any]) -> tuple[NodeConfig, ...]:
@@ -207,8 +232,9 @@ def attribution(v: Validator, raw: Mapping[str, Any]) -> AttributionSettings:
             f'"owner" or "com.example.owner", got {label!r}'
         )
     d = AttributionSettings()
-    timeout = v.positive("attribution.lookup_timeout_s",
-                         t.get("lookup_timeout_s", d.lookup_timeout_s))  # fmt: skip
+    timeout = v.positive(
+        "attribution.lookup_timeout_s", t.get("lookup_timeout_s", d.lookup_timeout_s)
+    )
     return AttributionSettings(label, timeout)
 
 
@@ -280,8 +306,23 @@ def _node(
     v: Validator, key: str, n: Any, seen: set[str], group_runtimes: Mapping[str, tuple[str, ...]]
 ) -> NodeConfig:
     t = v.table(key, n)
-    v.keys(key, t, {"name", "host", "port", "user", "key", "dev_prefix", "sudo", "groups",
-                    "nvidia_smi", "driver_dir", "runtimes"})  # fmt: skip
+    v.keys(
+        key,
+        t,
+        {
+            "name",
+            "host",
+            "port",
+            "user",
+            "key",
+            "dev_prefix",
+            "sudo",
+            "groups",
+            "nvidia_smi",
+            "driver_dir",
+            "runtimes",
+        },
+    )
     if "name" not in t or "host" not in t:
         raise ConfigError(f"{v.where}: {key}: 'name' and 'host' are required")
     name = v.string(f"{key}.name", t["name"])

@@ -108,8 +108,14 @@ DECIDE_USAGE = {
 }
 _VERBS = (*USAGE, *DECIDE_USAGE)
 _ALIASES = {"gpureset": "gpu-reset", "gpu_reset": "gpu-reset", "st": "status", "?": "help"}
-_RESET_OPTS = {"gpu": "gpu", "gpus": "gpu", "pid": "pid", "pids": "pid", "user": "user",
-               "grace": "grace"}  # fmt: skip
+_RESET_OPTS = {
+    "gpu": "gpu",
+    "gpus": "gpu",
+    "pid": "pid",
+    "pids": "pid",
+    "user": "user",
+    "grace": "grace",
+}
 
 
 def help_text(topic: str | None = None, *, decisions: bool = False) -> str:

@@ -375,8 +375,12 @@ def apply_enrichment(
     if found is not None and _contradicts(w, found):
         found = None
     if found is None:
-        if w.kind in (WorkloadKind.DOCKER, WorkloadKind.PODMAN, WorkloadKind.KUBERNETES,
-                      WorkloadKind.SLURM):  # fmt: skip
+        if w.kind in (
+            WorkloadKind.DOCKER,
+            WorkloadKind.PODMAN,
+            WorkloadKind.KUBERNETES,
+            WorkloadKind.SLURM,
+        ):
             w = w.with_detail(name_unknown="yes")
     elif w.kind is WorkloadKind.SLURM:
         uid = str(found.uid) if found.uid is not None else None

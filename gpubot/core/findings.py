@@ -180,11 +180,19 @@ def find(
             procs = snap.on_gpu(g.index)
             rule = protection or Protection()
             idle_s = (idle or {}).get((snap.node, g.index))
-            out.extend(_gpu_findings(snap.node, g, procs, config, rule, idle_s,
-                                     hidepid=bool(snap.hidepid)))  # fmt: skip
+            out.extend(
+                _gpu_findings(snap.node, g, procs, config, rule, idle_s, hidepid=bool(snap.hidepid))
+            )
         for bus in snap.lost:  # its index was not said: the node's finding, keyed by bus id
-            out.append(Finding(snap.node, None, FindingKind.GPU_LOST, bus,
-                               f"a GPU ({bus}) is lost: it needs a reset or a reboot"))  # fmt: skip
+            out.append(
+                Finding(
+                    snap.node,
+                    None,
+                    FindingKind.GPU_LOST,
+                    bus,
+                    f"a GPU ({bus}) is lost: it needs a reset or a reboot",
+                )
+            )
     for node, f in failures.items():
         out.append(Finding(node, None, f.kind, "", f.reason))
     return tuple(out)
@@ -203,8 +211,15 @@ def _gpu_findings(
     out: list[Finding] = []
     if "lost" in g.flags:  # fell off the bus: nothing else about it can be known
         why = f" ({g.bus_id})" if g.bus_id else ""
-        return [Finding(node, g.index, FindingKind.GPU_LOST, "",
-                        f"GPU {g.index}{why} is lost: it needs a reset or a reboot")]  # fmt: skip
+        return [
+            Finding(
+                node,
+                g.index,
+                FindingKind.GPU_LOST,
+                "",
+                f"GPU {g.index}{why} is lost: it needs a reset or a reboot",
+            )
+        ]
     holders = [p for p in procs if not is_protected(p, protection)]
     used = g.memory_used_mib
     if not holders and used is not None and used > config.orphan_threshold_mib:

@@ -148,8 +148,9 @@ def idle_gpus(
         by_gpu.setdefault(s.key, []).append(s)
     out: dict[tuple[str, int], float] = {}
     for now in current:
-        since = held_idle_since(by_gpu.get(now.key, []), now, min_mib=rule.min_mib,
-                                max_gap_s=max_gap_s)  # fmt: skip
+        since = held_idle_since(
+            by_gpu.get(now.key, []), now, min_mib=rule.min_mib, max_gap_s=max_gap_s
+        )
         if since is not None and now.taken_at - since >= rule.window_s - TIME_SLACK_S:
             out[(now.node, now.gpu)] = round(now.taken_at - since, 3)
     return out

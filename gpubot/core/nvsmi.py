@@ -26,9 +26,15 @@ from gpubot.core.models import ComputeApp, GpuInfo
 from gpubot.errors import ParseError, ProbeError, SmiFailed, SmiMissing
 
 GPU_FIELDS = (
-    "index", "uuid", "pci.bus_id", "mig.mode.current", "name", "memory.used", "memory.total",
+    "index",
+    "uuid",
+    "pci.bus_id",
+    "mig.mode.current",
+    "name",
+    "memory.used",
+    "memory.total",
     "utilization.gpu",
-)  # fmt: skip
+)
 APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
 
 # What nvidia-smi prints in place of a value it cannot give (NVML error strings in brackets).
@@ -159,8 +165,12 @@ def parse_gpu_answer(
             rows.append(GpuInfo(index, "", "?", None, None, None, bus, None, ("lost",)))
             known.add(index)
     warned = {normal_bus_id(b) for b, _ in notes.warnings}
-    rows = [replace(g, flags=(*g.flags, "warning"))
-            if g.bus_id and normal_bus_id(g.bus_id) in warned else g for g in rows]  # fmt: skip
+    rows = [
+        replace(g, flags=(*g.flags, "warning"))
+        if g.bus_id and normal_bus_id(g.bus_id) in warned
+        else g
+        for g in rows
+    ]
     return tuple(sorted(rows, key=lambda g: g.index)), notes
 
 
@@ -193,8 +203,9 @@ def parse_gpus(text: str) -> tuple[GpuInfo, ...]:
             raise ParseError("nvidia-smi GPU line (bus id)", line)
         if mig not in ("Enabled", "Disabled") and mig not in UNAVAILABLE:
             raise ParseError("nvidia-smi GPU line (MIG mode)", line)
-        flags = tuple(dict.fromkeys(
-            f for v in (used, total, util, bus) if (f := _PLACEHOLDER_FLAGS.get(v))))  # fmt: skip
+        flags = tuple(
+            dict.fromkeys(f for v in (used, total, util, bus) if (f := _PLACEHOLDER_FLAGS.get(v)))
+        )
         if mig == "Enabled":  # in instances: a reset lists them all, gpu-reset wants all idle
             flags = (*flags, "mig")
         rows.append(

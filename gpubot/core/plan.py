@@ -93,8 +93,11 @@ class ResetPlan:
     @property
     def workloads(self) -> tuple[str, ...]:
         """What the targets' workloads are, in words, each once, in target order."""
-        said = [t.workload.describe() for t in self.targets
-                if t.workload is not None and _named(t.workload)]  # fmt: skip
+        said = [
+            t.workload.describe()
+            for t in self.targets
+            if t.workload is not None and _named(t.workload)
+        ]
         return tuple(dict.fromkeys(said))
 
     @property
@@ -123,16 +126,22 @@ class ResetPlan:
             node=d["node"],
             gpus=tuple(d["gpus"]),
             targets=tuple(
-                Target(**{**t, "gpus": tuple(t["gpus"]), "reasons": tuple(t["reasons"]),
-                          "also_on": tuple(t["also_on"]),
-                          "workload": Workload.from_dict(t.get("workload"))})
+                Target(
+                    **{
+                        **t,
+                        "gpus": tuple(t["gpus"]),
+                        "reasons": tuple(t["reasons"]),
+                        "also_on": tuple(t["also_on"]),
+                        "workload": Workload.from_dict(t.get("workload")),
+                    }
+                )
                 for t in d["targets"]
             ),
             skipped=tuple(Skipped(**s) for s in d["skipped"]),
             requester=d["requester"],
             memory_before_mib={int(k): v for k, v in d["memory_before_mib"].items()},
             expected_after_mib={int(k): v for k, v in d["expected_after_mib"].items()},
-        )  # fmt: skip
+        )
 
 
 def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protection) -> ResetPlan:
@@ -170,8 +179,9 @@ def _check_named(snapshot: NodeSnapshot, request: ResetRequest, protection: Prot
     for pid in request.pids:
         if not any(p.pid == pid for p in snapshot.processes):
             raise UsageError(f"pid {pid} holds no GPU on {snapshot.node}")
-        daemon = next((p for p in snapshot.processes
-                       if p.pid == pid and is_protected(p, protection)), None)  # fmt: skip
+        daemon = next(
+            (p for p in snapshot.processes if p.pid == pid and is_protected(p, protection)), None
+        )
         if daemon is not None:
             raise ResetRefused(
                 f"pid {pid} on {snapshot.node} is a protected system daemon "
@@ -198,8 +208,11 @@ def _targeted_gpus(snapshot: NodeSnapshot, request: ResetRequest) -> tuple[int, 
                     "reset by pid instead"
                 )
     if request.pids:
-        outside = [pid for pid in request.pids if not any(
-            p.pid == pid and p.gpu_index in gpus for p in snapshot.processes)]  # fmt: skip
+        outside = [
+            pid
+            for pid in request.pids
+            if not any(p.pid == pid and p.gpu_index in gpus for p in snapshot.processes)
+        ]
         if outside:
             raise UsageError(f"pid {outside[0]} is not on GPU {', '.join(map(str, gpus))}")
     return gpus
@@ -218,9 +231,17 @@ def _choose(
         reason = "protected system daemon" if protected else _skip_reason(proc, request)
         if reason:
             skipped.append(
-                Skipped(proc.pid, proc.gpu_index, proc.user, _command(proc), reason,
-                        proc.start_ticks, protected, proc.used_memory_mib)
-            )  # fmt: skip
+                Skipped(
+                    proc.pid,
+                    proc.gpu_index,
+                    proc.user,
+                    _command(proc),
+                    reason,
+                    proc.start_ticks,
+                    protected,
+                    proc.used_memory_mib,
+                )
+            )
         else:
             chosen.setdefault(proc.pid, []).append(proc)
     return chosen, skipped

@@ -114,8 +114,7 @@ def parse_probe(
     Raises ``SmiMissing``/``SmiFailed`` when nvidia-smi failed, ``ProbeError`` when the probe could
     not run, ``ParseError`` on output that cannot be parsed.
     """
-    s = Sections.parse(result.stdout, PROBE_GRAMMAR, "probe output", result=result,
-                       node=node.name)  # fmt: skip
+    s = Sections.parse(result.stdout, PROBE_GRAMMAR, "probe output", result=result, node=node.name)
     timeout_s, asked_all = _preamble(s, node)
     gpus, apps, notes, lost = _tables(s, node, nvml, timeout_s)
     minors = s.minors()
@@ -133,13 +132,25 @@ def parse_probe(
     first = {h.pid: h for h in reversed(holders) if h.path in files.ctl_paths}
     ctl_only = tuple(first[pid] for pid in sorted(ctl_pids - listed))  # fuser's rows, unread
     rule = protection or Protection()
-    processes = tuple(sorted((replace(p, system=is_protected(p, rule)) for p in visible.values()),
-                             key=lambda p: (p.gpu_index, p.pid)))  # fmt: skip
+    processes = tuple(
+        sorted(
+            (replace(p, system=is_protected(p, rule)) for p in visible.values()),
+            key=lambda p: (p.gpu_index, p.pid),
+        )
+    )
     hidepid, uid = s.view()
     notes += _partial_view(node, unseen, hidepid, uid)
-    return NodeSnapshot(node=node.name, taken_at=taken_at, gpus=tuple(gpus),
-                        processes=processes, ctl_only=ctl_only, notes=notes,
-                        lost=lost, unseen=unseen, hidepid=hidepid)  # fmt: skip
+    return NodeSnapshot(
+        node=node.name,
+        taken_at=taken_at,
+        gpus=tuple(gpus),
+        processes=processes,
+        ctl_only=ctl_only,
+        notes=notes,
+        lost=lost,
+        unseen=unseen,
+        hidepid=hidepid,
+    )
 
 
 def _preamble(s: Sections, node: NodeConfig) -> tuple[float | None, bool]:
@@ -245,8 +256,9 @@ def _on_gpus(
     listed_by_smi = {a.pid for a in apps}
     for key, h in on_gpu.items():
         if key not in visible and h.pid not in listed_by_smi:
-            visible[key] = _gpu_process(h.pid, key[1], None, False, True, procs.get(h.pid),
-                                        fallback_user=h.user)  # fmt: skip
+            visible[key] = _gpu_process(
+                h.pid, key[1], None, False, True, procs.get(h.pid), fallback_user=h.user
+            )
     return visible
 
 
@@ -276,8 +288,10 @@ def _partial_view(
 def _stuck(node: str, body: str) -> SmiFailed:
     """Say that nvidia-smi hangs in the kernel (the probe started no other); raise ParseError."""
     rows = [line.split(" ") for line in body.split("\n") if line]
-    if not rows or any(len(r) != 3 or not NUM.fullmatch(r[0]) or not NUM.fullmatch(r[2])
-                       or len(r[1]) != 1 for r in rows):  # fmt: skip
+    if not rows or any(
+        len(r) != 3 or not NUM.fullmatch(r[0]) or not NUM.fullmatch(r[2]) or len(r[1]) != 1
+        for r in rows
+    ):
         raise ParseError("probe output (stuck section)", body[:200])
     pid, state, age = rows[0]
     more = f" (and {len(rows) - 1} more)" if len(rows) > 1 else ""

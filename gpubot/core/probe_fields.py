@@ -51,8 +51,11 @@ def parse_fuser(text: str) -> tuple[DeviceHolder, ...]:
         if len(parts) not in (3, 4) or not parts[1].isdigit() or not _ACCESS.fullmatch(parts[2]):
             raise ParseError("fuser line", raw)
         command = parts[3] if len(parts) == 4 else ""
-        holders.append(DeviceHolder(path=path, pid=int(parts[1]), user=parts[0], access=parts[2],
-                                    command=command))  # fmt: skip
+        holders.append(
+            DeviceHolder(
+                path=path, pid=int(parts[1]), user=parts[0], access=parts[2], command=command
+            )
+        )
     return tuple(holders)
 
 

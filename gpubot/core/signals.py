@@ -83,8 +83,11 @@ def signal_argv(signal: str, targets: Sequence[Identity], *, sudo: bool) -> list
     """Build the argv that signals (or checks) ``(pid, start_ticks, uid)``, identity first."""
     if signal not in SIGNALS:
         raise ValueError(f"unknown signal {signal!r}")
-    pairs = [f"{int(pid)}:{int(ticks)}:{int(uid)}" for pid, ticks, uid in targets
-             if pid > 0 and ticks >= 0 and uid >= 0]  # fmt: skip
+    pairs = [
+        f"{int(pid)}:{int(ticks)}:{int(uid)}"
+        for pid, ticks, uid in targets
+        if pid > 0 and ticks >= 0 and uid >= 0
+    ]
     return ["sh", "-c", SIGNAL_SCRIPT, "gpubot-signal", signal, "1" if sudo else "0", *pairs]
 
 

@@ -133,8 +133,13 @@ class Workload:
         detail = d.get("detail") or {}
         if isinstance(detail, list):  # a plan's asdict() keeps the pairs as lists
             detail = dict(detail)
-        return cls(WorkloadKind(d["kind"]), str(d["id"]), d.get("name"), d.get("owner"),
-                   tuple(sorted((str(k), str(v)) for k, v in detail.items())))  # fmt: skip
+        return cls(
+            WorkloadKind(d["kind"]),
+            str(d["id"]),
+            d.get("name"),
+            d.get("owner"),
+            tuple(sorted((str(k), str(v)) for k, v in detail.items())),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the ``status --json`` form."""

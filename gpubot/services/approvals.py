@@ -225,9 +225,14 @@ class ApprovalService:
         """Check permissions, then plan the reset as ``who`` (nothing is signalled)."""
         await self.check_may_reset(who, cmd.node)
         request = ResetRequest(
-            cmd.node, who.linux_user, gpus=cmd.gpus, pids=cmd.pids, user=cmd.user,
-            grace_s=cmd.grace_s, min_uid=self.policy.min_uid,
-        )  # fmt: skip
+            cmd.node,
+            who.linux_user,
+            gpus=cmd.gpus,
+            pids=cmd.pids,
+            user=cmd.user,
+            grace_s=cmd.grace_s,
+            min_uid=self.policy.min_uid,
+        )
         return await self.reset.plan(request)
 
     async def open(
@@ -245,12 +250,21 @@ class ApprovalService:
                 "this kills other people's processes and no approvers are configured "
                 "([approvals] approvers / usergroup)"
             )
-        stored = {**plan.to_dict(), "grace_s": grace_s, "command": command,
-                  "requester_user": who.linux_user}  # fmt: skip
+        stored = {
+            **plan.to_dict(),
+            "grace_s": grace_s,
+            "command": command,
+            "requester_user": who.linux_user,
+        }
         return await self.approvals.create(
-            who.id, who.name, plan.node, stored, self.policy.expiry_s, source=source,
+            who.id,
+            who.name,
+            plan.node,
+            stored,
+            self.policy.expiry_s,
+            source=source,
             now=self._now(),
-        )  # fmt: skip
+        )
 
     async def run(
         self,
@@ -267,9 +281,14 @@ class ApprovalService:
         if plan.forced:
             raise ResetRefused("this plan kills other people's processes: it needs approval")
         return await self.reset.execute(
-            plan, actor=who.id, source=source, command=command, on_event=on_event,
-            grace_s=grace_s, before=before,
-        )  # fmt: skip
+            plan,
+            actor=who.id,
+            source=source,
+            command=command,
+            on_event=on_event,
+            grace_s=grace_s,
+            before=before,
+        )
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -318,17 +337,27 @@ class ApprovalService:
         command = str(approval.plan.get("command") or f"approval {approval.id}")
         try:
             result = await self.reset.execute(
-                plan, actor=approval.decided_by or "?", source=source, command=command,
-                on_event=on_event, approval_id=approval.id, approval=approval_record(approval),
+                plan,
+                actor=approval.decided_by or "?",
+                source=source,
+                command=command,
+                on_event=on_event,
+                approval_id=approval.id,
+                approval=approval_record(approval),
                 grace_s=float(grace) if isinstance(grace, int | float) else None,
-            )  # fmt: skip
+            )
         except BaseException as exc:  # never leave it "approved" with nothing running
             await self._finish(approval.id, ok=False, result={"error": str(exc) or repr(exc)})
             raise
-        await self._finish(approval.id, ok=True, result={
-            "action_id": result.action_id, "ok": result.ok,
-            "gpus": [g.to_dict() for g in result.gpus],
-        })  # fmt: skip
+        await self._finish(
+            approval.id,
+            ok=True,
+            result={
+                "action_id": result.action_id,
+                "ok": result.ok,
+                "gpus": [g.to_dict() for g in result.gpus],
+            },
+        )
         return result
 
     async def _finish(self, approval_id: int, *, ok: bool, result: Mapping[str, Any]) -> None:
@@ -353,8 +382,10 @@ class ApprovalService:
         now = self._now()
         marked: list[Approval] = []
         for a in await self.approvals.approved(now):
-            why = {"error": "gpubot stopped before this approved action recorded its end: "
-                            "check the node and the audit log"}  # fmt: skip
+            why = {
+                "error": "gpubot stopped before this approved action recorded its end: "
+                "check the node and the audit log"
+            }
             try:
                 async with self.reset.locks.hold(reset_lock(a.node), holder="gpubot start-up"):
                     marked.append(await self.approvals.mark_incomplete(a.id, why, now=now))
@@ -367,17 +398,28 @@ class ApprovalService:
     # -- the record of refusals --------------------------------------------------------------
 
     async def record_refusal(
-        self, who: Identity, *, action: str, command: str, node: str | None, reason: str,
+        self,
+        who: Identity,
+        *,
+        action: str,
+        command: str,
+        node: str | None,
+        reason: str,
         source: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Audit who tried what and why it was refused (``audit list`` shows it as refused)."""
         store = self.reset.store
         who_data = {"id": who.id, "name": who.name, "linux_user": who.linux_user}
         try:
             action_id = await store.begin_action(
-                kind=action, actor=who.id, source=source, command=command, node=node, gpus=(),
+                kind=action,
+                actor=who.id,
+                source=source,
+                command=command,
+                node=node,
+                gpus=(),
                 plan={"refused": reason, "who": who_data},
-            )  # fmt: skip
+            )
             await store.finish_action(
                 action_id, status=ActionStatus.REFUSED, result={"reason": reason}
             )

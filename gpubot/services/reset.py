@@ -209,9 +209,10 @@ class ResetService:
     ) -> ResetResult:
         """Run ``nvidia-smi --gpu-reset`` on an idle GPU and verify it like a reset."""
         return await self._observed(
-            self._gpu_reset(node_name, gpu, actor=actor, source=source, command=command,
-                            on_event=on_event)
-        )  # fmt: skip
+            self._gpu_reset(
+                node_name, gpu, actor=actor, source=source, command=command, on_event=on_event
+            )
+        )
 
     async def _gpu_reset(
         self,
@@ -249,9 +250,16 @@ class ResetService:
             return await run.gpu_reset(plan, gpu, toggle=bool(daemons)), before
 
         return await self._audited(
-            "gpu-reset", node, plan, plan.to_dict(), body, actor=actor, source=source,
-            command=command, on_event=on_event,
-        )  # fmt: skip
+            "gpu-reset",
+            node,
+            plan,
+            plan.to_dict(),
+            body,
+            actor=actor,
+            source=source,
+            command=command,
+            on_event=on_event,
+        )
 
     async def _audited(
         self,
@@ -272,9 +280,15 @@ class ResetService:
             if lease.took_over is not None:  # the audit log has the takeover's own record too
                 intent = {**intent, "lease": {"took_over": lease.took_over}}
             action_id = await self.store.begin_action(
-                kind=kind, actor=actor, source=source, command=command,
-                node=node.name, gpus=plan.gpus, plan=intent, fence=lease.fence,
-            )  # fmt: skip
+                kind=kind,
+                actor=actor,
+                source=source,
+                command=command,
+                node=node.name,
+                gpus=plan.gpus,
+                plan=intent,
+                fence=lease.fence,
+            )
             run = ResetRun(self, node, action_id, on_event, lease)
             gpus: tuple[GpuResult, ...] | None = None
             try:

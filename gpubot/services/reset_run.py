@@ -117,15 +117,22 @@ class ResetRun:
     async def terminate(self, plan: ResetPlan, grace_s: float) -> tuple[GpuResult, ...]:
         """SIGTERM the targets, SIGKILL those alive after ``grace_s``, then verify."""
         await self.emit(
-            ResetStep.PLANNED, gpus=list(plan.gpus), targets=[t.pid for t in plan.targets],
+            ResetStep.PLANNED,
+            gpus=list(plan.gpus),
+            targets=[t.pid for t in plan.targets],
             forced=plan.forced,
-        )  # fmt: skip
+        )
         pairs: Pairs = {}
         for t in plan.targets:
             if t.start_ticks is None or t.uid is None:  # a plan from before owners were known
                 self.refused[t.pid] = "the plan does not know its start time and owner"
-                await self.emit(ResetStep.SIGNAL, pid=t.pid, signal="SIGTERM",
-                                result=PidStatus.NOT_SENT, why=self.refused[t.pid])  # fmt: skip
+                await self.emit(
+                    ResetStep.SIGNAL,
+                    pid=t.pid,
+                    signal="SIGTERM",
+                    result=PidStatus.NOT_SENT,
+                    why=self.refused[t.pid],
+                )
             else:
                 pairs[t.pid] = (t.start_ticks, t.uid)
         clock = self.svc.clock
@@ -138,8 +145,9 @@ class ResetRun:
             kill_wait = min(5.0, self.cfg.verify_timeout_s)
             alive = await self.wait_gone(alive, pairs, deaths, clock.monotonic() + kill_wait)
             last = await self.signal("check", _ids(pairs, alive))
-        survivors = {p: Survivor(p, r.state, r.wchan)
-                     for p, r in last.items() if r.status == PidStatus.ALIVE}  # fmt: skip
+        survivors = {
+            p: Survivor(p, r.state, r.wchan) for p, r in last.items() if r.status == PidStatus.ALIVE
+        }
         return await verify(self, plan, pairs, deaths, survivors)
 
     async def send(self, sig: str, pairs: Pairs, deaths: dict[int, float]) -> set[int]:
@@ -154,8 +162,9 @@ class ResetRun:
                 await self.emit(ResetStep.SIGNAL, pid=pid, signal=f"SIG{sig}", result=rep.status)
             else:
                 self.refused[pid] = why
-                await self.emit(ResetStep.SIGNAL, pid=pid, signal=f"SIG{sig}", result=rep.status,
-                                why=why)  # fmt: skip
+                await self.emit(
+                    ResetStep.SIGNAL, pid=pid, signal=f"SIG{sig}", result=rep.status, why=why
+                )
             if rep.status == PidStatus.SENT:
                 reached.add(pid)
             elif rep.status == PidStatus.GONE:
@@ -203,14 +212,16 @@ class ResetRun:
         if not toggle:
             return await self._gpu_reset(plan, gpu)
         status, text = await self.smi("-pm", "0", "-i", str(gpu))
-        await self.emit(ResetStep.PERSISTENCE, gpu=gpu, mode=0, exit_status=status,
-                        output=text[-300:])  # fmt: skip
+        await self.emit(
+            ResetStep.PERSISTENCE, gpu=gpu, mode=0, exit_status=status, output=text[-300:]
+        )
         try:
             return await self._gpu_reset(plan, gpu)
         finally:
             status, text = await self.smi("-pm", "1", "-i", str(gpu))
-            await self.emit(ResetStep.PERSISTENCE, gpu=gpu, mode=1, exit_status=status,
-                            output=text[-300:])  # fmt: skip
+            await self.emit(
+                ResetStep.PERSISTENCE, gpu=gpu, mode=1, exit_status=status, output=text[-300:]
+            )
 
     async def _gpu_reset(self, plan: ResetPlan, gpu: int) -> tuple[GpuResult, ...]:
         status, text = await self.smi("--gpu-reset", "-i", str(gpu))

@@ -150,9 +150,14 @@ class StatusService:
         # The probe runs two nvidia-smi queries one after the other: each gets half the time.
         smi_timeout = max(1.0, (timeout - 2.0) / 2)
         snap = await probe_node(
-            self.transport, node, smi_timeout_s=smi_timeout, taken_at=self.clock.now(),
-            gpu_indices=gpu_indices, timeout=timeout, protection=self.settings.reset.protection,
-        )  # fmt: skip
+            self.transport,
+            node,
+            smi_timeout_s=smi_timeout,
+            taken_at=self.clock.now(),
+            gpu_indices=gpu_indices,
+            timeout=timeout,
+            protection=self.settings.reset.protection,
+        )
         label = self.settings.attribution.container_owner_label
         named = await self.names(node, snap) if names and node.runtimes else {}
         return attribute(snap, label, named)
@@ -181,8 +186,9 @@ class StatusService:
                 return {}
             return dict(parse_enrichment(runtime, res.stdout, ids))
 
-        found = dict(zip(asked, await asyncio.gather(*(one(r, i) for r, i in asked.items())),
-                         strict=True))  # fmt: skip
+        found = dict(
+            zip(asked, await asyncio.gather(*(one(r, i) for r, i in asked.items())), strict=True)
+        )
         uid_names = {p.uid: p.user for p in snap.processes if p.uid is not None and p.user}
         out: dict[tuple[str, str, str], Workload] = {}
         for key, w in workloads.items():
@@ -239,17 +245,25 @@ class StatusService:
         return FleetStatus(snaps, failed, seconds, timed_out)
 
     async def _record(
-        self, actor: str, source: str, nodes: Sequence[NodeConfig], failed: Mapping[str, str],
+        self,
+        actor: str,
+        source: str,
+        nodes: Sequence[NodeConfig],
+        failed: Mapping[str, str],
         seconds: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Record one status query in the audit log (a failure to record is logged, not raised)."""
         if self.store is None:
             return
         try:
             await self.store.record_query(
-                kind="status", actor=actor, source=source,
-                nodes=[n.name for n in nodes], failed=failed, seconds=seconds,
-            )  # fmt: skip
+                kind="status",
+                actor=actor,
+                source=source,
+                nodes=[n.name for n in nodes],
+                failed=failed,
+                seconds=seconds,
+            )
         except StoreError as exc:  # a read-only query still answers; the gap is logged
             log.warning("status query not recorded in the audit log: %s", exc)
 
@@ -277,10 +291,13 @@ async def probe_node(
             apps = tuple(a for a in apps if a.gpu_uuid in uuids)
         nvml = (gpus, apps)
         argv = probe_argv(
-            node, smi_timeout_s=smi_timeout_s, skip_smi=True,
-            gpu_indices=[g.index for g in gpus], pids=[a.pid for a in apps],
+            node,
+            smi_timeout_s=smi_timeout_s,
+            skip_smi=True,
+            gpu_indices=[g.index for g in gpus],
+            pids=[a.pid for a in apps],
             minors=[g.minor for g in gpus if g.minor is not None],
-        )  # fmt: skip
+        )
     else:
         argv = probe_argv(node, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices)
     result = await transport.run(node, argv, timeout=timeout)

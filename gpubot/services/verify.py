@@ -41,8 +41,7 @@ class _Progress:
 
     def __post_init__(self) -> None:
         self.known = self.plan.identities()
-        self.restartable = {g for t in self.plan.targets if may_restart(t.workload)
-                            for g in t.gpus}  # fmt: skip
+        self.restartable = {g for t in self.plan.targets if may_restart(t.workload) for g in t.gpus}
 
     def pending(self) -> list[int]:
         """Return the targeted GPUs not decided yet."""
@@ -136,13 +135,16 @@ async def observe(
     )
     kept = tuple(
         Kept(p.pid, p.user, p.command or p.process_name, p.used_memory_mib)
-        for p in procs if _protected(plan, p) and (p.used_memory_mib or 0) > 0
+        for p in procs
+        if _protected(plan, p) and (p.used_memory_mib or 0) > 0
     ) + tuple(
         Kept(p.pid, p.user, p.process_name, p.used_memory_mib, protected=False)
         for p in snap.on_gpu(g)  # left alone as not in /proc, yet nvidia-smi gives it memory
-        if not p.exists and p.visible_to_nvidia_smi and (p.used_memory_mib or 0) > 0
+        if not p.exists
+        and p.visible_to_nvidia_smi
+        and (p.used_memory_mib or 0) > 0
         and _left_alone(plan, p)
-    )  # fmt: skip
+    )
     refused = tuple(
         f"pid {p.pid}: {run.refused[p.pid]}" for p in planned_left if p.pid in run.refused
     )
@@ -152,8 +154,16 @@ async def observe(
     blind = None
     if gpu is not None and gpu.minor is None:  # who holds its device file cannot be seen
         holders, blind = max(holders, 1), "its device file's holders cannot be seen"
-    return GpuObservation(g, mem, verified, newcomers=newcomers, holders=holders, kept=kept,
-                          not_signalled=refused, error=blind)  # fmt: skip
+    return GpuObservation(
+        g,
+        mem,
+        verified,
+        newcomers=newcomers,
+        holders=holders,
+        kept=kept,
+        not_signalled=refused,
+        error=blind,
+    )
 
 
 async def newcomer(run: ResetRun, plan: ResetPlan, p: GpuProcess) -> Newcomer:
@@ -169,8 +179,15 @@ async def newcomer(run: ResetRun, plan: ResetPlan, p: GpuProcess) -> Newcomer:
     parent_w = info.workload if info else None
     either = parent_w or p.workload
     unit = either.short if either is not None else None
-    return Newcomer(p.pid, p.user, cmd, p.ppid, parent_cmd, unit,
-                    workload=as_planned(plan, p.workload or parent_w))  # fmt: skip
+    return Newcomer(
+        p.pid,
+        p.user,
+        cmd,
+        p.ppid,
+        parent_cmd,
+        unit,
+        workload=as_planned(plan, p.workload or parent_w),
+    )
 
 
 async def conclude(
@@ -181,9 +198,13 @@ async def conclude(
         obs, plan.expected_after_mib.get(obs.index, 0), run.cfg.free_threshold_mib
     )
     res = GpuResult(
-        obs.index, outcome, detail, plan.memory_before_mib.get(obs.index),
-        obs.memory_after_mib, seconds if outcome is Outcome.FREED else None,
-    )  # fmt: skip
+        obs.index,
+        outcome,
+        detail,
+        plan.memory_before_mib.get(obs.index),
+        obs.memory_after_mib,
+        seconds if outcome is Outcome.FREED else None,
+    )
     if outcome is Outcome.RESPAWNED and obs.newcomers[0].workload is not None:
         run.respawned[obs.index] = obs.newcomers[0].workload
     await run.emit(ResetStep.GPU_OUTCOME, **res.to_dict())
@@ -200,8 +221,10 @@ def _left_alone(plan: ResetPlan, p: GpuProcess) -> bool:
 
 def _protected(plan: ResetPlan, p: GpuProcess) -> bool:
     """Whether ``p`` is a daemon the plan left alone as protected (same pid and start time)."""
-    return any(s.protected and s.pid == p.pid and s.start_ticks == p.start_ticks
-               and s.gpu == p.gpu_index for s in plan.skipped)  # fmt: skip
+    return any(
+        s.protected and s.pid == p.pid and s.start_ticks == p.start_ticks and s.gpu == p.gpu_index
+        for s in plan.skipped
+    )
 
 
 def _on(plan: ResetPlan, pid: int, g: int) -> bool:

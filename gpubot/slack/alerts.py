@@ -89,8 +89,13 @@ class SlackAlerts:
             if channel is None:
                 continue
             self._dms[user] = channel
-            msg = render_idle_dm(items, group.node, now=group.at, alert=where,
-                                 snooze=lambda key: snooze_buttons(key)[-1])  # fmt: skip
+            msg = render_idle_dm(
+                items,
+                group.node,
+                now=group.at,
+                alert=where,
+                snooze=lambda key: snooze_buttons(key)[-1],
+            )
             # At most once: no retry of any kind, and one whose answer is lost is not resent
             # (a courtesy; it rides on its alert, which the outbox posts once).
             posted = await post_once(self.api, channel, msg, token=new_token(), event=DM_EVENT)
@@ -127,8 +132,9 @@ def register(bot: GpuBot, app: App) -> None:
         if m is None:
             return
         user = (body.get("user") or {}).get("id", "")
-        bot.spawn(_snooze(bot, service, body, str(action.get("value")), m[1], str(user)),
-                  f"snooze {m[1]}")  # fmt: skip
+        bot.spawn(
+            _snooze(bot, service, body, str(action.get("value")), m[1], str(user)), f"snooze {m[1]}"
+        )
 
     bot.app.action(SNOOZE_ACTION)(on_snooze)
 

@@ -41,11 +41,19 @@ log = logging.getLogger(__name__)
 # ``internal_error`` is among them: Slack has answered it, not ``invalid_blocks``, for blocks it
 # could not render (table blocks with raw_text cells, soxtoby/SlackNet#246; ``markdown`` blocks,
 # slackapi/python-slack-sdk#1756). A simpler form costs one call; an outage fails it again.
-BLOCK_ERRORS = frozenset({
-    "msg_too_long", "invalid_blocks", "invalid_blocks_format", "invalid_attachments",
-    "too_many_blocks", "block_mismatch", "only_one_table_allowed", "invalid_arguments",
-    "internal_error",
-})  # fmt: skip
+BLOCK_ERRORS = frozenset(
+    {
+        "msg_too_long",
+        "invalid_blocks",
+        "invalid_blocks_format",
+        "invalid_attachments",
+        "too_many_blocks",
+        "block_mismatch",
+        "only_one_table_allowed",
+        "invalid_arguments",
+        "internal_error",
+    }
+)
 # What a Web API call raises: Slack's answer, the client's errors, and (slack_sdk lets them
 # through) a timeout or a connection's aiohttp error; each is caught, logged, answered None.
 CALL_ERRORS = (SlackApiError, SlackClientError, TimeoutError, aiohttp.ClientError)
@@ -125,8 +133,9 @@ def make_client(
     ``shared_session``: every call over one session (``WebSession``), as a bot's client; close
     it with ``SlackApi.close``. Without it, slack_sdk makes a session per call.
     """
-    kwargs: dict[str, Any] = dict(token=token, base_url=base_url, timeout=timeout,
-                                  retry_handlers=retry_handlers())  # fmt: skip
+    kwargs: dict[str, Any] = dict(
+        token=token, base_url=base_url, timeout=timeout, retry_handlers=retry_handlers()
+    )
     if shared_session:
         return PooledWebClient(WebSession(timeout), **kwargs)
     return AsyncWebClient(**kwargs)
@@ -190,20 +199,23 @@ class SlackApi:
         a message without a table skips the middle step, and text is the last try.
         """
         session = self.pool.get() if self.pool is not None else None
-        hook = AsyncWebhookClient(response_url, timeout=10, session=session,
-                                  retry_handlers=retry_handlers())  # fmt: skip
+        hook = AsyncWebhookClient(
+            response_url, timeout=10, session=session, retry_handlers=retry_handlers()
+        )
         kind = "ephemeral" if ephemeral else "in_channel"
         for body in _simpler(msg):
             try:
-                resp = await hook.send_dict({**body, "response_type": kind,
-                                             "replace_original": False})  # fmt: skip
+                resp = await hook.send_dict(
+                    {**body, "response_type": kind, "replace_original": False}
+                )
             except Exception as exc:  # aiohttp errors: the answer is lost, never the action
                 log.error("response_url failed: %r", exc)
                 return
             if resp.status_code == 200:
                 return
-            log.warning("response_url answered %s %s: simpler next", resp.status_code,
-                        str(resp.body)[:100])  # fmt: skip
+            log.warning(
+                "response_url answered %s %s: simpler next", resp.status_code, str(resp.body)[:100]
+            )
 
     async def ephemeral(
         self, channel: str | None, user: str, msg: Message, *, response_url: str | None

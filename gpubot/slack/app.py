@@ -146,8 +146,9 @@ class GpuBot:
         """Return where answers to ``body`` go."""
         channel = body.get("channel_id") or (body.get("channel") or {}).get("id")
         user = body.get("user_id") or (body.get("user") or {}).get("id", "")
-        return SlackSurface(self.api, channel=channel, user=user,
-                            response_url=body.get("response_url"))  # fmt: skip
+        return SlackSurface(
+            self.api, channel=channel, user=user, response_url=body.get("response_url")
+        )
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -187,9 +188,13 @@ class GpuBot:
         self.spawn(self._decide(approval_id, approve, body, handle, user), f"decide {approval_id}")
 
     async def _decide(
-        self, approval_id: int, approve: bool, body: dict[str, Any], handle: Handle | None,
+        self,
+        approval_id: int,
+        approve: bool,
+        body: dict[str, Any],
+        handle: Handle | None,
         user: dict[str, Any],
-    ) -> None:  # fmt: skip
+    ) -> None:
         who = await self.identify(str(user.get("id")), str(user.get("username") or ""))
         await self.flows.decide(approval_id, approve, who, self.surface(body), handle=handle)
 
@@ -205,10 +210,18 @@ class GpuBot:
         except UsageError as exc:
             self.spawn(out.reply(render_text(f"⚠ {mrkdwn(str(exc))}")), "reset button")
             return
-        self.spawn(self._command(cmd, {**body, "user_id": (body.get("user") or {}).get("id"),
-                                       "user_name": (body.get("user") or {}).get("username")},
-                                 f"/gpu reset {node} gpu {gpu} (alert button)"),
-                   "reset button")  # fmt: skip
+        self.spawn(
+            self._command(
+                cmd,
+                {
+                    **body,
+                    "user_id": (body.get("user") or {}).get("id"),
+                    "user_name": (body.get("user") or {}).get("username"),
+                },
+                f"/gpu reset {node} gpu {gpu} (alert button)",
+            ),
+            "reset button",
+        )
 
     async def _on_home(self, event: dict[str, Any]) -> None:
         if event.get("tab", "home") != "home":

@@ -35,8 +35,17 @@ def register(bot: GpuBot, app: App) -> None:
     async def on_free(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
         user = body.get("user") or {}
-        bot.spawn(_free(bot, service, body, str(action.get("value")), str(user.get("id", "")),
-                        str(user.get("username") or "")), "free it")  # fmt: skip
+        bot.spawn(
+            _free(
+                bot,
+                service,
+                body,
+                str(action.get("value")),
+                str(user.get("id", "")),
+                str(user.get("username") or ""),
+            ),
+            "free it",
+        )
 
     bot.app.action(ACTION_FREE)(on_free)
 
@@ -56,11 +65,16 @@ async def _free(
         who = await bot.identify(user, name)
         if who.refused is None:
             snap = await service.status.snapshot(service.status.node(key.node))
-            if not any(p.pid == pid and p.start_ticks == int(ticks) and p.gpu_index == key.gpu
-                       for p in snap.processes):  # fmt: skip
-                await out.reply(render_text(
-                    f"✅ pid {pid} no longer holds {escape(key.node)} GPU {key.gpu} (it ended, "
-                    "or the pid is another process now): nothing to free."))  # fmt: skip
+            if not any(
+                p.pid == pid and p.start_ticks == int(ticks) and p.gpu_index == key.gpu
+                for p in snap.processes
+            ):
+                await out.reply(
+                    render_text(
+                        f"✅ pid {pid} no longer holds {escape(key.node)} GPU {key.gpu} (it ended, "
+                        "or the pid is another process now): nothing to free."
+                    )
+                )
                 return
     except GpubotError as exc:
         await out.reply(error_message(exc))

@@ -106,8 +106,10 @@ async def serve_forever(
     watch = asyncio.create_task(app.metrics.watch_loop()) if app.metrics is not None else None
     if listen.http:
         runner = await start_http(bot, listen.host, listen.port, listen.path)
-        print(f"gpubot: serving Slack at http://{listen.host}:{listen.port}{listen.path}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"gpubot: serving Slack at http://{listen.host}:{listen.port}{listen.path}",
+            file=sys.stderr,
+        )
         await stop.wait()
         await runner.cleanup()
     else:
@@ -145,18 +147,30 @@ async def report_incomplete(store: Store, bot: GpuBot) -> None:
     ended (a bot died while running them); mark those approvals ``incomplete``."""
     left = await store.incomplete_actions()
     if left:
-        await _post_list(bot, "Incomplete actions", [
-            f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
-            f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`" for a in left
-        ], f"{len(left)} action(s) never recorded an outcome (gpubot stopped while running "
-           "them); check those nodes", " (`gpubot audit list`)")  # fmt: skip
+        await _post_list(
+            bot,
+            "Incomplete actions",
+            [
+                f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
+                f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`"
+                for a in left
+            ],
+            f"{len(left)} action(s) never recorded an outcome (gpubot stopped while running "
+            "them); check those nodes",
+            " (`gpubot audit list`)",
+        )
     if bot.services.approvals is not None:
         marked = await bot.services.approvals.abandon_approved()
         if marked:
-            await _post_list(bot, "Incomplete approvals", [_approval_line(a) for a in marked],
-                             f"{len(marked)} approved forced kill(s) never recorded an end "
-                             "(gpubot stopped while running them), now marked incomplete; "
-                             "check those nodes", "")  # fmt: skip
+            await _post_list(
+                bot,
+                "Incomplete approvals",
+                [_approval_line(a) for a in marked],
+                f"{len(marked)} approved forced kill(s) never recorded an end "
+                "(gpubot stopped while running them), now marked incomplete; "
+                "check those nodes",
+                "",
+            )
 
 
 def _approval_line(a: Approval) -> str:

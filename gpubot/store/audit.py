@@ -68,13 +68,33 @@ def append(
     key = audit_key_of(conn)
     seq, prev = int(head.seq), str(head.hash)
     if _keyed_from(conn, key) is None and key is not None:  # the first keyed record: say so
-        marker = _insert(conn, seq, prev, key, kind=MARKER, actor="gpubot", source="gpubot",
-                         node=None, payload=canonical_json(marker_payload(key)), created_at=at,
-                         action_id=None)  # fmt: skip
+        marker = _insert(
+            conn,
+            seq,
+            prev,
+            key,
+            kind=MARKER,
+            actor="gpubot",
+            source="gpubot",
+            node=None,
+            payload=canonical_json(marker_payload(key)),
+            created_at=at,
+            action_id=None,
+        )
         seq, prev = marker.seq, marker.hash
-    return _insert(conn, seq, prev, key, kind=kind, actor=actor, source=source, node=node,
-                   payload=canonical_json(payload), created_at=at,
-                   action_id=seq + 1 if own_action else action_id)  # fmt: skip
+    return _insert(
+        conn,
+        seq,
+        prev,
+        key,
+        kind=kind,
+        actor=actor,
+        source=source,
+        node=node,
+        payload=canonical_json(payload),
+        created_at=at,
+        action_id=seq + 1 if own_action else action_id,
+    )
 
 
 def _keyed_from(conn: Connection, key: bytes | None) -> int | None:

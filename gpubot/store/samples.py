@@ -49,10 +49,16 @@ class DbSamples:
 
     def _add(self, samples: list[GpuSample]) -> None:
         rows = [
-            {"node": s.node, "gpu_index": s.gpu, "gpu_uuid": s.uuid, "taken_at": _text(s.taken_at),
-             "utilization_pct": s.utilization_pct, "memory_used_mib": s.memory_used_mib}
+            {
+                "node": s.node,
+                "gpu_index": s.gpu,
+                "gpu_uuid": s.uuid,
+                "taken_at": _text(s.taken_at),
+                "utilization_pct": s.utilization_pct,
+                "memory_used_mib": s.memory_used_mib,
+            }
             for s in samples
-        ]  # fmt: skip
+        ]
         with guard("cannot record GPU samples"), write_tx(self._engine) as conn:
             conn.execute(t.insert(), rows)
 
@@ -64,10 +70,16 @@ class DbSamples:
         with guard("cannot read GPU samples"), read_tx(self._engine) as conn:
             rows = conn.execute(query).all()
         return [
-            GpuSample(r.node, int(r.gpu_index), r.gpu_uuid, parse_iso(r.taken_at).timestamp(),
-                      r.utilization_pct, r.memory_used_mib)
+            GpuSample(
+                r.node,
+                int(r.gpu_index),
+                r.gpu_uuid,
+                parse_iso(r.taken_at).timestamp(),
+                r.utilization_pct,
+                r.memory_used_mib,
+            )
             for r in rows
-        ]  # fmt: skip
+        ]
 
     def _prune(self, before: float) -> int:
         with guard("cannot prune GPU samples"), write_tx(self._engine) as conn:

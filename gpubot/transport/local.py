@@ -222,9 +222,13 @@ class _Reader:
             self.flags.append(flag)
 
     def call(
-        self, name: str, *args: Any, key: str = "", quiet: Collection[int] = _NOT_AVAILABLE,
+        self,
+        name: str,
+        *args: Any,
+        key: str = "",
+        quiet: Collection[int] = _NOT_AVAILABLE,
         **kwargs: Any,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """Return ``lib.name(*args)``: None when the value is unknown, _ABSENT when no such call.
 
         Raise _Lost when the GPU is lost; a GPU that needs a reset is flagged and its value is
@@ -289,8 +293,9 @@ def _read_gpu(r: _Reader, i: int) -> tuple[GpuInfo, list[ComputeApp]]:
     try:
         return _read_handle(r, i, h)
     except _Lost:
-        return _unknown(i, _quietly(r, lambda: _bus_id(r, h)),
-                        _quietly(r, lambda: _minor(r, h)), "lost"), []  # fmt: skip
+        return _unknown(
+            i, _quietly(r, lambda: _bus_id(r, h)), _quietly(r, lambda: _minor(r, h)), "lost"
+        ), []
 
 
 def _read_handle(r: _Reader, i: int, h: Any) -> tuple[GpuInfo, list[ComputeApp]]:
@@ -341,8 +346,9 @@ def _instance_apps(r: _Reader, h: Any, uuid: str, listed: set[int]) -> list[Comp
 
 def _app(p: Any, uuid: str) -> ComputeApp:
     mem = p.usedGpuMemory  # no nvmlSystemGetProcessName: the name is the process's own say
-    return ComputeApp(pid=int(p.pid), gpu_uuid=uuid,
-                      used_memory_mib=None if mem is None else int(mem) // MIB)  # fmt: skip
+    return ComputeApp(
+        pid=int(p.pid), gpu_uuid=uuid, used_memory_mib=None if mem is None else int(mem) // MIB
+    )
 
 
 def _memory(r: _Reader, h: Any) -> tuple[int | None, int | None]:

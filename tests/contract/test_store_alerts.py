@@ -26,8 +26,11 @@ async def test_findings_count_consecutive_sweeps(store: Store) -> None:
     await store.alerts.upsert_seen([ORPHAN, DOWN], _at(5))
     [orphan, zombie, down] = await store.alerts.open_alerts()
     assert (orphan.key, orphan.seen_count, orphan.first_seen, orphan.last_seen) == (
-        ORPHAN, 2, _at(0), _at(5)
-    )  # fmt: skip
+        ORPHAN,
+        2,
+        _at(0),
+        _at(5),
+    )
     assert (zombie.seen_count, zombie.last_seen) == (1, _at(0))
     assert (down.key, down.key.gpu, down.alerted_at) == (DOWN, None, None)
 
@@ -47,13 +50,20 @@ async def test_alert_remind_snooze_resolve_and_come_back(store: Store) -> None:
 
     [back] = await store.alerts.upsert_seen([ORPHAN], _at(80))
     assert (back.seen_count, back.first_seen, back.resolved_at, back.alerted_at) == (
-        1, _at(80), None, None
-    )  # fmt: skip
+        1,
+        _at(80),
+        None,
+        None,
+    )
     assert back.snoozed_until == _at(24 * 60)  # a snooze outlives one occurrence
 
     trail = [(r.data["alert"], r.actor) for r in await store.records() if r.kind == "alert"]
-    assert trail == [("alerted", "gpubot"), ("reminded", "gpubot"), ("snoozed", "U1"),
-                     ("resolved", "gpubot")]  # fmt: skip
+    assert trail == [
+        ("alerted", "gpubot"),
+        ("reminded", "gpubot"),
+        ("snoozed", "U1"),
+        ("resolved", "gpubot"),
+    ]
     assert (await store.verify()).ok
 
 

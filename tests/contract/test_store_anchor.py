@@ -23,9 +23,15 @@ EDITED = '{"action":"reset","command":"nothing happened","gpus":[],"plan":null}'
 
 async def _records(store: Store, n_actions: int = 2) -> None:
     for i in range(n_actions):
-        aid = await store.begin_action(kind="reset", actor="U1 (alice)", source="slack",
-                                       command=f"/gpu reset node{i} 0", node=f"node{i}", gpus=[0],
-                                       plan={"pids": [11]})  # fmt: skip
+        aid = await store.begin_action(
+            kind="reset",
+            actor="U1 (alice)",
+            source="slack",
+            command=f"/gpu reset node{i} 0",
+            node=f"node{i}",
+            gpus=[0],
+            plan={"pids": [11]},
+        )
         await store.record_event(aid, {"type": "signal", "pid": 11, "signal": "SIGTERM"})
         await store.finish_action(aid, status="ok", result={"0": "freed"})
 
@@ -126,19 +132,23 @@ def test_rewrite_and_recompute_of_a_plain_log_is_caught_by_the_published_head(
 ) -> None:
     asyncio.run(_records(store))
     published = asyncio.run(store.verify()).head
-    code, out, _ = verify_cli(capsys, monkeypatch, tmp_path, fresh_db_url, "--expect-head",
-                              published)  # fmt: skip
+    code, out, _ = verify_cli(
+        capsys, monkeypatch, tmp_path, fresh_db_url, "--expect-head", published
+    )
     assert code == 0 and out.startswith(f"audit log intact: 6 records, head {published}, plain")
     rewrite(fresh_db_url, 2)
     # Without a key, a recomputed chain is consistent: only the published head tells.
     assert asyncio.run(store.verify()).ok
-    code, out, err = verify_cli(capsys, monkeypatch, tmp_path, fresh_db_url, "--expect-head",
-                                published)  # fmt: skip
+    code, out, err = verify_cli(
+        capsys, monkeypatch, tmp_path, fresh_db_url, "--expect-head", published
+    )
     assert (code, out) == (1, "")
     seq, digest = published.split(":")
-    assert err == (f"gpubot: audit log tampered: the published head {seq}:{digest[:16]}… is not "
-                   f"in the log: record 6 now has hash {rows(fresh_db_url)[5].hash[:16]}… (the "
-                   "log was rewritten)\n")  # fmt: skip
+    assert err == (
+        f"gpubot: audit log tampered: the published head {seq}:{digest[:16]}… is not "
+        f"in the log: record 6 now has hash {rows(fresh_db_url)[5].hash[:16]}… (the "
+        "log was rewritten)\n"
+    )
 
 
 def test_rewrite_and_recompute_of_a_keyed_log_is_caught_with_the_key_and_the_head(
@@ -170,8 +180,9 @@ def test_rewrite_and_recompute_of_a_keyed_log_is_caught_with_the_key_and_the_hea
         assert code == 1 and err.startswith("gpubot: audit log tampered: the published head ")
         assert "record 7 now has hash" in err and "(the log was rewritten)" in err
     code, err = run(key=None)  # no key, no head: it cannot vouch for the log
-    assert code == 1 and err.startswith("gpubot: audit log not verified: records from 1 on are "
-                                        "keyed")  # fmt: skip
+    assert code == 1 and err.startswith(
+        "gpubot: audit log not verified: records from 1 on are keyed"
+    )
     code, err = run(key=OTHER)
     assert code == 1 and "another key" in err
 
@@ -235,12 +246,19 @@ def test_a_head_beyond_the_log_is_named(
 ) -> None:
     asyncio.run(_records(store))
     last = rows(fresh_db_url)[-1]
-    code, _, err = verify_cli(capsys, monkeypatch, tmp_path, fresh_db_url, "--expect-head",
-                              f"{last.seq + 2}:{'ab' * 32}")  # fmt: skip
+    code, _, err = verify_cli(
+        capsys, monkeypatch, tmp_path, fresh_db_url, "--expect-head", f"{last.seq + 2}:{'ab' * 32}"
+    )
     assert code == 1 and f"the log ends at record {last.seq} (records were removed)" in err
     # upper-case hex is the same head
-    code, out, _ = verify_cli(capsys, monkeypatch, tmp_path, fresh_db_url, "--expect-head",
-                              f"{last.seq}:{last.hash.upper()}")  # fmt: skip
+    code, out, _ = verify_cli(
+        capsys,
+        monkeypatch,
+        tmp_path,
+        fresh_db_url,
+        "--expect-head",
+        f"{last.seq}:{last.hash.upper()}",
+    )
     assert code == 0 and out.rstrip().endswith(f"holds {last.seq}:{last.hash}")
 
 

@@ -31,8 +31,12 @@ async def _request(store: Store, *, now: datetime = T0, expires_in_s: float = 90
 async def test_a_request_is_pending_for_fifteen_minutes_by_default(store: Store) -> None:
     a = await store.approvals.create("U1", "alice", "node3", PLAN, now=T0)
     assert (a.state, a.requester, a.requester_name, a.node, a.plan) == (
-        S.PENDING, "U1", "alice", "node3", PLAN
-    )  # fmt: skip
+        S.PENDING,
+        "U1",
+        "alice",
+        "node3",
+        PLAN,
+    )
     assert a.expires_at - a.created_at == timedelta(minutes=15)
     assert a.decided_by is None and a.result is None
     assert await store.approvals.get(a.id) == a
@@ -41,8 +45,9 @@ async def test_a_request_is_pending_for_fifteen_minutes_by_default(store: Store)
 
 async def test_approve_then_execute_and_every_transition_is_audited(store: Store) -> None:
     a = await _request(store)
-    ok = await store.approvals.decide(a.id, "U2", True, T0 + timedelta(minutes=1),
-                                      approver_name="bob")  # fmt: skip
+    ok = await store.approvals.decide(
+        a.id, "U2", True, T0 + timedelta(minutes=1), approver_name="bob"
+    )
     assert (ok.state, ok.decided_by, ok.decided_by_name) == (S.APPROVED, "U2", "bob")
     assert ok.decided_at == T0 + timedelta(minutes=1)
     done = await store.approvals.mark_executed(a.id, {"action_id": 7, "freed": [1]})
@@ -53,8 +58,10 @@ async def test_approve_then_execute_and_every_transition_is_audited(store: Store
 
     trail = [r.data for r in await store.records() if r.kind == "approval"]
     assert [(t["approval"], t["from"], t["to"]) for t in trail] == [
-        (a.id, None, "pending"), (a.id, "pending", "approved"), (a.id, "approved", "executed")
-    ]  # fmt: skip
+        (a.id, None, "pending"),
+        (a.id, "pending", "approved"),
+        (a.id, "approved", "executed"),
+    ]
     assert trail[0]["plan"] == PLAN and trail[2]["result"] == {"action_id": 7, "freed": [1]}
     assert (await store.verify()).ok
 
@@ -166,9 +173,11 @@ async def test_concurrent_decisions_execute_exactly_once(store: Store, fresh_db_
     # Six approvers click at once, half approving and half denying, two of them twice.
     who = ["U2", "U3", "U4", "U2", "U5", "U3"]
     results = await asyncio.to_thread(
-        _race, fresh_db_url, 6,
+        _race,
+        fresh_db_url,
+        6,
         lambda s, i: s.approvals.decide(a.id, who[i], i % 2 == 0, T0, approver_name=who[i]),
-    )  # fmt: skip
+    )
     wins = [r for r in results if isinstance(r, Approval)]
     assert len(wins) == 1, results
     assert all(isinstance(r, AlreadyDecided) for r in results if r is not wins[0]), results

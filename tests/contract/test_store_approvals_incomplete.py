@@ -38,5 +38,8 @@ async def test_approved_then_incomplete_once_and_audited(store: Store) -> None:
 
     trail = [r.data for r in await store.records() if r.kind == "approval"]
     assert (trail[-1]["approval"], trail[-1]["from"], trail[-1]["to"]) == (
-        a.id, "approved", "incomplete")  # fmt: skip
+        a.id,
+        "approved",
+        "incomplete",
+    )
     assert (await store.verify()).ok

@@ -15,9 +15,15 @@ PLAN = {"targets": [{"pid": 4242, "start_ticks": 991, "user": "bob", "gpu": 1}],
 
 
 async def _reset(store: Store, *, node: str = "node3", actor: str = "U123 (alice)") -> int:
-    return await store.begin_action(kind="reset", actor=actor, source="slack:#gpu-ops",
-                                    command=f"/gpu reset {node} 1", node=node, gpus=[1],
-                                    plan=PLAN)  # fmt: skip
+    return await store.begin_action(
+        kind="reset",
+        actor=actor,
+        source="slack:#gpu-ops",
+        command=f"/gpu reset {node} 1",
+        node=node,
+        gpus=[1],
+        plan=PLAN,
+    )
 
 
 async def test_an_action_records_intent_events_and_outcome(store: Store) -> None:
@@ -34,8 +40,14 @@ async def test_an_action_records_intent_events_and_outcome(store: Store) -> None
     assert d is not None
     s = d.summary
     assert (s.id, s.kind, s.actor, s.source, s.node, s.gpus, s.status) == (
-        aid, "reset", "U123 (alice)", "slack:#gpu-ops", "node3", (1,), "ok"
-    )  # fmt: skip
+        aid,
+        "reset",
+        "U123 (alice)",
+        "slack:#gpu-ops",
+        "node3",
+        (1,),
+        "ok",
+    )
     assert s.command == "/gpu reset node3 1"
     assert before <= s.started_at <= s.finished_at <= after  # type: ignore[operator]
     assert d.plan == PLAN
@@ -85,9 +97,15 @@ async def test_an_action_is_finished_once(store: Store) -> None:
 async def test_actions_filter_by_node_actor_and_time(store: Store) -> None:
     a = await _reset(store, node="node1", actor="U1 (alice)")
     b = await _reset(store, node="node2", actor="U2 (bob)")
-    c = await store.begin_action(kind="gpu-reset", actor="cli:root", source="cli",
-                                 command="gpubot gpu-reset node1 0", node="node1", gpus=[0],
-                                 plan=None)  # fmt: skip
+    c = await store.begin_action(
+        kind="gpu-reset",
+        actor="cli:root",
+        source="cli",
+        command="gpubot gpu-reset node1 0",
+        node="node1",
+        gpus=[0],
+        plan=None,
+    )
     assert [x.id for x in await store.actions()] == [c, b, a]
     assert [x.id for x in await store.actions(node="node1")] == [c, a]
     assert [x.id for x in await store.actions(actor="bob")] == [b]
@@ -100,17 +118,27 @@ async def test_actions_filter_by_node_actor_and_time(store: Store) -> None:
 
 
 async def test_queries_are_recorded_briefly(store: Store) -> None:
-    await store.record_query(kind="status", actor="U1 (alice)", source="slack:#gpu",
-                             nodes=["node1", "node2"], failed={"node2": "timed out"},
-                             seconds=1.23456)  # fmt: skip
-    await store.record_query(kind="sweep", actor="scheduler", source="gpubot", nodes=["node1"],
-                             failed={}, seconds=0.5)  # fmt: skip
+    await store.record_query(
+        kind="status",
+        actor="U1 (alice)",
+        source="slack:#gpu",
+        nodes=["node1", "node2"],
+        failed={"node2": "timed out"},
+        seconds=1.23456,
+    )
+    await store.record_query(
+        kind="sweep", actor="scheduler", source="gpubot", nodes=["node1"], failed={}, seconds=0.5
+    )
     qs = await store.queries()
     assert [q.data for q in qs] == [
         {"query": "sweep", "nodes": ["node1"], "failed": {}, "seconds": 0.5},
-        {"query": "status", "nodes": ["node1", "node2"], "failed": {"node2": "timed out"},
-         "seconds": 1.235},
-    ]  # fmt: skip
+        {
+            "query": "status",
+            "nodes": ["node1", "node2"],
+            "failed": {"node2": "timed out"},
+            "seconds": 1.235,
+        },
+    ]
     assert [q.node for q in qs] == ["node1", None]
     assert [q.actor for q in await store.queries(actor="alice")] == ["U1 (alice)"]
     assert await store.actions() == []  # queries are not actions
@@ -126,9 +154,15 @@ async def test_records_are_append_only_in_the_database(store: Store) -> None:
 
 
 async def test_stored_times_and_payloads_round_trip_exactly(store: Store) -> None:
-    aid = await store.begin_action(kind="reset", actor="U1 (Zoë ✓)", source="slack", command="x",
-                                   node="nœud-1", gpus=[0, 7],
-                                   plan={"f": 0.1, "big": 2**62, "s": "a\u0000b\"\\"})  # fmt: skip
+    aid = await store.begin_action(
+        kind="reset",
+        actor="U1 (Zoë ✓)",
+        source="slack",
+        command="x",
+        node="nœud-1",
+        gpus=[0, 7],
+        plan={"f": 0.1, "big": 2**62, "s": 'a\u0000b"\\'},
+    )
     [rec] = await store.records()
     assert rec.action_id == aid and rec.actor == "U1 (Zoë ✓)" and rec.node == "nœud-1"
     assert rec.data["plan"] == {"f": 0.1, "big": 2**62, "s": 'a\u0000b"\\'}
@@ -138,6 +172,13 @@ async def test_stored_times_and_payloads_round_trip_exactly(store: Store) -> Non
 
 async def test_values_that_cannot_be_recorded_fail_closed(store: Store) -> None:
     with pytest.raises(StoreError, match="cannot record"):
-        await store.begin_action(kind="reset", actor="U1", source="slack", command="x",
-                                 node="n", gpus=[0], plan={"x": float("nan")})  # fmt: skip
+        await store.begin_action(
+            kind="reset",
+            actor="U1",
+            source="slack",
+            command="x",
+            node="n",
+            gpus=[0],
+            plan={"x": float("nan")},
+        )
     assert await store.records() == []

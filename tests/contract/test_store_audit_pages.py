@@ -21,8 +21,14 @@ def _append_many(store: Store, n: int) -> None:
     """Append ``n`` query records in one transaction (the store's own append, at speed)."""
     with write_tx(store.engine) as conn:
         for i in range(n):
-            append(conn, kind="query", actor=f"U{i}", source="test", node=None,
-                   payload={"query": "status", "i": i})  # fmt: skip
+            append(
+                conn,
+                kind="query",
+                actor=f"U{i}",
+                source="test",
+                node=None,
+                payload={"query": "status", "i": i},
+            )
 
 
 @pytest.fixture
@@ -66,14 +72,19 @@ async def test_a_record_edited_on_a_later_page_is_found(long_log: Store, fresh_d
 async def test_a_missing_head_is_said_and_nothing_is_appended(
     store: Store, fresh_db_url: str
 ) -> None:
-    await store.record_query(kind="status", actor="U1", source="test", nodes=["node1"],
-                             failed={}, seconds=0.1)  # fmt: skip
+    await store.record_query(
+        kind="status", actor="U1", source="test", nodes=["node1"], failed={}, seconds=0.1
+    )
     tamper(fresh_db_url, "DELETE FROM audit_head")
     result = await store.verify()
     assert not result.ok
     assert result.reason == "the chain head is missing"
-    with pytest.raises(StoreError, match=r"the audit chain head is missing: was `gpubot db "
-                                         r"upgrade` run\?"):  # fmt: skip
-        await store.record_query(kind="status", actor="U2", source="test", nodes=[], failed={},
-                                 seconds=0.1)  # fmt: skip
+    with pytest.raises(
+        StoreError,
+        match=r"the audit chain head is missing: was `gpubot db "
+        r"upgrade` run\?",
+    ):
+        await store.record_query(
+            kind="status", actor="U2", source="test", nodes=[], failed={}, seconds=0.1
+        )
     assert len(await store.queries()) == 1  # the record before stays; none was added

@@ -41,16 +41,34 @@ def _cli(capsys: pytest.CaptureFixture[str], config: str, *argv: str) -> tuple[i
 async def _populate(url: str) -> list[int]:
     store = open_store(url)
     try:
-        a = await store.begin_action(kind="reset", actor="U1 (alice)", source="slack:#gpu",
-                                     command="/gpu reset node3 1", node="node3", gpus=[1],
-                                     plan={"pids": [4242]})  # fmt: skip
+        a = await store.begin_action(
+            kind="reset",
+            actor="U1 (alice)",
+            source="slack:#gpu",
+            command="/gpu reset node3 1",
+            node="node3",
+            gpus=[1],
+            plan={"pids": [4242]},
+        )
         await store.record_event(a, {"type": "signal", "pid": 4242, "signal": "SIGTERM"})
         await store.finish_action(a, status="ok", result={"1": "freed"})
-        b = await store.begin_action(kind="gpu-reset", actor="cli:root", source="cli",
-                                     command="gpubot gpu-reset node4 0", node="node4", gpus=[0],
-                                     plan=None)  # fmt: skip
-        await store.record_query(kind="status", actor="U2 (bob)", source="slack", nodes=["a", "b"],
-                                 failed={"b": "timed out"}, seconds=0.5)  # fmt: skip
+        b = await store.begin_action(
+            kind="gpu-reset",
+            actor="cli:root",
+            source="cli",
+            command="gpubot gpu-reset node4 0",
+            node="node4",
+            gpus=[0],
+            plan=None,
+        )
+        await store.record_query(
+            kind="status",
+            actor="U2 (bob)",
+            source="slack",
+            nodes=["a", "b"],
+            failed={"b": "timed out"},
+            seconds=0.5,
+        )
         return [a, b]
     finally:
         store.close()
@@ -103,8 +121,12 @@ def test_audit_list_filters_and_json(
     assert (code, out) == (0, "no actions match\n")
     code, out, _ = _cli(capsys, cfg, "audit", "list", "--queries", "--json")
     [q] = json.loads(out)
-    assert q["payload"] == {"query": "status", "nodes": ["a", "b"], "failed": {"b": "timed out"},
-                            "seconds": 0.5}  # fmt: skip
+    assert q["payload"] == {
+        "query": "status",
+        "nodes": ["a", "b"],
+        "failed": {"b": "timed out"},
+        "seconds": 0.5,
+    }
 
 
 @pytest.mark.parametrize(
@@ -119,9 +141,12 @@ def test_audit_list_filters_and_json(
     ],
 )
 def test_bad_input_is_one_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, store_url: str, argv: list[str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    store_url: str,
+    argv: list[str],
     words: str,
-) -> None:  # fmt: skip
+) -> None:
     code, out, err = _cli(capsys, _settings(tmp_path, store_url), "audit", *argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and words in err and "Traceback" not in err
@@ -168,16 +193,27 @@ def test_audit_verify_exit_status(
     tamper(fresh_db_url, "UPDATE audit_log SET actor = 'U9' WHERE seq = 2")
     code, out, err = _cli(capsys, cfg, "audit", "verify")
     assert (code, out) == (1, "")
-    assert err == "gpubot: audit log tampered: record 2 was edited: its content does not match " \
-                  "its hash (1 records intact before it)\n"  # fmt: skip
+    assert (
+        err == "gpubot: audit log tampered: record 2 was edited: its content does not match "
+        "its hash (1 records intact before it)\n"
+    )
 
 
 def test_the_installed_entry_point_verifies(tmp_path: Path, fresh_db_url: str) -> None:
     asyncio.run(_populate(fresh_db_url))
-    env = {**os.environ, "PYTHONPATH": str(REPO),
-           "GPUBOT_CONFIG": _settings(tmp_path, fresh_db_url)}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "gpubot", "audit", "verify"], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "GPUBOT_CONFIG": _settings(tmp_path, fresh_db_url),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "gpubot", "audit", "verify"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (done.returncode, done.stderr) == (0, "")
     assert "5 records" in done.stdout
 

@@ -47,10 +47,16 @@ def _run_writers(url: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-c", WRITER, url]
     procs = [
-        subprocess.Popen([*argv, f"w{n}", str(ROUNDS)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [*argv, f"w{n}", str(ROUNDS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for n in range(WRITERS)
-    ]  # fmt: skip
+    ]
     try:
         for p in procs:  # all connected: start them together
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"

@@ -36,8 +36,9 @@ def open_umask() -> Iterator[None]:
 async def _record(url: str) -> None:
     store = open_store(url)
     try:
-        await store.record_query(kind="status", actor="cli:alice", source="cli", nodes=["n1"],
-                                 failed={}, seconds=0.1)  # fmt: skip
+        await store.record_query(
+            kind="status", actor="cli:alice", source="cli", nodes=["n1"], failed={}, seconds=0.1
+        )
         db = Path(url.removeprefix("sqlite:///"))
         files = [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
         assert all(f.exists() for f in files)  # WAL mode, while the store is open

@@ -25,8 +25,9 @@ async def test_samples_round_trip_and_come_back_by_gpu_and_time(store: Store) ->
     samples = port(store)
     await samples.add_samples([])  # nothing to write: no statement at all
     await samples.add_samples(sweep(T0 + 600, ("n2", 1, 0, 8192), ("n1", 0, 35, 1024)))
-    await samples.add_samples(sweep(T0, ("n1", 0, 0, 4096), ("n1", 1, None, None),
-                                    ("n2", 1, 100, 8192)))  # fmt: skip
+    await samples.add_samples(
+        sweep(T0, ("n1", 0, 0, 4096), ("n1", 1, None, None), ("n2", 1, 100, 8192))
+    )
     got = await samples.samples_since(T0)
     assert got == [
         GpuSample("n1", 0, "GPU-n1-0", T0, 0, 4096),
@@ -37,7 +38,9 @@ async def test_samples_round_trip_and_come_back_by_gpu_and_time(store: Store) ->
     ]
     # the window: from ``since`` on (inclusive), all GPUs or only some
     assert [(s.node, s.gpu, s.taken_at) for s in await samples.samples_since(T0 + 0.001)] == [
-        ("n1", 0, T0 + 600), ("n2", 1, T0 + 600)]  # fmt: skip
+        ("n1", 0, T0 + 600),
+        ("n2", 1, T0 + 600),
+    ]
     only = await samples.samples_since(T0, gpus={("n2", 1), ("n9", 0)})
     assert [(s.node, s.gpu, s.utilization_pct) for s in only] == [("n2", 1, 100), ("n2", 1, 0)]
     assert await samples.samples_since(T0, gpus=set()) == []
@@ -58,8 +61,14 @@ async def test_prune_deletes_only_what_is_older(store: Store) -> None:
 async def test_one_sweep_is_one_batched_insert(store: Store) -> None:
     statements: list[tuple[str, bool]] = []
 
-    def seen(conn: object, cursor: object, statement: str, params: object, context: object,
-             executemany: bool) -> None:  # fmt: skip
+    def seen(
+        conn: object,
+        cursor: object,
+        statement: str,
+        params: object,
+        context: object,
+        executemany: bool,
+    ) -> None:
         if "gpu_samples" in statement and statement.lstrip().upper().startswith("INSERT"):
             statements.append((statement, executemany))
 
@@ -77,8 +86,11 @@ async def test_one_sweep_is_one_batched_insert(store: Store) -> None:
 async def test_a_database_that_is_gone_fails_as_a_store_error(closed_port_url: str) -> None:
     down = open_store(closed_port_url, check_schema=False)
     try:
-        for call in (down.samples.add_samples(sweep(T0, ("n1", 0, 0, 1))),
-                     down.samples.samples_since(T0), down.samples.prune_samples(T0)):  # fmt: skip
+        for call in (
+            down.samples.add_samples(sweep(T0, ("n1", 0, 0, 1))),
+            down.samples.samples_since(T0),
+            down.samples.prune_samples(T0),
+        ):
             try:
                 await call
             except StoreError as exc:

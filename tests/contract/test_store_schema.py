@@ -103,8 +103,9 @@ async def test_unreachable_postgresql_fails_closed(closed_port_url: str) -> None
     store = open_store(closed_port_url, check_schema=False)
     try:
         with pytest.raises(StoreError, match=r"cannot record the intent.*(refused|failed)"):
-            await store.begin_action(kind="reset", actor="U1", source="slack", command="x",
-                                     node="n", gpus=[0], plan=None)  # fmt: skip
+            await store.begin_action(
+                kind="reset", actor="U1", source="slack", command="x", node="n", gpus=[0], plan=None
+            )
     finally:
         store.close()
     with pytest.raises(StoreError):
@@ -194,8 +195,9 @@ def test_unsupported_urls_are_refused(url: str, words: str) -> None:
 
 
 def test_the_password_comes_separately_and_is_never_shown() -> None:
-    store = open_store("postgresql://gpubot@db.example:5432/gpubot", password="s3cret",
-                       check_schema=False)  # fmt: skip
+    store = open_store(
+        "postgresql://gpubot@db.example:5432/gpubot", password="s3cret", check_schema=False
+    )
     try:
         assert store.engine.url.password == "s3cret"
         assert store.engine.url.drivername == "postgresql+psycopg"

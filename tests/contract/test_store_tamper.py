@@ -13,14 +13,21 @@ EDITED_PAYLOAD = '{"action":"reset","command":"nothing happened","gpus":[],"plan
 
 
 async def _five_records(store: Store) -> None:
-    aid = await store.begin_action(kind="reset", actor="U1 (alice)", source="slack",
-                                   command="/gpu reset node3 0", node="node3", gpus=[0],
-                                   plan={"pids": [11]})  # fmt: skip
+    aid = await store.begin_action(
+        kind="reset",
+        actor="U1 (alice)",
+        source="slack",
+        command="/gpu reset node3 0",
+        node="node3",
+        gpus=[0],
+        plan={"pids": [11]},
+    )
     await store.record_event(aid, {"type": "signal", "pid": 11, "signal": "SIGTERM"})
     await store.record_event(aid, {"type": "signal", "pid": 11, "signal": "SIGKILL"})
     await store.finish_action(aid, status="ok", result={"0": "freed"})
-    await store.record_query(kind="status", actor="U2", source="slack", nodes=["node3"],
-                             failed={}, seconds=0.2)  # fmt: skip
+    await store.record_query(
+        kind="status", actor="U2", source="slack", nodes=["node3"], failed={}, seconds=0.2
+    )
     assert (await store.verify()).checked == 5
 
 
@@ -30,26 +37,45 @@ def _rehashed_edit(url: str) -> list[str]:
     with engine.connect() as conn:
         r = conn.exec_driver_sql("SELECT * FROM audit_log WHERE seq = 1").mappings().one()
     engine.dispose()
-    fields = {k: r[k] for k in ("seq", "action_id", "kind", "created_at", "actor", "source",
-                                "node")}  # fmt: skip
+    fields = {
+        k: r[k] for k in ("seq", "action_id", "kind", "created_at", "actor", "source", "node")
+    }
     digest = record_hash(r["prev_hash"], **fields, payload=EDITED_PAYLOAD)
     return [f"UPDATE audit_log SET payload = '{EDITED_PAYLOAD}', hash = '{digest}' WHERE seq = 1"]
 
 
 TAMPERING = [
-    ("edited", lambda url: [f"UPDATE audit_log SET payload = '{EDITED_PAYLOAD}' WHERE seq = 1"],
-     1, "record 1 was edited"),
-    ("actor edited", lambda url: ["UPDATE audit_log SET actor = 'U9 (mallory)' WHERE seq = 3"],
-     3, "record 3 was edited"),
+    (
+        "edited",
+        lambda url: [f"UPDATE audit_log SET payload = '{EDITED_PAYLOAD}' WHERE seq = 1"],
+        1,
+        "record 1 was edited",
+    ),
+    (
+        "actor edited",
+        lambda url: ["UPDATE audit_log SET actor = 'U9 (mallory)' WHERE seq = 3"],
+        3,
+        "record 3 was edited",
+    ),
     ("removed", lambda url: ["DELETE FROM audit_log WHERE seq = 3"], 3, "record 3 was removed"),
-    ("swapped", lambda url: ["UPDATE audit_log SET seq = -2 WHERE seq = 2",
-                             "UPDATE audit_log SET seq = 2 WHERE seq = 3",
-                             "UPDATE audit_log SET seq = 3 WHERE seq = -2"],
-     2, "record 2 is out of order"),
-    ("last removed", lambda url: ["DELETE FROM audit_log WHERE seq = 5"], 5,
-     "removed from the end"),
+    (
+        "swapped",
+        lambda url: [
+            "UPDATE audit_log SET seq = -2 WHERE seq = 2",
+            "UPDATE audit_log SET seq = 2 WHERE seq = 3",
+            "UPDATE audit_log SET seq = 3 WHERE seq = -2",
+        ],
+        2,
+        "record 2 is out of order",
+    ),
+    (
+        "last removed",
+        lambda url: ["DELETE FROM audit_log WHERE seq = 5"],
+        5,
+        "removed from the end",
+    ),
     ("rewritten", _rehashed_edit, 1, "record 1 was rewritten"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("case", "sql", "bad", "words"), TAMPERING, ids=[t[0] for t in TAMPERING])
@@ -68,7 +94,8 @@ async def test_verify_names_the_first_tampered_record(
 async def test_appending_after_tampering_does_not_hide_it(store: Store, fresh_db_url: str) -> None:
     await _five_records(store)
     tamper(fresh_db_url, "DELETE FROM audit_log WHERE seq = 2")
-    await store.record_query(kind="status", actor="U2", source="slack", nodes=[], failed={},
-                             seconds=0.1)  # fmt: skip
+    await store.record_query(
+        kind="status", actor="U2", source="slack", nodes=[], failed={}, seconds=0.1
+    )
     result = await store.verify()
     assert (result.ok, result.first_bad_seq) == (False, 2)

@@ -482,9 +482,13 @@ class FakeNvml:
         """What pynvml's unversioned call raises when the library lacks that version."""
 
     def __init__(
-        self, *, init_error: int | None = None, v2: bool = True, missing: Sequence[str] = (),
+        self,
+        *,
+        init_error: int | None = None,
+        v2: bool = True,
+        missing: Sequence[str] = (),
         fail: dict[tuple[Any, str], int] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.init_error = init_error
         self.missing = set(missing) | (set() if v2 else {"nvmlDeviceGetMemoryInfo_v2"})
         self.fail: dict[tuple[Any, str], int] = dict(fail or {})
@@ -492,13 +496,29 @@ class FakeNvml:
         self.inits = self.shutdowns = 0
         gib = 1024**3
         self.devices: list[dict[str, Any]] = [
-            dict(uuid=b"GPU-00000000-1111-2222-3333-444444444444", name=b"NVIDIA H200",
-                 used=3 * gib + 5, reserved_extra=512 * 1024**2, total=143771 * 1024**2,
-                 util=37, procs=[(4242, 2 * gib), (4343, None)], mig=None, instances=[]),
-            dict(uuid="GPU-55555555-6666-7777-8888-999999999999", name="NVIDIA H200",
-                 used=0, reserved_extra=0, total=143771 * 1024**2, util=None, procs=[],
-                 mig=None, instances=[]),
-        ]  # fmt: skip
+            dict(
+                uuid=b"GPU-00000000-1111-2222-3333-444444444444",
+                name=b"NVIDIA H200",
+                used=3 * gib + 5,
+                reserved_extra=512 * 1024**2,
+                total=143771 * 1024**2,
+                util=37,
+                procs=[(4242, 2 * gib), (4343, None)],
+                mig=None,
+                instances=[],
+            ),
+            dict(
+                uuid="GPU-55555555-6666-7777-8888-999999999999",
+                name="NVIDIA H200",
+                used=0,
+                reserved_extra=0,
+                total=143771 * 1024**2,
+                util=None,
+                procs=[],
+                mig=None,
+                instances=[],
+            ),
+        ]
         # mig: None (MIG NOT_SUPPORTED) or (current, pending); instances: one entry per MIG slot,
         # None for an empty one (NOT_FOUND), else that instance's (pid, bytes) processes.
         self.minors = [1, None]  # GPU 0 is /dev/nvidia1; GPU 1's minor NVML cannot say
@@ -622,10 +642,12 @@ def test_nvml_errors() -> None:
     with pytest.raises(SmiFailed, match="NVML init failed"):
         nvml_query("box", nvml=FakeNvml(init_error=9))  # DRIVER_NOT_LOADED
     # Any other error fails NVML for the node: the probe then asks nvidia-smi, which says it.
-    for fn, code in (("nvmlDeviceGetComputeRunningProcesses_v3", 999),  # UNKNOWN
-                     ("nvmlDeviceGetComputeRunningProcesses_v3", 4),  # NO_PERMISSION, no MIG
-                     ("nvmlDeviceGetHandleByIndex", 4),
-                     ("nvmlDeviceGetUUID", 3)):  # fmt: skip
+    for fn, code in (
+        ("nvmlDeviceGetComputeRunningProcesses_v3", 999),  # UNKNOWN
+        ("nvmlDeviceGetComputeRunningProcesses_v3", 4),  # NO_PERMISSION, no MIG
+        ("nvmlDeviceGetHandleByIndex", 4),
+        ("nvmlDeviceGetUUID", 3),
+    ):
         broken = FakeNvml(fail={(1, fn): code})
         with pytest.raises(SmiFailed, match="NVML"):
             nvml_query("box", nvml=broken)
@@ -642,11 +664,20 @@ def test_nvml_gpu_lost_before_its_handle(code: int, flag: str) -> None:
     assert fake.calls["nvmlDeviceGetUUID"] == 1 and fake.shutdowns == 1
 
 
-@pytest.mark.parametrize("fn", [
-    "nvmlDeviceGetIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo_v2",
-    "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMigMode",
-    "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMinorNumber",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetMinorNumber",
+    ],
+)
 def test_nvml_gpu_lost_in_any_read(fn: str) -> None:
     """GPU_IS_LOST on any one call: that GPU is a lost row, never a failed node."""
     gpus, apps = nvml_query("box", nvml=FakeNvml(fail={(0, fn): 15}))
@@ -662,12 +693,16 @@ def test_nvml_gpu_lost_in_a_mig_instance() -> None:
     gpus, apps = nvml_query("box", nvml=fake)
     assert [g.flags for g in gpus] == [("lost",), ("mig",)]
     assert apps == (ComputeApp(77, GPU1, None),)
-    for fail in ({(1, "nvmlDeviceGetMigDeviceHandleByIndex"): 15},
-                 {((1, 0), "nvmlDeviceGetComputeRunningProcesses_v3"): 15}):  # fmt: skip
+    for fail in (
+        {(1, "nvmlDeviceGetMigDeviceHandleByIndex"): 15},
+        {((1, 0), "nvmlDeviceGetComputeRunningProcesses_v3"): 15},
+    ):
         fake.fail = fail
         gpus, apps = nvml_query("box", nvml=fake)
-        assert gpus == (H200_0, GpuInfo(1, "", "?", None, None, None, "00000000:19:00.0", None,
-                                        ("lost",)))  # fmt: skip
+        assert gpus == (
+            H200_0,
+            GpuInfo(1, "", "?", None, None, None, "00000000:19:00.0", None, ("lost",)),
+        )
         assert {a.gpu_uuid for a in apps} == {GPU0}  # GPU 1's instance process is dropped
 
 
@@ -695,8 +730,10 @@ def test_nvml_mig_gpu_lists_every_instance() -> None:
     gpus, apps = nvml_query("box", nvml=fake)
     assert gpus == (replace(H200_0, utilization_pct=None, flags=("mig",)), H200_1)
     assert apps == (  # against the parent GPU: a reset of it lists every instance's processes
-        ComputeApp(5001, GPU0, 1024), ComputeApp(5002, GPU0, None), ComputeApp(5003, GPU0, 2048),
-    )  # fmt: skip
+        ComputeApp(5001, GPU0, 1024),
+        ComputeApp(5002, GPU0, None),
+        ComputeApp(5003, GPU0, 2048),
+    )
     assert fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 3
     assert fake.calls["nvmlDeviceGetMaxMigDeviceCount"] == 1  # GPU 1 is not in MIG mode
     # An unprivileged caller: the parent's list is refused, the instances' still read.
@@ -711,8 +748,12 @@ def test_nvml_mig_gpu_lists_every_instance() -> None:
 
 def test_nvml_remembers_functions_the_driver_lacks() -> None:
     """FUNCTION_NOT_FOUND is asked once per library, not on every probe."""
-    old = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetMigMode",
-           "nvmlDeviceGetComputeRunningProcesses_v3")  # fmt: skip
+    old = (
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+    )
     fake = FakeNvml(missing=old)
     first = nvml_query("box", nvml=fake)
     assert first[0] == (replace(H200_0, memory_used_mib=3072 + 512, minor=None), H200_1)
@@ -731,8 +772,12 @@ def test_nvml_remembers_functions_the_driver_lacks() -> None:
 
 def test_nvml_pynvml_version_mismatch_never_escapes() -> None:
     """pynvml's unversioned call raises NVMLLibraryMismatchError, no NVMLError: still handled."""
-    fake = FakeNvml(missing=("nvmlDeviceGetComputeRunningProcesses_v3",
-                             "nvmlDeviceGetComputeRunningProcesses_v2"))  # fmt: skip
+    fake = FakeNvml(
+        missing=(
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            "nvmlDeviceGetComputeRunningProcesses_v2",
+        )
+    )
     with pytest.raises(SmiFailed, match="no compute-process call"):
         nvml_query("box", nvml=fake)
     assert "nvmlDeviceGetComputeRunningProcesses" in missing_functions(fake)
@@ -777,8 +822,13 @@ def local_node(tmp_path: Path) -> NodeConfig:
         (folder / "information").write_text(
             f"Model: \t\t NVIDIA H200\nBus Location: \t {bus}\nDevice Minor: \t {minor}\n"
         )
-    return NodeConfig(name="here", host="local", dev_prefix=f"{tmp_path}/dev/nvidia",
-                      nvidia_smi=str(smi), driver_dir=str(tmp_path / "driver"))  # fmt: skip
+    return NodeConfig(
+        name="here",
+        host="local",
+        dev_prefix=f"{tmp_path}/dev/nvidia",
+        nvidia_smi=str(smi),
+        driver_dir=str(tmp_path / "driver"),
+    )
 
 
 async def _hold(path: str) -> asyncio.subprocess.Process:
@@ -798,7 +848,9 @@ async def test_local_probe_uses_nvml(local_node: NodeConfig, tmp_path: Path) -> 
         assert (tmp_path / "calls").read_text() == ""  # nvidia-smi never ran
         assert [g.memory_used_mib for g in snap.gpus] == [3072, 0]
         assert [(g.bus_id, g.minor) for g in snap.gpus] == [
-            ("00000000:18:00.0", 1), ("00000000:19:00.0", 0)]  # fmt: skip
+            ("00000000:18:00.0", 1),
+            ("00000000:19:00.0", 0),
+        ]
         procs = {(p.pid, p.gpu_index): p for p in snap.processes}
         assert procs[(os.getpid(), 0)].start_ticks is not None  # /proc read by the same exec
         assert procs[(os.getpid(), 0)].used_memory_mib == 1024
@@ -846,7 +898,12 @@ async def test_local_probe_with_a_lost_and_a_mig_gpu(
         assert (tmp_path / "calls").read_text() == ""  # nvidia-smi never ran
         g0, g1 = snap.gpus
         assert (g0.index, g0.uuid, g0.memory_used_mib, g0.minor, g0.flags) == (
-            0, "", None, 1, ("lost",))  # fmt: skip
+            0,
+            "",
+            None,
+            1,
+            ("lost",),
+        )
         assert (g1.minor, g1.flags) == (0, ("mig",))  # its minor: the driver's, by bus id
         procs = {(p.pid, p.gpu_index): p for p in snap.processes}
         me = procs[(os.getpid(), 1)]  # an instance's process, on the MIG GPU
@@ -920,8 +977,10 @@ async def test_local_probe_takes_nothing_from_a_forged_name(
     local_node: NodeConfig, tmp_path: Path
 ) -> None:
     """A job NVML lists writes probe-shaped text into its argv: it is shown, never obeyed."""
-    forged = ("x\n\n@gpubot procs\nc 100 1\np 1 S 0 1 0 0 =init =init ! =0::/ =0\nu 0 =root\n"
-              "\n@gpubot end\n")  # fmt: skip
+    forged = (
+        "x\n\n@gpubot procs\nc 100 1\np 1 S 0 1 0 0 =init =init ! =0::/ =0\nu 0 =root\n"
+        "\n@gpubot end\n"
+    )
     with open(f"{local_node.dev_prefix}1", "rb") as held:  # noqa: ASYNC230 (a test fixture file)
         job = await asyncio.create_subprocess_exec(
             sys.executable, "-c", "import time; time.sleep(30)", forged, stdin=held

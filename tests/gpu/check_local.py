@@ -85,19 +85,32 @@ def close(a: int | None, b: int | None, tol: int) -> bool:
 
 
 def compare_gpus(r: Report, label: str, a: tuple[GpuInfo, ...], b: tuple[GpuInfo, ...]) -> None:
-    r.check([g.index for g in a] == [g.index for g in b], f"{label}: same GPU indices",
-            f"{[g.index for g in a]} vs {[g.index for g in b]}")  # fmt: skip
+    r.check(
+        [g.index for g in a] == [g.index for g in b],
+        f"{label}: same GPU indices",
+        f"{[g.index for g in a]} vs {[g.index for g in b]}",
+    )
     for x, y in zip(a, b, strict=False):
-        r.check((x.uuid, x.name) == (y.uuid, y.name), f"{label}: GPU {x.index} uuid and name",
-                f"{x.uuid} {x.name!r} vs {y.uuid} {y.name!r}")  # fmt: skip
-        r.check(x.memory_total_mib == y.memory_total_mib, f"{label}: GPU {x.index} memory.total",
-                f"{x.memory_total_mib} vs {y.memory_total_mib} MiB")  # fmt: skip
-        r.check(close(x.memory_used_mib, y.memory_used_mib, MEM_TOLERANCE_MIB),
-                f"{label}: GPU {x.index} memory.used within {MEM_TOLERANCE_MIB} MiB",
-                f"{x.memory_used_mib} vs {y.memory_used_mib} MiB")  # fmt: skip
-        r.check((x.utilization_pct is None) == (y.utilization_pct is None),
-                f"{label}: GPU {x.index} utilization both known or both N/A",
-                f"{x.utilization_pct} vs {y.utilization_pct}")  # fmt: skip
+        r.check(
+            (x.uuid, x.name) == (y.uuid, y.name),
+            f"{label}: GPU {x.index} uuid and name",
+            f"{x.uuid} {x.name!r} vs {y.uuid} {y.name!r}",
+        )
+        r.check(
+            x.memory_total_mib == y.memory_total_mib,
+            f"{label}: GPU {x.index} memory.total",
+            f"{x.memory_total_mib} vs {y.memory_total_mib} MiB",
+        )
+        r.check(
+            close(x.memory_used_mib, y.memory_used_mib, MEM_TOLERANCE_MIB),
+            f"{label}: GPU {x.index} memory.used within {MEM_TOLERANCE_MIB} MiB",
+            f"{x.memory_used_mib} vs {y.memory_used_mib} MiB",
+        )
+        r.check(
+            (x.utilization_pct is None) == (y.utilization_pct is None),
+            f"{label}: GPU {x.index} utilization both known or both N/A",
+            f"{x.utilization_pct} vs {y.utilization_pct}",
+        )
         # Flags NVML has a case for (lost, requires-reset, mig); infoROM warnings are smi's.
         fx, fy = set(x.flags) - {"warning"}, set(y.flags) - {"warning"}
         r.check(fx == fy, f"{label}: GPU {x.index} flags agree", f"{x.flags} vs {y.flags}")
@@ -106,12 +119,18 @@ def compare_gpus(r: Report, label: str, a: tuple[GpuInfo, ...], b: tuple[GpuInfo
 def compare_apps(r: Report, a: tuple[ComputeApp, ...], b: tuple[ComputeApp, ...]) -> None:
     ka = {(x.pid, x.gpu_uuid): x for x in a}
     kb = {(x.pid, x.gpu_uuid): x for x in b}
-    r.check(set(ka) == set(kb), "NVML vs nvidia-smi: same (pid, GPU) compute apps",
-            f"{sorted(ka)} vs {sorted(kb)}")  # fmt: skip
+    r.check(
+        set(ka) == set(kb),
+        "NVML vs nvidia-smi: same (pid, GPU) compute apps",
+        f"{sorted(ka)} vs {sorted(kb)}",
+    )
     for key in set(ka) & set(kb):
         x, y = ka[key], kb[key]
-        r.check(close(x.used_memory_mib, y.used_memory_mib, 2), f"app {key[0]}: used memory",
-                f"{x.used_memory_mib} vs {y.used_memory_mib} MiB")  # fmt: skip
+        r.check(
+            close(x.used_memory_mib, y.used_memory_mib, 2),
+            f"app {key[0]}: used memory",
+            f"{x.used_memory_mib} vs {y.used_memory_mib} MiB",
+        )
 
 
 def start_ticks(pid: int) -> int:
@@ -119,12 +138,16 @@ def start_ticks(pid: int) -> int:
 
 
 def check_snapshot(r: Report, label: str, snap: NodeSnapshot, workload: int | None) -> None:
-    r.note(f"{label}: {len(snap.gpus)} GPUs, {len(snap.processes)} GPU processes, "
-           f"{len(snap.ctl_only)} ctl-only")  # fmt: skip
+    r.note(
+        f"{label}: {len(snap.gpus)} GPUs, {len(snap.processes)} GPU processes, "
+        f"{len(snap.ctl_only)} ctl-only"
+    )
     for p in snap.processes:
-        r.note(f"  gpu {p.gpu_index} pid {p.pid} {p.used_memory_mib} MiB "
-               f"visible={p.visible_to_nvidia_smi} holds={p.holds_device_file} "
-               f"user={p.user} state={p.state} cmd={(p.command or '')[:60]!r}")  # fmt: skip
+        r.note(
+            f"  gpu {p.gpu_index} pid {p.pid} {p.used_memory_mib} MiB "
+            f"visible={p.visible_to_nvidia_smi} holds={p.holds_device_file} "
+            f"user={p.user} state={p.state} cmd={(p.command or '')[:60]!r}"
+        )
     if workload is None:
         return
     mine = [p for p in snap.processes if p.pid == workload and p.gpu_index == 0]
@@ -150,8 +173,13 @@ def start_workload(r: Report) -> subprocess.Popen[str] | None:
     # CUDA's device 0 is NVML's GPU 0 only in PCI order (CUDA's default is fastest first).
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    w = subprocess.Popen([sys.executable, "-c", WORKLOAD], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    w = subprocess.Popen(
+        [sys.executable, "-c", WORKLOAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert w.stdout is not None
     line = w.stdout.readline().strip()
     if not r.check(line == "ready", "CUDA workload allocated memory", line):
@@ -197,18 +225,21 @@ async def checks(r: Report, smi: str, pid: int | None) -> None:
     g = await local.run(node, gpu_query_argv(smi))
     a = await local.run(node, apps_query_argv(smi))
     t_smi = time.perf_counter() - t0
-    if not r.check(g.exit_status == 0 and a.exit_status == 0, "nvidia-smi queries succeed",
-                   (g.stderr or g.stdout or a.stderr).strip()[:200]):  # fmt: skip
+    if not r.check(
+        g.exit_status == 0 and a.exit_status == 0,
+        "nvidia-smi queries succeed",
+        (g.stderr or g.stdout or a.stderr).strip()[:200],
+    ):
         return
-    r.note(f"NVML read in {t_nvml * 1000:.0f} ms, two nvidia-smi queries in "
-           f"{t_smi * 1000:.0f} ms")  # fmt: skip
+    r.note(f"NVML read in {t_nvml * 1000:.0f} ms, two nvidia-smi queries in {t_smi * 1000:.0f} ms")
     try:
         smi_gpus, smi_apps = parse_gpus(g.stdout), parse_apps(a.stdout)
     except GpubotError as exc:
         r.check(False, "nvidia-smi output parses strictly", str(exc))
         return
-    r.check(True, "nvidia-smi output parses strictly",
-            f"{len(smi_gpus)} GPUs, {len(smi_apps)} apps")  # fmt: skip
+    r.check(
+        True, "nvidia-smi output parses strictly", f"{len(smi_gpus)} GPUs, {len(smi_apps)} apps"
+    )
     compare_gpus(r, "NVML vs nvidia-smi", gpus, smi_gpus)
     compare_apps(r, apps, smi_apps)
     # Also the formats with header and units, which the parsers accept too.
@@ -216,9 +247,11 @@ async def checks(r: Report, smi: str, pid: int | None) -> None:
     res_a = await local.run(node, [*apps_query_argv(smi)[:2], "--format=csv"])
     try:
         units_g, units_a = parse_gpus(res_g.stdout), parse_apps(res_a.stdout)
-        r.check([x.uuid for x in units_g] == [x.uuid for x in smi_gpus]
-                and {x.pid for x in units_a} == {x.pid for x in smi_apps},
-                "--format=csv (header, units) parses to the same tables")  # fmt: skip
+        r.check(
+            [x.uuid for x in units_g] == [x.uuid for x in smi_gpus]
+            and {x.pid for x in units_a} == {x.pid for x in smi_apps},
+            "--format=csv (header, units) parses to the same tables",
+        )
     except GpubotError as exc:
         r.check(False, "--format=csv (header, units) parses", str(exc))
 
@@ -249,8 +282,9 @@ async def probes(
     snap = None
     with_nvml = RoutingTransport(SshSettings(command_timeout_s=60))
     try:
-        snap = await probe_node(with_nvml, node, smi_timeout_s=20, taken_at=time.time(),
-                                protection=protection)  # fmt: skip
+        snap = await probe_node(
+            with_nvml, node, smi_timeout_s=20, taken_at=time.time(), protection=protection
+        )
         check_snapshot(r, "probe (NVML)", snap, pid)
         check_minors(r, "probe (NVML)", gpus, snap)
         check_holders(r, "probe (NVML)", snap, holders)
@@ -260,33 +294,45 @@ async def probes(
     without = RoutingTransport(SshSettings(command_timeout_s=60))
     without.local = LocalTransport(SshSettings(command_timeout_s=60), nvml=NoNvml())
     try:
-        snap2 = await probe_node(without, node, smi_timeout_s=20, taken_at=time.time(),
-                                 protection=protection)  # fmt: skip
+        snap2 = await probe_node(
+            without, node, smi_timeout_s=20, taken_at=time.time(), protection=protection
+        )
         check_snapshot(r, "probe (nvidia-smi fallback)", snap2, pid)
         check_minors(r, "probe (nvidia-smi fallback)", gpus, snap2)
         check_holders(r, "probe (nvidia-smi fallback)", snap2, holders)
         check_daemons(r, "probe (nvidia-smi fallback)", snap2, daemons)
         if snap is not None:
             compare_gpus(r, "probe NVML vs probe nvidia-smi", snap.gpus, snap2.gpus)
-            r.check([g.minor for g in snap.gpus] == [g.minor for g in snap2.gpus],
-                    "both probes give each GPU the same device minor")  # fmt: skip
-            r.check({(p.pid, p.gpu_index) for p in snap.processes}
-                    == {(p.pid, p.gpu_index) for p in snap2.processes},
-                    "both probes see the same GPU processes")  # fmt: skip
+            r.check(
+                [g.minor for g in snap.gpus] == [g.minor for g in snap2.gpus],
+                "both probes give each GPU the same device minor",
+            )
+            r.check(
+                {(p.pid, p.gpu_index) for p in snap.processes}
+                == {(p.pid, p.gpu_index) for p in snap2.processes},
+                "both probes see the same GPU processes",
+            )
     except GpubotError as exc:
         r.check(False, "probe (nvidia-smi fallback)", str(exc))
     if daemons and snap is not None and any(d.visible for d in daemons.values()):
         # The negative: with no protected paths the daemon is a hidden job like any other.
         try:
-            bare = await probe_node(with_nvml, node, smi_timeout_s=20, taken_at=time.time(),
-                                    protection=Protection(paths=()))  # fmt: skip
+            bare = await probe_node(
+                with_nvml,
+                node,
+                smi_timeout_s=20,
+                taken_at=time.time(),
+                protection=Protection(paths=()),
+            )
         except GpubotError as exc:
             r.check(False, "probe (NVML) without protected paths", str(exc))
             return
         seen = [p for p in bare.processes if p.pid in daemons]
-        r.check(bool(seen) and not any(p.system for p in seen),
-                f"without protected paths {PERSISTENCED} is not `system` (the paths decide)",
-                f"{[(p.pid, p.gpu_index, process_flags(p)) for p in seen]}")  # fmt: skip
+        r.check(
+            bool(seen) and not any(p.system for p in seen),
+            f"without protected paths {PERSISTENCED} is not `system` (the paths decide)",
+            f"{[(p.pid, p.gpu_index, process_flags(p)) for p in seen]}",
+        )
 
 
 # ---- device minors -----------------------------------------------------------------------------
@@ -313,14 +359,22 @@ def check_minors(r: Report, label: str, nvml: tuple[GpuInfo, ...], snap: NodeSna
             r.note(f"{label}: GPU {g.index} is lost: its minor is not checked")
             continue
         driver = driver_minor(g.bus_id)
-        r.check(driver is not None, f"{label}: GPU {g.index} has a Device Minor in "
-                f"{DRIVER_DIR}/<bus id>/information", f"bus {g.bus_id}")  # fmt: skip
-        r.check(g.minor == driver, f"{label}: GPU {g.index} NVML minor = the driver's",
-                f"{g.minor} vs {driver}")  # fmt: skip
+        r.check(
+            driver is not None,
+            f"{label}: GPU {g.index} has a Device Minor in {DRIVER_DIR}/<bus id>/information",
+            f"bus {g.bus_id}",
+        )
+        r.check(
+            g.minor == driver,
+            f"{label}: GPU {g.index} NVML minor = the driver's",
+            f"{g.minor} vs {driver}",
+        )
         probed = by_index.get(g.index)
-        r.check(probed is not None and probed.minor == driver,
-                f"{label}: GPU {g.index} probe's GpuInfo.minor = the driver's",
-                f"{probed.minor if probed else 'no such GPU'} vs {driver}")  # fmt: skip
+        r.check(
+            probed is not None and probed.minor == driver,
+            f"{label}: GPU {g.index} probe's GpuInfo.minor = the driver's",
+            f"{probed.minor if probed else 'no such GPU'} vs {driver}",
+        )
         if driver is None:
             continue
         path = f"/dev/nvidia{driver}"
@@ -328,15 +382,17 @@ def check_minors(r: Report, label: str, nvml: tuple[GpuInfo, ...], snap: NodeSna
             st = os.stat(path)
             rdev = (os.major(st.st_rdev), os.minor(st.st_rdev))
             ok = stat.S_ISCHR(st.st_mode) and rdev == (NVIDIA_MAJOR, driver)
-            r.check(ok, f"{label}: {path} is the character device {NVIDIA_MAJOR}:{driver}",
-                    f"{rdev}")  # fmt: skip
+            r.check(
+                ok, f"{label}: {path} is the character device {NVIDIA_MAJOR}:{driver}", f"{rdev}"
+            )
         except OSError as exc:
             r.check(False, f"{label}: {path} exists", str(exc))
         if g.index != driver:
             r.note(f"{label}: GPU {g.index} is /dev/nvidia{driver}: index != minor on this box")
     minors = [g.minor for g in snap.gpus if g.minor is not None]
-    r.check(len(minors) == len(set(minors)), f"{label}: no two GPUs share a device minor",
-            f"{minors}")  # fmt: skip
+    r.check(
+        len(minors) == len(set(minors)), f"{label}: no two GPUs share a device minor", f"{minors}"
+    )
 
 
 def start_holders(r: Report, gpus: tuple[GpuInfo, ...]) -> dict[int, subprocess.Popen[bytes]]:
@@ -361,11 +417,17 @@ def check_holders(
     """Each holder of /dev/nvidia<minor> is on that GPU's index, and on no other GPU."""
     for index, h in holders.items():
         on = sorted(p.gpu_index for p in snap.processes if p.pid == h.pid)
-        r.check(on == [index], f"{label}: the holder of GPU {index}'s device file (pid {h.pid}) "
-                f"is on GPU {index} alone", f"on {on}")  # fmt: skip
+        r.check(
+            on == [index],
+            f"{label}: the holder of GPU {index}'s device file (pid {h.pid}) "
+            f"is on GPU {index} alone",
+            f"on {on}",
+        )
         mine = [p for p in snap.processes if p.pid == h.pid]
-        r.check(all(p.hidden for p in mine), f"{label}: that holder is a hidden holder "
-                "(nvidia-smi lists it on no GPU)")  # fmt: skip
+        r.check(
+            all(p.hidden for p in mine),
+            f"{label}: that holder is a hidden holder (nvidia-smi lists it on no GPU)",
+        )
 
 
 # ---- the persistence daemon ---------------------------------------------------------------------
@@ -397,8 +459,11 @@ def find_daemons(name: str) -> dict[int, Daemon]:
                 exe = os.readlink(d / "exe")
             except OSError:  # another account's, and we are not root: argv[0] says it
                 exe = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            uid = next(int(line.split()[2]) for line in (d / "status").read_text().splitlines()
-                       if line.startswith("Uid:"))  # fmt: skip
+            uid = next(
+                int(line.split()[2])
+                for line in (d / "status").read_text().splitlines()
+                if line.startswith("Uid:")
+            )
         except (OSError, StopIteration, IndexError, ValueError):
             continue  # it ended while being read
         out[int(d.name)] = Daemon(int(d.name), exe.removesuffix(" (deleted)"), uid)
@@ -413,8 +478,10 @@ def protection_for(r: Report, daemons: dict[int, Daemon]) -> Protection:
     for d in daemons.values():
         r.note(f"{PERSISTENCED}: pid {d.pid}, {d.exe}, user {d.user}")
         if d.exe not in paths:
-            r.note(f"  {d.exe} is not among the default protected paths: added for this check "
-                   "(list it in [reset] protected)")  # fmt: skip
+            r.note(
+                f"  {d.exe} is not among the default protected paths: added for this check "
+                "(list it in [reset] protected)"
+            )
             paths.append(d.exe)
         if d.user not in users and d.uid != 0:
             r.note(f"  {d.user} is not among the default system users: added for this check")
@@ -438,13 +505,17 @@ def check_daemons(r: Report, label: str, snap: NodeSnapshot, daemons: dict[int, 
             procs = snap.on_gpu(g.index)
             mine = [p for p in procs if p.pid == d.pid]
             seen = [(process_flags(p), p.exe or p.argv0) for p in mine]
-            r.check(len(mine) == 1 and mine[0].system and process_flags(mine[0]) == ("system",),
-                    f"{label}: {PERSISTENCED} (pid {d.pid}) is `system` on GPU {g.index}",
-                    f"{seen or 'not seen'}")  # fmt: skip
+            r.check(
+                len(mine) == 1 and mine[0].system and process_flags(mine[0]) == ("system",),
+                f"{label}: {PERSISTENCED} (pid {d.pid}) is `system` on GPU {g.index}",
+                f"{seen or 'not seen'}",
+            )
             others = tuple(p for p in procs if p.pid != d.pid)
-            r.check(gpu_flags(g, procs) == gpu_flags(g, others),
-                    f"{label}: it changes no flag of GPU {g.index} (not a job, hides no leak)",
-                    f"{gpu_flags(g, procs)} vs {gpu_flags(g, others)}")  # fmt: skip
+            r.check(
+                gpu_flags(g, procs) == gpu_flags(g, others),
+                f"{label}: it changes no flag of GPU {g.index} (not a job, hides no leak)",
+                f"{gpu_flags(g, procs)} vs {gpu_flags(g, others)}",
+            )
 
 
 class NoNvml:

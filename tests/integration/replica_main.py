@@ -96,9 +96,12 @@ async def read_commands(app: Any, name: str) -> None:
             try:  # the reset engine takes the node's database lock itself
                 plan, before = await app.reset.plan(ResetRequest(node, None, gpus=(gpu,)))
                 result = await app.reset.execute(
-                    plan, actor=f"test:{name}", source="test", command=line.strip(),
+                    plan,
+                    actor=f"test:{name}",
+                    source="test",
+                    command=line.strip(),
                     before=before,
-                )  # fmt: skip
+                )
                 emit("reset", node=node, ok=result.ok, action_id=result.action_id)
             except LockHeld as exc:
                 emit("refused", node=node, why=str(exc))

@@ -29,11 +29,18 @@ async def publishing(
     settings = dataclasses.replace(
         with_tables(Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}"), tables), **changes
     )
-    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url),
-                serving=True, first_after_s=0)  # fmt: skip
+    app = build(
+        settings,
+        {},
+        need_store=True,
+        slack=SlackAccess(BOT_TOKEN, fake.base_url),
+        serving=True,
+        first_after_s=0,
+    )
     assert app.store is not None
-    await app.store.record_query(kind="status", actor="U0BOB", source="slack", nodes=["n1"],
-                                 failed={}, seconds=0.1)  # fmt: skip
+    await app.store.record_query(
+        kind="status", actor="U0BOB", source="slack", nodes=["n1"], failed={}, seconds=0.1
+    )
     app.start(sweeps=False)
     try:
         yield app.store, app
@@ -83,15 +90,18 @@ async def test_a_rewrite_after_a_publication_is_posted(
         assert heads is not None
         await fake_slack.wait_for(lambda: bool(fake_slack.ok("chat.postMessage")))
         first = heads.last
-        await store.record_query(kind="status", actor="U0BOB", source="slack", nodes=["n2"],
-                                 failed={}, seconds=0.1)  # fmt: skip
+        await store.record_query(
+            kind="status", actor="U0BOB", source="slack", nodes=["n2"], failed={}, seconds=0.1
+        )
         rewrite_chain(url, 1, '{"query":"nothing"}')  # consistent again, but not the same log
         result = await heads.publish()
         assert result is not None and not result.ok
         [_, (channel, text, blocks)] = posted(fake_slack)
         assert channel == "C0ALERTS"
-        assert text.startswith("⚠ The audit log does not verify: audit log tampered: the "
-                               f"published head {first[0]}:")  # type: ignore[index]  # fmt: skip
+        assert first is not None
+        assert text.startswith(
+            f"⚠ The audit log does not verify: audit log tampered: the published head {first[0]}:"
+        )
         assert "Audit log check failed" in blocks and "(the log was rewritten)" in blocks
         assert heads.last == first  # the anchor stays the last good head
     assert_within_limits(fake_slack)

@@ -22,10 +22,23 @@ OPTIONAL = ("pssh", "pssh:probe", "ansible")
 def test_smoke_run_measures_every_part(tmp_path: Path) -> None:
     out, raw = tmp_path / "report.md", tmp_path / "raw.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--smoke", "--workdir", str(tmp_path / "w"),
-         "--out", str(out), "--json", str(raw)],
-        cwd=REPO, capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            "--smoke",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--out",
+            str(out),
+            "--json",
+            str(raw),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(raw.read_text())
 
@@ -62,8 +75,13 @@ def test_smoke_run_measures_every_part(tmp_path: Path) -> None:
     assert with_failures["failing"] == 100 and with_failures["problems"] == []
 
     report = out.read_text()
-    for heading in ("### Fleet status", "### Reset latency", "### Slack acknowledgement",
-                    "### Extrapolation to 1000 nodes", "### Ratios and targets"):  # fmt: skip
+    for heading in (
+        "### Fleet status",
+        "### Reset latency",
+        "### Slack acknowledgement",
+        "### Extrapolation to 1000 nodes",
+        "### Ratios and targets",
+    ):
         assert heading in report
     assert report == proc.stdout.strip() + "\n"
 
@@ -72,10 +90,25 @@ def test_smoke_run_measures_every_part(tmp_path: Path) -> None:
 def test_smoke_scale_runs_a_bot_over_a_fleet(tmp_path: Path) -> None:
     out, raw = tmp_path / "report.md", tmp_path / "raw.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--smoke", "--only", "scale",
-         "--workdir", str(tmp_path / "w"), "--out", str(out), "--json", str(raw)],
-        cwd=REPO, capture_output=True, text=True, timeout=170,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            "--smoke",
+            "--only",
+            "scale",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--out",
+            str(out),
+            "--json",
+            str(raw),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     scale = json.loads(raw.read_text())["scale"]
     assert scale["nodes"] == 16 and scale["fleet"]["workloads"] == 2

@@ -37,8 +37,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         fl = Fleet(f)
         subprocess.run(
             [sys.executable, "-m", "gpubot", "--config", str(fl.config_path), "db", "upgrade"],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            check=True,
+            capture_output=True,
+        )
         yield fl
 
 
@@ -46,8 +47,12 @@ def gpubot(config: Path, *args: str, stdin: str | None = None) -> subprocess.Com
     env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
     return subprocess.run(
         [sys.executable, "-m", "gpubot", "--config", str(config), *args],
-        capture_output=True, text=True, env=env, input=stdin, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        input=stdin,
+        timeout=60,
+    )
 
 
 def one_line_error(p: subprocess.CompletedProcess[str]) -> str:
@@ -79,11 +84,27 @@ def test_status_json_document(fleet: Fleet) -> None:
         (node,) = json.loads(p.stdout)["nodes"]
         assert {"name", "ok", "error", "gpus"} <= node.keys() and node["ok"] is True
         gpu0 = node["gpus"][0]
-        assert {"index", "uuid", "name", "memory_used_mib", "memory_total_mib",
-                "utilization_pct", "processes"} <= gpu0.keys()  # fmt: skip
+        assert {
+            "index",
+            "uuid",
+            "name",
+            "memory_used_mib",
+            "memory_total_mib",
+            "utilization_pct",
+            "processes",
+        } <= gpu0.keys()
         (proc,) = gpu0["processes"]
-        assert {"pid", "user", "ppid", "state", "start_ticks", "used_memory_mib", "process_name",
-                "command", "visible_to_nvidia_smi"} <= proc.keys()  # fmt: skip
+        assert {
+            "pid",
+            "user",
+            "ppid",
+            "state",
+            "start_ticks",
+            "used_memory_mib",
+            "process_name",
+            "command",
+            "visible_to_nvidia_smi",
+        } <= proc.keys()
         assert proc["pid"] == w.pid and proc["start_ticks"] == w.start_ticks
     finally:
         os.kill(w.pid, signal.SIGKILL)

@@ -35,8 +35,11 @@ def gpubot(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("GPUBOT_CONFIG", "GPUBOT_AUDIT_KEY")}
     return subprocess.run(
         [sys.executable, "-m", "gpubot", "--config", str(config), *args],
-        capture_output=True, text=True, env=env, timeout=90,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+    )
 
 
 def test_status_on_a_fresh_sqlite_path_sets_the_database_up(

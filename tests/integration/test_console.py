@@ -109,14 +109,23 @@ async def test_console_process_reads_stdin(app: App, slack_fleet: Any, tmp_path:
     cfg = tmp_path / "gpubot.toml"
     text = slack_fleet.config_path.read_text()
     start = text.index('url = "', text.index("[database]"))
-    cfg.write_text(text[:start] + f'url = "{app.settings.database_url}"'
-                   + text[text.index("\n", start):])  # fmt: skip
+    cfg.write_text(
+        text[:start] + f'url = "{app.settings.database_url}"' + text[text.index("\n", start) :]
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpubot", "--config", str(cfg), "console",
-        cwd=REPO, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "gpubot",
+        "--config",
+        str(cfg),
+        "console",
+        cwd=REPO,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, err = await asyncio.wait_for(
         proc.communicate(b"status node2\nfrobnicate\nhelp audit\naudit 5\nquit\n"), 60
     )
@@ -127,9 +136,19 @@ async def test_console_process_reads_stdin(app: App, slack_fleet: Any, tmp_path:
     assert "/gpu audit [NODE] [N]" in stdout
     assert "Audit log" in stdout
     bad = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpubot", "--config", str(cfg), "console", "--as", "alice",
-        cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "gpubot",
+        "--config",
+        str(cfg),
+        "console",
+        "--as",
+        "alice",
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, err = await asyncio.wait_for(bad.communicate(), 60)
     assert bad.returncode != 0
     assert err.decode().strip().splitlines() == [

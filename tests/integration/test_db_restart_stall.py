@@ -76,8 +76,9 @@ async def test_the_stall_sequence_ten_times_in_a_row(pg_bot: Bot, node1: Any) ->
     for turn in range(10):
         w, approval_id, ts = await forced_request(h, node1, gpu=turn % 4)
         await asyncio.to_thread(pg.stop, "fast" if turn % 2 == 0 else "immediate")
-        clicked = await h.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL",
-                                     message_ts=ts)  # fmt: skip
+        clicked = await h.send.click(
+            ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts
+        )
         assert clicked.status == 200
         await asyncio.sleep(0.5)
         await asyncio.to_thread(pg.start)

@@ -19,8 +19,12 @@ def test_demo_walks_through_and_leaves_nothing(tmp_path: Path) -> None:
     }
     p = subprocess.run(
         [sys.executable, "-m", "gpubot", "demo"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     out = p.stdout
     assert "Traceback" not in p.stderr

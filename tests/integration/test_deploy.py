@@ -27,16 +27,26 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     """Build the wheel the image installs, install it alone, run `db upgrade` from elsewhere."""
     dist, target = tmp_path / "dist", tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-         "-w", str(dist), str(ROOT)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = dist.glob("gpubot-*.whl")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-         str(wheel)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     # -I: no checkout on sys.path; the wheel's own code goes first, before this venv's packages.
     prelude = f"import sys; sys.path[:0] = [{str(target)!r}]; "
     cfg = tmp_path / "gpubot.toml"
@@ -45,8 +55,10 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
         code = prelude + "from gpubot.cli import main; sys.exit(main())"
         p = subprocess.run(
             [sys.executable, "-I", "-c", code, "--config", str(cfg), *args],
-            cwd=tmp_path, capture_output=True, text=True,
-        )  # fmt: skip
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
         assert p.returncode == 0, p.stderr
     code = (
         prelude

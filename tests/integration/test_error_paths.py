@@ -38,8 +38,11 @@ def _sql(db: Path, *statements: str) -> None:
 
 def _texts(fake: FakeSlack) -> list[str]:
     """Every top-level text the bot showed: messages, edits and ephemeral answers."""
-    return [str(c.body.get("text", "")) for c in fake.calls
-            if c.method.startswith(("chat.", "response:"))]  # fmt: skip
+    return [
+        str(c.body.get("text", ""))
+        for c in fake.calls
+        if c.method.startswith(("chat.", "response:"))
+    ]
 
 
 def _shown(fake: FakeSlack, start: str) -> str:
@@ -132,12 +135,15 @@ async def test_an_internal_error_says_so_and_keeps_the_details_in_the_log(
     ("command", "fault", "said"),
     [
         ("reset node1 gpu 9", None, "⚠ node1 has no GPU 9 (GPUs: 0, 1, 2, 3)"),
-        ("reset node1 gpu 1", "driver-error",
-         "⚠ node1: nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it couldn't "
-         "communicate with the NVIDIA driver."),
+        (
+            "reset node1 gpu 1",
+            "driver-error",
+            "⚠ node1: nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it couldn't "
+            "communicate with the NVIDIA driver.",
+        ),
     ],
     ids=["no-such-gpu", "nvidia-smi-fails"],
-)  # fmt: skip
+)
 async def test_a_planning_failure_is_one_line(
     harness: Harness, node1: Any, command: str, fault: str | None, said: str
 ) -> None:
@@ -186,8 +192,7 @@ async def test_an_approved_plan_that_fails_is_failed_and_audited(
     w, approval_id, ts = await _approved_request(harness, node1)
     node1.stop_server()
     try:
-        await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL",
-                                 message_ts=ts)  # fmt: skip
+        await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
         await harness.settle()
     finally:
         node1.start_server()
@@ -206,14 +211,14 @@ async def test_the_failure_of_an_approved_plan_is_shown_to_on_call_and_the_reque
     (asked,) = [c for c in harness.fake.ok("chat.postMessage") if c.body["channel"] != "C0ONCALL"]
     node1.stop_server()
     try:
-        await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL",
-                                 message_ts=ts)  # fmt: skip
+        await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
         await harness.settle()
     finally:
         node1.start_server()
     oncall = json.dumps(_updates(harness.fake, ts)[-1].body, ensure_ascii=False)
-    requester = json.dumps(_updates(harness.fake, str(asked.answer["ts"]))[-1].body,
-                           ensure_ascii=False)  # fmt: skip
+    requester = json.dumps(
+        _updates(harness.fake, str(asked.answer["ts"]))[-1].body, ensure_ascii=False
+    )
     assert "📡" in oncall and "node1" in oncall
     assert "the reset failed" in requester
 
@@ -223,16 +228,19 @@ async def test_an_end_that_cannot_be_recorded_leaves_the_approval_visibly_unfini
 ) -> None:
     w, approval_id, ts = await _approved_request(harness, node1)
     # The database refuses to record how the approved action ended (and only that).
-    _sql(db, "CREATE TRIGGER no_end BEFORE UPDATE OF state ON approvals "
-             "WHEN NEW.state IN ('executed', 'failed') "
-             "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END")  # fmt: skip
+    _sql(
+        db,
+        "CREATE TRIGGER no_end BEFORE UPDATE OF state ON approvals "
+        "WHEN NEW.state IN ('executed', 'failed') "
+        "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END",
+    )
     with caplog.at_level(logging.ERROR):
-        await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL",
-                                 message_ts=ts)  # fmt: skip
+        await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
         await harness.settle()
     await until(lambda: not alive(w.pid), 10, "the approved kill")
-    assert any(f"approval {approval_id}: cannot record its end" in r.getMessage()
-               for r in caplog.records)  # fmt: skip
+    assert any(
+        f"approval {approval_id}: cannot record its end" in r.getMessage() for r in caplog.records
+    )
     # The reset itself is audited in full ...
     (action,) = await harness.store.actions()
     assert action.kind == "reset" and action.status == "freed"

@@ -72,10 +72,18 @@ def wait_forging(w: Workload) -> None:
 
 
 @pytest.fixture(scope="module", params=SERVERS)
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-          sim_users: tuple[str, ...]) -> Iterator[SimFleet]:  # fmt: skip
-    with SimFleet(tmp_path_factory.mktemp("hostile"), nodes=1, gpus=4, release_delay_s=0.3,
-                  server=request.param) as f:  # fmt: skip
+def fleet(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    sim_users: tuple[str, ...],
+) -> Iterator[SimFleet]:
+    with SimFleet(
+        tmp_path_factory.mktemp("hostile"),
+        nodes=1,
+        gpus=4,
+        release_delay_s=0.3,
+        server=request.param,
+    ) as f:
         yield f
 
 
@@ -101,15 +109,23 @@ async def test_a_forged_claim_on_another_users_process_changes_nothing(
 ) -> None:
     alice, bob = sim_users
     victim = node.spawn(gpu=1, mib=4000, user=bob)
-    forger = node.spawn(gpu=0, mib=1000, user=alice,
-                        forge=forged_claim(node, victim.pid, victim.start_ticks, uid_of(alice),
-                                           alice, 1))  # fmt: skip
+    forger = node.spawn(
+        gpu=0,
+        mib=1000,
+        user=alice,
+        forge=forged_claim(node, victim.pid, victim.start_ticks, uid_of(alice), alice, 1),
+    )
     wait_forging(forger)
     for _ in range(5):  # while the forger keeps rewriting itself, status stays true
         snap = await engine.status.snapshot(engine.status.node("node1"))
         v, f = row(snap, victim.pid), row(snap, forger.pid)
         assert (v.user, v.uid, v.start_ticks, v.gpu_index, v.used_memory_mib) == (
-            bob, uid_of(bob), victim.start_ticks, 1, 4000)  # fmt: skip
+            bob,
+            uid_of(bob),
+            victim.start_ticks,
+            1,
+            4000,
+        )
         assert (f.user, f.uid, f.gpu_index, f.used_memory_mib) == (alice, uid_of(alice), 0, 1000)
         assert {p.pid for p in snap.processes} == {victim.pid, forger.pid}
         assert "\n" not in f.command and "\n" not in f.process_name
@@ -123,12 +139,12 @@ async def test_a_job_cannot_disguise_itself_out_of_an_approved_forced_kill(
     engine: ResetService, node: SimNode, sim_users: tuple[str, ...]
 ) -> None:
     alice, _ = sim_users
-    job = node.spawn(gpu=2, mib=3000, user=alice, name="nvidia-persistenced",
-                     forge=self_disguise())  # fmt: skip
+    job = node.spawn(gpu=2, mib=3000, user=alice, name="nvidia-persistenced", forge=self_disguise())
     wait_forging(job)
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(2,)))
     assert [(t.pid, t.user, t.uid, t.forced) for t in plan.targets] == [
-        (job.pid, alice, uid_of(alice), True)]  # fmt: skip
+        (job.pid, alice, uid_of(alice), True)
+    ]
     assert plan.skipped == ()
     result = await engine.execute(plan, actor="test", source="test", command="test", before=before)
     assert [g.outcome for g in result.gpus] == [Outcome.FREED]
@@ -166,7 +182,10 @@ async def test_a_real_protected_daemon_is_left_alone_and_the_gpu_is_not_called_f
         assert [t.pid for t in result.plan.targets] == [job.pid]
         (kept,) = result.plan.skipped
         assert (kept.pid, kept.protected, kept.reason) == (
-            daemon.pid, True, "protected system daemon")  # fmt: skip
+            daemon.pid,
+            True,
+            "protected system daemon",
+        )
         (g,) = result.gpus
         assert g.outcome is Outcome.STUCK and f"pid {daemon.pid}" in g.detail
         assert "protected system daemon" in g.detail and "500 MiB" in g.detail
@@ -186,8 +205,7 @@ async def test_the_kill_time_check_compares_the_owner(
     (t,) = plan.targets
     # A plan that got the owner wrong (as a forged probe would have): the node refuses.
     wrong = dataclasses.replace(plan, targets=(dataclasses.replace(t, uid=uid_of(alice)),))
-    result = await engine.execute(wrong, actor="test", source="test", command="test",
-                                  before=before)  # fmt: skip
+    result = await engine.execute(wrong, actor="test", source="test", command="test", before=before)
     assert alive(job.pid)
     steps = [s for s in result.steps if s.kind == "signal"]
     assert steps and {(s.data["pid"], s.data["result"]) for s in steps} == {(job.pid, "owner")}
@@ -216,8 +234,9 @@ async def test_status_of_everyone_survives_a_forger(
     await asyncio.sleep(0)
 
 
-def test_cli_self_service_cannot_be_forged(node: SimNode, fleet: SimFleet,
-                                           sim_users: tuple[str, ...]) -> None:  # fmt: skip
+def test_cli_self_service_cannot_be_forged(
+    node: SimNode, fleet: SimFleet, sim_users: tuple[str, ...]
+) -> None:
     alice, bob = sim_users
     victim = node.spawn(gpu=1, mib=2000, user=bob)
     # The CLI runs as root here: alice claims bob's job is root's, so that root's plain reset
@@ -232,14 +251,20 @@ def test_cli_self_service_cannot_be_forged(node: SimNode, fleet: SimFleet,
 
 
 async def test_slack_self_service_cannot_be_forged(
-    node: SimNode, fleet: SimFleet, sim_users: tuple[str, ...], fake_slack: FakeSlack,
+    node: SimNode,
+    fleet: SimFleet,
+    sim_users: tuple[str, ...],
+    fake_slack: FakeSlack,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     alice, bob = sim_users
     victim = node.spawn(gpu=2, mib=2000, user=bob)
-    forger = node.spawn(gpu=0, mib=100, user=alice,
-                        forge=forged_claim(node, victim.pid, victim.start_ticks, uid_of(alice),
-                                           alice, 2))  # fmt: skip
+    forger = node.spawn(
+        gpu=0,
+        mib=100,
+        user=alice,
+        forge=forged_claim(node, victim.pid, victim.start_ticks, uid_of(alice), alice, 2),
+    )
     wait_forging(forger)
     s = slack_settings_for(fleet.config_path, "nobody")
     tables = slack_tables("nobody")

@@ -29,8 +29,14 @@ MINORS = [3, 2, 1, 0]
 def fleet(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("minors"), nodes=1, gpus=4, release_delay_s=0.3,
-                  server=request.param, minors=MINORS) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("minors"),
+        nodes=1,
+        gpus=4,
+        release_delay_s=0.3,
+        server=request.param,
+        minors=MINORS,
+    ) as f:
         yield f
 
 
@@ -52,14 +58,22 @@ async def test_a_reset_never_signals_a_process_on_another_gpu(
     snap = await engine.status.snapshot(engine.status.node("node1"))
     assert [(g.index, g.minor) for g in snap.gpus] == list(enumerate(MINORS))
     assert {(p.pid, p.gpu_index, p.hidden) for p in snap.processes} == {
-        (on0.pid, 0, False), (on3.pid, 3, False), (hidden1.pid, 1, True)}  # fmt: skip
+        (on0.pid, 0, False),
+        (on3.pid, 3, False),
+        (hidden1.pid, 1, True),
+    }
     text, doc = status_notes(fleet.config_path, "node1")
     assert [g["device_minor"] for g in doc["gpus"]] == MINORS
     assert [[p["pid"] for p in g["processes"]] for g in doc["gpus"]] == [
-        [on0.pid], [hidden1.pid], [], [on3.pid]]  # fmt: skip
+        [on0.pid],
+        [hidden1.pid],
+        [],
+        [on3.pid],
+    ]
     assert str(hidden1.pid) in text and "hidden" in text
-    sweep = SweepService(with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store),
-                         replica="test")  # fmt: skip
+    sweep = SweepService(
+        with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+    )
     found = {(f.kind, f.gpu, f.pid) for f in (await sweep.run()).findings}
     assert found == {(FindingKind.HIDDEN_HOLDER, 1, hidden1.pid)}
 

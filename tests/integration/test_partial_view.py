@@ -29,8 +29,14 @@ def fleet(
     tmp_path_factory: pytest.TempPathFactory,
     sim_users: tuple[str, ...],
 ) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("partial"), nodes=1, gpus=4, release_delay_s=0.3,
-                  view_user=sim_users[1], hidepid=request.param) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("partial"),
+        nodes=1,
+        gpus=4,
+        release_delay_s=0.3,
+        view_user=sim_users[1],
+        hidepid=request.param,
+    ) as f:
         yield f
 
 
@@ -38,9 +44,13 @@ settings, store, engine, node = reset_fixtures(grace_s=0.5, verify_timeout_s=3.0
 
 
 async def test_a_partial_view_is_said_and_never_taken_for_the_truth(
-    engine: ResetService, settings: Settings, store: Store, fleet: SimFleet, node: SimNode,
+    engine: ResetService,
+    settings: Settings,
+    store: Store,
+    fleet: SimFleet,
+    node: SimNode,
     sim_users: tuple[str, ...],
-) -> None:  # fmt: skip
+) -> None:
     hidepid = fleet.hidepid
     me = sim_users[1]
     mine = node.spawn(gpu=0, mib=1000, user=me)
@@ -58,8 +68,9 @@ async def test_a_partial_view_is_said_and_never_taken_for_the_truth(
     assert "partial view" in text
     assert any(note.startswith("partial view") for note in doc["notes"])
 
-    sweep = SweepService(with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store),
-                         replica="test")  # fmt: skip
+    sweep = SweepService(
+        with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+    )
     assert (await sweep.run()).findings == ()  # nothing it cannot see becomes a zombie
 
     plan, before = await engine.plan(ResetRequest("node1", me, gpus=(0,)))

@@ -42,9 +42,15 @@ def fleet(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SimFleet]:
     rule = readme_sudo_rule(README) if request.param == "sudo" else None
-    with SimFleet(tmp_path_factory.mktemp("persistenced"), nodes=1, gpus=4,
-                  release_delay_s=0.3, persistenced=True, sudo_rule=rule,
-                  minors=[2, 3, 0, 1]) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("persistenced"),
+        nodes=1,
+        gpus=4,
+        release_delay_s=0.3,
+        persistenced=True,
+        sudo_rule=rule,
+        minors=[2, 3, 0, 1],
+    ) as f:
         yield f
 
 
@@ -53,8 +59,9 @@ settings, store, engine, node = reset_fixtures()
 
 def engine_for(settings: Settings, store: Store) -> tuple[ResetService, object]:
     transport = make_transport(settings.ssh)
-    svc = ResetService(settings, transport, store, StatusService(settings, transport, store),
-                       NodeLocks())  # fmt: skip
+    svc = ResetService(
+        settings, transport, store, StatusService(settings, transport, store), NodeLocks()
+    )
     return svc, transport
 
 
@@ -85,8 +92,9 @@ async def test_the_daemon_is_shown_apart_and_hides_no_leak(
     assert f"system: nvidia-persiste ({daemon})" in text
     assert all(any(p["pid"] == daemon and p["system"] for p in g["processes"]) for g in doc["gpus"])
     assert "no-process-memory" in doc["gpus"][2]["flags"]
-    sweep = SweepService(with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store),
-                         replica="test")  # fmt: skip
+    sweep = SweepService(
+        with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+    )
     found = {(f.kind, f.gpu) for f in (await sweep.run()).findings}
     assert found == {(FindingKind.ORPHANED_VRAM, 2)}
 
@@ -126,4 +134,6 @@ async def test_gpu_reset_under_persistence_mode(
     if node.sudo:
         assert all(c["verdict"] == "run" for c in node.sudo_log())
         assert {" ".join(c["argv"][2:4]) for c in node.sudo_log() if "-pm" in c["argv"]} == {
-            "-pm 0", "-pm 1"}  # fmt: skip
+            "-pm 0",
+            "-pm 1",
+        }

@@ -35,11 +35,16 @@ from tests.procs import alive
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("faults"), nodes=1, gpus=4, release_delay_s=0.3,
-                  minors=[1, 0, 3, 2]) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("faults"), nodes=1, gpus=4, release_delay_s=0.3, minors=[1, 0, 3, 2]
+    ) as f:
         env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
-        subprocess.run([sys.executable, "-m", "gpubot", "--config", str(f.config_path), "db",
-                        "upgrade"], check=True, capture_output=True, env=env)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "gpubot", "--config", str(f.config_path), "db", "upgrade"],
+            check=True,
+            capture_output=True,
+            env=env,
+        )
         yield f
 
 
@@ -51,17 +56,22 @@ def cli_status(fleet: SimFleet, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def sweep_kinds(settings: Settings, store: Store, engine: ResetService) -> set[str]:
-    svc = SweepService(with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store),
-                       replica="test")  # fmt: skip
+    svc = SweepService(
+        with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+    )
     result = await svc.run()
     return {f"{f.kind}:{f.gpu}" for f in result.findings}
 
 
 @pytest.mark.parametrize("style", ["index-bus", "bus", "index"])
 async def test_a_lost_gpu_is_flagged_and_the_others_still_work(
-    engine: ResetService, store: Store, settings: Settings, fleet: SimFleet, node: SimNode,
+    engine: ResetService,
+    store: Store,
+    settings: Settings,
+    fleet: SimFleet,
+    node: SimNode,
     style: str,
-) -> None:  # fmt: skip
+) -> None:
     job = node.spawn(gpu=1, mib=2000)
     node.set_fault("lost", gpu=2, style=style)
     snap = await engine.status.snapshot(engine.status.node("node1"))
@@ -113,13 +123,23 @@ async def test_an_inforom_warning_keeps_the_data_and_flags_the_gpu(
 
 @pytest.mark.parametrize(
     ("text", "flag"),
-    [("[GPU requires reset]", "requires-reset"), ("[GPU is lost]", "lost"),
-     ("[Unknown Error]", "unknown-error"), ("[No data]", "no-data"), ("[Timeout]", "timeout")],
-)  # fmt: skip
+    [
+        ("[GPU requires reset]", "requires-reset"),
+        ("[GPU is lost]", "lost"),
+        ("[Unknown Error]", "unknown-error"),
+        ("[No data]", "no-data"),
+        ("[Timeout]", "timeout"),
+    ],
+)
 async def test_a_bracketed_value_is_unknown_and_flagged_not_a_node_failure(
-    engine: ResetService, store: Store, settings: Settings, fleet: SimFleet, node: SimNode,
-    text: str, flag: str,
-) -> None:  # fmt: skip
+    engine: ResetService,
+    store: Store,
+    settings: Settings,
+    fleet: SimFleet,
+    node: SimNode,
+    text: str,
+    flag: str,
+) -> None:
     node.override("gpu", "memory.used", text, gpu=3)
     job = node.spawn(gpu=1, mib=700)
     snap = await engine.status.snapshot(engine.status.node("node1"))
@@ -146,8 +166,9 @@ async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(
     ssh = dataclasses.replace(settings.ssh, command_timeout_s=4.0)
     short = dataclasses.replace(settings, ssh=ssh)
     transport = make_transport(short.ssh)
-    engine = ResetService(short, transport, store, StatusService(short, transport, store),
-                          NodeLocks())  # fmt: skip
+    engine = ResetService(
+        short, transport, store, StatusService(short, transport, store), NodeLocks()
+    )
     conf = tmp_path / "gpubot.toml"
     conf.write_text(
         fleet.config_path.read_text().replace("[ssh]\n", "[ssh]\ncommand_timeout_s = 4\n")
@@ -164,15 +185,21 @@ async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(
         assert len(node.stuck_smi()) == 1 and node.hung_smi() == []  # no new query started
         env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
         for args in ((), ("--json",)):
-            p = subprocess.run([sys.executable, "-m", "gpubot", "--config", str(conf), "status",
-                                "node1", *args], capture_output=True, text=True, env=env,
-                               timeout=120)  # fmt: skip
+            p = subprocess.run(
+                [sys.executable, "-m", "gpubot", "--config", str(conf), "status", "node1", *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+            )
             assert p.returncode != 0 and "driver hung" in p.stdout + p.stderr
-        sweep = SweepService(with_sweep(short, interval_s=60), engine.status,
-                             **sweep_ports(store), replica="test")  # fmt: skip
+        sweep = SweepService(
+            with_sweep(short, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+        )
         found = (await sweep.run()).findings
         assert [(f.kind, "driver hung" in f.summary) for f in found] == [
-            (FindingKind.SMI_FAILED, True)]  # fmt: skip
+            (FindingKind.SMI_FAILED, True)
+        ]
         with pytest.raises(SmiFailed, match="driver hung"):
             await engine.plan(ResetRequest("node1", "root", gpus=(0,)))
         with pytest.raises(SmiFailed, match="driver hung"):

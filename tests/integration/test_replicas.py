@@ -83,10 +83,23 @@ def start(fleet: SimFleet, pg_url: str) -> Iterator[Callable[[str], Replica]]:
     started: list[Replica] = []
 
     def start_one(name: str) -> Replica:
-        argv = [sys.executable, "-m", "tests.integration.replica_main", str(fleet.config_path),
-                pg_url, name, json.dumps(EXTRA)]  # fmt: skip
-        proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.integration.replica_main",
+            str(fleet.config_path),
+            pg_url,
+            name,
+            json.dumps(EXTRA),
+        ]
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         r = Replica(name, proc)
         r.reader = threading.Thread(target=r.read, daemon=True)
         r.reader.start()
@@ -143,8 +156,11 @@ def test_two_replicas_share_sweeps_and_resets(
     w = fleet.node("node1").spawn(gpu=0, mib=4096, behaviour="slow", slow_exit_s=2.0)
     a.send("reset node1 0")
     b.send("reset node1 0")
-    wait_for(lambda: len(a.of("reset") + a.of("refused") + b.of("reset") + b.of("refused")) == 2,
-             30, "both reset attempts")  # fmt: skip
+    wait_for(
+        lambda: len(a.of("reset") + a.of("refused") + b.of("reset") + b.of("refused")) == 2,
+        30,
+        "both reset attempts",
+    )
     (won,) = a.of("reset") + b.of("reset")
     (lost,) = a.of("refused") + b.of("refused")
     assert won["ok"] is True and won["name"] != lost["name"]
@@ -161,8 +177,11 @@ def test_two_replicas_share_sweeps_and_resets(
     os.kill(sweeping.proc.pid, signal.SIGKILL)
     sweeping.proc.wait(timeout=10)
     assert len(sweeping.of("done")) < len(sweeping.of("start"))  # it died mid-sweep
-    wait_for(lambda: any(e["t"] > killed_at for e in other.of("done")), 3 * INTERVAL + TTL_S + 5,
-             "the survivor's sweep")  # fmt: skip
+    wait_for(
+        lambda: any(e["t"] > killed_at for e in other.of("done")),
+        3 * INTERVAL + TTL_S + 5,
+        "the survivor's sweep",
+    )
     took_over = min(e["t"] for e in other.of("start") if e["t"] > killed_at)
     assert took_over - killed_at < 2 * INTERVAL + TTL_S + 1  # its lease ran out first
 

@@ -41,8 +41,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
 @pytest.fixture(scope="module")
 def settings(fleet: SimFleet) -> Settings:
     s = load(fleet.config_path)
-    reset = dataclasses.replace(s.reset, grace_s=3.0, verify_timeout_s=VERIFY_S,
-                                poll_interval_s=POLL, free_threshold_mib=256)  # fmt: skip
+    reset = dataclasses.replace(
+        s.reset,
+        grace_s=3.0,
+        verify_timeout_s=VERIFY_S,
+        poll_interval_s=POLL,
+        free_threshold_mib=256,
+    )
     ssh = dataclasses.replace(s.ssh, command_timeout_s=8.0)  # a hung nvidia-smi is cut after 3 s
     return dataclasses.replace(s, reset=reset, ssh=ssh)
 

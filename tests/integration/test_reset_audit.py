@@ -42,9 +42,12 @@ async def test_a_reset_is_recorded_whole(
     try:
         plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
         result = await engine.execute(
-            plan, actor="U0ALICE alice", source="slack:C0OPS", command="/gpu reset node1 gpu 1",
+            plan,
+            actor="U0ALICE alice",
+            source="slack:C0OPS",
+            command="/gpu reset node1 gpu 1",
             before=before,
-        )  # fmt: skip
+        )
     finally:
         await transport.close()
     assert result.ok and result.action_id is not None
@@ -52,8 +55,14 @@ async def test_a_reset_is_recorded_whole(
     assert detail is not None
     s = detail.summary
     assert (s.kind, s.actor, s.source, s.command, s.node, s.gpus, s.status) == (
-        "reset", "U0ALICE alice", "slack:C0OPS", "/gpu reset node1 gpu 1", "node1", (1,), "freed",
-    )  # fmt: skip
+        "reset",
+        "U0ALICE alice",
+        "slack:C0OPS",
+        "/gpu reset node1 gpu 1",
+        "node1",
+        (1,),
+        "freed",
+    )
     assert s.finished_at is not None and s.finished_at >= s.started_at
     assert {t["pid"] for t in detail.plan["targets"]} == {polite.pid, stubborn.pid}
     signals = [e.data for e in detail.events if e.data.get("kind") == "signal"]

@@ -29,8 +29,9 @@ settings, store, engine, node = reset_fixtures(grace_s=1.0, verify_timeout_s=4.0
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("reset-errors"), nodes=1, gpus=4,
-                  release_delay_s=0.3) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("reset-errors"), nodes=1, gpus=4, release_delay_s=0.3
+    ) as f:
         yield f
 
 
@@ -64,12 +65,15 @@ def _used(node: SimNode, gpu: int) -> int:
 @pytest.mark.parametrize(
     ("what", "said"),
     [
-        ("driver-error", "nvidia-smi --gpu-reset: NVIDIA-SMI has failed because it couldn't "
-                         "communicate with the NVIDIA driver."),
+        (
+            "driver-error",
+            "nvidia-smi --gpu-reset: NVIDIA-SMI has failed because it couldn't "
+            "communicate with the NVIDIA driver.",
+        ),
         ("holder", "nvidia-smi --gpu-reset: The following GPUs could not be reset:"),
     ],
     ids=["driver-error", "a-holder-appears"],
-)  # fmt: skip
+)
 async def test_a_failed_gpu_reset_is_no_freed_gpu(
     settings: Settings, store: Store, engine: ResetService, node: SimNode, what: str, said: str
 ) -> None:
@@ -111,10 +115,14 @@ async def test_a_target_gone_before_its_signal_is_not_signalled_and_counts_as_fr
             os.kill(w.pid, signal.SIGKILL)  # it dies on its own (an OOM kill, a crash)
             wait_dead(w.pid)
 
-    result = await engine.execute(plan, actor="t", source="t", command="reset node1 1",
-                                  before=before, on_event=sink)  # fmt: skip
-    signals = [(s.data["pid"], s.data["signal"], s.data["result"])
-               for s in result.steps if s.kind == "signal"]  # fmt: skip
+    result = await engine.execute(
+        plan, actor="t", source="t", command="reset node1 1", before=before, on_event=sink
+    )
+    signals = [
+        (s.data["pid"], s.data["signal"], s.data["result"])
+        for s in result.steps
+        if s.kind == "signal"
+    ]
     assert signals == [(w.pid, "SIGTERM", "gone")]  # reported, and no SIGKILL after it
     (g,) = result.gpus
     assert g.outcome is Outcome.FREED, g.detail

@@ -9,14 +9,24 @@ from tests.fixtures.slack import Harness
 async def test_incomplete_actions_are_reported_at_start(harness: Harness) -> None:
     store = harness.store
     done = await store.begin_action(
-        kind="reset", actor="U0BOB bob", source="slack", command="/gpu reset node1 gpu 1",
-        node="node1", gpus=[1], plan={"targets": []},
-    )  # fmt: skip
+        kind="reset",
+        actor="U0BOB bob",
+        source="slack",
+        command="/gpu reset node1 gpu 1",
+        node="node1",
+        gpus=[1],
+        plan={"targets": []},
+    )
     await store.finish_action(done, status="freed", result={})
     died = await store.begin_action(
-        kind="reset", actor="U0ALICE alice", source="slack", command="/gpu reset node2 gpu 3",
-        node="node2", gpus=[3], plan={"targets": []},
-    )  # fmt: skip  # ... and the bot died here: no outcome
+        kind="reset",
+        actor="U0ALICE alice",
+        source="slack",
+        command="/gpu reset node2 gpu 3",
+        node="node2",
+        gpus=[3],
+        plan={"targets": []},
+    )
     await report_incomplete(store, harness.bot)
     (post,) = [c for c in harness.fake.ok("chat.postMessage")]
     text = post.body["text"]

@@ -39,8 +39,9 @@ KINDS = ("docker", "podman", "kubernetes", "slurm", "service", "session")
 
 @pytest.fixture(scope="module")
 def fleet(cgroups_ok: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("cgroups"), nodes=1, gpus=4, runtimes=True,
-                  release_delay_s=0.2) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("cgroups"), nodes=1, gpus=4, runtimes=True, release_delay_s=0.2
+    ) as f:
         yield f
 
 
@@ -138,8 +139,14 @@ def test_respawned_children_stay_in_the_container(node: SimNode) -> None:
 
 def test_docker_inspect_answers_in_dockers_format(node: SimNode) -> None:
     labels = {"owner": "bob", "team": "<ml>"}
-    w = node.spawn(gpu=0, mib=2048, cgroup="docker", container_name="train-llama",
-                   image="pytorch/pytorch:2.3", labels=labels)  # fmt: skip
+    w = node.spawn(
+        gpu=0,
+        mib=2048,
+        cgroup="docker",
+        container_name="train-llama",
+        image="pytorch/pytorch:2.3",
+        labels=labels,
+    )
     for ref in (str(w.container_id), str(w.container_id)[:12], "train-llama", "/train-llama"):
         out = ssh(node, "docker", "inspect", ref)
         assert (out.returncode, out.stderr) == (0, ""), out.stderr
@@ -181,7 +188,11 @@ def test_docker_stop_ends_a_restarting_container_for_good(node: SimNode) -> None
     (doc,) = json.loads(ssh(node, "docker", "inspect", str(w.container_id)).stdout)
     state = doc["State"]
     assert (state["Status"], state["Running"], state["Pid"], state["ExitCode"]) == (
-        "exited", False, 0, 143)  # fmt: skip
+        "exited",
+        False,
+        0,
+        143,
+    )
     assert state["FinishedAt"] != "0001-01-01T00:00:00Z"
     out = ssh(node, "docker", "stop", "nosuch")
     assert (out.returncode, out.stdout) == (1, "")
@@ -192,21 +203,32 @@ def test_docker_stop_ends_a_restarting_container_for_good(node: SimNode) -> None
 
 
 def test_podman_inspect_and_stop(node: SimNode) -> None:
-    w = node.spawn(gpu=0, mib=256, cgroup="podman", container_name="jupyter",
-                   image="quay.io/jupyter/pytorch-notebook", labels={"a": "b&c"})  # fmt: skip
+    w = node.spawn(
+        gpu=0,
+        mib=256,
+        cgroup="podman",
+        container_name="jupyter",
+        image="quay.io/jupyter/pytorch-notebook",
+        labels={"a": "b&c"},
+    )
     out = ssh(node, "podman", "inspect", "jupyter")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith('[\n     {\n          "Id": ') and "b&c" in out.stdout
     (doc,) = json.loads(out.stdout)
     assert (doc["Id"], doc["Name"], doc["ImageName"]) == (
-        w.container_id, "jupyter", "quay.io/jupyter/pytorch-notebook")  # fmt: skip
+        w.container_id,
+        "jupyter",
+        "quay.io/jupyter/pytorch-notebook",
+    )
     assert doc["Config"]["Labels"] == {"a": "b&c"} and doc["State"]["Pid"] == w.pid
     assert doc["State"]["CgroupPath"] == w.cgroup_path
     assert doc["HostConfig"]["RestartPolicy"]["Name"] == "no"
     out = ssh(node, "podman", "inspect", "jupyter", "x1", "x2")
     assert out.returncode == 125 and len(json.loads(out.stdout)) == 1
-    assert out.stderr == ('error inspecting object: no such object: "x2"\n'
-                          'Error: inspecting object: no such object: "x1"\n')  # fmt: skip
+    assert out.stderr == (
+        'error inspecting object: no such object: "x2"\n'
+        'Error: inspecting object: no such object: "x1"\n'
+    )
     out = ssh(node, "podman", "stop", str(w.container_id))
     assert (out.returncode, out.stdout) == (0, f"{w.container_id}\n")
     assert not w.alive()
@@ -219,8 +241,14 @@ def test_podman_inspect_and_stop(node: SimNode) -> None:
 
 
 def test_crictl_inspect_one_several_and_unknown(node: SimNode) -> None:
-    a = node.spawn(gpu=0, mib=256, cgroup="kubernetes", pod="ml/trainer-0",
-                   container_name="train", labels={"app": "llm"})  # fmt: skip
+    a = node.spawn(
+        gpu=0,
+        mib=256,
+        cgroup="kubernetes",
+        pod="ml/trainer-0",
+        container_name="train",
+        labels={"app": "llm"},
+    )
     b = node.spawn(gpu=1, mib=256, cgroup="kubernetes")
     out = ssh(node, "crictl", "inspect", str(a.container_id)[:13])
     assert out.returncode == 0, out.stderr
@@ -287,8 +315,10 @@ def test_systemctl_stop_ends_a_service(node: SimNode) -> None:
     assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
     assert not w.alive()
     out = ssh(node, "systemctl", "stop", "sshd.service")  # not the fleet's: never this box's
-    assert (out.returncode, out.stderr) == (5, "Failed to stop sshd.service: Unit sshd.service "
-                                            "not loaded.\n")  # fmt: skip
+    assert (out.returncode, out.stderr) == (
+        5,
+        "Failed to stop sshd.service: Unit sshd.service not loaded.\n",
+    )
 
 
 def test_a_delay_makes_every_stand_in_slow(node: SimNode) -> None:
@@ -339,7 +369,8 @@ def test_a_container_name_is_taken_once(node: SimNode) -> None:
 def test_without_a_cgroup2_hierarchy_the_reason_is_one_line() -> None:
     mounts = "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
     assert find_hierarchies(mounts, "0::/\n") == (
-        "no cgroup2 hierarchy is mounted (at its root) on this machine")  # fmt: skip
+        "no cgroup2 hierarchy is mounted (at its root) on this machine"
+    )
     sub = "41 31 0:38 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"  # a container's view
     assert isinstance(find_hierarchies(sub, "0::/\n"), str)
     hybrid = (
@@ -348,10 +379,12 @@ def test_without_a_cgroup2_hierarchy_the_reason_is_one_line() -> None:
         "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
     )
     assert find_hierarchies(hybrid, "4:memory:/\n0::/\n") == Hierarchies(
-        "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/memory")  # fmt: skip
+        "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/memory"
+    )
     # In someone else's memory cgroup (a sandbox, a CI job): workloads stay in it.
     assert find_hierarchies(hybrid, "4:memory:/job/7\n0::/\n") == Hierarchies(
-        "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd", None)  # fmt: skip
+        "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd", None
+    )
 
 
 # ---- cleaning up ---------------------------------------------------------------------------------
@@ -411,16 +444,23 @@ def sudo_fleet(
     server = str(request.param)
     if server == "sshd" and not os.access(SSHD, os.X_OK):
         pytest.skip(f"{SSHD} is not installed here")
-    with SimFleet(tmp_path_factory.mktemp(f"cg-sudo-{server}"), nodes=1, gpus=2, server=server,
-                  runtimes=True, sudo_rule=readme_sudo_rule(README)) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp(f"cg-sudo-{server}"),
+        nodes=1,
+        gpus=2,
+        server=server,
+        runtimes=True,
+        sudo_rule=readme_sudo_rule(README),
+    ) as f:
         yield f
 
 
 def test_sudo_comes_first_then_the_runtimes(sudo_fleet: SimFleet) -> None:
     node = sudo_fleet.node("node1")
     raw = "tr '\\0' '\\n' < /proc/$$/environ; command -v sudo docker scancel systemctl"
-    out = subprocess.run([*node.ssh_argv("true")[:-1], raw], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [*node.ssh_argv("true")[:-1], raw], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert f"PATH={node.sudo_dir}:{node.runtime_dir}:{STD_PATH}" in lines
@@ -456,8 +496,9 @@ def test_without_the_stand_ins_sudo_finds_no_docker(
     cgroups_ok: None, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """A sudo node without runtimes never runs this machine's own docker or systemctl."""
-    with SimFleet(tmp_path_factory.mktemp("cg-bare"), nodes=1, gpus=1,
-                  sudo_rule=readme_sudo_rule(README)) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("cg-bare"), nodes=1, gpus=1, sudo_rule=readme_sudo_rule(README)
+    ) as f:
         node = f.node("node1")
         for argv in (["docker", "inspect", "x"], ["systemctl", "stop", "x.service"]):
             out = ssh(node, "sudo", "-n", *argv)
@@ -480,13 +521,36 @@ def test_the_cli_spawns_into_a_cgroup(
     up = gpubot("sim", "up", "--dir", tmp_path, "--nodes", "1", "--gpus", "1", "--runtimes")
     assert up.returncode == 0, up.stderr
     try:
-        out = gpubot("sim", "spawn", "--dir", tmp_path, "--node", "node1", "--gpu", "0",
-                     "--cgroup", "docker", "--container-name", "cli-train", "--image", "img:1",
-                     "--label", "owner=bob", "--label", "x=", "--restart", "always")  # fmt: skip
+        out = gpubot(
+            "sim",
+            "spawn",
+            "--dir",
+            tmp_path,
+            "--node",
+            "node1",
+            "--gpu",
+            "0",
+            "--cgroup",
+            "docker",
+            "--container-name",
+            "cli-train",
+            "--image",
+            "img:1",
+            "--label",
+            "owner=bob",
+            "--label",
+            "x=",
+            "--restart",
+            "always",
+        )
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
         assert (doc["cgroup_kind"], doc["container_name"], doc["image"], doc["restart"]) == (
-            "docker", "cli-train", "img:1", "always")  # fmt: skip
+            "docker",
+            "cli-train",
+            "img:1",
+            "always",
+        )
         assert doc["labels"] == {"owner": "bob", "x": ""} and doc["supervisor_pid"]
         found = parse_cgroup(cgroup_of(doc["pid"]))
         assert found is not None and found.id == doc["container_id"]
@@ -499,8 +563,9 @@ def test_the_cli_spawns_into_a_cgroup(
             (["--cgroup", "docker", "--container-name", "cli-train"], "is already in use"),
         ]:
             capsys.readouterr()
-            rc = main(["sim", "spawn", "--dir", str(tmp_path), "--node", "node1", "--gpu", "0",
-                       *args])  # fmt: skip
+            rc = main(
+                ["sim", "spawn", "--dir", str(tmp_path), "--node", "node1", "--gpu", "0", *args]
+            )
             err = capsys.readouterr().err
             assert rc != 0 and err.count("\n") == 1 and "Traceback" not in err, err
             assert err.startswith("gpubot: error: ") and text in err, err

@@ -27,8 +27,12 @@ def gpubot(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProce
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "gpubot", *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def in_process(
@@ -84,15 +88,35 @@ def test_up_prints_the_inventory_path(daemon: Daemon) -> None:
 
 
 def test_spawn_fault_state_through_the_daemon(daemon: Daemon) -> None:
-    out = gpubot("sim", "spawn", "--dir", daemon.dir, "--node", "node2", "--gpu", "1",
-                 "--mib", "2500", "--behaviour", "stubborn", "--name", "trainer")  # fmt: skip
+    out = gpubot(
+        "sim",
+        "spawn",
+        "--dir",
+        daemon.dir,
+        "--node",
+        "node2",
+        "--gpu",
+        "1",
+        "--mib",
+        "2500",
+        "--behaviour",
+        "stubborn",
+        "--name",
+        "trainer",
+    )
     assert out.returncode == 0, out.stderr
     w = json.loads(out.stdout)
     assert (w["node"], w["gpu"], w["mib"], w["behaviour"], w["name"]) == (
-        "node2", 1, 2500, "stubborn", "trainer")  # fmt: skip
+        "node2",
+        1,
+        2500,
+        "stubborn",
+        "trainer",
+    )
     assert simstate.proc_stat(w["pid"])[1] == daemon.pid  # type: ignore[index]  # its child
-    fault = gpubot("sim", "fault", "--dir", daemon.dir, "--node", "node2", "slow",
-                   "--delay-s", "0.3")  # fmt: skip
+    fault = gpubot(
+        "sim", "fault", "--dir", daemon.dir, "--node", "node2", "slow", "--delay-s", "0.3"
+    )
     assert json.loads(fault.stdout) == {"kind": "slow", "delay_s": 0.3}
     state = json.loads(gpubot("sim", "state", "--dir", daemon.dir, "--node", "node2").stdout)
     (node2,) = state
@@ -104,10 +128,23 @@ def test_spawn_fault_state_through_the_daemon(daemon: Daemon) -> None:
     s = load(daemon.config)
     cfg = s.node("node2")
     assert cfg is not None and cfg.key is not None
-    ssh = ["ssh", "-F", "/dev/null", "-i", cfg.key, "-p", str(cfg.port), "-o", "BatchMode=yes",
-           "-o", f"UserKnownHostsFile={s.ssh.known_hosts}", f"{cfg.user}@127.0.0.1",
-           cfg.nvidia_smi, "--query-compute-apps=pid,process_name",
-           "--format=csv,noheader"]  # fmt: skip
+    ssh = [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        cfg.key,
+        "-p",
+        str(cfg.port),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={s.ssh.known_hosts}",
+        f"{cfg.user}@127.0.0.1",
+        cfg.nvidia_smi,
+        "--query-compute-apps=pid,process_name",
+        "--format=csv,noheader",
+    ]
     remote = subprocess.run(ssh, capture_output=True, text=True, timeout=30)
     assert remote.stdout == f"{w['pid']}, trainer\n", remote.stderr
     os.kill(w["pid"], signal.SIGKILL)
@@ -165,8 +202,9 @@ def test_down_stops_the_daemon_and_its_workloads(tmp_path: Path) -> None:
     up = gpubot("sim", "up", "--dir", tmp_path, "--nodes", "1", "--gpus", "1", "--server", "sshd")
     assert up.returncode == 0, up.stderr
     pid = int((tmp_path / "sim.pid").read_text().split()[0])
-    spawn = gpubot("sim", "spawn", "--dir", tmp_path, "--node", "node1", "--gpu", "0",
-                   "--behaviour", "respawn")  # fmt: skip
+    spawn = gpubot(
+        "sim", "spawn", "--dir", tmp_path, "--node", "node1", "--gpu", "0", "--behaviour", "respawn"
+    )
     w = json.loads(spawn.stdout)
     assert running(w["pid"]) and running(w["supervisor_pid"])
     down = gpubot("sim", "down", "--dir", tmp_path)

@@ -72,17 +72,23 @@ def test_inventory_loads_and_describes_the_fleet(fleet: SimFleet) -> None:
 
 def test_openssh_client_gets_what_nvidia_smi_prints(fleet: SimFleet, node: SimNode) -> None:
     w = node.spawn(gpu=1, mib=4321)
-    local = subprocess.run([node.nvidia_smi, GPU_Q, "--format=csv"], capture_output=True,
-                           text=True)  # fmt: skip
-    remote = subprocess.run(node.ssh_argv(node.nvidia_smi, GPU_Q, "--format=csv"),
-                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    local = subprocess.run([node.nvidia_smi, GPU_Q, "--format=csv"], capture_output=True, text=True)
+    remote = subprocess.run(
+        node.ssh_argv(node.nvidia_smi, GPU_Q, "--format=csv"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert remote.returncode == 0, remote.stderr
     assert remote.stdout == local.stdout
     apps = subprocess.run(
-        node.ssh_argv(node.nvidia_smi, "--query-compute-apps=pid,used_memory",
-                      "--format=csv,noheader"),
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        node.ssh_argv(
+            node.nvidia_smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert apps.stdout == f"{w.pid}, 4321 MiB\n"
 
 
@@ -213,8 +219,10 @@ async def test_asyncssh_server_kills_the_command_of_a_client_that_left(
 async def test_every_behaviour_seen_and_signalled_over_ssh(fleet: SimFleet, node: SimNode) -> None:
     node.release_delay_s = 0.3
     kinds = ["normal", "stubborn", "slow", "respawn", "orphan", "hidden"]
-    w = {k: node.spawn(gpu=i, mib=1000 + i, behaviour=k, slow_exit_s=1.5)
-         for i, k in enumerate(kinds)}  # fmt: skip
+    w = {
+        k: node.spawn(gpu=i, mib=1000 + i, behaviour=k, slow_exit_s=1.5)
+        for i, k in enumerate(kinds)
+    }
     ctl = node.spawn(gpu=None, behaviour="ctl-only")
     smi = node.nvidia_smi
     async with connect(fleet, node) as conn:
@@ -257,16 +265,20 @@ async def test_every_behaviour_seen_and_signalled_over_ssh(fleet: SimFleet, node
             assert w["slow"].pid in listed  # still shutting down
         # the slow one's 1.5 s, then the 0.3 s release delay; the respawned child shows up
         listed, mem = await look_until(
-            lambda ls, m: w["slow"].pid not in ls and m[0] == m[2] == m[5] == 0
-            and 1003 in ls.values(),
+            lambda ls, m: (
+                w["slow"].pid not in ls and m[0] == m[2] == m[5] == 0 and 1003 in ls.values()
+            ),
             "slow to exit, memory to be released and respawn to come back",
-        )  # fmt: skip
+        )
         assert w["slow"].pid not in listed and w["orphan"].pid not in listed
         respawned = [p for p, m in listed.items() if m == 1003]
         assert len(respawned) == 1 and respawned[0] != w["respawn"].pid
         assert mem[0] == 0 and mem[2] == 0 and mem[5] == 0  # released after the delay
         assert mem[4] == 1004  # the orphan's memory leaked
-        assert "successfully reset" in await sh(f"{smi} --gpu-reset -i 4; kill -KILL "
-                                                f"{w['stubborn'].pid}")  # fmt: skip
-        await look_until(lambda ls, m: m[4] == 0 and w["stubborn"].pid not in ls,
-                         "GPU 4 reset and stubborn killed")  # fmt: skip
+        assert "successfully reset" in await sh(
+            f"{smi} --gpu-reset -i 4; kill -KILL {w['stubborn'].pid}"
+        )
+        await look_until(
+            lambda ls, m: m[4] == 0 and w["stubborn"].pid not in ls,
+            "GPU 4 reset and stubborn killed",
+        )

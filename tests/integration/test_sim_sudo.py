@@ -137,8 +137,13 @@ def fleet(
 ) -> Iterator[SimFleet]:
     """A one-node fleet with the README's rule, served by asyncssh, then by sshd."""
     server = str(request.param)
-    with SimFleet(tmp_path_factory.mktemp(f"sudo-{server}"), nodes=1, gpus=2, server=server,
-                  sudo_rule=readme_sudo_rule(README)) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp(f"sudo-{server}"),
+        nodes=1,
+        gpus=2,
+        server=server,
+        sudo_rule=readme_sudo_rule(README),
+    ) as f:
         yield f
 
 

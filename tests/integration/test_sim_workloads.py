@@ -24,8 +24,9 @@ def smi(node: SimNode, *args: str) -> str:
 
 
 def used(node: SimNode, gpu: int) -> int:
-    return int(smi(node, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i",
-                   str(gpu)))  # fmt: skip
+    return int(
+        smi(node, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", str(gpu))
+    )
 
 
 def listed(node: SimNode) -> dict[int, int]:
@@ -53,8 +54,13 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> bool:
 def fuser(*paths: str) -> dict[str, list[tuple[int, str, str]]]:
     """Return ``{path: [(pid, user, access)]}`` as ``fuser -v`` reports them."""
     # fuser -v writes the PIDs to stdout and the rest to stderr: read both from one pipe.
-    out = subprocess.run(["fuser", "-v", *paths], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, timeout=20)  # fmt: skip
+    out = subprocess.run(
+        ["fuser", "-v", *paths],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=20,
+    )
     table: dict[str, list[tuple[int, str, str]]] = {p: [] for p in paths}
     current = None
     for line in out.stdout.splitlines():
@@ -142,8 +148,10 @@ def test_respawn_supervisor_restarts_the_child_on_the_same_gpu(node: SimNode) ->
     assert w.supervisor_pid is not None and w.supervisor_pid != w.pid
     assert simstate.proc_stat(w.pid)[1] == w.supervisor_pid  # type: ignore[index]
     # The supervisor holds no device file; its child holds the GPU's.
-    sup_fds = [os.readlink(f"/proc/{w.supervisor_pid}/fd/{fd}")
-               for fd in os.listdir(f"/proc/{w.supervisor_pid}/fd")]  # fmt: skip
+    sup_fds = [
+        os.readlink(f"/proc/{w.supervisor_pid}/fd/{fd}")
+        for fd in os.listdir(f"/proc/{w.supervisor_pid}/fd")
+    ]
     assert not any(p.startswith(node.dev_prefix) for p in sup_fds)
     holders = fuser(node.device(3))[node.device(3)]
     assert [h[0] for h in holders] == [w.pid]
@@ -168,8 +176,9 @@ def test_orphan_keeps_its_memory_unlisted_until_gpu_reset(node: SimNode) -> None
     assert listed(node) == {} and used(node, 4) == 8000
     (a,) = node.state()["allocations"]
     assert a["orphan"] and not a["alive"] and not a["released"]
-    out = subprocess.run([node.nvidia_smi, "--gpu-reset", "-i", "4"], capture_output=True,
-                         text=True)  # fmt: skip
+    out = subprocess.run(
+        [node.nvidia_smi, "--gpu-reset", "-i", "4"], capture_output=True, text=True
+    )
     assert out.returncode == 0 and used(node, 4) == 0
 
 
@@ -238,9 +247,19 @@ def test_a_reused_pid_does_not_keep_an_allocation_alive(node: SimNode) -> None:
         ticks = simstate.start_ticks(sleeper.pid)
         assert ticks is not None
         with simstate.transaction(str(node.state_dir)) as st:
-            st["allocs"].append({"pid": sleeper.pid, "start_ticks": ticks - 1, "gpu": 1,
-                                 "mib": 777, "util": 10, "behaviour": "normal", "name": "x",
-                                 "user": "root", "died_at": None})  # fmt: skip
+            st["allocs"].append(
+                {
+                    "pid": sleeper.pid,
+                    "start_ticks": ticks - 1,
+                    "gpu": 1,
+                    "mib": 777,
+                    "util": 10,
+                    "behaviour": "normal",
+                    "name": "x",
+                    "user": "root",
+                    "died_at": None,
+                }
+            )
         assert listed(node) == {}
         (a,) = node.state()["allocations"]
         assert not a["alive"] and a["died_at"] is not None
@@ -252,9 +271,15 @@ def test_a_reused_pid_does_not_keep_an_allocation_alive(node: SimNode) -> None:
 def test_bad_spawn_arguments_are_usage_errors(node: SimNode) -> None:
     from gpubot.errors import UsageError
 
-    for kwargs in ({"gpu": 8}, {"gpu": -1}, {"gpu": None}, {"gpu": 0, "behaviour": "lazy"},
-                   {"gpu": 0, "mib": 10**7}, {"gpu": 0, "user": "gpusim-nobody-here"},
-                   {"gpu": 0, "name": "a/b"}):  # fmt: skip
+    for kwargs in (
+        {"gpu": 8},
+        {"gpu": -1},
+        {"gpu": None},
+        {"gpu": 0, "behaviour": "lazy"},
+        {"gpu": 0, "mib": 10**7},
+        {"gpu": 0, "user": "gpusim-nobody-here"},
+        {"gpu": 0, "name": "a/b"},
+    ):
         with pytest.raises(UsageError):
             node.spawn(**kwargs)
     assert node.live_pids() == []
@@ -267,8 +292,12 @@ def test_stop_kills_exactly_what_the_fleet_started(
     try:
         fleet = fleet_factory(nodes=1, gpus=4, release_delay_s=0.1)
         n = fleet.node("node1")
-        ws = [n.spawn(gpu=i % 4, behaviour=b) for i, b in enumerate(
-            ["normal", "stubborn", "slow", "respawn", "orphan", "hidden", "ctl-only"])]  # fmt: skip
+        ws = [
+            n.spawn(gpu=i % 4, behaviour=b)
+            for i, b in enumerate(
+                ["normal", "stubborn", "slow", "respawn", "orphan", "hidden", "ctl-only"]
+            )
+        ]
         procs = [(w.pid, w.start_ticks) for w in ws] + [
             (w.supervisor_pid, w.supervisor_start_ticks)
             for w in ws

@@ -35,9 +35,12 @@ class Gate:
     ``fleet`` runs without a pause up to the round it joins)."""
 
     def __init__(
-        self, monkeypatch: pytest.MonkeyPatch, status: StatusService, transport: Transport,
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        status: StatusService,
+        transport: Transport,
         expect: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.runs: list[str] = []
         self.entered = 0
         self.open = asyncio.Event()
@@ -65,9 +68,11 @@ class Gate:
 
 
 async def test_concurrent_fleet_calls_share_one_round_and_each_is_audited(
-    slack_settings: Settings, slack_fleet: SimFleet, tmp_path: Path,
+    slack_settings: Settings,
+    slack_fleet: SimFleet,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     nodes = sorted(n.name for n in slack_fleet.nodes)
     transport = make_transport(slack_settings.ssh)
     with temp_database("sqlite", tmp_path) as url:
@@ -122,20 +127,24 @@ class PeerSlack(FakeSlack):
         self.peers: list[Any] = []
 
     async def _api(self, request: web.Request) -> web.Response:
-        self.peers.append(request.transport.get_extra_info("peername") if request.transport
-                          else None)  # fmt: skip
+        self.peers.append(
+            request.transport.get_extra_info("peername") if request.transport else None
+        )
         return await super()._api(request)
 
     async def _response(self, request: web.Request) -> web.Response:
-        self.peers.append(request.transport.get_extra_info("peername") if request.transport
-                          else None)  # fmt: skip
+        self.peers.append(
+            request.transport.get_extra_info("peername") if request.transport else None
+        )
         return await super()._response(request)
 
 
 async def test_a_slack_burst_is_probed_once_rendered_once_over_one_session(
-    slack_settings: Settings, slack_fleet: SimFleet, tmp_path: Path,
+    slack_settings: Settings,
+    slack_fleet: SimFleet,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     import gpubot.chat.fleet_view as fleet_view
 
     renders: list[str] = []

@@ -38,8 +38,9 @@ def blocks_of(call: Call) -> list[dict[str, Any]]:
 
 
 def table_rows(call: Call) -> list[list[str]]:
-    return [[c["text"] for c in r] for b in blocks_of(call) if b["type"] == "table"
-            for r in b["rows"]]  # fmt: skip
+    return [
+        [c["text"] for c in r] for b in blocks_of(call) if b["type"] == "table" for r in b["rows"]
+    ]
 
 
 def text_of(call: Call) -> str:
@@ -122,8 +123,9 @@ async def test_forced_reset_approved_runs_once(harness: Harness, node1: Any) -> 
     assert waiting.body["channel"] == "C0GENERAL"
     assert "Waiting for an on-call approver" in text_of(waiting)
 
-    reply = await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL",
-                                     message_ts=ts)  # fmt: skip
+    reply = await harness.send.click(
+        ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts
+    )
     assert reply.status == 200 and reply.seconds < 3
     await harness.settle()
     assert not alive(w.pid)
@@ -141,8 +143,9 @@ async def test_forced_reset_approved_runs_once(harness: Harness, node1: Any) -> 
     detail = await harness.store.action(action.id)
     assert detail.plan["approval_id"] == approval_id
 
-    again = await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL",
-                                     message_ts=ts)  # fmt: skip
+    again = await harness.send.click(
+        ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts
+    )
     assert again.status == 200
     await harness.settle()
     assert "already executed" in ephemeral_texts(harness.fake)[-1]
@@ -239,8 +242,9 @@ async def test_double_click_and_two_approvers_run_it_once(harness: Harness, node
 
 async def test_duplicated_click_delivery_is_dropped(harness: Harness, node1: Any) -> None:
     w, approval_id, ts = await forced_request(harness, node1)
-    body = harness.send.action_body(ACTION_DENY, str(approval_id), user="U0CAROL",
-                                    message_ts=ts, action_ts="1700000123.000001")  # fmt: skip
+    body = harness.send.action_body(
+        ACTION_DENY, str(approval_id), user="U0CAROL", message_ts=ts, action_ts="1700000123.000001"
+    )
     for _ in range(3):
         reply = await harness.send.send(body, "application/x-www-form-urlencoded")
         assert reply.status == 200
@@ -354,8 +358,9 @@ async def test_sweep_now(harness: Harness, node1: Any) -> None:
 
 async def test_identity_from_the_profile_email(harness: Harness, node1: Any) -> None:
     approvals = harness.bot.services.approvals
-    policy = dataclasses.replace(approvals.policy, email_local_part=True,
-                                 email_domains=("example.org",), permissions=None)  # fmt: skip
+    policy = dataclasses.replace(
+        approvals.policy, email_local_part=True, email_domains=("example.org",), permissions=None
+    )
     approvals.policy = policy
     w = node1.spawn(gpu=3, mib=700)
     harness.fake.emails["U0FRANK"] = f"{w.user}@example.org"  # Frank is the owner on the boxes

@@ -160,8 +160,9 @@ async def test_an_error_that_is_not_about_blocks_is_not_retried(
 async def test_the_home_tab_is_published_without_a_table(
     api: SlackApi, fake_slack: FakeSlack
 ) -> None:
-    view = render_home("U0ALICE", "user3", big_fleet(nodes=40, gpus=4), {"down": "refused"},
-                       seconds=1.0, now=0.0)  # fmt: skip
+    view = render_home(
+        "U0ALICE", "user3", big_fleet(nodes=40, gpus=4), {"down": "refused"}, seconds=1.0, now=0.0
+    )
     assert await api.publish_home("U0ALICE", view)
     (call,) = fake_slack.of("views.publish")
     assert call.answer["ok"] and not has_table(call.body["view"]["blocks"])

@@ -25,8 +25,9 @@ def posted(fake: FakeSlack) -> list[str]:
 
 async def test_bad_signature_is_401_and_nothing_runs(harness: Harness) -> None:
     body = harness.send.command_body("status node1")
-    reply = await harness.send.send(body, "application/x-www-form-urlencoded",
-                                    signature="v0=" + "0" * 64)  # fmt: skip
+    reply = await harness.send.send(
+        body, "application/x-www-form-urlencoded", signature="v0=" + "0" * 64
+    )
     assert reply.status == 401
     forged = sign("not-the-secret-000000000000", body, int(time.time()))
     reply = await harness.send.send(body, "application/x-www-form-urlencoded", signature=forged)
@@ -53,8 +54,9 @@ async def test_tampered_body_is_401(harness: Harness) -> None:
     body = harness.send.command_body("status node1")
     signature = sign(harness.send.secret, body, ts)
     evil = body.replace("status", "reset")
-    reply = await harness.send.send(evil, "application/x-www-form-urlencoded", timestamp=ts,
-                                    signature=signature)  # fmt: skip
+    reply = await harness.send.send(
+        evil, "application/x-www-form-urlencoded", timestamp=ts, signature=signature
+    )
     assert reply.status == 401
 
 
@@ -106,9 +108,11 @@ async def test_ack_within_3s_while_the_node_hangs(harness: Harness, slack_fleet:
 async def test_repeated_command_delivery_runs_once(harness: Harness) -> None:
     body = harness.send.command_body("status node1", trigger_id="123.456.abc")
     first = await harness.send.send(body, "application/x-www-form-urlencoded")
-    again = await harness.send.send(body, "application/x-www-form-urlencoded",
-                                    headers={"X-Slack-Retry-Num": "1",
-                                             "X-Slack-Retry-Reason": "http_timeout"})  # fmt: skip
+    again = await harness.send.send(
+        body,
+        "application/x-www-form-urlencoded",
+        headers={"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"},
+    )
     assert first.status == again.status == 200
     await harness.settle()
     assert len(harness.fake.of("chat.postMessage")) == 1
@@ -116,8 +120,13 @@ async def test_repeated_command_delivery_runs_once(harness: Harness) -> None:
 
 
 async def test_home_tab_published_and_events_deduplicated(harness: Harness) -> None:
-    event = {"type": "app_home_opened", "user": "U0OWNER", "channel": "D0HOME", "tab": "home",
-             "event_ts": f"{time.time():.6f}"}  # fmt: skip
+    event = {
+        "type": "app_home_opened",
+        "user": "U0OWNER",
+        "channel": "D0HOME",
+        "tab": "home",
+        "event_ts": f"{time.time():.6f}",
+    }
     body = harness.send.event_body(event, event_id="Ev0HOME1")
     assert (await harness.send.send(body, "application/json")).status == 200
     retry = await harness.send.send(body, "application/json", headers={"X-Slack-Retry-Num": "1"})

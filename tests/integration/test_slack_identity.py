@@ -125,8 +125,15 @@ async def test_an_account_that_cannot_be_checked_is_refused(harness: Harness) ->
 
 async def test_a_guest_home_tab_shows_the_reason_and_no_fleet(harness: Harness) -> None:
     harness.fake.users["U0GUEST"] = {"is_restricted": True}
-    await harness.send.event({"type": "app_home_opened", "user": "U0GUEST", "tab": "home",
-                              "channel": "D0HOME", "event_ts": f"{time.time():.6f}"})  # fmt: skip
+    await harness.send.event(
+        {
+            "type": "app_home_opened",
+            "user": "U0GUEST",
+            "tab": "home",
+            "channel": "D0HOME",
+            "event_ts": f"{time.time():.6f}",
+        }
+    )
     await harness.settle()
     (publish,) = harness.fake.of("views.publish")
     view = json.dumps(publish.body["view"])
@@ -138,15 +145,21 @@ async def test_a_guest_home_tab_shows_the_reason_and_no_fleet(harness: Harness) 
     [
         ({"users": {"U0ZED": "root"}}, None),  # the [users] table
         ({"users": {"U0ZED": "nvidia-persistenced"}}, None),  # a [reset] system user
-        ({"users": {"email_local_part": True, "email_domains": ["example.org"]}},
-         "root@example.org"),  # the profile e-mail
+        (
+            {"users": {"email_local_part": True, "email_domains": ["example.org"]}},
+            "root@example.org",
+        ),  # the profile e-mail
     ],
     ids=["table", "system-user", "e-mail"],
-)  # fmt: skip
+)
 async def test_a_mapping_to_root_is_refused(
-    slack_settings: Any, fake_slack: FakeSlack, tmp_path: Path, node1: Any,
-    tables: dict[str, Any], email: str | None,
-) -> None:  # fmt: skip
+    slack_settings: Any,
+    fake_slack: FakeSlack,
+    tmp_path: Path,
+    node1: Any,
+    tables: dict[str, Any],
+    email: str | None,
+) -> None:
     w = node1.spawn(gpu=2, mib=1000)
     if email is not None:
         fake_slack.emails["U0ZED"] = email
@@ -190,8 +203,9 @@ async def test_email_mapping_without_domains_does_not_start(
     store.close()
     cfg = tmp_path / "gpubot.toml"
     cfg.write_text(f'[database]\nurl = "{db}"\n\n[users]\nemail_local_part = true\n')
-    env = env_with(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_SIGNING_SECRET=SECRET,
-                   SLACK_API_URL=fake_slack.base_url)  # fmt: skip
+    env = env_with(
+        SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_SIGNING_SECRET=SECRET, SLACK_API_URL=fake_slack.base_url
+    )
     code, err = await run_serve(cfg, env, "--http", "--port", "1")
     assert code != 0
     (line,) = err.strip().splitlines()
@@ -203,8 +217,7 @@ async def test_email_mapping_without_domains_is_a_config_error_in_the_bot(
     slack_settings: Any, fake_slack: FakeSlack, tmp_path: Path
 ) -> None:
     with pytest.raises(ConfigError, match=r"users\.email_local_part: needs users\.email_domains"):
-        async with bot_with(slack_settings, fake_slack, tmp_path,
-                            users={"email_local_part": True}):  # fmt: skip
+        async with bot_with(slack_settings, fake_slack, tmp_path, users={"email_local_part": True}):
             pass
 
 
@@ -213,8 +226,10 @@ async def test_two_accounts_of_one_person_cannot_approve_each_other(
 ) -> None:
     w = node1.spawn(gpu=2, mib=3000)
     fake_slack.groups["S0ONCALL"] = ["U0ERIN"]
-    tables: dict[str, dict[str, Any]] = {"users": {"U0CAROL2": "carol"},
-                                         "permissions": {"*": ["*"]}}  # fmt: skip
+    tables: dict[str, dict[str, Any]] = {
+        "users": {"U0CAROL2": "carol"},
+        "permissions": {"*": ["*"]},
+    }
     async with bot_with(slack_settings, fake_slack, tmp_path, **tables) as h:
         await h.send.command("reset node1 gpu 2", user="U0CAROL2")  # carol's second account
         await h.settle()
@@ -227,7 +242,10 @@ async def test_two_accounts_of_one_person_cannot_approve_each_other(
         assert (await h.store.approvals.get(approval_id)).state is ApprovalState.PENDING
         (refusal,) = await refused_actions(h.store)
         assert (refusal.actor, refusal.kind, refusal.command) == (
-            "U0CAROL", "approve", f"approve {approval_id}")  # fmt: skip
+            "U0CAROL",
+            "approve",
+            f"approve {approval_id}",
+        )
 
         listed = await audit_cli(h.store, tmp_path, capsys, "list")
         line = next(x for x in listed.splitlines() if "refused" in x)
@@ -312,8 +330,9 @@ async def test_a_refusal_is_audited_while_another_decision_is_in_flight(
         harness.bot.flows.deciding.discard(approval_id)
     refused = [a for a in await harness.store.actions() if a.status == "refused"]
     assert [(a.actor, a.command) for a in refused] == [("U0DAVE", f"approve {approval_id}")]
-    told = " ".join(c.body.get("text", "") for c in harness.fake.calls
-                    if c.method.startswith("response:"))  # fmt: skip
+    told = " ".join(
+        c.body.get("text", "") for c in harness.fake.calls if c.method.startswith("response:")
+    )
     assert f"Request #{approval_id} is being decided already" in told  # carol: wait, not refused
     assert alive(w.pid)
 
@@ -329,11 +348,15 @@ async def test_a_forced_action_records_requester_approver_and_approval(
     await harness.settle()
     assert not alive(w.pid)
     (action,) = await harness.store.actions()
-    doc = json.loads(await audit_cli(harness.store, tmp_path, capsys, "show", str(action.id),
-                                     "--json"))  # fmt: skip
+    doc = json.loads(
+        await audit_cli(harness.store, tmp_path, capsys, "show", str(action.id), "--json")
+    )
     record = doc["approval"]
     assert (record["id"], record["requester"], record["approver"]) == (
-        approval_id, "U0BOB", "U0CAROL")  # fmt: skip
+        approval_id,
+        "U0BOB",
+        "U0CAROL",
+    )
     assert (record["requester_user"], record["requester_name"]) == ("bob", "u0bob")
     text = await audit_cli(harness.store, tmp_path, capsys, "show", str(action.id))
     assert f"approval: #{approval_id} requested by U0BOB (u0bob), approved by U0CAROL" in text

@@ -12,8 +12,10 @@ import yaml
 from gpubot.cli.serve import add_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = {"socket": ROOT / "deploy/slack-manifest.yml",
-             "http": ROOT / "deploy/slack-manifest-http.yml"}  # fmt: skip
+MANIFESTS = {
+    "socket": ROOT / "deploy/slack-manifest.yml",
+    "http": ROOT / "deploy/slack-manifest-http.yml",
+}
 
 # Web API methods (slack_sdk spelling) → the bot scope each needs (None: no scope).
 SCOPE_OF = {
@@ -82,7 +84,9 @@ def test_socket_mode_and_http_urls() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     path = parser.parse_args([]).path
-    urls = [http["features"]["slash_commands"][0]["url"],
-            http["settings"]["event_subscriptions"]["request_url"],
-            http["settings"]["interactivity"]["request_url"]]  # fmt: skip
+    urls = [
+        http["features"]["slash_commands"][0]["url"],
+        http["settings"]["event_subscriptions"]["request_url"],
+        http["settings"]["interactivity"]["request_url"],
+    ]
     assert all(u.startswith("https://") and u.endswith(path) for u in urls)

@@ -68,9 +68,18 @@ def env_with(**values: str) -> dict[str, str]:
 
 async def run_serve(config: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpubot", "--config", str(config), "serve", *args,
-        cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "gpubot",
+        "--config",
+        str(config),
+        "serve",
+        *args,
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, err.decode()
 
@@ -81,15 +90,28 @@ async def run_serve(config: Path, env: dict[str, str], *args: str) -> tuple[int,
         ({}, (), "SLACK_BOT_TOKEN is not set"),
         ({"SLACK_BOT_TOKEN": "xoxp-user-token"}, (), "SLACK_BOT_TOKEN is malformed"),
         ({"SLACK_BOT_TOKEN": BOT_TOKEN}, (), "SLACK_APP_TOKEN is not set"),
-        ({"SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_APP_TOKEN": "xoxb-wrong-kind"}, (),
-         "SLACK_APP_TOKEN is malformed"),
+        (
+            {"SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_APP_TOKEN": "xoxb-wrong-kind"},
+            (),
+            "SLACK_APP_TOKEN is malformed",
+        ),
         ({"SLACK_BOT_TOKEN": BOT_TOKEN}, ("--http",), "SLACK_SIGNING_SECRET is not set"),
-        ({"SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": "not hex!"}, ("--http",),
-         "SLACK_SIGNING_SECRET is malformed"),
-        ({"SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_APP_TOKEN": APP_TOKEN,
-          "SLACK_API_URL": "ftp://x"}, (), "SLACK_API_URL is malformed"),
+        (
+            {"SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": "not hex!"},
+            ("--http",),
+            "SLACK_SIGNING_SECRET is malformed",
+        ),
+        (
+            {
+                "SLACK_BOT_TOKEN": BOT_TOKEN,
+                "SLACK_APP_TOKEN": APP_TOKEN,
+                "SLACK_API_URL": "ftp://x",
+            },
+            (),
+            "SLACK_API_URL is malformed",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_bad_tokens_one_line_and_nonzero_exit(
     config: Path, env: dict[str, str], args: tuple[str, ...], message: str
 ) -> None:
@@ -107,15 +129,17 @@ async def test_database_behind_refused_at_start(
     text = config.read_text()
     start = text.index('url = "', text.index("[database]"))
     behind = tmp_path / "gpubot.toml"
-    behind.write_text(text[:start] + f'url = "sqlite:///{tmp_path}/behind.db"'
-                      + text[text.index("\n", start):])  # fmt: skip
+    behind.write_text(
+        text[:start] + f'url = "sqlite:///{tmp_path}/behind.db"' + text[text.index("\n", start) :]
+    )
     # A new SQLite file would set itself up: this one was migrated, then taken back to base.
     store = open_store(f"sqlite:///{tmp_path}/behind.db", check_schema=False)
     store.upgrade()
     store.downgrade("base")
     store.close()
-    env = env_with(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_APP_TOKEN=APP_TOKEN,
-                   SLACK_API_URL=fake_slack.base_url)  # fmt: skip
+    env = env_with(
+        SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_APP_TOKEN=APP_TOKEN, SLACK_API_URL=fake_slack.base_url
+    )
     code, err = await run_serve(behind, env)
     assert code != 0
     (line,) = err.strip().splitlines()
@@ -124,8 +148,11 @@ async def test_database_behind_refused_at_start(
 
 
 async def test_token_refused_by_slack(config: Path, fake_slack: FakeSlack) -> None:
-    env = env_with(SLACK_BOT_TOKEN="xoxb-revoked-token-1", SLACK_APP_TOKEN=APP_TOKEN,
-                   SLACK_API_URL=fake_slack.base_url)  # fmt: skip
+    env = env_with(
+        SLACK_BOT_TOKEN="xoxb-revoked-token-1",
+        SLACK_APP_TOKEN=APP_TOKEN,
+        SLACK_API_URL=fake_slack.base_url,
+    )
     code, err = await run_serve(config, env)
     assert code != 0
     assert "SLACK_BOT_TOKEN was refused by Slack: invalid_auth" in err.strip().splitlines()[-1]
@@ -141,13 +168,26 @@ async def served(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = env_with(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_APP_TOKEN=APP_TOKEN,
-                   SLACK_SIGNING_SECRET=SECRET, SLACK_API_URL=fake_slack.base_url)  # fmt: skip
+    env = env_with(
+        SLACK_BOT_TOKEN=BOT_TOKEN,
+        SLACK_APP_TOKEN=APP_TOKEN,
+        SLACK_SIGNING_SECRET=SECRET,
+        SLACK_API_URL=fake_slack.base_url,
+    )
     args = ("--http", "--port", str(port)) if mode == "http" else ()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpubot", "--config", str(config), "serve", *args,
-        cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "gpubot",
+        "--config",
+        str(config),
+        "serve",
+        *args,
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         yield proc, port
     finally:
@@ -171,15 +211,17 @@ async def test_socket_mode_end_to_end(
     sender = SlackSender("unused", fake=fake_slack)
     command = dict(urllib.parse.parse_qsl(sender.command_body("status node1", user="U0BOB")))
     await fake_slack.socket_send("slash_commands", command, "env-1")
-    await fake_slack.wait_for(lambda: any(m.get("envelope_id") == "env-1"
-                                          for m in fake_slack.socket_received))  # fmt: skip
+    await fake_slack.wait_for(
+        lambda: any(m.get("envelope_id") == "env-1" for m in fake_slack.socket_received)
+    )
     await fake_slack.wait_for(lambda: bool(fake_slack.ok("chat.update")))
     update = fake_slack.ok("chat.update")[-1]
     assert update.body["channel"] == "C0GENERAL" and update.body["text"].startswith("node1:")
     bad = dict(urllib.parse.parse_qsl(sender.command_body("reset", user="U0BOB")))
     await fake_slack.socket_send("slash_commands", bad, "env-2")
-    await fake_slack.wait_for(lambda: any(m.get("envelope_id") == "env-2"
-                                          for m in fake_slack.socket_received))  # fmt: skip
+    await fake_slack.wait_for(
+        lambda: any(m.get("envelope_id") == "env-2" for m in fake_slack.socket_received)
+    )
     ack = next(m for m in fake_slack.socket_received if m["envelope_id"] == "env-2")
     assert "reset needs a node" in ack["payload"]["text"]  # the usage error is the ack
     proc.send_signal(signal.SIGTERM)
@@ -199,8 +241,11 @@ async def test_http_mode_end_to_end(
     sender = SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake_slack)
     assert (await sender.command("status node1", user="U0BOB")).status == 200
     await fake_slack.wait_for(lambda: bool(fake_slack.ok("chat.update")))
-    forged = await sender.send(sender.command_body("status"), "application/x-www-form-urlencoded",
-                               signature="v0=" + "1" * 64)  # fmt: skip
+    forged = await sender.send(
+        sender.command_body("status"),
+        "application/x-www-form-urlencoded",
+        signature="v0=" + "1" * 64,
+    )
     assert forged.status == 401
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), 20) == 0

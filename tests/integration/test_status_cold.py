@@ -30,10 +30,22 @@ raise SystemExit(code)
 """
 # What a status call must not load: migrations, Slack, the scheduler, the metrics, and the
 # parts of gpubot that only the bot, a reset or a sweep use.
-NOT_IMPORTED = ("alembic", "slack_bolt", "slack_sdk", "aiohttp", "apscheduler",
-                "prometheus_client", "gpubot.store.migrate", "gpubot.slack", "gpubot.chat",
-                "gpubot.scheduler", "gpubot.metrics", "gpubot.services.reset",
-                "gpubot.services.sweep", "gpubot.services.approvals")  # fmt: skip
+NOT_IMPORTED = (
+    "alembic",
+    "slack_bolt",
+    "slack_sdk",
+    "aiohttp",
+    "apscheduler",
+    "prometheus_client",
+    "gpubot.store.migrate",
+    "gpubot.slack",
+    "gpubot.chat",
+    "gpubot.scheduler",
+    "gpubot.metrics",
+    "gpubot.services.reset",
+    "gpubot.services.sweep",
+    "gpubot.services.approvals",
+)
 BEHIND = f"gpubot: error: database is at 0002, this gpubot needs {HEAD}: run `gpubot db upgrade`"
 
 
@@ -47,8 +59,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
 def gpubot(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``gpubot --config CONFIG ARGS`` (through the wrapper that lists its modules)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBOT_")}
-    return subprocess.run([sys.executable, "-c", WRAPPER, "--config", str(config), *args],
-                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", WRAPPER, "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def modules(p: subprocess.CompletedProcess[str]) -> list[str]:

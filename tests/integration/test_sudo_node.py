@@ -28,8 +28,14 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def fleet(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("sudo-node"), nodes=1, gpus=4, release_delay_s=0.3,
-                  server=request.param, sudo_rule=readme_sudo_rule(README)) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("sudo-node"),
+        nodes=1,
+        gpus=4,
+        release_delay_s=0.3,
+        server=request.param,
+        sudo_rule=readme_sudo_rule(README),
+    ) as f:
         yield f
 
 

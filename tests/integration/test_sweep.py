@@ -83,8 +83,14 @@ async def sweeper(
     notifier = None
     if fake is not None:
         notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
-    svc = SweepService(settings, app.status, **sweep_ports(app.store), notifier=notifier,
-                       clock=clock, replica="test")  # fmt: skip
+    svc = SweepService(
+        settings,
+        app.status,
+        **sweep_ports(app.store),
+        notifier=notifier,
+        clock=clock,
+        replica="test",
+    )
     try:
         yield svc
     finally:
@@ -184,12 +190,17 @@ async def test_failing_nodes_are_findings_and_hold_up_nobody(fleet: SimFleet, pg
         result = await svc.run(alerting=False)
     assert [s.node for s in result.snapshots] == ["node1"]
     assert {n: f.kind.value for n, f in result.failed.items()} == {
-        "node2": "smi-failed", "node3": "node-unreachable", "node4": "smi-failed"}  # fmt: skip
+        "node2": "smi-failed",
+        "node3": "node-unreachable",
+        "node4": "smi-failed",
+    }
     assert "couldn't communicate with the NVIDIA driver" in result.failed["node2"].reason
     assert "hung" in result.failed["node4"].reason
-    assert keys(result) == {("node2", None, "smi-failed", ""),
-                            ("node3", None, "node-unreachable", ""),
-                            ("node4", None, "smi-failed", "")}  # fmt: skip
+    assert keys(result) == {
+        ("node2", None, "smi-failed", ""),
+        ("node3", None, "node-unreachable", ""),
+        ("node4", None, "smi-failed", ""),
+    }
     assert result.seconds < 5.0  # the hung node took its 3 s; nobody waited for anybody
 
 
@@ -291,7 +302,8 @@ async def test_memory_still_being_released_never_alerts(
         clock.advance(300)
         second = await svc.run()
     assert second.findings == () and [tuple(k) for k in second.resolved] == [
-        ("node1", 3, "orphaned-vram", "")]  # fmt: skip
+        ("node1", 3, "orphaned-vram", "")
+    ]
     assert fake_slack.calls == []  # never a word in Slack
 
 
@@ -382,14 +394,21 @@ def test_cli_sweep(fleet: SimFleet, tmp_path: Path) -> None:
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
     assert {(f["node"], f["gpu"], f["kind"]) for f in doc["findings"]} == {
-        ("node1", 1, "orphaned-vram"), ("node3", None, "node-unreachable")}  # fmt: skip
+        ("node1", 1, "orphaned-vram"),
+        ("node3", None, "node-unreachable"),
+    }
     assert doc["failed"]["node3"]["kind"] == "node-unreachable"
     (orphaned,) = [f for f in doc["findings"] if f["kind"] == "orphaned-vram"]
     assert orphaned["readiness"]["nvlink_peers"] is None
     bad = tmp_path / "bad.toml"
     bad.write_text(text + "\n[sweep]\ninterval_s = -5\n")
-    out = subprocess.run([sys.executable, "-m", "gpubot", "--config", str(bad), "sweep"],
-                         capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "gpubot", "--config", str(bad), "sweep"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         f"gpubot: error: {bad}: sweep.interval_s: expected a number > 0, got -5"

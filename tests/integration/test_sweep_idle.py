@@ -95,8 +95,7 @@ async def serving(
 
 
 def idle_keys(result: SweepResult) -> set[tuple[str, int | None, str]]:
-    return {(f.node, f.gpu, f.holder) for f in result.findings
-            if f.kind is FindingKind.IDLE_HOLDER}  # fmt: skip
+    return {(f.node, f.gpu, f.holder) for f in result.findings if f.kind is FindingKind.IDLE_HOLDER}
 
 
 def blocks_of(call: Call) -> list[dict[str, Any]]:
@@ -105,14 +104,23 @@ def blocks_of(call: Call) -> list[dict[str, Any]]:
 
 
 def buttons(call: Call) -> list[tuple[str, str, str]]:
-    return [(e["text"]["text"], e["action_id"], e["value"]) for b in blocks_of(call)
-            if b["type"] == "actions" for e in b["elements"]]  # fmt: skip
+    return [
+        (e["text"]["text"], e["action_id"], e["value"])
+        for b in blocks_of(call)
+        if b["type"] == "actions"
+        for e in b["elements"]
+    ]
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "GPUBOT_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "gpubot", "--config", str(config), *args],
-                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "gpubot", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
@@ -151,28 +159,31 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
 
         # `gpubot sweep --json` on real time: the same samples, the figure per owner
         config = tmp_path / "gpubot.toml"
-        text = re.sub(r'(?m)^url = "sqlite:///.*"$', f'url = "{db_url}"',
-                      slack_fleet.config_path.read_text())  # fmt: skip
-        config.write_text(text + "\n[sweep]\n" + "".join(
-            f"{k} = {json.dumps(v)}\n" for k, v in SWEEP.items()))  # fmt: skip
+        text = re.sub(
+            r'(?m)^url = "sqlite:///.*"$', f'url = "{db_url}"', slack_fleet.config_path.read_text()
+        )
+        config.write_text(
+            text + "\n[sweep]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in SWEEP.items())
+        )
         out = cli(config, "sweep", "--json")
         assert out.returncode == 1, out.stderr  # 1: something was found
         doc = json.loads(out.stdout)
         idle = [d for d in doc["findings"] if d["kind"] == "idle-holder"]
         assert [(d["node"], d["gpu"], d["pid"], d["owner"]) for d in idle] == [
-            ("node1", 0, hoarder.pid, owner)]  # fmt: skip
+            ("node1", 0, hoarder.pid, owner)
+        ]
         assert list(doc["idle_gpu_hours"]) == [owner]
         assert 1.0 <= doc["idle_gpu_hours"][owner] < 1.1  # an hour and the last minutes
         out = cli(config, "sweep")
-        held = re.search(rf"^GPU-hours held idle: {re.escape(owner)} (\d+\.\d)$", out.stdout,
-                         re.M)  # fmt: skip
+        held = re.search(rf"^GPU-hours held idle: {re.escape(owner)} (\d+\.\d)$", out.stdout, re.M)
         assert held is not None and held[1] in ("1.0", "1.1"), out.stdout
 
         # the next sweep confirms it: the channel alert, then the owner's DM
         clock.t = start + 5 * INTERVAL
         alerted = await svc.run()
         assert [tuple(k) for k in alerted.alerted] == [
-            ("node1", 0, "idle-holder", f"{hoarder.pid}:{hoarder.start_ticks}")]  # fmt: skip
+            ("node1", 0, "idle-holder", f"{hoarder.pid}:{hoarder.start_ticks}")
+        ]
         posts = fake.ok("chat.postMessage")
         assert [p.body["channel"] for p in posts] == ["C0GENERAL", "D0OWNER"]
         assert [c.body["users"] for c in fake.of("conversations.open")] == ["U0OWNER"]
@@ -182,14 +193,18 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
         assert f"pid {hoarder.pid} python3 ({hoarder.user}) holds 8192 MiB of GPU 0" in said
         assert f"owner: `{owner}`" in said and "Free it" in said
         key = alerted.alerted[0].text()
-        assert buttons(dm) == [("Free it", ACTION_FREE, key),
-                               ("Snooze 1 day", "gpubot_snooze_1d", key)]  # fmt: skip
+        assert buttons(dm) == [
+            ("Free it", ACTION_FREE, key),
+            ("Snooze 1 day", "gpubot_snooze_1d", key),
+        ]
         assert "idle GPU holder" in json.dumps(blocks_of(posts[0]))
 
         clock.t = start + 6 * INTERVAL  # GPU 0 persists: no second DM; GPU 2 has now been at
         later = await svc.run()  # 0 % for an hour since its last busy sample: seen once
-        assert idle_keys(later) == {("node1", 0, f"{hoarder.pid}:{hoarder.start_ticks}"),
-                                    ("node1", 2, f"{late.pid}:{late.start_ticks}")}  # fmt: skip
+        assert idle_keys(later) == {
+            ("node1", 0, f"{hoarder.pid}:{hoarder.start_ticks}"),
+            ("node1", 2, f"{late.pid}:{late.start_ticks}"),
+        }
         assert later.alerted == () and len(fake.ok("chat.postMessage")) == 2
         assert later.idle_gpu_hours == {owner: pytest.approx(2.5)}  # 1.5 h + 1 h
 
@@ -203,8 +218,9 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
         assert f"GPU-hours held idle: {owner} 2.5" in home
 
         # "Free it", clicked in the DM: the owner's own reset of that pid, at once
-        reply = await h.send.click(ACTION_FREE, key, user="U0OWNER", channel="D0OWNER",
-                                   message_ts=str(dm.answer["ts"]))  # fmt: skip
+        reply = await h.send.click(
+            ACTION_FREE, key, user="U0OWNER", channel="D0OWNER", message_ts=str(dm.answer["ts"])
+        )
         assert reply.status == 200 and reply.seconds < 3
         await h.settle()
         assert not hoarder.alive() and late.alive()
@@ -215,8 +231,9 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
         assert action.command == f"/gpu reset node1 gpu 0 pid {hoarder.pid} (Free it)"
 
         # a second click finds nothing to free: the process is gone, nothing else is touched
-        await h.send.click(ACTION_FREE, key, user="U0OWNER", channel="D0OWNER",
-                           message_ts=str(dm.answer["ts"]))  # fmt: skip
+        await h.send.click(
+            ACTION_FREE, key, user="U0OWNER", channel="D0OWNER", message_ts=str(dm.answer["ts"])
+        )
         await h.settle()
         answers = [c.body.get("text", "") for c in fake.responses()]
         assert f"pid {hoarder.pid} no longer holds node1 GPU 0" in answers[-1]
@@ -230,9 +247,18 @@ NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def idle_group(owner: str) -> AlertGroup:
-    f = Finding("node7", 3, FindingKind.IDLE_HOLDER, "4242:99",
-                f"pid 4242 python3 ({owner}) holds 40000 MiB of GPU 3, idle (0 %) for 5 h",
-                pid=4242, user=owner, memory_mib=40000, owner=owner, idle_s=5 * 3600.0)  # fmt: skip
+    f = Finding(
+        "node7",
+        3,
+        FindingKind.IDLE_HOLDER,
+        "4242:99",
+        f"pid 4242 python3 ({owner}) holds 40000 MiB of GPU 3, idle (0 %) for 5 h",
+        pid=4242,
+        user=owner,
+        memory_mib=40000,
+        owner=owner,
+        idle_s=5 * 3600.0,
+    )
     snap = NodeSnapshot("node7", 0.0, (GpuInfo(3, "GPU-3", "H200", 40000, 143771, 0),))
     return AlertGroup("node7", (AlertItem(f.key, f, NOW),), snap, NOW)
 
@@ -247,13 +273,19 @@ async def test_a_dm_that_cannot_be_sent_changes_nothing_else(
         where = (await alerts.post(idle_group("alice"), token="t1")).handle
     assert where is not None and where[0] == "C0ALERTS"  # the alert stands: marked as alerted
     assert [c.body["channel"] for c in dm_slack.ok("chat.postMessage")] == ["C0ALERTS"]
-    assert any("conversations.open with U0ALICE failed: missing_scope (add the im:write scope"
-               in r.getMessage() for r in caplog.records)  # fmt: skip
+    assert any(
+        "conversations.open with U0ALICE failed: missing_scope (add the im:write scope"
+        in r.getMessage()
+        for r in caplog.records
+    )
 
     dm_slack.fail("chat.postMessage", "cannot_dm_bot", channel="D0ALICE")  # the DM is refused
     assert (await alerts.post(idle_group("alice"), token="t2")).handle is not None
     assert [c.body["channel"] for c in dm_slack.of("chat.postMessage")] == [
-        "C0ALERTS", "C0ALERTS", "D0ALICE"]  # fmt: skip
+        "C0ALERTS",
+        "C0ALERTS",
+        "D0ALICE",
+    ]
 
     assert await alerts.direct(idle_group("bob"), None) == 0  # bob maps to nobody in Slack
     assert await alerts.direct(idle_group("alice"), None) == 1

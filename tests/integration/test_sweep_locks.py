@@ -136,8 +136,10 @@ async def test_one_scheduled_sweep_an_interval(fleet: SimFleet, db_url: str) -> 
     s = with_sweep(dataclasses.replace(s, database_url=db_url), interval_s=30)
     app_a, app_b = build(s, {}, need_store=True), build(s, {}, need_store=True)
     assert app_a.store is not None and app_b.store is not None
-    locks_a, locks_b = DbLeases(app_a.store.engine, replica="A"), DbLeases(app_b.store.engine,
-                                                                        replica="B")  # fmt: skip
+    locks_a, locks_b = (
+        DbLeases(app_a.store.engine, replica="A"),
+        DbLeases(app_b.store.engine, replica="B"),
+    )
     a = SweepService(s, app_a.status, **sweep_ports(app_a.store), locks=locks_a, replica="A")
     b = SweepService(s, app_b.status, **sweep_ports(app_b.store), locks=locks_b, replica="B")
     try:

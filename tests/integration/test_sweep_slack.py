@@ -63,8 +63,14 @@ async def serving(
     head's publication, which posts to the same channel at start, has its own test)."""
     settings = dataclasses.replace(settings, database_url=db_url, audit=AuditSettings(None))
     settings = with_sweep(settings, interval_s=3600)  # one scheduled sweep, at once
-    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url),
-                serving=True, first_after_s=0)  # fmt: skip
+    app = build(
+        settings,
+        {},
+        need_store=True,
+        slack=SlackAccess(BOT_TOKEN, fake.base_url),
+        serving=True,
+        first_after_s=0,
+    )
     bot = build_bot(app, SECRET, min_update_s=0.05)
     port = start_metrics(app, 0)
     app.start()
@@ -120,13 +126,18 @@ async def test_sweeps_in_the_bot(
             assert channel == "C0GENERAL"  # [slack] channel: no [alerts] channel set
             blocks = posted.body["blocks"]
             blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
-            buttons = {e["action_id"]: e["value"] for b in blocks if b["type"] == "actions"
-                       for e in b["elements"]}  # fmt: skip
+            buttons = {
+                e["action_id"]: e["value"]
+                for b in blocks
+                if b["type"] == "actions"
+                for e in b["elements"]
+            }
             assert buttons["gpubot_reset_gpu"] == "node1:3"
 
             # "Snooze 1 day", clicked in Slack
-            reply = await h.send.click("gpubot_snooze_1d", buttons["gpubot_snooze_1d"],
-                                       channel=channel, message_ts=ts)  # fmt: skip
+            reply = await h.send.click(
+                "gpubot_snooze_1d", buttons["gpubot_snooze_1d"], channel=channel, message_ts=ts
+            )
             assert reply.status == 200 and reply.seconds < 3
             await h.settle()
             (alert,) = await store.alerts.open_alerts()
@@ -141,7 +152,9 @@ async def test_sweeps_in_the_bot(
             assert answers[-1]["response_type"] == "ephemeral"
             records = [r for r in await store.records() if r.kind == "alert"]
             assert [(r.data["alert"], r.actor) for r in records] == [
-                ("alerted", "gpubot"), ("snoozed", "slack:U0CAROL")]  # fmt: skip
+                ("alerted", "gpubot"),
+                ("snoozed", "slack:U0CAROL"),
+            ]
 
             # a forged button value is refused, to the clicker only
             await h.send.click("gpubot_snooze_1h", "not-a-key", channel=channel, message_ts=ts)
@@ -165,12 +178,13 @@ async def test_sweeps_in_the_bot(
 
             m = scrape(metrics_port or 0)
             uuid = second.snapshots[0].gpus[3].uuid
-            assert value(m, "gpubot_gpu_memory_used_bytes", node="node1", gpu="3",
-                         uuid=uuid) == 4096 * MIB  # fmt: skip
+            assert (
+                value(m, "gpubot_gpu_memory_used_bytes", node="node1", gpu="3", uuid=uuid)
+                == 4096 * MIB
+            )
             total = value(m, "gpubot_gpu_memory_total_bytes", node="node1", gpu="3", uuid=uuid)
             assert total == slack_fleet.memory_mib * MIB
-            assert value(m, "gpubot_gpu_utilization_ratio", node="node1", gpu="3",
-                         uuid=uuid) == 0.0  # fmt: skip
+            assert value(m, "gpubot_gpu_utilization_ratio", node="node1", gpu="3", uuid=uuid) == 0.0
             assert value(m, "gpubot_findings_open", kind="orphaned-vram") == 1.0
             assert value(m, "gpubot_findings_open", kind="zombie-process") == 0.0
             assert value(m, "gpubot_sweep_duration_seconds_count") == 3.0
@@ -183,8 +197,10 @@ async def test_sweeps_in_the_bot(
 
 def test_metrics_of_a_sweep_with_a_failing_node() -> None:
     m = Metrics()
-    gpus = (GpuInfo(0, "GPU-a", "H200", 1024, 143771, 37), GpuInfo(1, "GPU-b", "H200", None,
-                                                                   None, None))  # fmt: skip
+    gpus = (
+        GpuInfo(0, "GPU-a", "H200", 1024, 143771, 37),
+        GpuInfo(1, "GPU-b", "H200", None, None, None),
+    )
     m.observe_sweep([NodeSnapshot("n1", 0.0, gpus)], ["n2"], 1.5, {"hidden-holder": 2})
     m.observe_sweep([NodeSnapshot("n1", 0.0, gpus[:1])], ["n2", "n3"], 0.5, {})
     port = m.serve(0)
@@ -213,16 +229,21 @@ def test_a_crowded_alert_fits_slack() -> None:
     """64 GPUs with a finding each, long names and readiness lists: within every limit."""
     now = datetime.now(UTC)
     gpus = tuple(GpuInfo(i, f"GPU-{i}", "H200", 9000, 143771, 0) for i in range(64))
-    procs = tuple(GpuProcess(10_000 + i, i, 9000, "x" * 300, False, True, user="<!channel>",
-                             command="y" * 500) for i in range(64))  # fmt: skip
+    procs = tuple(
+        GpuProcess(
+            10_000 + i, i, 9000, "x" * 300, False, True, user="<!channel>", command="y" * 500
+        )
+        for i in range(64)
+    )
     items = []
     for i in range(64):
         kind = FindingKind.HIDDEN_HOLDER if i % 2 else FindingKind.ORPHANED_VRAM
         f = Finding("node1", i, kind, f"{10_000 + i}:1" if i % 2 else "", "z<@U0>&" * 200)
         ready = Readiness(i, ("p" * 400,) * 8, "running (pid 1)", tuple(range(64)), "", None, None)
         resolved = now if i % 5 == 0 else None
-        items.append(AlertItem(f.key, f, now - timedelta(hours=3), resolved,
-                               now + timedelta(hours=1), ready))  # fmt: skip
+        items.append(
+            AlertItem(f.key, f, now - timedelta(hours=3), resolved, now + timedelta(hours=1), ready)
+        )
     group = AlertGroup("node1", tuple(items), NodeSnapshot("node1", 0.0, gpus, procs), now)
     for msg in (render_alert_group(group), render_reminder(group)):
         assert limit_problems(msg) == [], limit_problems(msg)

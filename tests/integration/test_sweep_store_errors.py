@@ -27,8 +27,7 @@ from tests.procs import wait_dead
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("sweep-db"), nodes=1, gpus=2,
-                  release_delay_s=0.3) as f:  # fmt: skip
+    with SimFleet(tmp_path_factory.mktemp("sweep-db"), nodes=1, gpus=2, release_delay_s=0.3) as f:
         yield f
 
 
@@ -84,12 +83,17 @@ def _warnings(stderr: str) -> list[str]:
 @pytest.mark.parametrize(
     ("table", "said"),
     [
-        ("audit_log", ["sweep not recorded in the audit log: cannot record the query: "
-                       "no such table: audit_log"]),
+        (
+            "audit_log",
+            [
+                "sweep not recorded in the audit log: cannot record the query: "
+                "no such table: audit_log"
+            ],
+        ),
         ("gpu_samples", ["idle GPUs not looked for: ", "GPU samples not stored: "]),
         ("alerts", ["alert state unavailable: "]),
     ],
-)  # fmt: skip
+)
 def test_a_cli_sweep_says_each_store_error_and_still_reports(
     config: Path, node: SimNode, table: str, said: list[str]
 ) -> None:
@@ -125,8 +129,11 @@ async def test_alert_state_that_cannot_be_written_leaves_the_findings(
     config: Path, node: SimNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     _orphan(node)
-    _sql(config, "CREATE TRIGGER no_alerts BEFORE INSERT ON alerts "
-                 "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END")  # fmt: skip
+    _sql(
+        config,
+        "CREATE TRIGGER no_alerts BEFORE INSERT ON alerts "
+        "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END",
+    )
     app = build(load(config), {}, need_store=True)
     try:
         with caplog.at_level(logging.ERROR):
@@ -134,7 +141,8 @@ async def test_alert_state_that_cannot_be_written_leaves_the_findings(
     finally:
         await app.close()
     assert [(f.node, f.gpu, f.kind.value) for f in result.findings] == [
-        ("node1", 1, "orphaned-vram")]  # fmt: skip
+        ("node1", 1, "orphaned-vram")
+    ]
     assert result.alerted == ()  # nothing claimed as alerted
     (logged,) = [r.getMessage() for r in caplog.records if "sweep alerts" in r.getMessage()]
     assert logged.startswith("sweep alerts not updated: ") and "disk I/O error" in logged

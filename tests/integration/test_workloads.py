@@ -31,8 +31,9 @@ from tests.procs import alive
 def fleet(
     cgroups_ok: None, sim_users: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("workloads"), nodes=1, gpus=4, runtimes=True,
-                  release_delay_s=0.2) as f:  # fmt: skip
+    with SimFleet(
+        tmp_path_factory.mktemp("workloads"), nodes=1, gpus=4, runtimes=True, release_delay_s=0.2
+    ) as f:
         yield f
 
 
@@ -45,8 +46,9 @@ def settings(fleet: SimFleet) -> Settings:
     s = load(fleet.config_path)
     reset = dataclasses.replace(s.reset, grace_s=1.0, verify_timeout_s=4.0, poll_interval_s=0.2)
     ssh = dataclasses.replace(s.ssh, command_timeout_s=15.0)
-    return dataclasses.replace(s, reset=reset, ssh=ssh,
-                               attribution=AttributionSettings("owner", 3.0))  # fmt: skip
+    return dataclasses.replace(
+        s, reset=reset, ssh=ssh, attribution=AttributionSettings("owner", 3.0)
+    )
 
 
 @pytest.fixture
@@ -71,14 +73,22 @@ def only(snap: NodeSnapshot, pid: int) -> Any:
 
 
 async def test_status_attributes_each_kind(
-    engine: ResetService, fleet: SimFleet, node: SimNode, sim_users: tuple[str, ...],
+    engine: ResetService,
+    fleet: SimFleet,
+    node: SimNode,
+    sim_users: tuple[str, ...],
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     alice, bob = sim_users
-    d = node.spawn(gpu=0, mib=3000, cgroup="docker", container_name="train-llama",
-                   image="pytorch:24.05", labels={"owner": alice})  # fmt: skip
-    p = node.spawn(gpu=1, mib=1000, cgroup="podman", container_name="infer",
-                   image="vllm:0.5")  # fmt: skip
+    d = node.spawn(
+        gpu=0,
+        mib=3000,
+        cgroup="docker",
+        container_name="train-llama",
+        image="pytorch:24.05",
+        labels={"owner": alice},
+    )
+    p = node.spawn(gpu=1, mib=1000, cgroup="podman", container_name="infer", image="vllm:0.5")
     k = node.spawn(gpu=2, mib=1000, cgroup="kubernetes", pod="research/llama-0")
     s = node.spawn(gpu=3, mib=1000, cgroup="slurm", job_name="sweep-lr", job_user=bob)
     svc = node.spawn(gpu=3, mib=500, cgroup="service")
@@ -86,13 +96,19 @@ async def test_status_attributes_each_kind(
     snap = await engine.status.snapshot(engine.status.node("node1"))
     got = {w.pid: only(snap, w.pid).workload for w in (d, p, k, s, svc, sess)}
     assert {pid: (w.kind, w.id) for pid, w in got.items()} == {
-        d.pid: ("docker", d.container_id), p.pid: ("podman", p.container_id),
-        k.pid: ("kubernetes", k.container_id), s.pid: ("slurm", s.job_id),
-        svc.pid: ("service", svc.unit), sess.pid: ("session", sess.unit),
-    }  # fmt: skip
+        d.pid: ("docker", d.container_id),
+        p.pid: ("podman", p.container_id),
+        k.pid: ("kubernetes", k.container_id),
+        s.pid: ("slurm", s.job_id),
+        svc.pid: ("service", svc.unit),
+        sess.pid: ("session", sess.unit),
+    }
     # Names from the stand-ins, over SSH; owners from what root controls.
     assert (got[d.pid].name, got[d.pid].owner, got[d.pid].get("image")) == (
-        "train-llama", alice, "pytorch:24.05")  # fmt: skip
+        "train-llama",
+        alice,
+        "pytorch:24.05",
+    )
     assert (got[p.pid].name, got[p.pid].owner) == ("infer", "root")  # no owner label
     assert (got[k.pid].name, got[k.pid].get("namespace")) == ("research/llama-0", "research")
     assert (got[s.pid].name, got[s.pid].owner, got[s.pid].get("step")) == ("sweep-lr", bob, "0")
@@ -107,9 +123,12 @@ async def test_status_attributes_each_kind(
     doc = json.loads(gpubot_cli(cfg, "status", "node1", "--json").stdout)
     procs = {q["pid"]: q for n in doc["nodes"] for g in n["gpus"] for q in g["processes"]}
     assert procs[d.pid]["workload"] == {
-        "kind": "docker", "id": d.container_id, "name": "train-llama", "owner": alice,
+        "kind": "docker",
+        "id": d.container_id,
+        "name": "train-llama",
+        "owner": alice,
         "detail": {"image": "pytorch:24.05", "label.owner": alice, "restart": "no"},
-    }  # fmt: skip
+    }
     assert procs[s.pid]["workload"]["kind"] == "slurm"
     assert procs[s.pid]["workload"]["detail"]["user"] == bob
     assert procs[sess.pid]["workload"]["owner"] is None
@@ -125,8 +144,9 @@ async def test_owners_decide_self_service(
 ) -> None:
     alice, bob = sim_users
     job = node.spawn(gpu=0, mib=2000, cgroup="slurm", job_name="sweep-lr", job_user=alice)
-    mine = node.spawn(gpu=1, mib=2000, cgroup="docker", container_name="mine",
-                      labels={"owner": alice})  # fmt: skip
+    mine = node.spawn(
+        gpu=1, mib=2000, cgroup="docker", container_name="mine", labels={"owner": alice}
+    )
     root_c = node.spawn(gpu=2, mib=2000, cgroup="docker", container_name="nobodys")
     plan, _ = await plan_of(engine, alice, 0)
     assert [(t.pid, t.owner, t.forced) for t in plan.targets] == [(job.pid, alice, False)]
@@ -152,15 +172,15 @@ async def test_slack_runs_a_labelled_container_at_once_and_asks_for_an_unlabelle
     owner = "nobody"  # U0OWNER's Linux user in the Slack tables
     s = slack_settings_for(fleet.config_path, owner)
     s = dataclasses.replace(s, attribution=AttributionSettings("owner", 3.0))
-    mine = node.spawn(gpu=0, mib=2000, cgroup="docker", container_name="nb",
-                      labels={"owner": owner})  # fmt: skip
+    mine = node.spawn(
+        gpu=0, mib=2000, cgroup="docker", container_name="nb", labels={"owner": owner}
+    )
     other = node.spawn(gpu=1, mib=2000, cgroup="docker", container_name="shared")
     async with running_bot(s, fake_slack, f"sqlite:///{tmp_path}/audit.db") as h:
         assert (await h.send.command("reset node1 gpu 0", user="U0OWNER")).status == 200
         await h.settle()
         assert not alive(mine.pid)
-        assert not [c for c in fake_slack.ok("chat.postMessage")
-                    if c.body["channel"] == "C0ONCALL"]  # fmt: skip
+        assert not [c for c in fake_slack.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
         assert (await h.send.command("reset node1 gpu 1", user="U0OWNER")).status == 200
         await h.settle()
         (req,) = [c for c in fake_slack.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
@@ -185,28 +205,36 @@ async def test_a_respawning_container_names_docker_stop(
 async def test_stop_workloads_stops_the_container_audited(
     settings: Settings, store: Store, node: SimNode
 ) -> None:
-    s = dataclasses.replace(settings, reset=dataclasses.replace(settings.reset,
-                                                                stop_workloads=True))  # fmt: skip
+    s = dataclasses.replace(
+        settings, reset=dataclasses.replace(settings.reset, stop_workloads=True)
+    )
     transport = make_transport(s.ssh)
     try:
         eng = ResetService(s, transport, store, StatusService(s, transport, store), NodeLocks())
-        c = node.spawn(gpu=3, mib=2500, cgroup="docker", container_name="trainer2",
-                       restart="always")  # fmt: skip
+        c = node.spawn(
+            gpu=3, mib=2500, cgroup="docker", container_name="trainer2", restart="always"
+        )
         plan, before = await plan_of(eng, "root", 3)
-        result: ResetResult = await eng.execute(plan, actor="t", source="test", command="t",
-                                                before=before)  # fmt: skip
+        result: ResetResult = await eng.execute(
+            plan, actor="t", source="test", command="t", before=before
+        )
     finally:
         await transport.close()
     assert [g.outcome for g in result.gpus] == [Outcome.FREED]
     stops = [s.data for s in result.steps if s.kind == "stop_workload"]
     assert [(x["command"], x["result"]) for x in stops] == [
-        ("docker stop trainer2", "running"), ("docker stop trainer2", "done")]  # fmt: skip
+        ("docker stop trainer2", "running"),
+        ("docker stop trainer2", "done"),
+    ]
     assert c.current_pid() is None and not c.alive()
     assert result.action_id is not None
     detail = await store.action(result.action_id)  # the audit log holds the same steps
     assert detail is not None
-    logged = [e for e in json.loads(json.dumps(detail.as_dict(), default=str))["events"]
-              if e.get("kind") == "stop_workload"]  # fmt: skip
+    logged = [
+        e
+        for e in json.loads(json.dumps(detail.as_dict(), default=str))["events"]
+        if e.get("kind") == "stop_workload"
+    ]
     assert [e["result"] for e in logged] == ["running", "done"]
 
 

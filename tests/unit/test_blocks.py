@@ -23,20 +23,35 @@ EVIL = "<!channel> & <@U0BOSS> ```rm -rf``` `x`"
 def proc(pid: int, gpu: int, user: str, mib: int | None = 1024, **kw: object) -> GpuProcess:
     uid = 1000 + sum(map(ord, user))  # a known owner: a plan targets only processes with a uid
     args: dict[str, object] = {
-        "visible_to_nvidia_smi": True, "holds_device_file": True, "user": user, "ppid": 1,
-        "state": "S", "start_ticks": 1000 + pid, "elapsed_s": 60,
-        "command": f"python train.py --run {pid}", "uid": uid, "real_uid": uid,
-        "exe": "/usr/bin/python3", "argv0": "python",
-    }  # fmt: skip
+        "visible_to_nvidia_smi": True,
+        "holds_device_file": True,
+        "user": user,
+        "ppid": 1,
+        "state": "S",
+        "start_ticks": 1000 + pid,
+        "elapsed_s": 60,
+        "command": f"python train.py --run {pid}",
+        "uid": uid,
+        "real_uid": uid,
+        "exe": "/usr/bin/python3",
+        "argv0": "python",
+    }
     args.update(kw)
     return GpuProcess(pid, gpu, mib, "python", **args)  # type: ignore[arg-type]
 
 
 def gpu(i: int, used: int | None = 0, total: int | None = 81920, minor: int | None = -1) -> GpuInfo:
     """A GPU whose device file is known; its minor is not its index (``i ^ 1`` unless given)."""
-    return GpuInfo(i, f"GPU-{i:04d}", "NVIDIA H100 80GB HBM3", used, total, 50,
-                   bus_id=f"00000000:{i % 256:02X}:00.0",
-                   minor=i ^ 1 if minor == -1 else minor)  # fmt: skip
+    return GpuInfo(
+        i,
+        f"GPU-{i:04d}",
+        "NVIDIA H100 80GB HBM3",
+        used,
+        total,
+        50,
+        bus_id=f"00000000:{i % 256:02X}:00.0",
+        minor=i ^ 1 if minor == -1 else minor,
+    )
 
 
 def snap(name: str = "node1") -> NodeSnapshot:
@@ -44,10 +59,13 @@ def snap(name: str = "node1") -> NodeSnapshot:
         name,
         1_700_000_000.0,
         (gpu(0, 2048), gpu(1, 0), gpu(2, 40000), gpu(3, None)),
-        (proc(4242, 0, "alice"), proc(4243, 0, "bob", command=EVIL),
-         proc(77, 3, "carol", state="Z"), proc(88, 1, "dave", mib=None,
-                                               visible_to_nvidia_smi=False)),
-    )  # fmt: skip
+        (
+            proc(4242, 0, "alice"),
+            proc(4243, 0, "bob", command=EVIL),
+            proc(77, 3, "carol", state="Z"),
+            proc(88, 1, "dave", mib=None, visible_to_nvidia_smi=False),
+        ),
+    )
 
 
 def big_fleet(nodes: int = 256, gpus: int = 8, seed: int = 7) -> list[NodeSnapshot]:
@@ -59,9 +77,15 @@ def big_fleet(nodes: int = 256, gpus: int = 8, seed: int = 7) -> list[NodeSnapsh
             k = rnd.randrange(4)
             gs.append(gpu(g, rnd.choice([0, 300, 40000, None]), 81920))
             for j in range(k):
-                ps.append(proc(10000 + n * 100 + g * 10 + j, g, f"user{rnd.randrange(50)}",
-                               command=EVIL + "x" * rnd.randrange(400),
-                               state=rnd.choice("SSSRZD")))  # fmt: skip
+                ps.append(
+                    proc(
+                        10000 + n * 100 + g * 10 + j,
+                        g,
+                        f"user{rnd.randrange(50)}",
+                        command=EVIL + "x" * rnd.randrange(400),
+                        state=rnd.choice("SSSRZD"),
+                    )
+                )
         out.append(NodeSnapshot(f"node{n:03d}", 1_700_000_000.0 + n, tuple(gs), tuple(ps)))
     return out
 
@@ -92,8 +116,9 @@ def test_a_gpu_whose_device_file_is_unknown_is_flagged() -> None:
     s = NodeSnapshot(s.node, s.taken_at, (*s.gpus, gpu(4, 0, minor=None)), s.processes)
     msg = fv.render_node(s)
     assert bk.limit_problems(msg) == []
-    rows = [[c["text"] for c in r] for b in msg["blocks"] if b["type"] == "table"
-            for r in b["rows"]]  # fmt: skip
+    rows = [
+        [c["text"] for c in r] for b in msg["blocks"] if b["type"] == "table" for r in b["rows"]
+    ]
     assert rows[5][0] == "4" and rows[5][4] == "device-file-unknown"
     assert all("device-file-unknown" not in r[4] for r in rows[1:5])  # minors known, not = index
     assert msg["text"] == "node1: 5 GPUs, 3 busy, 2 idle, 4 flagged"
@@ -157,15 +182,24 @@ def test_huge_failures_only() -> None:
 def test_limit_checker_catches_breakage() -> None:
     bad = {
         "text": "x" * 5000,
-        "blocks": [bk.section("ok")] * 51 + [
+        "blocks": [bk.section("ok")] * 51
+        + [
             {"type": "section", "text": {"type": "mrkdwn", "text": "y" * 3001}},
             {"type": "header", "text": {"type": "plain_text", "text": "h" * 151}},
-            bk.table([["a"]] * 101), bk.table([["b"] * 21]),
+            bk.table([["a"]] * 101),
+            bk.table([["b"] * 21]),
         ],
-    }  # fmt: skip
+    }
     problems = " | ".join(bk.limit_problems(bad))
-    for want in ("blocks > 50", "text of 5000", "section text > 3000", "header > 150",
-                 "table of 101 rows", "table of 1 rows", "2 table blocks"):  # fmt: skip
+    for want in (
+        "blocks > 50",
+        "text of 5000",
+        "section text > 3000",
+        "header > 150",
+        "table of 101 rows",
+        "table of 1 rows",
+        "2 table blocks",
+    ):
         assert want in problems
 
 
@@ -173,9 +207,14 @@ def plan_and_result(ok: bool = True) -> ResetResult:
     s = snap()
     plan = plan_reset(s, ResetRequest("node1", "alice", gpus=(0,)), Protection())
     after = NodeSnapshot("node1", s.taken_at + 3, (gpu(0, 0 if ok else 900),))
-    g = GpuResult(0, Outcome.FREED if ok else Outcome.STUCK, "memory at 0 MiB" if ok else
-                  "pid 4243 survived SIGKILL in state D", 2048, 0 if ok else 900,
-                  1.25 if ok else None)  # fmt: skip
+    g = GpuResult(
+        0,
+        Outcome.FREED if ok else Outcome.STUCK,
+        "memory at 0 MiB" if ok else "pid 4243 survived SIGKILL in state D",
+        2048,
+        0 if ok else 900,
+        1.25 if ok else None,
+    )
     steps = (
         ResetEvent(ResetStep.PLANNED, 1.0, {"gpus": [0], "targets": [4242, 4243], "forced": True}),
     )
@@ -194,16 +233,22 @@ def test_reset_progress_and_result() -> None:
     prog = rb.render_progress("Reset node1 · GPU 0", "Requested by <@U0ALICE>", res.plan, events)
     assert bk.limit_problems(prog) == []
     text = bk.message_text(prog)
-    for want in ("planned: 2 process(es) on GPU 0", "SIGTERM: 2 sent", "exited: 1",
-                 "verifying GPU 0", "Requested by @U0ALICE"):  # fmt: skip
+    for want in (
+        "planned: 2 process(es) on GPU 0",
+        "SIGTERM: 2 sent",
+        "exited: 1",
+        "verifying GPU 0",
+        "Requested by @U0ALICE",
+    ):
         assert want in text
     events.append(ResetEvent(ResetStep.GPU_OUTCOME, 3.0, res.gpus[0].to_dict()))
     assert "GPU 0: freed in 1.2 s" in "\n".join(rb.step_lines(events))
 
     done = rb.render_result("Reset node1", "Requested by <@U0ALICE>", res)
     assert bk.limit_problems(done) == []
-    rows = [[c["text"] for c in r] for b in done["blocks"] if b["type"] == "table"
-            for r in b["rows"]]  # fmt: skip
+    rows = [
+        [c["text"] for c in r] for b in done["blocks"] if b["type"] == "table" for r in b["rows"]
+    ]
     assert rows[0] == ["GPU", "Before", "After", "Outcome", "Freed in"]
     assert rows[1] == ["0", "2048 MiB · alice, bob", "0 MiB", "✅ freed", "1.2 s"]
     assert "audit #17" in bk.message_text(done)
@@ -220,23 +265,27 @@ def test_approval_request_and_decision() -> None:
     assert bk.limit_problems(msg) == []
     actions = next(b for b in msg["blocks"] if b["type"] == "actions")["elements"]
     assert [(a["action_id"], a["value"]) for a in actions] == [
-        (rb.ACTION_APPROVE, "12"), (rb.ACTION_DENY, "12")]  # fmt: skip
+        (rb.ACTION_APPROVE, "12"),
+        (rb.ACTION_DENY, "12"),
+    ]
     assert "confirm" in actions[0] and "confirm" not in actions[1]
     text = bk.message_text(msg)
     assert "@U0BOB (bob) asks to free node1 GPU 0" in text
     assert "kills processes of `alice`, `bob`: 2 process(es), 2048 MiB" in text
     assert "Request #12" in text and "2023-11-14 22:28:20 UTC" in text
 
-    decided = rb.render_approval_state(12, plan, "U0BOB", "bob", state="denied", by="U0CAROL",
-                                       at=1_700_000_100.0)  # fmt: skip
+    decided = rb.render_approval_state(
+        12, plan, "U0BOB", "bob", state="denied", by="U0CAROL", at=1_700_000_100.0
+    )
     assert bk.limit_problems(decided) == []
     assert not any(b["type"] == "actions" for b in decided["blocks"])
     assert "Denied by @U0CAROL" in bk.message_text(decided)
 
     res = plan_and_result()
     body = rb.render_result("Reset node1", "x", res)
-    done = rb.render_approval_state(12, plan, "U0BOB", None, state="executed", by="U0CAROL",
-                                    at=1.0, body=body)  # fmt: skip
+    done = rb.render_approval_state(
+        12, plan, "U0BOB", None, state="executed", by="U0CAROL", at=1.0, body=body
+    )
     assert bk.limit_problems(done) == []
     assert "no known Linux user" in bk.message_text(done)
     assert "✅ freed" in bk.message_text(done)

@@ -57,9 +57,17 @@ def test_golden_hash_never_changes() -> None:
         '{"action_id":1,"actor":"U1 (alice)","created_at":"2024-05-01T12:00:00.000000Z",'
         '"kind":"intent","node":"node3","payload":"{\\"a\\":1}","seq":1,"source":"slack"}'
     )
-    h = record_hash(GENESIS, seq=1, action_id=1, kind="intent",
-                    created_at="2024-05-01T12:00:00.000000Z", actor="U1 (alice)",
-                    source="slack", node="node3", payload='{"a":1}')  # fmt: skip
+    h = record_hash(
+        GENESIS,
+        seq=1,
+        action_id=1,
+        kind="intent",
+        created_at="2024-05-01T12:00:00.000000Z",
+        actor="U1 (alice)",
+        source="slack",
+        node="node3",
+        payload='{"a":1}',
+    )
     assert h == hashlib.sha256((GENESIS + body).encode()).hexdigest()
     assert h == "e7ae2eac26a6450308c506dc01e1cda64e85bb4ecd4aaef15ff811608b4f0eaf"
 
@@ -138,8 +146,17 @@ def test_record_added_behind_the_heads_back() -> None:
     assert (result.checked, result.head_hash) == (3, chain[2].hash)
 
 
-FIELDS = ["action_id", "kind", "created_at", "actor", "source", "node", "payload", "prev_hash",
-          "hash"]  # fmt: skip
+FIELDS = [
+    "action_id",
+    "kind",
+    "created_at",
+    "actor",
+    "source",
+    "node",
+    "payload",
+    "prev_hash",
+    "hash",
+]
 
 
 @given(n=st.integers(1, 12), data=st.data())
@@ -151,8 +168,9 @@ def test_any_single_field_edit_is_found_at_its_record(n: int, data: st.DataObjec
     if field == "action_id":
         new: object = (old or 0) + data.draw(st.integers(1, 5))
     elif field in ("prev_hash", "hash"):
-        new = data.draw(st.text("0123456789abcdef", min_size=64, max_size=64).filter(
-            lambda s: s != old))  # fmt: skip
+        new = data.draw(
+            st.text("0123456789abcdef", min_size=64, max_size=64).filter(lambda s: s != old)
+        )
     else:
         new = old + data.draw(st.text(min_size=1, max_size=5))
     head = (chain[-1].seq, chain[-1].hash)
@@ -172,8 +190,14 @@ def test_canonical_json_is_one_text_per_value() -> None:
 def test_canonical_json_turns_gpubot_values_into_json() -> None:
     key = FindingKey("node3", 0, "orphaned-vram")  # a named tuple: a list
     failure = NodeFailure(FindingKind.SMI_FAILED, "exit 9")  # a dataclass: an object
-    value = {"outcome": Outcome.FREED, "state": ApprovalState.PENDING, "at": T0, "key": key,
-             "failure": failure, "set": {3, 1, 2}}  # fmt: skip
+    value = {
+        "outcome": Outcome.FREED,
+        "state": ApprovalState.PENDING,
+        "at": T0,
+        "key": key,
+        "failure": failure,
+        "set": {3, 1, 2},
+    }
     assert canonical_json(value) == (
         '{"at":"2024-05-01T12:00:00.123456Z","failure":{"kind":"smi-failed","reason":"exit 9"},'
         '"key":["node3",0,"orphaned-vram",""],"outcome":"freed","set":[1,2,3],"state":"pending"}'

@@ -63,9 +63,18 @@ def test_golden_hmac_never_changes() -> None:
         '{"action_id":1,"actor":"U1 (alice)","created_at":"2024-05-01T12:00:00.000000Z",'
         '"kind":"intent","node":"node3","payload":"{\\"a\\":1}","seq":1,"source":"slack"}'
     )
-    h = record_hash(GENESIS, seq=1, action_id=1, kind="intent",
-                    created_at="2024-05-01T12:00:00.000000Z", actor="U1 (alice)",
-                    source="slack", node="node3", payload='{"a":1}', key=KEY)  # fmt: skip
+    h = record_hash(
+        GENESIS,
+        seq=1,
+        action_id=1,
+        kind="intent",
+        created_at="2024-05-01T12:00:00.000000Z",
+        actor="U1 (alice)",
+        source="slack",
+        node="node3",
+        payload='{"a":1}',
+        key=KEY,
+    )
     assert h == hmac.new(KEY, (GENESIS + body).encode(), hashlib.sha256).hexdigest()
     assert h == "1af59495996cb61a397122d8bbe9f9fa07960b97caa83400ae9ad97d8408c2ea"
     assert key_id(KEY) == "b16d9b75c1b8da2b"
@@ -95,8 +104,10 @@ def test_a_keyed_chain_verifies_with_its_key_only() -> None:
     assert ok.line().startswith(f"audit log intact: 6 records, head 6:{recs[-1].hash}, keyed ")
     none = check(recs)
     assert (none.ok, none.unverified, none.checked, none.first_bad_seq) == (False, True, 2, None)
-    assert none.reason == (f"records from 3 on are keyed (HMAC-SHA256, key id {key_id(KEY)}): "
-                           "set GPUBOT_AUDIT_KEY to verify them")  # fmt: skip
+    assert none.reason == (
+        f"records from 3 on are keyed (HMAC-SHA256, key id {key_id(KEY)}): "
+        "set GPUBOT_AUDIT_KEY to verify them"
+    )
     assert none.line().startswith("audit log not verified: records from 3 on")
     wrong = check(recs, OTHER)
     assert (wrong.ok, wrong.unverified, wrong.checked) == (False, True, 2)
@@ -131,8 +142,18 @@ def test_recomputing_a_keyed_chain_without_the_key_is_caught(edited: int) -> Non
 
 def test_a_second_marker_is_refused() -> None:
     recs = chain(4, keyed_from=2)
-    extra = AuditRecord(5, None, "chain", iso(T0), "gpubot", "gpubot", None,
-                        canonical_json(marker_payload(KEY)), recs[-1].hash, "")  # fmt: skip
+    extra = AuditRecord(
+        5,
+        None,
+        "chain",
+        iso(T0),
+        "gpubot",
+        "gpubot",
+        None,
+        canonical_json(marker_payload(KEY)),
+        recs[-1].hash,
+        "",
+    )
     recs.append(dataclasses.replace(extra, hash=hash_of(extra, KEY)))
     found = check(recs, KEY)
     assert (found.ok, found.first_bad_seq) == (False, 5)
@@ -146,9 +167,11 @@ def test_check_published() -> None:
     assert check_published(ok, head, recs[-1].hash, 5) == ok
     moved = check_published(ok, head, "f" * 64, 5)
     assert (moved.ok, moved.first_bad_seq) == (False, None)
-    assert moved.line() == (f"audit log tampered: the published head 5:{recs[-1].hash[:16]}… is "
-                            f"not in the log: record 5 now has hash {'f' * 16}… (the log was "
-                            "rewritten)")  # fmt: skip
+    assert moved.line() == (
+        f"audit log tampered: the published head 5:{recs[-1].hash[:16]}… is "
+        f"not in the log: record 5 now has hash {'f' * 16}… (the log was "
+        "rewritten)"
+    )
     gone = check_published(ok, (9, "a" * 64), None, 5)
     assert "the log ends at record 5 (records were removed)" in str(gone.published)
     bad = check(recs[:2] + recs[3:])  # record 3 removed

@@ -143,6 +143,11 @@ def test_round_trip(node: str, gpus: list[int], pids: list[int], grace: int | No
         line += f" pid {','.join(map(str, pids))}"
     if grace is not None:
         line += f" grace {grace}"
-    want = commands.Reset(node, tuple(sorted(set(gpus))), tuple(sorted(set(pids))), None,
-                   None if grace is None else float(grace))  # fmt: skip
+    want = commands.Reset(
+        node,
+        tuple(sorted(set(gpus))),
+        tuple(sorted(set(pids))),
+        None,
+        None if grace is None else float(grace),
+    )
     assert commands.parse(line) == want

@@ -37,8 +37,12 @@ def test_the_documented_shape_loads(tmp_path: Path) -> None:
     s = load(f)
     (n,) = s.nodes
     assert (n.name, n.port, n.sudo, n.groups, n.device(3)) == (
-        "node3", 22, True, ("h200", "team-a"), "/dev/nvidia3",
-    )  # fmt: skip
+        "node3",
+        22,
+        True,
+        ("h200", "team-a"),
+        "/dev/nvidia3",
+    )
     assert s.ssh.max_parallel == 64 and s.groups() == {"h200": ("node3",), "team-a": ("node3",)}
 
 
@@ -63,10 +67,14 @@ NODE = '[[nodes]]\nname = "{name}"\nhost = "h"\n'
         ("[ssh]\ncommand_timeout_s = -1\n", "ssh.command_timeout_s: expected a number > 0"),
         ("[database]\nurl = 'postgresql+psycopg://u:secret@h/db'\n", "GPUBOT_DB_PASSWORD"),
         ("[reset]\nprotected = 'Xorg'\n", "reset.protected: expected a list"),
-        ("[reset]\nprotected = ['nvidia-persistenced']\n",
-         "reset.protected: 'nvidia-persistenced' is not an absolute path"),
-        ("[reset]\nprotected = ['/usr/bin/nvidia-persistenced', 'Xorg']\n",
-         "reset.protected: 'Xorg' is not an absolute path"),
+        (
+            "[reset]\nprotected = ['nvidia-persistenced']\n",
+            "reset.protected: 'nvidia-persistenced' is not an absolute path",
+        ),
+        (
+            "[reset]\nprotected = ['/usr/bin/nvidia-persistenced', 'Xorg']\n",
+            "reset.protected: 'Xorg' is not an absolute path",
+        ),
         ("[reset]\nprotected = ['usr/bin/Xorg']\n", "'usr/bin/Xorg' is not an absolute path"),
         ("[reset]\nprotected = ['~/bin/dcgm']\n", "'~/bin/dcgm' is not an absolute path"),
         ("[reset]\nprotected = [' /usr/bin/Xorg']\n", "is not an absolute path"),
@@ -77,7 +85,7 @@ NODE = '[[nodes]]\nname = "{name}"\nhost = "h"\n'
         ("[reset]\nsystem_users = [0]\n", "reset.system_users: expected a list"),
         ("[reset]\nsystem_user = ['root']\n", "reset.system_user: unknown key"),
     ],
-)  # fmt: skip
+)
 def test_mistakes_are_named(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse(tomllib.loads(text), "/etc/gpubot.toml")
@@ -122,13 +130,15 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
 
 
 def test_runtimes_come_from_the_node_and_its_groups() -> None:
-    s = parse(tomllib.loads(
-        '[groups.slurm-h200]\nruntimes = ["slurm"]\n'
-        '[attribution]\ncontainer_owner_label = "com.example.owner"\nlookup_timeout_s = 2\n'
-        '[reset]\nstop_workloads = true\n'
-        '[[nodes]]\nname = "a"\nhost = "h"\nruntimes = ["docker"]\ngroups = ["slurm-h200"]\n'
-        '[[nodes]]\nname = "b"\nhost = "h"\n'
-    ))  # fmt: skip
+    s = parse(
+        tomllib.loads(
+            '[groups.slurm-h200]\nruntimes = ["slurm"]\n'
+            '[attribution]\ncontainer_owner_label = "com.example.owner"\nlookup_timeout_s = 2\n'
+            "[reset]\nstop_workloads = true\n"
+            '[[nodes]]\nname = "a"\nhost = "h"\nruntimes = ["docker"]\ngroups = ["slurm-h200"]\n'
+            '[[nodes]]\nname = "b"\nhost = "h"\n'
+        )
+    )
     assert [n.runtimes for n in s.nodes] == [("docker", "slurm"), ()]
     assert s.attribution.container_owner_label == "com.example.owner"
     assert s.attribution.lookup_timeout_s == 2 and s.reset.stop_workloads
@@ -139,22 +149,30 @@ def test_runtimes_come_from_the_node_and_its_groups() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (NODE.format(name="a") + "runtimes = ['lxc']\n",
-         "nodes[0].runtimes: unknown runtime 'lxc' (one of docker, podman, slurm, crictl)"),
+        (
+            NODE.format(name="a") + "runtimes = ['lxc']\n",
+            "nodes[0].runtimes: unknown runtime 'lxc' (one of docker, podman, slurm, crictl)",
+        ),
         (NODE.format(name="a") + "runtimes = 'docker'\n", "nodes[0].runtimes: expected a list"),
-        ("[groups.g]\nruntimes = ['k8s']\n" + NODE.format(name="a") + "groups = ['g']\n",
-         "groups.g.runtimes: unknown runtime 'k8s'"),
+        (
+            "[groups.g]\nruntimes = ['k8s']\n" + NODE.format(name="a") + "groups = ['g']\n",
+            "groups.g.runtimes: unknown runtime 'k8s'",
+        ),
         ("[groups.g]\nruntime = ['docker']\n", "groups.g.runtime: unknown key"),
-        ("[groups.g]\nruntimes = ['docker']\n" + NODE.format(name="a"),
-         "groups.g: no node is in group 'g'"),
-        ("[attribution]\ncontainer_owner_label = 'own er'\n",
-         "attribution.container_owner_label: expected a label key"),
+        (
+            "[groups.g]\nruntimes = ['docker']\n" + NODE.format(name="a"),
+            "groups.g: no node is in group 'g'",
+        ),
+        (
+            "[attribution]\ncontainer_owner_label = 'own er'\n",
+            "attribution.container_owner_label: expected a label key",
+        ),
         ("[attribution]\ncontainer_owner_label = 3\n", "attribution.container_owner_label"),
         ("[attribution]\nlookup_timeout_s = 0\n", "attribution.lookup_timeout_s: expected"),
         ("[attribution]\nlabel = 'x'\n", "attribution.label: unknown key"),
         ("[reset]\nstop_workloads = 'yes'\n", "reset.stop_workloads: expected true or false"),
     ],
-)  # fmt: skip
+)
 def test_attribution_mistakes_are_named(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse(tomllib.loads(text), "/etc/gpubot.toml")

@@ -12,9 +12,16 @@ from gpubot.errors import ConfigError
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [("24h", 86400.0), ("30m", 1800.0), ("7d", 604800.0), ("1w", 604800.0), ("90s", 90.0),
-     (" 2h ", 7200.0), ("off", None)],
-)  # fmt: skip
+    [
+        ("24h", 86400.0),
+        ("30m", 1800.0),
+        ("7d", 604800.0),
+        ("1w", 604800.0),
+        ("90s", 90.0),
+        (" 2h ", 7200.0),
+        ("off", None),
+    ],
+)
 def test_publish_head_every(value: str, seconds: float | None) -> None:
     assert parse({"audit": {"publish_head_every": value}}).audit.publish_head_every_s == seconds
 

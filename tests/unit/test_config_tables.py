@@ -28,10 +28,14 @@ POLICY: dict[str, Any] = {
         "email_domains": ["Example.com"],
         "min_uid": 500,
     },
-    "approvals": {"approvers": ["U0CAROL"], "usergroup": "S0ONCALL", "expiry_s": 60,
-                  "group_cache_s": 0},
+    "approvals": {
+        "approvers": ["U0CAROL"],
+        "usergroup": "S0ONCALL",
+        "expiry_s": 60,
+        "group_cache_s": 0,
+    },
     "permissions": {"team-a": ["U0ALICE", "S0TEAMA"], "*": ["S0ADMINS"], "node9": ["*"]},
-}  # fmt: skip
+}
 
 
 def refused(tables: dict[str, Any]) -> str:
@@ -61,8 +65,7 @@ def test_the_policy_tables() -> None:
     assert (p.expiry_s, p.min_uid, p.group_cache_s) == (60.0, 500, 0.0)
     assert (p.channel, p.approval_channel) == ("C0GENERAL", "C0ONCALL")
     assert p.groups_to_resolve() == ("S0ADMINS", "S0ONCALL", "S0TEAMA")
-    assert p.permissions == {"team-a": ("U0ALICE", "S0TEAMA"), "*": ("S0ADMINS",),
-                             "node9": ("*",)}  # fmt: skip
+    assert p.permissions == {"team-a": ("U0ALICE", "S0TEAMA"), "*": ("S0ADMINS",), "node9": ("*",)}
     assert p.system_users == ("root", "gdm")  # [reset] system_users: never mapped to
 
 
@@ -82,46 +85,66 @@ def test_policy_defaults() -> None:
     [
         ({"slack": []}, "slack: expected a table"),
         ({"slack": {"chanel": "C1"}}, "slack.chanel: unknown key"),
-        ({"slack": {"channel": "#general"}}, "slack.channel: expected a channel id (C…), got "
-                                             "'#general'"),
+        (
+            {"slack": {"channel": "#general"}},
+            "slack.channel: expected a channel id (C…), got '#general'",
+        ),
         ({"slack": {"oncall_channel": 5}}, "slack.oncall_channel: expected a channel id"),
         ({"users": {"U0A": "Alice Smith"}}, "users.U0A: expected a Linux user name"),
-        ({"users": {"alice": "alice"}}, "users.alice: not a Slack user id (U…/W…), "
-                                        "email_local_part, email_domains or min_uid"),
+        (
+            {"users": {"alice": "alice"}},
+            "users.alice: not a Slack user id (U…/W…), email_local_part, email_domains or min_uid",
+        ),
         ({"users": {"email_local_part": "yes"}}, "users.email_local_part: expected true or false"),
         ({"users": {"email_local_part": True}}, "users.email_local_part: needs users.email_do"),
         ({"users": {"email_local_part": True, "email_domains": []}}, "needs users.email_domains"),
-        ({"users": {"email_domains": "example.com"}},
-         "users.email_domains: expected a list of non-empty strings"),
-        ({"users": {"email_domains": ["@example.com"]}}, "users.email_domains: '@example.com' "
-                                                         "is not a domain"),
+        (
+            {"users": {"email_domains": "example.com"}},
+            "users.email_domains: expected a list of non-empty strings",
+        ),
+        (
+            {"users": {"email_domains": ["@example.com"]}},
+            "users.email_domains: '@example.com' is not a domain",
+        ),
         ({"users": {"min_uid": -1}}, "users.min_uid: expected a uid from 0 to 2147483647, got -1"),
         ({"users": {"min_uid": "1000"}}, "users.min_uid"),
         ({"users": {"min_uid": True}}, "users.min_uid"),
         ({"users": {"min_uid": 2**31}}, "users.min_uid"),
-        ({"approvals": {"approvers": "U0A"}},
-         "approvals.approvers: expected a list of non-empty strings"),
+        (
+            {"approvals": {"approvers": "U0A"}},
+            "approvals.approvers: expected a list of non-empty strings",
+        ),
         ({"approvals": {"approvers": [""]}}, "approvals.approvers: expected a list of non-empty"),
-        ({"approvals": {"approvers": ["alice"]}}, "approvals.approvers: 'alice' is not a Slack "
-                                                  "user id (U…)"),
+        (
+            {"approvals": {"approvers": ["alice"]}},
+            "approvals.approvers: 'alice' is not a Slack user id (U…)",
+        ),
         ({"approvals": {"usergroup": "U0A"}}, "approvals.usergroup: 'U0A' is not a user group id"),
-        ({"approvals": {"expiry_s": 0}},
-         "approvals.expiry_s: expected seconds > 0 and <= 604800, got 0"),
+        (
+            {"approvals": {"expiry_s": 0}},
+            "approvals.expiry_s: expected seconds > 0 and <= 604800, got 0",
+        ),
         ({"approvals": {"expiry_s": True}}, "approvals.expiry_s: expected seconds"),
         ({"approvals": {"expiry_s": "15m"}}, "approvals.expiry_s: expected seconds"),
-        ({"approvals": {"group_cache_s": -1}},
-         "approvals.group_cache_s: expected seconds from 0 to 3600, got -1"),
+        (
+            {"approvals": {"group_cache_s": -1}},
+            "approvals.group_cache_s: expected seconds from 0 to 3600, got -1",
+        ),
         ({"approvals": {"group_cache_s": 3601}}, "approvals.group_cache_s"),
         ({"approvals": {"group_cache_s": "1m"}}, "approvals.group_cache_s"),
         ({"approvals": {"quorum": 2}}, "approvals.quorum: unknown key"),
         ({"permissions": {"team a": ["*"]}}, "permissions.team a: not a node or group name"),
-        ({"permissions": {"team-a": ["alice"]}}, "permissions.team-a: 'alice' is not a user id "
-                                                 '(U…), a user group id (S…) or "*"'),
-        ({"permissions": {"team-a": "U0A"}},
-         "permissions.team-a: expected a list of non-empty strings"),
+        (
+            {"permissions": {"team-a": ["alice"]}},
+            "permissions.team-a: 'alice' is not a user id (U…), a user group id (S…) or \"*\"",
+        ),
+        (
+            {"permissions": {"team-a": "U0A"}},
+            "permissions.team-a: expected a list of non-empty strings",
+        ),
         ({"permissions": "everyone"}, "permissions: expected a table"),
     ],
-)  # fmt: skip
+)
 def test_bad_policy_tables_name_the_key(tables: dict[str, Any], message: str) -> None:
     assert message in refused(tables)
 
@@ -138,14 +161,22 @@ def test_sweep_and_metrics_defaults_and_values() -> None:
     assert c.channel is None and s.metrics == MetricsSettings(None, "127.0.0.1")
     c = parse({"sweep": {"interval_s": 60}, "slack": {"channel": "C0ALERTS"}}).sweep
     assert (c.budget_s, c.channel) == (48.0, "C0ALERTS")  # alerts go to [slack] channel
-    s = parse({
-        "sweep": {"interval_s": 120, "budget_s": 90, "orphan_threshold_mib": 0,
-                  "idle_min_mib": 2048, "idle_hours": 1.5, "keep_samples": "2d12h"},
-        "alerts": {"channel": "C0SWEEP", "reminder_s": 3600}, "slack": {"channel": "C0OTHER"},
-        "metrics": {"port": 9400, "host": "0.0.0.0"},
-    })  # fmt: skip
-    assert s.sweep == SweepConfig(120.0, 90.0, 0, IdleRule(2048, 1.5, 216000.0), 3600.0,
-                                  "C0SWEEP")  # fmt: skip
+    s = parse(
+        {
+            "sweep": {
+                "interval_s": 120,
+                "budget_s": 90,
+                "orphan_threshold_mib": 0,
+                "idle_min_mib": 2048,
+                "idle_hours": 1.5,
+                "keep_samples": "2d12h",
+            },
+            "alerts": {"channel": "C0SWEEP", "reminder_s": 3600},
+            "slack": {"channel": "C0OTHER"},
+            "metrics": {"port": 9400, "host": "0.0.0.0"},
+        }
+    )
+    assert s.sweep == SweepConfig(120.0, 90.0, 0, IdleRule(2048, 1.5, 216000.0), 3600.0, "C0SWEEP")
     assert s.metrics == MetricsSettings(9400, "0.0.0.0")
     off = parse({"sweep": {"idle_hours": 0, "keep_samples": "30m"}}).sweep
     assert not off.idle.enabled and off.idle.keep_s == 1800.0  # off: any retention will do
@@ -157,10 +188,14 @@ def test_sweep_and_metrics_defaults_and_values() -> None:
         ({"sweep": {"interval": 5}}, "sweep.interval: unknown key"),
         ({"sweep": {"interval_s": 0}}, "sweep.interval_s: expected a number > 0, got 0"),
         ({"sweep": {"interval_s": "5m"}}, "sweep.interval_s: expected a number > 0"),
-        ({"sweep": {"interval_s": 60, "budget_s": 61}},
-         "sweep.budget_s: 61 is longer than sweep.interval_s (60)"),
-        ({"sweep": {"orphan_threshold_mib": 1.5}},
-         "sweep.orphan_threshold_mib: expected a whole number >= 0, got 1.5"),
+        (
+            {"sweep": {"interval_s": 60, "budget_s": 61}},
+            "sweep.budget_s: 61 is longer than sweep.interval_s (60)",
+        ),
+        (
+            {"sweep": {"orphan_threshold_mib": 1.5}},
+            "sweep.orphan_threshold_mib: expected a whole number >= 0, got 1.5",
+        ),
         (
             {"sweep": {"idle_holder": {"enabled": True}}},
             "sweep.idle_holder: replaced by sweep.idle_min_mib, sweep.idle_hours (0: off) and "
@@ -188,13 +223,15 @@ def test_sweep_and_metrics_defaults_and_values() -> None:
         ({"alerts": {"channel": "#gpu"}}, "alerts.channel: expected a channel id (C…), got '#gpu'"),
         ({"alerts": {"reminder_s": -1}}, "alerts.reminder_s: expected a number > 0, got -1"),
         ({"alerts": {"every": 1}}, "alerts.every: unknown key"),
-        ({"metrics": {"port": 70000}}, "metrics.port: 70000 is not a port number (0-65535, 0: any "
-                                       "free port)"),
+        (
+            {"metrics": {"port": 70000}},
+            "metrics.port: 70000 is not a port number (0-65535, 0: any free port)",
+        ),
         ({"metrics": {"port": True}}, "metrics.port: True is not a port number"),
         ({"metrics": {"host": ""}}, "metrics.host: expected an address, got ''"),
         ({"metrics": {"path": "/m"}}, "metrics.path: unknown key"),
     ],
-)  # fmt: skip
+)
 def test_bad_sweep_tables_name_the_key(tables: dict[str, Any], message: str) -> None:
     assert message in refused(tables)
 

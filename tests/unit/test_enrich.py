@@ -144,8 +144,18 @@ def test_argv_containers(runtime: str, ids: list[str], sudo: bool, want: list[st
 @pytest.mark.parametrize("sudo", [False, True])
 def test_argv_slurm_is_a_constant_script_never_under_sudo(sudo: bool) -> None:
     argv = enrich_argv("slurm", ["8812", "17"], timeout_s=2.5, sudo=sudo)
-    assert argv == ["timeout", "-k", "1", "2.5", "sh", "-c", SLURM_SCRIPT, "gpubot-scontrol",
-                    "8812", "17"]  # fmt: skip
+    assert argv == [
+        "timeout",
+        "-k",
+        "1",
+        "2.5",
+        "sh",
+        "-c",
+        SLURM_SCRIPT,
+        "gpubot-scontrol",
+        "8812",
+        "17",
+    ]
     assert "sudo" not in argv
 
 
@@ -176,9 +186,16 @@ def test_argv_refuses_bad_ids(runtime: str, bad: str) -> None:
 
 @pytest.mark.parametrize(
     ("runtime", "ids", "timeout_s"),
-    [("docker", [], 5.0), ("crictl", [], 5.0), ("lxc", [D1], 5.0), ("docker", [D1], 0.0),
-     ("docker", [D1], -1.0), ("slurm", ["1"], float("nan")), ("slurm", ["1"], float("inf"))],
-)  # fmt: skip
+    [
+        ("docker", [], 5.0),
+        ("crictl", [], 5.0),
+        ("lxc", [D1], 5.0),
+        ("docker", [D1], 0.0),
+        ("docker", [D1], -1.0),
+        ("slurm", ["1"], float("nan")),
+        ("slurm", ["1"], float("inf")),
+    ],
+)
 def test_argv_refuses_bad_calls(runtime: str, ids: list[str], timeout_s: float) -> None:
     with pytest.raises(ValueError):
         enrich_argv(runtime, ids, timeout_s=timeout_s, sudo=False)
@@ -190,14 +207,16 @@ def test_argv_refuses_bad_calls(runtime: str, ids: list[str], timeout_s: float) 
         (Workload(WorkloadKind.DOCKER, D1), ("docker", D1)),
         (Workload(WorkloadKind.PODMAN, P1), ("podman", P1)),
         (Workload(WorkloadKind.PODMAN, P1).with_detail(rootless="yes", uid="1001"), None),
-        (Workload(WorkloadKind.KUBERNETES, C1).with_detail(container_id=C1, pod_uid=POD),
-         ("crictl", C1)),
+        (
+            Workload(WorkloadKind.KUBERNETES, C1).with_detail(container_id=C1, pod_uid=POD),
+            ("crictl", C1),
+        ),
         (Workload(WorkloadKind.KUBERNETES, POD).with_detail(pod_uid=POD), None),
         (Workload(WorkloadKind.SLURM, "8812").with_detail(step="0"), ("slurm", "8812")),
         (Workload(WorkloadKind.SERVICE, "ollama.service"), None),
         (Workload(WorkloadKind.OTHER, "/weird"), None),
     ],
-)  # fmt: skip
+)
 def test_enrich_target(w: Workload, want: tuple[str, str] | None) -> None:
     assert enrich_target(w) == want
 
@@ -360,7 +379,7 @@ def job_record(
         f"   WorkDir={workdir}\n"
         f"   StdOut={workdir}/slurm-{job}.out\n"
         "   \n\n"
-    )  # fmt: skip
+    )
 
 
 def framed(parts: dict[str, str]) -> str:
@@ -383,9 +402,11 @@ def test_scontrol_job_names_keep_spaces_and_equals() -> None:
 
 
 def test_scontrol_array_and_het_jobs() -> None:
-    array = (job_record("8812", "a", first="ArrayJobId=8812 ArrayTaskId=0 ")
-             + job_record("8813", "a", first="ArrayJobId=8812 ArrayTaskId=1 ArrayTaskThrottle=2 ")
-             + job_record("8814", "a", first="ArrayJobId=8812 ArrayTaskId=2-9%2 "))  # fmt: skip
+    array = (
+        job_record("8812", "a", first="ArrayJobId=8812 ArrayTaskId=0 ")
+        + job_record("8813", "a", first="ArrayJobId=8812 ArrayTaskId=1 ArrayTaskThrottle=2 ")
+        + job_record("8814", "a", first="ArrayJobId=8812 ArrayTaskId=2-9%2 ")
+    )
     het = job_record("90", "h", first="HetJobId=90 HetJobOffset=0 ") + job_record(
         "91", "h", first="HetJobId=90 HetJobOffset=1 "
     )
@@ -402,9 +423,15 @@ def test_scontrol_gone_jobs_and_duplicates() -> None:
 
 @pytest.mark.parametrize(
     ("user", "uid", "want_user"),
-    [("alice", 30000, "alice"), ("nobody", 30000, None), ("nobody", 65534, "nobody"),
-     ("Alice", 30000, None), ("a\\x0a", 1, None), ("bob$", 1001, "bob$")],
-)  # fmt: skip
+    [
+        ("alice", 30000, "alice"),
+        ("nobody", 30000, None),
+        ("nobody", 65534, "nobody"),
+        ("Alice", 30000, None),
+        ("a\\x0a", 1, None),
+        ("bob$", 1001, "bob$"),
+    ],
+)
 def test_scontrol_user_names(user: str, uid: int, want_user: str | None) -> None:
     found = parse_scontrol(framed({"5": job_record("5", user=user, uid=uid)}), ["5"])["5"]
     assert (found.user, found.uid) == (want_user, uid)
@@ -514,10 +541,17 @@ USERS = {"8812": ("alice", 30000), "8813": ("bob", 1001), "8814": ("carol", 1003
 # Whole forged lines, so that hypothesis composes real attacks (a forged record, a split record,
 # forged markers) rather than mostly noise; and character noise between them.
 FORGED_LINES = [
-    FORGED_USER, "   UserId=carol(1003) GroupId=carol(1003) MCS_label=N/A", "JobId=7 JobName=y",
-    "JobId=8813 JobName=y", "JobId=8814 ArrayJobId=8812 ArrayTaskId=1 JobName=y",
-    "@gpubot-job 8813", "@gpubot-job 8814", "@gpubot-end", "", "   JobState=COMPLETED",
-]  # fmt: skip
+    FORGED_USER,
+    "   UserId=carol(1003) GroupId=carol(1003) MCS_label=N/A",
+    "JobId=7 JobName=y",
+    "JobId=8813 JobName=y",
+    "JobId=8814 ArrayJobId=8812 ArrayTaskId=1 JobName=y",
+    "@gpubot-job 8813",
+    "@gpubot-job 8814",
+    "@gpubot-end",
+    "",
+    "   JobState=COMPLETED",
+]
 noise = st.text(alphabet="aZ9 =()\t\u2028", max_size=3)
 hostile = st.lists(
     st.one_of(st.sampled_from(FORGED_LINES).map(lambda line: "\n" + line), noise), max_size=6
@@ -535,8 +569,7 @@ def test_hostile_text_never_changes_whose_job_it_is(
     present: list[bool], names: list[str], comments: list[str], workdirs: list[str]
 ) -> None:
     parts = {}
-    for job, here, name, comment, wd in zip(JOBS, present, names, comments, workdirs,
-                                            strict=True):  # fmt: skip
+    for job, here, name, comment, wd in zip(JOBS, present, names, comments, workdirs, strict=True):
         user, uid = USERS[job]
         parts[job] = (
             job_record(job, name, user, uid, comment=comment, workdir="/w" + wd) if here else ""
@@ -549,8 +582,11 @@ def test_hostile_text_never_changes_whose_job_it_is(
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_parsers_never_raise(data: st.DataObject) -> None:
-    base = data.draw(st.sampled_from([DOCKER_OUT, PODMAN_OUT, json.dumps([crictl_obj()]),
-                                      framed({"1": job_record("1")})]))  # fmt: skip
+    base = data.draw(
+        st.sampled_from(
+            [DOCKER_OUT, PODMAN_OUT, json.dumps([crictl_obj()]), framed({"1": job_record("1")})]
+        )
+    )
     at = data.draw(st.integers(0, len(base)))
     cut = data.draw(st.integers(0, 40))
     noise = data.draw(st.text(max_size=40))
@@ -566,8 +602,12 @@ OWNER = "gpubot.owner"
 
 
 def _labelled(**labels: str) -> Found:
-    return Found(name="train-llama", image="nvcr.io/nvidia/pytorch:24.01-py3",
-                 restart="always", labels=tuple(sorted(labels.items())))  # fmt: skip
+    return Found(
+        name="train-llama",
+        image="nvcr.io/nvidia/pytorch:24.01-py3",
+        restart="always",
+        labels=tuple(sorted(labels.items())),
+    )
 
 
 @pytest.mark.parametrize(
@@ -580,21 +620,30 @@ def _labelled(**labels: str) -> Found:
         (Workload(WorkloadKind.DOCKER, D1), _labelled(other="alice"), "root"),
         (Workload(WorkloadKind.DOCKER, D1), None, "root"),
         # rootless: the user slice decides, whatever the label says
-        (Workload(WorkloadKind.PODMAN, P1).with_detail(rootless="yes", uid="1001"),
-         _labelled(**{OWNER: "alice"}), "bob"),
+        (
+            Workload(WorkloadKind.PODMAN, P1).with_detail(rootless="yes", uid="1001"),
+            _labelled(**{OWNER: "alice"}),
+            "bob",
+        ),
         (Workload(WorkloadKind.PODMAN, P1).with_detail(rootless="yes", uid="1001"), None, "bob"),
         # Slurm: scontrol's user (v2 cgroup paths carry no uid)
         (Workload(WorkloadKind.SLURM, "8812"), Found(name="j", user="carol", uid=1003), "carol"),
         (Workload(WorkloadKind.SLURM, "8812"), Found(name="j", user=None, uid=1001), "bob"),
-        (Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
-         Found(name="j", user="bob", uid=1001), "bob"),
+        (
+            Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
+            Found(name="j", user="bob", uid=1001),
+            "bob",
+        ),
         # scontrol names another uid than root's cgroup path: not believed
-        (Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
-         Found(name="j", user="root", uid=0), "bob"),
+        (
+            Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
+            Found(name="j", user="root", uid=0),
+            "bob",
+        ),
         (Workload(WorkloadKind.SLURM, "8812"), None, None),
         (Workload(WorkloadKind.SERVICE, "ollama.service"), _labelled(**{OWNER: "alice"}), None),
     ],
-)  # fmt: skip
+)
 def test_owner_decisions(w: Workload, found: Found | None, owner: str | None) -> None:
     assert apply_enrichment(w, found, OWNER, {1001: "bob", 0: "root"}).owner == owner
 
@@ -602,8 +651,11 @@ def test_owner_decisions(w: Workload, found: Found | None, owner: str | None) ->
 def test_container_details() -> None:
     w = apply_enrichment(Workload(WorkloadKind.DOCKER, D1), _labelled(**{OWNER: "alice"}), OWNER)
     assert w.name == "train-llama"
-    assert dict(w.detail) == {"image": "nvcr.io/nvidia/pytorch:24.01-py3", "restart": "always",
-                              f"label.{OWNER}": "alice"}  # fmt: skip
+    assert dict(w.detail) == {
+        "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+        "restart": "always",
+        f"label.{OWNER}": "alice",
+    }
 
 
 def test_labels_are_bounded_but_the_owner_label_kept() -> None:
@@ -617,8 +669,12 @@ def test_labels_are_bounded_but_the_owner_label_kept() -> None:
 def test_unknown_names_say_so() -> None:
     w = apply_enrichment(Workload(WorkloadKind.DOCKER, D1), None, OWNER)
     assert (w.kind, w.id, w.name, w.get("name_unknown")) == (WorkloadKind.DOCKER, D1, None, "yes")
-    s = apply_enrichment(Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
-                         Found(name="j", user="root", uid=0), OWNER, {1001: "bob"})  # fmt: skip
+    s = apply_enrichment(
+        Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
+        Found(name="j", user="root", uid=0),
+        OWNER,
+        {1001: "bob"},
+    )
     assert (s.name, s.get("name_unknown"), s.get("uid")) == (None, "yes", "1001")
 
 
@@ -629,7 +685,12 @@ def test_slurm_details() -> None:
         OWNER,
     )
     assert (w.name, w.owner, w.get("uid"), w.get("state"), w.get("step")) == (
-        "sweep-lr", "bob", "1001", "RUNNING", "0")  # fmt: skip
+        "sweep-lr",
+        "bob",
+        "1001",
+        "RUNNING",
+        "0",
+    )
 
 
 def test_kubernetes_details_and_pod_mismatch() -> None:
@@ -638,6 +699,10 @@ def test_kubernetes_details_and_pod_mismatch() -> None:
     got = apply_enrichment(w, found, OWNER)
     assert got.name == "redhat.test.crio/podsandbox1"
     assert (got.get("namespace"), got.get("pod"), got.get("container"), got.owner) == (
-        "redhat.test.crio", "podsandbox1", "redis", "root")  # fmt: skip
+        "redhat.test.crio",
+        "podsandbox1",
+        "redis",
+        "root",
+    )
     other = parse_crictl_inspect(json.dumps(crictl_obj(C1, "another-pod")), [C1])[C1]
     assert apply_enrichment(w, other, OWNER).get("name_unknown") == "yes"

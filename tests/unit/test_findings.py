@@ -49,8 +49,16 @@ PERSISTENCED = "/usr/bin/nvidia-persistenced"
 
 def gpu(index: int, used: int | None, util: int | None = 50) -> GpuInfo:
     """A GPU whose device file is known (its minor is not its index, as on real boxes)."""
-    return GpuInfo(index, f"GPU-{index}", "H200", used, 143771, util,
-                   bus_id=f"00000000:{0x18 + index:02X}:00.0", minor=index ^ 1)  # fmt: skip
+    return GpuInfo(
+        index,
+        f"GPU-{index}",
+        "H200",
+        used,
+        143771,
+        util,
+        bus_id=f"00000000:{0x18 + index:02X}:00.0",
+        minor=index ^ 1,
+    )
 
 
 def proc(
@@ -72,13 +80,25 @@ def proc(
     exe: str | None = None,
 ) -> GpuProcess:
     """A process; by default alice's job, ``exe`` ``/usr/bin/<name>``."""
-    return GpuProcess(pid=pid, gpu_index=g, used_memory_mib=mem, process_name=name,
-                      visible_to_nvidia_smi=visible, holds_device_file=holds, user=user,
-                      state=state, start_ticks=ticks, command=f"/usr/bin/{name} train.py",
-                      wchan=wchan, cgroup=cgroup, uid=uid,
-                      real_uid=uid if real_uid is None else real_uid,
-                      exe=f"/usr/bin/{name}" if exe is None else exe,
-                      argv0=f"/usr/bin/{name}", workload=workload)  # fmt: skip
+    return GpuProcess(
+        pid=pid,
+        gpu_index=g,
+        used_memory_mib=mem,
+        process_name=name,
+        visible_to_nvidia_smi=visible,
+        holds_device_file=holds,
+        user=user,
+        state=state,
+        start_ticks=ticks,
+        command=f"/usr/bin/{name} train.py",
+        wchan=wchan,
+        cgroup=cgroup,
+        uid=uid,
+        real_uid=uid if real_uid is None else real_uid,
+        exe=f"/usr/bin/{name}" if exe is None else exe,
+        argv0=f"/usr/bin/{name}",
+        workload=workload,
+    )
 
 
 def daemon(
@@ -86,8 +106,7 @@ def daemon(
 ) -> GpuProcess:
     """A protected system daemon: a system account's real and effective uid, a daemon's exe."""
     name = exe.rsplit("/", 1)[-1][:15]
-    return proc(pid, g, mem=None, visible=False, name=name, user=user, uid=uid, exe=exe,
-                **kw)  # type: ignore[arg-type]  # fmt: skip
+    return proc(pid, g, mem=None, visible=False, name=name, user=user, uid=uid, exe=exe, **kw)  # type: ignore[arg-type]
 
 
 def snap(*gpus: GpuInfo, procs: tuple[GpuProcess, ...] = ()) -> NodeSnapshot:
@@ -106,46 +125,108 @@ CASES = [
     ("memory at the threshold is not orphaned", snap(gpu(0, 1024)), CFG, []),
     ("orphaned: memory, no process", snap(gpu(0, 8192)), CFG, [(0, "orphaned-vram", "")]),
     ("unknown memory is never orphaned", snap(gpu(0, None)), CFG, []),
-    ("a persistence daemon does not hold memory",
-     snap(gpu(0, 8192), procs=(daemon(5),)), CFG, [(0, "orphaned-vram", "")]),
-    ("a protected daemon is never a hidden holder",
-     snap(gpu(0, 100), procs=(daemon(5, user="nvidia-dcgm", uid=990,
-                                     exe="/usr/bin/nv-hostengine"),)), CFG, []),
-    ("a protected daemon in state D is not a zombie finding",
-     snap(gpu(0, 100), procs=(daemon(5, state="D"),)), CFG, []),
-    ("a user's job named like the daemon is a holder",
-     snap(gpu(0, 8192), procs=(proc(5, mem=None, visible=False, name="nvidia-persistenced",
-                                    exe="/home/alice/nvidia-persistenced"),)),
-     CFG, [(0, "hidden-holder", "5:1000")]),
-    ("a user running the daemon's own executable is a holder",
-     snap(gpu(0, 8192), procs=(proc(5, mem=None, visible=False, name="nvidia-persistenced",
-                                    exe=PERSISTENCED),)),
-     CFG, [(0, "hidden-holder", "5:1000")]),
-    ("a setuid daemon started by a user is a holder",
-     snap(gpu(0, 8192), procs=(daemon(5, real_uid=1000),)), CFG,
-     [(0, "hidden-holder", "5:1000")]),
-    ("root with another executable is a holder",
-     snap(gpu(0, 8192), procs=(daemon(5, exe="/usr/bin/python3"),)), CFG,
-     [(0, "hidden-holder", "5:1000")]),
-    ("zombie: state Z", snap(gpu(0, 4096), procs=(proc(11, state="Z"),)), CFG,
-     [(0, "zombie-process", "11:1000")]),
-    ("zombie: state D", snap(gpu(0, 4096), procs=(proc(12, state="D", wchan="uvm_wait"),)), CFG,
-     [(0, "zombie-process", "12:1000")]),
-    ("zombie: listed by nvidia-smi, gone from /proc",
-     snap(gpu(0, 4096), procs=(proc(13, state=None, ticks=None, holds=False),)), CFG,
-     [(0, "zombie-process", f"13:{GONE}")]),
-    ("a zombie is not also orphaned memory",
-     snap(gpu(0, 9000), procs=(proc(13, state=None, ticks=None, holds=False),)), CFG,
-     [(0, "zombie-process", f"13:{GONE}")]),
-    ("hidden: holds the device file, not listed",
-     snap(gpu(0, 2048), procs=(proc(14, mem=None, visible=False),)), CFG,
-     [(0, "hidden-holder", "14:1000")]),
-    ("0 % in one snapshot is no idle holder: only samples over hours say so",
-     snap(gpu(0, 4096, util=0), procs=(proc(15),)), IDLE, []),
-    ("GPUs in index order, each on its own",
-     snap(gpu(1, 8192), gpu(0, 4096), procs=(proc(16, g=0, state="Z"),)), CFG,
-     [(0, "zombie-process", "16:1000"), (1, "orphaned-vram", "")]),
-]  # fmt: skip
+    (
+        "a persistence daemon does not hold memory",
+        snap(gpu(0, 8192), procs=(daemon(5),)),
+        CFG,
+        [(0, "orphaned-vram", "")],
+    ),
+    (
+        "a protected daemon is never a hidden holder",
+        snap(
+            gpu(0, 100),
+            procs=(daemon(5, user="nvidia-dcgm", uid=990, exe="/usr/bin/nv-hostengine"),),
+        ),
+        CFG,
+        [],
+    ),
+    (
+        "a protected daemon in state D is not a zombie finding",
+        snap(gpu(0, 100), procs=(daemon(5, state="D"),)),
+        CFG,
+        [],
+    ),
+    (
+        "a user's job named like the daemon is a holder",
+        snap(
+            gpu(0, 8192),
+            procs=(
+                proc(
+                    5,
+                    mem=None,
+                    visible=False,
+                    name="nvidia-persistenced",
+                    exe="/home/alice/nvidia-persistenced",
+                ),
+            ),
+        ),
+        CFG,
+        [(0, "hidden-holder", "5:1000")],
+    ),
+    (
+        "a user running the daemon's own executable is a holder",
+        snap(
+            gpu(0, 8192),
+            procs=(proc(5, mem=None, visible=False, name="nvidia-persistenced", exe=PERSISTENCED),),
+        ),
+        CFG,
+        [(0, "hidden-holder", "5:1000")],
+    ),
+    (
+        "a setuid daemon started by a user is a holder",
+        snap(gpu(0, 8192), procs=(daemon(5, real_uid=1000),)),
+        CFG,
+        [(0, "hidden-holder", "5:1000")],
+    ),
+    (
+        "root with another executable is a holder",
+        snap(gpu(0, 8192), procs=(daemon(5, exe="/usr/bin/python3"),)),
+        CFG,
+        [(0, "hidden-holder", "5:1000")],
+    ),
+    (
+        "zombie: state Z",
+        snap(gpu(0, 4096), procs=(proc(11, state="Z"),)),
+        CFG,
+        [(0, "zombie-process", "11:1000")],
+    ),
+    (
+        "zombie: state D",
+        snap(gpu(0, 4096), procs=(proc(12, state="D", wchan="uvm_wait"),)),
+        CFG,
+        [(0, "zombie-process", "12:1000")],
+    ),
+    (
+        "zombie: listed by nvidia-smi, gone from /proc",
+        snap(gpu(0, 4096), procs=(proc(13, state=None, ticks=None, holds=False),)),
+        CFG,
+        [(0, "zombie-process", f"13:{GONE}")],
+    ),
+    (
+        "a zombie is not also orphaned memory",
+        snap(gpu(0, 9000), procs=(proc(13, state=None, ticks=None, holds=False),)),
+        CFG,
+        [(0, "zombie-process", f"13:{GONE}")],
+    ),
+    (
+        "hidden: holds the device file, not listed",
+        snap(gpu(0, 2048), procs=(proc(14, mem=None, visible=False),)),
+        CFG,
+        [(0, "hidden-holder", "14:1000")],
+    ),
+    (
+        "0 % in one snapshot is no idle holder: only samples over hours say so",
+        snap(gpu(0, 4096, util=0), procs=(proc(15),)),
+        IDLE,
+        [],
+    ),
+    (
+        "GPUs in index order, each on its own",
+        snap(gpu(1, 8192), gpu(0, 4096), procs=(proc(16, g=0, state="Z"),)),
+        CFG,
+        [(0, "zombie-process", "16:1000"), (1, "orphaned-vram", "")],
+    ),
+]
 
 
 @pytest.mark.parametrize(("what", "s", "cfg", "want"), CASES, ids=[c[0] for c in CASES])
@@ -164,20 +245,23 @@ def test_default_protection() -> None:
 def test_finding_details() -> None:
     cg = "0::/system.slice/docker-" + "ab" * 32 + ".scope"
     w = parse_cgroup(cg)
-    (f,) = find([snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg,
-                                               workload=w),))], {}, CFG)  # fmt: skip
+    (f,) = find(
+        [snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg, workload=w),))],
+        {},
+        CFG,
+    )
     assert f.key == FindingKey("n1", 0, "hidden-holder", "14:1000")
     assert (f.pid, f.user, f.owner, f.workload) == (14, "alice", "alice", "docker:abababababab")
     assert "in docker:abababababab" in f.summary and "nvidia-smi does not list" in f.summary
     # the workload names the owner when root's side says so (a Slurm job's user)
     job = Workload(WorkloadKind.SLURM, "88", name="train", owner="bob")
-    (g,) = find([snap(gpu(0, 100), procs=(proc(15, mem=None, visible=False, workload=job),))],
-                {}, CFG)  # fmt: skip
+    (g,) = find(
+        [snap(gpu(0, 100), procs=(proc(15, mem=None, visible=False, workload=job),))], {}, CFG
+    )
     assert (g.user, g.owner, g.workload) == ("alice", "bob", "slurm:88")
     assert g.to_dict()["owner"] == "bob" and g.to_dict()["workload"] == "slurm:88"
     # a cgroup alone (no workload from the probe) names nothing: the probe decides, not a regex
-    (h,) = find([snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg),))], {},
-                CFG)  # fmt: skip
+    (h,) = find([snap(gpu(0, 100), procs=(proc(14, mem=None, visible=False, cgroup=cg),))], {}, CFG)
     assert h.workload is None and " in " not in h.summary
     (d,) = find([snap(gpu(0, 4096), procs=(proc(12, state="D", wchan="uvm_wait"),))], {}, CFG)
     assert "state D in uvm_wait" in d.summary and "4096 MiB" in d.summary
@@ -188,8 +272,9 @@ def test_finding_details() -> None:
 
 def test_keys_are_stable_across_sweeps() -> None:
     a = find([snap(gpu(0, 4096), procs=(proc(11, state="Z"),))], {}, CFG)
-    b = find([replace(snap(gpu(0, 4000), procs=(proc(11, state="Z", mem=4000),)), taken_at=9.0)],
-             {}, CFG)  # fmt: skip
+    b = find(
+        [replace(snap(gpu(0, 4000), procs=(proc(11, state="Z", mem=4000),)), taken_at=9.0)], {}, CFG
+    )
     assert [f.key for f in a] == [f.key for f in b]
     # the same PID with another start time is another process: another finding
     c = find([snap(gpu(0, 4096), procs=(proc(11, state="Z", ticks=2000),))], {}, CFG)
@@ -239,37 +324,98 @@ class State:
 
 H = timedelta(hours=1)
 DECISIONS = [
-    ("first sighting: wait for a second sweep", "orphaned-vram", State(seen_count=1), T0,
-     Notice.NONE),
+    (
+        "first sighting: wait for a second sweep",
+        "orphaned-vram",
+        State(seen_count=1),
+        T0,
+        Notice.NONE,
+    ),
     ("second sweep: alert", "orphaned-vram", State(), T0, Notice.ALERT),
-    ("alerted: quiet", "orphaned-vram", State(seen_count=9, alerted_at=T0), T0 + 5 * H,
-     Notice.NONE),
-    ("alerted 6 h ago: remind", "orphaned-vram", State(seen_count=9, alerted_at=T0), T0 + 6 * H,
-     Notice.REMIND),
-    ("reminded 1 h ago: quiet", "orphaned-vram",
-     State(seen_count=99, alerted_at=T0, reminded_at=T0 + 6 * H), T0 + 7 * H, Notice.NONE),
-    ("second reminder", "orphaned-vram",
-     State(seen_count=99, alerted_at=T0, reminded_at=T0 + 6 * H), T0 + 12 * H, Notice.REMIND),
-    ("snoozed before the alert: quiet", "zombie-process", State(snoozed_until=T0 + H), T0,
-     Notice.NONE),
-    ("snooze over before the alert: alert", "zombie-process", State(snoozed_until=T0 + H),
-     T0 + H, Notice.ALERT),
-    ("snoozed after the alert: quiet", "zombie-process",
-     State(alerted_at=T0, snoozed_until=T0 + 2 * H), T0 + H, Notice.NONE),
-    ("snooze ended: remind at its end", "zombie-process",
-     State(alerted_at=T0, snoozed_until=T0 + 2 * H), T0 + 2 * H, Notice.REMIND),
-    ("an old snooze does not remind early", "zombie-process",
-     State(alerted_at=T0 + 3 * H, snoozed_until=T0 + 2 * H), T0 + 4 * H, Notice.NONE),
-    ("idle holder seen once: wait for a second sweep", "idle-holder", State(seen_count=1),
-     T0 + H, Notice.NONE),
-    ("idle holder (its samples span the window) seen twice: alert", "idle-holder", State(),
-     T0 + H, Notice.ALERT),
+    (
+        "alerted: quiet",
+        "orphaned-vram",
+        State(seen_count=9, alerted_at=T0),
+        T0 + 5 * H,
+        Notice.NONE,
+    ),
+    (
+        "alerted 6 h ago: remind",
+        "orphaned-vram",
+        State(seen_count=9, alerted_at=T0),
+        T0 + 6 * H,
+        Notice.REMIND,
+    ),
+    (
+        "reminded 1 h ago: quiet",
+        "orphaned-vram",
+        State(seen_count=99, alerted_at=T0, reminded_at=T0 + 6 * H),
+        T0 + 7 * H,
+        Notice.NONE,
+    ),
+    (
+        "second reminder",
+        "orphaned-vram",
+        State(seen_count=99, alerted_at=T0, reminded_at=T0 + 6 * H),
+        T0 + 12 * H,
+        Notice.REMIND,
+    ),
+    (
+        "snoozed before the alert: quiet",
+        "zombie-process",
+        State(snoozed_until=T0 + H),
+        T0,
+        Notice.NONE,
+    ),
+    (
+        "snooze over before the alert: alert",
+        "zombie-process",
+        State(snoozed_until=T0 + H),
+        T0 + H,
+        Notice.ALERT,
+    ),
+    (
+        "snoozed after the alert: quiet",
+        "zombie-process",
+        State(alerted_at=T0, snoozed_until=T0 + 2 * H),
+        T0 + H,
+        Notice.NONE,
+    ),
+    (
+        "snooze ended: remind at its end",
+        "zombie-process",
+        State(alerted_at=T0, snoozed_until=T0 + 2 * H),
+        T0 + 2 * H,
+        Notice.REMIND,
+    ),
+    (
+        "an old snooze does not remind early",
+        "zombie-process",
+        State(alerted_at=T0 + 3 * H, snoozed_until=T0 + 2 * H),
+        T0 + 4 * H,
+        Notice.NONE,
+    ),
+    (
+        "idle holder seen once: wait for a second sweep",
+        "idle-holder",
+        State(seen_count=1),
+        T0 + H,
+        Notice.NONE,
+    ),
+    (
+        "idle holder (its samples span the window) seen twice: alert",
+        "idle-holder",
+        State(),
+        T0 + H,
+        Notice.ALERT,
+    ),
     ("resolved: never", "orphaned-vram", State(resolved_at=T0), T0, Notice.NONE),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize(("what", "kind", "state", "now", "want"), DECISIONS,
-                         ids=[d[0] for d in DECISIONS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("what", "kind", "state", "now", "want"), DECISIONS, ids=[d[0] for d in DECISIONS]
+)
 def test_notice_table(what: str, kind: str, state: State, now: datetime, want: Notice) -> None:
     assert notice(kind, state, now, IDLE) is want
 
@@ -293,8 +439,9 @@ def test_to_resolve() -> None:
         FindingKey("n1", 1, "zombie-process", "5:9"),
         FindingKey("n2", None, "node-unreachable", ""),
     }
-    out = to_resolve(open_keys, found, answered={"n1", "n3"}, failed={"n2"},
-                     configured={"n1", "n2", "n3"})  # fmt: skip
+    out = to_resolve(
+        open_keys, found, answered={"n1", "n3"}, failed={"n2"}, configured={"n1", "n2", "n3"}
+    )
     assert out == [open_keys[0], open_keys[3], open_keys[5], open_keys[6]]
 
 
@@ -307,10 +454,18 @@ def test_snooze_until() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0 s"), (45.9, "45 s"), (60, "1 min"), (14 * 60 + 59, "14 min"), (3600, "1 h"),
-     (2 * 3600 + 5 * 60, "2 h 5 min"), (86400, "1 d"), (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
-     (-5, "0 s")],
-)  # fmt: skip
+    [
+        (0, "0 s"),
+        (45.9, "45 s"),
+        (60, "1 min"),
+        (14 * 60 + 59, "14 min"),
+        (3600, "1 h"),
+        (2 * 3600 + 5 * 60, "2 h 5 min"),
+        (86400, "1 d"),
+        (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
+        (-5, "0 s"),
+    ],
+)
 def test_duration_text(seconds: float, text: str) -> None:
     assert duration_text(seconds) == text
 
@@ -325,8 +480,11 @@ def test_duration_text_is_short(seconds: float) -> None:
 
 
 def test_a_key_is_its_text_and_back() -> None:
-    for key in (FindingKey("node3", 2, "orphaned-vram"), FindingKey("n", None, "gpu-lost", "0:1F"),
-                FindingKey("node3", 0, "zombie-process", "4242:991")):  # fmt: skip
+    for key in (
+        FindingKey("node3", 2, "orphaned-vram"),
+        FindingKey("n", None, "gpu-lost", "0:1F"),
+        FindingKey("node3", 0, "zombie-process", "4242:991"),
+    ):
         assert FindingKey.parse(key.text()) == key
     assert (
         FindingKey("node3", None, "node-unreachable").text()
@@ -336,11 +494,14 @@ def test_a_key_is_its_text_and_back() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("nope", "not a finding key: 'nope'"), ("null", "not a finding key"),
-     ('["n", "x", "orphaned-vram", ""]', "not a finding key"),
-     ('["n", 0, "orphaned-vram"]', "not a finding key"),
-     ('["n", 0, "hoarding", ""]', "not a finding kind: 'hoarding'")],
-)  # fmt: skip
+    [
+        ("nope", "not a finding key: 'nope'"),
+        ("null", "not a finding key"),
+        ('["n", "x", "orphaned-vram", ""]', "not a finding key"),
+        ('["n", 0, "orphaned-vram"]', "not a finding key"),
+        ('["n", 0, "hoarding", ""]', "not a finding kind: 'hoarding'"),
+    ],
+)
 def test_a_key_that_is_not_one_is_a_usage_error(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         FindingKey.parse(text)
@@ -384,8 +545,11 @@ def test_parse_topo() -> None:
 
 def test_parse_modes() -> None:
     text = "0, Disabled, Enabled\n1, [N/A], Disabled\ngarbage\n3, Enabled, [N/A]\n"
-    assert parse_modes(text) == {0: ("Disabled", "Enabled"), 1: ("not supported", "Disabled"),
-                                 3: ("Enabled", None)}  # fmt: skip
+    assert parse_modes(text) == {
+        0: ("Disabled", "Enabled"),
+        1: ("not supported", "Disabled"),
+        3: ("Enabled", None),
+    }
 
 
 def _fake_smi(tmp: Path, topo: str | None, modes: str | None) -> str:
@@ -410,8 +574,13 @@ def test_ready_script_under_sh_with_a_full_driver(tmp_path: Path) -> None:
     bin_dir.mkdir()
     (bin_dir / "ps").write_text("#!/bin/sh\nexit 1\n")
     (bin_dir / "ps").chmod(0o755)
-    out = subprocess.run(ready_argv(smi, [2], 5), capture_output=True, text=True, timeout=20,
-                         env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})  # fmt: skip
+    out = subprocess.run(
+        ready_argv(smi, [2], 5),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
     assert "\n@gpubot topo 0\n" in out.stdout and "\n@gpubot modes 0\n" in out.stdout
     assert out.stdout.rstrip().endswith("\n@gpubot end")
     s = snap(gpu(2, 8192))
@@ -433,8 +602,7 @@ def test_ready_script_under_sh_with_a_full_driver(tmp_path: Path) -> None:
 
 def test_ready_script_when_the_driver_cannot_say(tmp_path: Path) -> None:
     smi = _fake_smi(tmp_path, None, None)
-    out = subprocess.run(ready_argv(smi, [0, 1], 5), capture_output=True, text=True,
-                         timeout=20)  # fmt: skip
+    out = subprocess.run(ready_argv(smi, [0, 1], 5), capture_output=True, text=True, timeout=20)
     s = snap(gpu(0, 8192), gpu(1, 100), procs=(proc(7, g=1, name="nvidia-persistenced"),))
     r = readiness(s, [0, 1], out.stdout)
     assert r[0].nvlink_peers is None and r[0].mig_mode is None

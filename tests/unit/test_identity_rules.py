@@ -108,29 +108,59 @@ def test_system_users_come_from_the_reset_settings() -> None:
 
 @pytest.mark.parametrize(
     ("requester", "approver", "want"),
-    [("carol", "carol", True), ("carol", "dave", False), (None, None, False),
-     (None, "carol", False), ("carol", None, False)],
-)  # fmt: skip
+    [
+        ("carol", "carol", True),
+        ("carol", "dave", False),
+        (None, None, False),
+        (None, "carol", False),
+        ("carol", None, False),
+    ],
+)
 def test_same_person(requester: str | None, approver: str | None, want: bool) -> None:
     assert same_person(requester, approver) is want
 
 
 @pytest.mark.parametrize(
     ("uid", "floor", "want"),
-    [(0, None, False), (0, 0, True), (0, 1000, True), (999, 1000, True), (1000, 1000, False),
-     (65534, 1000, False), (None, 1000, True), (500, 0, False)],
-)  # fmt: skip
+    [
+        (0, None, False),
+        (0, 0, True),
+        (0, 1000, True),
+        (999, 1000, True),
+        (1000, 1000, False),
+        (65534, 1000, False),
+        (None, 1000, True),
+        (500, 0, False),
+    ],
+)
 def test_below_floor(uid: int | None, floor: int | None, want: bool) -> None:
     assert below_floor(uid, floor) is want
 
 
 def _snapshot(*procs: tuple[int, str, int]) -> NodeSnapshot:
     gpus = (GpuInfo(0, "GPU-0", "H200", 9000, 143771, 10, minor=0),)
-    return NodeSnapshot("node1", 0.0, gpus, tuple(
-        GpuProcess(pid, 0, 1000, "python3", True, True, user=user, uid=uid, real_uid=uid,
-                   start_ticks=pid * 10, state="S", command="python3 train.py")
-        for pid, user, uid in procs
-    ))  # fmt: skip
+    return NodeSnapshot(
+        "node1",
+        0.0,
+        gpus,
+        tuple(
+            GpuProcess(
+                pid,
+                0,
+                1000,
+                "python3",
+                True,
+                True,
+                user=user,
+                uid=uid,
+                real_uid=uid,
+                start_ticks=pid * 10,
+                state="S",
+                command="python3 train.py",
+            )
+            for pid, user, uid in procs
+        ),
+    )
 
 
 @pytest.mark.parametrize(
@@ -147,24 +177,30 @@ def _snapshot(*procs: tuple[int, str, int]) -> NodeSnapshot:
     ],
 )
 def test_the_floor_makes_a_kill_forced(
-    requester: str | None, floor: int | None, procs: list[tuple[int, str, int]],
+    requester: str | None,
+    floor: int | None,
+    procs: list[tuple[int, str, int]],
     forced: list[bool],
-) -> None:  # fmt: skip
-    plan = plan_reset(_snapshot(*procs), ResetRequest("node1", requester, min_uid=floor),
-                      Protection())  # fmt: skip
+) -> None:
+    plan = plan_reset(
+        _snapshot(*procs), ResetRequest("node1", requester, min_uid=floor), Protection()
+    )
     assert [t.forced for t in plan.targets] == forced
 
 
 def test_floor_note_says_why_own_processes_need_approval() -> None:
-    plan = plan_reset(_snapshot((11, "svc", 998)), ResetRequest("node1", "svc", min_uid=1000),
-                      Protection())  # fmt: skip
+    plan = plan_reset(
+        _snapshot((11, "svc", 998)), ResetRequest("node1", "svc", min_uid=1000), Protection()
+    )
     note = floor_note(plan, "svc", 1000)
     assert note is not None and "svc has uid 998 on node1, below [users] min_uid (1000)" in note
     assert "below min_uid 1000" in plan.targets[0].reasons[-1]
-    root = plan_reset(_snapshot((11, "root", 0)), ResetRequest("node1", "root", min_uid=1000),
-                      Protection())  # fmt: skip
+    root = plan_reset(
+        _snapshot((11, "root", 0)), ResetRequest("node1", "root", min_uid=1000), Protection()
+    )
     assert "root has uid 0 (root) on node1" in (floor_note(root, "root", 1000) or "")
-    other = plan_reset(_snapshot((11, "bob", 1002)), ResetRequest("node1", "alice", min_uid=1000),
-                       Protection())  # fmt: skip
+    other = plan_reset(
+        _snapshot((11, "bob", 1002)), ResetRequest("node1", "alice", min_uid=1000), Protection()
+    )
     assert floor_note(other, "alice", 1000) is None  # forced, but not for the floor
     assert floor_note(other, None, 1000) is None

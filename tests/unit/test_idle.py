@@ -35,20 +35,39 @@ GAP = 450.0  # 1.5 sweeps of 5 minutes
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("14d", 14 * 86400), ("12h", 43200), ("30m", 1800), ("45s", 45), ("2w", 1209600),
-     ("1d12h", 129600), ("1h 30m", 5400), (" 90m ", 5400), ("1.5h", 5400), ("0.5d", 43200)],
-)  # fmt: skip
+    [
+        ("14d", 14 * 86400),
+        ("12h", 43200),
+        ("30m", 1800),
+        ("45s", 45),
+        ("2w", 1209600),
+        ("1d12h", 129600),
+        ("1h 30m", 5400),
+        (" 90m ", 5400),
+        ("1.5h", 5400),
+        ("0.5d", 43200),
+    ],
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize(
     ("value", "why"),
-    [("14", "expected a duration like"), ("", "expected a duration like"),
-     ("14 days", "got '14 days'"), ("3y", "got '3y'"), ("h", "got 'h'"), ("-1h", "got '-1h'"),
-     ("0m", "greater than zero, got '0m'"), ("1h30", "got '1h30'"), (14, "got 14"),
-     (None, "got None"), ("1e3s", "got '1e3s'")],
-)  # fmt: skip
+    [
+        ("14", "expected a duration like"),
+        ("", "expected a duration like"),
+        ("14 days", "got '14 days'"),
+        ("3y", "got '3y'"),
+        ("h", "got 'h'"),
+        ("-1h", "got '-1h'"),
+        ("0m", "greater than zero, got '0m'"),
+        ("1h30", "got '1h30'"),
+        (14, "got 14"),
+        (None, "got None"),
+        ("1e3s", "got '1e3s'"),
+    ],
+)
 def test_bad_durations_say_what_is_wanted(value: object, why: str) -> None:
     with pytest.raises(ValueError, match='"30m", "12h" or "14d"') as exc:
         parse_duration(value)  # type: ignore[arg-type]
@@ -69,8 +88,15 @@ def test_the_issues_sweeps_table_is_our_sweep_table() -> None:
 # --- idle runs -----------------------------------------------------------------------------------
 
 
-def s(ago_h: float, util: int | None = 0, mem: int | None = 8192, *, gpu: int = 0,
-      uuid: str = "GPU-0", node: str = "n1") -> GpuSample:  # fmt: skip
+def s(
+    ago_h: float,
+    util: int | None = 0,
+    mem: int | None = 8192,
+    *,
+    gpu: int = 0,
+    uuid: str = "GPU-0",
+    node: str = "n1",
+) -> GpuSample:
     """A sample of n1 GPU 0 taken ``ago_h`` hours before NOW."""
     return GpuSample(node, gpu, uuid, NOW - ago_h * H, util, mem)
 
@@ -88,23 +114,38 @@ RUNS = [
     ("unknown now: not idle", every(5), s(0, util=None), None),
     ("memory unknown now: not idle", every(5), s(0, mem=None), None),
     ("too little memory now: not idle", every(5), s(0, mem=4095), None),
-    ("one busy sample ends the run", [*every(5)[:12], s(3.9, util=7), *every(3.5)], s(0),
-     NOW - 3.5 * H),
-    ("one unknown sample ends the run", [*every(5)[:12], s(3.9, util=None), *every(3.5)], s(0),
-     NOW - 3.5 * H),
-    ("memory below the minimum ends the run", [*every(5)[:12], s(3.9, mem=100), *every(3.5)],
-     s(0), NOW - 3.5 * H),
-    ("a missed sweep (gap > 1.5 intervals) ends the run", [*every(5)[:12], *every(3.5)], s(0),
-     NOW - 3.5 * H),
+    (
+        "one busy sample ends the run",
+        [*every(5)[:12], s(3.9, util=7), *every(3.5)],
+        s(0),
+        NOW - 3.5 * H,
+    ),
+    (
+        "one unknown sample ends the run",
+        [*every(5)[:12], s(3.9, util=None), *every(3.5)],
+        s(0),
+        NOW - 3.5 * H,
+    ),
+    (
+        "memory below the minimum ends the run",
+        [*every(5)[:12], s(3.9, mem=100), *every(3.5)],
+        s(0),
+        NOW - 3.5 * H,
+    ),
+    (
+        "a missed sweep (gap > 1.5 intervals) ends the run",
+        [*every(5)[:12], *every(3.5)],
+        s(0),
+        NOW - 3.5 * H,
+    ),
     ("another GPU's samples do not count", every(5, gpu=1), s(0), NOW),
     ("the same index with another uuid is another GPU", every(5, uuid="GPU-x"), s(0), NOW),
     ("another node's samples do not count", every(5, node="n2"), s(0), NOW),
     ("samples after now (another clock) do not count", [s(-1), s(-2)], s(0), NOW),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize(("what", "history", "current", "since"), RUNS,
-                         ids=[r[0] for r in RUNS])  # fmt: skip
+@pytest.mark.parametrize(("what", "history", "current", "since"), RUNS, ids=[r[0] for r in RUNS])
 def test_held_idle_since(
     what: str, history: list[GpuSample], current: GpuSample, since: float | None
 ) -> None:
@@ -124,7 +165,7 @@ WINDOWS = [
     ("idle for exactly the window", every(4), {("n1", 0): 4 * H}),
     ("idle for 3 h 55 min: not yet", every(4)[1:], {}),
     ("busy 3 h ago: not idle", [*every(5)[:24], s(3, util=40), *every(2.9)], {}),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("what", "history", "want"), WINDOWS, ids=[w[0] for w in WINDOWS])
@@ -138,10 +179,18 @@ def test_idle_hours_zero_turns_it_off() -> None:
 
 
 def test_samples_of_a_snapshot_keep_unknowns_unknown() -> None:
-    snap = NodeSnapshot("n1", 0.0, (GpuInfo(1, "GPU-b", "H200", None, 143771, None),
-                                    GpuInfo(0, "GPU-a", "H200", 9000, 143771, 0)))  # fmt: skip
-    assert samples_of([snap], NOW) == [GpuSample("n1", 0, "GPU-a", NOW, 0, 9000),
-                                       GpuSample("n1", 1, "GPU-b", NOW, None, None)]  # fmt: skip
+    snap = NodeSnapshot(
+        "n1",
+        0.0,
+        (
+            GpuInfo(1, "GPU-b", "H200", None, 143771, None),
+            GpuInfo(0, "GPU-a", "H200", 9000, 143771, 0),
+        ),
+    )
+    assert samples_of([snap], NOW) == [
+        GpuSample("n1", 0, "GPU-a", NOW, 0, 9000),
+        GpuSample("n1", 1, "GPU-b", NOW, None, None),
+    ]
 
 
 # --- idle holders --------------------------------------------------------------------------------
@@ -152,11 +201,31 @@ JOB = Workload(WorkloadKind.DOCKER, "ab" * 32, name="train-llama", owner="bob").
 )
 
 
-def proc(pid: int, mem: int | None, *, gpu: int = 0, user: str = "alice", state: str = "S",
-         ticks: int | None = 1000, workload: Workload | None = None) -> GpuProcess:  # fmt: skip
-    return GpuProcess(pid, gpu, mem, "python3", True, True, user=user, state=state,
-                      start_ticks=ticks, uid=1000, real_uid=1000, exe="/usr/bin/python3",
-                      workload=workload)  # fmt: skip
+def proc(
+    pid: int,
+    mem: int | None,
+    *,
+    gpu: int = 0,
+    user: str = "alice",
+    state: str = "S",
+    ticks: int | None = 1000,
+    workload: Workload | None = None,
+) -> GpuProcess:
+    return GpuProcess(
+        pid,
+        gpu,
+        mem,
+        "python3",
+        True,
+        True,
+        user=user,
+        state=state,
+        start_ticks=ticks,
+        uid=1000,
+        real_uid=1000,
+        exe="/usr/bin/python3",
+        workload=workload,
+    )
 
 
 def gpu(index: int, used: int) -> GpuInfo:
@@ -164,16 +233,25 @@ def gpu(index: int, used: int) -> GpuInfo:
 
 
 def test_idle_holders_from_the_idle_gpus() -> None:
-    snap = NodeSnapshot("n1", NOW, (gpu(0, 12288), gpu(1, 8192), gpu(2, 8192)), (
-        proc(10, 8192), proc(11, 4096), proc(12, 1000),  # GPU 0: two holders, one too small
-        proc(13, 8192, gpu=1, workload=JOB),  # GPU 1: bob's container, run by root's dockerd
-        proc(14, 8192, gpu=2),  # GPU 2: not idle long enough (not in the map)
-    ))  # fmt: skip
+    snap = NodeSnapshot(
+        "n1",
+        NOW,
+        (gpu(0, 12288), gpu(1, 8192), gpu(2, 8192)),
+        (
+            proc(10, 8192),
+            proc(11, 4096),
+            proc(12, 1000),  # GPU 0: two holders, one too small
+            proc(13, 8192, gpu=1, workload=JOB),  # GPU 1: bob's container, run by root's dockerd
+            proc(14, 8192, gpu=2),  # GPU 2: not idle long enough (not in the map)
+        ),
+    )
     idle = {("n1", 0): 5 * H, ("n1", 1): 4.5 * H}
     found = find([snap], {}, CFG, idle=idle)
     assert [(f.gpu, f.kind.value, f.holder, f.owner) for f in found] == [
-        (0, "idle-holder", "10:1000", "alice"), (0, "idle-holder", "11:1000", "alice"),
-        (1, "idle-holder", "13:1000", "bob")]  # fmt: skip
+        (0, "idle-holder", "10:1000", "alice"),
+        (0, "idle-holder", "11:1000", "alice"),
+        (1, "idle-holder", "13:1000", "bob"),
+    ]
     by_pid = {f.pid: f for f in found}
     assert by_pid[10].summary == (
         "pid 10 python3 (alice) holds 8192 MiB of GPU 0, idle (0 %) for 5 h"
@@ -186,7 +264,9 @@ def test_idle_holders_from_the_idle_gpus() -> None:
     assert by_pid[13].to_dict()["idle_hours"] == 4.5
     held = [(f.owner, f.node, f.gpu, f.idle_s or 0.0) for f in found if f.gpu is not None]
     assert gpu_hours_by_owner(held) == {
-        "alice": 5.0, "bob": 4.5}  # alice's two processes share one GPU: counted once # fmt: skip
+        "alice": 5.0,
+        "bob": 4.5,
+    }  # alice's two processes share one GPU: counted once
 
 
 def test_a_cgroup_that_names_nothing_is_no_workload_label() -> None:
@@ -205,11 +285,14 @@ def test_a_run_of_exactly_the_window_read_back_from_the_store_counts() -> None:
 
 
 def test_what_is_worse_than_idle_stays_what_it_is() -> None:
-    snap = NodeSnapshot("n1", NOW, (gpu(0, 16384),), (
-        proc(20, 8192, state="Z"), proc(21, 8192, ticks=None)))  # fmt: skip
+    snap = NodeSnapshot(
+        "n1", NOW, (gpu(0, 16384),), (proc(20, 8192, state="Z"), proc(21, 8192, ticks=None))
+    )
     found = find([snap], {}, CFG, idle={("n1", 0): 9 * H})
-    assert {(f.holder, f.kind.value) for f in found} == {("20:1000", "zombie-process"),
-                                                         ("21:gone", "zombie-process")}  # fmt: skip
+    assert {(f.holder, f.kind.value) for f in found} == {
+        ("20:1000", "zombie-process"),
+        ("21:gone", "zombie-process"),
+    }
 
 
 def test_gpu_hours_by_owner() -> None:
@@ -221,6 +304,5 @@ def test_gpu_hours_by_owner() -> None:
         (None, "n1", 1, 9 * H),
         ("carol", "n1", 2, 9 * H),
     ]
-    assert list(gpu_hours_by_owner(rows).items()) == [("carol", 9.0), ("alice", 8.0),
-                                                      ("bob", 2.0)]  # fmt: skip
+    assert list(gpu_hours_by_owner(rows).items()) == [("carol", 9.0), ("alice", 8.0), ("bob", 2.0)]
     assert gpu_hours_by_owner([]) == {}

@@ -68,9 +68,21 @@ def _is(mod: str, *names: str) -> bool:
     return any(mod == n or mod.startswith(n + ".") for n in names)
 
 
-ADAPTERS = ("gpubot.store", "gpubot.transport", "gpubot.slack", "gpubot.sim",
-            "sqlalchemy", "alembic", "asyncssh", "slack_bolt", "slack_sdk", "pynvml",
-            "apscheduler", "prometheus_client", "aiohttp")  # fmt: skip
+ADAPTERS = (
+    "gpubot.store",
+    "gpubot.transport",
+    "gpubot.slack",
+    "gpubot.sim",
+    "sqlalchemy",
+    "alembic",
+    "asyncssh",
+    "slack_bolt",
+    "slack_sdk",
+    "pynvml",
+    "apscheduler",
+    "prometheus_client",
+    "aiohttp",
+)
 
 
 def test_services_import_no_adapter() -> None:
@@ -85,12 +97,23 @@ def test_chat_imports_no_slack_library_and_no_store() -> None:
 
 # What builds an adapter (or a long-lived service object) and where it is defined.
 CONSTRUCTORS = {
-    "open_store": "store/", "Store": "store/", "make_transport": "transport/", "DbLeases": "store/",
-    "SlackApi": "slack/", "SlackDirectory": "slack/", "make_client": "slack/",
-    "SlackAlerts": "slack/", "HeadPublisher": "slack/", "Metrics": "metrics.py",
-    "IntervalScheduler": "scheduler.py", "StatusService": "services/", "ResetService": "services/",
-    "SweepService": "services/", "ApprovalService": "services/", "NodeLocks": "services/",
-}  # fmt: skip
+    "open_store": "store/",
+    "Store": "store/",
+    "make_transport": "transport/",
+    "DbLeases": "store/",
+    "SlackApi": "slack/",
+    "SlackDirectory": "slack/",
+    "make_client": "slack/",
+    "SlackAlerts": "slack/",
+    "HeadPublisher": "slack/",
+    "Metrics": "metrics.py",
+    "IntervalScheduler": "scheduler.py",
+    "StatusService": "services/",
+    "ResetService": "services/",
+    "SweepService": "services/",
+    "ApprovalService": "services/",
+    "NodeLocks": "services/",
+}
 
 
 def test_only_the_composition_root_constructs_adapters_and_services() -> None:
@@ -127,8 +150,7 @@ def test_only_the_demo_imports_the_simulator() -> None:
 
 def test_benchmarks_do_not_import_tests() -> None:
     bench = PKG.parent / "benchmarks"
-    bad = [(p.name, m) for p in sorted(bench.rglob("*.py")) for m in _imports(p)
-           if _is(m, "tests")]  # fmt: skip
+    bad = [(p.name, m) for p in sorted(bench.rglob("*.py")) for m in _imports(p) if _is(m, "tests")]
     assert bad == []
 
 

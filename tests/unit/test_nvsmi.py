@@ -274,8 +274,9 @@ _uuid = st.from_regex(
 _mib = st.none() | st.integers(0, 10**9)
 _NA = st.sampled_from(["[N/A]", "[Not Supported]", "N/A"])
 _BUS_NA = st.sampled_from(["[N/A]", "[Not Supported]"])  # bracketed only, for a bus id
-_bus = st.none() | st.from_regex(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]",
-                                 fullmatch=True)  # fmt: skip
+_bus = st.none() | st.from_regex(
+    r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]", fullmatch=True
+)
 
 
 @st.composite
@@ -320,9 +321,11 @@ def _app_tables(draw: st.DrawFn) -> tuple[tuple[ComputeApp, ...], str]:
     units = draw(st.booleans())
     lines = [draw(st.sampled_from([APP_HEADER, APP_HEADER_ALT]))] if draw(st.booleans()) else []
     for a in apps:
-        mem = draw(_NA) if a.used_memory_mib is None else (
-            f"{a.used_memory_mib} MiB" if units else str(a.used_memory_mib)
-        )  # fmt: skip
+        mem = (
+            draw(_NA)
+            if a.used_memory_mib is None
+            else (f"{a.used_memory_mib} MiB" if units else str(a.used_memory_mib))
+        )
         lines.append(f"{a.pid}, {a.gpu_uuid}, {mem}")
     return apps, "\n".join(lines)
 
@@ -433,14 +436,20 @@ ROW0 = f"0, {U0}, 00000000:18:00.0, Disabled, NVIDIA H200, 10, 143771, 5"
 ROW2 = "2, GPU-6f3c9a4e-1b2d-4c6e-8f00-0123456789ab, 00000000:34:00.0, Disabled, H200, 0, 1, 0"
 CORPUS = [
     # A monitoring tool's tests quoting the older driver shape: bus id glued to "GPU".
-    ("Unable to determine the device handle for GPU0000:CB:00.0: Unknown Error", 15,
-     (None, "0000:CB:00.0")),
+    (
+        "Unable to determine the device handle for GPU0000:CB:00.0: Unknown Error",
+        15,
+        (None, "0000:CB:00.0"),
+    ),
     # A public bug thread (driver 610, 4-GPU box): index, then bus id.
-    ("Unable to determine the device handle for GPU1: 0000:34:00.0: Unknown Error", 15,
-     (1, "0000:34:00.0")),
+    (
+        "Unable to determine the device handle for GPU1: 0000:34:00.0: Unknown Error",
+        15,
+        (1, "0000:34:00.0"),
+    ),
     # A public GPU-failure write-up: index only.
     ("Unable to determine the device handle for GPU1: Unknown Error", 15, (1, None)),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("line", "status", "lost"), CORPUS)
@@ -473,10 +482,16 @@ def test_a_failure_without_rows_is_still_a_failure(status: int) -> None:
 
 @pytest.mark.parametrize(
     ("value", "flag"),
-    [("[GPU is lost]", "lost"), ("[GPU requires reset]", "requires-reset"),
-     ("[Unknown Error]", "unknown-error"), ("[No data]", "no-data"), ("[Timeout]", "timeout"),
-     ("[N/A]", None), ("[Some new words]", None)],
-)  # fmt: skip
+    [
+        ("[GPU is lost]", "lost"),
+        ("[GPU requires reset]", "requires-reset"),
+        ("[Unknown Error]", "unknown-error"),
+        ("[No data]", "no-data"),
+        ("[Timeout]", "timeout"),
+        ("[N/A]", None),
+        ("[Some new words]", None),
+    ],
+)
 def test_any_bracketed_value_is_none_with_a_flag_where_it_says_something(
     value: str, flag: str | None
 ) -> None:

@@ -14,10 +14,17 @@ from gpubot.core.workload import Workload, WorkloadKind, decide_owner
 from gpubot.errors import ResetRefused, UsageError
 
 PERSISTENCED = "/usr/bin/nvidia-persistenced"
-PROTECTION = Protection(paths=(PERSISTENCED, "/usr/lib/xorg/Xorg"),
-                        system_users=("root", "nvidia-persistenced"))  # fmt: skip
-UIDS = {"root": 0, "nvidia-persistenced": 990, "alice": 1000, "bob": 1001, "carol": 1002,
-        "dave": 1003}  # fmt: skip
+PROTECTION = Protection(
+    paths=(PERSISTENCED, "/usr/lib/xorg/Xorg"), system_users=("root", "nvidia-persistenced")
+)
+UIDS = {
+    "root": 0,
+    "nvidia-persistenced": 990,
+    "alice": 1000,
+    "bob": 1001,
+    "carol": 1002,
+    "dave": 1003,
+}
 AUTO = -1  # the uid of ``user``
 
 
@@ -25,24 +32,52 @@ MINORS = {0: 3, 1: 0, 2: 4, 3: 1, 4: 2}  # an index is not its device file's min
 
 
 def gpu(i: int, used: int | None = 0, minor: int | None = -1) -> GpuInfo:
-    return GpuInfo(i, f"GPU-{i:08d}", "NVIDIA H200", used, 143771, 0,
-                   bus_id=f"00000000:{0x18 + i:02X}:00.0",
-                   minor=MINORS.get(i, i) if minor == -1 else minor)  # fmt: skip
+    return GpuInfo(
+        i,
+        f"GPU-{i:08d}",
+        "NVIDIA H200",
+        used,
+        143771,
+        0,
+        bus_id=f"00000000:{0x18 + i:02X}:00.0",
+        minor=MINORS.get(i, i) if minor == -1 else minor,
+    )
 
 
 def proc(
-    pid: int, g: int, user: str | None = "alice", mib: int | None = 1000, *, visible: bool = True,
-    name: str = "/usr/bin/python3", ticks: int | None = 100, uid: int | None = AUTO,
-    real_uid: int | None = AUTO, exe: str | None = "", argv0: str | None = None,
-) -> GpuProcess:  # fmt: skip
+    pid: int,
+    g: int,
+    user: str | None = "alice",
+    mib: int | None = 1000,
+    *,
+    visible: bool = True,
+    name: str = "/usr/bin/python3",
+    ticks: int | None = 100,
+    uid: int | None = AUTO,
+    real_uid: int | None = AUTO,
+    exe: str | None = "",
+    argv0: str | None = None,
+) -> GpuProcess:
     """A process; ``name`` is what it says it runs, and by default also its exe and argv[0]."""
     uid = UIDS.get(user or "") if uid == AUTO else uid
     real_uid = uid if real_uid == AUTO else real_uid
-    return GpuProcess(pid, g, mib if visible else None, name.rsplit("/", 1)[-1][:15], visible,
-                      True, user, ppid=1, state="S", start_ticks=ticks,
-                      command=f"{name} train.py", uid=uid, real_uid=real_uid,
-                      exe=name if exe == "" else exe,
-                      argv0=name if argv0 is None else argv0)  # fmt: skip
+    return GpuProcess(
+        pid,
+        g,
+        mib if visible else None,
+        name.rsplit("/", 1)[-1][:15],
+        visible,
+        True,
+        user,
+        ppid=1,
+        state="S",
+        start_ticks=ticks,
+        command=f"{name} train.py",
+        uid=uid,
+        real_uid=real_uid,
+        exe=name if exe == "" else exe,
+        argv0=name if argv0 is None else argv0,
+    )
 
 
 SNAP = NodeSnapshot(
@@ -60,12 +95,13 @@ SNAP = NodeSnapshot(
         proc(16, 3, "dave", 100, ticks=None, uid=None),  # listed but gone from /proc
         # GPU 4: things that look like the daemon, and one whose owner is unknown
         proc(17, 4, "alice", 700, name=PERSISTENCED),  # alice runs the daemon's own executable
-        proc(18, 4, "alice", 300, name="nvidia-persistenced", exe=None,
-             argv0=PERSISTENCED),  # a job named like it, exe unreadable, argv[0] forged
+        proc(
+            18, 4, "alice", 300, name="nvidia-persistenced", exe=None, argv0=PERSISTENCED
+        ),  # a job named like it, exe unreadable, argv[0] forged
         proc(19, 4, None, 200, uid=None),  # /proc gave no uid
         proc(20, 4, "root", 100, name=PERSISTENCED, real_uid=1000),  # setuid, started by alice
     ),
-)  # fmt: skip
+)
 
 
 def plan(**kw: object) -> ResetPlan:
@@ -116,7 +152,13 @@ def test_protected_daemon_is_skipped_and_listed() -> None:
     p = plan(gpus=(2,))
     (s,) = p.skipped
     assert (s.pid, s.gpu, s.user, s.reason, s.protected, s.mib) == (
-        14, 2, "root", "protected system daemon", True, 500)  # fmt: skip
+        14,
+        2,
+        "root",
+        "protected system daemon",
+        True,
+        500,
+    )
     assert s.start_ticks == 100 and s.command == f"{PERSISTENCED} train.py"
     assert p.expected_after_mib == {2: 500}  # its memory stays
     assert [t.pid for t in p.targets] == [15]
@@ -150,20 +192,30 @@ def test_protection_is_what_is_configured(protection: Protection) -> None:
 def test_unknown_owner_is_skipped() -> None:
     p = plan(gpus=(4,), requester="bob")
     assert [(s.pid, s.reason, s.protected, s.mib) for s in p.skipped] == [
-        (19, "owner unknown (nothing to check a signal against)", False, 200)]  # fmt: skip
+        (19, "owner unknown (nothing to check a signal against)", False, 200)
+    ]
     assert p.expected_after_mib == {4: 200}
     by_pid = plan(pids=(19,))  # asked for by pid, it is still not signalled
     assert by_pid.targets == ()
     assert {k.pid: k.reason for k in by_pid.skipped}[19].startswith("owner unknown")
 
 
-@pytest.mark.parametrize("kw", [{"pids": (14,)}, {"pids": (12, 14)}, {"pids": (14,), "gpus": (2,)},
-                                {"pids": (14,), "requester": "root"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"pids": (14,)},
+        {"pids": (12, 14)},
+        {"pids": (14,), "gpus": (2,)},
+        {"pids": (14,), "requester": "root"},
+    ],
+)
 def test_pid_request_on_a_protected_daemon_is_refused(kw: dict[str, object]) -> None:
     with pytest.raises(ResetRefused) as ei:
         plan(**kw)
-    assert str(ei.value) == (f"pid 14 on node1 is a protected system daemon ({PERSISTENCED}, run "
-                             "by root): gpubot never signals it")  # fmt: skip
+    assert str(ei.value) == (
+        f"pid 14 on node1 is a protected system daemon ({PERSISTENCED}, run "
+        "by root): gpubot never signals it"
+    )
 
 
 def test_hidden_holder_is_a_target_with_its_reason() -> None:
@@ -298,11 +350,17 @@ def one(p: GpuProcess) -> NodeSnapshot:
         (in_workload(proc(31, 0, "bob"), JOB), "bob", False, "bob"),
         (in_workload(proc(31, 0, "bob"), JOB), "alice", True, "bob"),
         # a session names no owner: the process's uid decides, as before
-        (in_workload(proc(32, 0, "root"),
-                     Workload(WorkloadKind.SESSION, "session-1.scope").with_detail(uid="1000")),
-         "alice", True, "root"),
+        (
+            in_workload(
+                proc(32, 0, "root"),
+                Workload(WorkloadKind.SESSION, "session-1.scope").with_detail(uid="1000"),
+            ),
+            "alice",
+            True,
+            "root",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_workload_owner_decides_self_service(
     p: GpuProcess, requester: str, forced: bool, owner: str
 ) -> None:

@@ -132,8 +132,10 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
 
 
 def gpus_text(n: int = 3) -> str:
-    return "".join(f"{i}, {U[i]}, {BUS[i]}, Disabled, NVIDIA H200, {1024 * i}, 143771, {10 * i}\n"
-                   for i in range(n))  # fmt: skip
+    return "".join(
+        f"{i}, {U[i]}, {BUS[i]}, Disabled, NVIDIA H200, {1024 * i}, 143771, {10 * i}\n"
+        for i in range(n)
+    )
 
 
 BUS = [f"00000000:{0x18 + 0x10 * i:02X}:00.0" for i in range(3)]
@@ -294,8 +296,11 @@ def test_a_listed_job_holding_other_gpus_files_stays_on_its_gpu(box: Box) -> Non
         time.sleep(0.05)
         box.set(gpus=gpus_text(), apps=f"{job.pid}, {U[0]}, 100\n")
         snap = probe(box)
-        mine = [(p.gpu_index, p.visible_to_nvidia_smi, p.holds_device_file)
-                for p in snap.processes if p.pid == job.pid]  # fmt: skip
+        mine = [
+            (p.gpu_index, p.visible_to_nvidia_smi, p.holds_device_file)
+            for p in snap.processes
+            if p.pid == job.pid
+        ]
         assert mine == [(0, True, True)]
         assert (box.pids["D"], 2) in {(p.pid, p.gpu_index) for p in snap.processes}
     finally:
@@ -304,8 +309,10 @@ def test_a_listed_job_holding_other_gpus_files_stays_on_its_gpu(box: Box) -> Non
 
 
 def test_probe_asks_only_the_given_gpus(box: Box) -> None:
-    box.set(gpus="".join(ln for ln in gpus_text().splitlines(keepends=True) if ln[0] in "02"),
-            apps=f"{box.pids['B']}, {U[1]}, 99\n")  # fmt: skip
+    box.set(
+        gpus="".join(ln for ln in gpus_text().splitlines(keepends=True) if ln[0] in "02"),
+        apps=f"{box.pids['B']}, {U[1]}, 99\n",
+    )
     snap = probe(box, gpu_indices=[0, 2])
     assert any(c.endswith("-i 0,2") for c in box.calls())
     # GPU 1 was not asked for: its app and B's hold on nvidia1 are not in this snapshot.
@@ -324,11 +331,14 @@ def test_app_on_an_unlisted_gpu_is_a_parse_error(box: Box) -> None:
 def test_nvml_mode_skips_nvidia_smi(box: Box) -> None:
     box.set(mode="hang")  # would cost 5 s if it ran
     # NVML knows GPU 0's minor; GPU 1's comes from the driver's file for its bus id.
-    gpus = (GpuInfo(0, U[0], "NVIDIA H200", 1, 143771, 0, None, 0),
-            GpuInfo(1, U[1], "NVIDIA H200", 2, 3, 4, BUS[1], None))  # fmt: skip
+    gpus = (
+        GpuInfo(0, U[0], "NVIDIA H200", 1, 143771, 0, None, 0),
+        GpuInfo(1, U[1], "NVIDIA H200", 2, 3, 4, BUS[1], None),
+    )
     apps = (ComputeApp(box.pids["A"], U[0], 77),)
-    snap = probe(box, gpu_indices=[0, 1], skip_smi=True, pids=[box.pids["A"]], minors=[0],
-                 nvml=(gpus, apps))  # fmt: skip
+    snap = probe(
+        box, gpu_indices=[0, 1], skip_smi=True, pids=[box.pids["A"]], minors=[0], nvml=(gpus, apps)
+    )
     assert box.calls() == []
     assert snap.gpus == (gpus[0], replace(gpus[1], minor=1))
     got = {(p.pid, p.gpu_index): p for p in snap.processes}
@@ -429,8 +439,9 @@ def _fake_sudo(tmp: Path, body: str) -> dict[str, str]:
 
 
 def test_sudo_runs_fuser_through_sudo_n(box: Box, tmp_path: Path) -> None:
-    env = _fake_sudo(tmp_path, f'[ "$1" = -n ] || exit 99\necho "$*" >{tmp_path}/sudo.log\n'
-                               'shift\nexec "$@"\n')  # fmt: skip
+    env = _fake_sudo(
+        tmp_path, f'[ "$1" = -n ] || exit 99\necho "$*" >{tmp_path}/sudo.log\nshift\nexec "$@"\n'
+    )
     box.set(gpus=gpus_text(), apps="")
     snap = probe(box, node=replace(box.node, sudo=True), env=env)
     assert (tmp_path / "sudo.log").read_text().startswith("-n fuser -v ")
@@ -487,19 +498,46 @@ def out(*sections: str) -> CommandResult:
 
 
 def full(apps: str = "43, GPU-00000000-aaaa-bbbb-cccc-000000000000, 100\n") -> list[str]:
-    return ["probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n" + apps,
-            MINORS, FUSER_OK, PROCS, "end\n"]  # fmt: skip
+    return [
+        "probe 5 -\n",
+        "gpus-err\n",
+        "gpus 0\n" + gpus_text(1),
+        "apps-err\n",
+        "apps 0\n" + apps,
+        MINORS,
+        FUSER_OK,
+        PROCS,
+        "end\n",
+    ]
 
 
 def with_fuser(fuser: str) -> CommandResult:
     """A probe output with no GPU work and the given fuser section (status, then body)."""
-    return out("probe 5 -\n", "gpus-err\n", "gpus 0\n", "apps-err\n", "apps 0\n", MINORS,
-               f"fuser {fuser}\n@gpubot view - 0\n", "procs\nc 1 1\n", "end\n")  # fmt: skip
+    return out(
+        "probe 5 -\n",
+        "gpus-err\n",
+        "gpus 0\n",
+        "apps-err\n",
+        "apps 0\n",
+        MINORS,
+        f"fuser {fuser}\n@gpubot view - 0\n",
+        "procs\nc 1 1\n",
+        "end\n",
+    )
 
 
 def test_parse_probe_minimal() -> None:
-    r = out("probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n",
-            MINORS, "fuser 1\n\n@gpubot view - 0\n", "procs\nc 100 5.0\n", "end\n")  # fmt: skip
+    r = out(
+        "probe 5 -\n",
+        "gpus-err\n",
+        "gpus 0\n" + gpus_text(1),
+        "apps-err\n",
+        "apps 0\n",
+        MINORS,
+        "fuser 1\n\n@gpubot view - 0\n",
+        "procs\nc 100 5.0\n",
+        "end\n",
+    )
     snap = parse_probe(NODE, r, 1.0)
     assert len(snap.gpus) == 1 and snap.processes == () and snap.ctl_only == ()
 
@@ -510,10 +548,20 @@ def test_parse_probe_full() -> None:
     assert set(got) == {42, 43}
     a, b = got[42], got[43]
     assert (a.user, a.uid, a.state, a.start_ticks, a.elapsed_s, a.hidden) == (
-        "1234", 1234, "S", 777, 9, True)  # fmt: skip
+        "1234",
+        1234,
+        "S",
+        777,
+        9,
+        True,
+    )
     assert (a.process_name, a.command, a.exe, a.argv0) == ("a) b\\x0a(c", "job --x", None, "job")
-    assert (b.user, b.used_memory_mib, b.exe, b.argv0) == ("root", 100, "/usr/bin/python3.11",
-                                                          "/usr/bin/python3")  # fmt: skip
+    assert (b.user, b.used_memory_mib, b.exe, b.argv0) == (
+        "root",
+        100,
+        "/usr/bin/python3.11",
+        "/usr/bin/python3",
+    )
 
 
 @pytest.mark.parametrize(
@@ -617,12 +665,19 @@ def test_any_text_a_process_says_of_itself_stays_inside_its_field(text: str) -> 
 
 
 def test_vanished_and_unresolved() -> None:
-    procs = parse_procs(out(f"procs\nc 100 17.5\n{P42}\ng 43\nu 1234 !\n", "end\n").stdout,
-                        [42, 43])  # fmt: skip
+    procs = parse_procs(
+        out(f"procs\nc 100 17.5\n{P42}\ng 43\nu 1234 !\n", "end\n").stdout, [42, 43]
+    )
     assert set(procs) == {42}  # 43 vanished: the script said so
     p = procs[42]
-    assert (p.ppid, p.state, p.start_ticks, p.user, p.uid, p.elapsed_s) == (1, "S", 777, "1234",
-                                                                           1234, 9)  # fmt: skip
+    assert (p.ppid, p.state, p.start_ticks, p.user, p.uid, p.elapsed_s) == (
+        1,
+        "S",
+        777,
+        "1234",
+        1234,
+        9,
+    )
     assert (p.command, p.wchan, p.cgroup, p.comm) == ("job --x", None, "0::/job", "a) b\\x0a(c")
     with pytest.raises(ParseError):
         parse_procs(out("procs\n", "end\n").stdout, [])  # no clock line
@@ -714,8 +769,11 @@ def test_holders_go_to_the_gpu_their_device_minor_names(box: Box) -> None:
         assert [(g.index, g.minor) for g in snap.gpus] == [(0, 2), (1, 0), (2, 1)]
         got = {(p.pid, p.gpu_index, p.hidden) for p in snap.processes}
         # B holds nvidia1 (GPU 2), D holds nvidia2 (GPU 0); A is listed by nvidia-smi on GPU 0.
-        assert got == {(box.pids["A"], 0, False), (box.pids["B"], 2, True),
-                       (box.pids["D"], 0, True)}  # fmt: skip
+        assert got == {
+            (box.pids["A"], 0, False),
+            (box.pids["B"], 2, True),
+            (box.pids["D"], 0, True),
+        }
         set_minors(driver, [0, None, 2])  # the driver names no minor for GPU 1
         snap = probe(box)
         gpu1 = snap.gpu(1)
@@ -733,9 +791,13 @@ def test_holders_go_to_the_gpu_their_device_minor_names(box: Box) -> None:
 
 @pytest.mark.parametrize(
     ("fuser", "view", "unseen", "hidepid"),
-    [("~unseen 3\n", "-", 3, None), ("", "2", 0, "2"), ("", "invisible", 0, "invisible"),
-     ("", "0", 0, None)],
-)  # fmt: skip
+    [
+        ("~unseen 3\n", "-", 3, None),
+        ("", "2", 0, "2"),
+        ("", "invisible", 0, "invisible"),
+        ("", "0", 0, None),
+    ],
+)
 def test_a_partial_view_is_noted(fuser: str, view: str, unseen: int, hidepid: str | None) -> None:
     head = ["probe 5 -\n", "gpus-err\n", "gpus 0\n" + gpus_text(1), "apps-err\n", "apps 0\n"]
     r = out(*head, MINORS, f"fuser 1\n{fuser}", f"view {view} 0\n", "procs\nc 100 5.0\n", "end\n")
@@ -816,7 +878,9 @@ def test_the_probe_runs_four_programs_and_no_proc_work_for_idle_gpus(
         box.set(gpus=gpus_text(), apps=f"{jobs[0].pid}, {U[0]}, 2048\n")
         snap = probe(box, node=node, env=env)
         assert {(p.pid, p.gpu_index, p.user) for p in snap.processes} == {
-            (jobs[0].pid, 0, "nobody"), (jobs[1].pid, 1, "nobody")}  # fmt: skip
+            (jobs[0].pid, 0, "nobody"),
+            (jobs[1].pid, 1, "nobody"),
+        }
         assert programs() == ["fuser", *queries]
         # A process of a system account costs one readlink: its executable is what protects it.
         fd = os.open(dev / "nvidia2", os.O_RDONLY)

@@ -26,36 +26,74 @@ def proc(
     argv0: str | None = PERSISTENCED,
     name: str = "nvidia-persiste",
 ) -> GpuProcess:
-    return GpuProcess(pid=812, gpu_index=0, used_memory_mib=None, process_name=name,
-                      visible_to_nvidia_smi=False, holds_device_file=True, user=user,
-                      start_ticks=100, command=argv0, uid=uid, real_uid=real_uid, exe=exe,
-                      argv0=argv0)  # fmt: skip
+    return GpuProcess(
+        pid=812,
+        gpu_index=0,
+        used_memory_mib=None,
+        process_name=name,
+        visible_to_nvidia_smi=False,
+        holds_device_file=True,
+        user=user,
+        start_ticks=100,
+        command=argv0,
+        uid=uid,
+        real_uid=real_uid,
+        exe=exe,
+        argv0=argv0,
+    )
 
 
 CASES = [
     ("root + the daemon's exe", proc(), True),
     ("alice running the daemon's exe", proc("alice", 1000, 1000), False),
-    ("alice's job with the exe path in argv0, exe unreadable",
-     proc("alice", 1000, 1000, exe=None), False),
-    ("root, only the name right (argv0 bare, exe unknown)",
-     proc(exe=None, argv0="nvidia-persistenced"), False),
-    ("root, only comm right", proc(exe="/tmp/x", argv0="/tmp/x", name="nvidia-persistenced"),
-     False),
-    ("root, exe elsewhere though argv0 says the daemon", proc(exe="/tmp/nvidia-persistenced"),
-     False),
+    (
+        "alice's job with the exe path in argv0, exe unreadable",
+        proc("alice", 1000, 1000, exe=None),
+        False,
+    ),
+    (
+        "root, only the name right (argv0 bare, exe unknown)",
+        proc(exe=None, argv0="nvidia-persistenced"),
+        False,
+    ),
+    (
+        "root, only comm right",
+        proc(exe="/tmp/x", argv0="/tmp/x", name="nvidia-persistenced"),
+        False,
+    ),
+    (
+        "root, exe elsewhere though argv0 says the daemon",
+        proc(exe="/tmp/nvidia-persistenced"),
+        False,
+    ),
     ("setuid: started by uid 1000, runs as root", proc(real_uid=1000), False),
     ("setuid the other way: real root, effective alice", proc("alice", 1000, 0), False),
-    ("system user nvidia-persistenced, exe unreadable: argv0 path stands in",
-     proc("nvidia-persistenced", 990, 990, exe=None), True),
-    ("system user, exe unreadable, argv0 a bare name",
-     proc("nvidia-persistenced", 990, 990, exe=None, argv0="nvidia-persistenced"), False),
-    ("system user, exe unreadable, no argv0", proc("nvidia-persistenced", 990, 990, exe=None,
-                                                   argv0=None), False),
-    ("system user, exe unreadable, empty argv0", proc("nvidia-persistenced", 990, 990, exe=None,
-                                                      argv0=""), False),
+    (
+        "system user nvidia-persistenced, exe unreadable: argv0 path stands in",
+        proc("nvidia-persistenced", 990, 990, exe=None),
+        True,
+    ),
+    (
+        "system user, exe unreadable, argv0 a bare name",
+        proc("nvidia-persistenced", 990, 990, exe=None, argv0="nvidia-persistenced"),
+        False,
+    ),
+    (
+        "system user, exe unreadable, no argv0",
+        proc("nvidia-persistenced", 990, 990, exe=None, argv0=None),
+        False,
+    ),
+    (
+        "system user, exe unreadable, empty argv0",
+        proc("nvidia-persistenced", 990, 990, exe=None, argv0=""),
+        False,
+    ),
     ("exe replaced by a package upgrade", proc(exe=PERSISTENCED + " (deleted)"), True),
-    ("argv0 with the deleted suffix", proc("nvidia-dcgm", 991, 991, exe=None,
-                                           argv0="/usr/bin/nv-hostengine (deleted)"), True),
+    (
+        "argv0 with the deleted suffix",
+        proc("nvidia-dcgm", 991, 991, exe=None, argv0="/usr/bin/nv-hostengine (deleted)"),
+        True,
+    ),
     ("a suffix that only looks alike", proc(exe=PERSISTENCED + " (deleted)x"), False),
     ("unknown uid", proc(uid=None, real_uid=None), False),
     ("unknown uid, real uid 0", proc(uid=None, real_uid=0), False),
@@ -65,7 +103,7 @@ CASES = [
     ("the daemon's path with a trailing slash", proc(exe=PERSISTENCED + "/"), False),
     ("another configured daemon, Xorg", proc(exe="/usr/lib/xorg/Xorg", argv0="Xorg"), True),
     ("a path not configured", proc(exe="/usr/bin/python3", argv0="python3"), False),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("what", "p", "want"), CASES, ids=[c[0] for c in CASES])

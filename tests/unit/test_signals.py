@@ -90,8 +90,9 @@ def test_each_identity_is_checked_on_its_own(sleeper: subprocess.Popen[bytes]) -
     other = subprocess.Popen(["sleep", "30"])
     try:
         ticks, other_ticks = start_ticks(sleeper.pid), start_ticks(other.pid)
-        argv = signal_argv("KILL", [(other.pid, other_ticks, ME + 1), (sleeper.pid, ticks, ME)],
-                           sudo=False)  # fmt: skip
+        argv = signal_argv(
+            "KILL", [(other.pid, other_ticks, ME + 1), (sleeper.pid, ticks, ME)], sudo=False
+        )
         out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
         reports = parse_signal_output(out)
         assert reports[other.pid].status == "owner" and reports[sleeper.pid].status == "sent"
@@ -122,14 +123,28 @@ def test_arguments_are_validated() -> None:
     bad = [(0, 5, 1000), (-1, 5, 1000), (7, -1, 1000), (7, 5, -1)]
     assert signal_argv("TERM", bad, sudo=False)[6:] == []
     assert signal_argv("KILL", [(7, 5, 0), (8, 9, 1000)], sudo=True)[4:] == [
-        "KILL", "1", "7:5:0", "8:9:1000"]  # fmt: skip
+        "KILL",
+        "1",
+        "7:5:0",
+        "8:9:1000",
+    ]
 
 
 @pytest.mark.parametrize(
     "line",
-    ["abc gone", "12", "12 alive S", "12 exploded", "12 owner", "12 owner x", "12 owner -1",
-     "12 owner 5 6", "12 gone 5", "12 sent 0"],
-)  # fmt: skip
+    [
+        "abc gone",
+        "12",
+        "12 alive S",
+        "12 exploded",
+        "12 owner",
+        "12 owner x",
+        "12 owner -1",
+        "12 owner 5 6",
+        "12 gone 5",
+        "12 sent 0",
+    ],
+)
 def test_parser_is_strict(line: str) -> None:
     with pytest.raises(ParseError):
         parse_signal_output(line)
@@ -138,24 +153,30 @@ def test_parser_is_strict(line: str) -> None:
 def test_parser_reads_every_status() -> None:
     out = "1 gone\n2 reused\n3 owner 1001\n4 alive D uvm_wait\n5 alive S 0\n6 sent\n7 failed\n"
     assert parse_signal_output(out) == {
-        1: PidReport(1, S.GONE), 2: PidReport(2, S.REUSED), 3: PidReport(3, S.OWNER, uid=1001),
-        4: PidReport(4, S.ALIVE, "D", "uvm_wait"), 5: PidReport(5, S.ALIVE, "S", None),
-        6: PidReport(6, S.SENT), 7: PidReport(7, S.FAILED),
-    }  # fmt: skip
+        1: PidReport(1, S.GONE),
+        2: PidReport(2, S.REUSED),
+        3: PidReport(3, S.OWNER, uid=1001),
+        4: PidReport(4, S.ALIVE, "D", "uvm_wait"),
+        5: PidReport(5, S.ALIVE, "S", None),
+        6: PidReport(6, S.SENT),
+        7: PidReport(7, S.FAILED),
+    }
 
 
 @pytest.mark.parametrize(
     ("report", "why"),
     [
         (PidReport(1, S.REUSED), "the pid was reused; not signalled"),
-        (PidReport(1, S.OWNER, uid=1001), "its owner is now uid 1001, not the planned owner; "
-                                          "not signalled"),
+        (
+            PidReport(1, S.OWNER, uid=1001),
+            "its owner is now uid 1001, not the planned owner; not signalled",
+        ),
         (PidReport(1, S.FAILED), "kill failed on the node"),
         (PidReport(1, S.SENT), None),
         (PidReport(1, S.GONE), None),
         (PidReport(1, S.ALIVE, "S"), None),
     ],
-)  # fmt: skip
+)
 def test_why(report: PidReport, why: str | None) -> None:
     if why is None:
         assert report.why is None

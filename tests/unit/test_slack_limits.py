@@ -42,8 +42,11 @@ def dialog(**sizes: int) -> dict[str, Any]:
 
 
 def table(rows: int, cells: int, settings: int = 0) -> Message:
-    blk = {"type": "table", "rows": [[{"type": "raw_text", "text": "x"}] * cells] * rows,
-           "column_settings": [{"align": "left"}] * settings}  # fmt: skip
+    blk = {
+        "type": "table",
+        "rows": [[{"type": "raw_text", "text": "x"}] * cells] * rows,
+        "column_settings": [{"align": "left"}] * settings,
+    }
     return {"blocks": [blk]}
 
 
@@ -53,23 +56,47 @@ CASES: list[tuple[str, int, Callable[[int], Message], bool]] = [
     ("blocks in a view", 100, lambda n: {"blocks": [section()] * n}, True),
     ("block_id", 255, lambda n: {"blocks": [{**section(), "block_id": "b" * n}]}, False),
     ("section text", 3000, lambda n: {"blocks": [section(n)]}, False),
-    ("section fields", 10,
-     lambda n: {"blocks": [{"type": "section", "fields": [mrkdwn(1)] * n}]}, False),
-    ("section field text", 2000,
-     lambda n: {"blocks": [{"type": "section", "fields": [mrkdwn(n)]}]}, False),
+    (
+        "section fields",
+        10,
+        lambda n: {"blocks": [{"type": "section", "fields": [mrkdwn(1)] * n}]},
+        False,
+    ),
+    (
+        "section field text",
+        2000,
+        lambda n: {"blocks": [{"type": "section", "fields": [mrkdwn(n)]}]},
+        False,
+    ),
     ("header text", 150, lambda n: {"blocks": [{"type": "header", "text": plain(n)}]}, False),
-    ("context elements", 10,
-     lambda n: {"blocks": [{"type": "context", "elements": [mrkdwn(1)] * n}]}, False),
-    ("context text", 3000,
-     lambda n: {"blocks": [{"type": "context", "elements": [mrkdwn(n)]}]}, False),
-    ("actions elements", 25,
-     lambda n: actions(*(button(action_id=f"a{i}") for i in range(n))), False),
+    (
+        "context elements",
+        10,
+        lambda n: {"blocks": [{"type": "context", "elements": [mrkdwn(1)] * n}]},
+        False,
+    ),
+    (
+        "context text",
+        3000,
+        lambda n: {"blocks": [{"type": "context", "elements": [mrkdwn(n)]}]},
+        False,
+    ),
+    (
+        "actions elements",
+        25,
+        lambda n: actions(*(button(action_id=f"a{i}") for i in range(n))),
+        False,
+    ),
     ("button text", 75, lambda n: actions(button(text=plain(n))), False),
     ("button value", 2000, lambda n: actions(button(value="v" * n)), False),
     ("button url", 3000, lambda n: actions(button(url="u" * n)), False),
     ("action_id", 255, lambda n: actions(button(action_id="a" * n)), False),
-    ("accessory button text", 75,
-     lambda n: {"blocks": [{**section(), "accessory": button(text=plain(n))}]}, False),
+    (
+        "accessory button text",
+        75,
+        lambda n: {"blocks": [{**section(), "accessory": button(text=plain(n))}]},
+        False,
+    ),
     ("confirm title", 100, lambda n: actions(button(confirm=dialog(title=n))), False),
     ("confirm text", 300, lambda n: actions(button(confirm=dialog(text=n))), False),
     ("confirm button", 30, lambda n: actions(button(confirm=dialog(confirm=n))), False),
@@ -79,7 +106,7 @@ CASES: list[tuple[str, int, Callable[[int], Message], bool]] = [
     ("table column settings", 20, lambda n: table(1, 1, n), False),
     ("tables in a message", 1, lambda n: {"blocks": table(1, 1)["blocks"] * n}, False),
     ("message text", 40_000, lambda n: {"text": "t" * n}, False),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("name", "limit", "make", "view"), CASES, ids=[c[0] for c in CASES])
@@ -111,8 +138,9 @@ def test_shapes_slack_refuses(message: Message) -> None:
 
 def test_a_table_never_goes_in_a_view() -> None:
     assert problems(table(1, 1)) == []
-    assert problems(table(1, 1), view=True) == ["a table block in a view (tables render in "
-                                                "messages only)"]  # fmt: skip
+    assert problems(table(1, 1), view=True) == [
+        "a table block in a view (tables render in messages only)"
+    ]
     nested = {"blocks": [{"type": "section", "text": mrkdwn(1), "x": table(1, 1)["blocks"]}]}
     assert problems(nested, view=True) != []
 

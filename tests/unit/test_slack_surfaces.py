@@ -111,8 +111,11 @@ def test_the_view_check_finds_a_nested_table() -> None:
 
 
 def dialogs(msg: dict[str, Any]) -> list[dict[str, Any]]:
-    return [o["confirm"] for o in walk(msg["blocks"])
-            if isinstance(o.get("confirm"), dict) and "title" in o["confirm"]]  # fmt: skip
+    return [
+        o["confirm"]
+        for o in walk(msg["blocks"])
+        if isinstance(o.get("confirm"), dict) and "title" in o["confirm"]
+    ]
 
 
 def check_dialog(d: dict[str, Any]) -> None:
@@ -124,20 +127,23 @@ def check_dialog(d: dict[str, Any]) -> None:
 
 
 def huge_plan() -> Any:
-    procs = tuple(proc(1000 + i, i % 8, f"user-with-a-long-name-{i}", command=EVIL * 20)
-                  for i in range(500))  # fmt: skip
+    procs = tuple(
+        proc(1000 + i, i % 8, f"user-with-a-long-name-{i}", command=EVIL * 20) for i in range(500)
+    )
     s = NodeSnapshot("n" * 60, 0.0, tuple(gpu(i, 5000) for i in range(8)), procs)
     return plan_reset(s, ResetRequest("n" * 60, "alice"), Protection())
 
 
 def evil_plan() -> Any:
-    s = NodeSnapshot("node1", 0.0, (gpu(0, 5000),),
-                     (proc(4243, 0, "<!channel>&bob", command=EVIL),))  # fmt: skip
+    s = NodeSnapshot(
+        "node1", 0.0, (gpu(0, 5000),), (proc(4243, 0, "<!channel>&bob", command=EVIL),)
+    )
     return plan_reset(s, ResetRequest("node1", "alice"), Protection())
 
 
-@pytest.mark.parametrize("plan", [plan_and_result().plan, huge_plan(), evil_plan()],
-                         ids=["plain", "huge", "evil"])  # fmt: skip
+@pytest.mark.parametrize(
+    "plan", [plan_and_result().plan, huge_plan(), evil_plan()], ids=["plain", "huge", "evil"]
+)
 def test_every_confirm_dialog_of_an_approval_request_is_plain_text(plan: Any) -> None:
     msg = rb.render_approval_request(7, plan, "U0BOB", "bob", 1_700_000_900.0)
     found = dialogs(msg)
@@ -167,12 +173,15 @@ def test_other_messages_with_buttons_carry_no_dialog_that_breaks_the_rules() -> 
 
 
 def test_the_dialog_check_catches_mrkdwn_and_long_parts() -> None:
-    old = {"type": "button", "confirm": {
-        "title": {"type": "plain_text", "text": "Sure?"},
-        "text": {"type": "mrkdwn", "text": "*really*"},
-        "confirm": {"type": "plain_text", "text": "x" * 31},
-        "deny": {"type": "plain_text", "text": "No"},
-    }}  # fmt: skip
+    old = {
+        "type": "button",
+        "confirm": {
+            "title": {"type": "plain_text", "text": "Sure?"},
+            "text": {"type": "mrkdwn", "text": "*really*"},
+            "confirm": {"type": "plain_text", "text": "x" * 31},
+            "deny": {"type": "plain_text", "text": "No"},
+        },
+    }
     problems = bk.limit_problems({"blocks": [{"type": "actions", "elements": [old]}]})
     assert "confirm dialog: text is not a plain_text object" in problems
     assert "confirm dialog: confirm not 1-30 characters" in problems

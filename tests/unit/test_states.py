@@ -15,11 +15,23 @@ from gpubot.store.records import iso as stored_iso
 
 WORDS = [
     (ActionStatus, ["freed", "not-freed", "error", "refused", "incomplete", "unknown"]),
-    (ResetStep, ["planned", "signal", "exited", "verifying", "gpu_outcome", "persistence",
-                 "gpu_reset", "stop_workload", "sending"]),
+    (
+        ResetStep,
+        [
+            "planned",
+            "signal",
+            "exited",
+            "verifying",
+            "gpu_outcome",
+            "persistence",
+            "gpu_reset",
+            "stop_workload",
+            "sending",
+        ],
+    ),
     (StopResult, ["not-run", "running", "done", "failed"]),
     (PidStatus, ["gone", "reused", "owner", "alive", "sent", "failed", "not-sent"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("enum", "words"), WORDS, ids=lambda e: getattr(e, "__name__", ""))
@@ -34,11 +46,14 @@ def test_the_stored_words_stay(enum: type[StrEnum], words: list[str]) -> None:
     [
         (0.0, "seconds", "1970-01-01T00:00:00Z"),
         (1.5, "milliseconds", "1970-01-01T00:00:01.500Z"),
-        (datetime(2026, 1, 2, 5, 4, 5, tzinfo=timezone(timedelta(hours=3))), "seconds",
-         "2026-01-02T02:04:05Z"),
+        (
+            datetime(2026, 1, 2, 5, 4, 5, tzinfo=timezone(timedelta(hours=3))),
+            "seconds",
+            "2026-01-02T02:04:05Z",
+        ),
         (datetime(5, 1, 2, 3, 4, 5, 6, tzinfo=UTC), "microseconds", "0005-01-02T03:04:05.000006Z"),
     ],
-)  # fmt: skip
+)
 def test_iso_is_utc_and_ends_in_z(t: datetime | float, timespec: str, text: str) -> None:
     assert iso(t, timespec=timespec) == text
 

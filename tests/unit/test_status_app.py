@@ -15,8 +15,14 @@ from gpubot.app import StatusApp, build_status
 from gpubot.config import Settings, load
 from gpubot.errors import DatabaseBehind, UsageError
 
-QUERY: dict[str, Any] = {"kind": "status", "actor": "cli:t", "source": "cli", "nodes": ["n1"],
-                         "failed": {}, "seconds": 0.5}  # fmt: skip
+QUERY: dict[str, Any] = {
+    "kind": "status",
+    "actor": "cli:t",
+    "source": "cli",
+    "nodes": ["n1"],
+    "failed": {},
+    "seconds": 0.5,
+}
 
 
 @pytest.fixture

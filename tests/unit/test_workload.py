@@ -39,39 +39,85 @@ SHAPES = [
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
             f"{POD.replace('-', '_')}.slice/cri-containerd-{CID}.scope"
         ),
-        "kubernetes", CID, {"pod_uid": POD, "qos": "burstable", "runtime": "containerd"},
+        "kubernetes",
+        CID,
+        {"pod_uid": POD, "qos": "burstable", "runtime": "containerd"},
     ),
     (
         v2(f"/kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/crio-{CID}.scope"),
-        "kubernetes", CID, {"pod_uid": POD, "qos": "guaranteed", "runtime": "cri-o"},
+        "kubernetes",
+        CID,
+        {"pod_uid": POD, "qos": "guaranteed", "runtime": "cri-o"},
     ),
-    (f"4:memory:/kubepods/burstable/pod{POD}/{CID}\n", "kubernetes", CID,
-     {"pod_uid": POD, "qos": "burstable"}),
-    ("4:memory:/slurm/uid_1001/job_8812/step_0\n0::/\n", "slurm", "8812",
-     {"uid": "1001", "step": "0"}),
+    (
+        f"4:memory:/kubepods/burstable/pod{POD}/{CID}\n",
+        "kubernetes",
+        CID,
+        {"pod_uid": POD, "qos": "burstable"},
+    ),
+    (
+        "4:memory:/slurm/uid_1001/job_8812/step_0\n0::/\n",
+        "slurm",
+        "8812",
+        {"uid": "1001", "step": "0"},
+    ),
     ("4:memory:/slurm/uid_1001/job_8812/step_batch/task_0\n", "slurm", "8812", {"step": "batch"}),
     # Debian's and Spack's Slurm (MULTIPLE_SLURMD): the v1 root is /slurm_<NodeName>.
-    ("4:memory:/slurm_gpu-n07/uid_1001/job_8812/step_0/task_0\n", "slurm", "8812",
-     {"uid": "1001", "step": "0"}),
-    (v2("/system.slice/slurmstepd.scope/job_8812/step_0/user/task_0"), "slurm", "8812",
-     {"step": "0"}),
-    (v2("/system.slice/node7_slurmstepd.scope/job_77/step_extern"), "slurm", "77",
-     {"step": "extern"}),
+    (
+        "4:memory:/slurm_gpu-n07/uid_1001/job_8812/step_0/task_0\n",
+        "slurm",
+        "8812",
+        {"uid": "1001", "step": "0"},
+    ),
+    (
+        v2("/system.slice/slurmstepd.scope/job_8812/step_0/user/task_0"),
+        "slurm",
+        "8812",
+        {"step": "0"},
+    ),
+    (
+        v2("/system.slice/node7_slurmstepd.scope/job_77/step_extern"),
+        "slurm",
+        "77",
+        {"step": "extern"},
+    ),
     (v2("/system.slice/nvidia-dcgm.service"), "service", "nvidia-dcgm.service", {}),
     (v2("/system.slice/train@3.service"), "service", "train@3.service", {}),
-    (v2("/user.slice/user-1000.slice/session-42.scope"), "session", "session-42.scope",
-     {"uid": "1000"}),
-    (v2("/user.slice/user-1000.slice/user@1000.service/app.slice/x.service"), "session",
-     "user@1000.service", {"uid": "1000"}),
-    (v2(f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope"),
-     "podman", CID, {"uid": "1000", "rootless": "yes"}),
+    (
+        v2("/user.slice/user-1000.slice/session-42.scope"),
+        "session",
+        "session-42.scope",
+        {"uid": "1000"},
+    ),
+    (
+        v2("/user.slice/user-1000.slice/user@1000.service/app.slice/x.service"),
+        "session",
+        "user@1000.service",
+        {"uid": "1000"},
+    ),
+    (
+        v2(f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope"),
+        "podman",
+        CID,
+        {"uid": "1000", "rootless": "yes"},
+    ),
     (v2("/init.scope"), "other", "/init.scope", {}),
     # A hybrid box: the v1 Slurm plugin's path beats the v2 line systemd left at slurmd.
-    (HYBRID_ROOT.replace("4:memory:/", "4:memory:/slurm/uid_7/job_5/step_0")
-     + v2("/system.slice/slurmd.service"), "slurm", "5", {"uid": "7"}),
-    (HYBRID_ROOT.replace("9:name=systemd:/", f"9:name=systemd:/system.slice/docker-{CID}.scope")
-     + v2("/"), "docker", CID, {}),
-]  # fmt: skip
+    (
+        HYBRID_ROOT.replace("4:memory:/", "4:memory:/slurm/uid_7/job_5/step_0")
+        + v2("/system.slice/slurmd.service"),
+        "slurm",
+        "5",
+        {"uid": "7"},
+    ),
+    (
+        HYBRID_ROOT.replace("9:name=systemd:/", f"9:name=systemd:/system.slice/docker-{CID}.scope")
+        + v2("/"),
+        "docker",
+        CID,
+        {},
+    ),
+]
 
 
 @pytest.mark.parametrize(("text", "kind", "wid", "detail"), SHAPES)
