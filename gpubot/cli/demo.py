@@ -4,8 +4,8 @@ Four simulated nodes (in-process SSH servers on 127.0.0.1, real processes): one 
 one with a process that ignores SIGTERM, one with leaked VRAM, one unreachable. SQLite in a
 temporary folder; no GPU, sshd, database server or Slack needed. All it starts, it stops.
 
-It also serves ``gpubot sim`` (``add_sim_arguments``, ``run_sim``: ``gpubot.sim.cli``): this is
-the one module outside ``gpubot.sim`` that imports the simulator. Each command imports only what
+It also serves ``gpubot sim`` (``add_sim_arguments``, ``run_sim``: ``gpusim.cli``): this is
+the one module outside ``gpusim`` that imports the simulator. Each command imports only what
 it runs, so ``gpubot sim`` loads no part of the bot.
 """
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from gpubot.chat.flows import Flows
     from gpubot.core.alerting import AlertGroup, Lookup, Posted
     from gpubot.services.approvals import Identity
-    from gpubot.sim.fleet import SimFleet
+    from gpusim.fleet import SimFleet
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"
 
@@ -47,15 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``sim`` actions (``gpubot.sim.cli``)."""
-    from gpubot.sim import cli
+    """Add the ``sim`` actions (``gpusim.cli``)."""
+    from gpusim import cli
 
     cli.add_arguments(p)
 
 
 def run_sim(args: argparse.Namespace) -> int:
     """Run one ``gpubot sim`` action; return the exit status."""
-    from gpubot.sim import cli
+    from gpusim import cli
 
     return cli.run(args)
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the walk-through (or a console) on a simulated fleet; leave nothing behind."""
     from gpubot.app import open_app_store
     from gpubot.config import load
-    from gpubot.sim.fleet import SimFleet
+    from gpusim.fleet import SimFleet
 
     with (
         _workspace() as folder,

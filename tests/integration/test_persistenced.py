@@ -26,10 +26,10 @@ from gpubot.errors import ResetRefused
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
-from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.sim.sudo import readme_sudo_rule
 from gpubot.store import Store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet, SimNode
+from gpusim.sudo import readme_sudo_rule
 from tests.fixtures.fleet import reset_fixtures, status_notes
 from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive

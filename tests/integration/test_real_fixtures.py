@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 
 from gpubot.errors import UsageError
-from gpubot.sim import simstate
-from gpubot.sim.adopt import holds
-from gpubot.sim.fleet import SimFleet, SimNode
+from gpusim import simstate
+from gpusim.adopt import holds
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.daemons import running
 from tests.fixtures.runtimes import DockerEngine
 from tests.procs import alive, wait_until

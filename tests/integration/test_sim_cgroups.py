@@ -25,12 +25,12 @@ from gpubot.cli import main
 from gpubot.config import load
 from gpubot.core.workload import WorkloadKind, parse_cgroup
 from gpubot.errors import UsageError
-from gpubot.sim import simstate
-from gpubot.sim.cgroups import CgroupSet, Hierarchies, find_hierarchies
-from gpubot.sim.fleet import SimFleet, SimNode, Workload
-from gpubot.sim.server import STD_PATH
-from gpubot.sim.server_sshd import SSHD
-from gpubot.sim.sudo import PASSWORD_REQUIRED, readme_sudo_rule
+from gpusim import simstate
+from gpusim.cgroups import CgroupSet, Hierarchies, find_hierarchies
+from gpusim.fleet import SimFleet, SimNode, Workload
+from gpusim.server import STD_PATH
+from gpusim.server_sshd import SSHD
+from gpusim.sudo import PASSWORD_REQUIRED, readme_sudo_rule
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ROOT = Path(__file__).resolve().parents[2]

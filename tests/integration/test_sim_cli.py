@@ -17,8 +17,8 @@ import pytest
 
 from gpubot.cli import main
 from gpubot.config import load
-from gpubot.sim import simstate
-from gpubot.sim.control import MAX_SOCKET_PATH, socket_path
+from gpusim import simstate
+from gpusim.control import MAX_SOCKET_PATH, socket_path
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gpubot.errors import UsageError
-from gpubot.sim import simstate
-from gpubot.sim.fleet import SimFleet, SimNode
+from gpusim import simstate
+from gpusim.fleet import SimFleet, SimNode
 
 HEX = "0123456789abcdef"
 APPS = ("--query-compute-apps=pid,process_name", "--format=csv,noheader")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import load
-from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.sim.server import STD_PATH
-from gpubot.sim.sudo import (
+from gpusim.fleet import SimFleet, SimNode
+from gpusim.server import STD_PATH
+from gpusim.sudo import (
     PASSWORD_REQUIRED,
     command_matches,
     node_rule,

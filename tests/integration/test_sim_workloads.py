@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpubot.sim import simstate
-from gpubot.sim.fleet import SimFleet, SimNode
+from gpusim import simstate
+from gpusim.fleet import SimFleet, SimNode
 
 APPS = ("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
 

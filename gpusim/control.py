@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpubot.errors import GpubotError, SimError, UsageError
 
 if TYPE_CHECKING:
-    from gpubot.sim.node import SimNode
-    from gpubot.sim.spawning import Workload
+    from gpusim.node import SimNode
+    from gpusim.spawning import Workload
 
 SOCKET_NAME = "control.sock"
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.errors import UsageError
-from gpubot.sim import adopt, node_layout, runtime_registry, runtimes, simstate, smi_faults
-from gpubot.sim.cgroups import make_spec
-from gpubot.sim.host import NodeHost
-from gpubot.sim.node_layout import bus_id, gpu_uuid
-from gpubot.sim.nvidia_smi import APP_ALIASES, APP_FIELDS, GPU_ALIASES, GPU_FIELDS
-from gpubot.sim.smi_faults import FAULTS, LOST_STYLES
-from gpubot.sim.spawning import Request, Workload, check_request, identify, start_process
-from gpubot.sim.sudo import node_rule
-from gpubot.sim.workload import GPULESS
+from gpusim import adopt, node_layout, runtime_registry, runtimes, simstate, smi_faults
+from gpusim.cgroups import make_spec
+from gpusim.host import NodeHost
+from gpusim.node_layout import bus_id, gpu_uuid
+from gpusim.nvidia_smi import APP_ALIASES, APP_FIELDS, GPU_ALIASES, GPU_FIELDS
+from gpusim.smi_faults import FAULTS, LOST_STYLES
+from gpusim.spawning import Request, Workload, check_request, identify, start_process
+from gpusim.sudo import node_rule
+from gpusim.workload import GPULESS
 
 __all__ = ["FAULTS", "LOST_STYLES", "SimNode", "Workload", "bus_id", "gpu_uuid"]
 
@@ -88,7 +88,7 @@ class SimNode:
     def create_sudo(self, lib_dir: Path, python: str, rule: dict[str, Any]) -> None:
         """Install the sudo stand-in: ``sbin-sudo/sudo``, this node's rule file and its log.
 
-        ``rule`` is ``gpubot.sim.sudo.parse_sudoers`` of the README's block; its device and
+        ``rule`` is ``gpusim.sudo.parse_sudoers`` of the README's block; its device and
         nvidia-smi paths are rewritten to this node's.
         """
         # The runtime programs always point into the node (installed or not): a sudo node never
@@ -112,11 +112,11 @@ class SimNode:
 
     def create_runtimes(self, lib_dir: Path, python: str) -> None:
         """Install the stand-ins ``docker``, ``podman``, ``crictl``, ``scontrol``, ``scancel``
-        and ``systemctl`` in ``runtime-bin/`` (see ``gpubot.sim.runtimes``)."""
+        and ``systemctl`` in ``runtime-bin/`` (see ``gpusim.runtimes``)."""
         self.runtime_dir.mkdir(exist_ok=True)
         os.chmod(self.runtime_dir, 0o755)
         for prog, path in self.runtime_programs().items():
-            doc = f"{prog} of the simulated node {self.name} (gpubot.sim.runtimes)."
+            doc = f"{prog} of the simulated node {self.name} (gpusim.runtimes)."
             args = f"{prog!r}, sys.argv[1:], {str(self.state_dir)!r}"
             node_layout.write_launcher(Path(path), python, lib_dir, doc, "runtimes", args)
         self.runtimes = True
@@ -128,7 +128,7 @@ class SimNode:
         runtime_registry.set_delay(str(self.state_dir), float(seconds))
 
     def registry(self) -> list[dict[str, Any]]:
-        """Return the node's container/job registry (``gpubot.sim.runtimes`` documents it)."""
+        """Return the node's container/job registry (``gpusim.runtimes`` documents it)."""
         with simstate.locked(str(self.state_dir)):
             entries: list[dict[str, Any]] = runtime_registry.load(str(self.state_dir))["entries"]
         return entries
@@ -178,13 +178,13 @@ class SimNode:
 
         ``forge``: once ready, the process keeps rewriting its argv and comm to this text, with
         ``{token}`` replaced by the latest hex token seen in another process's command line and
-        ``{pid}`` by its pid (see ``gpubot.sim.workload``); it may hold newlines and NULs.
+        ``{pid}`` by its pid (see ``gpusim.workload``); it may hold newlines and NULs.
         ``exe_path``: run through a copy of the interpreter at this path inside the node's
         directory (see ``daemon_exe``): ``/proc/PID/exe`` shows it, comm is its basename.
 
         ``cgroup`` (docker, podman, kubernetes, slurm, service, session): the process (for
         ``respawn``, its supervisor) is moved into a fresh real cgroup of that shape before it
-        starts anything (see ``gpubot.sim.cgroups``), and the node's registry records it for the
+        starts anything (see ``gpusim.cgroups``), and the node's registry records it for the
         runtime stand-ins. Containers take ``container_name``, ``image``, ``labels``; docker and
         podman a ``restart`` policy (``always``, ``on-failure``, ``unless-stopped``: the
         ``respawn`` behaviour, the supervisor standing in for the daemon's restart manager, until
@@ -241,7 +241,7 @@ class SimNode:
         that holds GPU ``gpu``'s device file open, a compute app using ``mib`` there.
 
         The driver watches it and frees its memory ``release_delay_s`` after it dies, as for a
-        spawned workload; the fleet never signals it (see ``gpubot.sim.adopt``).
+        spawned workload; the fleet never signals it (see ``gpusim.adopt``).
         """
         if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < self.gpus:
             raise UsageError(f"{self.name}: no GPU {gpu!r}")

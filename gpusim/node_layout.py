@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
-from gpubot.sim.workload import PAGE
+from gpusim import simstate
+from gpusim.workload import PAGE
 
 # PCI bus ids of the eight GPUs of an HGX H100/H200 board, as nvidia-smi prints them.
 HGX_BUS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")

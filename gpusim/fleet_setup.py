@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpubot.errors import SimError, UsageError
-from gpubot.sim.inventory import RUNTIMES
+from gpusim.inventory import RUNTIMES
 
 # The standalone modules (standard library only) that nodes run as ``gpusim.*``.
 STANDALONE = ("simstate.py", "nvidia_smi.py", "smi_faults.py", "workload.py", "sudo.py",
@@ -60,7 +60,7 @@ def write_lib(lib_dir: Path) -> None:
     pkg = lib_dir / "gpusim"
     pkg.mkdir(parents=True, exist_ok=True)
     here = Path(__file__).parent
-    (pkg / "__init__.py").write_text('"""Standalone parts of gpubot.sim."""\n')
+    (pkg / "__init__.py").write_text('"""Standalone parts of gpusim."""\n')
     for name in STANDALONE:
         shutil.copyfile(here / name, pkg / name)
     (lib_dir / "gpusim_workload.py").write_text(

@@ -37,7 +37,7 @@ State = dict[str, Any]
 def stat_fields(pid: int) -> list[bytes] | None:
     """Return the fields of ``/proc/PID/stat`` from field 3 on (field N is ``[N - 3]``), or None.
 
-    The one parser of that file in gpubot.sim: comm (field 2) may hold spaces and parentheses,
+    The one parser of that file in gpusim: comm (field 2) may hold spaces and parentheses,
     so the fields start after the last ')'.
     """
     try:

@@ -21,14 +21,14 @@ from typing import Any
 
 import gpubot
 from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
-from gpubot.sim.cgroups import KINDS
-from gpubot.sim.control import request
-from gpubot.sim.fleet import SERVERS, SimFleet
-from gpubot.sim.node import FAULTS
-from gpubot.sim.runtime_registry import RESTARTS
-from gpubot.sim.server import check_port_free
-from gpubot.sim.workload import BEHAVIOURS
+from gpusim import simstate
+from gpusim.cgroups import KINDS
+from gpusim.control import request
+from gpusim.fleet import SERVERS, SimFleet
+from gpusim.node import FAULTS
+from gpusim.runtime_registry import RESTARTS
+from gpusim.server import check_port_free
+from gpusim.workload import BEHAVIOURS
 
 PID_FILE = "sim.pid"
 LOG_FILE = "sim.log"

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
-from gpubot.sim.cgroups import Placement, Spec
-from gpubot.sim.host import NodeHost
-from gpubot.sim.node_layout import check_exe_name
-from gpubot.sim.workload import BEHAVIOURS, GPULESS
+from gpusim import simstate
+from gpusim.cgroups import Placement, Spec
+from gpusim.host import NodeHost
+from gpusim.node_layout import check_exe_name
+from gpusim.workload import BEHAVIOURS, GPULESS
 
 READY_TIMEOUT_S = 15.0
 FORGE_PAD = 4000  # bytes of padding in a forger's argv: room for the forged text
@@ -98,7 +98,7 @@ class Request:
     spec: Spec | None
 
     def argv(self, lib_dir: Path, state_dir: Path, exe: str) -> list[str]:
-        """Return the workload's command line (``gpubot.sim.workload`` reads it)."""
+        """Return the workload's command line (``gpusim.workload`` reads it)."""
         gpu = -1 if self.gpu is None else self.gpu
         argv = [self.name, "-S", str(lib_dir / "gpusim_workload.py"),
                 "--node-dir", str(state_dir), "--gpu", str(gpu), "--mib", str(self.mib),

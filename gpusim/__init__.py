@@ -1,6 +1,6 @@
 """The simulated GPU fleet: a product feature (demo, trials) and the test bed.
 
-``gpubot.sim.fleet.SimFleet`` starts N nodes, each a state directory with device files, a
+``gpusim.fleet.SimFleet`` starts N nodes, each a state directory with device files, a
 stand-in ``nvidia-smi`` and real workload processes, served over real SSH on 127.0.0.1
 (asyncssh in-process, or OpenSSH ``sshd``), and writes a ``gpubot.toml`` that the rest of
 gpubot uses unchanged. ``gpubot sim up|down|spawn|fault|state`` drives it from a shell.
@@ -8,7 +8,7 @@ gpubot uses unchanged. ``gpubot sim up|down|spawn|fault|state`` drives it from a
 The fleet side: ``fleet`` (with ``fleet_setup``, ``inventory``, ``placements``, ``driver``,
 ``control``, ``server*``) builds ``node.SimNode``s, which lay out their files (``node_layout``),
 start workloads (``spawning``, ``cgroups``) and ask the fleet for the rest through
-``host.NodeHost``. Nothing outside gpubot.sim but ``gpubot.cli.demo`` imports it.
+``host.NodeHost``. Nothing outside gpusim but ``gpubot.cli.demo`` imports it.
 
 The node side (``fleet_setup.STANDALONE``: ``simstate``, ``nvidia_smi``, ``smi_faults``,
 ``workload``, ``sudo``, ``runtimes``, ``runtime_registry``, ``containers``, ``jobs``) is

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from gpubot.errors import UsageError
-from gpubot.sim import simstate
+from gpusim import simstate
 
 BEHAVIOUR = "adopted"  # the allocation's behaviour: nobody in the fleet drives this process
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import asyncssh
 
-from gpubot.sim.node import SimNode
+from gpusim.node import SimNode
 
 RUNTIMES = ("docker", "podman", "slurm", "crictl")  # what the inventory lists (gpubot.config)
 
@@ -46,7 +46,7 @@ def config_text(
     q = toml_str
     out = [
         f"# {title}",
-        "# Written by gpubot.sim; load it with gpubot --config (or $GPUBOT_CONFIG).",
+        "# Written by gpusim; load it with gpubot --config (or $GPUBOT_CONFIG).",
         "",
         "[database]",
         f"url = {q(database_url)}",

@@ -28,15 +28,15 @@ from typing import Any
 
 from gpubot.core.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import UsageError
-from gpubot.sim import fleet_setup, inventory, simstate
-from gpubot.sim.control import ControlServer, socket_path
-from gpubot.sim.driver import Driver
-from gpubot.sim.node import SimNode, Workload
-from gpubot.sim.placements import Placements
-from gpubot.sim.server import HungListener, ServerPool, ServerSpec, check_port_free
-from gpubot.sim.server_asyncssh import AsyncsshPool
-from gpubot.sim.server_sshd import SshdPool
-from gpubot.sim.sudo import parse_sudoers
+from gpusim import fleet_setup, inventory, simstate
+from gpusim.control import ControlServer, socket_path
+from gpusim.driver import Driver
+from gpusim.node import SimNode, Workload
+from gpusim.placements import Placements
+from gpusim.server import HungListener, ServerPool, ServerSpec, check_port_free
+from gpusim.server_asyncssh import AsyncsshPool
+from gpusim.server_sshd import SshdPool
+from gpusim.sudo import parse_sudoers
 
 __all__ = ["SERVERS", "SimFleet", "SimNode", "Workload"]
 
@@ -58,12 +58,12 @@ class SimFleet:
     /proc show what such an account sees. ``hidepid``: each session's /proc is mounted
     ``hidepid=2`` (needs ``view_user``). Both only with the asyncssh server.
 
-    ``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
+    ``sudo_rule``: a sudoers block (the README's, ``gpusim.sudo.readme_sudo_rule``);
     given, every node gets the sudo stand-in first on its session PATH, allowing only that
     rule's commands with ``sudo -n``, and ``sudo = true`` in the inventory.
 
     ``runtimes``: every node gets the stand-in ``docker``, ``podman``, ``crictl``,
-    ``scontrol``, ``scancel`` and ``systemctl`` (``gpubot.sim.runtimes``) on its session PATH
+    ``scontrol``, ``scancel`` and ``systemctl`` (``gpusim.runtimes``) on its session PATH
     (after the sudo stand-in's directory, before the standard one), and the inventory lists
     ``runtimes = ["docker", "podman", "slurm", "crictl"]``. Without it a session finds this
     machine's own programs, if any (a sudo node never does: its rule points into the node).

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import asyncssh
 
 from gpubot.errors import SimError, UsageError
-from gpubot.sim.server import ServerSpec, session_env
+from gpusim.server import ServerSpec, session_env
 
 T = TypeVar("T")
 

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
-from gpubot.sim.runtime_registry import RESTARTS, kill_members, members
+from gpusim import simstate
+from gpusim.runtime_registry import RESTARTS, kill_members, members
 
 KINDS = ("docker", "podman", "kubernetes", "slurm", "service", "session")
 REGISTRY = Path(tempfile.gettempdir()) / "gpusim-cgroups.json"
