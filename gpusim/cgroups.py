@@ -44,8 +44,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpubot.errors import SimError, UsageError
 from gpusim import simstate
+from gpusim.errors import SimError, SimUsageError
 from gpusim.runtime_registry import RESTARTS, kill_members, members
 
 KINDS = ("docker", "podman", "kubernetes", "slurm", "service", "session")
@@ -379,7 +379,7 @@ def make_spec(
     job_name: str | None = None,
     job_user: str | None = None,
 ) -> Spec | None:
-    """Check what a spawn asks for; return None for no cgroup. Bad input: ``UsageError``."""
+    """Check what a spawn asks for; return None for no cgroup. Bad input: ``SimUsageError``."""
     given = {"container_name": container_name, "image": image, "labels": labels,
              "restart": restart, "pod": pod, "job_name": job_name,
              "job_user": job_user}  # fmt: skip
@@ -390,28 +390,28 @@ def make_spec(
     if kind is None:
         extra = sorted(k for k, v in given.items() if v is not None)
         if extra:
-            raise UsageError(f"{', '.join(extra)} needs a cgroup kind ({', '.join(KINDS)})")
+            raise SimUsageError(f"{', '.join(extra)} needs a cgroup kind ({', '.join(KINDS)})")
         return None
     if kind not in KINDS:
-        raise UsageError(f"unknown cgroup kind {kind!r} (one of {', '.join(KINDS)})")
+        raise SimUsageError(f"unknown cgroup kind {kind!r} (one of {', '.join(KINDS)})")
     extra = sorted(k for k, v in given.items() if v is not None and k not in fits.get(kind, ()))
     if extra:
-        raise UsageError(f"a {kind} workload takes no {', '.join(extra)}")
+        raise SimUsageError(f"a {kind} workload takes no {', '.join(extra)}")
     pairs = _check_container(container_name, image, labels)
     if restart is not None and restart not in RESTARTS:
-        raise UsageError(f"unknown restart policy {restart!r} (one of {', '.join(RESTARTS)})")
+        raise SimUsageError(f"unknown restart policy {restart!r} (one of {', '.join(RESTARTS)})")
     ns_name: tuple[str, str] | None = None
     if pod is not None:
         ns, _, name = str(pod).partition("/")
         if not (_DNS.match(ns) and _DNS.match(name)):
-            raise UsageError(f"bad pod {pod!r}: NAMESPACE/NAME, lower-case DNS labels")
+            raise SimUsageError(f"bad pod {pod!r}: NAMESPACE/NAME, lower-case DNS labels")
         ns_name = (ns, name)
     if job_name is not None and not (
         isinstance(job_name, str) and 0 < len(job_name) <= 200 and job_name.isprintable()
     ):
-        raise UsageError(f"bad Slurm job name {job_name!r}")
+        raise SimUsageError(f"bad Slurm job name {job_name!r}")
     if job_user is not None and not isinstance(job_user, str):
-        raise UsageError(f"bad Slurm job user {job_user!r}")
+        raise SimUsageError(f"bad Slurm job user {job_user!r}")
     return Spec(kind, container_name, image, tuple(sorted(pairs)), restart, ns_name,
                 job_name, job_user)  # fmt: skip
 
@@ -423,19 +423,19 @@ def _check_container(
     if container_name is not None and not (
         isinstance(container_name, str) and _NAME.match(container_name)
     ):
-        raise UsageError(
+        raise SimUsageError(
             f"bad container name {container_name!r} (docker's [a-zA-Z0-9][a-zA-Z0-9_.-]*)"
         )
     if image is not None and not (
         isinstance(image, str) and 0 < len(image) <= 255
         and all(c.isprintable() and not c.isspace() for c in image)
     ):  # fmt: skip
-        raise UsageError(f"bad image name {image!r}")
+        raise SimUsageError(f"bad image name {image!r}")
     if labels is not None and not isinstance(labels, Mapping):
-        raise UsageError(f"labels must be a mapping of text to text, not {labels!r}")
+        raise SimUsageError(f"labels must be a mapping of text to text, not {labels!r}")
     pairs: list[tuple[str, str]] = []
     for k, v in (labels or {}).items():
         if not (isinstance(k, str) and isinstance(v, str)) or not k or "=" in k or "\0" in k + v:
-            raise UsageError(f"bad label {k!r}={v!r} (a non-empty key without '=', text values)")
+            raise SimUsageError(f"bad label {k!r}={v!r} (a non-empty key without '=', text values)")
         pairs.append((k, v))
     return pairs

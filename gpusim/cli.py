@@ -1,5 +1,8 @@
 """``gpubot sim up|down|spawn|fault|state``: run and drive a simulated GPU fleet.
 
+``python -m gpusim ACTION`` (``main``) is the same command without gpubot: the fleet daemon
+runs as that.
+
 ``up`` starts the fleet in a background daemon (its pid file and control socket live in
 ``--dir``) and prints the path of the inventory it wrote; ``--foreground`` runs it in this
 process until SIGTERM or Ctrl-C. The other commands talk to the running fleet.
@@ -10,29 +13,47 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import gpubot
-from gpubot.errors import SimError, UsageError
+import gpusim
 from gpusim import simstate
 from gpusim.cgroups import KINDS
 from gpusim.control import request
+from gpusim.errors import SimError, SimUsageError
 from gpusim.fleet import SERVERS, SimFleet
 from gpusim.node import FAULTS
 from gpusim.runtime_registry import RESTARTS
 from gpusim.server import check_port_free
 from gpusim.workload import BEHAVIOURS
 
+PROG = "gpusim"
 PID_FILE = "sim.pid"
 LOG_FILE = "sim.log"
 UP_TIMEOUT_S = 120.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``python -m gpusim ACTION``; print a one-line error for bad input; return the status."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Run and drive a simulated GPU fleet.")
+    add_arguments(parser)
+    logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s")
+    try:
+        return run(parser.parse_args(argv))
+    except SimError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         params: dict[str, Any] = {}
         if args.delay_s is not None:
             if args.kind != "slow":
-                raise UsageError("--delay-s goes with the slow fault only")
+                raise SimUsageError("--delay-s goes with the slow fault only")
             params["delay_s"] = args.delay_s
         kind = None if args.kind == "none" else args.kind
         result = request(directory, {"op": "fault", "node": args.node, "kind": kind,
@@ -152,20 +173,20 @@ def run(args: argparse.Namespace) -> int:
     if action == "state":
         print(json.dumps(request(directory, {"op": "state", "node": args.node}), indent=2))
         return 0
-    raise UsageError(f"unknown sim action {action!r}")
+    raise SimUsageError(f"unknown sim action {action!r}")
 
 
 def _labels(given: list[str] | None) -> dict[str, str] | None:
-    """Parse ``--label KEY=VALUE`` (repeatable) into a mapping; bad input is a ``UsageError``."""
+    """Parse ``--label KEY=VALUE`` (repeatable) into a mapping; bad input is a ``SimUsageError``."""
     if given is None:
         return None
     out: dict[str, str] = {}
     for item in given:
         key, eq, value = item.partition("=")
         if not eq or not key:
-            raise UsageError(f"--label wants KEY=VALUE, not {item!r}")
+            raise SimUsageError(f"--label wants KEY=VALUE, not {item!r}")
         if key in out:
-            raise UsageError(f"--label {key} given twice")
+            raise SimUsageError(f"--label {key} given twice")
         out[key] = value
     return out
 
@@ -198,12 +219,12 @@ def _up(args: argparse.Namespace, directory: Path) -> int:
     _fleet(args, directory)  # validate the arguments here, with one-line errors
     running = _running(directory)
     if running:
-        raise UsageError(f"a simulated fleet already runs in {directory} (pid {running[0]})")
+        raise SimUsageError(f"a simulated fleet already runs in {directory} (pid {running[0]})")
     if args.port is not None:
         for i in range(args.nodes):
             check_port_free(args.port + i)
     directory.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "gpubot", "sim", "up", "--foreground", "--dir", str(directory),
+    argv = [sys.executable, "-m", "gpusim", "up", "--foreground", "--dir", str(directory),
             "--nodes", str(args.nodes), "--gpus", str(args.gpus), "--server", args.server,
             "--release-delay", str(args.release_delay), "--model", args.model,
             "--memory-mib", str(args.memory_mib)]  # fmt: skip
@@ -212,7 +233,7 @@ def _up(args: argparse.Namespace, directory: Path) -> int:
     if args.runtimes:
         argv.append("--runtimes")
     env = dict(os.environ)
-    here = str(Path(gpubot.__file__).resolve().parent.parent)
+    here = str(Path(gpusim.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     log_path = directory / LOG_FILE
     with open(log_path, "ab") as log:
@@ -241,13 +262,13 @@ def _up(args: argparse.Namespace, directory: Path) -> int:
     proc.wait()
     lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
     last = lines[-1] if lines else f"the fleet daemon exited with status {proc.returncode}"
-    raise SimError(last.removeprefix("gpubot: error: "))
+    raise SimError(last.removeprefix(f"{PROG}: error: "))
 
 
 def _up_foreground(args: argparse.Namespace, directory: Path) -> int:
     running = _running(directory)
     if running and running[0] != os.getpid():
-        raise UsageError(f"a simulated fleet already runs in {directory} (pid {running[0]})")
+        raise SimUsageError(f"a simulated fleet already runs in {directory} (pid {running[0]})")
     stop = threading.Event()
     fleet = _fleet(args, directory, on_stop=stop.set)
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -286,8 +307,10 @@ def _down(directory: Path) -> int:
     if running is None:
         if pid_file.exists():
             pid_file.unlink()
-            raise UsageError(f"no simulated fleet runs in {directory} (removed a stale pid file)")
-        raise UsageError(f"no simulated fleet runs in {directory}")
+            raise SimUsageError(
+                f"no simulated fleet runs in {directory} (removed a stale pid file)"
+            )
+        raise SimUsageError(f"no simulated fleet runs in {directory}")
     pid, ticks = running
     _send(pid, ticks, signal.SIGTERM)
     deadline = time.monotonic() + 30

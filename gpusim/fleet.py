@@ -26,11 +26,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gpubot.core.protect import DEFAULT_DAEMON_PATHS
-from gpubot.errors import UsageError
 from gpusim import fleet_setup, inventory, simstate
 from gpusim.control import ControlServer, socket_path
 from gpusim.driver import Driver
+from gpusim.errors import SimUsageError
 from gpusim.node import SimNode, Workload
 from gpusim.placements import Placements
 from gpusim.server import HungListener, ServerPool, ServerSpec, check_port_free
@@ -52,7 +51,8 @@ class SimFleet:
 
     ``persistenced``: every node runs a persistence daemon (root, from the node's
     ``sbin/nvidia-persistenced``) holding every GPU's device file, and the inventory lists
-    that executable as protected, as an admin would.
+    that executable as protected, as an admin would, after ``protected`` (a listed ``[reset]
+    protected`` replaces gpubot's defaults: pass those to keep them).
 
     ``view_user``: SSH sessions log in and run as this Linux user (not root): fuser and
     /proc show what such an account sees. ``hidepid``: each session's /proc is mounted
@@ -94,18 +94,22 @@ class SimFleet:
         hidepid: bool = False,
         runtimes: bool | Sequence[str] = False,
         session_path: Sequence[str] = (),
+        protected: Sequence[str] = (),
     ) -> None:
-        """Check the options (``UsageError``) and start nothing: ``start`` (or ``with``) does."""
+        """Check the options (``SimUsageError``) and start nothing: ``start`` (or ``with``) does."""
         _check_options(nodes=nodes, gpus=gpus, server=server, release_delay_s=release_delay_s,
                        model=model, memory_mib=memory_mib, base_port=base_port, minors=minors,
                        view_user=view_user, hidepid=hidepid)  # fmt: skip
         self._listed, self._path_dirs = fleet_setup.runtime_options(runtimes, session_path)
         self._minors = list(minors) if minors is not None else list(range(gpus))
         self._persistenced = persistenced
+        if isinstance(protected, str):
+            raise SimUsageError(f"protected must be a list of paths, not {protected!r}")
+        self._protected = tuple(protected)
         try:
             self._sudo_rule = None if sudo_rule is None else parse_sudoers(sudo_rule)
         except ValueError as exc:
-            raise UsageError(f"sudo rule: {exc}") from None
+            raise SimUsageError(f"sudo rule: {exc}") from None
         self.directory = Path(directory).absolute()
         self.size = nodes
         self.gpus = gpus
@@ -125,6 +129,10 @@ class SimFleet:
         self._home, self._shell = fleet_setup.home_and_shell(pw)
         self.python = fleet_setup.node_python()
         self.python_real = os.path.realpath(self.python)
+        self._init_running()
+
+    def _init_running(self) -> None:
+        """Set up what a running fleet holds: nothing yet, until ``start``."""
         self._own_root = False
         self._started = False
         self._stopped = False
@@ -140,7 +148,7 @@ class SimFleet:
     def login_as(self, user: str) -> None:
         """Make a fleet not started yet log in as ``user`` (home ``/``, that user's shell)."""
         if self._started:
-            raise UsageError("login_as: the fleet is started already")
+            raise SimUsageError("login_as: the fleet is started already")
         pw = pwd.getpwnam(user)
         self.user = pw.pw_name
         self._home = "/"
@@ -174,12 +182,12 @@ class SimFleet:
         return socket_path(self.directory)
 
     def node(self, name: str) -> SimNode:
-        """Return the node called ``name``; raise ``UsageError`` for an unknown one."""
+        """Return the node called ``name``; raise ``SimUsageError`` for an unknown one."""
         for n in self.nodes:
             if n.name == name:
                 return n
         names = ", ".join(n.name for n in self.nodes) or "none (the fleet is not started)"
-        raise UsageError(f"unknown node {name!r} (nodes: {names})")
+        raise SimUsageError(f"unknown node {name!r} (nodes: {names})")
 
     # ---- life -----------------------------------------------------------------------------
 
@@ -378,7 +386,7 @@ class SimFleet:
 
     def _servers_for(self, node: str) -> ServerPool:
         if self._pool is None:
-            raise UsageError("the fleet is not started")
+            raise SimUsageError("the fleet is not started")
         hung = self._hung.pop(node, None)
         if hung is not None:
             hung.close()
@@ -395,7 +403,7 @@ class SimFleet:
         protected = None
         if self._persistenced:  # the daemon's executable, where this fleet put it
             protected = [
-                *DEFAULT_DAEMON_PATHS,
+                *self._protected,
                 *(n.daemon_exe("nvidia-persistenced") for n in self.nodes),
             ]
         text = inventory.config_text(
@@ -415,28 +423,28 @@ def _check_options(
     *, nodes: Any, gpus: Any, server: str, release_delay_s: Any, model: str, memory_mib: Any,
     base_port: int | None, minors: Sequence[int] | None, view_user: str | None, hidepid: bool,
 ) -> None:  # fmt: skip
-    """Raise ``UsageError`` for options that make no fleet."""
+    """Raise ``SimUsageError`` for options that make no fleet."""
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
-        raise UsageError(f"nodes must be 1-64, not {nodes!r}")
+        raise SimUsageError(f"nodes must be 1-64, not {nodes!r}")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
-        raise UsageError(f"gpus must be 1-64, not {gpus!r}")
+        raise SimUsageError(f"gpus must be 1-64, not {gpus!r}")
     if minors is not None and sorted(minors) != list(range(gpus)):
-        raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
+        raise SimUsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
     if server not in SERVERS:
-        raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
+        raise SimUsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
     if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
-        raise UsageError(f"release delay must be a number, not {release_delay_s!r}")
+        raise SimUsageError(f"release delay must be a number, not {release_delay_s!r}")
     if release_delay_s < 0:
-        raise UsageError(f"release delay must be >= 0 s, not {release_delay_s}")
+        raise SimUsageError(f"release delay must be >= 0 s, not {release_delay_s}")
     if not model or "," in model or "\n" in model:
-        raise UsageError(f"bad GPU model name {model!r}")
+        raise SimUsageError(f"bad GPU model name {model!r}")
     if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
-        raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
+        raise SimUsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
     if base_port is not None and not 1 <= base_port <= 65536 - nodes:
-        raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
+        raise SimUsageError(f"base port {base_port} leaves no room for {nodes} nodes")
     if (view_user or hidepid) and server != "asyncssh":
-        raise UsageError("view_user and hidepid need the asyncssh server")
+        raise SimUsageError("view_user and hidepid need the asyncssh server")
     if hidepid and not view_user:
-        raise UsageError("hidepid needs view_user: root sees every process anyway")
+        raise SimUsageError("hidepid needs view_user: root sees every process anyway")
     if view_user is not None and os.geteuid() != 0:
-        raise UsageError("view_user needs root (to start sessions as another user)")
+        raise SimUsageError("view_user needs root (to start sessions as another user)")

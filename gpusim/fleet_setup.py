@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpubot.errors import SimError, UsageError
+from gpusim.errors import SimError, SimUsageError
 from gpusim.inventory import RUNTIMES
 
 # The standalone modules (standard library only) that nodes run as ``gpusim.*``.
@@ -97,7 +97,7 @@ def account(view_user: str | None) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
     except KeyError:
-        raise UsageError(f"no such user {view_user!r}") from None
+        raise SimUsageError(f"no such user {view_user!r}") from None
 
 
 def home_and_shell(pw: pwd.struct_passwd) -> tuple[str, str]:
@@ -112,26 +112,28 @@ def runtime_options(
     runtimes: bool | Sequence[str], session_path: Sequence[str]
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Check ``SimFleet``'s ``runtimes`` and ``session_path``; return what the inventory lists
-    and the directories put first on a session's PATH (``UsageError`` for a bad value)."""
+    and the directories put first on a session's PATH (``SimUsageError`` for a bad value)."""
     return runtime_names(runtimes, RUNTIMES), path_dirs(session_path)
 
 
 def runtime_names(runtimes: bool | Sequence[str], known: Sequence[str]) -> tuple[str, ...]:
     """Return the runtimes the inventory lists: all ``known`` for True, none for False, else
-    the names given (each one of ``known``); ``UsageError`` for anything else."""
+    the names given (each one of ``known``); ``SimUsageError`` for anything else."""
     if isinstance(runtimes, bool):
         return tuple(known) if runtimes else ()
     if isinstance(runtimes, str) or not all(r in known for r in runtimes) or not runtimes:
-        raise UsageError(f"runtimes must be True, False or names from {list(known)}: {runtimes!r}")
+        raise SimUsageError(
+            f"runtimes must be True, False or names from {list(known)}: {runtimes!r}"
+        )
     return tuple(dict.fromkeys(runtimes))
 
 
 def path_dirs(dirs: Sequence[str]) -> tuple[str, ...]:
-    """Return ``dirs`` (for a session's PATH) as absolute paths; ``UsageError`` for a bad one."""
+    """Return ``dirs`` (for a session's PATH) as absolute paths; ``SimUsageError`` for a bad one."""
     if isinstance(dirs, str):
-        raise UsageError(f"session_path must be a list of directories, not {dirs!r}")
+        raise SimUsageError(f"session_path must be a list of directories, not {dirs!r}")
     out = tuple(str(d) for d in dirs)
     for d in out:
         if not os.path.isabs(d) or ":" in d or not os.path.isdir(d):
-            raise UsageError(f"session_path: not an absolute directory for PATH: {d!r}")
+            raise SimUsageError(f"session_path: not an absolute directory for PATH: {d!r}")
     return out

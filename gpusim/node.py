@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpubot.errors import UsageError
 from gpusim import adopt, node_layout, runtime_registry, runtimes, simstate, smi_faults
 from gpusim.cgroups import make_spec
+from gpusim.errors import SimUsageError
 from gpusim.host import NodeHost
 from gpusim.node_layout import bus_id, gpu_uuid
 from gpusim.nvidia_smi import APP_ALIASES, APP_FIELDS, GPU_ALIASES, GPU_FIELDS
@@ -124,7 +124,7 @@ class SimNode:
     def set_runtime_delay(self, seconds: float) -> None:
         """Make every runtime stand-in of this node sleep ``seconds`` before it answers."""
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-            raise UsageError(f"runtime delay must be a number of seconds >= 0, not {seconds!r}")
+            raise SimUsageError(f"runtime delay must be a number of seconds >= 0, not {seconds!r}")
         runtime_registry.set_delay(str(self.state_dir), float(seconds))
 
     def registry(self) -> list[dict[str, Any]]:
@@ -200,7 +200,9 @@ class SimNode:
         if spec is not None and spec.kind in ("docker", "podman") and spec.name is not None:
             taken = {e["name"] for e in self.registry() if e["kind"] == spec.kind}
             if spec.name in taken:  # as the daemon's "Conflict. The container name ... is in use"
-                raise UsageError(f'{self.name}: the container name "{spec.name}" is already in use')
+                raise SimUsageError(
+                    f'{self.name}: the container name "{spec.name}" is already in use'
+                )
         return self._launch(req, exe_path)
 
     def _launch(self, req: Request, exe_path: str | None) -> Workload:
@@ -244,14 +246,14 @@ class SimNode:
         spawned workload; the fleet never signals it (see ``gpusim.adopt``).
         """
         if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < self.gpus:
-            raise UsageError(f"{self.name}: no GPU {gpu!r}")
+            raise SimUsageError(f"{self.name}: no GPU {gpu!r}")
         if isinstance(mib, int) and mib > self.memory_mib:
-            raise UsageError(f"{self.name}: {mib} MiB is more than a GPU holds")
+            raise SimUsageError(f"{self.name}: {mib} MiB is more than a GPU holds")
         rec = adopt.record(self.name, pid, gpu, mib, util_pct, self.device(gpu))
         ticks, user, name = rec["start_ticks"], rec["user"], rec["name"]
         with simstate.transaction(str(self.state_dir)) as state:
             if any((a["pid"], a["start_ticks"]) == (pid, ticks) for a in state["allocs"]):
-                raise UsageError(f"{self.name}: pid {pid} holds a GPU of this node already")
+                raise SimUsageError(f"{self.name}: pid {pid} holds a GPU of this node already")
             state["allocs"].append(rec)
         self.fleet.watch(str(self.state_dir), pid, ticks)
         return Workload(self.name, pid, ticks, gpu, mib, adopt.BEHAVIOUR, user, name, _node=self)
@@ -283,7 +285,7 @@ class SimNode:
         try:
             fault = smi_faults.fault_record(kind, params, self.gpus)
         except ValueError as exc:
-            raise UsageError(str(exc)) from None
+            raise SimUsageError(str(exc)) from None
         if kind is None:
             self.unstick()
         smi = Path(self.nvidia_smi)
@@ -298,7 +300,7 @@ class SimNode:
     def set_mig(self, gpu: int, enabled: bool) -> None:
         """Put GPU ``gpu`` in MIG mode (``mig.mode.current`` says Enabled) or take it out."""
         if not 0 <= gpu < self.gpus:
-            raise UsageError(f"{self.name}: no GPU {gpu}")
+            raise SimUsageError(f"{self.name}: no GPU {gpu}")
         with simstate.transaction(str(self.state_dir)) as state:
             state["gpus"][gpu]["mig"] = "Enabled" if enabled else "Disabled"
 
@@ -311,17 +313,17 @@ class SimNode:
         if query == "gpu":
             canon = GPU_ALIASES.get(fld, fld)
             if canon not in GPU_FIELDS:
-                raise UsageError(f"unknown --query-gpu field {fld!r}")
+                raise SimUsageError(f"unknown --query-gpu field {fld!r}")
             if gpu is not None and not 0 <= gpu < self.gpus:
-                raise UsageError(f"{self.name}: no GPU {gpu}")
+                raise SimUsageError(f"{self.name}: no GPU {gpu}")
             slot = "*" if gpu is None else str(gpu)
         elif query == "apps":
             canon = APP_ALIASES.get(fld, fld)
             if canon not in APP_FIELDS:
-                raise UsageError(f"unknown --query-compute-apps field {fld!r}")
+                raise SimUsageError(f"unknown --query-compute-apps field {fld!r}")
             slot = ""
         else:
-            raise UsageError(f"query must be 'gpu' or 'apps', not {query!r}")
+            raise SimUsageError(f"query must be 'gpu' or 'apps', not {query!r}")
         with simstate.transaction(str(self.state_dir)) as state:
             table = state["overrides"][query]
             target = table.setdefault(slot, {}) if query == "gpu" else table
@@ -341,7 +343,7 @@ class SimNode:
     @release_delay_s.setter
     def release_delay_s(self, value: float) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise UsageError(f"release delay must be a number of seconds >= 0, not {value!r}")
+            raise SimUsageError(f"release delay must be a number of seconds >= 0, not {value!r}")
         with simstate.transaction(str(self.state_dir)) as state:
             state["release_delay_s"] = float(value)
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpubot.errors import SimError, UsageError
 from gpusim import simstate
+from gpusim.errors import SimError, SimUsageError
 from gpusim.workload import PAGE
 
 # PCI bus ids of the eight GPUs of an HGX H100/H200 board, as nvidia-smi prints them.
@@ -109,9 +109,9 @@ def write_launcher(
 
 
 def check_exe_name(name: str, what: str) -> None:
-    """Raise ``UsageError`` unless ``name`` can be one file name (``what``: for the message)."""
+    """Raise ``SimUsageError`` unless ``name`` can be one file name (``what``: for the message)."""
     if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 100:
-        raise UsageError(f"bad {what} name {name!r}")
+        raise SimUsageError(f"bad {what} name {name!r}")
 
 
 def exe_link(node_dir: Path, name: str, python_real: str) -> str:
@@ -127,9 +127,9 @@ def interpreter_copy(node: str, node_dir: Path, python_real: str, path: str) -> 
     """Make ``path`` (inside ``node_dir``) a copy of the interpreter; return it."""
     target = Path(os.path.realpath(os.path.abspath(path)))
     if not target.is_relative_to(os.path.realpath(node_dir)):
-        raise UsageError(f"{node}: {path!r} is outside the node's directory {node_dir}")
+        raise SimUsageError(f"{node}: {path!r} is outside the node's directory {node_dir}")
     if target.is_symlink() or (target.exists() and not target.is_file()):
-        raise UsageError(f"{node}: {path!r} is not a regular file")
+        raise SimUsageError(f"{node}: {path!r} is not a regular file")
     if not target.exists():
         # A link of a finished copy: a racing spawn never execs a half-written file, and
         # a running daemon's file is never replaced (its /proc/PID/exe would say deleted).

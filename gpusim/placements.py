@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from gpubot.errors import SimError
 from gpusim import cgroups
 from gpusim.cgroups import CgroupSet, Placement
+from gpusim.errors import SimError
 
 
 class Placements:

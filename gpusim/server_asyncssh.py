@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import asyncssh
 
-from gpubot.errors import SimError, UsageError
+from gpusim.errors import SimError, SimUsageError
 from gpusim.server import ServerSpec, session_env
 
 T = TypeVar("T")
@@ -102,7 +102,7 @@ class AsyncsshPool:
             )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise UsageError(f"port {port} on 127.0.0.1 is in use") from None
+                raise SimUsageError(f"port {port} on 127.0.0.1 is in use") from None
             raise SimError(f"{spec.name}: cannot listen on 127.0.0.1:{port}: {exc}") from None
         self._listeners[spec.name] = lst
         return int(lst.acceptor.get_port())

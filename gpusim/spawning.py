@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from gpubot.errors import SimError, UsageError
 from gpusim import simstate
 from gpusim.cgroups import Placement, Spec
+from gpusim.errors import SimError, SimUsageError
 from gpusim.host import NodeHost
 from gpusim.node_layout import check_exe_name
 from gpusim.workload import BEHAVIOURS, GPULESS
@@ -117,47 +117,49 @@ def check_request(
     user: str | None, name: str, util_pct: int, slow_exit_s: float, forge: str | None,
     spec: Spec | None,
 ) -> Request:  # fmt: skip
-    """Check a spawn on ``node`` (``gpus`` GPUs of ``memory_mib``); ``UsageError`` if bad."""
+    """Check a spawn on ``node`` (``gpus`` GPUs of ``memory_mib``); ``SimUsageError`` if bad."""
     if spec is not None and spec.restarts:
         if behaviour not in ("normal", "respawn"):
-            raise UsageError(f"restart={spec.restart} restarts a normal process, not {behaviour}")
+            raise SimUsageError(
+                f"restart={spec.restart} restarts a normal process, not {behaviour}"
+            )
         behaviour = "respawn"
     if spec is not None and spec.job_user is not None:
         if user is not None and user != spec.job_user:
-            raise UsageError(f"a Slurm job runs as its user ({spec.job_user}), not {user}")
+            raise SimUsageError(f"a Slurm job runs as its user ({spec.job_user}), not {user}")
         user = spec.job_user
     if behaviour not in BEHAVIOURS:
-        raise UsageError(f"unknown behaviour {behaviour!r} (one of {', '.join(BEHAVIOURS)})")
+        raise SimUsageError(f"unknown behaviour {behaviour!r} (one of {', '.join(BEHAVIOURS)})")
     if behaviour in GPULESS:
         gpu = None
     elif gpu is None or not 0 <= gpu < gpus:
-        raise UsageError(
+        raise SimUsageError(
             f"{node}: no GPU {gpu} (this node has GPUs 0-{gpus - 1})"
             if gpu is not None
             else f"{node}: a {behaviour} workload needs a GPU index"
         )
     if not 0 <= mib <= memory_mib:
-        raise UsageError(f"{node}: {mib} MiB does not fit a {memory_mib} MiB GPU")
+        raise SimUsageError(f"{node}: {mib} MiB does not fit a {memory_mib} MiB GPU")
     if not 0 <= util_pct <= 100:
-        raise UsageError(f"utilisation must be 0-100 %, not {util_pct}")
+        raise SimUsageError(f"utilisation must be 0-100 %, not {util_pct}")
     if slow_exit_s < 0:
-        raise UsageError(f"slow_exit_s must not be negative, not {slow_exit_s}")
+        raise SimUsageError(f"slow_exit_s must not be negative, not {slow_exit_s}")
     check_exe_name(name, "process")
     if forge is not None and (not isinstance(forge, str) or len(forge.encode()) > FORGE_MAX):
-        raise UsageError(f"forge text must be a str of at most {FORGE_MAX} bytes")
+        raise SimUsageError(f"forge text must be a str of at most {FORGE_MAX} bytes")
     return Request(gpu, mib, behaviour, login(user), name, util_pct, slow_exit_s, forge, spec)
 
 
 def login(user: str | None) -> pwd.struct_passwd:
-    """Return the account a workload runs as (ours for None); ``UsageError`` if we may not."""
+    """Return the account a workload runs as (ours for None); ``SimUsageError`` if we may not."""
     if user is None:
         return pwd.getpwuid(os.geteuid())
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
-        raise UsageError(f"no such user {user!r}") from None
+        raise SimUsageError(f"no such user {user!r}") from None
     if pw.pw_uid != os.geteuid() and os.geteuid() != 0:
-        raise UsageError(f"cannot run a workload as {user!r}: that needs root")
+        raise SimUsageError(f"cannot run a workload as {user!r}: that needs root")
     return pw
 
 

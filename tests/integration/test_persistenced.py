@@ -22,6 +22,7 @@ from gpubot.config import Settings
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
+from gpubot.core.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import ResetRefused
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
@@ -48,6 +49,7 @@ def fleet(
         gpus=4,
         release_delay_s=0.3,
         persistenced=True,
+        protected=DEFAULT_DAEMON_PATHS,
         sudo_rule=rule,
         minors=[2, 3, 0, 1],
     ) as f:

@@ -149,6 +149,16 @@ def test_only_the_demo_imports_the_simulator() -> None:
     assert bad == []
 
 
+def test_the_simulator_imports_nothing_of_gpubot() -> None:
+    bad = [
+        (p.relative_to(SIM).as_posix(), m)
+        for p in sorted(SIM.rglob("*.py"))
+        for m in _imports(p)
+        if _is(m, "gpubot")
+    ]
+    assert bad == []
+
+
 def test_benchmarks_do_not_import_tests() -> None:
     bench = PKG.parent / "benchmarks"
     bad = [(p.name, m) for p in sorted(bench.rglob("*.py")) for m in _imports(p) if _is(m, "tests")]
