@@ -12,11 +12,12 @@ Its own package beside gpubot: it imports nothing of gpubot (its errors are
 
 The fleet side: ``fleet`` (with ``fleet_setup``, ``inventory``, ``placements``, ``driver``,
 ``control``, ``server*``) builds ``node.SimNode``s, which lay out their files (``node_layout``),
-start workloads (``spawning``, ``cgroups``) and ask the fleet for the rest through
+start workloads (``spawning``, ``spec``, ``cgroups``) and ask the fleet for the rest through
 ``host.NodeHost``.
 
 The node side (``fleet_setup.STANDALONE``: ``simstate``, ``nvidia_smi``, ``smi_faults``,
-``workload``, ``sudo``, ``runtimes``, ``runtime_registry``, ``containers``, ``jobs``) is
-standalone: standard library only, importing one another relatively; the fleet copies those
-modules next to the nodes (``gpusim``) so that they run with the system Python as any user.
+``workload``, ``sudo``, ``sudoers``, ``runtimes``, ``runtime_registry``, ``containers``,
+``jobs``) is standalone: standard library only, importing one another relatively; the fleet
+copies those modules next to the nodes (``gpusim``) so that they run with the system Python as
+any user.
 """

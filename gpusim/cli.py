@@ -79,17 +79,33 @@ def _add_up(up: argparse.ArgumentParser) -> None:
     _dir(up)
     up.add_argument("--nodes", type=int, default=4, help="number of nodes (default 4)")
     up.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
-    up.add_argument("--server", choices=SERVERS, default="asyncssh",
-                    help="SSH server: asyncssh in-process (default) or OpenSSH sshd")  # fmt: skip
-    up.add_argument("--release-delay", type=float, default=1.5, metavar="S",
-                    help="seconds from a process's death to the release of its memory")  # fmt: skip
+    up.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="asyncssh",
+        help="SSH server: asyncssh in-process (default) or OpenSSH sshd",
+    )
+    up.add_argument(
+        "--release-delay",
+        type=float,
+        default=1.5,
+        metavar="S",
+        help="seconds from a process's death to the release of its memory",
+    )
     up.add_argument("--model", default="NVIDIA H200", help="GPU model name")
     up.add_argument("--memory-mib", type=int, default=143771, help="memory of each GPU")
-    up.add_argument("--port", type=int, default=None, metavar="BASE",
-                    help="serve node i on port BASE+i-1 (default: free ports)")  # fmt: skip
-    up.add_argument("--runtimes", action="store_true",
-                    help="give every node stand-in docker, podman, crictl, scontrol, scancel "
-                    "and systemctl")  # fmt: skip
+    up.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        metavar="BASE",
+        help="serve node i on port BASE+i-1 (default: free ports)",
+    )
+    up.add_argument(
+        "--runtimes",
+        action="store_true",
+        help="give every node stand-in docker, podman, crictl, scontrol, scancel and systemctl",
+    )
     up.add_argument("--foreground", action="store_true", help="run in this process")
 
 
@@ -134,8 +150,12 @@ def _add_spawn(spawn: argparse.ArgumentParser) -> None:
         "--pod", metavar="NAMESPACE/NAME", default=None, help="kubernetes: the container's pod"
     )
     spawn.add_argument("--job-name", default=None, help="slurm: the job's name")
-    spawn.add_argument("--job-user", metavar="USER", default=None,
-                       help="slurm: the job's user (it runs as that user)")  # fmt: skip
+    spawn.add_argument(
+        "--job-user",
+        metavar="USER",
+        default=None,
+        help="slurm: the job's user (it runs as that user)",
+    )
 
 
 def _dir(p: argparse.ArgumentParser) -> None:
@@ -151,12 +171,25 @@ def run(args: argparse.Namespace) -> int:
     if action == "down":
         return _down(directory)
     if action == "spawn":
-        req = {"op": "spawn", "node": args.node, "gpu": args.gpu, "mib": args.mib,
-               "behaviour": args.behaviour, "user": args.user, "name": args.name,
-               "util_pct": args.util, "slow_exit_s": args.slow_exit_s,
-               "cgroup": args.cgroup, "container_name": args.container_name,
-               "image": args.image, "labels": _labels(args.label), "restart": args.restart,
-               "pod": args.pod, "job_name": args.job_name, "job_user": args.job_user}  # fmt: skip
+        req = {
+            "op": "spawn",
+            "node": args.node,
+            "gpu": args.gpu,
+            "mib": args.mib,
+            "behaviour": args.behaviour,
+            "user": args.user,
+            "name": args.name,
+            "util_pct": args.util,
+            "slow_exit_s": args.slow_exit_s,
+            "cgroup": args.cgroup,
+            "container_name": args.container_name,
+            "image": args.image,
+            "labels": _labels(args.label),
+            "restart": args.restart,
+            "pod": args.pod,
+            "job_name": args.job_name,
+            "job_user": args.job_user,
+        }
         print(json.dumps(request(directory, req)))
         return 0
     if action == "fault":
@@ -166,8 +199,9 @@ def run(args: argparse.Namespace) -> int:
                 raise SimUsageError("--delay-s goes with the slow fault only")
             params["delay_s"] = args.delay_s
         kind = None if args.kind == "none" else args.kind
-        result = request(directory, {"op": "fault", "node": args.node, "kind": kind,
-                                     "params": params})  # fmt: skip
+        result = request(
+            directory, {"op": "fault", "node": args.node, "kind": kind, "params": params}
+        )
         print(json.dumps(result))
         return 0
     if action == "state":
@@ -224,14 +258,7 @@ def _up(args: argparse.Namespace, directory: Path) -> int:
         for i in range(args.nodes):
             check_port_free(args.port + i)
     directory.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "gpusim", "up", "--foreground", "--dir", str(directory),
-            "--nodes", str(args.nodes), "--gpus", str(args.gpus), "--server", args.server,
-            "--release-delay", str(args.release_delay), "--model", args.model,
-            "--memory-mib", str(args.memory_mib)]  # fmt: skip
-    if args.port is not None:
-        argv += ["--port", str(args.port)]
-    if args.runtimes:
-        argv.append("--runtimes")
+    argv = _daemon_argv(args, directory)
     env = dict(os.environ)
     here = str(Path(gpusim.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
@@ -263,6 +290,25 @@ def _up(args: argparse.Namespace, directory: Path) -> int:
     lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
     last = lines[-1] if lines else f"the fleet daemon exited with status {proc.returncode}"
     raise SimError(last.removeprefix(f"{PROG}: error: "))
+
+
+def _daemon_argv(args: argparse.Namespace, directory: Path) -> list[str]:
+    """Return the fleet daemon's command line: ``python -m gpusim up --foreground`` with the
+    options of this ``up``."""
+    argv = [sys.executable, "-m", "gpusim", "up", "--foreground", "--dir", str(directory)]
+    options = {
+        "--nodes": args.nodes,
+        "--gpus": args.gpus,
+        "--server": args.server,
+        "--release-delay": args.release_delay,
+        "--model": args.model,
+        "--memory-mib": args.memory_mib,
+        "--port": args.port,
+    }
+    for opt, value in options.items():
+        if value is not None:
+            argv += [opt, str(value)]
+    return argv + (["--runtimes"] if args.runtimes else [])
 
 
 def _up_foreground(args: argparse.Namespace, directory: Path) -> int:

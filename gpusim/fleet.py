@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from gpusim import fleet_setup, inventory, simstate
 from gpusim.control import ControlServer, socket_path
@@ -35,11 +34,10 @@ from gpusim.placements import Placements
 from gpusim.server import HungListener, ServerPool, ServerSpec, check_port_free
 from gpusim.server_asyncssh import AsyncsshPool
 from gpusim.server_sshd import SshdPool
-from gpusim.sudo import parse_sudoers
 
 __all__ = ["SERVERS", "SimFleet", "SimNode", "Workload"]
 
-SERVERS = ("asyncssh", "sshd")
+SERVERS = fleet_setup.SERVERS
 RUNTIMES = inventory.RUNTIMES
 
 
@@ -58,7 +56,7 @@ class SimFleet:
     /proc show what such an account sees. ``hidepid``: each session's /proc is mounted
     ``hidepid=2`` (needs ``view_user``). Both only with the asyncssh server.
 
-    ``sudo_rule``: a sudoers block (the README's, ``gpusim.sudo.readme_sudo_rule``);
+    ``sudo_rule``: a sudoers block (the README's, ``gpusim.sudoers.readme_sudo_rule``);
     given, every node gets the sudo stand-in first on its session PATH, allowing only that
     rule's commands with ``sudo -n``, and ``sudo = true`` in the inventory.
 
@@ -97,19 +95,23 @@ class SimFleet:
         protected: Sequence[str] = (),
     ) -> None:
         """Check the options (``SimUsageError``) and start nothing: ``start`` (or ``with``) does."""
-        _check_options(nodes=nodes, gpus=gpus, server=server, release_delay_s=release_delay_s,
-                       model=model, memory_mib=memory_mib, base_port=base_port, minors=minors,
-                       view_user=view_user, hidepid=hidepid)  # fmt: skip
+        fleet_setup.check_options(
+            nodes=nodes,
+            gpus=gpus,
+            server=server,
+            release_delay_s=release_delay_s,
+            model=model,
+            memory_mib=memory_mib,
+            base_port=base_port,
+            minors=minors,
+            view_user=view_user,
+            hidepid=hidepid,
+        )
         self._listed, self._path_dirs = fleet_setup.runtime_options(runtimes, session_path)
         self._minors = list(minors) if minors is not None else list(range(gpus))
         self._persistenced = persistenced
-        if isinstance(protected, str):
-            raise SimUsageError(f"protected must be a list of paths, not {protected!r}")
-        self._protected = tuple(protected)
-        try:
-            self._sudo_rule = None if sudo_rule is None else parse_sudoers(sudo_rule)
-        except ValueError as exc:
-            raise SimUsageError(f"sudo rule: {exc}") from None
+        self._protected = fleet_setup.paths("protected", protected)
+        self._sudo_rule = fleet_setup.sudo_rule(sudo_rule)
         self.directory = Path(directory).absolute()
         self.size = nodes
         self.gpus = gpus
@@ -228,8 +230,17 @@ class SimFleet:
         fleet_setup.write_lib(self.lib_dir)
         inventory.write_keys(self.root, self.client_key, self.size)
         for i in range(self.size):
-            node = SimNode(self, f"node{i + 1}", i, self.root, self.gpus, self.model,
-                           self.memory_mib, self._release_delay_s, self._minors)  # fmt: skip
+            node = SimNode(
+                self,
+                f"node{i + 1}",
+                i,
+                self.root,
+                self.gpus,
+                self.model,
+                self.memory_mib,
+                self._release_delay_s,
+                self._minors,
+            )
             node.create(self.lib_dir, self.python)
             if self._sudo_rule is not None:
                 node.create_sudo(self.lib_dir, self.python, self._sudo_rule)
@@ -248,8 +259,9 @@ class SimFleet:
         inventory.write_known_hosts(self.known_hosts, self.nodes)
         if self._persistenced:
             for node in self.nodes:
-                node.spawn(None, behaviour="persistenced",
-                           exe_path=node.daemon_exe("nvidia-persistenced"))  # fmt: skip
+                node.spawn(
+                    None, behaviour="persistenced", exe_path=node.daemon_exe("nvidia-persistenced")
+                )
         self._write_config()
         self._control = ControlServer(self.control_path, self, self._on_stop)
 
@@ -417,34 +429,3 @@ class SimFleet:
             protected=protected,
         )
         self.config_path.write_text(text, encoding="utf-8")
-
-
-def _check_options(
-    *, nodes: Any, gpus: Any, server: str, release_delay_s: Any, model: str, memory_mib: Any,
-    base_port: int | None, minors: Sequence[int] | None, view_user: str | None, hidepid: bool,
-) -> None:  # fmt: skip
-    """Raise ``SimUsageError`` for options that make no fleet."""
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
-        raise SimUsageError(f"nodes must be 1-64, not {nodes!r}")
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
-        raise SimUsageError(f"gpus must be 1-64, not {gpus!r}")
-    if minors is not None and sorted(minors) != list(range(gpus)):
-        raise SimUsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
-    if server not in SERVERS:
-        raise SimUsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
-    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
-        raise SimUsageError(f"release delay must be a number, not {release_delay_s!r}")
-    if release_delay_s < 0:
-        raise SimUsageError(f"release delay must be >= 0 s, not {release_delay_s}")
-    if not model or "," in model or "\n" in model:
-        raise SimUsageError(f"bad GPU model name {model!r}")
-    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
-        raise SimUsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
-    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
-        raise SimUsageError(f"base port {base_port} leaves no room for {nodes} nodes")
-    if (view_user or hidepid) and server != "asyncssh":
-        raise SimUsageError("view_user and hidepid need the asyncssh server")
-    if hidepid and not view_user:
-        raise SimUsageError("hidepid needs view_user: root sees every process anyway")
-    if view_user is not None and os.geteuid() != 0:
-        raise SimUsageError("view_user needs root (to start sessions as another user)")

@@ -1,4 +1,4 @@
-"""The host side of a simulated fleet: where its files live, its Python, its library, reaping."""
+"""The host side of a simulated fleet: its options, its files, its Python and library, reaping."""
 
 from __future__ import annotations
 
@@ -13,14 +13,27 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gpusim.errors import SimError, SimUsageError
 from gpusim.inventory import RUNTIMES
+from gpusim.sudoers import parse_sudoers
 
 # The standalone modules (standard library only) that nodes run as ``gpusim.*``.
-STANDALONE = ("simstate.py", "nvidia_smi.py", "smi_faults.py", "workload.py", "sudo.py",
-              "runtimes.py", "runtime_registry.py", "containers.py", "jobs.py")  # fmt: skip
+STANDALONE = (
+    "simstate.py",
+    "nvidia_smi.py",
+    "smi_faults.py",
+    "workload.py",
+    "sudo.py",
+    "sudoers.py",
+    "runtimes.py",
+    "runtime_registry.py",
+    "containers.py",
+    "jobs.py",
+)
 PR_SET_CHILD_SUBREAPER = 36
+SERVERS = ("asyncssh", "sshd")
 
 
 def node_python() -> str:
@@ -128,6 +141,21 @@ def runtime_names(runtimes: bool | Sequence[str], known: Sequence[str]) -> tuple
     return tuple(dict.fromkeys(runtimes))
 
 
+def paths(what: str, given: Sequence[str]) -> tuple[str, ...]:
+    """Return ``given`` (a list of paths) as a tuple; ``SimUsageError`` for a lone string."""
+    if isinstance(given, str):
+        raise SimUsageError(f"{what} must be a list of paths, not {given!r}")
+    return tuple(given)
+
+
+def sudo_rule(text: str | None) -> dict[str, Any] | None:
+    """Return the parsed sudoers block ``text`` (None for none); ``SimUsageError`` if bad."""
+    try:
+        return None if text is None else parse_sudoers(text)
+    except ValueError as exc:
+        raise SimUsageError(f"sudo rule: {exc}") from None
+
+
 def path_dirs(dirs: Sequence[str]) -> tuple[str, ...]:
     """Return ``dirs`` (for a session's PATH) as absolute paths; ``SimUsageError`` for a bad one."""
     if isinstance(dirs, str):
@@ -137,3 +165,43 @@ def path_dirs(dirs: Sequence[str]) -> tuple[str, ...]:
         if not os.path.isabs(d) or ":" in d or not os.path.isdir(d):
             raise SimUsageError(f"session_path: not an absolute directory for PATH: {d!r}")
     return out
+
+
+def check_options(
+    *,
+    nodes: Any,
+    gpus: Any,
+    server: str,
+    release_delay_s: Any,
+    model: str,
+    memory_mib: Any,
+    base_port: int | None,
+    minors: Sequence[int] | None,
+    view_user: str | None,
+    hidepid: bool,
+) -> None:
+    """Raise ``SimUsageError`` for ``SimFleet`` options that make no fleet."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
+        raise SimUsageError(f"nodes must be 1-64, not {nodes!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+        raise SimUsageError(f"gpus must be 1-64, not {gpus!r}")
+    if minors is not None and sorted(minors) != list(range(gpus)):
+        raise SimUsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
+    if server not in SERVERS:
+        raise SimUsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
+    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
+        raise SimUsageError(f"release delay must be a number, not {release_delay_s!r}")
+    if release_delay_s < 0:
+        raise SimUsageError(f"release delay must be >= 0 s, not {release_delay_s}")
+    if not model or "," in model or "\n" in model:
+        raise SimUsageError(f"bad GPU model name {model!r}")
+    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
+        raise SimUsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
+    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
+        raise SimUsageError(f"base port {base_port} leaves no room for {nodes} nodes")
+    if (view_user or hidepid) and server != "asyncssh":
+        raise SimUsageError("view_user and hidepid need the asyncssh server")
+    if hidepid and not view_user:
+        raise SimUsageError("hidepid needs view_user: root sees every process anyway")
+    if view_user is not None and os.geteuid() != 0:
+        raise SimUsageError("view_user needs root (to start sessions as another user)")

@@ -39,9 +39,15 @@ def write_known_hosts(path: Path, nodes: Sequence[SimNode]) -> None:
 
 
 def config_text(
-    nodes: Sequence[SimNode], *, title: str, database_url: str, known_hosts: Path, user: str,
-    client_key: Path, protected: Sequence[str] | None = None,
-) -> str:  # fmt: skip
+    nodes: Sequence[SimNode],
+    *,
+    title: str,
+    database_url: str,
+    known_hosts: Path,
+    user: str,
+    client_key: Path,
+    protected: Sequence[str] | None = None,
+) -> str:
     """Return the ``gpubot.toml`` of ``nodes`` (``protected``: the ``[reset]`` list, if any)."""
     q = toml_str
     out = [

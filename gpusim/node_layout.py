@@ -2,13 +2,15 @@
 
 A node directory holds ``dev/`` (device files), ``bin/nvidia-smi`` (a launcher of the standalone
 ``gpusim.nvidia_smi``), ``driver/gpus/<bus id>/information``, ``exe/`` (links to the interpreter
-named as workloads are), ``sbin/`` (copies of it, for daemons), ``log/`` and ``state/``.
+named as workloads are), ``sbin/`` (copies of it, for daemons), ``log/`` and ``state/``; a sudo
+node also ``sbin-sudo/sudo`` (a launcher of ``gpusim.sudo``) with ``sudoers.json``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -23,8 +25,15 @@ from gpusim.workload import PAGE
 # PCI bus ids of the eight GPUs of an HGX H100/H200 board, as nvidia-smi prints them.
 HGX_BUS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 # (sub-directory, mode): workloads of other users write their records under state/.
-NODE_DIRS = (("", 0o755), ("dev", 0o755), ("bin", 0o755), ("exe", 0o755), ("log", 0o755),
-             ("state", 0o777), ("state/run", 0o777))  # fmt: skip
+NODE_DIRS = (
+    ("", 0o755),
+    ("dev", 0o755),
+    ("bin", 0o755),
+    ("exe", 0o755),
+    ("log", 0o755),
+    ("state", 0o777),
+    ("state/run", 0o777),
+)
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -106,6 +115,17 @@ def write_launcher(
         encoding="utf-8",
     )
     os.chmod(path, 0o755)
+
+
+def write_sudo_files(sudo_dir: Path, rule_path: Path, log_path: Path, rule: dict[str, Any]) -> None:
+    """Write the sudo stand-in's rule file (``sudoers.node_rule``) and an empty log, and make
+    the directory of its launcher; all readable by every user."""
+    rule_path.write_text(json.dumps(rule, indent=2) + "\n", encoding="utf-8")
+    os.chmod(rule_path, 0o644)
+    log_path.write_bytes(b"")
+    os.chmod(log_path, 0o644)
+    sudo_dir.mkdir(exist_ok=True)
+    os.chmod(sudo_dir, 0o755)
 
 
 def check_exe_name(name: str, what: str) -> None:

@@ -66,6 +66,32 @@ def check_port_free(port: int) -> None:
             raise SimUsageError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
 
 
+def client_argv(key: Path, known_hosts: Path, user: str, port: int, command: str) -> list[str]:
+    """Return an OpenSSH client command line that runs ``command`` as ``user`` on 127.0.0.1's
+    ``port``, with ``key`` only, trusting only the host keys in ``known_hosts``."""
+    return [
+        "ssh",
+        "-i",
+        str(key),
+        "-p",
+        str(port),
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-F",
+        "/dev/null",
+        f"{user}@127.0.0.1",
+        command,
+    ]
+
+
 def free_port() -> int:
     """Return a port of 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

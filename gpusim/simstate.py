@@ -174,6 +174,30 @@ def refresh(state: State, now: float) -> bool:
     return changed
 
 
+def report(state: State, now: float) -> dict[str, Any]:
+    """Refresh ``state`` (at ``now``) and describe it as ``SimNode.state()`` reports it: the
+    release delay, the fault, every GPU with its usage and every allocation."""
+    refresh(state, now)
+    usage = gpu_usage(state, now)
+    return {
+        "release_delay_s": state["release_delay_s"],
+        "fault": state["fault"],
+        "gpus": [
+            {
+                "index": g["index"],
+                "uuid": g["uuid"],
+                "name": g["name"],
+                "bus_id": g["bus_id"],
+                "memory_total_mib": g["memory_total"],
+                "memory_used_mib": usage[g["index"]][0],
+                "utilization_pct": usage[g["index"]][1],
+            }
+            for g in state["gpus"]
+        ],
+        "allocations": [view(a, state, now) for a in state["allocs"]],
+    }
+
+
 def view(a: Alloc, state: State, now: float) -> dict[str, Any]:
     """Describe one allocation as ``SimNode.state()`` reports it."""
     rel = released_at(a, float(state["release_delay_s"]))

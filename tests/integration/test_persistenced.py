@@ -30,7 +30,7 @@ from gpubot.services.sweep import SweepService
 from gpubot.store import Store
 from gpubot.transport import make_transport
 from gpusim.fleet import SimFleet, SimNode
-from gpusim.sudo import readme_sudo_rule
+from gpusim.sudoers import readme_sudo_rule
 from tests.fixtures.fleet import reset_fixtures, status_notes
 from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive

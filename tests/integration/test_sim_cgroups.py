@@ -30,7 +30,8 @@ from gpusim.errors import SimUsageError
 from gpusim.fleet import SimFleet, SimNode, Workload
 from gpusim.server import STD_PATH
 from gpusim.server_sshd import SSHD
-from gpusim.sudo import PASSWORD_REQUIRED, readme_sudo_rule
+from gpusim.sudo import PASSWORD_REQUIRED
+from gpusim.sudoers import readme_sudo_rule
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ROOT = Path(__file__).resolve().parents[2]

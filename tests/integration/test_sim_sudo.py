@@ -13,14 +13,8 @@ import pytest
 from gpubot.config import load
 from gpusim.fleet import SimFleet, SimNode
 from gpusim.server import STD_PATH
-from gpusim.sudo import (
-    PASSWORD_REQUIRED,
-    command_matches,
-    node_rule,
-    parse_sudoers,
-    readme_sudo_rule,
-    resolve,
-)
+from gpusim.sudo import PASSWORD_REQUIRED, resolve
+from gpusim.sudoers import command_matches, node_rule, parse_sudoers, readme_sudo_rule
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 RULE = (

@@ -40,7 +40,7 @@ from gpubot.transport import make_transport
 from gpusim.cgroups import find_hierarchies
 from gpusim.fleet import SimFleet, SimNode
 from gpusim.spawning import Workload
-from gpusim.sudo import readme_sudo_rule
+from gpusim.sudoers import readme_sudo_rule
 from tests.fixtures.slack import slack_settings_for
 from tests.procs import alive, wait_until
 

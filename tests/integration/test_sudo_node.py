@@ -17,7 +17,7 @@ from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import ResetResult, ResetService
 from gpusim.fleet import SimFleet, SimNode
-from gpusim.sudo import readme_sudo_rule
+from gpusim.sudoers import readme_sudo_rule
 from tests.fixtures.fleet import reset_fixtures
 from tests.procs import alive
 
