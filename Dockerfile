@@ -3,6 +3,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gpubot ./gpubot
+COPY gpusim ./gpusim
 COPY migrations ./migrations
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[postgres]"
 

@@ -24,8 +24,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpubot.sim import simstate
-from gpubot.sim.fleet import SimFleet
+from gpusim import simstate
+from gpusim.fleet import SimFleet
 
 NAME = "gpubot-bench"
 REGISTRY = Path(tempfile.gettempdir()) / "gpubot-bench-user.json"

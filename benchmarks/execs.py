@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpubot.sim.fleet import SimFleet
+from gpusim.fleet import SimFleet
 
 LIMIT = 4
 _EXECVE = re.compile(r'^\d+\s+execve\("([^"]*)".*\)\s+=\s+0\s*$')

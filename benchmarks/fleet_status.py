@@ -37,7 +37,7 @@ from benchmarks.common import (
 from benchmarks.worker import baseline_command, check_baseline_output, remote_command
 from gpubot.config import load
 from gpubot.core.nvsmi import GPU_FIELDS
-from gpubot.sim.fleet import SimFleet
+from gpusim.fleet import SimFleet
 
 METHODS = (
     "ssh-seq",  # sequential OpenSSH loop

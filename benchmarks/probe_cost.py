@@ -29,7 +29,7 @@ from typing import Any
 from benchmarks.common import fmt_s, table
 from gpubot.config import load
 from gpubot.core.probe import probe_argv
-from gpubot.sim.fleet import SimFleet
+from gpusim.fleet import SimFleet
 
 BASELINE = "63a07c8"  # the last commit before issue 21's probe changes
 T = 9.0  # each query's limit under the default 20 s command timeout

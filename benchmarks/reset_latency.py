@@ -34,9 +34,9 @@ from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
-from gpubot.sim.fleet import SimFleet
 from gpubot.store import open_store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet
 
 SEGMENTS = ("planning", "signalling", "exit", "release", "overhead", "total")
 BEHAVIOURS = ("normal", "stubborn")

@@ -30,7 +30,7 @@ from typing import Any
 from benchmarks import execs, extrapolate, fleet_status, probe_cost, reset_latency, scale, slack_ack
 from benchmarks.benchuser import bench_user, fleet_as
 from benchmarks.common import FleetYields, Series, fmt_ms, fmt_s, machine, sshd_listeners, table
-from gpubot.sim.fleet import SimFleet
+from gpusim.fleet import SimFleet
 
 TARGETS = {
     "cold_vs_asyncssh_cold": 1.25,  # cold wall / a minimal asyncssh script's, at each COLD_SIZES

@@ -135,7 +135,7 @@ class Child:
 
     def cpu(self) -> float:
         """Return the CPU seconds the child and the children it reaped used so far."""
-        from gpubot.sim.simstate import stat_fields
+        from gpusim.simstate import stat_fields
 
         f = stat_fields(self.proc.pid)  # utime stime cutime cstime: fields 14-17
         return 0.0 if f is None else sum(int(x) for x in f[11:15]) / CLK_TCK
@@ -155,7 +155,7 @@ def _host(
 ) -> int:
     """Serve one ``SimFleet`` (``first``: its first node's index in the whole fleet) until EOF."""
     from benchmarks.benchuser import fleet_as
-    from gpubot.sim.fleet import SimFleet
+    from gpusim.fleet import SimFleet
 
     raise_nofile()
     t0 = time.monotonic()
@@ -258,7 +258,7 @@ def fleet(
 
 def write_inventory(served: list[dict[str, Any]], path: Path, work: Path) -> None:
     """Write one ``gpubot.toml`` (and known_hosts) listing every node of every host."""
-    from gpubot.sim.inventory import toml_str as q
+    from gpusim.inventory import toml_str as q
 
     known = work / "known_hosts"
     known.write_text("".join(Path(s["known_hosts"]).read_text() for s in served), "utf-8")

@@ -32,7 +32,7 @@ import aiohttp
 
 from benchmarks.common import PYTHON, REPO, percentile
 from benchmarks.fake_slack import BOT_TOKEN, SECRET, FakeSlack, SlackSender
-from gpubot.sim.fleet import SimFleet
+from gpusim.fleet import SimFleet
 
 
 @dataclass

@@ -18,7 +18,6 @@
     │   └── LockHeld                       a database lock (sweep, node reset) is held elsewhere
     ├── NotPermitted(PermissionError)      the person may not act on this node
     │   └── IdentityRefused                a guest, another workspace, deleted, a bot, root
-    ├── SimError                           the simulated fleet failed (server, workload, daemon)
     ├── ResetInterrupted                   a reset stopped after signals went out (lists them)
     ├── StoreError                         the audit store failed (fail closed)
     │   ├── DatabaseBehind                 migrations not applied
@@ -31,6 +30,7 @@
         └── ApproversUnknown               an approver user group could not be refreshed
 
 Adapters translate library errors at their boundary (``raise NodeUnreachable(node) from exc``).
+The simulated fleet (``gpusim``) has its own tree, ``gpusim.errors``; ``cli/demo.py`` maps it.
 Every message is one line fit to show a person.
 """
 
@@ -162,10 +162,6 @@ class AlreadyDecided(ApprovalError):
 
 class ApproversUnknown(ApprovalError):
     """An approver user group could not be refreshed: nobody is decided on a stale list."""
-
-
-class SimError(GpubotError):
-    """The simulated fleet failed: a server, a workload or the fleet daemon did not start."""
 
 
 class NotPermitted(GpubotError, PermissionError):

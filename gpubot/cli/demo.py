@@ -4,9 +4,11 @@ Four simulated nodes (in-process SSH servers on 127.0.0.1, real processes): one 
 one with a process that ignores SIGTERM, one with leaked VRAM, one unreachable. SQLite in a
 temporary folder; no GPU, sshd, database server or Slack needed. All it starts, it stops.
 
-It also serves ``gpubot sim`` (``add_sim_arguments``, ``run_sim``: ``gpubot.sim.cli``): this is
-the one module outside ``gpubot.sim`` that imports the simulator. Each command imports only what
-it runs, so ``gpubot sim`` loads no part of the bot.
+It also serves ``gpubot sim`` (``add_sim_arguments``, ``run_sim``: ``gpusim.cli``). The simulator
+is its own package, ``gpusim``, and this is the one module of gpubot that imports it: lazily,
+inside ``_simulator()``, which turns its errors (``gpusim.errors``) and its absence into
+gpubot's one-line errors, so the product runs without it. Each command imports only what it
+runs, so ``gpubot sim`` loads no part of the bot.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpubot.errors import GpubotError, UsageError
+
 if TYPE_CHECKING:
     from datetime import datetime
 
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
     from gpubot.chat.flows import Flows
     from gpubot.core.alerting import AlertGroup, Lookup, Posted
     from gpubot.services.approvals import Identity
-    from gpubot.sim.fleet import SimFleet
+    from gpusim.fleet import SimFleet
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"
 
@@ -46,37 +50,64 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_sim_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``sim`` actions (``gpubot.sim.cli``)."""
-    from gpubot.sim import cli
+@contextmanager
+def _simulator() -> Iterator[None]:
+    """Run simulator code: its errors become gpubot's (bad input a ``UsageError``), and so does
+    a missing ``gpusim`` (the product installs and runs without it; only these commands need it)."""
+    try:
+        from gpusim.errors import SimError, SimUsageError
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "gpusim":
+            raise
+        raise UsageError(
+            "the simulated fleet (package gpusim) is not installed: install gpubot from its "
+            "repository (pip install -e .), which ships it"
+        ) from None
+    try:
+        yield
+    except SimUsageError as exc:
+        raise UsageError(str(exc)) from None
+    except SimError as exc:
+        raise GpubotError(str(exc)) from None
 
-    cli.add_arguments(p)
+
+def add_sim_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``sim`` actions (``gpusim.cli``)."""
+    with _simulator():
+        from gpusim import cli
+
+        cli.add_arguments(p)
 
 
 def run_sim(args: argparse.Namespace) -> int:
     """Run one ``gpubot sim`` action; return the exit status."""
-    from gpubot.sim import cli
+    with _simulator():
+        from gpusim import cli
 
-    return cli.run(args)
+        status = cli.run(args)
+    return status
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the walk-through (or a console) on a simulated fleet; leave nothing behind."""
     from gpubot.app import open_app_store
     from gpubot.config import load
-    from gpubot.sim.fleet import SimFleet
 
-    with (
-        _workspace() as folder,
-        SimFleet(folder / "fleet", nodes=4, gpus=4, release_delay_s=0.5) as sim,
-    ):
-        me = _operator_user()
-        cfg = _write_config(sim, folder, me)
-        store = open_app_store(load(cfg), {}, check_schema=False)
-        store.upgrade()
-        store.close()
-        _stage(sim, me)
-        return asyncio.run(_main(cfg, me, args.interactive))
+    with _simulator():
+        from gpusim.fleet import SimFleet
+
+        with (
+            _workspace() as folder,
+            SimFleet(folder / "fleet", nodes=4, gpus=4, release_delay_s=0.5) as sim,
+        ):
+            me = _operator_user()
+            cfg = _write_config(sim, folder, me)
+            store = open_app_store(load(cfg), {}, check_schema=False)
+            store.upgrade()
+            store.close()
+            _stage(sim, me)
+            status = asyncio.run(_main(cfg, me, args.interactive))
+    return status
 
 
 def _operator_user() -> str:

@@ -12,8 +12,8 @@ import pytest
 
 from gpubot.config import load
 from gpubot.core.models import NodeConfig
-from gpubot.sim.fleet import SimFleet
 from gpubot.transport import SshTransport
+from gpusim.fleet import SimFleet
 
 BUNDLE = "a CA bundle, here without a certificate: this venv's asyncssh cannot parse X.509\n"
 

@@ -45,7 +45,7 @@ from gpubot.transport.local import missing_functions
 from tests.procs import alive, cmdlines, until
 
 try:
-    from gpubot.sim.fleet import SimFleet
+    from gpusim.fleet import SimFleet
 except ImportError:  # pragma: no cover - the simulated fleet is another engineer's module
     SimFleet = None  # type: ignore[assignment,misc]
 
@@ -95,7 +95,7 @@ def _world(kind: str, fleets: dict[str, Any], tmp: pytest.TempPathFactory) -> Wo
     if kind == "local":
         return World(kind, Settings(nodes=(NodeConfig(name="here", host="local"),)), None)
     if SimFleet is None:
-        pytest.fail("gpubot.sim.fleet is missing: the transport contract needs the simulated fleet")
+        pytest.fail("gpusim.fleet is missing: the transport contract needs the simulated fleet")
     if kind not in fleets:
         fleet = SimFleet(tmp.mktemp(f"fleet-{kind}"), nodes=2, gpus=4, server=kind)
         fleet.start()

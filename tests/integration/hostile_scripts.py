@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from gpubot.core.probe_script import PROBE_SCRIPT
-from gpubot.sim.fleet import SimNode
+from gpusim.fleet import SimNode
 
 # The stuck check before issue 21: the effective uid alone, and "$smi" anywhere in argv.
 OLD_OWN_QUERY = r"""own_query() {

@@ -26,11 +26,11 @@ from gpubot.app import build
 from gpubot.core.alerting import Delivery, Lookup
 from gpubot.core.findings import FindingKey
 from gpubot.services.sweep import SweepService
-from gpubot.sim.fleet import SimFleet
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.outbox import ALERT_EVENT, post_once
 from gpubot.store import Store
+from gpusim.fleet import SimFleet
 from tests.fixtures.settings import sweep_ports
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
 from tests.integration.outbox_main import CHANNEL, outbox_settings, post_then_record

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.sim.fleet import SimFleet, SimNode
+from gpusim.fleet import SimFleet, SimNode
 
 
 class Fleet:

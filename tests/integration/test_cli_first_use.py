@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.sim.fleet import SimFleet
+from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import load
-from gpubot.sim.fleet import SimFleet
 from gpubot.store import open_store
+from gpusim.fleet import SimFleet
 from tests.fixtures.fleet import gpubot_cli, leave_clean
 from tests.procs import alive
 

@@ -26,10 +26,10 @@ from gpubot.core.plan import ResetRequest
 from gpubot.errors import ResetRefused
 from gpubot.services.reset import NodeLocks, ResetResult, ResetService
 from gpubot.services.status import StatusService
-from gpubot.sim.fleet import SimFleet, SimNode, Workload
-from gpubot.sim.node import gpu_uuid
 from gpubot.store import Store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet, SimNode, Workload
+from gpusim.node import gpu_uuid
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
 from tests.fixtures.settings import with_tables
 from tests.fixtures.slack import FakeSlack, running_bot, slack_settings_for, slack_tables

@@ -31,8 +31,8 @@ from gpubot.core.plan import ResetRequest
 from gpubot.core.probe import parse_probe, probe_argv
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed
 from gpubot.services.reset import ResetService
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.transport import SshTransport, ssh
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import reset_fixtures
 from tests.integration.hostile_scripts import (
     OLD_OWN_QUERY,

@@ -28,11 +28,11 @@ from gpubot.core.ports import Locks
 from gpubot.errors import LockHeld, ResetInterrupted
 from gpubot.services.reset import ResetEvent, ResetResult, ResetService, reset_lock
 from gpubot.services.status import StatusService
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store, open_store
 from gpubot.store import leases as leases_mod
 from gpubot.store.leases import DbLeases
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import leave_clean
 from tests.fixtures.own_pg import OwnPostgres, own_postgres
 from tests.integration.lease_control import AdvisoryLocks

@@ -11,7 +11,7 @@ import pytest
 
 from gpubot.chat.fleet_view import render_node
 from gpubot.services.reset import ResetService
-from gpubot.sim.fleet import SimFleet, SimNode
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import leave_clean, reset_fixtures, status_notes
 
 SAYS = "device file unknown for GPU 1"

@@ -16,8 +16,8 @@ from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import ResetService
 from gpubot.services.sweep import SweepService
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import reset_fixtures, status_notes
 from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive

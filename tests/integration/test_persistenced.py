@@ -22,14 +22,15 @@ from gpubot.config import Settings
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import FindingKind, Outcome
 from gpubot.core.plan import ResetRequest
+from gpubot.core.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import ResetRefused
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
-from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.sim.sudo import readme_sudo_rule
 from gpubot.store import Store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet, SimNode
+from gpusim.sudoers import readme_sudo_rule
 from tests.fixtures.fleet import reset_fixtures, status_notes
 from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive
@@ -48,6 +49,7 @@ def fleet(
         gpus=4,
         release_delay_s=0.3,
         persistenced=True,
+        protected=DEFAULT_DAEMON_PATHS,
         sudo_rule=rule,
         minors=[2, 3, 0, 1],
     ) as f:

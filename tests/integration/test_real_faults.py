@@ -25,9 +25,9 @@ from gpubot.errors import CommandTimeout, ResetRefused, SmiFailed
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures, status_notes
 from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import alive

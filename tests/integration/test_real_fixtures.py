@@ -16,10 +16,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpubot.errors import UsageError
-from gpubot.sim import simstate
-from gpubot.sim.adopt import holds
-from gpubot.sim.fleet import SimFleet, SimNode
+from gpusim import simstate
+from gpusim.adopt import holds
+from gpusim.errors import SimUsageError
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.daemons import running
 from tests.fixtures.runtimes import DockerEngine
 from tests.procs import alive, wait_until
@@ -68,7 +68,7 @@ def test_an_adopted_process_is_a_compute_app_until_it_dies(
     assert compute_apps(node) == [f"{holder.pid}, 4096 MiB"]
     assert node.state()["gpus"][1]["memory_used_mib"] == 4096
     assert (w.pid, w.gpu, w.mib, w.behaviour, w.name) == (holder.pid, 1, 4096, "adopted", "sleep")
-    with pytest.raises(UsageError, match="already"):
+    with pytest.raises(SimUsageError, match="already"):
         node.adopt(holder.pid, 1, 4096)
     holder.kill()
     holder.wait(10)
@@ -97,11 +97,11 @@ def test_the_fleet_never_signals_an_adopted_process(
 def test_adopt_refuses_what_would_make_the_simulator_lie(
     node: SimNode, holder: subprocess.Popen[bytes], gpu: int
 ) -> None:
-    with pytest.raises(UsageError):  # GPU 0's file is not open; GPUs 2 and -1 do not exist
+    with pytest.raises(SimUsageError):  # GPU 0's file is not open; GPUs 2 and -1 do not exist
         node.adopt(holder.pid, gpu, 1000)
-    with pytest.raises(UsageError, match="no live process"):
+    with pytest.raises(SimUsageError, match="no live process"):
         node.adopt(2**22 + 7, 1, 1000)
-    with pytest.raises(UsageError, match="more than a GPU holds"):
+    with pytest.raises(SimUsageError, match="more than a GPU holds"):
         node.adopt(holder.pid, 1, node.memory_mib + 1)
     assert compute_apps(node) == []
 

@@ -29,8 +29,8 @@ from gpubot.config import Settings
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import ResetService
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
 from tests.fixtures.real_runs import config_with, quick_settings, real_fleet, with_engine
 from tests.fixtures.slurm import SlurmCluster

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from gpubot.sim.fleet import SimFleet
 from gpubot.store import open_store
+from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 from tests.procs import remote_probes
 

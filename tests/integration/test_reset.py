@@ -20,9 +20,9 @@ from gpubot.core.plan import ResetRequest
 from gpubot.errors import ResetInterrupted, ResetRefused, StoreError
 from gpubot.services.reset import NodeLocks, ResetEvent, ResetResult, ResetService
 from gpubot.services.status import StatusService
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store, open_store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet, SimNode
 from tests.procs import alive
 
 POLL = 0.2

@@ -13,9 +13,9 @@ from gpubot.core.plan import ResetRequest
 from gpubot.errors import StoreError
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
-from gpubot.sim.fleet import SimFleet
 from gpubot.store import open_store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpubot.config import load
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import open_store
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import leave_clean
 from tests.procs import alive
 

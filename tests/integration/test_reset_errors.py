@@ -19,8 +19,8 @@ from gpubot.config import Settings
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import NodeLocks, ResetEvent, ResetService
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import reset_fixtures
 from tests.procs import alive, wait_dead
 

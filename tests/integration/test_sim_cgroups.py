@@ -24,13 +24,14 @@ import pytest
 from gpubot.cli import main
 from gpubot.config import load
 from gpubot.core.workload import WorkloadKind, parse_cgroup
-from gpubot.errors import UsageError
-from gpubot.sim import simstate
-from gpubot.sim.cgroups import CgroupSet, Hierarchies, find_hierarchies
-from gpubot.sim.fleet import SimFleet, SimNode, Workload
-from gpubot.sim.server import STD_PATH
-from gpubot.sim.server_sshd import SSHD
-from gpubot.sim.sudo import PASSWORD_REQUIRED, readme_sudo_rule
+from gpusim import simstate
+from gpusim.cgroups import CgroupSet, Hierarchies, find_hierarchies
+from gpusim.errors import SimUsageError
+from gpusim.fleet import SimFleet, SimNode, Workload
+from gpusim.server import STD_PATH
+from gpusim.server_sshd import SSHD
+from gpusim.sudo import PASSWORD_REQUIRED
+from gpusim.sudoers import readme_sudo_rule
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,7 +332,7 @@ def test_a_delay_makes_every_stand_in_slow(node: SimNode) -> None:
     out = ssh(node, "scontrol", "show", "job", "1")
     assert out.returncode == 1 and time.monotonic() - t0 >= 1.5
     node.set_runtime_delay(0)
-    with pytest.raises(UsageError):
+    with pytest.raises(SimUsageError):
         node.set_runtime_delay(-1)
 
 
@@ -354,14 +355,14 @@ def test_a_delay_makes_every_stand_in_slow(node: SimNode) -> None:
     ],
 )
 def test_bad_requests_are_usage_errors(node: SimNode, kwargs: dict[str, Any], text: str) -> None:
-    with pytest.raises(UsageError, match=text.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(SimUsageError, match=text.replace("(", r"\(").replace(")", r"\)")):
         node.spawn(gpu=0, **kwargs)
     assert node.registry() == [] and node.live_pids() == []
 
 
 def test_a_container_name_is_taken_once(node: SimNode) -> None:
     node.spawn(gpu=0, mib=256, cgroup="docker", container_name="only")
-    with pytest.raises(UsageError, match='the container name "only" is already in use'):
+    with pytest.raises(SimUsageError, match='the container name "only" is already in use'):
         node.spawn(gpu=0, mib=256, cgroup="docker", container_name="only")
     node.spawn(gpu=0, mib=256, cgroup="podman", container_name="only")  # another runtime's
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ import pytest
 
 from gpubot.cli import main
 from gpubot.config import load
-from gpubot.sim import simstate
-from gpubot.sim.control import MAX_SOCKET_PATH, socket_path
+from gpusim import simstate
+from gpusim.control import MAX_SOCKET_PATH, socket_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,3 +219,54 @@ def test_a_long_directory_gets_a_short_control_socket(tmp_path: Path) -> None:
     path = socket_path(deep)
     assert len(str(path)) <= MAX_SOCKET_PATH and path == socket_path(deep)
     assert socket_path(tmp_path) == tmp_path / "control.sock"
+
+
+@pytest.mark.parametrize("reads", [True, False], ids=["after-the-request", "at-once"])
+def test_a_fleet_failure_is_one_line_too(
+    tmp_path: Path, reads: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``gpusim.errors.SimError`` that is no usage error (here: a control socket that hangs
+    up without an answer, after reading the request or at once) is a one-line error too."""
+    with socket.socket(socket.AF_UNIX) as srv:
+        srv.bind(str(socket_path(tmp_path)))
+        srv.listen()
+
+        def hang_up() -> None:
+            conn, _ = srv.accept()
+            if reads:
+                conn.makefile("rb").readline()
+            conn.close()
+
+        t = threading.Thread(target=hang_up, daemon=True)
+        t.start()
+        out = in_process(capsys, "sim", "state", "--dir", tmp_path)
+        t.join(5)
+    one_line_error(out, f"the fleet in {tmp_path} ")
+    if reads:
+        assert "closed the connection without an answer" in out.stderr
+
+
+def test_python_m_gpusim_is_the_same_command_without_gpubot(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusim", "up", "--dir", str(tmp_path), "--nodes", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == "gpusim: error: nodes must be 1-64, not 0\n"
+
+
+@pytest.mark.parametrize("args", [["demo"], ["sim", "state", "--dir", "."]])
+def test_without_the_simulator_the_demo_says_so_in_one_line(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The product runs without gpusim: the commands that need it say it is missing."""
+    for name in [m for m in sys.modules if m == "gpusim" or m.startswith("gpusim.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "gpusim", None)  # import gpusim fails as if not installed
+    one_line_error(
+        in_process(capsys, *args), "the simulated fleet (package gpusim) is not installed"
+    )

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpubot.errors import UsageError
-from gpubot.sim import simstate
-from gpubot.sim.fleet import SimFleet, SimNode
+from gpusim import simstate
+from gpusim.errors import SimUsageError
+from gpusim.fleet import SimFleet, SimNode
 
 HEX = "0123456789abcdef"
 APPS = ("--query-compute-apps=pid,process_name", "--format=csv,noheader")
@@ -132,7 +132,7 @@ def test_long_forge_text_is_cut_to_the_argv_area(node: SimNode) -> None:
     # argv, that token: either way no longer the interpreter's path that the real argv starts with.
     assert wait_for(lambda: cmdline(w2.pid)[:1] in (b"{", *(c.encode() for c in HEX)), 10.0)
     assert len(cmdline(w2.pid)) <= area + 7 * 280 and cmdline(w2.pid).endswith(b"\0")
-    with pytest.raises(UsageError):
+    with pytest.raises(SimUsageError):
         node.spawn(gpu=3, forge="A" * 2001)
 
 
@@ -189,10 +189,10 @@ def test_daemon_exe_can_forge_too(node: SimNode) -> None:
 
 def test_exe_path_must_be_inside_the_node_directory(node: SimNode, tmp_path: object) -> None:
     for bad in ("/usr/bin/python3", f"{node.dir}/../elsewhere", str(node.dir)):
-        with pytest.raises(UsageError):
+        with pytest.raises(SimUsageError):
             node.spawn(gpu=0, exe_path=bad)
     for name in ("", "a/b", "..", "x\0y"):
-        with pytest.raises(UsageError):
+        with pytest.raises(SimUsageError):
             node.daemon_exe(name)
     inside = os.path.join(node.dir, "nvidia-fabricmanager")
     w = node.spawn(gpu=0, exe_path=inside)  # made on first use, like daemon_exe

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import gpubot.sim
+import gpusim
 from gpubot.core import nvsmi
-from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.sim.fleet_setup import STANDALONE
-from gpubot.sim.node import bus_id
+from gpusim.fleet import SimFleet, SimNode
+from gpusim.fleet_setup import STANDALONE
+from gpusim.node import bus_id
 
 GPU_Q = nvsmi.gpu_query_argv("x")[1]  # the GPU query gpubot asks
 APP_Q = "--query-compute-apps=pid,gpu_uuid,used_memory,process_name"
@@ -228,7 +228,7 @@ def test_gpu_reset_refused_while_in_use_then_frees_orphaned_memory(node: SimNode
 
 @pytest.mark.parametrize("module", [name.removesuffix(".py") for name in STANDALONE])
 def test_standalone_parts_import_only_the_standard_library(module: str) -> None:
-    path = Path(gpubot.sim.__file__).parent / f"{module}.py"
+    path = Path(gpusim.__file__).parent / f"{module}.py"
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             assert all(a.name.split(".")[0] in sys.stdlib_module_names for a in node.names)

@@ -16,8 +16,8 @@ import pytest
 from gpubot.config import load
 from gpubot.core import nvsmi
 from gpubot.errors import ParseError
-from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.sim.nvidia_smi import DRIVER_ERROR
+from gpusim.fleet import SimFleet, SimNode
+from gpusim.nvidia_smi import DRIVER_ERROR
 
 GPU_Q = "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu"
 

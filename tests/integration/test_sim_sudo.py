@@ -11,16 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import load
-from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.sim.server import STD_PATH
-from gpubot.sim.sudo import (
-    PASSWORD_REQUIRED,
-    command_matches,
-    node_rule,
-    parse_sudoers,
-    readme_sudo_rule,
-    resolve,
-)
+from gpusim.fleet import SimFleet, SimNode
+from gpusim.server import STD_PATH
+from gpusim.sudo import PASSWORD_REQUIRED, resolve
+from gpusim.sudoers import command_matches, node_rule, parse_sudoers, readme_sudo_rule
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 RULE = (

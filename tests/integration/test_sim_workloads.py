@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpubot.sim import simstate
-from gpubot.sim.fleet import SimFleet, SimNode
+from gpusim import simstate
+from gpusim.fleet import SimFleet, SimNode
 
 APPS = ("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
 
@@ -269,7 +269,7 @@ def test_a_reused_pid_does_not_keep_an_allocation_alive(node: SimNode) -> None:
 
 
 def test_bad_spawn_arguments_are_usage_errors(node: SimNode) -> None:
-    from gpubot.errors import UsageError
+    from gpusim.errors import SimUsageError
 
     for kwargs in (
         {"gpu": 8},
@@ -280,7 +280,7 @@ def test_bad_spawn_arguments_are_usage_errors(node: SimNode) -> None:
         {"gpu": 0, "user": "gpusim-nobody-here"},
         {"gpu": 0, "name": "a/b"},
     ):
-        with pytest.raises(UsageError):
+        with pytest.raises(SimUsageError):
             node.spawn(**kwargs)
     assert node.live_pids() == []
 

@@ -20,9 +20,9 @@ from gpubot.config import Settings
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.core.ports import Transport
 from gpubot.services.status import FleetStatus, StatusService
-from gpubot.sim.fleet import SimFleet
 from gpubot.store import open_store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 from tests.fixtures.slack import FakeSlack, assert_within_limits, running_bot
 

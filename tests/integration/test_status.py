@@ -14,8 +14,8 @@ import pytest
 from gpubot.config import Settings, load
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.services.status import StatusService
-from gpubot.sim.fleet import SimFleet
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet
 
 
 def _settings(fleet: SimFleet, command_timeout_s: float = 12.0) -> Settings:

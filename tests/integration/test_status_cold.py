@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from gpubot.sim.fleet import SimFleet
 from gpubot.store.version import HEAD
+from gpusim.fleet import SimFleet
 
 # Runs the ``gpubot`` command line, then prints the modules the process imported on stderr.
 WRAPPER = """

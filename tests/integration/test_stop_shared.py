@@ -35,12 +35,12 @@ from gpubot.core.stop_script import Foreign, parse_stop_output, stop_check_argv
 from gpubot.core.stopgate import gate_for
 from gpubot.services.reset import ResetService
 from gpubot.services.status import StatusService
-from gpubot.sim.cgroups import find_hierarchies
-from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.sim.spawning import Workload
-from gpubot.sim.sudo import readme_sudo_rule
 from gpubot.store import open_store
 from gpubot.transport import make_transport
+from gpusim.cgroups import find_hierarchies
+from gpusim.fleet import SimFleet, SimNode
+from gpusim.spawning import Workload
+from gpusim.sudoers import readme_sudo_rule
 from tests.fixtures.slack import slack_settings_for
 from tests.procs import alive, wait_until
 

@@ -16,8 +16,8 @@ import pytest
 from gpubot.core.models import Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import ResetResult, ResetService
-from gpubot.sim.fleet import SimFleet, SimNode
-from gpubot.sim.sudo import readme_sudo_rule
+from gpusim.fleet import SimFleet, SimNode
+from gpusim.sudoers import readme_sudo_rule
 from tests.fixtures.fleet import reset_fixtures
 from tests.procs import alive
 

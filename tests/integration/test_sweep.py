@@ -26,9 +26,9 @@ from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import FindingKey
 from gpubot.core.ports import Clock
 from gpubot.services.sweep import SweepService
-from gpubot.sim.fleet import SimFleet
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
+from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 from tests.fixtures.settings import ManualClock, sweep_ports, with_tables
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from gpubot.app import build
 from gpubot.config import load
 from gpubot.services.sweep import SweepService
-from gpubot.sim.fleet import SimFleet
+from gpusim.fleet import SimFleet
 from tests.fixtures.settings import with_sweep
 
 

@@ -28,10 +28,10 @@ from gpubot.chat.idle import ACTION_FREE
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import Finding
 from gpubot.core.models import FindingKind, GpuInfo, NodeSnapshot
-from gpubot.sim.fleet import SimFleet
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.serve import build_bot, start_http
+from gpusim.fleet import SimFleet
 from tests.fixtures.settings import ManualClock, with_sweep
 from tests.fixtures.slack import (
     BOT_TOKEN,

@@ -20,10 +20,10 @@ import pytest
 from gpubot.config import Settings, load
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SWEEP_LOCK, SweepService
-from gpubot.sim.fleet import SimFleet
 from gpubot.store import open_store
 from gpubot.store.leases import DbLeases
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet
 from tests.fixtures.own_pg import OwnPostgres, own_postgres
 from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.integration.lease_control import AdvisoryLocks

@@ -19,8 +19,8 @@ from gpubot.errors import LockHeld, ResetRefused
 from gpubot.scheduler import SweepScheduler
 from gpubot.services.reset import reset_lock as reset_lock_name
 from gpubot.services.sweep import SWEEP_LOCK, SweepService
-from gpubot.sim.fleet import SimFleet
 from gpubot.store.leases import DbLeases
+from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 from tests.fixtures.settings import sweep_ports, with_sweep
 from tests.procs import until

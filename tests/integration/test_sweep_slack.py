@@ -30,8 +30,8 @@ from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.readiness import Readiness
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
-from gpubot.sim.fleet import SimFleet
 from gpubot.slack.serve import build_bot, start_http, start_metrics
+from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 from tests.fixtures.settings import with_sweep
 from tests.fixtures.slack import (

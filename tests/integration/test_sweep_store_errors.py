@@ -19,8 +19,8 @@ import pytest
 
 from gpubot.app import build
 from gpubot.config import load
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import open_store
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import gpubot_cli, leave_clean
 from tests.procs import wait_dead
 

@@ -19,9 +19,9 @@ from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.plan import ResetRequest
 from gpubot.services.reset import NodeLocks, ResetResult, ResetService
 from gpubot.services.status import StatusService
-from gpubot.sim.fleet import SimFleet, SimNode
 from gpubot.store import Store
 from gpubot.transport import make_transport
+from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
 from tests.fixtures.slack import FakeSlack, running_bot, slack_settings_for
 from tests.procs import alive

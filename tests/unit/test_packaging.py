@@ -1,4 +1,4 @@
-"""Every gpubot package ships: pyproject lists packages by hand (migrations/ is renamed)."""
+"""Every gpubot and gpusim package ships: pyproject lists them by hand (migrations/ is renamed)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ def test_every_subpackage_is_listed() -> None:
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
     found = {
-        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "gpubot").rglob("__init__.py")
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for top in ("gpubot", "gpusim")
+        for p in (ROOT / top).rglob("__init__.py")
     }
     assert found <= listed, f"add to pyproject [tool.setuptools] packages: {sorted(found - listed)}"
-    assert {"gpubot_migrations", "gpubot_migrations.versions"} <= listed
+    assert {"gpusim", "gpubot_migrations", "gpubot_migrations.versions"} <= listed

@@ -1,5 +1,8 @@
 """``gpubot sim up|down|spawn|fault|state``: run and drive a simulated GPU fleet.
 
+``python -m gpusim ACTION`` (``main``) is the same command without gpubot: the fleet daemon
+runs as that.
+
 ``up`` starts the fleet in a background daemon (its pid file and control socket live in
 ``--dir``) and prints the path of the inventory it wrote; ``--foreground`` runs it in this
 process until SIGTERM or Ctrl-C. The other commands talk to the running fleet.
@@ -10,29 +13,47 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import gpubot
-from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
-from gpubot.sim.cgroups import KINDS
-from gpubot.sim.control import request
-from gpubot.sim.fleet import SERVERS, SimFleet
-from gpubot.sim.node import FAULTS
-from gpubot.sim.runtime_registry import RESTARTS
-from gpubot.sim.server import check_port_free
-from gpubot.sim.workload import BEHAVIOURS
+import gpusim
+from gpusim import simstate
+from gpusim.cgroups import KINDS
+from gpusim.control import request
+from gpusim.errors import SimError, SimUsageError
+from gpusim.fleet import SERVERS, SimFleet
+from gpusim.node import FAULTS
+from gpusim.runtime_registry import RESTARTS
+from gpusim.server import check_port_free
+from gpusim.workload import BEHAVIOURS
 
+PROG = "gpusim"
 PID_FILE = "sim.pid"
 LOG_FILE = "sim.log"
 UP_TIMEOUT_S = 120.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``python -m gpusim ACTION``; print a one-line error for bad input; return the status."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Run and drive a simulated GPU fleet.")
+    add_arguments(parser)
+    logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s")
+    try:
+        return run(parser.parse_args(argv))
+    except SimError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,17 +79,33 @@ def _add_up(up: argparse.ArgumentParser) -> None:
     _dir(up)
     up.add_argument("--nodes", type=int, default=4, help="number of nodes (default 4)")
     up.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
-    up.add_argument("--server", choices=SERVERS, default="asyncssh",
-                    help="SSH server: asyncssh in-process (default) or OpenSSH sshd")  # fmt: skip
-    up.add_argument("--release-delay", type=float, default=1.5, metavar="S",
-                    help="seconds from a process's death to the release of its memory")  # fmt: skip
+    up.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="asyncssh",
+        help="SSH server: asyncssh in-process (default) or OpenSSH sshd",
+    )
+    up.add_argument(
+        "--release-delay",
+        type=float,
+        default=1.5,
+        metavar="S",
+        help="seconds from a process's death to the release of its memory",
+    )
     up.add_argument("--model", default="NVIDIA H200", help="GPU model name")
     up.add_argument("--memory-mib", type=int, default=143771, help="memory of each GPU")
-    up.add_argument("--port", type=int, default=None, metavar="BASE",
-                    help="serve node i on port BASE+i-1 (default: free ports)")  # fmt: skip
-    up.add_argument("--runtimes", action="store_true",
-                    help="give every node stand-in docker, podman, crictl, scontrol, scancel "
-                    "and systemctl")  # fmt: skip
+    up.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        metavar="BASE",
+        help="serve node i on port BASE+i-1 (default: free ports)",
+    )
+    up.add_argument(
+        "--runtimes",
+        action="store_true",
+        help="give every node stand-in docker, podman, crictl, scontrol, scancel and systemctl",
+    )
     up.add_argument("--foreground", action="store_true", help="run in this process")
 
 
@@ -113,8 +150,12 @@ def _add_spawn(spawn: argparse.ArgumentParser) -> None:
         "--pod", metavar="NAMESPACE/NAME", default=None, help="kubernetes: the container's pod"
     )
     spawn.add_argument("--job-name", default=None, help="slurm: the job's name")
-    spawn.add_argument("--job-user", metavar="USER", default=None,
-                       help="slurm: the job's user (it runs as that user)")  # fmt: skip
+    spawn.add_argument(
+        "--job-user",
+        metavar="USER",
+        default=None,
+        help="slurm: the job's user (it runs as that user)",
+    )
 
 
 def _dir(p: argparse.ArgumentParser) -> None:
@@ -130,42 +171,56 @@ def run(args: argparse.Namespace) -> int:
     if action == "down":
         return _down(directory)
     if action == "spawn":
-        req = {"op": "spawn", "node": args.node, "gpu": args.gpu, "mib": args.mib,
-               "behaviour": args.behaviour, "user": args.user, "name": args.name,
-               "util_pct": args.util, "slow_exit_s": args.slow_exit_s,
-               "cgroup": args.cgroup, "container_name": args.container_name,
-               "image": args.image, "labels": _labels(args.label), "restart": args.restart,
-               "pod": args.pod, "job_name": args.job_name, "job_user": args.job_user}  # fmt: skip
+        req = {
+            "op": "spawn",
+            "node": args.node,
+            "gpu": args.gpu,
+            "mib": args.mib,
+            "behaviour": args.behaviour,
+            "user": args.user,
+            "name": args.name,
+            "util_pct": args.util,
+            "slow_exit_s": args.slow_exit_s,
+            "cgroup": args.cgroup,
+            "container_name": args.container_name,
+            "image": args.image,
+            "labels": _labels(args.label),
+            "restart": args.restart,
+            "pod": args.pod,
+            "job_name": args.job_name,
+            "job_user": args.job_user,
+        }
         print(json.dumps(request(directory, req)))
         return 0
     if action == "fault":
         params: dict[str, Any] = {}
         if args.delay_s is not None:
             if args.kind != "slow":
-                raise UsageError("--delay-s goes with the slow fault only")
+                raise SimUsageError("--delay-s goes with the slow fault only")
             params["delay_s"] = args.delay_s
         kind = None if args.kind == "none" else args.kind
-        result = request(directory, {"op": "fault", "node": args.node, "kind": kind,
-                                     "params": params})  # fmt: skip
+        result = request(
+            directory, {"op": "fault", "node": args.node, "kind": kind, "params": params}
+        )
         print(json.dumps(result))
         return 0
     if action == "state":
         print(json.dumps(request(directory, {"op": "state", "node": args.node}), indent=2))
         return 0
-    raise UsageError(f"unknown sim action {action!r}")
+    raise SimUsageError(f"unknown sim action {action!r}")
 
 
 def _labels(given: list[str] | None) -> dict[str, str] | None:
-    """Parse ``--label KEY=VALUE`` (repeatable) into a mapping; bad input is a ``UsageError``."""
+    """Parse ``--label KEY=VALUE`` (repeatable) into a mapping; bad input is a ``SimUsageError``."""
     if given is None:
         return None
     out: dict[str, str] = {}
     for item in given:
         key, eq, value = item.partition("=")
         if not eq or not key:
-            raise UsageError(f"--label wants KEY=VALUE, not {item!r}")
+            raise SimUsageError(f"--label wants KEY=VALUE, not {item!r}")
         if key in out:
-            raise UsageError(f"--label {key} given twice")
+            raise SimUsageError(f"--label {key} given twice")
         out[key] = value
     return out
 
@@ -198,21 +253,14 @@ def _up(args: argparse.Namespace, directory: Path) -> int:
     _fleet(args, directory)  # validate the arguments here, with one-line errors
     running = _running(directory)
     if running:
-        raise UsageError(f"a simulated fleet already runs in {directory} (pid {running[0]})")
+        raise SimUsageError(f"a simulated fleet already runs in {directory} (pid {running[0]})")
     if args.port is not None:
         for i in range(args.nodes):
             check_port_free(args.port + i)
     directory.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "gpubot", "sim", "up", "--foreground", "--dir", str(directory),
-            "--nodes", str(args.nodes), "--gpus", str(args.gpus), "--server", args.server,
-            "--release-delay", str(args.release_delay), "--model", args.model,
-            "--memory-mib", str(args.memory_mib)]  # fmt: skip
-    if args.port is not None:
-        argv += ["--port", str(args.port)]
-    if args.runtimes:
-        argv.append("--runtimes")
+    argv = _daemon_argv(args, directory)
     env = dict(os.environ)
-    here = str(Path(gpubot.__file__).resolve().parent.parent)
+    here = str(Path(gpusim.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     log_path = directory / LOG_FILE
     with open(log_path, "ab") as log:
@@ -241,13 +289,32 @@ def _up(args: argparse.Namespace, directory: Path) -> int:
     proc.wait()
     lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
     last = lines[-1] if lines else f"the fleet daemon exited with status {proc.returncode}"
-    raise SimError(last.removeprefix("gpubot: error: "))
+    raise SimError(last.removeprefix(f"{PROG}: error: "))
+
+
+def _daemon_argv(args: argparse.Namespace, directory: Path) -> list[str]:
+    """Return the fleet daemon's command line: ``python -m gpusim up --foreground`` with the
+    options of this ``up``."""
+    argv = [sys.executable, "-m", "gpusim", "up", "--foreground", "--dir", str(directory)]
+    options = {
+        "--nodes": args.nodes,
+        "--gpus": args.gpus,
+        "--server": args.server,
+        "--release-delay": args.release_delay,
+        "--model": args.model,
+        "--memory-mib": args.memory_mib,
+        "--port": args.port,
+    }
+    for opt, value in options.items():
+        if value is not None:
+            argv += [opt, str(value)]
+    return argv + (["--runtimes"] if args.runtimes else [])
 
 
 def _up_foreground(args: argparse.Namespace, directory: Path) -> int:
     running = _running(directory)
     if running and running[0] != os.getpid():
-        raise UsageError(f"a simulated fleet already runs in {directory} (pid {running[0]})")
+        raise SimUsageError(f"a simulated fleet already runs in {directory} (pid {running[0]})")
     stop = threading.Event()
     fleet = _fleet(args, directory, on_stop=stop.set)
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -286,8 +353,10 @@ def _down(directory: Path) -> int:
     if running is None:
         if pid_file.exists():
             pid_file.unlink()
-            raise UsageError(f"no simulated fleet runs in {directory} (removed a stale pid file)")
-        raise UsageError(f"no simulated fleet runs in {directory}")
+            raise SimUsageError(
+                f"no simulated fleet runs in {directory} (removed a stale pid file)"
+            )
+        raise SimUsageError(f"no simulated fleet runs in {directory}")
     pid, ticks = running
     _send(pid, ticks, signal.SIGTERM)
     deadline = time.monotonic() + 30

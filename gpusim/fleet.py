@@ -24,23 +24,20 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
-from gpubot.core.protect import DEFAULT_DAEMON_PATHS
-from gpubot.errors import UsageError
-from gpubot.sim import fleet_setup, inventory, simstate
-from gpubot.sim.control import ControlServer, socket_path
-from gpubot.sim.driver import Driver
-from gpubot.sim.node import SimNode, Workload
-from gpubot.sim.placements import Placements
-from gpubot.sim.server import HungListener, ServerPool, ServerSpec, check_port_free
-from gpubot.sim.server_asyncssh import AsyncsshPool
-from gpubot.sim.server_sshd import SshdPool
-from gpubot.sim.sudo import parse_sudoers
+from gpusim import fleet_setup, inventory, simstate
+from gpusim.control import ControlServer, socket_path
+from gpusim.driver import Driver
+from gpusim.errors import SimUsageError
+from gpusim.node import SimNode, Workload
+from gpusim.placements import Placements
+from gpusim.server import HungListener, ServerPool, ServerSpec, check_port_free
+from gpusim.server_asyncssh import AsyncsshPool
+from gpusim.server_sshd import SshdPool
 
 __all__ = ["SERVERS", "SimFleet", "SimNode", "Workload"]
 
-SERVERS = ("asyncssh", "sshd")
+SERVERS = fleet_setup.SERVERS
 RUNTIMES = inventory.RUNTIMES
 
 
@@ -52,18 +49,19 @@ class SimFleet:
 
     ``persistenced``: every node runs a persistence daemon (root, from the node's
     ``sbin/nvidia-persistenced``) holding every GPU's device file, and the inventory lists
-    that executable as protected, as an admin would.
+    that executable as protected, as an admin would, after ``protected`` (a listed ``[reset]
+    protected`` replaces gpubot's defaults: pass those to keep them).
 
     ``view_user``: SSH sessions log in and run as this Linux user (not root): fuser and
     /proc show what such an account sees. ``hidepid``: each session's /proc is mounted
     ``hidepid=2`` (needs ``view_user``). Both only with the asyncssh server.
 
-    ``sudo_rule``: a sudoers block (the README's, ``gpubot.sim.sudo.readme_sudo_rule``);
+    ``sudo_rule``: a sudoers block (the README's, ``gpusim.sudoers.readme_sudo_rule``);
     given, every node gets the sudo stand-in first on its session PATH, allowing only that
     rule's commands with ``sudo -n``, and ``sudo = true`` in the inventory.
 
     ``runtimes``: every node gets the stand-in ``docker``, ``podman``, ``crictl``,
-    ``scontrol``, ``scancel`` and ``systemctl`` (``gpubot.sim.runtimes``) on its session PATH
+    ``scontrol``, ``scancel`` and ``systemctl`` (``gpusim.runtimes``) on its session PATH
     (after the sudo stand-in's directory, before the standard one), and the inventory lists
     ``runtimes = ["docker", "podman", "slurm", "crictl"]``. Without it a session finds this
     machine's own programs, if any (a sudo node never does: its rule points into the node).
@@ -94,18 +92,26 @@ class SimFleet:
         hidepid: bool = False,
         runtimes: bool | Sequence[str] = False,
         session_path: Sequence[str] = (),
+        protected: Sequence[str] = (),
     ) -> None:
-        """Check the options (``UsageError``) and start nothing: ``start`` (or ``with``) does."""
-        _check_options(nodes=nodes, gpus=gpus, server=server, release_delay_s=release_delay_s,
-                       model=model, memory_mib=memory_mib, base_port=base_port, minors=minors,
-                       view_user=view_user, hidepid=hidepid)  # fmt: skip
+        """Check the options (``SimUsageError``) and start nothing: ``start`` (or ``with``) does."""
+        fleet_setup.check_options(
+            nodes=nodes,
+            gpus=gpus,
+            server=server,
+            release_delay_s=release_delay_s,
+            model=model,
+            memory_mib=memory_mib,
+            base_port=base_port,
+            minors=minors,
+            view_user=view_user,
+            hidepid=hidepid,
+        )
         self._listed, self._path_dirs = fleet_setup.runtime_options(runtimes, session_path)
         self._minors = list(minors) if minors is not None else list(range(gpus))
         self._persistenced = persistenced
-        try:
-            self._sudo_rule = None if sudo_rule is None else parse_sudoers(sudo_rule)
-        except ValueError as exc:
-            raise UsageError(f"sudo rule: {exc}") from None
+        self._protected = fleet_setup.paths("protected", protected)
+        self._sudo_rule = fleet_setup.sudo_rule(sudo_rule)
         self.directory = Path(directory).absolute()
         self.size = nodes
         self.gpus = gpus
@@ -125,6 +131,10 @@ class SimFleet:
         self._home, self._shell = fleet_setup.home_and_shell(pw)
         self.python = fleet_setup.node_python()
         self.python_real = os.path.realpath(self.python)
+        self._init_running()
+
+    def _init_running(self) -> None:
+        """Set up what a running fleet holds: nothing yet, until ``start``."""
         self._own_root = False
         self._started = False
         self._stopped = False
@@ -140,7 +150,7 @@ class SimFleet:
     def login_as(self, user: str) -> None:
         """Make a fleet not started yet log in as ``user`` (home ``/``, that user's shell)."""
         if self._started:
-            raise UsageError("login_as: the fleet is started already")
+            raise SimUsageError("login_as: the fleet is started already")
         pw = pwd.getpwnam(user)
         self.user = pw.pw_name
         self._home = "/"
@@ -174,12 +184,12 @@ class SimFleet:
         return socket_path(self.directory)
 
     def node(self, name: str) -> SimNode:
-        """Return the node called ``name``; raise ``UsageError`` for an unknown one."""
+        """Return the node called ``name``; raise ``SimUsageError`` for an unknown one."""
         for n in self.nodes:
             if n.name == name:
                 return n
         names = ", ".join(n.name for n in self.nodes) or "none (the fleet is not started)"
-        raise UsageError(f"unknown node {name!r} (nodes: {names})")
+        raise SimUsageError(f"unknown node {name!r} (nodes: {names})")
 
     # ---- life -----------------------------------------------------------------------------
 
@@ -220,8 +230,17 @@ class SimFleet:
         fleet_setup.write_lib(self.lib_dir)
         inventory.write_keys(self.root, self.client_key, self.size)
         for i in range(self.size):
-            node = SimNode(self, f"node{i + 1}", i, self.root, self.gpus, self.model,
-                           self.memory_mib, self._release_delay_s, self._minors)  # fmt: skip
+            node = SimNode(
+                self,
+                f"node{i + 1}",
+                i,
+                self.root,
+                self.gpus,
+                self.model,
+                self.memory_mib,
+                self._release_delay_s,
+                self._minors,
+            )
             node.create(self.lib_dir, self.python)
             if self._sudo_rule is not None:
                 node.create_sudo(self.lib_dir, self.python, self._sudo_rule)
@@ -240,8 +259,9 @@ class SimFleet:
         inventory.write_known_hosts(self.known_hosts, self.nodes)
         if self._persistenced:
             for node in self.nodes:
-                node.spawn(None, behaviour="persistenced",
-                           exe_path=node.daemon_exe("nvidia-persistenced"))  # fmt: skip
+                node.spawn(
+                    None, behaviour="persistenced", exe_path=node.daemon_exe("nvidia-persistenced")
+                )
         self._write_config()
         self._control = ControlServer(self.control_path, self, self._on_stop)
 
@@ -378,7 +398,7 @@ class SimFleet:
 
     def _servers_for(self, node: str) -> ServerPool:
         if self._pool is None:
-            raise UsageError("the fleet is not started")
+            raise SimUsageError("the fleet is not started")
         hung = self._hung.pop(node, None)
         if hung is not None:
             hung.close()
@@ -395,7 +415,7 @@ class SimFleet:
         protected = None
         if self._persistenced:  # the daemon's executable, where this fleet put it
             protected = [
-                *DEFAULT_DAEMON_PATHS,
+                *self._protected,
                 *(n.daemon_exe("nvidia-persistenced") for n in self.nodes),
             ]
         text = inventory.config_text(
@@ -409,34 +429,3 @@ class SimFleet:
             protected=protected,
         )
         self.config_path.write_text(text, encoding="utf-8")
-
-
-def _check_options(
-    *, nodes: Any, gpus: Any, server: str, release_delay_s: Any, model: str, memory_mib: Any,
-    base_port: int | None, minors: Sequence[int] | None, view_user: str | None, hidepid: bool,
-) -> None:  # fmt: skip
-    """Raise ``UsageError`` for options that make no fleet."""
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
-        raise UsageError(f"nodes must be 1-64, not {nodes!r}")
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
-        raise UsageError(f"gpus must be 1-64, not {gpus!r}")
-    if minors is not None and sorted(minors) != list(range(gpus)):
-        raise UsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
-    if server not in SERVERS:
-        raise UsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
-    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
-        raise UsageError(f"release delay must be a number, not {release_delay_s!r}")
-    if release_delay_s < 0:
-        raise UsageError(f"release delay must be >= 0 s, not {release_delay_s}")
-    if not model or "," in model or "\n" in model:
-        raise UsageError(f"bad GPU model name {model!r}")
-    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
-        raise UsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
-    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
-        raise UsageError(f"base port {base_port} leaves no room for {nodes} nodes")
-    if (view_user or hidepid) and server != "asyncssh":
-        raise UsageError("view_user and hidepid need the asyncssh server")
-    if hidepid and not view_user:
-        raise UsageError("hidepid needs view_user: root sees every process anyway")
-    if view_user is not None and os.geteuid() != 0:
-        raise UsageError("view_user needs root (to start sessions as another user)")

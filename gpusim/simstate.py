@@ -37,7 +37,7 @@ State = dict[str, Any]
 def stat_fields(pid: int) -> list[bytes] | None:
     """Return the fields of ``/proc/PID/stat`` from field 3 on (field N is ``[N - 3]``), or None.
 
-    The one parser of that file in gpubot.sim: comm (field 2) may hold spaces and parentheses,
+    The one parser of that file in gpusim: comm (field 2) may hold spaces and parentheses,
     so the fields start after the last ')'.
     """
     try:
@@ -172,6 +172,30 @@ def refresh(state: State, now: float) -> bool:
         keep.append(a)
     state["allocs"] = keep
     return changed
+
+
+def report(state: State, now: float) -> dict[str, Any]:
+    """Refresh ``state`` (at ``now``) and describe it as ``SimNode.state()`` reports it: the
+    release delay, the fault, every GPU with its usage and every allocation."""
+    refresh(state, now)
+    usage = gpu_usage(state, now)
+    return {
+        "release_delay_s": state["release_delay_s"],
+        "fault": state["fault"],
+        "gpus": [
+            {
+                "index": g["index"],
+                "uuid": g["uuid"],
+                "name": g["name"],
+                "bus_id": g["bus_id"],
+                "memory_total_mib": g["memory_total"],
+                "memory_used_mib": usage[g["index"]][0],
+                "utilization_pct": usage[g["index"]][1],
+            }
+            for g in state["gpus"]
+        ],
+        "allocations": [view(a, state, now) for a in state["allocs"]],
+    }
 
 
 def view(a: Alloc, state: State, now: float) -> dict[str, Any]:

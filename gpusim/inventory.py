@@ -8,7 +8,7 @@ from pathlib import Path
 
 import asyncssh
 
-from gpubot.sim.node import SimNode
+from gpusim.node import SimNode
 
 RUNTIMES = ("docker", "podman", "slurm", "crictl")  # what the inventory lists (gpubot.config)
 
@@ -39,14 +39,20 @@ def write_known_hosts(path: Path, nodes: Sequence[SimNode]) -> None:
 
 
 def config_text(
-    nodes: Sequence[SimNode], *, title: str, database_url: str, known_hosts: Path, user: str,
-    client_key: Path, protected: Sequence[str] | None = None,
-) -> str:  # fmt: skip
+    nodes: Sequence[SimNode],
+    *,
+    title: str,
+    database_url: str,
+    known_hosts: Path,
+    user: str,
+    client_key: Path,
+    protected: Sequence[str] | None = None,
+) -> str:
     """Return the ``gpubot.toml`` of ``nodes`` (``protected``: the ``[reset]`` list, if any)."""
     q = toml_str
     out = [
         f"# {title}",
-        "# Written by gpubot.sim; load it with gpubot --config (or $GPUBOT_CONFIG).",
+        "# Written by gpusim; load it with gpubot --config (or $GPUBOT_CONFIG).",
         "",
         "[database]",
         f"url = {q(database_url)}",

@@ -17,8 +17,8 @@ import pwd
 import time
 from typing import Any
 
-from gpubot.errors import UsageError
-from gpubot.sim import simstate
+from gpusim import simstate
+from gpusim.errors import SimUsageError
 
 BEHAVIOUR = "adopted"  # the allocation's behaviour: nobody in the fleet drives this process
 
@@ -41,21 +41,21 @@ def holds(pid: int, path: str) -> bool:
 
 
 def record(node: str, pid: int, gpu: int, mib: int, util_pct: int, device: str) -> dict[str, Any]:
-    """Return the allocation of an adopted process, checked; ``UsageError`` if it cannot be.
+    """Return the allocation of an adopted process, checked; ``SimUsageError`` if it cannot be.
 
     The process must be alive and hold ``device`` (its GPU's device file) open: the simulator
     lists only what a real driver would, a process with a context on that GPU.
     """
     for what, v, top in (("pid", pid, None), ("MiB", mib, None), ("util_pct", util_pct, 100)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (1 if what == "pid" else 0):
-            raise UsageError(f"{node}: adopt: bad {what} {v!r}")
+            raise SimUsageError(f"{node}: adopt: bad {what} {v!r}")
         if top is not None and v > top:
-            raise UsageError(f"{node}: adopt: {what} must be at most {top}, not {v}")
+            raise SimUsageError(f"{node}: adopt: {what} must be at most {top}, not {v}")
     st = simstate.proc_stat(pid)
     if st is None or st[0] in ("Z", "X", "x"):
-        raise UsageError(f"{node}: adopt: no live process {pid}")
+        raise SimUsageError(f"{node}: adopt: no live process {pid}")
     if not holds(pid, device):
-        raise UsageError(f"{node}: adopt: pid {pid} does not hold {device} open")
+        raise SimUsageError(f"{node}: adopt: pid {pid} does not hold {device} open")
     uid = os.stat(f"/proc/{pid}").st_uid
     try:
         user = pwd.getpwuid(uid).pw_name

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gpubot.errors import UsageError
+from gpusim.errors import SimUsageError
 
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -55,15 +55,41 @@ class ServerPool(Protocol):
 
 
 def check_port_free(port: int) -> None:
-    """Raise ``UsageError`` if 127.0.0.1:``port`` cannot be listened on."""
+    """Raise ``SimUsageError`` if 127.0.0.1:``port`` cannot be listened on."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise UsageError(f"port {port} on 127.0.0.1 is in use") from None
-            raise UsageError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
+                raise SimUsageError(f"port {port} on 127.0.0.1 is in use") from None
+            raise SimUsageError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
+
+
+def client_argv(key: Path, known_hosts: Path, user: str, port: int, command: str) -> list[str]:
+    """Return an OpenSSH client command line that runs ``command`` as ``user`` on 127.0.0.1's
+    ``port``, with ``key`` only, trusting only the host keys in ``known_hosts``."""
+    return [
+        "ssh",
+        "-i",
+        str(key),
+        "-p",
+        str(port),
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-F",
+        "/dev/null",
+        f"{user}@127.0.0.1",
+        command,
+    ]
 
 
 def free_port() -> int:
@@ -78,7 +104,7 @@ def session_path(spec: ServerSpec) -> str:
     """Return the PATH of a session: ``spec.path_dirs`` (if any), then the standard one."""
     for d in spec.path_dirs:
         if not d.startswith("/") or any(c in d for c in ':"\n\0'):
-            raise UsageError(f"{spec.name}: bad directory for PATH: {d!r}")
+            raise SimUsageError(f"{spec.name}: bad directory for PATH: {d!r}")
     return ":".join([*spec.path_dirs, STD_PATH])
 
 
@@ -106,7 +132,7 @@ class HungListener:
             self._sock.bind(("127.0.0.1", port))
         except OSError:
             self._sock.close()
-            raise UsageError(f"port {port} on 127.0.0.1 is in use") from None
+            raise SimUsageError(f"port {port} on 127.0.0.1 is in use") from None
         self._sock.listen(64)
         self.port: int = self._sock.getsockname()[1]
         self._held: list[socket.socket] = []

@@ -206,9 +206,13 @@ def _find(entries: list[Entry], kinds: tuple[str, ...], ref: str, names: bool) -
 
 
 def container_cli(
-    prog: str, argv: list[str], state_dir: str, entries: list[Entry],
-    allocs: list[dict[str, Any]], root: bool,
-) -> int:  # fmt: skip
+    prog: str,
+    argv: list[str],
+    state_dir: str,
+    entries: list[Entry],
+    allocs: list[dict[str, Any]],
+    root: bool,
+) -> int:
     """``docker|podman [container] inspect|stop ...``: answer from ``entries``; the exit code."""
     args = argv[1:] if argv[:1] == ["container"] else argv
     if not args or args[0] not in ("inspect", "stop"):
@@ -264,8 +268,11 @@ def _container_args(prog: str, verb: str, rest: list[str]) -> tuple[float, list[
 
 def _inspect(prog: str, found: list[tuple[str, Entry | None]], allocs: list[dict[str, Any]]) -> int:
     """Print ``docker|podman inspect``'s array of what was found, and an error for the rest."""
-    docs = [(docker_doc if prog == "docker" else podman_doc)(e, allocs)
-            for _, e in found if e is not None]  # fmt: skip
+    docs = [
+        (docker_doc if prog == "docker" else podman_doc)(e, allocs)
+        for _, e in found
+        if e is not None
+    ]
     if prog == "docker":
         print(go_json(docs, 4))
         for r, e in found:

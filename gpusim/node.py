@@ -7,7 +7,6 @@ needs from its fleet (the driver, cgroups, SSH servers) it asks through ``host.N
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import shlex
 import signal
@@ -16,16 +15,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpubot.errors import UsageError
-from gpubot.sim import adopt, node_layout, runtime_registry, runtimes, simstate, smi_faults
-from gpubot.sim.cgroups import make_spec
-from gpubot.sim.host import NodeHost
-from gpubot.sim.node_layout import bus_id, gpu_uuid
-from gpubot.sim.nvidia_smi import APP_ALIASES, APP_FIELDS, GPU_ALIASES, GPU_FIELDS
-from gpubot.sim.smi_faults import FAULTS, LOST_STYLES
-from gpubot.sim.spawning import Request, Workload, check_request, identify, start_process
-from gpubot.sim.sudo import node_rule
-from gpubot.sim.workload import GPULESS
+from gpusim import adopt, node_layout, runtime_registry, runtimes, simstate, smi_faults
+from gpusim.errors import SimUsageError
+from gpusim.host import NodeHost
+from gpusim.node_layout import bus_id, gpu_uuid
+from gpusim.nvidia_smi import canonical_field
+from gpusim.server import client_argv
+from gpusim.smi_faults import FAULTS, LOST_STYLES
+from gpusim.spawning import Request, Workload, check_request, identify, start_process
+from gpusim.spec import Spec, make_spec
+from gpusim.sudo import read_log
+from gpusim.sudoers import node_rule
+from gpusim.workload import GPULESS
 
 __all__ = ["FAULTS", "LOST_STYLES", "SimNode", "Workload", "bus_id", "gpu_uuid"]
 
@@ -81,29 +82,41 @@ class SimNode:
             node_layout.write_information(self.driver_dir, g)
         state = simstate.new_state(self.name, gpus, self.dev_prefix, self._initial_delay)
         node_layout.init_state(self.state_dir, state)
-        node_layout.write_launcher(Path(self.nvidia_smi), python, lib_dir,
-                                   f"nvidia-smi of the simulated node {self.name}.", "nvidia_smi",
-                                   f"sys.argv[1:], {str(self.state_dir)!r}")  # fmt: skip
+        node_layout.write_launcher(
+            Path(self.nvidia_smi),
+            python,
+            lib_dir,
+            f"nvidia-smi of the simulated node {self.name}.",
+            "nvidia_smi",
+            f"sys.argv[1:], {str(self.state_dir)!r}",
+        )
 
     def create_sudo(self, lib_dir: Path, python: str, rule: dict[str, Any]) -> None:
         """Install the sudo stand-in: ``sbin-sudo/sudo``, this node's rule file and its log.
 
-        ``rule`` is ``gpubot.sim.sudo.parse_sudoers`` of the README's block; its device and
+        ``rule`` is ``gpusim.sudoers.parse_sudoers`` of the README's block; its device and
         nvidia-smi paths are rewritten to this node's.
         """
         # The runtime programs always point into the node (installed or not): a sudo node never
         # reaches this machine's own docker or systemctl.
-        mine = node_rule(rule, self.name, self.dev_prefix, self.nvidia_smi, str(self.sudo_log_path),
-                         programs=self.runtime_programs())  # fmt: skip
-        self.sudo_rule_path.write_text(json.dumps(mine, indent=2) + "\n", encoding="utf-8")
-        os.chmod(self.sudo_rule_path, 0o644)
-        self.sudo_log_path.write_bytes(b"")
-        os.chmod(self.sudo_log_path, 0o644)
-        self.sudo_dir.mkdir(exist_ok=True)
-        os.chmod(self.sudo_dir, 0o755)
+        mine = node_rule(
+            rule,
+            self.name,
+            self.dev_prefix,
+            self.nvidia_smi,
+            str(self.sudo_log_path),
+            programs=self.runtime_programs(),
+        )
+        node_layout.write_sudo_files(self.sudo_dir, self.sudo_rule_path, self.sudo_log_path, mine)
         doc = f"sudo of the simulated node {self.name}: only the rule commands, with -n."
-        node_layout.write_launcher(self.sudo_dir / "sudo", python, lib_dir, doc, "sudo",
-                                   f"sys.argv[1:], {str(self.sudo_rule_path)!r}")  # fmt: skip
+        node_layout.write_launcher(
+            self.sudo_dir / "sudo",
+            python,
+            lib_dir,
+            doc,
+            "sudo",
+            f"sys.argv[1:], {str(self.sudo_rule_path)!r}",
+        )
         self.sudo = True
 
     def runtime_programs(self) -> dict[str, str]:
@@ -112,11 +125,11 @@ class SimNode:
 
     def create_runtimes(self, lib_dir: Path, python: str) -> None:
         """Install the stand-ins ``docker``, ``podman``, ``crictl``, ``scontrol``, ``scancel``
-        and ``systemctl`` in ``runtime-bin/`` (see ``gpubot.sim.runtimes``)."""
+        and ``systemctl`` in ``runtime-bin/`` (see ``gpusim.runtimes``)."""
         self.runtime_dir.mkdir(exist_ok=True)
         os.chmod(self.runtime_dir, 0o755)
         for prog, path in self.runtime_programs().items():
-            doc = f"{prog} of the simulated node {self.name} (gpubot.sim.runtimes)."
+            doc = f"{prog} of the simulated node {self.name} (gpusim.runtimes)."
             args = f"{prog!r}, sys.argv[1:], {str(self.state_dir)!r}"
             node_layout.write_launcher(Path(path), python, lib_dir, doc, "runtimes", args)
         self.runtimes = True
@@ -124,11 +137,11 @@ class SimNode:
     def set_runtime_delay(self, seconds: float) -> None:
         """Make every runtime stand-in of this node sleep ``seconds`` before it answers."""
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-            raise UsageError(f"runtime delay must be a number of seconds >= 0, not {seconds!r}")
+            raise SimUsageError(f"runtime delay must be a number of seconds >= 0, not {seconds!r}")
         runtime_registry.set_delay(str(self.state_dir), float(seconds))
 
     def registry(self) -> list[dict[str, Any]]:
-        """Return the node's container/job registry (``gpubot.sim.runtimes`` documents it)."""
+        """Return the node's container/job registry (``gpusim.runtimes`` documents it)."""
         with simstate.locked(str(self.state_dir)):
             entries: list[dict[str, Any]] = runtime_registry.load(str(self.state_dir))["entries"]
         return entries
@@ -141,11 +154,7 @@ class SimNode:
         command line it checked (None if it never got that far), ``verdict`` one of ``run``,
         ``denied``, ``not-found``, ``no-n``, ``usage``.
         """
-        try:
-            text = self.sudo_log_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return read_log(str(self.sudo_log_path))
 
     def device(self, gpu: int) -> str:
         """Return the device file of GPU ``gpu`` (index): the one named by its minor."""
@@ -178,30 +187,51 @@ class SimNode:
 
         ``forge``: once ready, the process keeps rewriting its argv and comm to this text, with
         ``{token}`` replaced by the latest hex token seen in another process's command line and
-        ``{pid}`` by its pid (see ``gpubot.sim.workload``); it may hold newlines and NULs.
+        ``{pid}`` by its pid (see ``gpusim.workload``); it may hold newlines and NULs.
         ``exe_path``: run through a copy of the interpreter at this path inside the node's
         directory (see ``daemon_exe``): ``/proc/PID/exe`` shows it, comm is its basename.
 
-        ``cgroup`` (docker, podman, kubernetes, slurm, service, session): the process (for
-        ``respawn``, its supervisor) is moved into a fresh real cgroup of that shape before it
-        starts anything (see ``gpubot.sim.cgroups``), and the node's registry records it for the
-        runtime stand-ins. Containers take ``container_name``, ``image``, ``labels``; docker and
-        podman a ``restart`` policy (``always``, ``on-failure``, ``unless-stopped``: the
-        ``respawn`` behaviour, the supervisor standing in for the daemon's restart manager, until
-        ``docker stop``); kubernetes a ``pod`` (``NAMESPACE/NAME``); slurm ``job_name`` and
-        ``job_user`` (whom the job runs as). ``SimError`` when cgroups cannot be made here.
+        ``cgroup`` (``cgroups.KINDS``): the process (for ``respawn``, its supervisor) goes into a
+        fresh real cgroup of that shape before it starts anything (``gpusim.cgroups``; the other
+        options: ``spec.make_spec``); the node's registry records it for the runtime stand-ins.
+        ``SimError`` when cgroups cannot be made here.
         """
-        spec = make_spec(cgroup, container_name=container_name, image=image, labels=labels,
-                         restart=restart, pod=pod, job_name=job_name,
-                         job_user=job_user)  # fmt: skip
-        req = check_request(self.name, self.gpus, self.memory_mib, gpu=gpu, mib=mib,
-                            behaviour=behaviour, user=user, name=name, util_pct=util_pct,
-                            slow_exit_s=slow_exit_s, forge=forge, spec=spec)  # fmt: skip
+        spec = make_spec(
+            cgroup,
+            container_name=container_name,
+            image=image,
+            labels=labels,
+            restart=restart,
+            pod=pod,
+            job_name=job_name,
+            job_user=job_user,
+        )
+        req = check_request(
+            self.name,
+            self.gpus,
+            self.memory_mib,
+            gpu=gpu,
+            mib=mib,
+            behaviour=behaviour,
+            user=user,
+            name=name,
+            util_pct=util_pct,
+            slow_exit_s=slow_exit_s,
+            forge=forge,
+            spec=spec,
+        )
+        self._check_name_free(spec)
+        return self._launch(req, exe_path)
+
+    def _check_name_free(self, spec: Spec | None) -> None:
+        """Refuse a docker or podman container name that one of that runtime's containers on
+        this node has, as the daemon does ("Conflict. The container name ... is in use")."""
         if spec is not None and spec.kind in ("docker", "podman") and spec.name is not None:
             taken = {e["name"] for e in self.registry() if e["kind"] == spec.kind}
-            if spec.name in taken:  # as the daemon's "Conflict. The container name ... is in use"
-                raise UsageError(f'{self.name}: the container name "{spec.name}" is already in use')
-        return self._launch(req, exe_path)
+            if spec.name in taken:
+                raise SimUsageError(
+                    f'{self.name}: the container name "{spec.name}" is already in use'
+                )
 
     def _launch(self, req: Request, exe_path: str | None) -> Workload:
         """Start a checked request: in its cgroup, if any; record it; return it once ready."""
@@ -212,8 +242,9 @@ class SimNode:
         placement = None if spec is None else placements.place(self.name, spec.kind, pw.pw_uid)
         log_path = self.dir / "log" / f"workload-{next(self._seq)}.log"
         try:
-            pid, ticks, proc = start_process(self.fleet, self.name, self.dir, log_path, argv, exe,
-                                             pw, respawn, placement)  # fmt: skip
+            pid, ticks, proc = start_process(
+                self.fleet, self.name, self.dir, log_path, argv, exe, pw, respawn, placement
+            )
         except BaseException:
             if placement is not None:
                 placements.unplace(self.name, placement)
@@ -241,17 +272,17 @@ class SimNode:
         that holds GPU ``gpu``'s device file open, a compute app using ``mib`` there.
 
         The driver watches it and frees its memory ``release_delay_s`` after it dies, as for a
-        spawned workload; the fleet never signals it (see ``gpubot.sim.adopt``).
+        spawned workload; the fleet never signals it (see ``gpusim.adopt``).
         """
         if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < self.gpus:
-            raise UsageError(f"{self.name}: no GPU {gpu!r}")
+            raise SimUsageError(f"{self.name}: no GPU {gpu!r}")
         if isinstance(mib, int) and mib > self.memory_mib:
-            raise UsageError(f"{self.name}: {mib} MiB is more than a GPU holds")
+            raise SimUsageError(f"{self.name}: {mib} MiB is more than a GPU holds")
         rec = adopt.record(self.name, pid, gpu, mib, util_pct, self.device(gpu))
         ticks, user, name = rec["start_ticks"], rec["user"], rec["name"]
         with simstate.transaction(str(self.state_dir)) as state:
             if any((a["pid"], a["start_ticks"]) == (pid, ticks) for a in state["allocs"]):
-                raise UsageError(f"{self.name}: pid {pid} holds a GPU of this node already")
+                raise SimUsageError(f"{self.name}: pid {pid} holds a GPU of this node already")
             state["allocs"].append(rec)
         self.fleet.watch(str(self.state_dir), pid, ticks)
         return Workload(self.name, pid, ticks, gpu, mib, adopt.BEHAVIOUR, user, name, _node=self)
@@ -283,7 +314,7 @@ class SimNode:
         try:
             fault = smi_faults.fault_record(kind, params, self.gpus)
         except ValueError as exc:
-            raise UsageError(str(exc)) from None
+            raise SimUsageError(str(exc)) from None
         if kind is None:
             self.unstick()
         smi = Path(self.nvidia_smi)
@@ -298,7 +329,7 @@ class SimNode:
     def set_mig(self, gpu: int, enabled: bool) -> None:
         """Put GPU ``gpu`` in MIG mode (``mig.mode.current`` says Enabled) or take it out."""
         if not 0 <= gpu < self.gpus:
-            raise UsageError(f"{self.name}: no GPU {gpu}")
+            raise SimUsageError(f"{self.name}: no GPU {gpu}")
         with simstate.transaction(str(self.state_dir)) as state:
             state["gpus"][gpu]["mig"] = "Enabled" if enabled else "Disabled"
 
@@ -308,20 +339,13 @@ class SimNode:
         ``query`` is ``"gpu"`` (``--query-gpu``; ``gpu=None`` means every GPU) or ``"apps"``
         (``--query-compute-apps``, every row).
         """
-        if query == "gpu":
-            canon = GPU_ALIASES.get(fld, fld)
-            if canon not in GPU_FIELDS:
-                raise UsageError(f"unknown --query-gpu field {fld!r}")
-            if gpu is not None and not 0 <= gpu < self.gpus:
-                raise UsageError(f"{self.name}: no GPU {gpu}")
-            slot = "*" if gpu is None else str(gpu)
-        elif query == "apps":
-            canon = APP_ALIASES.get(fld, fld)
-            if canon not in APP_FIELDS:
-                raise UsageError(f"unknown --query-compute-apps field {fld!r}")
-            slot = ""
-        else:
-            raise UsageError(f"query must be 'gpu' or 'apps', not {query!r}")
+        try:
+            canon = canonical_field(query, fld)
+        except ValueError as exc:
+            raise SimUsageError(str(exc)) from None
+        if query == "gpu" and gpu is not None and not 0 <= gpu < self.gpus:
+            raise SimUsageError(f"{self.name}: no GPU {gpu}")
+        slot = ("*" if gpu is None else str(gpu)) if query == "gpu" else ""
         with simstate.transaction(str(self.state_dir)) as state:
             table = state["overrides"][query]
             target = table.setdefault(slot, {}) if query == "gpu" else table
@@ -341,35 +365,14 @@ class SimNode:
     @release_delay_s.setter
     def release_delay_s(self, value: float) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise UsageError(f"release delay must be a number of seconds >= 0, not {value!r}")
+            raise SimUsageError(f"release delay must be a number of seconds >= 0, not {value!r}")
         with simstate.transaction(str(self.state_dir)) as state:
             state["release_delay_s"] = float(value)
 
     def state(self) -> dict[str, Any]:
         """Return the node's GPUs, allocations and fault as plain data."""
         with simstate.transaction(str(self.state_dir)) as st:
-            now = time.time()
-            simstate.refresh(st, now)
-            usage = simstate.gpu_usage(st, now)
-            return {
-                "node": self.name,
-                "port": self.port,
-                "release_delay_s": st["release_delay_s"],
-                "fault": st["fault"],
-                "gpus": [
-                    {
-                        "index": g["index"],
-                        "uuid": g["uuid"],
-                        "name": g["name"],
-                        "bus_id": g["bus_id"],
-                        "memory_total_mib": g["memory_total"],
-                        "memory_used_mib": usage[g["index"]][0],
-                        "utilization_pct": usage[g["index"]][1],
-                    }
-                    for g in st["gpus"]
-                ],
-                "allocations": [simstate.view(a, st, now) for a in st["allocs"]],
-            }
+            return {"node": self.name, "port": self.port, **simstate.report(st, time.time())}
 
     # ---- servers --------------------------------------------------------------------------
 
@@ -388,13 +391,7 @@ class SimNode:
     def ssh_argv(self, *remote: str) -> list[str]:
         """Return an OpenSSH client command line that runs ``remote`` (joined) on this node."""
         f = self.fleet
-        return [
-            "ssh", "-i", str(f.client_key), "-p", str(self.port),
-            "-o", f"UserKnownHostsFile={f.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "BatchMode=yes", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "IdentitiesOnly=yes", "-F", "/dev/null",
-            f"{f.user}@127.0.0.1", shlex.join(remote),
-        ]  # fmt: skip
+        return client_argv(f.client_key, f.known_hosts, f.user, self.port, shlex.join(remote))
 
     def kill_workloads(self, timeout_s: float = 5.0) -> int:
         """SIGKILL every live workload of this node (supervisors first); return how many."""

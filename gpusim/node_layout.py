@@ -2,13 +2,15 @@
 
 A node directory holds ``dev/`` (device files), ``bin/nvidia-smi`` (a launcher of the standalone
 ``gpusim.nvidia_smi``), ``driver/gpus/<bus id>/information``, ``exe/`` (links to the interpreter
-named as workloads are), ``sbin/`` (copies of it, for daemons), ``log/`` and ``state/``.
+named as workloads are), ``sbin/`` (copies of it, for daemons), ``log/`` and ``state/``; a sudo
+node also ``sbin-sudo/sudo`` (a launcher of ``gpusim.sudo``) with ``sudoers.json``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -16,15 +18,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
-from gpubot.sim.workload import PAGE
+from gpusim import simstate
+from gpusim.errors import SimError, SimUsageError
+from gpusim.workload import PAGE
 
 # PCI bus ids of the eight GPUs of an HGX H100/H200 board, as nvidia-smi prints them.
 HGX_BUS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 # (sub-directory, mode): workloads of other users write their records under state/.
-NODE_DIRS = (("", 0o755), ("dev", 0o755), ("bin", 0o755), ("exe", 0o755), ("log", 0o755),
-             ("state", 0o777), ("state/run", 0o777))  # fmt: skip
+NODE_DIRS = (
+    ("", 0o755),
+    ("dev", 0o755),
+    ("bin", 0o755),
+    ("exe", 0o755),
+    ("log", 0o755),
+    ("state", 0o777),
+    ("state/run", 0o777),
+)
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -108,10 +117,21 @@ def write_launcher(
     os.chmod(path, 0o755)
 
 
+def write_sudo_files(sudo_dir: Path, rule_path: Path, log_path: Path, rule: dict[str, Any]) -> None:
+    """Write the sudo stand-in's rule file (``sudoers.node_rule``) and an empty log, and make
+    the directory of its launcher; all readable by every user."""
+    rule_path.write_text(json.dumps(rule, indent=2) + "\n", encoding="utf-8")
+    os.chmod(rule_path, 0o644)
+    log_path.write_bytes(b"")
+    os.chmod(log_path, 0o644)
+    sudo_dir.mkdir(exist_ok=True)
+    os.chmod(sudo_dir, 0o755)
+
+
 def check_exe_name(name: str, what: str) -> None:
-    """Raise ``UsageError`` unless ``name`` can be one file name (``what``: for the message)."""
+    """Raise ``SimUsageError`` unless ``name`` can be one file name (``what``: for the message)."""
     if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 100:
-        raise UsageError(f"bad {what} name {name!r}")
+        raise SimUsageError(f"bad {what} name {name!r}")
 
 
 def exe_link(node_dir: Path, name: str, python_real: str) -> str:
@@ -127,9 +147,9 @@ def interpreter_copy(node: str, node_dir: Path, python_real: str, path: str) -> 
     """Make ``path`` (inside ``node_dir``) a copy of the interpreter; return it."""
     target = Path(os.path.realpath(os.path.abspath(path)))
     if not target.is_relative_to(os.path.realpath(node_dir)):
-        raise UsageError(f"{node}: {path!r} is outside the node's directory {node_dir}")
+        raise SimUsageError(f"{node}: {path!r} is outside the node's directory {node_dir}")
     if target.is_symlink() or (target.exists() and not target.is_file()):
-        raise UsageError(f"{node}: {path!r} is not a regular file")
+        raise SimUsageError(f"{node}: {path!r} is not a regular file")
     if not target.exists():
         # A link of a finished copy: a racing spawn never execs a half-written file, and
         # a running daemon's file is never replaced (its /proc/PID/exe would say deleted).

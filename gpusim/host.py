@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Protocol
 
-from gpubot.sim.placements import Placements
+from gpusim.placements import Placements
 
 
 class NodeHost(Protocol):

@@ -1,4 +1,4 @@
-"""The host side of a simulated fleet: where its files live, its Python, its library, reaping."""
+"""The host side of a simulated fleet: its options, its files, its Python and library, reaping."""
 
 from __future__ import annotations
 
@@ -13,14 +13,27 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from gpubot.errors import SimError, UsageError
-from gpubot.sim.inventory import RUNTIMES
+from gpusim.errors import SimError, SimUsageError
+from gpusim.inventory import RUNTIMES
+from gpusim.sudoers import parse_sudoers
 
 # The standalone modules (standard library only) that nodes run as ``gpusim.*``.
-STANDALONE = ("simstate.py", "nvidia_smi.py", "smi_faults.py", "workload.py", "sudo.py",
-              "runtimes.py", "runtime_registry.py", "containers.py", "jobs.py")  # fmt: skip
+STANDALONE = (
+    "simstate.py",
+    "nvidia_smi.py",
+    "smi_faults.py",
+    "workload.py",
+    "sudo.py",
+    "sudoers.py",
+    "runtimes.py",
+    "runtime_registry.py",
+    "containers.py",
+    "jobs.py",
+)
 PR_SET_CHILD_SUBREAPER = 36
+SERVERS = ("asyncssh", "sshd")
 
 
 def node_python() -> str:
@@ -60,7 +73,7 @@ def write_lib(lib_dir: Path) -> None:
     pkg = lib_dir / "gpusim"
     pkg.mkdir(parents=True, exist_ok=True)
     here = Path(__file__).parent
-    (pkg / "__init__.py").write_text('"""Standalone parts of gpubot.sim."""\n')
+    (pkg / "__init__.py").write_text('"""Standalone parts of gpusim."""\n')
     for name in STANDALONE:
         shutil.copyfile(here / name, pkg / name)
     (lib_dir / "gpusim_workload.py").write_text(
@@ -97,7 +110,7 @@ def account(view_user: str | None) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(view_user) if view_user else pwd.getpwuid(os.geteuid())
     except KeyError:
-        raise UsageError(f"no such user {view_user!r}") from None
+        raise SimUsageError(f"no such user {view_user!r}") from None
 
 
 def home_and_shell(pw: pwd.struct_passwd) -> tuple[str, str]:
@@ -112,26 +125,83 @@ def runtime_options(
     runtimes: bool | Sequence[str], session_path: Sequence[str]
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Check ``SimFleet``'s ``runtimes`` and ``session_path``; return what the inventory lists
-    and the directories put first on a session's PATH (``UsageError`` for a bad value)."""
+    and the directories put first on a session's PATH (``SimUsageError`` for a bad value)."""
     return runtime_names(runtimes, RUNTIMES), path_dirs(session_path)
 
 
 def runtime_names(runtimes: bool | Sequence[str], known: Sequence[str]) -> tuple[str, ...]:
     """Return the runtimes the inventory lists: all ``known`` for True, none for False, else
-    the names given (each one of ``known``); ``UsageError`` for anything else."""
+    the names given (each one of ``known``); ``SimUsageError`` for anything else."""
     if isinstance(runtimes, bool):
         return tuple(known) if runtimes else ()
     if isinstance(runtimes, str) or not all(r in known for r in runtimes) or not runtimes:
-        raise UsageError(f"runtimes must be True, False or names from {list(known)}: {runtimes!r}")
+        raise SimUsageError(
+            f"runtimes must be True, False or names from {list(known)}: {runtimes!r}"
+        )
     return tuple(dict.fromkeys(runtimes))
 
 
+def paths(what: str, given: Sequence[str]) -> tuple[str, ...]:
+    """Return ``given`` (a list of paths) as a tuple; ``SimUsageError`` for a lone string."""
+    if isinstance(given, str):
+        raise SimUsageError(f"{what} must be a list of paths, not {given!r}")
+    return tuple(given)
+
+
+def sudo_rule(text: str | None) -> dict[str, Any] | None:
+    """Return the parsed sudoers block ``text`` (None for none); ``SimUsageError`` if bad."""
+    try:
+        return None if text is None else parse_sudoers(text)
+    except ValueError as exc:
+        raise SimUsageError(f"sudo rule: {exc}") from None
+
+
 def path_dirs(dirs: Sequence[str]) -> tuple[str, ...]:
-    """Return ``dirs`` (for a session's PATH) as absolute paths; ``UsageError`` for a bad one."""
+    """Return ``dirs`` (for a session's PATH) as absolute paths; ``SimUsageError`` for a bad one."""
     if isinstance(dirs, str):
-        raise UsageError(f"session_path must be a list of directories, not {dirs!r}")
+        raise SimUsageError(f"session_path must be a list of directories, not {dirs!r}")
     out = tuple(str(d) for d in dirs)
     for d in out:
         if not os.path.isabs(d) or ":" in d or not os.path.isdir(d):
-            raise UsageError(f"session_path: not an absolute directory for PATH: {d!r}")
+            raise SimUsageError(f"session_path: not an absolute directory for PATH: {d!r}")
     return out
+
+
+def check_options(
+    *,
+    nodes: Any,
+    gpus: Any,
+    server: str,
+    release_delay_s: Any,
+    model: str,
+    memory_mib: Any,
+    base_port: int | None,
+    minors: Sequence[int] | None,
+    view_user: str | None,
+    hidepid: bool,
+) -> None:
+    """Raise ``SimUsageError`` for ``SimFleet`` options that make no fleet."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 64:
+        raise SimUsageError(f"nodes must be 1-64, not {nodes!r}")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+        raise SimUsageError(f"gpus must be 1-64, not {gpus!r}")
+    if minors is not None and sorted(minors) != list(range(gpus)):
+        raise SimUsageError(f"minors must be a permutation of 0-{gpus - 1}, not {minors!r}")
+    if server not in SERVERS:
+        raise SimUsageError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
+    if isinstance(release_delay_s, bool) or not isinstance(release_delay_s, int | float):
+        raise SimUsageError(f"release delay must be a number, not {release_delay_s!r}")
+    if release_delay_s < 0:
+        raise SimUsageError(f"release delay must be >= 0 s, not {release_delay_s}")
+    if not model or "," in model or "\n" in model:
+        raise SimUsageError(f"bad GPU model name {model!r}")
+    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
+        raise SimUsageError(f"memory must be a positive number of MiB, not {memory_mib!r}")
+    if base_port is not None and not 1 <= base_port <= 65536 - nodes:
+        raise SimUsageError(f"base port {base_port} leaves no room for {nodes} nodes")
+    if (view_user or hidepid) and server != "asyncssh":
+        raise SimUsageError("view_user and hidepid need the asyncssh server")
+    if hidepid and not view_user:
+        raise SimUsageError("hidepid needs view_user: root sees every process anyway")
+    if view_user is not None and os.geteuid() != 0:
+        raise SimUsageError("view_user needs root (to start sessions as another user)")

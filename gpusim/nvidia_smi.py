@@ -75,6 +75,18 @@ APP_FIELDS = {
 APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
 
 
+def canonical_field(query: str, fld: str) -> str:
+    """Return the canonical name of field ``fld`` of ``--query-gpu`` (``query`` "gpu") or of
+    ``--query-compute-apps`` ("apps"), aliases resolved; ``ValueError`` for an unknown one."""
+    if query not in ("gpu", "apps"):
+        raise ValueError(f"query must be 'gpu' or 'apps', not {query!r}")
+    gpu = query == "gpu"
+    canon = (GPU_ALIASES if gpu else APP_ALIASES).get(fld, fld)
+    if canon not in (GPU_FIELDS if gpu else APP_FIELDS):
+        raise ValueError(f"unknown --query-{'gpu' if gpu else 'compute-apps'} field {fld!r}")
+    return canon
+
+
 class Usage(Exception):
     """Bad arguments: print ``text`` and exit with ``code``."""
 
@@ -325,20 +337,24 @@ def table(
         wide,
         f"|{head:<89}|",
         "|" + bar[1:],
-        row(" GPU  Name                 Persistence-M ", "Bus-Id          Disp.A ",
-            "Volatile Uncorr. ECC "),
-        row(" Fan  Temp   Perf          Pwr:Usage/Cap ", "Memory-Usage ",
-            "GPU-Util  Compute M. "),
+        row(
+            " GPU  Name                 Persistence-M ",
+            "Bus-Id          Disp.A ",
+            "Volatile Uncorr. ECC ",
+        ),
+        row(" Fan  Temp   Perf          Pwr:Usage/Cap ", "Memory-Usage ", "GPU-Util  Compute M. "),
         row("", "", "MIG M. "),
         "|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|",
-    ]  # fmt: skip
+    ]
     for g in gpus:
         used, util = usage[g["index"]]
-        out.append(row(f"   {g['index']:<3}{g['name']}".ljust(37) + "On  ", g["bus_id"] + " Off ",
-                       "0 "))  # fmt: skip
+        out.append(
+            row(f"   {g['index']:<3}{g['name']}".ljust(37) + "On  ", g["bus_id"] + " Off ", "0 ")
+        )
         c1 = f" N/A   {30 + util // 4}C    P0" + f"{70 + util * 6}W /  700W ".rjust(25)
-        out.append(row(c1, f"{used}MiB / {g['memory_total']}MiB ", f"{util}%".rjust(8) +
-                       "      Default "))  # fmt: skip
+        out.append(
+            row(c1, f"{used}MiB / {g['memory_total']}MiB ", f"{util}%".rjust(8) + "      Default ")
+        )
         out.append(row("", "", "Disabled "))
         out.append(bar)
     out += [

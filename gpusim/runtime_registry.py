@@ -149,8 +149,11 @@ def live(entry: Entry, allocs: list[dict[str, Any]]) -> tuple[bool, int, int, fl
     """Return ``(running, pid or 0, restart count, died at)`` of an entry now."""
     sup = entry.get("supervisor_pid")
     if sup is not None:
-        mine = [a for a in allocs if a.get("supervisor") == sup
-                and a.get("registered_at", 0) >= entry["created"] - 1]  # fmt: skip
+        mine = [
+            a
+            for a in allocs
+            if a.get("supervisor") == sup and a.get("registered_at", 0) >= entry["created"] - 1
+        ]
         up = [a for a in mine if simstate.is_alive(a["pid"], a["start_ticks"])]
         running = simstate.is_alive(sup, entry["supervisor_start_ticks"])
         died = max((a.get("died_at") or 0 for a in mine), default=0) or None

@@ -69,9 +69,14 @@ def scontrol_lines(e: Entry, allocs: list[dict[str, Any]], node: str) -> list[st
 
 
 def slurm(
-    prog: str, argv: list[str], state_dir: str, entries: list[Entry],
-    allocs: list[dict[str, Any]], node: str, root: bool,
-) -> int:  # fmt: skip
+    prog: str,
+    argv: list[str],
+    state_dir: str,
+    entries: list[Entry],
+    allocs: list[dict[str, Any]],
+    node: str,
+    root: bool,
+) -> int:
     """``scontrol [-o] show job ID`` and ``scancel ID...`` of ``entries``; the exit code."""
     jobs = {e["id"]: e for e in entries if e["kind"] == "slurm"}
     if prog == "scontrol":

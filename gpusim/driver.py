@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpubot.sim import simstate
+from gpusim import simstate
 
 Key = tuple[str, int, int]  # (state dir, pid, start ticks)
 ORPHAN_SWEEP_S = 0.5

@@ -48,8 +48,16 @@ from typing import Any, BinaryIO
 
 from . import simstate
 
-BEHAVIOURS = ("normal", "stubborn", "slow", "respawn", "orphan", "hidden", "ctl-only",
-              "persistenced")  # fmt: skip
+BEHAVIOURS = (
+    "normal",
+    "stubborn",
+    "slow",
+    "respawn",
+    "orphan",
+    "hidden",
+    "ctl-only",
+    "persistenced",
+)
 GPULESS = ("ctl-only", "persistenced")  # hold no GPU memory of their own
 PAGE = 4096
 FORGE_PERIOD_S = 0.005

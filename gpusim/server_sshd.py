@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpubot.errors import SimError
-from gpubot.sim import simstate
-from gpubot.sim.server import ServerSpec, check_port_free, free_port, session_path
+from gpusim import simstate
+from gpusim.errors import SimError
+from gpusim.server import ServerSpec, check_port_free, free_port, session_path
 
 SSHD = "/usr/sbin/sshd"
 

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpubot.errors import GpubotError, SimError, UsageError
+from gpusim.errors import SimError, SimUsageError
 
 if TYPE_CHECKING:
-    from gpubot.sim.node import SimNode
-    from gpubot.sim.spawning import Workload
+    from gpusim.node import SimNode
+    from gpusim.spawning import Workload
 
 SOCKET_NAME = "control.sock"
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -42,7 +42,7 @@ class ControlledFleet(Protocol):
         ...
 
     def node(self, name: str) -> SimNode:
-        """Return the node called ``name``; ``UsageError`` for an unknown one."""
+        """Return the node called ``name``; ``SimUsageError`` for an unknown one."""
         ...
 
 
@@ -63,11 +63,11 @@ class _Handler(socketserver.StreamRequestHandler):
         try:
             req = json.loads(line)
             if not isinstance(req, dict):
-                raise UsageError("a request is a JSON object")
+                raise SimUsageError("a request is a JSON object")
             result = self.server.dispatch(req)
             reply: dict[str, Any] = {"ok": True, "result": result}
-        except GpubotError as exc:
-            reply = {"ok": False, "error": str(exc), "usage": isinstance(exc, UsageError)}
+        except SimError as exc:
+            reply = {"ok": False, "error": str(exc), "usage": isinstance(exc, SimUsageError)}
         except (ValueError, TypeError, KeyError) as exc:
             reply = {"ok": False, "error": f"bad request: {exc}", "usage": True}
         self.wfile.write(json.dumps(reply).encode() + b"\n")
@@ -156,10 +156,10 @@ class ControlServer:
             return f.node(req["node"]).state()["fault"]
         if op == "stop":
             if self._on_stop is None:
-                raise UsageError("this fleet is run by a program, not by 'gpubot sim up'")
+                raise SimUsageError("this fleet is run by a program, not by 'gpubot sim up'")
             self._on_stop()
             return None
-        raise UsageError(f"unknown control operation {op!r}")
+        raise SimUsageError(f"unknown control operation {op!r}")
 
 
 def _identity(w: Workload) -> dict[str, Any]:
@@ -191,7 +191,7 @@ def request(directory: Path, req: dict[str, Any], timeout_s: float = 60.0) -> An
         try:
             sock.connect(str(path))
         except (FileNotFoundError, ConnectionRefusedError):
-            raise UsageError(
+            raise SimUsageError(
                 f"no simulated fleet runs in {directory} (start one: gpubot sim up)"
             ) from None
         sock.sendall(json.dumps(req).encode() + b"\n")
@@ -203,12 +203,14 @@ def request(directory: Path, req: dict[str, Any], timeout_s: float = 60.0) -> An
             data += chunk
     except TimeoutError:
         raise SimError(f"the fleet in {directory} did not answer in {timeout_s:g}s") from None
+    except OSError as exc:  # it hung up while we wrote or read
+        raise SimError(f"the fleet in {directory} hung up: {exc.strerror or exc}") from None
     finally:
         sock.close()
     if not data:
         raise SimError(f"the fleet in {directory} closed the connection without an answer")
     reply = json.loads(data)
     if not reply.get("ok"):
-        cls = UsageError if reply.get("usage") else SimError
+        cls = SimUsageError if reply.get("usage") else SimError
         raise cls(str(reply.get("error")))
     return reply.get("result")

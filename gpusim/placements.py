@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from gpubot.errors import SimError
-from gpubot.sim import cgroups
-from gpubot.sim.cgroups import CgroupSet, Placement
+from gpusim import cgroups
+from gpusim.cgroups import CgroupSet, Placement
+from gpusim.errors import SimError
 
 
 class Placements:

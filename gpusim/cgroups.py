@@ -34,19 +34,18 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import secrets
 import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
-from gpubot.sim.runtime_registry import RESTARTS, kill_members, members
+from gpusim import simstate
+from gpusim.errors import SimError
+from gpusim.runtime_registry import kill_members, members
 
 KINDS = ("docker", "podman", "kubernetes", "slurm", "service", "session")
 REGISTRY = Path(tempfile.gettempdir()) / "gpusim-cgroups.json"
@@ -341,101 +340,3 @@ class CgroupSet:
         _sweep_parents(reg)
         placement.owned = [d for d in placement.owned if d in left]
         return left
-
-
-# ---- what a spawn asks for ---------------------------------------------------------------------
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # docker's container names
-_DNS = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")  # a Kubernetes namespace / pod name
-
-
-@dataclass(frozen=True)
-class Spec:
-    """A workload's container, pod or job, as ``SimNode.spawn`` was asked for it."""
-
-    kind: str
-    name: str | None = None  # container name (docker, podman, kubernetes)
-    image: str | None = None
-    labels: tuple[tuple[str, str], ...] = ()
-    restart: str | None = None  # docker, podman
-    pod: tuple[str, str] | None = None  # (namespace, name), kubernetes
-    job_name: str | None = None  # slurm
-    job_user: str | None = None  # slurm
-
-    @property
-    def restarts(self) -> bool:
-        """Whether a restart policy brings the container back when its process dies."""
-        return self.restart not in (None, "no")
-
-
-def make_spec(
-    kind: str | None,
-    *,
-    container_name: str | None = None,
-    image: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    restart: str | None = None,
-    pod: str | None = None,
-    job_name: str | None = None,
-    job_user: str | None = None,
-) -> Spec | None:
-    """Check what a spawn asks for; return None for no cgroup. Bad input: ``UsageError``."""
-    given = {"container_name": container_name, "image": image, "labels": labels,
-             "restart": restart, "pod": pod, "job_name": job_name,
-             "job_user": job_user}  # fmt: skip
-    fits = {"docker": {"container_name", "image", "labels", "restart"},
-            "podman": {"container_name", "image", "labels", "restart"},
-            "kubernetes": {"container_name", "image", "labels", "pod"},
-            "slurm": {"job_name", "job_user"}}  # fmt: skip
-    if kind is None:
-        extra = sorted(k for k, v in given.items() if v is not None)
-        if extra:
-            raise UsageError(f"{', '.join(extra)} needs a cgroup kind ({', '.join(KINDS)})")
-        return None
-    if kind not in KINDS:
-        raise UsageError(f"unknown cgroup kind {kind!r} (one of {', '.join(KINDS)})")
-    extra = sorted(k for k, v in given.items() if v is not None and k not in fits.get(kind, ()))
-    if extra:
-        raise UsageError(f"a {kind} workload takes no {', '.join(extra)}")
-    pairs = _check_container(container_name, image, labels)
-    if restart is not None and restart not in RESTARTS:
-        raise UsageError(f"unknown restart policy {restart!r} (one of {', '.join(RESTARTS)})")
-    ns_name: tuple[str, str] | None = None
-    if pod is not None:
-        ns, _, name = str(pod).partition("/")
-        if not (_DNS.match(ns) and _DNS.match(name)):
-            raise UsageError(f"bad pod {pod!r}: NAMESPACE/NAME, lower-case DNS labels")
-        ns_name = (ns, name)
-    if job_name is not None and not (
-        isinstance(job_name, str) and 0 < len(job_name) <= 200 and job_name.isprintable()
-    ):
-        raise UsageError(f"bad Slurm job name {job_name!r}")
-    if job_user is not None and not isinstance(job_user, str):
-        raise UsageError(f"bad Slurm job user {job_user!r}")
-    return Spec(kind, container_name, image, tuple(sorted(pairs)), restart, ns_name,
-                job_name, job_user)  # fmt: skip
-
-
-def _check_container(
-    container_name: str | None, image: str | None, labels: Mapping[str, str] | None
-) -> list[tuple[str, str]]:
-    """Check a container's name, image and labels; return the labels as pairs."""
-    if container_name is not None and not (
-        isinstance(container_name, str) and _NAME.match(container_name)
-    ):
-        raise UsageError(
-            f"bad container name {container_name!r} (docker's [a-zA-Z0-9][a-zA-Z0-9_.-]*)"
-        )
-    if image is not None and not (
-        isinstance(image, str) and 0 < len(image) <= 255
-        and all(c.isprintable() and not c.isspace() for c in image)
-    ):  # fmt: skip
-        raise UsageError(f"bad image name {image!r}")
-    if labels is not None and not isinstance(labels, Mapping):
-        raise UsageError(f"labels must be a mapping of text to text, not {labels!r}")
-    pairs: list[tuple[str, str]] = []
-    for k, v in (labels or {}).items():
-        if not (isinstance(k, str) and isinstance(v, str)) or not k or "=" in k or "\0" in k + v:
-            raise UsageError(f"bad label {k!r}={v!r} (a non-empty key without '=', text values)")
-        pairs.append((k, v))
-    return pairs

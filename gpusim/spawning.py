@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from gpubot.errors import SimError, UsageError
-from gpubot.sim import simstate
-from gpubot.sim.cgroups import Placement, Spec
-from gpubot.sim.host import NodeHost
-from gpubot.sim.node_layout import check_exe_name
-from gpubot.sim.workload import BEHAVIOURS, GPULESS
+from gpusim import simstate
+from gpusim.cgroups import Placement
+from gpusim.errors import SimError, SimUsageError
+from gpusim.host import NodeHost
+from gpusim.node_layout import check_exe_name
+from gpusim.spec import Spec
+from gpusim.workload import BEHAVIOURS, GPULESS
 
 READY_TIMEOUT_S = 15.0
 FORGE_PAD = 4000  # bytes of padding in a forger's argv: room for the forged text
@@ -98,13 +99,29 @@ class Request:
     spec: Spec | None
 
     def argv(self, lib_dir: Path, state_dir: Path, exe: str) -> list[str]:
-        """Return the workload's command line (``gpubot.sim.workload`` reads it)."""
+        """Return the workload's command line (``gpusim.workload`` reads it)."""
         gpu = -1 if self.gpu is None else self.gpu
-        argv = [self.name, "-S", str(lib_dir / "gpusim_workload.py"),
-                "--node-dir", str(state_dir), "--gpu", str(gpu), "--mib", str(self.mib),
-                "--behaviour", self.behaviour, "--util", str(self.util_pct),
-                "--slow-exit-s", str(self.slow_exit_s), "--name", self.name,
-                "--exe", exe]  # fmt: skip
+        argv = [
+            self.name,
+            "-S",
+            str(lib_dir / "gpusim_workload.py"),
+            "--node-dir",
+            str(state_dir),
+            "--gpu",
+            str(gpu),
+            "--mib",
+            str(self.mib),
+            "--behaviour",
+            self.behaviour,
+            "--util",
+            str(self.util_pct),
+            "--slow-exit-s",
+            str(self.slow_exit_s),
+            "--name",
+            self.name,
+            "--exe",
+            exe,
+        ]
         if self.forge is not None:
             # Base64, as argv cannot hold NULs; the padding makes room to rewrite argv into.
             forged = base64.b64encode(self.forge.encode()).decode()
@@ -113,58 +130,77 @@ class Request:
 
 
 def check_request(
-    node: str, gpus: int, memory_mib: int, *, gpu: int | None, mib: int, behaviour: str,
-    user: str | None, name: str, util_pct: int, slow_exit_s: float, forge: str | None,
+    node: str,
+    gpus: int,
+    memory_mib: int,
+    *,
+    gpu: int | None,
+    mib: int,
+    behaviour: str,
+    user: str | None,
+    name: str,
+    util_pct: int,
+    slow_exit_s: float,
+    forge: str | None,
     spec: Spec | None,
-) -> Request:  # fmt: skip
-    """Check a spawn on ``node`` (``gpus`` GPUs of ``memory_mib``); ``UsageError`` if bad."""
+) -> Request:
+    """Check a spawn on ``node`` (``gpus`` GPUs of ``memory_mib``); ``SimUsageError`` if bad."""
     if spec is not None and spec.restarts:
         if behaviour not in ("normal", "respawn"):
-            raise UsageError(f"restart={spec.restart} restarts a normal process, not {behaviour}")
+            raise SimUsageError(
+                f"restart={spec.restart} restarts a normal process, not {behaviour}"
+            )
         behaviour = "respawn"
     if spec is not None and spec.job_user is not None:
         if user is not None and user != spec.job_user:
-            raise UsageError(f"a Slurm job runs as its user ({spec.job_user}), not {user}")
+            raise SimUsageError(f"a Slurm job runs as its user ({spec.job_user}), not {user}")
         user = spec.job_user
     if behaviour not in BEHAVIOURS:
-        raise UsageError(f"unknown behaviour {behaviour!r} (one of {', '.join(BEHAVIOURS)})")
+        raise SimUsageError(f"unknown behaviour {behaviour!r} (one of {', '.join(BEHAVIOURS)})")
     if behaviour in GPULESS:
         gpu = None
     elif gpu is None or not 0 <= gpu < gpus:
-        raise UsageError(
+        raise SimUsageError(
             f"{node}: no GPU {gpu} (this node has GPUs 0-{gpus - 1})"
             if gpu is not None
             else f"{node}: a {behaviour} workload needs a GPU index"
         )
     if not 0 <= mib <= memory_mib:
-        raise UsageError(f"{node}: {mib} MiB does not fit a {memory_mib} MiB GPU")
+        raise SimUsageError(f"{node}: {mib} MiB does not fit a {memory_mib} MiB GPU")
     if not 0 <= util_pct <= 100:
-        raise UsageError(f"utilisation must be 0-100 %, not {util_pct}")
+        raise SimUsageError(f"utilisation must be 0-100 %, not {util_pct}")
     if slow_exit_s < 0:
-        raise UsageError(f"slow_exit_s must not be negative, not {slow_exit_s}")
+        raise SimUsageError(f"slow_exit_s must not be negative, not {slow_exit_s}")
     check_exe_name(name, "process")
     if forge is not None and (not isinstance(forge, str) or len(forge.encode()) > FORGE_MAX):
-        raise UsageError(f"forge text must be a str of at most {FORGE_MAX} bytes")
+        raise SimUsageError(f"forge text must be a str of at most {FORGE_MAX} bytes")
     return Request(gpu, mib, behaviour, login(user), name, util_pct, slow_exit_s, forge, spec)
 
 
 def login(user: str | None) -> pwd.struct_passwd:
-    """Return the account a workload runs as (ours for None); ``UsageError`` if we may not."""
+    """Return the account a workload runs as (ours for None); ``SimUsageError`` if we may not."""
     if user is None:
         return pwd.getpwuid(os.geteuid())
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
-        raise UsageError(f"no such user {user!r}") from None
+        raise SimUsageError(f"no such user {user!r}") from None
     if pw.pw_uid != os.geteuid() and os.geteuid() != 0:
-        raise UsageError(f"cannot run a workload as {user!r}: that needs root")
+        raise SimUsageError(f"cannot run a workload as {user!r}: that needs root")
     return pw
 
 
 def start_process(
-    host: NodeHost, node: str, node_dir: Path, log_path: Path, argv: list[str], exe: str,
-    pw: pwd.struct_passwd, supervisor: bool, placement: Placement | None,
-) -> tuple[int, int, subprocess.Popen[bytes]]:  # fmt: skip
+    host: NodeHost,
+    node: str,
+    node_dir: Path,
+    log_path: Path,
+    argv: list[str],
+    exe: str,
+    pw: pwd.struct_passwd,
+    supervisor: bool,
+    placement: Placement | None,
+) -> tuple[int, int, subprocess.Popen[bytes]]:
     """Start the process (moved into ``placement`` before it may go on); wait until ready.
 
     Return the pid and start ticks that hold the GPU (a supervisor's child's) and the process.
@@ -175,8 +211,15 @@ def start_process(
         argv = [*argv, "--go-fd", str(go_r)]
     try:
         with open(log_path, "wb") as log:
-            proc = _popen(node, node_dir, [*argv, "--ready-fd", str(w)], exe, pw, log,
-                          (w,) if placement is None else (w, go_r))  # fmt: skip
+            proc = _popen(
+                node,
+                node_dir,
+                [*argv, "--ready-fd", str(w)],
+                exe,
+                pw,
+                log,
+                (w,) if placement is None else (w, go_r),
+            )
         for fd in (w, go_r):
             if fd >= 0:
                 os.close(fd)
@@ -205,9 +248,14 @@ def start_process(
 
 
 def _popen(
-    node: str, node_dir: Path, argv: list[str], exe: str, pw: pwd.struct_passwd, log: BinaryIO,
+    node: str,
+    node_dir: Path,
+    argv: list[str],
+    exe: str,
+    pw: pwd.struct_passwd,
+    log: BinaryIO,
     fds: tuple[int, ...],
-) -> subprocess.Popen[bytes]:  # fmt: skip
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` through ``exe`` as ``pw``, in its own session, stderr to ``log``."""
     env = {
         "PATH": f"{node_dir / 'exe'}:/usr/local/bin:/usr/bin:/bin",
@@ -243,14 +291,7 @@ def identify(
     shape = placement.shape
     kind = spec.kind
     w.cgroup_kind, w.cgroup_path, w.cgroup_v1_path = kind, shape.v2, shape.v1
-    entry: dict[str, Any] = {
-        "kind": kind, "image": None, "labels": {}, "restart": None, "pod": None,
-        "job": None, "user": pw.pw_name, "uid": pw.pw_uid, "gid": pw.pw_gid, "gpu": w.gpu,
-        "process": w.name, "cgroup": shape.v2, "top": placement.top, "pid": w.pid,
-        "start_ticks": w.start_ticks, "supervisor_pid": w.supervisor_pid,
-        "supervisor_start_ticks": w.supervisor_start_ticks, "sandbox_id": None,
-        "created": time.time(), "state": "running", "finished": None, "exit_code": None,
-    }  # fmt: skip
+    entry = _entry(w, kind, placement, pw)
     if kind in ("docker", "podman", "kubernetes"):
         assert shape.container_id is not None
         suffix = shape.container_id[:6]
@@ -258,8 +299,7 @@ def identify(
         w.container_name = spec.name or ("main" if kind == "kubernetes" else f"gpusim_{suffix}")
         w.image = spec.image or "nvcr.io/nvidia/pytorch:24.05-py3"
         w.labels = dict(spec.labels)
-        entry.update(id=w.container_id, name=w.container_name, image=w.image,
-                     labels=w.labels)  # fmt: skip
+        entry.update(id=w.container_id, name=w.container_name, image=w.image, labels=w.labels)
     if kind in ("docker", "podman"):
         w.restart = spec.restart or "no"
         entry["restart"] = w.restart
@@ -276,13 +316,47 @@ def identify(
         except KeyError:
             group = str(pw.pw_gid)
         entry.update(id=w.job_id, name=w.job_name)
-        entry["job"] = {"id": w.job_id, "name": w.job_name, "user": pw.pw_name,
-                        "uid": pw.pw_uid, "group": group, "gid": pw.pw_gid,
-                        "home": pw.pw_dir or "/"}  # fmt: skip
+        entry["job"] = {
+            "id": w.job_id,
+            "name": w.job_name,
+            "user": pw.pw_name,
+            "uid": pw.pw_uid,
+            "group": group,
+            "gid": pw.pw_gid,
+            "home": pw.pw_dir or "/",
+        }
     if kind in ("service", "session"):
         w.unit = shape.unit
         entry.update(id=w.unit, name=w.unit)
     return entry
+
+
+def _entry(w: Workload, kind: str, placement: Placement, pw: pwd.struct_passwd) -> dict[str, Any]:
+    """Return the registry entry of ``w`` as every kind has it: running, no runtime details."""
+    return {
+        "kind": kind,
+        "image": None,
+        "labels": {},
+        "restart": None,
+        "pod": None,
+        "job": None,
+        "user": pw.pw_name,
+        "uid": pw.pw_uid,
+        "gid": pw.pw_gid,
+        "gpu": w.gpu,
+        "process": w.name,
+        "cgroup": placement.shape.v2,
+        "top": placement.top,
+        "pid": w.pid,
+        "start_ticks": w.start_ticks,
+        "supervisor_pid": w.supervisor_pid,
+        "supervisor_start_ticks": w.supervisor_start_ticks,
+        "sandbox_id": None,
+        "created": time.time(),
+        "state": "running",
+        "finished": None,
+        "exit_code": None,
+    }
 
 
 def _read_line(fd: int, timeout_s: float) -> str:

@@ -100,7 +100,7 @@ def hang(node_dir: str) -> None:
 def fault_record(kind: str | None, params: dict[str, Any], gpus: int) -> dict[str, Any]:
     """Check a fault and its parameters (a node of ``gpus`` GPUs); return it as the state has it.
 
-    Raise ``ValueError`` (``SimNode.set_fault`` makes it a ``UsageError``) for a bad one.
+    Raise ``ValueError`` (``SimNode.set_fault`` makes it a ``SimUsageError``) for a bad one.
     """
     if kind is not None and kind not in FAULTS:
         raise ValueError(f"unknown fault {kind!r} (one of {', '.join(FAULTS)}, or none)")

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import asyncssh
 
-from gpubot.errors import SimError, UsageError
-from gpubot.sim.server import ServerSpec, session_env
+from gpusim.errors import SimError, SimUsageError
+from gpusim.server import ServerSpec, session_env
 
 T = TypeVar("T")
 
@@ -102,7 +102,7 @@ class AsyncsshPool:
             )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise UsageError(f"port {port} on 127.0.0.1 is in use") from None
+                raise SimUsageError(f"port {port} on 127.0.0.1 is in use") from None
             raise SimError(f"{spec.name}: cannot listen on 127.0.0.1:{port}: {exc}") from None
         self._listeners[spec.name] = lst
         return int(lst.acceptor.get_port())
@@ -143,16 +143,7 @@ class AsyncsshPool:
 
     async def _session(self, lst: _Listener, process: asyncssh.SSHServerProcess[bytes]) -> None:
         spec = lst.spec
-        cmd = process.command
-        # sshd hands the command line to the user's login shell: so do we.
-        argv = [spec.shell, "-c", cmd] if cmd is not None else [spec.shell]
-        who: dict[str, Any] = {}
-        if spec.run_as is not None and spec.hidepid:
-            # A private mount namespace whose /proc hides other users' processes, then the user.
-            argv = ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", _HIDEPID,
-                    "gpusim-session", str(spec.run_as[0]), str(spec.run_as[1]), *argv]  # fmt: skip
-        elif spec.run_as is not None:
-            who = {"user": spec.run_as[0], "group": spec.run_as[1], "extra_groups": []}
+        argv, who = _session_command(spec, process.command)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -194,6 +185,31 @@ class AsyncsshPool:
                     task.cancel()
             await asyncio.gather(feeder, closed, pumps, return_exceptions=True)
             self._children.discard(proc)
+
+
+def _session_command(spec: ServerSpec, cmd: str | None) -> tuple[list[str], dict[str, Any]]:
+    """Return how a session runs ``cmd`` (None: an interactive shell): its argv, and the
+    ``user``/``group`` options of the process when it runs as another user."""
+    # sshd hands the command line to the user's login shell: so do we.
+    argv = [spec.shell, "-c", cmd] if cmd is not None else [spec.shell]
+    if spec.run_as is not None and spec.hidepid:
+        # A private mount namespace whose /proc hides other users' processes, then the user.
+        return [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            _HIDEPID,
+            "gpusim-session",
+            str(spec.run_as[0]),
+            str(spec.run_as[1]),
+            *argv,
+        ], {}
+    if spec.run_as is not None:
+        return argv, {"user": spec.run_as[0], "group": spec.run_as[1], "extra_groups": []}
+    return argv, {}
 
 
 async def _pump(src: asyncio.StreamReader, dst: asyncssh.SSHWriter[bytes]) -> None:
