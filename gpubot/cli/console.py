@@ -23,6 +23,7 @@ from gpubot.chat.blocks import Message, message_text
 from gpubot.chat.flows import Flows
 from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.chat.surface import Handle
+from gpubot.cli import StdoutClosed
 from gpubot.core import commands
 from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
@@ -155,7 +156,10 @@ async def repl(app: App, flows: Flows, who: Identity, lines: list[str] | None) -
     """Answer ``lines`` (or stdin until end of input / quit), printing as answers come; close."""
 
     def echo(text: str) -> None:
-        print(text, flush=True)
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:  # nobody reads the answers: stop (past the flows' error handling)
+            raise StdoutClosed from None
 
     try:
         if lines:
