@@ -22,8 +22,8 @@ from typing import cast
 import pytest
 
 from gpubot.cli import COMMANDS, EXIT_SIGPIPE, build_parser
-from gpubot.sim.fleet import SimFleet
 from gpubot.store.version import HEAD
+from gpusim.fleet import SimFleet
 
 ENTRY = "import sys; from gpubot.cli import main; sys.exit(main())"
 NO_HANDLER = "import sys; from gpubot.cli import run_command; sys.exit(run_command())"
