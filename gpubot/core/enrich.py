@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from gpubot.core.runtimes import LOOKUPS
 from gpubot.core.runtimes.base import Found, Lookup, Workload, find_runtime
 from gpubot.core.runtimes.docker import parse_docker_inspect
-from gpubot.core.runtimes.inspect import MAX_LABELS, MAX_TEXT
+from gpubot.core.runtimes.inspect_json import MAX_LABELS, MAX_TEXT
 from gpubot.core.runtimes.kubernetes import parse_crictl_inspect
 from gpubot.core.runtimes.podman import parse_podman_inspect
 from gpubot.core.runtimes.slurm import SLURM_SCRIPT, parse_scontrol

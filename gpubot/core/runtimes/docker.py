@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpubot.core import text
-from gpubot.core.runtimes import inspect
+from gpubot.core.runtimes import inspect_json
 from gpubot.core.runtimes.base import (
     HEX64,
     HEX64_ID,
@@ -38,18 +38,18 @@ NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # docker/podman con
 
 def parse_docker_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
     """Read ``docker inspect`` output: a record for each asked id found exactly once."""
-    return inspect.by_id(
-        inspect.json_items(stdout), ids, lambda o: inspect.as_str(o.get("Id")), _found
+    return inspect_json.by_id(
+        inspect_json.json_items(stdout), ids, lambda o: inspect_json.as_str(o.get("Id")), _found
     )
 
 
 def _found(o: dict[str, Any]) -> Found:
-    name = inspect.as_str(o.get("Name"))
+    name = inspect_json.as_str(o.get("Name"))
     return Found(
-        name=inspect.text(name[1:] if name and name.startswith("/") else name),
-        image=inspect.text(inspect.at(o, "Config", "Image")),
-        restart=inspect.text(inspect.at(o, "HostConfig", "RestartPolicy", "Name")),
-        labels=inspect.labels(inspect.at(o, "Config", "Labels")),
+        name=inspect_json.text(name[1:] if name and name.startswith("/") else name),
+        image=inspect_json.text(inspect_json.at(o, "Config", "Image")),
+        restart=inspect_json.text(inspect_json.at(o, "HostConfig", "RestartPolicy", "Name")),
+        labels=inspect_json.labels(inspect_json.at(o, "Config", "Labels")),
     )
 
 
@@ -98,10 +98,10 @@ RUNTIMES = (
         lookup=Lookup(
             tool="docker",
             ids=HEX64_ID,
-            argv=inspect.inspect_argv("docker"),
+            argv=inspect_json.inspect_argv("docker"),
             parse=parse_docker_inspect,
-            target=inspect.rootful_id,
-            apply=inspect.apply_container,
+            target=inspect_json.rootful_id,
+            apply=inspect_json.apply_container,
         ),
         nests=True,
     ),

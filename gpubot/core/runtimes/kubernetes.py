@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpubot.core import text
-from gpubot.core.runtimes import inspect
+from gpubot.core.runtimes import inspect_json
 from gpubot.core.runtimes.base import (
     HEX64,
     HEX64_ID,
@@ -51,23 +51,24 @@ _RUNTIME = {"cri-containerd": "containerd", "crio": "cri-o"}
 
 def parse_crictl_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
     """Read ``crictl inspect`` output (one object, an array, or objects one after another)."""
-    items = inspect.json_items(stdout)
-    return inspect.by_id(
-        items, ids, lambda o: inspect.as_str(inspect.at(o, "status", "id")), _found
+    items = inspect_json.json_items(stdout)
+    return inspect_json.by_id(
+        items, ids, lambda o: inspect_json.as_str(inspect_json.at(o, "status", "id")), _found
     )
 
 
 def _found(o: dict[str, Any]) -> Found:
-    labels = inspect.at(o, "status", "labels")
+    labels = inspect_json.at(o, "status", "labels")
     get = (labels if isinstance(labels, dict) else {}).get
-    image = inspect.at(o, "status", "image", "image")
+    image = inspect_json.at(o, "status", "image", "image")
     return Found(
-        name=inspect.text(inspect.at(o, "status", "metadata", "name")),
-        image=inspect.text(image) or inspect.text(inspect.at(o, "status", "imageRef")),
-        labels=inspect.labels(labels),
-        namespace=inspect.text(get("io.kubernetes.pod.namespace")),
-        pod=inspect.text(get("io.kubernetes.pod.name")),
-        pod_uid=inspect.text(get("io.kubernetes.pod.uid")),
+        name=inspect_json.text(inspect_json.at(o, "status", "metadata", "name")),
+        image=inspect_json.text(image)
+        or inspect_json.text(inspect_json.at(o, "status", "imageRef")),
+        labels=inspect_json.labels(labels),
+        namespace=inspect_json.text(get("io.kubernetes.pod.namespace")),
+        pod=inspect_json.text(get("io.kubernetes.pod.name")),
+        pod_uid=inspect_json.text(get("io.kubernetes.pod.uid")),
     )
 
 
@@ -91,7 +92,7 @@ def _container_id(w: Workload) -> str | None:
 
 
 def _apply(w: Workload, found: Found, owner_label: str | None) -> Workload:
-    values = inspect.label_values(found, owner_label)
+    values = inspect_json.label_values(found, owner_label)
     ns, pod = found.namespace, found.pod
     name = f"{ns}/{pod}" if ns and pod else pod
     values.update(namespace=ns, pod=pod, container=found.name)

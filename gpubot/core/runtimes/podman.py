@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpubot.core.runtimes import inspect
+from gpubot.core.runtimes import inspect_json
 from gpubot.core.runtimes.base import (
     HEX64,
     HEX64_ID,
@@ -34,17 +34,18 @@ from gpubot.core.runtimes.docker import container_stop, describe_container, poli
 
 def parse_podman_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
     """Read ``podman inspect`` output: a record for each asked id found exactly once."""
-    return inspect.by_id(
-        inspect.json_items(stdout), ids, lambda o: inspect.as_str(o.get("Id")), _found
+    return inspect_json.by_id(
+        inspect_json.json_items(stdout), ids, lambda o: inspect_json.as_str(o.get("Id")), _found
     )
 
 
 def _found(o: dict[str, Any]) -> Found:
     return Found(
-        name=inspect.text(o.get("Name")),
-        image=inspect.text(o.get("ImageName")) or inspect.text(inspect.at(o, "Config", "Image")),
-        restart=inspect.text(inspect.at(o, "HostConfig", "RestartPolicy", "Name")),
-        labels=inspect.labels(inspect.at(o, "Config", "Labels")),
+        name=inspect_json.text(o.get("Name")),
+        image=inspect_json.text(o.get("ImageName"))
+        or inspect_json.text(inspect_json.at(o, "Config", "Image")),
+        restart=inspect_json.text(inspect_json.at(o, "HostConfig", "RestartPolicy", "Name")),
+        labels=inspect_json.labels(inspect_json.at(o, "Config", "Labels")),
     )
 
 
@@ -72,10 +73,10 @@ RUNTIMES = (
         lookup=Lookup(
             tool="podman",
             ids=HEX64_ID,
-            argv=inspect.inspect_argv("podman"),
+            argv=inspect_json.inspect_argv("podman"),
             parse=parse_podman_inspect,
-            target=inspect.rootful_id,
-            apply=inspect.apply_container,
+            target=inspect_json.rootful_id,
+            apply=inspect_json.apply_container,
         ),
         nests=True,
     ),

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpubot.core import text
-from gpubot.core.runtimes import inspect
+from gpubot.core.runtimes import inspect_json
 from gpubot.core.runtimes.base import (
     TAIL,
     Found,
@@ -131,7 +131,7 @@ def _record(lines: list[str]) -> _Job | None:
     states = [m[1] for m in map(_STATE_LINE.match, lines[1:]) if m is not None]
     named = user if valid_user(user) and (user != "nobody" or uid == _NOBODY_UID) else None
     found = Found(
-        name=inspect.text(first[2]),
+        name=inspect_json.text(first[2]),
         user=named,
         uid=uid,
         state=states[0] if len(states) == 1 else None,
