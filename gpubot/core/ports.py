@@ -20,7 +20,7 @@ from gpubot.core.models import (
 
 if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting and approvals
     from gpubot.core.alerting import Alert, AlertGroup, Handle, Lookup, PendingPost, Posted
-    from gpubot.core.approval import Approval
+    from gpubot.core.approval import Approval, ApprovalRequest
     from gpubot.core.findings import FindingKey
     from gpubot.core.idle import GpuSample
 
@@ -150,7 +150,7 @@ class ApprovalStore(Protocol):
         requester: str,
         requester_name: str,
         node: str,
-        plan: Mapping[str, Any],
+        request: ApprovalRequest,
         expires_in_s: float = ...,
         *,
         source: str = ...,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from gpubot.core.approval import Approval
+from gpubot.core.approval import Approval, ApprovalRequest
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.commands import Reset
 from gpubot.core.models import ActionStatus, ApprovalState, NodeSnapshot
@@ -96,13 +96,12 @@ class Identity:
 
 def plan_of(approval: Approval) -> ResetPlan:
     """Return the plan stored with an approval."""
-    return ResetPlan.from_dict(approval.plan)
+    return approval.request.plan
 
 
 def requester_user(approval: Approval) -> str | None:
     """Return the Linux user the requester mapped to when asking (None: unknown)."""
-    user = approval.plan.get("requester_user") if isinstance(approval.plan, dict) else None
-    return user if isinstance(user, str) else None
+    return approval.request.requester_user
 
 
 def unix(moment: datetime | None) -> float | None:
@@ -250,17 +249,14 @@ class ApprovalService:
                 "this kills other people's processes and no approvers are configured "
                 "([approvals] approvers / usergroup)"
             )
-        stored = {
-            **plan.to_dict(),
-            "grace_s": grace_s,
-            "command": command,
-            "requester_user": who.linux_user,
-        }
+        request = ApprovalRequest(
+            plan, command=command, grace_s=grace_s, requester_user=who.linux_user
+        )
         return await self.approvals.create(
             who.id,
             who.name,
             plan.node,
-            stored,
+            request,
             self.policy.expiry_s,
             source=source,
             now=self._now(),
@@ -332,19 +328,17 @@ class ApprovalService:
         """Run an approved plan (once: only the caller whose decision won gets here)."""
         if approval.state is not ApprovalState.APPROVED:
             raise ApprovalError(f"approval {approval.id} is {approval.state}, not approved")
-        plan = plan_of(approval)
-        grace = approval.plan.get("grace_s")
-        command = str(approval.plan.get("command") or f"approval {approval.id}")
+        request = approval.request
         try:
             result = await self.reset.execute(
-                plan,
+                request.plan,
                 actor=approval.decided_by or "?",
                 source=source,
-                command=command,
+                command=request.command or f"approval {approval.id}",
                 on_event=on_event,
                 approval_id=approval.id,
                 approval=approval_record(approval),
-                grace_s=float(grace) if isinstance(grace, int | float) else None,
+                grace_s=request.grace_s,
             )
         except BaseException as exc:  # never leave it "approved" with nothing running
             await self._finish(approval.id, ok=False, result={"error": str(exc) or repr(exc)})

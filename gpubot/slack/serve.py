@@ -175,7 +175,7 @@ async def report_incomplete(store: Store, bot: GpuBot) -> None:
 
 def _approval_line(a: Approval) -> str:
     at = "" if a.decided_at is None else f" at {a.decided_at:%Y-%m-%d %H:%M:%S} UTC"
-    command = a.plan.get("command", "") if isinstance(a.plan, dict) else ""
+    command = a.request.command
     return (
         f"• approval #{a.id} on {a.node}: asked by {a.requester_name or a.requester} "
         f"({a.requester}), approved by {a.decided_by_name or a.decided_by} ({a.decided_by})"

@@ -14,6 +14,7 @@ import json
 import pwd
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from gpubot.errors import ConfigError
 from gpubot.services.reset import reset_lock
 from gpubot.slack.serve import report_incomplete
 from gpubot.store import Store, open_store
+from tests.fixtures.approvals import request_on
 from tests.fixtures.settings import with_tables
 from tests.fixtures.slack import (
     BOT_TOKEN,
@@ -366,9 +368,9 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
     harness: Harness,
 ) -> None:
     store = harness.store
-    plan = {"node": "node1", "command": "/gpu reset node1 gpu 1", "targets": []}
-    left = await store.approvals.create("U0BOB", "bob", "node1", plan)
-    busy = await store.approvals.create("U0BOB", "bob", "node2", {**plan, "node": "node2"})
+    asked = replace(request_on("node1"), command="/gpu reset node1 gpu 1")
+    left = await store.approvals.create("U0BOB", "bob", "node1", asked)
+    busy = await store.approvals.create("U0BOB", "bob", "node2", request_on("node2"))
     now = left.created_at
     for a in (left, busy):
         await store.approvals.decide(a.id, "U0CAROL", True, now, approver_name="carol")
