@@ -141,9 +141,10 @@ def build(
     """
     from gpubot.chat.alerts import chat_sweeper
     from gpubot.chat.flows import Services
-    from gpubot.services.approvals import ApprovalService, NoDirectory
+    from gpubot.services.approvals import ApprovalPorts, ApprovalService
+    from gpubot.services.directory import NoDirectory
+    from gpubot.services.idle_accounting import no_idle_hours
     from gpubot.services.reset import ResetService
-    from gpubot.services.sweep import SweepService
     from gpubot.transport import make_transport
 
     policy = settings.policy
@@ -164,14 +165,15 @@ def build(
         api = SlackApi(make_client(slack.bot_token, slack.api_url, shared_session=True))
         directory = SlackDirectory(api.client)
         notifier = notifier or _slack_alerts(api, settings)
-    sweep = SweepService(settings, status, audit=store, alerts=store.alerts if store else None,
-                         samples=store.samples if store else None, notifier=notifier, locks=locks,
-                         observer=metrics)  # fmt: skip
+    sweep = _sweep(settings, status, transport, store, notifier, locks, metrics)
     approvals = None
     if store is not None:
-        approvals = ApprovalService(policy, store.approvals, reset, directory or NoDirectory())
-    chat = Services(settings, policy, status, approvals, store, chat_sweeper(sweep),
-                    sweep.idle_gpu_hours)  # fmt: skip
+        ports = ApprovalPorts(
+            store.approvals, reset, status, locks, audit, directory or NoDirectory()
+        )
+        approvals = ApprovalService(policy, ports)
+    idle_hours = no_idle_hours if sweep.idle is None else sweep.idle.gpu_hours
+    chat = Services(settings, policy, status, approvals, store, chat_sweeper(sweep), idle_hours)
     app = App(settings, transport, store, locks, status, reset, sweep, chat, api, metrics)
     app.seals = _seals(settings, store, reset)
     if serving:
@@ -287,6 +289,31 @@ def _slack_alerts(api: SlackApi, settings: Settings) -> Notifier | None:
         log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
         return None
     return SlackAlerts(api, channel, people=slack_users_of(settings.policy.users))
+
+
+def _sweep(
+    settings: Settings,
+    status: StatusService,
+    transport: Transport,
+    store: Store | None,
+    notifier: Notifier | None,
+    locks: Locks,
+    metrics: Metrics | None,
+) -> SweepService:
+    """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
+    notifier, snooze) and the idle accounting (GPU samples)."""
+    from gpubot.services.alert_keeper import AlertKeeper
+    from gpubot.services.idle_accounting import IdleAccounting
+    from gpubot.services.sweep import SweepPorts, SweepService
+
+    if store is None:
+        return SweepService(settings, status, transport, SweepPorts(locks=locks, observer=metrics))
+    cfg = settings.sweep
+    nodes = [n.name for n in settings.nodes]
+    keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
+    idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
+    ports = SweepPorts(store, keeper, idle, locks, metrics)
+    return SweepService(settings, status, transport, ports)
 
 
 def _schedule(app: App, first_after_s: float | None) -> None:

@@ -27,7 +27,7 @@ from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Clock, Locks, ResetObserver, Transport
 from gpubot.core.timefmt import iso
 from gpubot.errors import GpubotError, LockHeld, ResetInterrupted, ResetRefused, UsageError
-from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun
+from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun, RunDeps
 from gpubot.services.status import StatusService
 
 __all__ = [
@@ -122,6 +122,17 @@ class ResetService:
         self.observer = observer
         # Told (the action id, None if it never began) after every forced reset: the audit seal.
         self.after_forced: Callable[[int | None], Awaitable[None]] | None = None
+
+    def run_deps(self) -> RunDeps:
+        """Return what a reset in progress uses (read now: a test may swap the clock)."""
+        return RunDeps(
+            self.transport,
+            self.status,
+            self.store,
+            self.clock,
+            self.settings.reset,
+            self.settings.ssh.command_timeout_s,
+        )
 
     async def _observed(self, work: Awaitable[ResetResult]) -> ResetResult:
         """Run a reset and count how each GPU ended (or that it was refused or failed)."""
@@ -289,7 +300,7 @@ class ResetService:
                 plan=intent,
                 fence=lease.fence,
             )
-            run = ResetRun(self, node, action_id, on_event, lease)
+            run = ResetRun(self.run_deps(), node, action_id, on_event, lease)
             gpus: tuple[GpuResult, ...] | None = None
             try:
                 gpus, before = await body(run)

@@ -24,6 +24,7 @@ from gpubot.app import App
 from gpubot.chat.blocks import render_text
 from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.errors import ConfigError
+from gpubot.services.alert_keeper import NoAlerts
 from gpubot.slack import alerts, dump, idle_dm
 from gpubot.slack.app import GpuBot
 from gpubot.store import Approval, Store
@@ -54,8 +55,8 @@ def build_bot(
     if app.slack is None:
         raise ConfigError("the app was built without Slack (build(..., slack=...))")
     bot = GpuBot(app.chat, app.slack, signing_secret=signing_secret, min_update_s=min_update_s)
-    for family in (alerts, idle_dm):
-        family.register(bot, app)
+    alerts.register(bot, app.sweep.keeper or NoAlerts())
+    idle_dm.register(bot, app.status)
     return bot
 
 

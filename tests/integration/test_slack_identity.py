@@ -375,7 +375,7 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
     for a in (left, busy):
         await store.approvals.decide(a.id, "U0CAROL", True, now, approver_name="carol")
     # node2's approval is being run by a live replica: it holds the node's reset lock
-    locks = harness.bot.services.approvals.reset.locks
+    locks = harness.bot.services.approvals.locks
     async with locks.hold(reset_lock("node2"), holder="another replica"):
         await report_incomplete(store, harness.bot)
     (post,) = harness.fake.ok("chat.postMessage")
