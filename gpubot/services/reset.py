@@ -12,21 +12,20 @@ the node raises ``ResetInterrupted``: it lists what was sent, and each targeted 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.cutoff import interrupted_message, unknown_gpus
-from gpubot.core.lease import Lease
 from gpubot.core.models import ActionStatus, NodeConfig, NodeSnapshot, Outcome
 from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Clock, Locks, ResetObserver, Transport
-from gpubot.core.timefmt import iso
-from gpubot.errors import GpubotError, LockHeld, ResetInterrupted, ResetRefused, UsageError
+from gpubot.errors import GpubotError, ResetInterrupted, ResetRefused, UsageError
+from gpubot.services.locks import NodeLocks
 from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun, RunDeps
 from gpubot.services.status import StatusService
 
@@ -67,31 +66,6 @@ class ResetResult:
             "gpus": [g.to_dict() for g in self.gpus],
             "ok": self.ok,
         }
-
-
-class NodeLocks:
-    """In-process named leases (one process, no shared database): the default ``Locks``.
-
-    Such a lease is never lost and has no fence: nothing outside this process could check it.
-    """
-
-    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
-        self._held: dict[str, tuple[str, float]] = {}
-        self._clock = clock
-        self._tokens = 0
-
-    @asynccontextmanager
-    async def hold(self, name: str, *, holder: str = "") -> AsyncIterator[Lease]:
-        """Hold ``name`` or raise ``LockHeld`` naming who holds it and since when."""
-        if name in self._held:
-            who, since = self._held[name]
-            raise LockHeld(name, f"{who} since {iso(since)}")
-        self._held[name] = (holder, self._clock.now())
-        self._tokens += 1
-        try:
-            yield Lease(name, holder, self._tokens, float("inf"), shared=False)
-        finally:
-            del self._held[name]
 
 
 def reset_lock(node: str) -> str:

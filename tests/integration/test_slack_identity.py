@@ -25,7 +25,6 @@ from gpubot.cli import main
 from gpubot.core.models import ApprovalState
 from gpubot.errors import ConfigError
 from gpubot.services.reset import reset_lock
-from gpubot.slack.serve import report_incomplete
 from gpubot.store import Store, open_store
 from tests.fixtures.approvals import request_on
 from tests.fixtures.settings import with_tables
@@ -377,7 +376,7 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
     # node2's approval is being run by a live replica: it holds the node's reset lock
     locks = harness.bot.services.approvals.locks
     async with locks.hold(reset_lock("node2"), holder="another replica"):
-        await report_incomplete(store, harness.bot)
+        await harness.start_up()
     (post,) = harness.fake.ok("chat.postMessage")
     text = post.body["text"]
     assert "1 approved forced kill(s) never recorded an end" in text and "incomplete" in text
@@ -388,6 +387,6 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
     assert (await store.approvals.get(busy.id)).state is ApprovalState.APPROVED
     trail = [r.data for r in await store.records() if r.kind == "approval"]
     assert (trail[-1]["approval"], trail[-1]["to"]) == (left.id, "incomplete")
-    await report_incomplete(store, harness.bot)  # once only: nothing new to say about it
+    await harness.start_up()  # once only: nothing new to say about it
     assert len(harness.fake.ok("chat.postMessage")) == 2  # busy's, now that nothing holds it
     assert (await store.approvals.get(busy.id)).state is ApprovalState.INCOMPLETE

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import App, SlackAccess, build
+from gpubot.app import App, SlackAccess, build, slack_parts
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import Finding
@@ -85,7 +85,7 @@ async def serving(
     app.sweep.clock = clock
     assert app.sweep.keeper is not None and app.sweep.idle is not None
     app.sweep.keeper.clock = app.sweep.idle.clock = clock
-    bot = build_bot(app, SECRET, min_update_s=0.05)
+    bot = build_bot(slack_parts(app), SECRET, min_update_s=0.05)
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:
