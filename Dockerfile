@@ -8,10 +8,15 @@ COPY migrations ./migrations
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[postgres]"
 
 FROM python:3.11-slim
-RUN useradd --system --create-home --home-dir /home/gpubot --shell /usr/sbin/nologin gpubot
+# A fixed uid/gid, so that files mounted into the container can be made readable by it (the SSH
+# key: docker-compose.yml; Kubernetes: fsGroup in deploy/k8s/deployment.yaml).
+ARG GPUBOT_UID=10001
+RUN groupadd --system --gid "$GPUBOT_UID" gpubot \
+ && useradd --system --uid "$GPUBOT_UID" --gid gpubot --create-home --home-dir /home/gpubot \
+      --shell /usr/sbin/nologin gpubot
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels "gpubot[postgres]" && rm -rf /wheels
-USER gpubot
+USER gpubot:gpubot
 WORKDIR /home/gpubot
 ENTRYPOINT []
 CMD ["gpubot", "serve"]

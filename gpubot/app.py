@@ -1,10 +1,18 @@
 """The composition root: settings → adapters → services, each built once. Entry points call
-``build``; front ends receive the ``App`` and never build or change a service.
+``build``; front ends receive narrow parts of the ``App`` (never the ``App`` itself).
 
 What a front end does not need is not built (nor its library imported): the Slack Web API
 adapters only with ``slack=``, the scheduler, the audit head's publication, the audit seals'
 schedule and the metrics only with ``serving=True`` (a forced reset is sealed in every front
-end, when the audit log has its key).
+end, when the audit log has its key). ``cold=True`` is the cold ``gpubot status``: the status
+service and the transport only, the audit store opening in a worker thread while the probe
+runs (``App.run``).
+
+``async with app.running(reporter, options=Serving(...), expire=job):`` is the process
+lifecycle, the same for every front end: it reports the work a stopped gpubot left unfinished
+(through the ``Reporter`` port), serves the metrics, settles the heap, starts the schedules
+(the sweep, the audit head and seals, the approval expiry: one scheduler) and the loop watch,
+and stops them again on the way out.
 """
 
 from __future__ import annotations
@@ -12,14 +20,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpubot.app_stores import NoStore, OpeningStore
 from gpubot.config import Settings, audit_key, config_path, load
-from gpubot.core.lease import Fence
-from gpubot.core.ports import AuditStore, Locks, Notifier, Transport
-from gpubot.errors import DatabaseBehind, StoreError
+from gpubot.core.ports import AuditStore, Locks, Notifier, Reporter, Transport
+from gpubot.errors import ConfigError, DatabaseBehind, StoreError
+from gpubot.lifecycle import SERVING, Running, Serving, serve_metrics, settle_heap
 from gpubot.services.status import StatusService
 
 # Imported where used: ``gpubot status`` needs the status service and the transport, not the
@@ -28,14 +38,19 @@ if TYPE_CHECKING:
     from gpubot.chat.flows import Services
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
+    from gpubot.services.approvals import ApprovalService
     from gpubot.services.reset import ResetService
     from gpubot.services.seals import SealService
     from gpubot.services.sweep import SweepService
-    from gpubot.slack.api import SlackApi
+    from gpubot.slack.api import SlackApi, SlackDirectory
     from gpubot.slack.heads import HeadPublisher
+    from gpubot.slack.serve import SlackParts
     from gpubot.store import Store
 
+__all__ = ["App", "Parts", "Running", "Serving", "SlackAccess", "build", "slack_parts"]
+
 T = TypeVar("T")
+Job = Callable[[], Awaitable[Any]]
 
 log = logging.getLogger(__name__)
 
@@ -48,34 +63,135 @@ class SlackAccess:
     api_url: str
 
 
+@dataclass(frozen=True)
+class Parts:
+    """The services beyond status: not built on the cold path."""
+
+    reset: ResetService
+    sweep: SweepService
+    chat: Services  # what the chat front ends (Slack, console, demo) call
+    approvals: ApprovalService | None  # with a store
+
+
 @dataclass
 class App:
-    """Everything a front end needs, wired once."""
+    """Everything the entry points hand out, wired once."""
 
     settings: Settings
     transport: Transport
     store: Store | None
     locks: Locks
     status: StatusService
-    reset: ResetService
-    sweep: SweepService
-    chat: Services  # what the chat front ends (Slack, console, demo) call
+    parts: Parts | None = None  # None: the cold path
     slack: SlackApi | None = None  # the Web API adapter, when built for Slack
+    directory: SlackDirectory | None = None
     metrics: Metrics | None = None  # with serving=True
     schedulers: list[IntervalScheduler] = field(default_factory=list)  # with serving=True
     heads: HeadPublisher | None = None  # posts the audit head (serving, Slack, a store)
     seals: SealService | None = None  # the audit log's seals (serving, a store, its key)
+    opening: OpeningStore | None = None  # the cold path: the store, while it opens
+    environ: Mapping[str, str] = field(default_factory=dict)
+    _opened: asyncio.Future[Store | None] | None = None
+
+    def _parts(self) -> Parts:
+        if self.parts is None:
+            raise RuntimeError("built for the cold status path: no reset, sweep or chat")
+        return self.parts
+
+    @property
+    def reset(self) -> ResetService:
+        """The reset engine."""
+        return self._parts().reset
+
+    @property
+    def sweep(self) -> SweepService:
+        """The sweep."""
+        return self._parts().sweep
+
+    @property
+    def chat(self) -> Services:
+        """What the chat flows call."""
+        return self._parts().chat
+
+    @property
+    def approvals(self) -> ApprovalService | None:
+        """The approvals service (None without a store)."""
+        return self._parts().approvals
 
     def scheduler(self, name: str) -> IntervalScheduler | None:
-        """Return the schedule called ``name`` ("sweep", "audit-head", "audit-seal"), if built."""
+        """Return the schedule called ``name`` ("sweep", "audit-head", "audit-seal",
+        "approval-expiry"), if built."""
         return next((s for s in self.schedulers if s.name == name), None)
 
     def start(self, *, sweeps: bool = True) -> None:
-        """Start the schedules (the sweep unless ``sweeps`` is False, the audit head's
-        publication): call on the running event loop."""
+        """Start the schedules (the sweep unless ``sweeps`` is False): on the running loop."""
         for s in self.schedulers:
             if sweeps or s.name != "sweep":
                 s.start()
+
+    @asynccontextmanager
+    async def running(
+        self,
+        reporter: Reporter | None = None,
+        *,
+        options: Serving = SERVING,
+        expire: Job | None = None,
+    ) -> AsyncIterator[Running]:
+        """Run the lifecycle around the body: report interrupted work to ``reporter``, serve
+        the metrics, settle the heap, start the schedules (``expire``: the approval expiry's
+        job, every ``expire_every_s``) and the loop watch; stop them when the body ends."""
+        if reporter is not None and self.store is not None:
+            from gpubot.services.startup import report_interrupted
+
+            await report_interrupted(self.store, self.approvals, reporter)
+        port = serve_metrics(self.metrics, self.settings, options)
+        if options.settle_heap:
+            settle_heap()
+        if expire is not None:
+            self._add_schedule(expire, options.expire_every_s, "approval-expiry", 0.0)
+        self.start(sweeps=options.sweeps)
+        # How long anything holds the loop, from here on (gpubot_event_loop_max_stall_seconds).
+        watch = None if self.metrics is None else asyncio.create_task(self.metrics.watch_loop())
+        try:
+            yield Running(port)
+        finally:
+            if watch is not None:
+                watch.cancel()
+                with suppress(asyncio.CancelledError):
+                    await watch
+            for s in self.schedulers:
+                await s.stop()
+
+    def _add_schedule(self, job: Job, every_s: float, name: str, first: float | None) -> None:
+        from gpubot.scheduler import IntervalScheduler
+
+        self.schedulers.append(IntervalScheduler(job, every_s, first_after_s=first, name=name))
+
+    async def run(self, body: Callable[[App], Awaitable[T]]) -> T:
+        """Run ``body``; on the cold path, while the store opens beside it.
+
+        The store fails as in ``build(need_store=False)``: a database that cannot be used warns
+        and the query is not recorded; ``DatabaseBehind`` (or any other failure to open) stops
+        ``body`` before it answers and is raised, as is a failure of ``body`` after the store's.
+        """
+        if self.opening is None:
+            return await body(self)
+        task = asyncio.ensure_future(body(self))
+        try:
+            # The probe first: let its tasks reach the network before SQLAlchemy's import (in
+            # the thread) competes with them for the interpreter; it then runs while the nodes
+            # work.
+            for _ in range(_HEAD_START_TURNS):
+                await asyncio.sleep(0)
+            loop = asyncio.get_running_loop()
+            self._opened = loop.run_in_executor(None, _store, self.settings, self.environ, False)
+            self.store = await asyncio.shield(self._opened)
+        except BaseException:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        self.opening.opened(self.store)
+        return await task
 
     async def close(self) -> None:
         """Stop the schedules and the metrics, close connections (SSH, the Slack Web API's),
@@ -92,8 +208,19 @@ class App:
         close_locks = getattr(self.locks, "close", None)
         if callable(close_locks):
             close_locks()
+        await self._close_store()
+
+    async def _close_store(self) -> None:
+        opened = self._opened
+        if opened is not None:  # the cold path: wait for it to finish opening, then close it
+            await asyncio.wait([opened])  # cancelled meanwhile: its thread still ends
+            if not opened.cancelled() and opened.exception() is None:
+                self.store = opened.result()
         if self.store is not None:
             self.store.close()
+
+
+_HEAD_START_TURNS = 8  # event-loop turns: the fan-out's layers of tasks, each starting the next
 
 
 def settings_from(cli_config: str | None, environ: Mapping[str, str]) -> Settings:
@@ -125,6 +252,7 @@ def build(
     environ: Mapping[str, str],
     *,
     need_store: bool,
+    cold: bool = False,
     slack: SlackAccess | None = None,
     serving: bool = False,
     notifier: Notifier | None = None,
@@ -133,114 +261,88 @@ def build(
     """Wire adapters and services; without ``need_store`` a database that fails only warns.
 
     A schema that is not set up (``DatabaseBehind``) always stops us: it is fixed once, by
-    ``gpubot db upgrade``, not worked around on every call. ``slack``: build the Web API
-    adapters (directory, alerts, the audit head's poster). ``serving``: also the sweep and
+    ``gpubot db upgrade``, not worked around on every call. ``cold``: only what ``gpubot
+    status`` needs, the store opening while ``App.run``'s body probes. ``slack``: build the Web
+    API adapters (directory, alerts, the audit head's poster). ``serving``: also the sweep and
     audit-head schedules and the metrics. ``notifier``: where sweep alerts go, when not Slack
     (the demo prints them). ``first_after_s``: when the schedules first run (default: a few
     seconds after start). Raises ``ConfigError`` for bad settings.
     """
-    from gpubot.chat.alerts import chat_sweeper
-    from gpubot.chat.flows import Services
-    from gpubot.services.approvals import ApprovalService, NoDirectory
-    from gpubot.services.reset import ResetService
-    from gpubot.services.sweep import SweepService
     from gpubot.transport import make_transport
 
-    policy = settings.policy
+    if cold:
+        opening = OpeningStore()
+        transport = make_transport(settings.ssh)
+        status = StatusService(settings, transport, opening)
+        locks = _local_locks()
+        return App(settings, transport, None, locks, status, opening=opening, environ=environ)
     store = _store(settings, environ, need_store)
     transport = make_transport(settings.ssh)
     status = StatusService(settings, transport, store)
-    audit: AuditStore = store if store is not None else _NoStore()
-    # With a database, a node's reset and the sweep are exclusive across replicas and processes
-    # (leases with fencing tokens, SQLite and PostgreSQL alike); one Locks for both.
-    locks: Locks = _locks(settings, store)
-    metrics = _metrics() if serving else None
-    reset = ResetService(settings, transport, audit, status, locks, observer=metrics)
-    api = directory = None
+    app = App(settings, transport, store, _locks(settings, store), status)
+    app.metrics = _metrics() if serving else None
     if slack is not None:
-        from gpubot.slack.api import SlackApi, SlackDirectory, make_client
-
-        # One HTTP session (connection pool) for every Web API call; closed by App.close.
-        api = SlackApi(make_client(slack.bot_token, slack.api_url, shared_session=True))
-        directory = SlackDirectory(api.client)
-        notifier = notifier or _slack_alerts(api, settings)
-    sweep = SweepService(settings, status, audit=store, alerts=store.alerts if store else None,
-                         samples=store.samples if store else None, notifier=notifier, locks=locks,
-                         observer=metrics)  # fmt: skip
-    approvals = None
-    if store is not None:
-        approvals = ApprovalService(policy, store.approvals, reset, directory or NoDirectory())
-    chat = Services(settings, policy, status, approvals, store, chat_sweeper(sweep),
-                    sweep.idle_gpu_hours)  # fmt: skip
-    app = App(settings, transport, store, locks, status, reset, sweep, chat, api, metrics)
-    app.seals = _seals(settings, store, reset)
+        notifier = notifier or _slack(app, slack)
+    app.parts = _parts(app, notifier)
+    app.seals = _seals(settings, store, app.reset)
     if serving:
         _schedule(app, first_after_s)
     return app
 
 
-@dataclass
-class StatusApp:
-    """What ``gpubot status`` needs: the transport and the status service. The audit store
-    opens in a worker thread while the nodes are probed (``run``); the query is recorded once
-    it is open."""
+def slack_parts(app: App) -> SlackParts:
+    """Return the narrow parts the Slack front end is given (``slack.serve.build_bot``)."""
+    from gpubot.services.alert_keeper import NoAlerts
+    from gpubot.slack.serve import SlackParts
 
-    settings: Settings
-    environ: Mapping[str, str]
-    transport: Transport
-    status: StatusService
-    audit: _OpeningStore
-    store: Store | None = None  # once open (None: unusable, warned)
-    _opening: asyncio.Future[Store | None] | None = None
-
-    async def run(self, body: Callable[[StatusApp], Awaitable[T]]) -> T:
-        """Run ``body`` while the store opens beside it; return what ``body`` returns.
-
-        The store fails as in ``build(need_store=False)``: a database that cannot be used warns
-        and the query is not recorded; ``DatabaseBehind`` (or any other failure to open) stops
-        ``body`` before it answers and is raised, as is a failure of ``body`` after the store's.
-        """
-        task = asyncio.ensure_future(body(self))
-        try:
-            # The probe first: let its tasks reach the network before SQLAlchemy's import (in
-            # the thread) competes with them for the interpreter; it then runs while the nodes
-            # work.
-            for _ in range(_HEAD_START_TURNS):
-                await asyncio.sleep(0)
-            loop = asyncio.get_running_loop()
-            self._opening = loop.run_in_executor(None, _store, self.settings, self.environ, False)
-            self.store = await asyncio.shield(self._opening)
-        except BaseException:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise
-        self.audit.opened(self.store)
-        return await task
-
-    async def close(self) -> None:
-        """Close the connections and the store (waiting for it to finish opening)."""
-        await self.transport.close()
-        opening = self._opening
-        if opening is None:
-            return
-        await asyncio.wait([opening])  # cancelled meanwhile: its thread still ends; close that
-        if not opening.cancelled() and opening.exception() is None:
-            store = opening.result()
-            if store is not None:
-                store.close()
+    if app.slack is None:
+        raise ConfigError("the app was built without Slack (build(..., slack=...))")
+    return SlackParts(app.chat, app.slack, app.sweep.keeper or NoAlerts(), app.status)
 
 
-_HEAD_START_TURNS = 8  # event-loop turns: the fan-out's layers of tasks, each starting the next
+def _parts(app: App, notifier: Notifier | None) -> Parts:
+    """Wire the reset engine, the sweep, the approvals (with a store) and the chat services."""
+    from gpubot.chat.alerts import chat_sweeper
+    from gpubot.chat.flows import Services
+    from gpubot.services.approvals import ApprovalPorts, ApprovalService
+    from gpubot.services.directory import NoDirectory
+    from gpubot.services.idle_accounting import no_idle_hours
+    from gpubot.services.reset import ResetService
+
+    settings, store, status, locks = app.settings, app.store, app.status, app.locks
+    audit: AuditStore = store if store is not None else NoStore()
+    # With a database, a node's reset and the sweep are exclusive across replicas and processes
+    # (leases with fencing tokens, SQLite and PostgreSQL alike); one Locks for both.
+    reset = ResetService(settings, app.transport, audit, status, locks, observer=app.metrics)
+    sweep = _sweep(app, store, notifier)
+    approvals = None
+    if store is not None:
+        directory = app.directory or NoDirectory()
+        ports = ApprovalPorts(store.approvals, reset, status, locks, audit, directory)
+        approvals = ApprovalService(settings.policy, ports)
+    idle_hours = no_idle_hours if sweep.idle is None else sweep.idle.gpu_hours
+    chat = Services(
+        settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
+    )
+    return Parts(reset, sweep, chat, approvals)
 
 
-def build_status(settings: Settings, environ: Mapping[str, str]) -> StatusApp:
-    """Wire what ``gpubot status`` needs; ``StatusApp.run`` opens the store as the probe runs."""
-    from gpubot.transport import make_transport
+def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepService:
+    """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
+    notifier, snooze) and the idle accounting (GPU samples)."""
+    from gpubot.services.alert_keeper import AlertKeeper
+    from gpubot.services.idle_accounting import IdleAccounting
+    from gpubot.services.sweep import SweepPorts, SweepService
 
-    audit = _OpeningStore()
-    transport = make_transport(settings.ssh)
-    status = StatusService(settings, transport, audit)
-    return StatusApp(settings, environ, transport, status, audit)
+    settings = app.settings
+    ports = SweepPorts(locks=app.locks, observer=app.metrics)
+    if store is not None:
+        cfg = settings.sweep
+        nodes = [n.name for n in settings.nodes]
+        keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
+        idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
+        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics)
+    return SweepService(settings, app.status, app.transport, ports)
 
 
 def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:
@@ -267,7 +369,7 @@ def _locks(settings: Settings, store: Store | None) -> Locks:
 @functools.cache
 def _local_locks() -> Locks:
     """Without a database: one registry of node locks per process."""
-    from gpubot.services.reset import NodeLocks
+    from gpubot.services.locks import NodeLocks
 
     return NodeLocks()
 
@@ -278,15 +380,20 @@ def _metrics() -> Metrics:
     return Metrics()
 
 
-def _slack_alerts(api: SlackApi, settings: Settings) -> Notifier | None:
-    """Return the Slack notifier of sweep alerts, or None when no channel is configured."""
+def _slack(app: App, access: SlackAccess) -> Notifier | None:
+    """Build the Web API adapters on ``app``; return the Slack notifier of sweep alerts, or None
+    when no channel is configured."""
     from gpubot.slack.alerts import SlackAlerts, slack_users_of
+    from gpubot.slack.api import SlackApi, SlackDirectory, make_client
 
-    channel = settings.sweep.channel  # [alerts] channel, else [slack] channel
+    # One HTTP session (connection pool) for every Web API call; closed by App.close.
+    app.slack = SlackApi(make_client(access.bot_token, access.api_url, shared_session=True))
+    app.directory = SlackDirectory(app.slack.client)
+    channel = app.settings.sweep.channel  # [alerts] channel, else [slack] channel
     if channel is None:
         log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
         return None
-    return SlackAlerts(api, channel, people=slack_users_of(settings.policy.users))
+    return SlackAlerts(app.slack, channel, people=slack_users_of(app.settings.policy.users))
 
 
 def _schedule(app: App, first_after_s: float | None) -> None:
@@ -295,18 +402,12 @@ def _schedule(app: App, first_after_s: float | None) -> None:
     from gpubot.scheduler import IntervalScheduler
 
     cfg = app.settings.sweep
-    sweeps = IntervalScheduler(app.sweep.scheduled, cfg.interval_s, first_after_s=first_after_s,
-                               stop_wait_s=cfg.budget_s)  # fmt: skip
+    sweeps = IntervalScheduler(
+        app.sweep.scheduled, cfg.interval_s, first_after_s=first_after_s, stop_wait_s=cfg.budget_s
+    )
     app.schedulers = [sweeps]
     if app.seals is not None:
-        app.schedulers.append(
-            IntervalScheduler(
-                app.seals.periodic,
-                app.seals.every_s,
-                first_after_s=first_after_s,
-                name="audit-seal",
-            )
-        )
+        app._add_schedule(app.seals.periodic, app.seals.every_s, "audit-seal", first_after_s)
     every = app.settings.audit.publish_head_every_s
     if every is None or app.store is None or app.slack is None:
         return
@@ -317,8 +418,7 @@ def _schedule(app: App, first_after_s: float | None) -> None:
     from gpubot.slack.heads import HeadPublisher
 
     app.heads = HeadPublisher(app.store, app.slack, channel)
-    app.schedulers.append(IntervalScheduler(app.heads.publish, every, first_after_s=first_after_s,
-                                            name="audit-head"))  # fmt: skip
+    app._add_schedule(app.heads.publish, every, "audit-head", first_after_s)
     if app.seals is not None:
         app.seals.after_forced.append(app.heads.publish)  # a head outside the DB, at once
 
@@ -338,53 +438,3 @@ def _seals(settings: Settings, store: Store | None, reset: ResetService) -> Seal
     seals = SealService(store, every)
     reset.after_forced = seals.forced
     return seals
-
-
-class _OpeningStore:
-    """The audit store while ``StatusApp.run`` opens it: a write waits until it is open; none
-    is made when it could not be (that was warned)."""
-
-    def __init__(self) -> None:
-        self._open = asyncio.Event()
-        self._store: AuditStore | None = None
-
-    def opened(self, store: AuditStore | None) -> None:
-        """Take the opened store (None: unusable) and let the waiting writes go."""
-        self._store = store
-        self._open.set()
-
-    async def _ready(self) -> AuditStore:
-        await self._open.wait()
-        return self._store if self._store is not None else _NoStore()
-
-    async def record_query(self, **query: Any) -> None:
-        await self._open.wait()
-        if self._store is not None:  # None: "not recorded" was said when it failed to open
-            await self._store.record_query(**query)
-
-    async def begin_action(self, **action: Any) -> int:
-        return await (await self._ready()).begin_action(**action)
-
-    async def record_event(
-        self, action_id: int, event: Mapping[str, Any], *, fence: Fence | None = None
-    ) -> None:
-        await (await self._ready()).record_event(action_id, event, fence=fence)
-
-    async def finish_action(self, action_id: int, **outcome: Any) -> None:
-        await (await self._ready()).finish_action(action_id, **outcome)
-
-
-class _NoStore:
-    """Stands in when no store could be opened: every action is refused (fail closed)."""
-
-    async def begin_action(self, **_: object) -> int:
-        raise StoreError("the audit log is unavailable; nothing was done")
-
-    async def record_event(self, *_: object, **__: object) -> None:
-        raise StoreError("the audit log is unavailable")
-
-    async def finish_action(self, *_: object, **__: object) -> None:
-        raise StoreError("the audit log is unavailable")
-
-    async def record_query(self, **_: object) -> None:
-        raise StoreError("the audit log is unavailable")

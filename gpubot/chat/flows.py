@@ -437,12 +437,12 @@ def _where(a: Approval) -> Handle | None:
 
 def _framer(a: Approval, plan: ResetPlan) -> Callable[[Message | None], Message]:
     """Return a function that wraps a body in the approval's header and decision line."""
-    user = a.plan.get("requester_user") if isinstance(a.plan, dict) else None
+    user = a.request.requester_user
     at = unix(a.decided_at) if a.state is not ApprovalState.EXPIRED else unix(a.expires_at)
 
     def frame(body: Message | None) -> Message:
         return render_approval_state(
-            a.id, plan, a.requester, user if isinstance(user, str) else None,
+            a.id, plan, a.requester, user,
             state=str(a.state), by=a.decided_by, at=at, body=body,
         )  # fmt: skip
 

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import os
+import select
 import sys
 from collections.abc import Sequence
 
 from gpubot import __version__
+from gpubot.cli import logs
 from gpubot.errors import GpubotError
+
+EXIT_SIGPIPE = 128 + 13  # 141: a closed pipe stopped the command (see main)
+
+
+class StdoutClosed(BaseException):
+    """The reader of stdout went away where a ``BrokenPipeError`` would be caught as an error
+    (a chat flow turns every exception into a message): not an ``Exception``, so that it gets
+    to ``main``, which ends the command quietly with 141."""
+
 
 # name -> (module, one-line help). A module has ``add_arguments(parser)`` and ``run(args) -> int``
 # (or ``add_<name>_arguments`` / ``run_<name>`` when one module serves several commands).
@@ -27,12 +38,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+VALUED_OPTIONS = ("--config", "--log-level", "--log-format")  # the global options taking a value
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     """Build the parser; only ``command``'s module is imported."""
     parser = argparse.ArgumentParser(prog="gpubot", description="Chat-ops for shared GPU boxes.")
     parser.add_argument("--version", action="version", version=f"gpubot {__version__}")
     parser.add_argument(
         "--config", metavar="PATH", help="settings file (default: $GPUBOT_CONFIG or ./gpubot.toml)"
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=logs.LEVELS,
+        help=f"log from this level on (default: ${logs.LEVEL_ENV} or {logs.DEFAULT_LEVEL})",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=logs.FORMATS,
+        help="text (ISO 8601 UTC times) or json (one object a line) "
+        f"(default: ${logs.FORMAT_ENV} or {logs.DEFAULT_FORMAT})",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_) in COMMANDS.items():
@@ -46,14 +73,46 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run gpubot; return the exit status."""
+    """Run gpubot; return the exit status.
+
+    A reader that goes away (``gpubot status --json | head -1``) ends the command quietly with
+    141, 128 + SIGPIPE: what the shell reports for any program a closed pipe stops (``yes |
+    head``), as 130 (128 + SIGINT) is for an interrupt, so that ``set -o pipefail`` scripts can
+    tell it from gpubot's own failures (1, 2).
+    """
+    try:
+        try:
+            code = run_command(argv)
+        finally:  # also after --help: what is still buffered goes while a closed pipe is caught
+            sys.stdout.flush()
+        return code
+    except (BrokenPipeError, StdoutClosed):
+        if not _stdout_closed():
+            raise  # some other pipe or socket: not the reader of our output going away
+        # Python flushes stdout again at exit: point it at /dev/null so that it cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_SIGPIPE
+
+
+def run_command(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, configure logging and run the command (``main`` without its closed-pipe
+    handling, which tests switch off by calling this)."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(args_in)
-    logging.basicConfig(level=logging.WARNING, format="gpubot: %(levelname)s: %(message)s")
     try:
         parser = build_parser(command)
         args = parser.parse_args(args_in)
         args._argv = tuple(args_in)  # the command as typed (the audit log records it)
+        logs.configure(
+            logs.choose(
+                args.log_level, os.environ, logs.LEVEL_ENV, logs.LEVELS, logs.DEFAULT_LEVEL
+            ),
+            logs.choose(
+                args.log_format, os.environ, logs.FORMAT_ENV, logs.FORMATS, logs.DEFAULT_FORMAT
+            ),
+        )
         mod = importlib.import_module(args._module)
         runner = getattr(mod, f"run_{args._name.replace('-', '_')}", None) or mod.run
         return int(runner(args))
@@ -65,12 +124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (poll says POLLERR/POLLHUP)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
 def _command_of(args: list[str]) -> str | None:
     skip = False
     for a in args:
         if skip:
             skip = False
-        elif a == "--config":
+        elif a in VALUED_OPTIONS:
             skip = True
         elif not a.startswith("-"):
             return a

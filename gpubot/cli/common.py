@@ -10,7 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
-from gpubot.app import App, StatusApp, build, build_status, settings_from
+from gpubot.app import App, build, settings_from
 from gpubot.core.interrupted import interrupted_dict, interrupted_lines
 from gpubot.core.text import one_line
 from gpubot.errors import StoreError
@@ -56,12 +56,12 @@ def with_app(args: argparse.Namespace, need_store: bool, body: Callable[[App], A
     return asyncio.run(main())
 
 
-def with_status_app(args: argparse.Namespace, body: Callable[[StatusApp], Awaitable[T]]) -> T:
+def with_status_app(args: argparse.Namespace, body: Callable[[App], Awaitable[T]]) -> T:
     """Run ``body`` on what ``status`` needs; the audit store opens while it probes the nodes."""
     settings = settings_from(args.config, os.environ)
 
     async def main() -> T:
-        app = build_status(settings, os.environ)
+        app = build(settings, os.environ, need_store=False, cold=True)
         try:
             return await app.run(body)
         finally:

@@ -18,11 +18,13 @@ import os
 import sys
 from collections.abc import Callable
 
-from gpubot.app import App, build, settings_from
+from gpubot.app import App, Serving, build, settings_from
 from gpubot.chat.blocks import Message, message_text
 from gpubot.chat.flows import Flows
 from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.chat.surface import Handle
+from gpubot.cli import StdoutClosed
+from gpubot.cli.report import TextReporter
 from gpubot.core import commands
 from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
@@ -152,30 +154,41 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def repl(app: App, flows: Flows, who: Identity, lines: list[str] | None) -> int:
-    """Answer ``lines`` (or stdin until end of input / quit), printing as answers come; close."""
+    """Run the app's lifecycle (its start-up report printed first), answer ``lines`` (or stdin
+    until end of input / quit), printing as answers come; close."""
 
     def echo(text: str) -> None:
-        print(text, flush=True)
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:  # nobody reads the answers: stop (past the flows' error handling)
+            raise StdoutClosed from None
 
     try:
-        if lines:
-            for line in lines:
-                await answer(flows, line, who, echo=echo)
-            return 0
-        tty = sys.stdin.isatty()
-        if tty:
-            print(
-                f"gpubot console as {who.name} (Linux user {who.linux_user or 'unknown'}); "
-                "type help, or quit",
-                flush=True,
-            )
-        while True:
-            if tty:
-                print(PROMPT, end="", flush=True)
-            line = await asyncio.to_thread(sys.stdin.readline)
-            if not line or line.strip() in ("quit", "exit"):
-                return 0
-            if line.strip():
-                await answer(flows, line, who, echo=echo)
+        async with app.running(TextReporter(echo), options=Serving(settle_heap=False)):
+            return await _answer_lines(flows, who, lines, echo)
     finally:
         await app.close()
+
+
+async def _answer_lines(
+    flows: Flows, who: Identity, lines: list[str] | None, echo: Callable[[str], None]
+) -> int:
+    if lines:
+        for line in lines:
+            await answer(flows, line, who, echo=echo)
+        return 0
+    tty = sys.stdin.isatty()
+    if tty:
+        print(
+            f"gpubot console as {who.name} (Linux user {who.linux_user or 'unknown'}); "
+            "type help, or quit",
+            flush=True,
+        )
+    while True:
+        if tty:
+            print(PROMPT, end="", flush=True)
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if not line or line.strip() in ("quit", "exit"):
+            return 0
+        if line.strip():
+            await answer(flows, line, who, echo=echo)

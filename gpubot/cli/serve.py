@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpubot.app import SlackAccess, build, settings_from
+from gpubot.app import Serving, SlackAccess, build, settings_from, slack_parts
 from gpubot.config import Settings, check_port
 from gpubot.errors import ConfigError
 
@@ -125,11 +125,11 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(
     args: argparse.Namespace, settings: Settings, tokens: Tokens, environ: Mapping[str, str]
 ) -> None:
-    from gpubot.slack.serve import Listener, serve_forever
+    from gpubot.slack.serve import Listener, SlackReporter, build_bot, check_token, listen
 
     # A database that is behind stops us here; the composition root builds everything once.
     app = build(settings, environ, need_store=True, slack=tokens.access, serving=True)
-    listen = Listener(
+    listener = Listener(
         http=args.http,
         host=args.host,
         port=args.port,
@@ -137,14 +137,16 @@ async def _serve(
         app_token=tokens.app,
         signing_secret=tokens.signing_secret,
     )
+    options = Serving(
+        sweeps=not args.no_sweeps,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        expire_every_s=args.expire_every,
+    )
     try:
-        await serve_forever(
-            app,
-            listen,
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host,
-            sweeps=not args.no_sweeps,
-            expire_every_s=args.expire_every,
-        )
+        bot = build_bot(slack_parts(app), listener.signing_secret if listener.http else None)
+        await check_token(bot)
+        async with app.running(SlackReporter(bot), options=options, expire=bot.expire_once):
+            await listen(bot, listener)
     finally:
         await app.close()

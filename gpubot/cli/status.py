@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from gpubot.app import StatusApp
+from gpubot.app import App
 from gpubot.cli.common import (
     cli_actor,
     color,
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print per-GPU tables; exit 0 when every node answered, 1 otherwise."""
 
-    async def body(app: StatusApp) -> int:
+    async def body(app: App) -> int:
         names = args.targets or ["all"]
         nodes = app.status.resolve(names)
         status = await app.status.fleet(names, actor=cli_actor(), source="cli")

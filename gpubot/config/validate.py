@@ -20,6 +20,7 @@ from gpubot.config.settings import (
 )
 from gpubot.core.models import NodeConfig
 from gpubot.core.policy import SLACK_CHANNEL
+from gpubot.core.runtimes import LOOKUPS
 from gpubot.errors import ConfigError
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
@@ -27,7 +28,7 @@ NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 DURATION = re.compile(r"\s*([0-9]{1,9})\s*([smhdw])\s*")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MIN_PUBLISH_S = 60.0  # an [audit] interval under a minute is noise, likely a typo
-RUNTIMES = ("docker", "podman", "slurm", "crictl")
+RUNTIMES = tuple(LOOKUPS)  # the runtimes gpubot can ask for names (core.runtimes)
 
 
 class Validator:

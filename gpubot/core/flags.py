@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.workload import named
 
 NO_PROCESS_MEMORY_MIB = 256  # below this, memory with no process is the driver's own
 
@@ -50,7 +51,7 @@ def owner_label(p: GpuProcess) -> str:
 def workload_label(p: GpuProcess, n: int = 24) -> str:
     """Return the short workload column of a process (``docker:train-llama ``), or ""."""
     w = p.workload
-    if w is None or w.kind in ("session", "other"):
+    if w is None or not named(w):
         return ""
     short = w.short
     return (short if len(short) <= n else short[: n - 1] + "…") + " "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.plan import owner_of
+from gpubot.core.workload import named
 
 DEFAULT_MIN_MIB = 4096
 DEFAULT_HOURS = 4.0
@@ -171,7 +172,7 @@ def idle_summary(p: GpuProcess, g: GpuInfo, idle_for: str) -> str:
     who = f"pid {p.pid} {p.process_name}" + (f" ({p.user})" if p.user else "")
     line = f"{who} holds {p.used_memory_mib} MiB of GPU {g.index}, idle (0 %) for {idle_for}"
     w = p.workload
-    if w is not None and w.kind not in ("session", "other"):
+    if w is not None and named(w):
         line += f": {w.describe()}"
     return line
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.protect import Protection, is_protected, program
-from gpubot.core.workload import Workload
+from gpubot.core.workload import Workload, named
 from gpubot.errors import ResetRefused, UsageError
 
 
@@ -260,7 +260,7 @@ def owner_of(proc: GpuProcess) -> tuple[str | None, bool]:
 
 def _named(w: Workload | None) -> bool:
     """Whether a workload is worth naming in a plan (not a bare session or unknown cgroup)."""
-    return w is not None and w.kind not in ("session", "other")
+    return named(w)
 
 
 def below_floor(uid: int | None, min_uid: int | None) -> bool:

@@ -20,9 +20,10 @@ from gpubot.core.models import (
 
 if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting and approvals
     from gpubot.core.alerting import Alert, AlertGroup, Handle, Lookup, PendingPost, Posted
-    from gpubot.core.approval import Approval
+    from gpubot.core.approval import Approval, ApprovalRequest
     from gpubot.core.findings import FindingKey
     from gpubot.core.idle import GpuSample
+    from gpubot.core.report import Report
 
 
 class Transport(Protocol):
@@ -150,7 +151,7 @@ class ApprovalStore(Protocol):
         requester: str,
         requester_name: str,
         node: str,
-        plan: Mapping[str, Any],
+        request: ApprovalRequest,
         expires_in_s: float = ...,
         *,
         source: str = ...,
@@ -370,6 +371,15 @@ class Notifier(Protocol):
 
     async def remind(self, where: Handle, group: AlertGroup) -> None:
         """Remind of findings that persist (in the alert's thread)."""
+        ...
+
+
+class Reporter(Protocol):
+    """Tells the people who run gpubot something once (the start-up report of interrupted
+    work): Slack posts it to its channel, the console prints it. Logs failures, never raises."""
+
+    async def report(self, report: Report) -> None:
+        """Tell ``report`` (its title, head line and items: ``Report.text``)."""
         ...
 
 

@@ -42,11 +42,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gpubot.core.runtimes import RUNTIMES
 from gpubot.errors import ParseError
 
 # $1 gate (1: refuse unless every process is $2's)  $2 uid or -  $3 1: sudo -n the stop
-# $4 kind (slurm: its slurmstepd is not counted)  $5 N, then N CONTROLLERS:PATH (v2: empty
-# controllers), then the stop argv.
+# $4 kind (its runtime's root helpers in it, slurm's slurmstepd, are not counted)  $5 N, then
+# N CONTROLLERS:PATH (v2: empty controllers), then the stop argv.
 # Prints "unreadable I" (the I-th cgroup), "unknown PID", "foreign PID RUID EUID" (the first
 # 20), "user UID NAME", "checked N foreign M", then "refused" or "stopping" and execs the stop.
 STOP_SCRIPT = r"""
@@ -99,10 +100,10 @@ for p in $pids; do
   if [ "$r" = "$want" ] && [ "$e" = "$want" ] && [ "$s" = "$want" ] && [ "$fs" = "$want" ]; then
     continue
   fi
-  if [ "$kind" = slurm ] && [ "$nm" = slurmstepd ] && [ "$r" = 0 ] && [ "$e" = 0 ] \
-    && [ "$s" = 0 ] && [ "$fs" = 0 ]; then
-    continue
-  fi
+  case "$kind:$nm" in
+  @OWN@)
+    if [ "$r" = 0 ] && [ "$e" = 0 ] && [ "$s" = 0 ] && [ "$fs" = 0 ]; then continue; fi ;;
+  esac
   nf=$((nf + 1)); bad=1
   if [ "$nf" -le 20 ]; then echo "foreign $p $r $e"; fi
   for u in $r $e; do
@@ -117,6 +118,10 @@ echo stopping
 if [ "$su" = 1 ]; then exec sudo -n "$@"; fi
 exec "$@"
 """
+# Each runtime's own root helpers (``Runtime.root_helpers``) as case patterns "KIND:COMM".
+STOP_SCRIPT = STOP_SCRIPT.replace(
+    "@OWN@", "|".join(f"{r.kind}:{c}" for r in RUNTIMES for c in r.root_helpers) or "-:-"
+)
 
 _CONTROLLERS = re.compile(r"[A-Za-z0-9_.=,-]*\Z")
 MAX_CGROUPS = 16

@@ -17,17 +17,15 @@ node still reports whose processes were in it, for the audit log.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpubot.core.cgroup_shapes import SLUID
 from gpubot.core.plan import ResetPlan
+from gpubot.core.runtimes.base import runtime_of
 from gpubot.core.stop_script import MAX_CGROUPS, StopCheck, check_path
-from gpubot.core.workload import Workload, WorkloadKind, cgroup_paths, may_restart, stop_command
+from gpubot.core.workload import Workload, cgroup_paths, may_restart, stop_command
 
 NEEDS_APPROVAL = "stopping it needs an on-call approval"
-_SLUID = re.compile(SLUID)
 
 
 def cgroup_lines(text: str | None) -> list[tuple[str, str]]:
@@ -44,17 +42,9 @@ def cgroup_lines(text: str | None) -> list[tuple[str, str]]:
 
 
 def _is_root_of(w: Workload, comp: str, prev: str) -> bool:
-    """Whether path component ``comp`` (after ``prev``) is ``w``'s own cgroup directory."""
-    if w.kind is WorkloadKind.SERVICE:
-        return comp == w.id
-    if w.kind is WorkloadKind.DOCKER:
-        return comp == f"docker-{w.id}.scope" or (prev == "docker" and comp == w.id)
-    if w.kind is WorkloadKind.PODMAN:
-        return comp in (f"libpod-{w.id}.scope", f"libpod-{w.id}")
-    if w.kind is WorkloadKind.SLURM:  # the whole job: scancel ends every step
-        # Slurm 26.05's v2 cgroup is named by the job's SLUID itself, without "job_".
-        return comp == f"job_{w.id}" or (comp == w.id and _SLUID.fullmatch(w.id) is not None)
-    return False
+    """Whether path component ``comp`` (after ``prev``) is ``w``'s own cgroup directory (its
+    runtime's rule: a unit, a container's scope, a whole Slurm job)."""
+    return runtime_of(w.kind).is_root(w, comp, prev)
 
 
 def workload_root(path: str, w: Workload) -> str | None:
@@ -105,11 +95,7 @@ def noun(w: Workload, argv: Sequence[str]) -> str:
     shape (no back-ticks or markup).
     """
     last = argv[-1] if argv else w.id
-    if w.kind is WorkloadKind.SERVICE:
-        return f"unit `{last}`"
-    if w.kind is WorkloadKind.SLURM:
-        return f"Slurm job {last}"
-    return f"container `{last}`"
+    return runtime_of(w.kind).noun(w, last)
 
 
 @dataclass(frozen=True)
@@ -178,9 +164,8 @@ def refusal(check: StopCheck | None, what: str) -> str:
 def stop_note(w: Workload | None) -> str | None:
     """Say what the stop command of ``w`` ends beyond this node (``scancel``), if anything."""
     cmd = stop_command(w) if w is not None else None
-    if cmd is not None and cmd.startswith("scancel "):
-        return f"`{cmd}` ends the job on every node it runs on, not only on this one"
-    return None
+    note = runtime_of(w.kind).stop_note if w is not None else None
+    return f"`{cmd}` {note}" if cmd is not None and note is not None else None
 
 
 def plan_stop_notes(plan: ResetPlan) -> tuple[str, ...]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from gpubot.core.approval import Approval
+from gpubot.core.approval import Approval, ApprovalRequest
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.commands import Reset
-from gpubot.core.models import ActionStatus, ApprovalState, NodeSnapshot
+from gpubot.core.models import ActionStatus, ApprovalState, NodeConfig, NodeSnapshot
 from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.core.policy import (
     SLACKBOT,
@@ -29,7 +29,7 @@ from gpubot.core.policy import (
     resolve,
     same_person,
 )
-from gpubot.core.ports import ApprovalStore, Clock
+from gpubot.core.ports import ApprovalStore, AuditStore, Clock, Locks
 from gpubot.core.timefmt import iso
 from gpubot.errors import (
     ApprovalError,
@@ -43,44 +43,12 @@ from gpubot.errors import (
     SelfApproval,
     StoreError,
 )
+from gpubot.services.directory import Directory, NoDirectory
 from gpubot.services.reset import EventSink, ResetResult, ResetService, reset_lock
 
 log = logging.getLogger(__name__)
 
 ACCOUNT_TTL_S = 60.0  # a deactivated or demoted account is refused within this
-
-
-class Directory(Protocol):
-    """What the service asks the chat system about people (Slack; nothing on the console)."""
-
-    async def group_members(self, group_id: str) -> frozenset[str]:
-        """Return the user ids in a user group; raise ``GpubotError`` when it cannot tell."""
-        ...
-
-    async def account(self, user_id: str) -> ChatAccount | None:
-        """Return what the chat system says of an account (None: it keeps no directory);
-        raise ``GpubotError`` when it cannot tell."""
-        ...
-
-    async def home_team(self) -> str | None:
-        """Return the workspace gpubot is installed in; raise ``GpubotError`` if unknown."""
-        ...
-
-
-class NoDirectory:
-    """A directory that knows nobody's groups or accounts (the console)."""
-
-    async def group_members(self, group_id: str) -> frozenset[str]:
-        """Return no members."""
-        return frozenset()
-
-    async def account(self, user_id: str) -> ChatAccount | None:
-        """Return None: there is no directory to check accounts against."""
-        return None
-
-    async def home_team(self) -> str | None:
-        """Return None."""
-        return None
 
 
 @dataclass(frozen=True)
@@ -96,13 +64,12 @@ class Identity:
 
 def plan_of(approval: Approval) -> ResetPlan:
     """Return the plan stored with an approval."""
-    return ResetPlan.from_dict(approval.plan)
+    return approval.request.plan
 
 
 def requester_user(approval: Approval) -> str | None:
     """Return the Linux user the requester mapped to when asking (None: unknown)."""
-    user = approval.plan.get("requester_user") if isinstance(approval.plan, dict) else None
-    return user if isinstance(user, str) else None
+    return approval.request.requester_user
 
 
 def unix(moment: datetime | None) -> float | None:
@@ -110,23 +77,41 @@ def unix(moment: datetime | None) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
+class Nodes(Protocol):
+    """Names the configured nodes (``StatusService.node``)."""
+
+    def node(self, name: str) -> NodeConfig:
+        """Return the node called ``name``; raise ``UsageError`` for an unknown one."""
+        ...
+
+
+@dataclass(frozen=True)
+class ApprovalPorts:
+    """What the approvals service works with, each given directly: the approvals store, the
+    reset engine (plans and runs), the nodes, the locks a reset holds, the audit log (for
+    refusals), the chat directory and the clock."""
+
+    approvals: ApprovalStore
+    reset: ResetService
+    nodes: Nodes
+    locks: Locks
+    audit: AuditStore
+    directory: Directory = field(default_factory=NoDirectory)
+    clock: Clock = SYSTEM_CLOCK
+
+
 class ApprovalService:
     """Identity, permissions, approvals; executes approved plans through the reset engine."""
 
-    def __init__(
-        self,
-        policy: Policy,
-        approvals: ApprovalStore,
-        reset: ResetService,
-        directory: Directory,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
+    def __init__(self, policy: Policy, ports: ApprovalPorts) -> None:
         self.policy = policy
-        self.approvals = approvals
-        self.reset = reset
-        self.directory = directory
-        self.clock = clock
+        self.approvals = ports.approvals
+        self.reset = ports.reset
+        self.nodes = ports.nodes
+        self.locks = ports.locks
+        self.audit = ports.audit
+        self.directory = ports.directory
+        self.clock = ports.clock
         self._groups: dict[str, tuple[float, frozenset[str]]] = {}
         self._accounts: dict[str, tuple[float, ChatAccount | None]] = {}
         self._team: str | None = None
@@ -213,7 +198,7 @@ class ApprovalService:
         """Raise ``NotPermitted`` unless ``who`` may ask for resets on the node."""
         if who.refused is not None:
             raise IdentityRefused(who.refused)
-        node = self.reset.status.node(node_name)
+        node = self.nodes.node(node_name)
         found, unreadable = await self._groups_now(self.policy.groups_to_resolve())
         if not may_reset(self.policy, who.id, node, found):
             unread = f"; user group {', '.join(unreadable)} could not be read" if unreadable else ""
@@ -250,17 +235,14 @@ class ApprovalService:
                 "this kills other people's processes and no approvers are configured "
                 "([approvals] approvers / usergroup)"
             )
-        stored = {
-            **plan.to_dict(),
-            "grace_s": grace_s,
-            "command": command,
-            "requester_user": who.linux_user,
-        }
+        request = ApprovalRequest(
+            plan, command=command, grace_s=grace_s, requester_user=who.linux_user
+        )
         return await self.approvals.create(
             who.id,
             who.name,
             plan.node,
-            stored,
+            request,
             self.policy.expiry_s,
             source=source,
             now=self._now(),
@@ -332,19 +314,17 @@ class ApprovalService:
         """Run an approved plan (once: only the caller whose decision won gets here)."""
         if approval.state is not ApprovalState.APPROVED:
             raise ApprovalError(f"approval {approval.id} is {approval.state}, not approved")
-        plan = plan_of(approval)
-        grace = approval.plan.get("grace_s")
-        command = str(approval.plan.get("command") or f"approval {approval.id}")
+        request = approval.request
         try:
             result = await self.reset.execute(
-                plan,
+                request.plan,
                 actor=approval.decided_by or "?",
                 source=source,
-                command=command,
+                command=request.command or f"approval {approval.id}",
                 on_event=on_event,
                 approval_id=approval.id,
                 approval=approval_record(approval),
-                grace_s=float(grace) if isinstance(grace, int | float) else None,
+                grace_s=request.grace_s,
             )
         except BaseException as exc:  # never leave it "approved" with nothing running
             await self._finish(approval.id, ok=False, result={"error": str(exc) or repr(exc)})
@@ -387,7 +367,7 @@ class ApprovalService:
                 "check the node and the audit log"
             }
             try:
-                async with self.reset.locks.hold(reset_lock(a.node), holder="gpubot start-up"):
+                async with self.locks.hold(reset_lock(a.node), holder="gpubot start-up"):
                     marked.append(await self.approvals.mark_incomplete(a.id, why, now=now))
             except LockHeld:
                 log.info("approval %s: its node is being reset by a live gpubot", a.id)
@@ -408,7 +388,7 @@ class ApprovalService:
         source: str,
     ) -> None:
         """Audit who tried what and why it was refused (``audit list`` shows it as refused)."""
-        store = self.reset.store
+        store = self.audit
         who_data = {"id": who.id, "name": who.name, "linux_user": who.linux_user}
         try:
             action_id = await store.begin_action(

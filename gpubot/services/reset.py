@@ -12,22 +12,21 @@ the node raises ``ResetInterrupted``: it lists what was sent, and each targeted 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.cutoff import interrupted_message, unknown_gpus
-from gpubot.core.lease import Lease
 from gpubot.core.models import ActionStatus, NodeConfig, NodeSnapshot, Outcome
 from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Clock, Locks, ResetObserver, Transport
-from gpubot.core.timefmt import iso
-from gpubot.errors import GpubotError, LockHeld, ResetInterrupted, ResetRefused, UsageError
-from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun
+from gpubot.errors import GpubotError, ResetInterrupted, ResetRefused, UsageError
+from gpubot.services.locks import NodeLocks
+from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun, RunDeps
 from gpubot.services.status import StatusService
 
 __all__ = [
@@ -69,31 +68,6 @@ class ResetResult:
         }
 
 
-class NodeLocks:
-    """In-process named leases (one process, no shared database): the default ``Locks``.
-
-    Such a lease is never lost and has no fence: nothing outside this process could check it.
-    """
-
-    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
-        self._held: dict[str, tuple[str, float]] = {}
-        self._clock = clock
-        self._tokens = 0
-
-    @asynccontextmanager
-    async def hold(self, name: str, *, holder: str = "") -> AsyncIterator[Lease]:
-        """Hold ``name`` or raise ``LockHeld`` naming who holds it and since when."""
-        if name in self._held:
-            who, since = self._held[name]
-            raise LockHeld(name, f"{who} since {iso(since)}")
-        self._held[name] = (holder, self._clock.now())
-        self._tokens += 1
-        try:
-            yield Lease(name, holder, self._tokens, float("inf"), shared=False)
-        finally:
-            del self._held[name]
-
-
 def reset_lock(node: str) -> str:
     """Return the name of the lock a reset of ``node`` holds (shared by every replica)."""
     return f"reset:{node}"
@@ -122,6 +96,17 @@ class ResetService:
         self.observer = observer
         # Told (the action id, None if it never began) after every forced reset: the audit seal.
         self.after_forced: Callable[[int | None], Awaitable[None]] | None = None
+
+    def run_deps(self) -> RunDeps:
+        """Return what a reset in progress uses (read now: a test may swap the clock)."""
+        return RunDeps(
+            self.transport,
+            self.status,
+            self.store,
+            self.clock,
+            self.settings.reset,
+            self.settings.ssh.command_timeout_s,
+        )
 
     async def _observed(self, work: Awaitable[ResetResult]) -> ResetResult:
         """Run a reset and count how each GPU ended (or that it was refused or failed)."""
@@ -289,7 +274,7 @@ class ResetService:
                 plan=intent,
                 fence=lease.fence,
             )
-            run = ResetRun(self, node, action_id, on_event, lease)
+            run = ResetRun(self.run_deps(), node, action_id, on_event, lease)
             gpus: tuple[GpuResult, ...] | None = None
             try:
                 gpus, before = await body(run)

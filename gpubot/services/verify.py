@@ -9,7 +9,6 @@ reported as a ``gpu_outcome`` step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gpubot.core.models import GpuProcess, NodeSnapshot, Outcome, ResetStep
 from gpubot.core.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
@@ -17,12 +16,10 @@ from gpubot.core.plan import ResetPlan
 from gpubot.core.probe import parse_procs, proc_argv
 from gpubot.core.workload import may_restart
 from gpubot.errors import GpubotError
+from gpubot.services.run_state import Pairs, RunState
 from gpubot.services.workloads import as_planned
 
-if TYPE_CHECKING:
-    from gpubot.services.reset_run import ResetRun
-
-Pairs = dict[int, tuple[int, int]]  # planned pid -> (start_ticks, uid)
+__all__ = ["Pairs", "conclude", "observe", "verify"]
 
 
 @dataclass
@@ -49,7 +46,7 @@ class _Progress:
 
 
 async def verify(
-    run: ResetRun,
+    run: RunState,
     plan: ResetPlan,
     pairs: Pairs,
     deaths: dict[int, float],
@@ -57,7 +54,7 @@ async def verify(
 ) -> tuple[GpuResult, ...]:
     """Poll nvidia-smi until each targeted GPU is decided or the deadline passes."""
     await run.emit(ResetStep.VERIFYING, gpus=list(plan.gpus))
-    clock = run.svc.clock
+    clock = run.clock
     progress = _Progress(plan, pairs, deaths, clock.monotonic())
     deadline = progress.start + run.cfg.verify_timeout_s
     for g in sorted({g for t in plan.targets if t.pid in survivors for g in t.gpus}):
@@ -76,17 +73,17 @@ async def verify(
     return tuple(progress.decided[g] for g in plan.gpus)
 
 
-async def _poll(run: ResetRun, pending: list[int]) -> tuple[NodeSnapshot | None, str | None]:
+async def _poll(run: RunState, pending: list[int]) -> tuple[NodeSnapshot | None, str | None]:
     """Snapshot the pending GPUs; on failure return no snapshot and why."""
     try:
-        snap = await run.svc.status.snapshot(run.node, gpu_indices=pending, names=False)
+        snap = await run.snapshot(gpu_indices=pending, names=False)
     except GpubotError as exc:
         return None, str(exc)
     run.last_snapshot = snap
     return snap, None
 
 
-async def _step(run: ResetRun, p: _Progress, snap: NodeSnapshot, g: int, now: float) -> None:
+async def _step(run: RunState, p: _Progress, snap: NodeSnapshot, g: int, now: float) -> None:
     """Look at GPU ``g`` in one poll: kill planned holders again, decide it once it is clear."""
     obs = await observe(run, p.plan, snap, g, p.known, p.pairs)
     back = [q.pid for q in snap.on_gpu(g) if _planned(q, p.pairs)]
@@ -106,7 +103,7 @@ async def _step(run: ResetRun, p: _Progress, snap: NodeSnapshot, g: int, now: fl
 
 
 async def _give_up(
-    run: ResetRun, p: _Progress, snap: NodeSnapshot | None, last_error: str | None
+    run: RunState, p: _Progress, snap: NodeSnapshot | None, last_error: str | None
 ) -> None:
     """Decide every GPU still pending at the deadline from the last poll (or its error)."""
     for g in p.pending():
@@ -118,7 +115,7 @@ async def _give_up(
 
 
 async def observe(
-    run: ResetRun,
+    run: RunState,
     plan: ResetPlan,
     snap: NodeSnapshot,
     g: int,
@@ -166,13 +163,11 @@ async def observe(
     )
 
 
-async def newcomer(run: ResetRun, plan: ResetPlan, p: GpuProcess) -> Newcomer:
+async def newcomer(run: RunState, plan: ResetPlan, p: GpuProcess) -> Newcomer:
     """Describe a process that took a GPU after planning, with its parent and unit."""
     info = None
     if p.ppid:
-        res = await run.svc.transport.run(
-            run.node, proc_argv([p.ppid]), timeout=run.svc.settings.ssh.command_timeout_s
-        )
+        res = await run.remote(proc_argv([p.ppid]))
         info = parse_procs(res.stdout, [p.ppid]).get(p.ppid)
     cmd = p.command or p.process_name
     parent_cmd = info.command if info else None
@@ -191,7 +186,7 @@ async def newcomer(run: ResetRun, plan: ResetPlan, p: GpuProcess) -> Newcomer:
 
 
 async def conclude(
-    run: ResetRun, plan: ResetPlan, obs: GpuObservation, seconds: float | None
+    run: RunState, plan: ResetPlan, obs: GpuObservation, seconds: float | None
 ) -> GpuResult:
     """Classify how one GPU ended, remember what respawned it, and report it."""
     outcome, detail = classify(

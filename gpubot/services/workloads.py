@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpubot.core.models import NodeSnapshot, Outcome, ResetStep, StopResult
 from gpubot.core.outcome import GpuResult
@@ -25,9 +25,7 @@ from gpubot.core.stop_script import StopCheck, parse_stop_output, stop_check_arg
 from gpubot.core.stopgate import gate_for, noun, refusal, stop_note
 from gpubot.core.workload import Workload, stop_argv
 from gpubot.errors import GpubotError
-
-if TYPE_CHECKING:
-    from gpubot.services.reset_run import ResetRun
+from gpubot.services.run_state import RunState
 
 Results = tuple[GpuResult, ...]
 
@@ -52,7 +50,7 @@ def whole_in_plan(plan: ResetPlan, before: NodeSnapshot, w: Workload) -> bool:
 
 
 async def after_respawn(
-    run: ResetRun,
+    run: RunState,
     plan: ResetPlan,
     before: NodeSnapshot | None,
     results: Results,
@@ -84,7 +82,7 @@ def annotate(
 
 
 async def stop_respawned(
-    run: ResetRun, plan: ResetPlan, before: NodeSnapshot
+    run: RunState, plan: ResetPlan, before: NodeSnapshot
 ) -> tuple[bool, dict[int, str]]:
     """Stop each workload that took a GPU again; return whether any stop command ran, and for
     each GPU whose workload was not stopped, why."""
@@ -104,7 +102,7 @@ async def stop_respawned(
 
 
 async def _stop_one(
-    run: ResetRun, plan: ResetPlan, before: NodeSnapshot, gpu: int, w: Workload, argv: list[str]
+    run: RunState, plan: ResetPlan, before: NodeSnapshot, gpu: int, w: Workload, argv: list[str]
 ) -> str | None:
     """Stop one workload; return None when its stop command ran and succeeded, else why not."""
     base: dict[str, Any] = {"gpu": gpu, "workload": w.to_dict(), "command": " ".join(argv)}
@@ -157,12 +155,10 @@ async def _stop_one(
     return None if ok else f"`{' '.join(argv)}` failed on the node (exit {status})"
 
 
-async def _run_checked(run: ResetRun, argv: list[str]) -> tuple[StopCheck | None, int, str]:
+async def _run_checked(run: RunState, argv: list[str]) -> tuple[StopCheck | None, int, str]:
     """Run the check and the stop in one exec; return the node's findings (None: unparsable),
     the exit status and what it printed (marked printable, the last 300 characters)."""
-    res = await run.svc.transport.run(
-        run.node, argv, timeout=run.svc.settings.ssh.command_timeout_s
-    )
+    res = await run.remote(argv)
     try:
         check: StopCheck | None = parse_stop_output(res.stdout)
     except GpubotError:  # not the script's lines: what ran is judged by its verdict alone

@@ -30,12 +30,11 @@ from gpubot.chat.idle import render_idle_dm, slack_users_of
 from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
 from gpubot.core.models import FindingKind
 from gpubot.errors import GpubotError
-from gpubot.services.sweep import SweepService
+from gpubot.services.alert_keeper import Snoozer
 from gpubot.slack.api import CALL_ERRORS, SlackApi
 from gpubot.slack.outbox import DM_EVENT, find_post, new_token, post_once
 
 if TYPE_CHECKING:
-    from gpubot.app import App
     from gpubot.slack.app import GpuBot
 
 __all__ = ["SlackAlerts", "register", "slack_users_of"]
@@ -122,9 +121,8 @@ class SlackAlerts:
 # --- buttons and /gpu sweep --------------------------------------------------------------------
 
 
-def register(bot: GpuBot, app: App) -> None:
+def register(bot: GpuBot, service: Snoozer) -> None:
     """Handle the snooze buttons of alert messages in ``bot``."""
-    service = app.sweep
 
     async def on_snooze(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
@@ -140,7 +138,7 @@ def register(bot: GpuBot, app: App) -> None:
 
 
 async def _snooze(
-    bot: GpuBot, service: SweepService, body: dict[str, Any], key: str, choice: str, user: str
+    bot: GpuBot, service: Snoozer, body: dict[str, Any], key: str, choice: str, user: str
 ) -> None:
     out = bot.surface(body)
     try:

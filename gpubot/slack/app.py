@@ -248,18 +248,22 @@ class GpuBot:
 
     # -- background duties -----------------------------------------------------------------------
 
-    async def expire_forever(self, every_s: float = 30.0) -> None:
-        """Expire due approvals and update their messages, every ``every_s`` seconds."""
+    async def expire_once(self) -> None:
+        """Expire due approvals and update their messages (the approval expiry's job)."""
         out = SlackSurface(self.api, channel=None, user="", response_url=None)
+        try:
+            await self.flows.expire(out)
+        except StoreError as exc:  # the database is down: one line per change, no traceback
+            self.database.failed(exc)
+        except Exception:
+            log.exception("expiring approvals failed")
+        else:
+            self.database.answered()
+
+    async def expire_forever(self, every_s: float = 30.0) -> None:
+        """Run ``expire_once`` every ``every_s`` seconds (``App.running`` schedules it)."""
         while True:
-            try:
-                await self.flows.expire(out)
-            except StoreError as exc:  # the database is down: one line per change, no traceback
-                self.database.failed(exc)
-            except Exception:
-                log.exception("expiring approvals failed")
-            else:
-                self.database.answered()
+            await self.expire_once()
             await asyncio.sleep(every_s)
 
     async def post_alert(self, channel: str | None, msg: Message) -> Handle | None:

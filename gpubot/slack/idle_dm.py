@@ -19,18 +19,16 @@ from gpubot.chat.idle import ACTION_FREE
 from gpubot.core import commands
 from gpubot.core.findings import FindingKey
 from gpubot.errors import GpubotError, UsageError
-from gpubot.services.sweep import SweepService
+from gpubot.services.status import StatusService
 
 if TYPE_CHECKING:
-    from gpubot.app import App
     from gpubot.slack.app import GpuBot
 
 log = logging.getLogger(__name__)
 
 
-def register(bot: GpuBot, app: App) -> None:
+def register(bot: GpuBot, status: StatusService) -> None:
     """Handle the "Free it" buttons of idle-holder messages in ``bot``."""
-    service = app.sweep
 
     async def on_free(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
@@ -38,7 +36,7 @@ def register(bot: GpuBot, app: App) -> None:
         bot.spawn(
             _free(
                 bot,
-                service,
+                status,
                 body,
                 str(action.get("value")),
                 str(user.get("id", "")),
@@ -51,7 +49,7 @@ def register(bot: GpuBot, app: App) -> None:
 
 
 async def _free(
-    bot: GpuBot, service: SweepService, body: dict[str, Any], value: str, user: str, name: str
+    bot: GpuBot, status: StatusService, body: dict[str, Any], value: str, user: str, name: str
 ) -> None:
     out = bot.surface(body)
     try:
@@ -64,7 +62,7 @@ async def _free(
         cmd = commands.parse(line)
         who = await bot.identify(user, name)
         if who.refused is None:
-            snap = await service.status.snapshot(service.status.node(key.node))
+            snap = await status.snapshot(status.node(key.node))
             if not any(
                 p.pid == pid and p.start_ticks == int(ticks) and p.gpu_index == key.gpu
                 for p in snap.processes

@@ -5,6 +5,10 @@ Each transition is one conditional UPDATE (``WHERE state = <from> ...``) inside 
 appended to the audit chain in the same transaction: two approvers clicking at once, or one
 clicking twice, change the state exactly once. Who may approve is the approvals service's
 business; the store enforces the transitions, the expiry and that nobody decides their own.
+
+The request (``ApprovalRequest``) is typed everywhere else; ``marshal``/``unmarshal`` here are
+the only code that knows its JSON: the plan's fields at the top level, beside ``command``,
+``grace_s`` and ``requester_user`` (the shape every stored row has had).
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, and_, select
 
+from gpubot.core.approval import ApprovalRequest
 from gpubot.core.models import ApprovalState
+from gpubot.core.plan import ResetPlan
 from gpubot.errors import (
     AlreadyDecided,
     ApprovalError,
     ApprovalExpired,
     GpubotError,
     SelfApproval,
+    StoreError,
 )
 from gpubot.store.audit import append
 from gpubot.store.chain import canonical_json
@@ -46,7 +53,7 @@ class ApprovalStore:
         requester: str,
         requester_name: str,
         node: str,
-        plan: Mapping[str, Any],
+        request: ApprovalRequest,
         expires_in_s: float = DEFAULT_EXPIRY_S,
         *,
         source: str = "slack",
@@ -54,7 +61,7 @@ class ApprovalStore:
     ) -> Approval:
         """Record a pending request that expires ``expires_in_s`` seconds from ``now``."""
         return await in_thread(
-            self._create, requester, requester_name, node, plan, expires_in_s, source, now
+            self._create, requester, requester_name, node, request, expires_in_s, source, now
         )
 
     async def decide(
@@ -133,7 +140,7 @@ class ApprovalStore:
         requester: str,
         requester_name: str,
         node: str,
-        plan: Mapping[str, Any],
+        request: ApprovalRequest,
         expires_in_s: float,
         source: str,
         now: datetime | None,
@@ -142,6 +149,7 @@ class ApprovalStore:
             raise ApprovalError(f"an approval must expire in the future, not {expires_in_s}s")
         at = now or datetime.now(UTC)
         expires = at + timedelta(seconds=expires_in_s)
+        plan = marshal(request)
         with guard("cannot record the approval request"), write_tx(self._engine) as conn:
             res = conn.execute(
                 approvals.insert().values(
@@ -353,6 +361,37 @@ def _already(aid: int, row: Row[Any]) -> ApprovalError:
     return AlreadyDecided(f"approval {aid} is already {row.state}{by}")
 
 
+def marshal(request: ApprovalRequest) -> dict[str, Any]:
+    """Return the JSON form of a request, as stored (and as the audit chain records it)."""
+    return {
+        **request.plan.to_dict(),
+        "grace_s": request.grace_s,
+        "command": request.command,
+        "requester_user": request.requester_user,
+    }
+
+
+def unmarshal(data: Any, approval_id: int) -> ApprovalRequest:
+    """Rebuild a request from its stored JSON; raise ``StoreError`` naming the approval if it
+    cannot be read. Rows from before a field existed load with its default."""
+    try:
+        plan = ResetPlan.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StoreError(
+            f"approval {approval_id}: its stored plan cannot be read ({type(exc).__name__}: {exc})"
+        ) from None
+    grace = data.get("grace_s")
+    user = data.get("requester_user")
+    return ApprovalRequest(
+        plan,
+        command=str(data.get("command") or ""),
+        grace_s=float(grace)
+        if isinstance(grace, int | float) and not isinstance(grace, bool)
+        else None,
+        requester_user=user if isinstance(user, str) else None,
+    )
+
+
 def _approval(row: Row[Any]) -> Approval:
     def t(v: str | None) -> datetime | None:
         return None if v is None else parse_iso(v)
@@ -363,7 +402,7 @@ def _approval(row: Row[Any]) -> Approval:
         requester_name=row.requester_name,
         source=row.source,
         node=row.node,
-        plan=json.loads(row.plan),
+        request=unmarshal(json.loads(row.plan), int(row.id)),
         state=S(row.state),
         created_at=parse_iso(row.created_at),
         expires_at=parse_iso(row.expires_at),

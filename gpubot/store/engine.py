@@ -109,7 +109,10 @@ def _engine(url: str, password: str | None) -> Engine:
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
         )
     except (SQLAlchemyError, ImportError) as exc:
-        raise StoreError(f"cannot use {u.render_as_string()}: {describe(exc)}") from exc
+        why = describe(exc)
+        if isinstance(exc, ImportError) and u.get_backend_name() == "postgresql":
+            why = f"its driver ({exc.name}) is not installed: pip install 'gpubot[postgres]'"
+        raise StoreError(f"cannot use {u.render_as_string()}: {why}") from exc
     if not memory and not str(u.database).startswith("file:"):
         path = str(u.database)
         event.listen(engine, "do_connect", lambda *_: create_private(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
@@ -19,23 +20,34 @@ from gpubot.errors import (
     SelfApproval,
 )
 from gpubot.store import Approval, Store, open_store
+from tests.fixtures.approvals import REQUEST
 
-PLAN = {"node": "node3", "kill": [{"pid": 4242, "start_ticks": 77, "user": "bob"}]}
+# The request's JSON as rows (and the audit chain) hold it: the plan's fields at the top level.
+STORED = json.loads(
+    json.dumps(
+        {
+            **REQUEST.plan.to_dict(),
+            "grace_s": 5.0,
+            "command": "/gpu reset node3 gpu 1 --force",
+            "requester_user": "alice",
+        }
+    )
+)
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 async def _request(store: Store, *, now: datetime = T0, expires_in_s: float = 900) -> Approval:
-    return await store.approvals.create("U1", "alice", "node3", PLAN, expires_in_s, now=now)
+    return await store.approvals.create("U1", "alice", "node3", REQUEST, expires_in_s, now=now)
 
 
 async def test_a_request_is_pending_for_fifteen_minutes_by_default(store: Store) -> None:
-    a = await store.approvals.create("U1", "alice", "node3", PLAN, now=T0)
-    assert (a.state, a.requester, a.requester_name, a.node, a.plan) == (
+    a = await store.approvals.create("U1", "alice", "node3", REQUEST, now=T0)
+    assert (a.state, a.requester, a.requester_name, a.node, a.request) == (
         S.PENDING,
         "U1",
         "alice",
         "node3",
-        PLAN,
+        REQUEST,
     )
     assert a.expires_at - a.created_at == timedelta(minutes=15)
     assert a.decided_by is None and a.result is None
@@ -62,7 +74,7 @@ async def test_approve_then_execute_and_every_transition_is_audited(store: Store
         (a.id, "pending", "approved"),
         (a.id, "approved", "executed"),
     ]
-    assert trail[0]["plan"] == PLAN and trail[2]["result"] == {"action_id": 7, "freed": [1]}
+    assert trail[0]["plan"] == STORED and trail[2]["result"] == {"action_id": 7, "freed": [1]}
     assert (await store.verify()).ok
 
 
@@ -119,7 +131,12 @@ async def test_pending_approvals_survive_a_restart(store: Store, fresh_db_url: s
     again = open_store(fresh_db_url)
     try:
         [p] = await again.approvals.pending()
-        assert (p.id, p.plan, p.channel, p.message_ts) == (a.id, PLAN, "C123", "1700000000.000100")
+        assert (p.id, p.request, p.channel, p.message_ts) == (
+            a.id,
+            REQUEST,
+            "C123",
+            "1700000000.000100",
+        )
         assert (await again.approvals.decide(a.id, "U2", True, T0)).state is S.APPROVED
     finally:
         again.close()

@@ -9,15 +9,15 @@ import pytest
 from gpubot.core.models import ApprovalState as S
 from gpubot.errors import AlreadyDecided, ApprovalError
 from gpubot.store import Store
+from tests.fixtures.approvals import REQUEST
 
-PLAN = {"node": "node3", "kill": [{"pid": 4242, "start_ticks": 77, "user": "bob"}]}
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
 async def test_approved_then_incomplete_once_and_audited(store: Store) -> None:
-    a = await store.approvals.create("U1", "alice", "node3", PLAN, now=T0)
-    b = await store.approvals.create("U1", "alice", "node3", PLAN, now=T0)
-    pending = await store.approvals.create("U1", "alice", "node3", PLAN, now=T0)
+    a = await store.approvals.create("U1", "alice", "node3", REQUEST, now=T0)
+    b = await store.approvals.create("U1", "alice", "node3", REQUEST, now=T0)
+    pending = await store.approvals.create("U1", "alice", "node3", REQUEST, now=T0)
     await store.approvals.decide(a.id, "U2", True, T0 + timedelta(minutes=1))
     await store.approvals.decide(b.id, "U2", True, T0 + timedelta(minutes=5))
     left = await store.approvals.approved(T0 + timedelta(minutes=2))

@@ -5,7 +5,8 @@
 It builds the real composition (``gpubot.app.build`` with Slack access, as ``gpubot serve``
 does) and runs SWEEPS alerting sweeps one after the other, printing one JSON line after each
 (``swept``, with the keys alerted). ORDER ``outbox`` is gpubot's sweep service; ``post-first``
-is the order before the outbox (post, then record: ``PostThenRecord``), the control.
+is the order before the outbox (post, then record: ``PostThenRecord``, an alert keeper
+without it), the control.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gpubot.config import Settings, load
 from gpubot.core.alerting import Alert, AlertGroup, AlertItem
 from gpubot.core.findings import Finding, FindingKey
 from gpubot.core.readiness import Readiness
+from gpubot.services.alert_keeper import AlertKeeper
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
@@ -42,8 +44,8 @@ def outbox_settings(config: Path, db_url: str) -> Settings:
     return with_tables(s, {"sweep": {"interval_s": 60}, "alerts": {"channel": CHANNEL}})
 
 
-class PostThenRecord(SweepService):
-    """The sweep service with the outbox taken out: post (as ``SlackApi.post`` does, with the
+class PostThenRecord(AlertKeeper):
+    """The alert keeper with the outbox taken out: post (as ``SlackApi.post`` does, with the
     client's retries), then record ``mark_alerted``; a lost answer leaves nothing recorded."""
 
     api: SlackApi
@@ -55,7 +57,6 @@ class PostThenRecord(SweepService):
         ready: Mapping[tuple[str, int], Readiness],
         now: datetime,
     ) -> tuple[FindingKey, ...]:
-        assert self.alerts is not None
         alerted: list[FindingKey] = []
         for node, fs in new.items():
             items = tuple(AlertItem(f.key, f, states[f.key].first_seen) for f in fs)
@@ -75,18 +76,14 @@ class PostThenRecord(SweepService):
         return tuple(alerted)
 
 
-def post_then_record(settings: Settings, app: Any, slack_url: str) -> PostThenRecord:
+def post_then_record(settings: Settings, app: Any, slack_url: str) -> SweepService:
     """Return the control's sweep service over ``app``'s store and Slack at ``slack_url``."""
     api = SlackApi(make_client(BOT_TOKEN, slack_url))
-    svc = PostThenRecord(
-        settings,
-        app.status,
-        **sweep_ports(app.store),
-        notifier=SlackAlerts(api, CHANNEL),
-        replica="control",
-    )
-    svc.api = api
-    return svc
+    notifier = SlackAlerts(api, CHANNEL)
+    ports = sweep_ports(settings, app.store, notifier=notifier, keeper=PostThenRecord)
+    assert isinstance(ports.keeper, PostThenRecord)
+    ports.keeper.api = api
+    return SweepService(settings, app.status, app.transport, ports, replica="control")
 
 
 async def main(config: str, db_url: str, slack_url: str, order: str, sweeps: int) -> None:

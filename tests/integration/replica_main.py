@@ -64,7 +64,8 @@ async def main(config: str, db_url: str, name: str, tables: dict[str, Any]) -> N
     app = build(s, {}, need_store=True)
     assert app.store is not None
     locks = DbLeases(app.store.engine, replica=name, ttl_s=s.leases.ttl_s, renew_s=s.leases.renew_s)
-    svc = TracedSweeps(s, app.status, **sweep_ports(app.store), locks=locks, replica=name)
+    ports = sweep_ports(s, app.store, locks=locks)
+    svc = TracedSweeps(s, app.status, app.transport, ports, replica=name)
     sched = SweepScheduler(svc.scheduled, s.sweep.interval_s, first_after_s=0)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -76,9 +76,8 @@ async def sweeper(
     assert app.store is not None
     if order == "outbox":
         notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
-        svc = SweepService(
-            settings, app.status, **sweep_ports(app.store), notifier=notifier, replica="test"
-        )
+        ports = sweep_ports(settings, app.store, notifier=notifier)
+        svc = SweepService(settings, app.status, app.transport, ports, replica="test")
     else:
         svc = post_then_record(settings, app, fake.base_url)
     try:

@@ -72,7 +72,11 @@ async def test_a_reset_never_signals_a_process_on_another_gpu(
     ]
     assert str(hidden1.pid) in text and "hidden" in text
     sweep = SweepService(
-        with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+        s := with_sweep(settings, interval_s=60),
+        engine.status,
+        engine.transport,
+        sweep_ports(s, store),
+        replica="test",
     )
     found = {(f.kind, f.gpu, f.pid) for f in (await sweep.run()).findings}
     assert found == {(FindingKind.HIDDEN_HOLDER, 1, hidden1.pid)}

@@ -69,7 +69,11 @@ async def test_a_partial_view_is_said_and_never_taken_for_the_truth(
     assert any(note.startswith("partial view") for note in doc["notes"])
 
     sweep = SweepService(
-        with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+        s := with_sweep(settings, interval_s=60),
+        engine.status,
+        engine.transport,
+        sweep_ports(s, store),
+        replica="test",
     )
     assert (await sweep.run()).findings == ()  # nothing it cannot see becomes a zombie
 

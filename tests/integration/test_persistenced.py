@@ -95,7 +95,11 @@ async def test_the_daemon_is_shown_apart_and_hides_no_leak(
     assert all(any(p["pid"] == daemon and p["system"] for p in g["processes"]) for g in doc["gpus"])
     assert "no-process-memory" in doc["gpus"][2]["flags"]
     sweep = SweepService(
-        with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+        s := with_sweep(settings, interval_s=60),
+        engine.status,
+        engine.transport,
+        sweep_ports(s, store),
+        replica="test",
     )
     found = {(f.kind, f.gpu) for f in (await sweep.run()).findings}
     assert found == {(FindingKind.ORPHANED_VRAM, 2)}

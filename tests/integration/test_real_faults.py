@@ -57,7 +57,11 @@ def cli_status(fleet: SimFleet, *args: str) -> subprocess.CompletedProcess[str]:
 
 async def sweep_kinds(settings: Settings, store: Store, engine: ResetService) -> set[str]:
     svc = SweepService(
-        with_sweep(settings, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+        s := with_sweep(settings, interval_s=60),
+        engine.status,
+        engine.transport,
+        sweep_ports(s, store),
+        replica="test",
     )
     result = await svc.run()
     return {f"{f.kind}:{f.gpu}" for f in result.findings}
@@ -194,7 +198,11 @@ async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(
             )
             assert p.returncode != 0 and "driver hung" in p.stdout + p.stderr
         sweep = SweepService(
-            with_sweep(short, interval_s=60), engine.status, **sweep_ports(store), replica="test"
+            s := with_sweep(short, interval_s=60),
+            engine.status,
+            engine.transport,
+            sweep_ports(s, store),
+            replica="test",
         )
         found = (await sweep.run()).findings
         assert [(f.kind, "driver hung" in f.summary) for f in found] == [

@@ -34,8 +34,8 @@ async def test_sigusr1_logs_tasks_and_threads_and_serving_goes_on(
     proc.send_signal(signal.SIGUSR1)  # the process this test started, by pid
     await _until(proc.stderr, b"SIGUSR1: what gpubot is waiting on")
     dump = b"".join(await _until(proc.stderr, b"--- thread 'MainThread'")).decode()
-    assert "--- task 'expire approvals' (pending)" in dump
-    assert "in expire_forever" in dump  # the task's stack, where it waits
+    assert "asyncio task(s):" in dump and "(pending)" in dump
+    assert "coro=<_serve()" in dump  # the main task and where it waits: serving Slack
     assert "thread(s):" in dump
     sender = SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake_slack)
     helped = await sender.command("help", user="U0BOB")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from gpubot.slack.serve import report_incomplete
 from tests.fixtures.slack import Harness
 
 
@@ -27,7 +26,7 @@ async def test_incomplete_actions_are_reported_at_start(harness: Harness) -> Non
         gpus=[3],
         plan={"targets": []},
     )
-    await report_incomplete(store, harness.bot)
+    await harness.start_up()
     (post,) = [c for c in harness.fake.ok("chat.postMessage")]
     text = post.body["text"]
     assert "1 action(s) never recorded an outcome" in text
@@ -36,5 +35,5 @@ async def test_incomplete_actions_are_reported_at_start(harness: Harness) -> Non
 
 
 async def test_nothing_is_posted_when_every_action_finished(harness: Harness) -> None:
-    await report_incomplete(harness.store, harness.bot)
+    await harness.start_up()
     assert harness.fake.ok("chat.postMessage") == []

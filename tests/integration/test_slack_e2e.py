@@ -327,7 +327,7 @@ async def test_alert_button_starts_the_same_flow(harness: Harness, node1: Any) -
     await harness.settle()
     approval_id, _ = request_in_oncall(harness.fake)  # bob's click is a forced kill
     approval = await harness.store.approvals.get(approval_id)
-    assert approval.requester == "U0BOB" and approval.plan["gpus"] == [1]
+    assert approval.requester == "U0BOB" and approval.plan.gpus == (1,)
     assert alive(w.pid)
     await harness.send.click(ACTION_RESET_GPU, "node1;x:1", user="U0BOB")
     await harness.settle()

@@ -14,6 +14,7 @@ import json
 import pwd
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from gpubot.cli import main
 from gpubot.core.models import ApprovalState
 from gpubot.errors import ConfigError
 from gpubot.services.reset import reset_lock
-from gpubot.slack.serve import report_incomplete
 from gpubot.store import Store, open_store
+from tests.fixtures.approvals import request_on
 from tests.fixtures.settings import with_tables
 from tests.fixtures.slack import (
     BOT_TOKEN,
@@ -366,16 +367,16 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
     harness: Harness,
 ) -> None:
     store = harness.store
-    plan = {"node": "node1", "command": "/gpu reset node1 gpu 1", "targets": []}
-    left = await store.approvals.create("U0BOB", "bob", "node1", plan)
-    busy = await store.approvals.create("U0BOB", "bob", "node2", {**plan, "node": "node2"})
+    asked = replace(request_on("node1"), command="/gpu reset node1 gpu 1")
+    left = await store.approvals.create("U0BOB", "bob", "node1", asked)
+    busy = await store.approvals.create("U0BOB", "bob", "node2", request_on("node2"))
     now = left.created_at
     for a in (left, busy):
         await store.approvals.decide(a.id, "U0CAROL", True, now, approver_name="carol")
     # node2's approval is being run by a live replica: it holds the node's reset lock
-    locks = harness.bot.services.approvals.reset.locks
+    locks = harness.bot.services.approvals.locks
     async with locks.hold(reset_lock("node2"), holder="another replica"):
-        await report_incomplete(store, harness.bot)
+        await harness.start_up()
     (post,) = harness.fake.ok("chat.postMessage")
     text = post.body["text"]
     assert "1 approved forced kill(s) never recorded an end" in text and "incomplete" in text
@@ -386,6 +387,6 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
     assert (await store.approvals.get(busy.id)).state is ApprovalState.APPROVED
     trail = [r.data for r in await store.records() if r.kind == "approval"]
     assert (trail[-1]["approval"], trail[-1]["to"]) == (left.id, "incomplete")
-    await report_incomplete(store, harness.bot)  # once only: nothing new to say about it
+    await harness.start_up()  # once only: nothing new to say about it
     assert len(harness.fake.ok("chat.postMessage")) == 2  # busy's, now that nothing holds it
     assert (await store.approvals.get(busy.id)).state is ApprovalState.INCOMPLETE

@@ -25,6 +25,7 @@ from gpubot.config import Settings, load
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import FindingKey
 from gpubot.core.ports import Clock
+from gpubot.services.alert_keeper import AlertKeeper
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
@@ -83,18 +84,18 @@ async def sweeper(
     notifier = None
     if fake is not None:
         notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
-    svc = SweepService(
-        settings,
-        app.status,
-        **sweep_ports(app.store),
-        notifier=notifier,
-        clock=clock,
-        replica="test",
-    )
+    ports = sweep_ports(settings, app.store, notifier=notifier, clock=clock)
+    svc = SweepService(settings, app.status, app.transport, ports, clock=clock, replica="test")
     try:
         yield svc
     finally:
         await app.close()
+
+
+def keeper(svc: SweepService) -> AlertKeeper:
+    """Return the sweep's alert keeper (there is one: the sweep has a store)."""
+    assert svc.keeper is not None
+    return svc.keeper
 
 
 def kill_and_wait(pid: int) -> None:
@@ -340,7 +341,7 @@ async def test_snooze_and_a_restart_keep_their_word(
         clock.advance(300)
         assert [tuple(k) for k in (await svc.run()).alerted] == [key]
         ts = fake_slack.ok("chat.postMessage")[0].answer["ts"]
-        snoozed = await svc.snooze(FindingKey(*key).text(), "1h", by="slack:U0CAROL")
+        snoozed = await keeper(svc).snooze(FindingKey(*key).text(), "1h", by="slack:U0CAROL")
         assert snoozed.snoozed_until is not None
         (update,) = [c.body for c in fake_slack.ok("chat.update")]
         assert update["ts"] == ts and "snoozed until" in all_text(update)

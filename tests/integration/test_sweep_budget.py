@@ -26,7 +26,7 @@ async def test_64_nodes_with_8_hung(fleet_factory: Callable[..., SimFleet]) -> N
     budget = 60.0
     s = with_sweep(dataclasses.replace(s, ssh=ssh), interval_s=60, budget_s=budget)
     app = build(s, {}, need_store=False)
-    svc = SweepService(s, app.status)
+    svc = SweepService(s, app.status, app.transport)
     try:
         started = time.monotonic()
         result = await svc.run(alerting=False)

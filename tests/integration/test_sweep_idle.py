@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import App, SlackAccess, build
+from gpubot.app import App, SlackAccess, build, slack_parts
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import Finding
@@ -83,7 +83,9 @@ async def serving(
     settings = with_sweep(dataclasses.replace(settings, database_url=db_url), **SWEEP)
     app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
     app.sweep.clock = clock
-    bot = build_bot(app, SECRET, min_update_s=0.05)
+    assert app.sweep.keeper is not None and app.sweep.idle is not None
+    app.sweep.keeper.clock = app.sweep.idle.clock = clock
+    bot = build_bot(slack_parts(app), SECRET, min_update_s=0.05)
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:

@@ -60,7 +60,8 @@ async def sweeper(settings: Settings, name: str, *, advisory: bool) -> AsyncIter
     )
     transport = make_transport(settings.ssh)
     status = StatusService(settings, transport, store)
-    svc = SweepService(settings, status, **sweep_ports(store), locks=locks, replica=name)
+    ports = sweep_ports(settings, store, locks=locks)
+    svc = SweepService(settings, status, transport, ports, replica=name)
     try:
         yield svc
     finally:

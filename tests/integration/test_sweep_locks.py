@@ -140,8 +140,10 @@ async def test_one_scheduled_sweep_an_interval(fleet: SimFleet, db_url: str) -> 
         DbLeases(app_a.store.engine, replica="A"),
         DbLeases(app_b.store.engine, replica="B"),
     )
-    a = SweepService(s, app_a.status, **sweep_ports(app_a.store), locks=locks_a, replica="A")
-    b = SweepService(s, app_b.status, **sweep_ports(app_b.store), locks=locks_b, replica="B")
+    ports_a = sweep_ports(s, app_a.store, locks=locks_a)
+    ports_b = sweep_ports(s, app_b.store, locks=locks_b)
+    a = SweepService(s, app_a.status, app_a.transport, ports_a, replica="A")
+    b = SweepService(s, app_b.status, app_b.transport, ports_b, replica="B")
     try:
         async with locks_a.hold(SWEEP_LOCK, holder="sweep"):  # A is sweeping right now
             busy = await b.scheduled()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpubot.app import App, SlackAccess, build
+from gpubot.app import App, Serving, SlackAccess, build, slack_parts
 from gpubot.chat.alerts import render_alert_group, render_reminder
 from gpubot.chat.blocks import limit_problems, message_text
 from gpubot.config import AuditSettings
@@ -30,7 +30,7 @@ from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.readiness import Readiness
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
-from gpubot.slack.serve import build_bot, start_http, start_metrics
+from gpubot.slack.serve import build_bot, start_http
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 from tests.fixtures.settings import with_sweep
@@ -71,13 +71,13 @@ async def serving(
         serving=True,
         first_after_s=0,
     )
-    bot = build_bot(app, SECRET, min_update_s=0.05)
-    port = start_metrics(app, 0)
-    app.start()
+    bot = build_bot(slack_parts(app), SECRET, min_update_s=0.05)
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:
-        yield Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url, app), app, port
+        async with app.running(options=Serving(metrics_port=0, settle_heap=False)) as run:
+            harness = Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url, app)
+            yield harness, app, run.metrics_port
     finally:
         await bot.drain()
         await runner.cleanup()

@@ -29,7 +29,7 @@ from gpubot.chat.idle import render_idle_dm
 from gpubot.cli import render as cli_render
 from gpubot.cli import sweep as cli_sweep
 from gpubot.cli.console import render as console_render
-from gpubot.core import workload as core_workload
+from gpubot.core import text as core_text
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import NodeFailure, SweepConfig, find
 from gpubot.core.models import FindingKind, ResetStep
@@ -254,7 +254,7 @@ def _no_escaping(monkeypatch: pytest.MonkeyPatch, *, core: bool, chat: bool) -> 
         return text
 
     if core:  # names written in back-ticks as they are
-        monkeypatch.setattr(core_workload, "code", lambda s: f"`{s}`")
+        monkeypatch.setattr(core_text, "code", lambda s: f"`{s}`")
     if chat:  # mrkdwn escaping and one-line writing gone
         for name in ("_PLAIN", "_CODE"):
             monkeypatch.setattr(bk, name, {})

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 import gpubot.app as app_module
-from gpubot.app import StatusApp, build_status
+from gpubot.app import App, build
 from gpubot.config import Settings, load
 from gpubot.errors import DatabaseBehind, UsageError
 
@@ -67,17 +67,18 @@ class Opening:
 
 
 def body_recording(opening: Opening, answered: list[str]) -> Any:
-    async def body(app: StatusApp) -> int:
+    async def body(app: App) -> int:
         opening.started.set()
-        await app.audit.record_query(**QUERY)  # what the status service does after the probe
+        assert app.opening is not None
+        await app.opening.record_query(**QUERY)  # what the status service does after the probe
         answered.append("answered")
         return 7
 
     return body
 
 
-async def run(settings: Settings, opening: Opening, body: Any) -> tuple[StatusApp, int]:
-    app = build_status(settings, {})
+async def run(settings: Settings, opening: Opening, body: Any) -> tuple[App, int]:
+    app = build(settings, {}, need_store=False, cold=True)
     try:
         return app, await app.run(body)
     finally:
@@ -127,7 +128,7 @@ async def test_a_database_behind_wins_over_the_body_failing_first(
     opening = Opening(DatabaseBehind("database is at 0002"))
     monkeypatch.setattr(app_module, "_store", opening)
 
-    async def body(app: StatusApp) -> int:
+    async def body(app: App) -> int:
         raise UsageError("unknown node or group 'nodeX'")
 
     with pytest.raises(DatabaseBehind):  # as when the store was opened before anything else
@@ -141,7 +142,7 @@ async def test_the_body_failing_is_raised_once_the_store_is_open_and_closed(
     opening = Opening(store)
     monkeypatch.setattr(app_module, "_store", opening)
 
-    async def body(app: StatusApp) -> int:
+    async def body(app: App) -> int:
         raise UsageError("unknown node or group 'nodeX'")
 
     with pytest.raises(UsageError):

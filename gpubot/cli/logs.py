@@ -1,0 +1,90 @@
+"""How the ``gpubot`` command logs: text lines with ISO 8601 UTC timestamps, or one JSON object
+a line for a log shipper (journald, Loki, Elasticsearch, ``kubectl logs``).
+
+Standard library only: every command imports this, ``gpubot status`` included, and its cold
+start counts imports. ``--log-level`` / ``$GPUBOT_LOG_LEVEL`` choose the level (default
+``warning``), ``--log-format`` / ``$GPUBOT_LOG_FORMAT`` the format (default ``text``); a flag
+wins over the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from typing import TextIO
+
+from gpubot.errors import ConfigError
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+FORMATS = ("text", "json")
+LEVEL_ENV = "GPUBOT_LOG_LEVEL"
+FORMAT_ENV = "GPUBOT_LOG_FORMAT"
+DEFAULT_LEVEL = "warning"
+DEFAULT_FORMAT = "text"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def iso_utc(created: float) -> str:
+    """Return ``created`` (seconds since the epoch) as ``2026-12-01T23:56:00.123Z``."""
+    whole, millis = divmod(round(created * 1000), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{millis:03d}Z"
+
+
+class TextFormatter(logging.Formatter):
+    """``TEXT_FORMAT`` with ISO 8601 UTC times (never the host's local time zone)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return iso_utc(record.created)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``time``, ``level``, ``logger``, ``message`` and, when the record
+    carries one, ``exception`` (the formatted traceback, as one string)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, str] = {
+            "time": iso_utc(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def choose(
+    flag: str | None, environ: Mapping[str, str], env: str, allowed: tuple[str, ...], default: str
+) -> str:
+    """Return the flag's value, else the environment's, else ``default``; a bad value from the
+    environment is a one-line ``ConfigError`` (argparse checks the flag's)."""
+    if flag is not None:
+        return flag
+    raw = environ.get(env, "").strip()
+    if not raw:
+        return default
+    if raw.lower() not in allowed:
+        raise ConfigError(f"{env}={raw!r}: expected one of {', '.join(allowed)}")
+    return raw.lower()
+
+
+def configure(level: str, fmt: str, stream: TextIO | None = None) -> logging.Handler | None:
+    """Send log records of ``level`` and above to ``stream`` (stderr) in ``fmt``; return the
+    handler. Like ``logging.basicConfig``, it does nothing (None) where the root logger has
+    handlers already: a host that configured logging (pytest, an embedding program) keeps it."""
+    root = logging.getLogger()
+    if root.handlers:
+        return None
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    return handler

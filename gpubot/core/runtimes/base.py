@@ -1,0 +1,349 @@
+"""What one runtime module gives, and the workload every runtime names.
+
+A runtime (a container engine, a scheduler, systemd ...) is one ``Runtime`` value in one module of
+this package: its kind, the cgroup shapes that name its workloads (``Shape``), how it says what
+a workload is (``describe``, ``short``), whose a workload is (``owner``), how to stop one for good
+and whether it comes back (``stop``, ``restarts``), and optionally how to ask the runtime for
+names (``Lookup``). ``gpubot.core.runtimes`` finds every module that defines ``RUNTIMES`` and
+registers them; ``core.workload``, ``core.enrich``, ``core.stopgate`` and config validation only
+iterate that registry.
+
+A kind is an open set (each module adds its own), so ``WorkloadKind`` is a ``str`` interned per
+value rather than a closed ``StrEnum``: ``WorkloadKind("docker") is WorkloadKind.DOCKER``, and an
+unknown value is a ``ValueError`` as an enum's would be.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import IntEnum
+from typing import Any, ClassVar
+
+from gpubot.core import text
+
+# Fragments the shapes share (see each runtime's module for its sources).
+HEX64 = r"[0-9a-f]{64}"
+TAIL = r"(?:/.*)?"  # cgroups a workload made inside its own (a container's init.scope ...)
+NEST = r"(?P<tail>/.*)?"  # the same, where a container's root may have nested another one
+ROOT_SLICES = r"/(?:(?!user\.slice/)[^/]+\.slice/)*"  # slices only root can make
+USER_MANAGER = r"/user\.slice/user-(?P<uid>\d+)\.slice/user@\d+\.service/(?:[^/]+/)*"
+HEX64_ID = re.compile(HEX64)
+OTHER = "other"  # the kind of what no runtime names, or names as no workload
+
+_USER_OK = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z")  # a Linux user name (useradd's rule)
+
+
+def printable_path(text: str) -> str:
+    """Return ``text`` with non-printable characters as ``\\xNN``, at most 300 of them."""
+    out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    return out[:300]
+
+
+def valid_user(name: str | None) -> bool:
+    """Whether ``name`` is a well-formed Linux user name."""
+    return name is not None and bool(_USER_OK.match(name))
+
+
+class _Kinds(type):
+    """Lets ``WorkloadKind.DOCKER`` name a registered kind without a closed list of members."""
+
+    _known: dict[str, WorkloadKind]
+
+    def __getattr__(cls, name: str) -> WorkloadKind:
+        if name.isupper() and (kind := cls._known.get(name.lower())) is not None:
+            return kind
+        raise AttributeError(name)
+
+    def __iter__(cls) -> Iterator[WorkloadKind]:
+        return iter(tuple(cls._known.values()))
+
+
+class WorkloadKind(str, metaclass=_Kinds):
+    """What kind of workload a process runs in: a registered runtime's kind, or ``other``."""
+
+    __slots__ = ()
+    _known: ClassVar[dict[str, WorkloadKind]] = {}
+
+    def __new__(cls, value: object) -> WorkloadKind:
+        kind = cls._known.get(value) if isinstance(value, str) else None
+        if kind is None:
+            raise ValueError(f"{value!r} is not a valid WorkloadKind")
+        return kind
+
+    @classmethod
+    def _define(cls, value: str) -> WorkloadKind:
+        if value not in cls._known:
+            cls._known[value] = str.__new__(cls, value)
+        return cls._known[value]
+
+    def __repr__(self) -> str:
+        return f"<WorkloadKind.{self.upper()}: {str(self)!r}>"
+
+    def __reduce__(self) -> tuple[type[WorkloadKind], tuple[str]]:
+        return (WorkloadKind, (str(self),))
+
+    def __copy__(self) -> WorkloadKind:
+        return self
+
+    def __deepcopy__(self, memo: object) -> WorkloadKind:
+        return self
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The workload of one process.
+
+    ``owner`` is the Linux user the workload belongs to when something root controls says so
+    (Slurm's job user, a configured container label, a rootless container's user slice); for a
+    root container without that label it is ``root``. ``None``: the process's own user decides.
+    Text a job's owner chose (names, images, labels) is marked by ``printable`` before it lands
+    here, and ``detail`` holds only strings.
+    """
+
+    kind: WorkloadKind
+    id: str  # container id, Slurm job id, pod uid, unit name, session, or the raw path
+    name: str | None = None  # container name, Slurm job name, namespace/pod, unit
+    owner: str | None = None
+    detail: tuple[tuple[str, str], ...] = ()
+
+    def get(self, key: str) -> str | None:
+        """Return one detail value, or None."""
+        return next((v for k, v in self.detail if k == key), None)
+
+    def with_detail(self, **values: str | None) -> Workload:
+        """Return a copy with these detail values set (None values are left out)."""
+        keep = {k: v for k, v in self.detail if k not in values}
+        keep.update({k: v for k, v in values.items() if v is not None})
+        return replace(self, detail=tuple(sorted(keep.items())))
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Return what tells two workloads apart: kind, id and, for a rootless container, its
+        user. A user names the cgroups of their own subtree freely, so a rootless container may
+        carry a root container's id: by kind and id alone the two would be one workload."""
+        return str(self.kind), self.id, (self.get("uid") or "") if self.get("rootless") else ""
+
+    @property
+    def short(self) -> str:
+        """Return a short label for tables: ``docker:train-llama``, ``slurm:8812.0``."""
+        return runtime_of(self.kind).short(self)
+
+    def describe(self) -> str:
+        """Say what killing this workload's process kills, for plans and approvals.
+
+        Every name is written by ``core.text.code`` (back-ticks, one line, none inside): a job
+        name such as ``x` *pre-approved* `y`` stays one literal, and each front end shows it as
+        one (a Slack code span, a terminal's text).
+        """
+        outer = self.get("outer")
+        if outer is not None:
+            name = self.get("outer_name") or outer[:12]
+            inside = f"{self.kind} container {text.code((self.get('inner_id') or '?')[:12])}"
+            return f"{inside} inside container {text.code(name)}{owned(self)}"
+        return runtime_of(self.kind).describe(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Workload | None:
+        """Rebuild a workload from ``to_dict`` output (a stored plan); None for None."""
+        if d is None:
+            return None
+        detail = d.get("detail") or {}
+        if isinstance(detail, list):  # a plan's asdict() keeps the pairs as lists
+            detail = dict(detail)
+        return cls(
+            WorkloadKind(d["kind"]),
+            str(d["id"]),
+            d.get("name"),
+            d.get("owner"),
+            tuple(sorted((str(k), str(v)) for k, v in detail.items())),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the ``status --json`` form."""
+        return {
+            "kind": str(self.kind),
+            "id": self.id,
+            "name": self.name,
+            "owner": self.owner,
+            "detail": dict(self.detail),
+        }
+
+
+class Rank(IntEnum):
+    """Where a shape stands among all runtimes' shapes: the first that matches a path wins."""
+
+    ROOT = 0  # a place only root (a daemon, slurmd, the kubelet) makes: a container, a job
+    USER = 1  # inside a user's own subtree (a rootless container): before that user's session
+    SESSION = 2  # a login session or a user's manager
+    UNIT = 3  # a known unit that is no workload (a runtime's own daemon, sshd, cron)
+    SERVICE = 4  # any other system service: last
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One cgroup path pattern, matched over the whole path from the root of the hierarchy.
+
+    Named groups carry what the path says (``id``, ``uid``, ``unit`` ...); a ``tail`` group marks
+    a container's own subtree, where its root may nest another container. ``reason``: a known
+    shape that is no workload gpubot may name, advise or stop (``other``); its pattern holds
+    one group named ``reason_*``.
+    """
+
+    pattern: str
+    rank: Rank = Rank.ROOT
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one runtime said about one workload; every text is marked by ``printable``."""
+
+    name: str | None = None  # container name, Slurm job name, Kubernetes container name
+    image: str | None = None
+    restart: str | None = None  # docker/podman restart policy
+    labels: tuple[tuple[str, str], ...] = ()  # every label, sorted by key
+    namespace: str | None = None  # Kubernetes
+    pod: str | None = None
+    pod_uid: str | None = None
+    user: str | None = None  # Slurm: the job's user (a valid Linux name) ...
+    uid: int | None = None  # ... and uid
+    state: str | None = None  # Slurm: JobState
+
+
+def _never(*_: object) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """How to ask a runtime about its workloads: one bounded exec for all ids of a node.
+
+    ``tool`` is the name a node lists in its settings (``runtimes = ["docker", "crictl"]``).
+    ``argv(ids, sudo)`` is the command after coreutils ``timeout`` (``sudo`` is the prefix to use
+    or empty), ``parse`` reads its standard output into a record per id found beyond doubt,
+    ``target`` gives the id to ask about (only one matching ``ids`` is asked), ``apply`` puts a
+    record on a workload, and ``contradicts`` says when a record disagrees with what root's
+    cgroup path says (such a record counts as not found).
+    """
+
+    tool: str
+    ids: re.Pattern[str]
+    argv: Callable[[Sequence[str], Sequence[str]], list[str]]
+    parse: Callable[[str, Sequence[str]], dict[str, Found]]
+    target: Callable[[Workload], str | None]
+    apply: Callable[[Workload, Found, str | None], Workload]
+    contradicts: Callable[[Workload, Found], bool] = _never
+
+
+def default_short(w: Workload) -> str:
+    """``kind:name``, or the first 12 digits of a hex id, or the id."""
+    wid = w.get("inner_id") or w.id
+    label = w.name or (wid[:12] if wid and all(c in "0123456789abcdef" for c in wid) else wid)
+    return f"{w.kind}:{label}"
+
+
+def _no_owner(w: Workload, by_uid: str | None, label: str | None) -> str | None:
+    return None
+
+
+def _no_stop(w: Workload) -> list[str] | None:
+    return None
+
+
+def _noun(w: Workload, last: str) -> str:
+    return f"container `{last}`"
+
+
+def _own_id(w: Workload) -> str | None:
+    return w.id
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Everything gpubot knows about one runtime (see the module docstring).
+
+    ``build(kind, path, groups)`` makes the workload of a matched path. ``owner(w, by_uid,
+    label)`` is the owner rule, from the name of the path's uid and the value of the configured
+    owner label: only what root controls. ``stop`` is the argv that stops the workload for good
+    (None when there is none to give), ``restarts`` whether something starts it again once its
+    process is killed, ``is_root(w, component, previous)`` whether a path component is the
+    workload's own cgroup directory (what its stop kills), ``noun`` how a stop names it.
+    ``nests``: a container, whose root may nest another container in its cgroup; ``host_id`` is
+    the id the host's runtime knows it by. ``generic`` ranks a process's hierarchies: the most
+    specific workload wins (0 a container or job, 1 a service or session, 2 ``other``).
+    ``named``: whether a workload of the kind is worth naming to people (a bare login session or
+    an unknown cgroup is not). ``root_helpers``: the process names (``comm``) of the runtime's
+    own helpers that run as root inside each workload's cgroup (slurm's ``slurmstepd``): a
+    self-service stop does not count them as another user's processes.
+    ``daemons``: patterns of the runtime's own units, never a workload.
+    """
+
+    kind: str
+    order: int
+    build: Callable[[WorkloadKind, str, Mapping[str, str]], Workload]
+    describe: Callable[[Workload], str]
+    shapes: tuple[Shape, ...] = ()
+    daemons: tuple[str, ...] = ()
+    short: Callable[[Workload], str] = default_short
+    owner: Callable[[Workload, str | None, str | None], str | None] = _no_owner
+    stop: Callable[[Workload], list[str] | None] = _no_stop
+    stop_note: str | None = None  # what its stop ends beyond the node, for approvers
+    restarts: Callable[[Workload], bool] = _never
+    is_root: Callable[[Workload, str, str], bool] = _never
+    noun: Callable[[Workload, str], str] = _noun
+    lookup: Lookup | None = None
+    nests: bool = False
+    host_id: Callable[[Workload], str | None] = _own_id
+    generic: int = 0
+    named: bool = True  # worth naming in a plan, a table or an idle line
+    root_helpers: tuple[str, ...] = ()
+
+
+_BY_KIND: dict[str, Runtime] = {}
+
+
+def register(runtimes: Sequence[Runtime]) -> None:
+    """Make each runtime's kind a ``WorkloadKind`` and the runtime the one ``runtime_of`` gives."""
+    for r in runtimes:
+        WorkloadKind._define(r.kind)
+        _BY_KIND[r.kind] = r
+
+
+def runtime_of(kind: str) -> Runtime:
+    """Return the runtime of a registered kind (KeyError for any other)."""
+    return _BY_KIND[kind]
+
+
+def find_runtime(kind: str | None) -> Runtime | None:
+    """Return the runtime of ``kind``, or None when it names none (text from a stored record)."""
+    return _BY_KIND.get(kind) if kind is not None else None
+
+
+# --- rules that several runtimes share ----------------------------------------------------------
+
+
+def owned(w: Workload) -> str:
+    """`` of Linux user `alice```, or nothing when the workload has no owner."""
+    return f" of Linux user {text.code(w.owner)}" if w.owner else ""
+
+
+def container_owner(w: Workload, by_uid: str | None, label: str | None) -> str | None:
+    """A container's owner: a rootless one's user slice; else the owner label when configured
+    and well formed (a label cannot hand a user's own container to someone else); else root."""
+    if w.get("rootless"):
+        return by_uid
+    return label if valid_user(label) else "root"
+
+
+def container_build(kind: WorkloadKind, path: str, g: Mapping[str, str]) -> Workload:
+    """A docker or podman container: its id, and the uid of a rootless one's user slice."""
+    return Workload(kind, g["id"]).with_detail(
+        uid=g.get("uid"), rootless="yes" if "uid" in g else None
+    )
+
+
+def always(w: Workload) -> bool:
+    """Something restarts it (the kubelet, a container's own init, Slurm, systemd)."""
+    return True

@@ -1,0 +1,83 @@
+"""Podman: containers of libpod, rootful or rootless (no daemon: conmon watches each one).
+
+Cgroup shapes (podman(1) ``--cgroup-manager``): ``/machine.slice/libpod-ID.scope`` (or in
+``system.slice``), ``/libpod_parent/libpod-ID`` (cgroupfs); rootless under the user's own
+``user@UID.service``.
+
+Lookup: ``podman inspect --type container ID...`` (podman-inspect(1), ``--type`` since 1.x,
+podman-container-inspect(1) example): the same array shape as docker's; ``Name`` without ``/``,
+``ImageName``, ``Config.Labels`` (null in the manual's example).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpubot.core.runtimes import inspect_json
+from gpubot.core.runtimes.base import (
+    HEX64,
+    HEX64_ID,
+    NEST,
+    USER_MANAGER,
+    Found,
+    Lookup,
+    Rank,
+    Runtime,
+    Shape,
+    Workload,
+    container_build,
+    container_owner,
+)
+from gpubot.core.runtimes.docker import container_stop, describe_container, policy_restarts
+
+
+def parse_podman_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
+    """Read ``podman inspect`` output: a record for each asked id found exactly once."""
+    return inspect_json.by_id(
+        inspect_json.json_items(stdout), ids, lambda o: inspect_json.as_str(o.get("Id")), _found
+    )
+
+
+def _found(o: dict[str, Any]) -> Found:
+    return Found(
+        name=inspect_json.text(o.get("Name")),
+        image=inspect_json.text(o.get("ImageName"))
+        or inspect_json.text(inspect_json.at(o, "Config", "Image")),
+        restart=inspect_json.text(inspect_json.at(o, "HostConfig", "RestartPolicy", "Name")),
+        labels=inspect_json.labels(inspect_json.at(o, "Config", "Labels")),
+    )
+
+
+def _is_root(w: Workload, comp: str, prev: str) -> bool:
+    return comp in (f"libpod-{w.id}.scope", f"libpod-{w.id}")
+
+
+RUNTIMES = (
+    Runtime(
+        kind="podman",
+        order=20,
+        shapes=(
+            Shape(rf"/(?:machine|system)\.slice/libpod-(?P<id>{HEX64})\.scope{NEST}"),
+            Shape(rf"/libpod_parent/libpod-(?P<id>{HEX64}){NEST}"),
+            # Rootless: inside the user's own subtree, so the user's, whatever they say.
+            Shape(rf"{USER_MANAGER}libpod-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
+        ),
+        daemons=(r"podman\.service",),
+        build=container_build,
+        describe=describe_container,
+        owner=container_owner,
+        stop=container_stop,
+        restarts=policy_restarts,
+        is_root=_is_root,
+        lookup=Lookup(
+            tool="podman",
+            ids=HEX64_ID,
+            argv=inspect_json.inspect_argv("podman"),
+            parse=parse_podman_inspect,
+            target=inspect_json.rootful_id,
+            apply=inspect_json.apply_container,
+        ),
+        nests=True,
+    ),
+)

@@ -1,0 +1,241 @@
+"""The alert keeper: a sweep's findings through the alert state, to the ``Notifier``.
+
+A finding alerts once it was seen in two sweeps in a row, reminds after ``reminder_s``, and its
+message is updated when it clears or is snoozed. The decisions are pure (``core.alerting``);
+this keeper orchestrates the ``AlertStore`` and the ``Notifier``. An alert is posted once,
+through the outbox (``services.alert_outbox``): its intent is recorded before it is posted, and
+every alerting sweep first settles the posts whose end is unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Protocol
+
+from gpubot.core.alerting import (
+    Alert,
+    AlertGroup,
+    AlertItem,
+    Handle,
+    Notice,
+    PendingPost,
+    SweepResult,
+    notice,
+    snooze_until,
+    to_resolve,
+)
+from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.findings import Finding, FindingKey, SweepConfig
+from gpubot.core.models import NodeSnapshot
+from gpubot.core.ports import AlertStore, Clock, Notifier
+from gpubot.core.readiness import Readiness
+from gpubot.errors import StoreError, UsageError
+from gpubot.services.alert_outbox import AlertOutbox
+
+log = logging.getLogger(__name__)
+
+ReadinessMap = dict[tuple[str, int], Readiness]
+AskReadiness = Callable[[Iterable[Finding]], Awaitable[ReadinessMap]]
+
+
+class AlertKeeper:
+    """The alert state machine over the ``AlertStore``, the notifier, and snoozing."""
+
+    def __init__(
+        self,
+        config: SweepConfig,
+        nodes: Iterable[str],
+        alerts: AlertStore,
+        notifier: Notifier | None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """``nodes``: every configured node (an alert of a node no longer configured clears).
+        Without ``notifier`` the state is kept but nothing is posted (and that is warned)."""
+        self.config = config
+        self.nodes = frozenset(nodes)
+        self.alerts = alerts
+        self.notifier = notifier
+        self.clock = clock
+        self.outbox = AlertOutbox(alerts, notifier) if notifier is not None else None
+        # What this process saw last: details for re-rendering messages (the store keeps keys).
+        self._findings: dict[str, Finding] = {}
+        self._ready: dict[str, Readiness] = {}
+        self._snaps: dict[str, NodeSnapshot] = {}
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now(), UTC)
+
+    def saw(self, snaps: Sequence[NodeSnapshot]) -> None:
+        """Remember the latest snapshot of each node (shown with its alert messages)."""
+        for s in snaps:
+            self._snaps[s.node] = s
+
+    async def known(self) -> dict[FindingKey, Alert]:
+        """Return the open alerts by key ({} when the store cannot say: warned)."""
+        try:
+            return {a.key: a for a in await self.alerts.open_alerts()}
+        except StoreError as exc:
+            log.warning("alert state unavailable: %s", exc)
+            return {}
+
+    async def update(
+        self, result: SweepResult, ask: AskReadiness, *, now: datetime | None = None
+    ) -> SweepResult:
+        """Update the alert state with a sweep's findings: alert, remind, resolve. ``ask``:
+        what a reset of the newly alerted orphaned GPUs would touch. Raises ``StoreError``."""
+        now = now or self._now()
+        found = {f.key: f for f in result.findings}
+        states = {a.key: a for a in await self.alerts.upsert_seen(list(found), now)}
+        for k, f in found.items():
+            self._findings[k.text()] = f
+        open_ = {a.key: a for a in await self.alerts.open_alerts()}
+        settled: tuple[FindingKey, ...] = ()
+        if self.outbox is not None:  # posts whose end is unknown, before anything else posts
+            settled = await self.outbox.reconcile(
+                lambda p, at: self._pending_group(p, at, open_), now
+            )
+        gone = to_resolve(
+            list(open_),
+            found.keys(),
+            answered={s.node for s in result.snapshots},
+            failed=result.failed.keys(),
+            configured=self.nodes,
+        )
+        resolved = await self.alerts.mark_resolved(gone, now)
+        new, remind = self._due(found, states, now)
+        ready = await ask(f for fs in new.values() for f in fs)
+        alerted = settled + await self._post(new, states, ready, now)
+        if alerted:  # their state changed: alerted, and where
+            states.update({a.key: a for a in await self.alerts.open_alerts() if a.key in states})
+        reminded = await self._remind(remind, states, now)
+        cleared = {h: a.key.node for a in resolved if (h := a.handle) is not None}
+        for where, node in cleared.items():
+            await self._update_message(where, node, now)
+        return replace(
+            result,
+            readiness=ready,
+            alerted=alerted,
+            reminded=reminded,
+            resolved=tuple(a.key for a in resolved),
+            known=states,
+        )
+
+    def _due(
+        self, found: Mapping[FindingKey, Finding], states: Mapping[FindingKey, Alert], now: datetime
+    ) -> tuple[dict[str, list[Finding]], dict[Handle, list[Finding]]]:
+        """Return the findings to alert on (by node) and to remind of (by message)."""
+        new: dict[str, list[Finding]] = {}
+        remind: dict[Handle, list[Finding]] = {}
+        for k, f in found.items():
+            what = notice(f.kind, states[k], now, self.config)
+            if what is Notice.ALERT:
+                new.setdefault(f.node, []).append(f)
+            elif what is Notice.REMIND and (where := states[k].handle) is not None:
+                remind.setdefault(where, []).append(f)
+        if self.notifier is None and (new or remind):
+            log.warning(
+                "findings to alert on %s, but no alert channel is set up",
+                ", ".join(sorted({*new, *(fs[0].node for fs in remind.values())})),
+            )
+        return ({}, {}) if self.notifier is None else (new, remind)
+
+    async def _post(
+        self,
+        new: Mapping[str, list[Finding]],
+        states: dict[FindingKey, Alert],
+        ready: Mapping[tuple[str, int], Readiness],
+        now: datetime,
+    ) -> tuple[FindingKey, ...]:
+        """Post one alert per node of new findings, each through the outbox (recorded before
+        it is posted: ``services.alert_outbox``); return the keys alerted."""
+        alerted: list[FindingKey] = []
+        for node, fs in new.items():
+            assert self.outbox is not None  # findings to post: a notifier and a store
+            items = []
+            for f in fs:
+                r = ready.get((node, f.gpu)) if f.gpu is not None else None
+                if r is not None:
+                    self._ready[f.key.text()] = r
+                items.append(AlertItem(f.key, f, states[f.key].first_seen, readiness=r))
+            group = AlertGroup(node, tuple(items), self._snaps.get(node), now)
+            alerted += await self.outbox.post(group)
+        return tuple(alerted)
+
+    def _pending_group(
+        self, pending: PendingPost, repeat_of: datetime | None, open_: Mapping[FindingKey, Alert]
+    ) -> AlertGroup | None:
+        """Rebuild the message of a pending post from its findings still open (None: none)."""
+        items = tuple(self._item(k, open_[k]) for k in pending.keys if k in open_)
+        if not items:
+            return None
+        node = pending.node
+        return AlertGroup(node, items, self._snaps.get(node), self._now(), repeat_of=repeat_of)
+
+    async def _remind(
+        self, remind: Mapping[Handle, list[Finding]], states: dict[FindingKey, Alert], now: datetime
+    ) -> tuple[FindingKey, ...]:
+        """Remind of findings that persist, in their alert's thread; return the keys reminded."""
+        reminded: list[FindingKey] = []
+        for where, fs in remind.items():
+            assert self.notifier is not None
+            node = fs[0].node
+            items = tuple(self._item(f.key, states[f.key]) for f in fs)
+            await self.notifier.remind(where, AlertGroup(node, items, self._snaps.get(node), now))
+            for f in fs:
+                states[f.key] = await self.alerts.mark_reminded(f.key, now)
+                reminded.append(f.key)
+        return tuple(reminded)
+
+    def _item(self, key: FindingKey, a: Alert) -> AlertItem:
+        text = key.text()
+        return AlertItem(
+            key,
+            self._findings.get(text),
+            a.first_seen,
+            a.resolved_at,
+            a.snoozed_until,
+            self._ready.get(text),
+        )
+
+    async def _update_message(self, where: Handle, node: str, now: datetime) -> None:
+        """Re-render one alert message from the state of every finding it carries."""
+        if self.notifier is None:
+            return
+        members = await self.alerts.on_message(*where)
+        if not members:
+            return
+        items = tuple(self._item(a.key, a) for a in members)
+        await self.notifier.update(where, AlertGroup(node, items, self._snaps.get(node), now))
+
+    async def snooze(self, key_text: str, choice: str, *, by: str) -> Alert:
+        """Snooze one finding for ``1h`` or ``1d`` and update its alert message."""
+        key = FindingKey.parse(key_text)
+        now = self._now()
+        try:
+            until = snooze_until(now, choice)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        alert = await self.alerts.snooze(key, until, by=by, now=now)
+        if alert.handle is not None:
+            await self._update_message(alert.handle, key.node, now)
+        return alert
+
+
+class Snoozer(Protocol):
+    """What a front end's snooze button calls (``AlertKeeper``; ``NoAlerts`` without a store)."""
+
+    async def snooze(self, key_text: str, choice: str, *, by: str) -> Alert:
+        """Snooze one finding; raise ``GpubotError`` with why it cannot be."""
+        ...
+
+
+class NoAlerts:
+    """Stands in for the keeper without a database: snoozing is refused with why."""
+
+    async def snooze(self, key_text: str, choice: str, *, by: str) -> Alert:
+        """Refuse: there is no alert state."""
+        raise StoreError("the alert state is unavailable (no database)")

@@ -1,0 +1,106 @@
+"""The start-up report: what a stopped gpubot left unfinished, told once through the
+``Reporter`` port of whichever front end runs (Slack's channel, the console's terminal).
+
+Actions with an intent and no outcome are listed; approvals left ``approved`` with no end are
+marked ``incomplete`` (``ApprovalService.abandon_approved``) and listed. Each report is logged
+too, on one line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol
+
+from gpubot.core.approval import Approval
+from gpubot.core.ports import Reporter
+from gpubot.core.report import Report
+
+log = logging.getLogger(__name__)
+
+
+class Action(Protocol):
+    """An action as the audit log summarises it (``store.ActionSummary``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def actor(self) -> str: ...
+    @property
+    def command(self) -> str: ...
+    @property
+    def started_at(self) -> datetime: ...
+
+
+class Unfinished(Protocol):
+    """Where the actions without an outcome are (the audit store)."""
+
+    async def incomplete_actions(self) -> Sequence[Action]:
+        """Return the actions with an intent and no outcome, newest first."""
+        ...
+
+
+class Abandoning(Protocol):
+    """What marks the approvals a stopped gpubot left ``approved`` (``ApprovalService``)."""
+
+    async def abandon_approved(self) -> list[Approval]:
+        """Mark them ``incomplete``; return them."""
+        ...
+
+
+async def report_interrupted(
+    audit: Unfinished | None, approvals: Abandoning | None, reporter: Reporter
+) -> list[Report]:
+    """Tell ``reporter`` which actions never recorded an outcome, then mark and tell the
+    approved forced kills that never ended; return what was told."""
+    told: list[Report] = []
+    left = [] if audit is None else await audit.incomplete_actions()
+    if left:
+        told.append(await _tell(reporter, actions_report(left)))
+    marked = [] if approvals is None else await approvals.abandon_approved()
+    if marked:
+        told.append(await _tell(reporter, approvals_report(marked)))
+    return told
+
+
+async def _tell(reporter: Reporter, report: Report) -> Report:
+    log.warning("%s", report.text().replace("\n", " "))
+    await reporter.report(report)
+    return report
+
+
+def actions_report(left: Sequence[Action]) -> Report:
+    """Return the report of actions that never recorded an outcome."""
+    lines = tuple(
+        f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
+        f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`"
+        for a in left
+    )
+    head = (
+        f"{len(left)} action(s) never recorded an outcome (gpubot stopped while running "
+        "them); check those nodes"
+    )
+    return Report("Incomplete actions", head, lines, " (`gpubot audit list`)")
+
+
+def approvals_report(marked: Sequence[Approval]) -> Report:
+    """Return the report of approved forced kills that never recorded an end."""
+    head = (
+        f"{len(marked)} approved forced kill(s) never recorded an end "
+        "(gpubot stopped while running them), now marked incomplete; check those nodes"
+    )
+    return Report("Incomplete approvals", head, tuple(_approval_line(a) for a in marked))
+
+
+def _approval_line(a: Approval) -> str:
+    at = "" if a.decided_at is None else f" at {a.decided_at:%Y-%m-%d %H:%M:%S} UTC"
+    return (
+        f"• approval #{a.id} on {a.node}: asked by {a.requester_name or a.requester} "
+        f"({a.requester}), approved by {a.decided_by_name or a.decided_by} ({a.decided_by})"
+        f"{at}: `{a.request.command}`"
+    )

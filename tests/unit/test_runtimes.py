@@ -1,0 +1,128 @@
+"""The registry of runtimes (gpubot/core/runtimes/): one module per runtime, iterated by all."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import pickle
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpubot.config import validate
+from gpubot.core import cgroup_shapes, enrich
+from gpubot.core.runtimes import LOOKUPS, RUNTIMES, _check
+from gpubot.core.runtimes.base import Rank, Runtime, Shape, WorkloadKind
+from gpubot.core.workload import match_path
+
+PKG = Path(__file__).resolve().parents[2] / "gpubot"
+CORPUS = Path(__file__).resolve().parent.parent / "corpus" / "cgroup"
+
+
+def test_every_module_that_defines_runtimes_is_registered() -> None:
+    found: list[Runtime] = []
+    for path in sorted((PKG / "core" / "runtimes").glob("[!_]*.py")):
+        module = importlib.import_module(f"gpubot.core.runtimes.{path.stem}")
+        found += getattr(module, "RUNTIMES", ())
+    assert sorted(r.kind for r in found) == sorted(r.kind for r in RUNTIMES)
+    assert [r.order for r in RUNTIMES] == sorted(r.order for r in RUNTIMES)
+    kinds = {r.kind for r in RUNTIMES}
+    assert {"docker", "podman", "kubernetes", "slurm", "lxc", "service", "session"} <= kinds
+    assert "other" in kinds
+
+
+def test_a_kind_behaves_as_the_enum_did() -> None:
+    assert WorkloadKind("docker") is WorkloadKind.DOCKER == "docker"
+    assert str(WorkloadKind.SLURM) == "slurm" and f"{WorkloadKind.SLURM}" == "slurm"
+    assert pickle.loads(pickle.dumps(WorkloadKind.LXC)) is WorkloadKind.LXC
+    assert copy.deepcopy(WorkloadKind.OTHER) is WorkloadKind.OTHER
+    assert [str(k) for k in WorkloadKind] == [r.kind for r in RUNTIMES]
+    with pytest.raises(ValueError, match="not a valid WorkloadKind"):
+        WorkloadKind("k8s")
+    with pytest.raises(AttributeError):
+        _ = WorkloadKind.K8S
+
+
+def test_config_and_lookups_iterate_the_registry() -> None:
+    assert validate.RUNTIMES == enrich.RUNTIMES == ("docker", "podman", "slurm", "crictl")
+    assert tuple(LOOKUPS) == validate.RUNTIMES
+    assert set(enrich.PARSERS) == set(LOOKUPS)
+
+
+def _samples() -> list[str]:
+    paths = []
+    for f in sorted(CORPUS.iterdir()):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            path = line.split(":", 2)[2] if f.suffix == ".txt" and ":" in line else line
+            paths.append(re.sub(r"^/sys/fs/cgroup(?:/[^/]*(?=/))?", "", path.rstrip("/")))
+    return [p for p in paths if p.startswith("/")]
+
+
+def test_shapes_of_one_rank_never_claim_the_same_path() -> None:
+    """Within a rank the runtimes' order decides nothing: no two runtimes' shapes of the rank
+    that wins both match a real path (so a new module cannot take another runtime's paths)."""
+    samples = _samples()
+    assert len(samples) >= 30
+    ranked = [
+        (kind, s.rank, re.compile(s.pattern + r"\Z")) for kind, s in cgroup_shapes.ordered(RUNTIMES)
+    ]
+    for path in samples:
+        hits = [(rank, kind) for kind, rank, p in ranked if p.match(path)]
+        if hits:
+            best = min(rank for rank, _ in hits)
+            assert len({k for r, k in hits if r == best}) == 1, (path, hits)
+
+
+def test_the_table_is_ranked() -> None:
+    ranks = [s.rank for _, s in cgroup_shapes.ordered(RUNTIMES)]
+    assert ranks == sorted(ranks) and ranks[-1] is Rank.SERVICE
+    assert match_path("/system.slice/containerd.service").get("reason") == (
+        "runtime daemon's own unit"
+    )
+
+
+def test_the_registry_refuses_what_would_be_ambiguous() -> None:
+    docker = next(r for r in RUNTIMES if r.kind == "docker")
+    _check(RUNTIMES)
+    with pytest.raises(ValueError, match="kind given twice: docker"):
+        _check((*RUNTIMES, replace(docker, order=999)))
+    with pytest.raises(ValueError, match="lookup tool given twice: docker"):
+        _check((*RUNTIMES, replace(docker, kind="docker2", order=999)))
+    with pytest.raises(ValueError, match="reason_ group"):
+        _check((replace(docker, shapes=(Shape("/x", reason="why"),)),))
+    with pytest.raises(ValueError, match="not a process name"):
+        _check((replace(docker, root_helpers=("a b",)),))
+
+
+# A switch over runtime kinds: WorkloadKind.X (but the fallback OTHER), or a kind compared with
+# the name of a runtime.
+_KINDS = "|".join(re.escape(r.kind) for r in RUNTIMES if r.kind != "other")
+SWITCH = re.compile(
+    rf"WorkloadKind\.(?!OTHER\b)[A-Z]|kind\b[^\n]{{0,12}}(?:==|!=|\bin\b)[^\n]{{0,40}}"
+    rf"[\"'](?:{_KINDS})[\"']"
+)
+
+
+def test_no_runtime_switch_outside_the_runtime_modules() -> None:
+    bad = [
+        f"{p.relative_to(PKG)}:{n}"
+        for p in sorted(PKG.rglob("*.py"))
+        if "runtimes" not in p.parts and "sim" not in p.parts
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if SWITCH.search(line)
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "    if w.kind is WorkloadKind.SLURM:",
+        '    if w is None or w.kind in ("session", "other"):',
+        '    elif kind == "docker":',
+    ],
+)
+def test_control_the_switch_rule_sees_the_old_switches(line: str) -> None:
+    assert SWITCH.search(line)
