@@ -39,6 +39,9 @@ RANKS: dict[str, int] = {
     "__init__": 0,
 }
 FRONT_ENDS = ("slack", "console")
+# Modules that belong to another unit's layer: the composition root's helpers, and the
+# console front end's text output.
+UNITS = {"app_stores": "app", "lifecycle": "app", "cli.console": "console", "cli.report": "console"}
 
 
 @functools.cache
@@ -107,9 +110,7 @@ def module_graph() -> dict[str, set[str]]:
 def unit(module: str) -> str:
     """Return the layer unit of a package module (``gpubot.cli.console`` is a front end)."""
     parts = module.split(".")[1:] or ["__init__"]
-    if parts[:2] == ["cli", "console"]:
-        return "console"
-    return parts[0]
+    return UNITS.get(".".join(parts[:2]), UNITS.get(parts[0], parts[0]))
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
