@@ -21,7 +21,7 @@ from aiohttp import web
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from gpubot.app import App
-from gpubot.chat.blocks import render_text
+from gpubot.chat.message import Message, Section, paragraph
 from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.errors import ConfigError
 from gpubot.slack import alerts, dump, idle_dm
@@ -188,7 +188,7 @@ async def _post_list(bot: GpuBot, title: str, lines: list[str], head: str, more:
     shown = lines[:10] + ([f"… and {len(lines) - 10} more{more}"] if len(lines) > 10 else [])
     text = head + ":\n" + "\n".join(shown)
     log.warning("%s", text.replace("\n", " "))
-    await bot.post_alert(None, render_text(text, title=title))
+    await bot.post_alert(None, Message(title, (Section(paragraph(text)),)))
 
 
 async def _check_token(bot: GpuBot) -> None:

@@ -21,8 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpubot.app import App, SlackAccess, build
-from gpubot.chat.alerts import render_alert_group, render_reminder
-from gpubot.chat.blocks import limit_problems, message_text
+from gpubot.chat import alerts
 from gpubot.config import AuditSettings
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import Finding
@@ -31,6 +30,7 @@ from gpubot.core.readiness import Readiness
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
 from gpubot.sim.fleet import SimFleet
+from gpubot.slack.blockkit import limit_problems, message_text
 from gpubot.slack.serve import build_bot, start_http, start_metrics
 from tests.fixtures.db import temp_database
 from tests.fixtures.settings import with_sweep
@@ -43,7 +43,11 @@ from tests.fixtures.slack import (
     assert_within_limits,
     owned,
 )
+from tests.fixtures.slack_render import view
 from tests.procs import wait_dead
+
+render_alert_group = view(alerts.render_alert_group)
+render_reminder = view(alerts.render_reminder)
 
 MIB = 1024 * 1024
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
