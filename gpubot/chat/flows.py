@@ -34,7 +34,7 @@ from gpubot.core.plan import ResetPlan
 from gpubot.core.policy import Policy
 from gpubot.core.ports import AuditLog, Clock
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
-from gpubot.services.approvals import ApprovalService, Identity, plan_of, unix
+from gpubot.services.approvals import ApprovalService, Identity, plan_of, requester_user, unix
 from gpubot.services.requests import (
     Ask,
     Busy,
@@ -344,7 +344,7 @@ def _where(a: Approval) -> Handle | None:
 
 def _framer(a: Approval, plan: ResetPlan) -> Callable[[Message | None], Message]:
     """Return a function that wraps a body in the approval's header and decision line."""
-    user = a.plan.get("requester_user") if isinstance(a.plan, dict) else None
+    user = requester_user(a)
     at = unix(a.decided_at) if a.state is not ApprovalState.EXPIRED else unix(a.expires_at)
 
     def frame(body: Message | None) -> Message:
@@ -352,7 +352,7 @@ def _framer(a: Approval, plan: ResetPlan) -> Callable[[Message | None], Message]
             a.id,
             plan,
             a.requester,
-            user if isinstance(user, str) else None,
+            user,
             state=str(a.state),
             by=a.decided_by,
             at=at,

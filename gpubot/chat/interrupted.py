@@ -52,10 +52,15 @@ async def interrupted_for(
 
 
 async def review(
-    audit: AuditLog | None, approvals: ApprovalService | None, who: Identity, value: str
+    audit: AuditLog | None,
+    approvals: ApprovalService | None,
+    who: Identity,
+    value: str,
+    *,
+    source: str = "slack",
 ) -> str:
-    """Mark the action ``value`` reviewed for ``who`` (an approver); return one line saying
-    what was done, or why not."""
+    """Mark the action ``value`` reviewed for ``who`` (an approver, asking from the front end
+    ``source``); return one line saying what was done, or why not."""
     try:
         action_id = int(value)
     except ValueError:
@@ -65,7 +70,7 @@ async def review(
     try:
         if who.refused is not None or not await approvals.is_approver(who):
             return "only on-call approvers can mark interrupted actions reviewed"
-        await audit.review_action(action_id, actor=who.id, source="slack", note="Home tab")
+        await audit.review_action(action_id, actor=who.id, source=source, note="Home tab")
     except UsageError as exc:
         return str(exc)
     except GpubotError as exc:

@@ -28,9 +28,10 @@ from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_RESET_GPU
 from gpubot.chat.surface import Handle
 from gpubot.cli.text_render import render_text
 from gpubot.core import commands
-from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
+from gpubot.core.policy import Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity
+from gpubot.slack.ids import SLACK_USER
 
 PROMPT = "gpu> "
 
