@@ -271,7 +271,10 @@ class RequestService:
 
     async def decide(self, approval_id: int, approve: bool, ask: Ask, sink: RequestSink) -> Outcome:
         """Approve or deny a forced kill; an approval runs the plan once."""
-        approvals = self._service()
+        try:
+            approvals = self._service()
+        except StoreError as exc:
+            return Failed(exc)
         if approval_id in self.deciding:
             return await self._in_flight(approvals, approval_id, approve, ask, sink)
         self.deciding.add(approval_id)
@@ -296,7 +299,10 @@ class RequestService:
             await self.refuse(ask, exc, sink, action=verb, node=node)
             return Refused()
         except ApprovalExpired as exc:
-            return Expired(exc, await approvals.approvals.get(approval_id))
+            try:
+                return Expired(exc, await approvals.approvals.get(approval_id))
+            except StoreError:
+                return Expired(exc, None)
         except (ApprovalError, StoreError) as exc:
             return Failed(exc)
         plan = plan_of(approval)
