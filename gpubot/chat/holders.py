@@ -9,7 +9,6 @@ alert's word. *Snooze* hides a finding from the alerts for an hour or a day.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from gpubot.chat.errors import error_message
@@ -33,10 +32,10 @@ async def snooze(snoozer: Snoozer, key: str, choice: str, *, by: str, out: Surfa
     except GpubotError as exc:
         await out.reply(error_message(exc))
         return
-    until = alert.snoozed_until or datetime.now(UTC)
-    k = alert.key
+    k, until = alert.key, alert.snoozed_until
     where = f"{k.node} GPU {k.gpu}" if k.gpu is not None else k.node
-    await out.reply(note("🔕 ", where, ": ", k.kind, " snoozed until ", Date(until.timestamp())))
+    when = () if until is None else (" until ", Date(until.timestamp()))
+    await out.reply(note("🔕 ", where, ": ", k.kind, " snoozed", *when))
 
 
 async def free_it(flows: Flows, value: str, who: Identity, out: Surface) -> None:
