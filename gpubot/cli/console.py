@@ -6,6 +6,9 @@ The same flows as the Slack bot (parse → services → the same neutral message
 user is the local Unix user (``console:NAME``), who owns their own processes on the boxes, except
 root or a ``[reset] system_users`` account: self-service never acts as one.
 
+An alert's buttons are typed too: ``snooze 1h|1d KEY`` and ``free KEY`` run the flows Slack's
+*Snooze* and *Free it* run (``chat.holders``); a message with such buttons says what to type.
+
 ``answer(flows, line, who)`` returns the text one line would post (the demo uses it).
 """
 
@@ -34,6 +37,10 @@ from gpubot.services.approvals import Identity
 from gpubot.slack.ids import SLACK_USER
 
 PROMPT = "gpu> "
+HOLDER_USAGE = (
+    "snooze 1h|1d KEY  — snooze an alert's finding (console; KEY as the alert gives it)\n"
+    "free KEY  — free the GPU an idle holder keeps (console): your own reset of that pid"
+)
 
 
 def typed(action: Action) -> str | None:
@@ -167,9 +174,10 @@ async def answer(
             echo(text)
         return text
     if isinstance(cmd, commands.Help):
-        await out.reply(
-            Message(None, (Section(paragraph(commands.help_text(cmd.topic, decisions=True))),))
-        )
+        text = commands.help_text(cmd.topic, decisions=True)
+        if cmd.topic is None:
+            text += "\n" + HOLDER_USAGE
+        await out.reply(Message(None, (Section(paragraph(text)),)))
         return out.text()
     await flows.run(cmd, who, out, text=line.strip())
     return out.text()

@@ -148,6 +148,8 @@ async def test_free_it_and_snooze_are_typed_at_the_console(
     assert alert.snoozed_until is not None and alert.snoozed_until > datetime.now(UTC)
     bad = await answer(flows, "snooze 2h x", me, snoozer=app.sweep.snooze)
     assert bad.startswith("⚠ usage: snooze 1h|1d KEY")
+    told = await answer(flows, "help", me)
+    assert "snooze 1h|1d KEY" in told and "free KEY" in told
 
 
 def test_the_console_says_what_to_type_for_an_alert_s_buttons() -> None:
