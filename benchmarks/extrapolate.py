@@ -2,8 +2,9 @@
 
 Memory and descriptors are fitted (least squares, a line) through the running bot's RSS and open
 descriptors at each measured N. The Slack part is measured, not fitted: the real fleet
-answer (``gpubot.chat.blocks.render_fleet``) is rendered for 1,000 nodes made from snapshots
-the benchmark fleet really returned, and checked against Slack's limits.
+answer (``gpubot.chat.fleet_view.render_fleet``, as Slack is sent it) is rendered for 1,000
+nodes made from snapshots the benchmark fleet really returned, and checked against Slack's
+limits.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import resource
 from collections.abc import Sequence
 from typing import Any
 
-from gpubot.chat.blocks import MAX_BLOCKS, MAX_TEXT, limit_problems
 from gpubot.chat.fleet_view import render_fleet
+from gpubot.chat.layout import MAX_TEXT
 from gpubot.core.models import NodeSnapshot
+from gpubot.slack.blockkit import MAX_BLOCKS, limit_problems
+from gpubot.slack.render import to_slack
 
 TARGET = 1000
 
@@ -42,7 +45,7 @@ def slack_at(snapshots: Sequence[NodeSnapshot], nodes: int, failing: int = 0) ->
         f"node{nodes - failing + i + 1}": "no SSH answer from 10.0.0.1:22 in 5s"
         for i in range(failing)
     }
-    msg = render_fleet(snaps, failed, seconds=1.0, title="GPU status · all")
+    msg = to_slack(render_fleet(snaps, failed, seconds=1.0, title="GPU status · all"))
     blocks = msg["blocks"]
     texts = [len(json.dumps(b.get("text", {}).get("text", ""))) - 2 for b in blocks]
     table_rows = sum(len(b.get("rows", [])) - 1 for b in blocks if b.get("type") == "table")

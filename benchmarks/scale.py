@@ -315,10 +315,11 @@ async def _serve(config: str, gpus: int) -> int:
     nofile = raise_nofile()
     bare = {"rss_kib": rss_kib(), "fds": open_fds()}
     from gpubot.app import build
-    from gpubot.chat.blocks import limit_problems
     from gpubot.chat.fleet_view import render_fleet
     from gpubot.cli.render import fleet_dict
     from gpubot.config import load
+    from gpubot.slack.blockkit import limit_problems
+    from gpubot.slack.render import to_slack
 
     settings = load(Path(config))
     app = build(settings, os.environ, need_store=True)
@@ -328,8 +329,10 @@ async def _serve(config: str, gpus: int) -> int:
         res = await app.status.fleet(["all"], actor="bench", source="bench")
         doc = fleet_dict(res, names)
         json.dumps(doc)
-        msg = render_fleet(
-            list(res.snapshots), res.failed, seconds=res.seconds, title="GPU status · all"
+        msg = to_slack(
+            render_fleet(
+                list(res.snapshots), res.failed, seconds=res.seconds, title="GPU status · all"
+            )
         )
         whole = {s.node for s in res.snapshots if len(s.gpus) == gpus}
         out = _outcome(names, whole, dict(res.failed))

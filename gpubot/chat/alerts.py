@@ -6,29 +6,33 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
 
-from gpubot.chat.blocks import (
-    MAX_FALLBACK,
-    Budget,
-    Message,
-    clip,
-    clip_mrkdwn,
-    code,
-    code_safe,
-    context,
-    date,
-    escape,
-    header,
-    mrkdwn,
-    section,
-    table,
-    table_fits,
-)
 from gpubot.chat.fleet_view import node_lines, node_rows
 from gpubot.chat.flows import Sweeper
 from gpubot.chat.interrupted import sweep_lines
+from gpubot.chat.layout import MAX_FALLBACK, Budget, clip, rows_of, table_fits
+from gpubot.chat.message import (
+    NL,
+    Action,
+    Actions,
+    Code,
+    Date,
+    DateStyle,
+    Heading,
+    Message,
+    Section,
+    Sentence,
+    Span,
+    Struck,
+    Table,
+    Text,
+    bold,
+    clipped,
+    ctx,
+    italic,
+    lines,
+)
 from gpubot.chat.reset_view import reset_button
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import TITLES, duration_text
@@ -72,56 +76,48 @@ def _summary(item: AlertItem) -> str:
     return f"pid {pid}" if pid else ""
 
 
-def snooze_buttons(key_text: str) -> list[dict[str, Any]]:
+def snooze_buttons(key_text: str) -> list[Action]:
     """Return the "Snooze 1 h" / "Snooze 1 day" buttons of one finding."""
     return [
-        {
-            "type": "button",
-            "action_id": f"{ACTION_SNOOZE}{choice}",
-            "value": key_text,
-            "text": {"type": "plain_text", "text": label},
-        }
+        Action(f"{ACTION_SNOOZE}{choice}", label, key_text)
         for choice, label in SNOOZE_LABELS.items()
     ]
 
 
-def _item_text(item: AlertItem, now: datetime) -> str:
+def _item_text(item: AlertItem, now: datetime) -> Text:
     # Each part is clipped, so that the state line always fits the section's 3000 characters.
     summary = _summary(item)  # a core sentence: its names marked (core.text.code)
-    lines = []
+    said: list[Text] = []
     if item.resolved_at is not None:
         lasted = duration_text((item.resolved_at - item.first_seen).total_seconds())
-        lines.append(
-            f"✅ ~{escape(_where(item))}: {escape(_title(item))}~ — *resolved* after {lasted}"
-        )
+        gone = Struck((_where(item), ": ", _title(item)))
+        said.append(("✅ ", gone, " — ", bold("resolved"), f" after {lasted}"))
         if summary:  # not in our italics: those would style a name's words too
-            lines.append(clip_mrkdwn(mrkdwn(summary), 600))
-        return "\n".join(lines)
-    lines.append(f"⚠ *{escape(_where(item))}: {escape(_title(item))}*")
+            said.append((clipped(600, Sentence(summary)),))
+        return lines(*said)
+    said.append(("⚠ ", bold(_where(item), ": ", _title(item))))
     if summary:
-        lines.append(clip_mrkdwn(mrkdwn(summary), 600))
+        said.append((clipped(600, Sentence(summary)),))
     if item.finding is not None and item.finding.owner:
-        lines.append(f"owner: {clip_mrkdwn(code(item.finding.owner), 200)}")
+        said.append(("owner: ", clipped(200, Code(item.finding.owner))))
     if item.readiness is not None:
-        lines.append(
-            "_before a GPU reset:_\n"
-            + "\n".join(f"• {clip_mrkdwn(mrkdwn(line), 250)}" for line in item.readiness.lines())
-        )
-    state = f"first seen {date(item.first_seen.timestamp())}"
+        ready = [("• ", clipped(250, Sentence(line))) for line in item.readiness.lines()]
+        said.append((italic("before a GPU reset:"), NL, *lines(*ready)))
+    state: list[Span] = ["first seen ", Date(item.first_seen.timestamp())]
     if item.snoozed_until is not None and item.snoozed_until > now:
-        state += f" · 🔕 snoozed until {date(item.snoozed_until.timestamp())}"
-    lines.append(state)
-    return "\n".join(lines)
+        state += [" · 🔕 snoozed until ", Date(item.snoozed_until.timestamp())]
+    said.append(tuple(state))
+    return lines(*said)
 
 
-def _actions(item: AlertItem, now: datetime) -> dict[str, Any] | None:
+def _actions(item: AlertItem, now: datetime) -> Actions | None:
     if item.resolved_at is not None:
         return None
     elements = []
     if item.key.gpu is not None and item.key.kind in RESET_KINDS:
         elements.append(reset_button(item.key.node, item.key.gpu))
     elements += snooze_buttons(item.key.text())
-    return {"type": "actions", "elements": elements}
+    return Actions(tuple(elements))
 
 
 def render_alert_group(group: AlertGroup) -> Message:
@@ -135,102 +131,102 @@ def render_alert_group(group: AlertGroup) -> Message:
     else:
         title = f"⚠ {group.node}: {open_n} of {total} findings open"
     b = Budget()
-    b.add(header(title))
+    b.add(Heading(title))
     reserve = 3 + (group.repeat_of is not None)  # table, "more not shown", context line(s)
     shown = 0
     for item in group.items[:MAX_ITEMS]:
         acts = _actions(item, now)
         if b.room <= reserve + (2 if acts else 1):
             break
-        b.add(section(_item_text(item, now)))
+        b.add(Section(_item_text(item, now)))
         if acts is not None:
             b.add(acts)
         shown += 1
     if shown < total:
-        b.add(context(f"… and {total - shown} more finding(s) on {escape(group.node)}"))
+        b.add(ctx(f"… and {total - shown} more finding(s) on {group.node}"))
     snap = group.snapshot
     if snap is not None and snap.gpus:
         rows = node_rows(snap)
         if table_fits(rows):
-            b.add(table(rows, wrap=(3, 4)))
+            b.add(Table(rows_of(rows), wrap=(3, 4)))
         else:
             b.add_pre(node_lines(snap)[1:], reserve=1)
     if group.repeat_of is not None:  # the outbox could not tell whether that one landed
-        b.add(context(repeat_line(group.repeat_of)))
-    b.add(context(f"gpubot sweep · {date(now.timestamp())}"))
+        b.add(ctx(repeat_line(group.repeat_of)))
+    b.add(ctx(("gpubot sweep · ", Date(now.timestamp()))))
     parts = [
         f"{_where(i)} {_title(i)}" + (" (resolved)" if i.resolved_at else "") for i in group.items
     ]
     again = " (this may repeat an earlier alert)" if group.repeat_of is not None else ""
-    fallback = escape(clip(f"{title}{again}: " + "; ".join(parts), MAX_FALLBACK))
-    return {"text": fallback, "blocks": b.blocks}
+    return b.message(clip(f"{title}{again}: " + "; ".join(parts), MAX_FALLBACK))
 
 
-def repeat_line(earlier: datetime) -> str:
+def repeat_line(earlier: datetime) -> Text:
     """Return the line of an alert that may repeat one posted at ``earlier`` (HH:MM)."""
-    ts = int(earlier.timestamp())
-    hhmm = earlier.astimezone(UTC).strftime("%H:%M UTC")
     return (
-        f"⚠ this may repeat the alert of <!date^{ts}^{{time}}|{hhmm}>: gpubot could not "
-        "read the channel's history to check whether that one was posted"
+        "⚠ this may repeat the alert of ",
+        Date(earlier.timestamp(), DateStyle.TIME),
+        ": gpubot could not read the channel's history to check whether that one was posted",
     )
 
 
 def render_reminder(group: AlertGroup) -> Message:
     """Render a reminder of findings that persist (posted in the alert's thread)."""
     now = group.at
-    lines = []
+    said: list[Text] = [("⏰ ", bold(f"Still open on {group.node}:"))]
     for item in group.items[:40]:
         lasted = duration_text((now - item.first_seen).total_seconds())
-        lines.append(f"• {escape(_where(item))}: {escape(_title(item))} — open for {lasted}")
+        said.append((f"• {_where(item)}: {_title(item)} — open for {lasted}",))
     more = len(group.items) - min(len(group.items), 40)
     if more:
-        lines.append(f"… and {more} more")
-    text = f"⏰ *Still open on {escape(group.node)}:*\n" + "\n".join(lines)
-    return {"text": clip(f"Still open on {group.node}", MAX_FALLBACK), "blocks": [section(text)]}
+        said.append((f"… and {more} more",))
+    fallback = clip(f"Still open on {group.node}", MAX_FALLBACK)
+    return Message(None, (Section(lines(*said)),), fallback)
 
 
 def render_sweep(result: SweepResult, interrupted: Sequence[Unfinished] = ()) -> Message:
     """Render a sweep's report (``/gpu sweep``); ``interrupted``: actions on its nodes that
     never finished and no one has marked reviewed."""
     if result.skipped:
-        return {
-            "text": f"Sweep skipped: {escape(result.skipped)}",
-            "blocks": [section(f"Sweep skipped: {escape(result.skipped)}")],
-        }
+        skipped = f"Sweep skipped: {result.skipped}"
+        return Message(None, (Section((skipped,)),), skipped)
     n, bad, found = len(result.nodes), len(result.failed), len(result.findings)
     title = f"Sweep: {n} node(s), {bad} failing, {found} finding(s)"
     b = Budget()
-    b.add(header(title))
+    b.add(Heading(title))
     if not result.findings:
-        b.add(section("✅ No zombie processes, orphaned memory or failing nodes found."))
-    lines = []
+        b.add(Section(("✅ No zombie processes, orphaned memory or failing nodes found.",)))
+    detail: list[str] = []
     for f in result.findings:
         where = f"{f.node} GPU {f.gpu}" if f.gpu is not None else f.node
-        lines.append(code_safe(f"{where}: {f.kind.value}: {f.summary}"))
+        detail.append(f"{where}: {f.kind.value}: {f.summary}")
         ready = result.readiness.get((f.node, f.gpu)) if f.gpu is not None else None
         if ready is not None:
-            lines += [code_safe(f"    {line}") for line in ready.lines()]
-    if lines:
-        done = b.add_pre(lines, reserve=2)
-        if done < len(lines):
-            b.add(context(f"… {len(lines) - done} more lines: `gpubot sweep` shows all"))
+            detail += [f"    {line}" for line in ready.lines()]
+    if detail:
+        done = b.add_pre(detail, reserve=2)
+        if done < len(detail):
+            more = f"… {len(detail) - done} more lines: "
+            b.add(ctx((more, Code("gpubot sweep"), " shows all")))
     idle = result.idle_gpu_hours
     if idle:
-        held = " · ".join(f"{escape(u)} {h:.1f}" for u, h in list(idle.items())[:20])
-        b.add(context(f"GPU-hours held idle: {held}"))
+        held = " · ".join(f"{u} {h:.1f}" for u, h in list(idle.items())[:20])
+        b.add(ctx(f"GPU-hours held idle: {held}"))
     if interrupted:
-        cut = "\n".join(sweep_lines(interrupted))
-        b.add(section(f"⚠ *{len(interrupted)} interrupted action(s)* never finished:\n{cut}"))
-    b.add(context(f"{n} node(s) asked in {result.seconds:.1f} s · {date(result.started_at)}"))
-    return {"text": escape(title), "blocks": b.blocks}
+        head = ("⚠ ", bold(f"{len(interrupted)} interrupted action(s)"), " never finished:")
+        b.add(Section(lines(head, *sweep_lines(interrupted))))
+    asked = f"{n} node(s) asked in {result.seconds:.1f} s · "
+    b.add(ctx((asked, Date(result.started_at))))
+    return b.message(title)
 
 
 def chat_sweeper(service: SweepService) -> Sweeper:
-    """Return what ``/gpu sweep`` runs: a read-only sweep now, rendered."""
+    """Return what ``/gpu sweep`` runs: a read-only sweep now, rendered, audited as asked from
+    ``source`` (the front end: "slack", "console") by ``who``."""
 
-    async def sweep(who: Identity) -> Message:
-        result = await service.run(alerting=False, source="slack", actor=f"slack:{who.id}")
+    async def sweep(who: Identity, source: str) -> Message:
+        actor = who.id if who.id.startswith(f"{source}:") else f"{source}:{who.id}"
+        result = await service.run(alerting=False, source=source, actor=actor)
         found: Sequence[Unfinished] = ()
         if service.audit is not None and not result.skipped:
             try:

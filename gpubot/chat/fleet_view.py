@@ -5,24 +5,29 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from gpubot.chat.blocks import (
+from gpubot.chat.layout import (
     FEW_NODES,
-    MAX_BLOCKS,
     MAX_FLAGGED,
+    MAX_PARTS,
     MAX_TABLE_ROWS,
     Budget,
-    Message,
     clip,
-    code_safe,
-    context,
-    date,
-    escape,
-    header,
-    mrkdwn,
-    section,
-    table,
+    rows_of,
     table_fits,
     table_text,
+)
+from gpubot.chat.message import (
+    Code,
+    Date,
+    Heading,
+    Message,
+    Section,
+    Sentence,
+    Table,
+    Text,
+    bold,
+    ctx,
+    italic,
 )
 from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
@@ -83,18 +88,18 @@ def node_rows(snap: NodeSnapshot, *, max_procs: int = 4) -> list[list[str]]:
 
 
 def node_lines(snap: NodeSnapshot, *, max_procs: int = 8) -> list[str]:
-    """Return one node's GPUs as preformatted lines (escaped)."""
-    lines = [code_safe(f"{snap.node}: {len(snap.gpus)} GPU(s)")]
+    """Return one node's GPUs as preformatted lines."""
+    lines = [f"{snap.node}: {len(snap.gpus)} GPU(s)"]
     for g in snap.gpus:
         procs = snap.on_gpu(g.index)
         flags = ", ".join(gpu_flags(g, procs))
         head = f"GPU {g.index:<2} {_mem(g):<22} {_util(g):>5}"
-        lines.append(code_safe(f"{head}  {'⚠ ' + flags if flags else ''}".rstrip()))
+        lines.append(f"{head}  {'⚠ ' + flags if flags else ''}".rstrip())
         for p in procs[:max_procs]:
-            lines.append(code_safe(f"       {proc_label(p)}"))
+            lines.append(f"       {proc_label(p)}")
         if len(procs) > max_procs:
             lines.append(f"       +{len(procs) - max_procs} more")
-    lines.extend(code_safe(f"⚠ {clip(note, 400)}") for note in node_notes(snap))
+    lines.extend(f"⚠ {clip(note, 400)}" for note in node_notes(snap))
     return lines
 
 
@@ -110,8 +115,8 @@ def _counts(snaps: Sequence[NodeSnapshot]) -> tuple[int, int, int, int]:
     return total, busy, total - busy, flagged
 
 
-def _taken(snaps: Sequence[NodeSnapshot]) -> str:
-    return f"taken {date(min(s.taken_at for s in snaps))}" if snaps else ""
+def _taken(snaps: Sequence[NodeSnapshot]) -> Text:
+    return ("taken ", Date(min(s.taken_at for s in snaps))) if snaps else ()
 
 
 def render_node(snap: NodeSnapshot, *, use_table: bool = True) -> Message:
@@ -120,22 +125,22 @@ def render_node(snap: NodeSnapshot, *, use_table: bool = True) -> Message:
     summary = f"{snap.node}: {total} GPUs, {busy} busy, {idle} idle, {flagged} flagged"
     b = Budget()
     name = snap.gpus[0].name if snap.gpus else "no GPUs"
-    b.add(header(f"{snap.node} · {len(snap.gpus)} × {name}"))
+    b.add(Heading(f"{snap.node} · {len(snap.gpus)} × {name}"))
     rows = node_rows(snap)
     if not snap.gpus:
-        b.add(section("_no GPUs found_"))
+        b.add(Section((italic("no GPUs found"),)))
     elif use_table and table_fits(rows):
-        b.add(table(rows, wrap=(3, 4)))
+        b.add(Table(rows_of(rows), wrap=(3, 4)))
     else:
         left = b.add_pre(node_lines(snap)[1:], reserve=1)
         missing = len(node_lines(snap)) - 1 - left
         if missing:
-            b.add(context(f"… {missing} more lines not shown"))
+            b.add(ctx(f"… {missing} more lines not shown"))
     notes = node_notes(snap)
     if notes:
-        b.add(context(*(mrkdwn(f"⚠ {clip(n, 400)}") for n in notes[:5])))
-    b.add(context(escape(f"{busy} busy · {idle} idle · {flagged} flagged"), _taken([snap])))
-    return {"text": escape(summary), "blocks": b.blocks}
+        b.add(ctx(*((Sentence(f"⚠ {clip(n, 400)}"),) for n in notes[:5])))
+    b.add(ctx(f"{busy} busy · {idle} idle · {flagged} flagged", _taken([snap])))
+    return b.message(summary)
 
 
 def render_fleet(
@@ -145,7 +150,7 @@ def render_fleet(
     seconds: float = 0.0,
     title: str = "GPU status",
     use_table: bool = True,
-    limit: int = MAX_BLOCKS,
+    limit: int = MAX_PARTS,
 ) -> Message:
     """Render several nodes: a summary, failing nodes, and details only where needed."""
     if len(snapshots) == 1 and not failed:
@@ -157,20 +162,16 @@ def render_fleet(
         f"{flagged} flagged"
     )
     b = Budget(limit)
-    b.add(header(title))
-    b.add(
-        section(
-            f"*Nodes:* {ok} OK, {bad} failing    "
-            f"*GPUs:* {busy} busy, {idle} idle, {flagged} flagged"
-        )
-    )
+    b.add(Heading(title))
+    nodes = (bold("Nodes:"), f" {ok} OK, {bad} failing    ")
+    b.add(Section((*nodes, bold("GPUs:"), f" {busy} busy, {idle} idle, {flagged} flagged")))
     tail = 2  # room kept for "more not shown" and the context line
     if failed:
-        lines = [code_safe(f"{n}: {why}") for n, why in failed.items()]
-        b.add(section(f"*{bad} node(s) did not answer:*"))
+        lines = [f"{n}: {why}" for n, why in failed.items()]
+        b.add(Section((bold(f"{bad} node(s) did not answer:"),)))
         shown = b.add_pre(lines[:60], reserve=tail + 2)
         if shown < bad:
-            b.add(context(f"… and {bad - shown} more failing node(s)"))
+            b.add(ctx(f"… and {bad - shown} more failing node(s)"))
     if len(snapshots) <= FEW_NODES:
         for s in snapshots:
             lines = node_lines(s)
@@ -178,8 +179,8 @@ def render_fleet(
                 break
     else:
         _add_many(b, snapshots, use_table=use_table, tail=tail)
-    b.add(context(f"{ok + bad} node(s) asked in {seconds:.1f} s", _taken(snapshots)))
-    return {"text": escape(summary), "blocks": b.blocks}
+    b.add(ctx(f"{ok + bad} node(s) asked in {seconds:.1f} s", _taken(snapshots)))
+    return b.message(summary)
 
 
 class FleetRenders:
@@ -220,24 +221,19 @@ def _add_many(b: Budget, snapshots: Sequence[NodeSnapshot], *, use_table: bool, 
         _, sb, _, sf = _counts([s])
         rows.append([s.node, f"{sb}/{len(s.gpus)}", f"{_gib(used)} / {_gib(cap)}", str(sf)])
     if use_table and table_fits(rows):
-        b.add(table(rows, right=(1, 2, 3)))
+        b.add(Table(rows_of(rows), right=(1, 2, 3)))
         listed = len(rows) - 1
     else:  # the same rows as aligned text (the Home tab, or a table that would not fit)
-        lines = [code_safe(line) for line in table_text(rows)]
-        listed = max(0, b.add_pre(lines, reserve=tail + 3) - 1)
+        listed = max(0, b.add_pre(table_text(rows), reserve=tail + 3) - 1)
     if len(snapshots) > listed:
-        b.add(context(f"{listed} of {len(snapshots)} nodes listed, flagged first"))
+        b.add(ctx(f"{listed} of {len(snapshots)} nodes listed, flagged first"))
     flagged_lines = _flagged_lines(snapshots)
     if flagged_lines:
-        b.add(section(f"*Flagged GPUs ({len(flagged_lines)}):*"))
+        b.add(Section((bold(f"Flagged GPUs ({len(flagged_lines)}):"),)))
         shown = b.add_pre(flagged_lines[:MAX_FLAGGED], reserve=tail)
         if shown < len(flagged_lines):
-            b.add(
-                context(
-                    f"… and {len(flagged_lines) - shown} more flagged GPU(s): "
-                    "use `/gpu status NODE` for one node"
-                )
-            )
+            more = f"… and {len(flagged_lines) - shown} more flagged GPU(s): use "
+            b.add(ctx((more, Code("/gpu status NODE"), " for one node")))
 
 
 def _flagged_lines(snaps: Sequence[NodeSnapshot]) -> list[str]:
@@ -248,7 +244,5 @@ def _flagged_lines(snaps: Sequence[NodeSnapshot]) -> list[str]:
             flags = gpu_flags(g, procs)
             if flags:
                 who = ", ".join(sorted({p.user or "?" for p in procs})) or "no process"
-                out.append(
-                    code_safe(f"{s.node} GPU {g.index}: {_mem(g)}  {', '.join(flags)}  ({who})")
-                )
+                out.append(f"{s.node} GPU {g.index}: {_mem(g)}  {', '.join(flags)}  ({who})")
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from gpubot.chat.blocks import Message, code, context, date, escape, header, section
+from gpubot.chat.message import NL, Code, Date, Message, Section, bold, ctx, note
 
 
 class HeadCheck(Protocol):
@@ -25,32 +25,21 @@ class HeadCheck(Protocol):
 
 def render_head(result: HeadCheck, at: datetime) -> Message:
     """Render a publication: the verified head and how to check against it, or the failure."""
-    when = date(at.timestamp())
+    when = ctx(("gpubot audit head · ", Date(at.timestamp())))
     if not result.ok:
-        line = escape(result.line())
-        return {
-            "text": f"⚠ The audit log does not verify: {line}",
-            "blocks": [
-                header("⚠ Audit log check failed"),
-                section(f"*{line}*\nNo head is published until this is explained."),
-                context(f"gpubot audit head · {when}"),
-            ],
-        }
+        line = result.line()
+        body = (Section((bold(line), NL, "No head is published until this is explained.")), when)
+        return Message("⚠ Audit log check failed", body, f"⚠ The audit log does not verify: {line}")
     if result.head_seq == 0:
         text = "The audit log holds no record yet: no head to publish."
-        return {"text": text, "blocks": [section(text), context(f"gpubot audit head · {when}")]}
+        return Message(None, (*note(text).body, when), text)
     head = result.head
-    return {
-        "text": f"Audit log head {head}",
-        "blocks": [
-            header("Audit log head"),
-            section(
-                f"{code(head)}\n{result.checked} records, {escape(result.mode_text())}.\n"
-                "This message is a copy of the head outside the database: keep it."
-            ),
-            context(
-                "Check the log still holds it: " + code(f"gpubot audit verify --expect-head {head}")
-            ),
-            context(f"gpubot audit head · {when}"),
-        ],
-    }
+    said = (
+        Code(head),
+        NL,
+        f"{result.checked} records, {result.mode_text()}.",
+        NL,
+        "This message is a copy of the head outside the database: keep it.",
+    )
+    check = ("Check the log still holds it: ", Code(f"gpubot audit verify --expect-head {head}"))
+    return Message("Audit log head", (Section(said), ctx(check), when), f"Audit log head {head}")

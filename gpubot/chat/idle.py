@@ -4,21 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
-from gpubot.chat.blocks import (
-    MAX_FALLBACK,
-    Budget,
+from gpubot.chat.layout import MAX_FALLBACK, Budget, clip
+from gpubot.chat.message import (
+    NL,
+    Action,
+    Actions,
+    Code,
+    Confirm,
+    Date,
     Message,
-    clip,
-    clip_mrkdwn,
-    code,
-    confirm_dialog,
-    context,
-    date,
-    escape,
-    mrkdwn,
-    section,
+    Place,
+    Section,
+    Sentence,
+    Span,
+    Style,
+    Text,
+    bold,
+    clipped,
+    ctx,
 )
 from gpubot.core.alerting import AlertItem, Handle
 from gpubot.core.findings import duration_text
@@ -35,23 +39,16 @@ def slack_users_of(users: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     return {linux: tuple(sorted(ids)) for linux, ids in out.items()}
 
 
-def free_button(key_text: str, node: str, gpu: int, pid: str) -> dict[str, Any]:
+def free_button(key_text: str, node: str, gpu: int, pid: str) -> Action:
     """Return the "Free it" button of one idle holder (confirmed before anything happens)."""
-    return {
-        "type": "button",
-        "action_id": ACTION_FREE,
-        "value": key_text,
-        "style": "danger",
-        "text": {"type": "plain_text", "text": "Free it"},
-        # plain_text throughout, raw (not escaped): see blocks.confirm_dialog
-        "confirm": confirm_dialog(
-            f"Free {node} GPU {gpu}?",
-            f"pid {pid} gets SIGTERM, then SIGKILL if it has not ended after the grace period.",
-            confirm="Free it",
-            deny="Cancel",
-            style="danger",
-        ),
-    }
+    ask = Confirm(
+        f"Free {node} GPU {gpu}?",
+        f"pid {pid} gets SIGTERM, then SIGKILL if it has not ended after the grace period.",
+        confirm="Free it",
+        deny="Cancel",
+        style=Style.DANGER,
+    )
+    return Action(ACTION_FREE, "Free it", key_text, Style.DANGER, ask)
 
 
 def render_idle_dm(
@@ -60,7 +57,7 @@ def render_idle_dm(
     *,
     now: datetime,
     alert: Handle | None,
-    snooze: Callable[[str], dict[str, Any]],
+    snooze: Callable[[str], Action],
 ) -> Message:
     """Render the direct message to one owner about their idle holders on ``node``."""
     found = [i for i in items if i.finding is not None and i.key.gpu is not None]
@@ -68,26 +65,33 @@ def render_idle_dm(
     gpus = ", ".join(f"GPU {i.key.gpu}" for i in found)
     title = f"Your job holds {node} {gpus} idle ({duration_text(hours)} at 0 %)"
     b = Budget()
-    b.add(
-        section(
-            f"👋 *{escape(title)}*\nOthers are waiting for GPUs. If you are done, *Free it* stops "
-            "the process (your own reset: SIGTERM, then SIGKILL after the grace period). Not done "
-            "yet? *Snooze 1 day*."
-        )
+    intro: Text = (
+        "👋 ",
+        bold(title),
+        NL,
+        "Others are waiting for GPUs. If you are done, ",
+        bold("Free it"),
+        " stops the process (your own reset: SIGTERM, then SIGKILL after the grace period). "
+        "Not done yet? ",
+        bold("Snooze 1 day"),
+        ".",
     )
+    b.add(Section(intro))
     for item in found[:MAX_DM_ITEMS]:
         f = item.finding
         assert f is not None and item.key.gpu is not None
-        lines = [f"*{escape(node)} GPU {item.key.gpu}*: {clip_mrkdwn(mrkdwn(f.summary), 800)}"]
+        said: list[Span] = [bold(f"{node} GPU {item.key.gpu}"), ": "]
+        said.append(clipped(800, Sentence(f.summary)))
         if f.owner:
-            job = f" · workload: {clip_mrkdwn(code(f.workload), 200)}" if f.workload else ""
-            lines.append(f"owner: {code(f.owner)}{job}")
-        b.add(section("\n".join(lines)))
+            said += [NL, "owner: ", Code(f.owner)]
+            if f.workload:
+                said += [" · workload: ", clipped(200, Code(f.workload))]
+        b.add(Section(tuple(said)))
         pid = item.key.holder.split(":", 1)[0]
         free = free_button(item.key.text(), node, item.key.gpu, pid)
-        b.add({"type": "actions", "elements": [free, snooze(item.key.text())]})
+        b.add(Actions((free, snooze(item.key.text()))))
     if len(found) > MAX_DM_ITEMS:
-        b.add(context(f"… and {len(found) - MAX_DM_ITEMS} more idle GPU(s) on {escape(node)}"))
-    where = f" · also in <#{alert[0]}>" if alert is not None else ""
-    b.add(context(f"gpubot sweep · {date(now.timestamp())}{where}"))
-    return {"text": escape(clip(title, MAX_FALLBACK)), "blocks": b.blocks}
+        b.add(ctx(f"… and {len(found) - MAX_DM_ITEMS} more idle GPU(s) on {node}"))
+    where: Text = (" · also in ", Place(alert)) if alert is not None else ()
+    b.add(ctx(("gpubot sweep · ", Date(now.timestamp()), *where)))
+    return b.message(clip(title, MAX_FALLBACK))

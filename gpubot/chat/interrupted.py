@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpubot.chat.blocks import Block, context, mrkdwn, section
+from gpubot.chat.message import Action, Code, Part, Section, Sentence, Text, bold, ctx
 from gpubot.core.interrupted import Unfinished, interrupted_line
 from gpubot.core.ports import AuditLog
 from gpubot.errors import GpubotError, UsageError
@@ -52,10 +52,15 @@ async def interrupted_for(
 
 
 async def review(
-    audit: AuditLog | None, approvals: ApprovalService | None, who: Identity, value: str
+    audit: AuditLog | None,
+    approvals: ApprovalService | None,
+    who: Identity,
+    value: str,
+    *,
+    source: str = "slack",
 ) -> str:
-    """Mark the action ``value`` reviewed for ``who`` (an approver); return one line saying
-    what was done, or why not."""
+    """Mark the action ``value`` reviewed for ``who`` (an approver, asking from the front end
+    ``source``); return one line saying what was done, or why not."""
     try:
         action_id = int(value)
     except ValueError:
@@ -65,7 +70,7 @@ async def review(
     try:
         if who.refused is not None or not await approvals.is_approver(who):
             return "only on-call approvers can mark interrupted actions reviewed"
-        await audit.review_action(action_id, actor=who.id, source="slack", note="Home tab")
+        await audit.review_action(action_id, actor=who.id, source=source, note="Home tab")
     except UsageError as exc:
         return str(exc)
     except GpubotError as exc:
@@ -73,36 +78,37 @@ async def review(
     return f"action {action_id} marked reviewed by you (recorded in the audit log)"
 
 
-def interrupted_blocks(found: Interrupted | None, *, buttons: bool) -> list[Block]:
-    """Return the blocks naming each interrupted action (none: no block at all); ``buttons``:
+def interrupted_parts(found: Interrupted | None, *, buttons: bool) -> list[Part]:
+    """Return the parts naming each interrupted action (none: no part at all); ``buttons``:
     a "Mark reviewed" button beside each, when the viewer may use it."""
     if found is None or not found.actions:
         return []
     acts = found.actions
-    head = f"⚠ *{len(acts)} interrupted action(s)*: gpubot stopped before recording their "
-    out = [section(head + "outcome. Check the node, then mark each reviewed.")]
+    head = (
+        "⚠ ",
+        bold(f"{len(acts)} interrupted action(s)"),
+        ": gpubot stopped before recording their outcome. Check the node, then mark each reviewed.",
+    )
+    out: list[Part] = [Section(head)]
     for a in acts[:MAX_SHOWN]:
-        blk = section(_escaped_line(a))
-        if buttons and found.may_review:
-            blk["accessory"] = {
-                "type": "button",
-                "action_id": ACTION_REVIEW,
-                "value": str(a.id),
-                "text": {"type": "plain_text", "text": "Mark reviewed"},
-            }
-        out.append(blk)
+        mark = Action(ACTION_REVIEW, "Mark reviewed", str(a.id))
+        out.append(Section(_line(a), mark if buttons and found.may_review else None))
     if len(acts) > MAX_SHOWN:
-        out.append(context(f"… and {len(acts) - MAX_SHOWN} more: `gpubot audit list --incomplete`"))
+        out.append(ctx(_more(len(acts) - MAX_SHOWN)))
     return out
 
 
-def _escaped_line(a: Unfinished) -> str:
-    return mrkdwn(interrupted_line(a))
+def _line(a: Unfinished) -> Text:
+    return (Sentence(interrupted_line(a)),)
 
 
-def sweep_lines(actions: Sequence[Unfinished]) -> list[str]:
-    """Return the sweep report's lines about interrupted actions (mrkdwn)."""
-    out = [_escaped_line(a) for a in actions[:MAX_SHOWN]]
+def _more(n: int) -> Text:
+    return (f"… and {n} more: ", Code("gpubot audit list --incomplete"))
+
+
+def sweep_lines(actions: Sequence[Unfinished]) -> list[Text]:
+    """Return the sweep report's lines about interrupted actions."""
+    out = [_line(a) for a in actions[:MAX_SHOWN]]
     if len(actions) > MAX_SHOWN:
-        out.append(f"… and {len(actions) - MAX_SHOWN} more: `gpubot audit list --incomplete`")
+        out.append(_more(len(actions) - MAX_SHOWN))
     return out

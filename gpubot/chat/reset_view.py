@@ -1,28 +1,34 @@
-"""Block Kit messages for resets, approvals, alerts and the audit log (pure ``render_*``)."""
+"""Messages for resets, approvals, alerts and the audit log (pure ``render_*``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from gpubot.chat.blocks import (
-    MAX_TABLE_ROWS,
-    Budget,
+from gpubot.chat.layout import MAX_TABLE_ROWS, Budget, clip, rows_of, table_fits, table_text
+from gpubot.chat.message import (
+    NL,
+    Action,
+    Actions,
+    Code,
+    Confirm,
+    Date,
+    Heading,
     Message,
-    clip,
-    clip_mrkdwn,
-    code,
-    code_safe,
-    confirm_dialog,
-    context,
-    date,
-    escape,
-    header,
-    mrkdwn,
-    section,
-    table,
-    table_fits,
+    Person,
+    Section,
+    Sentence,
+    Span,
+    Style,
+    Table,
+    Text,
+    bold,
+    clipped,
+    ctx,
+    italic,
+    lines,
 )
 from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.plan import ResetPlan
@@ -63,39 +69,37 @@ def plan_rows(plan: ResetPlan) -> list[list[str]]:
 
 
 def plan_lines(plan: ResetPlan) -> list[str]:
-    """Return a plan as preformatted lines (escaped)."""
-    lines = [
-        code_safe(
-            f"kill  {t.user or '?'} {t.pid} {_mib(t.mib)} GPU {_gpus(t.gpus)}  "
-            f"{clip(t.command, 50)}  ({'; '.join(t.reasons)})"
-        )
+    """Return a plan as preformatted lines."""
+    out = [
+        f"kill  {t.user or '?'} {t.pid} {_mib(t.mib)} GPU {_gpus(t.gpus)}  "
+        f"{clip(t.command, 50)}  ({'; '.join(t.reasons)})"
         for t in plan.targets
     ]
-    lines += [
-        code_safe(f"leave {s.user or '?'} {s.pid} GPU {s.gpu}  {clip(s.command, 40)}: {s.reason}")
+    out += [
+        f"leave {s.user or '?'} {s.pid} GPU {s.gpu}  {clip(s.command, 40)}: {s.reason}"
         for s in plan.skipped
     ]
-    return lines or ["no process to signal"]
+    return out or ["no process to signal"]
 
 
 def _add_plan(b: Budget, plan: ResetPlan, *, use_table: bool, reserve: int) -> None:
     rows = plan_rows(plan)
     if use_table and plan.targets and table_fits(rows):
-        b.add(table(rows, wrap=(4, 5), right=(0, 3)))
+        b.add(Table(rows_of(rows), wrap=(4, 5), right=(0, 3)))
         if plan.skipped:
             left = "; ".join(
                 f"{s.user or '?'} {s.pid} on GPU {s.gpu}: {s.reason}" for s in plan.skipped[:5]
             )
             more = f" (+{len(plan.skipped) - 5} more)" if len(plan.skipped) > 5 else ""
-            b.add(context(escape(f"Left alone: {left}{more}")))
+            b.add(ctx(f"Left alone: {left}{more}"))
         return
-    lines = plan_lines(plan)
-    shown = b.add_pre(lines, reserve=reserve + 1)
-    if shown < len(lines):
-        b.add(context(f"… {len(lines) - shown} more line(s) of the plan not shown"))
+    found = plan_lines(plan)
+    shown = b.add_pre(found, reserve=reserve + 1)
+    if shown < len(found):
+        b.add(ctx(f"… {len(found) - shown} more line(s) of the plan not shown"))
 
 
-def step_lines(events: Sequence[ResetEvent]) -> list[str]:
+def step_lines(events: Sequence[ResetEvent]) -> list[Text]:
     """Summarise reset events: planned → signals → exits → verifying → outcome per GPU."""
     lines: list[str] = []
     kinds: list[str] = [e.kind for e in events]
@@ -132,7 +136,7 @@ def step_lines(events: Sequence[ResetEvent]) -> list[str]:
         lines.append(_outcome_line(o.data))
     if not lines:
         lines.append("⏳ planning …")
-    return [mrkdwn(line) for line in lines]  # outcome details are core sentences
+    return [(Sentence(line),) for line in lines]  # outcome details are core sentences
 
 
 def _outcome_line(d: Mapping[str, Any]) -> str:
@@ -143,17 +147,17 @@ def _outcome_line(d: Mapping[str, Any]) -> str:
 
 
 def render_progress(
-    title: str, who: str, plan: ResetPlan | None, events: Sequence[ResetEvent]
+    title: str, who: Text, plan: ResetPlan | None, events: Sequence[ResetEvent]
 ) -> Message:
-    """Render a reset in progress; ``who`` is mrkdwn (e.g. ``Requested by <@U1>``)."""
+    """Render a reset in progress; ``who`` says who asked (e.g. ``Requested by`` a person)."""
     b = Budget()
-    b.add(header(title))
-    b.add(section(who))
+    b.add(Heading(title))
+    b.add(Section(who))
     if plan is not None:
         _add_plan(b, plan, use_table=True, reserve=2)
-    b.add(section("\n".join(step_lines(events))))
-    b.add(context("in progress …"))
-    return {"text": escape(f"{title}: in progress"), "blocks": b.blocks}
+    b.add(Section(lines(*step_lines(events))))
+    b.add(ctx("in progress …"))
+    return b.message(f"{title}: in progress")
 
 
 def _users_on(snap: NodeSnapshot | None, gpu: int) -> str:
@@ -180,50 +184,54 @@ def result_rows(result: ResetResult) -> list[list[str]]:
     return rows
 
 
-def render_result(title: str, who: str, result: ResetResult, *, use_table: bool = True) -> Message:
+def render_result(title: str, who: Text, result: ResetResult, *, use_table: bool = True) -> Message:
     """Render a finished reset: before/after per GPU, the outcome and how long freeing took."""
     verdict = "freed" if result.ok else "NOT all freed"
     b = Budget()
-    b.add(header(f"{title} · {verdict}"))
-    b.add(section(who))
+    b.add(Heading(f"{title} · {verdict}"))
+    b.add(Section(who))
     rows = result_rows(result)
     if use_table and table_fits(rows):
-        b.add(table(rows, wrap=(1, 2), right=(0, 4)))
+        b.add(Table(rows_of(rows), wrap=(1, 2), right=(0, 4)))
     else:
-        b.add_pre([code_safe(r) for r in _aligned(rows)], reserve=4)
+        b.add_pre(table_text(rows), reserve=4)
     problems = [g for g in result.gpus if g.outcome is not Outcome.FREED]
     if problems:
-        text = "\n".join(
-            "• " + mrkdwn(f"GPU {g.index}: {g.outcome} — {g.detail}") for g in problems
+        b.add(
+            Section(
+                lines(
+                    *(
+                        ("• ", Sentence(f"GPU {g.index}: {g.outcome} — {g.detail}"))
+                        for g in problems
+                    )
+                )
+            )
         )
-        b.add(section(text))
     killed = ", ".join(f"{t.user or '?'} {t.pid}" for t in result.plan.targets[:10])
     more = f" (+{len(result.plan.targets) - 10})" if len(result.plan.targets) > 10 else ""
     audit = f"audit #{result.action_id}" if result.action_id is not None else "not audited"
-    b.add(context(escape(f"signalled: {killed or 'none'}{more}"), audit))
+    b.add(ctx(f"signalled: {killed or 'none'}{more}", audit))
     fallback = f"{title}: {verdict} — " + "; ".join(
         f"GPU {g.index} {g.outcome}" for g in result.gpus[:20]
     )
-    return {"text": escape(clip(fallback, 3000)), "blocks": b.blocks}
+    return b.message(clip(fallback, 3000))
 
 
-def _aligned(rows: list[list[str]]) -> list[str]:
-    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(width[i]) for i, c in enumerate(r)).rstrip() for r in rows]
-
-
-def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None) -> str:
-    who = escape(requester_user) if requester_user else "no known Linux user"
+def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None) -> Text:
+    who = requester_user or "no known Linux user"
     # Owners are names a node's user database gives: code spans, never inside our own bold.
-    owners = ", ".join(code(o) for o in plan.owners)
+    owners: list[Span] = []
+    for i, o in enumerate(plan.owners):
+        owners += [", ", Code(o)] if i else [Code(o)]
     kills = "; ".join(plan.workloads[:5]) + ("; …" if len(plan.workloads) > 5 else "")
-    return (
-        f"<@{requester_id}> ({who}) asks to free *{escape(plan.node)}* GPU {_gpus(plan.gpus)}. "
-        f"This kills processes of {owners}: {len(plan.targets)} process(es), "
-        f"{plan.total_mib} MiB."
-        + (f" It kills {clip_mrkdwn(mrkdwn(kills), 1500)}." if kills else "")
-        + "".join(f" {clip_mrkdwn(mrkdwn(n), 500)}." for n in plan_stop_notes(plan)[:3])
-    )
+    out: list[Span] = [Person(requester_id), f" ({who}) asks to free ", bold(plan.node)]
+    out += [f" GPU {_gpus(plan.gpus)}. This kills processes of ", *owners]
+    out.append(f": {len(plan.targets)} process(es), {plan.total_mib} MiB.")
+    if kills:
+        out += [" It kills ", clipped(1500, Sentence(kills)), "."]
+    for n in plan_stop_notes(plan)[:3]:
+        out += [" ", clipped(500, Sentence(n)), "."]
+    return tuple(out)
 
 
 def render_approval_request(
@@ -235,47 +243,27 @@ def render_approval_request(
 ) -> Message:
     """Render a forced kill waiting for on-call approval, with Approve / Deny buttons."""
     b = Budget()
-    b.add(header(f"Approval needed · forced kill on {plan.node}"))
-    b.add(section(_request_text(plan, requester_id, requester_user)))
+    b.add(Heading(f"Approval needed · forced kill on {plan.node}"))
+    b.add(Section(_request_text(plan, requester_id, requester_user)))
     _add_plan(b, plan, use_table=True, reserve=2)
-    b.add(context(f"Request #{approval_id}", f"expires {date(expires_at)}"))
+    b.add(ctx(f"Request #{approval_id}", ("expires ", Date(expires_at))))
     gpus = _gpus(plan.gpus)
-    b.blocks.append(
-        {
-            "type": "actions",
-            "block_id": f"gpubot_approval_{approval_id}",
-            "elements": [
-                {
-                    "type": "button",
-                    "action_id": ACTION_APPROVE,
-                    "value": str(approval_id),
-                    "style": "primary",
-                    "text": {"type": "plain_text", "text": "Approve"},
-                    # plain_text throughout, raw (not escaped): see blocks.confirm_dialog
-                    "confirm": confirm_dialog(
-                        "Approve the forced kill?",
-                        f"{len(plan.targets)} process(es) of {', '.join(plan.owners)} on "
-                        f"{plan.node} GPU {gpus} will be killed.",
-                        confirm="Kill them",
-                        deny="Cancel",
-                        style="danger",
-                    ),
-                },
-                {
-                    "type": "button",
-                    "action_id": ACTION_DENY,
-                    "value": str(approval_id),
-                    "style": "danger",
-                    "text": {"type": "plain_text", "text": "Deny"},
-                },
-            ],
-        }
+    ask = Confirm(
+        "Approve the forced kill?",
+        f"{len(plan.targets)} process(es) of {', '.join(plan.owners)} on "
+        f"{plan.node} GPU {gpus} will be killed.",
+        confirm="Kill them",
+        deny="Cancel",
+        style=Style.DANGER,
     )
+    approve = Action(ACTION_APPROVE, "Approve", str(approval_id), Style.PRIMARY, ask)
+    deny = Action(ACTION_DENY, "Deny", str(approval_id), Style.DANGER)
+    b.parts.append(Actions((approve, deny), group=f"gpubot_approval_{approval_id}"))
     text = (
         f"Approval needed (#{approval_id}): forced kill of {', '.join(plan.owners)}'s processes "
         f"on {plan.node} GPU {gpus}"
     )
-    return {"text": escape(clip(text, 3000)), "blocks": b.blocks}  # many owners: clipped
+    return b.message(clip(text, 3000))  # many owners: clipped
 
 
 STATE_LINE = {
@@ -302,54 +290,59 @@ def render_approval_state(
     note: str | None = None,
 ) -> Message:
     """Render a decided request (no buttons): who decided and when, then progress or result."""
-    line = STATE_LINE.get(state, state).format(
-        by=f"<@{by}>" if by else "?", at=date(at) if at else ""
-    )
+    line = state_line(state, by, at)
     b = Budget()
-    b.add(header(f"Forced kill on {plan.node} · request #{approval_id}"))
-    b.add(section(_request_text(plan, requester_id, requester_user)))
-    b.add(section(line + (f"\n{mrkdwn(note)}" if note else "")))
+    b.add(Heading(f"Forced kill on {plan.node} · request #{approval_id}"))
+    b.add(Section(_request_text(plan, requester_id, requester_user)))
+    b.add(Section((*line, NL, Sentence(note)) if note else line))
     if body is None:
         _add_plan(b, plan, use_table=True, reserve=1)
-    else:
-        blocks = body["blocks"]
-        if blocks and blocks[0].get("type") == "header":  # ours replaces the body's own header
-            blocks = blocks[1:]
-        for blk in blocks:
-            b.add(blk)
-    return {"text": escape(f"Request #{approval_id} on {plan.node}: {state}"), "blocks": b.blocks}
+    else:  # ours replaces the body's own title
+        for part in body.body:
+            b.add(part)
+    return b.message(f"Request #{approval_id} on {plan.node}: {state}")
 
 
-def reset_button(node: str, gpu: int) -> dict[str, Any]:
+_FIELD = re.compile(r"(\{by\}|\{at\})")
+
+
+def state_line(state: str, by: str | None, at: float | None) -> Text:
+    """Return the line saying where a request stands: who decided it and when."""
+    out: list[Span] = []
+    for piece in _FIELD.split(STATE_LINE.get(state, state)):
+        if piece == "{by}":
+            out.append(Person(by) if by else "?")
+        elif piece == "{at}":
+            out += [Date(at)] if at else []
+        elif piece:
+            out.append(piece)
+    return tuple(out)
+
+
+def reset_button(node: str, gpu: int) -> Action:
     """Return the "Reset GPU N" button alerts carry (starts the plan → approval flow)."""
-    return {
-        "type": "button",
-        "action_id": ACTION_RESET_GPU,
-        "value": f"{node}:{gpu}",
-        "text": {"type": "plain_text", "text": f"Reset GPU {gpu}"},
-    }
+    return Action(ACTION_RESET_GPU, f"Reset GPU {gpu}", f"{node}:{gpu}")
 
 
 def render_alert(node: str, gpu: int | None, title: str, detail: str, *, at: float) -> Message:
     """Render a sweep alert; one about a GPU carries a "Reset GPU N" button."""
     where = f"{node} GPU {gpu}" if gpu is not None else node
-    blocks = [
-        section(f"⚠ *{escape(where)}: {escape(title)}*\n{mrkdwn(detail)}"),
-        context(f"found {date(at)}"),
-    ]
+    b = Budget()
+    b.add(Section(("⚠ ", bold(where, ": ", title), NL, Sentence(detail))))
+    b.add(ctx(("found ", Date(at))))
     if gpu is not None:
-        blocks.append({"type": "actions", "elements": [reset_button(node, gpu)]})
-    return {"text": escape(clip(f"{where}: {title} — {detail}", 3000)), "blocks": blocks}
+        b.add(Actions((reset_button(node, gpu),)))
+    return b.message(clip(f"{where}: {title} — {detail}", 3000))
 
 
 def render_audit(actions: Sequence[Any], *, node: str | None = None) -> Message:
     """Render action summaries (newest first): id, when, who, what, node, GPUs, status."""
     title = f"Audit log · {node}" if node else "Audit log"
     b = Budget()
-    b.add(header(title))
+    b.add(Heading(title))
     if not actions:
-        b.add(section("_no actions recorded_"))
-        return {"text": f"{title}: no actions", "blocks": b.blocks}
+        b.add(Section((italic("no actions recorded"),)))
+        return b.message(f"{title}: no actions")
     rows = [["#", "When (UTC)", "Who", "What", "Node", "GPUs", "Status"]]
     for a in actions[: MAX_TABLE_ROWS - 1]:
         when = (
@@ -369,8 +362,8 @@ def render_audit(actions: Sequence[Any], *, node: str | None = None) -> Message:
             ]
         )
     if table_fits(rows):
-        b.add(table(rows, wrap=(3,), right=(0,)))
+        b.add(Table(rows_of(rows), wrap=(3,), right=(0,)))
     else:
-        b.add_pre([code_safe(r) for r in _aligned(rows)], reserve=1)
-    b.add(context(f"{len(rows) - 1} action(s) · `gpubot audit show ID` for details"))
-    return {"text": f"{title}: {len(rows) - 1} action(s)", "blocks": b.blocks}
+        b.add_pre(table_text(rows), reserve=1)
+    b.add(ctx((f"{len(rows) - 1} action(s) · ", Code("gpubot audit show ID"), " for details")))
+    return b.message(f"{title}: {len(rows) - 1} action(s)")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Protocol
 
-from gpubot.chat.blocks import Message
+from gpubot.chat.message import Message
 from gpubot.core.alerting import Handle
+from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.ports import Clock
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Progress:
     The message was just written by the caller, so the first edit also waits ``interval``. Edits
     asked for meanwhile collapse into one that renders the latest state when the interval is
     up; ``stop`` ends at once (the caller's final answer supersedes any edit still pending).
+    Time is read, and waited for, only through ``clock``.
     """
 
     def __init__(
@@ -53,12 +55,14 @@ class Progress:
         handle: Handle | None,
         render: Callable[[], Message],
         interval: float,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.out = out
         self.handle = handle
         self.render = render
         self.interval = interval
-        self.last = time.monotonic()  # when the message was last written
+        self.clock = clock
+        self.last = clock.monotonic()  # when the message was last written
         self.dirty = asyncio.Event()
         self.stopping = asyncio.Event()
         self.task = asyncio.create_task(self._loop())
@@ -70,10 +74,10 @@ class Progress:
     async def _loop(self) -> None:
         while True:
             await self.dirty.wait()
-            wait = self.last + self.interval - time.monotonic()
+            wait = self.last + self.interval - self.clock.monotonic()
             if self.stopping.is_set() or (wait > 0 and await self._stopped_within(wait)):
                 return
-            # ``stop`` may have run while wait_for unwound its timeout: check again before the
+            # ``stop`` may have run while the wait unwound: check again before the
             # clear (nothing awaits between the check and the clear), or its wake-up is lost.
             if self.stopping.is_set():
                 return
@@ -84,14 +88,19 @@ class Progress:
                 self.handle = await self.out.update(self.handle, self.render())
             except Exception:  # progress is best effort; the final update tells the outcome
                 log.exception("progress update failed")
-            self.last = time.monotonic()  # spaced from the end of the call: a slow call is no burst
+            self.last = (
+                self.clock.monotonic()
+            )  # spaced from the call's end: a slow call is no burst
 
     async def _stopped_within(self, seconds: float) -> bool:
+        stopped = asyncio.ensure_future(self.stopping.wait())
+        slept = asyncio.ensure_future(self.clock.sleep(seconds))
         try:
-            await asyncio.wait_for(self.stopping.wait(), seconds)
-            return True
-        except TimeoutError:
-            return False
+            await asyncio.wait((stopped, slept), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (stopped, slept):
+                task.cancel()
+        return self.stopping.is_set()
 
     async def stop(self) -> Handle | None:
         """Stop updating (an update in flight finishes); return where the message is."""

@@ -1,10 +1,13 @@
 """``gpubot console``: the ``/gpu …`` commands on a terminal, answered as text.
 
-The same flows as the Slack bot (parse → services → the same Block Kit messages), printed with
-``message_text``. Approvals are typed: ``approve ID`` / ``deny ID``, as an approver named with
+The same flows as the Slack bot (parse → services → the same neutral messages), printed by
+``cli.text_render``. Approvals are typed: ``approve ID`` / ``deny ID``, as an approver named with
 ``--as U…`` (a Slack user id listed in ``[approvals] approvers``). Without ``--as`` the console
 user is the local Unix user (``console:NAME``), who owns their own processes on the boxes, except
 root or a ``[reset] system_users`` account: self-service never acts as one.
+
+An alert's buttons are typed too: ``snooze 1h|1d KEY`` and ``free KEY`` run the flows Slack's
+*Snooze* and *Free it* run (``chat.holders``); a message with such buttons says what to type.
 
 ``answer(flows, line, who)`` returns the text one line would post (the demo uses it).
 """
@@ -19,28 +22,71 @@ import sys
 from collections.abc import Callable
 
 from gpubot.app import App, Serving, build, settings_from
-from gpubot.chat.blocks import Message, message_text
+from gpubot.chat.alerts import SNOOZE_ACTION, SNOOZE_LABELS
 from gpubot.chat.flows import Flows
-from gpubot.chat.reset_view import ACTION_APPROVE
+from gpubot.chat.holders import Snoozer, free_it, snooze
+from gpubot.services.alert_keeper import NoAlerts
+from gpubot.chat.idle import ACTION_FREE
+from gpubot.chat.message import Action, Message, Section, note, paragraph
+from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_RESET_GPU
 from gpubot.chat.surface import Handle
 from gpubot.cli import StdoutClosed
 from gpubot.cli.report import TextReporter
+from gpubot.cli.text_render import render_text
 from gpubot.core import commands
-from gpubot.core.policy import SLACK_USER, Policy, resolve, system_user_refusal
+from gpubot.core.policy import Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
 from gpubot.services.approvals import Identity
+from gpubot.slack.ids import SLACK_USER
 
 PROMPT = "gpu> "
+HOLDER_USAGE = (
+    "snooze 1h|1d KEY  — snooze an alert's finding (console; KEY as the alert gives it)\n"
+    "free KEY  — free the GPU an idle holder keeps (console): your own reset of that pid"
+)
+
+
+def typed(action: Action) -> str | None:
+    """Return what to type at the console for ``action`` (None: nothing, or said below)."""
+    snooze = SNOOZE_ACTION.match(action.id)
+    if snooze is not None:
+        return f"snooze {snooze[1]} {action.value}"
+    if action.id == ACTION_FREE:
+        return f"free {action.value}"
+    if action.id == ACTION_RESET_GPU:
+        node, _, gpu = action.value.rpartition(":")
+        return f"reset {node} gpu {gpu}"
+    return None
+
+
+async def holder_line(
+    flows: Flows, line: str, who: Identity, out: TextSurface, snoozer: Snoozer | None
+) -> bool:
+    """Run ``snooze 1h|1d KEY`` or ``free KEY`` (an alert's buttons, typed); False if ``line``
+    is neither."""
+    words = line.split(maxsplit=2)
+    if words[:1] == ["free"] and len(words) == 2:
+        await free_it(flows, words[1], who, out)
+    elif words[:1] == ["snooze"] and len(words) == 3 and words[1] in SNOOZE_LABELS:
+        if snoozer is None:
+            await out.reply(note("Sweeps are not set up in this gpubot: nothing to snooze."))
+        else:
+            by = who.id if who.id.startswith("console:") else f"console:{who.id}"
+            await snooze(snoozer, words[2], words[1], by=by, out=out)
+    elif words[:1] in (["free"], ["snooze"]):
+        raise UsageError("usage: snooze 1h|1d KEY, or free KEY (KEY as an alert gives it)")
+    else:
+        return False
+    return True
 
 
 def render(msg: Message) -> str:
-    """Return a message as console text (buttons become the words to type)."""
-    text = message_text(msg)
-    for blk in msg.get("blocks") or []:
-        for el in blk.get("elements", []) if blk.get("type") == "actions" else []:
-            if el.get("action_id") == ACTION_APPROVE:
-                n = el["value"]
-                text += f"\n→ an approver types: approve {n}   (or: deny {n})"
+    """Return a message as console text (buttons say the words to type)."""
+    text = render_text(msg, typed)
+    for a in msg.actions:
+        if a.id == ACTION_APPROVE:
+            n = a.value
+            text += f"\n→ an approver types: approve {n}   (or: deny {n})"
     return text
 
 
@@ -108,11 +154,19 @@ def make_flows(app: App) -> Flows:
 
 
 async def answer(
-    flows: Flows, line: str, who: Identity, *, echo: Callable[[str], None] | None = None
+    flows: Flows,
+    line: str,
+    who: Identity,
+    *,
+    echo: Callable[[str], None] | None = None,
+    snoozer: Snoozer | None = None,
 ) -> str:
-    """Run one ``/gpu …`` line as ``who``; return the text it would post."""
+    """Run one ``/gpu …`` line as ``who``; return the text it would post. ``snoozer``: what
+    snoozes a finding (``SweepService.snooze``; None: no sweeps here)."""
     out = TextSurface(echo)
     try:
+        if await holder_line(flows, line.strip().removeprefix("/gpu "), who, out, snoozer):
+            return out.text()
         cmd = commands.parse(line, decisions=True)
         flows.check(cmd)
     except UsageError as exc:
@@ -123,7 +177,10 @@ async def answer(
             echo(text)
         return text
     if isinstance(cmd, commands.Help):
-        await out.reply({"text": commands.help_text(cmd.topic, decisions=True)})
+        text = commands.help_text(cmd.topic, decisions=True)
+        if cmd.topic is None:
+            text += "\n" + HOLDER_USAGE
+        await out.reply(Message(None, (Section(paragraph(text)),)))
         return out.text()
     await flows.run(cmd, who, out, text=line.strip())
     return out.text()
@@ -165,17 +222,26 @@ async def repl(app: App, flows: Flows, who: Identity, lines: list[str] | None) -
 
     try:
         async with app.running(TextReporter(echo), options=Serving(settle_heap=False)):
-            return await _answer_lines(flows, who, lines, echo)
+            return await _answer_lines(flows, who, lines, echo, _snoozer(app))
     finally:
         await app.close()
 
 
+def _snoozer(app: App) -> Snoozer:
+    """Return what snoozes a finding here: the alert keeper's, or one that refuses (no store)."""
+    return (app.sweep.keeper or NoAlerts()).snooze
+
+
 async def _answer_lines(
-    flows: Flows, who: Identity, lines: list[str] | None, echo: Callable[[str], None]
+    flows: Flows,
+    who: Identity,
+    lines: list[str] | None,
+    echo: Callable[[str], None],
+    snoozer: Snoozer,
 ) -> int:
     if lines:
         for line in lines:
-            await answer(flows, line, who, echo=echo)
+            await answer(flows, line, who, echo=echo, snoozer=snoozer)
         return 0
     tty = sys.stdin.isatty()
     if tty:
@@ -191,4 +257,4 @@ async def _answer_lines(
         if not line or line.strip() in ("quit", "exit"):
             return 0
         if line.strip():
-            await answer(flows, line, who, echo=echo)
+            await answer(flows, line, who, echo=echo, snoozer=snoozer)

@@ -197,8 +197,8 @@ async def _main(cfg: Path, me: str, interactive: bool) -> int:
 
 async def _walk(app: App, ask: Flows, operator: Identity) -> int:
     from gpubot.chat.alerts import render_sweep
-    from gpubot.chat.blocks import message_text
     from gpubot.cli.console import answer
+    from gpubot.cli.text_render import render_text as message_text
     from gpubot.services.approvals import Identity
 
     started = time.monotonic()
@@ -267,6 +267,6 @@ class _PrintAlerts:
 def _alert_text(group: AlertGroup) -> str:
     """Return the alert message of ``group`` as text."""
     from gpubot.chat.alerts import render_alert_group
-    from gpubot.chat.blocks import message_text
+    from gpubot.cli.text_render import render_text as message_text
 
     return message_text(render_alert_group(group))

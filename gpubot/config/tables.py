@@ -21,11 +21,10 @@ from gpubot.core.policy import (
     DEFAULT_GROUP_CACHE_S,
     DEFAULT_MIN_UID,
     LINUX_USER,
-    SLACK_GROUP,
-    SLACK_USER,
     Policy,
 )
 from gpubot.errors import ConfigError
+from gpubot.slack.ids import BOTS, SLACK_GROUP, SLACK_USER
 
 DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
 MAX_EXPIRY_S = 7 * 24 * 3600.0  # [approvals] expiry_s
@@ -63,6 +62,7 @@ def policy(v: Validator, raw: Mapping[str, Any], system_users: tuple[str, ...]) 
         MAX_GROUP_CACHE_S,
         zero=True,
     )
+    permissions = _permissions(v, raw)
     return replace(
         users,
         channel=channel,
@@ -71,7 +71,10 @@ def policy(v: Validator, raw: Mapping[str, Any], system_users: tuple[str, ...]) 
         approver_groups=groups,
         expiry_s=expiry,
         group_cache_s=cache,
-        permissions=_permissions(v, raw),
+        permissions=permissions,
+        permission_groups=frozenset(
+            w for who in (permissions or {}).values() for w in who if SLACK_GROUP.fullmatch(w)
+        ),
         system_users=tuple(system_users),
     )
 
@@ -111,7 +114,9 @@ def _users(v: Validator, raw: Mapping[str, Any]) -> Policy:
         raise ConfigError(
             f"{v.where}: users.min_uid: expected a uid from 0 to {MAX_UID}, got {min_uid!r}"
         )
-    return Policy(users=users, email_local_part=email, email_domains=domains, min_uid=min_uid)
+    return Policy(
+        users=users, email_local_part=email, email_domains=domains, min_uid=min_uid, bots=BOTS
+    )
 
 
 def _permissions(v: Validator, raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]] | None:

@@ -40,13 +40,12 @@ from gpubot.core.models import NodeConfig
 from gpubot.core.plan import ResetPlan
 from gpubot.core.protect import DEFAULT_SYSTEM_USERS
 
-SLACK_USER = re.compile(r"[UW][A-Z0-9]{2,30}")
-SLACK_GROUP = re.compile(r"S[A-Z0-9]{2,30}")
-SLACK_CHANNEL = re.compile(r"[CGD][A-Z0-9]{2,30}")
 LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 DEFAULT_EXPIRY_S = 900.0
 DEFAULT_MIN_UID = 1000
 DEFAULT_GROUP_CACHE_S = 60.0
+# Transitional: services/approvals.py still compares with it; the rules here use
+# ``Policy.bots`` (the front end's own bot accounts, ``slack.ids.BOTS`` from the settings).
 SLACKBOT = "USLACKBOT"
 
 
@@ -65,6 +64,8 @@ class Policy:
     oncall_channel: str | None = None
     min_uid: int = DEFAULT_MIN_UID
     group_cache_s: float = DEFAULT_GROUP_CACHE_S
+    bots: frozenset[str] = frozenset()  # the chat system's own bot accounts: never mapped
+    permission_groups: frozenset[str] = frozenset()  # the user groups [permissions] names
     system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS  # [reset] system_users: never mapped to
 
     @property
@@ -74,10 +75,7 @@ class Policy:
 
     def groups_to_resolve(self) -> tuple[str, ...]:
         """Return every Slack user group the rules mention (the caller resolves members)."""
-        found = set(self.approver_groups)
-        for who in (self.permissions or {}).values():
-            found.update(w for w in who if SLACK_GROUP.fullmatch(w))
-        return tuple(sorted(found))
+        return tuple(sorted({*self.approver_groups, *self.permission_groups}))
 
 
 def linux_user(policy: Policy, user_id: str, email: str | None = None) -> str | None:
@@ -115,9 +113,12 @@ class Resolved:
     refused: str | None = None
 
 
-def account_refusal(account: ChatAccount, home_team: str | None) -> str | None:
-    """Return why this account may not use gpubot at all, or None."""
-    if account.id == SLACKBOT or account.is_bot:
+def account_refusal(
+    account: ChatAccount, home_team: str | None, bots: Collection[str] = ()
+) -> str | None:
+    """Return why this account may not use gpubot at all, or None (``bots``: the chat
+    system's own bot accounts)."""
+    if account.id in bots or account.is_bot:
         return "bots cannot use gpubot"
     if account.deleted:
         return "this Slack account is deactivated"
@@ -148,10 +149,10 @@ def resolve(
     ``account`` None: the front end has no directory of accounts (the console), so only the
     ``[users]`` table applies.
     """
-    if user_id == SLACKBOT:
+    if user_id in policy.bots:
         return Resolved(None, "bots cannot use gpubot")
     if account is not None:
-        why = account_refusal(account, home_team)
+        why = account_refusal(account, home_team, policy.bots)
         if why is not None:
             return Resolved(None, why)
     name = linux_user(policy, user_id, account.email if account is not None else None)

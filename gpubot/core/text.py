@@ -4,7 +4,7 @@ Core says things to people ("kills container `train` of Linux user `alice`") wit
 where they are shown. Its one convention: a literal that a node user controls (a job, container,
 pod, image, unit or user name, a cgroup path) is written by ``code``, so it stands in one pair of
 back-ticks, on one line, and no back-tick inside it can close the pair early. A front end then
-knows which parts of a sentence are such literals: ``chat.blocks.mrkdwn`` makes each a Slack code
+knows which parts of a sentence are such literals: ``slack.mrkdwn.mrkdwn`` makes each a Slack code
 span and escapes the rest as plain text; a terminal prints the sentence as it is.
 
 A back-tick in a name is shown as ``ˋ`` (U+02CB, modifier letter grave accent): Slack has no

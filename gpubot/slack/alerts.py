@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from slack_sdk.errors import SlackApiError
 
 from gpubot.chat.alerts import SNOOZE_ACTION, render_alert_group, render_reminder, snooze_buttons
-from gpubot.chat.blocks import date, escape, section
-from gpubot.chat.flows import error_message
+from gpubot.chat.holders import snooze
 from gpubot.chat.idle import render_idle_dm, slack_users_of
 from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
 from gpubot.core.models import FindingKind
@@ -33,6 +32,7 @@ from gpubot.errors import GpubotError
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.slack.api import CALL_ERRORS, SlackApi
 from gpubot.slack.outbox import DM_EVENT, find_post, new_token, post_once
+from gpubot.slack.render import to_slack
 
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
@@ -61,7 +61,9 @@ class SlackAlerts:
     async def post(self, group: AlertGroup, *, token: str) -> Posted:
         """Post a new alert message carrying ``token`` in its metadata (``slack.outbox``);
         once Slack has answered that it took it, DM the idle holders' owners."""
-        posted = await post_once(self.api, self.channel, render_alert_group(group), token=token)
+        posted = await post_once(
+            self.api, self.channel, to_slack(render_alert_group(group)), token=token
+        )
         if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
             try:
                 await self.direct(group, posted.handle)
@@ -88,12 +90,14 @@ class SlackAlerts:
             if channel is None:
                 continue
             self._dms[user] = channel
-            msg = render_idle_dm(
-                items,
-                group.node,
-                now=group.at,
-                alert=where,
-                snooze=lambda key: snooze_buttons(key)[-1],
+            msg = to_slack(
+                render_idle_dm(
+                    items,
+                    group.node,
+                    now=group.at,
+                    alert=where,
+                    snooze=lambda key: snooze_buttons(key)[-1],
+                )
             )
             # At most once: no retry of any kind, and one whose answer is lost is not resent
             # (a courtesy; it rides on its alert, which the outbox posts once).
@@ -104,11 +108,11 @@ class SlackAlerts:
 
     async def update(self, where: Handle, group: AlertGroup) -> None:
         """Replace an alert message by the group's current state."""
-        await self.api.update(where, render_alert_group(group))
+        await self.api.update(where, to_slack(render_alert_group(group)))
 
     async def remind(self, where: Handle, group: AlertGroup) -> None:
         """Post a reminder in the alert's thread, shown in the channel too."""
-        msg = render_reminder(group)
+        msg = to_slack(render_reminder(group))
         try:
             await self.api.client.chat_postMessage(
                 channel=where[0], thread_ts=where[1], reply_broadcast=True, **msg
@@ -140,13 +144,4 @@ def register(bot: GpuBot, service: Snoozer) -> None:
 async def _snooze(
     bot: GpuBot, service: Snoozer, body: dict[str, Any], key: str, choice: str, user: str
 ) -> None:
-    out = bot.surface(body)
-    try:
-        alert = await service.snooze(key, choice, by=f"slack:{user}")
-    except GpubotError as exc:
-        await out.reply(error_message(exc))
-        return
-    until = alert.snoozed_until or datetime.now(UTC)
-    where = f"{alert.key.node} GPU {alert.key.gpu}" if alert.key.gpu is not None else alert.key.node
-    text = f"🔕 {escape(where)}: {escape(alert.key.kind)} snoozed until {date(until.timestamp())}"
-    await out.reply({"text": text, "blocks": [section(text)]})
+    await snooze(service.snooze, key, choice, by=f"slack:{user}", out=bot.surface(body))

@@ -30,10 +30,11 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from gpubot.chat.blocks import Message, text_only, without_tables
 from gpubot.chat.surface import Handle
 from gpubot.core.policy import ChatAccount
 from gpubot.errors import GpubotError
+from gpubot.slack.blockkit import SlackMessage as Message
+from gpubot.slack.blockkit import text_only, without_tables
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 
-from gpubot.chat.blocks import Message, context, escape, mrkdwn, mrkdwn_lines, render_text
-from gpubot.chat.flows import Flows, Services
+from gpubot.chat.flows import Flows, Services, error_message, help_message
 from gpubot.chat.interrupted import ACTION_REVIEW, review
+from gpubot.chat.message import NL, Code, Message, Sentence, note, paragraph
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.chat.surface import MIN_UPDATE_S, Handle
 from gpubot.core import commands
@@ -31,7 +31,10 @@ from gpubot.core.policy import resolve
 from gpubot.errors import StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
+from gpubot.slack.blockkit import SlackMessage, context
+from gpubot.slack.mrkdwn import escape
 from gpubot.slack.outage import DatabaseState
+from gpubot.slack.render import NeutralSurface, to_slack, to_view
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +145,14 @@ class GpuBot:
         found = resolve(self.services.policy, user_id, None, None)  # no store: resets refused
         return Identity(user_id, name, found.linux_user, found.refused)
 
-    def surface(self, body: dict[str, Any]) -> SlackSurface:
+    def surface(self, body: dict[str, Any]) -> NeutralSurface:
         """Return where answers to ``body`` go."""
         channel = body.get("channel_id") or (body.get("channel") or {}).get("id")
         user = body.get("user_id") or (body.get("user") or {}).get("id", "")
-        return SlackSurface(
-            self.api, channel=channel, user=user, response_url=body.get("response_url")
+        return NeutralSurface(
+            SlackSurface(
+                self.api, channel=channel, user=user, response_url=body.get("response_url")
+            )
         )
 
     # -- handlers ------------------------------------------------------------------------------
@@ -158,12 +163,10 @@ class GpuBot:
             cmd = commands.parse(text)
             self.flows.check(cmd)
         except UsageError as exc:
-            await ack(**_ephemeral(render_text(f"⚠ {mrkdwn(str(exc))}\n{_usage_hint(text)}")))
+            await ack(**_ephemeral(note("⚠ ", Sentence(str(exc)), NL, *_usage_hint(text))))
             return
         if isinstance(cmd, commands.Help):
-            await ack(
-                **_ephemeral(render_text(mrkdwn_lines(commands.help_text(cmd.topic)), title="/gpu"))
-            )
+            await ack(**_ephemeral(help_message(commands.help_text(cmd.topic))))
             return
         await ack()
         self.spawn(self._command(cmd, body, f"/gpu {text.strip()}"), f"/gpu {text[:40]}")
@@ -208,7 +211,7 @@ class GpuBot:
             cmd = commands.parse(f"reset {node} gpu {gpu}")
             self.flows.check(cmd)
         except UsageError as exc:
-            self.spawn(out.reply(render_text(f"⚠ {mrkdwn(str(exc))}")), "reset button")
+            self.spawn(out.reply(error_message(exc)), "reset button")
             return
         self.spawn(
             self._command(
@@ -230,7 +233,7 @@ class GpuBot:
 
     async def _home(self, user_id: str, notice: str | None = None) -> None:
         who = await self.identify(user_id, "")
-        view = await self.flows.home(who)  # interrupted actions are read anew each time
+        view = to_view(await self.flows.home(who))  # interrupted actions are read anew each time
         if notice is not None:  # what the click did, under the header
             view["blocks"].insert(1, context(escape(notice)))
         await self.api.publish_home(user_id, view)
@@ -250,7 +253,7 @@ class GpuBot:
 
     async def expire_once(self) -> None:
         """Expire due approvals and update their messages (the approval expiry's job)."""
-        out = SlackSurface(self.api, channel=None, user="", response_url=None)
+        out = NeutralSurface(SlackSurface(self.api, channel=None, user="", response_url=None))
         try:
             await self.flows.expire(out)
         except StoreError as exc:  # the database is down: one line per change, no traceback
@@ -267,12 +270,12 @@ class GpuBot:
             await asyncio.sleep(every_s)
 
     async def post_alert(self, channel: str | None, msg: Message) -> Handle | None:
-        """Post a sweep alert (built with ``reset_blocks.render_alert``) to ``channel``."""
+        """Post a notice or an alert (e.g. ``chat.reset_view.render_alert``) to ``channel``."""
         target = channel or self.services.policy.channel
         if target is None:
-            log.warning("no [slack] channel configured: alert not posted: %s", msg.get("text"))
+            log.warning("no [slack] channel configured: not posted: %s", to_slack(msg)["text"])
             return None
-        return await self.api.post(target, msg)
+        return await self.api.post(target, to_slack(msg))
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -291,10 +294,12 @@ class GpuBot:
         return webapp
 
 
-def _ephemeral(msg: Message) -> dict[str, Any]:
-    return {"response_type": "ephemeral", "text": msg["text"], "blocks": msg["blocks"]}
+def _ephemeral(msg: Message) -> SlackMessage:
+    return {"response_type": "ephemeral", **to_slack(msg)}
 
 
-def _usage_hint(text: str) -> str:
+def _usage_hint(text: str) -> tuple[Any, ...]:
     verb = text.split()[0].lower() if text.split() else ""
-    return mrkdwn_lines(commands.help_text(verb) if verb in commands.USAGE else "Try `/gpu help`.")
+    if verb in commands.USAGE:
+        return paragraph(commands.help_text(verb))
+    return ("Try ", Code("/gpu help"), ".")

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from gpubot.chat.heads import render_head
 from gpubot.errors import GpubotError
 from gpubot.slack.api import SlackApi
+from gpubot.slack.render import to_slack
 from gpubot.store import Store, VerifyResult
 
 log = logging.getLogger(__name__)
@@ -52,5 +53,5 @@ class HeadPublisher:
             log.info("audit head %s posted to %s", result.head, self.channel)
         elif not result.ok:
             log.error("%s", result.line())
-        await self.api.post(self.channel, render_head(result, datetime.now(UTC)))
+        await self.api.post(self.channel, to_slack(render_head(result, datetime.now(UTC))))
         return result

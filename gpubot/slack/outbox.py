@@ -24,9 +24,9 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gpubot.chat.blocks import Message
 from gpubot.core.alerting import Delivery, Lookup, Posted
 from gpubot.slack.api import BLOCK_ERRORS, SlackApi, _plain, _richer
+from gpubot.slack.blockkit import SlackMessage as Message
 
 log = logging.getLogger(__name__)
 

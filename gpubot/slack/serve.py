@@ -18,8 +18,8 @@ from typing import Any
 from aiohttp import web
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from gpubot.chat.blocks import render_text
 from gpubot.chat.flows import Services
+from gpubot.chat.message import Message, Section, paragraph
 from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.core.report import Report
 from gpubot.errors import ConfigError
@@ -65,7 +65,7 @@ def build_bot(
     """
     bot = GpuBot(parts.chat, parts.api, signing_secret=signing_secret, min_update_s=min_update_s)
     alerts.register(bot, parts.snoozer)
-    idle_dm.register(bot, parts.status)
+    idle_dm.register(bot)
     return bot
 
 
@@ -77,7 +77,7 @@ class SlackReporter:
 
     async def report(self, report: Report) -> None:
         """Post the report's text under its title."""
-        await self.bot.post_alert(None, render_text(report.text(), title=report.title))
+        await self.bot.post_alert(None, Message(report.title, (Section(paragraph(report.text())),)))
 
 
 async def start_http(bot: GpuBot, host: str, port: int, path: str) -> web.AppRunner:

@@ -30,6 +30,7 @@ from gpubot.services.alert_keeper import AlertKeeper
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
+from gpubot.slack.render import to_slack
 from tests.fixtures.settings import sweep_ports, with_tables
 from tests.fixtures.slack import BOT_TOKEN
 
@@ -62,7 +63,7 @@ class PostThenRecord(AlertKeeper):
             items = tuple(AlertItem(f.key, f, states[f.key].first_seen) for f in fs)
             try:
                 where = await self.api.post(
-                    CHANNEL, render_alert_group(AlertGroup(node, items, None, now))
+                    CHANNEL, to_slack(render_alert_group(AlertGroup(node, items, None, now)))
                 )
             except Exception:  # a timeout: slack_sdk raises it through SlackApi.post
                 where = None

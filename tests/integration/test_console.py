@@ -7,15 +7,21 @@ import dataclasses
 import os
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpubot.app import App, build
+from gpubot.chat.alerts import render_alert_group
 from gpubot.chat.flows import Flows
-from gpubot.cli.console import answer, identity, make_flows
-from gpubot.core.models import ApprovalState
+from gpubot.chat.idle import free_button
+from gpubot.chat.message import Actions, Message
+from gpubot.cli.console import answer, identity, make_flows, render
+from gpubot.core.alerting import AlertGroup, AlertItem
+from gpubot.core.findings import FindingKey
+from gpubot.core.models import ApprovalState, FindingKind
 from gpubot.store import open_store
 from tests.procs import alive
 
@@ -103,6 +109,57 @@ async def test_requester_withdraws_with_deny(flows: Flows, node1: Any) -> None:
     text = await answer(flows, f"deny {approval_id}", bob)
     assert "Cancelled by @U0BOB" in text
     assert alive(w.pid)
+
+
+async def test_a_console_sweep_is_audited_as_the_console(
+    app: App, flows: Flows, node1: Any
+) -> None:
+    me = identity(flows.svc.policy, "U0OWNER")
+    text = await answer(flows, "/gpu sweep", me)
+    assert "Sweep: " in text
+    assert app.store is not None
+    (sweep,) = [r for r in await app.store.queries() if r.data["query"] == "sweep"]
+    assert (sweep.source, sweep.actor) == ("console", "console:U0OWNER")
+
+
+async def test_free_it_and_snooze_are_typed_at_the_console(
+    app: App, flows: Flows, node1: Any
+) -> None:
+    w = node1.spawn(gpu=1, mib=4096)
+    me = identity(flows.svc.policy, "U0OWNER")
+    snap = await flows.svc.status.snapshot(flows.svc.status.node("node1"))
+    held = next(p for p in snap.processes if p.pid == w.pid)
+    idle = FindingKey("node1", 1, FindingKind.IDLE_HOLDER.value, f"{w.pid}:{held.start_ticks}")
+    freed = await answer(flows, f"free {idle.text()}", me)
+    assert "Reset node1 · GPU 1 · freed" in freed and not alive(w.pid)
+    assert flows.svc.audit is not None
+    (action,) = await flows.svc.audit.actions()
+    assert (action.source, action.actor) == ("console", "U0OWNER")
+    assert action.command == f"/gpu reset node1 gpu 1 pid {w.pid} (Free it)"
+    again = await answer(flows, f"free {idle.text()}", me)
+    assert f"pid {w.pid} no longer holds node1 GPU 1" in again  # nothing reset on its word
+    assert len(await flows.svc.audit.actions()) == 1
+
+    assert app.store is not None
+    await app.store.alerts.upsert_seen([idle], datetime.now(UTC))
+    quiet = await answer(flows, f"snooze 1h {idle.text()}", me, snoozer=app.sweep.snooze)
+    assert "🔕 node1 GPU 1: idle-holder snoozed until" in quiet
+    (alert,) = await app.store.alerts.open_alerts()
+    assert alert.snoozed_until is not None and alert.snoozed_until > datetime.now(UTC)
+    bad = await answer(flows, "snooze 2h x", me, snoozer=app.sweep.snooze)
+    assert bad.startswith("⚠ usage: snooze 1h|1d KEY")
+    told = await answer(flows, "help", me)
+    assert "snooze 1h|1d KEY" in told and "free KEY" in told
+
+
+def test_the_console_says_what_to_type_for_an_alert_s_buttons() -> None:
+    key = FindingKey("node1", 0, FindingKind.IDLE_HOLDER.value, "42:7").text()
+    now = datetime.now(UTC)
+    item = AlertItem(FindingKey.parse(key), None, now)
+    text = render(render_alert_group(AlertGroup("node1", (item,), None, now)))
+    assert f"[Snooze 1 h] (type: snooze 1h {key})" in text
+    dm = Message(None, (Actions((free_button(key, "node1", 0, "42"),)),))
+    assert f"[Free it] (type: free {key})" in render(dm)
 
 
 async def test_console_process_reads_stdin(app: App, slack_fleet: Any, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from gpubot.chat.fleet_view import render_node
 from gpubot.services.reset import ResetService
+from gpubot.slack.render import to_slack
 from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import leave_clean, reset_fixtures, status_notes
 
@@ -61,7 +62,7 @@ async def test_the_node_answer_says_what_gpubot_cannot_see(
     (note,) = [n for n in doc["notes"] if n.startswith(SAYS)]
     assert WHY in note and "a reset cannot find or wait for holders by device file" in note
     assert [g["device_minor"] for g in doc["gpus"]] == [0, None]
-    blocks = json.dumps(render_node(snap)["blocks"])
+    blocks = json.dumps(to_slack(render_node(snap))["blocks"])
     assert SAYS in blocks and WHY in blocks
 
 
@@ -73,4 +74,4 @@ async def test_no_note_where_every_minor_is_known(
     assert [g.minor for g in snap.gpus] == [0, 1]
     text, doc = status_notes(fleet.config_path, "node1")
     assert SAYS not in text and not any("device file unknown" in n for n in doc["notes"])
-    assert "device file unknown" not in json.dumps(render_node(snap)["blocks"])
+    assert "device file unknown" not in json.dumps(to_slack(render_node(snap))["blocks"])

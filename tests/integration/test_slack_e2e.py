@@ -14,10 +14,10 @@ import signal
 import time
 from typing import Any
 
-from gpubot.chat.blocks import message_text
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
+from gpubot.slack.blockkit import message_text
 from tests.fixtures.slack import Call, FakeSlack, Harness
 from tests.procs import alive, until
 

@@ -13,12 +13,18 @@ from typing import Any
 
 import pytest
 
-from gpubot.chat.blocks import Message, nested, render_text
-from gpubot.chat.fleet_view import render_node
-from gpubot.chat.home import render_home
+from gpubot.chat import fleet_view, home
+from gpubot.chat.message import bold, note
 from gpubot.slack.api import SlackApi, make_client
+from gpubot.slack.blockkit import SlackMessage as Message
+from gpubot.slack.blockkit import nested
+from gpubot.slack.render import to_slack
 from tests.fixtures.slack import BOT_TOKEN, Call, FakeSlack, assert_within_limits
+from tests.fixtures.slack_render import render_text, view
 from tests.unit.test_blocks import big_fleet, snap
+
+render_node = view(fleet_view.render_node)
+render_home = view(home.render_home)
 
 
 @pytest.fixture
@@ -81,7 +87,9 @@ async def test_response_url_without_a_table_goes_straight_to_text(
     api: SlackApi, fake_slack: FakeSlack
 ) -> None:
     fake_slack.fail("response", "internal_error", status=400)
-    await api.respond(fake_slack.response_url("cmd3"), render_text("⚠ *node9* is not known"))
+    await api.respond(
+        fake_slack.response_url("cmd3"), to_slack(note("⚠ ", bold("node9"), " is not known"))
+    )
     assert kinds(fake_slack.responses()) == ["pre", "text"]  # "pre": blocks without a table
     assert "node9 is not known" in fake_slack.responses()[-1].body["text"]
 
@@ -141,7 +149,7 @@ async def test_a_message_without_a_table_steps_down_to_text(
     api: SlackApi, fake_slack: FakeSlack, error: str
 ) -> None:
     fake_slack.fail("chat.postMessage", error)
-    assert await api.post("C0GENERAL", render_text("*done*")) is not None
+    assert await api.post("C0GENERAL", to_slack(note(bold("done")))) is not None
     calls = fake_slack.of("chat.postMessage")
     assert kinds(calls) == ["pre", "text"] and calls[1].body["text"] == "done"
 

@@ -322,13 +322,13 @@ async def test_a_refusal_is_audited_while_another_decision_is_in_flight(
     await harness.send.command("reset node1 gpu 1", user="U0BOB")
     await harness.settle()
     approval_id, ts = request_in_oncall(harness.fake)
-    harness.bot.flows.deciding.add(approval_id)  # as while an approver's click is being run
+    harness.bot.flows.requests.deciding.add(approval_id)  # as while an approver's click runs
     try:
         await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0DAVE", message_ts=ts)
         await harness.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
         await harness.settle()
     finally:
-        harness.bot.flows.deciding.discard(approval_id)
+        harness.bot.flows.requests.deciding.discard(approval_id)
     refused = [a for a in await harness.store.actions() if a.status == "refused"]
     assert [(a.actor, a.command) for a in refused] == [("U0DAVE", f"approve {approval_id}")]
     told = " ".join(

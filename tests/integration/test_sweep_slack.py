@@ -21,8 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpubot.app import App, Serving, SlackAccess, build, slack_parts
-from gpubot.chat.alerts import render_alert_group, render_reminder
-from gpubot.chat.blocks import limit_problems, message_text
+from gpubot.chat import alerts
 from gpubot.config import AuditSettings
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import Finding
@@ -30,6 +29,7 @@ from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.readiness import Readiness
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
+from gpubot.slack.blockkit import limit_problems, message_text
 from gpubot.slack.serve import build_bot, start_http
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
@@ -43,7 +43,11 @@ from tests.fixtures.slack import (
     assert_within_limits,
     owned,
 )
+from tests.fixtures.slack_render import view
 from tests.procs import wait_dead
+
+render_alert_group = view(alerts.render_alert_group)
+render_reminder = view(alerts.render_reminder)
 
 MIB = 1024 * 1024
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -7,15 +7,19 @@ import random
 
 import pytest
 
-from gpubot.chat import blocks as bk
-from gpubot.chat import fleet_view as fv
-from gpubot.chat import reset_view as rb
-from gpubot.chat.home import render_home
+from gpubot.chat import fleet_view, home, reset_view
+from gpubot.chat.message import Person
+from gpubot.cli.text_render import text_of
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome, ResetStep
 from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetRequest, plan_reset
 from gpubot.core.protect import Protection
 from gpubot.services.reset import ResetEvent, ResetResult
+from tests.fixtures.slack_render import bk, view, views
+
+fv = views(fleet_view)
+rb = rv = views(reset_view)
+render_home = view(home.render_home)
 
 EVIL = "<!channel> & <@U0BOSS> ```rm -rf``` `x`"
 
@@ -230,7 +234,9 @@ def test_reset_progress_and_result() -> None:
         ResetEvent(ResetStep.EXITED, 1.5, {"pid": 4242}),
         ResetEvent(ResetStep.VERIFYING, 2.0, {"gpus": [0]}),
     ]
-    prog = rb.render_progress("Reset node1 · GPU 0", "Requested by <@U0ALICE>", res.plan, events)
+    prog = rb.render_progress(
+        "Reset node1 · GPU 0", ("Requested by ", Person("U0ALICE")), res.plan, events
+    )
     assert bk.limit_problems(prog) == []
     text = bk.message_text(prog)
     for want in (
@@ -242,9 +248,9 @@ def test_reset_progress_and_result() -> None:
     ):
         assert want in text
     events.append(ResetEvent(ResetStep.GPU_OUTCOME, 3.0, res.gpus[0].to_dict()))
-    assert "GPU 0: freed in 1.2 s" in "\n".join(rb.step_lines(events))
+    assert "GPU 0: freed in 1.2 s" in "\n".join(text_of(t) for t in rb.step_lines(events))
 
-    done = rb.render_result("Reset node1", "Requested by <@U0ALICE>", res)
+    done = rb.render_result("Reset node1", ("Requested by ", Person("U0ALICE")), res)
     assert bk.limit_problems(done) == []
     rows = [
         [c["text"] for c in r] for b in done["blocks"] if b["type"] == "table" for r in b["rows"]
@@ -253,7 +259,7 @@ def test_reset_progress_and_result() -> None:
     assert rows[1] == ["0", "2048 MiB · alice, bob", "0 MiB", "✅ freed", "1.2 s"]
     assert "audit #17" in bk.message_text(done)
 
-    stuck = rb.render_result("Reset node1", "by x", plan_and_result(ok=False), use_table=False)
+    stuck = rb.render_result("Reset node1", ("by x",), plan_and_result(ok=False), use_table=False)
     assert bk.limit_problems(stuck) == []
     assert "GPU 0: stuck — pid 4243 survived SIGKILL" in bk.message_text(stuck)
     assert "NOT all freed" in stuck["blocks"][0]["text"]["text"]
@@ -282,7 +288,7 @@ def test_approval_request_and_decision() -> None:
     assert "Denied by @U0CAROL" in bk.message_text(decided)
 
     res = plan_and_result()
-    body = rb.render_result("Reset node1", "x", res)
+    body = reset_view.render_result("Reset node1", ("x",), res)
     done = rb.render_approval_state(
         12, plan, "U0BOB", None, state="executed", by="U0CAROL", at=1.0, body=body
     )

@@ -18,6 +18,7 @@ from gpubot.core.idle import IdleRule
 from gpubot.core.policy import Policy
 from gpubot.core.protect import DEFAULT_SYSTEM_USERS
 from gpubot.errors import ConfigError
+from gpubot.slack.ids import BOTS
 
 POLICY: dict[str, Any] = {
     "slack": {"channel": "C0GENERAL", "oncall_channel": "C0ONCALL"},
@@ -51,7 +52,7 @@ def test_settings_are_typed_fields_only() -> None:
     names = {f.name for f in fields(Settings)}
     assert {"policy", "sweep", "metrics"} <= names and "extra" not in names
     s = parse({})
-    assert (s.policy, s.sweep, s.metrics) == (Policy(), SweepConfig(), MetricsSettings())
+    assert (s.policy, s.sweep, s.metrics) == (Policy(bots=BOTS), SweepConfig(), MetricsSettings())
 
 
 # --- the policy ----------------------------------------------------------------------------------
@@ -71,7 +72,7 @@ def test_the_policy_tables() -> None:
 
 def test_policy_defaults() -> None:
     p = parse({}).policy
-    assert p == Policy() and p.system_users == DEFAULT_SYSTEM_USERS
+    assert p == Policy(bots=BOTS) and p.system_users == DEFAULT_SYSTEM_USERS
     assert (p.expiry_s, p.min_uid, p.group_cache_s) == (900.0, 1000, 60.0)
     assert p.permissions is None and p.approval_channel is None  # no table: everyone
     assert parse({"permissions": {}}).policy.permissions == {}  # an empty table: no one

@@ -68,7 +68,7 @@ def test_no_email_mapping_without_domains() -> None:
     ],
 )
 def test_account_refusals(account: ChatAccount, home: str | None, want: str | None) -> None:
-    got = account_refusal(account, home)
+    got = account_refusal(account, home, P.bots)  # the bots the settings name (Slackbot)
     assert got == want if want is None else (got is not None and want in got)
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from gpubot.chat.interrupted import ACTION_REVIEW, MAX_SHOWN, Interrupted, interrupted_blocks
+from gpubot.chat.interrupted import ACTION_REVIEW, MAX_SHOWN, Interrupted, interrupted_parts
 from gpubot.core.interrupted import interrupted_dict, interrupted_line, interrupted_lines
+from gpubot.slack.render import to_block
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,11 @@ def test_json_form() -> None:
     assert d["id"] == 12 and d["started_at"] == "2026-03-04T05:06:07Z"
     assert d["show"] == "gpubot audit show 12" and d["review"] == "gpubot audit review 12"
     assert d["line"] == interrupted_line(Cut(12))
+
+
+def interrupted_blocks(found: Interrupted | None, *, buttons: bool) -> list[dict[str, Any]]:
+    """Return the parts as Slack's blocks."""
+    return [to_block(p) for p in interrupted_parts(found, buttons=buttons)]
 
 
 def test_blocks_escape_names_and_offer_the_button_only_to_approvers() -> None:

@@ -8,6 +8,7 @@ from gpubot.chat.fleet_view import node_lines, render_node
 from gpubot.cli.render import WIDTH, render_snapshot, snapshot_dict
 from gpubot.core.flags import minor_note, node_notes
 from gpubot.core.models import GpuInfo, NodeSnapshot
+from gpubot.slack.render import to_slack
 
 
 def snap(*minors: int | None, notes: tuple[str, ...] = ()) -> NodeSnapshot:
@@ -44,4 +45,4 @@ def test_every_renderer_shows_the_note_whole() -> None:
     assert note in shown  # wrapped, never cut
     assert snapshot_dict(s)["notes"] == [note]
     assert any(note in line for line in node_lines(s))
-    assert note in json.dumps(render_node(s)["blocks"])
+    assert note in json.dumps(to_slack(render_node(s))["blocks"])

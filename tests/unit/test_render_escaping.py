@@ -18,16 +18,12 @@ from typing import Any
 
 import pytest
 
-from gpubot.chat import blocks as bk
-from gpubot.chat import fleet_view as fv
-from gpubot.chat import reset_view as rv
-from gpubot.chat.alerts import render_alert_group, render_reminder, render_sweep, snooze_buttons
-from gpubot.chat.flows import error_message
-from gpubot.chat.heads import render_head
-from gpubot.chat.home import render_home, render_refused_home
-from gpubot.chat.idle import render_idle_dm
+from gpubot.chat import alerts, fleet_view, flows, heads, home, idle, reset_view
+from gpubot.chat.alerts import snooze_buttons
+from gpubot.chat.message import Message, Person
 from gpubot.cli import render as cli_render
 from gpubot.cli import sweep as cli_sweep
+from gpubot.cli import text_render
 from gpubot.cli.console import render as console_render
 from gpubot.core import text as core_text
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
@@ -42,7 +38,20 @@ from gpubot.errors import UsageError
 from gpubot.services.reset import ResetResult
 from gpubot.services.reset_run import ResetEvent
 from gpubot.services.status import FleetStatus
+from gpubot.slack import blockkit, mrkdwn
 from tests import hostile_render as h
+from tests.fixtures.slack_render import bk, slack
+
+fv, rv = fleet_view, reset_view
+render_home, render_refused_home = home.render_home, home.render_refused_home
+render_alert_group, render_reminder = alerts.render_alert_group, alerts.render_reminder
+render_sweep, render_head, render_idle_dm = (
+    alerts.render_sweep,
+    heads.render_head,
+    idle.render_idle_dm,
+)
+error_message = flows.error_message
+ASKED = ("Requested by ", Person("U0DAVE"))
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -120,7 +129,7 @@ class Head:
         return "keyed"
 
 
-def messages() -> dict[str, Any]:
+def neutral_messages() -> dict[str, Message]:
     """Every chat renderer's message (or view) for the hostile inputs."""
     p, res, snap = plan(), result(), h.snapshot()
     failed = {"node2": h.FAILED}
@@ -130,14 +139,14 @@ def messages() -> dict[str, Any]:
     group = alert_group()
     idle_items = [i for i in group.items if i.key.kind == FindingKind.IDLE_HOLDER.value]
     note = f"⚠ could not post: `gpubot console --as X`, then `approve 1` {h.NOTE}"
-    msgs: dict[str, Any] = {
+    msgs: dict[str, Message] = {
         "approval request": rv.render_approval_request(12, p, "U0DAVE", "dave", NOW_TS + 900),
         "approval state": rv.render_approval_state(
             12, p, "U0DAVE", "dave", state="pending", by=None, at=NOW_TS, note=note
         ),
-        "progress": rv.render_progress("Reset node1", "Requested by <@U0DAVE>", p, events),
-        "result": rv.render_result("Reset node1", "Requested by <@U0DAVE>", res),
-        "result as text": rv.render_result("Reset node1", "x", res, use_table=False),
+        "progress": rv.render_progress("Reset node1", ASKED, p, events),
+        "result": rv.render_result("Reset node1", ASKED, res),
+        "result as text": rv.render_result("Reset node1", ("x",), res, use_table=False),
         "alert": rv.render_alert("node1", 0, "orphaned memory", res.gpus[0].detail, at=NOW_TS),
         "audit": rv.render_audit([Action(i) for i in range(3)], node="node1"),
         "node": fv.render_node(snap),
@@ -168,6 +177,12 @@ def messages() -> dict[str, Any]:
         "failed head": render_head(Head(False), AT),
         "error": error_message(UsageError(f"no node named {h.JOB!r} {h.NOTE}")),
     }
+    return msgs
+
+
+def messages() -> dict[str, Any]:
+    """Every Slack payload for the hostile inputs (and Slack's fallbacks of four)."""
+    msgs = {k: slack(m) for k, m in neutral_messages().items()}
     for name in ("approval request", "node", "sweep", "alert group"):
         msgs[f"{name}, text only"] = bk.text_only(msgs[name])
         msgs[f"{name}, without tables"] = bk.without_tables(msgs[name]) or msgs[name]
@@ -176,7 +191,7 @@ def messages() -> dict[str, Any]:
 
 def terminal_texts() -> dict[str, str]:
     """Every console and CLI text for the hostile inputs."""
-    out = {f"console: {k}": console_render(m) for k, m in messages().items() if "blocks" in m}
+    out = {f"console: {k}": console_render(m) for k, m in neutral_messages().items()}
     status = FleetStatus((h.snapshot(),), {"node2": h.FAILED}, 1.0)
     for color in (False, True):
         out[f"status (color {color})"] = cli_render.render_fleet(status, color=color)
@@ -217,7 +232,7 @@ def test_no_name_forges_a_line_or_drives_the_terminal(name: str) -> None:
 
 
 def test_the_console_shows_the_real_characters() -> None:
-    text = console_render(messages()["approval request"])
+    text = console_render(neutral_messages()["approval request"])
     assert f"job name `x\u02cb *{h.ATTACK}* \u02cby`" in text  # the name's own characters
     assert "\u2217" not in text and "&lt;" not in text and "<!channel> & <@U0BOSS>" in text
 
@@ -257,8 +272,8 @@ def _no_escaping(monkeypatch: pytest.MonkeyPatch, *, core: bool, chat: bool) -> 
         monkeypatch.setattr(core_text, "code", lambda s: f"`{s}`")
     if chat:  # mrkdwn escaping and one-line writing gone
         for name in ("_PLAIN", "_CODE"):
-            monkeypatch.setattr(bk, name, {})
-        for module in (bk, cli_render, cli_sweep):
+            monkeypatch.setattr(mrkdwn, name, {})
+        for module in (mrkdwn, blockkit, text_render, cli_render, cli_sweep):
             monkeypatch.setattr(module, "one_line", same)
 
 

@@ -3,6 +3,9 @@
 ``chat.update`` is a Tier 3 method (https://api.slack.com/methods/chat.update), about 50 calls a
 minute per app per workspace (https://api.slack.com/docs/rate-limits): gpubot spaces the progress
 edits of one message by ``surface.MIN_UPDATE_S`` (2.5 s) unless told otherwise.
+
+Progress reads time only through its ``Clock``: these tests run on a virtual clock, so the gaps
+they check are exact, and no test waits on wall time.
 """
 
 from __future__ import annotations
@@ -10,18 +13,22 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-import time
-from typing import Any, cast
+from collections.abc import Coroutine
+from typing import Any
 
 from gpubot.chat import surface
-from gpubot.chat.blocks import Message, message_text, render_text
-from gpubot.chat.flows import Flows, Services
+from gpubot.chat.flows import Flows
+from gpubot.chat.message import Message, note
 from gpubot.chat.surface import Handle, Progress
+from gpubot.chat.tracking import Pace, Tracker
+from gpubot.cli.text_render import render_text
 from gpubot.core.models import ResetStep
 from gpubot.errors import GpubotError
-from gpubot.services.reset import ResetEvent
+from gpubot.services.requests import Failed, Outcome, Running
+from gpubot.services.reset import ResetEvent, ResetResult
 from gpubot.slack.app import GpuBot
 from gpubot.slack.serve import build_bot
+from tests.fixtures.clock import VirtualClock
 
 INTERVAL = 0.3
 
@@ -29,7 +36,8 @@ INTERVAL = 0.3
 class Recorder:
     """A Surface that records when each write of a message began, and what it said."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
         self.updates: list[tuple[float, Handle | None, Message]] = []
         self.posts: list[Message] = []
         self.replies: list[Message] = []
@@ -42,9 +50,14 @@ class Recorder:
         return ("C1", f"{len(self.posts)}.0")
 
     async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
-        self.updates.append((time.monotonic(), handle, msg))
-        await asyncio.sleep(0.01)  # a call takes a moment
+        self.updates.append((self.clock.monotonic(), handle, msg))
+        await self.clock.sleep(0.01)  # a call takes a moment
         return handle
+
+
+async def ended(track: Tracker, request: Coroutine[Any, Any, Outcome]) -> ResetResult | None:
+    """Run ``request``, then write its outcome (as a flow does)."""
+    return await track.end(await request)
 
 
 def gaps(times: list[float]) -> list[float]:
@@ -58,15 +71,17 @@ def test_the_default_spacing_is_2_5_seconds_everywhere_slack_builds_flows() -> N
 
 
 async def test_a_burst_of_progress_is_spaced_and_its_last_state_delivered() -> None:
-    out = Recorder()
+    clock = VirtualClock()
+    out = Recorder(clock)
     state = {"n": 0}
-    started = time.monotonic()
-    progress = Progress(out, ("C1", "1.0"), lambda: render_text(f"step {state['n']}"), INTERVAL)
-    for n in range(1, 61):  # 60 events over ~1.2 s: 4 intervals' worth
+    started = clock.monotonic()
+    render = lambda: note(f"step {state['n']}")  # noqa: E731
+    progress = Progress(out, ("C1", "1.0"), render, INTERVAL, clock)
+    for n in range(1, 61):  # 60 events over 1.2 s: 4 intervals' worth
         state["n"] = n
         progress.poke()
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(INTERVAL * 2)  # nothing new: the pending state still goes out
+        await clock.advance(0.02)
+    await clock.advance(INTERVAL * 2)  # nothing new: the pending state still goes out
     await progress.stop()
     times = [t for t, _, _ in out.updates]
     assert times, "no progress edit at all"
@@ -74,52 +89,64 @@ async def test_a_burst_of_progress_is_spaced_and_its_last_state_delivered() -> N
     assert min(gaps(times), default=INTERVAL) >= INTERVAL
     assert len(times) <= (times[-1] - started) / INTERVAL + 1
     assert len(times) < 60 / 4  # coalesced, not one edit per event
-    assert message_text(out.updates[-1][2]) == "step 60"  # the latest state was delivered
+    assert render_text(out.updates[-1][2]) == "step 60"  # the latest state was delivered
     assert {h for _, h, _ in out.updates} == {("C1", "1.0")}
 
 
 async def test_stop_ends_without_waiting_for_the_interval() -> None:
-    out = Recorder()
-    progress = Progress(out, ("C1", "1.0"), lambda: render_text("x"), 30.0)
+    clock = VirtualClock()
+    out = Recorder(clock)
+    progress = Progress(out, ("C1", "1.0"), lambda: note("x"), 30.0, clock)
     progress.poke()
-    started = time.monotonic()
-    assert await progress.stop() == ("C1", "1.0")
-    assert time.monotonic() - started < 1.0 and out.updates == []
+    await clock.advance(1.0)
+    assert await progress.stop() == ("C1", "1.0")  # no clock moves: it did not wait
+    assert clock.monotonic() == 1.0 and out.updates == []
 
 
 async def test_the_final_answer_goes_out_at_once_after_a_burst() -> None:
-    out = Recorder()
-    flow = Flows(cast(Services, None), source="slack", min_update_s=30.0)
+    clock = VirtualClock()
+    out = Recorder(clock)
+    track = Tracker(out, Pace(30.0, clock), asked=("by x",), handle=("C1", "1.0"), title="Reset")
     done_at: dict[str, float] = {}
 
-    async def start(sink: Any) -> Any:
+    async def start() -> Outcome:
+        await track(Running(None))
         for i in range(20):
-            await sink(
-                ResetEvent(ResetStep.SIGNAL, time.time(), {"signal": "SIGTERM", "result": "sent"})
+            await track(
+                ResetEvent(ResetStep.SIGNAL, clock.now(), {"signal": "SIGTERM", "result": "sent"})
             )
-            await asyncio.sleep(0.01 * (i % 2))
-        done_at["t"] = time.monotonic()
-        raise GpubotError("node1 stopped answering")
+            await clock.sleep(0.01 * (i % 2))
+        done_at["t"] = clock.monotonic()
+        return Failed(GpubotError("node1 stopped answering"))
 
-    where, result = await flow._execute(out, ("C1", "1.0"), "Reset node1", "by x", None, start)
-    assert result is None and where == ("C1", "1.0")
+    run = asyncio.ensure_future(ended(track, start()))
+    while not run.done():
+        await clock.advance(0.01)
+    result = await run
+    assert result is None and track.handle == ("C1", "1.0")
     (final,) = out.updates  # no progress edit within 30 s; the end is not held back
-    assert final[0] - done_at["t"] < 1.0
-    assert "node1 stopped answering" in message_text(final[2])
+    assert final[0] == done_at["t"]  # at once: no moment of the clock passed in between
+    assert "node1 stopped answering" in render_text(final[2])
 
 
 async def test_the_final_answer_follows_a_pending_edit_in_order() -> None:
-    out = Recorder()
-    flow = Flows(cast(Services, None), source="slack", min_update_s=INTERVAL)
+    clock = VirtualClock()
+    out = Recorder(clock)
+    track = Tracker(out, Pace(INTERVAL, clock), asked=("by x",), handle=("C1", "1.0"))
 
-    async def start(sink: Any) -> Any:
+    async def start() -> Outcome:
+        await track(Running(None))
         for _ in range(30):
-            await sink(ResetEvent(ResetStep.EXITED, time.time(), {}))
-            await asyncio.sleep(0.03)
-        raise GpubotError("gave up")
+            await track(ResetEvent(ResetStep.EXITED, clock.now(), {}))
+            await clock.sleep(0.03)
+        return Failed(GpubotError("gave up"))
 
-    await flow._execute(out, ("C1", "1.0"), "Reset node1", "by x", None, start)
+    run = asyncio.ensure_future(ended(track, start()))
+    while not run.done():
+        await clock.advance(0.01)
+    await run
     times = [t for t, _, _ in out.updates]
-    assert min(gaps(times[:-1]), default=INTERVAL) >= INTERVAL  # progress edits spaced
-    assert "gave up" in message_text(out.updates[-1][2])  # the end is last
-    assert all("gave up" not in message_text(m) for _, _, m in out.updates[:-1])
+    assert len(times) >= 3  # progress edits were made (0.9 s of events, 0.3 s apart)
+    assert min(gaps(times[:-1]), default=INTERVAL) >= INTERVAL - 1e-9  # progress edits spaced
+    assert "gave up" in render_text(out.updates[-1][2])  # the end is last
+    assert all("gave up" not in render_text(m) for _, _, m in out.updates[:-1])

@@ -1,44 +1,40 @@
-"""Block Kit messages for GPU status: pure ``render_*() -> dict`` functions within Slack's limits.
+"""Block Kit: the blocks gpubot sends, Slack's limits on them, and a message's plain text.
 
 A message is ``{"text": fallback, "blocks": [...]}``. Limits (checked by ``limit_problems``): 50
 blocks a message (100 in the Home tab), 3000 characters a section text, 150 a header, 10 context
 elements, one ``table`` block a message with at most 100 rows of at most 20 cells, and none in a
 view (``limit_problems(..., view=True)``); confirmation dialogs are plain_text.
 
-Text a node user controls (names, commands, paths, user names) reaches mrkdwn only through one
-of four functions, whatever its place: ``escape`` (plain text), ``code`` (a code span),
-``code_safe`` (a line of a preformatted block) and ``mrkdwn`` (a core sentence whose names core
-marked with ``core.text.code``). Each writes ``&``, ``<`` and ``>`` as entities (Slack's one
-documented escape), so no name can mention ``@channel`` or forge a link; lets no back-tick
-through (a look-alike ``ˋ``), so no name can close a code span or a block; shows ``*``, ``_``
-and ``~`` of plain text as look-alikes (Slack has no escape for them), so no name can format;
-and writes newlines and other control characters ``\\xNN``, so no name can start a line of its
-own. Plain-text objects (headers, table cells, dialogs) are one line too.
-
-``message_text`` turns any message back into plain text: the console prints exactly that.
+``message_text`` turns a Block Kit message back into plain text: only for the last of Slack's
+fallbacks (``text_only``), when Slack refuses a message's blocks. The console renders the
+neutral message itself (``gpubot.cli.text_render``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-from gpubot.core.text import TICK, TICK_STANDIN, one_line
+from gpubot.chat.layout import (
+    MAX_CONTEXT,
+    MAX_FALLBACK,
+    MAX_HEADER,
+    MAX_TEXT,
+    Budget,
+    clip,
+    table_fits,
+    table_text,
+)
+from gpubot.chat.message import Pre
+from gpubot.core.text import TICK, one_line
+from gpubot.slack.mrkdwn import _UNDO, code_safe, escape_lines
 
-Message = dict[str, Any]
+SlackMessage = dict[str, Any]
 Block = dict[str, Any]
 
 MAX_BLOCKS = 50
 MAX_VIEW_BLOCKS = 100
-MAX_TEXT = 3000
-MAX_HEADER = 150
-MAX_CONTEXT = 10
-MAX_TABLE_ROWS = 100
-MAX_TABLE_CELLS = 20
-MAX_TABLE_CHARS = 10_000  # the whole table's cells, as for Slack's data tables
-MAX_FALLBACK = 3900  # top-level ``text``: Slack truncates past 40 000 and advises 4 000
 MAX_BUTTON = 75
 MAX_VALUE = 2000
 MAX_BLOCK_ID = 255
@@ -46,92 +42,6 @@ MAX_BLOCK_ID = 255
 # (Block Kit reference, "Confirmation dialog object":
 # https://api.slack.com/reference/block-kit/composition-objects#confirm).
 MAX_CONFIRM = {"title": 100, "text": 300, "confirm": 30, "deny": 30}
-FEW_NODES = 3  # up to this many nodes, a fleet answer shows each node's GPUs in full
-MAX_FLAGGED = 60  # flagged GPUs detailed in a fleet answer (the rest are counted)
-
-
-# Slack: "&, < and > … must be replaced with HTML entities" in all mrkdwn
-# (https://api.slack.com/reference/surfaces/formatting#escaping). It gives no escape for the
-# formatting characters: plain text shows look-alikes instead (those of jsx-slack's <Escape>,
-# yhatt/jsx-slack src/mrkdwn/escape.ts): ∗ U+2217, ˍ U+02CD, ∼ U+223C, ˋ U+02CB.
-_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
-LOOKALIKES = {"*": "\u2217", "_": "\u02cd", "~": "\u223c", TICK: TICK_STANDIN}
-_PLAIN = str.maketrans({**_ENTITIES, **{k: v for k, v in LOOKALIKES.items() if k != "_"}})
-# An underscore between two letters or digits can neither open nor close italics, and names are
-# full of them (``train_llama``, ``gpu_node1``): only the others become look-alikes.
-_EDGE_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
-_CODE = str.maketrans({**_ENTITIES, TICK: TICK_STANDIN})
-SOFT_HYPHEN = "\u00ad"  # invisible: put before a leading ``&gt;``, it stops a block quote
-# The console shows a name's own characters again, but keeps ˋ: it marks where a name ends.
-_UNDO = str.maketrans({**{v: k for k, v in LOOKALIKES.items() if k != TICK}, SOFT_HYPHEN: None})
-
-
-def escape(text: str) -> str:
-    """Return text a node user may control as one line of plain mrkdwn that formats nothing."""
-    out = _EDGE_UNDERSCORE.sub(LOOKALIKES["_"], one_line(text).translate(_PLAIN))
-    return SOFT_HYPHEN + out if out.startswith("&gt;") else out
-
-
-def escape_lines(text: str) -> str:
-    """Return ``escape`` of each line of ``text`` (lines stay lines: for text gpubot wrote)."""
-    return "\n".join(escape(line) for line in text.split("\n"))
-
-
-def mrkdwn_lines(text: str) -> str:
-    """Return ``mrkdwn`` of each line of ``text`` (lines stay lines: for text gpubot wrote)."""
-    return "\n".join(mrkdwn(line) for line in text.split("\n"))
-
-
-def code_safe(text: str) -> str:
-    """Return text as one line for a code span or a preformatted block (no back-tick in it)."""
-    return one_line(text).translate(_CODE)
-
-
-def code(text: str) -> str:
-    """Return text as a code span (``code_safe`` inside one pair of back-ticks); "–" if empty."""
-    inner = code_safe(text)
-    return f"`{inner}`" if inner else "–"
-
-
-def mrkdwn(text: str) -> str:
-    """Return a core sentence as one line of mrkdwn: each literal core marked
-    (``core.text.code``) a code span, every other part plain text (``escape``).
-
-    Each part is escaped for where it lands, so nothing formats whoever wrote the back-ticks: a
-    stray back-tick of a name core did not mark at worst moves text into or out of a span. A
-    newline (of a name core did not mark) is ``\\x0a``, as in ``escape``.
-    """
-    parts = one_line(text).split(TICK)
-    if len(parts) % 2 == 0:  # an unmatched back-tick is text, not the start of a span
-        parts[-2:] = [parts[-2] + TICK + parts[-1]]
-    return "".join(code(p) if i % 2 else escape(p) for i, p in enumerate(parts))
-
-
-def clip(text: str, n: int) -> str:
-    """Shorten ``text`` to at most ``n`` characters, marking the cut."""
-    return text if len(text) <= n else text[: max(0, n - 1)] + "…"
-
-
-_ENTITY_TAIL = re.compile(r"&[a-z]*\Z")
-
-
-def clip_mrkdwn(text: str, n: int) -> str:
-    """Shorten inline mrkdwn (made by ``escape``, ``code``, ``mrkdwn``) to at most ``n``
-    characters, marking the cut: never inside an entity, and a code span cut short is closed
-    (escaped text holds back-ticks only as the spans' own)."""
-    if len(text) <= n:
-        return text
-    cut = _ENTITY_TAIL.sub("", text[: max(0, n - 1)])
-    if cut.count(TICK) % 2 == 0:
-        return cut + "…"
-    cut = _ENTITY_TAIL.sub("", cut[: max(0, n - 2)])  # room for the closing back-tick
-    return cut + ("…" + TICK if cut.count(TICK) % 2 else "…")
-
-
-def date(ts: float) -> str:
-    """Return a Slack date token that shows local time, with a UTC fallback."""
-    fallback = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return f"<!date^{int(ts)}^{{date_short_pretty}} {{time_secs}}|{fallback}>"
 
 
 def header(text: str) -> Block:
@@ -194,61 +104,6 @@ def confirm_dialog(
     if style is not None:
         dialog["style"] = style
     return dialog
-
-
-def table_fits(rows: Sequence[Sequence[str]]) -> bool:
-    """Whether rows fit one table block (rows, cells and characters)."""
-    return (
-        0 < len(rows) <= MAX_TABLE_ROWS
-        and all(0 < len(r) <= MAX_TABLE_CELLS for r in rows)
-        and sum(len(c or "–") for r in rows for c in r) <= MAX_TABLE_CHARS
-    )
-
-
-class Budget:
-    """Blocks of one message, never more than ``limit``; ``reserve`` keeps room for a tail."""
-
-    def __init__(self, limit: int = MAX_BLOCKS) -> None:
-        self.limit = limit
-        self.blocks: list[Block] = []
-
-    @property
-    def room(self) -> int:
-        """Return how many blocks can still be added."""
-        return self.limit - len(self.blocks)
-
-    def add(self, block: Block) -> bool:
-        """Add one block if there is room."""
-        if self.room <= 0:
-            return False
-        self.blocks.append(block)
-        return True
-
-    def add_pre(self, lines: Sequence[str], *, reserve: int = 0) -> int:
-        """Pack lines into preformatted sections; return how many lines fit."""
-        chunk: list[str] = []
-        size = 8  # the fences
-        done = 0
-        for line in lines:
-            line = clip(line, MAX_TEXT - 10)
-            if chunk and size + len(line) + 1 > MAX_TEXT:
-                if self.room <= reserve:
-                    return done
-                self.add(section(pre(chunk)))
-                done += len(chunk)
-                chunk, size = [], 8
-            chunk.append(line)
-            size += len(line) + 1
-        if chunk and self.room > reserve:
-            self.add(section(pre(chunk)))
-            done += len(chunk)
-        return done
-
-
-def render_text(text: str, *, title: str | None = None) -> Message:
-    """Render a short mrkdwn answer (usage errors, notices)."""
-    blocks = [header(title)] if title else []
-    return {"text": clip(text, MAX_FALLBACK), "blocks": [*blocks, section(text)]}
 
 
 # --- limits and plain text -------------------------------------------------------------------
@@ -368,12 +223,6 @@ def _unformat(text: str) -> str:
     return TICK.join(spans)
 
 
-def table_text(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Return rows as aligned text columns."""
-    width = [max(len(r[i]) if i < len(r) else 0 for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(width[i]) for i, c in enumerate(r)).rstrip() for r in rows]
-
-
 def message_text(message: Mapping[str, Any]) -> str:
     """Render a message's blocks as plain text (its fallback when it has no blocks)."""
     blocks = message.get("blocks")
@@ -399,7 +248,7 @@ def message_text(message: Mapping[str, Any]) -> str:
     return "\n".join(line for line in out if line.strip())
 
 
-def without_tables(message: Mapping[str, Any]) -> Message | None:
+def without_tables(message: Mapping[str, Any]) -> SlackMessage | None:
     """Return a copy with each table block turned into preformatted text; None if none."""
     blocks = list(message.get("blocks") or [])
     if not any(b.get("type") == "table" for b in blocks):
@@ -409,17 +258,16 @@ def without_tables(message: Mapping[str, Any]) -> Message | None:
         if blk.get("type") != "table":
             out.append(blk)
             continue
-        lines = [
-            code_safe(line) for line in table_text([[c["text"] for c in r] for r in blk["rows"]])
-        ]
         chunk = Budget(MAX_BLOCKS)
-        chunk.add_pre(lines)
-        out.extend(chunk.blocks)
+        chunk.add_pre(table_text([[c["text"] for c in r] for r in blk["rows"]]))
+        out.extend(
+            section(pre(code_safe(x) for x in p.lines)) for p in chunk.parts if isinstance(p, Pre)
+        )
     if len(out) > MAX_BLOCKS:
         out = [*out[: MAX_BLOCKS - 1], context("… the rest did not fit in one message")]
     return {**message, "blocks": out}
 
 
-def text_only(message: Mapping[str, Any]) -> Message:
+def text_only(message: Mapping[str, Any]) -> SlackMessage:
     """Return a blocks-free copy of ``message`` carrying its content as text."""
     return {"text": clip(escape_lines(message_text(message)), MAX_FALLBACK)}

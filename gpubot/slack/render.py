@@ -1,0 +1,167 @@
+"""Neutral messages (``gpubot.chat.message``) as Block Kit: the one place chat text meets mrkdwn.
+
+Plain text is escaped here (``slack.mrkdwn``), people become mentions, dates Slack's date tokens,
+actions buttons. ``to_slack`` gives a message's ``{"text", "blocks"}``, ``to_view`` a page's Home
+tab view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpubot.chat.layout import MAX_FALLBACK, MAX_TEXT, clip
+from gpubot.chat.message import (
+    Action,
+    Actions,
+    Break,
+    Clipped,
+    Code,
+    Context,
+    Date,
+    DateStyle,
+    Emph,
+    Heading,
+    Message,
+    Part,
+    Person,
+    Place,
+    Pre,
+    Section,
+    Sentence,
+    Span,
+    Strong,
+    Struck,
+    Table,
+    Text,
+)
+from gpubot.slack.blockkit import (
+    Block,
+    SlackMessage,
+    confirm_dialog,
+    context,
+    header,
+    pre,
+    section,
+    table,
+)
+from gpubot.slack.mrkdwn import clip_mrkdwn, code, code_safe, date, escape, mrkdwn, time_of_day
+
+__all__ = ["SlackMessage", "button", "span_mrkdwn", "text_mrkdwn", "to_blocks", "to_slack"]
+
+
+def span_mrkdwn(s: Span) -> str:
+    """Return one span as mrkdwn."""
+    if isinstance(s, str):
+        return escape(s)
+    if isinstance(s, Break):
+        return "\n"
+    if isinstance(s, Code):
+        return code(s.text)
+    if isinstance(s, Sentence):
+        return mrkdwn(s.text)
+    if isinstance(s, Person):
+        return f"<@{s.id}>"
+    if isinstance(s, Date):
+        return time_of_day(s.at) if s.style is DateStyle.TIME else date(s.at)
+    if isinstance(s, Strong):
+        return f"*{text_mrkdwn(s.parts)}*"
+    if isinstance(s, Emph):
+        return f"_{text_mrkdwn(s.parts)}_"
+    if isinstance(s, Struck):
+        return f"~{text_mrkdwn(s.parts)}~"
+    if isinstance(s, Clipped):
+        return clip_mrkdwn(text_mrkdwn(s.parts), s.most)
+    if isinstance(s, Place):
+        return f"<#{s.handle[0]}>"
+    raise TypeError(f"not a span: {s!r}")
+
+
+def text_mrkdwn(text: Text) -> str:
+    """Return text as mrkdwn."""
+    return "".join(span_mrkdwn(s) for s in text)
+
+
+def button(a: Action) -> dict[str, Any]:
+    """Return an action as a Block Kit button."""
+    out: dict[str, Any] = {"type": "button", "action_id": a.id, "value": a.value}
+    if a.style is not None:
+        out["style"] = str(a.style)
+    out["text"] = {"type": "plain_text", "text": a.label}
+    c = a.confirm
+    if c is not None:
+        style = None if c.style is None else str(c.style)
+        out["confirm"] = confirm_dialog(
+            c.title, c.text, confirm=c.confirm, deny=c.deny, style=style
+        )
+    return out
+
+
+def to_block(p: Part) -> Block:
+    """Return one part as a block."""
+    if isinstance(p, Heading):
+        return header(p.text)
+    if isinstance(p, Section):
+        blk = section(text_mrkdwn(p.text))
+        if p.accessory is not None:
+            blk["accessory"] = button(p.accessory)
+        return blk
+    if isinstance(p, Pre):
+        return section(pre(code_safe(line) for line in p.lines))
+    if isinstance(p, Table):
+        return table(p.rows, wrap=p.wrap, right=p.right)
+    if isinstance(p, Context):
+        return context(*(text_mrkdwn(t) for t in p.parts))
+    if isinstance(p, Actions):
+        blk = {"type": "actions"}
+        if p.group is not None:
+            blk["block_id"] = p.group
+        blk["elements"] = [button(a) for a in p.actions]
+        return blk
+    raise TypeError(f"not a part: {p!r}")
+
+
+def to_blocks(msg: Message) -> list[Block]:
+    """Return a message's blocks (its title a header block first)."""
+    head = [header(msg.title)] if msg.title is not None else []
+    return [*head, *(to_block(p) for p in msg.body)]
+
+
+def fallback(msg: Message) -> str:
+    """Return a message's top-level ``text`` (its fallback line, or its sections' text)."""
+    if msg.fallback is not None:
+        return clip(escape(msg.fallback), MAX_FALLBACK)
+    return clip("\n".join(text_mrkdwn(s.text) for s in msg.sections), MAX_FALLBACK)
+
+
+def to_slack(msg: Message) -> SlackMessage:
+    """Return a message as Slack's ``{"text", "blocks"}``."""
+    return {"text": fallback(msg), "blocks": to_blocks(msg)}
+
+
+def to_view(msg: Message) -> SlackMessage:
+    """Return a page as a Home tab view."""
+    return {"type": "home", "blocks": to_blocks(msg)}
+
+
+def section_text(text: Text) -> str:
+    """Return text as a section's mrkdwn, clipped to Slack's limit."""
+    return clip(text_mrkdwn(text), MAX_TEXT)
+
+
+class NeutralSurface:
+    """A ``chat.surface.Surface`` over a Slack one: each neutral message rendered on its way."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def reply(self, msg: Message) -> None:
+        """Answer only the person who asked (ephemeral)."""
+        await self.inner.reply(to_slack(msg))
+
+    async def post(self, msg: Message, *, channel: str | None = None) -> Any:
+        """Post a message where the person asked (or in ``channel``); None if it failed."""
+        return await self.inner.post(to_slack(msg), channel=channel)
+
+    async def update(self, handle: Any, msg: Message) -> Any:
+        """Replace a message (or post anew if that fails); return where it now is."""
+        return await self.inner.update(handle, to_slack(msg))
