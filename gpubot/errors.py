@@ -29,6 +29,8 @@
         ├── AlreadyDecided
         └── ApproversUnknown               an approver user group could not be refreshed
 
+    StdoutClosed(BaseException)            the reader of stdout went away (the CLI ends with 141)
+
 Adapters translate library errors at their boundary (``raise NodeUnreachable(node) from exc``).
 The simulated fleet (``gpusim``) has its own tree, ``gpusim.errors``; ``cli/demo.py`` maps it.
 Every message is one line fit to show a person.
@@ -170,3 +172,9 @@ class NotPermitted(GpubotError, PermissionError):
 
 class IdentityRefused(NotPermitted):
     """The chat account may not use gpubot at all (guest, other workspace, deleted, bot, root)."""
+
+
+class StdoutClosed(BaseException):
+    """The reader of stdout went away where a ``BrokenPipeError`` would be caught as an error
+    (a chat flow turns every exception into a message): not an ``Exception``, so that it gets
+    to the CLI's ``main``, which ends the command quietly with 141."""

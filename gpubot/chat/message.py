@@ -7,7 +7,7 @@ literals core marked (``core.text.code``), emphasis, people (``Person``), dates 
 line breaks (``NL``). A plain string never starts a line of its own: a newline in it is text, so a
 name can not forge a line; only ``NL`` breaks one.
 
-``gpubot.slack.render`` turns a message into Block Kit, ``gpubot.cli.text_render`` into text.
+``gpubot.slack.render`` turns a message into Block Kit, ``gpubot.console.text_render`` into text.
 """
 
 from __future__ import annotations

@@ -11,15 +11,9 @@ from collections.abc import Sequence
 
 from gpubot import __version__
 from gpubot.cli import logs
-from gpubot.errors import GpubotError
+from gpubot.errors import GpubotError, StdoutClosed
 
 EXIT_SIGPIPE = 128 + 13  # 141: a closed pipe stopped the command (see main)
-
-
-class StdoutClosed(BaseException):
-    """The reader of stdout went away where a ``BrokenPipeError`` would be caught as an error
-    (a chat flow turns every exception into a message): not an ``Exception``, so that it gets
-    to ``main``, which ends the command quietly with 141."""
 
 
 # name -> (module, one-line help). A module has ``add_arguments(parser)`` and ``run(args) -> int``

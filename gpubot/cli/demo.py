@@ -178,8 +178,9 @@ def _say(title: str, text: str = "") -> None:
 
 async def _main(cfg: Path, me: str, interactive: bool) -> int:
     from gpubot.app import build
-    from gpubot.cli.console import make_flows, repl
+    from gpubot.cli.console import console_parts, make_flows
     from gpubot.config import load
+    from gpubot.console.repl import repl
     from gpubot.services.approvals import Identity
 
     settings = load(cfg)
@@ -188,7 +189,7 @@ async def _main(cfg: Path, me: str, interactive: bool) -> int:
     operator = Identity(OPERATOR, "dana", me)
     if interactive:
         print(f"demo fleet: 4 nodes; you are dana (Linux user {me}). Try /gpu status all, quit")
-        return await repl(app, flows, operator, None)
+        return await repl(console_parts(app, flows), operator, None)
     try:
         return await _walk(app, flows, operator)
     finally:
@@ -197,8 +198,8 @@ async def _main(cfg: Path, me: str, interactive: bool) -> int:
 
 async def _walk(app: App, ask: Flows, operator: Identity) -> int:
     from gpubot.chat.alerts import render_sweep
-    from gpubot.cli.console import answer
-    from gpubot.cli.text_render import render_text as message_text
+    from gpubot.console.repl import answer
+    from gpubot.console.text_render import render_text as message_text
     from gpubot.services.approvals import Identity
 
     started = time.monotonic()
@@ -267,6 +268,6 @@ class _PrintAlerts:
 def _alert_text(group: AlertGroup) -> str:
     """Return the alert message of ``group`` as text."""
     from gpubot.chat.alerts import render_alert_group
-    from gpubot.cli.text_render import render_text as message_text
+    from gpubot.console.text_render import render_text as message_text
 
     return message_text(render_alert_group(group))

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpubot.config.settings import MetricsSettings
+from gpubot.config.slack_ids import BOTS, SLACK_GROUP, SLACK_USER
 from gpubot.config.validate import NODE_NAME, Validator, check_port
 from gpubot.core.findings import SweepConfig
 from gpubot.core.idle import DEFAULT_KEEP_S, IdleRule
@@ -24,7 +25,6 @@ from gpubot.core.policy import (
     Policy,
 )
 from gpubot.errors import ConfigError
-from gpubot.slack.ids import BOTS, SLACK_GROUP, SLACK_USER
 
 DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
 MAX_EXPIRY_S = 7 * 24 * 3600.0  # [approvals] expiry_s

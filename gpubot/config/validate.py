@@ -18,10 +18,10 @@ from gpubot.config.settings import (
     ResetSettings,
     SshSettings,
 )
+from gpubot.config.slack_ids import SLACK_CHANNEL
 from gpubot.core.models import NodeConfig
 from gpubot.core.runtimes import LOOKUPS
 from gpubot.errors import ConfigError
-from gpubot.slack.ids import SLACK_CHANNEL
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")

@@ -44,9 +44,6 @@ LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 DEFAULT_EXPIRY_S = 900.0
 DEFAULT_MIN_UID = 1000
 DEFAULT_GROUP_CACHE_S = 60.0
-# Transitional: services/approvals.py still compares with it; the rules here use
-# ``Policy.bots`` (the front end's own bot accounts, ``slack.ids.BOTS`` from the settings).
-SLACKBOT = "USLACKBOT"
 
 
 @dataclass(frozen=True)

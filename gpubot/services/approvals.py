@@ -21,7 +21,6 @@ from gpubot.core.commands import Reset
 from gpubot.core.models import ActionStatus, ApprovalState, NodeConfig, NodeSnapshot
 from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.core.policy import (
-    SLACKBOT,
     ChatAccount,
     Policy,
     is_approver,
@@ -124,7 +123,7 @@ class ApprovalService:
 
     async def identify(self, user_id: str, name: str) -> Identity:
         """Return who ``user_id`` is on the boxes, or why they are refused (``resolve``)."""
-        if user_id == SLACKBOT:  # no need to ask Slack about Slackbot
+        if user_id in self.policy.bots:  # no need to ask the chat system about its own bots
             return Identity(user_id, name, None, resolve(self.policy, user_id, None, None).refused)
         try:
             account = await self._account(user_id)

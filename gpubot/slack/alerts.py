@@ -28,7 +28,6 @@ from gpubot.chat.holders import snooze
 from gpubot.chat.idle import render_idle_dm, slack_users_of
 from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
 from gpubot.core.models import FindingKind
-from gpubot.errors import GpubotError
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.slack.api import CALL_ERRORS, SlackApi
 from gpubot.slack.outbox import DM_EVENT, find_post, new_token, post_once

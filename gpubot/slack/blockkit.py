@@ -7,7 +7,7 @@ view (``limit_problems(..., view=True)``); confirmation dialogs are plain_text.
 
 ``message_text`` turns a Block Kit message back into plain text: only for the last of Slack's
 fallbacks (``text_only``), when Slack refuses a message's blocks. The console renders the
-neutral message itself (``gpubot.cli.text_render``).
+neutral message itself (``gpubot.console.text_render``).
 """
 
 from __future__ import annotations

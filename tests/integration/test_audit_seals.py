@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.app import SlackAccess, build
-from gpubot.cli.console import answer, identity, make_flows
+from gpubot.cli.console import identity, make_flows
 from gpubot.config import Settings
+from gpubot.console.repl import answer
 from gpubot.store import SealRule, open_store
 from tests.fixtures.audit_cut import KEY
 from tests.fixtures.db import audit_rows

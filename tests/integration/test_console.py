@@ -18,7 +18,8 @@ from gpubot.chat.alerts import render_alert_group
 from gpubot.chat.flows import Flows
 from gpubot.chat.idle import free_button
 from gpubot.chat.message import Actions, Message
-from gpubot.cli.console import answer, identity, make_flows, render
+from gpubot.cli.console import console_parts, identity, make_flows
+from gpubot.console.repl import answer, render
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import FindingKey
 from gpubot.core.models import ApprovalState, FindingKind
@@ -142,11 +143,12 @@ async def test_free_it_and_snooze_are_typed_at_the_console(
 
     assert app.store is not None
     await app.store.alerts.upsert_seen([idle], datetime.now(UTC))
-    quiet = await answer(flows, f"snooze 1h {idle.text()}", me, snoozer=app.sweep.snooze)
+    snoozer = console_parts(app, flows).snoozer
+    quiet = await answer(flows, f"snooze 1h {idle.text()}", me, snoozer=snoozer)
     assert "🔕 node1 GPU 1: idle-holder snoozed until" in quiet
     (alert,) = await app.store.alerts.open_alerts()
     assert alert.snoozed_until is not None and alert.snoozed_until > datetime.now(UTC)
-    bad = await answer(flows, "snooze 2h x", me, snoozer=app.sweep.snooze)
+    bad = await answer(flows, "snooze 2h x", me, snoozer=snoozer)
     assert bad.startswith("⚠ usage: snooze 1h|1d KEY")
     told = await answer(flows, "help", me)
     assert "snooze 1h|1d KEY" in told and "free KEY" in told

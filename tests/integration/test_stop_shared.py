@@ -28,8 +28,9 @@ import pytest
 
 from gpubot.app import App, build
 from gpubot.chat.flows import Flows
-from gpubot.cli.console import answer, identity, make_flows
+from gpubot.cli.console import identity, make_flows
 from gpubot.config import load
+from gpubot.console.repl import answer
 from gpubot.core.plan import ResetRequest
 from gpubot.core.stop_script import Foreign, parse_stop_output, stop_check_argv
 from gpubot.core.stopgate import gate_for

@@ -12,8 +12,9 @@ import pytest
 
 from gpubot.app import App, Serving, build
 from gpubot.chat.flows import Flows
-from gpubot.cli.console import identity, make_flows, repl
+from gpubot.cli.console import console_parts, identity, make_flows
 from gpubot.config import Settings, load
+from gpubot.console.repl import repl
 from gpubot.core.report import Report
 from tests.fixtures.approvals import REQUEST
 
@@ -102,7 +103,9 @@ async def test_the_console_prints_the_start_up_report_before_its_answers(
     app = build(settings, {}, need_store=True)
     action, approval = await _interrupted(app)
     flows: Flows = make_flows(app)
-    code = await repl(app, flows, identity(flows.svc.policy, None), ["help"])  # closes the app
+    code = await repl(
+        console_parts(app, flows), identity(flows.svc.policy, None), ["help"]
+    )  # closes the app
     out = capsys.readouterr().out
     assert code == 0
     assert out.index("━━ Incomplete actions") < out.index("━━ Incomplete approvals")

@@ -9,7 +9,7 @@ import pytest
 
 from gpubot.chat import fleet_view, home, reset_view
 from gpubot.chat.message import Person
-from gpubot.cli.text_render import text_of
+from gpubot.console.text_render import text_of
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome, ResetStep
 from gpubot.core.outcome import GpuResult
 from gpubot.core.plan import ResetRequest, plan_reset

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from gpubot.config import MetricsSettings, Settings, check_port, parse
+from gpubot.config.slack_ids import BOTS
 from gpubot.core.findings import SweepConfig
 from gpubot.core.idle import IdleRule
 from gpubot.core.policy import Policy
 from gpubot.core.protect import DEFAULT_SYSTEM_USERS
 from gpubot.errors import ConfigError
-from gpubot.slack.ids import BOTS
 
 POLICY: dict[str, Any] = {
     "slack": {"channel": "C0GENERAL", "oncall_channel": "C0ONCALL"},

@@ -36,7 +36,7 @@ from gpubot.chat.message import (
     bold,
     italic,
 )
-from gpubot.cli.text_render import date_text, render_text
+from gpubot.console.text_render import date_text, render_text
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import FindingKey
 from gpubot.core.models import FindingKind

@@ -23,8 +23,8 @@ from gpubot.chat.alerts import snooze_buttons
 from gpubot.chat.message import Message, Person
 from gpubot.cli import render as cli_render
 from gpubot.cli import sweep as cli_sweep
-from gpubot.cli import text_render
-from gpubot.cli.console import render as console_render
+from gpubot.console import text_render
+from gpubot.console.repl import render as console_render
 from gpubot.core import text as core_text
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import NodeFailure, SweepConfig, find

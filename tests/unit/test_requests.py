@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from gpubot.core import commands
-from gpubot.core.approval import Approval
+from gpubot.core.approval import Approval, ApprovalRequest
 from gpubot.core.models import ApprovalState, ResetStep
 from gpubot.core.plan import ResetPlan
 from gpubot.errors import NotAnApprover, NotPermitted, StoreError
@@ -51,7 +51,17 @@ def approval(plan: ResetPlan, state: ApprovalState = ApprovalState.PENDING) -> A
     decided = None if state is ApprovalState.PENDING else "U0CAROL"
     unset: list[Any] = [None] * 6  # decided_by_name … message_ts
     return Approval(
-        7, "U0BOB", "bob", "slack", plan.node, plan.to_dict(), state, NOW, NOW, decided, *unset
+        7,
+        "U0BOB",
+        "bob",
+        "slack",
+        plan.node,
+        ApprovalRequest(plan),
+        state,
+        NOW,
+        NOW,
+        decided,
+        *unset,
     )
 
 

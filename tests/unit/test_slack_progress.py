@@ -21,7 +21,7 @@ from gpubot.chat.flows import Flows
 from gpubot.chat.message import Message, note
 from gpubot.chat.surface import Handle, Progress
 from gpubot.chat.tracking import Pace, Tracker
-from gpubot.cli.text_render import render_text
+from gpubot.console.text_render import render_text
 from gpubot.core.models import ResetStep
 from gpubot.errors import GpubotError
 from gpubot.services.requests import Failed, Outcome, Running

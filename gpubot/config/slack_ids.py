@@ -1,7 +1,8 @@
 """The forms of Slack's ids: what the settings file's Slack ids must look like, and Slackbot.
 
-Only ``re`` here, so the settings (``config``) and the console validate ids without loading a
-Slack library.
+They are part of the settings' format (``[approvals] approvers``, ``[users]``, channels), so
+they live with the settings: only ``re`` here, so the settings, the console entry and the
+Slack front end validate ids without loading a Slack library, and no layer climbs to ``slack/``.
 """
 
 from __future__ import annotations

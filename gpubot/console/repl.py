@@ -1,0 +1,218 @@
+"""The console's loop: ``/gpu …`` lines answered as text, through the same flows as Slack's
+(parse → services → neutral messages), printed by ``console.text_render``.
+
+Approvals are typed: ``approve ID`` / ``deny ID``. An alert's buttons are typed too:
+``snooze 1h|1d KEY`` and ``free KEY`` run the flows Slack's *Snooze* and *Free it* run
+(``chat.holders``); a message with such buttons says what to type.
+
+``answer(flows, line, who)`` returns the text one line would post (the demo uses it). ``repl``
+is given narrow parts (``ConsoleParts``), never the ``App``: ``gpubot.cli.console`` builds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from gpubot.chat.alerts import SNOOZE_ACTION, SNOOZE_LABELS
+from gpubot.chat.flows import Flows
+from gpubot.chat.holders import Snoozer, free_it, snooze
+from gpubot.chat.idle import ACTION_FREE
+from gpubot.chat.message import Action, Message, Section, note, paragraph
+from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_RESET_GPU
+from gpubot.chat.surface import Handle
+from gpubot.console.report import TextReporter
+from gpubot.console.text_render import render_text
+from gpubot.core import commands
+from gpubot.core.ports import Reporter
+from gpubot.errors import StdoutClosed, UsageError
+from gpubot.services.approvals import Identity
+
+PROMPT = "gpu> "
+HOLDER_USAGE = (
+    "snooze 1h|1d KEY  — snooze an alert's finding (console; KEY as the alert gives it)\n"
+    "free KEY  — free the GPU an idle holder keeps (console): your own reset of that pid"
+)
+
+
+@dataclass(frozen=True)
+class ConsoleParts:
+    """What the console needs of the app: its flows, what snoozes a finding, the app's
+    lifecycle (``running(reporter)``: schedules and the start-up report) and its close."""
+
+    flows: Flows
+    snoozer: Snoozer
+    running: Callable[[Reporter], AbstractAsyncContextManager[Any]]
+    close: Callable[[], Awaitable[None]]
+
+
+def typed(action: Action) -> str | None:
+    """Return what to type at the console for ``action`` (None: nothing, or said below)."""
+    snooze = SNOOZE_ACTION.match(action.id)
+    if snooze is not None:
+        return f"snooze {snooze[1]} {action.value}"
+    if action.id == ACTION_FREE:
+        return f"free {action.value}"
+    if action.id == ACTION_RESET_GPU:
+        node, _, gpu = action.value.rpartition(":")
+        return f"reset {node} gpu {gpu}"
+    return None
+
+
+async def holder_line(
+    flows: Flows, line: str, who: Identity, out: TextSurface, snoozer: Snoozer | None
+) -> bool:
+    """Run ``snooze 1h|1d KEY`` or ``free KEY`` (an alert's buttons, typed); False if ``line``
+    is neither."""
+    words = line.split(maxsplit=2)
+    if words[:1] == ["free"] and len(words) == 2:
+        await free_it(flows, words[1], who, out)
+    elif words[:1] == ["snooze"] and len(words) == 3 and words[1] in SNOOZE_LABELS:
+        if snoozer is None:
+            await out.reply(note("Sweeps are not set up in this gpubot: nothing to snooze."))
+        else:
+            by = who.id if who.id.startswith("console:") else f"console:{who.id}"
+            await snooze(snoozer, words[2], words[1], by=by, out=out)
+    elif words[:1] in (["free"], ["snooze"]):
+        raise UsageError("usage: snooze 1h|1d KEY, or free KEY (KEY as an alert gives it)")
+    else:
+        return False
+    return True
+
+
+def render(msg: Message) -> str:
+    """Return a message as console text (buttons say the words to type)."""
+    text = render_text(msg, typed)
+    for a in msg.actions:
+        if a.id == ACTION_APPROVE:
+            n = a.value
+            text += f"\n→ an approver types: approve {n}   (or: deny {n})"
+    return text
+
+
+class TextSurface:
+    """Collects a command's messages as text; ``echo`` prints what is new as it comes."""
+
+    def __init__(self, echo: Callable[[str], None] | None = None) -> None:
+        self.echo = echo
+        self.messages: list[Message] = []
+        self._printed: dict[int, list[str]] = {}
+
+    def _show(self, index: int) -> None:
+        if self.echo is None:
+            return
+        lines = render(self.messages[index]).splitlines()
+        before = self._printed.get(index, [])
+        new = [line for line in lines if line not in before]
+        if new:
+            self.echo("\n".join(new))
+        self._printed[index] = lines
+
+    def _add(self, msg: Message) -> int:
+        self.messages.append(msg)
+        self._show(len(self.messages) - 1)
+        return len(self.messages) - 1
+
+    async def reply(self, msg: Message) -> None:
+        """Show an answer for the asker."""
+        self._add(msg)
+
+    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+        """Show a message; one for another channel (on-call) is shown but not kept to update."""
+        index = self._add(msg)
+        return None if channel is not None else ("console", str(index))
+
+    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+        """Replace a message of this command, or show a new one."""
+        if handle is None or handle[0] != "console" or int(handle[1]) >= len(self.messages):
+            return ("console", str(self._add(msg)))
+        index = int(handle[1])
+        self.messages[index] = msg
+        self._show(index)
+        return handle
+
+    def text(self) -> str:
+        """Return the final text of every message."""
+        return "\n\n".join(render(m) for m in self.messages)
+
+
+async def answer(
+    flows: Flows,
+    line: str,
+    who: Identity,
+    *,
+    echo: Callable[[str], None] | None = None,
+    snoozer: Snoozer | None = None,
+) -> str:
+    """Run one ``/gpu …`` line as ``who``; return the text it would post. ``snoozer``: what
+    snoozes a finding (``SweepService.snooze``; None: no sweeps here)."""
+    out = TextSurface(echo)
+    try:
+        if await holder_line(flows, line.strip().removeprefix("/gpu "), who, out, snoozer):
+            return out.text()
+        cmd = commands.parse(line, decisions=True)
+        flows.check(cmd)
+    except UsageError as exc:
+        verb = line.split()[1:2] if line.strip().startswith("/gpu") else line.split()[:1]
+        hint = commands.help_text(verb[0]) if verb and verb[0].lower() in commands.USAGE else ""
+        text = f"⚠ {exc}\n{hint}".strip()
+        if echo is not None:
+            echo(text)
+        return text
+    if isinstance(cmd, commands.Help):
+        text = commands.help_text(cmd.topic, decisions=True)
+        if cmd.topic is None:
+            text += "\n" + HOLDER_USAGE
+        await out.reply(Message(None, (Section(paragraph(text)),)))
+        return out.text()
+    await flows.run(cmd, who, out, text=line.strip())
+    return out.text()
+
+
+async def repl(parts: ConsoleParts, who: Identity, lines: list[str] | None) -> int:
+    """Run the app's lifecycle (its start-up report printed first), answer ``lines`` (or stdin
+    until end of input / quit), printing as answers come; close."""
+
+    def echo(text: str) -> None:
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:  # nobody reads the answers: stop (past the flows' error handling)
+            raise StdoutClosed from None
+
+    try:
+        async with parts.running(TextReporter(echo)):
+            return await _answer_lines(parts.flows, who, lines, echo, parts.snoozer)
+    finally:
+        await parts.close()
+
+
+async def _answer_lines(
+    flows: Flows,
+    who: Identity,
+    lines: list[str] | None,
+    echo: Callable[[str], None],
+    snoozer: Snoozer,
+) -> int:
+    if lines:
+        for line in lines:
+            await answer(flows, line, who, echo=echo, snoozer=snoozer)
+        return 0
+    tty = sys.stdin.isatty()
+    if tty:
+        print(
+            f"gpubot console as {who.name} (Linux user {who.linux_user or 'unknown'}); "
+            "type help, or quit",
+            flush=True,
+        )
+    while True:
+        if tty:
+            print(PROMPT, end="", flush=True)
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if not line or line.strip() in ("quit", "exit"):
+            return 0
+        if line.strip():
+            await answer(flows, line, who, echo=echo, snoozer=snoozer)
