@@ -39,9 +39,8 @@ RANKS: dict[str, int] = {
     "__init__": 0,
 }
 FRONT_ENDS = ("slack", "console")
-# Modules that belong to another unit's layer: the composition root's helpers, and the
-# console front end's text output.
-UNITS = {"app_stores": "app", "lifecycle": "app", "cli.console": "console", "cli.report": "console"}
+# Modules that belong to another unit's layer: the composition root's helpers.
+UNITS = {"app_stores": "app", "lifecycle": "app"}
 
 
 @functools.cache
