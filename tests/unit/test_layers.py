@@ -1,26 +1,25 @@
-"""The design's layering, checked by walking imports."""
+"""The design's layering, checked by walking imports.
+
+Every file is parsed once per run (``tests.import_graph.tree``), whatever number of rules read it.
+"""
 
 from __future__ import annotations
 
 import ast
+import io
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[2] / "gpubot"
+from tests.import_graph import PKG, climbs, cycles, imported, module_graph, tree
+
 SIM = PKG.parent / "gpusim"  # the simulated fleet: its own package, beside the product
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-    return out
+    return imported(path)
 
 
 def _files(sub: str) -> list[Path]:
@@ -123,7 +122,7 @@ def test_only_the_composition_root_constructs_adapters_and_services() -> None:
         rel = path.relative_to(PKG).as_posix()
         if rel == "app.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(tree(path)):
             if isinstance(node, ast.Call):
                 f = node.func
                 name = (
@@ -171,7 +170,7 @@ def _sizes() -> list[tuple[str, int, list[tuple[str, int]]]]:
         text = path.read_text(encoding="utf-8")
         funcs = [
             (n.name, (n.end_lineno or n.lineno) - n.lineno + 1)
-            for n in ast.walk(ast.parse(text))
+            for n in ast.walk(tree(path))
             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
         ]
         out.append((path.relative_to(PKG.parent).as_posix(), text.count("\n"), funcs))
@@ -189,3 +188,112 @@ def test_services_read_time_through_the_clock(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert "time" not in _imports(path), path.name
     assert "asyncio.sleep" not in text and "datetime.now" not in text, path.name
+
+
+def test_no_import_cycles_type_checking_included() -> None:
+    assert cycles(module_graph()) == []
+
+
+def test_no_import_climbs_a_layer() -> None:
+    assert climbs(module_graph()) == []
+
+
+def test_front_ends_never_import_the_app() -> None:
+    bad = _imports_of("slack") + _imports_of("console")
+    assert [(f, m) for f, m in bad if _is(m, "gpubot.app")] == []
+
+
+def test_services_never_import_a_front_end_or_chat() -> None:
+    fronts = ("gpubot.chat", "gpubot.slack", "gpubot.cli")
+    assert [(f, m) for f, m in _imports_of("services") if _is(m, *fronts)] == []
+
+
+def _calls(path: Path) -> list[tuple[int, str]]:
+    """Return (line, dotted name) of every call in ``path`` whose callee is a dotted name."""
+    out = []
+    for node in ast.walk(tree(path)):
+        if isinstance(node, ast.Call):
+            parts, f = [], node.func
+            while isinstance(f, ast.Attribute):
+                parts.append(f.attr)
+                f = f.value
+            if isinstance(f, ast.Name):
+                out.append((node.lineno, ".".join([f.id, *reversed(parts)])))
+    return out
+
+
+WALL_CLOCK = ("datetime.now", "datetime.utcnow", "datetime.today", "date.today", "asyncio.sleep")
+
+
+@pytest.mark.parametrize("path", _files("chat"), ids=lambda p: p.name)
+def test_chat_reads_time_only_through_the_clock(path: Path) -> None:
+    assert "time" not in {m.split(".")[0] for m in _imports(path)}, path.name
+    bad = [(n, c) for n, c in _calls(path) if c.endswith(WALL_CLOCK)]
+    assert bad == [], path.name
+
+
+# Slack's own vocabulary: Block Kit's keys and block types, and mrkdwn's mention and date tokens.
+BLOCK_KIT_KEYS = {"blocks", "elements", "accessory", "action_id", "block_id", "alt_text"}
+BLOCK_KIT_TYPES = {
+    "section",
+    "actions",
+    "context",
+    "header",
+    "divider",
+    "button",
+    "mrkdwn",
+    "plain_text",
+    "rich_text",
+    "static_select",
+    "overflow",
+}
+SLACK_TOKENS = ("<@", "<!date^", "<!subteam^", "<!here", "<!channel", "<#")
+
+
+def slack_vocabulary(module: ast.Module) -> list[tuple[int, str]]:
+    """Return (line, what) for each Block Kit key or type and each Slack token in ``module``."""
+    out = []
+    for node in ast.walk(module):
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values, strict=True):
+                key = k.value if isinstance(k, ast.Constant) else None
+                if key in BLOCK_KIT_KEYS:
+                    out.append((node.lineno, f"Block Kit key {key!r}"))
+                if key == "type" and isinstance(v, ast.Constant) and v.value in BLOCK_KIT_TYPES:
+                    out.append((node.lineno, f"Block Kit type {v.value!r}"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out += [(node.lineno, f"Slack token {t!r}") for t in SLACK_TOKENS if t in node.value]
+        elif isinstance(node, ast.Name | ast.alias):
+            name = node.id if isinstance(node, ast.Name) else node.asname or node.name
+            if name.startswith(("SLACK", "Slack")):
+                out.append((getattr(node, "lineno", 0), f"Slack name {name}"))
+    return out
+
+
+@pytest.mark.parametrize("path", _files("core") + _files("chat"), ids=lambda p: p.name)
+def test_no_slack_id_or_block_kit_key_in_core_or_chat(path: Path) -> None:
+    assert slack_vocabulary(tree(path)) == [], path.relative_to(PKG).as_posix()
+
+
+def fmt_skips_without_a_why(text: str) -> list[int]:
+    """Return the lines whose comment holds ``fmt: skip`` (or ``fmt: off``) with no reason: a
+    reason is a comment line right above, or a second comment after the marker."""
+    lines = text.splitlines()
+    bad = []
+    for t in tokenize.generate_tokens(io.StringIO(text).readline):
+        marker = next((m for m in ("fmt: skip", "fmt: off") if m in t.string), None)
+        if t.type != tokenize.COMMENT or marker is None:
+            continue
+        n = t.start[0]
+        why_after = t.string.split(marker, 1)[1].strip().startswith("#")
+        why_above = n >= 2 and lines[n - 2].strip().startswith("#")
+        if not (why_after or why_above):
+            bad.append(n)
+    return bad
+
+
+@pytest.mark.parametrize("folder", ["gpubot", "tests", "benchmarks"])
+def test_no_fmt_skip_without_a_comment_saying_why(folder: str) -> None:
+    files = sorted((PKG.parent / folder).rglob("*.py"))
+    bad = [(p.name, n) for p in files for n in fmt_skips_without_a_why(p.read_text("utf-8"))]
+    assert bad == []
