@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpubot.core.names import as_root
 from gpubot.core.probe_fields import printable
 from gpubot.core.workload import Workload, WorkloadKind, decide_owner, valid_user
 
@@ -95,10 +96,9 @@ def enrich_argv(runtime: str, ids: Sequence[str], *, timeout_s: float, sudo: boo
     head = ["timeout", "-k", "1", f"{timeout_s:.3f}".rstrip("0").rstrip(".")]
     if runtime == "slurm":
         return [*head, "sh", "-c", SLURM_SCRIPT, "gpubot-scontrol", *asked]
-    su = ["sudo", "-n"] if sudo else []
     if runtime == "crictl":
-        return [*head, *su, "crictl", "inspect", *asked]
-    return [*head, *su, runtime, "inspect", "--type", "container", *asked]
+        return [*head, *as_root(["crictl", "inspect", *asked], sudo=sudo)]
+    return [*head, *as_root([runtime, "inspect", "--type", "container", *asked], sudo=sudo)]
 
 
 def enrich_target(w: Workload) -> tuple[str, str] | None:

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpubot.core.cgroup_shapes import MAX_NEST, REASONS, SHAPES, SLUID
+from gpubot.core.names import is_linux_user
 from gpubot.core.text import code
 
 
@@ -306,12 +307,11 @@ def _is_hex(s: str) -> bool:
 
 _SLUID = re.compile(SLUID)
 _NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # docker/podman container names
-_USER_OK = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z")  # a Linux user name (useradd's rule)
 
 
 def valid_user(name: str | None) -> bool:
     """Whether ``name`` is a well-formed Linux user name."""
-    return name is not None and bool(_USER_OK.match(name))
+    return is_linux_user(name)
 
 
 def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None) -> Workload:

@@ -172,7 +172,11 @@ class Store:
         result: Mapping[str, Any],
         fence: Fence | None = None,
     ) -> None:
-        """Append the outcome of an action (once); ``status`` is e.g. ok, failed, refused."""
+        """Append the outcome of an action (once).
+
+        ``status`` is an ``ActionStatus`` value (freed, not-freed, error, refused), never
+        incomplete: that is what an action without an outcome is.
+        """
         if not status or status == ActionStatus.INCOMPLETE:
             raise StoreError(f"an outcome needs a status other than {status!r}")
         try:
