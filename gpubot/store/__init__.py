@@ -2,7 +2,9 @@
 and the GPU samples of sweeps.
 
 SQLAlchemy Core over SQLite (the embedded default) or PostgreSQL; the async methods run the
-synchronous engine in a worker thread. Every failure is a ``StoreError``: callers fail closed.
+synchronous engine in a worker thread. ``open_store("memory://")`` is the same store over SQLite
+in memory (``store.engine``): the fast seam for tests and demos, gone when it is closed.
+Every failure is a ``StoreError``: callers fail closed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,17 @@ from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import ApprovalStore
-from gpubot.store.engine import guard, is_empty, make_engine, parse_url, read_tx, write_tx
+from gpubot.store.engine import (
+    MEMORY,
+    guard,
+    is_empty,
+    is_memory,
+    make_engine,
+    memory_url,
+    parse_url,
+    read_tx,
+    write_tx,
+)
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.leases import check_fence
 from gpubot.store.records import (
@@ -64,7 +76,7 @@ def open_store(
     """Open the store at ``url``; with ``check_schema``, refuse a database that is behind.
 
     A new SQLite database (no table yet) is created and migrated here: the embedded default
-    sets itself up. PostgreSQL is migrated only by ``gpubot db upgrade``.
+    sets itself up, and so does ``memory://``. PostgreSQL is migrated only by ``gpubot db upgrade``.
     """
     store = Store(url, password=password, audit_key=audit_key, head_file=head_file)
     if check_schema:
@@ -102,8 +114,10 @@ class Store:
         ``head_file``: write the chain head there after every write (``store.headfile``)."""
         self.audit_key = audit_key
         self.head_file = None if head_file is None else HeadFile(head_file, audit_key)
+        if url == MEMORY:
+            url = memory_url()  # one name, so that ``self.url`` names this store's database
         self.engine = make_engine(url, password, audit_key=audit_key, on_append=self._appended)
-        self.url = parse_url(url).render_as_string(hide_password=True)
+        self.url = url if is_memory(url) else parse_url(url).render_as_string(hide_password=True)
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)  # record times
         self._last: tuple[int, str] | None = None  # the last record this store wrote
         self._last_lock = threading.Lock()

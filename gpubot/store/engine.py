@@ -7,6 +7,14 @@ the chain: PostgreSQL takes a transaction-scoped advisory lock, SQLite takes its
 A SQLite file holds other users' command lines: gpubot creates it ``0600`` before SQLite opens
 it, and SQLite gives its ``-wal`` and ``-shm`` files the database file's mode.
 
+``memory://`` is the same store over SQLite in memory (its ``memdb`` VFS): nothing is kept past
+the process, so it is for tests, demos and trials, never for an audit log that must last.
+``memory://NAME`` is one database per process and name, shared by every engine that names it
+while one of them is open (the store's contract tests reach it as they reach a file);
+``memory://`` alone is a new database of its own. Each engine holds its database open until it
+is disposed. It behaves as a SQLite file does (write lock at ``BEGIN IMMEDIATE``, busy timeout,
+triggers, migrations), except that it keeps a rollback journal in memory, not a WAL.
+
 The audit chain's HMAC key, when there is one, travels with the engine as the execution option
 ``gpubot_audit_key``, so that every ``audit.append`` on any of its connections uses it.
 """
@@ -15,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import sqlite3
 import stat
 from collections.abc import Callable, Iterator
@@ -46,8 +56,31 @@ PG_CONNECT_ARGS = {
 }
 
 
+MEMORY = "memory://"
+_MEMORY_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_MEMDB = "file:/gpubot-memory-"  # the memdb VFS shares a database by a name that starts with /
+
+
+def memory_url(name: str | None = None) -> str:
+    """Return ``memory://NAME`` (a new random name if none is given)."""
+    return MEMORY + (name or secrets.token_hex(8))
+
+
+def is_memory(url: str) -> bool:
+    """Whether ``url`` names an in-memory database (``memory://...``)."""
+    return url.startswith(MEMORY)
+
+
 def parse_url(url: str, password: str | None = None) -> URL:
-    """Parse a database URL, add ``password``, and choose psycopg for plain ``postgresql://``."""
+    """Parse a database URL, add ``password``, and choose psycopg for plain ``postgresql://``.
+
+    ``memory://NAME`` becomes the SQLite URL of the shared in-memory database ``NAME``.
+    """
+    if is_memory(url):
+        name = url.removeprefix(MEMORY) or secrets.token_hex(8)
+        if not _MEMORY_NAME.fullmatch(name):
+            raise StoreError(f"not a memory database name: {url!r} (letters, digits, _ and -)")
+        return make_url(f"sqlite:///{_MEMDB}{name}?vfs=memdb&uri=true")
     try:
         u = make_url(url)
     except ArgumentError:
@@ -55,7 +88,8 @@ def parse_url(url: str, password: str | None = None) -> URL:
     backend = u.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise StoreError(
-            f"unsupported database {backend!r}: use sqlite:///PATH or postgresql+psycopg://..."
+            f"unsupported database {backend!r}: use sqlite:///PATH, postgresql+psycopg://... "
+            "or memory://"
         )
     if u.drivername == "postgresql":
         u = u.set(drivername="postgresql+psycopg")
@@ -113,9 +147,18 @@ def _engine(url: str, password: str | None) -> Engine:
     if not memory and not str(u.database).startswith("file:"):
         path = str(u.database)
         event.listen(engine, "do_connect", lambda *_: create_private(path))
+    if str(u.database).startswith(_MEMDB):
+        _hold_open(engine, f"{u.database}?vfs=memdb")
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+def _hold_open(engine: Engine, uri: str) -> None:
+    """Keep the in-memory database ``uri`` alive until ``engine`` is disposed: SQLite drops a
+    memdb database when its last connection closes, and a pool may close all of its own."""
+    keeper = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    event.listen(engine, "engine_disposed", lambda _engine: keeper.close())
 
 
 def create_private(path: str) -> None:
