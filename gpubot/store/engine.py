@@ -131,7 +131,7 @@ def audit_key_of(conn: Connection) -> bytes | None:
 
 def _engine(url: str, password: str | None) -> Engine:
     u = parse_url(url, password)
-    try:
+    with guard(f"cannot use {u.render_as_string()}"):
         if u.get_backend_name() == "postgresql":
             return create_engine(
                 u, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=PG_CONNECT_ARGS
@@ -142,13 +142,11 @@ def _engine(url: str, password: str | None) -> Engine:
             poolclass=StaticPool if memory else None,
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
         )
-    except (SQLAlchemyError, ImportError) as exc:
-        raise StoreError(f"cannot use {u.render_as_string()}: {describe(exc)}") from exc
+        if str(u.database).startswith(_MEMDB):
+            _hold_open(engine, f"{u.database}?vfs=memdb")
     if not memory and not str(u.database).startswith("file:"):
         path = str(u.database)
         event.listen(engine, "do_connect", lambda *_: create_private(path))
-    if str(u.database).startswith(_MEMDB):
-        _hold_open(engine, f"{u.database}?vfs=memdb")
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
     return engine
@@ -258,12 +256,18 @@ def describe(exc: BaseException) -> str:
     return lines[0] if lines else type(inner).__name__
 
 
+# What the database libraries raise: SQLAlchemy's errors, the sqlite3 module's (a raw connection),
+# the files' OSError, and ImportError for a driver that is not installed (psycopg).
+STORE_ERRORS = (SQLAlchemyError, sqlite3.Error, OSError, ImportError)
+
+
 @contextmanager
 def guard(what: str) -> Iterator[None]:
-    """Turn database failures into ``StoreError("<what>: <reason>")``."""
+    """Turn database failures into ``StoreError("<what>: <reason>")``: the store's one boundary
+    map (gpubot's own errors pass untouched)."""
     try:
         yield
     except GpubotError:
         raise
-    except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+    except STORE_ERRORS as exc:
         raise StoreError(f"{what}: {describe(exc)}") from exc
