@@ -32,6 +32,7 @@ from gpubot.store.engine import (
     memory_url,
     parse_url,
     read_tx,
+    set_up_memory,
     write_tx,
 )
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
@@ -82,7 +83,10 @@ def open_store(
     if check_schema:
         try:
             if not version.at_head(store.engine) and is_empty(store.engine):
-                store.upgrade()
+                if is_memory(store.url):
+                    set_up_memory(store.engine, store.upgrade)
+                else:
+                    store.upgrade()
             version.check(store.engine)
         except BaseException:
             store.close()

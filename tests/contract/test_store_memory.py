@@ -7,10 +7,12 @@ what only a memory database has: a fresh one per ``memory://``, sharing by name,
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 from gpubot.errors import StoreError
 from gpubot.store import Store, open_store
 from gpubot.store.engine import memory_url
+from gpubot.store.version import HEAD
 
 
 async def _act(store: Store, command: str) -> int:
@@ -69,3 +71,27 @@ def test_an_unknown_database_names_memory_among_the_choices() -> None:
         StoreError, match=r"sqlite:///PATH, postgresql\+psycopg://\.\.\. or memory://"
     ):
         open_store("mysql://x/y")
+
+
+async def test_a_copied_schema_is_the_migrated_one_triggers_included() -> None:
+    first = open_store("memory://")  # migrated, or copied from the process's first
+    copied = open_store("memory://")  # copied: no migration runs
+    try:
+        assert first.revision() == copied.revision() == (HEAD, HEAD)
+        assert _tables(first) == _tables(copied)
+        await _act(copied, "a")
+        with (
+            pytest.raises(sa.exc.DBAPIError, match="append-only"),
+            copied.engine.begin() as conn,
+        ):
+            conn.exec_driver_sql("UPDATE audit_log SET actor = 'x'")
+        assert (await copied.verify()).ok and await first.actions() == []
+    finally:
+        first.close()
+        copied.close()
+
+
+def _tables(store: Store) -> list[tuple[str, str]]:
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT type, name FROM sqlite_master ORDER BY name").all()
+    return [(str(t), str(n)) for t, n in rows]
