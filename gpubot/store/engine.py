@@ -13,7 +13,9 @@ the process, so it is for tests, demos and trials, never for an audit log that m
 while one of them is open (the store's contract tests reach it as they reach a file);
 ``memory://`` alone is a new database of its own. Each engine holds its database open until it
 is disposed. It behaves as a SQLite file does (write lock at ``BEGIN IMMEDIATE``, busy timeout,
-triggers, migrations), except that it keeps a rollback journal in memory, not a WAL.
+triggers, migrations), except that it keeps a rollback journal in memory, not a WAL, so a
+reader waits for a writer. ``open_store`` migrates the process's first one and copies that
+schema into each later one (``set_up_memory``).
 
 The audit chain's HMAC key, when there is one, travels with the engine as the execution option
 ``gpubot_audit_key``, so that every ``audit.append`` on any of its connections uses it.
