@@ -22,12 +22,14 @@
     ├── StoreError                         the audit store failed (fail closed)
     │   ├── DatabaseBehind                 migrations not applied
     │   └── LeaseLost                      a lease (node reset, sweep) is no longer held
-    └── ApprovalError                      an approval decision refused
-        ├── SelfApproval(PermissionError)
-        ├── NotAnApprover(PermissionError)
-        ├── ApprovalExpired
-        ├── AlreadyDecided
-        └── ApproversUnknown               an approver user group could not be refreshed
+    ├── ApprovalError                      an approval decision refused
+    │   ├── SelfApproval(PermissionError)
+    │   ├── NotAnApprover(PermissionError)
+    │   ├── ApprovalExpired
+    │   ├── AlreadyDecided
+    │   └── ApproversUnknown               an approver user group could not be refreshed
+    └── ChatCallFailed                     a chat platform's API call failed (its error code)
+        └── ChatUnanswered                 no answer came: the call may have applied
 
     StdoutClosed(BaseException)            the reader of stdout went away (the CLI ends with 141)
 
@@ -164,6 +166,20 @@ class AlreadyDecided(ApprovalError):
 
 class ApproversUnknown(ApprovalError):
     """An approver user group could not be refreshed: nobody is decided on a stale list."""
+
+
+class ChatCallFailed(GpubotError):
+    """A chat platform's API call failed: ``error`` is the platform's code (``not_in_channel``)
+    or, when it gave none, the kind of failure."""
+
+    def __init__(self, method: str, error: str) -> None:
+        super().__init__(f"{method}: {error}")
+        self.method = method
+        self.error = error
+
+
+class ChatUnanswered(ChatCallFailed):
+    """No answer came (a timeout, a lost connection): the call may have applied."""
 
 
 class NotPermitted(GpubotError, PermissionError):

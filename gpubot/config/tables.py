@@ -13,15 +13,15 @@ from typing import Any
 
 from gpubot.config.settings import MetricsSettings
 from gpubot.config.slack_ids import BOTS, SLACK_GROUP, SLACK_USER
-from gpubot.config.validate import NODE_NAME, Validator, check_port
+from gpubot.config.validate import Validator, check_port
 from gpubot.core.findings import SweepConfig
 from gpubot.core.idle import DEFAULT_KEEP_S, IdleRule
 from gpubot.core.idle import parse_duration as idle_duration
+from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.core.policy import (
     DEFAULT_EXPIRY_S,
     DEFAULT_GROUP_CACHE_S,
     DEFAULT_MIN_UID,
-    LINUX_USER,
     Policy,
 )
 from gpubot.errors import ConfigError

@@ -20,11 +20,11 @@ from gpubot.config.settings import (
 )
 from gpubot.config.slack_ids import SLACK_CHANNEL
 from gpubot.core.models import NodeConfig
+from gpubot.core.names import NODE_NAME
 from gpubot.core.runtimes import LOOKUPS
 from gpubot.errors import ConfigError
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
-NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 DURATION = re.compile(r"\s*([0-9]{1,9})\s*([smhdw])\s*")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MIN_PUBLISH_S = 60.0  # an [audit] interval under a minute is noise, likely a typo
@@ -328,9 +328,7 @@ def _node(
         raise ConfigError(f"{v.where}: {key}: 'name' and 'host' are required")
     name = v.string(f"{key}.name", t["name"])
     if not NODE_NAME.fullmatch(name):
-        raise ConfigError(
-            f"{v.where}: {key}.name: {name!r} must match [A-Za-z0-9][A-Za-z0-9._-]{{0,62}}"
-        )
+        raise ConfigError(f"{v.where}: {key}.name: {name!r} must match {NODE_NAME.pattern}")
     if name in seen:
         raise ConfigError(f"{v.where}: {key}.name: duplicate node name {name!r}")
     seen.add(name)

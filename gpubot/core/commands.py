@@ -20,6 +20,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
+from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.errors import UsageError
 
 MAX_INPUT = 300  # characters of one command line
@@ -30,8 +31,6 @@ DEFAULT_AUDIT = 10
 MAX_AUDIT = 100
 MAX_LIST = 16  # GPUs or PIDs in one request
 
-NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # as in the settings file
-LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _INT = re.compile(r"[0-9]{1,9}")
 _SECONDS = re.compile(r"([0-9]{1,6})(\.[0-9]{1,3})?s?")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+from gpubot.core.names import SUDO
 from gpubot.core.runtimes import LOOKUPS
 from gpubot.core.runtimes.base import Found, Lookup, Workload, find_runtime
 from gpubot.core.runtimes.docker import parse_docker_inspect
@@ -66,7 +67,7 @@ def enrich_argv(runtime: str, ids: Sequence[str], *, timeout_s: float, sudo: boo
         if not isinstance(i, str) or not lookup.ids.fullmatch(i):
             raise ValueError(f"{runtime}: refusing id {str(i)[:80]!r}")
     head = ["timeout", "-k", "1", f"{timeout_s:.3f}".rstrip("0").rstrip(".")]
-    return [*head, *lookup.argv(asked, ["sudo", "-n"] if sudo else [])]
+    return [*head, *lookup.argv(asked, SUDO if sudo else ())]
 
 
 def _lookup_of(kind: str | None) -> Lookup | None:

@@ -32,15 +32,14 @@ system_users``) is refused, never used.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gpubot.core.models import NodeConfig
+from gpubot.core.names import LINUX_USER
 from gpubot.core.plan import ResetPlan
 from gpubot.core.protect import DEFAULT_SYSTEM_USERS
 
-LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 DEFAULT_EXPIRY_S = 900.0
 DEFAULT_MIN_UID = 1000
 DEFAULT_GROUP_CACHE_S = 60.0

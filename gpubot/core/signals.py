@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gpubot.core.names import SUDO_SH
 from gpubot.errors import ParseError
 
 # $1: TERM | KILL | check   $2: 1 to use `sudo -n kill`   then PID:START_TICKS:UID triples.
@@ -19,7 +20,7 @@ from gpubot.errors import ParseError
 # | "PID sent" | "PID failed".
 SIGNAL_SCRIPT = r"""
 sig=$1; su=$2; shift 2
-k() { if [ "$su" = 1 ]; then sudo -n kill "$@"; else kill "$@"; fi; }
+k() { if [ "$su" = 1 ]; then @SUDO@ kill "$@"; else kill "$@"; fi; }
 for t; do
   p=${t%%:*}; rest=${t#*:}; want=${rest%%:*}; wuid=${rest#*:}
   s=$(cat "/proc/$p/stat" 2>/dev/null) || { echo "$p gone"; continue; }
@@ -39,7 +40,7 @@ for t; do
   fi
   if k -s "$sig" "$p" 2>/dev/null; then echo "$p sent"; else echo "$p failed"; fi
 done
-"""
+""".replace("@SUDO@", SUDO_SH)
 
 SIGNALS = ("TERM", "KILL", "check")
 Identity = tuple[int, int, int]  # (pid, start_ticks, uid)

@@ -42,6 +42,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gpubot.core.names import SUDO_SH, is_linux_user
 from gpubot.core.runtimes import RUNTIMES
 from gpubot.errors import ParseError
 
@@ -115,9 +116,9 @@ done
 echo "checked $count foreign $nf"
 if [ "$gate" = 1 ] && { [ "$bad" = 1 ] || [ "$count" = 0 ]; }; then echo refused; exit 0; fi
 echo stopping
-if [ "$su" = 1 ]; then exec sudo -n "$@"; fi
+if [ "$su" = 1 ]; then exec @SUDO@ "$@"; fi
 exec "$@"
-"""
+""".replace("@SUDO@", SUDO_SH)
 # Each runtime's own root helpers (``Runtime.root_helpers``) as case patterns "KIND:COMM".
 STOP_SCRIPT = STOP_SCRIPT.replace(
     "@OWN@", "|".join(f"{r.kind}:{c}" for r in RUNTIMES for c in r.root_helpers) or "-:-"
@@ -193,9 +194,6 @@ class StopCheck:
         return next((n for u, n in self.names if u == uid), None)
 
 
-_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z")
-
-
 def _digits(parts: Sequence[str], line: str) -> list[int]:
     if not all(p.isdigit() for p in parts):
         raise ParseError("stop script output", line)
@@ -236,7 +234,7 @@ class _Seen:
         elif key == "unreadable" and len(rest) == 1:
             self.unreadable += _digits(rest, line)
         elif key == "user":  # the node's passwd says it: kept only when well formed
-            if len(rest) == 2 and rest[0].isdigit() and _USER.match(rest[1]):
+            if len(rest) == 2 and rest[0].isdigit() and is_linux_user(rest[1]):
                 self.names.append((int(rest[0]), rest[1]))
         elif key == "checked" and len(rest) == 3 and rest[1] == "foreign":
             self.checked, self.count = _digits([rest[0], rest[2]], line)

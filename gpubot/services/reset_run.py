@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 
 from gpubot.core.models import NodeSnapshot, ResetStep
+from gpubot.core.names import as_root
 from gpubot.core.nvsmi import USABLE_EXIT
 from gpubot.core.outcome import GpuObservation, GpuResult, Survivor
 from gpubot.core.plan import ResetPlan
@@ -74,10 +75,7 @@ class ResetRun(RunState):
     async def smi(self, *args: str) -> tuple[int, str]:
         """Run a privileged ``nvidia-smi ARGS`` (``sudo -n`` where configured); return its say."""
         await self.before_sending(command=shlex.join(["nvidia-smi", *args]))
-        argv = [self.node.nvidia_smi, *args]
-        if self.node.sudo:
-            argv = ["sudo", "-n", *argv]
-        res = await self.remote(argv)
+        res = await self.remote(as_root([self.node.nvidia_smi, *args], sudo=self.node.sudo))
         return res.exit_status, (res.stdout + res.stderr).strip()
 
     async def gpu_reset(

@@ -5,7 +5,9 @@ Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks``, ``internal_e
 again with its table as preformatted text, then as plain text, through the Web API and through a
 ``response_url`` alike; a failed ``chat.update`` posts a new message.
 Failures are logged and return None: a Slack outage never stops a reset half-way or leaves an
-approval in a wrong state.
+approval in a wrong state. Every call goes through ``slack_errors``, the one place where
+slack_sdk's and aiohttp's errors become ``ChatCallFailed`` (Slack answered with an error code)
+or ``ChatUnanswered`` (no answer: the call may have applied).
 
 A bot's client (``make_client(..., shared_session=True)``) sends every Web API and
 ``response_url`` call over one aiohttp session, one pool of kept-alive connections
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
@@ -32,7 +35,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from gpubot.chat.surface import Handle
 from gpubot.core.policy import ChatAccount
-from gpubot.errors import GpubotError
+from gpubot.errors import ChatCallFailed, ChatUnanswered, GpubotError
 from gpubot.slack.blockkit import SlackMessage as Message
 from gpubot.slack.blockkit import text_only, without_tables
 
@@ -55,9 +58,16 @@ BLOCK_ERRORS = frozenset(
         "internal_error",
     }
 )
-# What a Web API call raises: Slack's answer, the client's errors, and (slack_sdk lets them
-# through) a timeout or a connection's aiohttp error; each is caught, logged, answered None.
-CALL_ERRORS = (SlackApiError, SlackClientError, TimeoutError, aiohttp.ClientError)
+# What a Web API or response_url call raises, and what it means: Slack's answer (an error code),
+# the client's own refusal, and (slack_sdk lets them through) a timeout or a connection's aiohttp
+# error, after which the call may have applied. The nearest class in the MRO chooses.
+SLACK_ERRORS: dict[type[Exception], type[ChatCallFailed]] = {
+    SlackApiError: ChatCallFailed,
+    SlackClientError: ChatCallFailed,
+    TimeoutError: ChatUnanswered,
+    aiohttp.ClientError: ChatUnanswered,
+}
+CALL_ERRORS = tuple(SLACK_ERRORS)  # for the calls that still catch them themselves (alerts)
 # Errors that mean "the bot cannot post here": answer through the command's response_url.
 NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
 
@@ -148,6 +158,26 @@ def _error(exc: Exception) -> str:
     return type(exc).__name__
 
 
+@contextmanager
+def slack_errors(method: str) -> Iterator[None]:
+    """Turn the library errors of a call to ``method`` into ``ChatCallFailed`` ("method: code")."""
+    try:
+        yield
+    except GpubotError:
+        raise
+    except Exception as exc:
+        kind = next((SLACK_ERRORS[k] for k in type(exc).__mro__ if k in SLACK_ERRORS), None)
+        if kind is None:
+            raise
+        raise kind(method, _error(exc)) from exc
+
+
+async def call(client: AsyncWebClient, method: str, **kwargs: Any) -> Any:
+    """Call the Web API ``method`` (``chat.postMessage``) with its errors mapped."""
+    with slack_errors(method):
+        return await getattr(client, method.replace(".", "_"))(**kwargs)
+
+
 class SlackApi:
     """The few Web API calls gpubot makes, each with its fallback."""
 
@@ -165,13 +195,12 @@ class SlackApi:
     ) -> Handle | None:
         """Post ``msg`` (blocks, else text); if the bot cannot post there, use ``response_url``."""
         try:
-            resp = await self._send("chat_postMessage", msg, channel=channel)
-        except CALL_ERRORS as exc:
-            err = _error(exc)
-            if err in NOT_HERE and response_url:
+            resp = await self._send("chat.postMessage", msg, channel=channel)
+        except ChatCallFailed as exc:
+            if exc.error in NOT_HERE and response_url:
                 await self.respond(response_url, msg, ephemeral=False)
             else:
-                log.error("chat.postMessage to %s failed: %s", channel, err)
+                log.error("chat.postMessage to %s failed: %s", channel, exc.error)
             return None
         return str(resp["channel"]), str(resp["ts"])
 
@@ -181,13 +210,13 @@ class SlackApi:
             return None
         channel, ts = handle
         try:
-            await self._send("chat_update", msg, channel=channel, ts=ts)
+            await self._send("chat.update", msg, channel=channel, ts=ts)
             return handle
-        except (TimeoutError, aiohttp.ClientError) as exc:  # it may have applied: no second one
-            log.warning("chat.update %s/%s unanswered (%s)", channel, ts, _error(exc))
+        except ChatUnanswered as exc:  # it may have applied: no second one
+            log.warning("chat.update %s/%s unanswered (%s)", channel, ts, exc.error)
             return handle
-        except CALL_ERRORS as exc:
-            log.warning("chat.update %s/%s failed (%s): posting anew", channel, ts, _error(exc))
+        except ChatCallFailed as exc:
+            log.warning("chat.update %s/%s failed (%s): posting anew", channel, ts, exc.error)
         return await self.post(channel, msg)
 
     async def respond(self, response_url: str, msg: Message, *, ephemeral: bool = True) -> None:
@@ -206,11 +235,12 @@ class SlackApi:
         kind = "ephemeral" if ephemeral else "in_channel"
         for body in _simpler(msg):
             try:
-                resp = await hook.send_dict(
-                    {**body, "response_type": kind, "replace_original": False}
-                )
-            except Exception as exc:  # aiohttp errors: the answer is lost, never the action
-                log.error("response_url failed: %r", exc)
+                with slack_errors("response_url"):
+                    resp = await hook.send_dict(
+                        {**body, "response_type": kind, "replace_original": False}
+                    )
+            except ChatCallFailed as exc:  # the answer is lost, never the action
+                log.error("response_url failed: %r", exc.__cause__)
                 return
             if resp.status_code == 200:
                 return
@@ -228,9 +258,9 @@ class SlackApi:
         if channel is None:
             return
         try:
-            await self._send("chat_postEphemeral", msg, channel=channel, user=user)
-        except CALL_ERRORS as exc:
-            log.error("chat.postEphemeral failed: %s", _error(exc))
+            await self._send("chat.postEphemeral", msg, channel=channel, user=user)
+        except ChatCallFailed as exc:
+            log.error("chat.postEphemeral failed: %s", exc.error)
 
     async def open_dm(self, user: str) -> str | None:
         """Open (or find) the direct message with ``user``; return its channel id or None.
@@ -239,9 +269,9 @@ class SlackApi:
         failure, this logs why and returns None (a DM is a courtesy, never a reason to fail).
         """
         try:
-            resp = await self.client.conversations_open(users=user)
-        except CALL_ERRORS as exc:
-            err = _error(exc)
+            resp = await call(self.client, "conversations.open", users=user)
+        except ChatCallFailed as exc:
+            err = exc.error
             hint = " (add the im:write scope to the Slack app)" if err == "missing_scope" else ""
             log.warning("conversations.open with %s failed: %s%s", user, err, hint)
             return None
@@ -255,10 +285,10 @@ class SlackApi:
     async def publish_home(self, user: str, view: Mapping[str, Any]) -> bool:
         """Publish the Home tab of ``user``."""
         try:
-            await self.client.views_publish(user_id=user, view=dict(view))
+            await call(self.client, "views.publish", user_id=user, view=dict(view))
             return True
-        except CALL_ERRORS as exc:
-            log.error("views.publish for %s failed: %s", user, _error(exc))
+        except ChatCallFailed as exc:
+            log.error("views.publish for %s failed: %s", user, exc.error)
             return False
 
     async def _send(self, method: str, msg: Message, **where: Any) -> Any:
@@ -267,15 +297,15 @@ class SlackApi:
         The simpler forms are made only when needed: a message shared by many requests (one
         fleet answer) costs each of them one call, not two more renders.
         """
-        call = getattr(self.client, method)
         for attempt in _richer(msg):
             try:
-                return await call(**where, **attempt)
-            except SlackApiError as exc:
-                if _error(exc) not in BLOCK_ERRORS:
+                return await call(self.client, method, **where, **attempt)
+            except ChatCallFailed as exc:
+                if isinstance(exc, ChatUnanswered) or exc.error not in BLOCK_ERRORS:
                     raise
-                log.warning("%s refused the blocks (%s): simpler next", method, _error(exc))
-        return await call(**where, **_plain(msg), blocks=[])
+                name = method.replace(".", "_")  # as the log has always named it
+                log.warning("%s refused the blocks (%s): simpler next", name, exc.error)
+        return await call(self.client, method, **where, **_plain(msg), blocks=[])
 
 
 def _richer(msg: Message) -> Iterator[Message]:
@@ -341,26 +371,17 @@ class SlackDirectory:
 
     async def group_members(self, group_id: str) -> frozenset[str]:
         """Return the members of a user group (``usergroups.users.list``)."""
-        try:
-            resp = await self.client.usergroups_users_list(usergroup=group_id)
-        except CALL_ERRORS as exc:
-            raise GpubotError(f"usergroups.users.list: {_error(exc)}") from None
+        resp = await call(self.client, "usergroups.users.list", usergroup=group_id)
         return frozenset(str(u) for u in resp.get("users") or [])
 
     async def account(self, user_id: str) -> ChatAccount:
         """Return what ``users.info`` says of a user (the e-mail needs users:read.email)."""
-        try:
-            resp = await self.client.users_info(user=user_id)
-        except CALL_ERRORS as exc:
-            raise GpubotError(f"users.info: {_error(exc)}") from None
+        resp = await call(self.client, "users.info", user=user_id)
         return account_of(user_id, resp.get("user"))
 
     async def home_team(self) -> str | None:
         """Return the team id of the workspace the bot token belongs to (``auth.test``)."""
-        try:
-            resp = await self.client.auth_test()
-        except CALL_ERRORS as exc:
-            raise GpubotError(f"auth.test: {_error(exc)}") from None
+        resp = await call(self.client, "auth.test")
         team = resp.get("team_id")
         if not isinstance(team, str) or not team:
             raise GpubotError("auth.test named no team")

@@ -2,7 +2,9 @@
 and the GPU samples of sweeps.
 
 SQLAlchemy Core over SQLite (the embedded default) or PostgreSQL; the async methods run the
-synchronous engine in a worker thread. Every failure is a ``StoreError``: callers fail closed.
+synchronous engine in a worker thread. ``open_store("memory://")`` is the same store over SQLite
+in memory (``store.engine``): the fast seam for tests and demos, gone when it is closed.
+Every failure is a ``StoreError``: callers fail closed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,18 @@ from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import ApprovalStore
-from gpubot.store.engine import guard, is_empty, make_engine, parse_url, read_tx, write_tx
+from gpubot.store.engine import (
+    MEMORY,
+    guard,
+    is_empty,
+    is_memory,
+    make_engine,
+    memory_url,
+    parse_url,
+    read_tx,
+    set_up_memory,
+    write_tx,
+)
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.leases import check_fence
 from gpubot.store.records import (
@@ -64,13 +77,16 @@ def open_store(
     """Open the store at ``url``; with ``check_schema``, refuse a database that is behind.
 
     A new SQLite database (no table yet) is created and migrated here: the embedded default
-    sets itself up. PostgreSQL is migrated only by ``gpubot db upgrade``.
+    sets itself up, and so does ``memory://``. PostgreSQL is migrated only by ``gpubot db upgrade``.
     """
     store = Store(url, password=password, audit_key=audit_key, head_file=head_file)
     if check_schema:
         try:
             if not version.at_head(store.engine) and is_empty(store.engine):
-                store.upgrade()
+                if is_memory(store.url):
+                    set_up_memory(store.engine, store.upgrade)
+                else:
+                    store.upgrade()
             version.check(store.engine)
         except BaseException:
             store.close()
@@ -102,8 +118,10 @@ class Store:
         ``head_file``: write the chain head there after every write (``store.headfile``)."""
         self.audit_key = audit_key
         self.head_file = None if head_file is None else HeadFile(head_file, audit_key)
+        if url == MEMORY:
+            url = memory_url()  # one name, so that ``self.url`` names this store's database
         self.engine = make_engine(url, password, audit_key=audit_key, on_append=self._appended)
-        self.url = parse_url(url).render_as_string(hide_password=True)
+        self.url = url if is_memory(url) else parse_url(url).render_as_string(hide_password=True)
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)  # record times
         self._last: tuple[int, str] | None = None  # the last record this store wrote
         self._last_lock = threading.Lock()
@@ -172,7 +190,11 @@ class Store:
         result: Mapping[str, Any],
         fence: Fence | None = None,
     ) -> None:
-        """Append the outcome of an action (once); ``status`` is e.g. ok, failed, refused."""
+        """Append the outcome of an action (once).
+
+        ``status`` is an ``ActionStatus`` value (freed, not-freed, error, refused), never
+        incomplete: that is what an action without an outcome is.
+        """
         if not status or status == ActionStatus.INCOMPLETE:
             raise StoreError(f"an outcome needs a status other than {status!r}")
         try:

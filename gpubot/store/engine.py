@@ -7,6 +7,16 @@ the chain: PostgreSQL takes a transaction-scoped advisory lock, SQLite takes its
 A SQLite file holds other users' command lines: gpubot creates it ``0600`` before SQLite opens
 it, and SQLite gives its ``-wal`` and ``-shm`` files the database file's mode.
 
+``memory://`` is the same store over SQLite in memory (its ``memdb`` VFS): nothing is kept past
+the process, so it is for tests, demos and trials, never for an audit log that must last.
+``memory://NAME`` is one database per process and name, shared by every engine that names it
+while one of them is open (the store's contract tests reach it as they reach a file);
+``memory://`` alone is a new database of its own. Each engine holds its database open until it
+is disposed. It behaves as a SQLite file does (write lock at ``BEGIN IMMEDIATE``, busy timeout,
+triggers, migrations), except that it keeps a rollback journal in memory, not a WAL, so a
+reader waits for a writer. ``open_store`` migrates the process's first one and copies that
+schema into each later one (``set_up_memory``).
+
 The audit chain's HMAC key, when there is one, travels with the engine as the execution option
 ``gpubot_audit_key``, so that every ``audit.append`` on any of its connections uses it.
 """
@@ -15,11 +25,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import sqlite3
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
@@ -46,8 +59,31 @@ PG_CONNECT_ARGS = {
 }
 
 
+MEMORY = "memory://"
+_MEMORY_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_MEMDB = "file:/gpubot-memory-"  # the memdb VFS shares a database by a name that starts with /
+
+
+def memory_url(name: str | None = None) -> str:
+    """Return ``memory://NAME`` (a new random name if none is given)."""
+    return MEMORY + (name or secrets.token_hex(8))
+
+
+def is_memory(url: str) -> bool:
+    """Whether ``url`` names an in-memory database (``memory://...``)."""
+    return url.startswith(MEMORY)
+
+
 def parse_url(url: str, password: str | None = None) -> URL:
-    """Parse a database URL, add ``password``, and choose psycopg for plain ``postgresql://``."""
+    """Parse a database URL, add ``password``, and choose psycopg for plain ``postgresql://``.
+
+    ``memory://NAME`` becomes the SQLite URL of the shared in-memory database ``NAME``.
+    """
+    if is_memory(url):
+        name = url.removeprefix(MEMORY) or secrets.token_hex(8)
+        if not _MEMORY_NAME.fullmatch(name):
+            raise StoreError(f"not a memory database name: {url!r} (letters, digits, _ and -)")
+        return make_url(f"sqlite:///{_MEMDB}{name}?vfs=memdb&uri=true")
     try:
         u = make_url(url)
     except ArgumentError:
@@ -55,7 +91,8 @@ def parse_url(url: str, password: str | None = None) -> URL:
     backend = u.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise StoreError(
-            f"unsupported database {backend!r}: use sqlite:///PATH or postgresql+psycopg://..."
+            f"unsupported database {backend!r}: use sqlite:///PATH, postgresql+psycopg://... "
+            "or memory://"
         )
     if u.drivername == "postgresql":
         u = u.set(drivername="postgresql+psycopg")
@@ -97,7 +134,7 @@ def audit_key_of(conn: Connection) -> bytes | None:
 
 def _engine(url: str, password: str | None) -> Engine:
     u = parse_url(url, password)
-    try:
+    with guard(f"cannot use {u.render_as_string()}"):
         if u.get_backend_name() == "postgresql":
             return create_engine(
                 u, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=PG_CONNECT_ARGS
@@ -108,17 +145,46 @@ def _engine(url: str, password: str | None) -> Engine:
             poolclass=StaticPool if memory else None,
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S},
         )
-    except (SQLAlchemyError, ImportError) as exc:
-        why = describe(exc)
-        if isinstance(exc, ImportError) and u.get_backend_name() == "postgresql":
-            why = f"its driver ({exc.name}) is not installed: pip install 'gpubot[postgres]'"
-        raise StoreError(f"cannot use {u.render_as_string()}: {why}") from exc
+        if str(u.database).startswith(_MEMDB):
+            _hold_open(engine, f"{u.database}?vfs=memdb")
     if not memory and not str(u.database).startswith("file:"):
         path = str(u.database)
         event.listen(engine, "do_connect", lambda *_: create_private(path))
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+_SCHEMA: sqlite3.Connection | None = None  # a memory database just migrated: the copy's source
+_SCHEMA_LOCK = threading.Lock()
+
+
+def set_up_memory(engine: Engine, upgrade: Callable[[], None]) -> None:
+    """Migrate a new, empty memory database: the process's first by ``upgrade``, each later one
+    by copying the first's pages as they were right after it (SQLite's backup API), so that a
+    test's fresh store costs a millisecond, not a run of the migrations."""
+    global _SCHEMA
+    with _SCHEMA_LOCK, guard("cannot set up the memory database"):
+        if _SCHEMA is None:
+            upgrade()
+            copy = sqlite3.connect(":memory:", check_same_thread=False)
+            with engine.connect() as conn:
+                _raw(conn).backup(copy)
+            _SCHEMA = copy
+            return
+        with engine.connect() as conn:
+            _SCHEMA.backup(_raw(conn))
+
+
+def _raw(conn: Connection) -> sqlite3.Connection:
+    return cast(sqlite3.Connection, conn.connection.dbapi_connection)  # a pysqlite engine's
+
+
+def _hold_open(engine: Engine, uri: str) -> None:
+    """Keep the in-memory database ``uri`` alive until ``engine`` is disposed: SQLite drops a
+    memdb database when its last connection closes, and a pool may close all of its own."""
+    keeper = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    event.listen(engine, "engine_disposed", lambda _engine: keeper.close())
 
 
 def create_private(path: str) -> None:
@@ -212,18 +278,27 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
 
 
 def describe(exc: BaseException) -> str:
-    """Return the first line of what the database driver said."""
+    """Return the first line of what the database driver said (for a driver that is not
+    installed, the extra that installs it)."""
+    if isinstance(exc, ImportError) and exc.name in ("psycopg", "psycopg_binary"):
+        return f"its driver ({exc.name}) is not installed: pip install 'gpubot[postgres]'"
     inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
     return lines[0] if lines else type(inner).__name__
 
 
+# What the database libraries raise: SQLAlchemy's errors, the sqlite3 module's (a raw connection),
+# the files' OSError, and ImportError for a driver that is not installed (psycopg).
+STORE_ERRORS = (SQLAlchemyError, sqlite3.Error, OSError, ImportError)
+
+
 @contextmanager
 def guard(what: str) -> Iterator[None]:
-    """Turn database failures into ``StoreError("<what>: <reason>")``."""
+    """Turn database failures into ``StoreError("<what>: <reason>")``: the store's one boundary
+    map (gpubot's own errors pass untouched)."""
     try:
         yield
     except GpubotError:
         raise
-    except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+    except STORE_ERRORS as exc:
         raise StoreError(f"{what}: {describe(exc)}") from exc

@@ -1,5 +1,7 @@
 """Transports to nodes: ``ssh`` (an asyncssh pool) for remote boxes, ``local`` (NVML and local
-processes) for ``host = "local"``; the only place that imports asyncssh and pynvml."""
+processes) for ``host = "local"``, and ``scripted`` (answers from a function: the fast seam for
+tests); the only place that imports asyncssh and pynvml. Each maps its library's errors to
+gpubot's at one boundary (``transport.boundary.map_errors``)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from gpubot.config import SshSettings
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.core.ports import NvmlTables, Transport
 from gpubot.transport.local import LocalTransport, nvml_query
+from gpubot.transport.scripted import ScriptedTransport
 from gpubot.transport.ssh import SshTransport
 
 __all__ = [
     "LocalTransport",
     "RoutingTransport",
+    "ScriptedTransport",
     "SshTransport",
     "make_transport",
     "nvml_query",

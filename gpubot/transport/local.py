@@ -26,6 +26,7 @@ from gpubot.config import SshSettings
 from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 from gpubot.core.ports import NvmlTables
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed, SmiMissing
+from gpubot.transport.boundary import ErrorMap, map_errors
 from gpubot.transport.ssh import (
     MAX_OUTPUT_BYTES,
     OutputCapped,
@@ -98,19 +99,16 @@ class LocalTransport:
         except OSError as exc:
             return CommandResult(args, 126, "", f"{args[0]}: {exc.strerror or exc}\n")
         assert proc.stdout is not None and proc.stderr is not None
+        ending: ErrorMap = {
+            OutputCapped: (ProbeError, capped(args, self._max_output)),
+            TimeoutError: (CommandTimeout, f"{describe(args)}: no answer in {limit:g}s (killed)"),
+        }
         try:
-            async with asyncio.timeout(limit):
-                out, err = await read_capped(proc.stdout, proc.stderr, self._max_output)
-                await proc.wait()
-        except OutputCapped:
-            await _end(proc)
-            raise ProbeError(node.name, capped(args, self._max_output)) from None
-        except TimeoutError:
-            await _end(proc)
-            raise CommandTimeout(
-                node.name, f"{describe(args)}: no answer in {limit:g}s (killed)"
-            ) from None
-        except asyncio.CancelledError:
+            with map_errors(node.name, ending):
+                async with asyncio.timeout(limit):
+                    out, err = await read_capped(proc.stdout, proc.stderr, self._max_output)
+                    await proc.wait()
+        except BaseException:  # given up on (the output cap, the deadline, a cancellation)
             await _end(proc)
             raise
         rc = proc.returncode
@@ -147,10 +145,10 @@ async def _end(proc: asyncio.subprocess.Process) -> None:
 
 
 def _import_pynvml(node: str) -> Any:
-    try:
+    with map_errors(
+        node, {ImportError: (SmiMissing, "NVML bindings (nvidia-ml-py) not installed")}
+    ):
         import pynvml
-    except ImportError as exc:
-        raise SmiMissing(node, "NVML bindings (nvidia-ml-py) not installed") from exc
     return pynvml
 
 
@@ -171,16 +169,16 @@ def nvml_query(node: str = "local", *, nvml: Any = None) -> NvmlTables:
     except OSError as exc:
         raise SmiMissing(node, f"NVML library cannot be loaded: {exc}") from exc
     r = _Reader(node, lib)
+    failed: ErrorMap = {e: (SmiFailed, lambda exc: f"NVML: {exc}") for e in r.errors}
     try:
         gpus: list[GpuInfo] = []
         apps: list[ComputeApp] = []
-        for i in range(int(lib.nvmlDeviceGetCount())):
-            gpu, on_it = _read_gpu(r, i)
-            gpus.append(gpu)
-            apps.extend(on_it)
+        with map_errors(node, failed):
+            for i in range(int(lib.nvmlDeviceGetCount())):
+                gpu, on_it = _read_gpu(r, i)
+                gpus.append(gpu)
+                apps.extend(on_it)
         return tuple(gpus), tuple(apps)
-    except r.errors as exc:
-        raise SmiFailed(node, f"NVML: {exc}") from exc
     finally:
         with contextlib.suppress(Exception):
             lib.nvmlShutdown()

@@ -10,7 +10,8 @@ which is why the probe carries a watchdog of its own (``core.probe_guards``); ot
 configured known_hosts file: there is deliberately no switch to turn that off. Nothing else in
 ``~/.ssh`` is trusted: not its config, and not the X.509 CA bundle (``ca-bundle.crt``) or
 certificate folder (``crt/``) that asyncssh would load by default. Every asyncssh or socket error
-is translated at this boundary into the ``TransportError`` tree.
+is translated at this boundary into the ``TransportError`` tree, by a table per call given to
+``transport.boundary.map_errors``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from gpubot.errors import (
     ProbeError,
     UsageError,
 )
+from gpubot.transport.boundary import ErrorMap, map_errors
 
 # OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay under it.
 T = TypeVar("T")
@@ -108,41 +110,62 @@ class SshTransport:
         limit = self._ssh.command_timeout_s if timeout is None else timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit  # covers waiting for a session slot, opening it, running
+
+        def left() -> float:
+            return max(0.0, deadline - loop.time())
+
+        no_slot: ErrorMap = {
+            TimeoutError: (CommandTimeout, f"{describe(argv)}: no free SSH session in {limit:g}s")
+        }
         for attempt in (1, 2):
             conn = await self._connection(node)  # bounded by the connect timeout
             slots = self._channels.setdefault(node.name, asyncio.Semaphore(self._max_channels))
+            with map_errors(node.name, no_slot):
+                await asyncio.wait_for(slots.acquire(), left())
             try:
-                await asyncio.wait_for(slots.acquire(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                raise CommandTimeout(
-                    node.name, f"{describe(argv)}: no free SSH session in {limit:g}s"
-                ) from None
-            try:
-                try:
-                    proc = await asyncio.wait_for(
-                        conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None),
-                        max(0.0, deadline - loop.time()),
-                    )
-                except TimeoutError:
-                    self._forget(node, conn)  # a connection that cannot open a channel is dead
-                    raise NodeUnreachable(
-                        node.name, f"SSH connection stalled: no session opened in {limit:g}s"
-                    ) from None
-                except (asyncssh.Error, OSError) as exc:
-                    # The pooled connection died since its last use (server restarted, network
-                    # blip): nothing ran yet, so connect again and retry once.
-                    stale = conn.is_closed() or isinstance(
-                        exc, asyncssh.DisconnectError | ConnectionError
-                    )
-                    self._forget(node, conn)
-                    if stale and attempt == 1:
-                        continue
-                    raise NodeUnreachable(node.name, f"cannot open an SSH session: {exc}") from exc
-                left = max(0.0, deadline - loop.time())
-                return await self._finish(node, conn, proc, argv, left, limit)
+                proc = await self._open(node, conn, command, left(), limit, retry=attempt == 1)
+                if proc is None:
+                    continue  # the pooled connection had died: nothing ran, connect again
+                return await self._finish(node, conn, proc, argv, left(), limit)
             finally:
                 slots.release()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _open(
+        self,
+        node: NodeConfig,
+        conn: asyncssh.SSHClientConnection,
+        command: str,
+        left: float,
+        limit: float,
+        *,
+        retry: bool,
+    ) -> asyncssh.SSHClientProcess[bytes] | None:
+        """Open a session running ``command``; None (with ``retry``) when the pooled connection
+        died since its last use (server restarted, network blip): nothing ran yet."""
+
+        def refused(exc: BaseException) -> str:
+            return f"cannot open an SSH session: {exc}"
+
+        opening: ErrorMap = {
+            TimeoutError: (
+                NodeUnreachable,
+                f"SSH connection stalled: no session opened in {limit:g}s",
+            ),
+            asyncssh.Error: (NodeUnreachable, refused),
+            OSError: (NodeUnreachable, refused),
+        }
+        try:
+            with map_errors(node.name, opening):
+                return await asyncio.wait_for(
+                    conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None), left
+                )
+        except NodeUnreachable as exc:
+            stale = retry and _stale(conn, exc.__cause__)
+            self._forget(node, conn)  # a connection that cannot open a channel is dead
+            if stale:
+                return None
+            raise
 
     async def close(self) -> None:
         """Close every pooled connection."""
@@ -162,26 +185,29 @@ class SshTransport:
         left: float,
         limit: float,
     ) -> CommandResult:
+        lost = f"connection lost during {describe(argv)}"
+        reading: ErrorMap = {
+            OutputCapped: (ProbeError, capped(argv, self._max_output)),
+            TimeoutError: (
+                CommandTimeout,
+                f"{describe(argv)}: no answer in {limit:g}s (abandoned)",
+            ),
+            asyncssh.Error: (NodeUnreachable, lost),
+            OSError: (NodeUnreachable, lost),
+        }
         try:
-            out, err = await asyncio.wait_for(_collect(proc, self._max_output), left)
-        except OutputCapped:
-            _abandon(proc)
-            raise ProbeError(node.name, capped(argv, self._max_output)) from None
-        except TimeoutError:
-            _abandon(proc)
-            raise CommandTimeout(
-                node.name, f"{describe(argv)}: no answer in {limit:g}s (abandoned)"
-            ) from None
-        except asyncio.CancelledError:
+            with map_errors(node.name, reading):
+                out, err = await asyncio.wait_for(_collect(proc, self._max_output), left)
+        except NodeUnreachable:
+            self._forget(node, conn)
+            raise
+        except BaseException:  # given up on (the output cap, the deadline, a cancellation)
             _abandon(proc)
             raise
-        except (asyncssh.Error, OSError) as exc:
-            self._forget(node, conn)
-            raise NodeUnreachable(node.name, f"connection lost during {describe(argv)}") from exc
         status = exit_status_of(proc.exit_status, proc.exit_signal)
         if status is None:  # the channel closed without an exit status: connection lost
             self._forget(node, conn)
-            raise NodeUnreachable(node.name, f"connection lost during {describe(argv)}")
+            raise NodeUnreachable(node.name, lost)
         return CommandResult(tuple(argv), status, out, err)
 
     async def _connection(self, node: NodeConfig) -> asyncssh.SSHClientConnection:
@@ -230,11 +256,16 @@ class SshTransport:
             options["username"] = node.user
         if node.key:
             key_path = expand(node.key)
-            try:
+
+            def unloadable(exc: BaseException) -> str:
+                return f"cannot load key {key_path}: {_why(exc)}"
+
+            unusable: ErrorMap = {
+                OSError: (AuthRefused, unloadable),
+                asyncssh.KeyImportError: (AuthRefused, unloadable),
+            }
+            with map_errors(node.name, unusable):
                 options["client_keys"] = [self._parsed(key_path, asyncssh.read_private_key)]
-            except (OSError, asyncssh.KeyImportError) as exc:
-                why = getattr(exc, "strerror", None) or str(exc)
-                raise AuthRefused(node.name, f"cannot load key {key_path}: {why}") from exc
             options["agent_path"] = None
         return options
 
@@ -251,43 +282,65 @@ class SshTransport:
 
     async def _connect(self, node: NodeConfig) -> asyncssh.SSHClientConnection:
         known_path = expand(self._ssh.known_hosts)
-        try:
+
+        def unreadable(exc: BaseException) -> str:
+            return f"cannot read known_hosts {known_path}: {_why(exc)}"
+
+        with map_errors(
+            node.name,
+            {OSError: (HostKeyRejected, unreadable), ValueError: (HostKeyRejected, unreadable)},
+        ):
             known = self._parsed(known_path, asyncssh.read_known_hosts)
-        except (OSError, ValueError) as exc:
-            why = getattr(exc, "strerror", None) or str(exc)
-            raise HostKeyRejected(
-                node.name, f"cannot read known_hosts {known_path}: {why}"
-            ) from exc
         options = self.client_options(node, known)
-        where = f"{node.host}:{node.port}"
-        try:
+        with map_errors(node.name, self._connecting(node, known, known_path)):
             conn = await asyncssh.connect(node.host, node.port, **options)
-            self.connections_made += 1
-            return conn
-        except asyncssh.HostKeyNotVerifiable as exc:
+        self.connections_made += 1
+        return conn
+
+    def _connecting(
+        self, node: NodeConfig, known: asyncssh.SSHKnownHosts, known_path: str
+    ) -> ErrorMap:
+        """Return what each failure of ``asyncssh.connect`` to ``node`` means, in one line."""
+        where = f"{node.host}:{node.port}"
+
+        def unverified(exc: BaseException) -> str:
             host_keys, ca_keys, *_ = known.match(node.host, "", node.port)
             if host_keys or ca_keys:
-                why = (
+                return (
                     f"host key of {where} CHANGED: it does not match {known_path}; "
                     "refusing to connect (check the box, then update known_hosts)"
                 )
-            else:
-                why = (
-                    f"host key of {where} is unknown: not in {known_path}; "
-                    "refusing to connect (add it after checking its fingerprint)"
-                )
-            raise HostKeyRejected(node.name, why) from exc
-        except asyncssh.PermissionDenied as exc:
-            user = node.user or getpass.getuser()
-            raise AuthRefused(node.name, f"{where} refused our key for {user}") from exc
-        except TimeoutError as exc:
-            raise NodeUnreachable(
-                node.name, f"no SSH answer from {where} in {self._ssh.connect_timeout_s:g}s"
-            ) from exc
-        except OSError as exc:
-            raise NodeUnreachable(node.name, f"cannot connect to {where}: {_reason(exc)}") from exc
-        except asyncssh.Error as exc:
-            raise NodeUnreachable(node.name, f"SSH to {where} failed: {exc.reason}") from exc
+            return (
+                f"host key of {where} is unknown: not in {known_path}; "
+                "refusing to connect (add it after checking its fingerprint)"
+            )
+
+        return {
+            asyncssh.HostKeyNotVerifiable: (HostKeyRejected, unverified),
+            asyncssh.PermissionDenied: (
+                AuthRefused,
+                lambda _: f"{where} refused our key for {node.user or getpass.getuser()}",
+            ),
+            TimeoutError: (
+                NodeUnreachable,
+                f"no SSH answer from {where} in {self._ssh.connect_timeout_s:g}s",
+            ),
+            OSError: (NodeUnreachable, lambda exc: f"cannot connect to {where}: {_reason(exc)}"),
+            asyncssh.Error: (NodeUnreachable, lambda exc: f"SSH to {where} failed: {exc.reason}"),
+        }
+
+
+def _stale(conn: asyncssh.SSHClientConnection, cause: BaseException | None) -> bool:
+    """Whether a session failed to open because the pooled connection had died (closed, or
+    disconnected): not a stalled one (a timeout), which a second try would not help."""
+    if isinstance(cause, TimeoutError):
+        return False
+    return conn.is_closed() or isinstance(cause, asyncssh.DisconnectError | ConnectionError)
+
+
+def _why(exc: BaseException) -> str:
+    """Return the reason of a file that could not be read or parsed (its strerror, or text)."""
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 def _reason(exc: OSError) -> str:

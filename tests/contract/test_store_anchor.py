@@ -8,13 +8,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from gpubot.cli import main
 from gpubot.errors import StoreError
 from gpubot.store import Store, open_store
 from gpubot.store.chain import hash_of, key_id
-from tests.fixtures.db import audit_rows, drop_guards, rewrite_chain
+from tests.fixtures.db import audit_rows, drop_guards, raw_engine, rewrite_chain
 
 KEY = b"k" * 32
 OTHER = b"o" * 32
@@ -196,7 +195,7 @@ async def test_stripping_the_keyed_records_is_caught_with_the_key(
     finally:
         keyed.close()
     # The attacker rewrites the log as a plain one: no marker, every hash sha256.
-    engine = sa.create_engine(fresh_db_url)
+    engine = raw_engine(fresh_db_url)
     try:
         with engine.begin() as conn:
             drop_guards(conn)

@@ -17,18 +17,23 @@ from tests.fixtures.db import tamper
 N = PAGE + 3  # two pages: a full one and a short one
 
 
+BATCH = 200  # records per transaction: a PostgreSQL write lock is the whole database's, and
+# one transaction of 2000 appends held it for seconds, past the lease ttl of a test beside it
+
+
 def _append_many(store: Store, n: int) -> None:
-    """Append ``n`` query records in one transaction (the store's own append, at speed)."""
-    with write_tx(store.engine) as conn:
-        for i in range(n):
-            append(
-                conn,
-                kind="query",
-                actor=f"U{i}",
-                source="test",
-                node=None,
-                payload={"query": "status", "i": i},
-            )
+    """Append ``n`` query records, ``BATCH`` a transaction (the store's own append, at speed)."""
+    for start in range(0, n, BATCH):
+        with write_tx(store.engine) as conn:
+            for i in range(start, min(n, start + BATCH)):
+                append(
+                    conn,
+                    kind="query",
+                    actor=f"U{i}",
+                    source="test",
+                    node=None,
+                    payload={"query": "status", "i": i},
+                )
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from gpubot.store import open_store
 from gpubot.store.chain import walk
 from gpubot.store.records import AuditRecord
 from gpubot.store.version import HEAD
-from tests.fixtures.db import tamper
+from tests.fixtures.db import not_in_memory, tamper
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,7 +199,10 @@ def test_audit_verify_exit_status(
     )
 
 
-def test_the_installed_entry_point_verifies(tmp_path: Path, fresh_db_url: str) -> None:
+def test_the_installed_entry_point_verifies(
+    tmp_path: Path, fresh_db_url: str, db_kind: str
+) -> None:
+    not_in_memory(db_kind, "lives in one process: this is another")
     asyncio.run(_populate(fresh_db_url))
     env = {
         **os.environ,

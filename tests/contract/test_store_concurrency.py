@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpubot.store import Store, open_store
 from gpubot.store.engine import write_tx
+from tests.fixtures.db import not_in_memory, temp_database
 
 REPO = Path(__file__).resolve().parents[2]
 WRITERS = 4
@@ -73,7 +74,10 @@ def _run_writers(url: str) -> None:
     assert [p.returncode for p in procs] == [0] * WRITERS, outputs
 
 
-async def test_parallel_writers_never_fork_the_chain(store: Store, fresh_db_url: str) -> None:
+async def test_parallel_writers_never_fork_the_chain(
+    store: Store, fresh_db_url: str, db_kind: str
+) -> None:
+    not_in_memory(db_kind, "lives in one process: these writers are processes")
     await asyncio.to_thread(_run_writers, fresh_db_url)
     records = await store.records(limit=10_000)
     total = WRITERS * ROUNDS * 4
@@ -92,8 +96,9 @@ async def test_parallel_writers_never_fork_the_chain(store: Store, fresh_db_url:
 
 
 async def test_a_held_write_lock_delays_writers_but_not_readers(
-    store: Store, fresh_db_url: str
+    store: Store, fresh_db_url: str, db_kind: str
 ) -> None:
+    not_in_memory(db_kind, "has no WAL: its readers wait for the writer (the test below)")
     other = open_store(fresh_db_url)  # e.g. the CLI next to a running bot
     try:
         with write_tx(store.engine):  # BEGIN IMMEDIATE on SQLite, the advisory lock on PostgreSQL
@@ -114,3 +119,32 @@ async def test_a_held_write_lock_delays_writers_but_not_readers(
         assert await asyncio.wait_for(writer, 10) == 1
     finally:
         other.close()
+
+
+async def test_in_memory_a_held_write_lock_delays_writers_and_readers(tmp_path: Path) -> None:
+    """The memory store's one difference: SQLite keeps a rollback journal in memory, so a
+    reader waits for the writer (its busy timeout), then reads what was committed."""
+    with temp_database("memory", tmp_path) as url:
+        store, other = open_store(url), open_store(url)
+        try:
+            with write_tx(store.engine):
+                reader = asyncio.create_task(other.actions())
+                writer = asyncio.create_task(
+                    other.begin_action(
+                        kind="reset",
+                        actor="cli:root",
+                        source="cli",
+                        command="x",
+                        node="node1",
+                        gpus=[0],
+                        plan=None,
+                    )
+                )
+                await asyncio.sleep(0.3)
+                assert not reader.done() and not writer.done()  # waiting, not failing
+            assert len(await asyncio.wait_for(reader, 10)) <= 1  # before or after the writer
+            assert await asyncio.wait_for(writer, 10) == 1
+            assert [a.id for a in await other.actions()] == [1]
+        finally:
+            store.close()
+            other.close()

@@ -19,6 +19,7 @@ from gpubot.errors import DatabaseBehind, StoreError
 from gpubot.store import open_store
 from gpubot.store.tables import metadata
 from gpubot.store.version import HEAD
+from tests.fixtures.db import raw_engine
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = {
@@ -34,7 +35,7 @@ TABLES = {
 
 
 def _tables(url: str) -> set[str]:
-    engine = sa.create_engine(url)
+    engine = raw_engine(url)
     try:
         return set(sa.inspect(engine).get_table_names())
     finally:
@@ -64,7 +65,7 @@ def test_migrations_go_up_from_empty_and_down_again(empty_db_url: str, db_kind: 
 
 
 def test_models_and_migrations_agree(store_url: str) -> None:
-    engine = sa.create_engine(store_url)
+    engine = raw_engine(store_url)
     try:
         with engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"compare_type": True})
@@ -81,7 +82,7 @@ def test_a_database_behind_or_unknown_is_refused(fresh_db_url: str) -> None:
         store.close()
     with pytest.raises(DatabaseBehind, match="run `gpubot db upgrade`"):
         open_store(fresh_db_url)
-    engine = sa.create_engine(fresh_db_url)
+    engine = raw_engine(fresh_db_url)
     with engine.begin() as conn:
         conn.exec_driver_sql("INSERT INTO alembic_version (version_num) VALUES ('9999')")
     engine.dispose()

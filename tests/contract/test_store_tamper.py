@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import sqlalchemy as sa
 
 from gpubot.store import Store
 from gpubot.store.chain import record_hash
-from tests.fixtures.db import tamper
+from tests.fixtures.db import raw_engine, tamper
 
 EDITED_PAYLOAD = '{"action":"reset","command":"nothing happened","gpus":[],"plan":null}'
 
@@ -33,7 +32,7 @@ async def _five_records(store: Store) -> None:
 
 def _rehashed_edit(url: str) -> list[str]:
     """SQL that edits record 1 and recomputes its hash (but cannot fix record 2's link)."""
-    engine = sa.create_engine(url)
+    engine = raw_engine(url)
     with engine.connect() as conn:
         r = conn.exec_driver_sql("SELECT * FROM audit_log WHERE seq = 1").mappings().one()
     engine.dispose()

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpubot.core import commands
+from gpubot.core.names import NODE_NAME
 from gpubot.errors import UsageError
 
 GOOD = [
@@ -126,7 +127,7 @@ def test_any_text_parses_or_says_why(text: str) -> None:
     for name in getattr(cmd, "names", ()) + tuple(
         n for n in (getattr(cmd, "node", None),) if n is not None
     ):
-        assert commands.NODE_NAME.fullmatch(name)
+        assert NODE_NAME.fullmatch(name)
     for gpu in getattr(cmd, "gpus", ()):
         assert 0 <= gpu <= commands.MAX_GPU_INDEX
 

@@ -22,6 +22,7 @@ from enum import IntEnum
 from typing import Any, ClassVar
 
 from gpubot.core import text
+from gpubot.core.names import is_linux_user
 
 # Fragments the shapes share (see each runtime's module for its sources).
 HEX64 = r"[0-9a-f]{64}"
@@ -32,8 +33,6 @@ USER_MANAGER = r"/user\.slice/user-(?P<uid>\d+)\.slice/user@\d+\.service/(?:[^/]
 HEX64_ID = re.compile(HEX64)
 OTHER = "other"  # the kind of what no runtime names, or names as no workload
 
-_USER_OK = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?\Z")  # a Linux user name (useradd's rule)
-
 
 def printable_path(text: str) -> str:
     """Return ``text`` with non-printable characters as ``\\xNN``, at most 300 of them."""
@@ -42,8 +41,8 @@ def printable_path(text: str) -> str:
 
 
 def valid_user(name: str | None) -> bool:
-    """Whether ``name`` is a well-formed Linux user name."""
-    return name is not None and bool(_USER_OK.match(name))
+    """Whether ``name`` is a well-formed Linux user name (``core.names``)."""
+    return is_linux_user(name)
 
 
 class _Kinds(type):
