@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv
 from gpubot.core.probe_guards import STUCK, WATCHDOG
+from gpubot.core.probe_holders import ADDS_UP
 
 MARK = "@gpubot"
 
@@ -231,7 +232,7 @@ query() {
   local fd c= t= r
   Q=
   exec {fd}< <(
-    { printf '%s\n' "$BASHPID"; exec "$@" 2>&"${QE:-4}"; } &
+    { [[ $1 == "$smi" ]] && rec "$BASHPID"; printf '%s\n' "$BASHPID"; exec "$@" 2>&"${QE:-4}"; } &
     wait "$!"
     printf '\n@rc %s' "$?"
   )
@@ -307,11 +308,12 @@ PROBE_SCRIPT = (
     + _FIRSTS
     + _QUERY
     + STUCK
+    + ADDS_UP
     + _FUSER
     + WATCHDOG
-    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8 B=$9
-shift 9
-extra=$*
+    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8 B=$9 hold=${10} SD=${11}
+shift 11
+extra=$* ng=
 # The time budget (B ms): past it the probe writes "over" and stops; the parser takes the rest
 # of the node's answer for unknown, never for a timeout or for "no holders".
 t=${EPOCHREALTIME//[!0-9]/}; [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
@@ -328,6 +330,9 @@ if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404 )); then m fatal old-bash;
 need() { command -v "$1" >/dev/null 2>&1 || { m fatal "no-$1"; m end; exit 0; }; }
 if [[ $sudo == sudo ]]; then need sudo; else need fuser; fi
 me=; while read -r k _ eu _; do [[ $k == Uid: ]] && { me=$eu; break; }; done </proc/$$/status
+# The queries' records (probe_guards): in the login account's own runtime folder, or none.
+[[ $SD == - ]] && SD=/run/user/$me
+[[ -n $me && -d $SD && -O $SD && ! -L $SD && -w $SD ]] || SD=
 if [[ $mode == smi ]]; then
   stuck_smi
   if [[ -n $R ]]; then m stuck; printf '%s' "$R"; m end; exit 0; fi
@@ -335,13 +340,15 @@ if [[ $mode == smi ]]; then
   if [[ -n $idx ]]; then query "$smi" "${GQ[@]}" -i "$idx"; else query "$smi" "${GQ[@]}"; fi
   m gpus "$S"; printf '%s\n' "$Q"
   case $S in 0|14|15) ;; *) m end; exit 0 ;; esac  # 14: infoROM warning, 15: a GPU lost
-  g=$Q
+  g=$Q gs=$S
   [[ -n $idx ]] || { firsts "$g"; idx=$R; }
   m apps-err
   query "$smi" "${AQ[@]}"
   m apps "$S"; printf '%s\n' "$Q"
   case $S in 0|14|15) ;; *) m end; exit 0 ;; esac
   firsts "$Q"; extra+=" $R"
+  # A status (hold=auto) asks fuser only where nvidia-smi's apps leave memory unexplained.
+  [[ $hold == auto && $gs == 0 && $S == 0 ]] && adds_up "$g" "$Q" && ng=-
 fi
 # Each GPU's device minor, as the driver says: a GPU's index is not its minor.
 m minors
@@ -365,9 +372,11 @@ for i in $mins; do
   [[ -e $pre$i ]] && files+=("$pre$i")
 done
 IFS=$' \t\n'
-ng=${#files[@]}  # no GPU device file: nothing to ask fuser (the sudoers rule wants one first)
+[[ $ng == - ]] || ng=${#files[@]}  # no GPU device file: nothing to ask fuser (sudoers rule)
 for f in "${pre}ctl" "${pre}-uvm"; do [[ -e $f ]] && files+=("$f"); done
-if (( ng > 0 )); then
+if [[ $ng == - ]]; then
+  f= s=-  # not asked: the parser notes it
+elif (( ng > 0 )); then
   # fuser reads every process's open files: it runs for what is left of the budget, at most
   # (a query, its errors merged into its answer); past it, the node's answer is unknown.
   left  # out of time: TERM (fuser dies at once), the "over" marker within the transport's limit
