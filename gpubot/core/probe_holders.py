@@ -33,9 +33,8 @@ class Holders(StrEnum):
 
 
 NOT_CHECKED = (
-    "device files not checked: nvidia-smi's processes account for every GPU's memory, so this "
-    "status did not run fuser; a process that holds a GPU's device file without memory on it "
-    "(another PID namespace, a daemon) is not shown here (a sweep or a reset checks them)"
+    "device files not checked: nvidia-smi's processes account for all GPU memory, so fuser was "
+    "not run (a holder without memory, e.g. in another PID namespace, is not shown)"
 )
 
 
