@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from gpubot import __version__
+from gpubot.descriptors import FLEET_COMMANDS, raise_soft_limit
 from gpubot.errors import GpubotError
 
 # name -> (module, one-line help). A module has ``add_arguments(parser)`` and ``run(args) -> int``
@@ -50,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(args_in)
     logging.basicConfig(level=logging.WARNING, format="gpubot: %(levelname)s: %(message)s")
+    if command in FLEET_COMMANDS:
+        raise_soft_limit()  # one connection per node: as servers do (issue 24)
     try:
         parser = build_parser(command)
         args = parser.parse_args(args_in)
