@@ -240,11 +240,11 @@ query() {
   r=142
   if [[ $c =~ ^[0-9]+$ ]]; then
     started "$c"; t=$R
-    IFS= read -r -d '' -t "$T" -u "$fd" Q; r=$?
+    IFS= read -r -N 8388608 -t "$T" -u "$fd" Q; r=$?  # -N: in blocks, not a byte a call
   fi
   if (( r > 128 )); then
     signal TERM "$c" "$t"
-    IFS= read -r -d '' -t 1 -u "$fd" _
+    IFS= read -r -N 8388608 -t 1 -u "$fd" _
     signal KILL "$c" "$t"
     exec {fd}<&-
     S=124
