@@ -3,9 +3,10 @@
 The scripts live in ``probe_script``: a constant ``bash`` script runs the GPU and compute-app
 queries under a time limit (a hung nvidia-smi becomes exit 124 and is killed), ``fuser -v`` on
 exactly the device files of the GPUs found plus ``{prefix}ctl`` and ``{prefix}-uvm`` (never a
-glob), then reads ``/proc`` for every PID seen on a GPU's device file (a holder of only the
-control files is counted from fuser's rows, never read), escaping every byte a process controls
-about itself. A probe past its time budget says so: the node's answer is unknown (``ProbeError``).
+glob; a status whose memory adds up skips it and says so: ``probe_holders``), then reads
+``/proc`` for every PID seen on a GPU's device file (a holder of only the control files is
+counted from fuser's rows, never read), escaping every byte a process controls about itself.
+A probe past its time budget says so: the node's answer is unknown (``ProbeError``).
 
 The output is parsed strictly: the sections must come exactly as the script writes them, in order
 and once each; each PID once; every escaped field well formed. Anything else is a ``ParseError``

@@ -2,9 +2,11 @@
 
 Remote work is what a probe costs every node on every status and sweep, so the scripts start no
 program they can do without: in the common case a probe runs ``bash``, the two nvidia-smi
-queries and ``fuser``, four programs in all. Everything else is a bash builtin: each query's time
-limit (``read -t`` on a process substitution, then ``kill``; no ``timeout``), the look for a stuck
-nvidia-smi (no ``pgrep``), the filter of fuser's table, the ``/proc`` reads and their escaping (no
+queries and ``fuser``, four programs in all (a status whose memory adds up skips ``fuser``:
+``probe_holders``). Everything else is a bash builtin: each query's time limit (``read -t`` on a
+process substitution, then ``kill``; no ``timeout``), the look for a stuck nvidia-smi (no
+``pgrep``; in the queries' own records, not every process: ``probe_guards``), the filter of
+fuser's table, the ``/proc`` reads and their escaping (no
 ``awk``), and the owners' names (``/etc/passwd``; ``getent`` only for accounts it does not hold,
 such as LDAP's). ``readlink`` runs only for a process of a system account (a daemon's executable
 is what protects it, and bash cannot read a link). A GPU with no processes costs no ``/proc`` work.
