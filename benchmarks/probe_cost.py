@@ -12,12 +12,21 @@ cost shows). Each case runs the probe as it is and, side by side, the probe of c
 ``BASELINE`` (before issue 21), which is killed at ``--baseline-timeout`` seconds. The figure is
 the median wall time of ``--repeat`` runs; every run's output is checked to end with the end
 marker (or the budget's "over" marker).
+
+``--processes 100,1000,5000`` (issue 24): the probe's CPU on a node with that many more processes
+(``sleep``, nobody's when run as root), side by side with the two bare nvidia-smi queries it
+runs, in four forms: a status whose memory adds up (no ``fuser``, stuck queries from the records
+in a private runtime folder), the same probe asked for holders (a reset, a sweep), the walk
+(no records folder) with ``fuser``, and the probe of ``BEFORE_24`` (the commit before issue 24).
+CPU is the children's ``getrusage`` (user + system) over ``--repeat`` runs, median; the probe
+form's "extra" is its CPU less the bare queries'.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,20 +35,42 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import fmt_s, table
+from benchmarks.common import fmt_ms, fmt_s, table
 from gpubot.config import load
+from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv
 from gpubot.core.probe import probe_argv
+from gpubot.core.probe_holders import Holders
 from gpusim.fleet import SimFleet
 
 BASELINE = "63a07c8"  # the last commit before issue 21's probe changes
+BEFORE_24 = "e95a09a"  # the last commit before issue 24's probe changes
 T = 9.0  # each query's limit under the default 20 s command timeout
 
 
-def baseline_script(repo: Path) -> str | None:
-    """Return the probe script of ``BASELINE``, or None without git history."""
+def baseline_script(repo: Path, commit: str = BASELINE) -> str | None:
+    """Return the probe script of ``commit``, or None without git history."""
+    if commit == BEFORE_24:  # its script imports its guards: both files of that commit
+        guards = _git_show(repo, commit, "gpubot/core/probe_guards.py")
+        script = _git_show(repo, commit, "gpubot/core/probe_script.py")
+        if guards is None or script is None:
+            return None
+        ns: dict[str, Any] = {}
+        exec(compile(guards, "probe_guards@" + commit, "exec"), ns)
+        script = script.replace("from gpubot.core.probe_guards import STUCK, WATCHDOG\n", "")
+        exec(compile(script, "probe_script@" + commit, "exec"), ns)
+        return str(ns["PROBE_SCRIPT"])
+    text = _git_show(repo, commit, "gpubot/core/probe_script.py")
+    if text is None:
+        return None
+    ns = {}
+    exec(compile(text, "probe_script@baseline", "exec"), ns)
+    return str(ns["PROBE_SCRIPT"])
+
+
+def _git_show(repo: Path, commit: str, path: str) -> str | None:
     try:
-        text = subprocess.run(
-            ["git", "show", f"{BASELINE}:gpubot/core/probe_script.py"],
+        return subprocess.run(
+            ["git", "show", f"{commit}:{path}"],
             cwd=repo,
             capture_output=True,
             text=True,
@@ -47,9 +78,6 @@ def baseline_script(repo: Path) -> str | None:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
-    ns: dict[str, Any] = {}
-    exec(compile(text, "probe_script@baseline", "exec"), ns)
-    return str(ns["PROBE_SCRIPT"])
 
 
 def nonascii(n: int = 4096) -> bytes:
@@ -115,7 +143,7 @@ def run(count: int = 200, repeat: int = 3, baseline_timeout: float = 60.0) -> li
         assert cfg is not None
         jobs = [node.spawn(gpu=0, mib=1000), node.spawn(gpu=1, mib=2000)]
         new = probe_argv(cfg, smi_timeout_s=T)
-        before = [*new[:12], *new[13:]]  # no budget argument then
+        before = [*new[:12], *new[15:]]  # no budget, holders or records arguments then
         if old is not None:
             before[2] = old
         cases = {
@@ -147,13 +175,114 @@ def run(count: int = 200, repeat: int = 3, baseline_timeout: float = 60.0) -> li
     ]
 
 
+def cpu_once(argv: list[str]) -> float:
+    """Return one run's CPU (it and the children it waited for, user + system), checked."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, start_new_session=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if argv[0] == "bash" and "\n@gpubot end" not in p.stdout:
+        raise SystemExit(f"probe output without its end marker: {p.stdout[-300:]!r} {p.stderr!r}")
+    if argv[0] != "bash" and p.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed: {p.stderr[-300:]!r}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cpu(forms: dict[str, list[list[str]]], repeat: int) -> dict[str, float]:
+    """Return each form's median CPU over ``repeat`` rounds (one run of its argvs), the forms
+    interleaved in each round: a shared box's drift falls on all of them alike."""
+    runs: dict[str, list[float]] = {name: [] for name in forms}
+    for _ in range(repeat):
+        for name, argvs in forms.items():
+            runs[name].append(sum(cpu_once(a) for a in argvs))
+    return {name: statistics.median(r) for name, r in runs.items()}
+
+
+def sleepers(count: int) -> list[subprocess.Popen[bytes]]:
+    """Start ``count`` ``sleep`` processes (nobody's when run as root): a busy node's others."""
+    return [
+        subprocess.Popen(
+            ["sleep", "600"],
+            user="nobody" if os.geteuid() == 0 else None,
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+
+
+def by_processes(counts: list[int], repeat: int = 5) -> list[str]:
+    """Measure the probe's CPU against the bare queries at each process count; Markdown lines."""
+    before = baseline_script(Path(__file__).resolve().parent.parent, BEFORE_24)
+    rows = []
+    with tempfile.TemporaryDirectory() as work, SimFleet(work, nodes=1, gpus=2) as fleet:
+        node = fleet.node("node1")
+        cfg = load(fleet.config_path).node("node1")
+        assert cfg is not None
+        user = "nobody" if os.geteuid() == 0 else None  # a user's jobs, as on a real node
+        jobs = [node.spawn(gpu=0, mib=1000, user=user), node.spawn(gpu=1, mib=2000, user=user)]
+        runtime = Path(work) / "run-user"  # stands for /run/user/UID: the account's own, 0700
+        runtime.mkdir(mode=0o700)
+        bare = [gpu_query_argv(cfg.nvidia_smi), apps_query_argv(cfg.nvidia_smi)]
+        forms = {
+            "status": probe_argv(
+                cfg, smi_timeout_s=T, holders=Holders.IF_UNEXPLAINED, state_dir=str(runtime)
+            ),
+            "holders": probe_argv(cfg, smi_timeout_s=T, state_dir=str(runtime)),
+            "walk+fuser": probe_argv(cfg, smi_timeout_s=T, state_dir=""),
+        }
+        if before is not None:
+            old = forms["walk+fuser"][:13] + forms["walk+fuser"][15:]  # no hold, no folder
+            old[2] = before
+            forms[f"before ({BEFORE_24})"] = old
+        cpu_once(forms["status"])  # the folder's first probe walks /proc once: not measured
+        extra: list[subprocess.Popen[bytes]] = []
+        try:
+            for n in counts:
+                extra += sleepers(n - len(extra))
+                time.sleep(1.0)
+                got = cpu({"bare": bare, **{k: [v] for k, v in forms.items()}}, repeat)
+                base = got.pop("bare")
+                procs = sum(1 for d in os.listdir("/proc") if d.isdigit())
+                row = [f"+{n} ({procs} in all)", fmt_ms(base)]
+                for v in got.values():
+                    row.append(f"{fmt_ms(v)} (+{fmt_ms(v - base)}, {v / base:.2f}x)")
+                rows.append(row)
+                print(f"{n}: bare {base:.4f} {got}", file=sys.stderr, flush=True)
+        finally:
+            for h in extra:
+                h.kill()
+            for h in extra:
+                h.wait()
+            for j in jobs:
+                os.kill(j.pid, 9)
+    return [
+        f"### The probe's CPU by the node's process count (median of {repeat}, ms)",
+        "",
+        table(["processes", "two bare queries", *forms], rows),
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the probe's cost benchmark alone; print its table."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.probe_cost")
     p.add_argument("--holders", type=int, default=200)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--baseline-timeout", type=float, default=60.0)
+    p.add_argument(
+        "--processes",
+        metavar="N,N,...",
+        help="instead: the probe's CPU at these extra process counts (e.g. 100,1000,5000)",
+    )
     a = p.parse_args(argv)
+    if a.processes:
+        try:
+            counts = sorted(int(x) for x in a.processes.split(","))
+        except ValueError:
+            p.error(f"--processes {a.processes!r}: expected numbers separated by commas")
+        if not counts or counts[0] < 0:
+            p.error("--processes: counts must be 0 or more")
+        print("\n".join(by_processes(counts, a.repeat)))
+        return 0
     print("\n".join(run(a.holders, a.repeat, a.baseline_timeout)))
     return 0
 

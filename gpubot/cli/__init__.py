@@ -13,6 +13,8 @@ from gpubot import __version__
 from gpubot.cli import logs
 from gpubot.errors import GpubotError, StdoutClosed
 
+# The commands that open one connection per node: they raise the soft descriptor limit first.
+FLEET_COMMANDS = frozenset({"serve", "sweep", "status", "console"})
 EXIT_SIGPIPE = 128 + 13  # 141: a closed pipe stopped the command (see main)
 
 
@@ -107,6 +109,10 @@ def run_command(argv: Sequence[str] | None = None) -> int:
                 args.log_format, os.environ, logs.FORMAT_ENV, logs.FORMATS, logs.DEFAULT_FORMAT
             ),
         )
+        if command in FLEET_COMMANDS:  # one connection per node: as servers do (issue 24)
+            from gpubot.transport.descriptors import raise_soft_limit
+
+            raise_soft_limit()
         mod = importlib.import_module(args._module)
         runner = getattr(mod, f"run_{args._name.replace('-', '_')}", None) or mod.run
         return int(runner(args))

@@ -164,6 +164,7 @@ class NodeSnapshot:
     lost: tuple[str, ...] = ()  # bus ids ("?" unknown) of lost GPUs whose index nobody said
     unseen: int = 0  # processes whose open files fuser could not see (gpubot is not root)
     hidepid: str | None = None  # /proc's hidepid= option: other users' processes are hidden
+    holders_checked: bool = True  # fuser asked (a status whose memory adds up skips it: a note)
 
     def gpu(self, index: int) -> GpuInfo | None:
         """Return GPU ``index`` or None."""

@@ -3,9 +3,10 @@
 The scripts live in ``probe_script``: a constant ``bash`` script runs the GPU and compute-app
 queries under a time limit (a hung nvidia-smi becomes exit 124 and is killed), ``fuser -v`` on
 exactly the device files of the GPUs found plus ``{prefix}ctl`` and ``{prefix}-uvm`` (never a
-glob), then reads ``/proc`` for every PID seen on a GPU's device file (a holder of only the
-control files is counted from fuser's rows, never read), escaping every byte a process controls
-about itself. A probe past its time budget says so: the node's answer is unknown (``ProbeError``).
+glob; a status whose memory adds up skips it and says so: ``probe_holders``), then reads
+``/proc`` for every PID seen on a GPU's device file (a holder of only the control files is
+counted from fuser's rows, never read), escaping every byte a process controls about itself.
+A probe past its time budget says so: the node's answer is unknown (``ProbeError``).
 
 The output is parsed strictly: the sections must come exactly as the script writes them, in order
 and once each; each PID once; every escaped field well formed. Anything else is a ``ParseError``
@@ -29,6 +30,7 @@ from gpubot.core.models import (
 )
 from gpubot.core.nvsmi import normal_bus_id, parse_apps_answer, parse_gpu_answer
 from gpubot.core.probe_fields import NUM, float_or_none
+from gpubot.core.probe_holders import NOT_CHECKED, Holders, memory_adds_up
 from gpubot.core.probe_script import PROBE_SCRIPT, PROC_SCRIPT
 from gpubot.core.probe_sections import PROBE_GRAMMAR, PROC_GRAMMAR, Sections
 from gpubot.core.protect import Protection, is_protected
@@ -51,6 +53,8 @@ def probe_argv(
     pids: Sequence[int] = (),
     minors: Sequence[int] = (),
     budget_s: float | None = None,
+    holders: Holders = Holders.ALWAYS,
+    state_dir: str | None = None,
 ) -> list[str]:
     """Return the argv of the one-exec probe of ``node``.
 
@@ -59,6 +63,10 @@ def probe_argv(
     ``budget_s``: the script's own time budget (default: its two queries' limits and a second,
     which is the status service's command timeout less one second); past it, the probe says so
     and stops, and the node's answer is unknown (``parse_probe`` raises ``ProbeError``).
+    ``holders``: ``IF_UNEXPLAINED`` (a status) runs ``fuser`` only where nvidia-smi's apps leave
+    memory unexplained (``probe_holders``; with ``skip_smi`` the script has no tables: always).
+    ``state_dir``: where the queries record themselves for the stuck-query check (default: the
+    login account's ``/run/user/UID``; "" for none: the check then walks ``/proc``).
     """
     _check_prefix(node)
     if smi_timeout_s <= 0:
@@ -83,6 +91,8 @@ def probe_argv(
         node.driver_dir,
         ",".join(str(_nonneg(m)) for m in minors),
         str(max(1, round(budget * 1000))),
+        "auto" if holders is Holders.IF_UNEXPLAINED and not skip_smi else "always",
+        "-" if state_dir is None else _state_dir(state_dir),
         *(str(_nonneg(p)) for p in pids),
     ]
 
@@ -119,6 +129,9 @@ def parse_probe(
     gpus, apps, notes, lost = _tables(s, node, nvml, timeout_s)
     minors = s.minors()
     gpus = _with_minors(sorted(gpus, key=lambda g: g.index), minors)
+    checked = s.fuser_ran()
+    if not checked and (nvml is not None or not memory_adds_up(gpus, apps)):
+        raise ParseError("probe output (fuser skipped on memory that does not add up)", "")
     holders, unseen = s.fuser(node)
     files = _DeviceFiles.of(node, gpus, minors)
     on_gpu, ctl_pids = files.sort(holders)
@@ -139,7 +152,7 @@ def parse_probe(
         )
     )
     hidepid, uid = s.view()
-    notes += _partial_view(node, unseen, hidepid, uid)
+    notes += _partial_view(node, unseen, hidepid, uid) + (() if checked else (NOT_CHECKED,))
     return NodeSnapshot(
         node=node.name,
         taken_at=taken_at,
@@ -150,6 +163,7 @@ def parse_probe(
         lost=lost,
         unseen=unseen,
         hidepid=hidepid,
+        holders_checked=checked,
     )
 
 
@@ -356,6 +370,12 @@ def _nonneg(i: int) -> int:
 
 def _seconds(s: float) -> str:
     return f"{s:.3f}".rstrip("0").rstrip(".")
+
+
+def _state_dir(path: str) -> str:
+    if path and not path.startswith("/"):
+        raise ValueError(f"state_dir must be an absolute path or empty, got {path!r}")
+    return path
 
 
 def _check_prefix(node: NodeConfig) -> None:

@@ -3,23 +3,38 @@ stuck nvidia-smi of the probe's own, and the watchdog that ends a probe whose ch
 
 Both are bash text using the helpers of ``probe_script._COMMON`` (``rd``, ``fields``,
 ``uid_fields``, ``over``, ``m``) and the script's variables (``smi``, ``me``, ``T``, ``B``,
-``GQ``, ``AQ``).
+``GQ``, ``AQ``, ``SD``: the private runtime folder of the probe's records, empty without one).
 """
 
 from __future__ import annotations
 
 # A hung driver leaves nvidia-smi in the kernel (state D), where no kill reaches it: each new query
-# would leave one more. One of ours stuck, or older than our own limit: ask nothing. What pgrep -x
-# did, with builtins: each process's comm, then the rest only for a copy of nvidia-smi.
+# would leave one more. One of ours stuck, or older than our own limit: ask nothing.
 #
 # "Ours" only by facts no other user can fake (own_query): the process's real, effective and saved
 # uids are all the probe's, and its argv is exactly one of this probe's queries ("$smi" and the
 # constant arguments, after at most an interpreter and its one option: a "#!" script). A setuid
 # program keeps its caller's real uid, so a user's setuid-root program named nvidia-smi never
 # counts, whatever its argv; only root or gpubot's own account can set all three uids, and the argv
-# then tells our queries from that account's other nvidia-smi (dmon, -l 5, another query). No file
-# of started PIDs: it would need a place on every node that only gpubot's account can write, and
-# that survives the probe, is cleaned up, and is not shared between nodes (an NFS home).
+# then tells our queries from that account's other nvidia-smi (dmon, -l 5, another query).
+#
+# Where to look, without a step per process of the node (issue 24): each query records itself
+# ("PID START-TICKS", written by the query's own job before it execs nvidia-smi, so a probe killed
+# at any moment after leaves its query recorded) in the login account's private runtime folder
+# (SD: /run/user/UID, made by logind for that account alone, mode 0700, on tmpfs: one per node and
+# boot, never an NFS home), and the check reads only those records, checking each against
+# /proc (the same start time: PID reuse cannot match) and own_query. No other user can write
+# there, so none can hide a record or plant one; a planted one would still have to pass
+# own_query. The records rotate through three files by the minute of the node's uptime
+# (monotonic, shared by every probe): a probe appends to this minute's file and, in the first
+# half of a minute, moves the live records of the file two minutes old into this one and empties
+# it, so no file grows and concurrent probes never lose each other's appends (bash can append,
+# not lock or rename). A stuck query is live: it is carried forever.
+#
+# The whole /proc walk (stuck_walk) is what is left where the records cannot be trusted: no such
+# folder (the walk on every probe), or a folder without the mark "ok" (the first probe after a
+# boot or an upgrade, or after a record could not be written): the walk finds what no record
+# names, records what it finds, then writes the mark.
 STUCK = r"""uptime_ticks() {  # /proc/uptime ("12345.67") in clock ticks, in up
   local i f
   up=0; { read -r up _ </proc/uptime; } 2>/dev/null
@@ -40,28 +55,90 @@ own_query() {  # the caller's uids (U) are the probe's and its argv (A) is one o
   done
   return 1
 }
-stuck_smi() {
-  local d c p s x up= age out=
-  local -a dirs F U A
+query_at() {  # /proc/$1 (started at $2, if given): 0 our query, 1 not, 2 not that process
+  local s
+  local -a U A
+  rd "/proc/$1/stat"; s=$R
+  [[ $s == *')'* ]] || return 2
+  fields "$s"  # in the caller's F
+  [[ -z $2 || ${F[19]} == "$2" ]] || return 2
+  [[ ${F[0]} == [ZX] ]] && return 2
+  [[ ${F[19]} =~ ^[0-9]+$ ]] || return 1
+  rd "/proc/$1/status"; uid_fields "$R"
+  A=(); { mapfile -t -d '' -n 8 A <"/proc/$1/cmdline"; } 2>/dev/null
+  own_query
+}
+is_stuck() {  # our query $1, its stat fields in F: adds "PID STATE AGE" to out when stale
+  local age
+  [[ -n $up ]] || uptime_ticks
+  # in clock ticks: whole seconds on both sides would round an age of 2.6 s down to 2
+  age=$(( up - 10#${F[19]} ))
+  stale "${F[0]}" "$age" && out+="$1 ${F[0]} $(( age / TCK ))"$'\n'
+  return 0
+}
+# rec PID: record query PID in this minute's file (in the query's job, before it execs). A record
+# that cannot be written empties the mark: the next probe walks /proc.
+rec() {
+  [[ -n $SD ]] || return 0
+  local -a F
+  rd "/proc/$1/stat"; [[ $R == *')'* ]] && fields "$R"
+  uptime_ticks
+  local q=$SD/gpubot-probe.q$(( up / (60 * TCK) % 3 ))
+  { printf '%s %s\n' "$1" "${F[19]}" >>"$q"; } 2>/dev/null && return 0
+  { : >"$SD/gpubot-probe.ok"; } 2>/dev/null
+}
+stuck_smi() {  # our stuck queries, "PID STATE AGE" lines, in R
+  local up= out=
+  local -a F
+  R=
+  if [[ -n $SD ]] && { rd "$SD/gpubot-probe.ok"; [[ $R == ok ]]; }; then stuck_recorded
+  else stuck_walk; fi
+  R=$out
+}
+stuck_recorded() {
+  local k e p b r now old keep= seen=' ' q=$SD/gpubot-probe.q
+  local -a L
+  uptime_ticks; b=$(( up / (60 * TCK) ))
+  now=$(( b % 3 )) old=$(( (b + 1) % 3 ))
+  for k in $(( (b + 2) % 3 )) "$now" "$old"; do
+    L=(); { mapfile -t L <"$q$k"; } 2>/dev/null
+    for e in "${L[@]}"; do
+      over && { m over "$B" stuck; m end; exit 0; }
+      [[ $e =~ ^[0-9]+\ [0-9]+$ && $seen != *" $e,"* ]] || continue
+      seen+=" $e,"; p=${e% *}
+      query_at "$p" "${e#* }"; r=$?
+      (( r == 0 )) && is_stuck "$p"
+      (( r < 2 && k == old )) && keep+="$e"$'\n'  # that process still: carried
+    done
+  done
+  # The first half of a minute: the file two minutes old takes no more appends (those go to this
+  # minute's), so its live records move here and it is emptied, if this is still that half.
+  (( up % (60 * TCK) < 30 * TCK )) && [[ -s $q$old ]] || return 0
+  { printf '%s' "$keep" >>"$q$now"; } 2>/dev/null || return 0
+  uptime_ticks
+  (( up / (60 * TCK) == b && up % (60 * TCK) < 30 * TCK )) || return 0
+  { : >"$q$old"; } 2>/dev/null
+  return 0
+}
+stuck_walk() {  # every process of ours on the node; records what it finds, then writes the mark
+  local d p c found=
+  local -a dirs
   set +f; dirs=(/proc/[0-9]*); set -f
   for d in "${dirs[@]}"; do
     over && { m over "$B" stuck; m end; exit 0; }
     [[ -O $d ]] || continue  # a process of ours: a stat, cheaper than reading its name
     c=; { IFS= read -r c <"$d/comm"; } 2>/dev/null
     [[ $c == nvidia-smi ]] || continue
-    rd "$d/stat"; s=$R; rd "$d/status"; x=$R
-    [[ $s == *')'* ]] || continue
-    uid_fields "$x"
-    A=(); { mapfile -t -d '' -n 8 A <"$d/cmdline"; } 2>/dev/null
-    own_query || continue
-    fields "$s"
-    [[ ${F[0]} == [ZX] || ! ${F[19]} =~ ^[0-9]+$ ]] && continue
-    [[ -n $up ]] || uptime_ticks
-    # in clock ticks: whole seconds on both sides would round an age of 2.6 s down to 2
-    p=${d#/proc/}; age=$(( up - 10#${F[19]} ))
-    stale "${F[0]}" "$age" && out+="$p ${F[0]} $(( age / TCK ))"$'\n'
+    p=${d#/proc/}
+    query_at "$p" || continue  # another nvidia-smi of ours (dmon, -l 5): not a query
+    found+="$p ${F[19]}"$'\n'
+    is_stuck "$p"
   done
-  R=$out
+  [[ -n $SD ]] || return 0
+  uptime_ticks
+  { printf '%s' "$found" >>"$SD/gpubot-probe.q$(( up / (60 * TCK) % 3 ))" \
+    && printf 'ok\n' >"$SD/gpubot-probe.ok"; } 2>/dev/null
+  return 0
 }
 stale() {  # whether one of our queries in state $1, $2 clock ticks old, is stuck
   # Past twice our own limit: stuck whatever its state. In state D (in the kernel) only once it is

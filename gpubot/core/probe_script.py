@@ -2,9 +2,11 @@
 
 Remote work is what a probe costs every node on every status and sweep, so the scripts start no
 program they can do without: in the common case a probe runs ``bash``, the two nvidia-smi
-queries and ``fuser``, four programs in all. Everything else is a bash builtin: each query's time
-limit (``read -t`` on a process substitution, then ``kill``; no ``timeout``), the look for a stuck
-nvidia-smi (no ``pgrep``), the filter of fuser's table, the ``/proc`` reads and their escaping (no
+queries and ``fuser``, four programs in all (a status whose memory adds up skips ``fuser``:
+``probe_holders``). Everything else is a bash builtin: each query's time limit (``read -t`` on a
+process substitution, then ``kill``; no ``timeout``), the look for a stuck nvidia-smi (no
+``pgrep``; in the queries' own records, not every process: ``probe_guards``), the filter of
+fuser's table, the ``/proc`` reads and their escaping (no
 ``awk``), and the owners' names (``/etc/passwd``; ``getent`` only for accounts it does not hold,
 such as LDAP's). ``readlink`` runs only for a process of a system account (a daemon's executable
 is what protects it, and bash cannot read a link). A GPU with no processes costs no ``/proc`` work.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv
 from gpubot.core.probe_guards import STUCK, WATCHDOG
+from gpubot.core.probe_holders import ADDS_UP
 
 MARK = "@gpubot"
 
@@ -231,7 +234,7 @@ query() {
   local fd c= t= r
   Q=
   exec {fd}< <(
-    { printf '%s\n' "$BASHPID"; exec "$@" 2>&"${QE:-4}"; } &
+    { [[ $1 == "$smi" ]] && rec "$BASHPID"; printf '%s\n' "$BASHPID"; exec "$@" 2>&"${QE:-4}"; } &
     wait "$!"
     printf '\n@rc %s' "$?"
   )
@@ -239,11 +242,11 @@ query() {
   r=142
   if [[ $c =~ ^[0-9]+$ ]]; then
     started "$c"; t=$R
-    IFS= read -r -d '' -t "$T" -u "$fd" Q; r=$?
+    IFS= read -r -N 8388608 -t "$T" -u "$fd" Q; r=$?  # -N: in blocks, not a byte a call
   fi
   if (( r > 128 )); then
     signal TERM "$c" "$t"
-    IFS= read -r -d '' -t 1 -u "$fd" _
+    IFS= read -r -N 8388608 -t 1 -u "$fd" _
     signal KILL "$c" "$t"
     exec {fd}<&-
     S=124
@@ -307,11 +310,12 @@ PROBE_SCRIPT = (
     + _FIRSTS
     + _QUERY
     + STUCK
+    + ADDS_UP
     + _FUSER
     + WATCHDOG
-    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8 B=$9
-shift 9
-extra=$*
+    + r"""smi=$1 pre=$2 T=$3 sudo=$4 mode=$5 idx=$6 drv=$7 mins=$8 B=$9 hold=${10} SD=${11}
+shift 11
+extra=$* ng=
 # The time budget (B ms): past it the probe writes "over" and stops; the parser takes the rest
 # of the node's answer for unknown, never for a timeout or for "no holders".
 t=${EPOCHREALTIME//[!0-9]/}; [[ -n $t ]] || t=$(( SECONDS * 1000000 ))
@@ -328,6 +332,9 @@ if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404 )); then m fatal old-bash;
 need() { command -v "$1" >/dev/null 2>&1 || { m fatal "no-$1"; m end; exit 0; }; }
 if [[ $sudo == sudo ]]; then need sudo; else need fuser; fi
 me=; while read -r k _ eu _; do [[ $k == Uid: ]] && { me=$eu; break; }; done </proc/$$/status
+# The queries' records (probe_guards): in the login account's own runtime folder, or none.
+[[ $SD == - ]] && SD=/run/user/$me
+[[ -n $me && -d $SD && -O $SD && ! -L $SD && -w $SD ]] || SD=
 if [[ $mode == smi ]]; then
   stuck_smi
   if [[ -n $R ]]; then m stuck; printf '%s' "$R"; m end; exit 0; fi
@@ -335,13 +342,15 @@ if [[ $mode == smi ]]; then
   if [[ -n $idx ]]; then query "$smi" "${GQ[@]}" -i "$idx"; else query "$smi" "${GQ[@]}"; fi
   m gpus "$S"; printf '%s\n' "$Q"
   case $S in 0|14|15) ;; *) m end; exit 0 ;; esac  # 14: infoROM warning, 15: a GPU lost
-  g=$Q
+  g=$Q gs=$S
   [[ -n $idx ]] || { firsts "$g"; idx=$R; }
   m apps-err
   query "$smi" "${AQ[@]}"
   m apps "$S"; printf '%s\n' "$Q"
   case $S in 0|14|15) ;; *) m end; exit 0 ;; esac
   firsts "$Q"; extra+=" $R"
+  # A status (hold=auto) asks fuser only where nvidia-smi's apps leave memory unexplained.
+  [[ $hold == auto && $gs == 0 && $S == 0 ]] && adds_up "$g" "$Q" && ng=-
 fi
 # Each GPU's device minor, as the driver says: a GPU's index is not its minor.
 m minors
@@ -365,9 +374,11 @@ for i in $mins; do
   [[ -e $pre$i ]] && files+=("$pre$i")
 done
 IFS=$' \t\n'
-ng=${#files[@]}  # no GPU device file: nothing to ask fuser (the sudoers rule wants one first)
+[[ $ng == - ]] || ng=${#files[@]}  # no GPU device file: nothing to ask fuser (sudoers rule)
 for f in "${pre}ctl" "${pre}-uvm"; do [[ -e $f ]] && files+=("$f"); done
-if (( ng > 0 )); then
+if [[ $ng == - ]]; then
+  f= s=-  # not asked: the parser notes it
+elif (( ng > 0 )); then
   # fuser reads every process's open files: it runs for what is left of the budget, at most
   # (a query, its errors merged into its answer); past it, the node's answer is unknown.
   left  # out of time: TERM (fuser dies at once), the "over" marker within the transport's limit

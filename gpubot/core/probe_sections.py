@@ -118,8 +118,20 @@ class Sections:
             raise ParseError(f"{self.what} (view section)", uid)
         return (None if hp in ("-", "0", "off") else hp), (None if uid == "-" else int(uid))
 
+    def fuser_ran(self) -> bool:
+        """Whether the probe asked fuser (a status whose memory adds up does not: ``fuser -``)."""
+        found = self.get("fuser")
+        if found is not None and found[0] == ["-"]:
+            if found[1].strip():
+                raise ParseError(f"{self.what} (fuser section not asked, with a body)", "")
+            return False
+        return True
+
     def fuser(self, node: NodeConfig) -> tuple[tuple[DeviceHolder, ...], int]:
-        """Return fuser's holders and how many processes it could not look into."""
+        """Return fuser's holders and how many processes it could not look into (none when it
+        was not asked)."""
+        if not self.fuser_ran():
+            return (), 0
         status, body = self.status("fuser")
         unseen = 0
         lines = []

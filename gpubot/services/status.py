@@ -15,6 +15,7 @@ from gpubot.core.enrich import apply_enrichment, enrich_argv, enrich_target, par
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditStore, Clock, NvmlReader, NvmlTables, Transport
 from gpubot.core.probe import parse_probe, probe_argv
+from gpubot.core.probe_holders import Holders
 from gpubot.core.protect import Protection
 from gpubot.core.workload import Workload
 from gpubot.errors import CommandTimeout, GpubotError, StoreError, UsageError
@@ -138,13 +139,19 @@ class StatusService:
         return node
 
     async def snapshot(
-        self, node: NodeConfig, *, gpu_indices: Sequence[int] | None = None, names: bool = True
+        self,
+        node: NodeConfig,
+        *,
+        gpu_indices: Sequence[int] | None = None,
+        names: bool = True,
+        holders: Holders = Holders.ALWAYS,
     ) -> NodeSnapshot:
         """Take one node's snapshot with one remote exec (NVML first on the local box).
 
         ``names``: ask the node's runtimes (``runtimes``) to name its containers and jobs, one
         bounded exec per runtime, at once; a lookup that fails or times out leaves the names
-        unknown and never fails the snapshot. Verification polls skip it.
+        unknown and never fails the snapshot. Verification polls skip it. ``holders``: a status
+        asks ``IF_UNEXPLAINED`` (``core.probe_holders``); resets, readiness and sweeps ``ALWAYS``.
         """
         timeout = self.settings.ssh.command_timeout_s
         # The probe runs two nvidia-smi queries one after the other: each gets half the time.
@@ -157,6 +164,7 @@ class StatusService:
             gpu_indices=gpu_indices,
             timeout=timeout,
             protection=self.settings.reset.protection,
+            holders=holders,
         )
         label = self.settings.attribution.container_owner_label
         named = await self.names(node, snap) if names and node.runtimes else {}
@@ -227,6 +235,10 @@ class StatusService:
             task.add_done_callback(lambda t: self._round_done(key, t))
         return await asyncio.shield(task)  # one caller giving up does not cancel the others
 
+    async def _status_snapshot(self, node: NodeConfig) -> NodeSnapshot:
+        """A status's snapshot: fuser only where memory does not add up (issue 24)."""
+        return await self.snapshot(node, holders=Holders.IF_UNEXPLAINED)
+
     def _round_done(self, key: tuple[str, ...], task: asyncio.Future[FleetStatus]) -> None:
         if self._inflight.get(key) is task:
             del self._inflight[key]
@@ -236,7 +248,7 @@ class StatusService:
     async def _probe_round(self, nodes: Sequence[NodeConfig]) -> FleetStatus:
         """Probe ``nodes`` (bounded fan-out, each failing alone) into one ``FleetStatus``."""
         started = self.clock.monotonic()
-        res = await fan_out(nodes, self.snapshot, self.settings.ssh.max_parallel)
+        res = await fan_out(nodes, self._status_snapshot, self.settings.ssh.max_parallel)
         seconds = self.clock.monotonic() - started
         order = {n.name: i for i, n in enumerate(nodes)}
         snaps = tuple(sorted(res.ok.values(), key=lambda s: order[s.node]))
@@ -277,6 +289,7 @@ async def probe_node(
     gpu_indices: Sequence[int] | None = None,
     timeout: float | None = None,
     protection: Protection | None = None,
+    holders: Holders = Holders.ALWAYS,
 ) -> NodeSnapshot:
     """Take one snapshot of ``node`` in one exec (NVML first when the transport offers it)."""
     nvml: NvmlTables | None = None
@@ -299,6 +312,8 @@ async def probe_node(
             minors=[g.minor for g in gpus if g.minor is not None],
         )
     else:
-        argv = probe_argv(node, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices)
+        argv = probe_argv(
+            node, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices, holders=holders
+        )
     result = await transport.run(node, argv, timeout=timeout)
     return parse_probe(node, result, taken_at, nvml=nvml, protection=protection)

@@ -39,7 +39,9 @@ from gpubot.errors import (
     ProbeError,
     UsageError,
 )
+from gpubot.transport import descriptors
 from gpubot.transport.boundary import ErrorMap, map_errors
+from gpubot.transport.pool_cap import ConnectionCap
 
 # OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay under it.
 T = TypeVar("T")
@@ -85,7 +87,9 @@ class SshTransport:
         *,
         max_channels: int = MAX_CHANNELS,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
+        max_connections: int | None = None,
     ) -> None:
+        """``max_connections``: the pool's cap (default: what the descriptor limit allows)."""
         self._ssh = ssh
         self._max_channels = max_channels
         self._max_output = max_output_bytes
@@ -96,6 +100,8 @@ class SshTransport:
         # known_hosts per connection cost CPU and memory that grew with the square of the fleet.
         self._files: dict[str, tuple[tuple[int, int, int], Any]] = {}
         self.connections_made = 0  # SSH connections opened so far (reconnects included)
+        cap = descriptors.connection_cap() if max_connections is None else max_connections
+        self._cap = ConnectionCap(cap, self._evict)
 
     def connected(self) -> int:
         """Return how many pooled connections are open."""
@@ -105,6 +111,18 @@ class SshTransport:
         self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
     ) -> CommandResult:
         """Run ``argv`` on ``node`` (joined with ``shlex.join``) and return its result."""
+        async with self._cap.held(node.name, self._ssh.connect_timeout_s):  # issue 24: pool cap
+            return await self._run(node, argv, timeout=timeout)
+
+    def _evict(self, name: str) -> None:
+        """Close ``name``'s pooled connection, to make room for another node's (pool_cap)."""
+        pooled = self._pool.pop(name, None)
+        if pooled is not None:
+            pooled.conn.close()
+
+    async def _run(
+        self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
+    ) -> CommandResult:
         check_argv(argv)
         command = shlex.join(argv)
         limit = self._ssh.command_timeout_s if timeout is None else timeout

@@ -29,6 +29,7 @@ from gpubot.core.nvsmi import gpu_query_argv
 from gpubot.core.plan import ResetRequest, plan_reset
 from gpubot.core.probe import parse_probe, parse_procs, probe_argv, proc_argv
 from gpubot.core.probe_fields import parse_fuser, printable
+from gpubot.core.probe_holders import Holders
 from gpubot.core.probe_script import PROBE_SCRIPT
 from gpubot.core.protect import Protection
 from gpubot.errors import ConfigError, ParseError, ProbeError, ResetRefused, SmiFailed, SmiMissing
@@ -201,21 +202,29 @@ def test_script_is_constant_and_values_are_arguments() -> None:
         drv,
         "",
         "6000",
+        "always",
+        "-",
     ]
-    assert b[4:] == ["nvidia-smi", "/dev/nvidia", "10", "-", "smi", "", drv, "", "21000"]
+    plain_args = ["nvidia-smi", "/dev/nvidia", "10", "-", "smi", "", drv, "", "21000"]
+    assert b[4:] == [*plain_args, "always", "-"]
     # No per-call secret: anyone on the node may read this argv; two calls are identical.
     assert probe_argv(plain, smi_timeout_s=10) == b
     assert "nvidia" not in PROBE_SCRIPT.replace("nvidia-smi", "").replace("--query", "")
     assert "*" not in PROBE_SCRIPT.split("fuser -v")[1].split("\n")[0]  # never a glob
-    assert probe_argv(
-        plain,
-        smi_timeout_s=1,
-        gpu_indices=[1],
-        skip_smi=True,
-        pids=[7, 9],
-        minors=[4],
-        budget_s=2.5,
-    )[8:] == ["nvml", "1", drv, "4", "2500", "7", "9"]
+    assert (
+        probe_argv(
+            plain,
+            smi_timeout_s=1,
+            gpu_indices=[1],
+            skip_smi=True,
+            pids=[7, 9],
+            minors=[4],
+            budget_s=2.5,
+            holders=Holders.IF_UNEXPLAINED,  # the script has no tables from NVML: always
+            state_dir="/run/x",
+        )[8:]
+        == ["nvml", "1", drv, "4", "2500", "always", "/run/x", "7", "9"]
+    )
     assert "process_name" not in PROBE_SCRIPT  # a process's own say about its name
 
 
@@ -400,13 +409,14 @@ def test_another_users_nvidia_smi_never_stops_the_probe(box: Box) -> None:
     try:
         time.sleep(2.5)  # older than the limit of a 0.3 s query: 2 × 0 + 2 s
         box.set(gpus=gpus_text(), apps="")
-        assert len(probe(box, smi_timeout_s=0.3).gpus) == 3
+        # No records folder: the check walks /proc (test_probe_records: the queries' records).
+        assert len(probe(box, smi_timeout_s=0.3, state_dir="").gpus) == 3
         box.set(gpus=gpus_text(), apps="", mode="stubborn")  # a query of ours that never ends
         ours = subprocess.Popen(gpu_query_argv(box.node.nvidia_smi), start_new_session=True)
         procs.append(ours)
         time.sleep(2.5)
         with pytest.raises(SmiFailed, match=rf"driver hung: nvidia-smi pid {ours.pid} stuck"):
-            probe(box, smi_timeout_s=0.3)
+            probe(box, smi_timeout_s=0.3, state_dir="")
     finally:
         for proc in procs:
             proc.kill()

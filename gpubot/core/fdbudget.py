@@ -1,0 +1,71 @@
+"""How many SSH connections gpubot's descriptor limit allows, and the lines that say so (issue 24).
+
+gpubot keeps one SSH connection per node, and each is one descriptor: a bot needs about 10 + N.
+Under the common soft limit of 1,024 (systemd's default), a fleet of about 1,014 nodes was the
+end: connections past it failed with ``EMFILE`` and their nodes looked unreachable, and the
+database could fail too. So at start the soft limit is raised to the hard one (``raised_to``, as
+servers do), and the connection pool keeps at most ``connection_cap`` connections: the limit less
+a reserve for everything else (the database pool, Slack, metrics, logs, files read along the
+way). A fleet larger than that still answers, with idle connections closed and reopened as
+needed; ``fleet_line`` says so in one line. Pure arithmetic: ``gpubot.transport.descriptors``
+does the I/O.
+"""
+
+from __future__ import annotations
+
+# What gpubot keeps for itself beyond its SSH connections, at least: stdio, the event loop, the
+# database pool (SQLAlchemy: 5 + 10 overflow), Slack's sockets, metrics, logs, known_hosts.
+RESERVE = 64
+# The most the soft limit is raised to when the hard one is unlimited (Linux refuses more than
+# fs.nr_open, 1,048,576 by default).
+UNLIMITED_TARGET = 1 << 20
+
+
+def raised_to(soft: int, hard: int | None) -> int:
+    """Return the soft limit to set: the hard one (``None``: unlimited), never lower than now."""
+    target = UNLIMITED_TARGET if hard is None else hard
+    return max(soft, target)
+
+
+def reserve(soft: int) -> int:
+    """Return the descriptors kept for everything but SSH connections: 64, or an eighth."""
+    return max(RESERVE, soft // 8)
+
+
+def connection_cap(soft: int) -> int:
+    """Return how many SSH connections the soft limit ``soft`` allows, with headroom (>= 1)."""
+    return max(1, soft - reserve(soft))
+
+
+def raised_line(before: int, after: int, hard: int | None) -> str:
+    """Return the one line logged at start: what the soft descriptor limit is now."""
+    top = "unlimited" if hard is None else str(hard)
+    if after > before:
+        change = f"raised from {before} to {after}"
+    else:
+        change = f"left at {after}" + (" (the hard limit)" if hard == after else "")
+    return (
+        f"descriptor limit: soft {change}, hard {top}: up to {connection_cap(after)} "
+        "SSH connections at once"
+    )
+
+
+def fleet_line(nodes: int, soft: int) -> str | None:
+    """Return the one line that says the fleet is larger than the limit allows, or None."""
+    cap = connection_cap(soft)
+    if nodes <= cap:
+        return None
+    return (
+        f"{nodes} nodes but the descriptor limit ({soft}) allows {cap} SSH connections: "
+        "idle ones are closed and reopened as needed (slower); raise LimitNOFILE "
+        f"to at least {needed(nodes)} to keep one per node"
+    )
+
+
+def needed(nodes: int) -> int:
+    """Return the smallest soft limit that allows ``nodes`` SSH connections."""
+    lo, hi = 1, 2 * max(1, nodes) + 2 * RESERVE  # connection_cap never falls as the limit grows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if connection_cap(mid) < nodes else (lo, mid)
+    return lo
