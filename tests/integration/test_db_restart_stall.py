@@ -134,7 +134,8 @@ async def _frozen(bot: Bot, node1: Any, answer_within_s: float) -> bool:
     await _warm_pool(h)
     pids = _pg_pids(pg)
     for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+        with contextlib.suppress(ProcessLookupError):  # a backend that ended since it was listed
+            os.kill(pid, signal.SIGSTOP)
     try:
         await h.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
         for _ in range(8):
@@ -150,7 +151,8 @@ async def _frozen(bot: Bot, node1: Any, answer_within_s: float) -> bool:
             answered = False
     finally:
         for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     await h.settle()
     assert await _acted_on(h) < ACTED_S
     with contextlib.suppress(ProcessLookupError):  # the control's click ran once thawed

@@ -45,6 +45,8 @@ def methods_called() -> set[str]:
         text = path.read_text()
         found.update(re.findall(r"client\.([a-z]+_[A-Za-z_]+)\(", text))
         found.update(re.findall(r'_send\(\s*"([a-z]+_[A-Za-z]+)"', text))
+        for method in re.findall(r'call\(\s*self\.client,\s*"([a-z]+\.[A-Za-z.]+)"', text):
+            found.add(method.replace(".", "_"))  # api.call(client, "users.info", ...)
     return found
 
 
