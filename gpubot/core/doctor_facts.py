@@ -14,6 +14,8 @@ BASE_SCOPES = ("commands", "chat:write", "users:read")  # every bot needs these
 def needed_scopes(policy: Policy, *, idle_dm: bool) -> dict[str, str]:
     """Return each Slack scope the settings use, with the setting that uses it."""
     need = {s: "every bot" for s in BASE_SCOPES}
+    if policy.channel:
+        need["channels:history"] = "[slack] channel (an alert is posted once)"
     if policy.groups_to_resolve():
         need["usergroups:read"] = "an approver or permission user group (S…)"
     if policy.email_local_part:
