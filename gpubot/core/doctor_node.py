@@ -132,7 +132,8 @@ def parse_facts(stdout: str) -> NodeFacts:
         sudo=body("sudo") if "sudo" in sections else None,
         sudo_installed="no-sudo" not in sections,
         sudo_exit=_int(args.get("sudo-exit")),
-        proc_options=body("mounts").splitlines()[0] if body("mounts") else None,
+        # The last mount of /proc is the one in effect (a namespace's over the host's).
+        proc_options=body("mounts").splitlines()[-1] if body("mounts") else None,
     )
 
 

@@ -220,3 +220,18 @@ def test_a_node_without_fuser(fleet_factory: Callable[..., SimFleet]) -> None:
     assert "psmisc" in bad[("node1", "fuser")]["fix"]
     # Without sudo and as root the rest is fine: only fuser is missing.
     assert list(bad) == [("node1", "fuser")]
+
+
+@pytest.mark.parametrize("hidepid", [False, True], ids=["plain-proc", "hidepid"])
+def test_a_partial_view_of_proc_is_named(
+    fleet_factory: Callable[..., SimFleet], sim_users: tuple[str, ...], hidepid: bool
+) -> None:
+    f = fleet_factory(nodes=1, gpus=1, view_user=sim_users[1], hidepid=hidepid)
+    code, doc, _ = doctor(migrated(f))
+    bad = failures(doc)
+    assert code == 1 and list(bad) == [("node1", "/proc view")]
+    check = bad[("node1", "/proc view")]
+    if hidepid:
+        assert "mounted hidepid=" in check["detail"] and "hidepid" in check["fix"]
+    else:
+        assert "partial view" in check["detail"] and "sudo = true" in check["fix"]

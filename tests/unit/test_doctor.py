@@ -293,5 +293,10 @@ def test_a_short_audit_key_fails(tmp_path: Path) -> None:
     assert not {c.name: c for c in checks}["GPUBOT_AUDIT_KEY"].ok
 
 
+def test_the_last_mount_of_proc_is_the_one_in_effect() -> None:
+    facts = parse_facts(answer(mounts="rw,relatime\nrw,relatime,hidepid=invisible"))
+    assert facts.proc_options == "rw,relatime,hidepid=invisible"
+
+
 def test_node_facts_default_to_unknown() -> None:
     assert parse_facts("") == NodeFacts()
