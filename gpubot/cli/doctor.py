@@ -15,6 +15,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from gpubot.app import doctor_transport
+from gpubot.cli.serve import DEFAULT_API_URL
 from gpubot.config import Settings, audit_key, config_path
 from gpubot.config.doctor import config_checks
 from gpubot.core.doctor import Check, all_ok, as_document, failed, render
@@ -22,8 +23,6 @@ from gpubot.core.doctor_facts import DbFacts, SlackFacts
 from gpubot.core.models import NodeConfig
 from gpubot.errors import ConfigError
 from gpubot.services.doctor import DoctorParts, DoctorService
-
-DEFAULT_API_URL = "https://slack.com/api/"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
