@@ -89,6 +89,8 @@ class DbFacts:
     write_error: str | None = None  # None: a write (rolled back) went through
     keyed_error: str | None = None  # the keyed log refuses this key (or its absence)
     keyed: bool = False
+    file: str | None = None  # a SQLite database's file
+    file_mode: int | None = None  # its permission bits
 
 
 def db_checks(facts: DbFacts) -> list[Check]:
@@ -126,6 +128,8 @@ def db_checks(facts: DbFacts) -> list[Check]:
         )
     else:
         checks.append(passed(area, "writable"))
+    if facts.file is not None and facts.file_mode is not None:
+        checks.append(_file_mode(facts.file, facts.file_mode))
     if facts.keyed_error is not None:
         checks.append(
             failed(
@@ -144,3 +148,15 @@ def db_checks(facts: DbFacts) -> list[Check]:
             )
         )
     return checks
+
+
+def _file_mode(path: str, mode: int) -> Check:
+    """Check that a SQLite file is private: it holds every person's command lines."""
+    if mode & 0o077:
+        return failed(
+            "database",
+            "file private",
+            f"{path} has mode {mode:04o}: other users can read it",
+            f"chmod 600 {path}",
+        )
+    return passed("database", "file private", f"mode {mode:04o}")

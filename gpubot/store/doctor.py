@@ -3,6 +3,10 @@ whether the audit log is keyed with the key gpubot has (``core.doctor_facts`` ju
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import stat
+
 from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -26,18 +30,19 @@ def database_facts(url: str, *, password: str | None, audit_key: bytes | None) -
             revision, head = migrate.current(store.engine), migrate.head()
         except StoreError as exc:
             return DbFacts(url, error=str(exc))
-        facts = DbFacts(url, revision=revision, head=head, write_error=_write_error(store))
-        if revision is None:
-            return facts
-        keyed, why = _keyed(store, audit_key)
-        return DbFacts(
+        file, mode = _file_of(store)
+        facts = DbFacts(
             url,
             revision=revision,
             head=head,
-            write_error=facts.write_error,
-            keyed=keyed,
-            keyed_error=why,
+            write_error=_write_error(store),
+            file=file,
+            file_mode=mode,
         )
+        if revision is None:
+            return facts
+        keyed, why = _keyed(store, audit_key)
+        return dataclasses.replace(facts, keyed=keyed, keyed_error=why)
     finally:
         store.close()
 
@@ -70,3 +75,14 @@ def _keyed(store: Store, key: bytes | None) -> tuple[bool, str | None]:
     except SQLAlchemyError as exc:
         return False, f"cannot read the audit log: {describe(exc)}"
     return marker is not None, None
+
+
+def _file_of(store: Store) -> tuple[str | None, int | None]:
+    """Return a SQLite database's file and its permission bits (None, None otherwise)."""
+    path = store.engine.url.database
+    if store.engine.dialect.name != "sqlite" or not path or path == ":memory:":
+        return None, None
+    try:
+        return path, stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return path, None

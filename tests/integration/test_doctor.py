@@ -137,10 +137,12 @@ def test_an_unmigrated_database(fleet: SimFleet, tmp_path: Path) -> None:
 SLACK = '\n[slack]\nchannel = "C0ALERTS"\n\n[approvals]\nusergroup = "S0ONCALL"\n'
 
 
-@pytest.mark.parametrize("granted", ["all", "no-usergroups"])
+@pytest.mark.parametrize("granted", ["all", "no-usergroups", "not-in-channel"])
 async def test_slack_scopes(fleet: SimFleet, fake_slack: FakeSlack, granted: str) -> None:
-    if granted != "all":
+    if granted == "no-usergroups":
         fake_slack.scopes.remove("usergroups:read")
+    if granted == "not-in-channel":
+        fake_slack.members = set()
     config = write_config(fleet, "slack.toml", fleet.config_path.read_text() + SLACK)
     env = environ(SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_API_URL=fake_slack.base_url)
     proc = await asyncio.create_subprocess_exec(
@@ -153,9 +155,12 @@ async def test_slack_scopes(fleet: SimFleet, fake_slack: FakeSlack, granted: str
     assert b"Traceback" not in err
     doc = json.loads(out)
     slack = {c["check"]: c for c in doc["checks"] if c["area"] == "slack"}
-    assert slack["token valid"]["ok"] and slack["bot in C0ALERTS"]["ok"]
+    assert slack["token valid"]["ok"]
     if granted == "all":
         assert (proc.returncode, failures(doc)) == (0, {})
+    elif granted == "not-in-channel":
+        assert proc.returncode == 1 and list(failures(doc)) == [("slack", "bot in C0ALERTS")]
+        assert slack["bot in C0ALERTS"]["fix"] == "/invite @gpubot in C0ALERTS"
     else:
         assert proc.returncode == 1 and list(failures(doc)) == [("slack", "scopes")]
         assert "usergroups:read" in slack["scopes"]["detail"]
@@ -235,3 +240,54 @@ def test_a_partial_view_of_proc_is_named(
         assert "mounted hidepid=" in check["detail"] and "hidepid" in check["fix"]
     else:
         assert "partial view" in check["detail"] and "sudo = true" in check["fix"]
+
+
+def test_a_refused_key_and_an_unreachable_node_each_fail_alone(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
+    other = asyncssh.generate_private_key("ssh-ed25519")
+    other.write_private_key(str(tmp_path / "other_key"))
+    text = fleet.config_path.read_text()
+    first = text.index(f'key = "{fleet.client_key}"')  # node1's
+    rest = text[first:].split("\n", 1)[1]
+    text = text[:first] + f'key = "{tmp_path / "other_key"}"\n' + rest
+    config = write_config(fleet, "auth.toml", text)
+    fleet.stop_server("node2")
+    try:
+        code, doc, _ = doctor(config)
+    finally:
+        fleet.start_server("node2")
+    bad = failures(doc)
+    assert code == 1 and list(bad) == [("node1", "auth"), ("node2", "reachable")]
+    assert "authorized_keys" in bad[("node1", "auth")]["fix"]
+    assert "runs sshd" in bad[("node2", "reachable")]["fix"]
+
+
+def test_a_keyed_log_without_its_key(fleet: SimFleet, tmp_path: Path) -> None:
+    url = "sqlite:///" + str(tmp_path / "keyed.db")
+    text = fleet.config_path.read_text().replace(
+        f'url = "sqlite:///{fleet.root / "gpubot.db"}"', f'url = "{url}"'
+    )
+    config = write_config(fleet, "keyed.toml", text)
+    keyed = environ(GPUBOT_AUDIT_KEY="k" * 32)
+    for args in (["db", "upgrade"], ["status", "node1"]):  # status records a (keyed) query
+        cmd = [sys.executable, "-m", "gpubot", "--config", str(config), *args]
+        subprocess.run(cmd, check=True, capture_output=True, env=keyed)
+    code, doc, _ = doctor(config)
+    bad = failures(doc)
+    assert code == 1 and list(bad) == [("database", "audit key")]
+    assert "keyed" in bad[("database", "audit key")]["detail"]
+    assert "GPUBOT_AUDIT_KEY" in bad[("database", "audit key")]["fix"]
+
+
+def test_a_database_file_others_can_read(fleet: SimFleet, tmp_path: Path) -> None:
+    db = fleet.root / "gpubot.db"
+    before = db.stat().st_mode
+    db.chmod(0o644)
+    try:
+        code, doc, _ = doctor(fleet.config_path, "node1")
+    finally:
+        db.chmod(before)
+    bad = failures(doc)
+    assert code == 1 and list(bad) == [("database", "file private")]
+    assert bad[("database", "file private")]["fix"] == f"chmod 600 {db}"

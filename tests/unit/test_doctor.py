@@ -230,6 +230,8 @@ def test_an_invalid_token_and_a_missing_channel() -> None:
             {"audit key"},
         ),
         (DbFacts("sqlite://", error="cannot connect"), {"opens"}),
+        (DbFacts("s", revision="1", head="1", file="/x.db", file_mode=0o600), set()),
+        (DbFacts("s", revision="1", head="1", file="/x.db", file_mode=0o644), {"file private"}),
     ],
 )
 def test_database_checks(facts: DbFacts, failing: set[str]) -> None:
