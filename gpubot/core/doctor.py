@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,11 +132,3 @@ def render(checks: Sequence[Check]) -> str:
 def as_document(checks: Sequence[Check]) -> dict[str, Any]:
     """Return the checklist as one JSON document."""
     return {"ok": all_ok(checks), "checks": [c.as_dict() for c in checks]}
-
-
-def by_area(checks: Iterable[Check]) -> Mapping[str, list[Check]]:
-    """Return the checks grouped by area, in order of first appearance."""
-    out: dict[str, list[Check]] = {}
-    for c in checks:
-        out.setdefault(c.area, []).append(c)
-    return out

@@ -145,7 +145,14 @@ def node_checks(node: NodeConfig, facts: NodeFacts, needs: SudoNeeds | None = No
     """Turn a node's facts into its checks (``needs``: what the settings use of sudo)."""
     area = node.name
     if not facts.complete:
-        return [failed(area, "doctor script", "the node's answer was cut short", "run it again")]
+        return [
+            failed(
+                area,
+                "doctor script",
+                "the node's answer was cut short",
+                f"check that sh, id and coreutils work on {area}, then run gpubot doctor again",
+            )
+        ]
     checks = [bash_check(area, facts.bash), _fuser(area, facts), *_smi_and_devices(node, facts)]
     if node.sudo:
         text = facts.sudo if facts.sudo_installed else None

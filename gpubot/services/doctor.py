@@ -67,7 +67,8 @@ class DoctorService:
                 out += res.ok[n.name]
             else:
                 why = str(res.failed[n.name])
-                out.append(failed(n.name, "checked", why, "see the error above"))
+                fix = f"`gpubot status {n.name}` meets the same failure: fix it there first"
+                out.append(failed(n.name, "checked", why, fix))
         return out + await slack + await database
 
     async def node(self, node: NodeConfig) -> list[Check]:

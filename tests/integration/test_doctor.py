@@ -95,6 +95,26 @@ def test_an_unknown_host_key_prints_the_fingerprint(fleet: SimFleet) -> None:
     assert "fix: check that fingerprint" in text
 
 
+def test_a_changed_host_key_prints_the_fingerprint(fleet: SimFleet) -> None:
+    port1, port2 = fleet.node("node1").port, fleet.node("node2").port
+    lines = fleet.known_hosts.read_text().splitlines(keepends=True)
+    (node2,) = [ln for ln in lines if f":{port2} " in ln]
+    known = fleet.known_hosts.with_name("known_hosts.changed")
+    known.write_text(node2.replace(f":{port2} ", f":{port1} ") + node2)  # node1 pinned wrong
+    config = write_config(
+        fleet,
+        "changed-key.toml",
+        fleet.config_path.read_text().replace(str(fleet.known_hosts), str(known)),
+    )
+    code, doc, _ = doctor(config)
+    key = asyncssh.read_public_key(str(fleet.node("node1").dir / "ssh_host_ed25519_key.pub"))
+    bad = failures(doc)
+    assert code == 1 and list(bad) == [("node1", "host key")]
+    check = bad[("node1", "host key")]
+    assert "CHANGED" in check["detail"] and key.get_fingerprint() in check["detail"]
+    assert f"ssh-keygen -R '[127.0.0.1]:{port1}' -f {known}" in check["fix"]
+
+
 def test_a_wrong_dev_prefix_is_named(fleet: SimFleet) -> None:
     node = fleet.node("node1")
     text = fleet.config_path.read_text().replace(
