@@ -50,7 +50,8 @@ def config_checks(path: Path, environ: Mapping[str, str]) -> tuple[list[Check], 
             break
     if settings is None:
         return checks, None
-    checks.append(passed("config", "settings valid"))
+    if all(c.ok for c in checks):  # else the unknown keys above are what is not valid
+        checks.append(passed("config", "settings valid"))
     checks += file_checks(settings)
     checks.append(_audit_key(environ))
     return checks, settings

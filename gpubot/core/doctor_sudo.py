@@ -179,6 +179,18 @@ def judge_grants(grants: Sequence[Grant], needs: SudoNeeds) -> tuple[list[str], 
     return wide, missing
 
 
+def aliases_of(missing: Sequence[str]) -> list[str]:
+    """Return the README's ``Cmnd_Alias`` names that hold the ``missing`` commands."""
+    out: list[str] = []
+    for text in missing:
+        prog, _, args = text.partition(" ")
+        for alias, p, a in README_RULE:
+            if p == prog and a.split(" ", 1)[0] == args.split(" ", 1)[0] and alias not in out:
+                out.append(alias)
+                break
+    return out or ["the missing commands"]
+
+
 def sudo_check(area: str, text: str | None, exit_status: int | None, needs: SudoNeeds) -> Check:
     """Check ``sudo -n -l``'s answer (``text`` None: sudo is not installed)."""
     name = "sudo rule"
@@ -204,6 +216,7 @@ def sudo_check(area: str, text: str | None, exit_status: int | None, needs: Sudo
             area,
             name,
             f"too narrow: no NOPASSWD rule for {'; '.join(missing)[:300]}",
-            f"add it as in the README's rule ({fix_rule})",
+            f"add {', '.join(aliases_of(missing))} as the README's rule has them "
+            "(visudo -f /etc/sudoers.d/gpubot)",
         )
     return passed(area, name, f"{len(grants)} commands, all from the README's rule")

@@ -110,6 +110,8 @@ def test_a_run_as_other_than_root_is_too_wide() -> None:
 def test_too_narrow(rule: str, needs: SudoNeeds, words: str) -> None:
     check = sudo_check("gpu3", readme_listing(rule), 0, needs)
     assert not check.ok and "too narrow" in check.detail and words in check.detail
+    alias = {"kill": "KILL", "fuser": "FUSER", "docker": "INSPECT", "scancel": "STOP"}
+    assert check.fix.startswith(f"add GPUBOT_{alias.get(words.split()[0], 'RESET')} as")
 
 
 def test_what_the_settings_do_not_use_may_stay_out() -> None:
