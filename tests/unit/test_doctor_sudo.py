@@ -145,3 +145,26 @@ def test_no_rule(text: str, status: int, words: str) -> None:
 def test_no_sudo_installed() -> None:
     check = sudo_check("gpu3", None, None, SudoNeeds())
     assert not check.ok and check.fix == "install sudo"
+
+
+# Shapes of real ``sudo -l`` answers (public write-ups): one entry a line, tags, run-as lists.
+SHAPES = """Matching Defaults entries for john on box:
+    env_reset, mail_badpass, secure_path=/usr/local/sbin\\:/usr/local/bin\\:/usr/bin
+
+User john may run the following commands on box:
+    (ALL) NOPASSWD: /usr/bin/nano
+    (ALL) SETENV: NOPASSWD: /sbin/initctl
+    (ALL, !root) /bin/bash
+    (ALL : ALL) NOPASSWD: /usr/bin/systemctl status trail.service
+"""
+
+
+def test_real_shapes_parse() -> None:
+    assert parse_sudo_list(SHAPES) == (
+        Grant("ALL", True, "/usr/bin/nano"),
+        Grant("ALL", True, "/sbin/initctl"),
+        Grant("ALL, !root", False, "/bin/bash"),
+        Grant("ALL : ALL", True, "/usr/bin/systemctl status trail.service"),
+    )
+    check = sudo_check("box", SHAPES, 0, SudoNeeds())
+    assert not check.ok and "too wide" in check.detail and "/usr/bin/nano" in check.detail
