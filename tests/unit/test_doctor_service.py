@@ -78,3 +78,14 @@ async def test_slack_and_the_database_are_checked_beside_the_nodes() -> None:
     by = await checks()
     assert not by["slack"]["scopes"].ok and "users:read" in by["slack"]["scopes"].fix
     assert all(c.ok for c in by["database"].values())
+
+
+async def test_a_local_node_claims_no_ssh_checks() -> None:
+    local = NodeConfig(name="here", host="local")
+    ERRORS["here"] = None
+    try:
+        service = DoctorService(Settings(nodes=(local,)), Transport(), DoctorParts(fingerprint))
+        names = [c.name for c in await service.node(local)]
+    finally:
+        del ERRORS["here"]
+    assert names[0] == "reachable" and "host key" not in names and "auth" not in names
