@@ -19,7 +19,7 @@ from gpubot.cli.serve import DEFAULT_API_URL
 from gpubot.config import Settings, audit_key, config_path
 from gpubot.config.doctor import config_checks
 from gpubot.core.doctor import Check, all_ok, as_document, failed, render
-from gpubot.core.doctor_facts import DbFacts, SlackFacts
+from gpubot.core.doctor_facts import DbFacts
 from gpubot.core.models import NodeConfig
 from gpubot.errors import ConfigError
 from gpubot.services.doctor import DoctorParts, DoctorService
@@ -82,19 +82,19 @@ async def _rest(
         await transport.close()
 
 
-def _slack(environ: Mapping[str, str]) -> Callable[[Sequence[str]], Awaitable[SlackFacts]] | None:
+def _slack(environ: Mapping[str, str]) -> Callable[[Settings], Awaitable[list[Check]]] | None:
     token = environ.get("SLACK_BOT_TOKEN", "").strip()
     if not token:
         return None
     url = environ.get("SLACK_API_URL", "").strip() or DEFAULT_API_URL
     url = url if url.endswith("/") else url + "/"
 
-    async def facts(channels: Sequence[str]) -> SlackFacts:
-        from gpubot.slack.doctor import slack_facts
+    async def checks(settings: Settings) -> list[Check]:
+        from gpubot.slack.doctor import check
 
-        return await slack_facts(token, url, channels)
+        return await check(token, url, settings)
 
-    return facts
+    return checks
 
 
 def _database(settings: Settings, environ: Mapping[str, str]) -> DbFacts:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gpubot.config import Settings
 from gpubot.core.doctor import Check, failed, passed
-from gpubot.core.doctor_facts import DbFacts, SlackFacts, db_checks, needed_scopes, slack_checks
+from gpubot.core.doctor_facts import DbFacts, db_checks
 from gpubot.core.doctor_node import (
     doctor_argv,
     node_checks,
@@ -44,7 +44,7 @@ class DoctorParts:
     """What the doctor asks outside the Transport port (None: not configured, not checked)."""
 
     fingerprint: Fingerprint
-    slack: Callable[[Sequence[str]], Awaitable[SlackFacts]] | None = None
+    chat: Callable[[Settings], Awaitable[list[Check]]] | None = None  # the platform's own
     database: Callable[[], DbFacts] | None = None
 
 
@@ -146,14 +146,10 @@ class DoctorService:
         return runtime_check(node.name, runtime, res.exit_status, res.stderr + res.stdout)
 
     async def slack(self) -> list[Check]:
-        """Return the Slack checks (none without a token)."""
-        if self.parts.slack is None:
+        """Return the chat platform's checks of itself (none without a token)."""
+        if self.parts.chat is None:
             return [passed("slack", "not checked", "SLACK_BOT_TOKEN is not set")]
-        policy = self.settings.policy
-        channels = [c for c in (policy.channel, policy.oncall_channel) if c]
-        facts = await self.parts.slack(channels)
-        need = needed_scopes(policy, idle_dm=self.settings.sweep.idle.enabled)
-        return slack_checks(facts, need)
+        return await self.parts.chat(self.settings)
 
     async def database(self) -> list[Check]:
         """Return the database checks."""

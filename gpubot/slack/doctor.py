@@ -8,8 +8,18 @@ from collections.abc import Sequence
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gpubot.core.doctor_facts import SlackFacts
+from gpubot.config import Settings
+from gpubot.core.doctor import Check
 from gpubot.slack.api import make_client
+from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
+
+
+async def check(token: str, base_url: str, settings: Settings) -> list[Check]:
+    """Return the Slack checks of the settings' token, scopes and channels."""
+    policy = settings.policy
+    channels = [c for c in (policy.channel, policy.oncall_channel) if c]
+    facts = await slack_facts(token, base_url, channels)
+    return slack_checks(facts, needed_scopes(policy, idle_dm=settings.sweep.idle.enabled))
 
 
 async def slack_facts(token: str, base_url: str, channels: Sequence[str]) -> SlackFacts:

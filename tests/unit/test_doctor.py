@@ -17,7 +17,7 @@ from gpubot.core.doctor import (
     passed,
     render,
 )
-from gpubot.core.doctor_facts import DbFacts, SlackFacts, db_checks, needed_scopes, slack_checks
+from gpubot.core.doctor_facts import DbFacts, db_checks
 from gpubot.core.doctor_node import (
     NodeFacts,
     doctor_argv,
@@ -29,6 +29,7 @@ from gpubot.core.doctor_node import (
 )
 from gpubot.core.models import NodeConfig
 from gpubot.core.policy import Policy
+from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
 
 
 @pytest.mark.parametrize(

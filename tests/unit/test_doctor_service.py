@@ -6,10 +6,11 @@ from collections.abc import Sequence
 
 from gpubot.config import Settings
 from gpubot.core.doctor import Check
-from gpubot.core.doctor_facts import DbFacts, SlackFacts
+from gpubot.core.doctor_facts import DbFacts
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.errors import AuthRefused, CommandTimeout, HostKeyRejected, NodeUnreachable
 from gpubot.services.doctor import DoctorParts, DoctorService
+from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
 from tests.unit.test_doctor import answer
 
 NODES = tuple(NodeConfig(name=f"n{i}", host=f"10.0.0.{i}") for i in range(1, 6))
@@ -45,8 +46,9 @@ async def fingerprint(node: NodeConfig) -> str | None:
     return f"ssh-ed25519 SHA256:fake-{node.name}"
 
 
-async def slack(channels: Sequence[str]) -> SlackFacts:
-    return SlackFacts(team="T", user="gpubot", scopes=frozenset({"commands"}))
+async def slack(settings: Settings) -> list[Check]:
+    facts = SlackFacts(team="T", user="gpubot", scopes=frozenset({"commands"}))
+    return slack_checks(facts, needed_scopes(settings.policy, idle_dm=False))
 
 
 def database() -> DbFacts:
