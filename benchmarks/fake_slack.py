@@ -65,6 +65,18 @@ class Failure:
     channel: str | None = None  # only calls for this channel
 
 
+# The bot token's scopes by default: the manifest's (deploy/slack-manifest.yml), all of them.
+SCOPES = (
+    "commands",
+    "chat:write",
+    "users:read",
+    "usergroups:read",
+    "users:read.email",
+    "im:write",
+    "channels:history",
+)
+
+
 class FakeSlack:
     """A loopback fake of the Slack Web API that records every call."""
 
@@ -87,6 +99,9 @@ class FakeSlack:
         self.sockets: list[web.WebSocketResponse] = []
         self.delays: dict[str, float] = {}  # method → seconds it answers after (its work done)
         self.history_readable = True  # False: conversations.history answers missing_scope
+        # The token's scopes, sent as auth.test's x-oauth-scopes header (as Slack does).
+        self.scopes = list(SCOPES)
+        self.members: set[str] | None = None  # the channels the bot is in (None: every one)
         self._stopping = asyncio.Event()
         self.socket_received: list[dict[str, Any]] = []
 
@@ -266,7 +281,8 @@ class FakeSlack:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             call.answered_at = time.monotonic()
-        return web.json_response(call.answer)
+        scopes = {"x-oauth-scopes": ",".join(self.scopes)} if method == "auth.test" else {}
+        return web.json_response(call.answer, headers=scopes)
 
     def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
         if method == "auth.test":
@@ -279,6 +295,10 @@ class FakeSlack:
                 "user_id": "U0BOT",
                 "bot_id": "B0BOT",
             }
+        if method == "conversations.info":
+            channel = str(body.get("channel"))
+            member = self.members is None or channel in self.members
+            return {"ok": True, "channel": {"id": channel, "is_member": member}}
         if method == "conversations.history":
             return history(self.messages, body, readable=self.history_readable)
         if method in ("chat.postMessage", "chat.update", "chat.postEphemeral"):

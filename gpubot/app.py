@@ -228,6 +228,13 @@ def settings_from(cli_config: str | None, environ: Mapping[str, str]) -> Setting
     return load(config_path(cli_config, environ))
 
 
+def doctor_transport(settings: Settings) -> Transport:
+    """Return the transport ``gpubot doctor`` asks nodes through (nothing else is built)."""
+    from gpubot.transport import make_transport
+
+    return make_transport(settings.ssh)
+
+
 def open_app_store(
     settings: Settings, environ: Mapping[str, str], *, check_schema: bool = True
 ) -> Store:

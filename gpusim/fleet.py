@@ -72,6 +72,9 @@ class SimFleet:
 
     ``session_path``: directories put first on every session's PATH (wrappers that point this
     machine's ``docker`` or ``scontrol`` at a test's own daemon, for example).
+
+    ``without``: program names the nodes lack (e.g. ``["fuser"]``): sessions get a standard
+    PATH of links to this machine's programs but those.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class SimFleet:
         runtimes: bool | Sequence[str] = False,
         session_path: Sequence[str] = (),
         protected: Sequence[str] = (),
+        without: Sequence[str] = (),
     ) -> None:
         """Check the options (``SimUsageError``) and start nothing: ``start`` (or ``with``) does."""
         fleet_setup.check_options(
@@ -111,6 +115,7 @@ class SimFleet:
         self._minors = list(minors) if minors is not None else list(range(gpus))
         self._persistenced = persistenced
         self._protected = fleet_setup.paths("protected", protected)
+        self._without = fleet_setup.program_names(without)
         self._sudo_rule = fleet_setup.sudo_rule(sudo_rule)
         self.directory = Path(directory).absolute()
         self.size = nodes
@@ -228,6 +233,8 @@ class SimFleet:
         self._own_root = fresh is not None
         self.root = fresh or self.directory
         fleet_setup.write_lib(self.lib_dir)
+        if self._without:
+            fleet_setup.write_std_bin(self.root / "std-bin", self._without)
         inventory.write_keys(self.root, self.client_key, self.size)
         for i in range(self.size):
             node = SimNode(
@@ -394,6 +401,7 @@ class SimFleet:
             ),
             run_as=self._run_as,
             hidepid=self.hidepid,
+            std_dirs=(str(self.root / "std-bin"),) if self._without else None,
         )
 
     def _servers_for(self, node: str) -> ServerPool:

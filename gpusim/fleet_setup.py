@@ -205,3 +205,31 @@ def check_options(
         raise SimUsageError("hidepid needs view_user: root sees every process anyway")
     if view_user is not None and os.geteuid() != 0:
         raise SimUsageError("view_user needs root (to start sessions as another user)")
+
+
+STD_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def write_std_bin(folder: Path, without: Sequence[str]) -> None:
+    """Fill ``folder`` with links to every program of the standard PATH but those named in
+    ``without`` (the first of each name, as PATH finds it): the PATH of a node lacking them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o755)
+    for d in STD_DIRS:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(d):
+                link = folder / entry.name
+                if entry.name in without or link.is_symlink() or "\n" in entry.name:
+                    continue
+                if entry.is_file() and os.access(entry.path, os.X_OK):
+                    link.symlink_to(entry.path)
+
+
+def program_names(without: Sequence[str]) -> tuple[str, ...]:
+    """Return ``without`` (names of programs the nodes lack); ``SimUsageError`` for a bad one."""
+    if isinstance(without, str):
+        raise SimUsageError(f"without must be a list of program names, not {without!r}")
+    for name in without:
+        if not name or "/" in name or name in (".", ".."):
+            raise SimUsageError(f"without: bad program name {name!r}")
+    return tuple(without)

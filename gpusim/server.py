@@ -36,6 +36,8 @@ class ServerSpec:
     path_dirs: tuple[str, ...] = ()
     run_as: tuple[int, int] | None = None  # (uid, gid) sessions run as (asyncssh only; root)
     hidepid: bool = False  # each session's /proc is mounted hidepid=2 (asyncssh only)
+    # Directories that replace the standard PATH (None: ``STD_PATH``): a node without programs.
+    std_dirs: tuple[str, ...] | None = None
 
 
 class ServerPool(Protocol):
@@ -102,10 +104,11 @@ def free_port() -> int:
 
 def session_path(spec: ServerSpec) -> str:
     """Return the PATH of a session: ``spec.path_dirs`` (if any), then the standard one."""
-    for d in spec.path_dirs:
+    for d in (*spec.path_dirs, *(spec.std_dirs or ())):
         if not d.startswith("/") or any(c in d for c in ':"\n\0'):
             raise SimUsageError(f"{spec.name}: bad directory for PATH: {d!r}")
-    return ":".join([*spec.path_dirs, STD_PATH])
+    std = STD_PATH if spec.std_dirs is None else ":".join(spec.std_dirs)
+    return ":".join([*spec.path_dirs, std])
 
 
 def session_env(spec: ServerSpec) -> dict[str, str]:

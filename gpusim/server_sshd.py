@@ -99,7 +99,7 @@ class SshdPool:
 def sshd_config(spec: ServerSpec, port: int) -> str:
     """Return an sshd_config that serves one node on 127.0.0.1:``port``."""
     # SetEnv overrides the PATH that sshd gives every session (its own default, ~/.ssh/environment).
-    env = [f'SetEnv "PATH={session_path(spec)}"'] if spec.path_dirs else []
+    env = [f'SetEnv "PATH={session_path(spec)}"'] if spec.path_dirs or spec.std_dirs else []
     return "\n".join(
         [
             *env,

@@ -96,6 +96,12 @@ def main(argv: list[str], rule_path: str) -> int:
         "command": None,
         "allowed": False,
     }
+    if argv == ["-n", "-l"]:
+        record["verdict"] = "list"
+        with contextlib.suppress(OSError):
+            _log(rule["log"], record)
+        print(listing(rule))
+        return 0
     try:
         path = _check(argv, rule, record)
     except _Refused as no:
@@ -113,6 +119,28 @@ def main(argv: list[str], rule_path: str) -> int:
         print(f"sudo: cannot write the log {rule['log']}: {exc.strerror}", file=sys.stderr)
         return 1
     return _exec(path, argv[1], argv[2:], rule["runas"], record["command"])
+
+
+def listing(rule: dict[str, Any], width: int = 80) -> str:
+    """Return what ``sudo -n -l`` prints for ``rule``, wrapped at ``width`` as sudo 1.9 does
+    (a long entry goes on over lines indented by eight spaces)."""
+    who, host = rule["user"], rule["host"]
+    tag = "NOPASSWD: " if rule.get("nopasswd") else ""
+    words = f"({rule['runas']}) {tag}{', '.join(rule['commands'])}".split(" ")
+    lines: list[str] = []
+    cur = "   "
+    for w in words:
+        if len(cur) + 1 + len(w) > width and cur.strip():
+            lines.append(cur)
+            cur = "       "
+        cur += " " + w
+    lines.append(cur)
+    secure = "\\:".join(SECURE_PATH)
+    return (
+        f"Matching Defaults entries for {who} on {host}:\n"
+        f"    env_reset, secure_path={secure}\n\n"
+        f"User {who} may run the following commands on {host}:\n" + "\n".join(lines)
+    )
 
 
 def _check(argv: list[str], rule: dict[str, Any], record: dict[str, Any]) -> str:

@@ -172,10 +172,26 @@ def layer_edges(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 
 def mermaid(graph: dict[str, set[str]]) -> Iterator[str]:
-    """Yield the layer graph as Mermaid lines, highest layer first."""
+    """Yield the layer graph as Mermaid lines: one line per unit, highest layer first, its
+    targets highest first (the README's Architecture section holds this drawing)."""
     yield "graph TD"
-    for a, b in sorted(layer_edges(graph), key=lambda e: (-RANKS.get(e[0], 0), e)):
-        yield f"  {a.strip('_')} --> {b.strip('_')}"
+    targets: dict[str, list[str]] = {}
+    for a, b in layer_edges(graph):
+        targets.setdefault(a, []).append(b)
+    for a in sorted(targets, key=_highest_first):
+        bs = " & ".join(b.strip("_") for b in sorted(targets[a], key=_highest_first))
+        yield f"  {a.strip('_')} --> {bs}"
+
+
+def _highest_first(unit: str) -> tuple[int, str]:
+    return -RANKS.get(unit, 0), unit
+
+
+def readme_drawing(readme: str) -> list[str]:
+    """Return the lines of the README's Mermaid block (empty if there is none)."""
+    if "```mermaid\n" not in readme:
+        return []
+    return readme.split("```mermaid\n", 1)[1].split("```", 1)[0].splitlines()
 
 
 def main() -> int:

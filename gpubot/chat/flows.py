@@ -18,6 +18,7 @@ from gpubot.chat.home import render_home, render_refused_home
 from gpubot.chat.interrupted import interrupted_for
 from gpubot.chat.message import Message, Person, Section, Text, bold, note, paragraph
 from gpubot.chat.reset_view import (
+    Decision,
     render_approval_request,
     render_approval_state,
     render_audit,
@@ -182,9 +183,7 @@ class Flows:
             outcome.plan,
             who.id,
             who.linux_user,
-            state="pending",
-            by=None,
-            at=expires,
+            Decision("pending", None, expires),
             note=warning,
         )
         self.waiting[a.id] = await out.update(track.handle, waiting)
@@ -353,9 +352,7 @@ def _framer(a: Approval, plan: ResetPlan) -> Callable[[Message | None], Message]
             plan,
             a.requester,
             user,
-            state=str(a.state),
-            by=a.decided_by,
-            at=at,
+            Decision(str(a.state), a.decided_by, at),
             body=body,
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -277,20 +278,28 @@ STATE_LINE = {
 }
 
 
+@dataclass(frozen=True)
+class Decision:
+    """Where a request stands: its state, who decided it (None: nobody yet) and when (unix
+    seconds; for a pending request, when it expires)."""
+
+    state: str
+    by: str | None
+    at: float | None
+
+
 def render_approval_state(
     approval_id: int,
     plan: ResetPlan,
     requester_id: str,
     requester_user: str | None,
+    decision: Decision,
     *,
-    state: str,
-    by: str | None,
-    at: float | None,
     body: Message | None = None,
     note: str | None = None,
 ) -> Message:
     """Render a decided request (no buttons): who decided and when, then progress or result."""
-    line = state_line(state, by, at)
+    line = state_line(decision.state, decision.by, decision.at)
     b = Budget()
     b.add(Heading(f"Forced kill on {plan.node} · request #{approval_id}"))
     b.add(Section(_request_text(plan, requester_id, requester_user)))
@@ -300,7 +309,7 @@ def render_approval_state(
     else:  # ours replaces the body's own title
         for part in body.body:
             b.add(part)
-    return b.message(f"Request #{approval_id} on {plan.node}: {state}")
+    return b.message(f"Request #{approval_id} on {plan.node}: {decision.state}")
 
 
 _FIELD = re.compile(r"(\{by\}|\{at\})")

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gpu-reset": ("gpubot.cli.reset", "nvidia-smi --gpu-reset an orphaned GPU"),
     "sweep": ("gpubot.cli.sweep", "look for zombie processes and orphaned VRAM now"),
     "audit": ("gpubot.cli.audit", "list, show, review, export and verify the audit log"),
+    "doctor": ("gpubot.cli.doctor", "check settings, nodes, Slack and the database; say each fix"),
     "db": ("gpubot.cli.db", "database migrations"),
     "serve": ("gpubot.cli.serve", "run the Slack bot"),
     "console": ("gpubot.cli.console", "type /gpu commands on a terminal"),

@@ -31,6 +31,17 @@ MIN_PUBLISH_S = 60.0  # an [audit] interval under a minute is noise, likely a ty
 RUNTIMES = tuple(LOOKUPS)  # the runtimes gpubot can ask for names (core.runtimes)
 
 
+class UnknownKey(ConfigError):
+    """A key the settings do not know (``gpubot doctor`` lists them all, with their fix)."""
+
+    def __init__(self, where: str, section: str, key: str, allowed: set[str]) -> None:
+        self.section = section
+        self.key = key
+        self.allowed = frozenset(allowed)
+        self.path = f"{section}.{key}" if section else key
+        super().__init__(f"{where}: {self.path}: unknown key")
+
+
 class Validator:
     """Checks values of one settings file; every refusal names the file and the key."""
 
@@ -40,8 +51,7 @@ class Validator:
     def keys(self, section: str, table: Mapping[str, Any], allowed: set[str]) -> None:
         for k in table:
             if k not in allowed:
-                name = f"{section}.{k}" if section else k
-                raise ConfigError(f"{self.where}: {name}: unknown key")
+                raise UnknownKey(self.where, section, k, allowed)
 
     def table(self, key: str, value: Any) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):

@@ -44,27 +44,36 @@ _MISSING = {
 }
 
 
+@dataclass(frozen=True)
+class NvmlKnown:
+    """What NVML already told of the local box, so that the probe skips nvidia-smi: the GPUs'
+    indices, the processes to read from ``/proc`` (NVML's compute apps) and the device minors
+    NVML knows."""
+
+    gpu_indices: Sequence[int]
+    pids: Sequence[int] = ()
+    minors: Sequence[int] = ()
+
+
 def probe_argv(
     node: NodeConfig,
     *,
     smi_timeout_s: float,
     gpu_indices: Sequence[int] | None = None,
-    skip_smi: bool = False,
-    pids: Sequence[int] = (),
-    minors: Sequence[int] = (),
+    nvml: NvmlKnown | None = None,
     budget_s: float | None = None,
     holders: Holders = Holders.ALWAYS,
     state_dir: str | None = None,
 ) -> list[str]:
     """Return the argv of the one-exec probe of ``node``.
 
-    ``skip_smi`` (the local box read through NVML) needs ``gpu_indices``; ``pids`` are extra
-    processes to read from ``/proc`` (NVML's compute apps), ``minors`` device minors NVML knows.
+    ``nvml`` (the local box read through NVML): skip nvidia-smi; its GPUs replace
+    ``gpu_indices``.
     ``budget_s``: the script's own time budget (default: its two queries' limits and a second,
     which is the status service's command timeout less one second); past it, the probe says so
     and stops, and the node's answer is unknown (``parse_probe`` raises ``ProbeError``).
     ``holders``: ``IF_UNEXPLAINED`` (a status) runs ``fuser`` only where nvidia-smi's apps leave
-    memory unexplained (``probe_holders``; with ``skip_smi`` the script has no tables: always).
+    memory unexplained (``probe_holders``; with ``nvml`` the script has no tables: always).
     ``state_dir``: where the queries record themselves for the stuck-query check (default: the
     login account's ``/run/user/UID``; "" for none: the check then walks ``/proc``).
     """
@@ -74,8 +83,9 @@ def probe_argv(
     budget = 2 * smi_timeout_s + 1 if budget_s is None else budget_s
     if budget <= 0:
         raise ValueError(f"budget_s must be > 0, got {budget_s!r}")
-    if skip_smi and gpu_indices is None:
-        raise ValueError("skip_smi needs gpu_indices (from NVML)")
+    if nvml is not None:
+        gpu_indices = nvml.gpu_indices
+    pids, minors = (nvml.pids, nvml.minors) if nvml is not None else ((), ())
     idx = "" if gpu_indices is None else ",".join(str(_nonneg(i)) for i in gpu_indices)
     return [
         "bash",
@@ -86,12 +96,12 @@ def probe_argv(
         node.dev_prefix,
         _seconds(smi_timeout_s),
         "sudo" if node.sudo else "-",
-        "nvml" if skip_smi else "smi",
+        "nvml" if nvml is not None else "smi",
         idx,
         node.driver_dir,
         ",".join(str(_nonneg(m)) for m in minors),
         str(max(1, round(budget * 1000))),
-        "auto" if holders is Holders.IF_UNEXPLAINED and not skip_smi else "always",
+        "auto" if holders is Holders.IF_UNEXPLAINED and nvml is None else "always",
         "-" if state_dir is None else _state_dir(state_dir),
         *(str(_nonneg(p)) for p in pids),
     ]

@@ -321,7 +321,6 @@ class ApprovalService:
                 source=source,
                 command=request.command or f"approval {approval.id}",
                 on_event=on_event,
-                approval_id=approval.id,
                 approval=approval_record(approval),
                 grace_s=request.grace_s,
             )

@@ -73,6 +73,16 @@ def reset_lock(node: str) -> str:
     return f"reset:{node}"
 
 
+@dataclass(frozen=True)
+class Asked:
+    """Which action was asked for, by whom, from where, as typed: its audit record's head."""
+
+    kind: str  # "reset" or "gpu-reset"
+    actor: str
+    source: str
+    command: str
+
+
 class ResetService:
     """Frees GPUs safely; the CLI, the console and Slack all call this one engine."""
 
@@ -138,14 +148,14 @@ class ResetService:
         source: str,
         command: str,
         on_event: EventSink | None = None,
-        approval_id: int | None = None,
         grace_s: float | None = None,
         before: NodeSnapshot | None = None,
         approval: Mapping[str, Any] | None = None,
     ) -> ResetResult:
         """Run a planned reset; the intent is audited before any signal (fail closed).
 
-        ``approval``: who asked for a forced kill and who approved it, recorded with the intent.
+        ``approval``: the request's id, who asked for a forced kill and who approved it
+        (``approvals.approval_record``), recorded with the intent.
         """
         node = self.status.node(plan.node)
         grace = self.settings.reset.grace_s if grace_s is None else grace_s
@@ -154,20 +164,11 @@ class ResetService:
             snap = before if before is not None else await self.status.snapshot(node)
             return await run.reset(plan, grace, snap), snap
 
-        intent = {**plan.to_dict(), "approval_id": approval_id}
+        intent = {**plan.to_dict(), "approval_id": None if approval is None else approval["id"]}
         if approval is not None:
             intent["approval"] = dict(approval)
-        work = self._audited(
-            "reset",
-            node,
-            plan,
-            intent,
-            body,
-            actor=actor,
-            source=source,
-            command=command,
-            on_event=on_event,
-        )
+        asked = Asked(kind="reset", actor=actor, source=source, command=command)
+        work = self._audited(asked, node, plan, intent, body, on_event)
         return await self._sealed(plan, self._observed(work))
 
     async def _sealed(self, plan: ResetPlan, work: Awaitable[ResetResult]) -> ResetResult:
@@ -234,41 +235,28 @@ class ResetService:
         async def body(run: ResetRun) -> tuple[tuple[GpuResult, ...], NodeSnapshot]:
             return await run.gpu_reset(plan, gpu, toggle=bool(daemons)), before
 
-        return await self._audited(
-            "gpu-reset",
-            node,
-            plan,
-            plan.to_dict(),
-            body,
-            actor=actor,
-            source=source,
-            command=command,
-            on_event=on_event,
-        )
+        asked = Asked(kind="gpu-reset", actor=actor, source=source, command=command)
+        return await self._audited(asked, node, plan, plan.to_dict(), body, on_event)
 
     async def _audited(
         self,
-        kind: str,
+        asked: Asked,
         node: NodeConfig,
         plan: ResetPlan,
         intent: dict[str, Any],
         body: Callable[[ResetRun], Awaitable[tuple[tuple[GpuResult, ...], NodeSnapshot]]],
-        *,
-        actor: str,
-        source: str,
-        command: str,
         on_event: EventSink | None,
     ) -> ResetResult:
         """Hold the node's lease, write the intent, run ``body``, write the outcome (fail
         closed); every write is fenced by the lease."""
-        async with self.locks.hold(reset_lock(node.name), holder=actor) as lease:
+        async with self.locks.hold(reset_lock(node.name), holder=asked.actor) as lease:
             if lease.took_over is not None:  # the audit log has the takeover's own record too
                 intent = {**intent, "lease": {"took_over": lease.took_over}}
             action_id = await self.store.begin_action(
-                kind=kind,
-                actor=actor,
-                source=source,
-                command=command,
+                kind=asked.kind,
+                actor=asked.actor,
+                source=asked.source,
+                command=asked.command,
                 node=node.name,
                 gpus=plan.gpus,
                 plan=intent,

@@ -14,7 +14,7 @@ from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.enrich import apply_enrichment, enrich_argv, enrich_target, parse_enrichment
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditStore, Clock, NvmlReader, NvmlTables, Transport
-from gpubot.core.probe import parse_probe, probe_argv
+from gpubot.core.probe import NvmlKnown, parse_probe, probe_argv
 from gpubot.core.probe_holders import Holders
 from gpubot.core.protect import Protection
 from gpubot.core.workload import Workload
@@ -303,14 +303,12 @@ async def probe_node(
             uuids = {g.uuid for g in gpus}
             apps = tuple(a for a in apps if a.gpu_uuid in uuids)
         nvml = (gpus, apps)
-        argv = probe_argv(
-            node,
-            smi_timeout_s=smi_timeout_s,
-            skip_smi=True,
-            gpu_indices=[g.index for g in gpus],
+        known = NvmlKnown(
+            [g.index for g in gpus],
             pids=[a.pid for a in apps],
             minors=[g.minor for g in gpus if g.minor is not None],
         )
+        argv = probe_argv(node, smi_timeout_s=smi_timeout_s, nvml=known)
     else:
         argv = probe_argv(
             node, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices, holders=holders

@@ -171,7 +171,7 @@ class Store:
                 source=source,
                 node=node,
                 payload=payload,
-                own_action=True,
+                action_id="own",
                 now=self.clock(),
             )
             return rec.seq

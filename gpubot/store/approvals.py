@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -168,7 +169,7 @@ class ApprovalStore:
                 raise ApprovalError("the database gave the new approval no id")
             aid = int(key[0])
             detail = {"plan": plan, "expires_at": iso(expires), "requester_name": requester_name}
-            self._audit(conn, aid, None, S.PENDING, requester, source, node, at, detail)
+            _audit(conn, Change(aid, node, None, S.PENDING, requester, source, at), detail)
             return self._load(conn, aid)
 
     def _decide(
@@ -194,17 +195,8 @@ class ApprovalStore:
             )
             if changed.rowcount == 1:
                 a = self._load(conn, aid)
-                self._audit(
-                    conn,
-                    aid,
-                    S.PENDING,
-                    new,
-                    approver,
-                    source,
-                    a.node,
-                    now,
-                    {"by_name": approver_name},
-                )
+                change = Change(aid, a.node, S.PENDING, new, approver, source, now)
+                _audit(conn, change, {"by_name": approver_name})
                 return a
             row = self._row(conn, aid)
             if row is None:
@@ -265,7 +257,7 @@ class ApprovalStore:
         if changed.rowcount != 1:
             raise _already(aid, row)
         extra = {} if result is None else {"result": result}
-        self._audit(conn, aid, S(row.state), to, by, source, row.node, at, extra)
+        _audit(conn, Change(aid, row.node, S(row.state), to, by, source, at), extra)
         return self._load(conn, aid)
 
     def _expire_due(self, now: datetime) -> list[Approval]:
@@ -332,25 +324,37 @@ class ApprovalStore:
             raise ApprovalError(f"there is no approval {aid}")
         return _approval(row)
 
-    def _audit(
-        self,
-        conn: Connection,
-        aid: int,
-        from_: S | None,
-        to: S,
-        by: str,
-        source: str,
-        node: str,
-        at: datetime,
-        extra: Mapping[str, Any],
-    ) -> None:
-        payload = {
-            "approval": aid,
-            "from": None if from_ is None else from_.value,
-            "to": to.value,
-            **extra,
-        }
-        append(conn, kind="approval", actor=by, source=source, node=node, payload=payload, now=at)
+
+@dataclass(frozen=True)
+class Change:
+    """One move of an approval between states: what its audit record says."""
+
+    aid: int
+    node: str
+    from_: S | None
+    to: S
+    by: str
+    source: str
+    at: datetime
+
+
+def _audit(conn: Connection, change: Change, extra: Mapping[str, Any]) -> None:
+    """Record ``change`` (with ``extra``) in the audit log, in the transaction of the change."""
+    payload = {
+        "approval": change.aid,
+        "from": None if change.from_ is None else change.from_.value,
+        "to": change.to.value,
+        **extra,
+    }
+    append(
+        conn,
+        kind="approval",
+        actor=change.by,
+        source=change.source,
+        node=change.node,
+        payload=payload,
+        now=change.at,
+    )
 
 
 def _already(aid: int, row: Row[Any]) -> ApprovalError:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Connection, Row, Select, and_, exists, select
 
@@ -21,6 +21,7 @@ from gpubot.errors import StoreError, UsageError
 from gpubot.store.chain import (
     GENESIS,
     MARKER,
+    Chained,
     canonical_json,
     check_published,
     key_id,
@@ -54,11 +55,11 @@ def append(
     source: str,
     node: str | None,
     payload: Mapping[str, Any],
-    action_id: int | None = None,
-    own_action: bool = False,
+    action_id: int | Literal["own"] | None = None,
     now: datetime | None = None,
 ) -> AuditRecord:
-    """Append one record after the chain head; ``own_action`` makes its action_id its own seq."""
+    """Append one record after the chain head; ``action_id="own"`` makes it its own seq (the
+    first record of an action: its intent)."""
     head = conn.execute(
         select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
     ).one_or_none()
@@ -93,7 +94,7 @@ def append(
         node=node,
         payload=canonical_json(payload),
         created_at=at,
-        action_id=seq + 1 if own_action else action_id,
+        action_id=seq + 1 if action_id == "own" else action_id,
     )
 
 
@@ -127,7 +128,7 @@ def _insert(
     """Write the record after (head_seq, head_hash) and move the chain head to it."""
     seq = head_seq + 1
     fields["seq"] = seq
-    digest = record_hash(head_hash, key=key, **fields)
+    digest = record_hash(head_hash, Chained(**fields), key)
     conn.execute(audit_log.insert().values(**fields, prev_hash=head_hash, hash=digest))
     updated = conn.execute(
         audit_head.update()

@@ -63,36 +63,26 @@ def canonical_json(value: Any) -> str:
         raise StoreError(f"cannot record a value: {exc}") from exc
 
 
-def record_hash(
-    prev_hash: str,
-    *,
-    seq: int,
-    action_id: int | None,
-    kind: str,
-    created_at: str,
-    actor: str,
-    source: str,
-    node: str | None,
-    payload: str,
-    key: bytes | None = None,
-) -> str:
+@dataclasses.dataclass(frozen=True)
+class Chained:
+    """The fields of an audit record that its hash covers (``prev_hash`` aside)."""
+
+    seq: int
+    action_id: int | None
+    kind: str
+    created_at: str
+    actor: str
+    source: str
+    node: str | None
+    payload: str  # the stored text itself, so no re-serialisation can differ
+
+
+def record_hash(prev_hash: str, fields: Chained, key: bytes | None = None) -> str:
     """Return the sha256 hex of ``prev_hash`` + the canonical JSON of every other field.
 
     With ``key``: the HMAC-SHA256 of the same text.
     """
-    body = canonical_json(
-        {
-            "seq": seq,
-            "action_id": action_id,
-            "kind": kind,
-            "created_at": created_at,
-            "actor": actor,
-            "source": source,
-            "node": node,
-            "payload": payload,  # the stored text itself, so no re-serialisation can differ
-        }
-    )
-    text = (prev_hash + body).encode("utf-8")
+    text = (prev_hash + canonical_json(dataclasses.asdict(fields))).encode("utf-8")
     if key is None:
         return hashlib.sha256(text).hexdigest()
     return hmac.new(key, text, hashlib.sha256).hexdigest()
@@ -122,18 +112,17 @@ def marker_key_id(payload: str) -> str | None:
 
 def hash_of(record: AuditRecord, key: bytes | None = None) -> str:
     """Recompute ``record``'s hash from its stored fields (keyed with ``key``, if given)."""
-    return record_hash(
-        record.prev_hash,
-        seq=record.seq,
-        action_id=record.action_id,
-        kind=record.kind,
-        created_at=record.created_at,
-        actor=record.actor,
-        source=record.source,
-        node=record.node,
-        payload=record.payload,
-        key=key,
+    fields = Chained(
+        record.seq,
+        record.action_id,
+        record.kind,
+        record.created_at,
+        record.actor,
+        record.source,
+        record.node,
+        record.payload,
     )
+    return record_hash(record.prev_hash, fields, key)
 
 
 def walk(

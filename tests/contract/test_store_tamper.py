@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpubot.store import Store
-from gpubot.store.chain import record_hash
+from gpubot.store.chain import Chained, record_hash
 from tests.fixtures.db import raw_engine, tamper
 
 EDITED_PAYLOAD = '{"action":"reset","command":"nothing happened","gpus":[],"plan":null}'
@@ -39,7 +39,7 @@ def _rehashed_edit(url: str) -> list[str]:
     fields = {
         k: r[k] for k in ("seq", "action_id", "kind", "created_at", "actor", "source", "node")
     }
-    digest = record_hash(r["prev_hash"], **fields, payload=EDITED_PAYLOAD)
+    digest = record_hash(r["prev_hash"], Chained(**fields, payload=EDITED_PAYLOAD))
     return [f"UPDATE audit_log SET payload = '{EDITED_PAYLOAD}', hash = '{digest}' WHERE seq = 1"]
 
 

@@ -281,7 +281,7 @@ def test_approval_request_and_decision() -> None:
     assert "Request #12" in text and "2023-11-14 22:28:20 UTC" in text
 
     decided = rb.render_approval_state(
-        12, plan, "U0BOB", "bob", state="denied", by="U0CAROL", at=1_700_000_100.0
+        12, plan, "U0BOB", "bob", reset_view.Decision("denied", "U0CAROL", 1_700_000_100.0)
     )
     assert bk.limit_problems(decided) == []
     assert not any(b["type"] == "actions" for b in decided["blocks"])
@@ -290,7 +290,7 @@ def test_approval_request_and_decision() -> None:
     res = plan_and_result()
     body = reset_view.render_result("Reset node1", ("x",), res)
     done = rb.render_approval_state(
-        12, plan, "U0BOB", None, state="executed", by="U0CAROL", at=1.0, body=body
+        12, plan, "U0BOB", None, reset_view.Decision("executed", "U0CAROL", 1.0), body=body
     )
     assert bk.limit_problems(done) == []
     assert "no known Linux user" in bk.message_text(done)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gpubot.core.findings import FindingKey, NodeFailure
 from gpubot.core.models import ApprovalState, FindingKind, Outcome
 from gpubot.errors import StoreError
-from gpubot.store.chain import GENESIS, canonical_json, hash_of, record_hash, walk
+from gpubot.store.chain import GENESIS, Chained, canonical_json, hash_of, record_hash, walk
 from gpubot.store.records import AuditRecord, VerifyResult, iso, parse_iso
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -59,14 +59,16 @@ def test_golden_hash_never_changes() -> None:
     )
     h = record_hash(
         GENESIS,
-        seq=1,
-        action_id=1,
-        kind="intent",
-        created_at="2024-05-01T12:00:00.000000Z",
-        actor="U1 (alice)",
-        source="slack",
-        node="node3",
-        payload='{"a":1}',
+        Chained(
+            seq=1,
+            action_id=1,
+            kind="intent",
+            created_at="2024-05-01T12:00:00.000000Z",
+            actor="U1 (alice)",
+            source="slack",
+            node="node3",
+            payload='{"a":1}',
+        ),
     )
     assert h == hashlib.sha256((GENESIS + body).encode()).hexdigest()
     assert h == "e7ae2eac26a6450308c506dc01e1cda64e85bb4ecd4aaef15ff811608b4f0eaf"

@@ -11,6 +11,7 @@ import pytest
 
 from gpubot.store.chain import (
     GENESIS,
+    Chained,
     canonical_json,
     check_published,
     hash_of,
@@ -65,15 +66,17 @@ def test_golden_hmac_never_changes() -> None:
     )
     h = record_hash(
         GENESIS,
-        seq=1,
-        action_id=1,
-        kind="intent",
-        created_at="2024-05-01T12:00:00.000000Z",
-        actor="U1 (alice)",
-        source="slack",
-        node="node3",
-        payload='{"a":1}',
-        key=KEY,
+        Chained(
+            seq=1,
+            action_id=1,
+            kind="intent",
+            created_at="2024-05-01T12:00:00.000000Z",
+            actor="U1 (alice)",
+            source="slack",
+            node="node3",
+            payload='{"a":1}',
+        ),
+        KEY,
     )
     assert h == hmac.new(KEY, (GENESIS + body).encode(), hashlib.sha256).hexdigest()
     assert h == "1af59495996cb61a397122d8bbe9f9fa07960b97caa83400ae9ad97d8408c2ea"

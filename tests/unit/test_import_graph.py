@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from tests.import_graph import climbs, cycles, imports_of, mermaid
+from tests.import_graph import climbs, cycles, imports_of, mermaid, readme_drawing
 from tests.unit.test_layers import fmt_skips_without_a_why, slack_vocabulary
 
 KNOWN = frozenset({"gpubot.services.reset", "gpubot.services.reset_run", "gpubot.core.plan"})
@@ -89,3 +89,9 @@ def test_a_fmt_skip_needs_a_reason() -> None:
         d = "# fmt: skip in a string is no marker"
     """)
     assert fmt_skips_without_a_why(src) == [2]
+
+
+def test_the_readme_drawing_is_read_from_its_mermaid_block() -> None:
+    readme = "# x\n```mermaid\ngraph TD\n  app --> slack\n```\ntext\n"
+    assert readme_drawing(readme) == ["graph TD", "  app --> slack"]
+    assert readme_drawing("no drawing") == []

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.import_graph import PKG, climbs, cycles, imported, module_graph, tree
+from tests.import_graph import (
+    PKG,
+    climbs,
+    cycles,
+    imported,
+    mermaid,
+    module_graph,
+    readme_drawing,
+    tree,
+)
 
 SIM = PKG.parent / "gpusim"  # the simulated fleet: its own package, beside the product
 
@@ -297,3 +306,8 @@ def test_no_fmt_skip_without_a_comment_saying_why(folder: str) -> None:
     files = sorted((PKG.parent / folder).rglob("*.py"))
     bad = [(p.name, n) for p in files for n in fmt_skips_without_a_why(p.read_text("utf-8"))]
     assert bad == []
+
+
+def test_the_readme_draws_the_import_graph_as_the_code_has_it() -> None:
+    readme = (PKG.parent / "README.md").read_text(encoding="utf-8")
+    assert readme_drawing(readme) == list(mermaid(module_graph()))

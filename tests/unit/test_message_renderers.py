@@ -89,7 +89,7 @@ def messages() -> dict[str, Message]:
         "node": fleet_view.render_node(snap()),
         "approval request": reset_view.render_approval_request(12, plan, "U0BOB", "bob", AT),
         "approval state": reset_view.render_approval_state(
-            12, plan, "U0BOB", "bob", state="approved", by="U0CAROL", at=AT
+            12, plan, "U0BOB", "bob", reset_view.Decision("approved", "U0CAROL", AT)
         ),
         "result": reset_view.render_result("Reset node1", ASKED, result),
         "alert group": alert(),

@@ -27,7 +27,7 @@ from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, DeviceHolder, GpuInfo, NodeConfig
 from gpubot.core.nvsmi import gpu_query_argv
 from gpubot.core.plan import ResetRequest, plan_reset
-from gpubot.core.probe import parse_probe, parse_procs, probe_argv, proc_argv
+from gpubot.core.probe import NvmlKnown, parse_probe, parse_procs, probe_argv, proc_argv
 from gpubot.core.probe_fields import parse_fuser, printable
 from gpubot.core.probe_holders import Holders
 from gpubot.core.probe_script import PROBE_SCRIPT
@@ -172,7 +172,7 @@ def probe(box: Box, node: NodeConfig | None = None, **kw: object):  # type: igno
     kw.setdefault("budget_s", 60)  # a loaded 2-core box must not turn slowness into "unknown"
     nvml = kw.pop("nvml", None)
     env = kw.pop("env", None)
-    argv = probe_argv(node, **kw)  # type: ignore[arg-type]
+    argv = probe_argv(node, nvml=kw.pop("nvml_known", None), **kw)  # type: ignore[arg-type]
     return parse_probe(node, run(argv, env), 1000.0, nvml=nvml)  # type: ignore[arg-type]
 
 
@@ -215,10 +215,7 @@ def test_script_is_constant_and_values_are_arguments() -> None:
         probe_argv(
             plain,
             smi_timeout_s=1,
-            gpu_indices=[1],
-            skip_smi=True,
-            pids=[7, 9],
-            minors=[4],
+            nvml=NvmlKnown([1], pids=[7, 9], minors=[4]),
             budget_s=2.5,
             holders=Holders.IF_UNEXPLAINED,  # the script has no tables from NVML: always
             state_dir="/run/x",
@@ -232,9 +229,8 @@ def test_script_is_constant_and_values_are_arguments() -> None:
     "kw",
     [
         {"smi_timeout_s": 0},
-        {"smi_timeout_s": 1, "skip_smi": True},
         {"smi_timeout_s": 1, "gpu_indices": [-1]},
-        {"smi_timeout_s": 1, "pids": [True]},
+        {"smi_timeout_s": 1, "nvml": NvmlKnown([0], pids=[True])},
     ],
 )
 def test_probe_argv_rejects(kw: dict[str, object]) -> None:
@@ -345,9 +341,8 @@ def test_nvml_mode_skips_nvidia_smi(box: Box) -> None:
         GpuInfo(1, U[1], "NVIDIA H200", 2, 3, 4, BUS[1], None),
     )
     apps = (ComputeApp(box.pids["A"], U[0], 77),)
-    snap = probe(
-        box, gpu_indices=[0, 1], skip_smi=True, pids=[box.pids["A"]], minors=[0], nvml=(gpus, apps)
-    )
+    known = NvmlKnown([0, 1], pids=[box.pids["A"]], minors=[0])
+    snap = probe(box, nvml_known=known, nvml=(gpus, apps))
     assert box.calls() == []
     assert snap.gpus == (gpus[0], replace(gpus[1], minor=1))
     got = {(p.pid, p.gpu_index): p for p in snap.processes}

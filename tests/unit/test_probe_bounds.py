@@ -14,7 +14,7 @@ import pytest
 
 from gpubot.core import probe_guards, probe_script
 from gpubot.core.models import CommandResult, GpuInfo, NodeConfig
-from gpubot.core.probe import parse_probe, probe_argv
+from gpubot.core.probe import NvmlKnown, parse_probe, probe_argv
 from gpubot.core.probe_fields import parse_proc_lines
 from gpubot.errors import ParseError, ProbeError
 
@@ -117,7 +117,7 @@ def test_a_control_file_holder_is_counted_from_fusers_rows_and_never_read(tmp_pa
     for fd in (*fds, gpu):
         os.close(fd)
     try:
-        argv = probe_argv(node, smi_timeout_s=5, skip_smi=True, gpu_indices=[0], minors=[0])
+        argv = probe_argv(node, smi_timeout_s=5, nvml=NvmlKnown([0], minors=[0]))
         raw = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
     finally:
         for p in (ctl, job):

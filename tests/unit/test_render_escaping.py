@@ -142,7 +142,7 @@ def neutral_messages() -> dict[str, Message]:
     msgs: dict[str, Message] = {
         "approval request": rv.render_approval_request(12, p, "U0DAVE", "dave", NOW_TS + 900),
         "approval state": rv.render_approval_state(
-            12, p, "U0DAVE", "dave", state="pending", by=None, at=NOW_TS, note=note
+            12, p, "U0DAVE", "dave", reset_view.Decision("pending", None, NOW_TS), note=note
         ),
         "progress": rv.render_progress("Reset node1", ASKED, p, events),
         "result": rv.render_result("Reset node1", ASKED, res),

@@ -165,7 +165,9 @@ def test_other_messages_with_buttons_carry_no_dialog_that_breaks_the_rules() -> 
     plan = plan_and_result().plan
     for msg in (
         rb.render_alert("node3", 2, "orphaned memory", "40000 MiB", at=0.0),
-        rb.render_approval_state(7, plan, "U0BOB", "bob", state="denied", by="U0C", at=1.0),
+        rb.render_approval_state(
+            7, plan, "U0BOB", "bob", reset_view.Decision("denied", "U0C", 1.0)
+        ),
         rb.render_progress("Reset", "x", plan, []),
         rb.render_result("Reset", "x", plan_and_result()),
     ):

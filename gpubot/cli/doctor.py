@@ -1,0 +1,108 @@
+"""``gpubot doctor [NODE|GROUP ...] [--json]``: one checklist of what must be right, ✓ or ✗,
+each ✗ with the one line that fixes it; exit 1 when anything fails.
+
+The first thing to run after writing a settings file: the settings (every key known, every
+file readable), each node (reachable, host key, auth, bash, nvidia-smi, fuser, device files,
+sudo, runtimes, /proc), Slack (with ``SLACK_BOT_TOKEN``) and the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from gpubot.app import doctor_transport
+from gpubot.cli.serve import DEFAULT_API_URL
+from gpubot.config import Settings, audit_key, config_path
+from gpubot.config.doctor import config_checks
+from gpubot.core.doctor import Check, all_ok, as_document, failed, render
+from gpubot.core.doctor_facts import DbFacts
+from gpubot.core.models import NodeConfig
+from gpubot.errors import ConfigError
+from gpubot.services.doctor import DoctorParts, DoctorService
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the doctor arguments."""
+    p.add_argument(
+        "targets", nargs="*", metavar="NODE|GROUP", help="nodes or groups (default: all)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the checklist; exit 0 when every check holds, 1 otherwise."""
+    checks, settings = config_checks(config_path(args.config, os.environ), os.environ)
+    if settings is not None:
+        picked = pick(settings, args.targets)
+        if isinstance(picked, Check):
+            checks.append(picked)
+        else:
+            checks += asyncio.run(_rest(settings, picked, os.environ))
+    if args.json:
+        print(json.dumps(as_document(checks), indent=2))
+    else:
+        print(render(checks))
+    return 0 if all_ok(checks) else 1
+
+
+def pick(settings: Settings, names: Sequence[str]) -> tuple[NodeConfig, ...] | Check:
+    """Return the nodes named (nodes or groups; none: all), or the check that says which is not."""
+    if not names or "all" in names:
+        return settings.nodes
+    groups = settings.groups()
+    wanted: set[str] = set()
+    for name in names:
+        if settings.node(name) is not None:
+            wanted.add(name)
+        elif name in groups:
+            wanted.update(groups[name])
+        else:
+            known = ", ".join(n.name for n in settings.nodes) or "none"
+            return failed("config", f"node {name}", "no such node or group", f"one of: {known}")
+    return tuple(n for n in settings.nodes if n.name in wanted)
+
+
+async def _rest(
+    settings: Settings, nodes: Sequence[NodeConfig], environ: Mapping[str, str]
+) -> list[Check]:
+    from gpubot.transport.hostkey import presented_fingerprint
+
+    async def fingerprint(node: NodeConfig) -> str | None:
+        return await presented_fingerprint(node, settings.ssh.connect_timeout_s)
+
+    parts = DoctorParts(fingerprint, _slack(environ), lambda: _database(settings, environ))
+    transport = doctor_transport(settings)
+    try:
+        return await DoctorService(settings, transport, parts).check(nodes)
+    finally:
+        await transport.close()
+
+
+def _slack(environ: Mapping[str, str]) -> Callable[[Settings], Awaitable[list[Check]]] | None:
+    token = environ.get("SLACK_BOT_TOKEN", "").strip()
+    if not token:
+        return None
+    url = environ.get("SLACK_API_URL", "").strip() or DEFAULT_API_URL
+    url = url if url.endswith("/") else url + "/"
+
+    async def checks(settings: Settings) -> list[Check]:
+        from gpubot.slack.doctor import check
+
+        return await check(token, url, settings)
+
+    return checks
+
+
+def _database(settings: Settings, environ: Mapping[str, str]) -> DbFacts:
+    from gpubot.store.doctor import database_facts
+
+    try:
+        key = audit_key(environ)
+    except ConfigError:
+        key = None  # said among the settings checks
+    password = environ.get("GPUBOT_DB_PASSWORD") or None
+    return database_facts(settings.database_url, password=password, audit_key=key)

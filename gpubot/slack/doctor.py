@@ -1,0 +1,61 @@
+"""What ``gpubot doctor`` asks Slack: ``auth.test`` (with the token's scopes, from the
+``x-oauth-scopes`` response header) and, per configured channel, whether the bot is in it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from gpubot.config import Settings
+from gpubot.core.doctor import Check
+from gpubot.slack.api import make_client
+from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
+
+
+async def check(token: str, base_url: str, settings: Settings) -> list[Check]:
+    """Return the Slack checks of the settings' token, scopes and channels."""
+    policy = settings.policy
+    channels = [c for c in (policy.channel, policy.oncall_channel) if c]
+    facts = await slack_facts(token, base_url, channels)
+    return slack_checks(facts, needed_scopes(policy, idle_dm=settings.sweep.idle.enabled))
+
+
+async def slack_facts(token: str, base_url: str, channels: Sequence[str]) -> SlackFacts:
+    """Return what Slack says of ``token`` and of the bot's membership of ``channels``."""
+    client = make_client(token, base_url, timeout=10)
+    try:
+        auth = await client.auth_test()
+    except SlackApiError as exc:
+        return SlackFacts(error=str(exc.response.get("error") or exc))
+    except (SlackClientError, OSError, TimeoutError) as exc:
+        return SlackFacts(error=f"cannot reach Slack at {base_url}: {exc or type(exc).__name__}")
+    header = next((v for k, v in auth.headers.items() if k.lower() == "x-oauth-scopes"), None)
+    scopes = None if header is None else frozenset(s.strip() for s in str(header).split(","))
+    members: dict[str, bool | str] = {}
+    for channel in dict.fromkeys(channels):
+        members[channel] = await _member(client, channel)
+    return SlackFacts(
+        team=str(auth.get("team") or ""),
+        user=str(auth.get("user") or ""),
+        scopes=scopes,
+        channels=members,
+    )
+
+
+async def _member(client: AsyncWebClient, channel: str) -> bool | str:
+    """Return whether the bot is in ``channel``, or why that cannot be told."""
+    try:
+        info = await client.conversations_info(channel=channel)
+    except SlackApiError as exc:
+        error = str(exc.response.get("error") or "")
+        if error == "channel_not_found":
+            return False
+        if error == "missing_scope":
+            return "conversations.info needs channels:read (optional)"
+        return error or "conversations.info failed"
+    except (SlackClientError, OSError, TimeoutError) as exc:
+        return f"conversations.info failed: {exc or type(exc).__name__}"
+    chan = info.get("channel")
+    return bool(chan.get("is_member")) if isinstance(chan, dict) else "no channel in the answer"
