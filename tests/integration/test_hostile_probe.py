@@ -227,13 +227,16 @@ async def test_200_ctl_only_holders_cost_the_probe_nothing(
 async def test_the_old_path_stalls_on_200_ctl_only_holders_and_is_left_running_nowhere(
     settings: Settings, node: SimNode, holders: Holders
 ) -> None:
-    # Control: /proc read for every holder, escaped byte by byte, no budget: no answer in 10 s.
+    # Control: /proc read for every holder, escaped byte by byte, no budget: no answer in 5 s,
+    # where the defended probe says "unknown" within its 2 s budget (the test below). On an idle
+    # box the old path takes about 9.5 s for 200 holders since queries are read in blocks, and
+    # it grows with them: past the transport's 15 s at about 320, which a user can start.
     t = time.monotonic()
     with pytest.raises(CommandTimeout):
         await probe_with(
-            settings, old_script(escaping=True, reading=True), budget_s=1000, timeout=10
+            settings, old_script(escaping=True, reading=True), budget_s=1000, timeout=5
         )
-    assert time.monotonic() - t < 20
+    assert time.monotonic() - t < 15
     await until(lambda: probe_processes(node) == [], 10, "the abandoned probe to end")
 
 
