@@ -136,9 +136,7 @@ class SweepService:
         t0 = self.clock.monotonic()
         snaps, failed, timed_out = await self._probe(nodes, self.node_budget_s())
         seconds = self.clock.monotonic() - t0
-        idle = {} if self.idle is None else await self.idle.idle(snaps, started)
-        if self.idle is not None:
-            await self.idle.keep(snaps, started)
+        idle = {} if self.idle is None else await self.idle.sweep(snaps, started)
         protection = self.settings.reset.protection
         findings = find(snaps, failed, self.config, protection=protection, idle=idle)
         names = tuple(n.name for n in nodes)
