@@ -137,8 +137,10 @@ class AuditStore(Protocol):
         nodes: Sequence[str],
         failed: Mapping[str, str],
         seconds: float,
+        changed: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Append a brief record of a read-only query (status, sweep)."""
+        """Append a brief record of a read-only query (status, sweep). ``changed`` (sweeps):
+        the nodes are counted, not named, and these lists of changed nodes are."""
         ...
 
 

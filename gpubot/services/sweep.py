@@ -82,6 +82,7 @@ class SweepService:
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
+        self._last: tuple[tuple[str, ...], frozenset[str]] | None = None  # nodes, failed
 
     @property
     def actor(self) -> str:
@@ -182,9 +183,12 @@ class SweepService:
         return list(res.ok.values()), failed, timed_out
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
+        """Record the sweep: the first of this process names every node, later ones count
+        them and name what changed since this process's previous sweep."""
+        failed = {n: f.reason for n, f in result.failed.items()}
+        changed = self._changed(result.nodes, failed.keys())
         if self.audit is None:
             return
-        failed = {n: f.reason for n, f in result.failed.items()}
         try:
             await self.audit.record_query(
                 kind="sweep",
@@ -193,9 +197,23 @@ class SweepService:
                 nodes=result.nodes,
                 failed=failed,
                 seconds=result.seconds,
+                changed=changed,
             )
         except StoreError as exc:
             log.warning("sweep not recorded in the audit log: %s", exc)
+
+    def _changed(self, nodes: Sequence[str], failed: Iterable[str]) -> dict[str, list[str]] | None:
+        """Return the nodes added, removed and recovered since the previous sweep (None: this
+        is the process's first, so its record names every node)."""
+        before, self._last = self._last, (tuple(nodes), frozenset(failed))
+        if before is None:
+            return None
+        names, earlier = set(nodes), set(before[0])
+        return {
+            "added": sorted(names - earlier),
+            "removed": sorted(earlier - names),
+            "recovered": sorted((before[1] & names) - self._last[1]),
+        }
 
     async def _report(self, result: SweepResult) -> SweepResult:
         """Read-only: add the readiness of orphaned GPUs and what the store knows."""

@@ -24,6 +24,7 @@ from gpubot.store.approvals import ApprovalStore
 from gpubot.store.engine import guard, is_empty, make_engine, parse_url, read_tx, write_tx
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.leases import check_fence
+from gpubot.store.query_records import query_payload
 from gpubot.store.records import (
     ActionDetail,
     ActionSummary,
@@ -211,14 +212,11 @@ class Store:
         nodes: Sequence[str],
         failed: Mapping[str, str],
         seconds: float,
+        changed: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Append a brief record of a read-only query (status, sweep)."""
-        payload = {
-            "query": kind,
-            "nodes": list(nodes),
-            "failed": dict(failed),
-            "seconds": round(seconds, 3),
-        }
+        """Append a brief record of a read-only query (status, sweep); ``changed`` (a sweep):
+        count the nodes instead of naming them, and name these (``store.query_records``)."""
+        payload = query_payload(kind, nodes, failed, seconds, changed)
         node = nodes[0] if len(nodes) == 1 else None
         await in_thread(self._query, actor, source, node, payload)
 
