@@ -25,6 +25,7 @@ from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock, SampleStore
 from gpubot.core.protect import Protection
 from gpubot.errors import StoreError
+from gpubot.services.offload import off_loop
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,9 @@ class IdleAccounting:
         """Store this sweep's samples and advance the runs (one transaction), prune a bounded
         batch of old samples; return ``{(node, gpu): seconds held idle}`` of the idle GPUs."""
         keep_from = now - self.config.idle.keep_s
+        samples = await off_loop(samples_of, snaps, now)  # 16,000 at 2,000 nodes
         try:
-            since = await self.samples.advance_idle(
-                samples_of(snaps, now), self.rule, keep_from=keep_from
-            )
+            since = await self.samples.advance_idle(samples, self.rule, keep_from=keep_from)
         except StoreError as exc:  # the sweep stands; idle detection misses this sample
             log.warning("GPU samples not stored, idle GPUs not looked for: %s", exc)
             return {}

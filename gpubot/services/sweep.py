@@ -34,6 +34,7 @@ from gpubot.core.timefmt import iso
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.idle_accounting import IdleAccounting
+from gpubot.services.offload import off_loop
 from gpubot.services.status import StatusService, fan_out, reason
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,9 @@ class SweepService:
         seconds = self.clock.monotonic() - t0
         idle = {} if self.idle is None else await self.idle.sweep(snaps, started)
         protection = self.settings.reset.protection
-        findings = find(snaps, failed, self.config, protection=protection, idle=idle)
+        findings = await off_loop(
+            find, snaps, failed, self.config, protection=protection, idle=idle
+        )
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings

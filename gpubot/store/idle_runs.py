@@ -11,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, Row, bindparam, delete, func, select, tuple_
+from sqlalchemy import Connection, Row, bindparam, delete, func, select
 
-from gpubot.core.idle import GpuKey, GpuSample
-from gpubot.core.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since, rebuild
+from gpubot.core.idle import GpuKey, GpuSample, held_idle
+from gpubot.core.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since
 from gpubot.store.records import iso
 from gpubot.store.tables import gpu_idle as r
 from gpubot.store.tables import gpu_samples as t
 
 Since = dict[tuple[str, int], float]  # (node, gpu) -> since when held idle
+REBUILD_ROWS = 100_000  # samples read a sweep at most to rebuild runs (about 2 s)
 
 
 def text_of(unix: float) -> str:
@@ -57,24 +58,6 @@ def read_runs(conn: Connection) -> dict[GpuKey, IdleRun]:
     return out
 
 
-def _history(
-    conn: Connection, keys: Collection[GpuKey], keep_from: float
-) -> dict[GpuKey, list[GpuSample]]:
-    """Return the kept samples of ``keys`` (one query; only for runs that must be rebuilt)."""
-    out: dict[GpuKey, list[GpuSample]] = {k: [] for k in keys}
-    if not keys:
-        return out
-    pairs = sorted({(n, g) for n, g, _ in keys})
-    q = select(t).where(
-        t.c.taken_at >= text_of(keep_from), tuple_(t.c.node, t.c.gpu_index).in_(pairs)
-    )
-    for row in conn.execute(q):
-        s = sample_of(row)
-        if s.key in out:
-            out[s.key].append(s)
-    return out
-
-
 def _first_kept(conn: Connection, key: GpuKey, keep_from: float) -> float | None:
     """Return the time of ``key``'s first sample kept (an indexed min; None: none)."""
     node, gpu, uuid = key
@@ -88,33 +71,95 @@ def _first_kept(conn: Connection, key: GpuKey, keep_from: float) -> float | None
     return None if first is None else unix_of(str(first))
 
 
+def _walk_back(
+    conn: Connection, key: GpuKey, rule: RunRule, keep_from: float, below: float | None
+) -> tuple[float | None, float | None, int]:
+    """Walk one GPU's kept samples newest first (``below``: only those taken before it), as
+    ``held_idle_since`` walks them; return (the first one's time, the run's start: None if the
+    first is not held idle, rows read). Stops where the run does: a busy GPU costs one row."""
+    node, gpu, uuid = key
+    q = select(t.c.taken_at, t.c.utilization_pct, t.c.memory_used_mib).where(
+        t.c.node == node,
+        t.c.gpu_index == gpu,
+        t.c.gpu_uuid == uuid,
+        t.c.taken_at >= text_of(keep_from),
+    )
+    if below is not None:
+        q = q.where(t.c.taken_at < text_of(below))
+    q = q.order_by(t.c.taken_at.desc(), t.c.id)  # ties in stored order, as a stable sort
+    top: float | None = None
+    since: float | None = None
+    rows = 0
+    result = conn.execute(q.execution_options(yield_per=256))  # stopped early: few rows read
+    try:
+        for at_text, util, mem in result:
+            rows += 1
+            at = unix_of(at_text)
+            top = at if top is None else top
+            idle = util == 0 and mem is not None and mem >= rule.min_mib
+            if not idle or (since is not None and since - at > rule.max_gap_s):
+                break
+            since = at
+    finally:
+        result.close()
+    return top, since, rows
+
+
+def _rebuild(
+    conn: Connection, s: GpuSample, rule: RunRule, keep_from: float, stored: bool
+) -> tuple[float | None, IdleRun | None, int]:
+    """Return since when ``s``'s GPU is held idle at ``s``, its run after ``s`` (None: not
+    known without ``s`` stored), and the rows read, from the GPU's own samples."""
+    since: float | None = None
+    rows = 0
+    if held_idle(s, rule.min_mib):
+        top, start, rows = _walk_back(conn, s.key, rule, keep_from, s.taken_at)
+        since = s.taken_at  # unless the samples before it carry the run on
+        if top is not None and start is not None and s.taken_at - top <= rule.max_gap_s:
+            since = start
+    if not stored:
+        return since, None, rows
+    top, start, more = _walk_back(conn, s.key, rule, keep_from, None)
+    assert top is not None  # ``s`` is stored
+    return since, IdleRun(s.node, s.gpu, s.uuid, top, start, rule), rows + more
+
+
 def _fold(
     conn: Connection,
     samples: Sequence[GpuSample],
     runs: Mapping[GpuKey, IdleRun],
     rule: RunRule,
     keep_from: float,
+    *,
+    stored: bool,
 ) -> tuple[dict[GpuKey, IdleRun], Since]:
-    """Return each sample's GPU run after it, and since when each held-idle GPU is held idle."""
-    redo = [s.key for s in samples if s.key not in runs or not can_advance(runs[s.key], s, rule)]
-    history = _history(conn, redo, keep_from)
+    """Return each sample's GPU run after it, and since when each held-idle GPU is held idle.
+
+    A run that cannot be folded forward is rebuilt from the GPU's samples, within
+    ``REBUILD_ROWS`` a sweep: past that, a GPU gets no run yet and counts as not idle (unknown
+    is not idle) until a later sweep rebuilds it (the first sweeps after the upgrade).
+    """
     after: dict[GpuKey, IdleRun] = {}
     since: Since = {}
+    budget = REBUILD_ROWS
     for s in samples:
-        if s.key in history:
-            earlier = [h for h in history[s.key] if h.taken_at < s.taken_at]
-            now_run = rebuild([*earlier, s], rule)
-            later = rebuild([*history[s.key], s], rule)
+        run = runs.get(s.key)
+        start: float | None
+        if run is not None and can_advance(run, s, rule):
+            later: IdleRun | None = advance(run, s, rule)
+            assert later is not None
+            start = later.idle_since
+            if start is not None and start < keep_from:  # older than the samples kept
+                start = kept_since(start, _first_kept(conn, s.key, keep_from), s.taken_at)
+        elif budget > 0:
+            start, later, rows = _rebuild(conn, s, rule, keep_from, stored)
+            budget -= rows
         else:
-            now_run = later = advance(runs[s.key], s, rule)
-        assert now_run is not None and later is not None  # both hold ``s`` at least
-        after[s.key] = later
-        if now_run.idle_since is None:
             continue
-        start = now_run.idle_since
-        if start < keep_from:  # older than the samples kept: the history starts later
-            start = kept_since(start, _first_kept(conn, s.key, keep_from), s.taken_at)
-        since[(s.node, s.gpu)] = start
+        if later is not None:
+            after[s.key] = later
+        if start is not None:
+            since[(s.node, s.gpu)] = start
     return after, since
 
 
@@ -128,7 +173,7 @@ def _unique(samples: Iterable[GpuSample]) -> list[GpuSample]:
 
 def peek(conn: Connection, samples: Sequence[GpuSample], rule: RunRule, keep_from: float) -> Since:
     """Return since when the held-idle GPUs of ``samples`` are held idle; write nothing."""
-    return _fold(conn, _unique(samples), read_runs(conn), rule, keep_from)[1]
+    return _fold(conn, _unique(samples), read_runs(conn), rule, keep_from, stored=False)[1]
 
 
 def advance_all(
@@ -137,9 +182,9 @@ def advance_all(
     """Store one sweep's samples and advance their runs (in the caller's write transaction)."""
     unique = _unique(samples)
     runs = read_runs(conn)
-    after, since = _fold(conn, unique, runs, rule, keep_from)
-    if samples:
+    if samples:  # first: a rebuilt run ends at the newest sample, maybe this one
         conn.execute(t.insert(), [sample_row(s) for s in samples])
+    after, since = _fold(conn, unique, runs, rule, keep_from, stored=True)
     _write_runs(conn, after, runs)
     return since
 

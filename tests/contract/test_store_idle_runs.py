@@ -151,3 +151,27 @@ async def test_a_run_longer_than_the_samples_kept_counts_from_the_first_kept(
         want = await old_idle(store.samples, CFG, snaps, at)
         assert await acct.sweep(snaps, at) == want
     assert want == {("n1", 0): 3 * H}  # the first sample kept is exactly 3 h old
+
+
+async def test_a_long_history_is_rebuilt_a_bounded_batch_a_sweep(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the upgrade, a GPU whose run is not rebuilt yet is not idle (unknown is not idle);
+    a few sweeps later every answer is the history's again."""
+    from gpubot.core.idle import samples_of
+    from gpubot.store import idle_runs
+
+    monkeypatch.setattr(idle_runs, "REBUILD_ROWS", 10)
+    gpus = tuple(GpuInfo(g, f"GPU-n1-{g}", "H200", 8192, 143771, 0) for g in range(4))
+    snaps = [NodeSnapshot("n1", 0.0, gpus, tuple(holder(g, 8192) for g in range(4)))]
+    for i in range(8):  # 0005's sweeps: 2 h held idle, 8 samples a GPU
+        await store.samples.add_samples(samples_of(snaps, T0 + i * INTERVAL))
+    acct = IdleAccounting(CFG, Protection(), store.samples, clock=ManualClock(T0))
+    answers = []
+    for k in range(8, 14):
+        at = T0 + k * INTERVAL
+        want = await old_idle(store.samples, CFG, snaps, at)
+        got = await acct.sweep(snaps, at)
+        assert set(got) <= set(want) and all(got[g] == want[g] for g in got)
+        answers.append(len(got))
+    assert answers[0] < 4 and answers[-1] == 4, answers
