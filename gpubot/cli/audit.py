@@ -30,6 +30,7 @@ from gpubot.cli.common import cli_actor
 from gpubot.config import AuditSettings, parse_duration
 from gpubot.errors import UsageError
 from gpubot.store import ActionDetail, ActionSummary, AuditRecord, SealRule, Store
+from gpubot.store.query_records import node_count
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 EXPORT_FIELDS = (
@@ -301,7 +302,7 @@ def _print_queries(qs: list[AuditRecord], as_json: bool, out: TextIO) -> None:
                 str(d.get("query")),
                 q.actor,
                 q.source,
-                str(len(d.get("nodes", ()))),
+                str(node_count(d)),
                 ",".join(d.get("failed", {})) or "-",
                 f"{d.get('seconds', 0):.2f}",
             )

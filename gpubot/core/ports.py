@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting a
     from gpubot.core.approval import Approval, ApprovalRequest
     from gpubot.core.findings import FindingKey
     from gpubot.core.idle import GpuSample
+    from gpubot.core.idle_runs import RunRule
     from gpubot.core.report import Report
 
 
@@ -136,8 +137,10 @@ class AuditStore(Protocol):
         nodes: Sequence[str],
         failed: Mapping[str, str],
         seconds: float,
+        changed: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Append a brief record of a read-only query (status, sweep)."""
+        """Append a brief record of a read-only query (status, sweep). ``changed`` (sweeps):
+        the nodes are counted, not named, and these lists of changed nodes are."""
         ...
 
 
@@ -215,13 +218,28 @@ class ApprovalStore(Protocol):
 
 
 class SampleStore(Protocol):
-    """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.idle``).
+    """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.idle``), and each
+    GPU's idle run (``core.idle_runs``), advanced with them.
 
     Every method raises ``StoreError`` on failure.
     """
 
+    async def advance_idle(
+        self, samples: Sequence[GpuSample], rule: RunRule, *, keep_from: float
+    ) -> dict[tuple[str, int], float]:
+        """Store one sweep's samples and advance each GPU's idle run, in one transaction;
+        return ``{(node, gpu): since when held idle}`` of the GPUs held idle now, counting
+        the samples taken at or after ``keep_from``."""
+        ...
+
+    async def idle_since(
+        self, samples: Sequence[GpuSample], rule: RunRule, *, keep_from: float
+    ) -> dict[tuple[str, int], float]:
+        """Return what ``advance_idle`` would, storing nothing."""
+        ...
+
     async def add_samples(self, samples: Sequence[GpuSample]) -> None:
-        """Store one sweep's samples (one batched insert)."""
+        """Store samples taken outside a sweep (one batched insert)."""
         ...
 
     async def samples_since(
@@ -231,8 +249,9 @@ class SampleStore(Protocol):
         by node, GPU and time."""
         ...
 
-    async def prune_samples(self, before: float) -> int:
-        """Delete the samples taken before ``before``; return how many went."""
+    async def prune_samples(self, before: float, *, limit: int | None = None) -> int:
+        """Delete at most ``limit`` samples taken before ``before`` (None: all); return how
+        many went."""
         ...
 
 

@@ -1,29 +1,36 @@
 """Idle accounting: every sweep's GPU samples, and which GPUs have been held idle for how long.
 
 Every sweep, by hand or scheduled, stores one utilisation sample per GPU through the
-``SampleStore`` port and prunes those older than ``[sweep] keep_samples``; GPUs whose samples say
-0 % for ``idle_hours`` make idle-holder findings (``gpubot.core.idle``), and the GPU-hours each
-owner holds idle are what the Home tab shows (``gpu_hours``). A store that fails leaves no GPU
-idle: unknown is not idle.
+``SampleStore`` port and, in the same transaction, advances each GPU's idle run
+(``core.idle_runs``: since when it has been held idle). GPUs held idle for ``idle_hours`` make
+idle-holder findings (``gpubot.core.idle``), and the GPU-hours each owner holds idle are what
+the Home tab shows (``gpu_hours``). Both read the runs, one row per GPU, never the samples'
+history: a sweep costs the same with 1 or 14 days kept. Samples older than ``[sweep]
+keep_samples`` are pruned, at most ``PRUNE_BATCH`` a sweep, so that a backlog (after an upgrade
+or a shorter ``keep_samples``) never holds one sweep up. A store that fails leaves no GPU idle:
+unknown is not idle.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpubot.core.alerting import held_idle_hours
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import SweepConfig, find
-from gpubot.core.idle import held_idle, idle_gpus, samples_of
+from gpubot.core.idle import TIME_SLACK_S, held_idle, samples_of
+from gpubot.core.idle_runs import RunRule
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock, SampleStore
 from gpubot.core.protect import Protection
 from gpubot.errors import StoreError
+from gpubot.services.offload import off_loop
 
 log = logging.getLogger(__name__)
 
 IdleSeconds = dict[tuple[str, int], float]  # (node, gpu) -> seconds held idle
+PRUNE_BATCH = 50_000  # samples pruned per sweep at most (a 1,000-node fleet adds 8,000)
 
 
 class IdleAccounting:
@@ -42,39 +49,52 @@ class IdleAccounting:
         self.samples = samples
         self.clock = clock
 
-    async def idle(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleSeconds:
-        """Return ``{(node, gpu): seconds held idle}`` of the GPUs idle for the idle window.
+    @property
+    def rule(self) -> RunRule:
+        """Return what makes an idle run under the settings."""
+        return RunRule.of(self.config.idle.min_mib, self.config.max_gap_s)
 
-        Two reads, each only of GPUs held idle now: the window (are they idle long enough?),
-        then, for those that are, every sample kept (since when?).
+    async def sweep(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleSeconds:
+        """Store this sweep's samples and advance the runs (one transaction), prune a bounded
+        batch of old samples; return ``{(node, gpu): seconds held idle}`` of the idle GPUs."""
+        keep_from = now - self.config.idle.keep_s
+        samples = await off_loop(samples_of, snaps, now)  # 16,000 at 2,000 nodes
+        try:
+            since = await self.samples.advance_idle(samples, self.rule, keep_from=keep_from)
+        except StoreError as exc:  # the sweep stands; idle detection misses this sample
+            log.warning("GPU samples not stored, idle GPUs not looked for: %s", exc)
+            return {}
+        try:
+            await self.samples.prune_samples(keep_from, limit=PRUNE_BATCH)
+        except StoreError as exc:
+            log.warning("old GPU samples not pruned: %s", exc)
+        return self._long_enough(since, now)
+
+    async def idle(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleSeconds:
+        """Return the GPUs of ``snaps`` idle for the idle window, storing nothing (a status).
+
+        Only the GPUs held idle now are asked about; the runs say since when.
         """
-        rule, gap = self.config.idle, self.config.max_gap_s
+        rule = self.config.idle
         if not rule.enabled:
             return {}
         current = [s for s in samples_of(snaps, now) if held_idle(s, rule.min_mib)]
         if not current:
             return {}
         try:
-            window = await self.samples.samples_since(
-                now - rule.window_s - gap, gpus={(s.node, s.gpu) for s in current}
-            )
-            idle = idle_gpus(current, window, rule, max_gap_s=gap)
-            if not idle:
-                return {}
-            kept = await self.samples.samples_since(now - rule.keep_s, gpus=idle.keys())
+            since = await self.samples.idle_since(current, self.rule, keep_from=now - rule.keep_s)
         except StoreError as exc:
             log.warning("idle GPUs not looked for: %s", exc)
             return {}
-        still = [s for s in current if (s.node, s.gpu) in idle]
-        return idle_gpus(still, kept, rule, max_gap_s=gap)
+        return self._long_enough(since, now)
 
-    async def keep(self, snaps: Sequence[NodeSnapshot], now: float) -> None:
-        """Store this sweep's samples (one insert) and prune those older than ``keep_samples``."""
-        try:
-            await self.samples.add_samples(samples_of(snaps, now))
-            await self.samples.prune_samples(now - self.config.idle.keep_s)
-        except StoreError as exc:  # the sweep stands; idle detection misses this sample
-            log.warning("GPU samples not stored: %s", exc)
+    def _long_enough(self, since: Mapping[tuple[str, int], float], now: float) -> IdleSeconds:
+        """Return the GPUs held idle for at least the window, and for how long."""
+        rule = self.config.idle
+        if not rule.enabled:
+            return {}
+        window = rule.window_s - TIME_SLACK_S
+        return {k: round(now - s, 3) for k, s in since.items() if now - s >= window}
 
     async def gpu_hours(self, snapshots: Sequence[NodeSnapshot]) -> dict[str, float]:
         """Return the GPU-hours each owner holds idle now, for ``snapshots`` (the Home tab)."""

@@ -19,6 +19,7 @@ from gpubot.core.probe_holders import Holders
 from gpubot.core.protect import Protection
 from gpubot.core.workload import Workload
 from gpubot.errors import CommandTimeout, GpubotError, StoreError, UsageError
+from gpubot.services.offload import off_loop
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +61,18 @@ async def fan_out(
 
     ``budget_s``: a node that has not answered this long after the start (waiting for its turn
     included) fails with ``CommandTimeout`` "no answer within the <budget_name> (N s)".
+    ``limit`` workers take the nodes in turn: 2,000 nodes are 64 tasks, not 2,000 tasks whose
+    first steps all run in one turn of the loop (that held it for about 60 ms).
     """
-    gate = asyncio.Semaphore(max(1, limit))
     deadline = None if budget_s is None else asyncio.get_running_loop().time() + budget_s
+    answers: dict[int, T] = {}
+    errors: dict[int, GpubotError] = {}
+    turns = iter(range(len(nodes)))
 
     async def one(node: NodeConfig) -> T:
         cm = asyncio.timeout_at(deadline)
         try:
-            async with cm, gate:
+            async with cm:
                 return await call(node)
         except TimeoutError:
             if cm.expired():
@@ -75,19 +80,24 @@ async def fan_out(
                 raise CommandTimeout(node.name, why) from None
             raise
 
-    results = await asyncio.gather(*(one(n) for n in nodes), return_exceptions=True)
-    ok: dict[str, T] = {}
-    failed: dict[str, GpubotError] = {}
-    for node, res in zip(nodes, results, strict=True):
-        if isinstance(res, GpubotError):
-            failed[node.name] = res
-        elif isinstance(res, BaseException):
-            if not isinstance(res, Exception):
-                raise res  # cancellation and interrupts are not a node's failure
-            log.error("unexpected error from %s", node.name, exc_info=res)
-            failed[node.name] = GpubotError(f"{node.name}: internal error: {res!r}")
-        else:
-            ok[node.name] = res
+    async def worker() -> None:
+        for i in turns:
+            try:
+                answers[i] = await one(nodes[i])
+            except GpubotError as exc:
+                errors[i] = exc
+            except Exception as exc:  # cancellation and interrupts are not a node's failure
+                log.error("unexpected error from %s", nodes[i].name, exc_info=exc)
+                errors[i] = GpubotError(f"{nodes[i].name}: internal error: {exc!r}")
+
+    ends = await asyncio.gather(
+        *(worker() for _ in range(min(max(1, limit), len(nodes)))), return_exceptions=True
+    )
+    for end in ends:
+        if isinstance(end, BaseException):
+            raise end
+    ok = {nodes[i].name: answers[i] for i in sorted(answers)}
+    failed = {nodes[i].name: errors[i] for i in sorted(errors)}
     return FanOut(ok, failed)
 
 
@@ -314,4 +324,5 @@ async def probe_node(
             node, smi_timeout_s=smi_timeout_s, gpu_indices=gpu_indices, holders=holders
         )
     result = await transport.run(node, argv, timeout=timeout)
-    return parse_probe(node, result, taken_at, nvml=nvml, protection=protection)
+    # in the worker thread: answers arriving together would hold the loop (services.offload)
+    return await off_loop(parse_probe, node, result, taken_at, nvml=nvml, protection=protection)

@@ -5,7 +5,11 @@ spent is reported (``node-unreachable``) and never holds up the others. The find
 (``gpubot.core.findings``); what they do to the alert state, and what is posted, is the alert
 keeper's (``services.alert_keeper``); the GPU samples and idle GPUs are the idle accounting's
 (``services.idle_accounting``). This service takes the lock, probes, asks the nodes with
-orphaned GPUs what a reset would touch (readiness), records the sweep and counts it.
+orphaned GPUs what a reset would touch (readiness), records the sweep and counts it. Its
+record names every node once (the process's first sweep), then counts them and names only
+what failed or changed (``store.query_records``). The pure work of 2,000 nodes (parsing,
+findings) runs off the event loop (``services.offload``), so that a Slack ack never waits
+behind it.
 
 ``run(alerting=False)`` is the read-only sweep of ``gpubot sweep`` and ``/gpu sweep``: it reports
 and records the query, but leaves the alert state alone (so a sweep by hand never confirms a
@@ -34,6 +38,7 @@ from gpubot.core.timefmt import iso
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.idle_accounting import IdleAccounting
+from gpubot.services.offload import off_loop
 from gpubot.services.status import StatusService, fan_out, reason
 
 log = logging.getLogger(__name__)
@@ -82,6 +87,7 @@ class SweepService:
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
+        self._last: tuple[tuple[str, ...], frozenset[str]] | None = None  # nodes, failed
 
     @property
     def actor(self) -> str:
@@ -136,11 +142,11 @@ class SweepService:
         t0 = self.clock.monotonic()
         snaps, failed, timed_out = await self._probe(nodes, self.node_budget_s())
         seconds = self.clock.monotonic() - t0
-        idle = {} if self.idle is None else await self.idle.idle(snaps, started)
-        if self.idle is not None:
-            await self.idle.keep(snaps, started)
+        idle = {} if self.idle is None else await self.idle.sweep(snaps, started)
         protection = self.settings.reset.protection
-        findings = find(snaps, failed, self.config, protection=protection, idle=idle)
+        findings = await off_loop(
+            find, snaps, failed, self.config, protection=protection, idle=idle
+        )
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings
@@ -184,9 +190,12 @@ class SweepService:
         return list(res.ok.values()), failed, timed_out
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
+        """Record the sweep: the first of this process names every node, later ones count
+        them and name what changed since this process's previous sweep."""
+        failed = {n: f.reason for n, f in result.failed.items()}
+        changed = self._changed(result.nodes, failed.keys())
         if self.audit is None:
             return
-        failed = {n: f.reason for n, f in result.failed.items()}
         try:
             await self.audit.record_query(
                 kind="sweep",
@@ -195,9 +204,23 @@ class SweepService:
                 nodes=result.nodes,
                 failed=failed,
                 seconds=result.seconds,
+                changed=changed,
             )
         except StoreError as exc:
             log.warning("sweep not recorded in the audit log: %s", exc)
+
+    def _changed(self, nodes: Sequence[str], failed: Iterable[str]) -> dict[str, list[str]] | None:
+        """Return the nodes added, removed and recovered since the previous sweep (None: this
+        is the process's first, so its record names every node)."""
+        before, self._last = self._last, (tuple(nodes), frozenset(failed))
+        if before is None:
+            return None
+        names, earlier = set(nodes), set(before[0])
+        return {
+            "added": sorted(names - earlier),
+            "removed": sorted(earlier - names),
+            "recovered": sorted((before[1] & names) - self._last[1]),
+        }
 
     async def _report(self, result: SweepResult) -> SweepResult:
         """Read-only: add the readiness of orphaned GPUs and what the store knows."""

@@ -37,6 +37,7 @@ from gpubot.store.engine import (
 )
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.leases import check_fence
+from gpubot.store.query_records import query_payload
 from gpubot.store.records import (
     ActionDetail,
     ActionSummary,
@@ -233,14 +234,11 @@ class Store:
         nodes: Sequence[str],
         failed: Mapping[str, str],
         seconds: float,
+        changed: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Append a brief record of a read-only query (status, sweep)."""
-        payload = {
-            "query": kind,
-            "nodes": list(nodes),
-            "failed": dict(failed),
-            "seconds": round(seconds, 3),
-        }
+        """Append a brief record of a read-only query (status, sweep); ``changed`` (a sweep):
+        count the nodes instead of naming them, and name these (``store.query_records``)."""
+        payload = query_payload(kind, nodes, failed, seconds, changed)
         node = nodes[0] if len(nodes) == 1 else None
         await in_thread(self._query, actor, source, node, payload)
 

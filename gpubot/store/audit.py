@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Row, Select, and_, exists, select
 
 from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError, UsageError
+from gpubot.store.audit_list import since_bound, summaries_query
 from gpubot.store.chain import (
     GENESIS,
     MARKER,
@@ -179,29 +180,10 @@ def summaries(
     limit: int | None = 50,
     incomplete_only: bool = False,
 ) -> list[ActionSummary]:
-    """Return actions, newest first, with their outcome status."""
-    outcome = audit_log.alias("outcome")
-    q = (
-        select(audit_log, outcome.c.payload.label("o_payload"), outcome.c.created_at.label("o_at"))
-        .select_from(
-            audit_log.outerjoin(
-                outcome,
-                and_(outcome.c.action_id == audit_log.c.action_id, outcome.c.kind == "outcome"),
-            )
-        )
-        .where(audit_log.c.kind == "intent")
-        .order_by(audit_log.c.seq.desc())
+    """Return actions, newest first, with their outcome status (``audit_list``'s query)."""
+    q = summaries_query(
+        node=node, actor=actor, since=since, limit=limit, incomplete_only=incomplete_only
     )
-    if node is not None:
-        q = q.where(audit_log.c.node == node)
-    if actor is not None:
-        q = q.where(audit_log.c.actor.contains(actor, autoescape=True))
-    if since is not None:
-        q = q.where(audit_log.c.created_at >= iso(since))
-    if incomplete_only:
-        q = q.where(outcome.c.seq.is_(None))
-    if limit is not None:
-        q = q.limit(limit)
     return [summary(to_record(r), r.o_payload, r.o_at) for r in conn.execute(q).all()]
 
 
@@ -325,7 +307,7 @@ def page(
     if actor is not None:
         q = q.where(audit_log.c.actor.contains(actor, autoescape=True))
     if since is not None:
-        q = q.where(audit_log.c.created_at >= iso(since))
+        q = q.where(audit_log.c.created_at >= iso(since), audit_log.c.seq >= since_bound(since))
     return [to_record(r) for r in conn.execute(q.limit(limit)).all()]
 
 

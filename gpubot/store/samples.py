@@ -1,25 +1,26 @@
-"""Per-GPU samples of every sweep (implements ``gpubot.core.ports.SampleStore``).
+"""Per-GPU samples of every sweep and each GPU's idle run (implements
+``gpubot.core.ports.SampleStore``).
 
-One batched insert per sweep; reads by time (and GPU); a prune by age. Times are the store's
-fixed-width UTC text, so comparing text compares time on both databases.
+A sweep stores its samples and advances the GPUs' idle runs in one transaction
+(``advance_idle``, ``store.idle_runs``): the idle check reads one row per GPU, never the
+history. The samples stay for reports (``samples_since``) and are pruned by age in bounded
+batches. Times are the store's fixed-width UTC text, so comparing text compares time on both
+databases.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime
 
-from sqlalchemy import Engine, delete, select, tuple_
+from sqlalchemy import Engine, select, tuple_
 
 from gpubot.core.idle import GpuSample
+from gpubot.core.idle_runs import RunRule
+from gpubot.store import idle_runs
 from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.records import iso, parse_iso
+from gpubot.store.idle_runs import Since, sample_of, text_of
 from gpubot.store.tables import gpu_samples as t
 from gpubot.store.waits import in_thread
-
-
-def _text(unix: float) -> str:
-    return iso(datetime.fromtimestamp(unix, UTC))
 
 
 class DbSamples:
@@ -28,8 +29,25 @@ class DbSamples:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
+    async def advance_idle(
+        self, samples: Sequence[GpuSample], rule: RunRule, *, keep_from: float
+    ) -> Since:
+        """Store one sweep's samples and advance each GPU's idle run, in one transaction.
+
+        Return since when each GPU of ``samples`` held idle now has been held idle, counting
+        the samples kept (taken at or after ``keep_from``) and these.
+        """
+        return await in_thread(self._advance, list(samples), rule, keep_from)
+
+    async def idle_since(
+        self, samples: Sequence[GpuSample], rule: RunRule, *, keep_from: float
+    ) -> Since:
+        """Return what ``advance_idle`` would, storing nothing (a status's GPU-hours)."""
+        return await in_thread(self._peek, list(samples), rule, keep_from)
+
     async def add_samples(self, samples: Sequence[GpuSample]) -> None:
-        """Store one sweep's samples (one batched insert)."""
+        """Store samples taken outside a sweep (one batched insert); their GPUs' runs are
+        rebuilt from the samples at the next sweep."""
         if samples:
             await in_thread(self._add, list(samples))
 
@@ -41,46 +59,35 @@ class DbSamples:
             return []
         return await in_thread(self._since, since, None if gpus is None else list(gpus))
 
-    async def prune_samples(self, before: float) -> int:
-        """Delete the samples taken before ``before``; return how many went."""
-        return await in_thread(self._prune, before)
+    async def prune_samples(self, before: float, *, limit: int | None = None) -> int:
+        """Delete the samples taken before ``before``, at most ``limit`` of them (None: all),
+        and the runs of GPUs not seen since; return how many samples went."""
+        return await in_thread(self._prune, before, limit)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
+    def _advance(self, samples: list[GpuSample], rule: RunRule, keep_from: float) -> Since:
+        with guard("cannot record GPU samples"), write_tx(self._engine) as conn:
+            return idle_runs.advance_all(conn, samples, rule, keep_from)
+
+    def _peek(self, samples: list[GpuSample], rule: RunRule, keep_from: float) -> Since:
+        with guard("cannot read GPU samples"), read_tx(self._engine) as conn:
+            return idle_runs.peek(conn, samples, rule, keep_from)
+
     def _add(self, samples: list[GpuSample]) -> None:
-        rows = [
-            {
-                "node": s.node,
-                "gpu_index": s.gpu,
-                "gpu_uuid": s.uuid,
-                "taken_at": _text(s.taken_at),
-                "utilization_pct": s.utilization_pct,
-                "memory_used_mib": s.memory_used_mib,
-            }
-            for s in samples
-        ]
+        rows = [idle_runs.sample_row(s) for s in samples]
         with guard("cannot record GPU samples"), write_tx(self._engine) as conn:
             conn.execute(t.insert(), rows)
+            idle_runs.forget(conn, {s.key for s in samples})
 
     def _since(self, since: float, gpus: list[tuple[str, int]] | None) -> list[GpuSample]:
-        query = select(t).where(t.c.taken_at >= _text(since))
+        query = select(t).where(t.c.taken_at >= text_of(since))
         if gpus is not None:
             query = query.where(tuple_(t.c.node, t.c.gpu_index).in_(sorted(set(gpus))))
         query = query.order_by(t.c.node, t.c.gpu_index, t.c.taken_at, t.c.id)
         with guard("cannot read GPU samples"), read_tx(self._engine) as conn:
-            rows = conn.execute(query).all()
-        return [
-            GpuSample(
-                r.node,
-                int(r.gpu_index),
-                r.gpu_uuid,
-                parse_iso(r.taken_at).timestamp(),
-                r.utilization_pct,
-                r.memory_used_mib,
-            )
-            for r in rows
-        ]
+            return [sample_of(row) for row in conn.execute(query)]
 
-    def _prune(self, before: float) -> int:
+    def _prune(self, before: float, limit: int | None) -> int:
         with guard("cannot prune GPU samples"), write_tx(self._engine) as conn:
-            return int(conn.execute(delete(t).where(t.c.taken_at < _text(before))).rowcount or 0)
+            return idle_runs.prune(conn, before, limit)

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -49,6 +50,7 @@ audit_log = Table(
     Index(None, "action_id"),
     Index(None, "kind", "seq"),
     Index(None, "created_at"),
+    Index(None, "node", "kind", "seq"),  # `audit list --node X`: that node's records only
 )
 
 # One row (id 1): the last record's seq and hash, updated in the append's transaction, so that
@@ -141,6 +143,24 @@ gpu_samples = Table(
     Column("memory_used_mib", Integer, nullable=True),
     Index(None, "taken_at"),
     Index(None, "node", "gpu_index", "taken_at"),
+)
+
+# One row per GPU (``core.idle_runs``): its latest sample's time and since when it has been held
+# idle, advanced by each sweep in the transaction that stores its samples, so that the idle
+# check reads one row per GPU instead of the samples. ``min_mib``/``max_gap_ms``: the rule the
+# run was kept under (another rule rebuilds it from the samples). Pruned with the samples.
+gpu_idle = Table(
+    "gpu_idle",
+    metadata,
+    Column("node", Text, nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("last_at", TIME, nullable=False),
+    Column("idle_since", TIME, nullable=True),  # None: not held idle at last_at
+    Column("min_mib", Integer, nullable=False),
+    Column("max_gap_ms", BigInteger, nullable=False),
+    PrimaryKeyConstraint("node", "gpu_index", "gpu_uuid"),
+    Index(None, "last_at"),
 )
 
 # One row per exclusive thing (``reset:NODE``, ``sweep``): who holds it, under which fencing

@@ -31,6 +31,7 @@ TABLES = {
     "gpu_samples",
     "alert_posts",
     "leases",
+    "gpu_idle",
 }
 
 
@@ -62,6 +63,25 @@ def test_migrations_go_up_from_empty_and_down_again(empty_db_url: str, db_kind: 
         store.close()
     opened = open_store(empty_db_url)  # at head: accepted
     opened.close()
+
+
+def test_0006_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
+    """The runs and the audit log's node index come and go with 0006; nothing else does."""
+    store = open_store(fresh_db_url, check_schema=False)
+    try:
+        store.downgrade("0005")
+        inspect = sa.inspect(store.engine)
+        assert set(inspect.get_table_names()) == TABLES - {"gpu_idle"}
+        names = {i["name"] for i in inspect.get_indexes("audit_log")}
+        assert "ix_audit_log_node_kind_seq" not in names and "ix_audit_log_kind_seq" in names
+        store.upgrade()
+        inspect = sa.inspect(store.engine)
+        assert set(inspect.get_table_names()) == TABLES
+        names = {i["name"] for i in inspect.get_indexes("audit_log")}
+        assert "ix_audit_log_node_kind_seq" in names
+        assert store.revision() == (HEAD, HEAD) == ("0006", "0006")
+    finally:
+        store.close()
 
 
 def test_models_and_migrations_agree(store_url: str) -> None:

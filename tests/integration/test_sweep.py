@@ -29,6 +29,7 @@ from gpubot.services.alert_keeper import AlertKeeper
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
+from gpubot.store.query_records import nodes_digest
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 from tests.fixtures.settings import ManualClock, sweep_ports, with_tables
@@ -203,6 +204,30 @@ async def test_failing_nodes_are_findings_and_hold_up_nobody(fleet: SimFleet, pg
         ("node4", None, "smi-failed", ""),
     }
     assert result.seconds < 5.0  # the hung node took its 3 s; nobody waited for anybody
+
+
+async def test_the_first_sweep_names_the_nodes_then_only_what_changed(
+    fleet: SimFleet, pg_url: str
+) -> None:
+    fleet.node("node3").stop_server()
+    async with sweeper(settings_for(fleet, pg_url, command_timeout_s=5.0)) as svc:
+        await svc.run(alerting=False)
+        fleet.node("node3").start_server()
+        await svc.run(alerting=False)
+        await svc.run(alerting=False)
+        assert svc.audit is not None
+        first, second, third = [r.data for r in reversed(await svc.audit.queries())]
+    names = [n.name for n in fleet.nodes]
+    assert first["nodes"] == names and list(first["failed"]) == ["node3"]
+    assert second == {
+        "query": "sweep",
+        "node_count": len(names),
+        "nodes_digest": nodes_digest(names),
+        "failed": {},
+        "seconds": second["seconds"],
+        "recovered": ["node3"],
+    }
+    assert "recovered" not in third and third["nodes_digest"] == second["nodes_digest"]
 
 
 async def test_the_budget_cuts_a_slow_node_short(fleet: SimFleet, pg_url: str) -> None:

@@ -71,3 +71,33 @@ async def test_cancellation_is_not_a_node_failure() -> None:
 
     with pytest.raises(asyncio.CancelledError):
         await fan_out(NODES[:1], call, 1)
+
+
+async def test_a_large_fleet_is_limit_tasks_not_one_per_node() -> None:
+    """2,000 nodes once meant 2,000 tasks whose first steps ran in one turn of the loop."""
+    nodes = tuple(NodeConfig(f"n{i}", f"h{i}") for i in range(300))
+    before = len(asyncio.all_tasks())
+    most = 0
+
+    async def call(node: NodeConfig) -> str:
+        nonlocal most
+        most = max(most, len(asyncio.all_tasks()) - before)
+        await asyncio.sleep(0)
+        return node.name
+
+    res = await fan_out(nodes, call, 4, budget_s=30)
+    assert list(res.ok) == [n.name for n in nodes]  # every node, in node order
+    assert most == 4
+
+
+async def test_nodes_not_reached_within_the_budget_time_out_in_node_order() -> None:
+    async def call(node: NodeConfig) -> str:
+        await asyncio.sleep(0.15)
+        return node.name
+
+    res = await fan_out(NODES, call, 1, budget_s=0.2, budget_name="sweep budget")
+    assert list(res.ok) == ["n0"]
+    assert list(res.failed) == ["n1", "n2", "n3"]  # n2 and n3 never got a turn
+    assert all(
+        str(e).endswith("no answer within the sweep budget (0.2 s)") for e in res.failed.values()
+    )
