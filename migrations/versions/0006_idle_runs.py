@@ -1,5 +1,7 @@
-"""Per-GPU idle runs (the idle check reads them, not the samples); an index for the audit log's
-records of one node (``audit list --node``).
+"""Per-GPU idle runs, and an index for one node's audit records.
+
+The idle check reads ``gpu_idle``, not the samples; ``audit list --node`` reads the index. (The
+first line is what Alembic logs: one line, so every log line starts with its time.)
 
 Revision ID: 0006
 Revises: 0005

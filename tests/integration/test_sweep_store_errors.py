@@ -90,7 +90,8 @@ def _warnings(stderr: str) -> list[str]:
                 "no such table: audit_log"
             ],
         ),
-        ("gpu_samples", ["idle GPUs not looked for: ", "GPU samples not stored: "]),
+        # samples and idle runs are one transaction: one line says both
+        ("gpu_samples", ["GPU samples not stored, idle GPUs not looked for: "]),
         ("alerts", ["alert state unavailable: "]),
     ],
 )
