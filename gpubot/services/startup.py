@@ -10,37 +10,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Protocol
 
 from gpubot.core.approval import Approval
+from gpubot.core.interrupted import Unfinished
 from gpubot.core.ports import Reporter
 from gpubot.core.report import Report
 
 log = logging.getLogger(__name__)
 
 
-class Action(Protocol):
-    """An action as the audit log summarises it (``store.ActionSummary``)."""
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def node(self) -> str | None: ...
-    @property
-    def actor(self) -> str: ...
-    @property
-    def command(self) -> str: ...
-    @property
-    def started_at(self) -> datetime: ...
-
-
-class Unfinished(Protocol):
+class Incomplete(Protocol):
     """Where the actions without an outcome are (the audit store)."""
 
-    async def incomplete_actions(self) -> Sequence[Action]:
+    async def incomplete_actions(self) -> Sequence[Unfinished]:
         """Return the actions with an intent and no outcome, newest first."""
         ...
 
@@ -54,7 +37,7 @@ class Abandoning(Protocol):
 
 
 async def report_interrupted(
-    audit: Unfinished | None, approvals: Abandoning | None, reporter: Reporter
+    audit: Incomplete | None, approvals: Abandoning | None, reporter: Reporter
 ) -> list[Report]:
     """Tell ``reporter`` which actions never recorded an outcome, then mark and tell the
     approved forced kills that never ended; return what was told."""
@@ -74,7 +57,7 @@ async def _tell(reporter: Reporter, report: Report) -> Report:
     return report
 
 
-def actions_report(left: Sequence[Action]) -> Report:
+def actions_report(left: Sequence[Unfinished]) -> Report:
     """Return the report of actions that never recorded an outcome."""
     lines = tuple(
         f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
