@@ -279,12 +279,12 @@ def build(
 
     if cold:
         opening = OpeningStore()
-        transport = make_transport(settings.ssh)
+        transport = make_transport(settings.ssh, len(settings.nodes))
         status = StatusService(settings, transport, opening)
         locks = _local_locks()
         return App(settings, transport, None, locks, status, opening=opening, environ=environ)
     store = _store(settings, environ, need_store)
-    transport = make_transport(settings.ssh)
+    transport = make_transport(settings.ssh, len(settings.nodes))
     status = StatusService(settings, transport, store)
     app = App(settings, transport, store, _locks(settings, store), status)
     app.metrics = _metrics() if serving else None

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from gpubot.config import SshSettings
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.core.ports import NvmlTables, Transport
+from gpubot.transport import descriptors
 from gpubot.transport.local import LocalTransport, nvml_query
 from gpubot.transport.scripted import ScriptedTransport
 from gpubot.transport.ssh import SshTransport
@@ -52,6 +53,8 @@ class RoutingTransport:
         await self.local.close()
 
 
-def make_transport(ssh: SshSettings) -> RoutingTransport:
-    """Return the transport for an inventory: local nodes run here, the rest over SSH."""
+def make_transport(ssh: SshSettings, nodes: int = 0) -> RoutingTransport:
+    """Return the transport for an inventory of ``nodes``: local nodes run here, the rest over
+    SSH; a fleet larger than the descriptor limit allows is said in one line, once."""
+    descriptors.check_fleet(nodes)
     return RoutingTransport(ssh)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -127,3 +128,21 @@ async def test_a_busy_connection_is_never_closed_and_a_full_pool_waits_then_says
     async with cap.held("b", 5):  # waits for a's command to end, then takes its place
         assert closed == ["a"]
     await task
+
+
+def test_the_app_says_at_build_when_the_fleet_outgrows_the_limit(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpubot.app import build
+    from gpubot.config import Settings
+    from gpubot.core.models import NodeConfig
+    from gpubot.transport import descriptors, make_transport
+
+    monkeypatch.setattr(descriptors, "_limits", lambda: (1024, 1024))
+    with caplog.at_level(logging.WARNING, logger="gpubot.transport.descriptors"):
+        make_transport(Settings().ssh, 10)
+        assert caplog.records == []  # control: a fleet the limit allows is not mentioned
+        nodes = tuple(NodeConfig(name=f"n{i}", host=f"h{i}") for i in range(1500))
+        build(Settings(nodes=nodes), {}, need_store=False, cold=True)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("1500 nodes but the descriptor limit (1024) allows")
