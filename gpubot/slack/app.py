@@ -33,7 +33,7 @@ from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
 from gpubot.slack.blockkit import SlackMessage, context
 from gpubot.slack.mrkdwn import escape
-from gpubot.slack.outage import DatabaseState
+from gpubot.slack.outage import DatabaseState, quiet_unreachable
 from gpubot.slack.render import NeutralSurface, to_slack, to_view
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class GpuBot:
             signing_secret=signing_secret or "",
             request_verification_enabled=signing_secret is not None,
             name="gpubot",
-            logger=logging.getLogger("gpubot.slack.bolt"),
+            logger=quiet_unreachable(logging.getLogger("gpubot.slack.bolt")),
         )
         self.app.middleware(self._dedupe)
         self.app.command("/gpu")(self._on_command)

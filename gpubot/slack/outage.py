@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import time
 
+import aiohttp
+
 from gpubot.core.timefmt import iso
 from gpubot.errors import StoreError
 
@@ -45,3 +47,22 @@ class DatabaseState:
             down_s,
         )
         self.since = None
+
+
+class OneLineUnreachable(logging.Filter):
+    """Drop the traceback from a library's log record of a Slack it cannot reach (bolt's Socket
+    Mode "Failed to connect ... Retrying" logs one a try): the line says it; the rest is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, OSError | TimeoutError | aiohttp.ClientError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_unreachable(logger: logging.Logger) -> logging.Logger:
+    """Return ``logger`` with ``OneLineUnreachable`` on it (once)."""
+    if not any(isinstance(f, OneLineUnreachable) for f in logger.filters):
+        logger.addFilter(OneLineUnreachable())
+    return logger

@@ -16,17 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.errors import SlackApiError
 
 from gpubot.chat.flows import Services
 from gpubot.chat.message import Message, Section, paragraph
 from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.core.report import Report
-from gpubot.errors import ConfigError
+from gpubot.errors import ChatCallFailed, ChatUnanswered, ConfigError
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.services.status import StatusService
 from gpubot.slack import alerts, dump, idle_dm
-from gpubot.slack.api import SlackApi
+from gpubot.slack.api import SlackApi, call
 from gpubot.slack.app import GpuBot
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,7 @@ async def listen(bot: GpuBot, listener: Listener) -> None:
             handler: Any = AsyncSocketModeHandler(
                 bot.app, listener.app_token, web_client=bot.client
             )
-            await handler.connect_async()
-            print("gpubot: connected to Slack (Socket Mode)", file=sys.stderr)
-            await stop.wait()
+            await _connect_until(handler, stop)
             await handler.close_async()
         await bot.drain()
     finally:
@@ -119,13 +117,28 @@ async def listen(bot: GpuBot, listener: Listener) -> None:
             loop.remove_signal_handler(sig)
 
 
+async def _connect_until(handler: Any, stop: asyncio.Event) -> None:
+    """Connect in Socket Mode (bolt retries a Slack it cannot reach), then wait for ``stop``; a
+    stop while it is still trying ends the try, so SIGTERM and SIGINT always end the bot."""
+    connecting = asyncio.ensure_future(handler.connect_async())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        return
+    connecting.result()
+    print("gpubot: connected to Slack (Socket Mode)", file=sys.stderr)
+    await stopping
+
+
 async def check_token(bot: GpuBot) -> None:
-    """Ask Slack who we are: a refused token is a start-up error naming the variable."""
+    """Ask Slack who we are: a refused token is a start-up error naming the variable; a Slack
+    that cannot be reached is one line, and the bot starts (calls retry; Socket Mode reconnects)."""
     try:
-        await bot.client.auth_test()
-    except SlackApiError as exc:
-        raise ConfigError(
-            f"SLACK_BOT_TOKEN was refused by Slack: {exc.response.get('error')}"
-        ) from None
-    except SlackClientError as exc:
-        log.warning("cannot reach the Slack Web API yet: %s", exc)
+        await call(bot.client, "auth.test")
+    except ChatCallFailed as exc:
+        if isinstance(exc, ChatUnanswered) or not isinstance(exc.__cause__, SlackApiError):
+            log.warning("cannot reach the Slack Web API yet (%s): starting anyway", exc.error)
+            return
+        raise ConfigError(f"SLACK_BOT_TOKEN was refused by Slack: {exc.error}") from None
