@@ -22,7 +22,9 @@ from gpubot.core.timefmt import iso
 
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
 SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
-NODE_KINDS = frozenset({FindingKind.NODE_UNREACHABLE, FindingKind.SMI_FAILED})
+NODE_KINDS = frozenset(
+    {FindingKind.NODE_UNREACHABLE, FindingKind.NODE_SLOW, FindingKind.SMI_FAILED}
+)
 
 Handle = tuple[str, str]  # where an alert message is: (channel, message ts)
 

@@ -241,7 +241,28 @@ async def test_the_budget_cuts_a_slow_node_short(fleet: SimFleet, pg_url: str) -
     assert [s.node for s in result.snapshots] == ["node1", "node3", "node4"]
     assert result.timed_out == ("node2",)
     assert result.failed["node2"].reason == "no answer within the sweep budget (4 s)"
-    assert result.failed["node2"].kind.value == "node-unreachable"
+    assert result.failed["node2"].kind.value == "node-slow"  # issue 25: slow, not unreachable
+
+
+async def test_a_slow_node_is_alerted_as_slow_and_a_stopped_one_as_unreachable(
+    fleet: SimFleet, pg_url: str, fake_slack: FakeSlack
+) -> None:
+    fleet.node("node2").set_fault("slow", delay_s=6.0)
+    fleet.node("node3").stop_server()  # the control: this one is down
+    settings = settings_for(fleet, pg_url, command_timeout_s=10.0, interval_s=10, budget_s=5)
+    clock = ManualClock()
+    async with sweeper(settings, fake=fake_slack, clock=clock) as svc:
+        first = await svc.run()
+        clock.advance(300)
+        second = await svc.run()
+    kinds = {n: f.kind.value for n, f in first.failed.items()}
+    assert kinds == {"node2": "node-slow", "node3": "node-unreachable"}
+    assert {n: f.kind.value for n, f in second.failed.items()} == kinds
+    by_node = {p["text"].split(":", 1)[0].split()[-1]: all_text(p) for p in posts(fake_slack)}
+    assert set(by_node) == {"node2", "node3"}, by_node
+    assert "node: node too slow to answer" in by_node["node2"]
+    assert "unreachable" not in by_node["node2"]
+    assert "node: node unreachable" in by_node["node3"]
 
 
 # --- alerts --------------------------------------------------------------------------------------
