@@ -1,14 +1,14 @@
 """What a sweep decides on each finding's alert state, and what it reports.
 
 Pure (standard library only, time passed in). A finding is confirmed once two sweeps in a row
-saw it; it then alerts, reminds after ``reminder_s`` and resolves once a sweep that could look
-no longer finds it; a person may snooze it. The state itself (``Alert``) is kept by the
-``AlertStore`` port; the messages a ``Notifier`` posts carry ``AlertGroup``s.
+saw it; it then alerts, reminds after ``reminder_s`` and resolves once two sweeps that could
+look no longer found it (``hold_clears``); a person may snooze it. The state itself (``Alert``)
+is kept by the ``AlertStore`` port; the messages a ``Notifier`` posts carry ``AlertGroup``s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -21,6 +21,7 @@ from gpubot.core.readiness import Readiness
 from gpubot.core.timefmt import iso
 
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
+CLEAR_SWEEPS = 2  # an alerted finding resolves only once this many looking sweeps missed it
 SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
 NODE_KINDS = frozenset(
     {FindingKind.NODE_UNREACHABLE, FindingKind.NODE_SLOW, FindingKind.SMI_FAILED}
@@ -129,6 +130,34 @@ def to_resolve(
         if gone or looked:
             out.append(key)
     return out
+
+
+def hold_clears(
+    cleared: Iterable[FindingKey],
+    alerted: Collection[FindingKey],
+    clearing: Mapping[FindingKey, int],
+    *,
+    unseen: Collection[FindingKey],
+) -> tuple[list[FindingKey], dict[FindingKey, int]]:
+    """Return the findings to resolve now, and how many sweeps each other one has cleared for.
+
+    Hysteresis (issue 25): an alerted finding resolves only once ``CLEAR_SWEEPS`` sweeps that
+    looked (``to_resolve``'s ``cleared``) no longer found it, so that a finding missed once
+    does not resolve and alert again. One never alerted resolves at once: it has no message
+    to flap, and confirming it again takes two sweeps in a row. ``clearing``: the counts the
+    previous sweep returned; a count carries over a sweep that could not look (``unseen``:
+    open, neither found nor cleared) and is dropped when the finding is found again.
+    """
+    resolve: list[FindingKey] = []
+    counts: dict[FindingKey, int] = {}
+    for key in cleared:
+        n = clearing.get(key, 0) + 1
+        if key not in alerted or n >= CLEAR_SWEEPS:
+            resolve.append(key)
+        else:
+            counts[key] = n
+    counts.update({k: n for k, n in clearing.items() if k in unseen and k not in counts})
+    return resolve, counts
 
 
 def snooze_until(now: datetime, choice: str) -> datetime:

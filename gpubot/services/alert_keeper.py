@@ -1,10 +1,10 @@
 """The alert keeper: a sweep's findings through the alert state, to the ``Notifier``.
 
 A finding alerts once it was seen in two sweeps in a row, reminds after ``reminder_s``, and its
-message is updated when it clears or is snoozed. The decisions are pure (``core.alerting``);
-this keeper orchestrates the ``AlertStore`` and the ``Notifier``. An alert is posted once,
-through the outbox (``services.alert_outbox``): its intent is recorded before it is posted, and
-every alerting sweep first settles the posts whose end is unknown.
+message is updated when it has cleared for two sweeps (hysteresis) or is snoozed. The decisions
+are pure (``core.alerting``); this keeper orchestrates the ``AlertStore`` and the ``Notifier``.
+An alert is posted once, through the outbox (``services.alert_outbox``): its intent is recorded
+before it is posted, and every alerting sweep first settles the posts whose end is unknown.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gpubot.core.alerting import (
     Notice,
     PendingPost,
     SweepResult,
+    hold_clears,
     notice,
     snooze_until,
     to_resolve,
@@ -65,6 +66,9 @@ class AlertKeeper:
         self._findings: dict[str, Finding] = {}
         self._ready: dict[str, Readiness] = {}
         self._snaps: dict[str, NodeSnapshot] = {}
+        # Alerted findings not found by the last sweeps that looked: how many (hysteresis). Kept
+        # by this process: after a restart, a finding clearing takes its two sweeps again.
+        self._clearing: dict[FindingKey, int] = {}
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now(), UTC)
@@ -98,14 +102,7 @@ class AlertKeeper:
             settled = await self.outbox.reconcile(
                 lambda p, at: self._pending_group(p, at, open_), now
             )
-        gone = to_resolve(
-            list(open_),
-            found.keys(),
-            answered={s.node for s in result.snapshots},
-            failed=result.failed.keys(),
-            configured=self.nodes,
-        )
-        resolved = await self.alerts.mark_resolved(gone, now)
+        resolved = await self.alerts.mark_resolved(self._cleared(result, found, open_), now)
         new, remind = self._due(found, states, now)
         ready = await ask(f for fs in new.values() for f in fs)
         alerted = settled + await self._post(new, states, ready, now)
@@ -123,6 +120,25 @@ class AlertKeeper:
             resolved=tuple(a.key for a in resolved),
             known=states,
         )
+
+    def _cleared(
+        self,
+        result: SweepResult,
+        found: Mapping[FindingKey, Finding],
+        open_: Mapping[FindingKey, Alert],
+    ) -> list[FindingKey]:
+        """Return the open findings to resolve: cleared for long enough (``hold_clears``)."""
+        cleared = to_resolve(
+            list(open_),
+            found.keys(),
+            answered={s.node for s in result.snapshots},
+            failed=result.failed.keys(),
+            configured=self.nodes,
+        )
+        alerted = {k for k, a in open_.items() if a.alerted_at is not None}
+        unseen = open_.keys() - found.keys() - set(cleared)
+        gone, self._clearing = hold_clears(cleared, alerted, self._clearing, unseen=unseen)
+        return gone
 
     def _due(
         self, found: Mapping[FindingKey, Finding], states: Mapping[FindingKey, Alert], now: datetime

@@ -316,11 +316,14 @@ async def test_alert_once_then_remind_then_resolve(
         out = subprocess.run([n1.nvidia_smi, "--gpu-reset", "-i", "2"], capture_output=True)
         assert out.returncode == 0, out.stdout
         clock.advance(300)
+        assert (await svc.run()).resolved == ()  # cleared for one sweep: held (hysteresis)
+        assert fake_slack.of("chat.update") == []
+        clock.advance(300)
         cleared = await svc.run()
         assert [tuple(k) for k in cleared.resolved] == [("node1", 2, "orphaned-vram", "")]
         (update,) = [c.body for c in fake_slack.ok("chat.update")]
         assert (update["channel"], update["ts"]) == (CHANNEL, ts)
-        assert "node1: resolved" in all_text(update) and "*resolved* after 6 h 30 min" in all_text(
+        assert "node1: resolved" in all_text(update) and "*resolved* after 6 h 35 min" in all_text(
             update
         )
         assert not any(b["type"] == "actions" for b in blocks_of(update))
@@ -403,9 +406,11 @@ async def test_snooze_and_a_restart_keep_their_word(
         assert (await svc2.run()).reminded == ()
         kill_and_wait(hidden.pid)
         clock.advance(300)
+        assert (await svc2.run()).resolved == ()  # cleared for one sweep: held (hysteresis)
+        clock.advance(300)
         assert [tuple(k) for k in (await svc2.run()).resolved] == [key]
         last = fake_slack.ok("chat.update")[-1].body
-        assert last["ts"] == ts and "*resolved* after 1 h 16 min" in all_text(last)
+        assert last["ts"] == ts and "*resolved* after 1 h 21 min" in all_text(last)
         records = [r for r in await svc2.audit.records() if r.kind == "alert"]  # type: ignore[union-attr]
         assert [r.data["alert"] for r in records] == ["alerted", "snoozed", "reminded", "resolved"]
         assert records[1].actor == "slack:U0CAROL"
