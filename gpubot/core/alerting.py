@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from gpubot.core.findings import Finding, FindingKey, NodeFailure, SweepConfig
+from gpubot.core.findings import TITLES, Finding, FindingKey, NodeFailure, SweepConfig
 from gpubot.core.idle import gpu_hours_by_owner
 from gpubot.core.models import FindingKind, NodeSnapshot
 from gpubot.core.readiness import Readiness
@@ -158,6 +158,37 @@ def hold_clears(
             counts[key] = n
     counts.update({k: n for k, n in clearing.items() if k in unseen and k not in counts})
     return resolve, counts
+
+
+def digest_label(keys: Iterable[FindingKey]) -> str:
+    """Return the name of the message carrying ``keys``: its node, or for a digest of several
+    nodes its kind and count (``node unreachable on 20 nodes``)."""
+    keys = list(keys)
+    nodes = {k.node for k in keys}
+    if len(nodes) == 1:
+        return next(iter(nodes))
+    kinds = {k.kind for k in keys}
+    kind = next(iter(kinds)) if len(kinds) == 1 else ""
+    title = TITLES.get(FindingKind(kind), kind) if kind else "findings"
+    return f"{title} on {len(nodes)} nodes"
+
+
+def by_message(findings: Iterable[Finding]) -> dict[str, list[Finding]]:
+    """Group the findings to alert on into messages, at most one per finding kind (issue 25).
+
+    A kind found on several nodes is one digest message (a rack outage is one message); the
+    kinds found on one node only share that node's message, as before. Keyed by the message's
+    name (``digest_label``).
+    """
+    fs = list(findings)
+    nodes_of: dict[FindingKind, set[str]] = {}
+    for f in fs:
+        nodes_of.setdefault(f.kind, set()).add(f.node)
+    groups: dict[str, list[Finding]] = {}
+    for f in fs:
+        wide = len(nodes_of[f.kind]) > 1
+        groups.setdefault(f.kind.value if wide else f"node:{f.node}", []).append(f)
+    return {digest_label(f.key for f in g): g for g in groups.values()}
 
 
 def snooze_until(now: datetime, choice: str) -> datetime:

@@ -23,6 +23,8 @@ from gpubot.core.alerting import (
     Notice,
     PendingPost,
     SweepResult,
+    by_message,
+    digest_label,
     hold_clears,
     notice,
     snooze_until,
@@ -146,16 +148,20 @@ class AlertKeeper:
         """Return the findings to alert on (by node) and to remind of (by message)."""
         new: dict[str, list[Finding]] = {}
         remind: dict[Handle, list[Finding]] = {}
+        alert: list[Finding] = []
         for k, f in found.items():
             what = notice(f.kind, states[k], now, self.config)
             if what is Notice.ALERT:
-                new.setdefault(f.node, []).append(f)
+                alert.append(f)
             elif what is Notice.REMIND and (where := states[k].handle) is not None:
                 remind.setdefault(where, []).append(f)
+        new = by_message(alert)
         if self.notifier is None and (new or remind):
             log.warning(
                 "findings to alert on %s, but no alert channel is set up",
-                ", ".join(sorted({*new, *(fs[0].node for fs in remind.values())})),
+                ", ".join(
+                    sorted({*(f.node for f in alert), *(fs[0].node for fs in remind.values())})
+                ),
             )
         return ({}, {}) if self.notifier is None else (new, remind)
 
@@ -166,14 +172,15 @@ class AlertKeeper:
         ready: Mapping[tuple[str, int], Readiness],
         now: datetime,
     ) -> tuple[FindingKey, ...]:
-        """Post one alert per node of new findings, each through the outbox (recorded before
-        it is posted: ``services.alert_outbox``); return the keys alerted."""
+        """Post one alert per message of new findings (a node's, or a digest: ``by_message``),
+        each through the outbox (recorded before it is posted: ``services.alert_outbox``);
+        return the keys alerted."""
         alerted: list[FindingKey] = []
         for node, fs in new.items():
             assert self.outbox is not None  # findings to post: a notifier and a store
             items = []
             for f in fs:
-                r = ready.get((node, f.gpu)) if f.gpu is not None else None
+                r = ready.get((f.node, f.gpu)) if f.gpu is not None else None
                 if r is not None:
                     self._ready[f.key.text()] = r
                 items.append(AlertItem(f.key, f, states[f.key].first_seen, readiness=r))
@@ -198,7 +205,7 @@ class AlertKeeper:
         reminded: list[FindingKey] = []
         for where, fs in remind.items():
             assert self.notifier is not None
-            node = fs[0].node
+            node = digest_label(f.key for f in fs)
             items = tuple(self._item(f.key, states[f.key]) for f in fs)
             await self.notifier.remind(where, AlertGroup(node, items, self._snaps.get(node), now))
             for f in fs:
@@ -225,6 +232,7 @@ class AlertKeeper:
         if not members:
             return
         items = tuple(self._item(a.key, a) for a in members)
+        node = digest_label(a.key for a in members)
         await self.notifier.update(where, AlertGroup(node, items, self._snaps.get(node), now))
 
     async def snooze(self, key_text: str, choice: str, *, by: str) -> Alert:

@@ -1,11 +1,12 @@
-"""Hysteresis (issue 25): an alerted finding resolves only after two sweeps that missed it."""
+"""Issue 25's pure alert rules: hysteresis (two clear sweeps) and one message per kind."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpubot.core.alerting import CLEAR_SWEEPS, hold_clears
-from gpubot.core.findings import FindingKey
+from gpubot.core.alerting import CLEAR_SWEEPS, by_message, digest_label, hold_clears
+from gpubot.core.findings import Finding, FindingKey
+from gpubot.core.models import FindingKind
 
 A = FindingKey("n1", 0, "orphaned-vram")
 B = FindingKey("n2", None, "node-unreachable")
@@ -56,3 +57,42 @@ def test_it_takes_clear_sweeps_looking_sweeps() -> None:
         if resolve and resolved_at is None:
             resolved_at = sweep
     assert CLEAR_SWEEPS == 2 and resolved_at == 3
+
+
+# --- one message per finding kind (issue 25) ---------------------------------------------------
+
+
+def finding(node: str, kind: FindingKind, gpu: int | None = None) -> Finding:
+    return Finding(node, gpu, kind, "", "trouble")
+
+
+def test_a_kind_on_several_nodes_is_one_digest_the_others_keep_their_node() -> None:
+    fs = [
+        finding("n1", FindingKind.NODE_UNREACHABLE),
+        finding("n2", FindingKind.NODE_UNREACHABLE),
+        finding("n3", FindingKind.ORPHANED_VRAM, 0),
+        finding("n3", FindingKind.ZOMBIE_PROCESS, 1),
+        finding("n4", FindingKind.HIDDEN_HOLDER, 0),
+        finding("n5", FindingKind.HIDDEN_HOLDER, 2),
+    ]
+    groups = by_message(fs)
+    assert {label: [(f.node, f.kind.value) for f in g] for label, g in groups.items()} == {
+        "node unreachable on 2 nodes": [("n1", "node-unreachable"), ("n2", "node-unreachable")],
+        "n3": [("n3", "orphaned-vram"), ("n3", "zombie-process")],
+        "hidden GPU holder on 2 nodes": [("n4", "hidden-holder"), ("n5", "hidden-holder")],
+    }
+    kinds = [{f.kind for f in g} for g in groups.values()]
+    assert all(a.isdisjoint(b) for i, a in enumerate(kinds) for b in kinds[i + 1 :])
+
+
+@pytest.mark.parametrize(
+    ("keys", "label"),
+    [
+        ([A], "n1"),
+        ([A, FindingKey("n1", 2, "zombie-process")], "n1"),
+        ([A, FindingKey("n9", 0, "orphaned-vram")], "orphaned GPU memory on 2 nodes"),
+        ([A, B], "findings on 2 nodes"),  # a message of old, rebuilt: no single kind
+    ],
+)
+def test_digest_label(keys: list[FindingKey], label: str) -> None:
+    assert digest_label(keys) == label
