@@ -7,6 +7,7 @@ slow on a 2-core box): each finding kind is one message, counted at the fake Sla
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -93,3 +94,23 @@ async def test_the_control_one_node_keeps_its_own_message(
     await keeper.update(sweep(["node1"], ["node2"]), no_readiness, now=later)
     texts = sorted(str(c.body["text"]) for c in fake_slack.of("chat.postMessage"))
     assert [t.split(":", 1)[0] for t in texts] == ["⚠ node1", "⚠ node2"]
+
+
+async def test_posts_stay_within_one_per_second_per_channel(
+    store: Store, fake_slack: FakeSlack
+) -> None:
+    notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake_slack.base_url)), CHANNEL)
+    keeper = AlertKeeper(SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier)
+    kinds = [FindingKind.ORPHANED_VRAM, FindingKind.ZOMBIE_PROCESS, FindingKind.HIDDEN_HOLDER]
+    findings = (  # four messages: three digests and node40's own
+        *(Finding(n, 0, k, "", "trouble") for k in kinds for n in NODES[:2]),
+        Finding("node40", 1, FindingKind.GPU_LOST, "", "lost"),
+    )
+    result = SweepResult(T0.timestamp(), 1.0, tuple(NODES), findings=findings)
+    await keeper.update(result, no_readiness, now=T0)
+    await keeper.update(result, no_readiness, now=T0 + timedelta(minutes=5))
+    posts = fake_slack.of("chat.postMessage")
+    assert len(posts) == 4
+    times = sorted(c.at for c in posts if c.body["channel"] == CHANNEL)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(times) == 4 and min(gaps) >= 1.0, gaps  # within Slack's ~1 per second
