@@ -58,8 +58,12 @@ RESET_KINDS = frozenset(
 )
 
 
-def _where(item: AlertItem) -> str:
-    return "node" if item.key.gpu is None else f"GPU {item.key.gpu}"
+def _where(item: AlertItem, group: AlertGroup) -> str:
+    """Return what an item is about; a digest of several nodes names its node too."""
+    gpu = "" if item.key.gpu is None else f"GPU {item.key.gpu}"
+    if item.key.node == group.node:
+        return gpu or "node"
+    return f"{item.key.node} {gpu}".rstrip()
 
 
 def _title(item: AlertItem) -> str:
@@ -84,18 +88,19 @@ def snooze_buttons(key_text: str) -> list[Action]:
     ]
 
 
-def _item_text(item: AlertItem, now: datetime) -> Text:
+def _item_text(item: AlertItem, group: AlertGroup) -> Text:
+    now = group.at
     # Each part is clipped, so that the state line always fits the section's 3000 characters.
     summary = _summary(item)  # a core sentence: its names marked (core.text.code)
     said: list[Text] = []
     if item.resolved_at is not None:
         lasted = duration_text((item.resolved_at - item.first_seen).total_seconds())
-        gone = Struck((_where(item), ": ", _title(item)))
+        gone = Struck((_where(item, group), ": ", _title(item)))
         said.append(("✅ ", gone, " — ", bold("resolved"), f" after {lasted}"))
         if summary:  # not in our italics: those would style a name's words too
             said.append((clipped(600, Sentence(summary)),))
         return lines(*said)
-    said.append(("⚠ ", bold(_where(item), ": ", _title(item))))
+    said.append(("⚠ ", bold(_where(item, group), ": ", _title(item))))
     if summary:
         said.append((clipped(600, Sentence(summary)),))
     if item.finding is not None and item.finding.owner:
@@ -138,7 +143,7 @@ def render_alert_group(group: AlertGroup) -> Message:
         acts = _actions(item, now)
         if b.room <= reserve + (2 if acts else 1):
             break
-        b.add(Section(_item_text(item, now)))
+        b.add(Section(_item_text(item, group)))
         if acts is not None:
             b.add(acts)
         shown += 1
@@ -155,7 +160,8 @@ def render_alert_group(group: AlertGroup) -> Message:
         b.add(ctx(repeat_line(group.repeat_of)))
     b.add(ctx(("gpubot sweep · ", Date(now.timestamp()))))
     parts = [
-        f"{_where(i)} {_title(i)}" + (" (resolved)" if i.resolved_at else "") for i in group.items
+        f"{_where(i, group)} {_title(i)}" + (" (resolved)" if i.resolved_at else "")
+        for i in group.items
     ]
     again = " (this may repeat an earlier alert)" if group.repeat_of is not None else ""
     return b.message(clip(f"{title}{again}: " + "; ".join(parts), MAX_FALLBACK))
@@ -176,7 +182,7 @@ def render_reminder(group: AlertGroup) -> Message:
     said: list[Text] = [("⏰ ", bold(f"Still open on {group.node}:"))]
     for item in group.items[:40]:
         lasted = duration_text((now - item.first_seen).total_seconds())
-        said.append((f"• {_where(item)}: {_title(item)} — open for {lasted}",))
+        said.append((f"• {_where(item, group)}: {_title(item)} — open for {lasted}",))
     more = len(group.items) - min(len(group.items), 40)
     if more:
         said.append((f"… and {more} more",))

@@ -1,28 +1,31 @@
 """What a sweep decides on each finding's alert state, and what it reports.
 
 Pure (standard library only, time passed in). A finding is confirmed once two sweeps in a row
-saw it; it then alerts, reminds after ``reminder_s`` and resolves once a sweep that could look
-no longer finds it; a person may snooze it. The state itself (``Alert``) is kept by the
-``AlertStore`` port; the messages a ``Notifier`` posts carry ``AlertGroup``s.
+saw it; it then alerts, reminds after ``reminder_s`` and resolves once two sweeps that could
+look no longer found it (``hold_clears``); a person may snooze it. The state itself (``Alert``)
+is kept by the ``AlertStore`` port; the messages a ``Notifier`` posts carry ``AlertGroup``s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from gpubot.core.findings import Finding, FindingKey, NodeFailure, SweepConfig
+from gpubot.core.findings import TITLES, Finding, FindingKey, NodeFailure, SweepConfig
 from gpubot.core.idle import gpu_hours_by_owner
 from gpubot.core.models import FindingKind, NodeSnapshot
 from gpubot.core.readiness import Readiness
 from gpubot.core.timefmt import iso
 
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
+CLEAR_SWEEPS = 2  # an alerted finding resolves only once this many looking sweeps missed it
 SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
-NODE_KINDS = frozenset({FindingKind.NODE_UNREACHABLE, FindingKind.SMI_FAILED})
+NODE_KINDS = frozenset(
+    {FindingKind.NODE_UNREACHABLE, FindingKind.NODE_SLOW, FindingKind.SMI_FAILED}
+)
 
 Handle = tuple[str, str]  # where an alert message is: (channel, message ts)
 
@@ -127,6 +130,65 @@ def to_resolve(
         if gone or looked:
             out.append(key)
     return out
+
+
+def hold_clears(
+    cleared: Iterable[FindingKey],
+    alerted: Collection[FindingKey],
+    clearing: Mapping[FindingKey, int],
+    *,
+    unseen: Collection[FindingKey],
+) -> tuple[list[FindingKey], dict[FindingKey, int]]:
+    """Return the findings to resolve now, and how many sweeps each other one has cleared for.
+
+    Hysteresis (issue 25): an alerted finding resolves only once ``CLEAR_SWEEPS`` sweeps that
+    looked (``to_resolve``'s ``cleared``) no longer found it, so that a finding missed once
+    does not resolve and alert again. One never alerted resolves at once: it has no message
+    to flap, and confirming it again takes two sweeps in a row. ``clearing``: the counts the
+    previous sweep returned; a count carries over a sweep that could not look (``unseen``:
+    open, neither found nor cleared) and is dropped when the finding is found again.
+    """
+    resolve: list[FindingKey] = []
+    counts: dict[FindingKey, int] = {}
+    for key in cleared:
+        n = clearing.get(key, 0) + 1
+        if key not in alerted or n >= CLEAR_SWEEPS:
+            resolve.append(key)
+        else:
+            counts[key] = n
+    counts.update({k: n for k, n in clearing.items() if k in unseen and k not in counts})
+    return resolve, counts
+
+
+def digest_label(keys: Iterable[FindingKey]) -> str:
+    """Return the name of the message carrying ``keys``: its node, or for a digest of several
+    nodes its kind and count (``node unreachable on 20 nodes``)."""
+    keys = list(keys)
+    nodes = {k.node for k in keys}
+    if len(nodes) == 1:
+        return next(iter(nodes))
+    kinds = {k.kind for k in keys}
+    kind = next(iter(kinds)) if len(kinds) == 1 else ""
+    title = TITLES.get(FindingKind(kind), kind) if kind else "findings"
+    return f"{title} on {len(nodes)} nodes"
+
+
+def by_message(findings: Iterable[Finding]) -> dict[str, list[Finding]]:
+    """Group the findings to alert on into messages, at most one per finding kind (issue 25).
+
+    A kind found on several nodes is one digest message (a rack outage is one message); the
+    kinds found on one node only share that node's message, as before. Keyed by the message's
+    name (``digest_label``).
+    """
+    fs = list(findings)
+    nodes_of: dict[FindingKind, set[str]] = {}
+    for f in fs:
+        nodes_of.setdefault(f.kind, set()).add(f.node)
+    groups: dict[str, list[Finding]] = {}
+    for f in fs:
+        wide = len(nodes_of[f.kind]) > 1
+        groups.setdefault(f.kind.value if wide else f"node:{f.node}", []).append(f)
+    return {digest_label(f.key for f in g): g for g in groups.values()}
 
 
 def snooze_until(now: datetime, choice: str) -> datetime:

@@ -36,7 +36,7 @@ from gpubot.core.idle import MAX_GAP_INTERVALS, IdleRule, holder_owner, idle_sum
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.protect import Protection, is_protected
 from gpubot.core.workload import WorkloadKind
-from gpubot.errors import GpubotError, ParseError, ProbeError, UsageError
+from gpubot.errors import CommandTimeout, GpubotError, ParseError, ProbeError, UsageError
 
 GONE = "gone"  # holder suffix of a process nvidia-smi lists but /proc does not know
 
@@ -46,6 +46,7 @@ TITLES: dict[FindingKind, str] = {
     FindingKind.HIDDEN_HOLDER: "hidden GPU holder",
     FindingKind.IDLE_HOLDER: "idle GPU holder",
     FindingKind.NODE_UNREACHABLE: "node unreachable",
+    FindingKind.NODE_SLOW: "node too slow to answer",
     FindingKind.SMI_FAILED: "nvidia-smi failed",
     FindingKind.GPU_LOST: "GPU lost",
 }
@@ -145,14 +146,20 @@ class Finding:
 class NodeFailure:
     """A node that gave no usable answer, and why."""
 
-    kind: FindingKind  # NODE_UNREACHABLE or SMI_FAILED
+    kind: FindingKind  # NODE_UNREACHABLE, NODE_SLOW or SMI_FAILED
     reason: str
 
 
 def classify_failure(exc: GpubotError) -> FindingKind:
-    """Return the finding kind of a node's failure: nvidia-smi's own, or the node's."""
+    """Return the finding kind of a node's failure: nvidia-smi's own, or the node's.
+
+    A node that was still answering when its time ran out (the command timeout, the sweep
+    budget) is slow, not unreachable: calling it down made it flap (issue 25).
+    """
     if isinstance(exc, ProbeError | ParseError):
         return FindingKind.SMI_FAILED
+    if isinstance(exc, CommandTimeout):
+        return FindingKind.NODE_SLOW
     return FindingKind.NODE_UNREACHABLE
 
 

@@ -193,6 +193,7 @@ class FindingKind(StrEnum):
     HIDDEN_HOLDER = "hidden-holder"
     IDLE_HOLDER = "idle-holder"
     NODE_UNREACHABLE = "node-unreachable"
+    NODE_SLOW = "node-slow"  # it answered too slowly: past a command timeout or the sweep budget
     SMI_FAILED = "smi-failed"
     GPU_LOST = "gpu-lost"
 

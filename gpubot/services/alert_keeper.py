@@ -1,10 +1,10 @@
 """The alert keeper: a sweep's findings through the alert state, to the ``Notifier``.
 
 A finding alerts once it was seen in two sweeps in a row, reminds after ``reminder_s``, and its
-message is updated when it clears or is snoozed. The decisions are pure (``core.alerting``);
-this keeper orchestrates the ``AlertStore`` and the ``Notifier``. An alert is posted once,
-through the outbox (``services.alert_outbox``): its intent is recorded before it is posted, and
-every alerting sweep first settles the posts whose end is unknown.
+message is updated when it has cleared for two sweeps (hysteresis) or is snoozed. The decisions
+are pure (``core.alerting``); this keeper orchestrates the ``AlertStore`` and the ``Notifier``.
+An alert is posted once, through the outbox (``services.alert_outbox``): its intent is recorded
+before it is posted, and every alerting sweep first settles the posts whose end is unknown.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from gpubot.core.alerting import (
     Notice,
     PendingPost,
     SweepResult,
+    by_message,
+    digest_label,
+    hold_clears,
     notice,
     snooze_until,
     to_resolve,
@@ -65,6 +68,9 @@ class AlertKeeper:
         self._findings: dict[str, Finding] = {}
         self._ready: dict[str, Readiness] = {}
         self._snaps: dict[str, NodeSnapshot] = {}
+        # Alerted findings not found by the last sweeps that looked: how many (hysteresis). Kept
+        # by this process: after a restart, a finding clearing takes its two sweeps again.
+        self._clearing: dict[FindingKey, int] = {}
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now(), UTC)
@@ -98,14 +104,7 @@ class AlertKeeper:
             settled = await self.outbox.reconcile(
                 lambda p, at: self._pending_group(p, at, open_), now
             )
-        gone = to_resolve(
-            list(open_),
-            found.keys(),
-            answered={s.node for s in result.snapshots},
-            failed=result.failed.keys(),
-            configured=self.nodes,
-        )
-        resolved = await self.alerts.mark_resolved(gone, now)
+        resolved = await self.alerts.mark_resolved(self._cleared(result, found, open_), now)
         new, remind = self._due(found, states, now)
         ready = await ask(f for fs in new.values() for f in fs)
         alerted = settled + await self._post(new, states, ready, now)
@@ -124,22 +123,45 @@ class AlertKeeper:
             known=states,
         )
 
+    def _cleared(
+        self,
+        result: SweepResult,
+        found: Mapping[FindingKey, Finding],
+        open_: Mapping[FindingKey, Alert],
+    ) -> list[FindingKey]:
+        """Return the open findings to resolve: cleared for long enough (``hold_clears``)."""
+        cleared = to_resolve(
+            list(open_),
+            found.keys(),
+            answered={s.node for s in result.snapshots},
+            failed=result.failed.keys(),
+            configured=self.nodes,
+        )
+        alerted = {k for k, a in open_.items() if a.alerted_at is not None}
+        unseen = open_.keys() - found.keys() - set(cleared)
+        gone, self._clearing = hold_clears(cleared, alerted, self._clearing, unseen=unseen)
+        return gone
+
     def _due(
         self, found: Mapping[FindingKey, Finding], states: Mapping[FindingKey, Alert], now: datetime
     ) -> tuple[dict[str, list[Finding]], dict[Handle, list[Finding]]]:
         """Return the findings to alert on (by node) and to remind of (by message)."""
         new: dict[str, list[Finding]] = {}
         remind: dict[Handle, list[Finding]] = {}
+        alert: list[Finding] = []
         for k, f in found.items():
             what = notice(f.kind, states[k], now, self.config)
             if what is Notice.ALERT:
-                new.setdefault(f.node, []).append(f)
+                alert.append(f)
             elif what is Notice.REMIND and (where := states[k].handle) is not None:
                 remind.setdefault(where, []).append(f)
+        new = by_message(alert)
         if self.notifier is None and (new or remind):
             log.warning(
                 "findings to alert on %s, but no alert channel is set up",
-                ", ".join(sorted({*new, *(fs[0].node for fs in remind.values())})),
+                ", ".join(
+                    sorted({*(f.node for f in alert), *(fs[0].node for fs in remind.values())})
+                ),
             )
         return ({}, {}) if self.notifier is None else (new, remind)
 
@@ -150,14 +172,15 @@ class AlertKeeper:
         ready: Mapping[tuple[str, int], Readiness],
         now: datetime,
     ) -> tuple[FindingKey, ...]:
-        """Post one alert per node of new findings, each through the outbox (recorded before
-        it is posted: ``services.alert_outbox``); return the keys alerted."""
+        """Post one alert per message of new findings (a node's, or a digest: ``by_message``),
+        each through the outbox (recorded before it is posted: ``services.alert_outbox``);
+        return the keys alerted."""
         alerted: list[FindingKey] = []
         for node, fs in new.items():
             assert self.outbox is not None  # findings to post: a notifier and a store
             items = []
             for f in fs:
-                r = ready.get((node, f.gpu)) if f.gpu is not None else None
+                r = ready.get((f.node, f.gpu)) if f.gpu is not None else None
                 if r is not None:
                     self._ready[f.key.text()] = r
                 items.append(AlertItem(f.key, f, states[f.key].first_seen, readiness=r))
@@ -182,7 +205,7 @@ class AlertKeeper:
         reminded: list[FindingKey] = []
         for where, fs in remind.items():
             assert self.notifier is not None
-            node = fs[0].node
+            node = digest_label(f.key for f in fs)
             items = tuple(self._item(f.key, states[f.key]) for f in fs)
             await self.notifier.remind(where, AlertGroup(node, items, self._snaps.get(node), now))
             for f in fs:
@@ -209,6 +232,7 @@ class AlertKeeper:
         if not members:
             return
         items = tuple(self._item(a.key, a) for a in members)
+        node = digest_label(a.key for a in members)
         await self.notifier.update(where, AlertGroup(node, items, self._snaps.get(node), now))
 
     async def snooze(self, key_text: str, choice: str, *, by: str) -> Alert:

@@ -1,15 +1,15 @@
 """Sweeps: look at every node within a budget, raise findings, hand them to the alert keeper.
 
 A sweep snapshots every node concurrently; a node that does not answer before the budget is
-spent is reported (``node-unreachable``) and never holds up the others. The findings are pure
-(``gpubot.core.findings``); what they do to the alert state, and what is posted, is the alert
-keeper's (``services.alert_keeper``); the GPU samples and idle GPUs are the idle accounting's
-(``services.idle_accounting``). This service takes the lock, probes, asks the nodes with
-orphaned GPUs what a reset would touch (readiness), records the sweep and counts it. Its
-record names every node once (the process's first sweep), then counts them and names only
-what failed or changed (``store.query_records``). The pure work of 2,000 nodes (parsing,
-findings) runs off the event loop (``services.offload``), so that a Slack ack never waits
-behind it.
+spent is reported as slow (``node-slow``, not ``node-unreachable``) and never holds up the
+others. The findings are pure (``gpubot.core.findings``); what they do to the alert state,
+and what is posted, is the alert keeper's (``services.alert_keeper``); the GPU samples and
+idle GPUs are the idle accounting's (``services.idle_accounting``). This service takes the
+lock, probes, asks the nodes with orphaned GPUs what a reset would touch (readiness),
+records the sweep and counts it. Its record names every node once (the process's first
+sweep), then counts them and names only what failed or changed (``store.query_records``).
+The pure work of 2,000 nodes (parsing, findings) runs off the event loop
+(``services.offload``), so that a Slack ack never waits behind it.
 
 ``run(alerting=False)`` is the read-only sweep of ``gpubot sweep`` and ``/gpu sweep``: it reports
 and records the query, but leaves the alert state alone (so a sweep by hand never confirms a

@@ -16,6 +16,7 @@ The messages themselves are rendered by ``gpubot.chat.alerts``; this module only
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -40,6 +41,8 @@ __all__ = ["SlackAlerts", "register", "slack_users_of"]
 
 log = logging.getLogger(__name__)
 
+POST_INTERVAL_S = 1.0  # Slack's chat.postMessage limit: about one message per second per channel
+
 # --- the Slack notifier ------------------------------------------------------------------------
 
 
@@ -50,19 +53,38 @@ class SlackAlerts:
     """
 
     def __init__(
-        self, api: SlackApi, channel: str, *, people: Mapping[str, Sequence[str]] | None = None
+        self,
+        api: SlackApi,
+        channel: str,
+        *,
+        people: Mapping[str, Sequence[str]] | None = None,
+        min_post_interval_s: float = POST_INTERVAL_S,
     ) -> None:
         self.api = api
         self.channel = channel
         self.people = people or {}
         self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
+        self._pace = min_post_interval_s
+        self._posted_at: dict[str, float] = {}  # channel → when this notifier last posted there
+
+    async def _paced(self, channel: str) -> None:
+        """Wait until ``channel`` had no post from here for the interval (Slack: ~1 per s),
+        counted from when the last post there ended (``_mark``): Slack saw it by then."""
+        last = self._posted_at.get(channel)
+        if last is not None and (wait := last + self._pace - asyncio.get_running_loop().time()) > 0:
+            await asyncio.sleep(wait)
+
+    def _mark(self, channel: str) -> None:
+        self._posted_at[channel] = asyncio.get_running_loop().time()
 
     async def post(self, group: AlertGroup, *, token: str) -> Posted:
         """Post a new alert message carrying ``token`` in its metadata (``slack.outbox``);
         once Slack has answered that it took it, DM the idle holders' owners."""
+        await self._paced(self.channel)
         posted = await post_once(
             self.api, self.channel, to_slack(render_alert_group(group)), token=token
         )
+        self._mark(self.channel)
         if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
             try:
                 await self.direct(group, posted.handle)
@@ -100,7 +122,9 @@ class SlackAlerts:
             )
             # At most once: no retry of any kind, and one whose answer is lost is not resent
             # (a courtesy; it rides on its alert, which the outbox posts once).
+            await self._paced(channel)
             posted = await post_once(self.api, channel, msg, token=new_token(), event=DM_EVENT)
+            self._mark(channel)
             if posted.delivery is Delivery.POSTED:
                 sent += 1
         return sent
@@ -112,6 +136,7 @@ class SlackAlerts:
     async def remind(self, where: Handle, group: AlertGroup) -> None:
         """Post a reminder in the alert's thread, shown in the channel too."""
         msg = to_slack(render_reminder(group))
+        await self._paced(where[0])
         try:
             await self.api.client.chat_postMessage(
                 channel=where[0], thread_ts=where[1], reply_broadcast=True, **msg
@@ -119,6 +144,7 @@ class SlackAlerts:
         except CALL_ERRORS as exc:
             err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
             log.error("reminder in %s/%s failed: %s", where[0], where[1], err)
+        self._mark(where[0])
 
 
 # --- buttons and /gpu sweep --------------------------------------------------------------------

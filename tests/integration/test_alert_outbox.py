@@ -113,6 +113,7 @@ async def test_a_web_api_answering_after_12_s_posts_the_alert_once(
         assert (record["alert"], record["adopted"], record["message_ts"]) == ("alerted", True, ts)
         # the adopted message is the alert's: it is the one updated when the finding clears
         slack_fleet.node("node1").clear()
+        assert (await svc.run()).resolved == ()  # cleared for one sweep: held (hysteresis)
         cleared = await svc.run()
         assert [k.text() for k in cleared.resolved] == [orphan]
         (update,) = fake_slack.ok("chat.update")

@@ -241,7 +241,28 @@ async def test_the_budget_cuts_a_slow_node_short(fleet: SimFleet, pg_url: str) -
     assert [s.node for s in result.snapshots] == ["node1", "node3", "node4"]
     assert result.timed_out == ("node2",)
     assert result.failed["node2"].reason == "no answer within the sweep budget (4 s)"
-    assert result.failed["node2"].kind.value == "node-unreachable"
+    assert result.failed["node2"].kind.value == "node-slow"  # issue 25: slow, not unreachable
+
+
+async def test_a_slow_node_is_alerted_as_slow_and_a_stopped_one_as_unreachable(
+    fleet: SimFleet, pg_url: str, fake_slack: FakeSlack
+) -> None:
+    fleet.node("node2").set_fault("slow", delay_s=6.0)
+    fleet.node("node3").stop_server()  # the control: this one is down
+    settings = settings_for(fleet, pg_url, command_timeout_s=10.0, interval_s=10, budget_s=5)
+    clock = ManualClock()
+    async with sweeper(settings, fake=fake_slack, clock=clock) as svc:
+        first = await svc.run()
+        clock.advance(300)
+        second = await svc.run()
+    kinds = {n: f.kind.value for n, f in first.failed.items()}
+    assert kinds == {"node2": "node-slow", "node3": "node-unreachable"}
+    assert {n: f.kind.value for n, f in second.failed.items()} == kinds
+    by_node = {p["text"].split(":", 1)[0].split()[-1]: all_text(p) for p in posts(fake_slack)}
+    assert set(by_node) == {"node2", "node3"}, by_node
+    assert "node: node too slow to answer" in by_node["node2"]
+    assert "unreachable" not in by_node["node2"]
+    assert "node: node unreachable" in by_node["node3"]
 
 
 # --- alerts --------------------------------------------------------------------------------------
@@ -295,11 +316,14 @@ async def test_alert_once_then_remind_then_resolve(
         out = subprocess.run([n1.nvidia_smi, "--gpu-reset", "-i", "2"], capture_output=True)
         assert out.returncode == 0, out.stdout
         clock.advance(300)
+        assert (await svc.run()).resolved == ()  # cleared for one sweep: held (hysteresis)
+        assert fake_slack.of("chat.update") == []
+        clock.advance(300)
         cleared = await svc.run()
         assert [tuple(k) for k in cleared.resolved] == [("node1", 2, "orphaned-vram", "")]
         (update,) = [c.body for c in fake_slack.ok("chat.update")]
         assert (update["channel"], update["ts"]) == (CHANNEL, ts)
-        assert "node1: resolved" in all_text(update) and "*resolved* after 6 h 30 min" in all_text(
+        assert "node1: resolved" in all_text(update) and "*resolved* after 6 h 35 min" in all_text(
             update
         )
         assert not any(b["type"] == "actions" for b in blocks_of(update))
@@ -382,9 +406,11 @@ async def test_snooze_and_a_restart_keep_their_word(
         assert (await svc2.run()).reminded == ()
         kill_and_wait(hidden.pid)
         clock.advance(300)
+        assert (await svc2.run()).resolved == ()  # cleared for one sweep: held (hysteresis)
+        clock.advance(300)
         assert [tuple(k) for k in (await svc2.run()).resolved] == [key]
         last = fake_slack.ok("chat.update")[-1].body
-        assert last["ts"] == ts and "*resolved* after 1 h 16 min" in all_text(last)
+        assert last["ts"] == ts and "*resolved* after 1 h 21 min" in all_text(last)
         records = [r for r in await svc2.audit.records() if r.kind == "alert"]  # type: ignore[union-attr]
         assert [r.data["alert"] for r in records] == ["alerted", "snoozed", "reminded", "resolved"]
         assert records[1].actor == "slack:U0CAROL"

@@ -297,7 +297,7 @@ def test_node_failures() -> None:
     ("exc", "kind"),
     [
         (NodeUnreachable("n", "refused"), FindingKind.NODE_UNREACHABLE),
-        (CommandTimeout("n", "no answer in 20s"), FindingKind.NODE_UNREACHABLE),
+        (CommandTimeout("n", "no answer in 20s"), FindingKind.NODE_SLOW),
         (SmiFailed("n", "nvidia-smi hung"), FindingKind.SMI_FAILED),
         (SmiMissing("n", "not found"), FindingKind.SMI_FAILED),
         (ParseError("nvidia-smi output", "garbage"), FindingKind.SMI_FAILED),
