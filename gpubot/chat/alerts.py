@@ -125,16 +125,43 @@ def _actions(item: AlertItem, now: datetime) -> Actions | None:
     return Actions(tuple(elements))
 
 
+def group_title(group: AlertGroup) -> str:
+    """Return the title of an alert message: its name and how many findings are open."""
+    open_n, total = len(group.open), len(group.items)
+    if open_n == 0:
+        return f"✅ {group.node}: resolved"
+    if open_n == total:
+        return f"⚠ {group.node}: {total} finding{'s' if total != 1 else ''}"
+    return f"⚠ {group.node}: {open_n} of {total} findings open"
+
+
+def item_parts(item: AlertItem, group: AlertGroup) -> tuple[Section, Actions | None]:
+    """Return one finding's section and its buttons (None once it is resolved)."""
+    return Section(_item_text(item, group)), _actions(item, group.at)
+
+
+def item_place(item: AlertItem, group: AlertGroup) -> str:
+    """Return what a finding is about: its GPU, or in a digest its node (and GPU)."""
+    return _where(item, group)
+
+
+def item_line(item: AlertItem, group: AlertGroup) -> str:
+    """Return one finding in a few words ("node3 GPU 2 orphaned GPU memory (resolved)")."""
+    return f"{_where(item, group)} {_title(item)}" + (" (resolved)" if item.resolved_at else "")
+
+
+def group_fallback(group: AlertGroup, title: str) -> str:
+    """Return an alert message's fallback line: its title, then each finding in a few words."""
+    again = " (this may repeat an earlier alert)" if group.repeat_of is not None else ""
+    parts = [item_line(i, group) for i in group.items]
+    return clip(f"{title}{again}: " + "; ".join(parts), MAX_FALLBACK)
+
+
 def render_alert_group(group: AlertGroup) -> Message:
     """Render the alert message of one node's findings, as they stand now."""
     now = group.at
-    open_n, total = len(group.open), len(group.items)
-    if open_n == 0:
-        title = f"✅ {group.node}: resolved"
-    elif open_n == total:
-        title = f"⚠ {group.node}: {total} finding{'s' if total != 1 else ''}"
-    else:
-        title = f"⚠ {group.node}: {open_n} of {total} findings open"
+    total = len(group.items)
+    title = group_title(group)
     b = Budget()
     b.add(Heading(title))
     reserve = 3 + (group.repeat_of is not None)  # table, "more not shown", context line(s)
@@ -159,12 +186,7 @@ def render_alert_group(group: AlertGroup) -> Message:
     if group.repeat_of is not None:  # the outbox could not tell whether that one landed
         b.add(ctx(repeat_line(group.repeat_of)))
     b.add(ctx(("gpubot sweep · ", Date(now.timestamp()))))
-    parts = [
-        f"{_where(i, group)} {_title(i)}" + (" (resolved)" if i.resolved_at else "")
-        for i in group.items
-    ]
-    again = " (this may repeat an earlier alert)" if group.repeat_of is not None else ""
-    return b.message(clip(f"{title}{again}: " + "; ".join(parts), MAX_FALLBACK))
+    return b.message(group_fallback(group, title))
 
 
 def repeat_line(earlier: datetime) -> Text:

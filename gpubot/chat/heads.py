@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from gpubot.chat.message import NL, Code, Date, Message, Section, bold, ctx, note
+from gpubot.chat.message import NL, Code, Date, DateStyle, Message, Part, Section, bold, ctx, note
 
 
 class HeadCheck(Protocol):
@@ -23,9 +23,19 @@ class HeadCheck(Protocol):
     def mode_text(self) -> str: ...
 
 
-def render_head(result: HeadCheck, at: datetime) -> Message:
-    """Render a publication: the verified head and how to check against it, or the failure."""
-    when = ctx(("gpubot audit head · ", Date(at.timestamp())))
+def render_head(result: HeadCheck, at: datetime, repeat_of: datetime | None = None) -> Message:
+    """Render a publication: the verified head and how to check against it, or the failure.
+    ``repeat_of``: an earlier publication nobody could check was posted (this may repeat it)."""
+    when: Part = ctx(("gpubot audit head · ", Date(at.timestamp())))
+    if repeat_of is not None:
+        when = ctx(
+            (
+                "⚠ this may repeat the head posted at ",
+                Date(repeat_of.timestamp(), DateStyle.TIME),
+                ": gpubot could not read the channel's history to check it · ",
+                Date(at.timestamp()),
+            )
+        )
     if not result.ok:
         line = result.line()
         body = (Section((bold(line), NL, "No head is published until this is explained.")), when)

@@ -306,6 +306,10 @@ class AlertStore(Protocol):
         """Record the intent to post on ``keys`` not alerted yet and mark them alerted."""
         ...
 
+    async def begin_message(self, token: str, subject: str, now: datetime) -> PendingPost:
+        """Record the intent to post one message of ``subject`` that alerts no finding."""
+        ...
+
     async def finish_post(
         self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
     ) -> Sequence[FindingKey]:
@@ -324,8 +328,9 @@ class AlertStore(Protocol):
         """Give up on the post ``token``."""
         ...
 
-    async def pending_posts(self) -> Sequence[PendingPost]:
-        """Return the posts recorded and not known posted or refused, oldest first."""
+    async def pending_posts(self, subject: str | None = None) -> Sequence[PendingPost]:
+        """Return the alert posts (with ``subject``: its message posts) recorded and not known
+        posted or refused, oldest first."""
         ...
 
 

@@ -9,17 +9,32 @@ pending. Before anything is posted again, the channel's history is searched for 
 (``Notifier.find``, since the findings were first seen): found, the message is adopted; provably
 absent, it is posted (the same token); if the history cannot be read, it is posted once more
 saying "this may repeat the alert of HH:MM", and after that given up on, with an audit record.
+
+Single messages that must appear once and alert no finding (the audit head's publications:
+``slack.heads``) take the same road through ``AlertOutbox.publish``: each publication first
+settles the earlier ones whose end is unknown (found: adopted; otherwise superseded by this one,
+which says it may repeat one that nobody could check), records its intent, posts, and after an
+uncertain post searches the history before it posts again.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 
-from gpubot.core.alerting import AlertGroup, Delivery, Next, PendingPost, next_step
+from gpubot.core.alerting import (
+    AlertGroup,
+    Delivery,
+    Handle,
+    Lookup,
+    Next,
+    PendingPost,
+    Posted,
+    next_step,
+)
 from gpubot.core.findings import FindingKey
 from gpubot.core.ports import AlertStore, Notifier
 
@@ -28,6 +43,10 @@ log = logging.getLogger(__name__)
 # Rebuilds the message of a pending post from the findings' state now (None: none is open);
 # the datetime, when given, is the post it may repeat.
 GroupOf = Callable[[PendingPost, datetime | None], AlertGroup | None]
+# Posts one single message with the given token (the datetime: a post it may repeat).
+Send = Callable[[str, datetime | None], Awaitable[Posted]]
+# Searches the channel's history for the post carrying a token, from a moment on.
+Find = Callable[[str, datetime], Awaitable[Lookup]]
 
 
 def new_token() -> str:
@@ -38,9 +57,16 @@ def new_token() -> str:
 class AlertOutbox:
     """Posts alert messages through a ``Notifier``, each once, with the ``AlertStore``'s outbox."""
 
-    def __init__(self, alerts: AlertStore, notifier: Notifier) -> None:
+    def __init__(self, alerts: AlertStore, notifier: Notifier | None = None) -> None:
+        """``notifier``: where alerts go (none for an outbox of single messages only)."""
         self.alerts = alerts
         self.notifier = notifier
+
+    @property
+    def _to(self) -> Notifier:
+        if self.notifier is None:
+            raise RuntimeError("this outbox has no notifier: it posts no alert")
+        return self.notifier
 
     async def post(self, group: AlertGroup) -> tuple[FindingKey, ...]:
         """Post the alert of ``group`` once; return the keys it is known to have alerted.
@@ -57,7 +83,7 @@ class AlertOutbox:
         done = await self._deliver(pending, replace(group, items=items))
         if done is not None:
             return done
-        lookup = await self.notifier.find(token, pending.since)
+        lookup = await self._to.find(token, pending.since)
         if lookup.handle is None:
             log.warning(
                 "alert on %s: post %s not confirmed (%s); the next sweep looks again",
@@ -78,7 +104,7 @@ class AlertOutbox:
     async def _settle(
         self, pending: PendingPost, group_of: GroupOf, now: datetime
     ) -> tuple[FindingKey, ...]:
-        lookup = await self.notifier.find(pending.token, pending.since)
+        lookup = await self._to.find(pending.token, pending.since)
         step = next_step(pending, lookup)
         if step is Next.ADOPT and lookup.handle is not None:
             return await self._adopt(pending, lookup.handle, now)
@@ -105,18 +131,62 @@ class AlertOutbox:
         self, pending: PendingPost, group: AlertGroup
     ) -> tuple[FindingKey, ...] | None:
         """Post; return the keys alerted, () if Slack refused it, None if nobody knows."""
-        posted = await self.notifier.post(group, token=pending.token)
+        posted = await self._to.post(group, token=pending.token)
+        return await self._ended(pending, posted, group.at)
+
+    async def _ended(
+        self, pending: PendingPost, posted: Posted, at: datetime
+    ) -> tuple[FindingKey, ...] | None:
+        """Record how a post ended: the keys alerted, () if refused, None if nobody knows."""
         if posted.delivery is Delivery.POSTED and posted.handle is not None:
             channel, ts = posted.handle
-            return tuple(await self.alerts.finish_post(pending.token, channel, ts, group.at))
+            return tuple(await self.alerts.finish_post(pending.token, channel, ts, at))
         if posted.delivery is Delivery.REFUSED:
-            await self.alerts.cancel_post(pending.token, group.at)  # the next sweep tries again
+            await self.alerts.cancel_post(pending.token, at)  # the next sweep tries again
             return ()
-        log.warning("alert on %s: post %s uncertain (%s)", group.node, pending.token, posted.why)
+        log.warning("post %s on %s uncertain (%s)", pending.token, pending.node, posted.why)
         return None
 
     async def _adopt(
         self, pending: PendingPost, where: tuple[str, str], now: datetime
     ) -> tuple[FindingKey, ...]:
-        log.info("alert on %s: post %s found in %s, adopted", pending.node, pending.token, where[0])
+        log.info("post %s on %s found in %s, adopted", pending.token, pending.node, where[0])
         return tuple(await self.alerts.finish_post(pending.token, *where, now, adopted=True))
+
+    # -- single messages that alert no finding (the audit head) --------------------------------
+
+    async def publish(self, subject: str, send: Send, find: Find, now: datetime) -> Handle | None:
+        """Post one message of ``subject`` once; return where it is (None: refused, or not
+        confirmed: it stays pending, and the next publication settles it first)."""
+        repeat_of = await self._supersede(subject, find, now)
+        pending = await self.alerts.begin_message(new_token(), subject, now)
+        posted = await send(pending.token, repeat_of)
+        if await self._ended(pending, posted, now) is not None:
+            return posted.handle if posted.delivery is Delivery.POSTED else None
+        lookup = await find(pending.token, pending.since)
+        if lookup.handle is not None:
+            await self._adopt(pending, lookup.handle, now)
+            return lookup.handle
+        if not lookup.checked:
+            log.warning("%s post %s not confirmed: %s", subject, pending.token, lookup.why)
+            return None
+        again = await send(pending.token, repeat_of)  # provably not there: the same token
+        await self._ended(pending, again, now)
+        return again.handle if again.delivery is Delivery.POSTED else None
+
+    async def _supersede(self, subject: str, find: Find, now: datetime) -> datetime | None:
+        """Settle ``subject``'s earlier posts whose end is unknown: adopt those found, give up
+        the others (this publication takes their place); return when the earliest one that
+        nobody could look for was made (this one then says it may repeat it)."""
+        repeat_of: datetime | None = None
+        for pending in await self.alerts.pending_posts(subject):
+            lookup = await find(pending.token, pending.since)
+            step = next_step(pending, lookup)
+            if step is Next.ADOPT and lookup.handle is not None:
+                await self._adopt(pending, lookup.handle, now)
+                continue
+            if step is not Next.POST and repeat_of is None:
+                repeat_of = pending.created_at
+            why = "not in the channel" if step is Next.POST else (lookup.why or "no history")
+            await self.alerts.abandon_post(pending.token, f"{why}: a newer post replaces it", now)
+        return repeat_of

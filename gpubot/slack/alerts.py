@@ -1,5 +1,11 @@
 """Sweep alerts in Slack: one message per node's new findings, reminders, resolution, snooze.
 
+A kind found on several nodes is one digest (``chat.alert_digest``): a short channel message,
+and each finding's details and buttons as replies in its thread, batched within Slack's limits.
+They are posted once the digest is known to be in the channel (answered, or found in the
+history after a lost answer), at most once: like the DMs, they ride on their alert. Every call
+to a channel (posts, thread replies, ``chat.update``) is paced to about one a second there.
+
 An alert message carries, per finding, what was found (and for orphaned memory the reset
 readiness list), a "Reset GPU N" button (the normal plan → approval flow) and "Snooze 1 h" /
 "Snooze 1 day" buttons, then the node's per-GPU table. When a finding clears, the message is
@@ -24,14 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 from slack_sdk.errors import SlackApiError
 
-from gpubot.chat.alerts import SNOOZE_ACTION, render_alert_group, render_reminder, snooze_buttons
+from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_details
+from gpubot.chat.alerts import SNOOZE_ACTION, render_reminder, snooze_buttons
 from gpubot.chat.holders import snooze
 from gpubot.chat.idle import render_idle_dm, slack_users_of
 from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
 from gpubot.core.models import FindingKind
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.slack.api import CALL_ERRORS, SlackApi
-from gpubot.slack.outbox import DM_EVENT, find_post, new_token, post_once
+from gpubot.slack.outbox import DM_EVENT, find_post, new_token, once_client, post_once
 from gpubot.slack.render import to_slack
 
 if TYPE_CHECKING:
@@ -66,6 +73,7 @@ class SlackAlerts:
         self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
         self._pace = min_post_interval_s
         self._posted_at: dict[str, float] = {}  # channel → when this notifier last posted there
+        self._unsure: dict[str, AlertGroup] = {}  # token → a digest whose post is unconfirmed
 
     async def _paced(self, channel: str) -> None:
         """Wait until ``channel`` had no post from here for the interval (Slack: ~1 per s),
@@ -81,20 +89,51 @@ class SlackAlerts:
         """Post a new alert message carrying ``token`` in its metadata (``slack.outbox``);
         once Slack has answered that it took it, DM the idle holders' owners."""
         await self._paced(self.channel)
-        posted = await post_once(
-            self.api, self.channel, to_slack(render_alert_group(group)), token=token
-        )
+        posted = await post_once(self.api, self.channel, to_slack(render_alert(group)), token=token)
         self._mark(self.channel)
+        if posted.delivery is Delivery.UNCERTAIN and is_digest(group):
+            self._unsure[token] = group  # its details follow if the history has it
         if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
             try:
+                if posted.handle is not None:
+                    await self.details(posted.handle, group)
                 await self.direct(group, posted.handle)
-            except Exception:  # a courtesy message never fails a sweep
-                log.exception("direct messages about idle GPUs on %s failed", group.node)
+            except Exception:  # what follows an alert never fails a sweep
+                log.exception("details or direct messages of the alert on %s failed", group.node)
         return posted
 
     async def find(self, token: str, since: datetime) -> Lookup:
-        """Look for the alert carrying ``token`` in the channel's history since ``since``."""
-        return await find_post(self.api.client, self.channel, token, since)
+        """Look for the alert carrying ``token`` in the channel's history since ``since``; a
+        digest of this process found there gets its details in its thread."""
+        lookup = await find_post(self.api.client, self.channel, token, since)
+        if lookup.checked or lookup.handle is not None:
+            group = self._unsure.pop(token, None)
+            if group is not None and lookup.handle is not None:
+                try:
+                    await self.details(lookup.handle, group)
+                except Exception:  # never fails the search
+                    log.exception("details of the digest %s failed", group.node)
+        return lookup
+
+    async def details(self, where: Handle, group: AlertGroup) -> int:
+        """Post a digest's details in its thread (nothing for a node's own alert); return
+        the replies posted. No retry of any kind: a reply whose answer is lost is not resent."""
+        if not is_digest(group):
+            return 0
+        sent = 0
+        for msg in render_digest_details(group):
+            await self._paced(where[0])
+            try:
+                await once_client(self.api.client).chat_postMessage(
+                    channel=where[0], thread_ts=where[1], **to_slack(msg)
+                )
+                sent += 1
+            except CALL_ERRORS as exc:
+                err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
+                log.error("digest details in %s/%s failed: %s", where[0], where[1], err)
+            finally:
+                self._mark(where[0])
+        return sent
 
     async def direct(self, group: AlertGroup, where: Handle | None) -> int:
         """DM each owner of the group's open idle holders who maps to Slack; return DMs sent."""
@@ -130,8 +169,12 @@ class SlackAlerts:
         return sent
 
     async def update(self, where: Handle, group: AlertGroup) -> None:
-        """Replace an alert message by the group's current state."""
-        await self.api.update(where, to_slack(render_alert_group(group)))
+        """Replace an alert message by the group's current state (paced like a post)."""
+        await self._paced(where[0])
+        try:
+            await self.api.update(where, to_slack(render_alert(group)))
+        finally:
+            self._mark(where[0])
 
     async def remind(self, where: Handle, group: AlertGroup) -> None:
         """Post a reminder in the alert's thread, shown in the channel too."""

@@ -10,6 +10,12 @@ of a head when the log does not verify.
 first publication is a few seconds after start (``gpubot.app`` schedules it). With seals (a key
 and ``[audit] seal_every``), a head is also posted after every forced action's seal, so that
 the records of the actions that matter most have a copy outside the database at once.
+
+Each publication is posted once, through the alerts' outbox (``services.alert_outbox``): its
+intent is recorded with a token that rides in the message's metadata, then it is posted, then
+marked posted. After an uncertain post (a timeout, a 5xx, a crash) the channel's history is
+searched for the token before anything is posted again, and the message is adopted if it is
+there; a publication left unconfirmed is settled by the next one.
 """
 
 from __future__ import annotations
@@ -19,10 +25,15 @@ import logging
 from datetime import UTC, datetime
 
 from gpubot.chat.heads import render_head
+from gpubot.core.alerting import Lookup, Posted
 from gpubot.errors import GpubotError
+from gpubot.services.alert_outbox import AlertOutbox
 from gpubot.slack.api import SlackApi
+from gpubot.slack.outbox import HEAD_EVENT, find_post, post_once
 from gpubot.slack.render import to_slack
 from gpubot.store import Store, VerifyResult
+
+SUBJECT = "audit-head"  # the outbox's name for the head's publications
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +46,7 @@ class HeadPublisher:
         self.api = api
         self.channel = channel
         self.last: tuple[int, str] | None = None  # the head this publisher posted last
+        self.outbox = AlertOutbox(store.alerts)
         self._lock = asyncio.Lock()  # the schedule and a forced action's seal: one at a time
 
     async def publish(self) -> VerifyResult | None:
@@ -53,5 +65,17 @@ class HeadPublisher:
             log.info("audit head %s posted to %s", result.head, self.channel)
         elif not result.ok:
             log.error("%s", result.line())
-        await self.api.post(self.channel, to_slack(render_head(result, datetime.now(UTC))))
+        now = datetime.now(UTC)
+
+        async def send(token: str, repeat_of: datetime | None) -> Posted:
+            msg = to_slack(render_head(result, now, repeat_of))
+            return await post_once(self.api, self.channel, msg, token=token, event=HEAD_EVENT)
+
+        async def find(token: str, since: datetime) -> Lookup:
+            return await find_post(self.api.client, self.channel, token, since, event=HEAD_EVENT)
+
+        try:
+            await self.outbox.publish(SUBJECT, send, find, now)
+        except GpubotError as exc:  # the outbox cannot be written: nothing was posted
+            log.error("audit head not published: %s", exc)
         return result

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 ALERT_EVENT = "gpubot_alert_posted"  # the metadata event_type of alert messages
 DM_EVENT = "gpubot_dm_posted"  # ... and of the direct messages about idle GPUs
+HEAD_EVENT = "gpubot_head_posted"  # ... and of the audit head's publications
 PAGE = 200  # messages a history page asks for (Slack: at most 999, internal apps)
 MAX_PAGES = 10
 SLACK_SKEW_S = 60.0  # the history is searched from this long before the findings were seen

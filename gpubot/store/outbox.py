@@ -6,6 +6,10 @@ happens to the post; ``finish_post`` records where the message is, or that a sea
 channel's history found it (adopted); ``cancel_post`` undoes the state change of a post Slack
 refused, so the next sweep tries again; ``abandon_post`` gives up on one nobody can confirm.
 ``DbAlerts`` (``store.alerts``) mixes these in: they are part of the ``AlertStore`` port.
+
+The same rows hold the posts of single messages that must appear once and carry no finding
+(the audit head's publications): ``begin_message`` records one under a subject (no keys), and
+``pending_posts(subject)`` returns only those; ``pending_posts()`` only the alerts'.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, select
+from sqlalchemy import Connection, Engine, Row, and_, select
 
 from gpubot.core.alerting import PendingPost
 from gpubot.core.findings import FindingKey
@@ -25,6 +29,8 @@ from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alert_posts, alerts
 from gpubot.store.waits import in_thread
+
+NO_KEYS = "[]"  # the keys of a message post: it alerts no finding
 
 
 class OutboxMixin:
@@ -38,6 +44,10 @@ class OutboxMixin:
         """Record the intent to post an alert on ``keys`` (those not alerted yet), and mark
         them alerted, in one transaction; return the intent, or None if none is left."""
         return await in_thread(self._begin_post, token, node, list(keys), now)
+
+    async def begin_message(self, token: str, subject: str, now: datetime) -> PendingPost:
+        """Record the intent to post one message of ``subject`` (no finding: a head)."""
+        return await in_thread(self._begin_message, token, subject, now)
 
     async def finish_post(
         self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
@@ -58,9 +68,10 @@ class OutboxMixin:
         """Give up on the post ``token`` (nobody can tell whether it is in the channel)."""
         await in_thread(self._abandon_post, token, why, now)
 
-    async def pending_posts(self) -> list[PendingPost]:
-        """Return the posts recorded and not known to be posted or refused, oldest first."""
-        return await in_thread(self._pending)
+    async def pending_posts(self, subject: str | None = None) -> list[PendingPost]:
+        """Return the alert posts (or, with ``subject``, that subject's message posts)
+        recorded and not known to be posted or refused, oldest first."""
+        return await in_thread(self._pending, subject)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
@@ -92,6 +103,22 @@ class OutboxMixin:
                     node=node,
                     keys=json.dumps(texts),
                     since=since,
+                    created_at=at,
+                    state="pending",
+                    repeats=0,
+                )
+            )
+            return _pending(_post_row(conn, token))
+
+    def _begin_message(self, token: str, subject: str, now: datetime) -> PendingPost:
+        at = iso(now)
+        with guard("cannot record the post, so it was not posted"), write_tx(self._engine) as conn:
+            conn.execute(
+                alert_posts.insert().values(
+                    token=token,
+                    node=subject,
+                    keys=NO_KEYS,
+                    since=at,
                     created_at=at,
                     state="pending",
                     repeats=0,
@@ -180,22 +207,24 @@ class OutboxMixin:
                 kind="alert",
                 actor="gpubot",
                 source="gpubot",
-                node=post.node,
+                node=None if post.keys == NO_KEYS else post.node,
                 now=now,
                 payload={
                     "alert": "not posted",
                     "keys": json.loads(post.keys),
                     "token": token,
                     "why": why,
+                    **({"message": post.node} if post.keys == NO_KEYS else {}),
                 },
             )
 
-    def _pending(self) -> list[PendingPost]:
+    def _pending(self, subject: str | None) -> list[PendingPost]:
+        c = alert_posts.c
+        keys = c["keys"]
+        which = keys != NO_KEYS if subject is None else and_(keys == NO_KEYS, c.node == subject)
         with guard("cannot read the alert outbox"), read_tx(self._engine) as conn:
             rows = conn.execute(
-                select(alert_posts)
-                .where(alert_posts.c.state == "pending")
-                .order_by(alert_posts.c.id)
+                select(alert_posts).where(c.state == "pending", which).order_by(c.id)
             ).all()
             return [_pending(r) for r in rows]
 

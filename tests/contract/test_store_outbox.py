@@ -97,3 +97,22 @@ async def test_a_token_is_recorded_once(store: Store) -> None:
     # the failed intent changed nothing: ZOMBIE is still to alert
     zombie = next(a for a in await store.alerts.open_alerts() if a.key == ZOMBIE)
     assert zombie.alerted_at is None
+
+
+async def test_a_message_post_is_apart_from_the_alerts(store: Store) -> None:
+    """A single message (an audit head) is recorded under its subject with no finding: the
+    alerts' reconcile never sees it, its own subject's does, and it settles the same way."""
+    await _confirmed(store)
+    await store.alerts.begin_post("alert1", "node3", [ORPHAN], _at(5))
+    head = await store.alerts.begin_message("head1", "audit-head", _at(6))
+    assert (head.token, head.node, head.keys, head.since) == ("head1", "audit-head", (), _at(6))
+    assert [p.token for p in await store.alerts.pending_posts()] == ["alert1"]
+    assert [p.token for p in await store.alerts.pending_posts("audit-head")] == ["head1"]
+    assert await store.alerts.pending_posts("node3") == []  # a node's name is no subject
+    assert await store.alerts.finish_post("head1", "C1", "2.2", _at(7)) == []
+    assert await store.alerts.pending_posts("audit-head") == []
+    await store.alerts.begin_message("head2", "audit-head", _at(8))
+    await store.alerts.abandon_post("head2", "history unreadable", _at(9))
+    (rec,) = [r for r in await store.records() if r.kind == "alert"]
+    assert rec.node is None and rec.data["message"] == "audit-head" and rec.data["keys"] == []
+    assert [p.token for p in await store.alerts.pending_posts()] == ["alert1"]

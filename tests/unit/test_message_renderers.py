@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gpubot.chat import fleet_view, reset_view
+from gpubot.chat.alert_digest import render_alert, render_digest_details
 from gpubot.chat.alerts import render_alert_group
 from gpubot.chat.home import render_home
 from gpubot.chat.idle import free_button
@@ -81,6 +82,14 @@ def alert() -> Message:
     return render_alert_group(AlertGroup("node1", (item,), snap(), now))
 
 
+def digest() -> AlertGroup:
+    """Orphaned memory on node1 and node2 (resolved there): one digest."""
+    now = datetime.fromtimestamp(AT, UTC)
+    keys = [FindingKey(n, 1, FindingKind.ORPHANED_VRAM.value, "") for n in ("node1", "node2")]
+    items = (AlertItem(keys[0], None, now), AlertItem(keys[1], None, now, now))
+    return AlertGroup("orphaned GPU memory on 2 nodes", items, None, now)
+
+
 def messages() -> dict[str, Message]:
     """The shared set: hand-made, and as the views make them."""
     plan, result = plan_and_result().plan, plan_and_result()
@@ -93,6 +102,8 @@ def messages() -> dict[str, Message]:
         ),
         "result": reset_view.render_result("Reset node1", ASKED, result),
         "alert group": alert(),
+        "digest": render_alert(digest()),
+        "digest details": render_digest_details(digest())[0],
         "home": render_home("U0EVE", "eve", [snap()], {}, seconds=1.0, now=AT),
         "free it": Message(None, (Actions((free_button("k", "node1", 0, "7"),)),), "free"),
     }

@@ -12,13 +12,13 @@ and show the attack: the on-call message then says *pre-approved by on-call* in 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from gpubot.chat import alerts, fleet_view, flows, heads, home, idle, reset_view
+from gpubot.chat import alert_digest, alerts, fleet_view, flows, heads, home, idle, reset_view
 from gpubot.chat.alerts import snooze_buttons
 from gpubot.chat.message import Message, Person
 from gpubot.cli import render as cli_render
@@ -45,6 +45,7 @@ from tests.fixtures.slack_render import bk, slack
 fv, rv = fleet_view, reset_view
 render_home, render_refused_home = home.render_home, home.render_refused_home
 render_alert_group, render_reminder = alerts.render_alert_group, alerts.render_reminder
+render_digest_details = alert_digest.render_digest_details
 render_sweep, render_head, render_idle_dm = (
     alerts.render_sweep,
     heads.render_head,
@@ -99,6 +100,13 @@ def alert_group() -> AlertGroup:
     items = [AlertItem(f.key, f, AT - timedelta(hours=7)) for f in sweep().findings]
     items.append(AlertItem(items[0].key, items[0].finding, AT - timedelta(hours=9), AT))
     return AlertGroup("node1", tuple(items), h.snapshot(), AT)
+
+
+def digest_group() -> AlertGroup:
+    """The alert group's findings on node1 and node3: one digest across both."""
+    items = alert_group().items
+    elsewhere = [replace(i, key=i.key._replace(node="node3")) for i in items]
+    return AlertGroup("findings on 2 nodes", (*items, *elsewhere), None, AT)
 
 
 @dataclass
@@ -174,6 +182,8 @@ def neutral_messages() -> dict[str, Message]:
         ),
         "refused home": render_refused_home("U0EVE", h.NOTE, now=NOW_TS),
         "head": render_head(Head(True), AT),
+        "head that may repeat": render_head(Head(True), AT, AT),
+        "digest details": render_digest_details(digest_group())[0],
         "failed head": render_head(Head(False), AT),
         "error": error_message(UsageError(f"no node named {h.JOB!r} {h.NOTE}")),
     }

@@ -1,0 +1,102 @@
+"""A digest: one alert message for one finding kind across nodes, its details in its thread.
+
+A rack outage is one message in the channel (issue 25), and that message stays short: its
+title, the nodes (and GPUs) it is about, and where the details are. Each finding's details and
+its buttons (*Reset GPU N*, *Snooze*) are replies in the digest's thread, as many findings to a
+reply as fit within Slack's limits (50 blocks, each section's text clipped), so that 20 nodes
+take one or two replies, not 20. When findings resolve, the channel message is updated in place.
+
+``render_alert`` is what a front end renders for any alert group: a node's own message
+(``chat.alerts.render_alert_group``) or a digest (``render_digest``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpubot.chat.alerts import (
+    group_fallback,
+    group_title,
+    item_line,
+    item_parts,
+    item_place,
+    render_alert_group,
+    repeat_line,
+)
+from gpubot.chat.layout import MAX_FALLBACK, MAX_PARTS, Budget, clip
+from gpubot.chat.message import Date, Heading, Message, Part, Section, Struck, Text, bold, ctx
+from gpubot.core.alerting import AlertGroup, AlertItem
+
+MAX_LISTED = 1500  # characters of the channel message's list of nodes; the rest are counted
+
+
+def is_digest(group: AlertGroup) -> bool:
+    """Whether ``group`` is a digest: its findings are on more than one node."""
+    return len({i.key.node for i in group.items}) > 1
+
+
+def render_alert(group: AlertGroup) -> Message:
+    """Render the channel message of an alert group: a digest's short one, or a node's own."""
+    return render_digest(group) if is_digest(group) else render_alert_group(group)
+
+
+def _listed(items: Sequence[AlertItem], group: AlertGroup) -> tuple[str, int]:
+    """Return the items' places joined ("node1, node2 GPU 0, …"), clipped; and how many fit."""
+    out: list[str] = []
+    used = 0
+    for item in items:
+        where = item_place(item, group)
+        if out and used + len(where) + 2 > MAX_LISTED:
+            break
+        out.append(where)
+        used += len(where) + 2
+    return ", ".join(out), len(out)
+
+
+def render_digest(group: AlertGroup) -> Message:
+    """Render a digest's channel message: the title, the nodes, and where the details are."""
+    title = group_title(group)
+    open_ = group.open
+    done = tuple(i for i in group.items if i.resolved_at is not None)
+    said: list[Text] = []
+    if open_:
+        names, n = _listed(open_, group)
+        more = f" … and {len(open_) - n} more" if n < len(open_) else ""
+        said.append(("⚠ ", bold(f"open on {len(open_)}:"), f" {names}{more}"))
+    if done:
+        names, n = _listed(done, group)
+        more = f" … and {len(done) - n} more" if n < len(done) else ""
+        said.append(("✅ ", bold(f"resolved on {len(done)}:"), " ", Struck((names,)), more))
+    parts: list[Part] = [Heading(title)]
+    parts += [Section(t) for t in said]
+    parts.append(ctx("Each node's details and buttons are in this message's thread."))
+    if group.repeat_of is not None:
+        parts.append(ctx(repeat_line(group.repeat_of)))
+    parts.append(ctx(("gpubot sweep · ", Date(group.at.timestamp()))))
+    return Message(title, tuple(parts[1:]), group_fallback(group, title))
+
+
+def render_digest_details(group: AlertGroup) -> list[Message]:
+    """Render a digest's thread replies: every finding's details and buttons, in as few
+    replies as fit (each within Slack's 50 blocks)."""
+    batches: list[list[Part]] = [[]]
+    lines: list[list[str]] = [[]]
+    room = MAX_PARTS - 1  # one part for the reply's heading line
+    for item in group.items:
+        section, acts = item_parts(item, group)
+        need: list[Part] = [section] if acts is None else [section, acts]
+        if len(batches[-1]) + len(need) > room:
+            batches.append([])
+            lines.append([])
+        batches[-1] += need
+        lines[-1].append(item_line(item, group))
+    total = len(batches)
+    out = []
+    for n, (parts, said) in enumerate(zip(batches, lines, strict=True), 1):
+        head = f"{group.node}: details" + (f" ({n} of {total})" if total > 1 else "")
+        b = Budget()
+        b.add(Section((bold(head),)))
+        for part in parts:
+            b.add(part)
+        out.append(b.message(clip(f"{head}: " + "; ".join(said), MAX_FALLBACK)))
+    return out

@@ -1,0 +1,163 @@
+"""The audit head's publications are posted once, through the alerts' outbox (issue 22).
+
+The app as ``gpubot serve`` builds it (its ``HeadPublisher``, the real Slack client with its
+10 s timeout) against the loopback fake Web API, which keeps a message before it answers. A
+publication whose answer comes after the client's timeout is found in the channel's history and
+adopted: one head message. The control takes the history search out: the same head, twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from gpubot.app import SlackAccess, build
+from gpubot.chat.heads import render_head
+from gpubot.config import Settings
+from gpubot.core.alerting import Lookup
+from gpubot.slack import heads as heads_mod
+from gpubot.slack.heads import SUBJECT, HeadPublisher
+from gpubot.slack.outbox import HEAD_EVENT, post_once
+from gpubot.slack.render import to_slack
+from gpubot.store import Store
+from gpubot.store.tables import alert_posts
+from tests.fixtures.settings import with_tables
+from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+
+CHANNEL = "C0ALERTS"
+EXTRA: dict[str, Any] = {"slack": {"channel": "C0GENERAL"}, "alerts": {"channel": CHANNEL}}
+SLOW_S = 12.0  # past the Web API client's 10 s timeout
+
+
+@asynccontextmanager
+async def publisher(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[HeadPublisher, Store]]:
+    """The app's head publisher (its schedule not started: the test publishes)."""
+    settings = with_tables(Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}"), EXTRA)
+    app = build(
+        settings,
+        {},
+        need_store=True,
+        slack=SlackAccess(BOT_TOKEN, fake.base_url),
+        serving=True,
+        first_after_s=3600,
+    )
+    assert app.store is not None and app.heads is not None
+    await app.store.record_query(
+        kind="status", actor="U0BOB", source="slack", nodes=["n1"], failed={}, seconds=0.1
+    )
+    try:
+        yield app.heads, app.store
+    finally:
+        await app.close()
+
+
+def heads_posted(fake: FakeSlack) -> list[tuple[str, dict[str, Any]]]:
+    """The messages in the alerts channel, oldest first: what people see."""
+    found = [(ts, m) for (c, ts), m in fake.messages.items() if c == CHANNEL]
+    return sorted(found, key=lambda p: float(p[0]))
+
+
+def token_of(message: dict[str, Any]) -> str:
+    meta = message["metadata"]
+    assert meta["event_type"] == HEAD_EVENT
+    return str(meta["event_payload"]["token"])
+
+
+def posts(store: Store) -> list[tuple[str, str, str, str | None]]:
+    """(token, subject, state, message_ts) of every outbox row, oldest first."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(alert_posts).order_by(alert_posts.c.id)).all()
+    return [(r.token, r.node, r.state, r.message_ts) for r in rows]
+
+
+async def test_a_web_api_answering_after_the_timeout_posts_the_head_once(
+    fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    async with publisher(fake_slack, tmp_path) as (heads, store):
+        fake_slack.delays["chat.postMessage"] = SLOW_S
+        t0 = time.monotonic()
+        result = await heads.publish()
+        assert result is not None and result.ok
+        assert time.monotonic() - t0 >= 10.0  # the client's timeout came first
+        (post,) = fake_slack.of("chat.postMessage")  # no second post of a lost answer
+        (history,) = fake_slack.of("conversations.history")
+        assert history.body["include_all_metadata"] in ("1", "true")
+        [(ts, message)] = heads_posted(fake_slack)
+        assert str(message["text"]) == f"Audit log head {result.head}"
+        token = token_of(message)
+        assert posts(store) == [(token, SUBJECT, "posted", ts)]  # adopted from the history
+        assert await store.alerts.pending_posts(SUBJECT) == []
+        assert await store.alerts.pending_posts() == []  # no alert post among them
+        fake_slack.delays.clear()
+        await heads.publish()  # the next publication: its own message, once
+        [_, (_, later)] = heads_posted(fake_slack)
+        assert token_of(later) != token
+        await fake_slack.wait_for(lambda: post.answered_at is not None, 30)
+        assert (post.answered_at or 0.0) - post.at >= SLOW_S - 0.5  # Slack answered late
+    assert_within_limits(fake_slack)
+
+
+async def test_control_without_the_history_search_the_head_is_posted_twice(
+    fake_slack: FakeSlack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def nothing_there(*args: Any, **kwargs: Any) -> Lookup:
+        return Lookup(True)  # "provably absent": what a post-again-on-timeout rule assumes
+
+    monkeypatch.setattr(heads_mod, "find_post", nothing_there)
+    async with publisher(fake_slack, tmp_path) as (heads, _):
+        fake_slack.delays["chat.postMessage"] = SLOW_S
+        await heads.publish()
+    first, again = heads_posted(fake_slack)  # the same head, twice
+    assert first[1]["text"] == again[1]["text"]
+
+
+async def test_a_5xx_not_taken_is_posted_again_with_its_token(
+    fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    """After HTTP 500 Slack may have it: the history says it does not, so it is posted once
+    more under the same token (slack_sdk's own 5xx retry is off for these posts)."""
+    fake_slack.fail("chat.postMessage", "internal_error", status=500)
+    async with publisher(fake_slack, tmp_path) as (heads, store):
+        await heads.publish()
+        assert len(fake_slack.of("chat.postMessage")) == 2
+        [(ts, message)] = heads_posted(fake_slack)
+        assert posts(store) == [(token_of(message), SUBJECT, "posted", ts)]
+
+
+async def test_the_next_publication_settles_the_ones_left_unconfirmed(
+    fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    """A publication killed after Slack took it is adopted; one nobody can check (no history
+    scope) is given up with an audit record, and the next head says it may repeat it."""
+    async with publisher(fake_slack, tmp_path) as (heads, store):
+        earlier = datetime.now(UTC)
+        crashed = await store.alerts.begin_message("a" * 32, SUBJECT, earlier)
+        msg = to_slack(render_head(await store.verify(), earlier))
+        landed = await post_once(heads.api, CHANNEL, msg, token=crashed.token, event=HEAD_EVENT)
+        assert landed.handle is not None  # Slack has it; the bot was killed before marking it
+        await heads.publish()
+        assert posts(store)[0] == (crashed.token, SUBJECT, "posted", landed.handle[1])
+        assert len(heads_posted(fake_slack)) == 2  # the crashed one (adopted) and the new one
+
+        fake_slack.history_readable = False
+        fake_slack.delays["chat.postMessage"] = SLOW_S
+        await heads.publish()  # uncertain, and the history cannot tell: left pending
+        [unsure] = await store.alerts.pending_posts(SUBJECT)
+        fake_slack.delays.clear()
+        await heads.publish()
+        assert await store.alerts.pending_posts(SUBJECT) == []
+        *_, (_, last) = heads_posted(fake_slack)
+        assert "this may repeat the head posted at <!date^" in str(last["blocks"])
+        hhmm = unsure.created_at.strftime("%H:%M UTC")
+        assert f"|{hhmm}>" in str(last["blocks"])
+        (gave_up,) = [r for r in await store.records() if r.kind == "alert"]
+        assert gave_up.node is None and gave_up.data["message"] == SUBJECT
+        assert gave_up.data["token"] == unsure.token and "missing_scope" in gave_up.data["why"]
+        assert (await store.verify()).ok
