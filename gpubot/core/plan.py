@@ -124,6 +124,8 @@ class ResetPlan:
         d["forced"] = self.forced
         d["memory_before_mib"] = {str(k): v for k, v in self.memory_before_mib.items()}
         d["expected_after_mib"] = {str(k): v for k, v in self.expected_after_mib.items()}
+        if self.reason is None:  # a plan without one keeps the shape plans have always had
+            del d["reason"]
         return d
 
     @classmethod

@@ -37,9 +37,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name="pk_approval_posts"),
         sa.UniqueConstraint("token", name="uq_approval_posts_token"),
-        sa.UniqueConstraint(
-            "approval_id", "purpose", name="uq_approval_posts_approval_id_purpose"
-        ),
+        sa.UniqueConstraint("approval_id", "purpose", name="uq_approval_posts_approval_id_purpose"),
     )
     op.create_index("ix_approval_posts_state", "approval_posts", ["state"])
 

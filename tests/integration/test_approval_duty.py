@@ -285,3 +285,24 @@ async def test_control_without_the_history_search_a_slow_post_appears_twice(
     set_clock(harness, Later(120))  # the duty posts it again, as provably absent
     await harness.bot.expire_once()
     assert len(requests_in(harness.fake)) == 2
+
+
+def test_the_cli_reset_records_its_reason(slack_fleet: Any, node1: Any) -> None:
+    import subprocess
+    import sys
+
+    def gpubot(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "gpubot", "--config", str(slack_fleet.config_path), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    assert gpubot("db", "upgrade").returncode == 0
+    w = node1.spawn(gpu=0, mib=512)
+    why = "a hung\njob  <b>"
+    dry = gpubot("reset", "node1", "--gpu", "0", "--because", why, "--dry-run")
+    assert "because: a hung job <b>" in dry.stdout and alive(w.pid)
+    p = gpubot("reset", "node1", "--gpu", "0", "--yes", "--force", "--json", "--because", why)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["plan"]["reason"] == "a hung job <b>" and not alive(w.pid)
+    shown = gpubot("audit", "show", str(doc["action_id"]), "--json")
+    assert json.loads(shown.stdout)["plan"]["reason"] == "a hung job <b>", shown.stdout
