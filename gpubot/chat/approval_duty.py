@@ -23,6 +23,7 @@ from datetime import datetime
 from gpubot.chat.message import NL, Code, Date, DateStyle, Message, Person, Place, Section, Span
 from gpubot.chat.message import ctx as context
 from gpubot.chat.reset_view import render_approval_request
+from gpubot.core.alerting import Posted
 from gpubot.core.approval import Approval
 from gpubot.core.approval_posts import ApprovalPost, Purpose, reping_due
 from gpubot.core.models import ApprovalState
@@ -139,13 +140,12 @@ class ApprovalDuty:
         """Settle the posts whose answer was lost; return how many were looked at."""
         return 0 if self.outbox is None else await self.outbox.reconcile(self.rebuild)
 
-    async def announce(self, a: Approval, msg: Message, channel: str) -> tuple[str, str] | None:
-        """Post a new request to on-call through the outbox; return where it is (None: not
-        confirmed yet, or refused)."""
+    async def announce(self, a: Approval, msg: Message, channel: str) -> Posted | None:
+        """Post a new request to on-call through the outbox; say how it ended."""
         if self.outbox is None:
             return None
         intent = self.outbox.intent(a.id, Purpose.REQUEST, channel)
-        return await self.outbox.post(intent, msg)
+        return await self.outbox.send(intent, msg)
 
 
 __all__ = ["ApprovalDuty", "asked", "may_repeat", "render_expired_dm", "render_reping"]

@@ -29,6 +29,7 @@ from gpubot.chat.surface import MIN_UPDATE_S, Handle, Surface
 from gpubot.chat.tracking import Pace, Tracker, reset_title
 from gpubot.config import Settings
 from gpubot.core import commands
+from gpubot.core.alerting import Delivery
 from gpubot.core.approval import Approval
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.models import ApprovalState, NodeSnapshot
@@ -180,15 +181,25 @@ class Flows:
             msg = render_approval_request(approval.id, plan, who.id, who.linux_user, expires)
             channel = self.svc.policy.approval_channel
             if self.duty is not None and channel is not None:  # recorded, then posted once
-                return await self.duty.announce(approval, msg, channel)
+                sent = await self.duty.announce(approval, msg, channel)
+                if sent is not None and sent.delivery is Delivery.UNCERTAIN:
+                    unconfirmed.add(approval.id)
+                return None if sent is None else sent.handle
             return await out.post(msg, channel=channel)
+
+        unconfirmed: set[int] = set()
 
         outcome = await self.requests.reset(self.ask(who, text), cmd, track, announce)
         if not isinstance(outcome, Pending):
             await track.end(outcome)
             return
         warning = None
-        if not outcome.posted and self.source == "slack":
+        if outcome.approval.id in unconfirmed:
+            warning = (
+                "⏳ Slack did not confirm the request's post to the approvers: gpubot looks for "
+                "it and posts it again if it is missing."
+            )
+        elif not outcome.posted and self.source == "slack":
             warning = (
                 "⚠ The request could not be posted for the approvers; one can still decide it "
                 f"with `gpubot console --as THEIR_ID`, then `approve {outcome.approval.id}`."

@@ -109,6 +109,14 @@ class ApprovalOutbox:
     ) -> Handle | None:
         """Record, post and mark ``intent``; return where it landed (None: not recorded, since
         made or being made elsewhere; refused; or not confirmed yet)."""
+        sent = await self.send(intent, msg, audit=audit)
+        return None if sent is None else sent.handle
+
+    async def send(
+        self, intent: ApprovalPost, msg: Any, *, audit: Mapping[str, Any] | None = None
+    ) -> Posted | None:
+        """``post``, saying how it ended: None if it was not recorded (made, or being made,
+        elsewhere); uncertain if Slack did not answer and the history does not show it yet."""
         pending = await self.posts.begin(intent, audit=audit)
         if pending is None:
             return None
@@ -116,7 +124,7 @@ class ApprovalOutbox:
         try:
             posted = await self._deliver(pending, msg)
             if posted.delivery is not Delivery.UNCERTAIN:
-                return posted.handle if posted.delivery is Delivery.POSTED else None
+                return posted
             lookup = await self.poster.find(pending)
             if lookup.handle is None:
                 log.warning(
@@ -126,9 +134,9 @@ class ApprovalOutbox:
                     pending.token,
                     lookup.why or "not there yet",
                 )
-                return None
+                return posted
             await self.posts.finish(pending.token, lookup.handle[1], self.now())
-            return lookup.handle
+            return Posted(Delivery.POSTED, lookup.handle)
         finally:
             self.in_flight.discard(pending.token)
 

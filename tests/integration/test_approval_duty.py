@@ -28,7 +28,7 @@ from gpubot.core.models import ApprovalState
 from gpubot.slack.approval_posts import SlackApprovalPoster
 from gpubot.slack.outbox import APPROVAL_EVENT
 from gpubot.store.tables import approval_posts
-from tests.fixtures.slack import FakeSlack, Harness, running_bot
+from tests.fixtures.slack import FakeSlack, Harness, assert_within_limits, running_bot
 from tests.procs import alive
 
 ONCALL = "C0ONCALL"
@@ -236,6 +236,7 @@ async def test_expiry_edits_the_request_and_tells_the_requester(
         (told,) = [r for r in records if r.get("post") == "expired"]
         assert told["told"] == "U0BOB"
         assert (await h.store.approvals.get(aid)).state is ApprovalState.EXPIRED
+    assert_within_limits(dm_slack)
 
 
 async def slow_on_call_post(h: Harness, node1: Any) -> Any:
@@ -282,6 +283,8 @@ async def test_control_without_the_history_search_a_slow_post_appears_twice(
     await slow_on_call_post(harness, node1)
     (approval,) = await harness.store.approvals.pending()
     assert approval.message_ts is None  # not confirmed: pending in the outbox
+    waiting = harness.fake.ok("chat.update")[-1]
+    assert "did not confirm the request's post" in text_of(waiting.body)
     set_clock(harness, Later(120))  # the duty posts it again, as provably absent
     await harness.bot.expire_once()
     assert len(requests_in(harness.fake)) == 2
@@ -306,3 +309,28 @@ def test_the_cli_reset_records_its_reason(slack_fleet: Any, node1: Any) -> None:
     assert doc["plan"]["reason"] == "a hung job <b>" and not alive(w.pid)
     shown = gpubot("audit", "show", str(doc["action_id"]), "--json")
     assert json.loads(shown.stdout)["plan"]["reason"] == "a hung job <b>", shown.stdout
+
+
+async def test_after_a_restart_an_unconfirmed_request_is_adopted_not_repeated(
+    harness: Harness,
+    node1: Any,
+    slack_settings: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def unreadable(self: SlackApprovalPoster, post: ApprovalPost) -> Lookup:
+        return Lookup(False, why="conversations.history: a timeout")
+
+    with monkeypatch.context() as patched:  # the bot that posted could not confirm it
+        patched.setattr(SlackApprovalPoster, "find", unreadable)
+        await slow_on_call_post(harness, node1)
+    [(ts, _)] = requests_in(harness.fake)
+    (approval,) = await harness.store.approvals.pending()
+    assert approval.message_ts is None
+    async with running_bot(slack_settings, harness.fake, f"sqlite:///{tmp_path}/audit.db") as h:
+        set_clock(h, Later(120))
+        await h.bot.expire_once()  # the restarted bot's duty finds it in the history
+    assert len(requests_in(harness.fake)) == 1
+    adopted = await harness.store.approvals.get(approval.id)
+    assert (adopted.channel, adopted.message_ts) == (ONCALL, ts)
+    assert await harness.store.approval_posts.pending(adopted.expires_at) == []
