@@ -117,6 +117,8 @@ class ApprovalDuty:
         for a in await self.approvals.approvals.pending():
             if not reping_due(a, now) or a.channel is None or a.message_ts is None:
                 continue
+            if Purpose.REPING in await self.outbox.posts.purposes(a.id):
+                continue  # pinged already (a read; ``begin`` is the check that counts)
             who = asked(self.policy)
             intent = self.outbox.intent(a.id, Purpose.REPING, a.channel, a.message_ts)
             audit = {"post": "reping", "reminded": list(who)}

@@ -78,6 +78,10 @@ class PostStore(Protocol):
         """Return the posts not known to be posted or refused, recorded before a moment."""
         ...
 
+    async def purposes(self, approval_id: int) -> set[Purpose]:
+        """Return the purposes of the posts recorded for an approval."""
+        ...
+
 
 def new_token() -> str:
     """Return a fresh client token for one post (it rides in the message metadata)."""

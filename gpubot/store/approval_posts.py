@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, select
 
-from gpubot.core.approval_posts import ApprovalPost, Purpose, half_time
+from gpubot.core.approval_posts import ApprovalPost, Purpose
 from gpubot.core.models import ApprovalState
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
@@ -212,6 +212,3 @@ def _post(row: Row[Any]) -> ApprovalPost:
         created_at=parse_iso(row.created_at),
         repeats=int(row.repeats),
     )
-
-
-__all__ = ["ApprovalPosts", "half_time"]
