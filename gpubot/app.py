@@ -331,6 +331,7 @@ def _parts(app: App, notifier: Notifier | None) -> Parts:
     chat = Services(
         settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
     )
+    chat.posts = None if store is None else store.approval_posts  # the approval outbox
     return Parts(reset, sweep, chat, approvals)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpubot.chat.approval_duty import ApprovalDuty
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home
@@ -28,6 +29,7 @@ from gpubot.chat.surface import MIN_UPDATE_S, Handle, Surface
 from gpubot.chat.tracking import Pace, Tracker, reset_title
 from gpubot.config import Settings
 from gpubot.core import commands
+from gpubot.core.alerting import Delivery
 from gpubot.core.approval import Approval
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.models import ApprovalState, NodeSnapshot
@@ -35,6 +37,7 @@ from gpubot.core.plan import ResetPlan
 from gpubot.core.policy import Policy
 from gpubot.core.ports import AuditLog, Clock
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
+from gpubot.services.approval_outbox import ApprovalOutbox, Poster, PostStore
 from gpubot.services.approvals import ApprovalService, Identity, unix
 from gpubot.services.requests import (
     Ask,
@@ -69,6 +72,7 @@ class Services:
     audit: AuditLog | None  # None: no audit store
     sweep: Sweeper | None = None
     idle: IdleHours | None = None  # GPU-hours held idle (``SweepService.idle_gpu_hours``)
+    posts: PostStore | None = None  # the approval outbox (``store.approval_posts``)
 
 
 def help_message(text: str) -> Message:
@@ -93,8 +97,18 @@ class Flows:
         self.clock = clock
         self.requests = RequestService(svc.approvals, min_uid=svc.policy.min_uid)
         self.waiting: dict[int, Handle | None] = {}  # approval id → the requester's message
+        self.duty: ApprovalDuty | None = None  # with a front end that posts once (``use``)
         self._home: tuple[float, FleetStatus] | None = None
         self.renders = FleetRenders()
+
+    def use(self, poster: Poster) -> ApprovalOutbox | None:
+        """Post approvals' messages once through ``poster`` (the approval outbox), and run the
+        re-ping and the requester's word at expiry (``chat.approval_duty``)."""
+        if self.svc.approvals is None or self.svc.posts is None:
+            return None
+        outbox = ApprovalOutbox(self.svc.posts, poster, clock=self.svc.approvals.clock)
+        self.duty = ApprovalDuty(self.svc.approvals, self.svc.policy, outbox)
+        return outbox
 
     def check(self, cmd: commands.Command) -> None:
         """Check names against the inventory (pure and fast: before acknowledging)."""
@@ -165,14 +179,27 @@ class Flows:
         async def announce(approval: Approval, plan: ResetPlan) -> Handle | None:
             expires = unix(approval.expires_at) or 0.0
             msg = render_approval_request(approval.id, plan, who.id, who.linux_user, expires)
-            return await out.post(msg, channel=self.svc.policy.approval_channel)
+            channel = self.svc.policy.approval_channel
+            if self.duty is not None and channel is not None:  # recorded, then posted once
+                sent = await self.duty.announce(approval, msg, channel)
+                if sent is not None and sent.delivery is Delivery.UNCERTAIN:
+                    unconfirmed.add(approval.id)
+                return None if sent is None else sent.handle
+            return await out.post(msg, channel=channel)
+
+        unconfirmed: set[int] = set()
 
         outcome = await self.requests.reset(self.ask(who, text), cmd, track, announce)
         if not isinstance(outcome, Pending):
             await track.end(outcome)
             return
         warning = None
-        if not outcome.posted and self.source == "slack":
+        if outcome.approval.id in unconfirmed:
+            warning = (
+                "⏳ Slack did not confirm the request's post to the approvers: gpubot looks for "
+                "it and posts it again if it is missing."
+            )
+        elif not outcome.posted and self.source == "slack":
             warning = (
                 "⚠ The request could not be posted for the approvers; one can still decide it "
                 f"with `gpubot console --as THEIR_ID`, then `approve {outcome.approval.id}`."
@@ -269,10 +296,16 @@ class Flows:
         )
 
     async def expire(self, out: Surface) -> int:
-        """Expire requests whose time is up and show it on their messages."""
+        """The approval duty: settle lost posts and re-ping on-call (with an outbox), then
+        expire requests whose time is up, show it on their messages and tell the requesters."""
+        if self.duty is not None:
+            await self.duty.settle()
+            await self.duty.reping()
         expired = await self.requests.expire_due()
         for a in expired:
             await self._show_final(out, a, None)
+            if self.duty is not None and not await self.duty.tell_requester(a):
+                log.info("approval %s expired: its requester had no direct message", a.id)
         return len(expired)
 
     async def refuse(

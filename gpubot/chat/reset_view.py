@@ -16,6 +16,7 @@ from gpubot.chat.message import (
     Code,
     Confirm,
     Date,
+    DateStyle,
     Heading,
     Message,
     Person,
@@ -218,6 +219,17 @@ def render_result(title: str, who: Text, result: ResetResult, *, use_table: bool
     return b.message(clip(fallback, 3000))
 
 
+def held_memory(plan: ResetPlan) -> str:
+    """Return the memory the targets hold, in words: memory nobody could read is "unknown",
+    never counted as 0 MiB (``≥ 3000 MiB + unknown``)."""
+    known, unknown = plan.total_mib, plan.unknown_mib
+    if not unknown:
+        return f"{known} MiB"
+    if unknown == len(plan.targets):
+        return "memory unknown"
+    return f"≥ {known} MiB + unknown"
+
+
 def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None) -> Text:
     who = requester_user or "no known Linux user"
     # Owners are names a node's user database gives: code spans, never inside our own bold.
@@ -227,7 +239,9 @@ def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None
     kills = "; ".join(plan.workloads[:5]) + ("; …" if len(plan.workloads) > 5 else "")
     out: list[Span] = [Person(requester_id), f" ({who}) asks to free ", bold(plan.node)]
     out += [f" GPU {_gpus(plan.gpus)}. This kills processes of ", *owners]
-    out.append(f": {len(plan.targets)} process(es), {plan.total_mib} MiB.")
+    out.append(f": {len(plan.targets)} process(es), {held_memory(plan)}.")
+    if plan.reason:  # typed by the requester: a plain string, escaped by each renderer
+        out += [" Reason: “", plan.reason, "”."]
     if kills:
         out += [" It kills ", clipped(1500, Sentence(kills)), "."]
     for n in plan_stop_notes(plan)[:3]:
@@ -271,7 +285,7 @@ STATE_LINE = {
     "pending": "⏳ Waiting for an on-call approver (expires {at})",
     "approved": "✅ Approved by {by} at {at}",
     "denied": "❌ Denied by {by} at {at}: nothing was killed",
-    "expired": "⌛ Expired at {at}: nothing was killed",
+    "expired": "⌛ Expired at {time}, nobody decided; nothing was done",
     "cancelled": "Cancelled by {by} at {at}: nothing was killed",
     "executed": "✅ Approved by {by} at {at}",
     "failed": "✅ Approved by {by} at {at}",
@@ -312,7 +326,7 @@ def render_approval_state(
     return b.message(f"Request #{approval_id} on {plan.node}: {decision.state}")
 
 
-_FIELD = re.compile(r"(\{by\}|\{at\})")
+_FIELD = re.compile(r"(\{by\}|\{at\}|\{time\})")
 
 
 def state_line(state: str, by: str | None, at: float | None) -> Text:
@@ -323,6 +337,8 @@ def state_line(state: str, by: str | None, at: float | None) -> Text:
             out.append(Person(by) if by else "?")
         elif piece == "{at}":
             out += [Date(at)] if at else []
+        elif piece == "{time}":  # hours and minutes
+            out += [Date(at, DateStyle.TIME)] if at else []
         elif piece:
             out.append(piece)
     return tuple(out)

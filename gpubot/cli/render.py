@@ -172,11 +172,14 @@ def render_plan_lines(plan: ResetPlan) -> list[str]:
         lines.append("  no process to signal")
     for t in plan.targets:
         lines.append(
-            f"  kill {t.owner or t.user or '?'}:{t.pid} {_num(t.mib)} MiB on GPU "
+            f"  kill {t.owner or t.user or '?'}:{t.pid} "
+            f"{'memory unknown' if t.mib is None else f'{t.mib} MiB'} on GPU "
             f"{','.join(map(str, t.gpus))}: {t.command[:50]} ({'; '.join(t.reasons)})"
         )
     for s in plan.skipped:
         lines.append(f"  leave {s.user or '?'}:{s.pid} on GPU {s.gpu}: {s.reason}")
+    if plan.reason:
+        lines.append(f"  because: {plan.reason}")
     if plan.forced:
         lines.append(f"  FORCED: kills processes of {', '.join(plan.owners)}")
     return [one_line(line) for line in lines]

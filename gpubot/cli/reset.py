@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 from collections.abc import Awaitable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpubot.app import App
@@ -21,6 +22,7 @@ from gpubot.cli.common import (
 )
 from gpubot.cli.render import render_plan_lines, render_reset
 from gpubot.core.plan import ResetPlan, ResetRequest
+from gpubot.core.reason import clean_reason
 from gpubot.errors import ResetInterrupted, UsageError
 from gpubot.services.reset import ResetEvent, ResetResult
 
@@ -61,6 +63,9 @@ def add_reset_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--yes", action="store_true", help="do not ask")
     p.add_argument("--force", action="store_true", help="allow killing other users' processes")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument(
+        "--because", metavar="TEXT", help="why: shown with the plan and kept in the audit log"
+    )
 
 
 def add_gpu_reset_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,6 +139,7 @@ def run_reset(args: argparse.Namespace) -> int:
     async def body(app: App) -> int:
         found = await _interrupted(app, args.node, args.json)
         plan, before = await app.reset.plan(request)
+        plan = replace(plan, reason=clean_reason(args.because))  # never changes the targets
         if args.dry_run:
             if args.json:
                 doc: dict[str, Any] = {"node": plan.node, "plan": plan.to_dict()}

@@ -284,7 +284,15 @@ class Next(StrEnum):
     GIVE_UP = "give-up"  # cannot tell, and one such post was made already
 
 
-def next_step(pending: PendingPost, lookup: Lookup) -> Next:
+class Repeatable(Protocol):
+    """A post recorded before it was made (an alert's, an approval's): how often it was made
+    again without proof that the earlier one is not there."""
+
+    @property
+    def repeats(self) -> int: ...
+
+
+def next_step(pending: Repeatable, lookup: Lookup) -> Next:
     """Decide a pending post's fate from what the history search found (pure)."""
     if lookup.handle is not None:
         return Next.ADOPT

@@ -3,7 +3,7 @@
 ::
 
     status [NODE|GROUP|all ...]
-    reset NODE [gpu N[,M]] [pid P[,Q]] [user NAME] [grace S]
+    reset NODE [gpu N[,M]] [pid P[,Q]] [user NAME] [grace S] [because REASON]
     gpu-reset NODE gpu N
     sweep
     audit [NODE] [N]
@@ -11,16 +11,18 @@
     approve ID | deny ID              (console only: Slack decides with buttons)
 
 Options may also be written ``gpu=1,2`` or ``--gpu 1,2``. The text is split on white space and
-every word is validated here; nothing of it ever reaches a shell.
+every word is validated here; nothing of it ever reaches a shell. Everything after the word
+``because`` is a reset's reason (``core.reason``): kept as text, never parsed as options.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpubot.core.names import LINUX_USER, NODE_NAME
+from gpubot.core.reason import split_reason
 from gpubot.errors import UsageError
 
 MAX_INPUT = 300  # characters of one command line
@@ -51,6 +53,7 @@ class Reset:
     pids: tuple[int, ...] = ()
     user: str | None = None
     grace_s: float | None = None
+    reason: str | None = None  # what follows ``because``: shown and audited, never signalled
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,8 @@ Command = Status | Reset | GpuReset | Sweep | Audit | Help | Decide
 
 USAGE: dict[str, str] = {
     "status": "/gpu status [NODE|GROUP|all]  — per-GPU memory, utilisation and processes",
-    "reset": "/gpu reset NODE [gpu N[,M]] [pid P] [user NAME] [grace S]  — free GPUs safely "
-    "(TERM, grace, KILL, verify); killing someone else's job needs on-call approval",
+    "reset": "/gpu reset NODE [gpu N[,M]] [pid P] [user NAME] [grace S] [because REASON]  — free "
+    "GPUs safely (TERM, grace, KILL, verify); killing someone else's job needs on-call approval",
     "gpu-reset": "/gpu gpu-reset NODE gpu N  — nvidia-smi --gpu-reset an idle GPU whose memory "
     "leaked",
     "sweep": "/gpu sweep  — look for zombie processes and orphaned GPU memory now",
@@ -137,18 +140,25 @@ def parse(text: str, *, decisions: bool = False) -> Command:
     bad = next((c for c in text if not c.isprintable() and c not in " \t\n\r"), None)
     if bad is not None:
         raise UsageError(f"input contains a control character ({ord(bad):#04x})")
+    text, reason = split_reason(text)
+    if reason == "":
+        raise UsageError("nothing follows 'because': say why, or leave 'because' out")
     words = text.split()
     if words and words[0].lower() == "/gpu":
         words = words[1:]
-    if not words:
+    if not words and reason is None:
         return Help()
+    if not words:
+        raise UsageError("a reason needs a command: reset NODE … because REASON")
     verb = words[0].lower()
     verb = _ALIASES.get(verb, verb)
     args = words[1:]
+    if reason is not None and verb != "reset":
+        raise UsageError(f"'because …' gives a reason to reset only, not to {_show(words[0])}")
+    if verb == "reset":
+        return replace(_reset(args), reason=reason)
     if verb == "status":
         return Status(tuple(_name(w, "node or group") for w in args))
-    if verb == "reset":
-        return _reset(args)
     if verb == "gpu-reset":
         return _gpu_reset(args)
     if verb == "sweep":

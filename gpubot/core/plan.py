@@ -79,6 +79,8 @@ class ResetPlan:
     memory_before_mib: dict[int, int | None] = field(default_factory=dict)
     # memory still expected on each GPU once the targets are gone (processes left alone)
     expected_after_mib: dict[int, int] = field(default_factory=dict)
+    # why the requester asked (``… because``, ``--because``): shown and audited, never planned on
+    reason: str | None = None
 
     @property
     def forced(self) -> bool:
@@ -102,8 +104,13 @@ class ResetPlan:
 
     @property
     def total_mib(self) -> int:
-        """Memory the targets hold, where known."""
+        """Memory the targets hold, where known (``unknown_mib``: how many are not known)."""
         return sum(t.mib or 0 for t in self.targets)
+
+    @property
+    def unknown_mib(self) -> int:
+        """How many targets hold memory nobody could read (never counted as 0 MiB)."""
+        return sum(1 for t in self.targets if t.mib is None)
 
     def identities(self) -> set[tuple[int, int | None]]:
         """Return (pid, start_ticks) of every process the plan saw on its GPUs."""
@@ -117,6 +124,8 @@ class ResetPlan:
         d["forced"] = self.forced
         d["memory_before_mib"] = {str(k): v for k, v in self.memory_before_mib.items()}
         d["expected_after_mib"] = {str(k): v for k, v in self.expected_after_mib.items()}
+        if self.reason is None:  # a plan without one keeps the shape plans have always had
+            del d["reason"]
         return d
 
     @classmethod
@@ -141,6 +150,7 @@ class ResetPlan:
             requester=d["requester"],
             memory_before_mib={int(k): v for k, v in d["memory_before_mib"].items()},
             expected_after_mib={int(k): v for k, v in d["expected_after_mib"].items()},
+            reason=d["reason"] if isinstance(d.get("reason"), str) else None,
         )
 
 

@@ -216,6 +216,10 @@ class ApprovalStore(Protocol):
         """Remember the chat message that shows the request (to update it later)."""
         ...
 
+    async def pending(self) -> list[Approval]:
+        """Return every pending approval, oldest first."""
+        ...
+
 
 class SampleStore(Protocol):
     """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.idle``), and each

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -217,7 +217,10 @@ class ApprovalService:
             grace_s=cmd.grace_s,
             min_uid=self.policy.min_uid,
         )
-        return await self.reset.plan(request)
+        plan, snap = await self.reset.plan(request)
+        # the reason rides on the plan into the request and every audit record; it is added
+        # after planning, so it never changes what is signalled
+        return replace(plan, reason=cmd.reason), snap
 
     async def open(
         self,
@@ -412,6 +415,7 @@ def approval_record(a: Approval) -> dict[str, Any]:
         "requester": a.requester,
         "requester_name": a.requester_name,
         "requester_user": requester_user(a),
+        "reason": a.plan.reason,
         "approver": a.decided_by,
         "approver_name": a.decided_by_name,
         "approved_at": None if a.decided_at is None else iso(a.decided_at, timespec="microseconds"),

@@ -31,6 +31,7 @@ from gpubot.core.policy import resolve
 from gpubot.errors import StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
+from gpubot.slack.approval_posts import SlackApprovalPoster
 from gpubot.slack.blockkit import SlackMessage, context
 from gpubot.slack.mrkdwn import escape
 from gpubot.slack.outage import DatabaseState, quiet_unreachable
@@ -89,6 +90,7 @@ class GpuBot:
         self.api = api
         self.client = api.client
         self.flows = Flows(services, source="slack", min_update_s=min_update_s)
+        self.outbox = self.flows.use(SlackApprovalPoster(api))  # approvals' posts, once
         self.dedupe = Deduper()
         self.tasks: set[asyncio.Task[None]] = set()
         self.database = DatabaseState(log, "approvals are not expired")

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 ALERT_EVENT = "gpubot_alert_posted"  # the metadata event_type of alert messages
 DM_EVENT = "gpubot_dm_posted"  # ... and of the direct messages about idle GPUs
 HEAD_EVENT = "gpubot_head_posted"  # ... and of the audit head's publications
+APPROVAL_EVENT = "gpubot_approval_posted"  # ... and of approvals' requests, re-pings and DMs
 PAGE = 200  # messages a history page asks for (Slack: at most 999, internal apps)
 MAX_PAGES = 10
 SLACK_SKEW_S = 60.0  # the history is searched from this long before the findings were seen
@@ -51,19 +52,29 @@ def once_client(client: AsyncWebClient) -> AsyncWebClient:
 
 
 async def post_once(
-    api: SlackApi, channel: str, msg: Message, *, token: str, event: str = ALERT_EVENT
+    api: SlackApi,
+    channel: str,
+    msg: Message,
+    *,
+    token: str,
+    event: str = ALERT_EVENT,
+    thread_ts: str | None = None,
 ) -> Posted:
-    """Post ``msg`` carrying ``token`` in its metadata; say whether Slack has it.
+    """Post ``msg`` carrying ``token`` in its metadata; say whether Slack has it. In a thread
+    (``thread_ts``) it is also shown in the channel, so ``find_post`` finds it in the history.
 
     Like ``SlackApi._send``, blocks Slack refuses step down to simpler forms, but only on an
     answer of HTTP 200 (nothing was posted): after a 5xx it may be there, so nothing follows.
     """
     meta = {"event_type": event, "event_payload": {"token": token}}
     call = once_client(api.client).chat_postMessage
+    where: dict[str, Any] = {"channel": channel, "metadata": meta}
+    if thread_ts is not None:
+        where |= {"thread_ts": thread_ts, "reply_broadcast": True}
     forms = [*_richer(msg), {**_plain(msg), "blocks": []}]
     for n, form in enumerate(forms, 1):
         try:
-            resp = await call(channel=channel, metadata=meta, **form)
+            resp = await call(**where, **form)
         except SlackApiError as exc:
             status = int(getattr(exc.response, "status_code", 200) or 200)
             err = str(exc.response.get("error", "unknown_error"))

@@ -59,8 +59,8 @@ def span_mrkdwn(s: Span) -> str:
         return code(s.text)
     if isinstance(s, Sentence):
         return mrkdwn(s.text)
-    if isinstance(s, Person):
-        return f"<@{s.id}>"
+    if isinstance(s, Person):  # a Slack user group (S…) is mentioned as one
+        return f"<!subteam^{s.id}>" if s.id.startswith("S") else f"<@{s.id}>"
     if isinstance(s, Date):
         return time_of_day(s.at) if s.style is DateStyle.TIME else date(s.at)
     if isinstance(s, Strong):

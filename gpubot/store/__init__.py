@@ -22,6 +22,7 @@ from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
+from gpubot.store.approval_posts import ApprovalPosts
 from gpubot.store.approvals import ApprovalStore
 from gpubot.store.engine import (
     MEMORY,
@@ -128,6 +129,7 @@ class Store:
         self._last_lock = threading.Lock()
         self._running: set[int] = set()  # actions begun here whose outcome is not yet written
         self.approvals = ApprovalStore(self.engine)
+        self.approval_posts = ApprovalPosts(self.engine)
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
 

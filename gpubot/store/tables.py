@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
 )
 
 from gpubot.core.models import ApprovalState
@@ -175,4 +176,28 @@ leases = Table(
     Column("token", BigInteger, nullable=False),
     Column("since", TIME, nullable=False),  # when this holder took it
     Column("expires_at", TIME, nullable=False),
+)
+
+# The approval outbox (``store.approval_posts``): the on-call request, its re-ping at half its
+# expiry and the requester's message at expiry, each recorded (a token, where it goes) before it
+# is posted. One row per approval and purpose: the row is the "done once" mark across restarts
+# and replicas (the unique pair), and its token rides in the message metadata, so a post whose
+# answer was lost is found in the channel's history instead of repeated.
+approval_posts = Table(
+    "approval_posts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("approval_id", Integer, nullable=False),
+    Column("purpose", String(16), nullable=False),  # request, reping, expired
+    Column("token", String(64), nullable=False, unique=True),
+    Column("channel", Text, nullable=False),
+    Column("thread_ts", Text, nullable=True),
+    Column("created_at", TIME, nullable=False),
+    Column("state", String(16), nullable=False),  # pending, posted, refused, abandoned
+    Column("repeats", Integer, nullable=False),
+    Column("message_ts", Text, nullable=True),
+    Column("finished_at", TIME, nullable=True),
+    CheckConstraint("state IN ('pending', 'posted', 'refused', 'abandoned')", name="state"),
+    UniqueConstraint("approval_id", "purpose"),
+    Index(None, "state"),
 )

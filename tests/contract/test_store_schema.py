@@ -32,6 +32,7 @@ TABLES = {
     "alert_posts",
     "leases",
     "gpu_idle",
+    "approval_posts",
 }
 
 
@@ -71,7 +72,7 @@ def test_0006_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
     try:
         store.downgrade("0005")
         inspect = sa.inspect(store.engine)
-        assert set(inspect.get_table_names()) == TABLES - {"gpu_idle"}
+        assert set(inspect.get_table_names()) == TABLES - {"gpu_idle", "approval_posts"}
         names = {i["name"] for i in inspect.get_indexes("audit_log")}
         assert "ix_audit_log_node_kind_seq" not in names and "ix_audit_log_kind_seq" in names
         store.upgrade()
@@ -79,7 +80,20 @@ def test_0006_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
         assert set(inspect.get_table_names()) == TABLES
         names = {i["name"] for i in inspect.get_indexes("audit_log")}
         assert "ix_audit_log_node_kind_seq" in names
-        assert store.revision() == (HEAD, HEAD) == ("0006", "0006")
+        assert store.revision() == (HEAD, HEAD) == ("0010", "0010")
+    finally:
+        store.close()
+
+
+def test_0010_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
+    """The approval outbox comes and goes with 0010; nothing else does."""
+    store = open_store(fresh_db_url, check_schema=False)
+    try:
+        store.downgrade("0006")
+        assert set(sa.inspect(store.engine).get_table_names()) == TABLES - {"approval_posts"}
+        store.upgrade()
+        assert set(sa.inspect(store.engine).get_table_names()) == TABLES
+        assert store.revision() == (HEAD, HEAD) == ("0010", "0010")
     finally:
         store.close()
 

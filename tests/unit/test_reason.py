@@ -1,0 +1,84 @@
+"""``… because REASON``: the reason is text after the first word ``because``, one line, capped,
+and never options; unknown memory is never counted as 0 MiB."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubot.chat.reset_view import held_memory
+from gpubot.core import commands
+from gpubot.core.plan import ResetPlan, Target
+from gpubot.core.reason import MAX_REASON, clean_reason, split_reason
+from gpubot.errors import UsageError
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("reset node1 gpu 2", None),
+        ("reset node1 gpu 2 because it hangs", "it hangs"),
+        ("/gpu reset node1 BECAUSE  two\n lines\tand tabs", "two lines and tabs"),
+        ("reset node1 because gpu 3 pid 1 user root grace 0", "gpu 3 pid 1 user root grace 0"),
+        ("reset node1 because because", "because"),
+        ("reset becauseful", None),  # a word that starts with it is not it
+    ],
+)
+def test_split_reason(line: str, reason: str | None) -> None:
+    assert split_reason(line)[1] == reason
+
+
+def test_the_reason_never_becomes_options() -> None:
+    cmd = commands.parse("reset node1 gpu 2 because gpu 3 pid 7 user root grace 0")
+    assert cmd == commands.Reset("node1", gpus=(2,), reason="gpu 3 pid 7 user root grace 0")
+    assert commands.parse("reset node1 gpu 2") == commands.Reset("node1", gpus=(2,))
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("reset node1 because", "nothing follows 'because'"),
+        ("reset node1 because   ", "nothing follows 'because'"),
+        ("status because x", "gives a reason to reset only"),
+        ("because x", "a reason needs a command"),
+    ],
+)
+def test_bad_reasons_get_one_line(line: str, error: str) -> None:
+    with pytest.raises(UsageError, match=error):
+        commands.parse(line)
+
+
+def test_a_long_reason_is_capped() -> None:
+    got = clean_reason("x" * 1000)
+    assert got is not None and len(got) == MAX_REASON and got.endswith("…")
+    assert clean_reason(" \n ") is None
+
+
+def _plan(*mibs: int | None) -> ResetPlan:
+    targets = tuple(Target(i + 2, 1, "bob", (0,), m, "c", ()) for i, m in enumerate(mibs))
+    return ResetPlan("node1", (0,), targets, (), "alice")
+
+
+@pytest.mark.parametrize(
+    ("mibs", "said"),
+    [
+        ((3000,), "3000 MiB"),
+        ((None,), "memory unknown"),
+        ((1000, None, 2000), "≥ 3000 MiB + unknown"),
+    ],
+)
+def test_unknown_memory_is_never_zero(mibs: tuple[int | None, ...], said: str) -> None:
+    plan = _plan(*mibs)
+    assert held_memory(plan) == said
+    assert plan.unknown_mib == mibs.count(None)
+
+
+def test_control_the_old_sum_says_zero_for_unknown_memory() -> None:
+    assert f"{_plan(None).total_mib} MiB" == "0 MiB"  # what the request said before
+
+
+def test_a_plan_without_a_reason_keeps_its_shape() -> None:
+    plan = _plan(5)
+    assert "reason" not in plan.to_dict()
+    with_reason = ResetPlan.from_dict({**plan.to_dict(), "reason": "why"})
+    assert with_reason.reason == "why" and with_reason.targets == plan.targets
+    assert ResetPlan.from_dict(plan.to_dict()) == plan
