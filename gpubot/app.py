@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
     from gpubot.services.approvals import ApprovalService
+    from gpubot.services.health_checks import HealthChecks
     from gpubot.services.reset import ResetService
     from gpubot.services.seals import SealService
     from gpubot.services.sweep import SweepService
@@ -342,14 +343,26 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
     from gpubot.services.sweep import SweepPorts, SweepService
 
     settings = app.settings
-    ports = SweepPorts(locks=app.locks, observer=app.metrics)
+    health = _health(app)
+    ports = SweepPorts(locks=app.locks, observer=app.metrics, health=health)
     if store is not None:
         cfg = settings.sweep
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics)
+        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, health)
     return SweepService(settings, app.status, app.transport, ports)
+
+
+def _health(app: App) -> HealthChecks | None:
+    """The sweep's health checks ([sweep] health); a status shows what they last read."""
+    from gpubot.services.health_checks import HealthChecks
+
+    if not app.settings.sweep.health:
+        return None
+    health = HealthChecks(app.transport, timeout_s=app.settings.ssh.command_timeout_s)
+    app.status.decorate = health.decorate
+    return health
 
 
 def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:

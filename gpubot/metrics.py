@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from gpubot.core.models import FindingKind, NodeSnapshot
 from gpubot.errors import ConfigError
+from gpubot.metrics_health import health_families
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class _LastSweep(Collector):
         yield used
         yield total
         yield util
+        yield from health_families(snaps)
         fam = GaugeMetricFamily(
             "gpubot_findings_open", "Confirmed open sweep findings", labels=["kind"]
         )

@@ -19,6 +19,7 @@ from gpubot.config.settings import (
     SshSettings,
 )
 from gpubot.config.slack_ids import SLACK_CHANNEL
+from gpubot.core.health import FABRIC_MANAGER_PID
 from gpubot.core.models import NodeConfig
 from gpubot.core.names import NODE_NAME
 from gpubot.core.runtimes import LOOKUPS
@@ -331,6 +332,7 @@ def _node(
             "groups",
             "nvidia_smi",
             "driver_dir",
+            "fabricmanager_pid",
             "runtimes",
         },
     )
@@ -358,6 +360,9 @@ def _node(
         runtimes += [r for r in group_runtimes.get(g, ()) if r not in runtimes]
     user = t.get("user")
     keyf = t.get("key")
+    fm = v.string(f"{key}.fabricmanager_pid", t.get("fabricmanager_pid", FABRIC_MANAGER_PID))
+    if not fm.startswith("/"):
+        raise ConfigError(f"{v.where}: {key}.fabricmanager_pid: {fm!r} is not an absolute path")
     return NodeConfig(
         name=name,
         host=v.string(f"{key}.host", t["host"]),
@@ -369,5 +374,6 @@ def _node(
         groups=tuple(groups),
         nvidia_smi=v.string(f"{key}.nvidia_smi", t.get("nvidia_smi", "nvidia-smi")),
         driver_dir=v.string(f"{key}.driver_dir", t.get("driver_dir", "/proc/driver/nvidia")),
+        fabricmanager_pid=fm,
         runtimes=tuple(runtimes),
     )

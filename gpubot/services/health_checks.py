@@ -1,0 +1,102 @@
+"""The sweep's GPU health checks: one bounded exec per node, after its probe (issue 27).
+
+A status never pays for them: only a sweep asks (``SweepPorts.health``). The exec runs only on a
+node whose probe answered (a node whose nvidia-smi hangs in the kernel is not asked again), within
+the sweep's budget; one that fails or times out leaves that node's health unknown, says so in the
+node's notes, and never fails the node. The field set a node's driver accepted is remembered, so an
+older driver is asked its own set first next time (``core.health.FIELD_SETS``).
+
+What earlier sweeps saw (ECC counts, throttling) is this process's memory, advanced by alerting
+sweeps only: a sweep by hand never makes throttling look sustained. The last health read of each
+node is kept for statuses, which show it beside the GPUs without asking the node (``decorate``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from gpubot.core.findings import Finding
+from gpubot.core.health import FIELD_SETS, NodeHealth, health_argv, parse_health
+from gpubot.core.health_findings import HealthMemory, find_health
+from gpubot.core.models import NodeConfig, NodeSnapshot
+from gpubot.core.ports import Transport
+from gpubot.errors import GpubotError
+from gpubot.services.status import reason
+
+log = logging.getLogger(__name__)
+
+
+def with_health(snap: NodeSnapshot, health: NodeHealth) -> NodeSnapshot:
+    """Return ``snap`` with each GPU's health fields (and the fabric manager, in a fabric)."""
+    fm = health.fabric_manager if health.in_fabric else None
+    gpus = tuple(
+        replace(g, health=replace(h, fabric_manager=fm))
+        if (h := health.gpus.get(g.index)) is not None
+        else g
+        for g in snap.gpus
+    )
+    return replace(snap, gpus=gpus, notes=snap.notes + health.notes)
+
+
+class HealthChecks:
+    """Reads the nodes' health for the sweep and turns it into findings."""
+
+    def __init__(self, transport: Transport, *, timeout_s: float = 10.0) -> None:
+        """``timeout_s``: the whole exec's limit (each nvidia-smi call gets a third of it)."""
+        self.transport = transport
+        self.timeout_s = timeout_s
+        self.memory = HealthMemory()
+        self.last: dict[str, NodeHealth] = {}  # each node's latest health, for statuses
+        self._sets: dict[str, str] = {}  # the field set each node's driver accepted
+
+    async def read(self, node: NodeConfig) -> NodeHealth:
+        """Ask one node (one exec); what it cannot say stays unknown."""
+        first = self._sets.get(node.name)
+        names = list(FIELD_SETS)
+        sets = names if first is None else [first, *(n for n in names if n != first)]
+        argv = health_argv(
+            node.nvidia_smi,
+            max(1.0, (self.timeout_s - 1.0) / 3),
+            sets=sets,
+            fm_pid=node.fabricmanager_pid,
+        )
+        try:
+            res = await self.transport.run(node, argv, timeout=self.timeout_s)
+        except GpubotError as exc:
+            return parse_health(None, why_unknown=reason(exc, node.name))
+        health = parse_health(res.stdout)
+        if health.field_set is not None:
+            self._sets[node.name] = health.field_set
+        return health
+
+    async def attach(self, node: NodeConfig, snap: NodeSnapshot) -> NodeSnapshot:
+        """Return ``snap`` with its node's health, read now."""
+        health = await self.read(node)
+        self.last[node.name] = health
+        return with_health(snap, health)
+
+    def decorate(self, snap: NodeSnapshot) -> NodeSnapshot:
+        """Return a status's ``snap`` with the health its node's last sweep read, if any."""
+        health = self.last.get(snap.node)
+        return snap if health is None else with_health(snap, replace(health, notes=()))
+
+    def findings(self, snaps: Iterable[NodeSnapshot], *, advance: bool) -> tuple[Finding, ...]:
+        """Return the health findings of a sweep's snapshots (``advance``: remember them)."""
+        snaps = list(snaps)
+        health = _from_snapshots(snaps)
+        found, memory = find_health(snaps, health, self.memory)
+        if advance:
+            self.memory = memory
+        return found
+
+
+def _from_snapshots(snaps: Iterable[NodeSnapshot]) -> Mapping[str, NodeHealth]:
+    out: dict[str, NodeHealth] = {}
+    for s in snaps:
+        gpus = {g.index: g.health for g in s.gpus if g.health is not None}
+        if gpus:
+            fm = next((h.fabric_manager for h in gpus.values() if h.fabric_manager), "unknown")
+            out[s.node] = NodeHealth(gpus, None, fm)
+    return out
