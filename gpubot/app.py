@@ -356,13 +356,9 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
 
 def _health(app: App) -> HealthChecks | None:
     """The sweep's health checks ([sweep] health); a status shows what they last read."""
-    from gpubot.services.health_checks import HealthChecks
+    from gpubot.services.health_checks import wire_health
 
-    if not app.settings.sweep.health:
-        return None
-    health = HealthChecks(app.transport, timeout_s=app.settings.ssh.command_timeout_s)
-    app.status.decorate = health.decorate
-    return health
+    return wire_health(app.settings, app.transport, app.status)
 
 
 def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:

@@ -17,13 +17,14 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from gpubot.config import Settings
 from gpubot.core.findings import Finding
 from gpubot.core.health import FIELD_SETS, NodeHealth, health_argv, parse_health
 from gpubot.core.health_findings import HealthMemory, find_health
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import Transport
 from gpubot.errors import GpubotError
-from gpubot.services.status import reason
+from gpubot.services.status import StatusService, reason
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,18 @@ class HealthChecks:
         if advance:
             self.memory = memory
         return found
+
+
+def wire_health(
+    settings: Settings, transport: Transport, status: StatusService
+) -> HealthChecks | None:
+    """Return the sweep's health checks (None with ``[sweep] health = false``); statuses then
+    show the health each node's last sweep read."""
+    if not settings.sweep.health:
+        return None
+    health = HealthChecks(transport, timeout_s=settings.ssh.command_timeout_s)
+    status.decorate = health.decorate
+    return health
 
 
 def _from_snapshots(snaps: Iterable[NodeSnapshot]) -> Mapping[str, NodeHealth]:
