@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
     from gpubot.services.approvals import ApprovalService
-    from gpubot.services.health_checks import HealthChecks
     from gpubot.services.reset import ResetService
     from gpubot.services.seals import SealService
     from gpubot.services.sweep import SweepService
@@ -342,8 +341,10 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
     from gpubot.services.idle_accounting import IdleAccounting
     from gpubot.services.sweep import SweepPorts, SweepService
 
+    from gpubot.services.health_checks import wire_health
+
     settings = app.settings
-    health = _health(app)
+    health = wire_health(settings, app.transport, app.status)  # [sweep] health (issue 27)
     ports = SweepPorts(locks=app.locks, observer=app.metrics, health=health)
     if store is not None:
         cfg = settings.sweep
@@ -352,13 +353,6 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
         ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, health)
     return SweepService(settings, app.status, app.transport, ports)
-
-
-def _health(app: App) -> HealthChecks | None:
-    """The sweep's health checks ([sweep] health); a status shows what they last read."""
-    from gpubot.services.health_checks import wire_health
-
-    return wire_health(app.settings, app.transport, app.status)
 
 
 def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:

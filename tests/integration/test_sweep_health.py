@@ -277,3 +277,28 @@ async def test_an_older_driver_is_asked_its_own_fields(
         assert svc.health.last["node2"].field_set == "r460"  # no clocks_event_reasons, fabric
     assert ("node2", 3, "memory-repair-pending") in kinds(result)
     assert result.failed == {}
+
+
+async def test_a_process_named_like_the_fabric_manager_is_not_taken_for_it(
+    fleet: SimFleet, db_url: str
+) -> None:
+    """Only the pid file (root's, in /run on a real box) says which process is the daemon: a
+    process of any name without it is not; a pid file naming another process is stale. Control:
+    the same process named by the pid file is the daemon."""
+    n1 = fleet.node("node1")
+    hf.set_node(n1, fabric=True, links=4)
+    settings = settings_for(fleet, db_url)
+    app = build(settings, {}, need_store=False)
+    checks = HealthChecks(app.transport)
+    node = settings.nodes[0]
+    fm = hf.start_fabric_manager(n1)
+    try:
+        assert (await checks.read(node)).fabric_manager.startswith(f"running (pid {fm.pid}")
+        Path(n1.fabricmanager_pid).unlink()  # the look-alike runs on, with no pid file
+        assert (await checks.read(node)).fabric_manager == "not running"
+        other = n1.spawn(None, behaviour="ctl-only")  # a pid file naming another process
+        Path(n1.fabricmanager_pid).write_text(f"{other.pid}\n", encoding="utf-8")
+        assert (await checks.read(node)).fabric_manager == "not running (stale pid file)"
+    finally:
+        hf.stop_fabric_manager(n1, fm)
+        await app.close()
