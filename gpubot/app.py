@@ -338,13 +338,13 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
     """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
     notifier, snooze) and the idle accounting (GPU samples)."""
     from gpubot.services.alert_keeper import AlertKeeper
+    from gpubot.services.health_checks import wire_health
     from gpubot.services.idle_accounting import IdleAccounting
     from gpubot.services.sweep import SweepPorts, SweepService
 
-    from gpubot.services.health_checks import wire_health
-
     settings = app.settings
-    health = wire_health(settings, app.transport, app.status)  # [sweep] health (issue 27)
+    ecc = None if store is None else store.ecc
+    health = wire_health(settings, app.transport, app.status, ecc)  # [sweep] health (issue 27)
     ports = SweepPorts(locks=app.locks, observer=app.metrics, health=health)
     if store is not None:
         cfg = settings.sweep

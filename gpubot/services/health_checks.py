@@ -22,8 +22,8 @@ from gpubot.core.findings import Finding
 from gpubot.core.health import FIELD_SETS, NodeHealth, health_argv, parse_health
 from gpubot.core.health_findings import HealthMemory, find_health
 from gpubot.core.models import NodeConfig, NodeSnapshot
-from gpubot.core.ports import Transport
-from gpubot.errors import GpubotError
+from gpubot.core.ports import EccStore, Transport
+from gpubot.errors import GpubotError, StoreError
 from gpubot.services.status import StatusService, reason
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,16 @@ def with_health(snap: NodeSnapshot, health: NodeHealth) -> NodeSnapshot:
 class HealthChecks:
     """Reads the nodes' health for the sweep and turns it into findings."""
 
-    def __init__(self, transport: Transport, *, timeout_s: float = 10.0) -> None:
-        """``timeout_s``: the whole exec's limit (each nvidia-smi call gets a third of it)."""
+    def __init__(
+        self, transport: Transport, *, timeout_s: float = 10.0, store: EccStore | None = None
+    ) -> None:
+        """``timeout_s``: the whole exec's limit (each nvidia-smi call gets a third of it);
+        ``store``: where the ECC counts last seen are kept across restarts (None: memory)."""
         self.transport = transport
         self.timeout_s = timeout_s
+        self.store = store
         self.memory = HealthMemory()
+        self._loaded = store is None  # the store's counts are read once, at the first sweep
         self.last: dict[str, NodeHealth] = {}  # each node's latest health, for statuses
         self._sets: dict[str, str] = {}  # the field set each node's driver accepted
 
@@ -83,24 +88,45 @@ class HealthChecks:
         health = self.last.get(snap.node)
         return snap if health is None else with_health(snap, replace(health, notes=()))
 
-    def findings(self, snaps: Iterable[NodeSnapshot], *, advance: bool) -> tuple[Finding, ...]:
-        """Return the health findings of a sweep's snapshots (``advance``: remember them)."""
+    async def findings(
+        self, snaps: Iterable[NodeSnapshot], *, advance: bool
+    ) -> tuple[Finding, ...]:
+        """Return the health findings of a sweep's snapshots (``advance``: remember them, and
+        store the ECC counts that changed). A store that fails leaves this process's memory."""
+        await self._load()
         snaps = list(snaps)
-        health = _from_snapshots(snaps)
-        found, memory = find_health(snaps, health, self.memory)
+        found, memory = find_health(snaps, _from_snapshots(snaps), self.memory)
         if advance:
+            changed = {k: v for k, v in memory.ecc.items() if self.memory.ecc.get(k) != v}
             self.memory = memory
+            if self.store is not None and changed:
+                try:
+                    await self.store.put_ecc(changed)
+                except StoreError as exc:
+                    log.warning("ECC counts not stored (kept in memory): %s", exc)
         return found
+
+    async def _load(self) -> None:
+        if self._loaded or self.store is None:
+            return
+        try:
+            self.memory.ecc.update(await self.store.ecc_counts())
+            self._loaded = True
+        except StoreError as exc:  # tried again next sweep; until then, memory only
+            log.warning("ECC counts not read: %s", exc)
 
 
 def wire_health(
-    settings: Settings, transport: Transport, status: StatusService
+    settings: Settings,
+    transport: Transport,
+    status: StatusService,
+    store: EccStore | None = None,
 ) -> HealthChecks | None:
     """Return the sweep's health checks (None with ``[sweep] health = false``); statuses then
     show the health each node's last sweep read."""
     if not settings.sweep.health:
         return None
-    health = HealthChecks(transport, timeout_s=settings.ssh.command_timeout_s)
+    health = HealthChecks(transport, timeout_s=settings.ssh.command_timeout_s, store=store)
     status.decorate = health.decorate
     return health
 

@@ -152,7 +152,7 @@ class SweepService:
             find, snaps, failed, self.config, protection=protection, idle=idle
         )
         if self.health is not None:
-            findings += self.health.findings(snaps, advance=alerting)
+            findings += await self.health.findings(snaps, advance=alerting)
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings

@@ -68,7 +68,8 @@ async def sweeper(
     app = build(settings, {}, need_store=True)
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
     ports = sweep_ports(settings, app.store, notifier=notifier, clock=clock)
-    health = wire_health(settings, app.transport, app.status)
+    assert app.store is not None
+    health = wire_health(settings, app.transport, app.status, app.store.ecc)
     ports = dataclasses.replace(ports, health=health)
     svc = SweepService(settings, app.status, app.transport, ports, clock=clock, replica="t")
     try:
