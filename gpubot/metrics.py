@@ -106,7 +106,7 @@ def health_families(snaps: Sequence[NodeSnapshot]) -> Iterator[Metric]:
             said = [v for v in (h.remap_pending, h.retired_pending) if v is not None]
             if said:
                 pending.add_metric(labels, float(any(said)))
-            if h.temperature_c is not None or h.slowdown:  # the reasons were read
+            if h.reasons_read:
                 for r in REASON_WORDS:
                     throttled.add_metric([*labels, r], float(r in h.slowdown))
     yield pending

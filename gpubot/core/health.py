@@ -127,6 +127,7 @@ class GpuHealth:
     remap_pending: bool | None = None  # a remapped row waits for a reset (Ampere and later)
     remap_failure: bool | None = None  # a row remapping has failed: hardware
     slowdown: tuple[str, ...] = ()  # active reasons among REASON_WORDS' keys
+    reasons_read: bool = False  # the driver said Active/Not Active for the reasons
     temperature_c: int | None = None
     power_w: float | None = None
     fabric_state: str | None = None  # None: not in an NVSwitch fabric (or not said)
@@ -241,9 +242,13 @@ def parse_health_rows(set_name: str, text: str) -> tuple[dict[int, GpuHealth], t
             bad += 1
             continue
         v = dict(zip(names, parts, strict=True))
-        reasons = tuple(
-            r for r in _REASONS if any(_yes(v.get(f"{p}.{r}", "")) for p in _REASON_PREFIXES)
-        )
+        said = {
+            r: x
+            for p in _REASON_PREFIXES
+            for r in _REASONS
+            if (x := _yes(v.get(f"{p}.{r}", ""))) is not None
+        }
+        reasons = tuple(r for r in _REASONS if said.get(r))
         state = v.get("fabric.state")
         out[int(parts[0])] = GpuHealth(
             index=int(parts[0]),
@@ -253,6 +258,7 @@ def parse_health_rows(set_name: str, text: str) -> tuple[dict[int, GpuHealth], t
             remap_pending=_yes(v.get("remapped_rows.pending", "")),
             remap_failure=_yes(v.get("remapped_rows.failure", "")),
             slowdown=reasons,
+            reasons_read=bool(said),
             temperature_c=_count(v["temperature.gpu"]),
             power_w=_float(v["power.draw"]),
             fabric_state=None

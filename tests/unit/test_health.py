@@ -120,3 +120,30 @@ def test_a_remap_next_step_follows_who_holds_the_gpu() -> None:
 def test_links_all_down_without_any_up_is_no_nvlink_at_all() -> None:
     assert _kinds(GpuHealth(0, links=Links((), (0, 1, 2, 3)))) == []
     assert _kinds(GpuHealth(0, links=Links((0, 1), (2,)))) == ["nvlink-down"]
+
+
+def test_health_shows_in_status_json_and_metrics() -> None:
+    import json
+
+    from gpubot.cli.render import snapshot_dict
+    from gpubot.metrics import Metrics
+    from gpubot.services.health_checks import with_health
+
+    hot = H100.replace("Not Active, Not Active, Not Active", "Not Active, Active, Not Active")
+    health = parse_health(answer(f"{hot}\n{GEFORCE.replace('0,', '1,', 1)}"))
+    info = (GpuInfo(0, "GPU-0", "H100", 0, 1, 0), GpuInfo(1, "GPU-1", "RTX", 0, 1, 0))
+    snap = with_health(NodeSnapshot("n", 0.0, info), health)
+    assert snap.gpus[0].health is not None and snap.gpus[0].health.slowdown == (
+        "hw_thermal_slowdown",
+    )
+    text = json.dumps(snapshot_dict(snap))
+    assert '"throttled:hw-thermal-slowdown"' in text and '"remapped_rows_pending": false' in text
+    m = Metrics()
+    m.observe_sweep([snap], [], 1.0, {})
+    out = m.text()
+    assert 'gpubot_gpu_remapped_rows_pending{gpu="0",node="n",uuid="GPU-0"} 0.0' in out
+    assert (
+        'gpubot_gpu_throttled{gpu="0",node="n",reason="hw_thermal_slowdown",uuid="GPU-0"} 1.0'
+        in out
+    )
+    assert 'gpubot_gpu_remapped_rows_pending{gpu="1"' not in out  # [Not Supported]: no series
