@@ -31,7 +31,7 @@ from . import simstate
 from .smi_faults import garble, hang, lost_line, stick
 from .smi_health import ALIASES as HEALTH_ALIASES
 from .smi_health import FIELDS as HEALTH_FIELDS
-from .smi_health import nvlink_status, query_sections, unknown_fields
+from .smi_health import applied, nvlink_status, query_sections, unknown_fields
 from .smi_health import values as health_values
 
 DRIVER_ERROR = (
@@ -442,6 +442,7 @@ def gpu_reset(state: simstate.State, opts: dict[str, Any], now: float) -> tuple[
         text += RESET_IN_USE if len(busy) == 1 else RESET_IN_USE_MANY.format(n=len(busy))
         return 255, text
     for g in gpus:
+        applied(state, g["index"])
         for a in state["allocs"]:
             if a["gpu"] == g["index"] and simstate.holds_memory(a, state, now):
                 a["reset_at"] = now

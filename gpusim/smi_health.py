@@ -135,3 +135,10 @@ def _q_memory(v: dict[str, Any]) -> list[str]:
         _kv(8, "Pending", bare(v["remapped_rows.pending"])),
         _kv(8, "Remapping Failure Occurred", bare(v["remapped_rows.failure"])),
     ]
+
+
+def applied(state: dict[str, Any], index: int) -> None:
+    """A GPU reset applies what waits for one: a pending row remap or page retirement."""
+    mine = state.get("health", {}).get("gpus", {}).get(str(index), {})
+    mine.pop("remap_pending", None)
+    mine.pop("retired_pending", None)

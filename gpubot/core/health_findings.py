@@ -77,9 +77,9 @@ def reset_step(node: str, gpu: int, busy: int) -> str:
     if busy:
         return (
             f"{busy} process(es) hold it: stop them first (the Reset button, through approval "
-            f"where they are others'), then gpu-reset {node} {gpu}"
+            f"where they are others'), then gpu-reset {node} gpu {gpu}"
         )
-    return f"it is idle: gpu-reset {node} {gpu} now"
+    return f"it is idle: gpu-reset {node} gpu {gpu} now"
 
 
 def _memory(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> list[Finding]:

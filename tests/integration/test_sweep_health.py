@@ -130,7 +130,7 @@ async def test_pending_remap_offers_a_reset_of_the_idle_gpu(
     async with sweeper(settings_for(fleet, db_url), fake_slack, clock) as svc:
         alert = await alerted_once(svc, clock, fake_slack, ("node1", 0, "memory-repair-pending"))
     text = text_of(alert)
-    assert "GPU memory repair pending" in text and "gpu-reset node1 0 now" in text
+    assert "GPU memory repair pending" in text and "gpu-reset node1 gpu 0 now" in text
     assert "health: memory repair pending: a reset applies it" in text  # readiness
     assert "memory-repair-pending" in text  # the flag in the node's table
     assert ("gpubot_reset_gpu", "node1:0") in buttons(alert)
@@ -148,7 +148,7 @@ async def test_pending_remap_on_a_busy_gpu_goes_through_the_reset_first(
         alert = await alerted_once(svc, clock, fake_slack, ("node2", 1, "memory-repair-pending"))
     text = text_of(alert)
     assert "1 process(es) hold it: stop them first" in text and "through approval" in text
-    assert "then gpu-reset node2 1" in text and "gpu-reset node2 1 now" not in text
+    assert "then gpu-reset node2 gpu 1" in text and "gpu-reset node2 gpu 1 now" not in text
     assert ("gpubot_reset_gpu", "node2:1") in buttons(alert)
 
 
@@ -216,7 +216,7 @@ async def test_a_link_down(fleet: SimFleet, db_url: str, fake_slack: FakeSlack) 
     finally:
         hf.stop_fabric_manager(n1, fm)
     text = text_of(alert)
-    assert "2 of 18 NVLink links inactive (link 3, 5)" in text and "gpu-reset node1 2 now" in text
+    assert "2 of 18 NVLink links inactive (link 3, 5)" in text and "gpu-reset node1 gpu 2 now" in text
     assert "health: NVLink links down: 3, 5" in text
 
 

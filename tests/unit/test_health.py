@@ -113,7 +113,7 @@ def test_a_remap_next_step_follows_who_holds_the_gpu() -> None:
     idle, _ = find_health([_snap()], {"n": NodeHealth({0: h})}, HealthMemory())
     job = GpuProcess(7, 0, 100, "python", True, True, user="ana", start_ticks=1)
     busy, _ = find_health([_snap(job)], {"n": NodeHealth({0: h})}, HealthMemory())
-    assert idle[0].summary.endswith("it is idle: gpu-reset n 0 now")
+    assert idle[0].summary.endswith("it is idle: gpu-reset n gpu 0 now")
     assert "1 process(es) hold it: stop them first" in busy[0].summary
 
 
