@@ -321,8 +321,9 @@ def parse_health(output: str | None, *, why_unknown: str = "") -> NodeHealth:
     words, body = s.get("health", ([], ""))
     set_name = words[0] if words and words[0] in FIELD_SETS else None
     gpus: dict[int, GpuHealth] = {}
-    if set_name is not None and words[1:2] == ["0"]:
-        gpus, bad = parse_health_rows(set_name, body)
+    if set_name is not None and words[1:2] in (["0"], ["14"], ["15"]):
+        # 14, 15 (nvidia-smi(1)): an infoROM warning, a GPU lost; the others' rows still count
+        gpus, bad = parse_health_rows(set_name, _without_notes(body))
         notes += bad
     else:
         why = body.strip().splitlines()[0][:160] if body.strip() else "no answer"
@@ -336,6 +337,14 @@ def parse_health(output: str | None, *, why_unknown: str = "") -> NodeHealth:
     }
     fm = _fabric_manager(s.get("fm", ([], ""))[0]) if "fm" in s else "unknown"
     return NodeHealth(gpus, set_name, fm, tuple(notes))
+
+
+def _without_notes(body: str) -> str:
+    return "\n".join(
+        line
+        for line in body.splitlines()
+        if not line.startswith(("WARNING: infoROM", "Unable to determine the device handle"))
+    )
 
 
 def _fields(h: GpuHealth) -> dict[str, Any]:

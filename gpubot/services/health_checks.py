@@ -57,19 +57,23 @@ class HealthChecks:
         self.last: dict[str, NodeHealth] = {}  # each node's latest health, for statuses
         self._sets: dict[str, str] = {}  # the field set each node's driver accepted
 
-    async def read(self, node: NodeConfig) -> NodeHealth:
-        """Ask one node (one exec); what it cannot say stays unknown."""
+    async def read(self, node: NodeConfig, *, within_s: float | None = None) -> NodeHealth:
+        """Ask one node (one exec) within ``within_s`` (default: the checks' own limit); what
+        it cannot say, or does not say in time, stays unknown."""
+        limit = self.timeout_s if within_s is None else min(self.timeout_s, within_s)
+        if limit < 1.0:
+            return parse_health(None, why_unknown="no time left in the sweep budget")
         first = self._sets.get(node.name)
         names = list(FIELD_SETS)
         sets = names if first is None else [first, *(n for n in names if n != first)]
         argv = health_argv(
             node.nvidia_smi,
-            max(1.0, (self.timeout_s - 1.0) / 3),
+            max(0.5, (limit - 1.0) / 3),
             sets=sets,
             fm_pid=node.fabricmanager_pid,
         )
         try:
-            res = await self.transport.run(node, argv, timeout=self.timeout_s)
+            res = await self.transport.run(node, argv, timeout=limit)
         except GpubotError as exc:
             return parse_health(None, why_unknown=reason(exc, node.name))
         health = parse_health(res.stdout)
@@ -77,9 +81,11 @@ class HealthChecks:
             self._sets[node.name] = health.field_set
         return health
 
-    async def attach(self, node: NodeConfig, snap: NodeSnapshot) -> NodeSnapshot:
-        """Return ``snap`` with its node's health, read now."""
-        health = await self.read(node)
+    async def attach(
+        self, node: NodeConfig, snap: NodeSnapshot, *, within_s: float | None = None
+    ) -> NodeSnapshot:
+        """Return ``snap`` with its node's health, read now (within ``within_s``)."""
+        health = await self.read(node, within_s=within_s)
         self.last[node.name] = health
         return with_health(snap, health)
 

@@ -92,6 +92,7 @@ class SweepService:
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
         self._last: tuple[tuple[str, ...], frozenset[str]] | None = None  # nodes, failed
+        self._ends = 0.0  # when this sweep's node budget ends (monotonic)
 
     @property
     def actor(self) -> str:
@@ -184,6 +185,7 @@ class SweepService:
         self, nodes: Sequence[NodeConfig], budget_s: float
     ) -> tuple[list[NodeSnapshot], dict[str, NodeFailure], list[str]]:
         """Snapshot ``nodes`` concurrently; whoever has not answered within ``budget_s`` failed."""
+        self._ends = self.clock.monotonic() + budget_s  # the health checks fit in what is left
         res = await fan_out(
             nodes,
             self._look,
@@ -198,7 +200,12 @@ class SweepService:
     async def _look(self, node: NodeConfig) -> NodeSnapshot:
         """Snapshot one node; with health checks, then read its health (one more exec)."""
         snap = await self.status.snapshot(node)
-        return snap if self.health is None else await self.health.attach(node, snap)
+        if self.health is None:
+            return snap
+        # Within what is left of the budget (less a reserve): a slow health exec leaves the
+        # node's health unknown, never its probe's answer lost.
+        left = self._ends - self.clock.monotonic() - 0.5
+        return await self.health.attach(node, snap, within_s=left)
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
         """Record the sweep: the first of this process names every node, later ones count

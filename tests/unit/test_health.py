@@ -147,3 +147,9 @@ def test_health_shows_in_status_json_and_metrics() -> None:
         in out
     )
     assert 'gpubot_gpu_remapped_rows_pending{gpu="1"' not in out  # [Not Supported]: no series
+
+
+def test_a_lost_gpu_leaves_the_others_rows() -> None:
+    lost = "Unable to determine the device handle for GPU0000:CB:00.0: Unknown Error"
+    h = parse_health(answer(f"{lost}\n{H100}", status=15))
+    assert list(h.gpus) == [0] and h.notes == ()
