@@ -153,3 +153,21 @@ def test_a_lost_gpu_leaves_the_others_rows() -> None:
     lost = "Unable to determine the device handle for GPU0000:CB:00.0: Unknown Error"
     h = parse_health(answer(f"{lost}\n{H100}", status=15))
     assert list(h.gpus) == [0] and h.notes == ()
+
+
+def test_health_flags_show_on_the_home_tab() -> None:
+    from gpubot.chat.home import render_home
+    from gpubot.console.text_render import render_text as text_of
+    from gpubot.services.health_checks import with_health
+
+    pending = H100.replace("0, 0, 0, No, No,", "0, 0, 0, No, Yes,", 1)
+    snap = with_health(
+        NodeSnapshot("n", 0.0, (GpuInfo(0, "GPU-0", "H100", 0, 1, 0),)),
+        parse_health(answer(pending)),
+    )
+    text = text_of(render_home("U0A", "ana", [snap], {}, seconds=0.1, now=0.0))
+    assert "memory-repair-pending" in text
+    bare = NodeSnapshot("n", 0.0, (GpuInfo(0, "GPU-0", "H100", 0, 1, 0),))  # control
+    assert "memory-repair-pending" not in text_of(
+        render_home("U0A", "ana", [bare], {}, seconds=0.1, now=0.0)
+    )
