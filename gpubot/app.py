@@ -339,17 +339,20 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
     """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
     notifier, snooze) and the idle accounting (GPU samples)."""
     from gpubot.services.alert_keeper import AlertKeeper
+    from gpubot.services.health_checks import wire_health
     from gpubot.services.idle_accounting import IdleAccounting
     from gpubot.services.sweep import SweepPorts, SweepService
 
     settings = app.settings
-    ports = SweepPorts(locks=app.locks, observer=app.metrics)
+    ecc = None if store is None else store.ecc
+    health = wire_health(settings, app.transport, app.status, ecc)  # [sweep] health (issue 27)
+    ports = SweepPorts(locks=app.locks, observer=app.metrics, health=health)
     if store is not None:
         cfg = settings.sweep
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics)
+        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, health)
     return SweepService(settings, app.status, app.transport, ports)
 
 

@@ -4,7 +4,9 @@ Per GPU from the last sweep this process ran (``gpubot_gpu_memory_used_bytes{nod
 ``gpubot_gpu_memory_total_bytes``, ``gpubot_gpu_utilization_ratio``), open findings by kind,
 resets by outcome, sweep durations and node failures. GPU series come from one snapshot swapped
 in whole, so a scrape never sees half a sweep; a node that did not answer has no GPU series
-(a stale number would look like a healthy one). Served over HTTP by ``serve(port)``.
+(a stale number would look like a healthy one). Served over HTTP by ``serve(port)``. The sweep's
+GPU health (issue 27): ``gpubot_gpu_remapped_rows_pending`` and ``gpubot_gpu_throttled{reason}``
+(no series where the field was not read or is ``[N/A]``: a 0 would look healthy).
 
 And the event loop's health: ``watch_loop`` (run by ``gpubot serve``) wakes every few ms and
 records how late each wake-up came (``gpubot_event_loop_stall_seconds``) and the longest since
@@ -25,6 +27,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from gpubot.core.health import REASON_WORDS
 from gpubot.core.models import FindingKind, NodeSnapshot
 from gpubot.errors import ConfigError
 
@@ -73,12 +76,41 @@ class _LastSweep(Collector):
         yield used
         yield total
         yield util
+        yield from health_families(snaps)
         fam = GaugeMetricFamily(
             "gpubot_findings_open", "Confirmed open sweep findings", labels=["kind"]
         )
         for kind, n in sorted(findings.items()):
             fam.add_metric([kind], n)
         yield fam
+
+
+def health_families(snaps: Sequence[NodeSnapshot]) -> Iterator[Metric]:
+    """Yield the health gauges of ``snaps`` (the last sweep's)."""
+    pending = GaugeMetricFamily(
+        "gpubot_gpu_remapped_rows_pending",
+        "1 while a remapped row (or retired page) waits for a GPU reset, at the last sweep",
+        labels=["node", "gpu", "uuid"],
+    )
+    throttled = GaugeMetricFamily(
+        "gpubot_gpu_throttled",
+        "1 while the GPU's clocks are slowed for this reason, at the last sweep",
+        labels=["node", "gpu", "uuid", "reason"],
+    )
+    for s in snaps:
+        for g in s.gpus:
+            h = g.health
+            if h is None:
+                continue
+            labels = [s.node, str(g.index), g.uuid]
+            said = [v for v in (h.remap_pending, h.retired_pending) if v is not None]
+            if said:
+                pending.add_metric(labels, float(any(said)))
+            if h.reasons_read:
+                for r in REASON_WORDS:
+                    throttled.add_metric([*labels, r], float(r in h.slowdown))
+    yield pending
+    yield throttled
 
 
 class Metrics:

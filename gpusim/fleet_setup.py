@@ -24,6 +24,7 @@ STANDALONE = (
     "simstate.py",
     "nvidia_smi.py",
     "smi_faults.py",
+    "smi_health.py",
     "workload.py",
     "sudo.py",
     "sudoers.py",

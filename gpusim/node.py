@@ -59,6 +59,7 @@ class SimNode:
         # GPU index i opens {dev_prefix}{minors[i]}; the driver's folder says so per bus id.
         self.minors = list(minors) if minors is not None else list(range(gpus))
         self.driver_dir = str(self.dir / "driver")
+        self.fabricmanager_pid = str(self.dir / "run" / "nvidia-fabricmanager" / "fm.pid")
         # The sudo stand-in (a fleet started with sudo_rule=): its directory comes first on PATH.
         self.sudo = False
         self.sudo_dir = self.dir / "sbin-sudo"
@@ -416,6 +417,7 @@ class SimNode:
         with simstate.transaction(str(self.state_dir)) as state:
             state["allocs"] = []
             state["overrides"] = {"gpu": {}, "apps": {}}
+            state.pop("health", None)  # issue 27: gpusim.health_faults
 
     def live_pids(self) -> list[tuple[int, int]]:
         """Return ``(pid, start ticks)`` of every live process this node started (an adopted

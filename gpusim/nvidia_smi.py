@@ -29,6 +29,10 @@ from typing import Any
 
 from . import simstate
 from .smi_faults import garble, hang, lost_line, stick
+from .smi_health import ALIASES as HEALTH_ALIASES
+from .smi_health import FIELDS as HEALTH_FIELDS
+from .smi_health import applied, nvlink_status, query_sections, unknown_fields
+from .smi_health import values as health_values
 
 DRIVER_ERROR = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -63,7 +67,8 @@ GPU_FIELDS = {
     "count": "",
     "driver_version": "",
 }
-GPU_ALIASES = {"gpu_uuid": "uuid", "gpu_name": "name", "gpu_bus_id": "pci.bus_id"}
+GPU_FIELDS.update(HEALTH_FIELDS)  # issue 27: ECC, row remapping, throttling, the fabric
+GPU_ALIASES = {"gpu_uuid": "uuid", "gpu_name": "name", "gpu_bus_id": "pci.bus_id", **HEALTH_ALIASES}
 APP_FIELDS = {
     "pid": "",
     "process_name": "",
@@ -201,6 +206,10 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             opts["ids"] = [x.strip() for x in arg[2:].split(",")]
         elif arg in ("-L", "--list-gpus"):
             opts["mode"] = "list"
+        elif arg in ("-q", "--query"):
+            opts["mode"] = "q"
+        elif arg == "nvlink" and next(it, None) in ("-s", "--status"):
+            opts["mode"] = "nvlink"
         elif arg in ("-r", "--gpu-reset"):
             opts["mode"] = "reset"
         elif name in ("-pm", "--persistence-mode"):
@@ -254,6 +263,10 @@ def render(state: simstate.State, opts: dict[str, Any], now: float) -> str:
         return "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n" for g in gpus)
     if opts["mode"] == "table":
         return table(state, gpus, usage, now)
+    if opts["mode"] == "nvlink":
+        return nvlink_status(state, gpus)
+    if opts["mode"] == "q":
+        return query_sections(state, gpus)
     noheader = "noheader" in opts["format"]
     nounits = "nounits" in opts["format"]
     if opts["mode"] == "gpu":
@@ -263,7 +276,7 @@ def render(state: simstate.State, opts: dict[str, Any], now: float) -> str:
         names = [APP_ALIASES.get(f, f) for f in opts["fields"]]
         units = APP_FIELDS
     for raw, name in zip(opts["fields"], names, strict=True):
-        if name not in units:
+        if name not in units or unknown_fields(state, [raw]):
             raise Usage(f'Field "{raw}" is not a valid field to query.\n\n')
     lines = []
     if not noheader:
@@ -308,6 +321,7 @@ def gpu_values(state: simstate.State, g: dict[str, Any], use: tuple[int, int]) -
         "utilization.gpu": util,
         "count": len(state["gpus"]),
         "driver_version": state["driver_version"],
+        **health_values(state, g),
     }
 
 
@@ -428,6 +442,7 @@ def gpu_reset(state: simstate.State, opts: dict[str, Any], now: float) -> tuple[
         text += RESET_IN_USE if len(busy) == 1 else RESET_IN_USE_MANY.format(n=len(busy))
         return 255, text
     for g in gpus:
+        applied(state, g["index"])
         for a in state["allocs"]:
             if a["gpu"] == g["index"] and simstate.holds_memory(a, state, now):
                 a["reset_at"] = now

@@ -36,6 +36,7 @@ from gpubot.chat.message import (
 from gpubot.chat.reset_view import reset_button
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import TITLES, duration_text
+from gpubot.core.health_titles import RESET_HEALTH_KINDS
 from gpubot.core.interrupted import Unfinished
 from gpubot.core.models import FindingKind
 from gpubot.errors import GpubotError
@@ -54,6 +55,7 @@ RESET_KINDS = frozenset(
         FindingKind.ZOMBIE_PROCESS,
         FindingKind.HIDDEN_HOLDER,
         FindingKind.IDLE_HOLDER,
+        *RESET_HEALTH_KINDS,  # issue 27: a reset is what applies or may repair these
     }
 )
 

@@ -106,6 +106,7 @@ def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
                 "bus_id": g.bus_id,
                 "device_minor": g.minor,
                 "flags": list(gpu_flags(g, procs)),
+                "health": None if g.health is None else g.health.to_dict(),
                 "processes": [
                     {
                         "pid": p.pid,

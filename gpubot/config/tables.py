@@ -146,6 +146,7 @@ SWEEP_KEYS = {
     "orphan_threshold_mib",
     "idle_min_mib",
     "idle_hours",
+    "health",
     "keep_samples",
 }
 
@@ -178,7 +179,13 @@ def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
     slack = raw.get("slack", {})  # validated with the policy
     channel = alerts.get("channel", slack.get("channel") if isinstance(slack, Mapping) else None)
     return SweepConfig(
-        interval, budget, int(orphan), idle, reminder, v.channel("alerts.channel", channel)
+        interval,
+        budget,
+        int(orphan),
+        idle,
+        reminder,
+        v.channel("alerts.channel", channel),
+        health=v.boolean("sweep.health", sweep.get("health", True)),
     )
 
 

@@ -19,6 +19,7 @@ from gpubot.config.settings import (
     SshSettings,
 )
 from gpubot.config.slack_ids import SLACK_CHANNEL
+from gpubot.core.health import FABRIC_MANAGER_PID
 from gpubot.core.models import NodeConfig
 from gpubot.core.names import NODE_NAME
 from gpubot.core.runtimes import LOOKUPS
@@ -313,27 +314,34 @@ def parse_duration(value: Any) -> float | None:
     return None if m is None else float(int(m[1]) * DURATION_UNITS[m[2]])
 
 
+NODE_KEYS = {
+    "name",
+    "host",
+    "port",
+    "user",
+    "key",
+    "dev_prefix",
+    "sudo",
+    "groups",
+    "nvidia_smi",
+    "driver_dir",
+    "fabricmanager_pid",
+    "runtimes",
+}
+
+
+def _fm_pid(v: Validator, key: str, t: Mapping[str, Any]) -> str:
+    fm = v.string(f"{key}.fabricmanager_pid", t.get("fabricmanager_pid", FABRIC_MANAGER_PID))
+    if not fm.startswith("/"):
+        raise ConfigError(f"{v.where}: {key}.fabricmanager_pid: {fm!r} is not an absolute path")
+    return fm
+
+
 def _node(
     v: Validator, key: str, n: Any, seen: set[str], group_runtimes: Mapping[str, tuple[str, ...]]
 ) -> NodeConfig:
     t = v.table(key, n)
-    v.keys(
-        key,
-        t,
-        {
-            "name",
-            "host",
-            "port",
-            "user",
-            "key",
-            "dev_prefix",
-            "sudo",
-            "groups",
-            "nvidia_smi",
-            "driver_dir",
-            "runtimes",
-        },
-    )
+    v.keys(key, t, NODE_KEYS)
     if "name" not in t or "host" not in t:
         raise ConfigError(f"{v.where}: {key}: 'name' and 'host' are required")
     name = v.string(f"{key}.name", t["name"])
@@ -358,6 +366,7 @@ def _node(
         runtimes += [r for r in group_runtimes.get(g, ()) if r not in runtimes]
     user = t.get("user")
     keyf = t.get("key")
+    fm = _fm_pid(v, key, t)
     return NodeConfig(
         name=name,
         host=v.string(f"{key}.host", t["host"]),
@@ -369,5 +378,6 @@ def _node(
         groups=tuple(groups),
         nvidia_smi=v.string(f"{key}.nvidia_smi", t.get("nvidia_smi", "nvidia-smi")),
         driver_dir=v.string(f"{key}.driver_dir", t.get("driver_dir", "/proc/driver/nvidia")),
+        fabricmanager_pid=fm,
         runtimes=tuple(runtimes),
     )

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from gpubot.core.health_titles import HEALTH_TITLES
 from gpubot.core.idle import MAX_GAP_INTERVALS, IdleRule, holder_owner, idle_summary, is_idle_holder
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.protect import Protection, is_protected
@@ -49,6 +50,7 @@ TITLES: dict[FindingKind, str] = {
     FindingKind.NODE_SLOW: "node too slow to answer",
     FindingKind.SMI_FAILED: "nvidia-smi failed",
     FindingKind.GPU_LOST: "GPU lost",
+    **HEALTH_TITLES,
 }
 
 
@@ -62,6 +64,7 @@ class SweepConfig:
     idle: IdleRule = field(default_factory=IdleRule)
     reminder_s: float = 21600.0
     channel: str | None = None  # where alerts go: [alerts] channel, else [slack] channel
+    health: bool = True  # read the GPUs' health fields each sweep (issue 27: core.health)
 
     @property
     def max_gap_s(self) -> float:

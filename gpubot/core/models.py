@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpubot.core.health import GpuHealth
 from gpubot.core.workload import Workload
 
 
@@ -38,6 +39,8 @@ class NodeConfig:
     nvidia_smi: str = "nvidia-smi"  # the command to run; the simulated fleet points it elsewhere
     # The driver's /proc folder: gpus/<bus id>/information says each GPU's "Device Minor".
     driver_dir: str = "/proc/driver/nvidia"
+    # The fabric manager's pid file (NVSwitch boxes; the sweep's health checks read it).
+    fabricmanager_pid: str = "/run/nvidia-fabricmanager/nv-fabricmanager.pid"
     # Runtimes gpubot may ask for workload names (docker, podman, slurm, crictl): the node's own
     # list and its groups' (``[groups.NAME] runtimes``). Empty: attribution from cgroups only.
     runtimes: tuple[str, ...] = ()
@@ -63,6 +66,7 @@ class GpuInfo:
     bus_id: str | None = None  # PCI bus id as nvidia-smi prints it ("00000000:18:00.0")
     minor: int | None = None  # its device file's minor number; None: unknown (never assumed)
     flags: tuple[str, ...] = ()  # what nvidia-smi said instead of values: lost, requires-reset ...
+    health: GpuHealth | None = None  # the sweep's health fields (core.health); None: not read
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,13 @@ class FindingKind(StrEnum):
     NODE_SLOW = "node-slow"  # it answered too slowly: past a command timeout or the sweep budget
     SMI_FAILED = "smi-failed"
     GPU_LOST = "gpu-lost"
+    # GPU health (issue 27: core.health_findings): each summary ends with the next step.
+    MEMORY_REPAIR_PENDING = "memory-repair-pending"
+    REMAP_FAILED = "remap-failed"
+    ECC_UNCORRECTED = "ecc-uncorrected"
+    FABRIC_NOT_READY = "fabric-not-ready"
+    NVLINK_DOWN = "nvlink-down"
+    GPU_THROTTLED = "gpu-throttled"
 
 
 class ApprovalState(StrEnum):

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting a
     from gpubot.core.alerting import Alert, AlertGroup, Handle, Lookup, PendingPost, Posted
     from gpubot.core.approval import Approval, ApprovalRequest
     from gpubot.core.findings import FindingKey
+    from gpubot.core.health_findings import EccKey, EccSeen
     from gpubot.core.idle import GpuSample
     from gpubot.core.idle_runs import RunRule
     from gpubot.core.report import Report
@@ -256,6 +257,18 @@ class SampleStore(Protocol):
     async def prune_samples(self, before: float, *, limit: int | None = None) -> int:
         """Delete at most ``limit`` samples taken before ``before`` (None: all); return how
         many went."""
+        ...
+
+
+class EccStore(Protocol):
+    """Each GPU's uncorrectable ECC counts as the last sweep saw them (issue 27)."""
+
+    async def ecc_counts(self) -> dict[EccKey, EccSeen]:
+        """Return every GPU's counts."""
+        ...
+
+    async def put_ecc(self, counts: Mapping[EccKey, EccSeen]) -> None:
+        """Store ``counts`` (each replaces its GPU's)."""
         ...
 
 

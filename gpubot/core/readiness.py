@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpubot.core.health import health_blockers
 from gpubot.core.models import NodeSnapshot
 
 # One exec: topology, MIG and persistence mode of the GPUs, the persistence daemon. Everything
@@ -57,6 +58,7 @@ class Readiness:
     nvlink_note: str  # why unknown
     mig_mode: str | None  # "Enabled", "Disabled", "not supported", None: unknown
     persistence_mode: str | None
+    health: tuple[str, ...] = ()  # the GPU's health blockers (core.health), one line each
 
     def lines(self) -> list[str]:
         """Return the readiness list, one line per item."""
@@ -73,6 +75,7 @@ class Readiness:
             f"persistence daemon: {self.persistence_daemon}{pm}",
             f"NVLink peers: {peers}",
             f"MIG mode: {self.mig_mode or 'unknown'}",
+            *(f"health: {line}" for line in self.health),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,6 +88,7 @@ class Readiness:
             "nvlink_note": self.nvlink_note,
             "mig_mode": self.mig_mode,
             "persistence_mode": self.persistence_mode,
+            "health": list(self.health),
         }
 
 
@@ -126,7 +130,10 @@ def readiness(
         )
         mig, pm = modes.get(g, (None, None))
         gpu_peers = None if peers is None else peers.get(g, ())
-        out[g] = Readiness(g, procs, daemon, gpu_peers, note if gpu_peers is None else "", mig, pm)
+        info = snap.gpu(g) if snap is not None else None
+        blockers = health_blockers(info.health if info is not None else None)
+        why = note if gpu_peers is None else ""
+        out[g] = Readiness(g, procs, daemon, gpu_peers, why, mig, pm, blockers)
     return out
 
 

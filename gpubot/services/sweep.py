@@ -31,12 +31,14 @@ from gpubot.config import Settings
 from gpubot.core.alerting import SweepResult, confirmed
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding, NodeFailure, classify_failure, find
+from gpubot.core.health_titles import RESET_HEALTH_KINDS
 from gpubot.core.models import FindingKind, NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditLog, Clock, Locks, SweepObserver, Transport
 from gpubot.core.readiness import Readiness, readiness, ready_argv
 from gpubot.core.timefmt import iso
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
+from gpubot.services.health_checks import HealthChecks
 from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.services.offload import off_loop
 from gpubot.services.status import StatusService, fan_out, reason
@@ -59,6 +61,7 @@ class SweepPorts:
     idle: IdleAccounting | None = None
     locks: Locks | None = None
     observer: SweepObserver | None = None
+    health: HealthChecks | None = None  # GPU health fields (issue 27); None: not read
 
 
 class SweepService:
@@ -84,10 +87,12 @@ class SweepService:
         self.idle = ports.idle
         self.locks = ports.locks
         self.observer = ports.observer
+        self.health = ports.health
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
         self._last: tuple[tuple[str, ...], frozenset[str]] | None = None  # nodes, failed
+        self._ends = 0.0  # when this sweep's node budget ends (monotonic)
 
     @property
     def actor(self) -> str:
@@ -147,6 +152,8 @@ class SweepService:
         findings = await off_loop(
             find, snaps, failed, self.config, protection=protection, idle=idle
         )
+        if self.health is not None:
+            findings += await self.health.findings(snaps, advance=alerting)
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings
@@ -178,9 +185,10 @@ class SweepService:
         self, nodes: Sequence[NodeConfig], budget_s: float
     ) -> tuple[list[NodeSnapshot], dict[str, NodeFailure], list[str]]:
         """Snapshot ``nodes`` concurrently; whoever has not answered within ``budget_s`` failed."""
+        self._ends = self.clock.monotonic() + budget_s  # the health checks fit in what is left
         res = await fan_out(
             nodes,
-            self.status.snapshot,
+            self._look,
             self.settings.ssh.max_parallel,
             budget_s=budget_s,
             budget_name="sweep budget",
@@ -188,6 +196,16 @@ class SweepService:
         failed = {n: NodeFailure(classify_failure(e), reason(e, n)) for n, e in res.failed.items()}
         timed_out = [n for n, e in res.failed.items() if isinstance(e, TimeoutError)]
         return list(res.ok.values()), failed, timed_out
+
+    async def _look(self, node: NodeConfig) -> NodeSnapshot:
+        """Snapshot one node; with health checks, then read its health (one more exec)."""
+        snap = await self.status.snapshot(node)
+        if self.health is None:
+            return snap
+        # Within what is left of the budget (less a reserve): a slow health exec leaves the
+        # node's health unknown, never its probe's answer lost.
+        left = self._ends - self.clock.monotonic() - 0.5
+        return await self.health.attach(node, snap, within_s=left)
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
         """Record the sweep: the first of this process names every node, later ones count
@@ -232,7 +250,9 @@ class SweepService:
         """Ask each node with orphaned GPUs what a reset would touch, all nodes at once."""
         orphaned: dict[str, list[int]] = {}
         for f in findings:
-            if f.kind is FindingKind.ORPHANED_VRAM and f.gpu is not None:
+            if f.gpu is not None and (
+                f.kind is FindingKind.ORPHANED_VRAM or f.kind in RESET_HEALTH_KINDS
+            ):
                 orphaned.setdefault(f.node, []).append(f.gpu)
         names = list(orphaned)
         answers = await asyncio.gather(*(self._readiness(n, orphaned[n]) for n in names))

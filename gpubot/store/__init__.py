@@ -37,6 +37,7 @@ from gpubot.store.engine import (
     write_tx,
 )
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
+from gpubot.store.health import DbEcc
 from gpubot.store.leases import check_fence
 from gpubot.store.query_records import query_payload
 from gpubot.store.records import (
@@ -132,6 +133,7 @@ class Store:
         self.approval_posts = ApprovalPosts(self.engine)
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
+        self.ecc = DbEcc(self.engine)  # issue 27: the sweep's ECC counts
 
     # -- actions ---------------------------------------------------------------------------
 

@@ -201,3 +201,20 @@ approval_posts = Table(
     UniqueConstraint("approval_id", "purpose"),
     Index(None, "state"),
 )
+
+
+# Each GPU's uncorrectable ECC counts as the last sweep saw them (issue 27:
+# ``core.health_findings``): a count that grows between sweeps is a finding, across restarts too.
+# ``grew_from``: the count before it last grew (None: it has not); ``sweeps_since``: how many
+# sweeps ago. One row per (node, GPU uuid, "volatile" | "aggregate"); a sweep upserts its own.
+gpu_ecc = Table(
+    "gpu_ecc",
+    metadata,
+    Column("node", Text, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("counter", Text, nullable=False),
+    Column("count", BigInteger, nullable=False),
+    Column("grew_from", BigInteger, nullable=True),
+    Column("sweeps_since", Integer, nullable=False),
+    PrimaryKeyConstraint("node", "gpu_uuid", "counter"),
+)

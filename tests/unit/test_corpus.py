@@ -39,6 +39,8 @@ PARSERS = (
     "scontrol",
     "nvsmi_notes",
     "nvsmi_apps",
+    "health_q",
+    "nvlink",
 )
 _SOURCE = re.compile(r"[\w.-]+/[\w.-]+ \S+ @[0-9a-f]{40}( \(.+\))?|https://\S+( \(.+\))?")
 

@@ -1,0 +1,147 @@
+"""The sweep's GPU health checks: one bounded exec per node, after its probe (issue 27).
+
+A status never pays for them: only a sweep asks (``SweepPorts.health``). The exec runs only on a
+node whose probe answered (a node whose nvidia-smi hangs in the kernel is not asked again), within
+the sweep's budget; one that fails or times out leaves that node's health unknown, says so in the
+node's notes, and never fails the node. The field set a node's driver accepted is remembered, so an
+older driver is asked its own set first next time (``core.health.FIELD_SETS``).
+
+What earlier sweeps saw (ECC counts, throttling) is this process's memory, advanced by alerting
+sweeps only: a sweep by hand never makes throttling look sustained. The last health read of each
+node is kept for statuses, which show it beside the GPUs without asking the node (``decorate``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from gpubot.config import Settings
+from gpubot.core.findings import Finding
+from gpubot.core.health import FIELD_SETS, NodeHealth, health_argv, parse_health
+from gpubot.core.health_findings import HealthMemory, find_health
+from gpubot.core.models import NodeConfig, NodeSnapshot
+from gpubot.core.ports import EccStore, Transport
+from gpubot.errors import GpubotError, StoreError
+from gpubot.services.status import StatusService, reason
+
+log = logging.getLogger(__name__)
+
+
+def with_health(snap: NodeSnapshot, health: NodeHealth) -> NodeSnapshot:
+    """Return ``snap`` with each GPU's health fields (and the fabric manager, in a fabric)."""
+    fm = health.fabric_manager if health.in_fabric else None
+    gpus = tuple(
+        replace(g, health=replace(h, fabric_manager=fm))
+        if (h := health.gpus.get(g.index)) is not None
+        else g
+        for g in snap.gpus
+    )
+    return replace(snap, gpus=gpus, notes=snap.notes + health.notes)
+
+
+class HealthChecks:
+    """Reads the nodes' health for the sweep and turns it into findings."""
+
+    def __init__(
+        self, transport: Transport, *, timeout_s: float = 10.0, store: EccStore | None = None
+    ) -> None:
+        """``timeout_s``: the whole exec's limit (each nvidia-smi call gets a third of it);
+        ``store``: where the ECC counts last seen are kept across restarts (None: memory)."""
+        self.transport = transport
+        self.timeout_s = timeout_s
+        self.store = store
+        self.memory = HealthMemory()
+        self._loaded = store is None  # the store's counts are read once, at the first sweep
+        self.last: dict[str, NodeHealth] = {}  # each node's latest health, for statuses
+        self._sets: dict[str, str] = {}  # the field set each node's driver accepted
+
+    async def read(self, node: NodeConfig, *, within_s: float | None = None) -> NodeHealth:
+        """Ask one node (one exec) within ``within_s`` (default: the checks' own limit); what
+        it cannot say, or does not say in time, stays unknown."""
+        limit = self.timeout_s if within_s is None else min(self.timeout_s, within_s)
+        if limit < 1.0:
+            return parse_health(None, why_unknown="no time left in the sweep budget")
+        first = self._sets.get(node.name)
+        names = list(FIELD_SETS)
+        sets = names if first is None else [first, *(n for n in names if n != first)]
+        argv = health_argv(
+            node.nvidia_smi,
+            max(0.5, (limit - 1.0) / 3),
+            sets=sets,
+            fm_pid=node.fabricmanager_pid,
+        )
+        try:
+            res = await self.transport.run(node, argv, timeout=limit)
+        except GpubotError as exc:
+            return parse_health(None, why_unknown=reason(exc, node.name))
+        health = parse_health(res.stdout)
+        if health.field_set is not None:
+            self._sets[node.name] = health.field_set
+        return health
+
+    async def attach(
+        self, node: NodeConfig, snap: NodeSnapshot, *, within_s: float | None = None
+    ) -> NodeSnapshot:
+        """Return ``snap`` with its node's health, read now (within ``within_s``)."""
+        health = await self.read(node, within_s=within_s)
+        self.last[node.name] = health
+        return with_health(snap, health)
+
+    def decorate(self, snap: NodeSnapshot) -> NodeSnapshot:
+        """Return a status's ``snap`` with the health its node's last sweep read, if any."""
+        health = self.last.get(snap.node)
+        return snap if health is None else with_health(snap, replace(health, notes=()))
+
+    async def findings(
+        self, snaps: Iterable[NodeSnapshot], *, advance: bool
+    ) -> tuple[Finding, ...]:
+        """Return the health findings of a sweep's snapshots (``advance``: remember them, and
+        store the ECC counts that changed). A store that fails leaves this process's memory."""
+        await self._load()
+        snaps = list(snaps)
+        found, memory = find_health(snaps, _from_snapshots(snaps), self.memory)
+        if advance:
+            changed = {k: v for k, v in memory.ecc.items() if self.memory.ecc.get(k) != v}
+            self.memory = memory
+            if self.store is not None and changed:
+                try:
+                    await self.store.put_ecc(changed)
+                except StoreError as exc:
+                    log.warning("ECC counts not stored (kept in memory): %s", exc)
+        return found
+
+    async def _load(self) -> None:
+        if self._loaded or self.store is None:
+            return
+        try:
+            self.memory.ecc.update(await self.store.ecc_counts())
+            self._loaded = True
+        except StoreError as exc:  # tried again next sweep; until then, memory only
+            log.warning("ECC counts not read: %s", exc)
+
+
+def wire_health(
+    settings: Settings,
+    transport: Transport,
+    status: StatusService,
+    store: EccStore | None = None,
+) -> HealthChecks | None:
+    """Return the sweep's health checks (None with ``[sweep] health = false``); statuses then
+    show the health each node's last sweep read."""
+    if not settings.sweep.health:
+        return None
+    health = HealthChecks(transport, timeout_s=settings.ssh.command_timeout_s, store=store)
+    status.decorate = health.decorate
+    return health
+
+
+def _from_snapshots(snaps: Iterable[NodeSnapshot]) -> Mapping[str, NodeHealth]:
+    out: dict[str, NodeHealth] = {}
+    for s in snaps:
+        gpus = {g.index: g.health for g in s.gpus if g.health is not None}
+        if gpus:
+            fm = next((h.fabric_manager for h in gpus.values() if h.fabric_manager), "unknown")
+            out[s.node] = NodeHealth(gpus, None, fm)
+    return out

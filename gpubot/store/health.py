@@ -1,0 +1,64 @@
+"""Each GPU's uncorrectable ECC counts as the last sweep saw them (implements
+``gpubot.core.ports.EccStore``; issue 27).
+
+The sweep's health checks read them once, when their process first sweeps, and write back the
+rows that changed after every alerting sweep (one transaction: an upsert per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlalchemy import Engine, delete, select
+
+from gpubot.core.health_findings import EccKey, EccSeen
+from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.tables import gpu_ecc as t
+from gpubot.store.waits import in_thread
+
+
+class DbEcc:
+    """ECC counts in the database; every method is async and raises ``StoreError``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def ecc_counts(self) -> dict[EccKey, EccSeen]:
+        """Return every GPU's counts as the last sweep saw them."""
+        return await in_thread(self._read)
+
+    async def put_ecc(self, counts: Mapping[EccKey, EccSeen]) -> None:
+        """Store ``counts`` (each replaces its GPU's row)."""
+        if counts:
+            await in_thread(self._put, dict(counts))
+
+    def _read(self) -> dict[EccKey, EccSeen]:
+        with guard("cannot read ECC counts"), read_tx(self._engine) as conn:
+            out: dict[EccKey, EccSeen] = {}
+            for node, uuid, counter, count, grew_from, since in conn.execute(select(t)):
+                grew = None if grew_from is None else int(grew_from)
+                out[(str(node), str(uuid), str(counter))] = EccSeen(int(count), grew, int(since))
+            return out
+
+    def _put(self, counts: dict[EccKey, EccSeen]) -> None:
+        rows = [
+            {
+                "node": k[0],
+                "gpu_uuid": k[1],
+                "counter": k[2],
+                "count": v.count,
+                "grew_from": v.grew_from,
+                "sweeps_since": v.sweeps_since,
+            }
+            for k, v in sorted(counts.items())
+        ]
+        with guard("cannot record ECC counts"), write_tx(self._engine) as conn:
+            for r in rows:  # portable upsert: the row goes, its new self comes
+                conn.execute(
+                    delete(t).where(
+                        t.c.node == r["node"],
+                        t.c.gpu_uuid == r["gpu_uuid"],
+                        t.c.counter == r["counter"],
+                    )
+                )
+            conn.execute(t.insert(), rows)
