@@ -340,15 +340,17 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
     from gpubot.services.alert_keeper import AlertKeeper
     from gpubot.services.idle_accounting import IdleAccounting
     from gpubot.services.sweep import SweepPorts, SweepService
+    from gpubot.services.xid_watch import watch_for
 
     settings = app.settings
-    ports = SweepPorts(locks=app.locks, observer=app.metrics)
+    xid = watch_for(settings, app.transport, app.metrics)
+    ports = SweepPorts(locks=app.locks, observer=app.metrics, xid=xid)
     if store is not None:
         cfg = settings.sweep
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics)
+        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, xid)
     return SweepService(settings, app.status, app.transport, ports)
 
 

@@ -147,6 +147,8 @@ SWEEP_KEYS = {
     "idle_min_mib",
     "idle_hours",
     "keep_samples",
+    "kernel_log",
+    "xid_window_s",
 }
 
 
@@ -178,7 +180,14 @@ def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
     slack = raw.get("slack", {})  # validated with the policy
     channel = alerts.get("channel", slack.get("channel") if isinstance(slack, Mapping) else None)
     return SweepConfig(
-        interval, budget, int(orphan), idle, reminder, v.channel("alerts.channel", channel)
+        interval,
+        budget,
+        int(orphan),
+        idle,
+        reminder,
+        v.channel("alerts.channel", channel),
+        kernel_log=v.boolean("sweep.kernel_log", sweep.get("kernel_log", False)),
+        xid_window_s=v.positive("sweep.xid_window_s", sweep.get("xid_window_s", 3600.0)),
     )
 
 

@@ -196,6 +196,8 @@ class FindingKind(StrEnum):
     NODE_SLOW = "node-slow"  # it answered too slowly: past a command timeout or the sweep budget
     SMI_FAILED = "smi-failed"
     GPU_LOST = "gpu-lost"
+    GPU_XID = "gpu-xid"  # the driver wrote an Xid for it (core.xid)
+    NVSWITCH_SXID = "nvswitch-sxid"  # the NVSwitch driver wrote an SXid (core.xid)
 
 
 class ApprovalState(StrEnum):

@@ -35,11 +35,13 @@ from gpubot.core.models import FindingKind, NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditLog, Clock, Locks, SweepObserver, Transport
 from gpubot.core.readiness import Readiness, readiness, ready_argv
 from gpubot.core.timefmt import iso
+from gpubot.core.xid_table import RESET_WHEN_IDLE
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.services.offload import off_loop
 from gpubot.services.status import StatusService, fan_out, reason
+from gpubot.services.xid_watch import XidWatch
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class SweepPorts:
     idle: IdleAccounting | None = None
     locks: Locks | None = None
     observer: SweepObserver | None = None
+    xid: XidWatch | None = None  # reads each node's kernel log for Xid/SXid ([sweep] kernel_log)
 
 
 class SweepService:
@@ -84,6 +87,7 @@ class SweepService:
         self.idle = ports.idle
         self.locks = ports.locks
         self.observer = ports.observer
+        self.xid = ports.xid
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
@@ -147,6 +151,8 @@ class SweepService:
         findings = await off_loop(
             find, snaps, failed, self.config, protection=protection, idle=idle
         )
+        if self.xid is not None:
+            findings = (*findings, *self.xid.findings(snaps))
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings
@@ -180,7 +186,7 @@ class SweepService:
         """Snapshot ``nodes`` concurrently; whoever has not answered within ``budget_s`` failed."""
         res = await fan_out(
             nodes,
-            self.status.snapshot,
+            self._look,
             self.settings.ssh.max_parallel,
             budget_s=budget_s,
             budget_name="sweep budget",
@@ -188,6 +194,13 @@ class SweepService:
         failed = {n: NodeFailure(classify_failure(e), reason(e, n)) for n, e in res.failed.items()}
         timed_out = [n for n, e in res.failed.items() if isinstance(e, TimeoutError)]
         return list(res.ok.values()), failed, timed_out
+
+    async def _look(self, node: NodeConfig) -> NodeSnapshot:
+        """Snapshot ``node``; with the Xid watch, read its kernel log at the same time."""
+        if self.xid is None:
+            return await self.status.snapshot(node)
+        snap, _ = await asyncio.gather(self.status.snapshot(node), self.xid.read(node))
+        return snap
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
         """Record the sweep: the first of this process names every node, later ones count
@@ -232,7 +245,9 @@ class SweepService:
         """Ask each node with orphaned GPUs what a reset would touch, all nodes at once."""
         orphaned: dict[str, list[int]] = {}
         for f in findings:
-            if f.kind is FindingKind.ORPHANED_VRAM and f.gpu is not None:
+            if f.gpu is not None and (
+                f.kind is FindingKind.ORPHANED_VRAM or f.next_step == RESET_WHEN_IDLE
+            ):
                 orphaned.setdefault(f.node, []).append(f.gpu)
         names = list(orphaned)
         answers = await asyncio.gather(*(self._readiness(n, orphaned[n]) for n in names))
