@@ -120,12 +120,13 @@ class XidEvent:
 _TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d{1,9}))?([+-]\d\d:?\d\d|Z)?")
 # What may stand before the driver's words, and nothing else: journalctl -o short-iso's "TS HOST
 # kernel: ", dmesg --time-format iso's "TS ", and (in the corpus) syslog's "Mon DD HH:MM:SS HOST
-# kernel: ", dmesg -x's "kern  :err   : ", dmesg's "[ seconds] ". Timestamps and a host name only:
+# kernel: " (or "kernel: " alone), dmesg -x's "kern  :err   : ", dmesg's "[ seconds] " or
+# dmesg -T's "[Sun Feb 23 16:24:18 2025] ". Timestamps and a host name only:
 # no text a user controls can come first.
 _PREFIX = re.compile(
-    r"^(?:(?:(?P<jts>\d{4}-\d\d-\d\dT\S+)|[A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d)"
-    r"(?: \S+)? kernel: )?(?:kern +:[a-z]+ *: )?(?:(?P<dts>\d{4}-\d\d-\d\dT\S+) )?"
-    r"(?:\[ *\d+\.\d+\] )?"
+    r"^(?:(?:(?:(?P<jts>\d{4}-\d\d-\d\dT\S+)|[A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d)"
+    r"(?: \S+)? )?kernel: )?(?:kern +:[a-z]+ *: )?(?:(?P<dts>\d{4}-\d\d-\d\dT\S+) )?"
+    r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d \d{4}\] )?"
 )
 _XID = re.compile(r"^NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\): (\d+)")
 _SXID = re.compile(
