@@ -343,7 +343,7 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
     from gpubot.services.xid_watch import watch_for
 
     settings = app.settings
-    xid = watch_for(settings, app.transport, app.metrics)
+    xid = watch_for(settings, app.status, app.metrics)
     ports = SweepPorts(locks=app.locks, observer=app.metrics, xid=xid)
     if store is not None:
         cfg = settings.sweep

@@ -121,6 +121,8 @@ class StatusService:
         self.transport = transport
         self.store = store
         self.clock = clock
+        # What the sweeps know of each GPU's health (services.xid_watch), added to status tables.
+        self.health: Callable[[NodeSnapshot], NodeSnapshot] | None = None
         # Rounds of fleet probes in flight, by node list: identical requests share one.
         self._inflight: dict[tuple[str, ...], asyncio.Future[FleetStatus]] = {}
 
@@ -247,7 +249,8 @@ class StatusService:
 
     async def _status_snapshot(self, node: NodeConfig) -> NodeSnapshot:
         """A status's snapshot: fuser only where memory does not add up (issue 24)."""
-        return await self.snapshot(node, holders=Holders.IF_UNEXPLAINED)
+        snap = await self.snapshot(node, holders=Holders.IF_UNEXPLAINED)
+        return snap if self.health is None else self.health(snap)
 
     def _round_done(self, key: tuple[str, ...], task: asyncio.Future[FleetStatus]) -> None:
         if self._inflight.get(key) is task:

@@ -23,8 +23,10 @@ from gpubot.core.findings import Finding
 from gpubot.core.kernlog import XidEvent, kernlog_argv, parse_event, parse_kernlog
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import Clock, Transport
-from gpubot.core.xid import DEFAULT_WINDOW_S, Seen, bus_map, recent, xid_findings
+from gpubot.core.xid import DEFAULT_WINDOW_S, Seen, bus_map, classify, recent, xid_findings
+from gpubot.core.xid_health import flag_snapshot
 from gpubot.errors import GpubotError
+from gpubot.services.status import StatusService
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,17 @@ class XidWatch:
             self._count(by_node[name], st)
         return xid_findings(seen, by_node, now=now, window_s=self.window_s)
 
+    def flag(self, snap: NodeSnapshot) -> NodeSnapshot:
+        """Return ``snap`` with the health flags of the window's serious Xids (no exec)."""
+        st = self._nodes.get(snap.node)
+        if st is None:
+            return snap
+        serious: dict[str, list[int]] = {}
+        for s in recent(st.seen, self.clock.now(), self.window_s):
+            if not s.event.sxid and classify(s.event).serious:
+                serious.setdefault(s.event.bus, []).append(s.event.code)
+        return flag_snapshot(snap, serious)
+
     def _count(self, snap: NodeSnapshot, st: _Node) -> None:
         fresh, st.fresh = st.fresh, []
         if self.count is None:
@@ -131,15 +144,18 @@ class XidCounter(Protocol):
 
 
 def watch_for(
-    settings: Settings, transport: Transport, counter: XidCounter | None
+    settings: Settings, status: StatusService, counter: XidCounter | None
 ) -> XidWatch | None:
-    """Return the sweep's watch when ``[sweep] kernel_log`` is on, else None."""
+    """Return the sweep's watch when ``[sweep] kernel_log`` is on, else None; it flags the
+    GPUs of ``status``'s tables that had a serious Xid in the window (``core.xid_health``)."""
     cfg = settings.sweep
     if not cfg.kernel_log:
         return None
     timeout = min(settings.ssh.command_timeout_s, max(2.0, cfg.budget_s * 0.5))
     count = None if counter is None else counter.count_xid
-    return XidWatch(transport, window_s=cfg.xid_window_s, timeout_s=timeout, count=count)
+    watch = XidWatch(status.transport, window_s=cfg.xid_window_s, timeout_s=timeout, count=count)
+    status.health = watch.flag
+    return watch
 
 
 def _label(e: XidEvent) -> str:

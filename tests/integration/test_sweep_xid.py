@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from gpubot.app import build
+from gpubot.cli.render import snapshot_dict
 from gpubot.config import Settings, load
 from gpubot.core.alerting import SweepResult
 from gpubot.core.xid_table import DRAIN_REBOOT, LOOK_UP, RESET_WHEN_IDLE, TELL_OWNER, TICKET
@@ -77,6 +78,7 @@ async def sweeper(
     ports = sweep_ports(settings, app.store, notifier=notifier, clock=clock)
     watch = XidWatch(app.transport, clock=clock, count=lambda *c: counted.append(c))
     ports = dataclasses.replace(ports, xid=watch)
+    app.status.health = watch.flag  # as services.xid_watch.watch_for wires it
     svc = SweepService(settings, app.status, app.transport, ports, clock=clock, replica="test")
     try:
         yield svc
@@ -118,6 +120,7 @@ async def test_each_xid_class_is_found_and_alerted_once_with_its_next_step(
         first = await svc.run()
         clock.advance(60)
         second = await svc.run()  # nothing new in the log: nothing new alerted
+        status = await svc.status.fleet(["node1"])  # a status: flags, no kernel-log read
     want = {
         ("node1", 0, "xid:13"): TELL_OWNER,
         ("node1", 1, "xid:48"): RESET_WHEN_IDLE,
@@ -150,6 +153,10 @@ async def test_each_xid_class_is_found_and_alerted_once_with_its_next_step(
     by = {(f.node, f.gpu, f.key.holder): f for f in first.findings}
     assert by[("node1", 0, "xid:13")].owner == fleet.user  # /proc's user of that pid
     assert "no GPU of the node's table has" in by[("node2", None, "xid:79:0000:ee:00")].summary
+    (snap,) = status.snapshots
+    gpus = snapshot_dict(snap)["gpus"]
+    health = {g["index"]: [f for f in g["flags"] if f.startswith("xid")] for g in gpus}
+    assert health == {0: [], 1: ["xid-48"], 2: ["xid-79"], 3: ["xid-64"]}  # 13: the job's own
     texts = posted(fake_slack)
     assert len(texts) == 2  # one message per node, posted once
     node1 = next(t for t in texts if "node1" in t)
