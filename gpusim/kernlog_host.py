@@ -72,13 +72,17 @@ class KernelLog:
     def __init__(self, state_dir: Path, bus_ids: list[str]) -> None:
         self.state_dir = state_dir
         self.bus_ids = bus_ids  # nvidia-smi's, by GPU index ("00000000:18:00.0")
+        self._seq: int | None = None  # the last record's (this host is the only writer)
 
     def write(self, message: str, at: float | None = None) -> None:
         """Append one kernel message (one line)."""
         if "\n" in message or "\t" in message:
             raise SimUsageError("a kernel message is one line without tabs")
         path = self.state_dir / LOG_FILE
-        seq = max((r[0] for r in records(str(self.state_dir))), default=0) + 1
+        if self._seq is None:
+            self._seq = max((r[0] for r in records(str(self.state_dir))), default=0)
+        self._seq += 1
+        seq = self._seq
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"{seq}\t{time.time() if at is None else at}\t{message}\n")
         os.chmod(path, 0o644)
@@ -127,3 +131,4 @@ class KernelLog:
         """Empty the log and set the mode back to ``journal``."""
         for name in (LOG_FILE, MODE_FILE):
             (self.state_dir / name).unlink(missing_ok=True)
+        self._seq = None
