@@ -21,7 +21,9 @@ from gpubot.app import build
 from gpubot.cli.render import snapshot_dict
 from gpubot.config import Settings, load
 from gpubot.core.alerting import SweepResult
+from gpubot.core.models import NodeConfig
 from gpubot.core.xid_table import DRAIN_REBOOT, LOOK_UP, RESET_WHEN_IDLE, TELL_OWNER, TICKET
+from gpubot.services.doctor import DoctorParts, DoctorService
 from gpubot.services.sweep import SweepService
 from gpubot.services.xid_watch import XidWatch
 from gpubot.slack.alerts import SlackAlerts
@@ -215,6 +217,9 @@ async def test_a_hostile_process_name_changes_nothing(
     # The kernel's copy of a hostile comm in a real Xid line: shown marked, deciding nothing.
     bystander = n1.spawn(gpu=1, mib=1024)
     n1.kernel.xid(1, 13, pid=liar.pid, name="*ok*<!here>`x")
+    # The kernel quotes a user's file name in this warning (fs/exec.c): the text is in the log,
+    # but not as the driver's own words, so it is no Xid either.
+    n1.kernel.write(f"process 'sh' launched '{HOSTILE}' with NULL argv: empty string added")
     clock, counted = ManualClock(), Counted()
     async with sweeper(settings_for(fleet, pg_url), fake_slack, clock, counted) as svc:
         result = await svc.run()
@@ -266,3 +271,28 @@ async def test_each_source_and_what_a_node_without_the_privilege_says(
             "node2: kernel log unreadable: journal-denied not in the systemd-journal or adm "
             "group; dmesg-denied dmesg: read kernel buffer failed: Operation not permitted"
         ]  # once, not every sweep
+
+
+async def test_doctor_says_which_source_a_node_may_read(fleet: SimFleet, pg_url: str) -> None:
+    fleet.node("node1").kernel.set_mode("no-journal-group")  # dmesg still readable
+    fleet.node("node2").kernel.set_mode("denied")
+    settings = settings_for(fleet, pg_url)
+    app = build(settings, {}, need_store=False)
+
+    async def no_fingerprint(_node: NodeConfig) -> str | None:
+        return None
+
+    try:
+        doctor = DoctorService(settings, app.transport, DoctorParts(no_fingerprint))
+        checks = {
+            c.area: c
+            for n in settings.nodes
+            for c in await doctor.node(n)
+            if c.name == "kernel log (Xid)"
+        }
+    finally:
+        await app.close()
+    assert checks["node1"].ok and "dmesg is readable" in checks["node1"].detail
+    assert not checks["node2"].ok
+    assert "Operation not permitted" in checks["node2"].detail
+    assert checks["node2"].fix.startswith("usermod -aG systemd-journal")
