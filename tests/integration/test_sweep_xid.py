@@ -109,6 +109,7 @@ async def test_each_xid_class_is_found_and_alerted_once_with_its_next_step(
     job = n1.spawn(gpu=0, mib=2048)
     n1.kernel.xid(0, 13, pid=job.pid, name="python3")  # the job's own: tell its owner
     n1.kernel.xid(1, 48)  # memory: reset when idle
+    holder = n1.spawn(gpu=1, mib=1024)  # it is not idle: a reset would end this job
     n1.kernel.xid(2, 79)  # off the bus: drain and reboot
     n1.kernel.xid(3, 64, text="pid='N/A', Row Remapper: Failed to remap row")  # hardware
     n2.kernel.xid(0, 74)  # NVLink
@@ -164,6 +165,9 @@ async def test_each_xid_class_is_found_and_alerted_once_with_its_next_step(
     node1 = next(t for t in texts if "node1" in t)
     assert "next step: reset when idle" in node1 and "gpubot_reset_gpu" in node1
     assert "node1:1" in node1  # the reset offer (approval-gated by the reset flow) for GPU 1
+    ready = first.readiness[("node1", 1)]  # what the reset would touch, shown with the offer
+    assert any(str(holder.pid) in p for p in ready.processes), ready
+    assert "before a GPU reset" in node1 and "processes on GPU 1: " in node1
     assert "node1:2" not in node1  # off the bus: no reset offered, drain and reboot
 
 

@@ -187,3 +187,15 @@ def test_the_script_is_bounded_and_prefers_the_journal(tmp_path: Path) -> None:
     assert got.source == "journal" and got.cursor == "s=z;i=9"
     assert 0 < len(got.lines) < 400 and all(len(x) <= MAX_LINE_BYTES for x in got.lines)
     assert all(parse_event(x) is not None for x in got.lines)
+
+
+def test_each_new_line_counts_in_the_xid_metric() -> None:
+    from gpubot.metrics import Metrics
+
+    m = Metrics()
+    m.count_xid("n1", "3", "79")
+    m.count_xid("n1", "3", "79")
+    m.count_xid("n1", "-", "sxid:12028")
+    text = m.text()
+    assert 'gpubot_gpu_xid_total{gpu="3",node="n1",xid="79"} 2.0' in text
+    assert 'gpubot_gpu_xid_total{gpu="-",node="n1",xid="sxid:12028"} 1.0' in text
