@@ -2,7 +2,8 @@
 
 Sources, in order (the first one the SSH user may read is used):
 
-1. ``journalctl -k -o short-iso --show-cursor`` after the cursor of the previous read (the first
+1. ``journalctl -k -o short-iso --show-cursor`` (never ``-q``: it silences the hint that says the
+   account may not read the system journal) after the cursor of the previous read (the first
    read of a process: ``--since`` the Xid window). Reading the kernel's messages from the system
    journal needs membership of the ``systemd-journal`` or ``adm`` group (or root); without it
    journalctl shows the user's own journal only and says so.
@@ -39,11 +40,20 @@ pick() {
 }
 if command -v journalctl >/dev/null 2>&1; then
   if [ -n "$1" ]; then a="--after-cursor=$1"; else a="--since=$2"; fi
-  all=$(journalctl -k -q --no-pager -o short-iso --show-cursor "$a" 2>&1)
+  all=$(journalctl -k --no-pager -o short-iso --show-cursor "$a" 2>&1); rc=$?
   case $'\n'$all in
-    *$'\n'"No journal files were"*|*$'\n'"Hint: You are currently not seeing"*)
+    *$'\n'"No journal files were opened"*|*$'\n'"Hint: You are currently not seeing"*)
       printf '%s journal-denied not in the systemd-journal or adm group\n' @gpubot ;;
-    *) printf '%s source journal\n' @gpubot; printf '%s\n' "$all" | pick "$3" "$4"; exit 0 ;;
+    *$'\n'"No journal files were found"*)
+      printf '%s journal-denied no journal on the node\n' @gpubot ;;
+    *$'\n'"Failed to seek"*)  # the cursor is gone: the parser starts over
+      printf '%s source journal\n' @gpubot; printf '%s\n' "$all" | pick "$3" "$4"; exit 0 ;;
+    *)
+      if [ "$rc" = 0 ]; then
+        printf '%s source journal\n' @gpubot; printf '%s\n' "$all" | pick "$3" "$4"; exit 0
+      fi
+      printf '%s journal-denied journalctl exit %s: %s\n' @gpubot "$rc" "${all:0:200}" |
+        head -n 1 ;;
   esac
 fi
 if out=$(dmesg --time-format iso 2>&1); then

@@ -199,8 +199,13 @@ class SweepService:
         """Snapshot ``node``; with the Xid watch, read its kernel log at the same time."""
         if self.xid is None:
             return await self.status.snapshot(node)
-        snap, _ = await asyncio.gather(self.status.snapshot(node), self.xid.read(node))
-        return snap
+        read = asyncio.ensure_future(self.xid.read(node))
+        try:
+            snap = await self.status.snapshot(node)
+            await read  # bounded by its own timeout (and the sweep's budget)
+            return snap
+        finally:
+            read.cancel()  # the node failed or ran out of time: its read ends with it
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
         """Record the sweep: the first of this process names every node, later ones count

@@ -64,6 +64,7 @@ class XidWatch:
     async def read(self, node: NodeConfig) -> None:
         """Read what ``node``'s driver wrote since the last read (one exec; fails soft)."""
         st = self._nodes.setdefault(node.name, _Node())
+        since = st.cursor is None  # the window back: it may hold lines already seen
         argv = kernlog_argv(st.cursor, self.window_s)
         try:
             res = await self.transport.run(node, argv, timeout=self.timeout_s)
@@ -72,12 +73,16 @@ class XidWatch:
             return
         got = parse_kernlog(res.stdout)
         if got.source is None:
-            self._say(node.name, st, "kernel log unreadable: " + "; ".join(got.denied))
+            why = "; ".join(got.denied) or f"exit {res.exit_status}: {res.stderr.strip()[:200]}"
+            self._say(node.name, st, f"kernel log unreadable: {why}")
             return
         now = self.clock.now()
         events = [e for e in map(parse_event, got.lines) if e is not None]
         if got.source == "dmesg":
             events = self._after(st, events, now)
+        elif since and st.seen:  # read again after a lost cursor: each line once
+            known = {s.event.line for s in st.seen}
+            events = [e for e in events if e.line not in known]
         if got.cursor_lost:
             st.cursor = None
         elif got.cursor is not None:

@@ -199,3 +199,69 @@ def test_each_new_line_counts_in_the_xid_metric() -> None:
     text = m.text()
     assert 'gpubot_gpu_xid_total{gpu="3",node="n1",xid="79"} 2.0' in text
     assert 'gpubot_gpu_xid_total{gpu="-",node="n1",xid="sxid:12028"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    ("journal", "source", "denied"),
+    [
+        # systemd 252 with no journal on the box (as on this machine): exit 1, stderr only
+        ("echo 'No journal files were found.' >&2; exit 1", "dmesg", "no journal on the node"),
+        # an account outside systemd-journal/adm: the hint, exit 0 (the control for -q: with -q
+        # journalctl prints no hint and the read would wrongly trust an empty journal)
+        (
+            "echo 'Hint: You are currently not seeing messages from other users and the system.'"
+            " >&2",
+            "dmesg",
+            "not in the systemd-journal or adm group",
+        ),
+        ("echo 'Failed to seek to cursor: Invalid argument' >&2; exit 1", "journal", None),
+    ],
+)
+def test_the_script_falls_back_to_dmesg_when_the_journal_says_so(
+    tmp_path: Path, journal: str, source: str, denied: str | None
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "journalctl").write_text(f"#!/bin/sh\n{journal}\n")
+    (bin_dir / "dmesg").write_text(f"#!/bin/sh\necho '{LINE79.replace(' n1 kernel:', '')}'\n")
+    for prog in ("journalctl", "dmesg"):
+        (bin_dir / prog).chmod(0o755)
+    for prog in ("bash", "grep", "tail", "cut", "head", "sh"):
+        src = subprocess.run(["sh", "-c", f"command -v {prog}"], capture_output=True, text=True)
+        (bin_dir / prog).symlink_to(src.stdout.strip())
+    out = subprocess.run(
+        kernlog_argv("s=a;i=1", 60), capture_output=True, text=True, env={"PATH": str(bin_dir)}
+    )
+    got = parse_kernlog(out.stdout)
+    assert got.source == source
+    if denied is not None:
+        assert got.denied == (f"journal-denied {denied}",) and len(got.lines) == 1
+    else:
+        assert got.cursor_lost
+
+
+async def test_a_lost_cursor_reads_the_window_again_without_counting_twice() -> None:
+    clock = ManualClock(parse_time("2026-12-02T05:50:30+0000"))
+    answers = [
+        f"@gpubot source journal\n{LINE79}\n-- cursor: s=a;i=1\n",
+        "@gpubot source journal\nFailed to seek to cursor: Invalid argument\n",
+        f"@gpubot source journal\n{LINE79}\n-- cursor: s=b;i=1\n",  # the window again
+    ]
+    calls: list[Call] = []
+
+    def handler(call: Call) -> object:
+        calls.append(call)
+        return completed(call.argv, answers[len(calls) - 1])
+
+    counted: list[tuple[str, str, str]] = []
+    watch = XidWatch(
+        ScriptedTransport(handler),  # type: ignore[arg-type]
+        clock=clock,
+        count=lambda *c: counted.append(c),
+    )
+    for _ in answers:
+        await watch.read(NODE)
+    assert [c.argv[4] for c in calls] == ["", "s=a;i=1", ""]  # lost: back to --since
+    gpus = (GpuInfo(0, "GPU-0", "H200", 0, 1, 0, bus_id="00000000:18:00.0"),)
+    watch.findings([NodeSnapshot("n1", 0.0, gpus)])
+    assert counted == [("n1", "0", "79")]  # control: without the check it would count twice
