@@ -104,6 +104,8 @@ def _finding(
     where = ""
     if last.sxid:
         where = f" on the NVSwitch at {bus}"
+    elif gpu is None and snap is None:
+        where = f" on the GPU at {bus} (the node has given no GPU table yet)"
     elif gpu is None:
         where = f" on a GPU at {bus} that no GPU of the node's table has (its bus id is unknown)"
     times = f"{len(group)} in the window" if len(group) > 1 else "once"

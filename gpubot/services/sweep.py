@@ -202,10 +202,14 @@ class SweepService:
         read = asyncio.ensure_future(self.xid.read(node))
         try:
             snap = await self.status.snapshot(node)
-            await read  # bounded by its own timeout (and the sweep's budget)
-            return snap
-        finally:
-            read.cancel()  # the node failed or ran out of time: its read ends with it
+        except GpubotError:
+            await read  # a failed probe too: the kernel may say why (an Xid 79)
+            raise
+        except BaseException:
+            read.cancel()  # cancelled, or out of the budget: its read ends with it
+            raise
+        await read  # bounded by its own timeout; cancelled with this task by the budget
+        return snap
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
         """Record the sweep: the first of this process names every node, later ones count

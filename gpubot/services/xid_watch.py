@@ -13,7 +13,7 @@ Every new event counts once in ``gpubot_gpu_xid_total{node,gpu,xid}`` (``count``
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,6 +60,7 @@ class XidWatch:
         self.clock = clock
         self.count = count
         self._nodes: dict[str, _Node] = {}
+        self._last: dict[str, NodeSnapshot] = {}  # each node's latest table (the bus-id map)
 
     async def read(self, node: NodeConfig) -> None:
         """Read what ``node``'s driver wrote since the last read (one exec; fails soft)."""
@@ -106,17 +107,17 @@ class XidWatch:
             st.said = why
 
     def findings(self, snaps: Sequence[NodeSnapshot]) -> list[Finding]:
-        """Return the findings of the window on the nodes that answered (counts new events)."""
+        """Return the findings of the window (counts new events). A node whose probe failed
+        this sweep (its nvidia-smi, say, after an Xid 79) is mapped by its last table."""
         now = self.clock.now()
-        by_node: Mapping[str, NodeSnapshot] = {s.node: s for s in snaps}
+        for snap in snaps:
+            self._last[snap.node] = snap
         seen: list[Seen] = []
         for name, st in self._nodes.items():
-            if name not in by_node:
-                continue
             st.seen = recent(st.seen, now, self.window_s)
             seen += st.seen
-            self._count(by_node[name], st)
-        return xid_findings(seen, by_node, now=now, window_s=self.window_s)
+            self._count(name, self._last.get(name), st)
+        return xid_findings(seen, self._last, now=now, window_s=self.window_s)
 
     def flag(self, snap: NodeSnapshot) -> NodeSnapshot:
         """Return ``snap`` with the health flags of the window's serious Xids (no exec)."""
@@ -129,15 +130,15 @@ class XidWatch:
                 serious.setdefault(s.event.bus, []).append(s.event.code)
         return flag_snapshot(snap, serious)
 
-    def _count(self, snap: NodeSnapshot, st: _Node) -> None:
+    def _count(self, node: str, snap: NodeSnapshot | None, st: _Node) -> None:
         fresh, st.fresh = st.fresh, []
         if self.count is None:
             return
-        gpus = bus_map(snap)
+        gpus = {} if snap is None else bus_map(snap)
         for s in fresh:
             e = s.event
             gpu = None if e.sxid else gpus.get(e.bus)
-            self.count(snap.node, "-" if gpu is None else str(gpu), _label(e))
+            self.count(node, "-" if gpu is None else str(gpu), _label(e))
 
 
 class XidCounter(Protocol):

@@ -300,3 +300,20 @@ async def test_doctor_says_which_source_a_node_may_read(fleet: SimFleet, pg_url:
     assert not checks["node2"].ok
     assert "Operation not permitted" in checks["node2"].detail
     assert checks["node2"].fix.startswith("usermod -aG systemd-journal")
+
+
+async def test_an_xid_79_alerts_when_nvidia_smi_fails_after_it(
+    fleet: SimFleet, pg_url: str, fake_slack: FakeSlack
+) -> None:
+    n2 = fleet.node("node2")
+    clock, counted = ManualClock(), Counted()
+    async with sweeper(settings_for(fleet, pg_url), fake_slack, clock, counted) as svc:
+        await svc.run()  # a healthy sweep: the watch has node2's table
+        n2.kernel.xid(3, 79)
+        n2.set_fault("driver-error")  # and then nvidia-smi cannot talk to the driver
+        clock.advance(60)
+        after = await svc.run()
+    assert after.failed["node2"].kind.value == "smi-failed"
+    assert xid_keys(after) == {("node2", 3, "xid:79"): DRAIN_REBOOT}  # by its last table
+    assert [(k.node, k.gpu, k.holder) for k in after.alerted] == [("node2", 3, "xid:79")]
+    assert counted == [("node2", "3", "79")]
