@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,6 +34,7 @@ from tests.fixtures.db import temp_database
 from tests.fixtures.settings import ManualClock, sweep_ports, with_tables
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack
 from tests.hostile_render import mrkdwn_problems
+from tests.procs import remote_probes
 
 CHANNEL = "C0ALERTS"
 
@@ -52,6 +54,10 @@ def clean(fleet: SimFleet) -> Iterator[None]:
     yield
     for n in fleet.nodes:
         n.clear()
+    # A probe cut short by the budget still runs on its node: let it end (as test_sweep.py).
+    deadline = time.monotonic() + 15
+    while remote_probes(fleet) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -317,3 +323,20 @@ async def test_an_xid_79_alerts_when_nvidia_smi_fails_after_it(
     assert xid_keys(after) == {("node2", 3, "xid:79"): DRAIN_REBOOT}  # by its last table
     assert [(k.node, k.gpu, k.holder) for k in after.alerted] == [("node2", 3, "xid:79")]
     assert counted == [("node2", "3", "79")]
+
+
+async def test_a_hung_node_still_ends_within_the_budget(fleet: SimFleet, pg_url: str) -> None:
+    fleet.node("node1").set_fault("hang")
+    fleet.node("node2").kernel.xid(0, 48)
+    s = settings_for(fleet, pg_url)
+    s = with_tables(
+        s, {"sweep": {"interval_s": 10, "budget_s": 4, "kernel_log": True}, "alerts": {}}
+    )
+    clock, counted = ManualClock(), Counted()
+    async with sweeper(s, None, clock, counted) as svc:
+        t0 = time.monotonic()
+        result = await svc.run(alerting=False)
+        took = time.monotonic() - t0
+    assert result.failed["node1"].kind.value == "node-slow"
+    assert ("node2", 0, "xid:48") in xid_keys(result)  # the other node is read as usual
+    assert took < 4 + 3  # the budget, and the reserve for alerting
