@@ -25,9 +25,10 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpubot.app_stores import NoStore, OpeningStore
+from gpubot.app_parts import Parts, wire_parts
+from gpubot.app_stores import OpeningStore
 from gpubot.config import Settings, audit_key, config_path, load
-from gpubot.core.ports import AuditStore, Locks, Notifier, Reporter, Transport
+from gpubot.core.ports import Locks, Notifier, Reporter, Transport
 from gpubot.errors import ConfigError, DatabaseBehind, StoreError
 from gpubot.lifecycle import SERVING, Running, Serving, serve_metrics, settle_heap
 from gpubot.services.status import StatusService
@@ -61,16 +62,6 @@ class SlackAccess:
 
     bot_token: str
     api_url: str
-
-
-@dataclass(frozen=True)
-class Parts:
-    """The services beyond status: not built on the cold path."""
-
-    reset: ResetService
-    sweep: SweepService
-    chat: Services  # what the chat front ends (Slack, console, demo) call
-    approvals: ApprovalService | None  # with a store
 
 
 @dataclass
@@ -290,7 +281,7 @@ def build(
     app.metrics = _metrics() if serving else None
     if slack is not None:
         notifier = notifier or _slack(app, slack)
-    app.parts = _parts(app, notifier)
+    app.parts = wire_parts(app, notifier)
     app.seals = _seals(settings, store, app.reset)
     if serving:
         _schedule(app, first_after_s)
@@ -305,55 +296,6 @@ def slack_parts(app: App) -> SlackParts:
     if app.slack is None:
         raise ConfigError("the app was built without Slack (build(..., slack=...))")
     return SlackParts(app.chat, app.slack, app.sweep.keeper or NoAlerts(), app.status)
-
-
-def _parts(app: App, notifier: Notifier | None) -> Parts:
-    """Wire the reset engine, the sweep, the approvals (with a store) and the chat services."""
-    from gpubot.chat.alerts import chat_sweeper
-    from gpubot.chat.flows import Services
-    from gpubot.services.approvals import ApprovalPorts, ApprovalService
-    from gpubot.services.directory import NoDirectory
-    from gpubot.services.idle_accounting import no_idle_hours
-    from gpubot.services.reset import ResetService
-
-    settings, store, status, locks = app.settings, app.store, app.status, app.locks
-    audit: AuditStore = store if store is not None else NoStore()
-    # With a database, a node's reset and the sweep are exclusive across replicas and processes
-    # (leases with fencing tokens, SQLite and PostgreSQL alike); one Locks for both.
-    reset = ResetService(settings, app.transport, audit, status, locks, observer=app.metrics)
-    sweep = _sweep(app, store, notifier)
-    approvals = None
-    if store is not None:
-        directory = app.directory or NoDirectory()
-        ports = ApprovalPorts(store.approvals, reset, status, locks, audit, directory)
-        approvals = ApprovalService(settings.policy, ports)
-    idle_hours = no_idle_hours if sweep.idle is None else sweep.idle.gpu_hours
-    chat = Services(
-        settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
-    )
-    chat.posts = None if store is None else store.approval_posts  # the approval outbox
-    return Parts(reset, sweep, chat, approvals)
-
-
-def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepService:
-    """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
-    notifier, snooze) and the idle accounting (GPU samples)."""
-    from gpubot.services.alert_keeper import AlertKeeper
-    from gpubot.services.health_checks import wire_health
-    from gpubot.services.idle_accounting import IdleAccounting
-    from gpubot.services.sweep import SweepPorts, SweepService
-
-    settings = app.settings
-    ecc = None if store is None else store.ecc
-    health = wire_health(settings, app.transport, app.status, ecc)  # [sweep] health (issue 27)
-    ports = SweepPorts(locks=app.locks, observer=app.metrics, health=health)
-    if store is not None:
-        cfg = settings.sweep
-        nodes = [n.name for n in settings.nodes]
-        keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
-        idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, health)
-    return SweepService(settings, app.status, app.transport, ports)
 
 
 def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:

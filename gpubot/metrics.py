@@ -135,6 +135,12 @@ class Metrics:
             ["node"],
             registry=self.registry,
         )
+        self.xids = Counter(  # exported as gpubot_gpu_xid_total
+            "gpubot_gpu_xid",
+            "Xid (and SXid: xid=sxid:N) lines the sweeps read from the kernel log, by GPU",
+            ["node", "gpu", "xid"],
+            registry=self.registry,
+        )
         self.loop_stalls = Histogram(
             "gpubot_event_loop_stall_seconds",
             "How late each of the event-loop watch's wake-ups came (the loop was held that long)",
@@ -164,6 +170,10 @@ class Metrics:
         self.sweep_duration.observe(seconds)
         for node in failed:
             self.node_failures.labels(node=node).inc()
+
+    def count_xid(self, node: str, gpu: str, xid: str) -> None:
+        """Count one Xid line a sweep read (``gpu``: its index, "-" when the node's)."""
+        self.xids.labels(node=node, gpu=gpu, xid=xid).inc()
 
     def count_reset(self, outcome: str, n: int = 1) -> None:
         """Count ``n`` GPUs whose reset ended as ``outcome`` (freed, stuck, refused ...)."""

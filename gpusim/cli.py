@@ -1,4 +1,4 @@
-"""``gpubot sim up|down|spawn|fault|state``: run and drive a simulated GPU fleet.
+"""``gpubot sim up|down|spawn|fault|xid|state``: run and drive a simulated GPU fleet.
 
 ``python -m gpusim ACTION`` (``main``) is the same command without gpubot: the fleet daemon
 runs as that.
@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fault.add_argument("--node", required=True)
     fault.add_argument("kind", choices=[*FAULTS, "none"])
     fault.add_argument("--delay-s", type=float, default=None, help="delay of the slow fault")
+    xid = sub.add_parser("xid", help="write an NVIDIA Xid line to a node's kernel log")
+    _dir(xid)
+    xid.add_argument("--node", required=True)
+    xid.add_argument("--gpu", type=int, default=0)
+    xid.add_argument("code", type=int, help="the Xid code (gpusim.kernlog_host.TEMPLATES)")
     state = sub.add_parser("state", help="print the nodes' GPUs and allocations as JSON")
     _dir(state)
     state.add_argument("--node", default=None)
@@ -203,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
             directory, {"op": "fault", "node": args.node, "kind": kind, "params": params}
         )
         print(json.dumps(result))
+        return 0
+    if action == "xid":
+        req = {"op": "xid", "node": args.node, "gpu": args.gpu, "code": args.code}
+        print(json.dumps(request(directory, req)))
         return 0
     if action == "state":
         print(json.dumps(request(directory, {"op": "state", "node": args.node}), indent=2))

@@ -154,6 +154,12 @@ class ControlServer:
             params = dict(req.get("params") or {})
             f.node(req["node"]).set_fault(req.get("kind"), **params)
             return f.node(req["node"]).state()["fault"]
+        if op == "xid":  # one Xid line in the node's kernel log (gpusim.kernlog_host)
+            node = f.node(req["node"])
+            gpu = int(req["gpu"])
+            if not 0 <= gpu < len(node.kernel.bus_ids):
+                raise SimUsageError(f"{node.name} has no GPU {gpu}")
+            return node.kernel.xid(gpu, int(req["code"]))
         if op == "stop":
             if self._on_stop is None:
                 raise SimUsageError("this fleet is run by a program, not by 'gpubot sim up'")

@@ -393,11 +393,14 @@ class SimFleet:
             home=self._home,
             shell=self._shell,
             workdir=node.dir,
-            path_dirs=self._path_dirs
-            + tuple(
-                str(d)
-                for d, on in ((node.sudo_dir, node.sudo), (node.runtime_dir, node.runtimes))
-                if on
+            path_dirs=(
+                *self._path_dirs,
+                *(
+                    str(d)
+                    for d, on in ((node.sudo_dir, node.sudo), (node.runtime_dir, node.runtimes))
+                    if on
+                ),
+                str(node.kernlog_dir),  # the kernel log's stand-ins: never this machine's log
             ),
             run_as=self._run_as,
             hidepid=self.hidepid,

@@ -32,6 +32,7 @@ STANDALONE = (
     "runtime_registry.py",
     "containers.py",
     "jobs.py",
+    "kernlog.py",
 )
 PR_SET_CHILD_SUBREAPER = 36
 SERVERS = ("asyncssh", "sshd")

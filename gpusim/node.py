@@ -18,6 +18,7 @@ from typing import Any
 from gpusim import adopt, node_layout, runtime_registry, runtimes, simstate, smi_faults
 from gpusim.errors import SimUsageError
 from gpusim.host import NodeHost
+from gpusim.kernlog_host import KernelLog
 from gpusim.node_layout import bus_id, gpu_uuid
 from gpusim.nvidia_smi import canonical_field
 from gpusim.server import client_argv
@@ -70,6 +71,8 @@ class SimNode:
         self.runtime_dir = self.dir / "runtime-bin"
         self.runtime_names: tuple[str, ...] = ()  # what the inventory lists (real or stand-ins)
         self.port = 0
+        self.kernlog_dir = self.dir / "kernlog-bin"  # journalctl, dmesg (gpusim.kernlog)
+        self.kernel = KernelLog(self.state_dir, [])
         self._initial_delay = release_delay_s
         self._seq = itertools.count(1)  # next() is atomic: control threads may spawn at once
 
@@ -83,6 +86,8 @@ class SimNode:
             node_layout.write_information(self.driver_dir, g)
         state = simstate.new_state(self.name, gpus, self.dev_prefix, self._initial_delay)
         node_layout.init_state(self.state_dir, state)
+        self.kernel = KernelLog(self.state_dir, [str(g["bus_id"]) for g in gpus])
+        node_layout.write_kernlog(self.kernlog_dir, python, lib_dir, self.name, self.state_dir)
         node_layout.write_launcher(
             Path(self.nvidia_smi),
             python,
@@ -412,6 +417,7 @@ class SimNode:
         self.fleet.placements.release(self.name)
         runtime_registry.clear(str(self.state_dir))
         self.set_fault(None)
+        self.kernel.clear()
         if self.sudo:
             self.sudo_log_path.write_bytes(b"")
         with simstate.transaction(str(self.state_dir)) as state:

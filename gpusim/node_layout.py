@@ -117,6 +117,16 @@ def write_launcher(
     os.chmod(path, 0o755)
 
 
+def write_kernlog(directory: Path, python: str, lib_dir: Path, node: str, state: Path) -> None:
+    """Write the node's stand-in ``journalctl`` and ``dmesg`` (``gpusim.kernlog``)."""
+    directory.mkdir(exist_ok=True)
+    os.chmod(directory, 0o755)
+    for prog in ("journalctl", "dmesg"):
+        doc = f"{prog} of the simulated node {node} (gpusim.kernlog)."
+        args = f"{prog!r}, sys.argv[1:], {str(state)!r}"
+        write_launcher(directory / prog, python, lib_dir, doc, "kernlog", args)
+
+
 def write_sudo_files(sudo_dir: Path, rule_path: Path, log_path: Path, rule: dict[str, Any]) -> None:
     """Write the sudo stand-in's rule file (``sudoers.node_rule``) and an empty log, and make
     the directory of its launcher; all readable by every user."""

@@ -39,6 +39,7 @@ from gpubot.core.findings import TITLES, duration_text
 from gpubot.core.health_titles import RESET_HEALTH_KINDS
 from gpubot.core.interrupted import Unfinished
 from gpubot.core.models import FindingKind
+from gpubot.core.xid_table import RESET_WHEN_IDLE
 from gpubot.errors import GpubotError
 from gpubot.services.approvals import Identity
 from gpubot.services.sweep import SweepService
@@ -121,7 +122,8 @@ def _actions(item: AlertItem, now: datetime) -> Actions | None:
     if item.resolved_at is not None:
         return None
     elements = []
-    if item.key.gpu is not None and item.key.kind in RESET_KINDS:
+    offered = item.finding is not None and item.finding.next_step == RESET_WHEN_IDLE
+    if item.key.gpu is not None and (item.key.kind in RESET_KINDS or offered):
         elements.append(reset_button(item.key.node, item.key.gpu))
     elements += snooze_buttons(item.key.text())
     return Actions(tuple(elements))

@@ -148,6 +148,8 @@ SWEEP_KEYS = {
     "idle_hours",
     "health",
     "keep_samples",
+    "kernel_log",
+    "xid_window_s",
 }
 
 
@@ -186,6 +188,8 @@ def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
         reminder,
         v.channel("alerts.channel", channel),
         health=v.boolean("sweep.health", sweep.get("health", True)),
+        kernel_log=v.boolean("sweep.kernel_log", sweep.get("kernel_log", False)),
+        xid_window_s=v.positive("sweep.xid_window_s", sweep.get("xid_window_s", 3600.0)),
     )
 
 

@@ -23,6 +23,8 @@ from gpubot.core.timefmt import iso
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
 CLEAR_SWEEPS = 2  # an alerted finding resolves only once this many looking sweeps missed it
 SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
+# Events, not states: an Xid line is read once, so it is real when first seen (core.xid).
+EVENT_KINDS = frozenset({FindingKind.GPU_XID, FindingKind.NVSWITCH_SXID})
 NODE_KINDS = frozenset(
     {FindingKind.NODE_UNREACHABLE, FindingKind.NODE_SLOW, FindingKind.SMI_FAILED}
 )
@@ -87,7 +89,8 @@ def confirmed(kind: str, state: AlertState, now: datetime, config: SweepConfig) 
     An idle holder is found only once its GPU's samples span the idle window; it is confirmed
     like any other, so a process that has just started on a GPU held idle gets one interval.
     """
-    return state.resolved_at is None and state.seen_count >= CONFIRM_SWEEPS
+    need = 1 if kind in EVENT_KINDS else CONFIRM_SWEEPS
+    return state.resolved_at is None and state.seen_count >= need
 
 
 def snoozed(state: AlertState, now: datetime) -> bool:

@@ -15,6 +15,8 @@ Settings (all optional; validated by ``gpubot.config`` into ``Settings.sweep`` a
     idle_min_mib = 4096           # idle holders: a process holding at least this much ...
     idle_hours = 4                # ... of a GPU at 0 % in every sample this long (0: off)
     keep_samples = "14d"          # utilisation samples are kept this long
+    kernel_log = false            # Xid/SXid findings from each node's kernel log (core.kernlog)
+    xid_window_s = 3600           # an Xid finding stands this long; repeats counted in it
 
     [alerts]
     channel = "C0123"             # default: [slack] channel
@@ -51,6 +53,8 @@ TITLES: dict[FindingKind, str] = {
     FindingKind.SMI_FAILED: "nvidia-smi failed",
     FindingKind.GPU_LOST: "GPU lost",
     **HEALTH_TITLES,
+    FindingKind.GPU_XID: "Xid error",
+    FindingKind.NVSWITCH_SXID: "NVSwitch SXid error",
 }
 
 
@@ -65,6 +69,8 @@ class SweepConfig:
     reminder_s: float = 21600.0
     channel: str | None = None  # where alerts go: [alerts] channel, else [slack] channel
     health: bool = True  # read the GPUs' health fields each sweep (issue 27: core.health)
+    kernel_log: bool = False  # read each node's kernel log for Xid/SXid (core.kernlog)
+    xid_window_s: float = 3600.0  # an Xid finding stands this long; repeat thresholds count in it
 
     @property
     def max_gap_s(self) -> float:
@@ -117,6 +123,7 @@ class Finding:
     owner: str | None = None  # whose job it is: its workload's owner, else ``user``
     workload: str | None = None  # its workload's short label (``docker:train``, ``slurm:88``)
     idle_s: float | None = None  # an idle holder: how long its GPU has been held idle so far
+    next_step: str | None = None  # an Xid's: ``core.xid_table`` (reset when idle, ...)
 
     @property
     def key(self) -> FindingKey:
@@ -142,6 +149,7 @@ class Finding:
             "owner": self.owner,
             "workload": self.workload,
             "idle_hours": None if self.idle_s is None else round(self.idle_s / 3600.0, 2),
+            "next_step": self.next_step,
         }
 
 

@@ -207,6 +207,8 @@ class FindingKind(StrEnum):
     FABRIC_NOT_READY = "fabric-not-ready"
     NVLINK_DOWN = "nvlink-down"
     GPU_THROTTLED = "gpu-throttled"
+    GPU_XID = "gpu-xid"  # the driver wrote an Xid for it (core.xid)
+    NVSWITCH_SXID = "nvswitch-sxid"  # the NVSwitch driver wrote an SXid (core.xid)
 
 
 class ApprovalState(StrEnum):

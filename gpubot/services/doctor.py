@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from gpubot.config import Settings
 from gpubot.core.doctor import Check, failed, passed
 from gpubot.core.doctor_facts import DbFacts, db_checks
+from gpubot.core.doctor_kernlog import kernlog_check
 from gpubot.core.doctor_node import (
     doctor_argv,
     node_checks,
@@ -24,6 +25,7 @@ from gpubot.core.doctor_node import (
     runtime_check,
 )
 from gpubot.core.doctor_sudo import SudoNeeds
+from gpubot.core.kernlog import kernlog_argv, parse_kernlog
 from gpubot.core.models import NodeConfig
 from gpubot.core.ports import Transport
 from gpubot.errors import (
@@ -90,7 +92,18 @@ class DoctorService:
         checks += node_checks(node, facts, self._needs(node))
         if facts.complete:
             checks += await asyncio.gather(*(self._runtime(node, r) for r in node.runtimes))
+        if facts.complete and self.settings.sweep.kernel_log:
+            checks.append(await self._kernel_log(node))
         return checks
+
+    async def _kernel_log(self, node: NodeConfig) -> Check:
+        """Run the sweep's kernel-log read once: which source the account may read."""
+        argv = kernlog_argv(None, 60.0)
+        try:
+            res = await self.transport.run(node, argv, timeout=self.settings.ssh.command_timeout_s)
+        except GpubotError as exc:
+            return failed(node.name, "kernel log (Xid)", str(exc), "fix the node's SSH first")
+        return kernlog_check(node.name, node.user, parse_kernlog(res.stdout))
 
     def _needs(self, node: NodeConfig) -> SudoNeeds:
         r = self.settings.reset

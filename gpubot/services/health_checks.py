@@ -133,7 +133,7 @@ def wire_health(
     if not settings.sweep.health:
         return None
     health = HealthChecks(transport, timeout_s=settings.ssh.command_timeout_s, store=store)
-    status.decorate = health.decorate
+    status.decorators.append(health.decorate)
     return health
 
 

@@ -123,8 +123,9 @@ class StatusService:
         self.clock = clock
         # Rounds of fleet probes in flight, by node list: identical requests share one.
         self._inflight: dict[tuple[str, ...], asyncio.Future[FleetStatus]] = {}
-        # What a status adds without asking the node: the last sweep's GPU health (issue 27).
-        self.decorate: Callable[[NodeSnapshot], NodeSnapshot] | None = None
+        # What a status adds without asking the node, in order: what the sweeps know of each
+        # GPU's health (services.health_checks' fields, services.xid_watch's Xids; issue 27).
+        self.decorators: list[Callable[[NodeSnapshot], NodeSnapshot]] = []
 
     def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
         """Turn node names, group names or ``all`` into nodes, in inventory order."""
@@ -250,7 +251,9 @@ class StatusService:
     async def _status_snapshot(self, node: NodeConfig) -> NodeSnapshot:
         """A status's snapshot: fuser only where memory does not add up (issue 24)."""
         snap = await self.snapshot(node, holders=Holders.IF_UNEXPLAINED)
-        return snap if self.decorate is None else self.decorate(snap)
+        for decorate in self.decorators:
+            snap = decorate(snap)
+        return snap
 
     def _round_done(self, key: tuple[str, ...], task: asyncio.Future[FleetStatus]) -> None:
         if self._inflight.get(key) is task:

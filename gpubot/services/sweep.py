@@ -36,12 +36,14 @@ from gpubot.core.models import FindingKind, NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditLog, Clock, Locks, SweepObserver, Transport
 from gpubot.core.readiness import Readiness, readiness, ready_argv
 from gpubot.core.timefmt import iso
+from gpubot.core.xid_table import RESET_WHEN_IDLE
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.health_checks import HealthChecks
 from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.services.offload import off_loop
 from gpubot.services.status import StatusService, fan_out, reason
+from gpubot.services.xid_watch import XidWatch
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class SweepPorts:
     locks: Locks | None = None
     observer: SweepObserver | None = None
     health: HealthChecks | None = None  # GPU health fields (issue 27); None: not read
+    xid: XidWatch | None = None  # reads each node's kernel log for Xid/SXid ([sweep] kernel_log)
 
 
 class SweepService:
@@ -88,6 +91,7 @@ class SweepService:
         self.locks = ports.locks
         self.observer = ports.observer
         self.health = ports.health
+        self.xid = ports.xid
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
@@ -154,6 +158,8 @@ class SweepService:
         )
         if self.health is not None:
             findings += await self.health.findings(snaps, advance=alerting)
+        if self.xid is not None:
+            findings = (*findings, *self.xid.findings(snaps))
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings
@@ -198,14 +204,31 @@ class SweepService:
         return list(res.ok.values()), failed, timed_out
 
     async def _look(self, node: NodeConfig) -> NodeSnapshot:
-        """Snapshot one node; with health checks, then read its health (one more exec)."""
-        snap = await self.status.snapshot(node)
+        """Snapshot ``node``; with the Xid watch, read its kernel log at the same time; with
+        health checks, then read its health (one more exec)."""
+        snap = await self._snapshot(node)
         if self.health is None:
             return snap
         # Within what is left of the budget (less a reserve): a slow health exec leaves the
         # node's health unknown, never its probe's answer lost.
         left = self._ends - self.clock.monotonic() - 0.5
         return await self.health.attach(node, snap, within_s=left)
+
+    async def _snapshot(self, node: NodeConfig) -> NodeSnapshot:
+        """Snapshot ``node``; with the Xid watch, read its kernel log at the same time."""
+        if self.xid is None:
+            return await self.status.snapshot(node)
+        read = asyncio.ensure_future(self.xid.read(node))
+        try:
+            snap = await self.status.snapshot(node)
+        except GpubotError:
+            await read  # a failed probe too: the kernel may say why (an Xid 79)
+            raise
+        except BaseException:
+            read.cancel()  # cancelled, or out of the budget: its read ends with it
+            raise
+        await read  # bounded by its own timeout; cancelled with this task by the budget
+        return snap
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
         """Record the sweep: the first of this process names every node, later ones count
@@ -251,7 +274,9 @@ class SweepService:
         orphaned: dict[str, list[int]] = {}
         for f in findings:
             if f.gpu is not None and (
-                f.kind is FindingKind.ORPHANED_VRAM or f.kind in RESET_HEALTH_KINDS
+                f.kind is FindingKind.ORPHANED_VRAM
+                or f.kind in RESET_HEALTH_KINDS
+                or f.next_step == RESET_WHEN_IDLE
             ):
                 orphaned.setdefault(f.node, []).append(f.gpu)
         names = list(orphaned)

@@ -464,7 +464,7 @@ def test_sudo_comes_first_then_the_runtimes(sudo_fleet: SimFleet) -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert f"PATH={node.sudo_dir}:{node.runtime_dir}:{STD_PATH}" in lines
+    assert f"PATH={node.sudo_dir}:{node.runtime_dir}:{node.kernlog_dir}:{STD_PATH}" in lines
     stand_ins = [str(node.runtime_dir / p) for p in ("docker", "scancel", "systemctl")]
     assert lines[-4:] == [str(node.sudo_dir / "sudo"), *stand_ins]
     assert load(sudo_fleet.config_path).nodes[0].runtimes == ("docker", "podman", "slurm", "crictl")

@@ -165,12 +165,19 @@ def test_spawn_fault_state_through_the_daemon(daemon: Daemon) -> None:
         (["fault", "--node", "node3", "hang"], "unknown node 'node3'"),
         (["fault", "--node", "node1", "hang", "--delay-s", "2"], "--delay-s goes with"),
         (["state", "--node", "nodeX"], "unknown node 'nodeX'"),
+        (["xid", "--node", "node1", "--gpu", "5", "79"], "node1 has no GPU 5"),
     ],
 )
 def test_bad_input_is_one_line_and_non_zero(
     daemon: Daemon, args: list[str], text: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     one_line_error(in_process(capsys, "sim", args[0], "--dir", daemon.dir, *args[1:]), text)
+
+
+def test_an_xid_line_through_the_daemon(daemon: Daemon) -> None:
+    out = gpubot("sim", "xid", "--dir", daemon.dir, "--node", "node1", "--gpu", "1", "79")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus."
 
 
 def test_port_in_use_is_refused(tmp_path: Path) -> None:

@@ -176,7 +176,8 @@ def test_the_stand_in_comes_first_on_the_session_path(fleet: SimFleet, node: Sim
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert f"PATH={node.sudo_dir}:{STD_PATH}" in lines  # for sshd: its SetEnv took effect
+    # for sshd: its SetEnv took effect (the kernel log's stand-ins after sudo's: gpusim.kernlog)
+    assert f"PATH={node.sudo_dir}:{node.kernlog_dir}:{STD_PATH}" in lines
     assert lines[-1] == str(node.sudo_dir / "sudo")
     assert load(fleet.config_path).nodes[0].sudo is True
 

@@ -17,6 +17,8 @@ import pytest
 
 from gpubot.core import cgroup_shapes
 from gpubot.core.enrich import Found, enrich_target, parse_enrichment, parse_scontrol
+from gpubot.core.kernlog import parse_event
+from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.core.nvsmi import parse_apps, parse_gpus, take_notes
 from gpubot.core.workload import (
     Workload,
@@ -26,6 +28,7 @@ from gpubot.core.workload import (
     parse_cgroup,
     stop_command,
 )
+from gpubot.core.xid import Seen, xid_findings
 from gpubot.errors import ParseError
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
@@ -41,6 +44,7 @@ PARSERS = (
     "nvsmi_apps",
     "health_q",
     "nvlink",
+    "xid",
 )
 _SOURCE = re.compile(r"[\w.-]+/[\w.-]+ \S+ @[0-9a-f]{40}( \(.+\))?|https://\S+( \(.+\))?")
 
@@ -175,3 +179,22 @@ def test_nvidia_smi_other_tables_are_refused(sample: dict[str, Any]) -> None:
     assert sample["expect"]["error"] == "ParseError"
     with pytest.raises(ParseError):
         parse_apps(text_of(sample))
+
+
+@pytest.mark.parametrize("sample", by_parser("xid"))
+def test_kernel_log_xid_lines(sample: dict[str, Any]) -> None:
+    """Every Xid/SXid line of a real log, and only those, with the next step it implies: the
+    sample's GPUs are given the bus ids its lines name (as nvidia-smi writes them)."""
+    want = sample["expect"]
+    events = [e for e in map(parse_event, text_of(sample).splitlines()) if e is not None]
+    assert [[e.sxid, e.code, e.bus, e.pid, e.name] for e in events] == want["events"]
+    buses = sorted({e.bus for e in events if not e.sxid})
+    gpus = tuple(
+        GpuInfo(i, f"GPU-{i}", "GPU", 0, 1, 0, bus_id=f"0000{b[:4]}:{b[5:7]}:{b[8:10]}.0")
+        for i, b in enumerate(buses)
+    )
+    snap = NodeSnapshot("n", 0.0, gpus)
+    seen = [Seen("n", e, 100.0) for e in events]
+    found = xid_findings(seen, {"n": snap}, now=100.0, window_s=3600.0)
+    got = sorted([f.gpu is not None, f.key.holder, f.next_step] for f in found)
+    assert got == want["findings"]

@@ -1,0 +1,235 @@
+"""The one table of Xid and SXid codes: what each means, whose fault it is, and the next step.
+
+Pure (standard library only). Every entry cites where its meaning and action come from, NVIDIA's
+public documentation first:
+
+- CATALOG: NVIDIA, "Analyzing Xid Errors with the Xid Catalog" (Ampere and newer; the row of the
+  code: mnemonic, description, "Resolution Bucket (Immediate Action)"),
+  https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html
+- XID_DOC: NVIDIA, "Xid Errors" (the older per-code table: possible causes),
+  https://docs.nvidia.com/deploy/xid-errors/index.html
+- REMAP_DOC: NVIDIA, "Row Remapping" (a pending remap needs a GPU reset to take effect),
+  https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/row-remapping.html
+- FM_GUIDE: NVIDIA Fabric Manager User Guide, "NVSwitch errors" (SXid; a fatal SXid needs the
+  GPUs and NVSwitches reset: the system restarted),
+  https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/index.html
+
+The catalog's buckets map onto gpubot's four steps: ``RESTART_APP`` is the job's own (tell its
+owner), ``RESET_GPU`` is "reset when idle" (gpubot's guarded gpu-reset, through approval when
+processes would die), ``RESTART_BM`` is "drain and reboot", ``CONTACT_SUPPORT`` is "hardware:
+open a ticket". A repeat threshold turns a code that is one job's trouble when seen once into a
+finding for on-call when it comes back ``burst`` times in the window on the same GPU (the
+catalog's "Repeat ... to same GPU (via PCI-ID): possible HW issue", its WORKFLOW_XID_13/31).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TELL_OWNER = "tell the job's owner"
+RESET_WHEN_IDLE = "reset when idle"
+DRAIN_REBOOT = "drain and reboot"
+TICKET = "hardware: open a ticket"
+LOOK_UP = "look it up in NVIDIA's Xid catalog"
+QUIET = ""  # counted, never alerted below its threshold
+
+CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+XID_DOC = "https://docs.nvidia.com/deploy/xid-errors/index.html"
+REMAP_DOC = "https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/row-remapping.html"
+FM_GUIDE = "https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/index.html"
+
+
+@dataclass(frozen=True)
+class XidClass:
+    """One code: what it means, whose fault, the next step; past ``burst`` in the window, the
+    step for on-call (``burst_step``)."""
+
+    code: int
+    name: str  # NVIDIA's mnemonic, or its description where it has none
+    meaning: str
+    fault: str  # application driver memory nvlink hardware gsp nvswitch unknown
+    step: str  # one of the steps above (QUIET: counted only)
+    source: str
+    burst: int = 0  # this many in the window on one GPU: ``burst_step`` (0: no threshold)
+    burst_step: str = RESET_WHEN_IDLE
+
+    @property
+    def serious(self) -> bool:
+        """Whether a GPU with this code recently is flagged unhealthy (not the job's own)."""
+        return self.fault not in ("application", "unknown") and self.step != QUIET
+
+
+def _app(code: int, name: str, meaning: str) -> XidClass:
+    return XidClass(code, name, meaning, "application", TELL_OWNER, f"{CATALOG} (Xid {code})", 5)
+
+
+XIDS: dict[int, XidClass] = {
+    c.code: c
+    for c in (
+        _app(13, "ROBUST_CHANNEL_GR_EXCEPTION", "graphics engine exception (the job's kernel)"),
+        _app(31, "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault (the job)"),
+        _app(43, "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "GPU stopped processing (the job)"),
+        _app(45, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "channel cleaned up after earlier errors"),
+        _app(69, "ROBUST_CHANNEL_GR_CLASS_ERROR", "graphics engine class error"),
+        _app(109, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "context switch timeout"),
+        XidClass(
+            48,
+            "ROBUST_CHANNEL_DBE_ERROR",
+            "double-bit ECC error in GPU memory",
+            "memory",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 48: RESET_GPU); {XID_DOC}",
+        ),
+        XidClass(
+            61,
+            "PMU_BREAKPOINT",
+            "internal micro-controller breakpoint",
+            "driver",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 61: RESET_GPU)",
+        ),
+        XidClass(
+            62,
+            "PMU_HALT_ERROR",
+            "internal micro-controller halt",
+            "driver",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 62: RESET_GPU)",
+        ),
+        XidClass(
+            63,
+            "ECC_PAGE_RETIREMENT_OR_ROW_REMAPPING",
+            "a memory row was marked for remapping: a GPU reset activates it",
+            "memory",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 63); {REMAP_DOC}",
+        ),
+        XidClass(
+            64,
+            "ECC_PAGE_RETIREMENT_OR_ROW_REMAPPER_FAILURE",
+            "a memory row could not be remapped",
+            "memory",
+            TICKET,
+            f"{CATALOG} (Xid 64: CONTACT_SUPPORT); {REMAP_DOC}",
+        ),
+        XidClass(
+            74,
+            "NVLINK_ERROR",
+            "NVLink error",
+            "nvlink",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 74: RESET_GPU, WORKFLOW_NVLINK_ERR)",
+            burst=3,
+            burst_step=TICKET,
+        ),
+        XidClass(
+            79,
+            "GPU_HAS_FALLEN_OFF_THE_BUS",
+            "the GPU has fallen off the bus",
+            "hardware",
+            DRAIN_REBOOT,
+            f"{CATALOG} (Xid 79: RESTART_BM); {XID_DOC}",
+        ),
+        XidClass(
+            92,
+            "EXCESSIVE_SBE_INTERRUPTS",
+            "high single-bit ECC error rate",
+            "memory",
+            QUIET,
+            f"{CATALOG} (Xid 92)",
+            burst=3,
+            burst_step=TICKET,
+        ),
+        XidClass(
+            94,
+            "ROBUST_CHANNEL_CONTAINED_ERROR",
+            "contained ECC error: the job that hit it ended, the GPU needs a reset to remap",
+            "memory",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 94: RESTART_APP, then RESET_GPU)",
+        ),
+        XidClass(
+            95,
+            "ROBUST_CHANNEL_UNCONTAINED_ERROR",
+            "uncontained ECC error: every job on the GPU is affected",
+            "memory",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 95: RESET_GPU)",
+        ),
+        XidClass(
+            119,
+            "GSP_RPC_TIMEOUT",
+            "timeout waiting for the GPU System Processor (GSP)",
+            "gsp",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 119: RESET_GPU)",
+            burst=3,
+            burst_step=DRAIN_REBOOT,
+        ),
+        XidClass(
+            120,
+            "GSP_ERROR",
+            "error in code running on the GPU System Processor (GSP)",
+            "gsp",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 120: RESET_GPU)",
+            burst=3,
+            burst_step=DRAIN_REBOOT,
+        ),
+        XidClass(
+            140,
+            "UNRECOVERABLE_ECC_ERROR",
+            "unrecovered ECC error",
+            "memory",
+            RESET_WHEN_IDLE,
+            f"{CATALOG} (Xid 140: RESET_GPU)",
+        ),
+        XidClass(
+            154,
+            "GPU_RECOVERY_ACTION_CHANGED",
+            "the driver says the GPU needs a recovery action",
+            "driver",
+            DRAIN_REBOOT,
+            f"{CATALOG} (Xid 154)",
+        ),
+    )
+}
+for _code in range(144, 151):  # Blackwell NVLink: NVLINK_*_ERROR
+    XIDS[_code] = XidClass(
+        _code,
+        "NVLINK_ERROR",
+        "NVLink error (Blackwell)",
+        "nvlink",
+        RESET_WHEN_IDLE,
+        f"{CATALOG} (Xid {_code})",
+        burst=3,
+        burst_step=TICKET,
+    )
+
+
+def xid_class(code: int) -> XidClass:
+    """Return the class of Xid ``code`` (an unknown code: look it up, never guessed)."""
+    known = XIDS.get(code)
+    if known is not None:
+        return known
+    return XidClass(code, "UNKNOWN", "not in gpubot's table", "unknown", LOOK_UP, CATALOG)
+
+
+def sxid_class(code: int, text: str) -> XidClass:
+    """Return the class of NVSwitch SXid ``code``; ``text``: the driver's words after it.
+
+    The switch driver writes "Non-fatal" or "Fatal" after most codes (FM_GUIDE); a non-fatal one
+    is counted and becomes a ticket past its threshold, any other needs the system reset.
+    """
+    if "non-fatal" in text.lower():
+        return XidClass(
+            code,
+            "SXID_NON_FATAL",
+            "non-fatal NVSwitch error",
+            "nvswitch",
+            QUIET,
+            FM_GUIDE,
+            3,
+            TICKET,
+        )
+    return XidClass(code, "SXID", "NVSwitch error", "nvswitch", DRAIN_REBOOT, FM_GUIDE)

@@ -1,0 +1,168 @@
+"""The sweep's kernel-log watch: one bounded read per node per sweep, the events of the window.
+
+Each sweep reads what the driver wrote since the previous read (``core.kernlog``: the journal
+after its cursor, else dmesg after the last timestamp seen), beside the node's probe and within
+the same budget. The cursor and the events of the window are this process's: after a restart the
+first read goes back one window, so an open finding is found again (the alert store knows it:
+no second alert) and one that cleared meanwhile stays cleared. A node whose kernel log cannot be
+read says why once in the log; its read failing never fails the node's sweep.
+
+Every new event counts once in ``gpubot_gpu_xid_total{node,gpu,xid}`` (``count``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpubot.config import Settings
+from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.findings import Finding
+from gpubot.core.kernlog import XidEvent, kernlog_argv, parse_event, parse_kernlog
+from gpubot.core.models import NodeConfig, NodeSnapshot
+from gpubot.core.ports import Clock, Transport
+from gpubot.core.xid import DEFAULT_WINDOW_S, Seen, bus_map, classify, recent, xid_findings
+from gpubot.core.xid_health import flag_snapshot
+from gpubot.errors import GpubotError
+from gpubot.services.status import StatusService
+
+log = logging.getLogger(__name__)
+
+CountXid = Callable[[str, str, str], None]  # node, gpu ("-": the node's), code ("sxid:N")
+
+
+@dataclass
+class _Node:
+    cursor: str | None = None  # the journal's, after the last read
+    last_at: float | None = None  # dmesg: the newest line's time seen
+    seen: list[Seen] = field(default_factory=list)
+    fresh: list[Seen] = field(default_factory=list)  # not counted yet
+    said: str = ""  # the last "cannot read" logged
+
+
+class XidWatch:
+    """Reads each node's kernel log in the sweep; returns the Xid and SXid findings."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        window_s: float = DEFAULT_WINDOW_S,
+        timeout_s: float = 10.0,
+        clock: Clock = SYSTEM_CLOCK,
+        count: CountXid | None = None,
+    ) -> None:
+        self.transport = transport
+        self.window_s = window_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.count = count
+        self._nodes: dict[str, _Node] = {}
+        self._last: dict[str, NodeSnapshot] = {}  # each node's latest table (the bus-id map)
+
+    async def read(self, node: NodeConfig) -> None:
+        """Read what ``node``'s driver wrote since the last read (one exec; fails soft)."""
+        st = self._nodes.setdefault(node.name, _Node())
+        since = st.cursor is None  # the window back: it may hold lines already seen
+        argv = kernlog_argv(st.cursor, self.window_s)
+        try:
+            res = await self.transport.run(node, argv, timeout=self.timeout_s)
+        except GpubotError as exc:
+            self._say(node.name, st, f"kernel log not read: {exc}")
+            return
+        got = parse_kernlog(res.stdout)
+        if got.source is None:
+            why = "; ".join(got.denied) or f"exit {res.exit_status}: {res.stderr.strip()[:200]}"
+            self._say(node.name, st, f"kernel log unreadable: {why}")
+            return
+        now = self.clock.now()
+        events = [e for e in map(parse_event, got.lines) if e is not None]
+        if got.source == "dmesg":
+            events = self._after(st, events, now)
+        elif since and st.seen:  # read again after a lost cursor: each line once
+            known = {s.event.line for s in st.seen}
+            events = [e for e in events if e.line not in known]
+        if got.cursor_lost:
+            st.cursor = None
+        elif got.cursor is not None:
+            st.cursor = got.cursor
+        new = [Seen(node.name, e, e.at if e.at is not None else now) for e in events]
+        st.seen = recent([*st.seen, *new], now, self.window_s)
+        st.fresh += new
+
+    def _after(self, st: _Node, events: list[XidEvent], now: float) -> list[XidEvent]:
+        """dmesg: keep the lines newer than the last seen (first read: within the window)."""
+        since = st.last_at if st.last_at is not None else now - self.window_s
+        out = [e for e in events if e.at is not None and e.at > since]
+        times = [e.at for e in events if e.at is not None]
+        if times:
+            st.last_at = max([*times, since])
+        return out
+
+    def _say(self, node: str, st: _Node, why: str) -> None:
+        if why != st.said:
+            log.warning("%s: %s", node, why)
+            st.said = why
+
+    def findings(self, snaps: Sequence[NodeSnapshot]) -> list[Finding]:
+        """Return the findings of the window (counts new events). A node whose probe failed
+        this sweep (its nvidia-smi, say, after an Xid 79) is mapped by its last table."""
+        now = self.clock.now()
+        for snap in snaps:
+            self._last[snap.node] = snap
+        seen: list[Seen] = []
+        for name, st in self._nodes.items():
+            st.seen = recent(st.seen, now, self.window_s)
+            seen += st.seen
+            self._count(name, self._last.get(name), st)
+        return xid_findings(seen, self._last, now=now, window_s=self.window_s)
+
+    def flag(self, snap: NodeSnapshot) -> NodeSnapshot:
+        """Return ``snap`` with the health flags of the window's serious Xids (no exec)."""
+        st = self._nodes.get(snap.node)
+        if st is None:
+            return snap
+        serious: dict[str, list[int]] = {}
+        for s in recent(st.seen, self.clock.now(), self.window_s):
+            if not s.event.sxid and classify(s.event).serious:
+                serious.setdefault(s.event.bus, []).append(s.event.code)
+        return flag_snapshot(snap, serious)
+
+    def _count(self, node: str, snap: NodeSnapshot | None, st: _Node) -> None:
+        fresh, st.fresh = st.fresh, []
+        if self.count is None:
+            return
+        gpus = {} if snap is None else bus_map(snap)
+        for s in fresh:
+            e = s.event
+            gpu = None if e.sxid else gpus.get(e.bus)
+            self.count(node, "-" if gpu is None else str(gpu), _label(e))
+
+
+class XidCounter(Protocol):
+    """Where new events are counted (``gpubot.metrics.Metrics``)."""
+
+    def count_xid(self, node: str, gpu: str, xid: str) -> None:
+        """Count one event."""
+        ...
+
+
+def watch_for(
+    settings: Settings, status: StatusService, counter: XidCounter | None
+) -> XidWatch | None:
+    """Return the sweep's watch when ``[sweep] kernel_log`` is on, else None; it flags the
+    GPUs of ``status``'s tables that had a serious Xid in the window (``core.xid_health``)."""
+    cfg = settings.sweep
+    if not cfg.kernel_log:
+        return None
+    timeout = min(settings.ssh.command_timeout_s, max(2.0, cfg.budget_s * 0.5))
+    count = None if counter is None else counter.count_xid
+    watch = XidWatch(status.transport, window_s=cfg.xid_window_s, timeout_s=timeout, count=count)
+    status.decorators.append(watch.flag)
+    return watch
+
+
+def _label(e: XidEvent) -> str:
+    return f"sxid:{e.code}" if e.sxid else str(e.code)
