@@ -102,9 +102,12 @@ def xid_keys(result: SweepResult) -> dict[tuple[str, int | None, str], str | Non
     }
 
 
-def posted(fake: FakeSlack) -> list[str]:
+def posted(fake: FakeSlack, *, replies: bool) -> list[str]:
+    """The channel's messages (``replies=False``) or the replies in their threads."""
     return [
-        str(c.body.get("blocks")) + str(c.body.get("text")) for c in fake.ok("chat.postMessage")
+        str(c.body.get("blocks")) + str(c.body.get("text"))
+        for c in fake.ok("chat.postMessage")
+        if ("thread_ts" in c.body) is replies
     ]
 
 
@@ -166,9 +169,12 @@ async def test_each_xid_class_is_found_and_alerted_once_with_its_next_step(
     gpus = snapshot_dict(snap)["gpus"]
     health = {g["index"]: [f for f in g["flags"] if f.startswith("xid")] for g in gpus}
     assert health == {0: [], 1: ["xid-48"], 2: ["xid-79"], 3: ["xid-64"]}  # 13: the job's own
-    texts = posted(fake_slack)
-    assert len(texts) == 2  # one message per node, posted once
-    node1 = next(t for t in texts if "node1" in t)
+    channel = posted(fake_slack, replies=False)
+    # One message per finding kind, posted once: the Xids of both nodes are one digest, whose
+    # per-node details (and buttons) are in its thread; the SXid is node2's alone.
+    assert len(channel) == 2
+    assert sum("Xid error on 2 nodes" in t for t in channel) == 1
+    node1 = next(t for t in posted(fake_slack, replies=True) if "node1" in t)
     assert "next step: reset when idle" in node1 and "gpubot_reset_gpu" in node1
     assert "node1:1" in node1  # the reset offer (approval-gated by the reset flow) for GPU 1
     ready = first.readiness[("node1", 1)]  # what the reset would touch, shown with the offer
@@ -237,7 +243,7 @@ async def test_a_hostile_process_name_changes_nothing(
     (f,) = [f for f in result.findings if f.key.holder == "xid:13"]
     assert f.owner is None  # that pid does not hold GPU 1: nobody is told on the line's word
     assert "`*ok*<!here>ˋx`" in f.summary  # marked, one line, its back-tick replaced
-    for text in posted(fake_slack):
+    for text in posted(fake_slack, replies=False) + posted(fake_slack, replies=True):
         assert "<!here>" not in text.replace("&lt;!here&gt;", "")
     for body in (c.body for c in fake_slack.ok("chat.postMessage")):
         assert mrkdwn_problems(_section_text(body)) == []
