@@ -219,6 +219,7 @@ class SimNode:
             slow_exit_s=slow_exit_s,
             forge=forge,
             spec=spec,
+            people=self.fleet.people,
         )
         self._check_name_free(spec)
         return self._launch(req, exe_path)
