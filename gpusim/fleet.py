@@ -121,12 +121,8 @@ class SimFleet:
         self.people = people_.accounts(people)  # name -> account of the fleet alone (root)
         self._sudo_rule = fleet_setup.sudo_rule(sudo_rule)
         self.directory = Path(directory).absolute()
-        self.size = nodes
-        self.gpus = gpus
-        self.server = server
-        self.model = model
-        self.memory_mib = memory_mib
-        self.base_port = base_port
+        self.size, self.gpus, self.server, self.model = nodes, gpus, server, model
+        self.memory_mib, self.base_port = memory_mib, base_port
         self._release_delay_s = float(release_delay_s)
         self._on_stop = on_stop
         self.root = self.directory

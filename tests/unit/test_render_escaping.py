@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpubot.chat import alerts, fleet_view, flows, heads, home, idle, reset_view
+from gpubot.chat import alerts, fleet_view, flows, heads, home, idle, reset_view, text_table
 from gpubot.chat.alerts import snooze_buttons
 from gpubot.chat.message import Message, Person
 from gpubot.cli import render as cli_render
@@ -273,7 +273,7 @@ def _no_escaping(monkeypatch: pytest.MonkeyPatch, *, core: bool, chat: bool) -> 
     if chat:  # mrkdwn escaping and one-line writing gone
         for name in ("_PLAIN", "_CODE"):
             monkeypatch.setattr(mrkdwn, name, {})
-        for module in (mrkdwn, blockkit, text_render, cli_render, cli_sweep):
+        for module in (mrkdwn, blockkit, text_render, text_table, cli_render, cli_sweep):
             monkeypatch.setattr(module, "one_line", same)
 
 
