@@ -172,13 +172,15 @@ def summary_rows(
     failed: Mapping[str, str] | None = None,
     *,
     slow: Sequence[str] = (),
+    unreachable: Sequence[str] = (),
     order: Sequence[str] | None = None,
 ) -> list[list[str]]:
     """Return the header and one row per node: those that answered, then (or in ``order``) those
-    that did not, each with its reason, ``slow`` (past its time limit) or ``unreachable``."""
+    that did not, each with its reason: ``slow`` (past its time limit), ``unreachable`` (no
+    connection) or ``failed`` (it answered, but not with a snapshot: nvidia-smi hung ...)."""
     rows = {s.node: summary_row(s) for s in snaps}
     for name, why in (failed or {}).items():
-        state = "slow" if name in slow else "unreachable"
+        state = "slow" if name in slow else "unreachable" if name in unreachable else "failed"
         rows[name] = [name, "?", "?", "?", "?", f"{state}: {why}"]
     names = [n for n in order if n in rows] if order is not None else list(rows)
     return [list(SUMMARY_HEADER), *(rows[n] for n in names)]

@@ -73,7 +73,9 @@ def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
         out.append("")
     if status.failed:
         out.append(_c(f"{len(status.failed)} node(s) did not answer:", RED, color))
-        rows = summary_rows((), status.failed, slow=status.timed_out)
+        rows = summary_rows(
+            (), status.failed, slow=status.timed_out, unreachable=status.unreachable
+        )
         out.extend("  " + line for line in summary_lines([[r[0], r[5]] for r in rows])[1:])
         out.append("")
     out.append(_answered(status))
@@ -83,7 +85,13 @@ def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
 def render_summary(status: FleetStatus, order: Sequence[str], *, color: bool = False) -> str:
     """Render a fleet answer as one line per node (``chat.text_table.summary_rows``), nodes in
     ``order``, then how long it took (``--tables`` shows the nodes' notes)."""
-    rows = summary_rows(status.snapshots, status.failed, slow=status.timed_out, order=order)
+    rows = summary_rows(
+        status.snapshots,
+        status.failed,
+        slow=status.timed_out,
+        unreachable=status.unreachable,
+        order=order,
+    )
     out = summary_lines(rows, _paint(STATUS_COLUMN, "ok", color))
     out.append(_answered(status))
     return "\n".join(out)
