@@ -28,15 +28,15 @@ from gpubot.chat.message import (
     ctx,
     italic,
 )
-from gpubot.chat.text_table import (
+from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.text_table import (
     gpu_lines,
     node_text,
     program_and_args,
     summary_lines,
     summary_rows,
 )
-from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
-from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.services.status import FleetStatus
 
 

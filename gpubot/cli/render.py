@@ -1,6 +1,6 @@
 """Plain-text and JSON renderings of snapshots and reset results (the terminal's).
 
-The tables are the one text layout of ``gpubot.chat.text_table``, which the console and the
+The tables are the one text layout of ``gpubot.core.text_table``, which the console and the
 demo print too; this module adds a terminal's colour and the ``--json`` documents.
 
 Text a node user controls (commands, names, user names, notes, reasons) is written through
@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpubot.chat.text_table import (
-    WIDTH,
+from gpubot.core.flags import gpu_flags, node_notes, process_flags
+from gpubot.core.models import NodeSnapshot, Outcome
+from gpubot.core.text import one_line
+from gpubot.core.text_table import WIDTH as WIDTH  # a note's width, for the tests
+from gpubot.core.text_table import (
     cut,
     gpu_lines,
     node_heading,
@@ -21,21 +24,17 @@ from gpubot.chat.text_table import (
     summary_lines,
     summary_rows,
 )
-from gpubot.core.flags import gpu_flags, node_notes, process_flags
-from gpubot.core.models import NodeSnapshot, Outcome
-from gpubot.core.text import one_line
 
 if TYPE_CHECKING:  # types only: ``gpubot status`` need not import the reset service
     from collections.abc import Sequence
 
-    from gpubot.chat.text_table import Paint
     from gpubot.core.plan import ResetPlan
+    from gpubot.core.text_table import Paint
     from gpubot.services.reset import ResetResult
     from gpubot.services.status import FleetStatus
 
-__all__ = ["WIDTH", "render_fleet", "render_snapshot", "render_summary"]
 RED, GREEN, YELLOW, BOLD, RESET = "\033[31m", "\033[32m", "\033[33m", "\033[1m", "\033[0m"
-FLAGS_COLUMN, STATUS_COLUMN = 5, 5  # of the GPU table, of the summary (``chat.text_table``)
+FLAGS_COLUMN, STATUS_COLUMN = 5, 5  # of the GPU table, of the summary (``core.text_table``)
 
 
 def _c(text: str, code: str, color: bool) -> str:
@@ -58,7 +57,7 @@ def _paint(column: int, ok: str | None, color: bool) -> Paint | None:
 
 
 def render_snapshot(snap: NodeSnapshot, *, color: bool = False) -> list[str]:
-    """Render one node's per-GPU table (the one text layout, ``chat.text_table``)."""
+    """Render one node's per-GPU table (the one text layout, ``core.text_table``)."""
     lines = [_c(node_heading(snap), BOLD, color)]
     lines.extend(gpu_lines(snap, _paint(FLAGS_COLUMN, None, color)) if snap.gpus else ["no GPUs"])
     lines.extend(_c(line, YELLOW, color) for line in note_lines(snap))
@@ -83,7 +82,7 @@ def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
 
 
 def render_summary(status: FleetStatus, order: Sequence[str], *, color: bool = False) -> str:
-    """Render a fleet answer as one line per node (``chat.text_table.summary_rows``), nodes in
+    """Render a fleet answer as one line per node (``core.text_table.summary_rows``), nodes in
     ``order``, then how long it took (``--tables`` shows the nodes' notes)."""
     rows = summary_rows(
         status.snapshots,

@@ -2,7 +2,7 @@
 
 Every part is shown: the title as ``== title ==``, sections, preformatted lines, the table as
 aligned columns (every row; a chat view's ``Table.lines`` as they are: the one text layout,
-``chat.text_table``, which ``gpubot status`` prints too), context lines joined by `` · ``, and
+``core.text_table``, which ``gpubot status`` prints too), context lines joined by `` · ``, and
 each action as ``[label]`` with what to type for it (``typed``). People are ``@id`` (``name
 (@id)`` when a name is known), dates UTC. Text a node user controls is one line (``one_line``):
 it can forge no line.
@@ -38,8 +38,8 @@ from gpubot.chat.message import (
     Table,
     Text,
 )
-from gpubot.chat.text_table import table_lines
 from gpubot.core.text import TICK, TICK_STANDIN, one_line
+from gpubot.core.text_table import table_lines
 
 Typed = Callable[[Action], str | None]  # what to type for an action (None: nothing)
 

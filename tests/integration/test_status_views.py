@@ -6,8 +6,10 @@ commands cut at their end, and the same table text from the CLI and the console.
 from __future__ import annotations
 
 import os
+import pty
 import queue
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -18,10 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.chat.text_table import GPU_HEADER, SUMMARY_HEADER
 from gpubot.cli import EXIT_SIGPIPE
+from gpubot.cli.watch import CLEAR_ALL as CLEAR_ALL_TEXT
+from gpubot.cli.watch import CLEAR_BELOW as CLEAR_BELOW_TEXT
+from gpubot.cli.watch import HOME as HOME_TEXT
+from gpubot.core.text_table import GPU_HEADER, SUMMARY_HEADER
 from gpusim.fleet import SimFleet
 
+HOME, CLEAR_ALL, CLEAR_BELOW = (c.encode() for c in (HOME_TEXT, CLEAR_ALL_TEXT, CLEAR_BELOW_TEXT))
 HEADING = re.compile(r"^Every 0\.3 s: gpubot status · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 
 
@@ -232,3 +238,36 @@ def test_watch_into_a_closed_pipe_ends_with_141(fleet: SimFleet) -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == EXIT_SIGPIPE and "Traceback" not in err, err
+
+
+def test_watch_on_a_terminal_redraws_in_place(fleet: SimFleet) -> None:
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUBOT_CONFIG", "NO_COLOR")}
+    argv = ["status", "--summary", "--watch", "0.3"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpubot", "--config", config(fleet, "many.toml"), *argv],
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 45
+        while seen.count(HOME) < 3 and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                seen += os.read(master, 65536)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    assert proc.returncode == 0 and b"Traceback" not in err, err
+    assert seen.count(HOME) >= 3, seen[-500:]  # each frame drawn from the top left corner
+    assert seen.count(CLEAR_ALL) == 1  # the screen cleared once: then each line over the last
+    frames = seen.split(HOME)[1:3]
+    assert all(f.rstrip().endswith(CLEAR_BELOW) for f in frames)  # what the last left, gone
+    assert all(b"NODE" in f and b"node3" in f for f in frames)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpubot.chat import alerts, fleet_view, flows, heads, home, idle, reset_view, text_table
+from gpubot.chat import alerts, fleet_view, flows, heads, home, idle, reset_view
 from gpubot.chat.alerts import snooze_buttons
 from gpubot.chat.message import Message, Person
 from gpubot.cli import render as cli_render
@@ -26,6 +26,7 @@ from gpubot.cli import sweep as cli_sweep
 from gpubot.console import text_render
 from gpubot.console.repl import render as console_render
 from gpubot.core import text as core_text
+from gpubot.core import text_table
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import NodeFailure, SweepConfig, find
 from gpubot.core.models import FindingKind, ResetStep

@@ -1,13 +1,13 @@
-"""The one text layout (``gpubot.chat.text_table``): cuts at the end, alignment, the summary's
+"""The one text layout (``gpubot.core.text_table``): cuts at the end, alignment, the summary's
 reasons, and the layout the console and ``gpubot status`` share."""
 
 from __future__ import annotations
 
 from gpubot.chat import fleet_view
-from gpubot.chat.text_table import cut, gpu_lines, summary_lines, summary_rows, table_lines
 from gpubot.cli.render import render_snapshot
 from gpubot.console.text_render import render_text
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.text_table import cut, gpu_lines, summary_lines, summary_rows, table_lines
 
 LONG = "/opt/conda/envs/train/bin/python /home/bob/projects/llm/train.py --config big.yaml"
 

@@ -1,5 +1,7 @@
 """Tables as terminal text: the one layout of ``gpubot status``, the console and the demo.
 
+Pure (core): ``gpubot status`` prints it without loading the chat layer (its cold start).
+
 A node's per-GPU table (``gpu_lines``: one row per GPU, one line per process on it) and the
 one-line-per-node summary of a fleet (``summary_rows``) are laid out here once, by
 ``table_lines``: labelled columns two spaces apart, numbers aligned right, a cell longer than
@@ -22,10 +24,17 @@ from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.text import one_line
 
 WIDTH = 100  # a note's line; the tables below stay near it
-PROCESS_MOST = 46  # the processes column's most characters (then "…")
+PROCESS_MOST = 50  # the processes column: its command is cut to fit (then "…")
 STATUS_MOST = 64  # the summary's status column (a failing node's reason)
 NOTE_LINES = 6  # lines of one note, wrapped at WIDTH
-GPU_HEADER = ("GPU", "MEMORY MiB", "MEM %", "UTIL", "PROCESSES (owner pid MiB workload command)", "FLAGS")
+GPU_HEADER = (
+    "GPU",
+    "MEMORY MiB",
+    "MEM %",
+    "UTIL",
+    "PROCESSES (owner pid MiB workload command)",
+    "FLAGS",
+)
 GPU_RIGHT = (0, 1, 2, 3)
 SUMMARY_HEADER = ("NODE", "GPUS USED", "MEMORY GiB", "FLAGGED", "HOLDERS", "STATUS")
 SUMMARY_RIGHT = (1, 2, 4)
@@ -81,12 +90,13 @@ def program_and_args(p: GpuProcess) -> str:
     return f"{first.rsplit('/', 1)[-1]} {rest}".strip()
 
 
-def process_cell(p: GpuProcess) -> str:
-    """Return ``owner pid MiB workload command`` of one process (``system: name (pid)``)."""
+def process_cell(p: GpuProcess, most: int = PROCESS_MOST) -> str:
+    """Return ``owner pid MiB workload command`` of one process (``system: name (pid)``), the
+    command cut at its end to fit ``most`` (who, which and how much are never cut first)."""
     if p.system:
         return f"system: {p.process_name} ({p.pid})"
-    mib = _num(p.used_memory_mib)
-    return f"{owner_label(p)} {p.pid} {mib} MiB {workload_label(p)}{program_and_args(p)}"
+    head = f"{owner_label(p)} {p.pid} {_num(p.used_memory_mib)} MiB {workload_label(p)}"
+    return head + cut(program_and_args(p), max(12, most - len(head)))
 
 
 def gpu_rows(snap: NodeSnapshot) -> list[list[str]]:
@@ -116,7 +126,7 @@ def _memory(g: GpuInfo) -> str:
 
 def gpu_lines(snap: NodeSnapshot, paint: Paint | None = None) -> list[str]:
     """Return a node's per-GPU table as text lines (header first)."""
-    return table_lines(gpu_rows(snap), right=GPU_RIGHT, most={4: PROCESS_MOST}, paint=paint)
+    return table_lines(gpu_rows(snap), right=GPU_RIGHT, paint=paint)
 
 
 def node_heading(snap: NodeSnapshot) -> str:
