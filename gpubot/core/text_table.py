@@ -26,6 +26,7 @@ from gpubot.core.text import one_line
 WIDTH = 100  # a note's line; the tables below stay near it
 PROCESS_MOST = 50  # the processes column: its command is cut to fit (then "…")
 STATUS_MOST = 64  # the summary's status column (a failing node's reason)
+FLAGS_MOST = 28  # the summary's flagged column (a count, the commonest flags)
 NOTE_LINES = 6  # lines of one note, wrapped at WIDTH
 GPU_HEADER = (
     "GPU",
@@ -198,4 +199,4 @@ def summary_rows(
 
 def summary_lines(rows: Sequence[Sequence[str]], paint: Paint | None = None) -> list[str]:
     """Return summary rows (``summary_rows``) as text lines."""
-    return table_lines(rows, right=SUMMARY_RIGHT, most={5: STATUS_MOST}, paint=paint)
+    return table_lines(rows, right=SUMMARY_RIGHT, most={3: FLAGS_MOST, 5: STATUS_MOST}, paint=paint)
