@@ -263,7 +263,7 @@ async def _walk(app: App, ask: Flows, operator: Identity) -> tuple[int, str | No
     _say("6. gpubot audit verify")
     verdict = await store.verify()
     print(verdict.line())  # "audit log intact: N records, head SEQ:HASH, ..."
-    _say(f"done in {time.monotonic() - started:.1f} s")
+    _say(f"steps 1-6 took {time.monotonic() - started:.1f} s")
     return (0, verdict.head) if verdict.ok else (1, None)
 
 
