@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 
 from gpusim import fleet_setup, inventory, simstate
+from gpusim import people as people_
 from gpusim.control import ControlServer, socket_path
 from gpusim.driver import Driver
 from gpusim.errors import SimUsageError
@@ -97,6 +98,7 @@ class SimFleet:
         session_path: Sequence[str] = (),
         protected: Sequence[str] = (),
         without: Sequence[str] = (),
+        people: Sequence[str] = (),
     ) -> None:
         """Check the options (``SimUsageError``) and start nothing: ``start`` (or ``with``) does."""
         fleet_setup.check_options(
@@ -116,14 +118,11 @@ class SimFleet:
         self._persistenced = persistenced
         self._protected = fleet_setup.paths("protected", protected)
         self._without = fleet_setup.program_names(without)
+        self.people = people_.accounts(people)  # name -> account of the fleet alone (root)
         self._sudo_rule = fleet_setup.sudo_rule(sudo_rule)
         self.directory = Path(directory).absolute()
-        self.size = nodes
-        self.gpus = gpus
-        self.server = server
-        self.model = model
-        self.memory_mib = memory_mib
-        self.base_port = base_port
+        self.size, self.gpus, self.server, self.model = nodes, gpus, server, model
+        self.memory_mib, self.base_port = memory_mib, base_port
         self._release_delay_s = float(release_delay_s)
         self._on_stop = on_stop
         self.root = self.directory
@@ -235,6 +234,9 @@ class SimFleet:
         fleet_setup.write_lib(self.lib_dir)
         if self._without:
             fleet_setup.write_std_bin(self.root / "std-bin", self._without)
+        if self.people:
+            people_.write_standins(self.root / "people-bin", self.people)
+            self._path_dirs = (str(self.root / "people-bin"), *self._path_dirs)
         inventory.write_keys(self.root, self.client_key, self.size)
         for i in range(self.size):
             node = SimNode(

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Protocol
 
+from gpusim.people import Accounts
 from gpusim.placements import Placements
 
 
@@ -39,6 +40,11 @@ class NodeHost(Protocol):
     @property
     def known_hosts(self) -> Path:
         """The known_hosts file that pins every node's host key."""
+        ...
+
+    @property
+    def people(self) -> Accounts:
+        """The fleet's own people (``gpusim.people``): name -> account."""
         ...
 
     @property

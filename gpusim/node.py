@@ -194,13 +194,12 @@ class SimNode:
         ``forge``: once ready, the process keeps rewriting its argv and comm to this text, with
         ``{token}`` replaced by the latest hex token seen in another process's command line and
         ``{pid}`` by its pid (see ``gpusim.workload``); it may hold newlines and NULs.
-        ``exe_path``: run through a copy of the interpreter at this path inside the node's
-        directory (see ``daemon_exe``): ``/proc/PID/exe`` shows it, comm is its basename.
+        ``exe_path``: run through a copy of the interpreter at this path in the node's folder
+        (``daemon_exe``): ``/proc/PID/exe`` shows it. ``user``: also one of ``gpusim.people``.
 
-        ``cgroup`` (``cgroups.KINDS``): the process (for ``respawn``, its supervisor) goes into a
-        fresh real cgroup of that shape before it starts anything (``gpusim.cgroups``; the other
-        options: ``spec.make_spec``); the node's registry records it for the runtime stand-ins.
-        ``SimError`` when cgroups cannot be made here.
+        ``cgroup`` (``cgroups.KINDS``): the process (a ``respawn``'s supervisor) goes into a fresh
+        real cgroup of that shape first (``gpusim.cgroups``; more: ``spec.make_spec``), recorded
+        for the runtime stand-ins; ``SimError`` when cgroups cannot be made here.
         """
         spec = make_spec(
             cgroup,
@@ -225,6 +224,7 @@ class SimNode:
             slow_exit_s=slow_exit_s,
             forge=forge,
             spec=spec,
+            people=self.fleet.people,
         )
         self._check_name_free(spec)
         return self._launch(req, exe_path)

@@ -22,6 +22,7 @@ from gpusim.cgroups import Placement
 from gpusim.errors import SimError, SimUsageError
 from gpusim.host import NodeHost
 from gpusim.node_layout import check_exe_name
+from gpusim.people import Accounts
 from gpusim.spec import Spec
 from gpusim.workload import BEHAVIOURS, GPULESS
 
@@ -143,6 +144,7 @@ def check_request(
     slow_exit_s: float,
     forge: str | None,
     spec: Spec | None,
+    people: Accounts | None = None,
 ) -> Request:
     """Check a spawn on ``node`` (``gpus`` GPUs of ``memory_mib``); ``SimUsageError`` if bad."""
     if spec is not None and spec.restarts:
@@ -174,13 +176,17 @@ def check_request(
     check_exe_name(name, "process")
     if forge is not None and (not isinstance(forge, str) or len(forge.encode()) > FORGE_MAX):
         raise SimUsageError(f"forge text must be a str of at most {FORGE_MAX} bytes")
-    return Request(gpu, mib, behaviour, login(user), name, util_pct, slow_exit_s, forge, spec)
+    pw = login(user, people or {})
+    return Request(gpu, mib, behaviour, pw, name, util_pct, slow_exit_s, forge, spec)
 
 
-def login(user: str | None) -> pwd.struct_passwd:
-    """Return the account a workload runs as (ours for None); ``SimUsageError`` if we may not."""
+def login(user: str | None, people: Accounts | None = None) -> pwd.struct_passwd:
+    """Return the account a workload runs as (ours for None; one of the fleet's ``people``, a
+    uid only the fleet names); ``SimUsageError`` if we may not."""
     if user is None:
         return pwd.getpwuid(os.geteuid())
+    if people and user in people:
+        return people[user]
     try:
         pw = pwd.getpwnam(user)
     except KeyError:

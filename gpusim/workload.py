@@ -93,6 +93,14 @@ def _b64(text: str) -> bytes:
         raise argparse.ArgumentTypeError("not base64") from None
 
 
+def _user_name() -> str:
+    """Return our user's name: the host's, else (one of the fleet's people) what USER says."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return os.environ.get("USER") or str(os.geteuid())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the workload; return its exit status."""
     args = parse(sys.argv[1:] if argv is None else argv)
@@ -142,7 +150,7 @@ def hold(args: argparse.Namespace) -> int:
         "util": 0 if args.behaviour in GPULESS else args.util,
         "behaviour": args.behaviour,
         "name": args.name,
-        "user": pwd.getpwuid(os.geteuid()).pw_name,
+        "user": _user_name(),
         "supervisor": args.supervisor or None,
         "hidden": args.behaviour == "hidden",
         "orphan": args.behaviour == "orphan",

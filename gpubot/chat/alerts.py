@@ -8,10 +8,10 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpubot.chat.fleet_view import node_lines, node_rows
+from gpubot.chat.fleet_view import node_lines, node_rows, node_table
 from gpubot.chat.flows import Sweeper
 from gpubot.chat.interrupted import sweep_lines
-from gpubot.chat.layout import MAX_FALLBACK, Budget, clip, rows_of, table_fits
+from gpubot.chat.layout import MAX_FALLBACK, Budget, clip, table_fits
 from gpubot.chat.message import (
     NL,
     Action,
@@ -25,7 +25,6 @@ from gpubot.chat.message import (
     Sentence,
     Span,
     Struck,
-    Table,
     Text,
     bold,
     clipped,
@@ -184,7 +183,7 @@ def render_alert_group(group: AlertGroup) -> Message:
     if snap is not None and snap.gpus:
         rows = node_rows(snap)
         if table_fits(rows):
-            b.add(Table(rows_of(rows), wrap=(3, 4)))
+            b.add(node_table(snap))
         else:
             b.add_pre(node_lines(snap)[1:], reserve=1)
     if group.repeat_of is not None:  # the outbox could not tell whether that one landed

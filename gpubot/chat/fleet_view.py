@@ -14,7 +14,6 @@ from gpubot.chat.layout import (
     clip,
     rows_of,
     table_fits,
-    table_text,
 )
 from gpubot.chat.message import (
     Code,
@@ -31,6 +30,13 @@ from gpubot.chat.message import (
 )
 from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.text_table import (
+    gpu_lines,
+    node_text,
+    program_and_args,
+    summary_lines,
+    summary_rows,
+)
 from gpubot.services.status import FleetStatus
 
 
@@ -44,9 +50,7 @@ def _gib(mib: int) -> str:
 
 def short_command(p: GpuProcess, n: int = 32) -> str:
     """Return a process's command, shortened to the program name and first arguments."""
-    cmd = (p.command or p.process_name or "?").strip()
-    first, _, rest = cmd.partition(" ")
-    return clip(f"{first.rsplit('/', 1)[-1]} {rest}".strip(), n)
+    return clip(program_and_args(p), n)
 
 
 def proc_label(p: GpuProcess) -> str:
@@ -87,20 +91,14 @@ def node_rows(snap: NodeSnapshot, *, max_procs: int = 4) -> list[list[str]]:
     return rows
 
 
-def node_lines(snap: NodeSnapshot, *, max_procs: int = 8) -> list[str]:
-    """Return one node's GPUs as preformatted lines."""
-    lines = [f"{snap.node}: {len(snap.gpus)} GPU(s)"]
-    for g in snap.gpus:
-        procs = snap.on_gpu(g.index)
-        flags = ", ".join(gpu_flags(g, procs))
-        head = f"GPU {g.index:<2} {_mem(g):<22} {_util(g):>5}"
-        lines.append(f"{head}  {'⚠ ' + flags if flags else ''}".rstrip())
-        for p in procs[:max_procs]:
-            lines.append(f"       {proc_label(p)}")
-        if len(procs) > max_procs:
-            lines.append(f"       +{len(procs) - max_procs} more")
-    lines.extend(f"⚠ {clip(note, 400)}" for note in node_notes(snap))
-    return lines
+def node_lines(snap: NodeSnapshot) -> list[str]:
+    """Return one node's GPUs as preformatted lines: the one text layout (``text_table``)."""
+    return node_text(snap)
+
+
+def node_table(snap: NodeSnapshot) -> Table:
+    """Return a node's GPU table: Slack's rows, and the text layout's lines."""
+    return Table(rows_of(node_rows(snap)), wrap=(3, 4), lines=tuple(gpu_lines(snap)))
 
 
 def _counts(snaps: Sequence[NodeSnapshot]) -> tuple[int, int, int, int]:
@@ -130,7 +128,7 @@ def render_node(snap: NodeSnapshot, *, use_table: bool = True) -> Message:
     if not snap.gpus:
         b.add(Section((italic("no GPUs found"),)))
     elif use_table and table_fits(rows):
-        b.add(Table(rows_of(rows), wrap=(3, 4)))
+        b.add(node_table(snap))
     else:
         left = b.add_pre(node_lines(snap)[1:], reserve=1)
         missing = len(node_lines(snap)) - 1 - left
@@ -220,11 +218,12 @@ def _add_many(b: Budget, snapshots: Sequence[NodeSnapshot], *, use_table: bool, 
         cap = sum(g.memory_total_mib or 0 for g in s.gpus)
         _, sb, _, sf = _counts([s])
         rows.append([s.node, f"{sb}/{len(s.gpus)}", f"{_gib(used)} / {_gib(cap)}", str(sf)])
+    text = summary_lines(summary_rows(order[: MAX_TABLE_ROWS - 1]))
     if use_table and table_fits(rows):
-        b.add(Table(rows_of(rows), right=(1, 2, 3)))
+        b.add(Table(rows_of(rows), right=(1, 2, 3), lines=tuple(text)))
         listed = len(rows) - 1
-    else:  # the same rows as aligned text (the Home tab, or a table that would not fit)
-        listed = max(0, b.add_pre(table_text(rows), reserve=tail + 3) - 1)
+    else:  # the summary as aligned text (the Home tab, or a table that would not fit)
+        listed = max(0, b.add_pre(text, reserve=tail + 3) - 1)
     if len(snapshots) > listed:
         b.add(ctx(f"{listed} of {len(snapshots)} nodes listed, flagged first"))
     flagged_lines = _flagged_lines(snapshots)

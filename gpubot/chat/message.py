@@ -181,11 +181,13 @@ class Pre:
 @dataclass(frozen=True)
 class Table:
     """A table: the first row is the header. ``wrap``: columns that may wrap; ``right``:
-    columns aligned right."""
+    columns aligned right. ``lines``: the same table as terminal text (``core.text_table``),
+    which front ends that print text show instead of laying out ``rows`` themselves."""
 
     rows: tuple[tuple[str, ...], ...]
     wrap: tuple[int, ...] = ()
     right: tuple[int, ...] = ()
+    lines: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

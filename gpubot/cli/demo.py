@@ -4,6 +4,12 @@ Four simulated nodes (in-process SSH servers on 127.0.0.1, real processes): one 
 one with a process that ignores SIGTERM, one with leaked VRAM, one unreachable. SQLite in a
 temporary folder; no GPU, sshd, database server or Slack needed. All it starts, it stops.
 
+Its people are the story's: dana (the operator), alice and bob (researchers) run the jobs and
+olga approves. Run as root, the fleet gives them uids of their own that only the simulated nodes
+name (``gpusim.people``: no account is added to this host); run as anyone else, every job is
+yours, as no other uid can be taken. It ends by running ``gpubot audit verify --expect-head``
+with the head it printed, ``SEQ:HASH``, as an admin would check a head noted elsewhere.
+
 It also serves ``gpubot sim`` (``add_sim_arguments``, ``run_sim``: ``gpusim.cli``). The simulator
 is its own package, ``gpusim``, and this is the one module of gpubot that imports it: lazily,
 inside ``_simulator()``, which turns its errors (``gpusim.errors``) and its absence into
@@ -20,6 +26,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -39,6 +47,7 @@ if TYPE_CHECKING:
     from gpusim.fleet import SimFleet
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"
+PEOPLE = ("dana", "alice", "bob")  # the simulated nodes' users (root: uids of their own)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,25 +105,40 @@ def run(args: argparse.Namespace) -> int:
     with _simulator():
         from gpusim.fleet import SimFleet
 
+        people = PEOPLE if os.geteuid() == 0 else ()
         with (
             _workspace() as folder,
-            SimFleet(folder / "fleet", nodes=4, gpus=4, release_delay_s=0.5) as sim,
+            SimFleet(folder / "fleet", nodes=4, gpus=4, release_delay_s=0.5, people=people) as sim,
         ):
-            me = _operator_user()
-            cfg = _write_config(sim, folder, me)
+            cast = _cast(bool(people))
+            cfg = _write_config(sim, folder, cast["dana"])
             store = open_app_store(load(cfg), {}, check_schema=False)
             store.upgrade()
             store.close()
-            _stage(sim, me)
-            status = asyncio.run(_main(cfg, me, args.interactive))
+            _stage(sim, cast)
+            status, head = asyncio.run(_main(cfg, cast["dana"], args.interactive))
+            if head is not None:
+                status = status or _verify_head(cfg, head)
     return status
 
 
-def _operator_user() -> str:
-    """Return the Linux user the demo's operator is: you, or ``nobody`` if you are root
-    (self-service never acts as root, so root's own processes would need an approval)."""
-    me = getpass.getuser()
-    return "nobody" if me == "root" else me
+def _cast(own_uids: bool) -> dict[str, str | None]:
+    """Return the Linux user each of the story's people runs as (None: as you): themselves on a
+    fleet that gives them uids, else you (no other uid can be taken)."""
+    if own_uids:
+        return {name: name for name in PEOPLE}
+    return dict.fromkeys(PEOPLE)
+
+
+def _verify_head(cfg: Path, head: str) -> int:
+    """Run ``gpubot audit verify --expect-head HEAD`` on the demo's log; return its status."""
+    argv = ["gpubot", "--config", str(cfg), "audit", "verify", "--expect-head", head]
+    _say("7. " + " ".join(argv[:1] + argv[3:]) + "  (the head noted above: SEQ:HASH)")
+    done = subprocess.run(
+        [sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60, check=False
+    )
+    print((done.stdout + done.stderr).strip())
+    return done.returncode
 
 
 @contextmanager
@@ -126,7 +150,7 @@ def _workspace() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _write_config(sim: SimFleet, folder: Path, me: str) -> Path:
+def _write_config(sim: SimFleet, folder: Path, operator: str | None) -> Path:
     cfg = folder / "gpubot.toml"
     db = f'url = "sqlite:///{folder}/gpubot.db"'
     text = re.sub(r'(?m)^url = "sqlite:///.*"$', db, sim.config_path.read_text(), count=1)
@@ -143,7 +167,7 @@ channel = "C0GPUOPS"
 oncall_channel = "C0ONCALL"
 
 [users]
-{OPERATOR} = "{me}"
+{OPERATOR} = "{operator or _you()}"
 {REQUESTER} = "alice"
 {ONCALL} = "olga"
 
@@ -158,14 +182,19 @@ orphan_threshold_mib = 1024
     return cfg
 
 
-def _stage(sim: SimFleet, operator: str) -> None:
-    """Put the demo's processes on the fleet (the stubborn one is the operator's)."""
+def _you() -> str:
+    """Return your Linux user: the demo's operator on a fleet without its own people."""
+    return getpass.getuser()
+
+
+def _stage(sim: SimFleet, cast: dict[str, str | None]) -> None:
+    """Put the demo's processes on the fleet: bob's and alice's jobs on node1, dana's stubborn
+    one on node2, bob's leak on node3."""
     n1, n2, n3, n4 = sim.nodes
-    n1.spawn(gpu=0, mib=61440, util_pct=93, name="python3")
-    n1.spawn(gpu=1, mib=30720, util_pct=71, name="python3")
-    mine = None if operator == getpass.getuser() else operator
-    n2.spawn(gpu=1, mib=40960, behaviour="stubborn", util_pct=0, name="python3", user=mine)
-    leak = n3.spawn(gpu=2, mib=81920, behaviour="orphan", name="python3")
+    n1.spawn(gpu=0, mib=61440, util_pct=93, name="python3", user=cast["bob"])
+    n1.spawn(gpu=1, mib=30720, util_pct=71, name="python3", user=cast["alice"])
+    n2.spawn(gpu=1, mib=40960, behaviour="stubborn", util_pct=0, name="python3", user=cast["dana"])
+    leak = n3.spawn(gpu=2, mib=81920, behaviour="orphan", name="python3", user=cast["bob"])
     os.kill(leak.pid, signal.SIGKILL)  # dies; its memory stays allocated: the VRAM leak
     n4.stop_server()
 
@@ -176,7 +205,8 @@ def _say(title: str, text: str = "") -> None:
         print(text)
 
 
-async def _main(cfg: Path, me: str, interactive: bool) -> int:
+async def _main(cfg: Path, operator: str | None, interactive: bool) -> tuple[int, str | None]:
+    """Run the walk-through (or the console); return its status and the audit head it printed."""
     from gpubot.app import build
     from gpubot.cli.console import console_parts, make_flows
     from gpubot.config import load
@@ -186,17 +216,18 @@ async def _main(cfg: Path, me: str, interactive: bool) -> int:
     settings = load(cfg)
     app = build(settings, {}, need_store=True, notifier=_PrintAlerts())
     flows = make_flows(app)  # the same flows as Slack's, printed as text
-    operator = Identity(OPERATOR, "dana", me)
+    me = operator or _you()
+    dana = Identity(OPERATOR, "dana", me)
     if interactive:
         print(f"demo fleet: 4 nodes; you are dana (Linux user {me}). Try /gpu status all, quit")
-        return await repl(console_parts(app, flows), operator, None)
+        return await repl(console_parts(app, flows), dana, None), None
     try:
-        return await _walk(app, flows, operator)
+        return await _walk(app, flows, dana)
     finally:
         await app.close()
 
 
-async def _walk(app: App, ask: Flows, operator: Identity) -> int:
+async def _walk(app: App, ask: Flows, operator: Identity) -> tuple[int, str | None]:
     from gpubot.chat.alerts import render_sweep
     from gpubot.console.repl import answer
     from gpubot.console.text_render import render_text as message_text
@@ -217,7 +248,7 @@ async def _walk(app: App, ask: Flows, operator: Identity) -> int:
     _say("3. dana frees her own GPU: /gpu reset node2 gpu 1  (the process ignores SIGTERM)")
     print(await answer(ask, "/gpu reset node2 gpu 1 grace 1", operator))
 
-    _say("4. alice asks to free node1 GPU 0, held by another user's job: a forced kill")
+    _say("4. alice asks to free node1 GPU 0, held by bob's job: a forced kill")
     print(await answer(ask, "/gpu reset node1 gpu 0", alice))
     store = app.store
     assert store is not None  # build(need_store=True) opened it
@@ -231,13 +262,9 @@ async def _walk(app: App, ask: Flows, operator: Identity) -> int:
 
     _say("6. gpubot audit verify")
     verdict = await store.verify()
-    print(
-        f"audit log intact: {verdict.checked} records, head {verdict.head_hash}"
-        if verdict.ok
-        else f"audit log BROKEN at record {verdict.first_bad_seq}: {verdict.reason}"
-    )
-    _say(f"done in {time.monotonic() - started:.1f} s; stopping the simulated fleet")
-    return 0 if verdict.ok else 1
+    print(verdict.line())  # "audit log intact: N records, head SEQ:HASH, ..."
+    _say(f"steps 1-6 took {time.monotonic() - started:.1f} s")
+    return (0, verdict.head) if verdict.ok else (1, None)
 
 
 class _PrintAlerts:

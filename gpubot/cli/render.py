@@ -1,4 +1,7 @@
-"""Plain-text and JSON renderings of snapshots and reset results (terminal and console).
+"""Plain-text and JSON renderings of snapshots and reset results (the terminal's).
+
+The tables are the one text layout of ``gpubot.core.text_table``, which the console and the
+demo print too; this module adds a terminal's colour and the ``--json`` documents.
 
 Text a node user controls (commands, names, user names, notes, reasons) is written through
 ``one_line`` before any colour is added: a newline, carriage return or escape sequence in it is
@@ -7,20 +10,31 @@ shown as ``\\xNN``, so it can neither forge a line of the table nor drive the te
 
 from __future__ import annotations
 
-import textwrap
 from typing import TYPE_CHECKING, Any
 
-from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
-from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
+from gpubot.core.flags import gpu_flags, node_notes, process_flags
+from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.text import one_line
+from gpubot.core.text_table import WIDTH as WIDTH  # a note's width, for the tests
+from gpubot.core.text_table import (
+    cut,
+    gpu_lines,
+    node_heading,
+    note_lines,
+    summary_lines,
+    summary_rows,
+)
 
 if TYPE_CHECKING:  # types only: ``gpubot status`` need not import the reset service
+    from collections.abc import Sequence
+
     from gpubot.core.plan import ResetPlan
+    from gpubot.core.text_table import Paint
     from gpubot.services.reset import ResetResult
     from gpubot.services.status import FleetStatus
 
-WIDTH = 100
 RED, GREEN, YELLOW, BOLD, RESET = "\033[31m", "\033[32m", "\033[33m", "\033[1m", "\033[0m"
+FLAGS_COLUMN, STATUS_COLUMN = 5, 5  # of the GPU table, of the summary (``core.text_table``)
 
 
 def _c(text: str, code: str, color: bool) -> str:
@@ -31,48 +45,23 @@ def _num(v: int | None) -> str:
     return "?" if v is None else str(v)
 
 
-def _mem(g: GpuInfo) -> str:
-    pct = ""
-    if g.memory_used_mib is not None and g.memory_total_mib:
-        pct = f"{100 * g.memory_used_mib // g.memory_total_mib:>3d}%"
-    return f"{_num(g.memory_used_mib):>6} / {_num(g.memory_total_mib):<6} {pct:>4}"
+def _paint(column: int, ok: str | None, color: bool) -> Paint | None:
+    """Colour ``column``'s cells red (header and ``ok`` cells aside); None off a colour TTY."""
 
+    def paint(row: int, col: int, cell: str) -> str:
+        if row == 0:
+            return _c(cell, BOLD, color)
+        return _c(cell, RED, color) if col == column and cell.strip() != ok else cell
 
-def process_label(p: GpuProcess) -> str:
-    """Return ``user:pid:MiB command`` for one process (``system: name`` for a daemon)."""
-    if p.system:
-        return one_line(f"system: {p.process_name} ({p.pid})")
-    cmd = (p.command or p.process_name).strip()
-    return one_line(f"{owner_label(p)}:{p.pid}:{_num(p.used_memory_mib)} {workload_label(p)}{cmd}")
+    return paint if color else None
 
 
 def render_snapshot(snap: NodeSnapshot, *, color: bool = False) -> list[str]:
-    """Render one node's per-GPU table, at most ``WIDTH`` columns."""
-    name = snap.gpus[0].name if snap.gpus else "no GPUs"
-    lines = [_c(one_line(f"{snap.node} · {len(snap.gpus)} × {name}"), BOLD, color)]
-    procs_head = "PROCESSES (owner:pid:MiB workload command)"
-    lines.append(f"{'GPU':>3}  {'MEMORY MiB':<19}  {'UTIL':>4}  {procs_head:<48} FLAGS")
-    for g in snap.gpus:
-        procs = snap.on_gpu(g.index)
-        flags = " ".join(gpu_flags(g, procs))
-        util = "?" if g.utilization_pct is None else f"{g.utilization_pct}%"
-        head = f"{g.index:>3}  {_mem(g):<19}  {util:>4}  "
-        labels = [process_label(p) for p in procs] or ["-"]
-        for i, label in enumerate(labels):
-            pflags = " ".join(process_flags(procs[i])) if procs else ""
-            text = (head if i == 0 else " " * len(head)) + f"{label[:48]:<48}"
-            tail = flags if i == 0 else pflags
-            if i == 0 and pflags and pflags not in tail:
-                tail = f"{tail} {pflags}".strip()
-            code = RED if tail else ""
-            lines.append((text + " " + _c(tail, code, color)).rstrip()[: WIDTH + 10])
-    lines.extend(_c(line, YELLOW, color) for n in node_notes(snap) for line in _wrap(one_line(n)))
+    """Render one node's per-GPU table (the one text layout, ``core.text_table``)."""
+    lines = [_c(node_heading(snap), BOLD, color)]
+    lines.extend(gpu_lines(snap, _paint(FLAGS_COLUMN, None, color)) if snap.gpus else ["no GPUs"])
+    lines.extend(_c(line, YELLOW, color) for line in note_lines(snap))
     return lines
-
-
-def _wrap(note: str) -> list[str]:
-    """Return a note as ``  ! `` lines that fit ``WIDTH`` (the first 6 of them)."""
-    return textwrap.wrap(note, WIDTH, initial_indent="  ! ", subsequent_indent="    ")[:6]
 
 
 def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
@@ -83,11 +72,33 @@ def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
         out.append("")
     if status.failed:
         out.append(_c(f"{len(status.failed)} node(s) did not answer:", RED, color))
-        out.extend(one_line(f"  {n:<16} {r}") for n, r in status.failed.items())
+        rows = summary_rows(
+            (), status.failed, slow=status.timed_out, unreachable=status.unreachable
+        )
+        out.extend("  " + line for line in summary_lines([[r[0], r[5]] for r in rows])[1:])
         out.append("")
-    ok = len(status.snapshots)
-    out.append(f"{ok}/{ok + len(status.failed)} nodes answered in {status.seconds:.2f} s")
+    out.append(_answered(status))
     return "\n".join(out)
+
+
+def render_summary(status: FleetStatus, order: Sequence[str], *, color: bool = False) -> str:
+    """Render a fleet answer as one line per node (``core.text_table.summary_rows``), nodes in
+    ``order``, then how long it took (``--tables`` shows the nodes' notes)."""
+    rows = summary_rows(
+        status.snapshots,
+        status.failed,
+        slow=status.timed_out,
+        unreachable=status.unreachable,
+        order=order,
+    )
+    out = summary_lines(rows, _paint(STATUS_COLUMN, "ok", color))
+    out.append(_answered(status))
+    return "\n".join(out)
+
+
+def _answered(status: FleetStatus) -> str:
+    ok = len(status.snapshots)
+    return f"{ok}/{ok + len(status.failed)} nodes answered in {status.seconds:.2f} s"
 
 
 def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
@@ -175,7 +186,7 @@ def render_plan_lines(plan: ResetPlan) -> list[str]:
         lines.append(
             f"  kill {t.owner or t.user or '?'}:{t.pid} "
             f"{'memory unknown' if t.mib is None else f'{t.mib} MiB'} on GPU "
-            f"{','.join(map(str, t.gpus))}: {t.command[:50]} ({'; '.join(t.reasons)})"
+            f"{','.join(map(str, t.gpus))}: {cut(t.command, 50)} ({'; '.join(t.reasons)})"
         )
     for s in plan.skipped:
         lines.append(f"  leave {s.user or '?'}:{s.pid} on GPU {s.gpu}: {s.reason}")

@@ -1,10 +1,17 @@
-"""``gpubot status [NODE|GROUP ...] [--json]``."""
+"""``gpubot status [NODE|GROUP ...] [--summary | --tables] [--watch [SECONDS]] [--json]``.
+
+Above ``[cli] summary_above`` nodes the answer is one line per node (``--tables``: every node's
+per-GPU table instead; ``--summary``: the lines for any number). ``--watch`` redraws it every
+few seconds over one built app: the SSH connections of the first frame serve the next.
+"""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
+import time
 
 from gpubot.app import App
 from gpubot.cli.common import (
@@ -15,7 +22,18 @@ from gpubot.cli.common import (
     print_interrupted,
     with_status_app,
 )
-from gpubot.cli.render import fleet_dict, render_fleet
+from gpubot.cli.render import fleet_dict, render_fleet, render_summary
+from gpubot.cli.watch import DEFAULT_EVERY_S, heading, watch
+
+
+def _every(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0.1 to 86400, got {text!r}")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,24 +42,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "targets", nargs="*", metavar="NODE|GROUP", help="nodes or groups (default: all)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    view = p.add_mutually_exclusive_group()
+    view.add_argument(
+        "--summary",
+        action="store_true",
+        help="one line per node (the default above [cli] summary_above nodes)",
+    )
+    view.add_argument("--tables", action="store_true", help="every node's per-GPU table")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=_every,
+        const=DEFAULT_EVERY_S,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {DEFAULT_EVERY_S:g}) until Ctrl-C; "
+        "with --json, one document a line",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print per-GPU tables; exit 0 when every node answered, 1 otherwise."""
+    """Print per-GPU tables or one line per node; exit 0 when every node answered, 1 otherwise
+    (with ``--watch``: 0 when ended by SIGTERM, 130 by Ctrl-C)."""
 
-    async def body(app: App) -> int:
+    async def frame(app: App) -> tuple[str, bool]:
         names = args.targets or ["all"]
-        nodes = app.status.resolve(names)
+        order = [n.name for n in app.status.resolve(names)]
         status = await app.status.fleet(names, actor=cli_actor(), source="cli")
         # The store is open (or known unusable) once the query is recorded, as fleet() does.
-        found = await interrupted_on(app.store, [n.name for n in nodes])
+        found = await interrupted_on(app.store, order)
         if args.json:
-            doc = fleet_dict(status, [n.name for n in nodes])
+            doc = fleet_dict(status, order)
             doc["interrupted"] = interrupted_json(found)
-            print(json.dumps(doc, indent=2))
+            return json.dumps(doc, indent=None if args.watch else 2), status.ok
+        summary = args.summary or (not args.tables and len(order) > app.settings.cli.summary_above)
+        out = io.StringIO()
+        if summary:
+            out.write(render_summary(status, order, color=color()) + "\n")
         else:
-            print(render_fleet(status, color=color()))
-            print_interrupted(found, sys.stdout)
-        return 0 if status.ok else 1
+            out.write(render_fleet(status, color=color()) + "\n")
+        print_interrupted(found, out)
+        return out.getvalue().rstrip("\n"), status.ok
 
-    return with_status_app(args, body)  # the store opens while the nodes are probed
+    async def once(app: App) -> int:
+        text, ok = await frame(app)
+        print(text)
+        return 0 if ok else 1
+
+    async def watching(app: App) -> int:
+        async def one() -> str:
+            text, _ = await frame(app)
+            if args.json:
+                return text
+            return heading("gpubot status", args.watch, time.time()) + "\n\n" + text
+
+        tty = sys.stdout.isatty() and not args.json
+        return await watch(one, args.watch, sys.stdout, tty=tty, gap="" if args.json else "\n")
+
+    return with_status_app(args, watching if args.watch else once)

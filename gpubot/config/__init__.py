@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpubot.config import cli as cli_table
 from gpubot.config import tables, validate
 from gpubot.config.settings import (
     AttributionSettings,
@@ -61,6 +62,7 @@ SECTIONS = {
     "alerts",
     "metrics",
     "leases",
+    "cli",
 }
 
 
@@ -104,6 +106,7 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         sweep=tables.sweep(v, raw),
         metrics=tables.metrics(v, raw),
         leases=validate.leases(v, raw),
+        cli=cli_table.cli(v, raw),
     )
 
 

@@ -91,6 +91,13 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True)
+class CliSettings:
+    """``[cli]``: ``gpubot status`` prints one line per node above ``summary_above`` nodes."""
+
+    summary_above: int = 8  # 0: the summary always (``--tables`` shows the per-GPU tables)
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything gpubot is configured with."""
 
@@ -106,6 +113,7 @@ class Settings:
     sweep: SweepConfig = field(default_factory=SweepConfig)  # [sweep] and [alerts]
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
+    cli: CliSettings = field(default_factory=CliSettings)
 
     def node(self, name: str) -> NodeConfig | None:
         """Return the node called ``name`` or None."""

@@ -1,9 +1,11 @@
 """Neutral messages (``gpubot.chat.message``) as terminal text: what the console prints.
 
 Every part is shown: the title as ``== title ==``, sections, preformatted lines, the table as
-aligned columns (every row), context lines joined by `` · ``, and each action as ``[label]``
-with what to type for it (``typed``). People are ``@id`` (``name (@id)`` when a name is known),
-dates UTC. Text a node user controls is one line (``one_line``): it can forge no line.
+aligned columns (every row; a chat view's ``Table.lines`` as they are: the one text layout,
+``core.text_table``, which ``gpubot status`` prints too), context lines joined by `` · ``, and
+each action as ``[label]`` with what to type for it (``typed``). People are ``@id`` (``name
+(@id)`` when a name is known), dates UTC. Text a node user controls is one line (``one_line``):
+it can forge no line.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from gpubot.chat.layout import clip, table_text
+from gpubot.chat.layout import clip
 from gpubot.chat.message import (
     Action,
     Actions,
@@ -37,6 +39,7 @@ from gpubot.chat.message import (
     Text,
 )
 from gpubot.core.text import TICK, TICK_STANDIN, one_line
+from gpubot.core.text_table import table_lines
 
 Typed = Callable[[Action], str | None]  # what to type for an action (None: nothing)
 
@@ -98,8 +101,10 @@ def part_lines(p: Part, typed: Typed | None = None) -> list[str]:
         return out
     if isinstance(p, Pre):
         return [one_line(line) for line in p.lines]
-    if isinstance(p, Table):
-        return table_text([[one_line(c) or "–" for c in r] for r in p.rows])
+    if isinstance(p, Table):  # the one text layout: the chat view's lines, else its rows
+        if p.lines:
+            return [one_line(line) for line in p.lines]
+        return table_lines([[c or "–" for c in r] for r in p.rows], right=p.right)
     if isinstance(p, Context):
         return [" · ".join(t for t in (text_of(x) for x in p.parts) if t.strip())]
     if isinstance(p, Actions):

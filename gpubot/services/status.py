@@ -18,7 +18,7 @@ from gpubot.core.probe import NvmlKnown, parse_probe, probe_argv
 from gpubot.core.probe_holders import Holders
 from gpubot.core.protect import Protection
 from gpubot.core.workload import Workload
-from gpubot.errors import CommandTimeout, GpubotError, StoreError, UsageError
+from gpubot.errors import CommandTimeout, GpubotError, NodeUnreachable, StoreError, UsageError
 from gpubot.services.offload import off_loop
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ class FleetStatus:
     failed: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     timed_out: tuple[str, ...] = ()
+    unreachable: tuple[str, ...] = ()  # failed to connect (``NodeUnreachable``)
 
     @property
     def ok(self) -> bool:
@@ -270,7 +271,8 @@ class StatusService:
         snaps = tuple(sorted(res.ok.values(), key=lambda s: order[s.node]))
         failed = {n: reason(e, n) for n, e in sorted(res.failed.items(), key=lambda x: order[x[0]])}
         timed_out = tuple(n for n, e in res.failed.items() if isinstance(e, TimeoutError))
-        return FleetStatus(snaps, failed, seconds, timed_out)
+        down = tuple(n for n, e in res.failed.items() if isinstance(e, NodeUnreachable))
+        return FleetStatus(snaps, failed, seconds, timed_out, down)
 
     async def _record(
         self,

@@ -69,7 +69,7 @@ def test_status_all_answered(fleet: Fleet) -> None:
         p = gpubot(fleet.config_path, "status")
         assert p.returncode == 0, p.stderr
         assert "3/3 nodes answered" in p.stdout
-        assert f":{w.pid}:1234 " in p.stdout
+        assert f" {w.pid} 1234 MiB " in p.stdout
         assert "\033[" not in p.stdout  # no colour off a TTY
         assert max(len(line) for line in p.stdout.splitlines()) <= 110
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -51,7 +52,7 @@ async def test_status_as_text(flows: Flows, node1: Any) -> None:
     text = await answer(flows, "/gpu status node1", me)
     assert "== node1 · 4 × NVIDIA H200 ==" in text
     assert f"{w.user} {w.pid} 2048 MiB" in text
-    assert "GPU  Memory" in text  # the table as aligned columns
+    assert re.search(r"(?m)^GPU +MEMORY MiB  MEM %  UTIL  PROCESSES", text)  # labelled columns
     bad = await answer(flows, "status node1 ;rm", me)
     assert bad.startswith("⚠ bad node or group name ';rm'")
 

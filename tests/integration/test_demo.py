@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpubot.cli.audit import parse_head
 from tests.procs import cmdlines
 
 
@@ -39,6 +40,20 @@ def test_demo_walks_through_and_leaves_nothing(tmp_path: Path) -> None:
         "audit log intact",
     ):
         assert words in out, words
+    # The story's people own its jobs (as root: uids only the simulated fleet names).
+    if os.geteuid() == 0:
+        for who, mib in (("bob", 61440), ("alice", 30720), ("dana", 40960)):
+            assert re.search(rf"(?m)^ +\d+ +{mib} / \d+ .* {who} \d+ {mib} MiB ", out), who
+        assert "signalled: dana " in out and "signalled: bob " in out
+        assert "This kills processes of `bob`" in out
+        assert not re.search(r"\b(root|nobody) \d+ \d+ MiB", out)
+    # The head it prints is what --expect-head takes: the demo ran that check and it held.
+    heads = re.findall(r"head (\d+):([0-9a-f]{64}), ", out)
+    assert heads and len(set(heads)) == 1, out[-800:]
+    seq, digest = heads[0]
+    assert parse_head(f"{seq}:{digest}") == (int(seq), digest)
+    assert f"audit verify --expect-head {seq}:{digest}" in out
+    assert out.rstrip().endswith(f"holds {seq}:{digest}"), out[-400:]
     # Every simulated process lives under the fleet's folder: none may outlive the demo.
     folders = set(re.findall(r"/tmp/gpusim-[A-Za-z0-9_]+", out))
     assert folders, "the demo's fleet folder should appear in its tables"

@@ -98,8 +98,8 @@ def test_status_names_real_containers(
     cfg = config_with(fleet, tmp_path, owner_label=True)
     out = gpubot_cli(cfg, "status", "node1")
     assert out.returncode == 0, out.stderr
-    assert f"{alice}:{mine.pid}:3000 {kind}:{kind}-train" in out.stdout
-    assert f"root:{shared.pid}:1000 {kind}:{kind}-shared" in out.stdout
+    assert f"{alice} {mine.pid} 3000 MiB {kind}:{kind}-train" in out.stdout
+    assert f"root {shared.pid} 1000 MiB {kind}:{kind}-shared" in out.stdout
     doc = json.loads(gpubot_cli(cfg, "status", "node1", "--json").stdout)
     procs = procs_of(doc)
     assert procs[mine.pid]["workload"] == {

@@ -98,8 +98,8 @@ def test_status_names_a_real_job(
     assert f"/slurm_{slurm_cluster.node_name}/uid_" in cgroup  # Debian's MULTIPLE_SLURMD shape
     out = gpubot_cli(fleet.config_path, "status", "node1")
     assert out.returncode == 0, out.stderr
-    assert f"{alice}:{pid}:3000 slurm:{job}.batch" in out.stdout
-    assert f"{bob}:{opid}:1000 slurm:{other}.batch" in out.stdout
+    assert f"{alice} {pid} 3000 MiB slurm:{job}.batch" in out.stdout
+    assert f"{bob} {opid} 1000 MiB slurm:{other}.batch" in out.stdout
     doc = json.loads(gpubot_cli(fleet.config_path, "status", "node1", "--json").stdout)
     procs = {q["pid"]: q for n in doc["nodes"] for g in n["gpus"] for q in g["processes"]}
     w = procs[pid]["workload"]

@@ -118,8 +118,8 @@ async def test_status_attributes_each_kind(
     cfg = labelled_config(fleet, tmp_path)
     out = gpubot_cli(cfg, "status", "node1")
     assert out.returncode == 0, out.stderr
-    assert f"{alice}:{d.pid}:3000 docker:train-llama" in out.stdout
-    assert f"{bob}:{s.pid}:1000 slurm:{s.job_id}.0" in out.stdout
+    assert f"{alice} {d.pid} 3000 MiB docker:train-llama" in out.stdout
+    assert f"{bob} {s.pid} 1000 MiB slurm:{s.job_id}.0" in out.stdout
     doc = json.loads(gpubot_cli(cfg, "status", "node1", "--json").stdout)
     procs = {q["pid"]: q for n in doc["nodes"] for g in n["gpus"] for q in g["processes"]}
     assert procs[d.pid]["workload"] == {

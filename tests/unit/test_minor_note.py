@@ -40,9 +40,9 @@ def test_every_renderer_shows_the_note_whole() -> None:
     note = minor_note(s)
     assert note is not None
     lines = render_snapshot(s)[2 + len(s.gpus) :]  # after the title, header and GPU rows
-    assert lines[0].startswith("  ! ") and all(len(line) <= WIDTH for line in lines)
-    shown = " ".join(line.strip().removeprefix("! ") for line in lines)
+    assert lines[0].startswith("⚠ ") and all(len(line) <= WIDTH for line in lines)
+    shown = " ".join(line.strip().removeprefix("⚠ ") for line in lines)
     assert note in shown  # wrapped, never cut
     assert snapshot_dict(s)["notes"] == [note]
-    assert any(note in line for line in node_lines(s))
+    assert lines == node_lines(s)[2 + len(s.gpus) :]  # the one text layout
     assert note in json.dumps(to_slack(render_node(s))["blocks"])

@@ -26,6 +26,7 @@ from gpubot.cli import sweep as cli_sweep
 from gpubot.console import text_render
 from gpubot.console.repl import render as console_render
 from gpubot.core import text as core_text
+from gpubot.core import text_table
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import NodeFailure, SweepConfig, find
 from gpubot.core.models import FindingKind, ResetStep
@@ -283,7 +284,7 @@ def _no_escaping(monkeypatch: pytest.MonkeyPatch, *, core: bool, chat: bool) -> 
     if chat:  # mrkdwn escaping and one-line writing gone
         for name in ("_PLAIN", "_CODE"):
             monkeypatch.setattr(mrkdwn, name, {})
-        for module in (mrkdwn, blockkit, text_render, cli_render, cli_sweep):
+        for module in (mrkdwn, blockkit, text_render, text_table, cli_render, cli_sweep):
             monkeypatch.setattr(module, "one_line", same)
 
 

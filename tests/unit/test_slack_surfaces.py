@@ -93,7 +93,7 @@ def test_one_node_home_view_has_the_gpu_rows_as_text() -> None:
     view = render_home("U0ALICE", "alice", [snap()], {}, seconds=0.2, now=0.0)
     assert "table" not in types_in(view)
     text = bk.message_text(view)
-    assert "GPU 0" in text and "2048 / 81920 MiB" in text
+    assert re.search(r"(?m)^\s+0\s+2048 / 81920\s", text)
     assert "Your processes" in text and "node1 GPU 0: alice 4242" in text
 
 

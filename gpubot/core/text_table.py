@@ -1,0 +1,202 @@
+"""Tables as terminal text: the one layout of ``gpubot status``, the console and the demo.
+
+Pure (core): ``gpubot status`` prints it without loading the chat layer (its cold start).
+
+A node's per-GPU table (``gpu_lines``: one row per GPU, one line per process on it) and the
+one-line-per-node summary of a fleet (``summary_rows``) are laid out here once, by
+``table_lines``: labelled columns two spaces apart, numbers aligned right, a cell longer than
+its column's limit cut at its end with ``…`` (a command keeps its start, never a mid-path tail).
+The CLI prints these lines (``gpubot.cli.render``); the chat views put them in their messages
+(``Table.lines``, ``Pre``), which the console and the demo print. Slack draws its own table from
+``Table.rows``.
+
+Text a node user controls goes through ``one_line`` before it is laid out: it can forge no line.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.text import one_line
+
+WIDTH = 100  # a note's line; the tables below stay near it
+PROCESS_MOST = 50  # the processes column: its command is cut to fit (then "…")
+STATUS_MOST = 64  # the summary's status column (a failing node's reason)
+FLAGS_MOST = 28  # the summary's flagged column (a count, the commonest flags)
+NOTE_LINES = 6  # lines of one note, wrapped at WIDTH
+GPU_HEADER = (
+    "GPU",
+    "MEMORY MiB",
+    "MEM %",
+    "UTIL",
+    "PROCESSES (owner pid MiB workload command)",
+    "FLAGS",
+)
+GPU_RIGHT = (0, 1, 2, 3)
+SUMMARY_HEADER = ("NODE", "GPUS USED", "MEMORY GiB", "FLAGGED", "HOLDERS", "STATUS")
+SUMMARY_RIGHT = (1, 2, 4)
+
+# (row, column, the cell as padded) -> the cell as written (a terminal's colour); row 0: header
+Paint = Callable[[int, int, str], str]
+
+
+def cut(text: str, most: int) -> str:
+    """Return ``text`` cut to ``most`` characters at its end, the cut marked ``…``."""
+    return text if len(text) <= most else text[: max(0, most - 1)] + "…"
+
+
+def table_lines(
+    rows: Sequence[Sequence[str]],
+    *,
+    right: Sequence[int] = (),
+    most: Mapping[int, int] | None = None,
+    paint: Paint | None = None,
+) -> list[str]:
+    """Lay out ``rows`` (the first is the header) as aligned columns two spaces apart.
+
+    Columns in ``right`` align right; a cell longer than ``most[column]`` is cut at its end.
+    Cells are written through ``one_line``. Trailing blanks are dropped.
+    """
+    limit = most or {}
+    cells = [[cut(one_line(c), limit.get(i, 10**6)) for i, c in enumerate(r)] for r in rows]
+    n = max((len(r) for r in cells), default=0)
+    width = [max((len(r[i]) for r in cells if i < len(r)), default=0) for i in range(n)]
+    out = []
+    for y, row in enumerate(cells):
+        last = max((i for i, c in enumerate(row) if c), default=-1)
+        parts = []
+        for i, c in enumerate(row[: last + 1]):
+            padded = c.rjust(width[i]) if i in right else c if i == last else c.ljust(width[i])
+            parts.append(paint(y, i, padded) if paint is not None and c else padded)
+        out.append("  ".join(parts).rstrip())
+    return out
+
+
+def _num(v: int | None) -> str:
+    return "?" if v is None else str(v)
+
+
+def _pct(part: int | None, whole: int | None) -> str:
+    return "?" if part is None or not whole else f"{100 * part // whole}%"
+
+
+def program_and_args(p: GpuProcess) -> str:
+    """Return a process's command as its program's name and its arguments (not cut)."""
+    cmd = (p.command or p.process_name or "?").strip()
+    first, _, rest = cmd.partition(" ")
+    return f"{first.rsplit('/', 1)[-1]} {rest}".strip()
+
+
+def process_cell(p: GpuProcess, most: int = PROCESS_MOST) -> str:
+    """Return ``owner pid MiB workload command`` of one process (``system: name (pid)``), the
+    command cut at its end to fit ``most`` (who, which and how much are never cut first)."""
+    if p.system:
+        return f"system: {p.process_name} ({p.pid})"
+    head = f"{owner_label(p)} {p.pid} {_num(p.used_memory_mib)} MiB {workload_label(p)}"
+    return head + cut(program_and_args(p), max(12, most - len(head)))
+
+
+def gpu_rows(snap: NodeSnapshot) -> list[list[str]]:
+    """Return the text rows of a node's GPUs: the header, then each GPU's first process on its
+    row and each further process on a row of its own (the GPU's cells left blank)."""
+    rows = [list(GPU_HEADER)]
+    for g in snap.gpus:
+        procs = snap.on_gpu(g.index)
+        rows.append(
+            [
+                str(g.index),
+                _memory(g),
+                _pct(g.memory_used_mib, g.memory_total_mib),
+                "?" if g.utilization_pct is None else f"{g.utilization_pct}%",
+                process_cell(procs[0]) if procs else "–",
+                ", ".join(gpu_flags(g, procs)),
+            ]
+        )
+        for p in procs[1:]:
+            rows.append(["", "", "", "", process_cell(p), ", ".join(process_flags(p))])
+    return rows
+
+
+def _memory(g: GpuInfo) -> str:
+    return f"{_num(g.memory_used_mib)} / {_num(g.memory_total_mib)}"
+
+
+def gpu_lines(snap: NodeSnapshot, paint: Paint | None = None) -> list[str]:
+    """Return a node's per-GPU table as text lines (header first)."""
+    return table_lines(gpu_rows(snap), right=GPU_RIGHT, paint=paint)
+
+
+def node_heading(snap: NodeSnapshot) -> str:
+    """Return ``node · N × model``: the line above a node's table."""
+    name = snap.gpus[0].name if snap.gpus else "no GPUs"
+    return one_line(f"{snap.node} · {len(snap.gpus)} × {name}")
+
+
+def note_lines(snap: NodeSnapshot) -> list[str]:
+    """Return the node's notes as ``⚠ `` lines that fit ``WIDTH`` (``NOTE_LINES`` of each)."""
+    out: list[str] = []
+    for note in node_notes(snap):
+        wrapped = textwrap.wrap(one_line(note), WIDTH, initial_indent="⚠ ", subsequent_indent="  ")
+        out.extend(wrapped[:NOTE_LINES])
+    return out
+
+
+def node_text(snap: NodeSnapshot) -> list[str]:
+    """Return one node as text: its heading, its GPU table and its notes."""
+    table = gpu_lines(snap) if snap.gpus else ["no GPUs found"]
+    return [node_heading(snap), *table, *note_lines(snap)]
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f}"
+
+
+def summary_row(snap: NodeSnapshot) -> list[str]:
+    """Return one answering node's summary: GPUs in use, memory, flags, holders, status."""
+    used = cap = busy = flagged = holders = 0
+    unknown = False
+    counts: Counter[str] = Counter()
+    for g in snap.gpus:
+        procs = snap.on_gpu(g.index)
+        jobs = [p for p in procs if not p.system]
+        busy += bool(jobs)
+        holders += len(jobs)
+        flags = gpu_flags(g, procs)
+        flagged += bool(flags)
+        counts.update(flags)
+        unknown = unknown or g.memory_used_mib is None or g.memory_total_mib is None
+        used += g.memory_used_mib or 0
+        cap += g.memory_total_mib or 0
+    top = [f for f, _ in counts.most_common(2)]
+    more = f" +{len(counts) - 2}" if len(counts) > 2 else ""
+    mem = f"{_gib(used)} / {_gib(cap)}" + ("?" if unknown else "")
+    flag_cell = f"{flagged} {', '.join(top)}{more}" if flagged else "0"
+    return [snap.node, f"{busy}/{len(snap.gpus)}", mem, flag_cell, str(holders), "ok"]
+
+
+def summary_rows(
+    snaps: Sequence[NodeSnapshot],
+    failed: Mapping[str, str] | None = None,
+    *,
+    slow: Sequence[str] = (),
+    unreachable: Sequence[str] = (),
+    order: Sequence[str] | None = None,
+) -> list[list[str]]:
+    """Return the header and one row per node: those that answered, then (or in ``order``) those
+    that did not, each with its reason: ``slow`` (past its time limit), ``unreachable`` (no
+    connection) or ``failed`` (it answered, but not with a snapshot: nvidia-smi hung ...)."""
+    rows = {s.node: summary_row(s) for s in snaps}
+    for name, why in (failed or {}).items():
+        state = "slow" if name in slow else "unreachable" if name in unreachable else "failed"
+        rows[name] = [name, "?", "?", "?", "?", f"{state}: {why}"]
+    names = [n for n in order if n in rows] if order is not None else list(rows)
+    return [list(SUMMARY_HEADER), *(rows[n] for n in names)]
+
+
+def summary_lines(rows: Sequence[Sequence[str]], paint: Paint | None = None) -> list[str]:
+    """Return summary rows (``summary_rows``) as text lines."""
+    return table_lines(rows, right=SUMMARY_RIGHT, most={3: FLAGS_MOST, 5: STATUS_MOST}, paint=paint)

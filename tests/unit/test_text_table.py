@@ -1,0 +1,68 @@
+"""The one text layout (``gpubot.core.text_table``): cuts at the end, alignment, the summary's
+reasons, and the layout the console and ``gpubot status`` share."""
+
+from __future__ import annotations
+
+from gpubot.chat import fleet_view
+from gpubot.cli.render import render_snapshot
+from gpubot.console.text_render import render_text
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.text_table import cut, gpu_lines, summary_lines, summary_rows, table_lines
+
+LONG = "/opt/conda/envs/train/bin/python /home/bob/projects/llm/train.py --config big.yaml"
+
+
+def gpu(i: int, used: int | None = 1024) -> GpuInfo:
+    return GpuInfo(i, f"GPU-{i}", "NVIDIA H100", used, 81920, 50, f"00000000:0{i}:00.0", i)
+
+
+def proc(pid: int, g: int, cmd: str = LONG, user: str = "bob") -> GpuProcess:
+    return GpuProcess(
+        pid, g, 512, "python", True, True, user, state="S", start_ticks=1, command=cmd, uid=1000
+    )
+
+
+def snap(node: str = "n1") -> NodeSnapshot:
+    return NodeSnapshot(node, 0.0, (gpu(0), gpu(1, None)), (proc(7, 0), proc(8, 0, "sleep 1")))
+
+
+def test_cut_keeps_the_start_and_marks_the_end() -> None:
+    assert cut("abcdef", 6) == "abcdef" and cut("abcdefg", 6) == "abcde…"
+
+
+def test_columns_align_and_long_cells_are_cut_at_their_end() -> None:
+    lines = table_lines([["A", "B"], ["1", "x" * 10], ["22", "y"]], right=(0,), most={1: 5})
+    assert lines == [" A  B", " 1  xxxx…", "22  y"]
+
+
+def test_a_gpu_row_cuts_the_command_at_its_end_and_labels_memory_percent() -> None:
+    head, first, second, unknown = gpu_lines(snap())
+    assert "MEM %" in head and first[head.index("MEM %") :].startswith("   1%")
+    cell = first[head.index("PROCESSES") :].split("  ")[0]
+    assert cell.startswith("bob 7 512 MiB python /home/bob/projects/") and cell.endswith("…")
+    assert second.lstrip().startswith("bob 8 512 MiB sleep 1")  # its own line, GPU cells blank
+    assert unknown.split()[:4] == ["1", "?", "/", "81920"]
+
+
+def test_the_console_and_the_cli_print_the_same_table() -> None:
+    s = snap()
+    cli = render_snapshot(s)
+    console = render_text(fleet_view.render_node(s)).splitlines()
+    assert cli[1:5] == console[1:5] == gpu_lines(s)
+
+
+def test_the_summary_names_why_each_node_did_not_answer() -> None:
+    failed = {"n2": "no answer in 20s", "n3": "cannot connect", "n4": "nvidia-smi hung"}
+    rows = summary_rows(
+        [snap()], failed, slow=("n2",), unreachable=("n3",), order=["n4", "n1", "n3", "n2"]
+    )
+    assert [r[0] for r in rows[1:]] == ["n4", "n1", "n3", "n2"]
+    assert [r[5] for r in rows[1:]] == [
+        "failed: nvidia-smi hung",
+        "ok",
+        "unreachable: cannot connect",
+        "slow: no answer in 20s",
+    ]
+    n1 = rows[2]
+    assert n1[1:5] == ["1/2", "1.0 / 160.0?", "1 memory-unknown", "2"]  # "?": a GPU unknown
+    assert len(summary_lines(rows)) == 5
