@@ -23,7 +23,8 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -88,6 +89,8 @@ class SweepService:
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
         self._last: tuple[tuple[str, ...], frozenset[str]] | None = None  # nodes, failed
+        # Around each sweep (``lifecycle.SweepHeap.around``: the collector; ``serve`` sets it).
+        self.heap: Callable[[], AbstractContextManager[object]] | None = None
 
     @property
     def actor(self) -> str:
@@ -137,6 +140,10 @@ class SweepService:
         self, *, alerting: bool = True, source: str = "schedule", actor: str | None = None
     ) -> SweepResult:
         """Sweep every node now; with ``alerting``, update the alert state and notify."""
+        with nullcontext() if self.heap is None else self.heap():
+            return await self._run(alerting=alerting, source=source, actor=actor)
+
+    async def _run(self, *, alerting: bool, source: str, actor: str | None) -> SweepResult:
         nodes = self.status.resolve(["all"])
         started = self.clock.now()
         t0 = self.clock.monotonic()
