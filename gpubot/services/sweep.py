@@ -39,7 +39,7 @@ from gpubot.core.timefmt import iso
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.idle_accounting import IdleAccounting
-from gpubot.services.offload import off_loop
+from gpubot.services.offload import off_loop, release
 from gpubot.services.status import StatusService, fan_out, reason
 
 log = logging.getLogger(__name__)
@@ -158,10 +158,12 @@ class SweepService:
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings
         )
+        retired = [old for s in snaps if (old := self._snaps.get(s.node)) is not None]
         for s in snaps:
             self._snaps[s.node] = s
         if self.keeper is not None:
             self.keeper.saw(snaps)
+        await off_loop(release, retired)  # freed in the worker, not in one step of the loop
         await self._record(result, actor or self.actor, source)
         result = await self._alert(result) if alerting else await self._report(result)
         if self.observer is not None:
