@@ -30,7 +30,7 @@ from gpubot.app_stores import OpeningStore
 from gpubot.config import Settings, audit_key, config_path, load
 from gpubot.core.ports import Locks, Notifier, Reporter, Transport
 from gpubot.errors import ConfigError, DatabaseBehind, StoreError
-from gpubot.lifecycle import SERVING, Running, Serving, serve_metrics, settle_heap
+from gpubot.lifecycle import SERVING, Running, Serving, SweepHeap, serve_metrics, settle_heap
 from gpubot.services.status import StatusService
 
 # Imported where used: ``gpubot status`` needs the status service and the transport, not the
@@ -138,6 +138,8 @@ class App:
         port = serve_metrics(self.metrics, self.settings, options)
         if options.settle_heap:
             settle_heap()
+            if self.parts is not None:  # and each sweep's survivors, after it (issue 24)
+                self.parts.sweep.heap = SweepHeap().around
         if expire is not None:
             self._add_schedule(expire, options.expire_every_s, "approval-expiry", 0.0)
         self.start(sweeps=options.sweeps)

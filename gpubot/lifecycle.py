@@ -1,10 +1,14 @@
 """What ``App.running`` uses besides the app: its options (``Serving``), what it reports back
-(``Running``), serving the metrics and settling the heap. Light: no library is imported here."""
+(``Running``), serving the metrics and settling the heap (at start, and around sweeps). Light: no
+library is imported here."""
 
 from __future__ import annotations
 
 import gc
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,3 +67,76 @@ def settle_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+NO_FULL_PASS = 1_000_000  # the third threshold while a sweep runs: no full pass
+
+
+class SweepHeap:
+    """The garbage collector around sweeps: no full pass while one runs, its survivors frozen
+    after (issue 24).
+
+    A full pass walks every tracked object with the interpreter lock held, so the event loop
+    (and a Slack ack) waits throughout. A sweep of 2,000 nodes makes some 40,000 long-lived
+    objects (snapshots, samples) that set off full passes while it runs: 300-860 ms each on the
+    shared, loaded 2-core box (``benchmarks/sweep_heap.py``), the start-up heap already frozen.
+    So while a sweep runs the third threshold is lifted (young passes still run: they walk only
+    what is new); after it the young generations are collected and what survived is frozen, so
+    that later passes never walk it. Frozen objects are still freed by their reference counts,
+    which is how a sweep's snapshots go when the next sweep replaces them; only garbage cycles
+    that reached the old generation before a freeze would stay. A valve bounds them: when the
+    frozen count grows past ``slack`` times what the first sweep left plus ``floor``, one full
+    pass runs (unfreeze, collect, freeze) and is logged. Process-wide, so only ``serve`` has it
+    (``Serving(settle_heap=True)``); overlapping sweeps share one lift.
+    """
+
+    def __init__(self, *, slack: float = 2.0, floor: int = 200_000) -> None:
+        self.slack = slack
+        self.floor = floor
+        self.baseline: int | None = None  # the frozen count after the first sweep
+        self.full_passes = 0  # the valve's passes so far
+        self.settle_s = 0.0  # how long the latest settle held the loop (the benchmark shows it)
+        self._depth = 0
+        self._saved: tuple[int, int, int] | None = None
+
+    @contextmanager
+    def around(self) -> Iterator[None]:
+        """Run the body (a sweep) with no full pass; settle the heap when the last one ends."""
+        if self._depth == 0:
+            self._saved = gc.get_threshold()
+            t0, t1, _ = self._saved
+            gc.set_threshold(t0, t1, NO_FULL_PASS)
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                if self._saved is not None:
+                    gc.set_threshold(*self._saved)
+                self.settle()
+
+    def settle(self) -> None:
+        """Collect the young generations, freeze what survived; run the valve if it is due."""
+        t0 = time.perf_counter()
+        gc.collect(1)
+        gc.freeze()
+        self.settle_s = time.perf_counter() - t0
+        count = gc.get_freeze_count()
+        if self.baseline is None:
+            self.baseline = count
+            return
+        if count <= self.baseline * self.slack + self.floor:
+            return
+        t0 = time.perf_counter()
+        gc.unfreeze()
+        freed = gc.collect()
+        gc.freeze()
+        self.full_passes += 1
+        self.baseline = gc.get_freeze_count()
+        log.info(
+            "heap: one full collection after sweeps (%d frozen objects, %d freed, %.0f ms)",
+            count,
+            freed,
+            (time.perf_counter() - t0) * 1000,
+        )

@@ -101,7 +101,10 @@ def node_table(snap: NodeSnapshot) -> Table:
     return Table(rows_of(node_rows(snap)), wrap=(3, 4), lines=tuple(gpu_lines(snap)))
 
 
-def _counts(snaps: Sequence[NodeSnapshot]) -> tuple[int, int, int, int]:
+Counts = tuple[int, int, int, int]  # GPUs total, busy, idle, flagged
+
+
+def _counts(snaps: Sequence[NodeSnapshot]) -> Counts:
     """Return GPUs total, busy, idle, flagged."""
     total = busy = flagged = 0
     for s in snaps:
@@ -153,7 +156,8 @@ def render_fleet(
     """Render several nodes: a summary, failing nodes, and details only where needed."""
     if len(snapshots) == 1 and not failed:
         return render_node(snapshots[0], use_table=use_table)
-    total, busy, idle, flagged = _counts(snapshots)
+    per = [_counts([s]) for s in snapshots]  # each node's once: the table sorts by them
+    total, busy, idle, flagged = (sum(c[i] for c in per) for i in range(4))
     ok, bad = len(snapshots), len(failed)
     summary = (
         f"{title}: {ok} node(s) OK, {bad} failing · {total} GPUs: {busy} busy, {idle} idle, "
@@ -176,7 +180,7 @@ def render_fleet(
             if b.add_pre(lines, reserve=tail) < len(lines):
                 break
     else:
-        _add_many(b, snapshots, use_table=use_table, tail=tail)
+        _add_many(b, list(zip(snapshots, per, strict=True)), use_table=use_table, tail=tail)
     b.add(ctx(f"{ok + bad} node(s) asked in {seconds:.1f} s", _taken(snapshots)))
     return b.message(summary)
 
@@ -209,16 +213,18 @@ class FleetRenders:
         return msg
 
 
-def _add_many(b: Budget, snapshots: Sequence[NodeSnapshot], *, use_table: bool, tail: int) -> None:
+def _add_many(
+    b: Budget, counted: Sequence[tuple[NodeSnapshot, Counts]], *, use_table: bool, tail: int
+) -> None:
     """Add a one-row-per-node table (flagged first), then the flagged GPUs' lines."""
     rows = [["Node", "GPUs busy", "Memory used", "Flagged"]]
-    order = sorted(snapshots, key=lambda s: -_counts([s])[3])
-    for s in order[: MAX_TABLE_ROWS - 1]:
+    snapshots = [s for s, _ in counted]
+    order = sorted(counted, key=lambda sc: -sc[1][3])
+    for s, (_, sb, _, sf) in order[: MAX_TABLE_ROWS - 1]:
         used = sum(g.memory_used_mib or 0 for g in s.gpus)
         cap = sum(g.memory_total_mib or 0 for g in s.gpus)
-        _, sb, _, sf = _counts([s])
         rows.append([s.node, f"{sb}/{len(s.gpus)}", f"{_gib(used)} / {_gib(cap)}", str(sf)])
-    text = summary_lines(summary_rows(order[: MAX_TABLE_ROWS - 1]))
+    text = summary_lines(summary_rows([s for s, _ in order[: MAX_TABLE_ROWS - 1]]))
     if use_table and table_fits(rows):
         b.add(Table(rows_of(rows), right=(1, 2, 3), lines=tuple(text)))
         listed = len(rows) - 1

@@ -20,6 +20,7 @@ from gpubot.config import Settings, audit_key, config_path
 from gpubot.config.doctor import config_checks
 from gpubot.core.doctor import Check, all_ok, as_document, failed, render
 from gpubot.core.doctor_facts import DbFacts
+from gpubot.core.doctor_limits import descriptor_check
 from gpubot.core.models import NodeConfig
 from gpubot.errors import ConfigError
 from gpubot.services.doctor import DoctorParts, DoctorService
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the checklist; exit 0 when every check holds, 1 otherwise."""
     checks, settings = config_checks(config_path(args.config, os.environ), os.environ)
     if settings is not None:
+        checks.append(_descriptors(settings))
         picked = pick(settings, args.targets)
         if isinstance(picked, Check):
             checks.append(picked)
@@ -47,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(checks))
     return 0 if all_ok(checks) else 1
+
+
+def _descriptors(settings: Settings) -> Check:
+    """Return the descriptor line: this process's limits against the whole fleet's size."""
+    from gpubot.transport.descriptors import limits
+
+    return descriptor_check(len(settings.nodes), *limits())
 
 
 def pick(settings: Settings, names: Sequence[str]) -> tuple[NodeConfig, ...] | Check:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 from gpubot.core.health import GpuHealth
 from gpubot.core.workload import Workload
@@ -176,7 +177,16 @@ class NodeSnapshot:
 
     def on_gpu(self, index: int) -> tuple[GpuProcess, ...]:
         """Return the processes on GPU ``index``."""
-        return tuple(p for p in self.processes if p.gpu_index == index)
+        return self._by_gpu.get(index, ())
+
+    @cached_property
+    def _by_gpu(self) -> dict[int, tuple[GpuProcess, ...]]:
+        """The processes by GPU, grouped once: a ``status all`` of 1,000 nodes asks 33,000
+        times (the tables, the counts, the flags, the ``--json`` document; issue 24)."""
+        groups: dict[int, list[GpuProcess]] = {}
+        for p in self.processes:
+            groups.setdefault(p.gpu_index, []).append(p)
+        return {i: tuple(ps) for i, ps in groups.items()}
 
 
 class Outcome(StrEnum):

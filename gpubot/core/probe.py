@@ -157,7 +157,7 @@ def parse_probe(
     rule = protection or Protection()
     processes = tuple(
         sorted(
-            (replace(p, system=is_protected(p, rule)) for p in visible.values()),
+            (_marked(p, is_protected(p, rule)) for p in visible.values()),
             key=lambda p: (p.gpu_index, p.pid),
         )
     )
@@ -326,6 +326,11 @@ def _stuck(node: str, body: str) -> SmiFailed:
     )
 
 
+def _marked(p: GpuProcess, system: bool) -> GpuProcess:
+    """Return ``p`` marked a protected daemon or not (itself when it already is: no copy)."""
+    return p if p.system == system else replace(p, system=system)
+
+
 def _with_minors(gpus: Sequence[GpuInfo], by_bus: dict[str, int | None]) -> tuple[GpuInfo, ...]:
     """Give each GPU its device minor: NVML's where it said, else the driver's for its bus id."""
     out = []
@@ -333,7 +338,7 @@ def _with_minors(gpus: Sequence[GpuInfo], by_bus: dict[str, int | None]) -> tupl
         minor = g.minor
         if minor is None and g.bus_id is not None:
             minor = by_bus.get(normal_bus_id(g.bus_id) or "")
-        out.append(replace(g, minor=minor))
+        out.append(g if minor == g.minor else replace(g, minor=minor))  # replace is ~3 µs
     minors = [g.minor for g in out if g.minor is not None]
     if len(set(minors)) != len(minors):
         raise ParseError("device minors (two GPUs on one device file)", str(sorted(minors)))

@@ -149,6 +149,8 @@ def _unescape(field: str, what: str) -> str:
     """Decode one escaped field (``=`` then printable ASCII and ``\\ooo``); raise ParseError."""
     if not _ESCAPED.fullmatch(field):
         raise ParseError(f"{what} (escaped field)", field[:200])
+    if "\\" not in field:  # printable ASCII only (the usual field): nothing to decode
+        return field[1:]
     raw = _OCTAL.sub(lambda m: chr(int(m[1], 8)), field[1:])
     return raw.encode("latin-1").decode("utf-8", errors="replace")
 

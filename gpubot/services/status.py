@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from gpubot.config import Settings
 from gpubot.core.attribute import attribute
@@ -298,6 +299,13 @@ class StatusService:
             log.warning("status query not recorded in the audit log: %s", exc)
 
 
+@functools.cache
+def _reads_nvml(kind: type) -> bool:
+    """Whether a transport of ``kind`` reads NVML: asked once per kind (a runtime Protocol's
+    check costs ~50 µs, and a sweep asks for every node)."""
+    return issubclass(kind, NvmlReader)
+
+
 async def probe_node(
     transport: Transport,
     node: NodeConfig,
@@ -311,8 +319,8 @@ async def probe_node(
 ) -> NodeSnapshot:
     """Take one snapshot of ``node`` in one exec (NVML first when the transport offers it)."""
     nvml: NvmlTables | None = None
-    if isinstance(transport, NvmlReader):
-        nvml = await transport.nvml_snapshot(node)
+    if _reads_nvml(type(transport)):
+        nvml = await cast(NvmlReader, transport).nvml_snapshot(node)
     if nvml is not None:
         gpus, apps = nvml
         if gpu_indices is not None:

@@ -23,7 +23,8 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -41,7 +42,7 @@ from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.health_checks import HealthChecks
 from gpubot.services.idle_accounting import IdleAccounting
-from gpubot.services.offload import off_loop
+from gpubot.services.offload import off_loop, release
 from gpubot.services.status import StatusService, fan_out, reason
 from gpubot.services.xid_watch import XidWatch
 
@@ -97,6 +98,8 @@ class SweepService:
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
         self._last: tuple[tuple[str, ...], frozenset[str]] | None = None  # nodes, failed
         self._ends = 0.0  # when this sweep's node budget ends (monotonic)
+        # Around each sweep (``lifecycle.SweepHeap.around``: the collector; ``serve`` sets it).
+        self.heap: Callable[[], AbstractContextManager[object]] | None = None
 
     @property
     def actor(self) -> str:
@@ -146,6 +149,10 @@ class SweepService:
         self, *, alerting: bool = True, source: str = "schedule", actor: str | None = None
     ) -> SweepResult:
         """Sweep every node now; with ``alerting``, update the alert state and notify."""
+        with nullcontext() if self.heap is None else self.heap():
+            return await self._run(alerting=alerting, source=source, actor=actor)
+
+    async def _run(self, *, alerting: bool, source: str, actor: str | None) -> SweepResult:
         nodes = self.status.resolve(["all"])
         started = self.clock.now()
         t0 = self.clock.monotonic()
@@ -164,10 +171,12 @@ class SweepService:
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings
         )
+        retired = [old for s in snaps if (old := self._snaps.get(s.node)) is not None]
         for s in snaps:
             self._snaps[s.node] = s
         if self.keeper is not None:
             self.keeper.saw(snaps)
+        await off_loop(release, retired)  # freed in the worker, not in one step of the loop
         await self._record(result, actor or self.actor, source)
         result = await self._alert(result) if alerting else await self._report(result)
         if self.observer is not None:

@@ -17,6 +17,11 @@ from gpubot.core import fdbudget
 log = logging.getLogger("gpubot.transport.descriptors")
 
 
+def limits() -> tuple[int, int | None]:
+    """Return this process's soft and hard ``RLIMIT_NOFILE`` (hard None: unlimited)."""
+    return _limits()
+
+
 def _limits() -> tuple[int, int | None]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     inf = resource.RLIM_INFINITY

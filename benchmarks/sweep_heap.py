@@ -1,0 +1,186 @@
+"""Loop stalls during sweeps of 2,000 nodes: the collector left alone beside ``SweepHeap``.
+
+::
+
+    python -m benchmarks.sweep_heap                  # 2,000 nodes, 3 rounds of 4 sweeps
+    python -m benchmarks.sweep_heap --smoke          # tiny: keeps it working
+
+The bot as ``serve`` runs it (``gpubot.app.build`` over SQLite, the start-up heap frozen with
+``lifecycle.settle_heap``) with ``benchmarks.scale_store``'s recorded transport: every node
+answers with one real probe answer after a 1-51 ms delay, so only the bot's side runs. Each
+arm is a process of its own (the collector is process-wide: one arm's freezes would help the
+other), and the arms alternate, ``base`` then ``heap``, round after round, so that the box's
+load falls on both alike. ``base``: the sweep as before. ``heap``: ``SweepHeap`` around each
+sweep (no full collection while it runs, its survivors frozen after). Per sweep: the worst wake-
+up lateness of a 5 ms loop timer (wall, and less the time the loop's thread waited for a CPU),
+the loop thread's worst CPU in one tick, the longest collection and the full collections seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import table
+from benchmarks.scale_store import Recorded, Watch, load, ms, recorded_probe
+
+ARMS = ("base", "heap")
+ARGV = (sys.executable, "-m", "benchmarks.sweep_heap")
+
+
+class FullPasses:
+    """Counts the collector's full passes (generation 2) while installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info.get("generation") == 2:
+            self.count += 1
+
+
+async def arm(name: str, nodes: int, sweeps: int) -> dict[str, Any]:
+    """Run ``sweeps`` sweeps of ``nodes`` recorded nodes in this process, arm ``name``."""
+    from gpubot.app import build
+    from gpubot.lifecycle import SweepHeap, settle_heap
+    from gpubot.store import open_store
+
+    with tempfile.TemporaryDirectory(prefix="gpubot-sweep-heap-") as tmp:
+        work = Path(tmp)
+        settings, answer = recorded_probe(work)
+        one = settings.nodes[0]
+        fleet = tuple(dataclasses.replace(one, name=f"node{i + 1}") for i in range(nodes))
+        url = f"sqlite:///{work / 'stall.db'}"
+        open_store(url).close()
+        settings = dataclasses.replace(settings, nodes=fleet, database_url=url)
+        app = build(settings, {}, need_store=True)
+        rec = Recorded(answer)
+        app.transport = app.status.transport = app.sweep.transport = rec
+        settle_heap()  # as App.running does for serve
+        heap = SweepHeap() if name == "heap" else None
+        if heap is not None:
+            app.sweep.heap = heap.around
+        watch, full = Watch(), FullPasses()
+        rows = []
+        try:
+            for _ in range(sweeps):
+                full.count = 0
+                with watch.running():
+                    t0 = time.perf_counter()
+                    res = await app.sweep.run(alerting=True)
+                    wall = time.perf_counter() - t0
+                    await asyncio.sleep(0.2)  # what the sweep leaves behind runs here too
+                assert len(res.snapshots) == nodes, res.failed
+                late, own, cpu = watch.worst()
+                rows.append(
+                    {
+                        "wall": wall,
+                        "late": late,
+                        "own": own,
+                        "cpu": cpu,
+                        "gc": watch.gc_worst,
+                        "full": full.count,
+                        "frozen": gc.get_freeze_count(),
+                        "settle": 0.0 if heap is None else heap.settle_s,
+                    }
+                )
+        finally:
+            await app.close()
+    return {"arm": name, "sweeps": rows}
+
+
+def run(nodes: int, sweeps: int, rounds: int) -> dict[str, Any]:
+    """Alternate the arms' processes ``rounds`` times; return every sweep's figures."""
+    out: dict[str, Any] = {"nodes": nodes, "sweeps": sweeps, "rounds": rounds, "load": []}
+    out.update({a: [] for a in ARMS})
+    for _ in range(rounds):
+        for a in ARMS:
+            before = load()
+            p = subprocess.run(
+                [*ARGV, "--arm", a, "--nodes", str(nodes), "--sweeps", str(sweeps)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if p.returncode != 0:
+                raise RuntimeError(f"arm {a} failed: {p.stderr[-2000:]}")
+            out[a].append(json.loads(p.stdout.strip().splitlines()[-1])["sweeps"])
+            out["load"].append(f"{a}: {before} → {load()}")
+    return out
+
+
+def report(res: dict[str, Any]) -> list[str]:
+    """Return the Markdown of one run: every sweep, then the medians and the worst."""
+    rows = []
+    for a in ARMS:
+        for r, sweeps in enumerate(res[a], 1):
+            for i, s in enumerate(sweeps, 1):
+                figures = [ms(s[k]) for k in ("late", "own", "cpu", "gc")]
+                settle = [str(s["full"]), ms(s["settle"]), f"{s['frozen']:,}"]
+                rows.append([a, f"{r}.{i}", f"{s['wall']:.2f}", *figures, *settle])
+    lines = [
+        f"Loop stalls during sweeps of {res['nodes']} nodes, the arms alternating "
+        f"({res['rounds']} rounds × {res['sweeps']} sweeps each; load "
+        + "; ".join(res["load"])
+        + "):",
+        "",
+        table(
+            [
+                "arm",
+                "round.sweep",
+                "wall s",
+                "worst late ms",
+                "… less CPU wait ms",
+                "loop CPU in one tick ms",
+                "longest GC ms",
+                "full GCs",
+                "settle ms",
+                "frozen objects after",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    for a in ARMS:
+        every = [s for sweeps in res[a] for s in sweeps]
+        lines.append(
+            f"- {a}: worst late median {ms(statistics.median(s['late'] for s in every))} ms, "
+            f"max {ms(max(s['late'] for s in every))} ms; less CPU wait median "
+            f"{ms(statistics.median(s['own'] for s in every))} ms, max "
+            f"{ms(max(s['own'] for s in every))} ms; full GCs "
+            f"{sum(s['full'] for s in every)} in {len(every)} sweeps"
+        )
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sweep_heap")
+    p.add_argument("--nodes", type=int, default=2000)
+    p.add_argument("--sweeps", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--arm", choices=ARMS, help="run one arm here (what the runner starts)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.nodes, a.sweeps, a.rounds = 30, 2, 1
+    if a.arm is not None:
+        print(json.dumps(asyncio.run(arm(a.arm, a.nodes, a.sweeps))))
+        return 0
+    res = run(a.nodes, a.sweeps, a.rounds)
+    print("\n".join(report(res)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,51 @@
+"""Issue 24's later benchmarks still run end to end in their smoke sizes (not timing tests):
+the loop-stall arms (``sweep_heap``: every sweep answered in both arms, the heap arm with no
+full collection), gpubot's own CPU (``status_cpu``) and the store's growth (``store_growth``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def smoke(module: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "--smoke", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_sweep_heap_arms_run_side_by_side() -> None:
+    out = smoke("sweep_heap")
+    rows = [ln for ln in out.splitlines() if ln.startswith(("| base ", "| heap "))]
+    assert len(rows) == 4, out  # one round of two sweeps, each arm
+    assert "- heap: " in out and "full GCs 0 in 2 sweeps" in out.split("- heap: ")[1], out
+
+
+@pytest.mark.timeout(300)
+def test_status_cpu_measures_a_warm_status_and_a_sweep() -> None:
+    out = smoke("status_cpu", "--profile")
+    (row,) = [ln for ln in out.splitlines() if ln.startswith("| this |")]
+    status, sweep = (float(cell) for cell in row.split("|")[2:4])
+    assert status > 0 and sweep > 0, out
+    assert "this, status_profile:" in out and "this, parse_profile:" in out, out
+
+
+@pytest.mark.timeout(300)
+def test_store_growth_measures_records_and_samples() -> None:
+    out = smoke("store_growth")
+    (row,) = [ln for ln in out.splitlines() if ln.startswith("| sqlite |")]
+    per_record, per_sample = float(row.split("|")[2]), float(row.split("|")[4])
+    assert 50 < per_record < 5000 and 10 < per_sample < 1000, out
