@@ -331,12 +331,14 @@ def _parts(app: App, notifier: Notifier | None) -> Parts:
     chat = Services(
         settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
     )
+    chat.usage, chat.ladder = sweep.usage, sweep.ladder  # GPU-hours, the reclaim ladder
     return Parts(reset, sweep, chat, approvals)
 
 
 def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepService:
     """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
     notifier, snooze) and the idle accounting (GPU samples)."""
+    from gpubot.app_sharing import sharing_ports
     from gpubot.services.alert_keeper import AlertKeeper
     from gpubot.services.idle_accounting import IdleAccounting
     from gpubot.services.sweep import SweepPorts, SweepService
@@ -348,7 +350,8 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics)
+        usage, ladder = sharing_ports(settings, store, app.slack, app.directory)
+        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, usage, ladder)
     return SweepService(settings, app.status, app.transport, ports)
 
 

@@ -36,6 +36,7 @@ from gpubot.core.policy import Policy
 from gpubot.core.ports import AuditLog, Clock
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
 from gpubot.services.approvals import ApprovalService, Identity, unix
+from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.requests import (
     Ask,
     Busy,
@@ -47,6 +48,7 @@ from gpubot.services.requests import (
     RequestService,
 )
 from gpubot.services.status import FleetStatus, StatusService
+from gpubot.services.usage import UsageService
 
 __all__ = ["Flows", "Services", "error_message", "help_message"]
 
@@ -69,6 +71,8 @@ class Services:
     audit: AuditLog | None  # None: no audit store
     sweep: Sweeper | None = None
     idle: IdleHours | None = None  # GPU-hours held idle (``SweepService.idle_gpu_hours``)
+    usage: UsageService | None = None  # GPU-hours reports (issue 26)
+    ladder: ReclaimLadder | None = None  # the reclaim ladder of idle holders (issue 26)
 
 
 def help_message(text: str) -> Message:
@@ -157,14 +161,25 @@ class Flows:
         """Return the chat side of one request on ``out``."""
         return Tracker(out, Pace(self.min_update_s, self.clock), asked=asked, **kw)
 
-    async def reset(self, cmd: commands.Reset, who: Identity, out: Surface, *, text: str) -> None:
-        """Plan; run at once if only the asker's processes die, else ask for approval."""
+    async def reset(
+        self,
+        cmd: commands.Reset,
+        who: Identity,
+        out: Surface,
+        *,
+        text: str,
+        evidence: str | None = None,
+    ) -> None:
+        """Plan; run at once if only the asker's processes die, else ask for approval
+        (``evidence``: why, shown to the approvers: the reclaim ladder's idle evidence)."""
         planning = note("⏳ planning a reset of ", bold(cmd.node), " …")
         track = self.tracker(out, ("Requested by ", Person(who.id)), planning=planning)
 
         async def announce(approval: Approval, plan: ResetPlan) -> Handle | None:
             expires = unix(approval.expires_at) or 0.0
-            msg = render_approval_request(approval.id, plan, who.id, who.linux_user, expires)
+            msg = render_approval_request(
+                approval.id, plan, who.id, who.linux_user, expires, evidence=evidence
+            )
             return await out.post(msg, channel=self.svc.policy.approval_channel)
 
         outcome = await self.requests.reset(self.ask(who, text), cmd, track, announce)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpubot.config import tables, validate
+from gpubot.config import sharing, tables, validate
 from gpubot.config.settings import (
     AttributionSettings,
     AuditSettings,
@@ -61,6 +61,9 @@ SECTIONS = {
     "alerts",
     "metrics",
     "leases",
+    "teams",
+    "reports",
+    "idle",
 }
 
 
@@ -104,6 +107,8 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         sweep=tables.sweep(v, raw),
         metrics=tables.metrics(v, raw),
         leases=validate.leases(v, raw),
+        reports=sharing.reports(v, raw),
+        ladder=sharing.ladder(v, raw),
     )
 
 

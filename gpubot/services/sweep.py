@@ -38,8 +38,10 @@ from gpubot.core.timefmt import iso
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.idle_accounting import IdleAccounting
+from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.offload import off_loop
 from gpubot.services.status import StatusService, fan_out, reason
+from gpubot.services.usage import UsageService
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ class SweepPorts:
     idle: IdleAccounting | None = None
     locks: Locks | None = None
     observer: SweepObserver | None = None
+    usage: UsageService | None = None  # GPU-hours: counted at every sweep (issue 26)
+    ladder: ReclaimLadder | None = None  # idle holders climb it, instead of the plain alert
 
 
 class SweepService:
@@ -84,6 +88,8 @@ class SweepService:
         self.idle = ports.idle
         self.locks = ports.locks
         self.observer = ports.observer
+        self.usage = ports.usage
+        self.ladder = ports.ladder
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
@@ -143,6 +149,8 @@ class SweepService:
         snaps, failed, timed_out = await self._probe(nodes, self.node_budget_s())
         seconds = self.clock.monotonic() - t0
         idle = {} if self.idle is None else await self.idle.sweep(snaps, started)
+        if self.usage is not None:
+            await self.usage.record(snaps, started)
         protection = self.settings.reset.protection
         findings = await off_loop(
             find, snaps, failed, self.config, protection=protection, idle=idle
@@ -164,7 +172,18 @@ class SweepService:
         return result
 
     async def _alert(self, result: SweepResult) -> SweepResult:
-        """Hand the findings to the alert keeper (none: report them only)."""
+        """Hand the findings to the alert keeper (none: report them only); with the reclaim
+        ladder on, idle holders climb it instead of being alerted."""
+        ladder = self.ladder if self.ladder is not None and self.ladder.enabled else None
+        if ladder is not None:
+            await ladder.climb(result)
+            rest = tuple(f for f in result.findings if f.kind is not FindingKind.IDLE_HOLDER)
+            return replace(
+                await self._keep(replace(result, findings=rest)), findings=result.findings
+            )
+        return await self._keep(result)
+
+    async def _keep(self, result: SweepResult) -> SweepResult:
         if self.keeper is None:
             return await self._report(result)
         now = datetime.fromtimestamp(self.clock.now(), UTC)

@@ -36,6 +36,7 @@ from gpubot.store.engine import (
     write_tx,
 )
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
+from gpubot.store.ladder import DbLadder
 from gpubot.store.leases import check_fence
 from gpubot.store.query_records import query_payload
 from gpubot.store.records import (
@@ -47,6 +48,7 @@ from gpubot.store.records import (
 )
 from gpubot.store.samples import DbSamples
 from gpubot.store.seals import SealRule
+from gpubot.store.usage import DbUsage
 from gpubot.store.waits import in_thread
 
 T = TypeVar("T")
@@ -130,6 +132,8 @@ class Store:
         self.approvals = ApprovalStore(self.engine)
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
+        self.usage = DbUsage(self.engine)  # GPU-hours (issue 26)
+        self.ladder = DbLadder(self.engine)  # the reclaim ladder (issue 26)
 
     # -- actions ---------------------------------------------------------------------------
 

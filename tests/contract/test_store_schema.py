@@ -32,7 +32,9 @@ TABLES = {
     "alert_posts",
     "leases",
     "gpu_idle",
+    *("gpu_usage", "gpu_usage_last", "usage_sweeps", "usage_gaps", "idle_ladder"),  # 0008
 }
+GPU_HOURS = {"gpu_usage", "gpu_usage_last", "usage_sweeps", "usage_gaps", "idle_ladder"}
 
 
 def _tables(url: str) -> set[str]:
@@ -65,13 +67,25 @@ def test_migrations_go_up_from_empty_and_down_again(empty_db_url: str, db_kind: 
     opened.close()
 
 
+def test_0008_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
+    """GPU-hours and the reclaim ladder come and go with 0008; nothing else does."""
+    store = open_store(fresh_db_url, check_schema=False)
+    try:
+        store.downgrade("0006")
+        assert _tables(fresh_db_url) == TABLES - GPU_HOURS
+        store.upgrade()
+        assert _tables(fresh_db_url) == TABLES
+    finally:
+        store.close()
+
+
 def test_0006_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
     """The runs and the audit log's node index come and go with 0006; nothing else does."""
     store = open_store(fresh_db_url, check_schema=False)
     try:
         store.downgrade("0005")
         inspect = sa.inspect(store.engine)
-        assert set(inspect.get_table_names()) == TABLES - {"gpu_idle"}
+        assert set(inspect.get_table_names()) == TABLES - {"gpu_idle"} - GPU_HOURS
         names = {i["name"] for i in inspect.get_indexes("audit_log")}
         assert "ix_audit_log_node_kind_seq" not in names and "ix_audit_log_kind_seq" in names
         store.upgrade()
@@ -79,7 +93,7 @@ def test_0006_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
         assert set(inspect.get_table_names()) == TABLES
         names = {i["name"] for i in inspect.get_indexes("audit_log")}
         assert "ix_audit_log_node_kind_seq" in names
-        assert store.revision() == (HEAD, HEAD) == ("0006", "0006")
+        assert store.revision() == (HEAD, HEAD) == ("0008", "0008")
     finally:
         store.close()
 

@@ -1,0 +1,40 @@
+"""Issue 26's parts of the composition root: GPU-hours, the reclaim ladder and its Slack side.
+
+``gpubot.app`` calls ``sharing_ports`` while it wires the sweep; what sharing a box adds is
+built here, so the root stays one screen per concern.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpubot.config import Settings
+from gpubot.services.directory import Directory
+from gpubot.services.ladder import LadderNotifier, ReclaimLadder
+from gpubot.services.usage import ClaimedIntervals, UsageService
+
+if TYPE_CHECKING:
+    from gpubot.slack.api import SlackApi
+    from gpubot.store import Store
+
+
+def sharing_ports(
+    settings: Settings,
+    store: Store,
+    slack: SlackApi | None,
+    directory: Directory | None,
+    claims: ClaimedIntervals | None = None,
+) -> tuple[UsageService, ReclaimLadder]:
+    """Return the GPU-hours service and the reclaim ladder over ``store``, the ladder told in
+    Slack when ``slack`` is given (``claims``: the claims' store, once it is wired; without it
+    no GPU counts as claimed)."""
+    usage = UsageService(settings, store.usage, claims=claims, directory=directory)
+    notifier: LadderNotifier | None = None
+    if slack is not None:
+        from gpubot.slack.alerts import slack_users_of
+        from gpubot.slack.ladder import SlackLadder
+
+        people = slack_users_of(settings.policy.users)
+        notifier = SlackLadder(slack, settings.sweep.channel, people)
+    ladder = ReclaimLadder(settings.ladder, store.ladder, store.samples, notifier)
+    return usage, ladder
