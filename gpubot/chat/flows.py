@@ -17,6 +17,7 @@ from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home
 from gpubot.chat.interrupted import interrupted_for
 from gpubot.chat.message import Message, Person, Section, Text, bold, note, paragraph
+from gpubot.chat.report_view import render_usage
 from gpubot.chat.reset_view import (
     Decision,
     render_approval_request,
@@ -131,6 +132,8 @@ class Flows:
                 await self.audit(cmd, out)
             elif isinstance(cmd, commands.Sweep):
                 await self.sweep(who, out)
+            elif isinstance(cmd, commands.Report):
+                await self.report(cmd, out)
             elif isinstance(cmd, commands.Decide):
                 await self.decide(cmd.approval_id, cmd.approve, who, out, handle=None)
         except GpubotError as exc:
@@ -229,6 +232,13 @@ class Flows:
             return
         handle = await out.post(note("⏳ sweeping …"))
         await out.update(handle, await self.svc.sweep(who, self.source))
+
+    async def report(self, cmd: commands.Report, out: Surface) -> None:
+        """Show GPU-hours over the last ``cmd.since`` (the CSV is the CLI's)."""
+        if self.svc.usage is None:
+            raise StoreError("GPU-hours need the database, which is unavailable")
+        report = await self.svc.usage.report(cmd.since, None, by=cmd.by)
+        await out.reply(render_usage(report))
 
     # -- approvals -------------------------------------------------------------------------
 

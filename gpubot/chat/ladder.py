@@ -119,10 +119,13 @@ def render_ladder(n: LadderNotice, owners: Sequence[str]) -> Message:
     return b.message(clip(title, MAX_FALLBACK))
 
 
-async def keep(ladder: ReclaimLadder, key: str, reason: str, who: Identity, out: Surface) -> None:
-    """The owner keeps the GPU: the ladder stops, with the reason (audited)."""
+async def keep(
+    ladder: ReclaimLadder, key: str, reason: str, who: Identity, out: Surface, *, source: str
+) -> None:
+    """The owner keeps the GPU: the ladder stops, with the reason (audited as ``source:id``)."""
     try:
-        rung = await ladder.keep(key, by=who.id, user=who.linux_user, reason=reason)
+        by = f"{source}:{who.id}"
+        rung = await ladder.keep(key, by=by, user=who.linux_user, reason=reason)
     except GpubotError as exc:
         await out.reply(error_message(exc))
         return
@@ -142,5 +145,5 @@ async def oncall_free(
     except GpubotError as exc:
         await out.reply(error_message(exc))
         return
-    await ladder.free_asked(key, by=who.id, evidence=evidence)
+    await ladder.free_asked(key, by=f"{flows.source}:{who.id}", evidence=evidence)
     await free_it(flows, key, who, out, evidence=evidence.text())

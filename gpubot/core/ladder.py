@@ -88,9 +88,10 @@ def next_step(rung: Rung | None, rule: LadderRule, now: float) -> Step | None:
     if rung.kept or rung.step is Step.OFFER:
         return None
     step = Step(rung.step + 1)
-    return step if now - rung.step_at >= rule.delay(step) else None
+    return step if now - rung.step_at >= rule.delay(step) - TIME_SLACK_S else None
 
 
+TIME_SLACK_S = 0.001  # stored times keep microseconds: a delay met exactly may read a hair short
 MAX_REASON = 300  # characters of a Keep reason
 
 

@@ -137,7 +137,7 @@ async def _keep(bot: GpuBot, body: dict[str, Any], key: str, reason: str) -> Non
         return
     if ladder is None:
         return
-    await keep(ladder, key, reason, who, out)
+    await keep(ladder, key, reason, who, out, source="slack")
 
 
 async def _free(bot: GpuBot, body: dict[str, Any], key: str) -> None:
