@@ -350,8 +350,8 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        usage, ladder = sharing_ports(settings, store, app.slack, app.directory)
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, usage, ladder)
+        usage, ladder, digest = sharing_ports(settings, store, app.slack, app.directory)
+        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, usage, ladder, digest)
     return SweepService(settings, app.status, app.transport, ports)
 
 

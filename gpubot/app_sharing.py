@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpubot.config import Settings
+from gpubot.services.digest import DigestService
 from gpubot.services.directory import Directory
 from gpubot.services.ladder import LadderNotifier, ReclaimLadder
 from gpubot.services.usage import ClaimedIntervals, UsageService
@@ -24,10 +25,10 @@ def sharing_ports(
     slack: SlackApi | None,
     directory: Directory | None,
     claims: ClaimedIntervals | None = None,
-) -> tuple[UsageService, ReclaimLadder]:
-    """Return the GPU-hours service and the reclaim ladder over ``store``, the ladder told in
-    Slack when ``slack`` is given (``claims``: the claims' store, once it is wired; without it
-    no GPU counts as claimed)."""
+) -> tuple[UsageService, ReclaimLadder, DigestService | None]:
+    """Return the GPU-hours service, the reclaim ladder over ``store`` (told in Slack when
+    ``slack`` is given) and the weekly digest (with Slack, a channel and ``[reports] digest``).
+    ``claims``: the claims' store, once it is wired; without it no GPU counts as claimed."""
     usage = UsageService(settings, store.usage, claims=claims, directory=directory)
     notifier: LadderNotifier | None = None
     if slack is not None:
@@ -37,4 +38,12 @@ def sharing_ports(
         people = slack_users_of(settings.policy.users)
         notifier = SlackLadder(slack, settings.sweep.channel, people)
     ladder = ReclaimLadder(settings.ladder, store.ladder, store.samples, notifier)
-    return usage, ladder
+    cfg = settings.reports
+    channel = cfg.digest_channel or settings.sweep.channel
+    digest = None
+    if cfg.digest is not None and slack is not None and channel is not None:
+        from gpubot.slack.digest import SlackDigest
+
+        poster = SlackDigest(slack, channel)
+        digest = DigestService(cfg.digest, cfg.digest_by, usage, store.digests, poster)
+    return usage, ladder, digest

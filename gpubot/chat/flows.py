@@ -14,7 +14,7 @@ from typing import Any
 
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
-from gpubot.chat.home import render_home, render_refused_home
+from gpubot.chat.home import render_home, render_refused_home, with_week
 from gpubot.chat.interrupted import interrupted_for
 from gpubot.chat.message import Message, Person, Section, Text, bold, note, paragraph
 from gpubot.chat.report_view import render_usage
@@ -341,7 +341,9 @@ class Flows:
             except GpubotError as exc:  # the tab still shows the fleet
                 log.warning("idle GPU-hours unavailable for the Home tab: %s", exc)
         cut = await interrupted_for(self.svc.audit, self.svc.approvals, who)
-        return render_home(
+        usage, mine = self.svc.usage, who.linux_user
+        week = None if usage is None or mine is None else await usage.personal(mine)
+        page = render_home(
             who.id,
             who.linux_user,
             fleet.snapshots,
@@ -351,6 +353,7 @@ class Flows:
             now=now,
             idle_hours=idle,
         )
+        return with_week(page, week)
 
 
 def _action(cmd: commands.Command) -> str:

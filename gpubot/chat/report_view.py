@@ -13,9 +13,9 @@ from gpubot.core.usage_report import UsageReport
 SHOWN = 15  # rows a chat report shows
 
 
-def render_usage(report: UsageReport) -> Message:
-    """Render a GPU-hours report for chat."""
-    title = f"GPU-hours by {report.by} · {report.window.text()}"
+def render_usage(report: UsageReport, *, title: str = "GPU-hours") -> Message:
+    """Render a GPU-hours report for chat (``title``: the weekly digest's own)."""
+    title = f"{title} by {report.by} · {report.window.text()}"
     b = Budget()
     b.add(Heading(clip(title, 150)))
     rows = report.table()

@@ -37,6 +37,7 @@ from gpubot.core.readiness import Readiness, readiness, ready_argv
 from gpubot.core.timefmt import iso
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
+from gpubot.services.digest import DigestService
 from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.offload import off_loop
@@ -63,6 +64,7 @@ class SweepPorts:
     observer: SweepObserver | None = None
     usage: UsageService | None = None  # GPU-hours: counted at every sweep (issue 26)
     ladder: ReclaimLadder | None = None  # idle holders climb it, instead of the plain alert
+    digest: DigestService | None = None  # the weekly GPU-hours digest, checked by each sweep
 
 
 class SweepService:
@@ -90,6 +92,7 @@ class SweepService:
         self.observer = ports.observer
         self.usage = ports.usage
         self.ladder = ports.ladder
+        self.digest = ports.digest
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
@@ -165,6 +168,8 @@ class SweepService:
             self.keeper.saw(snaps)
         await self._record(result, actor or self.actor, source)
         result = await self._alert(result) if alerting else await self._report(result)
+        if alerting and self.digest is not None:
+            await self.digest.run_due()
         if self.observer is not None:
             self.observer.observe_sweep(
                 result.snapshots, list(result.failed), result.seconds, self._open_counts(result)

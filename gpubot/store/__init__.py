@@ -23,6 +23,7 @@ from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import ApprovalStore
+from gpubot.store.digests import DbDigests
 from gpubot.store.engine import (
     MEMORY,
     guard,
@@ -134,6 +135,7 @@ class Store:
         self.samples = DbSamples(self.engine)
         self.usage = DbUsage(self.engine)  # GPU-hours (issue 26)
         self.ladder = DbLadder(self.engine)  # the reclaim ladder (issue 26)
+        self.digests = DbDigests(self.engine)  # the weekly GPU-hours digest's outbox
 
     # -- actions ---------------------------------------------------------------------------
 

@@ -241,3 +241,16 @@ idle_ladder = Table(
     Column("kept_reason", Text, nullable=True),
     Column("kept_at", TIME, nullable=True),
 )
+
+# The weekly GPU-hours digest, posted once per period (an outbox: the intent and its token
+# first, then the post carrying the token, then where it landed).
+usage_digests = Table(
+    "usage_digests",
+    metadata,
+    Column("period", Text, primary_key=True),  # "digest:2026-11-30"
+    Column("token", Text, nullable=False),
+    Column("state", Text, nullable=False),  # pending | posted | refused
+    Column("created_at", TIME, nullable=False),
+    Column("channel", Text, nullable=True),
+    Column("message_ts", Text, nullable=True),
+)

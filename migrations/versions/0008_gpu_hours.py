@@ -1,4 +1,4 @@
-"""GPU-hours buckets, their sweeps and gaps, and the reclaim ladder of idle holders.
+"""GPU-hours buckets, their sweeps, gaps and weekly digests; the reclaim ladder.
 
 Revision ID: 0008
 Revises: 0006
@@ -21,7 +21,8 @@ MS = ("busy_ms", "idle_ms", "unknown_ms", "unused_ms", "free_ms", "samples")
 
 def upgrade() -> None:
     """Create ``gpu_usage`` (+ each GPU's last sample counted), ``usage_sweeps``,
-    ``usage_gaps`` and ``idle_ladder``. GPU-hours count from the first sweep after it."""
+    ``usage_gaps``, ``idle_ladder`` and ``usage_digests``. GPU-hours count from the first
+    sweep after it."""
     op.create_table(
         "gpu_usage",
         sa.Column("hour", TIME, nullable=False),
@@ -68,10 +69,21 @@ def upgrade() -> None:
         sa.Column("kept_at", TIME, nullable=True),
         sa.PrimaryKeyConstraint("finding", name="pk_idle_ladder"),
     )
+    op.create_table(
+        "usage_digests",
+        sa.Column("period", sa.Text(), nullable=False),
+        sa.Column("token", sa.Text(), nullable=False),
+        sa.Column("state", sa.Text(), nullable=False),
+        sa.Column("created_at", TIME, nullable=False),
+        sa.Column("channel", sa.Text(), nullable=True),
+        sa.Column("message_ts", sa.Text(), nullable=True),
+        sa.PrimaryKeyConstraint("period", name="pk_usage_digests"),
+    )
 
 
 def downgrade() -> None:
     """Drop what ``upgrade`` created."""
+    op.drop_table("usage_digests")
     op.drop_table("idle_ladder")
     op.drop_index("ix_usage_gaps_end_at", table_name="usage_gaps")
     op.drop_table("usage_gaps")

@@ -33,8 +33,10 @@ TABLES = {
     "leases",
     "gpu_idle",
     *("gpu_usage", "gpu_usage_last", "usage_sweeps", "usage_gaps", "idle_ladder"),  # 0008
+    "usage_digests",
 }
 GPU_HOURS = {"gpu_usage", "gpu_usage_last", "usage_sweeps", "usage_gaps", "idle_ladder"}
+GPU_HOURS |= {"usage_digests"}
 
 
 def _tables(url: str) -> set[str]:

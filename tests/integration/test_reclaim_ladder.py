@@ -257,6 +257,15 @@ async def test_the_whole_ladder_then_free_it_through_the_approval(
         # a holder no longer idle leaves the ladder
         await sweep_at(165)
 
+        # the owner's Home tab shows their own GPU-hours of the week
+        await h.send.event({"type": "app_home_opened", "user": "U0OWNER", "tab": "home"})
+        await h.settle()
+        view = fake.ok("views.publish")[-1].body["view"]
+        view = json.loads(view) if isinstance(view, str) else view
+        home = json.dumps(view["blocks"], ensure_ascii=False)
+        # 12 sweeps of 15 min: GPU 1 busy throughout (3 h); GPUs 0 and 2 at 0 % (3 h each)
+        assert "Your GPU-hours, last 7 days: 3.0 busy · 6.0 idle · 0.0 claimed unused" in home
+
         # /gpu report by node as a signed slash command
         await h.send.command("report 1d by node", user="U0BOB")
         await h.settle()
