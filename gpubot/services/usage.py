@@ -62,8 +62,9 @@ class UsageStore(Protocol):
         """Add one sweep's GPU-hours; return the buckets written."""
         ...
 
-    async def records(self, since: float, until: float) -> UsageRecords:
-        """Return the buckets of [since, until) and what they rest on."""
+    async def records(self, since: float, until: float, *, by: str = "") -> UsageRecords:
+        """Return the buckets of [since, until) (``by`` "node"/"holder": summed so) and what
+        they rest on."""
         ...
 
 
@@ -122,7 +123,9 @@ class UsageService:
 
     async def report_of(self, window: Window, by: str, now: float) -> UsageReport:
         """Return the report of ``window`` (whole hours) by ``by``."""
-        rec = await self.store.records(window.since, window.until)
+        rec = await self.store.records(
+            window.since, window.until, by="node" if by == "node" else "holder"
+        )
         teams = await self.teams() if by == "team" else None
         lines = summed(rec.rows, by, teams)
         return UsageReport(window, by, lines, self._coverage(rec, window, now))

@@ -13,7 +13,16 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, Engine, RowMapping, and_, bindparam, func, select
 
-from gpubot.core.usage import KINDS, Gap, SweepSample, Usage, UsageRecords, UsageSweep, tally
+from gpubot.core.usage import (
+    KINDS,
+    NODE_ROW,
+    Gap,
+    SweepSample,
+    Usage,
+    UsageRecords,
+    UsageSweep,
+    tally,
+)
 from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.idle_runs import text_of, unix_of
 from gpubot.store.tables import gpu_usage as u
@@ -35,9 +44,14 @@ class DbUsage:
         """Add one sweep's GPU-hours (one transaction); return the buckets written."""
         return await in_thread(self._add, sweep)
 
-    async def records(self, since: float, until: float) -> UsageRecords:
-        """Return the buckets of the hours in [since, until), and what they rest on."""
-        return await in_thread(self._read, since, until)
+    async def records(self, since: float, until: float, *, by: str = "") -> UsageRecords:
+        """Return the buckets of the hours in [since, until), and what they rest on.
+
+        ``by`` "node": the GPUs' own figures summed per node; "holder": the holders' summed
+        per holder (the database sums: a week of 1,000 nodes is millions of buckets); "": every
+        bucket as it is.
+        """
+        return await in_thread(self._read, since, until, by)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
@@ -62,12 +76,10 @@ class DbUsage:
                 conn.execute(gaps.insert(), rows)
             return len(out.rows)
 
-    def _read(self, since: float, until: float) -> UsageRecords:
+    def _read(self, since: float, until: float, by: str) -> UsageRecords:
         lo, hi = text_of(since), text_of(until)
-        q = select(u).where(u.c.hour >= lo, u.c.hour < hi)
-        q = q.order_by(u.c.hour, u.c.node, u.c.gpu_index, u.c.holder)
         with guard("cannot read GPU-hours"), read_tx(self._engine) as conn:
-            rows = tuple(_usage_of(r._mapping) for r in conn.execute(q))
+            rows = _summed(conn, lo, hi, int(since), by)
             count = select(func.count()).select_from(sweeps)
             n = conn.execute(count.where(sweeps.c.at >= lo, sweeps.c.at < hi)).scalar() or 0
             found = conn.execute(
@@ -79,6 +91,23 @@ class DbUsage:
             seen = select(last.c.node, func.max(last.c.last_at)).group_by(last.c.node)
             last_seen = {node: unix_of(at) for node, at in conn.execute(seen)}
         return UsageRecords(rows, int(n), between, last_seen)
+
+
+def _summed(conn: Connection, lo: str, hi: str, since: int, by: str) -> tuple[Usage, ...]:
+    """Return the buckets of [lo, hi), or their sums per node or per holder."""
+    when = (u.c.hour >= lo, u.c.hour < hi)
+    if not by:
+        q = select(u).where(*when).order_by(u.c.hour, u.c.node, u.c.gpu_index, u.c.holder)
+        return tuple(_usage_of(r._mapping) for r in conn.execute(q))
+    key = u.c.node if by == "node" else u.c.holder
+    mine = u.c.holder == NODE_ROW if by == "node" else u.c.holder != NODE_ROW
+    sums = [func.sum(u.c[c]) for c in COLUMNS]
+    q = select(key, *sums).where(*when, mine).group_by(key).order_by(key)
+    out = []
+    for name, *figures in conn.execute(q):
+        node, holder = (name, NODE_ROW) if by == "node" else ("", name)
+        out.append(Usage(since, node, 0, holder, *(int(f or 0) for f in figures)))
+    return tuple(out)
 
 
 def _usage_of(m: RowMapping) -> Usage:
