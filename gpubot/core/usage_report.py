@@ -152,6 +152,9 @@ class UsageReport:
         """Return what the figures rest on and where data is missing, one line each."""
         c = self.coverage
         lines = [f"{c.sweeps} sweep(s) in {self.window.text()} (every {c.interval_s:g} s)"]
+        if c.sweeps == 0:
+            lines.append("no data: no sweep counted GPU-hours in this window")
+            return lines
         if not c.gaps:
             lines.append("no data missing")
             return lines

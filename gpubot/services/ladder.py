@@ -7,7 +7,8 @@ told at most once, by one replica. Nothing here kills anything: *Free it* is a f
 that the approval flow decides (``chat.ladder``), carrying the evidence this service gives
 (``evidence``: GPU-hours held idle, and the samples). The owner stops the ladder with *Keep
 (reason)*; a holder no longer idle leaves it. A store or notifier that fails costs that step
-now (warned), never the sweep.
+now (warned), never the sweep. The evidence reads the GPU's own samples of its idle time, only
+for a holder taking a step (each holder takes four at most), never for every idle GPU.
 """
 
 from __future__ import annotations

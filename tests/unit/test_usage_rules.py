@@ -159,3 +159,11 @@ def test_a_sample_counts_the_time_since_the_one_before() -> None:
     assert weight_ms(1000.0, 1000.0, 300.0) == 0  # the same instant twice: counted once
     assert shares(10, ["a", "b", "c"]) == {"a": 4, "b": 3, "c": 3}
     assert sum(shares(7_777, ["a", "b", "c", "d"]).values()) == 7_777
+
+
+def test_a_window_without_sweeps_says_it_has_no_data() -> None:
+    from gpubot.core.usage_report import Coverage, UsageReport
+
+    empty = UsageReport(Window.of("1d", None, NOW), "user", (), Coverage(0, 300.0))
+    assert "no data: no sweep counted GPU-hours in this window" in empty.text()
+    assert "no data missing" not in empty.text()
