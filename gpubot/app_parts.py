@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from gpubot.services.approvals import ApprovalService
     from gpubot.services.reset import ResetService
     from gpubot.services.sweep import SweepService
-    from gpubot.slack.api import SlackDirectory
+    from gpubot.slack.api import SlackApi, SlackDirectory
     from gpubot.store import Store
 
 
@@ -36,6 +36,8 @@ class Root(Protocol):
     def status(self) -> StatusService: ...
     @property
     def metrics(self) -> Metrics | None: ...
+    @property
+    def slack(self) -> SlackApi | None: ...
     @property
     def directory(self) -> SlackDirectory | None: ...
 
@@ -75,12 +77,14 @@ def wire_parts(app: Root, notifier: Notifier | None) -> Parts:
         settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
     )
     chat.posts = None if store is None else store.approval_posts  # the approval outbox
+    chat.usage, chat.ladder = sweep.usage, sweep.ladder  # GPU-hours, the reclaim ladder
     return Parts(reset, sweep, chat, approvals)
 
 
 def _sweep(app: Root, store: Store | None, notifier: Notifier | None) -> SweepService:
     """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
     notifier, snooze) and the idle accounting (GPU samples)."""
+    from gpubot.app_sharing import sharing_ports
     from gpubot.services.alert_keeper import AlertKeeper
     from gpubot.services.health_checks import wire_health
     from gpubot.services.idle_accounting import IdleAccounting
@@ -97,5 +101,8 @@ def _sweep(app: Root, store: Store | None, notifier: Notifier | None) -> SweepSe
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, health, xid)
+        usage, ladder, digest = sharing_ports(settings, store, app.slack, app.directory)
+        ports = SweepPorts(
+            store, keeper, idle, app.locks, app.metrics, health, xid, usage, ladder, digest
+        )
     return SweepService(settings, app.status, app.transport, ports)

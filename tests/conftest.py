@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Fixture plugins; each is a module of tests/fixtures.
@@ -30,3 +32,19 @@ settings.register_profile(
 )
 settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Tests write only under temporary folders. gpubot's default database is ``sqlite:///gpubot.db``
+# in the working directory, so a test that runs gpubot without its own database URL (or cwd)
+# would leave one in the checkout: the run fails then, naming the file.
+_CHECKOUT = Path(__file__).resolve().parent.parent
+_STRAYS = ("gpubot.db", "gpubot.db-wal", "gpubot.db-journal")
+_BEFORE = {name for name in _STRAYS if (_CHECKOUT / name).exists()}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller checks once, after all of them
+    new = [n for n in _STRAYS if (_CHECKOUT / n).exists() and n not in _BEFORE]
+    if new:
+        print(f"\nERROR: a test wrote {', '.join(new)} into the checkout ({_CHECKOUT})")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -15,9 +15,10 @@ from typing import Any
 from gpubot.chat.approval_duty import ApprovalDuty
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
-from gpubot.chat.home import render_home, render_refused_home
+from gpubot.chat.home import render_home, render_refused_home, with_week
 from gpubot.chat.interrupted import interrupted_for
 from gpubot.chat.message import Message, Person, Section, Text, bold, note, paragraph
+from gpubot.chat.report_view import render_usage
 from gpubot.chat.reset_view import (
     Decision,
     render_approval_request,
@@ -39,6 +40,7 @@ from gpubot.core.ports import AuditLog, Clock
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
 from gpubot.services.approval_outbox import ApprovalOutbox, Poster, PostStore
 from gpubot.services.approvals import ApprovalService, Identity, unix
+from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.requests import (
     Ask,
     Busy,
@@ -50,6 +52,7 @@ from gpubot.services.requests import (
     RequestService,
 )
 from gpubot.services.status import FleetStatus, StatusService
+from gpubot.services.usage import UsageService
 
 __all__ = ["Flows", "Services", "error_message", "help_message"]
 
@@ -73,6 +76,8 @@ class Services:
     sweep: Sweeper | None = None
     idle: IdleHours | None = None  # GPU-hours held idle (``SweepService.idle_gpu_hours``)
     posts: PostStore | None = None  # the approval outbox (``store.approval_posts``)
+    usage: UsageService | None = None  # GPU-hours reports (issue 26)
+    ladder: ReclaimLadder | None = None  # the reclaim ladder of idle holders (issue 26)
 
 
 def help_message(text: str) -> Message:
@@ -141,6 +146,8 @@ class Flows:
                 await self.audit(cmd, out)
             elif isinstance(cmd, commands.Sweep):
                 await self.sweep(who, out)
+            elif isinstance(cmd, commands.Report):
+                await self.report(cmd, out)
             elif isinstance(cmd, commands.Decide):
                 await self.decide(cmd.approval_id, cmd.approve, who, out, handle=None)
         except GpubotError as exc:
@@ -171,14 +178,25 @@ class Flows:
         """Return the chat side of one request on ``out``."""
         return Tracker(out, Pace(self.min_update_s, self.clock), asked=asked, **kw)
 
-    async def reset(self, cmd: commands.Reset, who: Identity, out: Surface, *, text: str) -> None:
-        """Plan; run at once if only the asker's processes die, else ask for approval."""
+    async def reset(
+        self,
+        cmd: commands.Reset,
+        who: Identity,
+        out: Surface,
+        *,
+        text: str,
+        evidence: str | None = None,
+    ) -> None:
+        """Plan; run at once if only the asker's processes die, else ask for approval
+        (``evidence``: why, shown to the approvers: the reclaim ladder's idle evidence)."""
         planning = note("⏳ planning a reset of ", bold(cmd.node), " …")
         track = self.tracker(out, ("Requested by ", Person(who.id)), planning=planning)
 
         async def announce(approval: Approval, plan: ResetPlan) -> Handle | None:
             expires = unix(approval.expires_at) or 0.0
-            msg = render_approval_request(approval.id, plan, who.id, who.linux_user, expires)
+            msg = render_approval_request(
+                approval.id, plan, who.id, who.linux_user, expires, evidence=evidence
+            )
             channel = self.svc.policy.approval_channel
             if self.duty is not None and channel is not None:  # recorded, then posted once
                 sent = await self.duty.announce(approval, msg, channel)
@@ -241,6 +259,13 @@ class Flows:
             return
         handle = await out.post(note("⏳ sweeping …"))
         await out.update(handle, await self.svc.sweep(who, self.source))
+
+    async def report(self, cmd: commands.Report, out: Surface) -> None:
+        """Show GPU-hours over the last ``cmd.since`` (the CSV is the CLI's)."""
+        if self.svc.usage is None:
+            raise StoreError("GPU-hours need the database, which is unavailable")
+        report = await self.svc.usage.report(cmd.since, None, by=cmd.by)
+        await out.reply(render_usage(report))
 
     # -- approvals -------------------------------------------------------------------------
 
@@ -349,7 +374,9 @@ class Flows:
             except GpubotError as exc:  # the tab still shows the fleet
                 log.warning("idle GPU-hours unavailable for the Home tab: %s", exc)
         cut = await interrupted_for(self.svc.audit, self.svc.approvals, who)
-        return render_home(
+        usage, mine = self.svc.usage, who.linux_user
+        week = None if usage is None or mine is None else await usage.personal(mine)
+        page = render_home(
             who.id,
             who.linux_user,
             fleet.snapshots,
@@ -359,6 +386,7 @@ class Flows:
             now=now,
             idle_hours=idle,
         )
+        return with_week(page, week)
 
 
 def _action(cmd: commands.Command) -> str:

@@ -38,8 +38,11 @@ async def snooze(snoozer: Snoozer, key: str, choice: str, *, by: str, out: Surfa
     await out.reply(note("🔕 ", where, ": ", k.kind, " snoozed", *when))
 
 
-async def free_it(flows: Flows, value: str, who: Identity, out: Surface) -> None:
-    """Free the GPU an idle holder (the finding ``value``) holds, as ``who``'s own reset."""
+async def free_it(
+    flows: Flows, value: str, who: Identity, out: Surface, *, evidence: str | None = None
+) -> None:
+    """Free the GPU an idle holder (the finding ``value``) holds, as ``who``'s own reset;
+    ``evidence`` (the reclaim ladder's) goes into the command and the approval request."""
     try:
         key = FindingKey.parse(value)
         pid_text, _, ticks = key.holder.partition(":")
@@ -64,4 +67,9 @@ async def free_it(flows: Flows, value: str, who: Identity, out: Surface) -> None
     except GpubotError as exc:
         await out.reply(error_message(exc))
         return
-    await flows.run(cmd, who, out, text=f"/gpu {line} (Free it)")
+    if evidence is None:
+        await flows.run(cmd, who, out, text=f"/gpu {line} (Free it)")
+        return
+    assert isinstance(cmd, commands.Reset)
+    text = f"/gpu {line} (Free it, reclaim ladder: {evidence})"
+    await flows.reset(cmd, who, out, text=text, evidence=evidence)

@@ -12,6 +12,7 @@ Where sweeps run, the tab also says how many GPU-hours the viewer holds idle (GP
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from gpubot.chat.fleet_view import proc_label, render_fleet
 from gpubot.chat.interrupted import Interrupted, interrupted_parts
@@ -28,6 +29,7 @@ from gpubot.chat.message import (
     ctx,
 )
 from gpubot.core.models import NodeSnapshot
+from gpubot.core.usage_report import Line
 
 
 def render_home(
@@ -115,3 +117,15 @@ def render_refused_home(user_id: str, reason: str, *, now: float) -> Message:
         ctx(("checked ", Date(now))),
     )
     return Message("GPU fleet", body, kind=Kind.PAGE)
+
+
+def with_week(page: Message, week: Line | None) -> Message:
+    """Return the Home tab with the viewer's GPU-hours of the last 7 days (``gpubot report``'s
+    figures) above its last line, when the page has room for one more block."""
+    if week is None or len(page.body) >= MAX_PAGE_PARTS:
+        return page
+    figures = f"{week.hours('busy'):.1f} busy · {week.hours('idle'):.1f} idle"
+    line = ctx(
+        f"Your GPU-hours, last 7 days: {figures} · {week.hours('unused'):.1f} claimed unused"
+    )
+    return replace(page, body=(*page.body[:-1], line, page.body[-1]))

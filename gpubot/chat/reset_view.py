@@ -255,11 +255,16 @@ def render_approval_request(
     requester_id: str,
     requester_user: str | None,
     expires_at: float,
+    *,
+    evidence: str | None = None,
 ) -> Message:
-    """Render a forced kill waiting for on-call approval, with Approve / Deny buttons."""
+    """Render a forced kill waiting for on-call approval, with Approve / Deny buttons
+    (``evidence``: why it is asked, e.g. the GPU-hours held idle and the samples)."""
     b = Budget()
     b.add(Heading(f"Approval needed · forced kill on {plan.node}"))
     b.add(Section(_request_text(plan, requester_id, requester_user)))
+    if evidence:
+        b.add(Section(("Idle evidence: ", Sentence(clip(evidence, 600)))))
     _add_plan(b, plan, use_table=True, reserve=2)
     b.add(ctx(f"Request #{approval_id}", ("expires ", Date(expires_at))))
     gpus = _gpus(plan.gpus)

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reset": ("gpubot.cli.reset", "free GPUs safely: plan, TERM, KILL, verify"),
     "gpu-reset": ("gpubot.cli.reset", "nvidia-smi --gpu-reset an orphaned GPU"),
     "sweep": ("gpubot.cli.sweep", "look for zombie processes and orphaned VRAM now"),
+    "report": ("gpubot.cli.report", "GPU-hours held busy, idle and claimed but unused"),
     "audit": ("gpubot.cli.audit", "list, show, review, export and verify the audit log"),
     "doctor": ("gpubot.cli.doctor", "check settings, nodes, Slack and the database; say each fix"),
     "db": ("gpubot.cli.db", "database migrations"),

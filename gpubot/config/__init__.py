@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.config import cli as cli_table
-from gpubot.config import tables, validate
+from gpubot.config import sharing, tables, validate
 from gpubot.config.settings import (
     AttributionSettings,
     AuditSettings,
@@ -63,6 +63,9 @@ SECTIONS = {
     "metrics",
     "leases",
     "cli",
+    "teams",
+    "reports",
+    "idle",
 }
 
 
@@ -107,6 +110,8 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         metrics=tables.metrics(v, raw),
         leases=validate.leases(v, raw),
         cli=cli_table.cli(v, raw),
+        reports=sharing.reports(v, raw),
+        ladder=sharing.ladder(v, raw),
     )
 
 

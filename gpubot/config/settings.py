@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpubot.core.findings import SweepConfig
+from gpubot.core.ladder import LadderRule
 from gpubot.core.models import NodeConfig
 from gpubot.core.policy import Policy
 from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
+from gpubot.core.usage_report import ReportSettings
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     cli: CliSettings = field(default_factory=CliSettings)
+    reports: ReportSettings = field(default_factory=ReportSettings)  # [teams], [reports]
+    ladder: LadderRule = field(default_factory=LadderRule)  # [idle]: the reclaim ladder
 
     def node(self, name: str) -> NodeConfig | None:
         """Return the node called ``name`` or None."""

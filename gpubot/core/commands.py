@@ -7,6 +7,7 @@
     gpu-reset NODE gpu N
     sweep
     audit [NODE] [N]
+    report [7d] [by user|team|node]
     help [COMMAND]
     approve ID | deny ID              (console only: Slack decides with buttons)
 
@@ -21,6 +22,7 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
+from gpubot.core.idle import parse_duration
 from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.core.reason import split_reason
 from gpubot.errors import UsageError
@@ -78,6 +80,14 @@ class Audit:
 
 
 @dataclass(frozen=True)
+class Report:
+    """``report``: GPU-hours over the last ``since`` (a duration), by user, team or node."""
+
+    since: str = "7d"
+    by: str = "user"
+
+
+@dataclass(frozen=True)
 class Help:
     """``help``: the usage of all commands or one."""
 
@@ -92,7 +102,7 @@ class Decide:
     approve: bool
 
 
-Command = Status | Reset | GpuReset | Sweep | Audit | Help | Decide
+Command = Status | Reset | GpuReset | Sweep | Audit | Report | Help | Decide
 
 USAGE: dict[str, str] = {
     "status": "/gpu status [NODE|GROUP|all]  — per-GPU memory, utilisation and processes",
@@ -102,6 +112,8 @@ USAGE: dict[str, str] = {
     "leaked",
     "sweep": "/gpu sweep  — look for zombie processes and orphaned GPU memory now",
     "audit": "/gpu audit [NODE] [N]  — the last N actions (default 10, at most 100)",
+    "report": "/gpu report [7d] [by user|team|node]  — GPU-hours held busy, idle and claimed "
+    "but unused",
     "help": "/gpu help [COMMAND]  — this text",
 }
 DECIDE_USAGE = {
@@ -166,6 +178,8 @@ def parse(text: str, *, decisions: bool = False) -> Command:
         return Sweep()
     if verb == "audit":
         return _audit(args)
+    if verb == "report":
+        return _report(args)
     if verb == "help":
         if len(args) > 1:
             _no_more(args[1:], "help")
@@ -248,6 +262,24 @@ def _audit(args: list[str]) -> Audit:
         limit = _int(rest.pop(0), "count", 1, MAX_AUDIT)
     _no_more(rest, "audit")
     return Audit(node, limit)
+
+
+def _report(args: list[str]) -> Report:
+    rest = [a.lower() for a in args]
+    since = "7d"
+    if rest and rest[0] != "by":
+        since = rest.pop(0)
+        try:
+            parse_duration(since)
+        except ValueError:
+            raise UsageError(f"bad period {_show(since)}: expected e.g. 7d, 12h or 2w") from None
+    by = "user"
+    if rest[:1] == ["by"]:
+        if len(rest) < 2 or rest[1] not in ("user", "team", "node"):
+            raise UsageError(f"usage: {USAGE['report']}")
+        by, rest = rest[1], rest[2:]
+    _no_more(rest, "report")
+    return Report(since, by)
 
 
 def _options(args: list[str], names: dict[str, str], context: str) -> dict[str, str]:

@@ -40,10 +40,13 @@ from gpubot.core.timefmt import iso
 from gpubot.core.xid_table import RESET_WHEN_IDLE
 from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
+from gpubot.services.digest import DigestService
 from gpubot.services.health_checks import HealthChecks
 from gpubot.services.idle_accounting import IdleAccounting
+from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.offload import off_loop, release
 from gpubot.services.status import StatusService, fan_out, reason
+from gpubot.services.usage import UsageService
 from gpubot.services.xid_watch import XidWatch
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,9 @@ class SweepPorts:
     observer: SweepObserver | None = None
     health: HealthChecks | None = None  # GPU health fields (issue 27); None: not read
     xid: XidWatch | None = None  # reads each node's kernel log for Xid/SXid ([sweep] kernel_log)
+    usage: UsageService | None = None  # GPU-hours: counted at every sweep (issue 26)
+    ladder: ReclaimLadder | None = None  # idle holders climb it, instead of the plain alert
+    digest: DigestService | None = None  # the weekly GPU-hours digest, checked by each sweep
 
 
 class SweepService:
@@ -93,6 +99,9 @@ class SweepService:
         self.observer = ports.observer
         self.health = ports.health
         self.xid = ports.xid
+        self.usage = ports.usage
+        self.ladder = ports.ladder
+        self.digest = ports.digest
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
@@ -159,6 +168,8 @@ class SweepService:
         snaps, failed, timed_out = await self._probe(nodes, self.node_budget_s())
         seconds = self.clock.monotonic() - t0
         idle = {} if self.idle is None else await self.idle.sweep(snaps, started)
+        if self.usage is not None:
+            await self.usage.record(snaps, started)
         protection = self.settings.reset.protection
         findings = await off_loop(
             find, snaps, failed, self.config, protection=protection, idle=idle
@@ -179,6 +190,8 @@ class SweepService:
         await off_loop(release, retired)  # freed in the worker, not in one step of the loop
         await self._record(result, actor or self.actor, source)
         result = await self._alert(result) if alerting else await self._report(result)
+        if alerting and self.digest is not None:
+            await self.digest.run_due()
         if self.observer is not None:
             self.observer.observe_sweep(
                 result.snapshots, list(result.failed), result.seconds, self._open_counts(result)
@@ -186,7 +199,18 @@ class SweepService:
         return result
 
     async def _alert(self, result: SweepResult) -> SweepResult:
-        """Hand the findings to the alert keeper (none: report them only)."""
+        """Hand the findings to the alert keeper (none: report them only); with the reclaim
+        ladder on, idle holders climb it instead of being alerted."""
+        ladder = self.ladder if self.ladder is not None and self.ladder.enabled else None
+        if ladder is not None:
+            await ladder.climb(result)
+            rest = tuple(f for f in result.findings if f.kind is not FindingKind.IDLE_HOLDER)
+            return replace(
+                await self._keep(replace(result, findings=rest)), findings=result.findings
+            )
+        return await self._keep(result)
+
+    async def _keep(self, result: SweepResult) -> SweepResult:
         if self.keeper is None:
             return await self._report(result)
         now = datetime.fromtimestamp(self.clock.now(), UTC)

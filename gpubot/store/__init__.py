@@ -24,6 +24,7 @@ from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
 from gpubot.store.approval_posts import ApprovalPosts
 from gpubot.store.approvals import ApprovalStore
+from gpubot.store.digests import DbDigests
 from gpubot.store.engine import (
     MEMORY,
     guard,
@@ -38,6 +39,7 @@ from gpubot.store.engine import (
 )
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.health import DbEcc
+from gpubot.store.ladder import DbLadder
 from gpubot.store.leases import check_fence
 from gpubot.store.query_records import query_payload
 from gpubot.store.records import (
@@ -49,6 +51,7 @@ from gpubot.store.records import (
 )
 from gpubot.store.samples import DbSamples
 from gpubot.store.seals import SealRule
+from gpubot.store.usage import DbUsage
 from gpubot.store.waits import in_thread
 
 T = TypeVar("T")
@@ -134,6 +137,9 @@ class Store:
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
         self.ecc = DbEcc(self.engine)  # issue 27: the sweep's ECC counts
+        self.usage = DbUsage(self.engine)  # GPU-hours (issue 26)
+        self.ladder = DbLadder(self.engine)  # the reclaim ladder (issue 26)
+        self.digests = DbDigests(self.engine)  # the weekly GPU-hours digest's outbox
 
     # -- actions ---------------------------------------------------------------------------
 

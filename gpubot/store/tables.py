@@ -218,3 +218,82 @@ gpu_ecc = Table(
     Column("sweeps_since", Integer, nullable=False),
     PrimaryKeyConstraint("node", "gpu_uuid", "counter"),
 )
+
+
+# GPU-hours (``core.usage``, issue 26): per UTC hour, GPU and holder (``""``: the GPU's own
+# figures), the milliseconds held busy, idle, unknown, claimed but unused and free, added to by
+# each sweep; the report sums these, never the samples.
+gpu_usage = Table(
+    "gpu_usage",
+    metadata,
+    Column("hour", TIME, nullable=False),
+    Column("node", Text, nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("busy_ms", BigInteger, nullable=False),
+    Column("idle_ms", BigInteger, nullable=False),
+    Column("unknown_ms", BigInteger, nullable=False),
+    Column("unused_ms", BigInteger, nullable=False),
+    Column("free_ms", BigInteger, nullable=False),
+    Column("samples", BigInteger, nullable=False),
+    PrimaryKeyConstraint("hour", "node", "gpu_index", "holder"),
+)
+
+# Each GPU's latest sample counted in ``gpu_usage`` (what the next one counts from).
+gpu_usage_last = Table(
+    "gpu_usage_last",
+    metadata,
+    Column("node", Text, nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("last_at", TIME, nullable=False),
+    PrimaryKeyConstraint("node", "gpu_index"),
+)
+
+# One row per sweep that counted GPU-hours, and each node's stretches without a sample longer
+# than two sweep intervals (missing data, which the report names).
+usage_sweeps = Table(
+    "usage_sweeps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", TIME, nullable=False),
+    Index(None, "at"),
+)
+usage_gaps = Table(
+    "usage_gaps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", Text, nullable=False),
+    Column("start_at", TIME, nullable=False),
+    Column("end_at", TIME, nullable=False),
+    Index(None, "end_at"),
+)
+
+# The reclaim ladder of each idle holder (``services.ladder``): the step reached and when, and
+# the owner's *Keep* (who, why, when), which stops it. Every change is audited too.
+idle_ladder = Table(
+    "idle_ladder",
+    metadata,
+    Column("finding", Text, primary_key=True),  # the idle-holder finding's key text
+    Column("node", Text, nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("owner", Text, nullable=False),
+    Column("step", Integer, nullable=False),  # 1 DM, 2 reminder, 3 channel post, 4 Free it
+    Column("started_at", TIME, nullable=False),
+    Column("step_at", TIME, nullable=False),
+    Column("kept_by", Text, nullable=True),
+    Column("kept_reason", Text, nullable=True),
+    Column("kept_at", TIME, nullable=True),
+)
+
+# The weekly GPU-hours digest, posted once per period (an outbox: the intent and its token
+# first, then the post carrying the token, then where it landed).
+usage_digests = Table(
+    "usage_digests",
+    metadata,
+    Column("period", Text, primary_key=True),  # "digest:2026-11-30"
+    Column("token", Text, nullable=False),
+    Column("state", Text, nullable=False),  # pending | posted | refused
+    Column("created_at", TIME, nullable=False),
+    Column("channel", Text, nullable=True),
+    Column("message_ts", Text, nullable=True),
+)

@@ -77,7 +77,9 @@ def _doctor(tmp_path: Path, soft: int, hard: int) -> tuple[int, dict[str, object
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUBOT_", "SLACK_"))}
     argv = [sys.executable, "-m", "gpubot", "--config", str(config), "doctor", "n0", "--json"]
-    p = subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=limit, timeout=120)
+    p = subprocess.run(
+        argv, capture_output=True, text=True, env=env, preexec_fn=limit, timeout=120, cwd=tmp_path
+    )
     assert "Traceback" not in p.stderr
     return p.returncode, json.loads(p.stdout)
 

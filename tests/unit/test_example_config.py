@@ -25,7 +25,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "gpubot.example.toml"
 HEADER = re.compile(r"\s*\[\[?\s*([A-Za-z0-9_.-]+)\s*\]\]?")
 OPTIONAL = re.compile(r"# ([a-z_]+) = ")  # a key left for the admin to uncomment as it stands
 ASSIGNED = re.compile(r"\s*([A-Za-z0-9_\"*-]+)\s*=")
-DATA_TABLES = ("users", "permissions", "groups")  # tables whose keys are names or ids
+DATA_TABLES = ("users", "permissions", "groups", "teams")  # tables whose keys are names or ids
 
 Accepted = dict[str, set[str]]  # "ssh", "nodes", "groups.*", "" (the top) -> keys
 

@@ -130,7 +130,10 @@ def test_the_valve_frees_frozen_garbage_cycles_once_they_could_pile_up() -> None
 
 async def test_serve_sets_the_sweep_heap_and_a_test_build_does_not(tmp_path: Path) -> None:
     path = tmp_path / "gpubot.toml"
-    path.write_text('[[nodes]]\nname = "node3"\nhost = "127.0.0.1"\nport = 9\n')
+    path.write_text(
+        f'[database]\nurl = "sqlite:///{tmp_path}/gpubot.db"\n'  # never the checkout's own
+        '[[nodes]]\nname = "node3"\nhost = "127.0.0.1"\nport = 9\n'
+    )
     for settle, want in ((False, False), (True, True)):
         app = build(load(path), {}, need_store=False, serving=True, first_after_s=3600)
         try:

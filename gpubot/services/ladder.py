@@ -1,0 +1,188 @@
+"""The reclaim ladder: idle holders are told, reminded, named, then offered to on-call.
+
+After every alerting sweep, each idle holder (``core.idle``) takes the step of the ladder due
+(``core.ladder``): the step is recorded and audited first (``LadderStore``), then told through
+the ``LadderNotifier`` (a DM, a reminder, a channel post, *Free it* for on-call), so a step is
+told at most once, by one replica. Nothing here kills anything: *Free it* is a forced reset
+that the approval flow decides (``chat.ladder``), carrying the evidence this service gives
+(``evidence``: GPU-hours held idle, and the samples). The owner stops the ladder with *Keep
+(reason)*; a holder no longer idle leaves it. A store or notifier that fails costs that step
+now (warned), never the sweep. The evidence reads the GPU's own samples of its idle time, only
+for a holder taking a step (each holder takes four at most), never for every idle GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpubot.core.alerting import SweepResult
+from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.findings import Finding
+from gpubot.core.ladder import Evidence, LadderRule, Rung, Step, keep_reason, next_step
+from gpubot.core.models import FindingKind
+from gpubot.core.ports import Clock, SampleStore
+from gpubot.core.usage import UNKNOWN_USER
+from gpubot.errors import GpubotError, NotPermitted, StoreError, UsageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LadderNotice:
+    """One step to tell: which, of which holder, its finding now and the evidence."""
+
+    step: Step
+    rung: Rung
+    finding: Finding
+    evidence: Evidence
+
+
+class LadderNotifier(Protocol):
+    """Tells a step of the ladder (Slack: DMs and the alerts channel)."""
+
+    async def tell(self, notice: LadderNotice) -> bool:
+        """Tell one step; return whether it reached anyone (never raises)."""
+        ...
+
+
+class LadderStore(Protocol):
+    """The ladder's rows (``store.ladder.DbLadder``): each change audited with it."""
+
+    async def rungs(self) -> dict[str, Rung]: ...
+
+    async def climb(
+        self, rung: Rung, step: Step, now: float, detail: dict[str, object]
+    ) -> Rung | None: ...
+
+    async def keep(self, finding: str, by: str, reason: str, now: float) -> Rung: ...
+
+    async def note(self, finding: str, what: str, by: str, detail: dict[str, object]) -> None: ...
+
+    async def leave(self, findings: Sequence[str], now: float, why: str) -> list[Rung]: ...
+
+
+class ReclaimLadder:
+    """Moves idle holders up the ladder, one step per sweep at most."""
+
+    def __init__(
+        self,
+        rule: LadderRule,
+        store: LadderStore,
+        samples: SampleStore | None = None,
+        notifier: LadderNotifier | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.rule = rule
+        self.store = store
+        self.samples = samples
+        self.notifier = notifier
+        self.clock = clock
+        self._seen: dict[str, Finding] = {}  # the idle holders of the last alerting sweep
+
+    @property
+    def enabled(self) -> bool:
+        """Whether idle holders climb the ladder (instead of the plain alert)."""
+        return self.rule.enabled
+
+    async def climb(self, result: SweepResult) -> list[LadderNotice]:
+        """Take the step due of each idle holder of ``result``; return the steps told."""
+        if not self.enabled:
+            return []
+        now = self.clock.now()
+        idle = {f.key.text(): f for f in result.findings if f.kind is FindingKind.IDLE_HOLDER}
+        self._seen = idle
+        try:
+            rungs = await self.store.rungs()
+            answered = {s.node for s in result.snapshots}
+            gone = [k for k, r in rungs.items() if k not in idle and r.node in answered]
+            if gone:
+                await self.store.leave(gone, now, "no longer held idle")
+        except StoreError as exc:
+            log.warning("reclaim ladder not moved: %s", exc)
+            return []
+        told: list[LadderNotice] = []
+        for key, f in idle.items():
+            notice = await self._step(key, f, rungs.get(key), now)
+            if notice is not None:
+                told.append(notice)
+        return told
+
+    async def _step(
+        self, key: str, f: Finding, rung: Rung | None, now: float
+    ) -> LadderNotice | None:
+        step = next_step(rung, self.rule, now)
+        if step is None or f.gpu is None:
+            return None
+        evidence = await self.evidence_of(f, now)
+        base = rung or Rung(key, f.node, f.gpu, f.owner or UNKNOWN_USER, step, now, now)
+        try:
+            reached = await self.store.climb(base, step, now, {"evidence": evidence.to_dict()})
+        except StoreError as exc:
+            log.warning("reclaim ladder of %s GPU %s: %s", f.node, f.gpu, exc)
+            return None
+        if reached is None:  # another replica took this step
+            return None
+        notice = LadderNotice(step, reached, f, evidence)
+        if self.notifier is not None:
+            await self.notifier.tell(notice)
+        return notice
+
+    async def evidence_of(self, f: Finding, now: float) -> Evidence:
+        """Return the evidence of an idle holder: its idle time and the GPU's samples in it."""
+        idle_s = f.idle_s or 0.0
+        if self.samples is None or f.gpu is None:
+            return Evidence(idle_s, 0)
+        try:
+            found = await self.samples.samples_since(now - idle_s - 1.0, gpus=[(f.node, f.gpu)])
+        except StoreError as exc:
+            log.warning("idle evidence of %s GPU %s unavailable: %s", f.node, f.gpu, exc)
+            return Evidence(idle_s, 0)
+        mib = [s.memory_used_mib for s in found if s.memory_used_mib is not None]
+        at = [s.taken_at for s in found]
+        return Evidence(
+            idle_s,
+            len(found),
+            min(at, default=None),
+            max(at, default=None),
+            min(mib, default=None),
+            max(mib, default=None),
+        )
+
+    async def rung(self, finding: str) -> Rung:
+        """Return the rung of ``finding``; raise ``UsageError`` when it is not on the ladder."""
+        rung = (await self.store.rungs()).get(finding)
+        if rung is None:
+            raise UsageError("this GPU is no longer on the reclaim ladder")
+        return rung
+
+    async def keep(self, finding: str, *, by: str, user: str | None, reason: str) -> Rung:
+        """Stop the ladder of ``finding``: only its owner (``user``) may; ``reason`` is kept
+        and audited. Raises ``NotPermitted``, ``UsageError`` or ``StoreError``."""
+        try:
+            why = keep_reason(reason)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        rung = await self.rung(finding)
+        if user is None or user != rung.owner:
+            raise NotPermitted(f"only {rung.owner}, whose job holds it, can keep this GPU")
+        return await self.store.keep(finding, by, why, self.clock.now())
+
+    async def free_asked(self, finding: str, *, by: str, evidence: Evidence) -> None:
+        """Audit that someone asked to free an idle holder from the ladder."""
+        try:
+            await self.store.note(finding, "free asked", by, {"evidence": evidence.to_dict()})
+        except GpubotError as exc:
+            log.warning("reclaim ladder: cannot audit the Free it of %s: %s", finding, exc)
+
+    async def evidence(self, finding: str) -> Evidence:
+        """Return the evidence of ``finding`` as the last sweep saw it, now; raise
+        ``UsageError`` when no sweep of this process saw it idle (after a restart)."""
+        f = self._seen.get(finding)
+        if f is None:
+            await self.rung(finding)  # not on the ladder at all: say so
+            raise UsageError("no sweep has seen this GPU idle since gpubot started: try again soon")
+        return await self.evidence_of(f, self.clock.now())

@@ -1,0 +1,154 @@
+"""The reclaim ladder in Slack: its DMs and channel posts, *Keep (reason)* and on-call's *Free it*.
+
+``SlackLadder`` tells each step (``services.ladder``): the DM and the reminder to the owner's
+Slack users (``[users]``), the channel post and *Free it* in the alerts channel. *Keep
+(reason)* opens a modal asking why; its submission stops the ladder (audited with the reason).
+On-call's *Free it* asks the approvers for a forced reset of that one process, the request
+carrying the idle evidence (``chat.ladder``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpubot.chat.flows import error_message
+from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE, keep, oncall_free, render_ladder
+from gpubot.core.ladder import Step
+from gpubot.errors import ChatCallFailed, GpubotError
+from gpubot.services.ladder import LadderNotice
+from gpubot.slack.api import SlackApi, call
+from gpubot.slack.render import to_slack
+
+if TYPE_CHECKING:
+    from gpubot.slack.app import GpuBot
+
+log = logging.getLogger(__name__)
+
+KEEP_VIEW = "gpubot_ladder_keep_view"  # the modal's callback id
+REASON_BLOCK, REASON_INPUT = "reason", "reason_input"
+
+
+class SlackLadder:
+    """Tells the ladder's steps in Slack (implements ``LadderNotifier``)."""
+
+    def __init__(
+        self, api: SlackApi, channel: str | None, people: Mapping[str, Sequence[str]]
+    ) -> None:
+        self.api = api
+        self.channel = channel
+        self.people = people
+
+    async def tell(self, notice: LadderNotice) -> bool:
+        """DM the owner (steps 1-2) or post in the alerts channel (3-4); never raises."""
+        owners = tuple(self.people.get(notice.rung.owner, ()))
+        msg = to_slack(render_ladder(notice, owners))
+        try:
+            if notice.step in (Step.DM, Step.REMIND):
+                sent = False
+                for user in owners:
+                    channel = await self.api.open_dm(user)
+                    if channel is not None:
+                        sent = await self.api.post(channel, msg) is not None or sent
+                if not owners:
+                    log.info("reclaim ladder: %s maps to no Slack user", notice.rung.owner)
+                return sent
+            if self.channel is None:
+                log.warning("reclaim ladder: no alerts channel for step %d", int(notice.step))
+                return False
+            return await self.api.post(self.channel, msg) is not None
+        except Exception:  # a step is told at most once; its record stands
+            log.exception("reclaim ladder: step %d not told", int(notice.step))
+            return False
+
+
+def keep_view(key: str, where: str) -> dict[str, Any]:
+    """Return the modal asking why the GPU is kept."""
+    return {
+        "type": "modal",
+        "callback_id": KEEP_VIEW,
+        "private_metadata": key,
+        "title": {"type": "plain_text", "text": "Keep the GPU"},
+        "submit": {"type": "plain_text", "text": "Keep"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            {
+                "type": "input",
+                "block_id": REASON_BLOCK,
+                "label": {"type": "plain_text", "text": f"Why do you still need {where}?"},
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": REASON_INPUT,
+                    "max_length": 300,
+                },
+            }
+        ],
+    }
+
+
+def register(bot: GpuBot) -> None:
+    """Handle *Keep (reason)*, its modal, and on-call's *Free it*."""
+
+    async def on_keep(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        bot.spawn(_open_keep(bot, body, str(action.get("value"))), "keep")
+
+    async def on_keep_view(ack: Any, body: dict[str, Any], view: dict[str, Any]) -> None:
+        await ack()
+        state = ((view.get("state") or {}).get("values") or {}).get(REASON_BLOCK) or {}
+        reason = str((state.get(REASON_INPUT) or {}).get("value") or "")
+        bot.spawn(_keep(bot, body, str(view.get("private_metadata")), reason), "keep reason")
+
+    async def on_free(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        bot.spawn(_free(bot, body, str(action.get("value"))), "on-call free it")
+
+    bot.app.action(ACTION_KEEP)(on_keep)
+    bot.app.view(KEEP_VIEW)(on_keep_view)
+    bot.app.action(ACTION_ONCALL_FREE)(on_free)
+
+
+async def _open_keep(bot: GpuBot, body: dict[str, Any], key: str) -> None:
+    try:
+        node, gpu, *_ = json.loads(key)
+        where = f"{node} GPU {gpu}"
+    except (ValueError, TypeError):
+        where = "this GPU"
+    try:
+        await call(
+            bot.client, "views.open", trigger_id=body.get("trigger_id"), view=keep_view(key, where)
+        )
+    except ChatCallFailed as exc:
+        log.warning("the Keep modal did not open: %s", exc.error)
+
+
+async def _keep(bot: GpuBot, body: dict[str, Any], key: str, reason: str) -> None:
+    """The modal's submission: keep, and answer in the owner's DM (a view has no channel)."""
+    user = body.get("user") or {}
+    ladder = bot.services.ladder
+    dm = await bot.api.open_dm(str(user.get("id", "")))
+    out = bot.surface({**body, "channel": {"id": dm}} if dm else body)
+    try:
+        who = await bot.identify(str(user.get("id", "")), str(user.get("username") or ""))
+    except GpubotError as exc:
+        await out.reply(error_message(exc))
+        return
+    if ladder is None:
+        return
+    await keep(ladder, key, reason, who, out, source="slack")
+
+
+async def _free(bot: GpuBot, body: dict[str, Any], key: str) -> None:
+    user = body.get("user") or {}
+    ladder = bot.services.ladder
+    out = bot.surface(body)
+    try:
+        who = await bot.identify(str(user.get("id", "")), str(user.get("username") or ""))
+    except GpubotError as exc:
+        await out.reply(error_message(exc))
+        return
+    if ladder is None:
+        return
+    await oncall_free(bot.flows, ladder, key, who, out)

@@ -1,0 +1,192 @@
+"""GPU-hours in the database (``core.usage``): each sweep's buckets, sweeps and gaps.
+
+A sweep's GPU-hours are added in one transaction: each GPU's previous sample (one row per GPU
+in ``gpu_usage_last``), the hour's buckets it adds to (updated in place, or inserted), the
+sweep, and the gaps of missing data it ends. A report reads the buckets of its hours, the
+sweeps counted and the gaps: never the samples, so its cost follows the hours asked, not the
+history kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import Connection, Engine, RowMapping, and_, bindparam, func, select
+
+from gpubot.core.usage import (
+    KINDS,
+    NODE_ROW,
+    Gap,
+    SweepSample,
+    Usage,
+    UsageRecords,
+    UsageSweep,
+    tally,
+)
+from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.idle_runs import text_of, unix_of
+from gpubot.store.tables import gpu_usage as u
+from gpubot.store.tables import gpu_usage_last as last
+from gpubot.store.tables import usage_gaps as gaps
+from gpubot.store.tables import usage_sweeps as sweeps
+from gpubot.store.waits import in_thread
+
+COLUMNS = (*(f"{k}_ms" for k in KINDS), "samples")
+
+
+class DbUsage:
+    """GPU-hours in the database; every method is async and raises ``StoreError``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def add_sweep(self, sweep: UsageSweep) -> int:
+        """Add one sweep's GPU-hours (one transaction); return the buckets written."""
+        return await in_thread(self._add, sweep)
+
+    async def records(self, since: float, until: float, *, by: str = "") -> UsageRecords:
+        """Return the buckets of the hours in [since, until), and what they rest on.
+
+        ``by`` "node": the GPUs' own figures summed per node; "holder": the holders' summed
+        per holder (the database sums: a week of 1,000 nodes is millions of buckets); "": every
+        bucket as it is.
+        """
+        return await in_thread(self._read, since, until, by)
+
+    # -- synchronous parts, run in a worker thread ------------------------------------------
+
+    def _add(self, sweep: UsageSweep) -> int:
+        with guard("cannot record GPU-hours"), write_tx(self._engine) as conn:
+            prev_gpu = {(n, int(g)): unix_of(t) for n, g, t in conn.execute(select(last))}
+            prev_node: dict[str, float] = {}
+            for (node, _), at in prev_gpu.items():
+                prev_node[node] = max(at, prev_node.get(node, at))
+            sample = SweepSample(
+                sweep.at, sweep.states, prev_gpu, prev_node, sweep.claims, sweep.interval_s
+            )
+            out = tally(sample)
+            _write_buckets(conn, out.rows.values())
+            _write_last(conn, sweep, prev_gpu)
+            conn.execute(sweeps.insert(), [{"at": text_of(sweep.at)}])
+            if out.gaps:
+                rows = [
+                    {"node": g.node, "start_at": text_of(g.start), "end_at": text_of(g.end or 0)}
+                    for g in out.gaps
+                ]
+                conn.execute(gaps.insert(), rows)
+            return len(out.rows)
+
+    def _read(self, since: float, until: float, by: str) -> UsageRecords:
+        lo, hi = text_of(since), text_of(until)
+        with guard("cannot read GPU-hours"), read_tx(self._engine) as conn:
+            rows = _summed(conn, lo, hi, int(since), by)
+            count = select(func.count()).select_from(sweeps)
+            n = conn.execute(count.where(sweeps.c.at >= lo, sweeps.c.at < hi)).scalar() or 0
+            found = conn.execute(
+                select(gaps.c.node, gaps.c.start_at, gaps.c.end_at)
+                .where(and_(gaps.c.end_at > lo, gaps.c.start_at < hi))
+                .order_by(gaps.c.start_at, gaps.c.node)
+            )
+            between = tuple(Gap(n_, unix_of(s), unix_of(e)) for n_, s, e in found)
+            seen = select(last.c.node, func.max(last.c.last_at)).group_by(last.c.node)
+            last_seen = {node: unix_of(at) for node, at in conn.execute(seen)}
+        return UsageRecords(rows, int(n), between, last_seen)
+
+
+def _summed(conn: Connection, lo: str, hi: str, since: int, by: str) -> tuple[Usage, ...]:
+    """Return the buckets of [lo, hi), or their sums per node or per holder."""
+    when = (u.c.hour >= lo, u.c.hour < hi)
+    if not by:
+        q = select(u).where(*when).order_by(u.c.hour, u.c.node, u.c.gpu_index, u.c.holder)
+        return tuple(_usage_of(r._mapping) for r in conn.execute(q))
+    key = u.c.node if by == "node" else u.c.holder
+    mine = u.c.holder == NODE_ROW if by == "node" else u.c.holder != NODE_ROW
+    sums = [func.sum(u.c[c]) for c in COLUMNS]
+    q = select(key, *sums).where(*when, mine).group_by(key).order_by(key)
+    out = []
+    for name, *figures in conn.execute(q):
+        node, holder = (name, NODE_ROW) if by == "node" else ("", name)
+        out.append(Usage(since, node, 0, holder, *(int(f or 0) for f in figures)))
+    return tuple(out)
+
+
+def _usage_of(m: RowMapping) -> Usage:
+    return Usage(
+        int(unix_of(m["hour"])),
+        str(m["node"]),
+        int(m["gpu_index"]),
+        str(m["holder"]),
+        *(int(m[c]) for c in COLUMNS),
+    )
+
+
+def _write_buckets(conn: Connection, rows: Iterable[Usage]) -> None:
+    """Add to the buckets that exist, insert the others (two batched statements)."""
+    todo = list(rows)
+    if not todo:
+        return
+    hours = sorted({r.hour for r in todo})
+    have: set[tuple[int, str, int, str]] = set()
+    for h in hours:
+        q = select(u.c.node, u.c.gpu_index, u.c.holder).where(u.c.hour == text_of(h))
+        have |= {(h, n, int(g), user) for n, g, user in conn.execute(q)}
+    old = [_params(r) for r in todo if r.key in have]
+    new = [_row(r) for r in todo if r.key not in have]
+    if old:
+        change = (
+            u.update()
+            .where(
+                u.c.hour == bindparam("k_hour"),
+                u.c.node == bindparam("k_node"),
+                u.c.gpu_index == bindparam("k_gpu"),
+                u.c.holder == bindparam("k_holder"),
+            )
+            .values({c: u.c[c] + bindparam(f"d_{c}") for c in COLUMNS})
+        )
+        conn.execute(change, old)
+    if new:
+        conn.execute(u.insert(), new)
+
+
+def _row(r: Usage) -> dict[str, object]:
+    out: dict[str, object] = {
+        "hour": text_of(r.hour),
+        "node": r.node,
+        "gpu_index": r.gpu,
+        "holder": r.user,
+    }
+    out |= {f"{k}_ms": getattr(r, k) for k in KINDS}
+    out["samples"] = r.samples
+    return out
+
+
+def _params(r: Usage) -> dict[str, object]:
+    out: dict[str, object] = {
+        "k_hour": text_of(r.hour),
+        "k_node": r.node,
+        "k_gpu": r.gpu,
+        "k_holder": r.user,
+    }
+    out |= {f"d_{k}_ms": getattr(r, k) for k in KINDS}
+    out["d_samples"] = r.samples
+    return out
+
+
+def _write_last(conn: Connection, sweep: UsageSweep, prev: dict[tuple[str, int], float]) -> None:
+    """Move each sampled GPU's latest sample to this sweep's time (never back)."""
+    old, new = [], []
+    for st in sweep.states:
+        key = (st.node, st.gpu)
+        if key not in prev:
+            new.append({"node": st.node, "gpu_index": st.gpu, "last_at": text_of(sweep.at)})
+        elif sweep.at > prev[key]:
+            old.append({"k_node": st.node, "k_gpu": st.gpu, "last_at": text_of(sweep.at)})
+    if old:
+        q = (
+            last.update()
+            .where(last.c.node == bindparam("k_node"), last.c.gpu_index == bindparam("k_gpu"))
+            .values(last_at=bindparam("last_at"))
+        )
+        conn.execute(q, old)
+    if new:
+        conn.execute(last.insert(), new)
