@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpubot.config import tables, validate
+from gpubot.config import claims, tables, validate
 from gpubot.config.settings import (
     AttributionSettings,
     AuditSettings,
@@ -61,6 +61,7 @@ SECTIONS = {
     "alerts",
     "metrics",
     "leases",
+    "claims",
 }
 
 
@@ -104,6 +105,7 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         sweep=tables.sweep(v, raw),
         metrics=tables.metrics(v, raw),
         leases=validate.leases(v, raw),
+        claims=claims.claims(v, raw),
     )
 
 

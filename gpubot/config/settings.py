@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpubot.core.claims import ClaimSettings
 from gpubot.core.findings import SweepConfig
 from gpubot.core.models import NodeConfig
 from gpubot.core.policy import Policy
@@ -106,6 +107,7 @@ class Settings:
     sweep: SweepConfig = field(default_factory=SweepConfig)  # [sweep] and [alerts]
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
+    claims: ClaimSettings = field(default_factory=ClaimSettings)  # [claims] (issue 26)
 
     def node(self, name: str) -> NodeConfig | None:
         """Return the node called ``name`` or None."""

@@ -9,6 +9,8 @@
     audit [NODE] [N]
     help [COMMAND]
     approve ID | deny ID              (console only: Slack decides with buttons)
+    claim … | extend … | release … | claims … | wait … | queue … | leave … | take …
+                                      (``core.claim_commands``)
 
 Options may also be written ``gpu=1,2`` or ``--gpu 1,2``. The text is split on white space and
 every word is validated here; nothing of it ever reaches a shell.
@@ -20,6 +22,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
+from gpubot.core import claim_commands
 from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.errors import UsageError
 
@@ -89,7 +92,7 @@ class Decide:
     approve: bool
 
 
-Command = Status | Reset | GpuReset | Sweep | Audit | Help | Decide
+Command = Status | Reset | GpuReset | Sweep | Audit | Help | Decide | claim_commands.ClaimCommand
 
 USAGE: dict[str, str] = {
     "status": "/gpu status [NODE|GROUP|all]  — per-GPU memory, utilisation and processes",
@@ -100,6 +103,7 @@ USAGE: dict[str, str] = {
     "sweep": "/gpu sweep  — look for zombie processes and orphaned GPU memory now",
     "audit": "/gpu audit [NODE] [N]  — the last N actions (default 10, at most 100)",
     "help": "/gpu help [COMMAND]  — this text",
+    **claim_commands.USAGE,  # claims and the queue (issue 26)
 }
 DECIDE_USAGE = {
     "approve": "approve ID  — approve a pending forced kill (console)",
@@ -160,6 +164,8 @@ def parse(text: str, *, decisions: bool = False) -> Command:
         if len(args) > 1:
             _no_more(args[1:], "help")
         return Help(args[0].lower() if args else None)
+    if verb in claim_commands.USAGE:
+        return claim_commands.parse(verb, args)
     if verb in DECIDE_USAGE and decisions:
         if len(args) != 1:
             raise UsageError(f"usage: {DECIDE_USAGE[verb]}")

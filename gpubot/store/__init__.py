@@ -23,6 +23,7 @@ from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import ApprovalStore
+from gpubot.store.claims import DbClaims
 from gpubot.store.engine import (
     MEMORY,
     guard,
@@ -130,6 +131,7 @@ class Store:
         self.approvals = ApprovalStore(self.engine)
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
+        self.claims = DbClaims(self.engine)  # GPU claims and the queue (issue 26)
 
     # -- actions ---------------------------------------------------------------------------
 

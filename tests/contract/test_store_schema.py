@@ -32,6 +32,8 @@ TABLES = {
     "alert_posts",
     "leases",
     "gpu_idle",
+    "claims",
+    "claim_waits",
 }
 
 
@@ -71,7 +73,7 @@ def test_0006_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
     try:
         store.downgrade("0005")
         inspect = sa.inspect(store.engine)
-        assert set(inspect.get_table_names()) == TABLES - {"gpu_idle"}
+        assert set(inspect.get_table_names()) == TABLES - {"gpu_idle", "claims", "claim_waits"}
         names = {i["name"] for i in inspect.get_indexes("audit_log")}
         assert "ix_audit_log_node_kind_seq" not in names and "ix_audit_log_kind_seq" in names
         store.upgrade()
@@ -79,7 +81,7 @@ def test_0006_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
         assert set(inspect.get_table_names()) == TABLES
         names = {i["name"] for i in inspect.get_indexes("audit_log")}
         assert "ix_audit_log_node_kind_seq" in names
-        assert store.revision() == (HEAD, HEAD) == ("0006", "0006")
+        assert store.revision() == (HEAD, HEAD) == ("0007", "0007")
     finally:
         store.close()
 
@@ -223,5 +225,17 @@ def test_the_password_comes_separately_and_is_never_shown() -> None:
         assert store.engine.url.password == "s3cret"
         assert store.engine.url.drivername == "postgresql+psycopg"
         assert "s3cret" not in store.url
+    finally:
+        store.close()
+
+
+def test_0007_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
+    """Claims and the queue come and go with 0007; nothing else does."""
+    store = open_store(fresh_db_url, check_schema=False)
+    try:
+        store.downgrade("0006")
+        assert set(sa.inspect(store.engine).get_table_names()) == TABLES - {"claims", "claim_waits"}
+        store.upgrade()
+        assert set(sa.inspect(store.engine).get_table_names()) == TABLES
     finally:
         store.close()
