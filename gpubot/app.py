@@ -136,10 +136,12 @@ class App:
         *,
         options: Serving = SERVING,
         expire: Job | None = None,
+        claims: Job | None = None,
     ) -> AsyncIterator[Running]:
         """Run the lifecycle around the body: report interrupted work to ``reporter``, serve
         the metrics, settle the heap, start the schedules (``expire``: the approval expiry's
-        job, every ``expire_every_s``) and the loop watch; stop them when the body ends."""
+        job, every ``expire_every_s``; ``claims``: the claims' duty, every ``[claims] every_s``)
+        and the loop watch; stop them when the body ends."""
         if reporter is not None and self.store is not None:
             from gpubot.services.startup import report_interrupted
 
@@ -149,6 +151,8 @@ class App:
             settle_heap()
         if expire is not None:
             self._add_schedule(expire, options.expire_every_s, "approval-expiry", 0.0)
+        if claims is not None:  # claims expire and the queue is served (issue 26)
+            self._add_schedule(claims, self.settings.claims.every_s, "claims", 0.0)
         self.start(sweeps=options.sweeps)
         # How long anything holds the loop, from here on (gpubot_event_loop_max_stall_seconds).
         watch = None if self.metrics is None else asyncio.create_task(self.metrics.watch_loop())
@@ -331,6 +335,10 @@ def _parts(app: App, notifier: Notifier | None) -> Parts:
     chat = Services(
         settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
     )
+    if store is not None:
+        from gpubot.services.claims import ClaimService
+
+        chat.claims = ClaimService(settings, store.claims, status)
     return Parts(reset, sweep, chat, approvals)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home
@@ -36,6 +37,7 @@ from gpubot.core.policy import Policy
 from gpubot.core.ports import AuditLog, Clock
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
 from gpubot.services.approvals import ApprovalService, Identity, unix
+from gpubot.services.claims import ClaimService
 from gpubot.services.requests import (
     Ask,
     Busy,
@@ -69,6 +71,7 @@ class Services:
     audit: AuditLog | None  # None: no audit store
     sweep: Sweeper | None = None
     idle: IdleHours | None = None  # GPU-hours held idle (``SweepService.idle_gpu_hours``)
+    claims: ClaimService | None = None  # claims and the queue (None: no audit store)
 
 
 def help_message(text: str) -> Message:
@@ -95,6 +98,7 @@ class Flows:
         self.waiting: dict[int, Handle | None] = {}  # approval id → the requester's message
         self._home: tuple[float, FleetStatus] | None = None
         self.renders = FleetRenders()
+        self.claims = ClaimDesk(svc.claims, source=source)  # claims and the queue (issue 26)
 
     def check(self, cmd: commands.Command) -> None:
         """Check names against the inventory (pure and fast: before acknowledging)."""
@@ -129,6 +133,8 @@ class Flows:
                 await self.sweep(who, out)
             elif isinstance(cmd, commands.Decide):
                 await self.decide(cmd.approval_id, cmd.approve, who, out, handle=None)
+            elif isinstance(cmd, CLAIM_COMMANDS):
+                await self.claims.run(cmd, who, out)
         except GpubotError as exc:
             await out.reply(error_message(exc))
         except Exception as exc:

@@ -47,7 +47,9 @@ def console_parts(app: App, flows: Flows) -> ConsoleParts:
     return ConsoleParts(
         flows,
         (app.sweep.keeper or NoAlerts()).snooze,
-        lambda reporter: app.running(reporter, options=Serving(settle_heap=False)),
+        lambda reporter: app.running(
+            reporter, options=Serving(settle_heap=False), claims=flows.claims.tick
+        ),
         app.close,
     )
 

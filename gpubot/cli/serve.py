@@ -146,7 +146,13 @@ async def _serve(
     try:
         bot = build_bot(slack_parts(app), listener.signing_secret if listener.http else None)
         await check_token(bot)
-        async with app.running(SlackReporter(bot), options=options, expire=bot.expire_once):
+        running = app.running(
+            SlackReporter(bot),
+            options=options,
+            expire=bot.expire_once,
+            claims=bot.flows.claims.tick,
+        )
+        async with running:
             await listen(bot, listener)
     finally:
         await app.close()

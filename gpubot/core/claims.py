@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from gpubot.core.models import GpuProcess, NodeSnapshot
 
@@ -85,6 +86,21 @@ class Claim:
     ended_at: float | None = None  # when it was released or expired
     kept_at: float | None = None  # the last "Keep" of an idle claim
 
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form (times as unix seconds)."""
+        return {
+            "id": self.id,
+            "node": self.node,
+            "gpu": self.gpu,
+            "gpu_uuid": self.gpu_uuid,
+            "user": self.user,
+            "by": self.chat_id,
+            "start": self.start,
+            "end": self.end,
+            "note": self.note,
+            "state": self.state.value,
+        }
+
 
 @dataclass(frozen=True)
 class Wait:
@@ -101,6 +117,22 @@ class Wait:
     state: WaitState = WaitState.WAITING
     offered: tuple[int, ...] = ()  # the GPUs held for them
     hold_until: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form."""
+        return {
+            "id": self.id,
+            "node": self.node,
+            "gpus": list(self.gpus),
+            "count": self.count,
+            "duration_s": self.duration_s,
+            "user": self.user,
+            "by": self.chat_id,
+            "since": self.created,
+            "state": self.state.value,
+            "held": list(self.offered),
+            "hold_until": self.hold_until,
+        }
 
     def wants(self) -> int:
         """Return how many GPUs must be free to serve this wait."""

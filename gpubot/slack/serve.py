@@ -25,7 +25,7 @@ from gpubot.core.report import Report
 from gpubot.errors import ChatCallFailed, ChatUnanswered, ConfigError
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.services.status import StatusService
-from gpubot.slack import alerts, dump, idle_dm
+from gpubot.slack import alerts, claims, dump, idle_dm
 from gpubot.slack.api import SlackApi, call
 from gpubot.slack.app import GpuBot
 
@@ -66,6 +66,7 @@ def build_bot(
     bot = GpuBot(parts.chat, parts.api, signing_secret=signing_secret, min_update_s=min_update_s)
     alerts.register(bot, parts.snoozer)
     idle_dm.register(bot)
+    claims.register(bot)
     return bot
 
 
