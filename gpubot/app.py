@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
     from gpubot.services.approvals import ApprovalService
+    from gpubot.services.claims import ClaimService
     from gpubot.services.reset import ResetService
     from gpubot.services.seals import SealService
     from gpubot.services.sweep import SweepService
@@ -325,7 +326,12 @@ def _parts(app: App, notifier: Notifier | None) -> Parts:
     # With a database, a node's reset and the sweep are exclusive across replicas and processes
     # (leases with fencing tokens, SQLite and PostgreSQL alike); one Locks for both.
     reset = ResetService(settings, app.transport, audit, status, locks, observer=app.metrics)
-    sweep = _sweep(app, store, notifier)
+    claims = None
+    if store is not None:
+        from gpubot.services.claims import ClaimService
+
+        claims = ClaimService(settings, store.claims, status)
+    sweep = _sweep(app, store, notifier, claims)
     approvals = None
     if store is not None:
         directory = app.directory or NoDirectory()
@@ -335,16 +341,15 @@ def _parts(app: App, notifier: Notifier | None) -> Parts:
     chat = Services(
         settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
     )
-    if store is not None:
-        from gpubot.services.claims import ClaimService
-
-        chat.claims = ClaimService(settings, store.claims, status)
+    chat.claims = claims
     return Parts(reset, sweep, chat, approvals)
 
 
-def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepService:
+def _sweep(
+    app: App, store: Store | None, notifier: Notifier | None, claims: ClaimService | None
+) -> SweepService:
     """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
-    notifier, snooze) and the idle accounting (GPU samples)."""
+    notifier, snooze), the idle accounting (GPU samples) and the claims' intruders."""
     from gpubot.services.alert_keeper import AlertKeeper
     from gpubot.services.idle_accounting import IdleAccounting
     from gpubot.services.sweep import SweepPorts, SweepService
@@ -356,7 +361,8 @@ def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepSer
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics)
+        extra = None if claims is None else claims.intruder_findings
+        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, extra)
     return SweepService(settings, app.status, app.transport, ports)
 
 

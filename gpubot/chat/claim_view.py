@@ -9,6 +9,7 @@ from gpubot.chat.message import (
     Action,
     Actions,
     Code,
+    Confirm,
     Context,
     Date,
     DateStyle,
@@ -22,7 +23,7 @@ from gpubot.chat.message import (
     bold,
 )
 from gpubot.core import claim_commands as cc
-from gpubot.core.claims import Claim, Conflict, Wait, WaitState, cuda_visible, span
+from gpubot.core.claims import Claim, Conflict, Intruder, Wait, WaitState, cuda_visible, span
 from gpubot.core.timefmt import iso
 
 ACTION_TAKE = "gpubot_claim_take"  # value: the place in the queue
@@ -30,6 +31,7 @@ ACTION_LEAVE = "gpubot_queue_leave"  # value: the place in the queue
 ACTION_JOIN = "gpubot_queue_join"  # value: the ``wait`` command that queues
 ACTION_KEEP = "gpubot_claim_keep"  # value: the claim id
 ACTION_RELEASE = "gpubot_claim_release"  # value: the claim id
+ACTION_FREE_INTRUDER = "gpubot_claim_free"  # value: the intruder finding's key text
 
 
 def until(t: float) -> Date:
@@ -62,7 +64,7 @@ def render_granted(claims: Sequence[Claim], *, title: str = "Claimed") -> Messag
         Section(
             ("Use exactly these GPUs (UUIDs: CUDA's order is not nvidia-smi's): ", NL, Code(env))
         ),
-        Context((("`/gpu extend` makes it last longer; `/gpu release` ends it."),)),
+        Context((("`/gpu extend` makes it last longer; `/gpu release` ends it.",),)),
     )
     return Message(
         f"{title} · {c0.node}", body, fallback=f"claimed {c0.node} {gpus_text(gpus)}; {env}"
@@ -239,3 +241,48 @@ def wait_command(cmd: cc.ClaimGpus) -> str:
 
 def _hhmm(t: float) -> str:
     return iso(t)[11:16] + "Z"  # a table cell is plain text: UTC, said so
+
+
+def intruder_reason(i: Intruder) -> Text:
+    """What the approvers read: the GPU was claimed, by whom, since when, what intrudes."""
+    c = i.claim
+    return (
+        "🔒 ",
+        bold(f"{c.node} GPU {c.gpu}"),
+        " is claimed by ",
+        Person(c.chat_id),
+        f" ({c.user}) since ",
+        Date(c.start),
+        " until ",
+        until(c.end),
+        (f" · {c.note}" if c.note else ""),
+        NL,
+        f"Unclaimed use: {i.what()}, started {i.relative()}.",
+    )
+
+
+def render_intruder(i: Intruder, key: str) -> Message:
+    """The DM to the claimant: someone else uses their GPU; *Free it* asks on-call."""
+    c = i.claim
+    free = Action(
+        ACTION_FREE_INTRUDER,
+        "Free it",
+        key,
+        Style.DANGER,
+        Confirm(
+            f"Free {c.node} GPU {c.gpu}?",
+            "It is someone else's process: an on-call approver decides before anything is killed.",
+            confirm="Ask on-call",
+            deny="Cancel",
+            style=Style.DANGER,
+        ),
+    )
+    return Message(
+        f"Someone uses your claimed GPU · {c.node}",
+        (
+            Section(("⚠ ", *intruder_reason(i))),
+            Actions((free,), group=f"intruder-{c.id}"),
+            Context((("Free it kills it only after an on-call approver says so.",),)),
+        ),
+        fallback=f"{i.what()} uses {c.node} GPU {c.gpu}, which you claimed",
+    )

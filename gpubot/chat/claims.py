@@ -20,11 +20,12 @@ from gpubot.core import commands
 from gpubot.core.claims import Conflict, Granted, OverLimit
 from gpubot.errors import GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
-from gpubot.services.claims import ClaimService, Ended, Event, Offered
+from gpubot.services.claims import ClaimService, Ended, Event, Intruding, Offered
 
 log = logging.getLogger(__name__)
 
 Dm = Callable[[str, Message], Awaitable[bool]]  # chat user id, message → sent
+Reset = Callable[..., Awaitable[None]]  # ``Flows.reset``: (cmd, who, out, text=, reason=)
 CLAIM_COMMANDS = (
     cc.ClaimGpus,
     cc.Extend,
@@ -51,6 +52,7 @@ class ClaimDesk:
         self.service = service
         self.source = source
         self.dm: Dm = no_dm
+        self.reset: Reset | None = None  # set by ``Flows``
 
     def _svc(self) -> ClaimService:
         if self.service is None:
@@ -129,6 +131,35 @@ class ClaimDesk:
             return
         await self.run(cmd, who, out)
 
+    async def free_intruder(self, value: str, who: Identity, out: Surface) -> None:
+        """*Free it* of an intruder: the claimant's own reset of that process, which, being
+        someone else's, waits for an on-call approver; the request says whose claim it is."""
+        try:
+            svc = self._svc()
+            i = svc.intruder(value)
+            if i is None:
+                raise UsageError(
+                    "that process is no longer seen on the claimed GPU: nothing to free"
+                )
+            if who.refused is not None or who.id != i.claim.chat_id:
+                raise UsageError("only the person who claimed the GPU may ask to free it")
+            snap = await svc.status.snapshot(svc.status.node(i.claim.node))
+            p = i.process
+            if not any(
+                (q.pid, q.start_ticks, q.gpu_index) == (p.pid, p.start_ticks, p.gpu_index)
+                for q in snap.processes
+            ):  # ended, or the pid is another process now: never reset on the DM's word
+                raise UsageError(f"pid {p.pid} no longer holds {i.claim.node} GPU {i.claim.gpu}")
+            line = f"reset {i.claim.node} gpu {i.claim.gpu} pid {p.pid}"
+            cmd = commands.parse(line)
+            if not isinstance(cmd, commands.Reset) or self.reset is None:
+                raise UsageError("resets are not set up here")
+        except GpubotError as exc:
+            await out.reply(error_message(exc))
+            return
+        text = f"/gpu {line} (Free it: claimed by {i.claim.user}; {i.what()})"
+        await self.reset(cmd, who, out, text=text, reason=view.intruder_reason(i))
+
     # -- the duty ----------------------------------------------------------------------------
 
     async def tick(self) -> int:
@@ -147,6 +178,8 @@ class ClaimDesk:
         for e in events:
             if isinstance(e, Offered):
                 to, msg = e.wait.chat_id, view.render_offer(e.wait, e.uuids, hold=e.hold)
+            elif isinstance(e, Intruding):
+                to, msg = e.intruder.claim.chat_id, view.render_intruder(e.intruder, e.key)
             elif isinstance(e, Ended) and e.claim is not None:
                 to, msg = e.claim.chat_id, view.render_expired(e.claim)
             elif isinstance(e, Ended) and e.wait is not None:

@@ -99,6 +99,7 @@ class Flows:
         self._home: tuple[float, FleetStatus] | None = None
         self.renders = FleetRenders()
         self.claims = ClaimDesk(svc.claims, source=source)  # claims and the queue (issue 26)
+        self.claims.reset = self.reset  # an intruder's "Free it": the claimant's reset
 
     def check(self, cmd: commands.Command) -> None:
         """Check names against the inventory (pure and fast: before acknowledging)."""
@@ -163,14 +164,19 @@ class Flows:
         """Return the chat side of one request on ``out``."""
         return Tracker(out, Pace(self.min_update_s, self.clock), asked=asked, **kw)
 
-    async def reset(self, cmd: commands.Reset, who: Identity, out: Surface, *, text: str) -> None:
-        """Plan; run at once if only the asker's processes die, else ask for approval."""
+    async def reset(
+        self, cmd: commands.Reset, who: Identity, out: Surface, *, text: str, reason: Text = ()
+    ) -> None:
+        """Plan; run at once if only the asker's processes die, else ask for approval
+        (``reason``: shown to the approvers, e.g. the claim an intruder uses)."""
         planning = note("⏳ planning a reset of ", bold(cmd.node), " …")
         track = self.tracker(out, ("Requested by ", Person(who.id)), planning=planning)
 
         async def announce(approval: Approval, plan: ResetPlan) -> Handle | None:
             expires = unix(approval.expires_at) or 0.0
-            msg = render_approval_request(approval.id, plan, who.id, who.linux_user, expires)
+            msg = render_approval_request(
+                approval.id, plan, who.id, who.linux_user, expires, reason
+            )
             return await out.post(msg, channel=self.svc.policy.approval_channel)
 
         outcome = await self.requests.reset(self.ask(who, text), cmd, track, announce)

@@ -241,11 +241,15 @@ def render_approval_request(
     requester_id: str,
     requester_user: str | None,
     expires_at: float,
+    reason: Text = (),
 ) -> Message:
-    """Render a forced kill waiting for on-call approval, with Approve / Deny buttons."""
+    """Render a forced kill waiting for on-call approval, with Approve / Deny buttons
+    (``reason``: why it is asked, e.g. the claim an intruder uses)."""
     b = Budget()
     b.add(Heading(f"Approval needed · forced kill on {plan.node}"))
     b.add(Section(_request_text(plan, requester_id, requester_user)))
+    if reason:
+        b.add(Section(reason))
     _add_plan(b, plan, use_table=True, reserve=2)
     b.add(ctx(f"Request #{approval_id}", ("expires ", Date(expires_at))))
     gpus = _gpus(plan.gpus)

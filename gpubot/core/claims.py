@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpubot.core.models import GpuProcess, NodeSnapshot
+from gpubot.core.findings import Finding, holder_id, workload_label
+from gpubot.core.idle import holder_owner
+from gpubot.core.models import FindingKind, GpuProcess, NodeSnapshot
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,30 @@ class Intruder:
         delta = self.started - self.claim.start
         word = "after" if delta >= 0 else "before"
         return f"{_span(abs(delta))} {word} the claim"
+
+    def what(self) -> str:
+        """Name the intruder's workload: "alice's docker:train (pid 42 python3)"."""
+        p = self.process
+        label = workload_label(p)
+        inner = f"pid {p.pid} {p.process_name}"
+        return f"{p.user}'s " + (f"{label} ({inner})" if label else inner)
+
+    def finding(self) -> Finding:
+        """Return the sweep finding of this intruder."""
+        p, c = self.process, self.claim
+        mem = "" if p.used_memory_mib is None else f", {p.used_memory_mib} MiB"
+        return Finding(
+            c.node,
+            c.gpu,
+            FindingKind.CLAIM_INTRUDER,
+            holder_id(p),
+            f"{self.what()} on GPU {c.gpu}, claimed by {c.user}; it started {self.relative()}{mem}",
+            pid=p.pid,
+            user=p.user,
+            memory_mib=p.used_memory_mib,
+            owner=holder_owner(p),
+            workload=workload_label(p),
+        )
 
 
 def intruders(snapshot: NodeSnapshot, claims: Iterable[Claim]) -> list[Intruder]:

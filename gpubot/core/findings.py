@@ -49,6 +49,7 @@ TITLES: dict[FindingKind, str] = {
     FindingKind.NODE_SLOW: "node too slow to answer",
     FindingKind.SMI_FAILED: "nvidia-smi failed",
     FindingKind.GPU_LOST: "GPU lost",
+    FindingKind.CLAIM_INTRUDER: "unclaimed use of a claimed GPU",
 }
 
 

@@ -196,6 +196,7 @@ class FindingKind(StrEnum):
     NODE_SLOW = "node-slow"  # it answered too slowly: past a command timeout or the sweep budget
     SMI_FAILED = "smi-failed"
     GPU_LOST = "gpu-lost"
+    CLAIM_INTRUDER = "claim-intruder"  # someone else's process on a claimed GPU (issue 26)
 
 
 class ApprovalState(StrEnum):

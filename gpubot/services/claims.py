@@ -23,17 +23,20 @@ from gpubot.core.claims import (
     ClaimOutcome,
     ClaimRequest,
     Granted,
+    Intruder,
     Limit,
     Wait,
     WaitState,
     free_gpus,
+    intruders,
     pick,
     span,
 )
 from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.findings import Finding
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock
-from gpubot.errors import GpubotError, UsageError
+from gpubot.errors import GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.services.status import StatusService
 
@@ -63,7 +66,15 @@ class Ended:
     wait: Wait | None = None
 
 
-Event = Offered | Ended
+@dataclass(frozen=True)
+class Intruding:
+    """Someone else's process on a claimed GPU, past ``intruder_grace_s``: tell the claimant."""
+
+    intruder: Intruder
+    key: str  # the finding's key text (the Free it button's value)
+
+
+Event = Offered | Ended | Intruding
 
 
 class ClaimService:
@@ -83,6 +94,8 @@ class ClaimService:
         self.status = status
         self.clock = clock
         self._free: dict[tuple[str, int], int] = {}  # looks in a row each GPU was free
+        self._intruders: dict[str, tuple[Intruder, float]] = {}  # key → it, first seen
+        self._told: set[str] = set()  # intruders whose claimant was told
 
     @property
     def enabled(self) -> bool:
@@ -245,6 +258,42 @@ class ClaimService:
             raise UsageError("you are not in the queue there (see `/gpu queue`)")
         return left
 
+    # -- intruders ----------------------------------------------------------------------------
+
+    async def intruder_findings(self, snaps: Sequence[NodeSnapshot], now: float) -> list[Finding]:
+        """Return the sweep findings of unclaimed use of claimed GPUs (the sweep's ``extra``);
+        remember them, so that the duty tells each claimant once, after the grace."""
+        if not self.enabled:
+            return []
+        try:
+            active = await self.store.active()
+        except StoreError as exc:  # the sweep stands; intruders wait for the next one
+            log.warning("claims not read, intruders not looked for: %s", exc)
+            return []
+        del now  # the sweep's start; the grace runs on this service's clock, as the duty does
+        seen = self.clock.now()
+        found: dict[str, tuple[Intruder, float]] = {}
+        for snap in snaps:
+            for i in intruders(snap, active):
+                key = i.finding().key.text()
+                found[key] = (i, self._intruders.get(key, (i, seen))[1])
+        self._intruders = found
+        self._told &= set(found)
+        return [i.finding() for i, _ in found.values()]
+
+    def intruder(self, key: str) -> Intruder | None:
+        """Return the intruder the latest sweep found under ``key``."""
+        got = self._intruders.get(key)
+        return None if got is None else got[0]
+
+    def _due_intruders(self, now: float) -> list[Intruding]:
+        out = []
+        for key, (i, since) in self._intruders.items():
+            if key not in self._told and now - since >= self.config.intruder_grace_s:
+                self._told.add(key)
+                out.append(Intruding(i, key))
+        return out
+
     # -- the duty ----------------------------------------------------------------------------
 
     async def tick(self) -> list[Event]:
@@ -253,6 +302,7 @@ class ClaimService:
         events: list[Event] = []
         if self.enabled:
             events += [Ended(claim=c) for c in await self.store.expire(now)]
+            events += self._due_intruders(now)
         events += [Ended(wait=w) for w in await self.store.lapse(now)]
         waiting = await self.store.waits()
         for node in dict.fromkeys(w.node for w in waiting):
@@ -313,4 +363,4 @@ def until_text(claim: Claim, now: float) -> str:
     return f"{span(max(0.0, claim.end - now))} left"
 
 
-__all__ = ["ClaimService", "Ended", "Event", "Granted", "Offered"]
+__all__ = ["ClaimService", "Ended", "Event", "Granted", "Intruding", "Offered"]

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -44,6 +44,8 @@ from gpubot.services.status import StatusService, fan_out, reason
 log = logging.getLogger(__name__)
 
 SWEEP_LOCK = "sweep"  # the lock a replica holds while it sweeps
+# Findings another service makes of a sweep's snapshots (``ClaimService.intruder_findings``).
+ExtraFindings = Callable[[Sequence[NodeSnapshot], float], Awaitable[list[Finding]]]
 RECENT = 0.9  # a replica skips its turn if a sweep started within this part of an interval
 
 
@@ -59,6 +61,7 @@ class SweepPorts:
     idle: IdleAccounting | None = None
     locks: Locks | None = None
     observer: SweepObserver | None = None
+    extra: ExtraFindings | None = None  # more findings of the snapshots (claims' intruders)
 
 
 class SweepService:
@@ -84,6 +87,7 @@ class SweepService:
         self.idle = ports.idle
         self.locks = ports.locks
         self.observer = ports.observer
+        self.extra = ports.extra
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
@@ -147,6 +151,8 @@ class SweepService:
         findings = await off_loop(
             find, snaps, failed, self.config, protection=protection, idle=idle
         )
+        if self.extra is not None:
+            findings = (*findings, *await self.extra(snaps, started))
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings

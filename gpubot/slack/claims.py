@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
 
 log = logging.getLogger(__name__)
-ACTIONS = (view.ACTION_TAKE, view.ACTION_LEAVE, view.ACTION_JOIN)
+ACTIONS = (view.ACTION_TAKE, view.ACTION_LEAVE, view.ACTION_JOIN, view.ACTION_FREE_INTRUDER)
 
 
 def register(bot: GpuBot) -> None:
@@ -57,4 +57,7 @@ async def _click(
     except GpubotError as exc:
         await out.reply(error_message(exc))
         return
-    await bot.flows.claims.click(action, value, who, out)
+    if action == view.ACTION_FREE_INTRUDER:
+        await bot.flows.claims.free_intruder(value, who, out)
+    else:
+        await bot.flows.claims.click(action, value, who, out)

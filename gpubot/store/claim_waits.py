@@ -223,7 +223,7 @@ def _wait(r: Row[Any]) -> Wait:
         id=int(r.id),
         node=r.node,
         gpus=_gpus(r.gpus),
-        count=int(r.count),
+        count=int(r._mapping["count"]),
         duration_s=None if r.duration_s is None else float(r.duration_s),
         user=r.user,
         chat_id=r.chat_id,

@@ -14,12 +14,14 @@ import pytest
 
 from gpubot.app import App, SlackAccess, build, slack_parts
 from gpubot.chat import claim_view as view
+from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.core.claims import ClaimSettings
 from gpubot.slack.serve import build_bot, start_http
 from gpubot.store import open_store
 from gpusim.node_layout import gpu_uuid
 from tests.fixtures.settings import ManualClock
 from tests.fixtures.slack import BOT_TOKEN, SECRET, Call, FakeSlack, Harness, SlackSender
+from tests.procs import alive, until
 
 CLAIMS = ClaimSettings(enabled=True, max_hours=8, hold_minutes=15, every_s=60)
 
@@ -113,7 +115,7 @@ async def test_claim_conflict_queue_extend_release_hold_and_expiry(
 ) -> None:
     clock = ManualClock()
     uuids = {i: gpu_uuid("node1", i) for i in range(4)}
-    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/a.db", clock) as (h, app):
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/a.db", clock) as (h, _):
         got = await ask(h, "claim node1 gpu 2,3 for 4h train llama", "U0BOB")
         assert f"CUDA_VISIBLE_DEVICES={uuids[2]},{uuids[3]}" in got and "train llama" in got
         refused = await ask(h, "claim node1 gpu 3 for 1h", "U0DAVE")
@@ -180,3 +182,36 @@ async def test_bad_input_is_one_line_and_claims_off_still_waits(
         (told,) = dms(dm_slack, "U0BOB")
         assert "is free now" in json.dumps(told.body)
         assert "No one is waiting" in await ask(h, "queue", "U0BOB")
+
+
+async def test_an_intruder_is_found_by_a_sweep_and_freed_only_after_approval(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    clock = ManualClock()
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/c.db", clock) as (h, app):
+        assert "claimed until" in await ask(h, "claim node1 gpu 1 for 2h eval run", "U0BOB")
+        w = node1.spawn(gpu=1, mib=3000)  # the workload owner's job, on bob's claimed GPU
+        mine = node1.spawn(gpu=0, mib=1000)  # on an unclaimed GPU: no intruder
+        result = await app.sweep.run(alerting=True)
+        (found,) = [f for f in result.findings if f.kind.value == "claim-intruder"]
+        assert (found.node, found.gpu, found.pid) == ("node1", 1, w.pid)
+        assert f"pid {w.pid}" in found.summary and "after the claim" in found.summary
+        assert "claimed by bob" in found.summary
+        n = len(dm_slack.calls)
+        assert await h.bot.flows.claims.tick() == 1
+        assert await h.bot.flows.claims.tick() == 0  # the claimant is told once
+        (dm,) = dms(dm_slack, "U0BOB", n)
+        key = button(dm, view.ACTION_FREE_INTRUDER)
+        refused = await click(h, view.ACTION_FREE_INTRUDER, key, "U0DAVE")
+        assert "only the person who claimed" in refused
+        await click(h, view.ACTION_FREE_INTRUDER, key, "U0BOB")
+        (request,) = [c for c in dm_slack.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
+        text = json.dumps(request.body, ensure_ascii=False)
+        assert "is claimed by <@U0BOB> (bob) since" in text and "eval run" in text
+        assert f"Unclaimed use: {w.user}'s pid {w.pid}" in text and "after the claim" in text
+        assert alive(w.pid)  # nothing is killed without an approver
+        approval_id = button(request, ACTION_APPROVE)
+        await h.send.click(ACTION_APPROVE, approval_id, user="U0CAROL")
+        await h.settle()
+        await until(lambda: not alive(w.pid), 20, "the approved kill")
+        assert alive(mine.pid)  # only the intruder
