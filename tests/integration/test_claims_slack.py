@@ -174,6 +174,7 @@ async def test_bad_input_is_one_line_and_claims_off_still_waits(
         assert "bad duration '4x'" in bad and "Traceback" not in bad
         assert "no GPU 9" in await ask(h, "claim node1 gpu 9 for 1h", "U0BOB")
         assert "unknown node 'nodeX'" in await ask(h, "claim nodeX gpu 1 for 1h", "U0BOB")
+        assert app.chat.claims is not None
         app.chat.claims.config = ClaimSettings()  # claims off: wait still tells
         assert "not enabled" in await ask(h, "claim node1 gpu 1 for 1h", "U0BOB")
         await ask(h, "wait node1 gpu 1", "U0BOB")
