@@ -90,9 +90,7 @@ def test_one_winner_and_one_dm_per_free_gpu(start: Callable[[str], Replica]) -> 
         a.send(f"claim U0A{round_} {node} {gpu}")
         b.send(f"claim U0B{round_} {node} {gpu}")
         for r in (a, b):
-            wait_for(
-                lambda r=r, k=round_: len(r.of("claimed") + r.of("refused")) > k, 30, "answers"
-            )
+            wait_for(answered(r, round_ + 1), 30, f"{r.name}'s answer")
     assert not a.of("error") + b.of("error"), a.of("error") + b.of("error")
     assert len(a.of("claimed") + b.of("claimed")) == 3  # one winner each time
     assert len(a.of("refused") + b.of("refused")) == 3
