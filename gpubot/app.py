@@ -331,6 +331,8 @@ def _parts(app: App, notifier: Notifier | None) -> Parts:
         from gpubot.services.claims import ClaimService
 
         claims = ClaimService(settings, store.claims, status)
+        if app.metrics is not None:
+            claims.observe = app.metrics.observe_claims  # gpubot_gpu_claimed
     sweep = _sweep(app, store, notifier, claims)
     approvals = None
     if store is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from gpubot.core.models import FindingKind, NodeSnapshot
 from gpubot.errors import ConfigError
+from gpubot.metrics_claims import ClaimGauge
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self._last = _LastSweep()
         self.registry.register(self._last)
+        self.claimed = ClaimGauge()  # gpubot_gpu_claimed (issue 26)
+        self.registry.register(self.claimed)
         self.resets = Counter(
             "gpubot_resets", "GPUs reset, by outcome", ["outcome"], registry=self.registry
         )
@@ -132,6 +135,10 @@ class Metrics:
         self.sweep_duration.observe(seconds)
         for node in failed:
             self.node_failures.labels(node=node).inc()
+
+    def observe_claims(self, claims: Iterable[tuple[str, int, str]]) -> None:
+        """Record the GPUs claimed now: (node, gpu, user) each."""
+        self.claimed.set(claims)
 
     def count_reset(self, outcome: str, n: int = 1) -> None:
         """Count ``n`` GPUs whose reset ended as ``outcome`` (freed, stuck, refused ...)."""

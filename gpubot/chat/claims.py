@@ -8,12 +8,13 @@ printed). Buttons (Claim, Leave, Queue me) run the same flows as the typed comma
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from gpubot.chat import claim_view as view
 from gpubot.chat.errors import error_message
-from gpubot.chat.message import Message, note
+from gpubot.chat.message import Message, Section, Text, bold, lines, note
 from gpubot.chat.surface import Surface
 from gpubot.core import claim_commands as cc
 from gpubot.core import commands
@@ -191,3 +192,36 @@ class ClaimDesk:
             except Exception:  # a DM is a courtesy: the command and the duty stand
                 log.exception("the DM to %s failed", to)
         return sent
+
+
+MAX_SHOWN = 12  # claims listed under a status or on the Home tab
+
+
+async def with_claims(
+    desk: ClaimDesk, msg: Message, nodes: Sequence[str] | None, *, mine: str | None = None
+) -> Message:
+    """Return ``msg`` with the active claims of ``nodes`` (None: all; ``mine``: of this
+    person only) under it: "node1 GPU 2 claimed by alice until 14:00 · note". A database
+    that fails leaves ``msg`` as it is: the status stands."""
+    svc = desk.service
+    if svc is None or not svc.enabled:
+        return msg
+    try:
+        found = await svc.store.active()
+    except GpubotError as exc:
+        log.warning("claims not shown: %s", exc)
+        return msg
+    shown = [
+        c
+        for c in found
+        if (nodes is None or c.node in nodes) and (mine is None or c.chat_id == mine)
+    ]
+    if not shown:
+        return msg
+    rows = [(f"{c.node} GPU {c.gpu} ", *view.claimed_line(c)) for c in shown[:MAX_SHOWN]]
+    more = len(shown) - MAX_SHOWN
+    title: Text = (bold("Your claims" if mine else "Claims"),)
+    text = lines(title, *rows, *((f"… and {more} more (`/gpu claims`)",),) * (more > 0))
+    part = Section(text)
+    body = (*msg.body[:1], part, *msg.body[1:]) if mine else (*msg.body, part)
+    return dataclasses.replace(msg, body=body)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk
+from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk, with_claims
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home
@@ -154,7 +154,9 @@ class Flows:
             await out.update(handle, error_message(exc))
             return
         title = "GPU status · " + (", ".join(cmd.names) if cmd.names else "all")
-        await out.update(handle, self.renders.fleet(fleet, title))  # once per shared answer
+        msg = self.renders.fleet(fleet, title)  # once per shared answer
+        shown = [s.node for s in fleet.snapshots]
+        await out.update(handle, await with_claims(self.claims, msg, shown))
 
     def ask(self, who: Identity, text: str) -> Ask:
         """Return a request of ``who`` from this front end."""
@@ -328,7 +330,7 @@ class Flows:
             except GpubotError as exc:  # the tab still shows the fleet
                 log.warning("idle GPU-hours unavailable for the Home tab: %s", exc)
         cut = await interrupted_for(self.svc.audit, self.svc.approvals, who)
-        return render_home(
+        home = render_home(
             who.id,
             who.linux_user,
             fleet.snapshots,
@@ -338,6 +340,7 @@ class Flows:
             now=now,
             idle_hours=idle,
         )
+        return await with_claims(self.claims, home, None, mine=who.id)
 
 
 def _action(cmd: commands.Command) -> str:

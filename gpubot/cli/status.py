@@ -7,6 +7,7 @@ import json
 import sys
 
 from gpubot.app import App
+from gpubot.cli.claim_lines import claim_text, claims_on
 from gpubot.cli.common import (
     cli_actor,
     color,
@@ -35,12 +36,17 @@ def run(args: argparse.Namespace) -> int:
         status = await app.status.fleet(names, actor=cli_actor(), source="cli")
         # The store is open (or known unusable) once the query is recorded, as fleet() does.
         found = await interrupted_on(app.store, [n.name for n in nodes])
+        claimed = await claims_on(app, [n.name for n in nodes])  # [claims] enabled only
         if args.json:
             doc = fleet_dict(status, [n.name for n in nodes])
             doc["interrupted"] = interrupted_json(found)
+            if claimed is not None:
+                doc["claims"] = [{**c.to_dict(), "text": claim_text(c)} for c in claimed]
             print(json.dumps(doc, indent=2))
         else:
             print(render_fleet(status, color=color()))
+            for c in claimed or ():
+                print(f"{c.node} GPU {c.gpu}: {claim_text(c)}")
             print_interrupted(found, sys.stdout)
         return 0 if status.ok else 1
 

@@ -12,7 +12,7 @@ Without ``[claims] enabled``, ``wait`` still works: the person is told, nothing 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpubot.config import Settings
@@ -96,6 +96,7 @@ class ClaimService:
         self._free: dict[tuple[str, int], int] = {}  # looks in a row each GPU was free
         self._intruders: dict[str, tuple[Intruder, float]] = {}  # key → it, first seen
         self._told: set[str] = set()  # intruders whose claimant was told
+        self.observe: Callable[[list[tuple[str, int, str]]], None] | None = None  # the metrics
 
     @property
     def enabled(self) -> bool:
@@ -303,6 +304,8 @@ class ClaimService:
         if self.enabled:
             events += [Ended(claim=c) for c in await self.store.expire(now)]
             events += self._due_intruders(now)
+            if self.observe is not None:
+                self.observe([(c.node, c.gpu, c.user) for c in await self.store.active()])
         events += [Ended(wait=w) for w in await self.store.lapse(now)]
         waiting = await self.store.waits()
         for node in dict.fromkeys(w.node for w in waiting):
