@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
     from gpubot.services.approvals import ApprovalService
-    from gpubot.services.claims import ClaimService
     from gpubot.services.reset import ResetService
     from gpubot.services.seals import SealService
     from gpubot.services.sweep import SweepService
@@ -120,8 +119,7 @@ class App:
         return self._parts().approvals
 
     def scheduler(self, name: str) -> IntervalScheduler | None:
-        """Return the schedule called ``name`` ("sweep", "audit-head", "audit-seal",
-        "approval-expiry"), if built."""
+        """Return the schedule ``name`` (sweep, audit-head, audit-seal, approval-expiry), if any."""
         return next((s for s in self.schedulers if s.name == name), None)
 
     def start(self, *, sweeps: bool = True) -> None:
@@ -137,12 +135,10 @@ class App:
         *,
         options: Serving = SERVING,
         expire: Job | None = None,
-        claims: Job | None = None,
     ) -> AsyncIterator[Running]:
         """Run the lifecycle around the body: report interrupted work to ``reporter``, serve
         the metrics, settle the heap, start the schedules (``expire``: the approval expiry's
-        job, every ``expire_every_s``; ``claims``: the claims' duty, every ``[claims] every_s``)
-        and the loop watch; stop them when the body ends."""
+        job, every ``expire_every_s``) and the loop watch; stop them when the body ends."""
         if reporter is not None and self.store is not None:
             from gpubot.services.startup import report_interrupted
 
@@ -152,8 +148,8 @@ class App:
             settle_heap()
         if expire is not None:
             self._add_schedule(expire, options.expire_every_s, "approval-expiry", 0.0)
-        if claims is not None:  # claims expire and the queue is served (issue 26)
-            self._add_schedule(claims, self.settings.claims.every_s, "claims", 0.0)
+        for job, every_s, name in options.duties:  # e.g. the claims' (issue 26)
+            self._add_schedule(job, every_s, name, 0.0)
         self.start(sweeps=options.sweeps)
         # How long anything holds the loop, from here on (gpubot_event_loop_max_stall_seconds).
         watch = None if self.metrics is None else asyncio.create_task(self.metrics.watch_loop())
@@ -314,6 +310,7 @@ def slack_parts(app: App) -> SlackParts:
 
 def _parts(app: App, notifier: Notifier | None) -> Parts:
     """Wire the reset engine, the sweep, the approvals (with a store) and the chat services."""
+    from gpubot.app_claims import wire_claims
     from gpubot.chat.alerts import chat_sweeper
     from gpubot.chat.flows import Services
     from gpubot.services.approvals import ApprovalPorts, ApprovalService
@@ -326,14 +323,7 @@ def _parts(app: App, notifier: Notifier | None) -> Parts:
     # With a database, a node's reset and the sweep are exclusive across replicas and processes
     # (leases with fencing tokens, SQLite and PostgreSQL alike); one Locks for both.
     reset = ResetService(settings, app.transport, audit, status, locks, observer=app.metrics)
-    claims = None
-    if store is not None:
-        from gpubot.services.claims import ClaimService
-
-        claims = ClaimService(settings, store.claims, status)
-        if app.metrics is not None:
-            claims.observe = app.metrics.observe_claims  # gpubot_gpu_claimed
-    sweep = _sweep(app, store, notifier, claims)
+    sweep = _sweep(app, store, notifier)
     approvals = None
     if store is not None:
         directory = app.directory or NoDirectory()
@@ -343,15 +333,13 @@ def _parts(app: App, notifier: Notifier | None) -> Parts:
     chat = Services(
         settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
     )
-    chat.claims = claims
+    wire_claims(settings, store, status, app.metrics, sweep, chat)  # issue 26
     return Parts(reset, sweep, chat, approvals)
 
 
-def _sweep(
-    app: App, store: Store | None, notifier: Notifier | None, claims: ClaimService | None
-) -> SweepService:
+def _sweep(app: App, store: Store | None, notifier: Notifier | None) -> SweepService:
     """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
-    notifier, snooze), the idle accounting (GPU samples) and the claims' intruders."""
+    notifier, snooze) and the idle accounting (GPU samples)."""
     from gpubot.services.alert_keeper import AlertKeeper
     from gpubot.services.idle_accounting import IdleAccounting
     from gpubot.services.sweep import SweepPorts, SweepService
@@ -363,8 +351,7 @@ def _sweep(
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        extra = None if claims is None else claims.intruder_findings
-        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics, extra)
+        ports = SweepPorts(store, keeper, idle, app.locks, app.metrics)
     return SweepService(settings, app.status, app.transport, ports)
 
 

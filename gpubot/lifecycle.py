@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpubot.config import Settings
 
@@ -27,6 +28,8 @@ class Serving:
     metrics_host: str | None = None
     expire_every_s: float = 30.0
     settle_heap: bool = True
+    # More duties on the one scheduler: (job, every_s, name), e.g. the claims' (issue 26).
+    duties: tuple[tuple[Callable[[], Awaitable[Any]], float, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ RANKS: dict[str, int] = {
 }
 FRONT_ENDS = ("slack", "console")
 # Modules that belong to another unit's layer: the composition root's helpers.
-UNITS = {"app_stores": "app", "lifecycle": "app"}
+UNITS = {"app_stores": "app", "lifecycle": "app", "app_claims": "app", "metrics_claims": "metrics"}
 
 
 @functools.cache

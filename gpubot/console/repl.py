@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubot.chat.alerts import SNOOZE_ACTION, SNOOZE_LABELS
+from gpubot.chat.claim_view import ACTION_JOIN, ACTION_LEAVE, ACTION_TAKE
 from gpubot.chat.flows import Flows
 from gpubot.chat.holders import Snoozer, free_it, snooze
 from gpubot.chat.idle import ACTION_FREE
@@ -33,6 +34,7 @@ from gpubot.errors import StdoutClosed, UsageError
 from gpubot.services.approvals import Identity
 
 PROMPT = "gpu> "
+CLAIM_TYPED = {ACTION_TAKE: "take {}", ACTION_LEAVE: "leave {}", ACTION_JOIN: "{}"}
 HOLDER_USAGE = (
     "snooze 1h|1d KEY  — snooze an alert's finding (console; KEY as the alert gives it)\n"
     "free KEY  — free the GPU an idle holder keeps (console): your own reset of that pid"
@@ -60,7 +62,9 @@ def typed(action: Action) -> str | None:
     if action.id == ACTION_RESET_GPU:
         node, _, gpu = action.value.rpartition(":")
         return f"reset {node} gpu {gpu}"
-    return None
+    return (
+        CLAIM_TYPED.get(action.id, "{}").format(action.value) if action.id in CLAIM_TYPED else None
+    )
 
 
 async def holder_line(
@@ -183,6 +187,11 @@ async def repl(parts: ConsoleParts, who: Identity, lines: list[str] | None) -> i
         except BrokenPipeError:  # nobody reads the answers: stop (past the flows' error handling)
             raise StdoutClosed from None
 
+    async def dm(user: str, msg: Message) -> bool:  # the claims' DMs, printed (issue 26)
+        echo(f"(to @{user}) " + render(msg))
+        return True
+
+    parts.flows.claims.dm = dm
     try:
         async with parts.running(TextReporter(echo)):
             return await _answer_lines(parts.flows, who, lines, echo, parts.snoozer)
