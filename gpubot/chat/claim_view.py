@@ -29,8 +29,6 @@ from gpubot.core.timefmt import iso
 ACTION_TAKE = "gpubot_claim_take"  # value: the place in the queue
 ACTION_LEAVE = "gpubot_queue_leave"  # value: the place in the queue
 ACTION_JOIN = "gpubot_queue_join"  # value: the ``wait`` command that queues
-ACTION_KEEP = "gpubot_claim_keep"  # value: the claim id
-ACTION_RELEASE = "gpubot_claim_release"  # value: the claim id
 ACTION_FREE_INTRUDER = "gpubot_claim_free"  # value: the intruder finding's key text
 
 

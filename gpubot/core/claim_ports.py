@@ -42,14 +42,6 @@ class ClaimStore(Protocol):
         """Return GPU → when the person last claimed it on ``node``."""
         ...
 
-    async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None:
-        """Keep an idle claim."""
-        ...
-
-    async def mark_idle_dm(self, claim_id: int, now: float) -> bool:
-        """Record the idle DM once."""
-        ...
-
     async def add_wait(self, wait: Wait, source: str) -> Wait:
         """Queue."""
         ...

@@ -36,7 +36,6 @@ class ClaimSettings:
     max_hours: float = 24.0  # the longest a claim may run (extensions included)
     max_gpus_per_user: int = 8  # GPUs one person may hold at once, across the fleet
     hold_minutes: float = 15.0  # how long a free GPU is held for the first waiter
-    claim_idle_minutes: float = 60.0  # a claimed GPU idle this long: Keep / Release (0: off)
     intruder_grace_s: float = 0.0  # how long before an intruder's "Free it" button appears
     free_below_mib: int = 256  # "free": no process and memory in use below this
     every_s: float = 60.0  # how often claims expire and the queue is served
@@ -53,8 +52,7 @@ class ClaimSettings:
 
 
 class ClaimState(StrEnum):
-    """Life of a claim: active until released by its holder, or expired when its time ran out
-    (or its GPU stayed idle past ``claim_idle_minutes`` and no one kept it)."""
+    """Life of a claim: active until released by its holder, or expired when its time ran out."""
 
     ACTIVE = "active"
     RELEASED = "released"
@@ -86,7 +84,6 @@ class Claim:
     note: str
     state: ClaimState = ClaimState.ACTIVE
     ended_at: float | None = None  # when it was released or expired
-    kept_at: float | None = None  # the last "Keep" of an idle claim
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready form (times as unix seconds)."""
@@ -224,15 +221,6 @@ def intruders(snapshot: NodeSnapshot, claims: Iterable[Claim]) -> list[Intruder]
             started = None if p.elapsed_s is None else snapshot.taken_at - p.elapsed_s
             out.append(Intruder(c, p, started))
     return out
-
-
-def claim_is_idle(claim: Claim, idle_from: float | None, now: float, minutes: float) -> bool:
-    """Whether ``claim`` has sat idle for ``minutes`` (0: never): its GPU idle since
-    ``idle_from`` (None: not idle), counted from the claim's start or its last Keep."""
-    if minutes <= 0 or idle_from is None:
-        return False
-    start = max(idle_from, claim.start, claim.kept_at or claim.start)
-    return now - start >= minutes * 60
 
 
 def cuda_visible(uuids: Sequence[str]) -> str:

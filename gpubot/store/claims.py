@@ -76,14 +76,6 @@ class DbClaims(waits.WaitsMixin):
         """Return GPU → when ``chat_id``'s last claim of it on ``node`` began."""
         return await in_thread(self._used_last, chat_id, node)
 
-    async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None:
-        """Record a Keep of an idle claim by its holder; None when it is not theirs or ended."""
-        return await in_thread(self._keep, claim_id, chat_id, now, source)
-
-    async def mark_idle_dm(self, claim_id: int, now: float) -> bool:
-        """Record that the idle DM of a claim is sent; False when it was already (one DM)."""
-        return await in_thread(self._mark_idle_dm, claim_id, now)
-
     def intervals(self, since: datetime, until: datetime) -> Iterable[Interval]:
         """Return (node, gpu, user, start, end) of every claim overlapping [since, until),
         cut to it: an ended claim ends at its end, an active one at its planned end (synchronous:
@@ -245,36 +237,6 @@ class DbClaims(waits.WaitsMixin):
             out[r.gpu_index] = max(out.get(r.gpu_index, 0.0), unix(r.started_at) or 0.0)
         return out
 
-    def _keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None:
-        with guard("cannot record the keep"), write_tx(self._engine) as c:
-            done = c.execute(
-                claims.update()
-                .where(
-                    claims.c.id == claim_id,
-                    claims.c.chat_id == chat_id,
-                    claims.c.state == ClaimState.ACTIVE.value,
-                )
-                .values(kept_at=at(now), idle_dm_at=None)
-            )
-            if done.rowcount != 1:
-                return None
-            kept = self._get_in(c, claim_id)
-            record(c, "kept", (chat_id, source), kept.node, now=now, **_payload(kept))
-            return kept
-
-    def _mark_idle_dm(self, claim_id: int, now: float) -> bool:
-        with guard("cannot record the idle DM"), write_tx(self._engine) as c:
-            done = c.execute(
-                claims.update()
-                .where(
-                    claims.c.id == claim_id,
-                    claims.c.state == ClaimState.ACTIVE.value,
-                    claims.c.idle_dm_at.is_(None),
-                )
-                .values(idle_dm_at=at(now))
-            )
-            return bool(done.rowcount == 1)
-
 
 def _active_rows(c: Connection, node: str | None) -> list[Row[Any]]:
     q = select(claims).where(claims.c.state == ClaimState.ACTIVE.value)
@@ -308,7 +270,6 @@ def _claim(r: Row[Any]) -> Claim:
         note=r.note,
         state=ClaimState(r.state),
         ended_at=unix(r.ended_at),
-        kept_at=unix(r.kept_at),
     )
 
 

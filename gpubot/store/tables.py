@@ -194,8 +194,6 @@ claims = Table(
     Column("note", Text, nullable=False),
     Column("state", String(16), nullable=False),
     Column("ended_at", TIME, nullable=True),
-    Column("kept_at", TIME, nullable=True),  # the last "Keep" of an idle claim
-    Column("idle_dm_at", TIME, nullable=True),  # when its idle DM was sent
     Column("holding", Text, nullable=True, unique=True),
     CheckConstraint("state IN ('active', 'released', 'expired')", name="state"),
     Index(None, "state", "ends_at"),
