@@ -29,6 +29,8 @@ from gpubot.core.timefmt import iso
 ACTION_TAKE = "gpubot_claim_take"  # value: the place in the queue
 ACTION_LEAVE = "gpubot_queue_leave"  # value: the place in the queue
 ACTION_JOIN = "gpubot_queue_join"  # value: the ``wait`` command that queues
+ACTION_KEEP = "gpubot_claim_keep"  # value: the claim id
+ACTION_RELEASE = "gpubot_claim_release"  # value: the claim id
 ACTION_FREE_INTRUDER = "gpubot_claim_free"  # value: the intruder finding's key text
 
 
@@ -283,4 +285,33 @@ def render_intruder(i: Intruder, key: str) -> Message:
             Context((("Free it kills it only after an on-call approver says so.",),)),
         ),
         fallback=f"{i.what()} uses {c.node} GPU {c.gpu}, which you claimed",
+    )
+
+
+def render_idle_asked(c: Claim, idle_s: float) -> Message:
+    """The DM to the holder of an idle claim: Keep or Release."""
+    keep = Action(ACTION_KEEP, "Keep", str(c.id), Style.PRIMARY)
+    release = Action(ACTION_RELEASE, "Release", str(c.id))
+    return Message(
+        f"Idle claim · {c.node}",
+        (
+            Section(
+                (
+                    "💤 Your claim of ",
+                    bold(f"{c.node} GPU {c.gpu}"),
+                    f" has been idle (0 %) for {span(idle_s)}. Keep it, or release it for others.",
+                )
+            ),
+            Actions((keep, release), group=f"idle-claim-{c.id}"),
+            Context((("Still idle as long again without a Keep, it is released.",),)),
+        ),
+        fallback=f"your claim of {c.node} GPU {c.gpu} is idle: keep or release it",
+    )
+
+
+def render_idle_released(c: Claim) -> Message:
+    """The DM when an idle claim no one kept was released."""
+    return Message(
+        f"Idle claim released · {c.node}",
+        (Section((f"⌛ Your claim of {c.node} GPU {c.gpu} was released: it stayed idle.",)),),
     )

@@ -21,7 +21,15 @@ from gpubot.core import commands
 from gpubot.core.claims import Conflict, Granted, OverLimit
 from gpubot.errors import GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
-from gpubot.services.claims import ClaimService, Ended, Event, Intruding, Offered
+from gpubot.services.claims import (
+    ClaimService,
+    Ended,
+    Event,
+    IdleAsked,
+    IdleReleased,
+    Intruding,
+    Offered,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +125,8 @@ class ClaimDesk:
                 cmd: cc.ClaimCommand = cc.Take(int(value))
             elif action == view.ACTION_LEAVE:
                 cmd = cc.Leave(int(value))
+            elif action in (view.ACTION_KEEP, view.ACTION_RELEASE):
+                claim_id = int(value)
             elif action == view.ACTION_JOIN:
                 parsed = commands.parse(value)
                 if not isinstance(parsed, cc.WaitFor):
@@ -124,13 +134,30 @@ class ClaimDesk:
                 cmd = parsed
             else:
                 raise UsageError(f"unknown button {action!r}")
+        except GpubotError as exc:  # before ValueError: a UsageError is one too
+            await out.reply(error_message(exc))
+            return
         except ValueError:
             await out.reply(error_message(UsageError(f"a button with a bad value {value!r}")))
             return
-        except GpubotError as exc:
-            await out.reply(error_message(exc))
+        if action in (view.ACTION_KEEP, view.ACTION_RELEASE):
+            try:
+                await self._idle_click(action, claim_id, who, out)
+            except GpubotError as exc:
+                await out.reply(error_message(exc))
             return
         await self.run(cmd, who, out)
+
+    async def _idle_click(self, action: str, claim_id: int, who: Identity, out: Surface) -> None:
+        svc = self._svc()
+        if action == view.ACTION_KEEP:
+            c = await svc.keep(who, claim_id, self.source)
+            await out.reply(note(f"✅ kept: {c.node} GPU {c.gpu} until ", view.until(c.end)))
+            return
+        gone = await svc.release_one(who, claim_id, self.source)
+        for node in dict.fromkeys(c.node for c in gone):  # the first in line, at once
+            await self._tell(await svc.serve(node, svc.clock.now()))
+        await out.reply(view.render_ended(gone, "released"))
 
     async def free_intruder(self, value: str, who: Identity, out: Surface) -> None:
         """*Free it* of an intruder: the claimant's own reset of that process, which, being
@@ -181,6 +208,10 @@ class ClaimDesk:
                 to, msg = e.wait.chat_id, view.render_offer(e.wait, e.uuids, hold=e.hold)
             elif isinstance(e, Intruding):
                 to, msg = e.intruder.claim.chat_id, view.render_intruder(e.intruder, e.key)
+            elif isinstance(e, IdleAsked):
+                to, msg = e.claim.chat_id, view.render_idle_asked(e.claim, e.idle_s)
+            elif isinstance(e, IdleReleased):
+                to, msg = e.claim.chat_id, view.render_idle_released(e.claim)
             elif isinstance(e, Ended) and e.claim is not None:
                 to, msg = e.claim.chat_id, view.render_expired(e.claim)
             elif isinstance(e, Ended) and e.wait is not None:

@@ -17,6 +17,7 @@ CLAIM_KEYS = {
     "max_hours",
     "max_gpus_per_user",
     "hold_minutes",
+    "claim_idle_minutes",
     "intruder_grace_s",
     "free_below_mib",
     "every_s",
@@ -36,11 +37,17 @@ def claims(v: Validator, raw: Mapping[str, Any]) -> ClaimSettings:
     hours = v.seconds("claims.max_hours", t.get("max_hours", d.max_hours), MOST_HOURS)
     gpus = int(v.positive("claims.max_gpus_per_user", t.get("max_gpus_per_user", 8), integer=True))
     hold = v.seconds("claims.hold_minutes", t.get("hold_minutes", d.hold_minutes), MOST_MINUTES)
+    idle = v.seconds(
+        "claims.claim_idle_minutes",
+        t.get("claim_idle_minutes", d.claim_idle_minutes),
+        MOST_MINUTES,
+        zero=True,
+    )
     grace = v.seconds("claims.intruder_grace_s", t.get("intruder_grace_s", 0.0), 86400.0, zero=True)
     below = int(v.positive("claims.free_below_mib", t.get("free_below_mib", 256), integer=True))
     every = v.seconds("claims.every_s", t.get("every_s", d.every_s), 3600.0)
     groups = _groups(v, v.table("claims.groups", t.get("groups", {})))
-    return ClaimSettings(enabled, hours, gpus, hold, grace, below, every, groups)
+    return ClaimSettings(enabled, hours, gpus, hold, idle, grace, below, every, groups)
 
 
 def _groups(v: Validator, table: Mapping[str, Any]) -> tuple[GroupLimit, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gpubot.core.claims import Claim, ClaimOutcome, ClaimRequest, Wait
@@ -40,6 +41,18 @@ class ClaimStore(Protocol):
 
     async def used_last(self, chat_id: str, node: str) -> dict[int, float]:
         """Return GPU → when the person last claimed it on ``node``."""
+        ...
+
+    async def advance_idle(self, updates: Sequence[tuple[int, float | None, float]]) -> None:
+        """Store each claim's idle run."""
+        ...
+
+    async def mark_idle_dm(self, claim_id: int, now: float) -> bool:
+        """Record the Keep / Release question once."""
+        ...
+
+    async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None:
+        """Keep an idle claim."""
         ...
 
     async def add_wait(self, wait: Wait, source: str) -> Wait:

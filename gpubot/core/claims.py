@@ -15,7 +15,8 @@ from enum import StrEnum
 from typing import Any
 
 from gpubot.core.findings import Finding, holder_id, workload_label
-from gpubot.core.idle import holder_owner
+from gpubot.core.idle import GpuSample, holder_owner
+from gpubot.core.idle_runs import IdleRun, RunRule, advance, can_advance
 from gpubot.core.models import FindingKind, GpuProcess, NodeSnapshot
 
 
@@ -36,6 +37,7 @@ class ClaimSettings:
     max_hours: float = 24.0  # the longest a claim may run (extensions included)
     max_gpus_per_user: int = 8  # GPUs one person may hold at once, across the fleet
     hold_minutes: float = 15.0  # how long a free GPU is held for the first waiter
+    claim_idle_minutes: float = 60.0  # a claimed GPU at 0 % this long: Keep / Release (0: off)
     intruder_grace_s: float = 0.0  # how long before an intruder's "Free it" button appears
     free_below_mib: int = 256  # "free": no process and memory in use below this
     every_s: float = 60.0  # how often claims expire and the queue is served
@@ -84,6 +86,9 @@ class Claim:
     note: str
     state: ClaimState = ClaimState.ACTIVE
     ended_at: float | None = None  # when it was released or expired
+    idle_since: float | None = None  # its GPU's idle run (``idle_step``): since when idle
+    idle_last_at: float | None = None  # the run's latest look
+    idle_dm_at: float | None = None  # when its holder was asked Keep / Release
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready form (times as unix seconds)."""
@@ -221,6 +226,28 @@ def intruders(snapshot: NodeSnapshot, claims: Iterable[Claim]) -> list[Intruder]
             started = None if p.elapsed_s is None else snapshot.taken_at - p.elapsed_s
             out.append(Intruder(c, p, started))
     return out
+
+
+def idle_rule(every_s: float) -> RunRule:
+    """The claims' idle rule as an idle run's (``core.idle_runs``): 0 % utilisation, whatever
+    memory is in use (a GPU with no process reads 0 %), looked at every ``every_s``; a gap of
+    three looks ends a run (nothing is known in between)."""
+    return RunRule.of(0, 3 * every_s)
+
+
+def idle_step(claim: Claim, sample: GpuSample, rule: RunRule) -> tuple[float | None, float]:
+    """Fold one look at a claimed GPU into its idle run: return (idle since, last look).
+
+    Incremental: the claim keeps its run, never the history (``advance``, as ``gpu_idle``)."""
+    run = None
+    if claim.idle_last_at is not None:
+        run = IdleRun(
+            claim.node, claim.gpu, claim.gpu_uuid, claim.idle_last_at, claim.idle_since, rule
+        )
+    if run is not None and not can_advance(run, sample, rule):
+        return claim.idle_since, claim.idle_last_at or sample.taken_at
+    new = advance(run, sample, rule)
+    return new.idle_since, new.last_at
 
 
 def cuda_visible(uuids: Sequence[str]) -> str:

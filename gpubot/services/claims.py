@@ -38,6 +38,7 @@ from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock
 from gpubot.errors import GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
+from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims
 from gpubot.services.status import StatusService
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class Intruding:
     key: str  # the finding's key text (the Free it button's value)
 
 
-Event = Offered | Ended | Intruding
+Event = Offered | Ended | Intruding | IdleAsked | IdleReleased
 
 
 class ClaimService:
@@ -220,6 +221,23 @@ class ClaimService:
             self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
         return gone
 
+    async def keep(self, who: Identity, claim_id: int, source: str) -> Claim:
+        """Keep an idle claim (its holder's Keep button)."""
+        kept = await self.store.keep(claim_id, who.id, self.clock.now(), source)
+        if kept is None:
+            raise UsageError(f"claim {claim_id} is not an active claim of yours")
+        return kept
+
+    async def release_one(self, who: Identity, claim_id: int, source: str) -> list[Claim]:
+        """Release one claim of ``who``'s (the Release button)."""
+        now = self.clock.now()
+        gone = await self.store.release(who.id, (None, ()), now=now, source=source, ids={claim_id})
+        if not gone:
+            raise UsageError(f"claim {claim_id} is not an active claim of yours")
+        for c in gone:
+            self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
+        return gone
+
     async def claims(self, who: Identity, cmd: cc.ListClaims) -> list[Claim]:
         """Return the active claims of a node, of ``who`` (``mine``), or all."""
         if cmd.scope not in ("all", "mine"):
@@ -304,6 +322,11 @@ class ClaimService:
         if self.enabled:
             events += [Ended(claim=c) for c in await self.store.expire(now)]
             events += self._due_intruders(now)
+            idle = await idle_claims(self.config, self.store, self.status, now)
+            for e in idle:  # released: free for the queue at once, if nothing runs on it
+                if isinstance(e, IdleReleased):
+                    self._free[(e.claim.node, e.claim.gpu)] = FREE_LOOKS - 1
+            events += idle
             if self.observe is not None:
                 self.observe([(c.node, c.gpu, c.user) for c in await self.store.active()])
         events += [Ended(wait=w) for w in await self.store.lapse(now)]
@@ -366,4 +389,13 @@ def until_text(claim: Claim, now: float) -> str:
     return f"{span(max(0.0, claim.end - now))} left"
 
 
-__all__ = ["ClaimService", "Ended", "Event", "Granted", "Intruding", "Offered"]
+__all__ = [
+    "ClaimService",
+    "Ended",
+    "Event",
+    "Granted",
+    "IdleAsked",
+    "IdleReleased",
+    "Intruding",
+    "Offered",
+]

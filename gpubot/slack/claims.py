@@ -20,7 +20,14 @@ if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
 
 log = logging.getLogger(__name__)
-ACTIONS = (view.ACTION_TAKE, view.ACTION_LEAVE, view.ACTION_JOIN, view.ACTION_FREE_INTRUDER)
+ACTIONS = (
+    view.ACTION_TAKE,
+    view.ACTION_LEAVE,
+    view.ACTION_JOIN,
+    view.ACTION_KEEP,
+    view.ACTION_RELEASE,
+    view.ACTION_FREE_INTRUDER,
+)
 
 
 def register(bot: GpuBot) -> None:

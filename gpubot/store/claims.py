@@ -26,6 +26,7 @@ from gpubot.core.claims import (
     OverLimit,
 )
 from gpubot.store import claim_waits as waits
+from gpubot.store.claim_idle import IdleMixin
 from gpubot.store.claim_rows import at, record, unix
 from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.records import iso
@@ -35,7 +36,7 @@ from gpubot.store.waits import in_thread
 Interval = tuple[str, int, str, float, float]  # node, gpu, user, start, end
 
 
-class DbClaims(waits.WaitsMixin):
+class DbClaims(waits.WaitsMixin, IdleMixin):
     """Claims and the queue; every method is async and raises ``StoreError``."""
 
     def __init__(self, engine: Engine) -> None:
@@ -270,6 +271,9 @@ def _claim(r: Row[Any]) -> Claim:
         note=r.note,
         state=ClaimState(r.state),
         ended_at=unix(r.ended_at),
+        idle_since=unix(r.idle_since),
+        idle_last_at=unix(r.idle_last_at),
+        idle_dm_at=unix(r.idle_dm_at),
     )
 
 

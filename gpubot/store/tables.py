@@ -194,6 +194,9 @@ claims = Table(
     Column("note", Text, nullable=False),
     Column("state", String(16), nullable=False),
     Column("ended_at", TIME, nullable=True),
+    Column("idle_since", TIME, nullable=True),  # its GPU's idle run (``core.claims.idle_step``)
+    Column("idle_last_at", TIME, nullable=True),
+    Column("idle_dm_at", TIME, nullable=True),  # when its holder was asked Keep / Release
     Column("holding", Text, nullable=True, unique=True),
     CheckConstraint("state IN ('active', 'released', 'expired')", name="state"),
     Index(None, "state", "ends_at"),

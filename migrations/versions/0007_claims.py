@@ -31,6 +31,9 @@ def upgrade() -> None:
         sa.Column("note", sa.Text(), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("ended_at", sa.String(27), nullable=True),
+        sa.Column("idle_since", sa.String(27), nullable=True),
+        sa.Column("idle_last_at", sa.String(27), nullable=True),
+        sa.Column("idle_dm_at", sa.String(27), nullable=True),
         sa.Column("holding", sa.Text(), nullable=True),
         sa.CheckConstraint(
             "state IN ('active', 'released', 'expired')", name="ck_claims_state"

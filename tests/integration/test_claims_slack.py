@@ -216,3 +216,48 @@ async def test_an_intruder_is_found_by_a_sweep_and_freed_only_after_approval(
         await h.settle()
         await until(lambda: not alive(w.pid), 20, "the approved kill")
         assert alive(mine.pid)  # only the intruder
+
+
+async def test_an_idle_claim_is_asked_then_kept_then_released(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    clock = ManualClock()
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/d.db", clock) as (h, app):
+        assert app.chat.claims is not None
+        app.chat.claims.config = dataclasses.replace(CLAIMS, claim_idle_minutes=20, every_s=600)
+        tick = h.bot.flows.claims.tick
+        await ask(h, "claim node1 gpu 2 for 8h idle test", "U0BOB")
+        busy = node1.spawn(gpu=3, mib=2000, util_pct=80)  # a busy GPU is never idle
+        await ask(h, "claim node1 gpu 3 for 8h busy", "U0OWNER")
+        assert await tick() == 0  # the first look starts the run
+        clock.advance(600)
+        assert await tick() == 0  # idle for 10 min
+        clock.advance(600)
+        n = len(dm_slack.calls)
+        assert await tick() == 1  # idle for 20 min: asked
+        (asked,) = dms(dm_slack, "U0BOB", n)
+        assert "has been idle (0 %) for 20m" in json.dumps(asked.body, ensure_ascii=False)
+        assert not dms(dm_slack, "U0OWNER", n)
+        claim_id = button(asked, view.ACTION_KEEP)
+        assert "is not an active claim of yours" in await click(
+            h, view.ACTION_KEEP, claim_id, "U0DAVE"
+        )
+        assert "kept: node1 GPU 2" in await click(h, view.ACTION_KEEP, claim_id, "U0BOB")
+        for _ in range(2):  # the run starts anew at the next look
+            clock.advance(600)
+            assert await tick() == 0
+        clock.advance(600)
+        n = len(dm_slack.calls)
+        assert await tick() == 1  # asked again; this time no one keeps it
+        clock.advance(600)
+        assert await tick() == 0
+        clock.advance(600)
+        assert await tick() == 1  # still idle as long again: released
+        assert "was released: it stayed idle" in json.dumps(dms(dm_slack, "U0BOB", n)[-1].body)
+        left = await ask(h, "claims all", "U0BOB")
+        assert "busy" in left and "idle test" not in left
+        assert busy.alive()
+        assert h.store is not None
+        changes = [r.data["change"] for r in await h.store.records() if r.kind == "claim"]
+        assert changes.count("idle-asked") == 2 and changes.count("kept") == 1
+        assert changes[-1] == "released-idle"

@@ -3,11 +3,23 @@ intruders and their relative start, with tables of cases."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpubot.core import claim_commands as cc
 from gpubot.core import commands
-from gpubot.core.claims import Claim, busy, cuda_visible, free_gpus, intruders, pick
+from gpubot.core.claims import (
+    Claim,
+    busy,
+    cuda_visible,
+    free_gpus,
+    idle_rule,
+    idle_step,
+    intruders,
+    pick,
+)
+from gpubot.core.idle import GpuSample, held_idle_since
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.errors import UsageError
 
@@ -121,3 +133,33 @@ def test_intruders_are_other_users_only() -> None:
     later = Claim(1, "node3", 1, "GPU-1", "bob", "U0BOB", T0 - 4000, T0 + 3600, "")
     assert intruders(snap, [later])[0].relative() == "56m after the claim"
     assert intruders(_snap(_proc(1, "alice")), []) == []
+
+
+@pytest.mark.parametrize(
+    "utils",
+    [
+        (0, 0, 0, 0),
+        (0, 50, 0, 0, 0),
+        (50, 0, None, 0, 0),
+        (0, 0, 0, 30, 0),
+        (0, 0, 0, 0, 0, 0, 0, 0),
+    ],
+)
+@pytest.mark.parametrize("gaps", [(60.0,), (60.0, 400.0, 60.0), (200.0, 30.0)])
+def test_the_idle_rule_from_the_run_is_the_history_s(
+    utils: tuple[int | None, ...], gaps: tuple[float, ...]
+) -> None:
+    """The claims' idle run, folded look by look (what the duty stores), says what the whole
+    history says (``core.idle.held_idle_since``, the raw samples), after every look."""
+    rule = idle_rule(120.0)  # a gap over 360 s ends a run
+    claim = Claim(1, "node3", 1, "GPU-1", "bob", "U0BOB", T0, T0 + 86400, "")
+    history: list[GpuSample] = []
+    t = T0
+    for i, u in enumerate(utils):
+        t += gaps[i % len(gaps)]
+        look = GpuSample("node3", 1, "GPU-1", t, u, 0 if u == 0 else 500)
+        since, last = idle_step(claim, look, rule)
+        claim = dataclasses.replace(claim, idle_since=since, idle_last_at=last)
+        raw = held_idle_since(history, look, min_mib=0, max_gap_s=rule.max_gap_s)
+        assert since == raw, (i, utils, gaps)
+        history.append(look)
