@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from gpubot.core.claims import (
     ClaimRequest,
@@ -22,6 +23,7 @@ from gpubot.core.claims import (
 )
 from gpubot.errors import UsageError
 from gpubot.store import Store, open_store
+from tests.fixtures.db import raw_engine
 
 T0 = 1_800_000_000.0
 H = 3600.0
@@ -168,3 +170,25 @@ async def test_contested_claim_has_one_winner(store: Store, fresh_db_url: str) -
     )
     assert sum(o is not None for o in offers) == 1, offers
     assert (await store.verify()).ok
+
+
+async def test_the_database_refuses_a_second_active_claim_of_a_gpu(
+    store: Store, fresh_db_url: str
+) -> None:
+    """The backstop under the conditional write: the unique ``holding`` column. A control
+    writes past the store's check: the database itself refuses the second active claim."""
+    assert isinstance(await store.claims.claim(req("U1", (2,))), Granted)
+    row = (
+        'INSERT INTO claims (node, gpu_index, gpu_uuid, "user", chat_id, started_at, ends_at,'
+        " note, state, holding) VALUES ('node3', 2, 'GPU-0002', 'u2', 'U2',"
+        " '2027-01-15T08:00:00.000000Z', '2027-01-15T12:00:00.000000Z', '', 'active', {h})"
+    )
+    engine = raw_engine(fresh_db_url)
+    try:
+        with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+            conn.exec_driver_sql(row.format(h="'node3:2'"))
+        with engine.begin() as conn:  # an ended claim holds nothing: any number of them
+            conn.exec_driver_sql(row.format(h="NULL").replace("'active'", "'released'"))
+            conn.exec_driver_sql(row.format(h="NULL").replace("'active'", "'released'"))
+    finally:
+        engine.dispose()
