@@ -172,6 +172,9 @@ def pick(free: Sequence[int], count: int, used_last: Mapping[int, float]) -> tup
     return tuple(sorted(order[:count]))
 
 
+NEAR_S = 5.0  # an intruder that started this close to the claim started "as it began"
+
+
 @dataclass(frozen=True)
 class Intruder:
     """A process of someone other than the claimant on a claimed GPU."""
@@ -185,6 +188,8 @@ class Intruder:
         if self.started is None:
             return "at an unknown time"
         delta = self.started - self.claim.start
+        if abs(delta) < NEAR_S:  # process ages are whole seconds: no side to tell
+            return "as the claim began"
         word = "after" if delta >= 0 else "before"
         return f"{_span(abs(delta))} {word} the claim"
 
@@ -257,7 +262,7 @@ def cuda_visible(uuids: Sequence[str]) -> str:
 
 
 def _span(seconds: float) -> str:
-    s = int(seconds)
+    s = round(seconds)  # whole seconds, rounded: stored times lose a hair
     if s < 60:
         return f"{s}s"
     if s < 3600:

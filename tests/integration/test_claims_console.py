@@ -23,6 +23,7 @@ from gpubot.store import open_store
 from gpusim.node_layout import gpu_uuid
 from tests.fixtures.fleet import gpubot_cli
 from tests.fixtures.settings import ManualClock
+from tests.procs import alive, until
 
 CLAIMS = ClaimSettings(enabled=True, max_hours=8, hold_minutes=10)
 
@@ -68,21 +69,53 @@ async def test_claims_at_the_console(app: App, flows: Flows, node1: Any) -> None
     assert "node1 GPU 0 claimed by @U0BOB (bob) until" in status and "sweep-lr" in status
     home = render(await flows.home(bob))
     assert "Your claims" in home and "node1 GPU 1 claimed by @U0BOB" in home
+    carol = identity(flows.svc.policy, "U0CAROL")
+    assert "1 ahead" in await answer(flows, "wait node1 gpu 1", carol)
     assert "released: node1 GPU 1" in await answer(flows, "release node1 gpu 1", bob)
     assert [u for u, _ in told] == ["U0DAVE"] and "held for you" in told[0][1]
-    assert "take " in told[0][1]  # the Claim button, typed at the console
-    wait_id = json.dumps(told[0][1]).split("take ")[1].split("`")[0].split('"')[0].strip()
-    assert "Claimed" in await answer(flows, f"take {wait_id}", dave)
+    clock.advance(11 * 60)  # dave lets the hold run out: carol is next
+    assert await flows.claims.tick() == 2
+    assert [u for u, _ in told[1:]] == ["U0DAVE", "U0CAROL"] and "ran out" in told[1][1]
+    typed = re.search(r"take (\d+)", told[2][1])  # the Claim button, typed at the console
+    assert typed is not None
+    assert "Claimed" in await answer(flows, typed[0], carol)
+    assert "holds nothing now (lapsed)" in await answer(flows, "take 1", dave)
     assert await flows.claims.tick() == 0
     metrics = app.metrics
     assert metrics is not None
     text = metrics.text()
     assert 'gpubot_gpu_claimed{gpu="0",node="node1",user="bob"} 1.0' in text
-    assert 'gpubot_gpu_claimed{gpu="1",node="node1",user="dave"} 1.0' in text
-    clock.advance(3 * 3600 + 1)  # bob's 3 h (extended) and dave's 1 h run out
-    assert await flows.claims.tick() == 2
+    assert 'gpubot_gpu_claimed{gpu="1",node="node1",user="carol"} 1.0' in text
+    clock.advance(8 * 3600 + 1)  # bob's 3 h (extended) and carol's 8 h (max_hours) run out
+    assert await flows.claims.tick() == 2  # each told their claim ended
     assert "No active claims" in await answer(flows, "claims all", bob)
     assert "gpubot_gpu_claimed{" not in metrics.text()
+
+
+async def test_an_intruder_freed_at_the_console_after_approval(
+    app: App, flows: Flows, node1: Any
+) -> None:
+    told: list[str] = []
+
+    async def dm(user: str, msg: Message) -> bool:
+        told.append(f"{user}: {render(msg)}")
+        return True
+
+    flows.claims.dm = dm
+    bob, carol = identity(flows.svc.policy, "U0BOB"), identity(flows.svc.policy, "U0CAROL")
+    assert "claimed until" in await answer(flows, "claim node1 gpu 2 for 1h", bob)
+    w = node1.spawn(gpu=2, mib=1500)
+    await app.sweep.run(alerting=False)
+    assert await flows.claims.tick() == 1
+    typed = re.search(r"free-claim (\[[^\]]*\])", told[0])
+    assert typed is not None and told[0].startswith("U0BOB: ")
+    asked = await answer(flows, typed[0], bob)
+    assert "Approval needed" in asked and "is claimed by @U0BOB (bob) since" in asked
+    assert alive(w.pid)
+    approval = re.search(r"approve (\d+)", asked) or re.search(r"Request #(\d+)", asked)
+    assert approval is not None
+    await answer(flows, f"approve {approval[1]}", carol)
+    await until(lambda: not alive(w.pid), 20, "the approved kill")
 
 
 def test_gpubot_claim_json(slack_fleet: Any, tmp_path: Path) -> None:

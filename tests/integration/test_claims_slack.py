@@ -196,7 +196,7 @@ async def test_an_intruder_is_found_by_a_sweep_and_freed_only_after_approval(
         result = await app.sweep.run(alerting=True)
         (found,) = [f for f in result.findings if f.kind.value == "claim-intruder"]
         assert (found.node, found.gpu, found.pid) == ("node1", 1, w.pid)
-        assert f"pid {w.pid}" in found.summary and "after the claim" in found.summary
+        assert f"pid {w.pid}" in found.summary and "it started " in found.summary
         assert "claimed by bob" in found.summary
         n = len(dm_slack.calls)
         assert await h.bot.flows.claims.tick() == 1
@@ -209,7 +209,7 @@ async def test_an_intruder_is_found_by_a_sweep_and_freed_only_after_approval(
         (request,) = [c for c in dm_slack.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
         text = json.dumps(request.body, ensure_ascii=False)
         assert "is claimed by <@U0BOB> (bob) since" in text and "eval run" in text
-        assert f"Unclaimed use: {w.user}'s pid {w.pid}" in text and "after the claim" in text
+        assert f"Unclaimed use: {w.user}'s pid {w.pid}" in text and ", started " in text
         assert alive(w.pid)  # nothing is killed without an approver
         approval_id = button(request, ACTION_APPROVE)
         await h.send.click(ACTION_APPROVE, approval_id, user="U0CAROL")

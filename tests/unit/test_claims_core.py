@@ -133,6 +133,8 @@ def test_intruders_are_other_users_only() -> None:
     later = Claim(1, "node3", 1, "GPU-1", "bob", "U0BOB", T0 - 4000, T0 + 3600, "")
     assert intruders(snap, [later])[0].relative() == "56m after the claim"
     assert intruders(_snap(_proc(1, "alice")), []) == []
+    near = Claim(1, "node3", 1, "GPU-1", "bob", "U0BOB", T0 - 602, T0 + 3600, "")
+    assert intruders(snap, [near])[0].relative() == "as the claim began"
 
 
 @pytest.mark.parametrize(
