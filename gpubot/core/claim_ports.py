@@ -51,6 +51,10 @@ class ClaimStore(Protocol):
         """Record the Keep / Release question once."""
         ...
 
+    async def tell_intruder(self, claim_id: int, key: str, now: float) -> bool:
+        """Record telling the holder of an intruder once."""
+        ...
+
     async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None:
         """Keep an idle claim."""
         ...

@@ -305,12 +305,13 @@ class ClaimService:
         got = self._intruders.get(key)
         return None if got is None else got[0]
 
-    def _due_intruders(self, now: float) -> list[Intruding]:
+    async def _due_intruders(self, now: float) -> list[Intruding]:
         out = []
         for key, (i, since) in self._intruders.items():
             if key not in self._told and now - since >= self.config.intruder_grace_s:
                 self._told.add(key)
-                out.append(Intruding(i, key))
+                if await self.store.tell_intruder(i.claim.id, key, now):  # once, any replica
+                    out.append(Intruding(i, key))
         return out
 
     # -- the duty ----------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class ClaimService:
         events: list[Event] = []
         if self.enabled:
             events += [Ended(claim=c) for c in await self.store.expire(now)]
-            events += self._due_intruders(now)
+            events += await self._due_intruders(now)
             idle = await idle_claims(self.config, self.store, self.status, now)
             for e in idle:  # released: free for the queue at once, if nothing runs on it
                 if isinstance(e, IdleReleased):

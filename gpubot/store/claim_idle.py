@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, or_, select
 
 from gpubot.core.claims import Claim, ClaimState
 from gpubot.store.claim_rows import at, record
@@ -34,6 +34,28 @@ class IdleMixin:
         """Record that the holder is asked Keep / Release; False when it was already (one DM
         across replicas)."""
         return await in_thread(self._mark_idle_dm, claim_id, now)
+
+    async def tell_intruder(self, claim_id: int, key: str, now: float) -> bool:
+        """Record that the holder is told of intruder ``key``; False when they were already
+        (one DM across replicas, whichever swept)."""
+        return await in_thread(self._tell_intruder, claim_id, key, now)
+
+    def _tell_intruder(self, claim_id: int, key: str, now: float) -> bool:
+        with guard("cannot record the intruder"), write_tx(self._engine) as c:
+            done = c.execute(
+                claims.update()
+                .where(
+                    claims.c.id == claim_id,
+                    claims.c.state == ClaimState.ACTIVE.value,
+                    or_(claims.c.intruder_told.is_(None), claims.c.intruder_told != key),
+                )
+                .values(intruder_told=key)
+            )
+            if done.rowcount != 1:
+                return False
+            told = self._get_in(c, claim_id)
+            record(c, "intruder", ("gpubot", "gpubot"), told.node, now=now, claim=claim_id, key=key)
+            return True
 
     async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None:
         """Keep an idle claim (its holder only): its idle run starts anew. None: not theirs,

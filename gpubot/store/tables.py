@@ -197,6 +197,7 @@ claims = Table(
     Column("idle_since", TIME, nullable=True),  # its GPU's idle run (``core.claims.idle_step``)
     Column("idle_last_at", TIME, nullable=True),
     Column("idle_dm_at", TIME, nullable=True),  # when its holder was asked Keep / Release
+    Column("intruder_told", Text, nullable=True),  # the intruder its holder was told of
     Column("holding", Text, nullable=True, unique=True),
     CheckConstraint("state IN ('active', 'released', 'expired')", name="state"),
     Index(None, "state", "ends_at"),

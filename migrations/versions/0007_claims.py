@@ -34,6 +34,7 @@ def upgrade() -> None:
         sa.Column("idle_since", sa.String(27), nullable=True),
         sa.Column("idle_last_at", sa.String(27), nullable=True),
         sa.Column("idle_dm_at", sa.String(27), nullable=True),
+        sa.Column("intruder_told", sa.Text(), nullable=True),
         sa.Column("holding", sa.Text(), nullable=True),
         sa.CheckConstraint("state IN ('active', 'released', 'expired')", name="ck_claims_state"),
         sa.PrimaryKeyConstraint("id", name="pk_claims"),

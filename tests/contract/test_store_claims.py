@@ -192,3 +192,14 @@ async def test_the_database_refuses_a_second_active_claim_of_a_gpu(
             conn.exec_driver_sql(row.format(h="NULL").replace("'active'", "'released'"))
     finally:
         engine.dispose()
+
+
+async def test_an_intruder_is_told_once_whichever_replica_swept(store: Store) -> None:
+    got = await store.claims.claim(req("U1", (2,)))
+    assert isinstance(got, Granted)
+    (c,) = got.claims
+    assert await store.claims.tell_intruder(c.id, "k1", T0 + 1)
+    assert not await store.claims.tell_intruder(c.id, "k1", T0 + 2)  # another replica: no
+    assert await store.claims.tell_intruder(c.id, "k2", T0 + 3)  # another intruder: yes
+    changes = [r.data["change"] for r in await store.records() if r.kind == "claim"]
+    assert changes == ["claimed", "intruder", "intruder"]
