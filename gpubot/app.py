@@ -110,8 +110,7 @@ class App:
         return self._parts().approvals
 
     def scheduler(self, name: str) -> IntervalScheduler | None:
-        """Return the schedule called ``name`` ("sweep", "audit-head", "audit-seal",
-        "approval-expiry"), if built."""
+        """Return the schedule ``name`` (sweep, audit-head, audit-seal, approval-expiry), if any."""
         return next((s for s in self.schedulers if s.name == name), None)
 
     def start(self, *, sweeps: bool = True) -> None:
@@ -142,6 +141,8 @@ class App:
                 self.parts.sweep.heap = SweepHeap().around
         if expire is not None:
             self._add_schedule(expire, options.expire_every_s, "approval-expiry", 0.0)
+        for job, every_s, name in options.duties:  # e.g. the claims' (issue 26)
+            self._add_schedule(job, every_s, name, 0.0)
         self.start(sweeps=options.sweeps)
         # How long anything holds the loop, from here on (gpubot_event_loop_max_stall_seconds).
         watch = None if self.metrics is None else asyncio.create_task(self.metrics.watch_loop())

@@ -54,6 +54,7 @@ class Parts:
 
 def wire_parts(app: Root, notifier: Notifier | None) -> Parts:
     """Wire the reset engine, the sweep, the approvals (with a store) and the chat services."""
+    from gpubot.app_claims import wire_claims
     from gpubot.chat.alerts import chat_sweeper
     from gpubot.chat.flows import Services
     from gpubot.services.approvals import ApprovalPorts, ApprovalService
@@ -78,6 +79,7 @@ def wire_parts(app: Root, notifier: Notifier | None) -> Parts:
     )
     chat.posts = None if store is None else store.approval_posts  # the approval outbox
     chat.usage, chat.ladder = sweep.usage, sweep.ladder  # GPU-hours, the reclaim ladder
+    wire_claims(settings, store, status, app.metrics, sweep, chat)  # claims and the queue
     return Parts(reset, sweep, chat, approvals)
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpubot.config import Settings
 
@@ -31,6 +31,8 @@ class Serving:
     metrics_host: str | None = None
     expire_every_s: float = 30.0
     settle_heap: bool = True
+    # More duties on the one scheduler: (job, every_s, name), e.g. the claims' (issue 26).
+    duties: tuple[tuple[Callable[[], Awaitable[Any]], float, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from gpubot.core.health import REASON_WORDS
 from gpubot.core.models import FindingKind, NodeSnapshot
 from gpubot.errors import ConfigError
+from gpubot.metrics_claims import ClaimGauge
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self._last = _LastSweep()
         self.registry.register(self._last)
+        self.claimed = ClaimGauge()  # gpubot_gpu_claimed (issue 26)
+        self.registry.register(self.claimed)
         self.resets = Counter(
             "gpubot_resets", "GPUs reset, by outcome", ["outcome"], registry=self.registry
         )
@@ -174,6 +177,10 @@ class Metrics:
     def count_xid(self, node: str, gpu: str, xid: str) -> None:
         """Count one Xid line a sweep read (``gpu``: its index, "-" when the node's)."""
         self.xids.labels(node=node, gpu=gpu, xid=xid).inc()
+
+    def observe_claims(self, claims: Iterable[tuple[str, int, str]]) -> None:
+        """Record the GPUs claimed now: (node, gpu, user) each."""
+        self.claimed.set(claims)
 
     def count_reset(self, outcome: str, n: int = 1) -> None:
         """Count ``n`` GPUs whose reset ended as ``outcome`` (freed, stuck, refused ...)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubot.chat.approval_duty import ApprovalDuty
+from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk, with_claims
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home, with_week
@@ -40,6 +41,7 @@ from gpubot.core.ports import AuditLog, Clock
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
 from gpubot.services.approval_outbox import ApprovalOutbox, Poster, PostStore
 from gpubot.services.approvals import ApprovalService, Identity, unix
+from gpubot.services.claims import ClaimService
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.requests import (
     Ask,
@@ -78,6 +80,7 @@ class Services:
     posts: PostStore | None = None  # the approval outbox (``store.approval_posts``)
     usage: UsageService | None = None  # GPU-hours reports (issue 26)
     ladder: ReclaimLadder | None = None  # the reclaim ladder of idle holders (issue 26)
+    claims: ClaimService | None = None  # claims and the queue (None: no audit store)
 
 
 def help_message(text: str) -> Message:
@@ -105,6 +108,8 @@ class Flows:
         self.duty: ApprovalDuty | None = None  # with a front end that posts once (``use``)
         self._home: tuple[float, FleetStatus] | None = None
         self.renders = FleetRenders()
+        self.claims = ClaimDesk(svc.claims, source=source)  # claims and the queue (issue 26)
+        self.claims.reset = self.reset  # an intruder's "Free it": the claimant's reset
 
     def use(self, poster: Poster) -> ApprovalOutbox | None:
         """Post approvals' messages once through ``poster`` (the approval outbox), and run the
@@ -150,6 +155,8 @@ class Flows:
                 await self.report(cmd, out)
             elif isinstance(cmd, commands.Decide):
                 await self.decide(cmd.approval_id, cmd.approve, who, out, handle=None)
+            elif isinstance(cmd, CLAIM_COMMANDS):
+                await self.claims.run(cmd, who, out)
         except GpubotError as exc:
             await out.reply(error_message(exc))
         except Exception as exc:
@@ -168,7 +175,9 @@ class Flows:
             await out.update(handle, error_message(exc))
             return
         title = "GPU status · " + (", ".join(cmd.names) if cmd.names else "all")
-        await out.update(handle, self.renders.fleet(fleet, title))  # once per shared answer
+        msg = self.renders.fleet(fleet, title)  # once per shared answer
+        shown = [s.node for s in fleet.snapshots]
+        await out.update(handle, await with_claims(self.claims, msg, shown))
 
     def ask(self, who: Identity, text: str) -> Ask:
         """Return a request of ``who`` from this front end."""
@@ -179,23 +188,17 @@ class Flows:
         return Tracker(out, Pace(self.min_update_s, self.clock), asked=asked, **kw)
 
     async def reset(
-        self,
-        cmd: commands.Reset,
-        who: Identity,
-        out: Surface,
-        *,
-        text: str,
-        evidence: str | None = None,
+        self, cmd: commands.Reset, who: Identity, out: Surface, *, text: str, context: Text = ()
     ) -> None:
         """Plan; run at once if only the asker's processes die, else ask for approval
-        (``evidence``: why, shown to the approvers: the reclaim ladder's idle evidence)."""
+        (``context``: shown to the approvers: the claim an intruder uses, the idle evidence)."""
         planning = note("⏳ planning a reset of ", bold(cmd.node), " …")
         track = self.tracker(out, ("Requested by ", Person(who.id)), planning=planning)
 
         async def announce(approval: Approval, plan: ResetPlan) -> Handle | None:
             expires = unix(approval.expires_at) or 0.0
             msg = render_approval_request(
-                approval.id, plan, who.id, who.linux_user, expires, evidence=evidence
+                approval.id, plan, who.id, who.linux_user, expires, context=context
             )
             channel = self.svc.policy.approval_channel
             if self.duty is not None and channel is not None:  # recorded, then posted once
@@ -386,7 +389,7 @@ class Flows:
             now=now,
             idle_hours=idle,
         )
-        return with_week(page, week)
+        return await with_claims(self.claims, with_week(page, week), None, mine=who.id)
 
 
 def _action(cmd: commands.Command) -> str:

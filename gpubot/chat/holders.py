@@ -13,7 +13,8 @@ from typing import Any
 
 from gpubot.chat.errors import error_message
 from gpubot.chat.flows import Flows
-from gpubot.chat.message import Date, note
+from gpubot.chat.layout import clip
+from gpubot.chat.message import Date, Sentence, note
 from gpubot.chat.surface import Surface
 from gpubot.core import commands
 from gpubot.core.findings import FindingKey
@@ -72,4 +73,5 @@ async def free_it(
         return
     assert isinstance(cmd, commands.Reset)
     text = f"/gpu {line} (Free it, reclaim ladder: {evidence})"
-    await flows.reset(cmd, who, out, text=text, evidence=evidence)
+    context = ("Idle evidence: ", Sentence(clip(evidence, 600)))
+    await flows.reset(cmd, who, out, text=text, context=context)

@@ -256,15 +256,15 @@ def render_approval_request(
     requester_user: str | None,
     expires_at: float,
     *,
-    evidence: str | None = None,
+    context: Text = (),
 ) -> Message:
     """Render a forced kill waiting for on-call approval, with Approve / Deny buttons
-    (``evidence``: why it is asked, e.g. the GPU-hours held idle and the samples)."""
+    (``context``: why it is asked: the claim an intruder uses, the idle evidence, ...)."""
     b = Budget()
     b.add(Heading(f"Approval needed · forced kill on {plan.node}"))
     b.add(Section(_request_text(plan, requester_id, requester_user)))
-    if evidence:
-        b.add(Section(("Idle evidence: ", Sentence(clip(evidence, 600)))))
+    if context:
+        b.add(Section(context))
     _add_plan(b, plan, use_table=True, reserve=2)
     b.add(ctx(f"Request #{approval_id}", ("expires ", Date(expires_at))))
     gpus = _gpus(plan.gpus)

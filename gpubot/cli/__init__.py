@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("gpubot.cli.db", "database migrations"),
     "serve": ("gpubot.cli.serve", "run the Slack bot"),
     "console": ("gpubot.cli.console", "type /gpu commands on a terminal"),
+    "claim": ("gpubot.cli.claims", "claim GPUs, extend, release, list claims, queue (--json)"),
     "sim": ("gpubot.cli.demo", "run and drive a simulated GPU fleet"),  # the demo's simulator
 }
 

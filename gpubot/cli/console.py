@@ -47,9 +47,15 @@ def console_parts(app: App, flows: Flows) -> ConsoleParts:
     return ConsoleParts(
         flows,
         (app.sweep.keeper or NoAlerts()).snooze,
-        lambda reporter: app.running(reporter, options=Serving(settle_heap=False)),
+        lambda reporter: app.running(reporter, options=_serving(app, flows)),
         app.close,
     )
+
+
+def _serving(app: App, flows: Flows) -> Serving:
+    """The console's lifecycle: no heap settling; the claims' duty on the schedule."""
+    duty = (flows.claims.tick, app.settings.claims.every_s, "claims")
+    return Serving(settle_heap=False, duties=(duty,))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -137,14 +137,15 @@ async def _serve(
         app_token=tokens.app,
         signing_secret=tokens.signing_secret,
     )
-    options = Serving(
-        sweeps=not args.no_sweeps,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        expire_every_s=args.expire_every,
-    )
     try:
         bot = build_bot(slack_parts(app), listener.signing_secret if listener.http else None)
+        options = Serving(
+            sweeps=not args.no_sweeps,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+            expire_every_s=args.expire_every,
+            duties=((bot.flows.claims.tick, app.settings.claims.every_s, "claims"),),
+        )
         await check_token(bot)
         async with app.running(SlackReporter(bot), options=options, expire=bot.expire_once):
             await listen(bot, listener)

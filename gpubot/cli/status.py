@@ -14,6 +14,7 @@ import sys
 import time
 
 from gpubot.app import App
+from gpubot.cli.claim_lines import claim_text, claims_on
 from gpubot.cli.common import (
     cli_actor,
     color,
@@ -70,9 +71,12 @@ def run(args: argparse.Namespace) -> int:
         status = await app.status.fleet(names, actor=cli_actor(), source="cli")
         # The store is open (or known unusable) once the query is recorded, as fleet() does.
         found = await interrupted_on(app.store, order)
+        claimed = await claims_on(app, order)  # [claims] enabled only
         if args.json:
             doc = fleet_dict(status, order)
             doc["interrupted"] = interrupted_json(found)
+            if claimed is not None:
+                doc["claims"] = [{**c.to_dict(), "text": claim_text(c)} for c in claimed]
             return json.dumps(doc, indent=None if args.watch else 2), status.ok
         summary = args.summary or (not args.tables and len(order) > app.settings.cli.summary_above)
         out = io.StringIO()
@@ -80,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
             out.write(render_summary(status, order, color=color()) + "\n")
         else:
             out.write(render_fleet(status, color=color()) + "\n")
+        for c in claimed or ():
+            out.write(f"{c.node} GPU {c.gpu}: {claim_text(c)}\n")
         print_interrupted(found, out)
         return out.getvalue().rstrip("\n"), status.ok
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpubot.config import claims, sharing, tables, validate
 from gpubot.config import cli as cli_table
-from gpubot.config import sharing, tables, validate
 from gpubot.config.settings import (
     AttributionSettings,
     AuditSettings,
@@ -66,6 +66,7 @@ SECTIONS = {
     "teams",
     "reports",
     "idle",
+    "claims",
 }
 
 
@@ -112,6 +113,7 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         cli=cli_table.cli(v, raw),
         reports=sharing.reports(v, raw),
         ladder=sharing.ladder(v, raw),
+        claims=claims.claims(v, raw),
     )
 
 

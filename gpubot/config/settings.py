@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpubot.core.claims import ClaimSettings
 from gpubot.core.findings import SweepConfig
 from gpubot.core.ladder import LadderRule
 from gpubot.core.models import NodeConfig
@@ -118,6 +119,7 @@ class Settings:
     cli: CliSettings = field(default_factory=CliSettings)
     reports: ReportSettings = field(default_factory=ReportSettings)  # [teams], [reports]
     ladder: LadderRule = field(default_factory=LadderRule)  # [idle]: the reclaim ladder
+    claims: ClaimSettings = field(default_factory=ClaimSettings)  # [claims] (issue 26)
 
     def node(self, name: str) -> NodeConfig | None:
         """Return the node called ``name`` or None."""

@@ -19,6 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubot.chat.alerts import SNOOZE_ACTION, SNOOZE_LABELS
+from gpubot.chat.claim_view import (
+    ACTION_FREE_INTRUDER,
+    ACTION_JOIN,
+    ACTION_KEEP,
+    ACTION_LEAVE,
+    ACTION_RELEASE,
+    ACTION_TAKE,
+)
 from gpubot.chat.flows import Flows
 from gpubot.chat.holders import Snoozer, free_it, snooze
 from gpubot.chat.idle import ACTION_FREE
@@ -33,6 +41,19 @@ from gpubot.errors import StdoutClosed, UsageError
 from gpubot.services.approvals import Identity
 
 PROMPT = "gpu> "
+CLAIM_TYPED = {
+    ACTION_TAKE: "take {}",
+    ACTION_LEAVE: "leave {}",
+    ACTION_JOIN: "{}",
+    ACTION_KEEP: "keep-claim {}",
+    ACTION_RELEASE: "release-claim {}",
+    ACTION_FREE_INTRUDER: "free-claim {}",
+}
+CLAIM_BUTTONS = {  # the claims' buttons, typed: word → action (chat.claims.ClaimDesk.click)
+    "keep-claim": ACTION_KEEP,
+    "release-claim": ACTION_RELEASE,
+    "free-claim": ACTION_FREE_INTRUDER,
+}
 HOLDER_USAGE = (
     "snooze 1h|1d KEY  — snooze an alert's finding (console; KEY as the alert gives it)\n"
     "free KEY  — free the GPU an idle holder keeps (console): your own reset of that pid"
@@ -60,7 +81,9 @@ def typed(action: Action) -> str | None:
     if action.id == ACTION_RESET_GPU:
         node, _, gpu = action.value.rpartition(":")
         return f"reset {node} gpu {gpu}"
-    return None
+    return (
+        CLAIM_TYPED.get(action.id, "{}").format(action.value) if action.id in CLAIM_TYPED else None
+    )
 
 
 async def holder_line(
@@ -69,7 +92,13 @@ async def holder_line(
     """Run ``snooze 1h|1d KEY`` or ``free KEY`` (an alert's buttons, typed); False if ``line``
     is neither."""
     words = line.split(maxsplit=2)
-    if words[:1] == ["free"] and len(words) == 2:
+    if words[:1] and words[0] in CLAIM_BUTTONS and len(words) == 2:
+        action = CLAIM_BUTTONS[words[0]]
+        if action == ACTION_FREE_INTRUDER:
+            await flows.claims.free_intruder(words[1], who, out)
+        else:
+            await flows.claims.click(action, words[1], who, out)
+    elif words[:1] == ["free"] and len(words) == 2:
         await free_it(flows, words[1], who, out)
     elif words[:1] == ["snooze"] and len(words) == 3 and words[1] in SNOOZE_LABELS:
         if snoozer is None:
@@ -183,6 +212,11 @@ async def repl(parts: ConsoleParts, who: Identity, lines: list[str] | None) -> i
         except BrokenPipeError:  # nobody reads the answers: stop (past the flows' error handling)
             raise StdoutClosed from None
 
+    async def dm(user: str, msg: Message) -> bool:  # the claims' DMs, printed (issue 26)
+        echo(f"(to @{user}) " + render(msg))
+        return True
+
+    parts.flows.claims.dm = dm
     try:
         async with parts.running(TextReporter(echo)):
             return await _answer_lines(parts.flows, who, lines, echo, parts.snoozer)

@@ -10,6 +10,8 @@
     report [7d] [by user|team|node]
     help [COMMAND]
     approve ID | deny ID              (console only: Slack decides with buttons)
+    claim … | extend … | release … | claims … | wait … | queue … | leave … | take …
+                                      (``core.claim_commands``)
 
 Options may also be written ``gpu=1,2`` or ``--gpu 1,2``. The text is split on white space and
 every word is validated here; nothing of it ever reaches a shell. Everything after the word
@@ -22,6 +24,7 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
+from gpubot.core import claim_commands
 from gpubot.core.idle import parse_duration
 from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.core.reason import split_reason
@@ -102,7 +105,9 @@ class Decide:
     approve: bool
 
 
-Command = Status | Reset | GpuReset | Sweep | Audit | Report | Help | Decide
+Command = (
+    Status | Reset | GpuReset | Sweep | Audit | Report | Help | Decide | claim_commands.ClaimCommand
+)
 
 USAGE: dict[str, str] = {
     "status": "/gpu status [NODE|GROUP|all]  — per-GPU memory, utilisation and processes",
@@ -115,6 +120,7 @@ USAGE: dict[str, str] = {
     "report": "/gpu report [7d] [by user|team|node]  — GPU-hours held busy, idle and claimed "
     "but unused",
     "help": "/gpu help [COMMAND]  — this text",
+    **claim_commands.USAGE,  # claims and the queue (issue 26)
 }
 DECIDE_USAGE = {
     "approve": "approve ID  — approve a pending forced kill (console)",
@@ -184,6 +190,8 @@ def parse(text: str, *, decisions: bool = False) -> Command:
         if len(args) > 1:
             _no_more(args[1:], "help")
         return Help(args[0].lower() if args else None)
+    if verb in claim_commands.USAGE:
+        return claim_commands.parse(verb, args)
     if verb in DECIDE_USAGE and decisions:
         if len(args) != 1:
             raise UsageError(f"usage: {DECIDE_USAGE[verb]}")

@@ -55,6 +55,7 @@ TITLES: dict[FindingKind, str] = {
     **HEALTH_TITLES,
     FindingKind.GPU_XID: "Xid error",
     FindingKind.NVSWITCH_SXID: "NVSwitch SXid error",
+    FindingKind.CLAIM_INTRUDER: "unclaimed use of a claimed GPU",
 }
 
 

@@ -219,6 +219,7 @@ class FindingKind(StrEnum):
     GPU_THROTTLED = "gpu-throttled"
     GPU_XID = "gpu-xid"  # the driver wrote an Xid for it (core.xid)
     NVSWITCH_SXID = "nvswitch-sxid"  # the NVSwitch driver wrote an SXid (core.xid)
+    CLAIM_INTRUDER = "claim-intruder"  # someone else's process on a claimed GPU (issue 26)
 
 
 class ApprovalState(StrEnum):

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -52,6 +52,8 @@ from gpubot.services.xid_watch import XidWatch
 log = logging.getLogger(__name__)
 
 SWEEP_LOCK = "sweep"  # the lock a replica holds while it sweeps
+# Findings another service makes of a sweep's snapshots (``ClaimService.intruder_findings``).
+ExtraFindings = Callable[[Sequence[NodeSnapshot], float], Awaitable[list[Finding]]]
 RECENT = 0.9  # a replica skips its turn if a sweep started within this part of an interval
 
 
@@ -72,6 +74,7 @@ class SweepPorts:
     usage: UsageService | None = None  # GPU-hours: counted at every sweep (issue 26)
     ladder: ReclaimLadder | None = None  # idle holders climb it, instead of the plain alert
     digest: DigestService | None = None  # the weekly GPU-hours digest, checked by each sweep
+    extra: ExtraFindings | None = None  # more findings of the snapshots (claims' intruders)
 
 
 class SweepService:
@@ -102,6 +105,7 @@ class SweepService:
         self.usage = ports.usage
         self.ladder = ports.ladder
         self.digest = ports.digest
+        self.extra = ports.extra
         self.clock = clock
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
@@ -178,6 +182,8 @@ class SweepService:
             findings += await self.health.findings(snaps, advance=alerting)
         if self.xid is not None:
             findings = (*findings, *self.xid.findings(snaps))
+        if self.extra is not None:
+            findings = (*findings, *await self.extra(snaps, started))
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings

@@ -19,7 +19,8 @@ async def check(token: str, base_url: str, settings: Settings) -> list[Check]:
     policy = settings.policy
     channels = [c for c in (policy.channel, policy.oncall_channel) if c]
     facts = await slack_facts(token, base_url, channels)
-    return slack_checks(facts, needed_scopes(policy, idle_dm=settings.sweep.idle.enabled))
+    dms = settings.sweep.idle.enabled or settings.claims.enabled  # claims DM the queue too
+    return slack_checks(facts, needed_scopes(policy, idle_dm=dms))
 
 
 async def slack_facts(token: str, base_url: str, channels: Sequence[str]) -> SlackFacts:

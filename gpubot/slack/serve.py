@@ -25,7 +25,7 @@ from gpubot.core.report import Report
 from gpubot.errors import ChatCallFailed, ChatUnanswered, ConfigError
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.services.status import StatusService
-from gpubot.slack import alerts, dump, idle_dm, ladder
+from gpubot.slack import alerts, claims, dump, idle_dm, ladder
 from gpubot.slack.api import SlackApi, call
 from gpubot.slack.app import GpuBot
 
@@ -67,6 +67,7 @@ def build_bot(
     alerts.register(bot, parts.snoozer)
     idle_dm.register(bot)
     ladder.register(bot)
+    claims.register(bot)
     return bot
 
 

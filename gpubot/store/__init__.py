@@ -24,6 +24,7 @@ from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
 from gpubot.store.approval_posts import ApprovalPosts
 from gpubot.store.approvals import ApprovalStore
+from gpubot.store.claims import DbClaims
 from gpubot.store.digests import DbDigests
 from gpubot.store.engine import (
     MEMORY,
@@ -140,6 +141,7 @@ class Store:
         self.usage = DbUsage(self.engine)  # GPU-hours (issue 26)
         self.ladder = DbLadder(self.engine)  # the reclaim ladder (issue 26)
         self.digests = DbDigests(self.engine)  # the weekly GPU-hours digest's outbox
+        self.claims = DbClaims(self.engine)  # GPU claims and the queue (issue 26)
 
     # -- actions ---------------------------------------------------------------------------
 

@@ -297,3 +297,50 @@ usage_digests = Table(
     Column("channel", Text, nullable=True),
     Column("message_ts", Text, nullable=True),
 )
+
+
+# GPU claims (``store.claims``, issue 26): a person's word that they use a GPU until a time.
+# ``holding`` is "NODE:GPU" while the claim is active and NULL after: a unique column, so the
+# database itself refuses a second active claim of one GPU (a conditional write's backstop).
+claims = Table(
+    "claims",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", Text, nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("user", Text, nullable=False),  # the Linux user
+    Column("chat_id", Text, nullable=False),  # who claimed it (DMs go there)
+    Column("started_at", TIME, nullable=False),
+    Column("ends_at", TIME, nullable=False),
+    Column("note", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("ended_at", TIME, nullable=True),
+    Column("idle_since", TIME, nullable=True),  # its GPU's idle run (``core.claims.idle_step``)
+    Column("idle_last_at", TIME, nullable=True),
+    Column("idle_dm_at", TIME, nullable=True),  # when its holder was asked Keep / Release
+    Column("intruder_told", Text, nullable=True),  # the intruder its holder was told of
+    Column("holding", Text, nullable=True, unique=True),
+    CheckConstraint("state IN ('active', 'released', 'expired')", name="state"),
+    Index(None, "state", "ends_at"),
+    Index(None, "started_at"),
+)
+
+# The queue: one row per person waiting for GPUs of a node, first come first served by id.
+claim_waits = Table(
+    "claim_waits",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", Text, nullable=False),
+    Column("gpus", Text, nullable=False),  # "2,3"; "" : any ``count``
+    Column("count", Integer, nullable=False),
+    Column("duration_s", Integer, nullable=True),
+    Column("user", Text, nullable=False),
+    Column("chat_id", Text, nullable=False),
+    Column("created_at", TIME, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("offered", Text, nullable=False),  # the GPUs held for them: "1,2"
+    Column("hold_until", TIME, nullable=True),
+    CheckConstraint("state IN ('waiting', 'offered', 'taken', 'lapsed', 'left')", name="state"),
+    Index(None, "state", "node"),
+)

@@ -1,0 +1,258 @@
+"""The claim and queue commands' flows (issue 26), for Slack, the console and the CLI.
+
+A flow translates: the command goes to ``services.claims.ClaimService``, its answer becomes a
+message (``chat.claim_view``). The duty (``tick``) runs on the app's scheduler; what it finds
+is told by direct message through ``dm``, which the front end sets (Slack: a DM; the console:
+printed). Buttons (Claim, Leave, Queue me) run the same flows as the typed commands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from gpubot.chat import claim_view as view
+from gpubot.chat.errors import error_message
+from gpubot.chat.message import Message, Section, Text, bold, lines, note
+from gpubot.chat.surface import Surface
+from gpubot.core import claim_commands as cc
+from gpubot.core import commands
+from gpubot.core.claims import Conflict, Granted, OverLimit
+from gpubot.errors import GpubotError, StoreError, UsageError
+from gpubot.services.approvals import Identity
+from gpubot.services.claims import (
+    ClaimService,
+    Ended,
+    Event,
+    IdleAsked,
+    IdleReleased,
+    Intruding,
+    Offered,
+)
+
+log = logging.getLogger(__name__)
+
+Dm = Callable[[str, Message], Awaitable[bool]]  # chat user id, message → sent
+Reset = Callable[..., Awaitable[None]]  # ``Flows.reset``: (cmd, who, out, text=, context=)
+CLAIM_COMMANDS = (
+    cc.ClaimGpus,
+    cc.Extend,
+    cc.Release,
+    cc.ListClaims,
+    cc.WaitFor,
+    cc.Queue,
+    cc.Leave,
+    cc.Take,
+)
+NO_STORE = "claims and the queue need the audit database, which is unavailable"
+
+
+async def no_dm(user: str, msg: Message) -> bool:
+    """Tell no one (a front end without direct messages): logged."""
+    log.info("not told %s: %s", user, msg.fallback or msg.title)
+    return False
+
+
+class ClaimDesk:
+    """Runs claim and queue commands for one front end (``source``)."""
+
+    def __init__(self, service: ClaimService | None, *, source: str) -> None:
+        self.service = service
+        self.source = source
+        self.dm: Dm = no_dm
+        self.reset: Reset | None = None  # set by ``Flows``
+
+    def _svc(self) -> ClaimService:
+        if self.service is None:
+            raise StoreError(NO_STORE)
+        return self.service
+
+    async def run(self, cmd: cc.ClaimCommand, who: Identity, out: Surface) -> None:
+        """Run one claim or queue command; errors become one-line messages."""
+        try:
+            await out.reply(await self.answer(cmd, who))
+        except GpubotError as exc:
+            await out.reply(error_message(exc))
+
+    async def answer(self, cmd: cc.ClaimCommand, who: Identity) -> Message:
+        """Return the message that answers ``cmd`` (raises ``GpubotError``)."""
+        svc = self._svc()
+        now = svc.clock.now()
+        if isinstance(cmd, cc.ClaimGpus | cc.Take):
+            return await self._claim(svc, cmd, who)
+        if isinstance(cmd, cc.Extend):
+            return view.render_extended(await svc.extend(who, cmd, self.source))
+        if isinstance(cmd, cc.Release):
+            gone = await svc.release(who, cmd, self.source)
+            for node in dict.fromkeys(c.node for c in gone):  # the first in line, at once
+                await self._tell(await svc.serve(node, now))
+            return view.render_ended(gone, "released")
+        if isinstance(cmd, cc.ListClaims):
+            return view.render_claims(await svc.claims(who, cmd), cmd.scope, now)
+        if isinstance(cmd, cc.WaitFor):
+            w, ahead = await svc.wait(who, cmd, self.source)
+            return view.render_queued(w, ahead)
+        if isinstance(cmd, cc.Queue):
+            return view.render_queue(await svc.queue(cmd.node), cmd.node)
+        left = await svc.leave(who, cmd.wait_id, self.source)
+        return note(f"✅ left the queue: place {', '.join(str(w.id) for w in left)}")
+
+    async def _claim(
+        self, svc: ClaimService, cmd: cc.ClaimGpus | cc.Take, who: Identity
+    ) -> Message:
+        if isinstance(cmd, cc.Take):
+            got = await svc.take(who, cmd.wait_id, self.source)
+            node, wait = "", ""
+        else:
+            got = await svc.claim(who, cmd, self.source)
+            node, wait = cmd.node, view.wait_command(cmd)
+        if isinstance(got, Granted):
+            return view.render_granted(got.claims)
+        if isinstance(got, OverLimit):
+            raise UsageError(f"not claimed: {got.text()}")
+        if isinstance(got, Conflict) and wait:
+            return view.render_conflict(got, node, wait)
+        raise UsageError("not claimed: those GPUs are taken")
+
+    async def click(self, action: str, value: str, who: Identity, out: Surface) -> None:
+        """Run a button of a claim or queue message (Claim, Leave, Queue me)."""
+        if who.refused is not None:
+            await out.reply(error_message(UsageError(who.refused)))
+            return
+        try:
+            if action == view.ACTION_TAKE:
+                cmd: cc.ClaimCommand = cc.Take(int(value))
+            elif action == view.ACTION_LEAVE:
+                cmd = cc.Leave(int(value))
+            elif action in (view.ACTION_KEEP, view.ACTION_RELEASE):
+                claim_id = int(value)
+            elif action == view.ACTION_JOIN:
+                parsed = commands.parse(value)
+                if not isinstance(parsed, cc.WaitFor):
+                    raise UsageError("this button queues for nothing")
+                cmd = parsed
+            else:
+                raise UsageError(f"unknown button {action!r}")
+        except GpubotError as exc:  # before ValueError: a UsageError is one too
+            await out.reply(error_message(exc))
+            return
+        except ValueError:
+            await out.reply(error_message(UsageError(f"a button with a bad value {value!r}")))
+            return
+        if action in (view.ACTION_KEEP, view.ACTION_RELEASE):
+            try:
+                await self._idle_click(action, claim_id, who, out)
+            except GpubotError as exc:
+                await out.reply(error_message(exc))
+            return
+        await self.run(cmd, who, out)
+
+    async def _idle_click(self, action: str, claim_id: int, who: Identity, out: Surface) -> None:
+        svc = self._svc()
+        if action == view.ACTION_KEEP:
+            c = await svc.keep(who, claim_id, self.source)
+            await out.reply(note(f"✅ kept: {c.node} GPU {c.gpu} until ", view.until(c.end)))
+            return
+        gone = await svc.release_one(who, claim_id, self.source)
+        for node in dict.fromkeys(c.node for c in gone):  # the first in line, at once
+            await self._tell(await svc.serve(node, svc.clock.now()))
+        await out.reply(view.render_ended(gone, "released"))
+
+    async def free_intruder(self, value: str, who: Identity, out: Surface) -> None:
+        """*Free it* of an intruder: the claimant's own reset of that process, which, being
+        someone else's, waits for an on-call approver; the request says whose claim it is."""
+        try:
+            svc = self._svc()
+            i = svc.intruder(value)
+            if i is None:
+                raise UsageError(
+                    "that process is no longer seen on the claimed GPU: nothing to free"
+                )
+            if who.refused is not None or who.id != i.claim.chat_id:
+                raise UsageError("only the person who claimed the GPU may ask to free it")
+            snap = await svc.status.snapshot(svc.status.node(i.claim.node))
+            p = i.process
+            if not any(
+                (q.pid, q.start_ticks, q.gpu_index) == (p.pid, p.start_ticks, p.gpu_index)
+                for q in snap.processes
+            ):  # ended, or the pid is another process now: never reset on the DM's word
+                raise UsageError(f"pid {p.pid} no longer holds {i.claim.node} GPU {i.claim.gpu}")
+            line = f"reset {i.claim.node} gpu {i.claim.gpu} pid {p.pid}"
+            cmd = commands.parse(line)
+            if not isinstance(cmd, commands.Reset) or self.reset is None:
+                raise UsageError("resets are not set up here")
+        except GpubotError as exc:
+            await out.reply(error_message(exc))
+            return
+        text = f"/gpu {line} (Free it: claimed by {i.claim.user}; {i.what()})"
+        await self.reset(cmd, who, out, text=text, context=view.intruder_reason(i))
+
+    # -- the duty ----------------------------------------------------------------------------
+
+    async def tick(self) -> int:
+        """Expire claims, end holds, serve the queue, tell people; return the DMs sent."""
+        if self.service is None:
+            return 0
+        try:
+            events = await self.service.tick()
+        except StoreError as exc:  # the next tick tries again
+            log.warning("claims duty skipped: %s", exc)
+            return 0
+        return await self._tell(events)
+
+    async def _tell(self, events: list[Event] | list[Offered]) -> int:
+        sent = 0
+        for e in events:
+            if isinstance(e, Offered):
+                to, msg = e.wait.chat_id, view.render_offer(e.wait, e.uuids, hold=e.hold)
+            elif isinstance(e, Intruding):
+                to, msg = e.intruder.claim.chat_id, view.render_intruder(e.intruder, e.key)
+            elif isinstance(e, IdleAsked):
+                to, msg = e.claim.chat_id, view.render_idle_asked(e.claim, e.idle_s)
+            elif isinstance(e, IdleReleased):
+                to, msg = e.claim.chat_id, view.render_idle_released(e.claim)
+            elif isinstance(e, Ended) and e.claim is not None:
+                to, msg = e.claim.chat_id, view.render_expired(e.claim)
+            elif isinstance(e, Ended) and e.wait is not None:
+                to, msg = e.wait.chat_id, view.render_lapsed(e.wait)
+            else:
+                continue
+            try:
+                sent += await self.dm(to, msg)
+            except Exception:  # a DM is a courtesy: the command and the duty stand
+                log.exception("the DM to %s failed", to)
+        return sent
+
+
+MAX_SHOWN = 12  # claims listed under a status or on the Home tab
+
+
+async def with_claims(
+    desk: ClaimDesk, msg: Message, nodes: Sequence[str] | None, *, mine: str | None = None
+) -> Message:
+    """Return ``msg`` with the active claims of ``nodes`` (None: all; ``mine``: of this
+    person only) under it: "node1 GPU 2 claimed by alice until 14:00 · note". A database
+    that fails leaves ``msg`` as it is: the status stands."""
+    svc = desk.service
+    if svc is None or not svc.enabled:
+        return msg
+    try:
+        found = await svc.store.active()
+    except GpubotError as exc:
+        log.warning("claims not shown: %s", exc)
+        return msg
+    shown = [
+        c
+        for c in found
+        if (nodes is None or c.node in nodes) and (mine is None or c.chat_id == mine)
+    ]
+    if not shown:
+        return msg
+    rows = [(f"{c.node} GPU {c.gpu} ", *view.claimed_line(c)) for c in shown[:MAX_SHOWN]]
+    more = len(shown) - MAX_SHOWN
+    title: Text = (bold("Your claims" if mine else "Claims"),)
+    text = lines(title, *rows, *((f"… and {more} more (`/gpu claims`)",),) * (more > 0))
+    part = Section(text)
+    body = (*msg.body[:1], part, *msg.body[1:]) if mine else (*msg.body, part)
+    return dataclasses.replace(msg, body=body)

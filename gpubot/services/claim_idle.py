@@ -1,0 +1,84 @@
+"""Idle claims (issue 26): a claimed GPU at 0 % (or without a job: it reads 0 %) for
+``claim_idle_minutes`` gets its holder a DM with Keep / Release; still idle as long again, the
+claim is released and audited.
+
+Idle time comes from each claim's idle run (``core.claims.idle_step``, the fold of
+``core.idle_runs``, as the sweep's ``gpu_idle``), advanced by each look of the claims' duty and
+stored with the claim: never from a history of samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gpubot.core.claim_ports import ClaimStore
+from gpubot.core.claims import Claim, ClaimSettings, idle_rule, idle_step
+from gpubot.core.idle import TIME_SLACK_S, samples_of
+from gpubot.errors import GpubotError
+from gpubot.services.status import StatusService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IdleAsked:
+    """Ask the holder of an idle claim: Keep or Release."""
+
+    claim: Claim
+    idle_s: float
+
+
+@dataclass(frozen=True)
+class IdleReleased:
+    """An idle claim no one kept was released."""
+
+    claim: Claim
+    idle_s: float
+
+
+async def idle_claims(
+    config: ClaimSettings, store: ClaimStore, status: StatusService, now: float
+) -> list[IdleAsked | IdleReleased]:
+    """Advance every active claim's idle run by a look at its node; ask or release."""
+    if config.claim_idle_minutes <= 0:
+        return []
+    # Times round-trip the store at microseconds: a look a whole period later may read a
+    # hair short of it, as the sweep's idle window allows for too.
+    rule, limit = idle_rule(config.every_s), config.claim_idle_minutes * 60 - TIME_SLACK_S
+    by_node: dict[str, list[Claim]] = {}
+    for c in await store.active():
+        by_node.setdefault(c.node, []).append(c)
+    updates: list[tuple[int, float | None, float]] = []
+    out: list[IdleAsked | IdleReleased] = []
+    for node, held in by_node.items():
+        try:
+            snap = await status.snapshot(status.node(node))
+        except GpubotError as exc:  # unknown is not idle: this node waits for the next look
+            log.warning("idle claims of %s not looked at: %s", node, exc)
+            continue
+        looks = {s.gpu: s for s in samples_of([snap], now)}
+        for c in held:
+            look = looks.get(c.gpu)
+            if look is None or look.uuid != c.gpu_uuid:
+                continue
+            since, last = idle_step(c, look, rule)
+            updates.append((c.id, since, last))
+            if since is None:
+                continue
+            idle_s = now - max(since, c.start)
+            if c.idle_dm_at is None and idle_s >= limit:
+                if await store.mark_idle_dm(c.id, now):
+                    out.append(IdleAsked(c, idle_s))
+            elif c.idle_dm_at is not None and now - c.idle_dm_at >= limit:
+                gone = await store.release(
+                    None,
+                    (c.node, (c.gpu,)),
+                    now=now,
+                    source="gpubot",
+                    why="released-idle",
+                    ids={c.id},
+                )
+                out += [IdleReleased(g, idle_s) for g in gone]
+    await store.advance_idle(updates)
+    return out

@@ -1,0 +1,402 @@
+"""Claims and the queue (issue 26): the commands, the expiry and who is told a GPU is free.
+
+A claim kills nothing: it is a record (``store.claims``) that says who uses a GPU until when,
+written conditionally so that two people claiming one GPU get one winner. The duty
+(``tick``, on the app's scheduler) expires claims, ends holds that ran out and serves the queue:
+a GPU counts as free for the queue once released, or after two looks in a row with no job on it
+and its memory below ``free_below_mib``. The first in line who can be served gets a hold of
+``hold_minutes`` (one DM across replicas: the hold is a conditional write); then the next.
+Without ``[claims] enabled``, ``wait`` still works: the person is told, nothing is held.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpubot.config import Settings
+from gpubot.core import claim_commands as cc
+from gpubot.core.claim_ports import ClaimStore
+from gpubot.core.claims import (
+    Claim,
+    ClaimOutcome,
+    ClaimRequest,
+    Granted,
+    Intruder,
+    Limit,
+    Wait,
+    WaitState,
+    free_gpus,
+    intruders,
+    pick,
+    span,
+)
+from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.findings import Finding
+from gpubot.core.models import NodeSnapshot
+from gpubot.core.ports import Clock
+from gpubot.errors import GpubotError, StoreError, UsageError
+from gpubot.services.approvals import Identity
+from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims
+from gpubot.services.status import StatusService
+
+log = logging.getLogger(__name__)
+
+FREE_LOOKS = 2  # looks in a row a GPU must be free before the queue is told (unless released)
+OFF = (
+    "claims are not enabled here ([claims] enabled = false); "
+    "`/gpu wait NODE` still tells you when a GPU is free"
+)
+
+
+@dataclass(frozen=True)
+class Offered:
+    """The queue holds ``wait.offered`` for ``wait``'s person (or, without claims, tells them)."""
+
+    wait: Wait
+    uuids: tuple[str, ...]
+    hold: bool  # False: claims are off; they were only told
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A claim ended by the duty (its time ran out), or a hold that lapsed."""
+
+    claim: Claim | None = None
+    wait: Wait | None = None
+
+
+@dataclass(frozen=True)
+class Intruding:
+    """Someone else's process on a claimed GPU, past ``intruder_grace_s``: tell the claimant."""
+
+    intruder: Intruder
+    key: str  # the finding's key text (the Free it button's value)
+
+
+Event = Offered | Ended | Intruding | IdleAsked | IdleReleased
+
+
+class ClaimService:
+    """The claim and queue commands of every front end, and the claims' duty."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ClaimStore,
+        status: StatusService,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.settings = settings
+        self.config = settings.claims
+        self.store = store
+        self.status = status
+        self.clock = clock
+        self._free: dict[tuple[str, int], int] = {}  # looks in a row each GPU was free
+        self._intruders: dict[str, tuple[Intruder, float]] = {}  # key → it, first seen
+        self._told: set[str] = set()  # intruders whose claimant was told
+        self.observe: Callable[[list[tuple[str, int, str]]], None] | None = None  # the metrics
+
+    @property
+    def enabled(self) -> bool:
+        """Whether claims are on (``[claims] enabled``)."""
+        return self.config.enabled
+
+    def _need(self, who: Identity) -> str:
+        if not self.enabled:
+            raise UsageError(OFF)
+        if who.linux_user is None:
+            raise UsageError(
+                "you have no Linux user on the boxes ([users] in the settings), so you cannot claim"
+            )
+        return who.linux_user
+
+    # -- claims ------------------------------------------------------------------------------
+
+    async def claim(self, who: Identity, cmd: cc.ClaimGpus, source: str) -> ClaimOutcome:
+        """Claim ``cmd``'s GPUs (or ``any N`` free ones) for ``who``."""
+        user = self._need(who)
+        node = self.status.node(cmd.node)
+        most_h, _ = self.config.limits_for(node.groups)
+        if cmd.duration_s > most_h * 3600:
+            raise UsageError(
+                f"a claim on {node.name} lasts at most {most_h:g}h ([claims] max_hours)"
+            )
+        snap = await self.status.snapshot(node)
+        claimed = [c.gpu for c in await self.store.active(node.name)]
+        if cmd.gpus:
+            gpus = cmd.gpus
+        else:
+            free = free_gpus(snap, claimed, self.config.free_below_mib)
+            gpus = pick(free, cmd.count, await self.store.used_last(who.id, node.name))
+            if not gpus:
+                raise UsageError(
+                    f"{node.name} has {len(free)} free GPU(s), fewer than {cmd.count}: "
+                    f"`/gpu wait {node.name} any {cmd.count}` queues you"
+                )
+        now = self.clock.now()
+        return await self.store.claim(
+            ClaimRequest(
+                node=node.name,
+                gpus=_uuids(snap, gpus),
+                user=user,
+                chat_id=who.id,
+                start=now,
+                end=now + cmd.duration_s,
+                note=cmd.note,
+                source=source,
+                limits=self._limits(node.name, node.groups),
+            )
+        )
+
+    async def take(self, who: Identity, wait_id: int, source: str) -> ClaimOutcome:
+        """Claim what the queue holds for ``who`` (the DM's button)."""
+        user = self._need(who)
+        w = await self.store.get_wait(wait_id)
+        if w is None or w.chat_id != who.id:
+            raise UsageError(f"no place {wait_id} of yours in the queue")
+        if w.state is not WaitState.OFFERED:
+            raise UsageError(f"place {wait_id} holds nothing now ({w.state.value})")
+        node = self.status.node(w.node)
+        snap = await self.status.snapshot(node)
+        now = self.clock.now()
+        most_h, _ = self.config.limits_for(node.groups)
+        duration = min(w.duration_s or most_h * 3600, most_h * 3600)
+        return await self.store.claim(
+            ClaimRequest(
+                node=w.node,
+                gpus=_uuids(snap, w.offered),
+                user=user,
+                chat_id=who.id,
+                start=now,
+                end=now + duration,
+                note=f"from the queue (place {w.id})",
+                source=source,
+                limits=self._limits(node.name, node.groups),
+                wait_id=w.id,
+            )
+        )
+
+    def _limits(self, node: str, groups: tuple[str, ...]) -> tuple[Limit, ...]:
+        out = [Limit(self.config.max_gpus_per_user)]
+        for g in self.config.groups:
+            if g.group in groups and g.max_gpus_per_user is not None:
+                members = self.settings.groups().get(g.group, (node,))
+                out.append(Limit(g.max_gpus_per_user, members, g.group))
+        return tuple(out)
+
+    async def extend(self, who: Identity, cmd: cc.Extend, source: str) -> list[tuple[Claim, bool]]:
+        """Extend ``who``'s claims (each up to its node's ``max_hours`` from its start)."""
+        self._need(who)
+        if cmd.node is not None:
+            self.status.node(cmd.node)
+        done = await self.store.extend(
+            who.id,
+            (cmd.node, cmd.gpus),
+            cmd.by_s,
+            most_s=self._most_s,
+            now=self.clock.now(),
+            source=source,
+        )
+        if not done:
+            raise UsageError("you have no claim there to extend (see `/gpu claims mine`)")
+        return done
+
+    def _most_s(self, node: str) -> float:
+        cfg = self.settings.node(node)
+        return self.config.limits_for(cfg.groups if cfg else ())[0] * 3600
+
+    async def release(self, who: Identity, cmd: cc.Release, source: str) -> list[Claim]:
+        """Release ``who``'s claims; the queue of their nodes is served at once."""
+        self._need(who)
+        if cmd.node is not None:
+            self.status.node(cmd.node)
+        now = self.clock.now()
+        gone = await self.store.release(who.id, (cmd.node, cmd.gpus), now=now, source=source)
+        if not gone:
+            raise UsageError("you have no claim there to release (see `/gpu claims mine`)")
+        for c in gone:  # released: free at once for the queue, if nothing runs on it
+            self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
+        return gone
+
+    async def keep(self, who: Identity, claim_id: int, source: str) -> Claim:
+        """Keep an idle claim (its holder's Keep button)."""
+        kept = await self.store.keep(claim_id, who.id, self.clock.now(), source)
+        if kept is None:
+            raise UsageError(f"claim {claim_id} is not an active claim of yours")
+        return kept
+
+    async def release_one(self, who: Identity, claim_id: int, source: str) -> list[Claim]:
+        """Release one claim of ``who``'s (the Release button)."""
+        now = self.clock.now()
+        gone = await self.store.release(who.id, (None, ()), now=now, source=source, ids={claim_id})
+        if not gone:
+            raise UsageError(f"claim {claim_id} is not an active claim of yours")
+        for c in gone:
+            self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
+        return gone
+
+    async def claims(self, who: Identity, cmd: cc.ListClaims) -> list[Claim]:
+        """Return the active claims of a node, of ``who`` (``mine``), or all."""
+        if cmd.scope not in ("all", "mine"):
+            self.status.node(cmd.scope)
+            return await self.store.active(cmd.scope)
+        found = await self.store.active()
+        return [c for c in found if cmd.scope == "all" or c.chat_id == who.id]
+
+    # -- the queue ---------------------------------------------------------------------------
+
+    async def wait(self, who: Identity, cmd: cc.WaitFor, source: str) -> tuple[Wait, int]:
+        """Queue ``who``; return the place and how many are ahead."""
+        node = self.status.node(cmd.node)
+        ahead = len(await self.store.waits(node.name))
+        w = Wait(
+            0,
+            node.name,
+            cmd.gpus,
+            cmd.count,
+            cmd.duration_s,
+            who.linux_user or "",
+            who.id,
+            self.clock.now(),
+        )
+        return await self.store.add_wait(w, source), ahead
+
+    async def queue(self, node: str | None) -> list[Wait]:
+        """Return who waits (for ``node``), first in line first."""
+        if node is not None:
+            self.status.node(node)
+        return await self.store.waits(node)
+
+    async def leave(self, who: Identity, wait_id: int | None, source: str) -> list[Wait]:
+        """Leave the queue (one place or all of ``who``'s)."""
+        left = await self.store.leave(who.id, wait_id, self.clock.now(), source)
+        if not left:
+            raise UsageError("you are not in the queue there (see `/gpu queue`)")
+        return left
+
+    # -- intruders ----------------------------------------------------------------------------
+
+    async def intruder_findings(self, snaps: Sequence[NodeSnapshot], now: float) -> list[Finding]:
+        """Return the sweep findings of unclaimed use of claimed GPUs (the sweep's ``extra``);
+        remember them, so that the duty tells each claimant once, after the grace."""
+        if not self.enabled:
+            return []
+        try:
+            active = await self.store.active()
+        except StoreError as exc:  # the sweep stands; intruders wait for the next one
+            log.warning("claims not read, intruders not looked for: %s", exc)
+            return []
+        del now  # the sweep's start; the grace runs on this service's clock, as the duty does
+        seen = self.clock.now()
+        found: dict[str, tuple[Intruder, float]] = {}
+        for snap in snaps:
+            for i in intruders(snap, active):
+                key = i.finding().key.text()
+                found[key] = (i, self._intruders.get(key, (i, seen))[1])
+        self._intruders = found
+        self._told &= set(found)
+        return [i.finding() for i, _ in found.values()]
+
+    def intruder(self, key: str) -> Intruder | None:
+        """Return the intruder the latest sweep found under ``key``."""
+        got = self._intruders.get(key)
+        return None if got is None else got[0]
+
+    async def _due_intruders(self, now: float) -> list[Intruding]:
+        out = []
+        for key, (i, since) in self._intruders.items():
+            if key not in self._told and now - since >= self.config.intruder_grace_s:
+                self._told.add(key)
+                if await self.store.tell_intruder(i.claim.id, key, now):  # once, any replica
+                    out.append(Intruding(i, key))
+        return out
+
+    # -- the duty ----------------------------------------------------------------------------
+
+    async def tick(self) -> list[Event]:
+        """Expire claims, end holds that ran out, serve the queue; return what to tell."""
+        now = self.clock.now()
+        events: list[Event] = []
+        if self.enabled:
+            events += [Ended(claim=c) for c in await self.store.expire(now)]
+            events += await self._due_intruders(now)
+            idle = await idle_claims(self.config, self.store, self.status, now)
+            for e in idle:  # released: free for the queue at once, if nothing runs on it
+                if isinstance(e, IdleReleased):
+                    self._free[(e.claim.node, e.claim.gpu)] = FREE_LOOKS - 1
+            events += idle
+            if self.observe is not None:
+                self.observe([(c.node, c.gpu, c.user) for c in await self.store.active()])
+        events += [Ended(wait=w) for w in await self.store.lapse(now)]
+        waiting = await self.store.waits()
+        for node in dict.fromkeys(w.node for w in waiting):
+            try:
+                events += await self.serve(node, now)
+            except GpubotError as exc:  # one node fails alone
+                log.warning("the queue of %s was not served: %s", node, exc)
+        return events
+
+    async def serve(self, node: str, now: float) -> list[Offered]:
+        """Offer free GPUs of ``node`` to its first waiters who can be served."""
+        waits = await self.store.waits(node)
+        if not waits:
+            return []
+        snap = await self.status.snapshot(self.status.node(node))
+        claimed = [c.gpu for c in await self.store.active(node)] if self.enabled else []
+        held = {g for w in waits if w.state is WaitState.OFFERED for g in w.offered}
+        free_now = set(free_gpus(snap, claimed, self.config.free_below_mib))
+        for g in snap.gpus:
+            key = (node, g.index)
+            self._free[key] = self._free.get(key, 0) + 1 if g.index in free_now else 0
+        ready = [g for g in sorted(free_now - held) if self._free[(node, g)] >= FREE_LOOKS]
+        out: list[Offered] = []
+        hold_s = self.config.hold_minutes * 60 if self.enabled else 0.0
+        for w in (w for w in waits if w.state is WaitState.WAITING):
+            gpus = _serve(w, ready)
+            if not gpus:
+                continue
+            got = await self.store.offer(w.id, gpus, now + max(hold_s, 1.0), now)
+            if got is None:  # another replica offered them first, or the person left
+                continue
+            ready = [g for g in ready if g not in gpus]
+            out.append(Offered(got, tuple(u for _, u in _uuids(snap, gpus)), self.enabled))
+            if not self.enabled:
+                await self.store.told(got.id, now)
+        return out
+
+
+def _serve(w: Wait, ready: Sequence[int]) -> tuple[int, ...]:
+    if w.gpus:
+        return w.gpus if set(w.gpus) <= set(ready) else ()
+    return tuple(ready[: w.count]) if len(ready) >= w.count else ()
+
+
+def _uuids(snap: NodeSnapshot, gpus: Sequence[int]) -> tuple[tuple[int, str], ...]:
+    out = []
+    for g in gpus:
+        info = snap.gpu(g)
+        if info is None:
+            have = ", ".join(str(x.index) for x in snap.gpus) or "none"
+            raise UsageError(f"{snap.node} has no GPU {g} (it has {have})")
+        out.append((g, info.uuid))
+    return tuple(out)
+
+
+def until_text(claim: Claim, now: float) -> str:
+    """Say how long a claim still runs ("3h59m left")."""
+    return f"{span(max(0.0, claim.end - now))} left"
+
+
+__all__ = [
+    "ClaimService",
+    "Ended",
+    "Event",
+    "Granted",
+    "IdleAsked",
+    "IdleReleased",
+    "Intruding",
+    "Offered",
+]

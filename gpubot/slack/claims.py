@@ -1,0 +1,70 @@
+"""Claims and the queue on Slack (issue 26): the buttons (Claim, Leave, Queue me) and the DMs.
+
+A click runs the shared flow (``chat.claims.ClaimDesk.click``), as typing ``/gpu take ID`` or
+``/gpu leave ID`` does. The claims' duty tells people by direct message (``conversations.open``,
+then ``chat.postMessage``); a DM that cannot be sent is logged, never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gpubot.chat import claim_view as view
+from gpubot.chat.flows import error_message
+from gpubot.chat.message import Message
+from gpubot.errors import GpubotError
+from gpubot.slack.render import to_slack
+
+if TYPE_CHECKING:
+    from gpubot.slack.app import GpuBot
+
+log = logging.getLogger(__name__)
+ACTIONS = (
+    view.ACTION_TAKE,
+    view.ACTION_LEAVE,
+    view.ACTION_JOIN,
+    view.ACTION_KEEP,
+    view.ACTION_RELEASE,
+    view.ACTION_FREE_INTRUDER,
+)
+
+
+def register(bot: GpuBot) -> None:
+    """Handle the claim and queue buttons in ``bot``, and send the duty's DMs through Slack."""
+    dms: dict[str, str] = {}
+
+    async def dm(user: str, msg: Message) -> bool:
+        channel = dms.get(user) or await bot.api.open_dm(user)
+        if channel is None:
+            return False
+        dms[user] = channel
+        return await bot.api.post(channel, to_slack(msg)) is not None
+
+    bot.flows.claims.dm = dm
+
+    async def on_click(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        user = body.get("user") or {}
+        bot.spawn(
+            _click(bot, body, str(action.get("action_id")), str(action.get("value")), user),
+            "claim button",
+        )
+
+    for action_id in ACTIONS:
+        bot.app.action(action_id)(on_click)
+
+
+async def _click(
+    bot: GpuBot, body: dict[str, Any], action: str, value: str, user: dict[str, Any]
+) -> None:
+    out = bot.surface(body)
+    try:
+        who = await bot.identify(str(user.get("id", "")), str(user.get("username") or ""))
+    except GpubotError as exc:
+        await out.reply(error_message(exc))
+        return
+    if action == view.ACTION_FREE_INTRUDER:
+        await bot.flows.claims.free_intruder(value, who, out)
+    else:
+        await bot.flows.claims.click(action, value, who, out)

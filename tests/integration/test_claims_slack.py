@@ -1,0 +1,263 @@
+"""Claims and the queue through signed Slack requests (issue 26): claim, conflict with its
+*Queue me* button, queue, extend, release, the free-GPU DM to the first waiter, the next one
+after the hold runs out, one click to claim, and expiry, on a clock the test moves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from gpubot.app import App, SlackAccess, build, slack_parts
+from gpubot.chat import claim_view as view
+from gpubot.chat.reset_view import ACTION_APPROVE
+from gpubot.core.claims import ClaimSettings
+from gpubot.slack.serve import build_bot, start_http
+from gpubot.store import open_store
+from gpusim.node_layout import gpu_uuid
+from tests.fixtures.settings import ManualClock
+from tests.fixtures.slack import BOT_TOKEN, SECRET, Call, FakeSlack, Harness, SlackSender
+from tests.procs import alive, until
+
+CLAIMS = ClaimSettings(enabled=True, max_hours=8, hold_minutes=15, every_s=60)
+
+
+class DmSlack(FakeSlack):
+    """The fake Web API, plus ``conversations.open`` (a DM channel per user: D + their id)."""
+
+    def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        if method == "conversations.open":
+            return {"ok": True, "channel": {"id": f"D{str(body.get('users'))[1:]}"}}
+        return super()._answer(method, body)
+
+
+@pytest.fixture
+async def dm_slack() -> AsyncIterator[DmSlack]:
+    fake = DmSlack()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@asynccontextmanager
+async def serving(
+    settings: Any, fake: FakeSlack, db_url: str, clock: ManualClock
+) -> AsyncIterator[tuple[Harness, App]]:
+    """The bot as ``gpubot serve`` wires it; the claims' duty runs when the test says."""
+    init = open_store(db_url, check_schema=False)
+    init.upgrade()
+    init.close()
+    settings = dataclasses.replace(settings, database_url=db_url, claims=CLAIMS)
+    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    assert app.chat.claims is not None
+    app.chat.claims.clock = clock
+    bot = build_bot(slack_parts(app), SECRET, min_update_s=0.05)
+    runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
+    try:
+        yield Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url, app), app
+    finally:
+        await bot.drain()
+        await runner.cleanup()
+        await app.close()
+
+
+def said(fake: FakeSlack, since: int) -> str:
+    """Return every answer and DM the bot sent after call ``since``, as JSON text."""
+    calls = fake.calls[since:]
+    return "\n".join(
+        json.dumps(c.body, ensure_ascii=False)
+        for c in calls
+        if c.method.startswith(("response:", "chat."))
+    )
+
+
+def dms(fake: FakeSlack, user: str, since: int = 0) -> list[Call]:
+    return [
+        c
+        for c in fake.calls[since:]
+        if c.method == "chat.postMessage" and c.body.get("channel") == f"D{user[1:]}"
+    ]
+
+
+def button(call: Call, action_id: str) -> str:
+    blocks = call.body.get("blocks") or []
+    blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+    for b in blocks:
+        for e in b.get("elements", []) + ([b["accessory"]] if "accessory" in b else []):
+            if e.get("action_id") == action_id:
+                return str(e["value"])
+    raise AssertionError(f"no {action_id} button in {call.body}")
+
+
+async def ask(h: Harness, text: str, user: str) -> str:
+    n = len(h.fake.calls)
+    reply = await h.send.command(text, user=user)
+    assert reply.status == 200, reply.text
+    await h.settle()
+    return reply.text + said(h.fake, n)
+
+
+async def click(h: Harness, action: str, value: str, user: str) -> str:
+    n = len(h.fake.calls)
+    reply = await h.send.click(action, value, user=user, channel="C0GENERAL")
+    assert reply.status == 200
+    await h.settle()
+    return said(h.fake, n)
+
+
+async def test_claim_conflict_queue_extend_release_hold_and_expiry(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    clock = ManualClock()
+    uuids = {i: gpu_uuid("node1", i) for i in range(4)}
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/a.db", clock) as (h, _):
+        got = await ask(h, "claim node1 gpu 2,3 for 4h train llama", "U0BOB")
+        assert f"CUDA_VISIBLE_DEVICES={uuids[2]},{uuids[3]}" in got and "train llama" in got
+        refused = await ask(h, "claim node1 gpu 3 for 1h", "U0DAVE")
+        assert "Not claimed" in refused and "claimed by <@U0BOB>" in refused
+        assert "train llama" in refused and "<!date^" in refused  # until when, in their zone
+        conflict = [c for c in dm_slack.calls if c.method.startswith("response:")][-1]
+        join = button(conflict, view.ACTION_JOIN)
+        assert join == "wait node1 gpu 3 for 60m"
+        assert "in line for node1 GPU 3" in await click(h, view.ACTION_JOIN, join, "U0DAVE")
+        assert "1 ahead" in await ask(h, "wait node1 gpu 3", "U0OWNER")
+        queue = await ask(h, "queue node1", "U0BOB")
+        assert queue.index("<@U0DAVE>") < queue.index("<@U0OWNER>")
+        assert "now until" in await ask(h, "extend node1 gpu 2 by 2h", "U0BOB")
+        too_long = await ask(h, "claim node1 gpu 0 for 9h", "U0BOB")
+        assert "lasts at most 8h" in too_long
+
+        n = len(dm_slack.calls)
+        assert "released: node1 GPU 3" in await ask(h, "release node1 gpu 3", "U0BOB")
+        (offer,) = dms(dm_slack, "U0DAVE", n)  # the first in line, at once
+        assert "is free and held for you" in json.dumps(offer.body) and not dms(
+            dm_slack, "U0OWNER", n
+        )
+        took = await ask(h, "claim node1 gpu 3 for 1h", "U0CAROL")
+        assert "held for <@U0DAVE>" in took  # the hold keeps it for dave
+
+        clock.advance(16 * 60)  # dave lets the hold run out: the next in line is told
+        n = len(dm_slack.calls)
+        assert await h.bot.flows.claims.tick() == 2
+        assert "ran out" in json.dumps(dms(dm_slack, "U0DAVE", n)[0].body)
+        (second,) = dms(dm_slack, "U0OWNER", n)
+        wait_id = button(second, view.ACTION_TAKE)
+        mine = await click(h, view.ACTION_TAKE, wait_id, "U0OWNER")
+        assert f"CUDA_VISIBLE_DEVICES={uuids[3]}" in mine
+        assert await h.bot.flows.claims.tick() == 0  # nothing more to tell
+
+        table = await ask(h, "claims all", "U0DAVE")
+        assert "train llama" in table and "from the queue" in table and "<@U0BOB>" in table
+        clock.advance(8 * 3600)  # every claim runs out
+        n = len(dm_slack.calls)
+        assert await h.bot.flows.claims.tick() == 2
+        assert "ended" in json.dumps(dms(dm_slack, "U0BOB", n)[0].body)
+        assert "No active claims" in await ask(h, "claims all", "U0BOB")
+        assert h.store is not None
+        changes = [r.data["change"] for r in await h.store.records() if r.kind == "claim"]
+        assert changes.count("claimed") == 3 and changes.count("expired") == 2
+        assert {"queued", "offered", "lapsed", "taken", "released", "extended"} <= set(changes)
+        assert (await h.store.verify()).ok
+
+
+async def test_bad_input_is_one_line_and_claims_off_still_waits(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any
+) -> None:
+    clock = ManualClock()
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/b.db", clock) as (h, app):
+        bad = await ask(h, "claim node1 gpu 2 for 4x", "U0BOB")
+        assert "bad duration '4x'" in bad and "Traceback" not in bad
+        assert "no GPU 9" in await ask(h, "claim node1 gpu 9 for 1h", "U0BOB")
+        assert "unknown node 'nodeX'" in await ask(h, "claim nodeX gpu 1 for 1h", "U0BOB")
+        assert app.chat.claims is not None
+        app.chat.claims.config = ClaimSettings()  # claims off: wait still tells
+        assert "not enabled" in await ask(h, "claim node1 gpu 1 for 1h", "U0BOB")
+        await ask(h, "wait node1 gpu 1", "U0BOB")
+        assert await h.bot.flows.claims.tick() == 0  # free once: not yet
+        assert await h.bot.flows.claims.tick() == 1  # free on two looks in a row
+        (told,) = dms(dm_slack, "U0BOB")
+        assert "is free now" in json.dumps(told.body)
+        assert "No one is waiting" in await ask(h, "queue", "U0BOB")
+
+
+async def test_an_intruder_is_found_by_a_sweep_and_freed_only_after_approval(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    clock = ManualClock()
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/c.db", clock) as (h, app):
+        assert "claimed until" in await ask(h, "claim node1 gpu 1 for 2h eval run", "U0BOB")
+        w = node1.spawn(gpu=1, mib=3000)  # the workload owner's job, on bob's claimed GPU
+        mine = node1.spawn(gpu=0, mib=1000)  # on an unclaimed GPU: no intruder
+        result = await app.sweep.run(alerting=True)
+        (found,) = [f for f in result.findings if f.kind.value == "claim-intruder"]
+        assert (found.node, found.gpu, found.pid) == ("node1", 1, w.pid)
+        assert f"pid {w.pid}" in found.summary and "it started " in found.summary
+        assert "claimed by bob" in found.summary
+        n = len(dm_slack.calls)
+        assert await h.bot.flows.claims.tick() == 1
+        assert await h.bot.flows.claims.tick() == 0  # the claimant is told once
+        (dm,) = dms(dm_slack, "U0BOB", n)
+        key = button(dm, view.ACTION_FREE_INTRUDER)
+        refused = await click(h, view.ACTION_FREE_INTRUDER, key, "U0DAVE")
+        assert "only the person who claimed" in refused
+        await click(h, view.ACTION_FREE_INTRUDER, key, "U0BOB")
+        (request,) = [c for c in dm_slack.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
+        text = json.dumps(request.body, ensure_ascii=False)
+        assert "is claimed by <@U0BOB> (bob) since" in text and "eval run" in text
+        assert f"Unclaimed use: {w.user}'s pid {w.pid}" in text and ", started " in text
+        assert alive(w.pid)  # nothing is killed without an approver
+        approval_id = button(request, ACTION_APPROVE)
+        await h.send.click(ACTION_APPROVE, approval_id, user="U0CAROL")
+        await h.settle()
+        await until(lambda: not alive(w.pid), 20, "the approved kill")
+        assert alive(mine.pid)  # only the intruder
+
+
+async def test_an_idle_claim_is_asked_then_kept_then_released(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    clock = ManualClock()
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/d.db", clock) as (h, app):
+        assert app.chat.claims is not None
+        app.chat.claims.config = dataclasses.replace(CLAIMS, claim_idle_minutes=20, every_s=600)
+        tick = h.bot.flows.claims.tick
+        await ask(h, "claim node1 gpu 2 for 8h idle test", "U0BOB")
+        busy = node1.spawn(gpu=3, mib=2000, util_pct=80)  # a busy GPU is never idle
+        await ask(h, "claim node1 gpu 3 for 8h busy", "U0OWNER")
+        assert await tick() == 0  # the first look starts the run
+        clock.advance(600)
+        assert await tick() == 0  # idle for 10 min
+        clock.advance(600)
+        n = len(dm_slack.calls)
+        assert await tick() == 1  # idle for 20 min: asked
+        (asked,) = dms(dm_slack, "U0BOB", n)
+        assert "has been idle (0 %) for 20m" in json.dumps(asked.body, ensure_ascii=False)
+        assert not dms(dm_slack, "U0OWNER", n)
+        claim_id = button(asked, view.ACTION_KEEP)
+        assert "is not an active claim of yours" in await click(
+            h, view.ACTION_KEEP, claim_id, "U0DAVE"
+        )
+        assert "kept: node1 GPU 2" in await click(h, view.ACTION_KEEP, claim_id, "U0BOB")
+        for _ in range(2):  # the run starts anew at the next look
+            clock.advance(600)
+            assert await tick() == 0
+        clock.advance(600)
+        n = len(dm_slack.calls)
+        assert await tick() == 1  # asked again; this time no one keeps it
+        clock.advance(600)
+        assert await tick() == 0
+        clock.advance(600)
+        assert await tick() == 1  # still idle as long again: released
+        assert "was released: it stayed idle" in json.dumps(dms(dm_slack, "U0BOB", n)[-1].body)
+        left = await ask(h, "claims all", "U0BOB")
+        assert "busy" in left and "idle test" not in left
+        assert busy.alive()
+        assert h.store is not None
+        changes = [r.data["change"] for r in await h.store.records() if r.kind == "claim"]
+        assert changes.count("idle-asked") == 2 and changes.count("kept") == 1
+        assert changes[-1] == "released-idle"
