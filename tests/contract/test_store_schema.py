@@ -39,15 +39,14 @@ TABLES = {
     "claims",
     "claim_waits",
 }
-# The migrations after 0006 in the order they are chained (their numbers were handed out before
-# they landed, so the order is the chain's, not the numbers'), each with the tables it adds.
+# The migrations after 0006 in the order they are chained, each with the tables it adds.
 GPU_HOURS = {"gpu_usage", "gpu_usage_last", "usage_sweeps", "usage_gaps", "idle_ladder"}
 GPU_HOURS |= {"usage_digests"}
 CHAIN_AFTER_0006: tuple[tuple[str, frozenset[str]], ...] = (
-    ("0010", frozenset({"approval_posts"})),
-    ("0011", frozenset({"gpu_ecc"})),
-    ("0008", frozenset(GPU_HOURS)),
-    ("0007", frozenset({"claims", "claim_waits"})),
+    ("0007", frozenset({"approval_posts"})),
+    ("0008", frozenset({"gpu_ecc"})),
+    ("0009", frozenset(GPU_HOURS)),
+    ("0010", frozenset({"claims", "claim_waits"})),
 )
 AFTER_0006 = frozenset().union(*(tables for _, tables in CHAIN_AFTER_0006))
 

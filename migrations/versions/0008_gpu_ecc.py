@@ -3,8 +3,8 @@
 A count that grows between sweeps is a finding; kept here, it still is after a restart. (The
 first line is what Alembic logs: one line, so every log line starts with its time.)
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-02
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

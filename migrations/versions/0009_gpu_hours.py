@@ -1,7 +1,7 @@
 """GPU-hours buckets, their sweeps, gaps and weekly digests; the reclaim ladder.
 
-Revision ID: 0008
-Revises: 0011
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-02
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision = "0011"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -1,6 +1,6 @@
 """The approval outbox: one row per approval and purpose, recorded before the post is made.
 
-Revision ID: 0010
+Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-02
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
+revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
