@@ -103,7 +103,8 @@ def _sweep(app: Root, store: Store | None, notifier: Notifier | None) -> SweepSe
         nodes = [n.name for n in settings.nodes]
         keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
         idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        usage, ladder, digest = sharing_ports(settings, store, app.slack, app.directory)
+        claimed = store.claims  # the claims' rows: GPU-hours claimed but unused
+        usage, ladder, digest = sharing_ports(settings, store, app.slack, app.directory, claimed)
         ports = SweepPorts(
             store, keeper, idle, app.locks, app.metrics, health, xid, usage, ladder, digest
         )

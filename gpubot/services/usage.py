@@ -97,7 +97,7 @@ class UsageService:
             return
         states = await off_loop(states_of, snaps)
         try:
-            claims = [Claimed(*c) for c in self.claims.intervals(now, now)]
+            claims = await off_loop(_claimed_at, self.claims, now)
         except Exception:  # another service's port: its failure loses only "claimed"
             log.exception("claims unavailable: this sweep counts no GPU as claimed")
             claims = []
@@ -172,3 +172,8 @@ class UsageService:
 def by_user(report: UsageReport) -> Mapping[str, Line]:
     """Return the report's lines by name."""
     return {ln.name: ln for ln in report.lines}
+
+
+def _claimed_at(claims: ClaimedIntervals, now: float) -> list[Claimed]:
+    """Return the claims in force at ``now`` (in a worker thread: the store reads its rows)."""
+    return [Claimed(*c) for c in claims.intervals(now, now)]

@@ -11,7 +11,6 @@ The queue's rows are ``store.claim_waits``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, select
@@ -29,7 +28,6 @@ from gpubot.store import claim_waits as waits
 from gpubot.store.claim_idle import IdleMixin
 from gpubot.store.claim_rows import at, record, unix
 from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.records import iso
 from gpubot.store.tables import claims
 from gpubot.store.waits import in_thread
 
@@ -77,14 +75,14 @@ class DbClaims(waits.WaitsMixin, IdleMixin):
         """Return GPU → when ``chat_id``'s last claim of it on ``node`` began."""
         return await in_thread(self._used_last, chat_id, node)
 
-    def intervals(self, since: datetime, until: datetime) -> Iterable[Interval]:
-        """Return (node, gpu, user, start, end) of every claim overlapping [since, until),
-        cut to it: an ended claim ends at its end, an active one at its planned end (synchronous:
-        the report reads it in its own thread)."""
-        lo, hi = since.timestamp(), until.timestamp()
+    def intervals(self, since: float, until: float) -> Iterable[Interval]:
+        """Return (node, gpu, user, start, end) of every claim overlapping [since, until) (Unix
+        times), cut to it: an ended claim ends at its end, an active one at its planned end
+        (``services.usage.ClaimedIntervals``; synchronous: call it in a worker thread)."""
+        lo, hi = since, until
         with guard("cannot read claims"), read_tx(self._engine) as conn:
             rows = conn.execute(
-                select(claims).where(claims.c.started_at < iso(until)).order_by(claims.c.id)
+                select(claims).where(claims.c.started_at < at(until)).order_by(claims.c.id)
             ).all()
         out: list[Interval] = []
         for r in rows:
