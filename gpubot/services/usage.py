@@ -175,5 +175,9 @@ def by_user(report: UsageReport) -> Mapping[str, Line]:
 
 
 def _claimed_at(claims: ClaimedIntervals, now: float) -> list[Claimed]:
-    """Return the claims in force at ``now`` (in a worker thread: the store reads its rows)."""
-    return [Claimed(*c) for c in claims.intervals(now, now)]
+    """Return the claims in force at ``now`` (in a worker thread: the store reads its rows).
+
+    The port cuts each claim to the window asked, and a sample counts under a claim when
+    ``start <= now < end``: so the window is the second from ``now``, never ``[now, now]``
+    (whose cut claims would all end at ``now`` and cover nothing)."""
+    return [Claimed(*c) for c in claims.intervals(now, now + 1.0)]
