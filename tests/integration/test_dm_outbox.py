@@ -12,6 +12,7 @@ wires it: the same, once, and twice in the control.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -137,7 +138,7 @@ async def test_control_without_the_history_search_the_idle_dm_appears_twice(
 
 
 async def test_an_uncertain_dm_with_no_history_is_posted_once_more_saying_so(
-    dm_slack: DmSlack, tmp_path: Path
+    dm_slack: DmSlack, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A 5xx: Slack may have it. Its history readable and without it: posted again under the
     same token, one DM. Unreadable (no im:history): once more, saying it may repeat."""
@@ -151,8 +152,10 @@ async def test_an_uncertain_dm_with_no_history_is_posted_once_more_saying_so(
 
         dm_slack.history_readable = False
         dm_slack.fail("chat.postMessage", "internal_error", status=500, channel=DM)
-        assert await alerts.direct(idle_group("alice"), None) == 1
+        with caplog.at_level(logging.WARNING):
+            assert await alerts.direct(idle_group("alice"), None) == 1
         assert len(posts_to(dm_slack, DM)) == 4  # not one more: it is said once
+        assert any("add im:history" in r.getMessage() for r in caplog.records)
         [_, (ts2, repeat)] = in_channel(dm_slack, DM)
         assert "this may repeat the message of <!date^" in json.dumps(repeat)
         assert posts(store)[1][2:] == ("posted", ts2, 1)
