@@ -98,6 +98,8 @@ class FakeSlack:
         self.app_token = APP_TOKEN
         self.sockets: list[web.WebSocketResponse] = []
         self.delays: dict[str, float] = {}  # method → seconds it answers after (its work done)
+        # (method, channel) → the same, for calls to that channel only (before ``delays``)
+        self.channel_delays: dict[tuple[str, str], float] = {}
         self.history_readable = True  # False: conversations.history answers missing_scope
         # The token's scopes, sent as auth.test's x-oauth-scopes header (as Slack does).
         self.scopes = list(SCOPES)
@@ -276,7 +278,8 @@ class FakeSlack:
         self._record(
             call
         )  # done (a message kept) before any delay: a slow answer, not a slow Slack
-        delay = self.delays.get(method, 0.0)
+        delay = self.channel_delays.get((method, str(body.get("channel"))))
+        delay = self.delays.get(method, 0.0) if delay is None else delay
         if delay:  # cut short only by ``stop``: a test never waits on a client long gone
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)

@@ -298,7 +298,10 @@ def slack_parts(app: App) -> SlackParts:
 
     if app.slack is None:
         raise ConfigError("the app was built without Slack (build(..., slack=...))")
-    return SlackParts(app.chat, app.slack, app.sweep.keeper or NoAlerts(), app.status)
+    outbox = app.store.alerts if app.store is not None else None  # the DMs, once (issue 22)
+    return SlackParts(
+        app.chat, app.slack, app.sweep.keeper or NoAlerts(), app.status, messages=outbox
+    )
 
 
 def _store(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:
@@ -349,7 +352,9 @@ def _slack(app: App, access: SlackAccess) -> Notifier | None:
     if channel is None:
         log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
         return None
-    return SlackAlerts(app.slack, channel, people=slack_users_of(app.settings.policy.users))
+    people = slack_users_of(app.settings.policy.users)
+    outbox = app.store.alerts if app.store is not None else None  # each DM once (issue 22)
+    return SlackAlerts(app.slack, channel, people=people, outbox=outbox)
 
 
 def _schedule(app: App, first_after_s: float | None) -> None:

@@ -36,7 +36,7 @@ def sharing_ports(
         from gpubot.slack.ladder import SlackLadder
 
         people = slack_users_of(settings.policy.users)
-        notifier = SlackLadder(slack, settings.sweep.channel, people)
+        notifier = SlackLadder(slack, settings.sweep.channel, people, store.alerts)
     ladder = ReclaimLadder(settings.ladder, store.ladder, store.samples, notifier)
     cfg = settings.reports
     channel = cfg.digest_channel or settings.sweep.channel

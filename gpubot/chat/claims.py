@@ -33,7 +33,8 @@ from gpubot.services.claims import (
 
 log = logging.getLogger(__name__)
 
-Dm = Callable[[str, Message], Awaitable[bool]]  # chat user id, message → sent
+# chat user id, message, the DM's own name (the outbox's subject: one DM, sent once) → sent
+Dm = Callable[[str, Message, str], Awaitable[bool]]
 Reset = Callable[..., Awaitable[None]]  # ``Flows.reset``: (cmd, who, out, text=, context=)
 CLAIM_COMMANDS = (
     cc.ClaimGpus,
@@ -48,7 +49,7 @@ CLAIM_COMMANDS = (
 NO_STORE = "claims and the queue need the audit database, which is unavailable"
 
 
-async def no_dm(user: str, msg: Message) -> bool:
+async def no_dm(user: str, msg: Message, subject: str) -> bool:
     """Tell no one (a front end without direct messages): logged."""
     log.info("not told %s: %s", user, msg.fallback or msg.title)
     return False
@@ -204,25 +205,46 @@ class ClaimDesk:
     async def _tell(self, events: list[Event] | list[Offered]) -> int:
         sent = 0
         for e in events:
-            if isinstance(e, Offered):
-                to, msg = e.wait.chat_id, view.render_offer(e.wait, e.uuids, hold=e.hold)
-            elif isinstance(e, Intruding):
-                to, msg = e.intruder.claim.chat_id, view.render_intruder(e.intruder, e.key)
-            elif isinstance(e, IdleAsked):
-                to, msg = e.claim.chat_id, view.render_idle_asked(e.claim, e.idle_s)
-            elif isinstance(e, IdleReleased):
-                to, msg = e.claim.chat_id, view.render_idle_released(e.claim)
-            elif isinstance(e, Ended) and e.claim is not None:
-                to, msg = e.claim.chat_id, view.render_expired(e.claim)
-            elif isinstance(e, Ended) and e.wait is not None:
-                to, msg = e.wait.chat_id, view.render_lapsed(e.wait)
-            else:
+            told = _dm_of(e)
+            if told is None:
                 continue
+            to, msg, subject = told
             try:
-                sent += await self.dm(to, msg)
+                sent += await self.dm(to, msg, subject)
             except Exception:  # a DM is a courtesy: the command and the duty stand
                 log.exception("the DM to %s failed", to)
         return sent
+
+
+def _dm_of(e: Event | Offered) -> tuple[str, Message, str] | None:
+    """Return who an event tells, the message, and that DM's subject (stable: the event's
+    rows, so that the same DM is one outbox entry), or None."""
+    if isinstance(e, Offered):
+        w = e.wait
+        held = ",".join(map(str, w.offered or w.gpus))
+        subject = f"dm:claims:offer:{w.id}:{w.node}:{held}:{w.hold_until}"
+        return w.chat_id, view.render_offer(w, e.uuids, hold=e.hold), subject
+    if isinstance(e, Intruding):
+        c = e.intruder.claim
+        return (
+            c.chat_id,
+            view.render_intruder(e.intruder, e.key),
+            f"dm:claims:intruder:{c.id}:{e.key}",
+        )
+    if isinstance(e, IdleAsked):
+        c = e.claim
+        subject = f"dm:claims:idle:{c.id}:{c.idle_since}"
+        return c.chat_id, view.render_idle_asked(c, e.idle_s), subject
+    if isinstance(e, IdleReleased):
+        c = e.claim
+        return c.chat_id, view.render_idle_released(c), f"dm:claims:released:{c.id}"
+    if isinstance(e, Ended) and e.claim is not None:
+        c = e.claim
+        return c.chat_id, view.render_expired(c), f"dm:claims:expired:{c.id}"
+    if isinstance(e, Ended) and e.wait is not None:
+        w = e.wait
+        return w.chat_id, view.render_lapsed(w), f"dm:claims:lapsed:{w.id}"
+    return None
 
 
 MAX_SHOWN = 12  # claims listed under a status or on the Home tab

@@ -212,7 +212,9 @@ async def repl(parts: ConsoleParts, who: Identity, lines: list[str] | None) -> i
         except BrokenPipeError:  # nobody reads the answers: stop (past the flows' error handling)
             raise StdoutClosed from None
 
-    async def dm(user: str, msg: Message) -> bool:  # the claims' DMs, printed (issue 26)
+    async def dm(
+        user: str, msg: Message, subject: str
+    ) -> bool:  # the claims' DMs, printed (issue 26)
         echo(f"(to @{user}) " + render(msg))
         return True
 

@@ -11,7 +11,8 @@ absent, it is posted (the same token); if the history cannot be read, it is post
 saying "this may repeat the alert of HH:MM", and after that given up on, with an audit record.
 
 Single messages that must appear once and alert no finding (the audit head's publications:
-``slack.heads``) take the same road through ``AlertOutbox.publish``: each publication first
+``slack.heads``; the direct messages of idle holders, the reclaim ladder and claims:
+``slack.dm_outbox``) take the same road through ``AlertOutbox.publish``: each publication first
 settles the earlier ones whose end is unknown (found: adopted; otherwise superseded by this one,
 which says it may repeat one that nobody could check), records its intent, posts, and after an
 uncertain post searches the history before it posts again.
@@ -155,9 +156,15 @@ class AlertOutbox:
 
     # -- single messages that alert no finding (the audit head) --------------------------------
 
-    async def publish(self, subject: str, send: Send, find: Find, now: datetime) -> Handle | None:
+    async def publish(
+        self, subject: str, send: Send, find: Find, now: datetime, *, repeat: bool = False
+    ) -> Handle | None:
         """Post one message of ``subject`` once; return where it is (None: refused, or not
-        confirmed: it stays pending, and the next publication settles it first)."""
+        confirmed: it stays pending, and the next publication settles it first).
+
+        ``repeat``: a message no later publication settles (a DM): when its post is uncertain
+        and the history cannot be read, it is posted once more at once, saying it may repeat.
+        """
         repeat_of = await self._supersede(subject, find, now)
         pending = await self.alerts.begin_message(new_token(), subject, now)
         posted = await send(pending.token, repeat_of)
@@ -167,9 +174,15 @@ class AlertOutbox:
         if lookup.handle is not None:
             await self._adopt(pending, lookup.handle, now)
             return lookup.handle
-        if not lookup.checked:
+        if not lookup.checked and not repeat:
             log.warning("%s post %s not confirmed: %s", subject, pending.token, lookup.why)
             return None
+        if not lookup.checked:
+            log.warning(
+                "%s post %s unconfirmed (%s): once more", subject, pending.token, lookup.why
+            )
+            await self.alerts.note_repeat(pending.token)  # recorded before the post is made
+            repeat_of = repeat_of or pending.created_at
         again = await send(pending.token, repeat_of)  # provably not there: the same token
         await self._ended(pending, again, now)
         return again.handle if again.delivery is Delivery.POSTED else None

@@ -14,7 +14,9 @@ updated in place to "resolved" with how long it lasted; a reminder goes to the a
 An alert on idle holders is also sent, once, as a direct message to each owner that maps to
 Slack users (``slack.idle_dm``: *Free it* and *Snooze 1 day*). Opening a DM needs the optional
 ``im:write`` scope; a DM that cannot be sent is logged and changes nothing else. Alerts are
-posted once (``slack.outbox``, ``services.alert_outbox``); a DM at most once.
+posted once (``slack.outbox``, ``services.alert_outbox``), and so is each DM, through the same
+outbox (``slack.dm_outbox``: searched for in the DM's history, ``im:history``, after a lost
+answer) when the notifier is given the ``AlertStore``; without one a DM is sent at most once.
 
 The messages themselves are rendered by ``gpubot.chat.alerts``; this module only posts them
 (``SlackAlerts``, built by ``gpubot.app``) and handles the snooze buttons (``register``).
@@ -36,9 +38,11 @@ from gpubot.chat.holders import snooze
 from gpubot.chat.idle import render_idle_dm, slack_users_of
 from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
 from gpubot.core.models import FindingKind
+from gpubot.core.ports import AlertStore
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.slack.api import CALL_ERRORS, SlackApi
-from gpubot.slack.outbox import DM_EVENT, find_post, new_token, once_client, post_once
+from gpubot.slack.dm_outbox import DmPoster
+from gpubot.slack.outbox import find_post, once_client, post_once
 from gpubot.slack.render import to_slack
 
 if TYPE_CHECKING:
@@ -56,7 +60,8 @@ POST_INTERVAL_S = 1.0  # Slack's chat.postMessage limit: about one message per s
 class SlackAlerts:
     """Posts, updates and reminds alert messages in one channel (implements ``Notifier``).
 
-    ``people``: Linux user → Slack user ids; their idle holders are told in a direct message.
+    ``people``: Linux user → Slack user ids; their idle holders are told in a direct message,
+    once each through the outbox of ``outbox`` (None: at most once).
     """
 
     def __init__(
@@ -66,11 +71,13 @@ class SlackAlerts:
         *,
         people: Mapping[str, Sequence[str]] | None = None,
         min_post_interval_s: float = POST_INTERVAL_S,
+        outbox: AlertStore | None = None,
     ) -> None:
         self.api = api
         self.channel = channel
         self.people = people or {}
         self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
+        self.dm = DmPoster(api, outbox)
         self._pace = min_post_interval_s
         self._posted_at: dict[str, float] = {}  # channel → when this notifier last posted there
         self._unsure: dict[str, AlertGroup] = {}  # token → a digest whose post is unconfirmed
@@ -150,22 +157,20 @@ class SlackAlerts:
             if channel is None:
                 continue
             self._dms[user] = channel
-            msg = to_slack(
-                render_idle_dm(
-                    items,
-                    group.node,
-                    now=group.at,
-                    alert=where,
-                    snooze=lambda key: snooze_buttons(key)[-1],
-                )
+            msg = render_idle_dm(
+                items,
+                group.node,
+                now=group.at,
+                alert=where,
+                snooze=lambda key: snooze_buttons(key)[-1],
             )
-            # At most once: no retry of any kind, and one whose answer is lost is not resent
-            # (a courtesy; it rides on its alert, which the outbox posts once).
+            # Due once (it rides on its alert, which the outbox posts once); delivered once.
             await self._paced(channel)
-            posted = await post_once(self.api, channel, msg, token=new_token(), event=DM_EVENT)
-            self._mark(channel)
-            if posted.delivery is Delivery.POSTED:
-                sent += 1
+            try:
+                handle = await self.dm.send(idle_subject(group.node, items, user), channel, msg)
+            finally:
+                self._mark(channel)
+            sent += handle is not None
         return sent
 
     async def update(self, where: Handle, group: AlertGroup) -> None:
@@ -188,6 +193,13 @@ class SlackAlerts:
             err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
             log.error("reminder in %s/%s failed: %s", where[0], where[1], err)
         self._mark(where[0])
+
+
+def idle_subject(node: str, items: Sequence[AlertItem], user: str) -> str:
+    """Return the outbox's name of the idle-holder DM to ``user`` about ``items`` on ``node``:
+    "dm:idle:<node>:<gpu>:<pid>:<start>[,…]:<user>" (a holder is a process and its start)."""
+    held = ",".join(sorted(f"{i.key.gpu}:{i.key.holder}" for i in items))
+    return f"dm:idle:{node}:{held}:{user}"
 
 
 # --- buttons and /gpu sweep --------------------------------------------------------------------

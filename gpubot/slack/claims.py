@@ -2,7 +2,9 @@
 
 A click runs the shared flow (``chat.claims.ClaimDesk.click``), as typing ``/gpu take ID`` or
 ``/gpu leave ID`` does. The claims' duty tells people by direct message (``conversations.open``,
-then ``chat.postMessage``); a DM that cannot be sent is logged, never retried.
+then ``chat.postMessage``), each DM once through the alerts' outbox (``slack.dm_outbox``:
+after a lost answer it is looked for in the DM's history before it is posted again); a DM that
+cannot be sent is logged.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from gpubot.chat import claim_view as view
 from gpubot.chat.flows import error_message
 from gpubot.chat.message import Message
+from gpubot.core.ports import AlertStore
 from gpubot.errors import GpubotError
-from gpubot.slack.render import to_slack
+from gpubot.slack.dm_outbox import DmPoster
 
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
@@ -30,16 +33,18 @@ ACTIONS = (
 )
 
 
-def register(bot: GpuBot) -> None:
-    """Handle the claim and queue buttons in ``bot``, and send the duty's DMs through Slack."""
+def register(bot: GpuBot, outbox: AlertStore | None = None) -> None:
+    """Handle the claim and queue buttons in ``bot``, and send the duty's DMs through Slack,
+    each once through ``outbox`` (None: at most once)."""
     dms: dict[str, str] = {}
+    poster = DmPoster(bot.api, outbox)
 
-    async def dm(user: str, msg: Message) -> bool:
+    async def dm(user: str, msg: Message, subject: str) -> bool:
         channel = dms.get(user) or await bot.api.open_dm(user)
         if channel is None:
             return False
         dms[user] = channel
-        return await bot.api.post(channel, to_slack(msg)) is not None
+        return await poster.send(subject, channel, msg) is not None
 
     bot.flows.claims.dm = dm
 

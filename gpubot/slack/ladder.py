@@ -1,7 +1,8 @@
 """The reclaim ladder in Slack: its DMs and channel posts, *Keep (reason)* and on-call's *Free it*.
 
 ``SlackLadder`` tells each step (``services.ladder``): the DM and the reminder to the owner's
-Slack users (``[users]``), the channel post and *Free it* in the alerts channel. *Keep
+Slack users (``[users]``), each once through the alerts' outbox (``slack.dm_outbox``), the
+channel post and *Free it* in the alerts channel (at most once). *Keep
 (reason)* opens a modal asking why; its submission stops the ladder (audited with the reason).
 On-call's *Free it* asks the approvers for a forced reset of that one process, the request
 carrying the idle evidence (``chat.ladder``).
@@ -16,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpubot.chat.flows import error_message
 from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE, keep, oncall_free, render_ladder
-from gpubot.core.ladder import Step
+from gpubot.core.ladder import Rung, Step
+from gpubot.core.ports import AlertStore
 from gpubot.errors import ChatCallFailed, GpubotError
 from gpubot.services.ladder import LadderNotice
 from gpubot.slack.api import SlackApi, call
+from gpubot.slack.dm_outbox import DmPoster
 from gpubot.slack.render import to_slack
 
 if TYPE_CHECKING:
@@ -32,36 +35,49 @@ REASON_BLOCK, REASON_INPUT = "reason", "reason_input"
 
 
 class SlackLadder:
-    """Tells the ladder's steps in Slack (implements ``LadderNotifier``)."""
+    """Tells the ladder's steps in Slack (implements ``LadderNotifier``); its DMs once each
+    through ``outbox`` (None: at most once)."""
 
     def __init__(
-        self, api: SlackApi, channel: str | None, people: Mapping[str, Sequence[str]]
+        self,
+        api: SlackApi,
+        channel: str | None,
+        people: Mapping[str, Sequence[str]],
+        outbox: AlertStore | None = None,
     ) -> None:
         self.api = api
         self.channel = channel
         self.people = people
+        self.dm = DmPoster(api, outbox)
 
     async def tell(self, notice: LadderNotice) -> bool:
         """DM the owner (steps 1-2) or post in the alerts channel (3-4); never raises."""
         owners = tuple(self.people.get(notice.rung.owner, ()))
-        msg = to_slack(render_ladder(notice, owners))
+        said = render_ladder(notice, owners)
         try:
             if notice.step in (Step.DM, Step.REMIND):
                 sent = False
                 for user in owners:
                     channel = await self.api.open_dm(user)
                     if channel is not None:
-                        sent = await self.api.post(channel, msg) is not None or sent
+                        subject = ladder_subject(notice.rung, notice.step, user)
+                        sent = await self.dm.send(subject, channel, said) is not None or sent
                 if not owners:
                     log.info("reclaim ladder: %s maps to no Slack user", notice.rung.owner)
                 return sent
             if self.channel is None:
                 log.warning("reclaim ladder: no alerts channel for step %d", int(notice.step))
                 return False
-            return await self.api.post(self.channel, msg) is not None
+            return await self.api.post(self.channel, to_slack(said)) is not None
         except Exception:  # a step is told at most once; its record stands
             log.exception("reclaim ladder: step %d not told", int(notice.step))
             return False
+
+
+def ladder_subject(rung: Rung, step: Step, user: str) -> str:
+    """Return the outbox's name of one ladder DM: "dm:ladder:<finding>:<start>:<step>:<user>"
+    (the finding's key names the holder: node, GPU, pid and its start)."""
+    return f"dm:ladder:{rung.finding}:{rung.started_at}:{int(step)}:{user}"
 
 
 def keep_view(key: str, where: str) -> dict[str, Any]:

@@ -8,7 +8,8 @@ and 5xx retries would post a second message when the first was taken but its ans
 
 ``find_post`` pages through ``conversations.history`` (``include_all_metadata``, from a moment
 on) for the token. It needs the ``channels:history`` scope (``groups:history`` for a private
-channel); without it, or on any error, it says the history could not be checked.
+channel; ``im:history`` for a DM); without it, or on any error, it says the history could not
+be checked.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gpubot.slack.blockkit import SlackMessage as Message
 log = logging.getLogger(__name__)
 
 ALERT_EVENT = "gpubot_alert_posted"  # the metadata event_type of alert messages
-DM_EVENT = "gpubot_dm_posted"  # ... and of the direct messages about idle GPUs
+DM_EVENT = "gpubot_dm_posted"  # ... and of direct messages (idle holders, ladder, claims)
 HEAD_EVENT = "gpubot_head_posted"  # ... and of the audit head's publications
 APPROVAL_EVENT = "gpubot_approval_posted"  # ... and of approvals' requests, re-pings and DMs
 PAGE = 200  # messages a history page asks for (Slack: at most 999, internal apps)
@@ -108,7 +109,9 @@ async def find_post(
             )
         except SlackApiError as exc:
             err = str(exc.response.get("error", "unknown_error"))
-            if err == "missing_scope":
+            if err == "missing_scope" and channel.startswith("D"):
+                err += " (add im:history to look for a direct message)"
+            elif err == "missing_scope":
                 err += " (add channels:history, or groups:history for a private channel)"
             return Lookup(False, why=f"conversations.history: {err}")
         except Exception as exc:  # a timeout, a dropped connection

@@ -21,6 +21,7 @@ from slack_sdk.errors import SlackApiError
 from gpubot.chat.flows import Services
 from gpubot.chat.message import Message, Section, paragraph
 from gpubot.chat.surface import MIN_UPDATE_S
+from gpubot.core.ports import AlertStore
 from gpubot.core.report import Report
 from gpubot.errors import ChatCallFailed, ChatUnanswered, ConfigError
 from gpubot.services.alert_keeper import Snoozer
@@ -53,6 +54,7 @@ class SlackParts:
     api: SlackApi
     snoozer: Snoozer
     status: StatusService
+    messages: AlertStore | None = None  # the outbox the DMs go through once (None: at most once)
 
 
 def build_bot(
@@ -67,7 +69,7 @@ def build_bot(
     alerts.register(bot, parts.snoozer)
     idle_dm.register(bot)
     ladder.register(bot)
-    claims.register(bot)
+    claims.register(bot, parts.messages)
     return bot
 
 

@@ -43,7 +43,7 @@ async def main(config: str, db_url: str, name: str) -> None:
     app = build(s, {}, need_store=True)
     flows = Flows(app.chat, source=f"replica:{name}", min_update_s=0.0)
 
-    async def dm(user: str, msg: Message) -> bool:
+    async def dm(user: str, msg: Message, subject: str) -> bool:
         emit("dm", to=user, title=msg.title, name=name)
         return True
 

@@ -51,7 +51,7 @@ async def test_claims_at_the_console(app: App, flows: Flows, node1: Any) -> None
     app.chat.claims.clock = clock
     told: list[tuple[str, str]] = []
 
-    async def dm(user: str, msg: Message) -> bool:
+    async def dm(user: str, msg: Message, subject: str) -> bool:
         told.append((user, render(msg)))
         return True
 
@@ -97,7 +97,7 @@ async def test_an_intruder_freed_at_the_console_after_approval(
 ) -> None:
     told: list[str] = []
 
-    async def dm(user: str, msg: Message) -> bool:
+    async def dm(user: str, msg: Message, subject: str) -> bool:
         told.append(f"{user}: {render(msg)}")
         return True
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from gpubot.app import App, SlackAccess, build, slack_parts
 from gpubot.chat.idle import ACTION_FREE
@@ -29,6 +30,7 @@ from gpubot.core.ladder import LadderRule
 from gpubot.core.models import FindingKind
 from gpubot.slack.ladder import KEEP_VIEW, REASON_BLOCK, REASON_INPUT
 from gpubot.slack.serve import build_bot, start_http
+from gpubot.store.tables import alert_posts
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import audit_rows
 from tests.fixtures.settings import ManualClock, with_sweep
@@ -117,6 +119,14 @@ def posts(fake: FakeSlack, channel: str) -> list[Call]:
     return [c for c in fake.ok("chat.postMessage") if c.body["channel"] == channel]
 
 
+def outbox_states(app: App, prefix: str) -> list[str]:
+    """Return the states of the outbox's message posts whose subject starts with ``prefix``."""
+    assert app.store is not None
+    with app.store.engine.connect() as conn:
+        rows = conn.execute(sa.select(alert_posts).order_by(alert_posts.c.id)).all()
+    return [r.state for r in rows if str(r.node).startswith(prefix)]
+
+
 def ladder_records(db_url: str) -> list[tuple[str, str, str]]:
     """Return (what, finding, actor) of every ladder record in the audit chain, in order."""
     out = []
@@ -180,6 +190,7 @@ async def test_the_whole_ladder_then_free_it_through_the_approval(
         b = next(k for k in idle if f'"{kept.pid}:' in k)
         dms = posts(fake, "D0OWNER")
         assert len(dms) == 2 and posts(fake, "C0GENERAL") == []
+        assert outbox_states(app, "dm:ladder:") == ["posted", "posted"]  # each DM once (#22)
         first = next(c for c in dms if (ACTION_KEEP, a) in buttons(c))
         assert buttons(first) == [(ACTION_FREE, a), (ACTION_KEEP, a)]
         said = json.dumps(blocks_of(first), ensure_ascii=False)

@@ -1,0 +1,200 @@
+"""Direct messages posted once, through the alerts' outbox (issue 22).
+
+The idle holder's DM, from the notifier ``gpubot.app`` builds (its real Web API client with its
+10 s timeout, the store's outbox), against the loopback fake Web API, which keeps a message
+before it answers: a DM whose answer comes after the client's timeout is found in the DM's
+history and adopted, one message. The control takes the history search out: the same DM twice.
+A DM whose end is unknown and whose history cannot be read is posted once more, saying so.
+The claims' free-GPU hold DM, through signed Slack requests to the bot as ``gpubot serve``
+wires it: the same, once, and twice in the control.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from gpubot.app import SlackAccess, build
+from gpubot.config import Settings
+from gpubot.core.alerting import Delivery, Lookup
+from gpubot.slack import dm_outbox
+from gpubot.slack.alerts import SlackAlerts
+from gpubot.slack.outbox import DM_EVENT
+from gpubot.store import Store
+from gpubot.store.tables import alert_posts
+from tests.fixtures.settings import ManualClock, with_tables
+from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+from tests.integration.test_claims_slack import ask, serving
+from tests.integration.test_sweep_idle import idle_group
+
+CHANNEL = "C0ALERTS"
+DM = "D0ALICE"  # the fake's DM channel of U0ALICE
+EXTRA: dict[str, Any] = {
+    "slack": {"channel": "C0GENERAL"},
+    "alerts": {"channel": CHANNEL},
+    "users": {"U0ALICE": "alice"},
+}
+SLOW_S = 12.0  # past the Web API client's 10 s timeout
+SUBJECT = "dm:idle:node7:3:4242:99:U0ALICE"
+
+
+class DmSlack(FakeSlack):
+    """The fake Web API, plus ``conversations.open`` (a DM channel per user: D + their id)."""
+
+    def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        if method == "conversations.open":
+            return {"ok": True, "channel": {"id": f"D{str(body.get('users'))[1:]}"}}
+        return super()._answer(method, body)
+
+
+@pytest.fixture
+async def dm_slack() -> AsyncIterator[DmSlack]:
+    fake = DmSlack()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+@asynccontextmanager
+async def notifier(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[SlackAlerts, Store]]:
+    """The sweep's Slack notifier as the app builds it, with its store."""
+    settings = with_tables(Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}"), EXTRA)
+    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    assert app.store is not None and app.sweep.keeper is not None
+    alerts = app.sweep.keeper.notifier
+    assert isinstance(alerts, SlackAlerts)
+    try:
+        yield alerts, app.store
+    finally:
+        await app.close()
+
+
+def in_channel(fake: FakeSlack, channel: str) -> list[tuple[str, dict[str, Any]]]:
+    """The messages in ``channel`` now, oldest first: what people see."""
+    found = [(ts, m) for (c, ts), m in fake.messages.items() if c == channel]
+    return sorted(found, key=lambda p: float(p[0]))
+
+
+def posts(store: Store) -> list[tuple[str, str, str, str | None, int]]:
+    """(token, subject, state, message_ts, repeats) of every outbox row, oldest first."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(alert_posts).order_by(alert_posts.c.id)).all()
+    return [(r.token, r.node, r.state, r.message_ts, r.repeats) for r in rows]
+
+
+def token_of(message: dict[str, Any]) -> str:
+    meta = message["metadata"]
+    assert meta["event_type"] == DM_EVENT
+    return str(meta["event_payload"]["token"])
+
+
+def posts_to(fake: FakeSlack, channel: str) -> list[Any]:
+    return [c for c in fake.of("chat.postMessage") if c.body.get("channel") == channel]
+
+
+async def test_an_idle_holders_dm_answered_after_the_timeout_appears_once(
+    dm_slack: DmSlack, tmp_path: Path
+) -> None:
+    async with notifier(dm_slack, tmp_path) as (alerts, store):
+        dm_slack.channel_delays[("chat.postMessage", DM)] = SLOW_S  # the alert is answered
+        t0 = time.monotonic()
+        posted = await alerts.post(idle_group("alice"), token="t1")
+        assert posted.delivery is Delivery.POSTED and posted.handle is not None
+        assert time.monotonic() - t0 >= 10.0  # the DM's answer was lost to the timeout
+        (post,) = posts_to(dm_slack, DM)  # no second post of a lost answer
+        (history,) = dm_slack.of("conversations.history")
+        assert history.body["channel"] == DM
+        assert history.body["include_all_metadata"] in ("1", "true")
+        [(ts, message)] = in_channel(dm_slack, DM)  # what alice sees: one DM
+        assert "Your job holds node7 GPU 3 idle" in str(message["text"])
+        assert posts(store) == [(token_of(message), SUBJECT, "posted", ts, 0)]  # adopted
+        assert await store.alerts.pending_posts(SUBJECT) == []
+        assert await store.alerts.pending_posts() == []  # no alert post among them
+        await dm_slack.wait_for(lambda: post.answered_at is not None, 30)
+        assert (post.answered_at or 0.0) - post.at >= SLOW_S - 0.5  # Slack answered late
+    assert_within_limits(dm_slack)
+
+
+async def test_control_without_the_history_search_the_idle_dm_appears_twice(
+    dm_slack: DmSlack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def nothing_there(*args: Any, **kwargs: Any) -> Lookup:
+        return Lookup(True)  # "provably absent": what a post-again-on-timeout rule assumes
+
+    monkeypatch.setattr(dm_outbox, "find_post", nothing_there)
+    async with notifier(dm_slack, tmp_path) as (alerts, _):
+        dm_slack.channel_delays[("chat.postMessage", DM)] = SLOW_S
+        await alerts.post(idle_group("alice"), token="t1")
+    first, again = in_channel(dm_slack, DM)  # the same DM, twice
+    assert first[1]["text"] == again[1]["text"]
+
+
+async def test_an_uncertain_dm_with_no_history_is_posted_once_more_saying_so(
+    dm_slack: DmSlack, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 5xx: Slack may have it. Its history readable and without it: posted again under the
+    same token, one DM. Unreadable (no im:history): once more, saying it may repeat."""
+    async with notifier(dm_slack, tmp_path) as (alerts, store):
+        dm_slack.fail("chat.postMessage", "internal_error", status=500, channel=DM)
+        await alerts.direct(idle_group("alice"), None)
+        assert len(posts_to(dm_slack, DM)) == 2
+        [(ts, message)] = in_channel(dm_slack, DM)
+        assert "may repeat" not in json.dumps(message)
+        assert posts(store) == [(token_of(message), SUBJECT, "posted", ts, 0)]
+
+        dm_slack.history_readable = False
+        dm_slack.fail("chat.postMessage", "internal_error", status=500, channel=DM)
+        with caplog.at_level(logging.WARNING):
+            assert await alerts.direct(idle_group("alice"), None) == 1
+        assert len(posts_to(dm_slack, DM)) == 4  # not one more: it is said once
+        assert any("add im:history" in r.getMessage() for r in caplog.records)
+        [_, (ts2, repeat)] = in_channel(dm_slack, DM)
+        assert "this may repeat the message of <!date^" in json.dumps(repeat)
+        assert posts(store)[1][2:] == ("posted", ts2, 1)
+
+
+async def hold_dm_to_dave(slack_settings: Any, fake: DmSlack, tmp_path: Path) -> list[Any]:
+    """Bob claims node1 GPU 3, Dave queues for it, Bob releases it: Dave's hold DM is posted
+    (answered after the timeout); return the messages in Dave's DM."""
+    clock = ManualClock()
+    async with serving(slack_settings, fake, f"sqlite:///{tmp_path}/c.db", clock) as (h, _):
+        assert "CUDA_VISIBLE_DEVICES" in await ask(h, "claim node1 gpu 3 for 4h", "U0BOB")
+        assert "in line for node1 GPU 3" in await ask(h, "wait node1 gpu 3", "U0DAVE")
+        fake.channel_delays[("chat.postMessage", "D0DAVE")] = SLOW_S
+        assert "released: node1 GPU 3" in await ask(h, "release node1 gpu 3", "U0BOB")
+        await h.settle()
+        sent = posts_to(fake, "D0DAVE")
+        await fake.wait_for(lambda: all(c.answered_at is not None for c in sent), 30)
+        return [m for _, m in in_channel(fake, "D0DAVE")]
+
+
+async def test_the_free_gpu_hold_dm_answered_after_the_timeout_appears_once(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Path, node1: Any
+) -> None:
+    [offer] = await hold_dm_to_dave(slack_settings, dm_slack, tmp_path)
+    assert "is free and held for you" in json.dumps(offer)
+    assert offer["metadata"]["event_type"] == DM_EVENT
+    assert [c.body["channel"] for c in dm_slack.of("conversations.history")] == ["D0DAVE"]
+
+
+async def test_control_without_the_history_search_the_hold_dm_appears_twice(
+    slack_settings: Any,
+    dm_slack: DmSlack,
+    tmp_path: Path,
+    node1: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def nothing_there(*args: Any, **kwargs: Any) -> Lookup:
+        return Lookup(True)
+
+    monkeypatch.setattr(dm_outbox, "find_post", nothing_there)
+    first, again = await hold_dm_to_dave(slack_settings, dm_slack, tmp_path)  # twice
+    assert first["text"] == again["text"]
