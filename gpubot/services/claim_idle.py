@@ -49,7 +49,7 @@ async def idle_claims(
     by_node: dict[str, list[Claim]] = {}
     for c in await store.active():
         by_node.setdefault(c.node, []).append(c)
-    updates: list[tuple[int, float | None, float]] = []
+    updates: list[tuple[int, float | None, float, float | None]] = []
     out: list[IdleAsked | IdleReleased] = []
     for node, held in by_node.items():
         try:
@@ -63,7 +63,7 @@ async def idle_claims(
             if look is None or look.uuid != c.gpu_uuid:
                 continue
             since, last = idle_step(c, look, rule)
-            updates.append((c.id, since, last))
+            updates.append((c.id, since, last, c.idle_last_at))
             if since is None:
                 continue
             idle_s = now - max(since, c.start)
@@ -78,6 +78,7 @@ async def idle_claims(
                     source="gpubot",
                     why="released-idle",
                     ids={c.id},
+                    asked_before=c.idle_dm_at,  # unless a Keep lands while we looked
                 )
                 out += [IdleReleased(g, idle_s) for g in gone]
     await store.advance_idle(updates)
