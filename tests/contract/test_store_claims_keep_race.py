@@ -9,6 +9,7 @@ import pytest
 
 from gpubot.core.claims import ClaimSettings, ClaimState, Granted
 from gpubot.core.models import GpuInfo, NodeSnapshot
+from gpubot.errors import StoreError
 from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims
 from gpubot.store import Store
 from tests.contract.test_store_claims import T0, req
@@ -52,3 +53,30 @@ async def test_a_keep_during_the_duty_is_not_released(store: Store, kept: bool) 
     assert len(asked) == 1  # the run started anew at the Keep: not asked again 10 min later
     (c,) = await store.claims.active("node3")
     assert c.state is ClaimState.ACTIVE and c.idle_dm_at is None
+
+
+class RunsNotStored:
+    """The claims' store, whose idle runs cannot be written this once."""
+
+    def __init__(self, store: Store) -> None:
+        self.claims = store.claims
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.claims, name)
+
+    async def advance_idle(self, updates: Any) -> None:
+        raise StoreError("database is locked")
+
+
+async def test_an_ask_recorded_is_told_though_the_idle_runs_are_not_stored(store: Store) -> None:
+    """Asked in the database but never told, a holder would lose the claim a period later
+    without a word; the failure of the runs' write must not swallow the ask."""
+    got = await store.claims.claim(req("U1", (2,), end=T0 + 86400))
+    assert isinstance(got, Granted)
+    status = KeepWhileLooking(store)
+    assert await idle_claims(CONFIG, store.claims, status, T0) == []  # type: ignore[arg-type]
+    flaky = RunsNotStored(store)
+    events = await idle_claims(CONFIG, flaky, status, T0 + 600)  # type: ignore[arg-type]
+    assert [type(e) for e in events] == [IdleAsked]
+    (c,) = await store.claims.active("node3")
+    assert c.idle_dm_at == T0 + 600  # the ask is recorded: and the holder is told of it
