@@ -18,7 +18,7 @@ from gpubot.chat.message import Message, Section, Text, bold, lines, note
 from gpubot.chat.surface import Surface
 from gpubot.core import claim_commands as cc
 from gpubot.core import commands
-from gpubot.core.claims import Conflict, Granted, OverLimit
+from gpubot.core.claims import ClaimState, Conflict, Granted, OverLimit
 from gpubot.errors import GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.services.claims import (
@@ -171,6 +171,11 @@ class ClaimDesk:
                 )
             if who.refused is not None or who.id != i.claim.chat_id:
                 raise UsageError("only the person who claimed the GPU may ask to free it")
+            now = await svc.store.get(i.claim.id)  # the sweep's copy may have ended since
+            if now is None or now.state is not ClaimState.ACTIVE:
+                raise UsageError(
+                    f"your claim of {i.claim.node} GPU {i.claim.gpu} has ended: nothing to free"
+                )
             snap = await svc.status.snapshot(svc.status.node(i.claim.node))
             p = i.process
             if not any(
