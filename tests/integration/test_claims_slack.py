@@ -218,6 +218,22 @@ async def test_an_intruder_is_found_by_a_sweep_and_freed_only_after_approval(
         assert alive(mine.pid)  # only the intruder
 
 
+async def test_a_gpu_running_another_users_job_cannot_be_claimed(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    """Claiming a GPU someone's job already runs on would make that job an "intruder" at once,
+    its *Free it* a forced kill of work that was there first: refused; one's own job is not."""
+    clock = ManualClock()
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/f.db", clock) as (h, _app):
+        w = node1.spawn(gpu=1, mib=3000)  # the workload owner's job
+        refused = await ask(h, "claim node1 gpu 1 for 2h", "U0BOB")
+        assert f"node1 GPU 1 runs {w.user}'s job (pid {w.pid})" in refused
+        assert "wait node1 gpu 1" in refused
+        assert "claimed until" in await ask(h, "claim node1 gpu 2 for 2h", "U0BOB")  # control
+        assert "claimed until" in await ask(h, "claim node1 gpu 1 for 2h", "U0OWNER")  # own job
+        assert alive(w.pid)
+
+
 async def test_free_it_of_a_claim_that_ended_asks_no_one(
     slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
 ) -> None:
