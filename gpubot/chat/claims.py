@@ -18,7 +18,7 @@ from gpubot.chat.message import Message, Section, Text, bold, lines, note
 from gpubot.chat.surface import Surface
 from gpubot.core import claim_commands as cc
 from gpubot.core import commands
-from gpubot.core.claims import ClaimState, Conflict, Granted, OverLimit
+from gpubot.core.claims import Claim, ClaimState, Conflict, Granted, OverLimit
 from gpubot.errors import GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.services.claims import (
@@ -85,8 +85,7 @@ class ClaimDesk:
             return view.render_extended(await svc.extend(who, cmd, self.source))
         if isinstance(cmd, cc.Release):
             gone = await svc.release(who, cmd, self.source)
-            for node in dict.fromkeys(c.node for c in gone):  # the first in line, at once
-                await self._tell(await svc.serve(node, now))
+            await self._serve_now(svc, gone, now)
             return view.render_ended(gone, "released")
         if isinstance(cmd, cc.ListClaims):
             return view.render_claims(await svc.claims(who, cmd), cmd.scope, now)
@@ -155,9 +154,18 @@ class ClaimDesk:
             await out.reply(note(f"✅ kept: {c.node} GPU {c.gpu} until ", view.until(c.end)))
             return
         gone = await svc.release_one(who, claim_id, self.source)
-        for node in dict.fromkeys(c.node for c in gone):  # the first in line, at once
-            await self._tell(await svc.serve(node, svc.clock.now()))
+        await self._serve_now(svc, gone, svc.clock.now())
         await out.reply(view.render_ended(gone, "released"))
+
+    async def _serve_now(self, svc: ClaimService, gone: Sequence[Claim], now: float) -> None:
+        """Tell the first in line for released GPUs at once. The release is done and audited:
+        a node that cannot be asked now must not make it read as failed (the duty serves the
+        queue at its next tick)."""
+        for node in dict.fromkeys(c.node for c in gone):
+            try:
+                await self._tell(await svc.serve(node, now))
+            except GpubotError as exc:
+                log.warning("the queue of %s waits for the next tick: %s", node, exc)
 
     async def free_intruder(self, value: str, who: Identity, out: Surface) -> None:
         """*Free it* of an intruder: the claimant's own reset of that process, which, being
