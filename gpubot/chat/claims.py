@@ -18,7 +18,7 @@ from gpubot.chat.message import Message, Section, Text, bold, lines, note
 from gpubot.chat.surface import Surface
 from gpubot.core import claim_commands as cc
 from gpubot.core import commands
-from gpubot.core.claims import Conflict, Granted, OverLimit
+from gpubot.core.claims import Claim, ClaimState, Conflict, Granted, OverLimit
 from gpubot.errors import GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.services.claims import (
@@ -86,8 +86,7 @@ class ClaimDesk:
             return view.render_extended(await svc.extend(who, cmd, self.source))
         if isinstance(cmd, cc.Release):
             gone = await svc.release(who, cmd, self.source)
-            for node in dict.fromkeys(c.node for c in gone):  # the first in line, at once
-                await self._tell(await svc.serve(node, now))
+            await self._serve_now(svc, gone, now)
             return view.render_ended(gone, "released")
         if isinstance(cmd, cc.ListClaims):
             return view.render_claims(await svc.claims(who, cmd), cmd.scope, now)
@@ -156,9 +155,18 @@ class ClaimDesk:
             await out.reply(note(f"✅ kept: {c.node} GPU {c.gpu} until ", view.until(c.end)))
             return
         gone = await svc.release_one(who, claim_id, self.source)
-        for node in dict.fromkeys(c.node for c in gone):  # the first in line, at once
-            await self._tell(await svc.serve(node, svc.clock.now()))
+        await self._serve_now(svc, gone, svc.clock.now())
         await out.reply(view.render_ended(gone, "released"))
+
+    async def _serve_now(self, svc: ClaimService, gone: Sequence[Claim], now: float) -> None:
+        """Tell the first in line for released GPUs at once. The release is done and audited:
+        a node that cannot be asked now must not make it read as failed (the duty serves the
+        queue at its next tick)."""
+        for node in dict.fromkeys(c.node for c in gone):
+            try:
+                await self._tell(await svc.serve(node, now))
+            except GpubotError as exc:
+                log.warning("the queue of %s waits for the next tick: %s", node, exc)
 
     async def free_intruder(self, value: str, who: Identity, out: Surface) -> None:
         """*Free it* of an intruder: the claimant's own reset of that process, which, being
@@ -172,6 +180,11 @@ class ClaimDesk:
                 )
             if who.refused is not None or who.id != i.claim.chat_id:
                 raise UsageError("only the person who claimed the GPU may ask to free it")
+            now = await svc.store.get(i.claim.id)  # the sweep's copy may have ended since
+            if now is None or now.state is not ClaimState.ACTIVE:
+                raise UsageError(
+                    f"your claim of {i.claim.node} GPU {i.claim.gpu} has ended: nothing to free"
+                )
             snap = await svc.status.snapshot(svc.status.node(i.claim.node))
             p = i.process
             if not any(

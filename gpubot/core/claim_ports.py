@@ -43,7 +43,9 @@ class ClaimStore(Protocol):
         """Return GPU → when the person last claimed it on ``node``."""
         ...
 
-    async def advance_idle(self, updates: Sequence[tuple[int, float | None, float]]) -> None:
+    async def advance_idle(
+        self, updates: Sequence[tuple[int, float | None, float, float | None]]
+    ) -> None:
         """Store each claim's idle run."""
         ...
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from gpubot.core import claim_commands
 from gpubot.core.idle import parse_duration
 from gpubot.core.names import LINUX_USER, NODE_NAME
-from gpubot.core.reason import split_reason
+from gpubot.core.reason import option_in, split_reason
 from gpubot.errors import UsageError
 
 MAX_INPUT = 300  # characters of one command line
@@ -174,6 +174,11 @@ def parse(text: str, *, decisions: bool = False) -> Command:
     if reason is not None and verb != "reset":
         raise UsageError(f"'because …' gives a reason to reset only, not to {_show(words[0])}")
     if verb == "reset":
+        if reason is not None and (opt := option_in(reason)) is not None:
+            raise UsageError(
+                f"{_show(opt)} follows 'because', so it would be read as the reason and not "
+                "narrow the reset: put the options before 'because'"
+            )
         return replace(_reset(args), reason=reason)
     if verb == "status":
         return Status(tuple(_name(w, "node or group") for w in args))

@@ -4,6 +4,10 @@ Everything after the first word ``because`` is the reason, kept apart from the w
 what to do, so a reason can never change what is signalled. It is made one line (white space,
 newlines included, collapsed) and capped in length here; each renderer escapes it as any text a
 person typed (a plain string of the neutral message model).
+
+A reason that reads like a reset's options (``because hung pid 4242``) is refused, not kept:
+those words would be dropped from the targets, and a reset of the whole GPU or node is wider
+than the one meant. The person puts the options before ``because``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,12 @@ import re
 MAX_REASON = 200  # characters kept of a reason
 KEYWORD = "because"
 _BECAUSE = re.compile(rf"(?:^|\s){KEYWORD}(?:\s|$)", re.IGNORECASE)
+# A reset's option and a value it would take: ``pid 42``, ``gpu=1,2``, ``--user alice``
+# (``user`` in its written-out forms only: "the user asked" is a reason).
+_OPTION = re.compile(
+    r"(?:^|\s)(?:(?:--)?(?:gpus?|pids?|grace)(?:=|\s+)[0-9]|(?:--user\s+|user=)[a-z_])",
+    re.IGNORECASE,
+)
 
 
 def clean_reason(text: str | None) -> str | None:
@@ -32,3 +42,13 @@ def split_reason(text: str) -> tuple[str, str | None]:
     if m is None:
         return text, None
     return text[: m.start()], clean_reason(text[m.end() :]) or ""
+
+
+def option_in(reason: str) -> str | None:
+    """Return the first words of ``reason`` that read like a reset's option (None: none)."""
+    m = _OPTION.search(reason)
+    if m is None:
+        return None
+    word, *rest = reason[m.start() :].split()
+    value = rest[0] if rest and "=" not in word else ""
+    return f"{word} {value}".strip()

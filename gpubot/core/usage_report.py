@@ -30,9 +30,11 @@ def parse_when(text: str, now: float, what: str) -> float:
     t = text.strip()
     if t and t[0].isdigit() and t[-1] in "smhdw" and "-" not in t:
         try:
-            return now - parse_duration(t)
+            ago = parse_duration(t)
         except ValueError:
             pass
+        else:
+            return _after_epoch(now - ago, text, what)
     try:
         moment = datetime.fromisoformat(t.removesuffix("Z"))
     except ValueError:
@@ -42,7 +44,15 @@ def parse_when(text: str, now: float, what: str) -> float:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    return _after_epoch(moment.timestamp(), text, what)
+
+
+def _after_epoch(t: float, text: str, what: str) -> float:
+    """Return ``t``, refusing a moment before 1970: no sweep counted GPU-hours then, and a
+    duration of thousands of years names no date at all (``datetime`` cannot show it)."""
+    if t < 0:
+        raise ValueError(f"bad {what} {text!r}: it goes back before 1970")
+    return t
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from gpubot.core.claim_ports import ClaimStore
 from gpubot.core.claims import Claim, ClaimSettings, idle_rule, idle_step
 from gpubot.core.idle import TIME_SLACK_S, samples_of
-from gpubot.errors import GpubotError
+from gpubot.errors import GpubotError, StoreError
 from gpubot.services.status import StatusService
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ async def idle_claims(
     by_node: dict[str, list[Claim]] = {}
     for c in await store.active():
         by_node.setdefault(c.node, []).append(c)
-    updates: list[tuple[int, float | None, float]] = []
+    updates: list[tuple[int, float | None, float, float | None]] = []
     out: list[IdleAsked | IdleReleased] = []
     for node, held in by_node.items():
         try:
@@ -63,22 +63,35 @@ async def idle_claims(
             if look is None or look.uuid != c.gpu_uuid:
                 continue
             since, last = idle_step(c, look, rule)
-            updates.append((c.id, since, last))
+            updates.append((c.id, since, last, c.idle_last_at))
             if since is None:
                 continue
-            idle_s = now - max(since, c.start)
-            if c.idle_dm_at is None and idle_s >= limit:
-                if await store.mark_idle_dm(c.id, now):
-                    out.append(IdleAsked(c, idle_s))
-            elif c.idle_dm_at is not None and now - c.idle_dm_at >= limit:
-                gone = await store.release(
-                    None,
-                    (c.node, (c.gpu,)),
-                    now=now,
-                    source="gpubot",
-                    why="released-idle",
-                    ids={c.id},
-                )
-                out += [IdleReleased(g, idle_s) for g in gone]
-    await store.advance_idle(updates)
+            try:
+                out += await _ask_or_release(store, c, now - max(since, c.start), limit, now)
+            except StoreError as exc:  # what was asked or released so far is still told
+                log.warning("idle claim %s not asked or released: %s", c.id, exc)
+    try:
+        await store.advance_idle(updates)
+    except StoreError as exc:  # the asks and releases above stand; the next look folds again
+        log.warning("idle runs of claims not stored: %s", exc)
     return out
+
+
+async def _ask_or_release(
+    store: ClaimStore, c: Claim, idle_s: float, limit: float, now: float
+) -> list[IdleAsked | IdleReleased]:
+    """Ask the holder once the claim was idle ``limit``; release it ``limit`` after asking."""
+    if c.idle_dm_at is None and idle_s >= limit:
+        return [IdleAsked(c, idle_s)] if await store.mark_idle_dm(c.id, now) else []
+    if c.idle_dm_at is not None and now - c.idle_dm_at >= limit:
+        gone = await store.release(
+            None,
+            (c.node, (c.gpu,)),
+            now=now,
+            source="gpubot",
+            why="released-idle",
+            ids={c.id},
+            asked_before=c.idle_dm_at,  # unless a Keep lands while we looked
+        )
+        return [IdleReleased(g, idle_s) for g in gone]
+    return []

@@ -128,6 +128,7 @@ class ClaimService:
         claimed = [c.gpu for c in await self.store.active(node.name)]
         if cmd.gpus:
             gpus = cmd.gpus
+            _refuse_others(snap, [g for g in gpus if g not in claimed], user, node.name)
         else:
             free = free_gpus(snap, claimed, self.config.free_below_mib)
             gpus = pick(free, cmd.count, await self.store.used_last(who.id, node.name))
@@ -372,6 +373,19 @@ def _serve(w: Wait, ready: Sequence[int]) -> tuple[int, ...]:
     if w.gpus:
         return w.gpus if set(w.gpus) <= set(ready) else ()
     return tuple(ready[: w.count]) if len(ready) >= w.count else ()
+
+
+def _refuse_others(snap: NodeSnapshot, gpus: Sequence[int], user: str, node: str) -> None:
+    """Refuse to claim a GPU another user's job runs on: the claim would make that job an
+    "intruder" at once, and its *Free it* a forced kill of work that was there first."""
+    for g in gpus:
+        others = [p for p in snap.on_gpu(g) if not p.system and p.user not in (None, user)]
+        if others:
+            p = others[0]
+            raise UsageError(
+                f"{node} GPU {g} runs {p.user}'s job (pid {p.pid}): "
+                f"`/gpu wait {node} gpu {g}` queues you"
+            )
 
 
 def _uuids(snap: NodeSnapshot, gpus: Sequence[int]) -> tuple[tuple[int, str], ...]:

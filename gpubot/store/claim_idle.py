@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from sqlalchemy import Connection, Engine, or_, select
 
 from gpubot.core.claims import Claim, ClaimState
-from gpubot.store.claim_rows import at, record
+from gpubot.store.claim_rows import at, record, unix
 from gpubot.store.engine import guard, write_tx
 from gpubot.store.tables import claims
 from gpubot.store.waits import in_thread
 
-IdleUpdate = tuple[int, float | None, float]  # claim id, idle since, last look
+IdleUpdate = tuple[int, float | None, float, float | None]  # id, idle since, last look, read
 
 
 class IdleMixin:
@@ -26,7 +26,9 @@ class IdleMixin:
         raise NotImplementedError
 
     async def advance_idle(self, updates: Sequence[IdleUpdate]) -> None:
-        """Store each claim's idle run; a GPU no longer idle also forgets the question asked."""
+        """Store each claim's idle run; a GPU no longer idle also forgets the question asked.
+        A run is stored only over the one it was folded from (its last look as the duty read
+        it): a Keep in between started the run anew, and stands."""
         if updates:
             await in_thread(self._advance_idle, list(updates))
 
@@ -64,7 +66,12 @@ class IdleMixin:
 
     def _advance_idle(self, updates: list[IdleUpdate]) -> None:
         with guard("cannot record idle claims"), write_tx(self._engine) as c:
-            for claim_id, since, last in updates:
+            for claim_id, since, last, read in updates:
+                now_last = c.execute(
+                    select(claims.c.idle_last_at).where(claims.c.id == claim_id)
+                ).scalar()
+                if unix(now_last) != read:  # kept (or looked at elsewhere) since it was read
+                    continue
                 values: dict[str, str | None] = {
                     "idle_since": None if since is None else at(since),
                     "idle_last_at": at(last),

@@ -56,7 +56,9 @@ class DbClaims(waits.WaitsMixin, IdleMixin):
         self, chat_id: str | None, scope: tuple[str | None, tuple[int, ...]], **kw: Any
     ) -> list[Claim]:
         """Release active claims in ``scope`` (of ``chat_id``; None: whoever's, e.g. the idle
-        rule's); ``now``, ``source``, ``why``, ``ids`` (only these claims)."""
+        rule's); ``now``, ``source``, ``why``, ``ids`` (only these claims), ``asked_before``
+        (only claims whose holder was asked Keep / Release by then and has not kept them:
+        the idle rule's, checked in the same transaction as the release)."""
         return await in_thread(self._release, chat_id, scope, kw)
 
     async def expire(self, now: float, source: str = "gpubot") -> list[Claim]:
@@ -171,12 +173,14 @@ class DbClaims(waits.WaitsMixin, IdleMixin):
         self, chat_id: str | None, scope: tuple[str | None, tuple[int, ...]], kw: dict[str, Any]
     ) -> list[Claim]:
         now, source = kw["now"], kw["source"]
-        why, ids = kw.get("why", "released"), kw.get("ids")
+        why, ids, asked = kw.get("why", "released"), kw.get("ids"), kw.get("asked_before")
         out = []
         with guard("cannot record the release"), write_tx(self._engine) as c:
             for r in _scoped(c, chat_id, scope):
                 if ids is not None and r.id not in ids:
                     continue
+                if asked is not None and (unix(r.idle_dm_at) or float("inf")) > asked:
+                    continue  # kept (or asked anew) since the duty read it: it stands
                 out.append(
                     self._end(c, r.id, ClaimState.RELEASED, now, (chat_id or "gpubot", source), why)
                 )

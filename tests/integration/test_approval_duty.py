@@ -133,12 +133,14 @@ async def test_a_reason_goes_into_the_request_and_the_audit_records(
 
 
 async def test_a_reason_never_changes_the_plan(harness: Harness, node1: Any) -> None:
-    """``because gpu 3 pid 1`` is text: the plan is the one without it."""
+    """A reason naming GPUs and users is text: the plan is the one without it (a reason that
+    reads like options, ``because gpu 3 pid 1``, is refused: ``tests/unit/test_reason.py``)."""
     w3 = node1.spawn(gpu=3, mib=500)
-    w, aid, _ = await ask(harness, node1, "reset node1 gpu 2 because gpu 3 pid 1 user root")
+    line = "reset node1 gpu 2 because the gpu next to 3, user root asked"
+    w, aid, _ = await ask(harness, node1, line)
     approval = await harness.store.approvals.get(aid)
     assert approval.plan.gpus == (2,) and [t.pid for t in approval.plan.targets] == [w.pid]
-    assert approval.plan.reason == "gpu 3 pid 1 user root" and alive(w3.pid)
+    assert approval.plan.reason == "the gpu next to 3, user root asked" and alive(w3.pid)
 
 
 async def test_unknown_memory_is_shown_as_unknown(harness: Harness, node1: Any) -> None:

@@ -148,3 +148,16 @@ def test_gpubot_claim_json(slack_fleet: Any, tmp_path: Path) -> None:
     assert len(bad.stderr.strip().splitlines()) == 1
     gone = gpubot_cli(config, "claim", "release", "--json", "--as", "U0DAVE")
     assert gone.returncode == 0 and json.loads(gone.stdout)["released"][0]["gpu"] == 3
+
+
+async def test_a_release_stands_when_its_node_cannot_be_asked(flows: Flows, node1: Any) -> None:
+    """The release is written (and audited) before the queue is served; a node whose
+    nvidia-smi fails just then must not make the answer an error (the control: the queue
+    is served at once when the node answers, ``test_claims_at_the_console``)."""
+    bob, dave = identity(flows.svc.policy, "U0BOB"), identity(flows.svc.policy, "U0DAVE")
+    assert "claimed until" in await answer(flows, "claim node1 gpu 2 for 1h", bob)
+    assert "in line" in await answer(flows, "wait node1 gpu 2", dave)
+    node1.set_fault("driver-error")
+    said = await answer(flows, "release node1", bob)
+    assert "released" in said.lower() and "⚠" not in said, said
+    assert "claimed by" not in await answer(flows, "claims node1", bob)

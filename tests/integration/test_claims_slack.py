@@ -218,6 +218,43 @@ async def test_an_intruder_is_found_by_a_sweep_and_freed_only_after_approval(
         assert alive(mine.pid)  # only the intruder
 
 
+async def test_a_gpu_running_another_users_job_cannot_be_claimed(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    """Claiming a GPU someone's job already runs on would make that job an "intruder" at once,
+    its *Free it* a forced kill of work that was there first: refused; one's own job is not."""
+    clock = ManualClock()
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/f.db", clock) as (h, _app):
+        w = node1.spawn(gpu=1, mib=3000)  # the workload owner's job
+        refused = await ask(h, "claim node1 gpu 1 for 2h", "U0BOB")
+        assert f"node1 GPU 1 runs {w.user}'s job (pid {w.pid})" in refused
+        assert "wait node1 gpu 1" in refused
+        assert "claimed until" in await ask(h, "claim node1 gpu 2 for 2h", "U0BOB")  # control
+        assert "claimed until" in await ask(h, "claim node1 gpu 1 for 2h", "U0OWNER")  # own job
+        assert alive(w.pid)
+
+
+async def test_free_it_of_a_claim_that_ended_asks_no_one(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    """The DM's *Free it* outlives the claim: once released, it must not ask on-call to kill
+    a process "on a claimed GPU" (the test above is the control: the claim still active)."""
+    clock = ManualClock()
+    async with serving(slack_settings, dm_slack, f"sqlite:///{tmp_path}/e.db", clock) as (h, app):
+        assert "claimed until" in await ask(h, "claim node1 gpu 1 for 2h eval run", "U0BOB")
+        w = node1.spawn(gpu=1, mib=3000)
+        await app.sweep.run(alerting=True)
+        n = len(dm_slack.calls)
+        assert await h.bot.flows.claims.tick() == 1
+        (dm,) = dms(dm_slack, "U0BOB", n)
+        key = button(dm, view.ACTION_FREE_INTRUDER)
+        assert "released" in await ask(h, "release node1", "U0BOB")
+        said_now = await click(h, view.ACTION_FREE_INTRUDER, key, "U0BOB")
+        assert "your claim of node1 GPU 1 has ended" in said_now
+        assert not [c for c in dm_slack.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
+        assert alive(w.pid)
+
+
 async def test_an_idle_claim_is_asked_then_kept_then_released(
     slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
 ) -> None:

@@ -28,8 +28,29 @@ def test_split_reason(line: str, reason: str | None) -> None:
 
 
 def test_the_reason_never_becomes_options() -> None:
-    cmd = commands.parse("reset node1 gpu 2 because gpu 3 pid 7 user root grace 0")
-    assert cmd == commands.Reset("node1", gpus=(2,), reason="gpu 3 pid 7 user root grace 0")
+    cmd = commands.parse("reset node1 gpu 2 because the gpu hangs since 3 pm; user asked")
+    assert cmd == commands.Reset("node1", gpus=(2,), reason="the gpu hangs since 3 pm; user asked")
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("reset node1 because hung pid 4242", "'pid 4242' follows 'because'"),
+        ("reset node1 gpu 2 because gpu 3 pid 7 user root grace 0", "'gpu 3' follows"),
+        ("reset node1 because pids=4,5", "'pids=4,5' follows"),
+        ("reset node1 gpu 1 because --user alice", "'--user alice' follows"),
+        ("reset node1 gpu 1 because user=alice", "'user=alice' follows"),
+        ("reset node1 because stuck --grace 0", "'--grace 0' follows"),
+    ],
+)
+def test_options_after_because_are_refused_not_dropped(line: str, said: str) -> None:
+    """``reset node1 because hung pid 4242`` would reset every GPU of node1 (the pid read as
+    the reason): refused, never a reset wider than the one meant."""
+    with pytest.raises(UsageError, match=said) as err:
+        commands.parse(line)
+    assert "put the options before 'because'" in str(err.value)
+    before = line.split(" because ")[0]
+    assert commands.parse(before).reason is None  # the control: the same line without a reason
     assert commands.parse("reset node1 gpu 2") == commands.Reset("node1", gpus=(2,))
 
 
