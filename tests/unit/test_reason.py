@@ -50,7 +50,8 @@ def test_options_after_because_are_refused_not_dropped(line: str, said: str) -> 
         commands.parse(line)
     assert "put the options before 'because'" in str(err.value)
     before = line.split(" because ")[0]
-    assert commands.parse(before).reason is None  # the control: the same line without a reason
+    plain = commands.parse(before)  # the control: the same line without a reason
+    assert isinstance(plain, commands.Reset) and plain.reason is None
     assert commands.parse("reset node1 gpu 2") == commands.Reset("node1", gpus=(2,))
 
 
