@@ -78,6 +78,8 @@ ARGS: dict[tuple[str, ...], list[str]] = {
     ("sim", "spawn"): ["--dir", "{sim}", "--node", "node1", "--gpu", "0", "--mib", "16"],
     ("sim", "fault"): ["--dir", "{sim}", "--node", "node1", "none"],
     ("sim", "state"): ["--dir", "{sim}"],
+    ("sim", "xid"): ["--dir", "{sim}", "--node", "node1", "--gpu", "0", "13"],
+    ("claim",): ["claims", "all"],
 }
 STDIN: dict[tuple[str, ...], str] = {
     ("console",): "status node1\nhelp\nquit\n"
