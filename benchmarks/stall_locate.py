@@ -69,6 +69,7 @@ class StallLocator:
         self._stop = threading.Event()
         self._in_stall = False
         self._samples = 0
+        self._gap = 0.0
 
     def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         self.last = time.perf_counter()
@@ -186,7 +187,7 @@ class SlowSteps:
                 if prof is not None:
                     me.profiles.append((cpu, prof))
 
-        handle._run = timed  # type: ignore[method-assign]
+        handle._run = timed  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:

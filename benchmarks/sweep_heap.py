@@ -4,6 +4,7 @@
 
     python -m benchmarks.sweep_heap                  # 2,000 nodes, 3 rounds of 4 sweeps
     python -m benchmarks.sweep_heap --smoke          # tiny: keeps it working
+    python -m benchmarks.sweep_heap --arms count,heap --rounds 2 --sweeps 3  # the valve's walk
 
 The bot as ``serve`` runs it (``gpubot.app.build`` over SQLite, the start-up heap frozen with
 ``lifecycle.settle_heap``) with ``benchmarks.scale_store``'s recorded transport: every node
@@ -11,7 +12,9 @@ answers with one real probe answer after a 1-51 ms delay, so only the bot's side
 arm is a process of its own (the collector is process-wide: one arm's freezes would help the
 other), and the arms alternate, ``base`` then ``heap``, round after round, so that the box's
 load falls on both alike. ``base``: the sweep as before. ``heap``: ``SweepHeap`` around each
-sweep (no full collection while it runs, its survivors frozen after). Per sweep: the worst wake-
+sweep (no full collection while it runs, its survivors frozen after). ``count`` (``--arms
+count,heap``): ``heap`` with the settle as it was before ``benchmarks/stall_locate.py`` found its
+valve's walk of the frozen objects (``old_settle``). Per sweep: the worst wake-
 up lateness of a 5 ms loop timer (wall, and less the time the loop's thread waited for a CPU),
 the loop thread's worst CPU in one tick, the longest collection and the full collections seen.
 """
