@@ -11,10 +11,11 @@ from benchmarks.stall_locate import SlowSteps, StallLocator
 
 
 def hold_the_loop(seconds: float) -> None:
-    """Run pure Python on the loop's thread for ``seconds`` (what a long step does)."""
-    end = time.perf_counter() + seconds
+    """Run pure Python on the loop's thread for ``seconds`` of its CPU (what a long step does;
+    CPU, not wall time, so that a loaded box makes the step longer, never shorter)."""
+    end = time.thread_time() + seconds
     n = 0
-    while time.perf_counter() < end:
+    while time.thread_time() < end:
         n += 1
 
 

@@ -53,9 +53,16 @@ def full_passes(body: object) -> int:
     return len(seen)
 
 
-def allocate() -> list[list[int]]:
+def allocate(n: int = 60_000) -> list[list[int]]:
     """Make long-lived objects: enough to set off full passes under small thresholds."""
-    return [[i] for i in range(60_000)]
+    return [[i] for i in range(n)]
+
+
+def enough() -> int:
+    """Return how many objects set off a full pass in this process: the collector runs one only
+    once the objects new to the old generation exceed a quarter of those already there, so a
+    test process that ran many tests before needs more."""
+    return max(60_000, len(gc.get_objects()) // 2)
 
 
 def test_no_full_pass_runs_inside_and_the_thresholds_come_back() -> None:
@@ -63,11 +70,12 @@ def test_no_full_pass_runs_inside_and_the_thresholds_come_back() -> None:
     gc.collect()
     heap = SweepHeap()
     kept: list[object] = []
+    n = enough()
     with heap.around():
         assert gc.get_threshold() == (50, 2, NO_FULL_PASS)
-        inside = full_passes(lambda: kept.append(allocate()))
+        inside = full_passes(lambda: kept.append(allocate(n)))
     assert gc.get_threshold() == (50, 2, 2)
-    outside = full_passes(lambda: kept.append(allocate()))
+    outside = full_passes(lambda: kept.append(allocate(enough())))
     assert (inside, outside > 0) == (0, True)  # the control: the same work outside does
 
 
