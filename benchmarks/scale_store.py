@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import gc
 import os
 import resource
@@ -156,7 +157,7 @@ async def idle_at(work: Path, nodes: int, days: int, idle_share: float) -> dict[
             at = now + INTERVAL_S * k
             s = fleet_snaps(nodes, idle_share, at)
             want_k = await old_idle(store.samples, cfg, s, at)
-            got, wall, cpu = await timed(lambda s=s, at=at: acct.sweep(s, at))
+            got, wall, cpu = await timed(functools.partial(acct.sweep, s, at))
             rebuild.append(wall)
             k += 1
             if got == want_k or k > 20:
@@ -166,7 +167,7 @@ async def idle_at(work: Path, nodes: int, days: int, idle_share: float) -> dict[
             at = now + INTERVAL_S * k
             s = fleet_snaps(nodes, idle_share, at)
             want_k = await old_idle(store.samples, cfg, s, at)  # the same samples, read back
-            got, wall, cpu = await timed(lambda s=s, at=at: acct.sweep(s, at))
+            got, wall, cpu = await timed(functools.partial(acct.sweep, s, at))
             assert got == want_k, "the runs and the history disagree"
             steady.append((wall, cpu))
             k += 1
@@ -362,7 +363,7 @@ async def stalls(work: Path, nodes: int, sweeps: int, *, freeze: bool = False) -
     open_store(url).close()
     settings = dataclasses.replace(settings, nodes=fleet, database_url=url)
     app = build(settings, {}, need_store=True)
-    app.transport = app.status.transport = app.sweep.transport = Recorded(answer)  # type: ignore[misc]
+    app.transport = app.status.transport = app.sweep.transport = Recorded(answer)
     if freeze:  # what a long-running server does once started: old objects never rescanned
         gc.freeze()
     watch = Watch()

@@ -4,6 +4,7 @@
 
     python -m benchmarks.sweep_heap                  # 2,000 nodes, 3 rounds of 4 sweeps
     python -m benchmarks.sweep_heap --smoke          # tiny: keeps it working
+    python -m benchmarks.sweep_heap --arms count,heap --rounds 2 --sweeps 3  # the valve's walk
 
 The bot as ``serve`` runs it (``gpubot.app.build`` over SQLite, the start-up heap frozen with
 ``lifecycle.settle_heap``) with ``benchmarks.scale_store``'s recorded transport: every node
@@ -11,7 +12,9 @@ answers with one real probe answer after a 1-51 ms delay, so only the bot's side
 arm is a process of its own (the collector is process-wide: one arm's freezes would help the
 other), and the arms alternate, ``base`` then ``heap``, round after round, so that the box's
 load falls on both alike. ``base``: the sweep as before. ``heap``: ``SweepHeap`` around each
-sweep (no full collection while it runs, its survivors frozen after). Per sweep: the worst wake-
+sweep (no full collection while it runs, its survivors frozen after). ``count`` (``--arms
+count,heap``): ``heap`` with the settle as it was before ``benchmarks/stall_locate.py`` found its
+valve's walk of the frozen objects (``old_settle``). Per sweep: the worst wake-
 up lateness of a 5 ms loop timer (wall, and less the time the loop's thread waited for a CPU),
 the loop thread's worst CPU in one tick, the longest collection and the full collections seen.
 """
@@ -34,8 +37,28 @@ from typing import Any
 from benchmarks.common import table
 from benchmarks.scale_store import Recorded, Watch, load, ms, recorded_probe
 
-ARMS = ("base", "heap")
+ARMS = ("base", "heap", "count")  # count: SweepHeap as before it stopped counting frozen objects
 ARGV = (sys.executable, "-m", "benchmarks.sweep_heap")
+
+
+def old_settle(self: Any) -> None:
+    """``SweepHeap.settle`` before the stall locator: its valve counted the frozen objects
+    (``gc.get_freeze_count``, a walk of them all, on the loop). Kept for the ``count`` arm."""
+    t0 = time.perf_counter()
+    gc.collect(1)
+    gc.freeze()
+    count = gc.get_freeze_count()
+    self.settle_s = time.perf_counter() - t0
+    if self.baseline is None:
+        self.baseline = count
+        return
+    if count <= self.baseline * self.slack + self.floor:
+        return
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    self.full_passes += 1
+    self.baseline = gc.get_freeze_count()
 
 
 class FullPasses:
@@ -68,7 +91,9 @@ async def arm(name: str, nodes: int, sweeps: int) -> dict[str, Any]:
         rec = Recorded(answer)
         app.transport = app.status.transport = app.sweep.transport = rec
         settle_heap()  # as App.running does for serve
-        heap = SweepHeap() if name == "heap" else None
+        heap = None if name == "base" else SweepHeap()
+        if name == "count":
+            heap.settle = old_settle.__get__(heap)  # type: ignore[method-assign,union-attr]
         if heap is not None:
             app.sweep.heap = heap.around
         watch, full = Watch(), FullPasses()
@@ -100,12 +125,15 @@ async def arm(name: str, nodes: int, sweeps: int) -> dict[str, Any]:
     return {"arm": name, "sweeps": rows}
 
 
-def run(nodes: int, sweeps: int, rounds: int) -> dict[str, Any]:
+def run(
+    nodes: int, sweeps: int, rounds: int, arms: tuple[str, ...] = ("base", "heap")
+) -> dict[str, Any]:
     """Alternate the arms' processes ``rounds`` times; return every sweep's figures."""
     out: dict[str, Any] = {"nodes": nodes, "sweeps": sweeps, "rounds": rounds, "load": []}
-    out.update({a: [] for a in ARMS})
+    out.update({a: [] for a in arms})
+    out["arms"] = list(arms)
     for _ in range(rounds):
-        for a in ARMS:
+        for a in arms:
             before = load()
             p = subprocess.run(
                 [*ARGV, "--arm", a, "--nodes", str(nodes), "--sweeps", str(sweeps)],
@@ -123,7 +151,8 @@ def run(nodes: int, sweeps: int, rounds: int) -> dict[str, Any]:
 def report(res: dict[str, Any]) -> list[str]:
     """Return the Markdown of one run: every sweep, then the medians and the worst."""
     rows = []
-    for a in ARMS:
+    arms = res.get("arms", ["base", "heap"])
+    for a in arms:
         for r, sweeps in enumerate(res[a], 1):
             for i, s in enumerate(sweeps, 1):
                 figures = [ms(s[k]) for k in ("late", "own", "cpu", "gc")]
@@ -152,7 +181,7 @@ def report(res: dict[str, Any]) -> list[str]:
         ),
         "",
     ]
-    for a in ARMS:
+    for a in arms:
         every = [s for sweeps in res[a] for s in sweeps]
         lines.append(
             f"- {a}: worst late median {ms(statistics.median(s['late'] for s in every))} ms, "
@@ -170,6 +199,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--sweeps", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--arm", choices=ARMS, help="run one arm here (what the runner starts)")
+    p.add_argument("--arms", default="base,heap", help="which arms, in turn (base,heap,count)")
+    p.add_argument("--json", type=Path, help="write the raw figures here")
     p.add_argument("--smoke", action="store_true", help="tiny sizes")
     a = p.parse_args(argv)
     if a.smoke:
@@ -177,7 +208,12 @@ def main(argv: list[str]) -> int:
     if a.arm is not None:
         print(json.dumps(asyncio.run(arm(a.arm, a.nodes, a.sweeps))))
         return 0
-    res = run(a.nodes, a.sweeps, a.rounds)
+    arms = tuple(x for x in a.arms.split(",") if x)
+    if not set(arms) <= set(ARMS):
+        p.error(f"--arms: one of {', '.join(ARMS)} each")
+    res = run(a.nodes, a.sweeps, a.rounds, arms)
+    if a.json is not None:
+        a.json.write_text(json.dumps(res, indent=1))
     print("\n".join(report(res)))
     return 0
 

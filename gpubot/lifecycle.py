@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -87,15 +88,21 @@ class SweepHeap:
     that later passes never walk it. Frozen objects are still freed by their reference counts,
     which is how a sweep's snapshots go when the next sweep replaces them; only garbage cycles
     that reached the old generation before a freeze would stay. A valve bounds them: when the
-    frozen count grows past ``slack`` times what the first sweep left plus ``floor``, one full
-    pass runs (unfreeze, collect, freeze) and is logged. Process-wide, so only ``serve`` has it
-    (``Serving(settle_heap=True)``); overlapping sweeps share one lift.
+    heap's blocks in use grow past ``slack`` times what the first sweep left plus ``floor``, one
+    full pass runs (unfreeze, collect, freeze) and is logged. Process-wide, so only ``serve`` has
+    it (``Serving(settle_heap=True)``); overlapping sweeps share one lift.
+
+    The valve counts blocks (``sys.getallocatedblocks``: a sum over the allocator's pools, about
+    20 µs), not frozen objects: ``gc.get_freeze_count`` walks the list of every frozen object,
+    and at 2,000 nodes (some 140,000 of them, scattered) that walk was the loop's longest step
+    after each sweep, 12-14 ms at 500 nodes and 40-50 ms at 2,000 on the shared box
+    (``benchmarks/stall_locate.py``). Frozen garbage cycles are blocks in use like any others.
     """
 
     def __init__(self, *, slack: float = 2.0, floor: int = 200_000) -> None:
         self.slack = slack
         self.floor = floor
-        self.baseline: int | None = None  # the frozen count after the first sweep
+        self.baseline: int | None = None  # the blocks in use after the first sweep
         self.full_passes = 0  # the valve's passes so far
         self.settle_s = 0.0  # how long the latest settle held the loop (the benchmark shows it)
         self._depth = 0
@@ -123,22 +130,22 @@ class SweepHeap:
         t0 = time.perf_counter()
         gc.collect(1)
         gc.freeze()
+        blocks = sys.getallocatedblocks()  # never gc.get_freeze_count(): a walk of them all
         self.settle_s = time.perf_counter() - t0
-        count = gc.get_freeze_count()
         if self.baseline is None:
-            self.baseline = count
+            self.baseline = blocks
             return
-        if count <= self.baseline * self.slack + self.floor:
+        if blocks <= self.baseline * self.slack + self.floor:
             return
         t0 = time.perf_counter()
         gc.unfreeze()
         freed = gc.collect()
         gc.freeze()
         self.full_passes += 1
-        self.baseline = gc.get_freeze_count()
+        self.baseline = sys.getallocatedblocks()
         log.info(
-            "heap: one full collection after sweeps (%d frozen objects, %d freed, %.0f ms)",
-            count,
+            "heap: one full collection after sweeps (%d blocks in use, %d objects freed, %.0f ms)",
+            blocks,
             freed,
             (time.perf_counter() - t0) * 1000,
         )

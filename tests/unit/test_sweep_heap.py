@@ -53,9 +53,16 @@ def full_passes(body: object) -> int:
     return len(seen)
 
 
-def allocate() -> list[list[int]]:
+def allocate(n: int = 60_000) -> list[list[int]]:
     """Make long-lived objects: enough to set off full passes under small thresholds."""
-    return [[i] for i in range(60_000)]
+    return [[i] for i in range(n)]
+
+
+def enough() -> int:
+    """Return how many objects set off a full pass in this process: the collector runs one only
+    once the objects new to the old generation exceed a quarter of those already there, so a
+    test process that ran many tests before needs more."""
+    return max(60_000, len(gc.get_objects()) // 2)
 
 
 def test_no_full_pass_runs_inside_and_the_thresholds_come_back() -> None:
@@ -63,11 +70,12 @@ def test_no_full_pass_runs_inside_and_the_thresholds_come_back() -> None:
     gc.collect()
     heap = SweepHeap()
     kept: list[object] = []
+    n = enough()
     with heap.around():
         assert gc.get_threshold() == (50, 2, NO_FULL_PASS)
-        inside = full_passes(lambda: kept.append(allocate()))
+        inside = full_passes(lambda: kept.append(allocate(n)))
     assert gc.get_threshold() == (50, 2, 2)
-    outside = full_passes(lambda: kept.append(allocate()))
+    outside = full_passes(lambda: kept.append(allocate(enough())))
     assert (inside, outside > 0) == (0, True)  # the control: the same work outside does
 
 
@@ -121,11 +129,34 @@ def test_the_valve_frees_frozen_garbage_cycles_once_they_could_pile_up() -> None
     with heap.around():  # not due: the cycle is frozen with the rest (the control)
         pass
     assert ref() is not None and heap.full_passes == 0
-    kept = allocate()  # the frozen count grows past the baseline + floor
+    kept = allocate()  # the blocks in use grow past the baseline + floor
     with heap.around():
         pass
     assert heap.full_passes == 1 and ref() is None
     assert heap.baseline is not None and len(kept) == 60_000
+
+
+def test_settling_never_walks_the_frozen_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gc.get_freeze_count`` walks every frozen object with the lock held (40-50 ms of the
+    loop after each 2,000-node sweep): the valve counts blocks in use instead."""
+    walks: list[int] = []
+    real = gc.get_freeze_count
+
+    def counted() -> int:
+        walks.append(1)
+        return real()
+
+    monkeypatch.setattr(gc, "get_freeze_count", counted)
+    heap = SweepHeap(slack=1.0, floor=10_000)
+    for _ in range(2):
+        with heap.around():
+            pass
+    kept = allocate()
+    with heap.around():  # the valve too
+        pass
+    assert (walks, heap.full_passes, len(kept)) == ([], 1, 60_000)
+    gc.get_freeze_count()  # the control: the patch sees a walk
+    assert walks == [1]
 
 
 async def test_serve_sets_the_sweep_heap_and_a_test_build_does_not(tmp_path: Path) -> None:
