@@ -153,15 +153,9 @@ def parse(text: str, *, decisions: bool = False) -> Command:
 
     ``decisions`` admits ``approve ID`` / ``deny ID`` (the console).
     """
-    if len(text) > MAX_INPUT:
-        raise UsageError(f"input too long ({len(text)} characters, at most {MAX_INPUT})")
-    bad = next((c for c in text if not c.isprintable() and c not in " \t\n\r"), None)
-    if bad is not None:
-        raise UsageError(f"input contains a control character ({ord(bad):#04x})")
-    first = text.split()[:2]
-    first = first[1:] if first and first[0].lower() == "/gpu" else first[:1]
-    if first and first[0].lower() == "claim":  # a claim's note is free text: "because" too
-        return _claim_line(text)
+    _check_input(text)
+    if (claim := _claim_line(text)) is not None:  # a claim's note is free text: "because" too
+        return claim
     text, reason = split_reason(text)
     if reason == "":
         raise UsageError("nothing follows 'because': say why, or leave 'because' out")
@@ -353,9 +347,21 @@ def _show(word: str) -> str:
     return repr(word if len(word) <= 40 else word[:37] + "...")
 
 
-def _claim_line(text: str) -> Command:
-    """Parse a ``claim …`` line, whose words after the duration are its note, kept whole."""
+def _check_input(text: str) -> None:
+    """Refuse a line too long or holding a control character, before anything reads it."""
+    if len(text) > MAX_INPUT:
+        raise UsageError(f"input too long ({len(text)} characters, at most {MAX_INPUT})")
+    bad = next((c for c in text if not c.isprintable() and c not in " \t\n\r"), None)
+    if bad is not None:
+        raise UsageError(f"input contains a control character ({ord(bad):#04x})")
+
+
+def _claim_line(text: str) -> Command | None:
+    """Parse a ``claim …`` line, whose words after the duration are its note, kept whole
+    (None: not a claim)."""
     words = text.split()
-    if words[0].lower() == "/gpu":
+    if words and words[0].lower() == "/gpu":
         words = words[1:]
-    return claim_commands.parse(words[0].lower(), words[1:])
+    if not words or words[0].lower() != "claim":
+        return None
+    return claim_commands.parse("claim", words[1:])
