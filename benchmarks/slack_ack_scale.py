@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -67,6 +68,7 @@ class ArmResult:
     max_stall_s: float | None = None
     stalls_over_50ms: int | None = None
     fleet_cpu_s: float = 0.0  # the fleet's CPU from the burst to the end of the wait
+    answer_nodes: list[list[int]] = field(default_factory=list)  # [OK, failing] per answer
     load_before: str = ""
     load_after: str = ""
 
@@ -116,11 +118,11 @@ class Niced:
                 os.setpriority(os.PRIO_PROCESS, pid, 0)
 
 
-def make_yield(pids: Sequence[int]) -> tuple[str, FleetYields | Niced]:
-    """Make the fleet yield CPU: a ``cpu.shares`` 2 cgroup, else ``nice 19``."""
-    group = FleetYields(pids)
+def make_yield(pids: Sequence[int], shares: int) -> tuple[str, FleetYields | Niced]:
+    """Make the fleet yield CPU: a cgroup of ``shares`` (a task's is 1024), else ``nice 19``."""
+    group = FleetYields(pids, shares)
     if group.applied:
-        return "cpu cgroup, cpu.shares 2", group
+        return f"cpu cgroup, cpu.shares {shares}", group
     niced = Niced(pids)
     return ("nice 19" if niced.applied else "could not apply"), niced
 
@@ -140,6 +142,19 @@ async def _metric(port: int, name: str) -> int | None:
     except aiohttp.ClientError:
         return None
     return None
+
+
+NODES_LINE = re.compile(r"(\d+) OK, (\d+) failing")
+
+
+def answer_nodes(fake: FakeSlack) -> list[list[int]]:
+    """Return ``[OK, failing]`` nodes of every final fleet answer posted (not the placeholder)."""
+    out = []
+    for call in fake.calls:
+        text = json.dumps(call.body, ensure_ascii=False)
+        if "⏳" not in text and (m := NODES_LINE.search(text)):
+            out.append([int(m.group(1)), int(m.group(2))])
+    return out
 
 
 async def _await_fleet_work(hosts: Sequence[scale.Child], need_s: float, timeout: float) -> bool:
@@ -199,6 +214,7 @@ async def arm(
         with contextlib.suppress(AssertionError):  # not all answered in time: counted below
             await fake.wait_for(lambda: len(_finals(fake)) >= res.requests, timeout=max(0.1, left))
         finals = _finals(fake)
+        res.answer_nodes = answer_nodes(fake)
         res.answered = len(finals)
         res.last_answer_s = max(finals) - started if finals else None
         res.max_stall_s, res.stalls_over_50ms = await scrape_stalls(metrics_port)
@@ -220,6 +236,7 @@ class Plan:
     every: int
     requests: int
     wait_s: float
+    shares: tuple[int, ...] = (2,)  # one yielding arm per cgroup weight
 
 
 def measure(work: Path, plan: Plan, user: str | None, log: Callable[[str], None]) -> dict[str, Any]:
@@ -234,11 +251,11 @@ def measure(work: Path, plan: Plan, user: str | None, log: Callable[[str], None]
         db = work / "gpubot.db"
         pristine = work / "gpubot.db.migrated"
         shutil.copyfile(db, pristine)
-        for yields in (False, True):
+        for yields in (0, *plan.shares):
             shutil.copyfile(pristine, db)
             how, undo = "", None
             if yields:
-                how, undo = make_yield([h.proc.pid for h in hosts])
+                how, undo = make_yield([h.proc.pid for h in hosts], yields)
             label = f"fleet yields CPU ({how})" if yields else "fleet at equal CPU priority"
             log(
                 f"  slack burst: {plan.requests} x /gpu status all over {plan.nodes} nodes, {label}"
@@ -259,13 +276,23 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.1f}"
 
 
+def nodes_in_answers(r: ArmResult) -> str:
+    """The OK nodes the fleet answers reported: ``min–max of N``."""
+    if not r.answer_nodes:
+        return "-"
+    ok = [a[0] for a in r.answer_nodes]
+    lo, hi = min(ok), max(ok)
+    return f"{lo}/{r.nodes}" if lo == hi else f"{lo}–{hi}/{r.nodes}"
+
+
 def summary(r: ArmResult) -> str:
     """One line of an arm's figures."""
     return (
         f"ack p50/p95/p99/max {_ms(r.pct(50))}/{_ms(r.pct(95))}/{_ms(r.pct(99))}/"
         f"{_ms(r.pct(100))} ms, {len(r.acks)}/{r.requests} HTTP 200, sweeps done at last ack "
-        f"{r.sweeps_done_at_last_ack}, answered {r.answered}/{r.requests}, loop stall max "
-        f"{_ms(r.max_stall_s)} ms, load {r.load_before} -> {r.load_after}"
+        f"{r.sweeps_done_at_last_ack}, answered {r.answered}/{r.requests} (nodes OK "
+        f"{nodes_in_answers(r)}), loop stall max {_ms(r.max_stall_s)} ms, "
+        f"load {r.load_before} -> {r.load_after}"
     )
 
 
@@ -289,6 +316,7 @@ def report(out: dict[str, Any]) -> list[str]:
                 verdict,
                 met_sweep,
                 f"{r.answered}/{r.requests}",
+                nodes_in_answers(r),
                 "-" if r.last_answer_s is None else f"{r.last_answer_s:.1f}",
                 _ms(r.max_stall_s),
                 "-" if r.stalls_over_50ms is None else str(r.stalls_over_50ms),
@@ -306,6 +334,7 @@ def report(out: dict[str, Any]) -> list[str]:
         f"p99 < {TARGET_P99_S * 1000:.0f} ms",
         "burst met the sweep",
         "answers posted",
+        "nodes OK in the answers",
         "last answer s",
         "bot loop stall max ms",
         "stalls > 50 ms",
@@ -340,6 +369,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--procs", type=int, default=2, help="GPU processes on every --every-th node")
     p.add_argument("--every", type=int, default=8)
     p.add_argument("--wait", type=float, default=300.0, help="how long to wait for answers (s)")
+    p.add_argument(
+        "--shares", default="2", help="the yielding arms' cgroup cpu.shares, comma separated"
+    )
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, help="also write the Markdown here")
     p.add_argument("--json", type=Path, help="write the raw figures here")
@@ -350,7 +382,8 @@ def main(argv: list[str]) -> int:
     if a.nodes < 1 or a.requests < 1:
         p.error("--nodes and --requests must be at least 1")
     scale.raise_nofile()
-    plan = Plan(a.nodes, a.gpus, a.procs, a.every, a.requests, a.wait)
+    shares = tuple(int(x) for x in a.shares.split(",") if x.strip())
+    plan = Plan(a.nodes, a.gpus, a.procs, a.every, a.requests, a.wait, shares)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="gpubot-ack-scale-"))
     work.mkdir(parents=True, exist_ok=True)
 

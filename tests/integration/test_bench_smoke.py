@@ -152,6 +152,7 @@ def test_smoke_slack_ack_during_a_sweep_over_the_scale_fleet(tmp_path: Path) -> 
         assert arm["nodes"] == 4 and arm["fleet_work_seen"], arm
         assert arm["bad"] == [] and len(arm["acks"]) == arm["requests"] == 5, arm
         assert arm["answered"] == 5 and arm["max_stall_s"] is not None, arm
+        assert arm["answer_nodes"] and all(a == [4, 0] for a in arm["answer_nodes"]), arm
         assert len(arm["load_before"].split()) == 5 and arm["load_after"], arm
     report = out.read_text()
     assert "### Slack acknowledgement during a sweep at 4 nodes" in report
