@@ -16,11 +16,12 @@ Slack waits at most 3 s for. The sweep's count in the bot's metrics right after 
 says whether the burst really met the sweep. Then it waits (bounded) for the answers and
 scrapes the bot's longest event-loop stall since it started.
 
-Two arms over the same fleet, one after the other: the fleet at equal CPU priority, then the
-fleet yielding CPU (its host processes in a ``cpu`` cgroup with ``cpu.shares`` 2, or, without
-root or that cgroup, ``nice 19``), as on a real deployment where the nodes' work runs on the
-nodes. Each arm gets a fresh copy of the migrated audit database. ``/proc/loadavg`` is read
-before the burst and after the answers: the box is shared.
+Arms over the same fleet, one after the other: the fleet at equal CPU priority, then the fleet
+yielding CPU once per ``--shares`` weight (its host processes in a ``cpu`` cgroup of that
+``cpu.shares``, 2 by default; without root or that cgroup, ``nice 19``), as on a real
+deployment where the nodes' work runs on the nodes. Each arm gets a fresh copy of the migrated
+audit database. ``/proc/loadavg`` is read before the burst and after the answers: the box is
+shared.
 """
 
 from __future__ import annotations
