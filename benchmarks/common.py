@@ -233,11 +233,11 @@ class FleetYields:
 
     ROOT = Path("/sys/fs/cgroup/cpu")
 
-    def __init__(self, pids: Sequence[int]) -> None:
+    def __init__(self, pids: Sequence[int], shares: int = 2) -> None:
         self.path: Path | None = self.ROOT / f"gpubot-bench-yield-{os.getpid()}"
         try:
             self.path.mkdir()
-            (self.path / "cpu.shares").write_text("2\n")
+            (self.path / "cpu.shares").write_text(f"{shares}\n")
             for pid in pids:
                 (self.path / "cgroup.procs").write_text(f"{pid}\n")
         except OSError:

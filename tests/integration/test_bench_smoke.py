@@ -120,3 +120,41 @@ def test_smoke_scale_runs_a_bot_over_a_fleet(tmp_path: Path) -> None:
     assert scale["phases"]["cold"]["render_problems"] == []
     assert scale["phases"]["cold"]["short"] == []
     assert "### A running bot over 16 simulated nodes" in out.read_text()
+
+
+@pytest.mark.timeout(150)
+def test_smoke_slack_ack_during_a_sweep_over_the_scale_fleet(tmp_path: Path) -> None:
+    out, raw = tmp_path / "report.md", tmp_path / "raw.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.slack_ack_scale",
+            "--smoke",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--out",
+            str(out),
+            "--json",
+            str(raw),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=140,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(raw.read_text())
+    equal, yields = data["arms"]
+    assert "equal CPU priority" in equal["label"] and equal["yields"] == ""
+    assert "fleet yields CPU" in yields["label"] and yields["yields"]
+    for arm in (equal, yields):
+        assert arm["nodes"] == 4 and arm["fleet_work_seen"], arm
+        assert arm["bad"] == [] and len(arm["acks"]) == arm["requests"] == 5, arm
+        assert arm["answered"] == 5 and arm["max_stall_s"] is not None, arm
+        assert arm["answer_nodes"] and all(a == [4, 0] for a in arm["answer_nodes"]), arm
+        assert len(arm["load_before"].split()) == 5 and arm["load_after"], arm
+    report = out.read_text()
+    assert "### Slack acknowledgement during a sweep at 4 nodes" in report
+    rows = [line for line in report.splitlines() if line.startswith("| fleet ")]
+    assert len(rows) == 3 and "equal CPU priority" in rows[1] and "yields" in rows[2], rows
