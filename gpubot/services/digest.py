@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 WEEK_S = 7 * 86400
 GRACE_S = 86400  # a digest not posted within a day of its time (gpubot was down) is skipped
+IN_FLIGHT_S = 60.0  # a pending post younger than this may still be on its way (as approvals)
 
 
 class DigestStore(Protocol):
@@ -81,6 +82,8 @@ class DigestService:
             if found is not None and found.state == "posted":
                 return None
             if found is not None and found.state == "pending":
+                if now - found.created_at < IN_FLIGHT_S:  # maybe still posting: not yet
+                    return None
                 return await self._settle(period, found, now)
             token = secrets.token_hex(16)
             if not await self.store.begin(period, token, now):
