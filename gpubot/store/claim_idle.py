@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, Engine, or_, select
+from sqlalchemy import Connection, Engine, func, or_, select
 
 from gpubot.core.claims import Claim, ClaimState
 from gpubot.store.claim_rows import at, record, unix
@@ -49,9 +49,14 @@ class IdleMixin:
                 .where(
                     claims.c.id == claim_id,
                     claims.c.state == ClaimState.ACTIVE.value,
-                    or_(claims.c.intruder_told.is_(None), claims.c.intruder_told != key),
+                    or_(
+                        claims.c.intruder_told.is_(None),
+                        ~claims.c.intruder_told.contains(f"\n{key}\n", autoescape=True),
+                    ),
                 )
-                .values(intruder_told=key)
+                # Every intruder told of, one a line ("\nk1\nk2\n"): not only the last one,
+                # or two intruders seen by alternating replicas would be told again and again.
+                .values(intruder_told=func.coalesce(claims.c.intruder_told, "\n") + f"{key}\n")
             )
             if done.rowcount != 1:
                 return False

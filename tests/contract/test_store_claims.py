@@ -198,5 +198,9 @@ async def test_an_intruder_is_told_once_whichever_replica_swept(store: Store) ->
     assert await store.claims.tell_intruder(c.id, "k1", T0 + 1)
     assert not await store.claims.tell_intruder(c.id, "k1", T0 + 2)  # another replica: no
     assert await store.claims.tell_intruder(c.id, "k2", T0 + 3)  # another intruder: yes
+    assert not await store.claims.tell_intruder(c.id, "k1", T0 + 4)  # the first: still told
+    assert not await store.claims.tell_intruder(c.id, "k2", T0 + 5)
+    assert await store.claims.tell_intruder(c.id, "node_1:k%", T0 + 6)  # LIKE's own characters
+    assert not await store.claims.tell_intruder(c.id, "node_1:k%", T0 + 7)
     changes = [r.data["change"] for r in await store.records() if r.kind == "claim"]
-    assert changes == ["claimed", "intruder", "intruder"]
+    assert changes == ["claimed", "intruder", "intruder", "intruder"]
