@@ -19,10 +19,6 @@ log = logging.getLogger("gpubot.transport.descriptors")
 
 def limits() -> tuple[int, int | None]:
     """Return this process's soft and hard ``RLIMIT_NOFILE`` (hard None: unlimited)."""
-    return _limits()
-
-
-def _limits() -> tuple[int, int | None]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     inf = resource.RLIM_INFINITY
     return (fdbudget.UNLIMITED_TARGET if soft == inf else soft), (None if hard == inf else hard)
@@ -34,7 +30,7 @@ def raise_soft_limit() -> tuple[int, int]:
     Return (before, after). A limit the kernel refuses (``fs.nr_open`` below an unlimited hard
     limit) is left as it was, and the line says so.
     """
-    before, hard = _limits()
+    before, hard = limits()
     target = fdbudget.raised_to(before, hard)
     if target > before:
         try:
@@ -44,19 +40,19 @@ def raise_soft_limit() -> tuple[int, int]:
         except (ValueError, OSError) as exc:
             why = getattr(exc, "strerror", None) or str(exc)
             log.warning("descriptor limit: cannot raise soft %d to %d: %s", before, target, why)
-    after, hard = _limits()
+    after, hard = limits()
     log.info("%s", fdbudget.raised_line(before, after, hard))
     return before, after
 
 
 def connection_cap() -> int:
     """Return how many SSH connections the current soft limit allows, with headroom."""
-    return fdbudget.connection_cap(_limits()[0])
+    return fdbudget.connection_cap(limits()[0])
 
 
 def check_fleet(nodes: int) -> str | None:
     """Log (a warning) and return the line saying the fleet is larger than the limit allows."""
-    line = fdbudget.fleet_line(nodes, _limits()[0])
+    line = fdbudget.fleet_line(nodes, limits()[0])
     if line is not None:
         log.warning("%s", line)
     return line

@@ -138,7 +138,7 @@ def test_the_app_says_at_build_when_the_fleet_outgrows_the_limit(
     from gpubot.core.models import NodeConfig
     from gpubot.transport import descriptors, make_transport
 
-    monkeypatch.setattr(descriptors, "_limits", lambda: (1024, 1024))
+    monkeypatch.setattr(descriptors, "limits", lambda: (1024, 1024))
     with caplog.at_level(logging.WARNING, logger="gpubot.transport.descriptors"):
         make_transport(Settings().ssh, 10)
         assert caplog.records == []  # control: a fleet the limit allows is not mentioned
