@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class SystemClock:
@@ -23,3 +27,14 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+async def within(aw: Awaitable[T], seconds: float | None) -> T:
+    """Await ``aw`` for at most ``seconds`` (None: no limit); raise ``TimeoutError`` after.
+
+    Every bounded wait in gpubot goes through here rather than ``asyncio.wait_for``: on Python
+    3.11, ``wait_for`` loses a cancellation that arrives just as ``aw`` finishes (CPython
+    gh-86296, fixed in 3.12). It returns ``aw``'s result or raises its error instead, and a
+    loop cancelled at shutdown then never ends."""
+    async with asyncio.timeout(seconds):
+        return await aw

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from gpubot.core.clock import within
 from gpubot.errors import StoreError
 
 T = TypeVar("T")
@@ -48,7 +49,7 @@ async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, fn, *args)
     try:
-        return await asyncio.wait_for(loop.run_in_executor(pool(), call), DEADLINE_S)
+        return await within(loop.run_in_executor(pool(), call), DEADLINE_S)
     except TimeoutError:
         raise StoreError(
             f"the audit database is not answering (no reply in {DEADLINE_S:g} s): nothing was done"

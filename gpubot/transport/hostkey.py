@@ -6,17 +6,16 @@ stops after the key exchange): a fingerprint to check against the box's console,
 
 from __future__ import annotations
 
-import asyncio
-
 import asyncssh
 
+from gpubot.core.clock import within
 from gpubot.core.models import NodeConfig
 
 
 async def presented_fingerprint(node: NodeConfig, timeout_s: float) -> str | None:
     """Return the SHA256 fingerprint of ``node``'s host key, or None when it cannot be read."""
     try:
-        key = await asyncio.wait_for(
+        key = await within(
             asyncssh.get_server_host_key(node.host, node.port, config=None), timeout_s
         )
     except (asyncssh.Error, OSError, TimeoutError):

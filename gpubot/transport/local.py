@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from gpubot.config import SshSettings
+from gpubot.core.clock import within
 from gpubot.core.models import CommandResult, ComputeApp, GpuInfo, NodeConfig
 from gpubot.core.ports import NvmlTables
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed, SmiMissing
@@ -141,7 +142,7 @@ async def _end(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(proc.communicate(), 5)
+        await within(proc.communicate(), 5)
 
 
 def _import_pynvml(node: str) -> Any:

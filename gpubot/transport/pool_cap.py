@@ -16,6 +16,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
+from gpubot.core.clock import within
 from gpubot.errors import NodeUnreachable
 
 log = logging.getLogger("gpubot.transport")
@@ -55,7 +56,7 @@ class ConnectionCap:
             self._freed = self._freed or asyncio.Event()
             self._freed.clear()
             try:
-                await asyncio.wait_for(self._freed.wait(), max(0.0, deadline - loop.time()))
+                await within(self._freed.wait(), max(0.0, deadline - loop.time()))
             except TimeoutError:
                 raise NodeUnreachable(
                     node,

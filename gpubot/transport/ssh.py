@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar, cast
 import asyncssh
 
 from gpubot.config import SshSettings, expand
+from gpubot.core.clock import within
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.errors import (
     AuthRefused,
@@ -139,7 +140,7 @@ class SshTransport:
             conn = await self._connection(node)  # bounded by the connect timeout
             slots = self._channels.setdefault(node.name, asyncio.Semaphore(self._max_channels))
             with map_errors(node.name, no_slot):
-                await asyncio.wait_for(slots.acquire(), left())
+                await within(slots.acquire(), left())
             try:
                 proc = await self._open(node, conn, command, left(), limit, retry=attempt == 1)
                 if proc is None:
@@ -175,7 +176,7 @@ class SshTransport:
         }
         try:
             with map_errors(node.name, opening):
-                return await asyncio.wait_for(
+                return await within(
                     conn.create_process(command, stdin=asyncssh.DEVNULL, encoding=None), left
                 )
         except NodeUnreachable as exc:
@@ -192,7 +193,7 @@ class SshTransport:
             p.conn.close()
         for p in pooled:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(p.conn.wait_closed(), 5)
+                await within(p.conn.wait_closed(), 5)
 
     async def _finish(
         self,
@@ -215,7 +216,7 @@ class SshTransport:
         }
         try:
             with map_errors(node.name, reading):
-                out, err = await asyncio.wait_for(_collect(proc, self._max_output), left)
+                out, err = await within(_collect(proc, self._max_output), left)
         except NodeUnreachable:
             self._forget(node, conn)
             raise

@@ -241,6 +241,19 @@ def test_chat_reads_time_only_through_the_clock(path: Path) -> None:
     assert bad == [], path.name
 
 
+def _wait_fors(path: Path) -> list[tuple[str, int]]:
+    return [(path.name, n) for n, c in _calls(path) if c.split(".")[-1] == "wait_for"]
+
+
+def test_bounded_waits_go_through_within_not_wait_for(tmp_path: Path) -> None:
+    """``core.clock.within``: Python 3.11's ``asyncio.wait_for`` loses a cancellation that
+    meets the end of what it waits for (see its docstring and tests/unit/test_store_waits.py)."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("async def f(x):\n    await asyncio.wait_for(x, 5)\n", encoding="utf-8")
+    assert _wait_fors(sample) == [("sample.py", 2)]  # the checker sees one
+    assert [hit for p in sorted(PKG.rglob("*.py")) for hit in _wait_fors(p)] == []
+
+
 # Slack's own vocabulary: Block Kit's keys and block types, and mrkdwn's mention and date tokens.
 BLOCK_KIT_KEYS = {"blocks", "elements", "accessory", "action_id", "block_id", "alt_text"}
 BLOCK_KIT_TYPES = {

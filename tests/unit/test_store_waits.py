@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -63,3 +64,37 @@ async def test_control_in_the_default_pool_a_store_call_queues_behind_blocked_th
     finally:
         gate.set()
         await asyncio.gather(*blocked)
+
+
+async def _cancelled_as_it_fails() -> BaseException:
+    """Run a store call that fails, with the caller's cancellation arriving in the same turn
+    of the loop as the call's end (as a shutdown meets a call to a stopped database); return
+    what the caller got."""
+    loop = asyncio.get_running_loop()
+    caller: asyncio.Task[None] | None = None
+
+    def failing() -> None:
+        assert caller is not None
+        loop.call_soon_threadsafe(caller.cancel)  # queued just before the call's own end
+        raise StoreError("connection refused")
+
+    caller = asyncio.ensure_future(waits.in_thread(failing))
+    try:
+        await caller
+    except BaseException as exc:  # what came out is the point
+        return exc
+    raise AssertionError("the call returned")
+
+
+async def test_a_cancellation_that_meets_the_end_of_a_call_is_kept() -> None:
+    assert isinstance(await _cancelled_as_it_fails(), asyncio.CancelledError)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="wait_for keeps it from Python 3.12 on")
+async def test_control_with_wait_for_the_cancellation_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The defence removed (``asyncio.wait_for``, CPython gh-86296): the call's error comes
+    out instead, so a loop that handles it goes on after it was cancelled."""
+    monkeypatch.setattr(waits, "within", asyncio.wait_for)
+    assert isinstance(await _cancelled_as_it_fails(), StoreError)
