@@ -218,36 +218,78 @@ def record_sizes(nodes: int) -> dict[str, int]:
 # ---- 3. the loop stall ---------------------------------------------------------------------------
 
 
-def recorded_probe(work: Path) -> tuple[Any, Any]:
-    """Return a node's settings and one real probe answer of it (a simulated node, 8 GPUs)."""
+@dataclasses.dataclass(frozen=True)
+class Answers:
+    """One simulated node's real answers: its probe's and its health exec's (issue 27)."""
+
+    probe: Any
+    health: Any
+
+    def to(self, argv: Sequence[str]) -> Any:
+        """Return the answer to ``argv`` (the health exec names itself in ``$0``)."""
+        answer = self.health if list(argv[3:4]) == ["gpubot-health"] else self.probe
+        return dataclasses.replace(answer, argv=tuple(argv))
+
+
+def recorded_probe(work: Path) -> tuple[Any, Answers]:
+    """Return a node's settings and its real answers (a simulated node, 8 GPUs)."""
     from gpubot.config import load as load_settings
+    from gpubot.core.health import health_argv
     from gpubot.core.models import CommandResult
     from gpubot.core.probe import probe_argv
     from gpusim.fleet import SimFleet
+
+    def run(argv: list[str]) -> CommandResult:
+        p = subprocess.run(argv, capture_output=True, text=True, check=False)
+        return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr)
 
     with SimFleet(work / "fleet", nodes=1, gpus=GPUS) as f:
         for g in range(4):
             f.nodes[0].spawn(gpu=g, mib=8192, util_pct=0)
         time.sleep(0.5)
         settings = load_settings(f.config_path)
-        argv = probe_argv(settings.nodes[0], smi_timeout_s=18.0)
-        p = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return settings, CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr)
+        node = settings.nodes[0]
+        probe = run(probe_argv(node, smi_timeout_s=18.0))
+        health = run(health_argv(node.nvidia_smi, 5.0, fm_pid=node.fabricmanager_pid))
+    return settings, Answers(probe, health)
 
 
 class Recorded:
-    """A transport that answers every node with the recorded probe answer, after a delay."""
+    """A transport that answers every node with the recorded answers, after a delay."""
 
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
+    def __init__(self, answers: Answers) -> None:
+        self.answers = answers
 
     async def run(self, node: Any, argv: Sequence[str], *, timeout: float | None = None) -> Any:
         spread = (int(node.name[4:]) * 7919 % 1000) / 1000 * 0.05
         await asyncio.sleep(0.001 + spread)
-        return dataclasses.replace(self.answer, argv=tuple(argv))
+        return self.answers.to(argv)
 
     async def close(self) -> None:
         return None
+
+
+def recorded_app(
+    work: Path, nodes: int, transport: Callable[[Answers], Any] = Recorded
+) -> tuple[Any, Answers]:
+    """Return gpubot as ``gpubot.app.build`` wires it (SQLite, migrated) over ``nodes`` copies of
+    one recorded node, every exec (the probe, the sweep's health exec) through ``transport``."""
+    from gpubot.app import build
+    from gpubot.store import open_store
+
+    settings, answers = recorded_probe(work)
+    one = settings.nodes[0]
+    fleet = tuple(dataclasses.replace(one, name=f"node{i + 1}") for i in range(nodes))
+    url = f"sqlite:///{work / 'stall.db'}"
+    open_store(url).close()
+    settings = dataclasses.replace(settings, nodes=fleet, database_url=url)
+    app = build(settings, {}, need_store=True)
+    t = transport(answers)
+    app.transport = app.status.transport = app.sweep.transport = t
+    health = getattr(app.sweep, "health", None)  # None before issue 27 (a base tree's arm)
+    if health is not None:
+        health.transport = t
+    return app, answers
 
 
 def runqueue_s() -> float:
@@ -353,17 +395,7 @@ def old_path() -> Iterator[None]:
 
 async def stalls(work: Path, nodes: int, sweeps: int, *, freeze: bool = False) -> dict[str, Any]:
     """Sweep ``nodes`` recorded nodes ``sweeps`` times on each path; return the worst stalls."""
-    from gpubot.app import build
-    from gpubot.store import open_store
-
-    settings, answer = recorded_probe(work)
-    one = settings.nodes[0]
-    fleet = tuple(dataclasses.replace(one, name=f"node{i + 1}") for i in range(nodes))
-    url = f"sqlite:///{work / 'stall.db'}"
-    open_store(url).close()
-    settings = dataclasses.replace(settings, nodes=fleet, database_url=url)
-    app = build(settings, {}, need_store=True)
-    app.transport = app.status.transport = app.sweep.transport = Recorded(answer)
+    app, _ = recorded_app(work, nodes)
     if freeze:  # what a long-running server does once started: old objects never rescanned
         gc.freeze()
     watch = Watch()

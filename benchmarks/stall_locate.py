@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import collections
 import cProfile
-import dataclasses
 import io
 import pstats
 import sys
@@ -222,35 +221,27 @@ class SlowSteps:
 
 
 async def sweeps(
-    nodes: int, count: int, *, threshold_s: float = 0.03, profile: bool = False
+    nodes: int, count: int, *, threshold_s: float = 0.03, profile: bool = False, first: bool = False
 ) -> list[str]:
-    """Sweep ``count`` times over ``nodes`` recorded nodes under the locator; return its report."""
+    """Sweep ``count`` times over ``nodes`` recorded nodes under the locator; return its report.
+    The bot's first sweep (which writes every GPU's first rows) is watched too with ``first``."""
     import tempfile
     from pathlib import Path
 
-    from benchmarks.scale_store import Recorded, Watch, ms, recorded_probe
-    from gpubot.app import build
+    from benchmarks.scale_store import Watch, ms, recorded_app
     from gpubot.lifecycle import SweepHeap, settle_heap
-    from gpubot.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="gpubot-stall-") as tmp:
         work = Path(tmp)
-        settings, answer = recorded_probe(work)
-        one = settings.nodes[0]
-        fleet = tuple(dataclasses.replace(one, name=f"node{i + 1}") for i in range(nodes))
-        url = f"sqlite:///{work / 'stall.db'}"
-        open_store(url).close()
-        settings = dataclasses.replace(settings, nodes=fleet, database_url=url)
-        app = build(settings, {}, need_store=True)
-        rec = Recorded(answer)
-        app.transport = app.status.transport = app.sweep.transport = rec
+        app, _ = recorded_app(work, nodes)
         settle_heap()
         heap = SweepHeap()
         app.sweep.heap = heap.around
         loc, watch, steps = StallLocator(threshold_s), Watch(), SlowSteps(profile=profile)
         lines: list[str] = []
         try:
-            await app.sweep.run(alerting=True)  # the first: connects, warms caches
+            if not first:
+                await app.sweep.run(alerting=True)  # the first: connects, warms caches
             with loc.running(), steps.running():
                 for i in range(count):
                     with watch.running():
@@ -273,8 +264,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--sweeps", type=int, default=3)
     p.add_argument("--threshold-ms", type=float, default=30.0, help="a stall is longer")
     p.add_argument("--profile", action="store_true", help="profile the long loop steps")
+    p.add_argument("--first", action="store_true", help="watch the bot's first sweep too")
     a = p.parse_args(argv)
-    run = sweeps(a.nodes, a.sweeps, threshold_s=a.threshold_ms / 1000, profile=a.profile)
+    threshold_s = a.threshold_ms / 1000
+    run = sweeps(a.nodes, a.sweeps, threshold_s=threshold_s, profile=a.profile, first=a.first)
     out: list[str] = asyncio.run(run)
     print("\n".join(out))
     return 0

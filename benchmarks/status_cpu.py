@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import dataclasses
 import io
 import json
 import os
@@ -43,35 +42,30 @@ def cpu() -> float:
     return time.process_time()
 
 
+class Instant:
+    """A transport answering every exec at once with the recorded answers."""
+
+    def __init__(self, answers: Any) -> None:
+        self.answers = answers
+
+    async def run(self, node: Any, argv: Any, *, timeout: float | None = None) -> Any:
+        return self.answers.to(argv)
+
+    async def close(self) -> None:
+        return None
+
+
 async def arm(nodes: int, repeat: int, profile: bool) -> dict[str, Any]:
     """Measure this process's tree: warm status and sweep CPU per node (ms)."""
-    from benchmarks.scale_store import recorded_probe
-    from gpubot.app import build
+    from benchmarks.scale_store import recorded_app
     from gpubot.chat.fleet_view import render_fleet
     from gpubot.cli.render import fleet_dict
     from gpubot.slack.render import to_slack
-    from gpubot.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="gpubot-status-cpu-") as tmp:
         work = Path(tmp)
-        settings, answer = recorded_probe(work)
-        fleet = tuple(
-            dataclasses.replace(settings.nodes[0], name=f"node{i + 1}") for i in range(nodes)
-        )
-        url = f"sqlite:///{work / 'cpu.db'}"
-        open_store(url).close()
-        settings = dataclasses.replace(settings, nodes=fleet, database_url=url)
-        app = build(settings, {}, need_store=True)
-        names = [n.name for n in fleet]
-
-        class Instant:
-            async def run(self, node: Any, argv: Any, *, timeout: float | None = None) -> Any:
-                return dataclasses.replace(answer, argv=tuple(argv))
-
-            async def close(self) -> None:
-                return None
-
-        app.transport = app.status.transport = app.sweep.transport = Instant()
+        app, answers = recorded_app(work, nodes, Instant)
+        names = [n.name for n in app.settings.nodes]
 
         async def status() -> None:
             res = await app.status.fleet(["all"], actor="bench", source="bench")
@@ -100,7 +94,7 @@ async def arm(nodes: int, repeat: int, profile: bool) -> dict[str, Any]:
                 if profile:
                     out[f"{name}_profile"] = await profiled(call)
             if profile:
-                out["parse_profile"] = parse_profile(fleet[0], answer, nodes)
+                out["parse_profile"] = parse_profile(app.settings.nodes[0], answers.probe, nodes)
         finally:
             await app.close()
     return out

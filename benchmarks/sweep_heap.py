@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import gc
 import json
 import statistics
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table
-from benchmarks.scale_store import Recorded, Watch, load, ms, recorded_probe
+from benchmarks.scale_store import Watch, load, ms, recorded_app
 
 ARMS = ("base", "heap", "count")  # count: SweepHeap as before it stopped counting frozen objects
 ARGV = (sys.executable, "-m", "benchmarks.sweep_heap")
@@ -75,21 +74,11 @@ class FullPasses:
 
 async def arm(name: str, nodes: int, sweeps: int) -> dict[str, Any]:
     """Run ``sweeps`` sweeps of ``nodes`` recorded nodes in this process, arm ``name``."""
-    from gpubot.app import build
     from gpubot.lifecycle import SweepHeap, settle_heap
-    from gpubot.store import open_store
 
     with tempfile.TemporaryDirectory(prefix="gpubot-sweep-heap-") as tmp:
         work = Path(tmp)
-        settings, answer = recorded_probe(work)
-        one = settings.nodes[0]
-        fleet = tuple(dataclasses.replace(one, name=f"node{i + 1}") for i in range(nodes))
-        url = f"sqlite:///{work / 'stall.db'}"
-        open_store(url).close()
-        settings = dataclasses.replace(settings, nodes=fleet, database_url=url)
-        app = build(settings, {}, need_store=True)
-        rec = Recorded(answer)
-        app.transport = app.status.transport = app.sweep.transport = rec
+        app, _ = recorded_app(work, nodes)
         settle_heap()  # as App.running does for serve
         heap = None if name == "base" else SweepHeap()
         if name == "count":
