@@ -49,3 +49,10 @@ def test_store_growth_measures_records_and_samples() -> None:
     (row,) = [ln for ln in out.splitlines() if ln.startswith("| sqlite |")]
     per_record, per_sample = float(row.split("|")[2]), float(row.split("|")[4])
     assert 50 < per_record < 5000 and 10 < per_sample < 1000, out
+
+
+@pytest.mark.timeout(300)
+def test_the_cipher_arms_run_side_by_side() -> None:
+    out = smoke("ssh_ciphers")
+    rows = [ln for ln in out.splitlines() if ln.startswith(("| floor:", "| gpubot:"))]
+    assert len(rows) == 4 and all(float(r.split("|")[3]) > 0 for r in rows), out
