@@ -196,6 +196,7 @@ class App:
             await self.seals.stop()  # the clean stop's seal, before the store closes
         if self.metrics is not None:
             self.metrics.close()
+        await self.status.abandon()  # no round of probes left to meet its connections closing
         await self.transport.close()
         if self.slack is not None:
             await self.slack.close()

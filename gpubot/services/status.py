@@ -257,6 +257,16 @@ class StatusService:
             snap = decorate(snap)
         return snap
 
+    async def abandon(self) -> None:
+        """Cancel the rounds of probes in flight and wait for them to end: run before the
+        transport closes, or a round a cancelled caller left (``_round`` shields it) meets its
+        connections closing under it (asyncssh then raises an internal error, not a lost
+        connection: a traceback as ``gpubot status --watch`` ended by SIGTERM)."""
+        rounds = list(self._inflight.values())
+        for task in rounds:
+            task.cancel()
+        await asyncio.gather(*rounds, return_exceptions=True)
+
     def _round_done(self, key: tuple[str, ...], task: asyncio.Future[FleetStatus]) -> None:
         if self._inflight.get(key) is task:
             del self._inflight[key]
