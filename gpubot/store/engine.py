@@ -40,6 +40,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from gpubot.errors import GpubotError, StoreError
+from gpubot.store.waits import hand_over
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,12 @@ def audit_key_of(conn: Connection) -> bytes | None:
 
 
 def _engine(url: str, password: str | None) -> Engine:
+    engine = _made(url, password)
+    event.listen(engine, "before_cursor_execute", hand_over)  # lets the loop in (store.waits)
+    return engine
+
+
+def _made(url: str, password: str | None) -> Engine:
     u = parse_url(url, password)
     with guard(f"cannot use {u.render_as_string()}"):
         if u.get_backend_name() == "postgresql":

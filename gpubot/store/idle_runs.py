@@ -58,16 +58,35 @@ def read_runs(conn: Connection) -> dict[GpuKey, IdleRun]:
     return out
 
 
+# The rebuild's queries, built once with bound values: one GPU's kept samples newest first
+# (ties in stored order, as a stable sort), those before a time, and the first one's time. A
+# statement built per GPU cost the first sweep of 2,000 nodes (16,000 runs to start) seconds
+# of the store thread's time with the interpreter lock held (issue 24).
+_ONE_GPU = (
+    t.c.node == bindparam("w_node"),
+    t.c.gpu_index == bindparam("w_gpu"),
+    t.c.gpu_uuid == bindparam("w_uuid"),
+    t.c.taken_at >= bindparam("w_from"),
+)
+_WALK = (
+    select(t.c.taken_at, t.c.utilization_pct, t.c.memory_used_mib)
+    .where(*_ONE_GPU)
+    .order_by(t.c.taken_at.desc(), t.c.id)
+)
+_WALK_BELOW = _WALK.where(t.c.taken_at < bindparam("w_below"))
+_FIRST_KEPT = select(func.min(t.c.taken_at)).where(*_ONE_GPU)
+_STREAM = {"yield_per": 256}
+
+
+def _bound(key: GpuKey, keep_from: float) -> dict[str, object]:
+    """Return the bound values of ``_ONE_GPU`` for ``key``."""
+    node, gpu, uuid = key
+    return {"w_node": node, "w_gpu": gpu, "w_uuid": uuid, "w_from": text_of(keep_from)}
+
+
 def _first_kept(conn: Connection, key: GpuKey, keep_from: float) -> float | None:
     """Return the time of ``key``'s first sample kept (an indexed min; None: none)."""
-    node, gpu, uuid = key
-    q = select(func.min(t.c.taken_at)).where(
-        t.c.node == node,
-        t.c.gpu_index == gpu,
-        t.c.gpu_uuid == uuid,
-        t.c.taken_at >= text_of(keep_from),
-    )
-    first = conn.execute(q).scalar()
+    first = conn.execute(_FIRST_KEPT, _bound(key, keep_from)).scalar()
     return None if first is None else unix_of(str(first))
 
 
@@ -77,20 +96,14 @@ def _walk_back(
     """Walk one GPU's kept samples newest first (``below``: only those taken before it), as
     ``held_idle_since`` walks them; return (the first one's time, the run's start: None if the
     first is not held idle, rows read). Stops where the run does: a busy GPU costs one row."""
-    node, gpu, uuid = key
-    q = select(t.c.taken_at, t.c.utilization_pct, t.c.memory_used_mib).where(
-        t.c.node == node,
-        t.c.gpu_index == gpu,
-        t.c.gpu_uuid == uuid,
-        t.c.taken_at >= text_of(keep_from),
-    )
+    params = _bound(key, keep_from)
     if below is not None:
-        q = q.where(t.c.taken_at < text_of(below))
-    q = q.order_by(t.c.taken_at.desc(), t.c.id)  # ties in stored order, as a stable sort
+        params["w_below"] = text_of(below)
+    q = _WALK if below is None else _WALK_BELOW
     top: float | None = None
     since: float | None = None
     rows = 0
-    result = conn.execute(q.execution_options(yield_per=256))  # stopped early: few rows read
+    result = conn.execute(q, params, execution_options=_STREAM)  # stopped early: few rows read
     try:
         for at_text, util, mem in result:
             rows += 1

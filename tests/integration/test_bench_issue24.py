@@ -1,6 +1,7 @@
 """Issue 24's later benchmarks still run end to end in their smoke sizes (not timing tests):
 the loop-stall arms (``sweep_heap``: every sweep answered in both arms, the heap arm with no
-full collection), gpubot's own CPU (``status_cpu``) and the store's growth (``store_growth``)."""
+full collection), gpubot's own CPU (``status_cpu``), the store's growth (``store_growth``), the SSH
+ciphers (``ssh_ciphers``) and the first sweep's store and loop (``first_sweep``)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def test_the_cipher_arms_run_side_by_side() -> None:
     out = smoke("ssh_ciphers")
     rows = [ln for ln in out.splitlines() if ln.startswith(("| floor:", "| gpubot:"))]
     assert len(rows) == 4 and all(float(r.split("|")[3]) > 0 for r in rows), out
+
+
+@pytest.mark.timeout(300)
+def test_the_first_sweep_arms_run_side_by_side() -> None:
+    out = smoke("first_sweep")
+    rows = [ln for ln in out.splitlines() if ln.startswith(("| old ", "| batched ", "| now "))]
+    assert len(rows) == 3, out  # one round of one sweep, each arm
+    advance = [float(r.split("|")[6]) for r in rows]  # the store thread's CPU in its biggest call
+    assert all(a > 0 for a in advance), out

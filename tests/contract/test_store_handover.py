@@ -1,0 +1,75 @@
+"""A store thread running statement after statement lets the event loop in (issue 24).
+
+Each statement gives the interpreter lock up while the database works, and CPython wakes the
+waiting loop's thread at each release but lets the store's thread take the lock straight back,
+so the loop's wait starts over and it does not ask for its turn. ``store.waits.hand_over`` (on
+every engine ``make_engine`` builds) sleeps ``PAUSE_S`` after each ``HAND_OVER_S`` of
+statements. What it buys is measured in ``benchmarks/first_sweep.py``; here: that every store
+pauses so, on every database, in its threads only, and only during a run of statements.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import text
+
+from gpubot.store import Store, waits
+
+RUN_S = 0.06  # a run of statements: 12 times HAND_OVER_S
+
+
+@pytest.fixture
+def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pauses ``hand_over`` takes (recorded, not slept)."""
+    slept: list[float] = []
+    clock = types.SimpleNamespace(perf_counter=time.perf_counter, sleep=slept.append)
+    monkeypatch.setattr(waits, "time", clock)
+    return slept
+
+
+def for_a_while(step: Callable[[], object], spaced_s: float = 0.0) -> int:
+    """Call ``step`` again and again for ``RUN_S`` (``spaced_s`` apart); return how often."""
+    count = 0
+    end = time.perf_counter() + RUN_S
+    while time.perf_counter() < end:
+        step()
+        count += 1
+        if spaced_s:
+            time.sleep(spaced_s)
+    return count
+
+
+def in_a_thread(fn: Callable[[], int]) -> int:
+    with ThreadPoolExecutor(1, thread_name_prefix="gpubot-db") as pool:
+        return pool.submit(fn).result()
+
+
+def test_a_store_thread_pauses_during_a_run_of_statements(
+    store: Store, pauses: list[float]
+) -> None:
+    def statements() -> int:
+        with store.engine.connect() as conn:
+            return for_a_while(lambda: conn.execute(text("select 1")).scalar())
+
+    ran = in_a_thread(statements)
+    assert ran > 12  # a run of statements, not a few slow ones
+    assert 8 <= len(pauses) <= 13, pauses  # one each 5 ms of the 60 ms run
+    assert set(pauses) == {waits.PAUSE_S}
+
+
+def test_control_the_main_thread_never_pauses(store: Store, pauses: list[float]) -> None:
+    with store.engine.connect() as conn:
+        assert for_a_while(lambda: conn.execute(text("select 1")).scalar()) > 12
+    assert pauses == []  # the loop's own thread (or a command's only one) has no one to let in
+
+
+def test_statements_with_gaps_between_them_never_pause(pauses: list[float]) -> None:
+    # A store thread that had nothing to do between two statements held no lock meanwhile.
+    gap = waits.HAND_OVER_S * 1.5
+    assert in_a_thread(lambda: for_a_while(waits.hand_over, spaced_s=gap)) >= 3
+    assert pauses == []
