@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,9 @@ async def serve(work: Path, nodes: int) -> None:
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
-async def _arms(work: Path, ports: list[int], rounds: int, execs: int, parallel: int) -> Any:
+async def _arms(
+    work: Path, ports: list[int], rounds: int, execs: int, parallel: int, recorded: Any
+) -> Any:
     from gpubot.config import SshSettings
     from gpubot.core.models import NodeConfig
     from gpubot.core.probe import probe_argv
@@ -126,13 +129,21 @@ async def _floor_conn(work: Path, node: Any, cipher: str) -> Any:
     )
 
 
-def run(nodes: int, rounds: int, execs: int, parallel: int) -> dict[str, Any]:
-    """Start the server, run the arms, return the figures."""
+Arms = Callable[[Path, list[int], int, int, int, Any], Coroutine[Any, Any, Any]]
+
+
+def run(
+    nodes: int, rounds: int, execs: int, parallel: int, arms: Arms | None = None
+) -> dict[str, Any]:
+    """Start the server, run the arms (``_arms``: the ciphers'), return the figures. ``arms``
+    gets the work folder (keys, ``known_hosts``), the ports, the three counts and the recorded
+    node (``benchmarks.scale_store.recorded_probe``: its settings and answers)."""
     from benchmarks.scale_store import recorded_probe
 
     with tempfile.TemporaryDirectory(prefix="gpubot-ciphers-") as tmp:
         work = Path(tmp)
-        _, answers = recorded_probe(work)
+        recorded = recorded_probe(work)
+        answers = recorded[1]
         (work / "answer").write_text(answers.probe.stdout)
         host = asyncssh.generate_private_key("ssh-ed25519")
         host.write_private_key(str(work / "host_key"))
@@ -148,7 +159,8 @@ def run(nodes: int, rounds: int, execs: int, parallel: int) -> dict[str, Any]:
             ports = json.loads((work / "ports.json").read_text())
             pub = host.export_public_key().decode().strip()
             (work / "known_hosts").write_text("".join(f"[127.0.0.1]:{p} {pub}\n" for p in ports))
-            figures = asyncio.run(_arms(work, ports, rounds, execs, parallel))
+            measure = arms or _arms
+            figures: Any = asyncio.run(measure(work, ports, rounds, execs, parallel, recorded))
         finally:
             assert server.stdin is not None
             server.stdin.close()

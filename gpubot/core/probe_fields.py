@@ -151,7 +151,9 @@ def _unescape(field: str, what: str) -> str:
         raise ParseError(f"{what} (escaped field)", field[:200])
     if "\\" not in field:  # printable ASCII only (the usual field): nothing to decode
         return field[1:]
-    raw = _OCTAL.sub(lambda m: chr(int(m[1], 8)), field[1:])
+    raw = field[1:].replace("\\000", "\0")  # argv's separators, most escapes: at once
+    if "\\" in raw:
+        raw = _OCTAL.sub(lambda m: chr(int(m[1], 8)), raw)
     return raw.encode("latin-1").decode("utf-8", errors="replace")
 
 

@@ -1,7 +1,8 @@
 """Issue 24's later benchmarks still run end to end in their smoke sizes (not timing tests):
 the loop-stall arms (``sweep_heap``: every sweep answered in both arms, the heap arm with no
-full collection), gpubot's own CPU (``status_cpu``), the store's growth (``store_growth``), the SSH
-ciphers (``ssh_ciphers``) and the first sweep's store and loop (``first_sweep``)."""
+full collection), gpubot's own CPU (``status_cpu``), the store's growth (``store_growth``),
+the SSH ciphers (``ssh_ciphers``), the first sweep's store and loop (``first_sweep``) and a
+warm ``status all`` over SSH beside the floor (``status_floor``)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,11 @@ def test_the_first_sweep_arms_run_side_by_side() -> None:
     assert len(rows) == 3, out  # one round of one sweep, each arm
     advance = [float(r.split("|")[6]) for r in rows]  # the store thread's CPU in its biggest call
     assert all(a > 0 for a in advance), out
+
+
+@pytest.mark.timeout(300)
+def test_the_status_floor_arms_run_side_by_side_over_ssh() -> None:
+    out = smoke("status_floor")
+    rows = [ln for ln in out.splitlines() if ln.startswith(("| floor ", "| gpubot "))]
+    assert len(rows) == 2 and all(float(r.split("|")[3]) > 0 for r in rows), out
+    assert "- gpubot: " in out and " gap " in out, out

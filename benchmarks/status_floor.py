@@ -1,0 +1,147 @@
+"""A warm ``status all`` of 1,000 nodes over real SSH: gpubot's whole CPU beside the floor's.
+
+::
+
+    python -m benchmarks.status_floor                # 1,000 nodes, 3 rounds of 3 each
+    python -m benchmarks.status_floor --smoke        # tiny: keeps it working
+
+The fleet is ``benchmarks.ssh_ciphers``'s: one asyncssh server process, a port a node on
+127.0.0.1, every exec answered with one real probe answer of a simulated 8-GPU node, so that
+what is measured is the client. Two arms alternate in this process, round after round, over
+connections opened beforehand: ``floor``, a minimal asyncssh client running the probe's command
+on every node (``conn.run``, at most ``[ssh] max_parallel`` at a time, as gpubot runs them),
+and ``gpubot``, the bot as ``gpubot.app.build`` wires it (its SSH transport, the audit store in
+SQLite) answering ``status all`` as ``benchmarks/status_cpu.py`` does: the fleet's snapshots,
+its ``--json`` document and its Slack answer. The figure is this process's CPU (every thread:
+the parsing and the store's threads too) per node, the median of each round's runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import table
+from benchmarks.ssh_ciphers import _floor_conn
+from benchmarks.ssh_ciphers import run as with_fleet
+
+ARMS = ("floor", "gpubot")
+
+
+def bot(work: Path, ports: list[int], settings: Any) -> Any:
+    """Return gpubot built over the fleet's ports (SQLite audit store, migrated), with the
+    recorded node's ``settings`` (its device files are those the answer names)."""
+    from gpubot.app import build
+    from gpubot.store import open_store
+
+    one, key = settings.nodes[0], str(work / "client_key")
+    fleet = tuple(
+        dataclasses.replace(one, name=f"node{i}", host="127.0.0.1", port=p, user=None, key=key)
+        for i, p in enumerate(ports, 1)
+    )
+    url = f"sqlite:///{work / 'audit.db'}"
+    open_store(url).close()
+    ssh = dataclasses.replace(settings.ssh, known_hosts=str(work / "known_hosts"))
+    ssh = dataclasses.replace(ssh, connect_timeout_s=60, command_timeout_s=120)
+    return build(
+        dataclasses.replace(settings, nodes=fleet, database_url=url, ssh=ssh), {}, need_store=True
+    )
+
+
+async def arms(work: Path, ports: list[int], rounds: int, runs: int, _: int, recorded: Any) -> Any:
+    """Run both arms ``rounds`` times, ``runs`` measured runs each after a warm one."""
+    from gpubot.chat.fleet_view import render_fleet
+    from gpubot.cli.render import fleet_dict
+    from gpubot.slack.render import to_slack
+
+    app = bot(work, ports, recorded[0])
+    nodes = app.settings.nodes
+    names = [n.name for n in nodes]
+    conns = [await _floor_conn(work, n, "gcm") for n in nodes]
+    gate = asyncio.Semaphore(app.settings.ssh.max_parallel)
+    sent: list[str] = []  # the command gpubot's status sends: the floor sends the same
+
+    async def floor() -> None:
+        async def one(conn: Any) -> None:
+            async with gate:
+                await conn.run(sent[0], encoding=None, check=True)
+
+        await asyncio.gather(*(one(c) for c in conns))
+
+    async def status() -> None:
+        res = await app.status.fleet(["all"], actor="bench", source="bench")
+        assert len(res.snapshots) == len(nodes), res.failed
+        json.dumps(fleet_dict(res, names))
+        title = "GPU status · all"
+        to_slack(render_fleet(list(res.snapshots), res.failed, seconds=res.seconds, title=title))
+
+    transport = app.status.transport
+    plain = transport.run
+
+    async def seen(node: Any, argv: Any, **kw: Any) -> Any:
+        sent.append(shlex.join(argv))
+        return await plain(node, argv, **kw)
+
+    transport.run = seen
+    await status()  # opens every connection
+    transport.run = plain
+    assert len(set(sent)) == 1, "one command for every node"
+    out: dict[str, list[float]] = {a: [] for a in ARMS}
+    try:
+        for _ in range(rounds):
+            for name, call in (("floor", floor), ("gpubot", status)):
+                await call()  # warm: connections open, caches filled
+                each = []
+                for _ in range(runs):
+                    c0 = time.process_time()
+                    await call()
+                    each.append((time.process_time() - c0) / len(nodes) * 1000)
+                out[name].append(statistics.median(each))
+    finally:
+        for c in conns:
+            c.close()
+        await app.close()
+    return out
+
+
+def report(res: dict[str, Any]) -> str:
+    """Return the figures as a Markdown table, and the gap."""
+    figures = res["arms"]
+    med = {a: statistics.median(v) for a, v in figures.items()}
+    rows = [[a, " / ".join(f"{x:.3f}" for x in figures[a]), f"{med[a]:.3f}"] for a in ARMS]
+    return "\n".join(
+        [
+            f"warm `status all` of {res['nodes']} nodes over SSH, {res['rounds']} rounds of "
+            f"{res['execs']} runs each arm, answers of {res['bytes']:,} bytes",
+            "",
+            table(["arm", "client CPU ms per node (each round)", "median"], rows),
+            "",
+            f"- gpubot: {med['gpubot']:.2f} ms of CPU per node; the floor {med['floor']:.2f}; "
+            f"gap {med['gpubot'] - med['floor']:+.2f} ms ({med['gpubot'] / med['floor']:.2f}x)",
+        ]
+    )
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.status_floor")
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--runs", type=int, default=3, help="measured runs an arm a round")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.nodes, a.rounds, a.runs = 4, 1, 1
+    print(report(with_fleet(a.nodes, a.rounds, a.runs, 0, arms)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
