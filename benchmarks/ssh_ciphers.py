@@ -51,11 +51,12 @@ class _AnyKey(asyncssh.SSHServer):
 
 
 async def serve(work: Path, nodes: int) -> None:
-    """Serve ``nodes`` ports answering every exec with ``work/answer``; write their ports."""
-    answer = (work / "answer").read_bytes()
+    """Serve ``nodes`` ports answering every exec with ``work/answer`` (the sweep's health exec,
+    which names itself ``gpubot-health``, with ``work/health``); write their ports."""
+    answer, health = (work / "answer").read_bytes(), (work / "health").read_bytes()
 
     async def handle(proc: asyncssh.SSHServerProcess[bytes]) -> None:
-        proc.stdout.write(answer)
+        proc.stdout.write(health if "gpubot-health" in (proc.command or "") else answer)
         proc.exit(0)
 
     key = asyncssh.read_private_key(str(work / "host_key"))
@@ -145,6 +146,7 @@ def run(
         recorded = recorded_probe(work)
         answers = recorded[1]
         (work / "answer").write_text(answers.probe.stdout)
+        (work / "health").write_text(answers.health.stdout)
         host = asyncssh.generate_private_key("ssh-ed25519")
         host.write_private_key(str(work / "host_key"))
         asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(work / "client_key"))

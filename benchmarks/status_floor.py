@@ -3,6 +3,7 @@
 ::
 
     python -m benchmarks.status_floor                # 1,000 nodes, 3 rounds of 3 each
+    python -m benchmarks.status_floor --stalls       # 2,000 nodes: the loop's stalls meanwhile
     python -m benchmarks.status_floor --smoke        # tiny: keeps it working
 
 The fleet is ``benchmarks.ssh_ciphers``'s: one asyncssh server process, a port a node on
@@ -14,6 +15,11 @@ and ``gpubot``, the bot as ``gpubot.app.build`` wires it (its SSH transport, the
 SQLite) answering ``status all`` as ``benchmarks/status_cpu.py`` does: the fleet's snapshots,
 its ``--json`` document and its Slack answer. The figure is this process's CPU (every thread:
 the parsing and the store's threads too) per node, the median of each round's runs.
+
+``--stalls``: the bot alone over 2,000 nodes, a new bot's first steps one after another (a cold
+``status all``, a warm one, the first sweep over a new database, two more) under
+``benchmarks.scale_store.Watch``: the worst lateness of a 5 ms loop timer in each, and that less
+the time the loop's thread waited for a CPU (the fleet's server shares this box's 2 cores).
 """
 
 from __future__ import annotations
@@ -112,6 +118,58 @@ async def arms(work: Path, ports: list[int], rounds: int, runs: int, _: int, rec
     return out
 
 
+PHASES = ("cold status", "warm status", "first sweep", "sweep", "sweep")
+
+
+async def stalls(work: Path, ports: list[int], _r: int, _e: int, _p: int, recorded: Any) -> Any:
+    """Run the bot's first steps over the fleet under ``Watch`` (``serve``'s collector set-up):
+    a cold ``status all`` (it opens every connection), a warm one, the first sweep
+    (a new database: every GPU's first rows) and two more; return each one's worst lateness."""
+    from benchmarks.scale_store import Watch
+    from gpubot.lifecycle import SweepHeap, settle_heap
+
+    app = bot(work, ports, recorded[0])
+    n = len(app.settings.nodes)
+    settle_heap()
+    heap = SweepHeap()
+    app.sweep.heap = app.status.heap = heap.around  # as ``serve`` sets them
+    watch, out = Watch(), []
+
+    async def status() -> Any:
+        return await app.status.fleet(["all"], actor="bench", source="bench")
+
+    async def sweep() -> Any:
+        return await app.sweep.run(alerting=True)
+
+    try:
+        for phase in PHASES:
+            with watch.running():
+                t0 = time.perf_counter()
+                res = await (status() if "status" in phase else sweep())
+                wall = time.perf_counter() - t0
+                await asyncio.sleep(0.2)
+            late, own, cpu = watch.worst()
+            answered = len(res.snapshots)
+            out.append({"phase": phase, "wall": wall, "late": late, "own": own, "cpu": cpu})
+            out[-1]["answered"] = f"{answered}/{n}"
+    finally:
+        await app.close()
+    return out
+
+
+def stall_report(res: dict[str, Any]) -> str:
+    from benchmarks.scale_store import ms
+
+    head = ["phase", "nodes answered", "wall s", "worst late ms", "… less CPU wait ms"]
+    head.append("loop CPU in one tick ms")
+    rows = [
+        [p["phase"], p["answered"], f"{p['wall']:.1f}", ms(p["late"]), ms(p["own"]), ms(p["cpu"])]
+        for p in res["arms"]
+    ]
+    title = f"The event loop over {res['nodes']} nodes over SSH, a new bot's first steps:"
+    return "\n".join([title, "", table(head, rows)])
+
+
 def report(res: dict[str, Any]) -> str:
     """Return the figures as a Markdown table, and the gap."""
     figures = res["arms"]
@@ -135,10 +193,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runs", type=int, default=3, help="measured runs an arm a round")
+    p.add_argument("--stalls", action="store_true", help="the loop's stalls instead (2,000)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes")
     a = p.parse_args(argv)
     if a.smoke:
         a.nodes, a.rounds, a.runs = 4, 1, 1
+    if a.stalls:
+        nodes = a.nodes if a.smoke or "--nodes" in argv else 2000
+        print(stall_report(with_fleet(nodes, 1, 1, 0, stalls)))
+        return 0
     print(report(with_fleet(a.nodes, a.rounds, a.runs, 0, arms)))
     return 0
 

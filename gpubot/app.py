@@ -137,8 +137,10 @@ class App:
         port = serve_metrics(self.metrics, self.settings, options)
         if options.settle_heap:
             settle_heap()
-            if self.parts is not None:  # and each sweep's survivors, after it (issue 24)
-                self.parts.sweep.heap = SweepHeap().around
+            heap = SweepHeap()  # and the survivors of each sweep and status round (issue 24)
+            self.status.heap = heap.around
+            if self.parts is not None:
+                self.parts.sweep.heap = heap.around
         if expire is not None:
             self._add_schedule(expire, options.expire_every_s, "approval-expiry", 0.0)
         for job, every_s, name in options.duties:  # e.g. the claims' (issue 26)

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
@@ -128,6 +129,9 @@ class StatusService:
         # What a status adds without asking the node, in order: what the sweeps know of each
         # GPU's health (services.health_checks' fields, services.xid_watch's Xids; issue 27).
         self.decorators: list[Callable[[NodeSnapshot], NodeSnapshot]] = []
+        # The collector around each round of fleet probes, as around sweeps (``serve`` sets it:
+        # lifecycle.SweepHeap): a round of 2,000 nodes set off a full pass, 95-218 ms on the loop.
+        self.heap: Callable[[], AbstractContextManager[object]] | None = None
 
     def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
         """Turn node names, group names or ``all`` into nodes, in inventory order."""
@@ -276,7 +280,8 @@ class StatusService:
     async def _probe_round(self, nodes: Sequence[NodeConfig]) -> FleetStatus:
         """Probe ``nodes`` (bounded fan-out, each failing alone) into one ``FleetStatus``."""
         started = self.clock.monotonic()
-        res = await fan_out(nodes, self._status_snapshot, self.settings.ssh.max_parallel)
+        with nullcontext() if self.heap is None else self.heap():
+            res = await fan_out(nodes, self._status_snapshot, self.settings.ssh.max_parallel)
         seconds = self.clock.monotonic() - started
         order = {n.name: i for i, n in enumerate(nodes)}
         snaps = tuple(sorted(res.ok.values(), key=lambda s: order[s.node]))

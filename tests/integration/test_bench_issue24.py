@@ -75,3 +75,14 @@ def test_the_status_floor_arms_run_side_by_side_over_ssh() -> None:
     rows = [ln for ln in out.splitlines() if ln.startswith(("| floor ", "| gpubot "))]
     assert len(rows) == 2 and all(float(r.split("|")[3]) > 0 for r in rows), out
     assert "- gpubot: " in out and " gap " in out, out
+
+
+@pytest.mark.timeout(300)
+def test_the_status_floor_stalls_follow_a_new_bot_over_ssh() -> None:
+    out = smoke("status_floor", "--stalls")
+    rows = [
+        ln
+        for ln in out.splitlines()
+        if ln.startswith(("| cold ", "| warm ", "| first ", "| sweep "))
+    ]
+    assert len(rows) == 5 and all("| 4/4 " in r for r in rows), out  # every node, every phase

@@ -159,7 +159,9 @@ def test_settling_never_walks_the_frozen_objects(monkeypatch: pytest.MonkeyPatch
     assert walks == [1]
 
 
-async def test_serve_sets_the_sweep_heap_and_a_test_build_does_not(tmp_path: Path) -> None:
+async def test_serve_sets_the_heap_of_sweeps_and_status_rounds_a_test_build_does_not(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "gpubot.toml"
     path.write_text(
         f'[database]\nurl = "sqlite:///{tmp_path}/gpubot.db"\n'  # never the checkout's own
@@ -170,5 +172,36 @@ async def test_serve_sets_the_sweep_heap_and_a_test_build_does_not(tmp_path: Pat
         try:
             async with app.running(options=Serving(sweeps=False, settle_heap=settle)):
                 assert (app.sweep.heap is not None) is want
+                assert (app.status.heap is not None) is want  # status rounds too (issue 24)
+                if want:  # one heap: overlapping sweeps and rounds share one lift
+                    assert app.status.heap == app.sweep.heap
         finally:
             await app.close()
+
+
+async def test_a_status_round_runs_with_no_full_pass(tmp_path: Path) -> None:
+    # A round of 2,000 nodes set off full passes on the loop (95-218 ms, issue 24), as sweeps did.
+    path = tmp_path / "gpubot.toml"
+    path.write_text(
+        f'[database]\nurl = "sqlite:///{tmp_path}/gpubot.db"\n'  # never the checkout's own
+        '[[nodes]]\nname = "node3"\nhost = "127.0.0.1"\nport = 9\n'  # refused
+    )
+    gc.set_threshold(700, 10, 10)
+    seen: list[int] = []
+    app = build(load(path), {}, need_store=False)
+    plain = app.status.snapshot
+
+    async def snapshot(*args: object, **kwargs: object) -> object:
+        seen.append(gc.get_threshold()[2])
+        return await plain(*args, **kwargs)  # type: ignore[arg-type]
+
+    app.status.snapshot = snapshot  # type: ignore[method-assign,assignment]
+    try:
+        await app.status.fleet(["all"])  # the control: no heap set, as in a command
+        app.status.heap = SweepHeap().around
+        res = await app.status.fleet(["all"])
+    finally:
+        await app.close()
+    assert list(res.failed) == ["node3"]  # probed (and refused) inside the round
+    assert seen == [10, NO_FULL_PASS]
+    assert gc.get_threshold() == (700, 10, 10)  # put back after the round
