@@ -7,14 +7,16 @@
     python -m benchmarks.status_floor --smoke        # tiny: keeps it working
 
 The fleet is ``benchmarks.ssh_ciphers``'s: one asyncssh server process, a port a node on
-127.0.0.1, every exec answered with one real probe answer of a simulated 8-GPU node, so that
-what is measured is the client. Two arms alternate in this process, round after round, over
-connections opened beforehand: ``floor``, a minimal asyncssh client running the probe's command
-on every node (``conn.run``, at most ``[ssh] max_parallel`` at a time, as gpubot runs them),
-and ``gpubot``, the bot as ``gpubot.app.build`` wires it (its SSH transport, the audit store in
-SQLite) answering ``status all`` as ``benchmarks/status_cpu.py`` does: the fleet's snapshots,
-its ``--json`` document and its Slack answer. The figure is this process's CPU (every thread:
-the parsing and the store's threads too) per node, the median of each round's runs.
+127.0.0.1, every exec answered with one real probe answer of a simulated 8-GPU node (the
+sweep's health exec with a real health answer), so that what is measured is the client. Two
+arms alternate in this process, round after round, over connections opened beforehand:
+``floor``, a minimal asyncssh client running gpubot's probe command on every node
+(``conn.run``, at most ``[ssh] max_parallel`` at a time, as gpubot runs them), and ``gpubot``,
+the bot as ``gpubot.app.build`` wires it (its SSH transport, the audit store in SQLite, the
+collector set up as ``serve`` sets it) answering ``status all`` as ``benchmarks/status_cpu.py``
+does: the fleet's snapshots, its ``--json`` document and its Slack answer. The figure is this
+process's CPU (every thread: the parsing and the store's threads too) per node, the median of
+each round's runs.
 
 ``--stalls``: the bot alone over 2,000 nodes, a new bot's first steps one after another (a cold
 ``status all``, a warm one, the first sweep over a new database, two more) under
@@ -62,6 +64,15 @@ def bot(work: Path, ports: list[int], settings: Any) -> Any:
     )
 
 
+def serving(app: Any) -> None:
+    """Set the collector up as ``serve`` does (``App.running``): the start-up heap frozen, one
+    ``SweepHeap`` around sweeps and status rounds."""
+    from gpubot.lifecycle import SweepHeap, settle_heap
+
+    settle_heap()
+    app.sweep.heap = app.status.heap = SweepHeap().around
+
+
 async def arms(work: Path, ports: list[int], rounds: int, runs: int, _: int, recorded: Any) -> Any:
     """Run both arms ``rounds`` times, ``runs`` measured runs each after a warm one."""
     from gpubot.chat.fleet_view import render_fleet
@@ -69,6 +80,7 @@ async def arms(work: Path, ports: list[int], rounds: int, runs: int, _: int, rec
     from gpubot.slack.render import to_slack
 
     app = bot(work, ports, recorded[0])
+    serving(app)
     nodes = app.settings.nodes
     names = [n.name for n in nodes]
     conns = [await _floor_conn(work, n, "gcm") for n in nodes]
@@ -126,13 +138,10 @@ async def stalls(work: Path, ports: list[int], _r: int, _e: int, _p: int, record
     a cold ``status all`` (it opens every connection), a warm one, the first sweep
     (a new database: every GPU's first rows) and two more; return each one's worst lateness."""
     from benchmarks.scale_store import Watch
-    from gpubot.lifecycle import SweepHeap, settle_heap
 
     app = bot(work, ports, recorded[0])
     n = len(app.settings.nodes)
-    settle_heap()
-    heap = SweepHeap()
-    app.sweep.heap = app.status.heap = heap.around  # as ``serve`` sets them
+    serving(app)
     watch, out = Watch(), []
 
     async def status() -> Any:
