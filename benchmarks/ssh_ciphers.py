@@ -93,17 +93,17 @@ async def _arms(
             if kind == "floor":
                 conns = [await _floor_conn(work, n, cipher) for n in nodes]
 
-                async def one(i: int, c: Any = conns) -> None:
+                async def one(i: int, via: Any = conns) -> None:
                     async with gate:
-                        await c[i].run(command, encoding=None, check=True)
+                        await via[i].run(command, encoding=None, check=True)
 
                 close = [c.close for c in conns]
             else:
                 transport = ssh.SshTransport(settings)
 
-                async def one(i: int, t: Any = transport) -> None:
+                async def one(i: int, via: Any = transport) -> None:
                     async with gate:
-                        await t.run(nodes[i], argv)
+                        await via.run(nodes[i], argv)
 
                 close = []
             await asyncio.gather(*(one(i) for i in range(len(nodes))))  # connect, warm
