@@ -3,7 +3,7 @@
 ::
 
     python -m benchmarks.status_floor                # 1,000 nodes, 3 rounds of 3 each
-    python -m benchmarks.status_floor --stalls       # 2,000 nodes: the loop's stalls meanwhile
+    python -m benchmarks.status_floor --stalls       # 2,000 nodes, 2 rounds: the loop's stalls
     python -m benchmarks.status_floor --smoke        # tiny: keeps it working
 
 The fleet is ``benchmarks.ssh_ciphers``'s: one asyncssh server process, a port a node on
@@ -18,10 +18,12 @@ does: the fleet's snapshots, its ``--json`` document and its Slack answer. The f
 process's CPU (every thread: the parsing and the store's threads too) per node, the median of
 each round's runs.
 
-``--stalls``: the bot alone over 2,000 nodes, a new bot's first steps one after another (a cold
-``status all``, a warm one, the first sweep over a new database, two more) under
+``--stalls``: a new bot over 2,000 nodes, its first steps one after another (a cold ``status
+all``, a warm one, the first sweep over a new database, two more) under
 ``benchmarks.scale_store.Watch``: the worst lateness of a 5 ms loop timer in each, and that less
 the time the loop's thread waited for a CPU (the fleet's server shares this box's 2 cores).
+Two arms, each a process of its own with its own fleet, alternating: ``now``, and ``no-pause``,
+the pure-work thread running its jobs without letting the loop in (``offload.JOBS``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import dataclasses
 import json
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -166,16 +169,52 @@ async def stalls(work: Path, ports: list[int], _r: int, _e: int, _p: int, record
     return out
 
 
+STALL_ARMS = ("now", "no-pause")  # no-pause: the worker never lets the loop in between jobs
+
+
+def no_pause() -> None:
+    """Run the pure-work thread's jobs without letting the loop in (``services.offload.JOBS``)."""
+    from gpubot.core.clock import HandOver
+    from gpubot.services import offload
+
+    setattr(offload, "JOBS", HandOver(float("inf")))  # noqa: B010 (a run never that long)
+
+
+def stall_rounds(nodes: int, rounds: int) -> dict[str, Any]:
+    """Alternate the stall arms' processes (each starts its own fleet) ``rounds`` times."""
+    from benchmarks.scale_store import load
+
+    out: dict[str, Any] = {"nodes": nodes, "load": [], **{a: [] for a in STALL_ARMS}}
+    for _ in range(rounds):
+        for arm in STALL_ARMS:
+            before = load()
+            argv = [sys.executable, "-m", "benchmarks.status_floor", "--stall-arm", arm]
+            done = subprocess.run(
+                [*argv, "--nodes", str(nodes)], capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"arm {arm} failed: {done.stderr[-2000:]}")
+            out[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            out["load"].append(f"{arm}: {before} → {load()}")
+    return out
+
+
 def stall_report(res: dict[str, Any]) -> str:
+    """Return every round of every arm as a Markdown table."""
     from benchmarks.scale_store import ms
 
-    head = ["phase", "nodes answered", "wall s", "worst late ms", "… less CPU wait ms"]
-    head.append("loop CPU in one tick ms")
-    rows = [
-        [p["phase"], p["answered"], f"{p['wall']:.1f}", ms(p["late"]), ms(p["own"]), ms(p["cpu"])]
-        for p in res["arms"]
-    ]
-    title = f"The event loop over {res['nodes']} nodes over SSH, a new bot's first steps:"
+    head = ["arm", "round", "phase", "nodes answered", "wall s", "worst late ms"]
+    head += ["… less CPU wait ms", "loop CPU in one tick ms"]
+    rows = []
+    for arm in STALL_ARMS:
+        for r, phases in enumerate(res[arm], 1):
+            for p in phases:
+                late = [ms(p["late"]), ms(p["own"]), ms(p["cpu"])]
+                rows.append([arm, str(r), p["phase"], p["answered"], f"{p['wall']:.1f}", *late])
+    title = (
+        f"The event loop over {res['nodes']} nodes over SSH, a new bot's first steps, the arms "
+        f"alternating (load {'; '.join(res['load'])}):"
+    )
     return "\n".join([title, "", table(head, rows)])
 
 
@@ -203,13 +242,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runs", type=int, default=3, help="measured runs an arm a round")
     p.add_argument("--stalls", action="store_true", help="the loop's stalls instead (2,000)")
+    p.add_argument("--stall-arm", choices=STALL_ARMS, help="one stall arm here (internal)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes")
     a = p.parse_args(argv)
     if a.smoke:
         a.nodes, a.rounds, a.runs = 4, 1, 1
+    if a.stall_arm is not None:
+        if a.stall_arm == "no-pause":
+            no_pause()
+        print(json.dumps(with_fleet(a.nodes, 1, 1, 0, stalls)["arms"]))
+        return 0
     if a.stalls:
         nodes = a.nodes if a.smoke or "--nodes" in argv else 2000
-        print(stall_report(with_fleet(nodes, 1, 1, 0, stalls)))
+        rounds = a.rounds if a.smoke or "--rounds" in argv else 2
+        print(stall_report(stall_rounds(nodes, rounds)))
         return 0
     print(report(with_fleet(a.nodes, a.rounds, a.runs, 0, arms)))
     return 0

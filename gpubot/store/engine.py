@@ -40,7 +40,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from gpubot.errors import GpubotError, StoreError
-from gpubot.store.waits import hand_over
+from gpubot.store.waits import STATEMENTS
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,9 @@ def audit_key_of(conn: Connection) -> bytes | None:
 
 def _engine(url: str, password: str | None) -> Engine:
     engine = _made(url, password)
-    event.listen(engine, "before_cursor_execute", hand_over)  # lets the loop in (store.waits)
+    # Lets the loop in after 5 ms of statements one after another (store.waits, issue 24).
+    event.listen(engine, "before_cursor_execute", lambda *_: STATEMENTS.before())
+    event.listen(engine, "after_cursor_execute", lambda *_: STATEMENTS.after())
     return engine
 
 

@@ -19,11 +19,11 @@ import asyncio
 import contextvars
 import functools
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from gpubot.core import clock
 from gpubot.core.clock import within
 from gpubot.errors import StoreError
 
@@ -58,22 +58,4 @@ async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
 
 
 HAND_OVER_S = 0.005  # the longest a store thread runs statements before it lets the loop in
-PAUSE_S = 0.0002  # a sleep: the lock is free long enough for the loop's thread to take it
-_run = threading.local()  # this thread's (first statement since its last pause, last statement)
-
-
-def hand_over(*_: object) -> None:
-    """Before a statement (an engine's ``before_cursor_execute``): after ``HAND_OVER_S`` of
-    statements one after another, sleep ``PAUSE_S`` so that the event loop's thread, waiting
-    for the interpreter lock, gets it. A gap between statements (the thread had nothing to do)
-    starts a new run. The main thread never pauses: it is the loop's, or a command's only one."""
-    if threading.current_thread() is threading.main_thread():
-        return
-    now = time.perf_counter()
-    first, last = getattr(_run, "span", (now, now))
-    if now - last > HAND_OVER_S:
-        first = now
-    elif now - first >= HAND_OVER_S:
-        time.sleep(PAUSE_S)
-        first = now = time.perf_counter()
-    _run.span = (first, now)
+STATEMENTS = clock.HandOver(HAND_OVER_S)  # around each statement, on every engine (store.engine)
