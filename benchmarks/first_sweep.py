@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import collections
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table
-from benchmarks.scale_store import Watch, load, ms, recorded_app
+from benchmarks.scale_store import Watch, alternate, ms, recorded_app
 
 ARMS = ("old", "batched", "now")
 ARGV = (sys.executable, "-m", "benchmarks.first_sweep")
@@ -176,18 +175,9 @@ async def arm(name: str, nodes: int, sweeps: int) -> dict[str, Any]:
 
 def run(nodes: int, sweeps: int, rounds: int) -> dict[str, Any]:
     """Alternate the arms' processes ``rounds`` times; return every sweep's figures."""
-    out: dict[str, Any] = {"nodes": nodes, "sweeps": sweeps, "rounds": rounds, "load": []}
-    out.update({a: [] for a in ARMS})
-    for _ in range(rounds):
-        for a in ARMS:
-            before = load()
-            argv = [*ARGV, "--arm", a, "--nodes", str(nodes), "--sweeps", str(sweeps)]
-            p = subprocess.run(argv, capture_output=True, text=True, check=False)
-            if p.returncode != 0:
-                raise RuntimeError(f"arm {a} failed: {p.stderr[-2000:]}")
-            out[a].append(json.loads(p.stdout.strip().splitlines()[-1])["sweeps"])
-            out["load"].append(f"{a}: {before} → {load()}")
-    return out
+    argv = [*ARGV, "--nodes", str(nodes), "--sweeps", str(sweeps)]
+    res = alternate(argv, ARMS, rounds, lambda line: line["sweeps"])
+    return {"nodes": nodes, "sweeps": sweeps, "rounds": rounds, **res}
 
 
 def report(res: dict[str, Any]) -> list[str]:

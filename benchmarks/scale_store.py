@@ -60,6 +60,27 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def alternate(
+    argv: Sequence[str], arms: Sequence[str], rounds: int, pick: Callable[[Any], Any] = lambda x: x
+) -> dict[str, Any]:
+    """Run ``argv + ["--arm", ARM]`` for each arm in turn, ``rounds`` times, each a process of its
+    own (so that one arm's collector or patches never help another, and the box's load falls on
+    all alike); each prints a JSON line last. Return ``pick`` of each arm's lines, by arm, in
+    order, and the load around each run (``"load"``)."""
+    import json
+
+    out: dict[str, Any] = {"load": [], **{a: [] for a in arms}}
+    for _ in range(rounds):
+        for a in arms:
+            before = load()
+            p = subprocess.run([*argv, "--arm", a], capture_output=True, text=True, check=False)
+            if p.returncode != 0:
+                raise RuntimeError(f"arm {a} failed: {p.stderr[-2000:]}")
+            out[a].append(pick(json.loads(p.stdout.strip().splitlines()[-1])))
+            out["load"].append(f"{a}: {before} → {load()}")
+    return out
+
+
 # ---- 1. the idle computation -------------------------------------------------------------------
 
 

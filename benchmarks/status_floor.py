@@ -34,7 +34,6 @@ import dataclasses
 import json
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -182,21 +181,10 @@ def no_pause() -> None:
 
 def stall_rounds(nodes: int, rounds: int) -> dict[str, Any]:
     """Alternate the stall arms' processes (each starts its own fleet) ``rounds`` times."""
-    from benchmarks.scale_store import load
+    from benchmarks.scale_store import alternate
 
-    out: dict[str, Any] = {"nodes": nodes, "load": [], **{a: [] for a in STALL_ARMS}}
-    for _ in range(rounds):
-        for arm in STALL_ARMS:
-            before = load()
-            argv = [sys.executable, "-m", "benchmarks.status_floor", "--stall-arm", arm]
-            done = subprocess.run(
-                [*argv, "--nodes", str(nodes)], capture_output=True, text=True, check=False
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"arm {arm} failed: {done.stderr[-2000:]}")
-            out[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            out["load"].append(f"{arm}: {before} → {load()}")
-    return out
+    argv = [sys.executable, "-m", "benchmarks.status_floor", "--stalls", "--nodes", str(nodes)]
+    return {"nodes": nodes, **alternate(argv, STALL_ARMS, rounds)}
 
 
 def stall_report(res: dict[str, Any]) -> str:
@@ -242,13 +230,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runs", type=int, default=3, help="measured runs an arm a round")
     p.add_argument("--stalls", action="store_true", help="the loop's stalls instead (2,000)")
-    p.add_argument("--stall-arm", choices=STALL_ARMS, help="one stall arm here (internal)")
+    p.add_argument("--arm", choices=STALL_ARMS, help="with --stalls: one arm here (internal)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes")
     a = p.parse_args(argv)
     if a.smoke:
         a.nodes, a.rounds, a.runs = 4, 1, 1
-    if a.stall_arm is not None:
-        if a.stall_arm == "no-pause":
+    if a.stalls and a.arm is not None:
+        if a.arm == "no-pause":
             no_pause()
         print(json.dumps(with_fleet(a.nodes, 1, 1, 0, stalls)["arms"]))
         return 0

@@ -26,7 +26,6 @@ import asyncio
 import gc
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table
-from benchmarks.scale_store import Watch, load, ms, recorded_app
+from benchmarks.scale_store import Watch, alternate, ms, recorded_app
 
 ARMS = ("base", "heap", "count")  # count: SweepHeap as before it stopped counting frozen objects
 ARGV = (sys.executable, "-m", "benchmarks.sweep_heap")
@@ -118,23 +117,9 @@ def run(
     nodes: int, sweeps: int, rounds: int, arms: tuple[str, ...] = ("base", "heap")
 ) -> dict[str, Any]:
     """Alternate the arms' processes ``rounds`` times; return every sweep's figures."""
-    out: dict[str, Any] = {"nodes": nodes, "sweeps": sweeps, "rounds": rounds, "load": []}
-    out.update({a: [] for a in arms})
-    out["arms"] = list(arms)
-    for _ in range(rounds):
-        for a in arms:
-            before = load()
-            p = subprocess.run(
-                [*ARGV, "--arm", a, "--nodes", str(nodes), "--sweeps", str(sweeps)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if p.returncode != 0:
-                raise RuntimeError(f"arm {a} failed: {p.stderr[-2000:]}")
-            out[a].append(json.loads(p.stdout.strip().splitlines()[-1])["sweeps"])
-            out["load"].append(f"{a}: {before} → {load()}")
-    return out
+    argv = [*ARGV, "--nodes", str(nodes), "--sweeps", str(sweeps)]
+    res = alternate(argv, arms, rounds, lambda line: line["sweeps"])
+    return {"nodes": nodes, "sweeps": sweeps, "rounds": rounds, "arms": list(arms), **res}
 
 
 def report(res: dict[str, Any]) -> list[str]:
