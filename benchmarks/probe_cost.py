@@ -18,8 +18,9 @@ marker (or the budget's "over" marker).
 runs, in four forms: a status whose memory adds up (no ``fuser``, stuck queries from the records
 in a private runtime folder), the same probe asked for holders (a reset, a sweep), the walk
 (no records folder) with ``fuser``, and the probe of ``BEFORE_24`` (the commit before issue 24).
-CPU is the children's ``getrusage`` (user + system) over ``--repeat`` runs, median; the probe
-form's "extra" is its CPU less the bare queries'.
+CPU is the children's ``getrusage`` (user + system) over ``--repeat`` rounds, median; a probe
+form's "extra" (its CPU less the bare queries') and its ratio to them are the medians of each
+round's pair.
 """
 
 from __future__ import annotations
@@ -187,14 +188,23 @@ def cpu_once(argv: list[str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def cpu(forms: dict[str, list[list[str]]], repeat: int) -> dict[str, float]:
-    """Return each form's median CPU over ``repeat`` rounds (one run of its argvs), the forms
+def cpu(forms: dict[str, list[list[str]]], repeat: int) -> dict[str, list[float]]:
+    """Return each form's CPU in each of ``repeat`` rounds (one run of its argvs), the forms
     interleaved in each round: a shared box's drift falls on all of them alike."""
     runs: dict[str, list[float]] = {name: [] for name in forms}
     for _ in range(repeat):
         for name, argvs in forms.items():
             runs[name].append(sum(cpu_once(a) for a in argvs))
-    return {name: statistics.median(r) for name, r in runs.items()}
+    return runs
+
+
+def paired(form: list[float], base: list[float]) -> tuple[float, float, float]:
+    """Return a form's median CPU, and the medians of its extra over ``base`` and of its ratio
+    to it, each taken round by round: a form and the bare queries of one round ran moments
+    apart, so the box's drift from round to round cancels in each pair."""
+    extra = statistics.median(f - b for f, b in zip(form, base, strict=True))
+    ratio = statistics.median(f / b for f, b in zip(form, base, strict=True))
+    return statistics.median(form), extra, ratio
 
 
 def sleepers(count: int) -> list[subprocess.Popen[bytes]]:
@@ -242,11 +252,12 @@ def by_processes(counts: list[int], repeat: int = 5) -> list[str]:
                 got = cpu({"bare": bare, **{k: [v] for k, v in forms.items()}}, repeat)
                 base = got.pop("bare")
                 procs = sum(1 for d in os.listdir("/proc") if d.isdigit())
-                row = [f"+{n} ({procs} in all)", fmt_ms(base)]
+                row = [f"+{n} ({procs} in all)", fmt_ms(statistics.median(base))]
                 for v in got.values():
-                    row.append(f"{fmt_ms(v)} (+{fmt_ms(v - base)}, {v / base:.2f}x)")
+                    med, more, ratio = paired(v, base)
+                    row.append(f"{fmt_ms(med)} (+{fmt_ms(more)}, {ratio:.2f}x)")
                 rows.append(row)
-                print(f"{n}: bare {base:.4f} {got}", file=sys.stderr, flush=True)
+                print(f"{n}: {row}", file=sys.stderr, flush=True)
         finally:
             for h in extra:
                 h.kill()

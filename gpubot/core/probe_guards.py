@@ -38,8 +38,9 @@ from __future__ import annotations
 STUCK = r"""uptime_ticks() {  # /proc/uptime ("12345.67") in clock ticks, in up
   local i f
   up=0; { read -r up _ </proc/uptime; } 2>/dev/null
-  [[ $up =~ ^([0-9]+)(\.([0-9]*))?$ ]] || { up=0; return; }
-  i=${BASH_REMATCH[1]} f=${BASH_REMATCH[3]}00
+  i=${up%%.*} f=; [[ $up == *.* ]] && f=${up#*.}
+  num "$i" && [[ $f != *[!0-9]* ]] || { up=0; return; }
+  f+=00
   up=$(( (10#$i * 100 + 10#${f:0:2}) * TCK / 100 ))
 }
 own_query() {  # the caller's uids (U) are the probe's and its argv (A) is one of our queries
@@ -63,7 +64,7 @@ query_at() {  # /proc/$1 (started at $2, if given): 0 our query, 1 not, 2 not th
   fields "$s"  # in the caller's F
   [[ -z $2 || ${F[19]} == "$2" ]] || return 2
   [[ ${F[0]} == [ZX] ]] && return 2
-  [[ ${F[19]} =~ ^[0-9]+$ ]] || return 1
+  num "${F[19]}" || return 1
   rd "/proc/$1/status"; uid_fields "$R"
   A=(); { mapfile -t -d '' -n 8 A <"/proc/$1/cmdline"; } 2>/dev/null
   own_query
@@ -95,18 +96,24 @@ stuck_smi() {  # our stuck queries, "PID STATE AGE" lines, in R
   else stuck_walk; fi
   R=$out
 }
+# Most records are of queries long done (a few a probe, kept for up to three minutes): each costs
+# a lookup and a stat, nothing more; only a record whose process is there is read and checked.
 stuck_recorded() {
-  local k e p b r now old keep= seen=' ' q=$SD/gpubot-probe.q
+  local k e p s b r now old keep= q=$SD/gpubot-probe.q
   local -a L
+  local -A seen=()
   uptime_ticks; b=$(( up / (60 * TCK) ))
   now=$(( b % 3 )) old=$(( (b + 1) % 3 ))
   for k in $(( (b + 2) % 3 )) "$now" "$old"; do
     L=(); { mapfile -t L <"$q$k"; } 2>/dev/null
     for e in "${L[@]}"; do
+      p=${e% *}
+      [[ -d /proc/$p ]] || continue  # gone: not carried
+      s=${e#* }  # "PID START": two numbers, one space
+      [[ $e == [0-9]*' '[0-9]* && $p$s != *[!0-9]* && -z ${seen[$e]} ]] || continue
+      seen[$e]=1
       over && { m over "$B" stuck; m end; exit 0; }
-      [[ $e =~ ^[0-9]+\ [0-9]+$ && $seen != *" $e,"* ]] || continue
-      seen+=" $e,"; p=${e% *}
-      query_at "$p" "${e#* }"; r=$?
+      query_at "$p" "$s"; r=$?
       (( r == 0 )) && is_stuck "$p"
       (( r < 2 && k == old )) && keep+="$e"$'\n'  # that process still: carried
     done

@@ -70,7 +70,7 @@ ADDS_UP = (
     IFS=, F=($line); IFS=$' \t\n'
     (( ${#F[@]} == 3 )) || return 1
     u=${F[1]// /} x=${F[2]// /}
-    [[ $x =~ ^[0-9]+$ && $u =~ ^[A-Za-z0-9/-]+$ ]] || return 1
+    num "$x" && [[ -n $u && $u != *[!A-Za-z0-9/-]* ]] || return 1
     held[$u]=$(( ${held[$u]:-0} + 10#$x ))
   done
   lines "$1"
@@ -79,7 +79,7 @@ ADDS_UP = (
     IFS=, F=($line); IFS=$' \t\n'
     (( ${#F[@]} == 8 )) || return 1
     u=${F[1]// /} x=${F[5]// /}
-    [[ ${F[3]// /} != Enabled && $x =~ ^[0-9]+$ && $u =~ ^[A-Za-z0-9/-]+$ ]] || return 1
+    [[ ${F[3]// /} != Enabled && -n $u && $u != *[!A-Za-z0-9/-]* ]] && num "$x" || return 1
     (( 10#$x <= ${held[$u]:-0} + NOPM )) || return 1
   done
   return 0

@@ -65,9 +65,11 @@ esc() { P=("${1:0:4096}"); esc_all; R="=${P[0]}"; }
 # substitutions over its ASCII answer turn its $'...' into this format; an answer of any other
 # shape (another bash's %q) takes the slow path: one substitution over the text per distinct byte.
 # Never a step per byte: 4 KiB of non-ASCII text took 0.6 s a process byte by byte, so 40 such
-# processes stalled the probe.
+# processes stalled the probe. Most text needs no escaping at all: one test of all of it says so.
 esc_all() {
-  local k s q t=$'\t\n'
+  local k s q t=$'\t\n' IFS=
+  s="${P[*]}"
+  [[ $s == *[!\!-~]* || $s == *\\* ]] || return 0
   for k in "${!P[@]}"; do
     s=${P[k]}
     if [[ $s == *[!\ -~"$t"]* ]]; then
@@ -112,10 +114,11 @@ left() {  # seconds left of the budget less $1 ms, in R (an hour without one; at
   printf -v R '%d.%06d' $(( x / 1000000 )) $(( x % 1000000 ))
 }
 nm() { case $1 in ''|*[!0-9]*) N=- ;; *) N=$1 ;; esac; }
+num() { [[ -n $1 && $1 != *[!0-9]* ]]; }  # a number (digits only): a glob, no regex to compile
 # A /proc/PID/stat text's fields after its name (which may hold anything but ends at the last
 # ")"), in the caller's array F; a /proc/PID/status text's uids (real, effective ...), in U (the
 # kernel escapes a newline in Name: no Uid line can be forged).
-fields() { local x=${1##*')'}; F=($x); }
+fields() { local x=${1%')'*}; [[ $x == "$1" ]] || x=${1:${#x}+1}; F=($x); }  # ## would be O(n²)
 uid_fields() { local x=${1#*$'\n'Uid:}; U=(); [[ $x == "$1" ]] || U=(${x%%$'\n'*}); }
 lines() { local IFS=$'\n'; L=($1); }
 """.replace("CLK_TCK_VALUE", str(CLK_TCK))
@@ -127,11 +130,14 @@ lines() { local IFS=$'\n'; L=($1); }
 #   u UID =NAME|!                         (once for every EUID seen)
 # Every PID argument gets exactly one p or g line, in argument order.
 _PROCS = r"""argv_of() {  # /proc/PID/cmdline escaped (each NUL as \000) in R: 64 args, 4096 bytes
-  local a n=0
+  local a n=0 k=0 IFS=
   local -a P=()
-  while (( n < 4096 && ${#P[@]} < 64 )); do
-    if IFS= read -r -d '' -n $(( 4096 - n )) a; then P+=("$a"); (( n += ${#a} + 1 ))
-    else [[ -n $a ]] && P+=("$a"); break; fi
+  # One argument a read, capped by what is left: the text's size and its NULs are unknown until
+  # read (a mapfile of a 6 MiB argv, or a read -N over 6 MiB of NULs, would be a cost any user
+  # could give every probe).
+  while (( n < 4096 && k < 64 )); do
+    read -r -d '' -n $(( 4096 - n )) a || { [[ -n $a ]] && P[k]=$a; break; }
+    P[k++]=$a; (( n += ${#a} + 1 ))
   done 2>/dev/null <"$1"
   R==
   (( ${#P[@]} )) || return 0
@@ -164,7 +170,7 @@ procs() {
     cm=${st#*'('}; cm=${cm%')'*}
     argv_of "$d/cmdline"; cmd=$R
     ex='!'
-    if [[ $ru == "$eu" && $eu =~ ^[0-9]+$ ]] && (( eu < 1000 )); then
+    if [[ $ru == "$eu" ]] && num "$eu" && (( eu < 1000 )); then
       # Only a system account can own a protected daemon: read its exe (where permitted) and
       # spare every user job a readlink.
       e=$(readlink "$d/exe" 2>/dev/null) && [[ -n $e ]] && { esc "$e"; ex=$R; }
@@ -184,6 +190,7 @@ procs() {
   while IFS=: read -r name _ u _; do
     [[ $uids == *" $u "* ]] || continue
     esc "$name"; printf 'u %s %s\n' "$u" "$R"; uids=${uids/ $u / }
+    [[ $uids == ' ' ]] && break
   done 2>/dev/null </etc/passwd
   # NSS may be a network round trip per uid, and a user with subuid ranges can hold device files
   # under as many unlisted uids as they like: at most 16 are asked, each answer read within what
@@ -240,7 +247,7 @@ query() {
   )
   IFS= read -r -t "$T" -u "$fd" c
   r=142
-  if [[ $c =~ ^[0-9]+$ ]]; then
+  if num "$c"; then
     started "$c"; t=$R
     IFS= read -r -N 8388608 -t "$T" -u "$fd" Q; r=$?  # -N: in blocks, not a byte a call
   fi
@@ -284,8 +291,8 @@ _FUSER = r"""fuser_table() {
       ctl=0; [[ $line == "${pre}ctl:"* || $line == "${pre}-uvm:"* ]] && ctl=1
     fi
     for (( i = 1; i < ${#F[@]}; i++ )); do
-      [[ ${F[i]} == [.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM] \
-         && ${F[i-1]} =~ ^[0-9]+$ ]] && break
+      [[ ${F[i]} == [.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM][.cefFrmM] ]] && num "${F[i-1]}" \
+        && break
     done
     if (( i >= ${#F[@]} )); then printf '%s\n' "$line"; continue; fi
     o=${F[0]}; [[ $line == ' '* ]] && o="  $o"
@@ -331,7 +338,7 @@ m probe "$T" "${idx:--}"
 if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404 )); then m fatal old-bash; m end; exit 0; fi
 need() { command -v "$1" >/dev/null 2>&1 || { m fatal "no-$1"; m end; exit 0; }; }
 if [[ $sudo == sudo ]]; then need sudo; else need fuser; fi
-me=; while read -r k _ eu _; do [[ $k == Uid: ]] && { me=$eu; break; }; done </proc/$$/status
+rd /proc/$$/status; uid_fields "$R"; me=${U[1]}  # the effective uid
 # The queries' records (probe_guards): in the login account's own runtime folder, or none.
 [[ $SD == - ]] && SD=/run/user/$me
 [[ -n $me && -d $SD && -O $SD && ! -L $SD && -w $SD ]] || SD=
@@ -392,11 +399,15 @@ fi
 m fuser "$s"
 fuser_table "$f"
 # /proc mounted with hidepid: other users' processes are not there to read.
+# One read of the table, not a read a line (users' FUSE mounts are lines of it too).
 hp=-
-while read -r _ mnt fs opts _; do
-  [[ $mnt == /proc && $fs == proc ]] || continue
-  case ,$opts, in *,hidepid=*) hp=${opts#*hidepid=}; hp=${hp%%,*} ;; esac
-done 2>/dev/null </proc/mounts
+L=(); { mapfile -t L </proc/mounts; } 2>/dev/null
+for line in "${L[@]}"; do
+  [[ $line == *' /proc proc '* ]] || continue
+  F=($line)
+  [[ ${F[1]} == /proc && ${F[2]} == proc ]] || continue
+  case ,${F[3]}, in *,hidepid=*) hp=${F[3]#*hidepid=}; hp=${hp%%,*} ;; esac
+done
 m view "$hp" "${me:--}"
 procs $extra $FP
 m end
