@@ -67,6 +67,31 @@ def test_argv_is_capped_before_it_is_escaped() -> None:
     assert got[3] == "\\303\\251" * 50
 
 
+SLEEPER = ["/usr/bin/python3", "-c", "import time; time.sleep(60)"]  # 48 bytes with their NULs
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        ([b""] * 100_000, [""] * 61),  # a flood of NULs: 64 arguments in all
+        ([b"x" * 131_071], ["x" * (4096 - 48)]),  # the longest argument: 4096 bytes in all
+    ],
+    ids=["nul-flood", "one-huge-argument"],
+)
+def test_any_argv_is_read_only_up_to_its_caps(args: list[bytes], want: list[str]) -> None:
+    p = subprocess.Popen([*SLEEPER, *args], executable=sys.executable)
+    try:
+        got = bash(
+            probe_script._COMMON + probe_script._PROCS + 'argv_of "/proc/$1/cmdline"; '
+            'printf "%s" "$R"',
+            str(p.pid).encode(),
+        ).decode()
+    finally:
+        p.kill()
+        p.wait()
+    assert got == "=" + "".join(a.replace(" ", "\\040") + "\\000" for a in [*SLEEPER, *want])
+
+
 def out(*sections: str) -> CommandResult:
     return CommandResult(("bash",), 0, "".join(f"\n@gpubot {s}" for s in sections), "")
 
