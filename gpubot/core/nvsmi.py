@@ -69,6 +69,7 @@ _LOST = (
     re.compile(rf"{_UNABLE}(?P<index>\d+): (?P<why>.*)"),
 )
 _INFOROM = re.compile(rf"WARNING: infoROM is corrupted at gpu (?P<bus>{_BUS_TEXT})")
+_NOTE_STARTS = (_UNABLE.removesuffix(" ?"), "WARNING: infoROM")  # how every note line starts
 # nvidia-smi(1), RETURN VALUE: 14 "infoROM is corrupted", 15 "GPU has fallen off the bus":
 # with these the rows of the GPUs that still answer are printed and used.
 USABLE_EXIT = (0, 14, 15)
@@ -123,6 +124,9 @@ def take_notes(text: str) -> tuple[str, SmiNotes]:
     warnings: list[tuple[str, str]] = []
     for raw in text.splitlines():
         line = raw.strip()
+        if not line.startswith(_NOTE_STARTS):  # a row: the usual line, no pattern tried
+            rest.append(raw)
+            continue
         m = next((m for p in _LOST if (m := p.fullmatch(line))), None)
         if m is not None:
             d = m.groupdict()
