@@ -1,7 +1,7 @@
 """Two guards of the node probe's script (``probe_script``), kept apart for size: the look for a
 stuck nvidia-smi of the probe's own, and the watchdog that ends a probe whose channel is gone.
 
-Both are bash text using the helpers of ``probe_script._COMMON`` (``rd``, ``fields``,
+Both are bash text using the helpers of ``probe_script._COMMON`` (``rd``, ``num``, ``fields``,
 ``uid_fields``, ``over``, ``m``) and the script's variables (``smi``, ``me``, ``T``, ``B``,
 ``GQ``, ``AQ``, ``SD``: the private runtime folder of the probe's records, empty without one).
 """
