@@ -48,10 +48,22 @@ def test_both_escaping_paths_give_exactly_the_format_the_parser_reads(raw: bytes
     assert "=" + slow == reference(raw[:4096])
 
 
+def started(argv: list[str | bytes], executable: str | None = None) -> subprocess.Popen[bytes]:
+    """A process whose argv can be read: Popen returns once exec is past its point of no return,
+    but the kernel sets the new argv's bounds later, and until then /proc/PID/cmdline reads empty
+    (nearly always, for an argv of 100,000 NULs)."""
+    p = subprocess.Popen(argv, executable=executable)
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{p.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the process's argv never appeared"
+        time.sleep(0.001)
+    return p
+
+
 def test_argv_is_capped_before_it_is_escaped() -> None:
     # 100 arguments of 100 bytes: at most 64 arguments and 4096 bytes of them are read.
     args = [bytes([0xC3, 0xA9]) * 50 for _ in range(100)]
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args])
+    p = started([sys.executable, "-c", "import time; time.sleep(60)", *args])
     try:
         out = bash(
             probe_script._COMMON + probe_script._PROCS + 'argv_of "/proc/$1/cmdline"; '
@@ -79,7 +91,7 @@ SLEEPER = ["/usr/bin/python3", "-c", "import time; time.sleep(60)"]  # 48 bytes 
     ids=["nul-flood", "one-huge-argument"],
 )
 def test_any_argv_is_read_only_up_to_its_caps(args: list[bytes], want: list[str]) -> None:
-    p = subprocess.Popen([*SLEEPER, *args], executable=sys.executable)
+    p = started([*SLEEPER, *args], executable=sys.executable)
     try:
         got = bash(
             probe_script._COMMON + probe_script._PROCS + 'argv_of "/proc/$1/cmdline"; '
