@@ -28,7 +28,7 @@ from gpubot.chat.message import (
     ctx,
     italic,
 )
-from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
+from gpubot.core.flags import flags_of, node_notes, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.text_table import (
     gpu_lines,
@@ -85,7 +85,7 @@ def node_rows(snap: NodeSnapshot, *, max_procs: int = 4) -> list[list[str]]:
                 _mem(g),
                 _util(g),
                 "; ".join(labels) or "–",
-                ", ".join(gpu_flags(g, procs)) or "–",
+                ", ".join(flags_of(snap, g)) or "–",
             ]
         )
     return rows
@@ -112,7 +112,7 @@ def _counts(snaps: Sequence[NodeSnapshot]) -> Counts:
             procs = s.on_gpu(g.index)
             total += 1
             busy += any(not p.system for p in procs)  # a daemon on it is not a job
-            flagged += bool(gpu_flags(g, procs))
+            flagged += bool(flags_of(s, g))
     return total, busy, total - busy, flagged
 
 
@@ -246,7 +246,7 @@ def _flagged_lines(snaps: Sequence[NodeSnapshot]) -> list[str]:
     for s in snaps:
         for g in s.gpus:
             procs = s.on_gpu(g.index)
-            flags = gpu_flags(g, procs)
+            flags = flags_of(s, g)
             if flags:
                 who = ", ".join(sorted({p.user or "?" for p in procs})) or "no process"
                 out.append(f"{s.node} GPU {g.index}: {_mem(g)}  {', '.join(flags)}  ({who})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpubot.core.flags import gpu_flags, node_notes, process_flags
+from gpubot.core.flags import flags_of, node_notes, process_flags
 from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.text import one_line
 from gpubot.core.text_table import WIDTH as WIDTH  # a note's width, for the tests
@@ -116,7 +116,7 @@ def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
                 "utilization_pct": g.utilization_pct,
                 "bus_id": g.bus_id,
                 "device_minor": g.minor,
-                "flags": list(gpu_flags(g, procs)),
+                "flags": list(flags_of(snap, g)),
                 "health": None if g.health is None else g.health.to_dict(),
                 "processes": [
                     {

@@ -44,6 +44,17 @@ def gpu_flags(gpu: GpuInfo, procs: tuple[GpuProcess, ...]) -> tuple[str, ...]:
     return tuple(flags)
 
 
+def flags_of(snap: NodeSnapshot, g: GpuInfo) -> tuple[str, ...]:
+    """Return the flags of ``g``, one of ``snap``'s GPUs, worked out once a snapshot: a ``status
+    all`` asks for every GPU's in its counts, tables, flagged lines and ``--json`` (issue 24)."""
+    known = snap.flag_memo.get(g.index)
+    if known is not None and known[0] is g:
+        return known[1]
+    flags = gpu_flags(g, snap.on_gpu(g.index))
+    snap.flag_memo[g.index] = (g, flags)
+    return flags
+
+
 def owner_label(p: GpuProcess) -> str:
     """Return whose job a process is: its workload's owner, else its own user."""
     w = p.workload

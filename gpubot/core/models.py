@@ -180,6 +180,11 @@ class NodeSnapshot:
         return self._by_gpu.get(index, ())
 
     @cached_property
+    def flag_memo(self) -> dict[int, tuple[GpuInfo, tuple[str, ...]]]:
+        """Each GPU's flags once worked out, by index (``core.flags.flags_of``)."""
+        return {}
+
+    @cached_property
     def _by_gpu(self) -> dict[int, tuple[GpuProcess, ...]]:
         """The processes by GPU, grouped once: a ``status all`` of 1,000 nodes asks 33,000
         times (the tables, the counts, the flags, the ``--json`` document; issue 24)."""

@@ -7,6 +7,7 @@ Everything a process controls about itself (its name, argv, cgroup, wchan) arriv
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -17,6 +18,13 @@ from gpubot.errors import ParseError
 NUM = re.compile(r"[0-9]{1,12}")  # a decimal count, pid, uid or status
 _ESCAPED = re.compile(r"=(?:[!-\[\]-~]|\\[0-3][0-7]{2})*")
 _OCTAL = re.compile(r"\\([0-3][0-7]{2})")
+
+# A process keeps its cgroup from one probe to the next, and a job's workers share one: the
+# workload of a cgroup text is worked out once and remembered (``parse_cgroup`` depends on the
+# text alone, and its Workload is frozen). 16,384 texts, each at most the probe's 4,096 bytes:
+# eight jobs on each of 2,000 nodes. A text past the bound is worked out again.
+CGROUP_TEXTS = 16_384
+_workload_of = functools.lru_cache(maxsize=CGROUP_TEXTS)(parse_cgroup)
 
 _ACCESS = re.compile(r"[.cefFrmM]{5}")
 _PATH_LINE = re.compile(r"(?P<path>\S.*?):(?:\s+(?P<rest>.*))?")
@@ -136,7 +144,7 @@ def _proc_info(
         command=command or f"[{printable(name)}]",
         wchan=None if w in ("", "0") else printable(w),
         cgroup=cg or None,
-        workload=parse_cgroup(cg),
+        workload=_workload_of(cg),
         uid=uid,
         real_uid=real,
         exe=None if exe == "!" else _unescape(exe, what),

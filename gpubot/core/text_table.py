@@ -19,7 +19,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
-from gpubot.core.flags import gpu_flags, node_notes, owner_label, process_flags, workload_label
+from gpubot.core.flags import flags_of, node_notes, owner_label, process_flags, workload_label
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.text import one_line
 
@@ -113,7 +113,7 @@ def gpu_rows(snap: NodeSnapshot) -> list[list[str]]:
                 _pct(g.memory_used_mib, g.memory_total_mib),
                 "?" if g.utilization_pct is None else f"{g.utilization_pct}%",
                 process_cell(procs[0]) if procs else "–",
-                ", ".join(gpu_flags(g, procs)),
+                ", ".join(flags_of(snap, g)),
             ]
         )
         for p in procs[1:]:
@@ -165,7 +165,7 @@ def summary_row(snap: NodeSnapshot) -> list[str]:
         jobs = [p for p in procs if not p.system]
         busy += bool(jobs)
         holders += len(jobs)
-        flags = gpu_flags(g, procs)
+        flags = flags_of(snap, g)
         flagged += bool(flags)
         counts.update(flags)
         unknown = unknown or g.memory_used_mib is None or g.memory_total_mib is None

@@ -165,7 +165,8 @@ def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None
     by_uid = uid_names.get(int(uid)) if uid is not None else None
     label = w.get(f"label.{owner_label}") if owner_label else None
     owner = runtime_of(w.kind).owner(w, by_uid, label)
-    return replace(w, owner=owner if valid_user(owner) else None)
+    owner = owner if valid_user(owner) else None
+    return w if owner == w.owner else replace(w, owner=owner)  # as it was: itself, no copy
 
 
 def stop_command(w: Workload) -> str | None:
