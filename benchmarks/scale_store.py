@@ -245,11 +245,32 @@ class Answers:
 
     probe: Any
     health: Any
+    own: dict[str, Any] = dataclasses.field(default_factory=dict)  # each node's probe answer
 
-    def to(self, argv: Sequence[str]) -> Any:
-        """Return the answer to ``argv`` (the health exec names itself in ``$0``)."""
-        answer = self.health if list(argv[3:4]) == ["gpubot-health"] else self.probe
-        return dataclasses.replace(answer, argv=tuple(argv))
+    def to(self, argv: Sequence[str], node: str = "node1") -> Any:
+        """Return ``node``'s answer to ``argv`` (the health exec names itself in ``$0``)."""
+        if list(argv[3:4]) == ["gpubot-health"]:
+            return dataclasses.replace(self.health, argv=tuple(argv))
+        if node not in self.own:
+            self.own[node] = own_answer(self.probe.stdout, node)
+        return dataclasses.replace(self.probe, argv=tuple(argv), stdout=self.own[node])
+
+
+def own_answer(text: str, node: str) -> str:
+    """Return the recorded probe answer ``text`` with cgroups of ``node``'s own.
+
+    A fleet's nodes run different jobs, each process in a cgroup of its own, and gpubot
+    remembers what it worked out of each cgroup text (``core.probe_fields``): nodes all answering
+    one text would make that look free. Each process line's cgroup gets a last path segment
+    naming the node and the process.
+    """
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        f = line.split(" ")
+        if f[0] == "p" and len(f) == 12:
+            f[10] += ("" if f[10].endswith("/") else "/") + f"bench-{node}-{f[1]}"
+            lines[i] = " ".join(f)
+    return "\n".join(lines)
 
 
 def recorded_probe(work: Path) -> tuple[Any, Answers]:
@@ -284,7 +305,7 @@ class Recorded:
     async def run(self, node: Any, argv: Sequence[str], *, timeout: float | None = None) -> Any:
         spread = (int(node.name[4:]) * 7919 % 1000) / 1000 * 0.05
         await asyncio.sleep(0.001 + spread)
-        return self.answers.to(argv)
+        return self.answers.to(argv, node.name)
 
     async def close(self) -> None:
         return None

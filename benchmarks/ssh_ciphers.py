@@ -52,19 +52,30 @@ class _AnyKey(asyncssh.SSHServer):
 
 async def serve(work: Path, nodes: int) -> None:
     """Serve ``nodes`` ports answering every exec with ``work/answer`` (the sweep's health exec,
-    which names itself ``gpubot-health``, with ``work/health``); write their ports."""
-    answer, health = (work / "answer").read_bytes(), (work / "health").read_bytes()
+    which names itself ``gpubot-health``, with ``work/health``), each port ``node{i}``'s own
+    (``scale_store.own_answer``: its processes' cgroups); write their ports."""
+    from benchmarks.scale_store import own_answer
 
-    async def handle(proc: asyncssh.SSHServerProcess[bytes]) -> None:
-        proc.stdout.write(health if "gpubot-health" in (proc.command or "") else answer)
-        proc.exit(0)
+    answer, health = (work / "answer").read_text(), (work / "health").read_bytes()
+
+    def handler(own: bytes) -> Callable[[asyncssh.SSHServerProcess[bytes]], None]:
+        def handle(proc: asyncssh.SSHServerProcess[bytes]) -> None:
+            proc.stdout.write(health if "gpubot-health" in (proc.command or "") else own)
+            proc.exit(0)
+
+        return handle
 
     key = asyncssh.read_private_key(str(work / "host_key"))
     servers = [
         await asyncssh.create_server(
-            _AnyKey, "127.0.0.1", 0, server_host_keys=[key], process_factory=handle, encoding=None
+            _AnyKey,
+            "127.0.0.1",
+            0,
+            server_host_keys=[key],
+            process_factory=handler(own_answer(answer, f"node{i}").encode()),
+            encoding=None,
         )
-        for _ in range(nodes)
+        for i in range(1, nodes + 1)
     ]
     ports = [s.sockets[0].getsockname()[1] for s in servers]
     (work / "ports.json").write_text(json.dumps(ports))

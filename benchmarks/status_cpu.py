@@ -49,7 +49,7 @@ class Instant:
         self.answers = answers
 
     async def run(self, node: Any, argv: Any, *, timeout: float | None = None) -> Any:
-        return self.answers.to(argv)
+        return self.answers.to(argv, node.name)
 
     async def close(self) -> None:
         return None
