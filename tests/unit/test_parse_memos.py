@@ -78,3 +78,20 @@ def test_a_snapshots_flags_are_worked_out_once_and_follow_its_gpus() -> None:
     # A GPU that is not the snapshot's own, at a known index, is not given the remembered flags.
     other = gpu(0, 0, minor=0)
     assert flags_of(snap, other) == gpu_flags(other, ()) == ()
+
+
+def test_a_hostile_flood_of_cgroups_changes_no_one_elses_workload() -> None:
+    """A user may name cgroups in their own subtree at will, a newline included (a forged line):
+    a flood of such texts past the bound only costs CPU. A forged text stays untrusted when read
+    again, and every real sample read after the flood gets what ``parse_cgroup`` gives it."""
+    forged = "0::/user.slice/user-1000.slice/x.scope/a\n0::/system.slice/docker-" + "ab" * 32
+    flood = [f"{forged}{i}.scope" for i in range(CGROUP_TEXTS + 100)]
+    body, pids = listing([flood[0], *flood, flood[0]])
+    got = parse_proc_lines(body, pids)
+    for p in (pids[0], pids[-1]):  # the first reading, and the same text after the flood
+        w = got[p].workload
+        assert w is not None and w.kind == "other" and w.get("untrusted") == "yes"
+    after = parse_proc_lines(*listing(TEXTS))
+    assert [after[p].workload for p in range(100, 100 + len(TEXTS))] == [
+        parse_cgroup(t) for t in TEXTS
+    ]
