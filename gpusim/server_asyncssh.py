@@ -18,6 +18,7 @@ from gpusim.errors import SimError, SimUsageError
 from gpusim.server import ServerSpec, session_env
 
 T = TypeVar("T")
+_SESSION_END_S = 5.0  # how long a session's ended command has to exit and close its pipes
 
 # Run as root in a fresh mount namespace: mount /proc hidepid=2, then become the session's user.
 _HIDEPID = (
@@ -71,6 +72,7 @@ class AsyncsshPool:
         self._thread.start()
         self._listeners: dict[str, _Listener] = {}
         self._children: set[asyncio.subprocess.Process] = set()
+        self._sessions: set[asyncio.Task[Any]] = set()
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -84,7 +86,13 @@ class AsyncsshPool:
         key = asyncssh.read_private_key(str(spec.host_key))
 
         async def handle(process: asyncssh.SSHServerProcess[bytes]) -> None:
-            await self._session(lst, process)
+            task = asyncio.current_task()
+            assert task is not None
+            self._sessions.add(task)  # closing the pool waits for it to end its command
+            try:
+                await self._session(lst, process)
+            finally:
+                self._sessions.discard(task)
 
         try:
             lst.acceptor = await asyncssh.listen(
@@ -127,7 +135,7 @@ class AsyncsshPool:
         if not self._thread.is_alive():
             return
         with contextlib.suppress(Exception):
-            self._call(self._close_all(), timeout=15)
+            self._call(self._close_all(), timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
@@ -138,8 +146,10 @@ class AsyncsshPool:
             await self._stop(name)
         for proc in list(self._children):
             _killpg(proc.pid)
-        if self._children:
-            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in self._children], timeout=5)
+        # Each session reaps its own command and closes its pipes (below); the loop must not
+        # stop under one that has not yet, or its task is destroyed pending, pipes open.
+        if self._sessions:
+            await asyncio.wait(list(self._sessions), timeout=_SESSION_END_S + 5)
 
     async def _session(self, lst: _Listener, process: asyncssh.SSHServerProcess[bytes]) -> None:
         spec = lst.spec
@@ -178,12 +188,15 @@ class AsyncsshPool:
         finally:
             if proc.returncode is None:  # the client went away: end what it started
                 _killpg(proc.pid)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(proc.wait(), 5)
             for task in (feeder, closed, pumps):
                 if not task.done():
                     task.cancel()
             await asyncio.gather(feeder, closed, pumps, return_exceptions=True)
+            # A pump stopped in a full channel (a client that stopped reading) leaves its pipe
+            # short of EOF: read what is left to the end, or the pipe stays open until exit.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_SESSION_END_S):
+                    await proc.communicate()
             self._children.discard(proc)
 
 

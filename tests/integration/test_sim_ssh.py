@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -214,6 +218,41 @@ async def test_asyncssh_server_kills_the_command_of_a_client_that_left(
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists()
+
+
+async def test_a_session_left_in_a_full_channel_closes_its_pipes(sim_fleet: SimFleet) -> None:
+    """A client that stops reading and leaves: the server's pump is stopped in a full channel,
+    its pipe short of EOF. That pipe is closed when the session ends, not left open until this
+    process exits (an unclosed transport, whichever later test's collection finds it)."""
+    node = sim_fleet.node("node3")
+    unclosed: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: unclosed.append(repr(u.exc_value))
+    try:
+        async with connect(sim_fleet, node) as conn:
+            proc = await conn.create_process("echo $$; exec head -c 20000000 /dev/zero")
+            pid = int(await asyncio.wait_for(proc.stdout.readline(), 10))
+            pipe = os.readlink(f"/proc/{pid}/fd/1")  # the server's end reads this pipe
+            assert pipe.startswith("pipe:")
+            await asyncio.sleep(0.5)  # the channel's window fills: the server's pump waits
+            proc.close()  # the channel goes, the connection stays (as a capped read leaves it)
+            deadline = time.monotonic() + 15
+            while pipe in _fds() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        gc.collect()  # a transport left open is reported here (the control: it is)
+    finally:
+        sys.unraisablehook = hook
+    assert pipe not in _fds()
+    assert not [u for u in unclosed if "unclosed" in u], unclosed
+
+
+def _fds() -> set[str]:
+    """What this process's descriptors point to."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            out.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return out
 
 
 async def test_every_behaviour_seen_and_signalled_over_ssh(fleet: SimFleet, node: SimNode) -> None:
