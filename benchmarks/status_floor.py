@@ -22,8 +22,10 @@ each round's runs.
 all``, a warm one, the first sweep over a new database, two more) under
 ``benchmarks.scale_store.Watch``: the worst lateness of a 5 ms loop timer in each, and that less
 the time the loop's thread waited for a CPU (the fleet's server shares this box's 2 cores).
-Two arms, each a process of its own with its own fleet, alternating: ``now``, and ``no-pause``,
-the pure-work thread running its jobs without letting the loop in (``offload.JOBS``).
+Three arms, each a process of its own with its own fleet, alternating: ``now``; ``all-in``,
+every place of ``[ssh] max_parallel`` used from a round's start to its end, whatever the loop's
+turns (``core.admission``'s valve off); and ``no-pause``, the pure-work thread running its jobs
+without letting the loop in (``offload.JOBS``).
 """
 
 from __future__ import annotations
@@ -168,7 +170,9 @@ async def stalls(work: Path, ports: list[int], _r: int, _e: int, _p: int, record
     return out
 
 
-STALL_ARMS = ("now", "no-pause")  # no-pause: the worker never lets the loop in between jobs
+# no-pause: the worker never lets the loop in between jobs; all-in: every node a round may
+# have in flight from its start to its end, whatever the loop's turns (no ``core.admission``)
+STALL_ARMS = ("now", "all-in", "no-pause")
 
 
 def no_pause() -> None:
@@ -177,6 +181,13 @@ def no_pause() -> None:
     from gpubot.services import offload
 
     setattr(offload, "JOBS", HandOver(float("inf")))  # noqa: B010 (a run never that long)
+
+
+def all_in() -> None:
+    """Admit ``[ssh] max_parallel`` nodes in flight from the start, as before issue 24's valve."""
+    from gpubot.core import admission
+
+    setattr(admission, "FLOOR", 10**6)  # noqa: B010 (over any limit: every place, always)
 
 
 def stall_rounds(nodes: int, rounds: int) -> dict[str, Any]:
@@ -203,7 +214,12 @@ def stall_report(res: dict[str, Any]) -> str:
         f"The event loop over {res['nodes']} nodes over SSH, a new bot's first steps, the arms "
         f"alternating (load {'; '.join(res['load'])}):"
     )
-    return "\n".join([title, "", table(head, rows)])
+    worst = [
+        f"- {arm}: worst late {ms(max(p['late'] for r in res[arm] for p in r))} ms, less CPU "
+        f"wait {ms(max(p['own'] for r in res[arm] for p in r))} ms"
+        for arm in STALL_ARMS
+    ]
+    return "\n".join([title, "", table(head, rows), "", *worst])
 
 
 def report(res: dict[str, Any]) -> str:
@@ -238,6 +254,8 @@ def main(argv: list[str]) -> int:
     if a.stalls and a.arm is not None:
         if a.arm == "no-pause":
             no_pause()
+        if a.arm == "all-in":
+            all_in()
         print(json.dumps(with_fleet(a.nodes, 1, 1, 0, stalls)["arms"]))
         return 0
     if a.stalls:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from gpubot.config import Settings
+from gpubot.core.admission import Admission
 from gpubot.core.attribute import attribute
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.enrich import apply_enrichment, enrich_argv, enrich_target, parse_enrichment
@@ -65,12 +66,14 @@ async def fan_out(
     ``budget_s``: a node that has not answered this long after the start (waiting for its turn
     included) fails with ``CommandTimeout`` "no answer within the <budget_name> (N s)".
     ``limit`` workers take the nodes in turn: 2,000 nodes are 64 tasks, not 2,000 tasks whose
-    first steps all run in one turn of the loop (that held it for about 60 ms).
+    first steps all run in one turn of the loop (that held it for about 60 ms). Fewer of them
+    run while the loop's own work fills its turns (``core.admission.Admission``).
     """
     deadline = None if budget_s is None else asyncio.get_running_loop().time() + budget_s
     answers: dict[int, T] = {}
     errors: dict[int, GpubotError] = {}
     turns = iter(range(len(nodes)))
+    gate = Admission(min(max(1, limit), len(nodes)))
 
     async def one(node: NodeConfig) -> T:
         cm = asyncio.timeout_at(deadline)
@@ -84,18 +87,25 @@ async def fan_out(
             raise
 
     async def worker() -> None:
-        for i in turns:
-            try:
-                answers[i] = await one(nodes[i])
-            except GpubotError as exc:
-                errors[i] = exc
-            except Exception as exc:  # cancellation and interrupts are not a node's failure
-                log.error("unexpected error from %s", nodes[i].name, exc_info=exc)
-                errors[i] = GpubotError(f"{nodes[i].name}: internal error: {exc!r}")
+        while True:
+            async with gate.place():  # a node's turn is taken with its place, not before
+                i = next(turns, None)
+                if i is None:
+                    return
+                try:
+                    answers[i] = await one(nodes[i])
+                except GpubotError as exc:
+                    errors[i] = exc
+                except Exception as exc:  # cancellation and interrupts are not a node's failure
+                    log.error("unexpected error from %s", nodes[i].name, exc_info=exc)
+                    errors[i] = GpubotError(f"{nodes[i].name}: internal error: {exc!r}")
 
-    ends = await asyncio.gather(
-        *(worker() for _ in range(min(max(1, limit), len(nodes)))), return_exceptions=True
-    )
+    watch = asyncio.ensure_future(gate.watch())
+    try:
+        ends = await asyncio.gather(*(worker() for _ in range(gate.limit)), return_exceptions=True)
+    finally:
+        watch.cancel()
+    log.debug("fan-out: %d at once at most, of %d", gate.most, gate.limit)
     for end in ends:
         if isinstance(end, BaseException):
             raise end
