@@ -172,9 +172,11 @@ class AsyncsshPool:
         self._children.add(proc)
         assert proc.stdout is not None and proc.stderr is not None
         feeder = asyncio.ensure_future(_feed(process, proc))
-        pumps = asyncio.ensure_future(
-            asyncio.gather(_pump(proc.stdout, process.stdout), _pump(proc.stderr, process.stderr))
-        )
+        each = [
+            asyncio.ensure_future(_pump(proc.stdout, process.stdout)),
+            asyncio.ensure_future(_pump(proc.stderr, process.stderr)),
+        ]
+        pumps = asyncio.gather(*each)  # done at the first pump's error: the other still reads
         closed = asyncio.ensure_future(process.channel.wait_closed())
         waiters: list[asyncio.Future[Any]] = [pumps, closed]
         try:
@@ -188,15 +190,12 @@ class AsyncsshPool:
         finally:
             if proc.returncode is None:  # the client went away: end what it started
                 _killpg(proc.pid)
-            for task in (feeder, closed, pumps):
+            tasks: list[asyncio.Future[Any]] = [feeder, closed, pumps, *each]
+            for task in tasks:
                 if not task.done():
                     task.cancel()
-            await asyncio.gather(feeder, closed, pumps, return_exceptions=True)
-            # A pump stopped in a full channel (a client that stopped reading) leaves its pipe
-            # short of EOF: read what is left to the end, or the pipe stays open until exit.
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(_SESSION_END_S):
-                    await proc.communicate()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await _reap(proc)
             self._children.discard(proc)
 
 
@@ -223,6 +222,28 @@ def _session_command(spec: ServerSpec, cmd: str | None) -> tuple[list[str], dict
     if spec.run_as is not None:
         return argv, {"user": spec.run_as[0], "group": spec.run_as[1], "extra_groups": []}
     return argv, {}
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Read what is left of an ended session's output to its end (discarded) and wait for it.
+
+    A pump stopped in a full channel (a client that stopped reading) leaves its pipe short of
+    EOF, buffered past asyncio's pause mark: unread, it stays open until this process exits. A
+    process of the command's left running outside its group (or the shell's background job, the
+    shell gone) may hold the pipe for good: after ``_SESSION_END_S`` the pipes are closed."""
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        async with asyncio.timeout(_SESSION_END_S):
+            await asyncio.gather(_discard(proc.stdout), _discard(proc.stderr), proc.wait())
+    except (TimeoutError, OSError):
+        transport = getattr(proc, "_transport", None)  # asyncio's: no public way to close it
+        if transport is not None:
+            transport.close()
+
+
+async def _discard(src: asyncio.StreamReader) -> None:
+    while await src.read(65536):
+        pass
 
 
 async def _pump(src: asyncio.StreamReader, dst: asyncssh.SSHWriter[bytes]) -> None:
