@@ -11,7 +11,8 @@ shorter, only the turns longer.
 
 ``Admission`` watches the loop's own CPU in each window of a 5 ms timer (the thread's CPU,
 so a box busy with other processes does not count) and admits fewer nodes while a window holds
-more than ``BUSY_S`` of it, one more after each window under ``CALM_S``, never fewer than
+more than ``BUSY_S`` of it, an eighth more after each window under ``CALM_S`` (from 16 to 64 in
+13 windows, some 70 ms: what a small round on a slow network waits), never fewer than
 ``FLOOR`` nor more than the limit. Waiting for a free place is waiting for a turn: it counts in
 a round's budget as before.
 """
@@ -26,7 +27,8 @@ from collections.abc import AsyncIterator
 
 EVERY_S = 0.005  # the watch's timer
 BUSY_S = 0.020  # the loop's CPU in one window of the watch: more, and fewer are admitted
-CALM_S = 0.010  # less, and one more is admitted
+CALM_S = 0.010  # less, and an eighth more are admitted (at least one)
+GROW = 8
 CUT = 0.8  # a busy window leaves this share of the places
 FLOOR = 16  # never fewer in flight (a cold round's handshakes wait on the other end too)
 
@@ -46,17 +48,22 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def place(self) -> AsyncIterator[None]:
-        """Hold a place while the block runs (waiting for one first, in turn)."""
-        while self.running >= self.places:
+        """Hold a place while the block runs, waiting for one first, in turn.
+
+        A freed place is handed to the first waiter there and then (counted as its own), so
+        that whoever frees one cannot take it straight back past those waiting."""
+        if self.running >= self.places:
             turn = asyncio.get_running_loop().create_future()
             self._waiting.append(turn)
             try:
-                await turn
+                await turn  # given: ``running`` counts it already
             except BaseException:
-                if turn.done() and not turn.cancelled():
-                    self._wake()  # a place given to a waiter cancelled meanwhile goes on
+                if turn.done() and not turn.cancelled():  # given, then cancelled: pass it on
+                    self.running -= 1
+                    self._wake()
                 raise
-        self.running += 1
+        else:
+            self.running += 1
         try:
             yield
         finally:
@@ -64,20 +71,19 @@ class Admission:
             self._wake()
 
     def _wake(self) -> None:
-        """Give each free place to the first waiter (who checks again when it runs)."""
-        free = self.places - self.running
-        while free > 0 and self._waiting:
+        """Hand each free place to the first waiter still waiting."""
+        while self.running < self.places and self._waiting:
             turn = self._waiting.popleft()
-            if not turn.done():
+            if not turn.done():  # a waiter cancelled before its turn came is passed over
                 turn.set_result(None)
-                free -= 1
+                self.running += 1
 
     def saw(self, loop_cpu_s: float) -> None:
         """Take one window's loop CPU into account."""
         if loop_cpu_s > BUSY_S:
             self.places = max(self.floor, int(self.places * CUT))
         elif loop_cpu_s < CALM_S and self.places < self.limit:
-            self.places += 1
+            self.places = min(self.limit, self.places + max(1, self.places // GROW))
             self.most = max(self.most, self.places)
             self._wake()
 

@@ -74,9 +74,11 @@ async def test_answers_that_are_work_on_the_loop_get_fewer_places(
     assert (await loop_bound(64)).most == 64
 
 
-def test_a_busy_window_cuts_places_a_calm_one_adds_one() -> None:
+def test_a_busy_window_cuts_places_a_calm_one_adds_some() -> None:
     gate = Admission(64, floor=16)
     assert gate.places == 16  # from the floor up
+    gate.saw(0.001)
+    assert gate.places == 18  # an eighth more
     for _ in range(100):
         gate.saw(0.001)
     assert gate.places == gate.most == 64
@@ -111,3 +113,25 @@ async def test_a_freed_place_goes_to_the_first_waiter_and_a_cancelled_one_passes
     b.cancel()  # b gives up holding it: c gets it, not nobody
     await asyncio.wait_for(asyncio.gather(b, c, return_exceptions=True), 5)
     assert b.cancelled() and order == ["a", "c"] and gate.running == 0
+
+
+async def test_whoever_frees_a_place_waits_behind_those_already_waiting() -> None:
+    """A worker takes its next node at once after its last: it must not take the place it just
+    freed past a waiter (the control, a place re-checked by whoever runs first, lets it)."""
+    gate = Admission(1, floor=1)
+    order: list[str] = []
+    hold = asyncio.Event()
+
+    async def worker(name: str, rounds: int) -> None:
+        for i in range(rounds):
+            async with gate.place():
+                order.append(f"{name}{i}")
+                await hold.wait()
+
+    a = asyncio.ensure_future(worker("a", 2))
+    await asyncio.sleep(0)
+    b = asyncio.ensure_future(worker("b", 1))
+    await asyncio.sleep(0)
+    hold.set()
+    await asyncio.wait_for(asyncio.gather(a, b), 5)
+    assert order == ["a0", "b0", "a1"]
