@@ -6,9 +6,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import asyncssh
-
 from gpusim.node import SimNode
+from gpusim.sshlib import asyncssh
 
 RUNTIMES = ("docker", "podman", "slurm", "crictl")  # what the inventory lists (gpubot.config)
 

@@ -12,10 +12,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import asyncssh
-
 from gpusim.errors import SimError, SimUsageError
 from gpusim.server import ServerSpec, session_env
+from gpusim.sshlib import asyncssh
 
 T = TypeVar("T")
 _SESSION_END_S = 5.0  # how long a session's ended command has to exit and close its pipes

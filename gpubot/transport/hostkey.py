@@ -6,10 +6,9 @@ stops after the key exchange): a fingerprint to check against the box's console,
 
 from __future__ import annotations
 
-import asyncssh
-
 from gpubot.core.clock import within
 from gpubot.core.models import NodeConfig
+from gpubot.transport.sshlib import asyncssh
 
 
 async def presented_fingerprint(node: NodeConfig, timeout_s: float) -> str | None:

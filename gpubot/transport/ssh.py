@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
-import asyncssh
-
 from gpubot.config import SshSettings, expand
 from gpubot.core.clock import within
 from gpubot.core.models import CommandResult, NodeConfig
@@ -43,6 +41,7 @@ from gpubot.errors import (
 from gpubot.transport import descriptors
 from gpubot.transport.boundary import ErrorMap, map_errors
 from gpubot.transport.pool_cap import ConnectionCap
+from gpubot.transport.sshlib import asyncssh
 
 # OpenSSH's sshd allows 10 sessions per connection (MaxSessions); stay under it.
 T = TypeVar("T")
