@@ -20,6 +20,7 @@ from gpubot.cli.common import (
     print_interrupted,
     with_app,
 )
+from gpubot.cli.output import kept_going
 from gpubot.cli.render import render_plan_lines, render_reset
 from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.core.reason import clean_reason
@@ -81,7 +82,10 @@ def _confirm(question: str, yes: bool) -> None:
         return
     if not sys.stdin.isatty():
         raise UsageError("not a terminal: add --yes to go ahead without being asked")
-    answer = input(f"{question} [y/N] ").strip().lower()
+    try:
+        answer = input(f"{question} [y/N] ").strip().lower()
+    except (EOFError, OSError):  # Ctrl-D, or the terminal went away while asking
+        answer = ""
     if answer not in {"y", "yes"}:
         raise UsageError("cancelled; nothing was done")
 
@@ -125,7 +129,11 @@ async def _interrupted(app: App, node: str, as_json: bool) -> list[ActionSummary
 
 
 def run_reset(args: argparse.Namespace) -> int:
-    """Plan, confirm and run a reset; exit 0 when every targeted GPU ends freed."""
+    """Plan, confirm and run a reset; exit 0 when every targeted GPU ends freed.
+
+    Its output cannot stop it (``output.kept_going``): a closed pipe or terminal, or SIGHUP,
+    drops what is printed, and the reset goes on to its audited outcome and its exit status.
+    """
     request = ResetRequest(
         node=args.node,
         requester=linux_user(),
@@ -163,7 +171,10 @@ def run_reset(args: argparse.Namespace) -> int:
         )
         return await _finished(work, args.json, found)
 
-    return with_app(args, True, body)
+    if args.dry_run:  # changes nothing: a closed pipe may end it (141) like any command
+        return with_app(args, True, body)
+    with kept_going():  # from here to its outcome, the reset's output cannot stop it
+        return with_app(args, True, body)
 
 
 def _check_forced(plan: ResetPlan, force: bool) -> None:
@@ -191,4 +202,5 @@ def run_gpu_reset(args: argparse.Namespace) -> int:
         )
         return await _finished(work, args.json, found)
 
-    return with_app(args, True, body)
+    with kept_going():  # as a reset's: its output cannot stop it between reset and verify
+        return with_app(args, True, body)
