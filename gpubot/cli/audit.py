@@ -27,12 +27,12 @@ from typing import Any, TextIO
 from gpubot import config
 from gpubot.app import open_app_store
 from gpubot.cli.common import cli_actor
-from gpubot.config import AuditSettings, parse_duration
+from gpubot.config import AuditSettings
+from gpubot.core import durations
 from gpubot.errors import UsageError
 from gpubot.store import ActionDetail, ActionSummary, AuditRecord, SealRule, Store
 from gpubot.store.query_records import node_count
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 EXPORT_FIELDS = (
     "seq",
     "action_id",
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ls = sub.add_parser("list", help="list actions (or status/sweep queries), newest first")
     ls.add_argument("--node", help="only actions on this node")
     ls.add_argument("--actor", help="only actors whose id or name contains this")
-    ls.add_argument("--since", help="2h, 30m, 7d ... or an ISO time (UTC unless it says)")
+    ls.add_argument("--since", help="2h, 1h30m, 7d ... or an ISO time (UTC unless it says)")
     ls.add_argument("--limit", default="50", help="at most this many (default 50)")
     ls.add_argument("--queries", action="store_true", help="list status and sweep queries")
     ls.add_argument(
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ver.add_argument(
         "--max-seal-age",
         metavar="AGE",
-        help="fail when a keyed log's newest seal is older (30m, 2h ...; off: do not check); "
+        help="fail when a keyed log's newest seal is older (30m, 1h30m ...; off: do not check); "
         "default: [audit] max_seal_age",
     )
     ver.add_argument("--json", action="store_true", help="print the verdict as JSON")
@@ -121,13 +121,12 @@ def check_args(args: argparse.Namespace) -> None:
         if args.expect_head is not None:
             args.expect_head = parse_head(args.expect_head)
         if args.max_seal_age not in (None, "off"):
-            seconds = parse_duration(args.max_seal_age)
-            if seconds is None or seconds <= 0:
+            try:
+                args.max_seal_age = durations.parse(args.max_seal_age)
+            except durations.DurationError as exc:
                 raise UsageError(
-                    "--max-seal-age: expected a duration like 30m, 2h, 1d or off, "
-                    f"got {args.max_seal_age!r}"
-                )
-            args.max_seal_age = seconds
+                    f"--max-seal-age: {exc.expected}, or off, got {exc.text!r}"
+                ) from None
 
 
 def seal_rule(option: float | str | None, audit: AuditSettings) -> SealRule | None:
@@ -160,15 +159,19 @@ def positive_int(name: str, text: str) -> int:
 
 
 def parse_since(text: str, now: datetime) -> datetime:
-    """Parse ``2h`` / ``30m`` / ``7d`` (before ``now``) or an ISO time (naive means UTC)."""
-    m = re.fullmatch(r"\s*([0-9]+)\s*([smhdw])\s*", text)
-    if m:
-        return now - timedelta(seconds=int(m.group(1)) * UNITS[m.group(2)])
+    """Parse a duration (``2h``, ``1h30m``: ``core.durations``) before ``now``, or an ISO
+    time (naive means UTC). A text that ends in a unit letter is a duration; its error says
+    what a duration may be."""
+    if text.strip()[-1:].lower() in durations.UNITS:
+        try:
+            return now - timedelta(seconds=durations.parse(text))
+        except durations.DurationError as exc:
+            raise UsageError(f"--since: {exc.expected}, or an ISO time, got {text!r}") from None
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
         raise UsageError(
-            f"--since: expected a duration like 2h, 30m, 7d or an ISO time, got {text!r}"
+            f"--since: expected a duration like 2h, 1h30m, 7d or an ISO time, got {text!r}"
         ) from None
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 

@@ -24,7 +24,7 @@ from gpubot.config.settings import (
     Settings,
     SshSettings,
 )
-from gpubot.config.validate import Validator, check_port, parse_duration
+from gpubot.config.validate import Validator, check_port
 from gpubot.errors import ConfigError
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "expand",
     "load",
     "parse",
-    "parse_duration",
 ]
 
 AUDIT_KEY_ENV = "GPUBOT_AUDIT_KEY"  # makes the audit chain an HMAC chain (see store.chain)

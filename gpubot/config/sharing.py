@@ -7,7 +7,7 @@ from typing import Any
 
 from gpubot.config.slack_ids import SLACK_GROUP
 from gpubot.config.validate import Validator
-from gpubot.core.idle import parse_duration
+from gpubot.core import durations
 from gpubot.core.ladder import LadderRule
 from gpubot.core.names import LINUX_USER
 from gpubot.core.usage_report import BY, Digest, ReportSettings
@@ -59,7 +59,7 @@ def ladder(v: Validator, raw: Mapping[str, Any]) -> LadderRule:
     delays = {}
     for key, default in (("remind_after", "2h"), ("post_after", "2h"), ("offer_after", "1h")):
         try:
-            delays[key] = parse_duration(t.get(key, default))
+            delays[key] = durations.parse(t.get(key, default))
         except ValueError as exc:
             raise ConfigError(f"{v.where}: idle.{key}: {exc}") from None
     return LadderRule(enabled, delays["remind_after"], delays["post_after"], delays["offer_after"])

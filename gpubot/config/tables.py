@@ -14,9 +14,9 @@ from typing import Any
 from gpubot.config.settings import MetricsSettings
 from gpubot.config.slack_ids import BOTS, SLACK_GROUP, SLACK_USER
 from gpubot.config.validate import Validator, check_port
+from gpubot.core import durations
 from gpubot.core.findings import SweepConfig
 from gpubot.core.idle import DEFAULT_KEEP_S, IdleRule
-from gpubot.core.idle import parse_duration as idle_duration
 from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.core.policy import (
     DEFAULT_EXPIRY_S,
@@ -202,7 +202,7 @@ def _idle_rule(v: Validator, sweep: Mapping[str, Any]) -> IdleRule:
     keep = DEFAULT_KEEP_S
     if keep_raw is not None:
         try:
-            keep = idle_duration(keep_raw)
+            keep = durations.parse(keep_raw)
         except ValueError as exc:
             raise ConfigError(f"{v.where}: sweep.keep_samples: {exc}") from None
     rule = IdleRule(int(min_mib), hours, keep)

@@ -19,6 +19,7 @@ from gpubot.config.settings import (
     SshSettings,
 )
 from gpubot.config.slack_ids import SLACK_CHANNEL
+from gpubot.core import durations
 from gpubot.core.health import FABRIC_MANAGER_PID
 from gpubot.core.models import NodeConfig
 from gpubot.core.names import NODE_NAME
@@ -26,8 +27,6 @@ from gpubot.core.runtimes import LOOKUPS
 from gpubot.errors import ConfigError
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
-DURATION = re.compile(r"\s*([0-9]{1,9})\s*([smhdw])\s*")
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MIN_PUBLISH_S = 60.0  # an [audit] interval under a minute is noise, likely a typo
 RUNTIMES = tuple(LOOKUPS)  # the runtimes gpubot can ask for names (core.runtimes)
 
@@ -299,19 +298,16 @@ def _every(v: Validator, key: str, value: Any) -> float | None:
     """Return an ``[audit]`` interval of at least a minute in seconds; None for "off"."""
     if value == "off":
         return None
-    seconds = parse_duration(value)
-    if seconds is None or seconds < MIN_PUBLISH_S:
+    try:
+        seconds = durations.parse(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds < MIN_PUBLISH_S:
         raise ConfigError(
             f"{v.where}: {key}: expected a duration of at least 1m like "
             f'"24h", "30m", "7d", or "off", got {value!r}'
         )
     return seconds
-
-
-def parse_duration(value: Any) -> float | None:
-    """Return the seconds of ``"90s"``, ``"30m"``, ``"24h"``, ``"7d"`` or ``"1w"`` (else None)."""
-    m = DURATION.fullmatch(value) if isinstance(value, str) else None
-    return None if m is None else float(int(m[1]) * DURATION_UNITS[m[2]])
 
 
 NODE_KEYS = {

@@ -15,13 +15,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpubot.core import durations
 from gpubot.core.names import NODE_NAME
 from gpubot.errors import UsageError
 
 MAX_COUNT = 16
 MAX_GPU_INDEX = 255
 MAX_NOTE = 200
-_DURATION = re.compile(r"(?:([0-9]{1,4})d)?(?:([0-9]{1,5})h)?(?:([0-9]{1,6})m)?")
 _ID = re.compile(r"[0-9]{1,9}")  # ids, counts and GPU numbers
 
 
@@ -135,16 +135,13 @@ def parse(verb: str, args: list[str]) -> ClaimCommand:
     raise UsageError(f"unknown command {verb!r}")
 
 
-def parse_duration(text: str) -> float:
-    """Parse ``90m``, ``4h``, ``1d``, ``1h30m`` into seconds."""
-    m = _DURATION.fullmatch(text.lower())
-    if not text or m is None or not any(m.groups()):
-        raise UsageError(f"bad duration {_show(text)}: expected e.g. 90m, 4h, 1d or 1h30m")
-    d, h, mins = (int(x) if x else 0 for x in m.groups())
-    seconds = d * 86400 + h * 3600 + mins * 60
-    if seconds <= 0:
-        raise UsageError(f"bad duration {_show(text)}: it must be longer than 0")
-    return float(seconds)
+def _duration(text: str) -> float:
+    """Return the seconds of a claim's, an extension's or a wait's duration (``4h``,
+    ``1h30m``, ``1w``: ``core.durations``), as a ``UsageError`` quoting the word when bad."""
+    try:
+        return durations.parse(text)
+    except durations.DurationError as exc:
+        raise UsageError(f"bad duration {_show(text)}: {exc.expected}") from None
 
 
 def _claim(args: list[str]) -> ClaimGpus:
@@ -167,7 +164,7 @@ def _claim(args: list[str]) -> ClaimGpus:
     note = " ".join(rest[2:])
     if len(note) > MAX_NOTE:
         raise UsageError(f"the note is too long ({len(note)} characters, at most {MAX_NOTE})")
-    return ClaimGpus(node, gpus, count, parse_duration(rest[1]), note)
+    return ClaimGpus(node, gpus, count, _duration(rest[1]), note)
 
 
 def _extend(args: list[str]) -> Extend:
@@ -175,7 +172,7 @@ def _extend(args: list[str]) -> Extend:
         raise UsageError(f"extend: say by how much (e.g. `by 2h`); usage: {USAGE['extend']}")
     node, gpus, rest = _where(args[:-2], "extend")
     _no_more(rest, "extend")
-    return Extend(parse_duration(args[-1]), node, gpus)
+    return Extend(_duration(args[-1]), node, gpus)
 
 
 def _wait(args: list[str]) -> WaitFor:
@@ -196,7 +193,7 @@ def _wait(args: list[str]) -> WaitFor:
             count, rest = _count(rest[0]), rest[1:]
     duration = None
     if rest and rest[0].lower() == "for" and len(rest) >= 2:
-        duration, rest = parse_duration(rest[1]), rest[2:]
+        duration, rest = _duration(rest[1]), rest[2:]
     _no_more(rest, "wait")
     return WaitFor(node, gpus, count, duration)
 

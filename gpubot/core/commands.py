@@ -24,8 +24,7 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
-from gpubot.core import claim_commands
-from gpubot.core.idle import parse_duration
+from gpubot.core import claim_commands, durations
 from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.core.reason import option_in, split_reason
 from gpubot.errors import UsageError
@@ -281,9 +280,9 @@ def _report(args: list[str]) -> Report:
     if rest and rest[0] != "by":
         since = rest.pop(0)
         try:
-            parse_duration(since)
-        except ValueError:
-            raise UsageError(f"bad period {_show(since)}: expected e.g. 7d, 12h or 2w") from None
+            durations.parse(since)
+        except durations.DurationError as exc:
+            raise UsageError(f"bad period {_show(since)}: {exc.expected}") from None
     by = "user"
     if rest[:1] == ["by"]:
         if len(rest) < 2 or rest[1] not in ("user", "team", "node"):

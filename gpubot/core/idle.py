@@ -13,12 +13,11 @@ Settings, in the ``[sweep]`` table (validated by ``gpubot.config``)::
 
     idle_min_mib = 4096      # a process holding less is not hoarding
     idle_hours = 4           # 0 % over every sample for this long (0 turns idle findings off)
-    keep_samples = "14d"     # samples older than this are pruned ("30m", "12h", "14d", "2w")
+    keep_samples = "14d"     # samples older than this are pruned (a duration: core.durations)
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -35,31 +34,7 @@ MAX_GAP_INTERVALS = 1.5
 # Stored sample times keep microseconds: a run of exactly the window may come back a hair short.
 TIME_SLACK_S = 0.001
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])")
 GpuKey = tuple[str, int, str]  # (node, GPU index, GPU uuid): a sample counts for its GPU only
-
-
-def parse_duration(text: str) -> float:
-    """Return the seconds of ``"30m"``, ``"12h"``, ``"14d"``, ``"2w"`` or ``"1d12h"``.
-
-    Raise ``ValueError`` with a message for a person on anything else (a bare number, no unit,
-    an unknown unit, zero).
-    """
-    want = 'a duration like "30m", "12h" or "14d" (units s, m, h, d, w)'
-    if not isinstance(text, str):
-        raise ValueError(f"expected {want}, got {text!r}")
-    pos, total = 0, 0.0
-    stripped = text.strip()
-    while pos < len(stripped):
-        m = _PART.match(stripped, pos)
-        if m is None:
-            raise ValueError(f"expected {want}, got {text!r}")
-        total += float(m[1]) * UNITS[m[2]]
-        pos = m.end()
-    if pos == 0 or total <= 0:
-        raise ValueError(f"expected {want} greater than zero, got {text!r}")
-    return total
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gpubot.core.idle import parse_duration
+from gpubot.core import durations
 from gpubot.core.usage import HOUR_S, KINDS, NODE_ROW, Gap, Usage, hour_of
 
 BY = ("user", "team", "node")
@@ -28,13 +28,12 @@ def parse_when(text: str, now: float, what: str) -> float:
     """Return the unix time ``text`` names: a duration before ``now`` ("7d", "12h") or a UTC
     date or time in ISO form; raise ``ValueError`` saying what was expected."""
     t = text.strip()
-    if t and t[0].isdigit() and t[-1] in "smhdw" and "-" not in t:
+    if t and t[0].isdigit() and t[-1].lower() in durations.UNITS and "-" not in t:
         try:
-            ago = parse_duration(t)
-        except ValueError:
-            pass
-        else:
-            return _after_epoch(now - ago, text, what)
+            ago = durations.parse(t)
+        except durations.DurationError as exc:
+            raise ValueError(f"bad {what} {text!r}: {exc.expected}") from None
+        return _after_epoch(now - ago, text, what)
     try:
         moment = datetime.fromisoformat(t.removesuffix("Z"))
     except ValueError:

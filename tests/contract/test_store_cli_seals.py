@@ -121,7 +121,7 @@ def test_a_bad_max_seal_age_is_one_line(
         capsys, monkeypatch, tmp_path, store_url, "", f"--max-seal-age={value}"
     )
     assert (code, out) == (2, "") and err.count("\n") == 1
-    assert "--max-seal-age: expected a duration like 30m, 2h, 1d or off" in err
+    assert "--max-seal-age: expected a duration" in err and "or off" in err
 
 
 def test_a_missing_head_file_is_one_line(

@@ -63,7 +63,7 @@ def test_parse(line: str, want: cc.ClaimCommand) -> None:
         ("claim", "claim needs a node"),
         ("claim node3", "say which GPUs"),
         ("claim node3 gpu 2", "say for how long"),
-        ("claim node3 gpu 2 for 0h", "longer than 0"),
+        ("claim node3 gpu 2 for 0h", "bad duration '0h': expected a duration greater than zero"),
         ("claim node3 gpu 2 for 4x", "bad duration '4x'"),
         ("claim node3 gpu 999 for 1h", "bad GPU number '999'"),
         ("claim node3 any 0 for 1h", "bad count '0'"),

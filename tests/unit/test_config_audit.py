@@ -19,6 +19,8 @@ from gpubot.errors import ConfigError
         ("1w", 604800.0),
         ("90s", 90.0),
         (" 2h ", 7200.0),
+        ("1h30m", 5400.0),  # one grammar (core.durations): combined units and decimals
+        ("1.5h", 5400.0),
         ("off", None),
     ],
 )
@@ -30,7 +32,7 @@ def test_publish_head_every_defaults_to_a_day() -> None:
     assert parse({}).audit.publish_head_every_s == 86400.0
 
 
-@pytest.mark.parametrize("value", ["soon", 86400, "24", "10s", "0h", "1.5h", "", True, "24 hours"])
+@pytest.mark.parametrize("value", ["soon", 86400, "24", "10s", "0h", "30m1h", "", True, "24 hours"])
 def test_a_bad_interval_is_one_line_naming_the_key(value: Any) -> None:
     with pytest.raises(ConfigError) as e:
         parse({"audit": {"publish_head_every": value}}, "gpubot.toml")

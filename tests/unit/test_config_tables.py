@@ -209,8 +209,8 @@ def test_sweep_and_metrics_defaults_and_values() -> None:
         ({"sweep": {"idle_min_mib": 4096.5}}, "sweep.idle_min_mib: expected a whole number"),
         (
             {"sweep": {"keep_samples": 14}},
-            'sweep.keep_samples: expected a duration like "30m", "12h" or "14d" (units s, m, h, d, '
-            "w), got 14",
+            'sweep.keep_samples: expected a duration like "90s", "30m", "1h30m", "1.5h", "2d" or '
+            '"1w2d" (units w, d, h, m, s, largest first, each at most once), got 14',
         ),
         ({"sweep": {"keep_samples": "14"}}, "sweep.keep_samples: expected a duration like"),
         ({"sweep": {"keep_samples": "14 days"}}, "got '14 days'"),

@@ -1,23 +1,19 @@
-"""core/idle: durations, idle runs from sweep samples, idle holders, GPU-hours held idle."""
+"""core/idle: idle runs from sweep samples, idle holders, GPU-hours held idle."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from gpubot.config import parse
 from gpubot.core.findings import SweepConfig, find
 from gpubot.core.idle import (
-    UNITS,
     GpuSample,
     IdleRule,
     gpu_hours_by_owner,
     held_idle_since,
     idle_gpus,
-    parse_duration,
     samples_of,
 )
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
@@ -28,55 +24,6 @@ H = 3600.0
 NOW = 1_750_000_000.0
 RULE = IdleRule(min_mib=4096, hours=4.0)
 GAP = 450.0  # 1.5 sweeps of 5 minutes
-
-
-# --- durations ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [
-        ("14d", 14 * 86400),
-        ("12h", 43200),
-        ("30m", 1800),
-        ("45s", 45),
-        ("2w", 1209600),
-        ("1d12h", 129600),
-        ("1h 30m", 5400),
-        (" 90m ", 5400),
-        ("1.5h", 5400),
-        ("0.5d", 43200),
-    ],
-)
-def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize(
-    ("value", "why"),
-    [
-        ("14", "expected a duration like"),
-        ("", "expected a duration like"),
-        ("14 days", "got '14 days'"),
-        ("3y", "got '3y'"),
-        ("h", "got 'h'"),
-        ("-1h", "got '-1h'"),
-        ("0m", "greater than zero, got '0m'"),
-        ("1h30", "got '1h30'"),
-        (14, "got 14"),
-        (None, "got None"),
-        ("1e3s", "got '1e3s'"),
-    ],
-)
-def test_bad_durations_say_what_is_wanted(value: object, why: str) -> None:
-    with pytest.raises(ValueError, match='"30m", "12h" or "14d"') as exc:
-        parse_duration(value)  # type: ignore[arg-type]
-    assert why in str(exc.value) and "\n" not in str(exc.value)
-
-
-@given(st.integers(min_value=1, max_value=10**6), st.sampled_from(sorted(UNITS)))
-def test_any_count_of_any_unit(n: int, unit: str) -> None:
-    assert parse_duration(f"{n}{unit}") == n * UNITS[unit]
 
 
 def test_the_issues_sweeps_table_is_our_sweep_table() -> None:

@@ -1,0 +1,157 @@
+"""core/durations: the one duration grammar, its formatter, and every place that takes one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpubot.cli.audit import parse_since
+from gpubot.config import parse as parse_settings
+from gpubot.core import claim_commands, commands, durations
+from gpubot.core.usage_report import parse_when
+from gpubot.errors import UsageError
+
+NOW = 1_750_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90),
+        ("30m", 1800),
+        ("12h", 43200),
+        ("1h30m", 5400),
+        ("1h 30m", 5400),
+        (" 90m ", 5400),
+        ("2d", 172800),
+        ("14d", 14 * 86400),
+        ("1d12h", 129600),
+        ("1w", 604800),
+        ("2w", 1209600),
+        ("1w2d", 777600),
+        ("1w2d3h4m5s", 604800 + 2 * 86400 + 3 * 3600 + 4 * 60 + 5),
+        ("1.5h", 5400),
+        ("0.5d", 43200),
+        ("1H30M", 5400),
+        ("2D", 172800),
+        ("3650d", 3650 * 86400),
+    ],
+)
+def test_what_parses(text: str, seconds: float) -> None:
+    assert durations.parse(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("", "expected a duration like"),
+        ("   ", "expected a duration like"),
+        ("14", "got '14'"),
+        ("h", "got 'h'"),
+        ("4x", "got '4x'"),
+        ("3y", "got '3y'"),
+        ("14 days", "got '14 days'"),
+        ("-1h", "got '-1h'"),
+        ("+1h", "got '+1h'"),
+        ("1e3s", "got '1e3s'"),
+        ("1h30", "got '1h30'"),
+        ("30m1h", "largest first"),
+        ("1h1h", "each at most once"),
+        ("1h,30m", "got '1h,30m'"),
+        ("0m", "greater than zero, got '0m'"),
+        ("0h0m", "greater than zero"),
+        ("3651d", "at most ten years (3650d), got '3651d'"),
+        ("99999999w", "at most ten years"),
+        (14, "got 14"),
+        (None, "got None"),
+    ],
+)
+def test_what_is_refused_in_one_line(value: object, said: str) -> None:
+    with pytest.raises(ValueError, match="expected a duration") as exc:
+        durations.parse(value)  # type: ignore[arg-type]
+    assert said in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_zero_only_where_the_caller_allows_it() -> None:
+    assert durations.parse("0s", positive=False) == 0.0
+    with pytest.raises(durations.DurationError, match="greater than zero"):
+        durations.parse("0s")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (-5, "0s"),
+        (45, "45s"),
+        (45.4, "45s"),
+        (90, "1m30s"),
+        (1800, "30m"),
+        (5400, "1h30m"),
+        (183600, "2d3h"),
+        (604800, "1w"),
+        (777600, "1w2d"),
+        (86405, "1d5s"),
+        (float("nan"), "0s"),
+    ],
+)
+def test_format(seconds: float, text: str) -> None:
+    assert durations.format(seconds) == text
+
+
+@given(st.integers(min_value=1, max_value=int(durations.MAX_S)))
+def test_format_then_parse_is_the_same_duration(seconds: int) -> None:
+    assert durations.parse(durations.format(seconds)) == seconds
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=99), min_size=5, max_size=5),
+    st.booleans(),
+)
+def test_any_parts_largest_first_add_up(counts: list[int], spaced: bool) -> None:
+    parts = [f"{n}{u}" for n, u in zip(counts, durations.UNITS, strict=True) if n]
+    text = (" " if spaced else "").join(parts)
+    total = sum(n * size for n, size in zip(counts, durations.UNITS.values(), strict=True))
+    if total == 0:
+        with pytest.raises(ValueError, match="expected a duration"):
+            durations.parse(text)
+    else:
+        assert durations.parse(text) == total
+
+
+# --- every place that takes a duration accepts 1h30m --------------------------------------------
+
+
+def test_settings_take_1h30m() -> None:
+    s = parse_settings(
+        {"audit": {"seal_every": "1h30m", "max_seal_age": "2h"}, "idle": {"post_after": "1h30m"}}
+    )
+    assert (s.audit.seal_every_s, s.ladder.post_after_s) == (5400.0, 5400.0)
+
+
+def test_claim_commands_take_1h30m() -> None:
+    claim = commands.parse("claim node3 gpu 2 for 1h30m train")
+    assert isinstance(claim, claim_commands.ClaimGpus) and claim.duration_s == 5400.0
+    extend = commands.parse("extend node3 by 1h30m")
+    assert isinstance(extend, claim_commands.Extend) and extend.by_s == 5400.0
+    wait = commands.parse("wait node3 any 2 for 1h30m")
+    assert isinstance(wait, claim_commands.WaitFor) and wait.duration_s == 5400.0
+    with pytest.raises(UsageError, match=r"^bad duration '4x': expected a duration like"):
+        commands.parse("claim node3 gpu 2 for 4x")
+
+
+def test_audit_list_since_takes_1h30m() -> None:
+    now = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+    assert parse_since("1h30m", now) == now - timedelta(minutes=90)
+    with pytest.raises(UsageError, match=r"^--since: expected a duration greater than zero"):
+        parse_since("0m", now)
+
+
+def test_report_since_takes_1h30m() -> None:
+    assert parse_when("1h30m", NOW, "--since") == NOW - 5400
+    assert commands.parse("report 1h30m by team") == commands.Report("1h30m", "team")
+    with pytest.raises(UsageError, match=r"^bad period '3y': expected a duration like"):
+        commands.parse("report 3y")
