@@ -215,7 +215,10 @@ class Metrics:
         try:
             server, thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
+            raise ConfigError(
+                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}: "
+                "choose another port (--metrics-port, [metrics] port) or stop what holds it"
+            ) from None
         self._server, self._thread = server, thread
         return int(server.server_port)
 

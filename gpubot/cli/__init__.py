@@ -16,6 +16,11 @@ from gpubot.errors import GpubotError, StdoutClosed
 # The commands that open one connection per node: they raise the soft descriptor limit first.
 FLEET_COMMANDS = frozenset({"serve", "sweep", "status", "console"})
 EXIT_SIGPIPE = 128 + 13  # 141: a closed pipe stopped the command (see main)
+# 2: gpubot refused (a GpubotError: bad settings or input, a missing token, a busy port, a
+# database behind), as argparse does for bad flags. A restart does not fix it: the systemd
+# unit's RestartPreventExitStatus= names it (a database down at boot fails ExecStartPre, which
+# that setting does not cover, so that one is still retried).
+EXIT_ERROR = 2
 
 
 # name -> (module, one-line help). A module has ``add_arguments(parser)`` and ``run(args) -> int``
@@ -121,7 +126,7 @@ def run_command(argv: Sequence[str] | None = None) -> int:
         return int(runner(args))
     except GpubotError as exc:
         print(f"gpubot: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("gpubot: interrupted", file=sys.stderr)
         return 130

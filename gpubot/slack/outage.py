@@ -10,6 +10,7 @@ import logging
 import time
 
 import aiohttp
+from slack_bolt.logger.messages import warning_client_prioritized_and_token_skipped
 
 from gpubot.core.timefmt import iso
 from gpubot.errors import StoreError
@@ -61,8 +62,20 @@ class OneLineUnreachable(logging.Filter):
         return True
 
 
+class NotForOperators(logging.Filter):
+    """Drop bolt's lines that mean nothing to whoever runs gpubot: bolt reads SLACK_BOT_TOKEN
+    itself and warns, at every start, that the client it is given wins; that client is built
+    from the very same token. (A failure to start must be one line, not this line and then it.)"""
+
+    NOISE = frozenset({warning_client_prioritized_and_token_skipped()})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self.NOISE
+
+
 def quiet_unreachable(logger: logging.Logger) -> logging.Logger:
-    """Return ``logger`` with ``OneLineUnreachable`` on it (once)."""
-    if not any(isinstance(f, OneLineUnreachable) for f in logger.filters):
-        logger.addFilter(OneLineUnreachable())
+    """Return ``logger`` with ``OneLineUnreachable`` and ``NotForOperators`` on it (once)."""
+    for kind in (OneLineUnreachable, NotForOperators):
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
     return logger

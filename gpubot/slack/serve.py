@@ -85,10 +85,21 @@ class SlackReporter:
 
 
 async def start_http(bot: GpuBot, host: str, port: int, path: str) -> web.AppRunner:
-    """Serve Slack's requests at ``http://host:port/path``; return the runner to clean up."""
+    """Serve Slack's requests at ``http://host:port/path``; return the runner to clean up.
+
+    A port that cannot be bound (in use, not allowed, an address not on this host) is a
+    ``ConfigError``: one line naming the port and the flag to change, never a traceback.
+    """
     runner = web.AppRunner(bot.web_app(path), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(
+            f"cannot serve Slack on {host}:{port}: {exc.strerror or exc}: choose another "
+            "--port (and the Slack app's Request URL with it) or stop what holds it"
+        ) from None
     return runner
 
 
