@@ -23,7 +23,7 @@ Settings (all optional; validated by ``gpubot.config`` into ``Settings.sweep`` a
     reminder_s = 21600            # remind of a finding that persists, every 6 h
 
     [metrics]
-    port = 9400                   # or ``gpubot serve --metrics-port``
+    port = 8463                   # or ``gpubot serve --metrics-port``
     host = "127.0.0.1"
 """
 

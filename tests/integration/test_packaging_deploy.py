@@ -31,6 +31,7 @@ import yaml
 from kubernetes_validate.utils import ValidationError
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpubot.cli import EXIT_ERROR
 from gpubot.config import parse
 from gpubot.metrics import Metrics
 
@@ -49,6 +50,10 @@ WEAKENED = (
     "RestrictAddressFamilies",
 )
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
+# The deployed metrics port: outside Prometheus's exporter range 9100-9999, which is allocated
+# (9400 is dcgm-exporter's, on the same GPU hosts), and none of the common ones below.
+METRICS_PORT = 8463
+COMMON_PORTS = {3000, 8000, 8080, 8428, 8429, 9090, 9091, 9092, 9093, 9094}
 
 
 # --- systemd ----------------------------------------------------------------------------------
@@ -83,6 +88,42 @@ def test_control_verify_reports_a_misspelt_directive(tmp_path: Path) -> None:
     text = UNIT.read_text().replace("ProtectSystem=strict", "ProtectSytem=strict")
     p = analyze("verify", unit_copy(tmp_path, text))
     assert "Unknown key 'ProtectSytem'" in p.stderr
+
+
+def directives(text: str, key: str) -> list[str]:
+    return [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith(f"{key}=")]
+
+
+def test_the_unit_does_not_restart_on_a_refusal_to_start(tmp_path: Path) -> None:
+    """A missing token exits EXIT_ERROR (``test_serve_ports.py``): restarting every 5 s would
+    not fix it, so the unit names that status (and verify, above, accepts the directive)."""
+    text = UNIT.read_text()
+    assert directives(text, "Restart") == ["on-failure"]
+    assert directives(text, "RestartPreventExitStatus") == [str(EXIT_ERROR)]
+    p = analyze("verify", unit_copy(tmp_path))
+    assert (p.returncode, p.stderr) == (0, ""), p.stderr
+
+
+def test_control_verify_refuses_a_bad_exit_status(tmp_path: Path) -> None:
+    text = UNIT.read_text().replace("RestartPreventExitStatus=2", "RestartPreventExitStatus=two")
+    p = analyze("verify", unit_copy(tmp_path, text))
+    assert "Failed to parse value, ignoring: two" in p.stderr, p.stderr
+
+
+def test_every_deployment_serves_metrics_on_one_port_that_coexists() -> None:
+    """The unit, compose and the manifests agree, on a port no neighbour on a GPU host takes."""
+    assert not 9100 <= METRICS_PORT <= 9999 and METRICS_PORT not in COMMON_PORTS
+    (start,) = directives(UNIT.read_text(), "ExecStart")
+    assert f"--metrics-port {METRICS_PORT}" in start
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert f"--metrics-port {METRICS_PORT} " in compose
+    assert f'"127.0.0.1:{METRICS_PORT}:{METRICS_PORT}"' in compose
+    assert f"127.0.0.1:{METRICS_PORT}/metrics" in compose
+    (service,) = by_kind()["Service"]
+    assert [p["port"] for p in service["spec"]["ports"]] == [METRICS_PORT]
+    everywhere = [ROOT / "README.md", ROOT / "gpubot.example.toml", *DEPLOY.rglob("*")]
+    old = re.compile(r"(port[ =:]+|:)9400\b", re.I)  # as a port; comments may say why not
+    assert [p for p in everywhere if p.is_file() and old.search(p.read_text())] == []
 
 
 def test_the_systemd_unit_is_hardened(tmp_path: Path) -> None:
@@ -166,7 +207,7 @@ def test_the_manifests_fit_together_and_the_settings_load() -> None:
     kinds = by_kind()
     (config,) = kinds["ConfigMap"]
     settings = parse(tomllib.loads(config["data"]["gpubot.toml"]), "configmap")
-    assert settings.metrics.port == 9400 and settings.metrics.host == "0.0.0.0"
+    assert settings.metrics.port == METRICS_PORT and settings.metrics.host == "0.0.0.0"
     assert settings.ssh.known_hosts == "/etc/gpubot/ssh/known_hosts"
     (deployment,) = kinds["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
