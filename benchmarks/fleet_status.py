@@ -63,7 +63,7 @@ SLOW = ("ssh-seq", "ansible")  # capped repeats (see ``slow_repeat``)
 ASYNCSSH_COLD = """\
 import asyncio, json, sys
 
-import asyncssh
+from gpubot.transport.sshlib import asyncssh
 
 
 async def one(spec, node):

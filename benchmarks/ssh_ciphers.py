@@ -31,10 +31,9 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import asyncssh
-
 from benchmarks.common import table
 from gpubot.transport.ssh import CIPHERS as _GCM  # gpubot's order, the same string
+from gpubot.transport.sshlib import asyncssh
 
 ARMS = ("floor:default", "floor:gcm", "gpubot:default", "gpubot:gcm")
 

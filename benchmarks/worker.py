@@ -99,9 +99,8 @@ async def asyncssh_method(
 ) -> tuple[dict[str, Round], Closer]:
     """Open one asyncssh connection per node; return a round of the two queries (or of the probe,
     ``remote == "probe"``) and a close."""
-    import asyncssh
-
     from gpubot.config import expand, load
+    from gpubot.transport.sshlib import asyncssh
 
     settings = load(Path(config))
     known = expand(settings.ssh.known_hosts)

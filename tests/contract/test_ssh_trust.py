@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncssh
 import pytest
 
 from gpubot.config import load
 from gpubot.core.models import NodeConfig
 from gpubot.transport import SshTransport
+from gpubot.transport.sshlib import asyncssh
 from gpusim.fleet import SimFleet
 
 BUNDLE = "a CA bundle, here without a certificate: this venv's asyncssh cannot parse X.509\n"

@@ -451,7 +451,7 @@ def _free_port() -> int:
 
 
 def _keygen(path: Path) -> None:
-    import asyncssh
+    from gpubot.transport.sshlib import asyncssh
 
     key = asyncssh.generate_private_key("ssh-ed25519")
     key.write_private_key(str(path))

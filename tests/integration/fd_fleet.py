@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import asyncssh
+from gpubot.transport.sshlib import asyncssh
 
 
 class _Server(asyncssh.SSHServer):

@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import asyncssh
 import pytest
+
+from gpubot.transport.sshlib import asyncssh
 
 NODES = 1500
 

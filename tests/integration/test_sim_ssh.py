@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncssh
 import pytest
 
 from gpubot.config import load
 from gpubot.core import nvsmi
 from gpubot.errors import ParseError
+from gpubot.transport.sshlib import asyncssh
 from gpusim.fleet import SimFleet, SimNode
 from gpusim.nvidia_smi import DRIVER_ERROR
 

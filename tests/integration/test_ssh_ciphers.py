@@ -8,13 +8,13 @@ import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncssh
 import pytest
 
 from gpubot.config import Settings, load
 from gpubot.core.models import NodeConfig
 from gpubot.transport import ssh
 from gpubot.transport.ssh import SshTransport
+from gpubot.transport.sshlib import asyncssh
 from gpusim.fleet import SimFleet
 
 GCM = "aes128-gcm@openssh.com"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import asyncssh
 import pytest
 
 from gpubot.errors import AuthRefused, CommandTimeout, NodeUnreachable
 from gpubot.transport.boundary import ErrorMap, map_errors, nearest
+from gpubot.transport.sshlib import asyncssh
 
 TABLE: ErrorMap = {
     OSError: (NodeUnreachable, lambda exc: f"cannot connect: {exc.strerror or exc}"),
