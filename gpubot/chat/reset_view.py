@@ -33,6 +33,7 @@ from gpubot.chat.message import (
     lines,
 )
 from gpubot.core.models import NodeSnapshot, Outcome
+from gpubot.core.outcome import outcome_words
 from gpubot.core.plan import ResetPlan
 from gpubot.core.stopgate import plan_stop_notes
 
@@ -172,6 +173,7 @@ def _users_on(snap: NodeSnapshot | None, gpu: int) -> str:
 def result_rows(result: ResetResult) -> list[list[str]]:
     """Return before/after rows: GPU, memory and users before and after, outcome, time."""
     rows = [["GPU", "Before", "After", "Outcome", "Freed in"]]
+    signalled = {i for t in result.plan.targets for i in t.gpus}
     for g in result.gpus:
         took = "–" if g.seconds_to_free is None else f"{g.seconds_to_free:.1f} s"
         rows.append(
@@ -179,7 +181,7 @@ def result_rows(result: ResetResult) -> list[list[str]]:
                 str(g.index),
                 _mib(g.memory_before_mib) + _users_on(result.before, g.index),
                 _mib(g.memory_after_mib) + _users_on(result.after, g.index),
-                f"{MARK.get(g.outcome, '⚠')} {g.outcome}",
+                f"{MARK.get(g.outcome, '⚠')} {outcome_words(g, g.index in signalled)}",
                 took,
             ]
         )

@@ -10,10 +10,14 @@ shown as ``\\xNN``, so it can neither forge a line of the table nor drive the te
 
 from __future__ import annotations
 
+import textwrap
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpubot.core.flags import flags_of, node_notes, process_flags
 from gpubot.core.models import NodeSnapshot, Outcome
+from gpubot.core.outcome import ALREADY_FREE, already_free
+from gpubot.core.probe_holders import NOT_CHECKED
 from gpubot.core.text import one_line
 from gpubot.core.text_table import WIDTH as WIDTH  # a note's width, for the tests
 from gpubot.core.text_table import (
@@ -56,20 +60,37 @@ def _paint(column: int, ok: str | None, color: bool) -> Paint | None:
     return paint if color else None
 
 
-def render_snapshot(snap: NodeSnapshot, *, color: bool = False) -> list[str]:
-    """Render one node's per-GPU table (the one text layout, ``core.text_table``)."""
+def render_snapshot(
+    snap: NodeSnapshot, *, color: bool = False, said_once: tuple[str, ...] = ()
+) -> list[str]:
+    """Render one node's per-GPU table (the one text layout, ``core.text_table``); the notes in
+    ``said_once`` are left out (the fleet's footer says them once for every node)."""
     lines = [_c(node_heading(snap), BOLD, color)]
     lines.extend(gpu_lines(snap, _paint(FLAGS_COLUMN, None, color)) if snap.gpus else ["no GPUs"])
-    lines.extend(_c(line, YELLOW, color) for line in note_lines(snap))
+    shown = replace(snap, notes=tuple(n for n in snap.notes if n not in said_once))
+    lines.extend(_c(line, YELLOW, color) for line in note_lines(shown))
     return lines
+
+
+def unchecked_footer(status: FleetStatus) -> list[str]:
+    """Say once, under every table, which nodes' device files were not checked: the caveat of a
+    healthy node (its memory adds up), not a warning to repeat in yellow under each one."""
+    names = [s.node for s in status.snapshots if NOT_CHECKED in s.notes]
+    if not names:
+        return []
+    where = "every node" if len(names) == len(status.snapshots) > 1 else ", ".join(names[:5])
+    where += f" (+{len(names) - 5})" if len(names) > 5 and where != "every node" else ""
+    text = NOT_CHECKED.replace("not checked", f"not checked on {where}", 1)
+    return [*textwrap.wrap(text, WIDTH, subsequent_indent="  "), ""]
 
 
 def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
     """Render a fleet answer: every node's table, then the nodes that failed with their reason."""
     out: list[str] = []
     for snap in status.snapshots:
-        out.extend(render_snapshot(snap, color=color))
+        out.extend(render_snapshot(snap, color=color, said_once=(NOT_CHECKED,)))
         out.append("")
+    out.extend(unchecked_footer(status))
     if status.failed:
         out.append(_c(f"{len(status.failed)} node(s) did not answer:", RED, color))
         rows = summary_rows(
@@ -164,7 +185,12 @@ OUTCOME_COLOR = {Outcome.FREED: GREEN, Outcome.UNKNOWN: YELLOW}
 def render_reset(result: ResetResult, *, color: bool = False) -> str:
     """Render a reset's outcome per GPU with memory before and after."""
     lines = [_c(f"reset of {result.node}", BOLD, color)]
+    signalled = {i for t in result.plan.targets for i in t.gpus}
     for g in result.gpus:
+        if already_free(g, g.index in signalled):  # not "freed (0 → 0 MiB)"
+            word = _c(ALREADY_FREE, GREEN, color)
+            lines.append(f"  GPU {g.index}: {word} ({_num(g.memory_after_mib)} MiB)")
+            continue
         took = "" if g.seconds_to_free is None else f" in {g.seconds_to_free:.2f} s"
         word = _c(str(g.outcome), OUTCOME_COLOR.get(g.outcome, RED), color)
         lines.append(

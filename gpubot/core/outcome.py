@@ -79,6 +79,29 @@ class GpuResult:
         return d
 
 
+ALREADY_FREE = "already free"
+
+
+def already_free(result: GpuResult, signalled: bool) -> bool:
+    """Whether a GPU ended freed with nothing to free: no process of the plan was on it
+    (``signalled`` False) and its memory did not go down. "freed (0 → 0 MiB)" read as work done;
+    the outcome stays ``freed`` (the JSON, the audit, the counts), only its words change."""
+    before, after = result.memory_before_mib, result.memory_after_mib
+    return (
+        result.outcome is Outcome.FREED
+        and not signalled
+        and before is not None
+        and after is not None
+        and after >= before
+    )
+
+
+def outcome_words(result: GpuResult, signalled: bool) -> str:
+    """Return how a GPU ended, in words: ``already free`` (see ``already_free``) or the
+    outcome."""
+    return ALREADY_FREE if already_free(result, signalled) else str(result.outcome)
+
+
 def classify(
     obs: GpuObservation, expected_after_mib: int, threshold_mib: int
 ) -> tuple[Outcome, str]:
