@@ -1,6 +1,8 @@
 """``gpubot audit list | show ID | review ID | export | verify``: read the audit log and check
-its chain. ``list --incomplete`` lists interrupted actions (an intent, no outcome) that no one
-has marked reviewed; ``review ID`` marks one reviewed, as a record of its own in the chain.
+its chain. ``list`` shows what people did or approved (``--kind`` picks kinds of record:
+``cli.audit_records``); ``show`` any one action or record. ``list --incomplete`` lists
+interrupted actions (an intent, no outcome) that no one has marked reviewed; ``review ID``
+marks one reviewed, as a record of its own in the chain.
 
 ``verify`` reads the chain's key from ``$GPUBOT_AUDIT_KEY`` (a keyed log cannot be verified
 without it) and, with ``--expect-head SEQ:HASH``, checks the log against a head noted elsewhere
@@ -26,11 +28,13 @@ from typing import Any, TextIO
 
 from gpubot import config
 from gpubot.app import open_app_store
+from gpubot.cli.audit_records import print_listing, show_record
 from gpubot.cli.common import cli_actor
 from gpubot.config import AuditSettings
 from gpubot.core import durations
 from gpubot.errors import UsageError
 from gpubot.store import ActionDetail, ActionSummary, AuditRecord, SealRule, Store
+from gpubot.store.audit_kinds import BY_NAME, AuditListing, ListFilter, parse_kinds
 from gpubot.store.query_records import node_count
 
 EXPORT_FIELDS = (
@@ -50,8 +54,15 @@ EXPORT_FIELDS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``audit`` actions."""
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="list actions (or status/sweep queries), newest first")
-    ls.add_argument("--node", help="only actions on this node")
+    ls = sub.add_parser("list", help="list what people did or approved, newest first")
+    ls.add_argument(
+        "--kind",
+        action="append",
+        metavar="KIND",
+        help=f"only these kinds of record (repeat, or a comma list): {', '.join(BY_NAME)}; "
+        "default: what people did or approved (action, review, claim, approval, ladder)",
+    )
+    ls.add_argument("--node", help="only records of this node")
     ls.add_argument("--actor", help="only actors whose id or name contains this")
     ls.add_argument("--since", help="2h, 1h30m, 7d ... or an ISO time (UTC unless it says)")
     ls.add_argument("--limit", default="50", help="at most this many (default 50)")
@@ -60,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--incomplete", action="store_true", help="only interrupted actions not marked reviewed"
     )
     ls.add_argument("--json", action="store_true", help="print JSON")
-    show = sub.add_parser("show", help="show one action: intent, every event, outcome")
+    show = sub.add_parser("show", help="show one action (intent, events, outcome) or record")
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true", help="print JSON")
     rev = sub.add_parser("review", help="mark interrupted actions reviewed (recorded)")
@@ -111,6 +122,14 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError("--node does not apply to --queries (they may span many nodes)")
         if args.queries and args.incomplete:
             raise UsageError("--incomplete does not apply to --queries (queries do not end)")
+        if args.kind and (args.queries or args.incomplete):
+            raise UsageError(
+                "--kind does not apply to --queries or --incomplete (use --kind query)"
+            )
+        try:
+            args.kind = None if not args.kind else parse_kinds(args.kind)
+        except ValueError as exc:
+            raise UsageError(f"--kind: {exc}") from None
     elif args.audit_command == "show":
         args.id = positive_int("ID", args.id)
     elif args.audit_command == "review":
@@ -184,23 +203,34 @@ async def _run(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     elif cmd == "list" and args.incomplete:
         _print_actions(_matching(await store.interrupted(), args), args.json, out)
     elif cmd == "list":
-        acts = await store.actions(
-            node=args.node, actor=args.actor, since=args.since, limit=args.limit
-        )
-        _print_actions(acts, args.json, out)
+        f = ListFilter(args.kind, args.node, args.actor, args.since, args.limit)
+        empty = "no actions match" if args.kind is None else "no records match"
+        print_listing(await AuditListing(store.engine).list(f), args.json, out, empty)
     elif cmd == "review":
         await _review(store, args.ids, args.note, out)
     elif cmd == "show":
-        detail = await store.action(args.id)
-        if detail is None:
-            raise UsageError(f"there is no action {args.id} in the audit log")
-        out.write(json.dumps(detail.as_dict(), indent=2) + "\n" if args.json else _show(detail))
+        await _show_one(store, args.id, args.json, out)
     elif cmd == "export":
         with _output(args.output, out) as dest:
             await _export(store, args.format, dest)
     else:
         return await _verify(store, args, out)
     return 0
+
+
+async def _show_one(store: Store, seq: int, as_json: bool, out: TextIO) -> None:
+    """Print action ``seq`` (its intent's seq) in full, or else the record ``seq``."""
+    detail = await store.action(seq)
+    if detail is not None:
+        out.write(json.dumps(detail.as_dict(), indent=2) + "\n" if as_json else _show(detail))
+        return
+    rec = await AuditListing(store.engine).record(seq)
+    if rec is None:
+        raise UsageError(f"there is no action {seq} in the audit log, nor a record {seq}")
+    if as_json:
+        out.write(json.dumps({**rec.as_dict(), "payload": rec.data}, indent=2) + "\n")
+    else:
+        out.write(show_record(rec))
 
 
 def _matching(acts: list[ActionSummary], args: argparse.Namespace) -> list[ActionSummary]:

@@ -1,0 +1,130 @@
+"""``audit list [--kind K,…]`` and ``audit show ID`` for records that are not actions.
+
+An action (a reset, a GPU reset, a refused request) is an intent, events and an outcome, and
+reads as one row; every other record (a claim, an approval, a ladder step, a digest post …)
+is one row of its own. Both kinds of id are the seq of a record (an action's id is its
+intent's), so ``audit show`` takes any id the listing printed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from gpubot.store import ActionSummary, AuditRecord
+from gpubot.store.audit_kinds import Listed, listing_kind
+
+STATUS_KEYS = ("change", "to", "ladder", "alert", "query", "post")  # what a record says happened
+NO_STATUS = {"review": "reviewed", "seal": "sealed", "lease": "taken over", "chain": "keyed"}
+HIDDEN = {"token", "hash", "mac"}  # payload keys no person reads in a listing row
+WHAT_WIDTH = 80
+
+
+def status_of(rec: AuditRecord) -> str:
+    """Return the one word of what a record says happened (``claimed``, ``approved`` …)."""
+    data = _data(rec)
+    for key in STATUS_KEYS:
+        if isinstance(data.get(key), str):
+            return str(data[key])
+    return NO_STATUS.get(rec.kind, listing_kind(rec))
+
+
+def gpus_of(rec: AuditRecord) -> list[int]:
+    """Return the GPUs a record names (``gpu`` or ``gpus`` in its payload)."""
+    data = _data(rec)
+    gpus = data.get("gpus", [data["gpu"]] if isinstance(data.get("gpu"), int) else [])
+    return [g for g in gpus if isinstance(g, int)] if isinstance(gpus, list) else []
+
+
+def record_row(rec: AuditRecord) -> dict[str, Any]:
+    """Return a listing's JSON row of a record (an action's row is its summary)."""
+    return {
+        "record": listing_kind(rec),
+        "id": rec.seq,
+        "kind": listing_kind(rec),
+        "status": status_of(rec),
+        "started_at": rec.created_at,
+        "actor": rec.actor,
+        "source": rec.source,
+        "node": rec.node,
+        "gpus": gpus_of(rec),
+        "action_id": rec.action_id,
+        "payload": _data(rec),
+    }
+
+
+def print_listing(items: Sequence[Listed], as_json: bool, out: TextIO, empty: str) -> None:
+    """Print actions and records in one table (or JSON), in the order given."""
+    if as_json:
+        rows = [
+            {"record": "action", **i.as_dict()} if isinstance(i, ActionSummary) else record_row(i)
+            for i in items
+        ]
+        out.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+        return
+    if not items:
+        out.write(f"{empty}\n")
+        return
+    table: list[tuple[str, ...]] = [
+        ("ID", "STARTED (UTC)", "KIND", "STATUS", "NODE", "GPUS", "ACTOR", "SOURCE", "WHAT")
+    ]
+    table += [_action_cells(i) if isinstance(i, ActionSummary) else _cells(i) for i in items]
+    widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
+    for r in table:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+def show_record(rec: AuditRecord) -> str:
+    """Return one record in full, for ``audit show``: every stored field, the payload as
+    indented JSON, and the action it belongs to."""
+    lines = [
+        f"record {rec.seq}: {listing_kind(rec)} ({status_of(rec)}) on {rec.node or '-'}",
+        f"  who:      {rec.actor} via {rec.source}",
+        f"  time:     {rec.time.strftime('%Y-%m-%d %H:%M:%S')} UTC",
+    ]
+    if rec.action_id is not None and rec.action_id != rec.seq:
+        lines.append(f"  action:   {rec.action_id} (`gpubot audit show {rec.action_id}`)")
+    payload = json.dumps(_data(rec), indent=2, sort_keys=True, ensure_ascii=False)
+    lines.append("  payload:  " + payload.replace("\n", "\n            "))
+    lines += [f"  prev:     {rec.prev_hash}", f"  hash:     {rec.hash}"]
+    return "\n".join(lines) + "\n"
+
+
+def _action_cells(a: ActionSummary) -> tuple[str, ...]:
+    gpus = ",".join(map(str, a.gpus)) or "-"
+    when = a.started_at.strftime("%Y-%m-%d %H:%M:%S")
+    return (str(a.id), when, a.kind, a.status, a.node or "-", gpus, a.actor, a.source, a.command)
+
+
+def _cells(rec: AuditRecord) -> tuple[str, ...]:
+    data = _data(rec)
+    status = status_of(rec)
+    what = " ".join(
+        f"{k}={_short(v)}"
+        for k, v in sorted(data.items())
+        if k not in HIDDEN and v not in (None, "", [], {}) and v != status
+    )
+    if len(what) > WHAT_WIDTH:
+        what = what[: WHAT_WIDTH - 1] + "…"
+    return (
+        str(rec.seq),
+        rec.time.strftime("%Y-%m-%d %H:%M:%S"),
+        listing_kind(rec),
+        status,
+        rec.node or "-",
+        ",".join(map(str, gpus_of(rec))) or "-",
+        rec.actor,
+        rec.source,
+        what or "-",
+    )
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 30 else text[:29] + "…"
+
+
+def _data(rec: AuditRecord) -> dict[str, Any]:
+    data = rec.data
+    return data if isinstance(data, dict) else {"payload": data}
