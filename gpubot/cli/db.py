@@ -1,14 +1,29 @@
-"""``gpubot db upgrade | current | downgrade REV``: the database schema."""
+"""``gpubot db upgrade | current | downgrade REV``: the database schema.
+
+A downgrade drops the tables its migrations created, and some of them hold what no one can
+rebuild: the audit log, approvals, claims (``store.drops.PROTECTED``). So while any such record
+would go, ``downgrade`` asks first (one y/N question on a terminal naming how many of each,
+``--yes`` instead of the question, and without either it refuses in one line), and dropping audit
+records also needs ``--i-have-a-copy PATH``, an ``audit export`` of this very log that it checks
+(``cli.audit_copy``). The records are counted again under the downgrade's write lock: a record
+written while the person was asked stops the drop.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from gpubot import config
 from gpubot.app import open_app_store
+from gpubot.errors import UsageError
 from gpubot.store import Store
+
+if TYPE_CHECKING:
+    from gpubot.store.drops import DropCheck
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub.add_parser("current", help="show the database's revision and the one gpubot needs")
     down = sub.add_parser("downgrade", help="undo migrations down to REV ('base' drops all)")
     down.add_argument("revision", metavar="REV")
+    down.add_argument(
+        "--yes",
+        action="store_true",
+        help="do not ask before dropping audit, approval or claim records",
+    )
+    down.add_argument(
+        "--i-have-a-copy",
+        dest="copy",
+        metavar="PATH",
+        help="a `gpubot audit export` of this log (checked): needed to drop audit records",
+    )
 
 
 def open_configured(
@@ -43,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             what = "already at" if before == after else f"{before or 'base'} ->"
             print(f"{store.url}: {what} {after}")
         elif args.db_command == "downgrade":
-            store.downgrade(args.revision)
+            store.downgrade(args.revision, _agreed(store, args))
             print(f"{store.url}: {before or 'base'} -> {store.revision()[0] or 'base'}")
         elif before == head:
             print(f"{store.url}: at {before} (what this gpubot needs)")
@@ -55,3 +81,41 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         store.close()
+
+
+def _agreed(store: Store, args: argparse.Namespace) -> DropCheck:
+    """Return the downgrade's last check once a person has agreed to what it drops; raise
+    ``UsageError`` (one line) where they have not, or the copy they name is not one."""
+    from gpubot.cli.audit_copy import OPTION, check_copy
+    from gpubot.store.drops import at_risk, unchanged
+
+    found = at_risk(store.engine, args.revision)
+    what = found.describe()
+    if not what:
+        return unchanged(found)  # nothing kept would go; still, nothing may be written meanwhile
+    missing = []
+    if found.audit and args.copy is None:
+        missing.append(f"{OPTION} PATH (a `gpubot audit export -o PATH` of this log)")
+    tty = sys.stdin.isatty()
+    if not args.yes and not tty:
+        missing.append("--yes (no terminal to ask on)")
+    if missing:
+        raise UsageError(
+            f"refusing to downgrade to {args.revision}: it would drop {what}; "
+            f"to go ahead add {' and '.join(missing)}"
+        )
+    if found.audit:
+        if found.head is None:  # records but no head: no copy can be checked against it
+            raise UsageError(
+                f"refusing to downgrade to {args.revision}: the audit log has no chain head; "
+                "run `gpubot audit verify`"
+            )
+        check_copy(args.copy, found.audit, found.head, store.audit_key)
+    if not args.yes:
+        try:
+            answer = input(f"downgrade {store.url} to {args.revision}, dropping {what}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in {"y", "yes"}:
+            raise UsageError("cancelled; nothing was dropped")
+    return unchanged(found)

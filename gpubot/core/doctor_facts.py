@@ -14,6 +14,7 @@ class DbFacts:
 
     url: str
     error: str | None = None
+    missing: str | None = None  # a SQLite file that does not exist (the doctor creates none)
     revision: str | None = None  # None: empty (no migration applied)
     head: str = ""
     write_error: str | None = None  # None: a write (rolled back) went through
@@ -35,6 +36,8 @@ def db_checks(facts: DbFacts) -> list[Check]:
                 "fix [database] url (and $GPUBOT_DB_PASSWORD), then `gpubot db upgrade`",
             )
         ]
+    if facts.missing is not None:
+        return [_missing(facts.missing)]
     checks = [passed(area, "opens", facts.url)]
     if facts.revision != facts.head:
         checks.append(
@@ -78,6 +81,16 @@ def db_checks(facts: DbFacts) -> list[Check]:
             )
         )
     return checks
+
+
+def _missing(path: str) -> Check:
+    """Say that a SQLite file is not there: the doctor reports it, creating it is not a check."""
+    return failed(
+        "database",
+        "exists",
+        f"{path}: no such file (gpubot creates it on first use)",
+        "run `gpubot db upgrade` to create it now, or point [database] url at the database",
+    )
 
 
 def _file_mode(path: str, mode: int) -> Check:

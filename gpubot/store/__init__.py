@@ -398,11 +398,12 @@ class Store:
 
         migrate.upgrade(self.engine, revision)
 
-    def downgrade(self, revision: str) -> None:
-        """Undo migrations down to ``revision`` (``base``: drop everything)."""
+    def downgrade(self, revision: str, check: Callable[[Connection], None] | None = None) -> None:
+        """Undo migrations down to ``revision`` (``base``: drop everything); ``check`` runs
+        first under the write lock (``migrate.downgrade``)."""
         from gpubot.store import migrate  # Alembic, only when migrating
 
-        migrate.downgrade(self.engine, revision)
+        migrate.downgrade(self.engine, revision, check)
 
     def revision(self) -> tuple[str | None, str]:
         """Return the database's revision (None when empty) and the one this gpubot needs."""

@@ -1,70 +1,164 @@
-"""What ``gpubot doctor`` asks the database: its revision, whether it takes a write, and
-whether the audit log is keyed with the key gpubot has (``core.doctor_facts`` judges)."""
+"""What ``gpubot doctor`` asks the database: whether it exists, its revision, whether gpubot could
+write to it, and whether the audit log is keyed with the key gpubot has (``core.doctor_facts``
+judges).
+
+A check must not change what it checks, so the doctor only reads. A SQLite file that is not
+there is reported, never created (the store would create it: that is how a database is born,
+and the doctor would leave a ``gpubot.db`` wherever it was run). An existing file is opened
+``mode=rw`` (SQLite's "open, never create") with ``PRAGMA query_only``: no statement can write,
+and, unlike ``mode=ro``, the last connection to close still removes the ``-wal`` and ``-shm``
+files that opening made, so the folder is left as it was found. PostgreSQL sessions are
+``READ ONLY``. Whether gpubot could write is judged from what allows it (the file's and its
+folder's permissions; the server's role privileges and read-only state), never by writing.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sqlite3
 import stat
+import urllib.parse
+from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpubot.core.doctor_facts import DbFacts
 from gpubot.errors import GpubotError, StoreError
-from gpubot.store import Store, migrate
+from gpubot.store import migrate
 from gpubot.store.audit import _keyed_from
 from gpubot.store.chain import MARKER
-from gpubot.store.engine import describe
+from gpubot.store.engine import (
+    BUSY_TIMEOUT_S,
+    PG_CONNECT_ARGS,
+    describe,
+    guard,
+    is_memory,
+    make_engine,
+    parse_url,
+)
 from gpubot.store.tables import audit_log
 
 
 def database_facts(url: str, *, password: str | None, audit_key: bytes | None) -> DbFacts:
-    """Return the database's facts; nothing is changed (the write is rolled back)."""
+    """Return the database's facts; nothing is created or changed."""
     try:
-        store = Store(url, password=password, audit_key=audit_key)
+        file = sqlite_file(url)
+        if file is not None and not os.path.exists(file):
+            return DbFacts(url, missing=os.path.abspath(file))
+        engine = _reader(url, password, file)
     except GpubotError as exc:
         return DbFacts(url, error=str(exc))
     try:
         try:
-            revision, head = migrate.current(store.engine), migrate.head()
+            revision, head = migrate.current(engine), migrate.head()
         except StoreError as exc:
             return DbFacts(url, error=str(exc))
-        file, mode = _file_of(store)
         facts = DbFacts(
             url,
             revision=revision,
             head=head,
-            write_error=_write_error(store),
+            write_error=_write_error(engine, file, revision is not None),
             file=file,
-            file_mode=mode,
+            file_mode=_mode(file),
         )
         if revision is None:
             return facts
-        keyed, why = _keyed(store, audit_key)
+        keyed, why = _keyed(engine, audit_key)
         return dataclasses.replace(facts, keyed=keyed, keyed_error=why)
     finally:
-        store.close()
+        engine.dispose()
 
 
-def _write_error(store: Store) -> str | None:
-    """Return why a write fails (a table created and rolled back), or None."""
+def sqlite_file(url: str) -> str | None:
+    """Return the file a SQLite URL names (None: not a file: PostgreSQL, memory, a URI)."""
+    if is_memory(url):
+        return None
+    u = parse_url(url)
+    path = u.database
+    if u.get_backend_name() != "sqlite" or not path or path == ":memory:":
+        return None
+    return None if path.startswith("file:") else path
+
+
+def _reader(url: str, password: str | None, file: str | None) -> Engine:
+    """Return an engine whose connections cannot create the database nor write to it."""
+    if file is not None:
+        uri = f"file:{urllib.parse.quote(os.path.abspath(file))}?mode=rw"
+
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+
+        engine = create_engine("sqlite://", creator=connect)
+        event.listen(engine, "connect", lambda c, _r: _session(c, "PRAGMA query_only = ON"))
+        return engine
+    u = parse_url(url, password)
+    if u.get_backend_name() != "postgresql":
+        return make_engine(url)  # memory://: this process's own, gone when it ends
+    with guard(f"cannot use {u.render_as_string()}"):
+        engine = create_engine(u, connect_args=PG_CONNECT_ARGS)
+    event.listen(
+        engine,
+        "connect",
+        lambda c, _r: _session(c, "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"),
+    )
+    return engine
+
+
+def _session(dbapi_connection: Any, statement: str) -> None:
+    """Run ``statement`` for the whole session, outside any transaction a rollback undoes."""
+    cursor = dbapi_connection.cursor()
     try:
-        with store.engine.connect() as conn:
-            tx = conn.begin()
-            try:
-                conn.execute(text("CREATE TABLE gpubot_doctor_probe (x INTEGER)"))
-            finally:
-                tx.rollback()
+        cursor.execute(statement)
+    finally:
+        cursor.close()
+    dbapi_connection.commit()
+
+
+def _write_error(engine: Engine, file: str | None, migrated: bool) -> str | None:
+    """Return why gpubot could not write to the database, or None: judged without a write."""
+    if file is not None:
+        if not os.access(file, os.W_OK):
+            return f"{file} is read-only for this account"
+        folder = os.path.dirname(os.path.abspath(file))
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"cannot create files in {folder} (SQLite keeps its -wal and -shm files there)"
+        return None
+    if engine.dialect.name != "postgresql":
+        return None
+    # A standby or a read-only default refuses every write; then the role's own rights: to add
+    # audit records, or (not migrated yet) to create gpubot's tables.
+    right = (
+        "has_table_privilege('audit_log', 'INSERT')"
+        if migrated
+        else "has_schema_privilege(current_schema(), 'CREATE')"
+    )
+    # reset_val: the server's, database's or role's default, not this session's READ ONLY.
+    query = (
+        "SELECT pg_is_in_recovery(), (SELECT reset_val FROM pg_settings "
+        "WHERE name = 'default_transaction_read_only'), "
+        f"current_user, current_schema(), {right}"
+    )
+    try:
+        with engine.connect() as conn:
+            standby, default_ro, user, schema, allowed = conn.execute(text(query)).one()
     except SQLAlchemyError as exc:
         return describe(exc)
+    if standby:
+        return "the server is a read-only standby (in recovery)"
+    if default_ro == "on":
+        return "the server's default_transaction_read_only is on"
+    if not allowed:
+        what = "add audit records" if migrated else f"create tables in schema {schema}"
+        return f"role {user} may not {what}"
     return None
 
 
-def _keyed(store: Store, key: bytes | None) -> tuple[bool, str | None]:
+def _keyed(engine: Engine, key: bytes | None) -> tuple[bool, str | None]:
     """Return whether the log is keyed, and why this key cannot write to it (None: it can)."""
     try:
-        with store.engine.connect() as conn:
+        with engine.connect() as conn:
             marker = conn.execute(
                 select(audit_log.c.seq).where(audit_log.c.kind == MARKER).limit(1)
             ).one_or_none()
@@ -77,12 +171,11 @@ def _keyed(store: Store, key: bytes | None) -> tuple[bool, str | None]:
     return marker is not None, None
 
 
-def _file_of(store: Store) -> tuple[str | None, int | None]:
-    """Return a SQLite database's file and its permission bits (None, None otherwise)."""
-    path = store.engine.url.database
-    if store.engine.dialect.name != "sqlite" or not path or path == ":memory:":
-        return None, None
+def _mode(path: str | None) -> int | None:
+    """Return a SQLite file's permission bits (None: no file, or it cannot be read)."""
+    if path is None:
+        return None
     try:
-        return path, stat.S_IMODE(os.stat(path).st_mode)
+        return stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
-        return path, None
+        return None

@@ -8,6 +8,7 @@ ships that folder as the package ``gpubot_migrations``; a source checkout finds 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -15,7 +16,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from gpubot.errors import DatabaseBehind, StoreError, UsageError
 from gpubot.store.engine import guard, write_tx
@@ -75,15 +76,25 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     _run(engine, "upgrade", revision)
 
 
-def downgrade(engine: Engine, revision: str) -> None:
-    """Undo migrations down to ``revision`` (``base`` removes everything)."""
-    _run(engine, "downgrade", revision)
+def downgrade(
+    engine: Engine, revision: str, check: Callable[[Connection], None] | None = None
+) -> None:
+    """Undo migrations down to ``revision`` (``base`` removes everything).
+
+    ``check`` runs first in the same transaction, under the write lock: what it reads cannot
+    change before the drop, and what it raises stops the drop.
+    """
+    _run(engine, "downgrade", revision, check)
 
 
-def _run(engine: Engine, verb: str, revision: str) -> None:
+def _run(
+    engine: Engine, verb: str, revision: str, check: Callable[[Connection], None] | None = None
+) -> None:
     cfg = _config()
     try:
         with guard(f"cannot {verb} the database"), write_tx(engine) as conn:
+            if check is not None:
+                check(conn)
             cfg.attributes["connection"] = conn
             getattr(command, verb)(cfg, revision)
     except CommandError as exc:

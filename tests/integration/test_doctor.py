@@ -143,6 +143,7 @@ def test_a_hanging_runtime_is_a_failure_not_a_hang(fleet: SimFleet) -> None:
 
 
 def test_an_unmigrated_database(fleet: SimFleet, tmp_path: Path) -> None:
+    (tmp_path / "fresh.db").touch(mode=0o600)  # empty: the doctor never creates one itself
     url = "sqlite:///" + str(tmp_path / "fresh.db")
     text = fleet.config_path.read_text().replace(
         f'url = "sqlite:///{fleet.root / "gpubot.db"}"', f'url = "{url}"'

@@ -231,6 +231,7 @@ def test_an_invalid_token_and_a_missing_channel() -> None:
             {"audit key"},
         ),
         (DbFacts("sqlite://", error="cannot connect"), {"opens"}),
+        (DbFacts("sqlite:///gpubot.db", missing="/srv/gpubot.db"), {"exists"}),
         (DbFacts("s", revision="1", head="1", file="/x.db", file_mode=0o600), set()),
         (DbFacts("s", revision="1", head="1", file="/x.db", file_mode=0o644), {"file private"}),
     ],

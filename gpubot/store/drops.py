@@ -1,0 +1,124 @@
+"""What ``gpubot db downgrade REV`` would destroy, found before anything is dropped.
+
+Which tables a downgrade drops is not written down anywhere but in the migrations themselves, so
+it is computed from them: the same downgrade is rehearsed on an empty in-memory SQLite database
+brought to the real database's revision, and the tables that vanish there are the ones that
+would vanish here. A new migration is covered without editing this module. The migrations build
+the same tables on SQLite and PostgreSQL (``store.tables`` is their one definition; a test runs
+autogenerate against both), so the rehearsal holds for either.
+
+Only some tables hold records that a person cannot rebuild and must not lose by a typo: those
+are ``PROTECTED``. The rest (samples, usage buckets, outboxes, leases) are derived or transient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, func, inspect, select, table
+
+from gpubot.errors import UsageError
+from gpubot.store import migrate
+from gpubot.store.engine import guard, make_engine, memory_url, read_tx
+from gpubot.store.tables import audit_head
+
+# table -> what one of its rows is called; the order is the order they are named in.
+PROTECTED: dict[str, str] = {
+    "audit_log": "audit record",  # the hash chain the whole safety story rests on
+    "approvals": "approval",  # who asked for a forced kill and who allowed it
+    "claims": "claim",  # who holds (held) which GPU until when
+    "claim_waits": "queued claim request",  # people waiting for a GPU, first come first served
+}
+AUDIT = "audit_log"
+DropCheck = Callable[[Connection], None]  # run under the downgrade's write lock (``unchanged``)
+
+
+@dataclass(frozen=True)
+class AtRisk:
+    """The protected records a downgrade would drop, and the audit chain's head (seq, hash)
+    when they were counted: a change of either between asking and dropping stops the drop."""
+
+    tables: tuple[str, ...]  # the protected tables dropped, empty or not
+    counts: dict[str, int]  # protected table -> rows, only tables dropped that hold some
+    head: tuple[int, str] | None  # None: the audit chain is not dropped, or has no head
+
+    @property
+    def audit(self) -> int:
+        """Return how many audit records would be dropped."""
+        return self.counts.get(AUDIT, 0)
+
+    def describe(self) -> str:
+        """Return what would be dropped, for a person: ``12 audit records, 1 approval``."""
+        return ", ".join(
+            f"{n} {PROTECTED[t]}{'' if n == 1 else 's'}" for t, n in self.counts.items()
+        )
+
+
+def dropped_tables(engine: Engine, revision: str) -> set[str]:
+    """Return the tables that downgrading ``engine``'s database to ``revision`` would drop.
+
+    Raises ``UsageError`` for a revision the downgrade itself would refuse (the same words).
+    """
+    current = migrate.current(engine)
+    if current is None:
+        return set()  # an empty database: nothing to drop
+    rehearsal = make_engine(memory_url())
+    try:
+        try:
+            migrate.upgrade(rehearsal, current)
+        except UsageError:
+            raise UsageError(
+                f"cannot downgrade to {revision!r}: the database is at {current}, "
+                "which this gpubot does not know"
+            ) from None
+        before = _tables(rehearsal)
+        migrate.downgrade(rehearsal, revision)
+        return before - _tables(rehearsal)
+    finally:
+        rehearsal.dispose()
+
+
+def at_risk(engine: Engine, revision: str) -> AtRisk:
+    """Return the protected records that downgrading to ``revision`` would drop (none: empty)."""
+    gone = dropped_tables(engine, revision)
+    dropped = tuple(t for t in PROTECTED if t in gone)
+    with guard("cannot count the records a downgrade would drop"), read_tx(engine) as conn:
+        return snapshot(conn, dropped)
+
+
+def snapshot(conn: Connection, tables: tuple[str, ...]) -> AtRisk:
+    """Count the rows of ``tables`` (protected ones) and read the chain head, in ``conn``."""
+    counts = {t: _count(conn, t) for t in tables}
+    counts = {t: n for t, n in counts.items() if n}
+    head = None
+    if AUDIT in tables:
+        row = conn.execute(
+            select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
+        ).one_or_none()
+        head = None if row is None else (int(row.seq), str(row.hash))
+    return AtRisk(tables, counts, head)
+
+
+def unchanged(found: AtRisk) -> DropCheck:
+    """Return a check for the downgrade's own transaction: the records and the chain head are
+    still those a person agreed to drop (a bot may have written since they were counted)."""
+
+    def check(conn: Connection) -> None:
+        now = snapshot(conn, found.tables)
+        if now != found:
+            raise UsageError(
+                "the database changed while the downgrade was being checked "
+                f"(now: {now.describe() or 'no records'}); nothing was dropped: run it again"
+            )
+
+    return check
+
+
+def _count(conn: Connection, name: str) -> int:
+    return int(conn.execute(select(func.count()).select_from(table(name))).scalar_one())
+
+
+def _tables(engine: Engine) -> set[str]:
+    with guard("cannot rehearse the downgrade"), engine.connect() as conn:
+        return set(inspect(conn).get_table_names()) - {"alembic_version"}
