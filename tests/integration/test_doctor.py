@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncssh
 import pytest
 
+from gpubot.transport.sshlib import asyncssh
 from gpusim.fleet import SimFleet
 from gpusim.sudoers import readme_sudo_rule
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack
