@@ -22,6 +22,7 @@ from gpubot.cli.common import (
 )
 from gpubot.cli.output import kept_going
 from gpubot.cli.render import render_plan_lines, render_reset
+from gpubot.core import commands
 from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.core.reason import clean_reason
 from gpubot.errors import ResetInterrupted, UsageError
@@ -41,14 +42,12 @@ def _nonneg_int(text: str) -> int:
     return v
 
 
-def _seconds(text: str) -> float:
+def _grace(text: str) -> float:
+    """``--grace``: the chat's grammar (``commands.parse_grace``), as an argparse error."""
     try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= v <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 s: {v}")
-    return v
+        return commands.parse_grace(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_reset_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,7 +58,7 @@ def add_reset_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--pid", type=_nonneg_int, action="append", default=[], help="only this PID")
     p.add_argument("--user", help="only this Linux user's processes")
-    p.add_argument("--grace", type=_seconds, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--grace", type=_grace, help="time between SIGTERM and SIGKILL (30s, 1m30s)")
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     p.add_argument("--yes", action="store_true", help="do not ask")
     p.add_argument("--force", action="store_true", help="allow killing other users' processes")

@@ -3,7 +3,7 @@
 ::
 
     status [NODE|GROUP|all ...]
-    reset NODE [gpu N[,M]] [pid P[,Q]] [user NAME] [grace S] [because REASON]
+    reset NODE [gpu N[,M]] [pid P[,Q]] [user NAME] [grace DURATION] [because REASON]
     gpu-reset NODE gpu N
     sweep
     audit [NODE] [N]
@@ -38,7 +38,7 @@ MAX_AUDIT = 100
 MAX_LIST = 16  # GPUs or PIDs in one request
 
 _INT = re.compile(r"[0-9]{1,9}")
-_SECONDS = re.compile(r"([0-9]{1,6})(\.[0-9]{1,3})?s?")
+_SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?")
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,9 @@ Command = (
 
 USAGE: dict[str, str] = {
     "status": "/gpu status [NODE|GROUP|all]  — per-GPU memory, utilisation and processes",
-    "reset": "/gpu reset NODE [gpu N[,M]] [pid P] [user NAME] [grace S] [because REASON]  — free "
-    "GPUs safely (TERM, grace, KILL, verify); killing someone else's job needs on-call approval",
+    "reset": "/gpu reset NODE [gpu N[,M]] [pid P] [user NAME] [grace DURATION] [because REASON]"
+    "  — free GPUs safely (TERM, grace, KILL, verify); killing someone else's job needs "
+    "on-call approval",
     "gpu-reset": "/gpu gpu-reset NODE gpu N  — nvidia-smi --gpu-reset an idle GPU whose memory "
     "leaked",
     "sweep": "/gpu sweep  — look for zombie processes and orphaned GPU memory now",
@@ -217,12 +218,17 @@ def parse_pids(text: str) -> tuple[int, ...]:
 
 
 def parse_grace(text: str) -> float:
-    """Parse a grace period in seconds (``30``, ``2.5``, ``10s``)."""
-    m = _SECONDS.fullmatch(text)
-    value = float(m.group(1) + (m.group(2) or "")) if m else -1.0
-    if not m or value > MAX_GRACE_S:
+    """Parse a grace period: a duration (``10s``, ``1m30s``) or a bare number of seconds
+    (``30``, ``2.5``), from 0 to ``MAX_GRACE_S``. The chat's ``grace`` and the CLI's
+    ``--grace`` both read it here, with the one duration grammar."""
+    try:
+        value = float(text) if _SECONDS.fullmatch(text) else durations.parse(text, positive=False)
+    except durations.DurationError:
+        value = -1.0
+    if not 0 <= value <= MAX_GRACE_S:
         raise UsageError(
-            f"bad grace {_show(text)}: expected seconds from 0 to {MAX_GRACE_S:g} (e.g. 30)"
+            f"bad grace {_show(text)}: expected a duration from 0s to {MAX_GRACE_S:g}s "
+            "(e.g. 30s, 1m30s)"
         )
     return value
 

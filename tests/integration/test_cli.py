@@ -129,7 +129,7 @@ def test_status_exits_1_when_a_node_fails(fleet: Fleet) -> None:
         (("reset", "nodeX", "--yes"), "unknown node 'nodeX'"),
         (("reset", "node1", "--gpu", "9", "--yes"), "node1 has no GPU 9"),
         (("reset", "node1", "--gpu", "-1"), "must be >= 0"),
-        (("reset", "node1", "--grace", "soon"), "not a number of seconds"),
+        (("reset", "node1", "--grace", "soon"), "bad grace 'soon'"),
         (("gpu-reset", "node1"), "--gpu"),
     ],
 )
