@@ -4,7 +4,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY requirements.lock ./
 RUN pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels -r requirements.lock \
- && pip install --no-cache-dir --no-index --find-links /wheels setuptools
+ && pip install --no-cache-dir --no-index --find-links /wheels --upgrade setuptools
 COPY pyproject.toml README.md ./
 COPY gpubot ./gpubot
 COPY gpusim ./gpusim
