@@ -18,6 +18,7 @@ from gpubot.app import App, Serving, build, settings_from
 from gpubot.chat.flows import Flows
 from gpubot.config.slack_ids import SLACK_USER
 from gpubot.console.repl import ConsoleParts, repl
+from gpubot.console.terminal import Prompt, banner, session
 from gpubot.core.policy import Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
 from gpubot.services.alert_keeper import NoAlerts
@@ -74,9 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Read ``/gpu`` lines and print the answers until end of input."""
+    """Answer the ``-c`` lines, or read ``/gpu`` lines (a terminal's prompt: line editing,
+    history, Ctrl-C drops the line) and print the answers until end of input or quit."""
     settings = settings_from(args.config, os.environ)
     app = build(settings, os.environ, need_store=False)
     flows = make_flows(app)
     who = identity(flows.svc.policy, args.as_id, args.name)
-    return asyncio.run(repl(console_parts(app, flows), who, args.command))
+    if args.command:
+        return asyncio.run(repl(console_parts(app, flows), who, args.command))
+    return session(console_parts(app, flows), who, Prompt(banner(who)))

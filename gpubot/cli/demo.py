@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
             store.upgrade()
             store.close()
             _stage(sim, cast)
-            status, head = asyncio.run(_main(cfg, cast["dana"], args.interactive))
+            if args.interactive:
+                return _console(cfg, cast["dana"])
+            status, head = asyncio.run(_main(cfg, cast["dana"]))
             if head is not None:
                 status = status or _verify_head(cfg, head)
     return status
@@ -205,22 +207,30 @@ def _say(title: str, text: str = "") -> None:
         print(text)
 
 
-async def _main(cfg: Path, operator: str | None, interactive: bool) -> tuple[int, str | None]:
-    """Run the walk-through (or the console); return its status and the audit head it printed."""
+def _built(cfg: Path, operator: str | None) -> tuple[App, Flows, Identity]:
+    """Build the demo's app on ``cfg``, its flows (Slack's, printed as text) and dana."""
     from gpubot.app import build
-    from gpubot.cli.console import console_parts, make_flows
+    from gpubot.cli.console import make_flows
     from gpubot.config import load
-    from gpubot.console.repl import repl
     from gpubot.services.approvals import Identity
 
-    settings = load(cfg)
-    app = build(settings, {}, need_store=True, notifier=_PrintAlerts())
-    flows = make_flows(app)  # the same flows as Slack's, printed as text
-    me = operator or _you()
-    dana = Identity(OPERATOR, "dana", me)
-    if interactive:
-        print(f"demo fleet: 4 nodes; you are dana (Linux user {me}). Try /gpu status all, quit")
-        return await repl(console_parts(app, flows), dana, None), None
+    app = build(load(cfg), {}, need_store=True, notifier=_PrintAlerts())
+    return app, make_flows(app), Identity(OPERATOR, "dana", operator or _you())
+
+
+def _console(cfg: Path, operator: str | None) -> int:
+    """Run ``gpubot console`` as dana on the demo fleet (``--interactive``)."""
+    from gpubot.cli.console import console_parts
+    from gpubot.console.terminal import Prompt, banner, session
+
+    app, flows, dana = _built(cfg, operator)
+    print(f"demo fleet: 4 nodes; you are dana (Linux user {dana.linux_user}). Try /gpu status all")
+    return session(console_parts(app, flows), dana, Prompt(banner(dana)))
+
+
+async def _main(cfg: Path, operator: str | None) -> tuple[int, str | None]:
+    """Run the walk-through; return its status and the audit head it printed."""
+    app, flows, dana = _built(cfg, operator)
     try:
         return await _walk(app, flows, dana)
     finally:

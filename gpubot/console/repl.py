@@ -7,13 +7,13 @@ Approvals are typed: ``approve ID`` / ``deny ID``. An alert's buttons are typed 
 
 ``answer(flows, line, who)`` returns the text one line would post (the demo uses it). ``repl``
 is given narrow parts (``ConsoleParts``), never the ``App``: ``gpubot.cli.console`` builds them.
+It answers given lines, or asks for each next one: ``console.terminal`` reads them in the main
+thread (line editing, Ctrl-C at the prompt) while ``repl`` runs on a loop of its own thread.
 """
 
 from __future__ import annotations
 
-import asyncio
-import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +58,7 @@ HOLDER_USAGE = (
     "snooze 1h|1d KEY  — snooze an alert's finding (console; KEY as the alert gives it)\n"
     "free KEY  — free the GPU an idle holder keeps (console): your own reset of that pid"
 )
+NextLine = Callable[[], Awaitable[str | None]]  # the next line typed (None: the end of input)
 
 
 @dataclass(frozen=True)
@@ -202,9 +203,9 @@ async def answer(
     return out.text()
 
 
-async def repl(parts: ConsoleParts, who: Identity, lines: list[str] | None) -> int:
-    """Run the app's lifecycle (its start-up report printed first), answer ``lines`` (or stdin
-    until end of input / quit), printing as answers come; close."""
+async def repl(parts: ConsoleParts, who: Identity, lines: Sequence[str] | NextLine) -> int:
+    """Run the app's lifecycle (its start-up report printed first), answer ``lines`` (or each
+    line ``lines()`` gives until None, quit or exit), printing as answers come; close."""
 
     def echo(text: str) -> None:
         try:
@@ -229,26 +230,15 @@ async def repl(parts: ConsoleParts, who: Identity, lines: list[str] | None) -> i
 async def _answer_lines(
     flows: Flows,
     who: Identity,
-    lines: list[str] | None,
+    lines: Sequence[str] | NextLine,
     echo: Callable[[str], None],
     snoozer: Snoozer,
 ) -> int:
-    if lines:
+    if not callable(lines):
         for line in lines:
             await answer(flows, line, who, echo=echo, snoozer=snoozer)
         return 0
-    tty = sys.stdin.isatty()
-    if tty:
-        print(
-            f"gpubot console as {who.name} (Linux user {who.linux_user or 'unknown'}); "
-            "type help, or quit",
-            flush=True,
-        )
-    while True:
-        if tty:
-            print(PROMPT, end="", flush=True)
-        line = await asyncio.to_thread(sys.stdin.readline)
-        if not line or line.strip() in ("quit", "exit"):
-            return 0
-        if line.strip():
-            await answer(flows, line, who, echo=echo, snoozer=snoozer)
+    while (typed := await lines()) is not None and typed.strip() not in ("quit", "exit"):
+        if typed.strip():
+            await answer(flows, typed, who, echo=echo, snoozer=snoozer)
+    return 0
