@@ -35,7 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpubot.core.health_titles import HEALTH_TITLES
-from gpubot.core.idle import MAX_GAP_INTERVALS, IdleRule, holder_owner, idle_summary, is_idle_holder
+from gpubot.core.holder_runs import HolderKey, holders_idle
+from gpubot.core.idle import (
+    MAX_GAP_INTERVALS,
+    TIME_SLACK_S,
+    IdleRule,
+    holder_owner,
+    idle_summary,
+    is_idle_holder,
+)
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.protect import Protection, is_protected
 from gpubot.core.workload import WorkloadKind
@@ -123,7 +131,8 @@ class Finding:
     memory_mib: int | None = None
     owner: str | None = None  # whose job it is: its workload's owner, else ``user``
     workload: str | None = None  # its workload's short label (``docker:train``, ``slurm:88``)
-    idle_s: float | None = None  # an idle holder: how long its GPU has been held idle so far
+    idle_s: float | None = None  # an idle holder: how long it has held its GPU idle so far
+    idle_since: float | None = None  # an idle holder: since when (never before it held the GPU)
     next_step: str | None = None  # an Xid's: ``core.xid_table`` (reset when idle, ...)
 
     @property
@@ -187,20 +196,38 @@ def find(
     *,
     protection: Protection | None = None,
     idle: Mapping[tuple[str, int], float] | None = None,
+    held: Mapping[HolderKey, float] | None = None,
+    at: float | None = None,
 ) -> tuple[Finding, ...]:
     """Return every finding of one sweep, in node then GPU order.
 
-    ``idle``: ``{(node, gpu): seconds held idle}`` of the GPUs idle for the idle window
-    (``core.idle.idle_gpus``); their holders of enough memory are idle holders.
+    ``idle``: ``{(node, gpu): seconds held idle}`` at ``at`` (the sweep's time; None: each
+    snapshot's) of the GPUs idle for the idle window (``core.idle.idle_gpus``). Their holders of
+    enough memory that have held the GPU that long themselves are idle holders: ``held`` says
+    since when each has (``core.holder_runs``; None: since each process started). Evidence that
+    accuses a person is that person's own: a job that came to an idle GPU is not idle for the
+    time before it came.
     """
     out: list[Finding] = []
     for snap in snapshots:
         for g in sorted(snap.gpus, key=lambda g: g.index):
             procs = snap.on_gpu(g.index)
             rule = protection or Protection()
-            idle_s = (idle or {}).get((snap.node, g.index))
+            gpu_idle_s = (idle or {}).get((snap.node, g.index))
+            mine = (
+                {}
+                if gpu_idle_s is None
+                else holders_idle(
+                    snap,
+                    g.index,
+                    gpu_idle_s,
+                    held,
+                    snap.taken_at if at is None else at,
+                    config.idle.window_s - TIME_SLACK_S,
+                )
+            )
             out.extend(
-                _gpu_findings(snap.node, g, procs, config, rule, idle_s, hidepid=bool(snap.hidepid))
+                _gpu_findings(snap.node, g, procs, config, rule, mine, hidepid=bool(snap.hidepid))
             )
         for bus in snap.lost:  # its index was not said: the node's finding, keyed by bus id
             out.append(
@@ -223,10 +250,11 @@ def _gpu_findings(
     procs: Sequence[GpuProcess],
     config: SweepConfig,
     protection: Protection,
-    idle_s: float | None,
+    idle: Mapping[str, tuple[float, float]],
     *,
     hidepid: bool = False,
 ) -> list[Finding]:
+    """Return the findings of one GPU (``idle``: its holders' idle seconds and since when)."""
     out: list[Finding] = []
     if "lost" in g.flags:  # fell off the bus: nothing else about it can be known
         why = f" ({g.bus_id})" if g.bus_id else ""
@@ -256,25 +284,38 @@ def _gpu_findings(
     for p in holders:
         if hidepid and not p.exists:  # "gone" may only be hidden: no zombie on that evidence
             continue
+        idle_s, since = idle.get(holder_id(p), (None, None))
         kind_summary = _process_trouble(p, g, config, idle_s)
         if kind_summary is not None:
             kind, summary = kind_summary
-            out.append(
-                Finding(
-                    node,
-                    g.index,
-                    kind,
-                    holder_id(p),
-                    summary,
-                    pid=p.pid,
-                    user=p.user,
-                    memory_mib=p.used_memory_mib,
-                    owner=holder_owner(p),
-                    workload=workload_label(p),
-                    idle_s=idle_s if kind is FindingKind.IDLE_HOLDER else None,
-                )
-            )
+            out.append(_holder_finding(node, p, kind, summary, since, idle_s))
     return out
+
+
+def _holder_finding(
+    node: str,
+    p: GpuProcess,
+    kind: FindingKind,
+    summary: str,
+    idle_since: float | None,
+    idle_s: float | None,
+) -> Finding:
+    """Return the finding of one holder (its idle time only if it is an idle holder)."""
+    is_idle = kind is FindingKind.IDLE_HOLDER
+    return Finding(
+        node,
+        p.gpu_index,
+        kind,
+        holder_id(p),
+        summary,
+        pid=p.pid,
+        user=p.user,
+        memory_mib=p.used_memory_mib,
+        owner=holder_owner(p),
+        workload=workload_label(p),
+        idle_s=idle_s if is_idle else None,
+        idle_since=idle_since if is_idle else None,
+    )
 
 
 def workload_label(p: GpuProcess) -> str | None:

@@ -5,7 +5,10 @@ Every sweep, by hand or scheduled, stores one utilisation sample per GPU through
 (``core.idle_runs``: since when it has been held idle). GPUs held idle for ``idle_hours`` make
 idle-holder findings (``gpubot.core.idle``), and the GPU-hours each owner holds idle are what
 the Home tab shows (``gpu_hours``). Both read the runs, one row per GPU, never the samples'
-history: a sweep costs the same with 1 or 14 days kept. Samples older than ``[sweep]
+history: a sweep costs the same with 1 or 14 days kept. A holder is idle only for the part of
+its GPU's run it was there for (``core.holder_runs``): each sweep's look at who holds each GPU
+is folded into runs kept here, in memory (a few per GPU); after a restart, a holder's run starts
+no earlier than its process did. Samples older than ``[sweep]
 keep_samples`` are pruned, at most ``PRUNE_BATCH`` a sweep, so that a backlog (after an upgrade
 or a shorter ``keep_samples``) never holds one sweep up. A store that fails leaves no GPU idle:
 unknown is not idle.
@@ -15,10 +18,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gpubot.core.alerting import held_idle_hours
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import SweepConfig, find
+from gpubot.core.holder_runs import HolderKey, OnGpu, look, on_gpu_since
 from gpubot.core.idle import TIME_SLACK_S, held_idle, samples_of
 from gpubot.core.idle_runs import RunRule
 from gpubot.core.models import NodeSnapshot
@@ -31,6 +36,15 @@ log = logging.getLogger(__name__)
 
 IdleSeconds = dict[tuple[str, int], float]  # (node, gpu) -> seconds held idle
 PRUNE_BATCH = 50_000  # samples pruned per sweep at most (a 1,000-node fleet adds 8,000)
+
+
+@dataclass(frozen=True)
+class IdleTimes:
+    """The GPUs held idle for the window at ``at``, and since when each holder held its GPU."""
+
+    at: float
+    gpus: IdleSeconds = field(default_factory=dict)
+    held: dict[HolderKey, float] = field(default_factory=dict)
 
 
 class IdleAccounting:
@@ -48,15 +62,25 @@ class IdleAccounting:
         self.protection = protection
         self.samples = samples
         self.clock = clock
+        self._runs: dict[HolderKey, OnGpu] = {}  # each holder's run on its GPU (holder_runs)
 
     @property
     def rule(self) -> RunRule:
         """Return what makes an idle run under the settings."""
         return RunRule.of(self.config.idle.min_mib, self.config.max_gap_s)
 
-    async def sweep(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleSeconds:
+    async def sweep(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleTimes:
         """Store this sweep's samples and advance the runs (one transaction), prune a bounded
-        batch of old samples; return ``{(node, gpu): seconds held idle}`` of the idle GPUs."""
+        batch of old samples; return the idle GPUs and since when each holder held its GPU."""
+        self._runs = look(self._runs, snaps, now, self.config.max_gap_s)
+        held = on_gpu_since(self._runs)
+        return IdleTimes(now, await self._sweep(snaps, now), held)
+
+    def held(self, snaps: Sequence[NodeSnapshot], now: float) -> dict[HolderKey, float]:
+        """Return since when each holder of ``snaps`` has held its GPU, keeping nothing."""
+        return on_gpu_since(look(self._runs, snaps, now, self.config.max_gap_s))
+
+    async def _sweep(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleSeconds:
         keep_from = now - self.config.idle.keep_s
         samples = await off_loop(samples_of, snaps, now)  # 16,000 at 2,000 nodes
         try:
@@ -98,10 +122,14 @@ class IdleAccounting:
 
     async def gpu_hours(self, snapshots: Sequence[NodeSnapshot]) -> dict[str, float]:
         """Return the GPU-hours each owner holds idle now, for ``snapshots`` (the Home tab)."""
-        idle = await self.idle(snapshots, self.clock.now())
+        now = self.clock.now()
+        idle = await self.idle(snapshots, now)
         if not idle:
             return {}
-        found = find(snapshots, {}, self.config, protection=self.protection, idle=idle)
+        held = self.held(snapshots, now)
+        found = find(
+            snapshots, {}, self.config, protection=self.protection, idle=idle, held=held, at=now
+        )
         return held_idle_hours(found)
 
 

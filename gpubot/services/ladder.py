@@ -21,7 +21,15 @@ from typing import Protocol
 from gpubot.core.alerting import SweepResult
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding
-from gpubot.core.ladder import Evidence, LadderRule, Rung, Step, keep_reason, next_step
+from gpubot.core.ladder import (
+    TIME_SLACK_S,
+    Evidence,
+    LadderRule,
+    Rung,
+    Step,
+    keep_reason,
+    next_step,
+)
 from gpubot.core.models import FindingKind
 from gpubot.core.ports import Clock, SampleStore
 from gpubot.core.usage import UNKNOWN_USER
@@ -132,12 +140,17 @@ class ReclaimLadder:
         return notice
 
     async def evidence_of(self, f: Finding, now: float) -> Evidence:
-        """Return the evidence of an idle holder: its idle time and the GPU's samples in it."""
+        """Return the evidence of an idle holder: its idle time and the GPU's samples in it.
+
+        Only samples since the holder's own idle run began (``Finding.idle_since``: never before
+        it held the GPU): the GPU's earlier samples are another job's evidence.
+        """
         idle_s = f.idle_s or 0.0
         if self.samples is None or f.gpu is None:
             return Evidence(idle_s, 0)
+        since = now - idle_s - 1.0 if f.idle_since is None else f.idle_since - TIME_SLACK_S
         try:
-            found = await self.samples.samples_since(now - idle_s - 1.0, gpus=[(f.node, f.gpu)])
+            found = await self.samples.samples_since(since, gpus=[(f.node, f.gpu)])
         except StoreError as exc:
             log.warning("idle evidence of %s GPU %s unavailable: %s", f.node, f.gpu, exc)
             return Evidence(idle_s, 0)

@@ -42,7 +42,7 @@ from gpubot.errors import GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.digest import DigestService
 from gpubot.services.health_checks import HealthChecks
-from gpubot.services.idle_accounting import IdleAccounting
+from gpubot.services.idle_accounting import IdleAccounting, IdleTimes
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.offload import off_loop, release
 from gpubot.services.status import StatusService, fan_out, reason
@@ -171,12 +171,19 @@ class SweepService:
         t0 = self.clock.monotonic()
         snaps, failed, timed_out = await self._probe(nodes, self.node_budget_s())
         seconds = self.clock.monotonic() - t0
-        idle = {} if self.idle is None else await self.idle.sweep(snaps, started)
+        idle = IdleTimes(started) if self.idle is None else await self.idle.sweep(snaps, started)
         if self.usage is not None:
             await self.usage.record(snaps, started)
         protection = self.settings.reset.protection
         findings = await off_loop(
-            find, snaps, failed, self.config, protection=protection, idle=idle
+            find,
+            snaps,
+            failed,
+            self.config,
+            protection=protection,
+            idle=idle.gpus,
+            held=idle.held,
+            at=started,
         )
         if self.health is not None:
             findings += await self.health.findings(snaps, advance=alerting)

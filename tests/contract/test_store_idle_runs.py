@@ -79,7 +79,7 @@ async def compare_one_history(store: Store, seed: int, steps: int) -> int:
             acct.config = replace(CFG, idle=replace(CFG.idle, min_mib=6144))
         snaps = [snapshot(rng, n, at, cards) for n in NODES if rng.random() > 0.1]
         want = await old_idle(store.samples, acct.config, snaps, at)
-        got = await acct.sweep(snaps, at)
+        got = (await acct.sweep(snaps, at)).gpus
         assert got == want, (seed, step)
         protection = acct.protection
         assert find(snaps, {}, acct.config, protection=protection, idle=got) == find(
@@ -89,7 +89,8 @@ async def compare_one_history(store: Store, seed: int, steps: int) -> int:
         clock.t = at + 60.0
         status = [replace(s, taken_at=clock.t) for s in snaps]
         raw = await old_idle(store.samples, acct.config, status, clock.t)
-        found = find(status, {}, acct.config, protection=protection, idle=raw)
+        held = acct.held(status, clock.t)  # the holders' own runs (core.holder_runs)
+        found = find(status, {}, acct.config, protection=protection, idle=raw, held=held)
         assert await acct.gpu_hours(status) == held_idle_hours(found), (seed, step)
         seen += sum(1 for f in found if f.kind is FindingKind.IDLE_HOLDER)
     return seen
@@ -135,8 +136,8 @@ async def test_the_first_sweep_after_the_upgrade_rebuilds_from_the_samples(store
     for i in range(6):  # 0005's sweeps: samples only
         await store.samples.add_samples(samples_of(idle, T0 + i * INTERVAL))
     at = T0 + 6 * INTERVAL
-    assert await acct.sweep(idle, at) == {("n1", 0): 6 * INTERVAL}
-    assert await acct.sweep(idle, at + INTERVAL) == {("n1", 0): 7 * INTERVAL}
+    assert (await acct.sweep(idle, at)).gpus == {("n1", 0): 6 * INTERVAL}
+    assert (await acct.sweep(idle, at + INTERVAL)).gpus == {("n1", 0): 7 * INTERVAL}
 
 
 async def test_a_run_longer_than_the_samples_kept_counts_from_the_first_kept(
@@ -149,7 +150,7 @@ async def test_a_run_longer_than_the_samples_kept_counts_from_the_first_kept(
     for i in range(24):  # 6 h held idle, 3 h kept
         at = T0 + i * INTERVAL + 0.25
         want = await old_idle(store.samples, CFG, snaps, at)
-        assert await acct.sweep(snaps, at) == want
+        assert (await acct.sweep(snaps, at)).gpus == want
     assert want == {("n1", 0): 3 * H}  # the first sample kept is exactly 3 h old
 
 
@@ -171,7 +172,7 @@ async def test_a_long_history_is_rebuilt_a_bounded_batch_a_sweep(
     for k in range(8, 14):
         at = T0 + k * INTERVAL
         want = await old_idle(store.samples, CFG, snaps, at)
-        got = await acct.sweep(snaps, at)
+        got = (await acct.sweep(snaps, at)).gpus
         assert set(got) <= set(want) and all(got[g] == want[g] for g in got)
         answers.append(len(got))
     assert answers[0] < 4 and answers[-1] == 4, answers

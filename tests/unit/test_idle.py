@@ -157,6 +157,7 @@ def proc(
     state: str = "S",
     ticks: int | None = 1000,
     workload: Workload | None = None,
+    age: int | None = 10 * 3600,
 ) -> GpuProcess:
     return GpuProcess(
         pid,
@@ -172,6 +173,7 @@ def proc(
         real_uid=1000,
         exe="/usr/bin/python3",
         workload=workload,
+        elapsed_s=age,
     )
 
 

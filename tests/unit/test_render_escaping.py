@@ -85,7 +85,9 @@ def sweep() -> SweepResult:
     snap = h.snapshot()
     failed = {"node2": NodeFailure(FindingKind.NODE_UNREACHABLE, h.FAILED)}
     idle = {("node1", 0): 6 * 3600.0, ("node1", 1): 6 * 3600.0}
-    findings = find([snap], failed, SweepConfig(), idle=idle)
+    # every holder has held its GPU for as long as the GPU has been idle (core.holder_runs)
+    held = {(snap.node, p.gpu_index, f"{p.pid}:{p.start_ticks}"): 0.0 for p in snap.processes}
+    findings = find([snap], failed, SweepConfig(), idle=idle, held=held)
     ready = Readiness(
         0, tuple(p.command or "" for p in snap.processes), h.NOTE, None, h.NOTE, None, None
     )
