@@ -9,6 +9,10 @@ Each run, in order:
    the mark, so it happens once per request across restarts and replicas;
 3. expires the requests whose time is up: their message says "Expired at HH:MM, nobody decided;
    nothing was done", and the requester is told in a direct message (through the outbox too).
+4. looks again at approved actions that did not run to an end (``look_again``, issue 34): one
+   interrupted by a gpubot that stopped is marked ``incomplete`` once its lease has lapsed, and
+   its thread and requester are told; one that could not run yet (``waiting``) is told in its
+   thread, retried while its approval is valid, and its thread told how it ended.
 
 Without an outbox (the console) only 3 runs, and the requester's own message is updated.
 """
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
+from gpubot.chat.approval_told import THREAD, render_interrupted_dm, render_waiting
 from gpubot.chat.message import NL, Code, Date, DateStyle, Message, Person, Place, Section, Span
 from gpubot.chat.message import ctx as context
 from gpubot.chat.reset_view import render_approval_request
@@ -29,6 +34,7 @@ from gpubot.core.approval_posts import ApprovalPost, Purpose, reping_due
 from gpubot.core.models import ApprovalState
 from gpubot.core.policy import Policy
 from gpubot.services.approval_outbox import ApprovalOutbox
+from gpubot.services.approval_retry import ApprovalRetry
 from gpubot.services.approvals import ApprovalService, unix
 
 log = logging.getLogger(__name__)
@@ -85,11 +91,19 @@ class ApprovalDuty:
     """Re-pings, expires and settles the approvals' posts (see the module's docstring)."""
 
     def __init__(
-        self, approvals: ApprovalService, policy: Policy, outbox: ApprovalOutbox | None
+        self,
+        approvals: ApprovalService,
+        policy: Policy,
+        outbox: ApprovalOutbox | None,
+        *,
+        settled_s: float = 30.0,
     ) -> None:
+        """``settled_s``: how long after its decision an approval may be taken for interrupted
+        (the lease's ttl: ``ApprovalRetry``)."""
         self.approvals = approvals
         self.policy = policy
         self.outbox = outbox
+        self.retry = ApprovalRetry(approvals, settled_s=settled_s)
 
     async def rebuild(self, post: ApprovalPost, repeat_of: datetime | None) -> Message | None:
         """Return the message of a pending post as it should be now (None: nothing to say)."""
@@ -105,6 +119,8 @@ class ApprovalDuty:
             msg = render_reping(a, asked(self.policy))
         elif post.purpose is Purpose.EXPIRED and a.state is ApprovalState.EXPIRED:
             msg = render_expired_dm(a)
+        else:
+            msg = self._told(post.purpose, a)
         return msg if msg is None or repeat_of is None else may_repeat(msg, repeat_of)
 
     async def reping(self) -> int:
@@ -126,17 +142,61 @@ class ApprovalDuty:
                 pinged += 1
         return pinged
 
-    async def tell_requester(self, a: Approval) -> bool:
-        """Tell the requester of an expired request, in a direct message; False if they cannot
-        be told that way (not a Slack user, or no DM could be opened)."""
+    async def tell_requester(self, a: Approval, purpose: Purpose = Purpose.EXPIRED) -> bool:
+        """Tell the requester of an expired (or interrupted) request, in a direct message;
+        False if they cannot be told that way (not a Slack user, or no DM could be opened)."""
         if self.outbox is None or a.source != "slack":
             return False
         channel = await self.outbox.poster.direct(a.requester)
         if channel is None:
             return False
-        intent = self.outbox.intent(a.id, Purpose.EXPIRED, channel)
-        audit = {"post": "expired", "told": a.requester}
-        return await self.outbox.post(intent, render_expired_dm(a), audit=audit) is not None
+        intent = self.outbox.intent(a.id, purpose, channel)
+        audit = {"post": str(purpose), "told": a.requester}
+        msg = render_expired_dm(a) if purpose is Purpose.EXPIRED else render_interrupted_dm(a)
+        return await self.outbox.post(intent, msg, audit=audit) is not None
+
+    def _told(self, purpose: Purpose, a: Approval) -> Message | None:
+        """Return the word of ``purpose`` about an approved action that did not run to an end
+        (None: not one of those, or it has nothing to say now)."""
+        if purpose is Purpose.INTERRUPTED_DM:
+            return render_interrupted_dm(a)
+        if purpose is Purpose.WAITING and a.state is ApprovalState.WAITING:
+            return render_waiting(a, self.policy.expiry_s)
+        render = THREAD.get(purpose)
+        return None if render is None else render(a)
+
+    async def tell_thread(self, a: Approval, purpose: Purpose) -> bool:
+        """Say ``purpose``'s word in the request's thread (in the approvals' channel if the
+        request was never posted), naming the requester and the approver; once."""
+        channel = a.channel or self.policy.approval_channel
+        msg = self._told(purpose, a)
+        if self.outbox is None or channel is None or msg is None:
+            log.warning("approval %s: %s, not told in chat", a.id, msg.fallback if msg else purpose)
+            return False
+        intent = self.outbox.intent(a.id, purpose, channel, a.message_ts)
+        audit = {"post": str(purpose), "told": [a.requester, a.decided_by]}
+        return await self.outbox.post(intent, msg, audit=audit) is not None
+
+    async def look_again(self) -> list[Approval]:
+        """Look again at approved actions that did not run to an end (the module's step 4);
+        return those whose request message should show a new state."""
+        changed: list[Approval] = []
+        for a in await self.retry.interrupted():
+            await self.tell_thread(a, Purpose.INTERRUPTED)
+            await self.tell_requester(a, Purpose.INTERRUPTED_DM)
+            changed.append(a)
+        for a in await self.approvals.approvals.waiting():
+            if self.outbox is not None and Purpose.WAITING in await self.outbox.posts.purposes(
+                a.id
+            ):
+                continue  # told already (``begin`` is the check that counts)
+            if await self.tell_thread(a, Purpose.WAITING):
+                changed.append(a)
+        for a in await self.retry.retry():
+            gave_up = isinstance(a.result, dict) and a.result.get("gave_up")
+            await self.tell_thread(a, Purpose.GAVE_UP if gave_up else Purpose.RETRIED)
+            changed.append(a)
+        return changed
 
     async def settle(self) -> int:
         """Settle the posts whose answer was lost; return how many were looked at."""

@@ -32,7 +32,7 @@ from gpubot.chat.tracking import Pace, Tracker, reset_title
 from gpubot.config import Settings
 from gpubot.core import commands
 from gpubot.core.alerting import Delivery
-from gpubot.core.approval import Approval
+from gpubot.core.approval import Approval, cannot_run
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.models import ApprovalState, NodeSnapshot
 from gpubot.core.plan import ResetPlan
@@ -117,7 +117,8 @@ class Flows:
         if self.svc.approvals is None or self.svc.posts is None:
             return None
         outbox = ApprovalOutbox(self.svc.posts, poster, clock=self.svc.approvals.clock)
-        self.duty = ApprovalDuty(self.svc.approvals, self.svc.policy, outbox)
+        ttl = self.svc.settings.leases.ttl_s  # a dead holder's lease lapses no sooner
+        self.duty = ApprovalDuty(self.svc.approvals, self.svc.policy, outbox, settled_s=ttl)
         return outbox
 
     def check(self, cmd: commands.Command) -> None:
@@ -299,6 +300,8 @@ class Flows:
             mine = self.waiting.pop(approval_id, None)
             if mine is not None:
                 failed = note("⚠ the reset failed: see the on-call channel")
+                if isinstance(outcome, Failed) and cannot_run(outcome.error) is not None:
+                    failed = note(f"⏳ not run yet ({outcome.error}): retried, see the thread")
                 done = render_result(track.title or "", track.asked, result) if result else failed
                 await out.update(mine, track.frame(done))
 
@@ -325,7 +328,8 @@ class Flows:
 
     async def expire(self, out: Surface) -> int:
         """The approval duty: settle lost posts and re-ping on-call (with an outbox), then
-        expire requests whose time is up, show it on their messages and tell the requesters."""
+        expire requests whose time is up, show it on their messages and tell the requesters;
+        then look again at approved actions that did not run to an end (and show their state)."""
         if self.duty is not None:
             await self.duty.settle()
             await self.duty.reping()
@@ -334,6 +338,8 @@ class Flows:
             await self._show_final(out, a, None)
             if self.duty is not None and not await self.duty.tell_requester(a):
                 log.info("approval %s expired: its requester had no direct message", a.id)
+        for a in [] if self.duty is None else await self.duty.look_again():
+            await self._show_final(out, a, None)
         return len(expired)
 
     async def refuse(

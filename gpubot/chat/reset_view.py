@@ -296,6 +296,8 @@ STATE_LINE = {
     "cancelled": "Cancelled by {by} at {at}: nothing was killed",
     "executed": "✅ Approved by {by} at {at}",
     "failed": "✅ Approved by {by} at {at}",
+    "incomplete": "✅ Approved by {by} at {at} · ⚠ interrupted: gpubot stopped while running it",
+    "waiting": "✅ Approved by {by} at {at} · ⏳ not run yet: retried (see the thread)",
 }
 
 

@@ -8,11 +8,17 @@ into JSON (and back) only inside ``gpubot.store`` (``store/approvals.py``), as A
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from gpubot.core.models import ApprovalState
 from gpubot.core.plan import ResetPlan
+from gpubot.errors import DatabaseBehind, LockHeld, StoreError, TransportError
+
+# What stops an approved action before anything goes out to the node, and may pass: the node's
+# lease held by another (busy), the lease lost, the database down, the node unreachable.
+# ``ResetInterrupted`` (something went out) and a refused plan are not among them.
+NOT_YET = (LockHeld, StoreError, TransportError)
 
 
 @dataclass(frozen=True)
@@ -57,3 +63,18 @@ class Approval:
     def plan(self) -> ResetPlan:
         """The plan asked for (``request.plan``)."""
         return self.request.plan
+
+
+def run_until(a: Approval, valid_s: float) -> datetime:
+    """Return until when an approved action that could not run is retried: its approval is
+    valid for ``valid_s`` (``[approvals] expiry_s``) from its decision, as a request is from
+    its asking; past that the node may have changed too much to run what was approved."""
+    return (a.decided_at or a.created_at) + timedelta(seconds=valid_s)
+
+
+def cannot_run(exc: BaseException) -> str | None:
+    """Return why an approved action could not run yet, if ``exc`` is a failure that may pass
+    with nothing sent to the node (so a retry runs exactly what was approved); else None."""
+    if isinstance(exc, DatabaseBehind) or not isinstance(exc, NOT_YET):
+        return None
+    return str(exc) or type(exc).__name__

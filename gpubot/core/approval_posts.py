@@ -1,5 +1,7 @@
 """The messages an approval sends that must appear once: its request to on-call, the re-ping at
-half its expiry, and the word to the requester when it expired unanswered.
+half its expiry, the word to the requester when it expired unanswered, and the word in its
+thread (and to the requester) when an approved action was interrupted, could not run yet, never
+could, or ran on a retry.
 
 Each is recorded (``ApprovalPost``: a token, where it goes) before it is posted, one per approval
 and purpose, so that neither a restart nor a second replica posts it again; a post whose answer
@@ -22,6 +24,11 @@ class Purpose(StrEnum):
     REQUEST = "request"  # the request with its buttons, in the on-call channel
     REPING = "reping"  # nobody decided by half its expiry: on-call is pinged in its thread
     EXPIRED = "expired"  # nobody decided at all: the requester is told, directly
+    INTERRUPTED = "interrupted"  # gpubot stopped while running it: told in its thread
+    INTERRUPTED_DM = "interrupted-dm"  # … and to the requester, directly
+    WAITING = "waiting"  # approved, but it could not run yet: why, in its thread
+    GAVE_UP = "gave-up"  # it never could run while its approval was valid: in its thread
+    RETRIED = "retried"  # it ran on a retry: how it ended, in its thread
 
 
 @dataclass(frozen=True)

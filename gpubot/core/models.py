@@ -238,6 +238,7 @@ class ApprovalState(StrEnum):
     EXECUTED = "executed"
     FAILED = "failed"
     INCOMPLETE = "incomplete"  # approved, but the bot stopped before recording the end
+    WAITING = "waiting"  # approved, but it could not run yet (node busy, …): retried
 
 
 class ActionStatus(StrEnum):

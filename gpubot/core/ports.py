@@ -20,7 +20,6 @@ from gpubot.core.models import (
 
 if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting and approvals
     from gpubot.core.alerting import Alert, AlertGroup, Handle, Lookup, PendingPost, Posted
-    from gpubot.core.approval import Approval, ApprovalRequest
     from gpubot.core.findings import FindingKey
     from gpubot.core.health_findings import EccKey, EccSeen
     from gpubot.core.idle import GpuSample
@@ -142,83 +141,6 @@ class AuditStore(Protocol):
     ) -> None:
         """Append a brief record of a read-only query (status, sweep). ``changed`` (sweeps):
         the nodes are counted, not named, and these lists of changed nodes are."""
-        ...
-
-
-class ApprovalStore(Protocol):
-    """Approvals for forced actions; each transition happens at most once (the store's
-    conditional update). Every method raises ``StoreError`` on failure, ``ApprovalError``
-    (``AlreadyDecided``, ``ApprovalExpired``, ``SelfApproval``) on a refused transition."""
-
-    async def create(
-        self,
-        requester: str,
-        requester_name: str,
-        node: str,
-        request: ApprovalRequest,
-        expires_in_s: float = ...,
-        *,
-        source: str = ...,
-        now: datetime | None = None,
-    ) -> Approval:
-        """Record a pending request that expires ``expires_in_s`` seconds from ``now``."""
-        ...
-
-    async def get(self, approval_id: int) -> Approval | None:
-        """Return one approval or None."""
-        ...
-
-    async def decide(
-        self,
-        approval_id: int,
-        approver: str,
-        approve: bool,
-        now: datetime,
-        *,
-        approver_name: str = ...,
-        source: str = ...,
-    ) -> Approval:
-        """Approve or deny a pending request exactly once (never the requester's own)."""
-        ...
-
-    async def cancel(
-        self, approval_id: int, by: str, now: datetime, *, source: str = ...
-    ) -> Approval:
-        """Cancel a pending request."""
-        ...
-
-    async def mark_executed(
-        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
-    ) -> Approval:
-        """Record that the approved action ran."""
-        ...
-
-    async def mark_failed(
-        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
-    ) -> Approval:
-        """Record that the approved action failed."""
-        ...
-
-    async def mark_incomplete(
-        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
-    ) -> Approval:
-        """Record that an approved action never recorded its end (gpubot stopped mid-run)."""
-        ...
-
-    async def approved(self, decided_before: datetime) -> list[Approval]:
-        """Return approvals still ``approved`` (not run to an end) decided before a moment."""
-        ...
-
-    async def expire_due(self, now: datetime) -> list[Approval]:
-        """Expire every pending request whose time is up at ``now``; return them."""
-        ...
-
-    async def set_message(self, approval_id: int, channel: str, message_ts: str) -> None:
-        """Remember the chat message that shows the request (to update it later)."""
-        ...
-
-    async def pending(self) -> list[Approval]:
-        """Return every pending approval, oldest first."""
         ...
 
 

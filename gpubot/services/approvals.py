@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from gpubot.core.approval import Approval, ApprovalRequest
+from gpubot.core.approval import Approval, ApprovalRequest, cannot_run, run_until
+from gpubot.core.approval_ports import ApprovalStore
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.commands import Reset
 from gpubot.core.models import ActionStatus, ApprovalState, NodeConfig, NodeSnapshot
@@ -28,7 +29,7 @@ from gpubot.core.policy import (
     resolve,
     same_person,
 )
-from gpubot.core.ports import ApprovalStore, AuditStore, Clock, Locks
+from gpubot.core.ports import AuditStore, Clock, Locks
 from gpubot.core.timefmt import iso
 from gpubot.errors import (
     ApprovalError,
@@ -114,6 +115,8 @@ class ApprovalService:
         self._groups: dict[str, tuple[float, frozenset[str]]] = {}
         self._accounts: dict[str, tuple[float, ChatAccount | None]] = {}
         self._team: str | None = None
+        self.running: set[int] = set()  # approvals this process runs now: never abandoned
+        self.unrecorded: dict[int, str] = {}  # waiting, but the store could not be told: why
 
     def _now(self) -> datetime:
         """Return the clock's wall time as an aware datetime (what the store takes)."""
@@ -316,7 +319,8 @@ class ApprovalService:
         """Run an approved plan (once: only the caller whose decision won gets here)."""
         if approval.state is not ApprovalState.APPROVED:
             raise ApprovalError(f"approval {approval.id} is {approval.state}, not approved")
-        request = approval.request
+        request, done = approval.request, dict[str, Any]()
+        self.running.add(approval.id)  # its end is recorded before the periodic look sees it
         try:
             result = await self.reset.execute(
                 request.plan,
@@ -327,19 +331,29 @@ class ApprovalService:
                 approval=approval_record(approval),
                 grace_s=request.grace_s,
             )
+            done = {"action_id": result.action_id, "ok": result.ok}
+            await self._finish(approval.id, ok=True, result={**done, "gpus": _gpus(result)})
+            return result
         except BaseException as exc:  # never leave it "approved" with nothing running
-            await self._finish(approval.id, ok=False, result={"error": str(exc) or repr(exc)})
+            if not done:
+                await self._not_run(approval, exc)
             raise
-        await self._finish(
-            approval.id,
-            ok=True,
-            result={
-                "action_id": result.action_id,
-                "ok": result.ok,
-                "gpus": [g.to_dict() for g in result.gpus],
-            },
-        )
-        return result
+        finally:
+            self.running.discard(approval.id)
+
+    async def _not_run(self, approval: Approval, exc: BaseException) -> None:
+        """Record why an approved action did not run to its end: ``waiting`` (retried) if it
+        could not run yet and its approval is still valid, else ``failed``."""
+        why, until = cannot_run(exc), run_until(approval, self.policy.expiry_s)
+        if why is None or self._now() >= until:
+            await self._finish(approval.id, ok=False, result={"error": str(exc) or repr(exc)})
+            return
+        waiting = {"error": why, "until": iso(until, timespec="seconds")}
+        try:
+            await self.approvals.mark_waiting(approval.id, waiting, now=self._now())
+        except (StoreError, ApprovalError) as err:  # told again by the retry duty
+            log.warning("approval %s: cannot record that it waits: %s", approval.id, err)
+            self.unrecorded[approval.id] = why
 
     async def _finish(self, approval_id: int, *, ok: bool, result: Mapping[str, Any]) -> None:
         """Record the end of an approved action; the reset's own audit record stands anyway."""
@@ -355,14 +369,18 @@ class ApprovalService:
         """Expire every pending request whose time is up; return them."""
         return await self.approvals.expire_due(self._now())
 
-    async def abandon_approved(self) -> list[Approval]:
-        """Mark ``incomplete`` the approvals a stopped gpubot left ``approved``; return them.
+    async def abandon_approved(self, settled_s: float = 0.0) -> list[Approval]:
+        """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` (decided over
+        ``settled_s`` ago); return them.
 
-        One that a live replica is running holds its node's reset lock and is left alone.
+        One that a live replica is running holds its node's reset lock and is left alone; so
+        is one this process runs, or could not record as waiting.
         """
         now = self._now()
         marked: list[Approval] = []
-        for a in await self.approvals.approved(now):
+        for a in await self.approvals.approved(now - timedelta(seconds=settled_s)):
+            if a.id in self.running or a.id in self.unrecorded:
+                continue
             why = {
                 "error": "gpubot stopped before this approved action recorded its end: "
                 "check the node and the audit log"
@@ -406,6 +424,10 @@ class ApprovalService:
             )
         except StoreError as exc:  # nothing was done anyway; the log keeps the trace
             log.error("cannot audit a refusal of %s (%s): %s", who.id, reason, exc)
+
+
+def _gpus(result: ResetResult) -> list[dict[str, Any]]:
+    return [g.to_dict() for g in result.gpus]
 
 
 def approval_record(a: Approval) -> dict[str, Any]:

@@ -25,11 +25,17 @@ from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import approval_posts, approvals
 from gpubot.store.waits import in_thread
 
-# The state an approval must be in for a post of each purpose to be recorded.
+# The states an approval must be in for a post of each purpose to be recorded.
+S = ApprovalState
 NEEDS = {
-    Purpose.REQUEST: ApprovalState.PENDING,
-    Purpose.REPING: ApprovalState.PENDING,
-    Purpose.EXPIRED: ApprovalState.EXPIRED,
+    Purpose.REQUEST: {S.PENDING},
+    Purpose.REPING: {S.PENDING},
+    Purpose.EXPIRED: {S.EXPIRED},
+    Purpose.INTERRUPTED: {S.INCOMPLETE},
+    Purpose.INTERRUPTED_DM: {S.INCOMPLETE},
+    Purpose.WAITING: {S.WAITING, S.APPROVED},  # approved again: a retry under way
+    Purpose.GAVE_UP: {S.FAILED},
+    Purpose.RETRIED: {S.EXECUTED, S.FAILED},
 }
 
 
@@ -81,7 +87,7 @@ class ApprovalPosts:
             a = conn.execute(
                 select(approvals).where(approvals.c.id == post.approval_id)
             ).one_or_none()
-            if a is None or a.state != NEEDS[post.purpose].value:
+            if a is None or a.state not in NEEDS[post.purpose]:
                 return None
             at = iso(post.created_at)
             if post.purpose is Purpose.REPING and not _past_half(a, post.created_at):

@@ -1,5 +1,7 @@
 """Approval records for forced actions: pending → approved | denied | expired | cancelled,
-then approved → executed | failed | incomplete (the bot stopped before recording the end).
+then approved → executed | failed | incomplete (the bot stopped before recording the end) |
+waiting (it could not run yet: the node busy, the lease lost, the database down); waiting →
+approved (a retry takes it, once) | failed (its time to run ran out).
 
 Each transition is one conditional UPDATE (``WHERE state = <from> ...``) inside the write lock,
 appended to the audit chain in the same transaction: two approvers clicking at once, or one
@@ -41,6 +43,7 @@ from gpubot.store.waits import in_thread
 
 DEFAULT_EXPIRY_S = 900.0
 S = ApprovalState
+TO_RUN = (S.APPROVED, S.WAITING)  # approved, and not run to an end yet
 
 
 class ApprovalStore:
@@ -101,10 +104,30 @@ class ApprovalStore:
     async def mark_failed(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
-        """Record that the approved action failed; AlreadyDecided if it is not approved."""
+        """Record that the approved (or waiting) action failed; AlreadyDecided if it is
+        neither."""
         return await in_thread(
-            self._move, approval_id, (S.APPROVED,), S.FAILED, "gpubot", "gpubot", now, result
+            self._move, approval_id, TO_RUN, S.FAILED, "gpubot", "gpubot", now, result
         )
+
+    async def mark_waiting(
+        self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
+    ) -> Approval:
+        """Record that an approved action could not run yet (``result`` says why)."""
+        return await in_thread(
+            self._move, approval_id, (S.APPROVED,), S.WAITING, "gpubot", "gpubot", now, result
+        )
+
+    async def resume(self, approval_id: int, *, now: datetime | None = None) -> Approval:
+        """Take a waiting approval back to approved to run it; AlreadyDecided if another try
+        took it first."""
+        return await in_thread(
+            self._move, approval_id, (S.WAITING,), S.APPROVED, "gpubot", "gpubot", now, None
+        )
+
+    async def waiting(self) -> list[Approval]:
+        """Return the approvals waiting to be retried, oldest first."""
+        return await in_thread(self._in_state, S.WAITING)
 
     async def mark_incomplete(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
@@ -132,7 +155,7 @@ class ApprovalStore:
 
     async def pending(self) -> list[Approval]:
         """Return every pending approval, oldest first (they survive restarts)."""
-        return await in_thread(self._pending)
+        return await in_thread(self._in_state, S.PENDING)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
@@ -244,6 +267,10 @@ class ApprovalStore:
         values: dict[str, Any] = {"state": to.value}
         if to in (S.EXECUTED, S.FAILED, S.INCOMPLETE):
             values |= {"finished_at": iso(at), "result": canonical_json(result or {})}
+        elif to is S.WAITING:  # who approved it, and when, stay as they are
+            values |= {"result": canonical_json(result or {})}
+        elif S.WAITING in from_:  # a retry takes it: still the approver's decision
+            pass
         else:
             values |= {"decided_by": by, "decided_at": iso(at)}
         row = self._row(conn, aid)
@@ -297,12 +324,10 @@ class ApprovalStore:
             row = self._row(conn, aid)
             return None if row is None else _approval(row)
 
-    def _pending(self) -> list[Approval]:
+    def _in_state(self, state: S) -> list[Approval]:
         with guard("cannot read approvals"), read_tx(self._engine) as conn:
             rows = conn.execute(
-                select(approvals)
-                .where(approvals.c.state == S.PENDING.value)
-                .order_by(approvals.c.id)
+                select(approvals).where(approvals.c.state == state.value).order_by(approvals.c.id)
             ).all()
             return [_approval(r) for r in rows]
 

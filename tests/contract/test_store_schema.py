@@ -47,6 +47,7 @@ CHAIN_AFTER_0006: tuple[tuple[str, frozenset[str]], ...] = (
     ("0008", frozenset({"gpu_ecc"})),
     ("0009", frozenset(GPU_HOURS)),
     ("0010", frozenset({"claims", "claim_waits"})),
+    ("0011", frozenset()),  # approvals may be ``waiting``: a new CHECK, no table
 )
 AFTER_0006 = frozenset().union(*(tables for _, tables in CHAIN_AFTER_0006))
 

@@ -1,0 +1,96 @@
+"""Approved means run or told (issue 34): the periodic look at approved actions that did not
+run to an end, on every run of the approval duty (the app's one scheduler), not only at start.
+
+- **Interrupted**: left ``approved`` by a gpubot that stopped mid-run (SIGKILL, a reboot). Its
+  node lease outlives its holder by up to the lease's ttl, so a bot restarted within that time
+  (the usual supervisor restart) finds the lease in force and the start-up look skips it, as if
+  a live bot held it. This look comes again each run and marks it ``incomplete`` once the lease
+  has lapsed (``ApprovalService.abandon_approved``); the caller tells its thread and requester.
+- **Waiting**: approved, but it could not run yet (the node busy, its lease lost, the database
+  down: ``core.approval.cannot_run``). Each look retries it (``waiting`` → ``approved``, which
+  one try of one replica wins) while its approval is valid (``core.approval.run_until``); past
+  that it ends ``failed``, and the caller tells why.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from gpubot.core.approval import Approval, run_until
+from gpubot.core.models import ApprovalState
+from gpubot.core.timefmt import iso
+from gpubot.errors import ApprovalError, GpubotError, StoreError
+from gpubot.services.approvals import ApprovalService
+
+log = logging.getLogger(__name__)
+
+RETRY_SOURCE = "retry"  # the audit records' source of a reset run by a retry
+
+
+class ApprovalRetry:
+    """Looks again at interrupted approvals, and retries the waiting ones (module docstring).
+
+    ``settled_s``: an approval is looked at as interrupted only once decided this long ago, so
+    that one a replica has just approved and is about to lease is never taken for abandoned;
+    the lease's ttl costs nothing, as a dead holder's lease lapses no sooner anyway.
+    """
+
+    def __init__(self, approvals: ApprovalService, *, settled_s: float) -> None:
+        self.approvals = approvals
+        self.settled_s = settled_s
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.approvals.clock.now(), UTC)
+
+    async def interrupted(self) -> list[Approval]:
+        """Mark ``incomplete`` the approvals whose holder stopped and whose lease has lapsed;
+        return them (each is marked once, so each is returned once)."""
+        return await self.approvals.abandon_approved(self.settled_s)
+
+    async def retry(self) -> list[Approval]:
+        """Retry each waiting approval, or give it up once its time to run is over; return
+        those that ended (``executed``, ``failed``) as they are now."""
+        await self._record_waits()
+        ended: list[Approval] = []
+        for a in await self.approvals.approvals.waiting():
+            done = await self._one(a)
+            if done is not None:
+                ended.append(done)
+        return ended
+
+    async def _one(self, a: Approval) -> Approval | None:
+        """Retry ``a`` (or give it up); return it if it ended."""
+        store = self.approvals.approvals
+        until = run_until(a, self.approvals.policy.expiry_s)
+        if self._now() >= until:
+            why = (a.result or {}).get("error") or "it could not run"
+            result = {"error": f"never ran while approved, until {iso(until)}: {why}"}
+            try:
+                return await store.mark_failed(a.id, {**result, "gave_up": True}, now=self._now())
+            except ApprovalError:  # another replica took it meanwhile
+                return None
+        try:
+            taken = await store.resume(a.id, now=self._now())
+        except ApprovalError:  # another replica's try took it first
+            return None
+        try:
+            await self.approvals.execute(taken, source=RETRY_SOURCE)
+        except GpubotError as exc:  # recorded: waiting again, or failed
+            log.info("approval %s: the retry did not run it: %s", a.id, exc)
+        now = await store.get(a.id)
+        return None if now is None or now.state is ApprovalState.WAITING else now
+
+    async def _record_waits(self) -> None:
+        """Record the waits the store could not take when they happened (the database was
+        down): until then the interrupted look leaves those approvals alone."""
+        unrecorded = self.approvals.unrecorded
+        for aid, why in list(unrecorded.items()):
+            try:
+                await self.approvals.approvals.mark_waiting(aid, {"error": why}, now=self._now())
+            except ApprovalError:  # it is not approved any more: nothing to record
+                pass
+            except StoreError as exc:
+                log.info("approval %s: its wait is still not recorded: %s", aid, exc)
+                continue
+            unrecorded.pop(aid, None)
