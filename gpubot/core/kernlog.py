@@ -13,30 +13,68 @@ Sources, in order (the first one the SSH user may read is used):
 gpubot never uses sudo for this (no sudoers line is needed): a node where neither can be read
 says so once, in the log, and raises no finding.
 
-Bounded whatever the node logs: only driver lines (``NVRM: Xid``, ``SXid``) and the cursor pass
-``grep``; ``tail`` keeps the newest ``MAX_LINES``, ``cut`` each to ``MAX_LINE_BYTES``.
+Bounded whatever the node logs, and not to be flooded by a user (issue 34): only driver lines
+(the driver's words right after the source's timestamp and ``HOST kernel:``) and the cursor pass
+``grep``, ``cut`` each to ``MAX_LINE_BYTES``. A user's own job writes as many application-error
+lines (``APP_CODES``: Xid 13, 31, ...) as it faults, so those have their own cap
+(``MAX_APP_LINES``, the newest) and every other driver line (an Xid 79, an SXid) is kept first,
+up to ``MAX_LINES``: no flood of one class pushes out the other. Beside the lines, a count of
+every driver line per (bus, code) (``@gpubot count N x|s BUS CODE``, at most ``MAX_COUNTS``)
+travels, so what a cap dropped is summarised (``summaries``), never silently lost, and a fatal
+code whose lines were all dropped is still found from its count.
 
 Trust: the kernel writes these lines, but a user controls text inside some of them (the
 ``name=`` of an Xid line is the process's comm; other kernel messages quote a file name). So a
 line counts only when the driver's own words START its message (``NVRM: Xid (``, ``nvidia-
-nvswitchN: SXid (``), the code is the number the driver writes right after the bus id, and the
-pid and name are kept for display only (``core.xid`` shows them escaped, never acts on them).
+nvswitchN: SXid (``), the code is the number the driver writes right after the bus id, the name
+is kept for display only (``core.xid`` shows it escaped), and the pid, the kernel's own number
+written before the name, only tells the faulting processes apart and finds their owners in
+``/proc``: it never decides what is signalled.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-MAX_LINES = 400
+from gpubot.core.xid_table import XIDS
+
+MAX_LINES = 400  # driver lines other than application errors (the newest)
+MAX_APP_LINES = 100  # application-error lines (the newest): a user's own job writes these
+MAX_COUNTS = 256  # (bus, code) counts: GPUs x codes, never a user's choice
 MAX_LINE_BYTES = 512
 MARK = "@gpubot"
 
-# $1: the journal cursor ("" none), $2: since (journalctl's "-3600s"), $3: lines, $4: bytes.
-_SCRIPT = r"""LC_ALL=C
-pick() {
-  grep -a -E '(NVRM: Xid|SXid) \(|^-- cursor: |^Failed to seek' | tail -n "$1" | cut -b "1-$2"
+# The codes a job's own fault writes (its owner's business; any user can write many of them).
+APP_CODES = tuple(sorted(c.code for c in XIDS.values() if c.fault == "application"))
+
+# $1: the journal cursor ("" none), $2: since (journalctl's "-3600s"), $3: lines, $4: bytes,
+# $5: the application codes ("13|31|..."), $6: application lines, $7: counts.
+# D: a driver line (the driver's words right after the timestamp, or "HOST kernel: " after it,
+# as journalctl -o short-iso and dmesg --time-format iso write them: nothing a user writes comes
+# first); A: such a line of an application code. The counts are taken of the lines D passed, so
+# a forged Xid inside another message is never counted.
+_SCRIPT = r"""export LC_ALL=C
+case $5 in ''|*[!0-9\|]*) echo 'gpubot-kernlog: bad codes' >&2; exit 2 ;; esac
+B='[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}'
+P='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ ]+ ([^ ]+ kernel: )?'
+D=$P'(NVRM: Xid \((PCI:)?'$B'\): [0-9]+|'
+D+='nvidia-nvswitch[0-9]*: SXid \(PCI:'$B'(\.[0-9A-Fa-f])?\): [0-9]+)'
+A=$P'NVRM: Xid \((PCI:)?'$B'\): ('$5')([^0-9]|$)'
+X='s/^[^ ]+ ([^ ]+ kernel: )?NVRM: Xid \((PCI:)?([0-9A-Fa-f:]+)\): ([0-9]+).*/x \3 \4/p'
+S='s/^[^ ]+ ([^ ]+ kernel: )?nvidia-nvswitch[0-9]*: SXid \(PCI:('$B')[^)]*\): ([0-9]+).*/s \2 \3/p'
+pick() {  # $1: the source's text, $2: lines, $3: bytes, $4: application lines, $5: counts
+  local d
+  d=$(printf '%s\n' "$1" | grep -a -E "$D" | cut -b "1-$3")
+  if [ -n "$d" ]; then  # the lines, then their counts; the cursor last
+    printf '%s\n' "$d" | grep -a -v -E "$A" | tail -n "$2"
+    printf '%s\n' "$d" | grep -a -E "$A" | tail -n "$4"
+    printf '%s\n' "$d" | sed -n -E -e "$X" -e "$S" | sort | uniq -c | head -n "$5" |
+      sed 's/^ */@gpubot count /'
+  fi
+  printf '%s\n' "$1" | grep -a -E '^-- cursor: |^Failed to seek' | tail -n 2 | cut -b "1-$3"
 }
 if command -v journalctl >/dev/null 2>&1; then
   if [ -n "$1" ]; then a="--after-cursor=$1"; else a="--since=$2"; fi
@@ -47,17 +85,17 @@ if command -v journalctl >/dev/null 2>&1; then
     *$'\n'"No journal files were found"*)
       printf '%s journal-denied no journal on the node\n' @gpubot ;;
     *$'\n'"Failed to seek"*)  # the cursor is gone: the parser starts over
-      printf '%s source journal\n' @gpubot; printf '%s\n' "$all" | pick "$3" "$4"; exit 0 ;;
+      printf '%s source journal\n' @gpubot; pick "$all" "$3" "$4" "$6" "$7"; exit 0 ;;
     *)
       if [ "$rc" = 0 ]; then
-        printf '%s source journal\n' @gpubot; printf '%s\n' "$all" | pick "$3" "$4"; exit 0
+        printf '%s source journal\n' @gpubot; pick "$all" "$3" "$4" "$6" "$7"; exit 0
       fi
       printf '%s journal-denied journalctl exit %s: %s\n' @gpubot "$rc" "${all:0:200}" |
         head -n 1 ;;
   esac
 fi
 if out=$(dmesg --time-format iso 2>&1); then
-  printf '%s source dmesg\n' @gpubot; printf '%s\n' "$out" | pick "$3" "$4"
+  printf '%s source dmesg\n' @gpubot; pick "$out" "$3" "$4" "$6" "$7"
 else
   printf '%s dmesg-denied %s\n' @gpubot "${out:0:200}" | head -n 1
 fi
@@ -76,19 +114,33 @@ def kernlog_argv(cursor: str | None, since_s: float) -> list[str]:
         since,
         str(MAX_LINES),
         str(MAX_LINE_BYTES),
+        "|".join(map(str, APP_CODES)),
+        str(MAX_APP_LINES),
+        str(MAX_COUNTS),
     ]
+
+
+CountKey = tuple[bool, str, int]  # (an SXid, bus "dddd:bb:dd", code)
 
 
 @dataclass(frozen=True)
 class KernelRead:
     """What one read said: its source (``journal``/``dmesg``; None: neither could be read),
-    the driver lines in order, the journal's cursor after them, and why nothing could be read."""
+    the driver lines kept, in order, the journal's cursor after them, why nothing could be read,
+    and how many driver lines the read held per (SXid, bus, code), kept or not."""
 
     source: str | None
     lines: tuple[str, ...]
     cursor: str | None = None
     denied: tuple[str, ...] = ()
     cursor_lost: bool = False
+    counts: Mapping[CountKey, int] | None = None  # None: the node sent none (nothing to count)
+
+
+_COUNT = re.compile(
+    rf"^{MARK} count (\d{{1,9}}) ([xs]) ([0-9a-f]{{4}}:[0-9a-f]{{2}}:[0-9a-f]{{2}}) (\d{{1,9}})$",
+    re.IGNORECASE,
+)
 
 
 def parse_kernlog(stdout: str) -> KernelRead:
@@ -97,9 +149,13 @@ def parse_kernlog(stdout: str) -> KernelRead:
     cursor: str | None = None
     lines: list[str] = []
     denied: list[str] = []
+    counts: dict[CountKey, int] = {}
     lost = False
     for line in stdout.splitlines():
-        if line.startswith(f"{MARK} source "):
+        if (c := _COUNT.match(line)) is not None:
+            key = (c[2] == "s", c[3].lower(), int(c[4]))
+            counts[key] = counts.get(key, 0) + int(c[1])  # the bus's case: one count
+        elif line.startswith(f"{MARK} source "):
             source = line.split(" ", 2)[2].strip()
         elif line.startswith(f"{MARK} ") and "-denied" in line.split(" ", 2)[1]:
             denied.append(line[len(MARK) + 1 :].strip()[:300])
@@ -109,13 +165,14 @@ def parse_kernlog(stdout: str) -> KernelRead:
             lost = True
         elif source is not None:
             lines.append(line)
-    return KernelRead(source, tuple(lines), cursor, tuple(denied), lost)
+    return KernelRead(source, tuple(lines), cursor, tuple(denied), lost, counts or None)
 
 
 @dataclass(frozen=True)
 class XidEvent:
-    """One Xid (or SXid) line. ``pid`` and ``name`` are the kernel's copy of what a user
-    controls: display only."""
+    """One Xid (or SXid) line, or (``count`` > 1, ``summary``) the lines of one (bus, code) a
+    read dropped at its cap. ``pid`` and ``name`` are the kernel's copy of the faulting process:
+    the pid is the kernel's own number; the name is what the process calls itself (display only)."""
 
     sxid: bool
     code: int
@@ -125,6 +182,51 @@ class XidEvent:
     pid: str | None = None
     name: str | None = None
     line: str = ""  # the whole line as read (for dedupe)
+    count: int = 1  # how many lines this stands for
+    summary: bool = False  # the lines a cap dropped, known only by their count
+
+    @property
+    def key(self) -> CountKey:
+        """Return what the read's counts are kept by."""
+        return (self.sxid, self.bus, self.code)
+
+
+def is_app(key: CountKey) -> bool:
+    """Whether lines of ``key`` are an application error's (their own cap on the node)."""
+    return not key[0] and key[2] in APP_CODES
+
+
+def summaries(
+    counts: Mapping[CountKey, int] | None, kept: Sequence[XidEvent], after: float | None = None
+) -> list[XidEvent]:
+    """Return one summary event per (SXid, bus, code) with more lines than ``kept`` holds.
+
+    A cap keeps the newest lines of its class (application errors, the rest), so what it
+    dropped is older than every line of that class it kept. ``after`` (dmesg, which has no
+    cursor and reads its whole ring buffer each time): the time of the newest line already seen;
+    a class with a kept line at or before it dropped nothing new. Each summary is timed like the
+    oldest line of its class that was kept (None: the read's time), so it stands in the window
+    as long as they do.
+    """
+    if not counts:
+        return []
+    kept_n: dict[CountKey, int] = {}
+    oldest: dict[bool, float] = {}
+    for e in kept:
+        kept_n[e.key] = kept_n.get(e.key, 0) + 1
+        if e.at is not None:
+            oldest[is_app(e.key)] = min(oldest.get(is_app(e.key), e.at), e.at)
+    out: list[XidEvent] = []
+    for key, n in sorted(counts.items()):
+        dropped = n - kept_n.get(key, 0)
+        at = oldest.get(is_app(key))
+        if dropped <= 0 or (after is not None and at is not None and at <= after):
+            continue
+        sxid, bus, code = key
+        text = f"{dropped} more line{'s' if dropped != 1 else ''}, summarised by the read's cap"
+        line = f"{MARK} summary {'s' if sxid else 'x'} {bus} {code} {n}"
+        out.append(XidEvent(sxid, code, bus, at, text, line=line, count=dropped, summary=True))
+    return out
 
 
 _TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d{1,9}))?([+-]\d\d:?\d\d|Z)?")

@@ -6,12 +6,20 @@ snapshot has is the node's finding, saying so, and an SXid is always the node's 
 NVSwitch). Each (GPU, code) is one finding while an event of it lies in the window (``window_s``):
 it alerts once, and resolves once the window has passed with none. A code with a repeat threshold
 (``XidClass.burst``) seen that often in the window on one GPU is a second finding, for on-call,
-with the class's burst step: an Xid 13 once is its job's owner's, five in an hour are not.
+with the class's burst step (for an application code: reset when idle, with its *Reset GPU*).
 
-Never trusted: the pid and name in a line are the kernel's copy of what a user controls. They
-appear in the summary marked (``core.text.code``: one line, escaped by every front end) and
-decide nothing; the owner told of an application Xid is the user of the process that holds the
-GPU under that pid in the same sweep's snapshot, as ``/proc`` says, never the line's name.
+Evidence that accuses a person is that person's own (issue 34): an application code's lines
+(a job's own fault) are counted per faulting process (the kernel's pid), never per line. Any
+user can open a context on another's GPU and fault there as often as they like, so one process's
+burst, or bursts of processes all known to be one owner's, stays that owner's finding with no
+reset offered; it becomes on-call's only across distinct owners, or enough distinct processes
+not all one owner's (``several``). Lines without a pid cannot show that. Every finding says
+whose processes wrote its lines.
+
+Never trusted: the name in a line is what the process calls itself. It appears in the summary
+marked (``core.text.code``: one line, escaped by every front end) and decides nothing; the owner
+of a line's process is that of the process that holds the GPU under that pid in the same sweep's
+snapshot and had started by the line, as ``/proc`` says, never the line's name.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpubot.core.findings import Finding
+from gpubot.core.idle import holder_owner
 from gpubot.core.kernlog import XidEvent, gpu_bus
 from gpubot.core.models import FindingKind, NodeSnapshot
 from gpubot.core.text import code as mark
@@ -57,6 +66,93 @@ def classify(e: XidEvent) -> XidClass:
     return sxid_class(e.code, e.text) if e.sxid else xid_class(e.code)
 
 
+BURST_PROCESSES = 3  # distinct faulting processes that make an application burst on-call's ...
+BURST_OWNERS = 2  # ... unless all are known to be one owner's; or this many distinct owners
+START_SLACK_S = 2.0  # a line's time has whole seconds; /proc's start time, ticks
+
+
+@dataclass(frozen=True)
+class Source:
+    """One faulting process of a group of lines: the kernel's pid, how many lines it wrote, the
+    name the line gives it (display only) and its owner as ``/proc`` says (None: unknown)."""
+
+    pid: int
+    lines: int
+    name: str | None
+    owner: str | None
+    why: str = ""  # why no owner: "no longer on the GPU", "pid reused since the line"
+
+
+@dataclass(frozen=True)
+class Group:
+    """The events of one (node, GPU or bus, code) in the window, and whose processes they are."""
+
+    node: str
+    gpu: int | None
+    bus: str
+    seen: tuple[Seen, ...]
+    snap: NodeSnapshot | None
+
+    @property
+    def lines(self) -> int:
+        """Return how many lines the group stands for (summaries count every line they hold)."""
+        return sum(s.event.count for s in self.seen)
+
+    def sources(self) -> list[Source]:
+        """Return the distinct faulting processes (by the kernel's pid), in order of first line.
+
+        Two pids are two processes. One pid is counted once: a pid reused between two lines
+        would be two processes counted as one, which can only keep a burst its owner's."""
+        by: dict[int, list[XidEvent]] = {}
+        for s in self.seen:
+            if s.event.pid is not None and s.event.pid.isdigit() and not s.event.summary:
+                by.setdefault(int(s.event.pid), []).append(s.event)
+        out = []
+        for pid, events in by.items():
+            first = min((e.at for e in events if e.at is not None), default=None)
+            owner, why = self._owner(pid, first)
+            out.append(Source(pid, len(events), events[-1].name, owner, why))
+        return out
+
+    def _owner(self, pid: int, first: float | None) -> tuple[str | None, str]:
+        """Return whose process ``pid`` is: the one on this GPU under that pid that had started
+        by the first line (so it wrote the line: a live process keeps its pid), never the
+        line's name."""
+        snap, gpu = self.snap, self.gpu
+        if snap is None or gpu is None:
+            return None, ""
+        held = [p for p in snap.on_gpu(gpu) if p.pid == pid and p.exists]
+        if not held:
+            return None, "no longer on the GPU"
+        p = held[0]
+        if first is not None and (
+            p.elapsed_s is None or snap.taken_at - p.elapsed_s > first + START_SLACK_S
+        ):
+            return None, "pid reused since the line"
+        return holder_owner(p), ""
+
+
+def several(sources: Sequence[Source]) -> bool:
+    """Whether application errors come from more than one job's trouble: distinct owners, or
+    enough distinct processes that are not all known to be one owner's. One process's (or one
+    person's) faults are evidence about that job, never a reason to reset another's GPU."""
+    owners = {s.owner for s in sources if s.owner is not None}
+    if len(owners) >= BURST_OWNERS:
+        return True
+    if len(sources) < BURST_PROCESSES:
+        return False
+    return not (len(owners) == 1 and all(s.owner is not None for s in sources))
+
+
+def is_burst(cls: XidClass, group: Group) -> bool:
+    """Whether ``group`` is past its code's repeat threshold: lines for a code that is not the
+    job's own; for an application code, lines from several processes or owners (lines without
+    a pid cannot show that, so they never make one alone)."""
+    if not cls.burst or group.lines < cls.burst:
+        return False
+    return cls.fault != "application" or several(group.sources())
+
+
 def xid_findings(
     seen: Sequence[Seen], snaps: Mapping[str, NodeSnapshot], *, now: float, window_s: float
 ) -> list[Finding]:
@@ -69,13 +165,13 @@ def xid_findings(
         bus = "" if gpu is not None else e.bus
         groups.setdefault((s.node, gpu, e.sxid, e.code, bus), []).append(s)
     out: list[Finding] = []
-    for (node, gpu, _sxid, _code, bus), group in sorted(groups.items(), key=_order):
-        cls = classify(group[-1].event)
-        snap = snaps.get(node)
+    for (node, gpu, _sxid, _code, bus), events in sorted(groups.items(), key=_order):
+        group = Group(node, gpu, bus, tuple(events), snaps.get(node))
+        cls = classify(events[-1].event)
         if cls.step != QUIET:
-            out.append(_finding(node, gpu, bus, group, cls, cls.step, snap, burst=False))
-        if cls.burst and len(group) >= cls.burst:
-            out.append(_finding(node, gpu, bus, group, cls, cls.burst_step, snap, burst=True))
+            out.append(_finding(group, cls, cls.step, burst=False))
+        if is_burst(cls, group):
+            out.append(_finding(group, cls, cls.burst_step, burst=True))
     return out
 
 
@@ -84,18 +180,9 @@ def _order(item: tuple[tuple[str, int | None, bool, int, str], list[Seen]]) -> t
     return (node, -1 if gpu is None else gpu, sxid, code, bus)
 
 
-def _finding(
-    node: str,
-    gpu: int | None,
-    bus: str,
-    group: Sequence[Seen],
-    cls: XidClass,
-    step: str,
-    snap: NodeSnapshot | None,
-    *,
-    burst: bool,
-) -> Finding:
-    last = group[-1].event
+def _finding(group: Group, cls: XidClass, step: str, *, burst: bool) -> Finding:
+    last = group.seen[-1].event
+    bus, gpu, snap = group.bus, group.gpu, group.snap
     label = "SXid" if last.sxid else "Xid"
     kind = FindingKind.NVSWITCH_SXID if last.sxid else FindingKind.GPU_XID
     holder = (
@@ -108,16 +195,18 @@ def _finding(
         where = f" on the GPU at {bus} (the node has given no GPU table yet)"
     elif gpu is None:
         where = f" on a GPU at {bus} that no GPU of the node's table has (its bus id is unknown)"
-    times = f"{len(group)} in the window" if len(group) > 1 else "once"
-    said = f" ({mark(last.text[:120])})" if last.text else ""
-    who, owner = _who(last, gpu, snap)
+    n = group.lines
+    times = f"{n} in the window" if n > 1 else "once"
+    shown = next((s.event for s in reversed(group.seen) if not s.event.summary), last)
+    said = f" ({mark(shown.text[:120])})" if shown.text else ""
+    who, owner = _who(group)
     summary = (
-        f"{label} {cls.code} {cls.name}: {cls.meaning}{where}{said}, {times}{who}; "
-        f"fault: {cls.fault}; next step: {step}"
+        f"{label} {cls.code} {cls.name}: {cls.meaning}{where}{said}, {times}{_dropped(group)}"
+        f"{who}; fault: {cls.fault}; next step: {step}"
         + (f" (past the threshold of {cls.burst})" if burst else "")
     )
     return Finding(
-        node,
+        group.node,
         gpu,
         kind,
         holder,
@@ -127,15 +216,40 @@ def _finding(
     )
 
 
-def _who(e: XidEvent, gpu: int | None, snap: NodeSnapshot | None) -> tuple[str, str | None]:
-    """Return the words about the line's process (escaped) and the owner ``/proc`` names."""
-    if e.pid is None and e.name is None:
-        return "", None
-    words = f"; the line names pid {mark(e.pid or '?')} {mark(e.name or '?')}"
-    if snap is None or gpu is None or e.pid is None or not e.pid.isdigit():
-        return words, None
-    pid = int(e.pid)
-    held = [p for p in snap.on_gpu(gpu) if p.pid == pid and p.exists and p.user]
-    if not held:
-        return words + " (no longer on the GPU)", None
-    return words, held[0].user
+def _dropped(group: Group) -> str:
+    n = sum(s.event.count for s in group.seen if s.event.summary)
+    return f" ({n} of them summarised by the kernel-log read's cap)" if n else ""
+
+
+MAX_SOURCES_SHOWN = 4
+
+
+def _who(group: Group) -> tuple[str, str | None]:
+    """Return the words about whose processes wrote the lines (escaped) and the owner, as
+    ``/proc`` says, of the process that wrote the last line with a pid."""
+    sources = group.sources()
+    bare = sum(1 for s in group.seen if not s.event.summary and not (s.event.pid or "").isdigit())
+    words = ""
+    if sources:
+        owners = {s.owner for s in sources if s.owner is not None}
+        of = f" of {len(owners)} owners" if len(owners) > 1 else ""
+        shown = [_source(s) for s in sources[-MAX_SOURCES_SHOWN:]]
+        more = len(sources) - len(shown)
+        words = (
+            f"; raised by {len(sources)} process{'es' if len(sources) != 1 else ''}{of}: "
+            + ", ".join(shown)
+            + (f" and {more} more" if more > 0 else "")
+        )
+    if bare:
+        words += f"; {bare} line{'s' if bare != 1 else ''} name{'s' if bare == 1 else ''} no pid"
+    last = next(
+        (s.event.pid for s in reversed(group.seen) if s.event.pid and s.event.pid.isdigit()), None
+    )
+    owner = next((s.owner for s in sources if last is not None and s.pid == int(last)), None)
+    return words, owner
+
+
+def _source(s: Source) -> str:
+    whose = f"{mark(s.owner)}'s" if s.owner else (s.why or "owner unknown")
+    times = f" ×{s.lines}" if s.lines > 1 else ""
+    return f"pid {mark(str(s.pid))} {mark(s.name or '?')} ({whose}){times}"

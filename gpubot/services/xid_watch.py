@@ -7,20 +7,33 @@ first read goes back one window, so an open finding is found again (the alert st
 no second alert) and one that cleared meanwhile stays cleared. A node whose kernel log cannot be
 read says why once in the log; its read failing never fails the node's sweep.
 
-Every new event counts once in ``gpubot_gpu_xid_total{node,gpu,xid}`` (``count``).
+A read keeps the newest lines of each class up to its cap and counts every driver line per (bus,
+code) (``core.kernlog``): what a cap dropped becomes one summary event per (bus, code), counted
+in its finding, and the node's note while it is in the window ("kernel log: 450
+application-error lines summarised", logged once a read and shown beside the node's status), so a
+user's flood of their own job's lines never hides another GPU's fault.
+
+Every new line counts once in ``gpubot_gpu_xid_total{node,gpu,xid}`` (``count``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding
-from gpubot.core.kernlog import XidEvent, kernlog_argv, parse_event, parse_kernlog
+from gpubot.core.kernlog import (
+    XidEvent,
+    is_app,
+    kernlog_argv,
+    parse_event,
+    parse_kernlog,
+    summaries,
+)
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import Clock, Transport
 from gpubot.core.xid import DEFAULT_WINDOW_S, Seen, bus_map, classify, recent, xid_findings
@@ -31,6 +44,7 @@ from gpubot.services.status import StatusService
 log = logging.getLogger(__name__)
 
 CountXid = Callable[[str, str, str], None]  # node, gpu ("-": the node's), code ("sxid:N")
+MAX_COUNTED = 10_000  # lines of one summary counted in the metric, one call each
 
 
 @dataclass
@@ -40,6 +54,7 @@ class _Node:
     seen: list[Seen] = field(default_factory=list)
     fresh: list[Seen] = field(default_factory=list)  # not counted yet
     said: str = ""  # the last "cannot read" logged
+    note: tuple[float, str] | None = None  # the last read's summary of what its caps dropped
 
 
 class XidWatch:
@@ -78,12 +93,16 @@ class XidWatch:
             self._say(node.name, st, f"kernel log unreadable: {why}")
             return
         now = self.clock.now()
-        events = [e for e in map(parse_event, got.lines) if e is not None]
+        kept = [e for e in map(parse_event, got.lines) if e is not None]
         if got.source == "dmesg":
-            events = self._after(st, events, now)
-        elif since and st.seen:  # read again after a lost cursor: each line once
-            known = {s.event.line for s in st.seen}
-            events = [e for e in events if e.line not in known]
+            after = st.last_at if st.last_at is not None else now - self.window_s
+            events = self._after(st, kept, now) + summaries(got.counts, kept, after)
+        else:
+            events = kept + summaries(got.counts, kept)
+            if since and st.seen:  # read again after a lost cursor: each line once
+                known = {s.event.line for s in st.seen}
+                events = [e for e in events if e.line not in known]
+        self._note(node.name, st, events, now)
         if got.cursor_lost:
             st.cursor = None
         elif got.cursor is not None:
@@ -91,6 +110,17 @@ class XidWatch:
         new = [Seen(node.name, e, e.at if e.at is not None else now) for e in events]
         st.seen = recent([*st.seen, *new], now, self.window_s)
         st.fresh += new
+
+    def _note(self, node: str, st: _Node, events: Sequence[XidEvent], now: float) -> None:
+        """Say what the read's caps dropped (the node's note while it is in the window): a
+        flood is summarised, never a silent loss."""
+        app = sum(e.count for e in events if e.summary and is_app(e.key))
+        other = sum(e.count for e in events if e.summary and not is_app(e.key))
+        said = [f"{app} application-error lines"] if app else []
+        said += [f"{other} other driver lines"] if other else []
+        if said:
+            st.note = (now, f"kernel log: {' and '.join(said)} summarised")
+            log.warning("%s: %s (counted per GPU and code, not kept)", node, st.note[1])
 
     def _after(self, st: _Node, events: list[XidEvent], now: float) -> list[XidEvent]:
         """dmesg: keep the lines newer than the last seen (first read: within the window)."""
@@ -128,7 +158,10 @@ class XidWatch:
         for s in recent(st.seen, self.clock.now(), self.window_s):
             if not s.event.sxid and classify(s.event).serious:
                 serious.setdefault(s.event.bus, []).append(s.event.code)
-        return flag_snapshot(snap, serious)
+        snap = flag_snapshot(snap, serious)
+        if st.note is not None and self.clock.now() - st.note[0] <= self.window_s:
+            snap = replace(snap, notes=(*snap.notes, st.note[1]))
+        return snap
 
     def _count(self, node: str, snap: NodeSnapshot | None, st: _Node) -> None:
         fresh, st.fresh = st.fresh, []
@@ -138,7 +171,8 @@ class XidWatch:
         for s in fresh:
             e = s.event
             gpu = None if e.sxid else gpus.get(e.bus)
-            self.count(node, "-" if gpu is None else str(gpu), _label(e))
+            for _ in range(min(e.count, MAX_COUNTED)):  # a summary: each line it holds
+                self.count(node, "-" if gpu is None else str(gpu), _label(e))
 
 
 class XidCounter(Protocol):

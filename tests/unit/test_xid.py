@@ -12,6 +12,7 @@ import pytest
 from gpubot.core.kernlog import (
     _XID,
     MAX_LINE_BYTES,
+    MAX_LINES,
     gpu_bus,
     kernlog_argv,
     parse_event,
@@ -110,8 +111,9 @@ def test_a_hostile_comm_cannot_change_the_code_and_is_kept_for_display_only() ->
     e = parse_event(line)
     assert e is not None and e.code == 13 and e.pid == "42" and e.name == "x"
     gpus = (GpuInfo(0, "GPU-0", "H200", 0, 1, 0, bus_id="00000000:18:00.0"),)
-    victim = GpuProcess(42, 0, 100, "python3", True, True, user="bob", start_ticks=7)
-    snap = NodeSnapshot("n1", 0.0, gpus, (victim,))
+    victim = GpuProcess(42, 0, 100, "python3", True, True, user="bob", start_ticks=7, elapsed_s=60)
+    assert e.at is not None  # pid 42 had started by the line: it is the process that wrote it
+    snap = NodeSnapshot("n1", e.at + 10, gpus, (victim,))
     (f,) = xid_findings([Seen("n1", e, 1.0)], {"n1": snap}, now=1.0, window_s=60.0)
     assert f.next_step == TELL_OWNER and f.owner == "bob"  # /proc's user of pid 42 on GPU 0
     assert f.pid is None  # nothing in a finding of the line names a process to signal
@@ -178,14 +180,15 @@ def test_the_script_is_bounded_and_prefers_the_journal(tmp_path: Path) -> None:
     flood.write_text("\n".join([long_line] * 1000 + ["-- cursor: s=z;i=9"]) + "\n")
     (bin_dir / "journalctl").write_text(f"#!/bin/sh\ncat {flood}\n")
     (bin_dir / "journalctl").chmod(0o755)
-    for prog in ("bash", "grep", "tail", "cut", "head", "cat"):
+    for prog in ("bash", "grep", "tail", "cut", "head", "cat", "sed", "sort", "uniq"):
         src = subprocess.run(["sh", "-c", f"command -v {prog}"], capture_output=True, text=True)
         (bin_dir / prog).symlink_to(src.stdout.strip())
     argv = kernlog_argv(None, 3600)
     out = subprocess.run(argv, capture_output=True, text=True, env={"PATH": str(bin_dir)})
     got = parse_kernlog(out.stdout)
     assert got.source == "journal" and got.cursor == "s=z;i=9"
-    assert 0 < len(got.lines) < 400 and all(len(x) <= MAX_LINE_BYTES for x in got.lines)
+    assert 0 < len(got.lines) <= MAX_LINES and all(len(x) <= MAX_LINE_BYTES for x in got.lines)
+    assert got.counts == {(False, "0000:18:00", 79): 1000}  # what the cap dropped is counted
     assert all(parse_event(x) is not None for x in got.lines)
 
 
@@ -226,7 +229,7 @@ def test_the_script_falls_back_to_dmesg_when_the_journal_says_so(
     (bin_dir / "dmesg").write_text(f"#!/bin/sh\necho '{LINE79.replace(' n1 kernel:', '')}'\n")
     for prog in ("journalctl", "dmesg"):
         (bin_dir / prog).chmod(0o755)
-    for prog in ("bash", "grep", "tail", "cut", "head", "sh"):
+    for prog in ("bash", "grep", "tail", "cut", "head", "sh", "sed", "sort", "uniq"):
         src = subprocess.run(["sh", "-c", f"command -v {prog}"], capture_output=True, text=True)
         (bin_dir / prog).symlink_to(src.stdout.strip())
     out = subprocess.run(

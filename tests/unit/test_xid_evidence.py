@@ -1,0 +1,240 @@
+"""Issue 34: Xid evidence is per faulting process, and a kernel-log read nobody can flood.
+
+An application Xid burst (a job's own errors) is counted over distinct processes and owners,
+never over lines: one process's burst on another user's GPU stays its owner's finding, with no
+*Reset GPU* offered. The read keeps other driver lines before application errors, each under its
+own cap, and what a cap dropped arrives as a count per (bus, code): summarised, never lost. Pure
+(the core, the watch over the scripted transport): no process, no socket, no sleep.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpubot.chat.alerts import item_parts
+from gpubot.chat.reset_view import ACTION_RESET_GPU
+from gpubot.core.alerting import AlertGroup, AlertItem
+from gpubot.core.findings import Finding
+from gpubot.core.kernlog import (
+    APP_CODES,
+    MAX_APP_LINES,
+    MAX_LINES,
+    XidEvent,
+    parse_event,
+    parse_kernlog,
+    parse_time,
+    summaries,
+)
+from gpubot.core.models import GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
+from gpubot.core.xid import Seen, xid_findings
+from gpubot.core.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER, TICKET
+from gpubot.services.xid_watch import XidWatch
+from gpubot.transport.scripted import ScriptedTransport, completed
+from tests.fixtures.settings import ManualClock
+
+T0 = 1_790_000_000.0  # the lines' time; every process below started an hour before
+BUSES = ("0000:18:00", "0000:19:00")
+GPUS = tuple(
+    GpuInfo(i, f"GPU-{i}", "H200", 0, 1, 0, bus_id=f"0000{b}.0") for i, b in enumerate(BUSES)
+)
+
+
+def proc(pid: int, user: str, gpu: int = 0, *, started: float = T0 - 3600) -> GpuProcess:
+    """A process on ``gpu`` as the probe reads it (``/proc``'s user, its age at the snapshot)."""
+    age = int(T0 + 60 - started)
+    return GpuProcess(
+        pid, gpu, 1024, "python3", True, True, user=user, start_ticks=7, elapsed_s=age
+    )
+
+
+BOB = proc(100, "bob")  # bob's 30 GB job: GPU 0 is his
+SNAP = NodeSnapshot(
+    "n1",
+    T0 + 60,
+    GPUS,
+    (
+        BOB,
+        proc(201, "mallory"),
+        proc(202, "mallory"),
+        proc(203, "mallory"),
+        proc(301, "alice"),
+        proc(302, "carol"),
+        proc(400, "dave", started=T0 + 30),  # pid 400 started after the lines: reused
+    ),
+)
+
+
+def xid(code: int, pid: int | None, *, gpu: int = 0, at: float = T0) -> Seen:
+    """One Xid line of the driver's shape, on ``gpu``, from ``pid`` (None: the line has none)."""
+    who = "" if pid is None else f"pid={pid}, name=python3, "
+    e = parse_event(f"NVRM: Xid (PCI:{BUSES[gpu]}): {code}, {who}Graphics Exception: ESR 0x1")
+    assert e is not None
+    return Seen("n1", XidEvent(**{**e.__dict__, "at": at}), at)
+
+
+def find(lines: list[Seen]) -> dict[str, Finding]:
+    return {
+        f.key.holder: f for f in xid_findings(lines, {"n1": SNAP}, now=T0 + 60, window_s=3600.0)
+    }
+
+
+def offers_reset(f: Finding) -> bool:
+    """Whether the alert of ``f`` carries the *Reset GPU* button (the chat's own rule)."""
+    at = datetime.fromtimestamp(T0, UTC)
+    item = AlertItem(f.key, f, at)
+    _, actions = item_parts(item, AlertGroup(f.node, (item,), SNAP, at))
+    return actions is not None and any(a.id == ACTION_RESET_GPU for a in actions.actions)
+
+
+def test_one_process_burst_on_another_users_gpu_is_its_owners_with_no_reset() -> None:
+    """mallory's pid 201 opens a context on bob's GPU 0 and faults five times."""
+    found = find([xid(13, 201) for _ in range(5)])
+    assert set(found) == {"xid:13"}  # no second finding for on-call
+    f = found["xid:13"]
+    assert f.next_step == TELL_OWNER and f.owner == "mallory"  # not bob, whose GPU it is
+    assert "5 in the window" in f.summary
+    assert "raised by 1 process: pid `201` `python3` (`mallory`'s) ×5" in f.summary
+    assert not offers_reset(f)
+
+
+@pytest.mark.parametrize(
+    ("pids", "why"),
+    [
+        ([201, 301, 302, 301, 302], "three owners' processes"),
+        ([201, 201, 201, 201, 301], "two owners: mallory's four lines and alice's one"),
+        ([901, 902, 903, 901, 902], "three processes gone by the sweep: owners unknown"),
+    ],
+)
+def test_control_a_burst_across_processes_or_owners_is_on_calls_with_the_reset(
+    pids: list[int], why: str
+) -> None:
+    found = find([xid(13, p) for p in pids])
+    burst = found["xid:13:burst"]
+    assert burst.next_step == RESET_WHEN_IDLE and burst.owner is None, why
+    assert offers_reset(burst)
+    assert f"raised by {len(set(pids))} processes" in burst.summary
+
+
+def test_control_a_code_that_is_not_the_jobs_own_counts_lines() -> None:
+    found = find([xid(74, 201) for _ in range(3)])  # NVLink: one process's lines suffice
+    assert found["xid:74:burst"].next_step == TICKET
+    assert offers_reset(found["xid:74"])  # its own step is "reset when idle"
+
+
+@pytest.mark.parametrize(
+    ("pids", "owner", "words"),
+    [
+        ([201, 202, 203, 201, 202], "mallory", "raised by 3 processes: "),  # all one owner's
+        ([None] * 6, None, "6 lines name no pid"),  # no pid: cannot show several processes
+        ([400] * 5, None, "(pid reused since the line)"),  # dave's pid 400 is younger
+        ([201, 201, None, None, None], "mallory", "3 lines name no pid"),
+    ],
+)
+def test_what_stays_the_owners(pids: list[int | None], owner: str | None, words: str) -> None:
+    found = find([xid(13, p) for p in pids])
+    assert set(found) == {"xid:13"}
+    assert found["xid:13"].owner == owner and words in found["xid:13"].summary
+    assert not offers_reset(found["xid:13"])
+
+
+@given(
+    code=st.sampled_from(APP_CODES),
+    pid=st.integers(1, 4_000_000),
+    n=st.integers(1, 400),
+    gpu=st.sampled_from([0, 1]),
+)
+def test_one_process_never_makes_an_application_burst_on_calls(
+    code: int, pid: int, n: int, gpu: int
+) -> None:
+    found = find([xid(code, pid, gpu=gpu, at=T0 + i / 1000) for i in range(n)])
+    assert all(f.next_step != RESET_WHEN_IDLE for f in found.values())
+
+
+# --- the read a user cannot flood ------------------------------------------------------------
+
+LINE79 = "2026-12-02T05:50:01+0000 n1 kernel: NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off"
+LINE13 = (
+    "2026-12-02T05:50:{s:02d}+0000 n1 kernel: NVRM: Xid (PCI:0000:18:00): 13, pid=201, "
+    "name=python3, Graphics Exception"
+)
+
+
+def node_answer(n13: int) -> str:
+    """What the node's script sends for a log of one Xid 79, then ``n13`` Xid 13 lines: the
+    other lines, the newest application lines, the counts, the cursor (as ``pick`` writes)."""
+    app = [LINE13.format(s=2 + i % 50) for i in range(n13)]
+    return "\n".join(
+        [
+            "@gpubot source journal",
+            LINE79,
+            *app[-MAX_APP_LINES:],
+            "@gpubot count 1 x 0000:19:00 79",
+            f"@gpubot count {n13} x 0000:18:00 13",
+            "-- cursor: s=a;i=1",
+        ]
+    )
+
+
+async def test_a_flood_of_application_lines_is_summarised_and_never_hides_an_xid_79() -> None:
+    raw = [LINE79, *(LINE13.format(s=2 + i % 50) for i in range(450))]
+    assert LINE79 not in raw[-MAX_LINES:]  # control: the newest-400 rule alone dropped the 79
+    clock = ManualClock(parse_time("2026-12-02T05:51:00+0000"))
+    watch = XidWatch(
+        ScriptedTransport(lambda c: completed(c.argv, node_answer(450))),
+        clock=clock,
+    )
+    await watch.read(NodeConfig("n1", "127.0.0.1"))
+    snap = NodeSnapshot("n1", clock.now(), GPUS)
+    found = {f.key.holder: f for f in watch.findings([snap])}
+    assert found["xid:79"].next_step == DRAIN_REBOOT and found["xid:79"].gpu == 1
+    assert "450 in the window (350 of them summarised" in found["xid:13"].summary
+    assert "kernel log: 350 application-error lines summarised" in watch.flag(snap).notes
+
+
+@pytest.mark.parametrize(
+    ("counts", "kept", "after", "want"),
+    [
+        ({(False, "0000:18:00", 13): 3}, [13, 13, 13], None, []),  # nothing dropped
+        ({(False, "0000:18:00", 13): 9}, [13, 13], None, [(13, 7)]),
+        # the cap kept no 79 (others flooded it): its count still makes a finding
+        ({(False, "0000:18:00", 79): 1, (False, "0000:18:00", 74): 1}, [74], None, [(79, 1)]),
+        # dmesg: a class whose oldest kept line was seen before dropped nothing new
+        ({(False, "0000:18:00", 13): 9}, [13, 13], T0 + 5, []),
+        ({(False, "0000:18:00", 13): 9}, [13, 13], T0 - 5, [(13, 7)]),
+    ],
+)
+def test_what_a_cap_dropped_becomes_a_summary(
+    counts: dict[tuple[bool, str, int], int],
+    kept: list[int],
+    after: float | None,
+    want: list[tuple[int, int]],
+) -> None:
+    events = [xid(c, 201).event for c in kept]
+    got = summaries(counts, events, after)
+    assert [(e.code, e.count) for e in got] == want
+    assert all(e.summary and e.pid is None for e in got)
+
+
+@given(
+    counts=st.dictionaries(
+        st.tuples(st.booleans(), st.sampled_from(BUSES), st.integers(0, 99999)),
+        st.integers(1, 10**9 - 1),
+        max_size=20,
+    )
+)
+def test_the_counts_round_trip(counts: dict[tuple[bool, str, int], int]) -> None:
+    text = "@gpubot source journal\n" + "".join(
+        f"@gpubot count {n} {'s' if s else 'x'} {b.upper()} {c}\n"
+        for (s, b, c), n in counts.items()
+    )
+    assert (parse_kernlog(text).counts or {}) == counts
+
+
+@given(st.text(max_size=300))
+def test_no_text_breaks_the_read_parser(text: str) -> None:
+    got = parse_kernlog("@gpubot source journal\n" + text)
+    assert all(n > 0 for n in (got.counts or {}).values())
