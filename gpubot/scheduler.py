@@ -1,28 +1,37 @@
-"""Schedules (the sweep, the audit head's publication): APScheduler 3's ``AsyncIOScheduler``,
-the only module importing it.
+"""Schedules (the sweep, the audit head's publication, the approval expiry, the claims): each
+periodic duty runs on the monotonic clock.
 
-One interval job runs on the running event loop. ``max_instances=1`` means a run never overlaps
-the previous one (a run due while one is still going is skipped); ``coalesce`` folds runs missed
-while the loop was busy into one; ``misfire_grace_time`` lets a late run still happen within an
-interval. The job's own failures are logged, never fatal to the bot.
+A wall-clock scheduler (APScheduler 3 keeps next-run times as wall datetimes) stops every duty
+for the size of a step back: after an NTP correction of an hour, or a VM snapshot restored,
+nothing would sweep, expire or serve the queue for an hour, and nothing would say why. Here
+the next run is a monotonic deadline (``Clock.monotonic``, slept on with ``Clock.sleep``: the
+event loop's own clock in production, a virtual one in tests), so the wall clock cannot move
+it. Before each run the clock's ``Steps`` looks for a step of the wall clock (logged once,
+whichever duty sees it first; ``core.clock``).
+
+A run never overlaps the previous one: runs due while one is still going are folded into the
+next interval (the old ``max_instances=1`` with ``coalesce``). The job's own failures are
+logged, never fatal to the bot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from gpubot.core.clock import SYSTEM_CLOCK, steps_of
+from gpubot.core.ports import Clock
 
 log = logging.getLogger(__name__)
 
 
 class IntervalScheduler:
-    """Runs ``job`` every ``interval_s`` seconds on the running loop, never twice at once."""
+    """Runs ``job`` every ``interval_s`` seconds (monotonic) on the running loop, never twice
+    at once."""
 
     def __init__(
         self,
@@ -32,6 +41,7 @@ class IntervalScheduler:
         first_after_s: float | None = None,
         stop_wait_s: float = 30.0,
         name: str = "sweep",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``first_after_s``: delay of the first run (default: a few seconds after start)."""
         if interval_s <= 0:
@@ -41,63 +51,64 @@ class IntervalScheduler:
         self.interval_s = interval_s
         self.first_after_s = min(5.0, interval_s) if first_after_s is None else first_after_s
         self.stop_wait_s = stop_wait_s
+        self.clock = clock
         self.runs = 0  # runs started by this scheduler
-        self._scheduler: AsyncIOScheduler | None = None
-        self._running: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a run is under way
 
     @property
     def running(self) -> bool:
         """Whether the schedule is started."""
-        return self._scheduler is not None
+        return self._task is not None
 
     def start(self) -> None:
         """Start the schedule on the running event loop."""
-        if self._scheduler is not None:
+        if self._task is not None:
             return
-        scheduler = AsyncIOScheduler(timezone=UTC)
-        scheduler.add_job(
-            self._run,
-            "interval",
-            seconds=self.interval_s,
-            id=f"gpubot-{self.name}",
-            name=self.name,
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=max(1, int(self.interval_s)),
-            next_run_time=datetime.now(UTC) + timedelta(seconds=self.first_after_s),
-        )
-        scheduler.start()
-        self._scheduler = scheduler
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._loop(), name=f"gpubot-{self.name}")
+
+    async def _loop(self) -> None:
+        steps = steps_of(self.clock)
+        due = self.clock.monotonic() + self.first_after_s
+        while True:
+            await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
+            if not self.running:  # stopped while it slept
+                return
+            steps.check()  # a step of the wall clock is seen here: it moves no deadline
+            await self._run()
+            due = self.next_due(due, self.clock.monotonic())
+
+    def next_due(self, due: float, now: float) -> float:
+        """Return the run after the one due at ``due``: one interval on, or, when runs were
+        missed (a long run, a busy loop), the first interval boundary after ``now``."""
+        nxt = due + self.interval_s
+        if nxt > now:
+            return nxt
+        return due + self.interval_s * (math.floor((now - due) / self.interval_s) + 1)
 
     async def _run(self) -> None:
-        if self._scheduler is None:
-            # The executor may have created this run's task just before ``stop``: a stopped
-            # schedule starts nothing (seen on a busy box: a sweep began after stop returned).
-            return
         self.runs += 1
-        self._running = asyncio.current_task()
+        self._busy = True
         try:
             await self.job()
         except Exception:
             log.exception("the %s failed", self.name)
         finally:
-            self._running = None
+            self._busy = False
 
     async def stop(self) -> None:
         """Stop the schedule; a run under way may finish (up to ``stop_wait_s``)."""
-        scheduler, self._scheduler = self._scheduler, None
-        if scheduler is None:
+        task, self._task = self._task, None
+        if task is None:
             return
-        scheduler.pause()
-        task = self._running
-        if task is not None and not task.done():
+        if self._busy and not task.done():
             done, _ = await asyncio.wait({task}, timeout=self.stop_wait_s)
-            if not done:
-                task.cancel()
-                with suppress(asyncio.CancelledError):
-                    await task
-        scheduler.shutdown(wait=False)
-        await asyncio.sleep(0)  # AsyncIOScheduler shuts down through call_soon
+            if done:
+                return
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
 
 
 SweepScheduler = IntervalScheduler  # the sweep's schedule (its default name)

@@ -1,14 +1,23 @@
-"""The system clock: the default ``Clock`` (``core.ports``) of every service."""
+"""The system clock: the default ``Clock`` (``core.ports``) of every service, and the one place
+that notices the wall clock stepping (``Steps``, ``steps_of``)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from gpubot.core.ports import Clock
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class SystemClock:
@@ -28,6 +37,103 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+# Between two looks the wall and monotonic clocks may differ by NTP's slew (at most 0.5 ms a
+# second) and by the moment between reading one and the other: a step is more than this.
+STEP_TOLERANCE_S = 2.0
+# How long a forward step must hold before expiry trusts it: a step that is corrected within
+# this (a bad NTP server, a VM's clock before its agent fixes it) never ends a claim, a hold
+# or an approval; one that stays (a real correction, a resumed VM) ends them this much late.
+SETTLE_S = 600.0
+
+
+@dataclass(frozen=True)
+class Jump:
+    """A step of the wall clock seen between two looks: ``step`` seconds (negative: back),
+    ``wall`` and ``mono`` the look that saw it."""
+
+    step: float
+    wall: float
+    mono: float
+
+
+class Steps:
+    """Watches one clock for steps of its wall time (wall delta against monotonic delta).
+
+    Every periodic duty looks (``check``) before it runs, and expiry asks ``expiry_now``: so a
+    step is seen, and logged, once, by whichever looks first. Durations and intervals never
+    need it (they are monotonic); what is computed from wall time does: a deadline stored in
+    wall time is judged by ``expiry_now``, which follows the wall clock back at once but
+    forward only at the monotonic clock's pace until the step has held ``settle_s``.
+    """
+
+    def __init__(
+        self, clock: Clock, tolerance_s: float = STEP_TOLERANCE_S, settle_s: float = SETTLE_S
+    ) -> None:
+        self.clock = clock
+        self.tolerance_s = tolerance_s
+        self.settle_s = settle_s
+        self.jumps = 0  # steps seen
+        self.last: Jump | None = None
+        self._look: tuple[float, float] | None = None  # (wall, mono) of the previous look
+        self._ahead: tuple[float, float, float] | None = None  # forward: anchor wall, mono, seen
+
+    def check(self) -> Jump | None:
+        """Look at the clock; return (and log, once) a step since the previous look."""
+        wall, mono = self.clock.now(), self.clock.monotonic()
+        prev, self._look = self._look, (wall, mono)
+        if prev is None:
+            return None
+        step = (wall - prev[0]) - (mono - prev[1])
+        if abs(step) <= self.tolerance_s:
+            return None
+        jump = self.last = Jump(step, wall, mono)
+        self.jumps += 1
+        if step > 0 and self._ahead is None:
+            self._ahead = (prev[0], prev[1], mono)  # project from the last look before it
+        elif (
+            step < 0
+            and self._ahead is not None
+            and wall <= self._projected(mono) + self.tolerance_s
+        ):
+            self._ahead = None  # corrected: the wall clock is back in line
+        log.warning(
+            "the wall clock stepped %s by %.0f s: periodic duties keep their interval; "
+            "claims, holds and approvals end only when the monotonic clock agrees",
+            "forward" if step > 0 else "back",
+            abs(step),
+        )
+        return jump
+
+    def _projected(self, mono: float) -> float:
+        assert self._ahead is not None
+        wall, since, _ = self._ahead
+        return wall + (mono - since)
+
+    def expiry_now(self) -> float:
+        """Return the wall time to judge deadlines by: the wall clock, except while a forward
+        step has held less than ``settle_s``, when it is the time before the step carried on
+        by the monotonic clock (whichever is earlier)."""
+        self.check()
+        wall, mono = self._look or (self.clock.now(), self.clock.monotonic())
+        if self._ahead is None:
+            return wall
+        if mono - self._ahead[2] >= self.settle_s:
+            self._ahead = None  # it held: a real correction, or a resumed machine
+            return wall
+        return min(wall, self._projected(mono))
+
+
+_STEPS: weakref.WeakKeyDictionary[object, Steps] = weakref.WeakKeyDictionary()
+
+
+def steps_of(clock: Clock) -> Steps:
+    """Return the one ``Steps`` of ``clock``: every duty and service of a process shares it,
+    so a step is logged once however many of them look."""
+    steps = _STEPS.get(clock)
+    if steps is None:
+        steps = _STEPS[clock] = Steps(clock)
+    return steps
 
 
 async def within(aw: Awaitable[T], seconds: float | None) -> T:

@@ -129,9 +129,20 @@ def states_of(snapshots: Iterable[NodeSnapshot]) -> list[GpuState]:
     return out
 
 
+def from_future(prev: float, now: float, interval_s: float) -> bool:
+    """Return whether a previous sample at ``prev`` is from the future of ``now``: later by
+    more than a sweep's overlap can make it (one interval). Only a wall clock stepped back
+    since (an NTP correction after a forward step, a VM snapshot restored) leaves one; as a
+    baseline it would make every sweep add nothing until the clock caught up with it."""
+    return prev - now > interval_s
+
+
 def weight_ms(prev: float | None, now: float, interval_s: float) -> int:
     """Return the milliseconds a sample at ``now`` counts for, the GPU's previous one at
-    ``prev`` (None: none): the time between, or one interval after a gap of missing data."""
+    ``prev`` (None: none): the time between, or one interval after a gap of missing data
+    (a previous sample from the future is no baseline: a gap too)."""
+    if prev is not None and from_future(prev, now, interval_s):
+        prev = None
     if prev is not None and now <= prev:
         return 0  # an overlapping sweep: that time is counted already
     if prev is None or now - prev > GAP_INTERVALS * interval_s:
@@ -177,7 +188,11 @@ def tally(s: SweepSample) -> Tally:
             covering.setdefault((c.node, c.gpu), []).append(c)
     for node in sorted({st.node for st in s.states}):
         last = s.prev_node.get(node)
-        if last is not None and s.at - last > GAP_INTERVALS * s.interval_s:
+        if last is not None and from_future(last, s.at, s.interval_s):
+            # What ran since the last sample placed in this timeline is not known: a gap of
+            # one interval up to this sweep, named in reports, never a silent loss.
+            out.gaps.append(Gap(node, s.at - s.interval_s, s.at))
+        elif last is not None and s.at - last > GAP_INTERVALS * s.interval_s:
             out.gaps.append(Gap(node, last, s.at))
     for st in s.states:
         w = weight_ms(s.prev_gpu.get((st.node, st.gpu)), s.at, s.interval_s)

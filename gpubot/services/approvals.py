@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from gpubot.core.approval import Approval, ApprovalRequest, cannot_run, run_until
 from gpubot.core.approval_ports import ApprovalStore
-from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.commands import Reset
 from gpubot.core.models import ActionStatus, ApprovalState, NodeConfig, NodeSnapshot
 from gpubot.core.plan import ResetPlan, ResetRequest
@@ -366,8 +366,10 @@ class ApprovalService:
             log.error("approval %s: cannot record its end: %s", approval_id, exc)
 
     async def expire_due(self) -> list[Approval]:
-        """Expire every pending request whose time is up; return them."""
-        return await self.approvals.expire_due(self._now())
+        """Expire every pending request whose time is up; return them (judged by
+        ``expiry_now``: a forward step of the wall clock lasting seconds expires nothing)."""
+        due = steps_of(self.clock).expiry_now()
+        return await self.approvals.expire_due(datetime.fromtimestamp(due, UTC))
 
     async def abandon_approved(self, settled_s: float = 0.0) -> list[Approval]:
         """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` (decided over

@@ -32,7 +32,7 @@ from gpubot.core.claims import (
     pick,
     span,
 )
-from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.findings import Finding
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock
@@ -319,11 +319,15 @@ class ClaimService:
     # -- the duty ----------------------------------------------------------------------------
 
     async def tick(self) -> list[Event]:
-        """Expire claims, end holds that ran out, serve the queue; return what to tell."""
+        """Expire claims, end holds that ran out, serve the queue; return what to tell.
+
+        Deadlines are judged by ``expiry_now``: a forward step of the wall clock that lasts
+        seconds must not end a claim or a hold with an hour left (``core.clock.Steps``)."""
         now = self.clock.now()
+        due = steps_of(self.clock).expiry_now()
         events: list[Event] = []
         if self.enabled:
-            events += [Ended(claim=c) for c in await self.store.expire(now)]
+            events += [Ended(claim=c) for c in await self.store.expire(due)]
             events += await self._due_intruders(now)
             idle = await idle_claims(self.config, self.store, self.status, now)
             for e in idle:  # released: free for the queue at once, if nothing runs on it
@@ -332,7 +336,7 @@ class ClaimService:
             events += idle
             if self.observe is not None:
                 self.observe([(c.node, c.gpu, c.user) for c in await self.store.active()])
-        events += [Ended(wait=w) for w in await self.store.lapse(now)]
+        events += [Ended(wait=w) for w in await self.store.lapse(due)]
         waiting = await self.store.waits()
         for node in dict.fromkeys(w.node for w in waiting):
             try:

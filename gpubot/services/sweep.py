@@ -147,15 +147,24 @@ class SweepService:
         return SweepResult(self.clock.now(), 0.0, (), skipped=why)
 
     async def _last_scheduled_start(self) -> float | None:
-        """Return when the latest scheduled sweep recorded in the audit log started."""
+        """Return when the latest scheduled sweep recorded in the audit log started.
+
+        A start further in the future than replicas' clocks can disagree by is a record of a
+        wall clock since stepped back: counted, it would skip every sweep until the clock
+        caught up with it (an hour, after an hour's step), so it is not a sweep of this
+        interval."""
         if self.audit is None:
             return None
-        since = datetime.fromtimestamp(self.clock.now() - self.config.interval_s, UTC)
+        now = self.clock.now()
+        since = datetime.fromtimestamp(now - self.config.interval_s, UTC)
+        latest = now + RECENT * self.config.interval_s
         starts = []
         for r in await self.audit.queries(since=since, limit=1000):
             data = r.data
             if r.source == "schedule" and isinstance(data, dict) and data.get("query") == "sweep":
-                starts.append(r.time.timestamp() - float(data.get("seconds") or 0.0))
+                start = r.time.timestamp() - float(data.get("seconds") or 0.0)
+                if start <= latest:
+                    starts.append(start)
         return max(starts, default=None)
 
     async def run(

@@ -21,6 +21,7 @@ from gpubot.core.usage import (
     Usage,
     UsageRecords,
     UsageSweep,
+    from_future,
     tally,
 )
 from gpubot.store.engine import guard, read_tx, write_tx
@@ -173,13 +174,15 @@ def _params(r: Usage) -> dict[str, object]:
 
 
 def _write_last(conn: Connection, sweep: UsageSweep, prev: dict[tuple[str, int], float]) -> None:
-    """Move each sampled GPU's latest sample to this sweep's time (never back)."""
+    """Move each sampled GPU's latest sample to this sweep's time: never back, except from the
+    future (``core.usage.from_future``: a wall clock since stepped back), which is no
+    baseline and is not kept."""
     old, new = [], []
     for st in sweep.states:
         key = (st.node, st.gpu)
         if key not in prev:
             new.append({"node": st.node, "gpu_index": st.gpu, "last_at": text_of(sweep.at)})
-        elif sweep.at > prev[key]:
+        elif sweep.at > prev[key] or from_future(prev[key], sweep.at, sweep.interval_s):
             old.append({"k_node": st.node, "k_gpu": st.gpu, "last_at": text_of(sweep.at)})
     if old:
         q = (
