@@ -61,12 +61,18 @@ def _paint(column: int, ok: str | None, color: bool) -> Paint | None:
 
 
 def render_snapshot(
-    snap: NodeSnapshot, *, color: bool = False, said_once: tuple[str, ...] = ()
+    snap: NodeSnapshot,
+    *,
+    color: bool = False,
+    said_once: tuple[str, ...] = (),
+    width: int | None = None,
 ) -> list[str]:
-    """Render one node's per-GPU table (the one text layout, ``core.text_table``); the notes in
-    ``said_once`` are left out (the fleet's footer says them once for every node)."""
+    """Render one node's per-GPU table (the one text layout, ``core.text_table``), as wide as a
+    terminal of ``width`` columns allows (None: unknown); the notes in ``said_once`` are left out
+    (the fleet's footer says them once for every node)."""
     lines = [_c(node_heading(snap), BOLD, color)]
-    lines.extend(gpu_lines(snap, _paint(FLAGS_COLUMN, None, color)) if snap.gpus else ["no GPUs"])
+    paint = _paint(FLAGS_COLUMN, None, color)
+    lines.extend(gpu_lines(snap, paint, width) if snap.gpus else ["no GPUs"])
     shown = replace(snap, notes=tuple(n for n in snap.notes if n not in said_once))
     lines.extend(_c(line, YELLOW, color) for line in note_lines(shown))
     return lines
@@ -84,11 +90,12 @@ def unchecked_footer(status: FleetStatus) -> list[str]:
     return [*textwrap.wrap(text, WIDTH, subsequent_indent="  "), ""]
 
 
-def render_fleet(status: FleetStatus, *, color: bool = False) -> str:
-    """Render a fleet answer: every node's table, then the nodes that failed with their reason."""
+def render_fleet(status: FleetStatus, *, color: bool = False, width: int | None = None) -> str:
+    """Render a fleet answer: every node's table (``width``: the terminal's columns, None if
+    unknown), then the nodes that failed with their reason."""
     out: list[str] = []
     for snap in status.snapshots:
-        out.extend(render_snapshot(snap, color=color, said_once=(NOT_CHECKED,)))
+        out.extend(render_snapshot(snap, color=color, said_once=(NOT_CHECKED,), width=width))
         out.append("")
     out.extend(unchecked_footer(status))
     if status.failed:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 import sys
 import time
 
@@ -35,6 +36,14 @@ def _every(text: str) -> float:
     if not 0.1 <= value <= 86400:
         raise argparse.ArgumentTypeError(f"expected seconds from 0.1 to 86400, got {text!r}")
     return value
+
+
+def terminal_width() -> int | None:
+    """Return the columns of the terminal stdout writes to, read for each frame (it may be
+    resized); None into a pipe or a file, whose lines keep the layout's fixed limits."""
+    if not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         if summary:
             out.write(render_summary(status, order, color=color()) + "\n")
         else:
-            out.write(render_fleet(status, color=color()) + "\n")
+            out.write(render_fleet(status, color=color(), width=terminal_width()) + "\n")
         for c in claimed or ():
             out.write(f"{c.node} GPU {c.gpu}: {claim_text(c)}\n")
         print_interrupted(found, out)

@@ -6,6 +6,9 @@ A node's per-GPU table (``gpu_lines``: one row per GPU, one line per process on 
 one-line-per-node summary of a fleet (``summary_rows``) are laid out here once, by
 ``table_lines``: labelled columns two spaces apart, numbers aligned right, a cell longer than
 its column's limit cut at its end with ``…`` (a command keeps its start, never a mid-path tail).
+Given a terminal's width, the processes column takes what the other columns leave of it
+(``process_most``), so a wide terminal shows more of each command; without one (a pipe) or on a
+narrow one it keeps ``PROCESS_MOST``. The width is the caller's (``gpubot.cli``): this is pure.
 The CLI prints these lines (``gpubot.cli.render``); the chat views put them in their messages
 (``Table.lines``, ``Pre``), which the console and the demo print. Slack draws its own table from
 ``Table.rows``.
@@ -100,34 +103,47 @@ def process_cell(p: GpuProcess, most: int = PROCESS_MOST) -> str:
     return head + cut(program_and_args(p), max(12, most - len(head)))
 
 
-def gpu_rows(snap: NodeSnapshot) -> list[list[str]]:
+def gpu_rows(snap: NodeSnapshot, width: int | None = None) -> list[list[str]]:
     """Return the text rows of a node's GPUs: the header, then each GPU's first process on its
-    row and each further process on a row of its own (the GPU's cells left blank)."""
+    row and each further process on a row of its own (the GPU's cells left blank); commands cut
+    to fit ``width`` (``process_most``)."""
     rows = [list(GPU_HEADER)]
+    held: list[GpuProcess | None] = []  # each row's process, its cell written once all are known
     for g in snap.gpus:
         procs = snap.on_gpu(g.index)
-        rows.append(
-            [
-                str(g.index),
-                _memory(g),
-                _pct(g.memory_used_mib, g.memory_total_mib),
-                "?" if g.utilization_pct is None else f"{g.utilization_pct}%",
-                process_cell(procs[0]) if procs else "–",
-                ", ".join(flags_of(snap, g)),
-            ]
-        )
-        for p in procs[1:]:
-            rows.append(["", "", "", "", process_cell(p), ", ".join(process_flags(p))])
+        util = "?" if g.utilization_pct is None else f"{g.utilization_pct}%"
+        pct = _pct(g.memory_used_mib, g.memory_total_mib)
+        rows.append([str(g.index), _memory(g), pct, util, "", ", ".join(flags_of(snap, g))])
+        held.append(procs[0] if procs else None)
+        for more in procs[1:]:
+            rows.append(["", "", "", "", "", ", ".join(process_flags(more))])
+            held.append(more)
+    most = process_most(rows, width)
+    for row, p in zip(rows[1:], held, strict=True):
+        row[4] = process_cell(p, most) if p is not None else "–"
     return rows
+
+
+def process_most(rows: Sequence[Sequence[str]], width: int | None) -> int:
+    """Return the processes column's limit: what a line ``width`` wide leaves beside the other
+    columns of ``rows`` (GPU rows, header first), never less than ``PROCESS_MOST`` (None: that)."""
+    if width is None:
+        return PROCESS_MOST
+    others = sum(max(len(one_line(r[i])) for r in rows) for i in (0, 1, 2, 3))
+    flags = max(len(one_line(r[5])) for r in rows)  # the header's FLAGS is always written
+    return max(PROCESS_MOST, width - others - flags - 2 * (len(GPU_HEADER) - 1))
 
 
 def _memory(g: GpuInfo) -> str:
     return f"{_num(g.memory_used_mib)} / {_num(g.memory_total_mib)}"
 
 
-def gpu_lines(snap: NodeSnapshot, paint: Paint | None = None) -> list[str]:
-    """Return a node's per-GPU table as text lines (header first)."""
-    return table_lines(gpu_rows(snap), right=GPU_RIGHT, paint=paint)
+def gpu_lines(
+    snap: NodeSnapshot, paint: Paint | None = None, width: int | None = None
+) -> list[str]:
+    """Return a node's per-GPU table as text lines (header first), as wide as ``width`` allows
+    (None: unknown, the commands cut at ``PROCESS_MOST``)."""
+    return table_lines(gpu_rows(snap, width), right=GPU_RIGHT, paint=paint)
 
 
 def node_heading(snap: NodeSnapshot) -> str:

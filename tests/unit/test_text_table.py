@@ -3,6 +3,8 @@ reasons, and the layout the console and ``gpubot status`` share."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpubot.chat import fleet_view
 from gpubot.cli.render import render_snapshot
 from gpubot.console.text_render import render_text
@@ -66,3 +68,40 @@ def test_the_summary_names_why_each_node_did_not_answer() -> None:
     n1 = rows[2]
     assert n1[1:5] == ["1/2", "1.0 / 160.0?", "1 memory-unknown", "2"]  # "?": a GPU unknown
     assert len(summary_lines(rows)) == 5
+
+
+WIDER = LONG + " --lr 3e-4" * 30  # longer than any terminal's line
+
+
+def processes_cell(lines: list[str]) -> str:
+    """Return the first GPU row's processes cell (the column starts under its header)."""
+    head, first = lines[0], lines[1]
+    return first[head.index("PROCESSES") :].split("  ")[0]
+
+
+@pytest.mark.parametrize("width", [80, 120, 160, 250])
+def test_the_command_column_takes_the_terminal_s_width(width: int) -> None:
+    s = NodeSnapshot("n1", 0.0, (gpu(0), gpu(1, None)), (proc(7, 0, WIDER), proc(8, 1, "sleep 1")))
+    today = gpu_lines(s)  # width unknown (a pipe): the fixed limit
+    lines = gpu_lines(s, width=width)
+    if width <= max(map(len, today)):  # 80: no room to grow, today's lines as they were
+        assert lines == today
+    else:
+        assert max(map(len, lines)) <= width  # the widest line fills the terminal, no more
+        assert max(map(len, lines)) >= width - 1
+        assert len(processes_cell(lines)) > len(processes_cell(today))
+    cell = processes_cell(lines)
+    assert cell.startswith("bob 7 512 MiB python /home/bob/projects/") and cell[-1] == "…"
+
+
+def test_wider_terminals_show_more_of_each_command() -> None:
+    s = NodeSnapshot("n1", 0.0, (gpu(0),), (proc(7, 0, WIDER),))
+    shown = [len(processes_cell(gpu_lines(s, width=w))) for w in (80, 120, 160, 250)]
+    assert shown == sorted(shown) and len(set(shown[1:])) == 3  # 120 < 160 < 250
+    assert gpu_lines(s, width=None) == gpu_lines(s, width=80)  # unknown: as on 80 columns
+
+
+def test_the_cli_passes_the_width_down() -> None:
+    s = NodeSnapshot("n1", 0.0, (gpu(0),), (proc(7, 0, WIDER),))
+    assert render_snapshot(s, width=160)[1:] == gpu_lines(s, width=160)
+    assert render_snapshot(s)[1:] == gpu_lines(s)
