@@ -198,7 +198,7 @@ class Intruder:
         p = self.process
         label = workload_label(p)
         inner = f"pid {p.pid} {p.process_name}"
-        return f"{p.user}'s " + (f"{label} ({inner})" if label else inner)
+        return f"{holder_owner(p)}'s " + (f"{label} ({inner})" if label else inner)
 
     def finding(self) -> Finding:
         """Return the sweep finding of this intruder."""
@@ -220,13 +220,18 @@ class Intruder:
 
 def intruders(snapshot: NodeSnapshot, claims: Iterable[Claim]) -> list[Intruder]:
     """Return the processes on ``snapshot``'s claimed GPUs that are not the claimant's (system
-    daemons and processes whose user is unknown are never intruders)."""
+    daemons and processes whose owner is unknown are never intruders).
+
+    Whose a process is is its owner (``holder_owner``): a rootless container's user slice, not
+    the subordinate uid its process runs as inside.
+    """
     out: list[Intruder] = []
     for c in claims:
         if c.node != snapshot.node or c.state is not ClaimState.ACTIVE:
             continue
         for p in snapshot.on_gpu(c.gpu):
-            if p.system or p.user is None or p.user == c.user:
+            owner = holder_owner(p)
+            if p.system or owner is None or owner == c.user:
                 continue
             started = None if p.elapsed_s is None else snapshot.taken_at - p.elapsed_s
             out.append(Intruder(c, p, started))

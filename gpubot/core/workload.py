@@ -25,6 +25,7 @@ from gpubot.core.cgroup_shapes import MAX_NEST, REASONS, SHAPES
 from gpubot.core.runtimes.base import (
     Workload,
     WorkloadKind,
+    is_uid_owner,
     printable_path,
     runtime_of,
     valid_user,
@@ -158,14 +159,15 @@ def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None
     Each runtime's owner rule decides from the name of the path's uid and the configured owner
     label's value. Slurm: the job user (the ``uid_U`` of a v1 path, or the ``user`` scontrol
     gave). A container: the user named by the ``owner_label`` label (when configured and well
-    formed), a rootless one's user slice, else ``root``. Services, sessions and others: None (the
-    process's user). A name that is no well-formed user name is no owner.
+    formed), a rootless one's user slice (``uid U`` when it has no name), else ``root``.
+    Services, sessions and others: None (the process's user). A name that is no well-formed
+    user name is no owner.
     """
     uid = w.get("uid")
     by_uid = uid_names.get(int(uid)) if uid is not None else None
     label = w.get(f"label.{owner_label}") if owner_label else None
     owner = runtime_of(w.kind).owner(w, by_uid, label)
-    owner = owner if valid_user(owner) else None
+    owner = owner if valid_user(owner) or is_uid_owner(owner) else None
     return w if owner == w.owner else replace(w, owner=owner)  # as it was: itself, no copy
 
 

@@ -327,14 +327,32 @@ def find_runtime(kind: str | None) -> Runtime | None:
 
 def owned(w: Workload) -> str:
     """`` of Linux user `alice```, or nothing when the workload has no owner."""
+    if w.owner and is_uid_owner(w.owner):
+        return f" of {text.code(w.owner)}"  # no name on the node: `uid 1003`
     return f" of Linux user {text.code(w.owner)}" if w.owner else ""
+
+
+UID_OWNER = re.compile(r"uid [0-9]{1,10}")
+
+
+def is_uid_owner(owner: str | None) -> bool:
+    """Whether ``owner`` is an unnamed slice's uid (``uid 1003``: no Linux name has a space)."""
+    return owner is not None and UID_OWNER.fullmatch(owner) is not None
 
 
 def container_owner(w: Workload, by_uid: str | None, label: str | None) -> str | None:
     """A container's owner: a rootless one's user slice; else the owner label when configured
-    and well formed (a label cannot hand a user's own container to someone else); else root."""
+    and well formed (a label cannot hand a user's own container to someone else); else root.
+
+    A rootless container is its user's, whoever it runs as inside: the ``user-U.slice`` of its
+    path is root's to give. Its processes may run as a subordinate uid (231072) that no one is
+    called; that uid never names the owner. A slice uid with no name is said ``uid U``.
+    """
     if w.get("rootless"):
-        return by_uid
+        uid = w.get("uid")
+        if valid_user(by_uid) or uid is None:
+            return by_uid
+        return f"uid {uid}"
     return label if valid_user(label) else "root"
 
 
