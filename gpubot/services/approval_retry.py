@@ -45,8 +45,11 @@ class ApprovalRetry:
 
     async def interrupted(self) -> list[Approval]:
         """Mark ``incomplete`` the approvals whose holder stopped and whose lease has lapsed;
-        return them (each is marked once, so each is returned once)."""
-        return await self.approvals.abandon_approved(self.settled_s)
+        return them, and those the start-up look marked (each is marked once, so each is
+        returned once)."""
+        await self.approvals.abandon_approved(self.settled_s)
+        found, self.approvals.abandoned = self.approvals.abandoned, []
+        return found
 
     async def retry(self) -> list[Approval]:
         """Retry each waiting approval, or give it up once its time to run is over; return

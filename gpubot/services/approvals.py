@@ -117,6 +117,7 @@ class ApprovalService:
         self._team: str | None = None
         self.running: set[int] = set()  # approvals this process runs now: never abandoned
         self.unrecorded: dict[int, str] = {}  # waiting, but the store could not be told: why
+        self.abandoned: list[Approval] = []  # marked incomplete, not told in chat yet
 
     def _now(self) -> datetime:
         """Return the clock's wall time as an aware datetime (what the store takes)."""
@@ -394,6 +395,7 @@ class ApprovalService:
                 log.info("approval %s: its node is being reset by a live gpubot", a.id)
             except ApprovalError as exc:  # it ended meanwhile
                 log.info("approval %s: %s", a.id, exc)
+        self.abandoned += marked  # the approval duty tells their threads (the start-up's too)
         return marked
 
     # -- the record of refusals --------------------------------------------------------------

@@ -225,3 +225,12 @@ async def test_a_wait_the_store_could_not_take_is_recorded_later_not_abandoned(
     await bot.duty.look_again()
     assert bot.poster.of(Purpose.INTERRUPTED) == [] and a.id not in bot.approvals.unrecorded
     assert bot.reset.runs == [a.id]  # recorded as waiting, then retried: the node was free
+
+
+async def test_one_the_start_up_look_marked_is_told_by_the_duty_once(bot: Bot) -> None:
+    a = await bot.approved()
+    await bot.clock.advance(1)
+    (marked,) = await bot.approvals.abandon_approved()  # start-up: its lease had lapsed
+    assert marked.id == a.id and bot.poster.posts == []
+    assert [x.id for x in await bot.duty.look_again()] == [a.id]
+    assert len(bot.poster.of(Purpose.INTERRUPTED)) == 1 and await bot.duty.look_again() == []
