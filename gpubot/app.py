@@ -129,7 +129,18 @@ class App:
     ) -> AsyncIterator[Running]:
         """Run the lifecycle around the body: report interrupted work to ``reporter``, serve
         the metrics, settle the heap, start the schedules (``expire``: the approval expiry's
-        job, every ``expire_every_s``) and the loop watch; stop them when the body ends."""
+        job, every ``expire_every_s``) and the loop watch; stop them when the body ends. A
+        database outage meanwhile is two lines in the log, not one per duty per turn."""
+        from gpubot.store.outage import OUTAGE
+
+        with OUTAGE.watched():
+            async with self._running(reporter, options, expire) as running:
+                yield running
+
+    @asynccontextmanager
+    async def _running(
+        self, reporter: Reporter | None, options: Serving, expire: Job | None
+    ) -> AsyncIterator[Running]:
         if reporter is not None and self.store is not None:
             from gpubot.services.startup import report_interrupted
 

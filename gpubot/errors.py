@@ -21,6 +21,7 @@
     ├── ResetInterrupted                   a reset stopped after signals went out (lists them)
     ├── StoreError                         the audit store failed (fail closed)
     │   ├── DatabaseBehind                 migrations not applied
+    │   ├── DatabaseUnreachable            no connection, or no answer (an outage: said once)
     │   └── LeaseLost                      a lease (node reset, sweep) is no longer held
     ├── ApprovalError                      an approval decision refused
     │   ├── SelfApproval(PermissionError)
@@ -142,6 +143,11 @@ class ResetInterrupted(GpubotError):
 
 class DatabaseBehind(StoreError):
     """The database schema is older than this gpubot."""
+
+
+class DatabaseUnreachable(StoreError):
+    """The database cannot be reached (refused, cut, shutting down, not answering): an outage,
+    which ``store.outage`` says once, not each caller on each turn."""
 
 
 class ApprovalError(GpubotError):

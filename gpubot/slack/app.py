@@ -34,7 +34,7 @@ from gpubot.slack.api import SlackApi, SlackSurface
 from gpubot.slack.approval_posts import SlackApprovalPoster
 from gpubot.slack.blockkit import SlackMessage, context
 from gpubot.slack.mrkdwn import escape
-from gpubot.slack.outage import DatabaseState, quiet_unreachable
+from gpubot.slack.outage import quiet_unreachable
 from gpubot.slack.render import NeutralSurface, to_slack, to_view
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,6 @@ class GpuBot:
         self.outbox = self.flows.use(SlackApprovalPoster(api))  # approvals' posts, once
         self.dedupe = Deduper()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.database = DatabaseState(log, "approvals are not expired")
         self.app = AsyncApp(
             client=self.client,
             signing_secret=signing_secret or "",
@@ -258,12 +257,10 @@ class GpuBot:
         out = NeutralSurface(SlackSurface(self.api, channel=None, user="", response_url=None))
         try:
             await self.flows.expire(out)
-        except StoreError as exc:  # the database is down: one line per change, no traceback
-            self.database.failed(exc)
+        except StoreError as exc:  # one line, no traceback; an outage's is said once (store)
+            log.warning("approvals not expired: %s", exc)
         except Exception:
             log.exception("expiring approvals failed")
-        else:
-            self.database.answered()
 
     async def expire_forever(self, every_s: float = 30.0) -> None:
         """Run ``expire_once`` every ``every_s`` seconds (``App.running`` schedules it)."""

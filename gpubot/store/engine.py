@@ -39,7 +39,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from gpubot.errors import GpubotError, StoreError
+from gpubot.errors import DatabaseUnreachable, GpubotError, StoreError
+from gpubot.store.outage import OUTAGE
 from gpubot.store.waits import STATEMENTS
 
 log = logging.getLogger(__name__)
@@ -137,8 +138,13 @@ def _engine(url: str, password: str | None) -> Engine:
     engine = _made(url, password)
     # Lets the loop in after 5 ms of statements one after another (store.waits, issue 24).
     event.listen(engine, "before_cursor_execute", lambda *_: STATEMENTS.before())
-    event.listen(engine, "after_cursor_execute", lambda *_: STATEMENTS.after())
+    event.listen(engine, "after_cursor_execute", _answered)
     return engine
+
+
+def _answered(*_: Any) -> None:
+    STATEMENTS.after()
+    OUTAGE.answered()  # the database answered: an outage, if one was said, is over
 
 
 def _made(url: str, password: str | None) -> Engine:
@@ -301,13 +307,41 @@ def describe(exc: BaseException) -> str:
 STORE_ERRORS = (SQLAlchemyError, sqlite3.Error, OSError, ImportError)
 
 
+# PostgreSQL's SQLSTATEs of a server that cannot be used now: class 08 (connection exception),
+# and admin shutdown, crash shutdown, cannot connect now (starting up or shutting down).
+_GONE_STATES = ("57P01", "57P02", "57P03")
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database cannot be reached (an outage), not that a statement
+    failed: SQLAlchemy saw the connection drop, or psycopg's OperationalError has no SQLSTATE
+    (a client-side failure: refused, timed out, closed) or a connection one. A lock timeout,
+    a cancelled statement, a constraint or SQLite's busy file is not an outage."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    if not hasattr(inner, "sqlstate"):  # psycopg's errors have one; sqlite3's do not
+        return False
+    kinds = {k.__name__ for k in type(inner).__mro__}
+    if not kinds & {"OperationalError", "InterfaceError"}:
+        return False
+    state = inner.sqlstate
+    return state is None or state.startswith("08") or state in _GONE_STATES
+
+
 @contextmanager
 def guard(what: str) -> Iterator[None]:
     """Turn database failures into ``StoreError("<what>: <reason>")``: the store's one boundary
-    map (gpubot's own errors pass untouched)."""
+    map (gpubot's own errors pass untouched). A database that cannot be reached raises
+    ``DatabaseUnreachable`` and tells the one outage reporter (``store.outage``), so that an
+    outage is one line in the log, not one per caller per turn."""
     try:
         yield
     except GpubotError:
         raise
     except STORE_ERRORS as exc:
-        raise StoreError(f"{what}: {describe(exc)}") from exc
+        why = f"{what}: {describe(exc)}"
+        if unreachable(exc):
+            OUTAGE.failed(why)
+            raise DatabaseUnreachable(why) from exc
+        raise StoreError(why) from exc

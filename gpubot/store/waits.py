@@ -3,10 +3,11 @@
 Store calls run in threads of their own pool (``gpubot-db``, bounded), never the event loop's
 default one, so a database that stops answering cannot starve what else uses threads (DNS for
 the Slack Web API, stdin ...). A call that gets no answer within ``DEADLINE_S`` raises
-``StoreError("the audit database is not answering ...")``: the request is answered ("... so
-nothing was done") and refused. Its thread may still be blocked on the connection; the TCP
-keepalives and ``tcp_user_timeout`` the engine sets end that wait when the server is gone, and
-a server that answers again lets it finish by itself. So the bot recovers without a restart.
+``DatabaseUnreachable("the audit database is not answering ...")`` (an outage, said once by
+``store.outage``): the request is answered ("... so nothing was done") and refused. Its thread
+may still be blocked on the connection; the TCP keepalives and ``tcp_user_timeout`` the engine
+sets end that wait when the server is gone, and a server that answers again lets it finish by
+itself. So the bot recovers without a restart.
 
 ``DEADLINE_S`` is longer than every wait inside a call that has its own bound (PostgreSQL's
 connect timeout, SQLite's busy timeout, the pool's checkout timeout), so those still speak
@@ -25,7 +26,8 @@ from typing import Any, TypeVar
 
 from gpubot.core import clock
 from gpubot.core.clock import within
-from gpubot.errors import StoreError
+from gpubot.errors import DatabaseUnreachable
+from gpubot.store.outage import OUTAGE
 
 T = TypeVar("T")
 
@@ -46,15 +48,18 @@ def pool() -> ThreadPoolExecutor:
 
 
 async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
-    """Run ``fn(*args)`` in the store's pool; raise ``StoreError`` after ``DEADLINE_S``."""
+    """Run ``fn(*args)`` in the store's pool; raise ``DatabaseUnreachable`` after
+    ``DEADLINE_S``."""
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, fn, *args)
     try:
         return await within(loop.run_in_executor(pool(), call), DEADLINE_S)
     except TimeoutError:
-        raise StoreError(
+        why = (
             f"the audit database is not answering (no reply in {DEADLINE_S:g} s): nothing was done"
-        ) from None
+        )
+        OUTAGE.failed(why)  # a server gone without a word is an outage too (store.outage)
+        raise DatabaseUnreachable(why) from None
 
 
 HAND_OVER_S = 0.005  # the longest a store thread runs statements before it lets the loop in
