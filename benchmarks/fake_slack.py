@@ -4,7 +4,9 @@
 headers). It answers like Slack (``{"ok": true, ...}``), keeps posted messages so ``chat.update``
 of an unknown message fails, rejects blocks that break Slack's limits with ``invalid_blocks`` (a
 table block in a Home tab view among them), and can be told to fail a method
-(``fail("chat.postMessage", "ratelimited", status=429)``) or to refuse every table block on one
+(``fail("chat.postMessage", "ratelimited", status=429)``; with ``taken=True`` it does the work
+first, keeping the message, as a Slack that took a post and answered HTTP 500 or
+``internal_error``) or to refuse every table block on one
 path (``refuse_tables("response", "internal_error", status=500)``, as a workspace that cannot
 render them). It also serves ``response_url`` endpoints (``/response/<name>``), which answer a
 refused body with an HTTP error (400 unless told otherwise) whose text is the error.
@@ -63,6 +65,7 @@ class Failure:
     retry_after: int | None = None
     times: int = 1
     channel: str | None = None  # only calls for this channel
+    taken: bool = False  # the call's work is done (a message kept) before the error answers
 
 
 # The bot token's scopes by default: the manifest's (deploy/slack-manifest.yml), all of them.
@@ -125,10 +128,12 @@ class FakeSlack:
         retry_after: int | None = None,
         times: int = 1,
         channel: str | None = None,
+        taken: bool = False,
     ) -> None:
         """Make the next ``times`` calls of ``method`` (to ``channel``, if given) fail;
-        ``method`` "response" is any response_url answer (an HTTP error, 400 unless given)."""
-        failure = Failure(error, status, retry_after, times, channel)
+        ``method`` "response" is any response_url answer (an HTTP error, 400 unless given).
+        ``taken``: each of them is done first (a post is kept), then answered with the error."""
+        failure = Failure(error, status, retry_after, times, channel, taken)
         self.failures.setdefault(method, []).append(failure)
 
     def refuse_tables(
@@ -266,6 +271,8 @@ class FakeSlack:
             f.times -= 1
             if f.times <= 0:
                 self.failures[method].remove(f)
+            if f.taken:
+                self._answer(method, body)  # done, as Slack may before an error answer
             call.status, call.answer = f.status, {"ok": False, "error": f.error}
             self._record(call)
             headers = {"Retry-After": str(f.retry_after)} if f.retry_after is not None else {}

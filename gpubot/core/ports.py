@@ -249,6 +249,13 @@ class AlertStore(Protocol):
         """Record the intent to post one message of ``subject`` that alerts no finding."""
         ...
 
+    async def begin_once(
+        self, token: str, subject: str, now: datetime, stale_before: datetime
+    ) -> tuple[PendingPost, bool] | None:
+        """Record the message ``token`` unless recorded (True), or hand over one left pending
+        since before ``stale_before`` (False); None when it is done or being done."""
+        ...
+
     async def finish_post(
         self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
     ) -> Sequence[FindingKey]:

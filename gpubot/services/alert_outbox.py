@@ -15,16 +15,19 @@ Single messages that must appear once and alert no finding (the audit head's pub
 ``slack.dm_outbox``) take the same road through ``AlertOutbox.publish``: each publication first
 settles the earlier ones whose end is unknown (found: adopted; otherwise superseded by this one,
 which says it may repeat one that nobody could check), records its intent, posts, and after an
-uncertain post searches the history before it posts again.
+uncertain post searches the history before it posts again. A message that any process may find
+due, and more than once (a hold's DM, the claims' duty's, issue 34), takes ``publish_once``: its
+token comes from its subject, so it is one row, recorded by whoever is first, posted once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gpubot.core.alerting import (
     AlertGroup,
@@ -41,6 +44,8 @@ from gpubot.core.ports import AlertStore, Notifier
 
 log = logging.getLogger(__name__)
 
+SETTLE_S = 60.0  # a message post left pending this long is settled by the next one due
+
 # Rebuilds the message of a pending post from the findings' state now (None: none is open);
 # the datetime, when given, is the post it may repeat.
 GroupOf = Callable[[PendingPost, datetime | None], AlertGroup | None]
@@ -53,6 +58,12 @@ Find = Callable[[str, datetime], Awaitable[Lookup]]
 def new_token() -> str:
     """Return a fresh client token for one alert post (it rides in the message metadata)."""
     return secrets.token_hex(16)
+
+
+def once_token(subject: str) -> str:
+    """Return the token of the one message of ``subject`` (the same in every process, so the
+    outbox's unique token makes its intent one row)."""
+    return hashlib.sha256(subject.encode()).hexdigest()[:32]
 
 
 class AlertOutbox:
@@ -170,16 +181,57 @@ class AlertOutbox:
         posted = await send(pending.token, repeat_of)
         if await self._ended(pending, posted, now) is not None:
             return posted.handle if posted.delivery is Delivery.POSTED else None
+        return await self._confirm(pending, send, find, now, repeat_of, repeat=repeat)
+
+    async def publish_once(
+        self, subject: str, send: Send, find: Find, now: datetime, *, settle_s: float = SETTLE_S
+    ) -> Handle | None:
+        """Post the message of ``subject`` once, whichever process (or replica, or run) asks
+        for it and however often: its token is made from ``subject`` (``once_token``), and it
+        is recorded only if nothing is. A post of it left pending for ``settle_s`` (its poster
+        died, or the answer and the search both failed) is settled by the next caller: found,
+        adopted; provably absent, posted again with its token; otherwise posted once more
+        saying it may repeat, then given up. Return where it is (None: done before, being
+        done, refused, or not confirmed)."""
+        stale = now - timedelta(seconds=settle_s)
+        got = await self.alerts.begin_once(once_token(subject), subject, now, stale)
+        if got is None:
+            return None
+        pending, fresh = got
+        if fresh:
+            posted = await send(pending.token, None)
+            if await self._ended(pending, posted, now) is not None:
+                return posted.handle if posted.delivery is Delivery.POSTED else None
+        return await self._confirm(pending, send, find, now, None, repeat=True)
+
+    async def _confirm(
+        self,
+        pending: PendingPost,
+        send: Send,
+        find: Find,
+        now: datetime,
+        repeat_of: datetime | None,
+        *,
+        repeat: bool,
+    ) -> Handle | None:
+        """After a post whose end is unknown: search the history for its token before anything
+        is posted again; adopt it, post it again (same token), or (``repeat``) post once more
+        saying it may repeat. Without ``repeat`` an unreadable history leaves it pending."""
         lookup = await find(pending.token, pending.since)
-        if lookup.handle is not None:
+        step = next_step(pending, lookup)
+        if step is Next.ADOPT and lookup.handle is not None:
             await self._adopt(pending, lookup.handle, now)
             return lookup.handle
-        if not lookup.checked and not repeat:
-            log.warning("%s post %s not confirmed: %s", subject, pending.token, lookup.why)
+        if step is not Next.POST and not repeat:
+            log.warning("%s post %s not confirmed: %s", pending.node, pending.token, lookup.why)
             return None
-        if not lookup.checked:
+        if step is Next.GIVE_UP:
+            why = f"cannot tell whether it was posted: {lookup.why or 'history unreadable'}"
+            await self.alerts.abandon_post(pending.token, why, now)
+            return None
+        if step is Next.REPEAT:
             log.warning(
-                "%s post %s unconfirmed (%s): once more", subject, pending.token, lookup.why
+                "%s post %s unconfirmed (%s): once more", pending.node, pending.token, lookup.why
             )
             await self.alerts.note_repeat(pending.token)  # recorded before the post is made
             repeat_of = repeat_of or pending.created_at

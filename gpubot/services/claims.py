@@ -7,6 +7,10 @@ a GPU counts as free for the queue once released, or after two looks in a row wi
 and its memory below ``free_below_mib``. The first in line who can be served gets a hold of
 ``hold_minutes`` (one DM across replicas: the hold is a conditional write); then the next.
 Without ``[claims] enabled``, ``wait`` still works: the person is told, nothing is held.
+
+A hold recorded by any process (the CLI's release, which cannot message, another replica, a
+run before a restart) is told by the running duty: it returns each live hold once per process,
+and the front end delivers each once whoever asks (Slack: ``AlertOutbox.publish_once``).
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class ClaimService:
         self._free: dict[tuple[str, int], int] = {}  # looks in a row each GPU was free
         self._intruders: dict[str, tuple[Intruder, float]] = {}  # key → it, first seen
         self._told: set[str] = set()  # intruders whose claimant was told
+        self._announced: set[int] = set()  # the holds this process returned to be told
         self.observe: Callable[[list[tuple[str, int, str]]], None] | None = None  # the metrics
 
     @property
@@ -358,7 +363,7 @@ class ClaimService:
             key = (node, g.index)
             self._free[key] = self._free.get(key, 0) + 1 if g.index in free_now else 0
         ready = [g for g in sorted(free_now - held) if self._free[(node, g)] >= FREE_LOOKS]
-        out: list[Offered] = []
+        out = self._live_holds(snap, waits, now)
         hold_s = self.config.hold_minutes * 60 if self.enabled else 0.0
         for w in (w for w in waits if w.state is WaitState.WAITING):
             gpus = _serve(w, ready)
@@ -369,8 +374,25 @@ class ClaimService:
                 continue
             ready = [g for g in ready if g not in gpus]
             out.append(Offered(got, tuple(u for _, u in _uuids(snap, gpus)), self.enabled))
+            self._announced.add(got.id)
             if not self.enabled:
                 await self.store.told(got.id, now)
+        return out
+
+    def _live_holds(self, snap: NodeSnapshot, waits: Sequence[Wait], now: float) -> list[Offered]:
+        """Return the live holds of the node not returned before by this process: recorded
+        by another (the CLI's release, a replica, a run before a restart), told from here."""
+        out: list[Offered] = []
+        for w in waits:
+            live = w.state is WaitState.OFFERED and (w.hold_until or 0.0) > now
+            if not live or w.id in self._announced:
+                continue
+            try:
+                uuids = tuple(u for _, u in _uuids(snap, w.offered))
+            except UsageError:  # the GPU is not seen now: told once the node shows it
+                continue
+            self._announced.add(w.id)
+            out.append(Offered(w, uuids, hold=True))
         return out
 
 

@@ -3,7 +3,9 @@
 ``SlackApi`` wraps ``AsyncWebClient`` (its retry handlers wait ``Retry-After`` on 429). A message
 Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks``, ``internal_error`` …) is sent
 again with its table as preformatted text, then as plain text, through the Web API and through a
-``response_url`` alike; a failed ``chat.update`` posts a new message.
+``response_url`` alike; a failed ``chat.update`` posts a new message. A post answered with a 5xx
+may have been taken: it is neither retried nor sent again in a simpler form (``ServerErrorRetry``);
+what must appear once goes through ``slack.outbox``, which looks for it by its token first.
 Failures are logged and return None: a Slack outage never stops a reset half-way or leaves an
 approval in a wrong state. Every call goes through ``slack_errors``, the one place where
 slack_sdk's and aiohttp's errors become ``ChatCallFailed`` (Slack answered with an error code)
@@ -72,12 +74,29 @@ CALL_ERRORS = tuple(SLACK_ERRORS)  # for the calls that still catch them themsel
 NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
 
 
+# Calls that post a message: a 5xx may follow a post Slack took, so resending one blindly can
+# post it twice (issue 34: four *Free it* buttons for one holder). A ``response_url`` posts too.
+POSTING = frozenset({"chat.postMessage", "chat.postEphemeral"})
+
+
+class ServerErrorRetry(AsyncServerErrorRetryHandler):
+    """slack_sdk's one retry after HTTP 500/503, for every call but a post: a post that may
+    have been taken is looked for by its token before anything is sent again (``slack.outbox``)."""
+
+    async def _can_retry_async(self, *, request: Any, **kwargs: Any) -> bool:
+        url = str(request.url)
+        if "/api/" not in url or url.rstrip("/").rsplit("/", 1)[-1] in POSTING:
+            return False
+        return await super()._can_retry_async(request=request, **kwargs)
+
+
 def retry_handlers() -> list[Any]:
-    """Return the retry policy: connection errors, 429 (Retry-After), one 5xx retry."""
+    """Return the retry policy: connection errors, 429 (Retry-After), one 5xx retry (not of
+    a post)."""
     return [
         AsyncConnectionErrorRetryHandler(max_retry_count=2),
         AsyncRateLimitErrorRetryHandler(max_retry_count=3),
-        AsyncServerErrorRetryHandler(max_retry_count=1),
+        ServerErrorRetry(max_retry_count=1),
     ]
 
 
@@ -156,6 +175,12 @@ def _error(exc: Exception) -> str:
     if isinstance(exc, SlackApiError):
         return str(exc.response.get("error", "unknown_error"))
     return type(exc).__name__
+
+
+def status_of(exc: BaseException) -> int:
+    """Return the HTTP status of the answer behind a failed call (200 when none is known)."""
+    response = getattr(exc, "response", None) or getattr(exc.__cause__, "response", None)
+    return int(getattr(response, "status_code", 200) or 200)
 
 
 @contextmanager
@@ -295,13 +320,16 @@ class SlackApi:
         """Call a chat method; if Slack refuses the blocks, retry without tables, then as text.
 
         The simpler forms are made only when needed: a message shared by many requests (one
-        fleet answer) costs each of them one call, not two more renders.
+        fleet answer) costs each of them one call, not two more renders. A post answered with a
+        5xx steps down no further: Slack may have it.
         """
         for attempt in _richer(msg):
             try:
                 return await call(self.client, method, **where, **attempt)
             except ChatCallFailed as exc:
                 if isinstance(exc, ChatUnanswered) or exc.error not in BLOCK_ERRORS:
+                    raise
+                if method in POSTING and status_of(exc) >= 500:  # it may be there: no other
                     raise
                 name = method.replace(".", "_")  # as the log has always named it
                 log.warning("%s refused the blocks (%s): simpler next", name, exc.error)

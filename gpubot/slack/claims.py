@@ -3,8 +3,9 @@
 A click runs the shared flow (``chat.claims.ClaimDesk.click``), as typing ``/gpu take ID`` or
 ``/gpu leave ID`` does. The claims' duty tells people by direct message (``conversations.open``,
 then ``chat.postMessage``), each DM once through the alerts' outbox (``slack.dm_outbox``:
-after a lost answer it is looked for in the DM's history before it is posted again); a DM that
-cannot be sent is logged.
+after a lost answer it is looked for in the DM's history before it is posted again), one row
+per DM's subject whichever process or replica finds it due (a hold the CLI recorded is told by
+the bot's duty, issue 34); a DM that cannot be sent is logged.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def register(bot: GpuBot, outbox: AlertStore | None = None) -> None:
         if channel is None:
             return False
         dms[user] = channel
-        return await poster.send(subject, channel, msg) is not None
+        return await poster.send(subject, channel, msg, once=True) is not None
 
     bot.flows.claims.dm = dm
 

@@ -1,4 +1,5 @@
-"""Direct messages posted once, through the alerts' outbox (issue 22).
+"""Direct messages and the ladder's channel posts posted once, through the alerts' outbox
+(issues 22, 34).
 
 The idle holders' DMs (``slack.alerts``), the reclaim ladder's (``slack.ladder``) and the
 claims' (``slack.claims``: a free GPU held for a waiter, an idle claim's Keep / Release, an
@@ -11,8 +12,11 @@ it is adopted; provably absent, posted again with the same token; if the history
 read, posted once more saying "this may repeat the message of HH:MM", and no more.
 
 What decides that a DM is due at all stays with its caller (the alert posted once, the claims'
-and the ladder's conditional updates); this adds only the delivery. Without a database there is
-no outbox: the DM is posted at most once, as before.
+and the ladder's conditional updates); this adds only the delivery. A DM that any process may
+find due, more than once (``once``: the claims' duty, which delivers holds that the CLI
+recorded), is one row per subject (``AlertOutbox.publish_once``). The ladder's channel posts
+(steps 3 and 4) take the same road with their own ``event``. Without a database there is no
+outbox: the message is posted at most once, as before.
 """
 
 from __future__ import annotations
@@ -40,24 +44,35 @@ class DmPoster:
         self.api = api
         self.outbox = AlertOutbox(alerts) if alerts is not None else None
 
-    async def send(self, subject: str, channel: str, msg: Message) -> Handle | None:
-        """Post ``msg`` to the DM ``channel`` once under ``subject``; return where it is
-        (None: refused, not confirmed, or the outbox could not be written: nothing posted).
-        Its time is Slack's (the wall clock): the history is searched from it."""
+    async def send(
+        self,
+        subject: str,
+        channel: str,
+        msg: Message,
+        *,
+        event: str = DM_EVENT,
+        once: bool = False,
+    ) -> Handle | None:
+        """Post ``msg`` to ``channel`` (a DM, unless told) once under ``subject``; return where
+        it is (None: refused, not confirmed, done before (``once``), or the outbox could not be
+        written: nothing posted). Its time is Slack's (the wall clock): the history is searched
+        from it."""
         if self.outbox is None:
             plain = to_slack(msg)
-            posted = await post_once(self.api, channel, plain, token=new_token(), event=DM_EVENT)
+            posted = await post_once(self.api, channel, plain, token=new_token(), event=event)
             return posted.handle
 
         async def send(token: str, repeat_of: datetime | None) -> Posted:
             shown = msg if repeat_of is None else may_repeat(msg, repeat_of)
-            return await post_once(self.api, channel, to_slack(shown), token=token, event=DM_EVENT)
+            return await post_once(self.api, channel, to_slack(shown), token=token, event=event)
 
         async def find(token: str, since: datetime) -> Lookup:
-            return await find_post(self.api.client, channel, token, since, event=DM_EVENT)
+            return await find_post(self.api.client, channel, token, since, event=event)
 
         try:
             now = datetime.now(UTC)
+            if once:
+                return await self.outbox.publish_once(subject, send, find, now)
             return await self.outbox.publish(subject, send, find, now, repeat=True)
         except GpubotError as exc:  # the outbox cannot be written: nothing was posted
             log.error("the DM %s was not sent: %s", subject, exc)

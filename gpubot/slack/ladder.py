@@ -1,8 +1,9 @@
 """The reclaim ladder in Slack: its DMs and channel posts, *Keep (reason)* and on-call's *Free it*.
 
 ``SlackLadder`` tells each step (``services.ladder``): the DM and the reminder to the owner's
-Slack users (``[users]``), each once through the alerts' outbox (``slack.dm_outbox``), the
-channel post and *Free it* in the alerts channel (at most once). *Keep
+Slack users (``[users]``), the channel post and *Free it* in the alerts channel, each once
+through the alerts' outbox (``slack.dm_outbox``: a post whose answer is a 5xx or
+``internal_error`` is looked for by its token before it is posted again, issue 34). *Keep
 (reason)* opens a modal asking why; its submission stops the ladder (audited with the reason).
 On-call's *Free it* asks the approvers for a forced reset of that one process, the request
 carrying the idle evidence (``chat.ladder``).
@@ -23,7 +24,7 @@ from gpubot.errors import ChatCallFailed, GpubotError
 from gpubot.services.ladder import LadderNotice
 from gpubot.slack.api import SlackApi, call
 from gpubot.slack.dm_outbox import DmPoster
-from gpubot.slack.render import to_slack
+from gpubot.slack.outbox import LADDER_EVENT
 
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
@@ -68,16 +69,19 @@ class SlackLadder:
             if self.channel is None:
                 log.warning("reclaim ladder: no alerts channel for step %d", int(notice.step))
                 return False
-            return await self.api.post(self.channel, to_slack(said)) is not None
+            subject = ladder_subject(notice.rung, notice.step, self.channel, "post")
+            posted = await self.dm.send(subject, self.channel, said, event=LADDER_EVENT)
+            return posted is not None
         except Exception:  # a step is told at most once; its record stands
             log.exception("reclaim ladder: step %d not told", int(notice.step))
             return False
 
 
-def ladder_subject(rung: Rung, step: Step, user: str) -> str:
-    """Return the outbox's name of one ladder DM: "dm:ladder:<finding>:<start>:<step>:<user>"
-    (the finding's key names the holder: node, GPU, pid and its start)."""
-    return f"dm:ladder:{rung.finding}:{rung.started_at}:{int(step)}:{user}"
+def ladder_subject(rung: Rung, step: Step, to: str, kind: str = "dm") -> str:
+    """Return the outbox's name of one ladder message: "dm:ladder:<finding>:<start>:<step>:<to>"
+    (the finding's key names the holder: node, GPU, pid and its start; ``to``: the Slack user
+    of a DM, or with ``kind`` "post" the channel of a post)."""
+    return f"{kind}:ladder:{rung.finding}:{rung.started_at}:{int(step)}:{to}"
 
 
 def keep_view(key: str, where: str) -> dict[str, Any]:

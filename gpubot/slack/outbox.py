@@ -5,6 +5,9 @@ people) and says how the post ended: ``posted``, ``refused`` (Slack answered no:
 the channel) or ``uncertain`` (a timeout, a dropped connection, a 5xx: it may be there). Its
 client retries only a 429, which Slack documents as not taken: slack_sdk's connection-error
 and 5xx retries would post a second message when the first was taken but its answer lost.
+``internal_error`` (and ``fatal_error``, ``service_unavailable``) at HTTP 200 may follow a post
+Slack took, as its documentation of ``chat.postMessage`` says: before a simpler form is sent,
+the history is searched for the token (issue 34: such an alert was posted twice).
 
 ``find_post`` pages through ``conversations.history`` (``include_all_metadata``, from a moment
 on) for the token. It needs the ``channels:history`` scope (``groups:history`` for a private
@@ -18,7 +21,7 @@ import copy
 import logging
 import secrets
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
@@ -35,9 +38,13 @@ ALERT_EVENT = "gpubot_alert_posted"  # the metadata event_type of alert messages
 DM_EVENT = "gpubot_dm_posted"  # ... and of direct messages (idle holders, ladder, claims)
 HEAD_EVENT = "gpubot_head_posted"  # ... and of the audit head's publications
 APPROVAL_EVENT = "gpubot_approval_posted"  # ... and of approvals' requests, re-pings and DMs
+LADDER_EVENT = "gpubot_ladder_posted"  # ... and of the reclaim ladder's channel posts
 PAGE = 200  # messages a history page asks for (Slack: at most 999, internal apps)
 MAX_PAGES = 10
 SLACK_SKEW_S = 60.0  # the history is searched from this long before the findings were seen
+# Answers at HTTP 200 after which "it is possible some aspect of the operation succeeded"
+# (Slack's chat.postMessage errors): the post is looked for before anything else is sent.
+MAYBE_TAKEN = frozenset({"internal_error", "fatal_error", "service_unavailable"})
 
 
 def new_token() -> str:
@@ -65,7 +72,8 @@ async def post_once(
     (``thread_ts``) it is also shown in the channel, so ``find_post`` finds it in the history.
 
     Like ``SlackApi._send``, blocks Slack refuses step down to simpler forms, but only on an
-    answer of HTTP 200 (nothing was posted): after a 5xx it may be there, so nothing follows.
+    answer of HTTP 200 that took nothing: after a 5xx it may be there, so nothing follows; after
+    an answer that may follow a post it took (``MAYBE_TAKEN``) the history is searched first.
     """
     meta = {"event_type": event, "event_payload": {"token": token}}
     call = once_client(api.client).chat_postMessage
@@ -73,6 +81,7 @@ async def post_once(
     if thread_ts is not None:
         where |= {"thread_ts": thread_ts, "reply_broadcast": True}
     forms = [*_richer(msg), {**_plain(msg), "blocks": []}]
+    since = datetime.now(UTC)
     for n, form in enumerate(forms, 1):
         try:
             resp = await call(**where, **form)
@@ -81,6 +90,10 @@ async def post_once(
             err = str(exc.response.get("error", "unknown_error"))
             if status >= 500:  # an answer from the server's side may follow a post it took
                 return Posted(Delivery.UNCERTAIN, why=f"HTTP {status} {err}")
+            if err in MAYBE_TAKEN:
+                found = await _maybe_taken(api, channel, token, since, event, err)
+                if found is not None:
+                    return found
             if err in BLOCK_ERRORS and n < len(forms):
                 log.warning("chat.postMessage refused the blocks (%s): simpler next", err)
                 continue
@@ -90,6 +103,20 @@ async def post_once(
             return Posted(Delivery.UNCERTAIN, why=type(exc).__name__)
         return Posted(Delivery.POSTED, (str(resp["channel"]), str(resp["ts"])))
     return Posted(Delivery.REFUSED, why="no form of the message was taken")
+
+
+async def _maybe_taken(
+    api: SlackApi, channel: str, token: str, since: datetime, event: str, err: str
+) -> Posted | None:
+    """After an answer that may follow a post Slack took: the post if the history has it,
+    uncertain if the history cannot be read, None if it provably took nothing."""
+    lookup = await find_post(api.client, channel, token, since, event=event)
+    if lookup.handle is not None:
+        log.info("chat.postMessage answered %s, but the post is there: adopted", err)
+        return Posted(Delivery.POSTED, lookup.handle)
+    if not lookup.checked:
+        return Posted(Delivery.UNCERTAIN, why=f"{err}; {lookup.why}")
+    return None
 
 
 async def find_post(

@@ -9,7 +9,9 @@ refused, so the next sweep tries again; ``abandon_post`` gives up on one nobody 
 
 The same rows hold the posts of single messages that must appear once and carry no finding
 (the audit head's publications): ``begin_message`` records one under a subject (no keys), and
-``pending_posts(subject)`` returns only those; ``pending_posts()`` only the alerts'.
+``pending_posts(subject)`` returns only those; ``pending_posts()`` only the alerts'. A message
+due once whatever process sees it due (a hold's DM, issue 34) has a token made from its subject:
+``begin_once`` records it only if no row has that token, or hands over a row left pending.
 """
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ class OutboxMixin:
     async def begin_message(self, token: str, subject: str, now: datetime) -> PendingPost:
         """Record the intent to post one message of ``subject`` (no finding: a head)."""
         return await in_thread(self._begin_message, token, subject, now)
+
+    async def begin_once(
+        self, token: str, subject: str, now: datetime, stale_before: datetime
+    ) -> tuple[PendingPost, bool] | None:
+        """Record the intent to post the message ``token`` of ``subject`` unless a row has that
+        token: return it and True. A row of it still pending since before ``stale_before`` (its
+        poster died, or could not confirm it) is handed over: returned with False, and marked
+        taken (its time is now), so one caller settles it. Otherwise None: it is done, or being
+        done."""
+        return await in_thread(self._begin_once, token, subject, now, stale_before)
 
     async def finish_post(
         self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
@@ -125,6 +137,30 @@ class OutboxMixin:
                 )
             )
             return _pending(_post_row(conn, token))
+
+    def _begin_once(
+        self, token: str, subject: str, now: datetime, stale_before: datetime
+    ) -> tuple[PendingPost, bool] | None:
+        c = alert_posts.c
+        with guard("cannot record the post, so it was not posted"), write_tx(self._engine) as conn:
+            row = conn.execute(select(alert_posts).where(c.token == token)).one_or_none()
+            if row is None:
+                conn.execute(
+                    alert_posts.insert().values(
+                        token=token,
+                        node=subject,
+                        keys=NO_KEYS,
+                        since=iso(now),
+                        created_at=iso(now),
+                        state="pending",
+                        repeats=0,
+                    )
+                )
+                return _pending(_post_row(conn, token)), True
+            if row.state != "pending" or parse_iso(row.created_at) >= stale_before:
+                return None
+            conn.execute(alert_posts.update().where(c.id == row.id).values(created_at=iso(now)))
+            return _pending(row), False
 
     def _finish_post(
         self, token: str, channel: str, ts: str, now: datetime, adopted: bool
