@@ -178,7 +178,8 @@ async def idle_at(work: Path, nodes: int, days: int, idle_share: float) -> dict[
             at = now + INTERVAL_S * k
             s = fleet_snaps(nodes, idle_share, at)
             want_k = await old_idle(store.samples, cfg, s, at)
-            got, wall, cpu = await timed(functools.partial(acct.sweep, s, at))
+            times, wall, cpu = await timed(functools.partial(acct.sweep, s, at))
+            got = times.gpus
             rebuild.append(wall)
             k += 1
             if got == want_k or k > 20:
@@ -188,7 +189,8 @@ async def idle_at(work: Path, nodes: int, days: int, idle_share: float) -> dict[
             at = now + INTERVAL_S * k
             s = fleet_snaps(nodes, idle_share, at)
             want_k = await old_idle(store.samples, cfg, s, at)  # the same samples, read back
-            got, wall, cpu = await timed(functools.partial(acct.sweep, s, at))
+            times, wall, cpu = await timed(functools.partial(acct.sweep, s, at))
+            got = times.gpus
             assert got == want_k, "the runs and the history disagree"
             steady.append((wall, cpu))
             k += 1
