@@ -13,12 +13,13 @@ from typing import Any
 
 from gpubot.core.models import ApprovalState
 from gpubot.core.plan import ResetPlan
-from gpubot.errors import DatabaseBehind, LockHeld, StoreError, TransportError
+from gpubot.errors import DatabaseBehind, LockHeld, StoreError
 
-# What stops an approved action before anything goes out to the node, and may pass: the node's
-# lease held by another (busy), the lease lost, the database down, the node unreachable.
-# ``ResetInterrupted`` (something went out) and a refused plan are not among them.
-NOT_YET = (LockHeld, StoreError, TransportError)
+# What stops an approved action before anything goes out to the node, and passes by itself: the
+# node's lease held by another (busy), the lease lost, the database down. ``ResetInterrupted``
+# (something went out), a refused plan and an unreachable node (a person should look: it ends
+# ``failed`` and is shown as before) are not among them.
+NOT_YET = (LockHeld, StoreError)
 
 
 @dataclass(frozen=True)
