@@ -13,6 +13,9 @@ slurm       v2 ``/system.slice/slurmstepd.scope/job_J/step_0/user/task_0``; v1
             ``/slurm/uid_U/job_J/step_0`` (Slurm's cgroup/v2 and cgroup/v1 plugins)
 service     ``/system.slice/gpusim-N.service``
 session     ``/user.slice/user-UID.slice/session-N.scope``  (systemd-logind)
+rootless    ``/user.slice/user-UID.slice/user@UID.service/user.slice/libpod-ID.scope/container``
+            (rootless podman under the user's systemd; not in ``KINDS``: only a test that runs
+            the process as a subordinate uid places one)
 =========== ================================================================================
 
 The v1 ``memory`` hierarchy gets the Slurm layout too, but only when this process sits at its
@@ -184,6 +187,12 @@ def make_shape(kind: str, uid: int) -> Shape:
         unit = f"session-{1 + secrets.randbelow(99_999)}.scope"
         path = f"/user.slice/user-{uid}.slice/{unit}"
         return Shape(kind, path, path, 2, 2, unit=unit)
+    if kind == "rootless":  # not a spawn kind: its processes run as a subordinate uid
+        path = (
+            f"/user.slice/user-{uid}.slice/user@{uid}.service/user.slice/"
+            f"libpod-{cid}.scope/container"
+        )
+        return Shape(kind, path, path, 4, 4, container_id=cid)
     raise ValueError(f"unknown cgroup kind {kind!r}")
 
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from gpubot.core.models import DeviceHolder, ProcInfo
-from gpubot.core.workload import parse_cgroup
+from gpubot.core.workload import Workload, parse_cgroup
 from gpubot.errors import ParseError
 
 NUM = re.compile(r"[0-9]{1,12}")  # a decimal count, pid, uid or status
@@ -102,12 +102,21 @@ def parse_proc_lines(
     if seen != asked:
         raise ParseError(f"{what} (pids not as asked)", f"{seen[:20]} for {asked[:20]}")
     uids = {int(f[6]) for f in rows.values() if NUM.fullmatch(f[6])}
-    if uids != set(names):
-        raise ParseError(f"{what} (owner names)", " ".join(map(str, sorted(uids)))[:200])
     out: dict[int, ProcInfo] = {}
     for pid, f in rows.items():
         out[pid] = _proc_info(pid, f, names, ticks, uptime, what)
+    # A name for every effective uid, and beyond those only for the user slices of rootless
+    # containers (``slice_uid`` in the script): their processes run as subordinate uids.
+    slices = {_slice_uid(p.workload) for p in out.values()}
+    if not uids <= set(names) or not set(names) - uids <= slices:
+        raise ParseError(f"{what} (owner names)", " ".join(map(str, sorted(uids)))[:200])
     return out
+
+
+def _slice_uid(w: Workload | None) -> int | None:
+    """The uid of a rootless container's user slice (root made that path), else None."""
+    uid = w.get("uid") if w is not None and w.get("rootless") else None
+    return int(uid) if uid is not None and NUM.fullmatch(uid) else None
 
 
 def _proc_info(
@@ -134,6 +143,10 @@ def _proc_info(
     command = printable(" ".join(a for a in argv)).strip()
     w = _unescape(wchan, what).strip()
     cg = _unescape(cgroup, what).strip()
+    work = _workload_of(cg)
+    slice_uid = _slice_uid(work)
+    if work is not None and slice_uid is not None:  # its owner's name, from the node's passwd
+        work = work.with_detail(uid_name=names.get(slice_uid))
     return ProcInfo(
         pid=pid,
         ppid=int(ppid),
@@ -144,7 +157,7 @@ def _proc_info(
         command=command or f"[{printable(name)}]",
         wchan=None if w in ("", "0") else printable(w),
         cgroup=cg or None,
-        workload=_workload_of(cg),
+        workload=work,
         uid=uid,
         real_uid=real,
         exe=None if exe == "!" else _unescape(exe, what),

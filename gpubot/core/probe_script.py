@@ -127,7 +127,7 @@ lines() { local IFS=$'\n'; L=($1); }
 #   c CLK_TCK UPTIME                      (first)
 #   p PID STATE PPID START RUID EUID =COMM =CMDLINE =EXE|! =CGROUP =WCHAN
 #   g PID                                 (it exited: stat or status could not be read)
-#   u UID =NAME|!                         (once for every EUID seen)
+#   u UID =NAME|!                         (once for every EUID and user-slice uid seen)
 # Every PID argument gets exactly one p or g line, in argument order.
 _PROCS = r"""argv_of() {  # /proc/PID/cmdline escaped (each NUL as \000) in R: 64 args, 4096 bytes
   local a n=0 k=0 IFS=
@@ -143,6 +143,16 @@ _PROCS = r"""argv_of() {  # /proc/PID/cmdline escaped (each NUL as \000) in R: 6
   (( ${#P[@]} )) || return 0
   esc_all
   printf -v R '%s\\000' "${P[@]}"; R="=$R"
+}
+slice_uid() {  # a rootless container's owner: the user-U.slice at the top of a cgroup path
+  local l re='^[0-9]+:[^:]*:/user\.slice/user-([0-9]+)\.slice/user@[0-9]+\.service/'
+  local -a L
+  lines "$1"
+  for l in "${L[@]}"; do
+    [[ $l =~ $re ]] || continue
+    [[ $uids == *" ${BASH_REMATCH[1]} "* ]] || uids+="${BASH_REMATCH[1]} "
+    return 0
+  done
 }
 procs() {
   local seen=' ' list= p d st sts x up cm cmd ex cg wc e ru eu uids=' ' name u
@@ -175,7 +185,11 @@ procs() {
       # spare every user job a readlink.
       e=$(readlink "$d/exe" 2>/dev/null) && [[ -n $e ]] && { esc "$e"; ex=$R; }
     fi
-    rd "$d/cgroup"; esc "$R"; cg=$R
+    rd "$d/cgroup"
+    # Only root makes user-U.slice/user@U.service: its uid is named too (a rootless container's
+    # processes run as subordinate uids that no one is called).
+    [[ $R == *'/user.slice/user-'* ]] && slice_uid "$R"
+    esc "$R"; cg=$R
     rd "$d/wchan"; esc "$R"; wc=$R
     esc "$cm"; cm=$R
     x=${F[0]}; [[ $x == [A-Za-z] ]] || x=-

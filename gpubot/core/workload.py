@@ -164,7 +164,9 @@ def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None
     user name is no owner.
     """
     uid = w.get("uid")
-    by_uid = uid_names.get(int(uid)) if uid is not None else None
+    # A rootless container's slice uid was named by the probe (``uid_name``); its processes'
+    # own uids are subordinate ones that name no one.
+    by_uid = w.get("uid_name") or (uid_names.get(int(uid)) if uid is not None else None)
     label = w.get(f"label.{owner_label}") if owner_label else None
     owner = runtime_of(w.kind).owner(w, by_uid, label)
     owner = owner if valid_user(owner) or is_uid_owner(owner) else None

@@ -20,9 +20,11 @@ from gpubot.core.claims import Claim, intruders
 from gpubot.core.idle import holder_owner
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.plan import ResetRequest, plan_reset
+from gpubot.core.probe import parse_procs
 from gpubot.core.protect import Protection
 from gpubot.core.usage import states_of
-from gpubot.core.workload import parse_cgroup
+from gpubot.core.workload import decide_owner, parse_cgroup
+from gpubot.errors import ParseError
 
 CORPUS = Path(__file__).parents[1] / "corpus" / "cgroup"
 ROOTLESS = (CORPUS / "kepler-podman-rootless.txt").read_text(encoding="utf-8")  # user-1000.slice
@@ -119,3 +121,32 @@ def test_killing_it_is_self_service_for_the_slices_user_only() -> None:
     assert forced("bob")
     (t,) = plan_reset(snap, ResetRequest("n1", "alice", gpus=(0,)), Protection()).targets
     assert (t.owner, t.uid, t.user) == ("alice", SUB, str(SUB))  # signalled as what it is
+
+
+ROOTLESS_CG = (
+    "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-"
+    + "ab" * 32
+    + ".scope/container"
+)
+
+
+def _listing(cgroup: str, names: str) -> str:
+    line = f"p 7 S 1 10 231072 231072 =x =x\\000 ! ={cgroup} =0"
+    return f"\n@gpubot procs\nc 100 5.0\n{line}\n{names}\n@gpubot end\n"
+
+
+def test_the_probe_names_a_rootless_containers_slice_user() -> None:
+    """The probe's ``u`` line for the slice uid names the owner; the process keeps its uid."""
+    info = parse_procs(_listing(ROOTLESS_CG, "u 231072 !\nu 1000 =alice"), [7])[7]
+    assert (info.uid, info.user) == (231072, "231072")
+    assert info.workload is not None
+    assert decide_owner(info.workload, {}, None).owner == "alice"
+
+
+@pytest.mark.parametrize(
+    "cgroup", ["0::/system.slice/a.service", "0::/user.slice/user-1000.slice/session-3.scope"]
+)
+def test_a_name_for_no_process_and_no_rootless_slice_is_refused(cgroup: str) -> None:
+    """Extra names are taken only for a rootless container's slice: a stray one is an error."""
+    with pytest.raises(ParseError, match="owner names"):
+        parse_procs(_listing(cgroup, "u 231072 !\nu 1000 =alice"), [7])
