@@ -14,7 +14,7 @@ from gpubot.core import probe_fields
 from gpubot.core.flags import flags_of, gpu_flags
 from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.core.probe_fields import CGROUP_TEXTS, parse_proc_lines
-from gpubot.core.workload import parse_cgroup
+from gpubot.core.workload import Workload, parse_cgroup
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 TEXTS = [
@@ -38,13 +38,21 @@ def listing(cgroups: list[str]) -> tuple[str, list[int]]:
     return "\n".join([*lines, "u 1000 =alice", ""]), list(range(100, 100 + len(cgroups)))
 
 
+def bare(w: Workload | None) -> Workload | None:
+    """The workload as the cgroup text alone says it: without the name the probe gave a
+    rootless container's slice uid (``uid_name``, from the listing's ``u`` lines)."""
+    return None if w is None else w.with_detail(uid_name=None)
+
+
 def test_the_real_cgroup_samples_give_the_same_workloads_read_again() -> None:
     assert len(TEXTS) >= 20
     body, pids = listing(TEXTS)
     want = [parse_cgroup(t) for t in TEXTS]
     for _ in range(2):  # the second reading is the remembered one
         got = parse_proc_lines(body, pids)
-        assert [got[p].workload for p in pids] == want
+        assert [bare(got[p].workload) for p in pids] == want
+        named = {w.get("uid_name") for p in pids if (w := got[p].workload) is not None}
+        assert named == {None, "alice"}  # the rootless sample's slice uid 1000 is alice
     assert any(w is not None and w.kind != "other" for w in want)
 
 
@@ -92,6 +100,6 @@ def test_a_hostile_flood_of_cgroups_changes_no_one_elses_workload() -> None:
         w = got[p].workload
         assert w is not None and w.kind == "other" and w.get("untrusted") == "yes"
     after = parse_proc_lines(*listing(TEXTS))
-    assert [after[p].workload for p in range(100, 100 + len(TEXTS))] == [
+    assert [bare(after[p].workload) for p in range(100, 100 + len(TEXTS))] == [
         parse_cgroup(t) for t in TEXTS
     ]
