@@ -33,8 +33,9 @@ from gpubot.chat.message import (
     lines,
 )
 from gpubot.chat.reset_view import reset_button
+from gpubot.core import durations
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
-from gpubot.core.findings import TITLES, duration_text
+from gpubot.core.findings import TITLES
 from gpubot.core.health_titles import RESET_HEALTH_KINDS
 from gpubot.core.interrupted import Unfinished
 from gpubot.core.models import FindingKind
@@ -96,7 +97,7 @@ def _item_text(item: AlertItem, group: AlertGroup) -> Text:
     summary = _summary(item)  # a core sentence: its names marked (core.text.code)
     said: list[Text] = []
     if item.resolved_at is not None:
-        lasted = duration_text((item.resolved_at - item.first_seen).total_seconds())
+        lasted = durations.human((item.resolved_at - item.first_seen).total_seconds())
         gone = Struck((_where(item, group), ": ", _title(item)))
         said.append(("✅ ", gone, " — ", bold("resolved"), f" after {lasted}"))
         if summary:  # not in our italics: those would style a name's words too
@@ -206,7 +207,7 @@ def render_reminder(group: AlertGroup) -> Message:
     now = group.at
     said: list[Text] = [("⏰ ", bold(f"Still open on {group.node}:"))]
     for item in group.items[:40]:
-        lasted = duration_text((now - item.first_seen).total_seconds())
+        lasted = durations.human((now - item.first_seen).total_seconds())
         said.append((f"• {_where(item, group)}: {_title(item)} — open for {lasted}",))
     more = len(group.items) - min(len(group.items), 40)
     if more:

@@ -24,8 +24,8 @@ from gpubot.chat.message import (
     clipped,
     ctx,
 )
+from gpubot.core import durations
 from gpubot.core.alerting import AlertItem, Handle
-from gpubot.core.findings import duration_text
 
 ACTION_FREE = "gpubot_free_it"  # the value is the finding's key text
 MAX_DM_ITEMS = 10  # idle GPUs detailed in one message (2 blocks each)
@@ -63,7 +63,7 @@ def render_idle_dm(
     found = [i for i in items if i.finding is not None and i.key.gpu is not None]
     hours = max((i.finding.idle_s or 0.0 for i in found if i.finding is not None), default=0.0)
     gpus = ", ".join(f"GPU {i.key.gpu}" for i in found)
-    title = f"Your job holds {node} {gpus} idle ({duration_text(hours)} at 0 %)"
+    title = f"Your job holds {node} {gpus} idle ({durations.human(hours)} at 0 %)"
     b = Budget()
     intro: Text = (
         "👋 ",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from gpubot.core import durations
 from gpubot.core.findings import Finding, holder_id, workload_label
 from gpubot.core.idle import GpuSample, holder_owner
 from gpubot.core.idle_runs import IdleRun, RunRule, advance, can_advance
@@ -191,7 +192,7 @@ class Intruder:
         if abs(delta) < NEAR_S:  # process ages are whole seconds: no side to tell
             return "as the claim began"
         word = "after" if delta >= 0 else "before"
-        return f"{_span(abs(delta))} {word} the claim"
+        return f"{span(abs(delta))} {word} the claim"
 
     def what(self) -> str:
         """Name the intruder's workload: "alice's docker:train (pid 42 python3)"."""
@@ -266,18 +267,11 @@ def cuda_visible(uuids: Sequence[str]) -> str:
     return "CUDA_VISIBLE_DEVICES=" + ",".join(uuids)
 
 
-def _span(seconds: float) -> str:
-    s = round(seconds)  # whole seconds, rounded: stored times lose a hair
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
 def span(seconds: float) -> str:
-    """Return a short duration ("45s", "12m", "4h00m")."""
-    return _span(seconds)
+    """Return a claim's time left or idle time in the grammar people type back (``45s``,
+    ``12m``, ``4h5m``): whole minutes once past one, since stored times lose a hair."""
+    s = max(0, round(seconds))
+    return durations.format(s if s < 60 else s - s % 60)
 
 
 @dataclass(frozen=True)

@@ -80,3 +80,22 @@ def format(seconds: float) -> str:
         if n:
             parts.append(f"{n}{unit}")
     return "".join(parts) or "0s"
+
+
+def human(seconds: float) -> str:
+    """Return ``seconds`` for a person reading a message: its two largest units, rounded down,
+    spaced (``45 s``, ``14 min``, ``2 h 5 min``, ``3 d 4 h``).
+
+    The coarse twin of ``format``, for evidence and ages in chat and logs ("idle for 1 h 15
+    min", "2 h old") where seconds would be noise; what a person types back is ``format``'s.
+    """
+    s = max(0, int(seconds)) if math.isfinite(seconds) else 0
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(s // 3600, 24)
+    return f"{d} d {h} h" if h else f"{d} d"

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from gpubot.core import durations
 from gpubot.core.health_titles import HEALTH_TITLES
 from gpubot.core.holder_runs import HolderKey, holders_idle
 from gpubot.core.idle import (
@@ -345,19 +346,5 @@ def _process_trouble(
             f"{who} holds the device file{seen} but nvidia-smi does not list it",
         )
     if idle_s is not None and config.idle.enabled and is_idle_holder(p, config.idle):
-        return FindingKind.IDLE_HOLDER, idle_summary(p, g, duration_text(idle_s))
+        return FindingKind.IDLE_HOLDER, idle_summary(p, g, durations.human(idle_s))
     return None
-
-
-def duration_text(seconds: float) -> str:
-    """Return a duration for people: ``45 s``, ``14 min``, ``2 h 5 min``, ``3 d 4 h``."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min"
-    if s < 86400:
-        h, m = divmod(s // 60, 60)
-        return f"{h} h {m} min" if m else f"{h} h"
-    d, h = divmod(s // 3600, 24)
-    return f"{d} d {h} h" if h else f"{d} d"

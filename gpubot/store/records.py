@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from gpubot.core import durations
 from gpubot.core.approval import Approval as Approval  # defined in core: services read it
 from gpubot.core.timefmt import iso as _iso
 
@@ -210,7 +211,7 @@ class VerifyResult:
         """What vouches for the end of an intact log: its newest seal, the head file."""
         out = ""
         if self.seal is not None:
-            age = "" if self.seal_age_s is None else f", {span(self.seal_age_s)} old"
+            age = "" if self.seal_age_s is None else f", {durations.human(self.seal_age_s)} old"
             out += (
                 f"; newest seal: record {self.seal.seq} ({self.seal.reason}, {self.seal.at}{age})"
             )
@@ -243,15 +244,3 @@ class VerifyResult:
             "end_tampered": self.end_tampered,
             "head_file": head_file,
         }
-
-
-def span(seconds: float) -> str:
-    """Render a duration for a person: 45 s, 12 min, 3 h 5 min, 2 d 4 h."""
-    s = int(max(0.0, seconds))
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    if s < 172800:
-        return f"{s // 3600} h {s % 3600 // 60} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpubot.store.records import AuditRecord, Seal, span
+from gpubot.core import durations
+from gpubot.store.records import AuditRecord, Seal
 
 SEAL = "seal"  # the record kind
 REASONS = ("start", "periodic", "forced", "stop")
@@ -151,6 +152,6 @@ def age_problem(newest: Seal | None, now: datetime, rule: SealRule) -> str | Non
     if newest.reason == "stop":
         what = f"the log ends with gpubot stopping (seal {newest.seq}, {newest.at})"
     return (
-        f"{what} is {span(age)} old, more than {span(limit)} ([audit] max_seal_age): records "
-        "after it were removed, or gpubot serve has not run since"
+        f"{what} is {durations.human(age)} old, more than {durations.human(limit)} "
+        "([audit] max_seal_age): records after it were removed, or gpubot serve has not run since"
     )

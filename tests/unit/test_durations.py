@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpubot.cli.audit import parse_since
 from gpubot.config import parse as parse_settings
-from gpubot.core import claim_commands, commands, durations
+from gpubot.core import claim_commands, claims, commands, durations
 from gpubot.core.usage_report import parse_when
 from gpubot.errors import UsageError
 
@@ -155,3 +155,40 @@ def test_report_since_takes_1h30m() -> None:
     assert commands.parse("report 1h30m by team") == commands.Report("1h30m", "team")
     with pytest.raises(UsageError, match=r"^bad period '3y': expected a duration like"):
         commands.parse("report 3y")
+
+
+# --- the people's form, and a claim's time left --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0 s"),
+        (45.9, "45 s"),
+        (60, "1 min"),
+        (14 * 60 + 59, "14 min"),
+        (3600, "1 h"),
+        (2 * 3600 + 5 * 60, "2 h 5 min"),
+        (86400, "1 d"),
+        (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
+        (-5, "0 s"),
+        (float("nan"), "0 s"),
+    ],
+)
+def test_human(seconds: float, text: str) -> None:
+    assert durations.human(seconds) == text
+
+
+@given(st.floats(min_value=0, max_value=1e9, allow_nan=False))
+def test_human_is_short(seconds: float) -> None:
+    text = durations.human(seconds)
+    assert 3 <= len(text) <= 16 and text[0].isdigit()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(45, "45s"), (12 * 60 + 30, "12m"), (3600, "1h"), (4 * 3600 + 5 * 60 + 7, "4h5m"), (-3, "0s")],
+)
+def test_a_claims_time_left_reads_back_as_a_duration(seconds: float, text: str) -> None:
+    assert claims.span(seconds) == text
+    assert durations.parse(text, positive=False) <= max(0, seconds)

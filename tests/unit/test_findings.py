@@ -11,8 +11,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from gpubot.core.alerting import Notice, confirmed, notice, snooze_until, to_resolve
 from gpubot.core.findings import (
@@ -21,7 +19,6 @@ from gpubot.core.findings import (
     NodeFailure,
     SweepConfig,
     classify_failure,
-    duration_text,
     find,
 )
 from gpubot.core.idle import IdleRule
@@ -450,30 +447,6 @@ def test_snooze_until() -> None:
     assert snooze_until(T0, "1d") == T0 + 24 * H
     with pytest.raises(ValueError, match="unknown snooze"):
         snooze_until(T0, "1w")
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [
-        (0, "0 s"),
-        (45.9, "45 s"),
-        (60, "1 min"),
-        (14 * 60 + 59, "14 min"),
-        (3600, "1 h"),
-        (2 * 3600 + 5 * 60, "2 h 5 min"),
-        (86400, "1 d"),
-        (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
-        (-5, "0 s"),
-    ],
-)
-def test_duration_text(seconds: float, text: str) -> None:
-    assert duration_text(seconds) == text
-
-
-@given(st.floats(min_value=0, max_value=1e9, allow_nan=False))
-def test_duration_text_is_short(seconds: float) -> None:
-    text = duration_text(seconds)
-    assert 3 <= len(text) <= 16 and text[0].isdigit()
 
 
 # --- finding keys ------------------------------------------------------------------------------
