@@ -12,6 +12,11 @@ whichever duty sees it first; ``core.clock``).
 A run never overlaps the previous one: runs due while one is still going are folded into the
 next interval (the old ``max_instances=1`` with ``coalesce``). The job's own failures are
 logged, never fatal to the bot.
+
+A stop waits for the run under way, not for the schedule: the loop would sleep a whole
+interval after the run before it looked again, and every stop would then last its full
+``stop_wait_s``. The app stops its schedules one after another, so those waits would add up
+past systemd's ``TimeoutStopSec`` and the SIGKILL would lose the clean stop's seal.
 """
 
 from __future__ import annotations
@@ -53,8 +58,8 @@ class IntervalScheduler:
         self.stop_wait_s = stop_wait_s
         self.clock = clock
         self.runs = 0  # runs started by this scheduler
-        self._task: asyncio.Task[None] | None = None
-        self._busy = False  # a run is under way
+        self._task: asyncio.Task[None] | None = None  # the schedule's loop
+        self._run_task: asyncio.Task[None] | None = None  # the run under way, if any
 
     @property
     def running(self) -> bool:
@@ -76,7 +81,14 @@ class IntervalScheduler:
             if not self.running:  # stopped while it slept
                 return
             steps.check()  # a step of the wall clock is seen here: it moves no deadline
-            await self._run()
+            run = asyncio.get_running_loop().create_task(
+                self._run(), name=f"gpubot-{self.name}-run"
+            )
+            self._run_task = run
+            try:
+                await asyncio.shield(run)  # a stop cancels the loop; the run may finish
+            finally:
+                self._run_task = None
             due = self.next_due(due, self.clock.monotonic())
 
     def next_due(self, due: float, now: float) -> float:
@@ -89,26 +101,36 @@ class IntervalScheduler:
 
     async def _run(self) -> None:
         self.runs += 1
-        self._busy = True
         try:
             await self.job()
         except Exception:
             log.exception("the %s failed", self.name)
-        finally:
-            self._busy = False
 
     async def stop(self) -> None:
-        """Stop the schedule; a run under way may finish (up to ``stop_wait_s``)."""
+        """Stop the schedule at once; a run under way may finish (up to ``stop_wait_s`` on the
+        schedule's clock), and is cancelled if it does not."""
         task, self._task = self._task, None
         if task is None:
             return
-        if self._busy and not task.done():
-            done, _ = await asyncio.wait({task}, timeout=self.stop_wait_s)
-            if done:
-                return
-        task.cancel()
+        run = self._run_task
+        task.cancel()  # sleeping, or waiting on the run through a shield: ends now
         with suppress(asyncio.CancelledError):
             await task
+        if run is None or run.done():
+            return
+        timer = asyncio.ensure_future(self.clock.sleep(self.stop_wait_s))
+        try:
+            await asyncio.wait({run, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if run.done():
+            return
+        log.warning(
+            "the %s outlasted the stop's wait of %g s: cancelled", self.name, self.stop_wait_s
+        )
+        run.cancel()
+        with suppress(asyncio.CancelledError):
+            await run
 
 
 SweepScheduler = IntervalScheduler  # the sweep's schedule (its default name)
