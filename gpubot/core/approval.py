@@ -8,12 +8,16 @@ into JSON (and back) only inside ``gpubot.store`` (``store/approvals.py``), as A
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
+from gpubot.core.clock import steps_of
 from gpubot.core.models import ApprovalState
 from gpubot.core.plan import ResetPlan
 from gpubot.errors import DatabaseBehind, LockHeld, StoreError
+
+if TYPE_CHECKING:
+    from gpubot.core.ports import Clock
 
 # What stops an approved action before anything goes out to the node, and passes by itself: the
 # node's lease held by another (busy), the lease lost, the database down. ``ResetInterrupted``
@@ -71,6 +75,14 @@ def run_until(a: Approval, valid_s: float) -> datetime:
     valid for ``valid_s`` (``[approvals] expiry_s``) from its decision, as a request is from
     its asking; past that the node may have changed too much to run what was approved."""
     return (a.decided_at or a.created_at) + timedelta(seconds=valid_s)
+
+
+def run_now(clock: Clock, valid_s: float) -> datetime:
+    """Return the time to judge ``run_until`` by: the later of the wall clock and, after a
+    step back, the monotonic clock's (``Steps.latest_now``), so that a stepped clock never runs
+    an approved kill past its validity (a forward step gives it up: it is told). Twice
+    ``valid_s`` after a step back, whatever was approved before it has ended by either."""
+    return datetime.fromtimestamp(steps_of(clock).latest_now(2 * valid_s), UTC)
 
 
 def cannot_run(exc: BaseException) -> str | None:

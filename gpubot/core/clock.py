@@ -77,6 +77,7 @@ class Steps:
         self.last: Jump | None = None
         self._look: tuple[float, float] | None = None  # (wall, mono) of the previous look
         self._ahead: tuple[float, float, float] | None = None  # forward: anchor wall, mono, seen
+        self._behind: tuple[float, float, float] | None = None  # back: the same (``latest_now``)
 
     def check(self) -> Jump | None:
         """Look at the clock; return (and log, once) a step since the previous look."""
@@ -89,14 +90,16 @@ class Steps:
             return None
         jump = self.last = Jump(step, wall, mono)
         self.jumps += 1
+        corrected = False
         if step > 0 and self._ahead is None:
             self._ahead = (prev[0], prev[1], mono)  # project from the last look before it
         elif (
             step < 0
             and self._ahead is not None
-            and wall <= self._projected(mono) + self.tolerance_s
+            and wall <= _projected(self._ahead, mono) + self.tolerance_s
         ):
-            self._ahead = None  # corrected: the wall clock is back in line
+            self._ahead, corrected = None, True  # corrected: the wall clock is back in line
+        self._follow_back(step, prev, corrected)  # after ``_look`` is this look
         log.warning(
             "the wall clock stepped %s by %.0f s: periodic duties keep their interval; "
             "claims, holds and approvals end only when the monotonic clock agrees",
@@ -105,10 +108,20 @@ class Steps:
         )
         return jump
 
-    def _projected(self, mono: float) -> float:
-        assert self._ahead is not None
-        wall, since, _ = self._ahead
-        return wall + (mono - since)
+    def _follow_back(self, step: float, prev: tuple[float, float], corrected: bool) -> None:
+        """Keep (for ``latest_now``) the time before a step back, carried on by the monotonic
+        clock, until a step forward puts the wall clock back in line with it."""
+        assert self._look is not None
+        wall, mono = self._look
+        if step < 0 and not corrected:
+            anchor = self._behind or (prev[0], prev[1], mono)
+            self._behind = (anchor[0], anchor[1], mono)  # a further step: held from this one
+        elif (
+            step > 0
+            and self._behind is not None
+            and wall >= _projected(self._behind, mono) - self.tolerance_s
+        ):
+            self._behind = None
 
     def expiry_now(self) -> float:
         """Return the wall time to judge deadlines by: the wall clock, except while a forward
@@ -121,7 +134,28 @@ class Steps:
         if mono - self._ahead[2] >= self.settle_s:
             self._ahead = None  # it held: a real correction, or a resumed machine
             return wall
-        return min(wall, self._projected(mono))
+        return min(wall, _projected(self._ahead, mono))
+
+    def latest_now(self, hold_s: float) -> float:
+        """Return the wall time to judge by where running late is the danger (an approval's
+        validity: ``services.approval_retry``): the wall clock, except for ``hold_s`` after a
+        step back (the last of several), when it is the later of the wall clock and the time
+        before the step carried on by the monotonic clock. What was valid before a step back
+        is then valid no longer than it was; a step forward is followed at once."""
+        self.check()
+        wall, mono = self._look or (self.clock.now(), self.clock.monotonic())
+        if self._behind is None:
+            return wall
+        if mono - self._behind[2] >= hold_s:
+            self._behind = None  # it held: what was valid before it has ended by now
+            return wall
+        return max(wall, _projected(self._behind, mono))
+
+
+def _projected(anchor: tuple[float, float, float], mono: float) -> float:
+    """Return the wall time of ``anchor`` (wall, mono, seen) carried on to ``mono``."""
+    wall, since, _ = anchor
+    return wall + (mono - since)
 
 
 _STEPS: weakref.WeakKeyDictionary[object, Steps] = weakref.WeakKeyDictionary()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from gpubot.core.approval import Approval, run_until
+from gpubot.core.approval import Approval, run_now, run_until
 from gpubot.core.models import ApprovalState
 from gpubot.core.timefmt import iso
 from gpubot.errors import ApprovalError, GpubotError, StoreError
@@ -66,7 +66,9 @@ class ApprovalRetry:
         """Retry ``a`` (or give it up); return it if it ended."""
         store = self.approvals.approvals
         until = run_until(a, self.approvals.policy.expiry_s)
-        if self._now() >= until:
+        if (
+            run_now(self.approvals.clock, self.approvals.policy.expiry_s) >= until
+        ):  # valid by the wall and monotonic clocks both
             why = (a.result or {}).get("error") or "it could not run"
             result = {"error": f"never ran while approved, until {iso(until)}: {why}"}
             try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from gpubot.core.approval import Approval, ApprovalRequest, cannot_run, run_until
+from gpubot.core.approval import Approval, ApprovalRequest, cannot_run, run_now, run_until
 from gpubot.core.approval_ports import ApprovalStore
 from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.commands import Reset
@@ -346,7 +346,7 @@ class ApprovalService:
         """Record why an approved action did not run to its end: ``waiting`` (retried) if it
         could not run yet and its approval is still valid, else ``failed``."""
         why, until = cannot_run(exc), run_until(approval, self.policy.expiry_s)
-        if why is None or self._now() >= until:
+        if why is None or run_now(self.clock, self.policy.expiry_s) >= until:
             await self._finish(approval.id, ok=False, result={"error": str(exc) or repr(exc)})
             return
         waiting = {"error": why, "until": iso(until, timespec="seconds")}

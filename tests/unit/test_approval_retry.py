@@ -34,6 +34,7 @@ S = ApprovalState
 CAROL = Identity("U0CAROL", "carol", "carol")  # on call
 EXPIRY_S = 900.0
 SETTLED_S = 30.0  # the lease's ttl
+H = 3600.0
 
 
 @dataclass
@@ -234,3 +235,54 @@ async def test_one_the_start_up_look_marked_is_told_by_the_duty_once(bot: Bot) -
     assert marked.id == a.id and bot.poster.posts == []
     assert [x.id for x in await bot.duty.look_again()] == [a.id]
     assert len(bot.poster.of(Purpose.INTERRUPTED)) == 1 and await bot.duty.look_again() == []
+
+
+async def _busy_then_free_after_a_step_back(bot: Bot) -> Approval:
+    """An approved kill waits (its node busy) while the wall clock steps back an hour; the node
+    frees only once the approval's real time (monotonic) is over; return it as it ends."""
+    a = await bot.approved()
+    async with bot.locks.hold(reset_lock("node3"), holder="a long reset"):
+        with pytest.raises(LockHeld):
+            await bot.approvals.execute(a, source="slack")
+        bot.clock.step(-H)  # NTP, or a VM snapshot restored: the approval's hour again
+        await bot.clock.advance(EXPIRY_S / 2)
+        await bot.duty.look_again()
+        assert await state(bot, a) is S.WAITING  # still valid by both clocks: retried
+        await bot.clock.advance(EXPIRY_S / 2)
+    await bot.duty.look_again()  # the node is free; the wall clock says 45 min are left
+    found = await bot.store.approvals.get(a.id)
+    assert found is not None
+    return found
+
+
+async def test_a_wall_clock_stepped_back_never_runs_an_approval_past_its_validity(
+    bot: Bot,
+) -> None:
+    ended = await _busy_then_free_after_a_step_back(bot)
+    assert ended.state is S.FAILED and bot.reset.runs == []
+    (gave_up,) = bot.poster.of(Purpose.GAVE_UP)
+    assert "never ran" in gave_up[3]
+
+
+async def test_control_judged_by_the_wall_clock_alone_it_runs_late(
+    bot: Bot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def wall(clock: VirtualClock, valid_s: float) -> datetime:  # as before the fix
+        return datetime.fromtimestamp(clock.now(), UTC)
+
+    for module in ("approvals", "approval_retry"):
+        monkeypatch.setattr(f"gpubot.services.{module}.run_now", wall)
+    ended = await _busy_then_free_after_a_step_back(bot)
+    assert ended.state is S.EXECUTED and bot.reset.runs == [ended.id]  # 15 min past its time
+
+
+async def test_a_wall_clock_stepped_forward_gives_it_up_told(bot: Bot) -> None:
+    """Forward, the wall clock is the later: giving up early is the safe side (it is told)."""
+    a = await bot.approved()
+    async with bot.locks.hold(reset_lock("node3"), holder="a long reset"):
+        with pytest.raises(LockHeld):
+            await bot.approvals.execute(a, source="slack")
+        bot.clock.step(H)
+        await bot.clock.advance(1)
+        await bot.duty.look_again()
+    assert await state(bot, a) is S.FAILED and bot.reset.runs == []
