@@ -41,7 +41,9 @@ Every message is one line fit to show a person.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 
 class GpubotError(Exception):
@@ -148,6 +150,13 @@ class DatabaseBehind(StoreError):
 class DatabaseUnreachable(StoreError):
     """The database cannot be reached (refused, cut, shutting down, not answering): an outage,
     which ``store.outage`` says once, not each caller on each turn."""
+
+
+# The ``extra`` of a periodic duty's line that says its turn (or a part of it) failed as a whole:
+# ``log.warning("claims duty skipped: %s", exc, extra=DUTY_TURN)``. While ``store.outage`` has
+# said an outage, such a line whose error is ``DatabaseUnreachable`` only repeats it and is
+# dropped. A line about one action (an approval, a forced kill's seal) never carries it.
+DUTY_TURN: Final[Mapping[str, object]] = MappingProxyType({"duty_outage": True})
 
 
 class ApprovalError(GpubotError):

@@ -40,7 +40,7 @@ from gpubot.core.health_titles import RESET_HEALTH_KINDS
 from gpubot.core.interrupted import Unfinished
 from gpubot.core.models import FindingKind
 from gpubot.core.xid_table import RESET_WHEN_IDLE
-from gpubot.errors import GpubotError
+from gpubot.errors import DUTY_TURN, GpubotError
 from gpubot.services.approvals import Identity
 from gpubot.services.sweep import SweepService
 
@@ -264,7 +264,9 @@ def chat_sweeper(service: SweepService) -> Sweeper:
             try:
                 found = await service.audit.interrupted(result.nodes)
             except GpubotError as exc:  # the report still shows what the sweep found
-                log.warning("interrupted actions not listed in the sweep report: %s", exc)
+                log.warning(
+                    "interrupted actions not listed in the sweep report: %s", exc, extra=DUTY_TURN
+                )
         return render_sweep(result, found)
 
     return sweep

@@ -35,7 +35,7 @@ from gpubot.core.findings import Finding, FindingKey, SweepConfig
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import AlertStore, Clock, Notifier
 from gpubot.core.readiness import Readiness
-from gpubot.errors import StoreError, UsageError
+from gpubot.errors import DUTY_TURN, StoreError, UsageError
 from gpubot.services.alert_outbox import AlertOutbox
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class AlertKeeper:
         try:
             return {a.key: a for a in await self.alerts.open_alerts()}
         except StoreError as exc:
-            log.warning("alert state unavailable: %s", exc)
+            log.warning("alert state unavailable: %s", exc, extra=DUTY_TURN)
             return {}
 
     async def update(

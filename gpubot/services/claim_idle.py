@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from gpubot.core.claim_ports import ClaimStore
 from gpubot.core.claims import Claim, ClaimSettings, idle_rule, idle_step
 from gpubot.core.idle import TIME_SLACK_S, samples_of
-from gpubot.errors import GpubotError, StoreError
+from gpubot.errors import DUTY_TURN, GpubotError, StoreError
 from gpubot.services.status import StatusService
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ async def idle_claims(
         try:
             snap = await status.snapshot(status.node(node))
         except GpubotError as exc:  # unknown is not idle: this node waits for the next look
-            log.warning("idle claims of %s not looked at: %s", node, exc)
+            log.warning("idle claims of %s not looked at: %s", node, exc, extra=DUTY_TURN)
             continue
         looks = {s.gpu: s for s in samples_of([snap], now)}
         for c in held:
@@ -73,7 +73,7 @@ async def idle_claims(
     try:
         await store.advance_idle(updates)
     except StoreError as exc:  # the asks and releases above stand; the next look folds again
-        log.warning("idle runs of claims not stored: %s", exc)
+        log.warning("idle runs of claims not stored: %s", exc, extra=DUTY_TURN)
     return out
 
 

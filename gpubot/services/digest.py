@@ -21,7 +21,7 @@ from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.ports import Clock
 from gpubot.core.usage import hour_of
 from gpubot.core.usage_report import Digest, DigestPost, UsageReport, Window
-from gpubot.errors import StoreError
+from gpubot.errors import DUTY_TURN, StoreError
 from gpubot.services.usage import UsageService
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class DigestService:
                 return None
             return await self._post(period, token, now)
         except StoreError as exc:
-            log.warning("the weekly digest waits: %s", exc)
+            log.warning("the weekly digest waits: %s", exc, extra=DUTY_TURN)
             return None
 
     async def _settle(self, period: str, pending: DigestPost, now: float) -> str | None:

@@ -26,7 +26,7 @@ from gpubot.core.health import FIELD_SETS, NodeHealth, health_argv, parse_health
 from gpubot.core.health_findings import EccKey, EccSeen, HealthMemory, find_health
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import EccStore, Transport
-from gpubot.errors import GpubotError, StoreError
+from gpubot.errors import DUTY_TURN, GpubotError, StoreError
 from gpubot.services.offload import off_loop
 from gpubot.services.status import StatusService, reason
 
@@ -112,7 +112,7 @@ class HealthChecks:
                 try:
                     await self.store.put_ecc(changed)
                 except StoreError as exc:
-                    log.warning("ECC counts not stored (kept in memory): %s", exc)
+                    log.warning("ECC counts not stored (kept in memory): %s", exc, extra=DUTY_TURN)
         return found
 
     async def _load(self) -> None:
@@ -122,7 +122,7 @@ class HealthChecks:
             self.memory.ecc.update(await self.store.ecc_counts())
             self._loaded = True
         except StoreError as exc:  # tried again next sweep; until then, memory only
-            log.warning("ECC counts not read: %s", exc)
+            log.warning("ECC counts not read: %s", exc, extra=DUTY_TURN)
 
 
 def wire_health(

@@ -33,7 +33,7 @@ from gpubot.core.ladder import (
 from gpubot.core.models import FindingKind
 from gpubot.core.ports import Clock, SampleStore
 from gpubot.core.usage import UNKNOWN_USER
-from gpubot.errors import GpubotError, NotPermitted, StoreError, UsageError
+from gpubot.errors import DUTY_TURN, GpubotError, NotPermitted, StoreError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class ReclaimLadder:
             if gone:
                 await self.store.leave(gone, now, "no longer held idle")
         except StoreError as exc:
-            log.warning("reclaim ladder not moved: %s", exc)
+            log.warning("reclaim ladder not moved: %s", exc, extra=DUTY_TURN)
             return []
         told: list[LadderNotice] = []
         for key, f in idle.items():
@@ -130,7 +130,7 @@ class ReclaimLadder:
         try:
             reached = await self.store.climb(base, step, now, {"evidence": evidence.to_dict()})
         except StoreError as exc:
-            log.warning("reclaim ladder of %s GPU %s: %s", f.node, f.gpu, exc)
+            log.warning("reclaim ladder of %s GPU %s: %s", f.node, f.gpu, exc, extra=DUTY_TURN)
             return None
         if reached is None:  # another replica took this step
             return None
@@ -152,7 +152,9 @@ class ReclaimLadder:
         try:
             found = await self.samples.samples_since(since, gpus=[(f.node, f.gpu)])
         except StoreError as exc:
-            log.warning("idle evidence of %s GPU %s unavailable: %s", f.node, f.gpu, exc)
+            log.warning(
+                "idle evidence of %s GPU %s unavailable: %s", f.node, f.gpu, exc, extra=DUTY_TURN
+            )
             return Evidence(idle_s, 0)
         mib = [s.memory_used_mib for s in found if s.memory_used_mib is not None]
         at = [s.taken_at for s in found]

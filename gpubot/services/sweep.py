@@ -38,7 +38,7 @@ from gpubot.core.ports import AuditLog, Clock, Locks, SweepObserver, Transport
 from gpubot.core.readiness import Readiness, readiness, ready_argv
 from gpubot.core.timefmt import iso
 from gpubot.core.xid_table import RESET_WHEN_IDLE
-from gpubot.errors import GpubotError, LockHeld, StoreError
+from gpubot.errors import DUTY_TURN, GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.digest import DigestService
 from gpubot.services.health_checks import HealthChecks
@@ -139,7 +139,7 @@ class SweepService:
         except LockHeld as exc:
             return self._skipped(str(exc))
         except StoreError as exc:
-            log.warning("sweep skipped: %s", exc)
+            log.warning("sweep skipped: %s", exc, extra=DUTY_TURN)
             return self._skipped(str(exc))
 
     def _skipped(self, why: str) -> SweepResult:
@@ -239,7 +239,7 @@ class SweepService:
         try:
             return await self.keeper.update(result, self._readiness_of, now=now)
         except StoreError as exc:  # the findings stand; alerting waits for the next sweep
-            log.error("sweep alerts not updated: %s", exc)
+            log.error("sweep alerts not updated: %s", exc, extra=DUTY_TURN)
             return result
 
     async def _probe(
@@ -303,7 +303,7 @@ class SweepService:
                 changed=changed,
             )
         except StoreError as exc:
-            log.warning("sweep not recorded in the audit log: %s", exc)
+            log.warning("sweep not recorded in the audit log: %s", exc, extra=DUTY_TURN)
 
     def _changed(self, nodes: Sequence[str], failed: Iterable[str]) -> dict[str, list[str]] | None:
         """Return the nodes added, removed and recovered since the previous sweep (None: this

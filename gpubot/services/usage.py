@@ -30,7 +30,7 @@ from gpubot.core.usage import (
     states_of,
 )
 from gpubot.core.usage_report import Coverage, Line, UsageReport, Window, summed
-from gpubot.errors import GpubotError, StoreError, UsageError
+from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
 from gpubot.services.directory import Directory, NoDirectory
 from gpubot.services.offload import off_loop
 
@@ -99,12 +99,14 @@ class UsageService:
         try:
             claims = await off_loop(_claimed_at, self.claims, now)
         except Exception:  # another service's port: its failure loses only "claimed"
-            log.exception("claims unavailable: this sweep counts no GPU as claimed")
+            log.exception(
+                "claims unavailable: this sweep counts no GPU as claimed", extra=DUTY_TURN
+            )
             claims = []
         try:
             await self.store.add_sweep(UsageSweep(now, states, claims, self.interval_s))
         except StoreError as exc:
-            log.warning("GPU-hours of this sweep not recorded: %s", exc)
+            log.warning("GPU-hours of this sweep not recorded: %s", exc, extra=DUTY_TURN)
 
     async def report(
         self, since: str | None = None, until: str | None = None, *, by: str = "user"

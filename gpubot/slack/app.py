@@ -28,7 +28,7 @@ from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.chat.surface import MIN_UPDATE_S, Handle
 from gpubot.core import commands
 from gpubot.core.policy import resolve
-from gpubot.errors import StoreError, UsageError
+from gpubot.errors import DUTY_TURN, StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
 from gpubot.slack.approval_posts import SlackApprovalPoster
@@ -258,9 +258,9 @@ class GpuBot:
         try:
             await self.flows.expire(out)
         except StoreError as exc:  # one line, no traceback; an outage's is said once (store)
-            log.warning("approvals not expired: %s", exc)
+            log.warning("approvals not expired: %s", exc, extra=DUTY_TURN)
         except Exception:
-            log.exception("expiring approvals failed")
+            log.exception("expiring approvals failed", extra=DUTY_TURN)
 
     async def expire_forever(self, every_s: float = 30.0) -> None:
         """Run ``expire_once`` every ``every_s`` seconds (``App.running`` schedules it)."""

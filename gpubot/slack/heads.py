@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from gpubot.chat.heads import render_head
 from gpubot.core.alerting import Lookup, Posted
-from gpubot.errors import GpubotError
+from gpubot.errors import DUTY_TURN, GpubotError
 from gpubot.services.alert_outbox import AlertOutbox
 from gpubot.slack.api import SlackApi
 from gpubot.slack.outbox import HEAD_EVENT, find_post, post_once
@@ -58,7 +58,7 @@ class HeadPublisher:
         try:
             result = await self.store.verify(published=self.last)
         except GpubotError as exc:
-            log.error("audit head not published: %s", exc)
+            log.error("audit head not published: %s", exc, extra=DUTY_TURN)
             return None
         if result.ok and result.head_seq > 0:
             self.last = (result.head_seq, result.head_hash)
@@ -77,5 +77,5 @@ class HeadPublisher:
         try:
             await self.outbox.publish(SUBJECT, send, find, now)
         except GpubotError as exc:  # the outbox cannot be written: nothing was posted
-            log.error("audit head not published: %s", exc)
+            log.error("audit head not published: %s", exc, extra=DUTY_TURN)
         return result

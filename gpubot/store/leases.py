@@ -40,7 +40,7 @@ from sqlalchemy import Connection, Engine, and_, select
 
 from gpubot.core.lease import Fence, Lease, lost_message
 from gpubot.core.timefmt import iso as show
-from gpubot.errors import LeaseLost, LockHeld, StoreError
+from gpubot.errors import DUTY_TURN, LeaseLost, LockHeld, StoreError
 from gpubot.store.audit import append
 from gpubot.store.engine import guard, write_tx
 from gpubot.store.records import iso, parse_iso
@@ -210,7 +210,7 @@ class DbLeases:
             with guard(what), write_tx(self.engine) as conn:
                 release(conn, fence, self.now())
         except StoreError as exc:  # it runs out by itself
-            log.warning("%s: it expires by itself within %g s", exc, self.ttl_s)
+            log.warning("%s: it expires by itself within %g s", exc, self.ttl_s, extra=DUTY_TURN)
 
     async def _renew(self, lease: Lease) -> None:
         """Renew every ``renew_s`` until the lease is lost (or the block ends: cancelled)."""

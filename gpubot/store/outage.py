@@ -9,8 +9,9 @@ cannot be reached (``engine.unreachable``): it raises ``DatabaseUnreachable`` an
 ``OUTAGE``, which says the first failure of an outage in one line; the first statement that
 succeeds after it says the end, in one line, with how long it lasted (monotonic: a wall-clock
 step does not stretch it). While ``App.running`` runs the duties, ``OUTAGE.watched`` puts
-``SaidOnce`` on the log's handlers: a record whose error *is* that unreachable database has been
-said already, and is dropped. A duty that fails for any other reason logs as it always did.
+``SaidOnce`` on the log's handlers: a duty's line that its turn failed (``errors.DUTY_TURN``)
+whose error *is* that unreachable database has been said already, and is dropped. A duty that
+fails for any other reason, and any line about one action, logs as it always did.
 
 Standard library only: ``App.running`` imports it, and so does the store.
 """
@@ -59,13 +60,14 @@ class Outage:
         with self._lock:
             if not self.up():  # another thread said it first
                 return
-            self.since, self._started = self.wall(), self.mono()
+            since, self._started = self.wall(), self.mono()
             self.log.error(
                 "audit database unreachable since %s: %s "
                 "(duties that need it skip their turns until it is back)",
-                iso(self.since),
+                iso(since),
                 why,
             )
+            self.since = since  # said: from now on the duties' lines only repeat it
 
     def answered(self) -> None:
         """Note a statement that succeeded (on every one: cheap while the database is up); the
@@ -87,7 +89,7 @@ class Outage:
         """Report outages in the block, and drop from ``logger``'s handlers (the root's) the
         records that only repeat one; restore both at the end."""
         handlers = list((logger or logging.getLogger()).handlers)
-        said = SaidOnce()
+        said = SaidOnce(self)
         for handler in handlers:
             handler.addFilter(said)
         with self._lock:
@@ -119,10 +121,18 @@ def carries_unreachable(record: logging.LogRecord) -> bool:
 
 
 class SaidOnce(logging.Filter):
-    """Drop a log record that only repeats an outage ``OUTAGE`` has said (``watched``)."""
+    """Drop a log record that only repeats an outage ``outage`` has said (``watched``): a
+    periodic duty's line that its turn failed (marked ``errors.DUTY_TURN``) because the
+    database is unreachable, while the outage's line stands for it. A record about one action
+    (an approval whose end or wait cannot be recorded) is news of its own and always logs."""
+
+    def __init__(self, outage: Outage) -> None:
+        super().__init__()
+        self.outage = outage
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not carries_unreachable(record)
+        duty = getattr(record, "duty_outage", False) is True
+        return not (duty and not self.outage.up() and carries_unreachable(record))
 
 
 OUTAGE = Outage(log)  # the process's one outage reporter (the log is the process's)

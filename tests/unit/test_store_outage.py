@@ -15,9 +15,9 @@ import pytest
 from psycopg import errors as pg
 from sqlalchemy import exc as sa
 
-from gpubot.errors import DatabaseUnreachable, LeaseLost, StoreError
+from gpubot.errors import DUTY_TURN, DatabaseUnreachable, LeaseLost, StoreError
 from gpubot.store.engine import guard, unreachable
-from gpubot.store.outage import Outage
+from gpubot.store.outage import Outage, carries_unreachable
 
 
 def wrapped(orig: BaseException, *, invalidated: bool = False) -> sa.DBAPIError:
@@ -105,13 +105,15 @@ def a_turn_of_each_duty(logger: logging.Logger, reporter: Outage, n: int) -> Non
     each duty logs its own line (as ``log.warning("...: %s", exc)`` and ``log.exception``)."""
     for _ in range(n):
         reporter.failed("cannot end holds: connection refused")
-        logger.warning("claims duty skipped: %s", down())
-        logger.error("sweep alerts not updated: %s", down())
-        logger.warning("%s: it expires by itself within %g s", down(), 30.0)
+        logger.warning("claims duty skipped: %s", down(), extra=DUTY_TURN)
+        logger.error("sweep alerts not updated: %s", down(), extra=DUTY_TURN)
+        logger.warning("%s: it expires by itself within %g s", down(), 30.0, extra=DUTY_TURN)
         try:
             raise down()
         except DatabaseUnreachable:
-            logger.exception("claims unavailable: this sweep counts no GPU as claimed")
+            logger.exception(
+                "claims unavailable: this sweep counts no GPU as claimed", extra=DUTY_TURN
+            )
 
 
 def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(
@@ -139,6 +141,49 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(
         "ERROR the lease on node1 is lost",
     ]
     assert reporter.up()
+
+
+def one_approval_and_a_duty(logger: logging.Logger) -> None:
+    """A retry's approval whose end cannot be recorded (the reset ran; it stays approved), a
+    wait that cannot be recorded, and a duty's turn, all for the same outage."""
+    logger.error("approval %s: cannot record its end: %s", 7, down())
+    logger.warning("approval %s: cannot record that it waits: %s", 8, down())
+    logger.warning("claims duty skipped: %s", down(), extra=DUTY_TURN)
+
+
+def test_a_line_about_one_action_still_logs_during_an_outage(
+    log: tuple[logging.Logger, Lines],
+) -> None:
+    logger, lines = log
+    reporter = Outage(logger)
+    with reporter.watched(logger):
+        logger.warning("claims duty skipped: %s", down(), extra=DUTY_TURN)  # not said yet
+        reporter.failed("cannot end holds: connection refused")
+        for _ in range(3):
+            one_approval_and_a_duty(logger)
+    said = [r.getMessage() for r in lines.records]
+    assert said[0] == "claims duty skipped: cannot end holds: connection refused"
+    assert said[1].startswith("audit database unreachable since ")
+    assert said[2:] == 3 * [
+        "approval 7: cannot record its end: cannot end holds: connection refused",
+        "approval 8: cannot record that it waits: cannot end holds: connection refused",
+    ]
+
+
+def test_control_the_old_filter_drops_the_action_lines_too(
+    log: tuple[logging.Logger, Lines], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As before: any record carrying the outage was dropped, whatever it was about."""
+    logger, lines = log
+    monkeypatch.setattr(
+        "gpubot.store.outage.SaidOnce.filter", lambda self, r: not carries_unreachable(r)
+    )
+    reporter = Outage(logger)
+    with reporter.watched(logger):
+        reporter.failed("cannot end holds: connection refused")
+        one_approval_and_a_duty(logger)
+    (said,) = lines.records  # the outage's line alone: the approval's end is lost
+    assert said.getMessage().startswith("audit database unreachable since ")
 
 
 def test_control_unwatched_every_duty_says_it_on_every_turn(
