@@ -19,7 +19,7 @@ from gpubot.chat.surface import Surface
 from gpubot.core import claim_commands as cc
 from gpubot.core import commands
 from gpubot.core.claims import Claim, ClaimState, Conflict, Granted, OverLimit
-from gpubot.errors import GpubotError, StoreError, UsageError
+from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.services.claims import (
     ClaimService,
@@ -211,7 +211,7 @@ class ClaimDesk:
         try:
             events = await self.service.tick()
         except StoreError as exc:  # the next tick tries again
-            log.warning("claims duty skipped: %s", exc)
+            log.warning("claims duty skipped: %s", exc, extra=DUTY_TURN)
             return 0
         return await self._tell(events)
 
