@@ -15,16 +15,23 @@ a GPU looked at without a gap arrived since that look, so its run starts now. A 
 looked at (gpubot just started, or a CLI status) cannot say when a holder came: its run starts
 no earlier than the process's own start (the sweep's time less its age), and a process of
 unknown age starts now (unknown is not idle).
+
+The runs are kept in the store beside the GPUs' idle runs, folded in the transaction that
+advances those (``Looked``): every process (the serving bot, a replica, the CLI, the bot after a
+restart) folds its look into the same runs, so none mistakes a notebook started hours ago that
+took a GPU minutes ago for the GPU's idle holder all along.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpubot.core.models import GpuProcess, NodeSnapshot
 
 HolderKey = tuple[str, int, str]  # (node, GPU index, "pid:start_ticks"; "": the GPU's own looks)
+Held = dict[HolderKey, float]  # since when each process has held its GPU
 GPU_LOOKS = ""
 
 
@@ -36,9 +43,32 @@ class OnGpu:
     last_at: float
 
 
+@dataclass(frozen=True)
+class Looked:
+    """One sweep's (or status's) look at who holds each GPU, for the store to fold into the runs
+    it keeps, in the transaction that advances the GPUs' idle runs."""
+
+    snaps: tuple[NodeSnapshot, ...]
+    at: float  # the sweep's time
+    max_gap_s: float
+
+    def fold(self, runs: Mapping[HolderKey, OnGpu]) -> dict[HolderKey, OnGpu]:
+        """Return ``runs`` after this look."""
+        return look(runs, self.snaps, self.at, self.max_gap_s)
+
+
+class IdleNow(NamedTuple):
+    """Since when each held-idle GPU has been held idle, and since when each holder has held
+    its GPU (empty: no look folded)."""
+
+    gpus: dict[tuple[str, int], float]
+    held: Held
+
+
 def holder_key(node: str, p: GpuProcess) -> HolderKey | None:
-    """Return the key of ``p``'s run on its GPU (None: gone from /proc, no identity to keep)."""
-    if p.start_ticks is None:
+    """Return the key of ``p``'s run on its GPU (None: gone from /proc, no identity to keep;
+    pid 0 is no process's, and keys the GPU's own looks in the store)."""
+    if p.start_ticks is None or p.pid <= 0:
         return None
     return (node, p.gpu_index, f"{p.pid}:{p.start_ticks}")
 
@@ -94,7 +124,7 @@ def _next(old: OnGpu | None, now: float, first: float) -> OnGpu:
     return OnGpu(old.since, max(old.last_at, now))  # an overlapping sweep's look is no later
 
 
-def on_gpu_since(runs: Mapping[HolderKey, OnGpu]) -> dict[HolderKey, float]:
+def on_gpu_since(runs: Mapping[HolderKey, OnGpu]) -> Held:
     """Return since when each process has held its GPU (the GPUs' own looks left out)."""
     return {k: r.since for k, r in runs.items() if k[2] != GPU_LOOKS}
 

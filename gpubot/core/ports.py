@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting a
     from gpubot.core.alerting import Alert, AlertGroup, Handle, Lookup, PendingPost, Posted
     from gpubot.core.findings import FindingKey
     from gpubot.core.health_findings import EccKey, EccSeen
+    from gpubot.core.holder_runs import IdleNow, Looked
     from gpubot.core.idle import GpuSample
     from gpubot.core.idle_runs import RunRule
     from gpubot.core.report import Report
@@ -145,23 +146,35 @@ class AuditStore(Protocol):
 
 
 class SampleStore(Protocol):
-    """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.idle``), and each
-    GPU's idle run (``core.idle_runs``), advanced with them.
+    """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.idle``), each
+    GPU's idle run (``core.idle_runs``), advanced with them, and since when each process has
+    held its GPU (``core.holder_runs``), folded with them.
 
     Every method raises ``StoreError`` on failure.
     """
 
     async def advance_idle(
-        self, samples: Sequence[GpuSample], rule: RunRule, *, keep_from: float
-    ) -> dict[tuple[str, int], float]:
-        """Store one sweep's samples and advance each GPU's idle run, in one transaction;
-        return ``{(node, gpu): since when held idle}`` of the GPUs held idle now, counting
-        the samples taken at or after ``keep_from``."""
+        self,
+        samples: Sequence[GpuSample],
+        rule: RunRule,
+        *,
+        keep_from: float,
+        looked: Looked | None = None,
+    ) -> IdleNow:
+        """Store one sweep's samples, advance each GPU's idle run and fold ``looked`` into the
+        holder runs, in one transaction; return since when each GPU held idle now has been
+        held idle, counting the samples taken at or after ``keep_from``, and since when each
+        holder has held its GPU (empty without ``looked``)."""
         ...
 
     async def idle_since(
-        self, samples: Sequence[GpuSample], rule: RunRule, *, keep_from: float
-    ) -> dict[tuple[str, int], float]:
+        self,
+        samples: Sequence[GpuSample],
+        rule: RunRule,
+        *,
+        keep_from: float,
+        looked: Looked | None = None,
+    ) -> IdleNow:
         """Return what ``advance_idle`` would, storing nothing."""
         ...
 

@@ -7,11 +7,11 @@ idle-holder findings (``gpubot.core.idle``), and the GPU-hours each owner holds 
 the Home tab shows (``gpu_hours``). Both read the runs, one row per GPU, never the samples'
 history: a sweep costs the same with 1 or 14 days kept. A holder is idle only for the part of
 its GPU's run it was there for (``core.holder_runs``): each sweep's look at who holds each GPU
-is folded into runs kept here, in memory (a few per GPU); after a restart, a holder's run starts
-no earlier than its process did. Samples older than ``[sweep]
-keep_samples`` are pruned, at most ``PRUNE_BATCH`` a sweep, so that a backlog (after an upgrade
-or a shorter ``keep_samples``) never holds one sweep up. A store that fails leaves no GPU idle:
-unknown is not idle.
+is folded into runs kept in the store beside the GPUs' idle runs, in the same transaction (a
+few rows per GPU), so the bot after a restart, a replica and the CLI carry on the same runs,
+and a status reads them. Samples older than ``[sweep] keep_samples`` are pruned, at most
+``PRUNE_BATCH`` a sweep, so that a backlog (after an upgrade or a shorter ``keep_samples``)
+never holds one sweep up. A store that fails leaves no GPU idle: unknown is not idle.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from gpubot.core.alerting import held_idle_hours
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import SweepConfig, find
-from gpubot.core.holder_runs import HolderKey, OnGpu, look, on_gpu_since
+from gpubot.core.holder_runs import Held, Looked
 from gpubot.core.idle import TIME_SLACK_S, held_idle, samples_of
 from gpubot.core.idle_runs import RunRule
 from gpubot.core.models import NodeSnapshot
@@ -44,7 +44,7 @@ class IdleTimes:
 
     at: float
     gpus: IdleSeconds = field(default_factory=dict)
-    held: dict[HolderKey, float] = field(default_factory=dict)
+    held: Held = field(default_factory=dict)
 
 
 class IdleAccounting:
@@ -62,55 +62,72 @@ class IdleAccounting:
         self.protection = protection
         self.samples = samples
         self.clock = clock
-        self._runs: dict[HolderKey, OnGpu] = {}  # each holder's run on its GPU (holder_runs)
 
     @property
     def rule(self) -> RunRule:
         """Return what makes an idle run under the settings."""
         return RunRule.of(self.config.idle.min_mib, self.config.max_gap_s)
 
+    def looked(self, snaps: Sequence[NodeSnapshot], now: float) -> Looked:
+        """Return the look at who holds each GPU of ``snaps`` at ``now``, to fold into the runs."""
+        return Looked(tuple(snaps), now, self.config.max_gap_s)
+
     async def sweep(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleTimes:
-        """Store this sweep's samples and advance the runs (one transaction), prune a bounded
-        batch of old samples; return the idle GPUs and since when each holder held its GPU."""
-        self._runs = look(self._runs, snaps, now, self.config.max_gap_s)
-        held = on_gpu_since(self._runs)
-        return IdleTimes(now, await self._sweep(snaps, now), held)
-
-    def held(self, snaps: Sequence[NodeSnapshot], now: float) -> dict[HolderKey, float]:
-        """Return since when each holder of ``snaps`` has held its GPU, keeping nothing."""
-        return on_gpu_since(look(self._runs, snaps, now, self.config.max_gap_s))
-
-    async def _sweep(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleSeconds:
+        """Store this sweep's samples, advance the GPUs' idle runs and fold who holds each GPU
+        into the holder runs (one transaction), prune a bounded batch of old samples; return
+        the idle GPUs and since when each holder held its GPU."""
         keep_from = now - self.config.idle.keep_s
         samples = await off_loop(samples_of, snaps, now)  # 16,000 at 2,000 nodes
+        looked = self.looked(snaps, now)
         try:
-            since = await self.samples.advance_idle(samples, self.rule, keep_from=keep_from)
+            got = await self.samples.advance_idle(
+                samples, self.rule, keep_from=keep_from, looked=looked
+            )
         except StoreError as exc:  # the sweep stands; idle detection misses this sample
             log.warning("GPU samples not stored, idle GPUs not looked for: %s", exc)
-            return {}
+            return IdleTimes(now)
         try:
             await self.samples.prune_samples(keep_from, limit=PRUNE_BATCH)
         except StoreError as exc:
             log.warning("old GPU samples not pruned: %s", exc)
-        return self._long_enough(since, now)
+        return IdleTimes(now, self._long_enough(got.gpus, now), got.held)
+
+    async def held(self, snaps: Sequence[NodeSnapshot], now: float) -> Held:
+        """Return since when each holder of ``snaps`` has held its GPU, storing nothing."""
+        keep_from = now - self.config.idle.keep_s
+        looked = self.looked(snaps, now)
+        try:
+            got = await self.samples.idle_since([], self.rule, keep_from=keep_from, looked=looked)
+        except StoreError as exc:
+            log.warning("GPU holders not looked for: %s", exc)
+            return {}
+        return got.held
 
     async def idle(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleSeconds:
-        """Return the GPUs of ``snaps`` idle for the idle window, storing nothing (a status).
+        """Return the GPUs of ``snaps`` idle for the idle window, storing nothing (a status)."""
+        return (await self.look(snaps, now)).gpus
+
+    async def look(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleTimes:
+        """Return the GPUs of ``snaps`` idle for the idle window, and since when each holder has
+        held its GPU, storing nothing (a status).
 
         Only the GPUs held idle now are asked about; the runs say since when.
         """
         rule = self.config.idle
         if not rule.enabled:
-            return {}
+            return IdleTimes(now)
         current = [s for s in samples_of(snaps, now) if held_idle(s, rule.min_mib)]
         if not current:
-            return {}
+            return IdleTimes(now)
+        looked = self.looked(snaps, now)
         try:
-            since = await self.samples.idle_since(current, self.rule, keep_from=now - rule.keep_s)
+            got = await self.samples.idle_since(
+                current, self.rule, keep_from=now - rule.keep_s, looked=looked
+            )
         except StoreError as exc:
             log.warning("idle GPUs not looked for: %s", exc)
-            return {}
-        return self._long_enough(since, now)
+            return IdleTimes(now)
+        return IdleTimes(now, self._long_enough(got.gpus, now), got.held)
 
     def _long_enough(self, since: Mapping[tuple[str, int], float], now: float) -> IdleSeconds:
         """Return the GPUs held idle for at least the window, and for how long."""
@@ -123,12 +140,17 @@ class IdleAccounting:
     async def gpu_hours(self, snapshots: Sequence[NodeSnapshot]) -> dict[str, float]:
         """Return the GPU-hours each owner holds idle now, for ``snapshots`` (the Home tab)."""
         now = self.clock.now()
-        idle = await self.idle(snapshots, now)
-        if not idle:
+        times = await self.look(snapshots, now)
+        if not times.gpus:
             return {}
-        held = self.held(snapshots, now)
         found = find(
-            snapshots, {}, self.config, protection=self.protection, idle=idle, held=held, at=now
+            snapshots,
+            {},
+            self.config,
+            protection=self.protection,
+            idle=times.gpus,
+            held=times.held,
+            at=now,
         )
         return held_idle_hours(found)
 

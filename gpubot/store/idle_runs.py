@@ -186,6 +186,8 @@ def _unique(samples: Iterable[GpuSample]) -> list[GpuSample]:
 
 def peek(conn: Connection, samples: Sequence[GpuSample], rule: RunRule, keep_from: float) -> Since:
     """Return since when the held-idle GPUs of ``samples`` are held idle; write nothing."""
+    if not samples:  # a look at the holders alone (``store.holder_runs``)
+        return {}
     return _fold(conn, _unique(samples), read_runs(conn), rule, keep_from, stored=False)[1]
 
 

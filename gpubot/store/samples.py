@@ -1,8 +1,9 @@
 """Per-GPU samples of every sweep and each GPU's idle run (implements
 ``gpubot.core.ports.SampleStore``).
 
-A sweep stores its samples and advances the GPUs' idle runs in one transaction
-(``advance_idle``, ``store.idle_runs``): the idle check reads one row per GPU, never the
+A sweep stores its samples, advances the GPUs' idle runs and folds who holds each GPU into
+the holder runs in one transaction (``advance_idle``, ``store.idle_runs``,
+``store.holder_runs``): the idle check reads one row per GPU and per holder, never the
 history. The samples stay for reports (``samples_since``) and are pruned by age in bounded
 batches. Times are the store's fixed-width UTC text, so comparing text compares time on both
 databases.
@@ -14,11 +15,12 @@ from collections.abc import Collection, Sequence
 
 from sqlalchemy import Engine, select, tuple_
 
+from gpubot.core.holder_runs import IdleNow, Looked
 from gpubot.core.idle import GpuSample
 from gpubot.core.idle_runs import RunRule
-from gpubot.store import idle_runs
+from gpubot.store import holder_runs, idle_runs
 from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.idle_runs import Since, sample_of, text_of
+from gpubot.store.idle_runs import sample_of, text_of
 from gpubot.store.tables import gpu_samples as t
 from gpubot.store.waits import in_thread
 
@@ -30,20 +32,32 @@ class DbSamples:
         self._engine = engine
 
     async def advance_idle(
-        self, samples: Sequence[GpuSample], rule: RunRule, *, keep_from: float
-    ) -> Since:
-        """Store one sweep's samples and advance each GPU's idle run, in one transaction.
+        self,
+        samples: Sequence[GpuSample],
+        rule: RunRule,
+        *,
+        keep_from: float,
+        looked: Looked | None = None,
+    ) -> IdleNow:
+        """Store one sweep's samples, advance each GPU's idle run and fold ``looked`` into the
+        holder runs, in one transaction.
 
         Return since when each GPU of ``samples`` held idle now has been held idle, counting
-        the samples kept (taken at or after ``keep_from``) and these.
+        the samples kept (taken at or after ``keep_from``) and these, and since when each
+        holder has held its GPU (empty without ``looked``).
         """
-        return await in_thread(self._advance, list(samples), rule, keep_from)
+        return await in_thread(self._advance, list(samples), rule, keep_from, looked)
 
     async def idle_since(
-        self, samples: Sequence[GpuSample], rule: RunRule, *, keep_from: float
-    ) -> Since:
+        self,
+        samples: Sequence[GpuSample],
+        rule: RunRule,
+        *,
+        keep_from: float,
+        looked: Looked | None = None,
+    ) -> IdleNow:
         """Return what ``advance_idle`` would, storing nothing (a status's GPU-hours)."""
-        return await in_thread(self._peek, list(samples), rule, keep_from)
+        return await in_thread(self._peek, list(samples), rule, keep_from, looked)
 
     async def add_samples(self, samples: Sequence[GpuSample]) -> None:
         """Store samples taken outside a sweep (one batched insert); their GPUs' runs are
@@ -61,18 +75,26 @@ class DbSamples:
 
     async def prune_samples(self, before: float, *, limit: int | None = None) -> int:
         """Delete the samples taken before ``before``, at most ``limit`` of them (None: all),
-        and the runs of GPUs not seen since; return how many samples went."""
+        and the runs of GPUs and holders not seen since; return how many samples went."""
         return await in_thread(self._prune, before, limit)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
-    def _advance(self, samples: list[GpuSample], rule: RunRule, keep_from: float) -> Since:
+    def _advance(
+        self, samples: list[GpuSample], rule: RunRule, keep_from: float, looked: Looked | None
+    ) -> IdleNow:
         with guard("cannot record GPU samples"), write_tx(self._engine) as conn:
-            return idle_runs.advance_all(conn, samples, rule, keep_from)
+            since = idle_runs.advance_all(conn, samples, rule, keep_from)
+            held = {} if looked is None else holder_runs.fold(conn, looked, store=True)
+            return IdleNow(since, held)
 
-    def _peek(self, samples: list[GpuSample], rule: RunRule, keep_from: float) -> Since:
+    def _peek(
+        self, samples: list[GpuSample], rule: RunRule, keep_from: float, looked: Looked | None
+    ) -> IdleNow:
         with guard("cannot read GPU samples"), read_tx(self._engine) as conn:
-            return idle_runs.peek(conn, samples, rule, keep_from)
+            since = idle_runs.peek(conn, samples, rule, keep_from)
+            held = {} if looked is None else holder_runs.fold(conn, looked, store=True)
+            return IdleNow(since, held)
 
     def _add(self, samples: list[GpuSample]) -> None:
         rows = [idle_runs.sample_row(s) for s in samples]
@@ -90,4 +112,5 @@ class DbSamples:
 
     def _prune(self, before: float, limit: int | None) -> int:
         with guard("cannot prune GPU samples"), write_tx(self._engine) as conn:
+            holder_runs.prune(conn, before)
             return idle_runs.prune(conn, before, limit)

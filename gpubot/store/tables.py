@@ -164,6 +164,23 @@ gpu_idle = Table(
     Index(None, "last_at"),
 )
 
+# Since when each process has held its GPU (``core.holder_runs``), folded in the transaction
+# that advances ``gpu_idle`` (``store.holder_runs``): a holder is idle only for its own part of
+# its GPU's idle run, whichever process swept before. pid 0 (no process's): the GPU's own looks.
+# A holder gone from its GPU, or not looked at for longer than the gap, has no row.
+gpu_holders = Table(
+    "gpu_holders",
+    metadata,
+    Column("node", Text, nullable=False),
+    Column("gpu_index", Integer, nullable=False),
+    Column("pid", BigInteger, nullable=False),
+    Column("start_ticks", BigInteger, nullable=False),
+    Column("since", TIME, nullable=False),
+    Column("last_at", TIME, nullable=False),
+    PrimaryKeyConstraint("node", "gpu_index", "pid", "start_ticks"),
+    Index(None, "last_at"),
+)
+
 # One row per exclusive thing (``reset:NODE``, ``sweep``): who holds it, under which fencing
 # token, until when (``store.leases``). A row is never deleted, so a token is never reused; a
 # released lease keeps its token with an empty holder. Not part of the audit chain (renewed every

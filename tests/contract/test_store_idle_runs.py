@@ -89,7 +89,7 @@ async def compare_one_history(store: Store, seed: int, steps: int) -> int:
         clock.t = at + 60.0
         status = [replace(s, taken_at=clock.t) for s in snaps]
         raw = await old_idle(store.samples, acct.config, status, clock.t)
-        held = acct.held(status, clock.t)  # the holders' own runs (core.holder_runs)
+        held = await acct.held(status, clock.t)  # the holders' own runs (core.holder_runs)
         found = find(status, {}, acct.config, protection=protection, idle=raw, held=held)
         assert await acct.gpu_hours(status) == held_idle_hours(found), (seed, step)
         seen += sum(1 for f in found if f.kind is FindingKind.IDLE_HOLDER)
@@ -100,6 +100,7 @@ def clear(store: Store) -> None:
     with store.engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM gpu_samples")
         conn.exec_driver_sql("DELETE FROM gpu_idle")
+        conn.exec_driver_sql("DELETE FROM gpu_holders")
 
 
 @pytest.mark.timeout(300)

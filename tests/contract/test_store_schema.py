@@ -38,6 +38,7 @@ TABLES = {
     "usage_digests",
     "claims",
     "claim_waits",
+    "gpu_holders",
 }
 # The migrations after 0006 in the order they are chained, each with the tables it adds.
 GPU_HOURS = {"gpu_usage", "gpu_usage_last", "usage_sweeps", "usage_gaps", "idle_ladder"}
@@ -48,6 +49,7 @@ CHAIN_AFTER_0006: tuple[tuple[str, frozenset[str]], ...] = (
     ("0009", frozenset(GPU_HOURS)),
     ("0010", frozenset({"claims", "claim_waits"})),
     ("0011", frozenset()),  # approvals may be ``waiting``: a new CHECK, no table
+    ("0012", frozenset({"gpu_holders"})),
 )
 AFTER_0006 = frozenset().union(*(tables for _, tables in CHAIN_AFTER_0006))
 

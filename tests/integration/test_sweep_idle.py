@@ -159,10 +159,9 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
         assert found.alerted == () and fake.of("chat.postMessage") == []  # seen once: wait
         assert late.alive()
 
-        # `gpubot sweep --json` on real time: the same samples say the GPU has been idle an
-        # hour, but the CLI is a new process with no holder runs of its own, and on the real
-        # clock the hoarder started seconds ago: idle time is bounded by the holder's own life
-        # (issue 34), so nobody is named idle for an hour their job was not there.
+        # `gpubot sweep --json` on real time: the same samples, the same holder runs (kept in
+        # the store, issue 34): the CLI is a new process, yet it knows the hoarder has held
+        # GPU 0 for the hour, and names it with the figure per owner
         config = tmp_path / "gpubot.toml"
         text = re.sub(
             r'(?m)^url = "sqlite:///.*"$', f'url = "{db_url}"', slack_fleet.config_path.read_text()
@@ -171,10 +170,17 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
             text + "\n[sweep]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in SWEEP.items())
         )
         out = cli(config, "sweep", "--json")
-        assert out.returncode == 0, out.stderr  # 0: nothing found
+        assert out.returncode == 1, out.stderr  # 1: something was found
         doc = json.loads(out.stdout)
-        assert [d for d in doc["findings"] if d["kind"] == "idle-holder"] == []
-        assert doc["idle_gpu_hours"] == {}
+        idle = [d for d in doc["findings"] if d["kind"] == "idle-holder"]
+        assert [(d["node"], d["gpu"], d["pid"], d["owner"]) for d in idle] == [
+            ("node1", 0, hoarder.pid, owner)
+        ]
+        assert list(doc["idle_gpu_hours"]) == [owner]
+        assert 1.0 <= doc["idle_gpu_hours"][owner] < 1.1  # an hour and the last minutes
+        out = cli(config, "sweep")
+        held = re.search(rf"^GPU-hours held idle: {re.escape(owner)} (\d+\.\d)$", out.stdout, re.M)
+        assert held is not None and held[1] in ("1.0", "1.1"), out.stdout
 
         # the next sweep confirms it: the channel alert, then the owner's DM
         clock.t = start + 5 * INTERVAL

@@ -31,6 +31,7 @@ CFG = SweepConfig(interval_s=INTERVAL, idle=IdleRule(min_mib=4096, hours=0.25, k
 WINDOW = CFG.idle.window_s  # 15 min
 MALLORY = (4242, 1_000, "mallory", 1001)
 BOB = (5151, 90_000, "bob", 1002)
+NOTEBOOK = (6262, 70_000, "carol", 1003)
 
 
 @pytest.fixture
@@ -70,11 +71,21 @@ class Box:
     """One node's GPU 3 over time: who holds it, swept every minute as the sweep does."""
 
     def __init__(self, store: Store, clock: VirtualClock) -> None:
+        self.store = store
         self.clock = clock
-        self.idle = IdleAccounting(CFG, Protection(), store.samples, clock=clock)
-        rule = LadderRule(True, remind_after_s=3600, post_after_s=3600, offer_after_s=3600)
-        self.ladder = ReclaimLadder(rule, store.ladder, store.samples, clock=clock)
+        self.restart()
         self.born: dict[str, float] = {}
+
+    def restart(self, *, keep_runs: bool = True) -> None:
+        """Start the idle accounting and the ladder anew over the same store, as gpubot after a
+        restart, a replica taking over or a CLI sweep does (``keep_runs`` False: the holder
+        runs kept in the store are lost too, as when they were kept in memory only)."""
+        self.idle = IdleAccounting(CFG, Protection(), self.store.samples, clock=self.clock)
+        rule = LadderRule(True, remind_after_s=3600, post_after_s=3600, offer_after_s=3600)
+        self.ladder = ReclaimLadder(rule, self.store.ladder, self.store.samples, clock=self.clock)
+        if not keep_runs:
+            with self.store.engine.begin() as conn:
+                conn.exec_driver_sql("DELETE FROM gpu_holders")
 
     async def sweep(self, *holders: tuple[int, int, str, int]) -> list[Finding]:
         now = self.clock.now()
@@ -134,6 +145,67 @@ async def test_control_one_long_lived_idle_job_is_named_idle_for_the_whole_run(
     assert f.owner == "mallory" and f.idle_s == last - start
     (dm,) = await box.ladder.climb(_result(box.clock.now(), found))
     assert dm.evidence.samples == 54 and dm.evidence.first_at == start
+
+
+@pytest.mark.parametrize("keep_runs", [True, False])
+async def test_after_a_restart_a_job_handed_an_idle_gpu_is_counted_from_its_arrival(
+    store: Store, keep_runs: bool
+) -> None:
+    """Bob's job prepared data on the CPUs for 40 min, then came to mallory's idle GPU; gpubot
+    restarts while both are there. The runs kept in the store still say when bob came. The
+    control (``keep_runs`` False: the runs lost with the old process) names bob idle for the
+    GPU's whole run, mallory's half hour included."""
+    box = Box(store, VirtualClock())
+    gpu_idle_from = box.clock.now()
+    for _ in range(30):
+        await box.sweep(MALLORY)
+    box.born["bob"] = box.clock.now() - 40 * 60
+    bob_came = box.clock.now()
+    for _ in range(3):
+        await box.sweep(MALLORY, BOB)
+    box.restart(keep_runs=keep_runs)
+    found = await box.sweep(BOB)  # hers ends: the GPU has been idle 33 min, bob's job 40
+    if not keep_runs:  # the attack succeeds: bob is named idle with mallory's time
+        (f,) = found
+        assert f.owner == "bob" and f.idle_since == gpu_idle_from
+        assert f.idle_s is not None and f.idle_s > 30 * INTERVAL
+        return
+    assert found == []
+    for _ in range(20):
+        found = await box.sweep(BOB)
+        for f in found:
+            assert f.idle_s is not None and f.idle_s <= box.clock.now() - INTERVAL - bob_came
+    (f,) = found
+    assert f.owner == "bob" and f.idle_since == bob_came
+    (dm,) = await box.ladder.climb(_result(box.clock.now(), found))
+    assert dm.rung.owner == "bob" and dm.evidence.first_at == bob_came
+
+
+@pytest.mark.parametrize("keep_runs", [True, False])
+async def test_after_a_restart_a_notebook_that_took_an_idle_gpu_is_not_told_to_free_it(
+    store: Store, keep_runs: bool
+) -> None:
+    """A notebook kernel started 10 h ago takes over mallory's GPU, idle for an hour, 3 min
+    ago; then gpubot restarts (or a replica, or the Home tab's look, reads the fleet). Neither
+    the sweep nor the GPU-hours name the notebook's owner. The control (``keep_runs`` False)
+    DMs carol with the hour that was mallory's."""
+    box = Box(store, VirtualClock())
+    for _ in range(60):
+        await box.sweep(MALLORY)
+    box.born["carol"] = box.clock.now() - 10 * 3600
+    for _ in range(3):
+        await box.sweep(NOTEBOOK)
+    box.restart(keep_runs=keep_runs)
+    snap = node(box.clock.now(), [job(NOTEBOOK, box.clock.now() - box.born["carol"])])
+    hours = await box.idle.gpu_hours([snap])  # a look that stores nothing
+    found = await box.sweep(NOTEBOOK)
+    told = await box.ladder.climb(_result(box.clock.now(), found))
+    if keep_runs:
+        assert hours == {} and found == [] and told == []
+        return
+    assert hours == {"carol": pytest.approx(1.05, abs=0.01)}  # 63 min, none of them hers
+    (dm,) = told
+    assert dm.step is Step.DM and dm.rung.owner == "carol"
 
 
 def test_control_without_the_holders_runs_the_new_job_inherits_the_gpu_run() -> None:
