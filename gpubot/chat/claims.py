@@ -33,7 +33,8 @@ from gpubot.services.claims import (
 
 log = logging.getLogger(__name__)
 
-# chat user id, message, the DM's own name (the outbox's subject: one DM, sent once) → sent
+# chat user id, message, the DM's own name (the outbox's subject: one DM, sent once) → known
+# delivered (False: not, or not yet; the duty asks again for a live hold)
 Dm = Callable[[str, Message, str], Awaitable[bool]]
 Reset = Callable[..., Awaitable[None]]  # ``Flows.reset``: (cmd, who, out, text=, context=)
 CLAIM_COMMANDS = (
@@ -223,9 +224,13 @@ class ClaimDesk:
                 continue
             to, msg, subject = told
             try:
-                sent += await self.dm(to, msg, subject)
+                ok = await self.dm(to, msg, subject)
             except Exception:  # a DM is a courtesy: the command and the duty stand
                 log.exception("the DM to %s failed", to)
+                continue
+            sent += ok
+            if ok and isinstance(e, Offered) and e.hold and self.service is not None:
+                self.service.held(e.wait.id)  # delivered: until then the duty asks again
         return sent
 
 

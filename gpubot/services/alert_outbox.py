@@ -185,24 +185,27 @@ class AlertOutbox:
 
     async def publish_once(
         self, subject: str, send: Send, find: Find, now: datetime, *, settle_s: float = SETTLE_S
-    ) -> Handle | None:
+    ) -> bool:
         """Post the message of ``subject`` once, whichever process (or replica, or run) asks
         for it and however often: its token is made from ``subject`` (``once_token``), and it
         is recorded only if nothing is. A post of it left pending for ``settle_s`` (its poster
         died, or the answer and the search both failed) is settled by the next caller: found,
         adopted; provably absent, posted again with its token; otherwise posted once more
-        saying it may repeat, then given up. Return where it is (None: done before, being
-        done, refused, or not confirmed)."""
+        saying it may repeat, then given up. One refused, or given up, is tried again by the
+        next caller (a DM that failed is not lost); one posted, never.
+
+        Return whether it is known to be there: posted or adopted now, or posted before by
+        anyone. False: refused, not confirmed, or being done elsewhere (ask again later)."""
         stale = now - timedelta(seconds=settle_s)
         got = await self.alerts.begin_once(once_token(subject), subject, now, stale)
-        if got is None:
-            return None
+        if got is None:  # posted, or being done: the latter leaves a row pending
+            return not await self.alerts.pending_posts(subject)
         pending, fresh = got
         if fresh:
             posted = await send(pending.token, None)
             if await self._ended(pending, posted, now) is not None:
-                return posted.handle if posted.delivery is Delivery.POSTED else None
-        return await self._confirm(pending, send, find, now, None, repeat=True)
+                return posted.delivery is Delivery.POSTED
+        return await self._confirm(pending, send, find, now, None, repeat=True) is not None
 
     async def _confirm(
         self,

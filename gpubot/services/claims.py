@@ -9,8 +9,9 @@ and its memory below ``free_below_mib``. The first in line who can be served get
 Without ``[claims] enabled``, ``wait`` still works: the person is told, nothing is held.
 
 A hold recorded by any process (the CLI's release, which cannot message, another replica, a
-run before a restart) is told by the running duty: it returns each live hold once per process,
-and the front end delivers each once whoever asks (Slack: ``AlertOutbox.publish_once``).
+run before a restart) is told by the running duty: it returns each live hold on every turn until
+the front end says its DM was delivered (``held``), and the front end delivers each once
+whoever asks (Slack: ``AlertOutbox.publish_once``), so a DM that failed is tried again.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class ClaimService:
         self._free: dict[tuple[str, int], int] = {}  # looks in a row each GPU was free
         self._intruders: dict[str, tuple[Intruder, float]] = {}  # key → it, first seen
         self._told: set[str] = set()  # intruders whose claimant was told
-        self._announced: set[int] = set()  # the holds this process returned to be told
+        self._delivered: set[int] = set()  # the holds whose DM is known delivered (``held``)
         self.observe: Callable[[list[tuple[str, int, str]]], None] | None = None  # the metrics
 
     @property
@@ -343,6 +344,7 @@ class ClaimService:
                 self.observe([(c.node, c.gpu, c.user) for c in await self.store.active()])
         events += [Ended(wait=w) for w in await self.store.lapse(due)]
         waiting = await self.store.waits()
+        self._delivered &= {w.id for w in waiting}  # the others ended: forgotten
         for node in dict.fromkeys(w.node for w in waiting):
             try:
                 events += await self.serve(node, now)
@@ -374,26 +376,30 @@ class ClaimService:
                 continue
             ready = [g for g in ready if g not in gpus]
             out.append(Offered(got, tuple(u for _, u in _uuids(snap, gpus)), self.enabled))
-            self._announced.add(got.id)
             if not self.enabled:
                 await self.store.told(got.id, now)
         return out
 
     def _live_holds(self, snap: NodeSnapshot, waits: Sequence[Wait], now: float) -> list[Offered]:
-        """Return the live holds of the node not returned before by this process: recorded
-        by another (the CLI's release, a replica, a run before a restart), told from here."""
+        """Return the live holds of the node whose DM is not known delivered: recorded by
+        another process (the CLI's release, a replica, a run before a restart), or one whose
+        DM failed here (the outbox or Slack down): told, or told again, from here."""
         out: list[Offered] = []
         for w in waits:
             live = w.state is WaitState.OFFERED and (w.hold_until or 0.0) > now
-            if not live or w.id in self._announced:
+            if not live or w.id in self._delivered:
                 continue
             try:
                 uuids = tuple(u for _, u in _uuids(snap, w.offered))
             except UsageError:  # the GPU is not seen now: told once the node shows it
                 continue
-            self._announced.add(w.id)
             out.append(Offered(w, uuids, hold=True))
         return out
+
+    def held(self, wait_id: int) -> None:
+        """Record that the DM of the hold ``wait_id`` was delivered (the front end's DM said
+        so): only then does the duty stop returning it, so a failed DM is tried again."""
+        self._delivered.add(wait_id)
 
 
 def _serve(w: Wait, ready: Sequence[int]) -> tuple[int, ...]:

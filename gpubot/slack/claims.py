@@ -5,7 +5,8 @@ A click runs the shared flow (``chat.claims.ClaimDesk.click``), as typing ``/gpu
 then ``chat.postMessage``), each DM once through the alerts' outbox (``slack.dm_outbox``:
 after a lost answer it is looked for in the DM's history before it is posted again), one row
 per DM's subject whichever process or replica finds it due (a hold the CLI recorded is told by
-the bot's duty, issue 34); a DM that cannot be sent is logged.
+the bot's duty, issue 34); a DM that cannot be sent is logged, and a hold's is tried again on
+the duty's next turn while the hold lasts.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ def register(bot: GpuBot, outbox: AlertStore | None = None) -> None:
 
     async def dm(user: str, msg: Message, subject: str) -> bool:
         channel = dms.get(user) or await bot.api.open_dm(user)
-        if channel is None:
+        if channel is None:  # not sent: the duty asks again on its next turn
             return False
         dms[user] = channel
-        return await poster.send(subject, channel, msg, once=True) is not None
+        return await poster.send_once(subject, channel, msg)
 
     bot.flows.claims.dm = dm
 

@@ -13,8 +13,9 @@ read, posted once more saying "this may repeat the message of HH:MM", and no mor
 
 What decides that a DM is due at all stays with its caller (the alert posted once, the claims'
 and the ladder's conditional updates); this adds only the delivery. A DM that any process may
-find due, more than once (``once``: the claims' duty, which delivers holds that the CLI
-recorded), is one row per subject (``AlertOutbox.publish_once``). The ladder's channel posts
+find due, more than once (``send_once``: the claims' duty, which delivers holds that the CLI
+recorded, and asks again on its next turn until one is known delivered), is one row per subject
+(``AlertOutbox.publish_once``). The ladder's channel posts
 (steps 3 and 4) take the same road with their own ``event``. Without a database there is no
 outbox: the message is posted at most once, as before.
 """
@@ -26,10 +27,10 @@ from datetime import UTC, datetime
 
 from gpubot.chat.approval_duty import may_repeat
 from gpubot.chat.message import Message
-from gpubot.core.alerting import Handle, Lookup, Posted
+from gpubot.core.alerting import Delivery, Handle, Lookup, Posted
 from gpubot.core.ports import AlertStore
 from gpubot.errors import GpubotError
-from gpubot.services.alert_outbox import AlertOutbox
+from gpubot.services.alert_outbox import AlertOutbox, Find, Send
 from gpubot.slack.api import SlackApi
 from gpubot.slack.outbox import DM_EVENT, find_post, new_token, post_once
 from gpubot.slack.render import to_slack
@@ -45,22 +46,43 @@ class DmPoster:
         self.outbox = AlertOutbox(alerts) if alerts is not None else None
 
     async def send(
-        self,
-        subject: str,
-        channel: str,
-        msg: Message,
-        *,
-        event: str = DM_EVENT,
-        once: bool = False,
+        self, subject: str, channel: str, msg: Message, *, event: str = DM_EVENT
     ) -> Handle | None:
         """Post ``msg`` to ``channel`` (a DM, unless told) once under ``subject``; return where
-        it is (None: refused, not confirmed, done before (``once``), or the outbox could not be
-        written: nothing posted). Its time is Slack's (the wall clock): the history is searched
-        from it."""
+        it is (None: refused, not confirmed, or the outbox could not be written: nothing
+        posted). Its time is Slack's (the wall clock): the history is searched from it."""
         if self.outbox is None:
             plain = to_slack(msg)
             posted = await post_once(self.api, channel, plain, token=new_token(), event=event)
             return posted.handle
+        send, find = self._calls(channel, msg, event)
+        try:
+            return await self.outbox.publish(subject, send, find, datetime.now(UTC), repeat=True)
+        except GpubotError as exc:  # the outbox cannot be written: nothing was posted
+            log.error("the DM %s was not sent: %s", subject, exc)
+            return None
+
+    async def send_once(
+        self, subject: str, channel: str, msg: Message, *, event: str = DM_EVENT
+    ) -> bool:
+        """Post ``msg`` of ``subject``, due to any process and maybe more than once, once in
+        all (``AlertOutbox.publish_once``); return whether it is known to be there (posted now
+        or before). False (refused, unconfirmed, being posted elsewhere, or the outbox could
+        not be written): the caller asks again on a later turn, and it is tried again, never
+        posted twice. Without an outbox, at most once: an uncertain post counts as there."""
+        if self.outbox is None:
+            plain = to_slack(msg)
+            posted = await post_once(self.api, channel, plain, token=new_token(), event=event)
+            return posted.delivery is not Delivery.REFUSED
+        send, find = self._calls(channel, msg, event)
+        try:
+            return await self.outbox.publish_once(subject, send, find, datetime.now(UTC))
+        except GpubotError as exc:  # the outbox cannot be written: nothing was posted
+            log.error("the DM %s was not sent (tried again later): %s", subject, exc)
+            return False
+
+    def _calls(self, channel: str, msg: Message, event: str) -> tuple[Send, Find]:
+        """Return the post (with its token; saying it may repeat when told) and the search."""
 
         async def send(token: str, repeat_of: datetime | None) -> Posted:
             shown = msg if repeat_of is None else may_repeat(msg, repeat_of)
@@ -69,11 +91,4 @@ class DmPoster:
         async def find(token: str, since: datetime) -> Lookup:
             return await find_post(self.api.client, channel, token, since, event=event)
 
-        try:
-            now = datetime.now(UTC)
-            if once:
-                return await self.outbox.publish_once(subject, send, find, now)
-            return await self.outbox.publish(subject, send, find, now, repeat=True)
-        except GpubotError as exc:  # the outbox cannot be written: nothing was posted
-            log.error("the DM %s was not sent: %s", subject, exc)
-            return None
+        return send, find

@@ -11,7 +11,8 @@ The same rows hold the posts of single messages that must appear once and carry 
 (the audit head's publications): ``begin_message`` records one under a subject (no keys), and
 ``pending_posts(subject)`` returns only those; ``pending_posts()`` only the alerts'. A message
 due once whatever process sees it due (a hold's DM, issue 34) has a token made from its subject:
-``begin_once`` records it only if no row has that token, or hands over a row left pending.
+``begin_once`` records it only if no row has that token, or hands over a row left pending,
+refused or given up (a DM that failed is tried again while it is due); a posted one, never.
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ class OutboxMixin:
         self, token: str, subject: str, now: datetime, stale_before: datetime
     ) -> tuple[PendingPost, bool] | None:
         """Record the intent to post the message ``token`` of ``subject`` unless a row has that
-        token: return it and True. A row of it still pending since before ``stale_before`` (its
-        poster died, or could not confirm it) is handed over: returned with False, and marked
-        taken (its time is now), so one caller settles it. Otherwise None: it is done, or being
-        done."""
+        token: return it and True. A row of it refused (not posted) is taken again the same way.
+        A row still pending since before ``stale_before`` (its poster died, or could not confirm
+        it), or given up (nobody could tell whether it was posted), is handed over: returned
+        with False, pending again and marked taken (its time is now), so one caller settles it,
+        searching the history first. Otherwise None: it is posted, or being done."""
         return await in_thread(self._begin_once, token, subject, now, stale_before)
 
     async def finish_post(
@@ -157,10 +159,18 @@ class OutboxMixin:
                     )
                 )
                 return _pending(_post_row(conn, token)), True
-            if row.state != "pending" or parse_iso(row.created_at) >= stale_before:
+            if row.state == "posted":
                 return None
-            conn.execute(alert_posts.update().where(c.id == row.id).values(created_at=iso(now)))
-            return _pending(row), False
+            if row.state == "pending" and parse_iso(row.created_at) >= stale_before:
+                return None  # being done
+            # Taken again: left pending, refused (it is not there: posted afresh), or given up
+            # (nobody knew: the history is searched before anything is posted again).
+            conn.execute(
+                alert_posts.update()
+                .where(c.id == row.id)
+                .values(state="pending", created_at=iso(now), finished_at=None)
+            )
+            return _pending(row), row.state == "refused"  # its first post's time: "may repeat"
 
     def _finish_post(
         self, token: str, channel: str, ts: str, now: datetime, adopted: bool

@@ -80,9 +80,9 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 async def test_a_message_due_again_is_posted_once(store: Store) -> None:
     outbox, slack = AlertOutbox(store.alerts), Slack()
-    assert await outbox.publish_once(SUBJECT, slack.send, slack.find, T0) == HERE
+    assert await outbox.publish_once(SUBJECT, slack.send, slack.find, T0) is True
     later = T0 + timedelta(hours=1)  # another tick, another process, a restart: the same
-    assert await outbox.publish_once(SUBJECT, slack.send, slack.find, later) is None
+    assert await outbox.publish_once(SUBJECT, slack.send, slack.find, later) is True  # there
     assert slack.sent == [(once_token(SUBJECT), None)]
 
 
@@ -99,13 +99,13 @@ async def test_a_post_left_pending_is_settled_by_the_next_caller_after_the_settl
     outbox = AlertOutbox(store.alerts)
     lost = Slack(Posted(Delivery.UNCERTAIN, why="TimeoutError"), found=Lookup(False, why="x"))
     lost.answers.append(Posted(Delivery.UNCERTAIN, why="TimeoutError"))  # the repeat too
-    assert await outbox.publish_once(SUBJECT, lost.send, lost.find, T0) is None
+    assert await outbox.publish_once(SUBJECT, lost.send, lost.find, T0) is False
     assert [r for _, r in lost.sent] == [None, T0]  # once more, saying it may repeat
     assert [p.node for p in await store.alerts.pending_posts(SUBJECT)] == [SUBJECT]
     soon, found = T0 + timedelta(seconds=30), Slack(found=Lookup(True, HERE))
-    assert await outbox.publish_once(SUBJECT, found.send, found.find, soon) is None  # young
+    assert await outbox.publish_once(SUBJECT, found.send, found.find, soon) is False  # young
     late = T0 + timedelta(minutes=2)
-    assert await outbox.publish_once(SUBJECT, found.send, found.find, late) == HERE  # adopted
+    assert await outbox.publish_once(SUBJECT, found.send, found.find, late) is True  # adopted
     assert found.sent == [] and await store.alerts.pending_posts(SUBJECT) == []
 
 
@@ -118,5 +118,49 @@ async def test_a_pending_post_provably_absent_is_posted_again_with_its_token(
     await outbox.publish_once(SUBJECT, lost.send, lost.find, T0)
     absent = Slack(found=ABSENT)
     late = T0 + timedelta(minutes=2)
-    assert await outbox.publish_once(SUBJECT, absent.send, absent.find, late) == HERE
+    assert await outbox.publish_once(SUBJECT, absent.send, absent.find, late) is True
     assert absent.sent == [(once_token(SUBJECT), None)]
+
+
+async def test_a_refused_message_is_posted_by_the_next_caller_and_then_never_again(
+    store: Store,
+) -> None:
+    outbox = AlertOutbox(store.alerts)
+    refused = Slack(Posted(Delivery.REFUSED, why="ratelimited"))
+    assert await outbox.publish_once(SUBJECT, refused.send, refused.find, T0) is False
+    # The control (begin_once before): a refused row was "done", and the DM lost for good.
+    again, soon = Slack(), T0 + timedelta(seconds=1)  # no settle time: it is not there
+    assert await outbox.publish_once(SUBJECT, again.send, again.find, soon) is True
+    assert again.sent == [(once_token(SUBJECT), None)]  # its own token, said once
+    late = Slack()
+    assert await outbox.publish_once(SUBJECT, late.send, late.find, soon) is True
+    assert late.sent == []  # posted: never again
+
+
+async def test_a_message_given_up_is_looked_for_then_posted_by_the_next_caller(
+    store: Store,
+) -> None:
+    outbox = AlertOutbox(store.alerts)
+    lost = Slack(Posted(Delivery.UNCERTAIN, why="HTTP 500"), found=Lookup(False, why="x"))
+    lost.answers.append(Posted(Delivery.UNCERTAIN, why="HTTP 500"))
+    assert await outbox.publish_once(SUBJECT, lost.send, lost.find, T0) is False
+    late = T0 + timedelta(minutes=2)  # settled: the history still unreadable, given up
+    assert await outbox.publish_once(SUBJECT, lost.send, lost.find, late) is False
+    assert len(lost.sent) == 2 and await store.alerts.pending_posts(SUBJECT) == []
+    readable = Slack(found=ABSENT)  # later: the history is read, and it is not there
+    assert await outbox.publish_once(SUBJECT, readable.send, readable.find, late) is True
+    assert readable.sent == [(once_token(SUBJECT), None)]
+    assert await outbox.publish_once(SUBJECT, readable.send, readable.find, late) is True
+    assert len(readable.sent) == 1
+
+
+async def test_a_message_given_up_and_found_is_adopted_not_posted_again(store: Store) -> None:
+    outbox = AlertOutbox(store.alerts)
+    lost = Slack(Posted(Delivery.UNCERTAIN, why="HTTP 500"), found=Lookup(False, why="x"))
+    lost.answers.append(Posted(Delivery.UNCERTAIN, why="HTTP 500"))
+    await outbox.publish_once(SUBJECT, lost.send, lost.find, T0)
+    late = T0 + timedelta(minutes=2)
+    assert await outbox.publish_once(SUBJECT, lost.send, lost.find, late) is False  # given up
+    found = Slack(found=Lookup(True, HERE))
+    assert await outbox.publish_once(SUBJECT, found.send, found.find, late) is True
+    assert found.sent == []
