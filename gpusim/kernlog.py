@@ -15,10 +15,12 @@ machine's own kernel log. The log is ``<state>/kernel.log``, one record a line,
 - ``denied``: that, and ``dmesg_restrict = 1``: dmesg says ``dmesg: read kernel buffer failed:
   Operation not permitted`` (util-linux), exit 1.
 
-``journalctl -k [-q] [--no-pager] -o short-iso --show-cursor [--after-cursor=C | --since=-Ns]``
-prints ``2026-12-02T05:50:01+0000 HOST kernel: MESSAGE`` per record (journalctl(1), short-iso),
-then ``-- cursor: s=gpusim;i=HEX`` after the last one shown (none when nothing is shown); an
-unknown cursor: ``Failed to seek to cursor: Invalid argument``, exit 1.
+``journalctl -k [-q] [--no-pager] -o short-iso --show-cursor [-n N] [--after-cursor=C |
+--since=-Ns]`` (``-n`` with a cursor or ``--since``: the oldest N after it, as journalctl does
+with a cursor; alone: the newest N) prints ``2026-12-02T05:50:01+0000 HOST kernel: MESSAGE``
+per record (journalctl(1), short-iso), then ``-- cursor: s=gpusim;i=HEX`` after the last one
+shown (none when nothing is shown); an unknown cursor: ``Failed to seek to cursor: Invalid
+argument``, exit 1.
 ``dmesg --time-format iso`` prints ``2026-12-02T05:50:01,123456+00:00 MESSAGE`` (dmesg(1)).
 """
 
@@ -83,6 +85,9 @@ def _journal(argv: list[str], state_dir: str) -> int:
     elif since is not None and since.startswith("-") and since.endswith("s"):
         start = time.time() - float(since[1:-1])
         recs = [r for r in recs if r[1] >= start]
+    if "-n" in argv[:-1]:  # after a cursor or --since: the oldest N (journalctl's -n there)
+        n = int(argv[argv.index("-n") + 1])
+        recs = recs[:n] if after is not None or since is not None else recs[-n:]
     host = socket.gethostname()
     for _seq, at, msg in recs:
         ts = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S+0000")

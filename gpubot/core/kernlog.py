@@ -2,13 +2,21 @@
 
 Sources, in order (the first one the SSH user may read is used):
 
-1. ``journalctl -k -o short-iso --show-cursor`` (never ``-q``: it silences the hint that says the
-   account may not read the system journal) after the cursor of the previous read (the first
-   read of a process: ``--since`` the Xid window). Reading the kernel's messages from the system
-   journal needs membership of the ``systemd-journal`` or ``adm`` group (or root); without it
-   journalctl shows the user's own journal only and says so.
-2. ``dmesg --time-format iso``, keeping lines newer than the last one seen. It needs
-   ``kernel.dmesg_restrict = 0`` (Debian and Ubuntu set 1: then root or CAP_SYSLOG only).
+1. ``journalctl -k -o short-iso --show-cursor -n MAX_ENTRIES`` (never ``-q``: it silences the
+   hint that says the account may not read the system journal) after the cursor of the previous
+   read (the first read of a process: ``--since`` the Xid window). With a cursor, ``-n`` takes
+   the OLDEST entries after it (journalctl's behaviour since long before systemd 252; systemd
+   issues 14722, 26764) and ``--show-cursor`` names the last one taken, so a backlog (a user's
+   faulting job can grow one) is read in bounded steps, one a sweep, each moving the cursor: no
+   read grows past its budget and times out for good, and a fatal line behind a flood is read a
+   step later. (With ``--since``, systemd 254 and later take the newest entries instead: a first
+   read after a restart then skips the oldest part of a backlog over MAX_ENTRIES.) Reading the
+   kernel's messages from the system journal needs membership of the ``systemd-journal`` or
+   ``adm`` group (or root); without it journalctl shows the user's own journal only and says so.
+2. ``dmesg --time-format iso``, keeping lines newer than the last one seen (the ring buffer, a
+   fixed size, is read whole; its counts too, so the watch summarises only their increase since
+   the previous read). It needs ``kernel.dmesg_restrict = 0`` (Debian and Ubuntu set 1: then
+   root or CAP_SYSLOG only).
 
 gpubot never uses sudo for this (no sudoers line is needed): a node where neither can be read
 says so once, in the log, and raises no finding.
@@ -45,19 +53,22 @@ MAX_LINES = 400  # driver lines other than application errors (the newest)
 MAX_APP_LINES = 100  # application-error lines (the newest): a user's own job writes these
 MAX_COUNTS = 256  # (bus, code) counts: GPUs x codes, never a user's choice
 MAX_LINE_BYTES = 512
+MAX_ENTRIES = 5000  # journal entries one read takes: a backlog is read in steps of this many
 MARK = "@gpubot"
 
 # The codes a job's own fault writes (its owner's business; any user can write many of them).
 APP_CODES = tuple(sorted(c.code for c in XIDS.values() if c.fault == "application"))
 
 # $1: the journal cursor ("" none), $2: since (journalctl's "-3600s"), $3: lines, $4: bytes,
-# $5: the application codes ("13|31|..."), $6: application lines, $7: counts.
+# $5: the application codes ("13|31|..."), $6: application lines, $7: counts, $8: the journal
+# entries one read takes (the oldest after the cursor: ``journalctl -n`` with a cursor).
 # D: a driver line (the driver's words right after the timestamp, or "HOST kernel: " after it,
 # as journalctl -o short-iso and dmesg --time-format iso write them: nothing a user writes comes
 # first); A: such a line of an application code. The counts are taken of the lines D passed, so
 # a forged Xid inside another message is never counted.
 _SCRIPT = r"""export LC_ALL=C
 case $5 in ''|*[!0-9\|]*) echo 'gpubot-kernlog: bad codes' >&2; exit 2 ;; esac
+case $8 in ''|*[!0-9]*) echo 'gpubot-kernlog: bad entries' >&2; exit 2 ;; esac
 B='[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}'
 P='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ ]+ ([^ ]+ kernel: )?'
 D=$P'(NVRM: Xid \((PCI:)?'$B'\): [0-9]+|'
@@ -78,7 +89,7 @@ pick() {  # $1: the source's text, $2: lines, $3: bytes, $4: application lines, 
 }
 if command -v journalctl >/dev/null 2>&1; then
   if [ -n "$1" ]; then a="--after-cursor=$1"; else a="--since=$2"; fi
-  all=$(journalctl -k --no-pager -o short-iso --show-cursor "$a" 2>&1); rc=$?
+  all=$(journalctl -k --no-pager -o short-iso --show-cursor -n "$8" "$a" 2>&1); rc=$?
   case $'\n'$all in
     *$'\n'"No journal files were opened"*|*$'\n'"Hint: You are currently not seeing"*)
       printf '%s journal-denied not in the systemd-journal or adm group\n' @gpubot ;;
@@ -102,8 +113,9 @@ fi
 """
 
 
-def kernlog_argv(cursor: str | None, since_s: float) -> list[str]:
-    """Return the argv of one read: after ``cursor`` (a journal cursor), else ``since_s`` ago."""
+def kernlog_argv(cursor: str | None, since_s: float, entries: int = MAX_ENTRIES) -> list[str]:
+    """Return the argv of one read: after ``cursor`` (a journal cursor), else ``since_s`` ago,
+    at most ``entries`` journal entries."""
     since = f"-{max(1, int(since_s))}s"
     return [
         "bash",
@@ -117,6 +129,7 @@ def kernlog_argv(cursor: str | None, since_s: float) -> list[str]:
         "|".join(map(str, APP_CODES)),
         str(MAX_APP_LINES),
         str(MAX_COUNTS),
+        str(max(1, int(entries))),
     ]
 
 
@@ -227,6 +240,16 @@ def summaries(
         line = f"{MARK} summary {'s' if sxid else 'x'} {bus} {code} {n}"
         out.append(XidEvent(sxid, code, bus, at, text, line=line, count=dropped, summary=True))
     return out
+
+
+def increase(
+    counts: Mapping[CountKey, int] | None, before: Mapping[CountKey, int]
+) -> dict[CountKey, int]:
+    """Return how many lines of each key are new since ``before`` (dmesg: both count the whole
+    ring buffer). A key whose count fell (the buffer wrapped, or was cleared) counts no new line:
+    a summary may then say too few, never one already said."""
+    out = {k: n - before.get(k, 0) for k, n in (counts or {}).items()}
+    return {k: n for k, n in out.items() if n > 0}
 
 
 _TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d{1,9}))?([+-]\d\d:?\d\d|Z)?")

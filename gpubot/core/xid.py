@@ -12,9 +12,11 @@ Evidence that accuses a person is that person's own (issue 34): an application c
 (a job's own fault) are counted per faulting process (the kernel's pid), never per line. Any
 user can open a context on another's GPU and fault there as often as they like, so one process's
 burst, or bursts of processes all known to be one owner's, stays that owner's finding with no
-reset offered; it becomes on-call's only across distinct owners, or enough distinct processes
-not all one owner's (``several``). Lines without a pid cannot show that. Every finding says
-whose processes wrote its lines.
+reset offered; it becomes on-call's only across distinct KNOWN owners (``several``). A process
+gone by the sweep (as a faulting one usually is) has no owner gpubot can prove, and an unknown
+owner is never counted as another person: one user can fault from as many short-lived processes
+as they like, so processes alone never make a burst on-call's. Lines without a pid cannot show
+several owners either. Every finding says whose processes wrote its lines.
 
 Never trusted: the name in a line is what the process calls itself. It appears in the summary
 marked (``core.text.code``: one line, escaped by every front end) and decides nothing; the owner
@@ -66,8 +68,7 @@ def classify(e: XidEvent) -> XidClass:
     return sxid_class(e.code, e.text) if e.sxid else xid_class(e.code)
 
 
-BURST_PROCESSES = 3  # distinct faulting processes that make an application burst on-call's ...
-BURST_OWNERS = 2  # ... unless all are known to be one owner's; or this many distinct owners
+BURST_OWNERS = 2  # distinct known owners that make an application burst on-call's
 START_SLACK_S = 2.0  # a line's time has whole seconds; /proc's start time, ticks
 
 
@@ -133,21 +134,17 @@ class Group:
 
 
 def several(sources: Sequence[Source]) -> bool:
-    """Whether application errors come from more than one job's trouble: distinct owners, or
-    enough distinct processes that are not all known to be one owner's. One process's (or one
-    person's) faults are evidence about that job, never a reason to reset another's GPU."""
-    owners = {s.owner for s in sources if s.owner is not None}
-    if len(owners) >= BURST_OWNERS:
-        return True
-    if len(sources) < BURST_PROCESSES:
-        return False
-    return not (len(owners) == 1 and all(s.owner is not None for s in sources))
+    """Whether application errors come from more than one person's trouble: distinct owners
+    that ``/proc`` names (root's word). Processes whose owner is unknown (gone by the sweep,
+    pid reused) never count as other people: one user's short-lived processes, however many,
+    are evidence about that user's jobs, never a reason to reset another's GPU."""
+    return len({s.owner for s in sources if s.owner is not None}) >= BURST_OWNERS
 
 
 def is_burst(cls: XidClass, group: Group) -> bool:
     """Whether ``group`` is past its code's repeat threshold: lines for a code that is not the
-    job's own; for an application code, lines from several processes or owners (lines without
-    a pid cannot show that, so they never make one alone)."""
+    job's own; for an application code, lines from several known owners' processes (lines
+    without a pid, or of processes whose owner is unknown, never make one)."""
     if not cls.burst or group.lines < cls.burst:
         return False
     return cls.fault != "application" or several(group.sources())
@@ -226,7 +223,8 @@ MAX_SOURCES_SHOWN = 4
 
 def _who(group: Group) -> tuple[str, str | None]:
     """Return the words about whose processes wrote the lines (escaped) and the owner, as
-    ``/proc`` says, of the process that wrote the last line with a pid."""
+    ``/proc`` says, of the process that wrote the last line with a pid (unknown: the one owner
+    the group's processes name, if just one)."""
     sources = group.sources()
     bare = sum(1 for s in group.seen if not s.event.summary and not (s.event.pid or "").isdigit())
     words = ""
@@ -246,6 +244,9 @@ def _who(group: Group) -> tuple[str, str | None]:
         (s.event.pid for s in reversed(group.seen) if s.event.pid and s.event.pid.isdigit()), None
     )
     owner = next((s.owner for s in sources if last is not None and s.pid == int(last)), None)
+    named = {s.owner for s in sources if s.owner is not None}
+    if owner is None and len(named) == 1:  # the one owner its lines can name
+        owner = next(iter(named))
     return words, owner
 
 

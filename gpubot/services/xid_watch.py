@@ -1,11 +1,14 @@
 """The sweep's kernel-log watch: one bounded read per node per sweep, the events of the window.
 
 Each sweep reads what the driver wrote since the previous read (``core.kernlog``: the journal
-after its cursor, else dmesg after the last timestamp seen), beside the node's probe and within
-the same budget. The cursor and the events of the window are this process's: after a restart the
-first read goes back one window, so an open finding is found again (the alert store knows it:
-no second alert) and one that cleared meanwhile stays cleared. A node whose kernel log cannot be
-read says why once in the log; its read failing never fails the node's sweep.
+after its cursor, at most ``entries`` entries a read, so a backlog is read in bounded steps and
+never times out every later read; else dmesg after the last timestamp seen, whose counts are the
+whole ring buffer's, so only their increase since the previous read is summarised), beside the
+node's probe and within the same budget. The cursor and the events of the window are this
+process's: after a restart the first read goes back one window, so an open finding is found
+again (the alert store knows it: no second alert) and one that cleared meanwhile stays cleared.
+A node whose kernel log cannot be read says why once in the log; its read failing never fails
+the node's sweep.
 
 A read keeps the newest lines of each class up to its cap and counts every driver line per (bus,
 code) (``core.kernlog``): what a cap dropped becomes one summary event per (bus, code), counted
@@ -19,7 +22,7 @@ Every new line counts once in ``gpubot_gpu_xid_total{node,gpu,xid}`` (``count``)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -27,7 +30,10 @@ from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding
 from gpubot.core.kernlog import (
+    MAX_ENTRIES,
+    CountKey,
     XidEvent,
+    increase,
     is_app,
     kernlog_argv,
     parse_event,
@@ -51,6 +57,7 @@ MAX_COUNTED = 10_000  # lines of one summary counted in the metric, one call eac
 class _Node:
     cursor: str | None = None  # the journal's, after the last read
     last_at: float | None = None  # dmesg: the newest line's time seen
+    counts: dict[CountKey, int] | None = None  # dmesg: the previous read's (the whole buffer's)
     seen: list[Seen] = field(default_factory=list)
     fresh: list[Seen] = field(default_factory=list)  # not counted yet
     said: str = ""  # the last "cannot read" logged
@@ -68,12 +75,14 @@ class XidWatch:
         timeout_s: float = 10.0,
         clock: Clock = SYSTEM_CLOCK,
         count: CountXid | None = None,
+        entries: int = MAX_ENTRIES,
     ) -> None:
         self.transport = transport
         self.window_s = window_s
         self.timeout_s = timeout_s
         self.clock = clock
         self.count = count
+        self.entries = entries  # journal entries one read takes (a backlog: in steps)
         self._nodes: dict[str, _Node] = {}
         self._last: dict[str, NodeSnapshot] = {}  # each node's latest table (the bus-id map)
 
@@ -81,7 +90,7 @@ class XidWatch:
         """Read what ``node``'s driver wrote since the last read (one exec; fails soft)."""
         st = self._nodes.setdefault(node.name, _Node())
         since = st.cursor is None  # the window back: it may hold lines already seen
-        argv = kernlog_argv(st.cursor, self.window_s)
+        argv = kernlog_argv(st.cursor, self.window_s, self.entries)
         try:
             res = await self.transport.run(node, argv, timeout=self.timeout_s)
         except GpubotError as exc:
@@ -95,9 +104,9 @@ class XidWatch:
         now = self.clock.now()
         kept = [e for e in map(parse_event, got.lines) if e is not None]
         if got.source == "dmesg":
-            after = st.last_at if st.last_at is not None else now - self.window_s
-            events = self._after(st, kept, now) + summaries(got.counts, kept, after)
+            events = self._dmesg(st, kept, got.counts, now)
         else:
+            st.counts = None
             events = kept + summaries(got.counts, kept)
             if since and st.seen:  # read again after a lost cursor: each line once
                 known = {s.event.line for s in st.seen}
@@ -121,6 +130,21 @@ class XidWatch:
         if said:
             st.note = (now, f"kernel log: {' and '.join(said)} summarised")
             log.warning("%s: %s (counted per GPU and code, not kept)", node, st.note[1])
+
+    def _dmesg(
+        self, st: _Node, kept: list[XidEvent], counts: Mapping[CountKey, int] | None, now: float
+    ) -> list[XidEvent]:
+        """dmesg: the lines newer than the last seen, and a summary of only what the caps
+        dropped SINCE the previous read (its counts are the whole ring buffer's every time:
+        counted again, they would say lines already seen a second time)."""
+        if st.counts is None:  # the first read: the window's part of the buffer
+            after = st.last_at if st.last_at is not None else now - self.window_s
+            events = self._after(st, kept, now) + summaries(counts, kept, after)
+        else:
+            new = self._after(st, kept, now)
+            events = new + summaries(increase(counts, st.counts), new)
+        st.counts = dict(counts or {})
+        return events
 
     def _after(self, st: _Node, events: list[XidEvent], now: float) -> list[XidEvent]:
         """dmesg: keep the lines newer than the last seen (first read: within the window)."""

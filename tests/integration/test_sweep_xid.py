@@ -187,28 +187,36 @@ async def test_a_burst_past_its_threshold_is_on_calls(
     fleet: SimFleet, pg_url: str, fake_slack: FakeSlack
 ) -> None:
     n1 = fleet.node("node1")
-    # Three faulting processes (gone by the sweep: owners unknown), never one process's lines
-    # (issue 34: tests/integration/test_sweep_xid_evidence.py).
+    # NVLink errors (74) count lines: three in the window are on-call's. A job's own code (13)
+    # from three processes gone by the sweep (owners unknown) stays a plain finding: unknown
+    # owners never count as other people (issue 34: tests/unit/test_xid_evidence.py).
     for i in range(4):
         n1.kernel.xid(0, 13, pid=3_900_001 + i % 3, name="python3")
+    for _ in range(2):
+        n1.kernel.xid(1, 74)
     clock, counted = ManualClock(), Counted()
     async with sweeper(settings_for(fleet, pg_url), fake_slack, clock, counted) as svc:
         below = await svc.run()
         n1.kernel.xid(0, 13, pid=3_900_003, name="python3")  # the fifth in the window
+        n1.kernel.xid(1, 74)  # the third in the window
         clock.advance(60)
         past = await svc.run()
         clock.advance(60)
         again = await svc.run()
-    assert xid_keys(below) == {("node1", 0, "xid:13"): TELL_OWNER}
-    assert xid_keys(past) == {
+    assert xid_keys(below) == {
         ("node1", 0, "xid:13"): TELL_OWNER,
-        ("node1", 0, "xid:13:burst"): RESET_WHEN_IDLE,
+        ("node1", 1, "xid:74"): RESET_WHEN_IDLE,
     }
-    assert [(k.gpu, k.holder) for k in past.alerted] == [(0, "xid:13:burst")]
+    assert xid_keys(past) == {
+        ("node1", 0, "xid:13"): TELL_OWNER,  # no burst, no reset of the GPU for on-call
+        ("node1", 1, "xid:74"): RESET_WHEN_IDLE,
+        ("node1", 1, "xid:74:burst"): TICKET,
+    }
+    assert [(k.gpu, k.holder) for k in past.alerted] == [(1, "xid:74:burst")]
     assert again.alerted == ()
-    assert len(counted) == 5
+    assert len(counted) == 8
     burst = next(f for f in past.findings if f.key.holder.endswith("burst"))
-    assert "5 in the window" in burst.summary and "past the threshold of 5" in burst.summary
+    assert "3 in the window" in burst.summary and "past the threshold of 3" in burst.summary
 
 
 async def test_the_window_passes_and_the_finding_resolves(fleet: SimFleet, pg_url: str) -> None:

@@ -21,7 +21,7 @@ import pytest
 from gpubot.app import build
 from gpubot.config import Settings, load
 from gpubot.core.alerting import SweepResult
-from gpubot.core.kernlog import MAX_APP_LINES, MAX_LINES, parse_event
+from gpubot.core.kernlog import MAX_APP_LINES, MAX_ENTRIES, MAX_LINES, parse_event
 from gpubot.core.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER
 from gpubot.services.sweep import SweepService
 from gpubot.services.xid_watch import XidWatch
@@ -60,7 +60,9 @@ def db_url(tmp_path: Path) -> Iterator[str]:
 
 
 @asynccontextmanager
-async def sweeper(fleet: SimFleet, db_url: str, fake: FakeSlack | None) -> AsyncIterator[Sweep]:
+async def sweeper(
+    fleet: SimFleet, db_url: str, fake: FakeSlack | None, entries: int = MAX_ENTRIES
+) -> AsyncIterator[Sweep]:
     """The real composition with a sweep service and its kernel-log watch."""
     s = load(fleet.config_path)
     ssh = dataclasses.replace(s.ssh, command_timeout_s=10.0, connect_timeout_s=5.0)
@@ -74,7 +76,7 @@ async def sweeper(fleet: SimFleet, db_url: str, fake: FakeSlack | None) -> Async
         notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
     clock = ManualClock()
     ports = sweep_ports(settings, app.store, notifier=notifier, clock=clock)
-    watch = XidWatch(app.transport, clock=clock)
+    watch = XidWatch(app.transport, clock=clock, entries=entries)
     app.status.decorators.append(watch.flag)  # as services.xid_watch.watch_for wires it
     ports = dataclasses.replace(ports, xid=watch)
     svc = SweepService(settings, app.status, app.transport, ports, clock=clock, replica="test")
@@ -157,6 +159,15 @@ async def test_a_flood_of_application_lines_never_hides_an_xid_79(
     async with sweeper(fleet, db_url, None) as s:
         result = await s.svc.run(alerting=False)
         status = await s.svc.status.fleet(["node1"])
+        other = n1.spawn(gpu=1, mib=1024)
+        for _ in range(150):  # a second read: 150 new lines on GPU 1, the rest seen already
+            n1.kernel.xid(1, 13, pid=other.pid, name="python3")
+        again = await s.svc.run(alerting=False)
+    gpu0, gpu1 = (
+        next(f for f in again.findings if (f.gpu, f.key.holder) == (g, "xid:13")) for g in (0, 1)
+    )
+    assert "450 in the window (350 of them summarised" in gpu0.summary  # not summarised again
+    assert "150 in the window (50 of them summarised" in gpu1.summary
     assert xids(result)[(2, "xid:79")] == DRAIN_REBOOT
     app = next(f for f in result.findings if f.key.holder == "xid:13")
     dropped = 450 - MAX_APP_LINES
@@ -165,3 +176,20 @@ async def test_a_flood_of_application_lines_never_hides_an_xid_79(
     assert any(note in r.getMessage() for r in caplog.records)
     (snap,) = status.snapshots
     assert note in snap.notes  # the node's note beside its status
+
+
+async def test_a_journal_backlog_is_read_in_bounded_steps_and_a_79_past_the_cap_found(
+    fleet: SimFleet, db_url: str
+) -> None:
+    """450 of a job's own lines, then GPU 2 falls off the bus; each read takes 200 entries
+    (journalctl -n after the cursor): the 79 is found on the third sweep, never lost."""
+    n1 = fleet.node("node1")
+    n1.kernel.set_mode("journal")
+    job = n1.spawn(gpu=0, mib=1024)
+    for _ in range(450):
+        n1.kernel.xid(0, 13, pid=job.pid, name="python3")
+    n1.kernel.xid(2, 79)
+    async with sweeper(fleet, db_url, None, entries=200) as s:
+        steps = [xids(await s.svc.run(alerting=False)) for _ in range(3)]
+    assert [(2, "xid:79") in x for x in steps] == [False, False, True]
+    assert steps[2][(2, "xid:79")] == DRAIN_REBOOT

@@ -29,11 +29,11 @@ from gpubot.core.kernlog import (
     parse_time,
     summaries,
 )
-from gpubot.core.models import GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
+from gpubot.core.models import CommandResult, GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
 from gpubot.core.xid import Seen, xid_findings
 from gpubot.core.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER, TICKET
 from gpubot.services.xid_watch import XidWatch
-from gpubot.transport.scripted import ScriptedTransport, completed
+from gpubot.transport.scripted import Call, ScriptedTransport, completed
 from tests.fixtures.settings import ManualClock
 
 T0 = 1_790_000_000.0  # the lines' time; every process below started an hour before
@@ -106,7 +106,7 @@ def test_one_process_burst_on_another_users_gpu_is_its_owners_with_no_reset() ->
     [
         ([201, 301, 302, 301, 302], "three owners' processes"),
         ([201, 201, 201, 201, 301], "two owners: mallory's four lines and alice's one"),
-        ([901, 902, 903, 901, 902], "three processes gone by the sweep: owners unknown"),
+        ([901, 902, 301, 903, 201], "two known owners among processes gone by the sweep"),
     ],
 )
 def test_control_a_burst_across_processes_or_owners_is_on_calls_with_the_reset(
@@ -132,6 +132,9 @@ def test_control_a_code_that_is_not_the_jobs_own_counts_lines() -> None:
         ([None] * 6, None, "6 lines name no pid"),  # no pid: cannot show several processes
         ([400] * 5, None, "(pid reused since the line)"),  # dave's pid 400 is younger
         ([201, 201, None, None, None], "mallory", "3 lines name no pid"),
+        # three processes gone by the sweep: owners unknown, never counted as three people
+        ([901, 902, 903, 901, 902], None, "raised by 3 processes: "),
+        ([901, 902, 903, 201, 904], "mallory", "(no longer on the GPU)"),  # one owner named
     ],
 )
 def test_what_stays_the_owners(pids: list[int | None], owner: str | None, words: str) -> None:
@@ -152,6 +155,37 @@ def test_one_process_never_makes_an_application_burst_on_calls(
 ) -> None:
     found = find([xid(code, pid, gpu=gpu, at=T0 + i / 1000) for i in range(n)])
     assert all(f.next_step != RESET_WHEN_IDLE for f in found.values())
+
+
+@pytest.mark.parametrize("n", [5, 20, 200])
+def test_one_users_short_lived_processes_never_offer_a_reset_of_another_users_gpu(n: int) -> None:
+    """mallory runs ``n`` faulting processes in turn on bob's GPU 0; each has exited by the
+    sweep, so no owner is known: still mallory's trouble (or nobody's proven), never on-call's
+    reset of bob's job."""
+    found = find([xid(13, 5000 + i, at=T0 + i / 1000) for i in range(n)])
+    assert set(found) == {"xid:13"}, found.keys()
+    assert found["xid:13"].owner is None and found["xid:13"].next_step == TELL_OWNER
+    assert f"raised by {n} processes: " in found["xid:13"].summary
+    assert "(no longer on the GPU)" in found["xid:13"].summary
+    assert not offers_reset(found["xid:13"])
+
+
+@given(
+    code=st.sampled_from(APP_CODES),
+    gone=st.lists(st.integers(10_000, 4_000_000), max_size=30, unique=True),
+    live=st.lists(st.sampled_from([201, 202, 203]), max_size=30),
+    n=st.integers(0, 200),
+    gpu=st.sampled_from([0, 1]),
+)
+def test_one_owners_processes_never_make_an_application_burst_on_calls(
+    code: int, gone: list[int], live: list[int], n: int, gpu: int
+) -> None:
+    """Any mix of mallory's live processes, processes gone by the sweep and repeated lines:
+    never a reset for on-call (one known owner at most)."""
+    pids = gone + live + [(gone + live + [201])[i % (len(gone + live) + 1)] for i in range(n)]
+    found = find([xid(code, p, gpu=gpu, at=T0 + i / 1000) for i, p in enumerate(pids)])
+    assert all(f.next_step != RESET_WHEN_IDLE for f in found.values())
+    assert not any(offers_reset(f) for f in found.values())
 
 
 # --- the read a user cannot flood ------------------------------------------------------------
@@ -238,3 +272,91 @@ def test_the_counts_round_trip(counts: dict[tuple[bool, str, int], int]) -> None
 def test_no_text_breaks_the_read_parser(text: str) -> None:
     got = parse_kernlog("@gpubot source journal\n" + text)
     assert all(n > 0 for n in (got.counts or {}).values())
+
+
+# --- dmesg's counts, read twice; a journal backlog, read in steps ----------------------------
+
+DMESG13 = "{ts} NVRM: Xid (PCI:{bus}): 13, pid={pid}, name=python3, Graphics Exception"
+
+
+def dmesg_answer(ring: list[str]) -> str:
+    """What the node's script sends for a dmesg ring buffer of ``ring`` (all Xid 13 lines): the
+    newest application lines and the counts of the WHOLE buffer, as ``pick`` writes them."""
+    counts: dict[str, int] = {}
+    for line in ring:
+        bus = line.split("(PCI:")[1][:10]
+        counts[bus] = counts.get(bus, 0) + 1
+    return "\n".join(
+        [
+            "@gpubot source dmesg",
+            *ring[-MAX_APP_LINES:],
+            *(f"@gpubot count {n} x {bus} 13" for bus, n in sorted(counts.items())),
+        ]
+    )
+
+
+async def test_dmesg_read_twice_never_summarises_a_line_already_seen() -> None:
+    """Read 1: one Xid 13 on GPU 0. Read 2: that line still in the ring, and 150 new ones on
+    GPU 1, of which the cap keeps 100: 50 are summarised, not 51 (the GPU 0 line is not new)."""
+    clock = ManualClock(T0 + 100)
+    ts = [
+        datetime.fromtimestamp(T0 + i, UTC).strftime("%Y-%m-%dT%H:%M:%S,%f+00:00")
+        for i in range(200)
+    ]
+    ring = [DMESG13.format(ts=ts[0], bus=BUSES[0], pid=201)]
+    answers = [dmesg_answer(ring)]
+    ring += [DMESG13.format(ts=ts[1 + i // 2], bus=BUSES[1], pid=202) for i in range(150)]
+    answers += [dmesg_answer(ring), dmesg_answer(ring)]  # the third: nothing new
+    calls: list[Call] = []
+
+    def handler(call: Call) -> CommandResult:
+        calls.append(call)
+        return completed(call.argv, answers[len(calls) - 1])
+
+    watch = XidWatch(ScriptedTransport(handler), clock=clock)
+    node = NodeConfig("n1", "127.0.0.1")
+    await watch.read(node)
+    clock.advance(60)
+    await watch.read(node)
+    snap = NodeSnapshot("n1", clock.now(), GPUS)
+    found = {(f.gpu, f.key.holder): f for f in watch.findings([snap])}
+    assert "once" in found[(0, "xid:13")].summary  # control (the old read): "2 in the window"
+    assert "summarised" not in found[(0, "xid:13")].summary
+    assert "150 in the window (50 of them summarised" in found[(1, "xid:13")].summary
+    assert "kernel log: 50 application-error lines summarised" in watch.flag(snap).notes
+    clock.advance(60)
+    await watch.read(node)  # the same ring again: nothing new, nothing summarised again
+    found = {(f.gpu, f.key.holder): f for f in watch.findings([snap])}
+    assert "150 in the window (50 of them summarised" in found[(1, "xid:13")].summary
+
+
+async def test_a_journal_backlog_past_one_reads_cap_is_read_in_steps_and_its_79_found() -> None:
+    """A user's faulting job left 12 entries since the cursor, then GPU 1 fell off the bus.
+    Each read takes at most 5 entries (journalctl -n after the cursor) and moves the cursor to
+    the last one taken: the 79, past the first read's cap, is found on the third read."""
+    log = [LINE13.format(s=2 + i) for i in range(12)] + [LINE79.replace("05:50:01", "05:50:20")]
+    taken: list[int] = []
+
+    def journal(call: Call) -> CommandResult:  # journalctl -n N --after-cursor=C, as pick sends it
+        after = int(call.argv[4].rsplit("=", 1)[1]) if call.argv[4] else 0
+        step = log[after : after + int(call.argv[11])]
+        taken.append(len(step))
+        counts: dict[tuple[str, str], int] = {}
+        for e in filter(None, map(parse_event, step)):
+            counts[(e.bus, str(e.code))] = counts.get((e.bus, str(e.code)), 0) + 1
+        said = [f"@gpubot count {n} x {bus} {code}" for (bus, code), n in sorted(counts.items())]
+        cursor = [f"-- cursor: s=t;i={after + len(step)}"] if step else []
+        return completed(call.argv, "\n".join(["@gpubot source journal", *step, *said, *cursor]))
+
+    clock = ManualClock(parse_time("2026-12-02T05:51:00+0000"))
+    transport = ScriptedTransport(journal)
+    watch = XidWatch(transport, clock=clock, entries=5)
+    node = NodeConfig("n1", "127.0.0.1")
+    found: dict[str, Finding] = {}
+    for _ in range(3):
+        assert "xid:79" not in found  # not before the step that reaches it
+        await watch.read(node)
+        found = {f.key.holder: f for f in watch.findings([NodeSnapshot("n1", clock.now(), GPUS)])}
+    assert taken == [5, 5, 3]  # bounded steps, each after the last
+    assert found["xid:79"].next_step == DRAIN_REBOOT and found["xid:79"].gpu == 1
+    assert all(c.argv[11] == "5" for c in transport.calls)
