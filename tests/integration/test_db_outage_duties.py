@@ -139,7 +139,11 @@ async def pg() -> AsyncIterator[OwnPostgres]:
 UNREACHABLE = re.compile(r" ERROR gpubot\.store\.outage: audit database unreachable since 20")
 BACK = re.compile(r" WARNING gpubot\.store\.outage: audit database reachable again after \d+ s")
 WARNING = re.compile(r" (WARNING|ERROR|CRITICAL) ")
-CONNECTION = re.compile(r"connection (refused|failed|to server)|closed the connection", re.I)
+CONNECTION = re.compile(
+    r"connection (refused|failed|to server)|closed the connection|terminating connection"
+    r"|the database system is (shutting down|starting up)",
+    re.I,
+)
 
 
 async def _outage(replicas: list[Replica], pg: OwnPostgres) -> list[list[str]]:
