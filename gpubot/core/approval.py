@@ -63,6 +63,7 @@ class Approval:
     result: Any  # decoded JSON given to mark_executed / mark_failed, or None
     channel: str | None
     message_ts: str | None
+    taken_at: datetime | None = None  # when a retry last took it from waiting back to approved
 
     @property
     def plan(self) -> ResetPlan:

@@ -71,7 +71,8 @@ class ApprovalStore(Protocol):
         ...
 
     async def approved(self, decided_before: datetime) -> list[Approval]:
-        """Return approvals still ``approved`` (not run to an end) decided before a moment."""
+        """Return approvals still ``approved`` (not run to an end) decided, or last taken by a
+        retry (``taken_at``), before a moment."""
         ...
 
     async def mark_waiting(

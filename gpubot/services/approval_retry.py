@@ -31,9 +31,10 @@ RETRY_SOURCE = "retry"  # the audit records' source of a reset run by a retry
 class ApprovalRetry:
     """Looks again at interrupted approvals, and retries the waiting ones (module docstring).
 
-    ``settled_s``: an approval is looked at as interrupted only once decided this long ago, so
-    that one a replica has just approved and is about to lease is never taken for abandoned;
-    the lease's ttl costs nothing, as a dead holder's lease lapses no sooner anyway.
+    ``settled_s``: an approval is looked at as interrupted only once decided, or taken back
+    from waiting by a retry (``taken_at``), this long ago, so that one a replica has just
+    approved or resumed and is about to lease is never taken for abandoned; the lease's ttl
+    costs nothing, as a dead holder's lease lapses no sooner anyway.
     """
 
     def __init__(self, approvals: ApprovalService, *, settled_s: float) -> None:

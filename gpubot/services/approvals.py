@@ -373,8 +373,8 @@ class ApprovalService:
         return await self.approvals.expire_due(datetime.fromtimestamp(due, UTC))
 
     async def abandon_approved(self, settled_s: float = 0.0) -> list[Approval]:
-        """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` (decided over
-        ``settled_s`` ago); return them.
+        """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` (decided, or
+        taken by a retry, over ``settled_s`` ago); return them.
 
         One that a live replica is running holds its node's reset lock and is left alone; so
         is one this process runs, or could not record as waiting.

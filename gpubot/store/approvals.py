@@ -1,7 +1,7 @@
 """Approval records for forced actions: pending → approved | denied | expired | cancelled,
 then approved → executed | failed | incomplete (the bot stopped before recording the end) |
 waiting (it could not run yet: the node busy, the lease lost, the database down); waiting →
-approved (a retry takes it, once) | failed (its time to run ran out).
+approved (a retry takes it, once, at ``taken_at``) | failed (its time to run ran out).
 
 Each transition is one conditional UPDATE (``WHERE state = <from> ...``) inside the write lock,
 appended to the audit chain in the same transaction: two approvers clicking at once, or one
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, and_, select
+from sqlalchemy import Connection, Engine, Row, and_, func, select
 
 from gpubot.core.approval import ApprovalRequest
 from gpubot.core.models import ApprovalState
@@ -138,7 +138,8 @@ class ApprovalStore:
         )
 
     async def approved(self, decided_before: datetime) -> list[Approval]:
-        """Return approvals still ``approved`` (not run to an end) decided before a moment."""
+        """Return approvals still ``approved`` (not run to an end) decided, or last taken by a
+        retry, before a moment."""
         return await in_thread(self._approved, decided_before)
 
     async def expire_due(self, now: datetime) -> list[Approval]:
@@ -269,8 +270,8 @@ class ApprovalStore:
             values |= {"finished_at": iso(at), "result": canonical_json(result or {})}
         elif to is S.WAITING:  # who approved it, and when, stay as they are
             values |= {"result": canonical_json(result or {})}
-        elif S.WAITING in from_:  # a retry takes it: still the approver's decision
-            pass
+        elif S.WAITING in from_:  # a retry takes it: still the approver's decision, taken now
+            values |= {"taken_at": iso(at)}
         else:
             values |= {"decided_by": by, "decided_at": iso(at)}
         row = self._row(conn, aid)
@@ -332,10 +333,11 @@ class ApprovalStore:
             return [_approval(r) for r in rows]
 
     def _approved(self, before: datetime) -> list[Approval]:
+        settled = func.coalesce(approvals.c.taken_at, approvals.c.decided_at)  # the later
         with guard("cannot read approvals"), read_tx(self._engine) as conn:
             rows = conn.execute(
                 select(approvals)
-                .where(approvals.c.state == S.APPROVED.value, approvals.c.decided_at < iso(before))
+                .where(approvals.c.state == S.APPROVED.value, settled < iso(before))
                 .order_by(approvals.c.id)
             ).all()
             return [_approval(r) for r in rows]
@@ -442,4 +444,5 @@ def _approval(row: Row[Any]) -> Approval:
         result=None if row.result is None else json.loads(row.result),
         channel=row.channel,
         message_ts=row.message_ts,
+        taken_at=t(row.taken_at),
     )

@@ -85,6 +85,7 @@ approvals = Table(
     Column("result", Text, nullable=True),
     Column("channel", Text, nullable=True),
     Column("message_ts", Text, nullable=True),
+    Column("taken_at", TIME, nullable=True),  # a retry took it back to approved (0013)
     CheckConstraint(f"state IN ({_STATES})", name="state"),
     Index(None, "state"),
 )

@@ -43,3 +43,25 @@ async def test_approved_then_incomplete_once_and_audited(store: Store) -> None:
         "incomplete",
     )
     assert (await store.verify()).ok
+
+
+async def test_a_retry_take_stamps_taken_at_and_settles_from_it(store: Store) -> None:
+    """``approved(before)`` counts from the last take of a retry, else from the decision."""
+    a = await store.approvals.create("U1", "alice", "node3", REQUEST, now=T0)
+    await store.approvals.decide(a.id, "U2", True, T0 + timedelta(minutes=1))
+    waiting = await store.approvals.mark_waiting(
+        a.id, {"error": "busy"}, now=T0 + timedelta(minutes=2)
+    )
+    assert waiting.taken_at is None
+    taken = await store.approvals.resume(a.id, now=T0 + timedelta(minutes=10))
+    assert taken.state is S.APPROVED and taken.taken_at == T0 + timedelta(minutes=10)
+    assert taken.decided_at == T0 + timedelta(minutes=1)  # still the approver's decision
+    assert await store.approvals.approved(T0 + timedelta(minutes=5)) == []
+    left = await store.approvals.approved(T0 + timedelta(minutes=11))
+    assert [(x.id, x.taken_at) for x in left] == [(a.id, T0 + timedelta(minutes=10))]
+    again = await store.approvals.mark_waiting(
+        a.id, {"error": "busy"}, now=T0 + timedelta(minutes=12)
+    )
+    assert again.taken_at == T0 + timedelta(minutes=10)  # kept: only an approved one is looked at
+    await store.approvals.resume(a.id, now=T0 + timedelta(minutes=20))
+    assert await store.approvals.approved(T0 + timedelta(minutes=15)) == []

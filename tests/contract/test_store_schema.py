@@ -50,6 +50,7 @@ CHAIN_AFTER_0006: tuple[tuple[str, frozenset[str]], ...] = (
     ("0010", frozenset({"claims", "claim_waits"})),
     ("0011", frozenset()),  # approvals may be ``waiting``: a new CHECK, no table
     ("0012", frozenset({"gpu_holders"})),
+    ("0013", frozenset()),  # approvals get ``taken_at``: a new column, no table
 )
 AFTER_0006 = frozenset().union(*(tables for _, tables in CHAIN_AFTER_0006))
 
@@ -116,6 +117,39 @@ def test_each_migration_after_0006_goes_down_and_up_again_alone(fresh_db_url: st
         store.upgrade()
         assert set(sa.inspect(store.engine).get_table_names()) == TABLES
         assert store.revision() == (HEAD, HEAD)
+    finally:
+        store.close()
+
+
+def test_0013_adds_taken_at_and_takes_it_away_keeping_the_state_check(fresh_db_url: str) -> None:
+    """Down, ``taken_at`` goes and the rows and the CHECK on their state stay (SQLite copies the
+    table); up again, it comes back empty."""
+    store = open_store(fresh_db_url, check_schema=False)
+    insert = (
+        "INSERT INTO approvals (requester, requester_name, source, node, plan, state, "
+        "created_at, expires_at) VALUES ('U1', 'alice', 'slack', 'node3', '{}', '{state}', "
+        "'2030-01-01T12:00:00.000000Z', '2030-01-01T12:15:00.000000Z')"
+    )
+
+    def columns() -> set[str]:
+        return {c["name"] for c in sa.inspect(store.engine).get_columns("approvals")}
+
+    try:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(insert.replace("{state}", "waiting"))
+        assert "taken_at" in columns()
+        store.downgrade("0012")
+        assert "taken_at" not in columns()
+        with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
+            conn.exec_driver_sql(insert.replace("{state}", "bogus"))
+        with store.engine.connect() as conn:
+            states = conn.exec_driver_sql("SELECT state FROM approvals").scalars().all()
+        assert states == ["waiting"]
+        store.upgrade()
+        assert "taken_at" in columns() and store.revision() == (HEAD, HEAD)
+        with store.engine.connect() as conn:
+            taken = conn.exec_driver_sql("SELECT taken_at FROM approvals").scalars().all()
+        assert taken == [None]
     finally:
         store.close()
 
