@@ -64,7 +64,7 @@ async def test_the_uncut_log_passes_the_seal_age(fresh_db_url: str) -> None:
     assert (result.seals, result.seal_age_s) == (7, 60.0)
     assert result.seal is not None
     assert result.line().endswith(
-        f"; newest seal: record {history.head[0]} (periodic, {result.seal.at}, 60 s old)"
+        f"; newest seal: record {history.head[0]} (periodic, {result.seal.at}, 1 min old)"
     )
 
 
