@@ -34,13 +34,19 @@ def iso_utc(created: float) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``TEXT_FORMAT`` with ISO 8601 UTC times (never the host's local time zone)."""
+    """``TEXT_FORMAT`` with ISO 8601 UTC times (never the host's local time zone), one line a
+    record: a line break inside a message (a migration's two-line title, text a node sent) is
+    written as a space, so that no message can start a line that reads as a record of its own.
+    A traceback still follows its record's line."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return iso_utc(record.created)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return " ".join(super().formatMessage(record).splitlines())
 
 
 class JsonFormatter(logging.Formatter):
@@ -83,6 +89,9 @@ def configure(level: str, fmt: str, stream: TextIO | None = None) -> logging.Han
     root = logging.getLogger()
     if root.handlers:
         return None
+    # Alembic 1.18 and later say at INFO which of its autogenerate plugins it set up, nine
+    # lines at its import: nothing an operator of `db upgrade --log-level info` acts on.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root.addHandler(handler)
