@@ -70,6 +70,7 @@ def _until_stopped(proc: subprocess.Popen[str], seen: str, within_s: float) -> t
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stderr.close()  # a timed-out communicate leaves it open, to warn in a later test
 
 
 @pytest.mark.parametrize(
