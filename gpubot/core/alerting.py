@@ -8,6 +8,7 @@ is kept by the ``AlertStore`` port; the messages a ``Notifier`` posts carry ``Al
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -235,6 +236,12 @@ class AlertGroup:
 # --- the outbox: an alert is posted once ---------------------------------------------------------
 
 MAX_REPEATS = 1  # posts made without proof that the earlier one is not in the channel
+
+
+def new_token() -> str:
+    """Return a fresh client token for one post (it rides in the message metadata): every
+    outbox's, alerts', approvals' and direct messages' alike."""
+    return secrets.token_hex(16)
 
 
 class Delivery(StrEnum):

@@ -19,6 +19,9 @@ import re
 
 UNITS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}  # largest first
 MAX_S = 3650 * 86400.0  # ten years
+# Stored times keep microseconds: a stretch of exactly a window or a delay, measured between
+# two of them, may read a hair short. Comparisons with a window or delay allow this much.
+TIME_SLACK_S = 0.001
 ACCEPTED = (
     'a duration like "90s", "30m", "1h30m", "1.5h", "2d" or "1w2d" '
     "(units w, d, h, m, s, largest first, each at most once)"

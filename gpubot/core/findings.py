@@ -39,7 +39,6 @@ from gpubot.core.health_titles import HEALTH_TITLES
 from gpubot.core.holder_runs import HolderKey, holders_idle
 from gpubot.core.idle import (
     MAX_GAP_INTERVALS,
-    TIME_SLACK_S,
     IdleRule,
     holder_owner,
     idle_summary,
@@ -224,7 +223,7 @@ def find(
                     gpu_idle_s,
                     held,
                     snap.taken_at if at is None else at,
-                    config.idle.window_s - TIME_SLACK_S,
+                    config.idle.window_s - durations.TIME_SLACK_S,
                 )
             )
             out.extend(

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gpubot.core.durations import TIME_SLACK_S
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.plan import owner_of
 from gpubot.core.workload import named
@@ -31,8 +32,6 @@ DEFAULT_KEEP_S = 14 * 86400.0
 # A gap between two samples longer than this many sweep intervals breaks an idle run: a missed
 # sweep is a stretch of time nobody looked at.
 MAX_GAP_INTERVALS = 1.5
-# Stored sample times keep microseconds: a run of exactly the window may come back a hair short.
-TIME_SLACK_S = 0.001
 
 GpuKey = tuple[str, int, str]  # (node, GPU index, GPU uuid): a sample counts for its GPU only
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import IntEnum
 
+from gpubot.core.durations import TIME_SLACK_S
+
 
 class Step(IntEnum):
     """A step of the ladder (stored as its number)."""
@@ -91,7 +93,6 @@ def next_step(rung: Rung | None, rule: LadderRule, now: float) -> Step | None:
     return step if now - rung.step_at >= rule.delay(step) - TIME_SLACK_S else None
 
 
-TIME_SLACK_S = 0.001  # stored times keep microseconds: a delay met exactly may read a hair short
 MAX_REASON = 300  # characters of a Keep reason
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -37,6 +36,7 @@ from gpubot.core.alerting import (
     Next,
     PendingPost,
     Posted,
+    new_token,
     next_step,
 )
 from gpubot.core.findings import FindingKey
@@ -53,11 +53,6 @@ GroupOf = Callable[[PendingPost, datetime | None], AlertGroup | None]
 Send = Callable[[str, datetime | None], Awaitable[Posted]]
 # Searches the channel's history for the post carrying a token, from a moment on.
 Find = Callable[[str, datetime], Awaitable[Lookup]]
-
-
-def new_token() -> str:
-    """Return a fresh client token for one alert post (it rides in the message metadata)."""
-    return secrets.token_hex(16)
 
 
 def once_token(subject: str) -> str:

@@ -13,13 +13,12 @@ more saying it may repeat; then given up on, with an audit record.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from gpubot.core.alerting import Delivery, Handle, Lookup, Next, Posted, next_step
+from gpubot.core.alerting import Delivery, Handle, Lookup, Next, Posted, new_token, next_step
 from gpubot.core.approval_posts import ApprovalPost, Purpose
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.ports import Clock
@@ -81,11 +80,6 @@ class PostStore(Protocol):
     async def purposes(self, approval_id: int) -> set[Purpose]:
         """Return the purposes of the posts recorded for an approval."""
         ...
-
-
-def new_token() -> str:
-    """Return a fresh client token for one post (it rides in the message metadata)."""
-    return secrets.token_hex(16)
 
 
 @dataclass

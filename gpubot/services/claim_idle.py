@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from gpubot.core.claim_ports import ClaimStore
 from gpubot.core.claims import Claim, ClaimSettings, idle_rule, idle_step
-from gpubot.core.idle import TIME_SLACK_S, samples_of
+from gpubot.core.durations import TIME_SLACK_S
+from gpubot.core.idle import samples_of
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError
 from gpubot.services.status import StatusService
 

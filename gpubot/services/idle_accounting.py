@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 from gpubot.core.alerting import held_idle_hours
 from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.durations import TIME_SLACK_S
 from gpubot.core.findings import SweepConfig, find
 from gpubot.core.holder_runs import Held, Looked
-from gpubot.core.idle import TIME_SLACK_S, held_idle, samples_of
+from gpubot.core.idle import held_idle, samples_of
 from gpubot.core.idle_runs import RunRule
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock, SampleStore

@@ -20,9 +20,9 @@ from typing import Protocol
 
 from gpubot.core.alerting import SweepResult
 from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.durations import TIME_SLACK_S
 from gpubot.core.findings import Finding
 from gpubot.core.ladder import (
-    TIME_SLACK_S,
     Evidence,
     LadderRule,
     Rung,

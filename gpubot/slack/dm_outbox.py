@@ -27,12 +27,12 @@ from datetime import UTC, datetime
 
 from gpubot.chat.approval_duty import may_repeat
 from gpubot.chat.message import Message
-from gpubot.core.alerting import Delivery, Handle, Lookup, Posted
+from gpubot.core.alerting import Delivery, Handle, Lookup, Posted, new_token
 from gpubot.core.ports import AlertStore
 from gpubot.errors import GpubotError
 from gpubot.services.alert_outbox import AlertOutbox, Find, Send
 from gpubot.slack.api import SlackApi
-from gpubot.slack.outbox import DM_EVENT, find_post, new_token, post_once
+from gpubot.slack.outbox import DM_EVENT, find_post, post_once
 from gpubot.slack.render import to_slack
 
 log = logging.getLogger(__name__)
