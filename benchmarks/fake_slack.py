@@ -66,6 +66,7 @@ class Failure:
     times: int = 1
     channel: str | None = None  # only calls for this channel
     taken: bool = False  # the call's work is done (a message kept) before the error answers
+    dropped: bool = False  # no answer: the connection is closed instead
 
 
 # The bot token's scopes by default: the manifest's (deploy/slack-manifest.yml), all of them.
@@ -129,11 +130,13 @@ class FakeSlack:
         times: int = 1,
         channel: str | None = None,
         taken: bool = False,
+        dropped: bool = False,
     ) -> None:
         """Make the next ``times`` calls of ``method`` (to ``channel``, if given) fail;
         ``method`` "response" is any response_url answer (an HTTP error, 400 unless given).
-        ``taken``: each of them is done first (a post is kept), then answered with the error."""
-        failure = Failure(error, status, retry_after, times, channel, taken)
+        ``taken``: each of them is done first (a post is kept), then answered with the error.
+        ``dropped``: the connection is closed instead of an answer (a Web API method)."""
+        failure = Failure(error, status, retry_after, times, channel, taken, dropped)
         self.failures.setdefault(method, []).append(failure)
 
     def refuse_tables(
@@ -275,6 +278,8 @@ class FakeSlack:
                 self._answer(method, body)  # done, as Slack may before an error answer
             call.status, call.answer = f.status, {"ok": False, "error": f.error}
             self._record(call)
+            if f.dropped and request.transport is not None:
+                request.transport.close()  # the client sees the connection lost, no answer
             headers = {"Retry-After": str(f.retry_after)} if f.retry_after is not None else {}
             return web.json_response(call.answer, status=f.status, headers=headers)
         token = self.app_token if method == "apps.connections.open" else self.token

@@ -42,7 +42,7 @@ from gpubot.core.ports import AlertStore
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.slack.api import CALL_ERRORS, SlackApi
 from gpubot.slack.dm_outbox import DmPoster
-from gpubot.slack.outbox import find_post, once_client, post_once
+from gpubot.slack.outbox import find_post, post_once
 from gpubot.slack.render import to_slack
 
 if TYPE_CHECKING:
@@ -124,14 +124,14 @@ class SlackAlerts:
 
     async def details(self, where: Handle, group: AlertGroup) -> int:
         """Post a digest's details in its thread (nothing for a node's own alert); return
-        the replies posted. No retry of any kind: a reply whose answer is lost is not resent."""
+        the replies posted. A reply whose answer is lost is not resent (``api.retry_handlers``)."""
         if not is_digest(group):
             return 0
         sent = 0
         for msg in render_digest_details(group):
             await self._paced(where[0])
             try:
-                await once_client(self.api.client).chat_postMessage(
+                await self.api.client.chat_postMessage(
                     channel=where[0], thread_ts=where[1], **to_slack(msg)
                 )
                 sent += 1

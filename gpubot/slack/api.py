@@ -3,9 +3,12 @@
 ``SlackApi`` wraps ``AsyncWebClient`` (its retry handlers wait ``Retry-After`` on 429). A message
 Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks``, ``internal_error`` …) is sent
 again with its table as preformatted text, then as plain text, through the Web API and through a
-``response_url`` alike; a failed ``chat.update`` posts a new message. A post answered with a 5xx
-may have been taken: it is neither retried nor sent again in a simpler form (``ServerErrorRetry``);
-what must appear once goes through ``slack.outbox``, which looks for it by its token first.
+``response_url`` alike; a failed ``chat.update`` posts a new message. A post whose answer says it
+may have landed (``maybe_taken``: a 5xx, ``internal_error`` and its like at HTTP 200, a connection
+lost once the request was sent) is neither retried (``ServerErrorRetry``, ``ConnectionErrorRetry``)
+nor sent again in a simpler form, and an update so answered posts nothing new: one line says it
+may not have appeared. What must appear once goes through ``slack.outbox``, which looks for it
+by its token first.
 Failures are logged and return None: a Slack outage never stops a reset half-way or leaves an
 approval in a wrong state. Every call goes through ``slack_errors``, the one place where
 slack_sdk's and aiohttp's errors become ``ChatCallFailed`` (Slack answered with an error code)
@@ -39,14 +42,15 @@ from gpubot.chat.surface import Handle
 from gpubot.core.policy import ChatAccount
 from gpubot.errors import ChatCallFailed, ChatUnanswered, GpubotError
 from gpubot.slack.blockkit import SlackMessage as Message
-from gpubot.slack.blockkit import text_only, without_tables
+from gpubot.slack.blockkit import forms_with_blocks, simpler_forms, text_form
 
 log = logging.getLogger(__name__)
 
 # Errors that mean "these blocks, not this message": try again without tables, then as text.
 # ``internal_error`` is among them: Slack has answered it, not ``invalid_blocks``, for blocks it
 # could not render (table blocks with raw_text cells, soxtoby/SlackNet#246; ``markdown`` blocks,
-# slackapi/python-slack-sdk#1756). A simpler form costs one call; an outage fails it again.
+# slackapi/python-slack-sdk#1756). A simpler form costs one call; an outage fails it again. But
+# a post so answered may be there (``MAYBE_TAKEN``): only an update steps down after it.
 BLOCK_ERRORS = frozenset(
     {
         "msg_too_long",
@@ -72,6 +76,9 @@ SLACK_ERRORS: dict[type[Exception], type[ChatCallFailed]] = {
 CALL_ERRORS = tuple(SLACK_ERRORS)  # for the calls that still catch them themselves (alerts)
 # Errors that mean "the bot cannot post here": answer through the command's response_url.
 NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
+# Answers at HTTP 200 after which "it is possible some aspect of the operation succeeded"
+# (Slack's chat.postMessage errors): a post so answered may be in the channel.
+MAYBE_TAKEN = frozenset({"internal_error", "fatal_error", "service_unavailable"})
 
 
 # Calls that post a message: a 5xx may follow a post Slack took, so resending one blindly can
@@ -79,22 +86,35 @@ NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "res
 POSTING = frozenset({"chat.postMessage", "chat.postEphemeral"})
 
 
+def posts(request: Any) -> bool:
+    """Whether a request posts a message: a posting method, or any ``response_url``."""
+    url = str(request.url)
+    return "/api/" not in url or url.rstrip("/").rsplit("/", 1)[-1] in POSTING
+
+
 class ServerErrorRetry(AsyncServerErrorRetryHandler):
     """slack_sdk's one retry after HTTP 500/503, for every call but a post: a post that may
     have been taken is looked for by its token before anything is sent again (``slack.outbox``)."""
 
     async def _can_retry_async(self, *, request: Any, **kwargs: Any) -> bool:
-        url = str(request.url)
-        if "/api/" not in url or url.rstrip("/").rsplit("/", 1)[-1] in POSTING:
+        return not posts(request) and await super()._can_retry_async(request=request, **kwargs)
+
+
+class ConnectionErrorRetry(AsyncConnectionErrorRetryHandler):
+    """slack_sdk's retries after a lost connection, for a post only when no connection was
+    made (``ClientConnectorError``: nothing was sent); after that, it may have landed."""
+
+    async def _can_retry_async(self, *, request: Any, error: Any = None, **kwargs: Any) -> bool:
+        if posts(request) and not isinstance(error, aiohttp.ClientConnectorError):
             return False
-        return await super()._can_retry_async(request=request, **kwargs)
+        return await super()._can_retry_async(request=request, error=error, **kwargs)
 
 
 def retry_handlers() -> list[Any]:
-    """Return the retry policy: connection errors, 429 (Retry-After), one 5xx retry (not of
-    a post)."""
+    """Return the retry policy: connection errors and one 5xx retry (a post: only if nothing
+    was sent), 429 (Retry-After)."""
     return [
-        AsyncConnectionErrorRetryHandler(max_retry_count=2),
+        ConnectionErrorRetry(max_retry_count=2),
         AsyncRateLimitErrorRetryHandler(max_retry_count=3),
         ServerErrorRetry(max_retry_count=1),
     ]
@@ -183,6 +203,11 @@ def status_of(exc: BaseException) -> int:
     return int(getattr(response, "status_code", 200) or 200)
 
 
+def maybe_taken(exc: ChatCallFailed) -> bool:
+    """Whether a failed call may have applied: no answer, a 5xx, or one of ``MAYBE_TAKEN``."""
+    return isinstance(exc, ChatUnanswered) or status_of(exc) >= 500 or exc.error in MAYBE_TAKEN
+
+
 @contextmanager
 def slack_errors(method: str) -> Iterator[None]:
     """Turn the library errors of a call to ``method`` into ``ChatCallFailed`` ("method: code")."""
@@ -224,23 +249,26 @@ class SlackApi:
         except ChatCallFailed as exc:
             if exc.error in NOT_HERE and response_url:
                 await self.respond(response_url, msg, ephemeral=False)
+            elif maybe_taken(exc):
+                log.warning("chat.postMessage to %s may not have appeared (%s)", channel, exc.error)
             else:
                 log.error("chat.postMessage to %s failed: %s", channel, exc.error)
             return None
         return str(resp["channel"]), str(resp["ts"])
 
     async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
-        """Replace a message; if that fails, post a new one and return where it is."""
+        """Replace a message; if Slack refuses, post a new one and return where it is. If the
+        update may have applied (``maybe_taken``), post nothing: a second message is worse."""
         if handle is None:
             return None
         channel, ts = handle
         try:
             await self._send("chat.update", msg, channel=channel, ts=ts)
             return handle
-        except ChatUnanswered as exc:  # it may have applied: no second one
-            log.warning("chat.update %s/%s unanswered (%s)", channel, ts, exc.error)
-            return handle
         except ChatCallFailed as exc:
+            if maybe_taken(exc):
+                log.warning("chat.update %s/%s may not have applied (%s)", channel, ts, exc.error)
+                return handle
             log.warning("chat.update %s/%s failed (%s): posting anew", channel, ts, exc.error)
         return await self.post(channel, msg)
 
@@ -258,7 +286,7 @@ class SlackApi:
             response_url, timeout=10, session=session, retry_handlers=retry_handlers()
         )
         kind = "ephemeral" if ephemeral else "in_channel"
-        for body in _simpler(msg):
+        for body in simpler_forms(msg):
             try:
                 with slack_errors("response_url"):
                     resp = await hook.send_dict(
@@ -285,7 +313,10 @@ class SlackApi:
         try:
             await self._send("chat.postEphemeral", msg, channel=channel, user=user)
         except ChatCallFailed as exc:
-            log.error("chat.postEphemeral failed: %s", exc.error)
+            if maybe_taken(exc):
+                log.warning("chat.postEphemeral may not have appeared (%s)", exc.error)
+            else:
+                log.error("chat.postEphemeral failed: %s", exc.error)
 
     async def open_dm(self, user: str) -> str | None:
         """Open (or find) the direct message with ``user``; return its channel id or None.
@@ -320,44 +351,18 @@ class SlackApi:
         """Call a chat method; if Slack refuses the blocks, retry without tables, then as text.
 
         The simpler forms are made only when needed: a message shared by many requests (one
-        fleet answer) costs each of them one call, not two more renders. A post answered with a
-        5xx steps down no further: Slack may have it.
+        fleet answer) costs each of them one call, not two more renders. A post whose answer
+        says it may have landed (``maybe_taken``) steps down no further: Slack may have it.
         """
-        for attempt in _richer(msg):
+        for attempt in forms_with_blocks(msg):
             try:
                 return await call(self.client, method, **where, **attempt)
             except ChatCallFailed as exc:
-                if isinstance(exc, ChatUnanswered) or exc.error not in BLOCK_ERRORS:
-                    raise
-                if method in POSTING and status_of(exc) >= 500:  # it may be there: no other
+                if exc.error not in BLOCK_ERRORS or (method in POSTING and maybe_taken(exc)):
                     raise
                 name = method.replace(".", "_")  # as the log has always named it
                 log.warning("%s refused the blocks (%s): simpler next", name, exc.error)
-        return await call(self.client, method, **where, **_plain(msg), blocks=[])
-
-
-def _richer(msg: Message) -> Iterator[Message]:
-    """Yield the forms with blocks to try in turn: ``msg``, then without tables (if it has one)."""
-    if not msg.get("blocks"):
-        return
-    yield msg
-    plain = without_tables(msg)
-    if plain is not None:
-        yield plain
-
-
-def _plain(msg: Message) -> Message:
-    """Return the last form to try: ``msg``'s content as text (as it is if it has no blocks)."""
-    if not msg.get("blocks"):
-        return {k: v for k, v in msg.items() if k != "blocks"}
-    return text_only(msg)
-
-
-def _simpler(msg: Message) -> Iterator[Message]:
-    """Yield the forms to try in turn, each made when asked for: ``msg``, then without tables
-    (if it has one), then text. A message without blocks is sent as it is (one try)."""
-    yield from _richer(msg)
-    yield _plain(msg)
+        return await call(self.client, method, **where, **text_form(msg), blocks=[])
 
 
 class SlackSurface:

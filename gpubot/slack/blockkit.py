@@ -6,14 +6,15 @@ elements, one ``table`` block a message with at most 100 rows of at most 20 cell
 view (``limit_problems(..., view=True)``); confirmation dialogs are plain_text.
 
 ``message_text`` turns a Block Kit message back into plain text: only for the last of Slack's
-fallbacks (``text_only``), when Slack refuses a message's blocks. The console renders the
-neutral message itself (``gpubot.console.text_render``).
+fallbacks (``text_only``), when Slack refuses a message's blocks; ``simpler_forms`` yields a
+message's forms in the order they are tried (as is, without tables, as text). The console
+renders the neutral message itself (``gpubot.console.text_render``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from gpubot.chat.layout import (
@@ -271,3 +272,27 @@ def without_tables(message: Mapping[str, Any]) -> SlackMessage | None:
 def text_only(message: Mapping[str, Any]) -> SlackMessage:
     """Return a blocks-free copy of ``message`` carrying its content as text."""
     return {"text": clip(escape_lines(message_text(message)), MAX_FALLBACK)}
+
+
+def forms_with_blocks(msg: SlackMessage) -> Iterator[SlackMessage]:
+    """Yield the forms with blocks to try in turn: ``msg``, then without tables (if it has one)."""
+    if not msg.get("blocks"):
+        return
+    yield msg
+    plain = without_tables(msg)
+    if plain is not None:
+        yield plain
+
+
+def text_form(msg: SlackMessage) -> SlackMessage:
+    """Return the last form to try: ``msg``'s content as text (as it is if it has no blocks)."""
+    if not msg.get("blocks"):
+        return {k: v for k, v in msg.items() if k != "blocks"}
+    return text_only(msg)
+
+
+def simpler_forms(msg: SlackMessage) -> Iterator[SlackMessage]:
+    """Yield the forms to try in turn, each made when asked for: ``msg``, then without tables
+    (if it has one), then text. A message without blocks is sent as it is (one try)."""
+    yield from forms_with_blocks(msg)
+    yield text_form(msg)

@@ -2,9 +2,9 @@
 
 ``post_once`` posts with ``metadata`` (Slack's ``event_type`` / ``event_payload``, unseen by
 people) and says how the post ended: ``posted``, ``refused`` (Slack answered no: nothing is in
-the channel) or ``uncertain`` (a timeout, a dropped connection, a 5xx: it may be there). Its
-client retries only a 429, which Slack documents as not taken: slack_sdk's connection-error
-and 5xx retries would post a second message when the first was taken but its answer lost.
+the channel) or ``uncertain`` (a timeout, a dropped connection, a 5xx: it may be there). The
+bot's client never retries a post that may have been taken (``slack.api.retry_handlers``): only
+a 429, which Slack documents as not taken, or a connection never made.
 ``internal_error`` (and ``fatal_error``, ``service_unavailable``) at HTTP 200 may follow a post
 Slack took, as its documentation of ``chat.postMessage`` says: before a simpler form is sent,
 the history is searched for the token (issue 34: such an alert was posted twice).
@@ -17,20 +17,18 @@ be checked.
 
 from __future__ import annotations
 
-import copy
 import logging
-import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
-from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gpubot.core.alerting import Delivery, Lookup, Posted
-from gpubot.slack.api import BLOCK_ERRORS, SlackApi, _plain, _richer
+from gpubot.slack.api import BLOCK_ERRORS, MAYBE_TAKEN, SlackApi
 from gpubot.slack.blockkit import SlackMessage as Message
+from gpubot.slack.blockkit import forms_with_blocks, text_form
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +40,6 @@ LADDER_EVENT = "gpubot_ladder_posted"  # ... and of the reclaim ladder's channel
 PAGE = 200  # messages a history page asks for (Slack: at most 999, internal apps)
 MAX_PAGES = 10
 SLACK_SKEW_S = 60.0  # the history is searched from this long before the findings were seen
-# Answers at HTTP 200 after which "it is possible some aspect of the operation succeeded"
-# (Slack's chat.postMessage errors): the post is looked for before anything else is sent.
-MAYBE_TAKEN = frozenset({"internal_error", "fatal_error", "service_unavailable"})
-
-
-def new_token() -> str:
-    """Return a fresh client token for one post (it rides in the message metadata)."""
-    return secrets.token_hex(16)
-
-
-def once_client(client: AsyncWebClient) -> AsyncWebClient:
-    """Return ``client`` retrying only 429s (a copy sharing its session and token)."""
-    once = copy.copy(client)
-    once.retry_handlers = [AsyncRateLimitErrorRetryHandler(max_retry_count=3)]
-    return once
 
 
 async def post_once(
@@ -76,11 +59,11 @@ async def post_once(
     an answer that may follow a post it took (``MAYBE_TAKEN``) the history is searched first.
     """
     meta = {"event_type": event, "event_payload": {"token": token}}
-    call = once_client(api.client).chat_postMessage
+    call = api.client.chat_postMessage
     where: dict[str, Any] = {"channel": channel, "metadata": meta}
     if thread_ts is not None:
         where |= {"thread_ts": thread_ts, "reply_broadcast": True}
-    forms = [*_richer(msg), {**_plain(msg), "blocks": []}]
+    forms = [*forms_with_blocks(msg), {**text_form(msg), "blocks": []}]
     since = datetime.now(UTC)
     for n, form in enumerate(forms, 1):
         try:
