@@ -144,9 +144,23 @@ def test_the_probe_names_a_rootless_containers_slice_user() -> None:
 
 
 @pytest.mark.parametrize(
-    "cgroup", ["0::/system.slice/a.service", "0::/user.slice/user-1000.slice/session-3.scope"]
+    "cgroup",
+    [
+        "0::/system.slice/a.service",
+        "0::/user.slice/user-1000.slice/session-3.scope",
+        "0::/user.slice/user-1000.slice/user@1000.service/app.slice/job.scope",
+        "0::/user.slice/user-1000.slice/user@1000.service/x\\0120::/forged.scope",
+    ],
 )
-def test_a_name_for_no_process_and_no_rootless_slice_is_refused(cgroup: str) -> None:
-    """Extra names are taken only for a rootless container's slice: a stray one is an error."""
+def test_an_extra_name_that_is_no_rootless_slice_names_no_one(cgroup: str) -> None:
+    """A user's own scope under their systemd, or a subordinate uid outside a container, gets
+    its slice uid named too: that name is ignored, and the node's probe does not fail."""
+    info = parse_procs(_listing(cgroup, "u 231072 !\nu 1000 =alice"), [7])[7]
+    assert info.uid == 231072 and info.user == "231072"
+    w = info.workload
+    assert w is None or w.get("uid_name") is None
+
+
+def test_a_missing_name_for_a_processs_own_uid_is_still_an_error() -> None:
     with pytest.raises(ParseError, match="owner names"):
-        parse_procs(_listing(cgroup, "u 231072 !\nu 1000 =alice"), [7])
+        parse_procs(_listing(ROOTLESS_CG, "u 1000 =alice"), [7])
