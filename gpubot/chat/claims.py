@@ -167,7 +167,9 @@ class ClaimDesk:
             try:
                 await self._tell(await svc.serve(node, now))
             except GpubotError as exc:
-                log.warning("the queue of %s waits for the next tick: %s", node, exc)
+                log.warning(
+                    "the queue of %s waits for the next tick: %s", node, exc, extra=DUTY_TURN
+                )
 
     async def free_intruder(self, value: str, who: Identity, out: Surface) -> None:
         """*Free it* of an intruder: the claimant's own reset of that process, which, being

@@ -41,7 +41,7 @@ from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.findings import Finding
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock
-from gpubot.errors import GpubotError, StoreError, UsageError
+from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims
 from gpubot.services.status import StatusService
@@ -294,7 +294,7 @@ class ClaimService:
         try:
             active = await self.store.active()
         except StoreError as exc:  # the sweep stands; intruders wait for the next one
-            log.warning("claims not read, intruders not looked for: %s", exc)
+            log.warning("claims not read, intruders not looked for: %s", exc, extra=DUTY_TURN)
             return []
         del now  # the sweep's start; the grace runs on this service's clock, as the duty does
         seen = self.clock.now()
@@ -349,7 +349,7 @@ class ClaimService:
             try:
                 events += await self.serve(node, now)
             except GpubotError as exc:  # one node fails alone
-                log.warning("the queue of %s was not served: %s", node, exc)
+                log.warning("the queue of %s was not served: %s", node, exc, extra=DUTY_TURN)
         return events
 
     async def serve(self, node: str, now: float) -> list[Offered]:

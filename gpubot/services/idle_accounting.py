@@ -30,7 +30,7 @@ from gpubot.core.idle_runs import RunRule
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock, SampleStore
 from gpubot.core.protect import Protection
-from gpubot.errors import StoreError
+from gpubot.errors import DUTY_TURN, StoreError
 from gpubot.services.offload import off_loop
 
 log = logging.getLogger(__name__)
@@ -85,12 +85,14 @@ class IdleAccounting:
                 samples, self.rule, keep_from=keep_from, looked=looked
             )
         except StoreError as exc:  # the sweep stands; idle detection misses this sample
-            log.warning("GPU samples not stored, idle GPUs not looked for: %s", exc)
+            log.warning(
+                "GPU samples not stored, idle GPUs not looked for: %s", exc, extra=DUTY_TURN
+            )
             return IdleTimes(now)
         try:
             await self.samples.prune_samples(keep_from, limit=PRUNE_BATCH)
         except StoreError as exc:
-            log.warning("old GPU samples not pruned: %s", exc)
+            log.warning("old GPU samples not pruned: %s", exc, extra=DUTY_TURN)
         return IdleTimes(now, self._long_enough(got.gpus, now), got.held)
 
     async def held(self, snaps: Sequence[NodeSnapshot], now: float) -> Held:
@@ -100,7 +102,7 @@ class IdleAccounting:
         try:
             got = await self.samples.idle_since([], self.rule, keep_from=keep_from, looked=looked)
         except StoreError as exc:
-            log.warning("GPU holders not looked for: %s", exc)
+            log.warning("GPU holders not looked for: %s", exc, extra=DUTY_TURN)
             return {}
         return got.held
 
@@ -126,7 +128,7 @@ class IdleAccounting:
                 current, self.rule, keep_from=now - rule.keep_s, looked=looked
             )
         except StoreError as exc:
-            log.warning("idle GPUs not looked for: %s", exc)
+            log.warning("idle GPUs not looked for: %s", exc, extra=DUTY_TURN)
             return IdleTimes(now)
         return IdleTimes(now, self._long_enough(got.gpus, now), got.held)
 
