@@ -7,9 +7,12 @@ Sources, in order (the first one the SSH user may read is used):
    read (the first read of a process: ``--since`` the Xid window). With a cursor, ``-n`` takes
    the OLDEST entries after it (journalctl's behaviour since long before systemd 252; systemd
    issues 14722, 26764) and ``--show-cursor`` names the last one taken, so a backlog (a user's
-   faulting job can grow one) is read in bounded steps, one a sweep, each moving the cursor: no
-   read grows past its budget and times out for good, and a fatal line behind a flood is read a
-   step later. (With ``--since``, systemd 254 and later take the newest entries instead: a first
+   faulting job can grow one) is read in bounded steps, each moving the cursor: no step grows
+   past its budget and times out for good. The read says how many entries a step took
+   (``@gpubot entries N``): a full step means more may wait, and the watch takes the next step
+   within the same read's budget (``services.xid_watch``), so a fatal line behind a flood is
+   read in the same sweep while the budget allows, and the node's note says when it does not.
+   (With ``--since``, systemd 254 and later take the newest entries instead: a first
    read after a restart then skips the oldest part of a backlog over MAX_ENTRIES.) Reading the
    kernel's messages from the system journal needs membership of the ``systemd-journal`` or
    ``adm`` group (or root); without it journalctl shows the user's own journal only and says so.
@@ -87,6 +90,9 @@ pick() {  # $1: the source's text, $2: lines, $3: bytes, $4: application lines, 
   fi
   printf '%s\n' "$1" | grep -a -E '^-- cursor: |^Failed to seek' | tail -n 2 | cut -b "1-$3"
 }
+took() {  # the journal entries a step took (short-iso: each starts with its time)
+  printf '%s entries %s\n' @gpubot "$(printf '%s\n' "$1" | grep -a -c -E '^[0-9]{4}-[0-9]{2}-')"
+}
 if command -v journalctl >/dev/null 2>&1; then
   if [ -n "$1" ]; then a="--after-cursor=$1"; else a="--since=$2"; fi
   all=$(journalctl -k --no-pager -o short-iso --show-cursor -n "$8" "$a" 2>&1); rc=$?
@@ -96,10 +102,11 @@ if command -v journalctl >/dev/null 2>&1; then
     *$'\n'"No journal files were found"*)
       printf '%s journal-denied no journal on the node\n' @gpubot ;;
     *$'\n'"Failed to seek"*)  # the cursor is gone: the parser starts over
-      printf '%s source journal\n' @gpubot; pick "$all" "$3" "$4" "$6" "$7"; exit 0 ;;
+      printf '%s source journal\n' @gpubot; took "$all"; pick "$all" "$3" "$4" "$6" "$7"; exit 0 ;;
     *)
       if [ "$rc" = 0 ]; then
-        printf '%s source journal\n' @gpubot; pick "$all" "$3" "$4" "$6" "$7"; exit 0
+        printf '%s source journal\n' @gpubot; took "$all"; pick "$all" "$3" "$4" "$6" "$7"
+        exit 0
       fi
       printf '%s journal-denied journalctl exit %s: %s\n' @gpubot "$rc" "${all:0:200}" |
         head -n 1 ;;
@@ -148,12 +155,14 @@ class KernelRead:
     denied: tuple[str, ...] = ()
     cursor_lost: bool = False
     counts: Mapping[CountKey, int] | None = None  # None: the node sent none (nothing to count)
+    entries: int | None = None  # the journal entries the step took (None: dmesg, or not said)
 
 
 _COUNT = re.compile(
     rf"^{MARK} count (\d{{1,9}}) ([xs]) ([0-9a-f]{{4}}:[0-9a-f]{{2}}:[0-9a-f]{{2}}) (\d{{1,9}})$",
     re.IGNORECASE,
 )
+_ENTRIES = re.compile(rf"^{MARK} entries (\d{{1,9}})$")
 
 
 def parse_kernlog(stdout: str) -> KernelRead:
@@ -164,8 +173,11 @@ def parse_kernlog(stdout: str) -> KernelRead:
     denied: list[str] = []
     counts: dict[CountKey, int] = {}
     lost = False
+    entries: int | None = None
     for line in stdout.splitlines():
-        if (c := _COUNT.match(line)) is not None:
+        if (n := _ENTRIES.match(line)) is not None:
+            entries = int(n[1])
+        elif (c := _COUNT.match(line)) is not None:
             key = (c[2] == "s", c[3].lower(), int(c[4]))
             counts[key] = counts.get(key, 0) + int(c[1])  # the bus's case: one count
         elif line.startswith(f"{MARK} source "):
@@ -178,7 +190,7 @@ def parse_kernlog(stdout: str) -> KernelRead:
             lost = True
         elif source is not None:
             lines.append(line)
-    return KernelRead(source, tuple(lines), cursor, tuple(denied), lost, counts or None)
+    return KernelRead(source, tuple(lines), cursor, tuple(denied), lost, counts or None, entries)
 
 
 @dataclass(frozen=True)

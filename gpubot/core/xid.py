@@ -12,7 +12,9 @@ Evidence that accuses a person is that person's own (issue 34): an application c
 (a job's own fault) are counted per faulting process (the kernel's pid), never per line. Any
 user can open a context on another's GPU and fault there as often as they like, so one process's
 burst, or bursts of processes all known to be one owner's, stays that owner's finding with no
-reset offered; it becomes on-call's only across distinct KNOWN owners (``several``). A process
+reset offered; it becomes on-call's only across distinct KNOWN owners (``several``): named
+accounts root controls (``known_owner``), never a subordinate uid (``231072``) that any user may
+run as, nor an unnamed slice's ``uid N``. A process
 gone by the sweep (as a faulting one usually is) has no owner gpubot can prove, and an unknown
 owner is never counted as another person: one user can fault from as many short-lived processes
 as they like, so processes alone never make a burst on-call's. Lines without a pid cannot show
@@ -30,9 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpubot.core.findings import Finding
-from gpubot.core.idle import holder_owner
 from gpubot.core.kernlog import XidEvent, gpu_bus
-from gpubot.core.models import FindingKind, NodeSnapshot
+from gpubot.core.models import FindingKind, GpuProcess, NodeSnapshot
+from gpubot.core.names import is_linux_user
 from gpubot.core.text import code as mark
 from gpubot.core.xid_table import QUIET, TELL_OWNER, XidClass, sxid_class, xid_class
 
@@ -130,14 +132,28 @@ class Group:
             p.elapsed_s is None or snap.taken_at - p.elapsed_s > first + START_SLACK_S
         ):
             return None, "pid reused since the line"
-        return holder_owner(p), ""
+        owner = known_owner(p)
+        return owner, "" if owner is not None else "no named owner"
+
+
+def known_owner(p: GpuProcess) -> str | None:
+    """Return the owner of ``p`` that root controls, or None: its workload's owner when that is
+    a named account (``core.workload.decide_owner``; a bare ``uid N`` slice names no one), else
+    the process's user when that is a named account. A uid with no passwd entry (``231072``: a
+    subordinate uid any user may run as through ``newuidmap``) is nobody's name: never an owner,
+    never another person."""
+    w = p.workload
+    if w is not None and w.owner is not None:
+        return w.owner if is_linux_user(w.owner) else None
+    return p.user if is_linux_user(p.user) else None
 
 
 def several(sources: Sequence[Source]) -> bool:
-    """Whether application errors come from more than one person's trouble: distinct owners
-    that ``/proc`` names (root's word). Processes whose owner is unknown (gone by the sweep,
-    pid reused) never count as other people: one user's short-lived processes, however many,
-    are evidence about that user's jobs, never a reason to reset another's GPU."""
+    """Whether application errors come from more than one person's trouble: distinct named
+    owners (``known_owner``: root's word). Processes whose owner is unknown (gone by the sweep,
+    pid reused, an unnamed or subordinate uid) never count as other people: one user's
+    short-lived processes or subordinate uids, however many, are evidence about that user's
+    jobs, never a reason to reset another's GPU."""
     return len({s.owner for s in sources if s.owner is not None}) >= BURST_OWNERS
 
 
@@ -224,7 +240,8 @@ MAX_SOURCES_SHOWN = 4
 def _who(group: Group) -> tuple[str, str | None]:
     """Return the words about whose processes wrote the lines (escaped) and the owner, as
     ``/proc`` says, of the process that wrote the last line with a pid (unknown: the one owner
-    the group's processes name, if just one)."""
+    of EVERY process of the group, if they all have that one known owner; else none, a plain
+    finding: one user's many unowned processes never make another's line theirs)."""
     sources = group.sources()
     bare = sum(1 for s in group.seen if not s.event.summary and not (s.event.pid or "").isdigit())
     words = ""
@@ -244,8 +261,8 @@ def _who(group: Group) -> tuple[str, str | None]:
         (s.event.pid for s in reversed(group.seen) if s.event.pid and s.event.pid.isdigit()), None
     )
     owner = next((s.owner for s in sources if last is not None and s.pid == int(last)), None)
-    named = {s.owner for s in sources if s.owner is not None}
-    if owner is None and len(named) == 1:  # the one owner its lines can name
+    named = {s.owner for s in sources}
+    if owner is None and len(named) == 1 and None not in named:  # every process that one's
         owner = next(iter(named))
     return words, owner
 

@@ -1,8 +1,10 @@
 """The sweep's kernel-log watch: one bounded read per node per sweep, the events of the window.
 
 Each sweep reads what the driver wrote since the previous read (``core.kernlog``: the journal
-after its cursor, at most ``entries`` entries a read, so a backlog is read in bounded steps and
-never times out every later read; else dmesg after the last timestamp seen, whose counts are the
+after its cursor, at most ``entries`` entries a step, so a backlog is read in bounded steps and
+never times out every later read; a full step is followed by the next within the read's budget,
+at most ``steps`` of them, and a read that ends on a full step says in the node's note that it
+is behind; else dmesg after the last timestamp seen, whose counts are the
 whole ring buffer's, so only their increase since the previous read is summarised), beside the
 node's probe and within the same budget. The cursor and the events of the window are this
 process's: after a restart the first read goes back one window, so an open finding is found
@@ -22,7 +24,7 @@ Every new line counts once in ``gpubot_gpu_xid_total{node,gpu,xid}`` (``count``)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -30,8 +32,11 @@ from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding
 from gpubot.core.kernlog import (
+    MAX_APP_LINES,
     MAX_ENTRIES,
+    MAX_LINES,
     CountKey,
+    KernelRead,
     XidEvent,
     increase,
     is_app,
@@ -51,6 +56,8 @@ log = logging.getLogger(__name__)
 
 CountXid = Callable[[str, str, str], None]  # node, gpu ("-": the node's), code ("sxid:N")
 MAX_COUNTED = 10_000  # lines of one summary counted in the metric, one call each
+MAX_STEPS = 12  # journal steps one read takes at most (12 x 5000 entries: 200/s over 300 s)
+MIN_STEP_S = 0.5  # the least budget a further step is started with
 
 
 @dataclass
@@ -76,60 +83,94 @@ class XidWatch:
         clock: Clock = SYSTEM_CLOCK,
         count: CountXid | None = None,
         entries: int = MAX_ENTRIES,
+        steps: int = MAX_STEPS,
     ) -> None:
         self.transport = transport
         self.window_s = window_s
         self.timeout_s = timeout_s
         self.clock = clock
         self.count = count
-        self.entries = entries  # journal entries one read takes (a backlog: in steps)
+        self.entries = entries  # journal entries one step takes (a backlog: in steps)
+        self.steps = steps  # steps one read takes at most (within timeout_s in all)
         self._nodes: dict[str, _Node] = {}
         self._last: dict[str, NodeSnapshot] = {}  # each node's latest table (the bus-id map)
 
     async def read(self, node: NodeConfig) -> None:
-        """Read what ``node``'s driver wrote since the last read (one exec; fails soft)."""
+        """Read what ``node``'s driver wrote since the last read (fails soft): one exec, and
+        while the journal's steps come back full, the next step within the read's budget."""
         st = self._nodes.setdefault(node.name, _Node())
         since = st.cursor is None  # the window back: it may hold lines already seen
-        argv = kernlog_argv(st.cursor, self.window_s, self.entries)
-        try:
-            res = await self.transport.run(node, argv, timeout=self.timeout_s)
-        except GpubotError as exc:
-            self._say(node.name, st, f"kernel log not read: {exc}")
-            return
-        got = parse_kernlog(res.stdout)
-        if got.source is None:
-            why = "; ".join(got.denied) or f"exit {res.exit_status}: {res.stderr.strip()[:200]}"
-            self._say(node.name, st, f"kernel log unreadable: {why}")
+        got = await self._steps(node, st)
+        if not got:
             return
         now = self.clock.now()
-        kept = [e for e in map(parse_event, got.lines) if e is not None]
-        if got.source == "dmesg":
-            events = self._dmesg(st, kept, got.counts, now)
+        kept = [e for r in got for e in map(parse_event, r.lines) if e is not None]
+        if got[-1].source == "dmesg":
+            events = self._dmesg(st, kept, got[-1].counts, now)
         else:
             st.counts = None
-            events = kept + summaries(got.counts, kept)
+            kept = capped(kept)  # the caps over every step: other lines first, as on the node
+            events = kept + summaries(added(r.counts for r in got), kept)
             if since and st.seen:  # read again after a lost cursor: each line once
                 known = {s.event.line for s in st.seen}
                 events = [e for e in events if e.line not in known]
-        self._note(node.name, st, events, now)
-        if got.cursor_lost:
-            st.cursor = None
-        elif got.cursor is not None:
-            st.cursor = got.cursor
+        behind = ""
+        if full(got[-1], self.entries) and not got[-1].cursor_lost:
+            n = sum(r.entries or 0 for r in got)
+            behind = f"reading behind: {n} entries read in {len(got)} steps, more waiting"
+        self._note(node.name, st, events, now, behind)
         new = [Seen(node.name, e, e.at if e.at is not None else now) for e in events]
         st.seen = recent([*st.seen, *new], now, self.window_s)
         st.fresh += new
 
-    def _note(self, node: str, st: _Node, events: Sequence[XidEvent], now: float) -> None:
-        """Say what the read's caps dropped (the node's note while it is in the window): a
-        flood is summarised, never a silent loss."""
+    async def _steps(self, node: NodeConfig, st: _Node) -> list[KernelRead]:
+        """Run the read's steps, each after the cursor the previous one left, while a step
+        comes back full and the read's budget (``timeout_s``, ``steps``) has room for one
+        more like it. A step that fails after the first ends the read with what it has."""
+        out: list[KernelRead] = []
+        ends = self.clock.monotonic() + self.timeout_s
+        took = 0.0
+        while not out or (
+            full(out[-1], self.entries)
+            and not out[-1].cursor_lost
+            and len(out) < self.steps
+            and ends - self.clock.monotonic() > max(took, MIN_STEP_S)
+        ):
+            started = self.clock.monotonic()
+            argv = kernlog_argv(st.cursor, self.window_s, self.entries)
+            try:
+                left = ends - started
+                res = await self.transport.run(node, argv, timeout=left)
+            except GpubotError as exc:
+                self._say(node.name, st, f"kernel log not read: {exc}")
+                return out
+            got = parse_kernlog(res.stdout)
+            if got.source is None:
+                why = "; ".join(got.denied) or f"exit {res.exit_status}: {res.stderr[:200]}"
+                self._say(node.name, st, f"kernel log unreadable: {why.strip()}")
+                return out
+            took = self.clock.monotonic() - started
+            out.append(got)
+            if got.cursor_lost:
+                st.cursor = None
+            elif got.cursor is not None:
+                st.cursor = got.cursor
+        return out
+
+    def _note(
+        self, node: str, st: _Node, events: Sequence[XidEvent], now: float, behind: str
+    ) -> None:
+        """Say what the read's caps dropped, and that it is behind (the node's note while it
+        is in the window): a flood is summarised, never a silent loss or a silent lag."""
         app = sum(e.count for e in events if e.summary and is_app(e.key))
         other = sum(e.count for e in events if e.summary and not is_app(e.key))
         said = [f"{app} application-error lines"] if app else []
         said += [f"{other} other driver lines"] if other else []
-        if said:
-            st.note = (now, f"kernel log: {' and '.join(said)} summarised")
-            log.warning("%s: %s (counted per GPU and code, not kept)", node, st.note[1])
+        parts = [f"{' and '.join(said)} summarised"] if said else []
+        parts += [behind] if behind else []
+        if parts:
+            st.note = (now, f"kernel log: {'; '.join(parts)}")
+            log.warning("%s: %s", node, st.note[1])
 
     def _dmesg(
         self, st: _Node, kept: list[XidEvent], counts: Mapping[CountKey, int] | None, now: float
@@ -197,6 +238,29 @@ class XidWatch:
             gpu = None if e.sxid else gpus.get(e.bus)
             for _ in range(min(e.count, MAX_COUNTED)):  # a summary: each line it holds
                 self.count(node, "-" if gpu is None else str(gpu), _label(e))
+
+
+def full(got: KernelRead, entries: int) -> bool:
+    """Whether a journal step took as many entries as it may: more may wait after it."""
+    return got.entries is not None and got.entries >= entries
+
+
+def capped(kept: Sequence[XidEvent]) -> list[XidEvent]:
+    """Return the newest lines of each class over every step, in order, under the node's
+    caps: other driver lines (an Xid 79) are never pushed out by application errors."""
+    app = [e for e in kept if is_app(e.key)][-MAX_APP_LINES:]
+    other = [e for e in kept if not is_app(e.key)][-MAX_LINES:]
+    keep = {id(e) for e in (*app, *other)}
+    return [e for e in kept if id(e) in keep]
+
+
+def added(counts: Iterable[Mapping[CountKey, int] | None]) -> dict[CountKey, int]:
+    """Return the steps' counts summed (each step counts only the entries it took)."""
+    out: dict[CountKey, int] = {}
+    for c in counts:
+        for k, n in (c or {}).items():
+            out[k] = out.get(k, 0) + n
+    return out
 
 
 class XidCounter(Protocol):

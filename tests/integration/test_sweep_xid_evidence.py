@@ -24,7 +24,7 @@ from gpubot.core.alerting import SweepResult
 from gpubot.core.kernlog import MAX_APP_LINES, MAX_ENTRIES, MAX_LINES, parse_event
 from gpubot.core.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER
 from gpubot.services.sweep import SweepService
-from gpubot.services.xid_watch import XidWatch
+from gpubot.services.xid_watch import MAX_STEPS, XidWatch
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from gpusim.fleet import SimFleet
@@ -61,7 +61,11 @@ def db_url(tmp_path: Path) -> Iterator[str]:
 
 @asynccontextmanager
 async def sweeper(
-    fleet: SimFleet, db_url: str, fake: FakeSlack | None, entries: int = MAX_ENTRIES
+    fleet: SimFleet,
+    db_url: str,
+    fake: FakeSlack | None,
+    entries: int = MAX_ENTRIES,
+    steps: int = MAX_STEPS,
 ) -> AsyncIterator[Sweep]:
     """The real composition with a sweep service and its kernel-log watch."""
     s = load(fleet.config_path)
@@ -76,7 +80,7 @@ async def sweeper(
         notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
     clock = ManualClock()
     ports = sweep_ports(settings, app.store, notifier=notifier, clock=clock)
-    watch = XidWatch(app.transport, clock=clock, entries=entries)
+    watch = XidWatch(app.transport, clock=clock, entries=entries, steps=steps)
     app.status.decorators.append(watch.flag)  # as services.xid_watch.watch_for wires it
     ports = dataclasses.replace(ports, xid=watch)
     svc = SweepService(settings, app.status, app.transport, ports, clock=clock, replica="test")
@@ -178,18 +182,20 @@ async def test_a_flood_of_application_lines_never_hides_an_xid_79(
     assert note in snap.notes  # the node's note beside its status
 
 
+@pytest.mark.parametrize(("steps", "want"), [(MAX_STEPS, [True] * 3), (1, [False, False, True])])
 async def test_a_journal_backlog_is_read_in_bounded_steps_and_a_79_past_the_cap_found(
-    fleet: SimFleet, db_url: str
+    fleet: SimFleet, db_url: str, steps: int, want: list[bool]
 ) -> None:
-    """450 of a job's own lines, then GPU 2 falls off the bus; each read takes 200 entries
-    (journalctl -n after the cursor): the 79 is found on the third sweep, never lost."""
+    """450 of a job's own lines, then GPU 2 falls off the bus; each step takes 200 entries
+    (journalctl -n after the cursor) and a full step is followed by the next within the read's
+    budget: the 79 is found on the first sweep (control, one step a sweep: on the third)."""
     n1 = fleet.node("node1")
     n1.kernel.set_mode("journal")
     job = n1.spawn(gpu=0, mib=1024)
     for _ in range(450):
         n1.kernel.xid(0, 13, pid=job.pid, name="python3")
     n1.kernel.xid(2, 79)
-    async with sweeper(fleet, db_url, None, entries=200) as s:
-        steps = [xids(await s.svc.run(alerting=False)) for _ in range(3)]
-    assert [(2, "xid:79") in x for x in steps] == [False, False, True]
-    assert steps[2][(2, "xid:79")] == DRAIN_REBOOT
+    async with sweeper(fleet, db_url, None, entries=200, steps=steps) as s:
+        found = [xids(await s.svc.run(alerting=False)) for _ in range(3)]
+    assert [(2, "xid:79") in x for x in found] == want
+    assert found[2][(2, "xid:79")] == DRAIN_REBOOT

@@ -9,7 +9,10 @@ own cap, and what a cap dropped arrives as a count per (bus, code): summarised, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given
@@ -19,6 +22,7 @@ from gpubot.chat.alerts import item_parts
 from gpubot.chat.reset_view import ACTION_RESET_GPU
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import Finding
+from gpubot.core.idle import holder_owner
 from gpubot.core.kernlog import (
     APP_CODES,
     MAX_APP_LINES,
@@ -30,12 +34,14 @@ from gpubot.core.kernlog import (
     summaries,
 )
 from gpubot.core.models import CommandResult, GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
-from gpubot.core.xid import Seen, xid_findings
+from gpubot.core.runtimes.base import Workload, WorkloadKind
+from gpubot.core.xid import Group, Seen, known_owner, xid_findings
 from gpubot.core.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER, TICKET
 from gpubot.services.xid_watch import XidWatch
 from gpubot.transport.scripted import Call, ScriptedTransport, completed
 from tests.fixtures.settings import ManualClock
 
+OwnerRule = Callable[[GpuProcess], str | None]
 T0 = 1_790_000_000.0  # the lines' time; every process below started an hour before
 BUSES = ("0000:18:00", "0000:19:00")
 GPUS = tuple(
@@ -134,7 +140,8 @@ def test_control_a_code_that_is_not_the_jobs_own_counts_lines() -> None:
         ([201, 201, None, None, None], "mallory", "3 lines name no pid"),
         # three processes gone by the sweep: owners unknown, never counted as three people
         ([901, 902, 903, 901, 902], None, "raised by 3 processes: "),
-        ([901, 902, 903, 201, 904], "mallory", "(no longer on the GPU)"),  # one owner named
+        ([901, 902, 903, 201, 904], None, "(no longer on the GPU)"),  # not all mallory's
+        ([201, 201, 901], None, "(no longer on the GPU)"),  # the last unknown: not hers
     ],
 )
 def test_what_stays_the_owners(pids: list[int | None], owner: str | None, words: str) -> None:
@@ -142,6 +149,69 @@ def test_what_stays_the_owners(pids: list[int | None], owner: str | None, words:
     assert set(found) == {"xid:13"}
     assert found["xid:13"].owner == owner and words in found["xid:13"].summary
     assert not offers_reset(found["xid:13"])
+
+
+# --- owners are what root names: never a subordinate uid or an unnamed slice ----------------
+
+SUBORDINATE = NodeSnapshot(  # alice's job holds GPU 0; mallory runs as two subordinate uids
+    "n1",
+    T0 + 60,
+    GPUS,
+    (
+        proc(301, "alice"),
+        proc(501, "231072"),  # podman unshare / newuidmap: no passwd entry, the uid as digits
+        proc(502, "231073"),
+        replace(
+            proc(601, "1003"), workload=Workload(WorkloadKind("podman"), "a", owner="uid 1003")
+        ),
+        replace(
+            proc(602, "1004"), workload=Workload(WorkloadKind("podman"), "b", owner="uid 1004")
+        ),
+    ),
+)
+
+
+def find_on(snap: NodeSnapshot, lines: list[Seen], owner: OwnerRule = known_owner) -> list[Finding]:
+    with patch("gpubot.core.xid.known_owner", owner):
+        return xid_findings(lines, {"n1": snap}, now=T0 + 60, window_s=3600.0)
+
+
+@pytest.mark.parametrize(
+    "pids", [[501, 502, 501, 502, 501], [601, 602, 601, 602, 601], [501, 602, 501, 602, 501]]
+)
+def test_unnamed_uids_are_never_distinct_people(pids: list[int]) -> None:
+    """mallory faults on alice's GPU 0 as two unnamed uids: no burst, no reset, no DM to them."""
+    found = {f.key.holder: f for f in find_on(SUBORDINATE, [xid(13, p) for p in pids])}
+    assert set(found) == {"xid:13"} and found["xid:13"].owner is None
+    assert (
+        "(no named owner)" in found["xid:13"].summary and " owners" not in found["xid:13"].summary
+    )
+    assert not offers_reset(found["xid:13"])
+    # control: the old rule (the workload's owner, else the process's user, digits or not)
+    old = {f.key.holder: f for f in find_on(SUBORDINATE, [xid(13, p) for p in pids], holder_owner)}
+    assert old["xid:13:burst"].next_step == RESET_WHEN_IDLE and offers_reset(old["xid:13:burst"])
+
+
+def test_control_named_accounts_still_make_a_burst() -> None:
+    found = {f.key.holder: f for f in find_on(SUBORDINATE, [xid(13, p) for p in [301, 501, 201]])}
+    assert "xid:13:burst" not in found  # alice and one unnamed uid: one person at most
+    two = [xid(13, p) for p in [301, 201, 301, 201, 301]]
+    assert find(two)["xid:13:burst"].next_step == RESET_WHEN_IDLE  # alice and mallory
+
+
+def test_a_lone_named_owner_is_not_handed_other_processes_lines() -> None:
+    """mallory's 300 lines from short-lived processes, then one of alice's live job, then one of
+    a gone process last: a plain finding, never a DM to alice counting mallory's lines."""
+    lines = [xid(13, 7000 + i, at=T0 + i / 1000) for i in range(300)]
+    lines += [xid(13, 301, at=T0 + 1), xid(13, 9999, at=T0 + 2)]
+    f = find(lines)["xid:13"]
+    assert f.owner is None and f.next_step == TELL_OWNER
+    # control: the old fallback (the one named owner) made it alice's
+    named = {s.owner for s in Group("n1", 0, "", tuple(lines), SNAP).sources()} - {None}
+    assert named == {"alice"}
+    # and when every process is alice's, the finding is hers even if the last line's is unknown
+    alone = [xid(13, 301), xid(13, 301)]
+    assert find(alone)["xid:13"].owner == "alice"
 
 
 @given(
@@ -274,7 +344,7 @@ def test_no_text_breaks_the_read_parser(text: str) -> None:
     assert all(n > 0 for n in (got.counts or {}).values())
 
 
-# --- dmesg's counts, read twice; a journal backlog, read in steps ----------------------------
+# --- dmesg's counts, read twice (a journal backlog: test_xid_steps.py) ----------------------------
 
 DMESG13 = "{ts} NVRM: Xid (PCI:{bus}): 13, pid={pid}, name=python3, Graphics Exception"
 
@@ -328,35 +398,3 @@ async def test_dmesg_read_twice_never_summarises_a_line_already_seen() -> None:
     await watch.read(node)  # the same ring again: nothing new, nothing summarised again
     found = {(f.gpu, f.key.holder): f for f in watch.findings([snap])}
     assert "150 in the window (50 of them summarised" in found[(1, "xid:13")].summary
-
-
-async def test_a_journal_backlog_past_one_reads_cap_is_read_in_steps_and_its_79_found() -> None:
-    """A user's faulting job left 12 entries since the cursor, then GPU 1 fell off the bus.
-    Each read takes at most 5 entries (journalctl -n after the cursor) and moves the cursor to
-    the last one taken: the 79, past the first read's cap, is found on the third read."""
-    log = [LINE13.format(s=2 + i) for i in range(12)] + [LINE79.replace("05:50:01", "05:50:20")]
-    taken: list[int] = []
-
-    def journal(call: Call) -> CommandResult:  # journalctl -n N --after-cursor=C, as pick sends it
-        after = int(call.argv[4].rsplit("=", 1)[1]) if call.argv[4] else 0
-        step = log[after : after + int(call.argv[11])]
-        taken.append(len(step))
-        counts: dict[tuple[str, str], int] = {}
-        for e in filter(None, map(parse_event, step)):
-            counts[(e.bus, str(e.code))] = counts.get((e.bus, str(e.code)), 0) + 1
-        said = [f"@gpubot count {n} x {bus} {code}" for (bus, code), n in sorted(counts.items())]
-        cursor = [f"-- cursor: s=t;i={after + len(step)}"] if step else []
-        return completed(call.argv, "\n".join(["@gpubot source journal", *step, *said, *cursor]))
-
-    clock = ManualClock(parse_time("2026-12-02T05:51:00+0000"))
-    transport = ScriptedTransport(journal)
-    watch = XidWatch(transport, clock=clock, entries=5)
-    node = NodeConfig("n1", "127.0.0.1")
-    found: dict[str, Finding] = {}
-    for _ in range(3):
-        assert "xid:79" not in found  # not before the step that reaches it
-        await watch.read(node)
-        found = {f.key.holder: f for f in watch.findings([NodeSnapshot("n1", clock.now(), GPUS)])}
-    assert taken == [5, 5, 3]  # bounded steps, each after the last
-    assert found["xid:79"].next_step == DRAIN_REBOOT and found["xid:79"].gpu == 1
-    assert all(c.argv[11] == "5" for c in transport.calls)
