@@ -93,7 +93,7 @@ class DbSamples:
     ) -> IdleNow:
         with guard("cannot read GPU samples"), read_tx(self._engine) as conn:
             since = idle_runs.peek(conn, samples, rule, keep_from)
-            held = {} if looked is None else holder_runs.fold(conn, looked, store=True)
+            held = {} if looked is None else holder_runs.fold(conn, looked, store=False)
             return IdleNow(since, held)
 
     def _add(self, samples: list[GpuSample]) -> None:

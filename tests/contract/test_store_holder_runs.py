@@ -99,6 +99,30 @@ async def test_two_processes_sweeping_in_turn_answer_as_one_fold(
     assert answers > 100
 
 
+def every_row(store: Store) -> list[tuple[object, ...]]:
+    with store.engine.connect() as conn:
+        got = conn.execute(sa.text("SELECT * FROM gpu_holders ORDER BY node, gpu_index, pid"))
+        return [tuple(r) for r in got]
+
+
+async def test_a_status_look_writes_no_holder_row(store: Store, replica: Store) -> None:
+    """``idle_since`` reads in a read transaction: a row written there would race the sweep's
+    write transaction (a look that wrote left two rows on an empty store)."""
+    a, b = proc(11, 0, 60.0), proc(22, 1, 3600.0)
+    status = Looked((snap("n1", T0, (a,)),), T0, GAP)
+    peeked = await replica.samples.idle_since([], RULE, keep_from=T0, looked=status)
+    assert peeked.held == {("n1", 0, "11:110"): T0 - 60.0}
+    assert every_row(store) == []
+    await sweep(store, [snap("n1", T0, (a,))], T0)
+    before = every_row(store)
+    assert len(before) == 3  # each GPU's looks and a's run
+    at = T0 + 30.0  # a look later: b has come, and n2 is seen for the first time
+    status = Looked((snap("n1", at, (b,)), snap("n2", at, (a,))), at, GAP)
+    peeked = await replica.samples.idle_since([], RULE, keep_from=T0, looked=status)
+    assert peeked.held == {("n1", 1, "22:220"): at, ("n2", 0, "11:110"): at - 60.0}
+    assert every_row(store) == before
+
+
 async def test_a_holder_gone_and_a_node_not_looked_at_leave_no_row(store: Store) -> None:
     a, b = proc(11, 0, 60.0), proc(22, 1, 60.0)
     assert await sweep(store, [snap("n1", T0, (a, b)), snap("n2", T0, (a,))], T0) == {
