@@ -283,6 +283,13 @@ class PendingPost:
     since: datetime  # the findings' first sighting: the history is searched from there
     created_at: datetime
     repeats: int = 0  # posts made with "this may repeat the alert of …"
+    taken_at: datetime | None = None  # when this caller took it over (None: at created_at)
+
+    @property
+    def take(self) -> datetime:
+        """The take this caller holds: the store changes the row only while it is still this
+        one, so a poster that lost its row (a replica took it over) changes nothing."""
+        return self.created_at if self.taken_at is None else self.taken_at
 
 
 class Next(StrEnum):

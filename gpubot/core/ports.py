@@ -270,21 +270,30 @@ class AlertStore(Protocol):
         ...
 
     async def finish_post(
-        self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
+        self,
+        token: str,
+        channel: str,
+        message_ts: str,
+        now: datetime,
+        *,
+        taken: datetime,
+        adopted: bool = False,
     ) -> Sequence[FindingKey]:
-        """Record where the post ``token`` is; return the keys it alerted."""
+        """Record where the post ``token`` is while it is pending on the take ``taken``;
+        return the keys it alerted (none when another take holds it)."""
         ...
 
-    async def cancel_post(self, token: str, now: datetime) -> None:
-        """Record that the post ``token`` was refused: its findings are not alerted."""
+    async def cancel_post(self, token: str, now: datetime, *, taken: datetime) -> None:
+        """Record that the post ``token`` was refused: its findings are not alerted (only
+        while it is pending on the take ``taken``)."""
         ...
 
     async def note_repeat(self, token: str) -> None:
         """Record, before it is made, a post that may repeat the post ``token``."""
         ...
 
-    async def abandon_post(self, token: str, why: str, now: datetime) -> None:
-        """Give up on the post ``token``."""
+    async def abandon_post(self, token: str, why: str, now: datetime, *, taken: datetime) -> None:
+        """Give up on the post ``token`` (only while it is pending on the take ``taken``)."""
         ...
 
     async def pending_posts(self, subject: str | None = None) -> Sequence[PendingPost]:

@@ -118,12 +118,14 @@ class AlertOutbox:
         if step is Next.GIVE_UP:
             why = f"cannot tell whether it was posted: {lookup.why or 'history unreadable'}"
             log.error("alert on %s (post %s) given up: %s", pending.node, pending.token, why)
-            await self.alerts.abandon_post(pending.token, why, now)
+            await self.alerts.abandon_post(pending.token, why, now, taken=pending.take)
             return ()
         repeat_of = pending.created_at if step is Next.REPEAT else None
         group = group_of(pending, repeat_of)
         if group is None:
-            await self.alerts.abandon_post(pending.token, "its findings cleared", now)
+            await self.alerts.abandon_post(
+                pending.token, "its findings cleared", now, taken=pending.take
+            )
             return ()
         if step is Next.REPEAT:
             log.warning(
@@ -147,9 +149,13 @@ class AlertOutbox:
         """Record how a post ended: the keys alerted, () if refused, None if nobody knows."""
         if posted.delivery is Delivery.POSTED and posted.handle is not None:
             channel, ts = posted.handle
-            return tuple(await self.alerts.finish_post(pending.token, channel, ts, at))
+            return tuple(
+                await self.alerts.finish_post(pending.token, channel, ts, at, taken=pending.take)
+            )
         if posted.delivery is Delivery.REFUSED:
-            await self.alerts.cancel_post(pending.token, at)  # the next sweep tries again
+            await self.alerts.cancel_post(
+                pending.token, at, taken=pending.take
+            )  # the next sweep tries again
             return ()
         log.warning("post %s on %s uncertain (%s)", pending.token, pending.node, posted.why)
         return None
@@ -158,7 +164,11 @@ class AlertOutbox:
         self, pending: PendingPost, where: tuple[str, str], now: datetime
     ) -> tuple[FindingKey, ...]:
         log.info("post %s on %s found in %s, adopted", pending.token, pending.node, where[0])
-        return tuple(await self.alerts.finish_post(pending.token, *where, now, adopted=True))
+        return tuple(
+            await self.alerts.finish_post(
+                pending.token, *where, now, taken=pending.take, adopted=True
+            )
+        )
 
     # -- single messages that alert no finding (the audit head) --------------------------------
 
@@ -225,7 +235,7 @@ class AlertOutbox:
             return None
         if step is Next.GIVE_UP:
             why = f"cannot tell whether it was posted: {lookup.why or 'history unreadable'}"
-            await self.alerts.abandon_post(pending.token, why, now)
+            await self.alerts.abandon_post(pending.token, why, now, taken=pending.take)
             return None
         if step is Next.REPEAT:
             log.warning(
@@ -251,5 +261,7 @@ class AlertOutbox:
             if step is not Next.POST and repeat_of is None:
                 repeat_of = pending.created_at
             why = "not in the channel" if step is Next.POST else (lookup.why or "no history")
-            await self.alerts.abandon_post(pending.token, f"{why}: a newer post replaces it", now)
+            await self.alerts.abandon_post(
+                pending.token, f"{why}: a newer post replaces it", now, taken=pending.take
+            )
         return repeat_of

@@ -13,12 +13,21 @@ The same rows hold the posts of single messages that must appear once and carry 
 due once whatever process sees it due (a hold's DM, issue 34) has a token made from its subject:
 ``begin_once`` records it only if no row has that token, or hands over a row left pending,
 refused or given up (a DM that failed is tried again while it is due); a posted one, never.
+
+Each change after a take (``finish_post``, ``cancel_post``, ``abandon_post``) is a compare-and-set
+on the caller's take: the row must still be pending with the ``created_at`` its take wrote. A
+poster whose slow send outlived ``SETTLE_S`` has lost the row to a replica's take; its late
+"refused" must not turn that replica's ``posted`` row into one taken and posted again. A change
+that finds another take (or a settled row) changes nothing: the newer take decides, and a row
+``posted`` is never changed again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +41,8 @@ from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alert_posts, alerts
 from gpubot.store.waits import in_thread
+
+log = logging.getLogger(__name__)
 
 NO_KEYS = "[]"  # the keys of a message post: it alerts no finding
 
@@ -64,23 +75,34 @@ class OutboxMixin:
         return await in_thread(self._begin_once, token, subject, now, stale_before)
 
     async def finish_post(
-        self, token: str, channel: str, message_ts: str, now: datetime, *, adopted: bool = False
+        self,
+        token: str,
+        channel: str,
+        message_ts: str,
+        now: datetime,
+        *,
+        taken: datetime,
+        adopted: bool = False,
     ) -> list[FindingKey]:
         """Record that the post ``token`` is message ``message_ts`` in ``channel`` (``adopted``:
-        found in the history, not answered); return the keys it alerted."""
-        return await in_thread(self._finish_post, token, channel, message_ts, now, adopted)
+        found in the history, not answered) while it is pending on the take ``taken``; return
+        the keys it alerted (none if another take holds it: that one decides)."""
+        where = (channel, message_ts)
+        return await in_thread(self._finish_post, token, where, now, taken, adopted)
 
-    async def cancel_post(self, token: str, now: datetime) -> None:
-        """Record that Slack refused the post ``token``: its findings are not alerted."""
-        await in_thread(self._cancel_post, token, now)
+    async def cancel_post(self, token: str, now: datetime, *, taken: datetime) -> None:
+        """Record that Slack refused the post ``token``: its findings are not alerted (only
+        while it is pending on the take ``taken``)."""
+        await in_thread(self._cancel_post, token, now, taken)
 
     async def note_repeat(self, token: str) -> None:
         """Record, before it is made, a post that may repeat the post ``token``."""
         await in_thread(self._note_repeat, token)
 
-    async def abandon_post(self, token: str, why: str, now: datetime) -> None:
-        """Give up on the post ``token`` (nobody can tell whether it is in the channel)."""
-        await in_thread(self._abandon_post, token, why, now)
+    async def abandon_post(self, token: str, why: str, now: datetime, *, taken: datetime) -> None:
+        """Give up on the post ``token`` (nobody can tell whether it is in the channel), only
+        while it is pending on the take ``taken``."""
+        await in_thread(self._abandon_post, token, why, now, taken)
 
     async def pending_posts(self, subject: str | None = None) -> list[PendingPost]:
         """Return the alert posts (or, with ``subject``, that subject's message posts)
@@ -167,21 +189,28 @@ class OutboxMixin:
             # (nobody knew: the history is searched before anything is posted again).
             conn.execute(
                 alert_posts.update()
-                .where(c.id == row.id)
+                .where(c.id == row.id, c.state == row.state, c.created_at == row.created_at)
                 .values(state="pending", created_at=iso(now), finished_at=None)
             )
-            return _pending(row), row.state == "refused"  # its first post's time: "may repeat"
+            # its first post's time: "may repeat"; the take is now
+            return replace(_pending(row), taken_at=now), row.state == "refused"
 
     def _finish_post(
-        self, token: str, channel: str, ts: str, now: datetime, adopted: bool
+        self, token: str, where: tuple[str, str], now: datetime, taken: datetime, adopted: bool
     ) -> list[FindingKey]:
+        channel, ts = where
         with guard("cannot record the alert as posted"), write_tx(self._engine) as conn:
-            post = _post_row(conn, token)
-            conn.execute(
-                alert_posts.update()
-                .where(alert_posts.c.id == post.id)
-                .values(state="posted", channel=channel, message_ts=ts, finished_at=iso(now))
+            post = _settle(
+                conn,
+                token,
+                taken,
+                state="posted",
+                channel=channel,
+                message_ts=ts,
+                finished_at=iso(now),
             )
+            if post is None:
+                return []
             done: list[FindingKey] = []
             for text in json.loads(post.keys):
                 row = conn.execute(select(alerts).where(alerts.c.key == text)).one_or_none()
@@ -213,14 +242,11 @@ class OutboxMixin:
                 done.append(FindingKey.parse(text))
             return done
 
-    def _cancel_post(self, token: str, now: datetime) -> None:
+    def _cancel_post(self, token: str, now: datetime, taken: datetime) -> None:
         with guard("cannot record the refused alert post"), write_tx(self._engine) as conn:
-            post = _post_row(conn, token)
-            conn.execute(
-                alert_posts.update()
-                .where(alert_posts.c.id == post.id)
-                .values(state="refused", finished_at=iso(now))
-            )
+            post = _settle(conn, token, taken, state="refused", finished_at=iso(now))
+            if post is None:
+                return
             conn.execute(
                 alerts.update()
                 .where(
@@ -236,18 +262,15 @@ class OutboxMixin:
             post = _post_row(conn, token)
             conn.execute(
                 alert_posts.update()
-                .where(alert_posts.c.id == post.id)
+                .where(alert_posts.c.id == post.id, alert_posts.c.state == "pending")
                 .values(repeats=alert_posts.c.repeats + 1)
             )
 
-    def _abandon_post(self, token: str, why: str, now: datetime) -> None:
+    def _abandon_post(self, token: str, why: str, now: datetime, taken: datetime) -> None:
         with guard("cannot record the abandoned alert post"), write_tx(self._engine) as conn:
-            post = _post_row(conn, token)
-            conn.execute(
-                alert_posts.update()
-                .where(alert_posts.c.id == post.id)
-                .values(state="abandoned", finished_at=iso(now))
-            )
+            post = _settle(conn, token, taken, state="abandoned", finished_at=iso(now))
+            if post is None:
+                return
             append(
                 conn,
                 kind="alert",
@@ -284,6 +307,30 @@ def _post_row(conn: Connection, token: str) -> Row[Any]:
     if row is None:
         raise StoreError(f"no alert post {token} was recorded")
     return row
+
+
+def _settle(conn: Connection, token: str, taken: datetime, **values: str) -> Row[Any] | None:
+    """Change the post ``token`` if it is still pending on the take ``taken`` (compare and set);
+    return its row as it was, or None (changed nothing): another take holds it, or it is
+    settled (a ``posted`` row is never changed again)."""
+    post = _post_row(conn, token)
+    c = alert_posts.c
+    moved = conn.execute(
+        alert_posts.update()
+        .where(c.id == post.id, c.state == "pending", c.created_at == iso(taken))
+        .values(**values)
+    )
+    if moved.rowcount == 1:
+        return post
+    log.warning(
+        "post %s: %s from a take of %s ignored; the row is %s since %s",
+        token,
+        values["state"],
+        iso(taken),
+        post.state,
+        post.created_at,
+    )
+    return None
 
 
 def _pending(row: Row[Any]) -> PendingPost:
