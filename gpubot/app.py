@@ -153,7 +153,9 @@ class App:
             if self.parts is not None:
                 self.parts.sweep.heap = heap.around
         if expire is not None:
-            self._add_schedule(expire, options.expire_every_s, "approval-expiry", 0.0)
+            self._add_schedule(
+                expire, options.expire_every_s, "approval-expiry", 0.0, APPROVAL_STOP_WAIT_S
+            )
         for job, every_s, name in options.duties:  # e.g. the claims' (issue 26)
             self._add_schedule(job, every_s, name, 0.0)
         self.start(sweeps=options.sweeps)
@@ -169,10 +171,14 @@ class App:
             for s in self.schedulers:
                 await s.stop()
 
-    def _add_schedule(self, job: Job, every_s: float, name: str, first: float | None) -> None:
+    def _add_schedule(
+        self, job: Job, every_s: float, name: str, first: float | None, stop_wait_s: float = 30.0
+    ) -> None:
         from gpubot.scheduler import IntervalScheduler
 
-        self.schedulers.append(IntervalScheduler(job, every_s, first_after_s=first, name=name))
+        self.schedulers.append(
+            IntervalScheduler(job, every_s, first_after_s=first, stop_wait_s=stop_wait_s, name=name)
+        )
 
     async def run(self, body: Callable[[App], Awaitable[T]]) -> T:
         """Run ``body``; on the cold path, while the store opens beside it.
@@ -227,6 +233,14 @@ class App:
         if self.store is not None:
             self.store.close()
 
+
+# How long a stop lets the approval duty's run under way end: a retried reset runs in it, and
+# cancelled it ends with SIGTERM sent, no SIGKILL and no verify (told as interrupted, never
+# silent, but a person must check the node). 60 s covers the default ``[reset]``: a grace of
+# 10 s, the SIGKILL's wait of 5 s and a verify of up to 30 s. A longer grace (up to
+# ``MAX_GRACE_S``, 600 s) is cut: the stop stays under systemd's ``TimeoutStopSec=90s``
+# (deploy/gpubot.service), whose SIGKILL would cut it as well and lose the clean stop's seal.
+APPROVAL_STOP_WAIT_S = 60.0
 
 _HEAD_START_TURNS = 8  # event-loop turns: the fan-out's layers of tasks, each starting the next
 

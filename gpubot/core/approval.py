@@ -7,6 +7,7 @@ into JSON (and back) only inside ``gpubot.store`` (``store/approvals.py``), as A
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -92,3 +93,13 @@ def cannot_run(exc: BaseException) -> str | None:
     if isinstance(exc, DatabaseBehind) or not isinstance(exc, NOT_YET):
         return None
     return str(exc) or type(exc).__name__
+
+
+def stopped(exc: BaseException) -> bool:
+    """Whether ``exc`` stopped an approved action from outside, not a failure of its own: a
+    cancellation (gpubot stopping, its scheduler's stop wait over). What it had sent is not
+    known to have ended (a SIGTERM with no SIGKILL and no verify), so it is never recorded as
+    ``failed``, which nobody is told of: left ``approved``, the interrupted look (at start-up,
+    and on each run of the approval duty) marks it ``incomplete`` and tells its thread and its
+    requester once."""
+    return isinstance(exc, asyncio.CancelledError)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from gpubot.core.approval import Approval, ApprovalRequest, cannot_run, run_now, run_until
+from gpubot.core.approval import Approval, ApprovalRequest, cannot_run, run_now, run_until, stopped
 from gpubot.core.approval_ports import ApprovalStore
 from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.commands import Reset
@@ -335,8 +335,8 @@ class ApprovalService:
             done = {"action_id": result.action_id, "ok": result.ok}
             await self._finish(approval.id, ok=True, result={**done, "gpus": _gpus(result)})
             return result
-        except BaseException as exc:  # never leave it "approved" with nothing running
-            if not done:
+        except BaseException as exc:  # left "approved" only by a stop: told as interrupted
+            if not done and not stopped(exc):
                 await self._not_run(approval, exc)
             raise
         finally:
