@@ -33,11 +33,20 @@ def iso_utc(created: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{millis:03d}Z"
 
 
+BLOCK = "block"  # ``extra={"block": text}``: lines a record shows after its own, as a traceback
+
+
+def with_block(text: str, record: logging.LogRecord, sep: str) -> str:
+    """``text`` and then the record's block (gpubot's own multi-line text: a task dump)."""
+    block = getattr(record, BLOCK, None)
+    return f"{text}{sep}{block}" if isinstance(block, str) and block else text
+
+
 class TextFormatter(logging.Formatter):
     """``TEXT_FORMAT`` with ISO 8601 UTC times (never the host's local time zone), one line a
     record: a line break inside a message (a migration's two-line title, text a node sent) is
     written as a space, so that no message can start a line that reads as a record of its own.
-    A traceback still follows its record's line."""
+    A traceback, and a record's ``block`` (gpubot's own multi-line text), follow its line."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
@@ -47,6 +56,9 @@ class TextFormatter(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return " ".join(super().formatMessage(record).splitlines())
+
+    def format(self, record: logging.LogRecord) -> str:
+        return with_block(super().format(record), record, "\n")
 
 
 class JsonFormatter(logging.Formatter):
@@ -58,7 +70,7 @@ class JsonFormatter(logging.Formatter):
             "time": iso_utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": with_block(record.getMessage(), record, "\n"),
         }
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)

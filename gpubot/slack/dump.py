@@ -44,7 +44,9 @@ def _state(task: asyncio.Task[object]) -> str:
 def dump(loop: asyncio.AbstractEventLoop) -> None:
     """Log what ``loop``'s tasks and every thread are waiting on."""
     try:
-        log.warning("SIGUSR1: what gpubot is waiting on\n%s", render(loop))
+        # Lines of its own after the record's (``extra`` key ``block``: cli/logs.py): a text
+        # log's message is one line, and this dump is many.
+        log.warning("SIGUSR1: what gpubot is waiting on", extra={"block": render(loop)})
     except Exception:  # a dump must never take the bot down
         log.exception("SIGUSR1: the dump failed")
 

@@ -7,6 +7,7 @@ a forged record for whoever reads or ships it.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -44,3 +45,14 @@ def test_a_traceback_still_follows_its_line() -> None:
 def test_control_the_plain_formatter_lets_a_message_forge_a_line() -> None:
     out = logging.Formatter(TEXT_FORMAT).format(_record(FORGED)).splitlines()
     assert len(out) == 2 and out[1].startswith("2026-12-06T10:00:00.000Z WARNING")
+
+
+def test_a_block_follows_its_line_in_text_and_stays_in_the_json_message() -> None:
+    from gpubot.cli.logs import JsonFormatter
+
+    record = _record("SIGUSR1: what gpubot is waiting on")
+    record.block = "--- thread 'MainThread'\n  File x"
+    lines = TextFormatter().format(record).splitlines()
+    assert lines[0].endswith("waiting on") and lines[1:] == ["--- thread 'MainThread'", "  File x"]
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["message"] == "SIGUSR1: what gpubot is waiting on\n--- thread 'MainThread'\n  File x"
