@@ -238,10 +238,17 @@ MAX_SOURCES_SHOWN = 4
 
 
 def _who(group: Group) -> tuple[str, str | None]:
-    """Return the words about whose processes wrote the lines (escaped) and the owner, as
-    ``/proc`` says, of the process that wrote the last line with a pid (unknown: the one owner
-    of EVERY process of the group, if they all have that one known owner; else none, a plain
-    finding: one user's many unowned processes never make another's line theirs)."""
+    """Return the words about whose processes wrote the lines (escaped) and the owner to tell.
+
+    The owner is one known owner (``known_owner``) whose processes wrote EVERY line of the
+    group that names a pid, and only while no line of it was dropped by the read's cap (a
+    dropped line's pid is unknown: it may be anyone's); else none, a plain finding. Chosen over
+    telling the owner of a subset (her lines counted apart from the rest) because the finding
+    then stays one count and one list: a DM's count is all hers by construction, and no other
+    user's process, line or name is ever put before her. Never the last line's process alone:
+    alice's one line after mallory's three hundred from short-lived processes on her GPU would
+    make all of them alice's. Lines with no pid (the driver's lines beside a fault's) are said
+    apart ("N lines name no pid") and do not decide it."""
     sources = group.sources()
     bare = sum(1 for s in group.seen if not s.event.summary and not (s.event.pid or "").isdigit())
     words = ""
@@ -257,13 +264,9 @@ def _who(group: Group) -> tuple[str, str | None]:
         )
     if bare:
         words += f"; {bare} line{'s' if bare != 1 else ''} name{'s' if bare == 1 else ''} no pid"
-    last = next(
-        (s.event.pid for s in reversed(group.seen) if s.event.pid and s.event.pid.isdigit()), None
-    )
-    owner = next((s.owner for s in sources if last is not None and s.pid == int(last)), None)
     named = {s.owner for s in sources}
-    if owner is None and len(named) == 1 and None not in named:  # every process that one's
-        owner = next(iter(named))
+    capped = any(s.event.summary for s in group.seen)
+    owner = next(iter(named)) if len(named) == 1 and not capped else None  # None: unknown
     return words, owner
 
 

@@ -214,6 +214,23 @@ def test_a_lone_named_owner_is_not_handed_other_processes_lines() -> None:
     assert find(alone)["xid:13"].owner == "alice"
 
 
+def test_the_last_lines_owner_is_not_handed_the_groups_lines() -> None:
+    """mallory's 300 lines from short-lived processes on alice's GPU 0, then one of alice's
+    live job LAST: never a DM to alice of 301 lines (a plain finding, nobody addressed)."""
+    lines = [xid(13, 7000 + i, at=T0 + i / 1000) for i in range(300)] + [xid(13, 301, at=T0 + 1)]
+    f = find(lines)["xid:13"]
+    assert f.owner is None and f.next_step == TELL_OWNER
+    assert "301 in the window" in f.summary and "raised by 301 processes" in f.summary
+    # control: the old rule (the owner of the last line's process) made all 301 alice's
+    sources = Group("n1", 0, "", tuple(lines), SNAP).sources()
+    assert [s.owner for s in sources if s.pid == 301] == ["alice"]
+    # a flood the read's cap dropped (pids unknown) beside her one kept line: not hers either
+    (dropped,) = summaries({(False, BUSES[0], 13): 301}, [lines[-1].event], None)
+    capped = find([Seen("n1", dropped, T0), lines[-1]])["xid:13"]
+    assert capped.owner is None and "300 of them summarised" in capped.summary
+    assert find([lines[-1]])["xid:13"].owner == "alice"  # control: her line alone is hers
+
+
 @given(
     code=st.sampled_from(APP_CODES),
     pid=st.integers(1, 4_000_000),
