@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -68,15 +69,25 @@ class Prompt:
                 self._leave()
                 return None
             except KeyboardInterrupt:  # the line typed so far is dropped
-                typed = self._buffer()
-                if self._armed and not typed:
-                    self._leave()
+                if self._ctrl_c(self._buffer()):
                     return None
-                self._armed = not typed
-                print("\n" + LEAVE_HINT if self._armed else "", flush=True)
                 continue
             self._armed = False
             return line
+
+    def _ctrl_c(self, typed: str) -> bool:
+        """Take a Ctrl-C at the prompt; return whether it leaves. A second Ctrl-C that comes
+        while the hint is written (before the next prompt reads) leaves as well: it is the
+        second press, not the console's to lose, nor a command's interruption."""
+        if self._armed and not typed:
+            self._leave()
+            return True
+        self._armed = not typed
+        try:
+            print("\n" + LEAVE_HINT if self._armed else "", flush=True)
+        except KeyboardInterrupt:
+            return self._ctrl_c("")
+        return False
 
     def _leave(self) -> None:
         print("\n" + GOODBYE, flush=True)
@@ -97,6 +108,13 @@ class _Loop:
         self.thread = threading.Thread(target=self._run, name="gpubot-console", daemon=True)
 
     def _run(self) -> None:
+        # Ctrl-C is the main thread's. The kernel hands a process's SIGINT to any thread that
+        # does not block it; taken by this one (or a thread it starts), it would leave the main
+        # thread in readline's select() and the keypress would do nothing until the next key.
+        # Blocked here, and so in every thread this one starts, it reaches the prompt. (The
+        # processes it starts inherit the block; the local transport's run in sessions of their
+        # own, which a terminal's Ctrl-C never reaches, and gpubot ends them with TERM or KILL.)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             with asyncio.Runner(loop_factory=lambda: self.loop) as runner:
                 self._code = runner.run(self._main())

@@ -69,6 +69,21 @@ class Terminal:
         self.seen += chunk
         return bool(chunk)
 
+    def ready(self) -> None:
+        """Return once readline waits for a key at an empty prompt.
+
+        readline shows the prompt, then sets the terminal up and only then waits: a Ctrl-C in
+        between is taken but acted on only at the next key (CPython's readline checks signals
+        when its select() is interrupted). A key echoed back and erased says it waits now; a
+        person's Ctrl-C comes far later than a test's would.
+        """
+        self.type(b"x")
+        self.read_until(b"x")
+        self.type(b"\x7f")  # erase it: the line is empty again
+        self.read_until(b"\x08")
+        time.sleep(0.2)  # readline ends its redraw and goes back to its select()
+        self._read(0.1)
+
     def type(self, keys: bytes) -> None:
         """Type ``keys`` at the terminal."""
         self.mark = len(self.seen)
@@ -114,6 +129,7 @@ def term(config: Path) -> Iterator[Terminal]:
     t = Terminal(config)
     try:
         t.read_until(PROMPT.encode())  # the banner, then the first prompt
+        t.ready()
         yield t
     finally:
         t.close()
@@ -123,6 +139,7 @@ def test_ctrl_c_drops_the_line_at_once_and_the_edited_line_runs(term: Terminal) 
     assert b"gpubot console as " in term.seen
     term.type(b"status node1")
     term.read_until(b"status node1")  # echoed by readline
+    time.sleep(0.2)  # readline goes back to its select() (see ``ready``)
     term.type(CTRL_C)
     took = term.read_until(b"\n" + PROMPT.encode())  # a fresh prompt, without Enter
     assert took < 5
@@ -142,8 +159,12 @@ def test_two_ctrl_c_on_an_empty_line_leave_with_0(term: Terminal) -> None:
     term.read_until(LEAVE_HINT.encode())
     term.type(b"help\r")  # a line typed in between: the next Ctrl-C starts again
     term.read_until(re.compile(rb"/gpu status(?s:.*)\n" + re.escape(PROMPT.encode())))
+    term.ready()
     term.type(CTRL_C)
-    term.read_until(LEAVE_HINT.encode())
+    term.read_until(
+        re.compile(re.escape(LEAVE_HINT.encode()) + rb"\r?\n" + re.escape(PROMPT.encode()))
+    )
+    term.ready()
     term.type(CTRL_C)
     assert term.wait() == 0
     tail = term.seen.decode().replace("\r", "").rstrip().splitlines()
