@@ -10,8 +10,8 @@ would be told "interrupted" about a kill that is about to run.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -27,7 +27,7 @@ from gpubot.services.locks import NodeLocks
 from gpubot.services.reset import ResetService, reset_lock
 from gpubot.store import Store, open_store
 from gpubot.store.tables import approvals as approvals_table
-from tests.fixtures.approvals import REQUEST
+from tests.fixtures.approvals import REQUEST, LeasedReset
 from tests.fixtures.clock import VirtualClock
 
 S = ApprovalState
@@ -37,36 +37,10 @@ SETTLED_S = 30.0  # the lease's ttl
 
 
 @dataclass
-class Ran:
-    """What ``ApprovalService.execute`` reads of a reset's result."""
-
-    action_id: int = 41
-    ok: bool = True
-    gpus: tuple[Any, ...] = ()
-
-
-@dataclass
-class Reset:
-    """A replica's reset engine: ``before_hold`` runs after the approval is taken and before
-    its node's lease is (where another replica's look may come in), then the lease is held."""
-
-    locks: NodeLocks
-    runs: list[int] = field(default_factory=list)
-    before_hold: Callable[[], Awaitable[None]] | None = None
-
-    async def execute(self, plan: Any, **kw: Any) -> Ran:
-        if self.before_hold is not None:
-            await self.before_hold()
-        async with self.locks.hold(reset_lock(plan.node), holder=kw["actor"]):
-            self.runs.append(int(kw["approval"]["id"]))
-        return Ran()
-
-
-@dataclass
 class Replica:
     approvals: ApprovalService
     retry: ApprovalRetry
-    reset: Reset
+    reset: LeasedReset
 
 
 @dataclass
@@ -127,7 +101,7 @@ async def fleet(store: Store) -> AsyncIterator[Fleet]:
     locks = NodeLocks(clock)
 
     def replica() -> Replica:
-        reset = Reset(locks)
+        reset = LeasedReset(locks)
         ports = ApprovalPorts(
             store.approvals, cast(ResetService, reset), cast(Any, None), locks, store, clock=clock
         )

@@ -8,18 +8,16 @@ once (the approval outbox, with a poster that records what it was given).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
 
 from gpubot.chat.approval_duty import ApprovalDuty
-from gpubot.chat.message import Message
 from gpubot.config import parse
-from gpubot.core.alerting import Delivery, Lookup, Posted
 from gpubot.core.approval import Approval
-from gpubot.core.approval_posts import ApprovalPost, Purpose
+from gpubot.core.approval_posts import Purpose
 from gpubot.core.models import ApprovalState
 from gpubot.errors import LockHeld
 from gpubot.services.approval_outbox import ApprovalOutbox
@@ -27,7 +25,7 @@ from gpubot.services.approvals import ApprovalPorts, ApprovalService, Identity
 from gpubot.services.locks import NodeLocks
 from gpubot.services.reset import ResetService, reset_lock
 from gpubot.store import Store, open_store
-from tests.fixtures.approvals import REQUEST
+from tests.fixtures.approvals import REQUEST, LeasedReset, Poster
 from tests.fixtures.clock import VirtualClock
 
 S = ApprovalState
@@ -38,53 +36,11 @@ H = 3600.0
 
 
 @dataclass
-class Ran:
-    """What ``ApprovalService.execute`` reads of a reset's result."""
-
-    action_id: int = 41
-    ok: bool = True
-    gpus: tuple[Any, ...] = ()
-
-
-@dataclass
-class Reset:
-    """The reset engine's lease, taken as the real one takes it: before anything is sent."""
-
-    locks: NodeLocks
-    runs: list[int] = field(default_factory=list)
-
-    async def execute(self, plan: Any, **kw: Any) -> Ran:
-        async with self.locks.hold(reset_lock(plan.node), holder=kw["actor"]):
-            self.runs.append(int(kw["approval"]["id"]))
-        return Ran()
-
-
-@dataclass
-class Poster:
-    """Posts land at once; each is kept as (purpose, channel, thread, text)."""
-
-    posts: list[tuple[Purpose, str, str | None, str]] = field(default_factory=list)
-
-    async def post(self, post: ApprovalPost, msg: Message) -> Posted:
-        self.posts.append((post.purpose, post.channel, post.thread_ts, str(msg)))
-        return Posted(Delivery.POSTED, (post.channel, f"1.{len(self.posts)}"))
-
-    async def find(self, post: ApprovalPost) -> Lookup:
-        return Lookup(True)
-
-    async def direct(self, user: str) -> str | None:
-        return f"D-{user}"
-
-    def of(self, purpose: Purpose) -> list[tuple[Purpose, str, str | None, str]]:
-        return [p for p in self.posts if p[0] is purpose]
-
-
-@dataclass
 class Bot:
     store: Store
     clock: VirtualClock
     locks: NodeLocks
-    reset: Reset
+    reset: LeasedReset
     approvals: ApprovalService
     duty: ApprovalDuty
     poster: Poster
@@ -122,7 +78,7 @@ async def bot(store: Store) -> AsyncIterator[Bot]:
         "retry.toml",
     )
     locks = NodeLocks(clock)
-    reset = Reset(locks)
+    reset = LeasedReset(locks)
     ports = ApprovalPorts(
         store.approvals,
         cast(ResetService, reset),

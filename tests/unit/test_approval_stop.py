@@ -24,11 +24,9 @@ import pytest
 
 from gpubot.app import APPROVAL_STOP_WAIT_S
 from gpubot.chat.approval_duty import ApprovalDuty
-from gpubot.chat.message import Message
 from gpubot.config import parse
-from gpubot.core.alerting import Delivery, Lookup, Posted
 from gpubot.core.approval import Approval
-from gpubot.core.approval_posts import ApprovalPost, Purpose
+from gpubot.core.approval_posts import Purpose
 from gpubot.core.commands import MAX_GRACE_S
 from gpubot.core.models import ActionStatus, ApprovalState, CommandResult
 from gpubot.core.report import Report
@@ -43,7 +41,7 @@ from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
 from gpubot.transport import ScriptedTransport
 from gpubot.transport.scripted import Call, answer, completed
-from tests.fixtures.approvals import REQUEST
+from tests.fixtures.approvals import REQUEST, Poster
 from tests.fixtures.clock import VirtualClock
 
 S = ApprovalState
@@ -59,26 +57,6 @@ def probe() -> tuple[str, CommandResult]:
     doc: dict[str, Any] = json.loads(PROBE.read_text(encoding="utf-8"))
     (got,) = [c for c in doc["calls"] if c["program"] == "gpubot-probe"]
     return doc["dev_prefix"], completed((), got["stdout"], got["stderr"], got["exit_status"])
-
-
-@dataclass
-class Poster:
-    """Posts land at once; each is kept as (purpose, channel, thread, text)."""
-
-    posts: list[tuple[Purpose, str, str | None, str]] = field(default_factory=list)
-
-    async def post(self, post: ApprovalPost, msg: Message) -> Posted:
-        self.posts.append((post.purpose, post.channel, post.thread_ts, str(msg)))
-        return Posted(Delivery.POSTED, (post.channel, f"1.{len(self.posts)}"))
-
-    async def find(self, post: ApprovalPost) -> Lookup:
-        return Lookup(True)
-
-    async def direct(self, user: str) -> str | None:
-        return f"D-{user}"
-
-    def of(self, purpose: Purpose) -> list[tuple[Purpose, str, str | None, str]]:
-        return [p for p in self.posts if p[0] is purpose]
 
 
 @dataclass
