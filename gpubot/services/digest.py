@@ -12,11 +12,10 @@ logged).
 from __future__ import annotations
 
 import logging
-import secrets
 from datetime import UTC, datetime
 from typing import Protocol
 
-from gpubot.core.alerting import Delivery, Lookup, Posted
+from gpubot.core.alerting import Delivery, Lookup, Posted, new_token
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.ports import Clock
 from gpubot.core.usage import hour_of
@@ -85,7 +84,7 @@ class DigestService:
                 if now - found.created_at < IN_FLIGHT_S:  # maybe still posting: not yet
                     return None
                 return await self._settle(period, found, now)
-            token = secrets.token_hex(16)
+            token = new_token()
             if not await self.store.begin(period, token, now):
                 return None
             return await self._post(period, token, now)
