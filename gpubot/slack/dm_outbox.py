@@ -52,9 +52,7 @@ class DmPoster:
         it is (None: refused, not confirmed, or the outbox could not be written: nothing
         posted). Its time is Slack's (the wall clock): the history is searched from it."""
         if self.outbox is None:
-            plain = to_slack(msg)
-            posted = await post_once(self.api, channel, plain, token=new_token(), event=event)
-            return posted.handle
+            return (await self._at_most_once(channel, msg, event)).handle
         send, find = self._calls(channel, msg, event)
         try:
             return await self.outbox.publish(subject, send, find, datetime.now(UTC), repeat=True)
@@ -71,8 +69,7 @@ class DmPoster:
         not be written): the caller asks again on a later turn, and it is tried again, never
         posted twice. Without an outbox, at most once: an uncertain post counts as there."""
         if self.outbox is None:
-            plain = to_slack(msg)
-            posted = await post_once(self.api, channel, plain, token=new_token(), event=event)
+            posted = await self._at_most_once(channel, msg, event)
             return posted.delivery is not Delivery.REFUSED
         send, find = self._calls(channel, msg, event)
         try:
@@ -80,6 +77,10 @@ class DmPoster:
         except GpubotError as exc:  # the outbox cannot be written: nothing was posted
             log.error("the DM %s was not sent (tried again later): %s", subject, exc)
             return False
+
+    async def _at_most_once(self, channel: str, msg: Message, event: str) -> Posted:
+        """Without an outbox: one post, with a token but no record of it."""
+        return await post_once(self.api, channel, to_slack(msg), token=new_token(), event=event)
 
     def _calls(self, channel: str, msg: Message, event: str) -> tuple[Send, Find]:
         """Return the post (with its token; saying it may repeat when told) and the search."""
