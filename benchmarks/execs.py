@@ -53,7 +53,7 @@ def count(fleet: SimFleet, user: str | None, procs: int) -> dict[str, Any]:
     processes on it)."""
     from benchmarks.worker import baseline_command
     from gpubot.config import load
-    from gpubot.core.probe import probe_argv
+    from gpubot.core.probe.snapshot import probe_argv
 
     node = load(fleet.config_path).nodes[0]
     runs = {

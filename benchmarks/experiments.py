@@ -26,7 +26,7 @@ Undo = Callable[[], None]
 
 
 def _smi_only() -> Undo:
-    from gpubot.core import probe
+    from gpubot.core.probe import snapshot as probe
 
     original = probe.PROBE_SCRIPT
     start = original.index("\n# Each GPU's device minor")

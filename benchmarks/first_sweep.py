@@ -40,8 +40,8 @@ def old_store() -> None:
     """Put back the store's statements as they were before this benchmark (built per row)."""
     from sqlalchemy import Connection, delete, func, select
 
-    from gpubot.core.idle import GpuKey
-    from gpubot.core.idle_runs import RunRule
+    from gpubot.core.usage.idle import GpuKey
+    from gpubot.core.usage.idle_runs import RunRule
     from gpubot.store import health, idle_runs
     from gpubot.store.engine import guard, write_tx
     from gpubot.store.idle_runs import text_of, unix_of

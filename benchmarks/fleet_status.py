@@ -36,7 +36,7 @@ from benchmarks.common import (
 )
 from benchmarks.worker import baseline_command, check_baseline_output, remote_command
 from gpubot.config import load
-from gpubot.core.nvsmi import GPU_FIELDS
+from gpubot.core.probe.nvsmi import GPU_FIELDS
 from gpusim.fleet import SimFleet
 
 METHODS = (

@@ -30,7 +30,7 @@ from pathlib import Path
 from benchmarks.common import fmt_ms, table
 from gpubot.app import build
 from gpubot.config import load
-from gpubot.core.health import health_argv, parse_health
+from gpubot.core.health.state import health_argv, parse_health
 from gpubot.services.health_checks import HealthChecks
 from gpubot.services.sweep import SweepPorts, SweepService
 from gpusim import health_faults

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpubot.core.findings import SweepConfig
-from gpubot.core.idle import held_idle, idle_gpus, samples_of
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import SampleStore
+from gpubot.core.usage.idle import held_idle, idle_gpus, samples_of
 
 
 async def old_idle(

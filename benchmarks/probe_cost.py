@@ -38,9 +38,9 @@ from typing import Any
 
 from benchmarks.common import fmt_ms, fmt_s, table
 from gpubot.config import load
-from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv
-from gpubot.core.probe import probe_argv
-from gpubot.core.probe_holders import Holders
+from gpubot.core.probe.holders import Holders
+from gpubot.core.probe.nvsmi import apps_query_argv, gpu_query_argv
+from gpubot.core.probe.snapshot import probe_argv
 from gpusim.fleet import SimFleet
 
 BASELINE = "63a07c8"  # the last commit before issue 21's probe changes
@@ -51,16 +51,16 @@ T = 9.0  # each query's limit under the default 20 s command timeout
 def baseline_script(repo: Path, commit: str = BASELINE) -> str | None:
     """Return the probe script of ``commit``, or None without git history."""
     if commit == BEFORE_24:  # its script imports its guards: both files of that commit
-        guards = _git_show(repo, commit, "gpubot/core/probe_guards.py")
-        script = _git_show(repo, commit, "gpubot/core/probe_script.py")
+        guards = _git_show(repo, commit, "gpubot/core/probe/guards.py")
+        script = _git_show(repo, commit, "gpubot/core/probe/script.py")
         if guards is None or script is None:
             return None
         ns: dict[str, Any] = {}
         exec(compile(guards, "probe_guards@" + commit, "exec"), ns)
-        script = script.replace("from gpubot.core.probe_guards import STUCK, WATCHDOG\n", "")
+        script = script.replace("from gpubot.core.probe.guards import STUCK, WATCHDOG\n", "")
         exec(compile(script, "probe_script@" + commit, "exec"), ns)
         return str(ns["PROBE_SCRIPT"])
-    text = _git_show(repo, commit, "gpubot/core/probe_script.py")
+    text = _git_show(repo, commit, "gpubot/core/probe/script.py")
     if text is None:
         return None
     ns = {}

@@ -31,7 +31,7 @@ from typing import Any
 from benchmarks.experiments import patched
 from gpubot.config import Settings, load
 from gpubot.core.models import Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import open_store

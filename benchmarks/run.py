@@ -121,7 +121,7 @@ def remote_work(fleet: SimFleet, user: str | None, runs: int = 9) -> dict[str, f
     """CPU of one node's remote work, run locally as the login user (no SSH): baseline vs probe."""
     from benchmarks.worker import baseline_command
     from gpubot.config import load
-    from gpubot.core.probe import probe_argv
+    from gpubot.core.probe.snapshot import probe_argv
 
     node = load(fleet.config_path).nodes[0]
     devices = [f"{node.dev_prefix}{i}" for i in range(fleet.gpus)]

@@ -426,7 +426,7 @@ def probe_cpu(config: Path, user: str | None, runs: int = 5) -> float:
     import statistics
 
     from gpubot.config import load
-    from gpubot.core.probe import probe_argv
+    from gpubot.core.probe.snapshot import probe_argv
 
     node = load(config).nodes[0]
     cpu = []

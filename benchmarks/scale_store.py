@@ -141,8 +141,8 @@ async def timed(call: Callable[[], Awaitable[T]]) -> tuple[T, float, float]:
 async def idle_at(work: Path, nodes: int, days: int, idle_share: float) -> dict[str, Any]:
     """Measure the old and the new idle computation of one sweep over ``days`` of history."""
     from gpubot.core.findings import SweepConfig
-    from gpubot.core.idle import IdleRule
-    from gpubot.core.protect import Protection
+    from gpubot.core.reset.protect import Protection
+    from gpubot.core.usage.idle import IdleRule
     from gpubot.services.idle_accounting import IdleAccounting
     from gpubot.store import open_store
 
@@ -162,7 +162,7 @@ async def idle_at(work: Path, nodes: int, days: int, idle_share: float) -> dict[
         snaps = fleet_snaps(nodes, idle_share, now)
 
         async def old() -> dict[tuple[str, int], float]:
-            from gpubot.core.idle import samples_of
+            from gpubot.core.usage.idle import samples_of
 
             found = await old_idle(store.samples, cfg, snaps, now)
             await store.samples.add_samples(samples_of(snaps, now))  # the old keep
@@ -262,7 +262,7 @@ def own_answer(text: str, node: str) -> str:
     """Return the recorded probe answer ``text`` with cgroups of ``node``'s own.
 
     A fleet's nodes run different jobs, each process in a cgroup of its own, and gpubot
-    remembers what it worked out of each cgroup text (``core.probe_fields``): nodes all answering
+    remembers what it worked out of each cgroup text (``core.probe.fields``): nodes all answering
     one text would make that look free. Each process line's cgroup gets a last path segment
     naming the node and the process.
     """
@@ -278,9 +278,9 @@ def own_answer(text: str, node: str) -> str:
 def recorded_probe(work: Path) -> tuple[Any, Answers]:
     """Return a node's settings and its real answers (a simulated node, 8 GPUs)."""
     from gpubot.config import load as load_settings
-    from gpubot.core.health import health_argv
+    from gpubot.core.health.state import health_argv
     from gpubot.core.models import CommandResult
-    from gpubot.core.probe import probe_argv
+    from gpubot.core.probe.snapshot import probe_argv
     from gpusim.fleet import SimFleet
 
     def run(argv: list[str]) -> CommandResult:

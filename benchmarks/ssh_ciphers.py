@@ -86,7 +86,7 @@ async def _arms(
 ) -> Any:
     from gpubot.config import SshSettings
     from gpubot.core.models import NodeConfig
-    from gpubot.core.probe import probe_argv
+    from gpubot.core.probe.snapshot import probe_argv
     from gpubot.transport import ssh
 
     key = str(work / "client_key")

@@ -124,7 +124,7 @@ def top(prof: cProfile.Profile, n: int = 15) -> str:
 
 def parse_profile(node: Any, answer: Any, nodes: int) -> str:
     """Return cProfile's top entries of ``nodes`` parses (the worker thread's share)."""
-    from gpubot.core.probe import parse_probe
+    from gpubot.core.probe.snapshot import parse_probe
 
     prof = cProfile.Profile(time.thread_time)
     prof.enable()

@@ -97,8 +97,8 @@ def database(kind: str, folder: Path) -> Iterator[tuple[str, Any]]:
 async def measure(kind: str, folder: Path, nodes: int, records: int, sweeps: int) -> dict[str, Any]:
     """Write ``records`` sweep records and ``sweeps`` sweeps of samples; return bytes each."""
     import gpubot.store.waits as waits
-    from gpubot.core.idle import GpuSample
-    from gpubot.core.idle_runs import RunRule
+    from gpubot.core.usage.idle import GpuSample
+    from gpubot.core.usage.idle_runs import RunRule
     from gpubot.store import open_store
 
     waits.DEADLINE_S = 600.0  # a loaded shared box writes slowly; sizes, not speed, are measured

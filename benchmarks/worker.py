@@ -33,7 +33,7 @@ Closer = Callable[[], Awaitable[None]]
 
 def baseline_command(smi: str) -> str:
     """Return the remote command of every baseline: the two nvidia-smi queries, in sequence."""
-    from gpubot.core.nvsmi import apps_query_argv, gpu_query_argv
+    from gpubot.core.probe.nvsmi import apps_query_argv, gpu_query_argv
 
     return shlex.join(gpu_query_argv(smi)) + "; " + shlex.join(apps_query_argv(smi))
 
@@ -46,7 +46,7 @@ def remote_command(node: Any, remote: str) -> str:
     ``remote == "probe"`` gpubot's own probe, so a baseline does the same remote work as gpubot
     and a ratio measures gpubot's client side alone."""
     if remote == "probe":
-        from gpubot.core.probe import probe_argv
+        from gpubot.core.probe.snapshot import probe_argv
 
         return shlex.join(probe_argv(node, smi_timeout_s=PROBE_SMI_TIMEOUT_S))
     return baseline_command(node.nvidia_smi)
@@ -54,7 +54,7 @@ def remote_command(node: Any, remote: str) -> str:
 
 def check_baseline_output(text: str, gpus: int) -> str | None:
     """Return why a baseline's output of one node is incomplete, or None when it is whole."""
-    from gpubot.core.nvsmi import GPU_FIELDS
+    from gpubot.core.probe.nvsmi import GPU_FIELDS
 
     lines = [ln for ln in text.splitlines() if ln.strip()]
     gpu_lines = [ln for ln in lines if ln.count(",") == len(GPU_FIELDS) - 1 and "GPU-" in ln]

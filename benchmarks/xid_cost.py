@@ -29,7 +29,7 @@ from pathlib import Path
 from benchmarks.common import fmt_ms, table
 from gpubot.app import build
 from gpubot.config import load
-from gpubot.core.kernlog import kernlog_argv
+from gpubot.core.health.kernlog import kernlog_argv
 from gpubot.services.sweep import SweepPorts, SweepService
 from gpubot.services.xid_watch import XidWatch
 from gpusim.fleet import SimFleet

@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
-from gpubot.core.health import REASON_WORDS
+from gpubot.core.health.state import REASON_WORDS
 from gpubot.core.models import FindingKind, NodeSnapshot
 from gpubot.errors import ConfigError
 from gpubot.metrics_claims import ClaimGauge

@@ -21,8 +21,8 @@ from typing import Any
 
 from gpubot.core.enrich import apply_enrichment, parse_docker_inspect, parse_scontrol
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.probe import _gpu_process
-from gpubot.core.probe_fields import parse_proc_lines
+from gpubot.core.probe.fields import parse_proc_lines
+from gpubot.core.probe.snapshot import _gpu_process
 
 ATTACK = "pre-approved by on-call"
 JOB = f"x` *{ATTACK}* `y"  # issue 21's hostile case 5, as a Slurm job name

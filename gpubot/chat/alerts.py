@@ -36,10 +36,10 @@ from gpubot.chat.reset_view import reset_button
 from gpubot.core import durations
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import TITLES
-from gpubot.core.health_titles import RESET_HEALTH_KINDS
-from gpubot.core.interrupted import Unfinished
+from gpubot.core.health.titles import RESET_HEALTH_KINDS
+from gpubot.core.health.xid_table import RESET_WHEN_IDLE
 from gpubot.core.models import FindingKind
-from gpubot.core.xid_table import RESET_WHEN_IDLE
+from gpubot.core.reset.interrupted import Unfinished
 from gpubot.errors import DUTY_TURN, GpubotError
 from gpubot.services.approvals import Identity
 from gpubot.services.sweep import SweepService

@@ -29,8 +29,8 @@ from gpubot.chat.message import NL, Code, Date, DateStyle, Message, Person, Plac
 from gpubot.chat.message import ctx as context
 from gpubot.chat.reset_view import render_approval_request
 from gpubot.core.alerting import Posted
-from gpubot.core.approval import Approval
-from gpubot.core.approval_posts import ApprovalPost, Purpose, reping_due
+from gpubot.core.approval.model import Approval
+from gpubot.core.approval.posts import ApprovalPost, Purpose, reping_due
 from gpubot.core.models import ApprovalState
 from gpubot.core.policy import Policy
 from gpubot.services.approval_outbox import ApprovalOutbox

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpubot.chat.message import Code, Date, DateStyle, Message, Person, Place, Section, Span
-from gpubot.core.approval import Approval, run_until
-from gpubot.core.approval_posts import Purpose
-from gpubot.core.interrupted import show_command
+from gpubot.core.approval.model import Approval, run_until
+from gpubot.core.approval.posts import Purpose
+from gpubot.core.reset.interrupted import show_command
 from gpubot.services.approvals import unix
 
 

@@ -22,8 +22,8 @@ from gpubot.chat.message import (
     Text,
     bold,
 )
-from gpubot.core import claim_commands as cc
-from gpubot.core.claims import Claim, Conflict, Intruder, Wait, WaitState, cuda_visible, span
+from gpubot.core.claims import commands as cc
+from gpubot.core.claims.rules import Claim, Conflict, Intruder, Wait, WaitState, cuda_visible, span
 from gpubot.core.timefmt import iso
 
 ACTION_TAKE = "gpubot_claim_take"  # value: the place in the queue

@@ -16,9 +16,9 @@ from gpubot.chat import claim_view as view
 from gpubot.chat.errors import error_message
 from gpubot.chat.message import Message, Section, Text, bold, lines, note
 from gpubot.chat.surface import Surface
-from gpubot.core import claim_commands as cc
 from gpubot.core import commands
-from gpubot.core.claims import Claim, ClaimState, Conflict, Granted, OverLimit
+from gpubot.core.claims import commands as cc
+from gpubot.core.claims.rules import Claim, ClaimState, Conflict, Granted, OverLimit
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.services.claims import (

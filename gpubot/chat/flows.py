@@ -32,12 +32,12 @@ from gpubot.chat.tracking import Pace, Tracker, reset_title
 from gpubot.config import Settings
 from gpubot.core import commands
 from gpubot.core.alerting import Delivery
-from gpubot.core.approval import Approval, cannot_run
+from gpubot.core.approval.model import Approval, cannot_run
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.models import ApprovalState, NodeSnapshot
-from gpubot.core.plan import ResetPlan
 from gpubot.core.policy import Policy
 from gpubot.core.ports import AuditLog, Clock
+from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
 from gpubot.services.approval_outbox import ApprovalOutbox, Poster, PostStore
 from gpubot.services.approvals import ApprovalService, Identity, unix

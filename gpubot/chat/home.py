@@ -29,7 +29,7 @@ from gpubot.chat.message import (
     ctx,
 )
 from gpubot.core.models import NodeSnapshot
-from gpubot.core.usage_report import Line
+from gpubot.core.usage.report import Line
 
 
 def render_home(

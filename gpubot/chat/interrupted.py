@@ -1,7 +1,7 @@
 """Interrupted actions in chat: what the Home tab and the sweep report show, and the "Mark
 reviewed" button (only approvers see it and may use it; the review is an audit record).
 
-The lines are ``core.interrupted``'s, the same the CLI prints; names are escaped here.
+The lines are ``core.reset.interrupted``'s, the same the CLI prints; names are escaped here.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpubot.chat.message import Action, Code, Part, Section, Sentence, Text, bold, ctx
-from gpubot.core.interrupted import Unfinished, interrupted_line
 from gpubot.core.ports import AuditLog
+from gpubot.core.reset.interrupted import Unfinished, interrupted_line
 from gpubot.errors import GpubotError, UsageError
 from gpubot.services.approvals import ApprovalService, Identity
 

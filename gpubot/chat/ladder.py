@@ -32,7 +32,7 @@ from gpubot.chat.message import (
     note,
 )
 from gpubot.chat.surface import Surface
-from gpubot.core.ladder import Step
+from gpubot.core.usage.ladder import Step
 from gpubot.errors import GpubotError
 from gpubot.services.approvals import Identity
 from gpubot.services.ladder import LadderNotice, ReclaimLadder

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gpubot.chat.layout import MAX_TABLE_ROWS, Budget, clip, rows_of, table_fits, table_text
 from gpubot.chat.message import Code, Heading, Message, Section, Table, ctx, italic
-from gpubot.core.usage_report import UsageReport
+from gpubot.core.usage.report import UsageReport
 
 SHOWN = 15  # rows a chat report shows
 

@@ -33,9 +33,9 @@ from gpubot.chat.message import (
     lines,
 )
 from gpubot.core.models import NodeSnapshot, Outcome
-from gpubot.core.outcome import outcome_words
-from gpubot.core.plan import ResetPlan
-from gpubot.core.stopgate import plan_stop_notes
+from gpubot.core.reset.outcome import outcome_words
+from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.reset.stopgate import plan_stop_notes
 
 if TYPE_CHECKING:
     from gpubot.services.reset import ResetEvent, ResetResult

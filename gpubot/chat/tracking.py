@@ -15,8 +15,8 @@ from gpubot.chat.message import Message, Text, note
 from gpubot.chat.reset_view import render_progress, render_result
 from gpubot.chat.surface import Handle, Progress, Surface
 from gpubot.core.clock import SYSTEM_CLOCK
-from gpubot.core.plan import ResetPlan
 from gpubot.core.ports import Clock
+from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import GpubotError
 from gpubot.services.requests import (
     Decided,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpubot.app import App
-from gpubot.core.claims import Claim
+from gpubot.core.claims.rules import Claim
 from gpubot.core.timefmt import iso
 from gpubot.errors import StoreError
 

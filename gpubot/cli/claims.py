@@ -5,7 +5,7 @@
     gpubot claim claims [NODE|mine|all]            gpubot claim wait NODE [gpu N | any [K]]
     gpubot claim queue [NODE]                      gpubot claim leave [ID] | take ID
 
-The words are the ``/gpu`` language's (``core.claim_commands``). The claimant is the Linux user
+The words are the ``/gpu`` language's (``core.claims.commands``). The claimant is the Linux user
 running it (``cli:USER``), or ``--as`` a Slack user id. Exit status: 0 done, 1 refused, 2 bad
 input.
 """
@@ -21,9 +21,9 @@ from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk
 from gpubot.cli.common import with_app
 from gpubot.cli.console import identity
 from gpubot.console.text_render import render_text
-from gpubot.core import claim_commands as cc
 from gpubot.core import commands
-from gpubot.core.claims import Conflict, Granted, OverLimit, cuda_visible
+from gpubot.core.claims import commands as cc
+from gpubot.core.claims.rules import Conflict, Granted, OverLimit, cuda_visible
 from gpubot.errors import StoreError, UsageError
 from gpubot.services.approvals import Identity
 from gpubot.services.claims import ClaimService

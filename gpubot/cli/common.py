@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from gpubot.app import App, build, settings_from
-from gpubot.core.interrupted import interrupted_dict, interrupted_lines
+from gpubot.core.reset.interrupted import interrupted_dict, interrupted_lines
 from gpubot.core.text import one_line
 from gpubot.errors import StoreError
 

@@ -18,9 +18,9 @@ from gpubot.app import doctor_transport
 from gpubot.cli.serve import DEFAULT_API_URL
 from gpubot.config import Settings, audit_key, config_path
 from gpubot.config.doctor import config_checks
-from gpubot.core.doctor import Check, all_ok, as_document, failed, render
-from gpubot.core.doctor_facts import DbFacts
-from gpubot.core.doctor_limits import descriptor_check
+from gpubot.core.doctor.checks import Check, all_ok, as_document, failed, render
+from gpubot.core.doctor.facts import DbFacts
+from gpubot.core.doctor.limits import descriptor_check
 from gpubot.core.models import NodeConfig
 from gpubot.errors import ConfigError
 from gpubot.services.doctor import DoctorParts, DoctorService

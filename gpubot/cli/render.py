@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpubot.core.flags import flags_of, node_notes, process_flags
 from gpubot.core.models import NodeSnapshot, Outcome
-from gpubot.core.outcome import ALREADY_FREE, already_free
-from gpubot.core.probe_holders import NOT_CHECKED
+from gpubot.core.probe.holders import NOT_CHECKED
+from gpubot.core.reset.outcome import ALREADY_FREE, already_free
 from gpubot.core.text import one_line
 from gpubot.core.text_table import WIDTH as WIDTH  # a note's width, for the tests
 from gpubot.core.text_table import (
@@ -32,7 +32,7 @@ from gpubot.core.text_table import (
 if TYPE_CHECKING:  # types only: ``gpubot status`` need not import the reset service
     from collections.abc import Sequence
 
-    from gpubot.core.plan import ResetPlan
+    from gpubot.core.reset.plan import ResetPlan
     from gpubot.core.text_table import Paint
     from gpubot.services.reset import ResetResult
     from gpubot.services.status import FleetStatus

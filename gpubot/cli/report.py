@@ -12,7 +12,7 @@ import json
 
 from gpubot.app import App
 from gpubot.cli.common import with_app
-from gpubot.core.usage_report import BY, DEFAULT_SINCE
+from gpubot.core.usage.report import BY, DEFAULT_SINCE
 from gpubot.errors import StoreError
 
 

@@ -23,8 +23,8 @@ from gpubot.cli.common import (
 from gpubot.cli.output import kept_going
 from gpubot.cli.render import render_plan_lines, render_reset
 from gpubot.core import commands
-from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.core.reason import clean_reason
+from gpubot.core.reset.plan import ResetPlan, ResetRequest
 from gpubot.errors import ResetInterrupted, UsageError
 from gpubot.services.reset import ResetEvent, ResetResult
 

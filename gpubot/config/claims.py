@@ -1,6 +1,6 @@
 """``[claims]``: GPU claims and the queue (issue 26), off by default.
 
-What each setting means is in ``gpubot.core.claims``; every refusal is one line naming the key.
+What each setting means is in ``core.claims.rules``; every refusal is one line naming the key.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpubot.config.validate import Validator
-from gpubot.core.claims import ClaimSettings, GroupLimit
+from gpubot.core.claims.rules import ClaimSettings, GroupLimit
 from gpubot.errors import ConfigError
 
 CLAIM_KEYS = {

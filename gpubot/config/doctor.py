@@ -16,7 +16,7 @@ from typing import Any
 
 from gpubot.config import AUDIT_KEY_ENV, Settings, audit_key, expand, parse
 from gpubot.config.validate import UnknownKey
-from gpubot.core.doctor import Check, failed, passed, readable_check, unknown_key
+from gpubot.core.doctor.checks import Check, failed, passed, readable_check, unknown_key
 from gpubot.errors import ConfigError
 
 MAX_UNKNOWN = 50  # keys listed before the doctor gives up on a file

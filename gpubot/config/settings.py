@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpubot.core.claims import ClaimSettings
+from gpubot.core.claims.rules import ClaimSettings
 from gpubot.core.findings import SweepConfig
-from gpubot.core.ladder import LadderRule
 from gpubot.core.models import NodeConfig
 from gpubot.core.policy import Policy
-from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
-from gpubot.core.usage_report import ReportSettings
+from gpubot.core.reset.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
+from gpubot.core.usage.ladder import LadderRule
+from gpubot.core.usage.report import ReportSettings
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ResetSettings:
 
     @property
     def protection(self) -> Protection:
-        """Return the protected-daemon rule (see ``core.protect``)."""
+        """Return the protected-daemon rule (see ``core.reset.protect``)."""
         return Protection(self.protected, self.system_users)
 
 

@@ -8,9 +8,9 @@ from typing import Any
 from gpubot.config.slack_ids import SLACK_GROUP
 from gpubot.config.validate import Validator
 from gpubot.core import durations
-from gpubot.core.ladder import LadderRule
 from gpubot.core.names import LINUX_USER
-from gpubot.core.usage_report import BY, Digest, ReportSettings
+from gpubot.core.usage.ladder import LadderRule
+from gpubot.core.usage.report import BY, Digest, ReportSettings
 from gpubot.errors import ConfigError
 
 LADDER_KEYS = {"ladder", "remind_after", "post_after", "offer_after"}

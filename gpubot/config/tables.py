@@ -16,7 +16,6 @@ from gpubot.config.slack_ids import BOTS, SLACK_GROUP, SLACK_USER
 from gpubot.config.validate import Validator, check_port
 from gpubot.core import durations
 from gpubot.core.findings import SweepConfig
-from gpubot.core.idle import DEFAULT_KEEP_S, IdleRule
 from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.core.policy import (
     DEFAULT_EXPIRY_S,
@@ -24,6 +23,7 @@ from gpubot.core.policy import (
     DEFAULT_MIN_UID,
     Policy,
 )
+from gpubot.core.usage.idle import DEFAULT_KEEP_S, IdleRule
 from gpubot.errors import ConfigError
 
 DOMAIN = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")

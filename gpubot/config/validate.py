@@ -20,7 +20,7 @@ from gpubot.config.settings import (
 )
 from gpubot.config.slack_ids import SLACK_CHANNEL
 from gpubot.core import durations
-from gpubot.core.health import FABRIC_MANAGER_PID
+from gpubot.core.health.state import FABRIC_MANAGER_PID
 from gpubot.core.models import NodeConfig
 from gpubot.core.names import NODE_NAME
 from gpubot.core.runtimes import LOOKUPS

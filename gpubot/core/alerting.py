@@ -16,15 +16,15 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from gpubot.core.findings import TITLES, Finding, FindingKey, NodeFailure, SweepConfig
-from gpubot.core.idle import gpu_hours_by_owner
 from gpubot.core.models import FindingKind, NodeSnapshot
-from gpubot.core.readiness import Readiness
+from gpubot.core.reset.readiness import Readiness
 from gpubot.core.timefmt import iso
+from gpubot.core.usage.idle import gpu_hours_by_owner
 
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
 CLEAR_SWEEPS = 2  # an alerted finding resolves only once this many looking sweeps missed it
 SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
-# Events, not states: an Xid line is read once, so it is real when first seen (core.xid).
+# Events, not states: an Xid line is read once, so it is real when first seen (core.health.xid).
 EVENT_KINDS = frozenset({FindingKind.GPU_XID, FindingKind.NVSWITCH_SXID})
 NODE_KINDS = frozenset(
     {FindingKind.NODE_UNREACHABLE, FindingKind.NODE_SLOW, FindingKind.SMI_FAILED}

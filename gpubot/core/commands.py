@@ -11,7 +11,7 @@
     help [COMMAND]
     approve ID | deny ID              (console only: Slack decides with buttons)
     claim … | extend … | release … | claims … | wait … | queue … | leave … | take …
-                                      (``core.claim_commands``)
+                                      (``core.claims.commands``)
 
 Options may also be written ``gpu=1,2`` or ``--gpu 1,2``. The text is split on white space and
 every word is validated here; nothing of it ever reaches a shell. Everything after the word
@@ -24,7 +24,8 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 
-from gpubot.core import claim_commands, durations
+from gpubot.core import durations
+from gpubot.core.claims import commands as claim_commands
 from gpubot.core.names import LINUX_USER, NODE_NAME
 from gpubot.core.reason import option_in, split_reason
 from gpubot.errors import UsageError

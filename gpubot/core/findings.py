@@ -1,9 +1,9 @@
 """Sweep findings: snapshots + failures + thresholds + time → findings with stable keys.
 
 Pure (standard library only, time passed in). Which GPUs are idle comes from the samples of
-earlier sweeps (``gpubot.core.idle``), passed in. What a sweep then decides on each finding's
+earlier sweeps (``gpubot.core.usage.idle``), passed in. What a sweep then decides on each finding's
 alert state is ``gpubot.core.alerting``; what a reset of an orphaned GPU would touch is
-``gpubot.core.readiness``.
+``gpubot.core.reset.readiness``.
 
 Settings (all optional; validated by ``gpubot.config`` into ``Settings.sweep`` and
 ``Settings.metrics``)::
@@ -15,7 +15,7 @@ Settings (all optional; validated by ``gpubot.config`` into ``Settings.sweep`` a
     idle_min_mib = 4096           # idle holders: a process holding at least this much ...
     idle_hours = 4                # ... of a GPU at 0 % in every sample this long (0: off)
     keep_samples = "14d"          # utilisation samples are kept this long
-    kernel_log = false            # Xid/SXid findings from each node's kernel log (core.kernlog)
+    kernel_log = false            # Xid/SXid findings from each node's kernel log
     xid_window_s = 3600           # an Xid finding stands this long; repeats counted in it
 
     [alerts]
@@ -35,17 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpubot.core import durations
-from gpubot.core.health_titles import HEALTH_TITLES
-from gpubot.core.holder_runs import HolderKey, holders_idle
-from gpubot.core.idle import (
+from gpubot.core.health.titles import HEALTH_TITLES
+from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.reset.protect import Protection, is_protected
+from gpubot.core.usage.holder_runs import HolderKey, holders_idle
+from gpubot.core.usage.idle import (
     MAX_GAP_INTERVALS,
     IdleRule,
     holder_owner,
     idle_summary,
     is_idle_holder,
 )
-from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.protect import Protection, is_protected
 from gpubot.core.workload import WorkloadKind
 from gpubot.errors import CommandTimeout, GpubotError, ParseError, ProbeError, UsageError
 
@@ -77,8 +77,8 @@ class SweepConfig:
     idle: IdleRule = field(default_factory=IdleRule)
     reminder_s: float = 21600.0
     channel: str | None = None  # where alerts go: [alerts] channel, else [slack] channel
-    health: bool = True  # read the GPUs' health fields each sweep (issue 27: core.health)
-    kernel_log: bool = False  # read each node's kernel log for Xid/SXid (core.kernlog)
+    health: bool = True  # read the GPUs' health fields each sweep (issue 27: core.health.state)
+    kernel_log: bool = False  # read each node's kernel log for Xid/SXid (core.health.kernlog)
     xid_window_s: float = 3600.0  # an Xid finding stands this long; repeat thresholds count in it
 
     @property
@@ -133,7 +133,7 @@ class Finding:
     workload: str | None = None  # its workload's short label (``docker:train``, ``slurm:88``)
     idle_s: float | None = None  # an idle holder: how long it has held its GPU idle so far
     idle_since: float | None = None  # an idle holder: since when (never before it held the GPU)
-    next_step: str | None = None  # an Xid's: ``core.xid_table`` (reset when idle, ...)
+    next_step: str | None = None  # an Xid's: ``core.health.xid_table`` (reset when idle, ...)
 
     @property
     def key(self) -> FindingKey:
@@ -202,9 +202,9 @@ def find(
     """Return every finding of one sweep, in node then GPU order.
 
     ``idle``: ``{(node, gpu): seconds held idle}`` at ``at`` (the sweep's time; None: each
-    snapshot's) of the GPUs idle for the idle window (``core.idle.idle_gpus``). Their holders of
+    snapshot's) of the GPUs idle for the idle window (``usage.idle.idle_gpus``). Their holders of
     enough memory that have held the GPU that long themselves are idle holders: ``held`` says
-    since when each has (``core.holder_runs``; None: since each process started). Evidence that
+    since when each has (``usage.holder_runs``; None: since each process started). Evidence that
     accuses a person is that person's own: a job that came to an idle GPU is not idle for the
     time before it came.
     """

@@ -27,7 +27,7 @@ def process_flags(p: GpuProcess) -> tuple[str, ...]:
 def gpu_flags(gpu: GpuInfo, procs: tuple[GpuProcess, ...]) -> tuple[str, ...]:
     """Return the flags of one GPU given the processes on it."""
     flags: list[str] = list(gpu.flags)  # lost, requires-reset, warning ...: nvidia-smi's own say
-    if gpu.health is not None:  # the last sweep's health fields (core.health)
+    if gpu.health is not None:  # the last sweep's health fields (core.health.state)
         flags += gpu.health.flags()
     used = gpu.memory_used_mib
     jobs = [p for p in procs if not p.system]  # a daemon holding the GPU does not hide a leak

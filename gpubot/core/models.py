@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
-from gpubot.core.health import GpuHealth
+from gpubot.core.health.state import GpuHealth
 from gpubot.core.workload import Workload
 
 
@@ -67,7 +67,7 @@ class GpuInfo:
     bus_id: str | None = None  # PCI bus id as nvidia-smi prints it ("00000000:18:00.0")
     minor: int | None = None  # its device file's minor number; None: unknown (never assumed)
     flags: tuple[str, ...] = ()  # what nvidia-smi said instead of values: lost, requires-reset ...
-    health: GpuHealth | None = None  # the sweep's health fields (core.health); None: not read
+    health: GpuHealth | None = None  # the sweep's health fields (core.health.state); None: not read
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,9 @@ class GpuProcess:
     real_uid: int | None = None
     exe: str | None = None
     argv0: str | None = None
-    system: bool = False  # a protected system daemon (core.protect): not a job, never signalled
+    system: bool = (
+        False  # a protected system daemon (core.reset.protect): not a job, never signalled
+    )
     workload: Workload | None = None  # from its cgroup (+ names where the node allows lookups)
 
     @property
@@ -215,15 +217,15 @@ class FindingKind(StrEnum):
     NODE_SLOW = "node-slow"  # it answered too slowly: past a command timeout or the sweep budget
     SMI_FAILED = "smi-failed"
     GPU_LOST = "gpu-lost"
-    # GPU health (issue 27: core.health_findings): each summary ends with the next step.
+    # GPU health (issue 27: core.health.findings): each summary ends with the next step.
     MEMORY_REPAIR_PENDING = "memory-repair-pending"
     REMAP_FAILED = "remap-failed"
     ECC_UNCORRECTED = "ecc-uncorrected"
     FABRIC_NOT_READY = "fabric-not-ready"
     NVLINK_DOWN = "nvlink-down"
     GPU_THROTTLED = "gpu-throttled"
-    GPU_XID = "gpu-xid"  # the driver wrote an Xid for it (core.xid)
-    NVSWITCH_SXID = "nvswitch-sxid"  # the NVSwitch driver wrote an SXid (core.xid)
+    GPU_XID = "gpu-xid"  # the driver wrote an Xid for it (core.health.xid)
+    NVSWITCH_SXID = "nvswitch-sxid"  # the NVSwitch driver wrote an SXid (core.health.xid)
     CLAIM_INTRUDER = "claim-intruder"  # someone else's process on a claimed GPU (issue 26)
 
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 from gpubot.core.models import NodeConfig
 from gpubot.core.names import LINUX_USER
-from gpubot.core.plan import ResetPlan
-from gpubot.core.protect import DEFAULT_SYSTEM_USERS
+from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.reset.protect import DEFAULT_SYSTEM_USERS
 
 DEFAULT_EXPIRY_S = 900.0
 DEFAULT_MIN_UID = 1000

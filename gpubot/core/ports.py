@@ -7,7 +7,6 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gpubot.core.interrupted import Unfinished
 from gpubot.core.lease import Fence, Lease
 from gpubot.core.models import (
     ActionStatus,
@@ -17,15 +16,16 @@ from gpubot.core.models import (
     NodeConfig,
     NodeSnapshot,
 )
+from gpubot.core.reset.interrupted import Unfinished
 
 if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting and approvals
     from gpubot.core.alerting import Alert, AlertGroup, Handle, Lookup, PendingPost, Posted
     from gpubot.core.findings import FindingKey
-    from gpubot.core.health_findings import EccKey, EccSeen
-    from gpubot.core.holder_runs import IdleNow, Looked
-    from gpubot.core.idle import GpuSample
-    from gpubot.core.idle_runs import RunRule
+    from gpubot.core.health.findings import EccKey, EccSeen
     from gpubot.core.report import Report
+    from gpubot.core.usage.holder_runs import IdleNow, Looked
+    from gpubot.core.usage.idle import GpuSample
+    from gpubot.core.usage.idle_runs import RunRule
 
 
 class Transport(Protocol):
@@ -146,9 +146,9 @@ class AuditStore(Protocol):
 
 
 class SampleStore(Protocol):
-    """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.idle``), each
-    GPU's idle run (``core.idle_runs``), advanced with them, and since when each process has
-    held its GPU (``core.holder_runs``), folded with them.
+    """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.usage.idle``), each
+    GPU's idle run (``core.usage.idle_runs``), advanced with them, and since when each process has
+    held its GPU (``core.usage.holder_runs``), folded with them.
 
     Every method raises ``StoreError`` on failure.
     """

@@ -34,7 +34,7 @@ from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding, FindingKey, SweepConfig
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import AlertStore, Clock, Notifier
-from gpubot.core.readiness import Readiness
+from gpubot.core.reset.readiness import Readiness
 from gpubot.errors import DUTY_TURN, StoreError, UsageError
 from gpubot.services.alert_outbox import AlertOutbox
 

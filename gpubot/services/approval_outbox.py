@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from gpubot.core.alerting import Delivery, Handle, Lookup, Next, Posted, new_token, next_step
-from gpubot.core.approval_posts import ApprovalPost, Purpose
+from gpubot.core.approval.posts import ApprovalPost, Purpose
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.ports import Clock
 

@@ -7,8 +7,8 @@ run to an end, on every run of the approval duty (the app's one scheduler), not 
   a live bot held it. This look comes again each run and marks it ``incomplete`` once the lease
   has lapsed (``ApprovalService.abandon_approved``); the caller tells its thread and requester.
 - **Waiting**: approved, but it could not run yet (the node busy, its lease lost, the database
-  down: ``core.approval.cannot_run``). Each look retries it (``waiting`` → ``approved``, which
-  one try of one replica wins) while its approval is valid (``core.approval.run_until``); past
+  down: ``core.approval.model.cannot_run``). Each look retries it (``waiting`` → ``approved``, which
+  one try of one replica wins) while its approval is valid (``core.approval.model.run_until``); past
   that it ends ``failed``, and the caller tells why.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from gpubot.core.approval import Approval, run_now, run_until
+from gpubot.core.approval.model import Approval, run_now, run_until
 from gpubot.core.models import ApprovalState
 from gpubot.core.timefmt import iso
 from gpubot.errors import ApprovalError, GpubotError, StoreError

@@ -1,10 +1,8 @@
-"""Approvals: who asks, who may ask where, who may approve, and running an approved plan once.
+"""Approvals: who asks, who may approve, and running an approved plan once.
 
-The store's conditional transition (pending → approved exactly once, never by the requester,
-never after expiry) is the backstop; this service adds what the store cannot know: the Slack →
-Linux identity (and who is refused outright), approver membership (user ids and Slack user
-groups, cached at most ``[approvals] group_cache_s``), node permissions, and one person behind
-two chat accounts. It speaks to chat only through the ``Directory`` port.
+The store's conditional transition is the backstop; this service adds what the store cannot
+know: the chat → Linux identity, approver membership, node permissions, one person behind two
+chat accounts. It speaks to chat only through the ``Directory`` port.
 """
 
 from __future__ import annotations
@@ -15,12 +13,18 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from gpubot.core.approval import Approval, ApprovalRequest, cannot_run, run_now, run_until, stopped
-from gpubot.core.approval_ports import ApprovalStore
+from gpubot.core.approval.model import (
+    Approval,
+    ApprovalRequest,
+    cannot_run,
+    run_now,
+    run_until,
+    stopped,
+)
+from gpubot.core.approval.ports import ApprovalStore
 from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.commands import Reset
 from gpubot.core.models import ActionStatus, ApprovalState, NodeConfig, NodeSnapshot
-from gpubot.core.plan import ResetPlan, ResetRequest
 from gpubot.core.policy import (
     ChatAccount,
     Policy,
@@ -30,6 +34,7 @@ from gpubot.core.policy import (
     same_person,
 )
 from gpubot.core.ports import AuditStore, Clock, Locks
+from gpubot.core.reset.plan import ResetPlan, ResetRequest
 from gpubot.core.timefmt import iso
 from gpubot.errors import (
     ApprovalError,
@@ -156,11 +161,8 @@ class ApprovalService:
     async def _groups_now(
         self, groups: tuple[str, ...]
     ) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
-        """Return the members of ``groups``, and those that cannot be read now (with why).
-
-        A list is used for at most ``group_cache_s``; then it is read again, and if that fails
-        the group counts as unreadable: never decided on a stale list.
-        """
+        """Return the members of ``groups``, and those unreadable now (with why): a list is
+        cached ``group_cache_s`` at most, and a failed re-read is unreadable, never stale."""
         found: dict[str, frozenset[str]] = {}
         unreadable: dict[str, str] = {}
         for group in groups:
@@ -373,12 +375,9 @@ class ApprovalService:
         return await self.approvals.expire_due(datetime.fromtimestamp(due, UTC))
 
     async def abandon_approved(self, settled_s: float = 0.0) -> list[Approval]:
-        """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` (decided, or
-        taken by a retry, over ``settled_s`` ago); return them.
-
-        One that a live replica is running holds its node's reset lock and is left alone; so
-        is one this process runs, or could not record as waiting.
-        """
+        """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` over
+        ``settled_s`` ago; return them. One a live replica runs holds its node's reset lock and
+        is left alone, as is one this process runs or could not record as waiting."""
         now = self._now()
         marked: list[Approval] = []
         for a in await self.approvals.approved(now - timedelta(seconds=settled_s)):

@@ -2,8 +2,8 @@
 ``claim_idle_minutes`` gets its holder a DM with Keep / Release; still idle as long again, the
 claim is released and audited.
 
-Idle time comes from each claim's idle run (``core.claims.idle_step``, the fold of
-``core.idle_runs``, as the sweep's ``gpu_idle``), advanced by each look of the claims' duty and
+Idle time comes from each claim's idle run (``core.claims.rules.idle_step``, the fold of
+``usage.idle_runs``, as the sweep's ``gpu_idle``), advanced by each look of the claims' duty and
 stored with the claim: never from a history of samples.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from gpubot.core.claim_ports import ClaimStore
-from gpubot.core.claims import Claim, ClaimSettings, idle_rule, idle_step
+from gpubot.core.claims.ports import ClaimStore
+from gpubot.core.claims.rules import Claim, ClaimSettings, idle_rule, idle_step
 from gpubot.core.durations import TIME_SLACK_S
-from gpubot.core.idle import samples_of
+from gpubot.core.usage.idle import samples_of
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError
 from gpubot.services.status import StatusService
 

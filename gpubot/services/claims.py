@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpubot.config import Settings
-from gpubot.core import claim_commands as cc
-from gpubot.core.claim_ports import ClaimStore
-from gpubot.core.claims import (
+from gpubot.core.claims import commands as cc
+from gpubot.core.claims.ports import ClaimStore
+from gpubot.core.claims.rules import (
     Claim,
     ClaimOutcome,
     ClaimRequest,

@@ -18,8 +18,8 @@ from typing import Protocol
 from gpubot.core.alerting import Delivery, Lookup, Posted, new_token
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.ports import Clock
-from gpubot.core.usage import hour_of
-from gpubot.core.usage_report import Digest, DigestPost, UsageReport, Window
+from gpubot.core.usage.hours import hour_of
+from gpubot.core.usage.report import Digest, DigestPost, UsageReport, Window
 from gpubot.errors import DUTY_TURN, StoreError
 from gpubot.services.usage import UsageService
 

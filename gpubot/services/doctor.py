@@ -1,6 +1,6 @@
 """``gpubot doctor``: every node, Slack and the database checked at once, each failing alone.
 
-Each node gets one exec of the doctor script (``core.doctor_node``) and one bounded lookup per
+Each node gets one exec of the doctor script (``core.doctor.node``) and one bounded lookup per
 configured runtime, under the ``[ssh]`` limits; nodes run in parallel, at most ``max_parallel``
 at a time (``status.fan_out``). What cannot be asked through the Transport port arrives as
 callables from the composition root: the fingerprint a node presents (on an unknown or changed
@@ -14,18 +14,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from gpubot.config import Settings
-from gpubot.core.doctor import Check, failed, passed
-from gpubot.core.doctor_facts import DbFacts, db_checks
-from gpubot.core.doctor_kernlog import kernlog_check
-from gpubot.core.doctor_node import (
+from gpubot.core.doctor.checks import Check, failed, passed
+from gpubot.core.doctor.facts import DbFacts, db_checks
+from gpubot.core.doctor.kernlog import kernlog_check
+from gpubot.core.doctor.node import (
     doctor_argv,
     node_checks,
     parse_facts,
     runtime_argv,
     runtime_check,
 )
-from gpubot.core.doctor_sudo import SudoNeeds
-from gpubot.core.kernlog import kernlog_argv, parse_kernlog
+from gpubot.core.doctor.sudo import SudoNeeds
+from gpubot.core.health.kernlog import kernlog_argv, parse_kernlog
 from gpubot.core.models import NodeConfig
 from gpubot.core.ports import Transport
 from gpubot.errors import (
@@ -51,7 +51,7 @@ class DoctorParts:
 
 
 class DoctorService:
-    """Checks nodes, Slack and the database; returns the checklist (``core.doctor.Check``)."""
+    """Checks nodes, Slack and the database; returns the checklist (``doctor.checks.Check``)."""
 
     def __init__(self, settings: Settings, transport: Transport, parts: DoctorParts) -> None:
         self.settings = settings

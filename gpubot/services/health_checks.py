@@ -4,7 +4,7 @@ A status never pays for them: only a sweep asks (``SweepPorts.health``). The exe
 node whose probe answered (a node whose nvidia-smi hangs in the kernel is not asked again), within
 the sweep's budget; one that fails or times out leaves that node's health unknown, says so in the
 node's notes, and never fails the node. The field set a node's driver accepted is remembered, so an
-older driver is asked its own set first next time (``core.health.FIELD_SETS``).
+older driver is asked its own set first next time (``core.health.state.FIELD_SETS``).
 
 What earlier sweeps saw (ECC counts, throttling) is this process's memory, advanced by alerting
 sweeps only: a sweep by hand never makes throttling look sustained. The last health read of each
@@ -22,8 +22,8 @@ from dataclasses import replace
 
 from gpubot.config import Settings
 from gpubot.core.findings import Finding
-from gpubot.core.health import FIELD_SETS, NodeHealth, health_argv, parse_health
-from gpubot.core.health_findings import EccKey, EccSeen, HealthMemory, find_health
+from gpubot.core.health.findings import EccKey, EccSeen, HealthMemory, find_health
+from gpubot.core.health.state import FIELD_SETS, NodeHealth, health_argv, parse_health
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import EccStore, Transport
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError

@@ -2,11 +2,11 @@
 
 Every sweep, by hand or scheduled, stores one utilisation sample per GPU through the
 ``SampleStore`` port and, in the same transaction, advances each GPU's idle run
-(``core.idle_runs``: since when it has been held idle). GPUs held idle for ``idle_hours`` make
-idle-holder findings (``gpubot.core.idle``), and the GPU-hours each owner holds idle are what
+(``core.usage.idle_runs``: since when it has been held idle). GPUs held idle for ``idle_hours`` make
+idle-holder findings (``gpubot.core.usage.idle``), and the GPU-hours each owner holds idle are what
 the Home tab shows (``gpu_hours``). Both read the runs, one row per GPU, never the samples'
 history: a sweep costs the same with 1 or 14 days kept. A holder is idle only for the part of
-its GPU's run it was there for (``core.holder_runs``): each sweep's look at who holds each GPU
+its GPU's run it was there for (``core.usage.holder_runs``): each sweep's look at who holds each GPU
 is folded into runs kept in the store beside the GPUs' idle runs, in the same transaction (a
 few rows per GPU), so the bot after a restart, a replica and the CLI carry on the same runs,
 and a status reads them. Samples older than ``[sweep] keep_samples`` are pruned, at most
@@ -24,12 +24,12 @@ from gpubot.core.alerting import held_idle_hours
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.durations import TIME_SLACK_S
 from gpubot.core.findings import SweepConfig, find
-from gpubot.core.holder_runs import Held, Looked
-from gpubot.core.idle import held_idle, samples_of
-from gpubot.core.idle_runs import RunRule
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock, SampleStore
-from gpubot.core.protect import Protection
+from gpubot.core.reset.protect import Protection
+from gpubot.core.usage.holder_runs import Held, Looked
+from gpubot.core.usage.idle import held_idle, samples_of
+from gpubot.core.usage.idle_runs import RunRule
 from gpubot.errors import DUTY_TURN, StoreError
 from gpubot.services.offload import off_loop
 

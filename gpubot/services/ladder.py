@@ -1,7 +1,7 @@
 """The reclaim ladder: idle holders are told, reminded, named, then offered to on-call.
 
-After every alerting sweep, each idle holder (``core.idle``) takes the step of the ladder due
-(``core.ladder``): the step is recorded and audited first (``LadderStore``), then told through
+After every alerting sweep, each idle holder (``core.usage.idle``) takes the step of the ladder due
+(``core.usage.ladder``): the step is recorded and audited first (``LadderStore``), then told through
 the ``LadderNotifier`` (a DM, a reminder, a channel post, *Free it* for on-call), so a step is
 told at most once, by one replica. Nothing here kills anything: *Free it* is a forced reset
 that the approval flow decides (``chat.ladder``), carrying the evidence this service gives
@@ -22,7 +22,10 @@ from gpubot.core.alerting import SweepResult
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.durations import TIME_SLACK_S
 from gpubot.core.findings import Finding
-from gpubot.core.ladder import (
+from gpubot.core.models import FindingKind
+from gpubot.core.ports import Clock, SampleStore
+from gpubot.core.usage.hours import UNKNOWN_USER
+from gpubot.core.usage.ladder import (
     Evidence,
     LadderRule,
     Rung,
@@ -30,9 +33,6 @@ from gpubot.core.ladder import (
     keep_reason,
     next_step,
 )
-from gpubot.core.models import FindingKind
-from gpubot.core.ports import Clock, SampleStore
-from gpubot.core.usage import UNKNOWN_USER
 from gpubot.errors import DUTY_TURN, GpubotError, NotPermitted, StoreError, UsageError
 
 log = logging.getLogger(__name__)

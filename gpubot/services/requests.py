@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubot.core import commands
-from gpubot.core.approval import Approval
+from gpubot.core.approval.model import Approval
 from gpubot.core.models import ApprovalState
-from gpubot.core.plan import ResetPlan
 from gpubot.core.policy import floor_note
+from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import (
     ApprovalError,
     ApprovalExpired,

@@ -19,11 +19,11 @@ from typing import Any
 
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
-from gpubot.core.cutoff import interrupted_message, unknown_gpus
 from gpubot.core.models import ActionStatus, NodeConfig, NodeSnapshot, Outcome
-from gpubot.core.outcome import GpuResult
-from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.ports import AuditStore, Clock, Locks, ResetObserver, Transport
+from gpubot.core.reset.cutoff import interrupted_message, unknown_gpus
+from gpubot.core.reset.outcome import GpuResult
+from gpubot.core.reset.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.errors import GpubotError, ResetInterrupted, ResetRefused, UsageError
 from gpubot.services.locks import NodeLocks
 from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun, RunDeps

@@ -11,10 +11,10 @@ import shlex
 
 from gpubot.core.models import NodeSnapshot, ResetStep
 from gpubot.core.names import as_root
-from gpubot.core.nvsmi import USABLE_EXIT
-from gpubot.core.outcome import GpuObservation, GpuResult, Survivor
-from gpubot.core.plan import ResetPlan
-from gpubot.core.signals import PidReport, PidStatus
+from gpubot.core.probe.nvsmi import USABLE_EXIT
+from gpubot.core.reset.outcome import GpuObservation, GpuResult, Survivor
+from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.reset.signals import PidReport, PidStatus
 from gpubot.errors import GpubotError
 from gpubot.services.run_state import EventSink, Pairs, ResetEvent, RunDeps, RunState, ids_of
 from gpubot.services.verify import conclude, verify

@@ -16,11 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpubot.config.settings import ResetSettings
-from gpubot.core.cutoff import Sent, sent_items
 from gpubot.core.lease import Lease
 from gpubot.core.models import CommandResult, NodeConfig, NodeSnapshot, ResetStep
 from gpubot.core.ports import AuditStore, Clock, Transport
-from gpubot.core.signals import Identity, PidReport, PidStatus, parse_signal_output, signal_argv
+from gpubot.core.reset.cutoff import Sent, sent_items
+from gpubot.core.reset.signals import (
+    Identity,
+    PidReport,
+    PidStatus,
+    parse_signal_output,
+    signal_argv,
+)
 from gpubot.core.timefmt import iso
 from gpubot.core.workload import Workload
 

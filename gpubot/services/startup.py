@@ -12,10 +12,10 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from gpubot.core.approval import Approval
-from gpubot.core.interrupted import Unfinished
+from gpubot.core.approval.model import Approval
 from gpubot.core.ports import Reporter
 from gpubot.core.report import Report
+from gpubot.core.reset.interrupted import Unfinished
 
 log = logging.getLogger(__name__)
 

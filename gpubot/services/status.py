@@ -17,9 +17,9 @@ from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.enrich import apply_enrichment, enrich_argv, enrich_target, parse_enrichment
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditStore, Clock, NvmlReader, NvmlTables, Transport
-from gpubot.core.probe import NvmlKnown, parse_probe, probe_argv
-from gpubot.core.probe_holders import Holders
-from gpubot.core.protect import Protection
+from gpubot.core.probe.holders import Holders
+from gpubot.core.probe.snapshot import NvmlKnown, parse_probe, probe_argv
+from gpubot.core.reset.protect import Protection
 from gpubot.core.workload import Workload
 from gpubot.errors import CommandTimeout, GpubotError, NodeUnreachable, StoreError, UsageError
 from gpubot.services.offload import off_loop
@@ -180,7 +180,7 @@ class StatusService:
         ``names``: ask the node's runtimes (``runtimes``) to name its containers and jobs, one
         bounded exec per runtime, at once; a lookup that fails or times out leaves the names
         unknown and never fails the snapshot. Verification polls skip it. ``holders``: a status
-        asks ``IF_UNEXPLAINED`` (``core.probe_holders``); resets, readiness and sweeps ``ALWAYS``.
+        asks ``IF_UNEXPLAINED`` (``core.probe.holders``); resets, readiness and sweeps ``ALWAYS``.
         """
         timeout = self.settings.ssh.command_timeout_s
         # The probe runs two nvidia-smi queries one after the other: each gets half the time.

@@ -32,12 +32,12 @@ from gpubot.config import Settings
 from gpubot.core.alerting import SweepResult, confirmed
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding, NodeFailure, classify_failure, find
-from gpubot.core.health_titles import RESET_HEALTH_KINDS
+from gpubot.core.health.titles import RESET_HEALTH_KINDS
+from gpubot.core.health.xid_table import RESET_WHEN_IDLE
 from gpubot.core.models import FindingKind, NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditLog, Clock, Locks, SweepObserver, Transport
-from gpubot.core.readiness import Readiness, readiness, ready_argv
+from gpubot.core.reset.readiness import Readiness, readiness, ready_argv
 from gpubot.core.timefmt import iso
-from gpubot.core.xid_table import RESET_WHEN_IDLE
 from gpubot.errors import DUTY_TURN, GpubotError, LockHeld, StoreError
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.services.digest import DigestService

@@ -1,4 +1,4 @@
-"""GPU-hours: each sweep adds its samples' hours (``core.usage``); reports sum them.
+"""GPU-hours: each sweep adds its samples' hours (``core.usage.hours``); reports sum them.
 
 Every sweep, by hand or scheduled, hands its snapshots here after the idle accounting: each
 GPU's state (utilisation, holders) and the claims covering it become hour buckets, in one
@@ -21,7 +21,7 @@ from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock
-from gpubot.core.usage import (
+from gpubot.core.usage.hours import (
     GAP_INTERVALS,
     Claimed,
     Gap,
@@ -29,7 +29,7 @@ from gpubot.core.usage import (
     UsageSweep,
     states_of,
 )
-from gpubot.core.usage_report import Coverage, Line, UsageReport, Window, summed
+from gpubot.core.usage.report import Coverage, Line, UsageReport, Window, summed
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
 from gpubot.services.directory import Directory, NoDirectory
 from gpubot.services.offload import off_loop

@@ -2,7 +2,7 @@
 
 A GPU is called freed only when its memory is back where the plan expects, no planned process
 holds it and nobody new took it; a GPU that a restart policy may fill again must stay free for
-``[reset] respawn_watch_s`` first. Each GPU's outcome is classified (``core.outcome``) and
+``[reset] respawn_watch_s`` first. Each GPU's outcome is classified (``core.reset.outcome``) and
 reported as a ``gpu_outcome`` step.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpubot.core.models import GpuProcess, NodeSnapshot, Outcome, ResetStep
-from gpubot.core.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
-from gpubot.core.plan import ResetPlan
-from gpubot.core.probe import parse_procs, proc_argv
+from gpubot.core.probe.snapshot import parse_procs, proc_argv
+from gpubot.core.reset.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
+from gpubot.core.reset.plan import ResetPlan
 from gpubot.core.workload import may_restart
 from gpubot.errors import GpubotError
 from gpubot.services.run_state import Pairs, RunState

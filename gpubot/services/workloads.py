@@ -1,11 +1,11 @@
 """What a reset does about the workload that restarts a killed process (``[reset] stop_workloads``).
 
-By default gpubot only names the command that stops a respawning workload (``core.outcome``).
+By default gpubot only names the command that stops a respawning workload (``core.reset.outcome``).
 With ``stop_workloads = true`` it runs that command itself, audited before and after like a
 signal, but only for a workload the plan already kills whole on the GPUs (every process of it
 that the snapshot before the reset saw on any GPU was a target), and, in a self-service reset,
 only if every process of the unit, container or job is the requester's: checked on the node in
-the same exec as the stop (``core.stopgate``, ``core.stop_script``). Otherwise the stop is not
+the same exec as the stop (``reset.stopgate``, ``reset.stop_script``). Otherwise the stop is not
 run, the step and its reason are audited, and the GPU's outcome says why and that stopping it
 needs an on-call approval. A forced (approved) reset runs the stop, and the audit log records
 whose processes the node found in it.
@@ -18,11 +18,11 @@ from dataclasses import replace
 from typing import Any
 
 from gpubot.core.models import NodeSnapshot, Outcome, ResetStep, StopResult
-from gpubot.core.outcome import GpuResult
-from gpubot.core.plan import ResetPlan
-from gpubot.core.probe_fields import printable
-from gpubot.core.stop_script import StopCheck, parse_stop_output, stop_check_argv
-from gpubot.core.stopgate import gate_for, noun, refusal, stop_note
+from gpubot.core.probe.fields import printable
+from gpubot.core.reset.outcome import GpuResult
+from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.reset.stop_script import StopCheck, parse_stop_output, stop_check_argv
+from gpubot.core.reset.stopgate import gate_for, noun, refusal, stop_note
 from gpubot.core.workload import Workload, stop_argv
 from gpubot.errors import GpubotError
 from gpubot.services.run_state import RunState

@@ -1,6 +1,6 @@
 """The sweep's kernel-log watch: one bounded read per node per sweep, the events of the window.
 
-Each sweep reads what the driver wrote since the previous read (``core.kernlog``: the journal
+Each sweep reads what the driver wrote since the previous read (``core.health.kernlog``: the journal
 after its cursor, at most ``entries`` entries a step, so a backlog is read in bounded steps and
 never times out every later read; a full step is followed by the next within the read's budget,
 at most ``steps`` of them, and a read that ends on a full step says in the node's note that it
@@ -13,7 +13,7 @@ A node whose kernel log cannot be read says why once in the log; its read failin
 the node's sweep.
 
 A read keeps the newest lines of each class up to its cap and counts every driver line per (bus,
-code) (``core.kernlog``): what a cap dropped becomes one summary event per (bus, code), counted
+code) (``health.kernlog``): what a cap dropped becomes one summary event per (bus, code), counted
 in its finding, and the node's note while it is in the window ("kernel log: 450
 application-error lines summarised", logged once a read and shown beside the node's status), so a
 user's flood of their own job's lines never hides another GPU's fault.
@@ -31,7 +31,7 @@ from typing import Protocol
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding
-from gpubot.core.kernlog import (
+from gpubot.core.health.kernlog import (
     MAX_APP_LINES,
     MAX_ENTRIES,
     MAX_LINES,
@@ -45,10 +45,10 @@ from gpubot.core.kernlog import (
     parse_kernlog,
     summaries,
 )
+from gpubot.core.health.xid import DEFAULT_WINDOW_S, Seen, bus_map, classify, recent, xid_findings
+from gpubot.core.health.xid_flag import flag_snapshot
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import Clock, Transport
-from gpubot.core.xid import DEFAULT_WINDOW_S, Seen, bus_map, classify, recent, xid_findings
-from gpubot.core.xid_health import flag_snapshot
 from gpubot.errors import GpubotError
 from gpubot.services.status import StatusService
 
@@ -275,7 +275,7 @@ def watch_for(
     settings: Settings, status: StatusService, counter: XidCounter | None
 ) -> XidWatch | None:
     """Return the sweep's watch when ``[sweep] kernel_log`` is on, else None; it flags the
-    GPUs of ``status``'s tables that had a serious Xid in the window (``core.xid_health``)."""
+    GPUs of ``status``'s tables that had a serious Xid in the window (``core.health.xid_flag``)."""
     cfg = settings.sweep
     if not cfg.kernel_log:
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpubot.chat.message import Message
 from gpubot.core.alerting import Lookup, Posted
-from gpubot.core.approval_posts import ApprovalPost
+from gpubot.core.approval.posts import ApprovalPost
 from gpubot.slack.api import SlackApi
 from gpubot.slack.outbox import APPROVAL_EVENT, find_post, post_once
 from gpubot.slack.render import to_slack

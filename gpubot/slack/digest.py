@@ -7,7 +7,7 @@ from datetime import datetime
 
 from gpubot.chat.report_view import render_usage
 from gpubot.core.alerting import Lookup, Posted
-from gpubot.core.usage_report import UsageReport
+from gpubot.core.usage.report import UsageReport
 from gpubot.slack.api import SlackApi
 from gpubot.slack.outbox import find_post, post_once
 from gpubot.slack.render import to_slack

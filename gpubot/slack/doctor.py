@@ -9,7 +9,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gpubot.config import Settings
-from gpubot.core.doctor import Check
+from gpubot.core.doctor.checks import Check
 from gpubot.slack.api import make_client
 from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpubot.core.doctor import Check, failed, passed
+from gpubot.core.doctor.checks import Check, failed, passed
 from gpubot.core.policy import Policy
 
 BASE_SCOPES = ("commands", "chat:write", "users:read")  # every bot needs these

@@ -1,6 +1,6 @@
 """The direct message to an idle holder's owner, and its "Free it" button.
 
-When a sweep alerts on idle holders (``core.idle``), each owner whose Linux user maps to Slack
+When a sweep alerts on idle holders (``core.usage.idle``), each owner whose Linux user maps to Slack
 users (``[users]``) gets one direct message listing their idle GPUs, each with *Free it* and
 *Snooze 1 day*. A click runs the shared flow (``chat.holders.free_it``), as the console's
 ``free`` does.

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpubot.chat.flows import error_message
 from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE, keep, oncall_free, render_ladder
-from gpubot.core.ladder import Rung, Step
 from gpubot.core.ports import AlertStore
+from gpubot.core.usage.ladder import Rung, Step
 from gpubot.errors import ChatCallFailed, GpubotError
 from gpubot.services.ladder import LadderNotice
 from gpubot.slack.api import SlackApi, call

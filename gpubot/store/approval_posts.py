@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, select
 
-from gpubot.core.approval_posts import ApprovalPost, Purpose
+from gpubot.core.approval.posts import ApprovalPost, Purpose
 from gpubot.core.models import ApprovalState
 from gpubot.errors import StoreError
 from gpubot.store.audit import append

@@ -23,9 +23,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, and_, func, select
 
-from gpubot.core.approval import ApprovalRequest
+from gpubot.core.approval.model import ApprovalRequest
 from gpubot.core.models import ApprovalState
-from gpubot.core.plan import ResetPlan
+from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import (
     AlreadyDecided,
     ApprovalError,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, Engine, func, or_, select
 
-from gpubot.core.claims import Claim, ClaimState
+from gpubot.core.claims.rules import Claim, ClaimState
 from gpubot.store.claim_rows import at, record, unix
 from gpubot.store.engine import guard, write_tx
 from gpubot.store.tables import claims

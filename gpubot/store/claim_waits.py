@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, select
 
-from gpubot.core.claims import Wait, WaitState
+from gpubot.core.claims.rules import Wait, WaitState
 from gpubot.errors import UsageError
 from gpubot.store import claim_rows as claim_store
 from gpubot.store.engine import guard, read_tx, write_tx

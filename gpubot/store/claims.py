@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, select
 
-from gpubot.core.claims import (
+from gpubot.core.claims.rules import (
     Claim,
     ClaimOutcome,
     ClaimRequest,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 
-from gpubot.core.usage_report import DigestPost
+from gpubot.core.usage.report import DigestPost
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
 from gpubot.store.engine import guard, read_tx, write_tx

@@ -1,5 +1,5 @@
 """What ``gpubot doctor`` asks the database: whether it exists, its revision, whether gpubot could
-write to it, and whether the audit log is keyed with the key gpubot has (``core.doctor_facts``
+write to it, and whether the audit log is keyed with the key gpubot has (``core.doctor.facts``
 judges).
 
 A check must not change what it checks, so the doctor only reads. A SQLite file that is not
@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpubot.core.doctor_facts import DbFacts
+from gpubot.core.doctor.facts import DbFacts
 from gpubot.errors import GpubotError, StoreError
 from gpubot.store import migrate
 from gpubot.store.audit import _keyed_from

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from sqlalchemy import Engine, bindparam, delete, select
 
-from gpubot.core.health_findings import EccKey, EccSeen
+from gpubot.core.health.findings import EccKey, EccSeen
 from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.tables import gpu_ecc as t
 from gpubot.store.waits import in_thread

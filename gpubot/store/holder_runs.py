@@ -1,4 +1,4 @@
-"""Since when each process has held its GPU (``core.holder_runs``) in ``gpu_holders`` (sync).
+"""Since when each process has held its GPU (``core.usage.holder_runs``) in ``gpu_holders`` (sync).
 
 The runs are folded in the transaction that advances the GPUs' idle runs (``store.idle_runs``),
 so every process that sweeps (the bot, a replica, the CLI, the bot after a restart) carries on
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from sqlalchemy import Connection, bindparam, delete, select
 
-from gpubot.core.holder_runs import GPU_LOOKS, Held, HolderKey, Looked, OnGpu, on_gpu_since
+from gpubot.core.usage.holder_runs import GPU_LOOKS, Held, HolderKey, Looked, OnGpu, on_gpu_since
 from gpubot.store.idle_runs import text_of, unix_of
 from gpubot.store.tables import gpu_holders as h
 

@@ -1,4 +1,4 @@
-"""Each GPU's idle run (``core.idle_runs``) in ``gpu_idle``: read, advanced, rebuilt (sync).
+"""Each GPU's idle run (``core.usage.idle_runs``) in ``gpu_idle``: read, advanced, rebuilt (sync).
 
 A sweep advances the runs in the transaction that stores its samples (``advance``), reading
 one row per GPU and never the samples, except for the few GPUs whose run cannot be folded
@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Row, bindparam, delete, func, select
 
-from gpubot.core.idle import GpuKey, GpuSample, held_idle
-from gpubot.core.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since
+from gpubot.core.usage.idle import GpuKey, GpuSample, held_idle
+from gpubot.core.usage.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since
 from gpubot.store.records import iso
 from gpubot.store.tables import gpu_idle as r
 from gpubot.store.tables import gpu_samples as t

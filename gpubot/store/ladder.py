@@ -1,4 +1,4 @@
-"""The reclaim ladder's state (``core.ladder``): one row per idle holder, every change audited.
+"""The reclaim ladder's state (``usage.ladder``): one row per idle holder, every change audited.
 
 Each change writes the row and appends its audit record in one transaction: a step recorded is
 a step audited, and a step is recorded before its message is sent (at most once: a message whose
@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, delete, select
 
-from gpubot.core.ladder import Rung, Step
+from gpubot.core.usage.ladder import Rung, Step
 from gpubot.errors import StoreError, UsageError
 from gpubot.store.audit import append
 from gpubot.store.engine import guard, read_tx, write_tx

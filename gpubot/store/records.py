@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpubot.core import durations
-from gpubot.core.approval import Approval as Approval  # defined in core: services read it
+from gpubot.core.approval.model import Approval as Approval  # defined in core: services read it
 from gpubot.core.timefmt import iso as _iso
 
 # Fixed width, so that text order is time order on every database.

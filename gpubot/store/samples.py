@@ -15,9 +15,9 @@ from collections.abc import Collection, Sequence
 
 from sqlalchemy import Engine, select, tuple_
 
-from gpubot.core.holder_runs import IdleNow, Looked
-from gpubot.core.idle import GpuSample
-from gpubot.core.idle_runs import RunRule
+from gpubot.core.usage.holder_runs import IdleNow, Looked
+from gpubot.core.usage.idle import GpuSample
+from gpubot.core.usage.idle_runs import RunRule
 from gpubot.store import holder_runs, idle_runs
 from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.idle_runs import sample_of, text_of

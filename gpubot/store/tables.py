@@ -131,7 +131,7 @@ alert_posts = Table(
     Index(None, "state"),
 )
 
-# One row per GPU per sweep (``core.idle``): what idle detection reads; pruned after
+# One row per GPU per sweep (``core.usage.idle``): what idle detection reads; pruned after
 # ``[sweep] keep_samples``. Not part of the audit chain: rows are deleted when they age out.
 gpu_samples = Table(
     "gpu_samples",
@@ -147,7 +147,7 @@ gpu_samples = Table(
     Index(None, "node", "gpu_index", "taken_at"),
 )
 
-# One row per GPU (``core.idle_runs``): its latest sample's time and since when it has been held
+# One row per GPU (``usage.idle_runs``): its latest sample's time and since when it has been held
 # idle, advanced by each sweep in the transaction that stores its samples, so that the idle
 # check reads one row per GPU instead of the samples. ``min_mib``/``max_gap_ms``: the rule the
 # run was kept under (another rule rebuilds it from the samples). Pruned with the samples.
@@ -165,7 +165,7 @@ gpu_idle = Table(
     Index(None, "last_at"),
 )
 
-# Since when each process has held its GPU (``core.holder_runs``), folded in the transaction
+# Since when each process has held its GPU (``core.usage.holder_runs``), folded in the transaction
 # that advances ``gpu_idle`` (``store.holder_runs``): a holder is idle only for its own part of
 # its GPU's idle run, whichever process swept before. pid 0 (no process's): the GPU's own looks.
 # A holder gone from its GPU, or not looked at for longer than the gap, has no row.
@@ -222,7 +222,7 @@ approval_posts = Table(
 
 
 # Each GPU's uncorrectable ECC counts as the last sweep saw them (issue 27:
-# ``core.health_findings``): a count that grows between sweeps is a finding, across restarts too.
+# ``core.health.findings``): a count that grows between sweeps is a finding, across restarts too.
 # ``grew_from``: the count before it last grew (None: it has not); ``sweeps_since``: how many
 # sweeps ago. One row per (node, GPU uuid, "volatile" | "aggregate"); a sweep upserts its own.
 gpu_ecc = Table(
@@ -238,7 +238,7 @@ gpu_ecc = Table(
 )
 
 
-# GPU-hours (``core.usage``, issue 26): per UTC hour, GPU and holder (``""``: the GPU's own
+# GPU-hours (``core.usage.hours``, issue 26): per UTC hour, GPU and holder (``""``: the GPU's own
 # figures), the milliseconds held busy, idle, unknown, claimed but unused and free, added to by
 # each sweep; the report sums these, never the samples.
 gpu_usage = Table(
@@ -334,7 +334,9 @@ claims = Table(
     Column("note", Text, nullable=False),
     Column("state", String(16), nullable=False),
     Column("ended_at", TIME, nullable=True),
-    Column("idle_since", TIME, nullable=True),  # its GPU's idle run (``core.claims.idle_step``)
+    Column(
+        "idle_since", TIME, nullable=True
+    ),  # its GPU's idle run (``core.claims.rules.idle_step``)
     Column("idle_last_at", TIME, nullable=True),
     Column("idle_dm_at", TIME, nullable=True),  # when its holder was asked Keep / Release
     Column("intruder_told", Text, nullable=True),  # the intruder its holder was told of

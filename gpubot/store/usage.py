@@ -1,4 +1,4 @@
-"""GPU-hours in the database (``core.usage``): each sweep's buckets, sweeps and gaps.
+"""GPU-hours in the database (``core.usage.hours``): each sweep's buckets, sweeps and gaps.
 
 A sweep's GPU-hours are added in one transaction: each GPU's previous sample (one row per GPU
 in ``gpu_usage_last``), the hour's buckets it adds to (updated in place, or inserted), the
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, Engine, RowMapping, and_, bindparam, func, select
 
-from gpubot.core.usage import (
+from gpubot.core.usage.hours import (
     KINDS,
     NODE_ROW,
     Gap,
@@ -175,7 +175,7 @@ def _params(r: Usage) -> dict[str, object]:
 
 def _write_last(conn: Connection, sweep: UsageSweep, prev: dict[tuple[str, int], float]) -> None:
     """Move each sampled GPU's latest sample to this sweep's time: never back, except from the
-    future (``core.usage.from_future``: a wall clock since stepped back), which is no
+    future (``core.usage.hours.from_future``: a wall clock since stepped back), which is no
     baseline and is not kept."""
     old, new = [], []
     for st in sweep.states:

@@ -5,7 +5,7 @@ Commands are argv lists joined with ``shlex.join``. A command's output is read u
 (its answer unknown, in one line), and the command is abandoned, never buffered without end. A
 command given up on (timeout, cap, cancellation) is sent TERM and its channel is closed. The TERM is
 a courtesy: OpenSSH's sshd (9.2, seen here) passes no signal on and keeps the session's processes,
-which is why the probe carries a watchdog of its own (``core.probe_guards``); other remote scripts
+which is why the probe carries a watchdog of its own (``core.probe.guards``); other remote scripts
 (a stop, a signal batch) run to their end. Host keys are always verified against the
 configured known_hosts file: there is deliberately no switch to turn that off. Nothing else in
 ``~/.ssh`` is trusted: not its config, and not the X.509 CA bundle (``ca-bundle.crt``) or

@@ -9,7 +9,7 @@ none. The control is the same history without the claims port: nothing is claime
 from __future__ import annotations
 
 from gpubot.config import Settings
-from gpubot.core.claims import ClaimRequest, Granted
+from gpubot.core.claims.rules import ClaimRequest, Granted
 from gpubot.core.findings import SweepConfig
 from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.services.usage import UsageService

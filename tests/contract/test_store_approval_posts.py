@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from gpubot.core.approval_posts import ApprovalPost, Purpose
+from gpubot.core.approval.posts import ApprovalPost, Purpose
 from gpubot.store import Store, open_store
 from tests.fixtures.approvals import REQUEST
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gpubot.core.claims import ClaimRequest, Granted
+from gpubot.core.claims.rules import ClaimRequest, Granted
 from gpubot.store import ActionSummary, AuditRecord, Store
 from gpubot.store.audit import append
 from gpubot.store.audit_kinds import (

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gpubot.core.claims import (
+from gpubot.core.claims.rules import (
     ClaimRequest,
     ClaimState,
     Conflict,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpubot.core.claims import ClaimSettings, ClaimState, Granted
+from gpubot.core.claims.rules import ClaimSettings, ClaimState, Granted
 from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.errors import StoreError
 from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims

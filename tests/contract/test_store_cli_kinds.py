@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpubot.cli import main
-from gpubot.core.claims import ClaimRequest, Granted
+from gpubot.core.claims.rules import ClaimRequest, Granted
 from gpubot.store import open_store
 from tests.fixtures.approvals import REQUEST
 

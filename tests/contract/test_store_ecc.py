@@ -3,8 +3,8 @@ come back as written, a row is replaced, and a growth counts across a restart of
 
 from __future__ import annotations
 
-from gpubot.core.health import GpuHealth, NodeHealth
-from gpubot.core.health_findings import EccSeen
+from gpubot.core.health.findings import EccSeen
+from gpubot.core.health.state import GpuHealth, NodeHealth
 from gpubot.core.models import CommandResult, GpuInfo, NodeSnapshot
 from gpubot.services.health_checks import HealthChecks, with_health
 from gpubot.store import Store, open_store

@@ -3,7 +3,7 @@
 Since when each process has held its GPU is folded in the sweep's transaction and read by every
 process over the same database: two stores (the bot and a replica, or the bot after a restart,
 or the CLI) sweeping in turn answer as one in-memory fold of the same looks
-(``core.holder_runs.look``); a status's look writes nothing; a holder gone from its GPU, a node
+(``usage.holder_runs.look``); a status's look writes nothing; a holder gone from its GPU, a node
 not looked at for longer than the gap and a node gone from the fleet leave no row.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from gpubot.core.holder_runs import HolderKey, Looked, OnGpu, look, on_gpu_since
-from gpubot.core.idle import samples_of
-from gpubot.core.idle_runs import RunRule
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.usage.holder_runs import HolderKey, Looked, OnGpu, look, on_gpu_since
+from gpubot.core.usage.idle import samples_of
+from gpubot.core.usage.idle_runs import RunRule
 from gpubot.store import Store, holder_runs, open_store
 from gpubot.store.idle_runs import text_of
 

@@ -18,9 +18,9 @@ import sqlalchemy as sa
 from benchmarks.idle_old import old_idle
 from gpubot.core.alerting import held_idle_hours
 from gpubot.core.findings import SweepConfig, find
-from gpubot.core.idle import IdleRule
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.protect import Protection
+from gpubot.core.reset.protect import Protection
+from gpubot.core.usage.idle import IdleRule
 from gpubot.services import idle_accounting
 from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.store import Store
@@ -89,7 +89,7 @@ async def compare_one_history(store: Store, seed: int, steps: int) -> int:
         clock.t = at + 60.0
         status = [replace(s, taken_at=clock.t) for s in snaps]
         raw = await old_idle(store.samples, acct.config, status, clock.t)
-        held = await acct.held(status, clock.t)  # the holders' own runs (core.holder_runs)
+        held = await acct.held(status, clock.t)  # the holders' own runs (core.usage.holder_runs)
         found = find(status, {}, acct.config, protection=protection, idle=raw, held=held)
         assert await acct.gpu_hours(status) == held_idle_hours(found), (seed, step)
         seen += sum(1 for f in found if f.kind is FindingKind.IDLE_HOLDER)
@@ -132,7 +132,7 @@ async def test_the_first_sweep_after_the_upgrade_rebuilds_from_the_samples(store
             "n1", 0.0, (GpuInfo(0, cards[("n1", 0)], "H200", 8192, 143771, 0),), (holder(0, 8192),)
         )
     ]
-    from gpubot.core.idle import samples_of
+    from gpubot.core.usage.idle import samples_of
 
     for i in range(6):  # 0005's sweeps: samples only
         await store.samples.add_samples(samples_of(idle, T0 + i * INTERVAL))
@@ -160,7 +160,7 @@ async def test_a_long_history_is_rebuilt_a_bounded_batch_a_sweep(
 ) -> None:
     """After the upgrade, a GPU whose run is not rebuilt yet is not idle (unknown is not idle);
     a few sweeps later every answer is the history's again."""
-    from gpubot.core.idle import samples_of
+    from gpubot.core.usage.idle import samples_of
     from gpubot.store import idle_runs
 
     monkeypatch.setattr(idle_runs, "REBUILD_ROWS", 10)

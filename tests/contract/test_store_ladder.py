@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpubot.core.ladder import Rung, Step
+from gpubot.core.usage.ladder import Rung, Step
 from gpubot.errors import UsageError
 from gpubot.store import Store
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from gpubot.core.idle import GpuSample
 from gpubot.core.ports import SampleStore
+from gpubot.core.usage.idle import GpuSample
 from gpubot.errors import StoreError
 from gpubot.store import Store, open_store
 

@@ -28,7 +28,7 @@ import pytest
 from gpubot.config import Settings
 from gpubot.core.findings import SweepConfig
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.usage_report import ReportSettings
+from gpubot.core.usage.report import ReportSettings
 from gpubot.services.usage import Interval, UsageService
 from gpubot.store import Store, open_store
 from tests.fixtures.db import not_in_memory

@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gpubot.config import SshSettings
 from gpubot.core.flags import gpu_flags, process_flags
 from gpubot.core.models import ComputeApp, GpuInfo, NodeConfig, NodeSnapshot
-from gpubot.core.nvsmi import (
+from gpubot.core.probe.nvsmi import (
     apps_query_argv,
     gpu_query_argv,
     normal_bus_id,
     parse_apps,
     parse_gpus,
 )
-from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
+from gpubot.core.reset.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
 from gpubot.errors import GpubotError
 from gpubot.services.status import probe_node
 from gpubot.transport import RoutingTransport

@@ -25,8 +25,8 @@ from gpubot.app import build
 from gpubot.chat.flows import Flows
 from gpubot.chat.message import Message
 from gpubot.config import load
-from gpubot.core import claim_commands as cc
-from gpubot.core.claims import ClaimSettings
+from gpubot.core.claims import commands as cc
+from gpubot.core.claims.rules import ClaimSettings
 from gpubot.errors import GpubotError
 from gpubot.services.approvals import Identity
 

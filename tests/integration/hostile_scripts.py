@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from gpubot.core.probe_script import PROBE_SCRIPT
+from gpubot.core.probe.script import PROBE_SCRIPT
 from gpusim.fleet import SimNode
 
 # The stuck check before issue 21: the effective uid alone, and "$smi" anywhere in argv.

@@ -25,7 +25,7 @@ from gpubot.chat.alerts import render_alert_group
 from gpubot.config import Settings, load
 from gpubot.core.alerting import Alert, AlertGroup, AlertItem
 from gpubot.core.findings import Finding, FindingKey
-from gpubot.core.readiness import Readiness
+from gpubot.core.reset.readiness import Readiness
 from gpubot.services.alert_keeper import AlertKeeper
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts

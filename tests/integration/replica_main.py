@@ -24,7 +24,7 @@ from typing import Any
 from gpubot.app import build
 from gpubot.config import LeaseSettings, load
 from gpubot.core.alerting import SweepResult
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import GpubotError, LockHeld
 from gpubot.scheduler import SweepScheduler
 from gpubot.services.sweep import SweepService

@@ -22,7 +22,7 @@ from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.cli.console import identity, make_flows
 from gpubot.console.repl import answer
 from gpubot.core.alerting import Lookup
-from gpubot.core.approval_posts import ApprovalPost
+from gpubot.core.approval.posts import ApprovalPost
 from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
 from gpubot.slack.approval_posts import SlackApprovalPoster

@@ -18,7 +18,7 @@ from gpubot.chat.flows import Flows
 from gpubot.chat.message import Message
 from gpubot.cli.console import identity, make_flows
 from gpubot.console.repl import answer, render
-from gpubot.core.claims import ClaimSettings
+from gpubot.core.claims.rules import ClaimSettings
 from gpubot.store import open_store
 from gpusim.node_layout import gpu_uuid
 from tests.fixtures.fleet import gpubot_cli

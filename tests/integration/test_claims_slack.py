@@ -15,7 +15,7 @@ import pytest
 from gpubot.app import App, SlackAccess, build, slack_parts
 from gpubot.chat import claim_view as view
 from gpubot.chat.reset_view import ACTION_APPROVE
-from gpubot.core.claims import ClaimSettings
+from gpubot.core.claims.rules import ClaimSettings
 from gpubot.slack.serve import build_bot, start_http
 from gpubot.store import open_store
 from gpusim.node_layout import gpu_uuid

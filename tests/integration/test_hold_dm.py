@@ -25,8 +25,8 @@ import pytest
 
 from gpubot.app import SlackAccess, build, slack_parts
 from gpubot.config import load
-from gpubot.core import claim_commands as cc
-from gpubot.core.claims import WaitState
+from gpubot.core.claims import commands as cc
+from gpubot.core.claims.rules import WaitState
 from gpubot.lifecycle import Serving
 from gpubot.services.approvals import Identity
 from gpubot.slack.serve import SlackReporter, build_bot

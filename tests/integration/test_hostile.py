@@ -22,7 +22,7 @@ import pytest
 
 from gpubot.config import Settings
 from gpubot.core.models import NodeSnapshot, Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import ResetRefused
 from gpubot.services.reset import NodeLocks, ResetResult, ResetService
 from gpubot.services.status import StatusService

@@ -27,8 +27,8 @@ import pytest
 
 from gpubot.config import Settings
 from gpubot.core.models import NodeConfig, Outcome
-from gpubot.core.plan import ResetRequest
-from gpubot.core.probe import parse_probe, probe_argv
+from gpubot.core.probe.snapshot import parse_probe, probe_argv
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed
 from gpubot.services.reset import ResetService
 from gpubot.transport import SshTransport, ssh

@@ -23,8 +23,8 @@ import sqlalchemy as sa
 
 from gpubot.config import Settings, load
 from gpubot.core.lease import Lease
-from gpubot.core.plan import ResetRequest
 from gpubot.core.ports import Locks
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import LockHeld, ResetInterrupted
 from gpubot.services.reset import ResetEvent, ResetResult, ResetService, reset_lock
 from gpubot.services.status import StatusService

@@ -13,7 +13,7 @@ import pytest
 
 from gpubot.config import Settings
 from gpubot.core.models import Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.services.reset import ResetService
 from gpubot.services.sweep import SweepService
 from gpubot.store import Store

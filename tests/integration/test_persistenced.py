@@ -21,8 +21,8 @@ import pytest
 from gpubot.config import Settings
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import FindingKind, Outcome
-from gpubot.core.plan import ResetRequest
-from gpubot.core.protect import DEFAULT_DAEMON_PATHS
+from gpubot.core.reset.plan import ResetRequest
+from gpubot.core.reset.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import ResetRefused
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService

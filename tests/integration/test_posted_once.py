@@ -25,8 +25,8 @@ from gpubot.app import SlackAccess, build
 from gpubot.config import Settings
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import Finding
-from gpubot.core.ladder import Evidence, Rung, Step
 from gpubot.core.models import FindingKind, GpuInfo, NodeSnapshot
+from gpubot.core.usage.ladder import Evidence, Rung, Step
 from gpubot.services.alert_outbox import AlertOutbox
 from gpubot.services.ladder import LadderNotice
 from gpubot.slack.alerts import SlackAlerts

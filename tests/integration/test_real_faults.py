@@ -20,7 +20,7 @@ import pytest
 
 from gpubot.config import Settings
 from gpubot.core.models import FindingKind, Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import CommandTimeout, ResetRefused, SmiFailed
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService

@@ -27,7 +27,7 @@ import pytest
 from gpubot.cli.render import render_reset
 from gpubot.config import Settings
 from gpubot.core.models import Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.services.reset import ResetService
 from gpubot.store import Store
 from gpusim.fleet import SimFleet, SimNode

@@ -26,8 +26,8 @@ from gpubot.app import App, SlackAccess, build, slack_parts
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY
-from gpubot.core.ladder import LadderRule
 from gpubot.core.models import FindingKind
+from gpubot.core.usage.ladder import LadderRule
 from gpubot.slack.ladder import KEEP_VIEW, REASON_BLOCK, REASON_INPUT
 from gpubot.slack.serve import build_bot, start_http
 from gpubot.store.tables import alert_posts

@@ -16,7 +16,7 @@ import pytest
 
 from gpubot.config import Settings, load
 from gpubot.core.models import Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import ResetInterrupted, ResetRefused, StoreError
 from gpubot.services.reset import NodeLocks, ResetEvent, ResetResult, ResetService
 from gpubot.services.status import StatusService

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpubot.config import Settings, load
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import StoreError
 from gpubot.services.reset import NodeLocks, ResetService
 from gpubot.services.status import StatusService

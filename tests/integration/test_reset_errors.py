@@ -17,7 +17,7 @@ import pytest
 
 from gpubot.config import Settings
 from gpubot.core.models import Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.services.reset import NodeLocks, ResetEvent, ResetService
 from gpubot.store import Store
 from gpusim.fleet import SimFleet, SimNode

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpubot.core.models import ProcInfo
-from gpubot.core.probe import parse_procs, proc_argv
-from gpubot.core.probe_script import PROC_SCRIPT
+from gpubot.core.probe.script import PROC_SCRIPT
+from gpubot.core.probe.snapshot import parse_procs, proc_argv
 from gpubot.core.workload import decide_owner
 from gpusim import cgroups
 from gpusim.cgroups import CgroupSet

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import gpusim
-from gpubot.core import nvsmi
+from gpubot.core.probe import nvsmi
 from gpusim.fleet import SimFleet, SimNode
 from gpusim.fleet_setup import STANDALONE
 from gpusim.node import bus_id

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpubot.config import load
-from gpubot.core import nvsmi
+from gpubot.core.probe import nvsmi
 from gpubot.errors import ParseError
 from gpubot.transport.sshlib import asyncssh
 from gpusim.fleet import SimFleet, SimNode

@@ -31,9 +31,9 @@ from gpubot.chat.flows import Flows
 from gpubot.cli.console import identity, make_flows
 from gpubot.config import load
 from gpubot.console.repl import answer
-from gpubot.core.plan import ResetRequest
-from gpubot.core.stop_script import Foreign, parse_stop_output, stop_check_argv
-from gpubot.core.stopgate import gate_for
+from gpubot.core.reset.plan import ResetRequest
+from gpubot.core.reset.stop_script import Foreign, parse_stop_output, stop_check_argv
+from gpubot.core.reset.stopgate import gate_for
 from gpubot.services.reset import ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import open_store

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpubot.core.models import Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.services.reset import ResetResult, ResetService
 from gpusim.fleet import SimFleet, SimNode
 from gpusim.sudoers import readme_sudo_rule

@@ -20,7 +20,7 @@ import pytest
 from gpubot.app import build
 from gpubot.config import Settings, load
 from gpubot.core.alerting import SweepResult
-from gpubot.core.health_findings import ECC_HOLD
+from gpubot.core.health.findings import ECC_HOLD
 from gpubot.services.health_checks import HealthChecks, wire_health
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts

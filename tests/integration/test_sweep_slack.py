@@ -26,7 +26,7 @@ from gpubot.config import AuditSettings
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import Finding
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.readiness import Readiness
+from gpubot.core.reset.readiness import Readiness
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
 from gpubot.slack.blockkit import limit_problems, message_text

@@ -20,7 +20,7 @@ import pytest
 from gpubot.config import Settings
 from gpubot.core.findings import SweepConfig
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.usage_report import Digest, Window
+from gpubot.core.usage.report import Digest, Window
 from gpubot.services.digest import IN_FLIGHT_S, DigestService
 from gpubot.services.usage import UsageService
 from gpubot.slack.api import SlackApi, make_client

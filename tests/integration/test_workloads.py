@@ -16,7 +16,7 @@ import pytest
 
 from gpubot.config import AttributionSettings, Settings, load
 from gpubot.core.models import NodeSnapshot, Outcome
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.services.reset import NodeLocks, ResetResult, ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import Store

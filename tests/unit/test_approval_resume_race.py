@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 
 from gpubot.config import parse
-from gpubot.core.approval import Approval
+from gpubot.core.approval.model import Approval
 from gpubot.core.models import ApprovalState
 from gpubot.errors import LockHeld
 from gpubot.services.approval_retry import ApprovalRetry

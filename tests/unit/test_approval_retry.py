@@ -16,8 +16,8 @@ import pytest
 
 from gpubot.chat.approval_duty import ApprovalDuty
 from gpubot.config import parse
-from gpubot.core.approval import Approval
-from gpubot.core.approval_posts import Purpose
+from gpubot.core.approval.model import Approval
+from gpubot.core.approval.posts import Purpose
 from gpubot.core.models import ApprovalState
 from gpubot.errors import LockHeld
 from gpubot.services.approval_outbox import ApprovalOutbox

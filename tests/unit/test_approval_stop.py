@@ -25,8 +25,8 @@ import pytest
 from gpubot.app import APPROVAL_STOP_WAIT_S
 from gpubot.chat.approval_duty import ApprovalDuty
 from gpubot.config import parse
-from gpubot.core.approval import Approval
-from gpubot.core.approval_posts import Purpose
+from gpubot.core.approval.model import Approval
+from gpubot.core.approval.posts import Purpose
 from gpubot.core.commands import MAX_GRACE_S
 from gpubot.core.models import ActionStatus, ApprovalState, CommandResult
 from gpubot.core.report import Report

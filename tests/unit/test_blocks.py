@@ -12,9 +12,9 @@ from gpubot.chat import fleet_view, home, reset_view
 from gpubot.chat.message import Person
 from gpubot.console.text_render import text_of
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome, ResetStep
-from gpubot.core.outcome import GpuResult
-from gpubot.core.plan import ResetRequest, plan_reset
-from gpubot.core.protect import Protection
+from gpubot.core.reset.outcome import GpuResult
+from gpubot.core.reset.plan import ResetRequest, plan_reset
+from gpubot.core.reset.protect import Protection
 from gpubot.services.reset import ResetEvent, ResetResult
 from tests.fixtures.slack_render import bk, view, views
 

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from gpubot.core import claim_commands as cc
 from gpubot.core import commands
-from gpubot.core.claims import (
+from gpubot.core.claims import commands as cc
+from gpubot.core.claims.rules import (
     Claim,
     busy,
     cuda_visible,
@@ -19,8 +19,8 @@ from gpubot.core.claims import (
     intruders,
     pick,
 )
-from gpubot.core.idle import GpuSample, held_idle_since
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.usage.idle import GpuSample, held_idle_since
 from gpubot.errors import UsageError
 
 T0 = 1_800_000_000.0
@@ -152,7 +152,7 @@ def test_the_idle_rule_from_the_run_is_the_history_s(
     utils: tuple[int | None, ...], gaps: tuple[float, ...]
 ) -> None:
     """The claims' idle run, folded look by look (what the duty stores), says what the whole
-    history says (``core.idle.held_idle_since``, the raw samples), after every look."""
+    history says (``core.usage.idle.held_idle_since``, the raw samples), after every look."""
     rule = idle_rule(120.0)  # a gap over 360 s ends a run
     claim = Claim(1, "node3", 1, "GPU-1", "bob", "U0BOB", T0, T0 + 86400, "")
     history: list[GpuSample] = []

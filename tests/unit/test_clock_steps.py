@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import Settings, load
-from gpubot.core.claims import ClaimRequest, ClaimSettings, Granted
+from gpubot.core.claims.rules import ClaimRequest, ClaimSettings, Granted
 from gpubot.core.clock import SETTLE_S, Steps, steps_of
 from gpubot.core.models import CommandResult
-from gpubot.core.usage import GpuState, UsageSweep, hour_of, tally, weight_ms
-from gpubot.core.usage import SweepSample as Sample
-from gpubot.core.usage_report import Window
+from gpubot.core.usage.hours import GpuState, UsageSweep, hour_of, tally, weight_ms
+from gpubot.core.usage.hours import SweepSample as Sample
+from gpubot.core.usage.report import Window
 from gpubot.scheduler import IntervalScheduler
 from gpubot.services.claims import ClaimService, Ended, Event
 from gpubot.services.status import StatusService

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import ResetSettings, load, parse
-from gpubot.core.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
+from gpubot.core.reset.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
 from gpubot.errors import ConfigError
 
 GOOD = """

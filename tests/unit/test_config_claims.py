@@ -10,7 +10,7 @@ import pytest
 
 from gpubot.config import parse
 from gpubot.config.claims import CLAIM_KEYS
-from gpubot.core.claims import ClaimSettings, GroupLimit
+from gpubot.core.claims.rules import ClaimSettings, GroupLimit
 from gpubot.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "gpubot.example.toml"

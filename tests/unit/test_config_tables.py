@@ -15,9 +15,9 @@ import pytest
 from gpubot.config import MetricsSettings, Settings, check_port, parse
 from gpubot.config.slack_ids import BOTS
 from gpubot.core.findings import SweepConfig
-from gpubot.core.idle import IdleRule
 from gpubot.core.policy import Policy
-from gpubot.core.protect import DEFAULT_SYSTEM_USERS
+from gpubot.core.reset.protect import DEFAULT_SYSTEM_USERS
+from gpubot.core.usage.idle import IdleRule
 from gpubot.errors import ConfigError
 
 POLICY: dict[str, Any] = {

@@ -17,9 +17,10 @@ import pytest
 
 from gpubot.core import cgroup_shapes
 from gpubot.core.enrich import Found, enrich_target, parse_enrichment, parse_scontrol
-from gpubot.core.kernlog import parse_event
+from gpubot.core.health.kernlog import parse_event
+from gpubot.core.health.xid import Seen, xid_findings
 from gpubot.core.models import GpuInfo, NodeSnapshot
-from gpubot.core.nvsmi import parse_apps, parse_gpus, take_notes
+from gpubot.core.probe.nvsmi import parse_apps, parse_gpus, take_notes
 from gpubot.core.workload import (
     Workload,
     WorkloadKind,
@@ -28,7 +29,6 @@ from gpubot.core.workload import (
     parse_cgroup,
     stop_command,
 )
-from gpubot.core.xid import Seen, xid_findings
 from gpubot.errors import ParseError
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpubot.core.health import GpuHealth, NodeHealth, parse_nvlink
-from gpubot.core.health_findings import HealthMemory, find_health
-from gpubot.core.health_q import parse_q_health
+from gpubot.core.health.findings import HealthMemory, find_health
+from gpubot.core.health.query import parse_q_health
+from gpubot.core.health.state import GpuHealth, NodeHealth, parse_nvlink
 from gpubot.core.models import GpuInfo, NodeSnapshot
 from tests.unit.test_corpus import by_parser, text_of
 

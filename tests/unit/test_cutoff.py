@@ -1,4 +1,4 @@
-"""What an interrupted reset had sent (``core.cutoff``) and the holder's lease
+"""What an interrupted reset had sent (``core.reset.cutoff``) and the holder's lease
 (``core.lease``): tables of cases, no I/O."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpubot.core.cutoff import interrupted_message, sent_items, unknown_gpus
 from gpubot.core.lease import Lease, lost_message
 from gpubot.core.models import Outcome
+from gpubot.core.reset.cutoff import interrupted_message, sent_items, unknown_gpus
 from gpubot.errors import LeaseLost
 
 T0 = "2026-12-01T12:00:01.250Z"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpubot.config.doctor import config_checks
-from gpubot.core.doctor import (
+from gpubot.core.doctor.checks import (
     Check,
     as_document,
     bash_check,
@@ -17,8 +17,8 @@ from gpubot.core.doctor import (
     passed,
     render,
 )
-from gpubot.core.doctor_facts import DbFacts, db_checks
-from gpubot.core.doctor_node import (
+from gpubot.core.doctor.facts import DbFacts, db_checks
+from gpubot.core.doctor.node import (
     NodeFacts,
     doctor_argv,
     node_checks,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpubot.core import fdbudget
-from gpubot.core.doctor_limits import AREA, NAME, descriptor_check
+from gpubot.core.doctor.limits import AREA, NAME, descriptor_check
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpubot.config import Settings
-from gpubot.core.doctor import Check
-from gpubot.core.doctor_facts import DbFacts
+from gpubot.core.doctor.checks import Check
+from gpubot.core.doctor.facts import DbFacts
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.errors import AuthRefused, CommandTimeout, HostKeyRejected, NodeUnreachable
 from gpubot.services.doctor import DoctorParts, DoctorService

@@ -1,4 +1,4 @@
-"""``sudo -n -l`` against the README's sudoers rule: no more, no less (``core.doctor_sudo``)."""
+"""``sudo -n -l`` against the README's sudoers rule: no more, no less (``core.doctor.sudo``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core.doctor_sudo import Grant, SudoNeeds, parse_sudo_list, sudo_check
+from gpubot.core.doctor.sudo import Grant, SudoNeeds, parse_sudo_list, sudo_check
 from gpusim.sudo import listing
 from gpusim.sudoers import parse_sudoers, readme_sudo_rule
 

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from gpubot.cli.audit import parse_since
 from gpubot.config import parse as parse_settings
-from gpubot.core import claim_commands, claims, commands, durations
-from gpubot.core.usage_report import parse_when
+from gpubot.core import commands, durations
+from gpubot.core.claims import commands as claim_commands
+from gpubot.core.claims import rules as claims
+from gpubot.core.usage.report import parse_when
 from gpubot.errors import UsageError
 
 NOW = 1_750_000_000.0

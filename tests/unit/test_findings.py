@@ -21,10 +21,10 @@ from gpubot.core.findings import (
     classify_failure,
     find,
 )
-from gpubot.core.idle import IdleRule
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.protect import Protection
-from gpubot.core.readiness import parse_modes, parse_topo_peers, readiness, ready_argv
+from gpubot.core.reset.protect import Protection
+from gpubot.core.reset.readiness import parse_modes, parse_topo_peers, readiness, ready_argv
+from gpubot.core.usage.idle import IdleRule
 from gpubot.core.workload import Workload, WorkloadKind, parse_cgroup
 from gpubot.errors import (
     CommandTimeout,

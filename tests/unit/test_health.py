@@ -1,11 +1,12 @@
-"""The health exec's answer and what it means, in tables (pure: ``core.health``,
-``core.health_findings``); the sweep over real SSH is tests/integration/test_sweep_health.py."""
+"""The health exec's answer and what it means, in tables (pure: ``core.health.state``,
+``core.health.findings``); the sweep over real SSH is tests/integration/test_sweep_health.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpubot.core.health import (
+from gpubot.core.health.findings import ECC_HOLD, HealthMemory, find_health
+from gpubot.core.health.state import (
     FIELD_SETS,
     GpuHealth,
     Links,
@@ -14,7 +15,6 @@ from gpubot.core.health import (
     health_blockers,
     parse_health,
 )
-from gpubot.core.health_findings import ECC_HOLD, HealthMemory, find_health
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 
 H100 = "0, 0, 0, No, No, No, Not Active, Not Active, Not Active, 35, 71.20, Completed, Success"

@@ -27,9 +27,9 @@ import pytest
 from gpubot.chat.claims import ClaimDesk
 from gpubot.chat.message import Message
 from gpubot.config import Settings, parse
-from gpubot.core import claim_commands as cc
 from gpubot.core.alerting import Delivery, Lookup, Posted
-from gpubot.core.claims import ClaimSettings, WaitState
+from gpubot.core.claims import commands as cc
+from gpubot.core.claims.rules import ClaimSettings, WaitState
 from gpubot.core.models import CommandResult
 from gpubot.errors import GpubotError, StoreError
 from gpubot.services.alert_outbox import AlertOutbox

@@ -8,7 +8,6 @@ import pytest
 
 from gpubot.config import parse
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.plan import ResetRequest, below_floor, plan_reset
 from gpubot.core.policy import (
     ChatAccount,
     Policy,
@@ -20,7 +19,8 @@ from gpubot.core.policy import (
     same_person,
     system_user_refusal,
 )
-from gpubot.core.protect import Protection
+from gpubot.core.reset.plan import ResetRequest, below_floor, plan_reset
+from gpubot.core.reset.protect import Protection
 
 USERS: dict[str, Any] = {
     "users": {

@@ -8,7 +8,8 @@ import pytest
 
 from gpubot.config import parse
 from gpubot.core.findings import SweepConfig, find
-from gpubot.core.idle import (
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.usage.idle import (
     GpuSample,
     IdleRule,
     gpu_hours_by_owner,
@@ -16,7 +17,6 @@ from gpubot.core.idle import (
     idle_gpus,
     samples_of,
 )
-from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.workload import Workload, WorkloadKind
 from gpubot.errors import ConfigError
 

@@ -16,11 +16,11 @@ import pytest
 
 from gpubot.core.alerting import SweepResult
 from gpubot.core.findings import Finding, SweepConfig, find
-from gpubot.core.holder_runs import look, on_gpu_since
-from gpubot.core.idle import IdleRule
-from gpubot.core.ladder import LadderRule, Step
 from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.protect import Protection
+from gpubot.core.reset.protect import Protection
+from gpubot.core.usage.holder_runs import look, on_gpu_since
+from gpubot.core.usage.idle import IdleRule
+from gpubot.core.usage.ladder import LadderRule, Step
 from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.store import Store, open_store

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpubot.core.idle import GpuSample, held_idle_since
-from gpubot.core.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since, rebuild
+from gpubot.core.usage.idle import GpuSample, held_idle_since
+from gpubot.core.usage.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since, rebuild
 
 RULE = RunRule.of(4096, 450.0)
 T0 = 1_750_000_000.0

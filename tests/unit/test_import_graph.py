@@ -9,7 +9,7 @@ import textwrap
 from tests.import_graph import climbs, cycles, imports_of, mermaid, readme_drawing
 from tests.unit.test_layers import fmt_skips_without_a_why, slack_vocabulary
 
-KNOWN = frozenset({"gpubot.services.reset", "gpubot.services.reset_run", "gpubot.core.plan"})
+KNOWN = frozenset({"gpubot.services.reset", "gpubot.services.reset_run", "gpubot.core.models"})
 
 
 def _imports(src: str, here: str = "gpubot.services.reset_run") -> set[str]:
@@ -22,19 +22,19 @@ def test_an_import_under_type_checking_or_in_a_function_counts() -> None:
         if TYPE_CHECKING:
             from gpubot.services.reset import ResetService
         def f():
-            from gpubot.core import plan
+            from gpubot.core import models
     """
-    assert {"gpubot.services.reset", "gpubot.core.plan"} <= _imports(src)
+    assert {"gpubot.services.reset", "gpubot.core.models"} <= _imports(src)
 
 
 def test_a_relative_import_is_resolved() -> None:
     assert "gpubot.services.reset" in _imports("from .reset import ResetService")
-    assert "gpubot.core.plan" in _imports("from ..core.plan import ResetPlan")
+    assert "gpubot.core.models" in _imports("from ..core.models import NodeSnapshot")
 
 
 def test_from_a_package_import_a_module_is_that_module_only() -> None:
-    assert _imports("from gpubot.core import plan") == {"gpubot.core.plan"}
-    assert _imports("from gpubot.core import plan, NAME") == {"gpubot.core.plan", "gpubot.core"}
+    assert _imports("from gpubot.core import models") == {"gpubot.core.models"}
+    assert _imports("from gpubot.core import models, NAME") == {"gpubot.core.models", "gpubot.core"}
 
 
 def test_a_cycle_hidden_three_modules_deep_is_found() -> None:
@@ -46,7 +46,7 @@ def test_a_cycle_hidden_three_modules_deep_is_found() -> None:
 def test_an_import_that_climbs_or_crosses_a_layer_is_found() -> None:
     graph = {
         "gpubot.slack.serve": {"gpubot.app", "gpubot.chat.flows"},
-        "gpubot.services.sweep": {"gpubot.chat.alerts", "gpubot.core.plan"},
+        "gpubot.services.sweep": {"gpubot.chat.alerts", "gpubot.core.models"},
         "gpubot.store.engine": {"gpubot.transport.ssh"},
         "gpubot.app": {"gpubot.slack.serve"},
     }

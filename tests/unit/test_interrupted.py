@@ -1,4 +1,4 @@
-"""The lines that name interrupted work (``core.interrupted``) and their chat blocks."""
+"""The lines that name interrupted work (``core.reset.interrupted``) and their chat blocks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpubot.chat.interrupted import ACTION_REVIEW, MAX_SHOWN, Interrupted, interrupted_parts
-from gpubot.core.interrupted import interrupted_dict, interrupted_line, interrupted_lines
+from gpubot.core.reset.interrupted import interrupted_dict, interrupted_line, interrupted_lines
 from gpubot.slack.render import to_block
 
 

@@ -14,8 +14,8 @@ from gpubot.core.commands import Reset
 from gpubot.core.enrich import enrich_argv
 from gpubot.core.names import LINUX_USER, NODE_NAME, SUDO, as_root, is_linux_user
 from gpubot.core.policy import Policy, linux_user
-from gpubot.core.signals import SIGNAL_SCRIPT
-from gpubot.core.stop_script import STOP_SCRIPT
+from gpubot.core.reset.signals import SIGNAL_SCRIPT
+from gpubot.core.reset.stop_script import STOP_SCRIPT
 from gpubot.errors import ConfigError, UsageError
 
 USERS = [

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpubot.core import nvsmi
 from gpubot.core.models import ComputeApp, GpuInfo
-from gpubot.core.nvsmi import (
+from gpubot.core.probe import nvsmi
+from gpubot.core.probe.nvsmi import (
     APP_FIELDS,
     GPU_FIELDS,
     apps_query_argv,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpubot.core.models import Outcome
-from gpubot.core.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
+from gpubot.core.reset.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
 
 SURV = (Survivor(42, "D", "nv_wait"),)
 NEW = (Newcomer(77, "bob", "python3 train.py", 70, "supervisor.sh", "/system.slice/train.service"),)

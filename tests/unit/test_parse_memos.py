@@ -1,5 +1,5 @@
 """What a ``status all`` works out once and then remembers (issue 24): the workload of a cgroup
-text (``core.probe_fields``) and a snapshot's GPU flags (``core.flags.flags_of``). Remembered
+text (``core.probe.fields``) and a snapshot's GPU flags (``core.flags.flags_of``). Remembered
 answers are the answers worked out afresh, and the memory they take is bounded."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core import probe_fields
 from gpubot.core.flags import flags_of, gpu_flags
 from gpubot.core.models import GpuInfo, NodeSnapshot
-from gpubot.core.probe_fields import CGROUP_TEXTS, parse_proc_lines
+from gpubot.core.probe import fields as probe_fields
+from gpubot.core.probe.fields import CGROUP_TEXTS, parse_proc_lines
 from gpubot.core.workload import Workload, parse_cgroup
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"

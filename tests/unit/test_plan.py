@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
-from gpubot.core.protect import Protection
+from gpubot.core.reset.plan import ResetPlan, ResetRequest, plan_reset
+from gpubot.core.reset.protect import Protection
 from gpubot.core.workload import Workload, WorkloadKind, decide_owner
 from gpubot.errors import ResetRefused, UsageError
 

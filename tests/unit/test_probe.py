@@ -22,16 +22,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpubot.core import probe_script
 from gpubot.core.flags import gpu_flags
 from gpubot.core.models import CommandResult, ComputeApp, DeviceHolder, GpuInfo, NodeConfig
-from gpubot.core.nvsmi import gpu_query_argv
-from gpubot.core.plan import ResetRequest, plan_reset
-from gpubot.core.probe import NvmlKnown, parse_probe, parse_procs, probe_argv, proc_argv
-from gpubot.core.probe_fields import parse_fuser, printable
-from gpubot.core.probe_holders import Holders
-from gpubot.core.probe_script import PROBE_SCRIPT
-from gpubot.core.protect import Protection
+from gpubot.core.probe import script as probe_script
+from gpubot.core.probe.fields import parse_fuser, printable
+from gpubot.core.probe.holders import Holders
+from gpubot.core.probe.nvsmi import gpu_query_argv
+from gpubot.core.probe.script import PROBE_SCRIPT
+from gpubot.core.probe.snapshot import NvmlKnown, parse_probe, parse_procs, probe_argv, proc_argv
+from gpubot.core.reset.plan import ResetRequest, plan_reset
+from gpubot.core.reset.protect import Protection
 from gpubot.errors import ConfigError, ParseError, ProbeError, ResetRefused, SmiFailed, SmiMissing
 
 U = [f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(3)]

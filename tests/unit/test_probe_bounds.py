@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core import probe_guards, probe_script
 from gpubot.core.models import CommandResult, GpuInfo, NodeConfig
-from gpubot.core.probe import NvmlKnown, parse_probe, probe_argv
-from gpubot.core.probe_fields import parse_proc_lines
+from gpubot.core.probe import guards as probe_guards
+from gpubot.core.probe import script as probe_script
+from gpubot.core.probe.fields import parse_proc_lines
+from gpubot.core.probe.snapshot import NvmlKnown, parse_probe, probe_argv
 from gpubot.errors import ParseError, ProbeError
 
 

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpubot.core import probe_script
 from gpubot.core.models import ComputeApp, GpuInfo, NodeConfig, NodeSnapshot
-from gpubot.core.nvsmi import parse_apps_answer, parse_gpu_answer
-from gpubot.core.probe import parse_probe, probe_argv
-from gpubot.core.probe_holders import ADDS_UP, NOT_CHECKED, Holders, memory_adds_up
+from gpubot.core.probe import script as probe_script
+from gpubot.core.probe.holders import ADDS_UP, NOT_CHECKED, Holders, memory_adds_up
+from gpubot.core.probe.nvsmi import parse_apps_answer, parse_gpu_answer
+from gpubot.core.probe.snapshot import parse_probe, probe_argv
 from gpubot.errors import ParseError
 from tests.unit.test_probe import BUS, SLEEP_PY, SMI, U, run, set_minors
 

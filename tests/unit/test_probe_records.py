@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core import probe_guards, probe_script
 from gpubot.core.models import NodeConfig, NodeSnapshot
-from gpubot.core.nvsmi import gpu_query_argv
-from gpubot.core.probe import parse_probe, probe_argv
+from gpubot.core.probe import guards as probe_guards
+from gpubot.core.probe import script as probe_script
+from gpubot.core.probe.nvsmi import gpu_query_argv
+from gpubot.core.probe.snapshot import parse_probe, probe_argv
 from gpubot.errors import SmiFailed
 from tests.unit.test_probe import SMI, gpus_text, run, set_minors, start_ticks
 

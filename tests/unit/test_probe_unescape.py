@@ -10,7 +10,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpubot.core.probe_fields import _unescape
+from gpubot.core.probe.fields import _unescape
 
 _OCTAL = re.compile(r"\\([0-3][0-7]{2})")
 

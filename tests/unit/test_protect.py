@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpubot.core.models import GpuProcess
-from gpubot.core.protect import (
+from gpubot.core.reset.protect import (
     DEFAULT_DAEMON_PATHS,
     DEFAULT_SYSTEM_USERS,
     Protection,

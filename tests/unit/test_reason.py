@@ -7,8 +7,8 @@ import pytest
 
 from gpubot.chat.reset_view import held_memory
 from gpubot.core import commands
-from gpubot.core.plan import ResetPlan, Target
 from gpubot.core.reason import MAX_REASON, clean_reason, split_reason
+from gpubot.core.reset.plan import ResetPlan, Target
 from gpubot.errors import UsageError
 
 

@@ -30,10 +30,10 @@ from gpubot.core import text_table
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import NodeFailure, SweepConfig, find
 from gpubot.core.models import FindingKind, ResetStep
-from gpubot.core.outcome import GpuObservation, GpuResult, Newcomer, Survivor, classify
-from gpubot.core.plan import ResetPlan, ResetRequest, plan_reset
-from gpubot.core.protect import Protection
-from gpubot.core.readiness import Readiness
+from gpubot.core.reset.outcome import GpuObservation, GpuResult, Newcomer, Survivor, classify
+from gpubot.core.reset.plan import ResetPlan, ResetRequest, plan_reset
+from gpubot.core.reset.protect import Protection
+from gpubot.core.reset.readiness import Readiness
 from gpubot.core.text import code
 from gpubot.errors import UsageError
 from gpubot.services.reset import ResetResult
@@ -85,7 +85,7 @@ def sweep() -> SweepResult:
     snap = h.snapshot()
     failed = {"node2": NodeFailure(FindingKind.NODE_UNREACHABLE, h.FAILED)}
     idle = {("node1", 0): 6 * 3600.0, ("node1", 1): 6 * 3600.0}
-    # every holder has held its GPU for as long as the GPU has been idle (core.holder_runs)
+    # every holder has held its GPU for as long as the GPU has been idle (core.usage.holder_runs)
     held = {(snap.node, p.gpu_index, f"{p.pid}:{p.start_ticks}"): 0.0 for p in snap.processes}
     findings = find([snap], failed, SweepConfig(), idle=idle, held=held)
     ready = Readiness(

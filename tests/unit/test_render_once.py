@@ -9,10 +9,10 @@ import pytest
 from gpubot.chat.reset_view import result_rows
 from gpubot.cli.render import render_fleet, render_reset, render_snapshot
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome
-from gpubot.core.outcome import GpuResult, outcome_words
-from gpubot.core.plan import ResetRequest, plan_reset
-from gpubot.core.probe_holders import NOT_CHECKED
-from gpubot.core.protect import Protection
+from gpubot.core.probe.holders import NOT_CHECKED
+from gpubot.core.reset.outcome import GpuResult, outcome_words
+from gpubot.core.reset.plan import ResetRequest, plan_reset
+from gpubot.core.reset.protect import Protection
 from gpubot.services.reset import ResetResult
 from gpubot.services.status import FleetStatus
 

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from gpubot.core import commands
-from gpubot.core.approval import Approval, ApprovalRequest
+from gpubot.core.approval.model import Approval, ApprovalRequest
 from gpubot.core.models import ApprovalState, ResetStep
-from gpubot.core.plan import ResetPlan
+from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import NotAnApprover, NotPermitted, StoreError
 from gpubot.services.approvals import ApprovalService, Identity
 from gpubot.services.requests import (

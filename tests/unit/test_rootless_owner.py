@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from gpubot.core.attribute import attribute
-from gpubot.core.claims import Claim, intruders
-from gpubot.core.idle import holder_owner
+from gpubot.core.claims.rules import Claim, intruders
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.plan import ResetRequest, plan_reset
-from gpubot.core.probe import parse_procs
-from gpubot.core.protect import Protection
-from gpubot.core.usage import states_of
+from gpubot.core.probe.snapshot import parse_procs
+from gpubot.core.reset.plan import ResetRequest, plan_reset
+from gpubot.core.reset.protect import Protection
+from gpubot.core.usage.hours import states_of
+from gpubot.core.usage.idle import holder_owner
 from gpubot.core.workload import decide_owner, parse_cgroup
 from gpubot.errors import ParseError
 

@@ -10,7 +10,7 @@ import pytest
 
 from gpubot.core import cgroup_shapes
 from gpubot.core.enrich import enrich_target
-from gpubot.core.stopgate import noun, workload_root
+from gpubot.core.reset.stopgate import noun, workload_root
 from gpubot.core.workload import (
     WorkloadKind,
     decide_owner,

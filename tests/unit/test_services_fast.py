@@ -18,7 +18,7 @@ import pytest
 
 from gpubot.config import Settings, parse
 from gpubot.core.models import CommandResult
-from gpubot.core.plan import ResetRequest
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import CommandTimeout, NodeUnreachable, UsageError
 from gpubot.services.reset import ResetService
 from gpubot.services.status import StatusService

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core.signals import PidReport, parse_signal_output, signal_argv
-from gpubot.core.signals import PidStatus as S
+from gpubot.core.reset.signals import PidReport, parse_signal_output, signal_argv
+from gpubot.core.reset.signals import PidStatus as S
 from gpubot.errors import ParseError
 from tests.procs import start_ticks, wait_zombie
 

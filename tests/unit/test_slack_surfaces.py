@@ -20,8 +20,8 @@ import pytest
 
 from gpubot.chat import fleet_view, home, reset_view
 from gpubot.core.models import NodeSnapshot
-from gpubot.core.plan import ResetRequest, plan_reset
-from gpubot.core.protect import Protection
+from gpubot.core.reset.plan import ResetRequest, plan_reset
+from gpubot.core.reset.protect import Protection
 from tests.fixtures.slack_render import bk, view, views
 from tests.unit.test_blocks import EVIL, big_fleet, gpu, plan_and_result, proc, snap
 

@@ -9,7 +9,7 @@ from enum import StrEnum
 import pytest
 
 from gpubot.core.models import ActionStatus, ResetStep, StopResult
-from gpubot.core.signals import PidStatus
+from gpubot.core.reset.signals import PidStatus
 from gpubot.core.timefmt import iso
 from gpubot.store.records import iso as stored_iso
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from gpubot.core.models import Outcome
-from gpubot.core.outcome import GpuResult
-from gpubot.core.plan import ResetPlan, Target
-from gpubot.core.stop_script import (
+from gpubot.core.reset.outcome import GpuResult
+from gpubot.core.reset.plan import ResetPlan, Target
+from gpubot.core.reset.stop_script import (
     Foreign,
     StopCheck,
     check_path,
     parse_stop_output,
     stop_check_argv,
 )
-from gpubot.core.stopgate import (
+from gpubot.core.reset.stopgate import (
     gate_for,
     plan_stop_notes,
     refusal,
@@ -251,7 +251,7 @@ def test_a_sluid_job_is_checked_over_its_own_cgroup(monkeypatch: pytest.MonkeyPa
     """Slurm 26.05 names a job's v2 cgroup by its SLUID (no ``job_``): the stop of
     ``scancel SLUID`` is checked over that cgroup, not refused for want of one (and a forced
     stop is not run over no cgroup at all). Control: the old rule (``job_ID`` only) finds none."""
-    import gpubot.core.stopgate as sg
+    import gpubot.core.reset.stopgate as sg
 
     w = parse_cgroup(SLUID_TEXT)
     assert w is not None and w.kind is WorkloadKind.SLURM and w.id == "s0123456789ABC"

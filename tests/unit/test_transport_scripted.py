@@ -9,8 +9,8 @@ import pytest
 
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.core.ports import Transport
-from gpubot.core.probe import probe_argv
-from gpubot.core.signals import signal_argv
+from gpubot.core.probe.snapshot import probe_argv
+from gpubot.core.reset.signals import signal_argv
 from gpubot.errors import AuthRefused, UsageError
 from gpubot.transport import ScriptedTransport
 from gpubot.transport.scripted import Call, Reply, answer, completed

@@ -9,9 +9,9 @@ import pytest
 
 from gpubot.config import parse
 from gpubot.core import commands
-from gpubot.core.ladder import LadderRule, Rung, Step, keep_reason, next_step
-from gpubot.core.usage import shares, weight_ms
-from gpubot.core.usage_report import Digest, Window, parse_when
+from gpubot.core.usage.hours import shares, weight_ms
+from gpubot.core.usage.ladder import LadderRule, Rung, Step, keep_reason, next_step
+from gpubot.core.usage.report import Digest, Window, parse_when
 from gpubot.errors import ConfigError, UsageError
 
 NOW = datetime(2026, 12, 2, 10, 30, tzinfo=UTC).timestamp()  # a Wednesday
@@ -165,7 +165,7 @@ def test_a_sample_counts_the_time_since_the_one_before() -> None:
 
 
 def test_a_window_without_sweeps_says_it_has_no_data() -> None:
-    from gpubot.core.usage_report import Coverage, UsageReport
+    from gpubot.core.usage.report import Coverage, UsageReport
 
     empty = UsageReport(Window.of("1d", None, NOW), "user", (), Coverage(0, 300.0))
     assert "no data: no sweep counted GPU-hours in this window" in empty.text()

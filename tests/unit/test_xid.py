@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core.kernlog import (
+from gpubot.core.health.kernlog import (
     _XID,
     MAX_LINE_BYTES,
     MAX_LINES,
@@ -19,9 +19,8 @@ from gpubot.core.kernlog import (
     parse_kernlog,
     parse_time,
 )
-from gpubot.core.models import GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
-from gpubot.core.xid import Seen, xid_findings
-from gpubot.core.xid_table import (
+from gpubot.core.health.xid import Seen, xid_findings
+from gpubot.core.health.xid_table import (
     CATALOG,
     DRAIN_REBOOT,
     LOOK_UP,
@@ -32,6 +31,7 @@ from gpubot.core.xid_table import (
     sxid_class,
     xid_class,
 )
+from gpubot.core.models import GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
 from gpubot.services.xid_watch import XidWatch
 from gpubot.transport.scripted import Call, ScriptedTransport, completed
 from tests.fixtures.settings import ManualClock

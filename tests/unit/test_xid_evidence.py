@@ -22,8 +22,7 @@ from gpubot.chat.alerts import item_parts
 from gpubot.chat.reset_view import ACTION_RESET_GPU
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import Finding
-from gpubot.core.idle import holder_owner
-from gpubot.core.kernlog import (
+from gpubot.core.health.kernlog import (
     APP_CODES,
     MAX_APP_LINES,
     MAX_LINES,
@@ -33,10 +32,11 @@ from gpubot.core.kernlog import (
     parse_time,
     summaries,
 )
+from gpubot.core.health.xid import Group, Seen, known_owner, xid_findings
+from gpubot.core.health.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER, TICKET
 from gpubot.core.models import CommandResult, GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
 from gpubot.core.runtimes.base import Workload, WorkloadKind
-from gpubot.core.xid import Group, Seen, known_owner, xid_findings
-from gpubot.core.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER, TICKET
+from gpubot.core.usage.idle import holder_owner
 from gpubot.services.xid_watch import XidWatch
 from gpubot.transport.scripted import Call, ScriptedTransport, completed
 from tests.fixtures.settings import ManualClock
@@ -172,7 +172,7 @@ SUBORDINATE = NodeSnapshot(  # alice's job holds GPU 0; mallory runs as two subo
 
 
 def find_on(snap: NodeSnapshot, lines: list[Seen], owner: OwnerRule = known_owner) -> list[Finding]:
-    with patch("gpubot.core.xid.known_owner", owner):
+    with patch("gpubot.core.health.xid.known_owner", owner):
         return xid_findings(lines, {"n1": snap}, now=T0 + 60, window_s=3600.0)
 
 

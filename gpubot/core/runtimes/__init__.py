@@ -3,7 +3,7 @@
 Each runtime lives in one module (``docker.py``, ``slurm.py`` ...; ``base.py`` says what one
 gives). The registry imports every module of the package, collects their ``RUNTIMES`` in the
 order each runtime names, checks them, and registers their kinds; ``core.cgroup_shapes``,
-``core.workload``, ``core.enrich``, ``core.stopgate`` and config validation only iterate it.
+``core.workload``, ``core.enrich``, ``core.reset.stopgate`` and config validation only iterate it.
 Adding a runtime is adding its module: nothing else names it.
 """
 

@@ -5,7 +5,7 @@ this package: its kind, the cgroup shapes that name its workloads (``Shape``), h
 a workload is (``describe``, ``short``), whose a workload is (``owner``), how to stop one for good
 and whether it comes back (``stop``, ``restarts``), and optionally how to ask the runtime for
 names (``Lookup``). ``gpubot.core.runtimes`` finds every module that defines ``RUNTIMES`` and
-registers them; ``core.workload``, ``core.enrich``, ``core.stopgate`` and config validation only
+registers them; ``core.workload``, ``core.enrich``, ``reset.stopgate`` and config validation only
 iterate that registry.
 
 A kind is an open set (each module adds its own), so ``WorkloadKind`` is a ``str`` interned per

@@ -1,0 +1,134 @@
+"""``gpubot doctor``'s checklist: a ``Check`` per thing that must be right, with its fix.
+
+Pure: each check is a decision over facts gathered elsewhere (the settings file, a node's
+answer to ``core.doctor.node``'s script, Slack's ``auth.test``, the database), so that every
+verdict and every fix line is tested with tables of cases. A failed check always carries the
+one line that fixes it; the checklist is the whole output of ``gpubot doctor``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpubot.core.text import one_line
+
+OK_MARK = "✓"
+FAIL_MARK = "✗"
+MIN_BASH = (4, 4)  # the probe's: the first bash that waits for a process substitution
+_BASH = re.compile(r"GNU bash, version (\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the checklist: where (``config``, a node, ``slack``, ``database``), what,
+    whether it holds, what was seen, and (when it fails) the one line that fixes it."""
+
+    area: str
+    name: str
+    ok: bool
+    detail: str = ""
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the check as a JSON object."""
+        return {
+            "area": self.area,
+            "check": self.name,
+            "ok": self.ok,
+            "detail": self.detail,
+            "fix": None if self.ok else self.fix,
+        }
+
+
+def passed(area: str, name: str, detail: str = "") -> Check:
+    """Return a check that holds."""
+    return Check(area, name, True, detail)
+
+
+def failed(area: str, name: str, detail: str, fix: str) -> Check:
+    """Return a failed check; ``fix`` is the one line that puts it right."""
+    return Check(area, name, False, detail, fix)
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str | None:
+    """Return the known word closest to ``word`` (a typo's likely meaning), or None."""
+    found = difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unknown_key(where: str, key: str, known: Iterable[str]) -> Check:
+    """Return the failed check of an unknown settings key, with "did you mean" when close."""
+    leaf = key.rsplit(".", 1)[-1]
+    guess = did_you_mean(leaf, known)
+    parent = key[: -len(leaf)]
+    if guess is not None:
+        fix = f"did you mean {parent}{guess}? rename it in {where}"
+    else:
+        names = ", ".join(sorted(known)) or "none"
+        fix = f"remove it from {where} (known here: {names})"
+    return failed("config", f"key {key}", "unknown key", fix)
+
+
+def bash_version(text: str) -> tuple[int, int] | None:
+    """Return (major, minor) from ``bash --version``'s first line, or None if it is not bash's."""
+    m = _BASH.search(text)
+    return None if m is None else (int(m[1]), int(m[2]))
+
+
+def bash_check(area: str, text: str | None) -> Check:
+    """Check the node's bash (``text``: ``bash --version``'s first line; None: no bash)."""
+    name = "bash >= 4.4"
+    if text is None:
+        return failed(area, name, "no bash on the node", "install bash 4.4 or later")
+    version = bash_version(text)
+    if version is None:
+        return failed(
+            area, name, f"not GNU bash: {one_line(text)[:80]!r}", "install bash 4.4 or later"
+        )
+    shown = f"bash {version[0]}.{version[1]}"
+    if version < MIN_BASH:
+        return failed(
+            area,
+            name,
+            f"{shown} is older than 4.4: the probe stops with 'old-bash'",
+            "upgrade bash to 4.4 or later (RHEL 8, Ubuntu 18.04, Debian 10 have it)",
+        )
+    return passed(area, name, shown)
+
+
+def readable_check(area: str, what: str, path: str, problem: str | None) -> Check:
+    """Check that a file the settings name can be read (``problem``: why not, or None)."""
+    if problem is None:
+        return passed(area, f"{what} readable", path)
+    return failed(area, f"{what} readable", f"{path}: {problem}", f"make {path} readable by gpubot")
+
+
+def all_ok(checks: Sequence[Check]) -> bool:
+    """Whether every check holds (``gpubot doctor`` exits 0 only then)."""
+    return all(c.ok for c in checks)
+
+
+def render(checks: Sequence[Check]) -> str:
+    """Return the checklist as text: one line per check, its fix on the next line."""
+    lines: list[str] = []
+    area = None
+    for c in checks:
+        if c.area != area:
+            area = c.area
+            lines.append(f"{area}:")
+        detail = f": {c.detail}" if c.detail else ""
+        lines.append(one_line(f"  {OK_MARK if c.ok else FAIL_MARK} {c.name}{detail}"))
+        if not c.ok:
+            lines.append(one_line(f"      fix: {c.fix}"))
+    bad = sum(1 for c in checks if not c.ok)
+    lines.append(f"{len(checks) - bad} passed, {bad} failed")
+    return "\n".join(lines)
+
+
+def as_document(checks: Sequence[Check]) -> dict[str, Any]:
+    """Return the checklist as one JSON document."""
+    return {"ok": all_ok(checks), "checks": [c.as_dict() for c in checks]}

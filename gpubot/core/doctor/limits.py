@@ -1,0 +1,43 @@
+"""``gpubot doctor``'s descriptor line: the ``RLIMIT_NOFILE`` against the fleet's size (issue 24).
+
+gpubot keeps one SSH connection, one descriptor, per node. The fleet commands raise the soft
+limit to the hard one at start (``transport.descriptors``), so what decides is the hard limit:
+when even that leaves fewer connections than nodes (``fdbudget.connection_cap``), the pool
+closes and reopens idle connections and every sweep is slower. The doctor says so before a
+sweep does, with the number to set. It reads its own process's limits: under systemd the
+unit's ``LimitNOFILE`` is what ``serve`` gets, and the detail says which limits were read.
+"""
+
+from __future__ import annotations
+
+from gpubot.core import fdbudget
+from gpubot.core.doctor.checks import Check, failed, passed
+
+AREA = "limits"
+NAME = "descriptors for the fleet"
+
+
+def _shown(limit: int | None) -> str:
+    return "unlimited" if limit is None else str(limit)
+
+
+def descriptor_check(nodes: int, soft: int, hard: int | None) -> Check:
+    """Check that the limit gpubot will run under keeps one SSH connection per node.
+
+    ``soft``/``hard``: this process's ``RLIMIT_NOFILE`` (``hard`` None: unlimited). The soft
+    limit that counts is the one gpubot raises it to at start (``fdbudget.raised_to``).
+    """
+    at_start = fdbudget.raised_to(soft, hard)
+    cap = fdbudget.connection_cap(at_start)
+    limits = f"soft {soft}, hard {_shown(hard)}"
+    if at_start > soft:
+        limits += f" (raised to {at_start} at start)"
+    room = f"{limits}: {cap} SSH connections for {nodes} node{'s' if nodes != 1 else ''}"
+    if nodes <= cap:
+        return passed(AREA, NAME, room)
+    want = fdbudget.needed(nodes)
+    fix = (
+        f"raise the hard limit to at least {want}: LimitNOFILE={want} in the systemd unit, "
+        f"`ulimit -Hn {want}` (or limits.conf) for a shell, --ulimit nofile={want} for docker"
+    )
+    return failed(AREA, NAME, f"{room}: idle connections are closed and reopened (slower)", fix)

@@ -1,0 +1,1 @@
+"""Sharing: GPU-hours, idle runs per holder, and the reclaim ladder."""

@@ -1,0 +1,276 @@
+"""The GPU-hours report: a window, the buckets summed by user, team or node, and its coverage.
+
+Pure (standard library only, time passed in). A window is whole UTC hours (the buckets'), from
+``--since`` (a duration ago, "7d", or a UTC date or time, "2026-11-25" / "2026-11-25T09:00")
+to ``--until`` (default now), widened to the hours they fall in; the report says which hours.
+Every error is one line for a person (``ValueError``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gpubot.core import durations
+from gpubot.core.usage.hours import HOUR_S, KINDS, NODE_ROW, Gap, Usage, hour_of
+
+BY = ("user", "team", "node")
+NO_TEAM = "(no team)"
+DEFAULT_SINCE = "7d"
+MS_PER_H = 3_600_000
+SHOWN_GAPS = 10  # gaps a text report lists; the rest are counted
+
+
+def parse_when(text: str, now: float, what: str) -> float:
+    """Return the unix time ``text`` names: a duration before ``now`` ("7d", "12h") or a UTC
+    date or time in ISO form; raise ``ValueError`` saying what was expected."""
+    t = text.strip()
+    if t and t[0].isdigit() and t[-1].lower() in durations.UNITS and "-" not in t:
+        try:
+            ago = durations.parse(t)
+        except durations.DurationError as exc:
+            raise ValueError(f"bad {what} {text!r}: {exc.expected}") from None
+        return _after_epoch(now - ago, text, what)
+    try:
+        moment = datetime.fromisoformat(t.removesuffix("Z"))
+    except ValueError:
+        raise ValueError(
+            f"bad {what} {text!r}: expected a duration ago (e.g. 7d, 12h) or a UTC date or "
+            "time (e.g. 2026-11-25 or 2026-11-25T09:00)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return _after_epoch(moment.timestamp(), text, what)
+
+
+def _after_epoch(t: float, text: str, what: str) -> float:
+    """Return ``t``, refusing a moment before 1970: no sweep counted GPU-hours then, and a
+    duration of thousands of years names no date at all (``datetime`` cannot show it)."""
+    if t < 0:
+        raise ValueError(f"bad {what} {text!r}: it goes back before 1970")
+    return t
+
+
+@dataclass(frozen=True)
+class Window:
+    """Whole UTC hours: from ``since`` up to (not including) ``until``."""
+
+    since: int
+    until: int
+
+    @classmethod
+    def of(cls, since: str | None, until: str | None, now: float) -> Window:
+        """Return the window of ``--since``/``--until`` texts (None: 7 days ago; now)."""
+        start = parse_when(since or DEFAULT_SINCE, now, "--since")
+        end = now if until is None else parse_when(until, now, "--until")
+        if start >= end:
+            raise ValueError(f"--since ({_iso(start)}) must be before --until ({_iso(end)})")
+        return cls(hour_of(start), hour_of(end) + (0 if end % HOUR_S == 0 else HOUR_S))
+
+    def text(self) -> str:
+        """Return the window as a person reads it."""
+        return f"{_iso(self.since)} to {_iso(self.until)} UTC"
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One row of the report: milliseconds per kind, and the samples behind them."""
+
+    name: str
+    busy: int
+    idle: int
+    unknown: int
+    unused: int
+    free: int
+    samples: int
+
+    def hours(self, kind: str) -> float:
+        """Return one kind's GPU-hours."""
+        ms: int = getattr(self, kind)
+        return ms / MS_PER_H
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What the report rests on: sweeps taken in the window, and the stretches missing."""
+
+    sweeps: int
+    interval_s: float
+    gaps: tuple[Gap, ...] = ()
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """GPU-hours by ``by`` over ``window``."""
+
+    window: Window
+    by: str
+    lines: tuple[Line, ...]
+    coverage: Coverage
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the report as JSON-ready data (milliseconds exact, hours rounded)."""
+        rows = []
+        for line in self.lines:
+            row: dict[str, object] = {self.by: line.name, "samples": line.samples}
+            for k in self._kinds():
+                row[f"{k}_ms"] = getattr(line, k)
+                row[f"{k}_h"] = round(line.hours(k), 3)
+            rows.append(row)
+        return {
+            "since": self.window.since,
+            "until": self.window.until,
+            "window": self.window.text(),
+            "by": self.by,
+            "sweeps": self.coverage.sweeps,
+            "interval_s": self.coverage.interval_s,
+            "gaps": [{"node": g.node, "start": g.start, "end": g.end} for g in self.coverage.gaps],
+            "rows": rows,
+        }
+
+    def _kinds(self) -> tuple[str, ...]:
+        return KINDS if self.by == "node" else tuple(k for k in KINDS if k != "free")
+
+    def csv(self) -> str:
+        """Return the rows as CSV: hours to three decimals, and the samples."""
+        out = io.StringIO()
+        w = csv.writer(out, lineterminator="\n")
+        kinds = self._kinds()
+        w.writerow([self.by, *(f"{k}_h" for k in kinds), "samples"])
+        for line in self.lines:
+            w.writerow([line.name, *(f"{line.hours(k):.3f}" for k in kinds), line.samples])
+        return out.getvalue()
+
+    def table(self) -> list[list[str]]:
+        """Return the rows as text cells, a header first (hours to one decimal)."""
+        head = {"busy": "busy h", "idle": "idle h", "unknown": "unknown h"}
+        head |= {"unused": "claimed unused h", "free": "free h"}
+        kinds = self._kinds()
+        rows = [[self.by, *(head[k] for k in kinds)]]
+        rows += [[ln.name, *(f"{ln.hours(k):.1f}" for k in kinds)] for ln in self.lines]
+        return rows
+
+    def notes(self) -> list[str]:
+        """Return what the figures rest on and where data is missing, one line each."""
+        c = self.coverage
+        lines = [f"{c.sweeps} sweep(s) in {self.window.text()} (every {c.interval_s:g} s)"]
+        if c.sweeps == 0:
+            lines.append("no data: no sweep counted GPU-hours in this window")
+            return lines
+        if not c.gaps:
+            lines.append("no data missing")
+            return lines
+        lines.append(f"data missing in {len(c.gaps)} stretch(es):")
+        for g in c.gaps[:SHOWN_GAPS]:
+            end = "now (no sample since)" if g.end is None else _iso(g.end)
+            lines.append(f"  {g.node}: {_iso(g.start)} to {end}")
+        if len(c.gaps) > SHOWN_GAPS:
+            lines.append(f"  … and {len(c.gaps) - SHOWN_GAPS} more (--json lists them all)")
+        return lines
+
+    def text(self) -> str:
+        """Return the report as plain text (a table, then its notes)."""
+        rows = self.table()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        out = [f"GPU-hours by {self.by}, {self.window.text()}"]
+        for r in rows:
+            cells = [r[0].ljust(widths[0])] + [
+                c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+            ]
+            out.append("  ".join(cells).rstrip())
+        if len(rows) == 1:
+            out.append("(no GPU was sampled in this window)")
+        return "\n".join(out + self.notes())
+
+
+def summed(
+    rows: Iterable[Usage], by: str, teams: Mapping[str, Collection[str]] | None = None
+) -> tuple[Line, ...]:
+    """Sum bucket rows by ``by`` ("user", "team", "node"), most busy + idle first.
+
+    By team, a person counts for each team they are in (and ``NO_TEAM`` when in none).
+    """
+    if by not in BY:
+        raise ValueError(f"bad --by {by!r}: expected one of {', '.join(BY)}")
+    member: dict[str, list[str]] = {}
+    for team, users in (teams or {}).items():
+        for u in users:
+            member.setdefault(u, []).append(team)
+    acc: dict[str, Usage] = {}
+    for r in rows:
+        if (by == "node") != (r.user == NODE_ROW):
+            continue
+        names = [r.node] if by == "node" else [r.user]
+        if by == "team":
+            names = member.get(r.user, [NO_TEAM])
+        for name in names:
+            acc.setdefault(name, Usage(0, "", 0, name)).add(r)
+    lines = [
+        Line(n, u.busy, u.idle, u.unknown, u.unused, u.free, u.samples) for n, u in acc.items()
+    ]
+    lines.sort(key=lambda ln: (-(ln.busy + ln.idle + ln.unknown), ln.name))
+    return tuple(lines)
+
+
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+@dataclass(frozen=True)
+class Digest:
+    """When the weekly digest is posted: a weekday and a UTC time ("mon 09:00")."""
+
+    weekday: int  # 0: Monday
+    hour: int
+    minute: int
+
+    @classmethod
+    def parse(cls, text: str) -> Digest:
+        """Parse ``"mon 09:00"``; raise ``ValueError`` saying what was expected."""
+        want = f'expected a weekday and a UTC time, e.g. "mon 09:00", got {text!r}'
+        parts = text.strip().lower().split()
+        if len(parts) != 2 or parts[0][:3] not in DAYS or ":" not in parts[1]:
+            raise ValueError(want)
+        hh, _, mm = parts[1].partition(":")
+        if not (hh.isdigit() and mm.isdigit() and int(hh) < 24 and int(mm) < 60):
+            raise ValueError(want)
+        return cls(DAYS.index(parts[0][:3]), int(hh), int(mm))
+
+    def last_due(self, now: float) -> float:
+        """Return the latest time at or before ``now`` the digest was due."""
+        day = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        start = day.timestamp() - day.weekday() * 86400 + self.weekday * 86400
+        due = start + self.hour * 3600 + self.minute * 60
+        return due if due <= now else due - 7 * 86400
+
+    def period(self, now: float) -> str:
+        """Return the name of the digest due at or before ``now`` ("digest:2026-11-30")."""
+        return "digest:" + datetime.fromtimestamp(self.last_due(now), UTC).strftime("%Y-%m-%d")
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """``[teams]`` and ``[reports]``: teams of Linux users or of a Slack user group's members,
+    and the weekly digest (None: off)."""
+
+    teams: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    team_groups: tuple[tuple[str, str], ...] = ()  # team -> Slack user group id
+    digest: Digest | None = None
+    digest_by: str = "team"
+    digest_channel: str | None = None  # None: the alerts channel
+
+
+@dataclass(frozen=True)
+class DigestPost:
+    """One period's digest: its token, state and when its intent was recorded."""
+
+    period: str
+    token: str
+    state: str  # pending | posted | refused
+    created_at: float
