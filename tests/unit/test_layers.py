@@ -324,3 +324,15 @@ def test_no_fmt_skip_without_a_comment_saying_why(folder: str) -> None:
 def test_the_readme_draws_the_import_graph_as_the_code_has_it() -> None:
     readme = (PKG.parent / "README.md").read_text(encoding="utf-8")
     assert readme_drawing(readme) == list(mermaid(module_graph()))
+
+
+def test_core_is_grouped_by_feature() -> None:
+    """A prefix shared by several core modules is a feature package waiting to be made."""
+    top = sorted(p.stem for p in (PKG / "core").glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 30, top
+    prefixes = {name.split("_")[0] for name in top if "_" in name}
+    packages = {p.name for p in (PKG / "core").iterdir() if (p / "__init__.py").exists()}
+    crowded = sorted(
+        pre for pre in prefixes if sum(n.split("_")[0] == pre for n in top) >= 3 or pre in packages
+    )
+    assert crowded == [], f"group these into core/<feature>/: {crowded}"
