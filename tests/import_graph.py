@@ -41,10 +41,6 @@ RANKS: dict[str, int] = {
 FRONT_ENDS = ("slack", "console")
 # Modules that belong to another unit's layer: the composition root's helpers.
 UNITS = {
-    "app_claims": "app",
-    "app_parts": "app",
-    "app_sharing": "app",
-    "app_stores": "app",
     "lifecycle": "app",
     "metrics_claims": "metrics",
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from gpubot.app_stores import NoStore
+from gpubot.app.stores import NoStore
 from gpubot.config import Settings
 from gpubot.core.ports import AuditStore, Locks, Notifier, Transport
 from gpubot.services.status import StatusService
@@ -54,7 +54,7 @@ class Parts:
 
 def wire_parts(app: Root, notifier: Notifier | None) -> Parts:
     """Wire the reset engine, the sweep, the approvals (with a store) and the chat services."""
-    from gpubot.app_claims import wire_claims
+    from gpubot.app.claims import wire_claims
     from gpubot.chat.alerts import chat_sweeper
     from gpubot.chat.flows import Services
     from gpubot.services.approvals import ApprovalPorts, ApprovalService
@@ -86,7 +86,7 @@ def wire_parts(app: Root, notifier: Notifier | None) -> Parts:
 def _sweep(app: Root, store: Store | None, notifier: Notifier | None) -> SweepService:
     """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
     notifier, snooze) and the idle accounting (GPU samples)."""
-    from gpubot.app_sharing import sharing_ports
+    from gpubot.app.sharing import sharing_ports
     from gpubot.services.alert_keeper import AlertKeeper
     from gpubot.services.health_checks import wire_health
     from gpubot.services.idle_accounting import IdleAccounting

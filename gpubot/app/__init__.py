@@ -25,8 +25,8 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpubot.app_parts import Parts, wire_parts
-from gpubot.app_stores import OpeningStore
+from gpubot.app.services import Parts, wire_parts
+from gpubot.app.stores import OpeningStore
 from gpubot.config import Settings, audit_key, config_path, load
 from gpubot.core.ports import Locks, Notifier, Reporter, Transport
 from gpubot.errors import ConfigError, DatabaseBehind, StoreError
