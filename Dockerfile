@@ -5,9 +5,9 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels -r requirements.lock \
  && pip install --no-cache-dir --no-index --find-links /wheels --upgrade setuptools
-COPY pyproject.toml README.md ./
+# gpubot alone: the simulator (sim/) is a distribution of its own, not in the image.
+COPY pyproject.toml setup.py README.md ./
 COPY gpubot ./gpubot
-COPY gpusim ./gpusim
 COPY migrations ./migrations
 RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 

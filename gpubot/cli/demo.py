@@ -11,10 +11,10 @@ yours, as no other uid can be taken. It ends by running ``gpubot audit verify --
 with the head it printed, ``SEQ:HASH``, as an admin would check a head noted elsewhere.
 
 It also serves ``gpubot sim`` (``add_sim_arguments``, ``run_sim``: ``gpusim.cli``). The simulator
-is its own package, ``gpusim``, and this is the one module of gpubot that imports it: lazily,
-inside ``_simulator()``, which turns its errors (``gpusim.errors``) and its absence into
-gpubot's one-line errors, so the product runs without it. Each command imports only what it
-runs, so ``gpubot sim`` loads no part of the bot.
+is a distribution of its own (``sim/``, the ``demo`` extra), and this is the one module of gpubot
+that imports it: lazily, inside ``_simulator()``, which turns its errors (``gpusim.errors``) and
+its absence into gpubot's one-line errors, so the product runs without it. Each command imports
+only what it runs, so ``gpubot sim`` loads no part of the bot.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def _simulator() -> Iterator[None]:
         if (exc.name or "").partition(".")[0] != "gpusim":
             raise
         raise UsageError(
-            "the simulated fleet (package gpusim) is not installed: install gpubot from its "
-            "repository (pip install -e .), which ships it"
+            "the simulated fleet (package gpusim) is not installed: pip install 'gpubot[demo]', "
+            "or from gpubot's repository pip install -e ./sim"
         ) from None
     try:
         yield

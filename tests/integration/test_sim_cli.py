@@ -264,16 +264,3 @@ def test_python_m_gpusim_is_the_same_command_without_gpubot(tmp_path: Path) -> N
     )
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr == "gpusim: error: nodes must be 1-64, not 0\n"
-
-
-@pytest.mark.parametrize("args", [["demo"], ["sim", "state", "--dir", "."]])
-def test_without_the_simulator_the_demo_says_so_in_one_line(
-    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The product runs without gpusim: the commands that need it say it is missing."""
-    for name in [m for m in sys.modules if m == "gpusim" or m.startswith("gpusim.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "gpusim", None)  # import gpusim fails as if not installed
-    one_line_error(
-        in_process(capsys, *args), "the simulated fleet (package gpusim) is not installed"
-    )

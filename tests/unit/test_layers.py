@@ -24,7 +24,7 @@ from tests.import_graph import (
     tree,
 )
 
-SIM = PKG.parent / "gpusim"  # the simulated fleet: its own package, beside the product
+SIM = PKG.parent / "sim" / "gpusim"  # the simulated fleet: a distribution of its own
 
 
 def _imports(path: Path) -> set[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -24,10 +25,18 @@ def pins(name: str) -> dict[str, str]:
     return {canonicalize_name(n): v for n, v in PIN.findall(text)}
 
 
+def _project(folder: Path) -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads((folder / "pyproject.toml").read_text("utf-8"))[
+        "project"
+    ]
+    return project
+
+
 def declared(*extras: str) -> list[Requirement]:
-    """pyproject.toml's requirements: the run's, and those of ``extras``."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    lines = list(project["dependencies"])
+    """pyproject.toml's requirements: the run's, the simulator's (``sim/``, installed ``--no-deps``
+    after either lock), and those of ``extras``."""
+    project = _project(ROOT)
+    lines = list(project["dependencies"]) + list(_project(ROOT / "sim")["dependencies"])
     for extra in extras:
         lines += project["optional-dependencies"][extra]
     return [Requirement(line) for line in lines]
@@ -72,7 +81,10 @@ def _readme_commands() -> list[str]:
 def test_readme_ci_and_dockerfile_install_from_the_locks() -> None:
     demo, tests = _readme_commands()
     assert "-r requirements.lock" in demo and demo.endswith("gpubot demo")
-    assert "-r requirements-test.lock" in tests and "--no-deps" in tests
+    assert "-r requirements-test.lock" in tests
+    local = "--no-deps --no-build-isolation -e . -e ./sim &&"  # gpubot and its simulator
+    assert local in demo and local in tests
+    assert "mypy --strict gpubot sim/gpusim tests" in tests
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").rstrip().splitlines()[-1]
     assert ci == tests, "CI runs exactly the README's test command"
     # The fast tier runs first and the rest after it; neither may be empty (pytest's exit 5).
@@ -80,3 +92,5 @@ def test_readme_ci_and_dockerfile_install_from_the_locks() -> None:
     docker = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert "--require-hashes --wheel-dir /wheels -r requirements.lock" in docker
     assert "--no-index --no-deps /wheels/*.whl" in docker
+    copied = [line for line in docker.splitlines() if line.startswith("COPY")]
+    assert not [c for c in copied if "sim" in c], "the image ships gpubot without its simulator"
