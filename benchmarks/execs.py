@@ -2,7 +2,7 @@
 
 Counted with ``strace -f -e trace=execve`` (successful calls only: a PATH search's misses are not
 programs), run locally as the fleet's login user on the first simulated node, with its GPU
-processes in place. The target (issue 16) is at most 4 programs per probe in the common case.
+processes in place. The target is at most 4 programs per probe in the common case.
 """
 
 from __future__ import annotations

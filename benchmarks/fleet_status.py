@@ -501,7 +501,7 @@ def measure(
 
 # ---- start-up: what a cold ``gpubot status`` imports, and when ------------------------------
 
-# Libraries ``gpubot status`` must not import (issue 16), then the heavy ones it needs.
+# Libraries ``gpubot status`` must not import (they slow its start), then the heavy ones it needs.
 NOT_FOR_STATUS = (
     "alembic",
     "slack_bolt",

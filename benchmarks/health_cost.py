@@ -1,4 +1,4 @@
-"""The sweep's added cost of the GPU health checks (issue 27): ``python -m benchmarks.health_cost``.
+"""The sweep's added cost of the GPU health checks: ``python -m benchmarks.health_cost``.
 
 ::
 

@@ -1,4 +1,4 @@
-"""The idle check as it was before issue 24: reread every idle GPU's whole sample history.
+"""The idle check as it was before idle runs: reread every idle GPU's whole sample history.
 
 Kept here, outside the product, so that the benchmark can run it beside the incremental runs
 (``benchmarks/scale_store.py``) and the tests can check that both give the same answers

@@ -6,21 +6,21 @@
 
 One simulated node (2 GPUs, 2 GPU processes), its probe run here by ``bash`` (no SSH: the remote
 work alone), in three cases: the usual node; the same plus ``--holders`` processes that hold only
-``nvidiactl``/``nvidia-uvm`` with 4 KiB of non-ASCII argv each (issue 21: they stalled the probe);
-and the same number holding GPU 0's device file instead (read from ``/proc``, so the escaping's
-cost shows). Each case runs the probe as it is and, side by side, the probe of commit
-``BASELINE`` (before issue 21), which is killed at ``--baseline-timeout`` seconds. The figure is
-the median wall time of ``--repeat`` runs; every run's output is checked to end with the end
-marker (or the budget's "over" marker).
+``nvidiactl``/``nvidia-uvm`` with 4 KiB of non-ASCII argv each (such holders once stalled the
+probe); and the same number holding GPU 0's device file instead (read from ``/proc``, so the
+escaping's cost shows). Each case runs the probe as it is and, side by side, the probe of commit
+``BASELINE`` (before its guards against such holders), which is killed at ``--baseline-timeout``
+seconds. The figure is the median wall time of ``--repeat`` runs; every run's output is checked to
+end with the end marker (or the budget's "over" marker).
 
-``--processes 100,1000,5000`` (issue 24): the probe's CPU on a node with that many more processes
+``--processes 100,1000,5000``: the probe's CPU on a node with that many more processes
 (``sleep``, nobody's when run as root), side by side with the two bare nvidia-smi queries it
 runs, in four forms: a status whose memory adds up (no ``fuser``, stuck queries from the records
 in a private runtime folder), the same probe asked for holders (a reset, a sweep), the walk
-(no records folder) with ``fuser``, and the probe of ``BEFORE_24`` (the commit before issue 24).
-CPU is the children's ``getrusage`` (user + system) over ``--repeat`` rounds, median; a probe
-form's "extra" (its CPU less the bare queries') and its ratio to them are the medians of each
-round's pair.
+(no records folder) with ``fuser``, and the probe of ``BEFORE_24`` (before it kept records, when
+it walked ``/proc``). CPU is the children's ``getrusage`` (user + system) over ``--repeat``
+rounds, median; a probe form's "extra" (its CPU less the bare queries') and its ratio to them are
+the medians of each round's pair.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from gpubot.core.probe.nvsmi import apps_query_argv, gpu_query_argv
 from gpubot.core.probe.snapshot import probe_argv
 from gpusim.fleet import SimFleet
 
-BASELINE = "63a07c8"  # the last commit before issue 21's probe changes
-BEFORE_24 = "e95a09a"  # the last commit before issue 24's probe changes
+BASELINE = "63a07c8"  # the last commit before the probe's guards against hostile holders
+BEFORE_24 = "e95a09a"  # the last commit before the probe kept records of its queries
 T = 9.0  # each query's limit under the default 20 s command timeout
 
 

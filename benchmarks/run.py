@@ -7,7 +7,7 @@
 
 Parts (``--only``): ``status`` (fleet status, scaling, sweep cost, 1,000-node extrapolation),
 ``reset`` (reset latency split), ``slack`` (acknowledgement under a burst), and, only when asked,
-``probe`` (one node's probe with 200 hostile holders, before and after issue 21) and ``scale`` (a
+``probe`` (one node's probe with 200 hostile holders, before and after its guards) and ``scale`` (a
 running bot over ``--scale-nodes`` asyncssh nodes, 512 by default). The report is Markdown on
 stdout (``--out FILE`` also writes it, ``--json FILE`` the raw figures); progress goes to stderr.
 """
@@ -680,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
             run_reset(a, work, user, res)
         if "scale" in a.parts:
             run_scale(a, work, user, res)
-    if "probe" in a.parts:  # one node's probe, hostile cases, before and after (issue 21)
+    if "probe" in a.parts:  # one node's probe, hostile cases, before and after its guards
         res["probe"] = probe_cost.run(20 if a.smoke else 200, a.repeat, 60.0)
     took = time.monotonic() - started
     res["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -1,4 +1,4 @@
-"""Issue 24's store and loop figures, the old code path beside the new one, in one run.
+"""The store's and the loop's figures at scale, the old code path beside the new one, in one run.
 
 ::
 
@@ -243,7 +243,7 @@ def record_sizes(nodes: int) -> dict[str, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Answers:
-    """One simulated node's real answers: its probe's and its health exec's (issue 27)."""
+    """One simulated node's real answers: its probe's and its health exec's."""
 
     probe: Any
     health: Any
@@ -330,7 +330,7 @@ def recorded_app(
     app = build(settings, {}, need_store=True)
     t = transport(answers)
     app.transport = app.status.transport = app.sweep.transport = t
-    health = getattr(app.sweep, "health", None)  # None before issue 27 (a base tree's arm)
+    health = getattr(app.sweep, "health", None)  # None before the health checks (a base tree's arm)
     if health is not None:
         health.transport = t
     return app, answers
@@ -392,7 +392,7 @@ class Watch:
 async def old_fan_out(
     nodes: Any, call: Any, limit: int, *, budget_s: Any = None, budget_name: str = "budget"
 ) -> Any:
-    """``fan_out`` before issue 24: one task per node, all started at once."""
+    """``fan_out`` before the admission valve: one task per node, all started at once."""
     from gpubot.errors import GpubotError
     from gpubot.services.status import FanOut
 

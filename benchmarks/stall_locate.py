@@ -3,7 +3,7 @@
 ::
 
     python -m benchmarks.stall_locate --nodes 500 --sweeps 3     # quick
-    python -m benchmarks.stall_locate --nodes 2000 --sweeps 4    # the size
+    python -m benchmarks.stall_locate --nodes 2000 --sweeps 4    # a large fleet
 
 A 5 ms timer on the loop stamps each tick. A watchdog thread looks every ``every_s`` (2 ms): once
 the loop has not ticked for more than ``threshold_s`` (30 ms) it takes the loop thread's stack

@@ -184,7 +184,7 @@ def no_pause() -> None:
 
 
 def all_in() -> None:
-    """Admit ``[ssh] max_parallel`` nodes in flight from the start, as before issue 24's valve."""
+    """Admit ``[ssh] max_parallel`` nodes in flight from the start, as before the valve."""
     from gpubot.core import admission
 
     setattr(admission, "FLOOR", 10**6)  # noqa: B010 (over any limit: every place, always)

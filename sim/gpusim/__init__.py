@@ -6,9 +6,9 @@ stand-in ``nvidia-smi`` and real workload processes, served over real SSH on 127
 gpubot uses unchanged. ``gpubot sim up|down|spawn|fault|state`` (or ``python -m gpusim``)
 drives it from a shell.
 
-Its own package beside gpubot: it imports nothing of gpubot (its errors are
-``gpusim.errors``), and of gpubot only ``gpubot.cli.demo`` imports it
-(``tests/unit/test_layers.py`` holds both).
+A distribution of its own (gpubot's ``demo`` extra), so that gpubot ships without it: it imports
+nothing of gpubot (its errors are ``gpusim.errors``), and of gpubot only ``gpubot.cli.demo``
+imports it (``tests/unit/test_layers.py`` holds both).
 
 The fleet side: ``fleet`` (with ``fleet_setup``, ``inventory``, ``placements``, ``driver``,
 ``control``, ``server*``) builds ``node.SimNode``s, which lay out their files (``node_layout``),

@@ -1,5 +1,5 @@
-"""GPU health faults of a simulated node (issue 27): what its nvidia-smi says about memory repair,
-ECC, the NVSwitch fabric, NVLink and throttling, and its fabric manager daemon.
+"""GPU health faults of a simulated node: what its nvidia-smi says about memory repair, ECC, the
+NVSwitch fabric, NVLink and throttling, and its fabric manager daemon.
 
 Each state the health checks know has a fault here: ``set_gpu(node, 0, remap_pending=True)``,
 ``remap_failure``, a growing ``ecc_volatile``/``ecc_aggregate``, ``fabric_state``/

@@ -423,7 +423,7 @@ class SimNode:
         with simstate.transaction(str(self.state_dir)) as state:
             state["allocs"] = []
             state["overrides"] = {"gpu": {}, "apps": {}}
-            state.pop("health", None)  # issue 27: gpusim.health_faults
+            state.pop("health", None)  # gpusim.health_faults
 
     def live_pids(self) -> list[tuple[int, int]]:
         """Return ``(pid, start ticks)`` of every live process this node started (an adopted

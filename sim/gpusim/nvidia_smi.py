@@ -67,7 +67,7 @@ GPU_FIELDS = {
     "count": "",
     "driver_version": "",
 }
-GPU_FIELDS.update(HEALTH_FIELDS)  # issue 27: ECC, row remapping, throttling, the fabric
+GPU_FIELDS.update(HEALTH_FIELDS)  # ECC, row remapping, throttling, the fabric
 GPU_ALIASES = {"gpu_uuid": "uuid", "gpu_name": "name", "gpu_bus_id": "pci.bus_id", **HEALTH_ALIASES}
 APP_FIELDS = {
     "pid": "",
