@@ -1,20 +1,12 @@
-"""How many nodes a fleet round works on at once: all it may while the loop keeps up (issue 24).
+"""How many nodes a fleet round works on at once: all it may while the loop keeps up.
 
-``fan_out`` runs ``[ssh] max_parallel`` workers (64). Where each node's answer takes long to
-come (a real network, a probe of 100-300 ms on the node), that many in flight is what keeps a
-round short, and the loop is mostly idle. Where answers come back at once (a fleet on a fast
-network, or answering from memory), the loop itself is the bottleneck: every turn of it runs
-the steps of every connection whose answer arrived during the turn before, so one turn's work
-grows with the number in flight, about 0.5 ms each: 30-40 ms in one turn at 64, and a Slack
-ack, a timer or the loop-stall gauge waits behind it. More in flight then makes no round any
-shorter, only the turns longer.
-
-``Admission`` watches the loop's own CPU in each window of a 5 ms timer (the thread's CPU,
-so a box busy with other processes does not count) and admits fewer nodes while a window holds
-more than ``BUSY_S`` of it, an eighth more after each window under ``CALM_S`` (from 16 to 64 in
-13 windows, some 70 ms: what a small round on a slow network waits), never fewer than
-``FLOOR`` nor more than the limit. Waiting for a free place is waiting for a turn: it counts in
-a round's budget as before.
+Where answers are slow (a real network), ``[ssh] max_parallel`` in flight keeps a round short.
+Where they come back at once, the loop is the bottleneck: each turn runs the steps of every
+connection answered in the turn before, so more in flight makes no round shorter, only turns
+longer, and a Slack ack or a timer waits behind them. ``Admission`` watches the loop thread's own
+CPU (a box busy with other processes does not count) and admits fewer nodes after a busy window,
+an eighth more after a calm one, between ``FLOOR`` and the limit. Waiting for a place counts in
+a round's budget.
 """
 
 from __future__ import annotations
@@ -48,10 +40,8 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def place(self) -> AsyncIterator[None]:
-        """Hold a place while the block runs, waiting for one first, in turn.
-
-        A freed place is handed to the first waiter there and then (counted as its own), so
-        that whoever frees one cannot take it straight back past those waiting."""
+        """Hold a place while the block runs; a freed place goes to the first waiter at once,
+        so whoever frees one cannot take it straight back past those waiting."""
         if self.running >= self.places:
             turn = asyncio.get_running_loop().create_future()
             self._waiting.append(turn)

@@ -15,8 +15,7 @@ Namer = Callable[[Workload], Workload | None]
 def attribute(
     snap: NodeSnapshot, owner_label: str | None, named: Mapping[tuple[str, str, str], Workload] = {}
 ) -> NodeSnapshot:
-    """Return ``snap`` with each process's workload named (from ``named``, by ``Workload.key``) and
-    owned (``core.workload.decide_owner``, uid names from the snapshot's own processes)."""
+    """Return ``snap`` with each process's workload named (``named``) and owned."""
     uid_names = {p.uid: p.user for p in snap.processes if p.uid is not None and p.user}
 
     def one(w: Workload | None) -> Workload | None:

@@ -24,22 +24,19 @@ class SystemClock:
     """Wall time, monotonic time and sleeping, from the operating system."""
 
     def now(self) -> float:
-        """Return unix time in seconds."""
         return time.time()
 
     def monotonic(self) -> float:
-        """Return a monotonic time in seconds (for deadlines and durations)."""
         return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds`` (yielding to the event loop)."""
         await asyncio.sleep(seconds)
 
 
 SYSTEM_CLOCK = SystemClock()
 
-# Between two looks the wall and monotonic clocks may differ by NTP's slew (at most 0.5 ms a
-# second) and by the moment between reading one and the other: a step is more than this.
+# Between two looks the clocks may differ by NTP's slew and the moment between reading one and
+# the other: a step is more than this.
 STEP_TOLERANCE_S = 2.0
 # How long a forward step must hold before expiry trusts it: a step that is corrected within
 # this (a bad NTP server, a VM's clock before its agent fixes it) never ends a claim, a hold
@@ -49,8 +46,7 @@ SETTLE_S = 600.0
 
 @dataclass(frozen=True)
 class Jump:
-    """A step of the wall clock seen between two looks: ``step`` seconds (negative: back),
-    ``wall`` and ``mono`` the look that saw it."""
+    """A step of the wall clock between two looks (``step`` negative: back)."""
 
     step: float
     wall: float
@@ -60,11 +56,9 @@ class Jump:
 class Steps:
     """Watches one clock for steps of its wall time (wall delta against monotonic delta).
 
-    Every periodic duty looks (``check``) before it runs, and expiry asks ``expiry_now``: so a
-    step is seen, and logged, once, by whichever looks first. Durations and intervals never
-    need it (they are monotonic); what is computed from wall time does: a deadline stored in
-    wall time is judged by ``expiry_now``, which follows the wall clock back at once but
-    forward only at the monotonic clock's pace until the step has held ``settle_s``.
+    Every duty looks before it runs, so a step is logged once, by whichever looks first. A
+    deadline stored in wall time is judged by ``expiry_now``, which follows a step back at once
+    but a step forward only at the monotonic pace until the step has held ``settle_s``.
     """
 
     def __init__(
@@ -109,8 +103,7 @@ class Steps:
         return jump
 
     def _follow_back(self, step: float, prev: tuple[float, float], corrected: bool) -> None:
-        """Keep (for ``latest_now``) the time before a step back, carried on by the monotonic
-        clock, until a step forward puts the wall clock back in line with it."""
+        """Keep the time before a step back, carried on monotonically, until a step forward."""
         assert self._look is not None
         wall, mono = self._look
         if step < 0 and not corrected:
@@ -124,9 +117,8 @@ class Steps:
             self._behind = None
 
     def expiry_now(self) -> float:
-        """Return the wall time to judge deadlines by: the wall clock, except while a forward
-        step has held less than ``settle_s``, when it is the time before the step carried on
-        by the monotonic clock (whichever is earlier)."""
+        """Return the wall time to judge deadlines by: the earlier of the wall clock and, while
+        a forward step has held less than ``settle_s``, the time before it carried on."""
         self.check()
         wall, mono = self._look or (self.clock.now(), self.clock.monotonic())
         if self._ahead is None:
@@ -138,10 +130,8 @@ class Steps:
 
     def latest_now(self, hold_s: float) -> float:
         """Return the wall time to judge by where running late is the danger (an approval's
-        validity: ``services.approval_retry``): the wall clock, except for ``hold_s`` after a
-        step back (the last of several), when it is the later of the wall clock and the time
-        before the step carried on by the monotonic clock. What was valid before a step back
-        is then valid no longer than it was; a step forward is followed at once."""
+        validity): for ``hold_s`` after a step back, the later of the wall clock and the time
+        before it carried on, so what was valid is valid no longer than it was."""
         self.check()
         wall, mono = self._look or (self.clock.now(), self.clock.monotonic())
         if self._behind is None:
@@ -162,8 +152,7 @@ _STEPS: weakref.WeakKeyDictionary[object, Steps] = weakref.WeakKeyDictionary()
 
 
 def steps_of(clock: Clock) -> Steps:
-    """Return the one ``Steps`` of ``clock``: every duty and service of a process shares it,
-    so a step is logged once however many of them look."""
+    """Return the one ``Steps`` of ``clock``, shared so a step is logged once."""
     steps = _STEPS.get(clock)
     if steps is None:
         steps = _STEPS[clock] = Steps(clock)
@@ -171,12 +160,10 @@ def steps_of(clock: Clock) -> Steps:
 
 
 async def within(aw: Awaitable[T], seconds: float | None) -> T:
-    """Await ``aw`` for at most ``seconds`` (None: no limit); raise ``TimeoutError`` after.
+    """Await ``aw`` for at most ``seconds`` (None: no limit), else ``TimeoutError``.
 
-    Every bounded wait in gpubot goes through here rather than ``asyncio.wait_for``: on Python
-    3.11, ``wait_for`` loses a cancellation that arrives just as ``aw`` finishes (CPython
-    gh-86296, fixed in 3.12). It returns ``aw``'s result or raises its error instead, and a
-    loop cancelled at shutdown then never ends."""
+    Not ``asyncio.wait_for``: on 3.11 it loses a cancellation that arrives just as ``aw``
+    finishes (CPython gh-86296), and a loop cancelled at shutdown then never ends."""
     async with asyncio.timeout(seconds):
         return await aw
 
@@ -185,25 +172,17 @@ PAUSE_S = 0.0002  # long enough for a thread waiting for the interpreter lock to
 
 
 def let_loop_in() -> None:
-    """Sleep ``PAUSE_S``: the interpreter lock is free long enough for the event loop's thread
-    to take it if it waits for it (issue 24)."""
+    """Sleep ``PAUSE_S``, so the event loop's thread may take the interpreter lock."""
     time.sleep(PAUSE_S)
 
 
 class HandOver:
-    """Lets the event loop in after ``run_s`` of a worker thread's work (issue 24).
+    """Lets the event loop in after ``run_s`` of a worker thread's back-to-back work.
 
-    A worker calls ``before`` and ``after`` around each piece of its work (a job, a database
-    statement). Once pieces one after another (less than ``run_s`` apart) have run for
-    ``run_s``, ``before`` lets the loop in (``let_loop_in``). A longer gap (the thread had
-    nothing to do, and held no lock) starts a new run. The main thread never pauses: it is the
-    loop's own, or a command's only one.
-
-    CPython hands the lock over on its own only after the waiter has waited its switch
-    interval (5 ms) with no release in between. A thread that keeps the lock busy makes the
-    loop wait up to 5 ms after each of its system calls (a socket send: the pure-work thread,
-    ``services.offload``), or without end if that thread itself releases and takes the lock
-    back (each database statement: the store's threads, ``store.waits``).
+    CPython hands the interpreter lock over only after the waiter has waited a whole switch
+    interval with no release in between: a busy worker makes the loop wait that long after each
+    of its system calls, or without end if it releases and retakes the lock (each database
+    statement). A gap longer than ``run_s`` starts a new run; the main thread never pauses.
     """
 
     def __init__(self, run_s: float) -> None:
@@ -211,7 +190,7 @@ class HandOver:
         self._runs = threading.local()  # each thread's (start of its run, end of its last piece)
 
     def before(self) -> None:
-        """Before a piece of work: let the loop in if this thread's run is ``run_s`` long."""
+        """Let the loop in if this thread's run is ``run_s`` long."""
         if threading.current_thread() is threading.main_thread():
             return
         now = time.perf_counter()
@@ -224,6 +203,5 @@ class HandOver:
         self._runs.span = (first, end)
 
     def after(self) -> None:
-        """After a piece of work: the run goes on from here."""
         first = getattr(self._runs, "span", (0.0, 0.0))[0]
         self._runs.span = (first, time.perf_counter())

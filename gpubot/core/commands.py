@@ -13,9 +13,8 @@
     claim … | extend … | release … | claims … | wait … | queue … | leave … | take …
                                       (``core.claims.commands``)
 
-Options may also be written ``gpu=1,2`` or ``--gpu 1,2``. The text is split on white space and
-every word is validated here; nothing of it ever reaches a shell. Everything after the word
-``because`` is a reset's reason (``core.reason``): kept as text, never parsed as options.
+Options may also be written ``gpu=1,2`` or ``--gpu 1,2``. Every word is validated here; nothing
+of it reaches a shell. Everything after ``because`` is a reset's reason, never parsed as options.
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ USAGE: dict[str, str] = {
     "report": "/gpu report [7d] [by user|team|node]  — GPU-hours held busy, idle and claimed "
     "but unused",
     "help": "/gpu help [COMMAND]  — this text",
-    **claim_commands.USAGE,  # claims and the queue (issue 26)
+    **claim_commands.USAGE,
 }
 DECIDE_USAGE = {
     "approve": "approve ID  — approve a pending forced kill (console)",
@@ -150,10 +149,7 @@ def help_text(topic: str | None = None, *, decisions: bool = False) -> str:
 
 
 def parse(text: str, *, decisions: bool = False) -> Command:
-    """Parse one ``/gpu …`` line (with or without ``/gpu``); raise ``UsageError`` saying why not.
-
-    ``decisions`` admits ``approve ID`` / ``deny ID`` (the console).
-    """
+    """Parse one ``/gpu …`` line, or raise ``UsageError``; ``decisions``: the console's too."""
     _check_input(text)
     if (claim := _claim_line(text)) is not None:  # a claim's note is free text: "because" too
         return claim
@@ -219,9 +215,7 @@ def parse_pids(text: str) -> tuple[int, ...]:
 
 
 def parse_grace(text: str) -> float:
-    """Parse a grace period: a duration (``10s``, ``1m30s``) or a bare number of seconds
-    (``30``, ``2.5``), from 0 to ``MAX_GRACE_S``. The chat's ``grace`` and the CLI's
-    ``--grace`` both read it here, with the one duration grammar."""
+    """Parse a grace period: a duration or bare seconds, from 0 to ``MAX_GRACE_S``."""
     try:
         value = float(text) if _SECONDS.fullmatch(text) else durations.parse(text, positive=False)
     except durations.DurationError:
@@ -363,8 +357,7 @@ def _check_input(text: str) -> None:
 
 
 def _claim_line(text: str) -> Command | None:
-    """Parse a ``claim …`` line, whose words after the duration are its note, kept whole
-    (None: not a claim)."""
+    """Parse a ``claim …`` line keeping its note whole (None: not a claim)."""
     words = text.split()
     if words and words[0].lower() == "/gpu":
         words = words[1:]

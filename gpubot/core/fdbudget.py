@@ -1,23 +1,17 @@
-"""How many SSH connections gpubot's descriptor limit allows, and the lines that say so (issue 24).
+"""How many SSH connections gpubot's descriptor limit allows, and the lines that say so.
 
-gpubot keeps one SSH connection per node, and each is one descriptor: a bot needs about 10 + N.
-Under the common soft limit of 1,024 (systemd's default), a fleet of about 1,014 nodes was the
-end: connections past it failed with ``EMFILE`` and their nodes looked unreachable, and the
-database could fail too. So at start the soft limit is raised to the hard one (``raised_to``, as
-servers do), and the connection pool keeps at most ``connection_cap`` connections: the limit less
-a reserve for everything else (the database pool, Slack, metrics, logs, files read along the
-way). A fleet larger than that still answers, with idle connections closed and reopened as
-needed; ``fleet_line`` says so in one line. Pure arithmetic: ``gpubot.transport.descriptors``
-does the I/O.
+Each node's connection is one descriptor. Past the soft limit, connections failed with
+``EMFILE``, their nodes looked unreachable and the database could fail too. So the soft limit is
+raised to the hard one at start, as servers do, and the pool keeps at most ``connection_cap``:
+the limit less a reserve for everything else. A larger fleet still answers, with idle
+connections closed and reopened. Pure arithmetic.
 """
 
 from __future__ import annotations
 
-# What gpubot keeps for itself beyond its SSH connections, at least: stdio, the event loop, the
-# database pool (SQLAlchemy: 5 + 10 overflow), Slack's sockets, metrics, logs, known_hosts.
+# Kept beyond SSH: stdio, the loop, the database pool, Slack, metrics, logs, known_hosts.
 RESERVE = 64
-# The most the soft limit is raised to when the hard one is unlimited (Linux refuses more than
-# fs.nr_open, 1,048,576 by default).
+# The target when the hard limit is unlimited: Linux refuses more than fs.nr_open's default.
 UNLIMITED_TARGET = 1 << 20
 
 

@@ -45,8 +45,8 @@ def gpu_flags(gpu: GpuInfo, procs: tuple[GpuProcess, ...]) -> tuple[str, ...]:
 
 
 def flags_of(snap: NodeSnapshot, g: GpuInfo) -> tuple[str, ...]:
-    """Return the flags of ``g``, one of ``snap``'s GPUs, worked out once a snapshot: a ``status
-    all`` asks for every GPU's in its counts, tables, flagged lines and ``--json`` (issue 24)."""
+    """Return the flags of ``g``, worked out once a snapshot: a ``status all`` asks for them in
+    its counts, tables, flagged lines and ``--json``."""
     known = snap.flag_memo.get(g.index)
     if known is not None and known[0] is g:
         return known[1]
@@ -71,12 +71,10 @@ def workload_label(p: GpuProcess, n: int = 24) -> str:
 
 
 def minor_note(snap: NodeSnapshot) -> str | None:
-    """Say, in words, what gpubot cannot see on GPUs whose device minor is unknown, or None.
+    """Say what gpubot cannot see on GPUs whose device minor is unknown, or None.
 
-    A driver whose ``/proc/driver/nvidia/gpus/BUS/information`` has no ``Device Minor`` line
-    (older drivers), with no NVML to say it, leaves gpubot unable to tell which ``/dev/nvidiaN``
-    is the GPU's: the index is never taken for the minor. Such a GPU is flagged
-    ``device-file-unknown``; this note says what that means.
+    Older drivers without a ``Device Minor`` line, and no NVML, leave gpubot unable to tell
+    which ``/dev/nvidiaN`` is the GPU's: the index is never taken for the minor.
     """
     blind = [g.index for g in snap.gpus if g.minor is None]
     if not blind:

@@ -1,14 +1,9 @@
 """Leases: what a holder of exclusive work (a node's reset, the sweep) knows about its hold.
 
-A lease is a row in the database (``store.leases``): ``resource, holder, token, expires_at``.
-The fencing token grows by one each time the resource changes hands, so a write that names
-(resource, token) can tell whether its writer still holds it: ``Fence`` is what such a write
-carries. ``Lease`` is the holder's side: its fence, when it last knew it held, and, once the
-renewal or a fenced write found it gone, why (``lost``). A holder checks ``Lease.check`` before
-each thing it does to a node, so that losing the lease stops it before its next signal.
-
-In one process without a database (``services.reset.NodeLocks``) a lease cannot be lost and has
-no fence: nothing shared could be checked.
+The fencing token grows each time the resource changes hands, so a write that names
+(resource, token) can tell whether its writer still holds it. A holder calls ``Lease.check``
+before each thing it does to a node, so losing the lease stops it before its next signal. An
+in-process lease (no database) cannot be lost and has no fence.
 """
 
 from __future__ import annotations
@@ -53,7 +48,7 @@ class Lease:
 
     @property
     def fence(self) -> Fence | None:
-        """Return the fence for writes made under this lease (None: nothing to check)."""
+        """Return the fence of writes under this lease (None: nothing to check)."""
         if not self.shared:
             return None
         return Fence(self.resource, self.token, self.holder, self.ttl_s)

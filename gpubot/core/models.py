@@ -47,10 +47,7 @@ class NodeConfig:
     runtimes: tuple[str, ...] = ()
 
     def device(self, minor: int) -> str:
-        """Return the device file of the GPU whose device minor number is ``minor``.
-
-        A GPU's index (PCI or CUDA_DEVICE_ORDER order) is NOT its minor: see ``GpuInfo.minor``.
-        """
+        """Return the device file of minor ``minor``; a GPU's index is NOT its minor."""
         return f"{self.dev_prefix}{minor}"
 
 
@@ -174,11 +171,9 @@ class NodeSnapshot:
     holders_checked: bool = True  # fuser asked (a status whose memory adds up skips it: a note)
 
     def gpu(self, index: int) -> GpuInfo | None:
-        """Return GPU ``index`` or None."""
         return next((g for g in self.gpus if g.index == index), None)
 
     def on_gpu(self, index: int) -> tuple[GpuProcess, ...]:
-        """Return the processes on GPU ``index``."""
         return self._by_gpu.get(index, ())
 
     @cached_property
@@ -188,8 +183,8 @@ class NodeSnapshot:
 
     @cached_property
     def _by_gpu(self) -> dict[int, tuple[GpuProcess, ...]]:
-        """The processes by GPU, grouped once: a ``status all`` of 1,000 nodes asks 33,000
-        times (the tables, the counts, the flags, the ``--json`` document; issue 24)."""
+        """The processes by GPU, grouped once: a ``status all`` asks for them in its tables,
+        counts, flags and ``--json`` document."""
         groups: dict[int, list[GpuProcess]] = {}
         for p in self.processes:
             groups.setdefault(p.gpu_index, []).append(p)
@@ -217,7 +212,7 @@ class FindingKind(StrEnum):
     NODE_SLOW = "node-slow"  # it answered too slowly: past a command timeout or the sweep budget
     SMI_FAILED = "smi-failed"
     GPU_LOST = "gpu-lost"
-    # GPU health (issue 27: core.health.findings): each summary ends with the next step.
+    # GPU health: each summary ends with the next step.
     MEMORY_REPAIR_PENDING = "memory-repair-pending"
     REMAP_FAILED = "remap-failed"
     ECC_UNCORRECTED = "ecc-uncorrected"
@@ -226,7 +221,7 @@ class FindingKind(StrEnum):
     GPU_THROTTLED = "gpu-throttled"
     GPU_XID = "gpu-xid"  # the driver wrote an Xid for it (core.health.xid)
     NVSWITCH_SXID = "nvswitch-sxid"  # the NVSwitch driver wrote an SXid (core.health.xid)
-    CLAIM_INTRUDER = "claim-intruder"  # someone else's process on a claimed GPU (issue 26)
+    CLAIM_INTRUDER = "claim-intruder"  # someone else's process on a claimed GPU
 
 
 class ApprovalState(StrEnum):

@@ -37,9 +37,7 @@ class Transport(Protocol):
         """Run ``argv`` on ``node`` (joined with ``shlex.join``) and return its result."""
         ...
 
-    async def close(self) -> None:
-        """Close every pooled connection."""
-        ...
+    async def close(self) -> None: ...
 
 
 NvmlTables = tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]]
@@ -56,45 +54,27 @@ class NvmlReader(Protocol):
 
 class Locks(Protocol):
     """Named leases that are never waited for: a held one raises ``LockHeld`` naming its holder.
+    The block's ``Lease`` is renewed while it runs."""
 
-    The block gets the ``Lease`` (``core.lease``): renewed while the block runs, its ``fence``
-    passed to the audit writes of the work, its ``check`` called before each step on a node.
-    """
-
-    def hold(self, name: str, *, holder: str = "") -> AbstractAsyncContextManager[Lease]:
-        """Hold ``name`` for the block or raise ``LockHeld`` at once."""
-        ...
+    def hold(self, name: str, *, holder: str = "") -> AbstractAsyncContextManager[Lease]: ...
 
 
 class Clock(Protocol):
-    """Time, passed in so that tests and the core can reason about it.
+    """Time, passed in: wall time is recorded and shown; deadlines and durations are monotonic."""
 
-    Wall time (``now``) is what is recorded and shown; deadlines and durations use
-    ``monotonic``. The default everywhere is ``gpubot.core.clock.SYSTEM_CLOCK``.
-    """
+    def now(self) -> float: ...
 
-    def now(self) -> float:
-        """Return unix time in seconds."""
-        ...
+    def monotonic(self) -> float: ...
 
-    def monotonic(self) -> float:
-        """Return a monotonic time in seconds."""
-        ...
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds``."""
-        ...
+    async def sleep(self, seconds: float) -> None: ...
 
 
 class AuditStore(Protocol):
     """The append-only, hash-chained audit log. Every method raises ``StoreError`` on failure.
 
-    ``fence``: the lease the action runs under. The store checks (and extends) it in the same
-    transaction as the write and refuses the write with ``LeaseLost`` when it is gone, so a
-    recorded step proves that its writer still held the lease. An explicit argument, not a
-    context the store reads: which writes are fenced is then visible at each call and checked
-    by the type checker, and a task that happens to run inside (or outside) a lease's block
-    cannot fence (or skip fencing) a write without saying so.
+    ``fence`` is checked and extended in the write's transaction (``LeaseLost`` when gone), so a
+    recorded step proves its writer held the lease. It is an explicit argument, not a context the
+    store reads, so which writes are fenced is visible at each call and type-checked.
     """
 
     async def begin_action(
@@ -125,9 +105,7 @@ class AuditStore(Protocol):
         status: ActionStatus,
         result: Mapping[str, Any],
         fence: Fence | None = None,
-    ) -> None:
-        """Append the outcome of an action."""
-        ...
+    ) -> None: ...
 
     async def record_query(
         self,
@@ -140,18 +118,14 @@ class AuditStore(Protocol):
         seconds: float,
         changed: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Append a brief record of a read-only query (status, sweep). ``changed`` (sweeps):
-        the nodes are counted, not named, and these lists of changed nodes are."""
+        """Append a brief record of a read-only query; with ``changed`` (sweeps) the nodes are
+        counted, and only the changed ones named."""
         ...
 
 
 class SampleStore(Protocol):
-    """Per-GPU utilisation and memory samples, one per GPU per sweep (``core.usage.idle``), each
-    GPU's idle run (``core.usage.idle_runs``), advanced with them, and since when each process has
-    held its GPU (``core.usage.holder_runs``), folded with them.
-
-    Every method raises ``StoreError`` on failure.
-    """
+    """Per-GPU samples, each GPU's idle run and each process's holder run, advanced together.
+    Every method raises ``StoreError`` on failure."""
 
     async def advance_idle(
         self,
@@ -161,10 +135,8 @@ class SampleStore(Protocol):
         keep_from: float,
         looked: Looked | None = None,
     ) -> IdleNow:
-        """Store one sweep's samples, advance each GPU's idle run and fold ``looked`` into the
-        holder runs, in one transaction; return since when each GPU held idle now has been
-        held idle, counting the samples taken at or after ``keep_from``, and since when each
-        holder has held its GPU (empty without ``looked``)."""
+        """Store one sweep's samples and advance the idle and holder runs in one transaction;
+        return since when each GPU and holder has been idle, counting from ``keep_from``."""
         ...
 
     async def idle_since(
@@ -178,29 +150,23 @@ class SampleStore(Protocol):
         """Return what ``advance_idle`` would, storing nothing."""
         ...
 
-    async def add_samples(self, samples: Sequence[GpuSample]) -> None:
-        """Store samples taken outside a sweep (one batched insert)."""
-        ...
+    async def add_samples(self, samples: Sequence[GpuSample]) -> None: ...
 
     async def samples_since(
         self, since: float, *, gpus: Collection[tuple[str, int]] | None = None
     ) -> list[GpuSample]:
-        """Return the samples taken at or after ``since`` (of ``gpus``: (node, index) only),
-        by node, GPU and time."""
+        """Return the samples taken at or after ``since``, by node, GPU and time."""
         ...
 
     async def prune_samples(self, before: float, *, limit: int | None = None) -> int:
-        """Delete at most ``limit`` samples taken before ``before`` (None: all); return how
-        many went."""
+        """Delete at most ``limit`` samples before ``before``; return how many went."""
         ...
 
 
 class EccStore(Protocol):
-    """Each GPU's uncorrectable ECC counts as the last sweep saw them (issue 27)."""
+    """Each GPU's uncorrectable ECC counts as the last sweep saw them."""
 
-    async def ecc_counts(self) -> dict[EccKey, EccSeen]:
-        """Return every GPU's counts."""
-        ...
+    async def ecc_counts(self) -> dict[EccKey, EccSeen]: ...
 
     async def put_ecc(self, counts: Mapping[EccKey, EccSeen]) -> None:
         """Store ``counts`` (each replaces its GPU's)."""
@@ -210,9 +176,7 @@ class EccStore(Protocol):
 class ResetObserver(Protocol):
     """Counts resets by how each GPU ended (the metrics): ``freed``, ``stuck``, ``refused``..."""
 
-    def count_reset(self, outcome: str, n: int = 1) -> None:
-        """Count ``n`` GPUs that ended ``outcome``."""
-        ...
+    def count_reset(self, outcome: str, n: int = 1) -> None: ...
 
 
 class AlertStore(Protocol):
@@ -306,24 +270,17 @@ class AuditEntry(Protocol):
     """One record of the audit log, as read back."""
 
     @property
-    def time(self) -> datetime:
-        """Return when it was recorded."""
-        ...
+    def time(self) -> datetime: ...
 
     @property
-    def source(self) -> str:
-        """Return where it came from (cli, slack, schedule ...)."""
-        ...
+    def source(self) -> str: ...
 
     @property
-    def data(self) -> Any:
-        """Return the decoded payload."""
-        ...
+    def data(self) -> Any: ...
 
 
 class AuditLog(AuditStore, Protocol):
-    """The audit log, written and read back: its actions (``/gpu audit``) and its records of
-    queries (status, sweep)."""
+    """The audit log, written and read back."""
 
     async def actions(self, *, node: str | None = None, limit: int = 50) -> Sequence[Any]:
         """Return action summaries, newest first (``id``, ``started_at``, ``actor``, ...)."""
@@ -331,9 +288,7 @@ class AuditLog(AuditStore, Protocol):
 
     async def queries(
         self, *, actor: str | None = None, since: datetime | None = None, limit: int = 50
-    ) -> Sequence[AuditEntry]:
-        """Return status and sweep records, newest first."""
-        ...
+    ) -> Sequence[AuditEntry]: ...
 
     async def interrupted(self, nodes: Sequence[str] | None = None) -> Sequence[Unfinished]:
         """Return the unfinished actions (on ``nodes``) no one marked reviewed, newest first."""
@@ -367,12 +322,9 @@ class Notifier(Protocol):
 
 
 class Reporter(Protocol):
-    """Tells the people who run gpubot something once (the start-up report of interrupted
-    work): Slack posts it to its channel, the console prints it. Logs failures, never raises."""
+    """Tells the people who run gpubot something once; logs failures, never raises."""
 
-    async def report(self, report: Report) -> None:
-        """Tell ``report`` (its title, head line and items: ``Report.text``)."""
-        ...
+    async def report(self, report: Report) -> None: ...
 
 
 class SweepObserver(Protocol):
@@ -384,6 +336,4 @@ class SweepObserver(Protocol):
         failed: Sequence[str],
         seconds: float,
         open_findings: Mapping[str, int],
-    ) -> None:
-        """Record one sweep."""
-        ...
+    ) -> None: ...

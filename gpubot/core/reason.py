@@ -1,13 +1,10 @@
 """Why someone asks: ``… because <reason>`` at the end of a command line.
 
-Everything after the first word ``because`` is the reason, kept apart from the words that say
-what to do, so a reason can never change what is signalled. It is made one line (white space,
-newlines included, collapsed) and capped in length here; each renderer escapes it as any text a
-person typed (a plain string of the neutral message model).
+Everything after the first ``because`` is the reason, kept apart from the words that say what to
+do, so it can never change what is signalled; it is made one line and capped here.
 
-A reason that reads like a reset's options (``because hung pid 4242``) is refused, not kept:
-those words would be dropped from the targets, and a reset of the whole GPU or node is wider
-than the one meant. The person puts the options before ``because``.
+A reason that reads like a reset's options (``because hung pid 4242``) is refused: those words
+would be dropped from the targets, and the reset would be wider than the one meant.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""A report for the people who run gpubot, told once through a ``Reporter`` (``core.ports``):
-the start-up report of the work a stopped gpubot left unfinished."""
+"""A report for the people who run gpubot, such as the work a stopped gpubot left unfinished."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """Tables as terminal text: the one layout of ``gpubot status``, the console and the demo.
 
-Pure (core): ``gpubot status`` prints it without loading the chat layer (its cold start).
-
-A node's per-GPU table (``gpu_lines``: one row per GPU, one line per process on it) and the
-one-line-per-node summary of a fleet (``summary_rows``) are laid out here once, by
-``table_lines``: labelled columns two spaces apart, numbers aligned right, a cell longer than
-its column's limit cut at its end with ``…`` (a command keeps its start, never a mid-path tail).
-Given a terminal's width, the processes column takes what the other columns leave of it
-(``process_most``), so a wide terminal shows more of each command; without one (a pipe) or on a
-narrow one it keeps ``PROCESS_MOST``. The width is the caller's (``gpubot.cli``): this is pure.
-The CLI prints these lines (``gpubot.cli.render``); the chat views put them in their messages
-(``Table.lines``, ``Pre``), which the console and the demo print. Slack draws its own table from
-``Table.rows``.
-
-Text a node user controls goes through ``one_line`` before it is laid out: it can forge no line.
+In core so that ``gpubot status`` prints without loading the chat layer (its cold start). A cell
+past its column's limit is cut at its end (a command keeps its start, never a mid-path tail);
+given a terminal's width, the processes column takes what the others leave. Text a node user
+controls goes through ``one_line`` first: it can forge no line.
 """
 
 from __future__ import annotations
@@ -59,11 +49,7 @@ def table_lines(
     most: Mapping[int, int] | None = None,
     paint: Paint | None = None,
 ) -> list[str]:
-    """Lay out ``rows`` (the first is the header) as aligned columns two spaces apart.
-
-    Columns in ``right`` align right; a cell longer than ``most[column]`` is cut at its end.
-    Cells are written through ``one_line``. Trailing blanks are dropped.
-    """
+    """Lay out ``rows`` (header first) as columns two spaces apart, cells cut to ``most``."""
     limit = most or {}
     cells = [[cut(one_line(c), limit.get(i, 10**6)) for i, c in enumerate(r)] for r in rows]
     n = max((len(r) for r in cells), default=0)
@@ -95,8 +81,7 @@ def program_and_args(p: GpuProcess) -> str:
 
 
 def process_cell(p: GpuProcess, most: int = PROCESS_MOST) -> str:
-    """Return ``owner pid MiB workload command`` of one process (``system: name (pid)``), the
-    command cut at its end to fit ``most`` (who, which and how much are never cut first)."""
+    """Return ``owner pid MiB workload command`` of one process; only the command is cut."""
     if p.system:
         return f"system: {p.process_name} ({p.pid})"
     head = f"{owner_label(p)} {p.pid} {_num(p.used_memory_mib)} MiB {workload_label(p)}"
@@ -104,9 +89,7 @@ def process_cell(p: GpuProcess, most: int = PROCESS_MOST) -> str:
 
 
 def gpu_rows(snap: NodeSnapshot, width: int | None = None) -> list[list[str]]:
-    """Return the text rows of a node's GPUs: the header, then each GPU's first process on its
-    row and each further process on a row of its own (the GPU's cells left blank); commands cut
-    to fit ``width`` (``process_most``)."""
+    """Return a node's GPU rows, header first; each further process on a row of its own."""
     rows = [list(GPU_HEADER)]
     held: list[GpuProcess | None] = []  # each row's process, its cell written once all are known
     for g in snap.gpus:
@@ -125,8 +108,7 @@ def gpu_rows(snap: NodeSnapshot, width: int | None = None) -> list[list[str]]:
 
 
 def process_most(rows: Sequence[Sequence[str]], width: int | None) -> int:
-    """Return the processes column's limit: what a line ``width`` wide leaves beside the other
-    columns of ``rows`` (GPU rows, header first), never less than ``PROCESS_MOST`` (None: that)."""
+    """Return what a ``width`` line leaves the processes column, never under ``PROCESS_MOST``."""
     if width is None:
         return PROCESS_MOST
     others = sum(max(len(one_line(r[i])) for r in rows) for i in (0, 1, 2, 3))
@@ -141,8 +123,7 @@ def _memory(g: GpuInfo) -> str:
 def gpu_lines(
     snap: NodeSnapshot, paint: Paint | None = None, width: int | None = None
 ) -> list[str]:
-    """Return a node's per-GPU table as text lines (header first), as wide as ``width`` allows
-    (None: unknown, the commands cut at ``PROCESS_MOST``)."""
+    """Return a node's per-GPU table as text lines, as wide as ``width`` allows."""
     return table_lines(gpu_rows(snap, width), right=GPU_RIGHT, paint=paint)
 
 
@@ -202,9 +183,8 @@ def summary_rows(
     unreachable: Sequence[str] = (),
     order: Sequence[str] | None = None,
 ) -> list[list[str]]:
-    """Return the header and one row per node: those that answered, then (or in ``order``) those
-    that did not, each with its reason: ``slow`` (past its time limit), ``unreachable`` (no
-    connection) or ``failed`` (it answered, but not with a snapshot: nvidia-smi hung ...)."""
+    """Return the header and a row per node; one that did not answer shows ``slow``,
+    ``unreachable`` or ``failed``."""
     rows = {s.node: summary_row(s) for s in snaps}
     for name, why in (failed or {}).items():
         state = "slow" if name in slow else "unreachable" if name in unreachable else "failed"
@@ -214,5 +194,5 @@ def summary_rows(
 
 
 def summary_lines(rows: Sequence[Sequence[str]], paint: Paint | None = None) -> list[str]:
-    """Return summary rows (``summary_rows``) as text lines."""
+    """Return summary rows as text lines."""
     return table_lines(rows, right=SUMMARY_RIGHT, most={3: FLAGS_MOST, 5: STATUS_MOST}, paint=paint)

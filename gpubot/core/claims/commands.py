@@ -1,4 +1,4 @@
-"""The claim and queue commands of the ``/gpu …`` language (issue 26), parsed purely::
+"""The claim and queue commands of the ``/gpu …`` language, parsed purely::
 
     claim NODE gpu N[,M] for DURATION [NOTE…]   claim NODE any COUNT for DURATION [NOTE…]
     extend [NODE [gpu N[,M]]] by DURATION        release [NODE [gpu N[,M]]]
@@ -136,8 +136,7 @@ def parse(verb: str, args: list[str]) -> ClaimCommand:
 
 
 def _duration(text: str) -> float:
-    """Return the seconds of a claim's, an extension's or a wait's duration (``4h``,
-    ``1h30m``, ``1w``: ``core.durations``), as a ``UsageError`` quoting the word when bad."""
+    """Return a duration's seconds, or a ``UsageError`` quoting the word."""
     try:
         return durations.parse(text)
     except durations.DurationError as exc:

@@ -1,4 +1,4 @@
-"""The claim store as the claims service sees it (``store.claims.DbClaims`` implements it)."""
+"""The claim store as the claims service sees it."""
 
 from __future__ import annotations
 
@@ -23,21 +23,13 @@ class ClaimStore(Protocol):
 
     async def release(
         self, chat_id: str | None, scope: tuple[str | None, tuple[int, ...]], **kw: Any
-    ) -> list[Claim]:
-        """Release active claims."""
-        ...
+    ) -> list[Claim]: ...
 
-    async def expire(self, now: float, source: str = "gpubot") -> list[Claim]:
-        """Expire claims whose time ran out."""
-        ...
+    async def expire(self, now: float, source: str = "gpubot") -> list[Claim]: ...
 
-    async def active(self, node: str | None = None) -> list[Claim]:
-        """Return the active claims."""
-        ...
+    async def active(self, node: str | None = None) -> list[Claim]: ...
 
-    async def get(self, claim_id: int) -> Claim | None:
-        """Return one claim."""
-        ...
+    async def get(self, claim_id: int) -> Claim | None: ...
 
     async def used_last(self, chat_id: str, node: str) -> dict[int, float]:
         """Return GPU → when the person last claimed it on ``node``."""
@@ -57,25 +49,17 @@ class ClaimStore(Protocol):
         """Record telling the holder of an intruder once."""
         ...
 
-    async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None:
-        """Keep an idle claim."""
-        ...
+    async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None: ...
 
-    async def add_wait(self, wait: Wait, source: str) -> Wait:
-        """Queue."""
-        ...
+    async def add_wait(self, wait: Wait, source: str) -> Wait: ...
 
-    async def waits(self, node: str | None = None) -> list[Wait]:
-        """Return the live places, first in line first."""
-        ...
+    async def waits(self, node: str | None = None) -> list[Wait]: ...
 
-    async def get_wait(self, wait_id: int) -> Wait | None:
-        """Return one place."""
-        ...
+    async def get_wait(self, wait_id: int) -> Wait | None: ...
 
-    async def leave(self, chat_id: str, wait_id: int | None, now: float, source: str) -> list[Wait]:
-        """Leave the queue."""
-        ...
+    async def leave(
+        self, chat_id: str, wait_id: int | None, now: float, source: str
+    ) -> list[Wait]: ...
 
     async def offer(
         self, wait_id: int, gpus: tuple[int, ...], hold_until: float, now: float
@@ -83,9 +67,7 @@ class ClaimStore(Protocol):
         """Hold GPUs for a place, once."""
         ...
 
-    async def lapse(self, now: float) -> list[Wait]:
-        """End holds that ran out."""
-        ...
+    async def lapse(self, now: float) -> list[Wait]: ...
 
     async def told(self, wait_id: int, now: float) -> Wait | None:
         """Close a place whose person was told."""

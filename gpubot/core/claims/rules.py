@@ -1,9 +1,7 @@
-"""Claims and the queue, as pure decisions (issue 26): what a claim is, which GPUs are free,
-which to pick for ``any N``, who intrudes on a claimed GPU, whether a claim sits idle.
+"""Claims and the queue as pure decisions: which GPUs are free, which to pick, who intrudes.
 
 A claim is a person's word that they use a GPU until a time; it kills nothing by itself. The
-store keeps claims (``store.claims``) and writes them conditionally, so that two people who claim
-one GPU at once get one winner; ``services.claims`` runs the commands, the expiry and the queue.
+store writes claims conditionally, so two people who claim one GPU at once get one winner.
 Times are unix seconds.
 """
 
@@ -45,7 +43,7 @@ class ClaimSettings:
     groups: tuple[GroupLimit, ...] = ()
 
     def limits_for(self, groups: tuple[str, ...]) -> tuple[float, int]:
-        """Return (max hours, max GPUs per user) on a node of ``groups``: the tightest."""
+        """Return the tightest (max hours, max GPUs per user) on a node of ``groups``."""
         hours, gpus = self.max_hours, self.max_gpus_per_user
         for g in self.groups:
             if g.group in groups:
@@ -140,13 +138,11 @@ class Wait:
         }
 
     def wants(self) -> int:
-        """Return how many GPUs must be free to serve this wait."""
         return len(self.gpus) or self.count
 
 
 def busy(snapshot: NodeSnapshot, gpu: int, below_mib: int) -> bool:
-    """Whether GPU ``gpu`` is in use: a job's process on it, or memory at ``below_mib`` or more
-    (unknown memory counts as in use: never called free on no evidence)."""
+    """Whether ``gpu`` runs a job or holds ``below_mib`` or more; unknown memory is in use."""
     if any(not p.system for p in snapshot.on_gpu(gpu)):
         return True
     info = snapshot.gpu(gpu)
@@ -154,7 +150,7 @@ def busy(snapshot: NodeSnapshot, gpu: int, below_mib: int) -> bool:
 
 
 def free_gpus(snapshot: NodeSnapshot, claimed: Iterable[int], below_mib: int) -> tuple[int, ...]:
-    """Return the GPUs of ``snapshot`` with no job, memory below ``below_mib`` and no claim."""
+    """Return the unclaimed GPUs of ``snapshot`` that are not busy and have no flag."""
     taken = set(claimed)
     return tuple(
         g.index
@@ -164,9 +160,8 @@ def free_gpus(snapshot: NodeSnapshot, claimed: Iterable[int], below_mib: int) ->
 
 
 def pick(free: Sequence[int], count: int, used_last: Mapping[int, float]) -> tuple[int, ...]:
-    """Choose ``count`` of ``free`` for ``claim NODE any COUNT``: the GPUs the person used last
-    first (``used_last``: GPU → when they last held it), then the lowest indices; () when there
-    are not enough."""
+    """Choose ``count`` of ``free``: those the person used last first, then the lowest; ()
+    when there are not enough."""
     if count > len(free):
         return ()
     order = sorted(free, key=lambda g: (-used_last.get(g, float("-inf")), g))
@@ -202,7 +197,6 @@ class Intruder:
         return f"{holder_owner(p)}'s " + (f"{label} ({inner})" if label else inner)
 
     def finding(self) -> Finding:
-        """Return the sweep finding of this intruder."""
         p, c = self.process, self.claim
         mem = "" if p.used_memory_mib is None else f", {p.used_memory_mib} MiB"
         return Finding(
@@ -220,12 +214,9 @@ class Intruder:
 
 
 def intruders(snapshot: NodeSnapshot, claims: Iterable[Claim]) -> list[Intruder]:
-    """Return the processes on ``snapshot``'s claimed GPUs that are not the claimant's (system
-    daemons and processes whose owner is unknown are never intruders).
-
-    Whose a process is is its owner (``holder_owner``): a rootless container's user slice, not
-    the subordinate uid its process runs as inside.
-    """
+    """Return the processes on claimed GPUs that are not the claimant's; system daemons and
+    unknown owners never are. The owner is ``holder_owner``'s (a rootless container's user
+    slice), never the subordinate uid its process runs as."""
     out: list[Intruder] = []
     for c in claims:
         if c.node != snapshot.node or c.state is not ClaimState.ACTIVE:
@@ -240,16 +231,13 @@ def intruders(snapshot: NodeSnapshot, claims: Iterable[Claim]) -> list[Intruder]
 
 
 def idle_rule(every_s: float) -> RunRule:
-    """The claims' idle rule as an idle run's (``core.usage.idle_runs``): 0 % utilisation, whatever
-    memory is in use (a GPU with no process reads 0 %), looked at every ``every_s``; a gap of
-    three looks ends a run (nothing is known in between)."""
+    """The claims' idle rule: 0 % utilisation whatever the memory; a gap of three looks ends a
+    run, since nothing is known in between."""
     return RunRule.of(0, 3 * every_s)
 
 
 def idle_step(claim: Claim, sample: GpuSample, rule: RunRule) -> tuple[float | None, float]:
-    """Fold one look at a claimed GPU into its idle run: return (idle since, last look).
-
-    Incremental: the claim keeps its run, never the history (``advance``, as ``gpu_idle``)."""
+    """Fold one look into a claim's idle run: return (idle since, last look)."""
     run = None
     if claim.idle_last_at is not None:
         run = IdleRun(
@@ -268,8 +256,8 @@ def cuda_visible(uuids: Sequence[str]) -> str:
 
 
 def span(seconds: float) -> str:
-    """Return a claim's time left or idle time in the grammar people type back (``45s``,
-    ``12m``, ``4h5m``): whole minutes once past one, since stored times lose a hair."""
+    """Return a span in the grammar people type back; whole minutes past one, since stored
+    times lose a hair."""
     s = max(0, round(seconds))
     return durations.format(s if s < 60 else s - s % 60)
 
@@ -285,7 +273,7 @@ class Limit:
 
 @dataclass(frozen=True)
 class ClaimRequest:
-    """One claim of GPUs of one node (``store.claims.DbClaims.claim``)."""
+    """One claim of GPUs of one node."""
 
     node: str
     gpus: tuple[tuple[int, str], ...]  # (index, uuid)

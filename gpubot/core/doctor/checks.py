@@ -1,9 +1,7 @@
 """``gpubot doctor``'s checklist: a ``Check`` per thing that must be right, with its fix.
 
-Pure: each check is a decision over facts gathered elsewhere (the settings file, a node's
-answer to ``core.doctor.node``'s script, Slack's ``auth.test``, the database), so that every
-verdict and every fix line is tested with tables of cases. A failed check always carries the
-one line that fixes it; the checklist is the whole output of ``gpubot doctor``.
+Pure decisions over facts gathered elsewhere, so every verdict and fix line is tested with
+tables of cases. A failed check always carries the one line that fixes it.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ _BASH = re.compile(r"GNU bash, version (\d+)\.(\d+)")
 
 @dataclass(frozen=True)
 class Check:
-    """One line of the checklist: where (``config``, a node, ``slack``, ``database``), what,
-    whether it holds, what was seen, and (when it fails) the one line that fixes it."""
+    """One line of the checklist; a failed one carries the line that fixes it."""
 
     area: str
     name: str
@@ -34,7 +31,6 @@ class Check:
     fix: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        """Return the check as a JSON object."""
         return {
             "area": self.area,
             "check": self.name,
@@ -45,7 +41,6 @@ class Check:
 
 
 def passed(area: str, name: str, detail: str = "") -> Check:
-    """Return a check that holds."""
     return Check(area, name, True, detail)
 
 
@@ -130,5 +125,4 @@ def render(checks: Sequence[Check]) -> str:
 
 
 def as_document(checks: Sequence[Check]) -> dict[str, Any]:
-    """Return the checklist as one JSON document."""
     return {"ok": all_ok(checks), "checks": [c.as_dict() for c in checks]}

@@ -1,5 +1,4 @@
-"""``gpubot doctor``'s database checks: facts in, ``Check`` lines out (pure). The chat
-platform checks itself (``gpubot.slack.doctor_checks``)."""
+"""``gpubot doctor``'s database checks: facts in, ``Check`` lines out (pure)."""
 
 from __future__ import annotations
 

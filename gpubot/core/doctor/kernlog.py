@@ -1,9 +1,7 @@
 """``gpubot doctor``'s kernel-log check, for ``[sweep] kernel_log = true`` (pure).
 
-The check runs the sweep's own read (``core.health.kernlog``) once and says which source the node's
-account may read, or the one line that gives it one: the ``systemd-journal`` group for
-``journalctl -k``, else ``kernel.dmesg_restrict = 0`` for ``dmesg``. gpubot never reads the
-kernel log through sudo.
+It says which source the node's account may read with the sweep's own read, or the one line that
+gives it one; gpubot never reads the kernel log through sudo.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""``gpubot doctor``'s descriptor line: the ``RLIMIT_NOFILE`` against the fleet's size (issue 24).
+"""``gpubot doctor``'s descriptor line: the ``RLIMIT_NOFILE`` against the fleet's size.
 
-gpubot keeps one SSH connection, one descriptor, per node. The fleet commands raise the soft
-limit to the hard one at start (``transport.descriptors``), so what decides is the hard limit:
-when even that leaves fewer connections than nodes (``fdbudget.connection_cap``), the pool
-closes and reopens idle connections and every sweep is slower. The doctor says so before a
-sweep does, with the number to set. It reads its own process's limits: under systemd the
-unit's ``LimitNOFILE`` is what ``serve`` gets, and the detail says which limits were read.
+gpubot keeps one descriptor per node's connection and raises the soft limit to the hard one at
+start, so the hard limit decides: below the fleet's size, idle connections are closed and
+reopened and every sweep is slower. It reads its own process's limits (under systemd, the
+unit's ``LimitNOFILE`` is what ``serve`` gets).
 """
 
 from __future__ import annotations
@@ -22,11 +20,8 @@ def _shown(limit: int | None) -> str:
 
 
 def descriptor_check(nodes: int, soft: int, hard: int | None) -> Check:
-    """Check that the limit gpubot will run under keeps one SSH connection per node.
-
-    ``soft``/``hard``: this process's ``RLIMIT_NOFILE`` (``hard`` None: unlimited). The soft
-    limit that counts is the one gpubot raises it to at start (``fdbudget.raised_to``).
-    """
+    """Check that the limit gpubot will run under (``hard`` None: unlimited) keeps one SSH
+    connection per node."""
     at_start = fdbudget.raised_to(soft, hard)
     cap = fdbudget.connection_cap(at_start)
     limits = f"soft {soft}, hard {_shown(hard)}"

@@ -1,10 +1,8 @@
 """What ``gpubot doctor`` asks a node, in one exec, and what it makes of the answer.
 
 The script is POSIX ``sh``, not bash: an old or missing bash is one of the things it reports.
-Everything that varies (the nvidia-smi command, the device prefix, the driver's folder) arrives
-as positional arguments, never in the script's text; every program it starts runs under
-coreutils ``timeout`` where the node has it. Sections are ``@doctor KIND ARGS`` lines; their
-bodies are the output of trusted programs (bash, nvidia-smi, sudo) and of the node's files.
+What varies arrives as positional arguments, never in the script's text; every program runs
+under ``timeout`` where the node has it. Sections are ``@doctor KIND ARGS`` lines.
 """
 
 from __future__ import annotations
@@ -94,7 +92,6 @@ class NodeFacts:
 
 
 def parse_facts(stdout: str) -> NodeFacts:
-    """Read the doctor script's sections into ``NodeFacts``."""
     sections: dict[str, list[str]] = {}
     args: dict[str, str] = {}
     current = ""

@@ -1,12 +1,9 @@
 """Does ``sudo -n -l`` on a node list exactly the README's sudoers rule, no more, no less?
 
-``parse_sudo_list`` reads what sudo 1.8/1.9 prints for ``sudo -l`` (the "User … may run the
-following commands on …:" part: one ``(RUNAS) TAGS: CMD, CMD, …`` entry per rule, wrapped onto
-more-indented lines past the width). ``sudo_check`` compares its commands with the README's
-(``README_RULE``): more is any command outside it, a path with a wildcard, ``ALL``, a run-as
-other than root; less is a command the settings use (the fuser, kill and reset ones always, the
-``-pm`` ones with ``toggle_persistence``, an inspect per runtime, a stop with
-``stop_workloads``) that is missing or asks for a password.
+sudo 1.8/1.9 print one ``(RUNAS) TAGS: CMD, CMD, …`` entry per rule, wrapped onto
+more-indented lines past the width. More than the rule is any command outside it, a wildcard
+path, ``ALL``, or a run-as other than root; less is a command the settings use that is missing
+or asks for a password.
 """
 
 from __future__ import annotations

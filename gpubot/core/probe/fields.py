@@ -1,8 +1,7 @@
 """Field parsing of the probe's output: ``fuser -v`` lines, ``/proc`` lines, escaped fields.
 
-Everything a process controls about itself (its name, argv, cgroup, wchan) arrives escaped
-(``=`` then printable ASCII and ``\\ooo``) and is decoded here; anything malformed is a
-``ParseError``.
+Everything a process controls about itself (name, argv, cgroup, wchan) arrives escaped and is
+decoded here; anything malformed is a ``ParseError``.
 """
 
 from __future__ import annotations
@@ -19,10 +18,8 @@ NUM = re.compile(r"[0-9]{1,12}")  # a decimal count, pid, uid or status
 _ESCAPED = re.compile(r"=(?:[!-\[\]-~]|\\[0-3][0-7]{2})*")
 _OCTAL = re.compile(r"\\([0-3][0-7]{2})")
 
-# A process keeps its cgroup from one probe to the next, and a job's workers share one: the
-# workload of a cgroup text is worked out once and remembered (``parse_cgroup`` depends on the
-# text alone, and its Workload is frozen). 16,384 texts, each at most the probe's 4,096 bytes:
-# eight jobs on each of 2,000 nodes. A text past the bound is worked out again.
+# A process keeps its cgroup between probes and a job's workers share one, so a cgroup text's
+# workload (frozen, from the text alone) is remembered, bounded; one past the bound is redone.
 CGROUP_TEXTS = 16_384
 _workload_of = functools.lru_cache(maxsize=CGROUP_TEXTS)(parse_cgroup)
 
@@ -70,8 +67,7 @@ def parse_fuser(text: str) -> tuple[DeviceHolder, ...]:
 def parse_proc_lines(
     body: str, pids: Sequence[int], what: str = "process listing"
 ) -> dict[int, ProcInfo]:
-    """Parse the ``procs`` section: ``c`` once; one ``p`` or ``g`` line per PID asked, in order;
-    one ``u`` line per uid seen."""
+    """Parse the ``procs`` section: ``c`` once, a ``p`` or ``g`` line per PID asked, ``u`` lines."""
     lines = [ln for ln in body.split("\n") if ln]
     if not lines or not lines[0].startswith("c "):
         raise ParseError(f"{what} (no clock line)", lines[0] if lines else "")
@@ -105,10 +101,8 @@ def parse_proc_lines(
     out: dict[int, ProcInfo] = {}
     for pid, f in rows.items():
         out[pid] = _proc_info(pid, f, names, ticks, uptime, what)
-    # A name for every effective uid. The script also names the uid of each process's
-    # ``user@U.service`` slice (``slice_uid``): a rootless container's owner takes it; any other
-    # extra name (a user's own scope, a subordinate uid under ``podman unshare``) names no one
-    # and is ignored, never an error: a user's cgroups must not fail the node's probe.
+    # The script also names each ``user@U.service`` slice's uid (a rootless container's owner);
+    # any other extra name is ignored, never an error: a user's cgroups must not fail the probe.
     if not uids <= set(names):
         raise ParseError(f"{what} (owner names)", " ".join(map(str, sorted(uids)))[:200])
     return out

@@ -1,9 +1,6 @@
-"""Two guards of the node probe's script (``probe_script``), kept apart for size: the look for a
-stuck nvidia-smi of the probe's own, and the watchdog that ends a probe whose channel is gone.
-
-Both are bash text using the helpers of ``probe_script._COMMON`` (``rd``, ``num``, ``fields``,
-``uid_fields``, ``over``, ``m``) and the script's variables (``smi``, ``me``, ``T``, ``B``,
-``GQ``, ``AQ``, ``SD``: the private runtime folder of the probe's records, empty without one).
+"""Two guards of the probe's script, kept apart for size: the look for a stuck nvidia-smi of
+the probe's own, and the watchdog that ends a probe whose channel is gone. Both are bash text
+using the script's helpers and variables (``SD``: the private folder of the probe's records).
 """
 
 from __future__ import annotations
@@ -11,30 +8,22 @@ from __future__ import annotations
 # A hung driver leaves nvidia-smi in the kernel (state D), where no kill reaches it: each new query
 # would leave one more. One of ours stuck, or older than our own limit: ask nothing.
 #
-# "Ours" only by facts no other user can fake (own_query): the process's real, effective and saved
-# uids are all the probe's, and its argv is exactly one of this probe's queries ("$smi" and the
-# constant arguments, after at most an interpreter and its one option: a "#!" script). A setuid
-# program keeps its caller's real uid, so a user's setuid-root program named nvidia-smi never
-# counts, whatever its argv; only root or gpubot's own account can set all three uids, and the argv
-# then tells our queries from that account's other nvidia-smi (dmon, -l 5, another query).
+# "Ours" only by facts no other user can fake (own_query): the real, effective and saved uids
+# are all the probe's, and the argv is exactly one of this probe's queries (after at most an
+# interpreter and its one option). A setuid program keeps its caller's real uid, so a user's
+# setuid-root "nvidia-smi" never counts; the argv tells our queries from our account's others.
 #
-# Where to look, without a step per process of the node (issue 24): each query records itself
-# ("PID START-TICKS", written by the query's own job before it execs nvidia-smi, so a probe killed
-# at any moment after leaves its query recorded) in the login account's private runtime folder
-# (SD: /run/user/UID, made by logind for that account alone, mode 0700, on tmpfs: one per node and
-# boot, never an NFS home), and the check reads only those records, checking each against
-# /proc (the same start time: PID reuse cannot match) and own_query. No other user can write
-# there, so none can hide a record or plant one; a planted one would still have to pass
-# own_query. The records rotate through three files by the minute of the node's uptime
-# (monotonic, shared by every probe): a probe appends to this minute's file and, in the first
-# half of a minute, moves the live records of the file two minutes old into this one and empties
-# it, so no file grows and concurrent probes never lose each other's appends (bash can append,
-# not lock or rename). A stuck query is live: it is carried forever.
+# Where to look without a step per process: each query records "PID START-TICKS" before it
+# execs nvidia-smi (so a probe killed at any moment leaves it recorded) in the account's private
+# runtime folder (SD: /run/user/UID, logind's, mode 0700, tmpfs: never an NFS home), and the
+# check reads only those, each checked against /proc (PID reuse cannot match) and own_query. No
+# other user can write there, to hide or plant a record. Records rotate through three files by
+# the minute of uptime: a probe appends to this minute's and, in a minute's first half, moves the
+# live records of the file two minutes old into it, so no file grows and concurrent probes lose
+# no appends (bash can append, not lock or rename). A stuck query stays live for ever.
 #
-# The whole /proc walk (stuck_walk) is what is left where the records cannot be trusted: no such
-# folder (the walk on every probe), or a folder without the mark "ok" (the first probe after a
-# boot or an upgrade, or after a record could not be written): the walk finds what no record
-# names, records what it finds, then writes the mark.
+# Where the records cannot be trusted (no folder, or no "ok" mark: the first probe after a boot
+# or a failed record), the whole /proc walk (stuck_walk) runs, records what it finds, then marks.
 STUCK = r"""uptime_ticks() {  # /proc/uptime ("12345.67") in clock ticks, in up
   local i f
   up=0; { read -r up _ </proc/uptime; } 2>/dev/null
@@ -155,13 +144,10 @@ stale() {  # whether one of our queries in state $1, $2 clock ticks old, is stuc
 }
 """
 
-# A probe gpubot gave up on must not go on: OpenSSH's sshd passes no signal on and keeps the
-# session's processes when the channel closes, which the script only sees when it next writes
-# (and a query may wait T seconds first). The watchdog, a fork (no program), writes an empty line
-# to stderr every half second (read -t on a pipe of its own is its sleep); once that write fails,
-# the channel is gone: it kills the probe's process group (the probe leads one under sshd, the
-# simulator's server and the local transport), or the probe alone where it leads none. The probe
-# kills it on exit.
+# A probe gpubot gave up on must not go on: sshd passes no signal on and keeps the session's
+# processes when the channel closes, which the script sees only when it next writes. The
+# watchdog, a fork, writes an empty line to stderr every half second (read -t on its own pipe is
+# its sleep); once that fails it kills the probe's process group (or the probe, leading none).
 WATCHDOG = r"""watchdog() {
   local w g x
   trap '' PIPE

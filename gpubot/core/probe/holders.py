@@ -1,19 +1,13 @@
-"""When the probe asks ``fuser`` who holds the GPUs' device files (issue 24).
+"""When the probe asks ``fuser`` who holds the GPUs' device files.
 
-``fuser`` reads every process's open files: its cost grows with the node's process count (about
-32 µs a process, 162 ms at 5,000). It matters where holders decide something: a reset, its
-readiness check and verification, a sweep (hidden holders, leaks). A status only shows who is on
-each GPU, and when nvidia-smi's compute apps account for every GPU's memory there is nothing a
-device file would add but holders without memory (another PID namespace's idle opener, a daemon).
-So a status asks for ``Holders.IF_UNEXPLAINED``: the script runs ``fuser`` only when some GPU's
-memory does not add up, and a snapshot that skipped it says so in a note (``NOT_CHECKED``) and in
-``NodeSnapshot.holders_checked``: "device files not checked" is never silent.
+``fuser`` reads every process's open files, so its cost grows with the node's process count. It
+matters where holders decide something (a reset, its checks, a sweep). A status only shows who
+is on each GPU, so it runs ``fuser`` only when some GPU's memory does not add up, and a snapshot
+that skipped it says so in a note: "device files not checked" is never silent.
 
-The rule is decided twice, the same way: in bash on the node (``ADDS_UP``, so the probe stays one
-exec) and here (``memory_adds_up``), where the parser checks the node's decision: a probe that
-skipped ``fuser`` on memory this rule does not find accounted for is a ``ParseError``, never a
-table without its holders. The bash side is the stricter one (both queries exit 0, no MIG, every
-value a number), so every skip it makes, Python accepts.
+The rule is decided twice: in bash on the node (``ADDS_UP``, so the probe stays one exec) and
+here, where the parser checks the node's decision: a skip on memory that does not add up is a
+``ParseError``. The bash side is the stricter one, so every skip it makes, Python accepts.
 """
 
 from __future__ import annotations
@@ -39,10 +33,7 @@ NOT_CHECKED = (
 
 
 def memory_adds_up(gpus: Sequence[GpuInfo], apps: Sequence[ComputeApp]) -> bool:
-    """Whether every GPU's used memory is its listed apps' within the driver's own share.
-
-    Unknown memory (a GPU's or any app's) never adds up.
-    """
+    """Whether every GPU's used memory is its apps' within the driver's share; unknown never is."""
     if any(a.used_memory_mib is None for a in apps):
         return False
     held: dict[str, int] = {}

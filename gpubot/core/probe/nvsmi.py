@@ -11,9 +11,8 @@ Formats (``--format=csv``; ``noheader`` drops the first line, ``nounits`` drops 
     pid, gpu_uuid, used_gpu_memory [MiB]
     4242, GPU-5f3c..., 1024 MiB
 
-With no compute processes the apps query prints only its header (nothing with ``noheader``).
-``process_name`` is never asked for: NVML reports the process's own argv[0], which the process can
-rewrite at run time (newlines included); the probe reads names from ``/proc`` and escapes them.
+``process_name`` is never asked for: it is the process's own argv[0], which it can rewrite
+(newlines included); the probe reads names from ``/proc`` and escapes them.
 """
 
 from __future__ import annotations
@@ -144,12 +143,8 @@ def take_notes(text: str) -> tuple[str, SmiNotes]:
 def parse_gpu_answer(
     node: str, status: int, out: str, err: str, *, timeout_s: float | None = None
 ) -> tuple[tuple[GpuInfo, ...], SmiNotes]:
-    """Parse the GPU query's answer: rows of the GPUs that answered, lost GPUs and warnings.
-
-    A lost GPU with a known index gets a row of its own, flagged ``lost``, values unknown; a GPU
-    an infoROM warning names is flagged ``warning``. Raise ``SmiFailed``/``SmiMissing`` when
-    nvidia-smi failed, ``ParseError`` on a table that cannot be parsed.
-    """
+    """Parse the GPU query's answer; a lost GPU with a known index gets a row flagged ``lost``,
+    values unknown, and one an infoROM warning names is flagged ``warning``."""
     body, notes = take_notes(out)
     _, err_notes = take_notes(err)
     notes = SmiNotes(notes.lost + err_notes.lost, notes.warnings + err_notes.warnings)
@@ -230,11 +225,7 @@ def parse_gpus(text: str) -> tuple[GpuInfo, ...]:
 
 
 def normal_bus_id(bus: str) -> str | None:
-    """Return ``bus`` as the driver names its /proc folder (``0000:c1:00.0``), or None.
-
-    nvidia-smi prints an 8-digit domain in capitals (``00000000:C1:00.0``); the driver's
-    ``/proc/driver/nvidia/gpus/`` folders use 4 digits in lower case.
-    """
+    """Return nvidia-smi's ``00000000:C1:00.0`` as the driver's /proc folder's ``0000:c1:00.0``."""
     m = _BUS.fullmatch(bus)
     if m is None:
         return None
@@ -290,7 +281,6 @@ def first_meaningful_line(output: str, limit: int = 200) -> str:
 
 
 def _data_lines(text: str, headers: tuple[tuple[str, ...], ...]) -> list[str]:
-    """Return the non-blank lines of ``text`` without a leading CSV header."""
     lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
     if lines and _header_of(lines[0]) in headers:
@@ -303,10 +293,7 @@ def _header_of(line: str) -> tuple[str, ...]:
 
 
 def _number(value: str, unit: str, line: str, what: str) -> int | None:
-    """Parse ``"1024"``, ``"1024 MiB"``, ``"37 %"`` or a placeholder (None); raise ParseError.
-
-    Any bracketed value (``[N/A]``, ``[GPU is lost]``, ``[Timeout]`` ...) is None, never 0.
-    """
+    """Parse ``"1024"``, ``"1024 MiB"`` or ``"37 %"``; any bracketed value is None, never 0."""
     if value in UNAVAILABLE or _BRACKETED.fullmatch(value):
         return None
     if value.endswith(unit):

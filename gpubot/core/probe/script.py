@@ -1,39 +1,27 @@
 """The node probe's remote scripts: constant ``bash`` (4.4 or later) using builtins only.
 
-Remote work is what a probe costs every node on every status and sweep, so the scripts start no
-program they can do without: in the common case a probe runs ``bash``, the two nvidia-smi
-queries and ``fuser``, four programs in all (a status whose memory adds up skips ``fuser``:
-``probe_holders``). Everything else is a bash builtin: each query's time limit (``read -t`` on a
-process substitution, then ``kill``; no ``timeout``), the look for a stuck nvidia-smi (no
-``pgrep``; in the queries' own records, not every process: ``probe_guards``), the filter of
-fuser's table, the ``/proc`` reads and their escaping (no
-``awk``), and the owners' names (``/etc/passwd``; ``getent`` only for accounts it does not hold,
-such as LDAP's). ``readlink`` runs only for a process of a system account (a daemon's executable
-is what protects it, and bash cannot read a link). A GPU with no processes costs no ``/proc`` work.
+A probe's remote work is paid by every node on every status and sweep, so the scripts start no
+program they can do without: ``bash``, the two nvidia-smi queries and ``fuser`` (skipped by a
+status whose memory adds up). Time limits, the look for a stuck nvidia-smi, fuser's filter, the
+``/proc`` reads, escaping and owners' names are builtins; ``readlink`` runs only for a system
+account's process (a daemon's executable is what protects it).
 
-Bounded whatever the node holds (issue 21): a holder of only ``nvidiactl``/``nvidia-uvm`` is never
-a target and is counted from fuser's table, never read; the text escaped per field is capped
-before any escaping (4096 bytes; argv 64 arguments), and escaping costs one substitution per
-distinct byte, not a step per byte; past its time budget the script writes ``over`` and stops (the
-parser: the node's answer is unknown); a watchdog (a fork) ends the probe once its channel is gone.
+Bounded whatever the node holds: a holder of only ``nvidiactl``/``nvidia-uvm`` is counted, never
+read; each escaped field is capped before escaping, and escaping costs a step per distinct byte,
+not per byte; past its budget the script writes ``over`` and stops (the answer is unknown); a
+watchdog ends the probe once its channel is gone.
 
-Everything that varies (the nvidia-smi command, the device prefix, GPU indices, PIDs) arrives as
-positional arguments, so no text from a person or a node ever reaches a shell unquoted. There is no
-per-call secret: anyone on the node can read these arguments in ``/proc/PID/cmdline``.
+Everything that varies arrives as positional arguments, so no text from a person or a node
+reaches a shell unquoted. There is no per-call secret: anyone on the node can read them.
 
-Framing without a secret: every byte a process controls about itself (comm, argv, exe path, cgroup)
-is written escaped: printable ASCII except space and backslash stays, every other byte becomes
-``\\ooo`` (octal; the shell runs with ``LC_ALL=C``, so a character is a byte). Such text can never
-hold a newline, so it can never start a line, and every section marker (``@gpubot KIND ARGS`` on a
-line of its own) comes from the script. The other bodies are the output of trusted programs:
-nvidia-smi's GPU and compute-app tables (without ``process_name``), and fuser's table with its
-COMMAND column cut off.
+Framing without a secret: every byte a process controls about itself is escaped (printable ASCII
+but space and backslash stays, the rest is ``\\ooo`` under ``LC_ALL=C``), so it can never hold a
+newline and every section marker comes from the script. The other bodies are trusted programs'
+output: nvidia-smi's tables (without ``process_name``) and fuser's without its COMMAND column.
 
-Why bash and not POSIX ``sh``: ``dash`` has no timed ``read``, no way to read NUL-separated argv,
-and no byte arithmetic, so each of those cost a program (``timeout``, ``awk``) per probe. Bash is on
-every distribution NVIDIA ships drivers for; 4.4 (RHEL 8, Ubuntu 18.04, Debian 10) is the first
-that sets ``$!`` to a process substitution and can ``wait`` for it. An older bash stops the probe
-with a clear error.
+Why bash and not POSIX ``sh``: ``dash`` has no timed ``read``, no NUL-separated argv and no byte
+arithmetic, so each would cost a program per probe. 4.4 is the first bash that sets ``$!`` to a
+process substitution and can ``wait`` for it; an older one stops the probe with a clear error.
 """
 
 from __future__ import annotations
@@ -44,8 +32,8 @@ from gpubot.core.probe.nvsmi import apps_query_argv, gpu_query_argv
 
 MARK = "@gpubot"
 
-# USER_HZ, the unit of /proc/PID/stat's start time, is 100 on every architecture NVIDIA's driver
-# supports (x86-64, arm64, ppc64le: include/asm-generic/param.h); getconf would be one more exec.
+# USER_HZ (/proc/PID/stat's start time unit) is 100 on every architecture NVIDIA's driver
+# supports (include/asm-generic/param.h); getconf would be one more exec.
 CLK_TCK = 100
 
 # The marker printer, and the helpers every script shares. ``rd FILE``: the file's text (at most
@@ -239,11 +227,10 @@ _FIRSTS = r"""firsts() {
 # Runs an nvidia-smi query for at most $T seconds: its output in Q, its exit status in S; like
 # timeout(1), 124 when the time ran out (then TERM, and KILL a second later). A copy stuck in the
 # kernel cannot die: it is left behind, never waited for, and the next probe finds it (below).
-# The query is a job of a subshell, which appends its exit status to the output (bash's own record
-# of a process substitution's status can be lost when it exits at once: "wait" returned -1 on a
-# loaded box). The job writes its own PID first, then execs the query, so the PID always comes
-# first; it is signalled only while it is still the process that started then (no PID reuse), and
-# directly, never through a trap (a signal ignored when bash started cannot be trapped: nohup).
+# The query's subshell appends its exit status to the output (bash's record of a process
+# substitution's status can be lost when it exits at once). The job writes its PID first, then
+# execs; it is signalled only while still that process (no PID reuse), and directly, never
+# through a trap (a signal ignored when bash started, as under nohup, cannot be trapped).
 _QUERY = r"""started() {  # the start time of process $1, in R (empty when it is gone)
   local -a F
   rd "/proc/$1/stat"; [[ $R == *')'* ]] && fields "$R"; R=${F[19]}
@@ -279,12 +266,11 @@ query() {
 }
 """
 
-# fuser -v: the table goes out without its COMMAND column (the process's own name: read from
-# /proc instead, escaped); the PIDs (the field before ACCESS) of a GPU's device file collect in FP
-# for the /proc read. A holder of only {prefix}ctl or {prefix}-uvm is never a target: its row goes
-# out (the parser counts it) but its /proc is never read, so any number of them costs no /proc work.
-# Without root, fuser cannot look into the processes of other users: count them (PID 1 aside,
-# which a container root cannot look into either, and which holds no GPU), never drop them.
+# fuser -v: the table goes out without its COMMAND column (the process's own say: read from
+# /proc, escaped); the PIDs of a GPU's device file collect in FP for the /proc read. A holder of
+# only {prefix}ctl or {prefix}-uvm is counted, never read, so any number of them costs nothing.
+# Without root fuser cannot look into other users' processes: count them (PID 1 aside), never
+# drop them.
 _FUSER = r"""fuser_table() {
   local line o i q blind=' ' nb=0 ctl=0
   local -a F

@@ -1,7 +1,7 @@
-"""The section grammar of the probe's output: ``MARK kind args...`` lines, each followed by a body.
+"""The section grammar of the probe's output: ``MARK kind args...`` lines, each with a body.
 
-The sections must come exactly as the script writes them, in order and once each; anything
-else is a ``ParseError``. The fields inside a section are parsed by ``probe_fields``.
+Sections must come exactly as the script writes them, in order and once each; anything else is
+a ``ParseError``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class Sections:
 
     @property
     def kinds(self) -> list[str]:
-        """Return the section kinds, in order."""
         return [k for k, _, _ in self.items]
 
     @classmethod
@@ -49,10 +48,8 @@ class Sections:
         result: CommandResult | None = None,
         node: str = "?",
     ) -> Sections:
-        """Split ``text`` at its section markers and check their order against ``grammar``.
-
-        With ``result``: output with no marker at all is the probe failing to run on ``node``.
-        """
+        """Split ``text`` at its markers and check their order; with ``result``, output with no
+        marker at all is the probe failing to run."""
         text = "\n" + text
         matches = list(MARKER.finditer(text))
         if not matches:
@@ -128,8 +125,7 @@ class Sections:
         return True
 
     def fuser(self, node: NodeConfig) -> tuple[tuple[DeviceHolder, ...], int]:
-        """Return fuser's holders and how many processes it could not look into (none when it
-        was not asked)."""
+        """Return fuser's holders and how many processes it could not look into."""
         if not self.fuser_ran():
             return (), 0
         status, body = self.status("fuser")

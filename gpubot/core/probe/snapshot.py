@@ -1,16 +1,12 @@
 """The node probe: ONE remote exec that gathers everything a ``NodeSnapshot`` needs.
 
-The scripts live in ``probe_script``: a constant ``bash`` script runs the GPU and compute-app
-queries under a time limit (a hung nvidia-smi becomes exit 124 and is killed), ``fuser -v`` on
-exactly the device files of the GPUs found plus ``{prefix}ctl`` and ``{prefix}-uvm`` (never a
-glob; a status whose memory adds up skips it and says so: ``probe_holders``), then reads
-``/proc`` for every PID seen on a GPU's device file (a holder of only the control files is
-counted from fuser's rows, never read), escaping every byte a process controls about itself.
-A probe past its time budget says so: the node's answer is unknown (``ProbeError``).
+The script runs the two queries under a time limit, ``fuser -v`` on exactly the device files
+found (never a glob), then reads ``/proc`` for every PID on a GPU's device file. A probe past its
+budget says so: the node's answer is unknown (``ProbeError``).
 
-The output is parsed strictly: the sections must come exactly as the script writes them, in order
-and once each; each PID once; every escaped field well formed. Anything else is a ``ParseError``
-for the node, never a different table. A PID that vanishes mid-probe is simply absent.
+The output is parsed strictly: sections in order and once each, each PID once, every escaped
+field well formed. Anything else is a ``ParseError`` for the node, never a different table. A
+PID that vanishes mid-probe is simply absent.
 """
 
 from __future__ import annotations
@@ -46,9 +42,7 @@ _MISSING = {
 
 @dataclass(frozen=True)
 class NvmlKnown:
-    """What NVML already told of the local box, so that the probe skips nvidia-smi: the GPUs'
-    indices, the processes to read from ``/proc`` (NVML's compute apps) and the device minors
-    NVML knows."""
+    """What NVML already told of the local box, so that the probe skips nvidia-smi."""
 
     gpu_indices: Sequence[int]
     pids: Sequence[int] = ()
@@ -67,15 +61,9 @@ def probe_argv(
 ) -> list[str]:
     """Return the argv of the one-exec probe of ``node``.
 
-    ``nvml`` (the local box read through NVML): skip nvidia-smi; its GPUs replace
-    ``gpu_indices``.
-    ``budget_s``: the script's own time budget (default: its two queries' limits and a second,
-    which is the status service's command timeout less one second); past it, the probe says so
-    and stops, and the node's answer is unknown (``parse_probe`` raises ``ProbeError``).
-    ``holders``: ``IF_UNEXPLAINED`` (a status) runs ``fuser`` only where nvidia-smi's apps leave
-    memory unexplained (``probe_holders``; with ``nvml`` the script has no tables: always).
-    ``state_dir``: where the queries record themselves for the stuck-query check (default: the
-    login account's ``/run/user/UID``; "" for none: the check then walks ``/proc``).
+    ``budget_s``: the script's own budget (default: the status command's timeout less one
+    second); past it the answer is unknown. ``state_dir``: where the queries record themselves
+    for the stuck-query check (default ``/run/user/UID``; "": walk ``/proc`` instead).
     """
     _check_prefix(node)
     if smi_timeout_s <= 0:
@@ -108,10 +96,7 @@ def probe_argv(
 
 
 def proc_argv(pids: Sequence[int]) -> list[str]:
-    """Return the argv that reads ``/proc`` for ``pids`` alone (parse with ``parse_procs``).
-
-    Reading needs no privilege: this never runs under sudo.
-    """
+    """Return the argv that reads ``/proc`` for ``pids``; it needs no privilege, never sudo."""
     return ["bash", "-c", PROC_SCRIPT, "gpubot-procs", *(str(_nonneg(p)) for p in pids)]
 
 
@@ -127,13 +112,7 @@ def parse_probe(
     nvml: tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]] | None = None,
     protection: Protection | None = None,
 ) -> NodeSnapshot:
-    """Build the snapshot of ``node`` from the probe's result (and NVML's tables when given).
-
-    ``protection`` marks the protected system daemons (``GpuProcess.system``).
-
-    Raises ``SmiMissing``/``SmiFailed`` when nvidia-smi failed, ``ProbeError`` when the probe could
-    not run, ``ParseError`` on output that cannot be parsed.
-    """
+    """Build the snapshot of ``node`` from the probe's result (and NVML's tables when given)."""
     s = Sections.parse(result.stdout, PROBE_GRAMMAR, "probe output", result=result, node=node.name)
     timeout_s, asked_all = _preamble(s, node)
     gpus, apps, notes, lost = _tables(s, node, nvml, timeout_s)
@@ -197,8 +176,7 @@ def _tables(
     nvml: tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...]] | None,
     timeout_s: float | None,
 ) -> tuple[tuple[GpuInfo, ...], tuple[ComputeApp, ...], tuple[str, ...], tuple[str, ...]]:
-    """Return the GPU and compute-app tables (NVML's, or nvidia-smi's answers), nvidia-smi's
-    notes, and the bus ids of the GPUs it says are lost."""
+    """Return the GPU and app tables, nvidia-smi's notes and the lost GPUs' bus ids."""
     if nvml is not None:
         if "gpus" in s.kinds:
             raise ParseError("probe output (nvidia-smi ran on an NVML node)", "")
@@ -255,10 +233,7 @@ def _on_gpus(
     *,
     strict: bool,
 ) -> dict[tuple[int, int], GpuProcess]:
-    """Return the processes on each GPU by (pid, GPU): nvidia-smi's, then hidden holders.
-
-    ``strict``: an app on a GPU that is not listed is a ParseError (else it is left out).
-    """
+    """Return the processes on each GPU by (pid, GPU): nvidia-smi's, then hidden holders."""
     by_uuid = {g.uuid: g.index for g in gpus}
     visible: dict[tuple[int, int], GpuProcess] = {}
     for app in apps:
@@ -338,7 +313,7 @@ def _with_minors(gpus: Sequence[GpuInfo], by_bus: dict[str, int | None]) -> tupl
         minor = g.minor
         if minor is None and g.bus_id is not None:
             minor = by_bus.get(normal_bus_id(g.bus_id) or "")
-        out.append(g if minor == g.minor else replace(g, minor=minor))  # replace is ~3 µs
+        out.append(g if minor == g.minor else replace(g, minor=minor))
     minors = [g.minor for g in out if g.minor is not None]
     if len(set(minors)) != len(minors):
         raise ParseError("device minors (two GPUs on one device file)", str(sorted(minors)))

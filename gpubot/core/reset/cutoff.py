@@ -1,10 +1,7 @@
-"""What a reset that stopped on an error had already done: the signals and commands it sent,
-and what is known of each target since.
+"""What a reset that stopped on an error had already done, and what is known of each target.
 
-A reset cut off after SIGTERM (the connection dropped, the lease lost, the store failing) must
-not read like nothing happened: the person is told which pid got which signal when, and what
-was seen of it after; each targeted GPU is ``unknown``. Pure: built from the reset's recorded
-steps (``ResetEvent.to_dict()`` forms) and the last time each target was seen alive.
+A reset cut off after SIGTERM must not read like nothing happened: the person is told which pid
+got which signal when and what was seen of it after; each targeted GPU is ``unknown``.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ class Sent:
     pid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form."""
         return {"pid": self.pid, "signal": self.what, "at": self.at, "after": self.after}
 
     def text(self) -> str:
@@ -39,8 +35,7 @@ class Sent:
 
 
 def sent_items(steps: Sequence[Mapping[str, Any]], alive_at: Mapping[int, str]) -> list[Sent]:
-    """Return what went out, in order: every signal the node reported sent, every stop command
-    and ``nvidia-smi`` action that ran; ``alive_at``: when each target was last seen alive."""
+    """Return every signal, stop command and ``nvidia-smi`` action that went out, in order."""
     exited: dict[int, str] = {}
     for s in steps:
         if s.get("kind") == "exited" and isinstance(s.get("pid"), int):

@@ -1,9 +1,7 @@
-"""Interrupted work, named for a person: one line (and one JSON object) per action that has an
-intent in the audit log but no outcome, and that no one has marked reviewed yet.
+"""Interrupted work: one line per action with an intent but no outcome, not yet reviewed.
 
-Every front end that touches a node says these lines (``gpubot status``, ``reset``,
-``gpu-reset``, ``sweep``, the Home tab, the sweep report), so a deployment that only ever runs
-the CLI still hears that a reset was cut off (SIGKILL, a reboot, a lost terminal).
+Every front end that touches a node says these lines, so a deployment that only runs the CLI
+still hears that a reset was cut off (SIGKILL, a reboot, a lost terminal).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from gpubot.core.timefmt import iso
 
 
 class Unfinished(Protocol):
-    """What the lines need of an action summary (``store.ActionSummary`` has it)."""
+    """What the lines need of an action summary."""
 
     @property
     def id(self) -> int: ...
@@ -49,8 +47,7 @@ def review_command(action_id: int) -> str:
 
 
 def interrupted_line(a: Unfinished) -> str:
-    """Return ``reset #12 on node1 by cli:alice at 2026-… UTC never finished: `gpubot audit
-    show 12```: what was cut off, by whom, when, and where to read what it did."""
+    """Return what was cut off, by whom, when, and where to read what it did."""
     when = a.started_at.strftime("%Y-%m-%d %H:%M:%S")
     return (
         f"{a.kind or 'action'} #{a.id} on {a.node or '-'} by {a.actor} at {when} UTC "
@@ -71,7 +68,6 @@ def interrupted_lines(actions: Iterable[Unfinished]) -> list[str]:
 
 
 def interrupted_dict(a: Unfinished) -> dict[str, Any]:
-    """Return the ``--json`` form of one interrupted action."""
     return {
         "id": a.id,
         "kind": a.kind,

@@ -33,11 +33,8 @@ class Newcomer:
 
 @dataclass(frozen=True)
 class Kept:
-    """A process the reset could not touch that still holds memory on the GPU.
-
-    A protected daemon, or a process nvidia-smi lists that ``/proc`` does not show (hidden by
-    hidepid, or gone while the driver keeps its memory).
-    """
+    """A process the reset could not touch that still holds memory: a protected daemon, or
+    one ``/proc`` does not show (hidepid, or gone while the driver keeps its memory)."""
 
     pid: int
     user: str | None
@@ -73,7 +70,6 @@ class GpuResult:
     seconds_to_free: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form."""
         d = asdict(self)
         d["outcome"] = str(self.outcome)
         return d
@@ -83,9 +79,8 @@ ALREADY_FREE = "already free"
 
 
 def already_free(result: GpuResult, signalled: bool) -> bool:
-    """Whether a GPU ended freed with nothing to free: no process of the plan was on it
-    (``signalled`` False) and its memory did not go down. "freed (0 → 0 MiB)" read as work done;
-    the outcome stays ``freed`` (the JSON, the audit, the counts), only its words change."""
+    """Whether a GPU ended freed with nothing to free: "freed (0 → 0 MiB)" read as work done.
+    The outcome stays ``freed``; only its words change."""
     before, after = result.memory_before_mib, result.memory_after_mib
     return (
         result.outcome is Outcome.FREED
@@ -97,8 +92,7 @@ def already_free(result: GpuResult, signalled: bool) -> bool:
 
 
 def outcome_words(result: GpuResult, signalled: bool) -> str:
-    """Return how a GPU ended, in words: ``already free`` (see ``already_free``) or the
-    outcome."""
+    """Return how a GPU ended, in words."""
     return ALREADY_FREE if already_free(result, signalled) else str(result.outcome)
 
 

@@ -1,8 +1,7 @@
 """Planning a reset: a pure function of a snapshot and a request.
 
-The plan names every process that will be signalled and why, and nothing else: never a process
-that holds only ``nvidiactl``/``nvidia-uvm``, never one on a GPU outside the request, never a
-protected daemon (``reset.protect``: owned by a system account and running a configured executable).
+The plan names every process that will be signalled and why, and nothing else: never a holder of
+only ``nvidiactl``/``nvidia-uvm``, never one on a GPU outside the request, never a protected daemon.
 """
 
 from __future__ import annotations
@@ -119,18 +118,18 @@ class ResetPlan:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form (used by --json, the audit log and approvals)."""
+        """Return a JSON-ready form."""
         d = asdict(self)
         d["forced"] = self.forced
         d["memory_before_mib"] = {str(k): v for k, v in self.memory_before_mib.items()}
         d["expected_after_mib"] = {str(k): v for k, v in self.expected_after_mib.items()}
-        if self.reason is None:  # a plan without one keeps the shape plans have always had
+        if self.reason is None:  # a plan without one keeps the older shape
             del d["reason"]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResetPlan:
-        """Rebuild a plan from ``to_dict`` output (e.g. an approval record)."""
+        """Rebuild a plan from ``to_dict`` output."""
         return cls(
             node=d["node"],
             gpus=tuple(d["gpus"]),
@@ -155,10 +154,7 @@ class ResetPlan:
 
 
 def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protection) -> ResetPlan:
-    """Plan which processes a reset signals.
-
-    Raise ``UsageError`` if the request cannot apply, ``ResetRefused`` if it names a protected pid.
-    """
+    """Plan which processes a reset signals; ``ResetRefused`` if it names a protected pid."""
     _check_named(snapshot, request, protection)
     gpus = _targeted_gpus(snapshot, request)
     chosen, skipped = _choose(snapshot, gpus, request, protection)
@@ -258,10 +254,7 @@ def _choose(
 
 
 def owner_of(proc: GpuProcess) -> tuple[str | None, bool]:
-    """Return whose job ``proc`` is and whether its workload said so (not the process's uid).
-
-    A workload's owner comes only from what root controls (``core.workload.decide_owner``).
-    """
+    """Return whose job ``proc`` is and whether its workload (what root controls) said so."""
     w = proc.workload
     if w is not None and w.owner is not None:
         return w.owner, True

@@ -1,16 +1,13 @@
 """Which processes gpubot never signals: daemons owned by the system, known by their executable.
 
-A process names itself (argv, comm) and a user can call a job anything, so a name proves nothing.
-What a process cannot change about itself: its uids (``/proc/PID/status``) and the file it runs
-(``/proc/PID/exe``). A process is protected only if both its real and effective uid belong to a
-configured system account and its executable is one of the configured daemon paths.
+A process names itself, so a name proves nothing; what it cannot change are its uids and the file
+it runs (``/proc/PID/exe``). A process is protected only if its real and effective uid are a
+configured system account's and its executable is a configured daemon path.
 
-The probe reads ``/proc/PID/exe`` only for processes of a system-range account (uid < 1000,
-real = effective); a system account with a higher uid is judged by its argv[0] as below.
-``/proc/PID/exe`` of another account's process is readable only by root. Where gpubot reads a node
-without root (``sudo = true`` nodes), the exe of a system process is unknown; its argv[0] stands in,
-which only that system account (or root) can have written: a user cannot make a process that runs
-with a system account's real and effective uid.
+The probe reads ``exe`` only for a system-range account's process. Without root the exe of
+another account's process is unreadable, so its argv[0] stands in: only that system account (or
+root) can have written it, since a user cannot run a process with a system account's real and
+effective uid.
 """
 
 from __future__ import annotations
@@ -54,7 +51,7 @@ def system_owned(p: GpuProcess, protection: Protection) -> bool:
 
 
 def is_protected(p: GpuProcess, protection: Protection) -> bool:
-    """Whether ``p`` is a system daemon gpubot leaves alone (see the module's docstring)."""
+    """Whether ``p`` is a system daemon gpubot leaves alone."""
     path = program(p)
     return (
         system_owned(p, protection)

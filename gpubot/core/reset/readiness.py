@@ -1,8 +1,4 @@
-"""Reset readiness of an orphaned GPU: what ``nvidia-smi --gpu-reset`` would touch.
-
-Pure (standard library only): ``ready_argv`` is the one exec that asks a node (topology, MIG and
-persistence mode, the persistence daemon); ``readiness`` parses its answer with the snapshot.
-"""
+"""Reset readiness of an orphaned GPU: what ``nvidia-smi --gpu-reset`` would touch."""
 
 from __future__ import annotations
 
@@ -79,7 +75,6 @@ class Readiness:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form."""
         return {
             "gpu": self.gpu,
             "processes": list(self.processes),
@@ -99,10 +94,7 @@ def readiness(
     *,
     why_unknown: str = "",
 ) -> dict[int, Readiness]:
-    """Build the readiness of ``gpus`` from the snapshot and the ``ready_argv`` output.
-
-    ``output`` None (the command could not run) leaves what only the node can say unknown.
-    """
+    """Build the readiness of ``gpus``; ``output`` None leaves what only the node says unknown."""
     sections = _ready_sections(output or "") if output is not None else {}
     topo_status, topo = sections.get("topo", (None, ""))
     peers: dict[int, tuple[int, ...]] | None = None

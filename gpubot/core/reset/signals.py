@@ -1,9 +1,8 @@
 """Remote scripts of the reset engine: signal a process only if it is still the same process.
 
-Identity is checked on the node, in the same exec, immediately before each ``kill``: the kernel
-start time (field 22 of ``/proc/PID/stat``) and the effective uid (``/proc/PID/status``) must be the
-planned ones. A reused PID, or a process whose owner is not the planned owner, is never signalled.
-The script is a constant; PIDs, start times and uids arrive as validated arguments.
+Identity is checked on the node, in the same exec, just before each ``kill``: the kernel start
+time and the effective uid must be the planned ones, so a reused PID or a process whose owner
+changed is never signalled. The script is constant; identities arrive as validated arguments.
 """
 
 from __future__ import annotations

@@ -1,39 +1,28 @@
 """The node script that runs a workload's stop command only if everything in it is the requester's.
 
-``systemctl stop``, ``docker stop``, ``podman stop`` and ``scancel`` kill every process of the
-unit, container or job, not only the GPU holders gpubot saw. So in a self-service reset the stop
-runs in the same exec as a check of the whole workload: the script reads ``cgroup.procs`` of the
-workload's cgroup and of every cgroup below it, in each hierarchy the probe saw it in (cgroup v2
-and the v1 ones), and each PID's ``Uid:`` line of ``/proc/PID/status`` (real, effective, saved
-and filesystem uid). Only when every one of them is the requester's uid does it ``exec`` the stop;
-otherwise it prints what it found and stops nothing. The script is a constant: the mode, the uid,
-the cgroup paths and the stop argv arrive as positional arguments (``shlex.join`` by the
-transport), and nothing a node says reaches a shell unquoted: it prints only digits and markers.
+A stop command kills every process of the unit, container or job, not only the GPU holders
+gpubot saw. So a self-service stop runs in the same exec as a check of the whole workload: every
+cgroup of it and below, in each hierarchy the probe saw, and each PID's four uids. Only when
+every one is the requester's does the script ``exec`` the stop. It is a constant; everything
+that varies arrives as arguments, and it prints only digits and markers.
 
-Where the check cannot see (fail closed, the stop is refused): a hierarchy not mounted at its root
-in gpubot's mount namespace, an unreadable ``cgroup.procs`` (a delegated subtree made unreadable,
-a cgroup removed while it is walked), a listed PID whose status cannot be read (gone meanwhile,
-or hidden by ``hidepid``), an empty cgroup.
+Where the check cannot see, it fails closed: a hierarchy not mounted at its root here, an
+unreadable ``cgroup.procs``, a PID whose status cannot be read, an empty cgroup.
 
 Races, and what is and is not covered:
 
-- A PID read from ``cgroup.procs`` that exits and is reused before its status is read names
-  another process: at worst a foreign uid is seen and the stop is refused (never the reverse).
-- A process that joins the workload between the check and the stop: a fork of a process that was
-  checked (the requester's own, or a setuid program it ran, whose real uid is still the
-  requester's: the requester could signal it anyway); or a process that something with write
-  access to the workload's root-owned cgroup moves in (root, the runtime's daemon: ``docker exec
-  -u``, ``srun --overlap`` by the job's user, a unit's later ``ExecStart`` as another ``User=``).
-  Those are not covered: the window is the few milliseconds between the last status read and the
-  stop's own kill, and only root-controlled agents can add another user's process then.
-- ``docker stop`` ends the container's PID namespace; a process put into that namespace but not
-  into its cgroup (``nsenter`` by root) is not seen. ``scancel`` ends the job on every node it
-  runs on, and this check sees only this node's part of it.
-- A Slurm job's own ``slurmstepd`` (name ``slurmstepd``, all four uids 0: only root can start such
-  a process) sits in the job's cgroup and is not another user's process: it is not counted.
+- A PID reused before its status is read: at worst a foreign uid is seen and the stop refused.
+- A process that joins between the check and the stop: a fork of a checked process (the
+  requester could signal it anyway), or one moved in by something with write access to the
+  root-owned cgroup (root, the runtime's daemon). Not covered: the window is the moment between
+  the last read and the kill, and only root-controlled agents can add another user's process.
+- ``docker stop`` ends the PID namespace; a process put into it but not into its cgroup
+  (``nsenter`` by root) is not seen. ``scancel`` ends the job on every node; only this node's part
+  is checked.
+- A Slurm job's own ``slurmstepd`` (all four uids 0: only root can start it) is not counted.
 
-``gate`` false (a forced reset that an approver allowed, or an operator's ``--force``): the same
-check is made and reported, then the stop runs whatever it found.
+``gate`` false (an approved forced reset, or ``--force``): the check is made and reported, then
+the stop runs whatever it found.
 """
 
 from __future__ import annotations
@@ -129,8 +118,7 @@ MAX_CGROUPS = 16
 
 
 def check_path(path: str) -> bool:
-    """Whether ``path`` is a cgroup path the script may be given: absolute, below the root, and
-    without ``.``/``..`` components or control characters."""
+    """Whether ``path`` is absolute, below the root, without ``.``/``..`` or control characters."""
     parts = path.split("/")
     return (
         path.startswith("/")
@@ -149,8 +137,8 @@ def stop_check_argv(
     sudo: bool,
     kind: str,
 ) -> list[str]:
-    """Build the argv that checks ``cgroups`` (``(controllers, path)``, v2's controllers empty)
-    and then runs ``stop``; ``ValueError`` for anything the script must not be given."""
+    """Build the argv that checks ``cgroups`` and then runs ``stop``; ``ValueError`` for
+    anything the script must not be given."""
     if not stop or any("\0" in a for a in stop):
         raise ValueError("a stop command is a non-empty argv without NUL bytes")
     if gate and (uid is None or uid < 0):
@@ -243,11 +231,8 @@ class _Seen:
 
 
 def parse_stop_output(text: str) -> StopCheck:
-    """Parse the script's answer; what follows ``stopping`` is the stop command's own output.
-
-    ``ParseError`` for a line the script does not write (before its verdict). An answer without
-    a verdict (the script was cut short) is neither stopping nor refused.
-    """
+    """Parse the script's answer; what follows ``stopping`` is the stop's own output. An answer
+    cut short before its verdict is neither stopping nor refused."""
     lines = text.split("\n")
     seen = _Seen()
     for i, line in enumerate(lines):

@@ -1,18 +1,10 @@
 """Whether a reset may run a workload's stop command, and how to say why not (pure).
 
-Stopping a workload kills everything in it. A self-service reset (a plan that kills only the
-requester's processes) runs ``systemctl stop``, ``docker stop``, ``podman stop`` or ``scancel``
-only if every process of the unit, container or job is the requester's: real and effective uid
-(and saved and filesystem uid) equal to the requester's uid on the node. That is checked on the
-node, in the same exec as the stop (``core.reset.stop_script``), over the workload's cgroup in every
-hierarchy the probe saw its processes in (v2 and v1) and every cgroup below it.
-
-This module decides what to ask the node: which cgroups (cut from the probe's
-``/proc/PID/cgroup`` texts at the workload's own directory: the unit, the container's scope, the
-whole job), whose uid, gated or not, and says in words why a stop was not run. Anything it
-cannot tell (the requester's uid, the workload's cgroup) keeps a self-service stop from running.
-A forced reset (approved by on-call, or an operator's ``--force``) runs the stop ungated: the
-node still reports whose processes were in it, for the audit log.
+Stopping a workload kills everything in it, so a self-service stop runs only if every process
+of it is the requester's, checked on the node in the same exec (``stop_script``). This module
+decides which cgroups and whose uid to ask about; anything it cannot tell keeps a self-service
+stop from running. A forced reset runs the stop ungated; the node still reports whose processes
+were in it, for the audit log.
 """
 
 from __future__ import annotations
@@ -29,8 +21,8 @@ NEEDS_APPROVAL = "stopping it needs an on-call approval"
 
 
 def cgroup_lines(text: str | None) -> list[tuple[str, str]]:
-    """Return ``(controllers, path)`` of each line of a ``/proc/PID/cgroup`` text (v2's
-    controllers are empty); none for a text that is not what the kernel writes."""
+    """Return ``(controllers, path)`` of each line of a ``/proc/PID/cgroup`` text; none for a
+    text that is not what the kernel writes."""
     if not text or cgroup_paths(text) is None:
         return []
     out: list[tuple[str, str]] = []
@@ -42,17 +34,13 @@ def cgroup_lines(text: str | None) -> list[tuple[str, str]]:
 
 
 def _is_root_of(w: Workload, comp: str, prev: str) -> bool:
-    """Whether path component ``comp`` (after ``prev``) is ``w``'s own cgroup directory (its
-    runtime's rule: a unit, a container's scope, a whole Slurm job)."""
+    """Whether ``comp`` (after ``prev``) is ``w``'s own cgroup directory, by its runtime's rule."""
     return runtime_of(w.kind).is_root(w, comp, prev)
 
 
 def workload_root(path: str, w: Workload) -> str | None:
-    """Return the prefix of ``path`` that is ``w``'s own cgroup (what its stop kills), or None.
-
-    The first such component from the root wins: a unit's, container's or job's directory is
-    made by root where the workload's shape says (``core.workload``).
-    """
+    """Return the prefix of ``path`` that is ``w``'s own cgroup (what its stop kills), or None;
+    the first from the root wins, since root makes that directory where the shape says."""
     parts = path.split("/")
     for i in range(1, len(parts)):
         if _is_root_of(w, parts[i], parts[i - 1]):
@@ -61,8 +49,7 @@ def workload_root(path: str, w: Workload) -> str | None:
 
 
 def stop_cgroups(texts: Iterable[str | None], w: Workload) -> tuple[tuple[str, str], ...]:
-    """Return every ``(controllers, cgroup)`` of ``w`` that the ``/proc/PID/cgroup`` texts of its
-    processes name, in each hierarchy, sorted."""
+    """Return every ``(controllers, cgroup)`` of ``w`` its processes' cgroup texts name, sorted."""
     found = {
         (ctl, root)
         for text in texts
@@ -73,11 +60,8 @@ def stop_cgroups(texts: Iterable[str | None], w: Workload) -> tuple[tuple[str, s
 
 
 def requester_uid(plan: ResetPlan, w: Workload) -> int | None:
-    """Return the requester's uid on the node, from what the plan saw; None unless one is clear.
-
-    A target run by the requester's user gives its effective uid; a Slurm job (or rootless
-    container) that is the requester's gives the uid of its root-made cgroup path.
-    """
+    """Return the requester's uid on the node, or None unless one is clear: a target's
+    effective uid, or the uid of a Slurm job's or rootless container's root-made cgroup path."""
     req = plan.requester
     if req is None:
         return None
@@ -89,11 +73,7 @@ def requester_uid(plan: ResetPlan, w: Workload) -> int | None:
 
 
 def noun(w: Workload, argv: Sequence[str]) -> str:
-    """Say what the stop command stops: ``unit `x.service```, ``container `trainer```, ...
-
-    Named by the stop command's own last argument, which ``stop_command`` only gives in a safe
-    shape (no back-ticks or markup).
-    """
+    """Say what the stop command stops, by its last argument (``stop_command`` makes it safe)."""
     last = argv[-1] if argv else w.id
     return runtime_of(w.kind).noun(w, last)
 
@@ -112,10 +92,7 @@ class StopGate:
 def gate_for(
     plan: ResetPlan, w: Workload, argv: Sequence[str], texts: Iterable[str | None], node: str
 ) -> StopGate:
-    """Decide how ``argv`` (``w``'s stop command) may run after ``plan``.
-
-    ``texts``: the ``/proc/PID/cgroup`` texts of ``w``'s processes the probe saw.
-    """
+    """Decide how ``w``'s stop command may run after ``plan``."""
     cgroups = stop_cgroups(texts, w)
     what = noun(w, argv)
     if plan.forced:

@@ -1,22 +1,10 @@
 """GPU-hours: what each sweep's sample of a GPU adds to its node's and its holders' hours.
 
-Pure (standard library only, time passed in). Every sweep sees each GPU once: its utilisation
-and the people whose processes hold it. That sample counts for the time since the GPU's
-previous sample (one sweep interval when there is none within ``GAP_INTERVALS`` intervals: a
-longer stretch is *missing data*, reported, never guessed), in whole milliseconds, and it adds
-to one hour bucket (the hour it was taken in, UTC):
-
-- the GPU's own figures (user ``""``, what ``--by node`` reads): *busy* (held, utilisation
-  above 0 %), *idle* (held at 0 %), *unknown* (held, utilisation not said) or *free* (nobody
-  holds it); *unused* when a claim covered it and the claimant did not use it;
-- each holder's share: a GPU held by several people is split between them (whole milliseconds,
-  the remainder to the first names in order), so that no GPU-hour counts twice;
-- *claimed but unused* for a claimant whose claim covers the sample while they hold nothing on
-  the GPU or it sits at 0 %.
-
-Summing these records over the hours of a window gives exactly the sum over the raw samples in
-it: the report is exact for the samples taken, and says how many sweeps it covers and where
-data is missing.
+Each sweep's sample of a GPU counts for the time since its previous one (one interval after a
+longer gap: *missing data*, reported, never guessed), in whole milliseconds, in the UTC hour it
+was taken: the GPU's own *busy*/*idle*/*unknown*/*free*/*unused* figures (user ``""``); each
+holder's share, split so no GPU-hour counts twice; *claimed but unused* for a claimant holding
+nothing there or at 0 %. Summing the buckets of a window gives exactly the sum over its samples.
 """
 
 from __future__ import annotations
@@ -73,19 +61,16 @@ class Usage:
 
     @property
     def key(self) -> tuple[int, str, int, str]:
-        """Return which bucket this is."""
         return (self.hour, self.node, self.gpu, self.user)
 
     def add(self, other: Usage) -> None:
-        """Add another bucket's figures to this one."""
         for k in (*KINDS, "samples"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
 
 @dataclass(frozen=True)
 class Gap:
-    """A stretch of a node with no sample: ``start`` (its last sample) to ``end`` (the next;
-    None: none since)."""
+    """A stretch of a node with no sample (``end`` None: none since)."""
 
     node: str
     start: float
@@ -113,10 +98,7 @@ def hour_of(t: float) -> int:
 
 
 def states_of(snapshots: Iterable[NodeSnapshot]) -> list[GpuState]:
-    """Return each GPU's state in ``snapshots``: its utilisation and its holders' owners.
-
-    A protected system daemon (persistenced) holds no one's GPU-hours.
-    """
+    """Return each GPU's state; a protected system daemon holds no one's GPU-hours."""
     out: list[GpuState] = []
     for snap in snapshots:
         for g in sorted(snap.gpus, key=lambda g: g.index):
@@ -130,17 +112,14 @@ def states_of(snapshots: Iterable[NodeSnapshot]) -> list[GpuState]:
 
 
 def from_future(prev: float, now: float, interval_s: float) -> bool:
-    """Return whether a previous sample at ``prev`` is from the future of ``now``: later by
-    more than a sweep's overlap can make it (one interval). Only a wall clock stepped back
-    since (an NTP correction after a forward step, a VM snapshot restored) leaves one; as a
-    baseline it would make every sweep add nothing until the clock caught up with it."""
+    """Whether a sample at ``prev`` is later than ``now`` by more than an interval: a clock
+    stepped back leaves one, and as a baseline it would make every sweep add nothing."""
     return prev - now > interval_s
 
 
 def weight_ms(prev: float | None, now: float, interval_s: float) -> int:
-    """Return the milliseconds a sample at ``now`` counts for, the GPU's previous one at
-    ``prev`` (None: none): the time between, or one interval after a gap of missing data
-    (a previous sample from the future is no baseline: a gap too)."""
+    """Return the milliseconds a sample counts for: the time since ``prev``, or one interval
+    after missing data (a ``prev`` from the future is such a gap too)."""
     if prev is not None and from_future(prev, now, interval_s):
         prev = None
     if prev is not None and now <= prev:
@@ -213,8 +192,7 @@ def tally(s: SweepSample) -> Tally:
 
 @dataclass(frozen=True)
 class UsageSweep:
-    """What one sweep hands the store: when, each GPU's state, the claims covering it, and
-    the sweep interval (what a sample after a gap counts for)."""
+    """What one sweep hands the store."""
 
     at: float
     states: Sequence[GpuState]
@@ -224,8 +202,7 @@ class UsageSweep:
 
 @dataclass(frozen=True)
 class UsageRecords:
-    """What a report reads: the buckets of its hours, the sweeps counted, the gaps, and when
-    each node was last sampled."""
+    """What a report reads: buckets, sweeps counted, gaps and each node's last sample."""
 
     rows: tuple[Usage, ...]
     sweeps: int

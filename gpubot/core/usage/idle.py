@@ -1,19 +1,9 @@
 """Idle hoarders: GPUs held at 0 % utilisation for hours, from the samples every sweep keeps.
 
-Pure (standard library only, time passed in). Every sweep records one ``GpuSample`` per GPU
-(utilisation and memory in use). A GPU is *held idle* from the first sample of the run of
-samples that ends now in which every sample says 0 % utilisation with at least ``min_mib`` in
-use. Unknown is not idle: a sample whose utilisation or memory is unknown (``None``) ends the
-run, and so does a gap between two samples longer than ``max_gap_s`` (a sweep that did not
-reach the node says nothing of that time). A GPU held idle for at least the rule's window is
-*idle*; each process on it holding at least ``min_mib`` is an *idle holder*, and the time the
-GPU has been held idle so far counts as that holder's idle GPU time.
-
-Settings, in the ``[sweep]`` table (validated by ``gpubot.config``)::
-
-    idle_min_mib = 4096      # a process holding less is not hoarding
-    idle_hours = 4           # 0 % over every sample for this long (0 turns idle findings off)
-    keep_samples = "14d"     # samples older than this are pruned (a duration: core.durations)
+A GPU is *held idle* since the first of the samples ending now that all say 0 % with at least
+``min_mib`` in use. Unknown is not idle: an unknown sample ends the run, and so does a gap
+longer than ``max_gap_s`` (a missed sweep says nothing of that time). A GPU held idle for the
+rule's window is *idle*; each process on it holding ``min_mib`` is an *idle holder*.
 """
 
 from __future__ import annotations
@@ -46,7 +36,6 @@ class IdleRule:
 
     @property
     def enabled(self) -> bool:
-        """Whether idle holders are looked for at all."""
         return self.hours > 0
 
     @property
@@ -68,12 +57,11 @@ class GpuSample:
 
     @property
     def key(self) -> GpuKey:
-        """Return which GPU this is a sample of."""
         return (self.node, self.gpu, self.uuid)
 
 
 def samples_of(snapshots: Iterable[NodeSnapshot], taken_at: float) -> list[GpuSample]:
-    """Return one sample per GPU of ``snapshots``, all taken at ``taken_at`` (the sweep's time)."""
+    """Return one sample per GPU of ``snapshots``, all taken at the sweep's time."""
     return [
         GpuSample(s.node, g.index, g.uuid, taken_at, g.utilization_pct, g.memory_used_mib)
         for s in snapshots
@@ -88,11 +76,8 @@ def held_idle(s: GpuSample, min_mib: int) -> bool:
 def held_idle_since(
     history: Sequence[GpuSample], current: GpuSample, *, min_mib: int, max_gap_s: float
 ) -> float | None:
-    """Return since when one GPU has been held idle, ``current`` being its sample now.
-
-    ``history`` holds this GPU's earlier samples (any order; others are ignored). None: the GPU
-    is not held idle now.
-    """
+    """Return since when one GPU has been held idle (None: it is not); ``history`` in any order,
+    other GPUs' samples ignored."""
     if not held_idle(current, min_mib):
         return None
     earlier = sorted(
@@ -154,11 +139,7 @@ def idle_summary(p: GpuProcess, g: GpuInfo, idle_for: str) -> str:
 def gpu_hours_by_owner(
     held: Iterable[tuple[str | None, str, int, float]],
 ) -> dict[str, float]:
-    """Sum GPU-hours held idle per owner from ``(owner, node, gpu, idle seconds)`` rows.
-
-    A GPU counts once per owner however many of their processes hold it; unknown owners are
-    left out. Owners are sorted by hours, most first.
-    """
+    """Sum GPU-hours held idle per owner, most first; a GPU counts once per owner."""
     per: dict[tuple[str, str, int], float] = {}
     for owner, node, gpu, idle_s in held:
         if owner is None:

@@ -1,17 +1,9 @@
 """Idle runs: since when each GPU has been held idle, kept up to date sweep by sweep.
 
-Pure (standard library only). ``core.usage.idle`` defines a GPU's idle time from its whole sample
-history: the run of held-idle samples that ends now, broken by a busy or unknown sample or by a
-gap longer than ``max_gap_s``. Rereading that history every sweep costs what the history holds
-(14 days of a 1,000-node fleet: millions of rows). An ``IdleRun`` is the same answer carried
-forward: per GPU, its latest sample's time and the start of the held-idle run ending there.
-``advance`` folds one new sample into it, so a sweep reads one small row per GPU, whatever the
-history.
-
-The fold gives exactly ``held_idle_since`` over the same samples, in time order (tests compare
-the two over generated histories). Two cases cannot be folded and are rebuilt from the GPU's own
-samples (``rebuild``): a sample no later than the run's latest (two sweeps overlapping), and a
-run kept under other settings (``min_mib`` or the gap changed since).
+Rereading each GPU's whole sample history every sweep costs what the history holds; an
+``IdleRun`` carries the same answer forward, so a sweep reads one small row per GPU. The fold
+gives exactly ``held_idle_since`` over the same samples. A sample no later than the run's
+latest (overlapping sweeps) or a run kept under other settings is rebuilt from the samples.
 """
 
 from __future__ import annotations
@@ -31,12 +23,11 @@ class RunRule:
 
     @classmethod
     def of(cls, min_mib: int, max_gap_s: float) -> RunRule:
-        """Return the rule of ``[sweep]`` settings (the gap rounded to milliseconds)."""
+        """Return the rule of ``[sweep]`` settings, the gap rounded to milliseconds."""
         return cls(min_mib, round(max_gap_s * 1000))
 
     @property
     def max_gap_s(self) -> float:
-        """Return the longest gap, in seconds."""
         return self.max_gap_ms / 1000.0
 
 
@@ -53,7 +44,6 @@ class IdleRun:
 
     @property
     def key(self) -> GpuKey:
-        """Return which GPU this is the run of."""
         return (self.node, self.gpu, self.uuid)
 
 
@@ -63,10 +53,7 @@ def can_advance(run: IdleRun | None, sample: GpuSample, rule: RunRule) -> bool:
 
 
 def advance(run: IdleRun | None, sample: GpuSample, rule: RunRule) -> IdleRun:
-    """Return the run after ``sample``, the GPU's next sample (``can_advance`` must hold).
-
-    ``run`` None: nothing earlier is known of this GPU.
-    """
+    """Return the run after ``sample`` (``can_advance`` must hold; ``run`` None: none yet)."""
     since: float | None = None
     if held_idle(sample, rule.min_mib):
         since = sample.taken_at
@@ -80,12 +67,9 @@ def advance(run: IdleRun | None, sample: GpuSample, rule: RunRule) -> IdleRun:
 
 
 def rebuild(samples: Iterable[GpuSample], rule: RunRule) -> IdleRun | None:
-    """Return the run of one GPU from its samples, in the order they were stored (None: none).
-
-    Samples taken at the same time read as ``held_idle_since`` reads them, walking back from
-    later ones in stored order: the first stored decides whether the run reaches that time,
-    and any other not held idle starts the run there.
-    """
+    """Return the run of one GPU from its samples in stored order (None: none). Of samples
+    taken at the same time, as in ``held_idle_since``, the first stored decides whether the run
+    reaches that time."""
     run: IdleRun | None = None
     ordered = sorted(samples, key=lambda s: s.taken_at)  # stable: ties keep their order
     i = 0
@@ -102,11 +86,8 @@ def rebuild(samples: Iterable[GpuSample], rule: RunRule) -> IdleRun | None:
 
 
 def kept_since(since: float, first_kept: float | None, current: float) -> float:
-    """Return since when a GPU counts as held idle, given what the samples still hold.
-
-    The history counts only samples kept (``keep_samples``): a run older than that starts at
-    the first sample kept (``first_kept``, None: none is kept but the current one).
-    """
+    """Return since when a GPU counts as held idle: a run older than the samples kept starts at
+    the first kept (``first_kept`` None: only the current one)."""
     if first_kept is None:
         return current
     return max(since, first_kept)

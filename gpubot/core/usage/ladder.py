@@ -1,7 +1,6 @@
 """The reclaim ladder of an idle holder: the steps, their delays, and the next one due.
 
-Pure (standard library only, time passed in). An idle holder (``core.usage.idle``) climbs, one step
-per sweep at most, each after its delay since the step before:
+An idle holder climbs at most one step per sweep, each after its delay since the step before:
 
 1. ``DM``: a direct message to the owner (*Keep (reason)*, *Free it* for their own reset);
 2. ``REMIND``: a reminder to the owner, ``remind_after`` after the DM;
@@ -9,13 +8,8 @@ per sweep at most, each after its delay since the step before:
 4. ``OFFER``: a *Free it* button for on-call, ``offer_after`` after the post: a forced kill
    through the approval, with the idle evidence. Never an automatic kill.
 
-The owner's *Keep (reason)* stops the ladder of that holder for good (a new process starts a
-new one); a holder that is no longer idle leaves it. Settings, in the ``[idle]`` table::
-
-    ladder = false          # on: idle holders climb the ladder (the plain alert stays off)
-    remind_after = "2h"
-    post_after = "2h"
-    offer_after = "1h"
+The owner's *Keep (reason)* stops that holder's ladder for good (a new process starts anew); a
+holder no longer idle leaves it.
 """
 
 from __future__ import annotations
@@ -117,7 +111,6 @@ class Evidence:
 
     @property
     def gpu_hours(self) -> float:
-        """Return the GPU-hours held idle."""
         return self.idle_s / 3600.0
 
     def text(self) -> str:

@@ -1,9 +1,7 @@
 """The GPU-hours report: a window, the buckets summed by user, team or node, and its coverage.
 
-Pure (standard library only, time passed in). A window is whole UTC hours (the buckets'), from
-``--since`` (a duration ago, "7d", or a UTC date or time, "2026-11-25" / "2026-11-25T09:00")
-to ``--until`` (default now), widened to the hours they fall in; the report says which hours.
-Every error is one line for a person (``ValueError``).
+A window is whole UTC hours (the buckets'), widened from ``--since``/``--until``; the report says
+which hours. Every error is one line for a person (``ValueError``).
 """
 
 from __future__ import annotations
@@ -92,7 +90,6 @@ class Line:
     samples: int
 
     def hours(self, kind: str) -> float:
-        """Return one kind's GPU-hours."""
         ms: int = getattr(self, kind)
         return ms / MS_PER_H
 
@@ -193,10 +190,8 @@ class UsageReport:
 def summed(
     rows: Iterable[Usage], by: str, teams: Mapping[str, Collection[str]] | None = None
 ) -> tuple[Line, ...]:
-    """Sum bucket rows by ``by`` ("user", "team", "node"), most busy + idle first.
-
-    By team, a person counts for each team they are in (and ``NO_TEAM`` when in none).
-    """
+    """Sum bucket rows by user, team or node, most busy + idle first; a person counts for each
+    of their teams (``NO_TEAM`` when in none)."""
     if by not in BY:
         raise ValueError(f"bad --by {by!r}: expected one of {', '.join(BY)}")
     member: dict[str, list[str]] = {}
@@ -256,8 +251,7 @@ class Digest:
 
 @dataclass(frozen=True)
 class ReportSettings:
-    """``[teams]`` and ``[reports]``: teams of Linux users or of a Slack user group's members,
-    and the weekly digest (None: off)."""
+    """``[teams]`` and ``[reports]``: teams and the weekly digest (None: off)."""
 
     teams: tuple[tuple[str, tuple[str, ...]], ...] = ()
     team_groups: tuple[tuple[str, str], ...] = ()  # team -> Slack user group id
