@@ -1,10 +1,9 @@
 """The audit store: an append-only, hash-chained log of every action, plus approvals, alerts
 and the GPU samples of sweeps.
 
-SQLAlchemy Core over SQLite (the embedded default) or PostgreSQL; the async methods run the
-synchronous engine in a worker thread. ``open_store("memory://")`` is the same store over SQLite
-in memory (``store.engine``): the fast seam for tests and demos, gone when it is closed.
-Every failure is a ``StoreError``: callers fail closed.
+SQLAlchemy Core over SQLite or PostgreSQL; the async methods run the synchronous engine in a
+worker thread. ``memory://`` is the same store over SQLite in memory. Every failure is a
+``StoreError``: callers fail closed.
 """
 
 from __future__ import annotations
@@ -81,11 +80,8 @@ def open_store(
     check_schema: bool = True,
     head_file: str | None = None,
 ) -> Store:
-    """Open the store at ``url``; with ``check_schema``, refuse a database that is behind.
-
-    A new SQLite database (no table yet) is created and migrated here: the embedded default
-    sets itself up, and so does ``memory://``. PostgreSQL is migrated only by ``gpubot db upgrade``.
-    """
+    """Open the store at ``url``; with ``check_schema``, refuse a database that is behind. A new
+    SQLite database sets itself up; PostgreSQL is migrated only by ``gpubot db upgrade``."""
     store = Store(url, password=password, audit_key=audit_key, head_file=head_file)
     if check_schema:
         try:
@@ -137,11 +133,11 @@ class Store:
         self.approval_posts = ApprovalPosts(self.engine)
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
-        self.ecc = DbEcc(self.engine)  # issue 27: the sweep's ECC counts
-        self.usage = DbUsage(self.engine)  # GPU-hours (issue 26)
-        self.ladder = DbLadder(self.engine)  # the reclaim ladder (issue 26)
+        self.ecc = DbEcc(self.engine)  # the sweep's ECC counts
+        self.usage = DbUsage(self.engine)  # GPU-hours
+        self.ladder = DbLadder(self.engine)  # the reclaim ladder
         self.digests = DbDigests(self.engine)  # the weekly GPU-hours digest's outbox
-        self.claims = DbClaims(self.engine)  # GPU claims and the queue (issue 26)
+        self.claims = DbClaims(self.engine)  # GPU claims and the queue
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -157,10 +153,7 @@ class Store:
         plan: Mapping[str, Any] | None,
         fence: Fence | None = None,
     ) -> int:
-        """Write the intent of an action BEFORE anything happens; return the action id.
-
-        ``fence``: the lease the action runs under, checked in the same transaction.
-        """
+        """Write the intent of an action BEFORE anything happens; return the action id."""
         payload = {"action": kind, "command": command, "gpus": list(gpus), "plan": plan}
         action_id = await in_thread(self._begin, actor, source, node, payload, fence)
         self._running.add(action_id)  # not interrupted while this process runs it
@@ -203,11 +196,7 @@ class Store:
         result: Mapping[str, Any],
         fence: Fence | None = None,
     ) -> None:
-        """Append the outcome of an action (once).
-
-        ``status`` is an ``ActionStatus`` value (freed, not-freed, error, refused), never
-        incomplete: that is what an action without an outcome is.
-        """
+        """Append the outcome of an action once; never ``incomplete``: that is no outcome."""
         if not status or status == ActionStatus.INCOMPLETE:
             raise StoreError(f"an outcome needs a status other than {status!r}")
         try:
@@ -248,8 +237,7 @@ class Store:
         seconds: float,
         changed: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Append a brief record of a read-only query (status, sweep); ``changed`` (a sweep):
-        count the nodes instead of naming them, and name these (``store.query_records``)."""
+        """Append a brief record of a read-only query (status, sweep)."""
         payload = query_payload(kind, nodes, failed, seconds, changed)
         node = nodes[0] if len(nodes) == 1 else None
         await in_thread(self._query, actor, source, node, payload)
@@ -281,11 +269,8 @@ class Store:
             return audit.hash_at(c, seq) == digest
 
     async def seal(self, reason: str, every_s: float, *, after: int | None = None) -> SealWritten:
-        """Append a keyed seal (``store.seals``) naming the last record this store wrote.
-
-        Raises ``StoreError`` without the audit key. ``SealWritten.held`` is False when the log
-        no longer holds that record: records were removed (the seal says so in the chain).
-        """
+        """Append a keyed seal naming the last record this store wrote (``StoreError`` without
+        the key); ``held`` False: the log no longer holds that record, and the seal says so."""
         return await in_thread(self._seal, reason, every_s, after)
 
     def _seal(self, reason: str, every_s: float, after: int | None) -> SealWritten:
@@ -300,23 +285,19 @@ class Store:
     # -- reading ---------------------------------------------------------------------------
 
     async def incomplete_actions(self) -> list[ActionSummary]:
-        """Return actions with an intent but no outcome (running, or the bot died) that no one
-        has marked reviewed, newest first (``serve`` reports them at start-up)."""
+        """Return unreviewed actions with an intent but no outcome, newest first."""
         return await self._reading(lambda c: audit.interrupted(c, None))
 
     async def interrupted(self, nodes: Sequence[str] | None = None) -> list[ActionSummary]:
-        """Return the unfinished, unreviewed actions (on ``nodes``), newest first: one query.
-
-        Actions this process is running are left out; another process's running action is
-        listed (nothing here can tell it from a dead one)."""
+        """Return the unfinished, unreviewed actions, newest first, but this process's running
+        ones; another process's running action is listed (nothing tells it from a dead one)."""
         found = await self._reading(lambda c: audit.interrupted(c, nodes))
         return [a for a in found if a.id not in self._running]
 
     async def review_action(
         self, action_id: int, *, actor: str, source: str, note: str = ""
     ) -> AuditRecord:
-        """Record that ``actor`` looked at interrupted action ``action_id``: it is no longer
-        listed. ``UsageError`` when it finished or was reviewed already."""
+        """Record that ``actor`` looked at an interrupted action, so it is no longer listed."""
         return await in_thread(self._review, action_id, actor, source, note)
 
     def _review(self, action_id: int, actor: str, source: str, note: str) -> AuditRecord:
@@ -362,13 +343,8 @@ class Store:
         seals: SealRule | None = None,
         now: datetime | None = None,
     ) -> VerifyResult:
-        """Walk the chain and report the first record that was edited, removed or reordered.
-
-        ``published``: a head (seq, hash) noted elsewhere earlier, that the log must still hold.
-        ``seals``: the newest seal must be young enough at ``now`` (default: the clock). With a
-        head file, the log must hold the head it records (read before the walk's snapshot, so
-        a write meanwhile cannot look like a cut).
-        """
+        """Walk the chain and report the first record edited, removed or reordered. The head
+        file is read before the walk's snapshot, so a write meanwhile cannot look like a cut."""
         file_head: FileHead | HeadFileError | None = None
         if self.head_file is not None:
             try:
@@ -399,8 +375,7 @@ class Store:
         migrate.upgrade(self.engine, revision)
 
     def downgrade(self, revision: str, check: Callable[[Connection], None] | None = None) -> None:
-        """Undo migrations down to ``revision`` (``base``: drop everything); ``check`` runs
-        first under the write lock (``migrate.downgrade``)."""
+        """Undo migrations down to ``revision``; ``check`` runs first under the write lock."""
         from gpubot.store import migrate  # Alembic, only when migrating
 
         migrate.downgrade(self.engine, revision, check)
@@ -412,5 +387,4 @@ class Store:
         return migrate.current(self.engine), migrate.head()
 
     def close(self) -> None:
-        """Close every pooled connection."""
         self.engine.dispose()

@@ -1,9 +1,4 @@
-"""Alert state of sweep findings, keyed by ``FindingKey`` (node, gpu, kind, holder): the
-``AlertStore`` port (``core.ports``) on the database.
-
-A sweep calls ``upsert_seen`` with every key it found, then ``mark_resolved`` with the open keys
-it no longer found. Alerting, reminding, snoozing and resolving are appended to the audit chain.
-"""
+"""Alert state of sweep findings on the database; every change is appended to the audit chain."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Appending to the audit chain and reading it back (synchronous; ``Store`` runs it in threads).
 
-``append`` must run inside ``engine.write_tx`` so that the head it reads cannot move under it.
-It keys each record with the engine's audit key (see ``chain`` for the two modes): the first
-record written with a key is preceded by the ``chain`` marker; a log once keyed takes records
-only from writers holding the same key.
+``append`` must run inside ``engine.write_tx`` so that the head it reads cannot move under it. A
+log once keyed takes records only from writers holding the same key.
 """
 
 from __future__ import annotations
@@ -59,8 +57,7 @@ def append(
     action_id: int | Literal["own"] | None = None,
     now: datetime | None = None,
 ) -> AuditRecord:
-    """Append one record after the chain head; ``action_id="own"`` makes it its own seq (the
-    first record of an action: its intent)."""
+    """Append one record after the chain head; ``action_id="own"``: an intent, its own seq."""
     head = conn.execute(
         select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
     ).one_or_none()
@@ -188,12 +185,8 @@ def summaries(
 
 
 def interrupted(conn: Connection, nodes: Sequence[str] | None = None) -> list[ActionSummary]:
-    """Return the actions with an intent but neither an outcome nor a review, newest first.
-
-    One query: the intents through the ``(kind, seq)`` index, each outcome or review looked up
-    through the ``action_id`` index (an intent's action_id is its own seq). ``nodes``: only
-    actions on these nodes.
-    """
+    """Return the actions with an intent but neither an outcome nor a review, newest first, in
+    one query through the ``(kind, seq)`` and ``action_id`` indexes."""
     rows = conn.execute(interrupted_query(nodes)).all()
     return [summary(to_record(r), None, None) for r in rows]
 
@@ -336,10 +329,8 @@ def seal(
     after: int | None = None,
     now: datetime | None = None,
 ) -> tuple[AuditRecord, bool]:
-    """Append a seal (``store.seals``); return it and whether the log still holds ``prev``.
-
-    The seal names ``prev`` even when the log no longer holds it: that is the evidence.
-    """
+    """Append a seal; return it and whether the log still holds ``prev``. The seal names
+    ``prev`` even when the log no longer holds it: that is the evidence."""
     if audit_key_of(conn) is None:
         raise StoreError("a seal needs GPUBOT_AUDIT_KEY: without the key anyone could forge one")
     held = prev is None or hash_at(conn, prev[0]) == prev[1]
@@ -359,12 +350,8 @@ def verify(
     file_head: FileHead | HeadFileError | None = None,
     head_file: str = "",
 ) -> VerifyResult:
-    """Walk the whole chain inside one snapshot and report the first record that is not intact.
-
-    With ``published`` (seq, hash), also check that the log holds that head. ``seals``: judge
-    the newest seal's age at ``now`` (a keyed log only). ``file_head``: what the head file at
-    ``head_file`` held, read before this snapshot (or why it could not be read).
-    """
+    """Walk the whole chain inside one snapshot and report the first record that is not intact;
+    ``file_head`` was read before this snapshot."""
     head = conn.execute(
         select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
     ).one_or_none()

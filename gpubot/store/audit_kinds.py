@@ -1,16 +1,10 @@
 """``audit list --kind``: the kinds of record a person can list, and their indexed queries.
 
-Claims, approvals, ladder steps and digests are in the chain next to resets, and an auditor
-asks of them all ("who claimed node1 GPU 2 last week, who approved *Free it*"). A listing
-kind is what the ``audit_log`` table stores in its ``kind`` column, named for a person
-(``intent`` records are ``action``s), plus two that split a stored kind by the first key of
-its canonical payload (sorted keys: ``store.chain.canonical_json``): ``reset`` (actions that
-reset) and ``digest`` (the alert records of the GPU-hours digest).
-
-Each stored kind is one query through the ``(kind, seq)`` index, or ``(node, kind, seq)``
-with ``--node``, newest first and cut at the limit, exactly like ``audit_list``'s actions;
-the few answers are merged by seq. A query with ``kind IN (…)`` would let a database walk
-the primary key backwards over everything else in the log looking for enough rows.
+A listing kind is a stored ``kind`` named for a person, plus two that split a stored kind by the
+first key of its canonical payload: ``reset`` and ``digest``. Each stored kind is one query
+through the ``(kind, seq)`` or ``(node, kind, seq)`` index, newest first and cut at the limit,
+and the answers are merged by seq: a ``kind IN (…)`` query would let a database walk the primary
+key backwards over the whole log looking for enough rows.
 """
 
 from __future__ import annotations
@@ -69,8 +63,7 @@ Listed = ActionSummary | AuditRecord  # an action (intent and outcome) or any ot
 
 
 def parse_kinds(texts: Iterable[str]) -> tuple[str, ...]:
-    """Return the kinds named by ``--kind`` values (repeated or comma lists), in ``KINDS``
-    order; raise ``ValueError`` naming every valid kind on one line."""
+    """Return the kinds ``--kind`` values name, in ``KINDS`` order, or a ``ValueError``."""
     names = {w.strip().lower() for t in texts for w in t.split(",") if w.strip()}
     bad = sorted(names - set(BY_NAME))
     if bad or not names:
@@ -126,8 +119,7 @@ def _seq(item: Listed) -> int:
 
 
 def records_query(stored: str, f: ListFilter, people: bool) -> Select[Any]:
-    """Return one stored kind's records, newest first, through the ``(node, kind, seq)`` or
-    ``(kind, seq)`` index; ``people``: leave out gpubot's own records."""
+    """Return one stored kind's records, newest first; ``people``: not gpubot's own."""
     q = select(audit_log).where(audit_log.c.kind == stored).order_by(audit_log.c.seq.desc())
     if f.node is not None:
         q = q.where(audit_log.c.node == f.node)

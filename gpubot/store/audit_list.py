@@ -1,11 +1,9 @@
 """The queries of ``audit list``: actions by node, actor and time, through indexes.
 
-A year of a 1,000-node fleet is millions of records, so a listing must not walk them. Actions
-on one node come through the ``(node, kind, seq)`` index, newest first. ``--since`` is also a
-bound on ``seq``: the first record at or after that time (through the ``created_at`` index),
-so that a node with few actions in the window does not walk its whole history looking for
-more. Records are appended in time order, but the bound does not rely on it: it is the least
-seq of every record at or after that time, so no record the time filter keeps is cut.
+A listing must not walk the log. ``--since`` is also a bound on ``seq`` (through the
+``created_at`` index), so a node with few actions in the window does not walk its whole history.
+The bound is the least seq of every record at or after that time, so it does not rely on
+records being appended in time order.
 """
 
 from __future__ import annotations
@@ -20,11 +18,10 @@ from gpubot.store.tables import audit_log
 
 
 def since_bound(since: datetime) -> ScalarSelect[Any]:
-    """Return the least seq of the records at or after ``since`` (NULL: none, nothing kept).
+    """Return the least seq of the records at or after ``since`` (NULL: none).
 
     ``min(seq + 0)``, not ``min(seq)``: SQLite answers a bare ``min(seq)`` by walking the
-    primary key from the first record until one is recent enough (the whole history); an
-    expression makes it read the ``created_at`` index's window instead.
+    primary key from the first record; an expression makes it read the ``created_at`` index.
     """
     first = func.min(audit_log.c.seq + literal_column("0"))
     return select(first).where(audit_log.c.created_at >= iso(since)).scalar_subquery()

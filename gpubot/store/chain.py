@@ -1,12 +1,9 @@
 """The hash chain: canonical JSON, record hashes, and the walk that finds tampering (pure).
 
-A log is *plain* (each hash a sha256) or, with a key (``$GPUBOT_AUDIT_KEY``), *keyed*: each
-hash an HMAC-SHA256, so that recomputing the chain after an edit needs the key. A log records
-its mode in the log itself: the first record written with a key is a ``chain`` marker,
-``{"chain": "hmac-sha256", "key_id": "<16 hex>"}``, and it and every record after it are
-keyed; the records before it stay plain. A log is keyed once, with one key, and never goes back:
-so stripping the keyed records, or rewriting them as plain ones, fails ``walk`` given the key.
-The key id (an HMAC of a fixed text) names the key without revealing it.
+A log is *plain* (sha256) or, with ``$GPUBOT_AUDIT_KEY``, *keyed* (HMAC-SHA256), so recomputing
+the chain after an edit needs the key. The first keyed record is a ``chain`` marker; a log is
+keyed once, with one key, and never goes back, so stripping the keyed records or rewriting them
+as plain ones fails ``walk`` given the key. The key id names the key without revealing it.
 """
 
 from __future__ import annotations
@@ -78,10 +75,7 @@ class Chained:
 
 
 def record_hash(prev_hash: str, fields: Chained, key: bytes | None = None) -> str:
-    """Return the sha256 hex of ``prev_hash`` + the canonical JSON of every other field.
-
-    With ``key``: the HMAC-SHA256 of the same text.
-    """
+    """Return the sha256 (with ``key``: HMAC-SHA256) of ``prev_hash`` + the other fields' JSON."""
     text = (prev_hash + canonical_json(dataclasses.asdict(fields))).encode("utf-8")
     if key is None:
         return hashlib.sha256(text).hexdigest()
@@ -131,11 +125,10 @@ def walk(
     seq_of_hash: Callable[[str], int | None],
     key: bytes | None = None,
 ) -> VerifyResult:
-    """Check ``records`` (in seq order) against each other and the chain ``head`` (seq, hash).
+    """Check ``records`` (in seq order) against each other and the chain ``head``.
 
-    ``seq_of_hash`` finds the record that carries a hash, to tell a reordering from an edit.
-    ``key`` checks the keyed part of the log; without it a keyed log cannot be verified, and
-    with it a log that holds no keyed record fails (its keyed records were stripped).
+    ``seq_of_hash`` tells a reordering from an edit. With ``key``, a log that holds no keyed
+    record fails (its keyed records were stripped); without it, a keyed log cannot be verified.
     """
     w = _Walk(head[0], seq_of_hash, key)
     for r in records:
@@ -297,11 +290,7 @@ class _Walk:
 def check_published(
     result: VerifyResult, published: tuple[int, str], found: str | None, head_seq: int
 ) -> VerifyResult:
-    """Add to ``result`` whether the log holds the ``published`` head (seq, hash).
-
-    ``found`` is the hash the log holds at that seq (None: no such record); ``head_seq`` is
-    where the log ends.
-    """
+    """Add to ``result`` whether the log holds the ``published`` head (seq, hash)."""
     seq, digest = published
     if found == digest:
         return result

@@ -1,6 +1,5 @@
-"""Idle claims on the database (issue 26): each claim keeps its GPU's idle run (two columns,
-advanced by the claims' duty), never a history; asking Keep / Release once, and a Keep, are
-conditional writes, audited."""
+"""Idle claims on the database: each claim keeps its GPU's idle run, never a history; asking
+Keep / Release once, and a Keep, are conditional writes, audited."""
 
 from __future__ import annotations
 
@@ -26,20 +25,17 @@ class IdleMixin:
         raise NotImplementedError
 
     async def advance_idle(self, updates: Sequence[IdleUpdate]) -> None:
-        """Store each claim's idle run; a GPU no longer idle also forgets the question asked.
-        A run is stored only over the one it was folded from (its last look as the duty read
-        it): a Keep in between started the run anew, and stands."""
+        """Store each claim's idle run, only over the one it was folded from: a Keep in between
+        started the run anew, and stands. A GPU no longer idle forgets the question asked."""
         if updates:
             await in_thread(self._advance_idle, list(updates))
 
     async def mark_idle_dm(self, claim_id: int, now: float) -> bool:
-        """Record that the holder is asked Keep / Release; False when it was already (one DM
-        across replicas)."""
+        """Record that the holder is asked Keep / Release; False when it was (one DM in all)."""
         return await in_thread(self._mark_idle_dm, claim_id, now)
 
     async def tell_intruder(self, claim_id: int, key: str, now: float) -> bool:
-        """Record that the holder is told of intruder ``key``; False when they were already
-        (one DM across replicas, whichever swept)."""
+        """Record that the holder is told of intruder ``key``; False when they were already."""
         return await in_thread(self._tell_intruder, claim_id, key, now)
 
     def _tell_intruder(self, claim_id: int, key: str, now: float) -> bool:
@@ -65,8 +61,7 @@ class IdleMixin:
             return True
 
     async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None:
-        """Keep an idle claim (its holder only): its idle run starts anew. None: not theirs,
-        or it ended."""
+        """Keep an idle claim (its holder only): its idle run starts anew."""
         return await in_thread(self._keep, claim_id, chat_id, now, source)
 
     def _advance_idle(self, updates: list[IdleUpdate]) -> None:

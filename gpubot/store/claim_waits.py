@@ -1,4 +1,4 @@
-"""The queue for GPUs (issue 26): places in line, first come first served by id.
+"""The queue for GPUs: places in line, first come first served by id.
 
 A free GPU is offered to the first in line with a conditional update (``waiting`` → ``offered``
 only if still waiting and no other hold covers those GPUs), so two bot replicas that both see
@@ -45,8 +45,7 @@ class WaitsMixin:
     async def offer(
         self, wait_id: int, gpus: tuple[int, ...], hold_until: float, now: float
     ) -> Wait | None:
-        """Hold ``gpus`` for the place ``wait_id`` if it still waits and no other hold covers
-        them; None when another replica (or a leave) got there first."""
+        """Hold ``gpus`` for a place still waiting; None when another replica got there first."""
         return await in_thread(self._offer, wait_id, gpus, hold_until, now)
 
     async def lapse(self, now: float) -> list[Wait]:

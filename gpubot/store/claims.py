@@ -1,11 +1,9 @@
-"""GPU claims on the database (issue 26): conditional writes, every change audited.
+"""GPU claims on the database: conditional writes, every change audited.
 
-Writes hold the database-wide write lock (``engine.write_tx``: PostgreSQL's advisory lock,
-SQLite's ``BEGIN IMMEDIATE``), so the check for a conflicting claim and the insert are one step
-across bot replicas and the CLI: two people who claim one GPU at once get one winner. The unique
-``holding`` column is the database's own backstop. Each change appends an audit record (kind
-``claim``) in the same transaction: no change without its record, no record without its change.
-The queue's rows are ``store.claim_waits``.
+Writes hold the database-wide write lock, so the check for a conflicting claim and the insert
+are one step across replicas and the CLI: two people who claim one GPU at once get one winner.
+The unique ``holding`` column is the database's own backstop. Each change appends its audit
+record in the same transaction.
 """
 
 from __future__ import annotations
@@ -47,18 +45,14 @@ class DbClaims(waits.WaitsMixin, IdleMixin):
     async def extend(
         self, chat_id: str, scope: tuple[str | None, tuple[int, ...]], by_s: float, **kw: Any
     ) -> list[tuple[Claim, bool]]:
-        """Extend ``chat_id``'s active claims in ``scope`` (node, GPUs) by ``by_s``; each comes
-        back with whether a limit cut it (``most_s``: node → the longest claim; ``now``,
-        ``source``)."""
+        """Extend ``chat_id``'s active claims in ``scope``; each with whether a limit cut it."""
         return await in_thread(self._extend, chat_id, scope, by_s, kw)
 
     async def release(
         self, chat_id: str | None, scope: tuple[str | None, tuple[int, ...]], **kw: Any
     ) -> list[Claim]:
-        """Release active claims in ``scope`` (of ``chat_id``; None: whoever's, e.g. the idle
-        rule's); ``now``, ``source``, ``why``, ``ids`` (only these claims), ``asked_before``
-        (only claims whose holder was asked Keep / Release by then and has not kept them:
-        the idle rule's, checked in the same transaction as the release)."""
+        """Release active claims in ``scope`` (``chat_id`` None: whoever's); ``asked_before``:
+        only those asked Keep / Release by then and not kept, checked in the same transaction."""
         return await in_thread(self._release, chat_id, scope, kw)
 
     async def expire(self, now: float, source: str = "gpubot") -> list[Claim]:
@@ -78,9 +72,8 @@ class DbClaims(waits.WaitsMixin, IdleMixin):
         return await in_thread(self._used_last, chat_id, node)
 
     def intervals(self, since: float, until: float) -> Iterable[Interval]:
-        """Return (node, gpu, user, start, end) of every claim overlapping [since, until) (Unix
-        times), cut to it: an ended claim ends at its end, an active one at its planned end
-        (``services.usage.ClaimedIntervals``; synchronous: call it in a worker thread)."""
+        """Return (node, gpu, user, start, end) of every claim overlapping [since, until), cut
+        to it (synchronous: call it in a worker thread)."""
         lo, hi = since, until
         with guard("cannot read claims"), read_tx(self._engine) as conn:
             rows = conn.execute(

@@ -1,15 +1,11 @@
-"""What ``gpubot doctor`` asks the database: whether it exists, its revision, whether gpubot could
-write to it, and whether the audit log is keyed with the key gpubot has (``core.doctor.facts``
-judges).
+"""What ``gpubot doctor`` asks the database: whether it exists, its revision, whether gpubot
+could write to it, and whether the audit log is keyed with gpubot's key.
 
-A check must not change what it checks, so the doctor only reads. A SQLite file that is not
-there is reported, never created (the store would create it: that is how a database is born,
-and the doctor would leave a ``gpubot.db`` wherever it was run). An existing file is opened
-``mode=rw`` (SQLite's "open, never create") with ``PRAGMA query_only``: no statement can write,
-and, unlike ``mode=ro``, the last connection to close still removes the ``-wal`` and ``-shm``
-files that opening made, so the folder is left as it was found. PostgreSQL sessions are
-``READ ONLY``. Whether gpubot could write is judged from what allows it (the file's and its
-folder's permissions; the server's role privileges and read-only state), never by writing.
+A check must not change what it checks, so the doctor only reads. A missing SQLite file is
+reported, never created (the doctor would leave a ``gpubot.db`` wherever it was run). An existing
+one is opened ``mode=rw`` with ``PRAGMA query_only``: unlike ``mode=ro``, the last connection
+still removes the ``-wal`` and ``-shm`` files that opening made. PostgreSQL sessions are ``READ
+ONLY``. Whether gpubot could write is judged from permissions and privileges, never by writing.
 """
 
 from __future__ import annotations

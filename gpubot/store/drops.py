@@ -1,14 +1,11 @@
 """What ``gpubot db downgrade REV`` would destroy, found before anything is dropped.
 
-Which tables a downgrade drops is not written down anywhere but in the migrations themselves, so
-it is computed from them: the same downgrade is rehearsed on an empty in-memory SQLite database
-brought to the real database's revision, and the tables that vanish there are the ones that
-would vanish here. A new migration is covered without editing this module. The migrations build
-the same tables on SQLite and PostgreSQL (``store.tables`` is their one definition; a test runs
-autogenerate against both), so the rehearsal holds for either.
+Which tables a downgrade drops is written only in the migrations, so the same downgrade is
+rehearsed on an empty in-memory SQLite database at the real one's revision, and the tables that
+vanish there would vanish here; a new migration is covered without editing this module. The
+migrations build the same tables on SQLite and PostgreSQL, so the rehearsal holds for either.
 
-Only some tables hold records that a person cannot rebuild and must not lose by a typo: those
-are ``PROTECTED``. The rest (samples, usage buckets, outboxes, leases) are derived or transient.
+``PROTECTED`` tables hold records a person cannot rebuild; the rest are derived or transient.
 """
 
 from __future__ import annotations
@@ -56,10 +53,7 @@ class AtRisk:
 
 
 def dropped_tables(engine: Engine, revision: str) -> set[str]:
-    """Return the tables that downgrading ``engine``'s database to ``revision`` would drop.
-
-    Raises ``UsageError`` for a revision the downgrade itself would refuse (the same words).
-    """
+    """Return the tables that downgrading ``engine``'s database to ``revision`` would drop."""
     current = migrate.current(engine)
     if current is None:
         return set()  # an empty database: nothing to drop

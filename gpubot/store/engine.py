@@ -7,18 +7,13 @@ the chain: PostgreSQL takes a transaction-scoped advisory lock, SQLite takes its
 A SQLite file holds other users' command lines: gpubot creates it ``0600`` before SQLite opens
 it, and SQLite gives its ``-wal`` and ``-shm`` files the database file's mode.
 
-``memory://`` is the same store over SQLite in memory (its ``memdb`` VFS): nothing is kept past
-the process, so it is for tests, demos and trials, never for an audit log that must last.
-``memory://NAME`` is one database per process and name, shared by every engine that names it
-while one of them is open (the store's contract tests reach it as they reach a file);
-``memory://`` alone is a new database of its own. Each engine holds its database open until it
-is disposed. It behaves as a SQLite file does (write lock at ``BEGIN IMMEDIATE``, busy timeout,
-triggers, migrations), except that it keeps a rollback journal in memory, not a WAL, so a
-reader waits for a writer. ``open_store`` migrates the process's first one and copies that
-schema into each later one (``set_up_memory``).
+``memory://`` is SQLite's ``memdb`` VFS: nothing outlasts the process, so it is for tests, demos
+and trials, never an audit log. ``memory://NAME`` is shared by every engine of the process that
+names it while one is open. It behaves as a SQLite file does, except that its rollback journal
+is in memory, not a WAL, so a reader waits for a writer.
 
-The audit chain's HMAC key, when there is one, travels with the engine as the execution option
-``gpubot_audit_key``, so that every ``audit.append`` on any of its connections uses it.
+The audit chain's HMAC key travels with the engine as an execution option, so that every
+``audit.append`` on any of its connections uses it.
 """
 
 from __future__ import annotations
@@ -77,10 +72,7 @@ def is_memory(url: str) -> bool:
 
 
 def parse_url(url: str, password: str | None = None) -> URL:
-    """Parse a database URL, add ``password``, and choose psycopg for plain ``postgresql://``.
-
-    ``memory://NAME`` becomes the SQLite URL of the shared in-memory database ``NAME``.
-    """
+    """Parse a database URL, add ``password``, and choose psycopg for plain ``postgresql://``."""
     if is_memory(url):
         name = url.removeprefix(MEMORY) or secrets.token_hex(8)
         if not _MEMORY_NAME.fullmatch(name):
@@ -114,11 +106,8 @@ def make_engine(
     audit_key: bytes | None = None,
     on_append: Appended | None = None,
 ) -> Engine:
-    """Create the engine for ``url``; nothing connects until first use.
-
-    ``on_append``: called with the chain's new head after every committed write that appended
-    to the audit log (outside the transaction, so a head it is told is in the database).
-    """
+    """Create the engine for ``url``; nothing connects until first use. ``on_append`` is told
+    each new chain head after its commit, so a head it is told is in the database."""
     engine = _engine(url, password)
     options: dict[str, Any] = {}
     if audit_key is not None:
@@ -136,7 +125,7 @@ def audit_key_of(conn: Connection) -> bytes | None:
 
 def _engine(url: str, password: str | None) -> Engine:
     engine = _made(url, password)
-    # Lets the loop in after 5 ms of statements one after another (store.waits, issue 24).
+    # Lets the loop in after a run of statements one after another (store.waits).
     event.listen(engine, "before_cursor_execute", lambda *_: STATEMENTS.before())
     event.listen(engine, "after_cursor_execute", _answered)
     return engine
@@ -175,9 +164,8 @@ _SCHEMA_LOCK = threading.Lock()
 
 
 def set_up_memory(engine: Engine, upgrade: Callable[[], None]) -> None:
-    """Migrate a new, empty memory database: the process's first by ``upgrade``, each later one
-    by copying the first's pages as they were right after it (SQLite's backup API), so that a
-    test's fresh store costs a millisecond, not a run of the migrations."""
+    """Migrate a new memory database: the process's first by ``upgrade``, each later one by
+    copying the first's pages (SQLite's backup API), so a test's store skips the migrations."""
     global _SCHEMA
     with _SCHEMA_LOCK, guard("cannot set up the memory database"):
         if _SCHEMA is None:
@@ -203,11 +191,7 @@ def _hold_open(engine: Engine, uri: str) -> None:
 
 
 def create_private(path: str) -> None:
-    """Create ``path`` empty and ``0600`` (whatever the umask) unless it exists; warn if public.
-
-    SQLite takes an empty file for a new database, and gives the ``-wal`` and ``-shm`` files it
-    creates beside it the database file's mode.
-    """
+    """Create ``path`` empty and ``0600`` (whatever the umask) unless it exists; warn if public."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
@@ -293,8 +277,7 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
 
 
 def describe(exc: BaseException) -> str:
-    """Return the first line of what the database driver said (for a driver that is not
-    installed, the extra that installs it)."""
+    """Return the first line of what the driver said (not installed: the extra to install)."""
     if isinstance(exc, ImportError) and exc.name in ("psycopg", "psycopg_binary"):
         return f"its driver ({exc.name}) is not installed: pip install 'gpubot[postgres]'"
     inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
@@ -314,9 +297,7 @@ _GONE_STATES = ("57P01", "57P02", "57P03")
 
 def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` means the database cannot be reached (an outage), not that a statement
-    failed: SQLAlchemy saw the connection drop, or psycopg's OperationalError has no SQLSTATE
-    (a client-side failure: refused, timed out, closed) or a connection one. A lock timeout,
-    a cancelled statement, a constraint or SQLite's busy file is not an outage."""
+    failed; a lock timeout, a cancelled statement, a constraint or a busy file is no outage."""
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
@@ -332,9 +313,8 @@ def unreachable(exc: BaseException) -> bool:
 @contextmanager
 def guard(what: str) -> Iterator[None]:
     """Turn database failures into ``StoreError("<what>: <reason>")``: the store's one boundary
-    map (gpubot's own errors pass untouched). A database that cannot be reached raises
-    ``DatabaseUnreachable`` and tells the one outage reporter (``store.outage``), so that an
-    outage is one line in the log, not one per caller per turn."""
+    map. An outage raises ``DatabaseUnreachable`` and tells the one outage reporter, so it is
+    one line in the log, not one per caller per turn."""
     try:
         yield
     except GpubotError:

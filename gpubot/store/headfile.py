@@ -1,21 +1,16 @@
 """The chain head written outside the database (``[audit] head_file``): the file adapter.
 
-After every write to the audit log, gpubot replaces the file atomically with one line,
+After every audit write the file is replaced atomically by one JSON line: seq, hash, time and
+(with ``$GPUBOT_AUDIT_KEY``) their HMAC. ``verify`` reads it before its snapshot of the database
+and fails when the log does not hold that head (records were removed).
 
-    {"seq": 57, "hash": "<64 hex>", "at": "<time>", "key_id": "<16 hex>" | null, "mac": ...}
+A writer never moves the file to a head that does not extend its own: if the log no longer
+holds it, the file is kept as the evidence. Writers take an ``flock``, so two processes never
+move it backwards.
 
-where ``mac`` is an HMAC-SHA256 of seq, hash and time under ``$GPUBOT_AUDIT_KEY`` (null
-without a key). ``verify`` reads the file before its snapshot of the database and fails when
-the log does not hold that head: the database ends before it (records were removed), or holds
-another record at its seq (records were removed and the chain continued).
-
-A writer never moves the file to a head that does not extend the one it holds: if the log no
-longer holds the file's head, the file is kept as the evidence and the fact is logged. Writers
-take an ``flock`` on ``<head_file>.lock``, so two processes never move the file backwards.
-
-What it cannot catch: an attacker who can also write this file (put it on another host, a
-write-once medium, or where only gpubot's account writes), or who holds the key and rewrites
-it with a matching MAC; a write lost when the file could not be written (logged).
+What it cannot catch: an attacker who can also write this file (put it elsewhere, or where only
+gpubot's account writes), or who holds the key; a write lost when the file could not be written
+(logged).
 """
 
 from __future__ import annotations
@@ -129,10 +124,7 @@ class HeadFile:
 
     def record(self, seq: int, digest: str, at: str, held: Callable[[int, str], bool]) -> None:
         """Write record ``seq`` as the head, unless the file's head is newer or not in the log.
-
-        ``held(seq, hash)``: whether the log holds that record. Never raises: the record is in
-        the database already; a failure here is logged (once until it changes).
-        """
+        Never raises: the record is in the database already; a failure is logged once."""
         try:
             with self._locked():
                 self._record(seq, digest, at, held)
@@ -205,11 +197,7 @@ class _Flock:
 def compare(
     head: FileHead, path: str, found: str | None, db_seq: int, key: bytes | None
 ) -> tuple[str, bool] | None:
-    """Return (why, tampered) when the log does not hold the file's ``head``; None when it does.
-
-    ``found``: the hash the log holds at the head's seq (None: no such record); ``db_seq``:
-    where the log ends; ``key``: checks the file's MAC.
-    """
+    """Return (why, tampered) when the log does not hold the file's ``head``; None when it does."""
     where = f"seq {head.seq} at {head.at}, in {path}"
     if key is not None:
         if head.mac is None:

@@ -1,8 +1,5 @@
-"""Each GPU's uncorrectable ECC counts as the last sweep saw them (implements
-``gpubot.core.ports.EccStore``; issue 27).
-
-The sweep's health checks read them once, when their process first sweeps, and write back the
-rows that changed after every alerting sweep (one transaction: one batched delete and insert).
+"""Each GPU's uncorrectable ECC counts as the last sweep saw them: read once, when a process
+first sweeps, and the changed rows written back after each alerting sweep in one transaction.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from gpubot.store.tables import gpu_ecc as t
 from gpubot.store.waits import in_thread
 
 # One statement for every row (executemany): a statement built per row held the store's thread
-# 2.3 s on a first sweep of 2,000 nodes (issue 24), and the loop waited for the interpreter lock.
+# for seconds on a large first sweep, and the loop waited for the interpreter lock.
 _GONE = delete(t).where(
     t.c.node == bindparam("node"),
     t.c.gpu_uuid == bindparam("gpu_uuid"),

@@ -1,10 +1,8 @@
 """Since when each process has held its GPU (``core.usage.holder_runs``) in ``gpu_holders`` (sync).
 
-The runs are folded in the transaction that advances the GPUs' idle runs (``store.idle_runs``),
-so every process that sweeps (the bot, a replica, the CLI, the bot after a restart) carries on
-the same runs, and a status reads them without writing. A row is keyed by the process (pid +
-start ticks, never the pid alone); pid 0 keys the GPU's own looks. The fold drops the run of a
-holder gone from its GPU, or of a node not looked at for longer than the gap: its row goes.
+The runs are folded in the transaction that advances the GPUs' idle runs, so every process that
+sweeps carries on the same runs, and a status reads them without writing. A row is keyed by pid +
+start ticks, never the pid alone; pid 0 keys the GPU's own looks.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ def _row(key: HolderKey, run: OnGpu | None = None) -> dict[str, object]:
 def write(
     conn: Connection, after: Mapping[HolderKey, OnGpu], before: Mapping[HolderKey, OnGpu]
 ) -> None:
-    """Make the rows ``after`` from ``before``: delete the runs that ended, update the runs
-    carried on, insert the new ones (three batched statements)."""
+    """Make the rows ``after`` from ``before`` in three batched statements."""
     gone = [_row(k) for k in before if k not in after]
     moved = [_row(k, a) for k, a in after.items() if k in before and before[k] != a]
     new = [_row(k, a) for k, a in after.items() if k not in before]
@@ -81,8 +78,8 @@ def write(
 
 
 def fold(conn: Connection, looked: Looked, *, store: bool) -> Held:
-    """Fold ``looked`` into the kept runs (``store``: and keep the result, in the caller's
-    write transaction); return since when each holder has held its GPU."""
+    """Fold ``looked`` into the kept runs (``store``: keep the result, in the caller's write
+    transaction); return since when each holder has held its GPU."""
     before = read(conn)
     after = looked.fold(before)
     if store:

@@ -1,9 +1,8 @@
 """Each GPU's idle run (``core.usage.idle_runs``) in ``gpu_idle``: read, advanced, rebuilt (sync).
 
-A sweep advances the runs in the transaction that stores its samples (``advance``), reading
-one row per GPU and never the samples, except for the few GPUs whose run cannot be folded
-forward (no row yet, a sample out of order, another rule): those are rebuilt from their own
-samples, in one query. A status reads the runs without writing (``peek``).
+A sweep advances the runs in the transaction that stores its samples, reading one row per GPU,
+never the samples, except for runs that cannot be folded forward: those are rebuilt from their
+own samples. A status reads the runs without writing.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from gpubot.store.tables import gpu_idle as r
 from gpubot.store.tables import gpu_samples as t
 
 Since = dict[tuple[str, int], float]  # (node, gpu) -> since when held idle
-REBUILD_ROWS = 100_000  # samples read a sweep at most to rebuild runs (about 2 s)
+REBUILD_ROWS = 100_000  # samples read a sweep at most to rebuild runs
 
 
 def text_of(unix: float) -> str:
@@ -58,10 +57,9 @@ def read_runs(conn: Connection) -> dict[GpuKey, IdleRun]:
     return out
 
 
-# The rebuild's queries, built once with bound values: one GPU's kept samples newest first
-# (ties in stored order, as a stable sort), those before a time, and the first one's time. A
-# statement built per GPU cost the first sweep of 2,000 nodes (16,000 runs to start) seconds
-# of the store thread's time with the interpreter lock held (issue 24).
+# The rebuild's queries, built once with bound values (ties in stored order, as a stable sort):
+# a statement built per GPU cost a large first sweep seconds of the store thread's time with the
+# interpreter lock held.
 _ONE_GPU = (
     t.c.node == bindparam("w_node"),
     t.c.gpu_index == bindparam("w_gpu"),
@@ -93,9 +91,8 @@ def _first_kept(conn: Connection, key: GpuKey, keep_from: float) -> float | None
 def _walk_back(
     conn: Connection, key: GpuKey, rule: RunRule, keep_from: float, below: float | None
 ) -> tuple[float | None, float | None, int]:
-    """Walk one GPU's kept samples newest first (``below``: only those taken before it), as
-    ``held_idle_since`` walks them; return (the first one's time, the run's start: None if the
-    first is not held idle, rows read). Stops where the run does: a busy GPU costs one row."""
+    """Walk one GPU's kept samples newest first, as ``held_idle_since`` does; return (the first
+    one's time, the run's start or None, rows read). A busy GPU costs one row."""
     params = _bound(key, keep_from)
     if below is not None:
         params["w_below"] = text_of(below)
@@ -121,8 +118,7 @@ def _walk_back(
 def _rebuild(
     conn: Connection, s: GpuSample, rule: RunRule, keep_from: float, stored: bool
 ) -> tuple[float | None, IdleRun | None, int]:
-    """Return since when ``s``'s GPU is held idle at ``s``, its run after ``s`` (None: not
-    known without ``s`` stored), and the rows read, from the GPU's own samples."""
+    """Return since when ``s``'s GPU is held idle, its run after ``s`` and the rows read."""
     since: float | None = None
     rows = 0
     if held_idle(s, rule.min_mib):
@@ -147,11 +143,7 @@ def _fold(
     stored: bool,
 ) -> tuple[dict[GpuKey, IdleRun], Since]:
     """Return each sample's GPU run after it, and since when each held-idle GPU is held idle.
-
-    A run that cannot be folded forward is rebuilt from the GPU's samples, within
-    ``REBUILD_ROWS`` a sweep: past that, a GPU gets no run yet and counts as not idle (unknown
-    is not idle) until a later sweep rebuilds it (the first sweeps after the upgrade).
-    """
+    Rebuilds past ``REBUILD_ROWS`` wait for a later sweep; till then the GPU is not idle."""
     after: dict[GpuKey, IdleRun] = {}
     since: Since = {}
     budget = REBUILD_ROWS
@@ -264,8 +256,7 @@ def forget(conn: Connection, keys: Collection[GpuKey]) -> None:
 
 
 def prune(conn: Connection, before: float, limit: int | None) -> int:
-    """Delete up to ``limit`` samples taken before ``before`` (None: all), and the runs of GPUs
-    not seen since; return how many samples went."""
+    """Delete up to ``limit`` samples before ``before`` and the runs of GPUs not seen since."""
     cut = text_of(before)
     old = t.c.taken_at < cut
     if limit is None:

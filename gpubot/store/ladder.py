@@ -1,9 +1,7 @@
 """The reclaim ladder's state (``usage.ladder``): one row per idle holder, every change audited.
 
-Each change writes the row and appends its audit record in one transaction: a step recorded is
-a step audited, and a step is recorded before its message is sent (at most once: a message whose
-sending fails is not sent again). A step is taken only from the step before (a conditional
-update), so two replicas never both send it.
+A step is recorded and audited in one transaction before its message is sent (at most once), and
+taken only from the step before by a conditional update, so two replicas never both send it.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ class DbLadder:
     async def climb(
         self, rung: Rung, step: Step, now: float, detail: Mapping[str, Any]
     ) -> Rung | None:
-        """Record ``rung`` reaching ``step`` (from the step before; a first rung is inserted)
-        and audit it; return it, or None when another replica took the step first."""
+        """Record and audit ``rung`` reaching ``step``; None when another replica took it first."""
         return await in_thread(self._climb, rung, step, now, dict(detail))
 
     async def keep(self, finding: str, by: str, reason: str, now: float) -> Rung:

@@ -1,27 +1,17 @@
 """Leases with fencing tokens in the database: one node's reset, the sweep (the ``Locks`` port).
 
-A lease is a row of ``leases`` (``resource, holder, token, since, expires_at``), taken, renewed
-and released by conditional writes inside ``engine.write_tx``, the same statements on SQLite
-and PostgreSQL:
+A lease is a row taken, renewed and released by conditional writes inside ``engine.write_tx``:
 
-- taking: no row, or a row released or expired, becomes this holder's with ``token + 1``; a
-  live row refuses at once (``LockHeld`` naming the holder and since when). Taking over the
-  expired lease of a holder that never released it (it died, or lost the database for longer
-  than the lease) is audited, in the same transaction.
-- renewing (a background task every ``renew_s`` while the work runs, grace and verify waits
-  included) and every fenced audit write (``check_fence``, in the write's own transaction):
-  ``UPDATE … WHERE resource AND token AND holder AND expires_at > now``; no row updated means
-  the lease is gone, and the write fails with ``LeaseLost``.
-- releasing: the holder is emptied and the lease expires now; the row (and its token) stays,
-  so a token is never handed out twice.
+- taking: a free or expired row becomes this holder's with ``token + 1``; a live one refuses at
+  once (``LockHeld``). Taking over a dead holder's expired lease is audited in that transaction.
+- renewing, and every fenced audit write: an update that names resource, token, holder and an
+  unexpired time; no row updated means the lease is gone (``LeaseLost``).
+- releasing: the lease expires now; the row and its token stay, so no token is handed out twice.
 
-Unlike a session-level advisory lock, nothing here depends on one connection staying up: a
-database restart, a failover or a dropped TCP connection leaves the row as it was, so a second
-holder is refused until the first releases or its lease runs out.
-
-Times are the writers' clocks (UTC text, as everywhere in the store). Clock skew between
-replicas can only make a lease look expired early: the taker then gets a new token, and the old
-holder's next fenced write fails, so it stops before its next signal.
+Unlike a session-level advisory lock, nothing depends on one connection staying up: a restart,
+failover or dropped connection leaves the row as it was. Clock skew between replicas can only
+make a lease look expired early: the taker gets a new token, and the old holder's next fenced
+write fails, so it stops before its next signal.
 """
 
 from __future__ import annotations

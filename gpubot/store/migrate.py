@@ -1,8 +1,7 @@
 """Alembic, run programmatically: no alembic.ini, the script directory found next to the code.
 
-The migrations live in the top-level ``migrations/`` folder. An installed (non-editable) gpubot
-ships that folder as the package ``gpubot_migrations``; a source checkout finds it beside
-``gpubot/``.
+An installed gpubot ships the top-level ``migrations/`` folder as the package
+``gpubot_migrations``; a source checkout finds it beside ``gpubot/``.
 """
 
 from __future__ import annotations
@@ -79,11 +78,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 def downgrade(
     engine: Engine, revision: str, check: Callable[[Connection], None] | None = None
 ) -> None:
-    """Undo migrations down to ``revision`` (``base`` removes everything).
-
-    ``check`` runs first in the same transaction, under the write lock: what it reads cannot
-    change before the drop, and what it raises stops the drop.
-    """
+    """Undo migrations down to ``revision``; ``check`` runs first in the same transaction,
+    under the write lock, so what it reads cannot change before the drop."""
     _run(engine, "downgrade", revision, check)
 
 

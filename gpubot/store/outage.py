@@ -1,19 +1,11 @@
 """An outage of the audit database, as the log tells it: one line when it starts and one when it
-ends, per process, however many turns of how many duties fail in between (issue 34).
+ends, per process, however many turns of how many duties fail in between.
 
-Every periodic duty (sweeps, GPU-hours, alerts, claims, the approvals' expiry, the audit head,
-the outboxes ...) needs the database, and each used to log its own warning on every turn: a
-20 s outage wrote 15-18 lines per replica, a traceback among them, beside the one line that
-said what had happened. The store's one boundary map (``engine.guard``) knows a database that
-cannot be reached (``engine.unreachable``): it raises ``DatabaseUnreachable`` and tells
-``OUTAGE``, which says the first failure of an outage in one line; the first statement that
-succeeds after it says the end, in one line, with how long it lasted (monotonic: a wall-clock
-step does not stretch it). While ``App.running`` runs the duties, ``OUTAGE.watched`` puts
-``SaidOnce`` on the log's handlers: a duty's line that its turn failed (``errors.DUTY_TURN``)
-whose error *is* that unreachable database has been said already, and is dropped. A duty that
-fails for any other reason, and any line about one action, logs as it always did.
-
-Standard library only: ``App.running`` imports it, and so does the store.
+Every periodic duty needs the database; each logging its own failure every turn buried the one
+line that said what had happened. The store's boundary map tells ``OUTAGE`` of an unreachable
+database, which logs the first failure; the first statement that succeeds after it logs the end
+and how long it lasted (monotonic). While the duties run, ``SaidOnce`` drops a duty's failed-turn
+line whose error *is* that outage. Any other failure, and any line about one action, still logs.
 """
 
 from __future__ import annotations
@@ -53,8 +45,7 @@ class Outage:
         return self.since is None
 
     def failed(self, why: str) -> None:
-        """Note that the database could not be reached (``why``: the store's one line); the
-        first failure of an outage is logged."""
+        """Note that the database could not be reached; the first failure of an outage logs."""
         if not self.watching or not self.up():
             return
         with self._lock:
@@ -70,8 +61,7 @@ class Outage:
             self.since = since  # said: from now on the duties' lines only repeat it
 
     def answered(self) -> None:
-        """Note a statement that succeeded (on every one: cheap while the database is up); the
-        first after an outage is logged."""
+        """Note a statement that succeeded (cheap while up); the first after an outage logs."""
         if self.up():
             return
         with self._lock:
@@ -86,8 +76,7 @@ class Outage:
 
     @contextmanager
     def watched(self, logger: logging.Logger | None = None) -> Iterator[None]:
-        """Report outages in the block, and drop from ``logger``'s handlers (the root's) the
-        records that only repeat one; restore both at the end."""
+        """Report outages in the block, dropping the log records that only repeat one."""
         handlers = list((logger or logging.getLogger()).handlers)
         said = SaidOnce(self)
         for handler in handlers:
@@ -106,9 +95,8 @@ class Outage:
 
 
 def carries_unreachable(record: logging.LogRecord) -> bool:
-    """Whether ``record``'s error (its exception, or an argument of its message) is the audit
-    database being unreachable. Only that error itself: one it caused (an interrupted reset,
-    a lost lease) is news of its own."""
+    """Whether ``record``'s error is the database being unreachable; one it caused (an
+    interrupted reset, a lost lease) is news of its own."""
     errors: list[object] = []
     if record.exc_info and record.exc_info[1] is not None:
         errors.append(record.exc_info[1])
@@ -121,10 +109,8 @@ def carries_unreachable(record: logging.LogRecord) -> bool:
 
 
 class SaidOnce(logging.Filter):
-    """Drop a log record that only repeats an outage ``outage`` has said (``watched``): a
-    periodic duty's line that its turn failed (marked ``errors.DUTY_TURN``) because the
-    database is unreachable, while the outage's line stands for it. A record about one action
-    (an approval whose end or wait cannot be recorded) is news of its own and always logs."""
+    """Drop a duty's failed-turn record (``errors.DUTY_TURN``) that only repeats a said outage;
+    a record about one action is news of its own and always logs."""
 
     def __init__(self, outage: Outage) -> None:
         super().__init__()

@@ -1,10 +1,8 @@
 """The payload of a query's audit record (status, sweep), and reading it back.
 
-A status names every node it asked. A sweep asks every node every few minutes, so its record
-names them once only (the first sweep of a process) and then holds their count, a digest of the
-list, the nodes that failed and the nodes that changed since the process's previous sweep
-(``added``, ``removed``, ``recovered``): about 200 bytes when nothing happens, whatever the
-fleet's size. Records of either shape stay readable (``node_count``).
+A status names every node it asked. A sweep, every few minutes, names them only in a process's
+first record; later ones hold their count, a digest of the list, and the nodes that failed or
+changed, so a quiet sweep's record is small whatever the fleet's size.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Per-GPU samples of every sweep and each GPU's idle run (implements
-``gpubot.core.ports.SampleStore``).
-
-A sweep stores its samples, advances the GPUs' idle runs and folds who holds each GPU into
-the holder runs in one transaction (``advance_idle``, ``store.idle_runs``,
-``store.holder_runs``): the idle check reads one row per GPU and per holder, never the
-history. The samples stay for reports (``samples_since``) and are pruned by age in bounded
-batches. Times are the store's fixed-width UTC text, so comparing text compares time on both
-databases.
+"""Per-GPU samples of every sweep, with the idle and holder runs advanced in one transaction,
+so the idle check reads one row per GPU and holder, never the history. Samples are pruned by
+age in bounded batches. Times are fixed-width UTC text, so comparing text compares time.
 """
 
 from __future__ import annotations
@@ -39,13 +33,8 @@ class DbSamples:
         keep_from: float,
         looked: Looked | None = None,
     ) -> IdleNow:
-        """Store one sweep's samples, advance each GPU's idle run and fold ``looked`` into the
-        holder runs, in one transaction.
-
-        Return since when each GPU of ``samples`` held idle now has been held idle, counting
-        the samples kept (taken at or after ``keep_from``) and these, and since when each
-        holder has held its GPU (empty without ``looked``).
-        """
+        """Store one sweep's samples and advance the idle and holder runs in one transaction;
+        return since when each GPU and holder has been idle, counting from ``keep_from``."""
         return await in_thread(self._advance, list(samples), rule, keep_from, looked)
 
     async def idle_since(
@@ -60,8 +49,7 @@ class DbSamples:
         return await in_thread(self._peek, list(samples), rule, keep_from, looked)
 
     async def add_samples(self, samples: Sequence[GpuSample]) -> None:
-        """Store samples taken outside a sweep (one batched insert); their GPUs' runs are
-        rebuilt from the samples at the next sweep."""
+        """Store samples taken outside a sweep; their runs are rebuilt at the next sweep."""
         if samples:
             await in_thread(self._add, list(samples))
 
@@ -74,8 +62,7 @@ class DbSamples:
         return await in_thread(self._since, since, None if gpus is None else list(gpus))
 
     async def prune_samples(self, before: float, *, limit: int | None = None) -> int:
-        """Delete the samples taken before ``before``, at most ``limit`` of them (None: all),
-        and the runs of GPUs and holders not seen since; return how many samples went."""
+        """Delete at most ``limit`` samples before ``before`` and the runs not seen since."""
         return await in_thread(self._prune, before, limit)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------

@@ -1,27 +1,18 @@
 """Seal records: what makes cutting the end off a keyed audit log show (pure, no database).
 
 A hash chain proves its records follow each other, not where it ends: whoever can write the
-database can delete the last records and move ``audit_head`` back, and the shorter chain is
-intact. ``gpubot serve`` with ``$GPUBOT_AUDIT_KEY`` therefore appends a *seal* at a fixed
-interval, at start and stop, and after every forced action:
+database can delete the last records and move the head back. So ``gpubot serve`` with
+``$GPUBOT_AUDIT_KEY`` appends a keyed *seal* at a fixed interval, at start and stop, and after
+every forced action, and ``verify`` checks:
 
-    {"seal": "periodic", "every_s": 900, "prev": [SEQ, "HASH"] | null}   (+ "after": ACTION)
+* **age**: the newest seal must be younger than ``[audit] max_seal_age``; a cut takes the seals
+  after it, so the newest left grows old. A seal is written even when nothing happened: a quiet
+  log and a cut one could not be told apart otherwise.
+* **links**: ``prev`` names the last record the sealing process wrote, so a cut after which the
+  chain goes on leaves a seal naming a record the log no longer holds.
 
-A seal is keyed like every record after the chain marker, so nobody without the key can write
-one. ``verify`` then checks two things:
-
-* **age**: the newest seal must be younger than ``[audit] max_seal_age`` (by default twice the
-  interval the seal records). Cutting the last records means cutting the seals after them, so
-  the newest remaining seal grows old. A seal is written even when nothing happened since the
-  last one: a quiet log and a cut one could not be told apart otherwise.
-* **links**: ``prev`` is the last record the sealing process wrote before the seal. A cut while
-  the bot runs, after which the chain goes on, leaves a later seal naming a record the log no
-  longer holds.
-
-Not caught by seals: a cut of what was written after the newest seal, within one interval, and
-a cut made while the bot is stopped back to an older seal (its next start seal links to the
-shortened log). The head file (``store.headfile``) covers those; anyone holding the key can
-forge seals.
+Not caught: a cut within one interval after the newest seal, and one made while the bot is
+stopped back to an older seal; the head file covers those. Anyone holding the key can forge seals.
 """
 
 from __future__ import annotations
@@ -105,10 +96,8 @@ class SealTrail:
         self.broken: str | None = None  # why a seal's link shows records were removed
 
     def see(self, r: AuditRecord, keyed: bool) -> str | None:
-        """Take one intact record; return why it is a bad seal (None: fine, or no seal).
-
-        Only keyed seals count: a plain one anybody who can write the database could forge.
-        """
+        """Take one intact record; return why it is a bad seal. Only keyed seals count: anybody
+        who can write the database could forge a plain one."""
         self.recent[r.seq] = r.hash
         if len(self.recent) > RECENT:
             self.recent.popitem(last=False)

@@ -1,10 +1,7 @@
 """GPU-hours in the database (``core.usage.hours``): each sweep's buckets, sweeps and gaps.
 
-A sweep's GPU-hours are added in one transaction: each GPU's previous sample (one row per GPU
-in ``gpu_usage_last``), the hour's buckets it adds to (updated in place, or inserted), the
-sweep, and the gaps of missing data it ends. A report reads the buckets of its hours, the
-sweeps counted and the gaps: never the samples, so its cost follows the hours asked, not the
-history kept.
+A sweep's GPU-hours are added in one transaction. A report reads the buckets of its hours, the
+sweeps and the gaps, never the samples, so its cost follows the hours asked, not the history.
 """
 
 from __future__ import annotations
@@ -46,12 +43,8 @@ class DbUsage:
         return await in_thread(self._add, sweep)
 
     async def records(self, since: float, until: float, *, by: str = "") -> UsageRecords:
-        """Return the buckets of the hours in [since, until), and what they rest on.
-
-        ``by`` "node": the GPUs' own figures summed per node; "holder": the holders' summed
-        per holder (the database sums: a week of 1,000 nodes is millions of buckets); "": every
-        bucket as it is.
-        """
+        """Return the buckets of the hours in [since, until), and what they rest on; ``by``
+        "node" or "holder" has the database sum them, since a fleet's week is millions."""
         return await in_thread(self._read, since, until, by)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
@@ -175,8 +168,7 @@ def _params(r: Usage) -> dict[str, object]:
 
 def _write_last(conn: Connection, sweep: UsageSweep, prev: dict[tuple[str, int], float]) -> None:
     """Move each sampled GPU's latest sample to this sweep's time: never back, except from the
-    future (``core.usage.hours.from_future``: a wall clock since stepped back), which is no
-    baseline and is not kept."""
+    future (a wall clock stepped back), which is no baseline."""
     old, new = [], []
     for st in sweep.states:
         key = (st.node, st.gpu)

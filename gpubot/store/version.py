@@ -1,7 +1,7 @@
 """The schema revision this gpubot needs, checked without importing Alembic.
 
-Importing Alembic costs ~90 ms, paid by every short CLI call; the common case (the database is at
-head) needs one SELECT. Anything else falls back to ``migrate.check`` for the full diagnosis.
+Importing Alembic is slow and every short CLI call would pay it; the common case (at head) needs
+one SELECT. Anything else falls back to ``migrate.check`` for the full diagnosis.
 """
 
 from __future__ import annotations

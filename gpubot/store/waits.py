@@ -1,17 +1,10 @@
-"""Every wait on the database has a deadline (issue 22).
+"""Every wait on the database has a deadline.
 
-Store calls run in threads of their own pool (``gpubot-db``, bounded), never the event loop's
-default one, so a database that stops answering cannot starve what else uses threads (DNS for
-the Slack Web API, stdin ...). A call that gets no answer within ``DEADLINE_S`` raises
-``DatabaseUnreachable("the audit database is not answering ...")`` (an outage, said once by
-``store.outage``): the request is answered ("... so nothing was done") and refused. Its thread
-may still be blocked on the connection; the TCP keepalives and ``tcp_user_timeout`` the engine
-sets end that wait when the server is gone, and a server that answers again lets it finish by
-itself. So the bot recovers without a restart.
-
-``DEADLINE_S`` is longer than every wait inside a call that has its own bound (PostgreSQL's
-connect timeout, SQLite's busy timeout, the pool's checkout timeout), so those still speak
-first when they apply.
+Store calls run in a bounded pool of their own, never the loop's default one, so a database that
+stops answering cannot starve what else uses threads (DNS, stdin). A call with no answer within
+``DEADLINE_S`` raises ``DatabaseUnreachable`` and the request is refused. Its thread may stay
+blocked; the engine's TCP keepalives end that wait when the server is gone, so the bot recovers
+without a restart. ``DEADLINE_S`` is longer than every inner bound, so those speak first.
 """
 
 from __future__ import annotations
@@ -48,8 +41,7 @@ def pool() -> ThreadPoolExecutor:
 
 
 async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
-    """Run ``fn(*args)`` in the store's pool; raise ``DatabaseUnreachable`` after
-    ``DEADLINE_S``."""
+    """Run ``fn(*args)`` in the store's pool; ``DatabaseUnreachable`` after ``DEADLINE_S``."""
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, fn, *args)
     try:
