@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from gpubot.core.names import SUDO
-from gpubot.core.runtimes import LOOKUPS
-from gpubot.core.runtimes.base import Found, Lookup, Workload, find_runtime
+from gpubot.core.runtimes import LOOKUPS, find_runtime
+from gpubot.core.runtimes.base import Found, Lookup, Workload
 from gpubot.core.runtimes.docker import parse_docker_inspect
 from gpubot.core.runtimes.inspect_json import MAX_LABELS, MAX_TEXT
 from gpubot.core.runtimes.kubernetes import parse_crictl_inspect
@@ -40,7 +40,7 @@ __all__ = [
     "parse_scontrol",
 ]
 
-RUNTIMES = tuple(LOOKUPS)  # the tools a node's settings may list, in the registry's order
+RUNTIMES = tuple(LOOKUPS)  # the tools a node's settings may list, in the list's order
 
 PARSERS: dict[str, Callable[[str, Sequence[str]], dict[str, Found]]] = {
     tool: lookup.parse for tool, lookup in LOOKUPS.items()

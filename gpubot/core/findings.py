@@ -46,7 +46,7 @@ from gpubot.core.usage.idle import (
     idle_summary,
     is_idle_holder,
 )
-from gpubot.core.workload import WorkloadKind
+from gpubot.core.workload import OTHER, short_name
 from gpubot.errors import CommandTimeout, GpubotError, ParseError, ProbeError, UsageError
 
 GONE = "gone"  # holder suffix of a process nvidia-smi lists but /proc does not know
@@ -321,7 +321,7 @@ def _holder_finding(
 def workload_label(p: GpuProcess) -> str | None:
     """Return the short label of a process's workload, if it names one (``docker:train``)."""
     w = p.workload
-    return None if w is None or w.kind is WorkloadKind.OTHER else w.short
+    return None if w is None or w.kind == OTHER else short_name(w)
 
 
 def _process_trouble(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.workload import named
+from gpubot.core.workload import named, short_name
 
 NO_PROCESS_MEMORY_MIB = 256  # below this, memory with no process is the driver's own
 
@@ -66,7 +66,7 @@ def workload_label(p: GpuProcess, n: int = 24) -> str:
     w = p.workload
     if w is None or not named(w):
         return ""
-    short = w.short
+    short = short_name(w)
     return (short if len(short) <= n else short[: n - 1] + "…") + " "
 
 

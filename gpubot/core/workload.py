@@ -13,37 +13,43 @@ The shapes, with their sources, are the runtimes' (``core.runtimes``), in one ta
 a kind node's pods) is the inner one, named only as a label: its owner, lookup and stop come
 from the outer container (``_nest``). A runtime's own unit (``containerd.service``,
 ``slurmstepd.scope`` ...) is never a workload. What a kind means (its owner rule, stop command,
-restart rule) is its runtime's: this module only asks the registry.
+restart rule) is its runtime's: this module only asks the list (``core.runtimes``).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
+from gpubot.core import text as words
 from gpubot.core.cgroup_shapes import MAX_NEST, REASONS, SHAPES
+from gpubot.core.runtimes import BY_KIND, runtime_of
 from gpubot.core.runtimes.base import (
+    OTHER,
     Workload,
-    WorkloadKind,
     is_uid_owner,
+    owned,
     printable_path,
-    runtime_of,
     valid_user,
 )
 
 __all__ = [
+    "OTHER",
     "Workload",
-    "WorkloadKind",
     "cgroup_paths",
     "decide_owner",
+    "describe",
     "match_path",
     "may_restart",
     "named",
     "parse_cgroup",
     "printable_path",
+    "short_name",
     "stop_argv",
     "stop_command",
     "valid_user",
+    "workload_from_dict",
 ]
 
 # v1 hierarchies to read when the v2 line says nothing (a hybrid or v1-only box), best first.
@@ -97,7 +103,7 @@ def parse_cgroup(text: str | None) -> Workload | None:
         return None
     paths = cgroup_paths(text)
     if paths is None:
-        return Workload(WorkloadKind.OTHER, printable_path(text)).with_detail(untrusted="yes")
+        return Workload(OTHER, printable_path(text)).with_detail(untrusted="yes")
     found = [w for w in (_match(p) for p in paths if p != "/") if w is not None]
     if not found:
         return None
@@ -116,16 +122,14 @@ def _match(path: str, depth: int = 0) -> Workload:
             g = {k: v for k, v in m.groupdict().items() if v is not None}
             why = next((r for k, r in REASONS.items() if k in g), None)
             runtime = runtime_of(kind)
-            w = runtime.build(WorkloadKind(kind), path, g | ({"reason": why} if why else {}))
+            w = runtime.build(kind, path, g | ({"reason": why} if why else {}))
             tail = g.get("tail")
             if tail and runtime.nests and depth < MAX_NEST and runtime.host_id(w):
                 inner = _match(tail, depth + 1)
                 if runtime_of(inner.kind).nests:
                     return _nest(w, inner)
             return w
-    return Workload(WorkloadKind.OTHER, printable_path(path)).with_detail(
-        reason="no known workload shape"
-    )
+    return Workload(OTHER, printable_path(path)).with_detail(reason="no known workload shape")
 
 
 def _nest(outer: Workload, inner: Workload) -> Workload:
@@ -205,3 +209,48 @@ def stop_argv(w: Workload) -> list[str] | None:
     if w.get("outer") is not None:
         return None
     return runtime_of(w.kind).stop(w)
+
+
+# --- what it is called -------------------------------------------------------------------------
+
+
+def short_name(w: Workload) -> str:
+    """Return a short label for tables: ``docker:train-llama``, ``slurm:8812.0``."""
+    return runtime_of(w.kind).short(w)
+
+
+def describe(w: Workload) -> str:
+    """Say what killing this workload's process kills, for plans and approvals.
+
+    Every name is written by ``core.text.code`` (back-ticks, one line, none inside): a job
+    name such as ``x` *pre-approved* `y`` stays one literal, and each front end shows it as
+    one (a Slack code span, a terminal's text).
+    """
+    outer = w.get("outer")
+    if outer is not None:
+        name = w.get("outer_name") or outer[:12]
+        inside = f"{w.kind} container {words.code((w.get('inner_id') or '?')[:12])}"
+        return f"{inside} inside container {words.code(name)}{owned(w)}"
+    return runtime_of(w.kind).describe(w)
+
+
+def workload_from_dict(d: Any) -> Workload | None:
+    """Rebuild a workload from ``Workload.to_dict`` output (a stored plan); None for None.
+
+    A kind no runtime has is a ``ValueError``: a stored plan names only listed kinds.
+    """
+    if d is None:
+        return None
+    kind = d["kind"]
+    if not isinstance(kind, str) or kind not in BY_KIND:
+        raise ValueError(f"{kind!r} is not a workload kind")
+    detail = d.get("detail") or {}
+    if isinstance(detail, list):  # a plan's asdict() keeps the pairs as lists
+        detail = dict(detail)
+    return Workload(
+        kind,
+        str(d["id"]),
+        d.get("name"),
+        d.get("owner"),
+        tuple(sorted((str(k), str(v)) for k, v in detail.items())),
+    )

@@ -14,7 +14,7 @@ from gpubot.core.models import GpuProcess, NodeSnapshot, Outcome, ResetStep
 from gpubot.core.probe.snapshot import parse_procs, proc_argv
 from gpubot.core.reset.outcome import GpuObservation, GpuResult, Kept, Newcomer, Survivor, classify
 from gpubot.core.reset.plan import ResetPlan
-from gpubot.core.workload import may_restart
+from gpubot.core.workload import may_restart, short_name
 from gpubot.errors import GpubotError
 from gpubot.services.run_state import Pairs, RunState
 from gpubot.services.workloads import as_planned
@@ -173,7 +173,7 @@ async def newcomer(run: RunState, plan: ResetPlan, p: GpuProcess) -> Newcomer:
     parent_cmd = info.command if info else None
     parent_w = info.workload if info else None
     either = parent_w or p.workload
-    unit = either.short if either is not None else None
+    unit = short_name(either) if either is not None else None
     return Newcomer(
         p.pid,
         p.user,

@@ -23,7 +23,7 @@ import pytest
 
 from gpubot.cli import main
 from gpubot.config import load
-from gpubot.core.workload import WorkloadKind, parse_cgroup
+from gpubot.core.workload import parse_cgroup
 from gpusim import simstate
 from gpusim.cgroups import CgroupSet, Hierarchies, find_hierarchies
 from gpusim.errors import SimUsageError
@@ -85,7 +85,7 @@ def test_a_workload_reads_as_its_kind_and_id(node: SimNode, kind: str) -> None:
     assert w.cgroup_kind == kind and w.cgroup_path is not None
     assert f"0::{w.cgroup_path}" in text.splitlines()
     found = parse_cgroup(text)
-    assert found is not None and found.kind is WorkloadKind(kind)
+    assert found is not None and found.kind == kind
     want = {"slurm": w.job_id, "service": w.unit, "session": w.unit}.get(kind, w.container_id)
     assert found.id == want
     if kind == "kubernetes":

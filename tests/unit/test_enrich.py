@@ -33,7 +33,7 @@ from gpubot.core.enrich import (
     parse_podman_inspect,
     parse_scontrol,
 )
-from gpubot.core.workload import Workload, WorkloadKind
+from gpubot.core.workload import Workload
 
 D1 = "d2cc496561d6d520cbc0236b4ba88c362c446a7619992123f11c809cded25b47"  # docker-inspect(1)
 D2 = "3949fff2e8dd8d0df1a7419b3f1f99cb0530558df91f627bf8d50e18e9cb5e6c"
@@ -204,17 +204,17 @@ def test_argv_refuses_bad_calls(runtime: str, ids: list[str], timeout_s: float) 
 @pytest.mark.parametrize(
     ("w", "want"),
     [
-        (Workload(WorkloadKind.DOCKER, D1), ("docker", D1)),
-        (Workload(WorkloadKind.PODMAN, P1), ("podman", P1)),
-        (Workload(WorkloadKind.PODMAN, P1).with_detail(rootless="yes", uid="1001"), None),
+        (Workload("docker", D1), ("docker", D1)),
+        (Workload("podman", P1), ("podman", P1)),
+        (Workload("podman", P1).with_detail(rootless="yes", uid="1001"), None),
         (
-            Workload(WorkloadKind.KUBERNETES, C1).with_detail(container_id=C1, pod_uid=POD),
+            Workload("kubernetes", C1).with_detail(container_id=C1, pod_uid=POD),
             ("crictl", C1),
         ),
-        (Workload(WorkloadKind.KUBERNETES, POD).with_detail(pod_uid=POD), None),
-        (Workload(WorkloadKind.SLURM, "8812").with_detail(step="0"), ("slurm", "8812")),
-        (Workload(WorkloadKind.SERVICE, "ollama.service"), None),
-        (Workload(WorkloadKind.OTHER, "/weird"), None),
+        (Workload("kubernetes", POD).with_detail(pod_uid=POD), None),
+        (Workload("slurm", "8812").with_detail(step="0"), ("slurm", "8812")),
+        (Workload("service", "ollama.service"), None),
+        (Workload("other", "/weird"), None),
     ],
 )
 def test_enrich_target(w: Workload, want: tuple[str, str] | None) -> None:
@@ -613,35 +613,35 @@ def _labelled(**labels: str) -> Found:
 @pytest.mark.parametrize(
     ("w", "found", "owner"),
     [
-        (Workload(WorkloadKind.DOCKER, D1), _labelled(**{OWNER: "alice"}), "alice"),
-        (Workload(WorkloadKind.DOCKER, D1), _labelled(), "root"),
-        (Workload(WorkloadKind.DOCKER, D1), _labelled(**{OWNER: "Alice Smith"}), "root"),
-        (Workload(WorkloadKind.DOCKER, D1), _labelled(**{OWNER: "a\\x0aroot"}), "root"),
-        (Workload(WorkloadKind.DOCKER, D1), _labelled(other="alice"), "root"),
-        (Workload(WorkloadKind.DOCKER, D1), None, "root"),
+        (Workload("docker", D1), _labelled(**{OWNER: "alice"}), "alice"),
+        (Workload("docker", D1), _labelled(), "root"),
+        (Workload("docker", D1), _labelled(**{OWNER: "Alice Smith"}), "root"),
+        (Workload("docker", D1), _labelled(**{OWNER: "a\\x0aroot"}), "root"),
+        (Workload("docker", D1), _labelled(other="alice"), "root"),
+        (Workload("docker", D1), None, "root"),
         # rootless: the user slice decides, whatever the label says
         (
-            Workload(WorkloadKind.PODMAN, P1).with_detail(rootless="yes", uid="1001"),
+            Workload("podman", P1).with_detail(rootless="yes", uid="1001"),
             _labelled(**{OWNER: "alice"}),
             "bob",
         ),
-        (Workload(WorkloadKind.PODMAN, P1).with_detail(rootless="yes", uid="1001"), None, "bob"),
+        (Workload("podman", P1).with_detail(rootless="yes", uid="1001"), None, "bob"),
         # Slurm: scontrol's user (v2 cgroup paths carry no uid)
-        (Workload(WorkloadKind.SLURM, "8812"), Found(name="j", user="carol", uid=1003), "carol"),
-        (Workload(WorkloadKind.SLURM, "8812"), Found(name="j", user=None, uid=1001), "bob"),
+        (Workload("slurm", "8812"), Found(name="j", user="carol", uid=1003), "carol"),
+        (Workload("slurm", "8812"), Found(name="j", user=None, uid=1001), "bob"),
         (
-            Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
+            Workload("slurm", "8812").with_detail(uid="1001"),
             Found(name="j", user="bob", uid=1001),
             "bob",
         ),
         # scontrol names another uid than root's cgroup path: not believed
         (
-            Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
+            Workload("slurm", "8812").with_detail(uid="1001"),
             Found(name="j", user="root", uid=0),
             "bob",
         ),
-        (Workload(WorkloadKind.SLURM, "8812"), None, None),
-        (Workload(WorkloadKind.SERVICE, "ollama.service"), _labelled(**{OWNER: "alice"}), None),
+        (Workload("slurm", "8812"), None, None),
+        (Workload("service", "ollama.service"), _labelled(**{OWNER: "alice"}), None),
     ],
 )
 def test_owner_decisions(w: Workload, found: Found | None, owner: str | None) -> None:
@@ -649,7 +649,7 @@ def test_owner_decisions(w: Workload, found: Found | None, owner: str | None) ->
 
 
 def test_container_details() -> None:
-    w = apply_enrichment(Workload(WorkloadKind.DOCKER, D1), _labelled(**{OWNER: "alice"}), OWNER)
+    w = apply_enrichment(Workload("docker", D1), _labelled(**{OWNER: "alice"}), OWNER)
     assert w.name == "train-llama"
     assert dict(w.detail) == {
         "image": "nvcr.io/nvidia/pytorch:24.01-py3",
@@ -660,17 +660,17 @@ def test_container_details() -> None:
 
 def test_labels_are_bounded_but_the_owner_label_kept() -> None:
     many = {f"a{i:03}": "x" for i in range(300)} | {"zzz.owner": "alice"}
-    w = apply_enrichment(Workload(WorkloadKind.DOCKER, D1), _labelled(**many), "zzz.owner")
+    w = apply_enrichment(Workload("docker", D1), _labelled(**many), "zzz.owner")
     labels = [k for k, _ in w.detail if k.startswith("label.")]
     assert len(labels) == MAX_LABELS + 1 and "label.zzz.owner" in labels
     assert w.owner == "alice"
 
 
 def test_unknown_names_say_so() -> None:
-    w = apply_enrichment(Workload(WorkloadKind.DOCKER, D1), None, OWNER)
-    assert (w.kind, w.id, w.name, w.get("name_unknown")) == (WorkloadKind.DOCKER, D1, None, "yes")
+    w = apply_enrichment(Workload("docker", D1), None, OWNER)
+    assert (w.kind, w.id, w.name, w.get("name_unknown")) == ("docker", D1, None, "yes")
     s = apply_enrichment(
-        Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"),
+        Workload("slurm", "8812").with_detail(uid="1001"),
         Found(name="j", user="root", uid=0),
         OWNER,
         {1001: "bob"},
@@ -680,7 +680,7 @@ def test_unknown_names_say_so() -> None:
 
 def test_slurm_details() -> None:
     w = apply_enrichment(
-        Workload(WorkloadKind.SLURM, "8812").with_detail(step="0"),
+        Workload("slurm", "8812").with_detail(step="0"),
         Found(name="sweep-lr", user="bob", uid=1001, state="RUNNING"),
         OWNER,
     )
@@ -694,7 +694,7 @@ def test_slurm_details() -> None:
 
 
 def test_kubernetes_details_and_pod_mismatch() -> None:
-    w = Workload(WorkloadKind.KUBERNETES, C1).with_detail(container_id=C1, pod_uid=POD)
+    w = Workload("kubernetes", C1).with_detail(container_id=C1, pod_uid=POD)
     found = parse_crictl_inspect(json.dumps(crictl_obj(C1, POD)), [C1])[C1]
     got = apply_enrichment(w, found, OWNER)
     assert got.name == "redhat.test.crio/podsandbox1"

@@ -25,7 +25,7 @@ from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.reset.protect import Protection
 from gpubot.core.reset.readiness import parse_modes, parse_topo_peers, readiness, ready_argv
 from gpubot.core.usage.idle import IdleRule
-from gpubot.core.workload import Workload, WorkloadKind, parse_cgroup
+from gpubot.core.workload import Workload, parse_cgroup
 from gpubot.errors import (
     CommandTimeout,
     NodeUnreachable,
@@ -251,7 +251,7 @@ def test_finding_details() -> None:
     assert (f.pid, f.user, f.owner, f.workload) == (14, "alice", "alice", "docker:abababababab")
     assert "in docker:abababababab" in f.summary and "nvidia-smi does not list" in f.summary
     # the workload names the owner when root's side says so (a Slurm job's user)
-    job = Workload(WorkloadKind.SLURM, "88", name="train", owner="bob")
+    job = Workload("slurm", "88", name="train", owner="bob")
     (g,) = find(
         [snap(gpu(0, 100), procs=(proc(15, mem=None, visible=False, workload=job),))], {}, CFG
     )

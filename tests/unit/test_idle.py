@@ -17,7 +17,7 @@ from gpubot.core.usage.idle import (
     idle_gpus,
     samples_of,
 )
-from gpubot.core.workload import Workload, WorkloadKind
+from gpubot.core.workload import Workload
 from gpubot.errors import ConfigError
 
 H = 3600.0
@@ -143,7 +143,7 @@ def test_samples_of_a_snapshot_keep_unknowns_unknown() -> None:
 # --- idle holders --------------------------------------------------------------------------------
 
 CFG = SweepConfig(idle=RULE)
-JOB = Workload(WorkloadKind.DOCKER, "ab" * 32, name="train-llama", owner="bob").with_detail(
+JOB = Workload("docker", "ab" * 32, name="train-llama", owner="bob").with_detail(
     image="pytorch:2.4"
 )
 
@@ -219,7 +219,7 @@ def test_idle_holders_from_the_idle_gpus() -> None:
 
 
 def test_a_cgroup_that_names_nothing_is_no_workload_label() -> None:
-    other = Workload(WorkloadKind.OTHER, "/my.slice/looks-like-docker")
+    other = Workload("other", "/my.slice/looks-like-docker")
     snap = NodeSnapshot("n1", NOW, (gpu(0, 8192),), (proc(30, 8192, workload=other),))
     (f,) = find([snap], {}, CFG, idle={("n1", 0): 4 * H})
     assert (f.workload, f.owner) == (None, "alice") and f.summary.endswith("for 4 h")

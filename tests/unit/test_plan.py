@@ -10,7 +10,7 @@ import pytest
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.reset.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.reset.protect import Protection
-from gpubot.core.workload import Workload, WorkloadKind, decide_owner
+from gpubot.core.workload import Workload, decide_owner
 from gpubot.errors import ResetRefused, UsageError
 
 PERSISTENCED = "/usr/bin/nvidia-persistenced"
@@ -326,11 +326,11 @@ def in_workload(p: GpuProcess, w: Workload) -> GpuProcess:
     return replace(p, workload=decide_owner(w, {v: k for k, v in UIDS.items()}, "owner"))
 
 
-LABELLED = Workload(WorkloadKind.DOCKER, CID, "train-llama").with_detail(
+LABELLED = Workload("docker", CID, "train-llama").with_detail(
     image="pytorch:24.05", **{"label.owner": "alice"}
 )
-UNLABELLED = Workload(WorkloadKind.DOCKER, CID, "train-llama")
-JOB = Workload(WorkloadKind.SLURM, "8812", "sweep-lr").with_detail(uid="1001", step="0")
+UNLABELLED = Workload("docker", CID, "train-llama")
+JOB = Workload("slurm", "8812", "sweep-lr").with_detail(uid="1001", step="0")
 
 
 def one(p: GpuProcess) -> NodeSnapshot:
@@ -353,7 +353,7 @@ def one(p: GpuProcess) -> NodeSnapshot:
         (
             in_workload(
                 proc(32, 0, "root"),
-                Workload(WorkloadKind.SESSION, "session-1.scope").with_detail(uid="1000"),
+                Workload("session", "session-1.scope").with_detail(uid="1000"),
             ),
             "alice",
             True,

@@ -12,10 +12,11 @@ from gpubot.core import cgroup_shapes
 from gpubot.core.enrich import enrich_target
 from gpubot.core.reset.stopgate import noun, workload_root
 from gpubot.core.workload import (
-    WorkloadKind,
     decide_owner,
+    describe,
     may_restart,
     parse_cgroup,
+    short_name,
     stop_argv,
     stop_command,
 )
@@ -44,7 +45,7 @@ def test_a_machine_is_named_stopped_and_roots(
     path: str, wid: str, name: str | None, unit: str | None
 ) -> None:
     w = parse_cgroup(v2(path))
-    assert w is not None and (w.kind, w.id) == (WorkloadKind.MACHINE, wid)
+    assert w is not None and (w.kind, w.id) == ("machine", wid)
     assert w.name == (name or wid)
     if unit is not None:
         assert w.get("unit") == unit
@@ -53,8 +54,8 @@ def test_a_machine_is_named_stopped_and_roots(
     assert stop_command(owned) == f"machinectl terminate {w.name}"
     assert may_restart(owned)  # a booted container's init starts its services again
     assert enrich_target(owned) is None  # no lookup: the name is in the path
-    assert owned.short == f"machine:{w.name}"
-    assert owned.describe() == (
+    assert short_name(owned) == f"machine:{w.name}"
+    assert describe(owned) == (
         f"machine `{w.name}` (a systemd-machined container or VM) of Linux user `root`"
     )
 
@@ -85,9 +86,9 @@ def test_the_stop_gate_checks_the_whole_machine() -> None:
 )
 def test_a_name_that_is_no_plain_host_name_gets_no_stop(path: str) -> None:
     w = parse_cgroup(v2(path))
-    assert w is not None and w.kind is WorkloadKind.MACHINE
+    assert w is not None and w.kind == "machine"
     assert w.name is None and stop_command(w) is None
-    assert w.describe().startswith(f"machine `{w.id}`")
+    assert describe(w).startswith(f"machine `{w.id}`")
 
 
 @pytest.mark.parametrize(
@@ -114,7 +115,7 @@ def test_a_container_inside_a_machine_is_tied_to_the_machine() -> None:
     w = parse_cgroup(
         v2(f"/machine.slice/systemd-nspawn@ci.service/payload/system.slice/docker-{CID}.scope")
     )
-    assert w is not None and (w.kind, w.id) == (WorkloadKind.DOCKER, f"ci/{CID}")
+    assert w is not None and (w.kind, w.id) == ("docker", f"ci/{CID}")
     assert w.get("outer_kind") == "machine"
     assert stop_command(w) is None and enrich_target(w) is None  # the host's docker knows none
     assert decide_owner(w, {}, "owner").owner == "root"
@@ -128,5 +129,5 @@ def test_control_without_the_module_a_machine_is_other() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("gpubot.core.workload.SHAPES", without)
         w = parse_cgroup(v2(f"{QEMU}/emulator"))
-    assert w is not None and w.kind is WorkloadKind.OTHER
+    assert w is not None and w.kind == "other"
     assert w.get("reason") == "no known workload shape" and stop_command(w) is None

@@ -24,16 +24,16 @@ from gpubot.core.reset.stopgate import (
     stop_note,
     workload_root,
 )
-from gpubot.core.workload import Workload, WorkloadKind, parse_cgroup
+from gpubot.core.workload import Workload, parse_cgroup
 from gpubot.errors import ParseError
 from gpubot.services.workloads import annotate
 
 CID = "4f" * 32
-SVC = Workload(WorkloadKind.SERVICE, "x.service")
-JOB = Workload(WorkloadKind.SLURM, "8812", owner="alice").with_detail(uid="1001", step="0")
-DOCKER = Workload(WorkloadKind.DOCKER, CID, name="trainer")
-PODMAN = Workload(WorkloadKind.PODMAN, CID)
-POD = Workload(WorkloadKind.KUBERNETES, CID)
+SVC = Workload("service", "x.service")
+JOB = Workload("slurm", "8812", owner="alice").with_detail(uid="1001", step="0")
+DOCKER = Workload("docker", CID, name="trainer")
+PODMAN = Workload("podman", CID)
+POD = Workload("kubernetes", CID)
 
 
 @pytest.mark.parametrize(
@@ -254,14 +254,12 @@ def test_a_sluid_job_is_checked_over_its_own_cgroup(monkeypatch: pytest.MonkeyPa
     import gpubot.core.reset.stopgate as sg
 
     w = parse_cgroup(SLUID_TEXT)
-    assert w is not None and w.kind is WorkloadKind.SLURM and w.id == "s0123456789ABC"
+    assert w is not None and w.kind == "slurm" and w.id == "s0123456789ABC"
     root = ("", "/system.slice/node1_slurmstepd.scope/s0123456789ABC")
     assert stop_cgroups([SLUID_TEXT], w) == (root,)
     # a digit job id is never taken from a bare component, only a SLUID is
-    assert workload_root("/slurm/uid_1/job_7/7", Workload(WorkloadKind.SLURM, "7")) == (
-        "/slurm/uid_1/job_7"
-    )
-    assert workload_root("/x/7/job_8", Workload(WorkloadKind.SLURM, "7")) is None
+    assert workload_root("/slurm/uid_1/job_7/7", Workload("slurm", "7")) == ("/slurm/uid_1/job_7")
+    assert workload_root("/x/7/job_8", Workload("slurm", "7")) is None
     monkeypatch.setattr(
         sg, "_is_root_of", lambda w, comp, prev: comp == f"job_{w.id}"
     )  # the rule before the fix

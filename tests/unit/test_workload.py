@@ -8,11 +8,12 @@ from hypothesis import strategies as st
 
 from gpubot.core.workload import (
     Workload,
-    WorkloadKind,
     cgroup_paths,
     decide_owner,
+    describe,
     may_restart,
     parse_cgroup,
+    short_name,
     stop_argv,
     stop_command,
 )
@@ -150,7 +151,7 @@ def test_root_or_nothing_names_no_workload(text: str | None) -> None:
 def test_lookalikes_are_not_root_workloads(path: str) -> None:
     w = parse_cgroup(v2(path))
     assert w is not None
-    assert w.kind in (WorkloadKind.SESSION, WorkloadKind.OTHER)
+    assert w.kind in ("session", "other")
     assert decide_owner(w, {0: "root", 1000: "alice"}, "owner").owner is None
 
 
@@ -171,7 +172,7 @@ def test_lookalikes_are_not_root_workloads(path: str) -> None:
 def test_a_forged_line_makes_the_whole_file_untrusted(text: str) -> None:
     assert cgroup_paths(text) is None
     w = parse_cgroup(text)
-    assert w is not None and w.kind is WorkloadKind.OTHER and w.get("untrusted") == "yes"
+    assert w is not None and w.kind == "other" and w.get("untrusted") == "yes"
     assert "\n" not in w.id and w.owner is None
     assert decide_owner(w, {0: "root"}, "owner").owner is None
 
@@ -180,11 +181,11 @@ def test_a_forged_line_makes_the_whole_file_untrusted(text: str) -> None:
 def test_any_text_parses_without_error_and_prints_clean(text: str) -> None:
     w = parse_cgroup(text)
     if w is not None:
-        assert w.id.isprintable() and w.short.isprintable()
+        assert w.id.isprintable() and short_name(w).isprintable()
 
 
 def container(**detail: str) -> Workload:
-    return Workload(WorkloadKind.DOCKER, CID, name="train-llama").with_detail(**detail)
+    return Workload("docker", CID, name="train-llama").with_detail(**detail)
 
 
 @pytest.mark.parametrize(
@@ -195,11 +196,11 @@ def container(**detail: str) -> Workload:
         (container(**{"label.owner": "Alice; rm -rf /"}), "root"),  # not a user name
         (container(**{"label.team": "alice"}), "root"),  # another label
         (container(uid="1000", rootless="yes", **{"label.owner": "bob"}), "alice"),
-        (Workload(WorkloadKind.SLURM, "8812").with_detail(uid="1001"), "bob"),
-        (Workload(WorkloadKind.SLURM, "8812").with_detail(user="bob"), "bob"),
-        (Workload(WorkloadKind.SLURM, "8812"), None),
-        (Workload(WorkloadKind.SESSION, "session-1.scope").with_detail(uid="1000"), None),
-        (Workload(WorkloadKind.SERVICE, "x.service"), None),
+        (Workload("slurm", "8812").with_detail(uid="1001"), "bob"),
+        (Workload("slurm", "8812").with_detail(user="bob"), "bob"),
+        (Workload("slurm", "8812"), None),
+        (Workload("session", "session-1.scope").with_detail(uid="1000"), None),
+        (Workload("service", "x.service"), None),
     ],
 )
 def test_owner_comes_from_what_root_controls(w: Workload, owner: str | None) -> None:
@@ -214,14 +215,14 @@ def test_no_owner_label_configured_means_root() -> None:
     ("w", "cmd"),
     [
         (container(), "docker stop train-llama"),
-        (Workload(WorkloadKind.PODMAN, CID), f"podman stop {CID[:12]}"),
-        (Workload(WorkloadKind.DOCKER, CID, name="--rm -f"), f"docker stop {CID[:12]}"),
-        (Workload(WorkloadKind.SLURM, "8812"), "scancel 8812"),
-        (Workload(WorkloadKind.SERVICE, "train.service"), "systemctl stop train.service"),
-        (Workload(WorkloadKind.SESSION, "session-1.scope"), None),
-        (Workload(WorkloadKind.KUBERNETES, CID), None),
-        (Workload(WorkloadKind.OTHER, "/x"), None),
-        (Workload(WorkloadKind.DOCKER, CID).with_detail(rootless="yes"), None),
+        (Workload("podman", CID), f"podman stop {CID[:12]}"),
+        (Workload("docker", CID, name="--rm -f"), f"docker stop {CID[:12]}"),
+        (Workload("slurm", "8812"), "scancel 8812"),
+        (Workload("service", "train.service"), "systemctl stop train.service"),
+        (Workload("session", "session-1.scope"), None),
+        (Workload("kubernetes", CID), None),
+        (Workload("other", "/x"), None),
+        (Workload("docker", CID).with_detail(rootless="yes"), None),
     ],
 )
 def test_the_command_that_stops_it_for_good(w: Workload, cmd: str | None) -> None:
@@ -232,11 +233,11 @@ def test_the_command_that_stops_it_for_good(w: Workload, cmd: str | None) -> Non
 def test_descriptions_name_what_is_killed() -> None:
     w = container(image="pytorch:24.05")
     w = decide_owner(w.with_detail(**{"label.owner": "alice"}), {}, "owner")
-    assert w.describe() == "container `train-llama` (image `pytorch:24.05`) of Linux user `alice`"
-    job = Workload(WorkloadKind.SLURM, "8812", name="sweep-lr", owner="bob").with_detail(step="0")
-    assert job.describe() == "Slurm job 8812 step 0 (user `bob`, job name `sweep-lr`)"
-    assert job.short == "slurm:8812.0"
-    assert container().short == "docker:train-llama"
+    assert describe(w) == "container `train-llama` (image `pytorch:24.05`) of Linux user `alice`"
+    job = Workload("slurm", "8812", name="sweep-lr", owner="bob").with_detail(step="0")
+    assert describe(job) == "Slurm job 8812 step 0 (user `bob`, job name `sweep-lr`)"
+    assert short_name(job) == "slurm:8812.0"
+    assert short_name(container()) == "docker:train-llama"
 
 
 @pytest.mark.parametrize(
@@ -246,11 +247,11 @@ def test_descriptions_name_what_is_killed() -> None:
         (container(restart="on-failure"), True),
         (container(), True),  # policy unknown (no lookup): watch it
         (container(restart="no"), False),
-        (Workload(WorkloadKind.KUBERNETES, CID), True),
-        (Workload(WorkloadKind.SLURM, "1"), True),
-        (Workload(WorkloadKind.SERVICE, "x.service"), True),
-        (Workload(WorkloadKind.SESSION, "session-1.scope"), False),
-        (Workload(WorkloadKind.OTHER, "/x"), False),
+        (Workload("kubernetes", CID), True),
+        (Workload("slurm", "1"), True),
+        (Workload("service", "x.service"), True),
+        (Workload("session", "session-1.scope"), False),
+        (Workload("other", "/x"), False),
         (None, False),
     ],
 )

@@ -7,10 +7,11 @@ import pytest
 
 from gpubot.core.enrich import Found, apply_enrichment, enrich_target
 from gpubot.core.workload import (
-    WorkloadKind,
     decide_owner,
+    describe,
     may_restart,
     parse_cgroup,
+    short_name,
     stop_argv,
     stop_command,
 )
@@ -164,7 +165,7 @@ def test_more_real_shapes(text: str, kind: str, wid: str, detail: dict[str, str]
 )
 def test_a_runtimes_own_unit_is_never_a_workload(path: str, reason: str) -> None:
     w = parse_cgroup(v2(path))
-    assert w is not None and w.kind is WorkloadKind.OTHER
+    assert w is not None and w.kind == "other"
     assert (w.get("reason") or "").startswith(reason)
     assert stop_command(w) is None and stop_argv(w) is None and not may_restart(w)
     assert decide_owner(w, {0: "root"}, "owner").owner is None
@@ -180,7 +181,7 @@ def test_a_runtimes_unit_was_a_service_before_the_rule() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("gpubot.core.workload.SHAPES", without)
         w = parse_cgroup(v2("/system.slice/containerd.service"))
-    assert w is not None and w.kind is WorkloadKind.SERVICE
+    assert w is not None and w.kind == "service"
     assert stop_command(w) == "systemctl stop containerd.service"
 
 
@@ -205,19 +206,19 @@ def test_a_runtimes_unit_was_a_service_before_the_rule() -> None:
 def test_lookalikes_of_the_new_shapes(path: str) -> None:
     w = parse_cgroup(v2(path))
     assert w is not None
-    assert w.kind in (WorkloadKind.SESSION, WorkloadKind.OTHER)
+    assert w.kind in ("session", "other")
     assert decide_owner(w, {0: "root", 1000: "alice"}, "owner").owner is None
-    assert stop_command(w) is None or w.kind is WorkloadKind.SESSION
+    assert stop_command(w) is None or w.kind == "session"
 
 
 def test_a_container_inside_another_is_tied_to_the_outer_one() -> None:
     w = parse_cgroup(f"4:memory:/docker/{OUT}/docker/{CID}\n")
-    assert w is not None and w.short == f"docker:{CID[:12]}"
+    assert w is not None and short_name(w) == f"docker:{CID[:12]}"
     assert stop_command(w) is None and stop_argv(w) is None  # the host's docker knows no inner
     assert may_restart(w)  # the inner daemon's policy is unknown: watch it
     owned = decide_owner(w.with_detail(**{"label.owner": "alice", "outer_name": "ci"}), {}, "owner")
     assert owned.owner == "alice"  # the outer container's owner owns what runs inside it
-    assert owned.describe() == (
+    assert describe(owned) == (
         f"docker container `{CID[:12]}` inside container `ci` of Linux user `alice`"
     )
     rootless = parse_cgroup(
@@ -263,10 +264,10 @@ def test_a_nested_pods_lookup_is_the_outer_pods_container() -> None:
 
 def test_an_lxc_container_is_roots_and_has_no_stop_command() -> None:
     w = parse_cgroup(v2("/lxc.payload.web01"))
-    assert w is not None and w.short == "lxc:web01"
+    assert w is not None and short_name(w) == "lxc:web01"
     assert decide_owner(w, {}, "owner").owner == "root"
     assert stop_command(w) is None and may_restart(w)
-    assert w.describe() == "LXC/LXD container `web01`"
+    assert describe(w) == "LXC/LXD container `web01`"
 
 
 SLUID = "s5K1KKYAYG5D00"  # Slurm 26.05's job id in v2 cgroup paths (doc/html/cgroups.shtml)
@@ -281,7 +282,7 @@ SLUID = "s5K1KKYAYG5D00"  # Slurm 26.05's job id in v2 cgroup paths (doc/html/cg
 )
 def test_a_slurm_job_named_by_its_sluid(path: str, step: str) -> None:
     w = parse_cgroup(v2(path))
-    assert w is not None and (w.kind, w.id, w.get("step")) == (WorkloadKind.SLURM, SLUID, step)
+    assert w is not None and (w.kind, w.id, w.get("step")) == ("slurm", SLUID, step)
     assert stop_command(w) == f"scancel {SLUID}"  # scancel takes a SLUID since 26.05
     assert enrich_target(w) is None  # scontrol is asked by numeric job id only
 
@@ -297,5 +298,5 @@ def test_a_slurm_job_named_by_its_sluid(path: str, step: str) -> None:
 )
 def test_sluid_lookalikes_name_no_job(path: str) -> None:
     w = parse_cgroup(v2(path))
-    assert w is not None and w.kind in (WorkloadKind.OTHER, WorkloadKind.SESSION)
+    assert w is not None and w.kind in ("other", "session")
     assert stop_command(w) is None

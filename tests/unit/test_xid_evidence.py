@@ -35,7 +35,7 @@ from gpubot.core.health.kernlog import (
 from gpubot.core.health.xid import Group, Seen, known_owner, xid_findings
 from gpubot.core.health.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER, TICKET
 from gpubot.core.models import CommandResult, GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
-from gpubot.core.runtimes.base import Workload, WorkloadKind
+from gpubot.core.runtimes.base import Workload
 from gpubot.core.usage.idle import holder_owner
 from gpubot.services.xid_watch import XidWatch
 from gpubot.transport.scripted import Call, ScriptedTransport, completed
@@ -161,12 +161,8 @@ SUBORDINATE = NodeSnapshot(  # alice's job holds GPU 0; mallory runs as two subo
         proc(301, "alice"),
         proc(501, "231072"),  # podman unshare / newuidmap: no passwd entry, the uid as digits
         proc(502, "231073"),
-        replace(
-            proc(601, "1003"), workload=Workload(WorkloadKind("podman"), "a", owner="uid 1003")
-        ),
-        replace(
-            proc(602, "1004"), workload=Workload(WorkloadKind("podman"), "b", owner="uid 1004")
-        ),
+        replace(proc(601, "1003"), workload=Workload("podman", "a", owner="uid 1003")),
+        replace(proc(602, "1004"), workload=Workload("podman", "b", owner="uid 1004")),
     ),
 )
 

@@ -14,10 +14,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpubot.core.doctor.checks import Check, failed, passed
+from gpubot.core.runtimes import RUNTIMES
 
 DEV = "{dev}"  # the node's device prefix, written as a sudoers pattern
-# (alias, program name, arguments): the README's rule. A program's path may be any absolute
-# path without wildcards (fuser lives in /usr/bin or /usr/sbin, nvidia-smi where the driver is).
+
+
+def _split(command: str) -> tuple[str, str]:
+    """``docker inspect *`` -> (program, arguments)."""
+    program, _, args = command.partition(" ")
+    return program, args
+
+
+# (alias, program name, arguments): the README's rule, each runtime's lines from its own value.
+# A program's path may be any absolute path without wildcards (fuser lives in /usr/bin or
+# /usr/sbin, nvidia-smi where the driver is).
 README_RULE: tuple[tuple[str, str, str], ...] = (
     ("GPUBOT_FUSER", "fuser", f"-v {DEV}[0-9]*"),
     ("GPUBOT_KILL", "kill", "-s TERM [0-9]*"),
@@ -25,16 +35,9 @@ README_RULE: tuple[tuple[str, str, str], ...] = (
     ("GPUBOT_RESET", "nvidia-smi", "--gpu-reset -i [0-9]*"),
     ("GPUBOT_RESET", "nvidia-smi", "-pm 0 -i [0-9]*"),
     ("GPUBOT_RESET", "nvidia-smi", "-pm 1 -i [0-9]*"),
-    ("GPUBOT_INSPECT", "docker", "inspect *"),
-    ("GPUBOT_INSPECT", "podman", "inspect *"),
-    ("GPUBOT_INSPECT", "crictl", "inspect *"),
-    ("GPUBOT_STOP", "docker", "stop *"),
-    ("GPUBOT_STOP", "podman", "stop *"),
-    ("GPUBOT_STOP", "scancel", "*"),
-    ("GPUBOT_STOP", "systemctl", "stop *"),
+    *(("GPUBOT_INSPECT", *_split(r.lookup.sudo)) for r in RUNTIMES if r.lookup and r.lookup.sudo),
+    *(("GPUBOT_STOP", *_split(r.sudo_stop)) for r in RUNTIMES if r.sudo_stop),
 )
-INSPECT_OF = {"docker": "docker", "podman": "podman", "crictl": "crictl"}  # runtime -> program
-STOP_OF = {"docker": "docker", "podman": "podman", "slurm": "scancel"}
 _ENTRY = re.compile(r"\((?P<runas>[^)]*)\)\s*(?P<rest>.*)")
 _TAGS = re.compile(r"((?:[A-Z_]+:\s*)+)")
 _SPECIAL = '*?[]\\ \t,:=!"'
@@ -134,19 +137,16 @@ class SudoNeeds:
         need.append(("nvidia-smi", "--gpu-reset -i [0-9]*"))
         if self.toggle_persistence:
             need += [("nvidia-smi", "-pm 0 -i [0-9]*"), ("nvidia-smi", "-pm 1 -i [0-9]*")]
-        need += [(INSPECT_OF[r], "inspect *") for r in self.runtimes if r in INSPECT_OF]
+        listed = [r for t in self.runtimes for r in RUNTIMES if r.lookup and r.lookup.tool == t]
+        need += [_split(r.lookup.sudo) for r in listed if r.lookup and r.lookup.sudo]
         if self.stop_workloads:
-            need += [(STOP_OF[r], _stop_args(STOP_OF[r])) for r in self.runtimes if r in STOP_OF]
+            need += [_split(r.sudo_stop) for r in listed if r.sudo_stop]
         return need
 
     def allowed(self) -> set[tuple[str, str]]:
         """Return every (program, arguments) pair of the README's rule, for this node."""
         dev = sudoers_escape(self.dev_prefix)
         return {(prog, args.replace(DEV, dev)) for _, prog, args in README_RULE}
-
-
-def _stop_args(program: str) -> str:
-    return "*" if program == "scancel" else "stop *"
 
 
 def judge_grants(grants: Sequence[Grant], needs: SudoNeeds) -> tuple[list[str], list[str]]:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubot.core.models import Outcome
-from gpubot.core.workload import Workload, stop_command
+from gpubot.core.workload import Workload, describe, stop_command
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def classify(
         stop = stop_command(n.workload) if n.workload is not None else None
         if n.workload is not None and stop is not None:
             return Outcome.RESPAWNED, (
-                f"pid {n.pid} ({n.command}) took the GPU again in {n.workload.describe()}, "
+                f"pid {n.pid} ({n.command}) took the GPU again in {describe(n.workload)}, "
                 f"which restarts it: stop it with `{stop}`"
             )
         unit = f", unit {n.parent_unit}" if n.parent_unit else ""

@@ -11,7 +11,7 @@ from typing import Any
 
 from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.reset.protect import Protection, is_protected, program
-from gpubot.core.workload import Workload, named
+from gpubot.core.workload import Workload, describe, named, workload_from_dict
 from gpubot.errors import ResetRefused, UsageError
 
 
@@ -95,7 +95,7 @@ class ResetPlan:
     def workloads(self) -> tuple[str, ...]:
         """What the targets' workloads are, in words, each once, in target order."""
         said = [
-            t.workload.describe()
+            describe(t.workload)
             for t in self.targets
             if t.workload is not None and _named(t.workload)
         ]
@@ -140,7 +140,7 @@ class ResetPlan:
                         "gpus": tuple(t["gpus"]),
                         "reasons": tuple(t["reasons"]),
                         "also_on": tuple(t["also_on"]),
-                        "workload": Workload.from_dict(t.get("workload")),
+                        "workload": workload_from_dict(t.get("workload")),
                     }
                 )
                 for t in d["targets"]
@@ -304,7 +304,7 @@ def _target(
     )
     reasons: list[str] = []
     if first.workload is not None and _named(first.workload):
-        reasons.append(f"kills {first.workload.describe()}")
+        reasons.append(f"kills {describe(first.workload)}")
     mib_known = [p.used_memory_mib for p in procs if p.used_memory_mib is not None]
     if any(p.visible_to_nvidia_smi for p in procs):
         reasons.append(f"holds {sum(mib_known)} MiB on GPU {', '.join(map(str, on))}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpubot.core.reset.plan import ResetPlan
 from gpubot.core.reset.stop_script import MAX_CGROUPS, StopCheck, check_path
-from gpubot.core.runtimes.base import runtime_of
+from gpubot.core.runtimes import runtime_of
 from gpubot.core.workload import Workload, cgroup_paths, may_restart, stop_command
 
 NEEDS_APPROVAL = "stopping it needs an on-call approval"

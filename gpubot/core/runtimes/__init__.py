@@ -1,43 +1,41 @@
-"""The registry of runtimes: every module of this package that defines ``RUNTIMES``.
+"""The runtimes gpubot knows, in one list: ``RUNTIMES``.
 
-Each runtime lives in one module (``docker.py``, ``slurm.py`` ...; ``base.py`` says what one
-gives). The registry imports every module of the package, collects their ``RUNTIMES`` in the
-order each runtime names, checks them, and registers their kinds; ``core.cgroup_shapes``,
-``core.workload``, ``core.enrich``, ``core.reset.stopgate`` and config validation only iterate it.
-Adding a runtime is adding its module: nothing else names it.
+Each runtime is one ``Runtime`` value in its own module (``docker.py``, ``slurm.py`` ...;
+``base.py`` says what one gives). Within a rank their shapes are tried in this list's order.
+Adding a runtime is writing its module, naming its value here, and its test: everything else
+(``core.workload``, ``core.cgroup_shapes``, ``core.enrich``, ``reset.stopgate``, ``doctor.sudo``,
+config validation) iterates this list.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 from collections import Counter
 
-from gpubot.core.runtimes.base import Lookup, Runtime, register
+from gpubot.core.runtimes import docker, kubernetes, lxc, machined, other, podman, slurm, systemd
+from gpubot.core.runtimes.base import Lookup, Runtime
+
+RUNTIMES: tuple[Runtime, ...] = (
+    docker.RUNTIME,
+    podman.RUNTIME,
+    slurm.RUNTIME,
+    kubernetes.RUNTIME,
+    lxc.RUNTIME,
+    machined.RUNTIME,
+    systemd.SERVICE,
+    systemd.SESSION,
+    other.RUNTIME,  # what no runtime names: last
+)
 
 _KIND = re.compile(r"[a-z][a-z0-9-]{0,31}")
 _COMM = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # a process name as /proc/PID/status gives it
 
 
-def _discover() -> tuple[Runtime, ...]:
-    """Return the runtimes of every module of this package, by their ``order``."""
-    found: list[Runtime] = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for r in getattr(module, "RUNTIMES", ()):
-            if not isinstance(r, Runtime):
-                raise TypeError(f"{module.__name__}.RUNTIMES holds {r!r}, not a Runtime")
-            found.append(r)
-    return tuple(sorted(found, key=lambda r: r.order))
-
-
 def _check(runtimes: tuple[Runtime, ...]) -> None:
-    """Refuse a registry two runtimes would make ambiguous (a programming error)."""
+    """Refuse a list two runtimes would make ambiguous (a programming error)."""
     kinds = [r.kind for r in runtimes]
     tools = [r.lookup.tool for r in runtimes if r.lookup is not None]
-    orders = [str(r.order) for r in runtimes]
-    for what, values in (("kind", kinds), ("lookup tool", tools), ("order", orders)):
+    for what, values in (("kind", kinds), ("lookup tool", tools)):
         twice = sorted(v for v, n in Counter(values).items() if n > 1)
         if twice:
             raise ValueError(f"runtimes: {what} given twice: {', '.join(twice)}")
@@ -52,9 +50,18 @@ def _check(runtimes: tuple[Runtime, ...]) -> None:
                 raise ValueError(f"{r.kind}: a shape with a reason needs a reason_ group: {s}")
 
 
-RUNTIMES: tuple[Runtime, ...] = _discover()
 _check(RUNTIMES)
-register(RUNTIMES)
 
+BY_KIND: dict[str, Runtime] = {r.kind: r for r in RUNTIMES}
 LOOKUPS: dict[str, Lookup] = {r.lookup.tool: r.lookup for r in RUNTIMES if r.lookup is not None}
 """Each lookup by the tool name a node's settings list (``docker``, ``crictl`` ...)."""
+
+
+def runtime_of(kind: str) -> Runtime:
+    """Return the runtime of a listed kind (KeyError for any other)."""
+    return BY_KIND[kind]
+
+
+def find_runtime(kind: str | None) -> Runtime | None:
+    """Return the runtime of ``kind``, or None when it names none (text from a stored record)."""
+    return BY_KIND.get(kind) if kind is not None else None

@@ -3,23 +3,18 @@
 A runtime (a container engine, a scheduler, systemd ...) is one ``Runtime`` value in one module of
 this package: its kind, the cgroup shapes that name its workloads (``Shape``), how it says what
 a workload is (``describe``, ``short``), whose a workload is (``owner``), how to stop one for good
-and whether it comes back (``stop``, ``restarts``), and optionally how to ask the runtime for
-names (``Lookup``). ``gpubot.core.runtimes`` finds every module that defines ``RUNTIMES`` and
-registers them; ``core.workload``, ``core.enrich``, ``reset.stopgate`` and config validation only
-iterate that registry.
-
-A kind is an open set (each module adds its own), so ``WorkloadKind`` is a ``str`` interned per
-value rather than a closed ``StrEnum``: ``WorkloadKind("docker") is WorkloadKind.DOCKER``, and an
-unknown value is a ``ValueError`` as an enum's would be.
+and whether it comes back (``stop``, ``restarts``), the sudoers lines it needs, and optionally how
+to ask the runtime for names (``Lookup``). ``gpubot.core.runtimes`` lists them; everything else
+iterates that list. A workload's ``kind`` is its runtime's ``kind``, a plain string.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any
 
 from gpubot.core import text
 from gpubot.core.names import is_linux_user
@@ -47,51 +42,6 @@ def valid_user(name: str | None) -> bool:
     return is_linux_user(name)
 
 
-class _Kinds(type):
-    """Lets ``WorkloadKind.DOCKER`` name a registered kind without a closed list of members."""
-
-    _known: dict[str, WorkloadKind]
-
-    def __getattr__(cls, name: str) -> WorkloadKind:
-        if name.isupper() and (kind := cls._known.get(name.lower())) is not None:
-            return kind
-        raise AttributeError(name)
-
-    def __iter__(cls) -> Iterator[WorkloadKind]:
-        return iter(tuple(cls._known.values()))
-
-
-class WorkloadKind(str, metaclass=_Kinds):
-    """What kind of workload a process runs in: a registered runtime's kind, or ``other``."""
-
-    __slots__ = ()
-    _known: ClassVar[dict[str, WorkloadKind]] = {}
-
-    def __new__(cls, value: object) -> WorkloadKind:
-        kind = cls._known.get(value) if isinstance(value, str) else None
-        if kind is None:
-            raise ValueError(f"{value!r} is not a valid WorkloadKind")
-        return kind
-
-    @classmethod
-    def _define(cls, value: str) -> WorkloadKind:
-        if value not in cls._known:
-            cls._known[value] = str.__new__(cls, value)
-        return cls._known[value]
-
-    def __repr__(self) -> str:
-        return f"<WorkloadKind.{self.upper()}: {str(self)!r}>"
-
-    def __reduce__(self) -> tuple[type[WorkloadKind], tuple[str]]:
-        return (WorkloadKind, (str(self),))
-
-    def __copy__(self) -> WorkloadKind:
-        return self
-
-    def __deepcopy__(self, memo: object) -> WorkloadKind:
-        return self
-
-
 @dataclass(frozen=True)
 class Workload:
     """The workload of one process.
@@ -103,7 +53,7 @@ class Workload:
     here, and ``detail`` holds only strings.
     """
 
-    kind: WorkloadKind
+    kind: str  # its runtime's kind
     id: str  # container id, Slurm job id, pod uid, unit name, session, or the raw path
     name: str | None = None  # container name, Slurm job name, namespace/pod, unit
     owner: str | None = None
@@ -125,41 +75,6 @@ class Workload:
         user. A user names the cgroups of their own subtree freely, so a rootless container may
         carry a root container's id: by kind and id alone the two would be one workload."""
         return str(self.kind), self.id, (self.get("uid") or "") if self.get("rootless") else ""
-
-    @property
-    def short(self) -> str:
-        """Return a short label for tables: ``docker:train-llama``, ``slurm:8812.0``."""
-        return runtime_of(self.kind).short(self)
-
-    def describe(self) -> str:
-        """Say what killing this workload's process kills, for plans and approvals.
-
-        Every name is written by ``core.text.code`` (back-ticks, one line, none inside): a job
-        name such as ``x` *pre-approved* `y`` stays one literal, and each front end shows it as
-        one (a Slack code span, a terminal's text).
-        """
-        outer = self.get("outer")
-        if outer is not None:
-            name = self.get("outer_name") or outer[:12]
-            inside = f"{self.kind} container {text.code((self.get('inner_id') or '?')[:12])}"
-            return f"{inside} inside container {text.code(name)}{owned(self)}"
-        return runtime_of(self.kind).describe(self)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> Workload | None:
-        """Rebuild a workload from ``to_dict`` output (a stored plan); None for None."""
-        if d is None:
-            return None
-        detail = d.get("detail") or {}
-        if isinstance(detail, list):  # a plan's asdict() keeps the pairs as lists
-            detail = dict(detail)
-        return cls(
-            WorkloadKind(d["kind"]),
-            str(d["id"]),
-            d.get("name"),
-            d.get("owner"),
-            tuple(sorted((str(k), str(v)) for k, v in detail.items())),
-        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the ``status --json`` form."""
@@ -226,7 +141,9 @@ class Lookup:
     or empty), ``parse`` reads its standard output into a record per id found beyond doubt,
     ``target`` gives the id to ask about (only one matching ``ids`` is asked), ``apply`` puts a
     record on a workload, and ``contradicts`` says when a record disagrees with what root's
-    cgroup path says (such a record counts as not found).
+    cgroup path says (such a record counts as not found). ``sudo``: the sudoers command the
+    lookup runs as root (``docker inspect *``; None: it needs no root), what the README's
+    ``GPUBOT_INSPECT`` lists.
     """
 
     tool: str
@@ -236,6 +153,7 @@ class Lookup:
     target: Callable[[Workload], str | None]
     apply: Callable[[Workload, Found, str | None], Workload]
     contradicts: Callable[[Workload, Found], bool] = _never
+    sudo: str | None = None
 
 
 def default_short(w: Workload) -> str:
@@ -278,12 +196,13 @@ class Runtime:
     an unknown cgroup is not). ``root_helpers``: the process names (``comm``) of the runtime's
     own helpers that run as root inside each workload's cgroup (slurm's ``slurmstepd``): a
     self-service stop does not count them as another user's processes.
-    ``daemons``: patterns of the runtime's own units, never a workload.
+    ``daemons``: patterns of the runtime's own units, never a workload. ``sudo_stop``: the
+    sudoers command its ``stop`` runs as root (``docker stop *``), what the README's
+    ``GPUBOT_STOP`` lists and ``doctor`` checks.
     """
 
     kind: str
-    order: int
-    build: Callable[[WorkloadKind, str, Mapping[str, str]], Workload]
+    build: Callable[[str, str, Mapping[str, str]], Workload]
     describe: Callable[[Workload], str]
     shapes: tuple[Shape, ...] = ()
     daemons: tuple[str, ...] = ()
@@ -300,26 +219,7 @@ class Runtime:
     generic: int = 0
     named: bool = True  # worth naming in a plan, a table or an idle line
     root_helpers: tuple[str, ...] = ()
-
-
-_BY_KIND: dict[str, Runtime] = {}
-
-
-def register(runtimes: Sequence[Runtime]) -> None:
-    """Make each runtime's kind a ``WorkloadKind`` and the runtime the one ``runtime_of`` gives."""
-    for r in runtimes:
-        WorkloadKind._define(r.kind)
-        _BY_KIND[r.kind] = r
-
-
-def runtime_of(kind: str) -> Runtime:
-    """Return the runtime of a registered kind (KeyError for any other)."""
-    return _BY_KIND[kind]
-
-
-def find_runtime(kind: str | None) -> Runtime | None:
-    """Return the runtime of ``kind``, or None when it names none (text from a stored record)."""
-    return _BY_KIND.get(kind) if kind is not None else None
+    sudo_stop: str | None = None
 
 
 # --- rules that several runtimes share ----------------------------------------------------------
@@ -356,7 +256,7 @@ def container_owner(w: Workload, by_uid: str | None, label: str | None) -> str |
     return label if valid_user(label) else "root"
 
 
-def container_build(kind: WorkloadKind, path: str, g: Mapping[str, str]) -> Workload:
+def container_build(kind: str, path: str, g: Mapping[str, str]) -> Workload:
     """A docker or podman container: its id, and the uid of a rootless one's user slice."""
     return Workload(kind, g["id"]).with_detail(
         uid=g.get("uid"), rootless="yes" if "uid" in g else None

@@ -78,31 +78,30 @@ def _is_root(w: Workload, comp: str, prev: str) -> bool:
     return comp == f"docker-{w.id}.scope" or (prev == "docker" and comp == w.id)
 
 
-RUNTIMES = (
-    Runtime(
-        kind="docker",
-        order=10,
-        shapes=(
-            Shape(rf"/system\.slice/docker-(?P<id>{HEX64})\.scope{NEST}"),
-            Shape(rf"/docker/(?P<id>{HEX64}){NEST}"),
-            # Rootless: inside the user's own subtree, so the user's, whatever they say.
-            Shape(rf"{USER_MANAGER}docker-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
-        ),
-        daemons=(r"docker\.service", r"snap\.docker\.dockerd\.service"),
-        build=container_build,
-        describe=describe_container,
-        owner=container_owner,
-        stop=container_stop,
-        restarts=policy_restarts,
-        is_root=_is_root,
-        lookup=Lookup(
-            tool="docker",
-            ids=HEX64_ID,
-            argv=inspect_json.inspect_argv("docker"),
-            parse=parse_docker_inspect,
-            target=inspect_json.rootful_id,
-            apply=inspect_json.apply_container,
-        ),
-        nests=True,
+RUNTIME = Runtime(
+    kind="docker",
+    shapes=(
+        Shape(rf"/system\.slice/docker-(?P<id>{HEX64})\.scope{NEST}"),
+        Shape(rf"/docker/(?P<id>{HEX64}){NEST}"),
+        # Rootless: inside the user's own subtree, so the user's, whatever they say.
+        Shape(rf"{USER_MANAGER}docker-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
     ),
+    daemons=(r"docker\.service", r"snap\.docker\.dockerd\.service"),
+    build=container_build,
+    describe=describe_container,
+    owner=container_owner,
+    stop=container_stop,
+    restarts=policy_restarts,
+    is_root=_is_root,
+    lookup=Lookup(
+        tool="docker",
+        ids=HEX64_ID,
+        argv=inspect_json.inspect_argv("docker"),
+        parse=parse_docker_inspect,
+        target=inspect_json.rootful_id,
+        apply=inspect_json.apply_container,
+        sudo="docker inspect *",
+    ),
+    nests=True,
+    sudo_stop="docker stop *",
 )

@@ -35,7 +35,6 @@ from gpubot.core.runtimes.base import (
     Runtime,
     Shape,
     Workload,
-    WorkloadKind,
     always,
     container_owner,
     owned,
@@ -72,7 +71,7 @@ def _found(o: dict[str, Any]) -> Found:
     )
 
 
-def _build(kind: WorkloadKind, path: str, g: Mapping[str, str]) -> Workload:
+def _build(kind: str, path: str, g: Mapping[str, str]) -> Workload:
     pod = g["pod"].replace("_", "-")
     return Workload(kind, g.get("id") or pod).with_detail(
         pod_uid=pod,
@@ -108,56 +107,54 @@ def _crictl(ids: Sequence[str], sudo: Sequence[str]) -> list[str]:
     return [*sudo, "crictl", "inspect", *ids]
 
 
-RUNTIMES = (
-    Runtime(
-        kind="kubernetes",
-        order=40,
-        shapes=(
-            # The kubelet's systemd driver; kind's nodes use --cgroup-root=/kubelet.
-            Shape(
-                rf"/kubepods\.slice/(?:kubepods-(?:besteffort|burstable)\.slice/)?kubepods{_QOS}"
-                rf"-pod(?P<pod>{_POD})\.slice(?:/{_RT}-(?P<id>{HEX64})\.scope)?{NEST}"
-            ),
-            Shape(
-                rf"/kubelet\.slice/kubelet-kubepods\.slice/(?:kubelet-kubepods-(?:besteffort|"
-                rf"burstable)\.slice/)?kubelet-kubepods{_QOS}-pod(?P<pod>{_POD})\.slice"
-                rf"(?:/{_RT}-(?P<id>{HEX64})\.scope)?{NEST}"
-            ),
-            # containerd with SystemdCgroup=false under a kubelet using the systemd driver: runc
-            # takes the "slice:prefix:id" cgroupsPath as a path below containerd's own cgroup.
-            Shape(
-                rf"{ROOT_SLICES}(?:containerd\.service/)?kubepods{_QOS}-pod(?P<pod>{_POD})\.slice"
-                rf":{_RT}:(?P<id>{HEX64}){NEST}"
-            ),
-            Shape(
-                rf"(?:/kubelet)?/kubepods/(?:(?P<qos>besteffort|burstable)/)?pod(?P<pod>{_POD})"
-                rf"(?:/(?P<id>{HEX64}))?{NEST}"
-            ),
+RUNTIME = Runtime(
+    kind="kubernetes",
+    shapes=(
+        # The kubelet's systemd driver; kind's nodes use --cgroup-root=/kubelet.
+        Shape(
+            rf"/kubepods\.slice/(?:kubepods-(?:besteffort|burstable)\.slice/)?kubepods{_QOS}"
+            rf"-pod(?P<pod>{_POD})\.slice(?:/{_RT}-(?P<id>{HEX64})\.scope)?{NEST}"
         ),
-        daemons=(
-            r"containerd\.service",
-            r"crio\.service",
-            r"cri-o\.service",
-            r"cri-dockerd?\.service",
-            r"kubelet\.service",
-            r"k3s(?:-agent)?\.service",
-            r"rke2-(?:server|agent)\.service",
-            r"snap\.microk8s\.daemon-(?:containerd|kubelite)\.service",
+        Shape(
+            rf"/kubelet\.slice/kubelet-kubepods\.slice/(?:kubelet-kubepods-(?:besteffort|"
+            rf"burstable)\.slice/)?kubelet-kubepods{_QOS}-pod(?P<pod>{_POD})\.slice"
+            rf"(?:/{_RT}-(?P<id>{HEX64})\.scope)?{NEST}"
         ),
-        build=_build,
-        describe=_describe,
-        owner=container_owner,
-        restarts=always,  # the kubelet restarts a pod's containers
-        lookup=Lookup(
-            tool="crictl",
-            ids=HEX64_ID,
-            argv=_crictl,
-            parse=parse_crictl_inspect,
-            target=_container_id,
-            apply=_apply,
-            contradicts=_contradicts,
+        # containerd with SystemdCgroup=false under a kubelet using the systemd driver: runc
+        # takes the "slice:prefix:id" cgroupsPath as a path below containerd's own cgroup.
+        Shape(
+            rf"{ROOT_SLICES}(?:containerd\.service/)?kubepods{_QOS}-pod(?P<pod>{_POD})\.slice"
+            rf":{_RT}:(?P<id>{HEX64}){NEST}"
         ),
-        nests=True,
-        host_id=_container_id,
+        Shape(
+            rf"(?:/kubelet)?/kubepods/(?:(?P<qos>besteffort|burstable)/)?pod(?P<pod>{_POD})"
+            rf"(?:/(?P<id>{HEX64}))?{NEST}"
+        ),
     ),
+    daemons=(
+        r"containerd\.service",
+        r"crio\.service",
+        r"cri-o\.service",
+        r"cri-dockerd?\.service",
+        r"kubelet\.service",
+        r"k3s(?:-agent)?\.service",
+        r"rke2-(?:server|agent)\.service",
+        r"snap\.microk8s\.daemon-(?:containerd|kubelite)\.service",
+    ),
+    build=_build,
+    describe=_describe,
+    owner=container_owner,
+    restarts=always,  # the kubelet restarts a pod's containers
+    lookup=Lookup(
+        tool="crictl",
+        ids=HEX64_ID,
+        argv=_crictl,
+        parse=parse_crictl_inspect,
+        target=_container_id,
+        apply=_apply,
+        contradicts=_contradicts,
+        sudo="crictl inspect *",
+    ),
+    nests=True,
+    host_id=_container_id,
 )

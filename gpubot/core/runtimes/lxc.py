@@ -19,7 +19,6 @@ from gpubot.core.runtimes.base import (
     Runtime,
     Shape,
     Workload,
-    WorkloadKind,
     always,
     container_owner,
     owned,
@@ -28,7 +27,7 @@ from gpubot.core.runtimes.base import (
 _NAME = r"(?P<id>[A-Za-z0-9][A-Za-z0-9_.+-]{0,63})"
 
 
-def _build(kind: WorkloadKind, path: str, g: Mapping[str, str]) -> Workload:
+def _build(kind: str, path: str, g: Mapping[str, str]) -> Workload:
     return Workload(kind, g["id"], name=g["id"])
 
 
@@ -36,24 +35,21 @@ def _describe(w: Workload) -> str:
     return f"LXC/LXD container {text.code(w.id)}{owned(w)}"
 
 
-RUNTIMES = (
-    Runtime(
-        kind="lxc",
-        order=50,
-        shapes=(
-            # LXC 4+ and LXD (lxc.payload.NAME, lxc.monitor.NAME), LXC 3 and older (/lxc/NAME).
-            Shape(rf"/lxc\.payload[./]{_NAME}{NEST}"),
-            Shape(rf"/lxc/{_NAME}{NEST}"),
-            Shape(
-                r"/lxc\.monitor[./](?P<reason_lxc_monitor>[^/]+)" + TAIL,
-                reason="LXC's monitor of a container, not the container",
-            ),
+RUNTIME = Runtime(
+    kind="lxc",
+    shapes=(
+        # LXC 4+ and LXD (lxc.payload.NAME, lxc.monitor.NAME), LXC 3 and older (/lxc/NAME).
+        Shape(rf"/lxc\.payload[./]{_NAME}{NEST}"),
+        Shape(rf"/lxc/{_NAME}{NEST}"),
+        Shape(
+            r"/lxc\.monitor[./](?P<reason_lxc_monitor>[^/]+)" + TAIL,
+            reason="LXC's monitor of a container, not the container",
         ),
-        daemons=(r"snap\.lxd\.daemon\.service", r"lxd\.service", r"lxc\.service"),
-        build=_build,
-        describe=_describe,
-        owner=container_owner,
-        restarts=always,  # the container's own init starts its services again
-        nests=True,
     ),
+    daemons=(r"snap\.lxd\.daemon\.service", r"lxd\.service", r"lxc\.service"),
+    build=_build,
+    describe=_describe,
+    owner=container_owner,
+    restarts=always,  # the container's own init starts its services again
+    nests=True,
 )

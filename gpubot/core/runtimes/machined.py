@@ -27,7 +27,6 @@ from gpubot.core.runtimes.base import (
     Runtime,
     Shape,
     Workload,
-    WorkloadKind,
     always,
     container_owner,
     owned,
@@ -38,7 +37,7 @@ _NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a machine name gpub
 _HEX = re.compile(r"\\x([0-9a-f]{2})")
 
 
-def _build(kind: WorkloadKind, path: str, g: Mapping[str, str]) -> Workload:
+def _build(kind: str, path: str, g: Mapping[str, str]) -> Workload:
     escaped = g["id"]
     name = _HEX.sub(lambda m: chr(int(m[1], 16)), escaped)
     return Workload(kind, escaped, name=name if _NAME_OK.fullmatch(name) else None).with_detail(
@@ -62,27 +61,22 @@ def _noun(w: Workload, last: str) -> str:
     return f"machine `{last}`"
 
 
-RUNTIMES = (
-    Runtime(
-        kind="machine",
-        order=60,
-        shapes=(
-            Shape(
-                rf"/machine\.slice/(?P<unit>machine-(?P<id>{_ESCAPED})\.scope)(?:/payload)?{NEST}"
-            ),
-            Shape(
-                rf"/machine\.slice/(?P<unit>systemd-nspawn@(?P<id>{_ESCAPED})\.service)"
-                rf"(?:/payload)?{NEST}"
-            ),
+RUNTIME = Runtime(
+    kind="machine",
+    shapes=(
+        Shape(rf"/machine\.slice/(?P<unit>machine-(?P<id>{_ESCAPED})\.scope)(?:/payload)?{NEST}"),
+        Shape(
+            rf"/machine\.slice/(?P<unit>systemd-nspawn@(?P<id>{_ESCAPED})\.service)"
+            rf"(?:/payload)?{NEST}"
         ),
-        daemons=(r"systemd-machined\.service",),
-        build=_build,
-        describe=_describe,
-        owner=container_owner,  # root's, unless the configured owner label says otherwise
-        stop=_stop,
-        restarts=always,
-        is_root=_is_root,
-        noun=_noun,
-        nests=True,  # a container's own docker or podman
     ),
+    daemons=(r"systemd-machined\.service",),
+    build=_build,
+    describe=_describe,
+    owner=container_owner,  # root's, unless the configured owner label says otherwise
+    stop=_stop,
+    restarts=always,
+    is_root=_is_root,
+    noun=_noun,
+    nests=True,  # a container's own docker or podman
 )

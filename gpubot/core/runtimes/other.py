@@ -22,12 +22,11 @@ from gpubot.core.runtimes.base import (
     Runtime,
     Shape,
     Workload,
-    WorkloadKind,
     printable_path,
 )
 
 
-def _build(kind: WorkloadKind, path: str, g: Mapping[str, str]) -> Workload:
+def _build(kind: str, path: str, g: Mapping[str, str]) -> Workload:
     return Workload(kind, printable_path(path)).with_detail(reason=g.get("reason"))
 
 
@@ -41,23 +40,20 @@ def _short(w: Workload) -> str:
 
 _APPTAINER = "Apptainer cgroup named by its starter's PID: no stable container id"
 
-RUNTIMES = (
-    Runtime(
-        kind=OTHER,
-        order=1000,
-        shapes=(
-            # Apptainer/Singularity --apply-cgroups: a scope or folder named by the starter's PID.
-            Shape(
-                r"(?:/system\.slice/(?P<reason_apptainer>(?:apptainer|singularity)(?:-oci)?-[^/]+"
-                r"\.scope)|/(?P<reason_apptainer_fs>apptainer|singularity)/\d+)" + TAIL,
-                Rank.UNIT,
-                reason=_APPTAINER,
-            ),
+RUNTIME = Runtime(
+    kind=OTHER,
+    shapes=(
+        # Apptainer/Singularity --apply-cgroups: a scope or folder named by the starter's PID.
+        Shape(
+            r"(?:/system\.slice/(?P<reason_apptainer>(?:apptainer|singularity)(?:-oci)?-[^/]+"
+            r"\.scope)|/(?P<reason_apptainer_fs>apptainer|singularity)/\d+)" + TAIL,
+            Rank.UNIT,
+            reason=_APPTAINER,
         ),
-        build=_build,
-        describe=_describe,
-        short=_short,
-        generic=2,
-        named=False,
     ),
+    build=_build,
+    describe=_describe,
+    short=_short,
+    generic=2,
+    named=False,
 )

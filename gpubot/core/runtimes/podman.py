@@ -53,31 +53,30 @@ def _is_root(w: Workload, comp: str, prev: str) -> bool:
     return comp in (f"libpod-{w.id}.scope", f"libpod-{w.id}")
 
 
-RUNTIMES = (
-    Runtime(
-        kind="podman",
-        order=20,
-        shapes=(
-            Shape(rf"/(?:machine|system)\.slice/libpod-(?P<id>{HEX64})\.scope{NEST}"),
-            Shape(rf"/libpod_parent/libpod-(?P<id>{HEX64}){NEST}"),
-            # Rootless: inside the user's own subtree, so the user's, whatever they say.
-            Shape(rf"{USER_MANAGER}libpod-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
-        ),
-        daemons=(r"podman\.service",),
-        build=container_build,
-        describe=describe_container,
-        owner=container_owner,
-        stop=container_stop,
-        restarts=policy_restarts,
-        is_root=_is_root,
-        lookup=Lookup(
-            tool="podman",
-            ids=HEX64_ID,
-            argv=inspect_json.inspect_argv("podman"),
-            parse=parse_podman_inspect,
-            target=inspect_json.rootful_id,
-            apply=inspect_json.apply_container,
-        ),
-        nests=True,
+RUNTIME = Runtime(
+    kind="podman",
+    shapes=(
+        Shape(rf"/(?:machine|system)\.slice/libpod-(?P<id>{HEX64})\.scope{NEST}"),
+        Shape(rf"/libpod_parent/libpod-(?P<id>{HEX64}){NEST}"),
+        # Rootless: inside the user's own subtree, so the user's, whatever they say.
+        Shape(rf"{USER_MANAGER}libpod-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
     ),
+    daemons=(r"podman\.service",),
+    build=container_build,
+    describe=describe_container,
+    owner=container_owner,
+    stop=container_stop,
+    restarts=policy_restarts,
+    is_root=_is_root,
+    lookup=Lookup(
+        tool="podman",
+        ids=HEX64_ID,
+        argv=inspect_json.inspect_argv("podman"),
+        parse=parse_podman_inspect,
+        target=inspect_json.rootful_id,
+        apply=inspect_json.apply_container,
+        sudo="podman inspect *",
+    ),
+    nests=True,
+    sudo_stop="podman stop *",
 )

@@ -31,7 +31,6 @@ from gpubot.core.runtimes.base import (
     Runtime,
     Shape,
     Workload,
-    WorkloadKind,
     always,
     valid_user,
 )
@@ -155,7 +154,7 @@ def _contradicts(w: Workload, found: Found) -> bool:
     return uid is not None and found.uid is not None and uid != str(found.uid)
 
 
-def _build(kind: WorkloadKind, path: str, g: Mapping[str, str]) -> Workload:
+def _build(kind: str, path: str, g: Mapping[str, str]) -> Workload:
     job = g.get("job") or g["sluid"]
     return Workload(kind, job).with_detail(step=g.get("step"), uid=g.get("uid"))
 
@@ -202,46 +201,44 @@ def _job_id(w: Workload) -> str | None:
     return w.id  # scontrol is asked by numeric job id only (the lookup's ids)
 
 
-RUNTIMES = (
-    Runtime(
-        kind="slurm",
-        order=30,
-        shapes=(
-            Shape(
-                r"/slurm(?:_[A-Za-z0-9._-]+)?/uid_(?P<uid>\d+)/job_(?P<job>\d+)"
-                r"(?:/step_(?P<step>[a-z0-9]+))?" + TAIL
-            ),
-            Shape(
-                r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/(?:job_(?P<job>\d+)|(?P<sluid>"
-                + SLUID
-                + r"))(?:/step_(?P<step>[a-z0-9]+))?"
-                + TAIL
-            ),
+RUNTIME = Runtime(
+    kind="slurm",
+    shapes=(
+        Shape(
+            r"/slurm(?:_[A-Za-z0-9._-]+)?/uid_(?P<uid>\d+)/job_(?P<job>\d+)"
+            r"(?:/step_(?P<step>[a-z0-9]+))?" + TAIL
         ),
-        daemons=(
-            r"slurmd\.service",
-            r"slurmctld\.service",
-            r"slurmdbd\.service",
-            r"(?:[^/]+_)?slurmstepd\.scope",
+        Shape(
+            r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/(?:job_(?P<job>\d+)|(?P<sluid>"
+            + SLUID
+            + r"))(?:/step_(?P<step>[a-z0-9]+))?"
+            + TAIL
         ),
-        build=_build,
-        describe=_describe,
-        short=_short,
-        owner=_owner,
-        stop=_stop,
-        stop_note="ends the job on every node it runs on, not only on this one",
-        restarts=always,  # its batch script may start the next step
-        root_helpers=("slurmstepd",),  # in each job's own cgroup, as root
-        is_root=_is_root,
-        noun=_noun,
-        lookup=Lookup(
-            tool="slurm",
-            ids=_JOB_ID,
-            argv=_argv,
-            parse=parse_scontrol,
-            target=_job_id,
-            apply=_apply,
-            contradicts=_contradicts,
-        ),
+    ),
+    daemons=(
+        r"slurmd\.service",
+        r"slurmctld\.service",
+        r"slurmdbd\.service",
+        r"(?:[^/]+_)?slurmstepd\.scope",
+    ),
+    build=_build,
+    describe=_describe,
+    short=_short,
+    owner=_owner,
+    stop=_stop,
+    stop_note="ends the job on every node it runs on, not only on this one",
+    sudo_stop="scancel *",
+    restarts=always,  # its batch script may start the next step
+    root_helpers=("slurmstepd",),  # in each job's own cgroup, as root
+    is_root=_is_root,
+    noun=_noun,
+    lookup=Lookup(
+        tool="slurm",
+        ids=_JOB_ID,
+        argv=_argv,
+        parse=parse_scontrol,
+        target=_job_id,
+        apply=_apply,
+        contradicts=_contradicts,
     ),
 )

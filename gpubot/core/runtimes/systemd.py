@@ -21,7 +21,6 @@ from gpubot.core.runtimes.base import (
     Runtime,
     Shape,
     Workload,
-    WorkloadKind,
     always,
 )
 
@@ -29,7 +28,7 @@ _LOGIN = r"ssh|sshd|openssh-server|cron|crond|cronie|anacron|atd|xrdp|xrdp-sesma
 _UNIT_OK = re.compile(r"[A-Za-z0-9:_.@-]+\.service")
 
 
-def _build(kind: WorkloadKind, path: str, g: Mapping[str, str]) -> Workload:
+def _build(kind: str, path: str, g: Mapping[str, str]) -> Workload:
     return Workload(kind, g["unit"]).with_detail(uid=g.get("uid"))
 
 
@@ -56,7 +55,6 @@ def _noun(w: Workload, last: str) -> str:
 
 SERVICE = Runtime(
     kind="service",
-    order=80,
     shapes=(
         # Without pam_systemd, every login or cron job stays in the unit of the daemon that
         # started it: stopping that unit would end sshd or cron (and everyone's sessions).
@@ -74,6 +72,7 @@ SERVICE = Runtime(
     build=_build,
     describe=_describe_service,
     stop=_stop,
+    sudo_stop="systemctl stop *",
     restarts=always,
     is_root=_is_unit,
     noun=_noun,
@@ -82,7 +81,6 @@ SERVICE = Runtime(
 
 SESSION = Runtime(
     kind="session",
-    order=90,
     shapes=(
         Shape(
             r"/user\.slice/user-(?P<uid>\d+)\.slice/(?P<unit>session-[0-9a-z]+\.scope)" + TAIL,
@@ -98,5 +96,3 @@ SESSION = Runtime(
     generic=1,
     named=False,  # a bare login session: the process's user says it all
 )
-
-RUNTIMES = (SERVICE, SESSION)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from gpubot.core.durations import TIME_SLACK_S
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.reset.plan import owner_of
-from gpubot.core.workload import named
+from gpubot.core.workload import describe, named
 
 DEFAULT_MIN_MIB = 4096
 DEFAULT_HOURS = 4.0
@@ -132,7 +132,7 @@ def idle_summary(p: GpuProcess, g: GpuInfo, idle_for: str) -> str:
     line = f"{who} holds {p.used_memory_mib} MiB of GPU {g.index}, idle (0 %) for {idle_for}"
     w = p.workload
     if w is not None and named(w):
-        line += f": {w.describe()}"
+        line += f": {describe(w)}"
     return line
 
 
