@@ -1,7 +1,5 @@
-"""Transports to nodes: ``ssh`` (an asyncssh pool) for remote boxes, ``local`` (NVML and local
-processes) for ``host = "local"``, and ``scripted`` (answers from a function: the fast seam for
-tests); the only place that imports asyncssh and pynvml. Each maps its library's errors to
-gpubot's at one boundary (``transport.boundary.map_errors``)."""
+"""Transports to nodes: ``ssh``, ``local`` (NVML) and ``scripted`` (the seam for tests); the only
+place that imports asyncssh and pynvml, each mapping its library's errors at one boundary."""
 
 from __future__ import annotations
 
@@ -54,7 +52,6 @@ class RoutingTransport:
 
 
 def make_transport(ssh: SshSettings, nodes: int = 0) -> RoutingTransport:
-    """Return the transport for an inventory of ``nodes``: local nodes run here, the rest over
-    SSH; a fleet larger than the descriptor limit allows is said in one line, once."""
+    """Return the transport for ``nodes`` nodes: local ones here, the rest over SSH."""
     descriptors.check_fleet(nodes)
     return RoutingTransport(ssh)

@@ -1,17 +1,12 @@
 """Where library errors become gpubot's: one context manager for every transport.
 
-httpx's ``map_httpcore_exceptions`` is the model: a table from the library's exception types to
-gpubot's, and one ``with map_errors(node, table):`` around each call into the library. What
-each call's failure means differs (a timeout opening a session is a stalled connection, one
-reading its output a command out of time), so each call site gives its own table, with the one
-line a person sees for each entry; the mechanism, and the rule for choosing an entry, is here.
+What a failure means differs by call (a timeout opening a session is a stalled connection, one
+reading output a command out of time), so each call site gives its own table of library
+exception types to gpubot's, with the line a person sees (httpx's ``map_httpcore_exceptions``).
 
-The entry chosen is the one for the nearest class in the exception's MRO (``TimeoutError``
-before ``OSError``, ``asyncssh.PermissionDenied`` before ``asyncssh.Error``), so the order of
-a table never matters. gpubot's own errors pass through untouched: ``NodeUnreachable`` is also
-a ``ConnectionError`` and ``CommandTimeout`` a ``TimeoutError``, and neither is mapped twice.
-Anything the table does not name passes through too, and so does ``CancelledError`` (not an
-``Exception``).
+The entry for the nearest class in the exception's MRO wins, so a table's order never matters.
+gpubot's own errors pass untouched (``CommandTimeout`` is also a ``TimeoutError``: never mapped
+twice), and so does anything the table does not name.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The process's descriptor limit: raised at start, read for the SSH pool's cap (issue 24).
+"""The process's descriptor limit: raised at start, read for the SSH pool's cap.
 
-The arithmetic and the lines said are ``core.fdbudget``'s; this module only reads and sets
-``RLIMIT_NOFILE`` and logs. ``gpubot``'s CLI calls ``raise_soft_limit`` once before a command
-that reaches the fleet (``gpubot.cli.FLEET_COMMANDS``); the SSH transport caps its pool at
-``connection_cap()``; whoever knows the fleet's size calls ``check_fleet`` to say, in one line,
-that the fleet is larger than the limit allows.
+The arithmetic is ``core.fdbudget``'s; this module reads and sets ``RLIMIT_NOFILE`` and logs.
 """
 
 from __future__ import annotations
@@ -25,11 +21,8 @@ def limits() -> tuple[int, int | None]:
 
 
 def raise_soft_limit() -> tuple[int, int]:
-    """Raise the soft ``RLIMIT_NOFILE`` to the hard one, as servers do; log one line.
-
-    Return (before, after). A limit the kernel refuses (``fs.nr_open`` below an unlimited hard
-    limit) is left as it was, and the line says so.
-    """
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one, as servers do; return (before, after).
+    One the kernel refuses (``fs.nr_open``) is left as it was, and the logged line says so."""
     before, hard = limits()
     target = fdbudget.raised_to(before, hard)
     if target > before:

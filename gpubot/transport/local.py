@@ -1,15 +1,12 @@
 """The local transport: the box gpubot runs on (``host = "local"``).
 
-Commands run with ``asyncio.create_subprocess_exec`` (never a shell) with the same timeout and
-error semantics as SSH: a missing program is exit 127, a timeout kills the command's whole process
-group and raises ``CommandTimeout``, output past the cap kills it and raises ``ProbeError``. GPUs
-are read through NVML (``pynvml``); when NVML is missing or fails, callers fall back to
-``nvidia-smi`` through the probe.
+Commands run without a shell, with SSH's timeout and error semantics: a missing program is exit
+127, a timeout kills the whole process group (``CommandTimeout``), output past the cap kills it
+(``ProbeError``). GPUs are read through NVML; without it, callers fall back to nvidia-smi.
 
-NVML parity with the nvidia-smi path: a GPU NVML calls lost (or needing a reset) is one flagged
-row, never a failed node; a GPU in MIG mode is flagged ``mig`` and its instances' processes are
-listed against it; each GPU carries its device minor. Calls an old driver's library lacks
-(FUNCTION_NOT_FOUND) are remembered per library for the process's life, not asked on every probe.
+NVML matches the nvidia-smi path: a lost GPU is one flagged row, never a failed node; a MIG GPU
+lists its instances' processes; each GPU carries its device minor. Calls an old driver's library
+lacks are remembered for the process's life, not asked on every probe.
 """
 
 from __future__ import annotations
@@ -135,10 +132,8 @@ class LocalTransport:
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:
-    """Kill the command's process group (ours: it was started in a new session) and reap it.
-
-    Its pipes are read to their end too (``communicate``, not ``wait``): a read stopped at the
-    output cap leaves a pipe transport paused short of EOF, open until it is collected."""
+    """Kill the command's process group (its own session) and reap it, reading its pipes to
+    their end: a read stopped at the cap leaves a pipe transport open until collected."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
@@ -154,12 +149,8 @@ def _import_pynvml(node: str) -> Any:
 
 
 def nvml_query(node: str = "local", *, nvml: Any = None) -> NvmlTables:
-    """Read every GPU and compute process through NVML; raise SmiMissing when NVML is absent.
-
-    A GPU that NVML calls lost is a row of unknowns flagged ``lost`` (one that needs a reset:
-    ``requires-reset``), the others are listed as usual; a GPU in MIG mode is flagged ``mig`` and
-    its instances' processes are listed against it. Any other NVML error raises SmiFailed.
-    """
+    """Read every GPU and compute process through NVML; SmiMissing when NVML is absent, a lost
+    GPU a flagged row of unknowns, any other NVML error SmiFailed."""
     lib = nvml if nvml is not None else _import_pynvml(node)
     try:
         lib.nvmlInit()
@@ -228,11 +219,8 @@ class _Reader:
         quiet: Collection[int] = _NOT_AVAILABLE,
         **kwargs: Any,
     ) -> Any:
-        """Return ``lib.name(*args)``: None when the value is unknown, _ABSENT when no such call.
-
-        Raise _Lost when the GPU is lost; a GPU that needs a reset is flagged and its value is
-        None; error codes not in ``quiet`` and not these raise as they are.
-        """
+        """Return ``lib.name(*args)``: None when unknown, _ABSENT when no such call; _Lost when
+        the GPU is lost."""
         key = key or name
         fn = getattr(self.lib, name, None)
         if key in self.missing or not callable(fn):

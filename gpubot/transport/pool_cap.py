@@ -1,11 +1,9 @@
 """The SSH pool's cap: at most so many connections open, so the descriptor limit is never hit.
 
-One connection per node is kept open while it is idle (issue 24: a fleet past the descriptor
-limit made the last nodes fail with ``EMFILE`` and look unreachable). A command first holds its
-node's place (``held``): a node with a place keeps its connection; a node without one, when the
-pool is full, takes the place of the least recently used node with no command running, whose
-connection is closed; when every place is busy it waits for one (at most ``wait_s``), then fails
-in one line. The first time a connection is closed to make room, one warning says why.
+Idle connections stay open, one per node; past the descriptor limit the last nodes failed with
+``EMFILE`` and looked unreachable. A command holds its node's place; when the pool is full, a
+new node takes the place of the least recently used idle one, whose connection is closed; when
+every place is busy it waits at most ``wait_s``, then fails in one line.
 """
 
 from __future__ import annotations

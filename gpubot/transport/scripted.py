@@ -1,17 +1,10 @@
 """The scripted transport: answers come from a function, not from a node (httpx's
 ``MockTransport`` is the model).
 
-``ScriptedTransport(handler)`` implements the ``Transport`` port. Every ``run`` is one ``Call``
-(the node, the argv, the timeout) given to ``handler``, which returns the ``CommandResult``
-(or an awaitable of one), or raises a ``TransportError`` as a real transport would (a node
-unreachable, a command timing out). The argv is checked as the real transports check it, and
-every call is kept in ``calls``, in order, for a test to look at. Nothing is started, so a
-service over it answers in milliseconds: the seam for tests of service behaviour, and for
-front ends shown without a fleet.
-
-``answer`` builds a handler from a table: a gpubot script's name (``gpubot-probe``,
-``gpubot-signal`` ...; the name it gives itself in ``$0``) or a program's name, to a result or
-an error.
+Every ``run`` is one ``Call`` given to the handler, which returns a result or raises as a real
+transport would. The argv is checked as the real transports check it, and every call is kept
+for a test to look at. Nothing is started: the seam for tests of services, and for front ends
+shown without a fleet.
 """
 
 from __future__ import annotations
@@ -89,11 +82,8 @@ class ScriptedTransport:
 
 
 def answer(table: Mapping[str, Reply | Callable[[Call], Reply]]) -> Callable[[Call], CommandResult]:
-    """Return a handler that looks up each call's ``program`` in ``table``.
-
-    A value is a result (given back with the call's argv), an error (raised), or a function
-    of the call returning either. A program not in the table is exit 127, as a shell says.
-    """
+    """Return a handler that looks up each call's ``program`` in ``table`` (a result, an error
+    to raise, or a function of the call); a program not there is exit 127, as a shell says."""
 
     def handler(call: Call) -> CommandResult:
         found = table.get(call.program)

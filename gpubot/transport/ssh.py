@@ -1,17 +1,11 @@
 """The SSH transport: a pool of persistent asyncssh connections, one per node.
 
-Commands are argv lists joined with ``shlex.join``. A command's output is read up to a cap
-(``max_output_bytes``, stdout and stderr together): a node that prints more is a ``ProbeError``
-(its answer unknown, in one line), and the command is abandoned, never buffered without end. A
-command given up on (timeout, cap, cancellation) is sent TERM and its channel is closed. The TERM is
-a courtesy: OpenSSH's sshd (9.2, seen here) passes no signal on and keeps the session's processes,
-which is why the probe carries a watchdog of its own (``core.probe.guards``); other remote scripts
-(a stop, a signal batch) run to their end. Host keys are always verified against the
-configured known_hosts file: there is deliberately no switch to turn that off. Nothing else in
-``~/.ssh`` is trusted: not its config, and not the X.509 CA bundle (``ca-bundle.crt``) or
-certificate folder (``crt/``) that asyncssh would load by default. Every asyncssh or socket error
-is translated at this boundary into the ``TransportError`` tree, by a table per call given to
-``transport.boundary.map_errors``.
+Output is read up to a cap: a node that prints more is a ``ProbeError`` (its answer unknown),
+never buffered without end. A command given up on is sent TERM and its channel closed; the TERM
+is a courtesy, since sshd passes no signal on and keeps the session's processes, which is why
+the probe carries its own watchdog. Host keys are always verified against the configured
+known_hosts, with deliberately no switch to turn that off. Nothing else in ``~/.ssh`` is
+trusted: not its config, nor the X.509 CA bundle or certificate folder asyncssh would load.
 """
 
 from __future__ import annotations
@@ -78,10 +72,9 @@ def exit_status_of(status: int | None, sig: tuple[str, bool, str, str] | None) -
     return None
 
 
-# AES-GCM first, then asyncssh's own order (OpenSSH's "^" prefix): asyncssh's first choice,
-# chacha20-poly1305, is several calls from Python per packet, AES-GCM one call into OpenSSL.
-# A warm exec cost the client 35-40 % less CPU with it (benchmarks/README.md, "SSH ciphers").
-# A server that offers neither still gets every other default.
+# AES-GCM first, then asyncssh's own order: its first choice, chacha20-poly1305, is several
+# calls from Python per packet, AES-GCM one call into OpenSSL (benchmarks/README.md, "SSH
+# ciphers"). A server that offers neither still gets every other default.
 CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
 
@@ -118,7 +111,7 @@ class SshTransport:
         self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
     ) -> CommandResult:
         """Run ``argv`` on ``node`` (joined with ``shlex.join``) and return its result."""
-        async with self._cap.held(node.name, self._ssh.connect_timeout_s):  # issue 24: pool cap
+        async with self._cap.held(node.name, self._ssh.connect_timeout_s):
             return await self._run(node, argv, timeout=timeout)
 
     def _evict(self, name: str) -> None:
@@ -167,7 +160,7 @@ class SshTransport:
         retry: bool,
     ) -> asyncssh.SSHClientProcess[bytes] | None:
         """Open a session running ``command``; None (with ``retry``) when the pooled connection
-        died since its last use (server restarted, network blip): nothing ran yet."""
+        died since its last use: nothing ran yet."""
 
         def refused(exc: BaseException) -> str:
             return f"cannot open an SSH session: {exc}"
@@ -357,8 +350,8 @@ class SshTransport:
 
 
 def _stale(conn: asyncssh.SSHClientConnection, cause: BaseException | None) -> bool:
-    """Whether a session failed to open because the pooled connection had died (closed, or
-    disconnected): not a stalled one (a timeout), which a second try would not help."""
+    """Whether a session failed because the pooled connection had died, not stalled (a second
+    try would not help a stalled one)."""
     if isinstance(cause, TimeoutError):
         return False
     return conn.is_closed() or isinstance(cause, asyncssh.DisconnectError | ConnectionError)

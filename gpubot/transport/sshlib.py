@@ -1,11 +1,8 @@
 """asyncssh, imported the one way gpubot (and the simulator) import it.
 
-cryptography 51 deprecated DSA, and asyncssh names the DSA classes while it is imported: every
-``gpubot`` command would print that deprecation before its output, and a JSON log stream would
-get lines that are not JSON. gpubot never offers or accepts DSA keys, so the warning means nothing
-to an operator. It is ignored here, narrowly: that category, that message, raised from asyncssh's
-own modules only. Any other warning, from asyncssh or anywhere else, still reaches the filters the
-process has (``-W error`` in the tests).
+cryptography 51 deprecated DSA, and asyncssh names the DSA classes on import: every command would
+print that warning and a JSON log stream would get lines that are not JSON. gpubot never uses DSA
+keys, so it is ignored here, narrowly: that category and message, from asyncssh's modules only.
 """
 
 from __future__ import annotations
