@@ -16,10 +16,9 @@ from gpubot.errors import GpubotError, StdoutClosed
 # The commands that open one connection per node: they raise the soft descriptor limit first.
 FLEET_COMMANDS = frozenset({"serve", "sweep", "status", "console"})
 EXIT_SIGPIPE = 128 + 13  # 141: a closed pipe stopped the command (see main)
-# 2: gpubot refused (a GpubotError: bad settings or input, a missing token, a busy port, a
-# database behind), as argparse does for bad flags. A restart does not fix it: the systemd
-# unit's RestartPreventExitStatus= names it (a database down at boot fails ExecStartPre, which
-# that setting does not cover, so that one is still retried).
+# 2: gpubot refused (a GpubotError), as argparse does for bad flags. A restart does not fix it,
+# so the systemd unit's RestartPreventExitStatus= names it (a database down at boot fails
+# ExecStartPre, which that does not cover, so that one is still retried).
 EXIT_ERROR = 2
 
 
@@ -77,13 +76,9 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run gpubot; return the exit status.
-
-    A reader that goes away (``gpubot status --json | head -1``) ends the command quietly with
-    141, 128 + SIGPIPE: what the shell reports for any program a closed pipe stops (``yes |
-    head``), as 130 (128 + SIGINT) is for an interrupt, so that ``set -o pipefail`` scripts can
-    tell it from gpubot's own failures (1, 2).
-    """
+    """Run gpubot; return the exit status. A reader that goes away ends the command quietly
+    with 141 (128 + SIGPIPE), as a shell reports it, so ``set -o pipefail`` scripts can tell it
+    from gpubot's own failures."""
     try:
         try:
             code = run_command(argv)
@@ -102,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, configure logging and run the command (``main`` without its closed-pipe
-    handling, which tests switch off by calling this)."""
+    handling)."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(args_in)
     try:
@@ -117,7 +112,7 @@ def run_command(argv: Sequence[str] | None = None) -> int:
                 args.log_format, os.environ, logs.FORMAT_ENV, logs.FORMATS, logs.DEFAULT_FORMAT
             ),
         )
-        if command in FLEET_COMMANDS:  # one connection per node: as servers do (issue 24)
+        if command in FLEET_COMMANDS:  # one connection per node: as servers do
             from gpubot.transport.descriptors import raise_soft_limit
 
             raise_soft_limit()

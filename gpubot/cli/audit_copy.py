@@ -1,13 +1,10 @@
 """``db downgrade --i-have-a-copy PATH``: check that PATH is a whole ``gpubot audit export`` of
 the log about to be dropped, before a single record is.
 
-A person's word that a copy exists is not enough: the file named may be an older export, of
-another database, cut short, or not an export at all. So it must parse as ``audit export``
-writes it (jsonl or csv), every record must link to the one before it from the first, it must
-hold at least as many records as the log and end at the log's chain head (seq and hash), and
-the chain's hashes must recompute: the sha256 of a plain log always, a keyed log's HMACs when
-``$GPUBOT_AUDIT_KEY`` is here (without the key, the links and the head are what is checked).
-The file is read as a stream, twice at most: a large log is never held in memory.
+A person's word is not enough: the file may be an older export, another database's, cut short,
+or no export at all. So it must parse as an export, link record to record from the first, end at
+the log's chain head, and its hashes must recompute (a keyed log's only with the key). It is
+read as a stream, twice at most, never held in memory.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ STRINGS = ("kind", "created_at", "actor", "source", "payload", "prev_hash", "has
 
 
 def check_copy(path: str, records: int, head: tuple[int, str], key: bytes | None) -> None:
-    """Raise ``UsageError`` (one line) unless ``path`` is a whole export of the log whose
-    ``records`` end at ``head`` (seq, hash); ``key``: the chain's HMAC key, if any."""
+    """Raise ``UsageError`` unless ``path`` is a whole export of the log ending at ``head``."""
     count, last = _links(path)
     again = f"export it again: gpubot audit export -o {path}"
     if count < records:
@@ -49,8 +45,7 @@ def check_copy(path: str, records: int, head: tuple[int, str], key: bytes | None
 
 
 def _links(path: str) -> tuple[int, tuple[int, str] | None]:
-    """Return how many records ``path`` holds and its last one's (seq, hash); raise
-    ``UsageError`` where a record does not follow the one before it."""
+    """Return how many records ``path`` holds and its last one's (seq, hash), each linked."""
     count, prev = 0, (0, GENESIS)
     for r in _records(path):
         if r.seq != prev[0] + 1 or r.prev_hash != prev[1]:

@@ -1,9 +1,7 @@
 """``audit list [--kind K,…]`` and ``audit show ID`` for records that are not actions.
 
-An action (a reset, a GPU reset, a refused request) is an intent, events and an outcome, and
-reads as one row; every other record (a claim, an approval, a ladder step, a digest post …)
-is one row of its own. Both kinds of id are the seq of a record (an action's id is its
-intent's), so ``audit show`` takes any id the listing printed.
+An action (intent, events, outcome) reads as one row; every other record is one row of its own.
+Both ids are a record's seq, so ``audit show`` takes any id the listing printed.
 """
 
 from __future__ import annotations
@@ -76,8 +74,7 @@ def print_listing(items: Sequence[Listed], as_json: bool, out: TextIO, empty: st
 
 
 def show_record(rec: AuditRecord) -> str:
-    """Return one record in full, for ``audit show``: every stored field, the payload as
-    indented JSON, and the action it belongs to."""
+    """Return one record in full for ``audit show``."""
     lines = [
         f"record {rec.seq}: {listing_kind(rec)} ({status_of(rec)}) on {rec.node or '-'}",
         f"  who:      {rec.actor} via {rec.source}",

@@ -1,4 +1,4 @@
-"""Claims under ``gpubot status`` (issue 26): light, so the cold status path stays fast."""
+"""Claims under ``gpubot status``: light, so the cold status path stays fast."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from gpubot.errors import StoreError
 
 
 async def claims_on(app: App, nodes: list[str]) -> list[Claim] | None:
-    """Return the active claims of ``nodes`` for ``gpubot status`` (None: claims are off or
-    the store is unavailable: the status stands)."""
+    """Return the active claims of ``nodes`` (None: off or unavailable; the status stands)."""
     if not app.settings.claims.enabled or app.store is None:
         return None
     try:

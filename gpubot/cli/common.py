@@ -73,8 +73,8 @@ def with_status_app(args: argparse.Namespace, body: Callable[[App], Awaitable[T]
 async def interrupted_on(
     store: Store | None, nodes: Sequence[str] | None
 ) -> list[ActionSummary] | None:
-    """Return the interrupted, unreviewed actions on ``nodes`` (None: every node), from one
-    query; None when there is no audit log to ask or it cannot be read (said on stderr)."""
+    """Return the interrupted, unreviewed actions on ``nodes``; None when there is no audit
+    log or it cannot be read (said on stderr)."""
     if store is None:
         return None
     try:

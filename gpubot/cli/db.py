@@ -1,12 +1,9 @@
 """``gpubot db upgrade | current | downgrade REV``: the database schema.
 
-A downgrade drops the tables its migrations created, and some of them hold what no one can
-rebuild: the audit log, approvals, claims (``store.drops.PROTECTED``). So while any such record
-would go, ``downgrade`` asks first (one y/N question on a terminal naming how many of each,
-``--yes`` instead of the question, and without either it refuses in one line), and dropping audit
-records also needs ``--i-have-a-copy PATH``, an ``audit export`` of this very log that it checks
-(``cli.audit_copy``). The records are counted again under the downgrade's write lock: a record
-written while the person was asked stops the drop.
+Some tables hold what no one can rebuild (the audit log, approvals, claims), so while such a
+record would go, ``downgrade`` asks first (or ``--yes``; without either it refuses), and dropping
+audit records also needs ``--i-have-a-copy PATH``, a checked export of this very log. The records
+are counted again under the downgrade's write lock: one written meanwhile stops the drop.
 """
 
 from __future__ import annotations
@@ -49,11 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def open_configured(
     config_arg: str | None, environ: Mapping[str, str], *, check_schema: bool
 ) -> Store:
-    """Open the store named by the settings file.
-
-    The password comes from ``$GPUBOT_DB_PASSWORD``, the audit chain's key from
-    ``$GPUBOT_AUDIT_KEY``.
-    """
+    """Open the store the settings name, with ``$GPUBOT_DB_PASSWORD`` and ``$GPUBOT_AUDIT_KEY``."""
     settings = config.load(config.config_path(config_arg, environ))
     return open_app_store(settings, environ, check_schema=check_schema)
 
@@ -84,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _agreed(store: Store, args: argparse.Namespace) -> DropCheck:
-    """Return the downgrade's last check once a person has agreed to what it drops; raise
-    ``UsageError`` (one line) where they have not, or the copy they name is not one."""
+    """Return the downgrade's last check once a person has agreed to what it drops."""
     from gpubot.cli.audit_copy import OPTION, check_copy
     from gpubot.store.drops import at_risk, unchanged
 

@@ -1,9 +1,5 @@
 """``gpubot doctor [NODE|GROUP ...] [--json]``: one checklist of what must be right, ✓ or ✗,
 each ✗ with the one line that fixes it; exit 1 when anything fails.
-
-The first thing to run after writing a settings file: the settings (every key known, every
-file readable), each node (reachable, host key, auth, bash, nvidia-smi, fuser, device files,
-sudo, runtimes, /proc), Slack (with ``SLACK_BOT_TOKEN``) and the database.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""How the ``gpubot`` command logs: text lines with ISO 8601 UTC timestamps, or one JSON object
-a line for a log shipper (journald, Loki, Elasticsearch, ``kubectl logs``).
-
-Standard library only: every command imports this, ``gpubot status`` included, and its cold
-start counts imports. ``--log-level`` / ``$GPUBOT_LOG_LEVEL`` choose the level (default
-``warning``), ``--log-format`` / ``$GPUBOT_LOG_FORMAT`` the format (default ``text``); a flag
-wins over the environment.
+"""How the ``gpubot`` command logs: text lines with ISO 8601 UTC times, or one JSON object a line
+for a log shipper. Standard library only: every command imports it, and a cold status counts
+imports. A flag wins over the environment.
 """
 
 from __future__ import annotations
@@ -43,10 +39,9 @@ def with_block(text: str, record: logging.LogRecord, sep: str) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``TEXT_FORMAT`` with ISO 8601 UTC times (never the host's local time zone), one line a
-    record: a line break inside a message (a migration's two-line title, text a node sent) is
-    written as a space, so that no message can start a line that reads as a record of its own.
-    A traceback, and a record's ``block`` (gpubot's own multi-line text), follow its line."""
+    """``TEXT_FORMAT`` with UTC times, one line a record: a line break inside a message is a
+    space, so no message can start a line that reads as a record of its own. A traceback and a
+    record's ``block`` (gpubot's own text) follow its line."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
@@ -62,8 +57,7 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object a line: ``time``, ``level``, ``logger``, ``message`` and, when the record
-    carries one, ``exception`` (the formatted traceback, as one string)."""
+    """One JSON object a line, with ``exception`` as one string when the record carries one."""
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, str] = {
@@ -82,8 +76,7 @@ class JsonFormatter(logging.Formatter):
 def choose(
     flag: str | None, environ: Mapping[str, str], env: str, allowed: tuple[str, ...], default: str
 ) -> str:
-    """Return the flag's value, else the environment's, else ``default``; a bad value from the
-    environment is a one-line ``ConfigError`` (argparse checks the flag's)."""
+    """Return the flag's value, else the environment's (checked), else ``default``."""
     if flag is not None:
         return flag
     raw = environ.get(env, "").strip()
@@ -95,14 +88,12 @@ def choose(
 
 
 def configure(level: str, fmt: str, stream: TextIO | None = None) -> logging.Handler | None:
-    """Send log records of ``level`` and above to ``stream`` (stderr) in ``fmt``; return the
-    handler. Like ``logging.basicConfig``, it does nothing (None) where the root logger has
-    handlers already: a host that configured logging (pytest, an embedding program) keeps it."""
+    """Send records of ``level`` and above to ``stream`` in ``fmt``; like ``basicConfig``, do
+    nothing (None) where the root logger has handlers already (pytest, an embedding program)."""
     root = logging.getLogger()
     if root.handlers:
         return None
-    # Alembic 1.18 and later say at INFO which of its autogenerate plugins it set up, nine
-    # lines at its import: nothing an operator of `db upgrade --log-level info` acts on.
+    # Alembic 1.18+ lists its autogenerate plugins at INFO on import: nothing an operator acts on.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

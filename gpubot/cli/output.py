@@ -1,20 +1,14 @@
 """A reset's output never stops the reset: what a closed pipe or a gone terminal cannot take is
 dropped, and a hangup (SIGHUP) is held off until the reset has its outcome.
 
-Once a reset's intent is in the audit log it must reach its outcome. Its output only reports
-it; if that report could raise, ``gpubot reset … 2>&1 | head -2`` would stop the reset between
-its SIGTERM and its SIGKILL (EPIPE on the next progress line): a stubborn process left alive, a
-GPU never verified, and "Broken pipe" for an outcome (issue 33). So, while ``kept_going()``
-holds, ``sys.stdout`` and ``sys.stderr`` are ``Dropping`` writers: the first write that fails
-(EPIPE, EIO from a hung-up terminal, a full disk, a closed file) is swallowed, the stream's file
-descriptor is pointed at ``/dev/null`` (so neither a later write nor the interpreter's flush at
-exit can fail, and no "Exception ignored … BrokenPipeError" appears), and what follows is
-dropped. The outcome is in the audit log whatever was printed.
+Once a reset's intent is in the audit log it must reach its outcome. If its output could raise,
+``gpubot reset … | head -2`` would stop it between SIGTERM and SIGKILL: a stubborn process left
+alive, a GPU never verified. So while ``kept_going()`` holds, stdout and stderr drop everything
+after their first failed write, their descriptor pointed at ``/dev/null`` so that neither a later
+write nor the flush at exit can fail. The outcome is in the audit log whatever was printed.
 
-SIGHUP (the terminal closed) would end the process by default: it is held off by a handler that
-does nothing, so the reset goes on and its output, which has nowhere to go, is dropped. A SIGHUP
-already ignored (``nohup``) stays ignored. Ctrl-C (SIGINT) is not touched: it still stops the
-reset, which is recorded as interrupted with what was sent, and exits 130.
+SIGHUP is held off by a handler that does nothing (one already ignored stays so). Ctrl-C still
+stops the reset, recorded as interrupted with what was sent, and exits 130.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ OUTPUT_ERRORS = (OSError, ValueError)
 
 
 def to_devnull(stream: TextIO | None) -> None:
-    """Point ``stream``'s file descriptor at ``/dev/null`` (when it has one), so that whatever
-    still writes to it, buffered data at exit included, succeeds and goes nowhere."""
+    """Point ``stream``'s descriptor at ``/dev/null``, so whatever still writes to it succeeds."""
     try:
         fd = stream.fileno() if stream is not None else -1
     except (AttributeError, *OUTPUT_ERRORS):
@@ -49,10 +42,7 @@ def to_devnull(stream: TextIO | None) -> None:
 
 
 class Dropping:
-    """A text stream that never raises on output: after its first failure it drops everything.
-
-    Other attributes (``fileno``, ``isatty``, ``encoding``) are the wrapped stream's.
-    """
+    """A text stream that never raises on output: after its first failure it drops everything."""
 
     def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
@@ -107,8 +97,7 @@ def _hold_hangup() -> Callable[[], None]:
 
 @contextmanager
 def kept_going() -> Iterator[None]:
-    """Run the block with output that cannot fail and SIGHUP held off; then flush what is left
-    (dropping it if it cannot go) and put the streams and the handler back."""
+    """Run the block with output that cannot fail and SIGHUP held off; then put both back."""
     out, err = sys.stdout, sys.stderr
     writers = Dropping(out), Dropping(err)
     sys.stdout, sys.stderr = cast(TextIO, writers[0]), cast(TextIO, writers[1])

@@ -1,11 +1,7 @@
 """Plain-text and JSON renderings of snapshots and reset results (the terminal's).
 
-The tables are the one text layout of ``gpubot.core.text_table``, which the console and the
-demo print too; this module adds a terminal's colour and the ``--json`` documents.
-
-Text a node user controls (commands, names, user names, notes, reasons) is written through
-``one_line`` before any colour is added: a newline, carriage return or escape sequence in it is
-shown as ``\\xNN``, so it can neither forge a line of the table nor drive the terminal.
+Text a node user controls goes through ``one_line`` before any colour is added, so a newline or
+escape sequence in it can neither forge a line of the table nor drive the terminal.
 """
 
 from __future__ import annotations
@@ -67,9 +63,8 @@ def render_snapshot(
     said_once: tuple[str, ...] = (),
     width: int | None = None,
 ) -> list[str]:
-    """Render one node's per-GPU table (the one text layout, ``core.text_table``), as wide as a
-    terminal of ``width`` columns allows (None: unknown); the notes in ``said_once`` are left out
-    (the fleet's footer says them once for every node)."""
+    """Render one node's per-GPU table as wide as ``width`` allows, less the notes the fleet's
+    footer says once (``said_once``)."""
     lines = [_c(node_heading(snap), BOLD, color)]
     paint = _paint(FLAGS_COLUMN, None, color)
     lines.extend(gpu_lines(snap, paint, width) if snap.gpus else ["no GPUs"])
@@ -79,8 +74,8 @@ def render_snapshot(
 
 
 def unchecked_footer(status: FleetStatus) -> list[str]:
-    """Say once, under every table, which nodes' device files were not checked: the caveat of a
-    healthy node (its memory adds up), not a warning to repeat in yellow under each one."""
+    """Say once, under every table, which nodes' device files were not checked: a healthy
+    node's caveat, not a warning to repeat under each one."""
     names = [s.node for s in status.snapshots if NOT_CHECKED in s.notes]
     if not names:
         return []
@@ -91,8 +86,7 @@ def unchecked_footer(status: FleetStatus) -> list[str]:
 
 
 def render_fleet(status: FleetStatus, *, color: bool = False, width: int | None = None) -> str:
-    """Render a fleet answer: every node's table (``width``: the terminal's columns, None if
-    unknown), then the nodes that failed with their reason."""
+    """Render every node's table, then the nodes that failed with their reason."""
     out: list[str] = []
     for snap in status.snapshots:
         out.extend(render_snapshot(snap, color=color, said_once=(NOT_CHECKED,), width=width))
@@ -110,8 +104,7 @@ def render_fleet(status: FleetStatus, *, color: bool = False, width: int | None 
 
 
 def render_summary(status: FleetStatus, order: Sequence[str], *, color: bool = False) -> str:
-    """Render a fleet answer as one line per node (``core.text_table.summary_rows``), nodes in
-    ``order``, then how long it took (``--tables`` shows the nodes' notes)."""
+    """Render a fleet answer as one line per node in ``order``, then how long it took."""
     rows = summary_rows(
         status.snapshots,
         status.failed,

@@ -1,8 +1,7 @@
 """``gpubot report [--since 7d] [--until WHEN] [--by user|team|node] [--json|--csv]``: GPU-hours.
 
-Hours held busy, held idle and claimed but unused, summed from the buckets every sweep adds
-(``services.usage``), over whole UTC hours. The report says how many sweeps it covers and where
-data is missing. Exit status: 0, or 2 for a bad window (one line).
+Summed from the buckets every sweep adds, over whole UTC hours; the report says how many sweeps
+it covers and where data is missing. Exit status: 0, or 2 for a bad window.
 """
 
 from __future__ import annotations

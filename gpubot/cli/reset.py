@@ -98,8 +98,8 @@ async def _print_event(event: ResetEvent) -> None:
 async def _finished(
     work: Awaitable[ResetResult], as_json: bool, found: list[ActionSummary] | None
 ) -> int:
-    """Print the reset's outcome; one cut off after signals went out prints what was sent
-    (``--json``: the document, each targeted GPU ``unknown``) and exits 2 like any error."""
+    """Print the reset's outcome; one cut off after signals went out prints what was sent and
+    exits 2 like any error."""
     try:
         result = await work
     except ResetInterrupted as exc:
@@ -128,11 +128,8 @@ async def _interrupted(app: App, node: str, as_json: bool) -> list[ActionSummary
 
 
 def run_reset(args: argparse.Namespace) -> int:
-    """Plan, confirm and run a reset; exit 0 when every targeted GPU ends freed.
-
-    Its output cannot stop it (``output.kept_going``): a closed pipe or terminal, or SIGHUP,
-    drops what is printed, and the reset goes on to its audited outcome and its exit status.
-    """
+    """Plan, confirm and run a reset; exit 0 when every targeted GPU ends freed. Its output
+    cannot stop it (``output.kept_going``)."""
     request = ResetRequest(
         node=args.node,
         requester=linux_user(),

@@ -1,8 +1,7 @@
 """``gpubot status [NODE|GROUP ...] [--summary | --tables] [--watch [SECONDS]] [--json]``.
 
-Above ``[cli] summary_above`` nodes the answer is one line per node (``--tables``: every node's
-per-GPU table instead; ``--summary``: the lines for any number). ``--watch`` redraws it every
-few seconds over one built app: the SSH connections of the first frame serve the next.
+Above ``[cli] summary_above`` nodes the answer is one line per node. ``--watch`` redraws it over
+one built app, so the first frame's SSH connections serve the next.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ def _every(text: str) -> float:
 
 
 def terminal_width() -> int | None:
-    """Return the columns of the terminal stdout writes to, read for each frame (it may be
-    resized); None into a pipe or a file, whose lines keep the layout's fixed limits."""
+    """Return stdout's terminal columns, read each frame (it may be resized); None: no terminal."""
     if not sys.stdout.isatty():
         return None
     return shutil.get_terminal_size().columns
@@ -71,8 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print per-GPU tables or one line per node; exit 0 when every node answered, 1 otherwise
-    (with ``--watch``: 0 when ended by SIGTERM, 130 by Ctrl-C)."""
+    """Print the fleet; exit 0 when every node answered, 1 otherwise."""
 
     async def frame(app: App) -> tuple[str, bool]:
         names = args.targets or ["all"]

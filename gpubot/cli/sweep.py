@@ -1,9 +1,7 @@
 """``gpubot sweep [--json]``: look for zombie processes, orphaned VRAM and idle holders, now.
 
-It reports findings (with the reset readiness of orphaned GPUs) and the GPU-hours each owner
-holds idle, stores this sweep's GPU samples and records the query in the audit log, but leaves
-the alert state to the scheduled sweeps of ``gpubot serve``.
-Exit status: 0 nothing found, 1 findings or failing nodes.
+It stores this sweep's samples and records the query, but leaves the alert state to the
+scheduled sweeps of ``gpubot serve``. Exit status: 0 nothing found, 1 findings or failing nodes.
 """
 
 from __future__ import annotations

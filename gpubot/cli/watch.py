@@ -1,10 +1,8 @@
 """``gpubot status --watch``: one frame of the fleet every few seconds, until told to stop.
 
-On a terminal each frame is drawn over the last (cursor home, each line cleared to its end,
-the rest of the screen cleared: no flicker of a blank screen); off a terminal (a pipe, a log)
-the frames follow one another, each after an empty line, so a reader can split them. SIGTERM
-ends the watch with 0, as it ends ``gpubot serve``; Ctrl-C (SIGINT) with 130, the shell's
-128 + SIGINT, with no traceback. A closed pipe ends it as any command: 141 (``gpubot.cli.main``).
+On a terminal each frame is drawn over the last, line by line, so no blank screen flickers; off
+one, frames follow each other after an empty line. SIGTERM ends it with 0, as it ends ``gpubot
+serve``; Ctrl-C with 130, without a traceback.
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ def draw(out: TextIO, text: str, *, tty: bool, first: bool, gap: str = "\n") -> 
 
 
 async def watch(frame: Frame, every_s: float, out: TextIO, *, tty: bool, gap: str = "\n") -> int:
-    """Draw ``frame()`` every ``every_s`` seconds (from one frame's start to the next) until
-    SIGTERM (return 0) or SIGINT (return 130); a frame in progress is abandoned then."""
+    """Draw ``frame()`` every ``every_s`` seconds until SIGTERM (0) or SIGINT (130)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     code = 0
