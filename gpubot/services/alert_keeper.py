@@ -91,8 +91,7 @@ class AlertKeeper:
     async def update(
         self, result: SweepResult, ask: AskReadiness, *, now: datetime | None = None
     ) -> SweepResult:
-        """Update the alert state with a sweep's findings: alert, remind, resolve. ``ask``:
-        what a reset of the newly alerted orphaned GPUs would touch. Raises ``StoreError``."""
+        """Update the alert state with a sweep's findings: alert, remind, resolve."""
         now = now or self._now()
         found = {f.key: f for f in result.findings}
         states = {a.key: a for a in await self.alerts.upsert_seen(list(found), now)}

@@ -1,10 +1,6 @@
-"""Idle claims (issue 26): a claimed GPU at 0 % (or without a job: it reads 0 %) for
-``claim_idle_minutes`` gets its holder a DM with Keep / Release; still idle as long again, the
-claim is released and audited.
-
-Idle time comes from each claim's idle run (``core.claims.rules.idle_step``, the fold of
-``usage.idle_runs``, as the sweep's ``gpu_idle``), advanced by each look of the claims' duty and
-stored with the claim: never from a history of samples.
+"""Idle claims: a claimed GPU at 0 % for ``claim_idle_minutes`` gets its holder a DM with Keep /
+Release; still idle as long again, the claim is released and audited. Idle time is each claim's
+idle run, stored with the claim, never a history of samples.
 """
 
 from __future__ import annotations

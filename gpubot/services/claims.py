@@ -1,17 +1,13 @@
-"""Claims and the queue (issue 26): the commands, the expiry and who is told a GPU is free.
+"""Claims and the queue: the commands, the expiry and who is told a GPU is free.
 
-A claim kills nothing: it is a record (``store.claims``) that says who uses a GPU until when,
-written conditionally so that two people claiming one GPU get one winner. The duty
-(``tick``, on the app's scheduler) expires claims, ends holds that ran out and serves the queue:
-a GPU counts as free for the queue once released, or after two looks in a row with no job on it
-and its memory below ``free_below_mib``. The first in line who can be served gets a hold of
-``hold_minutes`` (one DM across replicas: the hold is a conditional write); then the next.
-Without ``[claims] enabled``, ``wait`` still works: the person is told, nothing is held.
+A claim kills nothing. The duty expires claims, ends holds that ran out and serves the queue: a
+GPU is free for it once released, or after two looks in a row with no job and little memory. The
+first in line gets a hold (a conditional write: one DM across replicas). Without ``[claims]
+enabled``, ``wait`` still tells the person, and nothing is held.
 
-A hold recorded by any process (the CLI's release, which cannot message, another replica, a
-run before a restart) is told by the running duty: it returns each live hold on every turn until
-the front end says its DM was delivered (``held``), and the front end delivers each once
-whoever asks (Slack: ``AlertOutbox.publish_once``), so a DM that failed is tried again.
+A hold recorded by any process (the CLI, which cannot message, a replica, a run before a
+restart) is returned by the duty every turn until the front end says its DM was delivered, so a
+DM that failed is tried again.
 """
 
 from __future__ import annotations
@@ -287,8 +283,8 @@ class ClaimService:
     # -- intruders ----------------------------------------------------------------------------
 
     async def intruder_findings(self, snaps: Sequence[NodeSnapshot], now: float) -> list[Finding]:
-        """Return the sweep findings of unclaimed use of claimed GPUs (the sweep's ``extra``);
-        remember them, so that the duty tells each claimant once, after the grace."""
+        """Return the sweep findings of unclaimed use of claimed GPUs; remember them, so the
+        duty tells each claimant once, after the grace."""
         if not self.enabled:
             return []
         try:
@@ -325,10 +321,8 @@ class ClaimService:
     # -- the duty ----------------------------------------------------------------------------
 
     async def tick(self) -> list[Event]:
-        """Expire claims, end holds that ran out, serve the queue; return what to tell.
-
-        Deadlines are judged by ``expiry_now``: a forward step of the wall clock that lasts
-        seconds must not end a claim or a hold with an hour left (``core.clock.Steps``)."""
+        """Expire claims, end holds that ran out, serve the queue; return what to tell. A
+        passing forward step of the wall clock must not end a claim with an hour left."""
         now = self.clock.now()
         due = steps_of(self.clock).expiry_now()
         events: list[Event] = []
@@ -381,9 +375,7 @@ class ClaimService:
         return out
 
     def _live_holds(self, snap: NodeSnapshot, waits: Sequence[Wait], now: float) -> list[Offered]:
-        """Return the live holds of the node whose DM is not known delivered: recorded by
-        another process (the CLI's release, a replica, a run before a restart), or one whose
-        DM failed here (the outbox or Slack down): told, or told again, from here."""
+        """Return the node's live holds whose DM is not known delivered, to tell (again)."""
         out: list[Offered] = []
         for w in waits:
             live = w.state is WaitState.OFFERED and (w.hold_until or 0.0) > now
@@ -397,8 +389,7 @@ class ClaimService:
         return out
 
     def held(self, wait_id: int) -> None:
-        """Record that the DM of the hold ``wait_id`` was delivered (the front end's DM said
-        so): only then does the duty stop returning it, so a failed DM is tried again."""
+        """Record that a hold's DM was delivered: only then does the duty stop returning it."""
         self._delivered.add(wait_id)
 
 
@@ -409,8 +400,8 @@ def _serve(w: Wait, ready: Sequence[int]) -> tuple[int, ...]:
 
 
 def _refuse_others(snap: NodeSnapshot, gpus: Sequence[int], user: str, node: str) -> None:
-    """Refuse to claim a GPU another user's job runs on: the claim would make that job an
-    "intruder" at once, and its *Free it* a forced kill of work that was there first."""
+    """Refuse to claim a GPU another user's job runs on: its *Free it* would be a forced kill
+    of work that was there first."""
     for g in gpus:
         others = [p for p in snap.on_gpu(g) if not p.system and p.user not in (None, user)]
         if others:

@@ -15,8 +15,7 @@ class Directory(Protocol):
         ...
 
     async def account(self, user_id: str) -> ChatAccount | None:
-        """Return what the chat system says of an account (None: it keeps no directory);
-        raise ``GpubotError`` when it cannot tell."""
+        """Return what the chat system says of an account (None: it keeps no directory)."""
         ...
 
     async def home_team(self) -> str | None:

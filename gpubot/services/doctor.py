@@ -1,10 +1,8 @@
 """``gpubot doctor``: every node, Slack and the database checked at once, each failing alone.
 
-Each node gets one exec of the doctor script (``core.doctor.node``) and one bounded lookup per
-configured runtime, under the ``[ssh]`` limits; nodes run in parallel, at most ``max_parallel``
-at a time (``status.fan_out``). What cannot be asked through the Transport port arrives as
-callables from the composition root: the fingerprint a node presents (on an unknown or changed
-host key), Slack's facts, the database's.
+Each node gets one exec of the doctor script and one bounded lookup per runtime, under the
+``[ssh]`` limits. What the Transport port cannot ask (a host key's fingerprint, Slack's facts,
+the database's) arrives as callables from the composition root.
 """
 
 from __future__ import annotations

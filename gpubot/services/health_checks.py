@@ -1,17 +1,10 @@
-"""The sweep's GPU health checks: one bounded exec per node, after its probe (issue 27).
+"""The sweep's GPU health checks: one bounded exec per node, after its probe.
 
-A status never pays for them: only a sweep asks (``SweepPorts.health``). The exec runs only on a
-node whose probe answered (a node whose nvidia-smi hangs in the kernel is not asked again), within
-the sweep's budget; one that fails or times out leaves that node's health unknown, says so in the
-node's notes, and never fails the node. The field set a node's driver accepted is remembered, so an
-older driver is asked its own set first next time (``core.health.state.FIELD_SETS``).
-
-What earlier sweeps saw (ECC counts, throttling) is this process's memory, advanced by alerting
-sweeps only: a sweep by hand never makes throttling look sustained. The last health read of each
-node is kept for statuses, which show it beside the GPUs without asking the node (``decorate``).
-
-Parsing, attaching and the findings run in the worker thread (``services.offload``): on the
-loop, 2,000 nodes' health held it 1.2-1.6 s in one sweep (``benchmarks/stall_locate.py``).
+Only a sweep asks, and only a node whose probe answered (a hung nvidia-smi is not asked again);
+one that fails leaves that node's health unknown, noted, never the node failed. The field set a
+node's driver accepted is asked first next time. What earlier sweeps saw is advanced by alerting
+sweeps only, so a sweep by hand never makes throttling look sustained. Statuses show each node's
+last read without asking it. The parsing and findings run off the loop, which they held too long.
 """
 
 from __future__ import annotations
@@ -51,8 +44,7 @@ class HealthChecks:
     def __init__(
         self, transport: Transport, *, timeout_s: float = 10.0, store: EccStore | None = None
     ) -> None:
-        """``timeout_s``: the whole exec's limit (each nvidia-smi call gets a third of it);
-        ``store``: where the ECC counts last seen are kept across restarts (None: memory)."""
+        """``timeout_s``: the whole exec's limit; ``store`` keeps the ECC counts across restarts."""
         self.transport = transport
         self.timeout_s = timeout_s
         self.store = store
@@ -62,8 +54,7 @@ class HealthChecks:
         self._sets: dict[str, str] = {}  # the field set each node's driver accepted
 
     async def read(self, node: NodeConfig, *, within_s: float | None = None) -> NodeHealth:
-        """Ask one node (one exec) within ``within_s`` (default: the checks' own limit); what
-        it cannot say, or does not say in time, stays unknown."""
+        """Ask one node within ``within_s``; what it does not say in time stays unknown."""
         limit = self.timeout_s if within_s is None else min(self.timeout_s, within_s)
         if limit < 1.0:
             return parse_health(None, why_unknown="no time left in the sweep budget")
@@ -101,8 +92,7 @@ class HealthChecks:
     async def findings(
         self, snaps: Iterable[NodeSnapshot], *, advance: bool
     ) -> tuple[Finding, ...]:
-        """Return the health findings of a sweep's snapshots (``advance``: remember them, and
-        store the ECC counts that changed). A store that fails leaves this process's memory."""
+        """Return the health findings of a sweep's snapshots (``advance``: remember them)."""
         await self._load()
         snaps = list(snaps)
         found, memory, changed = await off_loop(_find, snaps, self.memory)

@@ -1,17 +1,9 @@
 """Idle accounting: every sweep's GPU samples, and which GPUs have been held idle for how long.
 
-Every sweep, by hand or scheduled, stores one utilisation sample per GPU through the
-``SampleStore`` port and, in the same transaction, advances each GPU's idle run
-(``core.usage.idle_runs``: since when it has been held idle). GPUs held idle for ``idle_hours`` make
-idle-holder findings (``gpubot.core.usage.idle``), and the GPU-hours each owner holds idle are what
-the Home tab shows (``gpu_hours``). Both read the runs, one row per GPU, never the samples'
-history: a sweep costs the same with 1 or 14 days kept. A holder is idle only for the part of
-its GPU's run it was there for (``core.usage.holder_runs``): each sweep's look at who holds each GPU
-is folded into runs kept in the store beside the GPUs' idle runs, in the same transaction (a
-few rows per GPU), so the bot after a restart, a replica and the CLI carry on the same runs,
-and a status reads them. Samples older than ``[sweep] keep_samples`` are pruned, at most
-``PRUNE_BATCH`` a sweep, so that a backlog (after an upgrade or a shorter ``keep_samples``)
-never holds one sweep up. A store that fails leaves no GPU idle: unknown is not idle.
+Every sweep stores a sample per GPU and, in the same transaction, advances the idle and holder
+runs, so findings read one row per GPU, never the history. A holder is idle only for the part of
+its GPU's run it was there for. Old samples are pruned at most ``PRUNE_BATCH`` a sweep, so a
+backlog never holds one up. A store that fails leaves no GPU idle: unknown is not idle.
 """
 
 from __future__ import annotations
@@ -36,7 +28,7 @@ from gpubot.services.offload import off_loop
 log = logging.getLogger(__name__)
 
 IdleSeconds = dict[tuple[str, int], float]  # (node, gpu) -> seconds held idle
-PRUNE_BATCH = 50_000  # samples pruned per sweep at most (a 1,000-node fleet adds 8,000)
+PRUNE_BATCH = 50_000  # samples pruned per sweep at most: several sweeps' worth of a large fleet
 
 
 @dataclass(frozen=True)
@@ -74,11 +66,10 @@ class IdleAccounting:
         return Looked(tuple(snaps), now, self.config.max_gap_s)
 
     async def sweep(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleTimes:
-        """Store this sweep's samples, advance the GPUs' idle runs and fold who holds each GPU
-        into the holder runs (one transaction), prune a bounded batch of old samples; return
-        the idle GPUs and since when each holder held its GPU."""
+        """Store this sweep's samples, advance the runs, prune a bounded batch; return the idle
+        GPUs and since when each holder held its GPU."""
         keep_from = now - self.config.idle.keep_s
-        samples = await off_loop(samples_of, snaps, now)  # 16,000 at 2,000 nodes
+        samples = await off_loop(samples_of, snaps, now)  # one per GPU of the fleet
         looked = self.looked(snaps, now)
         try:
             got = await self.samples.advance_idle(
@@ -111,11 +102,8 @@ class IdleAccounting:
         return (await self.look(snaps, now)).gpus
 
     async def look(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleTimes:
-        """Return the GPUs of ``snaps`` idle for the idle window, and since when each holder has
-        held its GPU, storing nothing (a status).
-
-        Only the GPUs held idle now are asked about; the runs say since when.
-        """
+        """Return the idle GPUs of ``snaps`` and since when each holder held its GPU, storing
+        nothing (a status)."""
         rule = self.config.idle
         if not rule.enabled:
             return IdleTimes(now)

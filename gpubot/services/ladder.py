@@ -1,14 +1,9 @@
 """The reclaim ladder: idle holders are told, reminded, named, then offered to on-call.
 
-After every alerting sweep, each idle holder (``core.usage.idle``) takes the step of the ladder due
-(``core.usage.ladder``): the step is recorded and audited first (``LadderStore``), then told through
-the ``LadderNotifier`` (a DM, a reminder, a channel post, *Free it* for on-call), so a step is
-told at most once, by one replica. Nothing here kills anything: *Free it* is a forced reset
-that the approval flow decides (``chat.ladder``), carrying the evidence this service gives
-(``evidence``: GPU-hours held idle, and the samples). The owner stops the ladder with *Keep
-(reason)*; a holder no longer idle leaves it. A store or notifier that fails costs that step
-now (warned), never the sweep. The evidence reads the GPU's own samples of its idle time, only
-for a holder taking a step (each holder takes four at most), never for every idle GPU.
+After every alerting sweep each idle holder takes the step due, recorded and audited first, then
+told, so a step is told at most once, by one replica. Nothing here kills: *Free it* is a forced
+reset the approval flow decides, with this service's evidence. A failing store or notifier costs
+that step, never the sweep. The evidence reads samples only for a holder taking a step.
 """
 
 from __future__ import annotations
@@ -140,11 +135,8 @@ class ReclaimLadder:
         return notice
 
     async def evidence_of(self, f: Finding, now: float) -> Evidence:
-        """Return the evidence of an idle holder: its idle time and the GPU's samples in it.
-
-        Only samples since the holder's own idle run began (``Finding.idle_since``: never before
-        it held the GPU): the GPU's earlier samples are another job's evidence.
-        """
+        """Return an idle holder's evidence, from samples since its own run began only: the
+        GPU's earlier samples are another job's evidence."""
         idle_s = f.idle_s or 0.0
         if self.samples is None or f.gpu is None:
             return Evidence(idle_s, 0)
@@ -175,8 +167,7 @@ class ReclaimLadder:
         return rung
 
     async def keep(self, finding: str, *, by: str, user: str | None, reason: str) -> Rung:
-        """Stop the ladder of ``finding``: only its owner (``user``) may; ``reason`` is kept
-        and audited. Raises ``NotPermitted``, ``UsageError`` or ``StoreError``."""
+        """Stop the ladder of ``finding`` (its owner only); ``reason`` is kept and audited."""
         try:
             why = keep_reason(reason)
         except ValueError as exc:
@@ -194,8 +185,7 @@ class ReclaimLadder:
             log.warning("reclaim ladder: cannot audit the Free it of %s: %s", finding, exc)
 
     async def evidence(self, finding: str) -> Evidence:
-        """Return the evidence of ``finding`` as the last sweep saw it, now; raise
-        ``UsageError`` when no sweep of this process saw it idle (after a restart)."""
+        """Return the evidence of ``finding`` as this process's last sweep saw it."""
         f = self._seen.get(finding)
         if f is None:
             await self.rung(finding)  # not on the ladder at all: say so

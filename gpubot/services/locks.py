@@ -16,10 +16,7 @@ from gpubot.errors import LockHeld
 
 
 class NodeLocks:
-    """In-process named leases (one process, no shared database): the default ``Locks``.
-
-    Such a lease is never lost and has no fence: nothing outside this process could check it.
-    """
+    """In-process named leases: never lost, no fence, since nothing outside could check them."""
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self._held: dict[str, tuple[str, float]] = {}

@@ -1,14 +1,9 @@
 """The audit log's seals while the bot runs: a keyed seal at start, at every interval (the
 app's scheduler runs ``periodic``), after every forced action, and at a clean stop.
 
-What a seal is and what it catches: ``gpubot.store.seals``. A seal is written every interval
-even when nothing happened since the last one: otherwise a quiet log and a log whose end was
-cut would look the same to ``audit verify``'s age check. Each costs one small record (about
-96 a day at the default 15 minutes).
-
-A seal that finds the log no longer holds the last record this bot wrote (records were
-removed while it ran) is still written, naming that record: the chain itself then says so.
-The finding is logged, and the ``after_forced`` hooks run (the app posts the head to Slack).
+A seal is written every interval even when nothing happened, or a quiet log and a cut one would
+look the same to ``audit verify``. A seal that finds the log no longer holds this bot's last
+record is still written, naming it, so the chain itself says so; the finding is logged.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The start-up report: what a stopped gpubot left unfinished, told once through the
-``Reporter`` port of whichever front end runs (Slack's channel, the console's terminal).
-
-Actions with an intent and no outcome are listed; approvals left ``approved`` with no end are
-marked ``incomplete`` (``ApprovalService.abandon_approved``) and listed. Each report is logged
-too, on one line.
+"""The start-up report: what a stopped gpubot left unfinished, told once through the front
+end's ``Reporter`` and logged on one line.
 """
 
 from __future__ import annotations
@@ -39,8 +35,8 @@ class Abandoning(Protocol):
 async def report_interrupted(
     audit: Incomplete | None, approvals: Abandoning | None, reporter: Reporter
 ) -> list[Report]:
-    """Tell ``reporter`` which actions never recorded an outcome, then mark and tell the
-    approved forced kills that never ended; return what was told."""
+    """Tell which actions never recorded an outcome, then mark and tell the approved forced
+    kills that never ended; return what was told."""
     told: list[Report] = []
     left = [] if audit is None else await audit.incomplete_actions()
     if left:

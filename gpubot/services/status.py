@@ -63,11 +63,8 @@ async def fan_out(
 ) -> FanOut[T]:
     """Run ``call`` on every node, at most ``limit`` at once; each node fails alone.
 
-    ``budget_s``: a node that has not answered this long after the start (waiting for its turn
-    included) fails with ``CommandTimeout`` "no answer within the <budget_name> (N s)".
-    ``limit`` workers take the nodes in turn: 2,000 nodes are 64 tasks, not 2,000 tasks whose
-    first steps all run in one turn of the loop (that held it for about 60 ms). Fewer of them
-    run while the loop's own work fills its turns (``core.admission.Admission``).
+    ``budget_s`` counts from the start, waiting for a turn included. ``limit`` workers take the
+    nodes in turn, not a task per node whose first steps would all run in one turn of the loop.
     """
     deadline = None if budget_s is None else asyncio.get_running_loop().time() + budget_s
     answers: dict[int, T] = {}
@@ -176,12 +173,7 @@ class StatusService:
         holders: Holders = Holders.ALWAYS,
     ) -> NodeSnapshot:
         """Take one node's snapshot with one remote exec (NVML first on the local box).
-
-        ``names``: ask the node's runtimes (``runtimes``) to name its containers and jobs, one
-        bounded exec per runtime, at once; a lookup that fails or times out leaves the names
-        unknown and never fails the snapshot. Verification polls skip it. ``holders``: a status
-        asks ``IF_UNEXPLAINED`` (``core.probe.holders``); resets, readiness and sweeps ``ALWAYS``.
-        """
+        ``names``: ask its runtimes to name its workloads; a failed lookup never fails it."""
         timeout = self.settings.ssh.command_timeout_s
         # The probe runs two nvidia-smi queries one after the other: each gets half the time.
         smi_timeout = max(1.0, (timeout - 2.0) / 2)
@@ -238,13 +230,9 @@ class StatusService:
     async def fleet(
         self, names: Sequence[str] = ("all",), *, actor: str = "cli", source: str = "cli"
     ) -> FleetStatus:
-        """Snapshot every named node concurrently; failures are reported per node.
-
-        Single flight: calls for the same nodes while a round of probes runs join that round
-        and get the same ``FleetStatus`` object (so a front end can render it once); a call
-        after the round ended starts a new one. Every call records its own audit query, with
-        its own actor, source and wait.
-        """
+        """Snapshot every named node concurrently; failures are reported per node. Calls for
+        the same nodes while a round runs join it (a burst probes once); each records its own
+        audit query."""
         nodes = self.resolve(names)
         started = self.clock.monotonic()
         status = await self._round(nodes)
@@ -252,10 +240,7 @@ class StatusService:
         return status
 
     async def _round(self, nodes: Sequence[NodeConfig]) -> FleetStatus:
-        """Return the answer of the round of probes of ``nodes`` in flight, starting one if none.
-
-        A burst of ``/gpu status all`` would otherwise probe every node once per request.
-        """
+        """Return the answer of the round of ``nodes`` in flight, starting one if none."""
         key = tuple(n.name for n in nodes)
         task = self._inflight.get(key)
         if task is None or task.done():  # a finished round is never reused: no stale answers
@@ -272,10 +257,8 @@ class StatusService:
         return snap
 
     async def abandon(self) -> None:
-        """Cancel the rounds of probes in flight and wait for them to end: run before the
-        transport closes, or a round a cancelled caller left (``_round`` shields it) meets its
-        connections closing under it (asyncssh then raises an internal error, not a lost
-        connection: a traceback as ``gpubot status --watch`` ended by SIGTERM)."""
+        """Cancel the rounds in flight and wait for them, before the transport closes: a
+        shielded round meeting its connections closing gets asyncssh's internal error."""
         rounds = list(self._inflight.values())
         for task in rounds:
             task.cancel()
@@ -326,8 +309,8 @@ class StatusService:
 
 @functools.cache
 def _reads_nvml(kind: type) -> bool:
-    """Whether a transport of ``kind`` reads NVML: asked once per kind (a runtime Protocol's
-    check costs ~50 µs, and a sweep asks for every node)."""
+    """Whether a transport of ``kind`` reads NVML, asked once per kind: a runtime Protocol's
+    check is slow, and a sweep asks for every node."""
     return issubclass(kind, NvmlReader)
 
 

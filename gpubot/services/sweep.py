@@ -1,20 +1,11 @@
 """Sweeps: look at every node within a budget, raise findings, hand them to the alert keeper.
 
-A sweep snapshots every node concurrently; a node that does not answer before the budget is
-spent is reported as slow (``node-slow``, not ``node-unreachable``) and never holds up the
-others. The findings are pure (``gpubot.core.findings``); what they do to the alert state,
-and what is posted, is the alert keeper's (``services.alert_keeper``); the GPU samples and
-idle GPUs are the idle accounting's (``services.idle_accounting``). This service takes the
-lock, probes, asks the nodes with orphaned GPUs what a reset would touch (readiness),
-records the sweep and counts it. Its record names every node once (the process's first
-sweep), then counts them and names only what failed or changed (``store.query_records``).
-The pure work of 2,000 nodes (parsing, findings) runs off the event loop
-(``services.offload``), so that a Slack ack never waits behind it.
+A node that does not answer within the budget is ``node-slow``, never holding up the others.
+This service takes the lock, probes, asks the nodes with orphaned GPUs what a reset would touch,
+and records the sweep; the pure work runs off the loop, so a Slack ack never waits behind it.
 
-``run(alerting=False)`` is the read-only sweep of ``gpubot sweep`` and ``/gpu sweep``: it reports
-and records the query, but leaves the alert state alone (so a sweep by hand never confirms a
-finding early). ``scheduled()`` is what the scheduler calls: it takes the sweep lock, so only
-one replica sweeps at a time and only once an interval.
+``run(alerting=False)``, a sweep by hand, leaves the alert state alone, so it never confirms a
+finding early. ``scheduled()`` takes the sweep lock: one replica sweeps, once an interval.
 """
 
 from __future__ import annotations
@@ -69,9 +60,9 @@ class SweepPorts:
     idle: IdleAccounting | None = None
     locks: Locks | None = None
     observer: SweepObserver | None = None
-    health: HealthChecks | None = None  # GPU health fields (issue 27); None: not read
+    health: HealthChecks | None = None  # GPU health fields; None: not read
     xid: XidWatch | None = None  # reads each node's kernel log for Xid/SXid ([sweep] kernel_log)
-    usage: UsageService | None = None  # GPU-hours: counted at every sweep (issue 26)
+    usage: UsageService | None = None  # GPU-hours: counted at every sweep
     ladder: ReclaimLadder | None = None  # idle holders climb it, instead of the plain alert
     digest: DigestService | None = None  # the weekly GPU-hours digest, checked by each sweep
     extra: ExtraFindings | None = None  # more findings of the snapshots (claims' intruders)
@@ -147,12 +138,8 @@ class SweepService:
         return SweepResult(self.clock.now(), 0.0, (), skipped=why)
 
     async def _last_scheduled_start(self) -> float | None:
-        """Return when the latest scheduled sweep recorded in the audit log started.
-
-        A start further in the future than replicas' clocks can disagree by is a record of a
-        wall clock since stepped back: counted, it would skip every sweep until the clock
-        caught up with it (an hour, after an hour's step), so it is not a sweep of this
-        interval."""
+        """Return when the latest scheduled sweep recorded started; one from the future (a
+        clock stepped back) is ignored, or it would skip every sweep until the clock caught up."""
         if self.audit is None:
             return None
         now = self.clock.now()
@@ -286,8 +273,7 @@ class SweepService:
         return snap
 
     async def _record(self, result: SweepResult, actor: str, source: str) -> None:
-        """Record the sweep: the first of this process names every node, later ones count
-        them and name what changed since this process's previous sweep."""
+        """Record the sweep: a process's first names every node, later ones what changed."""
         failed = {n: f.reason for n, f in result.failed.items()}
         changed = self._changed(result.nodes, failed.keys())
         if self.audit is None:
@@ -354,11 +340,8 @@ class SweepService:
         return readiness(snap, gpus, res.stdout)
 
     def _open_counts(self, result: SweepResult) -> dict[str, int]:
-        """Return confirmed open findings by kind (every kind, zeros included).
-
-        Confirmed as the scheduled sweeps count: a finding seen once (or by a sweep by hand
-        only) is not open yet.
-        """
+        """Return confirmed open findings by kind, zeros included: one seen once, or by hand
+        only, is not open yet."""
         counts = {k.value: 0 for k in FindingKind}
         now = datetime.fromtimestamp(result.started_at, UTC)
         for f in result.findings:

@@ -1,14 +1,7 @@
 """GPU-hours: each sweep adds its samples' hours (``core.usage.hours``); reports sum them.
 
-Every sweep, by hand or scheduled, hands its snapshots here after the idle accounting: each
-GPU's state (utilisation, holders) and the claims covering it become hour buckets, in one
-transaction (``UsageStore``). A report reads the buckets of its window, the sweeps counted and
-the gaps of missing data: never the raw history (issue 24). Teams are ``[teams]`` lists of
-Linux users, or Slack user groups read through the ``Directory`` and mapped by ``[users]``.
-
-Claims are another service's: ``ClaimedIntervals`` is the port it implements; without it no
-GPU is claimed (``NoClaims``). A store that fails loses that sweep's hours (warned, and
-reported as a gap at the next sweep), never the sweep.
+A report reads its window's buckets, sweeps and gaps, never the raw history. A store that fails
+loses that sweep's hours (reported as a gap next time), never the sweep.
 """
 
 from __future__ import annotations
@@ -63,8 +56,7 @@ class UsageStore(Protocol):
         ...
 
     async def records(self, since: float, until: float, *, by: str = "") -> UsageRecords:
-        """Return the buckets of [since, until) (``by`` "node"/"holder": summed so) and what
-        they rest on."""
+        """Return the buckets of [since, until) and what they rest on."""
         ...
 
 
@@ -111,10 +103,7 @@ class UsageService:
     async def report(
         self, since: str | None = None, until: str | None = None, *, by: str = "user"
     ) -> UsageReport:
-        """Return GPU-hours by ``by`` over the window of ``--since``/``--until`` texts.
-
-        Raises ``UsageError`` (one line) for a bad window or ``by``, ``StoreError``.
-        """
+        """Return GPU-hours by ``by`` over the window of ``--since``/``--until`` texts."""
         now = self.clock.now()
         try:
             window = Window.of(since, until, now)
@@ -144,8 +133,7 @@ class UsageService:
         return Coverage(rec.sweeps, self.interval_s, tuple(gaps))
 
     async def teams(self) -> dict[str, tuple[str, ...]]:
-        """Return each team's Linux users: ``[teams]`` lists, and user groups' members mapped
-        through ``[users]`` (a group that cannot be read counts nobody: warned)."""
+        """Return each team's Linux users; a user group that cannot be read counts nobody."""
         cfg = self.settings.reports
         out = {name: users for name, users in cfg.teams}
         linux_of = self.settings.policy.users
@@ -177,9 +165,6 @@ def by_user(report: UsageReport) -> Mapping[str, Line]:
 
 
 def _claimed_at(claims: ClaimedIntervals, now: float) -> list[Claimed]:
-    """Return the claims in force at ``now`` (in a worker thread: the store reads its rows).
-
-    The port cuts each claim to the window asked, and a sample counts under a claim when
-    ``start <= now < end``: so the window is the second from ``now``, never ``[now, now]``
-    (whose cut claims would all end at ``now`` and cover nothing)."""
+    """Return the claims in force at ``now``: the window asked is the second from ``now``,
+    never ``[now, now]``, whose cut claims would cover nothing."""
     return [Claimed(*c) for c in claims.intervals(now, now + 1.0)]

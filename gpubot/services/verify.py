@@ -1,9 +1,8 @@
 """Verification of a reset: poll ``nvidia-smi`` until each targeted GPU is decided.
 
 A GPU is called freed only when its memory is back where the plan expects, no planned process
-holds it and nobody new took it; a GPU that a restart policy may fill again must stay free for
-``[reset] respawn_watch_s`` first. Each GPU's outcome is classified (``core.reset.outcome``) and
-reported as a ``gpu_outcome`` step.
+holds it and nobody new took it; one a restart policy may fill again must stay free for
+``[reset] respawn_watch_s`` first.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """What a reset does about the workload that restarts a killed process (``[reset] stop_workloads``).
 
-By default gpubot only names the command that stops a respawning workload (``core.reset.outcome``).
-With ``stop_workloads = true`` it runs that command itself, audited before and after like a
-signal, but only for a workload the plan already kills whole on the GPUs (every process of it
-that the snapshot before the reset saw on any GPU was a target), and, in a self-service reset,
-only if every process of the unit, container or job is the requester's: checked on the node in
-the same exec as the stop (``reset.stopgate``, ``reset.stop_script``). Otherwise the stop is not
-run, the step and its reason are audited, and the GPU's outcome says why and that stopping it
-needs an on-call approval. A forced (approved) reset runs the stop, and the audit log records
-whose processes the node found in it.
+By default gpubot only names the stop command. With ``stop_workloads = true`` it runs it, audited
+like a signal, only for a workload the plan already kills whole on the GPUs and, self-service,
+only if every process of it is the requester's (checked on the node in the same exec). Otherwise
+the refusal is audited and the GPU's outcome says stopping needs an on-call approval.
 """
 
 from __future__ import annotations
@@ -56,8 +51,8 @@ async def after_respawn(
     results: Results,
     reverify: Callable[[], Awaitable[Results]],
 ) -> Results:
-    """Stop what respawned (with ``stop_workloads``), verify again if a stop ran, and add to
-    each respawned GPU's outcome why it was not stopped and what a ``scancel`` ends."""
+    """Stop what respawned, verify again if a stop ran, and say in each respawned GPU's outcome
+    why it was not stopped."""
     notes: dict[int, str] = {}
     if run.cfg.stop_workloads and run.respawned and before is not None:
         ran, notes = await stop_respawned(run, plan, before)
@@ -156,8 +151,8 @@ async def _stop_one(
 
 
 async def _run_checked(run: RunState, argv: list[str]) -> tuple[StopCheck | None, int, str]:
-    """Run the check and the stop in one exec; return the node's findings (None: unparsable),
-    the exit status and what it printed (marked printable, the last 300 characters)."""
+    """Run the check and the stop in one exec; return the findings (None: unparsable), the exit
+    status and the printable end of what it printed."""
     res = await run.remote(argv)
     try:
         check: StopCheck | None = parse_stop_output(res.stdout)

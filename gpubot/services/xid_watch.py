@@ -1,24 +1,15 @@
 """The sweep's kernel-log watch: one bounded read per node per sweep, the events of the window.
 
-Each sweep reads what the driver wrote since the previous read (``core.health.kernlog``: the journal
-after its cursor, at most ``entries`` entries a step, so a backlog is read in bounded steps and
-never times out every later read; a full step is followed by the next within the read's budget,
-at most ``steps`` of them, and a read that ends on a full step says in the node's note that it
-is behind; else dmesg after the last timestamp seen, whose counts are the
-whole ring buffer's, so only their increase since the previous read is summarised), beside the
-node's probe and within the same budget. The cursor and the events of the window are this
-process's: after a restart the first read goes back one window, so an open finding is found
-again (the alert store knows it: no second alert) and one that cleared meanwhile stays cleared.
-A node whose kernel log cannot be read says why once in the log; its read failing never fails
-the node's sweep.
+Each sweep reads what the driver wrote since the previous read, beside the probe and within its
+budget: the journal after its cursor in bounded steps (so a backlog never times out every later
+read, and a read that ends behind says so in the node's note), else dmesg, whose counts are the
+whole ring buffer's, so only their increase is summarised. After a restart the first read goes
+back one window: an open finding is found again (no second alert), a cleared one stays cleared.
+A read that fails never fails the node's sweep.
 
 A read keeps the newest lines of each class up to its cap and counts every driver line per (bus,
-code) (``health.kernlog``): what a cap dropped becomes one summary event per (bus, code), counted
-in its finding, and the node's note while it is in the window ("kernel log: 450
-application-error lines summarised", logged once a read and shown beside the node's status), so a
-user's flood of their own job's lines never hides another GPU's fault.
-
-Every new line counts once in ``gpubot_gpu_xid_total{node,gpu,xid}`` (``count``).
+code): what a cap dropped becomes one summary event, so a user's flood of their own job's lines
+never hides another GPU's fault.
 """
 
 from __future__ import annotations
@@ -56,7 +47,7 @@ log = logging.getLogger(__name__)
 
 CountXid = Callable[[str, str, str], None]  # node, gpu ("-": the node's), code ("sxid:N")
 MAX_COUNTED = 10_000  # lines of one summary counted in the metric, one call each
-MAX_STEPS = 12  # journal steps one read takes at most (12 x 5000 entries: 200/s over 300 s)
+MAX_STEPS = 12  # journal steps one read takes at most
 MIN_STEP_S = 0.5  # the least budget a further step is started with
 
 
@@ -124,9 +115,8 @@ class XidWatch:
         st.fresh += new
 
     async def _steps(self, node: NodeConfig, st: _Node) -> list[KernelRead]:
-        """Run the read's steps, each after the cursor the previous one left, while a step
-        comes back full and the read's budget (``timeout_s``, ``steps``) has room for one
-        more like it. A step that fails after the first ends the read with what it has."""
+        """Run the read's steps while each comes back full and the budget has room for one more;
+        a step that fails after the first ends the read with what it has."""
         out: list[KernelRead] = []
         ends = self.clock.monotonic() + self.timeout_s
         took = 0.0
@@ -176,8 +166,7 @@ class XidWatch:
         self, st: _Node, kept: list[XidEvent], counts: Mapping[CountKey, int] | None, now: float
     ) -> list[XidEvent]:
         """dmesg: the lines newer than the last seen, and a summary of only what the caps
-        dropped SINCE the previous read (its counts are the whole ring buffer's every time:
-        counted again, they would say lines already seen a second time)."""
+        dropped SINCE the previous read (its counts are the whole ring buffer's)."""
         if st.counts is None:  # the first read: the window's part of the buffer
             after = st.last_at if st.last_at is not None else now - self.window_s
             events = self._after(st, kept, now) + summaries(counts, kept, after)
