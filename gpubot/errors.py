@@ -135,8 +135,7 @@ class LeaseLost(StoreError):
 
 
 class ResetInterrupted(GpubotError):
-    """A reset that ended in an error after signals went out: the message lists what was sent;
-    ``document`` is the ``--json`` form (each targeted GPU ``unknown``)."""
+    """A reset that ended in an error after signals went out; the message lists what was sent."""
 
     def __init__(self, message: str, document: dict[str, Any]) -> None:
         super().__init__(message)
@@ -148,14 +147,11 @@ class DatabaseBehind(StoreError):
 
 
 class DatabaseUnreachable(StoreError):
-    """The database cannot be reached (refused, cut, shutting down, not answering): an outage,
-    which ``store.outage`` says once, not each caller on each turn."""
+    """The database cannot be reached: an outage, said once, not by each caller on each turn."""
 
 
-# The ``extra`` of a periodic duty's line that says its turn (or a part of it) failed as a whole:
-# ``log.warning("claims duty skipped: %s", exc, extra=DUTY_TURN)``. While ``store.outage`` has
-# said an outage, such a line whose error is ``DatabaseUnreachable`` only repeats it and is
-# dropped. A line about one action (an approval, a forced kill's seal) never carries it.
+# The ``extra`` of a periodic duty's line that says its turn failed: during an outage already
+# said, such a line only repeats it and is dropped. A line about one action never carries it.
 DUTY_TURN: Final[Mapping[str, object]] = MappingProxyType({"duty_outage": True})
 
 
@@ -206,6 +202,5 @@ class IdentityRefused(NotPermitted):
 
 
 class StdoutClosed(BaseException):
-    """The reader of stdout went away where a ``BrokenPipeError`` would be caught as an error
-    (a chat flow turns every exception into a message): not an ``Exception``, so that it gets
-    to the CLI's ``main``, which ends the command quietly with 141."""
+    """The reader of stdout went away; not an ``Exception``, so no chat flow turns it into a
+    message and it reaches the CLI's ``main``, which ends quietly with 141."""

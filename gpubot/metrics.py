@@ -1,17 +1,9 @@
 """Prometheus metrics (the only module importing ``prometheus_client``).
 
-Per GPU from the last sweep this process ran (``gpubot_gpu_memory_used_bytes{node,gpu,uuid}``,
-``gpubot_gpu_memory_total_bytes``, ``gpubot_gpu_utilization_ratio``), open findings by kind,
-resets by outcome, sweep durations and node failures. GPU series come from one snapshot swapped
-in whole, so a scrape never sees half a sweep; a node that did not answer has no GPU series
-(a stale number would look like a healthy one). Served over HTTP by ``serve(port)``. The sweep's
-GPU health (issue 27): ``gpubot_gpu_remapped_rows_pending`` and ``gpubot_gpu_throttled{reason}``
-(no series where the field was not read or is ``[N/A]``: a 0 would look healthy).
-
-And the event loop's health: ``watch_loop`` (run by ``gpubot serve``) wakes every few ms and
-records how late each wake-up came (``gpubot_event_loop_stall_seconds``) and the longest since
-it began (``gpubot_event_loop_max_stall_seconds``): work that holds the loop that long delays
-every Slack acknowledgement queued behind it (Slack waits 3 s).
+GPU series come from one snapshot swapped in whole, so a scrape never sees half a sweep. A node
+that did not answer, or a health field not read, has no series: a stale number or a 0 would
+look healthy. ``watch_loop`` records how late each of its wake-ups came: work that holds the
+loop that long delays every Slack acknowledgement queued behind it (Slack waits 3 s).
 """
 
 from __future__ import annotations
@@ -121,7 +113,7 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self._last = _LastSweep()
         self.registry.register(self._last)
-        self.claimed = ClaimGauge()  # gpubot_gpu_claimed (issue 26)
+        self.claimed = ClaimGauge()  # gpubot_gpu_claimed
         self.registry.register(self.claimed)
         self.resets = Counter(
             "gpubot_resets", "GPUs reset, by outcome", ["outcome"], registry=self.registry
@@ -194,8 +186,7 @@ class Metrics:
             self.loop_max_stall.set(seconds)
 
     async def watch_loop(self, every_s: float = LOOP_TICK_S) -> None:
-        """Watch the running event loop until cancelled: sleep ``every_s``, record how late the
-        wake-up came. Anything that holds the loop (parsing, rendering, a blocking call) shows."""
+        """Record how late each ``every_s`` wake-up comes, until cancelled."""
         loop = asyncio.get_running_loop()
         while True:
             start = loop.time()

@@ -1,5 +1,4 @@
-"""``gpubot_gpu_claimed{node,gpu,user}``: 1 for each GPU claimed now (issue 26), as the claims'
-duty last read them (``Metrics.observe_claims``)."""
+"""``gpubot_gpu_claimed{node,gpu,user}``: 1 for each GPU claimed as the claims' duty last read."""
 
 from __future__ import annotations
 
