@@ -96,8 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_command(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, configure logging and run the command (``main`` without its closed-pipe
-    handling)."""
+    """Parse ``argv``, configure logging and run the command: ``main`` less the closed pipe."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(args_in)
     try:

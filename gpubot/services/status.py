@@ -41,7 +41,6 @@ class FleetStatus:
 
     @property
     def ok(self) -> bool:
-        """Whether every node answered."""
         return not self.failed
 
 

@@ -79,8 +79,7 @@ def annotate(
 async def stop_respawned(
     run: RunState, plan: ResetPlan, before: NodeSnapshot
 ) -> tuple[bool, dict[int, str]]:
-    """Stop each workload that took a GPU again; return whether any stop command ran, and for
-    each GPU whose workload was not stopped, why."""
+    """Stop each workload that took a GPU again; return whether any ran, and why not per GPU."""
     ran = False
     notes: dict[int, str] = {}
     done: dict[tuple[str, str, str], str | None] = {}

@@ -49,8 +49,7 @@ class Looked:
 
 
 class IdleNow(NamedTuple):
-    """Since when each held-idle GPU has been held idle, and since when each holder has held
-    its GPU (empty: no look folded)."""
+    """Since when each held-idle GPU has been idle, and each holder has held its GPU."""
 
     gpus: dict[tuple[str, int], float]
     held: Held
