@@ -214,6 +214,7 @@ class Metrics:
         return int(server.server_port)
 
     def close(self) -> None:
+        """Stop serving."""
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()

@@ -96,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_command(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, configure logging and run the command: ``main`` less the closed pipe."""
+    """Parse ``argv``, configure logging and run the command (``main`` without its closed-pipe
+    handling)."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(args_in)
     try:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``db`` actions."""
     sub = parser.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     sub.add_parser("upgrade", help="apply every migration this gpubot has (safe to repeat)")
     sub.add_parser("current", help="show the database's revision and the one gpubot needs")

@@ -23,6 +23,7 @@ from gpubot.services.doctor import DoctorParts, DoctorService
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the doctor arguments."""
     p.add_argument(
         "targets", nargs="*", metavar="NODE|GROUP", help="nodes or groups (default: all)"
     )

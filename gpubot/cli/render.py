@@ -63,7 +63,8 @@ def render_snapshot(
     said_once: tuple[str, ...] = (),
     width: int | None = None,
 ) -> list[str]:
-    """Render one node's per-GPU table, less the notes the fleet's footer says once."""
+    """Render one node's per-GPU table as wide as ``width`` allows, less the notes the fleet's
+    footer says once (``said_once``)."""
     lines = [_c(node_heading(snap), BOLD, color)]
     paint = _paint(FLAGS_COLUMN, None, color)
     lines.extend(gpu_lines(snap, paint, width) if snap.gpus else ["no GPUs"])

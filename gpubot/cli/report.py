@@ -16,6 +16,7 @@ from gpubot.errors import StoreError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the report arguments."""
     p.add_argument(
         "--since",
         default=DEFAULT_SINCE,

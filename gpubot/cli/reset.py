@@ -51,6 +51,7 @@ def _grace(text: str) -> float:
 
 
 def add_reset_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the reset arguments."""
     p.add_argument("node")
     p.add_argument(
         "--gpu", type=_nonneg_int, action="append", default=[], help="GPU index (repeat)"
@@ -68,6 +69,7 @@ def add_reset_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_gpu_reset_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the gpu-reset arguments."""
     p.add_argument("node")
     p.add_argument("--gpu", type=_nonneg_int, required=True, help="GPU index")
     p.add_argument("--yes", action="store_true", help="do not ask")
@@ -96,7 +98,8 @@ async def _print_event(event: ResetEvent) -> None:
 async def _finished(
     work: Awaitable[ResetResult], as_json: bool, found: list[ActionSummary] | None
 ) -> int:
-    """Print the reset's outcome; one cut off after signals went out prints what was sent."""
+    """Print the reset's outcome; one cut off after signals went out prints what was sent and
+    exits 2 like any error."""
     try:
         result = await work
     except ResetInterrupted as exc:

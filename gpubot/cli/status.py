@@ -45,6 +45,7 @@ def terminal_width() -> int | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the status arguments."""
     p.add_argument(
         "targets", nargs="*", metavar="NODE|GROUP", help="nodes or groups (default: all)"
     )

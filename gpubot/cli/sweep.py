@@ -23,6 +23,7 @@ from gpubot.core.text import one_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the sweep arguments."""
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 

@@ -9,6 +9,7 @@ NO_PROCESS_MEMORY_MIB = 256  # below this, memory with no process is the driver'
 
 
 def process_flags(p: GpuProcess) -> tuple[str, ...]:
+    """Return the flags of one process on a GPU."""
     if p.system:  # a protected daemon holds every GPU by design: not a job, not hidden
         return ("system",)
     flags: list[str] = []

@@ -183,7 +183,8 @@ def summary_rows(
     unreachable: Sequence[str] = (),
     order: Sequence[str] | None = None,
 ) -> list[list[str]]:
-    """Return the header and a row per node, those that did not answer with their reason."""
+    """Return the header and a row per node; one that did not answer shows ``slow``,
+    ``unreachable`` or ``failed``."""
     rows = {s.node: summary_row(s) for s in snaps}
     for name, why in (failed or {}).items():
         state = "slow" if name in slow else "unreachable" if name in unreachable else "failed"
@@ -193,4 +194,5 @@ def summary_rows(
 
 
 def summary_lines(rows: Sequence[Sequence[str]], paint: Paint | None = None) -> list[str]:
+    """Return summary rows as text lines."""
     return table_lines(rows, right=SUMMARY_RIGHT, most={3: FLAGS_MOST, 5: STATUS_MOST}, paint=paint)

@@ -27,6 +27,7 @@ class NoDirectory:
     """A directory that knows nobody's groups or accounts (the console)."""
 
     async def group_members(self, group_id: str) -> frozenset[str]:
+        """Return no members."""
         return frozenset()
 
     async def account(self, user_id: str) -> ChatAccount | None:
@@ -34,4 +35,5 @@ class NoDirectory:
         return None
 
     async def home_team(self) -> str | None:
+        """Return None."""
         return None

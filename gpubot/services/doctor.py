@@ -163,6 +163,7 @@ class DoctorService:
         return await self.parts.chat(self.settings)
 
     async def database(self) -> list[Check]:
+        """Return the database checks."""
         if self.parts.database is None:
             return []
         return db_checks(await asyncio.to_thread(self.parts.database))

@@ -35,7 +35,8 @@ class Abandoning(Protocol):
 async def report_interrupted(
     audit: Incomplete | None, approvals: Abandoning | None, reporter: Reporter
 ) -> list[Report]:
-    """Tell the actions with no outcome, then mark and tell the approved kills never ended."""
+    """Tell which actions never recorded an outcome, then mark and tell the approved forced
+    kills that never ended; return what was told."""
     told: list[Report] = []
     left = [] if audit is None else await audit.incomplete_actions()
     if left:

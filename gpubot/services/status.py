@@ -41,6 +41,7 @@ class FleetStatus:
 
     @property
     def ok(self) -> bool:
+        """Whether every node answered."""
         return not self.failed
 
 

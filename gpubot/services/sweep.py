@@ -208,7 +208,8 @@ class SweepService:
         return result
 
     async def _alert(self, result: SweepResult) -> SweepResult:
-        """Hand the findings to the alert keeper; with the ladder on, idle holders climb it."""
+        """Hand the findings to the alert keeper (none: report them only); with the reclaim
+        ladder on, idle holders climb it instead of being alerted."""
         ladder = self.ladder if self.ladder is not None and self.ladder.enabled else None
         if ladder is not None:
             await ladder.climb(result)
@@ -245,7 +246,8 @@ class SweepService:
         return list(res.ok.values()), failed, timed_out
 
     async def _look(self, node: NodeConfig) -> NodeSnapshot:
-        """Snapshot ``node``, read its kernel log at the same time, then its health."""
+        """Snapshot ``node``; with the Xid watch, read its kernel log at the same time; with
+        health checks, then read its health (one more exec)."""
         snap = await self._snapshot(node)
         if self.health is None:
             return snap
@@ -290,7 +292,8 @@ class SweepService:
             log.warning("sweep not recorded in the audit log: %s", exc, extra=DUTY_TURN)
 
     def _changed(self, nodes: Sequence[str], failed: Iterable[str]) -> dict[str, list[str]] | None:
-        """Return the nodes added, removed and recovered since the previous sweep (None: first)."""
+        """Return the nodes added, removed and recovered since the previous sweep (None: this
+        is the process's first, so its record names every node)."""
         before, self._last = self._last, (tuple(nodes), frozenset(failed))
         if before is None:
             return None

@@ -44,6 +44,7 @@ class NoClaims:
     """Without claims, no GPU is claimed."""
 
     def intervals(self, since: float, until: float) -> Iterable[Interval]:
+        """Return nothing."""
         return ()
 
 
@@ -121,7 +122,8 @@ class UsageService:
         return UsageReport(window, by, lines, self._coverage(rec, window, now))
 
     def _coverage(self, rec: UsageRecords, window: Window, now: float) -> Coverage:
-        """Return the sweeps and gaps, each node silent too long before the window's end open."""
+        """Return the sweeps and gaps, with each node silent since its last sample (longer
+        than ``GAP_INTERVALS`` intervals before the window's end) as an open gap."""
         end = min(now, window.until)
         gaps = list(rec.gaps)
         for node, last in sorted(rec.last_seen.items()):

@@ -40,6 +40,7 @@ class _Progress:
         self.restartable = {g for t in self.plan.targets if may_restart(t.workload) for g in t.gpus}
 
     def pending(self) -> list[int]:
+        """Return the targeted GPUs not decided yet."""
         return [g for g in self.plan.gpus if g not in self.decided]
 
 

@@ -79,7 +79,8 @@ def annotate(
 async def stop_respawned(
     run: RunState, plan: ResetPlan, before: NodeSnapshot
 ) -> tuple[bool, dict[int, str]]:
-    """Stop each workload that took a GPU again; return whether any ran, and why not per GPU."""
+    """Stop each workload that took a GPU again; return whether any stop command ran, and for
+    each GPU whose workload was not stopped, why."""
     ran = False
     notes: dict[int, str] = {}
     done: dict[tuple[str, str, str], str | None] = {}

@@ -87,7 +87,8 @@ class XidWatch:
         self._last: dict[str, NodeSnapshot] = {}  # each node's latest table (the bus-id map)
 
     async def read(self, node: NodeConfig) -> None:
-        """Read what ``node``'s driver wrote since the last read; fails soft."""
+        """Read what ``node``'s driver wrote since the last read (fails soft): one exec, and
+        while the journal's steps come back full, the next step within the read's budget."""
         st = self._nodes.setdefault(node.name, _Node())
         since = st.cursor is None  # the window back: it may hold lines already seen
         got = await self._steps(node, st)
@@ -254,7 +255,9 @@ def added(counts: Iterable[Mapping[CountKey, int] | None]) -> dict[CountKey, int
 class XidCounter(Protocol):
     """Where new events are counted (``gpubot.metrics.Metrics``)."""
 
-    def count_xid(self, node: str, gpu: str, xid: str) -> None: ...
+    def count_xid(self, node: str, gpu: str, xid: str) -> None:
+        """Count one event."""
+        ...
 
 
 def watch_for(

@@ -117,7 +117,8 @@ class Store:
         audit_key: bytes | None = None,
         head_file: str | None = None,
     ) -> None:
-        """``audit_key`` makes the chain an HMAC chain; ``head_file`` gets each new head."""
+        """``audit_key`` makes the audit chain an HMAC chain (see ``store.chain``);
+        ``head_file``: write the chain head there after every write (``store.headfile``)."""
         self.audit_key = audit_key
         self.head_file = None if head_file is None else HeadFile(head_file, audit_key)
         if url == MEMORY:

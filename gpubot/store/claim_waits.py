@@ -35,6 +35,7 @@ class WaitsMixin:
         return await in_thread(self._waits, node)
 
     async def get_wait(self, wait_id: int) -> Wait | None:
+        """Return one place in the queue."""
         return await in_thread(self._get_wait, wait_id)
 
     async def leave(self, chat_id: str, wait_id: int | None, now: float, source: str) -> list[Wait]:

@@ -64,6 +64,7 @@ class DbClaims(waits.WaitsMixin, IdleMixin):
         return await in_thread(self._active, node)
 
     async def get(self, claim_id: int) -> Claim | None:
+        """Return one claim."""
         return await in_thread(self._get, claim_id)
 
     async def used_last(self, chat_id: str, node: str) -> dict[int, float]:
@@ -71,7 +72,8 @@ class DbClaims(waits.WaitsMixin, IdleMixin):
         return await in_thread(self._used_last, chat_id, node)
 
     def intervals(self, since: float, until: float) -> Iterable[Interval]:
-        """Return every claim overlapping [since, until), cut to it (sync: a worker thread's)."""
+        """Return (node, gpu, user, start, end) of every claim overlapping [since, until), cut
+        to it (synchronous: call it in a worker thread)."""
         lo, hi = since, until
         with guard("cannot read claims"), read_tx(self._engine) as conn:
             rows = conn.execute(

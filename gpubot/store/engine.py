@@ -246,6 +246,7 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 def is_postgresql(engine: Engine) -> bool:
+    """Whether ``engine`` talks to PostgreSQL."""
     return engine.dialect.name == "postgresql"
 
 

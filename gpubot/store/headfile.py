@@ -53,6 +53,7 @@ class FileHead:
     mac: str | None
 
     def as_dict(self) -> dict[str, Any]:
+        """Return the file's fields (JSON-ready)."""
         return {
             "seq": self.seq,
             "hash": self.hash,

@@ -39,6 +39,7 @@ def _ids(holder: str) -> tuple[int, int]:
 
 
 def read(conn: Connection) -> Runs:
+    """Return every kept run."""
     out: Runs = {}
     for node, gpu, pid, ticks, since, last in conn.execute(select(h)):
         out[(str(node), int(gpu), _holder(int(pid), int(ticks)))] = OnGpu(
@@ -77,7 +78,8 @@ def write(
 
 
 def fold(conn: Connection, looked: Looked, *, store: bool) -> Held:
-    """Fold ``looked`` into the kept runs; return since when each holder has held its GPU."""
+    """Fold ``looked`` into the kept runs (``store``: keep the result, in the caller's write
+    transaction); return since when each holder has held its GPU."""
     before = read(conn)
     after = looked.fold(before)
     if store:

@@ -42,6 +42,7 @@ def _config() -> Config:
 
 
 def head() -> str:
+    """Return the revision this gpubot needs."""
     found = ScriptDirectory.from_config(_config()).get_current_head()
     if found is None:
         raise StoreError("no database migrations found")
@@ -70,6 +71,7 @@ def check(engine: Engine) -> None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply migrations up to ``revision``."""
     _run(engine, "upgrade", revision)
 
 

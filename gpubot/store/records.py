@@ -45,10 +45,12 @@ class AuditRecord:
 
     @property
     def time(self) -> datetime:
+        """Return ``created_at`` as an aware datetime."""
         return parse_iso(self.created_at)
 
     @property
     def data(self) -> Any:
+        """Return the decoded payload."""
         return json.loads(self.payload)
 
     def as_dict(self) -> dict[str, Any]:
@@ -88,6 +90,7 @@ class ActionSummary:
         return self.finished_at is None
 
     def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
         return {
             "id": self.id,
             "kind": self.kind,
@@ -119,6 +122,7 @@ class ActionDetail:
         return dict(found) if isinstance(found, Mapping) else None
 
     def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
         return {
             **self.summary.as_dict(),
             "approval": self.approval,
@@ -145,9 +149,11 @@ class Seal:
 
     @property
     def time(self) -> datetime:
+        """Return when the seal was written."""
         return parse_iso(self.at)
 
     def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
         return {"seq": self.seq, "at": self.at, "reason": self.reason, "every_s": self.every_s}
 
 
@@ -179,6 +185,7 @@ class VerifyResult:
         return f"{self.head_seq}:{self.head_hash}"
 
     def mode_text(self) -> str:
+        """Return the chain's mode for a person."""
         if self.mode == "keyed":
             return f"keyed (HMAC-SHA256 from record {self.keyed_from}, key id {self.key_id})"
         return "plain (sha256, no key)"

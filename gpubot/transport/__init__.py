@@ -42,9 +42,11 @@ class RoutingTransport:
         return await self.local.nvml_snapshot(node) if node.host == "local" else None
 
     def connected(self) -> int:
+        """Return how many SSH connections are open."""
         return self.ssh.connected()
 
     async def close(self) -> None:
+        """Close every pooled connection."""
         await self.ssh.close()
         await self.local.close()
 

@@ -219,7 +219,8 @@ class _Reader:
         quiet: Collection[int] = _NOT_AVAILABLE,
         **kwargs: Any,
     ) -> Any:
-        """Return ``lib.name(*args)``: None when unknown, _ABSENT when no such call."""
+        """Return ``lib.name(*args)``: None when unknown, _ABSENT when no such call; _Lost when
+        the GPU is lost."""
         key = key or name
         fn = getattr(self.lib, name, None)
         if key in self.missing or not callable(fn):

@@ -32,7 +32,8 @@ class Call:
 
     @property
     def program(self) -> str:
-        """The script's own ``$0``, or the program run, after any ``timeout``/``sudo`` prefix."""
+        """The script's own name (``gpubot-probe`` for ``bash -c SCRIPT gpubot-probe ...``), or
+        the program run (``argv[0]``), after any ``timeout ...`` or ``sudo -n`` prefix."""
         argv = list(self.argv)
         if argv[:1] == ["timeout"]:  # timeout -k 1 SECONDS COMMAND ...
             argv = argv[4:]

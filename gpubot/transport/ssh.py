@@ -104,6 +104,7 @@ class SshTransport:
         self._cap = ConnectionCap(cap, self._evict)
 
     def connected(self) -> int:
+        """Return how many pooled connections are open."""
         return sum(1 for p in self._pool.values() if not p.conn.is_closed())
 
     async def run(
@@ -185,6 +186,7 @@ class SshTransport:
             raise
 
     async def close(self) -> None:
+        """Close every pooled connection."""
         pooled, self._pool = list(self._pool.values()), {}
         for p in pooled:
             p.conn.close()
@@ -348,7 +350,8 @@ class SshTransport:
 
 
 def _stale(conn: asyncssh.SSHClientConnection, cause: BaseException | None) -> bool:
-    """Whether a session failed because the pooled connection had died (not stalled)."""
+    """Whether a session failed because the pooled connection had died, not stalled (a second
+    try would not help a stalled one)."""
     if isinstance(cause, TimeoutError):
         return False
     return conn.is_closed() or isinstance(cause, asyncssh.DisconnectError | ConnectionError)

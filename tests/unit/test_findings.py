@@ -3,12 +3,8 @@ alert decisions, reset readiness (the [sweep] settings: ``test_config_tables``).
 
 from __future__ import annotations
 
-import os
-import stat
-import subprocess
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +17,7 @@ from gpubot.core.findings import (
     classify_failure,
     find,
 )
-from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.models import FindingKind, GpuProcess, NodeSnapshot
 from gpubot.core.reset.protect import Protection
 from gpubot.core.reset.readiness import parse_modes, parse_topo_peers, readiness, ready_argv
 from gpubot.core.usage.idle import IdleRule
@@ -34,6 +30,7 @@ from gpubot.errors import (
     SmiMissing,
     UsageError,
 )
+from tests.fixtures.node_samples import TOPO_MIXED, gpu, proc, snap
 
 CFG = SweepConfig(orphan_threshold_mib=1024)
 IDLE = replace(CFG, idle=IdleRule(min_mib=1024, hours=2.0))
@@ -44,70 +41,12 @@ PROTECTION = Protection(
 PERSISTENCED = "/usr/bin/nvidia-persistenced"
 
 
-def gpu(index: int, used: int | None, util: int | None = 50) -> GpuInfo:
-    """A GPU whose device file is known (its minor is not its index, as on real boxes)."""
-    return GpuInfo(
-        index,
-        f"GPU-{index}",
-        "H200",
-        used,
-        143771,
-        util,
-        bus_id=f"00000000:{0x18 + index:02X}:00.0",
-        minor=index ^ 1,
-    )
-
-
-def proc(
-    pid: int,
-    g: int = 0,
-    *,
-    mem: int | None = 4096,
-    state: str | None = "S",
-    ticks: int | None = 1000,
-    visible: bool = True,
-    holds: bool = True,
-    name: str = "python3",
-    cgroup: str | None = None,
-    workload: Workload | None = None,
-    wchan: str | None = None,
-    user: str = "alice",
-    uid: int | None = 1000,
-    real_uid: int | None = None,
-    exe: str | None = None,
-) -> GpuProcess:
-    """A process; by default alice's job, ``exe`` ``/usr/bin/<name>``."""
-    return GpuProcess(
-        pid=pid,
-        gpu_index=g,
-        used_memory_mib=mem,
-        process_name=name,
-        visible_to_nvidia_smi=visible,
-        holds_device_file=holds,
-        user=user,
-        state=state,
-        start_ticks=ticks,
-        command=f"/usr/bin/{name} train.py",
-        wchan=wchan,
-        cgroup=cgroup,
-        uid=uid,
-        real_uid=uid if real_uid is None else real_uid,
-        exe=f"/usr/bin/{name}" if exe is None else exe,
-        argv0=f"/usr/bin/{name}",
-        workload=workload,
-    )
-
-
 def daemon(
     pid: int, g: int = 0, *, user: str = "root", uid: int = 0, exe: str = PERSISTENCED, **kw: object
 ) -> GpuProcess:
     """A protected system daemon: a system account's real and effective uid, a daemon's exe."""
     name = exe.rsplit("/", 1)[-1][:15]
     return proc(pid, g, mem=None, visible=False, name=name, user=user, uid=uid, exe=exe, **kw)  # type: ignore[arg-type]
-
-
-def snap(*gpus: GpuInfo, procs: tuple[GpuProcess, ...] = ()) -> NodeSnapshot:
-    return NodeSnapshot("n1", 0.0, gpus, procs)
 
 
 def kinds(found: tuple[object, ...]) -> list[tuple[int | None, str, str]]:
@@ -482,18 +421,6 @@ def test_a_key_that_is_not_one_is_a_usage_error(text: str, message: str) -> None
 
 # --- readiness ---------------------------------------------------------------------------------
 
-# ``nvidia-smi topo -m`` as the real program prints it (tab separated, legends after the matrix).
-TOPO_MIXED = (
-    "\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
-    "GPU0\t X \tNV12\tNODE\tSYS\tPXB\t0-23\t0\t\tN/A\n"
-    "GPU1\tNV12\t X \tSYS\tNODE\tPXB\t0-23\t0\t\tN/A\n"
-    "GPU2\tNODE\tSYS\t X \tNV4\tSYS\t24-47\t1\t\tN/A\n"
-    "GPU3\tSYS\tSYS\tNV4\t X \tSYS\t24-47\t1\t\tN/A\n"
-    "NIC0\tPXB\tPXB\tSYS\tSYS\t X \t\t\t\t\n"
-    "\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP "
-    "interconnect between NUMA nodes (e.g., QPI/UPI)\n  NV#  = Connection traversing a bonded "
-    "set of # NVLinks\n\nNIC Legend:\n\n  NIC0: mlx5_0\n\n"
-)
 TOPO_PCIE = (
     "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
     "GPU0\t X \tPHB\t0-15\t0\nGPU1\tPHB\t X \t0-15\t0\n\nLegend:\n\n  X    = Self\n"
@@ -523,65 +450,6 @@ def test_parse_modes() -> None:
         1: ("not supported", "Disabled"),
         3: ("Enabled", None),
     }
-
-
-def _fake_smi(tmp: Path, topo: str | None, modes: str | None) -> str:
-    """A stand-in nvidia-smi: prints ``topo``/``modes`` or fails like an old driver."""
-    (tmp / "topo.txt").write_text(topo or "")
-    (tmp / "modes.txt").write_text(modes or "")
-    script = tmp / "nvidia-smi"
-    topo_cmd = f"cat {tmp / 'topo.txt'}" if topo else "echo Invalid combination; exit 2"
-    modes_cmd = f"cat {tmp / 'modes.txt'}" if modes else "echo Field is not valid; exit 2"
-    script.write_text(
-        f'#!/bin/sh\ncase "$1" in\n  topo) {topo_cmd} ;;\n  --query-gpu=*) {modes_cmd} ;;\nesac\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return str(script)
-
-
-def test_ready_script_under_sh_with_a_full_driver(tmp_path: Path) -> None:
-    smi = _fake_smi(tmp_path, TOPO_MIXED, "2, Disabled, Enabled\n")
-    # A box without the daemon, whatever runs on this one (another test's simulated daemon):
-    # procps's ps prints nothing and exits 1 when no process has that name.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ps").write_text("#!/bin/sh\nexit 1\n")
-    (bin_dir / "ps").chmod(0o755)
-    out = subprocess.run(
-        ready_argv(smi, [2], 5),
-        capture_output=True,
-        text=True,
-        timeout=20,
-        env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
-    )
-    assert "\n@gpubot topo 0\n" in out.stdout and "\n@gpubot modes 0\n" in out.stdout
-    assert out.stdout.rstrip().endswith("\n@gpubot end")
-    s = snap(gpu(2, 8192))
-    (r,) = readiness(s, [2], out.stdout).values()
-    assert (r.gpu, r.nvlink_peers, r.mig_mode, r.persistence_mode) == (
-        2,
-        (3,),
-        "Disabled",
-        "Enabled",
-    )
-    assert r.persistence_daemon == "not running"  # no nvidia-persistenced on this box
-    assert r.lines() == [
-        "processes on GPU 2: none",
-        "persistence daemon: not running (persistence mode Enabled)",
-        "NVLink peers: GPU 3 (may reset too)",
-        "MIG mode: Disabled",
-    ]
-
-
-def test_ready_script_when_the_driver_cannot_say(tmp_path: Path) -> None:
-    smi = _fake_smi(tmp_path, None, None)
-    out = subprocess.run(ready_argv(smi, [0, 1], 5), capture_output=True, text=True, timeout=20)
-    s = snap(gpu(0, 8192), gpu(1, 100), procs=(proc(7, g=1, name="nvidia-persistenced"),))
-    r = readiness(s, [0, 1], out.stdout)
-    assert r[0].nvlink_peers is None and r[0].mig_mode is None
-    assert "NVLink peers: unknown (nvidia-smi topo -m is not available here)" in r[0].lines()
-    assert "MIG mode: unknown" in r[0].lines()
-    assert r[1].processes == ("nvidia-persistenced (pid 7, alice)",)
 
 
 def test_readiness_without_an_answer() -> None:

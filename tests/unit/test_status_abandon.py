@@ -35,7 +35,7 @@ class Hanging:
 async def _caller_gives_up(status: StatusService, transport: Hanging) -> None:
     caller = asyncio.ensure_future(status.fleet(["all"]))
     while transport.running < 2:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
     caller.cancel()  # what --watch does on SIGTERM
     await asyncio.gather(caller, return_exceptions=True)
 

@@ -122,6 +122,7 @@ class Wait:
     hold_until: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form."""
         return {
             "id": self.id,
             "node": self.node,

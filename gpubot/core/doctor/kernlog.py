@@ -13,6 +13,7 @@ NAME = "kernel log (Xid)"
 
 
 def kernlog_check(area: str, user: str | None, read: KernelRead) -> Check:
+    """Return the check of one node's kernel-log read."""
     if read.source == "journal":
         return passed(area, NAME, "journalctl -k is readable")
     if read.source == "dmesg":

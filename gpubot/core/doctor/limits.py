@@ -20,7 +20,8 @@ def _shown(limit: int | None) -> str:
 
 
 def descriptor_check(nodes: int, soft: int, hard: int | None) -> Check:
-    """Check that the limit gpubot will run under keeps one SSH connection per node."""
+    """Check that the limit gpubot will run under (``hard`` None: unlimited) keeps one SSH
+    connection per node."""
     at_start = fdbudget.raised_to(soft, hard)
     cap = fdbudget.connection_cap(at_start)
     limits = f"soft {soft}, hard {_shown(hard)}"

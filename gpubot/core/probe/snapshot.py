@@ -157,7 +157,8 @@ def parse_probe(
 
 
 def _preamble(s: Sections, node: NodeConfig) -> tuple[float | None, bool]:
-    """Raise if the probe stopped early; return the query timeout and if all GPUs were asked."""
+    """Raise if the probe stopped early; return nvidia-smi's timeout and whether every GPU was
+    asked for."""
     fatal = s.get("fatal")
     if fatal is not None:
         missing = fatal[0][0] if fatal[0] else "?"

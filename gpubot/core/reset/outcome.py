@@ -92,6 +92,7 @@ def already_free(result: GpuResult, signalled: bool) -> bool:
 
 
 def outcome_words(result: GpuResult, signalled: bool) -> str:
+    """Return how a GPU ended, in words."""
     return ALREADY_FREE if already_free(result, signalled) else str(result.outcome)
 
 

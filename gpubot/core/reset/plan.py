@@ -118,6 +118,7 @@ class ResetPlan:
         }
 
     def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready form."""
         d = asdict(self)
         d["forced"] = self.forced
         d["memory_before_mib"] = {str(k): v for k, v in self.memory_before_mib.items()}
@@ -195,7 +196,8 @@ def _check_named(snapshot: NodeSnapshot, request: ResetRequest, protection: Prot
 
 
 def _targeted_gpus(snapshot: NodeSnapshot, request: ResetRequest) -> tuple[int, ...]:
-    """Return the GPUs a reset targets; refuse a whole GPU whose holders cannot be seen."""
+    """Return the GPUs a reset targets; refuse a whole GPU whose holders cannot be seen, and
+    pids outside the GPUs named."""
     if request.gpus:
         gpus = tuple(sorted(set(request.gpus)))
     elif request.pids:

@@ -49,7 +49,8 @@ class Looked:
 
 
 class IdleNow(NamedTuple):
-    """Since when each held-idle GPU has been idle, and each holder has held its GPU."""
+    """Since when each held-idle GPU has been held idle, and since when each holder has held
+    its GPU (empty: no look folded)."""
 
     gpus: dict[tuple[str, int], float]
     held: Held

@@ -93,6 +93,7 @@ class Tally:
 
 
 def hour_of(t: float) -> int:
+    """Return the start of the UTC hour ``t`` is in."""
     return math.floor(t / HOUR_S) * HOUR_S
 
 

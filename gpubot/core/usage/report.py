@@ -69,6 +69,7 @@ class Window:
         return cls(hour_of(start), hour_of(end) + (0 if end % HOUR_S == 0 else HOUR_S))
 
     def text(self) -> str:
+        """Return the window as a person reads it."""
         return f"{_iso(self.since)} to {_iso(self.until)} UTC"
 
 

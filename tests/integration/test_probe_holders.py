@@ -20,7 +20,7 @@ from gpubot.core.probe.holders import ADDS_UP, NOT_CHECKED, Holders, memory_adds
 from gpubot.core.probe.nvsmi import parse_apps_answer, parse_gpu_answer
 from gpubot.core.probe.snapshot import parse_probe, probe_argv
 from gpubot.errors import ParseError
-from tests.unit.test_probe import BUS, SLEEP_PY, SMI, U, run, set_minors
+from tests.fixtures.probe_box import BUS, SLEEP_PY, SMI, U, run, set_minors
 
 
 def gpu(i: int, used: int | None) -> GpuInfo:

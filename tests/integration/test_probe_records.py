@@ -28,7 +28,8 @@ from gpubot.core.probe import script as probe_script
 from gpubot.core.probe.nvsmi import gpu_query_argv
 from gpubot.core.probe.snapshot import parse_probe, probe_argv
 from gpubot.errors import SmiFailed
-from tests.unit.test_probe import SMI, gpus_text, run, set_minors, start_ticks
+from tests.fixtures.probe_box import SMI, gpus_text, run, set_minors
+from tests.procs import start_ticks
 
 MARK = "gpubot-probe.ok"
 

@@ -33,33 +33,8 @@ from gpubot.core.probe.snapshot import NvmlKnown, parse_probe, parse_procs, prob
 from gpubot.core.reset.plan import ResetRequest, plan_reset
 from gpubot.core.reset.protect import Protection
 from gpubot.errors import ConfigError, ParseError, ProbeError, ResetRefused, SmiFailed, SmiMissing
-
-U = [f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(3)]
-SLEEP_PY = [sys.executable, "-c", "import time; time.sleep(120)"]
-
-SMI = """#!/bin/bash
-# Builtins only on the normal paths: a test counts the programs the probe starts.
-d=${0%/*}
-printf '%s\\n' "$*" >>"$d/calls"
-mode=; read -r mode <"$d/mode" 2>/dev/null
-show() { while IFS= read -r l || [[ -n $l ]]; do printf '%s\\n' "$l"; done <"$1"; }
-case $mode in
-  hang) exec sleep 30 ;;
-  stubborn) trap '' TERM; while :; do sleep 0.05; done ;;
-  driver) echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
-          exit 9 ;;
-  apps-fail) case $1 in --query-compute-apps*) echo "Unknown Error" >&2; exit 255 ;; esac ;;
-esac
-case $1 in
-  --query-gpu*) show "$d/gpus" ;;
-  --query-compute-apps*) show "$d/apps" ;;
-esac
-"""
-
-
-def start_ticks(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[19])
+from tests.fixtures.probe_box import BUS, SLEEP_PY, SMI, U, gpus_text, run, set_minors
+from tests.procs import start_ticks
 
 
 @dataclass
@@ -130,40 +105,6 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
         for p in procs.values():
             p.kill()
             p.wait()
-
-
-def gpus_text(n: int = 3) -> str:
-    return "".join(
-        f"{i}, {U[i]}, {BUS[i]}, Disabled, NVIDIA H200, {1024 * i}, 143771, {10 * i}\n"
-        for i in range(n)
-    )
-
-
-BUS = [f"00000000:{0x18 + 0x10 * i:02X}:00.0" for i in range(3)]
-
-
-def set_minors(driver: Path, minors: list[int | None]) -> None:
-    """Write the driver's information file of each GPU (real layout; None: no such line)."""
-    for i, minor in enumerate(minors):
-        folder = driver / "gpus" / f"0000:{0x18 + 0x10 * i:02x}:00.0"
-        folder.mkdir(parents=True, exist_ok=True)
-        line = "" if minor is None else f"Device Minor: \t {minor}\n"
-        (folder / "information").write_text(
-            f"Model: \t\t NVIDIA H200\nGPU UUID: \t {U[i]}\nBus Location: \t "
-            f"0000:{0x18 + 0x10 * i:02x}:00.0\n{line}GPU Excluded:\t No\n"
-        )
-
-
-def run(argv: list[str], env: dict[str, str] | None = None) -> CommandResult:
-    assert argv[0] == "bash"
-    p = subprocess.run(
-        [shutil.which("bash") or "/bin/bash", *argv[1:]],  # sshd finds it on the login PATH
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=30,
-    )
-    return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr)
 
 
 def probe(box: Box, node: NodeConfig | None = None, **kw: object):  # type: ignore[no-untyped-def]
