@@ -1,9 +1,4 @@
-"""``gpubot claim …``: claims and the queue from a terminal, ``--json`` for scripts.
-
-    gpubot claim NODE gpu N[,M] for 4h [NOTE]      gpubot claim NODE any 2 for 4h
-    gpubot claim extend [NODE [gpu N]] by 2h       gpubot claim release [NODE [gpu N]]
-    gpubot claim claims [NODE|mine|all]            gpubot claim wait NODE [gpu N | any [K]]
-    gpubot claim queue [NODE]                      gpubot claim leave [ID] | take ID
+"""``gpubot claim …``: the ``/gpu`` claim and queue commands from a terminal.
 
 The claimant is the Linux user running it, or ``--as`` a Slack user id. Exit status: 0 done, 1
 refused, 2 bad input.

@@ -1,20 +1,7 @@
-"""The ``/gpu …`` language: one pure parser shared by Slack, the console and the CLI's vocabulary.
+"""The ``/gpu …`` language (``USAGE``): one pure parser shared by Slack, the console and the CLI.
 
-::
-
-    status [NODE|GROUP|all ...]
-    reset NODE [gpu N[,M]] [pid P[,Q]] [user NAME] [grace DURATION] [because REASON]
-    gpu-reset NODE gpu N
-    sweep
-    audit [NODE] [N]
-    report [7d] [by user|team|node]
-    help [COMMAND]
-    approve ID | deny ID              (console only: Slack decides with buttons)
-    claim … | extend … | release … | claims … | wait … | queue … | leave … | take …
-                                      (``core.claims.commands``)
-
-Options may also be written ``gpu=1,2`` or ``--gpu 1,2``. Every word is validated here; nothing
-of it reaches a shell. Everything after ``because`` is a reset's reason, never parsed as options.
+Every word is validated here; nothing of it reaches a shell. Everything after ``because`` is a
+reset's reason, never parsed as options.
 """
 
 from __future__ import annotations

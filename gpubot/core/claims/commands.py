@@ -1,14 +1,4 @@
-"""The claim and queue commands of the ``/gpu …`` language, parsed purely::
-
-    claim NODE gpu N[,M] for DURATION [NOTE…]   claim NODE any COUNT for DURATION [NOTE…]
-    extend [NODE [gpu N[,M]]] by DURATION        release [NODE [gpu N[,M]]]
-    claims [NODE|mine|all]
-    wait NODE [gpu N[,M] | any [COUNT]] [for DURATION]
-    queue [NODE]        leave [ID]        take ID
-
-``take ID`` claims the GPUs a queue's hold keeps for you (Slack: the DM's button); ``leave``
-leaves the queue (every place, or one). A duration is ``90m``, ``4h``, ``1d`` or ``1h30m``.
-"""
+"""The claim and queue commands of the ``/gpu …`` language (``USAGE``), parsed purely."""
 
 from __future__ import annotations
 
