@@ -15,6 +15,10 @@ from gpubot.services.status import fan_out
 NODES = tuple(NodeConfig(f"n{i}", f"h{i}") for i in range(300))
 
 
+# Budgets and sleeps on a loop that skips its idle waits: no wall time passes.
+pytestmark = pytest.mark.skip_idle
+
+
 def burn(seconds: float) -> None:
     """Hold the loop for ``seconds`` of this thread's CPU (whatever else the box runs)."""
     end = time.thread_time() + seconds

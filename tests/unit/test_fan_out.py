@@ -13,6 +13,10 @@ from gpubot.services.status import fan_out
 NODES = tuple(NodeConfig(f"n{i}", f"h{i}") for i in range(4))
 
 
+# Budgets and sleeps on a loop that skips its idle waits: no wall time passes.
+pytestmark = pytest.mark.skip_idle
+
+
 async def test_each_node_fails_alone_and_in_node_order() -> None:
     async def call(node: NodeConfig) -> str:
         if node.name == "n1":

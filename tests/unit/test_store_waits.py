@@ -13,6 +13,7 @@ from gpubot.errors import StoreError
 from gpubot.store import waits
 
 
+@pytest.mark.skip_idle  # the deadline and the wait pass on loop time
 async def test_a_call_with_no_answer_is_refused_at_the_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -27,6 +28,7 @@ async def test_a_call_with_no_answer_is_refused_at_the_deadline(
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.skip_idle  # the deadline and the wait pass on loop time
 async def test_control_without_the_deadline_the_call_waits_until_answered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -51,6 +53,7 @@ async def test_store_calls_run_when_the_default_pool_is_full() -> None:
         await asyncio.gather(*blocked)
 
 
+@pytest.mark.skip_idle  # the threads are blocked for good: the timeout passes on loop time
 async def test_control_in_the_default_pool_a_store_call_queues_behind_blocked_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
