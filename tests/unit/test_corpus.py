@@ -8,9 +8,7 @@ documents or for text that is cut or not what the tool prints.
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,9 +27,8 @@ from gpubot.core.workload import (
     stop_command,
 )
 from gpubot.errors import ParseError
+from tests.fixtures.corpus import CORPUS, INDEX, by_parser, text_of
 
-CORPUS = Path(__file__).resolve().parent.parent / "corpus"
-INDEX: list[dict[str, Any]] = json.loads((CORPUS / "index.json").read_text(encoding="utf-8"))
 PARSERS = (
     "cgroup",
     "cgroup_path",
@@ -46,14 +43,6 @@ PARSERS = (
     "xid",
 )
 _SOURCE = re.compile(r"[\w.-]+/[\w.-]+ \S+ @[0-9a-f]{40}( \(.+\))?|https://\S+( \(.+\))?")
-
-
-def by_parser(*names: str) -> list[Any]:
-    return [pytest.param(s, id=Path(s["file"]).stem) for s in INDEX if s["parser"] in names]
-
-
-def text_of(sample: dict[str, Any]) -> str:
-    return (CORPUS / str(sample["file"])).read_text(encoding="utf-8")
 
 
 def test_the_corpus_is_indexed_whole_with_its_sources() -> None:

@@ -11,7 +11,7 @@ from gpubot.core.health.findings import HealthMemory, find_health
 from gpubot.core.health.query import parse_q_health
 from gpubot.core.health.state import GpuHealth, NodeHealth, parse_nvlink
 from gpubot.core.models import GpuInfo, NodeSnapshot
-from tests.unit.test_corpus import by_parser, text_of
+from tests.fixtures.corpus import by_parser, text_of
 
 
 @pytest.mark.parametrize("sample", by_parser("health_q"))

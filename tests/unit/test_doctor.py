@@ -30,6 +30,7 @@ from gpubot.core.doctor.node import (
 from gpubot.core.models import NodeConfig
 from gpubot.core.policy import Policy
 from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
+from tests.fixtures.node_samples import answer
 
 
 @pytest.mark.parametrize(
@@ -69,30 +70,6 @@ def test_no_bash_is_a_failure_with_its_fix() -> None:
 
 
 NODE = NodeConfig(name="n1", host="10.0.0.1", dev_prefix="/dev/nvidia")
-GPUS = (
-    "0, GPU-11111111-2222-3333-4444-555555555555, 00000000:18:00.0, Disabled, NVIDIA H200, "
-    "0, 143771, 0\n"
-    "1, GPU-11111111-2222-3333-4444-666666666666, 00000000:2A:00.0, Disabled, NVIDIA H200, "
-    "0, 143771, 0"
-)
-
-
-def answer(**over: str) -> str:
-    """Return a doctor script's answer of a healthy root node, with sections replaced."""
-    parts = {
-        "uid 0": "",
-        "bash": "GNU bash, version 5.2.15(1)-release (x86_64-pc-linux-gnu)",
-        "fuser /usr/bin/fuser": "",
-        "smi-path /usr/bin/nvidia-smi": "",
-        "smi": GPUS,
-        "smi-exit 0": "",
-        "dev": "0\n1",
-        "minors": "0000:18:00.0 \t 0\n0000:2a:00.0 \t 1",
-        "mounts": "rw,nosuid,nodev,noexec,relatime",
-        "end": "",
-    }
-    parts.update(over)
-    return "".join(f"\n@doctor {k}\n{v}\n" if v else f"\n@doctor {k}\n" for k, v in parts.items())
 
 
 def checks_of(stdout: str, node: NodeConfig = NODE) -> dict[str, Check]:

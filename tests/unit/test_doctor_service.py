@@ -11,7 +11,7 @@ from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.errors import AuthRefused, CommandTimeout, HostKeyRejected, NodeUnreachable
 from gpubot.services.doctor import DoctorParts, DoctorService
 from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
-from tests.unit.test_doctor import answer
+from tests.fixtures.node_samples import answer
 
 NODES = tuple(NodeConfig(name=f"n{i}", host=f"10.0.0.{i}") for i in range(1, 6))
 ERRORS = {

@@ -17,8 +17,8 @@ from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepPorts, SweepService
 from gpubot.transport import ScriptedTransport
 from gpubot.transport.scripted import Call, answer, completed
+from tests.fixtures.recorded import recorded, settings
 from tests.fixtures.settings import with_sweep
-from tests.unit.test_services_fast import recorded, settings
 
 PENDING = (
     "\n@gpubot health r535 0\n"

@@ -20,7 +20,7 @@ from gpubot.core.workload import (
     stop_argv,
     stop_command,
 )
-from tests.unit.test_workload import CID, v2
+from tests.fixtures.node_samples import CID, v2
 
 QEMU = r"/machine.slice/machine-qemu\x2d18\x2dDroplet\x2d7572850.scope"  # lore.kernel.org, 2021
 

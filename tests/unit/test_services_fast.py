@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from gpubot.config import Settings, parse
+from gpubot.config import Settings
 from gpubot.core.models import CommandResult
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import CommandTimeout, NodeUnreachable, UsageError
@@ -24,23 +22,10 @@ from gpubot.services.reset import ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
 from gpubot.transport import ScriptedTransport
-from gpubot.transport.scripted import Call, answer, completed
+from gpubot.transport.scripted import Call, answer
+from tests.fixtures.recorded import recorded, settings
 
-OUTPUTS = Path(__file__).parents[1] / "fixtures" / "probe_outputs"
 ALICE, BOB = "gpusim-alice", "gpusim-bob"
-
-
-def recorded(name: str) -> tuple[str, CommandResult]:
-    """Return the recorded node's device prefix and its answer to the probe."""
-    doc: dict[str, Any] = json.loads((OUTPUTS / f"{name}.json").read_text(encoding="utf-8"))
-    (probe,) = [c for c in doc["calls"] if c["program"] == "gpubot-probe"]
-    return doc["dev_prefix"], completed((), probe["stdout"], probe["stderr"], probe["exit_status"])
-
-
-def settings(dev_prefix: str) -> Settings:
-    """Two nodes as the recorded one was (its device files' prefix), reached at made-up hosts."""
-    nodes = [{"name": n, "host": f"{n}.lab", "dev_prefix": dev_prefix} for n in ("node1", "node2")]
-    return parse({"nodes": nodes}, "fast.toml")
 
 
 @pytest.fixture

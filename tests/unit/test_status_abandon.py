@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.services.status import StatusService
-from tests.unit.test_services_fast import recorded, settings
+from tests.fixtures.recorded import recorded, settings
 
 
 class Hanging:

@@ -17,14 +17,9 @@ from gpubot.core.workload import (
     stop_argv,
     stop_command,
 )
+from tests.fixtures.node_samples import CID, POD, v2
 
-CID = "4f3c2b1a" * 8  # a 64-hex container id
-POD = "0b6e0c9e-7b8a-4a51-9d1e-5c1f2a3b4c5d"
 HYBRID_ROOT = "9:name=systemd:/\n8:pids:/\n4:memory:/\n1:cpu:/\n"
-
-
-def v2(path: str) -> str:
-    return f"0::{path}\n"
 
 
 # (cgroup file, kind, id, detail that must be there); shapes from Docker's, Podman's, the

@@ -15,7 +15,7 @@ from gpubot.core.workload import (
     stop_argv,
     stop_command,
 )
-from tests.unit.test_workload import CID, POD, v2
+from tests.fixtures.node_samples import CID, POD, v2
 
 OUT = "88ea268e" * 8  # an outer container's id
 STATIC = "8daa50c3a64c9ff60bb9eab7b44b56fd"  # a static pod's UID: 32 hex digits, no dashes
