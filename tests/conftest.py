@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+import gpubot.slack.ids  # noqa: F401  (as gpubot.app does: the settings name Slack's ids)
+
 # Fixture plugins; each is a module of tests/fixtures.
 _PLUGINS = (
     "tests.fixtures.fleet",

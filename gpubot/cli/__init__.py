@@ -9,6 +9,9 @@ import select
 import sys
 from collections.abc import Sequence
 
+# The chat front ends whose ids the settings may name, by import: an explicit list (the
+# composition root names none; ``config.front_ends``).
+import gpubot.slack.ids  # noqa: F401
 from gpubot import __version__
 from gpubot.cli import logs
 from gpubot.errors import GpubotError, StdoutClosed

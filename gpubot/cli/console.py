@@ -16,7 +16,7 @@ import os
 
 from gpubot.app import App, Serving, build, settings_from
 from gpubot.chat.flows import Flows
-from gpubot.config.slack_ids import SLACK_USER
+from gpubot.config import front_ends
 from gpubot.console.repl import ConsoleParts, repl
 from gpubot.console.terminal import Prompt, banner, session
 from gpubot.core.policy import Policy, resolve, system_user_refusal
@@ -26,10 +26,12 @@ from gpubot.services.approvals import Identity
 
 
 def identity(policy: Policy, as_id: str | None, name: str | None = None) -> Identity:
-    """Return who types at the console: ``--as`` a Slack user id, else the local Unix user."""
+    """Return who types at the console: ``--as`` a user id of the primary front end (its
+    ``[users]`` and approvers), else the local Unix user."""
     if as_id is not None:
-        if not SLACK_USER.fullmatch(as_id):
-            raise UsageError(f"--as {as_id!r}: expected a Slack user id (U…)")
+        ids = front_ends.primary()
+        if ids is None or not ids.user.fullmatch(as_id):
+            raise UsageError(f"--as {as_id!r}: expected {ids.user_words if ids else 'a user id'}")
         found = resolve(policy, as_id, None, None)
         return Identity(as_id, name or as_id, found.linux_user, found.refused)
     user = getpass.getuser()

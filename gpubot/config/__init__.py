@@ -2,7 +2,7 @@
 
 Every problem is a ``ConfigError`` whose message names the file, the key and what is wrong.
 ``settings`` holds the typed object, ``validate`` the one validator and the general sections,
-``tables`` the policy, sweep and metrics tables.
+``tables`` the policy, sweep and metrics tables, ``front_ends`` the forms of the chat ids.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpubot.config import claims, sharing, tables, validate
+from gpubot.config import claims, front_ends, sharing, tables, validate
 from gpubot.config import cli as cli_table
 from gpubot.config.settings import (
     AttributionSettings,
@@ -53,7 +53,6 @@ SECTIONS = {
     "audit",
     "groups",
     "attribution",
-    "slack",
     "users",
     "approvals",
     "permissions",
@@ -90,7 +89,8 @@ def load(path: Path) -> Settings:
 def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
     """Validate a decoded TOML document into ``Settings``."""
     v = Validator(where)
-    v.keys("", raw, SECTIONS)
+    known = front_ends.primary()
+    v.keys("", raw, SECTIONS | ({known.name} if known is not None else set()))
     url = validate.database(v, raw)
     ssh = validate.ssh(v, raw)
     reset = validate.reset(v, raw)

@@ -111,7 +111,7 @@ class Settings:
     nodes: tuple[NodeConfig, ...] = ()
     audit: AuditSettings = field(default_factory=AuditSettings)
     attribution: AttributionSettings = field(default_factory=AttributionSettings)
-    # [slack] channels, [users], [approvals], [permissions] (its system_users: [reset]'s)
+    # the front end's channels, [users], [approvals], [permissions] (system_users: [reset]'s)
     policy: Policy = field(default_factory=Policy)
     sweep: SweepConfig = field(default_factory=SweepConfig)  # [sweep] and [alerts]
     metrics: MetricsSettings = field(default_factory=MetricsSettings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpubot.config.slack_ids import SLACK_GROUP
+from gpubot.config import front_ends
 from gpubot.config.validate import Validator
 from gpubot.core import durations
 from gpubot.core.names import LINUX_USER
@@ -17,17 +17,18 @@ LADDER_KEYS = {"ladder", "remind_after", "post_after", "offer_after"}
 
 
 def reports(v: Validator, raw: Mapping[str, Any]) -> ReportSettings:
-    """Validate ``[teams]`` (team = [Linux users] or "S…" a Slack user group) and
+    """Validate ``[teams]`` (team = [Linux users] or a user group of the front end) and
     ``[reports]`` (``digest = "mon 09:00"``, ``digest_by``, ``channel``)."""
     teams = v.table("teams", raw.get("teams", {}))
     lists: list[tuple[str, tuple[str, ...]]] = []
     groups: list[tuple[str, str]] = []
     for name, value in teams.items():
         if isinstance(value, str):
-            if not SLACK_GROUP.fullmatch(value):
+            ids = front_ends.forms(v.where, f"teams.{name}")
+            if not ids.group.fullmatch(value):
                 raise ConfigError(
-                    f"{v.where}: teams.{name}: expected a list of Linux users or a Slack user "
-                    f"group id (S…), got {value!r}"
+                    f"{v.where}: teams.{name}: expected a list of Linux users or "
+                    f"{ids.group_words}, got {value!r}"
                 )
             groups.append((name, value))
             continue

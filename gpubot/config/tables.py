@@ -1,7 +1,9 @@
-"""The policy and sweep tables: ``[slack]``, ``[users]``, ``[approvals]``, ``[permissions]``
-(``Settings.policy``), ``[sweep]``, ``[alerts]`` (``Settings.sweep``), ``[metrics]``.
+"""The policy and sweep tables: the primary front end's section (its channels), ``[users]``,
+``[approvals]``, ``[permissions]`` (``Settings.policy``), ``[sweep]``, ``[alerts]``
+(``Settings.sweep``), ``[metrics]``.
 
-What each setting means: ``gpubot.core.policy`` and ``gpubot.core.findings``.
+What each setting means: ``gpubot.core.policy`` and ``gpubot.core.findings``. The ids of people,
+groups and channels are the primary front end's, checked by its forms (``front_ends``).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from gpubot.config import front_ends
 from gpubot.config.settings import MetricsSettings
-from gpubot.config.slack_ids import BOTS, SLACK_GROUP, SLACK_USER
 from gpubot.config.validate import Validator, check_port
 from gpubot.core import durations
 from gpubot.core.findings import SweepConfig
@@ -32,29 +34,39 @@ MAX_UID = 2**31 - 1  # [users] min_uid
 MAX_GROUP_CACHE_S = 3600.0  # [approvals] group_cache_s
 
 
-# --- [slack] [users] [approvals] [permissions]: the policy -------------------------------------
+# --- the front end's channels, [users] [approvals] [permissions]: the policy -----------------
+
+
+def channels(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Return the primary front end's section (its channels); empty when it has none."""
+    known = front_ends.primary()
+    section = {} if known is None else raw.get(known.name, {})
+    return section if isinstance(section, Mapping) else {}
 
 
 def policy(v: Validator, raw: Mapping[str, Any], system_users: tuple[str, ...]) -> Policy:
-    """Validate the ``[slack]``, ``[users]``, ``[approvals]`` and ``[permissions]`` tables."""
-    slack = v.table("slack", raw.get("slack", {}))
-    v.keys("slack", slack, {"channel", "oncall_channel"})
-    channel = v.channel("slack.channel", slack.get("channel"))
-    oncall = v.channel("slack.oncall_channel", slack.get("oncall_channel"))
+    """Validate the front end's channels, ``[users]``, ``[approvals]`` and ``[permissions]``."""
+    known = front_ends.primary()
+    channel = oncall = None
+    if known is not None:
+        section = v.table(known.name, raw.get(known.name, {}))
+        v.keys(known.name, section, {"channel", "oncall_channel"})
+        channel = v.channel(f"{known.name}.channel", section.get("channel"))
+        oncall = v.channel(f"{known.name}.oncall_channel", section.get("oncall_channel"))
     users = _users(v, raw)
     appr = v.table("approvals", raw.get("approvals", {}))
     v.keys("approvals", appr, {"approvers", "usergroup", "expiry_s", "group_cache_s"})
     approvers = v.strings("approvals.approvers", appr.get("approvers", []))
     for a in approvers:
-        if not SLACK_USER.fullmatch(a):
-            raise ConfigError(f"{v.where}: approvals.approvers: {a!r} is not a Slack user id (U…)")
+        if not (ids := front_ends.forms(v.where, "approvals.approvers")).user.fullmatch(a):
+            raise ConfigError(f"{v.where}: approvals.approvers: {a!r} is not {ids.user_words}")
     groups_raw = appr.get("usergroup", [])
     groups = v.strings(
         "approvals.usergroup", [groups_raw] if isinstance(groups_raw, str) else groups_raw
     )
     for g in groups:
-        if not SLACK_GROUP.fullmatch(g):
-            raise ConfigError(f"{v.where}: approvals.usergroup: {g!r} is not a user group id (S…)")
+        if not (ids := front_ends.forms(v.where, "approvals.usergroup")).group.fullmatch(g):
+            raise ConfigError(f"{v.where}: approvals.usergroup: {g!r} is not {ids.group_words}")
     expiry = v.seconds("approvals.expiry_s", appr.get("expiry_s", DEFAULT_EXPIRY_S), MAX_EXPIRY_S)
     cache = v.seconds(
         "approvals.group_cache_s",
@@ -62,7 +74,7 @@ def policy(v: Validator, raw: Mapping[str, Any], system_users: tuple[str, ...]) 
         MAX_GROUP_CACHE_S,
         zero=True,
     )
-    permissions = _permissions(v, raw)
+    permissions, permission_groups = _permissions(v, raw)
     return replace(
         users,
         channel=channel,
@@ -72,10 +84,9 @@ def policy(v: Validator, raw: Mapping[str, Any], system_users: tuple[str, ...]) 
         expiry_s=expiry,
         group_cache_s=cache,
         permissions=permissions,
-        permission_groups=frozenset(
-            w for who in (permissions or {}).values() for w in who if SLACK_GROUP.fullmatch(w)
-        ),
+        permission_groups=permission_groups,
         system_users=tuple(system_users),
+        bots=frozenset() if known is None else known.bots,
     )
 
 
@@ -89,9 +100,9 @@ def _users(v: Validator, raw: Mapping[str, Any]) -> Policy:
     for key, value in t.items():
         if key in USERS_KEYS:
             continue
-        if not SLACK_USER.fullmatch(key):
+        if not (ids := front_ends.forms(v.where, f"users.{key}")).user.fullmatch(key):
             raise ConfigError(
-                f"{v.where}: users.{key}: not a Slack user id (U…/W…), email_local_part, "
+                f"{v.where}: users.{key}: not {ids.user_words}, email_local_part, "
                 "email_domains or min_uid"
             )
         if not isinstance(value, str) or not LINUX_USER.fullmatch(value):
@@ -114,28 +125,33 @@ def _users(v: Validator, raw: Mapping[str, Any]) -> Policy:
         raise ConfigError(
             f"{v.where}: users.min_uid: expected a uid from 0 to {MAX_UID}, got {min_uid!r}"
         )
-    return Policy(
-        users=users, email_local_part=email, email_domains=domains, min_uid=min_uid, bots=BOTS
-    )
+    return Policy(users=users, email_local_part=email, email_domains=domains, min_uid=min_uid)
 
 
-def _permissions(v: Validator, raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]] | None:
-    """Validate ``[permissions]``; None when absent (no restriction)."""
+def _permissions(
+    v: Validator, raw: Mapping[str, Any]
+) -> tuple[dict[str, tuple[str, ...]] | None, frozenset[str]]:
+    """Validate ``[permissions]``: the rules (None when absent: no restriction) and the user
+    groups they name."""
     if "permissions" not in raw:
-        return None
+        return None, frozenset()
     out: dict[str, tuple[str, ...]] = {}
+    groups: set[str] = set()
     for key, who in v.table("permissions", raw["permissions"]).items():
         if key != "*" and not NODE_NAME.fullmatch(key):
             raise ConfigError(f"{v.where}: permissions.{key}: not a node or group name")
         ids = v.strings(f"permissions.{key}", who)
         for w in ids:
-            if w != "*" and not SLACK_USER.fullmatch(w) and not SLACK_GROUP.fullmatch(w):
+            forms = front_ends.forms(v.where, f"permissions.{key}") if w != "*" else None
+            if forms is not None and forms.group.fullmatch(w):
+                groups.add(w)
+            elif forms is not None and not forms.user.fullmatch(w):
                 raise ConfigError(
-                    f"{v.where}: permissions.{key}: {w!r} is not a user id (U…), "
-                    'a user group id (S…) or "*"'
+                    f"{v.where}: permissions.{key}: {w!r} is not {forms.user_words}, "
+                    f'{forms.group_words} or "*"'
                 )
         out[key] = ids
-    return out
+    return out, frozenset(groups)
 
 
 # --- [sweep] [alerts] [metrics] ------------------------------------------------------------------
@@ -154,7 +170,8 @@ SWEEP_KEYS = {
 
 
 def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
-    """Validate the ``[sweep]`` and ``[alerts]`` tables (alerts go to [slack] channel too)."""
+    """Validate the ``[sweep]`` and ``[alerts]`` tables (alerts go to the front end's channel
+    too)."""
     sweep = v.table("sweep", raw.get("sweep", {}))
     if "idle_holder" in sweep:
         raise ConfigError(
@@ -178,8 +195,7 @@ def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
     alerts = v.table("alerts", raw.get("alerts", {}))
     v.keys("alerts", alerts, {"channel", "reminder_s"})
     reminder = v.positive("alerts.reminder_s", alerts.get("reminder_s", 21600.0))
-    slack = raw.get("slack", {})  # validated with the policy
-    channel = alerts.get("channel", slack.get("channel") if isinstance(slack, Mapping) else None)
+    channel = alerts.get("channel", channels(raw).get("channel"))  # validated with the policy
     return SweepConfig(
         interval,
         budget,

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpubot.config import front_ends
 from gpubot.config.settings import (
     AttributionSettings,
     AuditSettings,
@@ -18,7 +19,6 @@ from gpubot.config.settings import (
     ResetSettings,
     SshSettings,
 )
-from gpubot.config.slack_ids import SLACK_CHANNEL
 from gpubot.core import durations
 from gpubot.core.health.state import FABRIC_MANAGER_PID
 from gpubot.core.models import NodeConfig
@@ -89,11 +89,12 @@ class Validator:
         return float(value)
 
     def channel(self, key: str, value: Any) -> str | None:
-        """Return a Slack channel id (C…, G…, D…) or None when not set."""
+        """Return a channel id of the primary front end, or None when not set."""
         if value is None:
             return None
-        if not isinstance(value, str) or not SLACK_CHANNEL.fullmatch(value):
-            raise ConfigError(f"{self.where}: {key}: expected a channel id (C…), got {value!r}")
+        ids = front_ends.forms(self.where, key)
+        if not isinstance(value, str) or not ids.place.fullmatch(value):
+            raise ConfigError(f"{self.where}: {key}: expected {ids.place_words}, got {value!r}")
         return value
 
 

@@ -212,5 +212,5 @@ async def test_console_process_reads_stdin(app: App, slack_fleet: Any, tmp_path:
     _, err = await asyncio.wait_for(bad.communicate(), 60)
     assert bad.returncode != 0
     assert err.decode().strip().splitlines() == [
-        "gpubot: error: --as 'alice': expected a Slack user id (U…)"
+        "gpubot: error: --as 'alice': expected a Slack user id (U…/W…)"
     ]

@@ -7,18 +7,19 @@ Every mistake is one line naming the file, the key and the problem.
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from typing import Any
 
 import pytest
 
-from gpubot.config import MetricsSettings, Settings, check_port, parse
-from gpubot.config.slack_ids import BOTS
+from gpubot.config import MetricsSettings, Settings, check_port, front_ends, parse
 from gpubot.core.findings import SweepConfig
 from gpubot.core.policy import Policy
 from gpubot.core.reset.protect import DEFAULT_SYSTEM_USERS
 from gpubot.core.usage.idle import IdleRule
 from gpubot.errors import ConfigError
+from gpubot.slack.ids import SLACK_IDS
 
 POLICY: dict[str, Any] = {
     "slack": {"channel": "C0GENERAL", "oncall_channel": "C0ONCALL"},
@@ -52,7 +53,11 @@ def test_settings_are_typed_fields_only() -> None:
     names = {f.name for f in fields(Settings)}
     assert {"policy", "sweep", "metrics"} <= names and "extra" not in names
     s = parse({})
-    assert (s.policy, s.sweep, s.metrics) == (Policy(bots=BOTS), SweepConfig(), MetricsSettings())
+    assert (s.policy, s.sweep, s.metrics) == (
+        Policy(bots=SLACK_IDS.bots),
+        SweepConfig(),
+        MetricsSettings(),
+    )
 
 
 # --- the policy ----------------------------------------------------------------------------------
@@ -72,7 +77,7 @@ def test_the_policy_tables() -> None:
 
 def test_policy_defaults() -> None:
     p = parse({}).policy
-    assert p == Policy(bots=BOTS) and p.system_users == DEFAULT_SYSTEM_USERS
+    assert p == Policy(bots=SLACK_IDS.bots) and p.system_users == DEFAULT_SYSTEM_USERS
     assert (p.expiry_s, p.min_uid, p.group_cache_s) == (900.0, 1000, 60.0)
     assert p.permissions is None and p.approval_channel is None  # no table: everyone
     assert parse({"permissions": {}}).policy.permissions == {}  # an empty table: no one
@@ -118,9 +123,12 @@ def test_policy_defaults() -> None:
         ({"approvals": {"approvers": [""]}}, "approvals.approvers: expected a list of non-empty"),
         (
             {"approvals": {"approvers": ["alice"]}},
-            "approvals.approvers: 'alice' is not a Slack user id (U…)",
+            "approvals.approvers: 'alice' is not a Slack user id (U…/W…)",
         ),
-        ({"approvals": {"usergroup": "U0A"}}, "approvals.usergroup: 'U0A' is not a user group id"),
+        (
+            {"approvals": {"usergroup": "U0A"}},
+            "approvals.usergroup: 'U0A' is not a Slack user group id",
+        ),
         (
             {"approvals": {"expiry_s": 0}},
             "approvals.expiry_s: expected seconds > 0 and <= 604800, got 0",
@@ -137,7 +145,8 @@ def test_policy_defaults() -> None:
         ({"permissions": {"team a": ["*"]}}, "permissions.team a: not a node or group name"),
         (
             {"permissions": {"team-a": ["alice"]}},
-            "permissions.team-a: 'alice' is not a user id (U…), a user group id (S…) or \"*\"",
+            "permissions.team-a: 'alice' is not a Slack user id (U…/W…), a Slack user group "
+            'id (S…) or "*"',
         ),
         (
             {"permissions": {"team-a": "U0A"}},
@@ -249,3 +258,43 @@ def test_check_port_names_what_it_checks() -> None:
     for bad in (-1, 65536, "9400", True):
         with pytest.raises(ConfigError, match=r"^--metrics-port: .* is not a port number"):
             check_port(bad, "--metrics-port")
+
+
+MATRIX = front_ends.IdForms(
+    "matrix",
+    user=re.compile(r"@[a-z0-9._=-]+:[a-z0-9.-]+"),
+    group=re.compile(r"\+[a-z0-9._=-]+:[a-z0-9.-]+"),
+    place=re.compile(r"![A-Za-z0-9]+:[a-z0-9.-]+"),
+    user_words="a Matrix user id (@name:server)",
+    group_words="a Matrix community (+name:server)",
+    place_words="a Matrix room id (!id:server)",
+)
+
+
+def test_the_settings_take_the_ids_of_the_front_end_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared settings code knows no front end: another one's forms check its ids."""
+    monkeypatch.setattr(front_ends, "KNOWN", {"matrix": MATRIX})
+    s = parse(
+        {
+            "matrix": {"channel": "!ops:lab.example"},
+            "users": {"@alice:lab.example": "alice"},
+            "approvals": {"approvers": ["@bob:lab.example"], "usergroup": "+oncall:lab.example"},
+            "permissions": {"*": ["+oncall:lab.example", "@alice:lab.example"]},
+        }
+    )
+    assert s.policy.users == {"@alice:lab.example": "alice"}
+    assert s.policy.channel == s.sweep.channel == "!ops:lab.example"
+    assert s.policy.permission_groups == {"+oncall:lab.example"}
+    with pytest.raises(ConfigError, match=r"users\.U012ABC: not a Matrix user id"):
+        parse({"users": {"U012ABC": "alice"}})
+    with pytest.raises(ConfigError, match="slack: unknown key"):  # Slack's section is Slack's
+        parse({"slack": {"channel": "C0123"}})
+
+
+def test_ids_without_a_front_end_to_check_them_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(front_ends, "KNOWN", {})
+    assert parse({"users": {"min_uid": 500}}).policy.bots == frozenset()  # nothing to check
+    with pytest.raises(ConfigError, match=r"users\.U0A: no chat front end is loaded"):
+        parse({"users": {"U0A": "alice"}})
+    with pytest.raises(ConfigError, match=r"alerts\.channel: no chat front end is loaded"):
+        parse({"alerts": {"channel": "C0A"}})
