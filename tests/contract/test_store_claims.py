@@ -11,7 +11,6 @@ import pytest
 import sqlalchemy as sa
 
 from gpubot.core.claims.rules import (
-    ClaimRequest,
     ClaimState,
     Conflict,
     Granted,
@@ -22,24 +21,8 @@ from gpubot.core.claims.rules import (
 )
 from gpubot.errors import UsageError
 from gpubot.store import Store, open_store
+from tests.fixtures.claim_requests import T0, H, req
 from tests.fixtures.db import raw_engine
-
-T0 = 1_800_000_000.0
-H = 3600.0
-
-
-def req(chat: str, gpus: tuple[int, ...], **kw: Any) -> ClaimRequest:
-    base: dict[str, Any] = {
-        "node": "node3",
-        "gpus": tuple((g, f"GPU-{g:04d}") for g in gpus),
-        "user": chat.lower(),
-        "chat_id": chat,
-        "start": T0,
-        "end": T0 + 4 * H,
-        "note": "train",
-        "source": "test",
-    }
-    return ClaimRequest(**{**base, **kw})
 
 
 async def test_claim_conflict_extend_release_expire_audited(store: Store) -> None:

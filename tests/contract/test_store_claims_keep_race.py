@@ -12,7 +12,7 @@ from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.errors import StoreError
 from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims
 from gpubot.store import Store
-from tests.contract.test_store_claims import T0, req
+from tests.fixtures.claim_requests import T0, req
 
 CONFIG = ClaimSettings(enabled=True, claim_idle_minutes=10, every_s=600)
 

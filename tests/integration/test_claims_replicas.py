@@ -17,7 +17,8 @@ import pytest
 
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
-from tests.integration.test_replicas import Replica, wait_for
+from tests.fixtures.replicas import Replica
+from tests.procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,23 +84,23 @@ def ticked(a: Replica, b: Replica, n: int) -> Callable[[], bool]:
 
 def test_one_winner_and_one_dm_per_free_gpu(start: Callable[[str], Replica]) -> None:
     a, b = start("A"), start("B")
-    wait_for(lambda: bool(a.of("ready") and b.of("ready")), 60, "both replicas")
+    wait_until(lambda: bool(a.of("ready") and b.of("ready")), 60, "both replicas")
     for round_ in range(3):  # the same GPU, claimed by two people at once through both
         gpu = str(round_ % 2)
         node = f"node{1 + round_ // 2}"
         a.send(f"claim U0A{round_} {node} {gpu}")
         b.send(f"claim U0B{round_} {node} {gpu}")
         for r in (a, b):
-            wait_for(answered(r, round_ + 1), 30, f"{r.name}'s answer")
+            wait_until(answered(r, round_ + 1), 30, f"{r.name}'s answer")
     assert not a.of("error") + b.of("error"), a.of("error") + b.of("error")
     assert len(a.of("claimed") + b.of("claimed")) == 3  # one winner each time
     assert len(a.of("refused") + b.of("refused")) == 3
 
     a.send("wait U0W node2 1")  # node2 GPU 1 is free: both replicas look twice
-    wait_for(lambda: bool(a.of("queued")), 30, "the place in the queue")
+    wait_until(lambda: bool(a.of("queued")), 30, "the place in the queue")
     for n in (1, 2):
         a.send("tick")
         b.send("tick")
-        wait_for(ticked(a, b, n), 30, "both ticks")
+        wait_until(ticked(a, b, n), 30, "both ticks")
     dms = a.of("dm") + b.of("dm")
     assert [d["to"] for d in dms] == ["U0W"], json.dumps(dms)

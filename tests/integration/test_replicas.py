@@ -13,16 +13,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpubot.store import open_store
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
-from tests.procs import remote_probes
+from tests.fixtures.replicas import Replica
+from tests.procs import remote_probes, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 1.5
@@ -31,39 +30,6 @@ EXTRA = {
     "sweep": {"interval_s": INTERVAL, "budget_s": INTERVAL},
     "leases": {"ttl_s": TTL_S, "renew_s": 0.25},
 }
-
-
-@dataclass
-class Replica:
-    """One replica process and the events it printed."""
-
-    name: str
-    proc: subprocess.Popen[str]
-    events: list[dict[str, Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    reader: threading.Thread | None = None
-
-    def read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self.lock:
-                self.events.append({**json.loads(line), "name": self.name})
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        with self.lock:
-            return [e for e in self.events if e["event"] == kind]
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -125,7 +91,7 @@ def start(fleet: SimFleet, pg_url: str) -> Iterator[Callable[[str], Replica]]:
     # stops, as its SSH server cannot close a session whose command still runs.
     for n in fleet.nodes:
         n.set_fault(None)
-    wait_for(lambda: not remote_probes(fleet), 10, "remote probes to end")
+    wait_until(lambda: not remote_probes(fleet), 10, "remote probes to end")
 
 
 def spans(replicas: list[Replica]) -> list[tuple[float, float, str]]:
@@ -142,10 +108,10 @@ def test_two_replicas_share_sweeps_and_resets(
 ) -> None:
     fleet.node("node3").set_fault("slow", delay_s=0.8)  # every sweep lasts most of a second
     a, b = start("A"), start("B")
-    wait_for(lambda: bool(a.of("ready") and b.of("ready")), 30, "both replicas")
+    wait_until(lambda: bool(a.of("ready") and b.of("ready")), 30, "both replicas")
 
     # One sweep at a time, one an interval, whichever replica gets there first.
-    wait_for(lambda: len(spans([a, b])) >= 3, 30, "three sweeps")
+    wait_until(lambda: len(spans([a, b])) >= 3, 30, "three sweeps")
     done = spans([a, b])
     for (s1, e1, _), (s2, _, _) in itertools.pairwise(done):
         assert s2 >= e1, f"overlapping sweeps: {done}"
@@ -156,7 +122,7 @@ def test_two_replicas_share_sweeps_and_resets(
     w = fleet.node("node1").spawn(gpu=0, mib=4096, behaviour="slow", slow_exit_s=2.0)
     a.send("reset node1 0")
     b.send("reset node1 0")
-    wait_for(
+    wait_until(
         lambda: len(a.of("reset") + a.of("refused") + b.of("reset") + b.of("refused")) == 2,
         30,
         "both reset attempts",
@@ -170,14 +136,14 @@ def test_two_replicas_share_sweeps_and_resets(
 
     # Takeover: kill the replica that is sweeping right now; the other sweeps next interval.
     seen = len(a.of("start")) + len(b.of("start"))
-    wait_for(lambda: len(a.of("start")) + len(b.of("start")) > seen, 10, "the next sweep")
+    wait_until(lambda: len(a.of("start")) + len(b.of("start")) > seen, 10, "the next sweep")
     sweeping = max((a, b), key=lambda r: r.of("start")[-1]["t"] if r.of("start") else 0.0)
     other = b if sweeping is a else a
     killed_at = time.time()
     os.kill(sweeping.proc.pid, signal.SIGKILL)
     sweeping.proc.wait(timeout=10)
     assert len(sweeping.of("done")) < len(sweeping.of("start"))  # it died mid-sweep
-    wait_for(
+    wait_until(
         lambda: any(e["t"] > killed_at for e in other.of("done")),
         3 * INTERVAL + TTL_S + 5,
         "the survivor's sweep",
