@@ -134,10 +134,10 @@ class StatusService:
         # Rounds of fleet probes in flight, by node list: identical requests share one.
         self._inflight: dict[tuple[str, ...], asyncio.Future[FleetStatus]] = {}
         # What a status adds without asking the node, in order: what the sweeps know of each
-        # GPU's health (services.health_checks' fields, services.xid_watch's Xids; issue 27).
+        # GPU's health (services.health_checks' fields, services.xid_watch's Xids).
         self.decorators: list[Callable[[NodeSnapshot], NodeSnapshot]] = []
         # The collector around each round of fleet probes, as around sweeps (``serve`` sets it:
-        # lifecycle.SweepHeap): a round of 2,000 nodes set off a full pass, 95-218 ms on the loop.
+        # lifecycle.SweepHeap): a large round sets off full passes that hold the loop.
         self.heap: Callable[[], AbstractContextManager[object]] | None = None
 
     def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
@@ -250,7 +250,7 @@ class StatusService:
         return await asyncio.shield(task)  # one caller giving up does not cancel the others
 
     async def _status_snapshot(self, node: NodeConfig) -> NodeSnapshot:
-        """A status's snapshot: fuser only where memory does not add up (issue 24)."""
+        """A status's snapshot: fuser only where memory does not add up."""
         snap = await self.snapshot(node, holders=Holders.IF_UNEXPLAINED)
         for decorate in self.decorators:
             snap = decorate(snap)
