@@ -97,7 +97,7 @@ def _item_text(item: AlertItem, group: AlertGroup) -> Text:
     summary = _summary(item)  # a core sentence: its names marked (core.text.code)
     said: list[Text] = []
     if item.resolved_at is not None:
-        lasted = durations.human((item.resolved_at - item.first_seen).total_seconds())
+        lasted = durations.format((item.resolved_at - item.first_seen).total_seconds(), "people")
         gone = Struck((_where(item, group), ": ", _title(item)))
         said.append(("✅ ", gone, " — ", bold("resolved"), f" after {lasted}"))
         if summary:  # not in our italics: those would style a name's words too
@@ -207,7 +207,7 @@ def render_reminder(group: AlertGroup) -> Message:
     now = group.at
     said: list[Text] = [("⏰ ", bold(f"Still open on {group.node}:"))]
     for item in group.items[:40]:
-        lasted = durations.human((now - item.first_seen).total_seconds())
+        lasted = durations.format((now - item.first_seen).total_seconds(), "people")
         said.append((f"• {_where(item, group)}: {_title(item)} — open for {lasted}",))
     more = len(group.items) - min(len(group.items), 40)
     if more:

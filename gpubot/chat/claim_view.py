@@ -22,8 +22,9 @@ from gpubot.chat.message import (
     Text,
     bold,
 )
+from gpubot.core import durations
 from gpubot.core.claims import commands as cc
-from gpubot.core.claims.rules import Claim, Conflict, Intruder, Wait, WaitState, cuda_visible, span
+from gpubot.core.claims.rules import Claim, Conflict, Intruder, Wait, WaitState, cuda_visible
 from gpubot.core.timefmt import iso
 
 ACTION_TAKE = "gpubot_claim_take"  # value: the place in the queue
@@ -109,7 +110,9 @@ def render_claims(claims: Sequence[Claim], scope: str, now: float) -> Message:
     rows: list[tuple[str, ...]] = [("Node", "GPU", "User", "Until", "Left", "Note")]
     for c in claims:
         end = _hhmm(c.end)
-        rows.append((c.node, str(c.gpu), c.user, end, span(max(0.0, c.end - now)), c.note))
+        rows.append(
+            (c.node, str(c.gpu), c.user, end, durations.format(c.end - now, "minutes"), c.note)
+        )
     people = tuple(dict.fromkeys(c.chat_id for c in claims))
     who: list[Span] = ["Claimed by "]
     for i, p in enumerate(people):
@@ -235,8 +238,7 @@ def render_extended(done: Sequence[tuple[Claim, bool]]) -> Message:
 def wait_command(cmd: cc.ClaimGpus) -> str:
     """Return the ``wait`` command that queues for what ``cmd`` asked."""
     what = f"gpu {','.join(map(str, cmd.gpus))}" if cmd.gpus else f"any {cmd.count}"
-    hours = int(cmd.duration_s // 60)
-    return f"wait {cmd.node} {what} for {hours}m"
+    return f"wait {cmd.node} {what} for {durations.format(cmd.duration_s)}"
 
 
 def _hhmm(t: float) -> str:
@@ -299,7 +301,8 @@ def render_idle_asked(c: Claim, idle_s: float) -> Message:
                 (
                     "💤 Your claim of ",
                     bold(f"{c.node} GPU {c.gpu}"),
-                    f" has been idle (0 %) for {span(idle_s)}. Keep it, or release it for others.",
+                    f" has been idle (0 %) for {durations.format(idle_s, 'minutes')}. Keep it,"
+                    " or release it for others.",
                 )
             ),
             Actions((keep, release), group=f"idle-claim-{c.id}"),

@@ -61,9 +61,9 @@ def render_idle_dm(
 ) -> Message:
     """Render the direct message to one owner about their idle holders on ``node``."""
     found = [i for i in items if i.finding is not None and i.key.gpu is not None]
-    hours = max((i.finding.idle_s or 0.0 for i in found if i.finding is not None), default=0.0)
+    idle_s = max((i.finding.idle_s or 0.0 for i in found if i.finding is not None), default=0.0)
     gpus = ", ".join(f"GPU {i.key.gpu}" for i in found)
-    title = f"Your job holds {node} {gpus} idle ({durations.human(hours)} at 0 %)"
+    title = f"Your job holds {node} {gpus} idle ({durations.format(idle_s, 'people')} at 0 %)"
     b = Budget()
     intro: Text = (
         "👋 ",

@@ -23,7 +23,7 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from gpubot import config
@@ -178,21 +178,11 @@ def positive_int(name: str, text: str) -> int:
 
 
 def parse_since(text: str, now: datetime) -> datetime:
-    """Parse a duration (``2h``, ``1h30m``: ``core.durations``) before ``now``, or an ISO
-    time (naive means UTC). A text that ends in a unit letter is a duration; its error says
-    what a duration may be."""
-    if text.strip()[-1:].lower() in durations.UNITS:
-        try:
-            return now - timedelta(seconds=durations.parse(text))
-        except durations.DurationError as exc:
-            raise UsageError(f"--since: {exc.expected}, or an ISO time, got {text!r}") from None
+    """``--since``: a duration before ``now`` or an ISO time (``durations.when``)."""
     try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise UsageError(
-            f"--since: expected a duration like 2h, 1h30m, 7d or an ISO time, got {text!r}"
-        ) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+        return datetime.fromtimestamp(durations.when(text, now.timestamp(), "--since"), UTC)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 async def _run(store: Store, args: argparse.Namespace, out: TextIO) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from gpubot.app import App, build, settings_from
+from gpubot.core import durations
 from gpubot.core.reset.interrupted import interrupted_dict, interrupted_lines
 from gpubot.core.text import one_line
 from gpubot.errors import StoreError
@@ -35,6 +36,14 @@ def linux_user() -> str | None:
         return getpass.getuser()
     except (KeyError, OSError):
         return None
+
+
+def duration_arg(text: str) -> float:
+    """An argparse type: a duration of ``core.durations``, or a plain number of seconds."""
+    try:
+        return durations.parse(text, bare=True)
+    except durations.DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def color() -> bool:

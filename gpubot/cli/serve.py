@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpubot.app import Serving, SlackAccess, build, settings_from, slack_parts
+from gpubot.cli.common import duration_arg
 from gpubot.config import Settings, check_port
 from gpubot.errors import ConfigError
 
@@ -80,10 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--expire-every",
-        type=float,
+        type=duration_arg,
         default=30.0,
         metavar="S",
-        help="check approvals for expiry every S seconds (default 30)",
+        help="check approvals for expiry every S seconds or duration (1m; default 30s)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -108,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port}: not a port number (1-65535)")
     if not args.path.startswith("/"):
         raise ConfigError(f"--path {args.path!r}: must start with /")
-    if not args.expire_every > 0:
-        raise ConfigError(f"--expire-every {args.expire_every}: must be > 0 seconds")
     if args.metrics_port is not None:
         check_port(args.metrics_port, "--metrics-port")
     environ = os.environ

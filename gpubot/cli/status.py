@@ -18,6 +18,7 @@ from gpubot.cli.claim_lines import claim_text, claims_on
 from gpubot.cli.common import (
     cli_actor,
     color,
+    duration_arg,
     interrupted_json,
     interrupted_on,
     print_interrupted,
@@ -28,12 +29,9 @@ from gpubot.cli.watch import DEFAULT_EVERY_S, heading, watch
 
 
 def _every(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
+    value = duration_arg(text)
     if not 0.1 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"expected seconds from 0.1 to 86400, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected from 0.1s to 1d, got {text!r}")
     return value
 
 
@@ -63,8 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_every,
         const=DEFAULT_EVERY_S,
         metavar="SECONDS",
-        help=f"redraw every SECONDS (default {DEFAULT_EVERY_S:g}) until Ctrl-C; "
-        "with --json, one document a line",
+        help=f"redraw every SECONDS or duration (1m; default {DEFAULT_EVERY_S:g}s) until "
+        "Ctrl-C; with --json, one document a line",
     )
 
 

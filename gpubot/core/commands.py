@@ -25,7 +25,6 @@ MAX_AUDIT = 100
 MAX_LIST = 16  # GPUs or PIDs in one request
 
 _INT = re.compile(r"[0-9]{1,9}")
-_SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?")
 
 
 @dataclass(frozen=True)
@@ -204,13 +203,13 @@ def parse_pids(text: str) -> tuple[int, ...]:
 def parse_grace(text: str) -> float:
     """Parse a grace period: a duration or bare seconds, from 0 to ``MAX_GRACE_S``."""
     try:
-        value = float(text) if _SECONDS.fullmatch(text) else durations.parse(text, positive=False)
+        value = durations.parse(text, positive=False, bare=True)
     except durations.DurationError:
         value = -1.0
     if not 0 <= value <= MAX_GRACE_S:
         raise UsageError(
-            f"bad grace {_show(text)}: expected a duration from 0s to {MAX_GRACE_S:g}s "
-            "(e.g. 30s, 1m30s)"
+            f"bad grace {_show(text)}: expected a duration from 0s to "
+            f"{durations.format(MAX_GRACE_S)} (e.g. 30s, 1m30s)"
         )
     return value
 

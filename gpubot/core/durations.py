@@ -1,23 +1,27 @@
-"""The one duration grammar of gpubot: settings, CLI flags and chat commands all parse with it.
+"""The one duration grammar of gpubot: settings, CLI flags and chat commands all parse with it,
+and every message shows a duration with its one formatter.
 
-Pure (standard library only). Five grammars once grew here side by side, and the same text
-(``1h30m``) was a good ``report --since`` and a refused ``audit list --since``; one parser
-and one formatter keep every place that takes or shows a duration saying the same thing.
+Pure (standard library only). The same text must mean the same time wherever it is typed, and
+what gpubot shows must read back as what it meant.
 
 Grammar: one or more parts, each a number and a unit, units ``w d h m s`` (weeks, days,
 hours, minutes, seconds), largest first, each at most once, any case, spaces allowed between
 parts: ``90s``, ``30m``, ``1h30m``, ``1h 30m``, ``2d``, ``1w2d``, ``1.5h``. A number may
-have a decimal part (``1.5h``, ``0.5d``); no sign, no exponent. The total is capped at
-``MAX_S`` (ten years): anything longer is a typo, and ``datetime`` arithmetic on it would
-fail far from the input that caused it.
+have a decimal part (``1.5h``, ``.5d``); no sign, no exponent. Where a place always took a
+plain number of seconds (``--grace 30``, ``--watch 0.5``) it passes ``bare=True``. The total
+is capped at ``MAX_S`` (ten years): anything longer is a typo, and ``datetime`` arithmetic on
+it would fail far from the input that caused it.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime
+from typing import Literal
 
 UNITS = {"w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1}  # largest first
+_PEOPLE = {"d": 86400, "h": 3600, "min": 60}  # the people's form: no weeks, no seconds past 1m
 MAX_S = 3650 * 86400.0  # ten years
 # Stored times keep microseconds: a stretch of exactly a window or a delay, measured between
 # two of them, may read a hair short. Comparisons with a window or delay allow this much.
@@ -26,7 +30,10 @@ ACCEPTED = (
     'a duration like "90s", "30m", "1h30m", "1.5h", "2d" or "1w2d" '
     "(units w, d, h, m, s, largest first, each at most once)"
 )
-_PART = re.compile(r"\s*([0-9]{1,9}(?:\.[0-9]{1,6})?)\s*([a-zA-Z]+)")
+_NUMBER = r"(?:[0-9]{1,9}(?:\.[0-9]{0,6})?|\.[0-9]{1,6})"
+_PART = re.compile(rf"\s*({_NUMBER})\s*([a-zA-Z]+)")
+_BARE = re.compile(_NUMBER)
+Form = Literal["exact", "minutes", "people"]
 
 
 class DurationError(ValueError):
@@ -39,18 +46,21 @@ class DurationError(ValueError):
         self.text = text
 
 
-def parse(text: str, *, positive: bool = True) -> float:
+def parse(text: str, *, positive: bool = True, bare: bool = False) -> float:
     """Return the seconds ``text`` names (``"1h30m"`` → 5400.0).
 
     ``positive`` (the default) refuses zero: a claim, an interval or a window of no length is
-    a mistake; ``positive=False`` lets a caller that means "none" accept ``0s``. Raise
-    ``DurationError`` (a ``ValueError``) whose message is one line saying what is accepted.
+    a mistake; ``positive=False`` lets a caller that means "none" accept ``0s``. ``bare``
+    also takes a plain number as seconds. Raise ``DurationError`` (a ``ValueError``) whose
+    message is one line saying what is accepted.
     """
     if not isinstance(text, str):
         raise DurationError(f"expected {ACCEPTED}", text)
     total, pos, order = 0.0, 0, -1
     body = text.strip()
     units = list(UNITS)
+    if bare and _BARE.fullmatch(body):
+        total, pos = float(body), len(body)
     while pos < len(body):
         m = _PART.match(body, pos)
         unit = "" if m is None else m[2].lower()
@@ -68,37 +78,53 @@ def parse(text: str, *, positive: bool = True) -> float:
     return total
 
 
-def format(seconds: float) -> str:
-    """Return ``seconds`` in the grammar ``parse`` reads: ``5400`` → ``1h30m``, ``45`` →
-    ``45s``, ``183600`` → ``2d3h``, ``0`` → ``0s``.
+def format(seconds: float, form: Form = "exact") -> str:
+    """Return ``seconds`` as text, in one of three forms.
 
-    Whole seconds (rounded), every non-zero unit: exact, so ``parse(format(s)) == round(s)``
-    and what gpubot shows can be typed back. Callers that want a coarser text for chat keep
-    their own rounding and may pass the rounded value here.
+    ``exact``: whole seconds (rounded), every non-zero unit, in the grammar ``parse`` reads
+    (``1h30m``, ``45s``, ``2d3h``, ``0s``), so ``parse(format(s)) == round(s)`` and what
+    gpubot shows can be typed back. ``minutes``: the same, rounded down to whole minutes once
+    past one (a claim's time left: stored times lose a hair). ``people``: the two largest
+    units, rounded down, spaced (``45 s``, ``14 min``, ``2 h 5 min``, ``3 d 4 h``), for ages
+    and evidence in messages and logs, where seconds would be noise.
     """
-    s = round(seconds) if math.isfinite(seconds) and seconds > 0 else 0
+    s = seconds if math.isfinite(seconds) and seconds > 0 else 0
+    people = form == "people"
+    left = int(s) if people else round(s)
+    if form == "minutes" and left >= 60:
+        left -= left % 60
+    units = (_PEOPLE if left >= 60 else {"s": 1}) if people else UNITS
     parts: list[str] = []
-    for unit, size in UNITS.items():
-        n, s = divmod(s, size)
+    for unit, size in units.items():
+        n, left = divmod(left, size)
+        if people and parts:  # the largest unit and, when not zero, the one below it
+            return f"{parts[0]} {n} {unit}" if n else parts[0]
         if n:
-            parts.append(f"{n}{unit}")
-    return "".join(parts) or "0s"
+            parts.append(f"{n} {unit}" if people else f"{n}{unit}")
+    return "".join(parts) or ("0 s" if people else "0s")
 
 
-def human(seconds: float) -> str:
-    """Return ``seconds`` for a person reading a message: its two largest units, rounded down,
-    spaced (``45 s``, ``14 min``, ``2 h 5 min``, ``3 d 4 h``).
-
-    The coarse twin of ``format``, for evidence and ages in chat and logs ("idle for 1 h 15
-    min", "2 h old") where seconds would be noise; what a person types back is ``format``'s.
+def when(text: str, now: float, what: str) -> float:
+    """Return the unix time a ``--since`` or ``--until`` names: a duration before ``now``
+    (``7d``, ``1h30m``) or an ISO date or time (``2026-11-25``, ``2026-11-25T09:00``, UTC
+    unless it says). Raise ``ValueError``, one line naming ``what``; a moment before 1970 is
+    refused (no sweep counted anything then, and ``datetime`` cannot show thousands of years).
     """
-    s = max(0, int(seconds)) if math.isfinite(seconds) else 0
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min"
-    if s < 86400:
-        h, m = divmod(s // 60, 60)
-        return f"{h} h {m} min" if m else f"{h} h"
-    d, h = divmod(s // 3600, 24)
-    return f"{d} d {h} h" if h else f"{d} d"
+    t = text.strip()
+    if t[:1].isdigit() and t[-1:].lower() in UNITS and "-" not in t:
+        try:
+            at = now - parse(t)
+        except DurationError as exc:
+            raise ValueError(f"bad {what} {text!r}: {exc.expected}") from None
+    else:
+        try:
+            moment = datetime.fromisoformat(t)
+        except ValueError:
+            raise ValueError(
+                f"bad {what} {text!r}: expected a duration ago (e.g. 7d, 1h30m) or a UTC date "
+                "or time (e.g. 2026-11-25 or 2026-11-25T09:00)"
+            ) from None
+        at = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    if at < 0:
+        raise ValueError(f"bad {what} {text!r}: it goes back before 1970")
+    return at

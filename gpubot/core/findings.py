@@ -345,5 +345,5 @@ def _process_trouble(
             f"{who} holds the device file{seen} but nvidia-smi does not list it",
         )
     if idle_s is not None and config.idle.enabled and is_idle_holder(p, config.idle):
-        return FindingKind.IDLE_HOLDER, idle_summary(p, g, durations.human(idle_s))
+        return FindingKind.IDLE_HOLDER, idle_summary(p, g, durations.format(idle_s, "people"))
     return None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpubot.config import Settings
+from gpubot.core import durations
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.ports import ClaimStore
 from gpubot.core.claims.rules import (
@@ -31,7 +32,6 @@ from gpubot.core.claims.rules import (
     free_gpus,
     intruders,
     pick,
-    span,
 )
 from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.findings import Finding
@@ -425,7 +425,7 @@ def _uuids(snap: NodeSnapshot, gpus: Sequence[int]) -> tuple[tuple[int, str], ..
 
 def until_text(claim: Claim, now: float) -> str:
     """Say how long a claim still runs ("3h59m left")."""
-    return f"{span(max(0.0, claim.end - now))} left"
+    return f"{durations.format(claim.end - now, 'minutes')} left"
 
 
 __all__ = [

@@ -211,7 +211,8 @@ class VerifyResult:
         """What vouches for the end of an intact log: its newest seal, the head file."""
         out = ""
         if self.seal is not None:
-            age = "" if self.seal_age_s is None else f", {durations.human(self.seal_age_s)} old"
+            age_s = self.seal_age_s
+            age = "" if age_s is None else f", {durations.format(age_s, 'people')} old"
             out += (
                 f"; newest seal: record {self.seal.seq} ({self.seal.reason}, {self.seal.at}{age})"
             )

@@ -141,6 +141,7 @@ def age_problem(newest: Seal | None, now: datetime, rule: SealRule) -> str | Non
     if newest.reason == "stop":
         what = f"the log ends with gpubot stopping (seal {newest.seq}, {newest.at})"
     return (
-        f"{what} is {durations.human(age)} old, more than {durations.human(limit)} "
-        "([audit] max_seal_age): records after it were removed, or gpubot serve has not run since"
+        f"{what} is {durations.format(age, 'people')} old, more than "
+        f"{durations.format(limit, 'people')} ([audit] max_seal_age): records after it were "
+        "removed, or gpubot serve has not run since"
     )

@@ -132,7 +132,7 @@ def test_audit_list_filters_and_json(
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["list", "--since", "yesterday"], "--since: expected a duration"),
+        (["list", "--since", "yesterday"], "bad --since 'yesterday': expected a duration"),
         (["list", "--limit", "0"], "--limit: expected a whole number > 0"),
         (["list", "--queries", "--node", "n1"], "--node does not apply"),
         (["show", "abc"], "ID: expected a whole number"),

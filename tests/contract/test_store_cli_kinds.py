@@ -111,7 +111,7 @@ def test_list_kinds_since_and_show_a_claim(
     [
         (["list", "--kind", "claims"], "--kind: unknown kind 'claims'; valid kinds: action, reset"),
         (["list", "--kind", "claim", "--queries"], "--kind does not apply to --queries"),
-        (["list", "--since", "1h1h"], "--since: expected a duration like"),
+        (["list", "--since", "1h1h"], "bad --since '1h1h': expected a duration like"),
         (["show", "999"], "there is no action 999 in the audit log, nor a record 999"),
     ],
 )

@@ -123,7 +123,7 @@ async def test_claim_conflict_queue_extend_release_hold_and_expiry(
         assert "train llama" in refused and "<!date^" in refused  # until when, in their zone
         conflict = [c for c in dm_slack.calls if c.method.startswith("response:")][-1]
         join = button(conflict, view.ACTION_JOIN)
-        assert join == "wait node1 gpu 3 for 60m"
+        assert join == "wait node1 gpu 3 for 1h"
         assert "in line for node1 GPU 3" in await click(h, view.ACTION_JOIN, join, "U0DAVE")
         assert "1 ahead" in await ask(h, "wait node1 gpu 3", "U0OWNER")
         queue = await ask(h, "queue node1", "U0BOB")

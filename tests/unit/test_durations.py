@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpubot.cli.audit import parse_since
+from gpubot.cli.common import duration_arg
+from gpubot.cli.status import _every as status_every
 from gpubot.config import parse as parse_settings
 from gpubot.core import commands, durations
 from gpubot.core.claims import commands as claim_commands
-from gpubot.core.claims import rules as claims
-from gpubot.core.usage.report import parse_when
 from gpubot.errors import UsageError
 
 NOW = 1_750_000_000.0
@@ -37,6 +38,7 @@ NOW = 1_750_000_000.0
         ("1w2d3h4m5s", 604800 + 2 * 86400 + 3 * 3600 + 4 * 60 + 5),
         ("1.5h", 5400),
         ("0.5d", 43200),
+        (".5d", 43200),
         ("1H30M", 5400),
         ("2D", 172800),
         ("3650d", 3650 * 86400),
@@ -81,6 +83,24 @@ def test_zero_only_where_the_caller_allows_it() -> None:
     assert durations.parse("0s", positive=False) == 0.0
     with pytest.raises(durations.DurationError, match="greater than zero"):
         durations.parse("0s")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 30.0), ("2.5", 2.5), (" 0.3 ", 0.3), (".5", 0.5), ("5.", 5.0), ("1m30s", 90.0)],
+)
+def test_bare_seconds_where_a_place_always_took_a_number(text: str, seconds: float) -> None:
+    assert durations.parse(text, bare=True) == seconds
+    assert duration_arg(text) == seconds  # --watch, --expire-every
+    if "m" not in text:
+        with pytest.raises(durations.DurationError, match="expected a duration like"):
+            durations.parse(text)  # elsewhere a number without a unit is a mistake
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "+5", "1e3", "5 5", "inf", "nan", "99999999999"])
+def test_bare_seconds_are_a_plain_number_only(text: str) -> None:
+    with pytest.raises(durations.DurationError, match="expected a duration"):
+        durations.parse(text, bare=True)
 
 
 @pytest.mark.parametrize(
@@ -148,15 +168,38 @@ def test_claim_commands_take_1h30m() -> None:
 def test_audit_list_since_takes_1h30m() -> None:
     now = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
     assert parse_since("1h30m", now) == now - timedelta(minutes=90)
-    with pytest.raises(UsageError, match=r"^--since: expected a duration greater than zero"):
+    with pytest.raises(UsageError, match=r"^bad --since '0m': expected a duration greater than"):
         parse_since("0m", now)
 
 
 def test_report_since_takes_1h30m() -> None:
-    assert parse_when("1h30m", NOW, "--since") == NOW - 5400
+    assert durations.when("1h30m", NOW, "--since") == NOW - 5400
     assert commands.parse("report 1h30m by team") == commands.Report("1h30m", "team")
     with pytest.raises(UsageError, match=r"^bad period '3y': expected a duration like"):
         commands.parse("report 3y")
+
+
+def test_grace_and_watch_take_durations_and_plain_seconds() -> None:
+    assert commands.parse_grace("1m30s") == commands.parse_grace("90") == 90.0
+    with pytest.raises(UsageError, match=r"^bad grace '11m': expected a duration from 0s to 10m"):
+        commands.parse_grace("11m")
+    assert status_every("1m") == 60.0 and status_every("0.5") == 0.5
+    with pytest.raises(argparse.ArgumentTypeError, match=r"expected from 0\.1s to 1d, got '2d'"):
+        status_every("2d")
+
+
+@settings(max_examples=40)
+@given(st.integers(min_value=60, max_value=int(durations.MAX_S) // 10))
+def test_one_text_means_one_time_in_a_flag_a_command_and_a_setting(seconds: int) -> None:
+    """What gpubot shows reads back as the same time wherever it is typed."""
+    text = durations.format(seconds)
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    flag = parse_since(text, now)
+    claim = commands.parse(f"claim node3 gpu 2 for {text}")
+    setting = parse_settings({"idle": {"post_after": text}}).ladder.post_after_s
+    assert isinstance(claim, claim_commands.ClaimGpus)
+    assert now - flag == timedelta(seconds=claim.duration_s) == timedelta(seconds=setting)
+    assert setting == seconds and durations.when(text, NOW, "--since") == NOW - seconds
 
 
 # --- the people's form, and a claim's time left --------------------------------------------------
@@ -172,18 +215,20 @@ def test_report_since_takes_1h30m() -> None:
         (3600, "1 h"),
         (2 * 3600 + 5 * 60, "2 h 5 min"),
         (86400, "1 d"),
+        (86400 + 60, "1 d"),
         (3 * 86400 + 4 * 3600 + 59, "3 d 4 h"),
+        (30 * 86400, "30 d"),
         (-5, "0 s"),
         (float("nan"), "0 s"),
     ],
 )
-def test_human(seconds: float, text: str) -> None:
-    assert durations.human(seconds) == text
+def test_the_people_form(seconds: float, text: str) -> None:
+    assert durations.format(seconds, "people") == text
 
 
 @given(st.floats(min_value=0, max_value=1e9, allow_nan=False))
-def test_human_is_short(seconds: float) -> None:
-    text = durations.human(seconds)
+def test_the_people_form_is_short(seconds: float) -> None:
+    text = durations.format(seconds, "people")
     assert 3 <= len(text) <= 16 and text[0].isdigit()
 
 
@@ -192,5 +237,5 @@ def test_human_is_short(seconds: float) -> None:
     [(45, "45s"), (12 * 60 + 30, "12m"), (3600, "1h"), (4 * 3600 + 5 * 60 + 7, "4h5m"), (-3, "0s")],
 )
 def test_a_claims_time_left_reads_back_as_a_duration(seconds: float, text: str) -> None:
-    assert claims.span(seconds) == text
+    assert durations.format(seconds, "minutes") == text
     assert durations.parse(text, positive=False) <= max(0, seconds)

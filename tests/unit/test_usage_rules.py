@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 import pytest
 
 from gpubot.config import parse
-from gpubot.core import commands
+from gpubot.core import commands, durations
 from gpubot.core.usage.hours import shares, weight_ms
 from gpubot.core.usage.ladder import LadderRule, Rung, Step, keep_reason, next_step
-from gpubot.core.usage.report import Digest, Window, parse_when
+from gpubot.core.usage.report import Digest, Window
 from gpubot.errors import ConfigError, UsageError
 
 NOW = datetime(2026, 12, 2, 10, 30, tzinfo=UTC).timestamp()  # a Wednesday
@@ -22,12 +22,13 @@ NOW = datetime(2026, 12, 2, 10, 30, tzinfo=UTC).timestamp()  # a Wednesday
     [("7d", 7 * 86400), ("12h", 43200), ("1d12h", 129600), ("2w", 14 * 86400)],
 )
 def test_a_duration_is_that_long_ago(text: str, ago: float) -> None:
-    assert parse_when(text, NOW, "--since") == NOW - ago
+    assert durations.when(text, NOW, "--since") == NOW - ago
 
 
 def test_a_date_is_utc_and_windows_are_whole_hours() -> None:
     assert (
-        parse_when("2026-11-25", NOW, "--since") == datetime(2026, 11, 25, tzinfo=UTC).timestamp()
+        durations.when("2026-11-25", NOW, "--since")
+        == datetime(2026, 11, 25, tzinfo=UTC).timestamp()
     )
     w = Window.of("2026-11-30T08:15", "2026-11-30T09:05", NOW)
     assert (w.since, w.until) == (

@@ -187,7 +187,7 @@ class Intruder:
         if abs(delta) < NEAR_S:  # process ages are whole seconds: no side to tell
             return "as the claim began"
         word = "after" if delta >= 0 else "before"
-        return f"{span(abs(delta))} {word} the claim"
+        return f"{durations.format(abs(delta), 'minutes')} {word} the claim"
 
     def what(self) -> str:
         """Name the intruder's workload: "alice's docker:train (pid 42 python3)"."""
@@ -253,13 +253,6 @@ def cuda_visible(uuids: Sequence[str]) -> str:
     """Return the environment line for ``uuids``: CUDA's order is not nvidia-smi's PCI order,
     so indices would name other GPUs; UUIDs name these."""
     return "CUDA_VISIBLE_DEVICES=" + ",".join(uuids)
-
-
-def span(seconds: float) -> str:
-    """Return a span in the grammar people type back; whole minutes past one, since stored
-    times lose a hair."""
-    s = max(0, round(seconds))
-    return durations.format(s if s < 60 else s - s % 60)
 
 
 @dataclass(frozen=True)

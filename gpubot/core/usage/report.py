@@ -22,36 +22,6 @@ MS_PER_H = 3_600_000
 SHOWN_GAPS = 10  # gaps a text report lists; the rest are counted
 
 
-def parse_when(text: str, now: float, what: str) -> float:
-    """Return the unix time ``text`` names: a duration before ``now`` ("7d", "12h") or a UTC
-    date or time in ISO form; raise ``ValueError`` saying what was expected."""
-    t = text.strip()
-    if t and t[0].isdigit() and t[-1].lower() in durations.UNITS and "-" not in t:
-        try:
-            ago = durations.parse(t)
-        except durations.DurationError as exc:
-            raise ValueError(f"bad {what} {text!r}: {exc.expected}") from None
-        return _after_epoch(now - ago, text, what)
-    try:
-        moment = datetime.fromisoformat(t.removesuffix("Z"))
-    except ValueError:
-        raise ValueError(
-            f"bad {what} {text!r}: expected a duration ago (e.g. 7d, 12h) or a UTC date or "
-            "time (e.g. 2026-11-25 or 2026-11-25T09:00)"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return _after_epoch(moment.timestamp(), text, what)
-
-
-def _after_epoch(t: float, text: str, what: str) -> float:
-    """Return ``t``, refusing a moment before 1970: no sweep counted GPU-hours then, and a
-    duration of thousands of years names no date at all (``datetime`` cannot show it)."""
-    if t < 0:
-        raise ValueError(f"bad {what} {text!r}: it goes back before 1970")
-    return t
-
-
 @dataclass(frozen=True)
 class Window:
     """Whole UTC hours: from ``since`` up to (not including) ``until``."""
@@ -62,8 +32,8 @@ class Window:
     @classmethod
     def of(cls, since: str | None, until: str | None, now: float) -> Window:
         """Return the window of ``--since``/``--until`` texts (None: 7 days ago; now)."""
-        start = parse_when(since or DEFAULT_SINCE, now, "--since")
-        end = now if until is None else parse_when(until, now, "--until")
+        start = durations.when(since or DEFAULT_SINCE, now, "--since")
+        end = now if until is None else durations.when(until, now, "--until")
         if start >= end:
             raise ValueError(f"--since ({_iso(start)}) must be before --until ({_iso(end)})")
         return cls(hour_of(start), hour_of(end) + (0 if end % HOUR_S == 0 else HOUR_S))
