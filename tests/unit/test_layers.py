@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import io
+import itertools
+import re
 import sys
 import tokenize
 from pathlib import Path
@@ -252,6 +254,109 @@ def test_bounded_waits_go_through_within_not_wait_for(tmp_path: Path) -> None:
     sample.write_text("async def f(x):\n    await asyncio.wait_for(x, 5)\n", encoding="utf-8")
     assert _wait_fors(sample) == [("sample.py", 2)]  # the checker sees one
     assert [hit for p in sorted(PKG.rglob("*.py")) for hit in _wait_fors(p)] == []
+
+
+# --- one durations module: one grammar and one formatter (core/durations.py) ---------------------
+
+DURATIONS = PKG / "core" / "durations.py"
+_UNIT = "smhdw"
+_TIME_SIZES = {60, 3600, 86400, 604800}
+_DURATION_NAME = re.compile(r"duration|(^|_)(ago|span|human|hms|elapsed)$|^_?fmt_", re.I)
+_UNIT_TEXT = re.compile(r"\s?(s|m|h|d|w|min|mins|sec|secs|hours?|days?|minutes?)\b")
+
+
+def _unit_grammar(text: str) -> bool:
+    """Whether ``text`` spells duration units: a class such as ``[smhd]``, units after groups
+    (``(\\d+)h(\\d+)m``) or a list of unit letters (``"smhdw"``)."""
+    classes = [
+        set(c.lower()) for c in re.findall(r"\[([a-zA-Z]+)\]", text) if len(set(c)) == len(c)
+    ]
+    after_groups = set(re.findall(r"[)}][?*+]?([smhdw])", text))
+    listed = len(text) >= 3 and set(text) <= set(_UNIT) and len(set(text)) == len(text)
+    return any(c <= set(_UNIT) and len(c) >= 2 for c in classes) or len(after_groups) >= 2 or listed
+
+
+def _divides_time(node: ast.AST) -> bool:
+    """Whether ``node`` divides by (or takes the rest of) a minute, an hour, a day or a week."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv | ast.Mod | ast.Div):
+        return isinstance(node.right, ast.Constant) and node.right.value in _TIME_SIZES
+    if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "divmod"):
+        return False
+    return any(isinstance(a, ast.Constant) and a.value in _TIME_SIZES for a in node.args[1:])
+
+
+def _unit_after_value(node: ast.AST) -> bool:
+    """Whether ``node`` is an f-string with a unit right after a value (``f"{n // 60}m"``)."""
+    parts = node.values if isinstance(node, ast.JoinedStr) else []
+    return any(
+        isinstance(a, ast.FormattedValue)
+        and isinstance(b, ast.Constant)
+        and _UNIT_TEXT.match(str(b.value)) is not None
+        for a, b in itertools.pairwise(parts)
+    )
+
+
+def duration_code(module: ast.Module) -> list[tuple[int, str]]:
+    """Return (line, what) for each duration grammar or formatter of ``module``: a function
+    named for one that does not call ``durations``, a function that divides by time units and
+    writes units after values, a regex or table of unit letters, a read of the grammar's units."""
+    out: list[tuple[int, str]] = []
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(module)
+        if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+    }
+    for node in ast.walk(module):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            inner = list(ast.walk(node))
+            delegates = any(getattr(n, "id", None) == "durations" for n in inner)
+            if _DURATION_NAME.search(node.name) and not delegates:
+                out.append((node.lineno, f"def {node.name}"))
+            if any(map(_divides_time, inner)) and any(map(_unit_after_value, inner)):
+                out.append((node.lineno, f"{node.name} formats a duration"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docs and _unit_grammar(node.value):
+                out.append((node.lineno, f"unit grammar {node.value!r}"))
+        elif isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if len(keys & set(_UNIT)) >= 3:
+                out.append((node.lineno, "a table of units"))
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "UNITS"
+            and getattr(node.value, "id", "") == "durations"
+        ):
+            out.append((node.lineno, "reads the grammar's units"))
+    return out
+
+
+def test_one_durations_module() -> None:
+    """Every duration is parsed and shown by ``core/durations.py``: one grammar (the same text
+    means the same time in a flag, a command and a setting) and one formatter."""
+    files = [p for p in sorted(PKG.rglob("*.py")) if p != DURATIONS]
+    assert [
+        (p.relative_to(PKG).as_posix(), *hit) for p in files for hit in duration_code(tree(p))
+    ] == []
+    assert duration_code(tree(DURATIONS))  # the rule sees the one module's own grammar
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'DURATION = re.compile(r"\\s*([0-9]{1,9})\\s*([smhdw])\\s*")',
+        '_DURATION = re.compile(r"(?:([0-9]{1,4})d)?(?:([0-9]{1,5})h)?(?:([0-9]{1,6})m)?")',
+        'UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}',
+        'def f(t):\n    return t[-1] in "smhdw"',
+        "def parse_duration(text):\n    return float(text[:-1]) * 60",
+        'def span(s):\n    return f"{s // 3600} h {s % 3600 // 60} min"',
+        'def wait_command(c):\n    m = int(c.duration_s // 60)\n    return f"wait for {m}m"',
+        "def f(t):\n    return t[-1:] in durations.UNITS",
+    ],
+)
+def test_control_the_durations_rule_sees_the_old_grammars(source: str) -> None:
+    assert duration_code(ast.parse(source)) != []
 
 
 # Slack's own vocabulary: Block Kit's keys and block types, and mrkdwn's mention and date tokens.
