@@ -19,8 +19,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from gpubot.core.health.kinds import KINDS
 from gpubot.core.health.state import REASON_WORDS
-from gpubot.core.models import FindingKind, NodeSnapshot
+from gpubot.core.models import NodeSnapshot
 from gpubot.errors import ConfigError
 from gpubot.metrics_claims import ClaimGauge
 
@@ -39,7 +40,7 @@ class _LastSweep(Collector):
         # Swapped in whole by one assignment, so a scrape sees one sweep's numbers.
         self.state: tuple[tuple[NodeSnapshot, ...], dict[str, int]] = (
             (),
-            {k.value: 0 for k in FindingKind},
+            {k.value: 0 for k in KINDS},
         )
 
     def collect(self) -> Iterator[Metric]:
@@ -159,7 +160,7 @@ class Metrics:
         open_findings: Mapping[str, int],
     ) -> None:
         """Record one sweep: its snapshots, failing nodes, duration and open findings."""
-        counts = {k.value: 0 for k in FindingKind}
+        counts = {k.value: 0 for k in KINDS}
         counts.update(open_findings)
         self._last.state = (tuple(snapshots), counts)
         self.sweep_duration.observe(seconds)

@@ -35,10 +35,8 @@ from gpubot.chat.message import (
 from gpubot.chat.reset_view import reset_button
 from gpubot.core import durations
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
-from gpubot.core.findings import TITLES
-from gpubot.core.health.titles import RESET_HEALTH_KINDS
+from gpubot.core.health.kinds import BY_NAME, title_of
 from gpubot.core.health.xid_table import RESET_WHEN_IDLE
-from gpubot.core.models import FindingKind
 from gpubot.core.reset.interrupted import Unfinished
 from gpubot.errors import DUTY_TURN, GpubotError
 from gpubot.services.approvals import Identity
@@ -50,15 +48,6 @@ ACTION_SNOOZE = "gpubot_snooze_"  # + "1h" | "1d"; the value is the finding's ke
 SNOOZE_ACTION = re.compile(r"^gpubot_snooze_(1h|1d)$")
 SNOOZE_LABELS = {"1h": "Snooze 1 h", "1d": "Snooze 1 day"}
 MAX_ITEMS = 12  # findings detailed in one message (3 blocks each); the rest are counted
-RESET_KINDS = frozenset(
-    {
-        FindingKind.ORPHANED_VRAM,
-        FindingKind.ZOMBIE_PROCESS,
-        FindingKind.HIDDEN_HOLDER,
-        FindingKind.IDLE_HOLDER,
-        *RESET_HEALTH_KINDS,  # issue 27: a reset is what applies or may repair these
-    }
-)
 
 
 def _where(item: AlertItem, group: AlertGroup) -> str:
@@ -70,10 +59,7 @@ def _where(item: AlertItem, group: AlertGroup) -> str:
 
 
 def _title(item: AlertItem) -> str:
-    try:
-        return TITLES[FindingKind(item.key.kind)]
-    except ValueError:
-        return item.key.kind
+    return title_of(item.key.kind)
 
 
 def _summary(item: AlertItem) -> str:
@@ -123,7 +109,8 @@ def _actions(item: AlertItem, now: datetime) -> Actions | None:
         return None
     elements = []
     offered = item.finding is not None and item.finding.next_step == RESET_WHEN_IDLE
-    if item.key.gpu is not None and (item.key.kind in RESET_KINDS or offered):
+    kind = BY_NAME.get(item.key.kind)
+    if item.key.gpu is not None and ((kind is not None and kind.reset) or offered):
         elements.append(reset_button(item.key.node, item.key.gpu))
     elements += snooze_buttons(item.key.text())
     return Actions(tuple(elements))

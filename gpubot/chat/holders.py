@@ -17,7 +17,7 @@ from gpubot.chat.layout import clip
 from gpubot.chat.message import Date, Sentence, note
 from gpubot.chat.surface import Surface
 from gpubot.core import commands
-from gpubot.core.findings import FindingKey
+from gpubot.core.health.kinds import parse_key
 from gpubot.errors import GpubotError, UsageError
 from gpubot.services.approvals import Identity
 
@@ -45,7 +45,7 @@ async def free_it(
     """Free the GPU an idle holder (the finding ``value``) holds, as ``who``'s own reset;
     ``evidence`` (the reclaim ladder's) goes into the command and the approval request."""
     try:
-        key = FindingKey.parse(value)
+        key = parse_key(value)
         pid_text, _, ticks = key.holder.partition(":")
         if key.gpu is None or not pid_text.isdigit() or not ticks.isdigit():
             raise UsageError("this button names no process to free")

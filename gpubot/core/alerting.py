@@ -15,8 +15,16 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from gpubot.core.findings import TITLES, Finding, FindingKey, NodeFailure, SweepConfig
-from gpubot.core.models import FindingKind, NodeSnapshot
+from gpubot.core.findings import (
+    IDLE_HOLDER,
+    Finding,
+    FindingKey,
+    FindingKind,
+    NodeFailure,
+    SweepConfig,
+)
+from gpubot.core.health.kinds import BY_NAME, title_of
+from gpubot.core.models import NodeSnapshot
 from gpubot.core.reset.readiness import Readiness
 from gpubot.core.timefmt import iso
 from gpubot.core.usage.idle import gpu_hours_by_owner
@@ -24,11 +32,6 @@ from gpubot.core.usage.idle import gpu_hours_by_owner
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
 CLEAR_SWEEPS = 2  # an alerted finding resolves only once this many looking sweeps missed it
 SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
-# Events, not states: an Xid line is read once, so it is real when first seen (core.health.xid).
-EVENT_KINDS = frozenset({FindingKind.GPU_XID, FindingKind.NVSWITCH_SXID})
-NODE_KINDS = frozenset(
-    {FindingKind.NODE_UNREACHABLE, FindingKind.NODE_SLOW, FindingKind.SMI_FAILED}
-)
 
 Handle = tuple[str, str]  # where an alert message is: (channel, message ts)
 
@@ -90,7 +93,8 @@ def confirmed(kind: str, state: AlertState, now: datetime, config: SweepConfig) 
     An idle holder is found only once its GPU's samples span the idle window; it is confirmed
     like any other, so a process that has just started on a GPU held idle gets one interval.
     """
-    need = 1 if kind in EVENT_KINDS else CONFIRM_SWEEPS
+    listed = BY_NAME.get(kind)  # an event is real when first seen
+    need = 1 if listed is not None and listed.event else CONFIRM_SWEEPS
     return state.resolved_at is None and state.seen_count >= need
 
 
@@ -130,7 +134,8 @@ def to_resolve(
         if key in found:
             continue
         gone = key.node not in configured
-        looked = key.node in answered or (key.kind in NODE_KINDS and key.node in failed)
+        listed = BY_NAME.get(key.kind)
+        looked = key.node in answered or (listed is not None and listed.node and key.node in failed)
         if gone or looked:
             out.append(key)
     return out
@@ -173,7 +178,7 @@ def digest_label(keys: Iterable[FindingKey]) -> str:
         return next(iter(nodes))
     kinds = {k.kind for k in keys}
     kind = next(iter(kinds)) if len(kinds) == 1 else ""
-    title = TITLES.get(FindingKind(kind), kind) if kind else "findings"
+    title = title_of(kind) if kind else "findings"
     return f"{title} on {len(nodes)} nodes"
 
 
@@ -384,7 +389,7 @@ def held_idle_hours(findings: Iterable[Finding]) -> dict[str, float]:
     return gpu_hours_by_owner(
         (f.owner, f.node, f.gpu, f.idle_s)
         for f in findings
-        if f.kind is FindingKind.IDLE_HOLDER and f.gpu is not None and f.idle_s is not None
+        if f.kind == IDLE_HOLDER and f.gpu is not None and f.idle_s is not None
     )
 
 

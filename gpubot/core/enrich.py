@@ -3,8 +3,8 @@
 ``enrich_argv`` builds the command, ``parse_enrichment`` reads its standard output into
 ``Found`` records, and ``apply_enrichment`` puts a record on a ``Workload`` and decides its
 owner. Each runtime's lookup (its argv, parser and how a record lands on a workload, with the
-formats' sources) is in its module in ``core.runtimes``; this module only iterates the
-registry. Everything a runtime prints about a workload is hostile: any doubt drops the record,
+formats' sources) is in its module in ``core.runtimes``; this module only iterates their
+list. Everything a runtime prints about a workload is hostile: any doubt drops the record,
 and that workload's name is unknown, never someone else's.
 """
 

@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpubot.core import durations
-from gpubot.core.health.titles import HEALTH_TITLES
-from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.reset.protect import Protection, is_protected
 from gpubot.core.usage.holder_runs import HolderKey, holders_idle
 from gpubot.core.usage.idle import (
@@ -47,24 +46,68 @@ from gpubot.core.usage.idle import (
     is_idle_holder,
 )
 from gpubot.core.workload import OTHER, short_name
-from gpubot.errors import CommandTimeout, GpubotError, ParseError, ProbeError, UsageError
+from gpubot.errors import CommandTimeout, GpubotError, ParseError, ProbeError
 
 GONE = "gone"  # holder suffix of a process nvidia-smi lists but /proc does not know
 
-TITLES: dict[FindingKind, str] = {
-    FindingKind.ORPHANED_VRAM: "orphaned GPU memory",
-    FindingKind.ZOMBIE_PROCESS: "zombie process",
-    FindingKind.HIDDEN_HOLDER: "hidden GPU holder",
-    FindingKind.IDLE_HOLDER: "idle GPU holder",
-    FindingKind.NODE_UNREACHABLE: "node unreachable",
-    FindingKind.NODE_SLOW: "node too slow to answer",
-    FindingKind.SMI_FAILED: "nvidia-smi failed",
-    FindingKind.GPU_LOST: "GPU lost",
-    **HEALTH_TITLES,
-    FindingKind.GPU_XID: "Xid error",
-    FindingKind.NVSWITCH_SXID: "NVSwitch SXid error",
-    FindingKind.CLAIM_INTRUDER: "unclaimed use of a claimed GPU",
-}
+
+class FindingKind(str):
+    """One kind of trouble a sweep finds: a value declared next to the check that raises it, and
+    named in the list of all kinds (``core.health.kinds``).
+
+    A kind is its stored name (a ``str``): the database, alert keys, JSON and the audit log hold
+    that name, so it never changes. ``reset``: its alert offers the Reset button; ``gpu_reset``:
+    that reset is of the whole GPU (no holder to stop), so the sweep asks the node what it would
+    touch. ``event``: read once (a kernel log line), so it is real when first seen. ``node``: the
+    node gave no usable answer; it clears once the node answers or fails in another way.
+    """
+
+    heading: str  # the kind in words (``str.title`` is taken)
+    reset: bool
+    gpu_reset: bool
+    event: bool
+    node: bool
+
+    def __new__(
+        cls,
+        name: str,
+        heading: str,
+        *,
+        reset: bool = False,
+        gpu_reset: bool = False,
+        event: bool = False,
+        node: bool = False,
+    ) -> FindingKind:
+        kind = super().__new__(cls, name)
+        kind.__dict__.update(
+            heading=heading, reset=reset, gpu_reset=gpu_reset, event=event, node=node
+        )
+        return kind
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a finding kind is fixed")
+
+    @property
+    def value(self) -> str:
+        """Return the stored name as a plain ``str``."""
+        return str(self)
+
+    def __copy__(self) -> FindingKind:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FindingKind:
+        return self  # one value per kind, whatever copies it (``asdict``)
+
+
+ORPHANED_VRAM = FindingKind("orphaned-vram", "orphaned GPU memory", reset=True, gpu_reset=True)
+ZOMBIE_PROCESS = FindingKind("zombie-process", "zombie process", reset=True)
+HIDDEN_HOLDER = FindingKind("hidden-holder", "hidden GPU holder", reset=True)
+IDLE_HOLDER = FindingKind("idle-holder", "idle GPU holder", reset=True)
+NODE_UNREACHABLE = FindingKind("node-unreachable", "node unreachable", node=True)
+# It answered, too slowly: past a command timeout or the sweep budget.
+NODE_SLOW = FindingKind("node-slow", "node too slow to answer", node=True)
+SMI_FAILED = FindingKind("smi-failed", "nvidia-smi failed", node=True)
+GPU_LOST = FindingKind("gpu-lost", "GPU lost")
 
 
 @dataclass(frozen=True)
@@ -96,25 +139,13 @@ class FindingKey(NamedTuple):
 
     node: str
     gpu: int | None
-    kind: str  # a FindingKind value
+    kind: str  # a FindingKind's stored name
     holder: str = ""
 
     def text(self) -> str:
         """Return the key as one string (what the database indexes and buttons carry)."""
         gpu = "-" if self.gpu is None else str(self.gpu)
         return json.dumps([self.node, gpu, self.kind, self.holder], separators=(",", ":"))
-
-    @classmethod
-    def parse(cls, text: str) -> FindingKey:
-        """Parse ``text()`` back (from a button's value); raise ``UsageError``."""
-        try:
-            node, gpu, kind, holder = json.loads(text)
-            key = cls(str(node), None if gpu == "-" else int(gpu), str(kind), str(holder))
-        except (ValueError, TypeError):
-            raise UsageError(f"not a finding key: {text[:80]!r}") from None
-        if key.kind not in {k.value for k in FindingKind}:
-            raise UsageError(f"not a finding kind: {key.kind!r}")
-        return key
 
 
 @dataclass(frozen=True)
@@ -143,7 +174,7 @@ class Finding:
     @property
     def title(self) -> str:
         """Return the kind as words."""
-        return TITLES[self.kind]
+        return self.kind.heading
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready form."""
@@ -178,10 +209,10 @@ def classify_failure(exc: GpubotError) -> FindingKind:
     budget) is slow, not unreachable: calling it down made it flap (issue 25).
     """
     if isinstance(exc, ProbeError | ParseError):
-        return FindingKind.SMI_FAILED
+        return SMI_FAILED
     if isinstance(exc, CommandTimeout):
-        return FindingKind.NODE_SLOW
-    return FindingKind.NODE_UNREACHABLE
+        return NODE_SLOW
+    return NODE_UNREACHABLE
 
 
 def holder_id(p: GpuProcess) -> str:
@@ -234,7 +265,7 @@ def find(
                 Finding(
                     snap.node,
                     None,
-                    FindingKind.GPU_LOST,
+                    GPU_LOST,
                     bus,
                     f"a GPU ({bus}) is lost: it needs a reset or a reboot",
                 )
@@ -262,7 +293,7 @@ def _gpu_findings(
             Finding(
                 node,
                 g.index,
-                FindingKind.GPU_LOST,
+                GPU_LOST,
                 "",
                 f"GPU {g.index}{why} is lost: it needs a reset or a reboot",
             )
@@ -275,7 +306,7 @@ def _gpu_findings(
             Finding(
                 node,
                 g.index,
-                FindingKind.ORPHANED_VRAM,
+                ORPHANED_VRAM,
                 "",
                 f"{used} MiB in use and no process holds the GPU{unseen}",
                 memory_mib=used,
@@ -301,7 +332,7 @@ def _holder_finding(
     idle_s: float | None,
 ) -> Finding:
     """Return the finding of one holder (its idle time only if it is an idle holder)."""
-    is_idle = kind is FindingKind.IDLE_HOLDER
+    is_idle = kind == IDLE_HOLDER
     return Finding(
         node,
         p.gpu_index,
@@ -331,19 +362,19 @@ def _process_trouble(
     who = f"pid {p.pid} {p.process_name}" + (f" ({p.user})" if p.user else "")
     mem = "" if p.used_memory_mib is None else f", {p.used_memory_mib} MiB"
     if p.state == "Z":
-        return FindingKind.ZOMBIE_PROCESS, f"{who} is a zombie (state Z){mem}"
+        return ZOMBIE_PROCESS, f"{who} is a zombie (state Z){mem}"
     if p.state == "D":
         where = f" in {p.wchan}" if p.wchan else ""
-        return FindingKind.ZOMBIE_PROCESS, f"{who} is stuck in the kernel (state D{where}){mem}"
+        return ZOMBIE_PROCESS, f"{who} is stuck in the kernel (state D{where}){mem}"
     if p.visible_to_nvidia_smi and not p.exists:
-        return FindingKind.ZOMBIE_PROCESS, f"{who} is listed by nvidia-smi but gone from /proc{mem}"
+        return ZOMBIE_PROCESS, f"{who} is listed by nvidia-smi but gone from /proc{mem}"
     if p.hidden and p.exists:
         label = workload_label(p)
         seen = f" in {label}" if label else ""
         return (
-            FindingKind.HIDDEN_HOLDER,
+            HIDDEN_HOLDER,
             f"{who} holds the device file{seen} but nvidia-smi does not list it",
         )
     if idle_s is not None and config.idle.enabled and is_idle_holder(p, config.idle):
-        return FindingKind.IDLE_HOLDER, idle_summary(p, g, durations.format(idle_s, "people"))
+        return IDLE_HOLDER, idle_summary(p, g, durations.format(idle_s, "people"))
     return None

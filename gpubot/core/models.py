@@ -201,29 +201,6 @@ class Outcome(StrEnum):
     UNKNOWN = "unknown"
 
 
-class FindingKind(StrEnum):
-    """Kinds of trouble a sweep finds."""
-
-    ORPHANED_VRAM = "orphaned-vram"
-    ZOMBIE_PROCESS = "zombie-process"
-    HIDDEN_HOLDER = "hidden-holder"
-    IDLE_HOLDER = "idle-holder"
-    NODE_UNREACHABLE = "node-unreachable"
-    NODE_SLOW = "node-slow"  # it answered too slowly: past a command timeout or the sweep budget
-    SMI_FAILED = "smi-failed"
-    GPU_LOST = "gpu-lost"
-    # GPU health: each summary ends with the next step.
-    MEMORY_REPAIR_PENDING = "memory-repair-pending"
-    REMAP_FAILED = "remap-failed"
-    ECC_UNCORRECTED = "ecc-uncorrected"
-    FABRIC_NOT_READY = "fabric-not-ready"
-    NVLINK_DOWN = "nvlink-down"
-    GPU_THROTTLED = "gpu-throttled"
-    GPU_XID = "gpu-xid"  # the driver wrote an Xid for it (core.health.xid)
-    NVSWITCH_SXID = "nvswitch-sxid"  # the NVSwitch driver wrote an SXid (core.health.xid)
-    CLAIM_INTRUDER = "claim-intruder"  # someone else's process on a claimed GPU
-
-
 class ApprovalState(StrEnum):
     """Life of an approval for a forced kill."""
 

@@ -32,6 +32,7 @@ from gpubot.core.alerting import (
 )
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding, FindingKey, SweepConfig
+from gpubot.core.health.kinds import parse_key
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import AlertStore, Clock, Notifier
 from gpubot.core.reset.readiness import Readiness
@@ -236,7 +237,7 @@ class AlertKeeper:
 
     async def snooze(self, key_text: str, choice: str, *, by: str) -> Alert:
         """Snooze one finding for ``1h`` or ``1d`` and update its alert message."""
-        key = FindingKey.parse(key_text)
+        key = parse_key(key_text)
         now = self._now()
         try:
             until = snooze_until(now, choice)

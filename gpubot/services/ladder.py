@@ -16,8 +16,7 @@ from typing import Protocol
 from gpubot.core.alerting import SweepResult
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.durations import TIME_SLACK_S
-from gpubot.core.findings import Finding
-from gpubot.core.models import FindingKind
+from gpubot.core.findings import IDLE_HOLDER, Finding
 from gpubot.core.ports import Clock, SampleStore
 from gpubot.core.usage.hours import UNKNOWN_USER
 from gpubot.core.usage.ladder import (
@@ -96,7 +95,7 @@ class ReclaimLadder:
         if not self.enabled:
             return []
         now = self.clock.now()
-        idle = {f.key.text(): f for f in result.findings if f.kind is FindingKind.IDLE_HOLDER}
+        idle = {f.key.text(): f for f in result.findings if f.kind == IDLE_HOLDER}
         self._seen = idle
         try:
             rungs = await self.store.rungs()

@@ -22,10 +22,10 @@ from datetime import UTC, datetime
 from gpubot.config import Settings
 from gpubot.core.alerting import SweepResult, confirmed
 from gpubot.core.clock import SYSTEM_CLOCK
-from gpubot.core.findings import Finding, NodeFailure, classify_failure, find
-from gpubot.core.health.titles import RESET_HEALTH_KINDS
+from gpubot.core.findings import IDLE_HOLDER, Finding, NodeFailure, classify_failure, find
+from gpubot.core.health.kinds import KINDS
 from gpubot.core.health.xid_table import RESET_WHEN_IDLE
-from gpubot.core.models import FindingKind, NodeConfig, NodeSnapshot
+from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditLog, Clock, Locks, SweepObserver, Transport
 from gpubot.core.reset.readiness import Readiness, readiness, ready_argv
 from gpubot.core.timefmt import iso
@@ -213,7 +213,7 @@ class SweepService:
         ladder = self.ladder if self.ladder is not None and self.ladder.enabled else None
         if ladder is not None:
             await ladder.climb(result)
-            rest = tuple(f for f in result.findings if f.kind is not FindingKind.IDLE_HOLDER)
+            rest = tuple(f for f in result.findings if f.kind != IDLE_HOLDER)
             return replace(
                 await self._keep(replace(result, findings=rest)), findings=result.findings
             )
@@ -314,11 +314,7 @@ class SweepService:
         """Ask each node with orphaned GPUs what a reset would touch, all nodes at once."""
         orphaned: dict[str, list[int]] = {}
         for f in findings:
-            if f.gpu is not None and (
-                f.kind is FindingKind.ORPHANED_VRAM
-                or f.kind in RESET_HEALTH_KINDS
-                or f.next_step == RESET_WHEN_IDLE
-            ):
+            if f.gpu is not None and (f.kind.gpu_reset or f.next_step == RESET_WHEN_IDLE):
                 orphaned.setdefault(f.node, []).append(f.gpu)
         names = list(orphaned)
         answers = await asyncio.gather(*(self._readiness(n, orphaned[n]) for n in names))
@@ -342,7 +338,7 @@ class SweepService:
     def _open_counts(self, result: SweepResult) -> dict[str, int]:
         """Return confirmed open findings by kind, zeros included: one seen once, or by hand
         only, is not open yet."""
-        counts = {k.value: 0 for k in FindingKind}
+        counts = {k.value: 0 for k in KINDS}
         now = datetime.fromtimestamp(result.started_at, UTC)
         for f in result.findings:
             state = result.known.get(f.key)

@@ -37,7 +37,7 @@ from gpubot.chat.alerts import SNOOZE_ACTION, render_reminder, snooze_buttons
 from gpubot.chat.holders import snooze
 from gpubot.chat.idle import render_idle_dm, slack_users_of
 from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
-from gpubot.core.models import FindingKind
+from gpubot.core.findings import IDLE_HOLDER
 from gpubot.core.ports import AlertStore
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.slack.api import CALL_ERRORS, SlackApi
@@ -147,7 +147,7 @@ class SlackAlerts:
         mine: dict[str, list[AlertItem]] = {}
         for item in group.open:
             f = item.finding
-            if f is None or f.kind is not FindingKind.IDLE_HOLDER or f.owner is None:
+            if f is None or f.kind != IDLE_HOLDER or f.owner is None:
                 continue
             for user in self.people.get(f.owner, ()):
                 mine.setdefault(user, []).append(item)

@@ -35,6 +35,7 @@ from sqlalchemy import Connection, Engine, Row, and_, select
 
 from gpubot.core.alerting import PendingPost
 from gpubot.core.findings import FindingKey
+from gpubot.core.health.kinds import parse_key
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
 from gpubot.store.engine import guard, read_tx, write_tx
@@ -239,7 +240,7 @@ class OutboxMixin:
                     now=now,
                     payload=payload,
                 )
-                done.append(FindingKey.parse(text))
+                done.append(parse_key(text))
             return done
 
     def _cancel_post(self, token: str, now: datetime, taken: datetime) -> None:
@@ -337,7 +338,7 @@ def _pending(row: Row[Any]) -> PendingPost:
     return PendingPost(
         token=row.token,
         node=row.node,
-        keys=tuple(FindingKey.parse(t) for t in json.loads(row.keys)),
+        keys=tuple(parse_key(t) for t in json.loads(row.keys)),
         since=parse_iso(row.since),
         created_at=parse_iso(row.created_at),
         repeats=int(row.repeats),

@@ -17,8 +17,8 @@ import sqlalchemy as sa
 
 from benchmarks.idle_old import old_idle
 from gpubot.core.alerting import held_idle_hours
-from gpubot.core.findings import SweepConfig, find
-from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.findings import IDLE_HOLDER, SweepConfig, find
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.reset.protect import Protection
 from gpubot.core.usage.idle import IdleRule
 from gpubot.services import idle_accounting
@@ -92,7 +92,7 @@ async def compare_one_history(store: Store, seed: int, steps: int) -> int:
         held = await acct.held(status, clock.t)  # the holders' own runs (core.usage.holder_runs)
         found = find(status, {}, acct.config, protection=protection, idle=raw, held=held)
         assert await acct.gpu_hours(status) == held_idle_hours(found), (seed, step)
-        seen += sum(1 for f in found if f.kind is FindingKind.IDLE_HOLDER)
+        seen += sum(1 for f in found if f.kind is IDLE_HOLDER)
     return seen
 
 

@@ -17,8 +17,17 @@ import pytest
 
 from gpubot.chat.alert_digest import render_alert
 from gpubot.core.alerting import AlertGroup, Handle, SweepResult
-from gpubot.core.findings import Finding, NodeFailure, SweepConfig
-from gpubot.core.models import FindingKind, GpuInfo, NodeSnapshot
+from gpubot.core.findings import (
+    GPU_LOST,
+    HIDDEN_HOLDER,
+    NODE_UNREACHABLE,
+    ORPHANED_VRAM,
+    ZOMBIE_PROCESS,
+    Finding,
+    NodeFailure,
+    SweepConfig,
+)
+from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
@@ -47,11 +56,10 @@ def snap(node: str) -> NodeSnapshot:
 
 
 def sweep(dead: list[str], hidden: list[str]) -> SweepResult:
-    failed = {n: NodeFailure(FindingKind.NODE_UNREACHABLE, "connection refused") for n in dead}
+    failed = {n: NodeFailure(NODE_UNREACHABLE, "connection refused") for n in dead}
     findings = [Finding(n, None, f.kind, "", f.reason) for n, f in failed.items()]
     findings += [
-        Finding(n, 0, FindingKind.HIDDEN_HOLDER, "4242:77", "pid 4242 python holds GPU 0")
-        for n in hidden
+        Finding(n, 0, HIDDEN_HOLDER, "4242:77", "pid 4242 python holds GPU 0") for n in hidden
     ]
     snaps = tuple(snap(n) for n in NODES if n not in dead)
     return SweepResult(T0.timestamp(), 1.0, tuple(NODES), snaps, failed, (), tuple(findings))
@@ -146,10 +154,10 @@ async def test_posts_stay_within_one_per_second_per_channel(
 ) -> None:
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake_slack.base_url)), CHANNEL)
     keeper = AlertKeeper(SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier)
-    kinds = [FindingKind.ORPHANED_VRAM, FindingKind.ZOMBIE_PROCESS, FindingKind.HIDDEN_HOLDER]
+    kinds = [ORPHANED_VRAM, ZOMBIE_PROCESS, HIDDEN_HOLDER]
     findings = (  # four messages: three digests and node40's own
         *(Finding(n, 0, k, "", "trouble") for k in kinds for n in NODES[:2]),
-        Finding("node40", 1, FindingKind.GPU_LOST, "", "lost"),
+        Finding("node40", 1, GPU_LOST, "", "lost"),
     )
     result = SweepResult(T0.timestamp(), 1.0, tuple(NODES), findings=findings)
     await keeper.update(result, no_readiness, now=T0)
@@ -163,8 +171,7 @@ async def test_posts_stay_within_one_per_second_per_channel(
 
 def hidden_on(nodes: list[str]) -> SweepResult:
     findings = tuple(
-        Finding(n, 0, FindingKind.HIDDEN_HOLDER, "4242:77", "pid 4242 python holds GPU 0")
-        for n in nodes
+        Finding(n, 0, HIDDEN_HOLDER, "4242:77", "pid 4242 python holds GPU 0") for n in nodes
     )
     return SweepResult(
         T0.timestamp(), 1.0, tuple(NODES), tuple(snap(n) for n in NODES), {}, (), findings
@@ -238,7 +245,7 @@ async def _resolve_three(store: Store, fake: FakeSlack) -> list[float]:
     """Alert three digests, clear them for two sweeps; return the gaps between the updates."""
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
     keeper = AlertKeeper(SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier)
-    kinds = [FindingKind.ORPHANED_VRAM, FindingKind.ZOMBIE_PROCESS, FindingKind.HIDDEN_HOLDER]
+    kinds = [ORPHANED_VRAM, ZOMBIE_PROCESS, HIDDEN_HOLDER]
     findings = tuple(Finding(n, 0, k, "", "trouble") for k in kinds for n in NODES[:2])
     result = SweepResult(T0.timestamp(), 1.0, tuple(NODES), findings=findings)
     snaps = tuple(snap(n) for n in NODES)

@@ -22,8 +22,9 @@ from gpubot.chat.message import Actions, Message
 from gpubot.cli.console import console_parts, identity, make_flows
 from gpubot.console.repl import answer, render
 from gpubot.core.alerting import AlertGroup, AlertItem
-from gpubot.core.findings import FindingKey
-from gpubot.core.models import ApprovalState, FindingKind
+from gpubot.core.findings import IDLE_HOLDER, FindingKey
+from gpubot.core.health.kinds import parse_key
+from gpubot.core.models import ApprovalState
 from gpubot.store import open_store
 from tests.procs import alive
 
@@ -131,7 +132,7 @@ async def test_free_it_and_snooze_are_typed_at_the_console(
     me = identity(flows.svc.policy, "U0OWNER")
     snap = await flows.svc.status.snapshot(flows.svc.status.node("node1"))
     held = next(p for p in snap.processes if p.pid == w.pid)
-    idle = FindingKey("node1", 1, FindingKind.IDLE_HOLDER.value, f"{w.pid}:{held.start_ticks}")
+    idle = FindingKey("node1", 1, IDLE_HOLDER.value, f"{w.pid}:{held.start_ticks}")
     freed = await answer(flows, f"free {idle.text()}", me)
     assert "Reset node1 · GPU 1 · freed" in freed and not alive(w.pid)
     assert flows.svc.audit is not None
@@ -156,9 +157,9 @@ async def test_free_it_and_snooze_are_typed_at_the_console(
 
 
 def test_the_console_says_what_to_type_for_an_alert_s_buttons() -> None:
-    key = FindingKey("node1", 0, FindingKind.IDLE_HOLDER.value, "42:7").text()
+    key = FindingKey("node1", 0, IDLE_HOLDER.value, "42:7").text()
     now = datetime.now(UTC)
-    item = AlertItem(FindingKey.parse(key), None, now)
+    item = AlertItem(parse_key(key), None, now)
     text = render(render_alert_group(AlertGroup("node1", (item,), None, now)))
     assert f"[Snooze 1 h] (type: snooze 1h {key})" in text
     dm = Message(None, (Actions((free_button(key, "node1", 0, "42"),)),))

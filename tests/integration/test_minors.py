@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpubot.config import Settings
-from gpubot.core.models import FindingKind, Outcome
+from gpubot.core.findings import HIDDEN_HOLDER
+from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.services.reset import ResetResult, ResetService
 from gpubot.services.sweep import SweepService
@@ -79,7 +80,7 @@ async def test_a_reset_never_signals_a_process_on_another_gpu(
         replica="test",
     )
     found = {(f.kind, f.gpu, f.pid) for f in (await sweep.run()).findings}
-    assert found == {(FindingKind.HIDDEN_HOLDER, 1, hidden1.pid)}
+    assert found == {(HIDDEN_HOLDER, 1, hidden1.pid)}
 
     r = await reset(engine, 3)  # index 3 is nvidia0: under index == minor, on0 would die
     assert [t.pid for t in r.plan.targets] == [on3.pid]

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import Settings
+from gpubot.core.findings import ORPHANED_VRAM
 from gpubot.core.flags import gpu_flags
-from gpubot.core.models import FindingKind, Outcome
+from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.core.reset.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import ResetRefused
@@ -102,7 +103,7 @@ async def test_the_daemon_is_shown_apart_and_hides_no_leak(
         replica="test",
     )
     found = {(f.kind, f.gpu) for f in (await sweep.run()).findings}
-    assert found == {(FindingKind.ORPHANED_VRAM, 2)}
+    assert found == {(ORPHANED_VRAM, 2)}
 
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
     assert [t.pid for t in plan.targets] == [job.pid]

@@ -24,8 +24,8 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncServerErrorRetryHan
 from gpubot.app import SlackAccess, build
 from gpubot.config import Settings
 from gpubot.core.alerting import AlertGroup, AlertItem
-from gpubot.core.findings import Finding
-from gpubot.core.models import FindingKind, GpuInfo, NodeSnapshot
+from gpubot.core.findings import IDLE_HOLDER, Finding
+from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.core.usage.ladder import Evidence, Rung, Step
 from gpubot.services.alert_outbox import AlertOutbox
 from gpubot.services.ladder import LadderNotice
@@ -76,7 +76,7 @@ def idle_finding(node: str = "node7") -> Finding:
     return Finding(
         node,
         3,
-        FindingKind.IDLE_HOLDER,
+        IDLE_HOLDER,
         HOLDER,
         "pid 4242 python3 (zed) holds 40000 MiB of GPU 3, idle (0 %) for 5 h",
         pid=4242,

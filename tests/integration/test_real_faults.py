@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import Settings
-from gpubot.core.models import FindingKind, Outcome
+from gpubot.core.findings import GPU_LOST, SMI_FAILED
+from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import CommandTimeout, ResetRefused, SmiFailed
 from gpubot.services.reset import NodeLocks, ResetService
@@ -95,7 +96,7 @@ async def test_a_lost_gpu_is_flagged_and_the_others_still_work(
     assert any("is lost" in note for note in n["notes"])
 
     kinds = await sweep_kinds(settings, store, engine)
-    assert (f"{FindingKind.GPU_LOST}:{None if style == 'bus' else 2}") in kinds
+    assert (f"{GPU_LOST}:{None if style == 'bus' else 2}") in kinds
 
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
     r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
@@ -153,7 +154,7 @@ async def test_a_bracketed_value_is_unknown_and_flagged_not_a_node_failure(
     text, doc = status_notes(fleet.config_path, "node1")
     assert flag in text and flag in doc["gpus"][3]["flags"]
     assert doc["gpus"][3]["memory_used_mib"] is None
-    lost = {f"{FindingKind.GPU_LOST}:3"} if flag == "lost" else set()
+    lost = {f"{GPU_LOST}:3"} if flag == "lost" else set()
     assert await sweep_kinds(settings, store, engine) == lost  # unknown is never orphaned
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
     r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
@@ -205,9 +206,7 @@ async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(
             replica="test",
         )
         found = (await sweep.run()).findings
-        assert [(f.kind, "driver hung" in f.summary) for f in found] == [
-            (FindingKind.SMI_FAILED, True)
-        ]
+        assert [(f.kind, "driver hung" in f.summary) for f in found] == [(SMI_FAILED, True)]
         with pytest.raises(SmiFailed, match="driver hung"):
             await engine.plan(ResetRequest("node1", "root", gpus=(0,)))
         with pytest.raises(SmiFailed, match="driver hung"):

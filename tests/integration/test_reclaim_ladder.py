@@ -26,7 +26,7 @@ from gpubot.app import App, SlackAccess, build, slack_parts
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY
-from gpubot.core.models import FindingKind
+from gpubot.core.findings import IDLE_HOLDER
 from gpubot.core.usage.ladder import LadderRule
 from gpubot.slack.ladder import KEEP_VIEW, REASON_BLOCK, REASON_INPUT
 from gpubot.slack.serve import build_bot, start_http
@@ -180,7 +180,7 @@ async def test_the_whole_ladder_then_free_it_through_the_approval(
             clock.t = start + minutes * 60
             result = await app.sweep.run()  # a scheduled sweep's work, on the test's clock
             assert result.failed == {}
-            return {f.key.text() for f in result.findings if f.kind is FindingKind.IDLE_HOLDER}
+            return {f.key.text() for f in result.findings if f.kind is IDLE_HOLDER}
 
         for m in (0, 15, 30, 45):
             assert await sweep_at(m) == set()

@@ -26,8 +26,8 @@ import pytest
 from gpubot.app import App, SlackAccess, build, slack_parts
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
-from gpubot.core.findings import Finding
-from gpubot.core.models import FindingKind, GpuInfo, NodeSnapshot
+from gpubot.core.findings import IDLE_HOLDER, Finding
+from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.serve import build_bot, start_http
@@ -97,7 +97,7 @@ async def serving(
 
 
 def idle_keys(result: SweepResult) -> set[tuple[str, int | None, str]]:
-    return {(f.node, f.gpu, f.holder) for f in result.findings if f.kind is FindingKind.IDLE_HOLDER}
+    return {(f.node, f.gpu, f.holder) for f in result.findings if f.kind is IDLE_HOLDER}
 
 
 def blocks_of(call: Call) -> list[dict[str, Any]]:
@@ -152,7 +152,7 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
         clock.t = start + 4 * INTERVAL  # an hour of samples at 0 % on GPU 0 only
         found = await svc.run()
         assert idle_keys(found) == {("node1", 0, f"{hoarder.pid}:{hoarder.start_ticks}")}
-        (f,) = [f for f in found.findings if f.kind is FindingKind.IDLE_HOLDER]
+        (f,) = [f for f in found.findings if f.kind is IDLE_HOLDER]
         assert f.owner == owner and f.memory_mib == 8192
         assert f.summary.endswith("holds 8192 MiB of GPU 0, idle (0 %) for 1 h")
         assert found.idle_gpu_hours == {owner: pytest.approx(1.0)}
@@ -254,7 +254,7 @@ def idle_group(owner: str) -> AlertGroup:
     f = Finding(
         "node7",
         3,
-        FindingKind.IDLE_HOLDER,
+        IDLE_HOLDER,
         "4242:99",
         f"pid 4242 python3 ({owner}) holds 40000 MiB of GPU 3, idle (0 %) for 5 h",
         pid=4242,

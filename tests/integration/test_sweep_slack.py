@@ -24,8 +24,8 @@ from gpubot.app import App, Serving, SlackAccess, build, slack_parts
 from gpubot.chat import alerts
 from gpubot.config import AuditSettings
 from gpubot.core.alerting import AlertGroup, AlertItem
-from gpubot.core.findings import Finding
-from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.findings import HIDDEN_HOLDER, ORPHANED_VRAM, Finding
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.reset.readiness import Readiness
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
@@ -241,7 +241,7 @@ def test_a_crowded_alert_fits_slack() -> None:
     )
     items = []
     for i in range(64):
-        kind = FindingKind.HIDDEN_HOLDER if i % 2 else FindingKind.ORPHANED_VRAM
+        kind = HIDDEN_HOLDER if i % 2 else ORPHANED_VRAM
         f = Finding("node1", i, kind, f"{10_000 + i}:1" if i % 2 else "", "z<@U0>&" * 200)
         ready = Readiness(i, ("p" * 400,) * 8, "running (pid 1)", tuple(range(64)), "", None, None)
         resolved = now if i % 5 == 0 else None

@@ -8,15 +8,14 @@ from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_deta
 from gpubot.chat.alerts import render_alert_group
 from gpubot.chat.message import Actions, Section
 from gpubot.core.alerting import AlertGroup, AlertItem
-from gpubot.core.findings import FindingKey
-from gpubot.core.models import FindingKind
+from gpubot.core.findings import HIDDEN_HOLDER, FindingKey
 from gpubot.slack.render import to_slack
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def group(nodes: list[str], resolved: int = 0) -> AlertGroup:
-    keys = [FindingKey(n, 0, FindingKind.HIDDEN_HOLDER.value, "1:2") for n in nodes]
+    keys = [FindingKey(n, 0, HIDDEN_HOLDER.value, "1:2") for n in nodes]
     items = tuple(AlertItem(k, None, AT, AT if i < resolved else None) for i, k in enumerate(keys))
     return AlertGroup(f"hidden GPU holder on {len(nodes)} nodes", items, None, AT)
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from gpubot.core.alerting import CLEAR_SWEEPS, by_message, digest_label, hold_clears
-from gpubot.core.findings import Finding, FindingKey
-from gpubot.core.models import FindingKind
+from gpubot.core.findings import (
+    HIDDEN_HOLDER,
+    NODE_UNREACHABLE,
+    ORPHANED_VRAM,
+    ZOMBIE_PROCESS,
+    Finding,
+    FindingKey,
+    FindingKind,
+)
 
 A = FindingKey("n1", 0, "orphaned-vram")
 B = FindingKey("n2", None, "node-unreachable")
@@ -68,12 +75,12 @@ def finding(node: str, kind: FindingKind, gpu: int | None = None) -> Finding:
 
 def test_a_kind_on_several_nodes_is_one_digest_the_others_keep_their_node() -> None:
     fs = [
-        finding("n1", FindingKind.NODE_UNREACHABLE),
-        finding("n2", FindingKind.NODE_UNREACHABLE),
-        finding("n3", FindingKind.ORPHANED_VRAM, 0),
-        finding("n3", FindingKind.ZOMBIE_PROCESS, 1),
-        finding("n4", FindingKind.HIDDEN_HOLDER, 0),
-        finding("n5", FindingKind.HIDDEN_HOLDER, 2),
+        finding("n1", NODE_UNREACHABLE),
+        finding("n2", NODE_UNREACHABLE),
+        finding("n3", ORPHANED_VRAM, 0),
+        finding("n3", ZOMBIE_PROCESS, 1),
+        finding("n4", HIDDEN_HOLDER, 0),
+        finding("n5", HIDDEN_HOLDER, 2),
     ]
     groups = by_message(fs)
     assert {label: [(f.node, f.kind.value) for f in g] for label, g in groups.items()} == {

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpubot.core.findings import FindingKey, NodeFailure
-from gpubot.core.models import ApprovalState, FindingKind, Outcome
+from gpubot.core.findings import SMI_FAILED, FindingKey, NodeFailure
+from gpubot.core.models import ApprovalState, Outcome
 from gpubot.errors import StoreError
 from gpubot.store.chain import GENESIS, Chained, canonical_json, hash_of, record_hash, walk
 from gpubot.store.records import AuditRecord, VerifyResult, iso, parse_iso
@@ -191,7 +191,7 @@ def test_canonical_json_is_one_text_per_value() -> None:
 
 def test_canonical_json_turns_gpubot_values_into_json() -> None:
     key = FindingKey("node3", 0, "orphaned-vram")  # a named tuple: a list
-    failure = NodeFailure(FindingKind.SMI_FAILED, "exit 9")  # a dataclass: an object
+    failure = NodeFailure(SMI_FAILED, "exit 9")  # a dataclass: an object
     value = {
         "outcome": Outcome.FREED,
         "state": ApprovalState.PENDING,

@@ -11,13 +11,18 @@ import pytest
 from gpubot.core.alerting import Notice, confirmed, notice, snooze_until, to_resolve
 from gpubot.core.findings import (
     GONE,
+    NODE_SLOW,
+    NODE_UNREACHABLE,
+    SMI_FAILED,
     FindingKey,
+    FindingKind,
     NodeFailure,
     SweepConfig,
     classify_failure,
     find,
 )
-from gpubot.core.models import FindingKind, GpuProcess, NodeSnapshot
+from gpubot.core.health.kinds import parse_key
+from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.reset.protect import Protection
 from gpubot.core.reset.readiness import parse_modes, parse_topo_peers, readiness, ready_argv
 from gpubot.core.usage.idle import IdleRule
@@ -219,8 +224,8 @@ def test_keys_are_stable_across_sweeps() -> None:
 
 def test_node_failures() -> None:
     failures = {
-        "n2": NodeFailure(FindingKind.NODE_UNREACHABLE, "connection refused"),
-        "n3": NodeFailure(FindingKind.SMI_FAILED, "nvidia-smi hung: no answer in 5s"),
+        "n2": NodeFailure(NODE_UNREACHABLE, "connection refused"),
+        "n3": NodeFailure(SMI_FAILED, "nvidia-smi hung: no answer in 5s"),
     }
     found = find([], failures, CFG)
     assert [(f.node, f.gpu, f.kind.value, f.summary) for f in found] == [
@@ -232,11 +237,11 @@ def test_node_failures() -> None:
 @pytest.mark.parametrize(
     ("exc", "kind"),
     [
-        (NodeUnreachable("n", "refused"), FindingKind.NODE_UNREACHABLE),
-        (CommandTimeout("n", "no answer in 20s"), FindingKind.NODE_SLOW),
-        (SmiFailed("n", "nvidia-smi hung"), FindingKind.SMI_FAILED),
-        (SmiMissing("n", "not found"), FindingKind.SMI_FAILED),
-        (ParseError("nvidia-smi output", "garbage"), FindingKind.SMI_FAILED),
+        (NodeUnreachable("n", "refused"), NODE_UNREACHABLE),
+        (CommandTimeout("n", "no answer in 20s"), NODE_SLOW),
+        (SmiFailed("n", "nvidia-smi hung"), SMI_FAILED),
+        (SmiMissing("n", "not found"), SMI_FAILED),
+        (ParseError("nvidia-smi output", "garbage"), SMI_FAILED),
     ],
 )
 def test_classify_failure(exc: Exception, kind: FindingKind) -> None:
@@ -397,7 +402,7 @@ def test_a_key_is_its_text_and_back() -> None:
         FindingKey("n", None, "gpu-lost", "0:1F"),
         FindingKey("node3", 0, "zombie-process", "4242:991"),
     ):
-        assert FindingKey.parse(key.text()) == key
+        assert parse_key(key.text()) == key
     assert (
         FindingKey("node3", None, "node-unreachable").text()
         == '["node3","-","node-unreachable",""]'
@@ -416,7 +421,7 @@ def test_a_key_is_its_text_and_back() -> None:
 )
 def test_a_key_that_is_not_one_is_a_usage_error(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        FindingKey.parse(text)
+        parse_key(text)
 
 
 # --- readiness ---------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from gpubot.core.alerting import SweepResult
-from gpubot.core.findings import Finding, SweepConfig, find
-from gpubot.core.models import FindingKind, GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.findings import IDLE_HOLDER, Finding, SweepConfig, find
+from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.reset.protect import Protection
 from gpubot.core.usage.holder_runs import look, on_gpu_since
 from gpubot.core.usage.idle import IdleRule
@@ -97,7 +97,7 @@ class Box:
             [snap], {}, CFG, protection=Protection(), idle=times.gpus, held=times.held, at=now
         )
         self.clock.t += INTERVAL
-        return [f for f in found if f.kind is FindingKind.IDLE_HOLDER]
+        return [f for f in found if f.kind is IDLE_HOLDER]
 
 
 async def test_a_job_handed_an_idle_gpu_is_not_named_idle_for_the_time_before_it(

@@ -6,6 +6,7 @@ Every file is parsed once per run (``tests.import_graph.tree``), whatever number
 from __future__ import annotations
 
 import ast
+import importlib
 import io
 import itertools
 import re
@@ -22,6 +23,7 @@ from tests.import_graph import (
     imported,
     mermaid,
     module_graph,
+    module_name,
     readme_drawing,
     tree,
 )
@@ -441,3 +443,147 @@ def test_core_is_grouped_by_feature() -> None:
         pre for pre in prefixes if sum(n.split("_")[0] == pre for n in top) >= 3 or pre in packages
     )
     assert crowded == [], f"group these into core/<feature>/: {crowded}"
+
+
+# --- one extension style: explicit lists a person reads (runtimes, finding kinds) ---------------
+
+
+def test_core_finds_no_module_by_scanning() -> None:
+    """Runtimes and finding kinds are named in lists (``core.runtimes``, ``core.health.kinds``):
+    nothing in core imports modules it found at run time."""
+    bad = [(p.name, m) for p in _files("core") for m in _imports(p) if _is(m, "pkgutil")]
+    bad += [(p.name, c) for p in _files("core") for _, c in _calls(p) if "import_module" in c]
+    assert bad == []
+
+
+def _bound(path: Path, cls: str) -> list[str]:
+    """Return the names bound at module level in ``path`` to a call of ``cls``."""
+    return [
+        t.id
+        for node in tree(path).body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == cls
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Name)
+    ]
+
+
+def _values(cls: str) -> list[tuple[str, object]]:
+    """Return ``(module.NAME, value)`` of every module-level ``NAME = cls(...)`` in gpubot."""
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        names = _bound(path, cls)
+        if names:
+            mod = importlib.import_module(module_name(path))
+            out += [(f"{mod.__name__}.{n}", getattr(mod, n)) for n in names]
+    return out
+
+
+def test_every_runtime_and_finding_kind_is_in_its_list() -> None:
+    from gpubot.core.health.kinds import KINDS
+    from gpubot.core.runtimes import RUNTIMES
+
+    for cls, listed in (("Runtime", RUNTIMES), ("FindingKind", KINDS)):
+        found = _values(cls)
+        assert [n for n, v in found if not any(v is x for x in listed)] == [], cls
+        assert len(found) == len(listed), cls  # and nothing is listed that no module declares
+    for path in sorted(PKG.rglob("*.py")):  # no value made anywhere but in a module's own name
+        made = [
+            n.lineno
+            for n in ast.walk(tree(path))
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Name)
+            and n.func.id in ("Runtime", "FindingKind")
+        ]
+        assert len(made) == len(_bound(path, "Runtime") + _bound(path, "FindingKind")), path
+
+
+def kind_tables(module: ast.Module, kinds: set[str]) -> list[int]:
+    """Return the lines of each collection display (set, tuple, list, dict keys) that names two
+    finding kinds or more: a table of kinds, which only the list may hold."""
+    out = []
+    for node in ast.walk(module):
+        if isinstance(node, ast.Dict):
+            items: list[ast.expr | None] = list(node.keys)
+        elif isinstance(node, ast.Set | ast.Tuple | ast.List):
+            items = list(node.elts)
+        else:
+            continue
+        named = [
+            n.id if isinstance(n, ast.Name) else n.attr
+            for n in items
+            if isinstance(n, ast.Name | ast.Attribute)
+        ]
+        if sum(name in kinds for name in named) >= 2:
+            out.append(node.lineno)
+    return out
+
+
+def _kind_names() -> set[str]:
+    return {n.rsplit(".", 1)[1] for n, _ in _values("FindingKind")}
+
+
+def test_adding_a_check_touches_its_module_the_list_and_its_test() -> None:
+    """No table of kinds outside the list: what a kind means is on its own value."""
+    kinds = _kind_names()
+    home = PKG / "core" / "health" / "kinds.py"
+    bad = [
+        (p.name, n)
+        for p in sorted(PKG.rglob("*.py"))
+        if p != home
+        for n in kind_tables(tree(p), kinds)
+    ]
+    assert bad == []
+    assert kind_tables(tree(home), kinds)  # the list itself is such a table
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "EVENT_KINDS = frozenset({FindingKind.GPU_XID, FindingKind.NVSWITCH_SXID})",
+        'TITLES = {ORPHANED_VRAM: "orphaned GPU memory", GPU_LOST: "GPU lost", **HEALTH}',
+    ],
+)
+def test_control_the_kind_table_rule_sees_the_old_tables(source: str) -> None:
+    assert kind_tables(ast.parse(source), _kind_names()) == [1]
+
+
+def runtime_names_in(module: ast.Module) -> list[str]:
+    """Return the string constants (docstrings aside) of ``module`` that name a runtime with a
+    lookup or a stop: its kind, its lookup's tool, or a program its sudoers lines run."""
+    from gpubot.core.runtimes import RUNTIMES
+
+    names: set[str] = set()
+    for r in RUNTIMES:
+        for c in (r.sudo_stop, r.lookup.sudo if r.lookup else None):
+            names |= {c.split(" ", 1)[0]} if c else set()
+        names |= {r.kind, r.lookup.tool} if r.lookup else set()
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(module)
+        if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+    }
+    return [
+        n.value
+        for n in ast.walk(module)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and id(n) not in docs
+        and n.value in names
+    ]
+
+
+def test_adding_a_runtime_touches_its_module_the_list_and_its_test() -> None:
+    """Outside core/runtimes/ nothing names a runtime: doctor's sudo rule, config validation and
+    the rest read the runtimes' own values."""
+    files = [p for p in sorted(PKG.rglob("*.py")) if "runtimes" not in p.parts]
+    assert [(p.name, s) for p in files for s in runtime_names_in(tree(p))] == []
+
+
+def test_control_the_runtime_rule_sees_a_table_of_runtimes() -> None:
+    old = 'STOP_OF = {"docker": "docker", "podman": "podman", "slurm": "scancel"}'
+    assert sorted(set(runtime_names_in(ast.parse(old)))) == ["docker", "podman", "scancel", "slurm"]

@@ -39,8 +39,7 @@ from gpubot.chat.message import (
 )
 from gpubot.console.text_render import date_text, render_text
 from gpubot.core.alerting import AlertGroup, AlertItem
-from gpubot.core.findings import FindingKey
-from gpubot.core.models import FindingKind
+from gpubot.core.findings import ORPHANED_VRAM, FindingKey
 from gpubot.slack.blockkit import limit_problems, nested
 from gpubot.slack.render import to_slack, to_view
 from tests.unit.test_blocks import plan_and_result, snap
@@ -77,7 +76,7 @@ def handmade() -> Message:
 
 def alert() -> Message:
     now = datetime.fromtimestamp(AT, UTC)
-    key = FindingKey("node1", 1, FindingKind.ORPHANED_VRAM.value, "")
+    key = FindingKey("node1", 1, ORPHANED_VRAM.value, "")
     item = AlertItem(key, None, now)
     return render_alert_group(AlertGroup("node1", (item,), snap(), now))
 
@@ -85,7 +84,7 @@ def alert() -> Message:
 def digest() -> AlertGroup:
     """Orphaned memory on node1 and node2 (resolved there): one digest."""
     now = datetime.fromtimestamp(AT, UTC)
-    keys = [FindingKey(n, 1, FindingKind.ORPHANED_VRAM.value, "") for n in ("node1", "node2")]
+    keys = [FindingKey(n, 1, ORPHANED_VRAM.value, "") for n in ("node1", "node2")]
     items = (AlertItem(keys[0], None, now), AlertItem(keys[1], None, now, now))
     return AlertGroup("orphaned GPU memory on 2 nodes", items, None, now)
 

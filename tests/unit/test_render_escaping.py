@@ -28,8 +28,8 @@ from gpubot.console.repl import render as console_render
 from gpubot.core import text as core_text
 from gpubot.core import text_table
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
-from gpubot.core.findings import NodeFailure, SweepConfig, find
-from gpubot.core.models import FindingKind, ResetStep
+from gpubot.core.findings import IDLE_HOLDER, NODE_UNREACHABLE, NodeFailure, SweepConfig, find
+from gpubot.core.models import ResetStep
 from gpubot.core.reset.outcome import GpuObservation, GpuResult, Newcomer, Survivor, classify
 from gpubot.core.reset.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.core.reset.protect import Protection
@@ -83,7 +83,7 @@ def result() -> ResetResult:
 
 def sweep() -> SweepResult:
     snap = h.snapshot()
-    failed = {"node2": NodeFailure(FindingKind.NODE_UNREACHABLE, h.FAILED)}
+    failed = {"node2": NodeFailure(NODE_UNREACHABLE, h.FAILED)}
     idle = {("node1", 0): 6 * 3600.0, ("node1", 1): 6 * 3600.0}
     # every holder has held its GPU for as long as the GPU has been idle (core.usage.holder_runs)
     held = {(snap.node, p.gpu_index, f"{p.pid}:{p.start_ticks}"): 0.0 for p in snap.processes}
@@ -148,7 +148,7 @@ def neutral_messages() -> dict[str, Message]:
     events = [ResetEvent(ResetStep.PLANNED, 1.0, {"gpus": [0], "targets": [4242]})]
     events += [ResetEvent(ResetStep.GPU_OUTCOME, 2.0, g.to_dict()) for g in res.gpus]
     group = alert_group()
-    idle_items = [i for i in group.items if i.key.kind == FindingKind.IDLE_HOLDER.value]
+    idle_items = [i for i in group.items if i.key.kind == IDLE_HOLDER.value]
     note = f"⚠ could not post: `gpubot console --as X`, then `approve 1` {h.NOTE}"
     msgs: dict[str, Message] = {
         "approval request": rv.render_approval_request(12, p, "U0DAVE", "dave", NOW_TS + 900),

@@ -13,10 +13,12 @@ from enum import StrEnum
 from typing import Any
 
 from gpubot.core import durations
-from gpubot.core.findings import Finding, holder_id, workload_label
-from gpubot.core.models import FindingKind, GpuProcess, NodeSnapshot
+from gpubot.core.findings import Finding, FindingKind, holder_id, workload_label
+from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.usage.idle import GpuSample, holder_owner
 from gpubot.core.usage.idle_runs import IdleRun, RunRule, advance, can_advance
+
+CLAIM_INTRUDER = FindingKind("claim-intruder", "unclaimed use of a claimed GPU")
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,7 @@ class Intruder:
         return Finding(
             c.node,
             c.gpu,
-            FindingKind.CLAIM_INTRUDER,
+            CLAIM_INTRUDER,
             holder_id(p),
             f"{self.what()} on GPU {c.gpu}, claimed by {c.user}; it started {self.relative()}{mem}",
             pid=p.pid,

@@ -23,9 +23,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpubot.core.findings import Finding
+from gpubot.core.findings import Finding, FindingKind
 from gpubot.core.health.state import REASON_WORDS, GpuHealth, NodeHealth
-from gpubot.core.models import FindingKind, GpuInfo, NodeSnapshot
+from gpubot.core.models import GpuInfo, NodeSnapshot
+
+# A GPU reset applies a pending repair, or may bring the fabric or links back: the alert offers it.
+MEMORY_REPAIR_PENDING = FindingKind(
+    "memory-repair-pending", "GPU memory repair pending", reset=True, gpu_reset=True
+)
+REMAP_FAILED = FindingKind("remap-failed", "GPU row remapping failed")
+ECC_UNCORRECTED = FindingKind("ecc-uncorrected", "uncorrectable ECC errors growing")
+FABRIC_NOT_READY = FindingKind(
+    "fabric-not-ready", "GPU fabric not ready", reset=True, gpu_reset=True
+)
+NVLINK_DOWN = FindingKind("nvlink-down", "NVLink link down", reset=True, gpu_reset=True)
+GPU_THROTTLED = FindingKind("gpu-throttled", "GPU throttled")
 
 ECC_HOLD = 3  # sweeps an ECC finding stands after the count last grew
 EccKey = tuple[str, str, str]  # (node, GPU uuid, "volatile" | "aggregate")
@@ -89,7 +101,7 @@ def _memory(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> list[Finding]:
             Finding(
                 node,
                 g.index,
-                FindingKind.REMAP_FAILED,
+                REMAP_FAILED,
                 "",
                 f"GPU {g.index} ({g.name}): a row remapping failed: its memory cannot be "
                 "repaired. Hardware: drain it and open a ticket",
@@ -101,7 +113,7 @@ def _memory(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> list[Finding]:
             Finding(
                 node,
                 g.index,
-                FindingKind.MEMORY_REPAIR_PENDING,
+                MEMORY_REPAIR_PENDING,
                 "",
                 f"GPU {g.index}: {what} waits for a GPU reset to take effect; "
                 + reset_step(node, g.index, busy),
@@ -137,7 +149,7 @@ def _ecc(
         Finding(
             node,
             g.index,
-            FindingKind.ECC_UNCORRECTED,
+            ECC_UNCORRECTED,
             "",
             f"GPU {g.index}: uncorrectable ECC errors grew ({', '.join(grew)}): drain it; a "
             "pending remap is applied by a GPU reset, and if the count keeps growing, hardware: "
@@ -156,7 +168,7 @@ def _fabric(node: str, g: GpuInfo, h: GpuHealth, nh: NodeHealth, busy: int) -> l
             Finding(
                 node,
                 g.index,
-                FindingKind.FABRIC_NOT_READY,
+                FABRIC_NOT_READY,
                 "",
                 f"GPU {g.index}: NVSwitch fabric state {h.fabric_state}{status}{fm}: CUDA jobs "
                 f"across GPUs fail until it completes; {start}" + reset_step(node, g.index, busy),
@@ -170,7 +182,7 @@ def _fabric(node: str, g: GpuInfo, h: GpuHealth, nh: NodeHealth, busy: int) -> l
             Finding(
                 node,
                 g.index,
-                FindingKind.NVLINK_DOWN,
+                NVLINK_DOWN,
                 "",
                 f"GPU {g.index}: {len(links.down)} of {total} NVLink links inactive (link {down})"
                 f"; {start}" + reset_step(node, g.index, busy) + "; if they stay down after a "
@@ -203,7 +215,7 @@ def _throttle(
         Finding(
             node,
             g.index,
-            FindingKind.GPU_THROTTLED,
+            GPU_THROTTLED,
             "",
             f"GPU {g.index}: {words} for two sweeps or more{temp}{power}: {step}",
         )

@@ -31,12 +31,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpubot.core.findings import Finding
+from gpubot.core.findings import Finding, FindingKind
 from gpubot.core.health.kernlog import XidEvent, gpu_bus
 from gpubot.core.health.xid_table import QUIET, TELL_OWNER, XidClass, sxid_class, xid_class
-from gpubot.core.models import FindingKind, GpuProcess, NodeSnapshot
+from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.names import is_linux_user
 from gpubot.core.text import code as mark
+
+# Events, not states: a kernel log line is read once, so it is real when first seen.
+GPU_XID = FindingKind("gpu-xid", "Xid error", event=True)
+NVSWITCH_SXID = FindingKind("nvswitch-sxid", "NVSwitch SXid error", event=True)
 
 DEFAULT_WINDOW_S = 3600.0
 
@@ -197,7 +201,7 @@ def _finding(group: Group, cls: XidClass, step: str, *, burst: bool) -> Finding:
     last = group.seen[-1].event
     bus, gpu, snap = group.bus, group.gpu, group.snap
     label = "SXid" if last.sxid else "Xid"
-    kind = FindingKind.NVSWITCH_SXID if last.sxid else FindingKind.GPU_XID
+    kind = NVSWITCH_SXID if last.sxid else GPU_XID
     holder = (
         f"{label.lower()}:{cls.code}" + (f":{bus}" if bus else "") + (":burst" if burst else "")
     )
