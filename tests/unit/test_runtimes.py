@@ -32,7 +32,7 @@ def test_a_stored_workload_of_no_listed_kind_is_refused() -> None:
         workload_from_dict({"kind": "k8s", "id": "a"})
 
 
-def test_config_and_lookups_iterate_the_registry() -> None:
+def test_config_and_lookups_iterate_the_list() -> None:
     assert validate.RUNTIMES == enrich.RUNTIMES == ("docker", "podman", "slurm", "crictl")
     assert tuple(LOOKUPS) == validate.RUNTIMES
     assert set(enrich.PARSERS) == set(LOOKUPS)
@@ -70,7 +70,7 @@ def test_the_table_is_ranked() -> None:
     )
 
 
-def test_the_registry_refuses_what_would_be_ambiguous() -> None:
+def test_the_list_refuses_what_would_be_ambiguous() -> None:
     docker = next(r for r in RUNTIMES if r.kind == "docker")
     _check(RUNTIMES)
     with pytest.raises(ValueError, match="kind given twice: docker"):
