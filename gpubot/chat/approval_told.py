@@ -60,8 +60,8 @@ def render_interrupted_dm(a: Approval) -> Message:
         Code(f"/gpu status {a.node}"),
         ", and ask again if it is still needed.",
     ]
-    if a.channel and a.message_ts:
-        text += [" The request: ", Place((a.channel, a.message_ts)), "."]
+    if a.ref is not None:
+        text += [" The request: ", Place(a.ref), "."]
     return _message(a, tuple(text), "interrupted")
 
 

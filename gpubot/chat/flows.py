@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpubot.chat.approval_duty import ApprovalDuty
 from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk, with_claims
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
@@ -27,7 +26,7 @@ from gpubot.chat.reset_view import (
     render_audit,
     render_result,
 )
-from gpubot.chat.surface import MIN_UPDATE_S, Handle, Surface
+from gpubot.chat.surface import MIN_UPDATE_S, MessageRef, Surface
 from gpubot.chat.tracking import Pace, Tracker, reset_title
 from gpubot.config import Settings
 from gpubot.core import commands
@@ -39,7 +38,7 @@ from gpubot.core.policy import Policy
 from gpubot.core.ports import AuditLog, Clock
 from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
-from gpubot.services.approval_outbox import ApprovalOutbox, Poster, PostStore
+from gpubot.services.approval_duty import ApprovalDuty
 from gpubot.services.approvals import ApprovalService, Identity, unix
 from gpubot.services.claims import ClaimService
 from gpubot.services.ladder import ReclaimLadder
@@ -75,9 +74,10 @@ class Services:
     status: StatusService
     approvals: ApprovalService | None  # None: no audit store, so no resets (fail closed)
     audit: AuditLog | None  # None: no audit store
+    requests: RequestService  # plan → permission → approval → execute
     sweep: Sweeper | None = None
     idle: IdleHours | None = None  # GPU-hours held idle (``SweepService.idle_gpu_hours``)
-    posts: PostStore | None = None  # the approval outbox (``store.approval_posts``)
+    duty: ApprovalDuty[Message] | None = None  # re-pings and tells, with a front end's outbox
     usage: UsageService | None = None  # GPU-hours reports (issue 26)
     ladder: ReclaimLadder | None = None  # the reclaim ladder of idle holders (issue 26)
     claims: ClaimService | None = None  # claims and the queue (None: no audit store)
@@ -103,23 +103,13 @@ class Flows:
         self.source = source
         self.min_update_s = min_update_s
         self.clock = clock
-        self.requests = RequestService(svc.approvals, min_uid=svc.policy.min_uid)
-        self.waiting: dict[int, Handle | None] = {}  # approval id → the requester's message
-        self.duty: ApprovalDuty | None = None  # with a front end that posts once (``use``)
+        self.requests = svc.requests
+        self.waiting: dict[int, MessageRef | None] = {}  # approval id → the requester's message
+        self.duty = svc.duty  # with a front end that posts once
         self._home: tuple[float, FleetStatus] | None = None
         self.renders = FleetRenders()
         self.claims = ClaimDesk(svc.claims, source=source)  # claims and the queue (issue 26)
         self.claims.reset = self.reset  # an intruder's "Free it": the claimant's reset
-
-    def use(self, poster: Poster) -> ApprovalOutbox | None:
-        """Post approvals' messages once through ``poster`` (the approval outbox), and run the
-        re-ping and the requester's word at expiry (``chat.approval_duty``)."""
-        if self.svc.approvals is None or self.svc.posts is None:
-            return None
-        outbox = ApprovalOutbox(self.svc.posts, poster, clock=self.svc.approvals.clock)
-        ttl = self.svc.settings.leases.ttl_s  # a dead holder's lease lapses no sooner
-        self.duty = ApprovalDuty(self.svc.approvals, self.svc.policy, outbox, settled_s=ttl)
-        return outbox
 
     def check(self, cmd: commands.Command) -> None:
         """Check names against the inventory (pure and fast: before acknowledging)."""
@@ -196,7 +186,7 @@ class Flows:
         planning = note("⏳ planning a reset of ", bold(cmd.node), " …")
         track = self.tracker(out, ("Requested by ", Person(who.id)), planning=planning)
 
-        async def announce(approval: Approval, plan: ResetPlan) -> Handle | None:
+        async def announce(approval: Approval, plan: ResetPlan) -> MessageRef | None:
             expires = unix(approval.expires_at) or 0.0
             msg = render_approval_request(
                 approval.id, plan, who.id, who.linux_user, expires, context=context
@@ -206,7 +196,7 @@ class Flows:
                 sent = await self.duty.announce(approval, msg, channel)
                 if sent is not None and sent.delivery is Delivery.UNCERTAIN:
                     unconfirmed.add(approval.id)
-                return None if sent is None else sent.handle
+                return None if sent is None else sent.ref
             return await out.post(msg, channel=channel)
 
         unconfirmed: set[int] = set()
@@ -280,7 +270,7 @@ class Flows:
         who: Identity,
         out: Surface,
         *,
-        handle: Handle | None,
+        handle: MessageRef | None,
     ) -> None:
         """Approve or deny a forced kill; an approval runs the plan once and reports here."""
         verb = "approve" if approve else "deny"
@@ -309,7 +299,7 @@ class Flows:
         """Show a decision on the request's message and the requester's own."""
         a, plan = event.approval, event.plan
         track.frame = _framer(a, plan)
-        track.handle = await track.out.update(track.handle or _where(a), track.frame(None))
+        track.handle = await track.out.update(track.handle or a.ref, track.frame(None))
         mine = self.waiting.get(a.id)
         if a.state is not ApprovalState.APPROVED:
             self.waiting.pop(a.id, None)
@@ -356,9 +346,9 @@ class Flows:
         track = self.tracker(out, ())
         await self.requests.refuse(self.ask(who, command), exc, track, action=action, node=node)
 
-    async def _show_final(self, out: Surface, a: Approval, handle: Handle | None) -> None:
+    async def _show_final(self, out: Surface, a: Approval, handle: MessageRef | None) -> None:
         msg = _framer(a, a.request.plan)(None)
-        where = handle or _where(a)
+        where = handle or a.ref
         if where is not None:
             await out.update(where, msg)
         mine = self.waiting.pop(a.id, None)
@@ -405,10 +395,6 @@ def _action(cmd: commands.Command) -> str:
     if isinstance(cmd, commands.GpuReset):
         return "gpu-reset"
     return type(cmd).__name__.lower()
-
-
-def _where(a: Approval) -> Handle | None:
-    return (a.channel, a.message_ts) if a.channel and a.message_ts else None
 
 
 def _framer(a: Approval, plan: ResetPlan) -> Callable[[Message | None], Message]:

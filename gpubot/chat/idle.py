@@ -25,7 +25,7 @@ from gpubot.chat.message import (
     ctx,
 )
 from gpubot.core import durations
-from gpubot.core.alerting import AlertItem, Handle
+from gpubot.core.alerting import AlertItem, MessageRef
 
 ACTION_FREE = "gpubot_free_it"  # the value is the finding's key text
 MAX_DM_ITEMS = 10  # idle GPUs detailed in one message (2 blocks each)
@@ -56,7 +56,7 @@ def render_idle_dm(
     node: str,
     *,
     now: datetime,
-    alert: Handle | None,
+    alert: MessageRef | None,
     snooze: Callable[[str], Action],
 ) -> Message:
     """Render the direct message to one owner about their idle holders on ``node``."""

@@ -86,7 +86,7 @@ class Clipped:
 
 @dataclass(frozen=True)
 class Place:
-    """Where another message is (a front end's ``Handle``), as a reference its readers follow."""
+    """Where another message is (a front end's ``MessageRef``), as a link its readers follow."""
 
     handle: Any
 

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpubot.chat.message import Message
-from gpubot.core.alerting import Handle
+from gpubot.core.alerting import MessageRef
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.ports import Clock
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MIN_UPDATE_S", "Handle", "Progress", "Surface"]
+__all__ = ["MIN_UPDATE_S", "MessageRef", "Progress", "Surface"]
 
 # Progress edits of one message are spaced at least this much. chat.update is a Tier 3 method
 # (https://api.slack.com/methods/chat.update), about 50 calls a minute per app per workspace
@@ -31,11 +31,11 @@ class Surface(Protocol):
         """Answer only the person who asked (ephemeral)."""
         ...
 
-    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+    async def post(self, msg: Message, *, channel: str | None = None) -> MessageRef | None:
         """Post a message where the person asked (or in ``channel``); None if it failed."""
         ...
 
-    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+    async def update(self, handle: MessageRef | None, msg: Message) -> MessageRef | None:
         """Replace a message (or post anew if that fails); return where it now is."""
         ...
 
@@ -52,7 +52,7 @@ class Progress:
     def __init__(
         self,
         out: Surface,
-        handle: Handle | None,
+        handle: MessageRef | None,
         render: Callable[[], Message],
         interval: float,
         clock: Clock = SYSTEM_CLOCK,
@@ -102,7 +102,7 @@ class Progress:
                 task.cancel()
         return self.stopping.is_set()
 
-    async def stop(self) -> Handle | None:
+    async def stop(self) -> MessageRef | None:
         """Stop updating (an update in flight finishes); return where the message is."""
         self.stopping.set()
         self.dirty.set()

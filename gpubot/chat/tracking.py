@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gpubot.chat.errors import error_message
 from gpubot.chat.message import Message, Text, note
 from gpubot.chat.reset_view import render_progress, render_result
-from gpubot.chat.surface import Handle, Progress, Surface
+from gpubot.chat.surface import MessageRef, Progress, Surface
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.ports import Clock
 from gpubot.core.reset.plan import ResetPlan
@@ -62,7 +62,7 @@ class Tracker:
         *,
         asked: Text,
         planning: Message | None = None,
-        handle: Handle | None = None,
+        handle: MessageRef | None = None,
         title: str | None = None,
         on_decided: Callable[[Tracker, Decided], Awaitable[None]] | None = None,
     ) -> None:

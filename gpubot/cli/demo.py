@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from gpubot.app import App
     from gpubot.chat.flows import Flows
-    from gpubot.core.alerting import AlertGroup, Lookup, Posted
+    from gpubot.core.alerting import AlertGroup, Lookup, MessageRef, Posted
     from gpubot.services.approvals import Identity
     from gpusim.fleet import SimFleet
 
@@ -282,10 +282,10 @@ class _PrintAlerts:
 
     async def post(self, group: AlertGroup, *, token: str) -> Posted:
         """Print a new alert."""
-        from gpubot.core.alerting import Delivery, Posted
+        from gpubot.core.alerting import Delivery, MessageRef, Posted
 
         print("[alert posted to #gpu-ops]\n" + _alert_text(group))
-        return Posted(Delivery.POSTED, ("C0GPUOPS", f"{time.time():.6f}"))
+        return Posted(Delivery.POSTED, MessageRef(f"gpu-ops/{time.time():.6f}"))
 
     async def find(self, token: str, since: datetime) -> Lookup:
         """Nothing printed is ever uncertain: every post is answered at once."""
@@ -293,11 +293,11 @@ class _PrintAlerts:
 
         return Lookup(True)
 
-    async def update(self, where: tuple[str, str], group: AlertGroup) -> None:
+    async def update(self, where: MessageRef, group: AlertGroup) -> None:
         """Print an updated alert."""
         print("[alert updated]\n" + _alert_text(group))
 
-    async def remind(self, where: tuple[str, str], group: AlertGroup) -> None:
+    async def remind(self, where: MessageRef, group: AlertGroup) -> None:
         """Print a reminder."""
         print("[reminder]\n" + _alert_text(group))
 

@@ -32,13 +32,14 @@ from gpubot.chat.holders import Snoozer, free_it, snooze
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.chat.message import Action, Message, Section, note, paragraph
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_RESET_GPU
-from gpubot.chat.surface import Handle
+from gpubot.chat.surface import MessageRef
 from gpubot.console.report import TextReporter
 from gpubot.console.text_render import render_text
 from gpubot.core import commands
 from gpubot.core.ports import Reporter
 from gpubot.errors import StdoutClosed, UsageError
 from gpubot.services.approvals import Identity
+CONSOLE = "console:"  # the console's message references: "console:INDEX"
 
 PROMPT = "gpu> "
 CLAIM_TYPED = {
@@ -151,16 +152,17 @@ class TextSurface:
         """Show an answer for the asker."""
         self._add(msg)
 
-    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+    async def post(self, msg: Message, *, channel: str | None = None) -> MessageRef | None:
         """Show a message; one for another channel (on-call) is shown but not kept to update."""
         index = self._add(msg)
-        return None if channel is not None else ("console", str(index))
+        return None if channel is not None else MessageRef(f"{CONSOLE}{index}")
 
-    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+    async def update(self, handle: MessageRef | None, msg: Message) -> MessageRef | None:
         """Replace a message of this command, or show a new one."""
-        if handle is None or handle[0] != "console" or int(handle[1]) >= len(self.messages):
-            return ("console", str(self._add(msg)))
-        index = int(handle[1])
+        mine = handle is not None and handle.startswith(CONSOLE)
+        index = int(handle.removeprefix(CONSOLE)) if handle is not None and mine else -1
+        if not 0 <= index < len(self.messages):
+            return MessageRef(f"{CONSOLE}{self._add(msg)}")
         self.messages[index] = msg
         self._show(index)
         return handle

@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, NewType, Protocol
 
 from gpubot.core.findings import (
     IDLE_HOLDER,
@@ -33,7 +33,9 @@ CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw i
 CLEAR_SWEEPS = 2  # an alerted finding resolves only once this many looking sweeps missed it
 SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
 
-Handle = tuple[str, str]  # where an alert message is: (channel, message ts)
+# Where a posted message is: made by the front end that posted it, read back only by it; the
+# other layers store and pass it.
+MessageRef = NewType("MessageRef", str)
 
 
 class AlertState(Protocol):
@@ -63,8 +65,7 @@ class Alert:
     last_seen: datetime
     seen_count: int  # sweeps in a row that saw it (restarts at 1 when it comes back)
     alerted_at: datetime | None
-    channel: str | None
-    message_ts: str | None
+    ref: MessageRef | None  # its alert message (None: none was posted)
     reminded_at: datetime | None
     snoozed_until: datetime | None
     resolved_at: datetime | None
@@ -72,11 +73,6 @@ class Alert:
     def snoozed(self, now: datetime) -> bool:
         """Whether alerts for it are snoozed at ``now``."""
         return self.snoozed_until is not None and now < self.snoozed_until
-
-    @property
-    def handle(self) -> Handle | None:
-        """Return where its alert message is, or None when none was posted."""
-        return (self.channel, self.message_ts) if self.channel and self.message_ts else None
 
 
 class Notice(StrEnum):
@@ -238,19 +234,18 @@ class AlertGroup:
         return tuple(i for i in self.items if i.resolved_at is None)
 
 
-# --- the outbox: an alert is posted once ---------------------------------------------------------
+# --- the outbox: what must appear once is posted once ---------------------------------------------
 
-MAX_REPEATS = 1  # posts made without proof that the earlier one is not in the channel
+MAX_REPEATS = 1  # posts made without proof that the earlier one is not there
 
 
 def new_token() -> str:
-    """Return a fresh client token for one post (it rides in the message metadata): every
-    outbox's, alerts', approvals' and direct messages' alike."""
+    """Return a fresh client token for one post (it rides in the message, unseen by people)."""
     return secrets.token_hex(16)
 
 
 class Delivery(StrEnum):
-    """How a post ended: Slack took it, refused it, or nobody knows (a timeout, a crash)."""
+    """How a post ended: the front end took it, refused it, or nobody knows (a timeout)."""
 
     POSTED = "posted"
     REFUSED = "refused"
@@ -259,36 +254,56 @@ class Delivery(StrEnum):
 
 @dataclass(frozen=True)
 class Posted:
-    """What a ``Notifier`` says of one post: how it ended, and where the message is."""
+    """How one post ended, and where the message is."""
 
     delivery: Delivery
-    handle: Handle | None = None
+    ref: MessageRef | None = None
     why: str = ""
 
 
 @dataclass(frozen=True)
 class Lookup:
-    """What a search of the channel's history for a post's token found.
-
-    ``checked`` False: the history could not be read (no scope, an error, too long to page).
-    """
+    """What a search of the history for a post's token found (``checked`` False: the history
+    could not be read: no scope, an error, too long to page)."""
 
     checked: bool
-    handle: Handle | None = None
+    ref: MessageRef | None = None
     why: str = ""
 
 
 @dataclass(frozen=True)
+class Intent:
+    """A post to record before it is made (``OutboxStore.begin``).
+
+    ``keys``: an alert's findings, marked alerted with it. ``once``: one row for ``subject``
+    ever; with ``retake_before`` one refused, given up, or pending since before then, is taken
+    again (a DM due until it is delivered). An approval's subject (``core.approval.posts``)
+    is recorded only while its approval is in the state for it.
+    """
+
+    subject: str
+    at: datetime
+    to: str | None = None  # where it goes, as the front end names it (None: the alerts channel)
+    keys: tuple[FindingKey, ...] = ()
+    once: bool = False
+    retake_before: datetime | None = None
+    audit: Mapping[str, Any] | None = None
+    token: str = field(default_factory=new_token)
+
+
+@dataclass(frozen=True)
 class PendingPost:
-    """An alert post recorded before it was made (the outbox row), not yet known posted."""
+    """A post recorded before it was made (the outbox row), not yet known posted."""
 
     token: str
-    node: str
+    subject: str
     keys: tuple[FindingKey, ...]
-    since: datetime  # the findings' first sighting: the history is searched from there
+    since: datetime  # the history is searched from here
     created_at: datetime
-    repeats: int = 0  # posts made with "this may repeat the alert of …"
-    taken_at: datetime | None = None  # when this caller took it over (None: at created_at)
+    repeats: int = 0  # posts made with "this may repeat the message of …"
+    taken_at: datetime | None = None  # when this caller took it (None: at created_at)
+    to: str | None = None
+    fresh: bool = True  # nothing of it can be there yet: posted without a search first
 
     @property
     def take(self) -> datetime:
@@ -298,7 +313,7 @@ class PendingPost:
 
 
 class Next(StrEnum):
-    """What to do with a pending post once the channel was searched for it."""
+    """What to do with a pending post once the history was searched for it."""
 
     ADOPT = "adopt"  # it is there: record it, post nothing
     POST = "post"  # provably not there: post it (the same token)
@@ -306,17 +321,9 @@ class Next(StrEnum):
     GIVE_UP = "give-up"  # cannot tell, and one such post was made already
 
 
-class Repeatable(Protocol):
-    """A post recorded before it was made (an alert's, an approval's): how often it was made
-    again without proof that the earlier one is not there."""
-
-    @property
-    def repeats(self) -> int: ...
-
-
-def next_step(pending: Repeatable, lookup: Lookup) -> Next:
+def next_step(pending: PendingPost, lookup: Lookup) -> Next:
     """Decide a pending post's fate from what the history search found (pure)."""
-    if lookup.handle is not None:
+    if lookup.ref is not None:
         return Next.ADOPT
     if lookup.checked:
         return Next.POST

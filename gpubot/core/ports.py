@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from gpubot.core.lease import Fence, Lease
 from gpubot.core.models import (
@@ -19,13 +19,23 @@ from gpubot.core.models import (
 from gpubot.core.reset.interrupted import Unfinished
 
 if TYPE_CHECKING:  # types only: a short CLI call need not import the alerting and approvals
-    from gpubot.core.alerting import Alert, AlertGroup, Handle, Lookup, PendingPost, Posted
+    from gpubot.core.alerting import (
+        Alert,
+        AlertGroup,
+        Intent,
+        Lookup,
+        MessageRef,
+        PendingPost,
+        Posted,
+    )
     from gpubot.core.findings import FindingKey
     from gpubot.core.health.findings import EccKey, EccSeen
     from gpubot.core.report import Report
     from gpubot.core.usage.holder_runs import IdleNow, Looked
     from gpubot.core.usage.idle import GpuSample
     from gpubot.core.usage.idle_runs import RunRule
+
+M_contra = TypeVar("M_contra", contravariant=True)  # a front end's message (``chat.Message``)
 
 
 class Transport(Protocol):
@@ -188,10 +198,8 @@ class AlertStore(Protocol):
         """Record that a sweep at ``now`` saw ``keys``; return their state (new ones included)."""
         ...
 
-    async def mark_alerted(
-        self, key: FindingKey, *, channel: str, message_ts: str, now: datetime
-    ) -> Alert:
-        """Record that an alert for ``key`` was posted as message ``message_ts`` in ``channel``."""
+    async def mark_alerted(self, key: FindingKey, *, ref: MessageRef, now: datetime) -> Alert:
+        """Record that an alert for ``key`` was posted as message ``ref``."""
         ...
 
     async def mark_reminded(self, key: FindingKey, now: datetime) -> Alert:
@@ -210,59 +218,48 @@ class AlertStore(Protocol):
         """Return every unresolved finding, oldest first."""
         ...
 
-    async def on_message(self, channel: str, message_ts: str) -> Sequence[Alert]:
+    async def on_message(self, ref: MessageRef) -> Sequence[Alert]:
         """Return the findings alerted in one message (resolved ones too), oldest first."""
         ...
 
-    # The outbox (``store.outbox``): a post's intent is recorded with the findings' state change.
 
-    async def begin_post(
-        self, token: str, node: str, keys: Sequence[FindingKey], now: datetime
-    ) -> PendingPost | None:
-        """Record the intent to post on ``keys`` not alerted yet and mark them alerted."""
+class OutboxStore(Protocol):
+    """The one outbox's records (``store.outbox``): every post that must appear once is
+    recorded before it is made, and changed only on the caller's take. Every method raises
+    ``StoreError`` on failure."""
+
+    async def begin(self, intent: Intent) -> PendingPost | None:
+        """Record ``intent``; None: nothing to post (done, being done, or not due)."""
         ...
 
-    async def begin_message(self, token: str, subject: str, now: datetime) -> PendingPost:
-        """Record the intent to post one message of ``subject`` that alerts no finding."""
+    async def take(self, token: str, stale_before: datetime, now: datetime) -> PendingPost | None:
+        """Take a post pending on a take made at or before ``stale_before`` (None: not so)."""
         ...
 
-    async def begin_once(
-        self, token: str, subject: str, now: datetime, stale_before: datetime
-    ) -> tuple[PendingPost, bool] | None:
-        """Record the message ``token`` unless recorded (True), or hand over one left pending
-        since before ``stale_before`` (False); None when it is done or being done."""
-        ...
-
-    async def finish_post(
-        self,
-        token: str,
-        channel: str,
-        message_ts: str,
-        now: datetime,
-        *,
-        taken: datetime,
-        adopted: bool = False,
+    async def finish(
+        self, post: PendingPost, ref: MessageRef, now: datetime, *, adopted: bool = False
     ) -> Sequence[FindingKey]:
-        """Record where the post ``token`` is while it is pending on the take ``taken``;
-        return the keys it alerted (none when another take holds it)."""
+        """Record where ``post`` is; return the findings it alerted."""
         ...
 
-    async def cancel_post(self, token: str, now: datetime, *, taken: datetime) -> None:
-        """Record that the post ``token`` was refused: its findings are not alerted (only
-        while it is pending on the take ``taken``)."""
+    async def cancel(self, post: PendingPost, now: datetime) -> None:
+        """Record that ``post`` was refused."""
+        ...
+
+    async def abandon(self, post: PendingPost, why: str, now: datetime) -> None:
+        """Give up on ``post`` (audited)."""
         ...
 
     async def note_repeat(self, token: str) -> None:
         """Record, before it is made, a post that may repeat the post ``token``."""
         ...
 
-    async def abandon_post(self, token: str, why: str, now: datetime, *, taken: datetime) -> None:
-        """Give up on the post ``token`` (only while it is pending on the take ``taken``)."""
+    async def pending(self, subject: str, *, under: bool = False) -> Sequence[PendingPost]:
+        """Return the pending posts of ``subject`` (``under``: of the subjects under it)."""
         ...
 
-    async def pending_posts(self, subject: str | None = None) -> Sequence[PendingPost]:
-        """Return the alert posts (with ``subject``: its message posts) recorded and not known
-        posted or refused, oldest first."""
+    async def recorded(self, subject: str) -> bool:
+        """Whether a post of the ``once`` subject ``subject`` was recorded."""
         ...
 
 
@@ -301,8 +298,33 @@ class AuditLog(AuditStore, Protocol):
         ...
 
 
+class Poster(Protocol[M_contra]):
+    """The front end's side of the outbox: posts a neutral message carrying a token (unseen by
+    people) where it goes, finds it again by that token, and updates it. ``to`` and the
+    ``MessageRef`` returned are the front end's own names (a conversation; a message, whose
+    thread a post may go to). Implementations log failures and never raise."""
+
+    async def post(
+        self, to: str, msg: M_contra, *, token: str, repeat_of: datetime | None = None
+    ) -> Posted:
+        """Post ``msg`` (``repeat_of``: saying it may repeat the post made then)."""
+        ...
+
+    async def find(self, to: str, token: str, since: datetime) -> Lookup:
+        """Look for the post carrying ``token`` where it went, among those since ``since``."""
+        ...
+
+    async def update(self, ref: MessageRef, msg: M_contra) -> bool:
+        """Replace the message ``ref``; False if that failed."""
+        ...
+
+    async def direct(self, user: str) -> str | None:
+        """Return the direct conversation with ``user`` (None: it cannot be opened)."""
+        ...
+
+
 class Notifier(Protocol):
-    """Posts and updates alert messages (Slack); implementations log failures and never raise."""
+    """Posts and updates alert messages; implementations log failures and never raise."""
 
     async def post(self, group: AlertGroup, *, token: str) -> Posted:
         """Post a new alert carrying ``token`` (unseen by people); say how the post ended."""
@@ -312,11 +334,11 @@ class Notifier(Protocol):
         """Look for the alert that carries ``token`` among those posted since ``since``."""
         ...
 
-    async def update(self, where: Handle, group: AlertGroup) -> None:
+    async def update(self, where: MessageRef, group: AlertGroup) -> None:
         """Replace an alert message by the group's current state."""
         ...
 
-    async def remind(self, where: Handle, group: AlertGroup) -> None:
+    async def remind(self, where: MessageRef, group: AlertGroup) -> None:
         """Remind of findings that persist (in the alert's thread)."""
         ...
 

@@ -3,7 +3,7 @@
 A finding alerts once it was seen in two sweeps in a row, reminds after ``reminder_s``, and its
 message is updated when it has cleared for two sweeps (hysteresis) or is snoozed. The decisions
 are pure (``core.alerting``); this keeper orchestrates the ``AlertStore`` and the ``Notifier``.
-An alert is posted once, through the outbox (``services.alert_outbox``): its intent is recorded
+An alert is posted once, through the outbox (``services.outbox``): its intent is recorded
 before it is posted, and every alerting sweep first settles the posts whose end is unknown.
 """
 
@@ -13,13 +13,13 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpubot.core.alerting import (
     Alert,
     AlertGroup,
     AlertItem,
-    Handle,
+    MessageRef,
     Notice,
     PendingPost,
     SweepResult,
@@ -37,7 +37,7 @@ from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import AlertStore, Clock, Notifier
 from gpubot.core.reset.readiness import Readiness
 from gpubot.errors import DUTY_TURN, StoreError, UsageError
-from gpubot.services.alert_outbox import AlertOutbox
+from gpubot.services.outbox import ALERT, Outbox
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +54,19 @@ class AlertKeeper:
         nodes: Iterable[str],
         alerts: AlertStore,
         notifier: Notifier | None,
+        outbox: Outbox[Any] | None,
         *,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``nodes``: every configured node (an alert of a node no longer configured clears).
-        Without ``notifier`` the state is kept but nothing is posted (and that is warned)."""
+        Without ``notifier`` the state is kept but nothing is posted (and that is warned);
+        ``outbox``: what posts each alert once (settled every sweep, under the sweep's lock)."""
         self.config = config
         self.nodes = frozenset(nodes)
         self.alerts = alerts
         self.notifier = notifier
         self.clock = clock
-        self.outbox = AlertOutbox(alerts, notifier) if notifier is not None else None
+        self.outbox = outbox if notifier is not None else None
         # What this process saw last: details for re-rendering messages (the store keeps keys).
         self._findings: dict[str, Finding] = {}
         self._ready: dict[str, Readiness] = {}
@@ -100,9 +102,9 @@ class AlertKeeper:
             self._findings[k.text()] = f
         open_ = {a.key: a for a in await self.alerts.open_alerts()}
         settled: tuple[FindingKey, ...] = ()
-        if self.outbox is not None:  # posts whose end is unknown, before anything else posts
-            settled = await self.outbox.reconcile(
-                lambda p, at: self._pending_group(p, at, open_), now
+        if self.outbox is not None and self.notifier is not None:  # before anything posts
+            settled = await self.outbox.reconcile_alerts(
+                self.notifier, lambda p: self._pending_group(p, open_), now
             )
         resolved = await self.alerts.mark_resolved(self._cleared(result, found, open_), now)
         new, remind = self._due(found, states, now)
@@ -111,7 +113,7 @@ class AlertKeeper:
         if alerted:  # their state changed: alerted, and where
             states.update({a.key: a for a in await self.alerts.open_alerts() if a.key in states})
         reminded = await self._remind(remind, states, now)
-        cleared = {h: a.key.node for a in resolved if (h := a.handle) is not None}
+        cleared = {h: a.key.node for a in resolved if (h := a.ref) is not None}
         for where, node in cleared.items():
             await self._update_message(where, node, now)
         return replace(
@@ -144,16 +146,16 @@ class AlertKeeper:
 
     def _due(
         self, found: Mapping[FindingKey, Finding], states: Mapping[FindingKey, Alert], now: datetime
-    ) -> tuple[dict[str, list[Finding]], dict[Handle, list[Finding]]]:
+    ) -> tuple[dict[str, list[Finding]], dict[MessageRef, list[Finding]]]:
         """Return the findings to alert on (by node) and to remind of (by message)."""
         new: dict[str, list[Finding]] = {}
-        remind: dict[Handle, list[Finding]] = {}
+        remind: dict[MessageRef, list[Finding]] = {}
         alert: list[Finding] = []
         for k, f in found.items():
             what = notice(f.kind, states[k], now, self.config)
             if what is Notice.ALERT:
                 alert.append(f)
-            elif what is Notice.REMIND and (where := states[k].handle) is not None:
+            elif what is Notice.REMIND and (where := states[k].ref) is not None:
                 remind.setdefault(where, []).append(f)
         new = by_message(alert)
         if self.notifier is None and (new or remind):
@@ -173,11 +175,11 @@ class AlertKeeper:
         now: datetime,
     ) -> tuple[FindingKey, ...]:
         """Post one alert per message of new findings (a node's, or a digest: ``by_message``),
-        each through the outbox (recorded before it is posted: ``services.alert_outbox``);
+        each through the outbox (recorded before it is posted: ``services.outbox``);
         return the keys alerted."""
         alerted: list[FindingKey] = []
         for node, fs in new.items():
-            assert self.outbox is not None  # findings to post: a notifier and a store
+            assert self.outbox is not None and self.notifier is not None  # findings to post
             items = []
             for f in fs:
                 r = ready.get((f.node, f.gpu)) if f.gpu is not None else None
@@ -185,21 +187,24 @@ class AlertKeeper:
                     self._ready[f.key.text()] = r
                 items.append(AlertItem(f.key, f, states[f.key].first_seen, readiness=r))
             group = AlertGroup(node, tuple(items), self._snaps.get(node), now)
-            alerted += await self.outbox.post(group)
+            alerted += await self.outbox.post_alert(group, self.notifier)
         return tuple(alerted)
 
     def _pending_group(
-        self, pending: PendingPost, repeat_of: datetime | None, open_: Mapping[FindingKey, Alert]
+        self, pending: PendingPost, open_: Mapping[FindingKey, Alert]
     ) -> AlertGroup | None:
         """Rebuild the message of a pending post from its findings still open (None: none)."""
         items = tuple(self._item(k, open_[k]) for k in pending.keys if k in open_)
         if not items:
             return None
-        node = pending.node
-        return AlertGroup(node, items, self._snaps.get(node), self._now(), repeat_of=repeat_of)
+        node = pending.subject.removeprefix(ALERT)
+        return AlertGroup(node, items, self._snaps.get(node), self._now())
 
     async def _remind(
-        self, remind: Mapping[Handle, list[Finding]], states: dict[FindingKey, Alert], now: datetime
+        self,
+        remind: Mapping[MessageRef, list[Finding]],
+        states: dict[FindingKey, Alert],
+        now: datetime,
     ) -> tuple[FindingKey, ...]:
         """Remind of findings that persist, in their alert's thread; return the keys reminded."""
         reminded: list[FindingKey] = []
@@ -224,11 +229,11 @@ class AlertKeeper:
             self._ready.get(text),
         )
 
-    async def _update_message(self, where: Handle, node: str, now: datetime) -> None:
+    async def _update_message(self, where: MessageRef, node: str, now: datetime) -> None:
         """Re-render one alert message from the state of every finding it carries."""
         if self.notifier is None:
             return
-        members = await self.alerts.on_message(*where)
+        members = await self.alerts.on_message(where)
         if not members:
             return
         items = tuple(self._item(a.key, a) for a in members)
@@ -244,8 +249,8 @@ class AlertKeeper:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         alert = await self.alerts.snooze(key, until, by=by, now=now)
-        if alert.handle is not None:
-            await self._update_message(alert.handle, key.node, now)
+        if alert.ref is not None:
+            await self._update_message(alert.ref, key.node, now)
         return alert
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubot.core import commands
+from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import Approval
 from gpubot.core.models import ApprovalState
 from gpubot.core.policy import floor_note
@@ -230,10 +231,10 @@ class RequestService:
             await self.remember(approval.id, where)
         return Pending(approval, plan, where is not None)
 
-    async def remember(self, approval_id: int, where: tuple[str, str]) -> None:
+    async def remember(self, approval_id: int, where: MessageRef) -> None:
         """Remember where a request's message is (its buttons still work if this fails)."""
         try:
-            await self._service().approvals.set_message(approval_id, *where)
+            await self._service().approvals.set_message(approval_id, where)
         except StoreError as exc:
             log.warning("approval %s: cannot remember its message: %s", approval_id, exc)
 

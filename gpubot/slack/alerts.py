@@ -14,9 +14,8 @@ updated in place to "resolved" with how long it lasted; a reminder goes to the a
 An alert on idle holders is also sent, once, as a direct message to each owner that maps to
 Slack users (``slack.idle_dm``: *Free it* and *Snooze 1 day*). Opening a DM needs the optional
 ``im:write`` scope; a DM that cannot be sent is logged and changes nothing else. Alerts are
-posted once (``slack.outbox``, ``services.alert_outbox``), and so is each DM, through the same
-outbox (``slack.dm_outbox``: searched for in the DM's history, ``im:history``, after a lost
-answer) when the notifier is given the ``AlertStore``; without one a DM is sent at most once.
+posted once (``slack.poster``, ``services.outbox``), and so is each DM, through the same
+outbox (searched for in the DM's history, ``im:history``, after a lost answer).
 
 The messages themselves are rendered by ``gpubot.chat.alerts``; this module only posts them
 (``SlackAlerts``, built by ``gpubot.app``) and handles the snooze buttons (``register``).
@@ -36,13 +35,14 @@ from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_deta
 from gpubot.chat.alerts import SNOOZE_ACTION, render_reminder, snooze_buttons
 from gpubot.chat.holders import snooze
 from gpubot.chat.idle import render_idle_dm, slack_users_of
-from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Handle, Lookup, Posted
+from gpubot.chat.message import Message
+from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Lookup, MessageRef, Posted
 from gpubot.core.findings import IDLE_HOLDER
-from gpubot.core.ports import AlertStore
 from gpubot.services.alert_keeper import Snoozer
+from gpubot.services.outbox import Outbox
 from gpubot.slack.api import CALL_ERRORS, SlackApi
-from gpubot.slack.dm_outbox import DmPoster
-from gpubot.slack.outbox import find_post, post_once
+from gpubot.slack.ids import split_ref
+from gpubot.slack.poster import SlackPoster, find_post, post_once
 from gpubot.slack.render import to_slack
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class SlackAlerts:
     """Posts, updates and reminds alert messages in one channel (implements ``Notifier``).
 
     ``people``: Linux user → Slack user ids; their idle holders are told in a direct message,
-    once each through the outbox of ``outbox`` (None: at most once).
+    once each through ``outbox`` (None, or without a database: at most once).
     """
 
     def __init__(
@@ -71,13 +71,13 @@ class SlackAlerts:
         *,
         people: Mapping[str, Sequence[str]] | None = None,
         min_post_interval_s: float = POST_INTERVAL_S,
-        outbox: AlertStore | None = None,
+        outbox: Outbox[Message] | None = None,
     ) -> None:
         self.api = api
         self.channel = channel
         self.people = people or {}
         self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
-        self.dm = DmPoster(api, outbox)
+        self.outbox = outbox or Outbox(None, SlackPoster(api))
         self._pace = min_post_interval_s
         self._posted_at: dict[str, float] = {}  # channel → when this notifier last posted there
         self._unsure: dict[str, AlertGroup] = {}  # token → a digest whose post is unconfirmed
@@ -93,18 +93,19 @@ class SlackAlerts:
         self._posted_at[channel] = asyncio.get_running_loop().time()
 
     async def post(self, group: AlertGroup, *, token: str) -> Posted:
-        """Post a new alert message carrying ``token`` in its metadata (``slack.outbox``);
+        """Post a new alert message carrying ``token`` in its metadata (``slack.poster``);
         once Slack has answered that it took it, DM the idle holders' owners."""
         await self._paced(self.channel)
-        posted = await post_once(self.api, self.channel, to_slack(render_alert(group)), token=token)
+        msg = to_slack(render_alert(group))
+        posted = await post_once(self.api, self.channel, msg, token=token)
         self._mark(self.channel)
         if posted.delivery is Delivery.UNCERTAIN and is_digest(group):
             self._unsure[token] = group  # its details follow if the history has it
         if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
             try:
-                if posted.handle is not None:
-                    await self.details(posted.handle, group)
-                await self.direct(group, posted.handle)
+                if posted.ref is not None:
+                    await self.details(posted.ref, group)
+                await self.direct(group, posted.ref)
             except Exception:  # what follows an alert never fails a sweep
                 log.exception("details or direct messages of the alert on %s failed", group.node)
         return posted
@@ -113,36 +114,37 @@ class SlackAlerts:
         """Look for the alert carrying ``token`` in the channel's history since ``since``; a
         digest of this process found there gets its details in its thread."""
         lookup = await find_post(self.api.client, self.channel, token, since)
-        if lookup.checked or lookup.handle is not None:
+        if lookup.checked or lookup.ref is not None:
             group = self._unsure.pop(token, None)
-            if group is not None and lookup.handle is not None:
+            if group is not None and lookup.ref is not None:
                 try:
-                    await self.details(lookup.handle, group)
+                    await self.details(lookup.ref, group)
                 except Exception:  # never fails the search
                     log.exception("details of the digest %s failed", group.node)
         return lookup
 
-    async def details(self, where: Handle, group: AlertGroup) -> int:
+    async def details(self, where: MessageRef, group: AlertGroup) -> int:
         """Post a digest's details in its thread (nothing for a node's own alert); return
         the replies posted. A reply whose answer is lost is not resent (``api.retry_handlers``)."""
         if not is_digest(group):
             return 0
         sent = 0
+        channel, ts = split_ref(where)
         for msg in render_digest_details(group):
-            await self._paced(where[0])
+            await self._paced(channel)
             try:
                 await self.api.client.chat_postMessage(
-                    channel=where[0], thread_ts=where[1], **to_slack(msg)
+                    channel=channel, thread_ts=ts, **to_slack(msg)
                 )
                 sent += 1
             except CALL_ERRORS as exc:
                 err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
-                log.error("digest details in %s/%s failed: %s", where[0], where[1], err)
+                log.error("digest details in %s failed: %s", where, err)
             finally:
-                self._mark(where[0])
+                self._mark(channel)
         return sent
 
-    async def direct(self, group: AlertGroup, where: Handle | None) -> int:
+    async def direct(self, group: AlertGroup, where: MessageRef | None) -> int:
         """DM each owner of the group's open idle holders who maps to Slack; return DMs sent."""
         mine: dict[str, list[AlertItem]] = {}
         for item in group.open:
@@ -167,32 +169,34 @@ class SlackAlerts:
             # Due once (it rides on its alert, which the outbox posts once); delivered once.
             await self._paced(channel)
             try:
-                handle = await self.dm.send(idle_subject(group.node, items, user), channel, msg)
+                ref = await self.outbox.send(idle_subject(group.node, items, user), channel, msg)
             finally:
                 self._mark(channel)
-            sent += handle is not None
+            sent += ref is not None
         return sent
 
-    async def update(self, where: Handle, group: AlertGroup) -> None:
+    async def update(self, where: MessageRef, group: AlertGroup) -> None:
         """Replace an alert message by the group's current state (paced like a post)."""
-        await self._paced(where[0])
+        channel, _ = split_ref(where)
+        await self._paced(channel)
         try:
             await self.api.update(where, to_slack(render_alert(group)))
         finally:
-            self._mark(where[0])
+            self._mark(channel)
 
-    async def remind(self, where: Handle, group: AlertGroup) -> None:
+    async def remind(self, where: MessageRef, group: AlertGroup) -> None:
         """Post a reminder in the alert's thread, shown in the channel too."""
         msg = to_slack(render_reminder(group))
-        await self._paced(where[0])
+        channel, ts = split_ref(where)
+        await self._paced(channel)
         try:
             await self.api.client.chat_postMessage(
-                channel=where[0], thread_ts=where[1], reply_broadcast=True, **msg
+                channel=channel, thread_ts=ts, reply_broadcast=True, **msg
             )
         except CALL_ERRORS as exc:
             err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
-            log.error("reminder in %s/%s failed: %s", where[0], where[1], err)
-        self._mark(where[0])
+            log.error("reminder in %s failed: %s", where, err)
+        self._mark(channel)
 
 
 def idle_subject(node: str, items: Sequence[AlertItem], user: str) -> str:

@@ -7,7 +7,7 @@ again with its table as preformatted text, then as plain text, through the Web A
 may have landed (``maybe_taken``: a 5xx, ``internal_error`` and its like at HTTP 200, a connection
 lost once the request was sent) is neither retried (``ServerErrorRetry``, ``ConnectionErrorRetry``)
 nor sent again in a simpler form, and an update so answered posts nothing new: one line says it
-may not have appeared. What must appear once goes through ``slack.outbox``, which looks for it
+may not have appeared. What must appear once goes through ``slack.poster``, which looks for it
 by its token first.
 Failures are logged and return None: a Slack outage never stops a reset half-way or leaves an
 approval in a wrong state. Every call goes through ``slack_errors``, the one place where
@@ -38,11 +38,12 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-from gpubot.chat.surface import Handle
+from gpubot.core.alerting import MessageRef
 from gpubot.core.policy import ChatAccount
 from gpubot.errors import ChatCallFailed, ChatUnanswered, GpubotError
 from gpubot.slack.blockkit import SlackMessage as Message
 from gpubot.slack.blockkit import forms_with_blocks, simpler_forms, text_form
+from gpubot.slack.ids import ref_of, split_ref
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def posts(request: Any) -> bool:
 
 class ServerErrorRetry(AsyncServerErrorRetryHandler):
     """slack_sdk's one retry after HTTP 500/503, for every call but a post: a post that may
-    have been taken is looked for by its token before anything is sent again (``slack.outbox``)."""
+    have been taken is looked for by its token before anything is sent again (``slack.poster``)."""
 
     async def _can_retry_async(self, *, request: Any, **kwargs: Any) -> bool:
         return not posts(request) and await super()._can_retry_async(request=request, **kwargs)
@@ -242,7 +243,7 @@ class SlackApi:
 
     async def post(
         self, channel: str, msg: Message, *, response_url: str | None = None
-    ) -> Handle | None:
+    ) -> MessageRef | None:
         """Post ``msg`` (blocks, else text); if the bot cannot post there, use ``response_url``."""
         try:
             resp = await self._send("chat.postMessage", msg, channel=channel)
@@ -254,14 +255,16 @@ class SlackApi:
             else:
                 log.error("chat.postMessage to %s failed: %s", channel, exc.error)
             return None
-        return str(resp["channel"]), str(resp["ts"])
+        return ref_of(str(resp["channel"]), str(resp["ts"]))
 
-    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+    async def update(self, handle: MessageRef | None, msg: Message) -> MessageRef | None:
         """Replace a message; if Slack refuses, post a new one and return where it is. If the
         update may have applied (``maybe_taken``), post nothing: a second message is worse."""
         if handle is None:
             return None
-        channel, ts = handle
+        channel, ts = split_ref(handle)
+        if ts is None:
+            return await self.post(channel, msg)
         try:
             await self._send("chat.update", msg, channel=channel, ts=ts)
             return handle
@@ -380,7 +383,7 @@ class SlackSurface:
         """Answer the person only."""
         await self.api.ephemeral(self.channel, self.user, msg, response_url=self.response_url)
 
-    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+    async def post(self, msg: Message, *, channel: str | None = None) -> MessageRef | None:
         """Post in the conversation of the command (or in ``channel``)."""
         target = channel or self.channel
         if target is None:
@@ -389,7 +392,7 @@ class SlackSurface:
         url = self.response_url if channel is None else None
         return await self.api.post(target, msg, response_url=url)
 
-    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+    async def update(self, handle: MessageRef | None, msg: Message) -> MessageRef | None:
         """Replace a posted message (post anew if that fails)."""
         if handle is None:
             return await self.post(msg)

@@ -1,5 +1,5 @@
 """The weekly GPU-hours digest in Slack: posted with its token, found again by it
-(``services.digest``; the outbox of ``slack.outbox``)."""
+(``services.digest``; posted once through ``slack.poster``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from gpubot.chat.report_view import render_usage
 from gpubot.core.alerting import Lookup, Posted
 from gpubot.core.usage.report import UsageReport
 from gpubot.slack.api import SlackApi
-from gpubot.slack.outbox import find_post, post_once
+from gpubot.slack.poster import find_post, post_once
 from gpubot.slack.render import to_slack
-
-DIGEST_EVENT = "gpubot_digest_posted"  # the metadata event_type of digest messages
 
 
 class SlackDigest:
@@ -25,8 +23,8 @@ class SlackDigest:
     async def post(self, report: UsageReport, *, token: str) -> Posted:
         """Post the digest carrying ``token`` in its metadata."""
         msg = to_slack(render_usage(report, title="Weekly GPU-hours"))
-        return await post_once(self.api, self.channel, msg, token=token, event=DIGEST_EVENT)
+        return await post_once(self.api, self.channel, msg, token=token)
 
     async def find(self, token: str, since: datetime) -> Lookup:
         """Look for the digest carrying ``token`` in the channel since ``since``."""
-        return await find_post(self.api.client, self.channel, token, since, event=DIGEST_EVENT)
+        return await find_post(self.api.client, self.channel, token, since)

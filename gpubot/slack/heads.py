@@ -11,7 +11,7 @@ first publication is a few seconds after start (``gpubot.app`` schedules it). Wi
 and ``[audit] seal_every``), a head is also posted after every forced action's seal, so that
 the records of the actions that matter most have a copy outside the database at once.
 
-Each publication is posted once, through the alerts' outbox (``services.alert_outbox``): its
+Each publication is posted once, through the one outbox (``services.outbox``): its
 intent is recorded with a token that rides in the message's metadata, then it is posted, then
 marked posted. After an uncertain post (a timeout, a 5xx, a crash) the channel's history is
 searched for the token before anything is posted again, and the message is adopted if it is
@@ -25,12 +25,10 @@ import logging
 from datetime import UTC, datetime
 
 from gpubot.chat.heads import render_head
-from gpubot.core.alerting import Lookup, Posted
+from gpubot.chat.message import Message
+from gpubot.core.alerting import Posted
 from gpubot.errors import DUTY_TURN, GpubotError
-from gpubot.services.alert_outbox import AlertOutbox
-from gpubot.slack.api import SlackApi
-from gpubot.slack.outbox import HEAD_EVENT, find_post, post_once
-from gpubot.slack.render import to_slack
+from gpubot.services.outbox import Outbox
 from gpubot.store import Store, VerifyResult
 
 SUBJECT = "audit-head"  # the outbox's name for the head's publications
@@ -41,12 +39,11 @@ log = logging.getLogger(__name__)
 class HeadPublisher:
     """Walks the chain and posts its head to one channel (what the schedule runs)."""
 
-    def __init__(self, store: Store, api: SlackApi, channel: str) -> None:
+    def __init__(self, store: Store, outbox: Outbox[Message], channel: str) -> None:
         self.store = store
-        self.api = api
+        self.outbox = outbox
         self.channel = channel
         self.last: tuple[int, str] | None = None  # the head this publisher posted last
-        self.outbox = AlertOutbox(store.alerts)
         self._lock = asyncio.Lock()  # the schedule and a forced action's seal: one at a time
 
     async def publish(self) -> VerifyResult | None:
@@ -68,14 +65,11 @@ class HeadPublisher:
         now = datetime.now(UTC)
 
         async def send(token: str, repeat_of: datetime | None) -> Posted:
-            msg = to_slack(render_head(result, now, repeat_of))
-            return await post_once(self.api, self.channel, msg, token=token, event=HEAD_EVENT)
-
-        async def find(token: str, since: datetime) -> Lookup:
-            return await find_post(self.api.client, self.channel, token, since, event=HEAD_EVENT)
+            msg = render_head(result, now, repeat_of)  # its own line says it may repeat
+            return await self.outbox.calls(self.channel, msg)[0](token, None)
 
         try:
-            await self.outbox.publish(SUBJECT, send, find, now)
+            await self.outbox.publish(SUBJECT, send, self.outbox.finder(self.channel), now)
         except GpubotError as exc:  # the outbox cannot be written: nothing was posted
             log.error("audit head not published: %s", exc, extra=DUTY_TURN)
         return result

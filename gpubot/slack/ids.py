@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from gpubot.config.front_ends import IdForms, register
+from gpubot.core.alerting import MessageRef
 
 SLACK_IDS = IdForms(
     "slack",
@@ -21,3 +22,15 @@ SLACK_IDS = IdForms(
     bots=frozenset({"USLACKBOT"}),  # Slackbot
 )
 register(SLACK_IDS)
+
+
+def ref_of(channel: str, ts: str) -> MessageRef:
+    """Return the reference of Slack's message ``ts`` in ``channel`` ("CHANNEL/TS")."""
+    return MessageRef(f"{channel}/{ts}")
+
+
+def split_ref(where: str) -> tuple[str, str | None]:
+    """Return the channel and message ts of a reference (a bare channel: no ts). A post to a
+    reference goes to that message's thread."""
+    channel, _, ts = where.partition("/")
+    return channel, ts or None

@@ -2,8 +2,8 @@
 
 ``SlackLadder`` tells each step (``services.ladder``): the DM and the reminder to the owner's
 Slack users (``[users]``), the channel post and *Free it* in the alerts channel, each once
-through the alerts' outbox (``slack.dm_outbox``: a post whose answer is a 5xx or
-``internal_error`` is looked for by its token before it is posted again, issue 34). *Keep
+through the one outbox (``services.outbox``: a post whose answer is a 5xx or
+``internal_error`` is looked for by its token before it is posted again). *Keep
 (reason)* opens a modal asking why; its submission stops the ladder (audited with the reason).
 On-call's *Free it* asks the approvers for a forced reset of that one process, the request
 carrying the idle evidence (``chat.ladder``).
@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpubot.chat.flows import error_message
 from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE, keep, oncall_free, render_ladder
-from gpubot.core.ports import AlertStore
+from gpubot.chat.message import Message
 from gpubot.core.usage.ladder import Rung, Step
 from gpubot.errors import ChatCallFailed, GpubotError
 from gpubot.services.ladder import LadderNotice
+from gpubot.services.outbox import Outbox
 from gpubot.slack.api import SlackApi, call
-from gpubot.slack.dm_outbox import DmPoster
-from gpubot.slack.outbox import LADDER_EVENT
 
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
@@ -36,20 +35,20 @@ REASON_BLOCK, REASON_INPUT = "reason", "reason_input"
 
 
 class SlackLadder:
-    """Tells the ladder's steps in Slack (implements ``LadderNotifier``); its DMs once each
-    through ``outbox`` (None: at most once)."""
+    """Tells the ladder's steps in Slack (implements ``LadderNotifier``); each message once
+    through ``outbox``."""
 
     def __init__(
         self,
         api: SlackApi,
         channel: str | None,
         people: Mapping[str, Sequence[str]],
-        outbox: AlertStore | None = None,
+        outbox: Outbox[Message],
     ) -> None:
         self.api = api
         self.channel = channel
         self.people = people
-        self.dm = DmPoster(api, outbox)
+        self.outbox = outbox
 
     async def tell(self, notice: LadderNotice) -> bool:
         """DM the owner (steps 1-2) or post in the alerts channel (3-4); never raises."""
@@ -62,7 +61,7 @@ class SlackLadder:
                     channel = await self.api.open_dm(user)
                     if channel is not None:
                         subject = ladder_subject(notice.rung, notice.step, user)
-                        sent = await self.dm.send(subject, channel, said) is not None or sent
+                        sent = await self.outbox.send(subject, channel, said) is not None or sent
                 if not owners:
                     log.info("reclaim ladder: %s maps to no Slack user", notice.rung.owner)
                 return sent
@@ -70,8 +69,7 @@ class SlackLadder:
                 log.warning("reclaim ladder: no alerts channel for step %d", int(notice.step))
                 return False
             subject = ladder_subject(notice.rung, notice.step, self.channel, "post")
-            posted = await self.dm.send(subject, self.channel, said, event=LADDER_EVENT)
-            return posted is not None
+            return await self.outbox.send(subject, self.channel, said) is not None
         except Exception:  # a step is told at most once; its record stands
             log.exception("reclaim ladder: step %d not told", int(notice.step))
             return False

@@ -44,6 +44,7 @@ from gpubot.slack.blockkit import (
     section,
     table,
 )
+from gpubot.slack.ids import split_ref
 from gpubot.slack.mrkdwn import clip_mrkdwn, code, code_safe, date, escape, mrkdwn, time_of_day
 
 __all__ = ["SlackMessage", "button", "span_mrkdwn", "text_mrkdwn", "to_blocks", "to_slack"]
@@ -72,7 +73,7 @@ def span_mrkdwn(s: Span) -> str:
     if isinstance(s, Clipped):
         return clip_mrkdwn(text_mrkdwn(s.parts), s.most)
     if isinstance(s, Place):
-        return f"<#{s.handle[0]}>"
+        return f"<#{split_ref(s.handle)[0]}>"
     raise TypeError(f"not a span: {s!r}")
 
 

@@ -21,10 +21,8 @@ from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
-from gpubot.store.approval_posts import ApprovalPosts
 from gpubot.store.approvals import ApprovalStore
 from gpubot.store.claims import DbClaims
-from gpubot.store.digests import DbDigests
 from gpubot.store.engine import (
     MEMORY,
     guard,
@@ -41,6 +39,7 @@ from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.health import DbEcc
 from gpubot.store.ladder import DbLadder
 from gpubot.store.leases import check_fence
+from gpubot.store.outbox import DbOutbox
 from gpubot.store.query_records import query_payload
 from gpubot.store.records import (
     ActionDetail,
@@ -130,13 +129,12 @@ class Store:
         self._last_lock = threading.Lock()
         self._running: set[int] = set()  # actions begun here whose outcome is not yet written
         self.approvals = ApprovalStore(self.engine)
-        self.approval_posts = ApprovalPosts(self.engine)
+        self.outbox = DbOutbox(self.engine)  # every post that must appear once
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)
         self.ecc = DbEcc(self.engine)  # the sweep's ECC counts
         self.usage = DbUsage(self.engine)  # GPU-hours
         self.ladder = DbLadder(self.engine)  # the reclaim ladder
-        self.digests = DbDigests(self.engine)  # the weekly GPU-hours digest's outbox
         self.claims = DbClaims(self.engine)  # GPU claims and the queue
 
     # -- actions ---------------------------------------------------------------------------

@@ -8,20 +8,18 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, select
 
-from gpubot.core.alerting import Alert
+from gpubot.core.alerting import Alert, MessageRef
 from gpubot.core.findings import FindingKey
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
 from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.outbox import OutboxMixin
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alerts
 from gpubot.store.waits import in_thread
 
 
-class DbAlerts(OutboxMixin):
-    """Findings seen across sweeps, and the outbox of their alert posts (``store.outbox``);
-    every method is async and raises ``StoreError``."""
+class DbAlerts:
+    """Findings seen across sweeps; every method is async and raises ``StoreError``."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -30,17 +28,10 @@ class DbAlerts(OutboxMixin):
         """Record that a sweep at ``now`` saw ``keys``; return their state (new ones included)."""
         return await in_thread(self._upsert_seen, list(keys), now)
 
-    async def mark_alerted(
-        self, key: FindingKey, *, channel: str, message_ts: str, now: datetime
-    ) -> Alert:
-        """Record that an alert for ``key`` was posted as message ``message_ts`` in ``channel``."""
-        return await in_thread(
-            self._change,
-            key,
-            now,
-            "alerted",
-            {"alerted_at": iso(now), "channel": channel, "message_ts": message_ts},
-        )
+    async def mark_alerted(self, key: FindingKey, *, ref: MessageRef, now: datetime) -> Alert:
+        """Record that an alert for ``key`` was posted as message ``ref``."""
+        values = {"alerted_at": iso(now), "ref": ref}
+        return await in_thread(self._change, key, now, "alerted", values)
 
     async def mark_reminded(self, key: FindingKey, now: datetime) -> Alert:
         """Record that a reminder for ``key`` was posted."""
@@ -58,9 +49,9 @@ class DbAlerts(OutboxMixin):
         """Return every unresolved finding, oldest first."""
         return await in_thread(self._open)
 
-    async def on_message(self, channel: str, message_ts: str) -> list[Alert]:
+    async def on_message(self, ref: MessageRef) -> list[Alert]:
         """Return the findings alerted in one message (resolved ones too), oldest first."""
-        return await in_thread(self._on_message, channel, message_ts)
+        return await in_thread(self._on_message, ref)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
@@ -98,8 +89,7 @@ class DbAlerts(OutboxMixin):
                             last_seen=at,
                             seen_count=1,
                             alerted_at=None,
-                            channel=None,
-                            message_ts=None,
+                            ref=None,
                             reminded_at=None,
                             resolved_at=None,
                         )
@@ -153,12 +143,10 @@ class DbAlerts(OutboxMixin):
             ).all()
             return [_alert(r) for r in rows]
 
-    def _on_message(self, channel: str, message_ts: str) -> list[Alert]:
+    def _on_message(self, ref: MessageRef) -> list[Alert]:
         with guard("cannot read alerts"), read_tx(self._engine) as conn:
             rows = conn.execute(
-                select(alerts)
-                .where(alerts.c.channel == channel, alerts.c.message_ts == message_ts)
-                .order_by(alerts.c.id)
+                select(alerts).where(alerts.c.ref == ref).order_by(alerts.c.id)
             ).all()
             return [_alert(r) for r in rows]
 
@@ -185,8 +173,7 @@ def _alert(row: Row[Any]) -> Alert:
         last_seen=parse_iso(row.last_seen),
         seen_count=int(row.seen_count),
         alerted_at=t(row.alerted_at),
-        channel=row.channel,
-        message_ts=row.message_ts,
+        ref=None if row.ref is None else MessageRef(row.ref),
         reminded_at=t(row.reminded_at),
         snoozed_until=t(row.snoozed_until),
         resolved_at=t(row.resolved_at),

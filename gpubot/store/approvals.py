@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, and_, func, select
 
+from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import ApprovalRequest
 from gpubot.core.models import ApprovalState
 from gpubot.core.reset.plan import ResetPlan
@@ -146,9 +147,9 @@ class ApprovalStore:
         """Expire every pending request whose time is up at ``now``; return them."""
         return await in_thread(self._expire_due, now)
 
-    async def set_message(self, approval_id: int, channel: str, message_ts: str) -> None:
-        """Remember the Slack message that shows the request (to update it later)."""
-        await in_thread(self._set_message, approval_id, channel, message_ts)
+    async def set_message(self, approval_id: int, ref: MessageRef) -> None:
+        """Remember the chat message that shows the request (to update it later)."""
+        await in_thread(self._set_message, approval_id, ref)
 
     async def get(self, approval_id: int) -> Approval | None:
         """Return one approval or None."""
@@ -310,13 +311,9 @@ class ApprovalStore:
                 )
         return out
 
-    def _set_message(self, aid: int, channel: str, ts: str) -> None:
+    def _set_message(self, aid: int, ref: MessageRef) -> None:
         with guard("cannot record the approval message"), write_tx(self._engine) as conn:
-            changed = conn.execute(
-                approvals.update()
-                .where(approvals.c.id == aid)
-                .values(channel=channel, message_ts=ts)
-            )
+            changed = conn.execute(approvals.update().where(approvals.c.id == aid).values(ref=ref))
             if changed.rowcount != 1:
                 raise ApprovalError(f"there is no approval {aid}")
 
@@ -442,7 +439,6 @@ def _approval(row: Row[Any]) -> Approval:
         decided_at=t(row.decided_at),
         finished_at=t(row.finished_at),
         result=None if row.result is None else json.loads(row.result),
-        channel=row.channel,
-        message_ts=row.message_ts,
+        ref=None if row.ref is None else MessageRef(row.ref),
         taken_at=t(row.taken_at),
     )

@@ -1,335 +1,349 @@
-"""The alert outbox on the database: an alert post is recorded before it is made.
+"""The outbox on the database: every post that must appear once is recorded before it is made.
 
-``begin_post`` writes the post's intent (its token, node, findings) and the findings' state
-change (``alerted_at``) in one transaction, so that no later sweep posts them again whatever
-happens to the post; ``finish_post`` records where the message is, or that a search of the
-channel's history found it (adopted); ``cancel_post`` undoes the state change of a post Slack
-refused, so the next sweep tries again; ``abandon_post`` gives up on one nobody can confirm.
-``DbAlerts`` (``store.alerts``) mixes these in: they are part of the ``AlertStore`` port.
+``begin`` writes a post's intent (its token, subject, where it goes) and what it changes, in one
+transaction: an alert's findings are marked alerted (so no later sweep posts them again,
+whatever happens to the post); an approval's post is recorded only while its approval is in the
+state for it, once per approval and purpose (``core.approval.posts``), with its audit record. A
+subject posted ``once`` is one row ever (the unique ``once`` column is the backstop of the check
+made under the write lock).
 
-The same rows hold the posts of single messages that must appear once and carry no finding
-(the audit head's publications): ``begin_message`` records one under a subject (no keys), and
-``pending_posts(subject)`` returns only those; ``pending_posts()`` only the alerts'. A message
-due once whatever process sees it due (a hold's DM, issue 34) has a token made from its subject:
-``begin_once`` records it only if no row has that token, or hands over a row left pending,
-refused or given up (a DM that failed is tried again while it is due); a posted one, never.
-
-Each change after a take (``finish_post``, ``cancel_post``, ``abandon_post``) is a compare-and-set
-on the caller's take: the row must still be pending with the ``created_at`` its take wrote. A
-poster whose slow send outlived ``SETTLE_S`` has lost the row to a replica's take; its late
-"refused" must not turn that replica's ``posted`` row into one taken and posted again. A change
-that finds another take (or a settled row) changes nothing: the newer take decides, and a row
-``posted`` is never changed again.
+Every change after that is a compare-and-set on the caller's take (``taken_at``): ``take`` hands
+a stale pending row to one caller; ``finish`` records where it landed (an alert's findings and
+an approval's request learn it too), ``cancel`` that it was refused (an alert's findings are
+not alerted), ``abandon`` that nobody can tell (audited). A change that finds another take, or
+a settled row, changes nothing: the newer take decides, and a row ``posted`` never changes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, and_, select
+from sqlalchemy import Connection, Engine, Row, select
+from sqlalchemy.exc import IntegrityError
 
-from gpubot.core.alerting import PendingPost
+from gpubot.core.alerting import Intent, MessageRef, PendingPost
+from gpubot.core.approval.posts import Purpose, may_record, parse_subject
 from gpubot.core.findings import FindingKey
 from gpubot.core.health.kinds import parse_key
+from gpubot.core.models import ApprovalState
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
 from gpubot.store.engine import guard, read_tx, write_tx
 from gpubot.store.records import iso, parse_iso
-from gpubot.store.tables import alert_posts, alerts
+from gpubot.store.tables import alerts, approvals, outbox
 from gpubot.store.waits import in_thread
 
 log = logging.getLogger(__name__)
 
-NO_KEYS = "[]"  # the keys of a message post: it alerts no finding
+NO_KEYS = "[]"  # the keys of a post that alerts no finding
+c = outbox.c
 
 
-class OutboxMixin:
-    """The outbox half of ``DbAlerts``; every method is async and raises ``StoreError``."""
+class DbOutbox:
+    """The outbox on one engine; every method is async and raises ``StoreError``."""
 
-    _engine: Engine
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
 
-    async def begin_post(
-        self, token: str, node: str, keys: Sequence[FindingKey], now: datetime
-    ) -> PendingPost | None:
-        """Record the intent to post an alert on ``keys`` (those not alerted yet), and mark
-        them alerted, in one transaction; return the intent, or None if none is left."""
-        return await in_thread(self._begin_post, token, node, list(keys), now)
+    async def begin(self, intent: Intent) -> PendingPost | None:
+        """Record ``intent``; return the post to make, or None: nothing to post (an alert's
+        findings all alerted, an approval not in the state for it, a ``once`` subject posted
+        or being posted)."""
+        try:
+            return await in_thread(self._begin, intent)
+        except StoreError as exc:
+            if intent.once and isinstance(exc.__cause__, IntegrityError):
+                return None  # another replica recorded it first
+            raise
 
-    async def begin_message(self, token: str, subject: str, now: datetime) -> PendingPost:
-        """Record the intent to post one message of ``subject`` (no finding: a head)."""
-        return await in_thread(self._begin_message, token, subject, now)
+    async def take(self, token: str, stale_before: datetime, now: datetime) -> PendingPost | None:
+        """Take the post ``token`` if it is pending on a take made at or before
+        ``stale_before``; None: it is settled, or another caller holds a newer take."""
+        return await in_thread(self._take, token, stale_before, now)
 
-    async def begin_once(
-        self, token: str, subject: str, now: datetime, stale_before: datetime
-    ) -> tuple[PendingPost, bool] | None:
-        """Record the intent to post the message ``token`` of ``subject`` unless a row has that
-        token: return it and True. A row of it refused (not posted) is taken again the same way.
-        A row still pending since before ``stale_before`` (its poster died, or could not confirm
-        it), or given up (nobody could tell whether it was posted), is handed over: returned
-        with False, pending again and marked taken (its time is now), so one caller settles it,
-        searching the history first. Otherwise None: it is posted, or being done."""
-        return await in_thread(self._begin_once, token, subject, now, stale_before)
-
-    async def finish_post(
-        self,
-        token: str,
-        channel: str,
-        message_ts: str,
-        now: datetime,
-        *,
-        taken: datetime,
-        adopted: bool = False,
+    async def finish(
+        self, post: PendingPost, ref: MessageRef, now: datetime, *, adopted: bool = False
     ) -> list[FindingKey]:
-        """Record that the post ``token`` is message ``message_ts`` in ``channel`` (``adopted``:
-        found in the history, not answered) while it is pending on the take ``taken``; return
-        the keys it alerted (none if another take holds it: that one decides)."""
-        where = (channel, message_ts)
-        return await in_thread(self._finish_post, token, where, now, taken, adopted)
+        """Record that ``post`` is the message ``ref`` (``adopted``: found in the history, not
+        answered); return the findings it alerted (none when another take holds it)."""
+        return await in_thread(self._finish, post, ref, now, adopted)
 
-    async def cancel_post(self, token: str, now: datetime, *, taken: datetime) -> None:
-        """Record that Slack refused the post ``token``: its findings are not alerted (only
-        while it is pending on the take ``taken``)."""
-        await in_thread(self._cancel_post, token, now, taken)
+    async def cancel(self, post: PendingPost, now: datetime) -> None:
+        """Record that ``post`` was refused: nothing of it is there, its findings not alerted."""
+        await in_thread(self._cancel, post, now)
+
+    async def abandon(self, post: PendingPost, why: str, now: datetime) -> None:
+        """Give up on ``post`` (nobody can tell whether it is there): audited."""
+        await in_thread(self._abandon, post, why, now)
 
     async def note_repeat(self, token: str) -> None:
         """Record, before it is made, a post that may repeat the post ``token``."""
         await in_thread(self._note_repeat, token)
 
-    async def abandon_post(self, token: str, why: str, now: datetime, *, taken: datetime) -> None:
-        """Give up on the post ``token`` (nobody can tell whether it is in the channel), only
-        while it is pending on the take ``taken``."""
-        await in_thread(self._abandon_post, token, why, now, taken)
+    async def pending(self, subject: str, *, under: bool = False) -> list[PendingPost]:
+        """Return the posts of ``subject`` (``under``: of every subject that starts with it)
+        recorded and not known posted, refused or given up, oldest first."""
+        return await in_thread(self._pending, subject, under)
 
-    async def pending_posts(self, subject: str | None = None) -> list[PendingPost]:
-        """Return the alert posts (or, with ``subject``, that subject's message posts)
-        recorded and not known to be posted or refused, oldest first."""
-        return await in_thread(self._pending, subject)
+    async def recorded(self, subject: str) -> bool:
+        """Whether a post of the ``once`` subject ``subject`` was recorded."""
+        return await in_thread(self._recorded, subject)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
-    def _begin_post(
-        self, token: str, node: str, keys: list[FindingKey], now: datetime
-    ) -> PendingPost | None:
-        at = iso(now)
-        with (
-            guard("cannot record the alert post, so it was not posted"),
-            write_tx(self._engine) as conn,
-        ):
-            rows = [
-                r
-                for k in dict.fromkeys(keys)
-                if (r := _alert_row(conn, k)) is not None
-                and r.alerted_at is None
-                and r.resolved_at is None
-            ]
-            if not rows:
+    def _begin(self, intent: Intent) -> PendingPost | None:
+        with guard("cannot record the post, so it was not posted"), write_tx(self._engine) as conn:
+            since, keys = intent.at, intent.keys
+            if keys:
+                marked = _mark_alerted(conn, intent)
+                if marked is None:
+                    return None
+                since, keys = marked
+            about = parse_subject(intent.subject)
+            node = None if about is None else _approval_node(conn, about, intent.at)
+            if about is not None and node is None:
                 return None
+            if intent.once:
+                row = conn.execute(select(outbox).where(c.once == intent.subject)).one_or_none()
+                if row is not None:
+                    return _retake(conn, row, intent)
+            at = iso(intent.at)
             conn.execute(
-                alerts.update().where(alerts.c.id.in_([r.id for r in rows])).values(alerted_at=at)
-            )
-            since = min(r.first_seen for r in rows)
-            texts = [r.key for r in rows]
-            conn.execute(
-                alert_posts.insert().values(
-                    token=token,
-                    node=node,
-                    keys=json.dumps(texts),
-                    since=since,
+                outbox.insert().values(
+                    token=intent.token,
+                    subject=intent.subject,
+                    once=intent.subject if intent.once else None,
+                    keys=json.dumps([k.text() for k in keys]),
+                    destination=intent.to,
+                    since=iso(since),
                     created_at=at,
+                    taken_at=at,
                     state="pending",
                     repeats=0,
                 )
             )
-            return _pending(_post_row(conn, token))
-
-    def _begin_message(self, token: str, subject: str, now: datetime) -> PendingPost:
-        at = iso(now)
-        with guard("cannot record the post, so it was not posted"), write_tx(self._engine) as conn:
-            conn.execute(
-                alert_posts.insert().values(
-                    token=token,
-                    node=subject,
-                    keys=NO_KEYS,
-                    since=at,
-                    created_at=at,
-                    state="pending",
-                    repeats=0,
-                )
-            )
-            return _pending(_post_row(conn, token))
-
-    def _begin_once(
-        self, token: str, subject: str, now: datetime, stale_before: datetime
-    ) -> tuple[PendingPost, bool] | None:
-        c = alert_posts.c
-        with guard("cannot record the post, so it was not posted"), write_tx(self._engine) as conn:
-            row = conn.execute(select(alert_posts).where(c.token == token)).one_or_none()
-            if row is None:
-                conn.execute(
-                    alert_posts.insert().values(
-                        token=token,
-                        node=subject,
-                        keys=NO_KEYS,
-                        since=iso(now),
-                        created_at=iso(now),
-                        state="pending",
-                        repeats=0,
-                    )
-                )
-                return _pending(_post_row(conn, token)), True
-            if row.state == "posted":
-                return None
-            if row.state == "pending" and parse_iso(row.created_at) >= stale_before:
-                return None  # being done
-            # Taken again: left pending, refused (it is not there: posted afresh), or given up
-            # (nobody knew: the history is searched before anything is posted again).
-            conn.execute(
-                alert_posts.update()
-                .where(c.id == row.id, c.state == row.state, c.created_at == row.created_at)
-                .values(state="pending", created_at=iso(now), finished_at=None)
-            )
-            # its first post's time: "may repeat"; the take is now
-            return replace(_pending(row), taken_at=now), row.state == "refused"
-
-    def _finish_post(
-        self, token: str, where: tuple[str, str], now: datetime, taken: datetime, adopted: bool
-    ) -> list[FindingKey]:
-        channel, ts = where
-        with guard("cannot record the alert as posted"), write_tx(self._engine) as conn:
-            post = _settle(
-                conn,
-                token,
-                taken,
-                state="posted",
-                channel=channel,
-                message_ts=ts,
-                finished_at=iso(now),
-            )
-            if post is None:
-                return []
-            done: list[FindingKey] = []
-            for text in json.loads(post.keys):
-                row = conn.execute(select(alerts).where(alerts.c.key == text)).one_or_none()
-                if row is None or row.message_ts is not None:
-                    continue
-                conn.execute(
-                    alerts.update()
-                    .where(alerts.c.id == row.id)
-                    .values(channel=channel, message_ts=ts, alerted_at=row.alerted_at or iso(now))
-                )
-                payload: dict[str, Any] = {
-                    "alert": "alerted",
-                    "key": text,
-                    "token": token,
-                    "channel": channel,
-                    "message_ts": ts,
-                }
-                if adopted:
-                    payload["adopted"] = True
+            if intent.audit is not None:
                 append(
                     conn,
-                    kind="alert",
+                    kind="alert" if about is None else "approval",
                     actor="gpubot",
                     source="gpubot",
-                    node=row.node,
-                    now=now,
-                    payload=payload,
+                    node=node,
+                    payload={**_about(about), **intent.audit, "token": intent.token},
+                    now=intent.at,
                 )
-                done.append(parse_key(text))
-            return done
+            return _pending(_row(conn, intent.token))
 
-    def _cancel_post(self, token: str, now: datetime, taken: datetime) -> None:
-        with guard("cannot record the refused alert post"), write_tx(self._engine) as conn:
-            post = _settle(conn, token, taken, state="refused", finished_at=iso(now))
-            if post is None:
+    def _take(self, token: str, stale_before: datetime, now: datetime) -> PendingPost | None:
+        with guard("cannot take the post"), write_tx(self._engine) as conn:
+            row = _row(conn, token)
+            if row.state != "pending" or parse_iso(row.taken_at) > stale_before:
+                return None
+            moved = conn.execute(
+                outbox.update()
+                .where(c.id == row.id, c.state == "pending", c.taken_at == row.taken_at)
+                .values(taken_at=iso(now))
+            )
+            if moved.rowcount != 1:
+                return None
+            return replace(_pending(row), taken_at=now, fresh=False)
+
+    def _finish(
+        self, post: PendingPost, ref: MessageRef, now: datetime, adopted: bool
+    ) -> list[FindingKey]:
+        with guard("cannot record the post as posted"), write_tx(self._engine) as conn:
+            row = _settle(conn, post, state="posted", ref=ref, finished_at=iso(now))
+            if row is None:
+                return []
+            about = parse_subject(row.subject)
+            if about is not None and about[1] is Purpose.REQUEST:  # where its buttons are
+                conn.execute(approvals.update().where(approvals.c.id == about[0]).values(ref=ref))
+            return _alerted(conn, row, ref, now, adopted)
+
+    def _cancel(self, post: PendingPost, now: datetime) -> None:
+        with guard("cannot record the refused post"), write_tx(self._engine) as conn:
+            row = _settle(conn, post, state="refused", finished_at=iso(now))
+            if row is None or row.keys == NO_KEYS:
                 return
             conn.execute(
                 alerts.update()
                 .where(
-                    alerts.c.key.in_(json.loads(post.keys)),
-                    alerts.c.message_ts.is_(None),
-                    alerts.c.alerted_at == post.created_at,
+                    alerts.c.key.in_(json.loads(row.keys)),
+                    alerts.c.ref.is_(None),
+                    alerts.c.alerted_at == row.created_at,
                 )
                 .values(alerted_at=None)
             )
 
-    def _note_repeat(self, token: str) -> None:
-        with guard("cannot record the repeated alert post"), write_tx(self._engine) as conn:
-            post = _post_row(conn, token)
-            conn.execute(
-                alert_posts.update()
-                .where(alert_posts.c.id == post.id, alert_posts.c.state == "pending")
-                .values(repeats=alert_posts.c.repeats + 1)
-            )
-
-    def _abandon_post(self, token: str, why: str, now: datetime, taken: datetime) -> None:
-        with guard("cannot record the abandoned alert post"), write_tx(self._engine) as conn:
-            post = _settle(conn, token, taken, state="abandoned", finished_at=iso(now))
-            if post is None:
+    def _abandon(self, post: PendingPost, why: str, now: datetime) -> None:
+        with guard("cannot record the abandoned post"), write_tx(self._engine) as conn:
+            row = _settle(conn, post, state="abandoned", finished_at=iso(now))
+            if row is None:
                 return
+            about = parse_subject(row.subject)
+            if about is not None:
+                node = conn.execute(
+                    select(approvals.c.node).where(approvals.c.id == about[0])
+                ).scalar()
+                payload = {"approval": about[0], "post": str(about[1]), "not posted": why}
+                kind = "approval"
+            else:
+                message = row.keys == NO_KEYS
+                node = None if message else row.subject.removeprefix("alert:")
+                payload = {"alert": "not posted", "keys": json.loads(row.keys), "why": why}
+                payload |= {"message": row.subject} if message else {}
+                kind = "alert"
+            payload["token"] = row.token
             append(
                 conn,
-                kind="alert",
+                kind=kind,
                 actor="gpubot",
                 source="gpubot",
-                node=None if post.keys == NO_KEYS else post.node,
+                node=node,
                 now=now,
-                payload={
-                    "alert": "not posted",
-                    "keys": json.loads(post.keys),
-                    "token": token,
-                    "why": why,
-                    **({"message": post.node} if post.keys == NO_KEYS else {}),
-                },
+                payload=payload,
             )
 
-    def _pending(self, subject: str | None) -> list[PendingPost]:
-        c = alert_posts.c
-        keys = c["keys"]
-        which = keys != NO_KEYS if subject is None else and_(keys == NO_KEYS, c.node == subject)
-        with guard("cannot read the alert outbox"), read_tx(self._engine) as conn:
+    def _note_repeat(self, token: str) -> None:
+        with guard("cannot record the repeated post"), write_tx(self._engine) as conn:
+            row = _row(conn, token)
+            conn.execute(
+                outbox.update()
+                .where(c.id == row.id, c.state == "pending")
+                .values(repeats=c.repeats + 1)
+            )
+
+    def _pending(self, subject: str, under: bool) -> list[PendingPost]:
+        which = c.subject.startswith(subject, autoescape=True) if under else c.subject == subject
+        with guard("cannot read the outbox"), read_tx(self._engine) as conn:
             rows = conn.execute(
-                select(alert_posts).where(c.state == "pending", which).order_by(c.id)
+                select(outbox).where(c.state == "pending", which).order_by(c.id)
             ).all()
             return [_pending(r) for r in rows]
 
+    def _recorded(self, subject: str) -> bool:
+        with guard("cannot read the outbox"), read_tx(self._engine) as conn:
+            return conn.execute(select(c.id).where(c.once == subject)).first() is not None
 
-def _alert_row(conn: Connection, key: FindingKey) -> Row[Any] | None:
-    return conn.execute(select(alerts).where(alerts.c.key == key.text())).one_or_none()
+
+def _mark_alerted(
+    conn: Connection, intent: Intent
+) -> tuple[datetime, tuple[FindingKey, ...]] | None:
+    """Mark the intent's findings not alerted yet (nor resolved) alerted; return the first
+    sighting of those and their keys, or None if there are none."""
+    rows = [
+        r
+        for k in dict.fromkeys(intent.keys)
+        if (r := conn.execute(select(alerts).where(alerts.c.key == k.text())).one_or_none())
+        is not None
+        and r.alerted_at is None
+        and r.resolved_at is None
+    ]
+    if not rows:
+        return None
+    conn.execute(
+        alerts.update()
+        .where(alerts.c.id.in_([r.id for r in rows]))
+        .values(alerted_at=iso(intent.at))
+    )
+    first = min(parse_iso(r.first_seen) for r in rows)
+    return first, tuple(parse_key(r.key) for r in rows)
 
 
-def _post_row(conn: Connection, token: str) -> Row[Any]:
-    row = conn.execute(select(alert_posts).where(alert_posts.c.token == token)).one_or_none()
+def _approval_node(conn: Connection, about: tuple[int, Purpose], at: datetime) -> str | None:
+    """Return the node of the approval an approval's post is for, if the post may be recorded
+    at ``at`` (its state, and a re-ping's time); else None."""
+    a = conn.execute(select(approvals).where(approvals.c.id == about[0])).one_or_none()
+    if a is None:
+        return None
+    created, expires = parse_iso(a.created_at), parse_iso(a.expires_at)
+    if not may_record(about[1], ApprovalState(a.state), created, expires, at):
+        return None
+    return str(a.node)
+
+
+def _retake(conn: Connection, row: Row[Any], intent: Intent) -> PendingPost | None:
+    """A ``once`` subject recorded before: hand it over if the intent may take it again (it
+    was refused, given up, or left pending since before ``retake_before``), else None."""
+    stale = intent.retake_before
+    if stale is None or row.state == "posted":
+        return None
+    if row.state == "pending" and parse_iso(row.taken_at) > stale:
+        return None  # being done
+    moved = conn.execute(
+        outbox.update()
+        .where(c.id == row.id, c.state == row.state, c.taken_at == row.taken_at)
+        .values(state="pending", taken_at=iso(intent.at), finished_at=None)
+    )
+    if moved.rowcount != 1:
+        return None
+    # Refused: it is not there, so posted afresh; otherwise the history is searched first.
+    return replace(_pending(row), taken_at=intent.at, fresh=row.state == "refused")
+
+
+def _alerted(
+    conn: Connection, row: Row[Any], ref: MessageRef, now: datetime, adopted: bool
+) -> list[FindingKey]:
+    """Record ``ref`` on the findings the post ``row`` alerted (audited); return their keys."""
+    done: list[FindingKey] = []
+    for text in json.loads(row.keys):
+        a = conn.execute(select(alerts).where(alerts.c.key == text)).one_or_none()
+        if a is None or a.ref is not None:
+            continue
+        conn.execute(
+            alerts.update()
+            .where(alerts.c.id == a.id)
+            .values(ref=ref, alerted_at=a.alerted_at or iso(now))
+        )
+        payload: dict[str, Any] = {"alert": "alerted", "key": text, "token": row.token, "ref": ref}
+        if adopted:
+            payload["adopted"] = True
+        append(
+            conn,
+            kind="alert",
+            actor="gpubot",
+            source="gpubot",
+            node=a.node,
+            now=now,
+            payload=payload,
+        )
+        done.append(parse_key(text))
+    return done
+
+
+def _about(about: tuple[int, Purpose] | None) -> dict[str, Any]:
+    return {} if about is None else {"approval": about[0]}
+
+
+def _row(conn: Connection, token: str) -> Row[Any]:
+    row = conn.execute(select(outbox).where(c.token == token)).one_or_none()
     if row is None:
-        raise StoreError(f"no alert post {token} was recorded")
+        raise StoreError(f"no post {token} was recorded")
     return row
 
 
-def _settle(conn: Connection, token: str, taken: datetime, **values: str) -> Row[Any] | None:
-    """Change the post ``token`` if it is still pending on the take ``taken`` (compare and set);
-    return its row as it was, or None (changed nothing): another take holds it, or it is
-    settled (a ``posted`` row is never changed again)."""
-    post = _post_row(conn, token)
-    c = alert_posts.c
+def _settle(conn: Connection, post: PendingPost, **values: str) -> Row[Any] | None:
+    """Change ``post`` if it is still pending on the caller's take (compare and set); return
+    its row as it was, or None: another take holds it, or it is settled."""
+    row = _row(conn, post.token)
     moved = conn.execute(
-        alert_posts.update()
-        .where(c.id == post.id, c.state == "pending", c.created_at == iso(taken))
+        outbox.update()
+        .where(c.id == row.id, c.state == "pending", c.taken_at == iso(post.take))
         .values(**values)
     )
     if moved.rowcount == 1:
-        return post
+        return row
     log.warning(
-        "post %s: %s from a take of %s ignored; the row is %s since %s",
-        token,
+        "post %s: %s from a take of %s ignored; the row is %s, taken %s",
+        post.token,
         values["state"],
-        iso(taken),
-        post.state,
-        post.created_at,
+        iso(post.take),
+        row.state,
+        row.taken_at,
     )
     return None
 
@@ -337,9 +351,11 @@ def _settle(conn: Connection, token: str, taken: datetime, **values: str) -> Row
 def _pending(row: Row[Any]) -> PendingPost:
     return PendingPost(
         token=row.token,
-        node=row.node,
+        subject=row.subject,
         keys=tuple(parse_key(t) for t in json.loads(row.keys)),
         since=parse_iso(row.since),
         created_at=parse_iso(row.created_at),
         repeats=int(row.repeats),
+        taken_at=parse_iso(row.taken_at),
+        to=row.destination,
     )

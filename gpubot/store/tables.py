@@ -18,7 +18,6 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    UniqueConstraint,
 )
 
 from gpubot.core.models import ApprovalState
@@ -83,9 +82,8 @@ approvals = Table(
     Column("decided_at", TIME, nullable=True),
     Column("finished_at", TIME, nullable=True),
     Column("result", Text, nullable=True),
-    Column("channel", Text, nullable=True),
-    Column("message_ts", Text, nullable=True),
     Column("taken_at", TIME, nullable=True),  # a retry took it back to approved (0013)
+    Column("ref", Text, nullable=True),  # its request message, as the front end names it (0014)
     CheckConstraint(f"state IN ({_STATES})", name="state"),
     Index(None, "state"),
 )
@@ -103,32 +101,35 @@ alerts = Table(
     Column("last_seen", TIME, nullable=False),
     Column("seen_count", Integer, nullable=False),
     Column("alerted_at", TIME, nullable=True),
-    Column("channel", Text, nullable=True),
-    Column("message_ts", Text, nullable=True),
     Column("reminded_at", TIME, nullable=True),
     Column("snoozed_until", TIME, nullable=True),
     Column("resolved_at", TIME, nullable=True),
+    Column("ref", Text, nullable=True),  # its alert message (0014)
 )
 
-# The alert outbox (``store.outbox``): a post's intent, written with its findings' state change
-# before anything is posted; its token rides in the message's metadata, so that a post whose
-# answer was lost (a timeout, a crash) is found in the channel's history instead of repeated.
-alert_posts = Table(
-    "alert_posts",
+# The outbox (``store.outbox``): every post that must appear once (alerts, DMs, the audit head,
+# the ladder's, approvals'), recorded with a token before it is made; the token rides in the
+# message, so a post whose answer was lost is found in the history instead of repeated. ``once``
+# (the subject, or NULL) makes a subject one row ever; ``taken_at`` is the compare-and-set of the
+# caller that may post it now; ``ref`` is where it landed, as the front end names it.
+outbox = Table(
+    "outbox",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("token", String(64), nullable=False, unique=True),
-    Column("node", Text, nullable=False),
-    Column("keys", Text, nullable=False),  # JSON list of FindingKey.text()
-    Column("since", TIME, nullable=False),  # the findings' first sighting
+    Column("subject", Text, nullable=False),
+    Column("once", Text, nullable=True, unique=True),
+    Column("keys", Text, nullable=False),  # JSON list of FindingKey.text() (an alert's)
+    Column("destination", Text, nullable=True),  # where it goes (NULL: the alerts channel)
+    Column("since", TIME, nullable=False),  # the history is searched from here
     Column("created_at", TIME, nullable=False),
+    Column("taken_at", TIME, nullable=False),
     Column("state", String(16), nullable=False),  # pending, posted, refused, abandoned
     Column("repeats", Integer, nullable=False),
-    Column("channel", Text, nullable=True),
-    Column("message_ts", Text, nullable=True),
+    Column("ref", Text, nullable=True),
     Column("finished_at", TIME, nullable=True),
     CheckConstraint("state IN ('pending', 'posted', 'refused', 'abandoned')", name="state"),
-    Index(None, "state"),
+    Index(None, "state", "subject"),
 )
 
 # One row per GPU per sweep (``core.usage.idle``): what idle detection reads; pruned after
@@ -195,31 +196,6 @@ leases = Table(
     Column("since", TIME, nullable=False),  # when this holder took it
     Column("expires_at", TIME, nullable=False),
 )
-
-# The approval outbox (``store.approval_posts``): the on-call request, its re-ping at half its
-# expiry and the requester's message at expiry, each recorded (a token, where it goes) before it
-# is posted. One row per approval and purpose: the row is the "done once" mark across restarts
-# and replicas (the unique pair), and its token rides in the message metadata, so a post whose
-# answer was lost is found in the channel's history instead of repeated.
-approval_posts = Table(
-    "approval_posts",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("approval_id", Integer, nullable=False),
-    Column("purpose", String(16), nullable=False),  # request, reping, expired
-    Column("token", String(64), nullable=False, unique=True),
-    Column("channel", Text, nullable=False),
-    Column("thread_ts", Text, nullable=True),
-    Column("created_at", TIME, nullable=False),
-    Column("state", String(16), nullable=False),  # pending, posted, refused, abandoned
-    Column("repeats", Integer, nullable=False),
-    Column("message_ts", Text, nullable=True),
-    Column("finished_at", TIME, nullable=True),
-    CheckConstraint("state IN ('pending', 'posted', 'refused', 'abandoned')", name="state"),
-    UniqueConstraint("approval_id", "purpose"),
-    Index(None, "state"),
-)
-
 
 # Each GPU's uncorrectable ECC counts as the last sweep saw them (issue 27:
 # ``core.health.findings``): a count that grows between sweeps is a finding, across restarts too.
@@ -302,20 +278,6 @@ idle_ladder = Table(
     Column("kept_reason", Text, nullable=True),
     Column("kept_at", TIME, nullable=True),
 )
-
-# The weekly GPU-hours digest, posted once per period (an outbox: the intent and its token
-# first, then the post carrying the token, then where it landed).
-usage_digests = Table(
-    "usage_digests",
-    metadata,
-    Column("period", Text, primary_key=True),  # "digest:2026-11-30"
-    Column("token", Text, nullable=False),
-    Column("state", Text, nullable=False),  # pending | posted | refused
-    Column("created_at", TIME, nullable=False),
-    Column("channel", Text, nullable=True),
-    Column("message_ts", Text, nullable=True),
-)
-
 
 # GPU claims (``store.claims``, issue 26): a person's word that they use a GPU until a time.
 # ``holding`` is "NODE:GPU" while the claim is active and NULL after: a unique column, so the

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gpubot.core.alerting import MessageRef
 from gpubot.core.findings import FindingKey
 from gpubot.errors import StoreError
 from gpubot.store import Store
@@ -37,8 +38,8 @@ async def test_findings_count_consecutive_sweeps(store: Store) -> None:
 
 async def test_alert_remind_snooze_resolve_and_come_back(store: Store) -> None:
     await store.alerts.upsert_seen([ORPHAN], _at(0))
-    a = await store.alerts.mark_alerted(ORPHAN, channel="C1", message_ts="1.1", now=_at(1))
-    assert (a.alerted_at, a.channel, a.message_ts) == (_at(1), "C1", "1.1")
+    a = await store.alerts.mark_alerted(ORPHAN, ref=MessageRef("C1/1.1"), now=_at(1))
+    assert (a.alerted_at, a.ref) == (_at(1), "C1/1.1")
     assert (await store.alerts.mark_reminded(ORPHAN, _at(61))).reminded_at == _at(61)
     s = await store.alerts.snooze(ORPHAN, _at(24 * 60), by="U1", now=_at(62))
     assert s.snoozed(_at(63)) and not s.snoozed(_at(24 * 60))
@@ -69,4 +70,4 @@ async def test_alert_remind_snooze_resolve_and_come_back(store: Store) -> None:
 
 async def test_an_unseen_finding_cannot_be_alerted(store: Store) -> None:
     with pytest.raises(StoreError, match="no finding"):
-        await store.alerts.mark_alerted(DOWN, channel="C1", message_ts="1.1", now=T0)
+        await store.alerts.mark_alerted(DOWN, ref=MessageRef("C1/1.1"), now=T0)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpubot.core.alerting import MessageRef
 from gpubot.core.models import ApprovalState as S
 from gpubot.errors import (
     AlreadyDecided,
@@ -126,17 +127,12 @@ async def test_expire_due_expires_only_what_is_due(store: Store) -> None:
 
 async def test_pending_approvals_survive_a_restart(store: Store, fresh_db_url: str) -> None:
     a = await _request(store)
-    await store.approvals.set_message(a.id, "C123", "1700000000.000100")
+    await store.approvals.set_message(a.id, MessageRef("C123/1700000000.000100"))
     store.close()
     again = open_store(fresh_db_url)
     try:
         [p] = await again.approvals.pending()
-        assert (p.id, p.request, p.channel, p.message_ts) == (
-            a.id,
-            REQUEST,
-            "C123",
-            "1700000000.000100",
-        )
+        assert (p.id, p.request, p.ref) == (a.id, REQUEST, "C123/1700000000.000100")
         assert (await again.approvals.decide(a.id, "U2", True, T0)).state is S.APPROVED
     finally:
         again.close()
@@ -146,7 +142,7 @@ async def test_unknown_approvals_and_bad_expiry_are_refused(store: Store) -> Non
     for attempt in (
         store.approvals.decide(999, "U2", True, T0),
         store.approvals.mark_executed(999, {}),
-        store.approvals.set_message(999, "C1", "1.2"),
+        store.approvals.set_message(999, MessageRef("C1/1.2")),
     ):
         with pytest.raises(ApprovalError, match="no approval 999"):
             await attempt

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -30,12 +31,10 @@ TABLES = {
     "alerts",
     "gpu_samples",
     "gpu_ecc",
-    "alert_posts",
+    "outbox",
     "leases",
     "gpu_idle",
-    "approval_posts",
     *("gpu_usage", "gpu_usage_last", "usage_sweeps", "usage_gaps", "idle_ladder"),
-    "usage_digests",
     "claims",
     "claim_waits",
     "gpu_holders",
@@ -53,6 +52,9 @@ CHAIN_AFTER_0006: tuple[tuple[str, frozenset[str]], ...] = (
     ("0013", frozenset()),  # approvals get ``taken_at``: a new column, no table
 )
 AFTER_0006 = frozenset().union(*(tables for _, tables in CHAIN_AFTER_0006))
+# 0014 folds the three outboxes into one: ``outbox`` comes, they go.
+OUTBOXES = frozenset({"alert_posts", "approval_posts", "usage_digests"})
+AT_0013 = TABLES - {"outbox"} | OUTBOXES
 
 
 def _tables(url: str) -> set[str]:
@@ -91,7 +93,7 @@ def test_0006_goes_down_and_up_again_alone(fresh_db_url: str) -> None:
     try:
         store.downgrade("0005")
         inspect = sa.inspect(store.engine)
-        assert set(inspect.get_table_names()) == TABLES - {"gpu_idle", *AFTER_0006}
+        assert set(inspect.get_table_names()) == AT_0013 - {"gpu_idle", *AFTER_0006}
         names = {i["name"] for i in inspect.get_indexes("audit_log")}
         assert "ix_audit_log_node_kind_seq" not in names and "ix_audit_log_kind_seq" in names
         store.upgrade()
@@ -108,12 +110,14 @@ def test_each_migration_after_0006_goes_down_and_up_again_alone(fresh_db_url: st
     """Each later migration removes exactly its own table when it is undone, in chain order."""
     store = open_store(fresh_db_url, check_schema=False)
     try:
-        assert store.revision() == (HEAD, HEAD) == (CHAIN_AFTER_0006[-1][0],) * 2
+        assert store.revision() == (HEAD, HEAD) == ("0014", "0014")
+        store.downgrade("0013")
+        assert set(sa.inspect(store.engine).get_table_names()) == AT_0013
         revisions = ["0006", *(rev for rev, _ in CHAIN_AFTER_0006)]
         for i in range(len(CHAIN_AFTER_0006), 0, -1):
             store.downgrade(revisions[i - 1])
             gone = set().union(*(tables for _, tables in CHAIN_AFTER_0006[i - 1 :]))
-            assert set(sa.inspect(store.engine).get_table_names()) == TABLES - gone
+            assert set(sa.inspect(store.engine).get_table_names()) == AT_0013 - gone
         store.upgrade()
         assert set(sa.inspect(store.engine).get_table_names()) == TABLES
         assert store.revision() == (HEAD, HEAD)
@@ -139,7 +143,7 @@ def test_0013_adds_taken_at_and_takes_it_away_keeping_the_state_check(fresh_db_u
             conn.exec_driver_sql(insert.replace("{state}", "waiting"))
         assert "taken_at" in columns()
         store.downgrade("0012")
-        assert "taken_at" not in columns()
+        assert "taken_at" not in columns() and "ref" not in columns()
         with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
             conn.exec_driver_sql(insert.replace("{state}", "bogus"))
         with store.engine.connect() as conn:
@@ -150,6 +154,77 @@ def test_0013_adds_taken_at_and_takes_it_away_keeping_the_state_check(fresh_db_u
         with store.engine.connect() as conn:
             taken = conn.exec_driver_sql("SELECT taken_at FROM approvals").scalars().all()
         assert taken == [None]
+    finally:
+        store.close()
+
+
+AT = "'2030-01-01T12:00:00.000000Z'"
+ROWS_AT_0013 = (
+    "INSERT INTO approvals (requester, requester_name, source, node, plan, state, created_at, "
+    f"expires_at, channel, message_ts) VALUES ('U1', 'alice', 'slack', 'node3', '{{}}', "
+    f"'pending', {AT}, {AT}, 'C0ONCALL', '1.5')",
+    "INSERT INTO alerts (key, node, gpu, kind, holder, first_seen, last_seen, seen_count, "
+    f"alerted_at, channel, message_ts) VALUES ('k1', 'node3', 2, 'orphaned-vram', '', {AT}, "
+    f"{AT}, 2, {AT}, 'C1', '2.5')",
+    "INSERT INTO alert_posts (token, node, keys, since, created_at, state, repeats, channel, "
+    f"message_ts) VALUES ('a1', 'node3', '[\"k1\"]', {AT}, {AT}, 'posted', 0, 'C1', '2.5')",
+    "INSERT INTO alert_posts (token, node, keys, since, created_at, state, repeats) VALUES "
+    f"('{hashlib.sha256(b'dm:x').hexdigest()[:32]}', 'dm:x', '[]', {AT}, {AT}, 'pending', 1)",
+    "INSERT INTO approval_posts (approval_id, purpose, token, channel, thread_ts, created_at, "
+    f"state, repeats) VALUES (1, 'reping', 'p1', 'C0ONCALL', '1.5', {AT}, 'pending', 0)",
+    "INSERT INTO usage_digests (period, token, state, created_at, channel, message_ts) VALUES "
+    f"('digest:2030-01-01', 'd1', 'posted', {AT}, 'C2', '3.5')",
+)
+
+
+def test_0014_moves_every_outbox_row_into_one_and_back(fresh_db_url: str) -> None:
+    """Up, the three outboxes' rows are the one outbox's (a once-only DM, an approval's post and
+    a digest stay once-only) and every (channel, ts) is one ref; down, each comes back."""
+    store = open_store(fresh_db_url, check_schema=False)
+    try:
+        store.downgrade("0013")
+        with store.engine.begin() as conn:
+            for row in ROWS_AT_0013:
+                conn.exec_driver_sql(row)
+        store.upgrade()
+        with store.engine.connect() as conn:
+            got = conn.exec_driver_sql(
+                "SELECT subject, once, destination, state, repeats, ref FROM outbox ORDER BY id"
+            ).all()
+            refs = conn.exec_driver_sql(
+                "SELECT (SELECT ref FROM alerts), (SELECT ref FROM approvals)"
+            ).one()
+        assert [tuple(r) for r in got] == [
+            ("alert:node3", None, None, "posted", 0, "C1/2.5"),
+            ("dm:x", "dm:x", None, "pending", 1, None),
+            ("approval:1:reping", "approval:1:reping", "C0ONCALL/1.5", "pending", 0, None),
+            ("digest:2030-01-01", "digest:2030-01-01", None, "posted", 0, "C2/3.5"),
+        ]
+        assert tuple(refs) == ("C1/2.5", "C0ONCALL/1.5")
+        store.downgrade("0013")
+        with store.engine.connect() as conn:
+            back = [
+                conn.exec_driver_sql(f"SELECT {cols} FROM {table}").all()
+                for table, cols in (
+                    ("alerts", "channel, message_ts"),
+                    ("approvals", "channel, message_ts"),
+                    ("alert_posts", "token, node, state, channel, message_ts"),
+                    ("approval_posts", "approval_id, purpose, channel, thread_ts, state"),
+                    ("usage_digests", "period, token, state, channel, message_ts"),
+                )
+            ]
+        assert [[tuple(r) for r in rows] for rows in back] == [
+            [("C1", "2.5")],
+            [("C0ONCALL", "1.5")],
+            [
+                ("a1", "node3", "posted", "C1", "2.5"),
+                (hashlib.sha256(b"dm:x").hexdigest()[:32], "dm:x", "pending", None, None),
+            ],
+            [(1, "reping", "C0ONCALL", "1.5", "pending")],
+            [("digest:2030-01-01", "d1", "posted", "C2", "3.5")],
+        ]
+        store.upgrade()
+        assert store.revision() == (HEAD, HEAD)
     finally:
         store.close()
 

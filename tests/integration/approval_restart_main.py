@@ -65,8 +65,9 @@ async def approve(bot: GpuBot, s: Settings) -> None:
     channel = s.policy.approval_channel or "C0ONCALL"
     handle = await bot.api.post(channel, to_slack(msg))
     assert handle is not None
-    await approvals.approvals.set_message(a.id, *handle)
-    emit("approving", approval=a.id, channel=handle[0], ts=handle[1])
+    await approvals.approvals.set_message(a.id, handle)
+    channel_of, _, ts = handle.partition("/")
+    emit("approving", approval=a.id, channel=channel_of, ts=ts)
     out = NeutralSurface(SlackSurface(bot.api, channel=channel, user=CAROL.id, response_url=None))
     await bot.flows.decide(a.id, True, CAROL, out, handle=handle)
     emit("decided", approval=a.id)

@@ -70,9 +70,7 @@ class PostThenRecord(AlertKeeper):
             if where is None:
                 continue
             for f in fs:
-                states[f.key] = await self.alerts.mark_alerted(
-                    f.key, channel=where[0], message_ts=where[1], now=now
-                )
+                states[f.key] = await self.alerts.mark_alerted(f.key, ref=where, now=now)
                 alerted.append(f.key)
         return tuple(alerted)
 

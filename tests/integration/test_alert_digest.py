@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gpubot.chat.alert_digest import render_alert
-from gpubot.core.alerting import AlertGroup, Handle, SweepResult
+from gpubot.core.alerting import AlertGroup, MessageRef, SweepResult
 from gpubot.core.findings import (
     GPU_LOST,
     HIDDEN_HOLDER,
@@ -29,6 +29,7 @@ from gpubot.core.findings import (
 )
 from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.services.alert_keeper import AlertKeeper, ReadinessMap
+from gpubot.services.outbox import Outbox
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.render import to_slack
@@ -102,7 +103,9 @@ def thread_replies(fake: FakeSlack, ts: str) -> list[dict[str, Any]]:
 
 async def test_a_rack_outage_is_one_message_per_kind(store: Store, fake_slack: FakeSlack) -> None:
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake_slack.base_url)), CHANNEL)
-    keeper = AlertKeeper(SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier)
+    keeper = AlertKeeper(
+        SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier, Outbox(store.outbox)
+    )
     at = T0
     first = await keeper.update(sweep(DEAD, HIDDEN), no_readiness, now=at)
     assert first.alerted == () and fake_slack.of("chat.postMessage") == []  # seen once
@@ -141,7 +144,9 @@ async def test_the_control_one_node_keeps_its_own_message(
     store: Store, fake_slack: FakeSlack
 ) -> None:
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake_slack.base_url)), CHANNEL)
-    keeper = AlertKeeper(SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier)
+    keeper = AlertKeeper(
+        SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier, Outbox(store.outbox)
+    )
     await keeper.update(sweep(["node1"], ["node2"]), no_readiness, now=T0)
     later = T0 + timedelta(minutes=5)
     await keeper.update(sweep(["node1"], ["node2"]), no_readiness, now=later)
@@ -153,7 +158,9 @@ async def test_posts_stay_within_one_per_second_per_channel(
     store: Store, fake_slack: FakeSlack
 ) -> None:
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake_slack.base_url)), CHANNEL)
-    keeper = AlertKeeper(SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier)
+    keeper = AlertKeeper(
+        SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier, Outbox(store.outbox)
+    )
     kinds = [ORPHANED_VRAM, ZOMBIE_PROCESS, HIDDEN_HOLDER]
     findings = (  # four messages: three digests and node40's own
         *(Finding(n, 0, k, "", "trouble") for k in kinds for n in NODES[:2]),
@@ -184,7 +191,9 @@ async def test_a_wide_digest_batches_its_details_within_slacks_limits(
     """60 nodes, each finding with three buttons: the details take three replies of at most 50
     blocks (one per node would be 60 posts, a minute of Slack's pace)."""
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake_slack.base_url)), CHANNEL)
-    keeper = AlertKeeper(SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier)
+    keeper = AlertKeeper(
+        SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier, Outbox(store.outbox)
+    )
     await keeper.update(hidden_on(NODES), no_readiness, now=T0)
     await keeper.update(hidden_on(NODES), no_readiness, now=T0 + timedelta(minutes=5))
     [(ts, digest)] = [(t, p) for t, p in posted_at(fake_slack) if "thread_ts" not in p]
@@ -210,7 +219,11 @@ async def test_a_digest_found_after_a_lost_answer_gets_its_details_once(
     history and adopts it, and its details follow in its thread, once."""
     api = SlackApi(make_client(BOT_TOKEN, fake_slack.base_url, timeout=1))
     keeper = AlertKeeper(
-        SweepConfig(channel=CHANNEL), NODES, store.alerts, SlackAlerts(api, CHANNEL)
+        SweepConfig(channel=CHANNEL),
+        NODES,
+        store.alerts,
+        SlackAlerts(api, CHANNEL),
+        Outbox(store.outbox),
     )
     await keeper.update(hidden_on(NODES[:3]), no_readiness, now=T0)
     fake_slack.delays["chat.postMessage"] = 3.0
@@ -233,7 +246,7 @@ async def test_digest_updates_are_paced_like_posts(store: Store, fake_slack: Fak
 async def test_control_updates_without_pacing_come_at_once(
     store: Store, fake_slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def unpaced(self: SlackAlerts, where: Handle, group: AlertGroup) -> None:
+    async def unpaced(self: SlackAlerts, where: MessageRef, group: AlertGroup) -> None:
         await self.api.update(where, to_slack(render_alert(group)))  # the update before pacing
 
     monkeypatch.setattr(SlackAlerts, "update", unpaced)
@@ -244,7 +257,9 @@ async def test_control_updates_without_pacing_come_at_once(
 async def _resolve_three(store: Store, fake: FakeSlack) -> list[float]:
     """Alert three digests, clear them for two sweeps; return the gaps between the updates."""
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
-    keeper = AlertKeeper(SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier)
+    keeper = AlertKeeper(
+        SweepConfig(channel=CHANNEL), NODES, store.alerts, notifier, Outbox(store.outbox)
+    )
     kinds = [ORPHANED_VRAM, ZOMBIE_PROCESS, HIDDEN_HOLDER]
     findings = tuple(Finding(n, 0, k, "", "trouble") for k in kinds for n in NODES[:2])
     result = SweepResult(T0.timestamp(), 1.0, tuple(NODES), findings=findings)

@@ -25,10 +25,11 @@ import pytest
 from gpubot.app import build
 from gpubot.core.alerting import Delivery, Lookup
 from gpubot.core.findings import FindingKey
+from gpubot.services.outbox import ALERT
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
-from gpubot.slack.outbox import ALERT_EVENT, post_once
+from gpubot.slack.poster import EVENT, post_once
 from gpubot.store import Store
 from gpusim.fleet import SimFleet
 from tests.fixtures.settings import sweep_ports
@@ -106,11 +107,11 @@ async def test_a_web_api_answering_after_12_s_posts_the_alert_once(
         assert (post.answered_at or 0.0) - post.at >= SLOW_S - 0.5  # Slack answered after 12 s
         [(ts, message)] = channel_messages(fake_slack)
         meta = message["metadata"]
-        assert meta["event_type"] == ALERT_EVENT and len(meta["event_payload"]["token"]) == 32
+        assert meta["event_type"] == EVENT and len(meta["event_payload"]["token"]) == 32
         (alert,) = await store.alerts.open_alerts()
-        assert alert.handle == (CHANNEL, ts)
+        assert alert.ref == f"{CHANNEL}/{ts}"
         (record,) = [r.data for r in await store.records() if r.kind == "alert"]
-        assert (record["alert"], record["adopted"], record["message_ts"]) == ("alerted", True, ts)
+        assert (record["alert"], record["adopted"], record["ref"]) == ("alerted", True, alert.ref)
         # the adopted message is the alert's: it is the one updated when the finding clears
         slack_fleet.node("node1").clear()
         assert (await svc.run()).resolved == ()  # cleared for one sweep: held (hysteresis)
@@ -160,12 +161,12 @@ async def test_unreadable_history_posts_once_saying_it_may_repeat(
         await svc.run()
         fake_slack.delays["chat.postMessage"] = SLOW_S
         assert (await svc.run()).alerted == ()  # uncertain, and nothing can tell: pending
-        [pending] = await store.alerts.pending_posts()
+        [pending] = await store.outbox.pending(ALERT, under=True)
         fake_slack.delays.clear()
         third = await svc.run()
         assert [k.text() for k in third.alerted] == [orphan]
         assert (await svc.run()).alerted == ()
-        assert await store.alerts.pending_posts() == []
+        assert await store.outbox.pending(ALERT, under=True) == []
     first, again = channel_messages(fake_slack)  # Slack had the first: two, and no third
     assert "may repeat" not in text_of(first[1])
     hhmm = pending.created_at.strftime("%H:%M UTC")
@@ -227,7 +228,7 @@ async def test_sigkill_with_an_alert_post_in_flight(
     store = open_store(db)
     try:
         (alert,) = await store.alerts.open_alerts()
-        assert alert.handle == (CHANNEL, ts)
+        assert alert.ref == f"{CHANNEL}/{ts}"
         assert [r.data.get("adopted") for r in await store.records() if r.kind == "alert"] == [True]
     finally:
         store.close()

@@ -22,12 +22,10 @@ from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.cli.console import identity, make_flows
 from gpubot.console.repl import answer
 from gpubot.core.alerting import Lookup
-from gpubot.core.approval.posts import ApprovalPost
 from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
-from gpubot.slack.approval_posts import SlackApprovalPoster
-from gpubot.slack.outbox import APPROVAL_EVENT
-from gpubot.store.tables import approval_posts
+from gpubot.slack.poster import EVENT, SlackPoster
+from gpubot.store.tables import outbox
 from tests.fixtures.slack import FakeSlack, Harness, assert_within_limits, running_bot
 from tests.procs import alive
 
@@ -82,9 +80,7 @@ def repings(fake: FakeSlack, ts: str) -> list[dict[str, Any]]:
 
 
 def set_clock(h: Harness, clock: SystemClock) -> None:
-    h.bot.services.approvals.clock = clock
-    assert h.bot.outbox is not None
-    h.bot.outbox.clock = clock
+    h.bot.services.approvals.clock = clock  # the approval duty's clock too
 
 
 async def approval_records(store: Any, approval_id: int) -> list[dict[str, Any]]:
@@ -102,8 +98,8 @@ async def ask(h: Harness, node1: Any, text: str, *, gpu: int = 2) -> tuple[Any, 
     await h.settle()
     [(ts, msg)] = requests_in(h.fake)
     approval = (await h.store.approvals.pending())[-1]
-    assert approval.message_ts == ts and alive(w.pid)
-    assert msg["metadata"]["event_type"] == APPROVAL_EVENT
+    assert approval.ref == f"{ONCALL}/{ts}" and alive(w.pid)
+    assert msg["metadata"]["event_type"] == EVENT
     return w, approval.id, ts
 
 
@@ -201,12 +197,12 @@ async def test_re_ping_once_at_half_expiry_across_replicas_and_a_restart(
     assert "is still undecided" in text_of(ping) and "<@U0CAROL>, <!subteam^S0ONCALL>" in (
         text_of(ping)
     )
-    assert ping["metadata"]["event_type"] == APPROVAL_EVENT
+    assert ping["metadata"]["event_type"] == EVENT
     (record,) = [r for r in await approval_records(harness.store, aid) if r.get("post")]
     assert record["reminded"] == ["U0CAROL", "S0ONCALL"]
     # the control: without its outbox row (the mark), the next run pings on-call again
     with harness.store.engine.begin() as conn:
-        conn.execute(approval_posts.delete().where(approval_posts.c.purpose == "reping"))
+        conn.execute(outbox.delete().where(outbox.c.subject == f"approval:{aid}:reping"))
     await harness.bot.expire_once()
     assert len(repings(harness.fake, ts)) == 2
 
@@ -232,7 +228,7 @@ async def test_expiry_edits_the_request_and_tells_the_requester(
         [(_, dm)] = in_channel(dm_slack, "D0BOB")
         assert "Your request #1" in text_of(dm) and "expired at <!date^" in text_of(dm)
         assert "nobody decided; nothing was done" in text_of(dm)
-        assert dm["metadata"]["event_type"] == APPROVAL_EVENT
+        assert dm["metadata"]["event_type"] == EVENT
         records = await approval_records(h.store, aid)
         assert [r["to"] for r in records if "to" in r] == ["pending", "expired"]
         (told,) = [r for r in records if r.get("post") == "expired"]
@@ -263,7 +259,7 @@ async def test_a_request_whose_post_times_out_appears_once(harness: Harness, nod
     [(ts, _)] = requests_in(harness.fake)
     (posted,) = [c for c in harness.fake.of("chat.postMessage") if c.body["channel"] == ONCALL]
     (approval,) = await harness.store.approvals.pending()
-    assert (approval.channel, approval.message_ts) == (ONCALL, ts)  # found in the history
+    assert approval.ref == f"{ONCALL}/{ts}"  # found in the history
     assert harness.fake.of("conversations.history")
     waiting = harness.fake.ok("chat.update")[-1]
     assert "could not be posted" not in text_of(waiting.body)
@@ -281,13 +277,13 @@ async def test_a_request_whose_post_times_out_appears_once(harness: Harness, nod
 async def test_control_without_the_history_search_a_slow_post_appears_twice(
     harness: Harness, node1: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def nothing_there(self: SlackApprovalPoster, post: ApprovalPost) -> Lookup:
+    async def nothing_there(self: SlackPoster, to: str, token: str, since: Any) -> Lookup:
         return Lookup(True)
 
-    monkeypatch.setattr(SlackApprovalPoster, "find", nothing_there)
+    monkeypatch.setattr(SlackPoster, "find", nothing_there)
     await slow_on_call_post(harness, node1)
     (approval,) = await harness.store.approvals.pending()
-    assert approval.message_ts is None  # not confirmed: pending in the outbox
+    assert approval.ref is None  # not confirmed: pending in the outbox
     waiting = harness.fake.ok("chat.update")[-1]
     assert "did not confirm the request's post" in text_of(waiting.body)
     set_clock(harness, Later(120))  # the duty posts it again, as provably absent
@@ -323,19 +319,19 @@ async def test_after_a_restart_an_unconfirmed_request_is_adopted_not_repeated(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def unreadable(self: SlackApprovalPoster, post: ApprovalPost) -> Lookup:
+    async def unreadable(self: SlackPoster, to: str, token: str, since: Any) -> Lookup:
         return Lookup(False, why="conversations.history: a timeout")
 
     with monkeypatch.context() as patched:  # the bot that posted could not confirm it
-        patched.setattr(SlackApprovalPoster, "find", unreadable)
+        patched.setattr(SlackPoster, "find", unreadable)
         await slow_on_call_post(harness, node1)
     [(ts, _)] = requests_in(harness.fake)
     (approval,) = await harness.store.approvals.pending()
-    assert approval.message_ts is None
+    assert approval.ref is None
     async with running_bot(slack_settings, harness.fake, f"sqlite:///{tmp_path}/audit.db") as h:
         set_clock(h, Later(120))
         await h.bot.expire_once()  # the restarted bot's duty finds it in the history
     assert len(requests_in(harness.fake)) == 1
     adopted = await harness.store.approvals.get(approval.id)
-    assert (adopted.channel, adopted.message_ts) == (ONCALL, ts)
-    assert await harness.store.approval_posts.pending(adopted.expires_at) == []
+    assert adopted.ref == f"{ONCALL}/{ts}"
+    assert await harness.store.outbox.pending("approval:", under=True) == []

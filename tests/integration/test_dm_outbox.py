@@ -1,4 +1,4 @@
-"""Direct messages posted once, through the alerts' outbox (issue 22).
+"""Direct messages posted once, through the one outbox.
 
 The idle holder's DM, from the notifier ``gpubot.app`` builds (its real Web API client with its
 10 s timeout, the store's outbox), against the loopback fake Web API, which keeps a message
@@ -25,13 +25,18 @@ import sqlalchemy as sa
 from gpubot.app import SlackAccess, build
 from gpubot.config import Settings
 from gpubot.core.alerting import Delivery, Lookup
-from gpubot.slack import dm_outbox
+from gpubot.services.outbox import ALERT
+from gpubot.slack import poster as poster_mod
 from gpubot.slack.alerts import SlackAlerts
-from gpubot.slack.outbox import DM_EVENT
+from gpubot.slack.poster import EVENT
 from gpubot.store import Store
-from gpubot.store.tables import alert_posts
+from gpubot.store.tables import outbox
 from tests.fixtures.settings import ManualClock, with_tables
-from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+from tests.fixtures.slack import (
+    FakeSlack,
+    assert_within_limits,
+    slack_front,
+)
 from tests.integration.test_claims_slack import ask, serving
 from tests.integration.test_sweep_idle import idle_group
 
@@ -67,7 +72,7 @@ async def dm_slack() -> AsyncIterator[DmSlack]:
 async def notifier(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[SlackAlerts, Store]]:
     """The sweep's Slack notifier as the app builds it, with its store."""
     settings = with_tables(Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}"), EXTRA)
-    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    app = build(settings, {}, need_store=True, front=slack_front(fake))
     assert app.store is not None and app.sweep.keeper is not None
     alerts = app.sweep.keeper.notifier
     assert isinstance(alerts, SlackAlerts)
@@ -86,13 +91,18 @@ def in_channel(fake: FakeSlack, channel: str) -> list[tuple[str, dict[str, Any]]
 def posts(store: Store) -> list[tuple[str, str, str, str | None, int]]:
     """(token, subject, state, message_ts, repeats) of every outbox row, oldest first."""
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(alert_posts).order_by(alert_posts.c.id)).all()
-    return [(r.token, r.node, r.state, r.message_ts, r.repeats) for r in rows]
+        rows = conn.execute(sa.select(outbox).order_by(outbox.c.id)).all()
+    return [(r.token, r.subject, r.state, ts_of(r.ref), r.repeats) for r in rows]
+
+
+def ts_of(ref: str | None) -> str | None:
+    """The message ts of a Slack message reference ("CHANNEL/TS")."""
+    return None if ref is None else ref.partition("/")[2]
 
 
 def token_of(message: dict[str, Any]) -> str:
     meta = message["metadata"]
-    assert meta["event_type"] == DM_EVENT
+    assert meta["event_type"] == EVENT
     return str(meta["event_payload"]["token"])
 
 
@@ -107,7 +117,7 @@ async def test_an_idle_holders_dm_answered_after_the_timeout_appears_once(
         dm_slack.channel_delays[("chat.postMessage", DM)] = SLOW_S  # the alert is answered
         t0 = time.monotonic()
         posted = await alerts.post(idle_group("alice"), token="t1")
-        assert posted.delivery is Delivery.POSTED and posted.handle is not None
+        assert posted.delivery is Delivery.POSTED and posted.ref is not None
         assert time.monotonic() - t0 >= 10.0  # the DM's answer was lost to the timeout
         (post,) = posts_to(dm_slack, DM)  # no second post of a lost answer
         (history,) = dm_slack.of("conversations.history")
@@ -116,8 +126,8 @@ async def test_an_idle_holders_dm_answered_after_the_timeout_appears_once(
         [(ts, message)] = in_channel(dm_slack, DM)  # what alice sees: one DM
         assert "Your job holds node7 GPU 3 idle" in str(message["text"])
         assert posts(store) == [(token_of(message), SUBJECT, "posted", ts, 0)]  # adopted
-        assert await store.alerts.pending_posts(SUBJECT) == []
-        assert await store.alerts.pending_posts() == []  # no alert post among them
+        assert await store.outbox.pending(SUBJECT) == []
+        assert await store.outbox.pending(ALERT, under=True) == []  # no alert post among them
         await dm_slack.wait_for(lambda: post.answered_at is not None, 30)
         assert (post.answered_at or 0.0) - post.at >= SLOW_S - 0.5  # Slack answered late
     assert_within_limits(dm_slack)
@@ -129,7 +139,7 @@ async def test_control_without_the_history_search_the_idle_dm_appears_twice(
     async def nothing_there(*args: Any, **kwargs: Any) -> Lookup:
         return Lookup(True)  # "provably absent": what a post-again-on-timeout rule assumes
 
-    monkeypatch.setattr(dm_outbox, "find_post", nothing_there)
+    monkeypatch.setattr(poster_mod, "find_post", nothing_there)
     async with notifier(dm_slack, tmp_path) as (alerts, _):
         dm_slack.channel_delays[("chat.postMessage", DM)] = SLOW_S
         await alerts.post(idle_group("alice"), token="t1")
@@ -181,7 +191,7 @@ async def test_the_free_gpu_hold_dm_answered_after_the_timeout_appears_once(
 ) -> None:
     [offer] = await hold_dm_to_dave(slack_settings, dm_slack, tmp_path)
     assert "is free and held for you" in json.dumps(offer)
-    assert offer["metadata"]["event_type"] == DM_EVENT
+    assert offer["metadata"]["event_type"] == EVENT
     assert [c.body["channel"] for c in dm_slack.of("conversations.history")] == ["D0DAVE"]
 
 
@@ -195,6 +205,6 @@ async def test_control_without_the_history_search_the_hold_dm_appears_twice(
     async def nothing_there(*args: Any, **kwargs: Any) -> Lookup:
         return Lookup(True)
 
-    monkeypatch.setattr(dm_outbox, "find_post", nothing_there)
+    monkeypatch.setattr(poster_mod, "find_post", nothing_there)
     first, again = await hold_dm_to_dave(slack_settings, dm_slack, tmp_path)  # twice
     assert first["text"] == again["text"]

@@ -1,4 +1,4 @@
-"""The audit head's publications are posted once, through the alerts' outbox (issue 22).
+"""The audit head's publications are posted once, through the one outbox.
 
 The app as ``gpubot serve`` builds it (its ``HeadPublisher``, the real Slack client with its
 10 s timeout) against the loopback fake Web API, which keeps a message before it answers. A
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -21,15 +21,16 @@ import sqlalchemy as sa
 from gpubot.app import SlackAccess, build
 from gpubot.chat.heads import render_head
 from gpubot.config import Settings
-from gpubot.core.alerting import Lookup
-from gpubot.slack import heads as heads_mod
+from gpubot.core.alerting import Intent, Lookup
+from gpubot.services.outbox import ALERT
+from gpubot.slack import poster as poster_mod
 from gpubot.slack.heads import SUBJECT, HeadPublisher
-from gpubot.slack.outbox import HEAD_EVENT, post_once
+from gpubot.slack.poster import EVENT, SlackPoster, post_once
 from gpubot.slack.render import to_slack
 from gpubot.store import Store
-from gpubot.store.tables import alert_posts
+from gpubot.store.tables import outbox
 from tests.fixtures.settings import with_tables
-from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+from tests.fixtures.slack import FakeSlack, assert_within_limits, slack_front
 
 CHANNEL = "C0ALERTS"
 EXTRA: dict[str, Any] = {"slack": {"channel": "C0GENERAL"}, "alerts": {"channel": CHANNEL}}
@@ -44,9 +45,8 @@ async def publisher(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[Head
         settings,
         {},
         need_store=True,
-        slack=SlackAccess(BOT_TOKEN, fake.base_url),
-        serving=True,
-        first_after_s=3600,
+        front=slack_front(fake),
+        serving=Serving(settle_heap=False, first_after_s=3600),
     )
     assert app.store is not None and app.heads is not None
     await app.store.record_query(
@@ -66,15 +66,15 @@ def heads_posted(fake: FakeSlack) -> list[tuple[str, dict[str, Any]]]:
 
 def token_of(message: dict[str, Any]) -> str:
     meta = message["metadata"]
-    assert meta["event_type"] == HEAD_EVENT
+    assert meta["event_type"] == EVENT
     return str(meta["event_payload"]["token"])
 
 
 def posts(store: Store) -> list[tuple[str, str, str, str | None]]:
     """(token, subject, state, message_ts) of every outbox row, oldest first."""
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(alert_posts).order_by(alert_posts.c.id)).all()
-    return [(r.token, r.node, r.state, r.message_ts) for r in rows]
+        rows = conn.execute(sa.select(outbox).order_by(outbox.c.id)).all()
+    return [(r.token, r.subject, r.state, r.ref and r.ref.partition("/")[2]) for r in rows]
 
 
 async def test_a_web_api_answering_after_the_timeout_posts_the_head_once(
@@ -93,8 +93,8 @@ async def test_a_web_api_answering_after_the_timeout_posts_the_head_once(
         assert str(message["text"]) == f"Audit log head {result.head}"
         token = token_of(message)
         assert posts(store) == [(token, SUBJECT, "posted", ts)]  # adopted from the history
-        assert await store.alerts.pending_posts(SUBJECT) == []
-        assert await store.alerts.pending_posts() == []  # no alert post among them
+        assert await store.outbox.pending(SUBJECT) == []
+        assert await store.outbox.pending(ALERT, under=True) == []  # no alert post among them
         fake_slack.delays.clear()
         await heads.publish()  # the next publication: its own message, once
         [_, (_, later)] = heads_posted(fake_slack)
@@ -110,7 +110,7 @@ async def test_control_without_the_history_search_the_head_is_posted_twice(
     async def nothing_there(*args: Any, **kwargs: Any) -> Lookup:
         return Lookup(True)  # "provably absent": what a post-again-on-timeout rule assumes
 
-    monkeypatch.setattr(heads_mod, "find_post", nothing_there)
+    monkeypatch.setattr(poster_mod, "find_post", nothing_there)
     async with publisher(fake_slack, tmp_path) as (heads, _):
         fake_slack.delays["chat.postMessage"] = SLOW_S
         await heads.publish()
@@ -138,21 +138,23 @@ async def test_the_next_publication_settles_the_ones_left_unconfirmed(
     scope) is given up with an audit record, and the next head says it may repeat it."""
     async with publisher(fake_slack, tmp_path) as (heads, store):
         earlier = datetime.now(UTC)
-        crashed = await store.alerts.begin_message("a" * 32, SUBJECT, earlier)
+        crashed = await store.outbox.begin(Intent(SUBJECT, earlier, token="a" * 32))
+        assert crashed is not None
         msg = to_slack(render_head(await store.verify(), earlier))
-        landed = await post_once(heads.api, CHANNEL, msg, token=crashed.token, event=HEAD_EVENT)
-        assert landed.handle is not None  # Slack has it; the bot was killed before marking it
+        api = cast(SlackPoster, heads.outbox.poster).api
+        landed = await post_once(api, CHANNEL, msg, token=crashed.token)
+        assert landed.ref is not None  # Slack has it; the bot was killed before marking it
         await heads.publish()
-        assert posts(store)[0] == (crashed.token, SUBJECT, "posted", landed.handle[1])
+        assert posts(store)[0] == (crashed.token, SUBJECT, "posted", landed.ref.partition("/")[2])
         assert len(heads_posted(fake_slack)) == 2  # the crashed one (adopted) and the new one
 
         fake_slack.history_readable = False
         fake_slack.delays["chat.postMessage"] = SLOW_S
         await heads.publish()  # uncertain, and the history cannot tell: left pending
-        [unsure] = await store.alerts.pending_posts(SUBJECT)
+        [unsure] = await store.outbox.pending(SUBJECT)
         fake_slack.delays.clear()
         await heads.publish()
-        assert await store.alerts.pending_posts(SUBJECT) == []
+        assert await store.outbox.pending(SUBJECT) == []
         *_, (_, last) = heads_posted(fake_slack)
         assert "this may repeat the head posted at <!date^" in str(last["blocks"])
         hhmm = unsure.created_at.strftime("%H:%M UTC")

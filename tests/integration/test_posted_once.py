@@ -27,14 +27,14 @@ from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import IDLE_HOLDER, Finding
 from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.core.usage.ladder import Evidence, Rung, Step
-from gpubot.services.alert_outbox import AlertOutbox
 from gpubot.services.ladder import LadderNotice
+from gpubot.services.outbox import Outbox
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.ladder import SlackLadder
-from gpubot.slack.outbox import ALERT_EVENT, LADDER_EVENT
+from gpubot.slack.poster import EVENT
 from gpubot.store import Store
-from gpubot.store.tables import alert_posts
+from gpubot.store.tables import outbox
 from tests.fixtures.settings import with_tables
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
 
@@ -68,8 +68,8 @@ def in_channel(fake: FakeSlack) -> list[dict[str, Any]]:
 
 def outbox_rows(store: Store) -> list[tuple[str, str]]:
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(alert_posts).order_by(alert_posts.c.id)).all()
-    return [(str(r.node), str(r.state)) for r in rows]
+        rows = conn.execute(sa.select(outbox).order_by(outbox.c.id)).all()
+    return [(str(r.subject), str(r.state)) for r in rows]
 
 
 def idle_finding(node: str = "node7") -> Finding:
@@ -118,7 +118,7 @@ async def test_a_ladder_post_slack_took_appears_once(
         assert len(in_channel(fake_slack)) == 1  # before: 4 (2 SDK tries x 2 forms)
         (message,) = in_channel(fake_slack)
         assert told and len(fake_slack.of("chat.postMessage")) == 1  # found by its token
-        assert message["metadata"]["event_type"] == LADDER_EVENT
+        assert message["metadata"]["event_type"] == EVENT
         assert fake_slack.of("conversations.history")  # looked for before anything else
         assert outbox_rows(store) == [
             (f"post:ladder:{notice(step).rung.finding}:1000.0:{int(step)}:{CHANNEL}", "posted")
@@ -151,13 +151,13 @@ async def test_an_alert_slack_took_appears_once(
         await store.alerts.upsert_seen([key], now - timedelta(minutes=5))
         await store.alerts.upsert_seen([key], now)
         fake_slack.fail("chat.postMessage", error, status=status, times=4, taken=True)
-        done = await AlertOutbox(store.alerts, alerts).post(alert_group(now))
+        done = await Outbox(store.outbox).post_alert(alert_group(now), alerts)
         assert done == (key,)  # found in the history, adopted
         (message,) = in_channel(fake_slack)
-        assert message["metadata"]["event_type"] == ALERT_EVENT
+        assert message["metadata"]["event_type"] == EVENT
         assert len(fake_slack.of("chat.postMessage")) == 1
         (alert,) = await store.alerts.open_alerts()
-        assert alert.handle is not None and alert.handle[0] == CHANNEL
+        assert alert.ref is not None and alert.ref.startswith(f"{CHANNEL}/")
     assert_within_limits(fake_slack)
 
 
@@ -172,15 +172,12 @@ async def test_control_an_alert_slack_did_not_take_is_posted_once_more(
         await store.alerts.upsert_seen([key], now - timedelta(minutes=5))
         await store.alerts.upsert_seen([key], now)
         fake_slack.fail("chat.postMessage", error, status=status, taken=False)
-        outbox = AlertOutbox(store.alerts, alerts)
-        done = await outbox.post(alert_group(now))
+        box: Outbox[Any] = Outbox(store.outbox)
+        done = await box.post_alert(alert_group(now), alerts)
         if status >= 500:  # uncertain: not found now; the next sweep posts it, the same token
             assert done == () and in_channel(fake_slack) == []
-
-            def rebuilt(p: Any, again: datetime | None) -> AlertGroup:
-                return alert_group(now)
-
-            done = await outbox.reconcile(rebuilt, now + timedelta(minutes=5))
+            later = now + timedelta(minutes=5)
+            done = await box.reconcile_alerts(alerts, lambda p: alert_group(now), later)
         assert done == (key,)
         (message,) = in_channel(fake_slack)
         assert len(fake_slack.of("chat.postMessage")) == 2  # exactly one retry

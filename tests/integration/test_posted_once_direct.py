@@ -23,6 +23,7 @@ import pytest
 
 from gpubot.app import SlackAccess, build, slack_parts
 from gpubot.config import Settings
+from gpubot.core.alerting import MessageRef
 from gpubot.core.report import Report
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.blockkit import SlackMessage as Message
@@ -114,8 +115,9 @@ async def test_an_update_that_may_have_applied_posts_nothing_new(
 async def test_control_an_update_of_a_message_slack_cannot_find_posts_anew(
     api: SlackApi, fake_slack: FakeSlack
 ) -> None:
-    handle = await api.update((CHANNEL, "999.000001"), table_msg())  # message_not_found
-    assert handle is not None and handle != (CHANNEL, "999.000001")
+    gone = MessageRef(f"{CHANNEL}/999.000001")
+    handle = await api.update(gone, table_msg())  # message_not_found
+    assert handle is not None and handle != gone
     assert len(in_channel(fake_slack)) == 1
 
 

@@ -30,7 +30,7 @@ from gpubot.core.findings import IDLE_HOLDER
 from gpubot.core.usage.ladder import LadderRule
 from gpubot.slack.ladder import KEEP_VIEW, REASON_BLOCK, REASON_INPUT
 from gpubot.slack.serve import build_bot, start_http
-from gpubot.store.tables import alert_posts
+from gpubot.store.tables import outbox
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import audit_rows
 from tests.fixtures.settings import ManualClock, with_sweep
@@ -123,8 +123,8 @@ def outbox_states(app: App, prefix: str) -> list[str]:
     """Return the states of the outbox's message posts whose subject starts with ``prefix``."""
     assert app.store is not None
     with app.store.engine.connect() as conn:
-        rows = conn.execute(sa.select(alert_posts).order_by(alert_posts.c.id)).all()
-    return [r.state for r in rows if str(r.node).startswith(prefix)]
+        rows = conn.execute(sa.select(outbox).order_by(outbox.c.id)).all()
+    return [r.state for r in rows if str(r.subject).startswith(prefix)]
 
 
 def ladder_records(db_url: str) -> list[tuple[str, str, str]]:

@@ -125,7 +125,7 @@ async def test_post_drops_the_table_before_the_blocks(
     calls = fake_slack.of("chat.postMessage")
     assert kinds(calls) == ["table", "pre"]
     assert calls[0].answer["error"] == error and calls[1].answer["ok"]
-    assert handle == ("C0GENERAL", calls[1].answer["ts"]) and CONTENT in str(calls[1].body)
+    assert handle == f"C0GENERAL/{calls[1].answer['ts']}" and CONTENT in str(calls[1].body)
 
 
 @pytest.mark.parametrize("error", ["invalid_blocks", "internal_error"])

@@ -274,8 +274,8 @@ async def test_a_dm_that_cannot_be_sent_changes_nothing_else(
     alerts = SlackAlerts(api, "C0ALERTS", people={"alice": ("U0ALICE",)})
     dm_slack.fail("conversations.open", "missing_scope")  # the app lacks im:write
     with caplog.at_level(logging.WARNING):
-        where = (await alerts.post(idle_group("alice"), token="t1")).handle
-    assert where is not None and where[0] == "C0ALERTS"  # the alert stands: marked as alerted
+        where = (await alerts.post(idle_group("alice"), token="t1")).ref
+    assert where is not None and where.startswith("C0ALERTS/")  # the alert stands: alerted
     assert [c.body["channel"] for c in dm_slack.ok("chat.postMessage")] == ["C0ALERTS"]
     assert any(
         "conversations.open with U0ALICE failed: missing_scope (add the im:write scope"
@@ -284,7 +284,7 @@ async def test_a_dm_that_cannot_be_sent_changes_nothing_else(
     )
 
     dm_slack.fail("chat.postMessage", "cannot_dm_bot", channel="D0ALICE")  # the DM is refused
-    assert (await alerts.post(idle_group("alice"), token="t2")).handle is not None
+    assert (await alerts.post(idle_group("alice"), token="t2")).ref is not None
     assert [c.body["channel"] for c in dm_slack.of("chat.postMessage")] == [
         "C0ALERTS",
         "C0ALERTS",

@@ -1,6 +1,6 @@
-"""The weekly GPU-hours digest, posted once a week through its outbox, over the fake Web API.
+"""The weekly GPU-hours digest, posted once a week through the one outbox, over the fake Web API.
 
-Real parts: the SQLite store (``DbDigests``, ``DbUsage``), the Slack poster (``post_once``,
+Real parts: the SQLite store (``DbOutbox``, ``DbUsage``), the Slack poster (``post_once``,
 ``find_post``) on the loopback fake. The clock is the test's: Monday 09:00 is reached in a
 few calls. A bot that dies between the post and its record is played by posting with the
 recorded token and never recording the end: the next run finds it by its token and posts no
@@ -18,13 +18,16 @@ from pathlib import Path
 import pytest
 
 from gpubot.config import Settings
+from gpubot.core.alerting import Intent
 from gpubot.core.findings import SweepConfig
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.usage.report import Digest, Window
-from gpubot.services.digest import IN_FLIGHT_S, DigestService
+from gpubot.services.digest import DigestService
+from gpubot.services.outbox import SETTLE_S, Outbox
 from gpubot.services.usage import UsageService
 from gpubot.slack.api import SlackApi, make_client
-from gpubot.slack.digest import DIGEST_EVENT, SlackDigest
+from gpubot.slack.digest import SlackDigest
+from gpubot.slack.poster import EVENT
 from gpubot.store import open_store
 from tests.fixtures.settings import ManualClock
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack
@@ -52,7 +55,7 @@ def digests(fake: FakeSlack) -> list[dict[str, object]]:
     for c in fake.ok("chat.postMessage"):
         meta = c.body.get("metadata")
         meta = json.loads(meta) if isinstance(meta, str) else meta
-        if isinstance(meta, dict) and meta.get("event_type") == DIGEST_EVENT:
+        if isinstance(meta, dict) and meta.get("event_type") == EVENT:
             out.append(c.body)
     return out
 
@@ -73,7 +76,7 @@ async def test_the_digest_is_posted_once_a_week(fake: FakeSlack, tmp_path: Path)
             Digest.parse("mon 09:00"),
             "user",
             usage,
-            store.digests,
+            Outbox(store.outbox),
             SlackDigest(api, "C0GENERAL"),
             clock=clock,
         )
@@ -93,20 +96,21 @@ async def test_the_digest_is_posted_once_a_week(fake: FakeSlack, tmp_path: Path)
         # next week: the bot dies after Slack took the post, before it was recorded
         clock.t = MONDAY_9 + WEEK + 120
         period = f"digest:{day(MONDAY_9 + WEEK)}"
-        assert await store.digests.begin(period, "tok-crash", clock.t)
+        crash = Intent(period, datetime.fromtimestamp(clock.t, UTC), once=True, token="tok-crash")
+        assert await store.outbox.begin(crash)
         report = await usage.report_of(Window(int(MONDAY_9), int(MONDAY_9 + WEEK)), "user", clock.t)
         await SlackDigest(api, "C0GENERAL").post(report, token="tok-crash")
         assert len(digests(fake)) == 2
         # Within a minute of its start the post may still be on its way: left alone.
         assert await svc.run_due() is None and fake.of("conversations.history") == []
-        clock.t += IN_FLIGHT_S + 1
+        clock.t += SETTLE_S + 1
         fake.history_readable = False  # cannot tell: never a second digest on a guess
         assert await svc.run_due() is None and len(digests(fake)) == 2
         fake.history_readable = True
+        clock.t += SETTLE_S + 1  # that look took the post: the next one waits as long
         assert await svc.run_due() == period  # found by its token, adopted
         assert len(digests(fake)) == 2
-        found = await store.digests.get(period)
-        assert found is not None and found.state == "posted"
+        assert await store.outbox.pending(period) == [] and await store.outbox.recorded(period)
         clock.t += 900
         assert await svc.run_due() is None and len(digests(fake)) == 2
     finally:

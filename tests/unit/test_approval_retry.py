@@ -14,16 +14,19 @@ from typing import Any, cast
 
 import pytest
 
-from gpubot.chat.approval_duty import ApprovalDuty
+from gpubot.chat.approval_words import ApprovalWords
+from gpubot.chat.message import Message
 from gpubot.config import parse
+from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import Approval
 from gpubot.core.approval.posts import Purpose
 from gpubot.core.models import ApprovalState
 from gpubot.errors import LockHeld
-from gpubot.services.approval_outbox import ApprovalOutbox
+from gpubot.services.approval_duty import ApprovalDuty
 from gpubot.services.approvals import ApprovalPorts, ApprovalService, Identity
 from gpubot.services.locks import NodeLocks
 from gpubot.services.reset import ResetService, reset_lock
+from gpubot.services.outbox import Outbox
 from gpubot.store import Store, open_store
 from tests.fixtures.approvals import REQUEST, LeasedReset, Poster
 from tests.fixtures.clock import VirtualClock
@@ -42,7 +45,7 @@ class Bot:
     locks: NodeLocks
     reset: LeasedReset
     approvals: ApprovalService
-    duty: ApprovalDuty
+    duty: ApprovalDuty[Message]
     poster: Poster
 
     def now(self) -> datetime:
@@ -53,7 +56,7 @@ class Bot:
         a = await self.store.approvals.create(
             "U0ALICE", "alice", "node3", REQUEST, EXPIRY_S, source="slack", now=self.now()
         )
-        await self.store.approvals.set_message(a.id, "C0ONCALL", "1.0")
+        await self.store.approvals.set_message(a.id, MessageRef("C0ONCALL/1.0"))
         return await self.approvals.decide(a.id, CAROL, True, source="slack")
 
 
@@ -88,9 +91,12 @@ async def bot(store: Store) -> AsyncIterator[Bot]:
         clock=clock,
     )
     approvals = ApprovalService(settings.policy, ports)
-    poster = Poster()
-    outbox = ApprovalOutbox(store.approval_posts, poster, clock=clock)
-    duty = ApprovalDuty(approvals, settings.policy, outbox, settled_s=SETTLED_S)
+    poster = Poster(store)
+    outbox = Outbox(store.outbox, poster, clock=clock)
+    words = ApprovalWords(settings.policy.expiry_s)
+    duty = ApprovalDuty(
+        approvals, settings.policy, outbox, words, front="slack", settled_s=SETTLED_S
+    )
     yield Bot(store, clock, locks, reset, approvals, duty, poster)
 
 

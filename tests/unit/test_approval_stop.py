@@ -23,8 +23,10 @@ from typing import Any
 import pytest
 
 from gpubot.app import APPROVAL_STOP_WAIT_S
-from gpubot.chat.approval_duty import ApprovalDuty
+from gpubot.chat.approval_words import ApprovalWords
+from gpubot.chat.message import Message
 from gpubot.config import parse
+from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import Approval
 from gpubot.core.approval.posts import Purpose
 from gpubot.core.commands import MAX_GRACE_S
@@ -32,10 +34,11 @@ from gpubot.core.models import ActionStatus, ApprovalState, CommandResult
 from gpubot.core.report import Report
 from gpubot.errors import LockHeld
 from gpubot.scheduler import IntervalScheduler
-from gpubot.services.approval_outbox import ApprovalOutbox
+from gpubot.services.approval_duty import ApprovalDuty
 from gpubot.services.approvals import ApprovalPorts, ApprovalService, Identity
 from gpubot.services.locks import NodeLocks
 from gpubot.services.reset import ResetService, reset_lock
+from gpubot.services.outbox import Outbox
 from gpubot.services.startup import report_interrupted
 from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
@@ -75,7 +78,7 @@ class Bot:
     clock: VirtualClock
     locks: NodeLocks
     approvals: ApprovalService
-    duty: ApprovalDuty
+    duty: ApprovalDuty[Message]
     poster: Poster
     signals: list[str]  # the signals sent to the node ("TERM", "check", "KILL"), in order
     term: asyncio.Event  # set once SIGTERM went out
@@ -87,7 +90,7 @@ class Bot:
         a = await self.store.approvals.create(
             "U0ALICE", "alice", "node3", LONG, EXPIRY_S, source="slack", now=now
         )
-        await self.store.approvals.set_message(a.id, "C0ONCALL", "1.0")
+        await self.store.approvals.set_message(a.id, MessageRef("C0ONCALL/1.0"))
         a = await self.approvals.decide(a.id, CAROL, True, source="slack")
         async with self.locks.hold(reset_lock("node3"), holder="bob's own reset"):
             with pytest.raises(LockHeld):
@@ -135,9 +138,12 @@ async def bot(store: Store) -> AsyncIterator[Bot]:
     reset = ResetService(settings, transport, store, status, locks, clock=clock)
     ports = ApprovalPorts(store.approvals, reset, status, locks, store, clock=clock)
     approvals = ApprovalService(settings.policy, ports)
-    poster = Poster()
-    outbox = ApprovalOutbox(store.approval_posts, poster, clock=clock)
-    duty = ApprovalDuty(approvals, settings.policy, outbox, settled_s=SETTLED_S)
+    poster = Poster(store)
+    outbox = Outbox(store.outbox, poster, clock=clock)
+    words = ApprovalWords(settings.policy.expiry_s)
+    duty = ApprovalDuty(
+        approvals, settings.policy, outbox, words, front="slack", settled_s=SETTLED_S
+    )
     yield Bot(store, clock, locks, approvals, duty, poster, signals, term)
 
 

@@ -8,8 +8,8 @@ Now the duty returns a live hold on every turn until the front end says its DM w
 and the outbox takes a refused row again; the DM is posted exactly once.
 
 Over the memory store, the scripted transport (the recorded idle node) and a fake front end
-that posts through the real outbox (``AlertOutbox.publish_once``, as ``slack.dm_outbox`` does).
-The control, each case: the old code (``_announced`` set before delivery, ``begin_once`` taking
+that posts through the real outbox (``Outbox.publish_once``, as ``Outbox.send_once`` does).
+The control, each case: the old code (``_announced`` set before delivery, the outbox taking
 a refused row for done) leaves the DM unsent forever.
 """
 
@@ -27,13 +27,14 @@ import pytest
 from gpubot.chat.claims import ClaimDesk
 from gpubot.chat.message import Message
 from gpubot.config import Settings, parse
-from gpubot.core.alerting import Delivery, Lookup, Posted
+from gpubot.core.alerting import Delivery, Lookup, MessageRef, Posted
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import ClaimSettings, WaitState
 from gpubot.core.models import CommandResult
 from gpubot.errors import GpubotError, StoreError
 from gpubot.services.alert_outbox import AlertOutbox
 from gpubot.services.approvals import Identity
+from gpubot.services.outbox import Outbox
 from gpubot.services.claims import ClaimService
 from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
@@ -68,7 +69,7 @@ class FrontEnd:
 
     def __init__(self, store: Store, clock: VirtualClock, fault: str) -> None:
         self.store, self.clock, self.fault = store, clock, fault
-        self.outbox = AlertOutbox(store.alerts)
+        self.outbox: Outbox[Message] = Outbox(store.outbox)
         self.tries = 0
         self.posted: list[str] = []  # the subjects of the DMs in Slack
 
@@ -82,7 +83,7 @@ class FrontEnd:
             if first and self.fault == "refused":
                 return Posted(Delivery.REFUSED, why="fatal_error")
             self.posted.append(subject)
-            return Posted(Delivery.POSTED, (f"D{user[1:]}", str(len(self.posted))))
+            return Posted(Delivery.POSTED, MessageRef(f"D{user[1:]}/{len(self.posted)}"))
 
         async def find(token: str, since: datetime) -> Lookup:
             return Lookup(True)  # the history was read: the post is not there
@@ -91,8 +92,8 @@ class FrontEnd:
         try:
             if first and self.fault == "outage":
                 raise StoreError("cannot record the post, so it was not posted: database down")
-            return bool(await self.outbox.publish_once(subject, send, find, now))
-        except GpubotError:  # as ``DmPoster``: logged, nothing posted
+            return await self.outbox.publish_once(subject, send, find, now) is not False
+        except GpubotError:  # as ``Outbox.send_once``: logged, nothing posted
             return False
 
 

@@ -587,3 +587,33 @@ def test_adding_a_runtime_touches_its_module_the_list_and_its_test() -> None:
 def test_control_the_runtime_rule_sees_a_table_of_runtimes() -> None:
     old = 'STOP_OF = {"docker": "docker", "podman": "podman", "slurm": "scancel"}'
     assert sorted(set(runtime_names_in(ast.parse(old)))) == ["docker", "podman", "scancel", "slurm"]
+
+
+def outbox_modules(paths: list[str]) -> list[str]:
+    """Return the package files (relative paths) named for an outbox or for posts kept once."""
+    return sorted(p for p in paths if "outbox" in Path(p).stem or "_posts" in Path(p).stem)
+
+
+def post_tables(tables: dict[str, set[str]]) -> list[str]:
+    """Return the tables (name → columns) that hold a post's token and its state."""
+    return sorted(name for name, cols in tables.items() if {"token", "state"} <= cols)
+
+
+def test_one_outbox_for_everything_that_must_appear_once() -> None:
+    """Alerts, digests, DMs, approvals' posts, the audit head, the ladder's: one service module
+    and one store module keep them, over one table."""
+    from gpubot.store.tables import metadata
+
+    paths = [p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")]
+    assert outbox_modules(paths) == ["services/outbox.py", "store/outbox.py"]
+    tables = {t.name: {c.name for c in t.columns} for t in metadata.tables.values()}
+    assert post_tables(tables) == ["outbox"]
+
+
+def test_control_the_outbox_rule_sees_the_two_outboxes_it_replaced() -> None:
+    before = ["services/alert_outbox.py", "services/approval_outbox.py", "store/outbox.py"]
+    before += ["store/approval_posts.py", "slack/dm_outbox.py", "core/approval/posts.py"]
+    assert outbox_modules(before) != ["services/outbox.py", "store/outbox.py"]
+    tables = {"alert_posts": {"token", "state"}, "approval_posts": {"token", "state"}}
+    tables |= {"usage_digests": {"period", "token", "state"}, "leases": {"token", "holder"}}
+    assert post_tables(tables) == ["alert_posts", "approval_posts", "usage_digests"]

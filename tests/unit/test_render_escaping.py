@@ -20,14 +20,14 @@ import pytest
 
 from gpubot.chat import alert_digest, alerts, fleet_view, flows, heads, home, idle, reset_view
 from gpubot.chat.alerts import snooze_buttons
-from gpubot.chat.message import Message, Person
+from gpubot.chat.message import Mention, Message
 from gpubot.cli import render as cli_render
 from gpubot.cli import sweep as cli_sweep
 from gpubot.console import text_render
 from gpubot.console.repl import render as console_render
 from gpubot.core import text as core_text
 from gpubot.core import text_table
-from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
+from gpubot.core.alerting import AlertGroup, AlertItem, MessageRef, SweepResult
 from gpubot.core.findings import IDLE_HOLDER, NODE_UNREACHABLE, NodeFailure, SweepConfig, find
 from gpubot.core.models import ResetStep
 from gpubot.core.reset.outcome import GpuObservation, GpuResult, Newcomer, Survivor, classify
@@ -53,7 +53,7 @@ render_sweep, render_head, render_idle_dm = (
     idle.render_idle_dm,
 )
 error_message = flows.error_message
-ASKED = ("Requested by ", Person("U0DAVE"))
+ASKED = ("Requested by ", Mention("U0DAVE"))
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -171,7 +171,7 @@ def neutral_messages() -> dict[str, Message]:
             idle_items,
             "node1",
             now=AT,
-            alert=("C0ALERT", "1.2"),
+            alert=MessageRef("C0ALERT/1.2"),
             snooze=lambda k: snooze_buttons(k)[1],
         ),
         "home": render_home(

@@ -67,11 +67,11 @@ def approval(plan: ResetPlan, state: ApprovalState = ApprovalState.PENDING) -> A
 
 class Store:
     def __init__(self) -> None:
-        self.messages: list[tuple[int, str, str]] = []
+        self.messages: list[tuple[int, str]] = []
         self.found: Approval | None = None
 
-    async def set_message(self, approval_id: int, channel: str, ts: str) -> None:
-        self.messages.append((approval_id, channel, ts))
+    async def set_message(self, approval_id: int, ref: str) -> None:
+        self.messages.append((approval_id, ref))
 
     async def get(self, approval_id: int) -> Approval | None:
         return self.found
@@ -166,12 +166,12 @@ async def test_a_forced_plan_is_announced_and_remembered() -> None:
 
     async def announce(a: Approval, plan: ResetPlan) -> Any:
         announced.append(a.id)
-        return ("C0ONCALL", "1.5")
+        return "C0ONCALL/1.5"
 
     zed = Ask(Identity("U0ZED", "zed", "zed"), "/gpu reset node1 gpu 0", "slack")
     out = await service(fake).reset(zed, RESET, sink, announce)
     assert isinstance(out, Pending) and out.posted and announced == [7]
-    assert fake.approvals.messages == [(7, "C0ONCALL", "1.5")]
+    assert fake.approvals.messages == [(7, "C0ONCALL/1.5")]
     assert sink.kinds() == ["Planning"]  # nothing runs before an approver decides
     own = Sink()  # bob's own processes, forced (a uid below min_uid): refused, yet opened
     assert isinstance(await service(fake).reset(ASK, RESET, own, announce), Pending)

@@ -19,7 +19,7 @@ from typing import Any
 from gpubot.chat import surface
 from gpubot.chat.flows import Flows
 from gpubot.chat.message import Message, note
-from gpubot.chat.surface import Handle, Progress
+from gpubot.chat.surface import MessageRef, Progress
 from gpubot.chat.tracking import Pace, Tracker
 from gpubot.console.text_render import render_text
 from gpubot.core.models import ResetStep
@@ -38,18 +38,18 @@ class Recorder:
 
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
-        self.updates: list[tuple[float, Handle | None, Message]] = []
+        self.updates: list[tuple[float, MessageRef | None, Message]] = []
         self.posts: list[Message] = []
         self.replies: list[Message] = []
 
     async def reply(self, msg: Message) -> None:
         self.replies.append(msg)
 
-    async def post(self, msg: Message, *, channel: str | None = None) -> Handle | None:
+    async def post(self, msg: Message, *, channel: str | None = None) -> MessageRef | None:
         self.posts.append(msg)
-        return ("C1", f"{len(self.posts)}.0")
+        return MessageRef(f"C1/{len(self.posts)}.0")
 
-    async def update(self, handle: Handle | None, msg: Message) -> Handle | None:
+    async def update(self, handle: MessageRef | None, msg: Message) -> MessageRef | None:
         self.updates.append((self.clock.monotonic(), handle, msg))
         await self.clock.sleep(0.01)  # a call takes a moment
         return handle
@@ -76,7 +76,7 @@ async def test_a_burst_of_progress_is_spaced_and_its_last_state_delivered() -> N
     state = {"n": 0}
     started = clock.monotonic()
     render = lambda: note(f"step {state['n']}")  # noqa: E731
-    progress = Progress(out, ("C1", "1.0"), render, INTERVAL, clock)
+    progress = Progress(out, MessageRef("C1/1.0"), render, INTERVAL, clock)
     for n in range(1, 61):  # 60 events over 1.2 s: 4 intervals' worth
         state["n"] = n
         progress.poke()
@@ -90,23 +90,25 @@ async def test_a_burst_of_progress_is_spaced_and_its_last_state_delivered() -> N
     assert len(times) <= (times[-1] - started) / INTERVAL + 1
     assert len(times) < 60 / 4  # coalesced, not one edit per event
     assert render_text(out.updates[-1][2]) == "step 60"  # the latest state was delivered
-    assert {h for _, h, _ in out.updates} == {("C1", "1.0")}
+    assert {h for _, h, _ in out.updates} == {MessageRef("C1/1.0")}
 
 
 async def test_stop_ends_without_waiting_for_the_interval() -> None:
     clock = VirtualClock()
     out = Recorder(clock)
-    progress = Progress(out, ("C1", "1.0"), lambda: note("x"), 30.0, clock)
+    progress = Progress(out, MessageRef("C1/1.0"), lambda: note("x"), 30.0, clock)
     progress.poke()
     await clock.advance(1.0)
-    assert await progress.stop() == ("C1", "1.0")  # no clock moves: it did not wait
+    assert await progress.stop() == MessageRef("C1/1.0")  # no clock moves: it did not wait
     assert clock.monotonic() == 1.0 and out.updates == []
 
 
 async def test_the_final_answer_goes_out_at_once_after_a_burst() -> None:
     clock = VirtualClock()
     out = Recorder(clock)
-    track = Tracker(out, Pace(30.0, clock), asked=("by x",), handle=("C1", "1.0"), title="Reset")
+    track = Tracker(
+        out, Pace(30.0, clock), asked=("by x",), handle=MessageRef("C1/1.0"), title="Reset"
+    )
     done_at: dict[str, float] = {}
 
     async def start() -> Outcome:
@@ -123,7 +125,7 @@ async def test_the_final_answer_goes_out_at_once_after_a_burst() -> None:
     while not run.done():
         await clock.advance(0.01)
     result = await run
-    assert result is None and track.handle == ("C1", "1.0")
+    assert result is None and track.handle == "C1/1.0"
     (final,) = out.updates  # no progress edit within 30 s; the end is not held back
     assert final[0] == done_at["t"]  # at once: no moment of the clock passed in between
     assert "node1 stopped answering" in render_text(final[2])
@@ -132,7 +134,7 @@ async def test_the_final_answer_goes_out_at_once_after_a_burst() -> None:
 async def test_the_final_answer_follows_a_pending_edit_in_order() -> None:
     clock = VirtualClock()
     out = Recorder(clock)
-    track = Tracker(out, Pace(INTERVAL, clock), asked=("by x",), handle=("C1", "1.0"))
+    track = Tracker(out, Pace(INTERVAL, clock), asked=("by x",), handle=MessageRef("C1/1.0"))
 
     async def start() -> Outcome:
         await track(Running(None))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from gpubot.core.alerting import MessageRef
 from gpubot.core.clock import steps_of
 from gpubot.core.models import ApprovalState
 from gpubot.core.reset.plan import ResetPlan
@@ -62,8 +63,7 @@ class Approval:
     decided_at: datetime | None
     finished_at: datetime | None
     result: Any  # decoded JSON given to mark_executed / mark_failed, or None
-    channel: str | None
-    message_ts: str | None
+    ref: MessageRef | None  # its request message, as the front end that posted it names it
     taken_at: datetime | None = None  # when a retry last took it from waiting back to approved
 
     @property

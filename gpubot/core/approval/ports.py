@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
+from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import Approval, ApprovalRequest
 
 
@@ -93,7 +94,7 @@ class ApprovalStore(Protocol):
         """Expire every pending request whose time is up at ``now``; return them."""
         ...
 
-    async def set_message(self, approval_id: int, channel: str, message_ts: str) -> None:
+    async def set_message(self, approval_id: int, ref: MessageRef) -> None:
         """Remember the chat message that shows the request (to update it later)."""
         ...
 

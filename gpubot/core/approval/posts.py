@@ -3,19 +3,20 @@ half its expiry, the word to the requester when it expired unanswered, and the w
 thread (and to the requester) when an approved action was interrupted, could not run yet, never
 could, or ran on a retry.
 
-Each is recorded (``ApprovalPost``: a token, where it goes) before it is posted, one per approval
-and purpose, so that neither a restart nor a second replica posts it again; a post whose answer
-was lost is settled by ``core.alerting.next_step``, as an alert's is.
+Each goes through the outbox under its subject (``subject``): one row per approval and purpose,
+recorded only while the approval is in a state for it (``NEEDS``), so that neither a restart nor
+a second replica posts it again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
 from gpubot.core.approval.model import Approval
 from gpubot.core.models import ApprovalState
+
+PREFIX = "approval:"  # the outbox subjects of approvals' posts
 
 
 class Purpose(StrEnum):
@@ -31,22 +32,53 @@ class Purpose(StrEnum):
     RETRIED = "retried"  # it ran on a retry: how it ended, in its thread
 
 
-@dataclass(frozen=True)
-class ApprovalPost:
-    """One post of an approval, recorded before it is made (the approval outbox's row)."""
+S = ApprovalState
+# The states an approval must be in for a post of each purpose to be recorded.
+NEEDS: dict[Purpose, frozenset[ApprovalState]] = {
+    Purpose.REQUEST: frozenset({S.PENDING}),
+    Purpose.REPING: frozenset({S.PENDING}),
+    Purpose.EXPIRED: frozenset({S.EXPIRED}),
+    Purpose.INTERRUPTED: frozenset({S.INCOMPLETE}),
+    Purpose.INTERRUPTED_DM: frozenset({S.INCOMPLETE}),
+    Purpose.WAITING: frozenset({S.WAITING, S.APPROVED}),  # approved again: a retry under way
+    Purpose.GAVE_UP: frozenset({S.FAILED}),
+    Purpose.RETRIED: frozenset({S.EXECUTED, S.FAILED}),
+}
 
-    token: str
-    approval_id: int
-    purpose: Purpose
-    channel: str
-    thread_ts: str | None
-    created_at: datetime
-    repeats: int = 0  # posts made without proof that the earlier one is not there
+
+def subject(approval_id: int, purpose: Purpose) -> str:
+    """Return the outbox subject of an approval's post of ``purpose``."""
+    return f"{PREFIX}{approval_id}:{purpose}"
 
 
-def half_time(a: Approval) -> datetime:
+def parse_subject(text: str) -> tuple[int, Purpose] | None:
+    """Return the approval and purpose an outbox subject names (None: not an approval's)."""
+    if not text.startswith(PREFIX):
+        return None
+    aid, _, purpose = text.removeprefix(PREFIX).partition(":")
+    try:
+        return int(aid), Purpose(purpose)
+    except ValueError:
+        return None
+
+
+def half_time(created_at: datetime, expires_at: datetime) -> datetime:
     """Return the moment half of an approval's time to expiry has gone."""
-    return a.created_at + (a.expires_at - a.created_at) / 2
+    return created_at + (expires_at - created_at) / 2
+
+
+def may_record(
+    purpose: Purpose,
+    state: ApprovalState,
+    created_at: datetime,
+    expires_at: datetime,
+    now: datetime,
+) -> bool:
+    """Whether a post of ``purpose`` may be recorded now for an approval in ``state``: a
+    re-ping only between half its time and its expiry."""
+    if state not in NEEDS[purpose]:
+        return False
+    return purpose is not Purpose.REPING or half_time(created_at, expires_at) <= now < expires_at
 
 
 def reping_due(a: Approval, now: datetime) -> bool:
@@ -54,6 +86,6 @@ def reping_due(a: Approval, now: datetime) -> bool:
     it has not expired (its request message is known, so the ping goes in its thread)."""
     return (
         a.state is ApprovalState.PENDING
-        and a.message_ts is not None
-        and half_time(a) <= now < a.expires_at
+        and a.ref is not None
+        and half_time(a.created_at, a.expires_at) <= now < a.expires_at
     )

@@ -228,13 +228,3 @@ class ReportSettings:
     digest: Digest | None = None
     digest_by: str = "team"
     digest_channel: str | None = None  # None: the alerts channel
-
-
-@dataclass(frozen=True)
-class DigestPost:
-    """One period's digest: its token, state and when its intent was recorded."""
-
-    period: str
-    token: str
-    state: str  # pending | posted | refused
-    created_at: float

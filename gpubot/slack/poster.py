@@ -1,4 +1,4 @@
-"""Posts that must appear once: a token in the message metadata, found again in the history.
+"""Slack's side of the outbox: a token in the message metadata, found again in the history.
 
 ``post_once`` posts with ``metadata`` (Slack's ``event_type`` / ``event_payload``, unseen by
 people) and says how the post ended: ``posted``, ``refused`` (Slack answered no: nothing is in
@@ -7,12 +7,13 @@ bot's client never retries a post that may have been taken (``slack.api.retry_ha
 a 429, which Slack documents as not taken, or a connection never made.
 ``internal_error`` (and ``fatal_error``, ``service_unavailable``) at HTTP 200 may follow a post
 Slack took, as its documentation of ``chat.postMessage`` says: before a simpler form is sent,
-the history is searched for the token (issue 34: such an alert was posted twice).
+the history is searched for the token.
 
 ``find_post`` pages through ``conversations.history`` (``include_all_metadata``, from a moment
 on) for the token. It needs the ``channels:history`` scope (``groups:history`` for a private
 channel; ``im:history`` for a DM); without it, or on any error, it says the history could not
-be checked.
+be checked. A post to a message's reference goes to its thread, also shown in the channel, so
+the history holds it. ``SlackPoster`` is the outbox's ``Poster`` on these.
 """
 
 from __future__ import annotations
@@ -25,56 +26,48 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gpubot.core.alerting import Delivery, Lookup, Posted
+from gpubot.chat.approval_words import may_repeat
+from gpubot.chat.message import Message
+from gpubot.core.alerting import Delivery, Lookup, MessageRef, Posted
 from gpubot.slack.api import BLOCK_ERRORS, MAYBE_TAKEN, SlackApi
-from gpubot.slack.blockkit import SlackMessage as Message
-from gpubot.slack.blockkit import forms_with_blocks, text_form
+from gpubot.slack.blockkit import SlackMessage, forms_with_blocks, text_form
+from gpubot.slack.ids import ref_of, split_ref
+from gpubot.slack.render import to_slack
 
 log = logging.getLogger(__name__)
 
-ALERT_EVENT = "gpubot_alert_posted"  # the metadata event_type of alert messages
-DM_EVENT = "gpubot_dm_posted"  # ... and of direct messages (idle holders, ladder, claims)
-HEAD_EVENT = "gpubot_head_posted"  # ... and of the audit head's publications
-APPROVAL_EVENT = "gpubot_approval_posted"  # ... and of approvals' requests, re-pings and DMs
-LADDER_EVENT = "gpubot_ladder_posted"  # ... and of the reclaim ladder's channel posts
+EVENT = "gpubot_posted"  # the metadata event_type of every post made once
+OLD_EVENTS = "gpubot_"  # ... and the prefix of the types earlier versions posted with
 PAGE = 200  # messages a history page asks for (Slack: at most 999, internal apps)
 MAX_PAGES = 10
-SLACK_SKEW_S = 60.0  # the history is searched from this long before the findings were seen
+SLACK_SKEW_S = 60.0  # the history is searched from this long before the post's intent
 
 
-async def post_once(
-    api: SlackApi,
-    channel: str,
-    msg: Message,
-    *,
-    token: str,
-    event: str = ALERT_EVENT,
-    thread_ts: str | None = None,
-) -> Posted:
-    """Post ``msg`` carrying ``token`` in its metadata; say whether Slack has it. In a thread
-    (``thread_ts``) it is also shown in the channel, so ``find_post`` finds it in the history.
+async def post_once(api: SlackApi, to: str, msg: SlackMessage, *, token: str) -> Posted:
+    """Post ``msg`` to ``to`` (a channel, or a message's thread) carrying ``token`` in its
+    metadata; say whether Slack has it.
 
     Like ``SlackApi._send``, blocks Slack refuses step down to simpler forms, but only on an
     answer of HTTP 200 that took nothing: after a 5xx it may be there, so nothing follows; after
     an answer that may follow a post it took (``MAYBE_TAKEN``) the history is searched first.
     """
-    meta = {"event_type": event, "event_payload": {"token": token}}
-    call = api.client.chat_postMessage
+    channel, thread = split_ref(to)
+    meta = {"event_type": EVENT, "event_payload": {"token": token}}
     where: dict[str, Any] = {"channel": channel, "metadata": meta}
-    if thread_ts is not None:
-        where |= {"thread_ts": thread_ts, "reply_broadcast": True}
+    if thread is not None:
+        where |= {"thread_ts": thread, "reply_broadcast": True}
     forms = [*forms_with_blocks(msg), {**text_form(msg), "blocks": []}]
     since = datetime.now(UTC)
     for n, form in enumerate(forms, 1):
         try:
-            resp = await call(**where, **form)
+            resp = await api.client.chat_postMessage(**where, **form)
         except SlackApiError as exc:
             status = int(getattr(exc.response, "status_code", 200) or 200)
             err = str(exc.response.get("error", "unknown_error"))
             if status >= 500:  # an answer from the server's side may follow a post it took
                 return Posted(Delivery.UNCERTAIN, why=f"HTTP {status} {err}")
             if err in MAYBE_TAKEN:
-                found = await _maybe_taken(api, channel, token, since, event, err)
+                found = await _maybe_taken(api, channel, token, since, err)
                 if found is not None:
                     return found
             if err in BLOCK_ERRORS and n < len(forms):
@@ -84,28 +77,28 @@ async def post_once(
             return Posted(Delivery.REFUSED, why=err)
         except Exception as exc:  # timeouts and connection errors: the post may have landed
             return Posted(Delivery.UNCERTAIN, why=type(exc).__name__)
-        return Posted(Delivery.POSTED, (str(resp["channel"]), str(resp["ts"])))
+        return Posted(Delivery.POSTED, ref_of(str(resp["channel"]), str(resp["ts"])))
     return Posted(Delivery.REFUSED, why="no form of the message was taken")
 
 
 async def _maybe_taken(
-    api: SlackApi, channel: str, token: str, since: datetime, event: str, err: str
+    api: SlackApi, channel: str, token: str, since: datetime, err: str
 ) -> Posted | None:
     """After an answer that may follow a post Slack took: the post if the history has it,
     uncertain if the history cannot be read, None if it provably took nothing."""
-    lookup = await find_post(api.client, channel, token, since, event=event)
-    if lookup.handle is not None:
+    lookup = await find_post(api.client, channel, token, since)
+    if lookup.ref is not None:
         log.info("chat.postMessage answered %s, but the post is there: adopted", err)
-        return Posted(Delivery.POSTED, lookup.handle)
+        return Posted(Delivery.POSTED, lookup.ref)
     if not lookup.checked:
         return Posted(Delivery.UNCERTAIN, why=f"{err}; {lookup.why}")
     return None
 
 
-async def find_post(
-    client: AsyncWebClient, channel: str, token: str, since: datetime, *, event: str = ALERT_EVENT
-) -> Lookup:
-    """Look for the message carrying ``token`` in ``channel``'s history since ``since``."""
+async def find_post(client: AsyncWebClient, to: str, token: str, since: datetime) -> Lookup:
+    """Look for the message carrying ``token`` in the history of ``to``'s channel since
+    ``since``."""
+    channel, _ = split_ref(to)
     oldest = f"{max(0.0, since.timestamp() - SLACK_SKEW_S):.6f}"
     cursor: str | None = None
     for _ in range(MAX_PAGES):
@@ -127,8 +120,8 @@ async def find_post(
         except Exception as exc:  # a timeout, a dropped connection
             return Lookup(False, why=f"conversations.history: {type(exc).__name__}")
         for m in resp.get("messages") or []:
-            if _carries(m, event, token):
-                return Lookup(True, (channel, str(m["ts"])))
+            if _carries(m, token):
+                return Lookup(True, ref_of(channel, str(m["ts"])))
         meta = resp.get("response_metadata")
         cursor = meta.get("next_cursor") if isinstance(meta, Mapping) else None
         if not resp.get("has_more") or not cursor:
@@ -136,11 +129,38 @@ async def find_post(
     return Lookup(False, why=f"more than {MAX_PAGES * PAGE} messages to search")
 
 
-def _carries(message: Any, event: str, token: str) -> bool:
+def _carries(message: Any, token: str) -> bool:
     if not isinstance(message, Mapping) or "ts" not in message:
         return False
     meta = message.get("metadata")
-    if not isinstance(meta, Mapping) or meta.get("event_type") != event:
+    if not isinstance(meta, Mapping) or not str(meta.get("event_type")).startswith(OLD_EVENTS):
         return False
     payload = meta.get("event_payload")
     return isinstance(payload, Mapping) and payload.get("token") == token
+
+
+class SlackPoster:
+    """The outbox's ``Poster`` in Slack: neutral messages posted once, found, updated."""
+
+    def __init__(self, api: SlackApi) -> None:
+        self.api = api
+
+    async def post(
+        self, to: str, msg: Message, *, token: str, repeat_of: datetime | None = None
+    ) -> Posted:
+        """Post ``msg`` to ``to`` carrying ``token`` (saying it may repeat the post of
+        ``repeat_of``)."""
+        shown = msg if repeat_of is None else may_repeat(msg, repeat_of)
+        return await post_once(self.api, to, to_slack(shown), token=token)
+
+    async def find(self, to: str, token: str, since: datetime) -> Lookup:
+        """Look for the post carrying ``token`` in ``to``'s channel since ``since``."""
+        return await find_post(self.api.client, to, token, since)
+
+    async def update(self, ref: MessageRef, msg: Message) -> bool:
+        """Replace the message ``ref`` (``chat.update``; a new post if Slack refuses)."""
+        return await self.api.update(ref, to_slack(msg)) is not None
+
+    async def direct(self, user: str) -> str | None:
+        """Open the direct message with ``user`` (None without ``im:write``, or on failure)."""
+        return await self.api.open_dm(user)
