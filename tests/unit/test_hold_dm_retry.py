@@ -32,7 +32,6 @@ from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import ClaimSettings, WaitState
 from gpubot.core.models import CommandResult
 from gpubot.errors import GpubotError, StoreError
-from gpubot.services.alert_outbox import AlertOutbox
 from gpubot.services.approvals import Identity
 from gpubot.services.outbox import Outbox
 from gpubot.services.claims import ClaimService
