@@ -37,9 +37,9 @@ from gpubot.core import durations
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.health.kinds import BY_NAME, title_of
 from gpubot.core.health.xid_table import RESET_WHEN_IDLE
+from gpubot.core.policy import Person
 from gpubot.core.reset.interrupted import Unfinished
 from gpubot.errors import DUTY_TURN, GpubotError
-from gpubot.services.approvals import Identity
 from gpubot.services.sweep import SweepService
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def chat_sweeper(service: SweepService) -> Sweeper:
     """Return what ``/gpu sweep`` runs: a read-only sweep now, rendered, audited as asked from
     ``source`` (the front end: "slack", "console") by ``who``."""
 
-    async def sweep(who: Identity, source: str) -> Message:
+    async def sweep(who: Person, source: str) -> Message:
         actor = who.id if who.id.startswith(f"{source}:") else f"{source}:{who.id}"
         result = await service.run(alerting=False, source=source, actor=actor)
         found: Sequence[Unfinished] = ()

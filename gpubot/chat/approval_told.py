@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpubot.chat.message import Code, Date, DateStyle, Message, Person, Place, Section, Span
+from gpubot.chat.message import Code, Date, DateStyle, Mention, Message, Place, Section, Span
 from gpubot.core.approval.model import Approval, run_until
 from gpubot.core.approval.posts import Purpose
 from gpubot.core.reset.interrupted import show_command
@@ -21,7 +21,7 @@ def _what(a: Approval) -> str:
 
 
 def _who(a: Approval) -> tuple[Span, ...]:
-    return ("asked by ", Person(a.requester), ", approved by ", Person(a.decided_by or "?"))
+    return ("asked by ", Mention(a.requester), ", approved by ", Mention(a.decided_by or "?"))
 
 
 def _why(a: Approval) -> str:
@@ -55,7 +55,7 @@ def render_interrupted_dm(a: Approval) -> Message:
     """To the requester: their approved request was interrupted; check the node."""
     text: list[Span] = [
         f"⚠ Your {_what(a)} was approved by ",
-        Person(a.decided_by or "?"),
+        Mention(a.decided_by or "?"),
         " but interrupted: gpubot stopped while running it. It is not run again: check ",
         Code(f"/gpu status {a.node}"),
         ", and ask again if it is still needed.",

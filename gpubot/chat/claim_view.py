@@ -13,8 +13,8 @@ from gpubot.chat.message import (
     Context,
     Date,
     DateStyle,
+    Mention,
     Message,
-    Person,
     Section,
     Span,
     Style,
@@ -47,7 +47,7 @@ def gpus_text(gpus: Sequence[int]) -> str:
 
 def claimed_line(c: Claim) -> Text:
     """Return "claimed by <person> until 14:00 · note"."""
-    out: list[Span] = ["claimed by ", Person(c.chat_id), f" ({c.user})", " until ", until(c.end)]
+    out: list[Span] = ["claimed by ", Mention(c.chat_id), f" ({c.user})", " until ", until(c.end)]
     if c.note:
         out += [" · ", c.note]
     return tuple(out)
@@ -84,7 +84,7 @@ def render_conflict(conflict: Conflict, node: str, wait: str) -> Message:
                 (
                     bold(gpus_text(w.offered)),
                     " are held for ",
-                    Person(w.chat_id),
+                    Mention(w.chat_id),
                     " (next in the queue) until ",
                     until(w.hold_until or 0.0),
                 )
@@ -116,7 +116,7 @@ def render_claims(claims: Sequence[Claim], scope: str, now: float) -> Message:
     people = tuple(dict.fromkeys(c.chat_id for c in claims))
     who: list[Span] = ["Claimed by "]
     for i, p in enumerate(people):
-        who += ([", "] if i else []) + [Person(p)]
+        who += ([", "] if i else []) + [Mention(p)]
     return Message(
         f"Claims · {scope}",
         (Table(tuple(rows), wrap=(5,)), Context((tuple(who),))),
@@ -137,7 +137,13 @@ def render_queue(waits: Sequence[Wait], node: str | None) -> Message:
             state = ("held for them: ", gpus_text(w.offered), " until ", until(w.hold_until or 0))
         body.append(
             Section(
-                (f"{i}. ", Person(w.chat_id), f" · {w.node} {what} · ", *state, f" (place {w.id})"),
+                (
+                    f"{i}. ",
+                    Mention(w.chat_id),
+                    f" · {w.node} {what} · ",
+                    *state,
+                    f" (place {w.id})",
+                ),
                 Action(ACTION_LEAVE, "Leave", str(w.id)),
             )
         )
@@ -252,7 +258,7 @@ def intruder_reason(i: Intruder) -> Text:
         "🔒 ",
         bold(f"{c.node} GPU {c.gpu}"),
         " is claimed by ",
-        Person(c.chat_id),
+        Mention(c.chat_id),
         f" ({c.user}) since ",
         Date(c.start),
         " until ",

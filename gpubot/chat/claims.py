@@ -19,8 +19,8 @@ from gpubot.chat.surface import Surface
 from gpubot.core import commands
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import Claim, ClaimState, Conflict, Granted, OverLimit
+from gpubot.core.policy import Person
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
-from gpubot.services.approvals import Identity
 from gpubot.services.claims import (
     ClaimService,
     Ended,
@@ -70,14 +70,14 @@ class ClaimDesk:
             raise StoreError(NO_STORE)
         return self.service
 
-    async def run(self, cmd: cc.ClaimCommand, who: Identity, out: Surface) -> None:
+    async def run(self, cmd: cc.ClaimCommand, who: Person, out: Surface) -> None:
         """Run one claim or queue command; errors become one-line messages."""
         try:
             await out.reply(await self.answer(cmd, who))
         except GpubotError as exc:
             await out.reply(error_message(exc))
 
-    async def answer(self, cmd: cc.ClaimCommand, who: Identity) -> Message:
+    async def answer(self, cmd: cc.ClaimCommand, who: Person) -> Message:
         """Return the message that answers ``cmd`` (raises ``GpubotError``)."""
         svc = self._svc()
         now = svc.clock.now()
@@ -99,9 +99,7 @@ class ClaimDesk:
         left = await svc.leave(who, cmd.wait_id, self.source)
         return note(f"✅ left the queue: place {', '.join(str(w.id) for w in left)}")
 
-    async def _claim(
-        self, svc: ClaimService, cmd: cc.ClaimGpus | cc.Take, who: Identity
-    ) -> Message:
+    async def _claim(self, svc: ClaimService, cmd: cc.ClaimGpus | cc.Take, who: Person) -> Message:
         if isinstance(cmd, cc.Take):
             got = await svc.take(who, cmd.wait_id, self.source)
             node, wait = "", ""
@@ -116,7 +114,7 @@ class ClaimDesk:
             return view.render_conflict(got, node, wait)
         raise UsageError("not claimed: those GPUs are taken")
 
-    async def click(self, action: str, value: str, who: Identity, out: Surface) -> None:
+    async def click(self, action: str, value: str, who: Person, out: Surface) -> None:
         """Run a button of a claim or queue message (Claim, Leave, Queue me)."""
         if who.refused is not None:
             await out.reply(error_message(UsageError(who.refused)))
@@ -149,7 +147,7 @@ class ClaimDesk:
             return
         await self.run(cmd, who, out)
 
-    async def _idle_click(self, action: str, claim_id: int, who: Identity, out: Surface) -> None:
+    async def _idle_click(self, action: str, claim_id: int, who: Person, out: Surface) -> None:
         svc = self._svc()
         if action == view.ACTION_KEEP:
             c = await svc.keep(who, claim_id, self.source)
@@ -171,7 +169,7 @@ class ClaimDesk:
                     "the queue of %s waits for the next tick: %s", node, exc, extra=DUTY_TURN
                 )
 
-    async def free_intruder(self, value: str, who: Identity, out: Surface) -> None:
+    async def free_intruder(self, value: str, who: Person, out: Surface) -> None:
         """*Free it* of an intruder: the claimant's own reset of that process, which, being
         someone else's, waits for an on-call approver; the request says whose claim it is."""
         try:

@@ -17,7 +17,7 @@ from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home, with_week
 from gpubot.chat.interrupted import interrupted_for
-from gpubot.chat.message import Message, Person, Section, Text, bold, note, paragraph
+from gpubot.chat.message import Mention, Message, Section, Text, bold, note, paragraph
 from gpubot.chat.report_view import render_usage
 from gpubot.chat.reset_view import (
     Decision,
@@ -34,12 +34,12 @@ from gpubot.core.alerting import Delivery
 from gpubot.core.approval.model import Approval, cannot_run
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.models import ApprovalState, NodeSnapshot
-from gpubot.core.policy import Policy
+from gpubot.core.policy import Person, Policy
 from gpubot.core.ports import AuditLog, Clock
 from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
 from gpubot.services.approval_duty import ApprovalDuty
-from gpubot.services.approvals import ApprovalService, Identity, unix
+from gpubot.services.approvals import ApprovalService, unix
 from gpubot.services.claims import ClaimService
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.requests import (
@@ -60,7 +60,7 @@ __all__ = ["Flows", "Services", "error_message", "help_message"]
 log = logging.getLogger(__name__)
 
 # A read-only sweep now, audited as asked by this person from this front end ("console", …).
-Sweeper = Callable[[Identity, str], Awaitable[Message]]
+Sweeper = Callable[[Person, str], Awaitable[Message]]
 # GPU-hours each owner holds idle now, for these snapshots (``SweepService.idle_gpu_hours``).
 IdleHours = Callable[[Sequence[NodeSnapshot]], Awaitable[Mapping[str, float]]]
 
@@ -118,7 +118,7 @@ class Flows:
         elif isinstance(cmd, commands.Reset | commands.GpuReset):
             self.svc.status.node(cmd.node)
 
-    async def run(self, cmd: commands.Command, who: Identity, out: Surface, *, text: str) -> None:
+    async def run(self, cmd: commands.Command, who: Person, out: Surface, *, text: str) -> None:
         """Run one command to its end; errors become messages."""
         try:
             if who.refused is not None and not isinstance(cmd, commands.Help):
@@ -154,7 +154,7 @@ class Flows:
             log.exception("command %r by %s failed", text, who.id)
             await out.reply(error_message(exc))
 
-    async def status(self, cmd: commands.Status, who: Identity, out: Surface) -> None:
+    async def status(self, cmd: commands.Status, who: Person, out: Surface) -> None:
         """Answer ``status``: one node in full, a few nodes each, a fleet in summary."""
         nodes = self.svc.status.resolve(cmd.names)
         handle = await out.post(note(f"⏳ asking {len(nodes)} node(s) …"))
@@ -170,7 +170,7 @@ class Flows:
         shown = [s.node for s in fleet.snapshots]
         await out.update(handle, await with_claims(self.claims, msg, shown))
 
-    def ask(self, who: Identity, text: str) -> Ask:
+    def ask(self, who: Person, text: str) -> Ask:
         """Return a request of ``who`` from this front end."""
         return Ask(who, text, self.source)
 
@@ -179,12 +179,12 @@ class Flows:
         return Tracker(out, Pace(self.min_update_s, self.clock), asked=asked, **kw)
 
     async def reset(
-        self, cmd: commands.Reset, who: Identity, out: Surface, *, text: str, context: Text = ()
+        self, cmd: commands.Reset, who: Person, out: Surface, *, text: str, context: Text = ()
     ) -> None:
         """Plan; run at once if only the asker's processes die, else ask for approval
         (``context``: shown to the approvers: the claim an intruder uses, the idle evidence)."""
         planning = note("⏳ planning a reset of ", bold(cmd.node), " …")
-        track = self.tracker(out, ("Requested by ", Person(who.id)), planning=planning)
+        track = self.tracker(out, ("Requested by ", Mention(who.id)), planning=planning)
 
         async def announce(approval: Approval, plan: ResetPlan) -> MessageRef | None:
             expires = unix(approval.expires_at) or 0.0
@@ -228,12 +228,12 @@ class Flows:
         self.waiting[a.id] = await out.update(track.handle, waiting)
 
     async def gpu_reset(
-        self, cmd: commands.GpuReset, who: Identity, out: Surface, *, text: str
+        self, cmd: commands.GpuReset, who: Person, out: Surface, *, text: str
     ) -> None:
         """Reset one idle GPU whose memory leaked."""
         track = self.tracker(
             out,
-            ("Requested by ", Person(who.id)),
+            ("Requested by ", Mention(who.id)),
             planning=note(f"⏳ resetting {cmd.node} GPU {cmd.gpu} …"),
             title=f"GPU reset {cmd.node} · GPU {cmd.gpu}",
         )
@@ -246,7 +246,7 @@ class Flows:
         actions = await self.svc.audit.actions(node=cmd.node, limit=cmd.limit)
         await out.reply(render_audit(actions, node=cmd.node))
 
-    async def sweep(self, who: Identity, out: Surface) -> None:
+    async def sweep(self, who: Person, out: Surface) -> None:
         """Sweep the fleet now, if this gpubot sweeps."""
         if self.svc.sweep is None:
             await out.reply(note("Sweeps are not set up in this gpubot."))
@@ -267,7 +267,7 @@ class Flows:
         self,
         approval_id: int,
         approve: bool,
-        who: Identity,
+        who: Person,
         out: Surface,
         *,
         handle: MessageRef | None,
@@ -311,9 +311,9 @@ class Flows:
         track.title = reset_title(plan)
         track.asked = (
             "Requested by ",
-            Person(a.requester),
+            Mention(a.requester),
             ", approved by ",
-            Person(a.decided_by or "?"),
+            Mention(a.decided_by or "?"),
         )
 
     async def expire(self, out: Surface) -> int:
@@ -334,7 +334,7 @@ class Flows:
 
     async def refuse(
         self,
-        who: Identity,
+        who: Person,
         out: Surface,
         exc: GpubotError,
         *,
@@ -357,7 +357,7 @@ class Flows:
 
     # -- home ------------------------------------------------------------------------------
 
-    async def home(self, who: Identity, *, max_age_s: float = 15.0) -> Message:
+    async def home(self, who: Person, *, max_age_s: float = 15.0) -> Message:
         """Return the Home tab for ``who`` (fleet answers shared for ``max_age_s``)."""
         now = self.clock.now()
         if who.refused is not None:

@@ -18,8 +18,8 @@ from gpubot.chat.message import Date, Sentence, note
 from gpubot.chat.surface import Surface
 from gpubot.core import commands
 from gpubot.core.health.kinds import parse_key
+from gpubot.core.policy import Person
 from gpubot.errors import GpubotError, UsageError
-from gpubot.services.approvals import Identity
 
 # Snooze the finding ``key_text`` for ``choice`` ("1h", "1d") ``by`` someone; return the alert
 # as it now is (``SweepService.snooze``).
@@ -40,7 +40,7 @@ async def snooze(snoozer: Snoozer, key: str, choice: str, *, by: str, out: Surfa
 
 
 async def free_it(
-    flows: Flows, value: str, who: Identity, out: Surface, *, evidence: str | None = None
+    flows: Flows, value: str, who: Person, out: Surface, *, evidence: str | None = None
 ) -> None:
     """Free the GPU an idle holder (the finding ``value``) holds, as ``who``'s own reset;
     ``evidence`` (the reclaim ladder's) goes into the command and the approval request."""

@@ -22,8 +22,8 @@ from gpubot.chat.message import (
     Date,
     Heading,
     Kind,
+    Mention,
     Message,
-    Person,
     Section,
     bold,
     ctx,
@@ -55,8 +55,8 @@ def render_home(
     if linux_user is None:
         unmapped = (
             "Hello ",
-            Person(user_id),
-            ". Your Slack account is not mapped to a Linux user, so every reset you ask for "
+            Mention(user_id),
+            ". Your chat account is not mapped to a Linux user, so every reset you ask for "
             "needs on-call approval. Ask an admin to add you to ",
             Code("[users]"),
             ".",
@@ -113,7 +113,7 @@ MAX_IDLE_USERS = 20  # owners named in the fleet's idle line (most GPU-hours fir
 def render_refused_home(user_id: str, reason: str, *, now: float) -> Message:
     """Render the Home tab for an account gpubot refuses (no fleet data is shown)."""
     body = (
-        Section(("Hello ", Person(user_id), ". ⛔ ", reason, ".")),
+        Section(("Hello ", Mention(user_id), ". ⛔ ", reason, ".")),
         ctx(("checked ", Date(now))),
     )
     return Message("GPU fleet", body, kind=Kind.PAGE)

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpubot.chat.message import Action, Code, Part, Section, Sentence, Text, bold, ctx
+from gpubot.core.policy import Person
 from gpubot.core.ports import AuditLog
 from gpubot.core.reset.interrupted import Unfinished, interrupted_line
 from gpubot.errors import GpubotError, UsageError
-from gpubot.services.approvals import ApprovalService, Identity
+from gpubot.services.approvals import ApprovalService
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ class Interrupted:
 
 
 async def interrupted_for(
-    audit: AuditLog | None, approvals: ApprovalService | None, who: Identity | None
+    audit: AuditLog | None, approvals: ApprovalService | None, who: Person | None
 ) -> Interrupted | None:
     """Return what was interrupted (every node) for ``who`` (None: no approver check); None
     when there is no audit log or it cannot be read (logged: the view still shows the rest)."""
@@ -54,7 +55,7 @@ async def interrupted_for(
 async def review(
     audit: AuditLog | None,
     approvals: ApprovalService | None,
-    who: Identity,
+    who: Person,
     value: str,
     *,
     source: str = "slack",

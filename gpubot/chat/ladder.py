@@ -20,8 +20,8 @@ from gpubot.chat.message import (
     Actions,
     Code,
     Confirm,
+    Mention,
     Message,
-    Person,
     Section,
     Sentence,
     Span,
@@ -32,9 +32,9 @@ from gpubot.chat.message import (
     note,
 )
 from gpubot.chat.surface import Surface
+from gpubot.core.policy import Person
 from gpubot.core.usage.ladder import Step
 from gpubot.errors import GpubotError
-from gpubot.services.approvals import Identity
 from gpubot.services.ladder import LadderNotice, ReclaimLadder
 
 ACTION_KEEP = "gpubot_ladder_keep"  # the value is the finding's key text
@@ -72,7 +72,7 @@ def render_ladder(n: LadderNotice, owners: Sequence[str]) -> Message:
     f, key = n.finding, n.rung.finding
     gpu = n.rung.gpu
     pid = f.holder.split(":", 1)[0]
-    who: list[Span] = [Person(u) for u in owners] or [Code(n.rung.owner)]
+    who: list[Span] = [Mention(u) for u in owners] or [Code(n.rung.owner)]
     b = Budget()
     if n.step in (Step.DM, Step.REMIND):
         head = "Reminder: your" if n.step is Step.REMIND else "Your"
@@ -120,7 +120,7 @@ def render_ladder(n: LadderNotice, owners: Sequence[str]) -> Message:
 
 
 async def keep(
-    ladder: ReclaimLadder, key: str, reason: str, who: Identity, out: Surface, *, source: str
+    ladder: ReclaimLadder, key: str, reason: str, who: Person, out: Surface, *, source: str
 ) -> None:
     """The owner keeps the GPU: the ladder stops, with the reason (audited as ``source:id``)."""
     try:
@@ -136,7 +136,7 @@ async def keep(
 
 
 async def oncall_free(
-    flows: Flows, ladder: ReclaimLadder, key: str, who: Identity, out: Surface
+    flows: Flows, ladder: ReclaimLadder, key: str, who: Person, out: Surface
 ) -> None:
     """On-call's *Free it*: the holder's reset as ``who``'s request, with the idle evidence
     (someone else's process: the approvers decide)."""

@@ -3,7 +3,7 @@
 A ``Message`` is a title, then a body of parts (sections, preformatted text, a table, context
 lines, actions), and a plain fallback line. Text is a tuple of spans: plain strings (any
 characters: each renderer escapes them for its own surface), code literals, core sentences whose
-literals core marked (``core.text.code``), emphasis, people (``Person``), dates (``Date``) and
+literals core marked (``core.text.code``), emphasis, people (``Mention``), dates (``Date``) and
 line breaks (``NL``). A plain string never starts a line of its own: a newline in it is text, so a
 name can not forge a line; only ``NL`` breaks one.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class Person:
+class Mention:
     """A person of the chat system, by the front end's own id (and a display name if known)."""
 
     id: str
@@ -98,7 +98,7 @@ class Break:
 
 NL = Break()
 
-Span = str | Person | Date | Code | Sentence | Strong | Emph | Struck | Clipped | Place | Break
+Span = str | Mention | Date | Code | Sentence | Strong | Emph | Struck | Clipped | Place | Break
 Text = tuple[Span, ...]
 
 
@@ -257,9 +257,9 @@ class Message:
         return tuple(p for p in self.body if isinstance(p, Context))
 
     @property
-    def people(self) -> tuple[Person, ...]:
+    def people(self) -> tuple[Mention, ...]:
         """Return every person the message names, in order, each once."""
-        return tuple(dict.fromkeys(s for s in self.spans() if isinstance(s, Person)))
+        return tuple(dict.fromkeys(s for s in self.spans() if isinstance(s, Mention)))
 
     @property
     def dates(self) -> tuple[Date, ...]:

@@ -18,8 +18,8 @@ from gpubot.chat.message import (
     Date,
     DateStyle,
     Heading,
+    Mention,
     Message,
-    Person,
     Section,
     Sentence,
     Span,
@@ -239,7 +239,7 @@ def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None
     for i, o in enumerate(plan.owners):
         owners += [", ", Code(o)] if i else [Code(o)]
     kills = "; ".join(plan.workloads[:5]) + ("; …" if len(plan.workloads) > 5 else "")
-    out: list[Span] = [Person(requester_id), f" ({who}) asks to free ", bold(plan.node)]
+    out: list[Span] = [Mention(requester_id), f" ({who}) asks to free ", bold(plan.node)]
     out += [f" GPU {_gpus(plan.gpus)}. This kills processes of ", *owners]
     out.append(f": {len(plan.targets)} process(es), {held_memory(plan)}.")
     if plan.reason:  # typed by the requester: a plain string, escaped by each renderer
@@ -343,7 +343,7 @@ def state_line(state: str, by: str | None, at: float | None) -> Text:
     out: list[Span] = []
     for piece in _FIELD.split(STATE_LINE.get(state, state)):
         if piece == "{by}":
-            out.append(Person(by) if by else "?")
+            out.append(Mention(by) if by else "?")
         elif piece == "{at}":
             out += [Date(at)] if at else []
         elif piece == "{time}":  # hours and minutes

@@ -18,8 +18,8 @@ from gpubot.console.text_render import render_text
 from gpubot.core import commands
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import Conflict, Granted, OverLimit, cuda_visible
+from gpubot.core.policy import Person
 from gpubot.errors import StoreError, UsageError
-from gpubot.services.approvals import Identity
 from gpubot.services.claims import ClaimService
 
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     return with_app(args, True, body)
 
 
-async def as_json(svc: ClaimService, cmd: cc.ClaimCommand, who: Identity) -> tuple[Any, bool]:
+async def as_json(svc: ClaimService, cmd: cc.ClaimCommand, who: Person) -> tuple[Any, bool]:
     """Return the JSON answer of ``cmd`` and whether it was done."""
     if isinstance(cmd, cc.ClaimGpus | cc.Take):
         got = (

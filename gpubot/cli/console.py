@@ -19,13 +19,12 @@ from gpubot.chat.flows import Flows
 from gpubot.config import front_ends
 from gpubot.console.repl import ConsoleParts, repl
 from gpubot.console.terminal import Prompt, banner, session
-from gpubot.core.policy import Policy, resolve, system_user_refusal
+from gpubot.core.policy import Person, Policy, resolve, system_user_refusal
 from gpubot.errors import UsageError
 from gpubot.services.alert_keeper import NoAlerts
-from gpubot.services.approvals import Identity
 
 
-def identity(policy: Policy, as_id: str | None, name: str | None = None) -> Identity:
+def identity(policy: Policy, as_id: str | None, name: str | None = None) -> Person:
     """Return who types at the console: ``--as`` a user id of the primary front end (its
     ``[users]`` and approvers), else the local Unix user."""
     if as_id is not None:
@@ -33,10 +32,10 @@ def identity(policy: Policy, as_id: str | None, name: str | None = None) -> Iden
         if ids is None or not ids.user.fullmatch(as_id):
             raise UsageError(f"--as {as_id!r}: expected {ids.user_words if ids else 'a user id'}")
         found = resolve(policy, as_id, None, None)
-        return Identity(as_id, name or as_id, found.linux_user, found.refused)
+        return Person(as_id, name or as_id, found.linux_user, found.refused)
     user = getpass.getuser()
     mine = None if system_user_refusal(policy, user) else user  # never root's self-service
-    return Identity(f"console:{user}", name or user, mine)
+    return Person(f"console:{user}", name or user, mine)
 
 
 def make_flows(app: App) -> Flows:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from gpubot.app import App
     from gpubot.chat.flows import Flows
     from gpubot.core.alerting import AlertGroup, Lookup, MessageRef, Posted
-    from gpubot.services.approvals import Identity
+    from gpubot.core.policy import Person
     from gpusim.fleet import SimFleet
 
 OPERATOR, REQUESTER, ONCALL = "U0DANA", "U0ALICE", "U0OLGA"
@@ -207,15 +207,15 @@ def _say(title: str, text: str = "") -> None:
         print(text)
 
 
-def _built(cfg: Path, operator: str | None) -> tuple[App, Flows, Identity]:
+def _built(cfg: Path, operator: str | None) -> tuple[App, Flows, Person]:
     """Build the demo's app on ``cfg``, its flows (Slack's, printed as text) and dana."""
     from gpubot.app import build
     from gpubot.cli.console import make_flows
     from gpubot.config import load
-    from gpubot.services.approvals import Identity
+    from gpubot.core.policy import Person
 
     app = build(load(cfg), {}, need_store=True, notifier=_PrintAlerts())
-    return app, make_flows(app), Identity(OPERATOR, "dana", operator or _you())
+    return app, make_flows(app), Person(OPERATOR, "dana", operator or _you())
 
 
 def _console(cfg: Path, operator: str | None) -> int:
@@ -237,15 +237,15 @@ async def _main(cfg: Path, operator: str | None) -> tuple[int, str | None]:
         await app.close()
 
 
-async def _walk(app: App, ask: Flows, operator: Identity) -> tuple[int, str | None]:
+async def _walk(app: App, ask: Flows, operator: Person) -> tuple[int, str | None]:
     from gpubot.chat.alerts import render_sweep
     from gpubot.console.repl import answer
     from gpubot.console.text_render import render_text as message_text
-    from gpubot.services.approvals import Identity
+    from gpubot.core.policy import Person
 
     started = time.monotonic()
-    alice = Identity(REQUESTER, "alice", "alice")
-    olga = Identity(ONCALL, "olga", "olga")
+    alice = Person(REQUESTER, "alice", "alice")
+    olga = Person(ONCALL, "olga", "olga")
 
     _say("1. /gpu status all  (what is on the GPUs right now?)")
     print(await answer(ask, "/gpu status all", operator))

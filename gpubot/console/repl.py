@@ -36,9 +36,10 @@ from gpubot.chat.surface import MessageRef
 from gpubot.console.report import TextReporter
 from gpubot.console.text_render import render_text
 from gpubot.core import commands
+from gpubot.core.policy import Person
 from gpubot.core.ports import Reporter
 from gpubot.errors import StdoutClosed, UsageError
-from gpubot.services.approvals import Identity
+
 CONSOLE = "console:"  # the console's message references: "console:INDEX"
 
 PROMPT = "gpu> "
@@ -89,7 +90,7 @@ def typed(action: Action) -> str | None:
 
 
 async def holder_line(
-    flows: Flows, line: str, who: Identity, out: TextSurface, snoozer: Snoozer | None
+    flows: Flows, line: str, who: Person, out: TextSurface, snoozer: Snoozer | None
 ) -> bool:
     """Run ``snooze 1h|1d KEY`` or ``free KEY`` (an alert's buttons, typed); False if ``line``
     is neither."""
@@ -175,7 +176,7 @@ class TextSurface:
 async def answer(
     flows: Flows,
     line: str,
-    who: Identity,
+    who: Person,
     *,
     echo: Callable[[str], None] | None = None,
     snoozer: Snoozer | None = None,
@@ -205,7 +206,7 @@ async def answer(
     return out.text()
 
 
-async def repl(parts: ConsoleParts, who: Identity, lines: Sequence[str] | NextLine) -> int:
+async def repl(parts: ConsoleParts, who: Person, lines: Sequence[str] | NextLine) -> int:
     """Run the app's lifecycle (its start-up report printed first), answer ``lines`` (or each
     line ``lines()`` gives until None, quit or exit), printing as answers come; close."""
 
@@ -231,7 +232,7 @@ async def repl(parts: ConsoleParts, who: Identity, lines: Sequence[str] | NextLi
 
 async def _answer_lines(
     flows: Flows,
-    who: Identity,
+    who: Person,
     lines: Sequence[str] | NextLine,
     echo: Callable[[str], None],
     snoozer: Snoozer,

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING
 from gpubot.console.repl import PROMPT, ConsoleParts, repl
 
 if TYPE_CHECKING:
-    from gpubot.services.approvals import Identity
+    from gpubot.core.policy import Person
 
 LEAVE_HINT = "(to leave: Ctrl-C again, Ctrl-D or quit)"
 GOODBYE = "bye"
 
 
-def banner(who: Identity) -> str:
+def banner(who: Person) -> str:
     """Return the console's first line on a terminal: who types, and how to get help or leave."""
     user = who.linux_user or "unknown"
     return f"gpubot console as {who.name} (Linux user {user}); type help, or quit"
@@ -97,7 +97,7 @@ class _Loop:
     """The console's event loop on a thread of its own, running ``repl`` (the app's lifecycle
     and every command); it asks the main thread for each line through ``asks``."""
 
-    def __init__(self, parts: ConsoleParts, who: Identity) -> None:
+    def __init__(self, parts: ConsoleParts, who: Person) -> None:
         self.parts, self.who = parts, who
         self.asks: queue.Queue[asyncio.Future[str | None] | None] = queue.Queue()
         self.loop = asyncio.new_event_loop()
@@ -164,7 +164,7 @@ class _Loop:
         return self._code
 
 
-def session(parts: ConsoleParts, who: Identity, prompt: Prompt) -> int:
+def session(parts: ConsoleParts, who: Person, prompt: Prompt) -> int:
     """Run the console, reading ``prompt`` in this (the main) thread; return its exit status.
 
     Ctrl-C outside the prompt's own handling (a command under way, the start-up, a pipe's read)

@@ -25,9 +25,9 @@ from gpubot.chat.message import (
     DateStyle,
     Emph,
     Heading,
+    Mention,
     Message,
     Part,
-    Person,
     Place,
     Pre,
     Section,
@@ -44,7 +44,7 @@ from gpubot.core.text_table import table_lines
 Typed = Callable[[Action], str | None]  # what to type for an action (None: nothing)
 
 
-def person_text(p: Person) -> str:
+def mention_text(p: Mention) -> str:
     """Return a person as text."""
     return f"{p.name} (@{p.id})" if p.name else f"@{p.id}"
 
@@ -66,8 +66,8 @@ def span_text(s: Span) -> str:
         return f"`{inner}`" if inner else "–"
     if isinstance(s, Sentence):
         return one_line(s.text)
-    if isinstance(s, Person):
-        return person_text(s)
+    if isinstance(s, Mention):
+        return mention_text(s)
     if isinstance(s, Date):
         return date_text(s)
     if isinstance(s, Strong | Emph | Struck):

@@ -1,17 +1,19 @@
-"""Who is who and who may do what: Slack users → Linux users, approvers, node permissions.
+"""Who is who and who may do what: chat accounts → Linux users, approvers, node permissions.
 
-Pure: group memberships (Slack user groups) are resolved by the caller and passed in. The
-settings are validated by ``gpubot.config`` into ``Settings.policy``.
+Pure: group memberships (the chat system's user groups) are resolved by the caller and passed
+in. The settings are validated by ``gpubot.config`` into ``Settings.policy``; every id in them is
+the primary front end's (Slack's: ``U…`` people, ``S…`` groups, ``C…`` channels), checked by its
+forms (``config.front_ends``).
 
 Settings (all optional)::
 
-    [slack]
+    [slack]                      # the front end's section: its channels
     channel = "C0123"            # where alerts go
     oncall_channel = "C0456"     # where approval requests go (default: channel)
 
     [users]
-    U012ABC = "alice"            # Slack user id -> Linux user
-    email_local_part = true      # else: the local part of the Slack profile e-mail
+    U012ABC = "alice"            # chat user id -> Linux user
+    email_local_part = true      # else: the local part of the account's profile e-mail
     email_domains = ["example.com"]   # ... only for these domains (required with the above)
     min_uid = 1000               # a process below this uid (or root) is never self-service
 
@@ -70,12 +72,12 @@ class Policy:
         return self.oncall_channel or self.channel
 
     def groups_to_resolve(self) -> tuple[str, ...]:
-        """Return every Slack user group the rules mention (the caller resolves members)."""
+        """Return every user group the rules mention (the caller resolves members)."""
         return tuple(sorted({*self.approver_groups, *self.permission_groups}))
 
 
 def linux_user(policy: Policy, user_id: str, email: str | None = None) -> str | None:
-    """Return the Linux user a Slack user maps to, or None when unknown."""
+    """Return the Linux user a chat user maps to, or None when unknown."""
     if user_id in policy.users:
         return policy.users[user_id]
     if not policy.email_local_part or not email or email.count("@") != 1:
@@ -89,16 +91,26 @@ def linux_user(policy: Policy, user_id: str, email: str | None = None) -> str | 
 
 @dataclass(frozen=True)
 class ChatAccount:
-    """What the chat system says of an account (Slack ``users.info``)."""
+    """What the chat system says of an account, in its front end's words mapped to these."""
 
     id: str
-    team_id: str | None = None
+    team_id: str | None = None  # the workspace (organisation) it belongs to
     email: str | None = None
     deleted: bool = False
-    is_bot: bool = False
-    is_restricted: bool = False  # a multi-channel guest
-    is_ultra_restricted: bool = False  # a single-channel guest
-    is_stranger: bool = False  # seen through a shared channel, of another organisation
+    bot: bool = False
+    guest: bool = False  # a guest of the workspace, whatever its kind
+    stranger: bool = False  # seen through a shared channel, of another organisation
+
+
+@dataclass(frozen=True)
+class Person:
+    """A person talking to gpubot: their chat id (the front end's reference), display name,
+    Linux user (None: unknown), and why they may not use gpubot at all (None: they may)."""
+
+    id: str
+    name: str
+    linux_user: str | None
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,15 +126,15 @@ def account_refusal(
 ) -> str | None:
     """Return why this account may not use gpubot at all, or None (``bots``: the chat
     system's own bot accounts)."""
-    if account.id in bots or account.is_bot:
+    if account.id in bots or account.bot:
         return "bots cannot use gpubot"
     if account.deleted:
-        return "this Slack account is deactivated"
-    if account.is_stranger or (
+        return "this chat account is deactivated"
+    if account.stranger or (
         home_team is not None and account.team_id is not None and account.team_id != home_team
     ):
         return "accounts of another workspace cannot use gpubot"
-    if account.is_restricted or account.is_ultra_restricted:
+    if account.guest:
         return "guest accounts cannot use gpubot"
     return None
 
@@ -131,7 +143,7 @@ def system_user_refusal(policy: Policy, name: str) -> str | None:
     """Return why a mapping to the Linux user ``name`` is refused (root, a system account)."""
     if name == "root" or name in policy.system_users:
         return (
-            f"your Slack account maps to the system account {name!r} "
+            f"your chat account maps to the system account {name!r} "
             "(root or [reset] system_users): gpubot never acts as it; ask an admin to fix [users]"
         )
     return None

@@ -27,6 +27,7 @@ from gpubot.core.commands import Reset
 from gpubot.core.models import ActionStatus, ApprovalState, NodeConfig, NodeSnapshot
 from gpubot.core.policy import (
     ChatAccount,
+    Person,
     Policy,
     is_approver,
     may_reset,
@@ -54,17 +55,6 @@ from gpubot.services.reset import EventSink, ResetResult, ResetService, reset_lo
 log = logging.getLogger(__name__)
 
 ACCOUNT_TTL_S = 60.0  # a deactivated or demoted account is refused within this
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A person talking to gpubot: chat user id, display name, Linux user (None: unknown), and
-    why they may not use gpubot at all (None: they may)."""
-
-    id: str
-    name: str
-    linux_user: str | None
-    refused: str | None = None
 
 
 def plan_of(approval: Approval) -> ResetPlan:
@@ -106,7 +96,7 @@ class ApprovalPorts:
 
 
 class ApprovalService:
-    """Identity, permissions, approvals; executes approved plans through the reset engine."""
+    """Who is who, permissions, approvals; executes approved plans through the reset engine."""
 
     def __init__(self, policy: Policy, ports: ApprovalPorts) -> None:
         self.policy = policy
@@ -130,19 +120,19 @@ class ApprovalService:
 
     # -- who ---------------------------------------------------------------------------------
 
-    async def identify(self, user_id: str, name: str) -> Identity:
+    async def identify(self, user_id: str, name: str) -> Person:
         """Return who ``user_id`` is on the boxes, or why they are refused (``resolve``)."""
         if user_id in self.policy.bots:  # no need to ask the chat system about its own bots
-            return Identity(user_id, name, None, resolve(self.policy, user_id, None, None).refused)
+            return Person(user_id, name, None, resolve(self.policy, user_id, None, None).refused)
         try:
             account = await self._account(user_id)
             team = None if account is None else await self._home_team()
         except GpubotError as exc:  # fail closed: an account we cannot check is not trusted
             log.warning("cannot check the account %s: %s", user_id, exc)
-            why = f"gpubot cannot check your Slack account just now ({exc}): try again shortly"
-            return Identity(user_id, name, None, why)
+            why = f"gpubot cannot check your chat account just now ({exc}): try again shortly"
+            return Person(user_id, name, None, why)
         found = resolve(self.policy, user_id, account, team)
-        return Identity(user_id, name, found.linux_user, found.refused)
+        return Person(user_id, name, found.linux_user, found.refused)
 
     async def _account(self, user_id: str) -> ChatAccount | None:
         now = self.clock.now()
@@ -182,7 +172,7 @@ class ApprovalService:
             found[group] = members
         return found, unreadable
 
-    async def is_approver(self, who: Identity) -> bool:
+    async def is_approver(self, who: Person) -> bool:
         """Whether ``who`` may decide forced kills; ``ApproversUnknown`` if that depends on a
         user group that cannot be refreshed."""
         if who.id in self.policy.approvers:
@@ -199,7 +189,7 @@ class ApprovalService:
             )
         return False
 
-    async def check_may_reset(self, who: Identity, node_name: str) -> None:
+    async def check_may_reset(self, who: Person, node_name: str) -> None:
         """Raise ``NotPermitted`` unless ``who`` may ask for resets on the node."""
         if who.refused is not None:
             raise IdentityRefused(who.refused)
@@ -211,7 +201,7 @@ class ApprovalService:
 
     # -- asking ------------------------------------------------------------------------------
 
-    async def plan(self, who: Identity, cmd: Reset) -> tuple[ResetPlan, NodeSnapshot]:
+    async def plan(self, who: Person, cmd: Reset) -> tuple[ResetPlan, NodeSnapshot]:
         """Check permissions, then plan the reset as ``who`` (nothing is signalled)."""
         await self.check_may_reset(who, cmd.node)
         request = ResetRequest(
@@ -230,7 +220,7 @@ class ApprovalService:
 
     async def open(
         self,
-        who: Identity,
+        who: Person,
         plan: ResetPlan,
         *,
         grace_s: float | None,
@@ -258,7 +248,7 @@ class ApprovalService:
 
     async def run(
         self,
-        who: Identity,
+        who: Person,
         plan: ResetPlan,
         before: NodeSnapshot | None,
         *,
@@ -283,7 +273,7 @@ class ApprovalService:
     # -- deciding ----------------------------------------------------------------------------
 
     async def decide(
-        self, approval_id: int, who: Identity, approve: bool, *, source: str
+        self, approval_id: int, who: Person, approve: bool, *, source: str
     ) -> Approval:
         """Approve or deny once; the requester's own "deny" cancels. Raises ``ApprovalError``
         (or ``IdentityRefused``)."""
@@ -295,7 +285,7 @@ class ApprovalService:
             approval_id, who.id, approve, now, approver_name=who.name, source=source
         )
 
-    async def check_decision(self, approval_id: int, who: Identity, approve: bool) -> Approval:
+    async def check_decision(self, approval_id: int, who: Person, approve: bool) -> Approval:
         """Return the approval if ``who`` may decide it (its requester may withdraw it); raise
         ``IdentityRefused``, ``SelfApproval``, ``NotAnApprover`` or ``ApprovalError``."""
         if who.refused is not None:
@@ -309,7 +299,7 @@ class ApprovalService:
             if same_person(requester_user(current), who.linux_user):
                 raise SelfApproval(
                     f"you cannot {'approve' if approve else 'decide'} a request of your own "
-                    f"Linux user ({who.linux_user}) made from another Slack account: "
+                    f"Linux user ({who.linux_user}) made from another chat account: "
                     "ask another approver"
                 )
             if not await self.is_approver(who):
@@ -401,7 +391,7 @@ class ApprovalService:
 
     async def record_refusal(
         self,
-        who: Identity,
+        who: Person,
         *,
         action: str,
         command: str,

@@ -36,9 +36,9 @@ from gpubot.core.claims.rules import (
 from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.findings import Finding
 from gpubot.core.models import NodeSnapshot
+from gpubot.core.policy import Person
 from gpubot.core.ports import Clock
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
-from gpubot.services.approvals import Identity
 from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims
 from gpubot.services.status import StatusService
 
@@ -106,7 +106,7 @@ class ClaimService:
         """Whether claims are on (``[claims] enabled``)."""
         return self.config.enabled
 
-    def _need(self, who: Identity) -> str:
+    def _need(self, who: Person) -> str:
         if not self.enabled:
             raise UsageError(OFF)
         if who.linux_user is None:
@@ -117,7 +117,7 @@ class ClaimService:
 
     # -- claims ------------------------------------------------------------------------------
 
-    async def claim(self, who: Identity, cmd: cc.ClaimGpus, source: str) -> ClaimOutcome:
+    async def claim(self, who: Person, cmd: cc.ClaimGpus, source: str) -> ClaimOutcome:
         """Claim ``cmd``'s GPUs (or ``any N`` free ones) for ``who``."""
         user = self._need(who)
         node = self.status.node(cmd.node)
@@ -154,7 +154,7 @@ class ClaimService:
             )
         )
 
-    async def take(self, who: Identity, wait_id: int, source: str) -> ClaimOutcome:
+    async def take(self, who: Person, wait_id: int, source: str) -> ClaimOutcome:
         """Claim what the queue holds for ``who`` (the DM's button)."""
         user = self._need(who)
         w = await self.store.get_wait(wait_id)
@@ -190,7 +190,7 @@ class ClaimService:
                 out.append(Limit(g.max_gpus_per_user, members, g.group))
         return tuple(out)
 
-    async def extend(self, who: Identity, cmd: cc.Extend, source: str) -> list[tuple[Claim, bool]]:
+    async def extend(self, who: Person, cmd: cc.Extend, source: str) -> list[tuple[Claim, bool]]:
         """Extend ``who``'s claims (each up to its node's ``max_hours`` from its start)."""
         self._need(who)
         if cmd.node is not None:
@@ -211,7 +211,7 @@ class ClaimService:
         cfg = self.settings.node(node)
         return self.config.limits_for(cfg.groups if cfg else ())[0] * 3600
 
-    async def release(self, who: Identity, cmd: cc.Release, source: str) -> list[Claim]:
+    async def release(self, who: Person, cmd: cc.Release, source: str) -> list[Claim]:
         """Release ``who``'s claims; the queue of their nodes is served at once."""
         self._need(who)
         if cmd.node is not None:
@@ -224,14 +224,14 @@ class ClaimService:
             self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
         return gone
 
-    async def keep(self, who: Identity, claim_id: int, source: str) -> Claim:
+    async def keep(self, who: Person, claim_id: int, source: str) -> Claim:
         """Keep an idle claim (its holder's Keep button)."""
         kept = await self.store.keep(claim_id, who.id, self.clock.now(), source)
         if kept is None:
             raise UsageError(f"claim {claim_id} is not an active claim of yours")
         return kept
 
-    async def release_one(self, who: Identity, claim_id: int, source: str) -> list[Claim]:
+    async def release_one(self, who: Person, claim_id: int, source: str) -> list[Claim]:
         """Release one claim of ``who``'s (the Release button)."""
         now = self.clock.now()
         gone = await self.store.release(who.id, (None, ()), now=now, source=source, ids={claim_id})
@@ -241,7 +241,7 @@ class ClaimService:
             self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
         return gone
 
-    async def claims(self, who: Identity, cmd: cc.ListClaims) -> list[Claim]:
+    async def claims(self, who: Person, cmd: cc.ListClaims) -> list[Claim]:
         """Return the active claims of a node, of ``who`` (``mine``), or all."""
         if cmd.scope not in ("all", "mine"):
             self.status.node(cmd.scope)
@@ -251,7 +251,7 @@ class ClaimService:
 
     # -- the queue ---------------------------------------------------------------------------
 
-    async def wait(self, who: Identity, cmd: cc.WaitFor, source: str) -> tuple[Wait, int]:
+    async def wait(self, who: Person, cmd: cc.WaitFor, source: str) -> tuple[Wait, int]:
         """Queue ``who``; return the place and how many are ahead."""
         node = self.status.node(cmd.node)
         ahead = len(await self.store.waits(node.name))
@@ -273,7 +273,7 @@ class ClaimService:
             self.status.node(node)
         return await self.store.waits(node)
 
-    async def leave(self, who: Identity, wait_id: int | None, source: str) -> list[Wait]:
+    async def leave(self, who: Person, wait_id: int | None, source: str) -> list[Wait]:
         """Leave the queue (one place or all of ``who``'s)."""
         left = await self.store.leave(who.id, wait_id, self.clock.now(), source)
         if not left:

@@ -21,7 +21,7 @@ from gpubot.core import commands
 from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import Approval
 from gpubot.core.models import ApprovalState
-from gpubot.core.policy import floor_note
+from gpubot.core.policy import Person, floor_note
 from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import (
     ApprovalError,
@@ -33,7 +33,7 @@ from gpubot.errors import (
     SelfApproval,
     StoreError,
 )
-from gpubot.services.approvals import ApprovalService, Identity
+from gpubot.services.approvals import ApprovalService
 from gpubot.services.reset import ResetResult
 from gpubot.services.reset_run import ResetEvent
 
@@ -47,7 +47,7 @@ WHO_REFUSALS = (NotPermitted, NotAnApprover, SelfApproval, ApproversUnknown)
 class Ask:
     """Who asks, with what words, from which front end (``source``: "slack", "console")."""
 
-    who: Identity
+    who: Person
     command: str
     source: str
 

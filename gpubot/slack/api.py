@@ -441,8 +441,7 @@ def account_of(user_id: str, user: Any) -> ChatAccount:
         team_id=team if isinstance(team, str) and team else None,
         email=email if isinstance(email, str) else None,
         deleted=flag("deleted"),
-        is_bot=flag("is_bot") or flag("is_app_user"),
-        is_restricted=flag("is_restricted"),
-        is_ultra_restricted=flag("is_ultra_restricted"),
-        is_stranger=flag("is_stranger"),
+        bot=flag("is_bot") or flag("is_app_user"),
+        guest=flag("is_restricted") or flag("is_ultra_restricted"),  # multi- or single-channel
+        stranger=flag("is_stranger"),
     )

@@ -27,9 +27,8 @@ from gpubot.chat.message import NL, Code, Message, Sentence, note, paragraph
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.chat.surface import MIN_UPDATE_S, Handle
 from gpubot.core import commands
-from gpubot.core.policy import resolve
+from gpubot.core.policy import Person, resolve
 from gpubot.errors import DUTY_TURN, StoreError, UsageError
-from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackApi, SlackSurface
 from gpubot.slack.approval_posts import SlackApprovalPoster
 from gpubot.slack.blockkit import SlackMessage, context
@@ -139,12 +138,12 @@ class GpuBot:
         await next()
         return None
 
-    async def identify(self, user_id: str, name: str) -> Identity:
+    async def identify(self, user_id: str, name: str) -> Person:
         """Return who a Slack user is on the boxes, or why they are refused."""
         if self.services.approvals is not None:
             return await self.services.approvals.identify(user_id, name)
         found = resolve(self.services.policy, user_id, None, None)  # no store: resets refused
-        return Identity(user_id, name, found.linux_user, found.refused)
+        return Person(user_id, name, found.linux_user, found.refused)
 
     def surface(self, body: dict[str, Any]) -> NeutralSurface:
         """Return where answers to ``body`` go."""

@@ -21,9 +21,9 @@ from gpubot.chat.message import (
     DateStyle,
     Emph,
     Heading,
+    Mention,
     Message,
     Part,
-    Person,
     Place,
     Pre,
     Section,
@@ -60,7 +60,7 @@ def span_mrkdwn(s: Span) -> str:
         return code(s.text)
     if isinstance(s, Sentence):
         return mrkdwn(s.text)
-    if isinstance(s, Person):  # a Slack user group (S…) is mentioned as one
+    if isinstance(s, Mention):  # a Slack user group (S…) is mentioned as one
         return f"<!subteam^{s.id}>" if s.id.startswith("S") else f"<@{s.id}>"
     if isinstance(s, Date):
         return time_of_day(s.at) if s.style is DateStyle.TIME else date(s.at)

@@ -24,8 +24,8 @@ from gpubot.app import SlackAccess, build, slack_parts
 from gpubot.chat.reset_view import render_approval_request
 from gpubot.config import LeaseSettings, Settings
 from gpubot.core.commands import Reset
+from gpubot.core.policy import Person
 from gpubot.lifecycle import Serving
-from gpubot.services.approvals import Identity
 from gpubot.slack.api import SlackSurface
 from gpubot.slack.app import GpuBot
 from gpubot.slack.render import NeutralSurface, to_slack
@@ -35,8 +35,8 @@ from tests.fixtures.slack import BOT_TOKEN, slack_settings_for
 TTL_S, RENEW_S = 8.0, 0.5  # a killed holder's lease lapses this long after its last renewal
 GRACE_S = 60.0  # the stubborn process keeps the approved kill in its grace wait this long
 EVERY_S = 0.3  # the approval duty's interval
-OWNER = Identity("U0OWNER", "owner", None)
-CAROL = Identity("U0CAROL", "carol", "carol")
+OWNER = Person("U0OWNER", "owner", None)
+CAROL = Person("U0CAROL", "carol", "carol")
 
 
 def emit(event: str, **data: Any) -> None:

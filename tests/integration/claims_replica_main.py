@@ -27,8 +27,8 @@ from gpubot.chat.message import Message
 from gpubot.config import load
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import ClaimSettings
+from gpubot.core.policy import Person
 from gpubot.errors import GpubotError
-from gpubot.services.approvals import Identity
 
 
 def emit(event: str, **data: Any) -> None:
@@ -63,7 +63,7 @@ async def run_line(flows: Flows, words: list[str]) -> None:
         emit("ticked", sent=await flows.claims.tick())
         return
     verb, user, node, gpu = words
-    who = Identity(user, user, user.lower())
+    who = Person(user, user, user.lower())
     try:
         if verb == "claim":
             msg = await flows.claims.answer(cc.ClaimGpus(node, (int(gpu),), 1, 3600.0), who)

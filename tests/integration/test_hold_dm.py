@@ -27,8 +27,8 @@ from gpubot.app import SlackAccess, build, slack_parts
 from gpubot.config import load
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import WaitState
+from gpubot.core.policy import Person
 from gpubot.lifecycle import Serving
-from gpubot.services.approvals import Identity
 from gpubot.slack.serve import SlackReporter, build_bot
 from gpubot.store import Store
 from tests.fixtures.fleet import gpubot_cli
@@ -97,8 +97,8 @@ async def queue_behind_bob(config: Path, fake: FakeSlack) -> None:
     async with app_of(config, fake) as app:
         svc = app.chat.claims
         assert svc is not None
-        bob = Identity("U0BOB", "bob", linux_user="bob")
-        dave = Identity("U0DAVE", "dave", linux_user="dave")
+        bob = Person("U0BOB", "bob", linux_user="bob")
+        dave = Person("U0DAVE", "dave", linux_user="dave")
         await svc.claim(bob, cc.ClaimGpus(NODE, (GPU,), 0, 3600.0, ""), "slack")
         await svc.wait(dave, cc.WaitFor(NODE, (GPU,)), "slack")
 

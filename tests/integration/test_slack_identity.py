@@ -79,7 +79,7 @@ ACCOUNTS = [
     ("single-channel guest", {"is_ultra_restricted": True}, "guest accounts cannot use gpubot"),
     ("stranger", {"is_stranger": True}, "accounts of another workspace cannot use gpubot"),
     ("other workspace", {"team_id": "T0OTHER"}, "accounts of another workspace cannot use"),
-    ("deleted", {"deleted": True}, "this Slack account is deactivated"),
+    ("deleted", {"deleted": True}, "this chat account is deactivated"),
     ("bot", {"is_bot": True}, "bots cannot use gpubot"),
 ]
 
@@ -120,7 +120,7 @@ async def test_an_account_that_cannot_be_checked_is_refused(harness: Harness) ->
     harness.fake.fail("users.info", "internal_error")
     await harness.send.command("status node1", user="U0BOB")
     await harness.settle()
-    assert "cannot check your Slack account just now" in ephemeral_texts(harness.fake)[-1]
+    assert "cannot check your chat account just now" in ephemeral_texts(harness.fake)[-1]
     assert harness.fake.of("chat.postMessage") == []
 
 
@@ -238,7 +238,7 @@ async def test_two_accounts_of_one_person_cannot_approve_each_other(
         await h.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
         await h.settle()
         text = ephemeral_texts(h.fake)[-1]
-        assert "a request of your own Linux user (carol) made from another Slack account" in text
+        assert "a request of your own Linux user (carol) made from another chat account" in text
         assert alive(w.pid) and updates_of(h.fake, ts) == []
         assert (await h.store.approvals.get(approval_id)).state is ApprovalState.PENDING
         (refusal,) = await refused_actions(h.store)

@@ -20,9 +20,10 @@ import pytest
 from gpubot.config import parse
 from gpubot.core.approval.model import Approval
 from gpubot.core.models import ApprovalState
+from gpubot.core.policy import Person
 from gpubot.errors import LockHeld
 from gpubot.services.approval_retry import ApprovalRetry
-from gpubot.services.approvals import ApprovalPorts, ApprovalService, Identity
+from gpubot.services.approvals import ApprovalPorts, ApprovalService
 from gpubot.services.locks import NodeLocks
 from gpubot.services.reset import ResetService, reset_lock
 from gpubot.store import Store, open_store
@@ -31,7 +32,7 @@ from tests.fixtures.approvals import REQUEST, LeasedReset
 from tests.fixtures.clock import VirtualClock
 
 S = ApprovalState
-CAROL = Identity("U0CAROL", "carol", "carol")  # on call
+CAROL = Person("U0CAROL", "carol", "carol")  # on call
 EXPIRY_S = 900.0
 SETTLED_S = 30.0  # the lease's ttl
 

@@ -21,18 +21,19 @@ from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import Approval
 from gpubot.core.approval.posts import Purpose
 from gpubot.core.models import ApprovalState
+from gpubot.core.policy import Person
 from gpubot.errors import LockHeld
 from gpubot.services.approval_duty import ApprovalDuty
-from gpubot.services.approvals import ApprovalPorts, ApprovalService, Identity
+from gpubot.services.approvals import ApprovalPorts, ApprovalService
 from gpubot.services.locks import NodeLocks
-from gpubot.services.reset import ResetService, reset_lock
 from gpubot.services.outbox import Outbox
+from gpubot.services.reset import ResetService, reset_lock
 from gpubot.store import Store, open_store
 from tests.fixtures.approvals import REQUEST, LeasedReset, Poster
 from tests.fixtures.clock import VirtualClock
 
 S = ApprovalState
-CAROL = Identity("U0CAROL", "carol", "carol")  # on call
+CAROL = Person("U0CAROL", "carol", "carol")  # on call
 EXPIRY_S = 900.0
 SETTLED_S = 30.0  # the lease's ttl
 H = 3600.0

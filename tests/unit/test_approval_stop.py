@@ -31,14 +31,15 @@ from gpubot.core.approval.model import Approval
 from gpubot.core.approval.posts import Purpose
 from gpubot.core.commands import MAX_GRACE_S
 from gpubot.core.models import ActionStatus, ApprovalState, CommandResult
+from gpubot.core.policy import Person
 from gpubot.core.report import Report
 from gpubot.errors import LockHeld
 from gpubot.scheduler import IntervalScheduler
 from gpubot.services.approval_duty import ApprovalDuty
-from gpubot.services.approvals import ApprovalPorts, ApprovalService, Identity
+from gpubot.services.approvals import ApprovalPorts, ApprovalService
 from gpubot.services.locks import NodeLocks
-from gpubot.services.reset import ResetService, reset_lock
 from gpubot.services.outbox import Outbox
+from gpubot.services.reset import ResetService, reset_lock
 from gpubot.services.startup import report_interrupted
 from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
@@ -48,7 +49,7 @@ from tests.fixtures.approvals import REQUEST, Poster
 from tests.fixtures.clock import VirtualClock
 
 S = ApprovalState
-CAROL = Identity("U0CAROL", "carol", "carol")  # on call
+CAROL = Person("U0CAROL", "carol", "carol")  # on call
 EXPIRY_S = 900.0
 SETTLED_S = 30.0
 PROBE = Path(__file__).parents[1] / "fixtures" / "probe_outputs" / "sim-two-users-gpu1.json"

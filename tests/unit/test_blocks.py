@@ -9,7 +9,7 @@ import re
 import pytest
 
 from gpubot.chat import fleet_view, home, reset_view
-from gpubot.chat.message import Person
+from gpubot.chat.message import Mention
 from gpubot.console.text_render import text_of
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome, ResetStep
 from gpubot.core.reset.outcome import GpuResult
@@ -236,7 +236,7 @@ def test_reset_progress_and_result() -> None:
         ResetEvent(ResetStep.VERIFYING, 2.0, {"gpus": [0]}),
     ]
     prog = rb.render_progress(
-        "Reset node1 · GPU 0", ("Requested by ", Person("U0ALICE")), res.plan, events
+        "Reset node1 · GPU 0", ("Requested by ", Mention("U0ALICE")), res.plan, events
     )
     assert bk.limit_problems(prog) == []
     text = bk.message_text(prog)
@@ -251,7 +251,7 @@ def test_reset_progress_and_result() -> None:
     events.append(ResetEvent(ResetStep.GPU_OUTCOME, 3.0, res.gpus[0].to_dict()))
     assert "GPU 0: freed in 1.2 s" in "\n".join(text_of(t) for t in rb.step_lines(events))
 
-    done = rb.render_result("Reset node1", ("Requested by ", Person("U0ALICE")), res)
+    done = rb.render_result("Reset node1", ("Requested by ", Mention("U0ALICE")), res)
     assert bk.limit_problems(done) == []
     rows = [
         [c["text"] for c in r] for b in done["blocks"] if b["type"] == "table" for r in b["rows"]

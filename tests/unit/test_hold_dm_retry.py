@@ -31,10 +31,10 @@ from gpubot.core.alerting import Delivery, Lookup, MessageRef, Posted
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import ClaimSettings, WaitState
 from gpubot.core.models import CommandResult
+from gpubot.core.policy import Person
 from gpubot.errors import GpubotError, StoreError
-from gpubot.services.approvals import Identity
-from gpubot.services.outbox import Outbox
 from gpubot.services.claims import ClaimService
+from gpubot.services.outbox import Outbox
 from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
 from gpubot.transport import ScriptedTransport
@@ -42,7 +42,7 @@ from gpubot.transport.scripted import answer, completed
 from tests.fixtures.clock import VirtualClock
 
 OUTPUTS = Path(__file__).parents[1] / "fixtures" / "probe_outputs"
-DAVE = Identity("U0DAVE", "dave", linux_user="dave")
+DAVE = Person("U0DAVE", "dave", linux_user="dave")
 FAULTS = ("open", "refused", "outage")  # conversations.open, the post, the outbox's write
 
 

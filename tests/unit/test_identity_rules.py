@@ -21,6 +21,7 @@ from gpubot.core.policy import (
 )
 from gpubot.core.reset.plan import ResetRequest, below_floor, plan_reset
 from gpubot.core.reset.protect import Protection
+from gpubot.slack.api import account_of
 
 USERS: dict[str, Any] = {
     "users": {
@@ -44,6 +45,23 @@ P = policy_of(USERS)
 OK = ChatAccount("U0DAVE", team_id="T0HOME", email="dave@example.com")
 
 
+@pytest.mark.parametrize(
+    ("flags", "want"),
+    [
+        ({}, ChatAccount("U0A")),
+        ({"is_restricted": True}, ChatAccount("U0A", guest=True)),  # a multi-channel guest
+        ({"is_ultra_restricted": True}, ChatAccount("U0A", guest=True)),  # single-channel
+        ({"is_app_user": True}, ChatAccount("U0A", bot=True)),
+        ({"is_stranger": True, "team_id": "T0B"}, ChatAccount("U0A", "T0B", stranger=True)),
+        ({"is_restricted": "yes"}, ChatAccount("U0A")),  # only a true flag counts
+    ],
+)
+def test_slack_says_of_an_account_what_the_rules_read(
+    flags: dict[str, Any], want: ChatAccount
+) -> None:
+    assert account_of("U0A", {"id": "U0A", **flags}) == want
+
+
 def test_no_email_mapping_without_domains() -> None:
     # A Policy built by hand (not from a file) with no domains maps no e-mail at all.
     p = Policy(email_local_part=True)
@@ -55,16 +73,16 @@ def test_no_email_mapping_without_domains() -> None:
     [
         (OK, "T0HOME", None),
         (OK, None, None),  # home team unknown: only the account's own flags count
-        (ChatAccount("U0G", is_restricted=True), "T0HOME", "guest accounts cannot use gpubot"),
-        (ChatAccount("U0G", is_ultra_restricted=True), None, "guest accounts cannot use gpubot"),
-        (ChatAccount("U0S", is_stranger=True), None, "accounts of another workspace"),
+        (ChatAccount("U0G", guest=True), "T0HOME", "guest accounts cannot use gpubot"),
+        (ChatAccount("U0G", guest=True), None, "guest accounts cannot use gpubot"),
+        (ChatAccount("U0S", stranger=True), None, "accounts of another workspace"),
         (ChatAccount("U0S", team_id="T0OTHER"), "T0HOME", "accounts of another workspace"),
         (ChatAccount("U0S", team_id="T0OTHER"), None, None),
-        (ChatAccount("U0D", deleted=True), "T0HOME", "this Slack account is deactivated"),
-        (ChatAccount("U0B", is_bot=True), "T0HOME", "bots cannot use gpubot"),
+        (ChatAccount("U0D", deleted=True), "T0HOME", "this chat account is deactivated"),
+        (ChatAccount("U0B", bot=True), "T0HOME", "bots cannot use gpubot"),
         (ChatAccount("USLACKBOT"), "T0HOME", "bots cannot use gpubot"),
         # the worst flag wins the message; every one refuses
-        (ChatAccount("U0X", deleted=True, is_restricted=True), None, "deactivated"),
+        (ChatAccount("U0X", deleted=True, guest=True), None, "deactivated"),
     ],
 )
 def test_account_refusals(account: ChatAccount, home: str | None, want: str | None) -> None:
@@ -82,7 +100,7 @@ def test_account_refusals(account: ChatAccount, home: str | None, want: str | No
         ("U0PERS", None, None, "system account 'nvidia-persistenced'"),
         ("U0ROOT2", ChatAccount("U0ROOT2", email="root@example.com"), None, "'root'"),
         ("U0ROOT3", ChatAccount("U0ROOT3", email="Root@Example.com"), None, "'root'"),
-        ("U0ALICE", ChatAccount("U0ALICE", is_restricted=True), None, "guest"),  # never mapped
+        ("U0ALICE", ChatAccount("U0ALICE", guest=True), None, "guest"),  # never mapped
         ("U0DAVE", ChatAccount("U0DAVE", email="dave@elsewhere.org"), None, None),  # unknown
         ("USLACKBOT", None, None, "bots"),
     ],

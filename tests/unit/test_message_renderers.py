@@ -28,8 +28,8 @@ from gpubot.chat.message import (
     DateStyle,
     Heading,
     Kind,
+    Mention,
     Message,
-    Person,
     Pre,
     Section,
     Style,
@@ -45,7 +45,7 @@ from gpubot.slack.render import to_slack, to_view
 from tests.unit.test_blocks import plan_and_result, snap
 
 AT = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC
-ASKED = ("Requested by ", Person("U0ALICE"), ", approved by ", Person("U0CAROL", "carol"))
+ASKED = ("Requested by ", Mention("U0ALICE"), ", approved by ", Mention("U0CAROL", "carol"))
 
 
 def handmade() -> Message:
@@ -55,7 +55,7 @@ def handmade() -> Message:
         Section(
             (
                 "Hello ",
-                Person("U0BOB"),
+                Mention("U0BOB"),
                 ", see ",
                 Code("x<y>"),
                 NL,

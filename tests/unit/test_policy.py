@@ -1,4 +1,4 @@
-"""Identity, approvers and node permissions, from validated settings tables (the validation
+"""Person, approvers and node permissions, from validated settings tables (the validation
 itself: ``test_config_tables``)."""
 
 from __future__ import annotations

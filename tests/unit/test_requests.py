@@ -14,9 +14,10 @@ from typing import Any, cast
 from gpubot.core import commands
 from gpubot.core.approval.model import Approval, ApprovalRequest
 from gpubot.core.models import ApprovalState, ResetStep
+from gpubot.core.policy import Person
 from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import NotAnApprover, NotPermitted, StoreError
-from gpubot.services.approvals import ApprovalService, Identity
+from gpubot.services.approvals import ApprovalService
 from gpubot.services.requests import (
     Ask,
     Busy,
@@ -36,8 +37,8 @@ from gpubot.services.reset import ResetEvent
 from tests.unit.test_blocks import plan_and_result
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
-BOB = Identity("U0BOB", "bob", "bob")
-CAROL = Identity("U0CAROL", "carol", "carol")
+BOB = Person("U0BOB", "bob", "bob")
+CAROL = Person("U0CAROL", "carol", "carol")
 
 
 def forced(plan: ResetPlan, how: bool = True) -> ResetPlan:
@@ -89,28 +90,28 @@ class FakeApprovals:
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def check_may_reset(self, who: Identity, node: str) -> None:
+    async def check_may_reset(self, who: Person, node: str) -> None:
         if not self.permitted:
             raise NotPermitted(f"you may not reset GPUs on {node}")
 
-    async def plan(self, who: Identity, cmd: Any) -> tuple[ResetPlan, None]:
+    async def plan(self, who: Person, cmd: Any) -> tuple[ResetPlan, None]:
         return self.the_plan, None
 
-    async def run(self, who: Identity, plan: ResetPlan, before: Any, **kw: Any) -> Any:
+    async def run(self, who: Person, plan: ResetPlan, before: Any, **kw: Any) -> Any:
         await kw["on_event"](ResetEvent(ResetStep.EXITED, 1.0, {"pid": 1}))
         return plan_and_result()
 
-    async def open(self, who: Identity, plan: ResetPlan, **kw: Any) -> Approval:
+    async def open(self, who: Person, plan: ResetPlan, **kw: Any) -> Approval:
         return approval(plan)
 
-    async def decide(self, approval_id: int, who: Identity, approve: bool, **kw: Any) -> Approval:
+    async def decide(self, approval_id: int, who: Person, approve: bool, **kw: Any) -> Approval:
         await self.gate.wait()
         if who.id != "U0CAROL":
             raise NotAnApprover("only on-call approvers can decide")
         state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
         return approval(self.the_plan, state)
 
-    async def check_decision(self, approval_id: int, who: Identity, approve: bool) -> None:
+    async def check_decision(self, approval_id: int, who: Person, approve: bool) -> None:
         if who.id != "U0CAROL":
             raise NotAnApprover("only on-call approvers can decide")
 
@@ -118,7 +119,7 @@ class FakeApprovals:
         await kw["on_event"](ResetEvent(ResetStep.EXITED, 1.0, {"pid": 1}))
         return plan_and_result()
 
-    async def record_refusal(self, who: Identity, **kw: Any) -> None:
+    async def record_refusal(self, who: Person, **kw: Any) -> None:
         self.refusals.append((who.id, kw["action"]))
 
 
@@ -168,7 +169,7 @@ async def test_a_forced_plan_is_announced_and_remembered() -> None:
         announced.append(a.id)
         return "C0ONCALL/1.5"
 
-    zed = Ask(Identity("U0ZED", "zed", "zed"), "/gpu reset node1 gpu 0", "slack")
+    zed = Ask(Person("U0ZED", "zed", "zed"), "/gpu reset node1 gpu 0", "slack")
     out = await service(fake).reset(zed, RESET, sink, announce)
     assert isinstance(out, Pending) and out.posted and announced == [7]
     assert fake.approvals.messages == [(7, "C0ONCALL/1.5")]
@@ -192,7 +193,7 @@ async def test_an_approval_runs_once_and_a_second_click_waits_or_is_refused() ->
     first = asyncio.ensure_future(svc.decide(7, True, Ask(CAROL, "approve 7", "slack"), sink))
     await asyncio.sleep(0)
     assert isinstance(await svc.decide(7, True, Ask(CAROL, "approve 7", "slack"), Sink()), Busy)
-    dave = Ask(Identity("U0DAVE", "dave", "dave"), "approve 7", "slack")
+    dave = Ask(Person("U0DAVE", "dave", "dave"), "approve 7", "slack")
     assert isinstance(await svc.decide(7, True, dave, Sink()), Refused)
     assert fake.refusals == [("U0DAVE", "approve")]  # refused even while in flight, audited
     fake.gate.set()
