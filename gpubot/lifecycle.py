@@ -8,10 +8,10 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpubot.config import Settings
 
@@ -23,17 +23,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Serving:
-    """How ``App.running`` runs: the sweeps (off: another replica sweeps), the metrics' port
-    (None: ``[metrics] port``, if any) and address, how often approvals expire, and whether the
-    heap made at start-up is frozen out of the collector's full passes (``settle_heap``)."""
+    """How a long-running gpubot (``gpubot serve``) serves the fleet: its sweeps (off: another
+    replica sweeps), the metrics' port (None: ``[metrics] port``, if any) and address, how often
+    approvals expire, whether the start-up heap is frozen out of the collector's full passes
+    (``settle_heap``), and when the schedules first run (None: a few seconds after start)."""
 
     sweeps: bool = True
     metrics_port: int | None = None
     metrics_host: str | None = None
     expire_every_s: float = 30.0
     settle_heap: bool = True
-    # More duties on the one scheduler: (job, every_s, name), e.g. the claims' (issue 26).
-    duties: tuple[tuple[Callable[[], Awaitable[Any]], float, str], ...] = ()
+    first_after_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,6 @@ class Running:
     """What ``App.running`` started: the metrics' bound port (None: not served)."""
 
     metrics_port: int | None
-
-
-SERVING = Serving()  # gpubot serve's defaults
 
 
 def serve_metrics(metrics: Metrics | None, settings: Settings, options: Serving) -> int | None:
@@ -61,13 +58,8 @@ def serve_metrics(metrics: Metrics | None, settings: Settings, options: Serving)
 
 def settle_heap() -> None:
     """Keep what start-up made (modules, settings, the bolt app: alive as long as the process)
-    out of the garbage collector's full passes from now on.
-
-    Each full pass walks every tracked object with the event loop held. Measured in-process
-    (the bot, its fake Slack and sender in one process; CPU time per loop callback) while it
-    answered 100 ``/gpu status all`` over 64 nodes: one full pass took 67-87 ms of CPU, the only
-    callback over 10 ms; with what existed before the burst frozen, 26 ms.
-    """
+    out of the collector's full passes, each of which walks every tracked object with the event
+    loop held (``benchmarks/README.md``)."""
     gc.collect()
     gc.freeze()
 
@@ -77,26 +69,21 @@ NO_FULL_PASS = 1_000_000  # the third threshold while a sweep runs: no full pass
 
 class SweepHeap:
     """The garbage collector around sweeps: no full pass while one runs, its survivors frozen
-    after (issue 24).
+    after.
 
     A full pass walks every tracked object with the interpreter lock held, so the event loop
-    (and a Slack ack) waits throughout. A sweep of 2,000 nodes makes some 40,000 long-lived
-    objects (snapshots, samples) that set off full passes while it runs: 300-860 ms each on the
-    shared, loaded 2-core box (``benchmarks/sweep_heap.py``), the start-up heap already frozen.
-    So while a sweep runs the third threshold is lifted (young passes still run: they walk only
-    what is new); after it the young generations are collected and what survived is frozen, so
-    that later passes never walk it. Frozen objects are still freed by their reference counts,
-    which is how a sweep's snapshots go when the next sweep replaces them; only garbage cycles
-    that reached the old generation before a freeze would stay. A valve bounds them: when the
-    heap's blocks in use grow past ``slack`` times what the first sweep left plus ``floor``, one
-    full pass runs (unfreeze, collect, freeze) and is logged. Process-wide, so only ``serve`` has
-    it (``Serving(settle_heap=True)``); overlapping sweeps share one lift.
-
-    The valve counts blocks (``sys.getallocatedblocks``: a sum over the allocator's pools, about
-    20 µs), not frozen objects: ``gc.get_freeze_count`` walks the list of every frozen object,
-    and at 2,000 nodes (some 140,000 of them, scattered) that walk was the loop's longest step
-    after each sweep, 12-14 ms at 500 nodes and 40-50 ms at 2,000 on the shared box
-    (``benchmarks/stall_locate.py``). Frozen garbage cycles are blocks in use like any others.
+    (and a Slack ack) waits throughout, and a large sweep's long-lived objects (snapshots,
+    samples) set off such passes while it runs. So while a sweep runs the third threshold is
+    lifted (young passes still run: they walk only what is new); after it the young generations
+    are collected and what survived is frozen, so that later passes never walk it. Frozen
+    objects are still freed by their reference counts, which is how a sweep's snapshots go when
+    the next sweep replaces them; only garbage cycles that reached the old generation before a
+    freeze would stay. A valve bounds them: when the heap's blocks in use grow past ``slack``
+    times what the first sweep left plus ``floor``, one full pass runs (unfreeze, collect,
+    freeze) and is logged. Process-wide, so only a serving gpubot has it; overlapping sweeps
+    share one lift. The valve counts blocks in use (a sum over the allocator's pools), never
+    frozen objects: ``gc.get_freeze_count`` walks them all, the loop's longest step after a
+    sweep (``benchmarks/README.md``).
     """
 
     def __init__(self, *, slack: float = 2.0, floor: int = 200_000) -> None:

@@ -1,111 +1,194 @@
-"""The services beyond status, wired by the composition root (``gpubot.app``): the reset engine,
-the sweep with its parts, the approvals and what the chat front ends call."""
+"""The services, built complete and in dependency order by the root (``root.build``): the health
+checks and the Xid watch before the status service they decorate, the audit head and seals
+before the reset engine they seal, the claims before the sweep that finds their intruders, then
+the approvals, what the chat front ends call, and the chosen front end's flows. Not built on the
+cold path (``gpubot status``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, replace
 
+from gpubot.app.front import FrontEnd, Publisher
 from gpubot.app.stores import NoStore
+from gpubot.chat.alerts import chat_sweeper
+from gpubot.chat.approval_words import ApprovalWords
+from gpubot.chat.flows import Flows, Services
+from gpubot.chat.message import Message
 from gpubot.config import Settings
-from gpubot.core.ports import AuditStore, Locks, Notifier, Transport
+from gpubot.core.ports import Locks, Transport
+from gpubot.lifecycle import SweepHeap
+from gpubot.metrics import Metrics
+from gpubot.services.alert_keeper import AlertKeeper
+from gpubot.services.approval_duty import ApprovalDuty
+from gpubot.services.approvals import ApprovalPorts, ApprovalService
+from gpubot.services.claims import ClaimService
+from gpubot.services.digest import DigestService
+from gpubot.services.directory import Directory, NoDirectory
+from gpubot.services.health_checks import wire_health
+from gpubot.services.idle_accounting import IdleAccounting, no_idle_hours
+from gpubot.services.ladder import ReclaimLadder
+from gpubot.services.outbox import Outbox
+from gpubot.services.requests import RequestService
+from gpubot.services.reset import ResetService
+from gpubot.services.seals import SealService
 from gpubot.services.status import StatusService
-
-if TYPE_CHECKING:
-    from gpubot.chat.flows import Services
-    from gpubot.metrics import Metrics
-    from gpubot.services.approvals import ApprovalService
-    from gpubot.services.reset import ResetService
-    from gpubot.services.sweep import SweepService
-    from gpubot.slack.api import SlackApi, SlackDirectory
-    from gpubot.store import Store
+from gpubot.services.sweep import SweepPorts, SweepService
+from gpubot.services.usage import UsageService
+from gpubot.services.xid_watch import watch_for
+from gpubot.store import Store
 
 
-class Root(Protocol):
-    """What the wiring reads of the app being built (``gpubot.app.App``)."""
+@dataclass(frozen=True)
+class Base:
+    """What every service is built over (``root.build`` makes it first)."""
 
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def transport(self) -> Transport: ...
-    @property
-    def store(self) -> Store | None: ...
-    @property
-    def locks(self) -> Locks: ...
-    @property
-    def status(self) -> StatusService: ...
-    @property
-    def metrics(self) -> Metrics | None: ...
-    @property
-    def slack(self) -> SlackApi | None: ...
-    @property
-    def directory(self) -> SlackDirectory | None: ...
+    settings: Settings
+    transport: Transport
+    store: Store | None
+    locks: Locks
+    metrics: Metrics | None = None  # a serving gpubot's
+    heap: SweepHeap | None = None  # the collector around sweeps and rounds (``lifecycle``)
+    serving: bool = False  # a long-running gpubot: its audit head is published
 
 
 @dataclass(frozen=True)
 class Parts:
-    """The services beyond status: not built on the cold path."""
+    """The services of a gpubot that is not the cold ``gpubot status``."""
 
+    status: StatusService
     reset: ResetService
     sweep: SweepService
     chat: Services  # what the chat front ends (Slack, console, demo) call
     approvals: ApprovalService | None  # with a store
+    seals: SealService | None  # with a store and its key
+    heads: Publisher | None  # a serving gpubot's, with a store and a front end that posts it
+    flows: Flows | None  # the front end's, when there is one
 
 
-def wire_parts(app: Root, notifier: Notifier | None) -> Parts:
-    """Wire the reset engine, the sweep, the approvals (with a store) and the chat services."""
-    from gpubot.app.claims import wire_claims
-    from gpubot.chat.alerts import chat_sweeper
-    from gpubot.chat.flows import Services
-    from gpubot.services.approvals import ApprovalPorts, ApprovalService
-    from gpubot.services.directory import NoDirectory
-    from gpubot.services.idle_accounting import no_idle_hours
-    from gpubot.services.reset import ResetService
-
-    settings, store, status, locks = app.settings, app.store, app.status, app.locks
-    audit: AuditStore = store if store is not None else NoStore()
-    # With a database, a node's reset and the sweep are exclusive across replicas and processes
-    # (leases with fencing tokens, SQLite and PostgreSQL alike); one Locks for both.
-    reset = ResetService(settings, app.transport, audit, status, locks, observer=app.metrics)
-    sweep = _sweep(app, store, notifier)
+def build_parts(base: Base, front: FrontEnd | None) -> Parts:
+    """Build every service over ``base``, ``front``'s outlets wired in."""
+    settings, store, metrics = base.settings, base.store, base.metrics
+    health = wire_health(settings, base.transport, None if store is None else store.ecc)
+    xid = watch_for(settings, base.transport, metrics)
+    heap = None if base.heap is None else base.heap.around
+    # Statuses show the health and the Xids that each node's last sweep read.
+    shown = [*([] if health is None else [health.decorate]), *([] if xid is None else [xid.flag])]
+    status = StatusService(settings, base.transport, store, decorators=shown, heap=heap)
+    outbox = _outbox(store, front)
+    heads = None
+    if base.serving and front and store and settings.audit.publish_head_every_s is not None:
+        heads = front.heads(settings, store, outbox)
+    seals = _seals(settings, store, heads)
+    audit = store if store is not None else NoStore()
+    reset = ResetService(
+        settings,
+        base.transport,
+        audit,
+        status,
+        base.locks,
+        metrics,
+        after_forced=None if seals is None else seals.forced,
+    )
+    claims = None
+    if store is not None:
+        observe = None if metrics is None else metrics.observe_claims  # gpubot_gpu_claimed
+        claims = ClaimService(settings, store.claims, status, observe=observe)
+    directory = None if front is None else front.directory()
+    ports = SweepPorts(locks=base.locks, observer=metrics, health=health, xid=xid, heap=heap)
+    sweep = _sweep(base, status, ports, claims, front, directory, outbox)
     approvals = None
     if store is not None:
-        directory = app.directory or NoDirectory()
-        ports = ApprovalPorts(store.approvals, reset, status, locks, audit, directory)
-        approvals = ApprovalService(settings.policy, ports)
-    idle_hours = no_idle_hours if sweep.idle is None else sweep.idle.gpu_hours
-    chat = Services(
-        settings, settings.policy, status, approvals, store, chat_sweeper(sweep), idle_hours
-    )
-    chat.posts = None if store is None else store.approval_posts  # the approval outbox
-    chat.usage, chat.ladder = sweep.usage, sweep.ladder  # GPU-hours, the reclaim ladder
-    wire_claims(settings, store, status, app.metrics, sweep, chat)  # claims and the queue
-    return Parts(reset, sweep, chat, approvals)
-
-
-def _sweep(app: Root, store: Store | None, notifier: Notifier | None) -> SweepService:
-    """Wire the sweep: with a store, its audit record, the alert keeper (alert state, the
-    notifier, snooze) and the idle accounting (GPU samples)."""
-    from gpubot.app.sharing import sharing_ports
-    from gpubot.services.alert_keeper import AlertKeeper
-    from gpubot.services.health_checks import wire_health
-    from gpubot.services.idle_accounting import IdleAccounting
-    from gpubot.services.sweep import SweepPorts, SweepService
-    from gpubot.services.xid_watch import watch_for
-
-    settings = app.settings
-    ecc = None if store is None else store.ecc
-    health = wire_health(settings, app.transport, app.status, ecc)  # [sweep] health (issue 27)
-    xid = watch_for(settings, app.status, app.metrics)  # [sweep] kernel_log (issue 27)
-    ports = SweepPorts(locks=app.locks, observer=app.metrics, health=health, xid=xid)
-    if store is not None:
-        cfg = settings.sweep
-        nodes = [n.name for n in settings.nodes]
-        keeper = AlertKeeper(cfg, nodes, store.alerts, notifier)
-        idle = IdleAccounting(cfg, settings.reset.protection, store.samples)
-        claimed = store.claims  # the claims' rows: GPU-hours claimed but unused
-        usage, ladder, digest = sharing_ports(settings, store, app.slack, app.directory, claimed)
-        ports = SweepPorts(
-            store, keeper, idle, app.locks, app.metrics, health, xid, usage, ladder, digest
+        asks = ApprovalPorts(
+            store.approvals, reset, status, base.locks, audit, directory or NoDirectory()
         )
-    return SweepService(settings, app.status, app.transport, ports)
+        approvals = ApprovalService(settings.policy, asks)
+    chat = Services(
+        settings,
+        settings.policy,
+        status,
+        approvals,
+        store,
+        RequestService(approvals, min_uid=settings.policy.min_uid),
+        chat_sweeper(sweep),
+        no_idle_hours if sweep.idle is None else sweep.idle.gpu_hours,
+        duty=_duty(settings, approvals, outbox, front),
+        usage=sweep.usage,
+        ladder=sweep.ladder,
+        claims=claims,
+    )
+    flows = None
+    if front is not None:
+        flows = Flows(
+            chat,
+            source=front.name,
+            min_update_s=front.min_update_s,
+            dm=front.dm(outbox),
+        )
+    return Parts(status, reset, sweep, chat, approvals, seals, heads, flows)
+
+
+def _outbox(store: Store | None, front: FrontEnd | None) -> Outbox[Message]:
+    """The one outbox: the store's records, posted through the front end's ``Poster``."""
+    return Outbox(
+        None if store is None else store.outbox, None if front is None else front.poster()
+    )
+
+
+def _duty(
+    settings: Settings,
+    approvals: ApprovalService | None,
+    outbox: Outbox[Message],
+    front: FrontEnd | None,
+) -> ApprovalDuty[Message] | None:
+    """With a store and a front end that posts once: the approval duty (re-pings, tells)."""
+    if approvals is None or front is None or outbox.store is None or outbox.poster is None:
+        return None
+    words = ApprovalWords(settings.policy.expiry_s)
+    ttl = settings.leases.ttl_s  # a dead holder's lease lapses no sooner
+    return ApprovalDuty(approvals, settings.policy, outbox, words, front=front.name, settled_s=ttl)
+
+
+def _seals(settings: Settings, store: Store | None, heads: Publisher | None) -> SealService | None:
+    """With a store and its key: the audit log's seals. A forced reset is sealed at its end (the
+    CLI's too), and the head is then published at once; ``gpubot serve`` also seals at start,
+    every interval and at a clean stop."""
+    every = settings.audit.seal_every_s
+    if every is None or store is None or store.audit_key is None:
+        return None
+    return SealService(store, every, after_forced=() if heads is None else (heads.publish,))
+
+
+def _sweep(
+    base: Base,
+    status: StatusService,
+    ports: SweepPorts,
+    claims: ClaimService | None,
+    front: FrontEnd | None,
+    directory: Directory | None,
+    outbox: Outbox[Message],
+) -> SweepService:
+    """The sweep over ``ports``; with a store also its audit record, the alert keeper, the idle
+    accounting, GPU-hours, the reclaim ladder, the weekly digest and the claims' intruders."""
+    settings, store = base.settings, base.store
+    if store is not None:
+        cfg, reports = settings.sweep, settings.reports
+        notifier = None if front is None else front.alerts(settings, outbox)
+        usage = UsageService(settings, store.usage, claims=store.claims, directory=directory)
+        told = None if front is None else front.ladder(settings, outbox)
+        poster = None if front is None or reports.digest is None else front.digest(settings)
+        digest = None
+        if reports.digest is not None and poster is not None:
+            digest = DigestService(reports.digest, reports.digest_by, usage, outbox, poster)
+        ports = replace(
+            ports,
+            audit=store,
+            keeper=AlertKeeper(
+                cfg, [n.name for n in settings.nodes], store.alerts, notifier, outbox
+            ),
+            idle=IdleAccounting(cfg, settings.reset.protection, store.samples),
+            usage=usage,
+            ladder=ReclaimLadder(settings.ladder, store.ladder, store.samples, told),
+            digest=digest,
+            extra=None if claims is None else claims.intruder_findings,  # unclaimed use
+        )
+    return SweepService(settings, status, base.transport, ports)

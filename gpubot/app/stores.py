@@ -1,15 +1,76 @@
-"""The audit store as the composition root hands it to services: the store while it opens
-(the cold ``gpubot status``), and the stand-in when none could be opened (fail closed)."""
+"""The audit store as the root hands it out: opened (a failure only warns, unless the store is
+needed), while it opens (the cold ``gpubot status``), or the stand-in when none could be opened
+(fail closed); and the node locks over it."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gpubot.config import Settings, audit_key
 from gpubot.core.lease import Fence
-from gpubot.core.ports import AuditStore
-from gpubot.errors import StoreError
+from gpubot.core.ports import AuditStore, Locks
+from gpubot.errors import DatabaseBehind, StoreError
+
+if TYPE_CHECKING:
+    from gpubot.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def open_app_store(
+    settings: Settings, environ: Mapping[str, str], *, check_schema: bool = True
+) -> Store:
+    """Open the audit store; raises ``StoreError`` (``DatabaseBehind`` says how to fix it).
+
+    ``$GPUBOT_DB_PASSWORD`` is the database password, ``$GPUBOT_AUDIT_KEY`` the chain's key.
+    ``check_schema`` False: also a database that is behind (``gpubot db`` migrates it).
+    """
+    from gpubot.store import open_store  # SQLAlchemy: only once a store is wanted
+
+    return open_store(
+        settings.database_url,
+        password=environ.get("GPUBOT_DB_PASSWORD") or None,
+        audit_key=audit_key(environ),
+        check_schema=check_schema,
+        head_file=settings.audit.head_file,
+    )
+
+
+def store_or_warn(settings: Settings, environ: Mapping[str, str], need_store: bool) -> Store | None:
+    """Open the store; without ``need_store`` a failure warns and returns None, except a schema
+    that is behind: ``gpubot db upgrade`` fixes it once, nothing works around it each call."""
+    try:
+        return open_app_store(settings, environ)
+    except DatabaseBehind:
+        raise
+    except StoreError as exc:
+        if need_store:
+            raise
+        log.warning("audit log unavailable, this query is not recorded: %s", exc)
+        return None
+
+
+def locks_for(settings: Settings, store: Store | None) -> Locks:
+    """With a database, leases with fencing tokens: a node's reset and the sweep are exclusive
+    across replicas and processes; without, this process's locks."""
+    if store is None:
+        return local_locks()
+    from gpubot.store.leases import DbLeases
+
+    cfg = settings.leases
+    return DbLeases(store.engine, ttl_s=cfg.ttl_s, renew_s=cfg.renew_s, now=lambda: store.clock())
+
+
+@functools.cache
+def local_locks() -> Locks:
+    """Without a database: one registry of node locks per process."""
+    from gpubot.services.locks import NodeLocks
+
+    return NodeLocks()
 
 
 class OpeningStore:

@@ -59,10 +59,10 @@ async def no_dm(user: str, msg: Message, subject: str) -> bool:
 class ClaimDesk:
     """Runs claim and queue commands for one front end (``source``)."""
 
-    def __init__(self, service: ClaimService | None, *, source: str) -> None:
+    def __init__(self, service: ClaimService | None, *, source: str, dm: Dm = no_dm) -> None:
         self.service = service
         self.source = source
-        self.dm: Dm = no_dm
+        self.dm = dm
         self.reset: Reset | None = None  # set by ``Flows``
 
     def _svc(self) -> ClaimService:

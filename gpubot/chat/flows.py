@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk, with_claims
+from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk, Dm, no_dm, with_claims
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
 from gpubot.chat.home import render_home, render_refused_home, with_week
@@ -98,7 +98,9 @@ class Flows:
         source: str,
         min_update_s: float = MIN_UPDATE_S,
         clock: Clock = SYSTEM_CLOCK,
+        dm: Dm = no_dm,
     ) -> None:
+        """``dm``: how the front end tells one person (the claims' duty)."""
         self.svc = svc
         self.source = source
         self.min_update_s = min_update_s
@@ -108,7 +110,7 @@ class Flows:
         self.duty = svc.duty  # with a front end that posts once
         self._home: tuple[float, FleetStatus] | None = None
         self.renders = FleetRenders()
-        self.claims = ClaimDesk(svc.claims, source=source)  # claims and the queue (issue 26)
+        self.claims = ClaimDesk(svc.claims, source=source, dm=dm)  # claims and the queue
         self.claims.reset = self.reset  # an intruder's "Free it": the claimant's reset
 
     def check(self, cmd: commands.Command) -> None:

@@ -1,7 +1,8 @@
 """``gpubot console``: the ``/gpu …`` commands on a terminal, answered as text.
 
-This module is the entry: it builds the app and hands the console front end
-(``gpubot.console.repl``) its narrow parts. Approvals are typed, as an approver named with
+This module is the entry: it builds the app on the console front end (``console.front``) and
+hands the console's loop (``console.repl``) its narrow parts; the root runs its duties (the
+approval expiry, the claims), as for every front end. Approvals are typed, as an approver named with
 ``--as U…`` (a Slack user id listed in ``[approvals] approvers``). Without ``--as`` the console
 user is the local Unix user (``console:NAME``), who owns their own processes on the boxes, except
 root or a ``[reset] system_users`` account: self-service never acts as one.
@@ -14,9 +15,9 @@ import asyncio
 import getpass
 import os
 
-from gpubot.app import App, Serving, build, settings_from
-from gpubot.chat.flows import Flows
+from gpubot.app import App, build, settings_from
 from gpubot.config import front_ends
+from gpubot.console.front import ConsoleFront
 from gpubot.console.repl import ConsoleParts, repl
 from gpubot.console.terminal import Prompt, banner, session
 from gpubot.core.policy import Person, Policy, resolve, system_user_refusal
@@ -38,26 +39,10 @@ def identity(policy: Policy, as_id: str | None, name: str | None = None) -> Pers
     return Person(f"console:{user}", name or user, mine)
 
 
-def make_flows(app: App) -> Flows:
-    """Wire console flows over the services of ``app``."""
-    return Flows(app.chat, source="console", min_update_s=0.0)
-
-
-def console_parts(app: App, flows: Flows) -> ConsoleParts:
-    """Return the console's parts of ``app``: ``flows``, the alert keeper's snooze (or one that
-    refuses, with no store), the lifecycle without heap settling, and the app's close."""
-    return ConsoleParts(
-        flows,
-        (app.sweep.keeper or NoAlerts()).snooze,
-        lambda reporter: app.running(reporter, options=_serving(app, flows)),
-        app.close,
-    )
-
-
-def _serving(app: App, flows: Flows) -> Serving:
-    """The console's lifecycle: no heap settling; the claims' duty on the schedule."""
-    duty = (flows.claims.tick, app.settings.claims.every_s, "claims")
-    return Serving(settle_heap=False, duties=(duty,))
+def console_parts(app: App) -> ConsoleParts:
+    """Return the console's parts of ``app`` (built on ``ConsoleFront``): its flows, the alert
+    keeper's snooze (or one that refuses, with no store), the lifecycle and the app's close."""
+    return ConsoleParts(app.flows, (app.sweep.keeper or NoAlerts()).snooze, app.running, app.close)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +64,8 @@ def run(args: argparse.Namespace) -> int:
     """Answer the ``-c`` lines, or read ``/gpu`` lines (a terminal's prompt: line editing,
     history, Ctrl-C drops the line) and print the answers until end of input or quit."""
     settings = settings_from(args.config, os.environ)
-    app = build(settings, os.environ, need_store=False)
-    flows = make_flows(app)
-    who = identity(flows.svc.policy, args.as_id, args.name)
+    app = build(settings, os.environ, need_store=False, front=ConsoleFront())
+    who = identity(app.flows.svc.policy, args.as_id, args.name)
     if args.command:
-        return asyncio.run(repl(console_parts(app, flows), who, args.command))
-    return session(console_parts(app, flows), who, Prompt(banner(who)))
+        return asyncio.run(repl(console_parts(app), who, args.command))
+    return session(console_parts(app), who, Prompt(banner(who)))

@@ -210,12 +210,12 @@ def _say(title: str, text: str = "") -> None:
 def _built(cfg: Path, operator: str | None) -> tuple[App, Flows, Person]:
     """Build the demo's app on ``cfg``, its flows (Slack's, printed as text) and dana."""
     from gpubot.app import build
-    from gpubot.cli.console import make_flows
     from gpubot.config import load
+    from gpubot.console.front import ConsoleFront
     from gpubot.core.policy import Person
 
-    app = build(load(cfg), {}, need_store=True, notifier=_PrintAlerts())
-    return app, make_flows(app), Person(OPERATOR, "dana", operator or _you())
+    app = build(load(cfg), {}, need_store=True, front=ConsoleFront(notifier=_PrintAlerts()))
+    return app, app.flows, Person(OPERATOR, "dana", operator or _you())
 
 
 def _console(cfg: Path, operator: str | None) -> int:
@@ -223,9 +223,9 @@ def _console(cfg: Path, operator: str | None) -> int:
     from gpubot.cli.console import console_parts
     from gpubot.console.terminal import Prompt, banner, session
 
-    app, flows, dana = _built(cfg, operator)
+    app, _, dana = _built(cfg, operator)
     print(f"demo fleet: 4 nodes; you are dana (Linux user {dana.linux_user}). Try /gpu status all")
-    return session(console_parts(app, flows), dana, Prompt(banner(dana)))
+    return session(console_parts(app), dana, Prompt(banner(dana)))
 
 
 async def _main(cfg: Path, operator: str | None) -> tuple[int, str | None]:

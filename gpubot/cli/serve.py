@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpubot.app import Serving, SlackAccess, build, settings_from, slack_parts
+from gpubot.app import Serving, build, settings_from
 from gpubot.cli.common import duration_arg
 from gpubot.config import Settings, check_port
 from gpubot.errors import ConfigError
@@ -35,11 +35,6 @@ class Tokens:
     app: str | None
     signing_secret: str | None
     api_url: str
-
-    @property
-    def access(self) -> SlackAccess:
-        """Return what the composition root needs to build the Web API adapters."""
-        return SlackAccess(self.bot, self.api_url)
 
 
 def read_tokens(environ: Mapping[str, str], *, http: bool) -> Tokens:
@@ -124,10 +119,19 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(
     args: argparse.Namespace, settings: Settings, tokens: Tokens, environ: Mapping[str, str]
 ) -> None:
-    from gpubot.slack.serve import Listener, SlackReporter, build_bot, check_token, listen
+    from gpubot.services.alert_keeper import NoAlerts
+    from gpubot.slack.front import SlackAccess, SlackFront
+    from gpubot.slack.serve import Listener, SlackParts, build_bot, check_token, listen
 
+    options = Serving(
+        sweeps=not args.no_sweeps,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        expire_every_s=args.expire_every,
+    )
     # A database that is behind stops us here; the composition root builds everything once.
-    app = build(settings, environ, need_store=True, slack=tokens.access, serving=True)
+    front = SlackFront(SlackAccess(tokens.bot, tokens.api_url))
+    app = build(settings, environ, need_store=True, front=front, serving=options)
     listener = Listener(
         http=args.http,
         host=args.host,
@@ -137,16 +141,10 @@ async def _serve(
         signing_secret=tokens.signing_secret,
     )
     try:
-        bot = build_bot(slack_parts(app), listener.signing_secret if listener.http else None)
-        options = Serving(
-            sweeps=not args.no_sweeps,
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host,
-            expire_every_s=args.expire_every,
-            duties=((bot.flows.claims.tick, app.settings.claims.every_s, "claims"),),
-        )
+        snoozer = app.sweep.keeper or NoAlerts()
+        bot = build_bot(SlackParts(app.flows, front.api, snoozer), tokens.signing_secret)
         await check_token(bot)
-        async with app.running(SlackReporter(bot), options=options, expire=bot.expire_once):
+        async with app.running():
             await listen(bot, listener)
     finally:
         await app.close()

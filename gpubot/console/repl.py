@@ -33,16 +33,13 @@ from gpubot.chat.idle import ACTION_FREE
 from gpubot.chat.message import Action, Message, Section, note, paragraph
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_RESET_GPU
 from gpubot.chat.surface import MessageRef
-from gpubot.console.report import TextReporter
 from gpubot.console.text_render import render_text
 from gpubot.core import commands
 from gpubot.core.policy import Person
-from gpubot.core.ports import Reporter
 from gpubot.errors import StdoutClosed, UsageError
 
-CONSOLE = "console:"  # the console's message references: "console:INDEX"
-
 PROMPT = "gpu> "
+CONSOLE = "console:"  # the console's message references: "console:INDEX"
 CLAIM_TYPED = {
     ACTION_TAKE: "take {}",
     ACTION_LEAVE: "leave {}",
@@ -66,11 +63,11 @@ NextLine = Callable[[], Awaitable[str | None]]  # the next line typed (None: the
 @dataclass(frozen=True)
 class ConsoleParts:
     """What the console needs of the app: its flows, what snoozes a finding, the app's
-    lifecycle (``running(reporter)``: schedules and the start-up report) and its close."""
+    lifecycle (``running()``: the start-up report and the duties) and its close."""
 
     flows: Flows
     snoozer: Snoozer
-    running: Callable[[Reporter], AbstractAsyncContextManager[Any]]
+    running: Callable[[], AbstractAsyncContextManager[Any]]
     close: Callable[[], Awaitable[None]]
 
 
@@ -206,25 +203,19 @@ async def answer(
     return out.text()
 
 
+def echo(text: str) -> None:
+    """Print an answer; nobody reading them stops the console (past the flows' errors)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        raise StdoutClosed from None
+
+
 async def repl(parts: ConsoleParts, who: Person, lines: Sequence[str] | NextLine) -> int:
     """Run the app's lifecycle (its start-up report printed first), answer ``lines`` (or each
     line ``lines()`` gives until None, quit or exit), printing as answers come; close."""
-
-    def echo(text: str) -> None:
-        try:
-            print(text, flush=True)
-        except BrokenPipeError:  # nobody reads the answers: stop (past the flows' error handling)
-            raise StdoutClosed from None
-
-    async def dm(
-        user: str, msg: Message, subject: str
-    ) -> bool:  # the claims' DMs, printed (issue 26)
-        echo(f"(to @{user}) " + render(msg))
-        return True
-
-    parts.flows.claims.dm = dm
     try:
-        async with parts.running(TextReporter(echo)):
+        async with parts.running():
             return await _answer_lines(parts.flows, who, lines, echo, parts.snoozer)
     finally:
         await parts.close()

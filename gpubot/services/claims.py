@@ -89,6 +89,7 @@ class ClaimService:
         status: StatusService,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        observe: Callable[[list[tuple[str, int, str]]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.config = settings.claims
@@ -99,7 +100,7 @@ class ClaimService:
         self._intruders: dict[str, tuple[Intruder, float]] = {}  # key → it, first seen
         self._told: set[str] = set()  # intruders whose claimant was told
         self._delivered: set[int] = set()  # the holds whose DM is known delivered (``held``)
-        self.observe: Callable[[list[tuple[str, int, str]]], None] | None = None  # the metrics
+        self.observe = observe  # the metrics' gauge of claimed GPUs
 
     @property
     def enabled(self) -> bool:

@@ -21,7 +21,7 @@ from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import EccStore, Transport
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError
 from gpubot.services.offload import off_loop
-from gpubot.services.status import StatusService, reason
+from gpubot.services.status import reason
 
 log = logging.getLogger(__name__)
 
@@ -116,18 +116,13 @@ class HealthChecks:
 
 
 def wire_health(
-    settings: Settings,
-    transport: Transport,
-    status: StatusService,
-    store: EccStore | None = None,
+    settings: Settings, transport: Transport, store: EccStore | None = None
 ) -> HealthChecks | None:
-    """Return the sweep's health checks (None with ``[sweep] health = false``); statuses then
-    show the health each node's last sweep read."""
+    """Return the sweep's health checks (None with ``[sweep] health = false``); their
+    ``decorate`` shows in a status the health each node's last sweep read."""
     if not settings.sweep.health:
         return None
-    health = HealthChecks(transport, timeout_s=settings.ssh.command_timeout_s, store=store)
-    status.decorators.append(health.decorate)
-    return health
+    return HealthChecks(transport, timeout_s=settings.ssh.command_timeout_s, store=store)
 
 
 def _find(

@@ -96,6 +96,7 @@ class ResetService:
         observer: ResetObserver | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        after_forced: Callable[[int | None], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.transport = transport
@@ -105,7 +106,7 @@ class ResetService:
         self.locks: Locks = locks or NodeLocks(clock)
         self.observer = observer
         # Told (the action id, None if it never began) after every forced reset: the audit seal.
-        self.after_forced: Callable[[int | None], Awaitable[None]] | None = None
+        self.after_forced = after_forced
 
     def run_deps(self) -> RunDeps:
         """Return what a reset in progress uses (read now: a test may swap the clock)."""

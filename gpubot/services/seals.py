@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from gpubot.errors import GpubotError
@@ -41,10 +41,10 @@ Hook = Callable[[], Awaitable[object]]
 class SealService:
     """Writes the running bot's seals; every failure is logged, never raised."""
 
-    def __init__(self, store: Sealer, every_s: float) -> None:
+    def __init__(self, store: Sealer, every_s: float, *, after_forced: Sequence[Hook] = ()) -> None:
         self.store = store
         self.every_s = every_s
-        self.after_forced: list[Hook] = []  # run after a forced action's seal
+        self.after_forced = tuple(after_forced)  # run after a forced action's seal
         self.written = 0  # seals this service wrote
         self.running = False  # the schedule has sealed (a clean stop is sealed too)
         self.cut: tuple[int, str] | None = None  # a record this bot wrote that the log lost

@@ -125,6 +125,9 @@ class StatusService:
         settings: Settings,
         transport: Transport,
         store: AuditStore | None = None,
+        *,
+        decorators: Sequence[Callable[[NodeSnapshot], NodeSnapshot]] = (),
+        heap: Callable[[], AbstractContextManager[object]] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
@@ -135,10 +138,10 @@ class StatusService:
         self._inflight: dict[tuple[str, ...], asyncio.Future[FleetStatus]] = {}
         # What a status adds without asking the node, in order: what the sweeps know of each
         # GPU's health (services.health_checks' fields, services.xid_watch's Xids).
-        self.decorators: list[Callable[[NodeSnapshot], NodeSnapshot]] = []
-        # The collector around each round of fleet probes, as around sweeps (``serve`` sets it:
-        # lifecycle.SweepHeap): a large round sets off full passes that hold the loop.
-        self.heap: Callable[[], AbstractContextManager[object]] | None = None
+        self.decorators = list(decorators)
+        # The collector around each round of fleet probes, as around sweeps (lifecycle.SweepHeap):
+        # a large round sets off full passes that hold the loop.
+        self.heap = heap
 
     def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
         """Turn node names, group names or ``all`` into nodes, in inventory order."""

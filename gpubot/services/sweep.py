@@ -66,6 +66,7 @@ class SweepPorts:
     ladder: ReclaimLadder | None = None  # idle holders climb it, instead of the plain alert
     digest: DigestService | None = None  # the weekly GPU-hours digest, checked by each sweep
     extra: ExtraFindings | None = None  # more findings of the snapshots (claims' intruders)
+    heap: Callable[[], AbstractContextManager[object]] | None = None  # lifecycle.SweepHeap
 
 
 class SweepService:
@@ -102,8 +103,7 @@ class SweepService:
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
         self._last: tuple[tuple[str, ...], frozenset[str]] | None = None  # nodes, failed
         self._ends = 0.0  # when this sweep's node budget ends (monotonic)
-        # Around each sweep (``lifecycle.SweepHeap.around``: the collector; ``serve`` sets it).
-        self.heap: Callable[[], AbstractContextManager[object]] | None = None
+        self.heap = ports.heap  # around each sweep: the collector (``lifecycle.SweepHeap``)
 
     @property
     def actor(self) -> str:

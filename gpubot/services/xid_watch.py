@@ -41,7 +41,6 @@ from gpubot.core.health.xid_flag import flag_snapshot
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import Clock, Transport
 from gpubot.errors import GpubotError
-from gpubot.services.status import StatusService
 
 log = logging.getLogger(__name__)
 
@@ -261,18 +260,16 @@ class XidCounter(Protocol):
 
 
 def watch_for(
-    settings: Settings, status: StatusService, counter: XidCounter | None
+    settings: Settings, transport: Transport, counter: XidCounter | None
 ) -> XidWatch | None:
-    """Return the sweep's watch when ``[sweep] kernel_log`` is on, else None; it flags the
-    GPUs of ``status``'s tables that had a serious Xid in the window (``core.health.xid_flag``)."""
+    """Return the sweep's watch when ``[sweep] kernel_log`` is on, else None; its ``flag``
+    marks in a status the GPUs that had a serious Xid in the window (``core.health.xid_flag``)."""
     cfg = settings.sweep
     if not cfg.kernel_log:
         return None
     timeout = min(settings.ssh.command_timeout_s, max(2.0, cfg.budget_s * 0.5))
     count = None if counter is None else counter.count_xid
-    watch = XidWatch(status.transport, window_s=cfg.xid_window_s, timeout_s=timeout, count=count)
-    status.decorators.append(watch.flag)
-    return watch
+    return XidWatch(transport, window_s=cfg.xid_window_s, timeout_s=timeout, count=count)
 
 
 def _label(e: XidEvent) -> str:

@@ -21,17 +21,17 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 
-from gpubot.chat.flows import Flows, Services, error_message, help_message
+from gpubot.chat.flows import Flows, error_message, help_message
 from gpubot.chat.interrupted import ACTION_REVIEW, review
 from gpubot.chat.message import NL, Code, Message, Sentence, note, paragraph
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
-from gpubot.chat.surface import MIN_UPDATE_S, Handle
+from gpubot.chat.surface import MessageRef
 from gpubot.core import commands
 from gpubot.core.policy import Person, resolve
-from gpubot.errors import DUTY_TURN, StoreError, UsageError
+from gpubot.errors import UsageError
 from gpubot.slack.api import SlackApi, SlackSurface
-from gpubot.slack.approval_posts import SlackApprovalPoster
 from gpubot.slack.blockkit import SlackMessage, context
+from gpubot.slack.ids import ref_of
 from gpubot.slack.mrkdwn import escape
 from gpubot.slack.outage import quiet_unreachable
 from gpubot.slack.render import NeutralSurface, to_slack, to_view
@@ -76,20 +76,13 @@ def delivery_key(body: dict[str, Any]) -> str | None:
 class GpuBot:
     """The Slack front end over the shared flows."""
 
-    def __init__(
-        self,
-        services: Services,
-        api: SlackApi,
-        *,
-        signing_secret: str | None,
-        min_update_s: float = MIN_UPDATE_S,
-    ) -> None:
-        """Register the handlers; ``signing_secret`` None: Socket Mode (no HTTP signatures)."""
-        self.services = services
+    def __init__(self, flows: Flows, api: SlackApi, *, signing_secret: str | None) -> None:
+        """Register the handlers on ``flows`` (the root's, for Slack); ``signing_secret`` None:
+        Socket Mode (no HTTP signatures)."""
+        self.services = flows.svc
         self.api = api
         self.client = api.client
-        self.flows = Flows(services, source="slack", min_update_s=min_update_s)
-        self.outbox = self.flows.use(SlackApprovalPoster(api))  # approvals' posts, once
+        self.flows = flows
         self.dedupe = Deduper()
         self.tasks: set[asyncio.Task[None]] = set()
         self.app = AsyncApp(
@@ -184,9 +177,9 @@ class GpuBot:
             return
         approve = action.get("action_id") == ACTION_APPROVE
         container = body.get("container") or {}
-        handle: Handle | None = None
+        handle: MessageRef | None = None
         if container.get("channel_id") and container.get("message_ts"):
-            handle = (str(container["channel_id"]), str(container["message_ts"]))
+            handle = ref_of(str(container["channel_id"]), str(container["message_ts"]))
         user = body.get("user") or {}
         self.spawn(self._decide(approval_id, approve, body, handle, user), f"decide {approval_id}")
 
@@ -195,7 +188,7 @@ class GpuBot:
         approval_id: int,
         approve: bool,
         body: dict[str, Any],
-        handle: Handle | None,
+        handle: MessageRef | None,
         user: dict[str, Any],
     ) -> None:
         who = await self.identify(str(user.get("id")), str(user.get("username") or ""))
@@ -249,25 +242,7 @@ class GpuBot:
         log.info("Home tab review by %s: %s", who.id, done)
         await self._home(who.id, done)
 
-    # -- background duties -----------------------------------------------------------------------
-
-    async def expire_once(self) -> None:
-        """Expire due approvals and update their messages (the approval expiry's job)."""
-        out = NeutralSurface(SlackSurface(self.api, channel=None, user="", response_url=None))
-        try:
-            await self.flows.expire(out)
-        except StoreError as exc:  # one line, no traceback; an outage's is said once (store)
-            log.warning("approvals not expired: %s", exc, extra=DUTY_TURN)
-        except Exception:
-            log.exception("expiring approvals failed", extra=DUTY_TURN)
-
-    async def expire_forever(self, every_s: float = 30.0) -> None:
-        """Run ``expire_once`` every ``every_s`` seconds (``App.running`` schedules it)."""
-        while True:
-            await self.expire_once()
-            await asyncio.sleep(every_s)
-
-    async def post_alert(self, channel: str | None, msg: Message) -> Handle | None:
+    async def post_alert(self, channel: str | None, msg: Message) -> MessageRef | None:
         """Post a notice or an alert (e.g. ``chat.reset_view.render_alert``) to ``channel``."""
         target = channel or self.services.policy.channel
         if target is None:

@@ -16,10 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpubot.chat import claim_view as view
 from gpubot.chat.flows import error_message
-from gpubot.chat.message import Message
-from gpubot.core.ports import AlertStore
 from gpubot.errors import GpubotError
-from gpubot.slack.dm_outbox import DmPoster
 
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
@@ -35,20 +32,8 @@ ACTIONS = (
 )
 
 
-def register(bot: GpuBot, outbox: AlertStore | None = None) -> None:
-    """Handle the claim and queue buttons in ``bot``, and send the duty's DMs through Slack,
-    each once through ``outbox`` (None: at most once)."""
-    dms: dict[str, str] = {}
-    poster = DmPoster(bot.api, outbox)
-
-    async def dm(user: str, msg: Message, subject: str) -> bool:
-        channel = dms.get(user) or await bot.api.open_dm(user)
-        if channel is None:  # not sent: the duty asks again on its next turn
-            return False
-        dms[user] = channel
-        return await poster.send_once(subject, channel, msg)
-
-    bot.flows.claims.dm = dm
+def register(bot: GpuBot) -> None:
+    """Handle the claim and queue buttons in ``bot`` (the duty's DMs: ``slack.front``)."""
 
     async def on_click(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()

@@ -1,9 +1,9 @@
 """The Slack front end at run time: the bolt app over HTTP or Socket Mode, until stopped.
 
-``gpubot.cli.serve`` builds the app and runs its lifecycle (``App.running``: the start-up
-report, the schedules, the metrics); this module only puts the bolt handlers on the narrow parts
-it is given (``SlackParts``: ``build_bot``), checks the token, tells the start-up report in the
-channel (``SlackReporter``) and listens for Slack until SIGTERM or SIGINT (``listen``).
+``gpubot.cli.serve`` builds the app on ``slack.front.SlackFront`` and runs its lifecycle
+(``App.running``: the start-up report, the duties, the metrics); this module only puts the bolt
+handlers on the narrow parts it is given (``SlackParts``: ``build_bot``), checks the token and
+listens for Slack until SIGTERM or SIGINT (``listen``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ from typing import Any
 from aiohttp import web
 from slack_sdk.errors import SlackApiError
 
-from gpubot.chat.flows import Services
-from gpubot.chat.message import Message, Section, paragraph
-from gpubot.chat.surface import MIN_UPDATE_S
-from gpubot.core.ports import AlertStore
-from gpubot.core.report import Report
+from gpubot.chat.flows import Flows
 from gpubot.errors import ChatCallFailed, ChatUnanswered, ConfigError
 from gpubot.services.alert_keeper import Snoozer
-from gpubot.services.status import StatusService
 from gpubot.slack import alerts, claims, dump, idle_dm, ladder
 from gpubot.slack.api import SlackApi, call
 from gpubot.slack.app import GpuBot
@@ -47,41 +42,23 @@ class Listener:
 
 @dataclass(frozen=True)
 class SlackParts:
-    """What the Slack front end is given: the chat services, the Web API adapter, what the
-    snooze buttons call and the status service ("Free it" looks at the node first)."""
+    """What the Slack front end is given: its flows, the Web API adapter and what the snooze
+    buttons call."""
 
-    chat: Services
+    flows: Flows
     api: SlackApi
     snoozer: Snoozer
-    status: StatusService
-    messages: AlertStore | None = None  # the outbox the DMs go through once (None: at most once)
 
 
-def build_bot(
-    parts: SlackParts, signing_secret: str | None, *, min_update_s: float = MIN_UPDATE_S
-) -> GpuBot:
+def build_bot(parts: SlackParts, signing_secret: str | None) -> GpuBot:
     """Put the Slack front end on ``parts``: the bolt handlers of every family.
-
-    ``signing_secret`` None: Socket Mode. ``min_update_s``: the least time between two progress
-    edits of one message (tests pass a small value; see ``flows.MIN_UPDATE_S``).
-    """
-    bot = GpuBot(parts.chat, parts.api, signing_secret=signing_secret, min_update_s=min_update_s)
+    ``signing_secret`` None: Socket Mode."""
+    bot = GpuBot(parts.flows, parts.api, signing_secret=signing_secret)
     alerts.register(bot, parts.snoozer)
     idle_dm.register(bot)
     ladder.register(bot)
-    claims.register(bot, parts.messages)
+    claims.register(bot)
     return bot
-
-
-class SlackReporter:
-    """Tells a report in the bot's channel (``[slack] channel``): the ``Reporter`` port."""
-
-    def __init__(self, bot: GpuBot) -> None:
-        self.bot = bot
-
-    async def report(self, report: Report) -> None:
-        """Post the report's text under its title."""
-        await self.bot.post_alert(None, Message(report.title, (Section(paragraph(report.text())),)))
 
 
 async def start_http(bot: GpuBot, host: str, port: int, path: str) -> web.AppRunner:

@@ -1,5 +1,6 @@
-"""The GPU-hours report counts a real claim from the claims' own rows (issue 26): the store that
-``gpubot.app.services`` hands to ``UsageService`` is ``Store.claims``, on memory, SQLite and PostgreSQL.
+"""The GPU-hours report counts a real claim from the claims' own rows: the store that the root
+(``gpubot.app.services``) hands to ``UsageService`` is ``Store.claims``, on memory, SQLite and
+PostgreSQL.
 
 A claim of node3 GPU 0 for two hours, released after one, on a GPU nobody uses: dave's
 claimed-but-unused time is the hour he held it, sweep by sweep; GPU 1, never claimed, counts

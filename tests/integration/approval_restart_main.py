@@ -20,16 +20,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpubot.app import SlackAccess, build, slack_parts
+from gpubot.app import build
 from gpubot.chat.reset_view import render_approval_request
 from gpubot.config import LeaseSettings, Settings
 from gpubot.core.commands import Reset
 from gpubot.core.policy import Person
 from gpubot.lifecycle import Serving
+from gpubot.services.alert_keeper import NoAlerts
 from gpubot.slack.api import SlackSurface
 from gpubot.slack.app import GpuBot
+from gpubot.slack.front import SlackAccess, SlackFront
 from gpubot.slack.render import NeutralSurface, to_slack
-from gpubot.slack.serve import SlackReporter, build_bot
+from gpubot.slack.serve import SlackParts, build_bot
 from tests.fixtures.slack import BOT_TOKEN, slack_settings_for
 
 TTL_S, RENEW_S = 8.0, 0.5  # a killed holder's lease lapses this long after its last renewal
@@ -76,11 +78,12 @@ async def approve(bot: GpuBot, s: Settings) -> None:
 async def main(config: str, db_url: str, api_url: str, owner: str, mode: str) -> None:
     """Run until killed (or, in ``approve``, until the approved kill ends)."""
     s = settings(config, db_url, owner)
-    app = build(s, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, api_url), serving=True)
+    front = SlackFront(SlackAccess(BOT_TOKEN, api_url), min_update_s=0.0)
+    options = Serving(sweeps=False, expire_every_s=EVERY_S, settle_heap=False)
+    app = build(s, {}, need_store=True, front=front, serving=options)
     try:
-        bot = build_bot(slack_parts(app), None, min_update_s=0.0)
-        options = Serving(sweeps=False, expire_every_s=EVERY_S, settle_heap=False)
-        async with app.running(SlackReporter(bot), options=options, expire=bot.expire_once):
+        bot = build_bot(SlackParts(app.flows, front.api, NoAlerts()), None)
+        async with app.running():
             emit("ready", mode=mode)
             if mode == "approve":
                 await approve(bot, s)

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpubot.app import SlackAccess, build
+from gpubot.app import build
 from gpubot.chat.alerts import render_alert_group
 from gpubot.config import Settings, load
 from gpubot.core.alerting import Alert, AlertGroup, AlertItem
@@ -30,6 +30,7 @@ from gpubot.services.alert_keeper import AlertKeeper
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
+from gpubot.slack.front import SlackAccess, SlackFront
 from gpubot.slack.render import to_slack
 from tests.fixtures.settings import sweep_ports, with_tables
 from tests.fixtures.slack import BOT_TOKEN
@@ -88,7 +89,8 @@ def post_then_record(settings: Settings, app: Any, slack_url: str) -> SweepServi
 async def main(config: str, db_url: str, slack_url: str, order: str, sweeps: int) -> None:
     """Run ``sweeps`` alerting sweeps."""
     s = outbox_settings(Path(config), db_url)
-    app = build(s, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, slack_url))
+    front = SlackFront(SlackAccess(BOT_TOKEN, slack_url))
+    app = build(s, {}, need_store=True, front=front)
     svc = app.sweep if order == "outbox" else post_then_record(s, app, slack_url)
     try:
         for _ in range(sweeps):

@@ -1,5 +1,5 @@
 """``App.running``: the lifecycle every front end shares. It tells the start-up report through
-the ``Reporter`` port before anything starts, runs every periodic duty on the one scheduler
+the front end's ``Reporter`` before anything starts, runs every periodic duty the root built
 (the approval expiry included), serves the metrics, and stops what it started on the way out.
 The console gets the same report, printed."""
 
@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpubot.app import App, Serving, build
-from gpubot.chat.flows import Flows
-from gpubot.cli.console import console_parts, identity, make_flows
+from gpubot.cli.console import console_parts, identity
 from gpubot.config import Settings, load
+from gpubot.console.front import ConsoleFront
 from gpubot.console.repl import repl
-from gpubot.core.report import Report
 from tests.fixtures.approvals import REQUEST
 
 
@@ -27,16 +26,6 @@ def settings(tmp_path: Path) -> Settings:
         '[[nodes]]\nname = "node3"\nhost = "127.0.0.1"\nport = 9\n'
     )
     return load(path)
-
-
-class Told:
-    """A ``Reporter`` that keeps what it was told."""
-
-    def __init__(self) -> None:
-        self.reports: list[Report] = []
-
-    async def report(self, report: Report) -> None:
-        self.reports.append(report)
 
 
 async def _interrupted(app: App) -> tuple[int, int]:
@@ -56,41 +45,48 @@ async def _interrupted(app: App) -> tuple[int, int]:
     return action, a.id
 
 
-async def test_the_report_comes_first_then_every_schedule_runs_and_stops(
-    settings: Settings,
-) -> None:
-    app = build(settings, {}, need_store=True, serving=True, first_after_s=3600)
+async def test_the_report_comes_first_then_every_duty_runs_and_stops(settings: Settings) -> None:
+    printed: list[str] = []
+    serving = Serving(metrics_port=0, expire_every_s=0.05, settle_heap=False, first_after_s=3600)
+    front = ConsoleFront(echo=printed.append)
+    app = build(settings, {}, need_store=True, front=front, serving=serving)
     try:
         action, approval = await _interrupted(app)
-        told = Told()
+        expiry = app.scheduler("approval-expiry")
+        assert expiry is not None
         expired = asyncio.Event()
         started: list[bool] = []
+        job = expiry.job
 
         async def expire() -> None:
-            started.append(bool(told.reports))  # the report was told before any schedule ran
+            started.append(bool(printed))  # the report was told before any duty ran
             expired.set()
+            await job()
 
-        options = Serving(metrics_port=0, expire_every_s=0.05, settle_heap=False)
-        async with app.running(told, options=options, expire=expire) as run:
+        expiry.job = expire
+        async with app.running() as run:
             await asyncio.wait_for(expired.wait(), 10)
-            schedule = app.scheduler("approval-expiry")
-            assert schedule is not None and schedule.running
-            assert {s.name for s in app.schedulers if s.running} >= {"sweep", "approval-expiry"}
+            assert expiry.running
+            running = [s.name for s in app.schedulers if s.running]
+            assert running == ["sweep", "approval-expiry", "claims"]  # no seals: no key
             assert run.metrics_port is not None and run.metrics_port > 0
         assert started[0] is True
         assert [s.name for s in app.schedulers if s.running] == []  # stopped on the way out
-        assert [r.title for r in told.reports] == ["Incomplete actions", "Incomplete approvals"]
-        actions, approvals = (r.text() for r in told.reports)
+        actions, approvals = printed[:2]
+        assert actions.startswith("━━ Incomplete actions") and approvals.startswith(
+            "━━ Incomplete approvals"
+        )
         assert f"#{action} reset on node3 by U1 alice" in actions
         assert f"approval #{approval} on node3" in approvals and REQUEST.command in approvals
     finally:
         await app.close()
 
 
-async def test_a_sweeps_off_replica_runs_the_other_schedules_only(settings: Settings) -> None:
-    app = build(settings, {}, need_store=True, serving=True, first_after_s=3600)
+async def test_a_sweeps_off_replica_runs_the_other_duties_only(settings: Settings) -> None:
+    serving = Serving(sweeps=False, settle_heap=False, first_after_s=3600)
+    app = build(settings, {}, need_store=True, serving=serving)
     try:
-        async with app.running(options=Serving(sweeps=False, settle_heap=False)) as run:
+        async with app.running() as run:
             assert [s.name for s in app.schedulers if s.running] == []  # no seals: no key
             assert run.metrics_port is None  # no [metrics] port, none asked for
     finally:
@@ -100,12 +96,10 @@ async def test_a_sweeps_off_replica_runs_the_other_schedules_only(settings: Sett
 async def test_the_console_prints_the_start_up_report_before_its_answers(
     settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    app = build(settings, {}, need_store=True)
+    app = build(settings, {}, need_store=True, front=ConsoleFront())
     action, approval = await _interrupted(app)
-    flows: Flows = make_flows(app)
-    code = await repl(
-        console_parts(app, flows), identity(flows.svc.policy, None), ["help"]
-    )  # closes the app
+    who = identity(app.flows.svc.policy, None)
+    code = await repl(console_parts(app), who, ["help"])  # closes the app
     out = capsys.readouterr().out
     assert code == 0
     assert out.index("━━ Incomplete actions") < out.index("━━ Incomplete approvals")

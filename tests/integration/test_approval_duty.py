@@ -19,7 +19,8 @@ import pytest
 
 from gpubot.app import build
 from gpubot.chat.reset_view import ACTION_APPROVE
-from gpubot.cli.console import identity, make_flows
+from gpubot.cli.console import identity
+from gpubot.console.front import ConsoleFront
 from gpubot.console.repl import answer
 from gpubot.core.alerting import Lookup
 from gpubot.core.clock import SystemClock
@@ -160,9 +161,10 @@ async def test_unknown_memory_in_the_console(
     slack_settings: Any, tmp_path: Path, node1: Any
 ) -> None:
     url = f"sqlite:///{tmp_path}/audit.db"
-    app = build(dataclasses.replace(slack_settings, database_url=url), {}, need_store=True)
+    settings = dataclasses.replace(slack_settings, database_url=url)
+    app = build(settings, {}, need_store=True, front=ConsoleFront())
     try:
-        flows = make_flows(app)
+        flows = app.flows
         node1.spawn(gpu=1, mib=3000, behaviour="hidden")
         bob = identity(flows.svc.policy, "U0BOB")
         text = await answer(flows, "reset node1 gpu 1 because it hangs", bob)
@@ -178,20 +180,20 @@ async def test_re_ping_once_at_half_expiry_across_replicas_and_a_restart(
     harness: Harness, node1: Any, slack_settings: Any, tmp_path: Path
 ) -> None:
     _, aid, ts = await ask(harness, node1, "reset node1 gpu 2")
-    await harness.bot.expire_once()  # the control: before half the expiry, nobody is pinged
+    await harness.expire()  # the control: before half the expiry, nobody is pinged
     set_clock(harness, Later(400))
-    await harness.bot.expire_once()
+    await harness.expire()
     assert repings(harness.fake, ts) == []
     set_clock(harness, Later(451))  # past half of 900 s: not run yet, so nothing either
     assert repings(harness.fake, ts) == []
     db = f"sqlite:///{tmp_path}/audit.db"
     async with running_bot(slack_settings, harness.fake, db) as replica:
         set_clock(replica, Later(451))
-        await asyncio.gather(harness.bot.expire_once(), replica.bot.expire_once())
-        await harness.bot.expire_once()
+        await asyncio.gather(harness.expire(), replica.expire())
+        await harness.expire()
     async with running_bot(slack_settings, harness.fake, db) as restarted:
         set_clock(restarted, Later(600))
-        await restarted.bot.expire_once()
+        await restarted.expire()
     [ping] = repings(harness.fake, ts)
     assert ping["reply_broadcast"] in (True, "true", "1")
     assert "is still undecided" in text_of(ping) and "<@U0CAROL>, <!subteam^S0ONCALL>" in (
@@ -203,7 +205,7 @@ async def test_re_ping_once_at_half_expiry_across_replicas_and_a_restart(
     # the control: without its outbox row (the mark), the next run pings on-call again
     with harness.store.engine.begin() as conn:
         conn.execute(outbox.delete().where(outbox.c.subject == f"approval:{aid}:reping"))
-    await harness.bot.expire_once()
+    await harness.expire()
     assert len(repings(harness.fake, ts)) == 2
 
 
@@ -214,8 +216,8 @@ async def test_expiry_edits_the_request_and_tells_the_requester(
         w, aid, ts = await ask(h, node1, "reset node1 gpu 2")
         mine = dm_slack.ok("chat.update")[-1].body["ts"]  # the requester's own message
         set_clock(h, Later(901))
-        await h.bot.expire_once()
-        await h.bot.expire_once()  # once: nothing more is told
+        await h.expire()
+        await h.expire()  # once: nothing more is told
         assert alive(w.pid)
         (edit,) = [c for c in dm_slack.ok("chat.update") if c.body["ts"] == ts]
         assert "Expired at <!date^" in text_of(edit.body) and "{time}|" in text_of(edit.body)
@@ -264,7 +266,7 @@ async def test_a_request_whose_post_times_out_appears_once(harness: Harness, nod
     waiting = harness.fake.ok("chat.update")[-1]
     assert "could not be posted" not in text_of(waiting.body)
     set_clock(harness, Later(120))  # the duty settles nothing more: it was adopted
-    await harness.bot.expire_once()
+    await harness.expire()
     assert len(requests_in(harness.fake)) == 1
     await harness.send.click(ACTION_APPROVE, str(approval.id), user="U0CAROL", message_ts=ts)
     await harness.settle()
@@ -287,7 +289,7 @@ async def test_control_without_the_history_search_a_slow_post_appears_twice(
     waiting = harness.fake.ok("chat.update")[-1]
     assert "did not confirm the request's post" in text_of(waiting.body)
     set_clock(harness, Later(120))  # the duty posts it again, as provably absent
-    await harness.bot.expire_once()
+    await harness.expire()
     assert len(requests_in(harness.fake)) == 2
 
 
@@ -330,7 +332,7 @@ async def test_after_a_restart_an_unconfirmed_request_is_adopted_not_repeated(
     assert approval.ref is None
     async with running_bot(slack_settings, harness.fake, f"sqlite:///{tmp_path}/audit.db") as h:
         set_clock(h, Later(120))
-        await h.bot.expire_once()  # the restarted bot's duty finds it in the history
+        await h.expire()  # the restarted bot's duty finds it in the history
     assert len(requests_in(harness.fake)) == 1
     adopted = await harness.store.approvals.get(approval.id)
     assert adopted.ref == f"{ONCALL}/{ts}"

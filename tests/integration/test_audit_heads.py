@@ -11,12 +11,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gpubot.app import App, SlackAccess, build
+from gpubot.app import App, Serving, build
 from gpubot.config import AuditSettings, Settings
+from gpubot.slack.heads import HeadPublisher
 from gpubot.store import Store
 from tests.fixtures.db import audit_rows, rewrite_chain
 from tests.fixtures.settings import with_tables
-from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+from tests.fixtures.slack import FakeSlack, assert_within_limits, slack_front
 
 EXTRA: dict[str, Any] = {"slack": {"channel": "C0GENERAL"}, "alerts": {"channel": "C0ALERTS"}}
 
@@ -33,15 +34,14 @@ async def publishing(
         settings,
         {},
         need_store=True,
-        slack=SlackAccess(BOT_TOKEN, fake.base_url),
-        serving=True,
-        first_after_s=0,
+        front=slack_front(fake),
+        serving=Serving(sweeps=False, settle_heap=False, first_after_s=0),
     )
     assert app.store is not None
     await app.store.record_query(
         kind="status", actor="U0BOB", source="slack", nodes=["n1"], failed={}, seconds=0.1
     )
-    app.start(sweeps=False)
+    app.start()
     try:
         yield app.store, app
     finally:
@@ -63,7 +63,7 @@ async def test_the_head_is_posted_to_the_alerts_channel(
 ) -> None:
     async with publishing(fake_slack, tmp_path) as (store, app):
         heads = app.heads
-        assert heads is not None
+        assert isinstance(heads, HeadPublisher)
         schedule = app.scheduler("audit-head")
         assert schedule is not None
         assert schedule.interval_s == 86400.0  # [audit] publish_head_every = "24h"
@@ -87,7 +87,7 @@ async def test_a_rewrite_after_a_publication_is_posted(
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     async with publishing(fake_slack, tmp_path) as (store, app):
         heads = app.heads
-        assert heads is not None
+        assert isinstance(heads, HeadPublisher)
         await fake_slack.wait_for(lambda: bool(fake_slack.ok("chat.postMessage")))
         first = heads.last
         await store.record_query(

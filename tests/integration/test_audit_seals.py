@@ -9,15 +9,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpubot.app import SlackAccess, build
-from gpubot.cli.console import identity, make_flows
+from gpubot.app import Serving, build
+from gpubot.cli.console import identity
 from gpubot.config import Settings
+from gpubot.console.front import ConsoleFront
 from gpubot.console.repl import answer
 from gpubot.store import SealRule, open_store
 from tests.fixtures.audit_cut import KEY
 from tests.fixtures.db import audit_rows
 from tests.fixtures.settings import with_tables
-from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+from tests.fixtures.slack import FakeSlack, assert_within_limits, slack_front
 from tests.procs import alive
 
 ENV = {"GPUBOT_AUDIT_KEY": KEY.decode()}
@@ -39,16 +40,15 @@ async def test_serve_seals_at_start_and_at_a_clean_stop(
         settings,
         ENV,
         need_store=True,
-        slack=SlackAccess(BOT_TOKEN, fake_slack.base_url),
-        serving=True,
-        first_after_s=0,
+        front=slack_front(fake_slack),
+        serving=Serving(sweeps=False, settle_heap=False, first_after_s=0),
     )
     try:
         assert app.seals is not None and app.store is not None
         assert app.reset.after_forced == app.seals.forced
         schedule = app.scheduler("audit-seal")
         assert schedule is not None and schedule.interval_s == 900.0  # [audit] seal_every
-        app.start(sweeps=False)
+        app.start()
         await fake_slack.wait_for(lambda: bool(app.seals and app.seals.running), timeout=30)
         assert [s["seal"] for s in _seals(url)] == ["start"]
         await app.seals.forced(41)  # what a forced reset's end calls
@@ -75,9 +75,14 @@ async def test_a_forced_reset_is_sealed_at_its_end(
     init = open_store(url, check_schema=False)
     init.upgrade()
     init.close()
-    app = build(dataclasses.replace(slack_settings, database_url=url), ENV, need_store=True)
+    app = build(
+        dataclasses.replace(slack_settings, database_url=url),
+        ENV,
+        need_store=True,
+        front=ConsoleFront(),
+    )
     try:
-        flows = make_flows(app)
+        flows = app.flows
         w = node1.spawn(gpu=3, mib=1000)
         bob = identity(flows.svc.policy, "U0BOB")
         asked = await answer(flows, "reset node1 gpu 3", bob)

@@ -13,10 +13,15 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import App, build
+from gpubot.app import (
+    App,
+    Serving,
+    build,
+)
 from gpubot.chat.flows import Flows
 from gpubot.chat.message import Message
-from gpubot.cli.console import identity, make_flows
+from gpubot.cli.console import identity
+from gpubot.console.front import ConsoleFront
 from gpubot.console.repl import answer, render
 from gpubot.core.claims.rules import ClaimSettings
 from gpubot.store import open_store
@@ -35,14 +40,15 @@ async def app(slack_settings: Any, tmp_path: Path) -> AsyncIterator[App]:
     init.upgrade()
     init.close()
     s = dataclasses.replace(slack_settings, database_url=url, claims=CLAIMS)
-    built = build(s, {}, need_store=True, serving=True)  # serving: with its metrics
+    serving = Serving(sweeps=False, settle_heap=False)  # serving: with its metrics
+    built = build(s, {}, need_store=True, front=ConsoleFront(), serving=serving)
     yield built
     await built.close()
 
 
 @pytest.fixture
 def flows(app: App) -> Flows:
-    return make_flows(app)
+    return app.flows
 
 
 async def test_claims_at_the_console(app: App, flows: Flows, node1: Any) -> None:

@@ -12,15 +12,23 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import App, SlackAccess, build, slack_parts
+from gpubot.app import App, build
 from gpubot.chat import claim_view as view
 from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.core.claims.rules import ClaimSettings
-from gpubot.slack.serve import build_bot, start_http
+from gpubot.slack.serve import start_http
 from gpubot.store import open_store
 from gpusim.node_layout import gpu_uuid
 from tests.fixtures.settings import ManualClock
-from tests.fixtures.slack import BOT_TOKEN, SECRET, Call, FakeSlack, Harness, SlackSender
+from tests.fixtures.slack import (
+    SECRET,
+    Call,
+    FakeSlack,
+    Harness,
+    SlackSender,
+    slack_bot,
+    slack_front,
+)
 from tests.procs import alive, until
 
 CLAIMS = ClaimSettings(enabled=True, max_hours=8, hold_minutes=15, every_s=60)
@@ -52,10 +60,11 @@ async def serving(
     init.upgrade()
     init.close()
     settings = dataclasses.replace(settings, database_url=db_url, claims=CLAIMS)
-    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    front = slack_front(fake, min_update_s=0.05)
+    app = build(settings, {}, need_store=True, front=front)
     assert app.chat.claims is not None
     app.chat.claims.clock = clock
-    bot = build_bot(slack_parts(app), SECRET, min_update_s=0.05)
+    bot = slack_bot(app, front)
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:

@@ -53,7 +53,8 @@ async def test_a_step_back_under_serve_keeps_the_sweeps_going(
     init = open_store(f"sqlite:///{tmp_path}/audit.db", check_schema=False)
     init.upgrade()
     init.close()
-    app = build(load(path), {}, need_store=True, serving=True, first_after_s=0)
+    serving = Serving(settle_heap=False, first_after_s=0)
+    app = build(load(path), {}, need_store=True, serving=serving)
     clock = SteppedClock()
     assert app.store is not None
     store = app.store
@@ -64,7 +65,7 @@ async def test_a_step_back_under_serve_keeps_the_sweeps_going(
     sweeps = app.scheduler("sweep")
     assert sweeps is not None
     try:
-        async with app.running(options=Serving(settle_heap=False)):
+        async with app.running():
             await asyncio.sleep(5 * INTERVAL)
             before = sweeps.runs
             clock.offset = -H  # NTP steps the wall clock back an hour

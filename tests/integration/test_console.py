@@ -19,7 +19,8 @@ from gpubot.chat.alerts import render_alert_group
 from gpubot.chat.flows import Flows
 from gpubot.chat.idle import free_button
 from gpubot.chat.message import Actions, Message
-from gpubot.cli.console import console_parts, identity, make_flows
+from gpubot.cli.console import console_parts, identity
+from gpubot.console.front import ConsoleFront
 from gpubot.console.repl import answer, render
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import IDLE_HOLDER, FindingKey
@@ -37,14 +38,15 @@ async def app(slack_settings: Any, tmp_path: Path) -> AsyncIterator[App]:
     init = open_store(url, check_schema=False)
     init.upgrade()
     init.close()
-    built = build(dataclasses.replace(slack_settings, database_url=url), {}, need_store=True)
+    settings = dataclasses.replace(slack_settings, database_url=url)
+    built = build(settings, {}, need_store=True, front=ConsoleFront())
     yield built
     await built.close()
 
 
 @pytest.fixture
 def flows(app: App) -> Flows:
-    return make_flows(app)
+    return app.flows
 
 
 async def test_status_as_text(flows: Flows, node1: Any) -> None:
@@ -145,7 +147,7 @@ async def test_free_it_and_snooze_are_typed_at_the_console(
 
     assert app.store is not None
     await app.store.alerts.upsert_seen([idle], datetime.now(UTC))
-    snoozer = console_parts(app, flows).snoozer
+    snoozer = console_parts(app).snoozer
     quiet = await answer(flows, f"snooze 1h {idle.text()}", me, snoozer=snoozer)
     assert "🔕 node1 GPU 1: idle-holder snoozed until" in quiet
     (alert,) = await app.store.alerts.open_alerts()

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gpubot.app import App, build
-from gpubot.cli.console import identity, make_flows
+from gpubot.cli.console import identity
+from gpubot.console.front import ConsoleFront
 from gpubot.console.repl import answer
 from gpubot.store import open_store
 
@@ -21,13 +22,14 @@ async def app(slack_settings: Any, tmp_path: Path) -> AsyncIterator[App]:
     init = open_store(url, check_schema=False)
     init.upgrade()
     init.close()
-    built = build(dataclasses.replace(slack_settings, database_url=url), {}, need_store=True)
+    settings = dataclasses.replace(slack_settings, database_url=url)
+    built = build(settings, {}, need_store=True, front=ConsoleFront())
     yield built
     await built.close()
 
 
 async def test_the_report_at_the_console(app: App, node1: Any) -> None:
-    flows = make_flows(app)
+    flows = app.flows
     me = identity(flows.svc.policy, "U0OWNER")
     w = node1.spawn(gpu=1, mib=4096, util_pct=60)
     assert "Sweep: " in await answer(flows, "/gpu sweep", me)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpubot.lifecycle import Serving
+from gpubot.scheduler import IntervalScheduler
 from gpubot.store import outage
 from tests.fixtures.own_pg import OwnPostgres, own_postgres
 from tests.fixtures.slack import FakeSlack, Harness, running_bot
@@ -46,8 +46,9 @@ async def _outage(bot: Bot, monkeypatch: pytest.MonkeyPatch) -> int:
         return int(await expire(out))
 
     monkeypatch.setattr(h.bot.flows, "expire", counted)
-    async with h.app.running(options=Serving(settle_heap=False)):
-        task = asyncio.create_task(h.bot.expire_forever(every_s=0.2))
+    expiry = IntervalScheduler(h.expire, 0.2, first_after_s=0, name="approval-expiry")
+    async with h.app.running():
+        expiry.start()
         try:
             await asyncio.sleep(1.0)
             await asyncio.to_thread(pg.stop)
@@ -57,8 +58,7 @@ async def _outage(bot: Bot, monkeypatch: pytest.MonkeyPatch) -> int:
             await asyncio.to_thread(pg.start)
             await asyncio.sleep(2.0)
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await expiry.stop()
     return turns["n"]
 
 
@@ -69,7 +69,7 @@ DOWN = re.compile(r"connection (refused|failed|to server)|closed the connection"
 
 
 def _app_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name in ("gpubot.slack.app", "gpubot.store.outage")]
+    return [r for r in caplog.records if r.name in ("gpubot.app.duties", "gpubot.store.outage")]
 
 
 async def test_one_line_when_the_database_goes_and_one_when_it_is_back(

@@ -25,6 +25,7 @@ import pytest
 from sqlalchemy import text
 
 from gpubot.chat.reset_view import ACTION_APPROVE
+from gpubot.scheduler import IntervalScheduler
 from gpubot.store import waits
 from tests.fixtures.own_pg import OwnPostgres, own_postgres
 from tests.fixtures.slack import FakeSlack, Harness, running_bot
@@ -39,13 +40,12 @@ ACTED_S = 10.0  # generous: the stall seen in issue 22 lasted over 60 s
 async def pg_bot(slack_settings: Any, fake_slack: FakeSlack) -> AsyncIterator[Bot]:
     with own_postgres() as pg:
         async with running_bot(slack_settings, fake_slack, pg.database()) as h:
-            expiry = asyncio.create_task(h.bot.expire_forever(every_s=0.2))
-            h.app.start(sweeps=True)
+            expiry = IntervalScheduler(h.expire, 0.2, first_after_s=0, name="approval-expiry")
+            expiry.start()
             try:
                 yield h, pg
             finally:
-                expiry.cancel()
-                await asyncio.gather(expiry, return_exceptions=True)
+                await expiry.stop()
 
 
 def _posts_to(fake: FakeSlack, channel: str) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gpubot.app import SlackAccess, build
+from gpubot.app import build
 from gpubot.config import Settings
 from gpubot.core.alerting import Delivery, Lookup
 from gpubot.services.outbox import ALERT

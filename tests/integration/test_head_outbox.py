@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 import sqlalchemy as sa
 
-from gpubot.app import SlackAccess, build
+from gpubot.app import Serving, build
 from gpubot.chat.heads import render_head
 from gpubot.config import Settings
 from gpubot.core.alerting import Intent, Lookup
@@ -48,7 +48,7 @@ async def publisher(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[Head
         front=slack_front(fake),
         serving=Serving(settle_heap=False, first_after_s=3600),
     )
-    assert app.store is not None and app.heads is not None
+    assert app.store is not None and isinstance(app.heads, HeadPublisher)
     await app.store.record_query(
         kind="status", actor="U0BOB", source="slack", nodes=["n1"], failed={}, seconds=0.1
     )

@@ -23,16 +23,14 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import SlackAccess, build, slack_parts
+from gpubot.app import build
 from gpubot.config import load
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import WaitState
 from gpubot.core.policy import Person
-from gpubot.lifecycle import Serving
-from gpubot.slack.serve import SlackReporter, build_bot
 from gpubot.store import Store
 from tests.fixtures.fleet import gpubot_cli
-from tests.fixtures.slack import BOT_TOKEN, Call, FakeSlack
+from tests.fixtures.slack import Call, FakeSlack, slack_bot, slack_front
 from tests.procs import until
 
 EVERY_S = 5  # the duty's interval: the bot needs two looks (10 s) to see the GPU free itself
@@ -73,9 +71,10 @@ def config(slack_fleet: Any, tmp_path: Path) -> Path:
 
 @asynccontextmanager
 async def app_of(config: Path, fake: FakeSlack) -> AsyncIterator[Any]:
-    app = build(load(config), {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    front = slack_front(fake)
+    app = build(load(config), {}, need_store=True, front=front)
     try:
-        yield app
+        yield app, front
     finally:
         await app.close()
 
@@ -83,18 +82,16 @@ async def app_of(config: Path, fake: FakeSlack) -> AsyncIterator[Any]:
 @asynccontextmanager
 async def bot_running(config: Path, fake: FakeSlack) -> AsyncIterator[Any]:
     """The bot with its claims duty on the app's scheduler, as ``gpubot serve`` runs it."""
-    async with app_of(config, fake) as app:
-        bot = build_bot(slack_parts(app), None)
-        duty = (bot.flows.claims.tick, app.settings.claims.every_s, "claims")
-        options = Serving(sweeps=False, settle_heap=False, duties=(duty,))
-        async with app.running(SlackReporter(bot), options=options):
+    async with app_of(config, fake) as (app, front):
+        bot = slack_bot(app, front, None)
+        async with app.running():  # the claims' duty among the app's
             yield app
         await bot.drain()
 
 
 async def queue_behind_bob(config: Path, fake: FakeSlack) -> None:
     """bob claims node2 GPU 3; dave waits for it (the bot's own flows, its own database)."""
-    async with app_of(config, fake) as app:
+    async with app_of(config, fake) as (app, _):
         svc = app.chat.claims
         assert svc is not None
         bob = Person("U0BOB", "bob", linux_user="bob")

@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from slack_sdk.http_retry.builtin_async_handlers import AsyncServerErrorRetryHandler
 
-from gpubot.app import SlackAccess, build
+from gpubot.app import build
 from gpubot.config import Settings
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import IDLE_HOLDER, Finding
@@ -36,7 +36,12 @@ from gpubot.slack.poster import EVENT
 from gpubot.store import Store
 from gpubot.store.tables import outbox
 from tests.fixtures.settings import with_tables
-from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+from tests.fixtures.slack import (
+    BOT_TOKEN,
+    FakeSlack,
+    assert_within_limits,
+    slack_front,
+)
 
 CHANNEL = "C0ALERTS"
 EXTRA: dict[str, Any] = {
@@ -53,7 +58,7 @@ HOLDER = "4242:99"
 async def composed(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[Any, Store]]:
     """The app as ``gpubot serve`` builds it (its Slack client, its store's outbox)."""
     settings = with_tables(Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}"), EXTRA)
-    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    app = build(settings, {}, need_store=True, front=slack_front(fake))
     assert app.store is not None
     try:
         yield app, app.store

@@ -21,16 +21,19 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import SlackAccess, build, slack_parts
+from gpubot.app import build
 from gpubot.config import Settings
 from gpubot.core.alerting import MessageRef
 from gpubot.core.report import Report
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.blockkit import SlackMessage as Message
 from gpubot.slack.blockkit import section, table
-from gpubot.slack.serve import SlackReporter, build_bot
 from tests.fixtures.settings import with_tables
-from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack
+from tests.fixtures.slack import (
+    BOT_TOKEN,
+    FakeSlack,
+    slack_front,
+)
 
 CHANNEL = "C0GENERAL"
 # (error, HTTP status) of each answer that may follow a post Slack took
@@ -129,9 +132,10 @@ async def test_the_interrupted_work_report_appears_once(
         Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}"),
         {"slack": {"channel": CHANNEL}},
     )
-    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake_slack.base_url))
+    front = slack_front(fake_slack)
+    app = build(settings, {}, need_store=True, front=front)
     try:
-        reporter = SlackReporter(build_bot(slack_parts(app), SECRET))
+        reporter = front.reporter(settings)
         fake_slack.fail("chat.postMessage", error, status=status, times=6, taken=True)
         report = Report("Interrupted work", "1 reset was cut short:", ("node3 GPU 1: reset",))
         await reporter.report(report)

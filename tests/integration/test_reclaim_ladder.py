@@ -22,20 +22,19 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gpubot.app import App, SlackAccess, build, slack_parts
+from gpubot.app import App, build
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY
 from gpubot.core.findings import IDLE_HOLDER
 from gpubot.core.usage.ladder import LadderRule
 from gpubot.slack.ladder import KEEP_VIEW, REASON_BLOCK, REASON_INPUT
-from gpubot.slack.serve import build_bot, start_http
+from gpubot.slack.serve import start_http
 from gpubot.store.tables import outbox
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import audit_rows
 from tests.fixtures.settings import ManualClock, with_sweep
 from tests.fixtures.slack import (
-    BOT_TOKEN,
     SECRET,
     Call,
     FakeSlack,
@@ -43,6 +42,8 @@ from tests.fixtures.slack import (
     SlackSender,
     assert_within_limits,
     owned,
+    slack_bot,
+    slack_front,
 )
 
 INTERVAL = 900
@@ -84,13 +85,14 @@ async def serving(
 ) -> AsyncIterator[tuple[Harness, App]]:
     settings = with_sweep(dataclasses.replace(settings, database_url=db_url), **SWEEP)
     settings = dataclasses.replace(settings, ladder=LADDER)
-    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    front = slack_front(fake, min_update_s=0.05)
+    app = build(settings, {}, need_store=True, front=front)
     sweep = app.sweep
     assert sweep.keeper is not None and sweep.idle is not None and sweep.ladder is not None
     sweep.clock = sweep.keeper.clock = sweep.idle.clock = sweep.ladder.clock = clock
     assert app.chat.usage is not None
     app.chat.usage.clock = clock
-    bot = build_bot(slack_parts(app), SECRET, min_update_s=0.05)
+    bot = slack_bot(app, front)
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:

@@ -159,7 +159,7 @@ async def test_a_slack_burst_is_probed_once_rendered_once_over_one_session(
     await fake.start()
     try:
         async with running_bot(slack_settings, fake, f"sqlite:///{tmp_path}/audit.db") as h:
-            api = h.app.slack
+            api = h.bot.api
             gate = Gate(monkeypatch, h.app.status, h.app.status.transport, len(USERS))
             replies, _ = await asyncio.gather(
                 asyncio.gather(*(h.send.command("status all", user=u) for u in USERS)),

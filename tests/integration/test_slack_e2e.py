@@ -17,6 +17,7 @@ from typing import Any
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
+from gpubot.scheduler import IntervalScheduler
 from gpubot.slack.blockkit import message_text
 from tests.fixtures.slack import Call, FakeSlack, Harness
 from tests.procs import alive, until
@@ -181,11 +182,12 @@ async def test_expired_request_is_refused_and_shown(harness: Harness, node1: Any
 async def test_expiry_sweep_updates_the_messages(harness: Harness, node1: Any) -> None:
     w, approval_id, ts = await forced_request(harness, node1)
     harness.bot.services.approvals.clock = Later(901)
-    task = asyncio.create_task(harness.bot.expire_forever(every_s=0.1))
+    expiry = IntervalScheduler(harness.expire, 0.1, first_after_s=0, name="approval-expiry")
+    expiry.start()
     try:
         await harness.fake.wait_for(lambda: bool(updates_of(harness.fake, ts)))
     finally:
-        task.cancel()
+        await expiry.stop()
     assert "Expired at" in text_of(updates_of(harness.fake, ts)[-1])
     assert (await harness.store.approvals.get(approval_id)).state is ApprovalState.EXPIRED
     assert alive(w.pid)

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-import gpubot.app as app_module
+import gpubot.app.root as app_module
 from gpubot.app import App, build
 from gpubot.config import Settings, load
 from gpubot.errors import DatabaseBehind, UsageError
@@ -90,7 +90,7 @@ async def test_the_body_starts_first_and_its_query_is_recorded_once_the_store_is
 ) -> None:
     store = FakeStore()
     opening = Opening(store)
-    monkeypatch.setattr(app_module, "_store", opening)
+    monkeypatch.setattr(app_module, "store_or_warn", opening)
     answered: list[str] = []
     app, code = await run(settings, opening, body_recording(opening, answered))
     assert code == 7 and answered == ["answered"]
@@ -104,7 +104,7 @@ async def test_a_store_that_cannot_be_used_records_nothing_and_the_body_answers(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     opening = Opening(None)  # the real ``_store`` has warned and returned None
-    monkeypatch.setattr(app_module, "_store", opening)
+    monkeypatch.setattr(app_module, "store_or_warn", opening)
     answered: list[str] = []
     app, code = await run(settings, opening, body_recording(opening, answered))
     assert code == 7 and answered == ["answered"] and app.store is None
@@ -115,7 +115,7 @@ async def test_a_database_behind_stops_the_body_before_it_answers(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, delay_s: float
 ) -> None:
     opening = Opening(DatabaseBehind("database is at 0002"), delay_s)
-    monkeypatch.setattr(app_module, "_store", opening)
+    monkeypatch.setattr(app_module, "store_or_warn", opening)
     answered: list[str] = []
     with pytest.raises(DatabaseBehind, match="0002"):
         await run(settings, opening, body_recording(opening, answered))
@@ -126,7 +126,7 @@ async def test_a_database_behind_wins_over_the_body_failing_first(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     opening = Opening(DatabaseBehind("database is at 0002"))
-    monkeypatch.setattr(app_module, "_store", opening)
+    monkeypatch.setattr(app_module, "store_or_warn", opening)
 
     async def body(app: App) -> int:
         raise UsageError("unknown node or group 'nodeX'")
@@ -140,7 +140,7 @@ async def test_the_body_failing_is_raised_once_the_store_is_open_and_closed(
 ) -> None:
     store = FakeStore()
     opening = Opening(store)
-    monkeypatch.setattr(app_module, "_store", opening)
+    monkeypatch.setattr(app_module, "store_or_warn", opening)
 
     async def body(app: App) -> int:
         raise UsageError("unknown node or group 'nodeX'")

@@ -28,8 +28,9 @@ import pytest
 
 from gpubot.app import App, build
 from gpubot.chat.flows import Flows
-from gpubot.cli.console import identity, make_flows
+from gpubot.cli.console import identity
 from gpubot.config import load
+from gpubot.console.front import ConsoleFront
 from gpubot.console.repl import answer
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.core.reset.stop_script import Foreign, parse_stop_output, stop_check_argv
@@ -75,14 +76,15 @@ async def app(fleet: SimFleet, sim_users: tuple[str, ...], tmp_path: Path) -> As
     init = open_store(url, check_schema=False)
     init.upgrade()
     init.close()
-    built = build(dataclasses.replace(s, reset=reset, database_url=url), {}, need_store=True)
+    s = dataclasses.replace(s, reset=reset, database_url=url)
+    built = build(s, {}, need_store=True, front=ConsoleFront())
     yield built
     await built.close()
 
 
 @pytest.fixture
 def flows(app: App) -> Flows:
-    return make_flows(app)
+    return app.flows
 
 
 @contextlib.contextmanager

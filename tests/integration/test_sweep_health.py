@@ -69,7 +69,9 @@ async def sweeper(
     notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
     ports = sweep_ports(settings, app.store, notifier=notifier, clock=clock)
     assert app.store is not None
-    health = wire_health(settings, app.transport, app.status, app.store.ecc)
+    health = wire_health(settings, app.transport, app.store.ecc)
+    assert health is not None
+    app.status.decorators.append(health.decorate)  # as the root wires it
     ports = dataclasses.replace(ports, health=health)
     svc = SweepService(settings, app.status, app.transport, ports, clock=clock, replica="t")
     try:

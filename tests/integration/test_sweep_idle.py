@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import App, SlackAccess, build, slack_parts
+from gpubot.app import App, build
 from gpubot.chat.idle import ACTION_FREE
 from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
 from gpubot.core.findings import IDLE_HOLDER, Finding
 from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
-from gpubot.slack.serve import build_bot, start_http
+from gpubot.slack.serve import start_http
 from gpusim.fleet import SimFleet
 from tests.fixtures.settings import ManualClock, with_sweep
 from tests.fixtures.slack import (
@@ -42,6 +42,8 @@ from tests.fixtures.slack import (
     SlackSender,
     assert_within_limits,
     owned,
+    slack_bot,
+    slack_front,
     workload_owner,
 )
 
@@ -81,11 +83,12 @@ async def serving(
 ) -> AsyncIterator[tuple[Harness, App]]:
     """The bot as ``gpubot serve`` wires it, with no schedule: the test sweeps on its clock."""
     settings = with_sweep(dataclasses.replace(settings, database_url=db_url), **SWEEP)
-    app = build(settings, {}, need_store=True, slack=SlackAccess(BOT_TOKEN, fake.base_url))
+    front = slack_front(fake, min_update_s=0.05)
+    app = build(settings, {}, need_store=True, front=front)
     app.sweep.clock = clock
     assert app.sweep.keeper is not None and app.sweep.idle is not None
     app.sweep.keeper.clock = app.sweep.idle.clock = clock
-    bot = build_bot(slack_parts(app), SECRET, min_update_s=0.05)
+    bot = slack_bot(app, front)
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:

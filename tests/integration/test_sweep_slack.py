@@ -1,4 +1,4 @@
-"""Sweeps as ``gpubot serve`` wires them (``gpubot.app.build(serving=True)``), inside the real
+"""Sweeps as ``gpubot serve`` wires them (``gpubot.app.build(serving=...)``), inside the real
 bot over HTTP: the scheduled sweep, the alert message, its snooze buttons clicked through signed
 requests, ``/gpu sweep``, and the metrics endpoint scraped
 on 127.0.0.1 (GPU gauges, open findings, sweep durations, node failures, resets by outcome)."""
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpubot.app import App, Serving, SlackAccess, build, slack_parts
+from gpubot.app import App, Serving, build
 from gpubot.chat import alerts
 from gpubot.config import AuditSettings
 from gpubot.core.alerting import AlertGroup, AlertItem
@@ -30,18 +30,19 @@ from gpubot.core.reset.readiness import Readiness
 from gpubot.errors import ConfigError
 from gpubot.metrics import Metrics
 from gpubot.slack.blockkit import limit_problems, message_text
-from gpubot.slack.serve import build_bot, start_http
+from gpubot.slack.serve import start_http
 from gpusim.fleet import SimFleet
 from tests.fixtures.db import temp_database
 from tests.fixtures.settings import with_sweep
 from tests.fixtures.slack import (
-    BOT_TOKEN,
     SECRET,
     FakeSlack,
     Harness,
     SlackSender,
     assert_within_limits,
     owned,
+    slack_bot,
+    slack_front,
 )
 from tests.fixtures.slack_render import view
 from tests.procs import wait_dead
@@ -67,19 +68,14 @@ async def serving(
     head's publication, which posts to the same channel at start, has its own test)."""
     settings = dataclasses.replace(settings, database_url=db_url, audit=AuditSettings(None))
     settings = with_sweep(settings, interval_s=3600)  # one scheduled sweep, at once
-    app = build(
-        settings,
-        {},
-        need_store=True,
-        slack=SlackAccess(BOT_TOKEN, fake.base_url),
-        serving=True,
-        first_after_s=0,
-    )
-    bot = build_bot(slack_parts(app), SECRET, min_update_s=0.05)
+    front = slack_front(fake, min_update_s=0.05)
+    options = Serving(metrics_port=0, settle_heap=False, first_after_s=0)
+    app = build(settings, {}, need_store=True, front=front, serving=options)
+    bot = slack_bot(app, front)
     runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
     try:
-        async with app.running(options=Serving(metrics_port=0, settle_heap=False)) as run:
+        async with app.running() as run:
             harness = Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url, app)
             yield harness, app, run.metrics_port
     finally:

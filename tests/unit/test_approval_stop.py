@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gpubot.app import APPROVAL_STOP_WAIT_S
+from gpubot.app.duties import APPROVAL_STOP_WAIT_S
 from gpubot.chat.approval_words import ApprovalWords
 from gpubot.chat.message import Message
 from gpubot.config import parse

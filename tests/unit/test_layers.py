@@ -21,6 +21,7 @@ from tests.import_graph import (
     climbs,
     cycles,
     imported,
+    imports_of,
     mermaid,
     module_graph,
     module_name,
@@ -214,6 +215,42 @@ def test_no_import_climbs_a_layer() -> None:
 def test_front_ends_never_import_the_app() -> None:
     bad = _imports_of("slack") + _imports_of("console")
     assert [(f, m) for f, m in bad if _is(m, "gpubot.app")] == []
+
+
+def test_the_composition_root_is_one_package_that_names_no_front_end() -> None:
+    """The root is ``gpubot/app/`` (modules by meaning, not ``app_*.py`` cut to a size); a
+    front end is passed in by the entry that chose it, so the root imports none."""
+    assert sorted(p.name for p in PKG.glob("app*.py")) == []
+    fronts = ("gpubot.slack", "gpubot.console", "slack_bolt", "slack_sdk")
+    root = _imports_of("app") + _imports_of("lifecycle.py")
+    assert root and [(f, m) for f, m in root if _is(m, *fronts)] == []
+    # The control: an import of Slack is seen where the root would hold one.
+    control = imports_of(
+        ast.parse("from gpubot.slack.api import SlackApi"), "gpubot.app", True, frozenset()
+    )
+    assert [m for m in control if _is(m, *fronts)] == ["gpubot.slack.api"]
+
+
+def _late_sets(module: ast.Module) -> list[int]:
+    """Return the lines that set an attribute of another object than ``self``."""
+    bad = []
+    for node in ast.walk(module):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Attribute) and not (
+                isinstance(t.value, ast.Name) and t.value.id == "self"
+            ):
+                bad.append(t.lineno)
+    return bad
+
+
+def test_the_composition_root_builds_complete_objects() -> None:
+    """Each object gets what it needs when it is made: no ``obj.attr = ...`` after it."""
+    assert [(p.name, n) for p in _files("app") for n in _late_sets(tree(p))] == []
+    control = "app.parts = wire_parts(app)\nreset.after_forced = seals.forced\nself.store = s"
+    assert _late_sets(ast.parse(control)) == [1, 2]  # the root's old setters are seen
 
 
 def test_services_never_import_a_front_end_or_chat() -> None:

@@ -26,8 +26,7 @@ from gpubot.core.models import ResetStep
 from gpubot.errors import GpubotError
 from gpubot.services.requests import Failed, Outcome, Running
 from gpubot.services.reset import ResetEvent, ResetResult
-from gpubot.slack.app import GpuBot
-from gpubot.slack.serve import build_bot
+from gpubot.slack.front import SlackFront
 from tests.fixtures.clock import VirtualClock
 
 INTERVAL = 0.3
@@ -66,7 +65,7 @@ def gaps(times: list[float]) -> list[float]:
 
 def test_the_default_spacing_is_2_5_seconds_everywhere_slack_builds_flows() -> None:
     assert surface.MIN_UPDATE_S == 2.5
-    for fn in (Flows.__init__, GpuBot.__init__, build_bot):
+    for fn in (Flows.__init__, SlackFront.__init__):
         assert inspect.signature(fn).parameters["min_update_s"].default == 2.5, fn
 
 

@@ -168,9 +168,10 @@ async def test_serve_sets_the_heap_of_sweeps_and_status_rounds_a_test_build_does
         '[[nodes]]\nname = "node3"\nhost = "127.0.0.1"\nport = 9\n'
     )
     for settle, want in ((False, False), (True, True)):
-        app = build(load(path), {}, need_store=False, serving=True, first_after_s=3600)
+        serving = Serving(sweeps=False, settle_heap=settle, first_after_s=3600)
+        app = build(load(path), {}, need_store=False, serving=serving)
         try:
-            async with app.running(options=Serving(sweeps=False, settle_heap=settle)):
+            async with app.running():
                 assert (app.sweep.heap is not None) is want
                 assert (app.status.heap is not None) is want  # status rounds too (issue 24)
                 if want:  # one heap: overlapping sweeps and rounds share one lift

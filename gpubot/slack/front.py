@@ -1,0 +1,127 @@
+"""Slack as the composition root builds on it (``app.front.FrontEnd``): every outlet over one
+Web API adapter, whose one HTTP session (connection pool) ``close`` ends. ``gpubot serve`` chose
+Slack and passes it in; the root names no front end."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpubot.chat.message import Message, Section, paragraph
+from gpubot.chat.surface import MIN_UPDATE_S
+from gpubot.config import Settings
+from gpubot.core.report import Report
+from gpubot.slack.alerts import SlackAlerts, slack_users_of
+from gpubot.slack.api import SlackApi, SlackDirectory, SlackSurface, make_client
+from gpubot.slack.digest import SlackDigest
+from gpubot.slack.heads import HeadPublisher
+from gpubot.slack.ladder import SlackLadder
+from gpubot.slack.poster import SlackPoster
+from gpubot.slack.render import NeutralSurface, to_slack
+
+if TYPE_CHECKING:
+    from gpubot.chat.claims import Dm
+    from gpubot.services.outbox import Outbox
+    from gpubot.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlackAccess:
+    """Where the Slack Web API is and the bot's token (read from the environment by serve)."""
+
+    bot_token: str
+    api_url: str
+
+
+class SlackFront:
+    """Slack's outlets for the root: alerts, DMs, approval posts, the digest, the audit head."""
+
+    name = "slack"
+
+    def __init__(self, access: SlackAccess, *, min_update_s: float = MIN_UPDATE_S) -> None:
+        """``min_update_s``: the least time between two progress edits of one message (tests
+        pass a small value)."""
+        self.min_update_s = min_update_s
+        self.api = SlackApi(make_client(access.bot_token, access.api_url, shared_session=True))
+
+    def surface(self) -> NeutralSurface:
+        """Where an expiry updates the request's message."""
+        return NeutralSurface(SlackSurface(self.api, channel=None, user="", response_url=None))
+
+    def reporter(self, settings: Settings) -> SlackReporter:
+        """The start-up report, told in the bot's channel."""
+        return SlackReporter(self.api, settings.policy.channel)
+
+    def directory(self) -> SlackDirectory:
+        """User groups and accounts."""
+        return SlackDirectory(self.api.client)
+
+    def dm(self, outbox: Outbox[Message]) -> Dm:
+        """Direct messages (``conversations.open``, then ``chat.postMessage``), each once
+        through ``outbox`` (without a database: at most once); one not sent is False."""
+        dms: dict[str, str] = {}
+
+        async def dm(user: str, msg: Message, subject: str) -> bool:
+            channel = dms.get(user) or await self.api.open_dm(user)
+            if channel is None:  # not sent: the duty asks again on its next turn
+                return False
+            dms[user] = channel
+            return await outbox.send_once(subject, channel, msg)
+
+        return dm
+
+    def poster(self) -> SlackPoster:
+        """Posts once: approval requests and re-pings, DMs, the ladder's, the audit head."""
+        return SlackPoster(self.api)
+
+    def alerts(self, settings: Settings, outbox: Outbox[Message]) -> SlackAlerts | None:
+        """Sweep alerts in ``[alerts] channel`` (else ``[slack] channel``); none without."""
+        channel = settings.sweep.channel
+        if channel is None:
+            log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
+            return None
+        people = slack_users_of(settings.policy.users)
+        return SlackAlerts(self.api, channel, people=people, outbox=outbox)
+
+    def ladder(self, settings: Settings, outbox: Outbox[Message]) -> SlackLadder:
+        """The reclaim ladder's steps, in the alerts' channel and by DM."""
+        people = slack_users_of(settings.policy.users)
+        return SlackLadder(self.api, settings.sweep.channel, people, outbox)
+
+    def digest(self, settings: Settings) -> SlackDigest | None:
+        """The weekly digest, in ``[reports] digest_channel`` (else the alerts')."""
+        channel = settings.reports.digest_channel or settings.sweep.channel
+        return None if channel is None else SlackDigest(self.api, channel)
+
+    def heads(
+        self, settings: Settings, store: Store, outbox: Outbox[Message]
+    ) -> HeadPublisher | None:
+        """The audit head, in the alerts' channel."""
+        channel = settings.sweep.channel
+        if channel is None:
+            log.warning("no [alerts] or [slack] channel: the audit head is not published")
+            return None
+        return HeadPublisher(store, outbox, channel)
+
+    async def close(self) -> None:
+        """Close the Web API's session."""
+        await self.api.close()
+
+
+class SlackReporter:
+    """Tells a report in the bot's channel (``[slack] channel``): the ``Reporter`` port."""
+
+    def __init__(self, api: SlackApi, channel: str | None) -> None:
+        self.api = api
+        self.channel = channel
+
+    async def report(self, report: Report) -> None:
+        """Post the report's text under its title."""
+        msg = Message(report.title, (Section(paragraph(report.text())),))
+        if self.channel is None:
+            log.warning("no [slack] channel configured: not posted: %s", to_slack(msg)["text"])
+            return
+        await self.api.post(self.channel, to_slack(msg))
