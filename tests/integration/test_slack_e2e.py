@@ -393,4 +393,4 @@ async def test_unpostable_request_tells_the_requester_how_to_decide(
     assert "approve 1" in text_of(waiting)
     approval = await harness.store.approvals.get(1)
     assert approval is not None and approval.state is ApprovalState.PENDING
-    assert approval.channel is None and alive(w.pid)
+    assert approval.ref is None and alive(w.pid)
