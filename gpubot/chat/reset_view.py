@@ -358,17 +358,6 @@ def reset_button(node: str, gpu: int) -> Action:
     return Action(ACTION_RESET_GPU, f"Reset GPU {gpu}", f"{node}:{gpu}")
 
 
-def render_alert(node: str, gpu: int | None, title: str, detail: str, *, at: float) -> Message:
-    """Render a sweep alert; one about a GPU carries a "Reset GPU N" button."""
-    where = f"{node} GPU {gpu}" if gpu is not None else node
-    b = Budget()
-    b.add(Section(("⚠ ", bold(where, ": ", title), NL, Sentence(detail))))
-    b.add(ctx(("found ", Date(at))))
-    if gpu is not None:
-        b.add(Actions((reset_button(node, gpu),)))
-    return b.message(clip(f"{where}: {title} — {detail}", 3000))
-
-
 def render_audit(actions: Sequence[Any], *, node: str | None = None) -> Message:
     """Render action summaries (newest first): id, when, who, what, node, GPUs, status."""
     title = f"Audit log · {node}" if node else "Audit log"

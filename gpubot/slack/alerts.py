@@ -29,8 +29,6 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from slack_sdk.errors import SlackApiError
-
 from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_details
 from gpubot.chat.alerts import SNOOZE_ACTION, render_reminder, snooze_buttons
 from gpubot.chat.holders import snooze
@@ -38,9 +36,10 @@ from gpubot.chat.idle import render_idle_dm, slack_users_of
 from gpubot.chat.message import Message
 from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Lookup, MessageRef, Posted
 from gpubot.core.findings import IDLE_HOLDER
+from gpubot.errors import ChatCallFailed
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.services.outbox import Outbox
-from gpubot.slack.api import CALL_ERRORS, SlackApi
+from gpubot.slack.api import SlackApi, call
 from gpubot.slack.ids import split_ref
 from gpubot.slack.poster import SlackPoster, find_post, post_once
 from gpubot.slack.render import to_slack
@@ -133,13 +132,16 @@ class SlackAlerts:
         for msg in render_digest_details(group):
             await self._paced(channel)
             try:
-                await self.api.client.chat_postMessage(
-                    channel=channel, thread_ts=ts, **to_slack(msg)
+                await call(
+                    self.api.client,
+                    "chat.postMessage",
+                    channel=channel,
+                    thread_ts=ts,
+                    **to_slack(msg),
                 )
                 sent += 1
-            except CALL_ERRORS as exc:
-                err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
-                log.error("digest details in %s failed: %s", where, err)
+            except ChatCallFailed as exc:
+                log.error("digest details in %s failed: %s", where, exc.error)
             finally:
                 self._mark(channel)
         return sent
@@ -190,12 +192,16 @@ class SlackAlerts:
         channel, ts = split_ref(where)
         await self._paced(channel)
         try:
-            await self.api.client.chat_postMessage(
-                channel=channel, thread_ts=ts, reply_broadcast=True, **msg
+            await call(
+                self.api.client,
+                "chat.postMessage",
+                channel=channel,
+                thread_ts=ts,
+                reply_broadcast=True,
+                **msg,
             )
-        except CALL_ERRORS as exc:
-            err = exc.response.get("error") if isinstance(exc, SlackApiError) else repr(exc)
-            log.error("reminder in %s failed: %s", where, err)
+        except ChatCallFailed as exc:
+            log.error("reminder in %s failed: %s", where, exc.error)
         self._mark(channel)
 
 

@@ -41,8 +41,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from gpubot.core.alerting import MessageRef
 from gpubot.core.policy import ChatAccount
 from gpubot.errors import ChatCallFailed, ChatUnanswered, GpubotError
-from gpubot.slack.blockkit import SlackMessage as Message
-from gpubot.slack.blockkit import forms_with_blocks, simpler_forms, text_form
+from gpubot.slack.blockkit import SlackMessage, forms_with_blocks, simpler_forms, text_form
 from gpubot.slack.ids import ref_of, split_ref
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,8 @@ SLACK_ERRORS: dict[type[Exception], type[ChatCallFailed]] = {
     SlackClientError: ChatCallFailed,
     TimeoutError: ChatUnanswered,
     aiohttp.ClientError: ChatUnanswered,
+    OSError: ChatUnanswered,
 }
-CALL_ERRORS = tuple(SLACK_ERRORS)  # for the calls that still catch them themselves (alerts)
 # Errors that mean "the bot cannot post here": answer through the command's response_url.
 NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "restricted_action"})
 # Answers at HTTP 200 after which "it is possible some aspect of the operation succeeded"
@@ -198,6 +197,11 @@ def _error(exc: Exception) -> str:
     return type(exc).__name__
 
 
+def answered(exc: ChatCallFailed) -> bool:
+    """Whether Slack itself answered the failed call with an error code (``invalid_auth``)."""
+    return isinstance(exc.__cause__, SlackApiError)
+
+
 def status_of(exc: BaseException) -> int:
     """Return the HTTP status of the answer behind a failed call (200 when none is known)."""
     response = getattr(exc, "response", None) or getattr(exc.__cause__, "response", None)
@@ -242,7 +246,7 @@ class SlackApi:
             await self.pool.close()
 
     async def post(
-        self, channel: str, msg: Message, *, response_url: str | None = None
+        self, channel: str, msg: SlackMessage, *, response_url: str | None = None
     ) -> MessageRef | None:
         """Post ``msg`` (blocks, else text); if the bot cannot post there, use ``response_url``."""
         try:
@@ -257,7 +261,7 @@ class SlackApi:
             return None
         return ref_of(str(resp["channel"]), str(resp["ts"]))
 
-    async def update(self, handle: MessageRef | None, msg: Message) -> MessageRef | None:
+    async def update(self, handle: MessageRef | None, msg: SlackMessage) -> MessageRef | None:
         """Replace a message; if Slack refuses, post a new one and return where it is. If the
         update may have applied (``maybe_taken``), post nothing: a second message is worse."""
         if handle is None:
@@ -275,7 +279,9 @@ class SlackApi:
             log.warning("chat.update %s/%s failed (%s): posting anew", channel, ts, exc.error)
         return await self.post(channel, msg)
 
-    async def respond(self, response_url: str, msg: Message, *, ephemeral: bool = True) -> None:
+    async def respond(
+        self, response_url: str, msg: SlackMessage, *, ephemeral: bool = True
+    ) -> None:
         """Answer through a command's or action's ``response_url``: as is, without tables, as text.
 
         The same steps as ``_send``. A ``response_url`` is a webhook, not a Web API method: a
@@ -305,7 +311,7 @@ class SlackApi:
             )
 
     async def ephemeral(
-        self, channel: str | None, user: str, msg: Message, *, response_url: str | None
+        self, channel: str | None, user: str, msg: SlackMessage, *, response_url: str | None
     ) -> None:
         """Show ``msg`` to one user only."""
         if response_url:
@@ -350,7 +356,7 @@ class SlackApi:
             log.error("views.publish for %s failed: %s", user, exc.error)
             return False
 
-    async def _send(self, method: str, msg: Message, **where: Any) -> Any:
+    async def _send(self, method: str, msg: SlackMessage, **where: Any) -> Any:
         """Call a chat method; if Slack refuses the blocks, retry without tables, then as text.
 
         The simpler forms are made only when needed: a message shared by many requests (one
@@ -379,11 +385,11 @@ class SlackSurface:
         self.user = user
         self.response_url = response_url
 
-    async def reply(self, msg: Message) -> None:
+    async def reply(self, msg: SlackMessage) -> None:
         """Answer the person only."""
         await self.api.ephemeral(self.channel, self.user, msg, response_url=self.response_url)
 
-    async def post(self, msg: Message, *, channel: str | None = None) -> MessageRef | None:
+    async def post(self, msg: SlackMessage, *, channel: str | None = None) -> MessageRef | None:
         """Post in the conversation of the command (or in ``channel``)."""
         target = channel or self.channel
         if target is None:
@@ -392,7 +398,7 @@ class SlackSurface:
         url = self.response_url if channel is None else None
         return await self.api.post(target, msg, response_url=url)
 
-    async def update(self, handle: MessageRef | None, msg: Message) -> MessageRef | None:
+    async def update(self, handle: MessageRef | None, msg: SlackMessage) -> MessageRef | None:
         """Replace a posted message (post anew if that fails)."""
         if handle is None:
             return await self.post(msg)

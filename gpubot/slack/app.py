@@ -243,7 +243,7 @@ class GpuBot:
         await self._home(who.id, done)
 
     async def post_alert(self, channel: str | None, msg: Message) -> MessageRef | None:
-        """Post a notice or an alert (e.g. ``chat.reset_view.render_alert``) to ``channel``."""
+        """Post a notice or an alert (e.g. ``chat.alerts.render_alert_group``) to ``channel``."""
         target = channel or self.services.policy.channel
         if target is None:
             log.warning("no [slack] channel configured: not posted: %s", to_slack(msg)["text"])

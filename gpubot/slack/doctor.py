@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from gpubot.config import Settings
 from gpubot.core.doctor.checks import Check
-from gpubot.slack.api import make_client
+from gpubot.errors import ChatCallFailed
+from gpubot.slack.api import answered, call, make_client
 from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
 
 
@@ -27,11 +27,10 @@ async def slack_facts(token: str, base_url: str, channels: Sequence[str]) -> Sla
     """Return what Slack says of ``token`` and of the bot's membership of ``channels``."""
     client = make_client(token, base_url, timeout=10)
     try:
-        auth = await client.auth_test()
-    except SlackApiError as exc:
-        return SlackFacts(error=str(exc.response.get("error") or exc))
-    except (SlackClientError, OSError, TimeoutError) as exc:
-        return SlackFacts(error=f"cannot reach Slack at {base_url}: {exc or type(exc).__name__}")
+        auth = await call(client, "auth.test")
+    except ChatCallFailed as exc:
+        said = exc.error if answered(exc) else f"cannot reach Slack at {base_url}: {exc.error}"
+        return SlackFacts(error=said)
     header = next((v for k, v in auth.headers.items() if k.lower() == "x-oauth-scopes"), None)
     scopes = None if header is None else frozenset(s.strip() for s in str(header).split(","))
     members: dict[str, bool | str] = {}
@@ -48,15 +47,12 @@ async def slack_facts(token: str, base_url: str, channels: Sequence[str]) -> Sla
 async def _member(client: AsyncWebClient, channel: str) -> bool | str:
     """Return whether the bot is in ``channel``, or why that cannot be told."""
     try:
-        info = await client.conversations_info(channel=channel)
-    except SlackApiError as exc:
-        error = str(exc.response.get("error") or "")
-        if error == "channel_not_found":
+        info = await call(client, "conversations.info", channel=channel)
+    except ChatCallFailed as exc:
+        if exc.error == "channel_not_found":
             return False
-        if error == "missing_scope":
+        if exc.error == "missing_scope":
             return "conversations.info needs channels:read (optional)"
-        return error or "conversations.info failed"
-    except (SlackClientError, OSError, TimeoutError) as exc:
-        return f"conversations.info failed: {exc or type(exc).__name__}"
+        return exc.error if answered(exc) else f"conversations.info failed: {exc.error}"
     chan = info.get("channel")
     return bool(chan.get("is_member")) if isinstance(chan, dict) else "no channel in the answer"

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from slack_sdk.errors import SlackApiError
 
 from gpubot.chat.flows import Flows
-from gpubot.errors import ChatCallFailed, ChatUnanswered, ConfigError
+from gpubot.errors import ChatCallFailed, ConfigError
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.slack import alerts, claims, dump, idle_dm, ladder
-from gpubot.slack.api import SlackApi, call
+from gpubot.slack.api import SlackApi, answered, call
 from gpubot.slack.app import GpuBot
 
 log = logging.getLogger(__name__)
@@ -130,7 +129,7 @@ async def check_token(bot: GpuBot) -> None:
     try:
         await call(bot.client, "auth.test")
     except ChatCallFailed as exc:
-        if isinstance(exc, ChatUnanswered) or not isinstance(exc.__cause__, SlackApiError):
+        if not answered(exc):
             log.warning("cannot reach the Slack Web API yet (%s): starting anyway", exc.error)
             return
         raise ConfigError(f"SLACK_BOT_TOKEN was refused by Slack: {exc.error}") from None

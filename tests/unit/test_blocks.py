@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpubot.chat import fleet_view, home, reset_view
+from gpubot.chat import alerts, fleet_view, home, reset_view
 from gpubot.chat.message import Mention
 from gpubot.console.text_render import text_of
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome, ResetStep
@@ -16,10 +16,11 @@ from gpubot.core.reset.outcome import GpuResult
 from gpubot.core.reset.plan import ResetRequest, plan_reset
 from gpubot.core.reset.protect import Protection
 from gpubot.services.reset import ResetEvent, ResetResult
-from tests.fixtures.slack_render import bk, view, views
+from tests.fixtures.slack_render import bk, orphaned_alert, view, views
 
 fv = views(fleet_view)
 rb = rv = views(reset_view)
+ra = views(alerts)
 render_home = view(home.render_home)
 
 EVIL = "<!channel> & <@U0BOSS> ```rm -rf``` `x`"
@@ -309,9 +310,9 @@ def test_approval_of_a_huge_plan_fits() -> None:
 
 
 def test_alert_and_audit() -> None:
-    alert = rb.render_alert("node3", 2, "orphaned memory", "40000 MiB and no process", at=0.0)
+    alert = ra.render_alert_group(orphaned_alert())
     assert bk.limit_problems(alert) == []
-    button = alert["blocks"][-1]["elements"][0]
+    button = next(b for b in alert["blocks"] if b["type"] == "actions")["elements"][0]
     assert button["action_id"] == rb.ACTION_RESET_GPU and button["value"] == "node3:2"
     assert button["text"]["text"] == "Reset GPU 2"
 

@@ -158,7 +158,6 @@ def neutral_messages() -> dict[str, Message]:
         "progress": rv.render_progress("Reset node1", ASKED, p, events),
         "result": rv.render_result("Reset node1", ASKED, res),
         "result as text": rv.render_result("Reset node1", ("x",), res, use_table=False),
-        "alert": rv.render_alert("node1", 0, "orphaned memory", res.gpus[0].detail, at=NOW_TS),
         "audit": rv.render_audit([Action(i) for i in range(3)], node="node1"),
         "node": fv.render_node(snap),
         "node as text": fv.render_node(snap, use_table=False),

@@ -18,15 +18,16 @@ from typing import Any
 
 import pytest
 
-from gpubot.chat import fleet_view, home, reset_view
+from gpubot.chat import alerts, fleet_view, home, reset_view
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.reset.plan import ResetRequest, plan_reset
 from gpubot.core.reset.protect import Protection
-from tests.fixtures.slack_render import bk, view, views
+from tests.fixtures.slack_render import bk, orphaned_alert, view, views
 from tests.unit.test_blocks import EVIL, big_fleet, gpu, plan_and_result, proc, snap
 
 fv = views(fleet_view)
 rb = rv = views(reset_view)
+ra = views(alerts)
 render_home = view(home.render_home)
 
 SRC = Path(__file__).resolve().parents[2] / "gpubot"
@@ -164,7 +165,7 @@ def test_a_plain_text_dialog_carries_raw_text() -> None:
 def test_other_messages_with_buttons_carry_no_dialog_that_breaks_the_rules() -> None:
     plan = plan_and_result().plan
     for msg in (
-        rb.render_alert("node3", 2, "orphaned memory", "40000 MiB", at=0.0),
+        ra.render_alert_group(orphaned_alert()),
         rb.render_approval_state(
             7, plan, "U0BOB", "bob", reset_view.Decision("denied", "U0C", 1.0)
         ),
