@@ -20,9 +20,9 @@ from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.blockkit import SlackMessage as Message
 from gpubot.slack.blockkit import nested
 from gpubot.slack.render import to_slack
+from tests.fixtures.fleet_samples import big_fleet, snap
 from tests.fixtures.slack import BOT_TOKEN, Call, FakeSlack, assert_within_limits
 from tests.fixtures.slack_render import render_text, view
-from tests.unit.test_blocks import big_fleet, snap
 
 render_node = view(fleet_view.render_node)
 render_home = view(home.render_home)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import re
 
 import pytest
@@ -11,89 +10,17 @@ import pytest
 from gpubot.chat import alerts, fleet_view, home, reset_view
 from gpubot.chat.message import Mention
 from gpubot.console.text_render import text_of
-from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot, Outcome, ResetStep
-from gpubot.core.reset.outcome import GpuResult
+from gpubot.core.models import NodeSnapshot, ResetStep
 from gpubot.core.reset.plan import ResetRequest, plan_reset
 from gpubot.core.reset.protect import Protection
-from gpubot.services.reset import ResetEvent, ResetResult
+from gpubot.services.reset import ResetEvent
+from tests.fixtures.fleet_samples import EVIL, big_fleet, gpu, plan_and_result, proc, snap
 from tests.fixtures.slack_render import bk, orphaned_alert, view, views
 
 fv = views(fleet_view)
 rb = rv = views(reset_view)
 ra = views(alerts)
 render_home = view(home.render_home)
-
-EVIL = "<!channel> & <@U0BOSS> ```rm -rf``` `x`"
-
-
-def proc(pid: int, gpu: int, user: str, mib: int | None = 1024, **kw: object) -> GpuProcess:
-    uid = 1000 + sum(map(ord, user))  # a known owner: a plan targets only processes with a uid
-    args: dict[str, object] = {
-        "visible_to_nvidia_smi": True,
-        "holds_device_file": True,
-        "user": user,
-        "ppid": 1,
-        "state": "S",
-        "start_ticks": 1000 + pid,
-        "elapsed_s": 60,
-        "command": f"python train.py --run {pid}",
-        "uid": uid,
-        "real_uid": uid,
-        "exe": "/usr/bin/python3",
-        "argv0": "python",
-    }
-    args.update(kw)
-    return GpuProcess(pid, gpu, mib, "python", **args)  # type: ignore[arg-type]
-
-
-def gpu(i: int, used: int | None = 0, total: int | None = 81920, minor: int | None = -1) -> GpuInfo:
-    """A GPU whose device file is known; its minor is not its index (``i ^ 1`` unless given)."""
-    return GpuInfo(
-        i,
-        f"GPU-{i:04d}",
-        "NVIDIA H100 80GB HBM3",
-        used,
-        total,
-        50,
-        bus_id=f"00000000:{i % 256:02X}:00.0",
-        minor=i ^ 1 if minor == -1 else minor,
-    )
-
-
-def snap(name: str = "node1") -> NodeSnapshot:
-    return NodeSnapshot(
-        name,
-        1_700_000_000.0,
-        (gpu(0, 2048), gpu(1, 0), gpu(2, 40000), gpu(3, None)),
-        (
-            proc(4242, 0, "alice"),
-            proc(4243, 0, "bob", command=EVIL),
-            proc(77, 3, "carol", state="Z"),
-            proc(88, 1, "dave", mib=None, visible_to_nvidia_smi=False),
-        ),
-    )
-
-
-def big_fleet(nodes: int = 256, gpus: int = 8, seed: int = 7) -> list[NodeSnapshot]:
-    rnd = random.Random(seed)
-    out = []
-    for n in range(nodes):
-        gs, ps = [], []
-        for g in range(gpus):
-            k = rnd.randrange(4)
-            gs.append(gpu(g, rnd.choice([0, 300, 40000, None]), 81920))
-            for j in range(k):
-                ps.append(
-                    proc(
-                        10000 + n * 100 + g * 10 + j,
-                        g,
-                        f"user{rnd.randrange(50)}",
-                        command=EVIL + "x" * rnd.randrange(400),
-                        state=rnd.choice("SSSRZD"),
-                    )
-                )
-        out.append(NodeSnapshot(f"node{n:03d}", 1_700_000_000.0 + n, tuple(gs), tuple(ps)))
-    return out
 
 
 def all_text(msg: dict[str, object]) -> str:
@@ -207,24 +134,6 @@ def test_limit_checker_catches_breakage() -> None:
         "2 table blocks",
     ):
         assert want in problems
-
-
-def plan_and_result(ok: bool = True) -> ResetResult:
-    s = snap()
-    plan = plan_reset(s, ResetRequest("node1", "alice", gpus=(0,)), Protection())
-    after = NodeSnapshot("node1", s.taken_at + 3, (gpu(0, 0 if ok else 900),))
-    g = GpuResult(
-        0,
-        Outcome.FREED if ok else Outcome.STUCK,
-        "memory at 0 MiB" if ok else "pid 4243 survived SIGKILL in state D",
-        2048,
-        0 if ok else 900,
-        1.25 if ok else None,
-    )
-    steps = (
-        ResetEvent(ResetStep.PLANNED, 1.0, {"gpus": [0], "targets": [4242, 4243], "forced": True}),
-    )
-    return ResetResult("node1", plan, (g,), steps, s, after, 17)
 
 
 def test_reset_progress_and_result() -> None:

@@ -42,7 +42,7 @@ from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import ORPHANED_VRAM, FindingKey
 from gpubot.slack.blockkit import limit_problems, nested
 from gpubot.slack.render import to_slack, to_view
-from tests.unit.test_blocks import plan_and_result, snap
+from tests.fixtures.fleet_samples import plan_and_result, snap
 
 AT = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC
 ASKED = ("Requested by ", Mention("U0ALICE"), ", approved by ", Mention("U0CAROL", "carol"))

@@ -34,7 +34,7 @@ from gpubot.services.requests import (
     Running,
 )
 from gpubot.services.reset import ResetEvent
-from tests.unit.test_blocks import plan_and_result
+from tests.fixtures.fleet_samples import plan_and_result
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 BOB = Person("U0BOB", "bob", "bob")

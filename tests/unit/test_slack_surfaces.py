@@ -22,8 +22,8 @@ from gpubot.chat import alerts, fleet_view, home, reset_view
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.reset.plan import ResetRequest, plan_reset
 from gpubot.core.reset.protect import Protection
+from tests.fixtures.fleet_samples import EVIL, big_fleet, gpu, plan_and_result, proc, snap
 from tests.fixtures.slack_render import bk, orphaned_alert, view, views
-from tests.unit.test_blocks import EVIL, big_fleet, gpu, plan_and_result, proc, snap
 
 fv = views(fleet_view)
 rb = rv = views(reset_view)
