@@ -13,18 +13,16 @@ DM that failed is tried again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gpubot.config import Settings
-from gpubot.core import durations
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.ports import ClaimStore
 from gpubot.core.claims.rules import (
     Claim,
     ClaimOutcome,
     ClaimRequest,
-    Granted,
     Intruder,
     Limit,
     Wait,
@@ -35,7 +33,7 @@ from gpubot.core.claims.rules import (
 )
 from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.findings import Finding
-from gpubot.core.models import NodeSnapshot
+from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.policy import Person
 from gpubot.core.ports import Clock
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
@@ -140,24 +138,11 @@ class ClaimService:
                     f"{node.name} has {len(free)} free GPU(s), fewer than {cmd.count}: "
                     f"`/gpu wait {node.name} any {cmd.count}` queues you"
                 )
-        now = self.clock.now()
-        return await self.store.claim(
-            ClaimRequest(
-                node=node.name,
-                gpus=_uuids(snap, gpus),
-                user=user,
-                chat_id=who.id,
-                start=now,
-                end=now + cmd.duration_s,
-                note=cmd.note,
-                source=source,
-                limits=self._limits(node.name, node.groups),
-            )
-        )
+        return await self._claim(who, node, _uuids(snap, gpus), cmd.duration_s, cmd.note, source)
 
     async def take(self, who: Person, wait_id: int, source: str) -> ClaimOutcome:
         """Claim what the queue holds for ``who`` (the DM's button)."""
-        user = self._need(who)
+        self._need(who)
         w = await self.store.get_wait(wait_id)
         if w is None or w.chat_id != who.id:
             raise UsageError(f"no place {wait_id} of yours in the queue")
@@ -165,21 +150,35 @@ class ClaimService:
             raise UsageError(f"place {wait_id} holds nothing now ({w.state.value})")
         node = self.status.node(w.node)
         snap = await self.status.snapshot(node)
-        now = self.clock.now()
         most_h, _ = self.config.limits_for(node.groups)
         duration = min(w.duration_s or most_h * 3600, most_h * 3600)
+        note = f"from the queue (place {w.id})"
+        return await self._claim(who, node, _uuids(snap, w.offered), duration, note, source, w.id)
+
+    async def _claim(
+        self,
+        who: Person,
+        node: NodeConfig,
+        gpus: tuple[tuple[int, str], ...],
+        duration_s: float,
+        note: str,
+        source: str,
+        wait_id: int | None = None,
+    ) -> ClaimOutcome:
+        """Claim ``gpus`` of ``node`` for ``who`` from now, within the limits of its groups."""
+        now = self.clock.now()
         return await self.store.claim(
             ClaimRequest(
-                node=w.node,
-                gpus=_uuids(snap, w.offered),
-                user=user,
+                node=node.name,
+                gpus=gpus,
+                user=self._need(who),
                 chat_id=who.id,
                 start=now,
-                end=now + duration,
-                note=f"from the queue (place {w.id})",
+                end=now + duration_s,
+                note=note,
                 source=source,
                 limits=self._limits(node.name, node.groups),
-                wait_id=w.id,
+                wait_id=wait_id,
             )
         )
 
@@ -221,9 +220,13 @@ class ClaimService:
         gone = await self.store.release(who.id, (cmd.node, cmd.gpus), now=now, source=source)
         if not gone:
             raise UsageError("you have no claim there to release (see `/gpu claims mine`)")
-        for c in gone:  # released: free at once for the queue, if nothing runs on it
-            self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
+        self._freed(gone)
         return gone
+
+    def _freed(self, gone: Iterable[Claim]) -> None:
+        """Released: free for the queue at once, if nothing runs on it."""
+        for c in gone:
+            self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
 
     async def keep(self, who: Person, claim_id: int, source: str) -> Claim:
         """Keep an idle claim (its holder's Keep button)."""
@@ -238,8 +241,7 @@ class ClaimService:
         gone = await self.store.release(who.id, (None, ()), now=now, source=source, ids={claim_id})
         if not gone:
             raise UsageError(f"claim {claim_id} is not an active claim of yours")
-        for c in gone:
-            self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
+        self._freed(gone)
         return gone
 
     async def claims(self, who: Person, cmd: cc.ListClaims) -> list[Claim]:
@@ -331,9 +333,7 @@ class ClaimService:
             events += [Ended(claim=c) for c in await self.store.expire(due)]
             events += await self._due_intruders(now)
             idle = await idle_claims(self.config, self.store, self.status, now)
-            for e in idle:  # released: free for the queue at once, if nothing runs on it
-                if isinstance(e, IdleReleased):
-                    self._free[(e.claim.node, e.claim.gpu)] = FREE_LOOKS - 1
+            self._freed(e.claim for e in idle if isinstance(e, IdleReleased))
             events += idle
             if self.observe is not None:
                 self.observe([(c.node, c.gpu, c.user) for c in await self.store.active()])
@@ -424,16 +424,10 @@ def _uuids(snap: NodeSnapshot, gpus: Sequence[int]) -> tuple[tuple[int, str], ..
     return tuple(out)
 
 
-def until_text(claim: Claim, now: float) -> str:
-    """Say how long a claim still runs ("3h59m left")."""
-    return f"{durations.format(claim.end - now, 'minutes')} left"
-
-
 __all__ = [
     "ClaimService",
     "Ended",
     "Event",
-    "Granted",
     "IdleAsked",
     "IdleReleased",
     "Intruding",

@@ -9,7 +9,7 @@ backlog never holds one up. A store that fails leaves no GPU idle: unknown is no
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpubot.core.alerting import held_idle_hours
@@ -19,8 +19,8 @@ from gpubot.core.findings import SweepConfig, find
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import Clock, SampleStore
 from gpubot.core.reset.protect import Protection
-from gpubot.core.usage.holder_runs import Held, Looked
-from gpubot.core.usage.idle import held_idle, samples_of
+from gpubot.core.usage.holder_runs import Held, IdleNow, Looked
+from gpubot.core.usage.idle import GpuSample, held_idle, samples_of
 from gpubot.core.usage.idle_runs import RunRule
 from gpubot.errors import DUTY_TURN, StoreError
 from gpubot.services.offload import off_loop
@@ -84,49 +84,44 @@ class IdleAccounting:
             await self.samples.prune_samples(keep_from, limit=PRUNE_BATCH)
         except StoreError as exc:
             log.warning("old GPU samples not pruned: %s", exc, extra=DUTY_TURN)
-        return IdleTimes(now, self._long_enough(got.gpus, now), got.held)
+        return self._times(got, now)
 
     async def held(self, snaps: Sequence[NodeSnapshot], now: float) -> Held:
         """Return since when each holder of ``snaps`` has held its GPU, storing nothing."""
-        keep_from = now - self.config.idle.keep_s
-        looked = self.looked(snaps, now)
-        try:
-            got = await self.samples.idle_since([], self.rule, keep_from=keep_from, looked=looked)
-        except StoreError as exc:
-            log.warning("GPU holders not looked for: %s", exc, extra=DUTY_TURN)
-            return {}
-        return got.held
-
-    async def idle(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleSeconds:
-        """Return the GPUs of ``snaps`` idle for the idle window, storing nothing (a status)."""
-        return (await self.look(snaps, now)).gpus
+        got = await self._ask([], snaps, now, "GPU holders")
+        return {} if got is None else got.held
 
     async def look(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleTimes:
         """Return the idle GPUs of ``snaps`` and since when each holder held its GPU, storing
         nothing (a status)."""
         rule = self.config.idle
-        if not rule.enabled:
-            return IdleTimes(now)
-        current = [s for s in samples_of(snaps, now) if held_idle(s, rule.min_mib)]
-        if not current:
-            return IdleTimes(now)
-        looked = self.looked(snaps, now)
+        looks = samples_of(snaps, now) if rule.enabled else []
+        current = [s for s in looks if held_idle(s, rule.min_mib)]
+        got = await self._ask(current, snaps, now, "idle GPUs") if current else None
+        return IdleTimes(now) if got is None else self._times(got, now)
+
+    async def _ask(
+        self, current: list[GpuSample], snaps: Sequence[NodeSnapshot], now: float, what: str
+    ) -> IdleNow | None:
+        """Return what the store would fold of ``current`` (None: it failed), storing nothing."""
         try:
-            got = await self.samples.idle_since(
-                current, self.rule, keep_from=now - rule.keep_s, looked=looked
+            return await self.samples.idle_since(
+                current,
+                self.rule,
+                keep_from=now - self.config.idle.keep_s,
+                looked=self.looked(snaps, now),
             )
         except StoreError as exc:
-            log.warning("idle GPUs not looked for: %s", exc, extra=DUTY_TURN)
-            return IdleTimes(now)
-        return IdleTimes(now, self._long_enough(got.gpus, now), got.held)
+            log.warning("%s not looked for: %s", what, exc, extra=DUTY_TURN)
+            return None
 
-    def _long_enough(self, since: Mapping[tuple[str, int], float], now: float) -> IdleSeconds:
-        """Return the GPUs held idle for at least the window, and for how long."""
+    def _times(self, got: IdleNow, now: float) -> IdleTimes:
+        """Return the GPUs held idle for at least the window, for how long, and the holders."""
         rule = self.config.idle
-        if not rule.enabled:
-            return {}
         window = rule.window_s - TIME_SLACK_S
-        return {k: round(now - s, 3) for k, s in since.items() if now - s >= window}
+        since = got.gpus if rule.enabled else {}
+        gpus = {k: round(now - s, 3) for k, s in since.items() if now - s >= window}
+        return IdleTimes(now, gpus, got.held)
 
     async def gpu_hours(self, snapshots: Sequence[NodeSnapshot]) -> dict[str, float]:
         """Return the GPU-hours each owner holds idle now, for ``snapshots`` (the Home tab)."""

@@ -279,9 +279,8 @@ class StatusService:
         with nullcontext() if self.heap is None else self.heap():
             res = await fan_out(nodes, self._status_snapshot, self.settings.ssh.max_parallel)
         seconds = self.clock.monotonic() - started
-        order = {n.name: i for i, n in enumerate(nodes)}
-        snaps = tuple(sorted(res.ok.values(), key=lambda s: order[s.node]))
-        failed = {n: reason(e, n) for n, e in sorted(res.failed.items(), key=lambda x: order[x[0]])}
+        snaps = tuple(res.ok.values())  # fan_out's answers are in the order of ``nodes``
+        failed = {n: reason(e, n) for n, e in res.failed.items()}
         timed_out = tuple(n for n, e in res.failed.items() if isinstance(e, TimeoutError))
         down = tuple(n for n, e in res.failed.items() if isinstance(e, NodeUnreachable))
         return FleetStatus(snaps, failed, seconds, timed_out, down)

@@ -7,7 +7,7 @@ loses that sweep's hours (reported as a gap next time), never the sweep.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from gpubot.config import Settings
@@ -40,14 +40,6 @@ class ClaimedIntervals(Protocol):
         ...
 
 
-class NoClaims:
-    """Without claims, no GPU is claimed."""
-
-    def intervals(self, since: float, until: float) -> Iterable[Interval]:
-        """Return nothing."""
-        return ()
-
-
 class UsageStore(Protocol):
     """Where the buckets are kept (``store.usage.DbUsage``)."""
 
@@ -74,7 +66,7 @@ class UsageService:
     ) -> None:
         self.settings = settings
         self.store = store
-        self.claims: ClaimedIntervals = claims or NoClaims()
+        self.claims = claims  # None: no GPU is claimed
         self.directory: Directory = directory or NoDirectory()
         self.clock = clock
 
@@ -159,12 +151,7 @@ class UsageService:
         return next((ln for ln in report.lines if ln.name == user), None)
 
 
-def by_user(report: UsageReport) -> Mapping[str, Line]:
-    """Return the report's lines by name."""
-    return {ln.name: ln for ln in report.lines}
-
-
-def _claimed_at(claims: ClaimedIntervals, now: float) -> list[Claimed]:
+def _claimed_at(claims: ClaimedIntervals | None, now: float) -> list[Claimed]:
     """Return the claims in force at ``now``: the window asked is the second from ``now``,
     never ``[now, now]``, whose cut claims would cover nothing."""
-    return [Claimed(*c) for c in claims.intervals(now, now + 1.0)]
+    return [] if claims is None else [Claimed(*c) for c in claims.intervals(now, now + 1.0)]

@@ -18,8 +18,6 @@ from gpubot.errors import GpubotError
 from gpubot.services.run_state import Pairs, RunState
 from gpubot.services.workloads import as_planned
 
-__all__ = ["Pairs", "conclude", "observe", "verify"]
-
 
 @dataclass
 class _Progress:

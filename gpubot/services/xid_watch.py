@@ -166,23 +166,17 @@ class XidWatch:
     ) -> list[XidEvent]:
         """dmesg: the lines newer than the last seen, and a summary of only what the caps
         dropped SINCE the previous read (its counts are the whole ring buffer's)."""
+        since = st.last_at if st.last_at is not None else now - self.window_s  # first: the window
+        new = [e for e in kept if e.at is not None and e.at > since]
+        times = [e.at for e in kept if e.at is not None]
+        if times:
+            st.last_at = max([*times, since])
         if st.counts is None:  # the first read: the window's part of the buffer
-            after = st.last_at if st.last_at is not None else now - self.window_s
-            events = self._after(st, kept, now) + summaries(counts, kept, after)
+            events = new + summaries(counts, kept, since)
         else:
-            new = self._after(st, kept, now)
             events = new + summaries(increase(counts, st.counts), new)
         st.counts = dict(counts or {})
         return events
-
-    def _after(self, st: _Node, events: list[XidEvent], now: float) -> list[XidEvent]:
-        """dmesg: keep the lines newer than the last seen (first read: within the window)."""
-        since = st.last_at if st.last_at is not None else now - self.window_s
-        out = [e for e in events if e.at is not None and e.at > since]
-        times = [e.at for e in events if e.at is not None]
-        if times:
-            st.last_at = max([*times, since])
-        return out
 
     def _say(self, node: str, st: _Node, why: str) -> None:
         if why != st.said:
