@@ -89,7 +89,7 @@ def help_message(text: str) -> Message:
 
 
 class Flows:
-    """Runs parsed ``/gpu`` commands for one front end (``source``: "slack", "console")."""
+    """Runs parsed ``/gpu`` commands for one front end (``source``: its name, as audited)."""
 
     def __init__(
         self,
@@ -210,10 +210,10 @@ class Flows:
         warning = None
         if outcome.approval.id in unconfirmed:
             warning = (
-                "⏳ Slack did not confirm the request's post to the approvers: gpubot looks for "
-                "it and posts it again if it is missing."
+                "⏳ The chat service did not confirm the request's post to the approvers: gpubot "
+                "looks for it and posts it again if it is missing."
             )
-        elif not outcome.posted and self.source == "slack":
+        elif not outcome.posted and self.duty is not None:  # a front end that posts requests
             warning = (
                 "⚠ The request could not be posted for the approvers; one can still decide it "
                 f"with `gpubot console --as THEIR_ID`, then `approve {outcome.approval.id}`."

@@ -31,11 +31,11 @@ ACTION_FREE = "gpubot_free_it"  # the value is the finding's key text
 MAX_DM_ITEMS = 10  # idle GPUs detailed in one message (2 blocks each)
 
 
-def slack_users_of(users: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """Return Linux user → the Slack user ids ``[users]`` maps to it (sorted)."""
+def chat_ids_of(users: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """Return Linux user → the chat user ids ``[users]`` maps to it (sorted)."""
     out: dict[str, list[str]] = {}
-    for slack_id, linux in users.items():
-        out.setdefault(linux, []).append(slack_id)
+    for chat_id, linux in users.items():
+        out.setdefault(linux, []).append(chat_id)
     return {linux: tuple(sorted(ids)) for linux, ids in out.items()}
 
 

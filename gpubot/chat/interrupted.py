@@ -58,7 +58,7 @@ async def review(
     who: Person,
     value: str,
     *,
-    source: str = "slack",
+    source: str,
 ) -> str:
     """Mark the action ``value`` reviewed for ``who`` (an approver, asking from the front end
     ``source``); return one line saying what was done, or why not."""

@@ -14,7 +14,7 @@ from gpubot.app import doctor_transport
 from gpubot.cli.serve import DEFAULT_API_URL
 from gpubot.config import Settings, audit_key, config_path
 from gpubot.config.doctor import config_checks
-from gpubot.core.doctor.checks import Check, all_ok, as_document, failed, render
+from gpubot.core.doctor.checks import Check, all_ok, as_document, failed, passed, render
 from gpubot.core.doctor.facts import DbFacts
 from gpubot.core.doctor.limits import descriptor_check
 from gpubot.core.models import NodeConfig
@@ -90,7 +90,7 @@ async def _rest(
 def _slack(environ: Mapping[str, str]) -> Callable[[Settings], Awaitable[list[Check]]] | None:
     token = environ.get("SLACK_BOT_TOKEN", "").strip()
     if not token:
-        return None
+        return _unchecked
     url = environ.get("SLACK_API_URL", "").strip() or DEFAULT_API_URL
     url = url if url.endswith("/") else url + "/"
 
@@ -100,6 +100,10 @@ def _slack(environ: Mapping[str, str]) -> Callable[[Settings], Awaitable[list[Ch
         return await check(token, url, settings)
 
     return checks
+
+
+async def _unchecked(settings: Settings) -> list[Check]:
+    return [passed("slack", "not checked", "SLACK_BOT_TOKEN is not set")]
 
 
 def _database(settings: Settings, environ: Mapping[str, str]) -> DbFacts:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_details
 from gpubot.chat.alerts import SNOOZE_ACTION, render_reminder, snooze_buttons
 from gpubot.chat.holders import snooze
-from gpubot.chat.idle import render_idle_dm, slack_users_of
+from gpubot.chat.idle import render_idle_dm
 from gpubot.chat.message import Message
 from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Lookup, MessageRef, Posted
 from gpubot.core.findings import IDLE_HOLDER
@@ -47,7 +47,7 @@ from gpubot.slack.render import to_slack
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
 
-__all__ = ["SlackAlerts", "register", "slack_users_of"]
+__all__ = ["SlackAlerts", "register"]
 
 log = logging.getLogger(__name__)
 

@@ -9,15 +9,12 @@ lost once the request was sent) is neither retried (``ServerErrorRetry``, ``Conn
 nor sent again in a simpler form, and an update so answered posts nothing new: one line says it
 may not have appeared. What must appear once goes through ``slack.poster``, which looks for it
 by its token first.
-Failures are logged and return None: a Slack outage never stops a reset half-way or leaves an
-approval in a wrong state. Every call goes through ``slack_errors``, the one place where
-slack_sdk's and aiohttp's errors become ``ChatCallFailed`` (Slack answered with an error code)
-or ``ChatUnanswered`` (no answer: the call may have applied).
+Failures are logged and return None: a Slack outage never stops a reset half-way. Every call
+goes through ``slack_errors``, the one map from slack_sdk's and aiohttp's errors to
+``ChatCallFailed`` (``answered``: Slack gave a code) or ``ChatUnanswered`` (it may have applied).
 
-A bot's client (``make_client(..., shared_session=True)``) sends every Web API and
-``response_url`` call over one aiohttp session, one pool of kept-alive connections
-(``WebSession``), instead of slack_sdk's default of a new session, and so a new connection, per
-call; ``SlackApi.close`` closes it.
+A bot's client (``make_client(..., shared_session=True)``) makes every call over one pool of
+kept-alive connections (``WebSession``), not a connection per call; ``SlackApi.close`` closes it.
 """
 
 from __future__ import annotations

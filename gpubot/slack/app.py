@@ -238,7 +238,9 @@ class GpuBot:
 
     async def _review(self, user: dict[str, Any], value: str) -> None:
         who = await self.identify(str(user.get("id")), str(user.get("username") or ""))
-        done = await review(self.services.audit, self.services.approvals, who, value)
+        done = await review(
+            self.services.audit, self.services.approvals, who, value, source=self.flows.source
+        )
         log.info("Home tab review by %s: %s", who.id, done)
         await self._home(who.id, done)
 

@@ -8,11 +8,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpubot.chat.idle import chat_ids_of
 from gpubot.chat.message import Message, Section, paragraph
 from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.config import Settings
 from gpubot.core.report import Report
-from gpubot.slack.alerts import SlackAlerts, slack_users_of
+from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, SlackDirectory, SlackSurface, make_client
 from gpubot.slack.digest import SlackDigest
 from gpubot.slack.heads import HeadPublisher
@@ -83,12 +84,12 @@ class SlackFront:
         if channel is None:
             log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
             return None
-        people = slack_users_of(settings.policy.users)
+        people = chat_ids_of(settings.policy.users)
         return SlackAlerts(self.api, channel, people=people, outbox=outbox)
 
     def ladder(self, settings: Settings, outbox: Outbox[Message]) -> SlackLadder:
         """The reclaim ladder's steps, in the alerts' channel and by DM."""
-        people = slack_users_of(settings.policy.users)
+        people = chat_ids_of(settings.policy.users)
         return SlackLadder(self.api, settings.sweep.channel, people, outbox)
 
     def digest(self, settings: Settings) -> SlackDigest | None:

@@ -21,7 +21,7 @@ from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
-from gpubot.store.approvals import ApprovalStore
+from gpubot.store.approvals import DbApprovals
 from gpubot.store.claims import DbClaims
 from gpubot.store.engine import (
     MEMORY,
@@ -59,9 +59,9 @@ __all__ = [
     "ActionDetail",
     "ActionSummary",
     "Approval",
-    "ApprovalStore",
     "AuditRecord",
     "DbAlerts",
+    "DbApprovals",
     "DbSamples",
     "SealRule",
     "SealWritten",
@@ -128,7 +128,7 @@ class Store:
         self._last: tuple[int, str] | None = None  # the last record this store wrote
         self._last_lock = threading.Lock()
         self._running: set[int] = set()  # actions begun here whose outcome is not yet written
-        self.approvals = ApprovalStore(self.engine)
+        self.approvals = DbApprovals(self.engine)
         self.outbox = DbOutbox(self.engine)  # every post that must appear once
         self.alerts = DbAlerts(self.engine)
         self.samples = DbSamples(self.engine)

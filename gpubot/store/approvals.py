@@ -47,8 +47,8 @@ S = ApprovalState
 TO_RUN = (S.APPROVED, S.WAITING)  # approved, and not run to an end yet
 
 
-class ApprovalStore:
-    """Approval records on one engine; every method is async and raises ``StoreError``."""
+class DbApprovals:
+    """The ``ApprovalStore`` on one engine; every method is async and raises ``StoreError``."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -61,7 +61,7 @@ class ApprovalStore:
         request: ApprovalRequest,
         expires_in_s: float = DEFAULT_EXPIRY_S,
         *,
-        source: str = "slack",
+        source: str = "chat",
         now: datetime | None = None,
     ) -> Approval:
         """Record a pending request that expires ``expires_in_s`` seconds from ``now``."""
@@ -77,7 +77,7 @@ class ApprovalStore:
         now: datetime,
         *,
         approver_name: str = "",
-        source: str = "slack",
+        source: str = "chat",
     ) -> Approval:
         """Approve or deny a pending request exactly once; raise SelfApproval, ApprovalExpired,
         AlreadyDecided (or ApprovalError for an unknown id)."""
@@ -86,7 +86,7 @@ class ApprovalStore:
         )
 
     async def cancel(
-        self, approval_id: int, by: str, now: datetime, *, source: str = "slack"
+        self, approval_id: int, by: str, now: datetime, *, source: str = "chat"
     ) -> Approval:
         """Cancel a pending request (the service checks that ``by`` may)."""
         return await in_thread(

@@ -654,3 +654,58 @@ def test_control_the_outbox_rule_sees_the_two_outboxes_it_replaced() -> None:
     tables = {"alert_posts": {"token", "state"}, "approval_posts": {"token", "state"}}
     tables |= {"usage_digests": {"period", "token", "state"}, "leases": {"token", "holder"}}
     assert post_tables(tables) == ["alert_posts", "approval_posts", "usage_digests"]
+
+
+# The shared layers name no front end: a second one is added without editing them. Docstrings
+# may say whose behaviour they describe; code and the words a person reads may not.
+SHARED = ("core", "services", "store", "chat", "config")
+FRONT_ENDS = {"slack"}  # its libraries (slack_sdk, slack_bolt) spell it too
+# Names where "slack" is English (a tolerance of the clock), not the chat system.
+NOT_A_FRONT_END = {"TIME_SLACK_S", "START_SLACK_S"}
+DOC_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def front_end_names(module: ast.Module) -> list[tuple[int, str]]:
+    """Return (line, text) of each identifier and string, docstrings aside, that names a
+    front end."""
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(module)
+        if isinstance(n, DOC_OWNERS) and n.body and isinstance(n.body[0], ast.Expr)
+    }
+    out = []
+    for node in ast.walk(module):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = None if id(node) in docs else node.value
+        elif isinstance(node, ast.alias):
+            text = node.asname or node.name
+        else:
+            text = getattr(node, "id", None) or getattr(node, "attr", None)
+            text = text or getattr(node, "arg", None) or getattr(node, "name", None)
+        words = set(re.split(r"[^a-z]+", text.lower())) if isinstance(text, str) else set()
+        if words & FRONT_ENDS and text not in NOT_A_FRONT_END:
+            out.append((getattr(node, "lineno", 0), str(text)))
+    return sorted(out)
+
+
+@pytest.mark.parametrize(
+    "path", [p for s in SHARED for p in _files(s)], ids=lambda p: p.relative_to(PKG).as_posix()
+)
+def test_the_shared_layers_name_no_front_end(path: Path) -> None:
+    assert front_end_names(tree(path)) == []
+
+
+def test_the_front_end_check_sees_names_and_words_but_no_docstring() -> None:
+    module = ast.parse(
+        '"""Slack\'s limits."""\n'
+        'def f(source, slack=None):\n    """Slack says so."""\n'
+        '    if source == "slack":\n        return slack_users_of(x, "SLACK_BOT_TOKEN unset")\n'
+        "TIME_SLACK_S = 1\nimport slack_sdk\n"
+    )
+    assert front_end_names(module) == [
+        (2, "slack"),
+        (4, "slack"),
+        (5, "SLACK_BOT_TOKEN unset"),
+        (5, "slack_users_of"),
+        (7, "slack_sdk"),
+    ]

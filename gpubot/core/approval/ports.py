@@ -1,4 +1,4 @@
-"""The approvals store as the approval service sees it (``store.approvals.ApprovalStore``
+"""The approvals store as the approval service sees it (``store.approvals.DbApprovals``
 implements it): its own module, as ``ports`` would otherwise outgrow the size rule."""
 
 from __future__ import annotations
