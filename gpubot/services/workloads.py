@@ -102,10 +102,13 @@ async def _stop_one(
     """Stop one workload; return None when its stop command ran and succeeded, else why not."""
     base: dict[str, Any] = {"gpu": gpu, "workload": w.to_dict(), "command": " ".join(argv)}
     step = ResetStep.STOP_WORKLOAD
-    if not whole_in_plan(plan, before, w):
-        why = "it has processes on GPUs that the plan does not kill"
-        await run.emit(step, **base, result=StopResult.NOT_RUN, why=why)
+
+    async def not_run(why: str, more: Mapping[str, Any] | None = None, **after: Any) -> str:
+        await run.emit(step, **base, **(more or {}), result=StopResult.NOT_RUN, why=why, **after)
         return why
+
+    if not whole_in_plan(plan, before, w):
+        return await not_run("it has processes on GPUs that the plan does not kill")
     g = gate_for(plan, w, argv, (p.cgroup for p in _of(before, w)), run.node.name)
     gate = {
         "forced": plan.forced,
@@ -113,16 +116,13 @@ async def _stop_one(
         "cgroups": [f"{c}:{p}" for c, p in g.cgroups],
     }
     if g.why_not is not None:
-        await run.emit(step, **base, **gate, result=StopResult.NOT_RUN, why=g.why_not)
-        return g.why_not
+        return await not_run(g.why_not, gate)
     try:
         checked = stop_check_argv(
             g.argv, g.cgroups, uid=g.uid, gate=g.gate, sudo=run.node.sudo, kind=str(w.kind)
         )
     except ValueError as exc:
-        why = f"gpubot cannot check {noun(w, argv)} ({exc}): not stopped"
-        await run.emit(step, **base, **gate, result=StopResult.NOT_RUN, why=why)
-        return why
+        return await not_run(f"gpubot cannot check {noun(w, argv)} ({exc}): not stopped", gate)
     # Audited before it runs (a failure to record stops the reset), like every signal.
     await run.emit(step, **base, **gate, result=StopResult.RUNNING)
     try:
@@ -133,17 +133,7 @@ async def _stop_one(
         return why
     found = _found(check, g.cgroups)
     if check is None or not check.stopping:
-        why = refusal(check, noun(w, argv))
-        await run.emit(
-            step,
-            **base,
-            **found,
-            result=StopResult.NOT_RUN,
-            why=why,
-            exit_status=status,
-            output=said,
-        )
-        return why
+        return await not_run(refusal(check, noun(w, argv)), found, exit_status=status, output=said)
     ok = status == 0
     result = StopResult.DONE if ok else StopResult.FAILED
     await run.emit(step, **base, **found, result=result, exit_status=status, output=said)
