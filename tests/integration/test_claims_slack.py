@@ -7,31 +7,22 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
-from gpubot.app import App, build
 from gpubot.chat import claim_view as view
 from gpubot.chat.reset_view import ACTION_APPROVE
 from gpubot.core.claims.rules import ClaimSettings
-from gpubot.slack.serve import start_http
-from gpubot.store import open_store
 from gpusim.node_layout import gpu_uuid
 from tests.fixtures.settings import ManualClock
 from tests.fixtures.slack import (
-    SECRET,
     Call,
     FakeSlack,
     Harness,
-    SlackSender,
-    slack_bot,
-    slack_front,
 )
+from tests.fixtures.slack_flows import CLAIMS, ask, said, serving
 from tests.procs import alive, until
-
-CLAIMS = ClaimSettings(enabled=True, max_hours=8, hold_minutes=15, every_s=60)
 
 
 class DmSlack(FakeSlack):
@@ -51,40 +42,6 @@ async def dm_slack() -> AsyncIterator[DmSlack]:
     await fake.stop()
 
 
-@asynccontextmanager
-async def serving(
-    settings: Any, fake: FakeSlack, db_url: str, clock: ManualClock
-) -> AsyncIterator[tuple[Harness, App]]:
-    """The bot as ``gpubot serve`` wires it; the claims' duty runs when the test says."""
-    init = open_store(db_url, check_schema=False)
-    init.upgrade()
-    init.close()
-    settings = dataclasses.replace(settings, database_url=db_url, claims=CLAIMS)
-    front = slack_front(fake, min_update_s=0.05)
-    app = build(settings, {}, need_store=True, front=front)
-    assert app.chat.claims is not None
-    app.chat.claims.clock = clock
-    bot = slack_bot(app, front)
-    runner = await start_http(bot, "127.0.0.1", 0, "/slack/events")
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/events"
-    try:
-        yield Harness(bot, fake, SlackSender(url, SECRET, fake), app.store, url, app), app
-    finally:
-        await bot.drain()
-        await runner.cleanup()
-        await app.close()
-
-
-def said(fake: FakeSlack, since: int) -> str:
-    """Return every answer and DM the bot sent after call ``since``, as JSON text."""
-    calls = fake.calls[since:]
-    return "\n".join(
-        json.dumps(c.body, ensure_ascii=False)
-        for c in calls
-        if c.method.startswith(("response:", "chat."))
-    )
-
-
 def dms(fake: FakeSlack, user: str, since: int = 0) -> list[Call]:
     return [
         c
@@ -101,14 +58,6 @@ def button(call: Call, action_id: str) -> str:
             if e.get("action_id") == action_id:
                 return str(e["value"])
     raise AssertionError(f"no {action_id} button in {call.body}")
-
-
-async def ask(h: Harness, text: str, user: str) -> str:
-    n = len(h.fake.calls)
-    reply = await h.send.command(text, user=user)
-    assert reply.status == 200, reply.text
-    await h.settle()
-    return reply.text + said(h.fake, n)
 
 
 async def click(h: Harness, action: str, value: str, user: str) -> str:

@@ -29,7 +29,7 @@ from gpubot.scheduler import IntervalScheduler
 from gpubot.store import waits
 from tests.fixtures.own_pg import OwnPostgres, own_postgres
 from tests.fixtures.slack import FakeSlack, Harness, running_bot
-from tests.integration.test_slack_e2e import forced_request
+from tests.fixtures.slack_flows import forced_request
 from tests.procs import until
 
 Bot = tuple[Harness, OwnPostgres]

@@ -37,8 +37,7 @@ from tests.fixtures.slack import (
     assert_within_limits,
     slack_front,
 )
-from tests.integration.test_claims_slack import ask, serving
-from tests.integration.test_sweep_idle import idle_group
+from tests.fixtures.slack_flows import ask, idle_group, serving
 
 CHANNEL = "C0ALERTS"
 DM = "D0ALICE"  # the fake's DM channel of U0ALICE

@@ -8,11 +8,10 @@ import signal
 
 import pytest
 
-from tests.fixtures.slack import SECRET, FakeSlack, SlackSender
-
 # the fixtures of the serve tests: a real `gpubot serve` process on the fake Slack
-from tests.integration.test_slack_serve import config as config
-from tests.integration.test_slack_serve import served as served
+from tests.fixtures.serve import config as config
+from tests.fixtures.serve import served as served
+from tests.fixtures.slack import SECRET, FakeSlack, SlackSender
 
 
 async def _until(stream: asyncio.StreamReader, marker: bytes) -> list[bytes]:

@@ -15,27 +15,19 @@ import time
 from typing import Any
 
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
-from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
 from gpubot.scheduler import IntervalScheduler
 from gpubot.slack.blockkit import message_text
-from tests.fixtures.slack import Call, FakeSlack, Harness
+from tests.fixtures.slack import Call, Harness
+from tests.fixtures.slack_flows import (
+    Later,
+    blocks_of,
+    ephemeral_texts,
+    forced_request,
+    request_in_oncall,
+    updates_of,
+)
 from tests.procs import alive, until
-
-
-class Later(SystemClock):
-    """The system clock with wall time ``seconds`` ahead (deadlines keep real time)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def now(self) -> float:
-        return time.time() + self.seconds
-
-
-def blocks_of(call: Call) -> list[dict[str, Any]]:
-    blocks = call.body.get("blocks") or []
-    return json.loads(blocks) if isinstance(blocks, str) else list(blocks)
 
 
 def table_rows(call: Call) -> list[list[str]]:
@@ -46,22 +38,6 @@ def table_rows(call: Call) -> list[list[str]]:
 
 def text_of(call: Call) -> str:
     return json.dumps(call.body, ensure_ascii=False)
-
-
-def request_in_oncall(fake: FakeSlack) -> tuple[int, str]:
-    """Return the approval id and message ts of the request posted to the on-call channel."""
-    (post,) = [c for c in fake.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
-    actions = next(b for b in blocks_of(post) if b["type"] == "actions")["elements"]
-    assert [a["action_id"] for a in actions] == [ACTION_APPROVE, ACTION_DENY]
-    return int(actions[0]["value"]), str(post.answer["ts"])
-
-
-def updates_of(fake: FakeSlack, ts: str) -> list[Call]:
-    return [c for c in fake.ok("chat.update") if c.body["ts"] == ts]
-
-
-def ephemeral_texts(fake: FakeSlack) -> list[str]:
-    return [c.body.get("text", "") for c in fake.calls if c.method.startswith("response:")]
 
 
 async def test_status_of_one_node(harness: Harness, node1: Any) -> None:
@@ -102,15 +78,6 @@ async def test_self_service_reset_runs_at_once(harness: Harness, node1: Any) -> 
     (action,) = await harness.store.actions()
     assert action.kind == "reset" and action.actor == "U0OWNER" and action.status == "freed"
     assert action.command == "/gpu reset node1 gpu 1"
-
-
-async def forced_request(harness: Harness, node1: Any, gpu: int = 2) -> tuple[Any, int, str]:
-    w = node1.spawn(gpu=gpu, mib=3000)
-    await harness.send.command(f"reset node1 gpu {gpu}", user="U0BOB")
-    await harness.settle()
-    approval_id, ts = request_in_oncall(harness.fake)
-    assert alive(w.pid)  # nothing happens before a decision
-    return w, approval_id, ts
 
 
 async def test_forced_reset_approved_runs_once(harness: Harness, node1: Any) -> None:

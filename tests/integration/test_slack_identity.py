@@ -27,6 +27,7 @@ from gpubot.errors import ConfigError
 from gpubot.services.reset import reset_lock
 from gpubot.store import Store, open_store
 from tests.fixtures.approvals import request_on
+from tests.fixtures.serve import env_with, run_serve
 from tests.fixtures.settings import with_tables
 from tests.fixtures.slack import (
     BOT_TOKEN,
@@ -36,13 +37,12 @@ from tests.fixtures.slack import (
     running_bot,
     slack_tables,
 )
-from tests.integration.test_slack_e2e import (
+from tests.fixtures.slack_flows import (
     Later,
     ephemeral_texts,
     request_in_oncall,
     updates_of,
 )
-from tests.integration.test_slack_serve import env_with, run_serve
 from tests.procs import alive
 
 

@@ -3,85 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
-import socket
-import sys
 import urllib.parse
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpubot.store import open_store
+from tests.fixtures.serve import config as config
+from tests.fixtures.serve import env_with, run_serve
+from tests.fixtures.serve import served as served
 from tests.fixtures.slack import (
     APP_TOKEN,
     BOT_TOKEN,
     SECRET,
-    SLACK_EXTRA,
     FakeSlack,
     SlackSender,
-    users_table,
-    workload_owner,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return str(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return json.dumps(v)
-
-
-@pytest.fixture(scope="module")
-def config(slack_fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fleet's settings file with a migrated database and the Slack tables."""
-    folder = tmp_path_factory.mktemp("serve")
-    db = f"sqlite:///{folder}/audit.db"
-    store = open_store(db, check_schema=False)
-    store.upgrade()
-    store.close()
-    text = slack_fleet.config_path.read_text()
-    start = text.index('url = "', text.index("[database]"))
-    end = text.index("\n", start)
-    text = text[:start] + f'url = "{db}"' + text[end:]
-    extra = {**SLACK_EXTRA, "users": users_table(workload_owner(slack_fleet))}
-    for table, values in extra.items():
-        text += f"\n[{table}]\n" + "".join(f'"{k}" = {toml_value(v)}\n' for k, v in values.items())
-    path = folder / "gpubot.toml"
-    path.write_text(text)
-    return path
-
-
-def env_with(**values: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
-    env.update(values)
-    return env
-
-
-async def run_serve(config: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gpubot",
-        "--config",
-        str(config),
-        "serve",
-        *args,
-        cwd=REPO,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode or 0, err.decode()
 
 
 @pytest.mark.parametrize(
@@ -157,47 +95,6 @@ async def test_token_refused_by_slack(config: Path, fake_slack: FakeSlack) -> No
     assert code != 0
     assert "SLACK_BOT_TOKEN was refused by Slack: invalid_auth" in err.strip().splitlines()[-1]
     assert fake_slack.of("auth.test")
-
-
-@pytest.fixture
-async def served(
-    config: Path, fake_slack: FakeSlack, request: pytest.FixtureRequest
-) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
-    """Run ``gpubot serve`` (args from the test's parameter) until the test ends."""
-    mode = request.param
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = env_with(
-        SLACK_BOT_TOKEN=BOT_TOKEN,
-        SLACK_APP_TOKEN=APP_TOKEN,
-        SLACK_SIGNING_SECRET=SECRET,
-        SLACK_API_URL=fake_slack.base_url,
-    )
-    args = ("--http", "--port", str(port)) if mode == "http" else ()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gpubot",
-        "--config",
-        str(config),
-        "serve",
-        *args,
-        cwd=REPO,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        yield proc, port
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)  # the process this test started, by pid
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
 
 
 @pytest.mark.parametrize("served", ["socket"], indirect=True)

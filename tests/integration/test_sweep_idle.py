@@ -25,9 +25,8 @@ import pytest
 
 from gpubot.app import App, build
 from gpubot.chat.idle import ACTION_FREE
-from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
-from gpubot.core.findings import IDLE_HOLDER, Finding
-from gpubot.core.models import GpuInfo, NodeSnapshot
+from gpubot.core.alerting import SweepResult
+from gpubot.core.findings import IDLE_HOLDER
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.serve import start_http
@@ -46,6 +45,7 @@ from tests.fixtures.slack import (
     slack_front,
     workload_owner,
 )
+from tests.fixtures.slack_flows import idle_group
 
 INTERVAL = 900  # a sweep every 15 minutes of the test's clock
 SWEEP = {"interval_s": INTERVAL, "idle_hours": 1, "idle_min_mib": 4096, "keep_samples": "1d"}
@@ -251,23 +251,6 @@ async def test_an_idle_hoarder_is_found_after_the_window_and_told_in_a_dm(
 # --- the DM alone --------------------------------------------------------------------------------
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-
-
-def idle_group(owner: str) -> AlertGroup:
-    f = Finding(
-        "node7",
-        3,
-        IDLE_HOLDER,
-        "4242:99",
-        f"pid 4242 python3 ({owner}) holds 40000 MiB of GPU 3, idle (0 %) for 5 h",
-        pid=4242,
-        user=owner,
-        memory_mib=40000,
-        owner=owner,
-        idle_s=5 * 3600.0,
-    )
-    snap = NodeSnapshot("node7", 0.0, (GpuInfo(3, "GPU-3", "H200", 40000, 143771, 0),))
-    return AlertGroup("node7", (AlertItem(f.key, f, NOW),), snap, NOW)
 
 
 async def test_a_dm_that_cannot_be_sent_changes_nothing_else(
