@@ -25,7 +25,7 @@ from gpubot.services.claims import ClaimService
 from gpubot.services.digest import DigestService
 from gpubot.services.directory import Directory, NoDirectory
 from gpubot.services.health_checks import wire_health
-from gpubot.services.idle_accounting import IdleAccounting, no_idle_hours
+from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.outbox import Outbox
 from gpubot.services.requests import RequestService
@@ -110,7 +110,7 @@ def build_parts(base: Base, front: FrontEnd | None) -> Parts:
         store,
         RequestService(approvals, min_uid=settings.policy.min_uid),
         chat_sweeper(sweep),
-        no_idle_hours if sweep.idle is None else sweep.idle.gpu_hours,
+        None if sweep.idle is None else sweep.idle.gpu_hours,  # None: nothing known idle
         duty=_duty(settings, approvals, outbox, front),
         usage=sweep.usage,
         ladder=sweep.ladder,

@@ -139,8 +139,3 @@ class IdleAccounting:
             at=now,
         )
         return held_idle_hours(found)
-
-
-async def no_idle_hours(snapshots: Sequence[NodeSnapshot]) -> dict[str, float]:
-    """Without samples nothing is known to be idle (no database)."""
-    return {}
