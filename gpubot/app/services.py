@@ -69,7 +69,7 @@ def build_parts(base: Base, front: FrontEnd | None) -> Parts:
     """Build every service over ``base``, ``front``'s outlets wired in."""
     settings, store, metrics = base.settings, base.store, base.metrics
     health = wire_health(settings, base.transport, None if store is None else store.ecc)
-    xid = watch_for(settings, base.transport, metrics)
+    xid = watch_for(settings, base.transport, None if metrics is None else metrics.count_xid)
     heap = None if base.heap is None else base.heap.around
     # Statuses show the health and the Xids that each node's last sweep read.
     shown = [*([] if health is None else [health.decorate]), *([] if xid is None else [xid.flag])]

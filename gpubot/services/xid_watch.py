@@ -15,9 +15,9 @@ never hides another GPU's fault.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
@@ -238,31 +238,19 @@ def capped(kept: Sequence[XidEvent]) -> list[XidEvent]:
 
 def added(counts: Iterable[Mapping[CountKey, int] | None]) -> dict[CountKey, int]:
     """Return the steps' counts summed (each step counts only the entries it took)."""
-    out: dict[CountKey, int] = {}
+    out: Counter[CountKey] = Counter()
     for c in counts:
-        for k, n in (c or {}).items():
-            out[k] = out.get(k, 0) + n
-    return out
+        out.update(c or {})
+    return dict(out)
 
 
-class XidCounter(Protocol):
-    """Where new events are counted (``gpubot.metrics.Metrics``)."""
-
-    def count_xid(self, node: str, gpu: str, xid: str) -> None:
-        """Count one event."""
-        ...
-
-
-def watch_for(
-    settings: Settings, transport: Transport, counter: XidCounter | None
-) -> XidWatch | None:
+def watch_for(settings: Settings, transport: Transport, count: CountXid | None) -> XidWatch | None:
     """Return the sweep's watch when ``[sweep] kernel_log`` is on, else None; its ``flag``
     marks in a status the GPUs that had a serious Xid in the window (``core.health.xid_flag``)."""
     cfg = settings.sweep
     if not cfg.kernel_log:
         return None
     timeout = min(settings.ssh.command_timeout_s, max(2.0, cfg.budget_s * 0.5))
-    count = None if counter is None else counter.count_xid
     return XidWatch(transport, window_s=cfg.xid_window_s, timeout_s=timeout, count=count)
 
 
