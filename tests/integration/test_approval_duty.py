@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
 from gpubot.slack.poster import EVENT, SlackPoster
 from gpubot.store.tables import outbox
-from tests.fixtures.slack import FakeSlack, Harness, assert_within_limits, running_bot
+from tests.fixtures.slack import DmSlack, FakeSlack, Harness, assert_within_limits, running_bot
 from tests.procs import alive
 
 ONCALL = "C0ONCALL"
@@ -42,24 +41,6 @@ class Later(SystemClock):
 
     def now(self) -> float:
         return time.time() + self.seconds
-
-
-class DmSlack(FakeSlack):
-    """The fake Web API, plus ``conversations.open`` (a DM channel per user: D + their id)."""
-
-    def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
-        if method == "conversations.open":
-            user = str(body.get("users"))
-            return {"ok": True, "channel": {"id": f"D{user[1:]}"}}
-        return super()._answer(method, body)
-
-
-@pytest.fixture
-async def dm_slack() -> AsyncIterator[DmSlack]:
-    fake = DmSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 def text_of(body: dict[str, Any]) -> str:

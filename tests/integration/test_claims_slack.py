@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from gpubot.chat import claim_view as view
 from gpubot.chat.reset_view import ACTION_APPROVE
@@ -18,28 +15,12 @@ from gpusim.node_layout import gpu_uuid
 from tests.fixtures.settings import ManualClock
 from tests.fixtures.slack import (
     Call,
+    DmSlack,
     FakeSlack,
     Harness,
 )
 from tests.fixtures.slack_flows import CLAIMS, ask, said, serving
 from tests.procs import alive, until
-
-
-class DmSlack(FakeSlack):
-    """The fake Web API, plus ``conversations.open`` (a DM channel per user: D + their id)."""
-
-    def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
-        if method == "conversations.open":
-            return {"ok": True, "channel": {"id": f"D{str(body.get('users'))[1:]}"}}
-        return super()._answer(method, body)
-
-
-@pytest.fixture
-async def dm_slack() -> AsyncIterator[DmSlack]:
-    fake = DmSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 def dms(fake: FakeSlack, user: str, since: int = 0) -> list[Call]:

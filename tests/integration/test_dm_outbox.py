@@ -33,6 +33,7 @@ from gpubot.store import Store
 from gpubot.store.tables import outbox
 from tests.fixtures.settings import ManualClock, with_tables
 from tests.fixtures.slack import (
+    DmSlack,
     FakeSlack,
     assert_within_limits,
     slack_front,
@@ -48,23 +49,6 @@ EXTRA: dict[str, Any] = {
 }
 SLOW_S = 12.0  # past the Web API client's 10 s timeout
 SUBJECT = "dm:idle:node7:3:4242:99:U0ALICE"
-
-
-class DmSlack(FakeSlack):
-    """The fake Web API, plus ``conversations.open`` (a DM channel per user: D + their id)."""
-
-    def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
-        if method == "conversations.open":
-            return {"ok": True, "channel": {"id": f"D{str(body.get('users'))[1:]}"}}
-        return super()._answer(method, body)
-
-
-@pytest.fixture
-async def dm_slack() -> AsyncIterator[DmSlack]:
-    fake = DmSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 @asynccontextmanager

@@ -30,28 +30,11 @@ from gpubot.core.claims.rules import WaitState
 from gpubot.core.policy import Person
 from gpubot.store import Store
 from tests.fixtures.fleet import gpubot_cli
-from tests.fixtures.slack import Call, FakeSlack, slack_bot, slack_front
+from tests.fixtures.slack import Call, DmSlack, FakeSlack, slack_bot, slack_front
 from tests.procs import until
 
 EVERY_S = 5  # the duty's interval: the bot needs two looks (10 s) to see the GPU free itself
 NODE, GPU = "node2", 3
-
-
-class DmSlack(FakeSlack):
-    """The fake Web API, plus ``conversations.open`` (a DM channel per user: D + their id)."""
-
-    def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
-        if method == "conversations.open":
-            return {"ok": True, "channel": {"id": f"D{str(body.get('users'))[1:]}"}}
-        return super()._answer(method, body)
-
-
-@pytest.fixture
-async def dm_slack() -> AsyncIterator[DmSlack]:
-    fake = DmSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 @pytest.fixture

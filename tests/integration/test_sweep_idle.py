@@ -36,6 +36,7 @@ from tests.fixtures.slack import (
     BOT_TOKEN,
     SECRET,
     Call,
+    DmSlack,
     FakeSlack,
     Harness,
     SlackSender,
@@ -49,24 +50,6 @@ from tests.fixtures.slack_flows import idle_group
 
 INTERVAL = 900  # a sweep every 15 minutes of the test's clock
 SWEEP = {"interval_s": INTERVAL, "idle_hours": 1, "idle_min_mib": 4096, "keep_samples": "1d"}
-
-
-class DmSlack(FakeSlack):
-    """The fake Web API, plus ``conversations.open`` (a DM channel per user: D + their id)."""
-
-    def _answer(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
-        if method == "conversations.open":
-            user = str(body.get("users"))
-            return {"ok": True, "channel": {"id": f"D{user[1:]}"}}
-        return super()._answer(method, body)
-
-
-@pytest.fixture
-async def dm_slack() -> AsyncIterator[DmSlack]:
-    fake = DmSlack()
-    await fake.start()
-    yield fake
-    await fake.stop()
 
 
 @pytest.fixture
