@@ -32,7 +32,7 @@ from benchmarks.experiments import patched
 from gpubot.config import Settings, load
 from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
-from gpubot.services.reset import NodeLocks, ResetService
+from gpubot.services.reset import Ask, NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import open_store
 from gpubot.transport import make_transport
@@ -93,7 +93,7 @@ async def one_reset(
     t0 = time.time()
     plan, before = await engine.plan(ResetRequest(node.name, requester, gpus=(0,)))
     result = await engine.execute(
-        plan, actor="bench", source="bench", command=f"bench reset {behaviour}", before=before
+        plan, Ask.by("bench", "bench", f"bench reset {behaviour}"), before=before
     )
     alloc = next(a for a in node.state()["allocations"] if a["pid"] == w.pid)
     steps = {s.kind: s for s in reversed(result.steps)}  # the first of each kind

@@ -43,7 +43,6 @@ from gpubot.services.approvals import ApprovalService, unix
 from gpubot.services.claims import ClaimService
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.requests import (
-    Ask,
     Busy,
     Decided,
     Done,
@@ -52,6 +51,7 @@ from gpubot.services.requests import (
     Pending,
     RequestService,
 )
+from gpubot.services.reset import Ask
 from gpubot.services.status import FleetStatus, StatusService
 from gpubot.services.usage import UsageService
 

@@ -26,7 +26,7 @@ from gpubot.core import commands
 from gpubot.core.reason import clean_reason
 from gpubot.core.reset.plan import ResetPlan, ResetRequest
 from gpubot.errors import ResetInterrupted, UsageError
-from gpubot.services.reset import ResetEvent, ResetResult
+from gpubot.services.reset import Ask, ResetEvent, ResetResult
 
 if TYPE_CHECKING:
     from gpubot.store import ActionSummary
@@ -156,15 +156,9 @@ def run_reset(args: argparse.Namespace) -> int:
             print("\n".join(render_plan_lines(plan)), file=sys.stderr)
         _check_forced(plan, args.force)
         _confirm(f"signal {len(plan.targets)} process(es) on {plan.node}?", args.yes)
-        work = app.reset.execute(
-            plan,
-            actor=cli_actor(),
-            source="cli",
-            command=command,
-            on_event=None if args.json else _print_event,
-            grace_s=args.grace,
-            before=before,
-        )
+        events = None if args.json else _print_event
+        ask = Ask.by(cli_actor(), "cli", command, grace_s=args.grace, on_event=events)
+        work = app.reset.execute(plan, ask, before=before)
         return await _finished(work, args.json, found)
 
     if args.dry_run:  # changes nothing: a closed pipe may end it (141) like any command
@@ -188,14 +182,9 @@ def run_gpu_reset(args: argparse.Namespace) -> int:
     async def body(app: App) -> int:
         found = await _interrupted(app, args.node, args.json)
         _confirm(f"run nvidia-smi --gpu-reset on {args.node} GPU {args.gpu}?", args.yes)
-        work = app.reset.gpu_reset(
-            args.node,
-            args.gpu,
-            actor=cli_actor(),
-            source="cli",
-            command=command,
-            on_event=None if args.json else _print_event,
-        )
+        events = None if args.json else _print_event
+        ask = Ask.by(cli_actor(), "cli", command, on_event=events)
+        work = app.reset.gpu_reset(args.node, args.gpu, ask)
         return await _finished(work, args.json, found)
 
     with kept_going():  # as a reset's: its output cannot stop it between reset and verify

@@ -50,7 +50,7 @@ from gpubot.errors import (
     StoreError,
 )
 from gpubot.services.directory import Directory, NoDirectory
-from gpubot.services.reset import EventSink, ResetResult, ResetService, reset_lock
+from gpubot.services.reset import Ask, EventSink, ResetResult, ResetService, reset_lock
 
 log = logging.getLogger(__name__)
 
@@ -218,65 +218,34 @@ class ApprovalService:
         # after planning, so it never changes what is signalled
         return replace(plan, reason=cmd.reason), snap
 
-    async def open(
-        self,
-        who: Person,
-        plan: ResetPlan,
-        *,
-        grace_s: float | None,
-        command: str,
-        source: str,
-    ) -> Approval:
+    async def open(self, ask: Ask, plan: ResetPlan) -> Approval:
         """Record a forced kill waiting for approval; refuse if nobody could approve it."""
         if not self.policy.approvers and not self.policy.approver_groups:
             raise ResetRefused(
                 "this kills other people's processes and no approvers are configured "
                 "([approvals] approvers / usergroup)"
             )
+        who = ask.who
         request = ApprovalRequest(
-            plan, command=command, grace_s=grace_s, requester_user=who.linux_user
+            plan, command=ask.command, grace_s=ask.grace_s, requester_user=who.linux_user
         )
+        expiry, now = self.policy.expiry_s, self._now()
         return await self.approvals.create(
-            who.id,
-            who.name,
-            plan.node,
-            request,
-            self.policy.expiry_s,
-            source=source,
-            now=self._now(),
+            who.id, who.name, plan.node, request, expiry, source=ask.source, now=now
         )
 
-    async def run(
-        self,
-        who: Person,
-        plan: ResetPlan,
-        before: NodeSnapshot | None,
-        *,
-        grace_s: float | None,
-        command: str,
-        source: str,
-        on_event: EventSink | None = None,
-    ) -> ResetResult:
-        """Run a plan that kills only ``who``'s own processes (refuse a forced one)."""
+    async def run(self, ask: Ask, plan: ResetPlan, before: NodeSnapshot | None) -> ResetResult:
+        """Run a plan that kills only the asker's own processes (refuse a forced one)."""
         if plan.forced:
             raise ResetRefused("this plan kills other people's processes: it needs approval")
-        return await self.reset.execute(
-            plan,
-            actor=who.id,
-            source=source,
-            command=command,
-            on_event=on_event,
-            grace_s=grace_s,
-            before=before,
-        )
+        return await self.reset.execute(plan, ask, before=before)
 
     # -- deciding ----------------------------------------------------------------------------
 
-    async def decide(
-        self, approval_id: int, who: Person, approve: bool, *, source: str
-    ) -> Approval:
+    async def decide(self, approval_id: int, ask: Ask, approve: bool) -> Approval:
         """Approve or deny once; the requester's own "deny" cancels. Raises ``ApprovalError``
         (or ``IdentityRefused``)."""
+        who, source = ask.who, ask.source
         current = await self.check_decision(approval_id, who, approve)
         now = self._now()
         if not approve and current.requester == who.id:
@@ -315,15 +284,10 @@ class ApprovalService:
         request, done = approval.request, dict[str, Any]()
         self.running.add(approval.id)  # its end is recorded before the periodic look sees it
         try:
-            result = await self.reset.execute(
-                request.plan,
-                actor=approval.decided_by or "?",
-                source=source,
-                command=request.command or f"approval {approval.id}",
-                on_event=on_event,
-                approval=approval_record(approval),
-                grace_s=request.grace_s,
-            )
+            approver = Person(approval.decided_by or "?", approval.decided_by_name or "", None)
+            command = request.command or f"approval {approval.id}"
+            ask = Ask(approver, command, source, request.grace_s, on_event)
+            result = await self.reset.execute(request.plan, ask, approval=approval_record(approval))
             done = {"action_id": result.action_id, "ok": result.ok}
             await self._finish(approval.id, ok=True, result={**done, "gpus": _gpus(result)})
             return result
@@ -389,25 +353,16 @@ class ApprovalService:
 
     # -- the record of refusals --------------------------------------------------------------
 
-    async def record_refusal(
-        self,
-        who: Person,
-        *,
-        action: str,
-        command: str,
-        node: str | None,
-        reason: str,
-        source: str,
-    ) -> None:
+    async def record_refusal(self, ask: Ask, *, action: str, node: str | None, reason: str) -> None:
         """Audit who tried what and why it was refused (``audit list`` shows it as refused)."""
-        store = self.audit
+        store, who = self.audit, ask.who
         who_data = {"id": who.id, "name": who.name, "linux_user": who.linux_user}
         try:
             action_id = await store.begin_action(
                 kind=action,
                 actor=who.id,
-                source=source,
-                command=command,
+                source=ask.source,
+                command=ask.command,
                 node=node,
                 gpus=(),
                 plan={"refused": reason, "who": who_data},

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpubot.core import commands
 from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import Approval
 from gpubot.core.models import ApprovalState
-from gpubot.core.policy import Person, floor_note
+from gpubot.core.policy import floor_note
 from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import (
     ApprovalError,
@@ -34,22 +34,13 @@ from gpubot.errors import (
     StoreError,
 )
 from gpubot.services.approvals import ApprovalService
-from gpubot.services.reset import ResetResult
+from gpubot.services.reset import Ask, ResetResult
 from gpubot.services.reset_run import ResetEvent
 
 log = logging.getLogger(__name__)
 
 # Refused for who the person is, not for the state of a request: these are audited.
 WHO_REFUSALS = (NotPermitted, NotAnApprover, SelfApproval, ApproversUnknown)
-
-
-@dataclass(frozen=True)
-class Ask:
-    """Who asks, with what words, from which front end (``source``: "slack", "console")."""
-
-    who: Person
-    command: str
-    source: str
 
 
 # -- events ----------------------------------------------------------------------------------
@@ -166,14 +157,7 @@ class RequestService:
         """Tell ``sink`` of the refusal, and audit who tried what."""
         await sink(Refusal(exc))
         if self.approvals is not None:
-            await self.approvals.record_refusal(
-                ask.who,
-                action=action,
-                command=ask.command,
-                node=node,
-                reason=str(exc),
-                source=ask.source,
-            )
+            await self.approvals.record_refusal(ask, action=action, node=node, reason=str(exc))
 
     async def _permitted(self, ask: Ask, sink: RequestSink, action: str, node: str) -> bool:
         """Whether ``ask.who`` may reset on ``node`` (else the refusal is told and audited)."""
@@ -205,13 +189,7 @@ class RequestService:
 
         async def run() -> ResetResult:
             return await approvals.run(
-                ask.who,
-                plan,
-                before,
-                grace_s=cmd.grace_s,
-                command=ask.command,
-                source=ask.source,
-                on_event=sink,
+                replace(ask, grace_s=cmd.grace_s, on_event=sink), plan, before
             )
 
         return await self._run(sink, Running(plan), run)
@@ -221,9 +199,7 @@ class RequestService:
     ) -> Outcome:
         approvals = self._service()
         try:
-            approval = await approvals.open(
-                ask.who, plan, grace_s=cmd.grace_s, command=ask.command, source=ask.source
-            )
+            approval = await approvals.open(replace(ask, grace_s=cmd.grace_s), plan)
         except GpubotError as exc:
             return Failed(exc)
         where = await announce(approval, plan)
@@ -248,14 +224,7 @@ class RequestService:
             return Failed(exc)
 
         async def run() -> ResetResult:
-            return await approvals.reset.gpu_reset(
-                cmd.node,
-                cmd.gpu,
-                actor=ask.who.id,
-                source=ask.source,
-                command=ask.command,
-                on_event=sink,
-            )
+            return await approvals.reset.gpu_reset(cmd.node, cmd.gpu, replace(ask, on_event=sink))
 
         return await self._run(sink, Running(None), run)
 
@@ -294,7 +263,7 @@ class RequestService:
     ) -> Outcome:
         verb = "approve" if approve else "deny"
         try:
-            approval = await approvals.decide(approval_id, ask.who, approve, source=ask.source)
+            approval = await approvals.decide(approval_id, ask, approve)
         except WHO_REFUSALS as exc:
             node = await self.node_of(approval_id)
             await self.refuse(ask, exc, sink, action=verb, node=node)

@@ -20,6 +20,7 @@ from typing import Any
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.models import ActionStatus, NodeConfig, NodeSnapshot, Outcome
+from gpubot.core.policy import Person
 from gpubot.core.ports import AuditStore, Clock, Locks, ResetObserver, Transport
 from gpubot.core.reset.cutoff import interrupted_message, unknown_gpus
 from gpubot.core.reset.outcome import GpuResult
@@ -30,6 +31,7 @@ from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun, RunDeps
 from gpubot.services.status import StatusService
 
 __all__ = [
+    "Ask",
     "EventSink",
     "NodeLocks",
     "ResetEvent",
@@ -74,13 +76,28 @@ def reset_lock(node: str) -> str:
 
 
 @dataclass(frozen=True)
-class Asked:
-    """Which action was asked for, by whom, from where, as typed: its audit record's head."""
+class Ask:
+    """One request as it travels from a front end through the services into its audit record:
+    who asks, as typed, from which front end, the grace asked for, where its events go."""
 
-    kind: str  # "reset" or "gpu-reset"
-    actor: str
-    source: str
+    who: Person
     command: str
+    source: str
+    grace_s: float | None = None  # None: [reset] grace_s
+    on_event: EventSink | None = None
+
+    @classmethod
+    def by(
+        cls,
+        actor: str,
+        source: str,
+        command: str,
+        *,
+        grace_s: float | None = None,
+        on_event: EventSink | None = None,
+    ) -> Ask:
+        """Return an ask of someone known by id only (the CLI's user, an approver's run)."""
+        return cls(Person(actor, actor, None), command, source, grace_s, on_event)
 
 
 class ResetService:
@@ -144,12 +161,8 @@ class ResetService:
     async def execute(
         self,
         plan: ResetPlan,
+        ask: Ask,
         *,
-        actor: str,
-        source: str,
-        command: str,
-        on_event: EventSink | None = None,
-        grace_s: float | None = None,
         before: NodeSnapshot | None = None,
         approval: Mapping[str, Any] | None = None,
     ) -> ResetResult:
@@ -159,7 +172,7 @@ class ResetService:
         (``approvals.approval_record``), recorded with the intent.
         """
         node = self.status.node(plan.node)
-        grace = self.settings.reset.grace_s if grace_s is None else grace_s
+        grace = self.settings.reset.grace_s if ask.grace_s is None else ask.grace_s
 
         async def body(run: ResetRun) -> tuple[tuple[GpuResult, ...], NodeSnapshot]:
             snap = before if before is not None else await self.status.snapshot(node)
@@ -168,8 +181,7 @@ class ResetService:
         intent = {**plan.to_dict(), "approval_id": None if approval is None else approval["id"]}
         if approval is not None:
             intent["approval"] = dict(approval)
-        asked = Asked(kind="reset", actor=actor, source=source, command=command)
-        work = self._audited(asked, node, plan, intent, body, on_event)
+        work = self._audited("reset", ask, node, plan, intent, body)
         return await self._sealed(plan, self._observed(work))
 
     async def _sealed(self, plan: ResetPlan, work: Awaitable[ResetResult]) -> ResetResult:
@@ -184,33 +196,11 @@ class ResetService:
         finally:
             await self.after_forced(action_id)
 
-    async def gpu_reset(
-        self,
-        node_name: str,
-        gpu: int,
-        *,
-        actor: str,
-        source: str,
-        command: str,
-        on_event: EventSink | None = None,
-    ) -> ResetResult:
+    async def gpu_reset(self, node_name: str, gpu: int, ask: Ask) -> ResetResult:
         """Run ``nvidia-smi --gpu-reset`` on an idle GPU and verify it like a reset."""
-        return await self._observed(
-            self._gpu_reset(
-                node_name, gpu, actor=actor, source=source, command=command, on_event=on_event
-            )
-        )
+        return await self._observed(self._gpu_reset(node_name, gpu, ask))
 
-    async def _gpu_reset(
-        self,
-        node_name: str,
-        gpu: int,
-        *,
-        actor: str,
-        source: str,
-        command: str,
-        on_event: EventSink | None = None,
-    ) -> ResetResult:
+    async def _gpu_reset(self, node_name: str, gpu: int, ask: Ask) -> ResetResult:
         node = self.status.node(node_name)
         before = await self.status.snapshot(node)
         if before.gpu(gpu) is None:
@@ -236,34 +226,33 @@ class ResetService:
         async def body(run: ResetRun) -> tuple[tuple[GpuResult, ...], NodeSnapshot]:
             return await run.gpu_reset(plan, gpu, toggle=bool(daemons)), before
 
-        asked = Asked(kind="gpu-reset", actor=actor, source=source, command=command)
-        return await self._audited(asked, node, plan, plan.to_dict(), body, on_event)
+        return await self._audited("gpu-reset", ask, node, plan, plan.to_dict(), body)
 
     async def _audited(
         self,
-        asked: Asked,
+        kind: str,
+        ask: Ask,
         node: NodeConfig,
         plan: ResetPlan,
         intent: dict[str, Any],
         body: Callable[[ResetRun], Awaitable[tuple[tuple[GpuResult, ...], NodeSnapshot]]],
-        on_event: EventSink | None,
     ) -> ResetResult:
         """Hold the node's lease, write the intent, run ``body``, write the outcome (fail
         closed); every write is fenced by the lease."""
-        async with self.locks.hold(reset_lock(node.name), holder=asked.actor) as lease:
+        async with self.locks.hold(reset_lock(node.name), holder=ask.who.id) as lease:
             if lease.took_over is not None:  # the audit log has the takeover's own record too
                 intent = {**intent, "lease": {"took_over": lease.took_over}}
             action_id = await self.store.begin_action(
-                kind=asked.kind,
-                actor=asked.actor,
-                source=asked.source,
-                command=asked.command,
+                kind=kind,
+                actor=ask.who.id,
+                source=ask.source,
+                command=ask.command,
                 node=node.name,
                 gpus=plan.gpus,
                 plan=intent,
                 fence=lease.fence,
             )
-            run = ResetRun(self.run_deps(), node, action_id, on_event, lease)
+            run = ResetRun(self.run_deps(), node, action_id, ask.on_event, lease)
             gpus: tuple[GpuResult, ...] | None = None
             try:
                 gpus, before = await body(run)

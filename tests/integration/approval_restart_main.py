@@ -27,6 +27,7 @@ from gpubot.core.commands import Reset
 from gpubot.core.policy import Person
 from gpubot.lifecycle import Serving
 from gpubot.services.alert_keeper import NoAlerts
+from gpubot.services.reset import Ask
 from gpubot.slack.api import SlackSurface
 from gpubot.slack.app import GpuBot
 from gpubot.slack.front import SlackAccess, SlackFront
@@ -60,9 +61,7 @@ async def approve(bot: GpuBot, s: Settings) -> None:
     ask = Reset("node1", gpus=(0,), grace_s=GRACE_S)
     plan, _ = await approvals.plan(OWNER, ask)
     assert plan.forced, plan
-    a = await approvals.open(
-        OWNER, plan, grace_s=GRACE_S, command="/gpu reset node1", source="slack"
-    )
+    a = await approvals.open(Ask(OWNER, "/gpu reset node1", "slack", GRACE_S), plan)
     msg = render_approval_request(a.id, plan, OWNER.id, None, a.expires_at.timestamp())
     channel = s.policy.approval_channel or "C0ONCALL"
     handle = await bot.api.post(channel, to_slack(msg))

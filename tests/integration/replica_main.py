@@ -27,6 +27,7 @@ from gpubot.core.alerting import SweepResult
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import GpubotError, LockHeld
 from gpubot.scheduler import SweepScheduler
+from gpubot.services.reset import Ask
 from gpubot.services.sweep import SweepService
 from gpubot.store.leases import DbLeases
 from tests.fixtures.settings import sweep_ports, with_tables
@@ -97,11 +98,7 @@ async def read_commands(app: Any, name: str) -> None:
             try:  # the reset engine takes the node's database lock itself
                 plan, before = await app.reset.plan(ResetRequest(node, None, gpus=(gpu,)))
                 result = await app.reset.execute(
-                    plan,
-                    actor=f"test:{name}",
-                    source="test",
-                    command=line.strip(),
-                    before=before,
+                    plan, Ask.by(f"test:{name}", "test", line.strip()), before=before
                 )
                 emit("reset", node=node, ok=result.ok, action_id=result.action_id)
             except LockHeld as exc:

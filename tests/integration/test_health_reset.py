@@ -16,7 +16,7 @@ import pytest
 
 from gpubot.core.models import Outcome
 from gpubot.services.health_checks import HealthChecks
-from gpubot.services.reset import ResetService
+from gpubot.services.reset import Ask, ResetService
 from gpusim import health_faults as hf
 from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import reset_fixtures
@@ -48,13 +48,13 @@ async def test_a_pending_remap_is_applied_by_the_guarded_gpu_reset(
     (busy,) = await found()
     assert "1 process(es) hold it: stop them first" in busy
     with pytest.raises(Exception, match="still has processes"):
-        await engine.gpu_reset("node1", 1, actor="t", source="t", command="t")
+        await engine.gpu_reset("node1", 1, Ask.by("t", "t", "t"))
     assert await found() == [busy]  # refused: nothing changed on the GPU
 
     os.kill(job.pid, signal.SIGKILL)  # the job this test started, by pid
     wait_dead(job.pid)
     (idle,) = await found()
     assert idle.endswith("it is idle: gpu-reset node1 gpu 1 now")
-    r = await engine.gpu_reset("node1", 1, actor="t", source="t", command="t")
+    r = await engine.gpu_reset("node1", 1, Ask.by("t", "t", "t"))
     assert [g.outcome for g in r.gpus] == [Outcome.FREED]
     assert await found() == []  # the reset applied the remap

@@ -24,7 +24,7 @@ from gpubot.config import Settings
 from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import ResetRefused
-from gpubot.services.reset import NodeLocks, ResetResult, ResetService
+from gpubot.services.reset import Ask, NodeLocks, ResetResult, ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import Store
 from gpubot.transport import make_transport
@@ -96,7 +96,7 @@ def uid_of(user: str) -> int:
 
 async def execute(engine: ResetService, requester: str | None, **kw: Any) -> ResetResult:
     plan, before = await engine.plan(ResetRequest("node1", requester, **kw))
-    return await engine.execute(plan, actor="test", source="test", command="test", before=before)
+    return await engine.execute(plan, Ask.by("test", "test", "test"), before=before)
 
 
 def row(snap: NodeSnapshot, pid: int) -> Any:
@@ -146,7 +146,7 @@ async def test_a_job_cannot_disguise_itself_out_of_an_approved_forced_kill(
         (job.pid, alice, uid_of(alice), True)
     ]
     assert plan.skipped == ()
-    result = await engine.execute(plan, actor="test", source="test", command="test", before=before)
+    result = await engine.execute(plan, Ask.by("test", "test", "test"), before=before)
     assert [g.outcome for g in result.gpus] == [Outcome.FREED]
     assert not alive(job.pid)
 
@@ -205,7 +205,7 @@ async def test_the_kill_time_check_compares_the_owner(
     (t,) = plan.targets
     # A plan that got the owner wrong (as a forged probe would have): the node refuses.
     wrong = dataclasses.replace(plan, targets=(dataclasses.replace(t, uid=uid_of(alice)),))
-    result = await engine.execute(wrong, actor="test", source="test", command="test", before=before)
+    result = await engine.execute(wrong, Ask.by("test", "test", "test"), before=before)
     assert alive(job.pid)
     steps = [s for s in result.steps if s.kind == "signal"]
     assert steps and {(s.data["pid"], s.data["result"]) for s in steps} == {(job.pid, "owner")}

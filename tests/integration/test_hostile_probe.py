@@ -30,7 +30,7 @@ from gpubot.core.models import NodeConfig, Outcome
 from gpubot.core.probe.snapshot import parse_probe, probe_argv
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import CommandTimeout, ProbeError, SmiFailed
-from gpubot.services.reset import ResetService
+from gpubot.services.reset import Ask, ResetService
 from gpubot.transport import SshTransport, ssh
 from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import reset_fixtures
@@ -219,7 +219,7 @@ async def test_200_ctl_only_holders_cost_the_probe_nothing(
     # A forced reset of her own job: root asks, every kill is forced; the holders are no targets.
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(0,)))
     assert [(t.pid, t.forced) for t in plan.targets] == [(job.pid, True)]
-    result = await engine.execute(plan, actor="test", source="test", command="test", before=before)
+    result = await engine.execute(plan, Ask.by("test", "test", "test"), before=before)
     assert [g.outcome for g in result.gpus] == [Outcome.FREED] and not alive(job.pid)
     assert all(alive(pid) for pid in holders.pids)
 

@@ -26,7 +26,7 @@ from gpubot.core.lease import Lease
 from gpubot.core.ports import Locks
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import LockHeld, ResetInterrupted
-from gpubot.services.reset import ResetEvent, ResetResult, ResetService, reset_lock
+from gpubot.services.reset import Ask, ResetEvent, ResetResult, ResetService, reset_lock
 from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
 from gpubot.store import leases as leases_mod
@@ -125,12 +125,8 @@ class FirstReset:
         plan, before = await r.reset.plan(ResetRequest("node1", None, gpus=(0,)))
         return await r.reset.execute(
             plan,
-            actor="test:A",
-            source="test",
-            command="reset A",
+            Ask.by("test:A", "test", "reset A", grace_s=grace_s, on_event=self._sink),
             before=before,
-            on_event=self._sink,
-            grace_s=grace_s,
         )
 
     async def started(self) -> None:
@@ -145,7 +141,7 @@ class FirstReset:
 async def second_reset(r: Replica) -> ResetResult:
     plan, before = await r.reset.plan(ResetRequest("node1", None, gpus=(0,)))
     return await r.reset.execute(
-        plan, actor="test:B", source="test", command="reset B", before=before, grace_s=0.0
+        plan, Ask.by("test:B", "test", "reset B", grace_s=0.0), before=before
     )
 
 

@@ -15,7 +15,7 @@ from gpubot.config import Settings
 from gpubot.core.findings import HIDDEN_HOLDER
 from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
-from gpubot.services.reset import ResetResult, ResetService
+from gpubot.services.reset import Ask, ResetResult, ResetService
 from gpubot.services.sweep import SweepService
 from gpubot.store import Store
 from gpusim.fleet import SimFleet, SimNode
@@ -46,7 +46,7 @@ settings, store, engine, node = reset_fixtures(verify_timeout_s=8.0)
 
 async def reset(engine: ResetService, gpu: int) -> ResetResult:
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(gpu,)))
-    return await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    return await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
 
 
 async def test_a_reset_never_signals_a_process_on_another_gpu(
@@ -100,6 +100,6 @@ async def test_gpu_reset_sees_the_holder_through_the_minor(
     snap = await engine.status.snapshot(engine.status.node("node1"))
     assert [(p.pid, p.gpu_index) for p in snap.processes] == [(held.pid, 2)]
     with pytest.raises(Exception, match="still has processes"):
-        await engine.gpu_reset("node1", 2, actor="t", source="t", command="t")
-    r = await engine.gpu_reset("node1", 1, actor="t", source="t", command="t")  # nvidia2: idle
+        await engine.gpu_reset("node1", 2, Ask.by("t", "t", "t"))
+    r = await engine.gpu_reset("node1", 1, Ask.by("t", "t", "t"))  # nvidia2: idle
     assert [g.outcome for g in r.gpus] == [Outcome.FREED] and alive(held.pid)

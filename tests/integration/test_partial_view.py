@@ -14,7 +14,7 @@ import pytest
 from gpubot.config import Settings
 from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
-from gpubot.services.reset import ResetService
+from gpubot.services.reset import Ask, ResetService
 from gpubot.services.sweep import SweepService
 from gpubot.store import Store
 from gpusim.fleet import SimFleet, SimNode
@@ -78,15 +78,15 @@ async def test_a_partial_view_is_said_and_never_taken_for_the_truth(
     assert (await sweep.run()).findings == ()  # nothing it cannot see becomes a zombie
 
     plan, before = await engine.plan(ResetRequest("node1", me, gpus=(0,)))
-    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    r = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
     assert [g.outcome for g in r.gpus] == [Outcome.FREED] and not alive(mine.pid)
 
     plan, before = await engine.plan(ResetRequest("node1", me, gpus=(1,)))
-    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    r = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
     (g,) = r.gpus
     assert g.outcome is not Outcome.FREED and alive(theirs.pid)  # never "freed" while it holds
     assert ("cannot signal it" in g.detail) if hidepid else ("kill failed" in g.detail)
 
-    r = await engine.gpu_reset("node1", 2, actor="t", source="t", command="t")
+    r = await engine.gpu_reset("node1", 2, Ask.by("t", "t", "t"))
     (g,) = r.gpus
     assert g.outcome is Outcome.UNKNOWN and "Insufficient Permissions" in g.detail

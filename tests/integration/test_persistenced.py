@@ -25,7 +25,7 @@ from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.core.reset.protect import DEFAULT_DAEMON_PATHS
 from gpubot.errors import ResetRefused
-from gpubot.services.reset import NodeLocks, ResetService
+from gpubot.services.reset import Ask, NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
 from gpubot.store import Store
@@ -110,7 +110,7 @@ async def test_the_daemon_is_shown_apart_and_hides_no_leak(
     assert [(s.pid, s.protected) for s in plan.skipped] == [(daemon, True)]
     with pytest.raises(ResetRefused, match="protected system daemon"):
         await engine.plan(ResetRequest("node1", "root", pids=(daemon,)))
-    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    r = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
     assert [g.outcome for g in r.gpus] == [Outcome.FREED]  # the daemon holds no memory
     assert alive(daemon) and not alive(job.pid)
 
@@ -122,13 +122,13 @@ async def test_gpu_reset_under_persistence_mode(
     leak = node.spawn(gpu=3, mib=2000, behaviour="orphan")
     os.kill(leak.pid, signal.SIGKILL)
     with pytest.raises(ResetRefused, match=r"In use by another client.*toggle_persistence"):
-        await engine.gpu_reset("node1", 3, actor="t", source="t", command="t")
+        await engine.gpu_reset("node1", 3, Ask.by("t", "t", "t"))
 
     on = dataclasses.replace(settings.reset, toggle_persistence=True)
     toggled = dataclasses.replace(settings, reset=on)
     svc, _ = engine_for(toggled, store)
     try:
-        r = await svc.gpu_reset("node1", 3, actor="t", source="t", command="t")
+        r = await svc.gpu_reset("node1", 3, Ask.by("t", "t", "t"))
     finally:
         await svc.transport.close()
     assert [g.outcome for g in r.gpus] == [Outcome.FREED], r.gpus

@@ -23,7 +23,7 @@ from gpubot.core.findings import GPU_LOST, SMI_FAILED
 from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import CommandTimeout, ResetRefused, SmiFailed
-from gpubot.services.reset import NodeLocks, ResetService
+from gpubot.services.reset import Ask, NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.services.sweep import SweepService
 from gpubot.store import Store
@@ -99,10 +99,10 @@ async def test_a_lost_gpu_is_flagged_and_the_others_still_work(
     assert (f"{GPU_LOST}:{None if style == 'bus' else 2}") in kinds
 
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
-    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    r = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
     assert [g.outcome for g in r.gpus] == [Outcome.FREED] and not alive(job.pid)
 
-    r = await engine.gpu_reset("node1", 3, actor="t", source="t", command="t")
+    r = await engine.gpu_reset("node1", 3, Ask.by("t", "t", "t"))
     assert [g.outcome for g in r.gpus] == [Outcome.FREED]
 
 
@@ -119,10 +119,10 @@ async def test_an_inforom_warning_keeps_the_data_and_flags_the_gpu(
     assert [n for n in doc["notes"] if "infoROM is corrupted" in n]
     assert await sweep_kinds(settings, store, engine) == set()  # a warning is not an incident
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(0,)))
-    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    r = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
     assert [g.outcome for g in r.gpus] == [Outcome.FREED], r.gpus
     assert not alive(job.pid)
-    r = await engine.gpu_reset("node1", 0, actor="t", source="t", command="t")
+    r = await engine.gpu_reset("node1", 0, Ask.by("t", "t", "t"))
     assert [g.outcome for g in r.gpus] == [Outcome.FREED]
 
 
@@ -157,9 +157,9 @@ async def test_a_bracketed_value_is_unknown_and_flagged_not_a_node_failure(
     lost = {f"{GPU_LOST}:3"} if flag == "lost" else set()
     assert await sweep_kinds(settings, store, engine) == lost  # unknown is never orphaned
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
-    r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    r = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
     assert [g.outcome for g in r.gpus] == [Outcome.FREED] and not alive(job.pid)
-    r = await engine.gpu_reset("node1", 3, actor="t", source="t", command="t")
+    r = await engine.gpu_reset("node1", 3, Ask.by("t", "t", "t"))
     (g,) = r.gpus  # its memory stays unknown: never called freed
     assert g.outcome is Outcome.UNKNOWN
 
@@ -210,7 +210,7 @@ async def test_a_stuck_nvidia_smi_is_reported_and_no_new_one_started(
         with pytest.raises(SmiFailed, match="driver hung"):
             await engine.plan(ResetRequest("node1", "root", gpus=(0,)))
         with pytest.raises(SmiFailed, match="driver hung"):
-            await engine.gpu_reset("node1", 0, actor="t", source="t", command="t")
+            await engine.gpu_reset("node1", 0, Ask.by("t", "t", "t"))
         assert len(node.stuck_smi()) == 1
     finally:
         node.set_fault(None)
@@ -231,12 +231,12 @@ async def test_a_gpu_in_mig_mode(
         assert '"mig"' in cli_status(fleet, "node1", "--json").stdout
         assert await sweep_kinds(settings, store, engine) == set()
         with pytest.raises(ResetRefused, match="still has processes"):
-            await engine.gpu_reset("node1", 2, actor="t", source="t", command="t")
+            await engine.gpu_reset("node1", 2, Ask.by("t", "t", "t"))
         plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(2,)))
         assert sorted(t.pid for t in plan.targets) == sorted(j.pid for j in jobs)
-        r = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+        r = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
         assert [g.outcome for g in r.gpus] == [Outcome.FREED]
-        r = await engine.gpu_reset("node1", 2, actor="t", source="t", command="t")
+        r = await engine.gpu_reset("node1", 2, Ask.by("t", "t", "t"))
         assert [g.outcome for g in r.gpus] == [Outcome.FREED]  # every instance idle now
     finally:
         node.set_mig(2, False)

@@ -28,7 +28,7 @@ from gpubot.cli.render import render_reset
 from gpubot.config import Settings
 from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
-from gpubot.services.reset import ResetService
+from gpubot.services.reset import Ask, ResetService
 from gpubot.store import Store
 from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import gpubot_cli, reset_fixtures
@@ -171,7 +171,7 @@ async def test_stop_workloads_really_cancels_the_job(
     async def reset(eng: ResetService) -> Any:
         plan, before = await eng.plan(ResetRequest("node1", alice, gpus=(3,), min_uid=1000))
         assert not plan.forced  # alice's own job: self-service
-        return await eng.execute(plan, actor=alice, source="test", command="t", before=before)
+        return await eng.execute(plan, Ask.by(alice, "test", "t"), before=before)
 
     result = await with_engine(s, store, reset)
     assert [g.outcome for g in result.gpus] == [Outcome.FREED], render_reset(result)

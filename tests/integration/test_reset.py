@@ -18,7 +18,7 @@ from gpubot.config import Settings, load
 from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import ResetInterrupted, ResetRefused, StoreError
-from gpubot.services.reset import NodeLocks, ResetEvent, ResetResult, ResetService
+from gpubot.services.reset import Ask, NodeLocks, ResetEvent, ResetResult, ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
 from gpubot.transport import make_transport
@@ -80,17 +80,11 @@ def node(fleet: SimFleet) -> Iterator[SimNode]:
 
 
 async def reset(
-    engine: ResetService, gpus: tuple[int, ...] = (), requester: str | None = "root", **kw: object
+    engine: ResetService, gpus: tuple[int, ...] = (), requester: str | None = "root", **kw: Any
 ) -> ResetResult:
+    """Plan and run a reset on node1 (``kw``: the ``Ask``'s grace_s and on_event)."""
     plan, before = await engine.plan(ResetRequest("node1", requester, gpus=gpus))
-    return await engine.execute(
-        plan,
-        actor="test",
-        source="test",
-        command="test",
-        before=before,
-        **kw,  # type: ignore[arg-type]
-    )
+    return await engine.execute(plan, Ask.by("test", "test", "test", **kw), before=before)
 
 
 def signals_sent(result: ResetResult) -> list[tuple[int, str]]:
@@ -159,7 +153,7 @@ async def test_orphaned_memory_is_classified_then_gpu_reset_frees_it(
     result = await reset(engine, (2,))
     assert [g.outcome for g in result.gpus] == [Outcome.ORPHANED]
     assert "--gpu-reset -i 2" in result.gpus[0].detail
-    fixed = await engine.gpu_reset("node1", 2, actor="test", source="test", command="t")
+    fixed = await engine.gpu_reset("node1", 2, Ask.by("test", "test", "t"))
     assert [g.outcome for g in fixed.gpus] == [Outcome.FREED]
 
 
@@ -168,7 +162,7 @@ async def test_gpu_reset_refused_while_a_process_uses_the_gpu(
 ) -> None:
     w = node.spawn(gpu=1, mib=1000)
     with pytest.raises(ResetRefused, match=f"root:{w.pid}"):
-        await engine.gpu_reset("node1", 1, actor="test", source="test", command="t")
+        await engine.gpu_reset("node1", 1, Ask.by("test", "test", "t"))
     assert alive(w.pid)
 
 
@@ -235,7 +229,7 @@ async def test_a_reused_pid_is_never_signalled(engine: ResetService, node: SimNo
             break
     assert impostor is not None, "could not recreate the PID"
     try:
-        result = await engine.execute(plan, actor="t", source="t", command="t", before=before)
+        result = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
         assert [(s.data["pid"], s.data["result"]) for s in result.steps if s.kind == "signal"] == [
             (w.pid, "reused")
         ]
@@ -252,8 +246,8 @@ async def test_two_concurrent_resets_one_runs_one_is_refused(
     node.spawn(gpu=1, mib=1024, behaviour="slow", slow_exit_s=1.0)
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
     outcomes = await asyncio.gather(
-        engine.execute(plan, actor="alice", source="t", command="t", before=before),
-        engine.execute(plan, actor="bob", source="t", command="t", before=before),
+        engine.execute(plan, Ask.by("alice", "t", "t"), before=before),
+        engine.execute(plan, Ask.by("bob", "t", "t"), before=before),
         return_exceptions=True,
     )
     refused = [o for o in outcomes if isinstance(o, ResetRefused)]
@@ -291,7 +285,7 @@ async def test_store_unavailable_means_nothing_is_signalled(
     try:
         plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
         with pytest.raises(StoreError):
-            await engine.execute(plan, actor="t", source="t", command="t", before=before)
+            await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
         await asyncio.sleep(0.3)
         assert alive(w.pid)
     finally:
@@ -332,9 +326,7 @@ async def test_losing_the_database_mid_reset_stops_signalling(
     try:
         plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
         with pytest.raises(ResetInterrupted) as cut:
-            await engine.execute(
-                plan, actor="t", source="t", command="t", before=before, grace_s=0.3
-            )
+            await engine.execute(plan, Ask.by("t", "t", "t", grace_s=0.3), before=before)
         # The error says what had gone out already, and that GPU 1 is unknown.
         assert str(cut.value).startswith("database went away; ")
         assert f"already sent on node1: SIGTERM to pid {w.pid} at " in str(cut.value)

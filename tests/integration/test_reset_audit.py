@@ -11,7 +11,7 @@ import pytest
 from gpubot.config import Settings, load
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import StoreError
-from gpubot.services.reset import NodeLocks, ResetService
+from gpubot.services.reset import Ask, NodeLocks, ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import open_store
 from gpubot.transport import make_transport
@@ -42,11 +42,7 @@ async def test_a_reset_is_recorded_whole(
     try:
         plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(1,)))
         result = await engine.execute(
-            plan,
-            actor="U0ALICE alice",
-            source="slack:C0OPS",
-            command="/gpu reset node1 gpu 1",
-            before=before,
+            plan, Ask.by("U0ALICE alice", "slack:C0OPS", "/gpu reset node1 gpu 1"), before=before
         )
     finally:
         await transport.close()
@@ -92,7 +88,7 @@ async def test_a_closed_database_signals_nothing(
     try:
         plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(2,)))
         with pytest.raises(StoreError, match="nothing was done"):
-            await engine.execute(plan, actor="t", source="t", command="t", before=before)
+            await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
         assert os.path.exists(f"/proc/{w.pid}")
     finally:
         await transport.close()

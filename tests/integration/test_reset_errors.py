@@ -18,7 +18,7 @@ import pytest
 from gpubot.config import Settings
 from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
-from gpubot.services.reset import NodeLocks, ResetEvent, ResetService
+from gpubot.services.reset import Ask, NodeLocks, ResetEvent, ResetService
 from gpubot.store import Store
 from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import reset_fixtures
@@ -88,7 +88,7 @@ async def test_a_failed_gpu_reset_is_no_freed_gpu(
 
     hooked = _OnIntent(store, meanwhile)
     svc = ResetService(settings, engine.transport, hooked, engine.status, NodeLocks())
-    result = await svc.gpu_reset("node1", 2, actor="t", source="t", command="gpu-reset node1 2")
+    result = await svc.gpu_reset("node1", 2, Ask.by("t", "t", "gpu-reset node1 2"))
     node.set_fault(None)
     assert not result.ok
     (g,) = result.gpus
@@ -116,7 +116,7 @@ async def test_a_target_gone_before_its_signal_is_not_signalled_and_counts_as_fr
             wait_dead(w.pid)
 
     result = await engine.execute(
-        plan, actor="t", source="t", command="reset node1 1", before=before, on_event=sink
+        plan, Ask.by("t", "t", "reset node1 1", on_event=sink), before=before
     )
     signals = [
         (s.data["pid"], s.data["signal"], s.data["result"])

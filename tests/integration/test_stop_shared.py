@@ -35,7 +35,7 @@ from gpubot.console.repl import answer
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.core.reset.stop_script import Foreign, parse_stop_output, stop_check_argv
 from gpubot.core.reset.stopgate import gate_for
-from gpubot.services.reset import ResetService
+from gpubot.services.reset import Ask, ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import open_store
 from gpubot.transport import make_transport
@@ -281,9 +281,7 @@ async def test_on_a_sudo_node_the_checked_stop_runs_through_the_rules_sudo(
                 plan, before = await engine.plan(
                     ResetRequest("node1", alice, gpus=(0,), min_uid=1000)
                 )
-                result = await engine.execute(
-                    plan, actor="t", source="t", command="t", before=before
-                )
+                result = await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
                 if stopped:
                     wait_until(lambda: not alive(other.pid), 10.0, "the unit to stop")
                 assert alive(other.pid) is not stopped

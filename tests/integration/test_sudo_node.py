@@ -15,7 +15,7 @@ import pytest
 
 from gpubot.core.models import Outcome
 from gpubot.core.reset.plan import ResetRequest
-from gpubot.services.reset import ResetResult, ResetService
+from gpubot.services.reset import Ask, ResetResult, ResetService
 from gpusim.fleet import SimFleet, SimNode
 from gpusim.sudoers import readme_sudo_rule
 from tests.fixtures.fleet import reset_fixtures
@@ -44,7 +44,7 @@ settings, store, engine, node = reset_fixtures(verify_timeout_s=8.0)
 
 async def reset(engine: ResetService, gpu: int) -> ResetResult:
     plan, before = await engine.plan(ResetRequest("node1", "root", gpus=(gpu,)))
-    return await engine.execute(plan, actor="t", source="t", command="t", before=before)
+    return await engine.execute(plan, Ask.by("t", "t", "t"), before=before)
 
 
 def shapes(node: SimNode) -> list[str]:
@@ -89,7 +89,7 @@ async def test_every_behaviour_works_with_only_the_readme_rule(
 
     leak = node.spawn(gpu=1, mib=2000, behaviour="orphan")
     os.kill(leak.pid, signal.SIGKILL)
-    r = await engine.gpu_reset("node1", 1, actor="t", source="t", command="t")
+    r = await engine.gpu_reset("node1", 1, Ask.by("t", "t", "t"))
     assert [g.outcome for g in r.gpus] == [Outcome.FREED]
 
     used = shapes(node)

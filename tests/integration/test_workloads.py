@@ -17,7 +17,7 @@ import pytest
 from gpubot.config import AttributionSettings, Settings, load
 from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.reset.plan import ResetRequest
-from gpubot.services.reset import NodeLocks, ResetResult, ResetService
+from gpubot.services.reset import Ask, NodeLocks, ResetResult, ResetService
 from gpubot.services.status import StatusService
 from gpubot.store import Store
 from gpubot.transport import make_transport
@@ -161,7 +161,7 @@ async def test_owners_decide_self_service(
     assert [(t.pid, t.owner, t.forced) for t in plan.targets] == [(root_c.pid, "root", True)]
     # alice frees her own container's GPU at once: only its process dies.
     plan, before = await plan_of(engine, alice, 1)
-    result = await engine.execute(plan, actor="alice", source="test", command="t", before=before)
+    result = await engine.execute(plan, Ask.by("alice", "test", "t"), before=before)
     assert [g.outcome for g in result.gpus] == [Outcome.FREED]
     assert not alive(mine.pid) and alive(job.pid) and alive(root_c.pid)
 
@@ -194,7 +194,7 @@ async def test_a_respawning_container_names_docker_stop(
 ) -> None:
     c = node.spawn(gpu=3, mib=2500, cgroup="docker", container_name="trainer", restart="always")
     plan, before = await plan_of(engine, "root", 3)
-    result = await engine.execute(plan, actor="t", source="test", command="t", before=before)
+    result = await engine.execute(plan, Ask.by("t", "test", "t"), before=before)
     (g,) = result.gpus
     assert g.outcome is Outcome.RESPAWNED
     assert "container `trainer`" in g.detail and "stop it with `docker stop trainer`" in g.detail
@@ -215,9 +215,7 @@ async def test_stop_workloads_stops_the_container_audited(
             gpu=3, mib=2500, cgroup="docker", container_name="trainer2", restart="always"
         )
         plan, before = await plan_of(eng, "root", 3)
-        result: ResetResult = await eng.execute(
-            plan, actor="t", source="test", command="t", before=before
-        )
+        result: ResetResult = await eng.execute(plan, Ask.by("t", "test", "t"), before=before)
     finally:
         await transport.close()
     assert [g.outcome for g in result.gpus] == [Outcome.FREED]

@@ -25,7 +25,7 @@ from gpubot.errors import LockHeld
 from gpubot.services.approval_retry import ApprovalRetry
 from gpubot.services.approvals import ApprovalPorts, ApprovalService
 from gpubot.services.locks import NodeLocks
-from gpubot.services.reset import ResetService, reset_lock
+from gpubot.services.reset import Ask, ResetService, reset_lock
 from gpubot.store import Store, open_store
 from gpubot.store.tables import approvals as approvals_table
 from tests.fixtures.approvals import REQUEST, LeasedReset
@@ -61,7 +61,7 @@ class Fleet:
         a = await self.store.approvals.create(
             "U0ALICE", "alice", "node3", REQUEST, EXPIRY_S, source="slack", now=now
         )
-        return await self.a.approvals.decide(a.id, CAROL, True, source="slack")
+        return await self.a.approvals.decide(a.id, Ask(CAROL, f"approve {a.id}", "slack"), True)
 
     async def waiting_long_after_its_decision(self) -> Approval:
         """An approved kill refused as busy (waiting), its node freed well past ``settled_s``

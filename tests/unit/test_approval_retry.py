@@ -27,7 +27,7 @@ from gpubot.services.approval_duty import ApprovalDuty
 from gpubot.services.approvals import ApprovalPorts, ApprovalService
 from gpubot.services.locks import NodeLocks
 from gpubot.services.outbox import Outbox
-from gpubot.services.reset import ResetService, reset_lock
+from gpubot.services.reset import Ask, ResetService, reset_lock
 from gpubot.store import Store, open_store
 from tests.fixtures.approvals import REQUEST, LeasedReset, Poster
 from tests.fixtures.clock import VirtualClock
@@ -58,7 +58,7 @@ class Bot:
             "U0ALICE", "alice", "node3", REQUEST, EXPIRY_S, source="slack", now=self.now()
         )
         await self.store.approvals.set_message(a.id, MessageRef("C0ONCALL/1.0"))
-        return await self.approvals.decide(a.id, CAROL, True, source="slack")
+        return await self.approvals.decide(a.id, Ask(CAROL, f"approve {a.id}", "slack"), True)
 
 
 @pytest.fixture

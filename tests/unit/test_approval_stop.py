@@ -39,7 +39,7 @@ from gpubot.services.approval_duty import ApprovalDuty
 from gpubot.services.approvals import ApprovalPorts, ApprovalService
 from gpubot.services.locks import NodeLocks
 from gpubot.services.outbox import Outbox
-from gpubot.services.reset import ResetService, reset_lock
+from gpubot.services.reset import Ask, ResetService, reset_lock
 from gpubot.services.startup import report_interrupted
 from gpubot.services.status import StatusService
 from gpubot.store import Store, open_store
@@ -92,7 +92,7 @@ class Bot:
             "U0ALICE", "alice", "node3", LONG, EXPIRY_S, source="slack", now=now
         )
         await self.store.approvals.set_message(a.id, MessageRef("C0ONCALL/1.0"))
-        a = await self.approvals.decide(a.id, CAROL, True, source="slack")
+        a = await self.approvals.decide(a.id, Ask(CAROL, f"approve {a.id}", "slack"), True)
         async with self.locks.hold(reset_lock("node3"), holder="bob's own reset"):
             with pytest.raises(LockHeld):
                 await self.approvals.execute(a, source="slack")

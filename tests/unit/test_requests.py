@@ -19,7 +19,6 @@ from gpubot.core.reset.plan import ResetPlan
 from gpubot.errors import NotAnApprover, NotPermitted, StoreError
 from gpubot.services.approvals import ApprovalService
 from gpubot.services.requests import (
-    Ask,
     Busy,
     Closed,
     Decided,
@@ -33,7 +32,7 @@ from gpubot.services.requests import (
     RequestService,
     Running,
 )
-from gpubot.services.reset import ResetEvent
+from gpubot.services.reset import Ask, ResetEvent
 from tests.fixtures.fleet_samples import plan_and_result
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -97,16 +96,17 @@ class FakeApprovals:
     async def plan(self, who: Person, cmd: Any) -> tuple[ResetPlan, None]:
         return self.the_plan, None
 
-    async def run(self, who: Person, plan: ResetPlan, before: Any, **kw: Any) -> Any:
-        await kw["on_event"](ResetEvent(ResetStep.EXITED, 1.0, {"pid": 1}))
+    async def run(self, ask: Ask, plan: ResetPlan, before: Any) -> Any:
+        assert ask.on_event is not None
+        await ask.on_event(ResetEvent(ResetStep.EXITED, 1.0, {"pid": 1}))
         return plan_and_result()
 
-    async def open(self, who: Person, plan: ResetPlan, **kw: Any) -> Approval:
+    async def open(self, ask: Ask, plan: ResetPlan) -> Approval:
         return approval(plan)
 
-    async def decide(self, approval_id: int, who: Person, approve: bool, **kw: Any) -> Approval:
+    async def decide(self, approval_id: int, ask: Ask, approve: bool) -> Approval:
         await self.gate.wait()
-        if who.id != "U0CAROL":
+        if ask.who.id != "U0CAROL":
             raise NotAnApprover("only on-call approvers can decide")
         state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
         return approval(self.the_plan, state)
@@ -119,8 +119,8 @@ class FakeApprovals:
         await kw["on_event"](ResetEvent(ResetStep.EXITED, 1.0, {"pid": 1}))
         return plan_and_result()
 
-    async def record_refusal(self, who: Person, **kw: Any) -> None:
-        self.refusals.append((who.id, kw["action"]))
+    async def record_refusal(self, ask: Ask, **kw: Any) -> None:
+        self.refusals.append((ask.who.id, kw["action"]))
 
 
 def service(fake: FakeApprovals | None) -> RequestService:
