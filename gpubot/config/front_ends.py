@@ -1,14 +1,10 @@
 """What a chat front end's ids look like in the settings file, as that front end says.
 
-The settings name a front end's people (``[users]``, ``[approvals] approvers``,
-``[permissions]``), user groups (``[approvals] usergroup``, ``[teams]``) and places (channels).
-Only the front end that issues an id knows its form: it registers its ``IdForms`` here when
-imported (the composition root imports each front end's forms before any settings are read),
-so that this shared code knows no front end by name.
-
-Those tables hold the ids of the primary front end, the one with a directory of accounts; its
-section (``[NAME]``) holds its channels. Another front end's people would get tables of their
-own under its name (``[NAME.users]``), validated by its own forms.
+The settings name people (``[users]``, ``[approvals] approvers``, ``[permissions]``), user
+groups and channels of the primary front end, the one with a directory of accounts; its section
+(``[NAME]``) holds its channels. Only that front end knows its ids' forms: it registers them here
+when imported (the entry imports each front end's forms before reading settings), so this
+shared code names no front end. Another front end's people would get tables under its name.
 """
 
 from __future__ import annotations

@@ -57,16 +57,6 @@ log = logging.getLogger(__name__)
 ACCOUNT_TTL_S = 60.0  # a deactivated or demoted account is refused within this
 
 
-def plan_of(approval: Approval) -> ResetPlan:
-    """Return the plan stored with an approval."""
-    return approval.request.plan
-
-
-def requester_user(approval: Approval) -> str | None:
-    """Return the Linux user the requester mapped to when asking (None: unknown)."""
-    return approval.request.requester_user
-
-
 def unix(moment: datetime | None) -> float | None:
     """Return an aware datetime as unix seconds (None stays None)."""
     return None if moment is None else moment.timestamp()
@@ -265,7 +255,7 @@ class ApprovalService:
         if current.requester == who.id and not approve:
             return current
         if current.requester != who.id:
-            if same_person(requester_user(current), who.linux_user):
+            if same_person(current.request.requester_user, who.linux_user):
                 raise SelfApproval(
                     f"you cannot {'approve' if approve else 'decide'} a request of your own "
                     f"Linux user ({who.linux_user}) made from another chat account: "
@@ -384,7 +374,7 @@ def approval_record(a: Approval) -> dict[str, Any]:
         "id": a.id,
         "requester": a.requester,
         "requester_name": a.requester_name,
-        "requester_user": requester_user(a),
+        "requester_user": a.request.requester_user,
         "reason": a.plan.reason,
         "approver": a.decided_by,
         "approver_name": a.decided_by_name,
