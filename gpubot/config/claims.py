@@ -1,4 +1,4 @@
-"""``[claims]``: GPU claims and the queue (issue 26), off by default.
+"""``[claims]``: GPU claims and the queue, off by default.
 
 What each setting means is in ``core.claims.rules``; every refusal is one line naming the key.
 """

@@ -119,7 +119,7 @@ class Settings:
     cli: CliSettings = field(default_factory=CliSettings)
     reports: ReportSettings = field(default_factory=ReportSettings)  # [teams], [reports]
     ladder: LadderRule = field(default_factory=LadderRule)  # [idle]: the reclaim ladder
-    claims: ClaimSettings = field(default_factory=ClaimSettings)  # [claims] (issue 26)
+    claims: ClaimSettings = field(default_factory=ClaimSettings)  # [claims]
 
     def node(self, name: str) -> NodeConfig | None:
         """Return the node called ``name`` or None."""

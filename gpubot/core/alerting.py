@@ -146,7 +146,7 @@ def hold_clears(
 ) -> tuple[list[FindingKey], dict[FindingKey, int]]:
     """Return the findings to resolve now, and how many sweeps each other one has cleared for.
 
-    Hysteresis (issue 25): an alerted finding resolves only once ``CLEAR_SWEEPS`` sweeps that
+    Hysteresis: an alerted finding resolves only once ``CLEAR_SWEEPS`` sweeps that
     looked (``to_resolve``'s ``cleared``) no longer found it, so that a finding missed once
     does not resolve and alert again. One never alerted resolves at once: it has no message
     to flap, and confirming it again takes two sweeps in a row. ``clearing``: the counts the
@@ -179,7 +179,7 @@ def digest_label(keys: Iterable[FindingKey]) -> str:
 
 
 def by_message(findings: Iterable[Finding]) -> dict[str, list[Finding]]:
-    """Group the findings to alert on into messages, at most one per finding kind (issue 25).
+    """Group the findings to alert on into messages, at most one per finding kind.
 
     A kind found on several nodes is one digest message (a rack outage is one message); the
     kinds found on one node only share that node's message, as before. Keyed by the message's

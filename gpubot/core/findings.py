@@ -1,30 +1,8 @@
 """Sweep findings: snapshots + failures + thresholds + time → findings with stable keys.
 
-Pure (standard library only, time passed in). Which GPUs are idle comes from the samples of
-earlier sweeps (``gpubot.core.usage.idle``), passed in. What a sweep then decides on each finding's
-alert state is ``gpubot.core.alerting``; what a reset of an orphaned GPU would touch is
-``gpubot.core.reset.readiness``.
-
-Settings (all optional; validated by ``gpubot.config`` into ``Settings.sweep`` and
-``Settings.metrics``)::
-
-    [sweep]
-    interval_s = 300              # a sweep every 5 minutes inside ``gpubot serve``
-    budget_s = 240                # a sweep never takes longer (default: 80 % of the interval)
-    orphan_threshold_mib = 1024   # memory in use with no process above this is orphaned
-    idle_min_mib = 4096           # idle holders: a process holding at least this much ...
-    idle_hours = 4                # ... of a GPU at 0 % in every sample this long (0: off)
-    keep_samples = "14d"          # utilisation samples are kept this long
-    kernel_log = false            # Xid/SXid findings from each node's kernel log
-    xid_window_s = 3600           # an Xid finding stands this long; repeats counted in it
-
-    [alerts]
-    channel = "C0123"             # default: [slack] channel
-    reminder_s = 21600            # remind of a finding that persists, every 6 h
-
-    [metrics]
-    port = 8463                   # or ``gpubot serve --metrics-port``
-    host = "127.0.0.1"
+Pure (time passed in). Which GPUs are idle comes from earlier sweeps' samples
+(``core.usage.idle``); the alert state of each finding is ``core.alerting``. Settings:
+``[sweep]``, ``[alerts]``, ``[metrics]`` (see ``gpubot.example.toml``).
 """
 
 from __future__ import annotations
@@ -120,7 +98,7 @@ class SweepConfig:
     idle: IdleRule = field(default_factory=IdleRule)
     reminder_s: float = 21600.0
     channel: str | None = None  # where alerts go: [alerts] channel, else [slack] channel
-    health: bool = True  # read the GPUs' health fields each sweep (issue 27: core.health.state)
+    health: bool = True  # read the GPUs' health fields each sweep (core.health.state)
     kernel_log: bool = False  # read each node's kernel log for Xid/SXid (core.health.kernlog)
     xid_window_s: float = 3600.0  # an Xid finding stands this long; repeat thresholds count in it
 
@@ -206,7 +184,7 @@ def classify_failure(exc: GpubotError) -> FindingKind:
     """Return the finding kind of a node's failure: nvidia-smi's own, or the node's.
 
     A node that was still answering when its time ran out (the command timeout, the sweep
-    budget) is slow, not unreachable: calling it down made it flap (issue 25).
+    budget) is slow, not unreachable: calling it down made it flap.
     """
     if isinstance(exc, ProbeError | ParseError):
         return SMI_FAILED

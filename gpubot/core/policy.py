@@ -1,35 +1,12 @@
 """Who is who and who may do what: chat accounts → Linux users, approvers, node permissions.
 
-Pure: group memberships (the chat system's user groups) are resolved by the caller and passed
-in. The settings are validated by ``gpubot.config`` into ``Settings.policy``; every id in them is
-the primary front end's (Slack's: ``U…`` people, ``S…`` groups, ``C…`` channels), checked by its
-forms (``config.front_ends``).
-
-Settings (all optional)::
-
-    [slack]                      # the front end's section: its channels
-    channel = "C0123"            # where alerts go
-    oncall_channel = "C0456"     # where approval requests go (default: channel)
-
-    [users]
-    U012ABC = "alice"            # chat user id -> Linux user
-    email_local_part = true      # else: the local part of the account's profile e-mail
-    email_domains = ["example.com"]   # ... only for these domains (required with the above)
-    min_uid = 1000               # a process below this uid (or root) is never self-service
-
-    [approvals]
-    approvers = ["U0ONCALL"]     # user ids
-    usergroup = "S0ONCALL"       # and/or user groups (a string or a list)
-    expiry_s = 900
-    group_cache_s = 60           # user group members are re-read after this; unreadable: refuse
+Pure: group memberships are resolved by the caller and passed in. Every id in the settings
+(``[users]``, ``[approvals]``, ``[permissions]``; see ``gpubot.example.toml``) is the primary
+front end's, checked by its forms (``config.front_ends``).
 
 Who may use gpubot at all (``resolve``): never a guest, an account of another workspace, a
 deleted account or a bot; and a mapping to ``root`` or a system account (``[reset]
-system_users``) is refused, never used.
-
-    [permissions]                # who may reset which nodes; absent: everyone, everywhere
-    "team-a" = ["U012ABC", "S0TEAMA"]   # key: a node group or node name, "*" for every node
-    "*" = ["S0ADMINS"]                  # value: user ids, user group ids, or "*" for everyone
+system_users``) is refused, never used. A process below ``min_uid`` is never self-service.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
-"""Sweep alerts in Slack: one message per node's new findings, reminders, resolution, snooze.
+"""Sweep alerts in Slack: posting, updating, reminding, and the snooze buttons.
 
-A kind found on several nodes is one digest (``chat.alert_digest``): a short channel message,
-and each finding's details and buttons as replies in its thread, batched within Slack's limits.
-They are posted once the digest is known to be in the channel (answered, or found in the
-history after a lost answer), at most once: like the DMs, they ride on their alert. Every call
-to a channel (posts, thread replies, ``chat.update``) is paced to about one a second there.
-
-An alert message carries, per finding, what was found (and for orphaned memory the reset
-readiness list), a "Reset GPU N" button (the normal plan → approval flow) and "Snooze 1 h" /
-"Snooze 1 day" buttons, then the node's per-GPU table. When a finding clears, the message is
-updated in place to "resolved" with how long it lasted; a reminder goes to the alert's thread.
-
-An alert on idle holders is also sent, once, as a direct message to each owner that maps to
-Slack users (``slack.idle_dm``: *Free it* and *Snooze 1 day*). Opening a DM needs the optional
-``im:write`` scope; a DM that cannot be sent is logged and changes nothing else. Alerts are
-posted once (``slack.poster``, ``services.outbox``), and so is each DM, through the same
-outbox (searched for in the DM's history, ``im:history``, after a lost answer).
-
-The messages themselves are rendered by ``gpubot.chat.alerts``; this module only posts them
-(``SlackAlerts``, built by ``gpubot.app``) and handles the snooze buttons (``register``).
+A kind found on several nodes is one digest: a short channel message, and each finding's details
+and buttons as replies in its thread, posted only once the digest is known to be in the channel
+(answered, or found in the history after a lost answer). Every call to a channel is paced to
+about one a second there (Slack's per-channel limit). An idle-holder alert is also sent once as
+a DM to each owner (``slack.idle_dm``); a DM that cannot be sent is logged and changes nothing
+else. Alerts and DMs are posted once through the one outbox (``slack.poster``,
+``services.outbox``). The messages are rendered by ``gpubot.chat``; this module only posts them.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """The Slack Web API, made safe to call: retries on 429, text fallbacks, never an exception.
 
-``SlackApi`` wraps ``AsyncWebClient`` (its retry handlers wait ``Retry-After`` on 429). A message
-Slack rejects for its blocks (``msg_too_long``, ``invalid_blocks``, ``internal_error`` …) is sent
-again with its table as preformatted text, then as plain text, through the Web API and through a
-``response_url`` alike; a failed ``chat.update`` posts a new message. A post whose answer says it
-may have landed (``maybe_taken``: a 5xx, ``internal_error`` and its like at HTTP 200, a connection
-lost once the request was sent) is neither retried (``ServerErrorRetry``, ``ConnectionErrorRetry``)
-nor sent again in a simpler form, and an update so answered posts nothing new: one line says it
-may not have appeared. What must appear once goes through ``slack.poster``, which looks for it
-by its token first.
+A message Slack rejects for its blocks is sent again with its table as preformatted text, then as
+plain text; a failed ``chat.update`` posts a new message. A post that may have landed
+(``maybe_taken``: a 5xx, ``internal_error`` at HTTP 200, a connection lost after sending) is
+neither retried nor sent in a simpler form: a duplicate is worse than a missing line, and what
+must appear once goes through ``slack.poster``, which looks for it by its token first.
 Failures are logged and return None: a Slack outage never stops a reset half-way. Every call
-goes through ``slack_errors``, the one map from slack_sdk's and aiohttp's errors to
-``ChatCallFailed`` (``answered``: Slack gave a code) or ``ChatUnanswered`` (it may have applied).
-
-A bot's client (``make_client(..., shared_session=True)``) makes every call over one pool of
-kept-alive connections (``WebSession``), not a connection per call; ``SlackApi.close`` closes it.
+goes through ``slack_errors``, the one map to ``ChatCallFailed`` / ``ChatUnanswered``.
+A bot's calls share one pool of kept-alive connections (``WebSession``).
 """
 
 from __future__ import annotations
@@ -45,9 +38,8 @@ log = logging.getLogger(__name__)
 
 # Errors that mean "these blocks, not this message": try again without tables, then as text.
 # ``internal_error`` is among them: Slack has answered it, not ``invalid_blocks``, for blocks it
-# could not render (table blocks with raw_text cells, soxtoby/SlackNet#246; ``markdown`` blocks,
-# slackapi/python-slack-sdk#1756). A simpler form costs one call; an outage fails it again. But
-# a post so answered may be there (``MAYBE_TAKEN``): only an update steps down after it.
+# could not render (table blocks with raw_text cells, ``markdown`` blocks). A simpler form costs
+# one call. But a post so answered may be there (``MAYBE_TAKEN``): only an update steps down.
 BLOCK_ERRORS = frozenset(
     {
         "msg_too_long",
@@ -79,7 +71,7 @@ MAYBE_TAKEN = frozenset({"internal_error", "fatal_error", "service_unavailable"}
 
 
 # Calls that post a message: a 5xx may follow a post Slack took, so resending one blindly can
-# post it twice (issue 34: four *Free it* buttons for one holder). A ``response_url`` posts too.
+# post it twice. A ``response_url`` posts too.
 POSTING = frozenset({"chat.postMessage", "chat.postEphemeral"})
 
 
@@ -281,11 +273,9 @@ class SlackApi:
     ) -> None:
         """Answer through a command's or action's ``response_url``: as is, without tables, as text.
 
-        The same steps as ``_send``. A ``response_url`` is a webhook, not a Web API method: a
-        refusal is any answer but HTTP 200 (its body is logged, not relied on), and it steps
-        down. A ``response_url`` takes only five answers in 30 minutes (Slack's "Handling user
-        interaction" guide, https://api.slack.com/interactivity/handling#message_responses), so
-        a message without a table skips the middle step, and text is the last try.
+        A ``response_url`` is a webhook: a refusal is any answer but HTTP 200. It takes only a
+        few answers (Slack's "Handling user interaction" guide), so a message without a table
+        skips the middle step, and text is the last try.
         """
         session = self.pool.get() if self.pool is not None else None
         hook = AsyncWebhookClient(

@@ -1,12 +1,9 @@
-"""Claims and the queue on Slack (issue 26): the buttons (Claim, Leave, Queue me) and the DMs.
+"""Claims and the queue on Slack: the buttons (Claim, Leave, Queue me) and the DMs.
 
-A click runs the shared flow (``chat.claims.ClaimDesk.click``), as typing ``/gpu take ID`` or
-``/gpu leave ID`` does. The claims' duty tells people by direct message (``conversations.open``,
-then ``chat.postMessage``), each DM once through the one outbox (``services.outbox``:
-after a lost answer it is looked for in the DM's history before it is posted again), one row
-per DM's subject whichever process or replica finds it due (a hold the CLI recorded is told by
-the bot's duty, issue 34); a DM that cannot be sent is logged, and a hold's is tried again on
-the duty's next turn while the hold lasts.
+A click runs the shared flow (``chat.claims.ClaimDesk.click``), as ``/gpu take ID`` does. Each
+DM is posted once through the one outbox, one row per subject whichever process finds it due (a
+hold the CLI recorded is told by the bot's duty); a DM that cannot be sent is logged, and a
+hold's is tried again on the duty's next turn while the hold lasts.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the bot is waiting on, on demand: ``kill -USR1 <pid>`` logs every asyncio task with its
-stack and every thread's stack (issue 22: a bot that acknowledged commands but acted on none).
+stack and every thread's stack.
 
 One handler, set up by ``gpubot.slack.serve.listen`` on the running loop and removed when it
 stops. The dump is one log record (WARNING, logger ``gpubot.slack.dump``) so that it stays together.

@@ -3,19 +3,10 @@
 Anyone who can write the database can rewrite the log and recompute its hashes (without
 ``$GPUBOT_AUDIT_KEY``, undetectably). A head posted to Slack earlier cannot be rewritten with it:
 ``gpubot audit verify --expect-head SEQ:HASH`` checks the log still holds it. Each publication
-walks the chain first, against the head this bot posted last, and posts what it found instead
-of a head when the log does not verify.
-
-``[audit] publish_head_every`` (default ``"24h"``, ``"off"`` to stop) sets the interval; the
-first publication is a few seconds after start (``gpubot.app`` schedules it). With seals (a key
-and ``[audit] seal_every``), a head is also posted after every forced action's seal, so that
-the records of the actions that matter most have a copy outside the database at once.
-
-Each publication is posted once, through the one outbox (``services.outbox``): its
-intent is recorded with a token that rides in the message's metadata, then it is posted, then
-marked posted. After an uncertain post (a timeout, a 5xx, a crash) the channel's history is
-searched for the token before anything is posted again, and the message is adopted if it is
-there; a publication left unconfirmed is settled by the next one.
+walks the chain first and posts what it found instead of a head when the log does not verify.
+With seals, a head is also posted after every forced action's seal, so the records that matter
+most have a copy outside the database at once. Each publication is posted once through the one
+outbox (``services.outbox``); one left unconfirmed is settled by the next.
 """
 
 from __future__ import annotations

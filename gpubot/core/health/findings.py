@@ -1,6 +1,6 @@
-"""GPU health findings: what each health state means, and the next step (issue 27).
+"""GPU health findings: what each health state means, and the next step.
 
-Pure (standard library only; time and what earlier sweeps saw are passed in). Each finding's
+Pure (time and what earlier sweeps saw are passed in). Each finding's
 summary ends with its next step, in the order NVIDIA's recovery chain has them (reset the GPU
 when idle → drain and reboot → hardware: open a ticket):
 

@@ -3,44 +3,34 @@
 Sources, in order (the first one the SSH user may read is used):
 
 1. ``journalctl -k -o short-iso --show-cursor -n MAX_ENTRIES`` (never ``-q``: it silences the
-   hint that says the account may not read the system journal) after the cursor of the previous
-   read (the first read of a process: ``--since`` the Xid window). With a cursor, ``-n`` takes
-   the OLDEST entries after it (journalctl's behaviour since long before systemd 252; systemd
-   issues 14722, 26764) and ``--show-cursor`` names the last one taken, so a backlog (a user's
-   faulting job can grow one) is read in bounded steps, each moving the cursor: no step grows
-   past its budget and times out for good. The read says how many entries a step took
-   (``@gpubot entries N``): a full step means more may wait, and the watch takes the next step
-   within the same read's budget (``services.xid_watch``), so a fatal line behind a flood is
-   read in the same sweep while the budget allows, and the node's note says when it does not.
-   (With ``--since``, systemd 254 and later take the newest entries instead: a first
-   read after a restart then skips the oldest part of a backlog over MAX_ENTRIES.) Reading the
-   kernel's messages from the system journal needs membership of the ``systemd-journal`` or
-   ``adm`` group (or root); without it journalctl shows the user's own journal only and says so.
-2. ``dmesg --time-format iso``, keeping lines newer than the last one seen (the ring buffer, a
-   fixed size, is read whole; its counts too, so the watch summarises only their increase since
-   the previous read). It needs ``kernel.dmesg_restrict = 0`` (Debian and Ubuntu set 1: then
-   root or CAP_SYSLOG only).
+   hint that the account may not read the system journal) after the previous read's cursor
+   (a process's first read: ``--since`` the Xid window). With a cursor, ``-n`` takes the OLDEST
+   entries after it, so a backlog (a faulting job can grow one) is read in bounded steps, each
+   moving the cursor: no step outgrows its budget and times out for good. A full step
+   (``@gpubot entries N``) means more may wait; the watch takes the next step within the same
+   budget (``services.xid_watch``), so a fatal line behind a flood is still read. (With
+   ``--since``, newer systemd takes the newest entries: a first read after a restart may skip
+   the oldest part of a backlog.) It needs the ``systemd-journal`` or ``adm`` group (or root).
+2. ``dmesg --time-format iso``, keeping lines newer than the last one seen (the ring buffer is
+   read whole; so are its counts, and the watch summarises only their increase). It needs
+   ``kernel.dmesg_restrict = 0``.
 
-gpubot never uses sudo for this (no sudoers line is needed): a node where neither can be read
-says so once, in the log, and raises no finding.
+gpubot never uses sudo for this: a node where neither can be read says so once, in the log, and
+raises no finding.
 
-Bounded whatever the node logs, and not to be flooded by a user (issue 34): only driver lines
-(the driver's words right after the source's timestamp and ``HOST kernel:``) and the cursor pass
-``grep``, ``cut`` each to ``MAX_LINE_BYTES``. A user's own job writes as many application-error
-lines (``APP_CODES``: Xid 13, 31, ...) as it faults, so those have their own cap
-(``MAX_APP_LINES``, the newest) and every other driver line (an Xid 79, an SXid) is kept first,
-up to ``MAX_LINES``: no flood of one class pushes out the other. Beside the lines, a count of
-every driver line per (bus, code) (``@gpubot count N x|s BUS CODE``, at most ``MAX_COUNTS``)
-travels, so what a cap dropped is summarised (``summaries``), never silently lost, and a fatal
-code whose lines were all dropped is still found from its count.
+Bounded whatever the node logs, and not to be flooded by a user: only driver lines (the
+driver's words right after the timestamp and ``HOST kernel:``) and the cursor pass ``grep``,
+``cut`` to ``MAX_LINE_BYTES``. A user's job writes as many application-error lines
+(``APP_CODES``) as it faults, so those have their own cap (``MAX_APP_LINES``) and every other
+driver line (an Xid 79, an SXid) is kept first, up to ``MAX_LINES``. A count per (bus, code)
+(``@gpubot count``, at most ``MAX_COUNTS``) travels beside them, so what a cap dropped is
+summarised, never lost, and a fatal code whose lines were all dropped is still found.
 
-Trust: the kernel writes these lines, but a user controls text inside some of them (the
-``name=`` of an Xid line is the process's comm; other kernel messages quote a file name). So a
-line counts only when the driver's own words START its message (``NVRM: Xid (``, ``nvidia-
-nvswitchN: SXid (``), the code is the number the driver writes right after the bus id, the name
-is kept for display only (``health.xid`` shows it escaped), and the pid, the kernel's own number
-written before the name, only tells the faulting processes apart and finds their owners in
-``/proc``: it never decides what is signalled.
+Trust: a user controls text inside some kernel lines (an Xid's ``name=`` is the process's comm).
+So a line counts only when the driver's own words START its message (``NVRM: Xid (``,
+``nvidia-nvswitchN: SXid (``), the code is the number right after the bus id, the name is for
+display only (escaped), and the pid only tells faulting processes apart and finds their owners:
+it never decides what is signalled.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``nvidia-smi -q``'s health sections, read into ``GpuHealth`` (pure; issue 27).
+"""``nvidia-smi -q``'s health sections, read into ``GpuHealth`` (pure).
 
 The sweep asks the CSV query (``core.health.state``); this reads the same facts from ``-q``'s text,
 as people paste it into tickets and as public samples keep it (tests/corpus/health): the ECC

@@ -1,17 +1,14 @@
-"""GPU health as nvidia-smi says it: memory repair, ECC, the fabric, NVLink, throttling (issue 27).
+"""GPU health as nvidia-smi says it: memory repair, ECC, the fabric, NVLink, throttling.
 
-Pure (standard library only). A sweep, never a status (a status stays cheap), runs
-``health_argv``'s one exec after the node's probe answered: the health query (its own
-``--query-gpu``, so that a field an older driver lacks never costs the probe's table), then
-``nvidia-smi nvlink -s`` and a look at the fabric manager's pid file. ``parse_health`` reads the
-answer; what it means (findings, their next steps) is ``core.health.findings``.
+Pure. A sweep, never a status (a status stays cheap), runs ``health_argv``'s one exec after the
+node's probe answered: its own ``--query-gpu`` (so a field an older driver lacks never costs the
+probe's table), ``nvidia-smi nvlink -s`` and a look at the fabric manager's pid file. What it
+means is ``core.health.findings``.
 
-The fields, as ``nvidia-smi --help-query-gpu`` names them. Each set is tried in order until one is
-accepted: ``clocks_event_reasons.*`` replaced ``clocks_throttle_reasons.*`` in driver 535, the
-``fabric.*`` fields came with the NVSwitch fabric's NVML API, the ``remapped_rows.*`` fields with
-Ampere's row remapper (R460). A rejected set is answered ``Field "X" is not a valid field to
-query.``; the next one is asked. ``[N/A]``, ``[Not Supported]`` (consumer GPUs: no ECC, no
-remapper, no fabric) are unknown values, never an alarm.
+Field sets are tried in order until one is accepted (``Field "X" is not a valid field``: the next
+is asked): ``clocks_event_reasons.*`` replaced ``clocks_throttle_reasons.*``, and the ``fabric.*``
+and ``remapped_rows.*`` fields are newer than some drivers. ``[N/A]``, ``[Not Supported]``
+(consumer GPUs: no ECC, no remapper, no fabric) are unknown values, never an alarm.
 
 Nothing here is text a user controls: nvidia-smi prints no process name in these answers, and the
 pid file of the fabric manager is root's (``/run``); the process it names is checked by its name

@@ -1,29 +1,22 @@
 """Xid and SXid events → findings with the next step (pure: time passed in).
 
-An event maps to its GPU through the bus ids of the node's snapshot (nvidia-smi's
-``pci.bus_id``, as ``core.health.kernlog.gpu_bus`` writes it); an Xid whose bus id no GPU of the
-snapshot has is the node's finding, saying so, and an SXid is always the node's (it names an
-NVSwitch). Each (GPU, code) is one finding while an event of it lies in the window (``window_s``):
-it alerts once, and resolves once the window has passed with none. A code with a repeat threshold
-(``XidClass.burst``) seen that often in the window on one GPU is a second finding, for on-call,
-with the class's burst step (for an application code: reset when idle, with its *Reset GPU*).
+An event maps to its GPU through the snapshot's bus ids; an Xid on no known GPU is the node's
+finding, and an SXid is always the node's (it names an NVSwitch). Each (GPU, code) is one finding
+while an event of it lies in the window: it alerts once, and resolves once the window has passed
+with none. A code seen ``XidClass.burst`` times in the window on one GPU is a second finding, for
+on-call, with the class's burst step.
 
-Evidence that accuses a person is that person's own (issue 34): an application code's lines
-(a job's own fault) are counted per faulting process (the kernel's pid), never per line. Any
-user can open a context on another's GPU and fault there as often as they like, so one process's
-burst, or bursts of processes all known to be one owner's, stays that owner's finding with no
-reset offered; it becomes on-call's only across distinct KNOWN owners (``several``): named
-accounts root controls (``known_owner``), never a subordinate uid (``231072``) that any user may
-run as, nor an unnamed slice's ``uid N``. A process
-gone by the sweep (as a faulting one usually is) has no owner gpubot can prove, and an unknown
-owner is never counted as another person: one user can fault from as many short-lived processes
-as they like, so processes alone never make a burst on-call's. Lines without a pid cannot show
-several owners either. Every finding says whose processes wrote its lines.
+Evidence that accuses a person is that person's own: an application code's lines are counted
+per faulting process, never per line. Any user can open a context on another's GPU and fault
+there at will, so one owner's burst stays that owner's finding with no reset offered; it becomes
+on-call's only across distinct KNOWN owners (``known_owner``: named accounts root controls, never
+a subordinate uid or an unnamed slice's ``uid N``). An owner gpubot cannot prove (a process gone
+by the sweep) is never counted as another person: one user can fault from as many short-lived
+processes as they like. Every finding says whose processes wrote its lines.
 
-Never trusted: the name in a line is what the process calls itself. It appears in the summary
-marked (``core.text.code``: one line, escaped by every front end) and decides nothing; the owner
-of a line's process is that of the process that holds the GPU under that pid in the same sweep's
-snapshot and had started by the line, as ``/proc`` says, never the line's name.
+Never trusted: the name in a line is what the process calls itself; it is shown escaped
+(``core.text.code``) and decides nothing. A line's owner is that of the process holding the GPU
+under that pid in the same sweep and started by the line, as ``/proc`` says.
 """
 
 from __future__ import annotations
@@ -244,15 +237,10 @@ MAX_SOURCES_SHOWN = 4
 def _who(group: Group) -> tuple[str, str | None]:
     """Return the words about whose processes wrote the lines (escaped) and the owner to tell.
 
-    The owner is one known owner (``known_owner``) whose processes wrote EVERY line of the
-    group that names a pid, and only while no line of it was dropped by the read's cap (a
-    dropped line's pid is unknown: it may be anyone's); else none, a plain finding. Chosen over
-    telling the owner of a subset (her lines counted apart from the rest) because the finding
-    then stays one count and one list: a DM's count is all hers by construction, and no other
-    user's process, line or name is ever put before her. Never the last line's process alone:
-    alice's one line after mallory's three hundred from short-lived processes on her GPU would
-    make all of them alice's. Lines with no pid (the driver's lines beside a fault's) are said
-    apart ("N lines name no pid") and do not decide it."""
+    The owner is one known owner whose processes wrote EVERY line of the group that names a
+    pid, and only while the read's cap dropped none (a dropped line may be anyone's); else none.
+    Never the last line's process alone: one line of alice's after many of mallory's on her
+    GPU would make all of them alice's. Lines with no pid are said apart and decide nothing."""
     sources = group.sources()
     bare = sum(1 for s in group.seen if not s.event.summary and not (s.event.pid or "").isdigit())
     words = ""

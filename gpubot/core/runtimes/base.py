@@ -31,7 +31,7 @@ OTHER = "other"  # the kind of what no runtime names, or names as no workload
 
 def printable_path(text: str) -> str:
     """Return ``text`` with non-printable characters as ``\\xNN``, at most 300 of them."""
-    if text.isprintable():  # the usual path: no join of it char by char (issue 24)
+    if text.isprintable():  # the usual path: no join of it char by char
         return text[:300]
     out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
     return out[:300]

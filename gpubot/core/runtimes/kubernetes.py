@@ -5,15 +5,13 @@ kubepods-QOS-podUID.slice/cri-containerd-ID.scope`` (systemd), ``/kubepods/QOS/p
 (cgroupfs); kind's ``--cgroup-root=/kubelet`` (``/kubelet.slice/kubelet-kubepods.slice/...``,
 ``/kubelet/kubepods/...``). A static pod's UID is 32 hex digits (the manifest's hash).
 containerd with ``SystemdCgroup = false`` under a kubelet using the systemd driver: the CRI
-plugin writes the cgroupsPath as ``slice:cri-containerd:ID`` (containerd/cri PR #290) and runc's
-cgroupfs manager takes it as a path below containerd's own cgroup:
-``/system.slice/containerd.service/kubepods-QOS-podUID.slice:cri-containerd:ID``
-(containerd issue #5226, DataDog agent and OpenTelemetry test fixtures).
+plugin writes the cgroupsPath as ``slice:cri-containerd:ID`` and runc's cgroupfs manager takes
+it as a path below containerd's own cgroup:
+``/system.slice/containerd.service/kubepods-QOS-podUID.slice:cri-containerd:ID``.
 
-Lookup: ``crictl inspect ID...`` (kubernetes-sigs/cri-tools ``cmd/crictl/container.go`` and
-``util.go``): current versions print one ``{"status": ..., "info": ...}`` object for one id
-and a JSON array for several, and print nothing at all when any id is not found; older
-versions printed one object per id, concatenated. ``status`` is the CRI ``ContainerStatus``
+Lookup: ``crictl inspect ID...``: current versions print one ``{"status": ..., "info": ...}``
+object for one id and a JSON array for several, and nothing at all when any id is not found;
+older versions printed one object per id, concatenated. ``status`` is the CRI ``ContainerStatus``
 in protojson names: ``id``, ``metadata.name``, ``image.image``, ``labels``.
 """
 

@@ -1,12 +1,10 @@
 """systemd-machined machines: systemd-nspawn containers and libvirt's VMs and containers.
 
 Cgroup shapes: machined puts each machine it registers in ``machine-NAME.scope`` in
-``machine.slice`` (systemd-machined(8); systemd ``src/machine/machine.c``: the unit is
-``machine-`` and the escaped name), as a libvirt VM's QEMU shows it,
-``0::/machine.slice/machine-qemu\\x2d18\\x2dDroplet\\x2d7572850.scope/emulator`` (a cgroup
-patch on the kernel's list, 2021); ``machinectl start NAME`` runs the container as the
-template unit ``systemd-nspawn@NAME.service`` in the same slice (systemd-nspawn(1), delphix
-appliance-build ``upgrade/FAQ.md``). From systemd 244 the container's own tree is below
+``machine.slice`` (systemd-machined(8)), e.g. a libvirt VM's
+``0::/machine.slice/machine-qemu\\x2d18\\x2dDroplet\\x2d7572850.scope/emulator``;
+``machinectl start NAME`` runs a container as ``systemd-nspawn@NAME.service`` in the same slice
+(systemd-nspawn(1)). From systemd 244 the container's own tree is below
 ``payload/`` and nspawn itself in ``supervisor/``. Only root makes cgroups in ``machine.slice``;
 an unprivileged user's machine is in their own ``user@UID.service`` (their session).
 

@@ -4,10 +4,8 @@ Every runtime may give shapes with a ``reason`` (a runtime's own daemon, LXC's m
 unit); they and any path no shape knows are ``other``, named by the raw path, owned by nobody,
 never stopped. Shapes of no runtime of their own are here.
 
-Apptainer/Singularity ``--apply-cgroups`` (apptainer PR #336; ``internal/pkg/cgroups/
-manager_linux.go``: ``/apptainer/PID``, ``system.slice:apptainer:PID``): ``apptainer-PID.scope``
-in ``system.slice`` or ``/apptainer/PID`` (``singularity`` before the rename): named by a PID,
-so no stable container id.
+Apptainer/Singularity ``--apply-cgroups``: ``apptainer-PID.scope`` in ``system.slice`` or
+``/apptainer/PID`` (``singularity`` before the rename): named by a PID, so no stable id.
 """
 
 from __future__ import annotations
