@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 import textwrap
 
+from tests.fixtures.code_rules import fmt_skips_without_a_why, slack_vocabulary
 from tests.import_graph import climbs, cycles, imports_of, mermaid, readme_drawing
-from tests.unit.test_layers import fmt_skips_without_a_why, slack_vocabulary
 
 KNOWN = frozenset({"gpubot.services.reset", "gpubot.services.reset_run", "gpubot.core.models"})
 

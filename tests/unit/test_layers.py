@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import ast
 import importlib
-import io
 import itertools
 import re
 import sys
-import tokenize
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.code_rules import fmt_skips_without_a_why, slack_vocabulary
 from tests.import_graph import (
     PKG,
     climbs,
@@ -399,63 +398,9 @@ def test_control_the_durations_rule_sees_the_old_grammars(source: str) -> None:
 
 
 # Slack's own vocabulary: Block Kit's keys and block types, and mrkdwn's mention and date tokens.
-BLOCK_KIT_KEYS = {"blocks", "elements", "accessory", "action_id", "block_id", "alt_text"}
-BLOCK_KIT_TYPES = {
-    "section",
-    "actions",
-    "context",
-    "header",
-    "divider",
-    "button",
-    "mrkdwn",
-    "plain_text",
-    "rich_text",
-    "static_select",
-    "overflow",
-}
-SLACK_TOKENS = ("<@", "<!date^", "<!subteam^", "<!here", "<!channel", "<#")
-
-
-def slack_vocabulary(module: ast.Module) -> list[tuple[int, str]]:
-    """Return (line, what) for each Block Kit key or type and each Slack token in ``module``."""
-    out = []
-    for node in ast.walk(module):
-        if isinstance(node, ast.Dict):
-            for k, v in zip(node.keys, node.values, strict=True):
-                key = k.value if isinstance(k, ast.Constant) else None
-                if key in BLOCK_KIT_KEYS:
-                    out.append((node.lineno, f"Block Kit key {key!r}"))
-                if key == "type" and isinstance(v, ast.Constant) and v.value in BLOCK_KIT_TYPES:
-                    out.append((node.lineno, f"Block Kit type {v.value!r}"))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            out += [(node.lineno, f"Slack token {t!r}") for t in SLACK_TOKENS if t in node.value]
-        elif isinstance(node, ast.Name | ast.alias):
-            name = node.id if isinstance(node, ast.Name) else node.asname or node.name
-            if name.startswith(("SLACK", "Slack")):
-                out.append((getattr(node, "lineno", 0), f"Slack name {name}"))
-    return out
-
-
 @pytest.mark.parametrize("path", _files("core") + _files("chat"), ids=lambda p: p.name)
 def test_no_slack_id_or_block_kit_key_in_core_or_chat(path: Path) -> None:
     assert slack_vocabulary(tree(path)) == [], path.relative_to(PKG).as_posix()
-
-
-def fmt_skips_without_a_why(text: str) -> list[int]:
-    """Return the lines whose comment holds ``fmt: skip`` (or ``fmt: off``) with no reason: a
-    reason is a comment line right above, or a second comment after the marker."""
-    lines = text.splitlines()
-    bad = []
-    for t in tokenize.generate_tokens(io.StringIO(text).readline):
-        marker = next((m for m in ("fmt: skip", "fmt: off") if m in t.string), None)
-        if t.type != tokenize.COMMENT or marker is None:
-            continue
-        n = t.start[0]
-        why_after = t.string.split(marker, 1)[1].strip().startswith("#")
-        why_above = n >= 2 and lines[n - 2].strip().startswith("#")
-        if not (why_after or why_above):
-            bad.append(n)
-    return bad
 
 
 @pytest.mark.parametrize("folder", ["gpubot", "tests", "benchmarks"])

@@ -3,12 +3,14 @@ event loop's own machinery through."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import os
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +107,20 @@ async def test_a_sleep_on_a_loop_that_skips_its_idle_waits_is_allowed(
     await asyncio.sleep(30)
     assert loop.time() - start >= 30 and time.monotonic() - wall < 5
     assert tier_guard.violations == []
+
+
+def test_no_test_module_imports_another() -> None:
+    # Shared helpers live in tests/fixtures: importing a test module runs its module code and
+    # its fixtures in another file, and renaming one test breaks distant ones.
+    tests = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [
+                f"{path.relative_to(tests)}: {name}"
+                for name in names
+                if name.split(".")[-1].startswith("test_") and name.startswith("tests.")
+            ]
+    assert found == []
