@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -69,23 +70,43 @@ class SlackAlerts:
         self._posted_at: dict[str, float] = {}  # channel → when this notifier last posted there
         self._unsure: dict[str, AlertGroup] = {}  # token → a digest whose post is unconfirmed
 
-    async def _paced(self, channel: str) -> None:
-        """Wait until ``channel`` had no post from here for the interval (Slack: ~1 per s),
-        counted from when the last post there ended (``_mark``): Slack saw it by then."""
+    @asynccontextmanager
+    async def _paced(self, channel: str) -> AsyncIterator[None]:
+        """Wait until ``channel`` had no post from here for the interval, counted from when
+        the last call there ended: Slack saw it by then."""
+        loop = asyncio.get_running_loop()
         last = self._posted_at.get(channel)
-        if last is not None and (wait := last + self._pace - asyncio.get_running_loop().time()) > 0:
+        if last is not None and (wait := last + self._pace - loop.time()) > 0:
             await asyncio.sleep(wait)
+        try:
+            yield
+        finally:
+            self._posted_at[channel] = loop.time()
 
-    def _mark(self, channel: str) -> None:
-        self._posted_at[channel] = asyncio.get_running_loop().time()
+    async def _reply(self, where: MessageRef, msg: Mapping[str, Any], **extra: Any) -> bool:
+        """Post ``msg`` in the thread of ``where`` (paced); log a refusal and return False."""
+        channel, ts = split_ref(where)
+        async with self._paced(channel):
+            try:
+                await call(
+                    self.api.client,
+                    "chat.postMessage",
+                    channel=channel,
+                    thread_ts=ts,
+                    **extra,
+                    **msg,
+                )
+                return True
+            except ChatCallFailed as exc:
+                log.error("reply in %s failed: %s", where, exc.error)
+                return False
 
     async def post(self, group: AlertGroup, *, token: str) -> Posted:
         """Post a new alert message carrying ``token`` in its metadata (``slack.poster``);
         once Slack has answered that it took it, DM the idle holders' owners."""
-        await self._paced(self.channel)
         msg = to_slack(render_alert(group))
-        posted = await post_once(self.api, self.channel, msg, token=token)
-        self._mark(self.channel)
+        async with self._paced(self.channel):
+            posted = await post_once(self.api, self.channel, msg, token=token)
         if posted.delivery is Delivery.UNCERTAIN and is_digest(group):
             self._unsure[token] = group  # its details follow if the history has it
         if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
@@ -115,24 +136,7 @@ class SlackAlerts:
         the replies posted. A reply whose answer is lost is not resent (``api.retry_handlers``)."""
         if not is_digest(group):
             return 0
-        sent = 0
-        channel, ts = split_ref(where)
-        for msg in render_digest_details(group):
-            await self._paced(channel)
-            try:
-                await call(
-                    self.api.client,
-                    "chat.postMessage",
-                    channel=channel,
-                    thread_ts=ts,
-                    **to_slack(msg),
-                )
-                sent += 1
-            except ChatCallFailed as exc:
-                log.error("digest details in %s failed: %s", where, exc.error)
-            finally:
-                self._mark(channel)
-        return sent
+        return sum([await self._reply(where, to_slack(m)) for m in render_digest_details(group)])
 
     async def direct(self, group: AlertGroup, where: MessageRef | None) -> int:
         """DM each owner of the group's open idle holders who maps to Slack; return DMs sent."""
@@ -157,40 +161,19 @@ class SlackAlerts:
                 snooze=lambda key: snooze_buttons(key)[-1],
             )
             # Due once (it rides on its alert, which the outbox posts once); delivered once.
-            await self._paced(channel)
-            try:
+            async with self._paced(channel):
                 ref = await self.outbox.send(idle_subject(group.node, items, user), channel, msg)
-            finally:
-                self._mark(channel)
             sent += ref is not None
         return sent
 
     async def update(self, where: MessageRef, group: AlertGroup) -> None:
         """Replace an alert message by the group's current state (paced like a post)."""
-        channel, _ = split_ref(where)
-        await self._paced(channel)
-        try:
+        async with self._paced(split_ref(where)[0]):
             await self.api.update(where, to_slack(render_alert(group)))
-        finally:
-            self._mark(channel)
 
     async def remind(self, where: MessageRef, group: AlertGroup) -> None:
         """Post a reminder in the alert's thread, shown in the channel too."""
-        msg = to_slack(render_reminder(group))
-        channel, ts = split_ref(where)
-        await self._paced(channel)
-        try:
-            await call(
-                self.api.client,
-                "chat.postMessage",
-                channel=channel,
-                thread_ts=ts,
-                reply_broadcast=True,
-                **msg,
-            )
-        except ChatCallFailed as exc:
-            log.error("reminder in %s failed: %s", where, exc.error)
-        self._mark(channel)
+        await self._reply(where, to_slack(render_reminder(group)), reply_broadcast=True)
 
 
 def idle_subject(node: str, items: Sequence[AlertItem], user: str) -> str:
