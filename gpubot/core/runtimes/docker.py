@@ -12,7 +12,7 @@ has a leading ``/``; ``Config.Labels`` may be null; ``HostConfig.RestartPolicy.N
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpubot.core import text
@@ -74,34 +74,47 @@ def policy_restarts(w: Workload) -> bool:
     return w.get("restart") not in ("no", "")
 
 
-def _is_root(w: Workload, comp: str, prev: str) -> bool:
-    return comp == f"docker-{w.id}.scope" or (prev == "docker" and comp == w.id)
+def container_runtime(
+    kind: str,
+    shapes: tuple[Shape, ...],
+    daemons: tuple[str, ...],
+    parse: Callable[[str, Sequence[str]], dict[str, Found]],
+    is_root: Callable[[Workload, str, str], bool],
+) -> Runtime:
+    """A docker-CLI-like runtime (docker, podman): same inspect, describe, owner, stop rules."""
+    return Runtime(
+        kind=kind,
+        shapes=shapes,
+        daemons=daemons,
+        build=container_build,
+        describe=describe_container,
+        owner=container_owner,
+        stop=container_stop,
+        restarts=policy_restarts,
+        is_root=is_root,
+        lookup=Lookup(
+            tool=kind,
+            ids=HEX64_ID,
+            argv=inspect_json.inspect_argv(kind),
+            parse=parse,
+            target=inspect_json.rootful_id,
+            apply=inspect_json.apply_container,
+            sudo=f"{kind} inspect *",
+        ),
+        nests=True,
+        sudo_stop=f"{kind} stop *",
+    )
 
 
-RUNTIME = Runtime(
-    kind="docker",
-    shapes=(
+RUNTIME = container_runtime(
+    "docker",
+    (
         Shape(rf"/system\.slice/docker-(?P<id>{HEX64})\.scope{NEST}"),
         Shape(rf"/docker/(?P<id>{HEX64}){NEST}"),
         # Rootless: inside the user's own subtree, so the user's, whatever they say.
         Shape(rf"{USER_MANAGER}docker-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
     ),
-    daemons=(r"docker\.service", r"snap\.docker\.dockerd\.service"),
-    build=container_build,
-    describe=describe_container,
-    owner=container_owner,
-    stop=container_stop,
-    restarts=policy_restarts,
-    is_root=_is_root,
-    lookup=Lookup(
-        tool="docker",
-        ids=HEX64_ID,
-        argv=inspect_json.inspect_argv("docker"),
-        parse=parse_docker_inspect,
-        target=inspect_json.rootful_id,
-        apply=inspect_json.apply_container,
-        sudo="docker inspect *",
-    ),
-    nests=True,
-    sudo_stop="docker stop *",
+    (r"docker\.service", r"snap\.docker\.dockerd\.service"),
+    parse_docker_inspect,
+    lambda w, comp, prev: comp == f"docker-{w.id}.scope" or (prev == "docker" and comp == w.id),
 )

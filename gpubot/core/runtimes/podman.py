@@ -17,19 +17,13 @@ from typing import Any
 from gpubot.core.runtimes import inspect_json
 from gpubot.core.runtimes.base import (
     HEX64,
-    HEX64_ID,
     NEST,
     USER_MANAGER,
     Found,
-    Lookup,
     Rank,
-    Runtime,
     Shape,
-    Workload,
-    container_build,
-    container_owner,
 )
-from gpubot.core.runtimes.docker import container_stop, describe_container, policy_restarts
+from gpubot.core.runtimes.docker import container_runtime
 
 
 def parse_podman_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
@@ -49,34 +43,15 @@ def _found(o: dict[str, Any]) -> Found:
     )
 
 
-def _is_root(w: Workload, comp: str, prev: str) -> bool:
-    return comp in (f"libpod-{w.id}.scope", f"libpod-{w.id}")
-
-
-RUNTIME = Runtime(
-    kind="podman",
-    shapes=(
+RUNTIME = container_runtime(
+    "podman",
+    (
         Shape(rf"/(?:machine|system)\.slice/libpod-(?P<id>{HEX64})\.scope{NEST}"),
         Shape(rf"/libpod_parent/libpod-(?P<id>{HEX64}){NEST}"),
         # Rootless: inside the user's own subtree, so the user's, whatever they say.
         Shape(rf"{USER_MANAGER}libpod-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
     ),
-    daemons=(r"podman\.service",),
-    build=container_build,
-    describe=describe_container,
-    owner=container_owner,
-    stop=container_stop,
-    restarts=policy_restarts,
-    is_root=_is_root,
-    lookup=Lookup(
-        tool="podman",
-        ids=HEX64_ID,
-        argv=inspect_json.inspect_argv("podman"),
-        parse=parse_podman_inspect,
-        target=inspect_json.rootful_id,
-        apply=inspect_json.apply_container,
-        sudo="podman inspect *",
-    ),
-    nests=True,
-    sudo_stop="podman stop *",
+    (r"podman\.service",),
+    parse_podman_inspect,
+    lambda w, comp, prev: comp in (f"libpod-{w.id}.scope", f"libpod-{w.id}"),
 )
