@@ -158,15 +158,8 @@ def _nest(outer: Workload, inner: Workload) -> Workload:
 
 
 def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None) -> Workload:
-    """Set ``owner`` from what root controls: never from a name a process gave itself.
-
-    Each runtime's owner rule decides from the name of the path's uid and the configured owner
-    label's value. Slurm: the job user (the ``uid_U`` of a v1 path, or the ``user`` scontrol
-    gave). A container: the user named by the ``owner_label`` label (when configured and well
-    formed), a rootless one's user slice (``uid U`` when it has no name), else ``root``.
-    Services, sessions and others: None (the process's user). A name that is no well-formed
-    user name is no owner.
-    """
+    """Set ``owner`` from what root controls (each runtime's owner rule): never from a name a
+    process gave itself. A name that is no well-formed user name is no owner."""
     uid = w.get("uid")
     # A rootless container's slice uid was named by the probe (``uid_name``); its processes'
     # own uids are subordinate ones that name no one.
@@ -190,12 +183,8 @@ def stop_command(w: Workload) -> str | None:
 
 
 def may_restart(w: Workload | None) -> bool:
-    """Whether something may start this workload's process again once it is killed.
-
-    A container with a restart policy other than ``no`` (or an unknown one), a pod (the kubelet
-    restarts containers), a Slurm job (its batch script may start the next step) or a service:
-    each runtime's restart rule.
-    """
+    """Whether something may start this workload's process again once it is killed (each
+    runtime's restart rule)."""
     return w is not None and runtime_of(w.kind).restarts(w)
 
 

@@ -1,10 +1,9 @@
 """The alert keeper: a sweep's findings through the alert state, to the ``Notifier``.
 
-A finding alerts once it was seen in two sweeps in a row, reminds after ``reminder_s``, and its
-message is updated when it has cleared for two sweeps (hysteresis) or is snoozed. The decisions
-are pure (``core.alerting``); this keeper orchestrates the ``AlertStore`` and the ``Notifier``.
-An alert is posted once, through the outbox (``services.outbox``): its intent is recorded
-before it is posted, and every alerting sweep first settles the posts whose end is unknown.
+The decisions (two sweeps to alert, reminders, hysteresis, snoozes) are pure
+(``core.alerting``); this keeper orchestrates the ``AlertStore`` and the ``Notifier``. An alert
+is posted once through the outbox, and every alerting sweep first settles the posts whose end
+is unknown.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The weekly GPU-hours digest (``[reports] digest = "mon 09:00"``), posted once per week.
 
-The sweeps check it (``SweepService``, under the sweep lock: one replica at a time, on the
-scheduler's interval), so it is posted within one sweep interval of its time. Once a week,
-through the one outbox (``Outbox.publish_once``, the period its subject): its intent and token
-are recorded first (one winner), the post carries the token (``DigestNotifier``), where it
-landed is recorded after. A post whose end is unknown stays pending and is looked for in the
-channel's history before anything is posted again; if the history cannot be read it is not
-posted again (never a second digest on a guess).
+The sweeps check it (under the sweep lock: one replica at a time), so it is posted within one
+sweep interval of its time, once a week through the one outbox (``Outbox.publish_once``, the
+period its subject). If the channel's history cannot be read after an uncertain post, it is not
+posted again: never a second digest on a guess.
 """
 
 from __future__ import annotations

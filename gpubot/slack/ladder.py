@@ -1,12 +1,9 @@
 """The reclaim ladder in Slack: its DMs and channel posts, *Keep (reason)* and on-call's *Free it*.
 
-``SlackLadder`` tells each step (``services.ladder``): the DM and the reminder to the owner's
-Slack users (``[users]``), the channel post and *Free it* in the alerts channel, each once
-through the one outbox (``services.outbox``: a post whose answer is a 5xx or
-``internal_error`` is looked for by its token before it is posted again). *Keep
-(reason)* opens a modal asking why; its submission stops the ladder (audited with the reason).
-On-call's *Free it* asks the approvers for a forced reset of that one process, the request
-carrying the idle evidence (``chat.ladder``).
+``SlackLadder`` tells each step (``services.ladder``) to the owner's Slack users and the alerts
+channel, each once through the one outbox. *Keep (reason)* opens a modal asking why; its
+submission stops the ladder (audited with the reason). On-call's *Free it* asks the approvers
+for a forced reset of that one process, the request carrying the idle evidence.
 """
 
 from __future__ import annotations
