@@ -22,20 +22,25 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def cli_actor() -> str:
-    """Return the audit name of whoever runs the CLI: ``cli:<os user>``."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return f"cli:uid-{os.getuid()}"
-
-
 def linux_user() -> str | None:
     """Return the Linux user running the CLI (the requester of a reset)."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):
         return None
+
+
+def cli_actor() -> str:
+    """Return the audit name of whoever runs the CLI: ``cli:<os user>``, else its uid."""
+    return f"cli:{linux_user() or f'uid-{os.getuid()}'}"
+
+
+def agreed(question: str) -> bool:
+    """Ask ``question`` on the terminal: only y or yes agrees (Ctrl-D, or a terminal gone: no)."""
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in {"y", "yes"}
+    except (EOFError, OSError):
+        return False
 
 
 def duration_arg(text: str) -> float:
@@ -51,26 +56,19 @@ def color() -> bool:
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
-def with_app(args: argparse.Namespace, need_store: bool, body: Callable[[App], Awaitable[T]]) -> T:
-    """Build the app from the CLI's settings, run ``body`` and close everything."""
+def with_app(
+    args: argparse.Namespace,
+    need_store: bool,
+    body: Callable[[App], Awaitable[T]],
+    *,
+    cold: bool = False,
+) -> T:
+    """Build the app from the CLI's settings, run ``body`` and close everything. ``cold``: what
+    ``status`` needs alone, its audit store opening while it probes the nodes (``App.run``)."""
     settings = settings_from(args.config, os.environ)
 
     async def main() -> T:
-        app = build(settings, os.environ, need_store=need_store)
-        try:
-            return await body(app)
-        finally:
-            await app.close()
-
-    return asyncio.run(main())
-
-
-def with_status_app(args: argparse.Namespace, body: Callable[[App], Awaitable[T]]) -> T:
-    """Run ``body`` on what ``status`` needs; the audit store opens while it probes the nodes."""
-    settings = settings_from(args.config, os.environ)
-
-    async def main() -> T:
-        app = build(settings, os.environ, need_store=False, cold=True)
+        app = build(settings, os.environ, need_store=need_store, cold=cold)
         try:
             return await app.run(body)
         finally:

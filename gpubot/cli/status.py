@@ -1,20 +1,26 @@
 """``gpubot status [NODE|GROUP ...] [--summary | --tables] [--watch [SECONDS]] [--json]``.
 
 Above ``[cli] summary_above`` nodes the answer is one line per node. ``--watch`` redraws it over
-one built app, so the first frame's SSH connections serve the next.
+one built app, so the first frame's SSH connections serve the next: on a terminal each frame is
+drawn over the last, line by line, so no blank screen flickers; off one, frames follow each other
+after an empty line. SIGTERM ends it with 0, as it ends ``gpubot serve``; Ctrl-C with 130. The
+module stays light (no claims service): it is the cold path.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import shutil
+import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import TextIO
 
 from gpubot.app import App
-from gpubot.cli.claim_lines import claim_text, claims_on
 from gpubot.cli.common import (
     cli_actor,
     color,
@@ -22,10 +28,16 @@ from gpubot.cli.common import (
     interrupted_json,
     interrupted_on,
     print_interrupted,
-    with_status_app,
+    with_app,
 )
 from gpubot.cli.render import fleet_dict, render_fleet, render_summary
-from gpubot.cli.watch import DEFAULT_EVERY_S, heading, watch
+from gpubot.core.claims.rules import Claim
+from gpubot.core.timefmt import iso
+from gpubot.errors import StoreError
+
+HOME, CLEAR_LINE, CLEAR_BELOW, CLEAR_ALL = "\033[H", "\033[K", "\033[J", "\033[2J"
+DEFAULT_EVERY_S = 5.0
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
 def _every(text: str) -> float:
@@ -103,9 +115,74 @@ def run(args: argparse.Namespace) -> int:
             text, _ = await frame(app)
             if args.json:
                 return text
-            return heading("gpubot status", args.watch, time.time()) + "\n\n" + text
+            at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            return f"Every {args.watch:g} s: gpubot status · {at} · Ctrl-C ends\n\n{text}"
 
         tty = sys.stdout.isatty() and not args.json
         return await watch(one, args.watch, sys.stdout, tty=tty, gap="" if args.json else "\n")
 
-    return with_status_app(args, watching if args.watch else once)
+    return with_app(args, False, watching if args.watch else once, cold=True)
+
+
+async def claims_on(app: App, nodes: list[str]) -> list[Claim] | None:
+    """Return the active claims of ``nodes`` (None: off or unavailable; the status stands)."""
+    if not app.settings.claims.enabled or app.store is None:
+        return None
+    try:
+        return [c for c in await app.store.claims.active() if c.node in nodes]
+    except StoreError:
+        return None
+
+
+def claim_text(c: Claim) -> str:
+    """Return "claimed by alice until 14:00Z · note" (UTC)."""
+    note = f" · {c.note}" if c.note else ""
+    return f"claimed by {c.user} until {iso(c.end)[11:16]}Z{note}"
+
+
+def draw(out: TextIO, text: str, *, tty: bool, first: bool, gap: str) -> None:
+    """Write one frame: over the last on a terminal, else after ``gap`` (an empty line)."""
+    if tty:
+        body = "\n".join(line + CLEAR_LINE for line in text.split("\n"))
+        out.write((CLEAR_ALL if first else "") + HOME + body + "\n" + CLEAR_BELOW)
+    else:
+        out.write(("" if first else gap) + text + "\n")
+    out.flush()  # a closed pipe shows here, as BrokenPipeError: main ends with 141
+
+
+async def watch(
+    frame: Callable[[], Awaitable[str]], every_s: float, out: TextIO, *, tty: bool, gap: str
+) -> int:
+    """Draw ``frame()`` every ``every_s`` seconds until SIGTERM (0) or SIGINT (130)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    code = 0
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal code
+        code = EXIT_INTERRUPTED if sig is signal.SIGINT else 0
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        first = True
+        while not stop.is_set():
+            started = loop.time()
+            task = asyncio.ensure_future(frame())
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                break
+            draw(out, task.result(), tty=tty, first=first, gap=gap)
+            first = False
+            left = every_s - (loop.time() - started)
+            if left > 0:
+                await asyncio.wait({stopping}, timeout=left)
+    finally:
+        stopping.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return code

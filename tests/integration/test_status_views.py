@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from gpubot.cli import EXIT_SIGPIPE
-from gpubot.cli.watch import CLEAR_ALL as CLEAR_ALL_TEXT
-from gpubot.cli.watch import CLEAR_BELOW as CLEAR_BELOW_TEXT
-from gpubot.cli.watch import HOME as HOME_TEXT
+from gpubot.cli.status import CLEAR_ALL as CLEAR_ALL_TEXT
+from gpubot.cli.status import CLEAR_BELOW as CLEAR_BELOW_TEXT
+from gpubot.cli.status import HOME as HOME_TEXT
 from gpubot.core.text_table import GPU_HEADER, SUMMARY_HEADER
 from gpusim.fleet import SimFleet
 
