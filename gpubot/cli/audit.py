@@ -21,14 +21,13 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from gpubot import config
-from gpubot.app import open_app_store
-from gpubot.cli.audit_records import print_listing, show_record
+from gpubot.app import open_app_store, settings_from
+from gpubot.cli.audit_records import print_listing, show_record, when, write_table
 from gpubot.cli.common import cli_actor
 from gpubot.config import AuditSettings
 from gpubot.core import durations
@@ -103,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run one ``audit`` action; return the exit status."""
     check_args(args)
-    settings = config.load(config.config_path(args.config, os.environ))
+    settings = settings_from(args.config, os.environ)
     if args.audit_command == "verify":
         args.seals = seal_rule(args.max_seal_age, settings.audit)
     store = open_app_store(settings, os.environ, check_schema=True)
@@ -274,16 +273,6 @@ def _output(path: str | None, out: TextIO) -> Iterator[TextIO]:
         yield f
 
 
-def _t(moment: datetime | None) -> str:
-    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
-
-
 def _print_actions(acts: list[ActionSummary], as_json: bool, out: TextIO) -> None:
     if as_json:
         out.write(json.dumps([a.as_dict() for a in acts], indent=2) + "\n")
@@ -295,7 +284,7 @@ def _print_actions(acts: list[ActionSummary], as_json: bool, out: TextIO) -> Non
     rows += [
         (
             str(a.id),
-            _t(a.started_at),
+            when(a.started_at),
             a.status,
             a.node or "-",
             ",".join(map(str, a.gpus)) or "-",
@@ -305,7 +294,7 @@ def _print_actions(acts: list[ActionSummary], as_json: bool, out: TextIO) -> Non
         )
         for a in acts
     ]
-    _table(rows, out)
+    write_table(rows, out)
 
 
 def _print_queries(qs: list[AuditRecord], as_json: bool, out: TextIO) -> None:
@@ -321,7 +310,7 @@ def _print_queries(qs: list[AuditRecord], as_json: bool, out: TextIO) -> None:
         rows.append(
             (
                 str(q.seq),
-                _t(q.time),
+                when(q.time),
                 str(d.get("query")),
                 q.actor,
                 q.source,
@@ -330,7 +319,7 @@ def _print_queries(qs: list[AuditRecord], as_json: bool, out: TextIO) -> None:
                 f"{d.get('seconds', 0):.2f}",
             )
         )
-    _table(rows, out)
+    write_table(rows, out)
 
 
 def _show(d: ActionDetail) -> str:
@@ -346,13 +335,13 @@ def _show(d: ActionDetail) -> str:
         f"  who:      {s.actor} via {s.source}",
         *_approval_line(d),
         f"  command:  {s.command}",
-        f"  started:  {_t(s.started_at)} UTC   finished: {_t(s.finished_at)}{took}",
+        f"  started:  {when(s.started_at)} UTC   finished: {when(s.finished_at)}{took}",
         f"  plan:     {json.dumps(d.plan, sort_keys=True)}",
         f"  events:   {len(d.events)}",
     ]
-    lines += [f"    {_t(e.time)}  {e.payload}" for e in d.events]
+    lines += [f"    {when(e.time)}  {e.payload}" for e in d.events]
     lines += [
-        f"  reviewed: by {r.actor} at {_t(r.time)} UTC: {r.data.get('note') or '-'}"
+        f"  reviewed: by {r.actor} at {when(r.time)} UTC: {r.data.get('note') or '-'}"
         for r in d.records
         if r.kind == "review"
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, TextIO
 
 from gpubot.store import ActionSummary, AuditRecord
@@ -68,9 +69,19 @@ def print_listing(items: Sequence[Listed], as_json: bool, out: TextIO, empty: st
         ("ID", "STARTED (UTC)", "KIND", "STATUS", "NODE", "GPUS", "ACTOR", "SOURCE", "WHAT")
     ]
     table += [_action_cells(i) if isinstance(i, ActionSummary) else _cells(i) for i in items]
-    widths = [max(len(r[c]) for r in table) for c in range(len(table[0]))]
-    for r in table:
+    write_table(table, out)
+
+
+def write_table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """Write ``rows`` (the header first) in columns as wide as their widest cell."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+def when(moment: datetime | None) -> str:
+    """Return a UTC time as the audit's tables show it ("-": none)."""
+    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def show_record(rec: AuditRecord) -> str:
@@ -78,7 +89,7 @@ def show_record(rec: AuditRecord) -> str:
     lines = [
         f"record {rec.seq}: {listing_kind(rec)} ({status_of(rec)}) on {rec.node or '-'}",
         f"  who:      {rec.actor} via {rec.source}",
-        f"  time:     {rec.time.strftime('%Y-%m-%d %H:%M:%S')} UTC",
+        f"  time:     {when(rec.time)} UTC",
     ]
     if rec.action_id is not None and rec.action_id != rec.seq:
         lines.append(f"  action:   {rec.action_id} (`gpubot audit show {rec.action_id}`)")
@@ -90,8 +101,8 @@ def show_record(rec: AuditRecord) -> str:
 
 def _action_cells(a: ActionSummary) -> tuple[str, ...]:
     gpus = ",".join(map(str, a.gpus)) or "-"
-    when = a.started_at.strftime("%Y-%m-%d %H:%M:%S")
-    return (str(a.id), when, a.kind, a.status, a.node or "-", gpus, a.actor, a.source, a.command)
+    started = when(a.started_at)
+    return (str(a.id), started, a.kind, a.status, a.node or "-", gpus, a.actor, a.source, a.command)
 
 
 def _cells(rec: AuditRecord) -> tuple[str, ...]:
@@ -106,7 +117,7 @@ def _cells(rec: AuditRecord) -> tuple[str, ...]:
         what = what[: WHAT_WIDTH - 1] + "…"
     return (
         str(rec.seq),
-        rec.time.strftime("%Y-%m-%d %H:%M:%S"),
+        when(rec.time),
         listing_kind(rec),
         status,
         rec.node or "-",

@@ -4,23 +4,38 @@ Some tables hold what no one can rebuild (the audit log, approvals, claims), so 
 record would go, ``downgrade`` asks first (or ``--yes``; without either it refuses), and dropping
 audit records also needs ``--i-have-a-copy PATH``, a checked export of this very log. The records
 are counted again under the downgrade's write lock: one written meanwhile stops the drop.
+
+A person's word that PATH is a copy is not enough: the file may be an older export, another
+database's, cut short, or no export at all. So it must parse as an export, link record to record
+from the first, end at the log's chain head, and its hashes must recompute (a keyed log's only
+with the key). It is read as a stream, twice at most, never held in memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import itertools
+import json
 import os
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from gpubot import config
-from gpubot.app import open_app_store
+from gpubot.app import open_app_store, settings_from
+from gpubot.cli.audit import EXPORT_FIELDS
+from gpubot.cli.common import agreed
 from gpubot.errors import UsageError
 from gpubot.store import Store
+from gpubot.store.chain import GENESIS, walk
+from gpubot.store.records import AuditRecord
 
 if TYPE_CHECKING:
     from gpubot.store.drops import DropCheck
+
+OPTION = "--i-have-a-copy"
+CSV_HEADER = ",".join(EXPORT_FIELDS)
+STRINGS = ("kind", "created_at", "actor", "source", "payload", "prev_hash", "hash")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,17 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def open_configured(
-    config_arg: str | None, environ: Mapping[str, str], *, check_schema: bool
-) -> Store:
-    """Open the store the settings name, with ``$GPUBOT_DB_PASSWORD`` and ``$GPUBOT_AUDIT_KEY``."""
-    settings = config.load(config.config_path(config_arg, environ))
-    return open_app_store(settings, environ, check_schema=check_schema)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run one ``db`` action; return the exit status."""
-    store = open_configured(args.config, os.environ, check_schema=False)
+    store = open_app_store(settings_from(args.config, os.environ), os.environ, check_schema=False)
     try:
         before, head = store.revision()
         if args.db_command == "upgrade":
@@ -78,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _agreed(store: Store, args: argparse.Namespace) -> DropCheck:
     """Return the downgrade's last check once a person has agreed to what it drops."""
-    from gpubot.cli.audit_copy import OPTION, check_copy
     from gpubot.store.drops import at_risk, unchanged
 
     found = at_risk(store.engine, args.revision)
@@ -103,11 +109,93 @@ def _agreed(store: Store, args: argparse.Namespace) -> DropCheck:
                 "run `gpubot audit verify`"
             )
         check_copy(args.copy, found.audit, found.head, store.audit_key)
-    if not args.yes:
-        try:
-            answer = input(f"downgrade {store.url} to {args.revision}, dropping {what}? [y/N] ")
-        except EOFError:
-            answer = ""
-        if answer.strip().lower() not in {"y", "yes"}:
-            raise UsageError("cancelled; nothing was dropped")
+    if not args.yes and not agreed(f"downgrade {store.url} to {args.revision}, dropping {what}?"):
+        raise UsageError("cancelled; nothing was dropped")
     return unchanged(found)
+
+
+def check_copy(path: str, records: int, head: tuple[int, str], key: bytes | None) -> None:
+    """Raise ``UsageError`` unless ``path`` is a whole export of the log ending at ``head``."""
+    count, last = _links(path)
+    again = f"export it again: gpubot audit export -o {path}"
+    if count < records:
+        raise UsageError(
+            f"{OPTION}: {path} holds {count} of the log's {records} audit records: {again}"
+        )
+    if last != head:
+        ends = "no record" if last is None else f"record {last[0]} ({last[1][:16]}…)"
+        raise UsageError(
+            f"{OPTION}: {path} ends at {ends}, the log's chain head is record {head[0]} "
+            f"({head[1][:16]}…): not a copy of this log, or an old one: {again}"
+        )
+    result = walk(_records(path), head, lambda _hash: None, key)
+    if not result.ok and not result.unverified:  # unverified: keyed, and no key here
+        raise UsageError(f"{OPTION}: {path} is not intact: {result.reason}")
+
+
+def _links(path: str) -> tuple[int, tuple[int, str] | None]:
+    """Return how many records ``path`` holds and its last one's (seq, hash), each linked."""
+    count, prev = 0, (0, GENESIS)
+    for r in _records(path):
+        if r.seq != prev[0] + 1 or r.prev_hash != prev[1]:
+            raise UsageError(
+                f"{OPTION}: {path}: record {r.seq} does not follow record {prev[0]} "
+                "(the copy was edited, cut or reordered)"
+            )
+        count, prev = count + 1, (r.seq, r.hash)
+    return count, (prev if count else None)
+
+
+def _records(path: str) -> Iterator[AuditRecord]:
+    """Yield the records of the export at ``path``, in file order."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            first = f.readline()
+            if first.rstrip("\r\n") == CSV_HEADER:
+                for n, row in enumerate(csv.DictReader(f, fieldnames=EXPORT_FIELDS), 2):
+                    yield _record(path, n, _from_csv(row))
+                return
+            for n, line in enumerate(itertools.chain([first], f), 1):
+                if line.strip():
+                    yield _record(path, n, _from_json(line))
+    except OSError as exc:
+        raise UsageError(f"{OPTION}: cannot read {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UsageError(f"{OPTION}: {path} is not a `gpubot audit export` file: {exc}") from None
+
+
+def _from_json(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _from_csv(row: dict[str | Any, Any]) -> Any:
+    """Return a csv row as its JSON twin: csv writes None as an empty cell, numbers as text."""
+    if None in row or any(v is None for v in row.values()):
+        return None  # a row with more or fewer cells than the header
+    data: dict[str, Any] = {k: (v if v != "" else None) for k, v in row.items()}
+    for k in ("seq", "action_id"):
+        if isinstance(data[k], str):
+            data[k] = int(data[k]) if data[k].isdigit() else data[k]
+    for k in STRINGS:
+        data[k] = data[k] or ""
+    return data
+
+
+def _record(path: str, line: int, data: Any) -> AuditRecord:
+    """Return ``data`` as a record, or raise ``UsageError`` naming the line."""
+    ok = (
+        isinstance(data, dict)
+        and set(data) == set(EXPORT_FIELDS)
+        and type(data["seq"]) is int
+        and (data["action_id"] is None or type(data["action_id"]) is int)
+        and (data["node"] is None or isinstance(data["node"], str))
+        and all(isinstance(data[k], str) for k in STRINGS)
+    )
+    if not ok:
+        raise UsageError(
+            f"{OPTION}: {path} line {line} is not a record of `gpubot audit export` (jsonl or csv)"
+        )
+    return AuditRecord(**data)

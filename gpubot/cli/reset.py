@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpubot.app import App
 from gpubot.cli.common import (
+    agreed,
     cli_actor,
     color,
     interrupted_json,
@@ -81,11 +82,7 @@ def _confirm(question: str, yes: bool) -> None:
         return
     if not sys.stdin.isatty():
         raise UsageError("not a terminal: add --yes to go ahead without being asked")
-    try:
-        answer = input(f"{question} [y/N] ").strip().lower()
-    except (EOFError, OSError):  # Ctrl-D, or the terminal went away while asking
-        answer = ""
-    if answer not in {"y", "yes"}:
+    if not agreed(question):
         raise UsageError("cancelled; nothing was done")
 
 
@@ -108,10 +105,6 @@ async def _finished(
         print(json.dumps({**exc.document, "interrupted": interrupted_json(found)}, indent=2))
         print(f"gpubot: error: {exc}", file=sys.stderr)
         return 2
-    return _finish(result, as_json, found)
-
-
-def _finish(result: ResetResult, as_json: bool, found: list[ActionSummary] | None) -> int:
     if as_json:
         print(json.dumps({**result.to_dict(), "interrupted": interrupted_json(found)}, indent=2))
     else:
