@@ -91,10 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BrokenPipeError, StdoutClosed):
         if not _stdout_closed():
             raise  # some other pipe or socket: not the reader of our output going away
-        # Python flushes stdout again at exit: point it at /dev/null so that it cannot fail.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        from gpubot.cli.output import to_devnull
+
+        to_devnull(sys.stdout)  # Python flushes stdout again at exit: that cannot fail now
         return EXIT_SIGPIPE
 
 
@@ -107,14 +106,7 @@ def run_command(argv: Sequence[str] | None = None) -> int:
         parser = build_parser(command)
         args = parser.parse_args(args_in)
         args._argv = tuple(args_in)  # the command as typed (the audit log records it)
-        logs.configure(
-            logs.choose(
-                args.log_level, os.environ, logs.LEVEL_ENV, logs.LEVELS, logs.DEFAULT_LEVEL
-            ),
-            logs.choose(
-                args.log_format, os.environ, logs.FORMAT_ENV, logs.FORMATS, logs.DEFAULT_FORMAT
-            ),
-        )
+        logs.configure(args.log_level, args.log_format, os.environ)
         if command in FLEET_COMMANDS:  # one connection per node: as servers do
             from gpubot.transport.descriptors import raise_soft_limit
 

@@ -87,9 +87,14 @@ def choose(
     return raw.lower()
 
 
-def configure(level: str, fmt: str, stream: TextIO | None = None) -> logging.Handler | None:
-    """Send records of ``level`` and above to ``stream`` in ``fmt``; like ``basicConfig``, do
-    nothing (None) where the root logger has handlers already (pytest, an embedding program)."""
+def configure(
+    level: str | None, fmt: str | None, environ: Mapping[str, str], stream: TextIO | None = None
+) -> logging.Handler | None:
+    """Send records of the level chosen (``choose``) and above to ``stream`` in the format
+    chosen; like ``basicConfig``, do nothing (None) where the root logger has handlers already
+    (pytest, an embedding program)."""
+    level = choose(level, environ, LEVEL_ENV, LEVELS, DEFAULT_LEVEL)
+    fmt = choose(fmt, environ, FORMAT_ENV, FORMATS, DEFAULT_FORMAT)
     root = logging.getLogger()
     if root.handlers:
         return None
