@@ -1,13 +1,7 @@
-"""A digest: one alert message for one finding kind across nodes, its details in its thread.
-
-A rack outage is one message in the channel (issue 25), and that message stays short: its
-title, the nodes (and GPUs) it is about, and where the details are. Each finding's details and
-its buttons (*Reset GPU N*, *Snooze*) are replies in the digest's thread, as many findings to a
-reply as fit within Slack's limits (50 blocks, each section's text clipped), so that 20 nodes
-take one or two replies, not 20. When findings resolve, the channel message is updated in place.
-
-``render_alert`` is what a front end renders for any alert group: a node's own message
-(``chat.alerts.render_alert_group``) or a digest (``render_digest``).
+"""A digest: one short alert message for one finding kind across nodes, so that a rack outage
+is one message in the channel. Each finding's details and buttons are replies in its thread,
+packed as many to a reply as the message limits allow; the channel message is updated in place
+as findings resolve.
 """
 
 from __future__ import annotations
@@ -77,8 +71,7 @@ def render_digest(group: AlertGroup) -> Message:
 
 
 def render_digest_details(group: AlertGroup) -> list[Message]:
-    """Render a digest's thread replies: every finding's details and buttons, in as few
-    replies as fit (each within Slack's 50 blocks)."""
+    """Render a digest's thread replies: every finding's details and buttons, in few replies."""
     batches: list[list[Part]] = [[]]
     lines: list[list[str]] = [[]]
     room = MAX_PARTS - 1  # one part for the reply's heading line

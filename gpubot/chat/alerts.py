@@ -50,16 +50,16 @@ SNOOZE_LABELS = {"1h": "Snooze 1 h", "1d": "Snooze 1 day"}
 MAX_ITEMS = 12  # findings detailed in one message (3 blocks each); the rest are counted
 
 
-def _where(item: AlertItem, group: AlertGroup) -> str:
-    """Return what an item is about; a digest of several nodes names its node too."""
+def item_place(item: AlertItem, group: AlertGroup) -> str:
+    """Return what a finding is about: its GPU, or in a digest its node (and GPU)."""
     gpu = "" if item.key.gpu is None else f"GPU {item.key.gpu}"
     if item.key.node == group.node:
         return gpu or "node"
     return f"{item.key.node} {gpu}".rstrip()
 
 
-def _title(item: AlertItem) -> str:
-    return title_of(item.key.kind)
+def _about(item: AlertItem, group: AlertGroup) -> str:
+    return f"{item_place(item, group)}: {title_of(item.key.kind)}"
 
 
 def _summary(item: AlertItem) -> str:
@@ -84,12 +84,12 @@ def _item_text(item: AlertItem, group: AlertGroup) -> Text:
     said: list[Text] = []
     if item.resolved_at is not None:
         lasted = durations.format((item.resolved_at - item.first_seen).total_seconds(), "people")
-        gone = Struck((_where(item, group), ": ", _title(item)))
+        gone = Struck((_about(item, group),))
         said.append(("✅ ", gone, " — ", bold("resolved"), f" after {lasted}"))
         if summary:  # not in our italics: those would style a name's words too
             said.append((clipped(600, Sentence(summary)),))
         return lines(*said)
-    said.append(("⚠ ", bold(_where(item, group), ": ", _title(item))))
+    said.append(("⚠ ", bold(_about(item, group))))
     if summary:
         said.append((clipped(600, Sentence(summary)),))
     if item.finding is not None and item.finding.owner:
@@ -131,14 +131,10 @@ def item_parts(item: AlertItem, group: AlertGroup) -> tuple[Section, Actions | N
     return Section(_item_text(item, group)), _actions(item, group.at)
 
 
-def item_place(item: AlertItem, group: AlertGroup) -> str:
-    """Return what a finding is about: its GPU, or in a digest its node (and GPU)."""
-    return _where(item, group)
-
-
 def item_line(item: AlertItem, group: AlertGroup) -> str:
     """Return one finding in a few words ("node3 GPU 2 orphaned GPU memory (resolved)")."""
-    return f"{_where(item, group)} {_title(item)}" + (" (resolved)" if item.resolved_at else "")
+    done = " (resolved)" if item.resolved_at else ""
+    return f"{item_place(item, group)} {title_of(item.key.kind)}{done}"
 
 
 def group_fallback(group: AlertGroup, title: str) -> str:
@@ -195,7 +191,7 @@ def render_reminder(group: AlertGroup) -> Message:
     said: list[Text] = [("⏰ ", bold(f"Still open on {group.node}:"))]
     for item in group.items[:40]:
         lasted = durations.format((now - item.first_seen).total_seconds(), "people")
-        said.append((f"• {_where(item, group)}: {_title(item)} — open for {lasted}",))
+        said.append((f"• {_about(item, group)} — open for {lasted}",))
     more = len(group.items) - min(len(group.items), 40)
     if more:
         said.append((f"… and {more} more",))

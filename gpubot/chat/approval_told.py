@@ -1,7 +1,6 @@
-"""What an approved action that did not run to an end says, once, in its request's thread (the
-approver and the requester named) and to its requester: interrupted (gpubot stopped while it
-ran), waiting (it could not run yet: retried), given up (it never could while approved), and
-run on a retry. Approved means run or told: these are the "told".
+"""What an approved action that did not run to an end says, once, in its request's thread and
+to its requester: interrupted, waiting to run, given up, run on a retry. Approved means run or
+told: these are the "told".
 """
 
 from __future__ import annotations
@@ -15,9 +14,14 @@ from gpubot.core.reset.interrupted import show_command
 from gpubot.services.approvals import unix
 
 
-def _what(a: Approval) -> str:
-    gpus = ", ".join(map(str, a.plan.gpus)) or "–"
-    return f"Request #{a.id} (forced kill on {a.node} GPU {gpus})"
+def gpus_text(a: Approval) -> str:
+    """Return the request's GPUs as words ("0, 2")."""
+    return ", ".join(map(str, a.plan.gpus)) or "–"
+
+
+def what(a: Approval) -> str:
+    """Return "Request #ID (forced kill on NODE GPU N)"."""
+    return f"Request #{a.id} (forced kill on {a.node} GPU {gpus_text(a)})"
 
 
 def _who(a: Approval) -> tuple[Span, ...]:
@@ -41,7 +45,7 @@ def _message(a: Approval, text: tuple[Span, ...], fallback: str) -> Message:
 def render_interrupted(a: Approval) -> Message:
     """In the thread: gpubot stopped while running it; it is marked incomplete, not run again."""
     text: tuple[Span, ...] = (
-        f"⚠ {_what(a)}, ",
+        f"⚠ {what(a)}, ",
         *_who(a),
         ", was interrupted: gpubot stopped while running it, and it is marked incomplete. "
         "It is not run again. Check the node; what it did is in the audit log: ",
@@ -54,7 +58,7 @@ def render_interrupted(a: Approval) -> Message:
 def render_interrupted_dm(a: Approval) -> Message:
     """To the requester: their approved request was interrupted; check the node."""
     text: list[Span] = [
-        f"⚠ Your {_what(a)} was approved by ",
+        f"⚠ Your {what(a)} was approved by ",
         Mention(a.decided_by or "?"),
         " but interrupted: gpubot stopped while running it. It is not run again: check ",
         Code(f"/gpu status {a.node}"),
@@ -69,7 +73,7 @@ def render_waiting(a: Approval, valid_s: float) -> Message:
     """In the thread: approved, but it could not run yet; retried until its approval lapses."""
     until = run_until(a, valid_s).timestamp()
     text: tuple[Span, ...] = (
-        f"⏳ {_what(a)}, ",
+        f"⏳ {what(a)}, ",
         *_who(a),
         f", could not run yet: {_why(a)}. Nothing was done; gpubot retries it until ",
         Date(until, DateStyle.TIME),
@@ -81,7 +85,7 @@ def render_waiting(a: Approval, valid_s: float) -> Message:
 def render_gave_up(a: Approval) -> Message:
     """In the thread: it never could run while approved; nothing was done."""
     text: tuple[Span, ...] = (
-        f"⚠ {_what(a)}, ",
+        f"⚠ {what(a)}, ",
         *_who(a),
         f", never ran: {_why(a)}. Nothing was done. If it is still needed, ask again: ",
         _ask_again(a),
@@ -98,7 +102,7 @@ def render_retried(a: Approval) -> Message:
         how = f"it failed: {result['error']}"
     else:
         how = "every GPU freed" if result.get("ok") else "not every GPU was freed"
-    text: list[Span] = [f"▶ {_what(a)}, ", *_who(a), f", ran on a retry: {how}."]
+    text: list[Span] = [f"▶ {what(a)}, ", *_who(a), f", ran on a retry: {how}."]
     if isinstance(action, int):
         text += [" Its record: ", Code(show_command(action)), "."]
     at = unix(a.finished_at)

@@ -1,8 +1,4 @@
-"""What the approval duty (``services.approval_duty``) says, as neutral messages: the re-ping of
-an undecided request, the word to its requester when it expired, and the "told" of approved
-actions that did not run to an end (``chat.approval_told``); and the note a message carries
-when it may repeat one nobody could find.
-"""
+"""What the approval duty (``services.approval_duty``) says, as neutral messages."""
 
 from __future__ import annotations
 
@@ -10,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from gpubot.chat.approval_told import THREAD, render_interrupted_dm, render_waiting
+from gpubot.chat.approval_told import THREAD, gpus_text, render_interrupted_dm, render_waiting, what
 from gpubot.chat.message import NL, Code, Date, DateStyle, Mention, Message, Place, Section, Span
 from gpubot.chat.message import ctx as context
 from gpubot.chat.reset_view import render_approval_request
@@ -18,42 +14,6 @@ from gpubot.core.approval.model import Approval
 from gpubot.core.approval.posts import Purpose
 from gpubot.core.models import ApprovalState
 from gpubot.services.approvals import unix
-
-
-def _gpus(a: Approval) -> str:
-    return ", ".join(map(str, a.plan.gpus)) or "–"
-
-
-def render_reping(a: Approval, who: Sequence[str]) -> Message:
-    """Render the re-ping of an undecided request, in its thread: who was asked, and when it
-    expires."""
-    names: list[Span] = []
-    for i, w in enumerate(who):
-        names += [", ", Mention(w)] if i else [Mention(w)]
-    text: tuple[Span, ...] = (
-        f"⏰ Request #{a.id} (forced kill on {a.node} GPU {_gpus(a)}) is still undecided: half "
-        "its time is gone and it expires at ",
-        Date(unix(a.expires_at) or 0.0, DateStyle.TIME),
-        ".",
-        NL,
-        "Asked: ",
-        *(names or ["nobody (no approvers configured)"]),
-    )
-    return Message(None, (Section(text),), f"Request #{a.id} on {a.node} is still undecided")
-
-
-def render_expired_dm(a: Approval) -> Message:
-    """Render what the requester is told when nobody decided their request in time."""
-    text: list[Span] = [
-        f"⌛ Your request #{a.id} (forced kill on {a.node} GPU {_gpus(a)}) expired at ",
-        Date(unix(a.expires_at) or 0.0, DateStyle.TIME),
-        ", nobody decided; nothing was done. If it is still needed, ask again: ",
-        Code(f"/gpu reset {a.node} gpu {_gpus(a).replace(' ', '')}"),
-        ".",
-    ]
-    if a.ref is not None:
-        text += [" The request: ", Place(a.ref), "."]
-    return Message(None, (Section(tuple(text)),), f"Request #{a.id} expired: nothing was done")
 
 
 def may_repeat(msg: Message, of: datetime) -> Message:
@@ -75,12 +35,32 @@ class ApprovalWords:
         return render_approval_request(a.id, a.plan, a.requester, a.request.requester_user, expires)
 
     def reping(self, a: Approval, who: Sequence[str]) -> Message:
-        """The re-ping in the request's thread."""
-        return render_reping(a, who)
+        """The re-ping in the request's thread: who was asked, and when it expires."""
+        names: list[Span] = []
+        for i, w in enumerate(who):
+            names += [", ", Mention(w)] if i else [Mention(w)]
+        text: tuple[Span, ...] = (
+            f"⏰ {what(a)} is still undecided: half its time is gone and it expires at ",
+            Date(unix(a.expires_at) or 0.0, DateStyle.TIME),
+            ".",
+            NL,
+            "Asked: ",
+            *(names or ["nobody (no approvers configured)"]),
+        )
+        return Message(None, (Section(text),), f"Request #{a.id} on {a.node} is still undecided")
 
     def expired(self, a: Approval) -> Message:
-        """The word to the requester of an expired request."""
-        return render_expired_dm(a)
+        """The word to the requester of a request nobody decided in time."""
+        text: list[Span] = [
+            f"⌛ Your request #{a.id} (forced kill on {a.node} GPU {gpus_text(a)}) expired at ",
+            Date(unix(a.expires_at) or 0.0, DateStyle.TIME),
+            ", nobody decided; nothing was done. If it is still needed, ask again: ",
+            Code(f"/gpu reset {a.node} gpu {gpus_text(a).replace(' ', '')}"),
+            ".",
+        ]
+        if a.ref is not None:
+            text += [" The request: ", Place(a.ref), "."]
+        return Message(None, (Section(tuple(text)),), f"Request #{a.id} expired: nothing was done")
 
     def told(self, purpose: Purpose, a: Approval) -> Message | None:
         """The word of ``purpose`` about an approved action that did not run to an end (None:

@@ -1,4 +1,4 @@
-"""Messages of claims and the queue (issue 26), for every front end."""
+"""Messages of claims and the queue, for every front end."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The claim and queue commands' flows (issue 26), for Slack, the console and the CLI.
-
-A flow translates: the command goes to ``services.claims.ClaimService``, its answer becomes a
-message (``chat.claim_view``). The duty (``tick``) runs on the app's scheduler; what it finds
-is told by direct message through ``dm``, which the front end sets (Slack: a DM; the console:
-printed). Buttons (Claim, Leave, Queue me) run the same flows as the typed commands.
+"""The claim and queue commands' flows, for every front end. The duty (``tick``) tells what it
+finds by direct message through the front end's ``dm``; buttons run the typed commands' flows.
 """
 
 from __future__ import annotations
@@ -158,9 +154,8 @@ class ClaimDesk:
         await out.reply(view.render_ended(gone, "released"))
 
     async def _serve_now(self, svc: ClaimService, gone: Sequence[Claim], now: float) -> None:
-        """Tell the first in line for released GPUs at once. The release is done and audited:
-        a node that cannot be asked now must not make it read as failed (the duty serves the
-        queue at its next tick)."""
+        """Tell the first in line for released GPUs at once. The release is done and audited, so
+        a node that cannot be asked now must not make it read as failed (the next tick serves)."""
         for node in dict.fromkeys(c.node for c in gone):
             try:
                 await self._tell(await svc.serve(node, now))
@@ -271,9 +266,8 @@ MAX_SHOWN = 12  # claims listed under a status or on the Home tab
 async def with_claims(
     desk: ClaimDesk, msg: Message, nodes: Sequence[str] | None, *, mine: str | None = None
 ) -> Message:
-    """Return ``msg`` with the active claims of ``nodes`` (None: all; ``mine``: of this
-    person only) under it: "node1 GPU 2 claimed by alice until 14:00 · note". A database
-    that fails leaves ``msg`` as it is: the status stands."""
+    """Return ``msg`` with the active claims of ``nodes`` (None: all; ``mine``: this person's)
+    under it; a database that fails leaves ``msg`` as it is: the status stands."""
     svc = desk.service
     if svc is None or not svc.enabled:
         return msg

@@ -186,13 +186,10 @@ def render_fleet(
 
 
 class FleetRenders:
-    """Renders each fleet answer once per title, and keeps the last ``keep`` messages.
-
-    Requests that joined one round of probes get the same ``FleetStatus`` object from the
-    status service (single flight), so a burst of ``/gpu status all`` is rendered once, not once
-    per request. Keyed on the answer's identity (the answer is held, so its id is not reused
-    while kept); a rendered message is shared, and never changed afterwards.
-    """
+    """Renders each fleet answer once per title, keeping the last ``keep`` messages: requests
+    that joined one round of probes share one ``FleetStatus``, so a burst is rendered once. Keyed
+    on the answer's identity (held, so its id is not reused while kept); a message is shared, so
+    never changed afterwards."""
 
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep

@@ -1,8 +1,5 @@
-"""Chat flows shared by Slack and the console: validate → call a service → render → post/update.
-
-No Slack library here: a front end supplies a ``Surface`` (post, update, reply). Flows never
-raise: every error becomes a message. Slow work reports progress by updating one message; the
-reset engine never waits on chat (updates are coalesced in a task of their own).
+"""Chat flows shared by every front end: validate → call a service → render → post/update, on
+the front end's ``Surface``. Flows never raise: every error becomes a message.
 """
 
 from __future__ import annotations
@@ -78,8 +75,8 @@ class Services:
     sweep: Sweeper | None = None
     idle: IdleHours | None = None  # GPU-hours held idle (``SweepService.idle_gpu_hours``)
     duty: ApprovalDuty[Message] | None = None  # re-pings and tells, with a front end's outbox
-    usage: UsageService | None = None  # GPU-hours reports (issue 26)
-    ladder: ReclaimLadder | None = None  # the reclaim ladder of idle holders (issue 26)
+    usage: UsageService | None = None  # GPU-hours reports
+    ladder: ReclaimLadder | None = None  # the reclaim ladder of idle holders
     claims: ClaimService | None = None  # claims and the queue (None: no audit store)
 
 
@@ -319,9 +316,8 @@ class Flows:
         )
 
     async def expire(self, out: Surface) -> int:
-        """The approval duty: settle lost posts and re-ping on-call (with an outbox), then
-        expire requests whose time is up, show it on their messages and tell the requesters;
-        then look again at approved actions that did not run to an end (and show their state)."""
+        """The approval duty: settle lost posts, re-ping, expire due requests (telling their
+        requesters), then look again at approved actions that did not run to an end."""
         if self.duty is not None:
             await self.duty.settle()
             await self.duty.reping()

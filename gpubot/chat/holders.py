@@ -3,7 +3,7 @@
 *Free it* is the asker's own ``/gpu reset NODE gpu N pid P``: the usual identity, permission and
 approval rules decide, so someone else's process still needs on-call. Before that, the process
 is looked up again: a pid that ended or was reused since the alert is never reset on the
-alert's word. *Snooze* hides a finding from the alerts for an hour or a day.
+alert's word.
 """
 
 from __future__ import annotations

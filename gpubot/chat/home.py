@@ -1,12 +1,7 @@
 """A person's own page (Slack's Home tab): their processes, then the fleet summary (pure).
 
-A view is not a message: it holds up to 100 blocks, and no ``table`` block (Slack renders
-tables in messages only: the "Surfaces" column of https://docs.slack.dev/reference/block-kit/blocks
-and https://docs.slack.dev/reference/block-kit/blocks/table-block). The fleet summary shares
-the message renderer with ``use_table=False``: the same rows as preformatted section text.
-
-Where sweeps run, the tab also says how many GPU-hours the viewer holds idle (GPUs at 0 % for
-``[sweep] idle_hours`` while their processes keep memory on them), and the same for the fleet.
+A page holds more parts than a message but no table (Slack renders tables in messages only),
+so the fleet summary is rendered with ``use_table=False``: the same rows as preformatted text.
 """
 
 from __future__ import annotations
@@ -43,11 +38,8 @@ def render_home(
     idle_hours: Mapping[str, float] | None = None,
     interrupted: Interrupted | None = None,
 ) -> Message:
-    """Render the Home tab view for ``user_id`` (at most 100 blocks, no table block).
-
-    ``idle_hours``: GPU-hours held idle per Linux user (None: not known here).
-    ``interrupted``: actions gpubot never recorded an end of, shown first until reviewed.
-    """
+    """Render the Home tab for ``user_id``; ``idle_hours``: GPU-hours held idle per Linux user
+    (None: not known); ``interrupted``: shown first until reviewed."""
     b = Budget(MAX_PAGE_PARTS)
     b.add(Heading("GPU fleet"))
     for part in interrupted_parts(interrupted, buttons=True):

@@ -1,7 +1,5 @@
-"""Interrupted actions in chat: what the Home tab and the sweep report show, and the "Mark
+"""Interrupted actions in chat: the Home tab's and the sweep report's lines, and the "Mark
 reviewed" button (only approvers see it and may use it; the review is an audit record).
-
-The lines are ``core.reset.interrupted``'s, the same the CLI prints; names are escaped here.
 """
 
 from __future__ import annotations

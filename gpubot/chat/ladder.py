@@ -1,8 +1,6 @@
-"""The reclaim ladder's messages and buttons, for every front end (``services.ladder``).
-
-The owner's DM and reminder carry *Keep (reason)* (the front end asks for the reason) and their
-own *Free it*; the channel post names the holder; the last step gives on-call *Free it*: a
-forced reset through the approval flow, the approval request carrying the idle evidence.
+"""The reclaim ladder's messages and buttons, for every front end (``services.ladder``). The
+last step's on-call *Free it* is a forced reset through the approval flow, carrying the idle
+evidence.
 """
 
 from __future__ import annotations

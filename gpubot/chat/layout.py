@@ -1,10 +1,8 @@
 """How much one message holds: the limits every front end can show, and a ``Budget`` of parts.
 
-The limits are those of the strictest front end (Slack's Block Kit: 50 parts a message, 100 on
-a page, 3000 characters a text, 150 a heading, 10 context parts, one table of at most 100 rows of
-20 cells and 10 000 characters, none on a page), so that every message fits everywhere. Text is
-measured as the strictest renderer writes it: ``&``, ``<`` and ``>`` as entities, a control
-character as ``\\xNN``.
+The limits are the strictest front end's (Slack's Block Kit), so that every message fits
+everywhere. Text is measured as that renderer writes it: ``&``, ``<`` and ``>`` as entities, a
+control character as ``\\xNN``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The neutral message model every front end renders: no chat system's markup or ids in it.
 
-A ``Message`` is a title, then a body of parts (sections, preformatted text, a table, context
-lines, actions), and a plain fallback line. Text is a tuple of spans: plain strings (any
-characters: each renderer escapes them for its own surface), code literals, core sentences whose
-literals core marked (``core.text.code``), emphasis, people (``Mention``), dates (``Date``) and
-line breaks (``NL``). A plain string never starts a line of its own: a newline in it is text, so a
-name can not forge a line; only ``NL`` breaks one.
-
-``gpubot.slack.render`` turns a message into Block Kit, ``gpubot.console.text_render`` into text.
+Text is a tuple of spans; each renderer escapes plain strings for its own surface. A plain
+string never starts a line of its own (a newline in it is text, so a name can not forge a
+line): only ``NL`` breaks one.
 """
 
 from __future__ import annotations
@@ -180,9 +175,8 @@ class Pre:
 
 @dataclass(frozen=True)
 class Table:
-    """A table: the first row is the header. ``wrap``: columns that may wrap; ``right``:
-    columns aligned right. ``lines``: the same table as terminal text (``core.text_table``),
-    which front ends that print text show instead of laying out ``rows`` themselves."""
+    """A table: the first row is the header. ``lines``: the same table as terminal text
+    (``core.text_table``), which text front ends show instead of laying out ``rows``."""
 
     rows: tuple[tuple[str, ...], ...]
     wrap: tuple[int, ...] = ()

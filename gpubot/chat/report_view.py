@@ -1,8 +1,5 @@
-"""The GPU-hours report in chat (``/gpu report [7d] [by team]``): a short table and its notes.
-
-The CSV is the CLI's (``gpubot report --csv``); chat shows the first rows and what the figures
-rest on (the sweeps, the data missing).
-"""
+"""The GPU-hours report in chat: the first rows and what the figures rest on (the CSV is the
+CLI's)."""
 
 from __future__ import annotations
 

@@ -261,7 +261,7 @@ def render_approval_request(
     context: Text = (),
 ) -> Message:
     """Render a forced kill waiting for on-call approval, with Approve / Deny buttons
-    (``context``: why it is asked: the claim an intruder uses, the idle evidence, ...)."""
+    (``context``: why it is asked)."""
     b = Budget()
     b.add(Heading(f"Approval needed · forced kill on {plan.node}"))
     b.add(Section(_request_text(plan, requester_id, requester_user)))

@@ -16,11 +16,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MIN_UPDATE_S", "MessageRef", "Progress", "Surface"]
 
-# Progress edits of one message are spaced at least this much. chat.update is a Tier 3 method
-# (https://api.slack.com/methods/chat.update), about 50 calls a minute per app per workspace
-# (https://api.slack.com/docs/rate-limits), shared by every reset and status answer at once;
-# one edit per 2.5 s per message leaves room for several at a time. The final answer is not
-# held back.
+# Progress edits of one message are spaced at least this much: Slack's chat.update is rate
+# limited per workspace (Tier 3), shared by every answer at once. The final answer is not held.
 MIN_UPDATE_S = 2.5
 
 
@@ -41,13 +38,9 @@ class Surface(Protocol):
 
 
 class Progress:
-    """Coalesces the progress edits of one message: at most one in flight, one per ``interval``.
-
-    The message was just written by the caller, so the first edit also waits ``interval``. Edits
-    asked for meanwhile collapse into one that renders the latest state when the interval is
-    up; ``stop`` ends at once (the caller's final answer supersedes any edit still pending).
-    Time is read, and waited for, only through ``clock``.
-    """
+    """Coalesces the progress edits of one message: at most one in flight, one per ``interval``
+    (the first too: the caller just wrote it), each rendering the latest state. ``stop`` ends at
+    once: the caller's final answer supersedes any edit still pending."""
 
     def __init__(
         self,
@@ -88,9 +81,8 @@ class Progress:
                 self.handle = await self.out.update(self.handle, self.render())
             except Exception:  # progress is best effort; the final update tells the outcome
                 log.exception("progress update failed")
-            self.last = (
-                self.clock.monotonic()
-            )  # spaced from the call's end: a slow call is no burst
+            # Spaced from the call's end: a slow call is no burst.
+            self.last = self.clock.monotonic()
 
     async def _stopped_within(self, seconds: float) -> bool:
         stopped = asyncio.ensure_future(self.stopping.wait())

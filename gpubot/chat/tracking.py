@@ -1,8 +1,5 @@
 """One request's events as messages: the ``RequestSink`` a flow hands ``services.requests``.
-
-``Planning`` posts the first message, ``Refusal`` answers the asker, ``Running`` starts the
-progress edits of that message (coalesced: ``surface.Progress``), each ``ResetEvent`` asks for
-one, and ``end`` writes the outcome in place. The reset never waits on chat.
+Progress edits are coalesced (``surface.Progress``), so the reset never waits on chat.
 """
 
 from __future__ import annotations
