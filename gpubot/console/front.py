@@ -1,7 +1,5 @@
 """The console as the composition root builds on it (``app.front.FrontEnd``): what no command
-asked for (the start-up report, an approval's expiry, a claim's direct message, and sweep
-alerts when given a notifier) is printed through ``echo``; it has no directory, outbox or
-channel of its own. ``gpubot console`` chooses it and passes it in."""
+asked for is printed through ``echo``; it has no directory, outbox or channel of its own."""
 
 from __future__ import annotations
 
@@ -31,8 +29,8 @@ class TextReporter:
 
 @dataclass(frozen=True)
 class ConsoleFront:
-    """The console's outlets for the root (what it is handed goes unread);
-    ``notifier``: where sweep alerts go (the demo prints them), else nowhere."""
+    """The console's outlets (what it is handed goes unread); ``notifier``: where sweep alerts
+    go (the demo prints them), else nowhere."""
 
     echo: Callable[[str], None] = echo
     notifier: Notifier | None = None

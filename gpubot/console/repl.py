@@ -1,14 +1,6 @@
-"""The console's loop: ``/gpu …`` lines answered as text, through the same flows as Slack's
-(parse → services → neutral messages), printed by ``console.text_render``.
-
-Approvals are typed: ``approve ID`` / ``deny ID``. An alert's buttons are typed too:
-``snooze 1h|1d KEY`` and ``free KEY`` run the flows Slack's *Snooze* and *Free it* run
-(``chat.holders``); a message with such buttons says what to type.
-
-``answer(flows, line, who)`` returns the text one line would post (the demo uses it). ``repl``
-is given narrow parts (``ConsoleParts``), never the ``App``: ``gpubot.cli.console`` builds them.
-It answers given lines, or asks for each next one: ``console.terminal`` reads them in the main
-thread (line editing, Ctrl-C at the prompt) while ``repl`` runs on a loop of its own thread.
+"""The console's loop: ``/gpu …`` lines answered as text through the same flows as Slack's.
+Buttons are typed (``approve ID``, ``snooze 1h|1d KEY``, ``free KEY``, …): a message with
+buttons says what to type for each.
 """
 
 from __future__ import annotations
@@ -81,9 +73,8 @@ def typed(action: Action) -> str | None:
     if action.id == ACTION_RESET_GPU:
         node, _, gpu = action.value.rpartition(":")
         return f"reset {node} gpu {gpu}"
-    return (
-        CLAIM_TYPED.get(action.id, "{}").format(action.value) if action.id in CLAIM_TYPED else None
-    )
+    form = CLAIM_TYPED.get(action.id)
+    return None if form is None else form.format(action.value)
 
 
 async def holder_line(

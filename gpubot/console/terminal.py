@@ -1,18 +1,13 @@
 """The console read from stdin: the prompt in the main thread, the app on a thread of its own.
 
-Why the split: only the main thread sees Ctrl-C (SIGINT) when it comes. A prompt read on a
-worker thread (``asyncio.to_thread``) cannot be interrupted, so Ctrl-C at the prompt waited for
-Enter. Read here, the prompt gets ``readline``'s line editing and its history (kept in memory:
-no setting names a file for it) when stdin is a terminal, and Ctrl-C drops the line at once.
-The app (its lifecycle, schedules, SSH connections and the flows: ``repl``) runs meanwhile on
-an event loop on a thread of its own: it asks for a line, the main thread reads one and hands it
-over, and the next prompt waits for the answer.
+Why the split: only the main thread sees Ctrl-C (SIGINT); a prompt read on a worker thread can
+not be interrupted, so Ctrl-C waited for Enter. Here the prompt also gets ``readline``'s editing
+and a history kept in memory (no setting names a file for it). The app (``repl``) runs on an
+event loop on its own thread and asks the main thread for each line.
 
-At the prompt, Ctrl-C drops what was typed and gives a fresh prompt; on an empty line it says how
-to leave, and a second Ctrl-C leaves, as Ctrl-D, ``quit`` and ``exit`` do: one line, status 0.
-While a command runs, Ctrl-C keeps the meaning it has for every gpubot command: the command and
-the console stop, and ``gpubot.cli`` says ``gpubot: interrupted`` (status 130). So does Ctrl-C
-while lines are read from a pipe.
+At the prompt, Ctrl-C drops what was typed; on an empty line it says how to leave, and a second
+Ctrl-C leaves, as Ctrl-D, ``quit`` and ``exit`` do (status 0). While a command runs, or lines
+come from a pipe, Ctrl-C keeps every gpubot command's meaning: it stops, status 130.
 """
 
 from __future__ import annotations
@@ -166,10 +161,8 @@ class _Loop:
 
 def session(parts: ConsoleParts, who: Person, prompt: Prompt) -> int:
     """Run the console, reading ``prompt`` in this (the main) thread; return its exit status.
-
-    Ctrl-C outside the prompt's own handling (a command under way, the start-up, a pipe's read)
-    stops ``repl``, waits for the app to close and raises ``KeyboardInterrupt`` again; a second
-    Ctrl-C while it closes leaves at once."""
+    Ctrl-C outside the prompt stops ``repl``, waits for the app to close and raises again; a
+    second Ctrl-C while it closes leaves at once."""
     console = _Loop(parts, who)
     console.thread.start()
     try:

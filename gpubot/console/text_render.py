@@ -1,11 +1,5 @@
 """Neutral messages (``gpubot.chat.message``) as terminal text: what the console prints.
-
-Every part is shown: the title as ``== title ==``, sections, preformatted lines, the table as
-aligned columns (every row; a chat view's ``Table.lines`` as they are: the one text layout,
-``core.text_table``, which ``gpubot status`` prints too), context lines joined by `` · ``, and
-each action as ``[label]`` with what to type for it (``typed``). People are ``@id`` (``name
-(@id)`` when a name is known), dates UTC. Text a node user controls is one line (``one_line``):
-it can forge no line.
+Text a node user controls is one line (``one_line``): it can forge no line.
 """
 
 from __future__ import annotations
