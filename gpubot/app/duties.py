@@ -1,7 +1,5 @@
-"""Every periodic duty, one list built by the root and run by ``App.running`` on gpubot's
-``IntervalScheduler``, the same in every front end: a serving gpubot's sweep, audit seals and
-audit head, and every front end's approval expiry (with the re-ping and the retry of approved
-work) and claims' duty."""
+"""Every periodic duty, built by the root and run by ``App.running``, the same in every front
+end: a serving gpubot's sweep, audit seals and head; a front end's approvals and claims."""
 
 from __future__ import annotations
 
@@ -20,11 +18,10 @@ from gpubot.scheduler import IntervalScheduler
 
 log = logging.getLogger(__name__)
 
-# How long a stop lets the approval duty's run under way end: a retried reset runs in it, and
-# cancelled it ends with SIGTERM sent, no SIGKILL and no verify (told as interrupted, never
-# silent, but a person must check the node). It covers the default ``[reset]`` grace, the
-# SIGKILL's wait and a verify; a longer grace is cut, so that the stop stays under systemd's
-# ``TimeoutStopSec`` (deploy/gpubot.service), whose SIGKILL would lose the clean stop's seal.
+# How long a stop lets the approval duty's run end: a retried reset runs in it, and cancelled it
+# ends with SIGTERM sent and no SIGKILL or verify (told as interrupted, but a person must check
+# the node). It covers the default ``[reset]`` grace, the SIGKILL's wait and a verify, and stays
+# under systemd's ``TimeoutStopSec``, whose SIGKILL would lose the clean stop's seal.
 APPROVAL_STOP_WAIT_S = 60.0
 STOP_S = 30.0  # the other duties' (a sweep waits for its budget)
 Job = Callable[[], Awaitable[object]]

@@ -1,7 +1,6 @@
-"""What the root asks of a chat front end. The entry that chose one passes it to ``build``
-(``gpubot serve``: ``slack.front.SlackFront``; ``gpubot console``: ``console.front.ConsoleFront``),
-so the root names no front end. Each method is called once, while the root builds; None: the
-front end has no such thing (the console posts no alerts)."""
+"""What the root asks of a chat front end. The entry that chose one passes it to ``build``, so
+the root names no front end. Each method is called once, while the root builds; None: the
+front end has no such thing."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """The composition root: ``build`` makes settings into adapters, services and duties, each once
 and complete, in dependency order; the ``App`` hands them out and owns their lifecycle.
 
-What a command does not use is not built (nor its library imported). ``cold=True`` is the cold
-``gpubot status``: the status service and the transport only, the audit store opening in a
-worker thread while the probe runs (``App.run``). ``front``: the chat front end the entry chose
-(the root names none); with it come its flows and its duties (the approval expiry, the claims).
-``serving``: a long-running gpubot, with the metrics, the heap's settling, the sweep, the audit
-seals' schedule and, with a front end that publishes it, the audit head's.
-
-``async with app.running():`` is the lifecycle, the same for every front end: it reports the
-work a stopped gpubot left unfinished (to the front end's ``Reporter``), serves the metrics,
-settles the heap, starts every duty and the loop watch, and stops them on the way out.
+What a command does not use is not built (nor its library imported): the cold ``gpubot status``
+(``cold=True``) builds the status service and the transport only, and opens the audit store in
+a worker thread while the probe runs (``App.run``).
 """
 
 from __future__ import annotations
@@ -150,12 +143,9 @@ class App:
                     await s.stop()
 
     async def run(self, body: Callable[[App], Awaitable[T]]) -> T:
-        """Run ``body``; on the cold path, while the store opens beside it.
-
-        The store fails as in ``build(need_store=False)``: a database that cannot be used warns
-        and the query is not recorded; ``DatabaseBehind`` (or any other failure to open) stops
-        ``body`` before it answers and is raised, as is a failure of ``body`` after the store's.
-        """
+        """Run ``body``; on the cold path, while the store opens beside it. A store that cannot
+        be used warns, as in ``build(need_store=False)``; ``DatabaseBehind`` (or any other
+        failure to open) stops ``body`` before it answers and is raised."""
         if self.opening is None:
             return await body(self)
         task = asyncio.ensure_future(body(self))
@@ -225,8 +215,7 @@ def build(
     clock: Clock = SYSTEM_CLOCK,
 ) -> App:
     """Build the app; without ``need_store`` a database that fails only warns, except one that
-    is behind (``DatabaseBehind``). ``clock``: what the duties run on (tests: a virtual one).
-    Raises ``ConfigError`` for bad settings."""
+    is behind (``DatabaseBehind``). ``clock``: what the duties run on."""
     from gpubot.transport import make_transport
 
     if cold:

@@ -24,11 +24,8 @@ log = logging.getLogger(__name__)
 def open_app_store(
     settings: Settings, environ: Mapping[str, str], *, check_schema: bool = True
 ) -> Store:
-    """Open the audit store; raises ``StoreError`` (``DatabaseBehind`` says how to fix it).
-
-    ``$GPUBOT_DB_PASSWORD`` is the database password, ``$GPUBOT_AUDIT_KEY`` the chain's key.
-    ``check_schema`` False: also a database that is behind (``gpubot db`` migrates it).
-    """
+    """Open the audit store (keys from ``$GPUBOT_DB_PASSWORD`` and ``$GPUBOT_AUDIT_KEY``);
+    raises ``StoreError``. ``check_schema`` False: also one behind (``gpubot db`` migrates it)."""
     from gpubot.store import open_store  # SQLAlchemy: only once a store is wanted
 
     return open_store(
