@@ -1,12 +1,10 @@
-"""The services, built complete and in dependency order by the root (``root.build``): the health
-checks and the Xid watch before the status service they decorate, the audit head and seals
-before the reset engine they seal, the claims before the sweep that finds their intruders, then
-the approvals, what the chat front ends call, and the chosen front end's flows. Not built on the
-cold path (``gpubot status``)."""
+"""The services, built complete and in dependency order (each before what it decorates, seals
+or feeds), then the chosen front end's flows. Not built on the cold path (``gpubot status``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 from typing import TYPE_CHECKING
 
 from gpubot.app.front import FrontEnd, Publisher
@@ -40,6 +38,8 @@ from gpubot.store import Store
 if TYPE_CHECKING:  # prometheus_client only where a gpubot serves (``root.build``)
     from gpubot.metrics import Metrics
 
+if TYPE_CHECKING:  # prometheus_client only where a gpubot serves (``root.build``)
+    
 
 @dataclass(frozen=True)
 class Base:
@@ -152,9 +152,8 @@ def _duty(
 
 
 def _seals(settings: Settings, store: Store | None, heads: Publisher | None) -> SealService | None:
-    """With a store and its key: the audit log's seals. A forced reset is sealed at its end (the
-    CLI's too), and the head is then published at once; ``gpubot serve`` also seals at start,
-    every interval and at a clean stop."""
+    """With a store and its key: the audit log's seals. A forced reset is sealed at its end and
+    the head then published at once."""
     every = settings.audit.seal_every_s
     if every is None or store is None or store.audit_key is None:
         return None
