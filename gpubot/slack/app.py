@@ -28,7 +28,7 @@ from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
 from gpubot.chat.surface import MessageRef
 from gpubot.core import commands
 from gpubot.core.policy import Person, resolve
-from gpubot.errors import UsageError
+from gpubot.errors import GpubotError, UsageError
 from gpubot.slack.api import SlackApi, SlackSurface
 from gpubot.slack.blockkit import SlackMessage, context
 from gpubot.slack.ids import ref_of
@@ -137,6 +137,15 @@ class GpuBot:
             return await self.services.approvals.identify(user_id, name)
         found = resolve(self.services.policy, user_id, None, None)  # no store: resets refused
         return Person(user_id, name, found.linux_user, found.refused)
+
+    async def clicker(self, body: dict[str, Any], out: NeutralSurface) -> Person | None:
+        """Return who clicked (``body["user"]``), or tell ``out`` why not and return None."""
+        user = body.get("user") or {}
+        try:
+            return await self.identify(str(user.get("id", "")), str(user.get("username") or ""))
+        except GpubotError as exc:
+            await out.reply(error_message(exc))
+            return None
 
     def surface(self, body: dict[str, Any]) -> NeutralSurface:
         """Return where answers to ``body`` go."""

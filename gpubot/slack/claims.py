@@ -12,8 +12,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gpubot.chat import claim_view as view
-from gpubot.chat.flows import error_message
-from gpubot.errors import GpubotError
 
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
@@ -34,9 +32,8 @@ def register(bot: GpuBot) -> None:
 
     async def on_click(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
-        user = body.get("user") or {}
         bot.spawn(
-            _click(bot, body, str(action.get("action_id")), str(action.get("value")), user),
+            _click(bot, body, str(action.get("action_id")), str(action.get("value"))),
             "claim button",
         )
 
@@ -44,14 +41,10 @@ def register(bot: GpuBot) -> None:
         bot.app.action(action_id)(on_click)
 
 
-async def _click(
-    bot: GpuBot, body: dict[str, Any], action: str, value: str, user: dict[str, Any]
-) -> None:
+async def _click(bot: GpuBot, body: dict[str, Any], action: str, value: str) -> None:
     out = bot.surface(body)
-    try:
-        who = await bot.identify(str(user.get("id", "")), str(user.get("username") or ""))
-    except GpubotError as exc:
-        await out.reply(error_message(exc))
+    who = await bot.clicker(body, out)
+    if who is None:
         return
     if action == view.ACTION_FREE_INTRUDER:
         await bot.flows.claims.free_intruder(value, who, out)

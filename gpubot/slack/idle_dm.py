@@ -11,10 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gpubot.chat.flows import error_message
 from gpubot.chat.holders import free_it
 from gpubot.chat.idle import ACTION_FREE
-from gpubot.errors import GpubotError
 
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
@@ -27,26 +25,13 @@ def register(bot: GpuBot) -> None:
 
     async def on_free(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
-        user = body.get("user") or {}
-        bot.spawn(
-            _free(
-                bot,
-                body,
-                str(action.get("value")),
-                str(user.get("id", "")),
-                str(user.get("username") or ""),
-            ),
-            "free it",
-        )
+        bot.spawn(_free(bot, body, str(action.get("value"))), "free it")
 
     bot.app.action(ACTION_FREE)(on_free)
 
 
-async def _free(bot: GpuBot, body: dict[str, Any], value: str, user: str, name: str) -> None:
+async def _free(bot: GpuBot, body: dict[str, Any], value: str) -> None:
     out = bot.surface(body)
-    try:
-        who = await bot.identify(user, name)
-    except GpubotError as exc:
-        await out.reply(error_message(exc))
-        return
-    await free_it(bot.flows, value, who, out)
+    who = await bot.clicker(body, out)
+    if who is not None:
+        await free_it(bot.flows, value, who, out)

@@ -13,11 +13,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpubot.chat.flows import error_message
 from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE, keep, oncall_free, render_ladder
 from gpubot.chat.message import Message
 from gpubot.core.usage.ladder import Rung, Step
-from gpubot.errors import ChatCallFailed, GpubotError
+from gpubot.errors import ChatCallFailed
 from gpubot.services.ladder import LadderNotice
 from gpubot.services.outbox import Outbox
 from gpubot.slack.api import SlackApi, call
@@ -141,29 +140,17 @@ async def _open_keep(bot: GpuBot, body: dict[str, Any], key: str) -> None:
 
 async def _keep(bot: GpuBot, body: dict[str, Any], key: str, reason: str) -> None:
     """The modal's submission: keep, and answer in the owner's DM (a view has no channel)."""
-    user = body.get("user") or {}
     ladder = bot.services.ladder
-    dm = await bot.api.open_dm(str(user.get("id", "")))
+    dm = await bot.api.open_dm(str((body.get("user") or {}).get("id", "")))
     out = bot.surface({**body, "channel": {"id": dm}} if dm else body)
-    try:
-        who = await bot.identify(str(user.get("id", "")), str(user.get("username") or ""))
-    except GpubotError as exc:
-        await out.reply(error_message(exc))
-        return
-    if ladder is None:
-        return
-    await keep(ladder, key, reason, who, out, source="slack")
+    who = await bot.clicker(body, out)
+    if who is not None and ladder is not None:
+        await keep(ladder, key, reason, who, out, source="slack")
 
 
 async def _free(bot: GpuBot, body: dict[str, Any], key: str) -> None:
-    user = body.get("user") or {}
     ladder = bot.services.ladder
     out = bot.surface(body)
-    try:
-        who = await bot.identify(str(user.get("id", "")), str(user.get("username") or ""))
-    except GpubotError as exc:
-        await out.reply(error_message(exc))
-        return
-    if ladder is None:
-        return
-    await oncall_free(bot.flows, ladder, key, who, out)
+    who = await bot.clicker(body, out)
+    if who is not None and ladder is not None:
+        await oncall_free(bot.flows, ladder, key, who, out)
