@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
-from typing import TYPE_CHECKING
 
 from gpubot.app.front import FrontEnd, Publisher
 from gpubot.app.stores import NoStore
@@ -38,8 +37,6 @@ from gpubot.store import Store
 if TYPE_CHECKING:  # prometheus_client only where a gpubot serves (``root.build``)
     from gpubot.metrics import Metrics
 
-if TYPE_CHECKING:  # prometheus_client only where a gpubot serves (``root.build``)
-    
 
 @dataclass(frozen=True)
 class Base:
