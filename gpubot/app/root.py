@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpubot.app")  # one logger for the root, whichever module
 
 _HEAD_START_TURNS = 8  # event-loop turns: the fan-out's layers of tasks, each starting the next
 

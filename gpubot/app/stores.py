@@ -18,7 +18,7 @@ from gpubot.errors import DatabaseBehind, StoreError
 if TYPE_CHECKING:
     from gpubot.store import Store
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpubot.app")  # one logger for the root, whichever module
 
 
 def open_app_store(
