@@ -74,24 +74,17 @@ def policy_restarts(w: Workload) -> bool:
     return w.get("restart") not in ("no", "")
 
 
-def container_runtime(
-    kind: str,
-    shapes: tuple[Shape, ...],
-    daemons: tuple[str, ...],
-    parse: Callable[[str, Sequence[str]], dict[str, Found]],
-    is_root: Callable[[Workload, str, str], bool],
-) -> Runtime:
-    """A docker-CLI-like runtime (docker, podman): same inspect, describe, owner, stop rules."""
-    return Runtime(
-        kind=kind,
-        shapes=shapes,
-        daemons=daemons,
+def container_parts(
+    kind: str, parse: Callable[[str, Sequence[str]], dict[str, Found]]
+) -> dict[str, Any]:
+    """The ``Runtime`` fields a docker-CLI-like runtime (docker, podman) shares: its inspect,
+    describe, owner, stop and restart rules."""
+    return dict(
         build=container_build,
         describe=describe_container,
         owner=container_owner,
         stop=container_stop,
         restarts=policy_restarts,
-        is_root=is_root,
         lookup=Lookup(
             tool=kind,
             ids=HEX64_ID,
@@ -106,15 +99,17 @@ def container_runtime(
     )
 
 
-RUNTIME = container_runtime(
-    "docker",
-    (
+RUNTIME = Runtime(
+    kind="docker",
+    shapes=(
         Shape(rf"/system\.slice/docker-(?P<id>{HEX64})\.scope{NEST}"),
         Shape(rf"/docker/(?P<id>{HEX64}){NEST}"),
         # Rootless: inside the user's own subtree, so the user's, whatever they say.
         Shape(rf"{USER_MANAGER}docker-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
     ),
-    (r"docker\.service", r"snap\.docker\.dockerd\.service"),
-    parse_docker_inspect,
-    lambda w, comp, prev: comp == f"docker-{w.id}.scope" or (prev == "docker" and comp == w.id),
+    daemons=(r"docker\.service", r"snap\.docker\.dockerd\.service"),
+    is_root=lambda w, comp, prev: (
+        comp == f"docker-{w.id}.scope" or (prev, comp) == ("docker", w.id)
+    ),
+    **container_parts("docker", parse_docker_inspect),
 )

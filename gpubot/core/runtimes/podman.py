@@ -21,9 +21,10 @@ from gpubot.core.runtimes.base import (
     USER_MANAGER,
     Found,
     Rank,
+    Runtime,
     Shape,
 )
-from gpubot.core.runtimes.docker import container_runtime
+from gpubot.core.runtimes.docker import container_parts
 
 
 def parse_podman_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
@@ -43,15 +44,15 @@ def _found(o: dict[str, Any]) -> Found:
     )
 
 
-RUNTIME = container_runtime(
-    "podman",
-    (
+RUNTIME = Runtime(
+    kind="podman",
+    shapes=(
         Shape(rf"/(?:machine|system)\.slice/libpod-(?P<id>{HEX64})\.scope{NEST}"),
         Shape(rf"/libpod_parent/libpod-(?P<id>{HEX64}){NEST}"),
         # Rootless: inside the user's own subtree, so the user's, whatever they say.
         Shape(rf"{USER_MANAGER}libpod-(?P<id>{HEX64})\.scope{NEST}", Rank.USER),
     ),
-    (r"podman\.service",),
-    parse_podman_inspect,
-    lambda w, comp, prev: comp in (f"libpod-{w.id}.scope", f"libpod-{w.id}"),
+    daemons=(r"podman\.service",),
+    is_root=lambda w, comp, prev: comp in (f"libpod-{w.id}.scope", f"libpod-{w.id}"),
+    **container_parts("podman", parse_podman_inspect),
 )
