@@ -2,7 +2,7 @@
 
 Every problem is a ``ConfigError`` whose message names the file, the key and what is wrong.
 ``settings`` holds the typed object, ``validate`` the one validator and the general sections,
-``tables`` the policy, sweep and metrics tables, ``front_ends`` the forms of the chat ids.
+``tables`` the policy, sweep, metrics and cli tables, ``front_ends`` the forms of the chat ids.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.config import claims, front_ends, sharing, tables, validate
-from gpubot.config import cli as cli_table
 from gpubot.config.settings import (
     AttributionSettings,
     AuditSettings,
@@ -109,7 +108,7 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         sweep=tables.sweep(v, raw),
         metrics=tables.metrics(v, raw),
         leases=validate.leases(v, raw),
-        cli=cli_table.cli(v, raw),
+        cli=tables.cli(v, raw),
         reports=sharing.reports(v, raw),
         ladder=sharing.ladder(v, raw),
         claims=claims.claims(v, raw),

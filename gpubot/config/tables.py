@@ -1,6 +1,6 @@
 """The policy and sweep tables: the primary front end's section (its channels), ``[users]``,
 ``[approvals]``, ``[permissions]`` (``Settings.policy``), ``[sweep]``, ``[alerts]``
-(``Settings.sweep``), ``[metrics]``.
+(``Settings.sweep``), ``[metrics]``, ``[cli]``.
 
 What each setting means: ``gpubot.core.policy`` and ``gpubot.core.findings``. The ids of people,
 groups and channels are the primary front end's, checked by its forms (``front_ends``).
@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpubot.config import front_ends
-from gpubot.config.settings import MetricsSettings
+from gpubot.config.settings import CliSettings, MetricsSettings
 from gpubot.config.validate import Validator, check_port
 from gpubot.core import durations
 from gpubot.core.findings import SweepConfig
@@ -241,3 +241,11 @@ def metrics(v: Validator, raw: Mapping[str, Any]) -> MetricsSettings:
     if not isinstance(host, str) or not host:
         raise ConfigError(f"{v.where}: metrics.host: expected an address, got {host!r}")
     return MetricsSettings(port, host)
+
+
+def cli(v: Validator, raw: Mapping[str, Any]) -> CliSettings:
+    """Validate ``[cli]``: how the terminal commands lay out what they print."""
+    t = v.table("cli", raw.get("cli", {}))
+    v.keys("cli", t, {"summary_above"})
+    above = int(v.positive("cli.summary_above", t.get("summary_above", 8), integer=True, zero=True))
+    return CliSettings(above)
