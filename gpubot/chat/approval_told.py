@@ -8,20 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpubot.chat.message import Code, Date, DateStyle, Mention, Message, Place, Section, Span
+from gpubot.chat.reset_view import gpu_list
 from gpubot.core.approval.model import Approval, run_until
 from gpubot.core.approval.posts import Purpose
 from gpubot.core.reset.interrupted import show_command
 from gpubot.services.approvals import unix
 
 
-def gpus_text(a: Approval) -> str:
-    """Return the request's GPUs as words ("0, 2")."""
-    return ", ".join(map(str, a.plan.gpus)) or "–"
-
-
 def what(a: Approval) -> str:
     """Return "Request #ID (forced kill on NODE GPU N)"."""
-    return f"Request #{a.id} (forced kill on {a.node} GPU {gpus_text(a)})"
+    return f"Request #{a.id} (forced kill on {a.node} GPU {gpu_list(a.plan.gpus)})"
 
 
 def _who(a: Approval) -> tuple[Span, ...]:

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from gpubot.chat.approval_told import THREAD, gpus_text, render_interrupted_dm, render_waiting, what
+from gpubot.chat.approval_told import THREAD, render_interrupted_dm, render_waiting, what
 from gpubot.chat.message import NL, Code, Date, DateStyle, Mention, Message, Place, Section, Span
 from gpubot.chat.message import ctx as context
-from gpubot.chat.reset_view import render_approval_request
+from gpubot.chat.reset_view import gpu_list, render_approval_request
 from gpubot.core.approval.model import Approval
 from gpubot.core.approval.posts import Purpose
 from gpubot.core.models import ApprovalState
@@ -51,11 +51,12 @@ class ApprovalWords:
 
     def expired(self, a: Approval) -> Message:
         """The word to the requester of a request nobody decided in time."""
+        gpus = gpu_list(a.plan.gpus)
         text: list[Span] = [
-            f"⌛ Your request #{a.id} (forced kill on {a.node} GPU {gpus_text(a)}) expired at ",
+            f"⌛ Your request #{a.id} (forced kill on {a.node} GPU {gpus}) expired at ",
             Date(unix(a.expires_at) or 0.0, DateStyle.TIME),
             ", nobody decided; nothing was done. If it is still needed, ask again: ",
-            Code(f"/gpu reset {a.node} gpu {gpus_text(a).replace(' ', '')}"),
+            Code(f"/gpu reset {a.node} gpu {gpus.replace(' ', '')}"),
             ".",
         ]
         if a.ref is not None:

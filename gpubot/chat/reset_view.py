@@ -46,7 +46,8 @@ ACTION_RESET_GPU = "gpubot_reset_gpu"
 MARK = {Outcome.FREED: "✅", Outcome.UNKNOWN: "❔"}
 
 
-def _gpus(gpus: Sequence[int]) -> str:
+def gpu_list(gpus: Sequence[int]) -> str:
+    """Return GPU indexes as words ("0, 2"; "–" for none)."""
     return ", ".join(map(str, gpus)) or "–"
 
 
@@ -62,7 +63,7 @@ def plan_rows(plan: ResetPlan) -> list[list[str]]:
             [
                 str(t.pid),
                 t.user or "?",
-                _gpus(t.gpus),
+                gpu_list(t.gpus),
                 "?" if t.mib is None else str(t.mib),
                 clip(t.command, 60),
                 clip("; ".join(t.reasons), 120),
@@ -74,7 +75,7 @@ def plan_rows(plan: ResetPlan) -> list[list[str]]:
 def plan_lines(plan: ResetPlan) -> list[str]:
     """Return a plan as preformatted lines."""
     out = [
-        f"kill  {t.user or '?'} {t.pid} {_mib(t.mib)} GPU {_gpus(t.gpus)}  "
+        f"kill  {t.user or '?'} {t.pid} {_mib(t.mib)} GPU {gpu_list(t.gpus)}  "
         f"{clip(t.command, 50)}  ({'; '.join(t.reasons)})"
         for t in plan.targets
     ]
@@ -109,7 +110,7 @@ def step_lines(events: Sequence[ResetEvent]) -> list[Text]:
     for e in events:
         if e.kind == "planned":
             n = len(e.data.get("targets", []))
-            lines.append(f"✓ planned: {n} process(es) on GPU {_gpus(e.data.get('gpus', []))}")
+            lines.append(f"✓ planned: {n} process(es) on GPU {gpu_list(e.data.get('gpus', []))}")
     for sig in ("SIGTERM", "SIGKILL"):
         sent = [e for e in events if e.kind == "signal" and e.data.get("signal") == sig]
         if sent:
@@ -134,7 +135,7 @@ def step_lines(events: Sequence[ResetEvent]) -> list[Text]:
             if not any(o.data.get("index") == g for o in outcomes)
         ]
         if pending:
-            lines.append(f"⏳ verifying GPU {_gpus(pending)} …")
+            lines.append(f"⏳ verifying GPU {gpu_list(pending)} …")
     for o in outcomes:
         lines.append(_outcome_line(o.data))
     if not lines:
@@ -240,7 +241,7 @@ def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None
         owners += [", ", Code(o)] if i else [Code(o)]
     kills = "; ".join(plan.workloads[:5]) + ("; …" if len(plan.workloads) > 5 else "")
     out: list[Span] = [Mention(requester_id), f" ({who}) asks to free ", bold(plan.node)]
-    out += [f" GPU {_gpus(plan.gpus)}. This kills processes of ", *owners]
+    out += [f" GPU {gpu_list(plan.gpus)}. This kills processes of ", *owners]
     out.append(f": {len(plan.targets)} process(es), {held_memory(plan)}.")
     if plan.reason:  # typed by the requester: a plain string, escaped by each renderer
         out += [" Reason: “", plan.reason, "”."]
@@ -269,7 +270,7 @@ def render_approval_request(
         b.add(Section(context))
     _add_plan(b, plan, use_table=True, reserve=2)
     b.add(ctx(f"Request #{approval_id}", ("expires ", Date(expires_at))))
-    gpus = _gpus(plan.gpus)
+    gpus = gpu_list(plan.gpus)
     ask = Confirm(
         "Approve the forced kill?",
         f"{len(plan.targets)} process(es) of {', '.join(plan.owners)} on "
@@ -380,7 +381,7 @@ def render_audit(actions: Sequence[Any], *, node: str | None = None) -> Message:
                 clip(f"{a.actor} ({a.source})", 40),
                 clip(a.command, 60),
                 a.node or "–",
-                _gpus(a.gpus),
+                gpu_list(a.gpus),
                 a.status,
             ]
         )
