@@ -55,11 +55,18 @@ async def no_dm(user: str, msg: Message, subject: str) -> bool:
 class ClaimDesk:
     """Runs claim and queue commands for one front end (``source``)."""
 
-    def __init__(self, service: ClaimService | None, *, source: str, dm: Dm = no_dm) -> None:
+    def __init__(
+        self,
+        service: ClaimService | None,
+        *,
+        source: str,
+        dm: Dm = no_dm,
+        reset: Reset | None = None,
+    ) -> None:
         self.service = service
         self.source = source
         self.dm = dm
-        self.reset: Reset | None = None  # set by ``Flows``
+        self.reset = reset  # an intruder's "Free it": the claimant's reset (``Flows.reset``)
 
     def _svc(self) -> ClaimService:
         if self.service is None:

@@ -107,8 +107,7 @@ class Flows:
         self.duty = svc.duty  # with a front end that posts once
         self._home: tuple[float, FleetStatus] | None = None
         self.renders = FleetRenders()
-        self.claims = ClaimDesk(svc.claims, source=source, dm=dm)  # claims and the queue
-        self.claims.reset = self.reset  # an intruder's "Free it": the claimant's reset
+        self.claims = ClaimDesk(svc.claims, source=source, dm=dm, reset=self.reset)
 
     def check(self, cmd: commands.Command) -> None:
         """Check names against the inventory (pure and fast: before acknowledging)."""

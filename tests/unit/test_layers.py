@@ -6,6 +6,7 @@ Every file is parsed once per run (``tests.import_graph.tree``), whatever number
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import itertools
 import re
@@ -17,6 +18,7 @@ import pytest
 from tests.fixtures.code_rules import fmt_skips_without_a_why, slack_vocabulary
 from tests.import_graph import (
     PKG,
+    UNITS,
     climbs,
     cycles,
     imported,
@@ -24,6 +26,7 @@ from tests.import_graph import (
     mermaid,
     module_graph,
     module_name,
+    package_files,
     readme_drawing,
     tree,
 )
@@ -230,26 +233,157 @@ def test_the_composition_root_is_one_package_that_names_no_front_end() -> None:
     assert [m for m in control if _is(m, *fronts)] == ["gpubot.slack.api"]
 
 
-def _late_sets(module: ast.Module) -> list[int]:
-    """Return the lines that set an attribute of another object than ``self``."""
-    bad = []
-    for node in ast.walk(module):
-        targets = node.targets if isinstance(node, ast.Assign) else []
+# What changes an object in place: a call of one of these on another object's attribute.
+MUTATORS = {"append", "extend", "update", "add", "insert", "setdefault", "__setattr__"}
+
+
+def _own(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _foreign(node: ast.expr) -> bool:
+    """Whether ``node`` is an attribute of another object than ``self`` (``a.b``, ``self.a.b``)."""
+    return isinstance(node, ast.Attribute) and not _own(node.value)
+
+
+def _changes(scope: ast.AST) -> list[tuple[int, ast.expr]]:
+    """Return (line, what changes) for each change under ``scope`` to another object than
+    ``self``: a set (or ``del``) of its attribute, ``setattr``, ``vars(x).update``, or a mutating
+    call on one of its attributes (``app.seals.after_forced.append(...)``)."""
+    out: list[tuple[int, ast.expr]] = []
+    for node in ast.walk(scope):
+        targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else []
         if isinstance(node, ast.AugAssign | ast.AnnAssign):
             targets = [node.target]
-        for t in targets:
-            if isinstance(t, ast.Attribute) and not (
-                isinstance(t.value, ast.Name) and t.value.id == "self"
-            ):
-                bad.append(t.lineno)
-    return bad
+        out += [(t.lineno, t) for t in targets if _foreign(t)]
+        if not isinstance(node, ast.Call):
+            continue
+        f, first = node.func, node.args[0] if node.args else None
+        if isinstance(f, ast.Name) and f.id == "setattr" and first and not _own(first):
+            out.append((node.lineno, first))
+        elif isinstance(f, ast.Attribute) and f.attr in MUTATORS:
+            on = f.value
+            opener = on.func if isinstance(on, ast.Call) else None
+            opened = on.args[0] if isinstance(on, ast.Call) and on.args else None
+            if f.attr == "__setattr__":  # ``object.__setattr__(self, ...)`` sets an own field
+                if not (_own(on) or _own(first)):
+                    out.append((node.lineno, first or on))
+            elif _foreign(on):
+                out.append((node.lineno, on))
+            elif getattr(opener, "id", "") in ("vars", "getattr") and opened and not _own(opened):
+                out.append((node.lineno, opened))
+    return sorted(out, key=lambda c: c[0])
+
+
+def _late_sets(scope: ast.AST) -> list[int]:
+    return [n for n, _ in _changes(scope)]
+
+
+def composition_root(pkg: Path) -> list[Path]:
+    """Return the composition root's files wherever it is (``app/``, or ``app*.py`` before
+    it was a package), with the modules ``import_graph.UNITS`` counts as the root's."""
+    helpers = [pkg / f"{m}.py" for m, u in UNITS.items() if u == "app"]
+    files = {*(pkg / "app").rglob("*.py"), *pkg.glob("app*.py"), *helpers}
+    return sorted(p for p in files if p.exists())
+
+
+def _constructors(module: ast.Module) -> list[ast.AST]:
+    return [
+        n
+        for n in ast.walk(module)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        and n.name in ("__init__", "__post_init__")
+    ]
+
+
+def incomplete_objects(pkg: Path) -> list[tuple[str, int]]:
+    """Return (file, line) of each change to another object made by the composition root or
+    by any constructor of ``pkg``."""
+    root = composition_root(pkg)
+    out = [(p.relative_to(pkg).as_posix(), n) for p in root for n in _late_sets(tree(p))]
+    for path in sorted(set(pkg.rglob("*.py")) - set(root)):
+        scopes = _constructors(tree(path))
+        out += [(path.relative_to(pkg).as_posix(), n) for s in scopes for n in _late_sets(s)]
+    return out
 
 
 def test_the_composition_root_builds_complete_objects() -> None:
-    """Each object gets what it needs when it is made: no ``obj.attr = ...`` after it."""
-    assert [(p.name, n) for p in _files("app") for n in _late_sets(tree(p))] == []
-    control = "app.parts = wire_parts(app)\nreset.after_forced = seals.forced\nself.store = s"
-    assert _late_sets(ast.parse(control)) == [1, 2]  # the root's old setters are seen
+    """Each object gets what it needs when it is made: neither the root nor a constructor sets,
+    or appends to, another object's attribute after that object was made."""
+    assert composition_root(PKG)  # not vacuous: the root is found
+    assert incomplete_objects(PKG) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "app.parts = wire_parts(app)",
+        "reset.after_forced = seals.forced",
+        "app.seals.after_forced.append(app.heads.publish)",  # the root's old hook
+        "status.decorators.append(health.decorate)",  # the old health checks' own wiring
+        'setattr(reset, "after_forced", seals.forced)',
+        "vars(sweep).update(heap=heap)",
+        'object.__setattr__(reset, "after_forced", seals.forced)',
+        "app.sweep.heap = app.status.heap = SweepHeap().around",  # the benchmarks' rewiring
+        "self.claims.reset = self.reset",  # a constructor's setter on the object it made
+        "app.hooks += [f]",
+        "del app.heads",
+    ],
+)
+def test_control_the_complete_objects_rule_sees_each_setter(source: str) -> None:
+    assert _late_sets(ast.parse(source)) != []
+
+
+def test_control_the_complete_objects_rule_lets_an_object_set_itself() -> None:
+    own = 'self.store = s\nself.hooks.append(h)\nparts.append(p)\nsetattr(self, "x", 1)\n'
+    own += 'object.__setattr__(self, "x", 1)\nvars(self).update(x=1)\n'
+    assert _late_sets(ast.parse(own)) == []
+
+
+def test_control_the_complete_objects_rule_finds_the_root_of_each_layout(tmp_path: Path) -> None:
+    """The old layout (``app.py`` beside ``app_parts.py``) and a constructor elsewhere."""
+    pkg = tmp_path / "gpubot"
+    (pkg / "chat").mkdir(parents=True)
+    (pkg / "app.py").write_text("def wire(app):\n    app.seals.after_forced.append(f)\n")
+    (pkg / "app_parts.py").write_text("x = 1\n")
+    desk = "class Flows:\n    def __init__(self, c):\n        self.claims = c\n"
+    desk += "        self.claims.reset = self.reset\n    def later(self):\n        self.a.b = 1\n"
+    (pkg / "chat" / "flows.py").write_text(desk)
+    assert [p.name for p in composition_root(pkg)] == ["app.py", "app_parts.py"]
+    assert incomplete_objects(pkg) == [("app.py", 2), ("chat/flows.py", 4)]
+
+
+BENCH = PKG.parent / "benchmarks"
+# A benchmark that swaps a part of the app the root built, and why it is let to. Each arm
+# measures the same built app with one part set as ``serve`` sets it (the heap) or replaced by a
+# scripted one (the transport); building them through ``Serving`` would start duties and
+# metrics the measure leaves out.
+BENCH_REWIRES = {
+    ("first_sweep.py", "app.sweep.heap"),
+    ("scale_store.py", "app.status.transport"),
+    ("scale_store.py", "app.sweep.transport"),
+    ("scale_store.py", "app.transport"),
+    ("stall_locate.py", "app.sweep.heap"),
+    ("status_floor.py", "app.status.heap"),
+    ("status_floor.py", "app.sweep.heap"),
+    ("sweep_heap.py", "app.sweep.heap"),
+}
+
+
+def _rooted_at_app(node: ast.expr) -> bool:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "app"
+
+
+def test_benchmarks_rewire_a_built_app_only_where_listed() -> None:
+    found = {
+        (p.name, ast.unparse(what))
+        for p in sorted(BENCH.rglob("*.py"))
+        for _, what in _changes(tree(p))
+        if _rooted_at_app(what)
+    }
+    assert found == BENCH_REWIRES
 
 
 def test_services_never_import_a_front_end_or_chat() -> None:
@@ -438,73 +572,196 @@ def test_core_finds_no_module_by_scanning() -> None:
     assert bad == []
 
 
-def _bound(path: Path, cls: str) -> list[str]:
-    """Return the names bound at module level in ``path`` to a call of ``cls``."""
+def _module_names(module: ast.Module) -> list[str]:
+    """Return the names a module binds at its top level by assignment (imports aside)."""
     return [
         t.id
-        for node in tree(path).body
-        if isinstance(node, ast.Assign | ast.AnnAssign)
-        and isinstance(node.value, ast.Call)
-        and isinstance(node.value.func, ast.Name)
-        and node.value.func.id == cls
+        for node in module.body
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
         for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
         if isinstance(t, ast.Name)
     ]
 
 
-def _values(cls: str) -> list[tuple[str, object]]:
-    """Return ``(module.NAME, value)`` of every module-level ``NAME = cls(...)`` in gpubot."""
+@functools.cache
+def _namespaces() -> tuple[tuple[str, list[str], dict[str, object]], ...]:
+    """Return (module, names it binds, its namespace) of every package module (``__main__``
+    runs the command line: it binds no value)."""
     out = []
-    for path in sorted(PKG.rglob("*.py")):
-        names = _bound(path, cls)
-        if names:
+    for path in package_files():
+        if path.stem != "__main__":
             mod = importlib.import_module(module_name(path))
-            out += [(f"{mod.__name__}.{n}", getattr(mod, n)) for n in names]
+            out.append((mod.__name__, _module_names(tree(path)), vars(mod)))
+    return tuple(out)
+
+
+def _values(cls: type) -> list[tuple[str, object]]:
+    """Return ``(module.NAME, value)`` of every module-level name of gpubot bound to a ``cls``
+    value, however made: a call, an attribute call, a factory, ``dataclasses.replace``."""
+    return [
+        (f"{mod}.{n}", space[n])
+        for mod, names, space in _namespaces()
+        for n in names
+        if isinstance(space.get(n), cls)
+    ]
+
+
+def unlisted(found: list[tuple[str, object]], listed: tuple[object, ...]) -> list[str]:
+    """Return the names of ``found`` whose value is not in ``listed``, and a note for each
+    listed value no module declares (or two declare)."""
+    out = [n for n, v in found if not any(v is x for x in listed)]
+    out += [f"listed {x!r} declared {k} times" for x in listed if (k := _count(found, x)) != 1]
     return out
 
 
+def _count(found: list[tuple[str, object]], x: object) -> int:
+    return sum(v is x for _, v in found)
+
+
+def _callee(call: ast.Call) -> str:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _makers(module: ast.Module, cls: str) -> set[str]:
+    """Return ``cls`` and the names ``module`` imports it as."""
+    return {cls} | {
+        a.asname
+        for n in ast.walk(module)
+        if isinstance(n, ast.ImportFrom)
+        for a in n.names
+        if a.name == cls and a.asname
+    }
+
+
+def _factories(modules: list[ast.Module], cls: str) -> set[str]:
+    """Return the functions that make a ``cls`` value (``container_runtime``)."""
+    out = set()
+    for m in modules:
+        makers = _makers(m, cls)
+        for f in ast.walk(m):
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+                isinstance(c, ast.Call) and _callee(c) in makers for c in ast.walk(f)
+            ):
+                out.add(f.name)
+    return out
+
+
+def made_elsewhere(module: ast.Module, cls: str, factories: set[str]) -> list[int]:
+    """Return the lines that make a ``cls`` value (a call of it, under any name, or of one of
+    its ``factories``) anywhere but as a module-level name's value or inside a factory."""
+    direct = _makers(module, cls)
+    kept = {id(n.value) for n in module.body if isinstance(n, ast.Assign | ast.AnnAssign)}
+    inside = {
+        id(c)
+        for f in ast.walk(module)
+        if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name in factories
+        for c in ast.walk(f)
+    }
+    return [
+        c.lineno
+        for c in ast.walk(module)
+        if isinstance(c, ast.Call)
+        and _callee(c) in direct | factories
+        and id(c) not in kept
+        and not (id(c) in inside and _callee(c) in direct)
+    ]
+
+
 def test_every_runtime_and_finding_kind_is_in_its_list() -> None:
+    from gpubot.core.findings import FindingKind
     from gpubot.core.health.kinds import KINDS
     from gpubot.core.runtimes import RUNTIMES
 
-    for cls, listed in (("Runtime", RUNTIMES), ("FindingKind", KINDS)):
-        found = _values(cls)
-        assert [n for n, v in found if not any(v is x for x in listed)] == [], cls
-        assert len(found) == len(listed), cls  # and nothing is listed that no module declares
-    for path in sorted(PKG.rglob("*.py")):  # no value made anywhere but in a module's own name
-        made = [
-            n.lineno
-            for n in ast.walk(tree(path))
-            if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Name)
-            and n.func.id in ("Runtime", "FindingKind")
+    modules = [tree(p) for p in package_files()]
+    for cls, listed in ((type(RUNTIMES[0]), RUNTIMES), (FindingKind, KINDS)):
+        assert unlisted(_values(cls), listed) == [], cls
+        made = _factories(modules, cls.__name__)
+        bad = [
+            (p.name, n)
+            for p in package_files()
+            for n in made_elsewhere(tree(p), cls.__name__, made)
         ]
-        assert len(made) == len(_bound(path, "Runtime") + _bound(path, "FindingKind")), path
+        assert bad == [], cls  # no value made at run time, where no list can hold it
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'GPU_FELL_OFF = _f.FindingKind("gpu-fell-off", "GPU fell off")',
+        'GPU_FELL_OFF = K("gpu-fell-off", "GPU fell off")',
+        'PODMAN = replace(docker.RUNTIME, kind="pod")',
+        'GPU_FELL_OFF = type(_f.GPU_LOST)("gpu-fell-off", "GPU fell off")',
+    ],
+)
+def test_control_an_unlisted_declaration_is_seen(source: str) -> None:
+    import dataclasses
+
+    from gpubot.core import findings
+    from gpubot.core.health.kinds import KINDS
+    from gpubot.core.runtimes import RUNTIMES, docker
+
+    space: dict[str, object] = {"_f": findings, "K": findings.FindingKind, "docker": docker}
+    space["replace"] = dataclasses.replace
+    exec(compile(source, "control", "exec"), space)
+    found = [(n, space[n]) for n in _module_names(ast.parse(source))]
+    assert unlisted(found, (*KINDS, *RUNTIMES))[:1] == [_module_names(ast.parse(source))[0]]
+
+
+@pytest.mark.parametrize(
+    ("source", "lines"),
+    [
+        ('def kind_for(n):\n    return _f.FindingKind(f"xid-{n}", "Xid")\nK = [kind_for(3)]', [3]),
+        (
+            'from f import FindingKind as K\nasync def f(n):\n    return {n: K("x", "y")}\n'
+            "async def g():\n    return await f(1)",
+            [5],
+        ),
+        ('X = FindingKind("x", "x")\nY = (FindingKind("y", "y"),)\n', [2]),
+        ('def make(k):\n    return FindingKind(k, k)\nA = make("a")\n', []),  # a factory
+    ],
+)
+def test_control_a_kind_made_at_run_time_is_seen(source: str, lines: list[int]) -> None:
+    module = ast.parse(source)
+    assert made_elsewhere(module, "FindingKind", _factories([module], "FindingKind")) == lines
+
+
+def _kind_name(node: ast.expr | None) -> str | None:
+    """Return what ``node`` names: a name, an attribute, a string, or ``X.value``'s ``X``."""
+    if isinstance(node, ast.Attribute) and node.attr == "value":
+        node = node.value
+    if isinstance(node, ast.Tuple) and node.elts:  # ``(kind, what)`` of a table of pairs
+        return _kind_name(node.elts[0])
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
 
 
 def kind_tables(module: ast.Module, kinds: set[str]) -> list[int]:
-    """Return the lines of each collection display (set, tuple, list, dict keys) that names two
-    finding kinds or more: a table of kinds, which only the list may hold."""
+    """Return the lines of each collection display (set, tuple, list, dict keys) or ``or`` of
+    comparisons that names two finding kinds or more, by name, by ``.value`` or by stored name:
+    a table of kinds, which only the list may hold."""
     out = []
     for node in ast.walk(module):
         if isinstance(node, ast.Dict):
             items: list[ast.expr | None] = list(node.keys)
         elif isinstance(node, ast.Set | ast.Tuple | ast.List):
             items = list(node.elts)
+        elif isinstance(node, ast.BoolOp):
+            items = [e for v in node.values if isinstance(v, ast.Compare) for e in v.comparators]
         else:
             continue
-        named = [
-            n.id if isinstance(n, ast.Name) else n.attr
-            for n in items
-            if isinstance(n, ast.Name | ast.Attribute)
-        ]
-        if sum(name in kinds for name in named) >= 2:
+        if sum(_kind_name(n) in kinds for n in items) >= 2:
             out.append(node.lineno)
     return out
 
 
 def _kind_names() -> set[str]:
-    return {n.rsplit(".", 1)[1] for n, _ in _values("FindingKind")}
+    """Return the kinds' module-level names and their stored names (``gpu-xid``)."""
+    from gpubot.core.findings import FindingKind
+
+    found = _values(FindingKind)
+    return {n.rsplit(".", 1)[1] for n, _ in found} | {str(v) for _, v in found}
 
 
 def test_adding_a_check_touches_its_module_the_list_and_its_test() -> None:
@@ -526,6 +783,10 @@ def test_adding_a_check_touches_its_module_the_list_and_its_test() -> None:
     [
         "EVENT_KINDS = frozenset({FindingKind.GPU_XID, FindingKind.NVSWITCH_SXID})",
         'TITLES = {ORPHANED_VRAM: "orphaned GPU memory", GPU_LOST: "GPU lost", **HEALTH}',
+        '_HEADINGS = {"gpu-xid": "Xid error", "nvswitch-sxid": "NVSwitch SXid error"}',
+        "EVENTS = frozenset({xid.GPU_XID.value, xid.NVSWITCH_SXID.value})",
+        "EVENTS = dict([(xid.GPU_XID, 1), (xid.NVSWITCH_SXID, 2)])",
+        "if kind == GPU_XID or kind == NVSWITCH_SXID:\n    pass",
     ],
 )
 def test_control_the_kind_table_rule_sees_the_old_tables(source: str) -> None:
