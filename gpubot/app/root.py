@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
     from gpubot.services.approvals import ApprovalService
+    from gpubot.services.doctor import DoctorParts, DoctorService
     from gpubot.services.reset import ResetService
     from gpubot.services.seals import SealService
     from gpubot.services.sweep import SweepService
@@ -168,8 +169,7 @@ class App:
         return await task
 
     async def close(self) -> None:
-        """Stop the duties and the metrics, close connections (SSH, the front end's), locks and
-        the database."""
+        """Stop the duties and the metrics; close connections, locks and the database."""
         for s in self.schedulers:
             await s.stop()
         if self.seals is not None:
@@ -197,11 +197,13 @@ def settings_from(cli_config: str | None, environ: Mapping[str, str]) -> Setting
     return load(config_path(cli_config, environ))
 
 
-def doctor_transport(settings: Settings) -> Transport:
-    """Return the transport ``gpubot doctor`` asks nodes through (nothing else is built)."""
+def doctor_service(settings: Settings, parts: DoctorParts) -> DoctorService:
+    """Return the service ``gpubot doctor`` runs; nothing else is built. Its caller closes
+    ``.transport``."""
+    from gpubot.services.doctor import DoctorService
     from gpubot.transport import make_transport
 
-    return make_transport(settings.ssh)
+    return DoctorService(settings, make_transport(settings.ssh), parts)
 
 
 def build(

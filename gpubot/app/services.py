@@ -166,8 +166,7 @@ def _sweep(
     directory: Directory | None,
     outbox: Outbox[Message],
 ) -> SweepService:
-    """The sweep over ``ports``; with a store also its audit record, the alert keeper, the idle
-    accounting, GPU-hours, the reclaim ladder, the weekly digest and the claims' intruders."""
+    """The sweep over ``ports``; with a store also everything a sweep feeds."""
     settings, store = base.settings, base.store
     if store is not None:
         cfg, reports = settings.sweep, settings.reports

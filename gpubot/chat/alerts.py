@@ -200,8 +200,7 @@ def render_reminder(group: AlertGroup) -> Message:
 
 
 def render_sweep(result: SweepResult, interrupted: Sequence[Unfinished] = ()) -> Message:
-    """Render a sweep's report (``/gpu sweep``); ``interrupted``: actions on its nodes that
-    never finished and no one has marked reviewed."""
+    """Render ``/gpu sweep``'s report; ``interrupted``: its nodes' unreviewed interruptions."""
     if result.skipped:
         skipped = f"Sweep skipped: {result.skipped}"
         return Message(None, (Section((skipped,)),), skipped)
@@ -236,8 +235,7 @@ def render_sweep(result: SweepResult, interrupted: Sequence[Unfinished] = ()) ->
 
 
 def chat_sweeper(service: SweepService) -> Sweeper:
-    """Return what ``/gpu sweep`` runs: a read-only sweep now, rendered, audited as asked from
-    ``source`` (the front end: "slack", "console") by ``who``."""
+    """Return what ``/gpu sweep`` runs: a read-only sweep now, rendered and audited."""
 
     async def sweep(who: Person, source: str) -> Message:
         actor = who.id if who.id.startswith(f"{source}:") else f"{source}:{who.id}"

@@ -64,8 +64,7 @@ class ApprovalWords:
         return Message(None, (Section(tuple(text)),), f"Request #{a.id} expired: nothing was done")
 
     def told(self, purpose: Purpose, a: Approval) -> Message | None:
-        """The word of ``purpose`` about an approved action that did not run to an end (None:
-        not one of those, or it has nothing to say now)."""
+        """The word of ``purpose`` about an approved action that did not end (None: none now)."""
         if purpose is Purpose.INTERRUPTED_DM:
             return render_interrupted_dm(a)
         if purpose is Purpose.WAITING and a.state is ApprovalState.WAITING:

@@ -73,8 +73,7 @@ def render_granted(claims: Sequence[Claim], *, title: str = "Claimed") -> Messag
 
 
 def render_conflict(conflict: Conflict, node: str, wait: str) -> Message:
-    """Refuse a claim: who holds which GPU until when, and an offer to queue (``wait``: the
-    command that queues the person)."""
+    """Refuse a claim: who holds which GPU until when, and an offer to queue with ``wait``."""
     rows: list[Section] = []
     for c in conflict.held:
         rows.append(Section((bold(f"GPU {c.gpu}"), " is ", *claimed_line(c))))

@@ -112,8 +112,7 @@ def render_refused_home(user_id: str, reason: str, *, now: float) -> Message:
 
 
 def with_week(page: Message, week: Line | None) -> Message:
-    """Return the Home tab with the viewer's GPU-hours of the last 7 days (``gpubot report``'s
-    figures) above its last line, when the page has room for one more block."""
+    """Return the Home tab with the viewer's GPU-hours of the last 7 days, if it has room."""
     if week is None or len(page.body) >= MAX_PAGE_PARTS:
         return page
     figures = f"{week.hours('busy'):.1f} busy · {week.hours('idle'):.1f} idle"

@@ -58,8 +58,7 @@ async def review(
     *,
     source: str,
 ) -> str:
-    """Mark the action ``value`` reviewed for ``who`` (an approver, asking from the front end
-    ``source``); return one line saying what was done, or why not."""
+    """Mark the action ``value`` reviewed for ``who``; return a line saying what was done."""
     try:
         action_id = int(value)
     except ValueError:
@@ -78,8 +77,7 @@ async def review(
 
 
 def interrupted_parts(found: Interrupted | None, *, buttons: bool) -> list[Part]:
-    """Return the parts naming each interrupted action (none: no part at all); ``buttons``:
-    a "Mark reviewed" button beside each, when the viewer may use it."""
+    """Return a part per interrupted action; ``buttons``: "Mark reviewed" where allowed."""
     if found is None or not found.actions:
         return []
     acts = found.actions

@@ -84,8 +84,7 @@ class Budget:
         return Message(None, tuple(parts), fallback, kind)
 
     def add_pre(self, lines: Sequence[str], *, reserve: int = 0) -> int:
-        """Pack lines into preformatted parts of at most ``MAX_TEXT`` characters each; return
-        how many lines fit."""
+        """Pack lines into preformatted parts (each within ``MAX_TEXT``); return how many fit."""
         chunk: list[str] = []
         used = 8  # the fences
         done = 0

@@ -304,8 +304,7 @@ STATE_LINE = {
 
 @dataclass(frozen=True)
 class Decision:
-    """Where a request stands: its state, who decided it (None: nobody yet) and when (unix
-    seconds; for a pending request, when it expires)."""
+    """Where a request stands: its state, who decided it and when (pending: when it expires)."""
 
     state: str
     by: str | None

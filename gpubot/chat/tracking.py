@@ -107,8 +107,7 @@ class Tracker:
         )
 
     async def end(self, outcome: Outcome) -> ResetResult | None:
-        """Write the outcome in place of the progress (or the first message); return the
-        reset's result, if it ran to its end."""
+        """Write the outcome in place of the progress; return the reset's result, if it ended."""
         if not isinstance(outcome, Done | Failed):
             return None
         if self.progress is not None:

@@ -54,8 +54,7 @@ NextLine = Callable[[], Awaitable[str | None]]  # the next line typed (None: the
 
 @dataclass(frozen=True)
 class ConsoleParts:
-    """What the console needs of the app: its flows, what snoozes a finding, the app's
-    lifecycle (``running()``: the start-up report and the duties) and its close."""
+    """What the console needs of the app: its flows, a snoozer, its lifecycle and its close."""
 
     flows: Flows
     snoozer: Snoozer
@@ -80,8 +79,7 @@ def typed(action: Action) -> str | None:
 async def holder_line(
     flows: Flows, line: str, who: Person, out: TextSurface, snoozer: Snoozer | None
 ) -> bool:
-    """Run ``snooze 1h|1d KEY`` or ``free KEY`` (an alert's buttons, typed); False if ``line``
-    is neither."""
+    """Run an alert's or a claim's button, typed; False if ``line`` is neither."""
     words = line.split(maxsplit=2)
     if words[:1] and words[0] in CLAIM_BUTTONS and len(words) == 2:
         action = CLAIM_BUTTONS[words[0]]
@@ -203,8 +201,7 @@ def echo(text: str) -> None:
 
 
 async def repl(parts: ConsoleParts, who: Person, lines: Sequence[str] | NextLine) -> int:
-    """Run the app's lifecycle (its start-up report printed first), answer ``lines`` (or each
-    line ``lines()`` gives until None, quit or exit), printing as answers come; close."""
+    """Run the app's lifecycle and answer ``lines`` (or ``lines()`` until None, quit or exit)."""
     try:
         async with parts.running():
             return await _answer_lines(parts.flows, who, lines, echo, parts.snoozer)
