@@ -1,9 +1,9 @@
 """What a sweep decides on each finding's alert state, and what it reports.
 
-Pure (standard library only, time passed in). A finding is confirmed once two sweeps in a row
-saw it; it then alerts, reminds after ``reminder_s`` and resolves once two sweeps that could
-look no longer found it (``hold_clears``); a person may snooze it. The state itself (``Alert``)
-is kept by the ``AlertStore`` port; the messages a ``Notifier`` posts carry ``AlertGroup``s.
+Pure (time passed in). A finding is confirmed once two sweeps in a row saw it; it then alerts,
+reminds after ``reminder_s`` and resolves once two sweeps that could look no longer found it
+(``hold_clears``); a person may snooze it. The state (``Alert``) is kept by the ``AlertStore``
+port; the messages a ``Notifier`` posts carry ``AlertGroup``s.
 """
 
 from __future__ import annotations
@@ -304,6 +304,7 @@ class PendingPost:
     taken_at: datetime | None = None  # when this caller took it (None: at created_at)
     to: str | None = None
     fresh: bool = True  # nothing of it can be there yet: posted without a search first
+    audit: Mapping[str, Any] | None = None  # its intent's record: how it ended is audited too
 
     @property
     def take(self) -> datetime:

@@ -1,8 +1,8 @@
 """The one duration grammar of gpubot: settings, CLI flags and chat commands all parse with it,
 and every message shows a duration with its one formatter.
 
-Pure (standard library only). The same text must mean the same time wherever it is typed, and
-what gpubot shows must read back as what it meant.
+The same text must mean the same time wherever it is typed, and what gpubot shows must read
+back as what it meant.
 
 Grammar: one or more parts, each a number and a unit, units ``w d h m s`` (weeks, days,
 hours, minutes, seconds), largest first, each at most once, any case, spaces allowed between

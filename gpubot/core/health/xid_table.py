@@ -1,7 +1,6 @@
 """The one table of Xid and SXid codes: what each means, whose fault it is, and the next step.
 
-Pure (standard library only). Every entry cites where its meaning and action come from, NVIDIA's
-public documentation first:
+Every entry cites where its meaning and action come from, NVIDIA's public documentation first:
 
 - CATALOG: NVIDIA, "Analyzing Xid Errors with the Xid Catalog" (Ampere and newer; the row of the
   code: mnemonic, description, "Resolution Bucket (Immediate Action)"),
