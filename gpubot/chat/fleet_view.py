@@ -48,19 +48,14 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:.0f} GiB" if mib >= 10240 else f"{mib} MiB"
 
 
-def short_command(p: GpuProcess, n: int = 32) -> str:
-    """Return a process's command, shortened to the program name and first arguments."""
-    return clip(program_and_args(p), n)
-
-
 def proc_label(p: GpuProcess) -> str:
     """Return ``user pid MiB command [flags]`` for one process (not escaped)."""
     if p.system:
         return f"system: {p.process_name} ({p.pid})"
     flags = process_flags(p)
     tail = f" [{', '.join(flags)}]" if flags else ""
-    mib = _num(p.used_memory_mib)
-    return f"{owner_label(p)} {p.pid} {mib} MiB {workload_label(p)}{short_command(p)}{tail}"
+    mib, command = _num(p.used_memory_mib), clip(program_and_args(p), 32)
+    return f"{owner_label(p)} {p.pid} {mib} MiB {workload_label(p)}{command}{tail}"
 
 
 def _mem(g: GpuInfo) -> str:

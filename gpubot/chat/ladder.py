@@ -39,11 +39,6 @@ ACTION_KEEP = "gpubot_ladder_keep"  # the value is the finding's key text
 ACTION_ONCALL_FREE = "gpubot_ladder_free"  # on-call's Free it: the finding's key text
 
 
-def keep_button(key: str) -> Action:
-    """Return the owner's *Keep (reason)* button."""
-    return Action(ACTION_KEEP, "Keep (reason)", key, Style.PRIMARY)
-
-
 def oncall_free_button(key: str, node: str, gpu: int) -> Action:
     """Return on-call's *Free it*: a forced reset, asked of the approvers."""
     ask = Confirm(
@@ -90,7 +85,8 @@ def render_ladder(n: LadderNotice, owners: Sequence[str]) -> Message:
             )
         )
         b.add(Section(tuple(_what(n))))
-        b.add(Actions((free_button(key, f.node, gpu, pid), keep_button(key))))
+        keep = Action(ACTION_KEEP, "Keep (reason)", key, Style.PRIMARY)
+        b.add(Actions((free_button(key, f.node, gpu, pid), keep)))
     elif n.step is Step.POST:
         title = f"{f.node} GPU {gpu} held idle by {n.rung.owner}"
         b.add(Section(("⚠ ", bold(title), NL, "Held idle by ", *who, ", told in a DM.")))

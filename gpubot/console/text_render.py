@@ -38,11 +38,6 @@ from gpubot.core.text_table import table_lines
 Typed = Callable[[Action], str | None]  # what to type for an action (None: nothing)
 
 
-def mention_text(p: Mention) -> str:
-    """Return a person as text."""
-    return f"{p.name} (@{p.id})" if p.name else f"@{p.id}"
-
-
 def date_text(d: Date) -> str:
     """Return a date as UTC text."""
     at = datetime.fromtimestamp(d.at, UTC)
@@ -61,7 +56,7 @@ def span_text(s: Span) -> str:
     if isinstance(s, Sentence):
         return one_line(s.text)
     if isinstance(s, Mention):
-        return mention_text(s)
+        return f"{s.name} (@{s.id})" if s.name else f"@{s.id}"
     if isinstance(s, Date):
         return date_text(s)
     if isinstance(s, Strong | Emph | Struck):
