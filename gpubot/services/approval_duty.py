@@ -1,19 +1,12 @@
 """The approval duty, run every interval on the app's one scheduler.
 
-Each run, in order:
-
-1. settles the approvals' posts whose answer was lost (``Outbox.reconcile``: adopted if found
-   in the history, else posted again, at most once "may repeat");
-2. pings on-call again, in the request's thread, once half of an undecided request's time has
-   gone, naming who was asked (``[approvals] approvers`` and ``usergroup``); the outbox row is
-   the mark, so it happens once per request across restarts and replicas;
-3. (the caller) expires the requests whose time is up, and the requester is told directly;
-4. looks again at approved actions that did not run to an end (``look_again``): one
-   interrupted by a gpubot that stopped is marked ``incomplete`` once its lease has lapsed, and
-   its thread and requester are told; one that could not run yet (``waiting``) is told in its
-   thread, retried while its approval is valid, and its thread told how it ended.
-
-What it says is the chat layer's (``Words``); every post goes through the one outbox.
+Each run, in order: settles the approvals' posts whose answer was lost (``Outbox.reconcile``);
+pings on-call again in the request's thread once half an undecided request's time has gone (the
+outbox row is the mark: once per request across restarts and replicas); (the caller) expires
+the requests whose time is up; and looks again at approved actions that did not run to an end
+(``look_again``): one interrupted by a gpubot that stopped is marked ``incomplete`` once its
+lease has lapsed, and one that could not run yet is retried while its approval is valid, each
+told in its thread. What it says is the chat layer's (``Words``).
 """
 
 from __future__ import annotations

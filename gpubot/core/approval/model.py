@@ -1,8 +1,7 @@
 """An approval for a forced action, as the approvals store hands it out.
 
 ``ApprovalRequest`` is what was asked: the plan and how to run it. It is typed here and turned
-into JSON (and back) only inside ``gpubot.store`` (``store/approvals.py``), as APScheduler's
-``Schedule.marshal``/``unmarshal`` keep a schedule's wire form inside its data store.
+into JSON (and back) only inside ``gpubot.store``: the wire form stays with the store.
 """
 
 from __future__ import annotations
