@@ -312,11 +312,12 @@ class ApprovalService:
         except (StoreError, ApprovalError) as exc:
             log.error("approval %s: cannot record its end: %s", approval_id, exc)
 
-    async def expire_due(self) -> list[Approval]:
-        """Expire every pending request whose time is up; return them (judged by
-        ``expiry_now``: a forward step of the wall clock lasting seconds expires nothing)."""
+    async def expire_due(self, source: str | None = None) -> list[Approval]:
+        """Expire every pending request (of ``source`` only, if given) whose time is up; return
+        them (judged by ``expiry_now``: a forward step of the wall clock lasting seconds expires
+        nothing)."""
         due = steps_of(self.clock).expiry_now()
-        return await self.approvals.expire_due(datetime.fromtimestamp(due, UTC))
+        return await self.approvals.expire_due(datetime.fromtimestamp(due, UTC), source)
 
     async def abandon_approved(self, settled_s: float = 0.0) -> list[Approval]:
         """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` over

@@ -314,8 +314,8 @@ class RequestService:
             return None
         return None if found is None else found.node
 
-    async def expire_due(self) -> list[Approval]:
-        """Expire the requests whose time is up; return them."""
+    async def expire_due(self, source: str | None = None) -> list[Approval]:
+        """Expire the requests (of ``source`` only, if given) whose time is up; return them."""
         if self.approvals is None:
             return []
-        return await self.approvals.expire_due()
+        return await self.approvals.expire_due(source)

@@ -143,9 +143,10 @@ class DbApprovals:
         retry, before a moment."""
         return await in_thread(self._approved, decided_before)
 
-    async def expire_due(self, now: datetime) -> list[Approval]:
-        """Expire every pending request whose time is up at ``now``; return them."""
-        return await in_thread(self._expire_due, now)
+    async def expire_due(self, now: datetime, source: str | None = None) -> list[Approval]:
+        """Expire every pending request (of ``source`` only, if given) whose time is up at
+        ``now``; return them."""
+        return await in_thread(self._expire_due, now, source)
 
     async def set_message(self, approval_id: int, ref: MessageRef) -> None:
         """Remember the chat message that shows the request (to update it later)."""
@@ -289,19 +290,14 @@ class DbApprovals:
         _audit(conn, Change(aid, row.node, S(row.state), to, by, source, at), extra)
         return self._load(conn, aid)
 
-    def _expire_due(self, now: datetime) -> list[Approval]:
+    def _expire_due(self, now: datetime, source: str | None) -> list[Approval]:
         out: list[Approval] = []
+        due_now = and_(approvals.c.state == S.PENDING.value, approvals.c.expires_at <= iso(now))
+        if source is not None:
+            due_now = and_(due_now, approvals.c.source == source)
         with guard("cannot expire approvals"), write_tx(self._engine) as conn:
             due = (
-                conn.execute(
-                    select(approvals.c.id)
-                    .where(
-                        and_(
-                            approvals.c.state == S.PENDING.value, approvals.c.expires_at <= iso(now)
-                        )
-                    )
-                    .order_by(approvals.c.id)
-                )
+                conn.execute(select(approvals.c.id).where(due_now).order_by(approvals.c.id))
                 .scalars()
                 .all()
             )

@@ -125,6 +125,19 @@ async def test_expire_due_expires_only_what_is_due(store: Store) -> None:
     assert await store.approvals.expire_due(T0 + timedelta(seconds=31)) == []
 
 
+async def test_expire_due_of_one_source_leaves_the_others(store: Store) -> None:
+    slack = await _request(store, expires_in_s=30)  # source "chat": another front end's
+    mine = await store.approvals.create(
+        "console:bob", "bob", "node3", REQUEST, 30, source="console", now=T0
+    )
+    due = T0 + timedelta(seconds=31)
+    expired = await store.approvals.expire_due(due, "console")
+    assert [(x.id, x.state) for x in expired] == [(mine.id, S.EXPIRED)]
+    assert [x.id for x in await store.approvals.pending()] == [slack.id]
+    # the control: with no source, every due request expires
+    assert [x.id for x in await store.approvals.expire_due(due)] == [slack.id]
+
+
 async def test_pending_approvals_survive_a_restart(store: Store, fresh_db_url: str) -> None:
     a = await _request(store)
     await store.approvals.set_message(a.id, MessageRef("C123/1700000000.000100"))

@@ -1,14 +1,15 @@
 """The console runs the root's duties as ``gpubot serve`` does: a request that nobody decides
-expires. The console used to schedule no approval expiry (only ``serve`` handed one to
-``App.running``), so such a request stayed pending as long as the console ran. The memory store;
-the duties run on a virtual clock."""
+expires. It expires only its own: on ``serve``'s database, Slack's requests are Slack's to
+update and tell their requesters of, while ``serve`` expires every one. The memory store; the
+duties run on a virtual clock."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from gpubot.app import App, build
+from gpubot.app import App, Serving, build
+from gpubot.chat.surface import MessageRef
 from gpubot.cli.console import console_parts, identity
 from gpubot.config import Settings, parse
 from gpubot.console.front import ConsoleFront
@@ -22,12 +23,12 @@ SETTINGS: Settings = parse({"database": {"url": "memory://"}, "nodes": [NODE]}, 
 LOOKS = 50  # times the console looks, a virtual second apart, while it waits at its prompt
 
 
-async def _ask(app: App, expires_in_s: float) -> int:
-    """Record alice's request, asked an hour ago; return its id."""
+async def _ask(app: App, expires_in_s: float, source: str = "console") -> int:
+    """Record alice's request made through ``source``, asked an hour ago; return its id."""
     assert app.store is not None
     asked = datetime.now(UTC) - timedelta(hours=1)
     a = await app.store.approvals.create(
-        "console:alice", "alice", "node3", REQUEST, expires_in_s, source="console", now=asked
+        "console:alice", "alice", "node3", REQUEST, expires_in_s, source=source, now=asked
     )
     return a.id
 
@@ -63,6 +64,33 @@ async def test_the_console_expires_a_due_request() -> None:
     who = identity(app.flows.svc.policy, None)
     assert await repl(console_parts(app), who, _waiting(app, clock, [due, later], states)) == 0
     assert states == {due: ApprovalState.EXPIRED, later: ApprovalState.PENDING}
+
+
+async def test_the_console_leaves_another_front_ends_due_request_to_it() -> None:
+    clock, printed = VirtualClock(), list[str]()
+    app = build(SETTINGS, {}, need_store=True, front=ConsoleFront(echo=printed.append), clock=clock)
+    mine = await _ask(app, 60.0)
+    slacks = await _ask(app, 60.0, source="slack")  # due as well: serve's to expire and tell
+    assert app.store is not None
+    await app.store.approvals.set_message(slacks, MessageRef("C0OPS/1700000000.000100"))
+    states: dict[int, ApprovalState] = {}
+    who = identity(app.flows.svc.policy, None)
+    assert await repl(console_parts(app), who, _waiting(app, clock, [mine, slacks], states)) == 0
+    assert states == {mine: ApprovalState.EXPIRED, slacks: ApprovalState.PENDING}
+    assert printed == []  # nor is Slack's message printed here
+    await app.close()
+
+
+async def test_control_a_serving_gpubot_expires_every_front_ends_request() -> None:
+    serving = Serving(sweeps=False, settle_heap=False)
+    app = build(SETTINGS, {}, need_store=True, front=ConsoleFront(echo=print), serving=serving)
+    assert app.store is not None
+    ids = [await _ask(app, 60.0), await _ask(app, 60.0, source="slack")]
+    (duty,) = [s for s in app.schedulers if s.name == "approval-expiry"]
+    await duty.job()
+    after = [await app.store.approvals.get(i) for i in ids]
+    assert [a.state if a else None for a in after] == [ApprovalState.EXPIRED] * 2
+    await app.close()
 
 
 def test_every_front_end_runs_the_same_duties() -> None:

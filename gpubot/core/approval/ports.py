@@ -90,8 +90,9 @@ class ApprovalStore(Protocol):
         """Return the approvals ``waiting`` to be retried, oldest first."""
         ...
 
-    async def expire_due(self, now: datetime) -> list[Approval]:
-        """Expire every pending request whose time is up at ``now``; return them."""
+    async def expire_due(self, now: datetime, source: str | None = None) -> list[Approval]:
+        """Expire every pending request (of ``source`` only, if given) whose time is up at
+        ``now``; return them."""
         ...
 
     async def set_message(self, approval_id: int, ref: MessageRef) -> None:
