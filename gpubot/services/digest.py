@@ -68,7 +68,7 @@ class DigestService:
             return await self.notifier.post(report, token=token)
 
         at = datetime.fromtimestamp(now, UTC)
-        audit = {"alert": "digest", "period": period}
+        audit = {"alert": "digest post", "period": period}  # ``audit list --kind digest``
         try:
             done = await self.outbox.publish_once(
                 period, send, self.notifier.find, at, repeat=False, audit=audit

@@ -122,12 +122,15 @@ class Outbox(Generic[M]):
         being done, or not due). A post whose answer was lost is looked for at once; not
         found, it stays pending (``Delivery.UNCERTAIN``) for ``reconcile``."""
         post = await self._store.begin(intent)
-        if post is None:
-            return None
+        return None if post is None else await self._make(post, send, find, intent.at)
+
+    async def _make(
+        self, post: PendingPost, send: Send, find: Find, at: datetime
+    ) -> tuple[Posted, Settled]:
         self.in_flight.add(post.token)
         try:
             posted = await send(post.token, None)
-            keys = await self._record(post, posted, intent.at)
+            keys = await self._record(post, posted, at)
             if keys is not None:
                 return posted, (posted.ref if posted.delivery is Delivery.POSTED else None, keys)
             lookup = await find(post.token, post.since)
@@ -147,15 +150,19 @@ class Outbox(Generic[M]):
         return None if done is None else done[0]
 
     async def post_alert(self, group: AlertGroup, notifier: Notifier) -> tuple[FindingKey, ...]:
-        """Post the alert of ``group`` once; return the keys it is known to have alerted."""
+        """Post the alert of ``group`` once; return the keys it is known to have alerted. The
+        message carries only the findings its record marked: the others were alerted already."""
         keys = tuple(i.key for i in group.items)
-        intent = Intent(ALERT + group.node, group.at, keys=keys)
+        post = await self._store.begin(Intent(ALERT + group.node, group.at, keys=keys))
+        if post is None:
+            return ()
+        items = tuple(i for i in group.items if i.key in post.keys)
 
         async def send(token: str, repeat_of: datetime | None) -> Posted:
-            return await notifier.post(replace(group, repeat_of=repeat_of), token=token)
+            shown = replace(group, items=items, repeat_of=repeat_of)
+            return await notifier.post(shown, token=token)
 
-        done = await self.post(intent, send, notifier.find)
-        return () if done is None else done[1][1]
+        return (await self._make(post, send, notifier.find, group.at))[1][1]
 
     async def reconcile(
         self,

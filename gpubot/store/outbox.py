@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, select
@@ -40,6 +40,8 @@ from gpubot.store.waits import in_thread
 log = logging.getLogger(__name__)
 
 NO_KEYS = "[]"  # the keys of a post that alerts no finding
+# A take later than now by more than this was made before the wall clock stepped back: stale.
+CLOCK_STEP_S = 300.0
 c = outbox.c
 
 
@@ -136,12 +138,12 @@ class DbOutbox:
                     payload={**_about(about), **intent.audit, "token": intent.token},
                     now=intent.at,
                 )
-            return _pending(_row(conn, intent.token))
+            return replace(_pending(_row(conn, intent.token)), audit=intent.audit)
 
     def _take(self, token: str, stale_before: datetime, now: datetime) -> PendingPost | None:
         with guard("cannot take the post"), write_tx(self._engine) as conn:
             row = _row(conn, token)
-            if row.state != "pending" or parse_iso(row.taken_at) > stale_before:
+            if row.state != "pending" or _held(row, stale_before, now):
                 return None
             moved = conn.execute(
                 outbox.update()
@@ -159,6 +161,7 @@ class DbOutbox:
             row = _settle(conn, post, state="posted", ref=ref, finished_at=iso(now))
             if row is None:
                 return []
+            _audit_end(conn, post, now, {"outcome": "posted", "ref": ref})
             about = parse_subject(row.subject)
             if about is not None and about[1] is Purpose.REQUEST:  # where its buttons are
                 conn.execute(approvals.update().where(approvals.c.id == about[0]).values(ref=ref))
@@ -167,7 +170,10 @@ class DbOutbox:
     def _cancel(self, post: PendingPost, now: datetime) -> None:
         with guard("cannot record the refused post"), write_tx(self._engine) as conn:
             row = _settle(conn, post, state="refused", finished_at=iso(now))
-            if row is None or row.keys == NO_KEYS:
+            if row is None:
+                return
+            _audit_end(conn, post, now, {"outcome": "refused"})
+            if row.keys == NO_KEYS:
                 return
             conn.execute(
                 alerts.update()
@@ -254,6 +260,14 @@ def _mark_alerted(
     return first, tuple(parse_key(r.key) for r in rows)
 
 
+def _held(row: Row[Any], stale_before: datetime, now: datetime) -> bool:
+    """Whether the pending ``row``'s take is still held: made after ``stale_before``, and not
+    so far after ``now`` that the clock must have stepped back since (a step back never
+    silences a post)."""
+    taken = parse_iso(row.taken_at)
+    return stale_before < taken <= now + timedelta(seconds=CLOCK_STEP_S)
+
+
 def _approval_node(conn: Connection, about: tuple[int, Purpose], at: datetime) -> str | None:
     """Return the node of the approval an approval's post is for, if the post may be recorded
     at ``at`` (its state, and a re-ping's time); else None."""
@@ -272,7 +286,7 @@ def _retake(conn: Connection, row: Row[Any], intent: Intent) -> PendingPost | No
     stale = intent.retake_before
     if stale is None or row.state == "posted":
         return None
-    if row.state == "pending" and parse_iso(row.taken_at) > stale:
+    if row.state == "pending" and _held(row, stale, intent.at):
         return None  # being done
     moved = conn.execute(
         outbox.update()
@@ -282,7 +296,8 @@ def _retake(conn: Connection, row: Row[Any], intent: Intent) -> PendingPost | No
     if moved.rowcount != 1:
         return None
     # Refused: it is not there, so posted afresh; otherwise the history is searched first.
-    return replace(_pending(row), taken_at=intent.at, fresh=row.state == "refused")
+    fresh = row.state == "refused"
+    return replace(_pending(row), taken_at=intent.at, fresh=fresh, audit=intent.audit)
 
 
 def _alerted(
@@ -313,6 +328,25 @@ def _alerted(
         )
         done.append(parse_key(text))
     return done
+
+
+def _audit_end(conn: Connection, post: PendingPost, now: datetime, end: dict[str, Any]) -> None:
+    """Audit how a post whose intent was audited ended, beside its intent's record."""
+    if post.audit is None:
+        return
+    about = parse_subject(post.subject)
+    node = None
+    if about is not None:
+        node = conn.execute(select(approvals.c.node).where(approvals.c.id == about[0])).scalar()
+    append(
+        conn,
+        kind="alert" if about is None else "approval",
+        actor="gpubot",
+        source="gpubot",
+        node=node,
+        payload={**_about(about), **post.audit, **end, "token": post.token},
+        now=now,
+    )
 
 
 def _about(about: tuple[int, Purpose] | None) -> dict[str, Any]:

@@ -10,7 +10,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from gpubot.core.alerting import Delivery, Lookup, MessageRef, Posted
 from gpubot.core.claims.rules import ClaimRequest, Granted
+from gpubot.core.usage.report import Digest
+from gpubot.services.digest import DigestService
+from gpubot.services.outbox import Outbox
 from gpubot.store import ActionSummary, AuditRecord, Store
 from gpubot.store.audit import append
 from gpubot.store.audit_kinds import (
@@ -24,6 +28,7 @@ from gpubot.store.engine import write_tx
 from gpubot.store.records import iso
 from gpubot.store.tables import audit_log
 from tests.fixtures.approvals import REQUEST
+from tests.fixtures.clock import VirtualClock
 
 T0 = time.time()  # claims are recorded at their start: now, for --since
 
@@ -76,10 +81,35 @@ async def _fill(store: Store) -> dict[str, int]:
     await store.approvals.decide(approval.id, "U4", True, datetime.now(UTC))
     ids["approval"] = max(r.seq for r in await store.records() if r.kind == "approval")
     ids["ladder"] = _append(store, "ladder", "slack:U5", "node1", ladder="posted", gpu=2)
-    ids["digest"] = _append(store, "alert", "gpubot", None, alert="digest posted", period="p")
+    ids["digest"], ids["digest_intent"] = await _digest_posted(store)
     ids["alert"] = _append(store, "alert", "gpubot", "node1", alert="alerted", key="k")
     ids["own"] = _append(store, "claim", "gpubot", "node1", change="offered")
     return ids
+
+
+class _Weekly:
+    """The digest's front end and its usage: every post lands."""
+
+    async def post(self, report: object, *, token: str) -> Posted:
+        return Posted(Delivery.POSTED, MessageRef("C2/3.5"))
+
+    async def find(self, token: str, since: datetime) -> Lookup:
+        return Lookup(True)
+
+    async def report_of(self, window: object, by: str, now: float) -> str:
+        return "report"
+
+
+async def _digest_posted(store: Store) -> tuple[int, int]:
+    """Post a weekly digest through the outbox; return its records' seqs (outcome, intent)."""
+    digest, weekly = Digest.parse("mon 09:00"), _Weekly()
+    clock = VirtualClock(digest.last_due(T0) + 60)
+    usage: Any = weekly
+    svc = DigestService(digest, "user", usage, Outbox(store.outbox), weekly, clock=clock)
+    assert await svc.run_due() is not None
+    intent, outcome = [r for r in await store.records() if r.kind == "alert"][-2:]
+    assert outcome.data["outcome"] == "posted" and outcome.data["ref"] == "C2/3.5"
+    return outcome.seq, intent.seq
 
 
 def _ids(items: list[ActionSummary | AuditRecord]) -> list[int]:
@@ -102,9 +132,9 @@ async def test_each_kind_and_the_people_default(store: Store) -> None:
     assert ids["reset"] not in await kinds("claim")
     assert await kinds("reset") == [ids["reset"]]  # a refused approval is no reset
     assert await kinds("action") == [ids["refused"], ids["reset"]]
-    assert await kinds("digest") == [ids["digest"]]
+    assert await kinds("digest") == [ids["digest"], ids["digest_intent"]]
     assert ids["digest"] not in await kinds("alert") and ids["alert"] in await kinds("alert")
-    assert set(await kinds("alert,digest")) == {ids["alert"], ids["digest"]}
+    assert set(await kinds("alert,digest")) == {ids["alert"], ids["digest"], ids["digest_intent"]}
     assert await kinds("ladder") == [ids["ladder"]]
     approvals = await listing.list(ListFilter(("approval",)))
     assert {r.actor for r in approvals if isinstance(r, AuditRecord)} >= {"U1", "U4"}

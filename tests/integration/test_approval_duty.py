@@ -181,8 +181,9 @@ async def test_re_ping_once_at_half_expiry_across_replicas_and_a_restart(
         text_of(ping)
     )
     assert ping["metadata"]["event_type"] == EVENT
-    (record,) = [r for r in await approval_records(harness.store, aid) if r.get("post")]
+    record, end = [r for r in await approval_records(harness.store, aid) if r.get("post")]
     assert record["reminded"] == ["U0CAROL", "S0ONCALL"]
+    assert end["outcome"] == "posted" and end["token"] == record["token"]  # where it landed
     # the control: without its outbox row (the mark), the next run pings on-call again
     with harness.store.engine.begin() as conn:
         conn.execute(outbox.delete().where(outbox.c.subject == f"approval:{aid}:reping"))
@@ -214,7 +215,7 @@ async def test_expiry_edits_the_request_and_tells_the_requester(
         assert dm["metadata"]["event_type"] == EVENT
         records = await approval_records(h.store, aid)
         assert [r["to"] for r in records if "to" in r] == ["pending", "expired"]
-        (told,) = [r for r in records if r.get("post") == "expired"]
+        (told,) = [r for r in records if r.get("post") == "expired" and "outcome" not in r]
         assert told["told"] == "U0BOB"
         assert (await h.store.approvals.get(aid)).state is ApprovalState.EXPIRED
     assert_within_limits(dm_slack)

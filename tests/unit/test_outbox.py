@@ -25,8 +25,12 @@ from gpubot.core.alerting import (
     next_step,
 )
 from gpubot.core.findings import FindingKey
+from gpubot.core.usage.report import Digest
+from gpubot.services.digest import DigestService
 from gpubot.services.outbox import ALERT, Outbox
-from gpubot.store import Store, open_store
+from gpubot.store import AuditRecord, Store, open_store
+from gpubot.store.audit_kinds import AuditListing, ListFilter
+from tests.fixtures.clock import VirtualClock
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 KEY = FindingKey("node3", 2, "orphaned-vram")
@@ -307,3 +311,78 @@ async def test_a_stale_row_is_taken_by_one_caller_and_a_lost_take_changes_nothin
     assert await store.outbox.pending("approval-less") == []
     # The control: the holder of the current take records where it landed.
     assert await store.outbox.take(first.token, late, late) is None  # posted: never again
+
+
+# -- review: what each post carries, a clock stepped back, the digest's audit trail -------------
+
+OTHER = FindingKey("node3", 1, "orphaned-vram")
+
+
+async def test_an_alert_carries_only_the_findings_its_record_marked(store: Store) -> None:
+    for i in range(2):
+        await store.alerts.upsert_seen([KEY, OTHER], T0 + timedelta(minutes=5 * i))
+    notifier = Scripted()
+    outbox: Outbox[Any] = Outbox(store.outbox)
+    assert await outbox.post_alert(group(), notifier) == (KEY,)
+    both = AlertGroup("node3", (AlertItem(KEY, None, T0), AlertItem(OTHER, None, T0)), None, T0)
+    assert await outbox.post_alert(both, notifier) == (OTHER,)
+    assert [i.key for i in notifier.posted[1].items] == [OTHER]  # KEY was posted already
+
+
+async def test_a_pending_alert_is_settled_after_the_clock_steps_back(store: Store) -> None:
+    await confirmed(store)
+    notifier = Scripted(UNCERTAIN, lookup=ABSENT)  # the answer lost; provably not there
+    outbox: Outbox[Any] = Outbox(store.outbox)
+    assert await outbox.post_alert(group(), notifier) == ()
+    back = T0 - timedelta(hours=1)  # the wall clock steps back an hour
+    assert await outbox.reconcile_alerts(notifier, lambda p: group(back), back) == (KEY,)
+    assert len(notifier.posted) == 2
+
+
+async def test_control_a_take_a_little_ahead_of_the_clock_is_still_held(store: Store) -> None:
+    first = await store.outbox.begin(Intent("approval-less", T0))
+    assert first is not None
+    behind = T0 - timedelta(seconds=30)  # another replica's clock, a little behind
+    assert await store.outbox.take(first.token, behind, behind) is None
+    assert await store.outbox.take(first.token, T0 - timedelta(hours=1), T0) is None
+
+
+async def test_a_message_pending_is_taken_over_after_the_clock_steps_back(store: Store) -> None:
+    outbox: Outbox[Any] = Outbox(store.outbox)
+    gone = Slack(UNCERTAIN, found=UNREADABLE)
+    assert await outbox.publish_once(SUBJECT, gone.send, gone.find, T0, repeat=False) is False
+    found, back = Slack(found=Lookup(True, HERE)), T0 - timedelta(hours=1)
+    assert await outbox.publish_once(SUBJECT, found.send, found.find, back) is True  # adopted
+
+
+class Weekly:
+    """The digest's front end: each post answered as scripted (else posted at ``HERE``)."""
+
+    def __init__(self, *answers: Posted) -> None:
+        self.answers = list(answers)
+
+    async def post(self, report: object, *, token: str) -> Posted:
+        return self.answers.pop(0) if self.answers else Posted(Delivery.POSTED, HERE)
+
+    async def find(self, token: str, since: datetime) -> Lookup:
+        return ABSENT
+
+
+class Hours:
+    async def report_of(self, window: object, by: str, now: float) -> str:
+        return "report"
+
+
+async def test_the_digest_s_posts_are_audited_under_kind_digest(store: Store) -> None:
+    digest = Digest.parse("mon 09:00")
+    clock = VirtualClock(digest.last_due(T0.timestamp()) + 60)
+    notifier = Weekly(Posted(Delivery.REFUSED, why="not_in_channel"))
+    usage: Any = Hours()
+    svc = DigestService(digest, "user", usage, Outbox(store.outbox), notifier, clock=clock)
+    assert await svc.run_due() is None  # refused
+    clock.step(60.0)
+    assert await svc.run_due() is not None  # tried again: posted
+    listed = await AuditListing(store.engine).list(ListFilter(("digest",)))
+    ends = [r.data for r in reversed(listed) if isinstance(r, AuditRecord) and "outcome" in r.data]
+    assert [(e["outcome"], e.get("ref")) for e in ends] == [("refused", None), ("posted", HERE)]
+    assert not await AuditListing(store.engine).list(ListFilter(("alert",)))
