@@ -269,6 +269,8 @@ def _move_posts_out(conn: sa.Connection) -> None:
             )
             continue
         node = r.subject.removeprefix("alert:") if r.keys != NO_KEYS else r.subject
+        if r.once is not None:  # 0013's code finds a once-only row by this token alone
+            common["token"] = _once_token(r.subject)
         conn.execute(
             alert_posts.insert().values(
                 node=node,

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from gpubot.core.alerting import Intent, MessageRef
 from gpubot.errors import DatabaseBehind, StoreError
 from gpubot.store import open_store
 from gpubot.store.tables import metadata
@@ -227,6 +229,39 @@ def test_0014_moves_every_outbox_row_into_one_and_back(fresh_db_url: str) -> Non
         assert store.revision() == (HEAD, HEAD)
     finally:
         store.close()
+
+
+async def test_0014_down_gives_once_only_rows_the_new_code_wrote_the_token_0013_finds(
+    fresh_db_url: str,
+) -> None:
+    """0013's code finds a once-only message's row by a token made from its subject; the new
+    code gives it a random one: down, the row takes the token 0013 looks for, or a hold's DM
+    posted by the new code is posted again by the old."""
+    store = open_store(fresh_db_url, check_schema=False)
+    at, here = datetime(2030, 1, 1, 12, tzinfo=UTC), MessageRef("D9/7.7")
+    try:
+        tokens = {}
+        for subject, once in (("dm:y", True), ("audit-head", False)):
+            post = await store.outbox.begin(Intent(subject, at, once=once))
+            assert post is not None and post.token != once_token(subject)
+            await store.outbox.finish(post, here, at)
+            tokens[subject] = post.token
+        store.downgrade("0013")
+        with store.engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT node, token, state FROM alert_posts").all()
+        by_node = {r[0]: r[1:] for r in rows}
+        assert by_node["dm:y"] == (once_token("dm:y"), "posted")
+        assert by_node["audit-head"] == (tokens["audit-head"], "posted")  # not once-only
+        store.upgrade()
+        with store.engine.connect() as conn:
+            once = conn.exec_driver_sql("SELECT subject, once FROM outbox ORDER BY id").all()
+        assert [tuple(r) for r in once] == [("dm:y", "dm:y"), ("audit-head", None)]
+    finally:
+        store.close()
+
+
+def once_token(subject: str) -> str:
+    return hashlib.sha256(subject.encode()).hexdigest()[:32]
 
 
 def test_models_and_migrations_agree(store_url: str) -> None:
