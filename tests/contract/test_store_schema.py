@@ -254,8 +254,8 @@ async def test_0014_down_gives_once_only_rows_the_new_code_wrote_the_token_0013_
         assert by_node["audit-head"] == (tokens["audit-head"], "posted")  # not once-only
         store.upgrade()
         with store.engine.connect() as conn:
-            once = conn.exec_driver_sql("SELECT subject, once FROM outbox ORDER BY id").all()
-        assert [tuple(r) for r in once] == [("dm:y", "dm:y"), ("audit-head", None)]
+            up = conn.exec_driver_sql("SELECT subject, once FROM outbox ORDER BY id").all()
+        assert [tuple(r) for r in up] == [("dm:y", "dm:y"), ("audit-head", None)]
     finally:
         store.close()
 
