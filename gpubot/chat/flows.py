@@ -26,7 +26,7 @@ from gpubot.chat.reset_view import (
 from gpubot.chat.surface import MIN_UPDATE_S, MessageRef, Surface
 from gpubot.chat.tracking import Pace, Tracker, reset_title
 from gpubot.config import Settings
-from gpubot.core import commands
+from gpubot.core import commands, durations
 from gpubot.core.alerting import Delivery
 from gpubot.core.approval.model import Approval, cannot_run
 from gpubot.core.clock import SYSTEM_CLOCK
@@ -256,7 +256,7 @@ class Flows:
         """Show GPU-hours over the last ``cmd.since`` (the CSV is the CLI's)."""
         if self.svc.usage is None:
             raise StoreError("GPU-hours need the database, which is unavailable")
-        report = await self.svc.usage.report(cmd.since, None, by=cmd.by)
+        report = await self.svc.usage.last(durations.parse(cmd.since), by=cmd.by)
         await out.reply(render_usage(report))
 
     # -- approvals -------------------------------------------------------------------------

@@ -105,26 +105,23 @@ def format(seconds: float, form: Form = "exact") -> str:
 
 
 def when(text: str, now: float, what: str) -> float:
-    """Return the unix time a ``--since`` or ``--until`` names: a duration before ``now``
-    (``7d``, ``1h30m``) or an ISO date or time (``2026-11-25``, ``2026-11-25T09:00``, UTC
-    unless it says). Raise ``ValueError``, one line naming ``what``; a moment before 1970 is
-    refused (no sweep counted anything then, and ``datetime`` cannot show thousands of years).
-    """
+    """Return the unix time a ``--since`` or ``--until`` names: a duration before ``now`` (what
+    ``parse`` reads) or an ISO date or time (UTC unless it says; a trailing ``Z`` too). Raise
+    ``ValueError``, one line naming ``what``. A moment before 1970 is 1970: nothing was recorded
+    before it, so an early date means "everything"."""
     t = text.strip()
-    if t[:1].isdigit() and t[-1:].lower() in UNITS and "-" not in t:
+    if t[-1:].lower() in UNITS and not {"-", ":"} & set(t):  # no ISO text ends in a unit
         try:
             at = now - parse(t)
         except DurationError as exc:
             raise ValueError(f"bad {what} {text!r}: {exc.expected}") from None
     else:
         try:
-            moment = datetime.fromisoformat(t)
+            moment = datetime.fromisoformat(t.removesuffix("Z"))
         except ValueError:
             raise ValueError(
                 f"bad {what} {text!r}: expected a duration ago (e.g. 7d, 1h30m) or a UTC date "
                 "or time (e.g. 2026-11-25 or 2026-11-25T09:00)"
             ) from None
         at = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
-    if at < 0:
-        raise ValueError(f"bad {what} {text!r}: it goes back before 1970")
-    return at
+    return max(at, 0.0)

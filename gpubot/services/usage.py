@@ -104,6 +104,11 @@ class UsageService:
             raise UsageError(str(exc)) from None
         return await self.report_of(window, by, now)
 
+    async def last(self, seconds: float, *, by: str = "user") -> UsageReport:
+        """Return GPU-hours by ``by`` over the last ``seconds`` (a chat command's period)."""
+        now = self.clock.now()
+        return await self.report_of(Window.last(seconds, now), by, now)
+
     async def report_of(self, window: Window, by: str, now: float) -> UsageReport:
         """Return the report of ``window`` (whole hours) by ``by``."""
         rec = await self.store.records(
@@ -142,7 +147,7 @@ class UsageService:
     async def personal(self, user: str, *, days: float = 7.0) -> Line | None:
         """Return ``user``'s GPU-hours over the last ``days`` (None: none, or unreadable)."""
         now = self.clock.now()
-        window = Window.of(f"{days:g}d", None, now)
+        window = Window.last(days * 86400.0, now)
         try:
             report = await self.report_of(window, "user", now)
         except StoreError as exc:

@@ -9,15 +9,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpubot.app import build
 from gpubot.cli.audit import parse_since
 from gpubot.cli.common import duration_arg
+from gpubot.cli.console import identity
 from gpubot.cli.status import _every as status_every
 from gpubot.config import parse as parse_settings
+from gpubot.console.front import ConsoleFront
+from gpubot.console.repl import answer
 from gpubot.core import commands, durations
 from gpubot.core.claims import commands as claim_commands
 from gpubot.errors import UsageError
 
 NOW = 1_750_000_000.0
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CONSOLE = parse_settings(
+    {"database": {"url": "memory://"}, "nodes": [{"name": "node3", "host": "127.0.0.1", "port": 9}]}
+)
 
 
 @pytest.mark.parametrize(
@@ -177,6 +185,55 @@ def test_report_since_takes_1h30m() -> None:
     assert commands.parse("report 1h30m by team") == commands.Report("1h30m", "team")
     with pytest.raises(UsageError, match=r"^bad period '3y': expected a duration like"):
         commands.parse("report 3y")
+
+
+@pytest.mark.parametrize(
+    ("text", "at"),
+    [
+        ("2026-11-25Z", datetime(2026, 11, 25, tzinfo=UTC).timestamp()),
+        ("2026-11-25T09:00Z", datetime(2026, 11, 25, 9, tzinfo=UTC).timestamp()),
+        (".5d", NOW - 43200),
+        ("1969-12-31", 0.0),  # before anything was recorded: everything
+        ("0001-01-01", 0.0),
+    ],
+)
+def test_since_takes_a_z_an_early_date_and_every_duration(text: str, at: float) -> None:
+    assert durations.when(text, NOW, "--since") == at
+
+
+def test_audit_list_since_an_early_date_lists_everything() -> None:
+    now = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+    assert parse_since("1969-12-31", now) == parse_since("0001-01-01", now) == EPOCH
+    with pytest.raises(UsageError, match=r"^bad --since '1969-13-01': expected a duration ago"):
+        parse_since("1969-13-01", now)  # the control: what is no date is still refused
+
+
+DURATION_LIKE = (
+    r" ?(\.[0-9]{1,2}|[0-9]{1,3}(\.[0-9]?)?) ?[wdhmsWDx]( ?(\.[0-9]|[0-9]{1,2})[dhms])? ?"
+)
+
+
+@settings(max_examples=200)
+@given(st.from_regex(DURATION_LIKE, fullmatch=True))
+def test_since_reads_exactly_the_durations_parse_reads(text: str) -> None:
+    try:
+        seconds = durations.parse(text)
+    except durations.DurationError:
+        return
+    assert durations.when(text, NOW, "--since") == max(NOW - seconds, 0.0)
+
+
+async def test_the_chat_report_takes_every_period_the_command_takes() -> None:
+    app = build(CONSOLE, {}, need_store=True, front=ConsoleFront())
+    me = identity(app.flows.svc.policy, None)
+    try:
+        for period in (".5d", "1h30m"):
+            text = await answer(app.flows, f"/gpu report {period}", me)
+            assert text.startswith("== GPU-hours by user") and "bad" not in text, text
+        bad = await answer(app.flows, "/gpu report .5x", me)  # the control: refused, no flag
+        assert bad.startswith("⚠ bad period '.5x'") and "--since" not in bad, bad
+    finally:
+        await app.close()
 
 
 def test_grace_and_watch_take_durations_and_plain_seconds() -> None:

@@ -36,6 +36,15 @@ class Window:
         end = now if until is None else durations.when(until, now, "--until")
         if start >= end:
             raise ValueError(f"--since ({_iso(start)}) must be before --until ({_iso(end)})")
+        return cls._hours(start, end)
+
+    @classmethod
+    def last(cls, seconds: float, now: float) -> Window:
+        """Return the window of the last ``seconds`` (more than zero) up to ``now``."""
+        return cls._hours(max(now - seconds, 0.0), now)
+
+    @classmethod
+    def _hours(cls, start: float, end: float) -> Window:
         return cls(hour_of(start), hour_of(end) + (0 if end % HOUR_S == 0 else HOUR_S))
 
     def text(self) -> str:
