@@ -29,11 +29,6 @@ def _why(a: Approval) -> str:
     return str(found or "the reason was not recorded")
 
 
-def _ask_again(a: Approval) -> Code:
-    gpus = ",".join(map(str, a.plan.gpus))
-    return Code(f"/gpu reset {a.node} gpu {gpus}")
-
-
 def _message(a: Approval, text: tuple[Span, ...], fallback: str) -> Message:
     return Message(None, (Section(text),), f"Request #{a.id} on {a.node}: {fallback}")
 
@@ -84,7 +79,7 @@ def render_gave_up(a: Approval) -> Message:
         f"⚠ {what(a)}, ",
         *_who(a),
         f", never ran: {_why(a)}. Nothing was done. If it is still needed, ask again: ",
-        _ask_again(a),
+        Code(f"/gpu reset {a.node} gpu {','.join(map(str, a.plan.gpus))}"),
         ".",
     )
     return _message(a, text, "never ran")
