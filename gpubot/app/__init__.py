@@ -4,7 +4,7 @@ in by the entry that chose it (``front.FrontEnd``); the root imports none. Front
 narrow parts of the ``App``, never the ``App`` itself."""
 
 from gpubot.app.front import FrontEnd, Publisher
-from gpubot.app.root import App, build, doctor_transport, settings_from
+from gpubot.app.root import App, build, doctor_service, settings_from
 from gpubot.app.stores import open_app_store
 from gpubot.lifecycle import Running, Serving
 
@@ -15,7 +15,7 @@ __all__ = [
     "Running",
     "Serving",
     "build",
-    "doctor_transport",
+    "doctor_service",
     "open_app_store",
     "settings_from",
 ]

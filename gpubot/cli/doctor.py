@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from gpubot.app import doctor_transport
+from gpubot.app import doctor_service
 from gpubot.cli.serve import DEFAULT_API_URL
 from gpubot.config import Settings, audit_key, config_path
 from gpubot.config.doctor import config_checks
@@ -19,7 +19,7 @@ from gpubot.core.doctor.facts import DbFacts
 from gpubot.core.doctor.limits import descriptor_check
 from gpubot.core.models import NodeConfig
 from gpubot.errors import ConfigError
-from gpubot.services.doctor import DoctorParts, DoctorService
+from gpubot.services.doctor import DoctorParts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,11 +80,11 @@ async def _rest(
         return await presented_fingerprint(node, settings.ssh.connect_timeout_s)
 
     parts = DoctorParts(fingerprint, _slack(environ), lambda: _database(settings, environ))
-    transport = doctor_transport(settings)
+    service = doctor_service(settings, parts)
     try:
-        return await DoctorService(settings, transport, parts).check(nodes)
+        return await service.check(nodes)
     finally:
-        await transport.close()
+        await service.transport.close()
 
 
 def _slack(environ: Mapping[str, str]) -> Callable[[Settings], Awaitable[list[Check]]] | None:

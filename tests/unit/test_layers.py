@@ -132,26 +132,43 @@ CONSTRUCTORS = {
 }
 
 
+def _services() -> dict[str, str]:
+    """Return every ``*Service`` class of ``services/``, each at home there: a new service is
+    held to the rule without being named here."""
+    return {
+        n.name: "services/"
+        for p in _files("services")
+        for n in ast.walk(tree(p))
+        if isinstance(n, ast.ClassDef) and n.name.endswith("Service")
+    }
+
+
+def built_outside_the_root(rel: str, module: ast.Module, homes: dict[str, str]) -> list[str]:
+    """Return ``file:line name()`` for each call in ``module`` (file ``rel``) that builds an
+    adapter or a service of ``homes`` outside its own package."""
+    return [
+        f"{rel}:{n.lineno} {_callee(n)}()"
+        for n in ast.walk(module)
+        if isinstance(n, ast.Call) and _callee(n) in homes and not rel.startswith(homes[_callee(n)])
+    ]
+
+
 def test_only_the_composition_root_constructs_adapters_and_services() -> None:
-    bad = []
-    for path in PKG.rglob("*.py"):
-        rel = path.relative_to(PKG).as_posix()
-        if rel.startswith("app/"):
-            continue
-        for node in ast.walk(tree(path)):
-            if isinstance(node, ast.Call):
-                f = node.func
-                name = (
-                    f.id
-                    if isinstance(f, ast.Name)
-                    else f.attr
-                    if isinstance(f, ast.Attribute)
-                    else ""
-                )
-                home = CONSTRUCTORS.get(name)
-                if home is not None and not rel.startswith(home):
-                    bad.append(f"{rel}:{node.lineno} {name}()")
+    homes = CONSTRUCTORS | _services()
+    root = composition_root(PKG)
+    files = [p for p in PKG.rglob("*.py") if p not in root]
+    bad = [b for p in files for b in built_outside_the_root(_rel(p), tree(p), homes)]
     assert bad == []
+
+
+def test_control_a_second_root_is_seen_building_a_service() -> None:
+    wiring = "def wire(s, t):\n    return DoctorService(s, t, parts), services.ClaimService(s)\n"
+    found = built_outside_the_root("wiring.py", ast.parse(wiring), CONSTRUCTORS | _services())
+    assert found == ["wiring.py:2 DoctorService()", "wiring.py:2 ClaimService()"]
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PKG).as_posix()
 
 
 def test_only_the_demo_imports_the_simulator() -> None:
@@ -222,7 +239,7 @@ def test_front_ends_never_import_the_app() -> None:
 def test_the_composition_root_is_one_package_that_names_no_front_end() -> None:
     """The root is ``gpubot/app/`` (modules by meaning, not ``app_*.py`` cut to a size); a
     front end is passed in by the entry that chose it, so the root imports none."""
-    assert sorted(p.name for p in PKG.glob("app*.py")) == []
+    assert sorted(_rel(p) for p in PKG.rglob("app_*.py")) + list(PKG.glob("app.py")) == []
     fronts = ("gpubot.slack", "gpubot.console", "slack_bolt", "slack_sdk")
     root = _imports_of("app") + _imports_of("lifecycle.py")
     assert root and [(f, m) for f, m in root if _is(m, *fronts)] == []
@@ -549,16 +566,36 @@ def test_the_readme_draws_the_import_graph_as_the_code_has_it() -> None:
     assert readme_drawing(readme) == list(mermaid(module_graph()))
 
 
-def test_core_is_grouped_by_feature() -> None:
-    """A prefix shared by several core modules is a feature package waiting to be made."""
-    top = sorted(p.stem for p in (PKG / "core").glob("*.py") if p.stem != "__init__")
-    assert len(top) <= 30, top
-    prefixes = {name.split("_")[0] for name in top if "_" in name}
-    packages = {p.name for p in (PKG / "core").iterdir() if (p / "__init__.py").exists()}
-    crowded = sorted(
+def crowded(folder: Path) -> list[str]:
+    """Return the prefixes shared by three modules of ``folder`` or more, and those a module
+    shares with a package beside it (``probe_x.py``, ``probe.py`` next to ``probe/``)."""
+    top = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    packages = {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+    prefixes = {name.split("_")[0] for name in top}
+    return sorted(
         pre for pre in prefixes if sum(n.split("_")[0] == pre for n in top) >= 3 or pre in packages
     )
-    assert crowded == [], f"group these into core/<feature>/: {crowded}"
+
+
+# A group that waits for the next regroup of core (modules move by one script, not by hand).
+NOT_YET_GROUPED = {"core/health": ["xid"]}
+
+
+def test_core_is_grouped_by_feature() -> None:
+    """A prefix shared by several core modules, at any depth, is a feature package waiting to
+    be made."""
+    folders = [PKG / "core", *(p.parent for p in (PKG / "core").rglob("*/__init__.py"))]
+    assert len(list((PKG / "core").glob("*.py"))) <= 31
+    found = {_rel(f): crowded(f) for f in sorted(folders) if crowded(f)}
+    assert found == NOT_YET_GROUPED
+
+
+def test_control_the_grouping_rule_sees_a_prefix_at_any_depth(tmp_path: Path) -> None:
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "__init__.py").write_text("")
+    for name in ("probe", "xid", "xid_flag", "xid_table", "kinds"):
+        (tmp_path / f"{name}.py").write_text("")
+    assert crowded(tmp_path) == ["probe", "xid"]
 
 
 # --- one extension style: explicit lists a person reads (runtimes, finding kinds) ---------------
@@ -816,8 +853,16 @@ def runtime_names_in(module: ast.Module) -> list[str]:
         if isinstance(n, ast.Constant)
         and isinstance(n.value, str)
         and id(n) not in docs
-        and n.value in names
+        and _programs(n.value) & names
     ]
+
+
+def _programs(text: str) -> set[str]:
+    """Return the programs ``text`` runs: its first word past ``sudo`` (a plain word is its own
+    program) and each path's last part (``NOPASSWD: /usr/bin/crictl inspect *`` → crictl)."""
+    words = text.split()
+    words = words[1:] if words[:1] == ["sudo"] else words
+    return {w.rsplit("/", 1)[-1] for i, w in enumerate(words) if i == 0 or w.startswith("/")}
 
 
 def test_adding_a_runtime_touches_its_module_the_list_and_its_test() -> None:
@@ -832,14 +877,36 @@ def test_control_the_runtime_rule_sees_a_table_of_runtimes() -> None:
     assert sorted(set(runtime_names_in(ast.parse(old)))) == ["docker", "podman", "scancel", "slurm"]
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        'ARGV = shlex.split("docker inspect --format {{.Id}}")',
+        'def stop(job):\n    return f"scancel --signal=TERM {job}"',
+        'SUDOERS = "gpubot ALL=(root) NOPASSWD: /usr/bin/crictl inspect *"',
+        'RULE = "sudo systemctl stop *"',
+    ],
+)
+def test_control_the_runtime_rule_sees_a_command_line(source: str) -> None:
+    assert runtime_names_in(ast.parse(source)) != []
+
+
 def outbox_modules(paths: list[str]) -> list[str]:
     """Return the package files (relative paths) named for an outbox or for posts kept once."""
     return sorted(p for p in paths if "outbox" in Path(p).stem or "_posts" in Path(p).stem)
 
 
+_ONCE = re.compile(r"token|once|nonce|idempoten|dedup")
+_STATE = re.compile(r"state|status|posted|sent|delivered")
+
+
 def post_tables(tables: dict[str, set[str]]) -> list[str]:
-    """Return the tables (name → columns) that hold a post's token and its state."""
-    return sorted(name for name, cols in tables.items() if {"token", "state"} <= cols)
+    """Return the tables (name → columns) that hold a post's once-only key and its state,
+    whatever the columns are called (``dm_token`` and ``sent_at`` too)."""
+    return sorted(
+        name
+        for name, cols in tables.items()
+        if any(_ONCE.search(c) for c in cols) and any(_STATE.search(c) for c in cols)
+    )
 
 
 def test_one_outbox_for_everything_that_must_appear_once() -> None:
@@ -859,12 +926,16 @@ def test_control_the_outbox_rule_sees_the_two_outboxes_it_replaced() -> None:
     assert outbox_modules(before) != ["services/outbox.py", "store/outbox.py"]
     tables = {"alert_posts": {"token", "state"}, "approval_posts": {"token", "state"}}
     tables |= {"usage_digests": {"period", "token", "state"}, "leases": {"token", "holder"}}
-    assert post_tables(tables) == ["alert_posts", "approval_posts", "usage_digests"]
+    tables |= {"dm_sends": {"dm_token", "sent_at"}, "claims": {"user", "state"}}
+    assert post_tables(tables) == ["alert_posts", "approval_posts", "dm_sends", "usage_digests"]
 
 
 # The shared layers name no front end: a second one is added without editing them. Docstrings
 # may say whose behaviour they describe; code and the words a person reads may not.
-SHARED = ("core", "services", "store", "chat", "config")
+# The composition root is one of them: a front end is passed in, never named (an
+# ``import_module("gpubot.slack...")`` would dodge the import rule, not this one).
+SHARED = ("core", "services", "store", "chat", "config", "transport", "app")
+SHARED_FILES = ("errors.py", "metrics.py", "metrics_claims.py", "scheduler.py")
 FRONT_ENDS = {"slack"}  # its libraries (slack_sdk, slack_bolt) spell it too
 # Names where "slack" is English (a tolerance of the clock), not the chat system.
 NOT_A_FRONT_END = {"TIME_SLACK_S", "START_SLACK_S"}
@@ -888,14 +959,21 @@ def front_end_names(module: ast.Module) -> list[tuple[int, str]]:
         else:
             text = getattr(node, "id", None) or getattr(node, "attr", None)
             text = text or getattr(node, "arg", None) or getattr(node, "name", None)
-        words = set(re.split(r"[^a-z]+", text.lower())) if isinstance(text, str) else set()
+        words = _words(text) if isinstance(text, str) else set()
         if words & FRONT_ENDS and text not in NOT_A_FRONT_END:
             out.append((getattr(node, "lineno", 0), str(text)))
     return sorted(out)
 
 
+def _words(text: str) -> set[str]:
+    """Return the lower-case words of ``text``, camel case split (``postToSlack``)."""
+    return set(re.split(r"[^a-z]+", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text).lower()))
+
+
 @pytest.mark.parametrize(
-    "path", [p for s in SHARED for p in _files(s)], ids=lambda p: p.relative_to(PKG).as_posix()
+    "path",
+    [p for s in SHARED for p in _files(s)] + [PKG / f for f in SHARED_FILES],
+    ids=lambda p: p.relative_to(PKG).as_posix(),
 )
 def test_the_shared_layers_name_no_front_end(path: Path) -> None:
     assert front_end_names(tree(path)) == []
@@ -915,3 +993,17 @@ def test_the_front_end_check_sees_names_and_words_but_no_docstring() -> None:
         (5, "slack_users_of"),
         (7, "slack_sdk"),
     ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def postToSlack(m):\n    pass",
+        "class SlackUser:\n    pass",
+        'api = importlib.import_module("gpubot.slack.api")',
+        'front = __import__("gpubot.slack", fromlist=["x"])',
+        "x = settings.chat.slackChannel",
+    ],
+)
+def test_control_the_front_end_check_sees_camel_case_and_module_strings(source: str) -> None:
+    assert front_end_names(ast.parse(source)) != []
