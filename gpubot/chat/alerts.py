@@ -34,7 +34,7 @@ from gpubot.chat.message import (
 )
 from gpubot.chat.reset_view import reset_button
 from gpubot.core import durations
-from gpubot.core.alerting import AlertGroup, AlertItem, SweepResult
+from gpubot.core.alerting import SNOOZE_S, AlertGroup, AlertItem, SweepResult
 from gpubot.core.health.kinds import BY_NAME, title_of
 from gpubot.core.health.xid_table import RESET_WHEN_IDLE
 from gpubot.core.policy import Person
@@ -44,9 +44,9 @@ from gpubot.services.sweep import SweepService
 
 log = logging.getLogger(__name__)
 
-ACTION_SNOOZE = "gpubot_snooze_"  # + "1h" | "1d"; the value is the finding's key text
-SNOOZE_ACTION = re.compile(r"^gpubot_snooze_(1h|1d)$")
-SNOOZE_LABELS = {"1h": "Snooze 1 h", "1d": "Snooze 1 day"}
+ACTION_SNOOZE = "gpubot_snooze_"  # + how long ("1h"); the value is the finding's key text
+SNOOZE_ACTION = re.compile(r"^gpubot_snooze_(\w+)$")  # how long: ``snooze_until`` judges it
+SNOOZE_BUTTONS = tuple(zip(SNOOZE_S, ("Snooze 1 h", "Snooze 1 day"), strict=True))
 MAX_ITEMS = 12  # findings detailed in one message (3 blocks each); the rest are counted
 
 
@@ -72,8 +72,8 @@ def _summary(item: AlertItem) -> str:
 def snooze_buttons(key_text: str) -> list[Action]:
     """Return the "Snooze 1 h" / "Snooze 1 day" buttons of one finding."""
     return [
-        Action(f"{ACTION_SNOOZE}{choice}", label, key_text)
-        for choice, label in SNOOZE_LABELS.items()
+        Action(f"{ACTION_SNOOZE}{durations.format(seconds)}", label, key_text)
+        for seconds, label in SNOOZE_BUTTONS
     ]
 
 

@@ -1,5 +1,5 @@
 """The console's loop: ``/gpu …`` lines answered as text through the same flows as Slack's.
-Buttons are typed (``approve ID``, ``snooze 1h|1d KEY``, ``free KEY``, …): a message with
+Buttons are typed (``approve ID``, ``snooze 1h KEY``, ``free KEY``, …): a message with
 buttons says what to type for each.
 """
 
@@ -10,7 +10,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from gpubot.chat.alerts import SNOOZE_ACTION, SNOOZE_LABELS
+from gpubot.chat.alerts import SNOOZE_ACTION
 from gpubot.chat.claim_view import (
     ACTION_FREE_INTRUDER,
     ACTION_JOIN,
@@ -46,7 +46,7 @@ CLAIM_BUTTONS = {  # the claims' buttons, typed: word → action (chat.claims.Cl
     "free-claim": ACTION_FREE_INTRUDER,
 }
 HOLDER_USAGE = (
-    "snooze 1h|1d KEY  — snooze an alert's finding (console; KEY as the alert gives it)\n"
+    "snooze TIME KEY  — snooze an alert's finding 1h to 1d (console; KEY as the alert gives it)\n"
     "free KEY  — free the GPU an idle holder keeps (console): your own reset of that pid"
 )
 NextLine = Callable[[], Awaitable[str | None]]  # the next line typed (None: the end of input)
@@ -89,14 +89,14 @@ async def holder_line(
             await flows.claims.click(action, words[1], who, out)
     elif words[:1] == ["free"] and len(words) == 2:
         await free_it(flows, words[1], who, out)
-    elif words[:1] == ["snooze"] and len(words) == 3 and words[1] in SNOOZE_LABELS:
+    elif words[:1] == ["snooze"] and len(words) == 3:
         if snoozer is None:
             await out.reply(note("Sweeps are not set up in this gpubot: nothing to snooze."))
         else:
             by = who.id if who.id.startswith("console:") else f"console:{who.id}"
             await snooze(snoozer, words[2], words[1], by=by, out=out)
     elif words[:1] in (["free"], ["snooze"]):
-        raise UsageError("usage: snooze 1h|1d KEY, or free KEY (KEY as an alert gives it)")
+        raise UsageError("usage: snooze TIME KEY, or free KEY (KEY as an alert gives it)")
     else:
         return False
     return True

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, NewType, Protocol
 
+from gpubot.core import durations
 from gpubot.core.findings import (
     IDLE_HOLDER,
     Finding,
@@ -31,7 +32,7 @@ from gpubot.core.usage.idle import gpu_hours_by_owner
 
 CONFIRM_SWEEPS = 2  # a finding alerts only once this many sweeps in a row saw it
 CLEAR_SWEEPS = 2  # an alerted finding resolves only once this many looking sweeps missed it
-SNOOZES: dict[str, float] = {"1h": 3600.0, "1d": 86400.0}
+SNOOZE_S = (3600.0, 86400.0)  # the shortest and the longest snooze: an hour, a day
 
 # Where a posted message is: made by the front end that posted it, read back only by it; the
 # other layers store and pass it.
@@ -197,10 +198,17 @@ def by_message(findings: Iterable[Finding]) -> dict[str, list[Finding]]:
 
 
 def snooze_until(now: datetime, choice: str) -> datetime:
-    """Return when a snooze chosen as ``1h`` or ``1d`` ends; raise ``ValueError`` otherwise."""
-    if choice not in SNOOZES:
-        raise ValueError(f"unknown snooze {choice!r} (one of {', '.join(SNOOZES)})")
-    return now + timedelta(seconds=SNOOZES[choice])
+    """Return when a snooze of ``choice`` (a duration within ``SNOOZE_S``) ends; raise a
+    one-line ``ValueError`` otherwise."""
+    low, high = SNOOZE_S
+    try:
+        seconds = durations.parse(choice)
+    except durations.DurationError:
+        seconds = 0.0
+    if not low <= seconds <= high:
+        span = f"{durations.format(low)} to {durations.format(high)}"
+        raise ValueError(f"bad snooze {choice!r}: expected a duration from {span}")
+    return now + timedelta(seconds=seconds)
 
 
 # --- what the front ends get -------------------------------------------------------------------

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gpubot.config import Settings
+from gpubot.core import durations
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.ports import ClaimStore
 from gpubot.core.claims.rules import (
@@ -122,9 +123,8 @@ class ClaimService:
         node = self.status.node(cmd.node)
         most_h, _ = self.config.limits_for(node.groups)
         if cmd.duration_s > most_h * 3600:
-            raise UsageError(
-                f"a claim on {node.name} lasts at most {most_h:g}h ([claims] max_hours)"
-            )
+            most = durations.format(most_h * 3600)
+            raise UsageError(f"a claim on {node.name} lasts at most {most} ([claims] max_hours)")
         snap = await self.status.snapshot(node)
         claimed = [c.gpu for c in await self.store.active(node.name)]
         if cmd.gpus:

@@ -387,10 +387,15 @@ def test_to_resolve() -> None:
 
 
 def test_snooze_until() -> None:
-    assert snooze_until(T0, "1h") == T0 + H
-    assert snooze_until(T0, "1d") == T0 + 24 * H
-    with pytest.raises(ValueError, match="unknown snooze"):
-        snooze_until(T0, "1w")
+    assert snooze_until(T0, "1h") == snooze_until(T0, "60m") == T0 + H
+    assert snooze_until(T0, "1d") == snooze_until(T0, "24h") == T0 + 24 * H
+    assert snooze_until(T0, "2h30m") == T0 + 2.5 * H
+
+
+@pytest.mark.parametrize("choice", ["1w", "59m", "1d1s", "0s", "soon", ""])
+def test_a_snooze_is_an_hour_to_a_day(choice: str) -> None:
+    with pytest.raises(ValueError, match=r"^bad snooze .*: expected a duration from 1h to 1d$"):
+        snooze_until(T0, choice)
 
 
 # --- finding keys ------------------------------------------------------------------------------

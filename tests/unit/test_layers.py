@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubot.core import durations
 from tests.fixtures.code_rules import fmt_skips_without_a_why, slack_vocabulary
 from tests.import_graph import (
     PKG,
@@ -452,6 +453,10 @@ _UNIT = "smhdw"
 _TIME_SIZES = {60, 3600, 86400, 604800}
 _DURATION_NAME = re.compile(r"duration|(^|_)(ago|span|human|hms|elapsed)$|^_?fmt_", re.I)
 _UNIT_TEXT = re.compile(r"\s?(s|m|h|d|w|min|mins|sec|secs|hours?|days?|minutes?)\b")
+# A unit letter right after a number, as the grammar writes it (``f"{x:g}d"``). Seconds are left
+# out: a timeout shown as ``0.5s`` keeps the fraction that ``durations.format`` rounds away.
+_UNIT_LETTER = re.compile(r"(w|d|h|m|min)\b")
+_NUMBER_SPEC = re.compile(r"[<>^=]?[+ -]?#?0?[0-9]*[,_]?(\.[0-9]+)?[bdeEfFgGn%]")
 
 
 def _unit_grammar(text: str) -> bool:
@@ -485,6 +490,47 @@ def _unit_after_value(node: ast.AST) -> bool:
     )
 
 
+def _number_then_unit(node: ast.AST) -> bool:
+    """Whether ``node`` is an f-string writing a number, then a unit letter (``f"{x:g}d"``)."""
+    parts = node.values if isinstance(node, ast.JoinedStr) else []
+    return any(
+        isinstance(a, ast.FormattedValue)
+        and isinstance(b, ast.Constant)
+        and _UNIT_LETTER.match(str(b.value)) is not None
+        and (
+            isinstance(a.value, ast.BinOp | ast.Constant)
+            or getattr(getattr(a.value, "func", None), "id", None) in {"int", "float", "round"}
+            or _NUMBER_SPEC.fullmatch(ast.unparse(a.format_spec)[2:-1] if a.format_spec else "")
+            is not None
+        )
+        for a, b in itertools.pairwise(parts)
+    )
+
+
+def _duration_text(key: ast.expr | None) -> bool:
+    """Whether ``key`` is a text of the duration grammar (``"1h"``, ``"1h30m"``)."""
+    if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+        return False
+    try:
+        durations.parse(key.value)
+    except durations.DurationError:
+        return False
+    return True
+
+
+def _timedelta_text(node: ast.AST) -> bool:
+    """Whether ``node`` writes a ``timedelta`` as text: ``str(timedelta(...))`` or an f-string's
+    ``{timedelta(...)}`` (``1 day, 0:00:00``, which no duration reads)."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "str" and node.args:
+        inner: ast.AST = node.args[0]
+    elif isinstance(node, ast.FormattedValue):
+        inner = node.value
+    else:
+        return False
+    func = getattr(inner, "func", None)
+    return "timedelta" in (getattr(func, "id", None), getattr(func, "attr", None))
+
+
 def duration_code(module: ast.Module) -> list[tuple[int, str]]:
     """Return (line, what) for each duration grammar or formatter of ``module``: a function
     named for one that does not call ``durations``, a function that divides by time units and
@@ -512,6 +558,12 @@ def duration_code(module: ast.Module) -> list[tuple[int, str]]:
             keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
             if len(keys & set(_UNIT)) >= 3:
                 out.append((node.lineno, "a table of units"))
+            if any(map(_duration_text, node.keys)):
+                out.append((node.lineno, "a table keyed by duration texts"))
+        elif isinstance(node, ast.Call | ast.FormattedValue) and _timedelta_text(node):
+            out.append((node.lineno, "a timedelta written as text"))
+        elif isinstance(node, ast.JoinedStr) and _number_then_unit(node):
+            out.append((node.lineno, "a number written with a unit letter"))
         elif (
             isinstance(node, ast.Attribute)
             and node.attr == "UNITS"
@@ -542,10 +594,29 @@ def test_one_durations_module() -> None:
         'def span(s):\n    return f"{s // 3600} h {s % 3600 // 60} min"',
         'def wait_command(c):\n    m = int(c.duration_s // 60)\n    return f"wait for {m}m"',
         "def f(t):\n    return t[-1:] in durations.UNITS",
+        'SNOOZES = {"1h": 3600.0, "1d": 86400.0}',
+        "def f(s):\n    return str(timedelta(seconds=s))",
+        'def f(s):\n    return f"for {datetime.timedelta(seconds=s)}"',
+        'def f(days):\n    return f"{days:g}d"',
+        'def f(h):\n    return f"at most {h:.1f}h"',
+        'def f(s):\n    return f"{s / 60}m"',
     ],
 )
 def test_control_the_durations_rule_sees_the_old_grammars(source: str) -> None:
     assert duration_code(ast.parse(source)) != []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'KINDS = {"h": "hot", "d": "down"}',  # letters, not durations
+        "def f(s):\n    return str(s - timedelta(seconds=1))",
+        'def f(n):\n    return f"{n:g} GPUs on {n}d"',  # a count, and a name ending in d
+        'def f(t):\n    return f"no answer in {t:g}s"',  # seconds keep their fraction
+    ],
+)
+def test_control_the_durations_rule_leaves_what_is_no_duration_text(source: str) -> None:
+    assert duration_code(ast.parse(source)) == []
 
 
 # Slack's own vocabulary: Block Kit's keys and block types, and mrkdwn's mention and date tokens.
