@@ -300,7 +300,7 @@ class AuditLog(AuditStore, Protocol):
 
 class Poster(Protocol[M_contra]):
     """The front end's side of the outbox: posts a neutral message carrying a token (unseen by
-    people) where it goes, finds it again by that token, and updates it. ``to`` and the
+    people) where it goes, and finds it again by that token. ``to`` and the
     ``MessageRef`` returned are the front end's own names (a conversation; a message, whose
     thread a post may go to). Implementations log failures and never raise."""
 
@@ -312,10 +312,6 @@ class Poster(Protocol[M_contra]):
 
     async def find(self, to: str, token: str, since: datetime) -> Lookup:
         """Look for the post carrying ``token`` where it went, among those since ``since``."""
-        ...
-
-    async def update(self, ref: MessageRef, msg: M_contra) -> bool:
-        """Replace the message ``ref``; False if that failed."""
         ...
 
     async def direct(self, user: str) -> str | None:

@@ -30,7 +30,7 @@ from gpubot.services.alert_keeper import Snoozer
 from gpubot.services.outbox import Outbox
 from gpubot.slack.api import SlackApi, call
 from gpubot.slack.ids import split_ref
-from gpubot.slack.poster import SlackPoster, find_post, post_once
+from gpubot.slack.poster import SlackPoster
 from gpubot.slack.render import to_slack
 
 if TYPE_CHECKING:
@@ -65,7 +65,8 @@ class SlackAlerts:
         self.channel = channel
         self.people = people or {}
         self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
-        self.outbox = outbox or Outbox(None, SlackPoster(api))
+        self.poster = SlackPoster(api)
+        self.outbox = outbox or Outbox(None, self.poster)
         self._pace = min_post_interval_s
         self._posted_at: dict[str, float] = {}  # channel → when this notifier last posted there
         self._unsure: dict[str, AlertGroup] = {}  # token → a digest whose post is unconfirmed
@@ -104,9 +105,8 @@ class SlackAlerts:
     async def post(self, group: AlertGroup, *, token: str) -> Posted:
         """Post a new alert message carrying ``token`` in its metadata (``slack.poster``);
         once Slack has answered that it took it, DM the idle holders' owners."""
-        msg = to_slack(render_alert(group))
         async with self._paced(self.channel):
-            posted = await post_once(self.api, self.channel, msg, token=token)
+            posted = await self.poster.post(self.channel, render_alert(group), token=token)
         if posted.delivery is Delivery.UNCERTAIN and is_digest(group):
             self._unsure[token] = group  # its details follow if the history has it
         if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
@@ -121,7 +121,7 @@ class SlackAlerts:
     async def find(self, token: str, since: datetime) -> Lookup:
         """Look for the alert carrying ``token`` in the channel's history since ``since``; a
         digest of this process found there gets its details in its thread."""
-        lookup = await find_post(self.api.client, self.channel, token, since)
+        lookup = await self.poster.find(self.channel, token, since)
         if lookup.checked or lookup.ref is not None:
             group = self._unsure.pop(token, None)
             if group is not None and lookup.ref is not None:

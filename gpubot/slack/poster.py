@@ -28,7 +28,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from gpubot.chat.approval_words import may_repeat
 from gpubot.chat.message import Message
-from gpubot.core.alerting import Delivery, Lookup, MessageRef, Posted
+from gpubot.core.alerting import Delivery, Lookup, Posted
 from gpubot.slack.api import BLOCK_ERRORS, MAYBE_TAKEN, SlackApi
 from gpubot.slack.blockkit import SlackMessage, forms_with_blocks, text_form
 from gpubot.slack.ids import ref_of, split_ref
@@ -140,7 +140,7 @@ def _carries(message: Any, token: str) -> bool:
 
 
 class SlackPoster:
-    """The outbox's ``Poster`` in Slack: neutral messages posted once, found, updated."""
+    """The outbox's ``Poster`` in Slack: neutral messages posted once, and found."""
 
     def __init__(self, api: SlackApi) -> None:
         self.api = api
@@ -156,10 +156,6 @@ class SlackPoster:
     async def find(self, to: str, token: str, since: datetime) -> Lookup:
         """Look for the post carrying ``token`` in ``to``'s channel since ``since``."""
         return await find_post(self.api.client, to, token, since)
-
-    async def update(self, ref: MessageRef, msg: Message) -> bool:
-        """Replace the message ``ref`` (``chat.update``; a new post if Slack refuses)."""
-        return await self.api.update(ref, to_slack(msg)) is not None
 
     async def direct(self, user: str) -> str | None:
         """Open the direct message with ``user`` (None without ``im:write``, or on failure)."""
