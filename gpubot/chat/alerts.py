@@ -35,8 +35,8 @@ from gpubot.chat.message import (
 from gpubot.chat.reset_view import reset_button
 from gpubot.core import durations
 from gpubot.core.alerting import SNOOZE_S, AlertGroup, AlertItem, SweepResult
+from gpubot.core.health.codes import RESET_WHEN_IDLE
 from gpubot.core.health.kinds import BY_NAME, title_of
-from gpubot.core.health.xid_table import RESET_WHEN_IDLE
 from gpubot.core.policy import Person
 from gpubot.core.reset.interrupted import Unfinished
 from gpubot.errors import DUTY_TURN, GpubotError

@@ -142,7 +142,7 @@ class Finding:
     workload: str | None = None  # its workload's short label (``docker:train``, ``slurm:88``)
     idle_s: float | None = None  # an idle holder: how long it has held its GPU idle so far
     idle_since: float | None = None  # an idle holder: since when (never before it held the GPU)
-    next_step: str | None = None  # an Xid's: ``core.health.xid_table`` (reset when idle, ...)
+    next_step: str | None = None  # an Xid's: ``core.health.codes`` (reset when idle, ...)
 
     @property
     def key(self) -> FindingKey:

@@ -23,8 +23,8 @@ from gpubot.config import Settings
 from gpubot.core.alerting import SweepResult, confirmed
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import IDLE_HOLDER, Finding, NodeFailure, classify_failure, find
+from gpubot.core.health.codes import RESET_WHEN_IDLE
 from gpubot.core.health.kinds import KINDS
-from gpubot.core.health.xid_table import RESET_WHEN_IDLE
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import AuditLog, Clock, Locks, SweepObserver, Transport
 from gpubot.core.reset.readiness import Readiness, readiness, ready_argv

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding
+from gpubot.core.health.flags import flag_snapshot
 from gpubot.core.health.kernlog import (
     MAX_APP_LINES,
     MAX_ENTRIES,
@@ -37,7 +38,6 @@ from gpubot.core.health.kernlog import (
     summaries,
 )
 from gpubot.core.health.xid import DEFAULT_WINDOW_S, Seen, bus_map, classify, recent, xid_findings
-from gpubot.core.health.xid_flag import flag_snapshot
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import Clock, Transport
 from gpubot.errors import GpubotError
@@ -246,7 +246,7 @@ def added(counts: Iterable[Mapping[CountKey, int] | None]) -> dict[CountKey, int
 
 def watch_for(settings: Settings, transport: Transport, count: CountXid | None) -> XidWatch | None:
     """Return the sweep's watch when ``[sweep] kernel_log`` is on, else None; its ``flag``
-    marks in a status the GPUs that had a serious Xid in the window (``core.health.xid_flag``)."""
+    marks in a status the GPUs that had a serious Xid in the window (``core.health.flags``)."""
     cfg = settings.sweep
     if not cfg.kernel_log:
         return None

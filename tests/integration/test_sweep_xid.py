@@ -22,7 +22,7 @@ from gpubot.app import build
 from gpubot.cli.render import snapshot_dict
 from gpubot.config import Settings, load
 from gpubot.core.alerting import SweepResult
-from gpubot.core.health.xid_table import DRAIN_REBOOT, LOOK_UP, RESET_WHEN_IDLE, TELL_OWNER, TICKET
+from gpubot.core.health.codes import DRAIN_REBOOT, LOOK_UP, RESET_WHEN_IDLE, TELL_OWNER, TICKET
 from gpubot.core.models import NodeConfig
 from gpubot.services.doctor import DoctorParts, DoctorService
 from gpubot.services.sweep import SweepService

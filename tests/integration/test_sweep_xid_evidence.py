@@ -21,8 +21,8 @@ import pytest
 from gpubot.app import build
 from gpubot.config import Settings, load
 from gpubot.core.alerting import SweepResult
+from gpubot.core.health.codes import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER
 from gpubot.core.health.kernlog import MAX_APP_LINES, MAX_ENTRIES, MAX_LINES, parse_event
-from gpubot.core.health.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER
 from gpubot.services.sweep import SweepService
 from gpubot.services.xid_watch import MAX_STEPS, XidWatch
 from gpubot.slack.alerts import SlackAlerts

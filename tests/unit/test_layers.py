@@ -648,17 +648,13 @@ def crowded(folder: Path) -> list[str]:
     )
 
 
-# A group that waits for the next regroup of core (modules move by one script, not by hand).
-NOT_YET_GROUPED = {"core/health": ["xid"]}
-
-
 def test_core_is_grouped_by_feature() -> None:
     """A prefix shared by several core modules, at any depth, is a feature package waiting to
     be made."""
     folders = [PKG / "core", *(p.parent for p in (PKG / "core").rglob("*/__init__.py"))]
     assert len(list((PKG / "core").glob("*.py"))) <= 31
     found = {_rel(f): crowded(f) for f in sorted(folders) if crowded(f)}
-    assert found == NOT_YET_GROUPED
+    assert found == {}
 
 
 def test_control_the_grouping_rule_sees_a_prefix_at_any_depth(tmp_path: Path) -> None:

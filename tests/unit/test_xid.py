@@ -7,15 +7,7 @@ import re
 
 import pytest
 
-from gpubot.core.health.kernlog import (
-    _XID,
-    gpu_bus,
-    parse_event,
-    parse_kernlog,
-    parse_time,
-)
-from gpubot.core.health.xid import Seen, xid_findings
-from gpubot.core.health.xid_table import (
+from gpubot.core.health.codes import (
     CATALOG,
     DRAIN_REBOOT,
     LOOK_UP,
@@ -26,6 +18,14 @@ from gpubot.core.health.xid_table import (
     sxid_class,
     xid_class,
 )
+from gpubot.core.health.kernlog import (
+    _XID,
+    gpu_bus,
+    parse_event,
+    parse_kernlog,
+    parse_time,
+)
+from gpubot.core.health.xid import Seen, xid_findings
 from gpubot.core.models import GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
 from gpubot.services.xid_watch import XidWatch
 from gpubot.transport.scripted import Call, ScriptedTransport, completed

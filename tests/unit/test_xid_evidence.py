@@ -22,6 +22,7 @@ from gpubot.chat.alerts import item_parts
 from gpubot.chat.reset_view import ACTION_RESET_GPU
 from gpubot.core.alerting import AlertGroup, AlertItem
 from gpubot.core.findings import Finding
+from gpubot.core.health.codes import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER, TICKET
 from gpubot.core.health.kernlog import (
     APP_CODES,
     MAX_APP_LINES,
@@ -33,7 +34,6 @@ from gpubot.core.health.kernlog import (
     summaries,
 )
 from gpubot.core.health.xid import Group, Seen, known_owner, xid_findings
-from gpubot.core.health.xid_table import DRAIN_REBOOT, RESET_WHEN_IDLE, TELL_OWNER, TICKET
 from gpubot.core.models import CommandResult, GpuInfo, GpuProcess, NodeConfig, NodeSnapshot
 from gpubot.core.runtimes.base import Workload
 from gpubot.core.usage.idle import holder_owner

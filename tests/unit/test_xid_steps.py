@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpubot.core.findings import Finding
+from gpubot.core.health.codes import DRAIN_REBOOT
 from gpubot.core.health.kernlog import APP_CODES, MAX_APP_LINES, MAX_LINES, parse_event, parse_time
-from gpubot.core.health.xid_table import DRAIN_REBOOT
 from gpubot.core.models import CommandResult, GpuInfo, NodeConfig, NodeSnapshot
 from gpubot.services.xid_watch import MAX_STEPS, XidWatch
 from gpubot.transport.scripted import Call, ScriptedTransport, completed

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpubot.core.health.xid_table import XIDS
+from gpubot.core.health.codes import XIDS
 
 MAX_LINES = 400  # driver lines other than application errors (the newest)
 MAX_APP_LINES = 100  # application-error lines (the newest): a user's own job writes these

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpubot.core.findings import Finding, FindingKind
+from gpubot.core.health.codes import QUIET, TELL_OWNER, XidClass, sxid_class, xid_class
 from gpubot.core.health.kernlog import XidEvent, gpu_bus
-from gpubot.core.health.xid_table import QUIET, TELL_OWNER, XidClass, sxid_class, xid_class
 from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.names import is_linux_user
 from gpubot.core.text import code as mark
