@@ -44,7 +44,7 @@ def old_store() -> None:
     from gpubot.core.usage.idle_runs import RunRule
     from gpubot.store import health, idle_runs
     from gpubot.store.engine import guard, write_tx
-    from gpubot.store.idle_runs import text_of, unix_of
+    from gpubot.store.records import text_of, unix_of
     from gpubot.store.tables import gpu_ecc as e
     from gpubot.store.tables import gpu_samples as t
 

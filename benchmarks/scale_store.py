@@ -101,7 +101,7 @@ def fleet_snaps(nodes: int, idle_share: float, at: float) -> list[Any]:
 
 def fill_history(path: Path, nodes: int, idle_share: float, sweeps: int) -> int:
     """Write ``sweeps`` hourly sweeps of samples straight into the SQLite file; return rows."""
-    from gpubot.store.idle_runs import text_of
+    from gpubot.store.records import text_of
 
     step = round(1 / idle_share)
     db = sqlite3.connect(path)
@@ -212,7 +212,7 @@ async def idle_at(work: Path, nodes: int, days: int, idle_share: float) -> dict[
 
 
 def iso_of(unix: float) -> str:
-    from gpubot.store.idle_runs import text_of
+    from gpubot.store.records import text_of
 
     return text_of(unix)
 

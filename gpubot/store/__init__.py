@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Literal
 
 from sqlalchemy import Connection
 
@@ -25,15 +25,18 @@ from gpubot.store.approvals import DbApprovals
 from gpubot.store.claims import DbClaims
 from gpubot.store.engine import (
     MEMORY,
+    Part,
     guard,
     is_empty,
     is_memory,
     make_engine,
     memory_url,
     parse_url,
-    read_tx,
+    reads,
+    run_tx,
     set_up_memory,
     write_tx,
+    writes,
 )
 from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.health import DbEcc
@@ -53,7 +56,8 @@ from gpubot.store.seals import SealRule
 from gpubot.store.usage import DbUsage
 from gpubot.store.waits import in_thread
 
-T = TypeVar("T")
+READ = "cannot read the audit log"
+Who = tuple[str, str, str | None]  # actor, source, node of a record
 
 __all__ = [
     "ActionDetail",
@@ -105,7 +109,7 @@ class SealWritten:
     held: bool
 
 
-class Store:
+class Store(Part):
     """The audit log (implements ``gpubot.core.ports.AuditStore``), approvals, alerts, samples."""
 
     def __init__(
@@ -123,6 +127,7 @@ class Store:
         if url == MEMORY:
             url = memory_url()  # one name, so that ``self.url`` names this store's database
         self.engine = make_engine(url, password, audit_key=audit_key, on_append=self._appended)
+        super().__init__(self.engine)
         self.url = url if is_memory(url) else parse_url(url).render_as_string(hide_password=True)
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)  # record times
         self._last: tuple[int, str] | None = None  # the last record this store wrote
@@ -153,32 +158,15 @@ class Store:
     ) -> int:
         """Write the intent of an action BEFORE anything happens; return the action id."""
         payload = {"action": kind, "command": command, "gpus": list(gpus), "plan": plan}
-        action_id = await in_thread(self._begin, actor, source, node, payload, fence)
+        action_id = await self._begin((actor, source, node), payload, fence)
         self._running.add(action_id)  # not interrupted while this process runs it
         return action_id
 
-    def _begin(
-        self,
-        actor: str,
-        source: str,
-        node: str | None,
-        payload: dict[str, Any],
-        fence: Fence | None,
-    ) -> int:
-        with guard("cannot record the intent, so nothing was done"), write_tx(self.engine) as c:
-            if fence is not None:
-                check_fence(c, fence, self.clock())
-            rec = audit.append(
-                c,
-                kind="intent",
-                actor=actor,
-                source=source,
-                node=node,
-                payload=payload,
-                action_id="own",
-                now=self.clock(),
-            )
-            return rec.seq
+    @writes("cannot record the intent, so nothing was done")
+    def _begin(self, c: Connection, who: Who, payload: dict[str, Any], fence: Fence | None) -> int:
+        if fence is not None:
+            check_fence(c, fence, self.clock())
+        return self._append(c, "intent", who, payload, "own").seq
 
     async def record_event(
         self, action_id: int, event: Mapping[str, Any], *, fence: Fence | None = None
@@ -213,16 +201,7 @@ class Store:
             intent, outcome = audit.intent_of(c, action_id)
             if outcome is not None:
                 raise StoreError(f"action {action_id} is finished already")
-            audit.append(
-                c,
-                kind=kind,
-                actor=intent.actor,
-                source=intent.source,
-                node=intent.node,
-                payload=payload,
-                action_id=action_id,
-                now=self.clock(),
-            )
+            self._append(c, kind, (intent.actor, intent.source, intent.node), payload, action_id)
 
     async def record_query(
         self,
@@ -238,14 +217,31 @@ class Store:
         """Append a brief record of a read-only query (status, sweep)."""
         payload = query_payload(kind, nodes, failed, seconds, changed)
         node = nodes[0] if len(nodes) == 1 else None
-        await in_thread(self._query, actor, source, node, payload)
+        await self._query((actor, source, node), payload)
 
-    def _query(self, actor: str, source: str, node: str | None, payload: dict[str, Any]) -> None:
-        with guard("cannot record the query"), write_tx(self.engine) as c:
-            now = self.clock()
-            audit.append(
-                c, kind="query", actor=actor, source=source, node=node, payload=payload, now=now
-            )
+    @writes("cannot record the query")
+    def _query(self, c: Connection, who: Who, payload: dict[str, Any]) -> None:
+        self._append(c, "query", who, payload)
+
+    def _append(
+        self,
+        c: Connection,
+        kind: str,
+        who: Who,
+        payload: dict[str, Any],
+        action_id: int | Literal["own"] | None = None,
+    ) -> AuditRecord:
+        actor, source, node = who
+        return audit.append(
+            c,
+            kind=kind,
+            actor=actor,
+            source=source,
+            node=node,
+            payload=payload,
+            action_id=action_id,
+            now=self.clock(),
+        )
 
     # -- seals and the head outside the database ---------------------------------------------
 
@@ -263,8 +259,7 @@ class Store:
             self.head_file.record(seq, digest, at, self._holds)
 
     def _holds(self, seq: int, digest: str) -> bool:
-        with guard("cannot read the audit log"), read_tx(self.engine) as c:
-            return audit.hash_at(c, seq) == digest
+        return run_tx(self.engine, READ, lambda c: audit.hash_at(c, seq) == digest)
 
     async def seal(self, reason: str, every_s: float, *, after: int | None = None) -> SealWritten:
         """Append a keyed seal naming the last record this store wrote (``StoreError`` without
@@ -284,13 +279,17 @@ class Store:
 
     async def incomplete_actions(self) -> list[ActionSummary]:
         """Return unreviewed actions with an intent but no outcome, newest first."""
-        return await self._reading(lambda c: audit.interrupted(c, None))
+        return await self._interrupted(None)
 
     async def interrupted(self, nodes: Sequence[str] | None = None) -> list[ActionSummary]:
         """Return the unfinished, unreviewed actions, newest first, but this process's running
         ones; another process's running action is listed (nothing tells it from a dead one)."""
-        found = await self._reading(lambda c: audit.interrupted(c, nodes))
+        found = await self._interrupted(nodes)
         return [a for a in found if a.id not in self._running]
+
+    @reads(READ)
+    def _interrupted(self, c: Connection, nodes: Sequence[str] | None) -> list[ActionSummary]:
+        return audit.interrupted(c, nodes)
 
     async def review_action(
         self, action_id: int, *, actor: str, source: str, note: str = ""
@@ -303,8 +302,10 @@ class Store:
             now = self.clock()
             return audit.review(c, action_id, actor=actor, source=source, note=note, now=now)
 
-    async def actions(
+    @reads(READ)
+    def actions(
         self,
+        c: Connection,
         *,
         node: str | None = None,
         actor: str | None = None,
@@ -312,27 +313,31 @@ class Store:
         limit: int = 50,
     ) -> list[ActionSummary]:
         """Return actions newest first; ``actor`` matches any part of the recorded actor."""
-        return await self._reading(
-            lambda c: audit.summaries(c, node=node, actor=actor, since=since, limit=limit)
-        )
+        return audit.summaries(c, node=node, actor=actor, since=since, limit=limit)
 
-    async def queries(
-        self, *, actor: str | None = None, since: datetime | None = None, limit: int = 50
+    @reads(READ)
+    def queries(
+        self,
+        c: Connection,
+        *,
+        actor: str | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
     ) -> list[AuditRecord]:
         """Return status and sweep records, newest first."""
-        return await self._reading(
-            lambda c: audit.page(
-                c, kind="query", actor=actor, since=since, limit=limit, newest_first=True
-            )
-        )
+        return audit.page(c, kind="query", actor=actor, since=since, limit=limit, newest_first=True)
 
-    async def action(self, action_id: int) -> ActionDetail | None:
+    @reads(READ)
+    def action(self, c: Connection, action_id: int) -> ActionDetail | None:
         """Return an action's intent, events and outcome, or None."""
-        return await self._reading(lambda c: audit.detail(c, action_id))
+        return audit.detail(c, action_id)
 
-    async def records(self, *, after: int = 0, limit: int = audit.PAGE) -> list[AuditRecord]:
+    @reads(READ)
+    def records(
+        self, c: Connection, *, after: int = 0, limit: int = audit.PAGE
+    ) -> list[AuditRecord]:
         """Return up to ``limit`` raw records after seq ``after``, in chain order (for export)."""
-        return await self._reading(lambda c: audit.page(c, after=after, limit=limit))
+        return audit.page(c, after=after, limit=limit)
 
     async def verify(
         self,
@@ -349,20 +354,19 @@ class Store:
                 file_head = await in_thread(self.head_file.read)
             except HeadFileError as exc:
                 file_head = exc
-        when = now or self.clock()
+        return await self._verify(published, seals, now or self.clock(), file_head)
+
+    @reads(READ)
+    def _verify(
+        self,
+        c: Connection,
+        published: tuple[int, str] | None,
+        seals: SealRule | None,
+        now: datetime,
+        file_head: FileHead | HeadFileError | None,
+    ) -> VerifyResult:
         path = "" if self.head_file is None else self.head_file.path
-        return await self._reading(
-            lambda c: audit.verify(
-                c, published, seals=seals, now=when, file_head=file_head, head_file=path
-            )
-        )
-
-    async def _reading(self, fn: Callable[[Connection], T]) -> T:
-        return await in_thread(self._read, fn)
-
-    def _read(self, fn: Callable[[Connection], T]) -> T:
-        with guard("cannot read the audit log"), read_tx(self.engine) as c:
-            return fn(c)
+        return audit.verify(c, published, seals=seals, now=now, file_head=file_head, head_file=path)
 
     # -- schema ----------------------------------------------------------------------------
 

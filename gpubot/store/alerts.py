@@ -6,27 +6,24 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, select
+from sqlalchemy import Connection, Row, select
 
 from gpubot.core.alerting import Alert, MessageRef
 from gpubot.core.findings import FindingKey
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
-from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.engine import Part, guard, reads, write_tx, writes
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alerts
 from gpubot.store.waits import in_thread
 
 
-class DbAlerts:
+class DbAlerts(Part):
     """Findings seen across sweeps; every method is async and raises ``StoreError``."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
 
     async def upsert_seen(self, keys: Iterable[FindingKey], now: datetime) -> list[Alert]:
         """Record that a sweep at ``now`` saw ``keys``; return their state (new ones included)."""
-        return await in_thread(self._upsert_seen, list(keys), now)
+        return await self._upsert_seen(list(keys), now)
 
     async def mark_alerted(self, key: FindingKey, *, ref: MessageRef, now: datetime) -> Alert:
         """Record that an alert for ``key`` was posted as message ``ref``."""
@@ -43,112 +40,94 @@ class DbAlerts:
 
     async def mark_resolved(self, keys: Iterable[FindingKey], now: datetime) -> list[Alert]:
         """Resolve the open findings among ``keys``; return those that were open."""
-        return await in_thread(self._resolve, list(keys), now)
+        return await self._resolve(list(keys), now)
 
-    async def open_alerts(self) -> list[Alert]:
+    @reads("cannot read alerts")
+    def open_alerts(self, conn: Connection) -> list[Alert]:
         """Return every unresolved finding, oldest first."""
-        return await in_thread(self._open)
+        q = select(alerts).where(alerts.c.resolved_at.is_(None)).order_by(alerts.c.id)
+        return [_alert(r) for r in conn.execute(q).all()]
 
-    async def on_message(self, ref: MessageRef) -> list[Alert]:
+    @reads("cannot read alerts")
+    def on_message(self, conn: Connection, ref: MessageRef) -> list[Alert]:
         """Return the findings alerted in one message (resolved ones too), oldest first."""
-        return await in_thread(self._on_message, ref)
+        q = select(alerts).where(alerts.c.ref == ref).order_by(alerts.c.id)
+        return [_alert(r) for r in conn.execute(q).all()]
 
-    # -- synchronous parts, run in a worker thread ------------------------------------------
-
-    def _upsert_seen(self, keys: list[FindingKey], now: datetime) -> list[Alert]:
+    @writes("cannot record sweep findings")
+    def _upsert_seen(self, conn: Connection, keys: list[FindingKey], now: datetime) -> list[Alert]:
         at = iso(now)
         out: list[Alert] = []
-        with guard("cannot record sweep findings"), write_tx(self._engine) as conn:
-            for key in dict.fromkeys(keys):  # once each, in order
-                row = _row(conn, key)
-                if row is None:
-                    conn.execute(
-                        alerts.insert().values(
-                            key=key.text(),
-                            node=key.node,
-                            gpu=key.gpu,
-                            kind=key.kind,
-                            holder=key.holder,
-                            first_seen=at,
-                            last_seen=at,
-                            seen_count=1,
-                        )
+        for key in dict.fromkeys(keys):  # once each, in order
+            row = _row(conn, key)
+            if row is None:
+                conn.execute(
+                    alerts.insert().values(
+                        key=key.text(),
+                        node=key.node,
+                        gpu=key.gpu,
+                        kind=key.kind,
+                        holder=key.holder,
+                        first_seen=at,
+                        last_seen=at,
+                        seen_count=1,
                     )
-                elif row.resolved_at is None:
-                    conn.execute(
-                        alerts.update()
-                        .where(alerts.c.id == row.id)
-                        .values(last_seen=at, seen_count=alerts.c.seen_count + 1)
+                )
+            elif row.resolved_at is None:
+                conn.execute(
+                    alerts.update()
+                    .where(alerts.c.id == row.id)
+                    .values(last_seen=at, seen_count=alerts.c.seen_count + 1)
+                )
+            else:  # it came back: a new occurrence; a snooze still holds
+                conn.execute(
+                    alerts.update()
+                    .where(alerts.c.id == row.id)
+                    .values(
+                        first_seen=at,
+                        last_seen=at,
+                        seen_count=1,
+                        alerted_at=None,
+                        ref=None,
+                        reminded_at=None,
+                        resolved_at=None,
                     )
-                else:  # it came back: a new occurrence; a snooze still holds
-                    conn.execute(
-                        alerts.update()
-                        .where(alerts.c.id == row.id)
-                        .values(
-                            first_seen=at,
-                            last_seen=at,
-                            seen_count=1,
-                            alerted_at=None,
-                            ref=None,
-                            reminded_at=None,
-                            resolved_at=None,
-                        )
-                    )
-                out.append(_alert(_must(conn, key)))
+                )
+            out.append(_alert(_must(conn, key)))
         return out
 
     def _change(
         self, key: FindingKey, now: datetime, what: str, values: dict[str, Any], by: str = "gpubot"
     ) -> Alert:
         with guard(f"cannot record the alert as {what}"), write_tx(self._engine) as conn:
-            row = _must(conn, key)
-            conn.execute(alerts.update().where(alerts.c.id == row.id).values(**values))
-            append(
-                conn,
-                kind="alert",
-                actor=by,
-                source="gpubot",
-                node=key.node,
-                now=now,
-                payload={"alert": what, "key": key.text(), **values},
-            )
-            return _alert(_must(conn, key))
+            return _note(conn, _must(conn, key), key, values, {"alert": what, **values}, by, now)
 
-    def _resolve(self, keys: list[FindingKey], now: datetime) -> list[Alert]:
+    @writes("cannot resolve alerts")
+    def _resolve(self, conn: Connection, keys: list[FindingKey], now: datetime) -> list[Alert]:
         out: list[Alert] = []
-        with guard("cannot resolve alerts"), write_tx(self._engine) as conn:
-            for key in dict.fromkeys(keys):
-                row = _row(conn, key)
-                if row is None or row.resolved_at is not None:
-                    continue
-                conn.execute(
-                    alerts.update().where(alerts.c.id == row.id).values(resolved_at=iso(now))
-                )
-                append(
-                    conn,
-                    kind="alert",
-                    actor="gpubot",
-                    source="gpubot",
-                    node=key.node,
-                    now=now,
-                    payload={"alert": "resolved", "key": key.text(), "seen_count": row.seen_count},
-                )
-                out.append(_alert(_must(conn, key)))
+        for key in dict.fromkeys(keys):
+            row = _row(conn, key)
+            if row is None or row.resolved_at is not None:
+                continue
+            said = {"alert": "resolved", "seen_count": row.seen_count}
+            out.append(_note(conn, row, key, {"resolved_at": iso(now)}, said, "gpubot", now))
         return out
 
-    def _open(self) -> list[Alert]:
-        with guard("cannot read alerts"), read_tx(self._engine) as conn:
-            rows = conn.execute(
-                select(alerts).where(alerts.c.resolved_at.is_(None)).order_by(alerts.c.id)
-            ).all()
-            return [_alert(r) for r in rows]
 
-    def _on_message(self, ref: MessageRef) -> list[Alert]:
-        with guard("cannot read alerts"), read_tx(self._engine) as conn:
-            rows = conn.execute(
-                select(alerts).where(alerts.c.ref == ref).order_by(alerts.c.id)
-            ).all()
-            return [_alert(r) for r in rows]
+def _note(
+    conn: Connection,
+    row: Row[Any],
+    key: FindingKey,
+    values: dict[str, Any],
+    said: dict[str, Any],
+    by: str,
+    now: datetime,
+) -> Alert:
+    """Set ``values`` on ``key``'s row and audit ``said`` of it, in one transaction."""
+    conn.execute(alerts.update().where(alerts.c.id == row.id).values(**values))
+    payload = {"key": key.text(), **said}
+    append(conn, kind="alert", actor=by, source="gpubot", node=key.node, now=now, payload=payload)
+    return _alert(_must(conn, key))
 
 
 def _row(conn: Connection, key: FindingKey) -> Row[Any] | None:

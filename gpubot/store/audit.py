@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Row, Select, and_, exists, select
 
 from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError, UsageError
-from gpubot.store.audit_list import since_bound, summaries_query
+from gpubot.store.audit_list import narrow, summaries_query
 from gpubot.store.chain import (
     GENESIS,
     MARKER,
@@ -44,6 +44,7 @@ from gpubot.store.tables import audit_head, audit_log
 
 PAGE = 2000  # records read per query while walking the chain
 REVIEW = "review"  # a person's note that an interrupted action was looked at (``review``)
+RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(AuditRecord))
 
 
 def append(
@@ -58,42 +59,26 @@ def append(
     now: datetime | None = None,
 ) -> AuditRecord:
     """Append one record after the chain head; ``action_id="own"``: an intent, its own seq."""
-    head = conn.execute(
-        select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
-    ).one_or_none()
-    if head is None:
+    top = head(conn)
+    if top is None:
         raise StoreError("the audit chain head is missing: was `gpubot db upgrade` run?")
     at = iso(now or datetime.now(UTC))
     key = audit_key_of(conn)
-    seq, prev = int(head.seq), str(head.hash)
+    seq, prev = top
     if _keyed_from(conn, key) is None and key is not None:  # the first keyed record: say so
-        marker = _insert(
-            conn,
-            seq,
-            prev,
-            key,
-            kind=MARKER,
-            actor="gpubot",
-            source="gpubot",
-            node=None,
-            payload=canonical_json(marker_payload(key)),
-            created_at=at,
-            action_id=None,
-        )
-        seq, prev = marker.seq, marker.hash
-    return _insert(
-        conn,
-        seq,
-        prev,
-        key,
-        kind=kind,
-        actor=actor,
-        source=source,
-        node=node,
-        payload=canonical_json(payload),
-        created_at=at,
-        action_id=seq + 1 if action_id == "own" else action_id,
-    )
+        marker = canonical_json(marker_payload(key))
+        chained = Chained(seq + 1, None, MARKER, at, "gpubot", "gpubot", None, marker)
+        seq, prev = seq + 1, _insert(conn, prev, key, chained).hash
+    own = seq + 1 if action_id == "own" else action_id
+    chained = Chained(seq + 1, own, kind, at, actor, source, node, canonical_json(payload))
+    return _insert(conn, prev, key, chained)
+
+
+def head(conn: Connection) -> tuple[int, str] | None:
+    """Return the chain head (seq, hash); None: the schema has none."""
+    q = select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
+    row = conn.execute(q).one_or_none()
+    return None if row is None else (int(row.seq), str(row.hash))
 
 
 def _keyed_from(conn: Connection, key: bytes | None) -> int | None:
@@ -120,39 +105,25 @@ def _keyed_from(conn: Connection, key: bytes | None) -> int | None:
     return int(marker.seq)
 
 
-def _insert(
-    conn: Connection, head_seq: int, head_hash: str, key: bytes | None, **fields: Any
-) -> AuditRecord:
-    """Write the record after (head_seq, head_hash) and move the chain head to it."""
-    seq = head_seq + 1
-    fields["seq"] = seq
-    digest = record_hash(head_hash, Chained(**fields), key)
-    conn.execute(audit_log.insert().values(**fields, prev_hash=head_hash, hash=digest))
+def _insert(conn: Connection, head_hash: str, key: bytes | None, fields: Chained) -> AuditRecord:
+    """Write the record after the head (its seq - 1, ``head_hash``) and move the head to it."""
+    digest = record_hash(head_hash, fields, key)
+    values = dataclasses.asdict(fields)
+    conn.execute(audit_log.insert().values(**values, prev_hash=head_hash, hash=digest))
     updated = conn.execute(
         audit_head.update()
-        .where(and_(audit_head.c.id == 1, audit_head.c.seq == head_seq))
-        .values(seq=seq, hash=digest)
+        .where(and_(audit_head.c.id == 1, audit_head.c.seq == fields.seq - 1))
+        .values(seq=fields.seq, hash=digest)
     )
     if updated.rowcount != 1:  # only possible if the write lock was not held
         raise StoreError("the audit chain head moved during an append")
-    conn.info[NEW_HEAD] = (seq, digest, fields["created_at"])  # for ``engine.write_tx``'s hook
-    return AuditRecord(prev_hash=head_hash, hash=digest, **fields)
+    conn.info[NEW_HEAD] = (fields.seq, digest, fields.created_at)  # for ``engine.write_tx``'s hook
+    return AuditRecord(**values, prev_hash=head_hash, hash=digest)
 
 
 def to_record(row: Row[Any]) -> AuditRecord:
     """Build an ``AuditRecord`` from an ``audit_log`` row."""
-    return AuditRecord(
-        seq=int(row.seq),
-        action_id=None if row.action_id is None else int(row.action_id),
-        kind=row.kind,
-        created_at=row.created_at,
-        actor=row.actor,
-        source=row.source,
-        node=row.node,
-        payload=row.payload,
-        prev_hash=row.prev_hash,
-        hash=row.hash,
-    )
+    return AuditRecord(**{f: row._mapping[f] for f in RECORD_FIELDS})
 
 
 def intent_of(conn: Connection, action_id: int) -> tuple[AuditRecord, AuditRecord | None]:
@@ -297,10 +268,7 @@ def page(
         q = q.where(audit_log.c.seq > after).order_by(audit_log.c.seq)
     if kind is not None:
         q = q.where(audit_log.c.kind == kind)
-    if actor is not None:
-        q = q.where(audit_log.c.actor.contains(actor, autoescape=True))
-    if since is not None:
-        q = q.where(audit_log.c.created_at >= iso(since), audit_log.c.seq >= since_bound(since))
+    q = narrow(q, None, actor, since)
     return [to_record(r) for r in conn.execute(q.limit(limit)).all()]
 
 
@@ -352,10 +320,8 @@ def verify(
 ) -> VerifyResult:
     """Walk the whole chain inside one snapshot and report the first record that is not intact;
     ``file_head`` was read before this snapshot."""
-    head = conn.execute(
-        select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
-    ).one_or_none()
-    if head is None:
+    top = head(conn)
+    if top is None:
         return VerifyResult(False, 0, 0, "the chain head is missing", GENESIS)
 
     def seq_of_hash(h: str) -> int | None:
@@ -363,15 +329,15 @@ def verify(
         return None if found is None else int(found)
 
     key = audit_key_of(conn)
-    result = walk(_all(conn), (int(head.seq), head.hash), seq_of_hash, key)
+    result = walk(_all(conn), top, seq_of_hash, key)
     if published is not None:
         found = hash_at(conn, published[0])
-        result = check_published(result, published, found, int(head.seq))
+        result = check_published(result, published, found, top[0])
     walked = result.first_bad_seq is None and not result.unverified  # to the end: its seals
     if seals is not None and result.mode == "keyed" and walked:
         result = _check_seal_age(result, seals, now or datetime.now(UTC))
     if file_head is not None:
-        result = _check_file(conn, result, file_head, head_file, int(head.seq), key)
+        result = _check_file(conn, result, file_head, head_file, top[0], key)
     return result
 
 

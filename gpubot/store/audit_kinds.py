@@ -9,21 +9,19 @@ key backwards over the whole log looking for enough rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, not_, or_, select
+from sqlalchemy import ColumnElement, Connection, Select, and_, not_, or_, select
 
 from gpubot.store import audit
-from gpubot.store.audit_list import since_bound, summaries_query
-from gpubot.store.engine import guard, read_tx
-from gpubot.store.records import ActionSummary, AuditRecord, iso
+from gpubot.store.audit_list import narrow, summaries_query
+from gpubot.store.engine import Part, reads
+from gpubot.store.records import ActionSummary, AuditRecord
 from gpubot.store.tables import audit_log
-from gpubot.store.waits import in_thread
 
-T = TypeVar("T")
 GPUBOT = "gpubot"  # the actor of gpubot's own records (posts, expiries, offers, seals)
 
 
@@ -121,15 +119,8 @@ def _seq(item: Listed) -> int:
 def records_query(stored: str, f: ListFilter, people: bool) -> Select[Any]:
     """Return one stored kind's records, newest first; ``people``: not gpubot's own."""
     q = select(audit_log).where(audit_log.c.kind == stored).order_by(audit_log.c.seq.desc())
-    if f.node is not None:
-        q = q.where(audit_log.c.node == f.node)
-    if f.actor is not None:
-        q = q.where(audit_log.c.actor.contains(f.actor, autoescape=True))
-    if people:
-        q = q.where(audit_log.c.actor != GPUBOT)
-    if f.since is not None:
-        q = q.where(audit_log.c.created_at >= iso(f.since), audit_log.c.seq >= since_bound(f.since))
-    return q
+    q = narrow(q, f.node, f.actor, f.since)
+    return q.where(audit_log.c.actor != GPUBOT) if people else q
 
 
 def _payload_condition(kinds: Sequence[Kind]) -> ColumnElement[bool] | None:
@@ -151,25 +142,16 @@ def _starts(prefix: str) -> ColumnElement[bool]:
     return audit_log.c.payload.startswith(prefix, autoescape=True)
 
 
-class AuditListing:
+class AuditListing(Part):
     """The reads of ``audit list --kind`` and ``audit show`` over a store's engine."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    async def list(self, f: ListFilter) -> list[Listed]:
+    @reads("cannot read the audit log")
+    def list(self, c: Connection, f: ListFilter) -> list[Listed]:
         """Return the records ``f`` asks for, newest first."""
-        return await in_thread(self._read, lambda c: listing(c, f))
+        return listing(c, f)
 
-    async def record(self, seq: int) -> AuditRecord | None:
+    @reads("cannot read the audit log")
+    def record(self, c: Connection, seq: int) -> AuditRecord | None:
         """Return record ``seq`` as stored (None: no such record)."""
-        q = select(audit_log).where(audit_log.c.seq == seq)
-        return await in_thread(self._read, lambda c: _one(c.execute(q).one_or_none()))
-
-    def _read(self, fn: Callable[[Connection], T]) -> T:
-        with guard("cannot read the audit log"), read_tx(self._engine) as c:
-            return fn(c)
-
-
-def _one(row: Any) -> AuditRecord | None:
-    return None if row is None else audit.to_record(row)
+        row = c.execute(select(audit_log).where(audit_log.c.seq == seq)).one_or_none()
+        return None if row is None else audit.to_record(row)

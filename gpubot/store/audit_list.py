@@ -48,14 +48,22 @@ def summaries_query(
         .where(audit_log.c.kind == "intent")
         .order_by(audit_log.c.seq.desc())
     )
+    q = narrow(q, node, actor, since)
+    if incomplete_only:
+        q = q.where(outcome.c.seq.is_(None))
+    if limit is not None:
+        q = q.limit(limit)
+    return q
+
+
+def narrow(
+    q: Select[Any], node: str | None, actor: str | None, since: datetime | None
+) -> Select[Any]:
+    """Return ``q`` cut to ``node``, to actors that hold ``actor``, and to ``since`` on."""
     if node is not None:
         q = q.where(audit_log.c.node == node)
     if actor is not None:
         q = q.where(audit_log.c.actor.contains(actor, autoescape=True))
     if since is not None:
         q = q.where(audit_log.c.created_at >= iso(since), audit_log.c.seq >= since_bound(since))
-    if incomplete_only:
-        q = q.where(outcome.c.seq.is_(None))
-    if limit is not None:
-        q = q.limit(limit)
     return q

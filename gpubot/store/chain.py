@@ -106,16 +106,7 @@ def marker_key_id(payload: str) -> str | None:
 
 def hash_of(record: AuditRecord, key: bytes | None = None) -> str:
     """Recompute ``record``'s hash from its stored fields (keyed with ``key``, if given)."""
-    fields = Chained(
-        record.seq,
-        record.action_id,
-        record.kind,
-        record.created_at,
-        record.actor,
-        record.source,
-        record.node,
-        record.payload,
-    )
+    fields = Chained(*(getattr(record, f.name) for f in dataclasses.fields(Chained)))
     return record_hash(record.prev_hash, fields, key)
 
 

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, func, inspect, select, table
 
 from gpubot.errors import UsageError
-from gpubot.store import migrate
-from gpubot.store.engine import guard, make_engine, memory_url, read_tx
-from gpubot.store.tables import audit_head
+from gpubot.store import audit, migrate
+from gpubot.store.engine import guard, make_engine, memory_url, run_tx
 
 # table -> what one of its rows is called; the order is the order they are named in.
 PROTECTED: dict[str, str] = {
@@ -77,21 +76,15 @@ def at_risk(engine: Engine, revision: str) -> AtRisk:
     """Return the protected records that downgrading to ``revision`` would drop (none: empty)."""
     gone = dropped_tables(engine, revision)
     dropped = tuple(t for t in PROTECTED if t in gone)
-    with guard("cannot count the records a downgrade would drop"), read_tx(engine) as conn:
-        return snapshot(conn, dropped)
+    what = "cannot count the records a downgrade would drop"
+    return run_tx(engine, what, lambda conn: snapshot(conn, dropped))
 
 
 def snapshot(conn: Connection, tables: tuple[str, ...]) -> AtRisk:
     """Count the rows of ``tables`` (protected ones) and read the chain head, in ``conn``."""
     counts = {t: _count(conn, t) for t in tables}
     counts = {t: n for t, n in counts.items() if n}
-    head = None
-    if AUDIT in tables:
-        row = conn.execute(
-            select(audit_head.c.seq, audit_head.c.hash).where(audit_head.c.id == 1)
-        ).one_or_none()
-        head = None if row is None else (int(row.seq), str(row.hash))
-    return AtRisk(tables, counts, head)
+    return AtRisk(tables, counts, audit.head(conn) if AUDIT in tables else None)
 
 
 def unchanged(found: AtRisk) -> DropCheck:

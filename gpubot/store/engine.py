@@ -14,10 +14,14 @@ is in memory, not a WAL, so a reader waits for a writer.
 
 The audit chain's HMAC key travels with the engine as an execution option, so that every
 ``audit.append`` on any of its connections uses it.
+
+Each part of the store (``Part``) runs its calls through ``reads`` and ``writes``: one transaction
+each, in the store's own pool, its failures mapped by the one boundary map (``guard``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -25,18 +29,21 @@ import secrets
 import sqlite3
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, Table, bindparam, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from gpubot.errors import DatabaseUnreachable, GpubotError, StoreError
 from gpubot.store.outage import OUTAGE
-from gpubot.store.waits import STATEMENTS
+from gpubot.store.waits import STATEMENTS, in_thread
+
+T = TypeVar("T")
+Values = dict[str, Any]  # a row's values by column name
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +281,65 @@ def read_tx(engine: Engine) -> Iterator[Connection]:
             conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
             yield conn
+
+
+def run_tx(engine: Engine, what: str, fn: Callable[[Connection], T], write: bool = False) -> T:
+    """Return ``fn(conn)`` run in one read (or write) transaction, its failures mapped by
+    ``guard(what)``."""
+    with guard(what), (write_tx if write else read_tx)(engine) as conn:
+        return fn(conn)
+
+
+def write_rows(
+    conn: Connection, table: Table, keys: tuple[str, ...], old: list[Values], new: list[Values]
+) -> None:
+    """Update the ``old`` rows, found by their ``keys`` columns, and insert the ``new`` ones, in
+    two batched statements: a statement built per row held the store's thread too long."""
+    if old:
+        where = [table.c[k] == bindparam(f"k_{k}") for k in keys]
+        values: Values = {c: bindparam(c) for c in old[0] if c not in keys}
+        params = [{f"k_{c}" if c in keys else c: v for c, v in row.items()} for row in old]
+        conn.execute(table.update().where(*where).values(values), params)
+    if new:
+        conn.execute(table.insert(), new)
+
+
+class Part:
+    """A part of the store over its engine. Its methods are ``reads`` or ``writes``: each call
+    is one transaction in the store's pool (``store.waits``), so the loop never waits on SQL."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+
+P = ParamSpec("P")
+S = TypeVar("S", bound=Part)
+InTx = Callable[Concatenate[S, Connection, P], T]  # a method that runs in a transaction
+Async = Callable[Concatenate[S, P], Coroutine[Any, Any, T]]
+
+
+def reads(what: str) -> Callable[[InTx[S, P, T]], Async[S, P, T]]:
+    """Make a ``Part`` method async: one read transaction in the store's pool (``run_tx``)."""
+    return _in_pool(what, False)
+
+
+def writes(what: str) -> Callable[[InTx[S, P, T]], Async[S, P, T]]:
+    """Make a ``Part`` method async: one write transaction in the store's pool (``run_tx``)."""
+    return _in_pool(what, True)
+
+
+def _in_pool(what: str, write: bool) -> Callable[[InTx[S, P, T]], Async[S, P, T]]:
+    def wrap(fn: InTx[S, P, T]) -> Async[S, P, T]:
+        @functools.wraps(fn)
+        async def call(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            def run(c: Connection) -> T:
+                return fn(self, c, *args, **kwargs)
+
+            return await in_thread(run_tx, self._engine, what, run, write)
+
+        return call
+
+    return wrap
 
 
 def describe(exc: BaseException) -> str:

@@ -21,8 +21,9 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubot.errors import StoreError
@@ -54,13 +55,7 @@ class FileHead:
 
     def as_dict(self) -> dict[str, Any]:
         """Return the file's fields (JSON-ready)."""
-        return {
-            "seq": self.seq,
-            "hash": self.hash,
-            "at": self.at,
-            "key_id": self.key_id,
-            "mac": self.mac,
-        }
+        return asdict(self)
 
 
 def head_mac(key: bytes, seq: int, digest: str, at: str) -> str:
@@ -157,8 +152,17 @@ class HeadFile:
             log.error("%s", line)
             self._said = line
 
-    def _locked(self) -> _Flock:
-        return _Flock(self.path + ".lock")
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold an exclusive ``flock`` on a lock file beside the head file (closing frees it)."""
+        fd = os.open(
+            self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _write(self, head: FileHead) -> None:
         """Replace the file atomically: a temporary file beside it, fsync, rename, fsync."""
@@ -177,21 +181,6 @@ class HeadFile:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-
-
-class _Flock:
-    """An exclusive ``flock`` on a lock file beside the head file, for one write."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd = -1
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *_: object) -> None:
-        os.close(self.fd)  # closing releases the lock
 
 
 def compare(

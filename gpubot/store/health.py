@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sqlalchemy import Engine, bindparam, delete, select
+from sqlalchemy import Connection, bindparam, delete, select
 
 from gpubot.core.health.findings import EccKey, EccSeen
-from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.engine import Part, guard, reads, write_tx
 from gpubot.store.tables import gpu_ecc as t
 from gpubot.store.waits import in_thread
 
@@ -22,30 +22,24 @@ _GONE = delete(t).where(
 )
 
 
-class DbEcc:
+class DbEcc(Part):
     """ECC counts in the database; every method is async and raises ``StoreError``."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    async def ecc_counts(self) -> dict[EccKey, EccSeen]:
+    @reads("cannot read ECC counts")
+    def ecc_counts(self, conn: Connection) -> dict[EccKey, EccSeen]:
         """Return every GPU's counts as the last sweep saw them."""
-        return await in_thread(self._read)
+        out: dict[EccKey, EccSeen] = {}
+        for node, uuid, counter, count, grew_from, since in conn.execute(select(t)):
+            grew = None if grew_from is None else int(grew_from)
+            out[(str(node), str(uuid), str(counter))] = EccSeen(int(count), grew, int(since))
+        return out
 
     async def put_ecc(self, counts: Mapping[EccKey, EccSeen]) -> None:
         """Store ``counts`` (each replaces its GPU's row)."""
         if counts:
             await in_thread(self._put, dict(counts))
 
-    def _read(self) -> dict[EccKey, EccSeen]:
-        with guard("cannot read ECC counts"), read_tx(self._engine) as conn:
-            out: dict[EccKey, EccSeen] = {}
-            for node, uuid, counter, count, grew_from, since in conn.execute(select(t)):
-                grew = None if grew_from is None else int(grew_from)
-                out[(str(node), str(uuid), str(counter))] = EccSeen(int(count), grew, int(since))
-            return out
-
-    def _put(self, counts: dict[EccKey, EccSeen]) -> None:
+    def _put(self, counts: dict[EccKey, EccSeen]) -> None:  # by name: benchmarks/first_sweep.py
         rows = [
             {
                 "node": k[0],

@@ -12,17 +12,14 @@ from collections.abc import Mapping
 from sqlalchemy import Connection, bindparam, delete, select
 
 from gpubot.core.usage.holder_runs import GPU_LOOKS, Held, HolderKey, Looked, OnGpu, on_gpu_since
-from gpubot.store.idle_runs import text_of, unix_of
+from gpubot.store.engine import write_rows
+from gpubot.store.records import text_of, unix_of
 from gpubot.store.tables import gpu_holders as h
 
 Runs = dict[HolderKey, OnGpu]
 
-_KEY = (
-    h.c.node == bindparam("k_node"),
-    h.c.gpu_index == bindparam("k_gpu"),
-    h.c.pid == bindparam("k_pid"),
-    h.c.start_ticks == bindparam("k_ticks"),
-)
+KEYS = ("node", "gpu_index", "pid", "start_ticks")
+_KEY = tuple(h.c[k] == bindparam(k) for k in KEYS)
 
 
 def _holder(pid: int, ticks: int) -> str:
@@ -50,7 +47,7 @@ def read(conn: Connection) -> Runs:
 
 def _row(key: HolderKey, run: OnGpu | None = None) -> dict[str, object]:
     pid, ticks = _ids(key[2])
-    row: dict[str, object] = {"k_node": key[0], "k_gpu": key[1], "k_pid": pid, "k_ticks": ticks}
+    row: dict[str, object] = {"node": key[0], "gpu_index": key[1], "pid": pid, "start_ticks": ticks}
     if run is not None:
         row |= {"since": text_of(run.since), "last_at": text_of(run.last_at)}
     return row
@@ -65,16 +62,7 @@ def write(
     new = [_row(k, a) for k, a in after.items() if k not in before]
     if gone:
         conn.execute(delete(h).where(*_KEY), gone)
-    if moved:
-        q = h.update().where(*_KEY).values(since=bindparam("since"), last_at=bindparam("last_at"))
-        conn.execute(q, moved)
-    if new:
-        rows = [
-            {"node": x["k_node"], "gpu_index": x["k_gpu"], "pid": x["k_pid"]}
-            | {"start_ticks": x["k_ticks"], "since": x["since"], "last_at": x["last_at"]}
-            for x in new
-        ]
-        conn.execute(h.insert(), rows)
+    write_rows(conn, h, KEYS, moved, new)
 
 
 def fold(conn: Connection, looked: Looked, *, store: bool) -> Held:

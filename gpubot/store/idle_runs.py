@@ -8,28 +8,18 @@ own samples. A status reads the runs without writing.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Row, bindparam, delete, func, select
 
 from gpubot.core.usage.idle import GpuKey, GpuSample, held_idle
 from gpubot.core.usage.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since
-from gpubot.store.records import iso
+from gpubot.store.engine import write_rows
+from gpubot.store.records import text_of, unix_of
 from gpubot.store.tables import gpu_idle as r
 from gpubot.store.tables import gpu_samples as t
 
 Since = dict[tuple[str, int], float]  # (node, gpu) -> since when held idle
 REBUILD_ROWS = 100_000  # samples read a sweep at most to rebuild runs
-
-
-def text_of(unix: float) -> str:
-    """Return the store's UTC text of a unix time."""
-    return iso(datetime.fromtimestamp(unix, UTC))
-
-
-def unix_of(text: str) -> float:
-    """Return the unix time of the store's UTC text (``fromisoformat``: fast, the same value)."""
-    return datetime.fromisoformat(text).timestamp()
 
 
 def sample_of(row: Row[object]) -> GpuSample:
@@ -209,9 +199,9 @@ def sample_row(s: GpuSample) -> dict[str, object]:
 
 def _run_row(run: IdleRun) -> dict[str, object]:
     return {
-        "k_node": run.node,
-        "k_gpu": run.gpu,
-        "k_uuid": run.uuid,
+        "node": run.node,
+        "gpu_index": run.gpu,
+        "gpu_uuid": run.uuid,
         "last_at": text_of(run.last_at),
         "idle_since": None if run.idle_since is None else text_of(run.idle_since),
         "min_mib": run.rule.min_mib,
@@ -222,31 +212,10 @@ def _run_row(run: IdleRun) -> dict[str, object]:
 def _write_runs(
     conn: Connection, after: Mapping[GpuKey, IdleRun], before: Mapping[GpuKey, IdleRun]
 ) -> None:
-    """Update the runs that were there, insert the new ones (two batched statements)."""
+    """Update the runs that were there, insert the new ones."""
     old = [_run_row(a) for k, a in after.items() if k in before]
     new = [_run_row(a) for k, a in after.items() if k not in before]
-    if old:
-        q = (
-            r.update()
-            .where(
-                r.c.node == bindparam("k_node"),
-                r.c.gpu_index == bindparam("k_gpu"),
-                r.c.gpu_uuid == bindparam("k_uuid"),
-            )
-            .values(
-                last_at=bindparam("last_at"),
-                idle_since=bindparam("idle_since"),
-                min_mib=bindparam("min_mib"),
-                max_gap_ms=bindparam("max_gap_ms"),
-            )
-        )
-        conn.execute(q, old)
-    if new:
-        rows = [
-            {"node": x.pop("k_node"), "gpu_index": x.pop("k_gpu"), "gpu_uuid": x.pop("k_uuid"), **x}
-            for x in new
-        ]
-        conn.execute(r.insert(), rows)
+    write_rows(conn, r, ("node", "gpu_index", "gpu_uuid"), old, new)
 
 
 def forget(conn: Connection, keys: Collection[GpuKey]) -> None:

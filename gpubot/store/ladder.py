@@ -10,116 +10,105 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, delete, select
+from sqlalchemy import Connection, Row, delete, select
 
 from gpubot.core.usage.ladder import Rung, Step
 from gpubot.errors import StoreError, UsageError
 from gpubot.store.audit import append
-from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.idle_runs import text_of, unix_of
-from gpubot.store.records import parse_iso
+from gpubot.store.engine import Part, reads, writes
+from gpubot.store.records import parse_iso, text_of, unix_of
 from gpubot.store.tables import idle_ladder as t
-from gpubot.store.waits import in_thread
 
 
-class DbLadder:
+class DbLadder(Part):
     """The ladder's rows; every method is async and raises ``StoreError``."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    async def rungs(self) -> dict[str, Rung]:
+    @reads("cannot read the reclaim ladder")
+    def rungs(self, conn: Connection) -> dict[str, Rung]:
         """Return every idle holder's rung, by finding key text."""
-        return await in_thread(self._all)
+        return {r.finding: _rung(r) for r in conn.execute(select(t))}
 
     async def climb(
         self, rung: Rung, step: Step, now: float, detail: Mapping[str, Any]
     ) -> Rung | None:
         """Record and audit ``rung`` reaching ``step``; None when another replica took it first."""
-        return await in_thread(self._climb, rung, step, now, dict(detail))
+        return await self._climb(rung, step, now, dict(detail))
 
-    async def keep(self, finding: str, by: str, reason: str, now: float) -> Rung:
+    @writes("cannot record the Keep")
+    def keep(self, conn: Connection, finding: str, by: str, reason: str, now: float) -> Rung:
         """Stop a ladder: the owner keeps the GPU, for ``reason`` (audited)."""
-        return await in_thread(self._keep, finding, by, reason, now)
+        row = _row(conn, finding)
+        if row is None:
+            raise UsageError("this GPU is no longer on the reclaim ladder: nothing to keep")
+        conn.execute(
+            t.update()
+            .where(t.c.finding == finding)
+            .values(kept_by=by, kept_reason=reason, kept_at=text_of(now))
+        )
+        rung = _rung(row)
+        _audit(conn, rung, "kept", by, now, {"reason": reason})
+        return replace(rung, kept_by=by, kept_reason=reason, kept_at=now)
 
     async def note(self, finding: str, what: str, by: str, detail: Mapping[str, Any]) -> None:
         """Audit something done on a ladder (on-call's *Free it* asked), its row unchanged."""
-        await in_thread(self._note, finding, what, by, dict(detail))
+        await self._note(finding, what, by, dict(detail))
 
     async def leave(self, findings: Iterable[str], now: float, why: str) -> list[Rung]:
         """End the ladders of holders no longer idle (audited); return them."""
-        return await in_thread(self._leave, list(findings), now, why)
+        return await self._leave(list(findings), now, why)
 
-    # -- synchronous parts, run in a worker thread ------------------------------------------
-
-    def _all(self) -> dict[str, Rung]:
-        with guard("cannot read the reclaim ladder"), read_tx(self._engine) as conn:
-            return {r.finding: _rung(r) for r in conn.execute(select(t))}
-
-    def _climb(self, rung: Rung, step: Step, now: float, detail: dict[str, Any]) -> Rung | None:
-        with guard("cannot record the reclaim ladder's step"), write_tx(self._engine) as conn:
-            at = text_of(now)
-            if step is Step.DM:
-                if _row(conn, rung.finding) is not None:
-                    return None
-                conn.execute(
-                    t.insert().values(
-                        finding=rung.finding,
-                        node=rung.node,
-                        gpu_index=rung.gpu,
-                        owner=rung.owner,
-                        step=int(step),
-                        started_at=at,
-                        step_at=at,
-                    )
-                )
-            else:
-                done = conn.execute(
-                    t.update()
-                    .where(
-                        t.c.finding == rung.finding,
-                        t.c.step == int(step) - 1,
-                        t.c.kept_at.is_(None),
-                    )
-                    .values(step=int(step), step_at=at)
-                ).rowcount
-                if done != 1:
-                    return None
-            _audit(conn, rung, step.label, "gpubot", now, detail)
-            return replace(rung, step=step, step_at=now, started_at=_started(conn, rung.finding))
-
-    def _keep(self, finding: str, by: str, reason: str, now: float) -> Rung:
-        with guard("cannot record the Keep"), write_tx(self._engine) as conn:
-            row = _row(conn, finding)
-            if row is None:
-                raise UsageError("this GPU is no longer on the reclaim ladder: nothing to keep")
+    @writes("cannot record the reclaim ladder's step")
+    def _climb(
+        self, conn: Connection, rung: Rung, step: Step, now: float, detail: dict[str, Any]
+    ) -> Rung | None:
+        at = text_of(now)
+        if step is Step.DM:
+            if _row(conn, rung.finding) is not None:
+                return None
             conn.execute(
-                t.update()
-                .where(t.c.finding == finding)
-                .values(kept_by=by, kept_reason=reason, kept_at=text_of(now))
+                t.insert().values(
+                    finding=rung.finding,
+                    node=rung.node,
+                    gpu_index=rung.gpu,
+                    owner=rung.owner,
+                    step=int(step),
+                    started_at=at,
+                    step_at=at,
+                )
             )
-            rung = _rung(row)
-            _audit(conn, rung, "kept", by, now, {"reason": reason})
-            return replace(rung, kept_by=by, kept_reason=reason, kept_at=now)
+        else:
+            done = conn.execute(
+                t.update()
+                .where(
+                    t.c.finding == rung.finding, t.c.step == int(step) - 1, t.c.kept_at.is_(None)
+                )
+                .values(step=int(step), step_at=at)
+            ).rowcount
+            if done != 1:
+                return None
+        _audit(conn, rung, step.label, "gpubot", now, detail)
+        return replace(rung, step=step, step_at=now, started_at=_started(conn, rung.finding))
 
-    def _note(self, finding: str, what: str, by: str, detail: dict[str, Any]) -> None:
-        with guard("cannot audit the reclaim ladder"), write_tx(self._engine) as conn:
+    @writes("cannot audit the reclaim ladder")
+    def _note(
+        self, conn: Connection, finding: str, what: str, by: str, detail: dict[str, Any]
+    ) -> None:
+        row = _row(conn, finding)
+        if row is None:
+            raise StoreError("no reclaim ladder for this finding")
+        _audit(conn, _rung(row), what, by, None, detail)
+
+    @writes("cannot end the reclaim ladder")
+    def _leave(self, conn: Connection, findings: list[str], now: float, why: str) -> list[Rung]:
+        out: list[Rung] = []
+        for finding in dict.fromkeys(findings):
             row = _row(conn, finding)
             if row is None:
-                raise StoreError("no reclaim ladder for this finding")
-            _audit(conn, _rung(row), what, by, None, detail)
-
-    def _leave(self, findings: list[str], now: float, why: str) -> list[Rung]:
-        out: list[Rung] = []
-        with guard("cannot end the reclaim ladder"), write_tx(self._engine) as conn:
-            for finding in dict.fromkeys(findings):
-                row = _row(conn, finding)
-                if row is None:
-                    continue
-                conn.execute(delete(t).where(t.c.finding == finding))
-                rung = _rung(row)
-                _audit(conn, rung, "ended", "gpubot", now, {"why": why})
-                out.append(rung)
+                continue
+            conn.execute(delete(t).where(t.c.finding == finding))
+            rung = _rung(row)
+            _audit(conn, rung, "ended", "gpubot", now, {"why": why})
+            out.append(rung)
         return out
 
 

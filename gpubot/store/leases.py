@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, select
+from sqlalchemy import Connection, Engine, Update, and_, select
 
 from gpubot.core.lease import Fence, Lease, lost_message
 from gpubot.core.timefmt import iso as show
@@ -58,19 +58,8 @@ def check_fence(conn: Connection, fence: Fence, now: datetime) -> None:
 def renew(conn: Connection, fence: Fence, now: datetime) -> bool:
     """Extend the lease if ``fence``'s holder still holds it unexpired; return whether it did."""
     until = iso(now + timedelta(seconds=fence.ttl_s))
-    changed = conn.execute(
-        leases.update()
-        .where(
-            and_(
-                leases.c.resource == fence.resource,
-                leases.c.token == fence.token,
-                leases.c.holder == fence.holder,
-                leases.c.expires_at > iso(now),
-            )
-        )
-        .values(expires_at=until)
-    )
-    return changed.rowcount == 1
+    held = _held(fence).where(leases.c.expires_at > iso(now))
+    return conn.execute(held.values(expires_at=until)).rowcount == 1
 
 
 def take(conn: Connection, resource: str, holder: str, now: datetime, ttl_s: float) -> Lease:
@@ -128,18 +117,16 @@ def _audit_takeover(conn: Connection, lease: Lease, now: datetime) -> None:
 
 def release(conn: Connection, fence: Fence, now: datetime) -> bool:
     """Give the lease back if ``fence``'s holder still holds it; return whether it did."""
-    changed = conn.execute(
-        leases.update()
-        .where(
-            and_(
-                leases.c.resource == fence.resource,
-                leases.c.token == fence.token,
-                leases.c.holder == fence.holder,
-            )
-        )
-        .values(holder="", expires_at=iso(now))
+    return conn.execute(_held(fence).values(holder="", expires_at=iso(now))).rowcount == 1
+
+
+def _held(fence: Fence) -> Update:
+    """Return an update of the lease ``fence`` names, only while its holder holds it."""
+    return leases.update().where(
+        leases.c.resource == fence.resource,
+        leases.c.token == fence.token,
+        leases.c.holder == fence.holder,
     )
-    return changed.rowcount == 1
 
 
 class DbLeases:

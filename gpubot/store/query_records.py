@@ -27,25 +27,14 @@ def query_payload(
     changed: Mapping[str, Sequence[str]] | None,
 ) -> dict[str, Any]:
     """Return a query record's payload; with ``changed`` the nodes are counted, not named."""
+    out: dict[str, Any] = {"query": kind, "failed": dict(failed), "seconds": round(seconds, 3)}
     if changed is None:
-        return {
-            "query": kind,
-            "nodes": list(nodes),
-            "failed": dict(failed),
-            "seconds": round(seconds, 3),
-        }
+        return out | {"nodes": list(nodes)}
     unknown = set(changed) - set(CHANGES)
     if unknown:
         raise ValueError(f"unknown node changes {sorted(unknown)}: expected {CHANGES}")
-    out: dict[str, Any] = {
-        "query": kind,
-        "node_count": len(nodes),
-        "nodes_digest": nodes_digest(nodes),
-        "failed": dict(failed),
-        "seconds": round(seconds, 3),
-    }
-    out.update({k: sorted(changed[k]) for k in CHANGES if changed.get(k)})
-    return out
+    out |= {"node_count": len(nodes), "nodes_digest": nodes_digest(nodes)}
+    return out | {k: sorted(changed[k]) for k in CHANGES if changed.get(k)}
 
 
 def node_count(data: Mapping[str, Any]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +26,16 @@ def iso(moment: datetime) -> str:
 def parse_iso(text: str) -> datetime:
     """Parse the store's UTC text back into an aware datetime."""
     return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC)
+
+
+def text_of(unix: float) -> str:
+    """Return the store's UTC text of a unix time."""
+    return iso(datetime.fromtimestamp(unix, UTC))
+
+
+def unix_of(text: str) -> float:
+    """Return the unix time of the store's UTC text (``fromisoformat``: fast, the same value)."""
+    return datetime.fromisoformat(text).timestamp()
 
 
 @dataclass(frozen=True)
@@ -55,18 +65,7 @@ class AuditRecord:
 
     def as_dict(self) -> dict[str, Any]:
         """Return every stored field (for export)."""
-        return {
-            "seq": self.seq,
-            "action_id": self.action_id,
-            "kind": self.kind,
-            "created_at": self.created_at,
-            "actor": self.actor,
-            "source": self.source,
-            "node": self.node,
-            "payload": self.payload,
-            "prev_hash": self.prev_hash,
-            "hash": self.hash,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -91,18 +90,9 @@ class ActionSummary:
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "actor": self.actor,
-            "source": self.source,
-            "command": self.command,
-            "node": self.node,
-            "gpus": list(self.gpus),
-            "started_at": iso(self.started_at),
-            "status": self.status,
-            "finished_at": None if self.finished_at is None else iso(self.finished_at),
-        }
+        finished = None if self.finished_at is None else iso(self.finished_at)
+        shown = {"gpus": list(self.gpus), "started_at": iso(self.started_at)}
+        return asdict(self) | shown | {"finished_at": finished}
 
 
 @dataclass(frozen=True)

@@ -7,23 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from sqlalchemy import Engine, select, tuple_
+from sqlalchemy import Connection, select, tuple_
 
 from gpubot.core.usage.holder_runs import IdleNow, Looked
 from gpubot.core.usage.idle import GpuSample
 from gpubot.core.usage.idle_runs import RunRule
 from gpubot.store import holder_runs, idle_runs
-from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.idle_runs import sample_of, text_of
+from gpubot.store.engine import Part, guard, read_tx, reads, write_tx, writes
+from gpubot.store.idle_runs import sample_of
+from gpubot.store.records import text_of
 from gpubot.store.tables import gpu_samples as t
 from gpubot.store.waits import in_thread
 
 
-class DbSamples:
+class DbSamples(Part):
     """GPU samples in the database; every method is async and raises ``StoreError``."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
 
     async def advance_idle(
         self,
@@ -59,15 +57,17 @@ class DbSamples:
         """Return the samples taken at or after ``since`` (of ``gpus`` only), by GPU and time."""
         if gpus is not None and not gpus:
             return []
-        return await in_thread(self._since, since, None if gpus is None else list(gpus))
+        return await self._since(since, None if gpus is None else list(gpus))
 
-    async def prune_samples(self, before: float, *, limit: int | None = None) -> int:
+    @writes("cannot prune GPU samples")
+    def prune_samples(self, conn: Connection, before: float, *, limit: int | None = None) -> int:
         """Delete at most ``limit`` samples before ``before`` and the runs not seen since."""
-        return await in_thread(self._prune, before, limit)
+        holder_runs.prune(conn, before)
+        return idle_runs.prune(conn, before, limit)
 
     # -- synchronous parts, run in a worker thread ------------------------------------------
 
-    def _advance(
+    def _advance(  # run by name: benchmarks/first_sweep.py times the store thread in this call
         self, samples: list[GpuSample], rule: RunRule, keep_from: float, looked: Looked | None
     ) -> IdleNow:
         with guard("cannot record GPU samples"), write_tx(self._engine) as conn:
@@ -89,15 +89,12 @@ class DbSamples:
             conn.execute(t.insert(), rows)
             idle_runs.forget(conn, {s.key for s in samples})
 
-    def _since(self, since: float, gpus: list[tuple[str, int]] | None) -> list[GpuSample]:
+    @reads("cannot read GPU samples")
+    def _since(
+        self, conn: Connection, since: float, gpus: list[tuple[str, int]] | None
+    ) -> list[GpuSample]:
         query = select(t).where(t.c.taken_at >= text_of(since))
         if gpus is not None:
             query = query.where(tuple_(t.c.node, t.c.gpu_index).in_(sorted(set(gpus))))
         query = query.order_by(t.c.node, t.c.gpu_index, t.c.taken_at, t.c.id)
-        with guard("cannot read GPU samples"), read_tx(self._engine) as conn:
-            return [sample_of(row) for row in conn.execute(query)]
-
-    def _prune(self, before: float, limit: int | None) -> int:
-        with guard("cannot prune GPU samples"), write_tx(self._engine) as conn:
-            holder_runs.prune(conn, before)
-            return idle_runs.prune(conn, before, limit)
+        return [sample_of(row) for row in conn.execute(query)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import Connection, Engine, RowMapping, and_, bindparam, func, select
+from sqlalchemy import Connection, RowMapping, and_, bindparam, func, select
 
 from gpubot.core.usage.hours import (
     KINDS,
@@ -21,69 +21,59 @@ from gpubot.core.usage.hours import (
     from_future,
     tally,
 )
-from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.idle_runs import text_of, unix_of
+from gpubot.store.engine import Part, reads, write_rows, writes
+from gpubot.store.records import text_of, unix_of
 from gpubot.store.tables import gpu_usage as u
 from gpubot.store.tables import gpu_usage_last as last
 from gpubot.store.tables import usage_gaps as gaps
 from gpubot.store.tables import usage_sweeps as sweeps
-from gpubot.store.waits import in_thread
 
 COLUMNS = (*(f"{k}_ms" for k in KINDS), "samples")
 
 
-class DbUsage:
+class DbUsage(Part):
     """GPU-hours in the database; every method is async and raises ``StoreError``."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    async def add_sweep(self, sweep: UsageSweep) -> int:
+    @writes("cannot record GPU-hours")
+    def add_sweep(self, conn: Connection, sweep: UsageSweep) -> int:
         """Add one sweep's GPU-hours (one transaction); return the buckets written."""
-        return await in_thread(self._add, sweep)
+        prev_gpu = {(n, int(g)): unix_of(t) for n, g, t in conn.execute(select(last))}
+        prev_node: dict[str, float] = {}
+        for (node, _), at in prev_gpu.items():
+            prev_node[node] = max(at, prev_node.get(node, at))
+        sample = SweepSample(
+            sweep.at, sweep.states, prev_gpu, prev_node, sweep.claims, sweep.interval_s
+        )
+        out = tally(sample)
+        _write_buckets(conn, out.rows.values())
+        _write_last(conn, sweep, prev_gpu)
+        conn.execute(sweeps.insert(), [{"at": text_of(sweep.at)}])
+        if out.gaps:
+            rows = [
+                {"node": g.node, "start_at": text_of(g.start), "end_at": text_of(g.end or 0)}
+                for g in out.gaps
+            ]
+            conn.execute(gaps.insert(), rows)
+        return len(out.rows)
 
-    async def records(self, since: float, until: float, *, by: str = "") -> UsageRecords:
+    @reads("cannot read GPU-hours")
+    def records(
+        self, conn: Connection, since: float, until: float, *, by: str = ""
+    ) -> UsageRecords:
         """Return the buckets of the hours in [since, until), and what they rest on; ``by``
         "node" or "holder" has the database sum them, since a fleet's week is millions."""
-        return await in_thread(self._read, since, until, by)
-
-    # -- synchronous parts, run in a worker thread ------------------------------------------
-
-    def _add(self, sweep: UsageSweep) -> int:
-        with guard("cannot record GPU-hours"), write_tx(self._engine) as conn:
-            prev_gpu = {(n, int(g)): unix_of(t) for n, g, t in conn.execute(select(last))}
-            prev_node: dict[str, float] = {}
-            for (node, _), at in prev_gpu.items():
-                prev_node[node] = max(at, prev_node.get(node, at))
-            sample = SweepSample(
-                sweep.at, sweep.states, prev_gpu, prev_node, sweep.claims, sweep.interval_s
-            )
-            out = tally(sample)
-            _write_buckets(conn, out.rows.values())
-            _write_last(conn, sweep, prev_gpu)
-            conn.execute(sweeps.insert(), [{"at": text_of(sweep.at)}])
-            if out.gaps:
-                rows = [
-                    {"node": g.node, "start_at": text_of(g.start), "end_at": text_of(g.end or 0)}
-                    for g in out.gaps
-                ]
-                conn.execute(gaps.insert(), rows)
-            return len(out.rows)
-
-    def _read(self, since: float, until: float, by: str) -> UsageRecords:
         lo, hi = text_of(since), text_of(until)
-        with guard("cannot read GPU-hours"), read_tx(self._engine) as conn:
-            rows = _summed(conn, lo, hi, int(since), by)
-            count = select(func.count()).select_from(sweeps)
-            n = conn.execute(count.where(sweeps.c.at >= lo, sweeps.c.at < hi)).scalar() or 0
-            found = conn.execute(
-                select(gaps.c.node, gaps.c.start_at, gaps.c.end_at)
-                .where(and_(gaps.c.end_at > lo, gaps.c.start_at < hi))
-                .order_by(gaps.c.start_at, gaps.c.node)
-            )
-            between = tuple(Gap(n_, unix_of(s), unix_of(e)) for n_, s, e in found)
-            seen = select(last.c.node, func.max(last.c.last_at)).group_by(last.c.node)
-            last_seen = {node: unix_of(at) for node, at in conn.execute(seen)}
+        rows = _summed(conn, lo, hi, int(since), by)
+        count = select(func.count()).select_from(sweeps)
+        n = conn.execute(count.where(sweeps.c.at >= lo, sweeps.c.at < hi)).scalar() or 0
+        found = conn.execute(
+            select(gaps.c.node, gaps.c.start_at, gaps.c.end_at)
+            .where(and_(gaps.c.end_at > lo, gaps.c.start_at < hi))
+            .order_by(gaps.c.start_at, gaps.c.node)
+        )
+        between = tuple(Gap(n_, unix_of(s), unix_of(e)) for n_, s, e in found)
+        seen = select(last.c.node, func.max(last.c.last_at)).group_by(last.c.node)
+        last_seen = {node: unix_of(at) for node, at in conn.execute(seen)}
         return UsageRecords(rows, int(n), between, last_seen)
 
 
@@ -124,15 +114,15 @@ def _write_buckets(conn: Connection, rows: Iterable[Usage]) -> None:
     for h in hours:
         q = select(u.c.node, u.c.gpu_index, u.c.holder).where(u.c.hour == text_of(h))
         have |= {(h, n, int(g), user) for n, g, user in conn.execute(q)}
-    old = [_params(r) for r in todo if r.key in have]
-    new = [_row(r) for r in todo if r.key not in have]
+    old = [_values(r, "k_", "d_") for r in todo if r.key in have]
+    new = [_values(r) for r in todo if r.key not in have]
     if old:
         change = (
             u.update()
             .where(
                 u.c.hour == bindparam("k_hour"),
                 u.c.node == bindparam("k_node"),
-                u.c.gpu_index == bindparam("k_gpu"),
+                u.c.gpu_index == bindparam("k_gpu_index"),
                 u.c.holder == bindparam("k_holder"),
             )
             .values({c: u.c[c] + bindparam(f"d_{c}") for c in COLUMNS})
@@ -142,28 +132,15 @@ def _write_buckets(conn: Connection, rows: Iterable[Usage]) -> None:
         conn.execute(u.insert(), new)
 
 
-def _row(r: Usage) -> dict[str, object]:
+def _values(r: Usage, key: str = "", delta: str = "") -> dict[str, object]:
+    """Return a bucket's columns; an update's bound names the key and the figures apart."""
     out: dict[str, object] = {
-        "hour": text_of(r.hour),
-        "node": r.node,
-        "gpu_index": r.gpu,
-        "holder": r.user,
+        f"{key}hour": text_of(r.hour),
+        f"{key}node": r.node,
+        f"{key}gpu_index": r.gpu,
+        f"{key}holder": r.user,
     }
-    out |= {f"{k}_ms": getattr(r, k) for k in KINDS}
-    out["samples"] = r.samples
-    return out
-
-
-def _params(r: Usage) -> dict[str, object]:
-    out: dict[str, object] = {
-        "k_hour": text_of(r.hour),
-        "k_node": r.node,
-        "k_gpu": r.gpu,
-        "k_holder": r.user,
-    }
-    out |= {f"d_{k}_ms": getattr(r, k) for k in KINDS}
-    out["d_samples"] = r.samples
-    return out
+    return out | {f"{delta}{k}_ms": getattr(r, k) for k in KINDS} | {f"{delta}samples": r.samples}
 
 
 def _write_last(conn: Connection, sweep: UsageSweep, prev: dict[tuple[str, int], float]) -> None:
@@ -172,16 +149,9 @@ def _write_last(conn: Connection, sweep: UsageSweep, prev: dict[tuple[str, int],
     old, new = [], []
     for st in sweep.states:
         key = (st.node, st.gpu)
+        row = {"node": st.node, "gpu_index": st.gpu, "last_at": text_of(sweep.at)}
         if key not in prev:
-            new.append({"node": st.node, "gpu_index": st.gpu, "last_at": text_of(sweep.at)})
+            new.append(row)
         elif sweep.at > prev[key] or from_future(prev[key], sweep.at, sweep.interval_s):
-            old.append({"k_node": st.node, "k_gpu": st.gpu, "last_at": text_of(sweep.at)})
-    if old:
-        q = (
-            last.update()
-            .where(last.c.node == bindparam("k_node"), last.c.gpu_index == bindparam("k_gpu"))
-            .values(last_at=bindparam("last_at"))
-        )
-        conn.execute(q, old)
-    if new:
-        conn.execute(last.insert(), new)
+            old.append(row)
+    write_rows(conn, last, ("node", "gpu_index"), old, new)

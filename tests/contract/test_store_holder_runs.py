@@ -20,7 +20,7 @@ from gpubot.core.usage.holder_runs import HolderKey, Looked, OnGpu, look, on_gpu
 from gpubot.core.usage.idle import samples_of
 from gpubot.core.usage.idle_runs import RunRule
 from gpubot.store import Store, holder_runs, open_store
-from gpubot.store.idle_runs import text_of
+from gpubot.store.records import text_of
 
 T0 = 1_900_000_000.0
 INTERVAL = 900.0
