@@ -4,15 +4,16 @@ record missing at a page boundary is found, and a missing chain head is said, ne
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from gpubot.errors import StoreError
-from gpubot.store import Store
+from gpubot.store import Store, open_store
 from gpubot.store.audit import PAGE, append
 from gpubot.store.engine import write_tx
-from tests.fixtures.db import tamper
+from tests.fixtures.db import tamper, temp_copy, temp_database
 
 N = PAGE + 3  # two pages: a full one and a short one
 
@@ -36,10 +37,32 @@ def _append_many(store: Store, n: int) -> None:
                 )
 
 
+@pytest.fixture(scope="module")
+def long_log_url(db_kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A database of each kind holding a log of ``N`` records, built once for the module."""
+    with temp_database(db_kind, tmp_path_factory.mktemp("log")) as url:
+        store = open_store(url)
+        try:
+            _append_many(store, N)
+        finally:
+            store.close()
+        yield url
+
+
 @pytest.fixture
-async def long_log(store: Store) -> Store:
-    await asyncio.to_thread(_append_many, store, N)
-    return store
+def log_url(db_kind: str, long_log_url: str, tmp_path: Path) -> Iterator[str]:
+    """The test's own copy of that database: what it tampers with is its own."""
+    with temp_copy(db_kind, long_log_url, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def long_log(log_url: str) -> Iterator[Store]:
+    store = open_store(log_url)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 async def test_a_log_of_several_pages_verifies_whole(long_log: Store) -> None:
@@ -57,18 +80,18 @@ async def test_a_log_of_several_pages_verifies_whole(long_log: Store) -> None:
     ],
 )
 async def test_a_record_removed_at_a_page_boundary_is_found(
-    long_log: Store, fresh_db_url: str, seq: int, words: str
+    long_log: Store, log_url: str, seq: int, words: str
 ) -> None:
-    tamper(fresh_db_url, f"DELETE FROM audit_log WHERE seq = {seq}")
+    tamper(log_url, f"DELETE FROM audit_log WHERE seq = {seq}")
     result = await long_log.verify()
     assert not result.ok and result.first_bad_seq == seq, result.reason
     assert f"record {seq} was {words}" in result.reason
     assert result.checked == seq - 1
 
 
-async def test_a_record_edited_on_a_later_page_is_found(long_log: Store, fresh_db_url: str) -> None:
+async def test_a_record_edited_on_a_later_page_is_found(long_log: Store, log_url: str) -> None:
     seq = PAGE + 2
-    tamper(fresh_db_url, f"UPDATE audit_log SET actor = 'U0MALLORY' WHERE seq = {seq}")
+    tamper(log_url, f"UPDATE audit_log SET actor = 'U0MALLORY' WHERE seq = {seq}")
     result = await long_log.verify()
     assert (result.ok, result.first_bad_seq) == (False, seq)
     assert f"record {seq} was edited" in result.reason
