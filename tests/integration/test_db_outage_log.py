@@ -65,7 +65,12 @@ async def _outage(bot: Bot, monkeypatch: pytest.MonkeyPatch) -> int:
 # How the server going away reads depends on the moment it is met: "Connection refused",
 # "server closed the connection unexpectedly", "the database system is shutting down" ...; each
 # names a connection, and the line must carry the driver's words for it.
-DOWN = re.compile(r"connection (refused|failed|to server)|closed the connection", re.IGNORECASE)
+# What PostgreSQL and libpq say while a server stops, is down, or starts again.
+DOWN = re.compile(
+    r"connection (refused|failed|to server)|closed the connection|terminating connection"
+    r"|(shutting|starting) (down|up)|could not receive data",
+    re.IGNORECASE,
+)
 
 
 def _app_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
