@@ -30,7 +30,7 @@ def test_a_process_fails_the_test(tier_guard: TierGuard) -> None:
     with tier_guard.expect("process"):
         subprocess.run(["true"], check=True)
     with tier_guard.expect("process"):
-        os.system("true")
+        os.system("true")  # refused by the guard before any shell runs: that is the test
     with tier_guard.expect("process"):
         os.fork()
 
@@ -39,7 +39,7 @@ async def test_an_asyncio_process_fails_the_test(tier_guard: TierGuard) -> None:
     with tier_guard.expect("process"):
         await asyncio.create_subprocess_exec("true")
     with tier_guard.expect("process"):
-        await asyncio.create_subprocess_shell("true")
+        await asyncio.create_subprocess_shell("true")  # refused before a shell runs
 
 
 def test_a_socket_fails_the_test(tier_guard: TierGuard) -> None:
