@@ -6,6 +6,13 @@
 ``tests/integration/test_packaging_deploy.py`` fails when the checked-in JSON is not what this
 prints, or when a query names a series gpubot does not export. Import the JSON in Grafana
 (Dashboards → New → Import) and pick the Prometheus data source that scrapes gpubot.
+
+The "Holders and power" table joins gpubot's holders with dcgm-exporter's power by GPU UUID.
+dcgm-exporter names it ``UUID``, gpubot ``uuid``: the join renames it in the query
+(``label_replace``), so it needs nothing of the site's Prometheus; a Prometheus that renames it
+at scrape time (``deploy/prometheus-dcgm-relabel.yml``) may drop the ``label_replace``.
+``tests/integration/test_prometheus_join.py`` runs the table's queries against a real
+Prometheus scraping gpubot and recorded dcgm-exporter output.
 """
 
 from __future__ import annotations
@@ -35,6 +42,51 @@ def ts(
         unit=unit,
         gridPos=g.GridPos(h=H, w=W, x=pos[0], y=pos[1]),
         **kw,
+    )
+
+
+def power_by_uuid(series: str = "DCGM_FI_DEV_POWER_USAGE") -> str:
+    """dcgm-exporter's ``series`` with its ``UUID`` label copied to gpubot's ``uuid``, one per
+    GPU (MIG instances and a second scrape job repeat a GPU's series)."""
+    return f'max by (uuid) (label_replace({series}, "uuid", "$1", "UUID", "(.+)"))'
+
+
+def holders_and_power(pos: tuple[int, int]) -> g.Table:
+    """One row per holder of a GPU: gpubot's user, workload and memory, beside the power
+    dcgm-exporter reads for that GPU (joined on ``uuid``; empty where it reads none)."""
+    by = "node, gpu, uuid, user, workload"
+    held = f"gpubot_gpu_holder_memory_bytes{{{NODE}}}"
+    power = f"max by ({by}) (0 * {held} + on (uuid) group_left () {power_by_uuid()})"
+    # Grafana's organize orders by the frame's own names, then renames.
+    columns = ["node", "gpu", "user", "workload", "Value #A", "Value #B", "uuid"]
+
+    def unit(column: str, unit: str) -> dict[str, object]:
+        return {
+            "matcher": {"id": "byName", "options": column},
+            "properties": [{"id": "unit", "value": unit}],
+        }
+
+    return g.Table(
+        title="Holders and power (gpubot's holders, dcgm-exporter's power, by GPU UUID)",
+        dataSource=DS,
+        targets=[
+            g.Target(expr=f"sum by ({by}) ({held})", format="table", instant=True, refId="A"),
+            g.Target(expr=power, format="table", instant=True, refId="B"),
+        ],
+        transformations=[
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True},
+                    "indexByName": {c: i for i, c in enumerate(columns)},
+                    "renameByName": {"Value #A": "memory", "Value #B": "power"},
+                },
+            },
+        ],
+        overrides=[unit("memory", g.BYTES_FORMAT), unit("power", g.WATT_FORMAT)],
+        sortBy=[g.TableSortByField(displayName="memory", desc=True)],
+        gridPos=g.GridPos(h=H, w=W, x=pos[0], y=pos[1]),
     )
 
 
@@ -103,6 +155,7 @@ def panels() -> list[g.Panel]:
             g.SECONDS_FORMAT,
             (0, 3 * H),
         ),
+        holders_and_power((W, 3 * H)),
     ]
 
 
@@ -111,7 +164,8 @@ def dashboard() -> g.Dashboard:
         title="gpubot",
         uid="gpubot",
         description="GPU memory and utilisation from gpubot's sweeps, findings, resets, "
-        "sweep durations, node failures and the bot's event loop",
+        "sweep durations, node failures, the bot's event loop, and each GPU's holders beside "
+        "dcgm-exporter's power",
         tags=["gpubot", "gpu"],
         timezone="utc",
         refresh="1m",

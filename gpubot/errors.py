@@ -14,6 +14,9 @@
     │   ├── SmiMissing                     nvidia-smi not installed (exit 127)
     │   ├── SmiFailed                      nvidia-smi error exit (e.g. driver gone, exit 9)
     │   └── ParseError(ValueError)         output that cannot be parsed; carries the raw line
+    ├── SlurmRefused                       Slurm refused a command (its own words)
+    ├── SlurmRestFailed                    slurmrestd gave no usable answer (refused, 401, 5xx ...)
+    ├── PrometheusFailed                   the site's Prometheus gave no usable answer
     ├── ResetRefused                       the reset cannot start (lock held, empty plan, ...)
     │   └── LockHeld                       a database lock (sweep, node reset) is held elsewhere
     ├── NotPermitted(PermissionError)      the person may not act on this node
@@ -43,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 
 class GpubotError(Exception):
@@ -122,6 +125,20 @@ class LockHeld(ResetRefused):
         self.holder = holder
 
 
+class SlurmRefused(GpubotError):
+    """Slurm refused a command (a drain, a resume, a read of a node): its own words."""
+
+
+class SlurmRestFailed(GpubotError):
+    """slurmrestd gave no usable answer: refused, timed out, an HTTP error, not JSON. Readers
+    fall back to the node's SSH; the message is one line."""
+
+
+class PrometheusFailed(GpubotError):
+    """The site's Prometheus gave no usable answer: refused, timed out, an HTTP or PromQL
+    error, not JSON. The summary falls back to the nodes' SSH; the message is one line."""
+
+
 class StoreError(GpubotError):
     """The audit store failed; callers fail closed."""
 
@@ -160,7 +177,7 @@ class ApprovalError(GpubotError):
 
 
 class SelfApproval(ApprovalError, PermissionError):
-    """The requester tried to approve their own forced kill."""
+    """The requester tried to approve their own request (a forced kill, a node change)."""
 
 
 class NotAnApprover(ApprovalError, PermissionError):
@@ -204,3 +221,11 @@ class IdentityRefused(NotPermitted):
 class StdoutClosed(BaseException):
     """The reader of stdout went away; not an ``Exception``, so no chat flow turns it into a
     message and it reaches the CLI's ``main``, which ends quietly with 141."""
+
+
+V = TypeVar("V")
+
+
+def nearest(kind: type[BaseException], table: Mapping[type[BaseException], V]) -> V | None:
+    """Return ``table``'s entry for the nearest class in ``kind``'s MRO, if any."""
+    return next((table[k] for k in kind.__mro__ if k in table), None)

@@ -72,18 +72,16 @@ class SweepHeap:
     after.
 
     A full pass walks every tracked object with the interpreter lock held, so the event loop
-    (and a Slack ack) waits throughout, and a large sweep's long-lived objects (snapshots,
-    samples) set off such passes while it runs. So while a sweep runs the third threshold is
-    lifted (young passes still run: they walk only what is new); after it the young generations
-    are collected and what survived is frozen, so that later passes never walk it. Frozen
-    objects are still freed by their reference counts, which is how a sweep's snapshots go when
-    the next sweep replaces them; only garbage cycles that reached the old generation before a
-    freeze would stay. A valve bounds them: when the heap's blocks in use grow past ``slack``
-    times what the first sweep left plus ``floor``, one full pass runs (unfreeze, collect,
-    freeze) and is logged. Process-wide, so only a serving gpubot has it; overlapping sweeps
-    share one lift. The valve counts blocks in use (a sum over the allocator's pools), never
-    frozen objects: ``gc.get_freeze_count`` walks them all, the loop's longest step after a
-    sweep (``benchmarks/README.md``).
+    (and a Slack ack) waits throughout, and a large sweep's long-lived objects set off such
+    passes. So while a sweep runs the third threshold is lifted (young passes, which walk only
+    what is new, still run); after it the young generations are collected and what survived is
+    frozen. Frozen objects are still freed by their reference counts (how a sweep's snapshots go
+    when the next replaces them); only garbage cycles frozen in the old generation would stay.
+    A valve bounds them: when the blocks in use grow past ``slack`` times what the first sweep
+    left plus ``floor``, one full pass runs (unfreeze, collect, freeze) and is logged. It counts
+    blocks (a sum over the allocator's pools), never frozen objects: ``gc.get_freeze_count``
+    walks them all (``benchmarks/README.md``). Process-wide, so only a serving gpubot has it;
+    overlapping sweeps share one lift.
     """
 
     def __init__(self, *, slack: float = 2.0, floor: int = 200_000) -> None:

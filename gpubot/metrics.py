@@ -2,8 +2,11 @@
 
 GPU series come from one snapshot swapped in whole, so a scrape never sees half a sweep. A node
 that did not answer, or a health field not read, has no series: a stale number or a 0 would
-look healthy. ``watch_loop`` records how late each of its wake-ups came: work that holds the
-loop that long delays every Slack acknowledgement queued behind it (Slack waits 3 s).
+look healthy. ``gpubot_gpu_holder_memory_bytes`` has one series per holder (user and workload)
+of a GPU at the last sweep: a holder gone is a series gone, so its cardinality follows holders,
+not GPUs x jobs over time. ``watch_loop`` records how late each of its wake-ups came: work
+that holds the loop that long delays every Slack acknowledgement queued behind it (Slack
+waits 3 s).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -19,9 +22,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from gpubot.core.flags import owner_label
 from gpubot.core.health.kinds import KINDS
 from gpubot.core.health.state import REASON_WORDS
-from gpubot.core.models import NodeSnapshot
+from gpubot.core.models import GpuProcess, NodeSnapshot
+from gpubot.core.text import cut, one_line
+from gpubot.core.workload import named, short_name
 from gpubot.errors import ConfigError
 from gpubot.metrics_claims import ClaimGauge
 
@@ -30,6 +36,22 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 SWEEP_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 STALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+GPU_GAUGES: tuple[tuple[str, str, str, Callable[[int], float]], ...] = (
+    (
+        "gpubot_gpu_memory_used_bytes",
+        "GPU memory in use at the last sweep",
+        "memory_used_mib",
+        lambda mib: mib * MIB,
+    ),
+    ("gpubot_gpu_memory_total_bytes", "GPU memory size", "memory_total_mib", lambda mib: mib * MIB),
+    (
+        "gpubot_gpu_utilization_ratio",
+        "GPU utilisation at the last sweep (0-1)",
+        "utilization_pct",
+        lambda pct: pct / 100.0,
+    ),
+)
+HOLDER_LABEL_MAX = 64  # characters of a holder's user or workload label: a value stays bounded
 LOOP_TICK_S = 0.02  # how often watch_loop wakes: a stall shorter than this is not seen
 
 
@@ -45,31 +67,15 @@ class _LastSweep(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snaps, findings = self.state
-        used = GaugeMetricFamily(
-            "gpubot_gpu_memory_used_bytes",
-            "GPU memory in use at the last sweep",
-            labels=["node", "gpu", "uuid"],
-        )
-        total = GaugeMetricFamily(
-            "gpubot_gpu_memory_total_bytes", "GPU memory size", labels=["node", "gpu", "uuid"]
-        )
-        util = GaugeMetricFamily(
-            "gpubot_gpu_utilization_ratio",
-            "GPU utilisation at the last sweep (0-1)",
-            labels=["node", "gpu", "uuid"],
-        )
-        for s in snaps:
-            for g in s.gpus:
-                labels = [s.node, str(g.index), g.uuid]
-                if g.memory_used_mib is not None:
-                    used.add_metric(labels, g.memory_used_mib * MIB)
-                if g.memory_total_mib is not None:
-                    total.add_metric(labels, g.memory_total_mib * MIB)
-                if g.utilization_pct is not None:
-                    util.add_metric(labels, g.utilization_pct / 100.0)
-        yield used
-        yield total
-        yield util
+        for name, help_, field, scale in GPU_GAUGES:
+            fam = GaugeMetricFamily(name, help_, labels=["node", "gpu", "uuid"])
+            for s in snaps:
+                for g in s.gpus:
+                    value = getattr(g, field)
+                    if value is not None:  # not read: no series, never a healthy-looking 0
+                        fam.add_metric([s.node, str(g.index), g.uuid], scale(value))
+            yield fam
+        yield holder_family(snaps)
         yield from health_families(snaps)
         fam = GaugeMetricFamily(
             "gpubot_findings_open", "Confirmed open sweep findings", labels=["kind"]
@@ -77,6 +83,36 @@ class _LastSweep(Collector):
         for kind, n in sorted(findings.items()):
             fam.add_metric([kind], n)
         yield fam
+
+
+def holder_labels(p: GpuProcess) -> tuple[str, str]:
+    """Return the ``user`` and ``workload`` labels of a holder: whose job it is (its workload's
+    owner, else its user), and its workload's short form (``docker:train``, ``slurm:8812.0``),
+    else its process name; printable (``\\xNN``) and cut, as tables show them."""
+    w = p.workload
+    work = short_name(w) if w is not None and named(w) else p.process_name or "?"
+    return cut(one_line(owner_label(p)), HOLDER_LABEL_MAX), cut(one_line(work), HOLDER_LABEL_MAX)
+
+
+def holder_family(snaps: Sequence[NodeSnapshot]) -> Metric:
+    """The memory each holder of a GPU uses, one series per (GPU, user, workload): processes of
+    one holder are summed; a process whose memory nvidia-smi did not say adds nothing, and a
+    holder with none said has no series (never a 0 that reads as "holds nothing")."""
+    fam = GaugeMetricFamily(
+        "gpubot_gpu_holder_memory_bytes",
+        "GPU memory each holder (user, workload) uses, at the last sweep",
+        labels=["node", "gpu", "uuid", "user", "workload"],
+    )
+    for s in snaps:
+        for g in s.gpus:
+            held: dict[tuple[str, str], int] = {}
+            for p in s.on_gpu(g.index):
+                if p.used_memory_mib is not None:
+                    key = holder_labels(p)
+                    held[key] = held.get(key, 0) + p.used_memory_mib
+            for (user, work), mib in sorted(held.items()):
+                fam.add_metric([s.node, str(g.index), g.uuid, user, work], mib * MIB)
+    return fam
 
 
 def health_families(snaps: Sequence[NodeSnapshot]) -> Iterator[Metric]:
@@ -159,7 +195,6 @@ class Metrics:
         seconds: float,
         open_findings: Mapping[str, int],
     ) -> None:
-        """Record one sweep: its snapshots, failing nodes, duration and open findings."""
         counts = {k.value: 0 for k in KINDS}
         counts.update(open_findings)
         self._last.state = (tuple(snapshots), counts)
@@ -172,7 +207,6 @@ class Metrics:
         self.xids.labels(node=node, gpu=gpu, xid=xid).inc()
 
     def observe_claims(self, claims: Iterable[tuple[str, int, str]]) -> None:
-        """Record the GPUs claimed now: (node, gpu, user) each."""
         self.claimed.set(claims)
 
     def count_reset(self, outcome: str, n: int = 1) -> None:
@@ -180,7 +214,6 @@ class Metrics:
         self.resets.labels(outcome=outcome).inc(n)
 
     def observe_stall(self, seconds: float) -> None:
-        """Record that the event loop answered ``seconds`` late."""
         self.loop_stalls.observe(seconds)
         if seconds > self.max_stall_s:
             self.max_stall_s = seconds
@@ -195,7 +228,6 @@ class Metrics:
             self.observe_stall(max(0.0, loop.time() - start - every_s))
 
     def text(self) -> str:
-        """Return the exposition text (what a scrape gets)."""
         return generate_latest(self.registry).decode()
 
     # -- HTTP --------------------------------------------------------------------------------
@@ -215,7 +247,6 @@ class Metrics:
         return int(server.server_port)
 
     def close(self) -> None:
-        """Stop serving."""
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()

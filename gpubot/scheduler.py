@@ -10,8 +10,7 @@ it. Before each run the clock's ``Steps`` looks for a step of the wall clock (lo
 whichever duty sees it first; ``core.clock``).
 
 A run never overlaps the previous one: runs due while one is still going are folded into the
-next interval (the old ``max_instances=1`` with ``coalesce``). The job's own failures are
-logged, never fatal to the bot.
+next interval. The job's own failures are logged, never fatal to the bot.
 
 A stop waits for the run under way, not for the schedule: the loop would sleep a whole
 interval after the run before it looked again, and every stop would then last its full
@@ -63,11 +62,9 @@ class IntervalScheduler:
 
     @property
     def running(self) -> bool:
-        """Whether the schedule is started."""
         return self._task is not None
 
     def start(self) -> None:
-        """Start the schedule on the running event loop."""
         if self._task is not None:
             return
         loop = asyncio.get_running_loop()
@@ -131,6 +128,3 @@ class IntervalScheduler:
         run.cancel()
         with suppress(asyncio.CancelledError):
             await run
-
-
-SweepScheduler = IntervalScheduler  # the sweep's schedule (its default name)

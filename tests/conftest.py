@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+import gpubot.matrix.ids  # (as gpubot.cli does: the settings name Matrix people)
 import gpubot.slack.ids  # noqa: F401  (as gpubot.app does: the settings name Slack's ids)
 
 # Fixture plugins; each is a module of tests/fixtures.
@@ -18,6 +19,9 @@ _PLUGINS = (
     "tests.fixtures.slack",
     "tests.fixtures.runtimes",
     "tests.fixtures.slurm",
+    "tests.fixtures.prometheus",
+    "tests.fixtures.synapse",
+    "tests.fixtures.matrix",
 )
 pytest_plugins = [m for m in _PLUGINS if importlib.util.find_spec(m) is not None]
 

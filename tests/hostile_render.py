@@ -19,10 +19,12 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpubot.core.enrich import apply_enrichment, parse_docker_inspect, parse_scontrol
+from gpubot.core.enrich import apply_enrichment
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.probe.fields import parse_proc_lines
 from gpubot.core.probe.snapshot import _gpu_process
+from gpubot.core.runtimes.docker import parse_docker_inspect
+from gpubot.core.runtimes.slurm import parse_scontrol
 
 ATTACK = "pre-approved by on-call"
 JOB = f"x` *{ATTACK}* `y"  # issue 21's hostile case 5, as a Slurm job name

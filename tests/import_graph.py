@@ -27,18 +27,20 @@ RANKS: dict[str, int] = {
     "config": 2,
     "store": 3,
     "transport": 3,
+    "sources": 3,
     "scheduler": 3,
     "metrics": 3,
     "services": 4,
     "chat": 5,
     "slack": 6,
     "console": 6,
+    "matrix": 6,
     "app": 7,
     "cli": 8,
     "__main__": 9,
     "__init__": 0,
 }
-FRONT_ENDS = ("slack", "console")
+FRONT_ENDS = ("slack", "console", "matrix")
 # Modules that belong to another unit's layer: the composition root's helpers.
 UNITS = {
     "lifecycle": "app",

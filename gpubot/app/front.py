@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 class Publisher(Protocol):
     """Publishes the audit log's head outside the database."""
 
-    async def publish(self) -> object:
-        """Publish the head now."""
+    async def publish(self) -> object: ...
 
 
 class FrontEnd(Protocol):

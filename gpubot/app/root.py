@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from gpubot.app.front import FrontEnd, Publisher
+from gpubot.app.sources import prom_source, restd_reader, slurm_rest
 from gpubot.app.stores import OpeningStore, local_locks, locks_for, store_or_warn
 from gpubot.config import Settings, config_path, load
 from gpubot.core.clock import SYSTEM_CLOCK
-from gpubot.core.ports import Clock, Locks, Transport
+from gpubot.core.ports import Clock, Locks, SlurmRest, Transport
 from gpubot.lifecycle import Running, Serving, SweepHeap, serve_metrics, settle_heap
-from gpubot.services.status import StatusService
+from gpubot.services.status import Sources, StatusService
 
 # Imported where used: ``gpubot status`` needs the status service and the transport, not the
 # chat flows, the reset, sweep and approval services or SQLAlchemy before its probe is out.
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from gpubot.metrics import Metrics
     from gpubot.scheduler import IntervalScheduler
     from gpubot.services.approvals import ApprovalService
+    from gpubot.services.diag import DiagService
     from gpubot.services.doctor import DoctorParts, DoctorService
     from gpubot.services.reset import ResetService
     from gpubot.services.seals import SealService
@@ -60,6 +62,7 @@ class App:
     schedulers: tuple[IntervalScheduler, ...] = ()  # every periodic duty
     opening: OpeningStore | None = None  # the cold path: the store, while it opens
     environ: Mapping[str, str] = field(default_factory=dict)
+    restd: SlurmRest | None = None  # the cluster's slurmrestd, where the settings name one
     _opened: asyncio.Future[Store | None] | None = None
 
     def _parts(self) -> Parts:
@@ -67,50 +70,53 @@ class App:
             raise RuntimeError("built for the cold status path: no reset, sweep or chat")
         return self.parts
 
+    # The parts, for the entry points and the tests (see ``Parts``).
     @property
     def reset(self) -> ResetService:
-        """The reset engine."""
         return self._parts().reset
 
     @property
     def sweep(self) -> SweepService:
-        """The sweep."""
         return self._parts().sweep
 
     @property
     def chat(self) -> Services:
-        """What the chat flows call."""
         return self._parts().chat
 
     @property
     def approvals(self) -> ApprovalService | None:
-        """The approvals service (None without a store)."""
         return self._parts().approvals
 
     @property
     def seals(self) -> SealService | None:
-        """The audit log's seals (with a store and its key)."""
         return None if self.parts is None else self.parts.seals
 
     @property
     def heads(self) -> Publisher | None:
-        """The audit head's publication (serving, with a front end that posts it)."""
         return None if self.parts is None else self.parts.heads
 
     @property
     def flows(self) -> Flows:
-        """The front end's flows."""
         flows = self._parts().flows
         if flows is None:
             raise RuntimeError("built without a front end: no flows")
         return flows
+
+    def diag(self) -> DiagService:
+        """Return DCGM's diagnostic service over this app's transport, audit store and locks
+        (the CLI's ``gpubot diag``; chat's runs through ``RequestService``)."""
+        from gpubot.services.diag import DiagService
+
+        if self.store is None:
+            raise RuntimeError("built without an audit store: a diagnostic is always audited")
+        return DiagService(self.settings, self.transport, self.store, self.status, self.locks)
 
     def scheduler(self, name: str) -> IntervalScheduler | None:
         """Return the duty ``name`` (sweep, audit-head, audit-seal, approval-expiry, claims)."""
         return next((s for s in self.schedulers if s.name == name), None)
 
     def start(self) -> None:
-        """Start every duty on the running loop (``running`` does, after the report)."""
+        """Start every duty on the running loop."""
         for s in self.schedulers:
             s.start()
 
@@ -131,7 +137,7 @@ class App:
             if self.serving is not None and self.serving.settle_heap:
                 settle_heap()
             self.start()
-            # How long anything holds the loop, from here on (the stall gauge).
+            # The stall gauge: how long anything holds the loop, from here on.
             watch = None if self.metrics is None else asyncio.create_task(self.metrics.watch_loop())
             try:
                 yield Running(port)
@@ -152,8 +158,7 @@ class App:
         task = asyncio.ensure_future(body(self))
         try:
             # The probe first: let its tasks reach the network before SQLAlchemy's import (in
-            # the thread) competes with them for the interpreter; it then runs while the nodes
-            # work.
+            # the thread) competes with them for the interpreter.
             for _ in range(_HEAD_START_TURNS):
                 await asyncio.sleep(0)
             loop = asyncio.get_running_loop()
@@ -178,6 +183,8 @@ class App:
             self.metrics.close()
         await self.status.abandon()  # no round of probes left to meet its connections closing
         await self.transport.close()
+        if self.restd is not None:
+            await self.restd.close()
         if self.front is not None:
             await self.front.close()
         close_locks = getattr(self.locks, "close", None)
@@ -193,7 +200,7 @@ class App:
 
 
 def settings_from(cli_config: str | None, environ: Mapping[str, str]) -> Settings:
-    """Load the settings file chosen by ``--config`` / ``$GPUBOT_CONFIG`` / ``./gpubot.toml``."""
+    """Load ``--config``, else ``$GPUBOT_CONFIG``, else ``./gpubot.toml``."""
     return load(config_path(cli_config, environ))
 
 
@@ -204,6 +211,30 @@ def doctor_service(settings: Settings, parts: DoctorParts) -> DoctorService:
     from gpubot.transport import make_transport
 
     return DoctorService(settings, make_transport(settings.ssh), parts)
+
+
+def _cold(settings: Settings, environ: Mapping[str, str], restd: SlurmRest | None) -> App:
+    """The cold ``gpubot status``'s app: the status service and the transport only."""
+    from gpubot.transport import make_transport
+
+    opening = OpeningStore()
+    transport = make_transport(settings.ssh, len(settings.nodes))
+    status = StatusService(
+        settings,
+        transport,
+        opening,
+        sources=Sources(restd_reader(restd), prom_source(settings, environ)),
+    )
+    return App(
+        settings,
+        transport,
+        None,
+        local_locks(),
+        status,
+        opening=opening,
+        environ=environ,
+        restd=restd,
+    )
 
 
 def build(
@@ -220,13 +251,9 @@ def build(
     is behind (``DatabaseBehind``). ``clock``: what the duties run on."""
     from gpubot.transport import make_transport
 
+    restd = slurm_rest(settings, environ)
     if cold:
-        opening = OpeningStore()
-        transport = make_transport(settings.ssh, len(settings.nodes))
-        status = StatusService(settings, transport, opening)
-        return App(
-            settings, transport, None, local_locks(), status, opening=opening, environ=environ
-        )
+        return _cold(settings, environ, restd)
     from gpubot.app.duties import duties
     from gpubot.app.services import Base, build_parts
 
@@ -239,7 +266,15 @@ def build(
         metrics = Metrics()
         heap = SweepHeap() if serving.settle_heap else None
     base = Base(
-        settings, transport, store, locks_for(settings, store), metrics, heap, serving is not None
+        settings,
+        transport,
+        store,
+        locks_for(settings, store),
+        metrics,
+        heap,
+        serving is not None,
+        restd_reader(restd),
+        prom_source(settings, environ),
     )
     parts = build_parts(base, front)
     return App(
@@ -254,4 +289,5 @@ def build(
         metrics,
         duties(parts, settings, serving, front, clock),
         environ=environ,
+        restd=restd,
     )

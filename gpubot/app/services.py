@@ -13,7 +13,8 @@ from gpubot.chat.approval_words import ApprovalWords
 from gpubot.chat.flows import Flows, Services
 from gpubot.chat.message import Message
 from gpubot.config import Settings
-from gpubot.core.ports import Locks, Transport
+from gpubot.core.ports import Locks, PromSource, Transport
+from gpubot.core.slurm import SLURM
 from gpubot.lifecycle import SweepHeap
 from gpubot.services.alert_keeper import AlertKeeper
 from gpubot.services.approval_duty import ApprovalDuty
@@ -24,12 +25,15 @@ from gpubot.services.directory import Directory, NoDirectory
 from gpubot.services.health_checks import wire_health
 from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.services.ladder import ReclaimLadder
+from gpubot.services.maint import MaintService
 from gpubot.services.outbox import Outbox
 from gpubot.services.requests import RequestService
 from gpubot.services.reset import ResetService
 from gpubot.services.seals import SealService
-from gpubot.services.status import StatusService
-from gpubot.services.sweep import SweepPorts, SweepService
+from gpubot.services.slurm_read import RestdReader
+from gpubot.services.slurm_watch import SlurmWatch
+from gpubot.services.status import Sources, StatusService
+from gpubot.services.sweep import ExtraFindings, SweepPorts, SweepService
 from gpubot.services.usage import UsageService
 from gpubot.services.xid_watch import watch_for
 from gpubot.store import Store
@@ -49,6 +53,8 @@ class Base:
     metrics: Metrics | None = None  # a serving gpubot's
     heap: SweepHeap | None = None  # the collector around sweeps and rounds (``lifecycle``)
     serving: bool = False  # a long-running gpubot: its audit head is published
+    restd: RestdReader | None = None  # the cluster's slurmrestd, read (``app.sources``)
+    prom: PromSource | None = None  # the site's Prometheus: summaries, and sweeps' candidates
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,15 @@ def build_parts(base: Base, front: FrontEnd | None) -> Parts:
     health = wire_health(settings, base.transport, None if store is None else store.ecc)
     xid = watch_for(settings, base.transport, None if metrics is None else metrics.count_xid)
     heap = None if base.heap is None else base.heap.around
-    # Statuses show the health and the Xids that each node's last sweep read.
+    # Statuses show the health and the Xids that each node's last sweep read, and the windows.
     shown = [*([] if health is None else [health.decorate]), *([] if xid is None else [xid.flag])]
-    status = StatusService(settings, base.transport, store, decorators=shown, heap=heap)
-    outbox = _outbox(store, front)
+    status = StatusService(
+        settings, base.transport, store, decorators=shown, heap=heap, sources=_sources(base)
+    )
+    # The one outbox: the store's records, posted through the front end's ``Poster``.
+    outbox: Outbox[Message] = Outbox(
+        None if store is None else store.outbox, None if front is None else front.poster()
+    )
     heads = None
     if base.serving and front and store and settings.audit.publish_head_every_s is not None:
         heads = front.heads(settings, store, outbox)
@@ -92,46 +103,41 @@ def build_parts(base: Base, front: FrontEnd | None) -> Parts:
     claims = None
     if store is not None:
         observe = None if metrics is None else metrics.observe_claims  # gpubot_gpu_claimed
-        claims = ClaimService(settings, store.claims, status, observe=observe)
+        claims = ClaimService(settings, store.claims, status, observe=observe, maint=store.maint)
     directory = None if front is None else front.directory()
     ports = SweepPorts(locks=base.locks, observer=metrics, health=health, xid=xid, heap=heap)
     sweep = _sweep(base, status, ports, claims, front, directory, outbox)
-    approvals = None
+    approvals, maint = None, None
     if store is not None:
-        asks = ApprovalPorts(
-            store.approvals, reset, status, base.locks, audit, directory or NoDirectory()
-        )
+        asks = ApprovalPorts(store.approvals, reset, audit, directory or NoDirectory())
         approvals = ApprovalService(settings.policy, asks)
+        maint = MaintService(store.maint, status, approvals.is_approver)
     chat = Services(
         settings,
         settings.policy,
         status,
         approvals,
         store,
-        RequestService(approvals, min_uid=settings.policy.min_uid),
+        RequestService(approvals),
         chat_sweeper(sweep),
         None if sweep.idle is None else sweep.idle.gpu_hours,  # None: nothing known idle
         duty=_duty(settings, approvals, outbox, front),
         usage=sweep.usage,
         ladder=sweep.ladder,
         claims=claims,
+        maint=maint,
     )
     flows = None
     if front is not None:
-        flows = Flows(
-            chat,
-            source=front.name,
-            min_update_s=front.min_update_s,
-            dm=front.dm(outbox),
-        )
+        flows = Flows(chat, source=front.name, min_update_s=front.min_update_s, dm=front.dm(outbox))
     return Parts(status, reset, sweep, chat, approvals, seals, heads, flows)
 
 
-def _outbox(store: Store | None, front: FrontEnd | None) -> Outbox[Message]:
-    """The one outbox: the store's records, posted through the front end's ``Poster``."""
-    return Outbox(
-        None if store is None else store.outbox, None if front is None else front.poster()
-    )
+def _sources(base: Base) -> Sources:
+    """What a status reads beside the nodes: slurmrestd, the site's Prometheus (the summary of
+    nodes whose telemetry is "prometheus", in chat as in the CLI, and the sweeps' candidates),
+    and the store's maintenance windows."""
+    return Sources(base.restd, base.prom, None if base.store is None else base.store.maint)
 
 
 def _duty(
@@ -145,7 +151,7 @@ def _duty(
         return None
     words = ApprovalWords(settings.policy.expiry_s)
     ttl = settings.leases.ttl_s  # a dead holder's lease lapses no sooner
-    return ApprovalDuty(approvals, settings.policy, outbox, words, front=front.name, settled_s=ttl)
+    return ApprovalDuty(approvals, outbox, words, front=front.name, settled_s=ttl)
 
 
 def _seals(settings: Settings, store: Store | None, heads: Publisher | None) -> SealService | None:
@@ -171,7 +177,13 @@ def _sweep(
     if store is not None:
         cfg, reports = settings.sweep, settings.reports
         notifier = None if front is None else front.alerts(settings, outbox)
-        usage = UsageService(settings, store.usage, claims=store.claims, directory=directory)
+        usage = UsageService(
+            settings,
+            store.usage,
+            claims=store.claims,
+            directory=directory,
+            transport=base.transport,
+        )
         told = None if front is None else front.ladder(settings, outbox)
         poster = None if front is None or reports.digest is None else front.digest(settings)
         digest = None
@@ -181,12 +193,27 @@ def _sweep(
             ports,
             audit=store,
             keeper=AlertKeeper(
-                cfg, [n.name for n in settings.nodes], store.alerts, notifier, outbox
+                cfg,
+                [n.name for n in settings.nodes],
+                store.alerts,
+                notifier,
+                outbox,
+                slurm_nodes=[n.name for n in settings.nodes if n.scheduler == SLURM],
+                maint=store.maint,
             ),
             idle=IdleAccounting(cfg, settings.reset.protection, store.samples),
             usage=usage,
             ladder=ReclaimLadder(settings.ladder, store.ladder, store.samples, told),
             digest=digest,
-            extra=None if claims is None else claims.intruder_findings,  # unclaimed use
         )
+    ports = replace(ports, extra=extra_findings(settings, claims))
     return SweepService(settings, status, base.transport, ports)
+
+
+def extra_findings(settings: Settings, claims: ClaimService | None) -> tuple[ExtraFindings, ...]:
+    """Return the sweep's further findings: claims' unclaimed use, and Slurm's where a node has
+    it (the latter need no store)."""
+    out: list[ExtraFindings] = [] if claims is None else [claims.intruder_findings]
+    if any(n.scheduler == SLURM for n in settings.nodes):
+        out.append(SlurmWatch(settings.slurm).findings)
+    return tuple(out)

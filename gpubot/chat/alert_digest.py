@@ -34,8 +34,8 @@ def render_alert(group: AlertGroup) -> Message:
     return render_digest(group) if is_digest(group) else render_alert_group(group)
 
 
-def _listed(items: Sequence[AlertItem], group: AlertGroup) -> tuple[str, int]:
-    """Return the items' places joined ("node1, node2 GPU 0, …"), clipped; and how many fit."""
+def _listed(items: Sequence[AlertItem], group: AlertGroup) -> tuple[str, str]:
+    """Return the items' places joined ("node1, node2 GPU 0, …"), clipped; and how many more."""
     out: list[str] = []
     used = 0
     for item in items:
@@ -44,7 +44,8 @@ def _listed(items: Sequence[AlertItem], group: AlertGroup) -> tuple[str, int]:
             break
         out.append(where)
         used += len(where) + 2
-    return ", ".join(out), len(out)
+    more = f" … and {len(items) - len(out)} more" if len(out) < len(items) else ""
+    return ", ".join(out), more
 
 
 def render_digest(group: AlertGroup) -> Message:
@@ -54,12 +55,10 @@ def render_digest(group: AlertGroup) -> Message:
     done = tuple(i for i in group.items if i.resolved_at is not None)
     said: list[Text] = []
     if open_:
-        names, n = _listed(open_, group)
-        more = f" … and {len(open_) - n} more" if n < len(open_) else ""
+        names, more = _listed(open_, group)
         said.append(("⚠ ", bold(f"open on {len(open_)}:"), f" {names}{more}"))
     if done:
-        names, n = _listed(done, group)
-        more = f" … and {len(done) - n} more" if n < len(done) else ""
+        names, more = _listed(done, group)
         said.append(("✅ ", bold(f"resolved on {len(done)}:"), " ", Struck((names,)), more))
     parts: list[Part] = [Heading(title)]
     parts += [Section(t) for t in said]

@@ -8,10 +8,11 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpubot.chat.fleet_view import node_lines, node_rows, node_table
+from gpubot.chat.drain_view import drain_button
+from gpubot.chat.fleet_view import add_gpus
 from gpubot.chat.flows import Sweeper
 from gpubot.chat.interrupted import sweep_lines
-from gpubot.chat.layout import MAX_FALLBACK, Budget, clip, table_fits
+from gpubot.chat.layout import MAX_FALLBACK, Budget, clip
 from gpubot.chat.message import (
     NL,
     Action,
@@ -35,7 +36,7 @@ from gpubot.chat.message import (
 from gpubot.chat.reset_view import reset_button
 from gpubot.core import durations
 from gpubot.core.alerting import SNOOZE_S, AlertGroup, AlertItem, SweepResult
-from gpubot.core.health.codes import RESET_WHEN_IDLE
+from gpubot.core.health.codes import DRAIN_REBOOT, RESET_WHEN_IDLE
 from gpubot.core.health.kinds import BY_NAME, title_of
 from gpubot.core.policy import Person
 from gpubot.core.reset.interrupted import Unfinished
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 
 ACTION_SNOOZE = "gpubot_snooze_"  # + how long ("1h"); the value is the finding's key text
 SNOOZE_ACTION = re.compile(r"^gpubot_snooze_(\w+)$")  # how long: ``snooze_until`` judges it
-SNOOZE_BUTTONS = tuple(zip(SNOOZE_S, ("Snooze 1 h", "Snooze 1 day"), strict=True))
 MAX_ITEMS = 12  # findings detailed in one message (3 blocks each); the rest are counted
 
 
@@ -73,7 +73,7 @@ def snooze_buttons(key_text: str) -> list[Action]:
     """Return the "Snooze 1 h" / "Snooze 1 day" buttons of one finding."""
     return [
         Action(f"{ACTION_SNOOZE}{durations.format(seconds)}", label, key_text)
-        for seconds, label in SNOOZE_BUTTONS
+        for seconds, label in zip(SNOOZE_S, ("Snooze 1 h", "Snooze 1 day"), strict=True)
     ]
 
 
@@ -81,17 +81,16 @@ def _item_text(item: AlertItem, group: AlertGroup) -> Text:
     now = group.at
     # Each part is clipped, so that the state line always fits the section's 3000 characters.
     summary = _summary(item)  # a core sentence: its names marked (core.text.code)
-    said: list[Text] = []
     if item.resolved_at is not None:
         lasted = durations.format((item.resolved_at - item.first_seen).total_seconds(), "people")
         gone = Struck((_about(item, group),))
-        said.append(("✅ ", gone, " — ", bold("resolved"), f" after {lasted}"))
-        if summary:  # not in our italics: those would style a name's words too
-            said.append((clipped(600, Sentence(summary)),))
-        return lines(*said)
-    said.append(("⚠ ", bold(_about(item, group))))
-    if summary:
+        said: list[Text] = [("✅ ", gone, " — ", bold("resolved"), f" after {lasted}")]
+    else:
+        said = [("⚠ ", bold(_about(item, group)))]
+    if summary:  # not in our italics: those would style a name's words too
         said.append((clipped(600, Sentence(summary)),))
+    if item.resolved_at is not None:
+        return lines(*said)
     if item.finding is not None and item.finding.owner:
         said.append(("owner: ", clipped(200, Code(item.finding.owner))))
     if item.readiness is not None:
@@ -104,14 +103,17 @@ def _item_text(item: AlertItem, group: AlertGroup) -> Text:
     return lines(*said)
 
 
-def _actions(item: AlertItem, now: datetime) -> Actions | None:
+def _actions(item: AlertItem, group: AlertGroup) -> Actions | None:
     if item.resolved_at is not None:
         return None
     elements = []
-    offered = item.finding is not None and item.finding.next_step == RESET_WHEN_IDLE
+    f = item.finding
+    offered = f is not None and f.next_step == RESET_WHEN_IDLE
     kind = BY_NAME.get(item.key.kind)
     if item.key.gpu is not None and ((kind is not None and kind.reset) or offered):
         elements.append(reset_button(item.key.node, item.key.gpu))
+    if f is not None and f.next_step == DRAIN_REBOOT and f.node in group.slurm_nodes:
+        elements.append(drain_button(f.node, f.summary))
     elements += snooze_buttons(item.key.text())
     return Actions(tuple(elements))
 
@@ -128,7 +130,7 @@ def group_title(group: AlertGroup) -> str:
 
 def item_parts(item: AlertItem, group: AlertGroup) -> tuple[Section, Actions | None]:
     """Return one finding's section and its buttons (None once it is resolved)."""
-    return Section(_item_text(item, group)), _actions(item, group.at)
+    return Section(_item_text(item, group)), _actions(item, group)
 
 
 def item_line(item: AlertItem, group: AlertGroup) -> str:
@@ -154,7 +156,7 @@ def render_alert_group(group: AlertGroup) -> Message:
     reserve = 3 + (group.repeat_of is not None)  # table, "more not shown", context line(s)
     shown = 0
     for item in group.items[:MAX_ITEMS]:
-        acts = _actions(item, now)
+        acts = _actions(item, group)
         if b.room <= reserve + (2 if acts else 1):
             break
         b.add(Section(_item_text(item, group)))
@@ -165,11 +167,7 @@ def render_alert_group(group: AlertGroup) -> Message:
         b.add(ctx(f"… and {total - shown} more finding(s) on {group.node}"))
     snap = group.snapshot
     if snap is not None and snap.gpus:
-        rows = node_rows(snap)
-        if table_fits(rows):
-            b.add(node_table(snap))
-        else:
-            b.add_pre(node_lines(snap)[1:], reserve=1)
+        add_gpus(b, snap)
     if group.repeat_of is not None:  # the outbox could not tell whether that one landed
         b.add(ctx(repeat_line(group.repeat_of)))
     b.add(ctx(("gpubot sweep · ", Date(now.timestamp()))))

@@ -10,7 +10,6 @@ from gpubot.chat.message import (
     Actions,
     Code,
     Confirm,
-    Context,
     Date,
     DateStyle,
     Mention,
@@ -21,10 +20,14 @@ from gpubot.chat.message import (
     Table,
     Text,
     bold,
+    ctx,
+    joined,
+    note,
 )
 from gpubot.core import durations
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import Claim, Conflict, Intruder, Wait, WaitState, cuda_visible
+from gpubot.core.maint import Ahead, ProcsAhead, clock
 from gpubot.core.timefmt import iso
 
 ACTION_TAKE = "gpubot_claim_take"  # value: the place in the queue
@@ -65,7 +68,7 @@ def render_granted(claims: Sequence[Claim], *, title: str = "Claimed") -> Messag
         Section(
             ("Use exactly these GPUs (UUIDs: CUDA's order is not nvidia-smi's): ", NL, Code(env))
         ),
-        Context((("`/gpu extend` makes it last longer; `/gpu release` ends it.",),)),
+        ctx("`/gpu extend` makes it last longer; `/gpu release` ends it."),
     )
     return Message(
         f"{title} · {c0.node}", body, fallback=f"claimed {c0.node} {gpus_text(gpus)}; {env}"
@@ -74,21 +77,10 @@ def render_granted(claims: Sequence[Claim], *, title: str = "Claimed") -> Messag
 
 def render_conflict(conflict: Conflict, node: str, wait: str) -> Message:
     """Refuse a claim: who holds which GPU until when, and an offer to queue with ``wait``."""
-    rows: list[Section] = []
-    for c in conflict.held:
-        rows.append(Section((bold(f"GPU {c.gpu}"), " is ", *claimed_line(c))))
+    rows = [Section((bold(f"GPU {c.gpu}"), " is ", *claimed_line(c))) for c in conflict.held]
     for w in conflict.holds:
-        rows.append(
-            Section(
-                (
-                    bold(gpus_text(w.offered)),
-                    " are held for ",
-                    Mention(w.chat_id),
-                    " (next in the queue) until ",
-                    until(w.hold_until or 0.0),
-                )
-            )
-        )
+        held = (bold(gpus_text(w.offered)), " are held for ", Mention(w.chat_id))
+        rows.append(Section((*held, " (next in the queue) until ", until(w.hold_until or 0.0))))
     offer = Actions((Action(ACTION_JOIN, "Queue me", wait, Style.PRIMARY),), group="queue")
     return Message(
         f"Not claimed · {node}",
@@ -105,20 +97,17 @@ def render_conflict(conflict: Conflict, node: str, wait: str) -> Message:
 def render_claims(claims: Sequence[Claim], scope: str, now: float) -> Message:
     """Show active claims as a table."""
     if not claims:
-        return Message(f"Claims · {scope}", (Section((f"No active claims ({scope}).",)),))
+        return note(f"No active claims ({scope}).", title=f"Claims · {scope}")
     rows: list[tuple[str, ...]] = [("Node", "GPU", "User", "Until", "Left", "Note")]
     for c in claims:
         end = _hhmm(c.end)
         rows.append(
             (c.node, str(c.gpu), c.user, end, durations.format(c.end - now, "minutes"), c.note)
         )
-    people = tuple(dict.fromkeys(c.chat_id for c in claims))
-    who: list[Span] = ["Claimed by "]
-    for i, p in enumerate(people):
-        who += ([", "] if i else []) + [Mention(p)]
+    people = joined(Mention(p) for p in dict.fromkeys(c.chat_id for c in claims))
     return Message(
         f"Claims · {scope}",
-        (Table(tuple(rows), wrap=(5,)), Context((tuple(who),))),
+        (Table(tuple(rows), wrap=(5,)), ctx(("Claimed by ", *people))),
         fallback=f"{len(claims)} active claim(s)",
     )
 
@@ -127,117 +116,97 @@ def render_queue(waits: Sequence[Wait], node: str | None) -> Message:
     """Show the queue, first in line first, each with a Leave button for its person."""
     title = "Queue · " + (node or "all")
     if not waits:
-        return Message(title, (Section(("No one is waiting.",)),))
+        return note("No one is waiting.", title=title)
     body: list[Section | Actions] = []
     for i, w in enumerate(waits, 1):
         what = gpus_text(w.gpus) if w.gpus else f"any {w.count}"
         state: Text = ("waiting",)
         if w.state is WaitState.OFFERED:
             state = ("held for them: ", gpus_text(w.offered), " until ", until(w.hold_until or 0))
-        body.append(
-            Section(
-                (
-                    f"{i}. ",
-                    Mention(w.chat_id),
-                    f" · {w.node} {what} · ",
-                    *state,
-                    f" (place {w.id})",
-                ),
-                Action(ACTION_LEAVE, "Leave", str(w.id)),
-            )
-        )
+        who = (f"{i}. ", Mention(w.chat_id), f" · {w.node} {what} · ")
+        leave = Action(ACTION_LEAVE, "Leave", str(w.id))
+        body.append(Section((*who, *state, f" (place {w.id})"), leave))
     return Message(title, tuple(body), fallback=f"{len(waits)} waiting")
 
 
 def render_queued(w: Wait, ahead: int) -> Message:
     """Answer ``wait``."""
     what = gpus_text(w.gpus) if w.gpus else f"any {w.count} GPU(s)"
-    return Message(
-        f"Queued · {w.node}",
-        (
-            Section(
-                (
-                    f"⏳ You are in line for {w.node} {what} (place {w.id}, {ahead} ahead). ",
-                    "You get a DM when it is free.",
-                ),
-                Action(ACTION_LEAVE, "Leave the queue", str(w.id)),
-            ),
-        ),
-        fallback=f"queued for {w.node} {what}",
-    )
+    line = f"⏳ You are in line for {w.node} {what} (place {w.id}, {ahead} ahead). "
+    leave = Action(ACTION_LEAVE, "Leave the queue", str(w.id))
+    body = (Section((line, "You get a DM when it is free."), leave),)
+    return Message(f"Queued · {w.node}", body, fallback=f"queued for {w.node} {what}")
 
 
 def render_offer(w: Wait, uuids: Sequence[str], *, hold: bool) -> Message:
     """The DM to the first in line: the GPUs are free (held for them until …, with Claim)."""
     what = f"{w.node} {gpus_text(w.offered)}"
     if not hold:
-        return Message(
-            f"Free · {w.node}",
-            (Section(("🟢 ", bold(what), " is free now (you asked to be told).")),),
-            fallback=f"{what} is free",
-        )
-    return Message(
-        f"Free · {w.node}",
-        (
-            Section(
-                (
-                    "🟢 ",
-                    bold(what),
-                    " is free and held for you until ",
-                    until(w.hold_until or 0),
-                    ".",
-                )
-            ),
-            Section(("Claim it with one click, or type ", Code(f"/gpu take {w.id}"), ".")),
-            Context(((Code(cuda_visible(list(uuids))),),)),
-            Actions(
-                (
-                    Action(ACTION_TAKE, "Claim", str(w.id), Style.PRIMARY),
-                    Action(ACTION_LEAVE, "Leave the queue", str(w.id)),
-                ),
-                group=f"wait-{w.id}",
-            ),
-        ),
-        fallback=f"{what} is free and held for you",
+        said = ("🟢 ", bold(what), " is free now (you asked to be told).")
+        return note(*said, title=f"Free · {w.node}", fallback=f"{what} is free")
+    held = ("🟢 ", bold(what), " is free and held for you until ", until(w.hold_until or 0), ".")
+    take = Action(ACTION_TAKE, "Claim", str(w.id), Style.PRIMARY)
+    leave = Action(ACTION_LEAVE, "Leave the queue", str(w.id))
+    body = (
+        Section(held),
+        Section(("Claim it with one click, or type ", Code(f"/gpu take {w.id}"), ".")),
+        ctx((Code(cuda_visible(list(uuids))),)),
+        Actions((take, leave), group=f"wait-{w.id}"),
     )
+    return Message(f"Free · {w.node}", body, fallback=f"{what} is free and held for you")
 
 
 def render_lapsed(w: Wait) -> Message:
     """The DM when a hold ran out."""
-    return Message(
-        f"Hold ended · {w.node}",
-        (
-            Section(
-                (
-                    f"⌛ The hold of {w.node} {gpus_text(w.offered)} ran out; ",
-                    "the next in line is told.",
-                )
-            ),
-        ),
+    said = f"⌛ The hold of {w.node} {gpus_text(w.offered)} ran out; the next in line is told."
+    return note(said, title=f"Hold ended · {w.node}")
+
+
+def render_maint_ahead(a: Ahead) -> Message:
+    """The DM ahead of a maintenance window that a claim of theirs runs into."""
+    w = a.window
+    said = (
+        f"🛠 {w.node} is down for {w.shown(w.created)}. Your claim of {w.node} GPU {a.gpu} runs "
+        f"until {clock(a.claim_end, w.start)} UTC: save your work before {clock(w.start, w.start)} "
+        "UTC; what still runs then may be stopped."
     )
+    return note(said, title=f"Maintenance ahead · {w.node}")
+
+
+def render_procs_ahead(a: ProcsAhead) -> Message:
+    """The DM ahead of a maintenance window on a node where the person's processes run."""
+    w = a.window
+    shown = ", ".join(f"GPU {g} pid {p}" for g, p in a.held[:8])
+    more = f" and {len(a.held) - 8} more" if len(a.held) > 8 else ""
+    said = (
+        f"🛠 {w.node} is down for {w.shown(w.created)}. Your processes run there ({shown}{more}): "
+        f"save your work before {clock(w.start, w.start)} UTC; what still runs then may be "
+        "stopped."
+    )
+    return note(said, title=f"Maintenance ahead · {w.node}")
 
 
 def render_expired(c: Claim) -> Message:
     """The DM when a claim's time ran out."""
-    return Message(
-        f"Claim ended · {c.node}",
-        (Section((f"⌛ Your claim of {c.node} GPU {c.gpu} ended (its time ran out).",)),),
-    )
+    said = f"⌛ Your claim of {c.node} GPU {c.gpu} ended (its time ran out)."
+    return note(said, title=f"Claim ended · {c.node}")
 
 
 def render_ended(claims: Sequence[Claim], verb: str) -> Message:
     """Answer release (or extend's cuts)."""
-    parts = [f"{c.node} GPU {c.gpu}" for c in claims]
-    return Message(None, (Section((f"✅ {verb}: " + ", ".join(parts),)),))
+    return note(f"✅ {verb}: " + ", ".join(f"{c.node} GPU {c.gpu}" for c in claims))
 
 
 def render_extended(done: Sequence[tuple[Claim, bool]]) -> Message:
     """Answer ``extend``: each claim's new end, and whether a limit cut it."""
-    rows: list[Section] = []
-    for c, cut in done:
-        extra = " (cut to the longest a claim may last)" if cut else ""
-        rows.append(Section((f"✅ {c.node} GPU {c.gpu} now until ", until(c.end), extra)))
-    return Message("Extended", tuple(rows))
+    cut_to = " (cut to the longest a claim may last)"
+    return Message(
+        "Extended",
+        tuple(
+            Section((f"✅ {c.node} GPU {c.gpu} now until ", until(c.end), cut_to if cut else ""))
+            for c, cut in done
+        ),
+    )
 
 
 def wait_command(cmd: cc.ClaimGpus) -> str:
@@ -271,25 +240,18 @@ def intruder_reason(i: Intruder) -> Text:
 def render_intruder(i: Intruder, key: str) -> Message:
     """The DM to the claimant: someone else uses their GPU; *Free it* asks on-call."""
     c = i.claim
-    free = Action(
-        ACTION_FREE_INTRUDER,
-        "Free it",
-        key,
-        Style.DANGER,
-        Confirm(
-            f"Free {c.node} GPU {c.gpu}?",
-            "It is someone else's process: an on-call approver decides before anything is killed.",
-            confirm="Ask on-call",
-            deny="Cancel",
-            style=Style.DANGER,
-        ),
+    ask = Confirm(
+        f"Free {c.node} GPU {c.gpu}?",
+        "It is someone else's process: an on-call approver decides before anything is killed.",
+        confirm="Ask on-call",
     )
+    free = Action(ACTION_FREE_INTRUDER, "Free it", key, Style.DANGER, ask)
     return Message(
         f"Someone uses your claimed GPU · {c.node}",
         (
             Section(("⚠ ", *intruder_reason(i))),
             Actions((free,), group=f"intruder-{c.id}"),
-            Context((("Free it kills it only after an on-call approver says so.",),)),
+            ctx("Free it kills it only after an on-call approver says so."),
         ),
         fallback=f"{i.what()} uses {c.node} GPU {c.gpu}, which you claimed",
     )
@@ -299,19 +261,19 @@ def render_idle_asked(c: Claim, idle_s: float) -> Message:
     """The DM to the holder of an idle claim: Keep or Release."""
     keep = Action(ACTION_KEEP, "Keep", str(c.id), Style.PRIMARY)
     release = Action(ACTION_RELEASE, "Release", str(c.id))
+    idle = f" has been idle (0 %) for {durations.format(idle_s, 'minutes')}."
+    said = (
+        "💤 Your claim of ",
+        bold(f"{c.node} GPU {c.gpu}"),
+        idle,
+        " Keep it, or release it for others.",
+    )
     return Message(
         f"Idle claim · {c.node}",
         (
-            Section(
-                (
-                    "💤 Your claim of ",
-                    bold(f"{c.node} GPU {c.gpu}"),
-                    f" has been idle (0 %) for {durations.format(idle_s, 'minutes')}. Keep it,"
-                    " or release it for others.",
-                )
-            ),
+            Section(said),
             Actions((keep, release), group=f"idle-claim-{c.id}"),
-            Context((("Still idle as long again without a Keep, it is released.",),)),
+            ctx("Still idle as long again without a Keep, it is released."),
         ),
         fallback=f"your claim of {c.node} GPU {c.gpu} is idle: keep or release it",
     )
@@ -319,7 +281,5 @@ def render_idle_asked(c: Claim, idle_s: float) -> Message:
 
 def render_idle_released(c: Claim) -> Message:
     """The DM when an idle claim no one kept was released."""
-    return Message(
-        f"Idle claim released · {c.node}",
-        (Section((f"⌛ Your claim of {c.node} GPU {c.gpu} was released: it stayed idle.",)),),
-    )
+    said = f"⌛ Your claim of {c.node} GPU {c.gpu} was released: it stayed idle."
+    return note(said, title=f"Idle claim released · {c.node}")

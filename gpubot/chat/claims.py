@@ -15,6 +15,7 @@ from gpubot.chat.surface import Surface
 from gpubot.core import commands
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.rules import Claim, ClaimState, Conflict, Granted, OverLimit
+from gpubot.core.maint import Ahead, ProcsAhead
 from gpubot.core.policy import Person
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
 from gpubot.services.claims import (
@@ -26,6 +27,7 @@ from gpubot.services.claims import (
     Intruding,
     Offered,
 )
+from gpubot.services.status import StatusService
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +35,15 @@ log = logging.getLogger(__name__)
 # delivered (False: not, or not yet; the duty asks again for a live hold)
 Dm = Callable[[str, Message, str], Awaitable[bool]]
 Reset = Callable[..., Awaitable[None]]  # ``Flows.reset``: (cmd, who, out, text=, context=)
-CLAIM_COMMANDS = (
-    cc.ClaimGpus,
-    cc.Extend,
-    cc.Release,
-    cc.ListClaims,
-    cc.WaitFor,
-    cc.Queue,
-    cc.Leave,
-    cc.Take,
-)
+CLAIM_COMMANDS = cc.ClaimCommand  # for isinstance
 NO_STORE = "claims and the queue need the audit database, which is unavailable"
+
+
+async def holds(status: StatusService, node: str, pid: int, ticks: int | None, gpu: int) -> bool:
+    """Whether that process holds the GPU now, asked of the node: one that ended, or a pid that
+    is another process now (its start ticks differ), is never reset on a button's word."""
+    snap = await status.snapshot(status.node(node))
+    return any((p.pid, p.start_ticks, p.gpu_index) == (pid, ticks, gpu) for p in snap.processes)
 
 
 async def no_dm(user: str, msg: Message, subject: str) -> bool:
@@ -188,12 +188,8 @@ class ClaimDesk:
                 raise UsageError(
                     f"your claim of {i.claim.node} GPU {i.claim.gpu} has ended: nothing to free"
                 )
-            snap = await svc.status.snapshot(svc.status.node(i.claim.node))
             p = i.process
-            if not any(
-                (q.pid, q.start_ticks, q.gpu_index) == (p.pid, p.start_ticks, p.gpu_index)
-                for q in snap.processes
-            ):  # ended, or the pid is another process now: never reset on the DM's word
+            if not await holds(svc.status, i.claim.node, p.pid, p.start_ticks, p.gpu_index):
                 raise UsageError(f"pid {p.pid} no longer holds {i.claim.node} GPU {i.claim.gpu}")
             line = f"reset {i.claim.node} gpu {i.claim.gpu} pid {p.pid}"
             cmd = commands.parse(line)
@@ -233,6 +229,8 @@ class ClaimDesk:
             sent += ok
             if ok and isinstance(e, Offered) and e.hold and self.service is not None:
                 self.service.held(e.wait.id)  # delivered: until then the duty asks again
+            if ok and isinstance(e, Ahead | ProcsAhead) and self.service is not None:
+                self.service.warned(e.subject)
         return sent
 
 
@@ -264,6 +262,10 @@ def _dm_of(e: Event | Offered) -> tuple[str, Message, str] | None:
     if isinstance(e, Ended) and e.wait is not None:
         w = e.wait
         return w.chat_id, view.render_lapsed(w), f"dm:claims:lapsed:{w.id}"
+    if isinstance(e, Ahead):
+        return e.chat_id, view.render_maint_ahead(e), e.subject
+    if isinstance(e, ProcsAhead):
+        return e.chat_id, view.render_procs_ahead(e), e.subject
     return None
 
 

@@ -10,23 +10,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpubot.chat.claims import CLAIM_COMMANDS, ClaimDesk, Dm, no_dm, with_claims
+from gpubot.chat.diag_view import run_diag
+from gpubot.chat.drain_view import render_drain, show_change
 from gpubot.chat.errors import error_message
 from gpubot.chat.fleet_view import FleetRenders
-from gpubot.chat.home import render_home, render_refused_home, with_week
+from gpubot.chat.home import render_home, render_refused_home, with_week, with_windows
 from gpubot.chat.interrupted import interrupted_for
+from gpubot.chat.layout import FEW_NODES
+from gpubot.chat.maint_view import live_windows, maint_answer
 from gpubot.chat.message import Mention, Message, Section, Text, bold, note, paragraph
 from gpubot.chat.report_view import render_usage
-from gpubot.chat.reset_view import (
-    Decision,
-    render_approval_request,
-    render_approval_state,
-    render_audit,
-    render_result,
-)
+from gpubot.chat.request_view import render_request, render_request_state, request_framer
+from gpubot.chat.reset_view import Decision, render_audit, render_result
 from gpubot.chat.surface import MIN_UPDATE_S, MessageRef, Surface
 from gpubot.chat.tracking import Pace, Tracker, reset_title
 from gpubot.config import Settings
 from gpubot.core import commands, durations
+from gpubot.core import maint as mc
 from gpubot.core.alerting import Delivery
 from gpubot.core.approval.model import Approval, cannot_run
 from gpubot.core.clock import SYSTEM_CLOCK
@@ -34,25 +34,32 @@ from gpubot.core.models import ApprovalState, NodeSnapshot
 from gpubot.core.policy import Person, Policy
 from gpubot.core.ports import AuditLog, Clock
 from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.slurm.drain import NodeChange
 from gpubot.errors import GpubotError, IdentityRefused, StoreError
 from gpubot.services.approval_duty import ApprovalDuty
 from gpubot.services.approvals import ApprovalService, unix
 from gpubot.services.claims import ClaimService
+from gpubot.services.drain import slurm_node_of
 from gpubot.services.ladder import ReclaimLadder
+from gpubot.services.maint import MaintService
 from gpubot.services.requests import (
+    Announce,
     Busy,
+    Changed,
     Decided,
     Done,
     Expired,
     Failed,
     Pending,
+    Refusal,
+    RequestEvent,
     RequestService,
 )
 from gpubot.services.reset import Ask
 from gpubot.services.status import FleetStatus, StatusService
 from gpubot.services.usage import UsageService
 
-__all__ = ["Flows", "Services", "error_message", "help_message"]
+__all__ = ["Flows", "Services", "help_message"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,7 @@ class Services:
     usage: UsageService | None = None  # GPU-hours reports
     ladder: ReclaimLadder | None = None  # the reclaim ladder of idle holders
     claims: ClaimService | None = None  # claims and the queue (None: no audit store)
+    maint: MaintService | None = None  # maintenance windows (None: no audit store)
 
 
 def help_message(text: str) -> Message:
@@ -113,20 +121,20 @@ class Flows:
         """Check names against the inventory (pure and fast: before acknowledging)."""
         if isinstance(cmd, commands.Status):
             self.svc.status.resolve(cmd.names)
-        elif isinstance(cmd, commands.Reset | commands.GpuReset):
+        elif isinstance(cmd, commands.Reset | commands.GpuReset | commands.Diag):
             self.svc.status.node(cmd.node)
+        elif isinstance(cmd, commands.Drain | commands.Resume):
+            slurm_node_of(self.svc.status.node(cmd.node))
 
     async def run(self, cmd: commands.Command, who: Person, out: Surface, *, text: str) -> None:
         """Run one command to its end; errors become messages."""
         try:
             if who.refused is not None and not isinstance(cmd, commands.Help):
-                await self.refuse(
-                    who,
-                    out,
-                    IdentityRefused(who.refused),
-                    action=_action(cmd),
-                    command=text,
-                    node=getattr(cmd, "node", None),
+                # Only the person is told why; who tried what is audited.
+                refused, node = IdentityRefused(who.refused), getattr(cmd, "node", None)
+                track = self.tracker(out, ())
+                await self.requests.refuse(
+                    self.ask(who, text), refused, track, action=_action(cmd), node=node
                 )
             elif isinstance(cmd, commands.Help):
                 await out.reply(help_message(commands.help_text(cmd.topic)))
@@ -136,6 +144,10 @@ class Flows:
                 await self.reset(cmd, who, out, text=text)
             elif isinstance(cmd, commands.GpuReset):
                 await self.gpu_reset(cmd, who, out, text=text)
+            elif isinstance(cmd, commands.Diag):
+                await run_diag(self.requests, self.svc.settings, self.ask(who, text), cmd, out)
+            elif isinstance(cmd, commands.Drain | commands.Resume):
+                await self.slurm_state(cmd, who, out, text=text)
             elif isinstance(cmd, commands.Audit):
                 await self.audit(cmd, out)
             elif isinstance(cmd, commands.Sweep):
@@ -146,6 +158,11 @@ class Flows:
                 await self.decide(cmd.approval_id, cmd.approve, who, out, handle=None)
             elif isinstance(cmd, CLAIM_COMMANDS):
                 await self.claims.run(cmd, who, out)
+            elif isinstance(cmd, mc.MaintOpen | mc.MaintEnd | mc.MaintList):
+                now = self.clock.now()
+                await out.reply(
+                    await maint_answer(self.svc.maint, cmd, who, self.source, now, text)
+                )
         except GpubotError as exc:
             await out.reply(error_message(exc))
         except Exception as exc:
@@ -153,27 +170,27 @@ class Flows:
             await out.reply(error_message(exc))
 
     async def status(self, cmd: commands.Status, who: Person, out: Surface) -> None:
-        """Answer ``status``: one node in full, a few nodes each, a fleet in summary."""
+        """Answer ``status``: one node in full, a few nodes each, a fleet in summary: above
+        ``FEW_NODES`` the CLI's ``status --summary`` (``StatusService.summary``: the nodes whose
+        telemetry is "prometheus" from there, the rest and any it cannot vouch for by SSH)."""
         nodes = self.svc.status.resolve(cmd.names)
         handle = await out.post(note(f"⏳ asking {len(nodes)} node(s) …"))
+        svc = self.svc.status
+        read = svc.summary if len(nodes) > FEW_NODES else svc.fleet
         try:
-            fleet = await self.svc.status.fleet(
-                cmd.names or ("all",), actor=who.id, source=self.source
-            )
+            fleet = await read(cmd.names or ("all",), actor=who.id, source=self.source)
         except GpubotError as exc:
             await out.update(handle, error_message(exc))
             return
         title = "GPU status · " + (", ".join(cmd.names) if cmd.names else "all")
         msg = self.renders.fleet(fleet, title)  # once per shared answer
-        shown = [s.node for s in fleet.snapshots]
+        shown = [s.node for s in fleet.snapshots] + [n.node for n in fleet.telemetry]
         await out.update(handle, await with_claims(self.claims, msg, shown))
 
     def ask(self, who: Person, text: str) -> Ask:
-        """Return a request of ``who`` from this front end."""
         return Ask(who, text, self.source)
 
     def tracker(self, out: Surface, asked: Text, **kw: Any) -> Tracker:
-        """Return the chat side of one request on ``out``."""
         return Tracker(out, Pace(self.min_update_s, self.clock), asked=asked, **kw)
 
     async def reset(
@@ -183,10 +200,23 @@ class Flows:
         (``context``: shown to the approvers: the claim an intruder uses, the idle evidence)."""
         planning = note("⏳ planning a reset of ", bold(cmd.node), " …")
         track = self.tracker(out, ("Requested by ", Mention(who.id)), planning=planning)
+        unconfirmed: set[int] = set()
+        announce = self._announcer(who, out, context, unconfirmed)
+        outcome = await self.requests.reset(self.ask(who, text), cmd, track, announce)
+        if not isinstance(outcome, Pending):
+            await track.end(outcome)
+            return
+        await self._pending(outcome, who, out, track.handle, unconfirmed)
 
-        async def announce(approval: Approval, plan: ResetPlan) -> MessageRef | None:
+    def _announcer(
+        self, who: Person, out: Surface, context: Text, unconfirmed: set[int]
+    ) -> Announce:
+        """Return how a request of ``who`` is posted for the approvers (``unconfirmed``: the
+        ids whose post the chat service did not confirm)."""
+
+        async def announce(approval: Approval, plan: ResetPlan | NodeChange) -> MessageRef | None:
             expires = unix(approval.expires_at) or 0.0
-            msg = render_approval_request(
+            msg = render_request(
                 approval.id, plan, who.id, who.linux_user, expires, context=context
             )
             channel = self.svc.policy.approval_channel
@@ -197,14 +227,15 @@ class Flows:
                 return None if sent is None else sent.ref
             return await out.post(msg, channel=channel)
 
-        unconfirmed: set[int] = set()
+        return announce
 
-        outcome = await self.requests.reset(self.ask(who, text), cmd, track, announce)
-        if not isinstance(outcome, Pending):
-            await track.end(outcome)
-            return
+    async def _pending(
+        self, outcome: Pending, who: Person, out: Surface, at: MessageRef | None, sent: set[int]
+    ) -> None:
+        """Show the requester their request waiting for an approver (``at``: in place of that
+        message, if any; ``sent``: the ids whose post the chat service did not confirm)."""
         warning = None
-        if outcome.approval.id in unconfirmed:
+        if outcome.approval.id in sent:
             warning = (
                 "⏳ The chat service did not confirm the request's post to the approvers: gpubot "
                 "looks for it and posts it again if it is missing."
@@ -215,7 +246,7 @@ class Flows:
                 f"with `gpubot console --as THEIR_ID`, then `approve {outcome.approval.id}`."
             )
         a, expires = outcome.approval, unix(outcome.approval.expires_at) or 0.0
-        waiting = render_approval_state(
+        waiting = render_request_state(
             a.id,
             outcome.plan,
             who.id,
@@ -223,7 +254,7 @@ class Flows:
             Decision("pending", None, expires),
             note=warning,
         )
-        self.waiting[a.id] = await out.update(track.handle, waiting)
+        self.waiting[a.id] = await out.update(at, waiting)
 
     async def gpu_reset(
         self, cmd: commands.GpuReset, who: Person, out: Surface, *, text: str
@@ -237,8 +268,41 @@ class Flows:
         )
         await track.end(await self.requests.gpu_reset(self.ask(who, text), cmd, track))
 
+    async def slurm_state(
+        self, cmd: commands.Drain | commands.Resume, who: Person, out: Surface, *, text: str
+    ) -> None:
+        """Drain or resume a Slurm node: ``change_slurm`` with no context for the approvers."""
+        await self.change_slurm(cmd, who, out, text=text)
+
+    async def change_slurm(
+        self,
+        cmd: commands.Drain | commands.Resume,
+        who: Person,
+        out: Surface,
+        *,
+        text: str,
+        context: Text = (),
+    ) -> None:
+        """``slurm_state``, with ``context`` shown to the approvers (the finding it is for)."""
+        refusals: list[GpubotError] = []
+
+        async def sink(event: RequestEvent) -> None:
+            if isinstance(event, Refusal):
+                refusals.append(event.error)
+
+        unconfirmed: set[int] = set()
+        announce = self._announcer(who, out, context, unconfirmed)
+        outcome = await self.requests.slurm_state(self.ask(who, text), cmd, sink, announce)
+        if isinstance(outcome, Pending):
+            await self._pending(outcome, who, out, None, unconfirmed)
+        elif isinstance(outcome, Changed):
+            await out.reply(render_drain(outcome.result, who.id))
+        elif isinstance(outcome, Failed):
+            await out.reply(error_message(outcome.error))
+        elif refusals:
+            await out.reply(error_message(refusals[0]))
+
     async def audit(self, cmd: commands.Audit, out: Surface) -> None:
-        """Show the latest actions."""
         if self.svc.audit is None:
             raise StoreError("the audit log is unavailable")
         actions = await self.svc.audit.actions(node=cmd.node, limit=cmd.limit)
@@ -281,6 +345,10 @@ class Flows:
             await out.reply(error_message(outcome.error))
             if outcome.approval is not None:
                 await self._show_final(out, outcome.approval, handle)
+        elif isinstance(outcome, Changed) or (
+            isinstance(outcome, Failed) and outcome.approval and outcome.approval.request.change
+        ):
+            await show_change(track, outcome, self.waiting)
         elif isinstance(outcome, Failed) and track.progress is None:
             await out.reply(error_message(outcome.error))
         elif isinstance(outcome, Done | Failed):
@@ -296,7 +364,7 @@ class Flows:
     async def _decided(self, track: Tracker, event: Decided) -> None:
         """Show a decision on the request's message and the requester's own."""
         a, plan = event.approval, event.plan
-        track.frame = _framer(a, plan)
+        track.frame = request_framer(a)
         track.handle = await track.out.update(track.handle or a.ref, track.frame(None))
         mine = self.waiting.get(a.id)
         if a.state is not ApprovalState.APPROVED:
@@ -306,7 +374,8 @@ class Flows:
             return
         if mine is not None:
             await track.out.update(mine, track.frame(note("⏳ running …")))
-        track.title = reset_title(plan)
+        if isinstance(plan, ResetPlan):
+            track.title = reset_title(plan)
         track.asked = (
             "Requested by ",
             Mention(a.requester),
@@ -330,22 +399,8 @@ class Flows:
             await self._show_final(out, a, None)
         return len(expired)
 
-    async def refuse(
-        self,
-        who: Person,
-        out: Surface,
-        exc: GpubotError,
-        *,
-        action: str,
-        command: str,
-        node: str | None,
-    ) -> None:
-        """Tell the person why they are refused (only them), and audit who tried what."""
-        track = self.tracker(out, ())
-        await self.requests.refuse(self.ask(who, command), exc, track, action=action, node=node)
-
     async def _show_final(self, out: Surface, a: Approval, handle: MessageRef | None) -> None:
-        msg = _framer(a, a.request.plan)(None)
+        msg = request_framer(a)(None)
         where = handle or a.ref
         if where is not None:
             await out.update(where, msg)
@@ -383,31 +438,12 @@ class Flows:
             now=now,
             idle_hours=idle,
         )
-        return await with_claims(self.claims, with_week(page, week), None, mine=who.id)
+        page = with_windows(with_week(page, week), await live_windows(self.svc.maint), now)
+        return await with_claims(self.claims, page, None, mine=who.id)
 
 
 def _action(cmd: commands.Command) -> str:
     """Return what a command tries to do, as the audit log names it."""
     if isinstance(cmd, commands.Decide):
         return "approve" if cmd.approve else "deny"
-    if isinstance(cmd, commands.GpuReset):
-        return "gpu-reset"
-    return type(cmd).__name__.lower()
-
-
-def _framer(a: Approval, plan: ResetPlan) -> Callable[[Message | None], Message]:
-    """Return a function that wraps a body in the approval's header and decision line."""
-    user = a.request.requester_user
-    at = unix(a.decided_at) if a.state is not ApprovalState.EXPIRED else unix(a.expires_at)
-
-    def frame(body: Message | None) -> Message:
-        return render_approval_state(
-            a.id,
-            plan,
-            a.requester,
-            user,
-            Decision(str(a.state), a.decided_by, at),
-            body=body,
-        )
-
-    return frame
+    return "gpu-reset" if isinstance(cmd, commands.GpuReset) else type(cmd).__name__.lower()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpubot.chat.claims import holds
 from gpubot.chat.errors import error_message
 from gpubot.chat.flows import Flows
 from gpubot.chat.layout import clip
@@ -52,19 +53,14 @@ async def free_it(
         pid = int(pid_text)
         line = f"reset {key.node} gpu {key.gpu} pid {pid}"
         cmd = commands.parse(line)
-        if who.refused is None:
-            status = flows.svc.status
-            snap = await status.snapshot(status.node(key.node))
-            if not any(
-                p.pid == pid and p.start_ticks == int(ticks) and p.gpu_index == key.gpu
-                for p in snap.processes
-            ):
-                gone = (
-                    f"✅ pid {pid} no longer holds {key.node} GPU {key.gpu} (it ended, "
-                    "or the pid is another process now): nothing to free."
-                )
-                await out.reply(note(gone))
-                return
+        status = flows.svc.status
+        if who.refused is None and not await holds(status, key.node, pid, int(ticks), key.gpu):
+            gone = (
+                f"✅ pid {pid} no longer holds {key.node} GPU {key.gpu} (it ended, "
+                "or the pid is another process now): nothing to free."
+            )
+            await out.reply(note(gone))
+            return
     except GpubotError as exc:
         await out.reply(error_message(exc))
         return

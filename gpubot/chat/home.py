@@ -12,17 +12,8 @@ from dataclasses import replace
 from gpubot.chat.fleet_view import proc_label, render_fleet
 from gpubot.chat.interrupted import Interrupted, interrupted_parts
 from gpubot.chat.layout import MAX_PAGE_PARTS, Budget
-from gpubot.chat.message import (
-    Code,
-    Date,
-    Heading,
-    Kind,
-    Mention,
-    Message,
-    Section,
-    bold,
-    ctx,
-)
+from gpubot.chat.message import Code, Date, Heading, Kind, Mention, Message, Section, bold, ctx
+from gpubot.core.maint import Window
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.usage.report import Line
 
@@ -109,6 +100,20 @@ def render_refused_home(user_id: str, reason: str, *, now: float) -> Message:
         ctx(("checked ", Date(now))),
     )
     return Message("GPU fleet", body, kind=Kind.PAGE)
+
+
+MAX_WINDOWS = 10  # maintenance windows listed on the Home tab (soonest first)
+
+
+def with_windows(page: Message, windows: Sequence[Window], now: float) -> Message:
+    """Return the Home tab with the maintenance windows open or planned, if it has room: a
+    person sees before claiming that the node goes down on Saturday."""
+    if not windows or len(page.body) >= MAX_PAGE_PARTS:
+        return page
+    shown = [f"{w.node} {w.shown(now)}" for w in windows[:MAX_WINDOWS]]
+    more = len(windows) - len(shown)
+    line = ctx("🛠 " + " · ".join(shown) + (f" · and {more} more" if more else ""))
+    return replace(page, body=(*page.body[:-1], line, page.body[-1]))
 
 
 def with_week(page: Message, week: Line | None) -> Message:

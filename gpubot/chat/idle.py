@@ -25,18 +25,11 @@ from gpubot.chat.message import (
     ctx,
 )
 from gpubot.core import durations
-from gpubot.core.alerting import AlertItem, MessageRef
+from gpubot.core.alerting import AlertGroup, AlertItem, MessageRef
+from gpubot.core.findings import IDLE_HOLDER
 
 ACTION_FREE = "gpubot_free_it"  # the value is the finding's key text
 MAX_DM_ITEMS = 10  # idle GPUs detailed in one message (2 blocks each)
-
-
-def chat_ids_of(users: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """Return Linux user → the chat user ids ``[users]`` maps to it (sorted)."""
-    out: dict[str, list[str]] = {}
-    for chat_id, linux in users.items():
-        out.setdefault(linux, []).append(chat_id)
-    return {linux: tuple(sorted(ids)) for linux, ids in out.items()}
 
 
 def free_button(key_text: str, node: str, gpu: int, pid: str) -> Action:
@@ -45,8 +38,6 @@ def free_button(key_text: str, node: str, gpu: int, pid: str) -> Action:
         f"Free {node} GPU {gpu}?",
         f"pid {pid} gets SIGTERM, then SIGKILL if it has not ended after the grace period.",
         confirm="Free it",
-        deny="Cancel",
-        style=Style.DANGER,
     )
     return Action(ACTION_FREE, "Free it", key_text, Style.DANGER, ask)
 
@@ -95,3 +86,25 @@ def render_idle_dm(
     where: Text = (" · also in ", Place(alert)) if alert is not None else ()
     b.add(ctx(("gpubot sweep · ", Date(now.timestamp()), *where)))
     return b.message(clip(title, MAX_FALLBACK))
+
+
+def idle_owners(
+    group: AlertGroup, people: Mapping[str, Sequence[str]]
+) -> dict[str, list[AlertItem]]:
+    """Return chat user → the group's open idle holders whose owner (a Linux user) ``people``
+    maps to that user: whom an idle-holder alert is also told by DM, and about what."""
+    mine: dict[str, list[AlertItem]] = {}
+    for item in group.open:
+        f = item.finding
+        if f is None or f.kind != IDLE_HOLDER or f.owner is None:
+            continue
+        for user in people.get(f.owner, ()):
+            mine.setdefault(user, []).append(item)
+    return mine
+
+
+def idle_subject(node: str, items: Sequence[AlertItem], user: str) -> str:
+    """Return the outbox's name of the idle-holder DM to ``user`` about ``items`` on ``node``:
+    "dm:idle:<node>:<gpu>:<pid>:<start>[,…]:<user>" (a holder is a process and its start)."""
+    held = ",".join(sorted(f"{i.key.gpu}:{i.key.holder}" for i in items))
+    return f"dm:idle:{node}:{held}:{user}"

@@ -5,7 +5,8 @@ evidence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from gpubot.chat.errors import error_message
 from gpubot.chat.flows import Flows
@@ -24,16 +25,19 @@ from gpubot.chat.message import (
     Sentence,
     Span,
     Style,
+    Text,
     bold,
     clipped,
     ctx,
     note,
 )
 from gpubot.chat.surface import Surface
+from gpubot.core.health.hung import HUNG_BUSY
 from gpubot.core.policy import Person
-from gpubot.core.usage.ladder import Step
+from gpubot.core.usage.ladder import Rung, Step
 from gpubot.errors import GpubotError
 from gpubot.services.ladder import LadderNotice, ReclaimLadder
+from gpubot.services.outbox import Outbox
 
 ACTION_KEEP = "gpubot_ladder_keep"  # the value is the finding's key text
 ACTION_ONCALL_FREE = "gpubot_ladder_free"  # on-call's Free it: the finding's key text
@@ -46,18 +50,16 @@ def oncall_free_button(key: str, node: str, gpu: int) -> Action:
         "This asks the on-call approvers for a forced reset of the idle holder; nothing is "
         "killed until one approves.",
         confirm="Ask",
-        deny="Cancel",
-        style=Style.DANGER,
     )
     return Action(ACTION_ONCALL_FREE, "Free it (on-call)", key, Style.DANGER, ask)
 
 
-def _what(n: LadderNotice) -> list[Span]:
+def _what(n: LadderNotice) -> Text:
     f = n.finding
     said: list[Span] = [bold(f"{f.node} GPU {f.gpu}"), ": ", clipped(800, Sentence(f.summary))]
     if f.workload:
         said += [" · workload: ", clipped(200, Code(f.workload))]
-    return [*said, NL, "Evidence: ", Sentence(n.evidence.text())]
+    return (*said, NL, "Evidence: ", Sentence(n.evidence.text()))
 
 
 def render_ladder(n: LadderNotice, owners: Sequence[str]) -> Message:
@@ -66,49 +68,35 @@ def render_ladder(n: LadderNotice, owners: Sequence[str]) -> Message:
     gpu = n.rung.gpu
     pid = f.holder.split(":", 1)[0]
     who: list[Span] = [Mention(u) for u in owners] or [Code(n.rung.owner)]
-    b = Budget()
+    acts: Actions | None = None
+    hung = f.kind == HUNG_BUSY
     if n.step in (Step.DM, Step.REMIND):
         head = "Reminder: your" if n.step is Step.REMIND else "Your"
-        title = f"{head} job holds {f.node} GPU {gpu} idle"
-        b.add(
-            Section(
-                (
-                    "👋 ",
-                    bold(title),
-                    NL,
-                    "Others are waiting for GPUs. Done? ",
-                    bold("Free it"),
-                    ". Still need it? ",
-                    bold("Keep (reason)"),
-                    ".",
-                )
-            )
-        )
-        b.add(Section(tuple(_what(n))))
+        if hung:
+            title = f"{head} job on {f.node} GPU {gpu} looks hung: busy, but no progress"
+            asks: Text = ("Is it wedged (an NCCL hang?)? ", bold("Free it"), ". Working? ")
+        else:
+            title = f"{head} job holds {f.node} GPU {gpu} idle"
+            asks = ("Others are waiting for GPUs. Done? ", bold("Free it"), ". Still need it? ")
+        intro: Text = ("👋 ", bold(title), NL, *asks, bold("Keep (reason)"), ".")
         keep = Action(ACTION_KEEP, "Keep (reason)", key, Style.PRIMARY)
-        b.add(Actions((free_button(key, f.node, gpu, pid), keep)))
+        acts = Actions((free_button(key, f.node, gpu, pid), keep))
     elif n.step is Step.POST:
-        title = f"{f.node} GPU {gpu} held idle by {n.rung.owner}"
-        b.add(Section(("⚠ ", bold(title), NL, "Held idle by ", *who, ", told in a DM.")))
-        b.add(Section(tuple(_what(n))))
+        held = "looks hung in the job of" if hung else "held idle by"
+        title = f"{f.node} GPU {gpu} {held} {n.rung.owner}"
+        intro = ("⚠ ", bold(title), NL, held.capitalize(), " ", *who, ", told in a DM.")
     else:
         title = f"On-call: {f.node} GPU {gpu} can be freed"
-        b.add(
-            Section(
-                (
-                    "🧹 ",
-                    bold(title),
-                    NL,
-                    "Held idle by ",
-                    *who,
-                    " after a DM, a reminder and a post. ",
-                    bold("Free it"),
-                    " asks the approvers for a forced reset of only this process.",
-                )
-            )
-        )
-        b.add(Section(tuple(_what(n))))
-        b.add(Actions((oncall_free_button(key, f.node, gpu),)))
+        held = "Looks hung in the job of " if hung else "Held idle by "
+        then = (" after a DM, a reminder and a post. ", bold("Free it"))
+        only = " asks the approvers for a forced reset of only this process."
+        intro = ("🧹 ", bold(title), NL, held, *who, *then, only)
+        acts = Actions((oncall_free_button(key, f.node, gpu),))
+    b = Budget()
+    b.add(Section(intro))
+    b.add(Section(_what(n)))
+    if acts is not None:
+        b.add(acts)
     b.add(ctx(f"gpubot reclaim ladder · step {int(n.step)} of 4 ({n.step.label})"))
     return b.message(clip(title, MAX_FALLBACK))
 
@@ -141,3 +129,55 @@ async def oncall_free(
         return
     await ladder.free_asked(key, by=f"{flows.source}:{who.id}", evidence=evidence)
     await free_it(flows, key, who, out, evidence=evidence.text())
+
+
+def ladder_subject(rung: Rung, step: Step, to: str, kind: str = "dm") -> str:
+    """Return the outbox's name of one ladder message: "dm:ladder:<finding>:<start>:<step>:<to>"
+    (``to``: the chat user of a DM, or with ``kind`` "post" the channel or room of a post)."""
+    return f"{kind}:ladder:{rung.finding}:{rung.started_at}:{int(step)}:{to}"
+
+
+log = logging.getLogger(__name__)
+OpenDm = Callable[[str], Awaitable[str | None]]  # a chat user id -> their DM's place, or None
+
+
+class LadderTeller:
+    """Tells the ladder's steps (``LadderNotifier``) on one front end, each message once through
+    the one outbox: steps 1-2 to the owner's chat users (``open_dm``), 3-4 in ``place``."""
+
+    def __init__(
+        self,
+        open_dm: OpenDm,
+        place: str | None,
+        people: Mapping[str, Sequence[str]],
+        outbox: Outbox[Message],
+        platform: str,
+    ) -> None:
+        self.open_dm, self.place, self.people = open_dm, place, people
+        self.outbox, self.platform = outbox, platform
+
+    async def tell(self, notice: LadderNotice) -> bool:
+        """DM the owner (steps 1-2) or post in the alerts place (3-4); never raises."""
+        owners = tuple(self.people.get(notice.rung.owner, ()))
+        said = render_ladder(notice, owners)
+        try:
+            if notice.step in (Step.DM, Step.REMIND):
+                sent = False
+                for user in owners:
+                    dm = await self.open_dm(user)
+                    if dm is not None:
+                        subject = ladder_subject(notice.rung, notice.step, user)
+                        sent = await self.outbox.send(subject, dm, said) is not None or sent
+                if not owners:
+                    log.info(
+                        "reclaim ladder: %s maps to no %s user", notice.rung.owner, self.platform
+                    )
+                return sent
+            if self.place is None:
+                log.warning("reclaim ladder: no alerts place for step %d", int(notice.step))
+                return False
+            subject = ladder_subject(notice.rung, notice.step, self.place, "post")
+            return await self.outbox.send(subject, self.place, said) is not None
+        except Exception:  # a step is told at most once; its record stands
+            log.exception("reclaim ladder: step %d not told", int(notice.step))
+            return False

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpubot.chat.message import Heading, Kind, Message, Part, Pre
-from gpubot.core.text import one_line
+from gpubot.core.text import cut, one_line
 
 MAX_PARTS = 50
 MAX_PAGE_PARTS = 100
@@ -32,9 +32,7 @@ def size(line: str) -> int:
     return len(text) + sum(_WIDE.get(c, 1) - 1 for c in text if c in _WIDE)
 
 
-def clip(text: str, n: int) -> str:
-    """Shorten ``text`` to at most ``n`` characters, marking the cut."""
-    return text if len(text) <= n else text[: max(0, n - 1)] + "…"
+clip = cut  # shorten text to at most n characters, marking the cut
 
 
 def table_fits(rows: Sequence[Sequence[str]]) -> bool:
@@ -47,13 +45,11 @@ def table_fits(rows: Sequence[Sequence[str]]) -> bool:
 
 
 def table_text(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Return rows as aligned text columns."""
     width = [max(len(r[i]) if i < len(r) else 0 for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(width[i]) for i, c in enumerate(r)).rstrip() for r in rows]
 
 
 def rows_of(rows: Sequence[Sequence[str]]) -> tuple[tuple[str, ...], ...]:
-    """Return rows as a table's tuples."""
     return tuple(tuple(r) for r in rows)
 
 
@@ -66,7 +62,6 @@ class Budget:
 
     @property
     def room(self) -> int:
-        """Return how many parts can still be added."""
         return self.limit - len(self.parts)
 
     def add(self, part: Part) -> bool:

@@ -7,7 +7,7 @@ line): only ``NL`` breaks one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -98,22 +98,26 @@ Text = tuple[Span, ...]
 
 
 def bold(*parts: Span) -> Strong:
-    """Return ``parts`` bold."""
     return Strong(parts)
 
 
 def italic(*parts: Span) -> Emph:
-    """Return ``parts`` in italics."""
     return Emph(parts)
 
 
 def clipped(most: int, *parts: Span) -> Clipped:
-    """Return ``parts`` shortened to ``most`` characters."""
     return Clipped(parts, most)
 
 
+def joined(spans: Iterable[Span], sep: str = ", ") -> list[Span]:
+    """Return ``spans`` with ``sep`` between each two (names listed in a sentence)."""
+    out: list[Span] = []
+    for s in spans:
+        out += [sep, s] if out else [s]
+    return out
+
+
 def lines(*rows: Text) -> Text:
-    """Return text rows joined by line breaks."""
     out: list[Span] = []
     for i, row in enumerate(rows):
         if i:
@@ -131,13 +135,13 @@ class Style(StrEnum):
 
 @dataclass(frozen=True)
 class Confirm:
-    """A question asked before an action runs (plain text throughout)."""
+    """A question asked before an action runs (plain text throughout; destructive unless said)."""
 
     title: str
     text: str
     confirm: str
-    deny: str
-    style: Style | None = None
+    deny: str = "Cancel"
+    style: Style | None = Style.DANGER
 
 
 @dataclass(frozen=True)
@@ -226,17 +230,10 @@ class Message:
 
     @property
     def sections(self) -> tuple[Section, ...]:
-        """Return the message's sections."""
         return tuple(p for p in self.body if isinstance(p, Section))
 
     @property
-    def table(self) -> Table | None:
-        """Return the message's (first) table, if any."""
-        return next((p for p in self.body if isinstance(p, Table)), None)
-
-    @property
     def actions(self) -> tuple[Action, ...]:
-        """Return every action of the message, in order."""
         out: list[Action] = []
         for p in self.body:
             if isinstance(p, Actions):
@@ -246,19 +243,9 @@ class Message:
         return tuple(out)
 
     @property
-    def context(self) -> tuple[Context, ...]:
-        """Return the message's context lines."""
-        return tuple(p for p in self.body if isinstance(p, Context))
-
-    @property
     def people(self) -> tuple[Mention, ...]:
         """Return every person the message names, in order, each once."""
         return tuple(dict.fromkeys(s for s in self.spans() if isinstance(s, Mention)))
-
-    @property
-    def dates(self) -> tuple[Date, ...]:
-        """Return every date the message shows, in order."""
-        return tuple(s for s in self.spans() if isinstance(s, Date))
 
     def spans(self) -> Iterator[Span]:
         """Yield every span of the message's text, nested ones included."""
@@ -283,6 +270,6 @@ def paragraph(text: str) -> Text:
     return lines(*((Sentence(line),) for line in text.split("\n")))
 
 
-def note(*spans: Span, title: str | None = None) -> Message:
+def note(*spans: Span, title: str | None = None, fallback: str | None = None) -> Message:
     """Return a short message: one section (usage errors, notices)."""
-    return Message(title=title, body=(Section(spans),))
+    return Message(title, (Section(spans),), fallback)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +31,7 @@ from gpubot.chat.message import (
     clipped,
     ctx,
     italic,
+    joined,
     lines,
 )
 from gpubot.core.models import NodeSnapshot, Outcome
@@ -86,9 +88,9 @@ def plan_lines(plan: ResetPlan) -> list[str]:
     return out or ["no process to signal"]
 
 
-def _add_plan(b: Budget, plan: ResetPlan, *, use_table: bool, reserve: int) -> None:
+def _add_plan(b: Budget, plan: ResetPlan, *, reserve: int) -> None:
     rows = plan_rows(plan)
-    if use_table and plan.targets and table_fits(rows):
+    if plan.targets and table_fits(rows):
         b.add(Table(rows_of(rows), wrap=(4, 5), right=(0, 3)))
         if plan.skipped:
             left = "; ".join(
@@ -106,19 +108,19 @@ def _add_plan(b: Budget, plan: ResetPlan, *, use_table: bool, reserve: int) -> N
 def step_lines(events: Sequence[ResetEvent]) -> list[Text]:
     """Summarise reset events: planned → signals → exits → verifying → outcome per GPU."""
     lines: list[str] = []
-    kinds: list[str] = [e.kind for e in events]
     for e in events:
         if e.kind == "planned":
             n = len(e.data.get("targets", []))
             lines.append(f"✓ planned: {n} process(es) on GPU {gpu_list(e.data.get('gpus', []))}")
     for sig in ("SIGTERM", "SIGKILL"):
-        sent = [e for e in events if e.kind == "signal" and e.data.get("signal") == sig]
+        sent = Counter(
+            str(e.data.get("result"))
+            for e in events
+            if e.kind == "signal" and e.data.get("signal") == sig
+        )
         if sent:
-            counts: dict[str, int] = {}
-            for e in sent:
-                counts[str(e.data.get("result"))] = counts.get(str(e.data.get("result")), 0) + 1
-            lines.append(f"✓ {sig}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-    exited = kinds.count("exited")
+            lines.append(f"✓ {sig}: " + ", ".join(f"{v} {k}" for k, v in sorted(sent.items())))
+    exited = sum(e.kind == "exited" for e in events)
     if exited:
         lines.append(f"✓ exited: {exited} process(es)")
     for e in events:
@@ -158,7 +160,7 @@ def render_progress(
     b.add(Heading(title))
     b.add(Section(who))
     if plan is not None:
-        _add_plan(b, plan, use_table=True, reserve=2)
+        _add_plan(b, plan, reserve=2)
     b.add(Section(lines(*step_lines(events))))
     b.add(ctx("in progress …"))
     return b.message(f"{title}: in progress")
@@ -202,24 +204,24 @@ def render_result(title: str, who: Text, result: ResetResult, *, use_table: bool
         b.add_pre(table_text(rows), reserve=4)
     problems = [g for g in result.gpus if g.outcome is not Outcome.FREED]
     if problems:
-        b.add(
-            Section(
-                lines(
-                    *(
-                        ("• ", Sentence(f"GPU {g.index}: {g.outcome} — {g.detail}"))
-                        for g in problems
-                    )
-                )
-            )
-        )
+        said = (("• ", Sentence(f"GPU {g.index}: {g.outcome} — {g.detail}")) for g in problems)
+        b.add(Section(lines(*said)))
     killed = ", ".join(f"{t.user or '?'} {t.pid}" for t in result.plan.targets[:10])
     more = f" (+{len(result.plan.targets) - 10})" if len(result.plan.targets) > 10 else ""
     audit = f"audit #{result.action_id}" if result.action_id is not None else "not audited"
     b.add(ctx(f"signalled: {killed or 'none'}{more}", audit))
+    for e in result.steps:
+        if e.kind == "gpu_reset":  # offered, never run by itself
+            b.add(Section((Sentence(diag_offer(result.node, e.data.get("gpu"))),)))
     fallback = f"{title}: {verdict} — " + "; ".join(
         f"GPU {g.index} {g.outcome}" for g in result.gpus[:20]
     )
     return b.message(clip(fallback, 3000))
+
+
+def diag_offer(node: str, gpu: object) -> str:
+    """Return the line offering DCGM's diagnostic after a GPU reset (a core sentence)."""
+    return f"Run `/gpu diag {node} gpu {gpu}` before giving the GPU back."
 
 
 def held_memory(plan: ResetPlan) -> str:
@@ -236,9 +238,7 @@ def held_memory(plan: ResetPlan) -> str:
 def _request_text(plan: ResetPlan, requester_id: str, requester_user: str | None) -> Text:
     who = requester_user or "no known Linux user"
     # Owners are names a node's user database gives: code spans, never inside our own bold.
-    owners: list[Span] = []
-    for i, o in enumerate(plan.owners):
-        owners += [", ", Code(o)] if i else [Code(o)]
+    owners = joined(Code(o) for o in plan.owners)
     kills = "; ".join(plan.workloads[:5]) + ("; …" if len(plan.workloads) > 5 else "")
     out: list[Span] = [Mention(requester_id), f" ({who}) asks to free ", bold(plan.node)]
     out += [f" GPU {gpu_list(plan.gpus)}. This kills processes of ", *owners]
@@ -268,7 +268,7 @@ def render_approval_request(
     b.add(Section(_request_text(plan, requester_id, requester_user)))
     if context:
         b.add(Section(context))
-    _add_plan(b, plan, use_table=True, reserve=2)
+    _add_plan(b, plan, reserve=2)
     b.add(ctx(f"Request #{approval_id}", ("expires ", Date(expires_at))))
     gpus = gpu_list(plan.gpus)
     ask = Confirm(
@@ -276,8 +276,6 @@ def render_approval_request(
         f"{len(plan.targets)} process(es) of {', '.join(plan.owners)} on "
         f"{plan.node} GPU {gpus} will be killed.",
         confirm="Kill them",
-        deny="Cancel",
-        style=Style.DANGER,
     )
     approve = Action(ACTION_APPROVE, "Approve", str(approval_id), Style.PRIMARY, ask)
     deny = Action(ACTION_DENY, "Deny", str(approval_id), Style.DANGER)
@@ -328,7 +326,7 @@ def render_approval_state(
     b.add(Section(_request_text(plan, requester_id, requester_user)))
     b.add(Section((*line, NL, Sentence(note)) if note else line))
     if body is None:
-        _add_plan(b, plan, use_table=True, reserve=1)
+        _add_plan(b, plan, reserve=1)
     else:  # ours replaces the body's own title
         for part in body.body:
             b.add(part)
@@ -338,10 +336,13 @@ def render_approval_state(
 _FIELD = re.compile(r"(\{by\}|\{at\}|\{time\})")
 
 
-def state_line(state: str, by: str | None, at: float | None) -> Text:
-    """Return the line saying where a request stands: who decided it and when."""
+def state_line(
+    state: str, by: str | None, at: float | None, *, table: Mapping[str, str] = STATE_LINE
+) -> Text:
+    """Return the line saying where a request stands: who decided it and when (``table``: the
+    words of each state)."""
     out: list[Span] = []
-    for piece in _FIELD.split(STATE_LINE.get(state, state)):
+    for piece in _FIELD.split(table.get(state, state)):
         if piece == "{by}":
             out.append(Mention(by) if by else "?")
         elif piece == "{at}":

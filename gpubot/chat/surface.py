@@ -61,7 +61,6 @@ class Progress:
         self.task = asyncio.create_task(self._loop())
 
     def poke(self) -> None:
-        """Ask for an update soon."""
         self.dirty.set()
 
     async def _loop(self) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gpubot.chat.errors import error_message
 from gpubot.chat.message import Message, Text, note
-from gpubot.chat.reset_view import render_progress, render_result
+from gpubot.chat.reset_view import gpu_list, render_progress, render_result
 from gpubot.chat.surface import MessageRef, Progress, Surface
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.ports import Clock
@@ -32,13 +32,11 @@ Frame = Callable[[Message | None], Message]  # wraps a body in a request's own m
 
 
 def plain(body: Message | None) -> Message:
-    """Return ``body`` as it is (an empty note for none)."""
     return body or note("")
 
 
 def reset_title(plan: ResetPlan) -> str:
-    """Return the title of a reset's messages."""
-    return f"Reset {plan.node} · GPU {', '.join(map(str, plan.gpus)) or '–'}"
+    return f"Reset {plan.node} · GPU {gpu_list(plan.gpus)}"
 
 
 @dataclass
@@ -76,7 +74,6 @@ class Tracker:
         self.progress: Progress | None = None
 
     async def __call__(self, event: RequestEvent) -> None:
-        """Show one event of the request."""
         if isinstance(event, ResetEvent):
             self.events.append(event)
             if self.progress is not None:
@@ -92,7 +89,6 @@ class Tracker:
             await self.on_decided(self, event)
 
     def start(self, plan: ResetPlan | None) -> None:
-        """Start the progress edits of a reset of ``plan``."""
         self.plan = plan
         if self.title is None and plan is not None:
             self.title = reset_title(plan)
@@ -101,7 +97,6 @@ class Tracker:
         )
 
     def render_progress(self) -> Message:
-        """Return the request's message as the reset stands now."""
         return self.frame(
             render_progress(self.title or "Reset", self.asked, self.plan, self.events)
         )

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 # The chat front ends whose ids the settings may name, by import: an explicit list (the
 # composition root names none; ``config.front_ends``).
+import gpubot.matrix.ids
 import gpubot.slack.ids  # noqa: F401
 from gpubot import __version__
 from gpubot.cli import logs
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("gpubot.cli.status", "show per-GPU memory tables for nodes or groups"),
     "reset": ("gpubot.cli.reset", "free GPUs safely: plan, TERM, KILL, verify"),
     "gpu-reset": ("gpubot.cli.reset", "nvidia-smi --gpu-reset an orphaned GPU"),
+    "diag": ("gpubot.cli.diag", "run DCGM's diagnostic (dcgmi diag) on one GPU, audited"),
     "sweep": ("gpubot.cli.sweep", "look for zombie processes and orphaned VRAM now"),
     "report": ("gpubot.cli.report", "GPU-hours held busy, idle and claimed but unused"),
     "audit": ("gpubot.cli.audit", "list, show, review, export and verify the audit log"),
@@ -40,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gpubot.cli.serve", "run the Slack bot"),
     "console": ("gpubot.cli.console", "type /gpu commands on a terminal"),
     "claim": ("gpubot.cli.claims", "claim GPUs, extend, release, list claims, queue (--json)"),
+    "maint": ("gpubot.cli.maint", "plan, end or list maintenance windows, audited"),
     "sim": ("gpubot.cli.demo", "run and drive a simulated GPU fleet"),  # the demo's simulator
 }
 
@@ -84,10 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpubot's own failures."""
     try:
         try:
-            code = run_command(argv)
+            return run_command(argv)
         finally:  # also after --help: what is still buffered goes while a closed pipe is caught
             sys.stdout.flush()
-        return code
     except (BrokenPipeError, StdoutClosed):
         if not _stdout_closed():
             raise  # some other pipe or socket: not the reader of our output going away

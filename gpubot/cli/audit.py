@@ -23,11 +23,12 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from gpubot.app import open_app_store, settings_from
-from gpubot.cli.audit_records import print_listing, show_record, when, write_table
+from gpubot.cli.audit_records import action_cells, print_listing, show_record, when, write_table
 from gpubot.cli.common import cli_actor
 from gpubot.config import AuditSettings
 from gpubot.core import durations
@@ -36,22 +37,10 @@ from gpubot.store import ActionDetail, ActionSummary, AuditRecord, SealRule, Sto
 from gpubot.store.audit_kinds import BY_NAME, AuditListing, ListFilter, parse_kinds
 from gpubot.store.query_records import node_count
 
-EXPORT_FIELDS = (
-    "seq",
-    "action_id",
-    "kind",
-    "created_at",
-    "actor",
-    "source",
-    "node",
-    "payload",
-    "prev_hash",
-    "hash",
-)
+EXPORT_FIELDS = tuple(f.name for f in fields(AuditRecord))  # as stored, in order
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``audit`` actions."""
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     ls = sub.add_parser("list", help="list what people did or approved, newest first")
     ls.add_argument(
@@ -100,7 +89,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one ``audit`` action; return the exit status."""
     check_args(args)
     settings = settings_from(args.config, os.environ)
     if args.audit_command == "verify":
@@ -113,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Validate option values, raising ``UsageError`` with one line."""
     if args.audit_command == "list":
         args.limit = positive_int("--limit", args.limit)
         args.since = None if args.since is None else parse_since(args.since, datetime.now(UTC))
@@ -170,7 +157,6 @@ def parse_head(text: str) -> tuple[int, str]:
 
 
 def positive_int(name: str, text: str) -> int:
-    """Parse a whole number > 0."""
     if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) < 1:
         raise UsageError(f"{name}: expected a whole number > 0, got {text!r}")
     return int(text)
@@ -281,20 +267,7 @@ def _print_actions(acts: list[ActionSummary], as_json: bool, out: TextIO) -> Non
         out.write("no actions match\n")
         return
     rows = [("ID", "STARTED (UTC)", "STATUS", "NODE", "GPUS", "ACTOR", "SOURCE", "COMMAND")]
-    rows += [
-        (
-            str(a.id),
-            when(a.started_at),
-            a.status,
-            a.node or "-",
-            ",".join(map(str, a.gpus)) or "-",
-            a.actor,
-            a.source,
-            a.command,
-        )
-        for a in acts
-    ]
-    write_table(rows, out)
+    write_table(rows + [action_cells(a, kind=False) for a in acts], out)
 
 
 def _print_queries(qs: list[AuditRecord], as_json: bool, out: TextIO) -> None:
@@ -333,7 +306,7 @@ def _show(d: ActionDetail) -> str:
     lines = [
         f"action {s.id}: {s.kind} on {s.node or '-'} GPUs {gpus}: {s.status}",
         f"  who:      {s.actor} via {s.source}",
-        *_approval_line(d),
+        *([] if (a := d.approval) is None else [_approval(a)]),
         f"  command:  {s.command}",
         f"  started:  {when(s.started_at)} UTC   finished: {when(s.finished_at)}{took}",
         f"  plan:     {json.dumps(d.plan, sort_keys=True)}",
@@ -350,15 +323,12 @@ def _show(d: ActionDetail) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _approval_line(d: ActionDetail) -> list[str]:
-    a = d.approval
-    if a is None:
-        return []
-    return [
+def _approval(a: dict[str, Any]) -> str:
+    return (
         f"  approval: #{a.get('id')} requested by {a.get('requester')} "
         f"({a.get('requester_name') or '-'}), approved by {a.get('approver')} "
         f"({a.get('approver_name') or '-'})"
-    ]
+    )
 
 
 async def _export(store: Store, fmt: str, out: TextIO) -> None:

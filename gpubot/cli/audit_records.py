@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from gpubot.core.text import cut
+from gpubot.core.text_table import table_lines
 from gpubot.store import ActionSummary, AuditRecord
 from gpubot.store.audit_kinds import Listed, listing_kind
 
@@ -54,7 +56,6 @@ def record_row(rec: AuditRecord) -> dict[str, Any]:
 
 
 def print_listing(items: Sequence[Listed], as_json: bool, out: TextIO, empty: str) -> None:
-    """Print actions and records in one table (or JSON), in the order given."""
     if as_json:
         rows = [
             {"record": "action", **i.as_dict()} if isinstance(i, ActionSummary) else record_row(i)
@@ -68,15 +69,12 @@ def print_listing(items: Sequence[Listed], as_json: bool, out: TextIO, empty: st
     table: list[tuple[str, ...]] = [
         ("ID", "STARTED (UTC)", "KIND", "STATUS", "NODE", "GPUS", "ACTOR", "SOURCE", "WHAT")
     ]
-    table += [_action_cells(i) if isinstance(i, ActionSummary) else _cells(i) for i in items]
+    table += [action_cells(i) if isinstance(i, ActionSummary) else _cells(i) for i in items]
     write_table(table, out)
 
 
 def write_table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    """Write ``rows`` (the header first) in columns as wide as their widest cell."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    out.write("\n".join(table_lines(rows)) + "\n")
 
 
 def when(moment: datetime | None) -> str:
@@ -85,7 +83,6 @@ def when(moment: datetime | None) -> str:
 
 
 def show_record(rec: AuditRecord) -> str:
-    """Return one record in full for ``audit show``."""
     lines = [
         f"record {rec.seq}: {listing_kind(rec)} ({status_of(rec)}) on {rec.node or '-'}",
         f"  who:      {rec.actor} via {rec.source}",
@@ -99,10 +96,11 @@ def show_record(rec: AuditRecord) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _action_cells(a: ActionSummary) -> tuple[str, ...]:
+def action_cells(a: ActionSummary, *, kind: bool = True) -> tuple[str, ...]:
+    """Return an action's row: id, start, kind (unless ``kind`` is False), status and the rest."""
     gpus = ",".join(map(str, a.gpus)) or "-"
-    started = when(a.started_at)
-    return (str(a.id), started, a.kind, a.status, a.node or "-", gpus, a.actor, a.source, a.command)
+    what = (a.status, a.node or "-", gpus, a.actor, a.source, a.command)
+    return (str(a.id), when(a.started_at), *((a.kind,) if kind else ()), *what)
 
 
 def _cells(rec: AuditRecord) -> tuple[str, ...]:
@@ -113,8 +111,7 @@ def _cells(rec: AuditRecord) -> tuple[str, ...]:
         for k, v in sorted(data.items())
         if k not in HIDDEN and v not in (None, "", [], {}) and v != status
     )
-    if len(what) > WHAT_WIDTH:
-        what = what[: WHAT_WIDTH - 1] + "…"
+    what = cut(what, WHAT_WIDTH)
     return (
         str(rec.seq),
         when(rec.time),
@@ -129,8 +126,7 @@ def _cells(rec: AuditRecord) -> tuple[str, ...]:
 
 
 def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 30 else text[:29] + "…"
+    return cut(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), 30)
 
 
 def _data(rec: AuditRecord) -> dict[str, Any]:

@@ -24,7 +24,6 @@ from gpubot.services.claims import ClaimService
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the claim arguments."""
     p.add_argument("words", nargs="+", metavar="WORD", help="e.g. node3 gpu 2,3 for 4h train")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--as", dest="as_id", metavar="USER_ID", help="claim as this Slack user id")
@@ -42,7 +41,6 @@ def parse_words(words: list[str]) -> cc.ClaimCommand:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one claim or queue command."""
     cmd = parse_words(list(args.words))
 
     async def body(app: App) -> int:

@@ -52,7 +52,6 @@ def duration_arg(text: str) -> float:
 
 
 def color() -> bool:
-    """Whether to colour output: only on a TTY, and never with NO_COLOR set."""
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
@@ -92,7 +91,6 @@ async def interrupted_on(
 
 
 def print_interrupted(found: Sequence[ActionSummary] | None, out: TextIO) -> None:
-    """Print one line per interrupted action (nothing when there is none)."""
     for line in interrupted_lines(found or ()):
         print(one_line(line), file=out)
 

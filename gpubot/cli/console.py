@@ -1,11 +1,10 @@
-"""``gpubot console``: the ``/gpu …`` commands on a terminal, answered as text.
+"""``gpubot console``: the ``/gpu …`` commands on a terminal, answered as text, on the app
+built on the console front end (``console.front``), its duties run as for every front end.
 
-This module is the entry: it builds the app on the console front end (``console.front``) and
-hands the console's loop (``console.repl``) its narrow parts; the root runs its duties (the
-approval expiry, the claims), as for every front end. Approvals are typed, as an approver named with
-``--as U…`` (a Slack user id listed in ``[approvals] approvers``). Without ``--as`` the console
-user is the local Unix user (``console:NAME``), who owns their own processes on the boxes, except
-root or a ``[reset] system_users`` account: self-service never acts as one.
+Approvals are typed as an approver named with ``--as U…`` (in ``[approvals] approvers``).
+Without ``--as`` the console user is the local Unix user (``console:NAME``), who owns their own
+processes on the boxes, except root or a ``[reset] system_users`` account: self-service never
+acts as one.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ def console_parts(app: App) -> ConsoleParts:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``gpubot console`` options."""
     parser.add_argument(
         "--as", dest="as_id", metavar="USER_ID", help="act as this Slack user id (e.g. an approver)"
     )

@@ -39,7 +39,6 @@ STRINGS = ("kind", "created_at", "actor", "source", "payload", "prev_hash", "has
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``db`` actions."""
     sub = parser.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     sub.add_parser("upgrade", help="apply every migration this gpubot has (safe to repeat)")
     sub.add_parser("current", help="show the database's revision and the one gpubot needs")
@@ -59,7 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one ``db`` action; return the exit status."""
     store = open_app_store(settings_from(args.config, os.environ), os.environ, check_schema=False)
     try:
         before, head = store.revision()
@@ -147,7 +145,6 @@ def _links(path: str) -> tuple[int, tuple[int, str] | None]:
 
 
 def _records(path: str) -> Iterator[AuditRecord]:
-    """Yield the records of the export at ``path``, in file order."""
     try:
         with open(path, encoding="utf-8", newline="") as f:
             first = f.readline()

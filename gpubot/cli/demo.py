@@ -24,7 +24,6 @@ import asyncio
 import getpass
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from gpubot.app import App
-    from gpubot.chat.flows import Flows
     from gpubot.core.alerting import AlertGroup, Lookup, MessageRef, Posted
     from gpubot.core.policy import Person
     from gpusim.fleet import SimFleet
@@ -51,7 +49,6 @@ PEOPLE = ("dana", "alice", "bob")  # the simulated nodes' users (root: uids of t
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the demo's options."""
     p.add_argument(
         "--interactive",
         action="store_true",
@@ -81,7 +78,6 @@ def _simulator() -> Iterator[None]:
 
 
 def add_sim_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``sim`` actions (``gpusim.cli``)."""
     with _simulator():
         from gpusim import cli
 
@@ -89,12 +85,10 @@ def add_sim_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_sim(args: argparse.Namespace) -> int:
-    """Run one ``gpubot sim`` action; return the exit status."""
     with _simulator():
         from gpusim import cli
 
-        status = cli.run(args)
-    return status
+        return cli.run(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,11 +100,15 @@ def run(args: argparse.Namespace) -> int:
         from gpusim.fleet import SimFleet
 
         people = PEOPLE if os.geteuid() == 0 else ()
+        # The story's people run as themselves on a fleet that gives them uids, else as you.
+        cast = {name: name if people else None for name in PEOPLE}
         with (
-            _workspace() as folder,
-            SimFleet(folder / "fleet", nodes=4, gpus=4, release_delay_s=0.5, people=people) as sim,
+            tempfile.TemporaryDirectory(prefix="gpubot-demo-", ignore_cleanup_errors=True) as tmp,
+            SimFleet(
+                Path(tmp) / "fleet", nodes=4, gpus=4, release_delay_s=0.5, people=people
+            ) as sim,
         ):
-            cast = _cast(bool(people))
+            folder = Path(tmp)
             cfg = _write_config(sim, folder, cast["dana"])
             store = open_app_store(load(cfg), {}, check_schema=False)
             store.upgrade()
@@ -124,14 +122,6 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _cast(own_uids: bool) -> dict[str, str | None]:
-    """Return the Linux user each of the story's people runs as (None: as you): themselves on a
-    fleet that gives them uids, else you (no other uid can be taken)."""
-    if own_uids:
-        return {name: name for name in PEOPLE}
-    return dict.fromkeys(PEOPLE)
-
-
 def _verify_head(cfg: Path, head: str) -> int:
     """Run ``gpubot audit verify --expect-head HEAD`` on the demo's log; return its status."""
     argv = ["gpubot", "--config", str(cfg), "audit", "verify", "--expect-head", head]
@@ -141,15 +131,6 @@ def _verify_head(cfg: Path, head: str) -> int:
     )
     print((done.stdout + done.stderr).strip())
     return done.returncode
-
-
-@contextmanager
-def _workspace() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="gpubot-demo-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write_config(sim: SimFleet, folder: Path, operator: str | None) -> Path:
@@ -169,7 +150,7 @@ channel = "C0GPUOPS"
 oncall_channel = "C0ONCALL"
 
 [users]
-{OPERATOR} = "{operator or _you()}"
+{OPERATOR} = "{operator or getpass.getuser()}"
 {REQUESTER} = "alice"
 {ONCALL} = "olga"
 
@@ -184,11 +165,6 @@ orphan_threshold_mib = 1024
     return cfg
 
 
-def _you() -> str:
-    """Return your Linux user: the demo's operator on a fleet without its own people."""
-    return getpass.getuser()
-
-
 def _stage(sim: SimFleet, cast: dict[str, str | None]) -> None:
     """Put the demo's processes on the fleet: bob's and alice's jobs on node1, dana's stubborn
     one on node2, bob's leak on node3."""
@@ -201,49 +177,47 @@ def _stage(sim: SimFleet, cast: dict[str, str | None]) -> None:
     n4.stop_server()
 
 
-def _say(title: str, text: str = "") -> None:
+def _say(title: str) -> None:
     print(f"\n━━ {title}")
-    if text:
-        print(text)
 
 
-def _built(cfg: Path, operator: str | None) -> tuple[App, Flows, Person]:
-    """Build the demo's app on ``cfg``, its flows (Slack's, printed as text) and dana."""
+def _built(cfg: Path, operator: str | None) -> tuple[App, Person]:
+    """Build the demo's app on ``cfg`` (its alerts printed as text) and dana."""
     from gpubot.app import build
     from gpubot.config import load
     from gpubot.console.front import ConsoleFront
     from gpubot.core.policy import Person
 
     app = build(load(cfg), {}, need_store=True, front=ConsoleFront(notifier=_PrintAlerts()))
-    return app, app.flows, Person(OPERATOR, "dana", operator or _you())
+    return app, Person(OPERATOR, "dana", operator or getpass.getuser())
 
 
 def _console(cfg: Path, operator: str | None) -> int:
-    """Run ``gpubot console`` as dana on the demo fleet (``--interactive``)."""
     from gpubot.cli.console import console_parts
     from gpubot.console.terminal import Prompt, banner, session
 
-    app, _, dana = _built(cfg, operator)
+    app, dana = _built(cfg, operator)
     print(f"demo fleet: 4 nodes; you are dana (Linux user {dana.linux_user}). Try /gpu status all")
     return session(console_parts(app), dana, Prompt(banner(dana)))
 
 
 async def _main(cfg: Path, operator: str | None) -> tuple[int, str | None]:
     """Run the walk-through; return its status and the audit head it printed."""
-    app, flows, dana = _built(cfg, operator)
+    app, dana = _built(cfg, operator)
     try:
-        return await _walk(app, flows, dana)
+        return await _walk(app, dana)
     finally:
         await app.close()
 
 
-async def _walk(app: App, ask: Flows, operator: Person) -> tuple[int, str | None]:
+async def _walk(app: App, operator: Person) -> tuple[int, str | None]:
     from gpubot.chat.alerts import render_sweep
     from gpubot.console.repl import answer
     from gpubot.console.text_render import render_text as message_text
     from gpubot.core.policy import Person
 
     started = time.monotonic()
+    ask = app.flows
     alice = Person(REQUESTER, "alice", "alice")
     olga = Person(ONCALL, "olga", "olga")
 
@@ -281,7 +255,6 @@ class _PrintAlerts:
     """A notifier that prints the alert messages the bot would post to Slack."""
 
     async def post(self, group: AlertGroup, *, token: str) -> Posted:
-        """Print a new alert."""
         from gpubot.core.alerting import Delivery, MessageRef, Posted
 
         print("[alert posted to #gpu-ops]\n" + _alert_text(group))
@@ -294,16 +267,13 @@ class _PrintAlerts:
         return Lookup(True)
 
     async def update(self, where: MessageRef, group: AlertGroup) -> None:
-        """Print an updated alert."""
         print("[alert updated]\n" + _alert_text(group))
 
     async def remind(self, where: MessageRef, group: AlertGroup) -> None:
-        """Print a reminder."""
         print("[reminder]\n" + _alert_text(group))
 
 
 def _alert_text(group: AlertGroup) -> str:
-    """Return the alert message of ``group`` as text."""
     from gpubot.chat.alerts import render_alert_group
     from gpubot.console.text_render import render_text as message_text
 

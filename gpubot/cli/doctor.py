@@ -11,6 +11,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from gpubot.app import doctor_service
+from gpubot.app.sources import restd_reader, slurm_rest
 from gpubot.cli.serve import DEFAULT_API_URL
 from gpubot.config import Settings, audit_key, config_path
 from gpubot.config.doctor import config_checks
@@ -23,7 +24,6 @@ from gpubot.services.doctor import DoctorParts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the doctor arguments."""
     p.add_argument(
         "targets", nargs="*", metavar="NODE|GROUP", help="nodes or groups (default: all)"
     )
@@ -32,9 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the checklist; exit 0 when every check holds, 1 otherwise."""
+    from gpubot.transport.descriptors import limits
+
     checks, settings = config_checks(config_path(args.config, os.environ), os.environ)
-    if settings is not None:
-        checks.append(_descriptors(settings))
+    if settings is not None:  # this process's descriptor limits against the whole fleet's size
+        checks.append(descriptor_check(len(settings.nodes), *limits()))
         picked = pick(settings, args.targets)
         if isinstance(picked, Check):
             checks.append(picked)
@@ -45,13 +47,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(checks))
     return 0 if all_ok(checks) else 1
-
-
-def _descriptors(settings: Settings) -> Check:
-    """Return the descriptor line: this process's limits against the whole fleet's size."""
-    from gpubot.transport.descriptors import limits
-
-    return descriptor_check(len(settings.nodes), *limits())
 
 
 def pick(settings: Settings, names: Sequence[str]) -> tuple[NodeConfig, ...] | Check:
@@ -79,12 +74,32 @@ async def _rest(
     async def fingerprint(node: NodeConfig) -> str | None:
         return await presented_fingerprint(node, settings.ssh.connect_timeout_s)
 
-    parts = DoctorParts(fingerprint, _slack(environ), lambda: _database(settings, environ))
+    restd = slurm_rest(settings, environ)
+    parts = DoctorParts(
+        fingerprint, _chat(environ), lambda: _database(settings, environ), restd_reader(restd)
+    )
     service = doctor_service(settings, parts)
     try:
         return await service.check(nodes)
     finally:
         await service.transport.close()
+        if restd is not None:
+            await restd.close()
+
+
+def _chat(environ: Mapping[str, str]) -> Callable[[Settings], Awaitable[list[Check]]]:
+    """Slack's checks, then Matrix's when the settings file has a ``[matrix]`` section."""
+    slack = _slack(environ) or _unchecked
+
+    async def checks(settings: Settings) -> list[Check]:
+        from pathlib import Path
+
+        from gpubot.matrix.doctor import check_file
+
+        said = await slack(settings)
+        return said + await check_file(Path(settings.path or "gpubot.toml"), environ)
+
+    return checks
 
 
 def _slack(environ: Mapping[str, str]) -> Callable[[Settings], Awaitable[list[Check]]] | None:

@@ -14,15 +14,17 @@ from gpubot.core.flags import flags_of, node_notes, process_flags
 from gpubot.core.models import NodeSnapshot, Outcome
 from gpubot.core.probe.holders import NOT_CHECKED
 from gpubot.core.reset.outcome import ALREADY_FREE, already_free
-from gpubot.core.text import one_line
+from gpubot.core.slurm import SLURM, alloc
+from gpubot.core.text import cut, one_line
 from gpubot.core.text_table import WIDTH as WIDTH  # a note's width, for the tests
 from gpubot.core.text_table import (
-    cut,
     gpu_lines,
     node_heading,
     note_lines,
+    num,
     summary_lines,
     summary_rows,
+    telemetry_lines,
 )
 
 if TYPE_CHECKING:  # types only: ``gpubot status`` need not import the reset service
@@ -39,10 +41,6 @@ FLAGS_COLUMN, STATUS_COLUMN = 5, 5  # of the GPU table, of the summary (``core.t
 
 def _c(text: str, code: str, color: bool) -> str:
     return f"{code}{text}{RESET}" if color and text else text
-
-
-def _num(v: int | None) -> str:
-    return "?" if v is None else str(v)
 
 
 def _paint(column: int, ok: str | None, color: bool) -> Paint | None:
@@ -112,54 +110,50 @@ def render_summary(status: FleetStatus, order: Sequence[str], *, color: bool = F
         unreachable=status.unreachable,
         order=order,
     )
-    out = summary_lines(rows, _paint(STATUS_COLUMN, "ok", color))
+    out = summary_lines(rows, _paint(STATUS_COLUMN, "ok", color)) if len(rows) > 1 else []
+    if status.telemetry:
+        lines = telemetry_lines(status.telemetry)
+        out += ["", *lines] if out else lines
+    out += [_c(f"⚠ {one_line(n)}", YELLOW, color) for n in status.notes]
     out.append(_answered(status))
     return "\n".join(out)
 
 
 def _answered(status: FleetStatus) -> str:
-    ok = len(status.snapshots)
-    return f"{ok}/{ok + len(status.failed)} nodes answered in {status.seconds:.2f} s"
+    ok = len(status.snapshots) + len(status.telemetry)
+    prom = f" ({len(status.telemetry)} from Prometheus)" if status.telemetry else ""
+    return f"{ok}/{ok + len(status.failed)} nodes answered{prom} in {status.seconds:.2f} s"
+
+
+# The ``--json`` fields read straight from a GPU and from each of its processes, in order.
+GPU_FIELDS = ("index", "uuid", "name", "memory_used_mib", "memory_total_mib", "utilization_pct")
+PROCESS_FIELDS = (
+    *("pid", "user", "ppid", "state", "start_ticks", "elapsed_s", "used_memory_mib"),
+    *("process_name", "command", "visible_to_nvidia_smi", "holds_device_file", "system"),
+)
 
 
 def snapshot_dict(snap: NodeSnapshot) -> dict[str, Any]:
     """Return the ``--json`` form of one node that answered."""
-    gpus = []
-    for g in snap.gpus:
-        procs = snap.on_gpu(g.index)
-        gpus.append(
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "memory_used_mib": g.memory_used_mib,
-                "memory_total_mib": g.memory_total_mib,
-                "utilization_pct": g.utilization_pct,
-                "bus_id": g.bus_id,
-                "device_minor": g.minor,
-                "flags": list(flags_of(snap, g)),
-                "health": None if g.health is None else g.health.to_dict(),
-                "processes": [
-                    {
-                        "pid": p.pid,
-                        "user": p.user,
-                        "ppid": p.ppid,
-                        "state": p.state,
-                        "start_ticks": p.start_ticks,
-                        "elapsed_s": p.elapsed_s,
-                        "used_memory_mib": p.used_memory_mib,
-                        "process_name": p.process_name,
-                        "command": p.command,
-                        "visible_to_nvidia_smi": p.visible_to_nvidia_smi,
-                        "holds_device_file": p.holds_device_file,
-                        "system": p.system,
-                        "flags": list(process_flags(p)),
-                        "workload": p.workload.to_dict() if p.workload else None,
-                    }
-                    for p in procs
-                ],
-            }
-        )
+    gpus = [
+        {f: getattr(g, f) for f in GPU_FIELDS}
+        | {
+            "bus_id": g.bus_id,
+            "device_minor": g.minor,
+            "flags": list(flags_of(snap, g)),
+            "health": None if g.health is None else g.health.to_dict(),
+            SLURM: alloc.gpu_dict(snap, g),
+            "processes": [
+                {f: getattr(p, f) for f in PROCESS_FIELDS}
+                | {
+                    "flags": list(process_flags(p)),
+                    "workload": p.workload.to_dict() if p.workload else None,
+                }
+                for p in snap.on_gpu(g.index)
+            ],
+        }
+        for g in snap.gpus
+    ]
     return {
         "name": snap.node,
         "ok": True,
@@ -176,26 +170,30 @@ def fleet_dict(status: FleetStatus, order: list[str]) -> dict[str, Any]:
     by_name = {s.node: snapshot_dict(s) for s in status.snapshots}
     for name, why in status.failed.items():
         by_name[name] = {"name": name, "ok": False, "error": why, "gpus": []}
-    return {"nodes": [by_name[n] for n in order if n in by_name], "seconds": status.seconds}
+    doc: dict[str, Any] = {"nodes": [by_name[n] for n in order if n in by_name]}
+    if status.telemetry or status.notes:  # a summary that read Prometheus
+        doc["prometheus"] = [n.to_dict() for n in status.telemetry]
+        doc["notes"] = list(status.notes)
+    doc["seconds"] = status.seconds
+    return doc
 
 
 OUTCOME_COLOR = {Outcome.FREED: GREEN, Outcome.UNKNOWN: YELLOW}
 
 
 def render_reset(result: ResetResult, *, color: bool = False) -> str:
-    """Render a reset's outcome per GPU with memory before and after."""
     lines = [_c(f"reset of {result.node}", BOLD, color)]
     signalled = {i for t in result.plan.targets for i in t.gpus}
     for g in result.gpus:
         if already_free(g, g.index in signalled):  # not "freed (0 → 0 MiB)"
             word = _c(ALREADY_FREE, GREEN, color)
-            lines.append(f"  GPU {g.index}: {word} ({_num(g.memory_after_mib)} MiB)")
+            lines.append(f"  GPU {g.index}: {word} ({num(g.memory_after_mib)} MiB)")
             continue
         took = "" if g.seconds_to_free is None else f" in {g.seconds_to_free:.2f} s"
         word = _c(str(g.outcome), OUTCOME_COLOR.get(g.outcome, RED), color)
         lines.append(
             f"  GPU {g.index}: {word}{took}  "
-            f"({_num(g.memory_before_mib)} → {_num(g.memory_after_mib)} MiB) {one_line(g.detail)}"
+            f"({num(g.memory_before_mib)} → {num(g.memory_after_mib)} MiB) {one_line(g.detail)}"
         )
     if result.after is not None:
         lines.append("")
@@ -204,7 +202,6 @@ def render_reset(result: ResetResult, *, color: bool = False) -> str:
 
 
 def render_plan_lines(plan: ResetPlan) -> list[str]:
-    """Render a plan: each target with owner, GPUs, memory, command and reasons."""
     lines = [f"plan for {plan.node}, GPU {', '.join(map(str, plan.gpus)) or '-'}:"]
     if not plan.targets:
         lines.append("  no process to signal")

@@ -16,7 +16,6 @@ from gpubot.errors import StoreError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the report arguments."""
     p.add_argument(
         "--since",
         default=DEFAULT_SINCE,
@@ -32,7 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the GPU-hours report."""
 
     async def body(app: App) -> int:
         if app.chat.usage is None:

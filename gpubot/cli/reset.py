@@ -24,8 +24,8 @@ from gpubot.cli.common import (
 from gpubot.cli.output import kept_going
 from gpubot.cli.render import render_plan_lines, render_reset
 from gpubot.core import commands
-from gpubot.core.reason import clean_reason
-from gpubot.core.reset.plan import ResetPlan, ResetRequest
+from gpubot.core.commands import clean_reason
+from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import ResetInterrupted, UsageError
 from gpubot.services.reset import Ask, ResetEvent, ResetResult
 
@@ -52,7 +52,6 @@ def _grace(text: str) -> float:
 
 
 def add_reset_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the reset arguments."""
     p.add_argument("node")
     p.add_argument(
         "--gpu", type=_nonneg_int, action="append", default=[], help="GPU index (repeat)"
@@ -70,7 +69,6 @@ def add_reset_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_gpu_reset_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the gpu-reset arguments."""
     p.add_argument("node")
     p.add_argument("--gpu", type=_nonneg_int, required=True, help="GPU index")
     p.add_argument("--yes", action="store_true", help="do not ask")
@@ -84,6 +82,13 @@ def _confirm(question: str, yes: bool) -> None:
         raise UsageError("not a terminal: add --yes to go ahead without being asked")
     if not agreed(question):
         raise UsageError("cancelled; nothing was done")
+
+
+def _ask(args: argparse.Namespace, grace_s: float | None = None) -> Ask:
+    """Return the CLI's ask: the command as typed, its events on stderr unless ``--json``."""
+    events = None if args.json else _print_event
+    command = shlex.join(["gpubot", *args._argv])
+    return Ask.by(cli_actor(), "cli", command, grace_s=grace_s, on_event=events)
 
 
 async def _print_event(event: ResetEvent) -> None:
@@ -131,7 +136,6 @@ def run_reset(args: argparse.Namespace) -> int:
         user=args.user,
         grace_s=args.grace,
     )
-    command = shlex.join(["gpubot", *args._argv])
 
     async def body(app: App) -> int:
         found = await _interrupted(app, args.node, args.json)
@@ -147,11 +151,13 @@ def run_reset(args: argparse.Namespace) -> int:
             return 0
         if not args.json:
             print("\n".join(render_plan_lines(plan)), file=sys.stderr)
-        _check_forced(plan, args.force)
+        if plan.forced and not args.force:
+            raise UsageError(
+                f"this reset kills processes of {', '.join(plan.owners)}: "
+                "add --force to do it anyway (recorded as a forced kill)"
+            )
         _confirm(f"signal {len(plan.targets)} process(es) on {plan.node}?", args.yes)
-        events = None if args.json else _print_event
-        ask = Ask.by(cli_actor(), "cli", command, grace_s=args.grace, on_event=events)
-        work = app.reset.execute(plan, ask, before=before)
+        work = app.reset.execute(plan, _ask(args, grace_s=args.grace), before=before)
         return await _finished(work, args.json, found)
 
     if args.dry_run:  # changes nothing: a closed pipe may end it (141) like any command
@@ -160,24 +166,13 @@ def run_reset(args: argparse.Namespace) -> int:
         return with_app(args, True, body)
 
 
-def _check_forced(plan: ResetPlan, force: bool) -> None:
-    if plan.forced and not force:
-        raise UsageError(
-            f"this reset kills processes of {', '.join(plan.owners)}: "
-            "add --force to do it anyway (recorded as a forced kill)"
-        )
-
-
 def run_gpu_reset(args: argparse.Namespace) -> int:
     """Reset one orphaned GPU with nvidia-smi --gpu-reset and verify it."""
-    command = shlex.join(["gpubot", *args._argv])
 
     async def body(app: App) -> int:
         found = await _interrupted(app, args.node, args.json)
         _confirm(f"run nvidia-smi --gpu-reset on {args.node} GPU {args.gpu}?", args.yes)
-        events = None if args.json else _print_event
-        ask = Ask.by(cli_actor(), "cli", command, on_event=events)
-        work = app.reset.gpu_reset(args.node, args.gpu, ask)
+        work = app.reset.gpu_reset(args.node, args.gpu, _ask(args))
         return await _finished(work, args.json, found)
 
     with kept_going():  # as a reset's: its output cannot stop it between reset and verify

@@ -14,11 +14,15 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpubot.app import Serving, build, settings_from
 from gpubot.cli.common import duration_arg
 from gpubot.config import Settings, check_port
 from gpubot.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpubot.matrix.settings import MatrixSettings
 
 DEFAULT_API_URL = "https://slack.com/api/"
 _BOT = re.compile(r"xoxb-[A-Za-z0-9-]{8,}")
@@ -29,8 +33,6 @@ _URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
 
 @dataclass(frozen=True)
 class Tokens:
-    """Slack credentials and where the Web API is."""
-
     bot: str
     app: str | None
     signing_secret: str | None
@@ -63,7 +65,12 @@ def read_tokens(environ: Mapping[str, str], *, http: bool) -> Tokens:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``gpubot serve`` options."""
+    parser.add_argument(
+        "--chat",
+        choices=("slack", "matrix"),
+        default="slack",
+        help="the chat front end to serve (default slack; matrix: the [matrix] section)",
+    )
     parser.add_argument(
         "--http", action="store_true", help="serve the Events API over HTTP instead of Socket Mode"
     )
@@ -99,7 +106,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the bot until interrupted."""
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: not a port number (1-65535)")
     if not args.path.startswith("/"):
@@ -107,13 +113,74 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         check_port(args.metrics_port, "--metrics-port")
     environ = os.environ
+    if args.chat == "matrix":
+        return _run_matrix(args, environ)
     tokens = read_tokens(environ, http=args.http)
     settings = settings_from(args.config, environ)
+    _log_setup()
+    asyncio.run(_serve(args, settings, tokens, environ))
+    return 0
+
+
+def _log_setup() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(_serve(args, settings, tokens, environ))
+
+
+def _serving(args: argparse.Namespace) -> Serving:
+    return Serving(
+        sweeps=not args.no_sweeps,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        expire_every_s=args.expire_every,
+    )
+
+
+def _run_matrix(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """Serve Matrix: the ``[matrix]`` section of the same settings file, its token's variable."""
+    from pathlib import Path
+
+    from gpubot.matrix import settings as matrix_settings
+
+    settings = settings_from(args.config, environ)
+    m = matrix_settings.load(Path(settings.path or "gpubot.toml"))
+    token = m.token(environ)
+    _log_setup()
+    asyncio.run(_serve_matrix(args, matrix_settings.on_matrix(settings, m), m, token, environ))
     return 0
+
+
+async def _serve_matrix(
+    args: argparse.Namespace,
+    settings: Settings,
+    m: MatrixSettings,
+    token: str,
+    environ: Mapping[str, str],
+) -> None:
+    from gpubot.matrix.api import MatrixAccess
+    from gpubot.matrix.bot import MatrixBot, MatrixParts
+    from gpubot.matrix.front import MatrixFront
+    from gpubot.matrix.serve import check_login, listen
+    from gpubot.matrix.typed import Typed
+
+    front = MatrixFront(MatrixAccess(m.homeserver, m.user_id, token, m.device_id))
+    try:
+        await check_login(front.api, m.token_env)
+    except ConfigError:
+        await front.close()
+        raise
+    app = build(settings, environ, need_store=True, front=front, serving=_serving(args))
+    try:
+        rooms, servers = frozenset(m.rooms), frozenset(m.servers)
+        keeper = app.sweep.keeper
+        snoozer = None if keeper is None else keeper.snooze
+        typed = Typed(app.flows, snoozer, app.sweep.ladder)
+        parts = MatrixParts(app.flows, front.api, rooms, servers, typed)
+        async with app.running():
+            await listen(MatrixBot(parts))
+    finally:
+        await app.close()
 
 
 async def _serve(
@@ -123,12 +190,7 @@ async def _serve(
     from gpubot.slack.front import SlackAccess, SlackFront
     from gpubot.slack.serve import Listener, SlackParts, build_bot, check_token, listen
 
-    options = Serving(
-        sweeps=not args.no_sweeps,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        expire_every_s=args.expire_every,
-    )
+    options = _serving(args)
     # A database that is behind stops us here; the composition root builds everything once.
     front = SlackFront(SlackAccess(tokens.bot, tokens.api_url))
     app = build(settings, environ, need_store=True, front=front, serving=options)

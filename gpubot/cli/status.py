@@ -47,15 +47,7 @@ def _every(text: str) -> float:
     return value
 
 
-def terminal_width() -> int | None:
-    """Return stdout's terminal columns, read each frame (it may be resized); None: no terminal."""
-    if not sys.stdout.isatty():
-        return None
-    return shutil.get_terminal_size().columns
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the status arguments."""
     p.add_argument(
         "targets", nargs="*", metavar="NODE|GROUP", help="nodes or groups (default: all)"
     )
@@ -84,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
     async def frame(app: App) -> tuple[str, bool]:
         names = args.targets or ["all"]
         order = [n.name for n in app.status.resolve(names)]
-        status = await app.status.fleet(names, actor=cli_actor(), source="cli")
+        summary = args.summary or (not args.tables and len(order) > app.settings.cli.summary_above)
+        # A summary reads the nodes whose telemetry is "prometheus" from there (SSH otherwise).
+        read = app.status.summary if summary else app.status.fleet
+        status = await read(names, actor=cli_actor(), source="cli")
         # The store is open (or known unusable) once the query is recorded, as fleet() does.
         found = await interrupted_on(app.store, order)
         claimed = await claims_on(app, order)  # [claims] enabled only
@@ -94,12 +89,13 @@ def run(args: argparse.Namespace) -> int:
             if claimed is not None:
                 doc["claims"] = [{**c.to_dict(), "text": claim_text(c)} for c in claimed]
             return json.dumps(doc, indent=None if args.watch else 2), status.ok
-        summary = args.summary or (not args.tables and len(order) > app.settings.cli.summary_above)
         out = io.StringIO()
         if summary:
             out.write(render_summary(status, order, color=color()) + "\n")
         else:
-            out.write(render_fleet(status, color=color(), width=terminal_width()) + "\n")
+            # The terminal's width is read each frame: it may be resized.
+            width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+            out.write(render_fleet(status, color=color(), width=width) + "\n")
         for c in claimed or ():
             out.write(f"{c.node} GPU {c.gpu}: {claim_text(c)}\n")
         print_interrupted(found, out)

@@ -23,12 +23,10 @@ from gpubot.core.text import one_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the sweep arguments."""
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Sweep every node once and print the findings."""
 
     async def body(app: App) -> int:
         result = await app.sweep.run(alerting=False, source="cli", actor=cli_actor())
@@ -46,19 +44,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(result: SweepResult) -> str:
-    """Return a sweep's report as text for a terminal."""
     n, bad, found = len(result.nodes), len(result.failed), len(result.findings)
     out = [f"sweep: {n} node(s) in {result.seconds:.1f} s, {bad} failing, {found} finding(s)"]
+    if result.vouched:
+        out[0] += f", {len(result.vouched)} vouched for by Prometheus (not probed)"
+    out += [f"note: {note}" for note in result.notes]
     if not result.findings:
         out.append("nothing found: no zombie processes, orphaned memory or failing nodes")
     width = max((len(f.node) for f in result.findings), default=0)
     for f in result.findings:
         gpu = "-" if f.gpu is None else f"GPU {f.gpu}"
         state = result.known.get(f.key)
-        seen = ""
-        if state is not None and state.alerted_at is not None:
-            seen = f"  [alerted {state.alerted_at:%Y-%m-%d %H:%M} UTC]"
+        at = None if state is None else state.alerted_at
+        seen = "" if at is None else f"  [alerted {at:%Y-%m-%d %H:%M} UTC]"
         out.append(f"{f.node:<{width}}  {gpu:<6} {f.kind.value:<16} {f.summary}{seen}")
+        if f.source is not None:
+            out.append(f"{'':<{width}}  ({f.source})")
         ready = result.readiness.get((f.node, f.gpu)) if f.gpu is not None else None
         if ready is not None:
             out.append(f"{'':<{width}}  before `gpubot gpu-reset {f.node} --gpu {f.gpu}`:")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpubot.config import claims, front_ends, sharing, tables, validate
+from gpubot.config import claims, front_ends, nodes, sharing, tables, validate
 from gpubot.config.settings import (
     AttributionSettings,
     AuditSettings,
@@ -24,6 +24,8 @@ from gpubot.config.settings import (
     SshSettings,
 )
 from gpubot.config.validate import Validator, check_port
+from gpubot.core.slurm import SLURM
+from gpubot.core.telemetry import PROMETHEUS
 from gpubot.errors import ConfigError
 
 __all__ = [
@@ -64,6 +66,9 @@ SECTIONS = {
     "reports",
     "idle",
     "claims",
+    "maint",
+    SLURM,
+    PROMETHEUS,
 }
 
 
@@ -73,7 +78,6 @@ def config_path(cli_value: str | None, environ: Mapping[str, str]) -> Path:
 
 
 def load(path: Path) -> Settings:
-    """Load and validate the settings file at ``path``."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -86,24 +90,19 @@ def load(path: Path) -> Settings:
 
 
 def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
-    """Validate a decoded TOML document into ``Settings``."""
     v = Validator(where)
-    known = front_ends.primary()
-    v.keys("", raw, SECTIONS | ({known.name} if known is not None else set()))
+    v.keys("", raw, SECTIONS | set(front_ends.KNOWN))  # each front end's own section
     url = validate.database(v, raw)
     ssh = validate.ssh(v, raw)
     reset = validate.reset(v, raw)
-    nodes = validate.nodes(v, raw)
-    audit = validate.audit(v, raw)
-    attribution = validate.attribution(v, raw)
     return Settings(
         path=where,
         database_url=url,
         ssh=ssh,
         reset=reset,
-        nodes=nodes,
-        audit=audit,
-        attribution=attribution,
+        nodes=nodes.nodes(v, raw),
+        audit=validate.audit(v, raw),
+        attribution=validate.attribution(v, raw),
         policy=tables.policy(v, raw, reset.system_users),
         sweep=tables.sweep(v, raw),
         metrics=tables.metrics(v, raw),
@@ -112,6 +111,9 @@ def parse(raw: Mapping[str, Any], where: str = "<settings>") -> Settings:
         reports=sharing.reports(v, raw),
         ladder=sharing.ladder(v, raw),
         claims=claims.claims(v, raw),
+        maint=claims.maint(v, raw),
+        slurm=nodes.slurm(v, raw),
+        prometheus=nodes.prometheus(v, raw),
     )
 
 
@@ -134,5 +136,4 @@ def audit_key(environ: Mapping[str, str]) -> bytes | None:
 
 
 def expand(path: str) -> str:
-    """Expand ``~`` in a configured path."""
     return os.path.expanduser(path)

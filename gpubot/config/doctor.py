@@ -8,7 +8,6 @@ problem, if any.
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +19,6 @@ from gpubot.core.doctor.checks import Check, failed, passed, readable_check, unk
 from gpubot.errors import ConfigError
 
 MAX_UNKNOWN = 50  # keys listed before the doctor gives up on a file
-_ITEM = re.compile(r"(?P<name>[^\[\]]+)\[(?P<index>\d+)\]")
 
 
 def config_checks(path: Path, environ: Mapping[str, str]) -> tuple[list[Check], Settings | None]:
@@ -43,8 +41,9 @@ def config_checks(path: Path, environ: Mapping[str, str]) -> tuple[list[Check], 
             break
         except UnknownKey as exc:
             checks.append(unknown_key(where, exc.path, exc.allowed))
-            if not _drop(raw, exc.section, exc.key):
+            if not isinstance(exc.table, dict):
                 break
+            del exc.table[exc.key]  # the table in ``raw`` itself: validate again without it
         except ConfigError as exc:
             checks.append(failed("config", "settings valid", str(exc), f"correct it in {where}"))
             break
@@ -55,21 +54,6 @@ def config_checks(path: Path, environ: Mapping[str, str]) -> tuple[list[Check], 
     checks += file_checks(settings)
     checks.append(_audit_key(environ))
     return checks, settings
-
-
-def _drop(raw: dict[str, Any], section: str, key: str) -> bool:
-    """Remove ``section.key`` from ``raw`` (a copy's worth of nesting); False if not found."""
-    table: Any = raw
-    for part in section.split(".") if section else []:
-        m = _ITEM.fullmatch(part)
-        try:
-            table = table[m["name"]][int(m["index"])] if m else table[part]
-        except (KeyError, IndexError, TypeError):
-            return False
-    if not isinstance(table, dict) or key not in table:
-        return False
-    del table[key]
-    return True
 
 
 def file_checks(settings: Settings) -> list[Check]:

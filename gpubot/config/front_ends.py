@@ -49,3 +49,15 @@ def forms(where: str, key: str) -> IdForms:
     if found is None:
         raise ConfigError(f"{where}: {key}: no chat front end is loaded to check its ids")
     return found
+
+
+def is_person(value: str) -> bool:
+    """Whether ``value`` is a user id of any front end loaded: the settings map each front
+    end's people to Linux users, and name approvers, in the same tables."""
+    return any(f.user.fullmatch(value) for f in KNOWN.values())
+
+
+def person_words(where: str, key: str) -> str:
+    """Return what a person's id is, in every loaded front end's words (for a refusal)."""
+    forms(where, key)  # no front end loaded: that is the error
+    return " or ".join(f.user_words for f in sorted(KNOWN.values(), key=lambda f: not f.primary))

@@ -9,9 +9,12 @@ from dataclasses import dataclass, field
 
 from gpubot.core.claims.rules import ClaimSettings
 from gpubot.core.findings import SweepConfig
+from gpubot.core.maint import MaintSettings
 from gpubot.core.models import NodeConfig
 from gpubot.core.policy import Policy
 from gpubot.core.reset.protect import DEFAULT_DAEMON_PATHS, DEFAULT_SYSTEM_USERS, Protection
+from gpubot.core.slurm import SlurmSettings
+from gpubot.core.telemetry import PromSettings
 from gpubot.core.usage.ladder import LadderRule
 from gpubot.core.usage.report import ReportSettings
 
@@ -45,6 +48,9 @@ class ResetSettings:
     # A GPU whose target's workload may start it again (a restart policy, a pod, a job, a
     # service) is called freed only once it has stayed free this long.
     respawn_watch_s: float = 3.0
+    # `/gpu diag`: how long dcgmi diag may run at each level before it is stopped
+    diag_quick_s: float = 120.0
+    diag_medium_s: float = 600.0
 
     @property
     def protection(self) -> Protection:
@@ -54,8 +60,6 @@ class ResetSettings:
 
 @dataclass(frozen=True)
 class AuditSettings:
-    """The ``[audit]`` settings."""
-
     publish_head_every_s: float | None = 86400.0  # post the chain head this often; None: never
     # With $GPUBOT_AUDIT_KEY: a keyed seal record this often while gpubot serve runs (and after
     # every forced action); None: no seals.
@@ -102,8 +106,6 @@ class CliSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything gpubot is configured with."""
-
     path: str | None = None
     database_url: str = "sqlite:///gpubot.db"
     ssh: SshSettings = field(default_factory=SshSettings)
@@ -120,13 +122,14 @@ class Settings:
     reports: ReportSettings = field(default_factory=ReportSettings)  # [teams], [reports]
     ladder: LadderRule = field(default_factory=LadderRule)  # [idle]: the reclaim ladder
     claims: ClaimSettings = field(default_factory=ClaimSettings)  # [claims]
+    maint: MaintSettings = field(default_factory=MaintSettings)  # [maint]
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)  # [slurm]
+    prometheus: PromSettings = field(default_factory=PromSettings)  # [prometheus]
 
     def node(self, name: str) -> NodeConfig | None:
-        """Return the node called ``name`` or None."""
         return next((n for n in self.nodes if n.name == name), None)
 
     def groups(self) -> dict[str, tuple[str, ...]]:
-        """Return each group name with its node names."""
         out: dict[str, list[str]] = {}
         for n in self.nodes:
             for g in n.groups:

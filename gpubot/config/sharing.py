@@ -37,8 +37,7 @@ def reports(v: Validator, raw: Mapping[str, Any]) -> ReportSettings:
         if bad:
             raise ConfigError(f"{v.where}: teams.{name}: bad Linux user name {bad[0]!r}")
         lists.append((name, tuple(users)))
-    t = v.table("reports", raw.get("reports", {}))
-    v.keys("reports", t, {"digest", "digest_by", "channel"})
+    t = v.section("reports", raw.get("reports", {}), {"digest", "digest_by", "channel"}).t
     digest = None
     if t.get("digest") is not None:
         try:
@@ -54,13 +53,12 @@ def reports(v: Validator, raw: Mapping[str, Any]) -> ReportSettings:
 
 def ladder(v: Validator, raw: Mapping[str, Any]) -> LadderRule:
     """Validate ``[idle]``: ``ladder`` (off by default) and each step's delay."""
-    t = v.table("idle", raw.get("idle", {}))
-    v.keys("idle", t, LADDER_KEYS)
-    enabled = v.boolean("idle.ladder", t.get("ladder", False))
+    t = v.section("idle", raw.get("idle", {}), LADDER_KEYS)
+    enabled = t.boolean("ladder", False)
     delays = {}
     for key, default in (("remind_after", "2h"), ("post_after", "2h"), ("offer_after", "1h")):
         try:
-            delays[key] = durations.parse(t.get(key, default))
+            delays[key] = durations.parse(t.t.get(key, default))
         except ValueError as exc:
             raise ConfigError(f"{v.where}: idle.{key}: {exc}") from None
     return LadderRule(enabled, delays["remind_after"], delays["post_after"], delays["offer_after"])

@@ -15,16 +15,11 @@ from typing import Any
 
 from gpubot.config import front_ends
 from gpubot.config.settings import CliSettings, MetricsSettings
-from gpubot.config.validate import Validator, check_port
+from gpubot.config.validate import Table, Validator, check_port
 from gpubot.core import durations
 from gpubot.core.findings import SweepConfig
 from gpubot.core.names import LINUX_USER, NODE_NAME
-from gpubot.core.policy import (
-    DEFAULT_EXPIRY_S,
-    DEFAULT_GROUP_CACHE_S,
-    DEFAULT_MIN_UID,
-    Policy,
-)
+from gpubot.core.policy import DEFAULT_EXPIRY_S, DEFAULT_GROUP_CACHE_S, DEFAULT_MIN_UID, Policy
 from gpubot.core.usage.idle import DEFAULT_KEEP_S, IdleRule
 from gpubot.errors import ConfigError
 
@@ -49,31 +44,29 @@ def policy(v: Validator, raw: Mapping[str, Any], system_users: tuple[str, ...]) 
     known = front_ends.primary()
     channel = oncall = None
     if known is not None:
-        section = v.table(known.name, raw.get(known.name, {}))
-        v.keys(known.name, section, {"channel", "oncall_channel"})
+        section = v.section(known.name, raw.get(known.name, {}), {"channel", "oncall_channel"}).t
         channel = v.channel(f"{known.name}.channel", section.get("channel"))
         oncall = v.channel(f"{known.name}.oncall_channel", section.get("oncall_channel"))
     users = _users(v, raw)
-    appr = v.table("approvals", raw.get("approvals", {}))
-    v.keys("approvals", appr, {"approvers", "usergroup", "expiry_s", "group_cache_s"})
-    approvers = v.strings("approvals.approvers", appr.get("approvers", []))
+    appr = v.section(
+        "approvals",
+        raw.get("approvals", {}),
+        {"approvers", "usergroup", "expiry_s", "group_cache_s"},
+    )
+    approvers = appr.strings("approvers", [])
     for a in approvers:
-        if not (ids := front_ends.forms(v.where, "approvals.approvers")).user.fullmatch(a):
-            raise ConfigError(f"{v.where}: approvals.approvers: {a!r} is not {ids.user_words}")
-    groups_raw = appr.get("usergroup", [])
+        if not front_ends.is_person(a):
+            words = front_ends.person_words(v.where, "approvals.approvers")
+            raise ConfigError(f"{v.where}: approvals.approvers: {a!r} is not {words}")
+    groups_raw = appr.t.get("usergroup", [])
     groups = v.strings(
         "approvals.usergroup", [groups_raw] if isinstance(groups_raw, str) else groups_raw
     )
     for g in groups:
         if not (ids := front_ends.forms(v.where, "approvals.usergroup")).group.fullmatch(g):
             raise ConfigError(f"{v.where}: approvals.usergroup: {g!r} is not {ids.group_words}")
-    expiry = v.seconds("approvals.expiry_s", appr.get("expiry_s", DEFAULT_EXPIRY_S), MAX_EXPIRY_S)
-    cache = v.seconds(
-        "approvals.group_cache_s",
-        appr.get("group_cache_s", DEFAULT_GROUP_CACHE_S),
-        MAX_GROUP_CACHE_S,
-        zero=True,
-    )
+    expiry = appr.seconds("expiry_s", DEFAULT_EXPIRY_S, MAX_EXPIRY_S)
+    cache = appr.seconds("group_cache_s", DEFAULT_GROUP_CACHE_S, MAX_GROUP_CACHE_S, zero=True)
     permissions, permission_groups = _permissions(v, raw)
     return replace(
         users,
@@ -100,16 +93,17 @@ def _users(v: Validator, raw: Mapping[str, Any]) -> Policy:
     for key, value in t.items():
         if key in USERS_KEYS:
             continue
-        if not (ids := front_ends.forms(v.where, f"users.{key}")).user.fullmatch(key):
+        if not front_ends.is_person(key):
             raise ConfigError(
-                f"{v.where}: users.{key}: not {ids.user_words}, email_local_part, "
-                "email_domains or min_uid"
+                f"{v.where}: users.{key}: not {front_ends.person_words(v.where, f'users.{key}')}"
+                ", email_local_part, email_domains or min_uid"
             )
         if not isinstance(value, str) or not LINUX_USER.fullmatch(value):
             raise ConfigError(f"{v.where}: users.{key}: expected a Linux user name, got {value!r}")
         users[key] = value
-    email = v.boolean("users.email_local_part", t.get("email_local_part", False))
-    domains = tuple(d.lower() for d in v.strings("users.email_domains", t.get("email_domains", [])))
+    u = Table(v, "users", t)
+    email = u.boolean("email_local_part", False)
+    domains = tuple(d.lower() for d in u.strings("email_domains", []))
     for d in domains:
         if not DOMAIN.fullmatch(d):
             raise ConfigError(
@@ -145,9 +139,10 @@ def _permissions(
             forms = front_ends.forms(v.where, f"permissions.{key}") if w != "*" else None
             if forms is not None and forms.group.fullmatch(w):
                 groups.add(w)
-            elif forms is not None and not forms.user.fullmatch(w):
+            elif forms is not None and not front_ends.is_person(w):
+                words = front_ends.person_words(v.where, f"permissions.{key}")
                 raise ConfigError(
-                    f"{v.where}: permissions.{key}: {w!r} is not {forms.user_words}, "
+                    f"{v.where}: permissions.{key}: {w!r} is not {words}, "
                     f'{forms.group_words} or "*"'
                 )
         out[key] = ids
@@ -166,6 +161,7 @@ SWEEP_KEYS = {
     "keep_samples",
     "kernel_log",
     "xid_window_s",
+    "hung_sweeps",
 }
 
 
@@ -178,24 +174,18 @@ def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
             f"{v.where}: sweep.idle_holder: replaced by sweep.idle_min_mib, sweep.idle_hours "
             '(0: off) and sweep.keep_samples (e.g. "14d"); remove the [sweep.idle_holder] table'
         )
-    v.keys("sweep", sweep, SWEEP_KEYS)
-    interval = v.positive("sweep.interval_s", sweep.get("interval_s", 300.0))
-    budget = v.positive("sweep.budget_s", sweep.get("budget_s", round(interval * 0.8, 3)))
+    t = v.section("sweep", sweep, SWEEP_KEYS)
+    interval = t.positive("interval_s", 300.0)
+    budget = t.positive("budget_s", round(interval * 0.8, 3))
     if budget > interval:
         raise ConfigError(
             f"{v.where}: sweep.budget_s: {budget:g} is longer than sweep.interval_s ({interval:g})"
         )
-    orphan = v.positive(
-        "sweep.orphan_threshold_mib",
-        sweep.get("orphan_threshold_mib", 1024),
-        integer=True,
-        zero=True,
-    )
-    idle = _idle_rule(v, sweep)
-    alerts = v.table("alerts", raw.get("alerts", {}))
-    v.keys("alerts", alerts, {"channel", "reminder_s"})
-    reminder = v.positive("alerts.reminder_s", alerts.get("reminder_s", 21600.0))
-    channel = alerts.get("channel", channels(raw).get("channel"))  # validated with the policy
+    orphan = t.positive("orphan_threshold_mib", 1024, integer=True, zero=True)
+    idle = _idle_rule(t)
+    alerts = v.section("alerts", raw.get("alerts", {}), {"channel", "reminder_s"})
+    reminder = alerts.positive("reminder_s", 21600.0)
+    channel = alerts.t.get("channel", channels(raw).get("channel"))  # validated with the policy
     return SweepConfig(
         interval,
         budget,
@@ -203,18 +193,18 @@ def sweep(v: Validator, raw: Mapping[str, Any]) -> SweepConfig:
         idle,
         reminder,
         v.channel("alerts.channel", channel),
-        health=v.boolean("sweep.health", sweep.get("health", True)),
-        kernel_log=v.boolean("sweep.kernel_log", sweep.get("kernel_log", False)),
-        xid_window_s=v.positive("sweep.xid_window_s", sweep.get("xid_window_s", 3600.0)),
+        health=t.boolean("health", True),
+        kernel_log=t.boolean("kernel_log", False),
+        xid_window_s=t.positive("xid_window_s", 3600.0),
+        hung_sweeps=int(t.positive("hung_sweeps", 3, integer=True, zero=True)),
     )
 
 
-def _idle_rule(v: Validator, sweep: Mapping[str, Any]) -> IdleRule:
-    min_mib = v.positive(
-        "sweep.idle_min_mib", sweep.get("idle_min_mib", IdleRule.min_mib), integer=True
-    )
-    hours = v.positive("sweep.idle_hours", sweep.get("idle_hours", IdleRule.hours), zero=True)
-    keep_raw = sweep.get("keep_samples", None)
+def _idle_rule(t: Table) -> IdleRule:
+    v = t.v
+    min_mib = t.positive("idle_min_mib", IdleRule.min_mib, integer=True)
+    hours = t.positive("idle_hours", IdleRule.hours, zero=True)
+    keep_raw = t.t.get("keep_samples")
     keep = DEFAULT_KEEP_S
     if keep_raw is not None:
         try:
@@ -231,9 +221,7 @@ def _idle_rule(v: Validator, sweep: Mapping[str, Any]) -> IdleRule:
 
 
 def metrics(v: Validator, raw: Mapping[str, Any]) -> MetricsSettings:
-    """Validate ``[metrics]``."""
-    t = v.table("metrics", raw.get("metrics", {}))
-    v.keys("metrics", t, {"port", "host"})
+    t = v.section("metrics", raw.get("metrics", {}), {"port", "host"}).t
     port = t.get("port")
     if port is not None:
         port = check_port(port, f"{v.where}: metrics.port")
@@ -244,8 +232,5 @@ def metrics(v: Validator, raw: Mapping[str, Any]) -> MetricsSettings:
 
 
 def cli(v: Validator, raw: Mapping[str, Any]) -> CliSettings:
-    """Validate ``[cli]``: how the terminal commands lay out what they print."""
-    t = v.table("cli", raw.get("cli", {}))
-    v.keys("cli", t, {"summary_above"})
-    above = int(v.positive("cli.summary_above", t.get("summary_above", 8), integer=True, zero=True))
-    return CliSettings(above)
+    t = v.section("cli", raw.get("cli", {}), {"summary_above"})
+    return CliSettings(int(t.positive("summary_above", 8, integer=True, zero=True)))

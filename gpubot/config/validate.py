@@ -1,5 +1,6 @@
 """The one validator of settings tables, and the general sections: ``[database]``, ``[ssh]``,
-``[reset]``, ``[[nodes]]``, ``[groups]``, ``[attribution]``, ``[audit]``.
+``[reset]``, ``[attribution]``, ``[leases]``, ``[audit]`` (``[[nodes]]`` and ``[groups]``:
+``config.nodes``).
 
 Every problem is a ``ConfigError`` whose message is one line: the file, the key, what is wrong.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gpubot.config import front_ends
@@ -20,22 +22,20 @@ from gpubot.config.settings import (
     SshSettings,
 )
 from gpubot.core import durations
-from gpubot.core.health.state import FABRIC_MANAGER_PID
-from gpubot.core.models import NodeConfig
-from gpubot.core.names import NODE_NAME
-from gpubot.core.runtimes import LOOKUPS
 from gpubot.errors import ConfigError
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 MIN_PUBLISH_S = 60.0  # an [audit] interval under a minute is noise, likely a typo
-RUNTIMES = tuple(LOOKUPS)  # the runtimes gpubot can ask for names (core.runtimes)
 
 
 class UnknownKey(ConfigError):
-    """A key the settings do not know (``gpubot doctor`` lists them all, with their fix)."""
+    """A key the settings do not know (``gpubot doctor`` lists them all, with their fix);
+    ``table`` is the table of the file's decoded document that holds it."""
 
-    def __init__(self, where: str, section: str, key: str, allowed: set[str]) -> None:
-        self.section = section
+    def __init__(
+        self, where: str, section: str, key: str, allowed: set[str], table: Mapping[str, Any]
+    ) -> None:
+        self.table = table
         self.key = key
         self.allowed = frozenset(allowed)
         self.path = f"{section}.{key}" if section else key
@@ -51,7 +51,7 @@ class Validator:
     def keys(self, section: str, table: Mapping[str, Any], allowed: set[str]) -> None:
         for k in table:
             if k not in allowed:
-                raise UnknownKey(self.where, section, k, allowed)
+                raise UnknownKey(self.where, section, k, allowed, table)
 
     def table(self, key: str, value: Any) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
@@ -97,6 +97,41 @@ class Validator:
             raise ConfigError(f"{self.where}: {key}: expected {ids.place_words}, got {value!r}")
         return value
 
+    def section(self, name: str, value: Any, allowed: set[str]) -> Table:
+        """Return the table ``value`` at ``name``, once its keys are all ``allowed``."""
+        table = self.table(name, value)
+        self.keys(name, table, allowed)
+        return Table(self, name, table)
+
+
+@dataclass(frozen=True)
+class Table:
+    """One settings table: each value read with its default and checked under its full key."""
+
+    v: Validator
+    name: str
+    t: Mapping[str, Any]
+
+    def positive(self, key: str, default: Any, **kw: bool) -> float:
+        return self.v.positive(f"{self.name}.{key}", self.t.get(key, default), **kw)
+
+    def seconds(self, key: str, default: Any, most: float, **kw: bool) -> float:
+        return self.v.seconds(f"{self.name}.{key}", self.t.get(key, default), most, **kw)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        return self.v.boolean(f"{self.name}.{key}", self.t.get(key, default))
+
+    def string(self, key: str, default: str) -> str:
+        return self.v.string(f"{self.name}.{key}", self.t.get(key, default))
+
+    def strings(self, key: str, default: Any) -> tuple[str, ...]:
+        return self.v.strings(f"{self.name}.{key}", self.t.get(key, default))
+
+
+def names(settings: type) -> set[str]:
+    """Return the field names of a settings dataclass: its table's keys."""
+    return {f.name for f in fields(settings)}
+
 
 def check_port(value: Any, what: str) -> int:
     """Return ``value`` as a TCP port number or raise ``ConfigError`` naming ``what``."""
@@ -107,9 +142,9 @@ def check_port(value: Any, what: str) -> int:
 
 def database(v: Validator, raw: Mapping[str, Any]) -> str:
     """Return ``[database] url`` (never with a password in it)."""
-    db = v.table("database", raw.get("database", {}))
-    v.keys("database", db, {"url"})
-    url = v.string("database.url", db.get("url", "sqlite:///gpubot.db"))
+    url = v.section("database", raw.get("database", {}), {"url"}).string(
+        "url", "sqlite:///gpubot.db"
+    )
     if "@" in url and ":" in url.split("@", 1)[0].split("//", 1)[-1]:
         raise ConfigError(
             f"{v.where}: database.url: put the password in $GPUBOT_DB_PASSWORD, not here"
@@ -118,136 +153,58 @@ def database(v: Validator, raw: Mapping[str, Any]) -> str:
 
 
 def ssh(v: Validator, raw: Mapping[str, Any]) -> SshSettings:
-    """Validate ``[ssh]``."""
-    t = v.table("ssh", raw.get("ssh", {}))
-    v.keys(
-        "ssh",
-        t,
-        {"known_hosts", "connect_timeout_s", "command_timeout_s", "max_parallel", "keepalive_s"},
-    )
+    t = v.section("ssh", raw.get("ssh", {}), names(SshSettings))
     d = SshSettings()
     return SshSettings(
-        known_hosts=v.string("ssh.known_hosts", t.get("known_hosts", d.known_hosts)),
-        connect_timeout_s=v.positive(
-            "ssh.connect_timeout_s", t.get("connect_timeout_s", d.connect_timeout_s)
-        ),
-        command_timeout_s=v.positive(
-            "ssh.command_timeout_s", t.get("command_timeout_s", d.command_timeout_s)
-        ),
-        max_parallel=int(
-            v.positive("ssh.max_parallel", t.get("max_parallel", d.max_parallel), integer=True)
-        ),
-        keepalive_s=v.positive("ssh.keepalive_s", t.get("keepalive_s", d.keepalive_s)),
+        known_hosts=t.string("known_hosts", d.known_hosts),
+        connect_timeout_s=t.positive("connect_timeout_s", d.connect_timeout_s),
+        command_timeout_s=t.positive("command_timeout_s", d.command_timeout_s),
+        max_parallel=int(t.positive("max_parallel", d.max_parallel, integer=True)),
+        keepalive_s=t.positive("keepalive_s", d.keepalive_s),
     )
 
 
 def reset(v: Validator, raw: Mapping[str, Any]) -> ResetSettings:
     """Validate ``[reset]`` (protected daemons by absolute path only)."""
-    rr = v.table("reset", raw.get("reset", {}))
-    r = ResetSettings()
-    v.keys(
-        "reset",
-        rr,
-        {
-            "grace_s",
-            "verify_timeout_s",
-            "free_threshold_mib",
-            "poll_interval_s",
-            "protected",
-            "system_users",
-            "toggle_persistence",
-            "stop_workloads",
-            "respawn_watch_s",
-        },
-    )
-    toggle = v.boolean("reset.toggle_persistence", rr.get("toggle_persistence", False))
-    protected = v.strings("reset.protected", rr.get("protected", list(r.protected)))
+    t = v.section("reset", raw.get("reset", {}), names(ResetSettings))
+    d = ResetSettings()
+    toggle = t.boolean("toggle_persistence", False)
+    protected = t.strings("protected", list(d.protected))
     for p in protected:
         if not p.startswith("/"):
             raise ConfigError(
                 f"{v.where}: reset.protected: {p!r} is not an absolute path: list daemon "
                 "executables by path (e.g. /usr/bin/nvidia-persistenced), never by name"
             )
-    system_users = v.strings("reset.system_users", rr.get("system_users", list(r.system_users)))
+    system_users = t.strings("system_users", list(d.system_users))
     return ResetSettings(
-        grace_s=v.positive("reset.grace_s", rr.get("grace_s", r.grace_s), zero=True),
-        verify_timeout_s=v.positive(
-            "reset.verify_timeout_s", rr.get("verify_timeout_s", r.verify_timeout_s)
-        ),
+        grace_s=t.positive("grace_s", d.grace_s, zero=True),
+        verify_timeout_s=t.positive("verify_timeout_s", d.verify_timeout_s),
         free_threshold_mib=int(
-            v.positive(
-                "reset.free_threshold_mib",
-                rr.get("free_threshold_mib", r.free_threshold_mib),
-                integer=True,
-                zero=True,
-            )
+            t.positive("free_threshold_mib", d.free_threshold_mib, integer=True, zero=True)
         ),
-        poll_interval_s=v.positive(
-            "reset.poll_interval_s", rr.get("poll_interval_s", r.poll_interval_s)
-        ),
+        poll_interval_s=t.positive("poll_interval_s", d.poll_interval_s),
         protected=protected,
         system_users=system_users,
         toggle_persistence=toggle,
-        stop_workloads=v.boolean("reset.stop_workloads", rr.get("stop_workloads", False)),
-        respawn_watch_s=v.positive(
-            "reset.respawn_watch_s", rr.get("respawn_watch_s", r.respawn_watch_s), zero=True
-        ),
+        stop_workloads=t.boolean("stop_workloads", False),
+        respawn_watch_s=t.positive("respawn_watch_s", d.respawn_watch_s, zero=True),
+        diag_quick_s=t.positive("diag_quick_s", d.diag_quick_s),
+        diag_medium_s=t.positive("diag_medium_s", d.diag_medium_s),
     )
 
 
-def nodes(v: Validator, raw: Mapping[str, Any]) -> tuple[NodeConfig, ...]:
-    """Validate ``[[nodes]]`` and ``[groups.NAME]`` (a node takes its groups' runtimes)."""
-    nodes_raw = raw.get("nodes", [])
-    if not isinstance(nodes_raw, list):
-        raise ConfigError(f"{v.where}: nodes: expected [[nodes]] tables")
-    out: list[NodeConfig] = []
-    seen: set[str] = set()
-    group_runtimes = _groups(v, raw)
-    for i, n in enumerate(nodes_raw):
-        out.append(_node(v, f"nodes[{i}]", n, seen, group_runtimes))
-    used = {g for n in out for g in n.groups}
-    for g in group_runtimes:
-        if g not in used:
-            raise ConfigError(f"{v.where}: groups.{g}: no node is in group {g!r}")
-    return tuple(out)
-
-
-def _runtimes(v: Validator, key: str, value: Any) -> tuple[str, ...]:
-    names = v.strings(key, value)
-    for name in names:
-        if name not in RUNTIMES:
-            raise ConfigError(
-                f"{v.where}: {key}: unknown runtime {name!r} (one of {', '.join(RUNTIMES)})"
-            )
-    return names
-
-
-def _groups(v: Validator, raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
-    """Return each ``[groups.NAME]`` table's runtimes."""
-    out: dict[str, tuple[str, ...]] = {}
-    for name, t in v.table("groups", raw.get("groups", {})).items():
-        key = f"groups.{name}"
-        t = v.table(key, t)
-        v.keys(key, t, {"runtimes"})
-        out[name] = _runtimes(v, f"{key}.runtimes", t.get("runtimes", []))
-    return out
-
-
 def attribution(v: Validator, raw: Mapping[str, Any]) -> AttributionSettings:
-    """Validate ``[attribution]``."""
-    t = v.table("attribution", raw.get("attribution", {}))
-    v.keys("attribution", t, {"container_owner_label", "lookup_timeout_s"})
-    label = t.get("container_owner_label")
+    t = v.section("attribution", raw.get("attribution", {}), names(AttributionSettings))
+    label = t.t.get("container_owner_label")
     if label is not None and not (isinstance(label, str) and LABEL.fullmatch(label)):
         raise ConfigError(
             f"{v.where}: attribution.container_owner_label: expected a label key like "
             f'"owner" or "com.example.owner", got {label!r}'
         )
-    d = AttributionSettings()
-    timeout = v.positive(
-        "attribution.lookup_timeout_s", t.get("lookup_timeout_s", d.lookup_timeout_s)
+    return AttributionSettings(
+        label, t.positive("lookup_timeout_s", AttributionSettings.lookup_timeout_s)
     )
-    return AttributionSettings(label, timeout)
 
 
 MAX_LEASE_S = 3600.0
@@ -255,11 +212,9 @@ MAX_LEASE_S = 3600.0
 
 def leases(v: Validator, raw: Mapping[str, Any]) -> LeaseSettings:
     """Validate ``[leases]``: a renewal at most every half ttl (one may fail and none is lost)."""
-    t = v.table("leases", raw.get("leases", {}))
-    v.keys("leases", t, {"ttl_s", "renew_s"})
-    d = LeaseSettings()
-    ttl = v.seconds("leases.ttl_s", t.get("ttl_s", d.ttl_s), MAX_LEASE_S)
-    renew = v.seconds("leases.renew_s", t.get("renew_s", d.renew_s), MAX_LEASE_S)
+    t = v.section("leases", raw.get("leases", {}), names(LeaseSettings))
+    ttl = t.seconds("ttl_s", LeaseSettings.ttl_s, MAX_LEASE_S)
+    renew = t.seconds("renew_s", LeaseSettings.renew_s, MAX_LEASE_S)
     if renew * 2 > ttl:
         raise ConfigError(
             f"{v.where}: leases.renew_s: {renew:g} s is more than half of leases.ttl_s "
@@ -268,13 +223,12 @@ def leases(v: Validator, raw: Mapping[str, Any]) -> LeaseSettings:
     return LeaseSettings(ttl, renew)
 
 
-AUDIT_KEYS = {"publish_head_every", "seal_every", "max_seal_age", "head_file"}
-
-
 def audit(v: Validator, raw: Mapping[str, Any]) -> AuditSettings:
-    """Validate ``[audit]``."""
-    t = v.table("audit", raw.get("audit", {}))
-    v.keys("audit", t, AUDIT_KEYS)
+    t = v.section(
+        "audit",
+        raw.get("audit", {}),
+        {"publish_head_every", "seal_every", "max_seal_age", "head_file"},
+    ).t
     publish = _every(v, "audit.publish_head_every", t.get("publish_head_every", "24h"))
     seal = _every(v, "audit.seal_every", t.get("seal_every", "15m"))
     age_raw = t.get("max_seal_age")
@@ -309,72 +263,3 @@ def _every(v: Validator, key: str, value: Any) -> float | None:
             f'"24h", "30m", "7d", or "off", got {value!r}'
         )
     return seconds
-
-
-NODE_KEYS = {
-    "name",
-    "host",
-    "port",
-    "user",
-    "key",
-    "dev_prefix",
-    "sudo",
-    "groups",
-    "nvidia_smi",
-    "driver_dir",
-    "fabricmanager_pid",
-    "runtimes",
-}
-
-
-def _fm_pid(v: Validator, key: str, t: Mapping[str, Any]) -> str:
-    fm = v.string(f"{key}.fabricmanager_pid", t.get("fabricmanager_pid", FABRIC_MANAGER_PID))
-    if not fm.startswith("/"):
-        raise ConfigError(f"{v.where}: {key}.fabricmanager_pid: {fm!r} is not an absolute path")
-    return fm
-
-
-def _node(
-    v: Validator, key: str, n: Any, seen: set[str], group_runtimes: Mapping[str, tuple[str, ...]]
-) -> NodeConfig:
-    t = v.table(key, n)
-    v.keys(key, t, NODE_KEYS)
-    if "name" not in t or "host" not in t:
-        raise ConfigError(f"{v.where}: {key}: 'name' and 'host' are required")
-    name = v.string(f"{key}.name", t["name"])
-    if not NODE_NAME.fullmatch(name):
-        raise ConfigError(f"{v.where}: {key}.name: {name!r} must match {NODE_NAME.pattern}")
-    if name in seen:
-        raise ConfigError(f"{v.where}: {key}.name: duplicate node name {name!r}")
-    seen.add(name)
-    port = t.get("port", 22)
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise ConfigError(f"{v.where}: {key}.port: {port!r} is not a port number (1-65535)")
-    groups = t.get("groups", [])
-    if not isinstance(groups, list) or not all(
-        isinstance(g, str) and NODE_NAME.fullmatch(g) for g in groups
-    ):
-        raise ConfigError(f"{v.where}: {key}.groups: expected a list of group names")
-    if name in groups:
-        raise ConfigError(f"{v.where}: {key}.groups: a group cannot be named like its node")
-    sudo = v.boolean(f"{key}.sudo", t.get("sudo", False))
-    runtimes = list(_runtimes(v, f"{key}.runtimes", t.get("runtimes", [])))
-    for g in groups:
-        runtimes += [r for r in group_runtimes.get(g, ()) if r not in runtimes]
-    user = t.get("user")
-    keyf = t.get("key")
-    fm = _fm_pid(v, key, t)
-    return NodeConfig(
-        name=name,
-        host=v.string(f"{key}.host", t["host"]),
-        port=port,
-        user=None if user is None else v.string(f"{key}.user", user),
-        key=None if keyf is None else v.string(f"{key}.key", keyf),
-        dev_prefix=v.string(f"{key}.dev_prefix", t.get("dev_prefix", "/dev/nvidia")),
-        sudo=sudo,
-        groups=tuple(groups),
-        nvidia_smi=v.string(f"{key}.nvidia_smi", t.get("nvidia_smi", "nvidia-smi")),
-        driver_dir=v.string(f"{key}.driver_dir", t.get("driver_dir", "/proc/driver/nvidia")),
-        fabricmanager_pid=fm,
-        runtimes=tuple(runtimes),
-    )

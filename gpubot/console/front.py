@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 from gpubot.chat.message import Message
 from gpubot.console.repl import TextSurface, echo, render
-from gpubot.core.ports import Notifier
-from gpubot.core.report import Report
+from gpubot.core.ports import Notifier, Report
 
 if TYPE_CHECKING:
     from gpubot.chat.claims import Dm
@@ -23,7 +22,6 @@ class TextReporter:
         self.echo = echo
 
     async def report(self, report: Report) -> None:
-        """Print the report."""
         self.echo(f"━━ {report.title}\n{report.text()}")
 
 

@@ -19,6 +19,7 @@ from gpubot.chat.claim_view import (
     ACTION_RELEASE,
     ACTION_TAKE,
 )
+from gpubot.chat.drain_view import ACTION_DRAIN_NODE
 from gpubot.chat.flows import Flows
 from gpubot.chat.holders import Snoozer, free_it, snooze
 from gpubot.chat.idle import ACTION_FREE
@@ -72,6 +73,9 @@ def typed(action: Action) -> str | None:
     if action.id == ACTION_RESET_GPU:
         node, _, gpu = action.value.rpartition(":")
         return f"reset {node} gpu {gpu}"
+    if action.id == ACTION_DRAIN_NODE:
+        node, _, reason = action.value.partition(" ")
+        return f"drain {node} because {reason}" if reason else f"drain {node}"
     form = CLAIM_TYPED.get(action.id)
     return None if form is None else form.format(action.value)
 
@@ -136,7 +140,6 @@ class TextSurface:
         return len(self.messages) - 1
 
     async def reply(self, msg: Message) -> None:
-        """Show an answer for the asker."""
         self._add(msg)
 
     async def post(self, msg: Message, *, channel: str | None = None) -> MessageRef | None:
@@ -155,7 +158,6 @@ class TextSurface:
         return handle
 
     def text(self) -> str:
-        """Return the final text of every message."""
         return "\n\n".join(render(m) for m in self.messages)
 
 
@@ -202,25 +204,16 @@ def echo(text: str) -> None:
 
 async def repl(parts: ConsoleParts, who: Person, lines: Sequence[str] | NextLine) -> int:
     """Run the app's lifecycle and answer ``lines`` (or ``lines()`` until None, quit or exit)."""
+    flows, snoozer = parts.flows, parts.snoozer
     try:
         async with parts.running():
-            return await _answer_lines(parts.flows, who, lines, echo, parts.snoozer)
+            if not callable(lines):
+                for line in lines:
+                    await answer(flows, line, who, echo=echo, snoozer=snoozer)
+                return 0
+            while (typed := await lines()) is not None and typed.strip() not in ("quit", "exit"):
+                if typed.strip():
+                    await answer(flows, typed, who, echo=echo, snoozer=snoozer)
+            return 0
     finally:
         await parts.close()
-
-
-async def _answer_lines(
-    flows: Flows,
-    who: Person,
-    lines: Sequence[str] | NextLine,
-    echo: Callable[[str], None],
-    snoozer: Snoozer,
-) -> int:
-    if not callable(lines):
-        for line in lines:
-            await answer(flows, line, who, echo=echo, snoozer=snoozer)
-        return 0
-    while (typed := await lines()) is not None and typed.strip() not in ("quit", "exit"):
-        if typed.strip():
-            await answer(flows, typed, who, echo=echo, snoozer=snoozer)
-    return 0

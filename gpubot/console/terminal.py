@@ -130,8 +130,6 @@ class _Loop:
         return await asked
 
     def give(self, asked: asyncio.Future[str | None], line: str | None) -> None:
-        """Hand a line read by the main thread to the loop."""
-
         def settle() -> None:
             if not asked.done():
                 asked.set_result(line)

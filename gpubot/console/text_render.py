@@ -45,7 +45,6 @@ def date_text(d: Date) -> str:
 
 
 def span_text(s: Span) -> str:
-    """Return one span as text."""
     if isinstance(s, str):
         return one_line(s)
     if isinstance(s, Break):
@@ -69,7 +68,6 @@ def span_text(s: Span) -> str:
 
 
 def text_of(text: Text) -> str:
-    """Return text as plain text."""
     return "".join(span_text(s) for s in text)
 
 
@@ -80,7 +78,6 @@ def action_text(a: Action, typed: Typed | None) -> str:
 
 
 def part_lines(p: Part, typed: Typed | None = None) -> list[str]:
-    """Return one part as lines of text."""
     if isinstance(p, Heading):
         return [f"== {one_line(p.text)} =="]
     if isinstance(p, Section):

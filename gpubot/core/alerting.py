@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NewType, Protocol
 
@@ -40,10 +40,8 @@ MessageRef = NewType("MessageRef", str)
 
 
 class AlertState(Protocol):
-    """What the decisions read of a finding's stored alert state (``Alert``)."""
+    """What the decisions read of an ``Alert``."""
 
-    @property
-    def first_seen(self) -> datetime: ...
     @property
     def seen_count(self) -> int: ...
     @property
@@ -71,20 +69,14 @@ class Alert:
     snoozed_until: datetime | None
     resolved_at: datetime | None
 
-    def snoozed(self, now: datetime) -> bool:
-        """Whether alerts for it are snoozed at ``now``."""
-        return self.snoozed_until is not None and now < self.snoozed_until
-
 
 class Notice(StrEnum):
-    """What to say about a finding after a sweep."""
-
     NONE = "none"
     ALERT = "alert"
     REMIND = "remind"
 
 
-def confirmed(kind: str, state: AlertState, now: datetime, config: SweepConfig) -> bool:
+def confirmed(kind: str, state: AlertState) -> bool:
     """Whether a finding is real: seen in consecutive sweeps.
 
     An idle holder is found only once its GPU's samples span the idle window; it is confirmed
@@ -95,14 +87,10 @@ def confirmed(kind: str, state: AlertState, now: datetime, config: SweepConfig) 
     return state.resolved_at is None and state.seen_count >= need
 
 
-def snoozed(state: AlertState, now: datetime) -> bool:
-    """Whether alerts for the finding are snoozed at ``now``."""
-    return state.snoozed_until is not None and now < state.snoozed_until
-
-
 def notice(kind: str, state: AlertState, now: datetime, config: SweepConfig) -> Notice:
     """Decide whether a finding seen by this sweep alerts, reminds, or stays quiet."""
-    if not confirmed(kind, state, now, config) or snoozed(state, now):
+    snoozed = state.snoozed_until is not None and now < state.snoozed_until
+    if snoozed or not confirmed(kind, state):
         return Notice.NONE
     if state.alerted_at is None:
         return Notice.ALERT
@@ -183,8 +171,7 @@ def by_message(findings: Iterable[Finding]) -> dict[str, list[Finding]]:
     """Group the findings to alert on into messages, at most one per finding kind.
 
     A kind found on several nodes is one digest message (a rack outage is one message); the
-    kinds found on one node only share that node's message, as before. Keyed by the message's
-    name (``digest_label``).
+    kinds found on one node only share that node's message. Keyed by ``digest_label``.
     """
     fs = list(findings)
     nodes_of: dict[FindingKind, set[str]] = {}
@@ -235,10 +222,11 @@ class AlertGroup:
     snapshot: NodeSnapshot | None
     at: datetime
     repeat_of: datetime | None = None  # may repeat the alert posted then (history unreadable)
+    # The nodes Slurm owns (``scheduler = "slurm"``): their findings may offer a Drain button.
+    slurm_nodes: frozenset[str] = frozenset()
 
     @property
     def open(self) -> tuple[AlertItem, ...]:
-        """Return the items not resolved yet."""
         return tuple(i for i in self.items if i.resolved_at is None)
 
 
@@ -262,8 +250,6 @@ class Delivery(StrEnum):
 
 @dataclass(frozen=True)
 class Posted:
-    """How one post ended, and where the message is."""
-
     delivery: Delivery
     ref: MessageRef | None = None
     why: str = ""
@@ -331,7 +317,6 @@ class Next(StrEnum):
 
 
 def next_step(pending: PendingPost, lookup: Lookup) -> Next:
-    """Decide a pending post's fate from what the history search found (pure)."""
     if lookup.ref is not None:
         return Next.ADOPT
     if lookup.checked:
@@ -341,8 +326,6 @@ def next_step(pending: PendingPost, lookup: Lookup) -> Next:
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What one sweep saw and did."""
-
     started_at: float  # unix time
     seconds: float
     nodes: tuple[str, ...]
@@ -356,6 +339,11 @@ class SweepResult:
     resolved: tuple[FindingKey, ...] = ()
     known: dict[FindingKey, Alert] = field(default_factory=dict)  # stored state of each finding
     skipped: str | None = None  # why this replica did not sweep
+    # Nodes Prometheus vouched for, fresh, naming nothing on them: not probed this sweep; and
+    # the nodes probed only because they were named, with who named them and why
+    vouched: tuple[str, ...] = ()
+    named: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # one line each: why nodes were swept over SSH after all
 
     @property
     def idle_gpu_hours(self) -> dict[str, float]:
@@ -369,21 +357,17 @@ class SweepResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the ``--json`` document."""
-
-        def key(k: FindingKey) -> dict[str, Any]:
-            return {"node": k.node, "gpu": k.gpu, "kind": k.kind, "holder": k.holder}
-
         findings = []
         for f in self.findings:
             d = f.to_dict()
             ready = self.readiness.get((f.node, f.gpu)) if f.gpu is not None else None
             d["readiness"] = ready.to_dict() if ready else None
             state = self.known.get(f.key)
-            d["alerted_at"] = _iso(state.alerted_at) if state else None
+            d["alerted_at"] = iso(state.alerted_at) if state and state.alerted_at else None
             d["seen_count"] = state.seen_count if state else None
             findings.append(d)
         return {
-            "started_at": _iso(datetime.fromtimestamp(self.started_at, UTC)),
+            "started_at": iso(self.started_at),
             "seconds": round(self.seconds, 3),
             "skipped": self.skipped,
             "nodes": list(self.nodes),
@@ -392,10 +376,13 @@ class SweepResult:
                 n: {"kind": f.kind.value, "reason": f.reason} for n, f in self.failed.items()
             },
             "timed_out": list(self.timed_out),
+            "vouched": list(self.vouched),
+            "named": dict(self.named),
+            "notes": list(self.notes),
             "findings": findings,
-            "alerted": [key(k) for k in self.alerted],
-            "reminded": [key(k) for k in self.reminded],
-            "resolved": [key(k) for k in self.resolved],
+            "alerted": [k._asdict() for k in self.alerted],
+            "reminded": [k._asdict() for k in self.reminded],
+            "resolved": [k._asdict() for k in self.resolved],
             "idle_gpu_hours": {u: round(h, 2) for u, h in self.idle_gpu_hours.items()},
         }
 
@@ -407,7 +394,3 @@ def held_idle_hours(findings: Iterable[Finding]) -> dict[str, float]:
         for f in findings
         if f.kind == IDLE_HOLDER and f.gpu is not None and f.idle_s is not None
     )
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else iso(moment)

@@ -9,7 +9,6 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
@@ -21,8 +20,6 @@ log = logging.getLogger(__name__)
 
 
 class SystemClock:
-    """Wall time, monotonic time and sleeping, from the operating system."""
-
     def now(self) -> float:
         return time.time()
 
@@ -44,81 +41,61 @@ STEP_TOLERANCE_S = 2.0
 SETTLE_S = 600.0
 
 
-@dataclass(frozen=True)
-class Jump:
-    """A step of the wall clock between two looks (``step`` negative: back)."""
-
-    step: float
-    wall: float
-    mono: float
-
-
 class Steps:
     """Watches one clock for steps of its wall time (wall delta against monotonic delta).
 
     Every duty looks before it runs, so a step is logged once, by whichever looks first. A
     deadline stored in wall time is judged by ``expiry_now``, which follows a step back at once
-    but a step forward only at the monotonic pace until the step has held ``settle_s``.
+    but a step forward only at the monotonic pace until the step has held ``SETTLE_S``.
     """
 
-    def __init__(
-        self, clock: Clock, tolerance_s: float = STEP_TOLERANCE_S, settle_s: float = SETTLE_S
-    ) -> None:
+    def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.tolerance_s = tolerance_s
-        self.settle_s = settle_s
-        self.jumps = 0  # steps seen
-        self.last: Jump | None = None
+        self.settle_s = SETTLE_S
         self._look: tuple[float, float] | None = None  # (wall, mono) of the previous look
         self._ahead: tuple[float, float, float] | None = None  # forward: anchor wall, mono, seen
         self._behind: tuple[float, float, float] | None = None  # back: the same (``latest_now``)
 
-    def check(self) -> Jump | None:
-        """Look at the clock; return (and log, once) a step since the previous look."""
+    def check(self) -> float | None:
+        """Look at the clock; return (and log, once) a step since the previous look (seconds,
+        negative: back)."""
         wall, mono = self.clock.now(), self.clock.monotonic()
         prev, self._look = self._look, (wall, mono)
         if prev is None:
             return None
         step = (wall - prev[0]) - (mono - prev[1])
-        if abs(step) <= self.tolerance_s:
+        if abs(step) <= STEP_TOLERANCE_S:
             return None
-        jump = self.last = Jump(step, wall, mono)
-        self.jumps += 1
         corrected = False
         if step > 0 and self._ahead is None:
             self._ahead = (prev[0], prev[1], mono)  # project from the last look before it
         elif (
             step < 0
             and self._ahead is not None
-            and wall <= _projected(self._ahead, mono) + self.tolerance_s
+            and wall <= _projected(self._ahead, mono) + STEP_TOLERANCE_S
         ):
             self._ahead, corrected = None, True  # corrected: the wall clock is back in line
-        self._follow_back(step, prev, corrected)  # after ``_look`` is this look
-        log.warning(
-            "the wall clock stepped %s by %.0f s: periodic duties keep their interval; "
-            "claims, holds and approvals end only when the monotonic clock agrees",
-            "forward" if step > 0 else "back",
-            abs(step),
-        )
-        return jump
-
-    def _follow_back(self, step: float, prev: tuple[float, float], corrected: bool) -> None:
-        """Keep the time before a step back, carried on monotonically, until a step forward."""
-        assert self._look is not None
-        wall, mono = self._look
+        # The time before a step back is kept, carried on monotonically, until a step forward.
         if step < 0 and not corrected:
             anchor = self._behind or (prev[0], prev[1], mono)
             self._behind = (anchor[0], anchor[1], mono)  # a further step: held from this one
         elif (
             step > 0
             and self._behind is not None
-            and wall >= _projected(self._behind, mono) - self.tolerance_s
+            and wall >= _projected(self._behind, mono) - STEP_TOLERANCE_S
         ):
             self._behind = None
+        log.warning(
+            "the wall clock stepped %s by %.0f s: periodic duties keep their interval; "
+            "claims, holds and approvals end only when the monotonic clock agrees",
+            "forward" if step > 0 else "back",
+            abs(step),
+        )
+        return step
 
     def expiry_now(self) -> float:
         """Return the wall time to judge deadlines by: the earlier of the wall clock and, while
-        a forward step has held less than ``settle_s``, the time before it carried on."""
+        a forward step has held less than ``SETTLE_S``, the time before it carried on."""
         self.check()
         wall, mono = self._look or (self.clock.now(), self.clock.monotonic())
         if self._ahead is None:
@@ -172,7 +149,6 @@ PAUSE_S = 0.0002  # long enough for a thread waiting for the interpreter lock to
 
 
 def let_loop_in() -> None:
-    """Sleep ``PAUSE_S``, so the event loop's thread may take the interpreter lock."""
     time.sleep(PAUSE_S)
 
 

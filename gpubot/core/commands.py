@@ -1,7 +1,10 @@
 """The ``/gpu …`` language (``USAGE``): one pure parser shared by Slack, the console and the CLI.
 
-Every word is validated here; nothing of it reaches a shell. Everything after ``because`` is a
-reset's reason, never parsed as options.
+Every word is validated here; nothing of it reaches a shell. Everything after the first
+``because`` is a reset's reason, kept apart from the words that say what to do, so it can never
+change what is signalled; it is made one line and capped. A reason that reads like a reset's
+options (``because hung pid 4242``) is refused: those words would be dropped from the targets,
+and the reset would be wider than the one meant.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import re
 from dataclasses import dataclass, replace
 
 from gpubot.core import durations
+from gpubot.core import maint as maint_commands
 from gpubot.core.claims import commands as claim_commands
 from gpubot.core.names import LINUX_USER, NODE_NAME
-from gpubot.core.reason import option_in, split_reason
+from gpubot.core.text import cut
 from gpubot.errors import UsageError
 
 MAX_INPUT = 300  # characters of one command line
@@ -23,8 +27,16 @@ MAX_GRACE_S = 600.0
 DEFAULT_AUDIT = 10
 MAX_AUDIT = 100
 MAX_LIST = 16  # GPUs or PIDs in one request
+MAX_REASON = 200  # characters kept of a reason
 
 _INT = re.compile(r"[0-9]{1,9}")
+_BECAUSE = re.compile(r"(?:^|\s)because(?:\s|$)", re.IGNORECASE)
+# A reset's option and a value it would take: ``pid 42``, ``gpu=1,2``, ``--user alice``
+# (``user`` in its written-out forms only: "the user asked" is a reason).
+_OPTION = re.compile(
+    r"(?:^|\s)(?:(?:--)?(?:gpus?|pids?|grace)(?:=|\s+)[0-9]|(?:--user\s+|user=)[a-z_])",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,30 @@ class GpuReset:
 
     node: str
     gpu: int
+
+
+@dataclass(frozen=True)
+class Diag:
+    """``diag``: DCGM's diagnostic (``dcgmi diag``) on one GPU, quick (-r 1) or medium (-r 2)."""
+
+    node: str
+    gpu: int
+    level: str = "quick"
+
+
+@dataclass(frozen=True)
+class Drain:
+    """``drain``: ask Slurm to schedule nothing new on a node (``resume``: back to service)."""
+
+    node: str
+    reason: str | None = None  # what follows ``because``: written into Slurm's reason
+
+
+@dataclass(frozen=True)
+class Resume:
+    """``resume``: return a node Slurm holds drained (or down) to service."""
+
+    node: str
 
 
 @dataclass(frozen=True)
@@ -91,7 +127,19 @@ class Decide:
 
 
 Command = (
-    Status | Reset | GpuReset | Sweep | Audit | Report | Help | Decide | claim_commands.ClaimCommand
+    Status
+    | Reset
+    | GpuReset
+    | Diag
+    | Drain
+    | Resume
+    | Sweep
+    | Audit
+    | Report
+    | Help
+    | Decide
+    | claim_commands.ClaimCommand
+    | maint_commands.MaintCommand
 )
 
 USAGE: dict[str, str] = {
@@ -101,7 +149,15 @@ USAGE: dict[str, str] = {
     "on-call approval",
     "gpu-reset": "/gpu gpu-reset NODE gpu N  — nvidia-smi --gpu-reset an idle GPU whose memory "
     "leaked",
+    "diag": "/gpu diag NODE gpu N [quick|medium]  — run DCGM's diagnostic (dcgmi diag -r 1|2) "
+    "on one GPU, e.g. before giving it back after a gpu-reset; audited",
+    "drain": "/gpu drain NODE [because REASON]  — drain a Slurm node (nothing new is scheduled "
+    "there); needs on-call approval unless you are on call; audited, the reason names the "
+    "audit record",
+    "resume": "/gpu resume NODE  — return a drained Slurm node to service; needs on-call "
+    "approval unless you are on call",
     "sweep": "/gpu sweep  — look for zombie processes and orphaned GPU memory now",
+    "maint": maint_commands.USAGE,
     "audit": "/gpu audit [NODE] [N]  — the last N actions (default 10, at most 100)",
     "report": "/gpu report [7d] [by user|team|node]  — GPU-hours held busy, idle and claimed "
     "but unused",
@@ -137,14 +193,15 @@ def help_text(topic: str | None = None, *, decisions: bool = False) -> str:
 def parse(text: str, *, decisions: bool = False) -> Command:
     """Parse one ``/gpu …`` line, or raise ``UsageError``; ``decisions``: the console's too."""
     _check_input(text)
-    if (claim := _claim_line(text)) is not None:  # a claim's note is free text: "because" too
-        return claim
-    text, reason = split_reason(text)
-    if reason == "":
-        raise UsageError("nothing follows 'because': say why, or leave 'because' out")
     words = text.split()
     if words and words[0].lower() == "/gpu":
         words = words[1:]
+    if words and words[0].lower() == "claim":  # a claim's note is free text: "because" too
+        return claim_commands.parse("claim", words[1:])
+    line, reason = split_reason(" ".join(words))
+    if reason == "":
+        raise UsageError("nothing follows 'because': say why, or leave 'because' out")
+    words = line.split()
     if not words and reason is None:
         return Help()
     if not words:
@@ -152,8 +209,10 @@ def parse(text: str, *, decisions: bool = False) -> Command:
     verb = words[0].lower()
     verb = _ALIASES.get(verb, verb)
     args = words[1:]
-    if reason is not None and verb != "reset":
-        raise UsageError(f"'because …' gives a reason to reset only, not to {_show(words[0])}")
+    if reason is not None and verb not in ("reset", "drain", "maint"):
+        raise UsageError(
+            f"'because …' gives a reason to reset, drain or maint only, not to {_show(words[0])}"
+        )
     if verb == "reset":
         if reason is not None and (opt := option_in(reason)) is not None:
             raise UsageError(
@@ -161,10 +220,9 @@ def parse(text: str, *, decisions: bool = False) -> Command:
                 "narrow the reset: put the options before 'because'"
             )
         return replace(_reset(args), reason=reason)
-    if verb == "status":
-        return Status(tuple(_name(w, "node or group") for w in args))
-    if verb == "gpu-reset":
-        return _gpu_reset(args)
+    on_nodes = _on_nodes(verb, args, reason)
+    if on_nodes is not None:
+        return on_nodes
     if verb == "sweep":
         _no_more(args, "sweep")
         return Sweep()
@@ -173,8 +231,7 @@ def parse(text: str, *, decisions: bool = False) -> Command:
     if verb == "report":
         return _report(args)
     if verb == "help":
-        if len(args) > 1:
-            _no_more(args[1:], "help")
+        _no_more(args[1:], "help")
         return Help(args[0].lower() if args else None)
     if verb in claim_commands.USAGE:
         return claim_commands.parse(verb, args)
@@ -190,14 +247,24 @@ def parse(text: str, *, decisions: bool = False) -> Command:
     raise UsageError(f"unknown command {_show(words[0])}{hint}; try: {', '.join(USAGE)}")
 
 
+def _on_nodes(verb: str, args: list[str], reason: str | None) -> Command | None:
+    """Parse the verbs that name nodes (status, gpu-reset, diag, drain, resume, maint); None:
+    another verb."""
+    if verb == "status":
+        return Status(tuple(_name(w, "node or group") for w in args))
+    if verb in ("gpu-reset", "diag"):
+        return GpuReset(*_node_gpu(args, verb)) if verb == "gpu-reset" else _diag(args)
+    if verb == "drain":
+        return Drain(_one_node(args, "drain"), reason)
+    if verb == "resume":
+        return Resume(_one_node(args, "resume"))
+    if verb == "maint":
+        return maint_commands.parse(args, reason)
+    return None
+
+
 def parse_gpus(text: str) -> tuple[int, ...]:
-    """Parse ``N[,M…]`` into sorted unique GPU indices."""
     return _int_list(text, "GPU number", 0, MAX_GPU_INDEX)
-
-
-def parse_pids(text: str) -> tuple[int, ...]:
-    """Parse ``P[,Q…]`` into sorted unique PIDs."""
-    return _int_list(text, "pid", 2, MAX_PID)
 
 
 def parse_grace(text: str) -> float:
@@ -214,11 +281,6 @@ def parse_grace(text: str) -> float:
     return value
 
 
-def check_node_name(text: str) -> str:
-    """Return ``text`` if it is a valid node name, else raise ``UsageError``."""
-    return _name(text, "node")
-
-
 def _reset(args: list[str]) -> Reset:
     if not args:
         raise UsageError(f"reset needs a node; usage: {USAGE['reset']}")
@@ -230,34 +292,50 @@ def _reset(args: list[str]) -> Reset:
     return Reset(
         node=node,
         gpus=parse_gpus(opts["gpu"]) if "gpu" in opts else (),
-        pids=parse_pids(opts["pid"]) if "pid" in opts else (),
+        pids=_int_list(opts["pid"], "pid", 2, MAX_PID) if "pid" in opts else (),
         user=user,
         grace_s=parse_grace(opts["grace"]) if "grace" in opts else None,
     )
 
 
-def _gpu_reset(args: list[str]) -> GpuReset:
+def _node_gpu(args: list[str], verb: str) -> tuple[str, int]:
+    """Return the node and the one GPU of ``verb NODE gpu N`` (``gpu-reset``, ``diag``)."""
     if not args:
-        raise UsageError(f"gpu-reset needs a node; usage: {USAGE['gpu-reset']}")
+        raise UsageError(f"{verb} needs a node; usage: {USAGE[verb]}")
     node = _name(args[0], "node")
-    opts = _options(args[1:], {"gpu": "gpu"}, f"gpu-reset {node}")
+    opts = _options(args[1:], {"gpu": "gpu"}, f"{verb} {node}")
     if "gpu" not in opts:
-        raise UsageError(f"gpu-reset needs one GPU; usage: {USAGE['gpu-reset']}")
+        raise UsageError(f"{verb} needs one GPU; usage: {USAGE[verb]}")
     gpus = parse_gpus(opts["gpu"])
     if len(gpus) != 1:
-        raise UsageError("gpu-reset takes exactly one GPU")
-    return GpuReset(node, gpus[0])
+        raise UsageError(f"{verb} takes exactly one GPU")
+    return node, gpus[0]
+
+
+def _diag(args: list[str]) -> Diag:
+    level = "quick"
+    if len(args) > 1 and args[-1].lower() in ("quick", "medium"):
+        args, level = args[:-1], args[-1].lower()
+    return Diag(*_node_gpu(args, "diag"), level)
+
+
+def _one_node(args: list[str], verb: str) -> str:
+    """Return the one node ``verb`` takes (``drain``, ``resume``)."""
+    if not args:
+        raise UsageError(f"{verb} needs a node; usage: {USAGE[verb]}")
+    node = _name(args[0], "node")
+    _no_more(args[1:], verb)
+    return node
 
 
 def _audit(args: list[str]) -> Audit:
     node: str | None = None
     limit = DEFAULT_AUDIT
-    rest = list(args)
-    if rest and not _INT.fullmatch(rest[0]):
-        node = _name(rest.pop(0), "node")
-    if rest:
-        limit = _int(rest.pop(0), "count", 1, MAX_AUDIT)
-    _no_more(rest, "audit")
+    if args and not _INT.fullmatch(args[0]):
+        node = _name(args.pop(0), "node")
+    if args:
+        limit = _int(args.pop(0), "count", 1, MAX_AUDIT)
+    _no_more(args, "audit")
     return Audit(node, limit)
 
 
@@ -305,6 +383,7 @@ def _options(args: list[str], names: dict[str, str], context: str) -> dict[str, 
 
 
 def _int_list(text: str, what: str, low: int, high: int) -> tuple[int, ...]:
+    """Parse ``N[,M…]`` into sorted unique whole numbers from ``low`` to ``high``."""
     parts = text.split(",")
     if len(parts) > MAX_LIST:
         raise UsageError(f"too many values for {what} ({len(parts)}, at most {MAX_LIST})")
@@ -342,11 +421,30 @@ def _check_input(text: str) -> None:
         raise UsageError(f"input contains a control character ({ord(bad):#04x})")
 
 
-def _claim_line(text: str) -> Command | None:
-    """Parse a ``claim …`` line keeping its note whole (None: not a claim)."""
-    words = text.split()
-    if words and words[0].lower() == "/gpu":
-        words = words[1:]
-    if not words or words[0].lower() != "claim":
+def clean_reason(text: str | None) -> str | None:
+    """Return ``text`` as one line of at most ``MAX_REASON`` characters (None if empty)."""
+    if text is None:
         return None
-    return claim_commands.parse("claim", words[1:])
+    one = " ".join(text.split())
+    if not one:
+        return None
+    return cut(one, MAX_REASON)
+
+
+def split_reason(text: str) -> tuple[str, str | None]:
+    """Split a command line at the first word ``because``: the command, and the reason
+    (None without ``because``; ``""`` when nothing follows it)."""
+    m = _BECAUSE.search(text)
+    if m is None:
+        return text, None
+    return text[: m.start()], clean_reason(text[m.end() :]) or ""
+
+
+def option_in(reason: str) -> str | None:
+    """Return the first words of ``reason`` that read like a reset's option (None: none)."""
+    m = _OPTION.search(reason)
+    if m is None:
+        return None
+    word, *rest = reason[m.start() :].split()
+    value = rest[0] if rest and "=" not in word else ""
+    return f"{word} {value}".strip()

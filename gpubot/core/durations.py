@@ -1,16 +1,12 @@
-"""The one duration grammar of gpubot: settings, CLI flags and chat commands all parse with it,
-and every message shows a duration with its one formatter.
+"""The one duration grammar of gpubot (settings, CLI flags, chat commands) and its one
+formatter: the same text means the same time wherever it is typed, and what gpubot shows
+reads back as what it meant.
 
-The same text must mean the same time wherever it is typed, and what gpubot shows must read
-back as what it meant.
-
-Grammar: one or more parts, each a number and a unit, units ``w d h m s`` (weeks, days,
-hours, minutes, seconds), largest first, each at most once, any case, spaces allowed between
-parts: ``90s``, ``30m``, ``1h30m``, ``1h 30m``, ``2d``, ``1w2d``, ``1.5h``. A number may
-have a decimal part (``1.5h``, ``.5d``); no sign, no exponent. Where a place always took a
-plain number of seconds (``--grace 30``, ``--watch 0.5``) it passes ``bare=True``. The total
-is capped at ``MAX_S`` (ten years): anything longer is a typo, and ``datetime`` arithmetic on
-it would fail far from the input that caused it.
+Grammar: one or more parts, each a number (decimals allowed: ``1.5h``, ``.5d``; no sign, no
+exponent) and a unit ``w d h m s``, largest first, each at most once, any case, spaces allowed
+between parts: ``90s``, ``1h 30m``, ``1w2d``. ``bare=True`` also takes plain seconds where a
+place always did (``--grace 30``). The total is capped at ``MAX_S`` (ten years): anything
+longer is a typo, and ``datetime`` arithmetic on it would fail far from the input.
 """
 
 from __future__ import annotations

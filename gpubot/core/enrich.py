@@ -1,50 +1,27 @@
 """Names for workloads: one bounded exec per runtime and probe, batched for all ids.
 
 ``enrich_argv`` builds the command, ``parse_enrichment`` reads its standard output into
-``Found`` records, and ``apply_enrichment`` puts a record on a ``Workload`` and decides its
-owner. Each runtime's lookup (its argv, parser and how a record lands on a workload, with the
-formats' sources) is in its module in ``core.runtimes``; this module only iterates their
-list. Everything a runtime prints about a workload is hostile: any doubt drops the record,
-and that workload's name is unknown, never someone else's.
+``Found`` records, ``apply_enrichment`` puts a record on a ``Workload`` and decides its owner,
+and ``attribute`` names and owns every workload of a snapshot. Each runtime's lookup (its argv,
+parser and how a record lands on a workload, with the formats' sources) is in its module in
+``core.runtimes``; this module only iterates their list. Everything a runtime prints about a
+workload is hostile: any doubt drops the record, and that workload's name is unknown, never
+someone else's.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
+from gpubot.core.models import NodeSnapshot
 from gpubot.core.names import SUDO
 from gpubot.core.runtimes import LOOKUPS, find_runtime
 from gpubot.core.runtimes.base import Found, Lookup, Workload
-from gpubot.core.runtimes.docker import parse_docker_inspect
-from gpubot.core.runtimes.inspect_json import MAX_LABELS, MAX_TEXT
-from gpubot.core.runtimes.kubernetes import parse_crictl_inspect
-from gpubot.core.runtimes.podman import parse_podman_inspect
-from gpubot.core.runtimes.slurm import SLURM_SCRIPT, parse_scontrol
 from gpubot.core.workload import decide_owner
 
-__all__ = [
-    "MAX_LABELS",
-    "MAX_TEXT",
-    "PARSERS",
-    "RUNTIMES",
-    "SLURM_SCRIPT",
-    "Found",
-    "apply_enrichment",
-    "enrich_argv",
-    "enrich_target",
-    "parse_crictl_inspect",
-    "parse_docker_inspect",
-    "parse_enrichment",
-    "parse_podman_inspect",
-    "parse_scontrol",
-]
-
 RUNTIMES = tuple(LOOKUPS)  # the tools a node's settings may list, in the list's order
-
-PARSERS: dict[str, Callable[[str, Sequence[str]], dict[str, Found]]] = {
-    tool: lookup.parse for tool, lookup in LOOKUPS.items()
-}
 
 
 def enrich_argv(runtime: str, ids: Sequence[str], *, timeout_s: float, sudo: bool) -> list[str]:
@@ -95,9 +72,8 @@ def enrich_target(w: Workload) -> tuple[str, str] | None:
 
 
 def parse_enrichment(runtime: str, stdout: str, ids: Sequence[str]) -> dict[str, Found]:
-    """Parse the output of ``enrich_argv(runtime, ids, ...)`` with that runtime's parser."""
-    parser = PARSERS.get(runtime)
-    return parser(stdout, ids) if parser is not None else {}
+    lookup = LOOKUPS.get(runtime)
+    return lookup.parse(stdout, ids) if lookup is not None else {}
 
 
 def apply_enrichment(
@@ -129,3 +105,17 @@ def apply_enrichment(
             else lookup.apply(w, found, owner_label)
         )
     return decide_owner(w, names, owner_label)
+
+
+def attribute(
+    snap: NodeSnapshot, owner_label: str | None, named: Mapping[tuple[str, str, str], Workload] = {}
+) -> NodeSnapshot:
+    """Return ``snap`` with each process's workload named (``named``) and owned."""
+    uid_names = {p.uid: p.user for p in snap.processes if p.uid is not None and p.user}
+    procs = []
+    for p in snap.processes:
+        w = p.workload
+        if w is not None:
+            w = decide_owner(named.get(w.key, w), uid_names, owner_label)
+        procs.append(p if w == p.workload else replace(p, workload=w))
+    return replace(snap, processes=tuple(procs))

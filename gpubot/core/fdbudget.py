@@ -21,14 +21,10 @@ def raised_to(soft: int, hard: int | None) -> int:
     return max(soft, target)
 
 
-def reserve(soft: int) -> int:
-    """Return the descriptors kept for everything but SSH connections: 64, or an eighth."""
-    return max(RESERVE, soft // 8)
-
-
 def connection_cap(soft: int) -> int:
-    """Return how many SSH connections the soft limit ``soft`` allows, with headroom (>= 1)."""
-    return max(1, soft - reserve(soft))
+    """Return how many SSH connections the soft limit ``soft`` allows (>= 1): the limit less a
+    reserve of ``RESERVE`` or an eighth, for everything else."""
+    return max(1, soft - max(RESERVE, soft // 8))
 
 
 def raised_line(before: int, after: int, hard: int | None) -> str:

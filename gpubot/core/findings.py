@@ -8,7 +8,7 @@ Pure (time passed in). Which GPUs are idle comes from earlier sweeps' samples
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -38,6 +38,8 @@ class FindingKind(str):
     that reset is of the whole GPU (no holder to stop), so the sweep asks the node what it would
     touch. ``event``: read once (a kernel log line), so it is real when first seen. ``node``: the
     node gave no usable answer; it clears once the node answers or fails in another way.
+    ``ladder``: its holder climbs the reclaim ladder (told, reminded, named, then offered to
+    on-call) instead of the plain alert.
     """
 
     heading: str  # the kind in words (``str.title`` is taken)
@@ -45,6 +47,7 @@ class FindingKind(str):
     gpu_reset: bool
     event: bool
     node: bool
+    ladder: bool
 
     def __new__(
         cls,
@@ -55,10 +58,16 @@ class FindingKind(str):
         gpu_reset: bool = False,
         event: bool = False,
         node: bool = False,
+        ladder: bool = False,
     ) -> FindingKind:
         kind = super().__new__(cls, name)
         kind.__dict__.update(
-            heading=heading, reset=reset, gpu_reset=gpu_reset, event=event, node=node
+            heading=heading,
+            reset=reset,
+            gpu_reset=gpu_reset,
+            event=event,
+            node=node,
+            ladder=ladder,
         )
         return kind
 
@@ -80,7 +89,7 @@ class FindingKind(str):
 ORPHANED_VRAM = FindingKind("orphaned-vram", "orphaned GPU memory", reset=True, gpu_reset=True)
 ZOMBIE_PROCESS = FindingKind("zombie-process", "zombie process", reset=True)
 HIDDEN_HOLDER = FindingKind("hidden-holder", "hidden GPU holder", reset=True)
-IDLE_HOLDER = FindingKind("idle-holder", "idle GPU holder", reset=True)
+IDLE_HOLDER = FindingKind("idle-holder", "idle GPU holder", reset=True, ladder=True)
 NODE_UNREACHABLE = FindingKind("node-unreachable", "node unreachable", node=True)
 # It answered, too slowly: past a command timeout or the sweep budget.
 NODE_SLOW = FindingKind("node-slow", "node too slow to answer", node=True)
@@ -101,6 +110,7 @@ class SweepConfig:
     health: bool = True  # read the GPUs' health fields each sweep (core.health.state)
     kernel_log: bool = False  # read each node's kernel log for Xid/SXid (core.health.kernlog)
     xid_window_s: float = 3600.0  # an Xid finding stands this long; repeat thresholds count in it
+    hung_sweeps: int = 3  # hung-but-busy: looks in a row (core.health.hung); 0: off
 
     @property
     def max_gap_s(self) -> float:
@@ -128,8 +138,6 @@ class FindingKey(NamedTuple):
 
 @dataclass(frozen=True)
 class Finding:
-    """One piece of trouble a sweep found."""
-
     node: str
     gpu: int | None
     kind: FindingKind
@@ -143,19 +151,15 @@ class Finding:
     idle_s: float | None = None  # an idle holder: how long it has held its GPU idle so far
     idle_since: float | None = None  # an idle holder: since when (never before it held the GPU)
     next_step: str | None = None  # an Xid's: ``core.health.codes`` (reset when idle, ...)
+    # Who named the node to the sweep, where it was not swept in full over SSH: "named by
+    # prometheus (GPU 3: ...), confirmed over ssh". The finding itself is always the probe's.
+    source: str | None = None
 
     @property
     def key(self) -> FindingKey:
-        """Return the finding's stable key."""
         return FindingKey(self.node, self.gpu, self.kind.value, self.holder)
 
-    @property
-    def title(self) -> str:
-        """Return the kind as words."""
-        return self.kind.heading
-
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form."""
         return {
             "node": self.node,
             "gpu": self.gpu,
@@ -169,13 +173,12 @@ class Finding:
             "workload": self.workload,
             "idle_hours": None if self.idle_s is None else round(self.idle_s / 3600.0, 2),
             "next_step": self.next_step,
+            "source": self.source,
         }
 
 
 @dataclass(frozen=True)
 class NodeFailure:
-    """A node that gave no usable answer, and why."""
-
     kind: FindingKind  # NODE_UNREACHABLE, NODE_SLOW or SMI_FAILED
     reason: str
 
@@ -218,65 +221,40 @@ def find(
     time before it came.
     """
     out: list[Finding] = []
+    rule = protection or Protection()
     for snap in snapshots:
         for g in sorted(snap.gpus, key=lambda g: g.index):
-            procs = snap.on_gpu(g.index)
-            rule = protection or Protection()
             gpu_idle_s = (idle or {}).get((snap.node, g.index))
-            mine = (
-                {}
-                if gpu_idle_s is None
-                else holders_idle(
-                    snap,
-                    g.index,
-                    gpu_idle_s,
-                    held,
-                    snap.taken_at if at is None else at,
-                    config.idle.window_s - durations.TIME_SLACK_S,
-                )
-            )
-            out.extend(
-                _gpu_findings(snap.node, g, procs, config, rule, mine, hidepid=bool(snap.hidepid))
-            )
+            mine: Mapping[str, tuple[float, float]] = {}
+            if gpu_idle_s is not None:
+                now = snap.taken_at if at is None else at
+                window = config.idle.window_s - durations.TIME_SLACK_S
+                mine = holders_idle(snap, g.index, gpu_idle_s, held, now, window)
+            out.extend(_gpu_findings(snap, g, config, rule, mine))
         for bus in snap.lost:  # its index was not said: the node's finding, keyed by bus id
-            out.append(
-                Finding(
-                    snap.node,
-                    None,
-                    GPU_LOST,
-                    bus,
-                    f"a GPU ({bus}) is lost: it needs a reset or a reboot",
-                )
-            )
+            out.append(_lost(snap.node, None, bus, f"a GPU ({bus})"))
     for node, f in failures.items():
         out.append(Finding(node, None, f.kind, "", f.reason))
     return tuple(out)
 
 
+def _lost(node: str, gpu: int | None, holder: str, which: str) -> Finding:
+    return Finding(node, gpu, GPU_LOST, holder, f"{which} is lost: it needs a reset or a reboot")
+
+
 def _gpu_findings(
-    node: str,
+    snap: NodeSnapshot,
     g: GpuInfo,
-    procs: Sequence[GpuProcess],
     config: SweepConfig,
     protection: Protection,
     idle: Mapping[str, tuple[float, float]],
-    *,
-    hidepid: bool = False,
 ) -> list[Finding]:
     """Return the findings of one GPU (``idle``: its holders' idle seconds and since when)."""
+    node = snap.node
     out: list[Finding] = []
     if "lost" in g.flags:  # fell off the bus: nothing else about it can be known
-        why = f" ({g.bus_id})" if g.bus_id else ""
-        return [
-            Finding(
-                node,
-                g.index,
-                GPU_LOST,
-                "",
-                f"GPU {g.index}{why} is lost: it needs a reset or a reboot",
-            )
-        ]
-    holders = [p for p in procs if not is_protected(p, protection)]
+        return [_lost(node, g.index, "", f"GPU {g.index}" + (f" ({g.bus_id})" if g.bus_id else ""))]
+    holders = [p for p in snap.on_gpu(g.index) if not is_protected(p, protection)]
     used = g.memory_used_mib
     if not holders and used is not None and used > config.orphan_threshold_mib:
         unseen = " (holders of its device file cannot be seen)" if g.minor is None else ""
@@ -291,40 +269,31 @@ def _gpu_findings(
             )
         )
     for p in holders:
-        if hidepid and not p.exists:  # "gone" may only be hidden: no zombie on that evidence
+        if snap.hidepid and not p.exists:  # "gone" may only be hidden: no zombie on that evidence
             continue
         idle_s, since = idle.get(holder_id(p), (None, None))
-        kind_summary = _process_trouble(p, g, config, idle_s)
-        if kind_summary is not None:
-            kind, summary = kind_summary
-            out.append(_holder_finding(node, p, kind, summary, since, idle_s))
+        trouble = _process_trouble(p, g, config, idle_s)
+        if trouble is None:
+            continue
+        kind, summary = trouble
+        is_idle = kind == IDLE_HOLDER  # only an idle holder carries its idle time
+        out.append(
+            Finding(
+                node,
+                p.gpu_index,
+                kind,
+                holder_id(p),
+                summary,
+                pid=p.pid,
+                user=p.user,
+                memory_mib=p.used_memory_mib,
+                owner=holder_owner(p),
+                workload=workload_label(p),
+                idle_s=idle_s if is_idle else None,
+                idle_since=since if is_idle else None,
+            )
+        )
     return out
-
-
-def _holder_finding(
-    node: str,
-    p: GpuProcess,
-    kind: FindingKind,
-    summary: str,
-    idle_since: float | None,
-    idle_s: float | None,
-) -> Finding:
-    """Return the finding of one holder (its idle time only if it is an idle holder)."""
-    is_idle = kind == IDLE_HOLDER
-    return Finding(
-        node,
-        p.gpu_index,
-        kind,
-        holder_id(p),
-        summary,
-        pid=p.pid,
-        user=p.user,
-        memory_mib=p.used_memory_mib,
-        owner=holder_owner(p),
-        workload=workload_label(p),
-        idle_s=idle_s if is_idle else None,
-        idle_since=idle_since if is_idle else None,
-    )
 
 
 def workload_label(p: GpuProcess) -> str | None:

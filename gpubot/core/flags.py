@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
+from gpubot.core.slurm import alloc
+from gpubot.core.text import cut
 from gpubot.core.workload import named, short_name
 
 NO_PROCESS_MEMORY_MIB = 256  # below this, memory with no process is the driver's own
@@ -50,7 +52,7 @@ def flags_of(snap: NodeSnapshot, g: GpuInfo) -> tuple[str, ...]:
     known = snap.flag_memo.get(g.index)
     if known is not None and known[0] is g:
         return known[1]
-    flags = gpu_flags(g, snap.on_gpu(g.index))
+    flags = gpu_flags(g, snap.on_gpu(g.index)) + alloc.flags(snap, g)
     snap.flag_memo[g.index] = (g, flags)
     return flags
 
@@ -67,29 +69,25 @@ def workload_label(p: GpuProcess, n: int = 24) -> str:
     if w is None or not named(w):
         return ""
     short = short_name(w)
-    return (short if len(short) <= n else short[: n - 1] + "…") + " "
+    return cut(short, n) + " "
 
 
-def minor_note(snap: NodeSnapshot) -> str | None:
-    """Say what gpubot cannot see on GPUs whose device minor is unknown, or None.
+def node_notes(snap: NodeSnapshot) -> tuple[str, ...]:
+    """Return every note of a node's answer: what the node said, then what gpubot cannot see.
 
     Older drivers without a ``Device Minor`` line, and no NVML, leave gpubot unable to tell
     which ``/dev/nvidiaN`` is the GPU's: the index is never taken for the minor.
     """
+    said = (*snap.notes, *alloc.notes(snap))
     blind = [g.index for g in snap.gpus if g.minor is None]
     if not blind:
-        return None
+        return said
     which = f"GPU {blind[0]}" if len(blind) == 1 else f"GPUs {', '.join(map(str, blind))}"
     return (
+        *said,
         f"device file unknown for {which}: the driver does not say which /dev/nvidiaN is "
         f"{'its' if len(blind) == 1 else 'theirs'} (no Device Minor line), so gpubot cannot see "
         "who holds that device file: a holder nvidia-smi does not list (hidden, another PID "
         "namespace, leaked memory) is missed, and a reset cannot find or wait for holders by "
-        "device file, nor call the GPU free on that evidence"
+        "device file, nor call the GPU free on that evidence",
     )
-
-
-def node_notes(snap: NodeSnapshot) -> tuple[str, ...]:
-    """Return every note of a node's answer: what the node said, then what gpubot cannot see."""
-    note = minor_note(snap)
-    return snap.notes + ((note,) if note is not None else ())

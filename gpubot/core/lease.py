@@ -8,7 +8,7 @@ in-process lease (no database) cannot be lost and has no fence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpubot.errors import LeaseLost
@@ -44,7 +44,7 @@ class Lease:
     shared: bool = True  # False: an in-process lease, no row to fence on
     lost: str | None = None  # why it is gone; None while held
     took_over: dict[str, Any] | None = None  # the expired lease of a dead holder it replaced
-    renewals: int = field(default=0)
+    renewals: int = 0
 
     @property
     def fence(self) -> Fence | None:

@@ -5,11 +5,12 @@ Snapshots are frozen and built only by parsers; an unknown value is ``None``, ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
 from gpubot.core.health.state import GpuHealth
+from gpubot.core.slurm import SlurmView
 from gpubot.core.workload import Workload
 
 
@@ -32,9 +33,8 @@ class NodeConfig:
     port: int = 22
     user: str | None = None
     key: str | None = None
-    dev_prefix: str = (
-        "/dev/nvidia"  # minor m is {dev_prefix}{m}; also {dev_prefix}ctl, {dev_prefix}-uvm
-    )
+    # The device files: minor m is {dev_prefix}{m}; also {dev_prefix}ctl, {dev_prefix}-uvm.
+    dev_prefix: str = "/dev/nvidia"
     sudo: bool = False  # prefix privileged commands with ``sudo -n``
     groups: tuple[str, ...] = ()
     nvidia_smi: str = "nvidia-smi"  # the command to run; the simulated fleet points it elsewhere
@@ -45,6 +45,22 @@ class NodeConfig:
     # Runtimes gpubot may ask for workload names (docker, podman, slurm, crictl): the node's own
     # list and its groups' (``[groups.NAME] runtimes``). Empty: attribution from cgroups only.
     runtimes: tuple[str, ...] = ()
+    # The scheduler that owns the node's GPUs ("slurm"), the node's or its groups'; None: none.
+    scheduler: str | None = None
+    slurm_node: str | None = None  # the node's NodeName in Slurm, when it is not ``name``
+    # How many GPUs the node has (the node's or its groups' ``gpus``); None: the most the sweeps
+    # have seen since gpubot started. Fewer is a ``gpu-vanished`` finding.
+    gpus: int | None = None
+    # The kernel's PCI devices (sysfs): each GPU's vendor and class, read by the health exec.
+    pci_dir: str = "/sys/bus/pci/devices"
+    # Where a fleet summary reads the node: "ssh" (its probe) or "prometheus" (its groups'
+    # ``telemetry``: dcgm-exporter's series, ``core.telemetry``). Holders and actions: always SSH.
+    telemetry: str = "ssh"
+
+    @property
+    def slurm_name(self) -> str:
+        """Return the node's NodeName in Slurm."""
+        return self.slurm_node or self.name
 
     def device(self, minor: int) -> str:
         """Return the device file of minor ``minor``; a GPU's index is NOT its minor."""
@@ -109,15 +125,6 @@ class ProcInfo:
 
 
 @dataclass(frozen=True)
-class ProcessKey:
-    """A process's identity: a PID alone can be reused, PID + kernel start time cannot."""
-
-    node: str
-    pid: int
-    start_ticks: int
-
-
-@dataclass(frozen=True)
 class GpuProcess:
     """A process on one GPU: memory from nvidia-smi and/or a hold on the GPU's device file."""
 
@@ -139,9 +146,7 @@ class GpuProcess:
     real_uid: int | None = None
     exe: str | None = None
     argv0: str | None = None
-    system: bool = (
-        False  # a protected system daemon (core.reset.protect): not a job, never signalled
-    )
+    system: bool = False  # a protected daemon (core.reset.protect): not a job, never signalled
     workload: Workload | None = None  # from its cgroup (+ names where the node allows lookups)
 
     @property
@@ -163,12 +168,13 @@ class NodeSnapshot:
     taken_at: float  # unix time
     gpus: tuple[GpuInfo, ...]
     processes: tuple[GpuProcess, ...] = ()
-    ctl_only: tuple[DeviceHolder, ...] = field(default=())  # hold only nvidiactl/uvm: unread
+    ctl_only: tuple[DeviceHolder, ...] = ()  # hold only nvidiactl/uvm: unread
     notes: tuple[str, ...] = ()  # what the node said beside its tables (a lost GPU, a warning)
     lost: tuple[str, ...] = ()  # bus ids ("?" unknown) of lost GPUs whose index nobody said
     unseen: int = 0  # processes whose open files fuser could not see (gpubot is not root)
     hidepid: str | None = None  # /proc's hidepid= option: other users' processes are hidden
     holders_checked: bool = True  # fuser asked (a status whose memory adds up skips it: a note)
+    slurm: SlurmView | None = None  # what Slurm says of the node (a scheduler's node only)
 
     def gpu(self, index: int) -> GpuInfo | None:
         return next((g for g in self.gpus if g.index == index), None)
@@ -222,6 +228,8 @@ class ActionStatus(StrEnum):
     NOT_FREED = "not-freed"  # the action ran; some GPU did not end freed
     ERROR = "error"  # it stopped on an error (the result says which)
     REFUSED = "refused"  # nothing was done: gpubot refused the person or the request
+    DONE = "done"  # a change of state (a Slurm drain or resume) was made and read back
+    UNCHANGED = "unchanged"  # nothing to change: the node was so already (nothing sent)
     INCOMPLETE = "incomplete"  # no outcome is written: still running, or gpubot stopped
     UNKNOWN = "unknown"  # an outcome written without a status
 
@@ -238,6 +246,7 @@ class ResetStep(StrEnum):
     GPU_RESET = "gpu_reset"
     STOP_WORKLOAD = "stop_workload"
     SENDING = "sending"  # a signal's or command's intent, written (fenced) just before it goes
+    NODE_LOG = "node_log"  # the ``logger -t gpubot`` line of an action, and what logger said
 
 
 class StopResult(StrEnum):

@@ -43,6 +43,14 @@ class Policy:
     permission_groups: frozenset[str] = frozenset()  # the user groups [permissions] names
     system_users: tuple[str, ...] = DEFAULT_SYSTEM_USERS  # [reset] system_users: never mapped to
 
+    def chat_ids(self) -> dict[str, tuple[str, ...]]:
+        """Return Linux user → the chat user ids ``[users]`` maps to it (sorted): whom a
+        message about a Linux user's processes goes to."""
+        out: dict[str, list[str]] = {}
+        for chat_id, linux in self.users.items():
+            out.setdefault(linux, []).append(chat_id)
+        return {linux: tuple(sorted(ids)) for linux, ids in out.items()}
+
     @property
     def approval_channel(self) -> str | None:
         """Return where approval requests are posted."""
@@ -98,24 +106,6 @@ class Resolved:
     refused: str | None = None
 
 
-def account_refusal(
-    account: ChatAccount, home_team: str | None, bots: Collection[str] = ()
-) -> str | None:
-    """Return why this account may not use gpubot at all, or None (``bots``: the chat
-    system's own bot accounts)."""
-    if account.id in bots or account.bot:
-        return "bots cannot use gpubot"
-    if account.deleted:
-        return "this chat account is deactivated"
-    if account.stranger or (
-        home_team is not None and account.team_id is not None and account.team_id != home_team
-    ):
-        return "accounts of another workspace cannot use gpubot"
-    if account.guest:
-        return "guest accounts cannot use gpubot"
-    return None
-
-
 def system_user_refusal(policy: Policy, name: str) -> str | None:
     """Return why a mapping to the Linux user ``name`` is refused (root, a system account)."""
     if name == "root" or name in policy.system_users:
@@ -137,15 +127,18 @@ def resolve(
     if user_id in policy.bots:
         return Resolved(None, "bots cannot use gpubot")
     if account is not None:
-        why = account_refusal(account, home_team, policy.bots)
-        if why is not None:
-            return Resolved(None, why)
+        if account.id in policy.bots or account.bot:
+            return Resolved(None, "bots cannot use gpubot")
+        if account.deleted:
+            return Resolved(None, "this chat account is deactivated")
+        foreign = home_team is not None and account.team_id not in (None, home_team)
+        if account.stranger or foreign:
+            return Resolved(None, "accounts of another workspace cannot use gpubot")
+        if account.guest:
+            return Resolved(None, "guest accounts cannot use gpubot")
     name = linux_user(policy, user_id, account.email if account is not None else None)
-    if name is not None:
-        why = system_user_refusal(policy, name)
-        if why is not None:
-            return Resolved(None, why)
-    return Resolved(name)
+    why = system_user_refusal(policy, name) if name is not None else None
+    return Resolved(name) if why is None else Resolved(None, why)
 
 
 def same_person(requester_user: str | None, approver_user: str | None) -> bool:
@@ -170,9 +163,8 @@ def floor_note(plan: ResetPlan, linux_user: str | None, min_uid: int) -> str | N
 
 def is_approver(policy: Policy, user_id: str, members: Mapping[str, Collection[str]]) -> bool:
     """Whether ``user_id`` is an approver (listed, or in an approver user group)."""
-    if user_id in policy.approvers:
-        return True
-    return any(user_id in members.get(g, ()) for g in policy.approver_groups)
+    listed = user_id in policy.approvers
+    return listed or any(user_id in members.get(g, ()) for g in policy.approver_groups)
 
 
 def may_reset(
@@ -181,8 +173,7 @@ def may_reset(
     """Whether ``user_id`` may ask for resets on ``node`` (by node name, group or ``*``)."""
     if policy.permissions is None:
         return True
-    keys = ("*", node.name, *node.groups)
-    for key in keys:
+    for key in ("*", node.name, *node.groups):
         for who in policy.permissions.get(key, ()):
             if who in ("*", user_id) or user_id in members.get(who, ()):
                 return True

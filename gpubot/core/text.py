@@ -25,3 +25,8 @@ def one_line(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+
+
+def cut(text: str, most: int) -> str:
+    """Return ``text`` cut to ``most`` characters at its end, the cut marked ``…``."""
+    return text if len(text) <= most else text[: max(0, most - 1)] + "…"

@@ -1,9 +1,8 @@
 """Tables as terminal text: the one layout of ``gpubot status``, the console and the demo.
 
 In core so that ``gpubot status`` prints without loading the chat layer (its cold start). A cell
-past its column's limit is cut at its end (a command keeps its start, never a mid-path tail);
-given a terminal's width, the processes column takes what the others leave. Text a node user
-controls goes through ``one_line`` first: it can forge no line.
+is cut at its end (a command keeps its start); text a node user controls goes through
+``one_line`` first, so it can forge no line.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from gpubot.core.flags import flags_of, node_notes, owner_label, process_flags, workload_label
-from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.text import one_line
+from gpubot.core.models import GpuProcess, NodeSnapshot
+from gpubot.core.telemetry import PromNode
+from gpubot.core.text import cut, one_line
 
 WIDTH = 100  # a note's line; the tables below stay near it
 PROCESS_MOST = 50  # the processes column: its command is cut to fit (then "…")
@@ -32,14 +32,11 @@ GPU_HEADER = (
 GPU_RIGHT = (0, 1, 2, 3)
 SUMMARY_HEADER = ("NODE", "GPUS USED", "MEMORY GiB", "FLAGGED", "HOLDERS", "STATUS")
 SUMMARY_RIGHT = (1, 2, 4)
+PROM_HEADER = ("NODE", "GPUS", "IN USE", "MEMORY GiB", "UTIL %", "LAST XID", "DATA AGE")
+PROM_RIGHT = (1, 2, 3, 4, 6)
 
 # (row, column, the cell as padded) -> the cell as written (a terminal's colour); row 0: header
 Paint = Callable[[int, int, str], str]
-
-
-def cut(text: str, most: int) -> str:
-    """Return ``text`` cut to ``most`` characters at its end, the cut marked ``…``."""
-    return text if len(text) <= most else text[: max(0, most - 1)] + "…"
 
 
 def table_lines(
@@ -65,12 +62,9 @@ def table_lines(
     return out
 
 
-def _num(v: int | None) -> str:
+def num(v: int | None) -> str:
+    """Return a count as written in a table: ``?`` when not known."""
     return "?" if v is None else str(v)
-
-
-def _pct(part: int | None, whole: int | None) -> str:
-    return "?" if part is None or not whole else f"{100 * part // whole}%"
 
 
 def program_and_args(p: GpuProcess) -> str:
@@ -84,7 +78,7 @@ def process_cell(p: GpuProcess, most: int = PROCESS_MOST) -> str:
     """Return ``owner pid MiB workload command`` of one process; only the command is cut."""
     if p.system:
         return f"system: {p.process_name} ({p.pid})"
-    head = f"{owner_label(p)} {p.pid} {_num(p.used_memory_mib)} MiB {workload_label(p)}"
+    head = f"{owner_label(p)} {p.pid} {num(p.used_memory_mib)} MiB {workload_label(p)}"
     return head + cut(program_and_args(p), max(12, most - len(head)))
 
 
@@ -94,9 +88,11 @@ def gpu_rows(snap: NodeSnapshot, width: int | None = None) -> list[list[str]]:
     held: list[GpuProcess | None] = []  # each row's process, its cell written once all are known
     for g in snap.gpus:
         procs = snap.on_gpu(g.index)
+        used, total = g.memory_used_mib, g.memory_total_mib
+        memory = f"{num(used)} / {num(total)}"
+        pct = "?" if used is None or not total else f"{100 * used // total}%"
         util = "?" if g.utilization_pct is None else f"{g.utilization_pct}%"
-        pct = _pct(g.memory_used_mib, g.memory_total_mib)
-        rows.append([str(g.index), _memory(g), pct, util, "", ", ".join(flags_of(snap, g))])
+        rows.append([str(g.index), memory, pct, util, "", ", ".join(flags_of(snap, g))])
         held.append(procs[0] if procs else None)
         for more in procs[1:]:
             rows.append(["", "", "", "", "", ", ".join(process_flags(more))])
@@ -116,14 +112,9 @@ def process_most(rows: Sequence[Sequence[str]], width: int | None) -> int:
     return max(PROCESS_MOST, width - others - flags - 2 * (len(GPU_HEADER) - 1))
 
 
-def _memory(g: GpuInfo) -> str:
-    return f"{_num(g.memory_used_mib)} / {_num(g.memory_total_mib)}"
-
-
 def gpu_lines(
     snap: NodeSnapshot, paint: Paint | None = None, width: int | None = None
 ) -> list[str]:
-    """Return a node's per-GPU table as text lines, as wide as ``width`` allows."""
     return table_lines(gpu_rows(snap, width), right=GPU_RIGHT, paint=paint)
 
 
@@ -143,7 +134,6 @@ def note_lines(snap: NodeSnapshot) -> list[str]:
 
 
 def node_text(snap: NodeSnapshot) -> list[str]:
-    """Return one node as text: its heading, its GPU table and its notes."""
     table = gpu_lines(snap) if snap.gpus else ["no GPUs found"]
     return [node_heading(snap), *table, *note_lines(snap)]
 
@@ -194,5 +184,32 @@ def summary_rows(
 
 
 def summary_lines(rows: Sequence[Sequence[str]], paint: Paint | None = None) -> list[str]:
-    """Return summary rows as text lines."""
     return table_lines(rows, right=SUMMARY_RIGHT, most={3: FLAGS_MOST, 5: STATUS_MOST}, paint=paint)
+
+
+def telemetry_row(n: PromNode) -> list[str]:
+    """Return one node read from Prometheus: GPUs, those holding memory, memory, mean
+    utilisation, the last Xid DCGM saw, and the age of its oldest GPU's data."""
+    used = [g.used_mib for g in n.gpus if g.used_mib is not None]
+    totals = [g.total_mib for g in n.gpus if g.total_mib is not None]
+    utils = [g.utilization_pct for g in n.gpus if g.utilization_pct is not None]
+    xids = sorted({g.last_xid for g in n.gpus if g.last_xid is not None})
+    unknown = "?" if len(totals) < len(n.gpus) else ""
+    return [
+        one_line(n.node),
+        str(len(n.gpus)),
+        str(sum(1 for u in used if u > 0)),
+        f"{sum(used) / 1024:.1f} / {sum(totals) / 1024:.1f}{unknown}",
+        f"{sum(utils) / len(utils):.0f}" if utils else "?",
+        ", ".join(map(str, xids)) or "-",
+        f"{n.age_s:.0f} s",
+    ]
+
+
+def telemetry_rows(nodes: Sequence[PromNode]) -> list[list[str]]:
+    """Return the header and a row per node read from Prometheus (``telemetry_row``)."""
+    return [list(PROM_HEADER), *(telemetry_row(n) for n in nodes)]
+
+
+def telemetry_lines(nodes: Sequence[PromNode]) -> list[str]:
+    return table_lines(telemetry_rows(nodes), right=PROM_RIGHT)

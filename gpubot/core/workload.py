@@ -8,25 +8,32 @@ elsewhere, so ``/system.slice/docker-ID.scope`` or ``/slurm/uid_U/job_J`` can on
 (a rootless container) or ``other``. Paths are as the kernel shows them to gpubot: relative to
 the cgroup namespace of the probe, which must be the node's initial one.
 
-The shapes, with their sources, are the runtimes' (``core.runtimes``), in one table
-(``core.cgroup_shapes``). A container found inside another container's cgroup (docker-in-docker,
-a kind node's pods) is the inner one, named only as a label: its owner, lookup and stop come
-from the outer container (``_nest``). A runtime's own unit (``containerd.service``,
-``slurmstepd.scope`` ...) is never a workload. What a kind means (its owner rule, stop command,
-restart rule) is its runtime's: this module only asks the list (``core.runtimes``).
+The shapes, each with its public source, are the runtimes' (``core.runtimes``; real samples in
+tests/corpus/), drawn into one table here (``SHAPES``); what a kind means (owner rule, stop
+command, restart rule) is its runtime's too. The first shape that matches wins: they stand by
+their ``Rank`` (a place only root makes, then a user's own subtree, the user's session, the
+known units that are no workload, any other service), each rank's in the runtimes' order. A
+``tail`` group marks a container's own subtree, where its root may nest another container
+(docker-in-docker, a kind node's pods: named only as a label, ``_nest``); a ``reason_*`` group
+marks a known shape that is no workload gpubot may name, advise or stop.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from gpubot.core import text as words
-from gpubot.core.cgroup_shapes import MAX_NEST, REASONS, SHAPES
-from gpubot.core.runtimes import BY_KIND, runtime_of
+from gpubot.core.runtimes import BY_KIND, RUNTIMES, runtime_of
 from gpubot.core.runtimes.base import (
     OTHER,
+    ROOT_SLICES,
+    TAIL,
+    Rank,
+    Runtime,
+    Shape,
     Workload,
     is_uid_owner,
     owned,
@@ -34,29 +41,41 @@ from gpubot.core.runtimes.base import (
     valid_user,
 )
 
-__all__ = [
-    "OTHER",
-    "Workload",
-    "cgroup_paths",
-    "decide_owner",
-    "describe",
-    "match_path",
-    "may_restart",
-    "named",
-    "parse_cgroup",
-    "printable_path",
-    "short_name",
-    "stop_argv",
-    "stop_command",
-    "valid_user",
-    "workload_from_dict",
-]
+__all__ = ["OTHER", "Workload", "printable_path", "valid_user"]  # also the runtimes' names
 
+MAX_NEST = 4  # levels of containers in containers read; deeper ones name the level reached
 # v1 hierarchies to read when the v2 line says nothing (a hybrid or v1-only box), best first.
 _V1_ORDER = ("name=systemd", "memory", "pids", "cpu,cpuacct", "devices", "cpuset")
-
-
 _LINE = re.compile(r"(\d+):([^:\n]*):(/[^\n]*)\Z")
+
+
+def ordered(runtimes: Sequence[Runtime]) -> list[tuple[str, Shape]]:
+    """Return ``(kind, shape)`` of every runtime's shapes and the daemon rule (first of its
+    rank: a runtime's own units hold only its daemons and shims, and stopping one would stop
+    every container or job on the node), first match first. A shape with a reason is
+    ``other``'s, whichever runtime gives it."""
+    units = "|".join(d for r in runtimes for d in r.daemons)
+    daemons = Shape(
+        f"{ROOT_SLICES}(?P<reason_daemon>{units})" + TAIL, Rank.UNIT, "runtime daemon's own unit"
+    )
+    pairs = [(OTHER, daemons)]
+    pairs += [(OTHER if s.reason else r.kind, s) for r in runtimes for s in r.shapes]
+    return sorted(pairs, key=lambda p: p[1].rank)
+
+
+_ORDERED = ordered(RUNTIMES)
+# (kind, pattern over the whole path); the first that matches wins.
+SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(s.pattern + r"\Z")) for kind, s in _ORDERED
+)
+# The reason of each ``reason_*`` group: a shape that is known but is no workload.
+REASONS: dict[str, str] = {
+    g: s.reason
+    for _, s in _ORDERED
+    if s.reason
+    for g in re.compile(s.pattern).groupindex
+    if g.startswith("reason_")
+}
 
 
 def cgroup_paths(text: str) -> list[str] | None:
@@ -104,18 +123,14 @@ def parse_cgroup(text: str | None) -> Workload | None:
     paths = cgroup_paths(text)
     if paths is None:
         return Workload(OTHER, printable_path(text)).with_detail(untrusted="yes")
-    found = [w for w in (_match(p) for p in paths if p != "/") if w is not None]
+    found = [match_path(p) for p in paths if p != "/"]
     if not found:
         return None
     return min(found, key=lambda w: (runtime_of(w.kind).generic, w.get("outer") is None))
 
 
-def match_path(path: str) -> Workload:
+def match_path(path: str, depth: int = 0) -> Workload:
     """Return the workload one cgroup path (as ``/proc/PID/cgroup`` shows it) names."""
-    return _match(path)
-
-
-def _match(path: str, depth: int = 0) -> Workload:
     for kind, pattern in SHAPES:
         m = pattern.match(path)
         if m is not None:
@@ -125,7 +140,7 @@ def _match(path: str, depth: int = 0) -> Workload:
             w = runtime.build(kind, path, g | ({"reason": why} if why else {}))
             tail = g.get("tail")
             if tail and runtime.nests and depth < MAX_NEST and runtime.host_id(w):
-                inner = _match(tail, depth + 1)
+                inner = match_path(tail, depth + 1)
                 if runtime_of(inner.kind).nests:
                     return _nest(w, inner)
             return w
@@ -152,9 +167,6 @@ def _nest(outer: Workload, inner: Workload) -> Workload:
         rootless=outer.get("rootless"),
         outer_pod_uid=outer.get("pod_uid"),
     )
-
-
-# --- who it belongs to, and how to stop it for good ------------------------------------------
 
 
 def decide_owner(w: Workload, uid_names: dict[int, str], owner_label: str | None) -> Workload:
@@ -198,9 +210,6 @@ def stop_argv(w: Workload) -> list[str] | None:
     if w.get("outer") is not None:
         return None
     return runtime_of(w.kind).stop(w)
-
-
-# --- what it is called -------------------------------------------------------------------------
 
 
 def short_name(w: Workload) -> str:

@@ -32,6 +32,7 @@ from gpubot.core.alerting import (
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.findings import Finding, FindingKey, SweepConfig
 from gpubot.core.health.kinds import parse_key
+from gpubot.core.maint import WindowStore, quiet_nodes
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.ports import AlertStore, Clock, Notifier
 from gpubot.core.reset.readiness import Readiness
@@ -56,12 +57,19 @@ class AlertKeeper:
         outbox: Outbox[Any] | None,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        slurm_nodes: Iterable[str] = (),
+        maint: WindowStore | None = None,
     ) -> None:
-        """``nodes``: every configured node (an alert of a node no longer configured clears).
+        """``nodes``: every configured node (an alert of a node no longer configured clears);
+        ``slurm_nodes``: those Slurm owns (their drain findings offer a Drain button).
         Without ``notifier`` the state is kept but nothing is posted (and that is warned);
-        ``outbox``: what posts each alert once (settled every sweep, under the sweep's lock)."""
+        ``outbox``: what posts each alert once (settled every sweep, under the sweep's lock);
+        ``maint``: the maintenance windows, during which a node's findings are recorded but
+        neither posted nor reminded of (they post after the window if still there)."""
+        self.maint = maint
         self.config = config
         self.nodes = frozenset(nodes)
+        self.slurm_nodes = frozenset(slurm_nodes)
         self.alerts = alerts
         self.notifier = notifier
         self.clock = clock
@@ -78,7 +86,6 @@ class AlertKeeper:
         return datetime.fromtimestamp(self.clock.now(), UTC)
 
     def saw(self, snaps: Sequence[NodeSnapshot]) -> None:
-        """Remember the latest snapshot of each node (shown with its alert messages)."""
         for s in snaps:
             self._snaps[s.node] = s
 
@@ -93,7 +100,6 @@ class AlertKeeper:
     async def update(
         self, result: SweepResult, ask: AskReadiness, *, now: datetime | None = None
     ) -> SweepResult:
-        """Update the alert state with a sweep's findings: alert, remind, resolve."""
         now = now or self._now()
         found = {f.key: f for f in result.findings}
         states = {a.key: a for a in await self.alerts.upsert_seen(list(found), now)}
@@ -106,15 +112,16 @@ class AlertKeeper:
                 self.notifier, lambda p: self._pending_group(p, open_), now
             )
         resolved = await self.alerts.mark_resolved(self._cleared(result, found, open_), now)
-        new, remind = self._due(found, states, now)
+        quiet = await self._quiet(now)
+        held = {k: f for k, f in found.items() if f.node not in quiet}
+        new, remind = self._due(held, states, now)
         ready = await ask(f for fs in new.values() for f in fs)
         alerted = settled + await self._post(new, states, ready, now)
         if alerted:  # their state changed: alerted, and where
             states.update({a.key: a for a in await self.alerts.open_alerts() if a.key in states})
         reminded = await self._remind(remind, states, now)
-        cleared = {h: a.key.node for a in resolved if (h := a.ref) is not None}
-        for where, node in cleared.items():
-            await self._update_message(where, node, now)
+        for where in dict.fromkeys(a.ref for a in resolved if a.ref is not None):
+            await self._update_message(where, now)
         return replace(
             result,
             readiness=ready,
@@ -124,13 +131,24 @@ class AlertKeeper:
             known=states,
         )
 
+    async def _quiet(self, now: datetime) -> frozenset[str]:
+        """Return the nodes in an open maintenance window; if the windows cannot be read, none
+        (a page too many beats a page missed)."""
+        if self.maint is None:
+            return frozenset()
+        at = now.timestamp()
+        try:
+            return quiet_nodes(await self.maint.live(at), at)
+        except StoreError as exc:
+            log.warning("maintenance windows unread, alerts not held: %s", exc, extra=DUTY_TURN)
+            return frozenset()
+
     def _cleared(
         self,
         result: SweepResult,
         found: Mapping[FindingKey, Finding],
         open_: Mapping[FindingKey, Alert],
     ) -> list[FindingKey]:
-        """Return the open findings to resolve: cleared for long enough (``hold_clears``)."""
         cleared = to_resolve(
             list(open_),
             found.keys(),
@@ -146,8 +164,6 @@ class AlertKeeper:
     def _due(
         self, found: Mapping[FindingKey, Finding], states: Mapping[FindingKey, Alert], now: datetime
     ) -> tuple[dict[str, list[Finding]], dict[MessageRef, list[Finding]]]:
-        """Return the findings to alert on (by node) and to remind of (by message)."""
-        new: dict[str, list[Finding]] = {}
         remind: dict[MessageRef, list[Finding]] = {}
         alert: list[Finding] = []
         for k, f in found.items():
@@ -185,7 +201,7 @@ class AlertKeeper:
                 if r is not None:
                     self._ready[f.key.text()] = r
                 items.append(AlertItem(f.key, f, states[f.key].first_seen, readiness=r))
-            group = AlertGroup(node, tuple(items), self._snaps.get(node), now)
+            group = self.group(node, tuple(items), now)
             alerted += await self.outbox.post_alert(group, self.notifier)
         return tuple(alerted)
 
@@ -197,7 +213,12 @@ class AlertKeeper:
         if not items:
             return None
         node = pending.subject.removeprefix(ALERT)
-        return AlertGroup(node, items, self._snaps.get(node), self._now())
+        return self.group(node, items, self._now())
+
+    def group(self, node: str, items: tuple[AlertItem, ...], now: datetime) -> AlertGroup:
+        """Return one alert message's group of ``node`` (a digest's label) as of ``now``."""
+        snap = self._snaps.get(node)
+        return AlertGroup(node, items, snap, now, slurm_nodes=self.slurm_nodes)
 
     async def _remind(
         self,
@@ -205,13 +226,12 @@ class AlertKeeper:
         states: dict[FindingKey, Alert],
         now: datetime,
     ) -> tuple[FindingKey, ...]:
-        """Remind of findings that persist, in their alert's thread; return the keys reminded."""
         reminded: list[FindingKey] = []
         for where, fs in remind.items():
             assert self.notifier is not None
             node = digest_label(f.key for f in fs)
             items = tuple(self._item(f.key, states[f.key]) for f in fs)
-            await self.notifier.remind(where, AlertGroup(node, items, self._snaps.get(node), now))
+            await self.notifier.remind(where, self.group(node, items, now))
             for f in fs:
                 states[f.key] = await self.alerts.mark_reminded(f.key, now)
                 reminded.append(f.key)
@@ -228,8 +248,7 @@ class AlertKeeper:
             self._ready.get(text),
         )
 
-    async def _update_message(self, where: MessageRef, node: str, now: datetime) -> None:
-        """Re-render one alert message from the state of every finding it carries."""
+    async def _update_message(self, where: MessageRef, now: datetime) -> None:
         if self.notifier is None:
             return
         members = await self.alerts.on_message(where)
@@ -237,7 +256,7 @@ class AlertKeeper:
             return
         items = tuple(self._item(a.key, a) for a in members)
         node = digest_label(a.key for a in members)
-        await self.notifier.update(where, AlertGroup(node, items, self._snaps.get(node), now))
+        await self.notifier.update(where, self.group(node, items, now))
 
     async def snooze(self, key_text: str, choice: str, *, by: str) -> Alert:
         """Snooze one finding for ``1h`` or ``1d`` and update its alert message."""
@@ -249,7 +268,7 @@ class AlertKeeper:
             raise UsageError(str(exc)) from None
         alert = await self.alerts.snooze(key, until, by=by, now=now)
         if alert.ref is not None:
-            await self._update_message(alert.ref, key.node, now)
+            await self._update_message(alert.ref, now)
         return alert
 
 

@@ -4,16 +4,14 @@ Each run, in order: settles the approvals' posts whose answer was lost (``Outbox
 pings on-call again in the request's thread once half an undecided request's time has gone (the
 outbox row is the mark: once per request across restarts and replicas); (the caller) expires
 the requests whose time is up; and looks again at approved actions that did not run to an end
-(``look_again``): one interrupted by a gpubot that stopped is marked ``incomplete`` once its
-lease has lapsed, and one that could not run yet is retried while its approval is valid, each
-told in its thread. What it says is the chat layer's (``Words``).
+(``look_again``; see ``approval_retry``), each told in its thread. What it says is the chat
+layer's (``Words``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
 from gpubot.core.alerting import Intent, Lookup, PendingPost, Posted
@@ -62,7 +60,6 @@ class ApprovalDuty(Generic[M]):
     def __init__(
         self,
         approvals: ApprovalService,
-        policy: Policy,
         outbox: Outbox[M],
         words: Words[M],
         *,
@@ -70,18 +67,13 @@ class ApprovalDuty(Generic[M]):
         settled_s: float = 30.0,
     ) -> None:
         """``front``: the front end whose people ``outbox``'s poster reaches directly (an
-        approval's ``source``); ``settled_s``: how long after its decision an approval may be
-        taken for interrupted (the lease's ttl: ``ApprovalRetry``)."""
+        approval's ``source``); ``settled_s``: see ``ApprovalRetry``."""
         self.approvals = approvals
-        self.policy = policy
+        self.policy = approvals.policy
         self.outbox = outbox
         self.words = words
         self.front = front
         self.retry = ApprovalRetry(approvals, settled_s=settled_s)
-
-    def now(self) -> datetime:
-        """Return the approvals' wall time as an aware datetime."""
-        return datetime.fromtimestamp(self.approvals.clock.now(), UTC)
 
     async def _message(self, post: PendingPost) -> M | None:
         """Return the message of a pending post as it should be now (None: nothing to say)."""
@@ -110,18 +102,17 @@ class ApprovalDuty(Generic[M]):
         return send, find or self.outbox.finder(post.to)
 
     async def settle(self) -> int:
-        """Settle the posts whose answer was lost; return how many were looked at."""
-        return len(await self.outbox.reconcile(PREFIX, self._rebuild, self.now()))
+        return len(await self.outbox.reconcile(PREFIX, self._rebuild, self.approvals.now()))
 
     async def _post(self, a: Approval, purpose: Purpose, to: str, msg: M, **audit: object) -> bool:
-        intent = Intent(subject(a.id, purpose), self.now(), to=to, once=True, audit=audit)
+        intent = Intent(subject(a.id, purpose), self.approvals.now(), to=to, once=True, audit=audit)
         posted = await self.outbox.post_to(intent, msg)
         return posted is not None and posted.ref is not None
 
     async def reping(self) -> int:
         """Ping on-call again in the thread of each request half-way to expiry; return how
         many were pinged now."""
-        now = self.now()
+        now = self.approvals.now()
         pinged = 0
         for a in await self.approvals.approvals.pending():
             if not reping_due(a, now) or a.ref is None:
@@ -181,5 +172,5 @@ class ApprovalDuty(Generic[M]):
     async def announce(self, a: Approval, msg: M, to: str) -> Posted | None:
         """Post a new request to on-call through the outbox; say how it ended (None: it was
         not recorded)."""
-        intent = Intent(subject(a.id, Purpose.REQUEST), self.now(), to=to, once=True)
+        intent = Intent(subject(a.id, Purpose.REQUEST), self.approvals.now(), to=to, once=True)
         return await self.outbox.post_to(intent, msg)

@@ -15,7 +15,7 @@ run to an end, on every run of the approval duty (the app's one scheduler), not 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from dataclasses import KW_ONLY, dataclass
 
 from gpubot.core.approval.model import Approval, run_now, run_until
 from gpubot.core.models import ApprovalState
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 RETRY_SOURCE = "retry"  # the audit records' source of a reset run by a retry
 
 
+@dataclass(eq=False)
 class ApprovalRetry:
     """Looks again at interrupted approvals, and retries the waiting ones (module docstring).
 
@@ -37,12 +38,9 @@ class ApprovalRetry:
     costs nothing, as a dead holder's lease lapses no sooner anyway.
     """
 
-    def __init__(self, approvals: ApprovalService, *, settled_s: float) -> None:
-        self.approvals = approvals
-        self.settled_s = settled_s
-
-    def _now(self) -> datetime:
-        return datetime.fromtimestamp(self.approvals.clock.now(), UTC)
+    approvals: ApprovalService
+    _: KW_ONLY
+    settled_s: float
 
     async def interrupted(self) -> list[Approval]:
         """Mark ``incomplete`` the approvals whose holder stopped and whose lease has lapsed;
@@ -56,32 +54,26 @@ class ApprovalRetry:
         """Retry each waiting approval, or give it up once its time to run is over; return
         those that ended (``executed``, ``failed``) as they are now."""
         await self._record_waits()
-        ended: list[Approval] = []
-        for a in await self.approvals.approvals.waiting():
-            done = await self._one(a)
-            if done is not None:
-                ended.append(done)
-        return ended
+        ended = [await self._one(a) for a in await self.approvals.approvals.waiting()]
+        return [a for a in ended if a is not None]
 
     async def _one(self, a: Approval) -> Approval | None:
-        """Retry ``a`` (or give it up); return it if it ended."""
-        store = self.approvals.approvals
-        until = run_until(a, self.approvals.policy.expiry_s)
-        if (
-            run_now(self.approvals.clock, self.approvals.policy.expiry_s) >= until
-        ):  # valid by the wall and monotonic clocks both
+        store, expiry_s = self.approvals.approvals, self.approvals.policy.expiry_s
+        until = run_until(a, expiry_s)
+        if run_now(self.approvals.clock, expiry_s) >= until:  # by the wall and monotonic clocks
             why = (a.result or {}).get("error") or "it could not run"
-            result = {"error": f"never ran while approved, until {iso(until)}: {why}"}
+            why = f"never ran while approved, until {iso(until)}: {why}"
+            result = {"error": why, "gave_up": True}
             try:
-                return await store.mark_failed(a.id, {**result, "gave_up": True}, now=self._now())
+                return await store.mark_failed(a.id, result, now=self.approvals.now())
             except ApprovalError:  # another replica took it meanwhile
                 return None
         try:
-            taken = await store.resume(a.id, now=self._now())
+            taken = await store.resume(a.id, now=self.approvals.now())
         except ApprovalError:  # another replica's try took it first
             return None
         try:
-            await self.approvals.execute(taken, source=RETRY_SOURCE)
+            await self.approvals.run_approved(taken, source=RETRY_SOURCE)
         except GpubotError as exc:  # recorded: waiting again, or failed
             log.info("approval %s: the retry did not run it: %s", a.id, exc)
         now = await store.get(a.id)
@@ -90,10 +82,10 @@ class ApprovalRetry:
     async def _record_waits(self) -> None:
         """Record the waits the store could not take when they happened (the database was
         down): until then the interrupted look leaves those approvals alone."""
-        unrecorded = self.approvals.unrecorded
+        unrecorded, store = self.approvals.unrecorded, self.approvals.approvals
         for aid, why in list(unrecorded.items()):
             try:
-                await self.approvals.approvals.mark_waiting(aid, {"error": why}, now=self._now())
+                await store.mark_waiting(aid, {"error": why}, now=self.approvals.now())
             except ApprovalError:  # it is not approved any more: nothing to record
                 pass
             except StoreError as exc:

@@ -1,4 +1,5 @@
-"""Approvals: who asks, who may approve, and running an approved plan once.
+"""Approvals: who asks, who may approve, and running an approved plan once: a forced reset
+through the reset engine, or a Slurm node's drain or resume through the drain service.
 
 The store's conditional transition is the backstop; this service adds what the store cannot
 know: the chat → Linux identity, approver membership, node permissions, one person behind two
@@ -11,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from gpubot.core.approval.model import (
     Approval,
@@ -24,7 +25,7 @@ from gpubot.core.approval.model import (
 from gpubot.core.approval.ports import ApprovalStore
 from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.commands import Reset
-from gpubot.core.models import ActionStatus, ApprovalState, NodeConfig, NodeSnapshot
+from gpubot.core.models import ActionStatus, ApprovalState, NodeSnapshot
 from gpubot.core.policy import (
     ChatAccount,
     Person,
@@ -34,8 +35,9 @@ from gpubot.core.policy import (
     resolve,
     same_person,
 )
-from gpubot.core.ports import AuditStore, Clock, Locks
+from gpubot.core.ports import AuditStore, Clock
 from gpubot.core.reset.plan import ResetPlan, ResetRequest
+from gpubot.core.slurm.drain import NodeChange
 from gpubot.core.timefmt import iso
 from gpubot.errors import (
     ApprovalError,
@@ -50,7 +52,9 @@ from gpubot.errors import (
     StoreError,
 )
 from gpubot.services.directory import Directory, NoDirectory
-from gpubot.services.reset import Ask, EventSink, ResetResult, ResetService, reset_lock
+from gpubot.services.drain import DrainResult, DrainService, drain_lock
+from gpubot.services.reset import Ask, ResetResult, ResetService, reset_lock
+from gpubot.services.run_state import EventSink
 
 log = logging.getLogger(__name__)
 
@@ -58,28 +62,16 @@ ACCOUNT_TTL_S = 60.0  # a deactivated or demoted account is refused within this
 
 
 def unix(moment: datetime | None) -> float | None:
-    """Return an aware datetime as unix seconds (None stays None)."""
     return None if moment is None else moment.timestamp()
-
-
-class Nodes(Protocol):
-    """Names the configured nodes (``StatusService.node``)."""
-
-    def node(self, name: str) -> NodeConfig:
-        """Return the node called ``name``; raise ``UsageError`` for an unknown one."""
-        ...
 
 
 @dataclass(frozen=True)
 class ApprovalPorts:
-    """What the approvals service works with, each given directly: the approvals store, the
-    reset engine (plans and runs), the nodes, the locks a reset holds, the audit log (for
-    refusals), the chat directory and the clock."""
+    """What the approvals service works with (the reset engine's nodes and locks too); the
+    audit log is for refusals."""
 
     approvals: ApprovalStore
     reset: ResetService
-    nodes: Nodes
-    locks: Locks
     audit: AuditStore
     directory: Directory = field(default_factory=NoDirectory)
     clock: Clock = SYSTEM_CLOCK
@@ -92,8 +84,8 @@ class ApprovalService:
         self.policy = policy
         self.approvals = ports.approvals
         self.reset = ports.reset
-        self.nodes = ports.nodes
-        self.locks = ports.locks
+        self.nodes = ports.reset.status
+        self.locks = ports.reset.locks
         self.audit = ports.audit
         self.directory = ports.directory
         self.clock = ports.clock
@@ -103,9 +95,16 @@ class ApprovalService:
         self.running: set[int] = set()  # approvals this process runs now: never abandoned
         self.unrecorded: dict[int, str] = {}  # waiting, but the store could not be told: why
         self.abandoned: list[Approval] = []  # marked incomplete, not told in chat yet
+        self._drains: DrainService | None = None
 
-    def _now(self) -> datetime:
-        """Return the clock's wall time as an aware datetime (what the store takes)."""
+    def drains(self) -> DrainService:
+        """Return the drain service, over the reset engine's nodes, transport, log and locks."""
+        if self._drains is None:
+            r = self.reset
+            self._drains = DrainService(r.settings, r.transport, r.store, r.status, r.locks)
+        return self._drains
+
+    def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now(), UTC)
 
     # -- who ---------------------------------------------------------------------------------
@@ -179,15 +178,18 @@ class ApprovalService:
             )
         return False
 
-    async def check_may_reset(self, who: Person, node_name: str) -> None:
-        """Raise ``NotPermitted`` unless ``who`` may ask for resets on the node."""
+    async def check_may_reset(
+        self, who: Person, node_name: str, *, doing: str = "reset GPUs on"
+    ) -> None:
+        """Raise ``NotPermitted`` unless ``who`` may act on the node ([permissions]: resets,
+        and drains or resumes asked of an approver); ``doing`` words the refusal."""
         if who.refused is not None:
             raise IdentityRefused(who.refused)
         node = self.nodes.node(node_name)
         found, unreadable = await self._groups_now(self.policy.groups_to_resolve())
         if not may_reset(self.policy, who.id, node, found):
             unread = f"; user group {', '.join(unreadable)} could not be read" if unreadable else ""
-            raise NotPermitted(f"you may not reset GPUs on {node.name} (see [permissions]{unread})")
+            raise NotPermitted(f"you may not {doing} {node.name} (see [permissions]{unread})")
 
     # -- asking ------------------------------------------------------------------------------
 
@@ -208,18 +210,23 @@ class ApprovalService:
         # after planning, so it never changes what is signalled
         return replace(plan, reason=cmd.reason), snap
 
-    async def open(self, ask: Ask, plan: ResetPlan) -> Approval:
-        """Record a forced kill waiting for approval; refuse if nobody could approve it."""
+    async def open(self, ask: Ask, plan: ResetPlan | NodeChange) -> Approval:
+        """Record a forced kill, or a node change, waiting for approval; refuse if nobody could
+        approve it."""
         if not self.policy.approvers and not self.policy.approver_groups:
+            what = (
+                f"a {plan.verb} of {plan.node} needs an on-call approver, and"
+                if isinstance(plan, NodeChange)
+                else "this kills other people's processes and"
+            )
             raise ResetRefused(
-                "this kills other people's processes and no approvers are configured "
-                "([approvals] approvers / usergroup)"
+                f"{what} no approvers are configured ([approvals] approvers / usergroup)"
             )
         who = ask.who
         request = ApprovalRequest(
             plan, command=ask.command, grace_s=ask.grace_s, requester_user=who.linux_user
         )
-        expiry, now = self.policy.expiry_s, self._now()
+        expiry, now = self.policy.expiry_s, self.now()
         return await self.approvals.create(
             who.id, who.name, plan.node, request, expiry, source=ask.source, now=now
         )
@@ -237,7 +244,7 @@ class ApprovalService:
         (or ``IdentityRefused``)."""
         who, source = ask.who, ask.source
         current = await self.check_decision(approval_id, who, approve)
-        now = self._now()
+        now = self.now()
         if not approve and current.requester == who.id:
             return await self.approvals.cancel(approval_id, who.id, now, source=source)
         return await self.approvals.decide(
@@ -252,8 +259,6 @@ class ApprovalService:
         current = await self.approvals.get(approval_id)
         if current is None:
             raise ApprovalError(f"there is no approval {approval_id}")
-        if current.requester == who.id and not approve:
-            return current
         if current.requester != who.id:
             if same_person(current.request.requester_user, who.linux_user):
                 raise SelfApproval(
@@ -262,24 +267,26 @@ class ApprovalService:
                     "ask another approver"
                 )
             if not await self.is_approver(who):
-                raise NotAnApprover("only on-call approvers can decide forced kills")
+                raise NotAnApprover("only on-call approvers can decide requests for approval")
         return current
 
     async def execute(
         self, approval: Approval, *, source: str, on_event: EventSink | None = None
     ) -> ResetResult:
         """Run an approved plan (once: only the caller whose decision won gets here)."""
-        if approval.state is not ApprovalState.APPROVED:
-            raise ApprovalError(f"approval {approval.id} is {approval.state}, not approved")
+        plan = _approved(approval).plan
+        if not isinstance(plan, ResetPlan):
+            raise ApprovalError(f"approval {approval.id} is a {plan.verb} of a node, not a reset")
         request, done = approval.request, dict[str, Any]()
         self.running.add(approval.id)  # its end is recorded before the periodic look sees it
         try:
             approver = Person(approval.decided_by or "?", approval.decided_by_name or "", None)
             command = request.command or f"approval {approval.id}"
             ask = Ask(approver, command, source, request.grace_s, on_event)
-            result = await self.reset.execute(request.plan, ask, approval=approval_record(approval))
+            result = await self.reset.execute(plan, ask, approval=approval_record(approval))
             done = {"action_id": result.action_id, "ok": result.ok}
-            await self._finish(approval.id, ok=True, result={**done, "gpus": _gpus(result)})
+            gpus = [g.to_dict() for g in result.gpus]
+            await self._finish(approval.id, ok=True, result={**done, "gpus": gpus})
             return result
         except BaseException as exc:  # left "approved" only by a stop: told as interrupted
             if not done and not stopped(exc):
@@ -287,6 +294,46 @@ class ApprovalService:
             raise
         finally:
             self.running.discard(approval.id)
+
+    async def execute_change(self, approval: Approval, *, source: str) -> DrainResult:
+        """Drain or resume the node as an approved request asks (once, as ``execute``): the
+        approver is the actor, and Slurm's reason names them and the audit record."""
+        change = _approved(approval).request.change
+        if change is None:
+            raise ApprovalError(f"approval {approval.id} is a reset, not a change of a node")
+        done = dict[str, Any]()
+        self.running.add(approval.id)
+        try:
+            approver = Person(approval.decided_by or "?", approval.decided_by_name or "", None)
+            command = approval.request.command or f"approval {approval.id}"
+            result = await self.drains().change(
+                Ask(approver, command, source),
+                change.node,
+                drain=change.drain,
+                reason=change.reason,
+                approval={
+                    **approval_record(approval),
+                    "approver_user": self.policy.users.get(approval.decided_by or ""),
+                },
+            )
+            done = {"action_id": result.action_id, "ok": True, "changed": result.changed}
+            await self._finish(
+                approval.id, ok=True, result={**done, "node_state": result.to_dict()}
+            )
+            return result
+        except BaseException as exc:  # as execute: left "approved" only by a stop
+            if not done and not stopped(exc):
+                await self._not_run(approval, exc)
+            raise
+        finally:
+            self.running.discard(approval.id)
+
+    async def run_approved(self, approval: Approval, *, source: str) -> None:
+        """Run an approved request, whichever it is (the retry of a waiting one)."""
+        if approval.request.change is not None:
+            await self.execute_change(approval, source=source)
+        else:
+            await self.execute(approval, source=source)
 
     async def _not_run(self, approval: Approval, exc: BaseException) -> None:
         """Record why an approved action did not run to its end: ``waiting`` (retried) if it
@@ -297,18 +344,16 @@ class ApprovalService:
             return
         waiting = {"error": why, "until": iso(until, timespec="seconds")}
         try:
-            await self.approvals.mark_waiting(approval.id, waiting, now=self._now())
+            await self.approvals.mark_waiting(approval.id, waiting, now=self.now())
         except (StoreError, ApprovalError) as err:  # told again by the retry duty
             log.warning("approval %s: cannot record that it waits: %s", approval.id, err)
             self.unrecorded[approval.id] = why
 
     async def _finish(self, approval_id: int, *, ok: bool, result: Mapping[str, Any]) -> None:
         """Record the end of an approved action; the reset's own audit record stands anyway."""
+        mark = self.approvals.mark_executed if ok else self.approvals.mark_failed
         try:
-            if ok:
-                await self.approvals.mark_executed(approval_id, result, now=self._now())
-            else:
-                await self.approvals.mark_failed(approval_id, result, now=self._now())
+            await mark(approval_id, result, now=self.now())
         except (StoreError, ApprovalError) as exc:
             log.error("approval %s: cannot record its end: %s", approval_id, exc)
 
@@ -321,9 +366,10 @@ class ApprovalService:
 
     async def abandon_approved(self, settled_s: float = 0.0) -> list[Approval]:
         """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` over
-        ``settled_s`` ago; return them. One a live replica runs holds its node's reset lock and
-        is left alone, as is one this process runs or could not record as waiting."""
-        now = self._now()
+        ``settled_s`` ago; return them. One a live replica runs holds its node's reset lock (a
+        node change: its drain lease) and is left alone, as is one this process runs or could
+        not record as waiting."""
+        now = self.now()
         marked: list[Approval] = []
         for a in await self.approvals.approved(now - timedelta(seconds=settled_s)):
             if a.id in self.running or a.id in self.unrecorded:
@@ -333,7 +379,8 @@ class ApprovalService:
                 "check the node and the audit log"
             }
             try:
-                async with self.locks.hold(reset_lock(a.node), holder="gpubot start-up"):
+                lock = reset_lock(a.node) if a.request.change is None else drain_lock(a.node)
+                async with self.locks.hold(lock, holder="gpubot start-up"):
                     marked.append(await self.approvals.mark_incomplete(a.id, why, now=now))
             except LockHeld:
                 log.info("approval %s: its node is being reset by a live gpubot", a.id)
@@ -345,7 +392,6 @@ class ApprovalService:
     # -- the record of refusals --------------------------------------------------------------
 
     async def record_refusal(self, ask: Ask, *, action: str, node: str | None, reason: str) -> None:
-        """Audit who tried what and why it was refused (``audit list`` shows it as refused)."""
         store, who = self.audit, ask.who
         who_data = {"id": who.id, "name": who.name, "linux_user": who.linux_user}
         try:
@@ -365,8 +411,10 @@ class ApprovalService:
             log.error("cannot audit a refusal of %s (%s): %s", who.id, reason, exc)
 
 
-def _gpus(result: ResetResult) -> list[dict[str, Any]]:
-    return [g.to_dict() for g in result.gpus]
+def _approved(approval: Approval) -> Approval:
+    if approval.state is not ApprovalState.APPROVED:
+        raise ApprovalError(f"approval {approval.id} is {approval.state}, not approved")
+    return approval
 
 
 def approval_record(a: Approval) -> dict[str, Any]:

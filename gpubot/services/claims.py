@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gpubot.config import Settings
 from gpubot.core import durations
+from gpubot.core import maint as mc
 from gpubot.core.claims import commands as cc
 from gpubot.core.claims.ports import ClaimStore
 from gpubot.core.claims.rules import (
@@ -34,11 +35,14 @@ from gpubot.core.claims.rules import (
 )
 from gpubot.core.clock import SYSTEM_CLOCK, steps_of
 from gpubot.core.findings import Finding
+from gpubot.core.maint import Ahead, ProcsAhead, Window, WindowStore, clash, clock, refusal
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.policy import Person
 from gpubot.core.ports import Clock
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
+from gpubot.services.claim_checks import refuse_others, refuse_scheduled, uuids_of
 from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims
+from gpubot.services.maint import holders_ahead
 from gpubot.services.status import StatusService
 
 log = logging.getLogger(__name__)
@@ -75,7 +79,7 @@ class Intruding:
     key: str  # the finding's key text (the Free it button's value)
 
 
-Event = Offered | Ended | Intruding | IdleAsked | IdleReleased
+Event = Offered | Ended | Intruding | IdleAsked | IdleReleased | Ahead | ProcsAhead
 
 
 class ClaimService:
@@ -89,9 +93,15 @@ class ClaimService:
         *,
         clock: Clock = SYSTEM_CLOCK,
         observe: Callable[[list[tuple[str, int, str]]], None] | None = None,
+        maint: WindowStore | None = None,
     ) -> None:
+        """``maint``: the maintenance windows, which refuse (or cut) claims that run into them
+        and whose claims' holders the duty tells ahead."""
         self.settings = settings
+        self.maint = maint
+        self._warned: set[str] = set()  # the maintenance DMs known delivered (their subjects)
         self.config = settings.claims
+        self.slurm = settings.slurm
         self.store = store
         self.status = status
         self.clock = clock
@@ -103,7 +113,6 @@ class ClaimService:
 
     @property
     def enabled(self) -> bool:
-        """Whether claims are on (``[claims] enabled``)."""
         return self.config.enabled
 
     def _need(self, who: Person) -> str:
@@ -118,7 +127,6 @@ class ClaimService:
     # -- claims ------------------------------------------------------------------------------
 
     async def claim(self, who: Person, cmd: cc.ClaimGpus, source: str) -> ClaimOutcome:
-        """Claim ``cmd``'s GPUs (or ``any N`` free ones) for ``who``."""
         user = self._need(who)
         node = self.status.node(cmd.node)
         most_h, _ = self.config.limits_for(node.groups)
@@ -126,10 +134,11 @@ class ClaimService:
             most = durations.format(most_h * 3600)
             raise UsageError(f"a claim on {node.name} lasts at most {most} ([claims] max_hours)")
         snap = await self.status.snapshot(node)
+        refuse_scheduled(snap, node, cmd, self.slurm)
         claimed = [c.gpu for c in await self.store.active(node.name)]
         if cmd.gpus:
             gpus = cmd.gpus
-            _refuse_others(snap, [g for g in gpus if g not in claimed], user, node.name)
+            refuse_others(snap, [g for g in gpus if g not in claimed], user, node.name)
         else:
             free = free_gpus(snap, claimed, self.config.free_below_mib)
             gpus = pick(free, cmd.count, await self.store.used_last(who.id, node.name))
@@ -138,7 +147,7 @@ class ClaimService:
                     f"{node.name} has {len(free)} free GPU(s), fewer than {cmd.count}: "
                     f"`/gpu wait {node.name} any {cmd.count}` queues you"
                 )
-        return await self._claim(who, node, _uuids(snap, gpus), cmd.duration_s, cmd.note, source)
+        return await self._claim(who, node, uuids_of(snap, gpus), cmd.duration_s, cmd.note, source)
 
     async def take(self, who: Person, wait_id: int, source: str) -> ClaimOutcome:
         """Claim what the queue holds for ``who`` (the DM's button)."""
@@ -153,7 +162,7 @@ class ClaimService:
         most_h, _ = self.config.limits_for(node.groups)
         duration = min(w.duration_s or most_h * 3600, most_h * 3600)
         note = f"from the queue (place {w.id})"
-        return await self._claim(who, node, _uuids(snap, w.offered), duration, note, source, w.id)
+        return await self._claim(who, node, uuids_of(snap, w.offered), duration, note, source, w.id)
 
     async def _claim(
         self,
@@ -165,8 +174,13 @@ class ClaimService:
         source: str,
         wait_id: int | None = None,
     ) -> ClaimOutcome:
-        """Claim ``gpus`` of ``node`` for ``who`` from now, within the limits of its groups."""
         now = self.clock.now()
+        w = clash(node.name, now, now + duration_s, await self.windows(now, node.name))
+        if w is not None and wait_id is not None and w.start - now >= 60:
+            duration_s = w.start - now  # the queue's hold: cut to end as the window starts
+            note = f"{note}; cut to end at {clock(w.start, now)} UTC: {w.shown(now)}"
+        elif w is not None:
+            raise UsageError(refusal(w, now, now + duration_s, now))
         return await self.store.claim(
             ClaimRequest(
                 node=node.name,
@@ -182,6 +196,10 @@ class ClaimService:
             )
         )
 
+    async def windows(self, now: float, node: str | None = None) -> list[Window]:
+        """Return the maintenance windows not over at ``now`` (none without ``maint``)."""
+        return [] if self.maint is None else await self.maint.live(now, node)
+
     def _limits(self, node: str, groups: tuple[str, ...]) -> tuple[Limit, ...]:
         out = [Limit(self.config.max_gpus_per_user)]
         for g in self.config.groups:
@@ -195,6 +213,7 @@ class ClaimService:
         self._need(who)
         if cmd.node is not None:
             self.status.node(cmd.node)
+        await self._refuse_extend_into(who, cmd)
         done = await self.store.extend(
             who.id,
             (cmd.node, cmd.gpus),
@@ -206,6 +225,20 @@ class ClaimService:
         if not done:
             raise UsageError("you have no claim there to extend (see `/gpu claims mine`)")
         return done
+
+    async def _refuse_extend_into(self, who: Person, cmd: cc.Extend) -> None:
+        """Refuse an extension that would make a claim run into a maintenance window."""
+        now = self.clock.now()
+        windows = await self.windows(now, cmd.node)
+        if not windows:
+            return
+        for c in await self.store.active(cmd.node):
+            if c.chat_id != who.id or (cmd.gpus and c.gpu not in cmd.gpus):
+                continue
+            w = clash(c.node, now, c.end + cmd.by_s, windows)
+            if w is not None:
+                said = refusal(w, now, c.end + cmd.by_s, now).removeprefix("not claimed: ")
+                raise UsageError(f"not extended: {said}")
 
     def _most_s(self, node: str) -> float:
         cfg = self.settings.node(node)
@@ -229,7 +262,6 @@ class ClaimService:
             self._free[(c.node, c.gpu)] = FREE_LOOKS - 1
 
     async def keep(self, who: Person, claim_id: int, source: str) -> Claim:
-        """Keep an idle claim (its holder's Keep button)."""
         kept = await self.store.keep(claim_id, who.id, self.clock.now(), source)
         if kept is None:
             raise UsageError(f"claim {claim_id} is not an active claim of yours")
@@ -245,7 +277,6 @@ class ClaimService:
         return gone
 
     async def claims(self, who: Person, cmd: cc.ListClaims) -> list[Claim]:
-        """Return the active claims of a node, of ``who`` (``mine``), or all."""
         if cmd.scope not in ("all", "mine"):
             self.status.node(cmd.scope)
             return await self.store.active(cmd.scope)
@@ -255,7 +286,6 @@ class ClaimService:
     # -- the queue ---------------------------------------------------------------------------
 
     async def wait(self, who: Person, cmd: cc.WaitFor, source: str) -> tuple[Wait, int]:
-        """Queue ``who``; return the place and how many are ahead."""
         node = self.status.node(cmd.node)
         ahead = len(await self.store.waits(node.name))
         w = Wait(
@@ -271,13 +301,11 @@ class ClaimService:
         return await self.store.add_wait(w, source), ahead
 
     async def queue(self, node: str | None) -> list[Wait]:
-        """Return who waits (for ``node``), first in line first."""
         if node is not None:
             self.status.node(node)
         return await self.store.waits(node)
 
     async def leave(self, who: Person, wait_id: int | None, source: str) -> list[Wait]:
-        """Leave the queue (one place or all of ``who``'s)."""
         left = await self.store.leave(who.id, wait_id, self.clock.now(), source)
         if not left:
             raise UsageError("you are not in the queue there (see `/gpu queue`)")
@@ -307,7 +335,6 @@ class ClaimService:
         return [i.finding() for i, _ in found.values()]
 
     def intruder(self, key: str) -> Intruder | None:
-        """Return the intruder the latest sweep found under ``key``."""
         got = self._intruders.get(key)
         return None if got is None else got[0]
 
@@ -338,6 +365,7 @@ class ClaimService:
             if self.observe is not None:
                 self.observe([(c.node, c.gpu, c.user) for c in await self.store.active()])
         events += [Ended(wait=w) for w in await self.store.lapse(due)]
+        events += await self._ahead(now)
         waiting = await self.store.waits()
         self._delivered &= {w.id for w in waiting}  # the others ended: forgotten
         for node in dict.fromkeys(w.node for w in waiting):
@@ -347,10 +375,29 @@ class ClaimService:
                 log.warning("the queue of %s was not served: %s", node, exc, extra=DUTY_TURN)
         return events
 
+    async def _ahead(self, now: float) -> list[Ahead | ProcsAhead]:
+        """Return whom to tell of a window from ``[maint] notify_before`` ahead, each once: the
+        holders of claims into it, and the people with processes on its node."""
+        windows = await self.windows(now)
+        if not windows:
+            return []
+        before = self.settings.maint.notify_before_s
+        claims = await self.store.active() if self.enabled else []
+        active = [(c.id, c.node, c.chat_id, c.gpu, c.start, c.end) for c in claims]
+        found: list[Ahead | ProcsAhead] = [*mc.due_notices(windows, active, now, before)]
+        ids = self.settings.policy.chat_ids()
+        found += await holders_ahead(windows, self.status, ids, now, before)
+        return [a for a in found if a.subject not in self._warned]
+
+    def warned(self, subject: str) -> None:
+        """Record that a maintenance DM was delivered: the duty stops returning it."""
+        self._warned.add(subject)
+
     async def serve(self, node: str, now: float) -> list[Offered]:
-        """Offer free GPUs of ``node`` to its first waiters who can be served."""
+        """Offer free GPUs of ``node`` to its first waiters who can be served; none while a
+        maintenance window is open there."""
         waits = await self.store.waits(node)
-        if not waits:
+        if not waits or any(w.open_at(now) for w in await self.windows(now, node)):
             return []
         snap = await self.status.snapshot(self.status.node(node))
         claimed = [c.gpu for c in await self.store.active(node)] if self.enabled else []
@@ -370,7 +417,7 @@ class ClaimService:
             if got is None:  # another replica offered them first, or the person left
                 continue
             ready = [g for g in ready if g not in gpus]
-            out.append(Offered(got, tuple(u for _, u in _uuids(snap, gpus)), self.enabled))
+            out.append(Offered(got, tuple(u for _, u in uuids_of(snap, gpus)), self.enabled))
             if not self.enabled:
                 await self.store.told(got.id, now)
         return out
@@ -383,7 +430,7 @@ class ClaimService:
             if not live or w.id in self._delivered:
                 continue
             try:
-                uuids = tuple(u for _, u in _uuids(snap, w.offered))
+                uuids = tuple(u for _, u in uuids_of(snap, w.offered))
             except UsageError:  # the GPU is not seen now: told once the node shows it
                 continue
             out.append(Offered(w, uuids, hold=True))
@@ -400,36 +447,4 @@ def _serve(w: Wait, ready: Sequence[int]) -> tuple[int, ...]:
     return tuple(ready[: w.count]) if len(ready) >= w.count else ()
 
 
-def _refuse_others(snap: NodeSnapshot, gpus: Sequence[int], user: str, node: str) -> None:
-    """Refuse to claim a GPU another user's job runs on: its *Free it* would be a forced kill
-    of work that was there first."""
-    for g in gpus:
-        others = [p for p in snap.on_gpu(g) if not p.system and p.user not in (None, user)]
-        if others:
-            p = others[0]
-            raise UsageError(
-                f"{node} GPU {g} runs {p.user}'s job (pid {p.pid}): "
-                f"`/gpu wait {node} gpu {g}` queues you"
-            )
-
-
-def _uuids(snap: NodeSnapshot, gpus: Sequence[int]) -> tuple[tuple[int, str], ...]:
-    out = []
-    for g in gpus:
-        info = snap.gpu(g)
-        if info is None:
-            have = ", ".join(str(x.index) for x in snap.gpus) or "none"
-            raise UsageError(f"{snap.node} has no GPU {g} (it has {have})")
-        out.append((g, info.uuid))
-    return tuple(out)
-
-
-__all__ = [
-    "ClaimService",
-    "Ended",
-    "Event",
-    "IdleAsked",
-    "IdleReleased",
-    "Intruding",
-    "Offered",
-]
+__all__ = ["IdleAsked", "IdleReleased"]  # re-exported for the front ends

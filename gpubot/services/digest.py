@@ -9,6 +9,7 @@ posted again: never a second digest on a guess.
 from __future__ import annotations
 
 import logging
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -35,25 +36,17 @@ class DigestNotifier(Protocol):
     async def find(self, token: str, since: datetime) -> Lookup: ...
 
 
+@dataclass(eq=False)
 class DigestService:
     """Posts each week's digest once."""
 
-    def __init__(
-        self,
-        digest: Digest,
-        by: str,
-        usage: UsageService,
-        outbox: Outbox[Any],
-        notifier: DigestNotifier,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        self.digest = digest
-        self.by = by
-        self.usage = usage
-        self.outbox = outbox
-        self.notifier = notifier
-        self.clock = clock
+    digest: Digest
+    by: str
+    usage: UsageService
+    outbox: Outbox[Any]
+    notifier: DigestNotifier
+    _: KW_ONLY
+    clock: Clock = SYSTEM_CLOCK
 
     async def run_due(self) -> str | None:
         """Post the digest due now unless it was (return its period once posted, else None)."""

@@ -27,13 +27,10 @@ class NoDirectory:
     """A directory that knows nobody's groups or accounts (the console)."""
 
     async def group_members(self, group_id: str) -> frozenset[str]:
-        """Return no members."""
         return frozenset()
 
     async def account(self, user_id: str) -> ChatAccount | None:
-        """Return None: there is no directory to check accounts against."""
         return None
 
     async def home_team(self) -> str | None:
-        """Return None."""
         return None

@@ -15,26 +15,39 @@ from dataclasses import dataclass
 from gpubot.config import Settings
 from gpubot.core.doctor.checks import Check, failed, passed
 from gpubot.core.doctor.facts import DbFacts, db_checks
-from gpubot.core.doctor.kernlog import kernlog_check
 from gpubot.core.doctor.node import (
+    KERNLOG,
     doctor_argv,
+    kernlog_check,
     node_checks,
     parse_facts,
     runtime_argv,
     runtime_check,
 )
+from gpubot.core.doctor.slurm import (
+    DRAIN_RIGHTS,
+    drain_rights_check,
+    parse_rights,
+    restd_check,
+    rights_argv,
+    scheduler_check,
+)
 from gpubot.core.doctor.sudo import SudoNeeds
 from gpubot.core.health.kernlog import kernlog_argv, parse_kernlog
 from gpubot.core.models import NodeConfig
 from gpubot.core.ports import Transport
+from gpubot.core.slurm import SLURM
+from gpubot.core.slurm.read import parse_read, read_argv
 from gpubot.errors import (
     AuthRefused,
     CommandTimeout,
     GpubotError,
     HostKeyRejected,
     NodeUnreachable,
+    SlurmRestFailed,
     TransportError,
 )
+from gpubot.services.slurm_read import RestdReader
 from gpubot.services.status import fan_out
 
 Fingerprint = Callable[[NodeConfig], Awaitable[str | None]]
@@ -47,18 +60,18 @@ class DoctorParts:
     fingerprint: Fingerprint
     chat: Callable[[Settings], Awaitable[list[Check]]] | None = None  # the platform's own
     database: Callable[[], DbFacts] | None = None
+    restd: RestdReader | None = None  # the cluster's slurmrestd, where the settings name one
 
 
+@dataclass(eq=False)
 class DoctorService:
     """Checks nodes, the chat platform and the database; returns the checklist."""
 
-    def __init__(self, settings: Settings, transport: Transport, parts: DoctorParts) -> None:
-        self.settings = settings
-        self.transport = transport
-        self.parts = parts
+    settings: Settings
+    transport: Transport
+    parts: DoctorParts
 
     async def check(self, nodes: Sequence[NodeConfig]) -> list[Check]:
-        """Return the checks of ``nodes``, then the chat platform's and the database's."""
         chat = asyncio.ensure_future(self.chat())
         database = asyncio.ensure_future(self.database())
         res = await fan_out(nodes, self.node, self.settings.ssh.max_parallel)
@@ -88,12 +101,49 @@ class DoctorService:
         if node.host == "local":  # read here, with no SSH: nothing to pin or log in to
             checks = [passed(node.name, "reachable", "the local box (no SSH)")]
         facts = parse_facts(result.stdout)
-        checks += node_checks(node, facts, self._needs(node))
+        r = self.settings.reset
+        needs = SudoNeeds(node.dev_prefix, r.toggle_persistence, node.runtimes, r.stop_workloads)
+        checks += node_checks(node, facts, needs)
         if facts.complete:
             checks += await asyncio.gather(*(self._runtime(node, r) for r in node.runtimes))
         if facts.complete and self.settings.sweep.kernel_log:
             checks.append(await self._kernel_log(node))
+        if facts.complete and node.scheduler == SLURM:
+            checks += await self._slurm(node, facts.sudo)
         return checks
+
+    async def _slurm(self, node: NodeConfig, sudo_list: str | None) -> list[Check]:
+        """A Slurm node: its clients answer, the account may drain, slurmrestd answers."""
+        name, t = node.slurm_name, self.settings.slurm.timeout_s
+
+        async def clients() -> Check:
+            try:
+                res = await self.transport.run(node, read_argv(t), timeout=t * 3 + 3)
+            except GpubotError as exc:
+                return scheduler_check(node.name, str(exc), False, name, "")
+            view = parse_read(res.stdout, name, (), 0.0)
+            state = "" if view.node is None else "+".join(view.node.states)
+            return scheduler_check(node.name, view.error, view.node is not None, name, state)
+
+        async def rights() -> Check:
+            try:
+                res = await self.transport.run(node, rights_argv(t), timeout=t * 2 + 3)
+            except GpubotError as exc:
+                return failed(node.name, DRAIN_RIGHTS, str(exc), "fix the node's SSH first")
+            return drain_rights_check(node.name, node.sudo, parse_rights(res.stdout), sudo_list)
+
+        checks = list(await asyncio.gather(clients(), rights()))
+        if self.parts.restd is not None:
+            checks.append(await self._restd(node, name, self.parts.restd))
+        return checks
+
+    async def _restd(self, node: NodeConfig, name: str, reader: RestdReader) -> Check:
+        s = self.settings.slurm
+        try:
+            version, error = (await reader.read(name)).version, None
+        except SlurmRestFailed as exc:
+            version, error = None, str(exc)
+        return restd_check(node.name, s.restd_url or "", s.restd_user or "", version, error)
 
     async def _kernel_log(self, node: NodeConfig) -> Check:
         """Run the sweep's kernel-log read once: which source the account may read."""
@@ -101,12 +151,8 @@ class DoctorService:
         try:
             res = await self.transport.run(node, argv, timeout=self.settings.ssh.command_timeout_s)
         except GpubotError as exc:
-            return failed(node.name, "kernel log (Xid)", str(exc), "fix the node's SSH first")
+            return failed(node.name, KERNLOG, str(exc), "fix the node's SSH first")
         return kernlog_check(node.name, node.user, parse_kernlog(res.stdout))
-
-    def _needs(self, node: NodeConfig) -> SudoNeeds:
-        r = self.settings.reset
-        return SudoNeeds(node.dev_prefix, r.toggle_persistence, node.runtimes, r.stop_workloads)
 
     async def _transport_failed(self, node: NodeConfig, exc: TransportError) -> list[Check]:
         area, where = node.name, f"{node.host}:{node.port}"
@@ -158,11 +204,9 @@ class DoctorService:
         return runtime_check(node.name, runtime, res.exit_status, res.stderr + res.stdout)
 
     async def chat(self) -> list[Check]:
-        """Return the chat platform's checks of itself (its front end says what it skips)."""
         return [] if self.parts.chat is None else await self.parts.chat(self.settings)
 
     async def database(self) -> list[Check]:
-        """Return the database checks."""
         if self.parts.database is None:
             return []
         return db_checks(await asyncio.to_thread(self.parts.database))

@@ -16,7 +16,10 @@ from dataclasses import replace
 from gpubot.config import Settings
 from gpubot.core.findings import Finding
 from gpubot.core.health.findings import EccKey, EccSeen, HealthMemory, find_health
+from gpubot.core.health.hung import HungRule
+from gpubot.core.health.nvlink import expect_links
 from gpubot.core.health.state import FIELD_SETS, NodeHealth, health_argv, parse_health
+from gpubot.core.health.vanished import VanishedMemory, find_vanished
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.ports import EccStore, Transport
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError
@@ -42,10 +45,23 @@ class HealthChecks:
     """Reads the nodes' health for the sweep and turns it into findings."""
 
     def __init__(
-        self, transport: Transport, *, timeout_s: float = 10.0, store: EccStore | None = None
+        self,
+        transport: Transport,
+        *,
+        timeout_s: float = 10.0,
+        store: EccStore | None = None,
+        gpus: Mapping[str, int] | None = None,
+        hung: HungRule | None = None,
     ) -> None:
-        """``timeout_s``: the whole exec's limit; ``store`` keeps the ECC counts across restarts."""
+        """``timeout_s``: the whole exec's limit; ``store`` keeps the ECC counts across restarts;
+        ``gpus``: how many GPUs each node has where its settings say (``gpu-vanished``);
+        ``hung``: the hung-but-busy rule (None: not looked for). Its runs and learned draws are
+        kept in memory only: a restart counts a run again from its next look (a finding later,
+        never one more)."""
         self.transport = transport
+        self.gpus = dict(gpus or {})
+        self.vanished = VanishedMemory()
+        self.hung = hung
         self.timeout_s = timeout_s
         self.store = store
         self.memory = HealthMemory()
@@ -66,6 +82,7 @@ class HealthChecks:
             max(0.5, (limit - 1.0) / 3),
             sets=sets,
             fm_pid=node.fabricmanager_pid,
+            pci_dir=node.pci_dir,
         )
         try:
             res = await self.transport.run(node, argv, timeout=limit)
@@ -79,8 +96,9 @@ class HealthChecks:
     async def attach(
         self, node: NodeConfig, snap: NodeSnapshot, *, within_s: float | None = None
     ) -> NodeSnapshot:
-        """Return ``snap`` with its node's health, read now (within ``within_s``)."""
         health = await self.read(node, within_s=within_s)
+        # the links each GPU should have up, as alerting sweeps learned them (tables show it)
+        health = await off_loop(expect_links, node.name, snap.gpus, health, self.memory.links)
         self.last[node.name] = health
         return await off_loop(with_health, snap, health)
 
@@ -90,14 +108,19 @@ class HealthChecks:
         return snap if health is None else with_health(snap, replace(health, notes=()))
 
     async def findings(
-        self, snaps: Iterable[NodeSnapshot], *, advance: bool
+        self, snaps: Iterable[NodeSnapshot], *, advance: bool, at: float | None = None
     ) -> tuple[Finding, ...]:
-        """Return the health findings of a sweep's snapshots (``advance``: remember them)."""
+        """Return the health findings of a sweep's snapshots (``advance``: remember them;
+        ``at``: the sweep's time, None: each snapshot's)."""
         await self._load()
         snaps = list(snaps)
-        found, memory, changed = await off_loop(_find, snaps, self.memory)
+        found, memory, changed = await off_loop(_find, snaps, self.memory, self.hung, at)
+        pci = {n: h.pci for n, h in self.last.items()}
+        gone, vanished = await off_loop(find_vanished, snaps, pci, self.gpus, self.vanished)
+        found += gone
         if advance:
             self.memory = memory
+            self.vanished = vanished
             if self.store is not None and changed:
                 try:
                     await self.store.put_ecc(changed)
@@ -122,14 +145,22 @@ def wire_health(
     ``decorate`` shows in a status the health each node's last sweep read."""
     if not settings.sweep.health:
         return None
-    return HealthChecks(transport, timeout_s=settings.ssh.command_timeout_s, store=store)
+    gpus = {n.name: n.gpus for n in settings.nodes if n.gpus is not None}
+    sweep = settings.sweep
+    hung = HungRule(sweep.hung_sweeps, max_gap_s=sweep.max_gap_s) if sweep.hung_sweeps else None
+    return HealthChecks(
+        transport, timeout_s=settings.ssh.command_timeout_s, store=store, gpus=gpus, hung=hung
+    )
 
 
 def _find(
-    snaps: list[NodeSnapshot], memory: HealthMemory
+    snaps: list[NodeSnapshot],
+    memory: HealthMemory,
+    hung: HungRule | None = None,
+    at: float | None = None,
 ) -> tuple[tuple[Finding, ...], HealthMemory, dict[EccKey, EccSeen]]:
     """Return the findings, the memory after them and the ECC counts that changed."""
-    found, after = find_health(snaps, _from_snapshots(snaps), memory)
+    found, after = find_health(snaps, _from_snapshots(snaps), memory, hung=hung, at=at)
     changed = {k: v for k, v in after.ecc.items() if memory.ecc.get(k) != v}
     return found, after, changed
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from gpubot.core.alerting import held_idle_hours
 from gpubot.core.clock import SYSTEM_CLOCK
@@ -40,37 +40,26 @@ class IdleTimes:
     held: Held = field(default_factory=dict)
 
 
+@dataclass(eq=False)
 class IdleAccounting:
     """Keeps the sweeps' GPU samples and says which GPUs are held idle, for how long."""
 
-    def __init__(
-        self,
-        config: SweepConfig,
-        protection: Protection,
-        samples: SampleStore,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        self.config = config
-        self.protection = protection
-        self.samples = samples
-        self.clock = clock
+    config: SweepConfig
+    protection: Protection
+    samples: SampleStore
+    _: KW_ONLY
+    clock: Clock = SYSTEM_CLOCK
 
     @property
     def rule(self) -> RunRule:
-        """Return what makes an idle run under the settings."""
         return RunRule.of(self.config.idle.min_mib, self.config.max_gap_s)
-
-    def looked(self, snaps: Sequence[NodeSnapshot], now: float) -> Looked:
-        """Return the look at who holds each GPU of ``snaps`` at ``now``, to fold into the runs."""
-        return Looked(tuple(snaps), now, self.config.max_gap_s)
 
     async def sweep(self, snaps: Sequence[NodeSnapshot], now: float) -> IdleTimes:
         """Store this sweep's samples, advance the runs, prune a bounded batch; return the idle
         GPUs and since when each holder held its GPU."""
         keep_from = now - self.config.idle.keep_s
         samples = await off_loop(samples_of, snaps, now)  # one per GPU of the fleet
-        looked = self.looked(snaps, now)
+        looked = Looked(tuple(snaps), now, self.config.max_gap_s)  # who holds each GPU now
         try:
             got = await self.samples.advance_idle(
                 samples, self.rule, keep_from=keep_from, looked=looked
@@ -109,14 +98,13 @@ class IdleAccounting:
                 current,
                 self.rule,
                 keep_from=now - self.config.idle.keep_s,
-                looked=self.looked(snaps, now),
+                looked=Looked(tuple(snaps), now, self.config.max_gap_s),
             )
         except StoreError as exc:
             log.warning("%s not looked for: %s", what, exc, extra=DUTY_TURN)
             return None
 
     def _times(self, got: IdleNow, now: float) -> IdleTimes:
-        """Return the GPUs held idle for at least the window, for how long, and the holders."""
         rule = self.config.idle
         window = rule.window_s - TIME_SLACK_S
         since = got.gpus if rule.enabled else {}

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from gpubot.core.alerting import SweepResult
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.durations import TIME_SLACK_S
-from gpubot.core.findings import IDLE_HOLDER, Finding
+from gpubot.core.findings import Finding
+from gpubot.core.health.hung import HUNG_BUSY
 from gpubot.core.ports import Clock, SampleStore
 from gpubot.core.usage.hours import UNKNOWN_USER
 from gpubot.core.usage.ladder import (
+    BusyEvidence,
     Evidence,
+    LadderEvidence,
     LadderRule,
     Rung,
     Step,
@@ -39,7 +42,7 @@ class LadderNotice:
     step: Step
     rung: Rung
     finding: Finding
-    evidence: Evidence
+    evidence: LadderEvidence
 
 
 class LadderNotifier(Protocol):
@@ -66,28 +69,20 @@ class LadderStore(Protocol):
     async def leave(self, findings: Sequence[str], now: float, why: str) -> list[Rung]: ...
 
 
+@dataclass(eq=False)
 class ReclaimLadder:
     """Moves idle holders up the ladder, one step per sweep at most."""
 
-    def __init__(
-        self,
-        rule: LadderRule,
-        store: LadderStore,
-        samples: SampleStore | None = None,
-        notifier: LadderNotifier | None = None,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        self.rule = rule
-        self.store = store
-        self.samples = samples
-        self.notifier = notifier
-        self.clock = clock
-        self._seen: dict[str, Finding] = {}  # the idle holders of the last alerting sweep
+    rule: LadderRule
+    store: LadderStore
+    samples: SampleStore | None = None
+    notifier: LadderNotifier | None = None
+    _: KW_ONLY
+    clock: Clock = SYSTEM_CLOCK
+    _seen: dict[str, Finding] = field(default_factory=dict, init=False)  # the last sweep's idle
 
     @property
     def enabled(self) -> bool:
-        """Whether idle holders climb the ladder (instead of the plain alert)."""
         return self.rule.enabled
 
     async def climb(self, result: SweepResult) -> list[LadderNotice]:
@@ -95,23 +90,19 @@ class ReclaimLadder:
         if not self.enabled:
             return []
         now = self.clock.now()
-        idle = {f.key.text(): f for f in result.findings if f.kind == IDLE_HOLDER}
+        idle = {f.key.text(): f for f in result.findings if f.kind.ladder}
         self._seen = idle
         try:
             rungs = await self.store.rungs()
             answered = {s.node for s in result.snapshots}
             gone = [k for k, r in rungs.items() if k not in idle and r.node in answered]
             if gone:
-                await self.store.leave(gone, now, "no longer held idle")
+                await self.store.leave(gone, now, "no longer found (idle or hung)")
         except StoreError as exc:
             log.warning("reclaim ladder not moved: %s", exc, extra=DUTY_TURN)
             return []
-        told: list[LadderNotice] = []
-        for key, f in idle.items():
-            notice = await self._step(key, f, rungs.get(key), now)
-            if notice is not None:
-                told.append(notice)
-        return told
+        told = [await self._step(key, f, rungs.get(key), now) for key, f in idle.items()]
+        return [n for n in told if n is not None]
 
     async def _step(
         self, key: str, f: Finding, rung: Rung | None, now: float
@@ -133,9 +124,12 @@ class ReclaimLadder:
             await self.notifier.tell(notice)
         return notice
 
-    async def evidence_of(self, f: Finding, now: float) -> Evidence:
-        """Return an idle holder's evidence, from samples since its own run began only: the
-        GPU's earlier samples are another job's evidence."""
+    async def evidence_of(self, f: Finding, now: float) -> LadderEvidence:
+        """Return a holder's evidence: a hung one's finding line (its own run's looks); an idle
+        one's from samples since its own run began only (the GPU's earlier samples are another
+        job's evidence)."""
+        if f.kind == HUNG_BUSY:
+            return BusyEvidence(f.summary)
         idle_s = f.idle_s or 0.0
         if self.samples is None or f.gpu is None:
             return Evidence(idle_s, 0)
@@ -176,17 +170,16 @@ class ReclaimLadder:
             raise NotPermitted(f"only {rung.owner}, whose job holds it, can keep this GPU")
         return await self.store.keep(finding, by, why, self.clock.now())
 
-    async def free_asked(self, finding: str, *, by: str, evidence: Evidence) -> None:
-        """Audit that someone asked to free an idle holder from the ladder."""
+    async def free_asked(self, finding: str, *, by: str, evidence: LadderEvidence) -> None:
         try:
             await self.store.note(finding, "free asked", by, {"evidence": evidence.to_dict()})
         except GpubotError as exc:
             log.warning("reclaim ladder: cannot audit the Free it of %s: %s", finding, exc)
 
-    async def evidence(self, finding: str) -> Evidence:
+    async def evidence(self, finding: str) -> LadderEvidence:
         """Return the evidence of ``finding`` as this process's last sweep saw it."""
         f = self._seen.get(finding)
         if f is None:
             await self.rung(finding)  # not on the ladder at all: say so
-            raise UsageError("no sweep has seen this GPU idle since gpubot started: try again soon")
+            raise UsageError("no sweep has seen this holder since gpubot started: try again soon")
         return await self.evidence_of(f, self.clock.now())

@@ -25,7 +25,6 @@ _lock = threading.Lock()
 
 
 def pool() -> ThreadPoolExecutor:
-    """Return the worker (made on first use, one per process)."""
     global _pool
     with _lock:
         if _pool is None:
@@ -34,7 +33,6 @@ def pool() -> ThreadPoolExecutor:
 
 
 async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """Return ``fn(*args, **kwargs)``, computed in the worker thread (``_job``)."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(pool(), functools.partial(_job, fn, args, kwargs))
 

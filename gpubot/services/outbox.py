@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -59,26 +59,20 @@ Rebuild = Callable[[PendingPost], Awaitable[tuple[Send | None, Find]]]
 Settled = tuple[MessageRef | None, tuple[FindingKey, ...]]
 
 
+@dataclass(eq=False)
 class Outbox(Generic[M]):
     """Posts each message once with an ``OutboxStore`` (None: no database, so at most once)
     through a front end's ``Poster`` (or the caller's ``Send`` and ``Find``)."""
 
-    def __init__(
-        self,
-        store: OutboxStore | None,
-        poster: Poster[M] | None = None,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        settle_s: float = SETTLE_S,
-    ) -> None:
-        self.store = store
-        self.poster = poster
-        self.clock = clock
-        self.settle_s = settle_s
-        self.in_flight: set[str] = set()  # tokens this process is posting: never taken here
+    store: OutboxStore | None
+    poster: Poster[M] | None = None
+    _: KW_ONLY
+    clock: Clock = SYSTEM_CLOCK
+    settle_s: float = SETTLE_S
+    # tokens this process is posting: never taken here
+    in_flight: set[str] = field(default_factory=set, init=False)
 
     def now(self) -> datetime:
-        """Return the clock's wall time as an aware datetime."""
         return datetime.fromtimestamp(self.clock.now(), UTC)
 
     @property
@@ -94,7 +88,6 @@ class Outbox(Generic[M]):
         return self.poster
 
     def calls(self, to: str, msg: M) -> tuple[Send, Find]:
-        """Return the post of ``msg`` to ``to`` through the poster, and the search there."""
         poster = self._poster
 
         async def send(token: str, repeat_of: datetime | None) -> Posted:
@@ -103,7 +96,6 @@ class Outbox(Generic[M]):
         return send, self.finder(to)
 
     def finder(self, to: str) -> Find:
-        """Return the search of ``to``'s history through the poster."""
         poster = self._poster
 
         async def find(token: str, since: datetime) -> Lookup:
@@ -112,7 +104,6 @@ class Outbox(Generic[M]):
         return find
 
     async def direct(self, user: str) -> str | None:
-        """Return the direct conversation with ``user`` (None: it cannot be opened)."""
         return await self._poster.direct(user)
 
     # -- posts recorded with what they change: alerts, approvals ------------------------------
@@ -143,7 +134,6 @@ class Outbox(Generic[M]):
             self.in_flight.discard(post.token)
 
     async def post_to(self, intent: Intent, msg: M) -> Posted | None:
-        """``post`` ``msg`` to where ``intent`` says, through the poster."""
         if intent.to is None:
             raise GpubotError(f"{intent.subject}: a post through the poster needs a destination")
         done = await self.post(intent, *self.calls(intent.to, msg))
@@ -246,13 +236,11 @@ class Outbox(Generic[M]):
         repeat: bool = True,
         audit: Mapping[str, Any] | None = None,
     ) -> bool | None:
-        """Post the message of ``subject`` once, whichever process (or replica, or run) asks
-        for it and however often. One left pending for ``settle_s`` (its poster died, or the
-        answer and the search both failed) is settled by the next caller: found, adopted;
-        provably absent, posted again with its token; otherwise (``repeat``) posted once more
-        saying it may repeat, then given up, or (not ``repeat``) left pending: never a second
-        post on a guess. One refused, or given up, is tried again by the next caller (a DM
-        that failed is not lost); one posted, never. ``audit``: recorded with its intent.
+        """Post the message of ``subject`` once, whichever process asks for it and however
+        often. One left pending for ``settle_s`` is settled by the next caller (``_settle``;
+        without ``repeat``, an unreadable history leaves it pending: never a second post on a
+        guess). One refused, or given up, is tried again by the next caller (a DM that failed
+        is not lost); one posted, never. ``audit``: recorded with its intent.
 
         Return True if it was posted or adopted now, None if it was posted before, False if
         it is not known to be there: refused, not confirmed, or being done elsewhere."""
@@ -274,7 +262,7 @@ class Outbox(Generic[M]):
         could not be written: nothing posted). Without a database, at most once."""
         send, find = self.calls(to, msg)
         if self.store is None:
-            return (await self._at_most_once(send)).ref
+            return (await send(new_token(), None)).ref
         try:
             return await self.publish(subject, send, find, self.now(), repeat=True)
         except GpubotError as exc:  # the outbox cannot be written: nothing was posted
@@ -288,7 +276,7 @@ class Outbox(Generic[M]):
         counts as there."""
         send, find = self.calls(to, msg)
         if self.store is None:
-            return (await self._at_most_once(send)).delivery is not Delivery.REFUSED
+            return (await send(new_token(), None)).delivery is not Delivery.REFUSED
         try:
             return await self.publish_once(subject, send, find, self.now()) is not False
         except GpubotError as exc:  # the outbox cannot be written: nothing was posted
@@ -296,15 +284,11 @@ class Outbox(Generic[M]):
             return False
 
     async def recorded(self, subject: str) -> bool:
-        """Whether a post of the once-only ``subject`` was recorded (a read; ``begin`` is the
-        check that counts)."""
+        """Whether a post of the once-only ``subject`` was recorded (``begin`` is the check
+        that counts)."""
         return await self._store.recorded(subject)
 
     # -- the rule -----------------------------------------------------------------------------
-
-    async def _at_most_once(self, send: Send) -> Posted:
-        """Without a database: one post, with a token but no record of it."""
-        return await send(new_token(), None)
 
     async def _record(
         self, post: PendingPost, posted: Posted, at: datetime

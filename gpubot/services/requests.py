@@ -1,13 +1,13 @@
-"""Resets people ask for, approval and all: permit → plan → refuse → open → post → remember →
-decide → execute, as one service every front end calls.
+"""Resets, and drains or resumes of Slurm nodes, people ask for, approval and all: permit →
+plan → refuse → open → post → remember → decide → execute, as one service every front end
+calls.
 
-A front end asks once (``reset``, ``gpu_reset``, ``decide``) and gets an outcome back; what
-happens meanwhile comes to its ``RequestSink`` as events: ``Planning`` (permitted: a plan is
-being made), ``Refusal`` (a refusal to tell the person; it is audited already), ``Running``
-(the reset starts), each ``ResetEvent`` of the run, and ``Decided`` (a request was decided).
-A forced plan is announced to the approvers through the ``Announce`` the caller passes, and
-where it landed is remembered for the buttons. Errors of the services become outcomes: a
-request never raises a ``GpubotError`` out of this module.
+A front end asks once (``reset``, ``gpu_reset``, ``decide``) and gets an ``Outcome`` back;
+what happens meanwhile comes to its ``RequestSink`` as a ``RequestEvent``. A forced plan is
+(or a node change asked by someone who is no approver) is announced to the approvers through
+the ``Announce`` the caller passes, and where it landed is
+remembered for the buttons. Errors of the services become outcomes: a request never raises a
+``GpubotError`` out of this module.
 """
 
 from __future__ import annotations
@@ -23,19 +23,23 @@ from gpubot.core.approval.model import Approval
 from gpubot.core.models import ApprovalState
 from gpubot.core.policy import floor_note
 from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.slurm.drain import NodeChange
 from gpubot.errors import (
     ApprovalError,
     ApprovalExpired,
     ApproversUnknown,
     GpubotError,
+    IdentityRefused,
     NotAnApprover,
     NotPermitted,
     SelfApproval,
     StoreError,
 )
 from gpubot.services.approvals import ApprovalService
+from gpubot.services.diag import DiagRun, DiagService
+from gpubot.services.drain import DrainResult, DrainService
 from gpubot.services.reset import Ask, ResetResult
-from gpubot.services.reset_run import ResetEvent
+from gpubot.services.run_state import ResetEvent
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +77,14 @@ class Decided:
     """A request was decided (approved, denied or cancelled) by the asker."""
 
     approval: Approval
-    plan: ResetPlan
+    plan: ResetPlan | NodeChange
 
 
 RequestEvent = Planning | Refusal | Running | Decided | ResetEvent
 RequestSink = Callable[[RequestEvent], Awaitable[None]]
-# Post a forced plan's request for the approvers; return where it landed (None: not posted).
-Announce = Callable[[Approval, ResetPlan], Awaitable[Any]]
+# Post a request for the approvers (a forced plan, a node change); return where it landed
+# (None: not posted).
+Announce = Callable[[Approval, ResetPlan | NodeChange], Awaitable[Any]]
 
 
 # -- outcomes --------------------------------------------------------------------------------
@@ -108,10 +113,11 @@ class Done:
 
 @dataclass(frozen=True)
 class Pending:
-    """A forced plan waits for an approver; ``posted``: its request reached them."""
+    """A forced plan or a node change waits for an approver; ``posted``: its request reached
+    them."""
 
     approval: Approval
-    plan: ResetPlan
+    plan: ResetPlan | NodeChange
     posted: bool
 
 
@@ -135,16 +141,33 @@ class Closed:
     approval: Approval
 
 
-Outcome = Refused | Failed | Done | Pending | Busy | Expired | Closed
+@dataclass(frozen=True)
+class Changed:
+    """A drain or resume ran through Slurm (``result.changed`` False: nothing to change);
+    ``approval``: the request it ran for (None: an approver's own)."""
+
+    result: DrainResult
+    approval: Approval | None = None
+
+
+Outcome = Refused | Failed | Done | Pending | Busy | Expired | Closed | Changed
+SlurmOutcome = Refused | Failed | Changed | Pending
 
 
 class RequestService:
     """Runs the reset requests of every front end over the approval and reset services."""
 
-    def __init__(self, approvals: ApprovalService | None, *, min_uid: int) -> None:
+    def __init__(
+        self, approvals: ApprovalService | None, drains: DrainService | None = None
+    ) -> None:
         self.approvals = approvals  # None: no audit store, so no resets (fail closed)
-        self.min_uid = min_uid
         self.deciding: set[int] = set()  # approvals being decided now (double clicks)
+        self.drains = drains  # None: made over the reset engine's nodes and log when first used
+
+    def _drain_service(self) -> DrainService:
+        if self.drains is None:
+            self.drains = self._service().drains()
+        return self.drains
 
     def _service(self) -> ApprovalService:
         if self.approvals is None:
@@ -154,7 +177,6 @@ class RequestService:
     async def refuse(
         self, ask: Ask, exc: GpubotError, sink: RequestSink, *, action: str, node: str | None
     ) -> None:
-        """Tell ``sink`` of the refusal, and audit who tried what."""
         await sink(Refusal(exc))
         if self.approvals is not None:
             await self.approvals.record_refusal(ask, action=action, node=node, reason=str(exc))
@@ -182,7 +204,7 @@ class RequestService:
         except GpubotError as exc:
             return Failed(exc)
         if plan.forced:
-            floor = floor_note(plan, ask.who.linux_user, self.min_uid)
+            floor = floor_note(plan, ask.who.linux_user, approvals.policy.min_uid)
             if floor is not None:  # refused as self-service; on-call may still approve it
                 await self.refuse(ask, NotPermitted(floor), sink, action="reset", node=plan.node)
             return await self._open(ask, cmd, plan, announce)
@@ -195,11 +217,12 @@ class RequestService:
         return await self._run(sink, Running(plan), run)
 
     async def _open(
-        self, ask: Ask, cmd: commands.Reset, plan: ResetPlan, announce: Announce
-    ) -> Outcome:
+        self, ask: Ask, cmd: commands.Reset | None, plan: ResetPlan | NodeChange, announce: Announce
+    ) -> Pending | Failed:
         approvals = self._service()
         try:
-            approval = await approvals.open(replace(ask, grace_s=cmd.grace_s), plan)
+            grace = None if cmd is None else cmd.grace_s
+            approval = await approvals.open(replace(ask, grace_s=grace), plan)
         except GpubotError as exc:
             return Failed(exc)
         where = await announce(approval, plan)
@@ -215,7 +238,6 @@ class RequestService:
             log.warning("approval %s: cannot remember its message: %s", approval_id, exc)
 
     async def gpu_reset(self, ask: Ask, cmd: commands.GpuReset, sink: RequestSink) -> Outcome:
-        """Reset one idle GPU whose memory leaked."""
         try:
             if not await self._permitted(ask, sink, "gpu-reset", cmd.node):
                 return Refused()
@@ -227,6 +249,74 @@ class RequestService:
             return await approvals.reset.gpu_reset(cmd.node, cmd.gpu, replace(ask, on_event=sink))
 
         return await self._run(sink, Running(None), run)
+
+    async def diag(
+        self, ask: Ask, cmd: commands.Diag, sink: RequestSink
+    ) -> DiagRun | Refused | Failed:
+        """Run DCGM's diagnostic on one GPU: who may reset on the node may (the same check as
+        ``gpu_reset``, refusals audited); the run is audited by ``DiagService``."""
+        try:
+            if not await self._permitted(ask, sink, "diag", cmd.node):
+                return Refused()
+            approvals = self._service()
+            r = approvals.reset
+            service = DiagService(r.settings, r.transport, r.store, r.status, r.locks)
+            return await service.run(ask, cmd.node, cmd.gpu, cmd.level)
+        except GpubotError as exc:
+            return Failed(exc)
+
+    async def slurm_state(
+        self,
+        ask: Ask,
+        cmd: commands.Drain | commands.Resume,
+        sink: RequestSink,
+        announce: Announce,
+    ) -> SlurmOutcome:
+        """Drain or resume a Slurm node. An on-call approver's own request is the approval,
+        recorded as such, and runs at once; one who may act on the node ([permissions], as for
+        resets) opens a request for the approvers (announced with ``announce``), which runs
+        once approved (``decide``). Anyone else is refused, and audited as refused."""
+        drain = isinstance(cmd, commands.Drain)
+        action = "drain" if drain else "resume"
+        reason = cmd.reason if isinstance(cmd, commands.Drain) else None
+        try:
+            approvals, drains = self._service(), self._drain_service()
+            drains.check(cmd.node)  # a known node that Slurm owns, or one line
+            try:
+                approver = await self._may_change_slurm(approvals, ask, action, cmd.node)
+            except WHO_REFUSALS as exc:
+                await self.refuse(ask, exc, sink, action=action, node=cmd.node)
+                return Refused()
+            if not approver:
+                return await self._open(ask, None, NodeChange(cmd.node, drain, reason), announce)
+            who = ask.who
+            approval = {
+                "by": "approver",  # an approver's own request: their act is the approval
+                "approver": who.id,
+                "approver_name": who.name or who.linux_user or who.id,
+                "approver_user": who.linux_user,
+            }
+            result = await drains.change(
+                ask, cmd.node, drain=drain, reason=reason, approval=approval
+            )
+        except GpubotError as exc:
+            return Failed(exc)
+        return Changed(result)
+
+    async def _may_change_slurm(
+        self, approvals: ApprovalService, ask: Ask, action: str, node: str
+    ) -> bool:
+        """Return whether ``ask.who`` is an on-call approver (False: one who may act on the
+        node, whose request needs an approver); raise one of ``WHO_REFUSALS`` if neither."""
+        if ask.who.refused is not None:
+            raise IdentityRefused(ask.who.refused)
+        try:
+            if await approvals.is_approver(ask.who):
+                return True
+        except ApproversUnknown:  # the on-call group unreadable: they may still ask an approver
+            pass
+        await approvals.check_may_reset(ask.who, node, doing=f"{action} Slurm's node")
+        return False
 
     async def _run(
         self, sink: RequestSink, running: Running, run: Callable[[], Awaitable[ResetResult]]
@@ -240,7 +330,6 @@ class RequestService:
     # -- deciding --------------------------------------------------------------------------
 
     async def decide(self, approval_id: int, approve: bool, ask: Ask, sink: RequestSink) -> Outcome:
-        """Approve or deny a forced kill; an approval runs the plan once."""
         try:
             approvals = self._service()
         except StoreError as exc:
@@ -253,6 +342,13 @@ class RequestService:
         finally:
             self.deciding.discard(approval_id)
 
+    async def _refuse_who(
+        self, approval_id: int, approve: bool, ask: Ask, sink: RequestSink, exc: GpubotError
+    ) -> Refused:
+        node = await self.node_of(approval_id)
+        await self.refuse(ask, exc, sink, action="approve" if approve else "deny", node=node)
+        return Refused()
+
     async def _decide(
         self,
         approvals: ApprovalService,
@@ -261,13 +357,10 @@ class RequestService:
         ask: Ask,
         sink: RequestSink,
     ) -> Outcome:
-        verb = "approve" if approve else "deny"
         try:
             approval = await approvals.decide(approval_id, ask, approve)
         except WHO_REFUSALS as exc:
-            node = await self.node_of(approval_id)
-            await self.refuse(ask, exc, sink, action=verb, node=node)
-            return Refused()
+            return await self._refuse_who(approval_id, approve, ask, sink, exc)
         except ApprovalExpired as exc:
             try:
                 return Expired(exc, await approvals.approvals.get(approval_id))
@@ -279,6 +372,12 @@ class RequestService:
         await sink(Decided(approval, plan))
         if approval.state is not ApprovalState.APPROVED:
             return Closed(approval)
+        if isinstance(plan, NodeChange):
+            try:
+                changed = await approvals.execute_change(approval, source=ask.source)
+            except GpubotError as exc:
+                return Failed(exc, approval)
+            return Changed(changed, approval)
 
         async def run() -> ResetResult:
             return await approvals.execute(approval, source=ask.source, on_event=sink)
@@ -295,13 +394,10 @@ class RequestService:
     ) -> Outcome:
         """A click while someone's decision of the same request is in flight: one who may not
         decide is still refused and audited as such; a legitimate one is told to wait."""
-        verb = "approve" if approve else "deny"
         try:
             await approvals.check_decision(approval_id, ask.who, approve)
         except WHO_REFUSALS as exc:
-            node = await self.node_of(approval_id)
-            await self.refuse(ask, exc, sink, action=verb, node=node)
-            return Refused()
+            return await self._refuse_who(approval_id, approve, ask, sink, exc)
         except (ApprovalError, StoreError):
             pass
         return Busy()
@@ -315,7 +411,6 @@ class RequestService:
         return None if found is None else found.node
 
     async def expire_due(self, source: str | None = None) -> list[Approval]:
-        """Expire the requests (of ``source`` only, if given) whose time is up; return them."""
         if self.approvals is None:
             return []
         return await self.approvals.expire_due(source)

@@ -1,8 +1,8 @@
 """The reset engine: plan → audit intent → SIGTERM → grace → SIGKILL → device holders → verify.
 
 Only planned processes are ever signalled, each after an identity check on the node (pid, start
-time and owner, in the same exec as the signal); no fixed
-sleeps; a GPU is called freed only when ``nvidia-smi`` shows its memory back where expected.
+time and owner, in the same exec as the signal); no fixed sleeps; a GPU is called freed only
+when ``nvidia-smi`` shows its memory back where expected.
 
 A reset holds its node's lease (``Locks``) from before its intent to after its outcome, and
 fences every audit write with it. A reset that stops on an error after something went out to
@@ -20,6 +20,7 @@ from typing import Any
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
 from gpubot.core.models import ActionStatus, NodeConfig, NodeSnapshot, Outcome
+from gpubot.core.nodelog import Attribution
 from gpubot.core.policy import Person
 from gpubot.core.ports import AuditStore, Clock, Locks, ResetObserver, Transport
 from gpubot.core.reset.cutoff import interrupted_message, unknown_gpus
@@ -27,18 +28,11 @@ from gpubot.core.reset.outcome import GpuResult
 from gpubot.core.reset.plan import ResetPlan, ResetRequest, plan_reset
 from gpubot.errors import GpubotError, ResetInterrupted, ResetRefused, UsageError
 from gpubot.services.locks import NodeLocks
-from gpubot.services.reset_run import EventSink, ResetEvent, ResetRun, RunDeps
+from gpubot.services.reset_run import ResetRun
+from gpubot.services.run_state import EventSink, ResetEvent, RunDeps
 from gpubot.services.status import StatusService
 
-__all__ = [
-    "Ask",
-    "EventSink",
-    "NodeLocks",
-    "ResetEvent",
-    "ResetResult",
-    "ResetService",
-    "reset_lock",
-]
+__all__ = ["EventSink", "NodeLocks", "ResetEvent"]  # re-exported
 
 
 @dataclass(frozen=True)
@@ -55,11 +49,9 @@ class ResetResult:
 
     @property
     def ok(self) -> bool:
-        """Whether every targeted GPU ended freed."""
         return all(g.outcome is Outcome.FREED for g in self.gpus)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the ``--json`` document."""
         return {
             "node": self.node,
             "action_id": self.action_id,
@@ -71,7 +63,6 @@ class ResetResult:
 
 
 def reset_lock(node: str) -> str:
-    """Return the name of the lock a reset of ``node`` holds (shared by every replica)."""
     return f"reset:{node}"
 
 
@@ -137,7 +128,6 @@ class ResetService:
         )
 
     async def _observed(self, work: Awaitable[ResetResult]) -> ResetResult:
-        """Run a reset and count how each GPU ended (or that it was refused or failed)."""
         if self.observer is None:
             return await work
         try:
@@ -185,7 +175,6 @@ class ResetService:
         return await self._sealed(plan, self._observed(work))
 
     async def _sealed(self, plan: ResetPlan, work: Awaitable[ResetResult]) -> ResetResult:
-        """Run a reset; after a forced one, whatever its end, tell ``after_forced``."""
         if not plan.forced or self.after_forced is None:
             return await work
         action_id: int | None = None
@@ -197,7 +186,6 @@ class ResetService:
             await self.after_forced(action_id)
 
     async def gpu_reset(self, node_name: str, gpu: int, ask: Ask) -> ResetResult:
-        """Run ``nvidia-smi --gpu-reset`` on an idle GPU and verify it like a reset."""
         return await self._observed(self._gpu_reset(node_name, gpu, ask))
 
     async def _gpu_reset(self, node_name: str, gpu: int, ask: Ask) -> ResetResult:
@@ -252,7 +240,16 @@ class ResetService:
                 plan=intent,
                 fence=lease.fence,
             )
-            run = ResetRun(self.run_deps(), node, action_id, ask.on_event, lease)
+            approval = intent.get("approval")
+            who = Attribution.of(
+                ask.who.id,
+                ask.who.name,
+                action_id,
+                approval if isinstance(approval, dict) else None,
+            )
+            run = ResetRun(
+                self.run_deps(), node, action_id, ask.on_event, lease, attribution=who, kind=kind
+            )
             gpus: tuple[GpuResult, ...] | None = None
             try:
                 gpus, before = await body(run)
@@ -288,7 +285,7 @@ def interrupted(
     """
     error = str(exc) or type(exc).__name__
     sent = run.sent()
-    gpus = known if known is not None else unknown_gpus(plan.gpus, {}, error) if sent else ()
+    gpus = known if known is not None else unknown_gpus(plan.gpus, error) if sent else ()
     return {
         "node": run.node.name,
         "action_id": run.action_id,

@@ -11,16 +11,17 @@ import shlex
 
 from gpubot.core.models import NodeSnapshot, ResetStep
 from gpubot.core.names import as_root
+from gpubot.core.nodelog import TargetName, logged_argv, split_logged
 from gpubot.core.probe.nvsmi import USABLE_EXIT
 from gpubot.core.reset.outcome import GpuObservation, GpuResult, Survivor
 from gpubot.core.reset.plan import ResetPlan
 from gpubot.core.reset.signals import PidReport, PidStatus
 from gpubot.errors import GpubotError
-from gpubot.services.run_state import EventSink, Pairs, ResetEvent, RunDeps, RunState, ids_of
+from gpubot.services.run_state import Pairs, ResetEvent, RunState, ids_of
 from gpubot.services.verify import conclude, verify
 from gpubot.services.workloads import after_respawn
 
-__all__ = ["EventSink", "ResetEvent", "ResetRun", "RunDeps"]
+__all__ = ["ResetEvent"]  # re-exported
 
 
 class ResetRun(RunState):
@@ -37,7 +38,8 @@ class ResetRun(RunState):
         )
 
     async def terminate(self, plan: ResetPlan, grace_s: float) -> tuple[GpuResult, ...]:
-        """SIGTERM the targets, SIGKILL those alive after ``grace_s``, then verify."""
+        self.gpus = plan.gpus
+        self.names = {t.pid: TargetName(t.pid, t.user, t.command) for t in plan.targets}
         await self.emit(
             ResetStep.PLANNED,
             gpus=list(plan.gpus),
@@ -72,11 +74,18 @@ class ResetRun(RunState):
         }
         return await verify(self, plan, pairs, deaths, survivors)
 
-    async def smi(self, *args: str) -> tuple[int, str]:
-        """Run a privileged ``nvidia-smi ARGS`` (``sudo -n`` where configured); return its say."""
-        await self.before_sending(command=shlex.join(["nvidia-smi", *args]))
-        res = await self.remote(as_root([self.node.nvidia_smi, *args], sudo=self.node.sudo))
-        return res.exit_status, (res.stdout + res.stderr).strip()
+    async def smi(self, *args: str, gpu: int, what: str) -> tuple[int, str]:
+        """Run a privileged ``nvidia-smi ARGS`` (``sudo -n`` where configured) on GPU ``gpu``,
+        its node log line (``what`` it does) written in the same exec; return its say."""
+        shown = shlex.join(["nvidia-smi", *args])
+        await self.before_sending(command=shown)
+        argv = as_root([self.node.nvidia_smi, *args], sudo=self.node.sudo)
+        note = self.note(f"{what} ({shown})", (gpu,))
+        res = await self.remote(logged_argv(note, argv) if note else argv)
+        log, stdout = split_logged(res.stdout, note) if note else (None, res.stdout)
+        if log is not None:
+            await self.logged(log)
+        return res.exit_status, (stdout + res.stderr).strip()
 
     async def gpu_reset(
         self, plan: ResetPlan, gpu: int, *, toggle: bool = False
@@ -87,20 +96,23 @@ class ResetRun(RunState):
         """
         if not toggle:
             return await self._gpu_reset(plan, gpu)
-        status, text = await self.smi("-pm", "0", "-i", str(gpu))
+        off = "persistence mode off for the GPU reset"
+        status, text = await self.smi("-pm", "0", "-i", str(gpu), gpu=gpu, what=off)
         await self.emit(
             ResetStep.PERSISTENCE, gpu=gpu, mode=0, exit_status=status, output=text[-300:]
         )
         try:
             return await self._gpu_reset(plan, gpu)
         finally:
-            status, text = await self.smi("-pm", "1", "-i", str(gpu))
+            on = "persistence mode back on after the GPU reset"
+            status, text = await self.smi("-pm", "1", "-i", str(gpu), gpu=gpu, what=on)
             await self.emit(
                 ResetStep.PERSISTENCE, gpu=gpu, mode=1, exit_status=status, output=text[-300:]
             )
 
     async def _gpu_reset(self, plan: ResetPlan, gpu: int) -> tuple[GpuResult, ...]:
-        status, text = await self.smi("--gpu-reset", "-i", str(gpu))
+        what = "GPU reset"
+        status, text = await self.smi("--gpu-reset", "-i", str(gpu), gpu=gpu, what=what)
         await self.emit(ResetStep.GPU_RESET, gpu=gpu, exit_status=status, output=text[-500:])
         # 14/15 (an infoROM warning, another GPU lost) still reset this one when it says so.
         done = status == 0 or (status in USABLE_EXIT and "was successfully reset" in text)
@@ -110,7 +122,6 @@ class ResetRun(RunState):
         return await verify(self, plan, {}, {}, {})
 
     async def final_snapshot(self) -> NodeSnapshot | None:
-        """Take a full snapshot for the after table; None if the node does not answer."""
         try:
             return await self.snapshot()
         except GpubotError:

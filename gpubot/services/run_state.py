@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from gpubot.config.settings import ResetSettings
 from gpubot.core.lease import Lease
 from gpubot.core.models import CommandResult, NodeConfig, NodeSnapshot, ResetStep
+from gpubot.core.nodelog import Attribution, NodeLog, TargetName, find_marker, line, signal_what
 from gpubot.core.ports import AuditStore, Clock, Transport
 from gpubot.core.reset.cutoff import Sent, sent_items
 from gpubot.core.reset.signals import (
@@ -29,18 +30,9 @@ from gpubot.core.reset.signals import (
 )
 from gpubot.core.timefmt import iso
 from gpubot.core.workload import Workload
+from gpubot.services.status import StatusService
 
 Pairs = dict[int, tuple[int, int]]  # planned pid -> (start_ticks, uid)
-
-
-class Snapshots(Protocol):
-    """Takes a node's snapshot (``StatusService.snapshot``)."""
-
-    async def snapshot(
-        self, node: NodeConfig, *, gpu_indices: Sequence[int] | None = None, names: bool = True
-    ) -> NodeSnapshot:
-        """Take one node's snapshot (``names``: name its containers and jobs)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +41,7 @@ class RunDeps:
     ``[reset]`` settings and how long one remote command may take."""
 
     transport: Transport
-    snapshots: Snapshots
+    snapshots: StatusService
     audit: AuditStore
     clock: Clock
     cfg: ResetSettings
@@ -65,7 +57,6 @@ class ResetEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form."""
         return {"kind": self.kind, "at": iso(self.at, timespec="milliseconds"), **self.data}
 
 
@@ -83,8 +74,13 @@ class RunState:
         action_id: int,
         sink: EventSink | None,
         lease: Lease | None = None,
+        *,
+        attribution: Attribution | None = None,
+        kind: str = "reset",
     ) -> None:
         self.deps = deps
+        self.clock = deps.clock  # every wait and step time reads it
+        self.cfg = deps.cfg
         self.node = node
         self.action_id = action_id
         self.sink = sink
@@ -94,16 +90,23 @@ class RunState:
         self.refused: dict[int, str] = {}  # planned pids the node's identity check refused, why
         self.respawned: dict[int, Workload] = {}  # GPU -> the workload that took it again
         self.alive_at: dict[int, str] = {}  # target pid -> when a check last saw it alive
+        # The node's log line of each action (None: none written), its kind and its GPUs.
+        self.attribution = attribution
+        self.kind = kind
+        self.gpus: tuple[int, ...] = ()
+        self.names: dict[int, TargetName] = {}  # planned pid -> how the log line names it
 
-    @property
-    def clock(self) -> Clock:
-        """The clock every wait and step time reads."""
-        return self.deps.clock
+    def note(self, what: str, gpus: Sequence[int] | None = None) -> str:
+        """Return the node's log line of an action (``nodelog.line``); empty: write none."""
+        if self.attribution is None:
+            return ""
+        return line(
+            self.kind, self.node.name, self.gpus if gpus is None else gpus, what, self.attribution
+        )
 
-    @property
-    def cfg(self) -> ResetSettings:
-        """The ``[reset]`` settings."""
-        return self.deps.cfg
+    async def logged(self, log: NodeLog) -> None:
+        """Record what the node said of an action's log line (never stops the action)."""
+        await self.emit(ResetStep.NODE_LOG, **log.to_dict())
 
     async def emit(self, kind: ResetStep, **data: Any) -> None:
         """Record a step in the audit log first (a failure stops the reset), then report it."""
@@ -125,41 +128,50 @@ class RunState:
         await self.emit(ResetStep.SENDING, **what)
 
     def sent(self) -> list[Sent]:
-        """Return the signals and commands that went out so far, and what is known since."""
         return sent_items([s.to_dict() for s in self.steps], self.alive_at)
 
     async def remote(self, argv: Sequence[str]) -> CommandResult:
-        """Run ``argv`` on the node within the command timeout."""
         return await self.deps.transport.run(self.node, argv, timeout=self.deps.command_timeout_s)
 
     async def snapshot(
         self, *, gpu_indices: Sequence[int] | None = None, names: bool = True
     ) -> NodeSnapshot:
-        """Take the node's snapshot."""
         return await self.deps.snapshots.snapshot(self.node, gpu_indices=gpu_indices, names=names)
 
     async def signal(self, sig: str, ids: Sequence[Identity]) -> dict[int, PidReport]:
         """Signal (or check) planned processes, identity checked on the node."""
+        return (await self.signal_logged(sig, ids, ""))[0]
+
+    async def signal_logged(
+        self, sig: str, ids: Sequence[Identity], note: str
+    ) -> tuple[dict[int, PidReport], NodeLog | None]:
+        """Signal planned processes as ``signal`` does; with a ``note``, write it to the node's
+        log in the same exec and return what logger said (None: no note)."""
         if not ids:
-            return {}
-        res = await self.remote(signal_argv(sig, ids, sudo=self.node.sudo))
-        return parse_signal_output(res.stdout)
+            return {}, None
+        res = await self.remote(signal_argv(sig, ids, sudo=self.node.sudo, note=note))
+        reports = parse_signal_output(res.stdout)
+        return reports, find_marker(res.stdout, note) if note else None
 
     async def send(self, sig: str, pairs: Pairs, deaths: dict[int, float]) -> set[int]:
-        """Send ``sig`` to each planned process; return the PIDs it reached."""
+        note = ""
         if pairs:
             await self.before_sending(signal=f"SIG{sig}", pids=sorted(pairs))
-        reports = await self.signal(sig, ids_of(pairs, pairs))
+            named = [self.names.get(p, TargetName(p, None, None)) for p in sorted(pairs)]
+            note = self.note(signal_what(f"SIG{sig}", named))
+        reports, log = await self.signal_logged(sig, ids_of(pairs, pairs), note)
+        # What logger said rides on the exec's first signal step: no record of its own between
+        # the signals and the grace wait (a lost lease or database is found where it was)
+        said = {} if log is None else {"node_log": log.to_dict()}
         reached: set[int] = set()
         for pid, rep in sorted(reports.items()):
-            why = rep.why
-            if why is None:
-                await self.emit(ResetStep.SIGNAL, pid=pid, signal=f"SIG{sig}", result=rep.status)
-            else:
-                self.refused[pid] = why
-                await self.emit(
-                    ResetStep.SIGNAL, pid=pid, signal=f"SIG{sig}", result=rep.status, why=why
-                )
+            why = {} if rep.why is None else {"why": rep.why}
+            if rep.why is not None:
+                self.refused[pid] = rep.why
+            await self.emit(
+                ResetStep.SIGNAL, pid=pid, signal=f"SIG{sig}", result=rep.status, **why, **said
+            )
+            said = {}
             if rep.status == PidStatus.SENT:
                 reached.add(pid)
             elif rep.status == PidStatus.GONE:
@@ -169,7 +181,6 @@ class RunState:
     async def wait_gone(
         self, alive: set[int], pairs: Pairs, deaths: dict[int, float], deadline: float
     ) -> set[int]:
-        """Poll until every PID in ``alive`` is gone or the (monotonic) deadline passes."""
         clock = self.clock
         alive = set(alive)
         while alive and clock.monotonic() < deadline:

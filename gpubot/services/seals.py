@@ -45,9 +45,7 @@ class SealService:
         self.store = store
         self.every_s = every_s
         self.after_forced = tuple(after_forced)  # run after a forced action's seal
-        self.written = 0  # seals this service wrote
         self.running = False  # the schedule has sealed (a clean stop is sealed too)
-        self.cut: tuple[int, str] | None = None  # a record this bot wrote that the log lost
         self._lock = asyncio.Lock()  # one seal at a time: each names the one before
 
     async def periodic(self) -> None:
@@ -65,7 +63,6 @@ class SealService:
                 log.exception("after the forced action's seal")
 
     async def stop(self) -> None:
-        """Seal a clean stop of the schedule (``audit verify`` names it if the log ends there)."""
         if self.running:
             self.running = False
             await self._seal("stop")
@@ -77,9 +74,7 @@ class SealService:
             except GpubotError as exc:
                 log.error("the audit log's %s seal was not written: %s", reason, exc)
                 return
-            self.written += 1
             if not w.held and w.prev is not None:
-                self.cut = w.prev
                 log.error(
                     "the audit log no longer holds record %d (%s…) that this gpubot wrote: "
                     "records were removed from it; the %s seal written now names that record",

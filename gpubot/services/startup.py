@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gpubot.core.approval.model import Approval
-from gpubot.core.ports import Reporter
-from gpubot.core.report import Report
+from gpubot.core.ports import Report, Reporter
 from gpubot.core.reset.interrupted import Unfinished
+from gpubot.services.approvals import ApprovalService
 
 log = logging.getLogger(__name__)
 
@@ -24,16 +24,8 @@ class Incomplete(Protocol):
         ...
 
 
-class Abandoning(Protocol):
-    """What marks the approvals a stopped gpubot left ``approved`` (``ApprovalService``)."""
-
-    async def abandon_approved(self) -> list[Approval]:
-        """Mark them ``incomplete``; return them."""
-        ...
-
-
 async def report_interrupted(
-    audit: Incomplete | None, approvals: Abandoning | None, reporter: Reporter
+    audit: Incomplete | None, approvals: ApprovalService | None, reporter: Reporter
 ) -> list[Report]:
     """Tell which actions never recorded an outcome, then mark and tell the approved forced
     kills that never ended; return what was told."""
@@ -54,7 +46,6 @@ async def _tell(reporter: Reporter, report: Report) -> Report:
 
 
 def actions_report(left: Sequence[Unfinished]) -> Report:
-    """Return the report of actions that never recorded an outcome."""
     lines = tuple(
         f"• #{a.id} {a.kind} on {a.node or '-'} by {a.actor}, started "
         f"{a.started_at:%Y-%m-%d %H:%M:%S} UTC: `{a.command}`"
@@ -68,7 +59,6 @@ def actions_report(left: Sequence[Unfinished]) -> Report:
 
 
 def approvals_report(marked: Sequence[Approval]) -> Report:
-    """Return the report of approved forced kills that never recorded an end."""
     head = (
         f"{len(marked)} approved forced kill(s) never recorded an end "
         "(gpubot stopped while running them), now marked incomplete; check those nodes"

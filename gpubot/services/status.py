@@ -5,24 +5,40 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar, cast
 
 from gpubot.config import Settings
 from gpubot.core.admission import Admission
-from gpubot.core.attribute import attribute
 from gpubot.core.clock import SYSTEM_CLOCK
-from gpubot.core.enrich import apply_enrichment, enrich_argv, enrich_target, parse_enrichment
+from gpubot.core.enrich import (
+    apply_enrichment,
+    attribute,
+    enrich_argv,
+    enrich_target,
+    parse_enrichment,
+)
+from gpubot.core.maint import WindowStore
 from gpubot.core.models import NodeConfig, NodeSnapshot
-from gpubot.core.ports import AuditStore, Clock, NvmlReader, NvmlTables, Transport
+from gpubot.core.ports import AuditStore, Clock, NvmlReader, NvmlTables, PromSource, Transport
 from gpubot.core.probe.holders import Holders
 from gpubot.core.probe.snapshot import NvmlKnown, parse_probe, probe_argv
 from gpubot.core.reset.protect import Protection
+from gpubot.core.slurm import SLURM
+from gpubot.core.telemetry import PROMETHEUS, PromNode
 from gpubot.core.workload import Workload
-from gpubot.errors import CommandTimeout, GpubotError, NodeUnreachable, StoreError, UsageError
+from gpubot.errors import (
+    CommandTimeout,
+    GpubotError,
+    NodeUnreachable,
+    StoreError,
+    UsageError,
+)
 from gpubot.services.offload import off_loop
+from gpubot.services.prom_read import read_prometheus
+from gpubot.services.slurm_read import RestdReader, SlurmReader
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +54,12 @@ class FleetStatus:
     seconds: float = 0.0
     timed_out: tuple[str, ...] = ()
     unreachable: tuple[str, ...] = ()  # failed to connect (``NodeUnreachable``)
+    # A summary's nodes read from Prometheus (``core.telemetry``), and why others were not
+    telemetry: tuple[PromNode, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Whether every node answered."""
         return not self.failed
 
 
@@ -79,7 +97,7 @@ async def fan_out(
                 return await call(node)
         except TimeoutError:
             if cm.expired():
-                why = f"no answer within the {budget_name} ({budget_s:g} s)"
+                why = f"no answer within the {budget_name} ({round(budget_s or 0.0, 1):g} s)"
                 raise CommandTimeout(node.name, why) from None
             raise
 
@@ -117,6 +135,15 @@ def reason(exc: GpubotError, node: str) -> str:
     return text[len(node) + 2 :] if text.startswith(f"{node}: ") else text
 
 
+@dataclass(frozen=True)
+class Sources:
+    """What a status reads beside the nodes' own answers."""
+
+    restd: RestdReader | None = None  # a Slurm cluster's slurmrestd
+    prom: PromSource | None = None  # the site's Prometheus
+    maint: WindowStore | None = None  # the maintenance windows
+
+
 class StatusService:
     """Reads nodes through the transport; the same service serves the CLI, the console and Slack."""
 
@@ -129,13 +156,20 @@ class StatusService:
         decorators: Sequence[Callable[[NodeSnapshot], NodeSnapshot]] = (),
         heap: Callable[[], AbstractContextManager[object]] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        sources: Sources = Sources(),
     ) -> None:
         self.settings = settings
+        self.maint = sources.maint  # the maintenance windows each fleet answer names
+        # The site's Prometheus: the summary of nodes whose telemetry is "prometheus"
+        self.prom = sources.prom
         self.transport = transport
         self.store = store
         self.clock = clock
+        # What Slurm says of a Slurm node, read beside its probe (slurmrestd, or the node's SSH).
+        self.slurm = SlurmReader(transport, settings.slurm, sources.restd)
         # Rounds of fleet probes in flight, by node list: identical requests share one.
         self._inflight: dict[tuple[str, ...], asyncio.Future[FleetStatus]] = {}
+        self._summaries: dict[tuple[str, ...], asyncio.Future[FleetStatus]] = {}  # and summaries
         # What a status adds without asking the node, in order: what the sweeps know of each
         # GPU's health (services.health_checks' fields, services.xid_watch's Xids).
         self.decorators = list(decorators)
@@ -144,7 +178,6 @@ class StatusService:
         self.heap = heap
 
     def resolve(self, names: Sequence[str]) -> tuple[NodeConfig, ...]:
-        """Turn node names, group names or ``all`` into nodes, in inventory order."""
         if not self.settings.nodes:
             raise UsageError("no nodes configured (add [[nodes]] to the settings file)")
         if not names or "all" in names:
@@ -161,7 +194,6 @@ class StatusService:
         return tuple(n for n in self.settings.nodes if n.name in wanted)
 
     def node(self, name: str) -> NodeConfig:
-        """Return the node called ``name`` or raise ``UsageError``."""
         node = self.settings.node(name)
         if node is None:
             raise UsageError(f"unknown node {name!r}")
@@ -180,7 +212,7 @@ class StatusService:
         timeout = self.settings.ssh.command_timeout_s
         # The probe runs two nvidia-smi queries one after the other: each gets half the time.
         smi_timeout = max(1.0, (timeout - 2.0) / 2)
-        snap = await probe_node(
+        probe = probe_node(
             self.transport,
             node,
             smi_timeout_s=smi_timeout,
@@ -190,6 +222,12 @@ class StatusService:
             protection=self.settings.reset.protection,
             holders=holders,
         )
+        if node.scheduler == SLURM:
+            read = self.slurm.read(node, self.clock.now())
+            snap, said = await asyncio.gather(probe, read)
+            snap = replace(snap, slurm=said(snap))
+        else:
+            snap = await probe
         label = self.settings.attribution.container_owner_label
         named = await self.names(node, snap) if names and node.runtimes else {}
         return attribute(snap, label, named)
@@ -197,7 +235,6 @@ class StatusService:
     async def names(
         self, node: NodeConfig, snap: NodeSnapshot
     ) -> dict[tuple[str, str, str], Workload]:
-        """Look up the names of ``snap``'s workloads with the node's runtimes (fails soft)."""
         cfg = self.settings.attribution
         workloads = {p.workload.key: p.workload for p in snap.processes if p.workload is not None}
         targets = {key: enrich_target(w) for key, w in workloads.items()}
@@ -239,17 +276,67 @@ class StatusService:
         nodes = self.resolve(names)
         started = self.clock.monotonic()
         status = await self._round(nodes)
-        await self._record(actor, source, nodes, status.failed, self.clock.monotonic() - started)
+        await self._record(nodes, status, actor, source, self.clock.monotonic() - started)
         return status
 
+    async def summary(
+        self, names: Sequence[str] = ("all",), *, actor: str = "cli", source: str = "cli"
+    ) -> FleetStatus:
+        """A fleet summary: nodes whose telemetry is "prometheus" from a few queries of the
+        site's Prometheus, each GPU's age of data kept; the rest, and any node Prometheus did not
+        answer for within ``[prometheus] max_age_s``, by SSH, with one note saying why. Calls for
+        the same nodes while one runs join it, as ``fleet``'s do (a burst reads once)."""
+        nodes = self.resolve(names)
+        if not any(n.telemetry == PROMETHEUS for n in nodes):
+            return await self.fleet(names, actor=actor, source=source)
+        started = self.clock.monotonic()
+        status = await self._joined(self._summaries, nodes, self._summary_round)
+        await self._record(nodes, status, actor, source, self.clock.monotonic() - started)
+        return status
+
+    async def _summary_round(self, nodes: Sequence[NodeConfig]) -> FleetStatus:
+        started = self.clock.monotonic()
+        prom = [n for n in nodes if n.telemetry == PROMETHEUS]
+        read, notes = await read_prometheus(self.prom, self.settings.prometheus, prom)
+        rest = [n for n in nodes if n.name not in read]
+        status = await self._round(rest) if rest else FleetStatus(())
+        seconds = self.clock.monotonic() - started
+        return replace(status, telemetry=tuple(read.values()), notes=tuple(notes), seconds=seconds)
+
+    async def _record(
+        self, nodes: Sequence[NodeConfig], status: FleetStatus, actor: str, source: str, s: float
+    ) -> None:
+        if self.store is None:
+            return
+        try:
+            names = [n.name for n in nodes]
+            await self.store.record_query(
+                kind="status",
+                actor=actor,
+                source=source,
+                nodes=names,
+                failed=status.failed,
+                seconds=s,
+            )
+        except StoreError as exc:  # a read-only query still answers; the gap is logged
+            log.warning("status query not recorded in the audit log: %s", exc)
+
     async def _round(self, nodes: Sequence[NodeConfig]) -> FleetStatus:
-        """Return the answer of the round of ``nodes`` in flight, starting one if none."""
+        return await self._joined(self._inflight, nodes, self._probe_round)
+
+    async def _joined(
+        self,
+        rounds: dict[tuple[str, ...], asyncio.Future[FleetStatus]],
+        nodes: Sequence[NodeConfig],
+        start: Callable[[Sequence[NodeConfig]], Awaitable[FleetStatus]],
+    ) -> FleetStatus:
+        """Join the round of ``rounds`` in flight for ``nodes``, else start one."""
         key = tuple(n.name for n in nodes)
-        task = self._inflight.get(key)
+        task = rounds.get(key)
         if task is None or task.done():  # a finished round is never reused: no stale answers
-            task = asyncio.ensure_future(self._probe_round(nodes))
-            self._inflight[key] = task
-            task.add_done_callback(lambda t: self._round_done(key, t))
+            task = asyncio.ensure_future(start(nodes))
+            rounds[key] = task
+            task.add_done_callback(lambda t: _round_done(rounds, key, t))
         return await asyncio.shield(task)  # one caller giving up does not cancel the others
 
     async def _status_snapshot(self, node: NodeConfig) -> NodeSnapshot:
@@ -262,51 +349,50 @@ class StatusService:
     async def abandon(self) -> None:
         """Cancel the rounds in flight and wait for them, before the transport closes: a
         shielded round meeting its connections closing gets asyncssh's internal error."""
-        rounds = list(self._inflight.values())
+        rounds = [*self._summaries.values(), *self._inflight.values()]
         for task in rounds:
             task.cancel()
         await asyncio.gather(*rounds, return_exceptions=True)
-
-    def _round_done(self, key: tuple[str, ...], task: asyncio.Future[FleetStatus]) -> None:
-        if self._inflight.get(key) is task:
-            del self._inflight[key]
-        if not task.cancelled():
-            task.exception()  # retrieved: no "never retrieved" log if every caller gave up
+        if self.prom is not None:
+            await self.prom.close()
 
     async def _probe_round(self, nodes: Sequence[NodeConfig]) -> FleetStatus:
-        """Probe ``nodes`` (bounded fan-out, each failing alone) into one ``FleetStatus``."""
         started = self.clock.monotonic()
         with nullcontext() if self.heap is None else self.heap():
             res = await fan_out(nodes, self._status_snapshot, self.settings.ssh.max_parallel)
         seconds = self.clock.monotonic() - started
-        snaps = tuple(res.ok.values())  # fan_out's answers are in the order of ``nodes``
+        # fan_out's answers are in the order of ``nodes``
+        snaps = await self._with_windows(tuple(res.ok.values()))
         failed = {n: reason(e, n) for n, e in res.failed.items()}
         timed_out = tuple(n for n, e in res.failed.items() if isinstance(e, TimeoutError))
         down = tuple(n for n, e in res.failed.items() if isinstance(e, NodeUnreachable))
         return FleetStatus(snaps, failed, seconds, timed_out, down)
 
-    async def _record(
-        self,
-        actor: str,
-        source: str,
-        nodes: Sequence[NodeConfig],
-        failed: Mapping[str, str],
-        seconds: float,
-    ) -> None:
-        """Record one status query in the audit log (a failure to record is logged, not raised)."""
-        if self.store is None:
-            return
+    async def _with_windows(self, snaps: tuple[NodeSnapshot, ...]) -> tuple[NodeSnapshot, ...]:
+        """Name each node's maintenance windows, open or planned, in its notes (read once)."""
+        if self.maint is None or not snaps:
+            return snaps
+        now = self.clock.now()
         try:
-            await self.store.record_query(
-                kind="status",
-                actor=actor,
-                source=source,
-                nodes=[n.name for n in nodes],
-                failed=failed,
-                seconds=seconds,
-            )
-        except StoreError as exc:  # a read-only query still answers; the gap is logged
-            log.warning("status query not recorded in the audit log: %s", exc)
+            windows = await self.maint.live(now)
+        except StoreError as exc:
+            log.warning("maintenance windows not read, not shown: %s", exc)
+            return snaps
+        said: dict[str, list[str]] = {}
+        for w in windows:
+            said.setdefault(w.node, []).append(w.shown(now))
+        return tuple(replace(s, notes=(*s.notes, *said.get(s.node, ()))) for s in snaps)
+
+
+def _round_done(
+    rounds: dict[tuple[str, ...], asyncio.Future[FleetStatus]],
+    key: tuple[str, ...],
+    task: asyncio.Future[FleetStatus],
+) -> None:
+    if rounds.get(key) is task:
+        del rounds[key]
+    if not task.cancelled():
+        task.exception()  # retrieved: no "never retrieved" log if every caller gave up
 
 
 @functools.cache
@@ -327,7 +413,6 @@ async def probe_node(
     protection: Protection | None = None,
     holders: Holders = Holders.ALWAYS,
 ) -> NodeSnapshot:
-    """Take one snapshot of ``node`` in one exec (NVML first when the transport offers it)."""
     nvml: NvmlTables | None = None
     if _reads_nvml(type(transport)):
         nvml = await cast(NvmlReader, transport).nvml_snapshot(node)

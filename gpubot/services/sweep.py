@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from gpubot.config import Settings
 from gpubot.core.alerting import SweepResult, confirmed
 from gpubot.core.clock import SYSTEM_CLOCK
-from gpubot.core.findings import IDLE_HOLDER, Finding, NodeFailure, classify_failure, find
+from gpubot.core.findings import Finding, NodeFailure, classify_failure, find
 from gpubot.core.health.codes import RESET_WHEN_IDLE
 from gpubot.core.health.kinds import KINDS
 from gpubot.core.models import NodeConfig, NodeSnapshot
@@ -37,6 +37,7 @@ from gpubot.services.idle_accounting import IdleAccounting, IdleTimes
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.services.offload import off_loop, release
 from gpubot.services.status import StatusService, fan_out, reason
+from gpubot.services.sweep_scope import scope
 from gpubot.services.usage import UsageService
 from gpubot.services.xid_watch import XidWatch
 
@@ -65,7 +66,7 @@ class SweepPorts:
     usage: UsageService | None = None  # GPU-hours: counted at every sweep
     ladder: ReclaimLadder | None = None  # idle holders climb it, instead of the plain alert
     digest: DigestService | None = None  # the weekly GPU-hours digest, checked by each sweep
-    extra: ExtraFindings | None = None  # more findings of the snapshots (claims' intruders)
+    extra: tuple[ExtraFindings, ...] = ()  # more findings of the snapshots (claims, Slurm)
     heap: Callable[[], AbstractContextManager[object]] | None = None  # lifecycle.SweepHeap
 
 
@@ -102,12 +103,12 @@ class SweepService:
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self._snaps: dict[str, NodeSnapshot] = {}  # each node's latest, for readiness
         self._last: tuple[tuple[str, ...], frozenset[str]] | None = None  # nodes, failed
+        self._found: frozenset[str] = frozenset()  # nodes of the last sweep's findings
         self._ends = 0.0  # when this sweep's node budget ends (monotonic)
         self.heap = ports.heap  # around each sweep: the collector (``lifecycle.SweepHeap``)
 
     @property
     def actor(self) -> str:
-        """Return the audit actor of scheduled sweeps."""
         return f"gpubot:{self.replica}"
 
     def node_budget_s(self) -> float:
@@ -138,8 +139,10 @@ class SweepService:
         return SweepResult(self.clock.now(), 0.0, (), skipped=why)
 
     async def _last_scheduled_start(self) -> float | None:
-        """Return when the latest scheduled sweep recorded started; one from the future (a
-        clock stepped back) is ignored, or it would skip every sweep until the clock caught up."""
+        """Return when another replica's latest scheduled sweep started. This replica's own are
+        left out: its scheduler spaces them, and one that began late must not cost the next its
+        turn. One from the future (a clock stepped back) is ignored, or it would skip every
+        sweep until the clock caught up."""
         if self.audit is None:
             return None
         now = self.clock.now()
@@ -148,7 +151,9 @@ class SweepService:
         starts = []
         for r in await self.audit.queries(since=since, limit=1000):
             data = r.data
-            if r.source == "schedule" and isinstance(data, dict) and data.get("query") == "sweep":
+            if r.actor == self.actor or r.source != "schedule" or not isinstance(data, dict):
+                continue
+            if data.get("query") == "sweep":
                 start = r.time.timestamp() - float(data.get("seconds") or 0.0)
                 if start <= latest:
                     starts.append(start)
@@ -157,7 +162,6 @@ class SweepService:
     async def run(
         self, *, alerting: bool = True, source: str = "schedule", actor: str | None = None
     ) -> SweepResult:
-        """Sweep every node now; with ``alerting``, update the alert state and notify."""
         with nullcontext() if self.heap is None else self.heap():
             return await self._run(alerting=alerting, source=source, actor=actor)
 
@@ -165,7 +169,9 @@ class SweepService:
         nodes = self.status.resolve(["all"])
         started = self.clock.now()
         t0 = self.clock.monotonic()
-        snaps, failed, timed_out = await self._probe(nodes, self.node_budget_s())
+        scoped = await scope(self.settings, self.status.prom, nodes, self._kept)
+        budget = max(0.1, self.node_budget_s() - (self.clock.monotonic() - t0))  # less Prometheus's
+        snaps, failed, timed_out = await self._probe(scoped.probe, budget)
         seconds = self.clock.monotonic() - t0
         idle = IdleTimes(started) if self.idle is None else await self.idle.sweep(snaps, started)
         if self.usage is not None:
@@ -182,14 +188,19 @@ class SweepService:
             at=started,
         )
         if self.health is not None:
-            findings += await self.health.findings(snaps, advance=alerting)
+            findings += await self.health.findings(snaps, advance=alerting, at=started)
         if self.xid is not None:
             findings = (*findings, *self.xid.findings(snaps))
-        if self.extra is not None:
-            findings = (*findings, *await self.extra(snaps, started))
+        for extra in self.extra:
+            findings = (*findings, *await extra(snaps, started))
+        findings = scoped.tag(findings)
+        self._found = frozenset(f.node for f in findings)
         names = tuple(n.name for n in nodes)
         result = SweepResult(
             started, seconds, names, tuple(snaps), failed, tuple(timed_out), findings
+        )
+        result = replace(
+            result, vouched=scoped.vouched, named=dict(scoped.named), notes=scoped.notes
         )
         retired = [old for s in snaps if (old := self._snaps.get(s.node)) is not None]
         for s in snaps:
@@ -207,17 +218,22 @@ class SweepService:
             )
         return result
 
+    async def _kept(self) -> frozenset[str]:
+        """The nodes probed whatever Prometheus says: those of this process's last findings
+        (failures included) and of open alerts (a restart's too), since only a probe that
+        looked may clear one."""
+        known = {} if self.keeper is None else await self.keeper.known()
+        return self._found | {k.node for k in known}
+
     async def _alert(self, result: SweepResult) -> SweepResult:
         """Hand the findings to the alert keeper (none: report them only); with the reclaim
         ladder on, idle holders climb it instead of being alerted."""
-        ladder = self.ladder if self.ladder is not None and self.ladder.enabled else None
-        if ladder is not None:
-            await ladder.climb(result)
-            rest = tuple(f for f in result.findings if f.kind != IDLE_HOLDER)
-            return replace(
-                await self._keep(replace(result, findings=rest)), findings=result.findings
-            )
-        return await self._keep(result)
+        if self.ladder is None or not self.ladder.enabled:
+            return await self._keep(result)
+        await self.ladder.climb(result)
+        rest = tuple(f for f in result.findings if not f.kind.ladder)
+        kept = await self._keep(replace(result, findings=rest))
+        return replace(kept, findings=result.findings)
 
     async def _keep(self, result: SweepResult) -> SweepResult:
         if self.keeper is None:
@@ -232,7 +248,6 @@ class SweepService:
     async def _probe(
         self, nodes: Sequence[NodeConfig], budget_s: float
     ) -> tuple[list[NodeSnapshot], dict[str, NodeFailure], list[str]]:
-        """Snapshot ``nodes`` concurrently; whoever has not answered within ``budget_s`` failed."""
         self._ends = self.clock.monotonic() + budget_s  # the health checks fit in what is left
         res = await fan_out(
             nodes,
@@ -257,7 +272,6 @@ class SweepService:
         return await self.health.attach(node, snap, within_s=left)
 
     async def _snapshot(self, node: NodeConfig) -> NodeSnapshot:
-        """Snapshot ``node``; with the Xid watch, read its kernel log at the same time."""
         if self.xid is None:
             return await self.status.snapshot(node)
         read = asyncio.ensure_future(self.xid.read(node))
@@ -323,7 +337,6 @@ class SweepService:
         }
 
     async def _readiness(self, node_name: str, gpus: Sequence[int]) -> dict[int, Readiness]:
-        """Ask one node (one exec); what it cannot say stays unknown."""
         node = self.status.node(node_name)
         snap = self._snaps.get(node_name)
         # The alerting reserve of the budget bounds this question, not the command timeout alone.
@@ -339,9 +352,8 @@ class SweepService:
         """Return confirmed open findings by kind, zeros included: one seen once, or by hand
         only, is not open yet."""
         counts = {k.value: 0 for k in KINDS}
-        now = datetime.fromtimestamp(result.started_at, UTC)
         for f in result.findings:
             state = result.known.get(f.key)
-            if state is not None and confirmed(f.kind, state, now, self.config):
+            if state is not None and confirmed(f.kind, state):
                 counts[f.kind.value] += 1
         return counts

@@ -38,7 +38,6 @@ class _Progress:
         self.restartable = {g for t in self.plan.targets if may_restart(t.workload) for g in t.gpus}
 
     def pending(self) -> list[int]:
-        """Return the targeted GPUs not decided yet."""
         return [g for g in self.plan.gpus if g not in self.decided]
 
 
@@ -49,7 +48,6 @@ async def verify(
     deaths: dict[int, float],
     survivors: dict[int, Survivor],
 ) -> tuple[GpuResult, ...]:
-    """Poll nvidia-smi until each targeted GPU is decided or the deadline passes."""
     await run.emit(ResetStep.VERIFYING, gpus=list(plan.gpus))
     clock = run.clock
     progress = _Progress(plan, pairs, deaths, clock.monotonic())
@@ -71,7 +69,6 @@ async def verify(
 
 
 async def _poll(run: RunState, pending: list[int]) -> tuple[NodeSnapshot | None, str | None]:
-    """Snapshot the pending GPUs; on failure return no snapshot and why."""
     try:
         snap = await run.snapshot(gpu_indices=pending, names=False)
     except GpubotError as exc:
@@ -82,7 +79,7 @@ async def _poll(run: RunState, pending: list[int]) -> tuple[NodeSnapshot | None,
 
 async def _step(run: RunState, p: _Progress, snap: NodeSnapshot, g: int, now: float) -> None:
     """Look at GPU ``g`` in one poll: kill planned holders again, decide it once it is clear."""
-    obs = await observe(run, p.plan, snap, g, p.known, p.pairs)
+    obs = await observe(run, p, snap, g)
     back = [q.pid for q in snap.on_gpu(g) if _planned(q, p.pairs)]
     again = [pid for pid in back if pid not in p.killed_again]
     if again:  # a planned process still holds the device file: deal with it by PID
@@ -102,30 +99,22 @@ async def _step(run: RunState, p: _Progress, snap: NodeSnapshot, g: int, now: fl
 async def _give_up(
     run: RunState, p: _Progress, snap: NodeSnapshot | None, last_error: str | None
 ) -> None:
-    """Decide every GPU still pending at the deadline from the last poll (or its error)."""
     for g in p.pending():
         if snap is None:
             obs = GpuObservation(g, None, False, error=last_error)
         else:
-            obs = await observe(run, p.plan, snap, g, p.known, p.pairs)
+            obs = await observe(run, p, snap, g)
         p.decided[g] = await conclude(run, p.plan, obs, None)
 
 
-async def observe(
-    run: RunState,
-    plan: ResetPlan,
-    snap: NodeSnapshot,
-    g: int,
-    known: set[tuple[int, int | None]],
-    pairs: Pairs,
-) -> GpuObservation:
-    """Read one GPU's state from a verification snapshot."""
+async def observe(run: RunState, prog: _Progress, snap: NodeSnapshot, g: int) -> GpuObservation:
+    plan, pairs = prog.plan, prog.pairs
     gpu = snap.gpu(g)
     mem = gpu.memory_used_mib if gpu else None
     procs = [p for p in snap.on_gpu(g) if p.exists]
     planned_left = [p for p in procs if _planned(p, pairs)]
     newcomers = tuple(
-        [await newcomer(run, plan, p) for p in procs if (p.pid, p.start_ticks) not in known]
+        [await newcomer(run, plan, p) for p in procs if (p.pid, p.start_ticks) not in prog.known]
     )
     kept = tuple(
         Kept(p.pid, p.user, p.command or p.process_name, p.used_memory_mib)
@@ -161,7 +150,6 @@ async def observe(
 
 
 async def newcomer(run: RunState, plan: ResetPlan, p: GpuProcess) -> Newcomer:
-    """Describe a process that took a GPU after planning, with its parent and unit."""
     info = None
     if p.ppid:
         res = await run.remote(proc_argv([p.ppid]))
@@ -185,7 +173,6 @@ async def newcomer(run: RunState, plan: ResetPlan, p: GpuProcess) -> Newcomer:
 async def conclude(
     run: RunState, plan: ResetPlan, obs: GpuObservation, seconds: float | None
 ) -> GpuResult:
-    """Classify how one GPU ended, remember what respawned it, and report it."""
     outcome, detail = classify(
         obs, plan.expected_after_mib.get(obs.index, 0), run.cfg.free_threshold_mib
     )

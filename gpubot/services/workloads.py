@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpubot.core.models import NodeSnapshot, Outcome, ResetStep, StopResult
+from gpubot.core.nodelog import is_marker, parse_marker, quoted
 from gpubot.core.probe.fields import printable
 from gpubot.core.reset.outcome import GpuResult
 from gpubot.core.reset.plan import ResetPlan
@@ -117,9 +118,17 @@ async def _stop_one(
     }
     if g.why_not is not None:
         return await not_run(g.why_not, gate)
+    named = f"{w.kind} {quoted(w.name or w.id)} ({quoted(' '.join(argv), 120)})"
+    note = run.note(f"stop {named}", (gpu,))
     try:
         checked = stop_check_argv(
-            g.argv, g.cgroups, uid=g.uid, gate=g.gate, sudo=run.node.sudo, kind=str(w.kind)
+            g.argv,
+            g.cgroups,
+            uid=g.uid,
+            gate=g.gate,
+            sudo=run.node.sudo,
+            kind=str(w.kind),
+            note=note,
         )
     except ValueError as exc:
         return await not_run(f"gpubot cannot check {noun(w, argv)} ({exc}): not stopped", gate)
@@ -132,6 +141,8 @@ async def _stop_one(
         await run.emit(step, **base, result=StopResult.FAILED, why=why)
         return why
     found = _found(check, g.cgroups)
+    if note and check is not None and check.stopping:  # the line is written only with the stop
+        await run.logged(parse_marker(check.logger or "", note))
     if check is None or not check.stopping:
         return await not_run(refusal(check, noun(w, argv)), found, exit_status=status, output=said)
     ok = status == 0
@@ -149,15 +160,16 @@ async def _run_checked(run: RunState, argv: list[str]) -> tuple[StopCheck | None
     except GpubotError:  # not the script's lines: what ran is judged by its verdict alone
         lines = res.stdout.split("\n")
         ran = "stopping" in lines
-        after = "\n".join(lines[lines.index("stopping") + 1 :]) if ran else ""
-        check = StopCheck(stopping=True, refused=False, output=after) if ran else None
+        at = lines.index("stopping") if ran else 0
+        after = "\n".join(lines[at + 1 :]) if ran else ""
+        said = next((x for x in lines[:at] if is_marker(x)), None)
+        check = StopCheck(stopping=True, refused=False, output=after, logger=said) if ran else None
     out = check.output if check is not None and check.stopping else res.stdout
     said = printable((out + res.stderr).strip())[-300:]
     return check, res.exit_status, said
 
 
 def _found(check: StopCheck | None, cgroups: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """What the node's check found, for the audit log."""
     if check is None:
         return {}
     return {

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 
 from gpubot.config import Settings
 from gpubot.core.clock import SYSTEM_CLOCK
@@ -61,29 +61,20 @@ class _Node:
     note: tuple[float, str] | None = None  # the last read's summary of what its caps dropped
 
 
+@dataclass(eq=False)
 class XidWatch:
     """Reads each node's kernel log in the sweep; returns the Xid and SXid findings."""
 
-    def __init__(
-        self,
-        transport: Transport,
-        *,
-        window_s: float = DEFAULT_WINDOW_S,
-        timeout_s: float = 10.0,
-        clock: Clock = SYSTEM_CLOCK,
-        count: CountXid | None = None,
-        entries: int = MAX_ENTRIES,
-        steps: int = MAX_STEPS,
-    ) -> None:
-        self.transport = transport
-        self.window_s = window_s
-        self.timeout_s = timeout_s
-        self.clock = clock
-        self.count = count
-        self.entries = entries  # journal entries one step takes (a backlog: in steps)
-        self.steps = steps  # steps one read takes at most (within timeout_s in all)
-        self._nodes: dict[str, _Node] = {}
-        self._last: dict[str, NodeSnapshot] = {}  # each node's latest table (the bus-id map)
+    transport: Transport
+    _: KW_ONLY
+    window_s: float = DEFAULT_WINDOW_S
+    timeout_s: float = 10.0
+    clock: Clock = SYSTEM_CLOCK
+    count: CountXid | None = None
+    entries: int = MAX_ENTRIES  # journal entries one step takes (a backlog: in steps)
+    steps: int = MAX_STEPS  # steps one read takes at most (within timeout_s in all)
+    _nodes: dict[str, _Node] = field(default_factory=dict, init=False)
+    _last: dict[str, NodeSnapshot] = field(default_factory=dict, init=False)  # the bus-id maps
 
     async def read(self, node: NodeConfig) -> None:
         """Read what ``node``'s driver wrote since the last read (fails soft): one exec, and
@@ -197,7 +188,6 @@ class XidWatch:
         return xid_findings(seen, self._last, now=now, window_s=self.window_s)
 
     def flag(self, snap: NodeSnapshot) -> NodeSnapshot:
-        """Return ``snap`` with the health flags of the window's serious Xids (no exec)."""
         st = self._nodes.get(snap.node)
         if st is None:
             return snap
@@ -218,8 +208,9 @@ class XidWatch:
         for s in fresh:
             e = s.event
             gpu = None if e.sxid else gpus.get(e.bus)
+            label = f"sxid:{e.code}" if e.sxid else str(e.code)
             for _ in range(min(e.count, MAX_COUNTED)):  # a summary: each line it holds
-                self.count(node, "-" if gpu is None else str(gpu), _label(e))
+                self.count(node, "-" if gpu is None else str(gpu), label)
 
 
 def full(got: KernelRead, entries: int) -> bool:
@@ -237,7 +228,6 @@ def capped(kept: Sequence[XidEvent]) -> list[XidEvent]:
 
 
 def added(counts: Iterable[Mapping[CountKey, int] | None]) -> dict[CountKey, int]:
-    """Return the steps' counts summed (each step counts only the entries it took)."""
     out: Counter[CountKey] = Counter()
     for c in counts:
         out.update(c or {})
@@ -252,7 +242,3 @@ def watch_for(settings: Settings, transport: Transport, count: CountXid | None) 
         return None
     timeout = min(settings.ssh.command_timeout_s, max(2.0, cfg.budget_s * 0.5))
     return XidWatch(transport, window_s=cfg.xid_window_s, timeout_s=timeout, count=count)
-
-
-def _label(e: XidEvent) -> str:
-    return f"sxid:{e.code}" if e.sxid else str(e.code)

@@ -4,9 +4,8 @@ A kind found on several nodes is one digest: a short channel message, and each f
 and buttons as replies in its thread, posted only once the digest is known to be in the channel
 (answered, or found in the history after a lost answer). Every call to a channel is paced to
 about one a second there (Slack's per-channel limit). An idle-holder alert is also sent once as
-a DM to each owner (``slack.idle_dm``); a DM that cannot be sent is logged and changes nothing
-else. Alerts and DMs are posted once through the one outbox (``slack.poster``,
-``services.outbox``). The messages are rendered by ``gpubot.chat``; this module only posts them.
+a DM to each owner; a DM that cannot be sent is logged and changes nothing else. Alerts and DMs
+are posted once through the one outbox (``slack.poster``, ``services.outbox``).
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_details
 from gpubot.chat.alerts import SNOOZE_ACTION, render_reminder, snooze_buttons
 from gpubot.chat.holders import snooze
-from gpubot.chat.idle import render_idle_dm
+from gpubot.chat.idle import idle_owners, idle_subject, render_idle_dm
 from gpubot.chat.message import Message
-from gpubot.core.alerting import AlertGroup, AlertItem, Delivery, Lookup, MessageRef, Posted
-from gpubot.core.findings import IDLE_HOLDER
+from gpubot.core.alerting import AlertGroup, Delivery, Lookup, MessageRef, Posted
 from gpubot.errors import ChatCallFailed
 from gpubot.services.alert_keeper import Snoozer
 from gpubot.services.outbox import Outbox
@@ -36,21 +34,14 @@ from gpubot.slack.render import to_slack
 if TYPE_CHECKING:
     from gpubot.slack.app import GpuBot
 
-__all__ = ["SlackAlerts", "register"]
-
 log = logging.getLogger(__name__)
 
 POST_INTERVAL_S = 1.0  # Slack's chat.postMessage limit: about one message per second per channel
 
-# --- the Slack notifier ------------------------------------------------------------------------
-
 
 class SlackAlerts:
-    """Posts, updates and reminds alert messages in one channel (implements ``Notifier``).
-
-    ``people``: Linux user → Slack user ids; their idle holders are told in a direct message,
-    once each through ``outbox`` (None, or without a database: at most once).
-    """
+    """Posts, updates and reminds alert messages in one channel (``Notifier``). ``people``:
+    Linux user → Slack user ids, whose idle holders are told by DM once each (``outbox``)."""
 
     def __init__(
         self,
@@ -58,16 +49,13 @@ class SlackAlerts:
         channel: str,
         *,
         people: Mapping[str, Sequence[str]] | None = None,
-        min_post_interval_s: float = POST_INTERVAL_S,
         outbox: Outbox[Message] | None = None,
     ) -> None:
         self.api = api
         self.channel = channel
         self.people = people or {}
-        self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
         self.poster = SlackPoster(api)
         self.outbox = outbox or Outbox(None, self.poster)
-        self._pace = min_post_interval_s
         self._posted_at: dict[str, float] = {}  # channel → when this notifier last posted there
         self._unsure: dict[str, AlertGroup] = {}  # token → a digest whose post is unconfirmed
 
@@ -77,7 +65,7 @@ class SlackAlerts:
         the last call there ended: Slack saw it by then."""
         loop = asyncio.get_running_loop()
         last = self._posted_at.get(channel)
-        if last is not None and (wait := last + self._pace - loop.time()) > 0:
+        if last is not None and (wait := last + POST_INTERVAL_S - loop.time()) > 0:
             await asyncio.sleep(wait)
         try:
             yield
@@ -85,7 +73,7 @@ class SlackAlerts:
             self._posted_at[channel] = loop.time()
 
     async def _reply(self, where: MessageRef, msg: Mapping[str, Any], **extra: Any) -> bool:
-        """Post ``msg`` in the thread of ``where`` (paced); log a refusal and return False."""
+        """Post ``msg`` in the thread of ``where`` (paced); False (logged) if refused."""
         channel, ts = split_ref(where)
         async with self._paced(channel):
             try:
@@ -119,8 +107,8 @@ class SlackAlerts:
         return posted
 
     async def find(self, token: str, since: datetime) -> Lookup:
-        """Look for the alert carrying ``token`` in the channel's history since ``since``; a
-        digest of this process found there gets its details in its thread."""
+        """Look for the alert carrying ``token``; a digest of this process found in the history
+        gets its details in its thread."""
         lookup = await self.poster.find(self.channel, token, since)
         if lookup.checked or lookup.ref is not None:
             group = self._unsure.pop(token, None)
@@ -140,19 +128,12 @@ class SlackAlerts:
 
     async def direct(self, group: AlertGroup, where: MessageRef | None) -> int:
         """DM each owner of the group's open idle holders who maps to Slack; return DMs sent."""
-        mine: dict[str, list[AlertItem]] = {}
-        for item in group.open:
-            f = item.finding
-            if f is None or f.kind != IDLE_HOLDER or f.owner is None:
-                continue
-            for user in self.people.get(f.owner, ()):
-                mine.setdefault(user, []).append(item)
+        mine = idle_owners(group, self.people)
         sent = 0
         for user, items in mine.items():
-            channel = self._dms.get(user) or await self.api.open_dm(user)
+            channel = await self.api.open_dm(user)
             if channel is None:
                 continue
-            self._dms[user] = channel
             msg = render_idle_dm(
                 items,
                 group.node,
@@ -167,23 +148,12 @@ class SlackAlerts:
         return sent
 
     async def update(self, where: MessageRef, group: AlertGroup) -> None:
-        """Replace an alert message by the group's current state (paced like a post)."""
+        """Replace an alert message by the group's current state (paced)."""
         async with self._paced(split_ref(where)[0]):
             await self.api.update(where, to_slack(render_alert(group)))
 
     async def remind(self, where: MessageRef, group: AlertGroup) -> None:
-        """Post a reminder in the alert's thread, shown in the channel too."""
         await self._reply(where, to_slack(render_reminder(group)), reply_broadcast=True)
-
-
-def idle_subject(node: str, items: Sequence[AlertItem], user: str) -> str:
-    """Return the outbox's name of the idle-holder DM to ``user`` about ``items`` on ``node``:
-    "dm:idle:<node>:<gpu>:<pid>:<start>[,…]:<user>" (a holder is a process and its start)."""
-    held = ",".join(sorted(f"{i.key.gpu}:{i.key.holder}" for i in items))
-    return f"dm:idle:{node}:{held}:{user}"
-
-
-# --- buttons and /gpu sweep --------------------------------------------------------------------
 
 
 def register(bot: GpuBot, service: Snoozer) -> None:
@@ -194,15 +164,8 @@ def register(bot: GpuBot, service: Snoozer) -> None:
         m = SNOOZE_ACTION.match(str(action.get("action_id")))
         if m is None:
             return
-        user = (body.get("user") or {}).get("id", "")
-        bot.spawn(
-            _snooze(bot, service, body, str(action.get("value")), m[1], str(user)), f"snooze {m[1]}"
-        )
+        by = f"slack:{(body.get('user') or {}).get('id', '')}"
+        key, out = str(action.get("value")), bot.surface(body)
+        bot.spawn(snooze(service.snooze, key, m[1], by=by, out=out), f"snooze {m[1]}")
 
     bot.app.action(SNOOZE_ACTION)(on_snooze)
-
-
-async def _snooze(
-    bot: GpuBot, service: Snoozer, body: dict[str, Any], key: str, choice: str, user: str
-) -> None:
-    await snooze(service.snooze, key, choice, by=f"slack:{user}", out=bot.surface(body))

@@ -5,9 +5,7 @@ plain text; a failed ``chat.update`` posts a new message. A post that may have l
 (``maybe_taken``: a 5xx, ``internal_error`` at HTTP 200, a connection lost after sending) is
 neither retried nor sent in a simpler form: a duplicate is worse than a missing line, and what
 must appear once goes through ``slack.poster``, which looks for it by its token first.
-Failures are logged and return None: a Slack outage never stops a reset half-way. Every call
-goes through ``slack_errors``, the one map to ``ChatCallFailed`` / ``ChatUnanswered``.
-A bot's calls share one pool of kept-alive connections (``WebSession``).
+Failures are logged and return None: a Slack outage never stops a reset half-way.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from gpubot.core.alerting import MessageRef
 from gpubot.core.policy import ChatAccount
-from gpubot.errors import ChatCallFailed, ChatUnanswered, GpubotError
+from gpubot.errors import ChatCallFailed, ChatUnanswered, GpubotError, nearest
 from gpubot.slack.blockkit import SlackMessage, forms_with_blocks, simpler_forms, text_form
 from gpubot.slack.ids import ref_of, split_ref
 
@@ -56,7 +54,7 @@ BLOCK_ERRORS = frozenset(
 # What a Web API or response_url call raises, and what it means: Slack's answer (an error code),
 # the client's own refusal, and (slack_sdk lets them through) a timeout or a connection's aiohttp
 # error, after which the call may have applied. The nearest class in the MRO chooses.
-SLACK_ERRORS: dict[type[Exception], type[ChatCallFailed]] = {
+SLACK_ERRORS: dict[type[BaseException], type[ChatCallFailed]] = {
     SlackApiError: ChatCallFailed,
     SlackClientError: ChatCallFailed,
     TimeoutError: ChatUnanswered,
@@ -70,8 +68,7 @@ NOT_HERE = frozenset({"not_in_channel", "channel_not_found", "is_archived", "res
 MAYBE_TAKEN = frozenset({"internal_error", "fatal_error", "service_unavailable"})
 
 
-# Calls that post a message: a 5xx may follow a post Slack took, so resending one blindly can
-# post it twice. A ``response_url`` posts too.
+# A 5xx may follow a post Slack took, so resending one blindly can post it twice.
 POSTING = frozenset({"chat.postMessage", "chat.postEphemeral"})
 
 
@@ -100,8 +97,6 @@ class ConnectionErrorRetry(AsyncConnectionErrorRetryHandler):
 
 
 def retry_handlers() -> list[Any]:
-    """Return the retry policy: connection errors and one 5xx retry (a post: only if nothing
-    was sent), 429 (Retry-After)."""
     return [
         ConnectionErrorRetry(max_retry_count=2),
         AsyncRateLimitErrorRetryHandler(max_retry_count=3),
@@ -124,7 +119,7 @@ class WebSession:
         self._closed = False
 
     def get(self) -> aiohttp.ClientSession | None:
-        """Return the shared session (made now if need be); None after ``close`` or off-loop."""
+        """Return the shared session; None after ``close`` or off-loop."""
         if self._closed:
             return None
         if self._session is None or self._session.closed:
@@ -138,7 +133,6 @@ class WebSession:
         return self._session
 
     async def close(self) -> None:
-        """Close the session and its connections; hand out no other."""
         self._closed = True
         session, self._session = self._session, None
         if session is not None:
@@ -154,8 +148,7 @@ class PooledWebClient(AsyncWebClient):
         super().__init__(**kwargs)
 
     @property
-    def session(self) -> aiohttp.ClientSession | None:
-        """The shared session (slack_sdk reads it on every call)."""
+    def session(self) -> aiohttp.ClientSession | None:  # slack_sdk reads it on every call
         return self.pool.get()
 
     @session.setter
@@ -164,14 +157,14 @@ class PooledWebClient(AsyncWebClient):
             raise ValueError("a PooledWebClient's session is its pool's")
 
 
-def make_client(
-    token: str, base_url: str, *, timeout: int = 10, shared_session: bool = False
-) -> AsyncWebClient:
-    """Return a Web API client for ``base_url`` (which ends with ``/``) with the retry policy.
+TIMEOUT_S = 10  # the Web API client's, per call
 
-    ``shared_session``: every call over one session (``WebSession``), as a bot's client; close
-    it with ``SlackApi.close``. Without it, slack_sdk makes a session per call.
-    """
+
+def make_client(
+    token: str, base_url: str, *, timeout: int = TIMEOUT_S, shared_session: bool = False
+) -> AsyncWebClient:
+    """Return a Web API client for ``base_url`` (which ends with ``/``) with the retry policy;
+    ``shared_session``: every call over one ``WebSession`` (close it with ``SlackApi.close``)."""
     kwargs: dict[str, Any] = dict(
         token=token, base_url=base_url, timeout=timeout, retry_handlers=retry_handlers()
     )
@@ -180,26 +173,16 @@ def make_client(
     return AsyncWebClient(**kwargs)
 
 
-def _error(exc: Exception) -> str:
-    if isinstance(exc, SlackApiError):
-        return str(exc.response.get("error", "unknown_error"))
-    return type(exc).__name__
-
-
 def answered(exc: ChatCallFailed) -> bool:
-    """Whether Slack itself answered the failed call with an error code (``invalid_auth``)."""
+    """Whether Slack itself answered the failed call with an error code."""
     return isinstance(exc.__cause__, SlackApiError)
-
-
-def status_of(exc: BaseException) -> int:
-    """Return the HTTP status of the answer behind a failed call (200 when none is known)."""
-    response = getattr(exc, "response", None) or getattr(exc.__cause__, "response", None)
-    return int(getattr(response, "status_code", 200) or 200)
 
 
 def maybe_taken(exc: ChatCallFailed) -> bool:
     """Whether a failed call may have applied: no answer, a 5xx, or one of ``MAYBE_TAKEN``."""
-    return isinstance(exc, ChatUnanswered) or status_of(exc) >= 500 or exc.error in MAYBE_TAKEN
+    response = getattr(exc, "response", None) or getattr(exc.__cause__, "response", None)
+    status = int(getattr(response, "status_code", 200) or 200)
+    return isinstance(exc, ChatUnanswered) or status >= 500 or exc.error in MAYBE_TAKEN
 
 
 @contextmanager
@@ -210,14 +193,17 @@ def slack_errors(method: str) -> Iterator[None]:
     except GpubotError:
         raise
     except Exception as exc:
-        kind = next((SLACK_ERRORS[k] for k in type(exc).__mro__ if k in SLACK_ERRORS), None)
+        kind = nearest(type(exc), SLACK_ERRORS)
         if kind is None:
             raise
-        raise kind(method, _error(exc)) from exc
+        error = type(exc).__name__
+        if isinstance(exc, SlackApiError):
+            error = str(exc.response.get("error", "unknown_error"))
+        raise kind(method, error) from exc
 
 
 async def call(client: AsyncWebClient, method: str, **kwargs: Any) -> Any:
-    """Call the Web API ``method`` (``chat.postMessage``) with its errors mapped."""
+    """Call the Web API ``method`` (``chat.postMessage``) through ``slack_errors``."""
     with slack_errors(method):
         return await getattr(client, method.replace(".", "_"))(**kwargs)
 
@@ -228,9 +214,9 @@ class SlackApi:
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client
         self.pool = client.pool if isinstance(client, PooledWebClient) else None
+        self._dms: dict[str, str] = {}  # Slack user id → their direct message's channel id
 
     async def close(self) -> None:
-        """Close the shared session of the client's calls, if it has one."""
         if self.pool is not None:
             await self.pool.close()
 
@@ -272,10 +258,8 @@ class SlackApi:
         self, response_url: str, msg: SlackMessage, *, ephemeral: bool = True
     ) -> None:
         """Answer through a command's or action's ``response_url``: as is, without tables, as text.
-
-        A ``response_url`` is a webhook: a refusal is any answer but HTTP 200. It takes only a
-        few answers (Slack's "Handling user interaction" guide), so a message without a table
-        skips the middle step, and text is the last try.
+        A webhook: a refusal is any answer but HTTP 200. It takes only a few answers (Slack's
+        "Handling user interaction" guide), so a message without a table skips the middle step.
         """
         session = self.pool.get() if self.pool is not None else None
         hook = AsyncWebhookClient(
@@ -300,7 +284,6 @@ class SlackApi:
     async def ephemeral(
         self, channel: str | None, user: str, msg: SlackMessage, *, response_url: str | None
     ) -> None:
-        """Show ``msg`` to one user only."""
         if response_url:
             await self.respond(response_url, msg)
             return
@@ -315,11 +298,12 @@ class SlackApi:
                 log.error("chat.postEphemeral failed: %s", exc.error)
 
     async def open_dm(self, user: str) -> str | None:
-        """Open (or find) the direct message with ``user``; return its channel id or None.
-
-        ``conversations.open`` needs the optional ``im:write`` scope: without it, or on any
-        failure, this logs why and returns None (a DM is a courtesy, never a reason to fail).
+        """Return the channel id of the direct message with ``user``; None (logged) without the
+        optional ``im:write`` scope or on any failure: a DM is a courtesy, never a reason to fail.
+        A channel found is remembered: one ``conversations.open`` per person.
         """
+        if user in self._dms:
+            return self._dms[user]
         try:
             resp = await call(self.client, "conversations.open", users=user)
         except ChatCallFailed as exc:
@@ -332,10 +316,10 @@ class SlackApi:
         if not isinstance(found, str) or not found:
             log.warning("conversations.open with %s named no channel", user)
             return None
+        self._dms[user] = found
         return found
 
     async def publish_home(self, user: str, view: Mapping[str, Any]) -> bool:
-        """Publish the Home tab of ``user``."""
         try:
             await call(self.client, "views.publish", user_id=user, view=dict(view))
             return True
@@ -345,11 +329,9 @@ class SlackApi:
 
     async def _send(self, method: str, msg: SlackMessage, **where: Any) -> Any:
         """Call a chat method; if Slack refuses the blocks, retry without tables, then as text.
-
         The simpler forms are made only when needed: a message shared by many requests (one
-        fleet answer) costs each of them one call, not two more renders. A post whose answer
-        says it may have landed (``maybe_taken``) steps down no further: Slack may have it.
-        """
+        fleet answer) costs each of them one call, not two more renders. A post that may have
+        landed (``maybe_taken``) steps down no further."""
         for attempt in forms_with_blocks(msg):
             try:
                 return await call(self.client, method, **where, **attempt)
@@ -361,55 +343,23 @@ class SlackApi:
         return await call(self.client, method, **where, **text_form(msg), blocks=[])
 
 
-class SlackSurface:
-    """Where one command's or click's messages go in Slack."""
-
-    def __init__(
-        self, api: SlackApi, *, channel: str | None, user: str, response_url: str | None
-    ) -> None:
-        self.api = api
-        self.channel = channel
-        self.user = user
-        self.response_url = response_url
-
-    async def reply(self, msg: SlackMessage) -> None:
-        """Answer the person only."""
-        await self.api.ephemeral(self.channel, self.user, msg, response_url=self.response_url)
-
-    async def post(self, msg: SlackMessage, *, channel: str | None = None) -> MessageRef | None:
-        """Post in the conversation of the command (or in ``channel``)."""
-        target = channel or self.channel
-        if target is None:
-            await self.reply(msg)
-            return None
-        url = self.response_url if channel is None else None
-        return await self.api.post(target, msg, response_url=url)
-
-    async def update(self, handle: MessageRef | None, msg: SlackMessage) -> MessageRef | None:
-        """Replace a posted message (post anew if that fails)."""
-        if handle is None:
-            return await self.post(msg)
-        return await self.api.update(handle, msg)
-
-
 class SlackDirectory:
-    """User groups and accounts through the Web API (the approvals service caches them)."""
+    """User groups and accounts (the approvals service caches them)."""
 
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client
 
     async def group_members(self, group_id: str) -> frozenset[str]:
-        """Return the members of a user group (``usergroups.users.list``)."""
         resp = await call(self.client, "usergroups.users.list", usergroup=group_id)
         return frozenset(str(u) for u in resp.get("users") or [])
 
     async def account(self, user_id: str) -> ChatAccount:
-        """Return what ``users.info`` says of a user (the e-mail needs users:read.email)."""
+        """The e-mail needs users:read.email."""
         resp = await call(self.client, "users.info", user=user_id)
         return account_of(user_id, resp.get("user"))
 
     async def home_team(self) -> str | None:
-        """Return the team id of the workspace the bot token belongs to (``auth.test``)."""
+        """Return the team id of the bot token's workspace."""
         resp = await call(self.client, "auth.test")
         team = resp.get("team_id")
         if not isinstance(team, str) or not team:
@@ -418,7 +368,7 @@ class SlackDirectory:
 
 
 def account_of(user_id: str, user: Any) -> ChatAccount:
-    """Build a ``ChatAccount`` from a ``users.info`` user object (missing flags: not set)."""
+    """Build a ``ChatAccount`` from a ``users.info`` user (missing flags: not set)."""
     if not isinstance(user, Mapping) or user.get("id") not in (None, user_id):
         raise GpubotError(f"users.info: no account {user_id} in the answer")
     u: Mapping[str, Any] = user

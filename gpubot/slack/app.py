@@ -9,11 +9,10 @@ backstop for double clicks by people.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -21,7 +20,10 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 
-from gpubot.chat.flows import Flows, error_message, help_message
+from gpubot.chat.background import Background
+from gpubot.chat.drain_view import ACTION_DRAIN_NODE, drain_of
+from gpubot.chat.errors import error_message
+from gpubot.chat.flows import Flows, help_message
 from gpubot.chat.interrupted import ACTION_REVIEW, review
 from gpubot.chat.message import NL, Code, Message, Sentence, note, paragraph
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_DENY, ACTION_RESET_GPU
@@ -29,7 +31,7 @@ from gpubot.chat.surface import MessageRef
 from gpubot.core import commands
 from gpubot.core.policy import Person, resolve
 from gpubot.errors import GpubotError, UsageError
-from gpubot.slack.api import SlackApi, SlackSurface
+from gpubot.slack.api import SlackApi
 from gpubot.slack.blockkit import SlackMessage, context
 from gpubot.slack.ids import ref_of
 from gpubot.slack.mrkdwn import escape
@@ -38,20 +40,21 @@ from gpubot.slack.render import NeutralSurface, to_slack, to_view
 
 log = logging.getLogger(__name__)
 
+# What a button does, given who clicked, where to answer and the action's payload.
+Click = Callable[[Person, NeutralSurface, dict[str, Any]], Awaitable[None]]
+
 
 class Deduper:
-    """Remembers delivery keys for ``ttl_s``; ``seen`` is True for a repeat."""
+    """Remembers delivery keys for 15 minutes (at most 10,000 of them)."""
 
-    def __init__(self, ttl_s: float = 900.0, size: int = 10_000) -> None:
-        self.ttl_s = ttl_s
-        self.size = size
+    def __init__(self) -> None:
         self._keys: OrderedDict[str, float] = OrderedDict()
 
-    def seen(self, key: str, now: float | None = None) -> bool:
+    def seen(self, key: str) -> bool:
         """Record ``key``; return whether it was recorded already (and not expired)."""
-        now = time.monotonic() if now is None else now
+        now = time.monotonic()
         while self._keys and (
-            len(self._keys) >= self.size or next(iter(self._keys.values())) < now - self.ttl_s
+            len(self._keys) >= 10_000 or next(iter(self._keys.values())) < now - 900.0
         ):
             self._keys.popitem(last=False)
         if key in self._keys:
@@ -61,7 +64,6 @@ class Deduper:
 
 
 def delivery_key(body: dict[str, Any]) -> str | None:
-    """Return what identifies one delivery of a request, or None."""
     if body.get("event_id"):
         return f"event:{body['event_id']}"
     if body.get("type") == "block_actions":
@@ -73,7 +75,7 @@ def delivery_key(body: dict[str, Any]) -> str | None:
     return None
 
 
-class GpuBot:
+class GpuBot(Background):
     """The Slack front end over the shared flows."""
 
     def __init__(self, flows: Flows, api: SlackApi, *, signing_secret: str | None) -> None:
@@ -84,7 +86,7 @@ class GpuBot:
         self.client = api.client
         self.flows = flows
         self.dedupe = Deduper()
-        self.tasks: set[asyncio.Task[None]] = set()
+        super().__init__()
         self.app = AsyncApp(
             client=self.client,
             signing_secret=signing_secret or "",
@@ -97,28 +99,9 @@ class GpuBot:
         self.app.action(ACTION_APPROVE)(self._on_decide)
         self.app.action(ACTION_DENY)(self._on_decide)
         self.app.action(ACTION_RESET_GPU)(self._on_reset_button)
+        self.app.action(ACTION_DRAIN_NODE)(self._on_drain_button)
         self.app.action(ACTION_REVIEW)(self._on_review)
         self.app.event("app_home_opened")(self._on_home)
-
-    # -- plumbing ----------------------------------------------------------------------------
-
-    def spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
-        """Run ``coro`` in the background, tracked, its failure logged."""
-
-        async def guarded() -> None:
-            try:
-                await coro
-            except Exception:
-                log.exception("%s failed", what)
-
-        task = asyncio.create_task(guarded(), name=what)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def drain(self) -> None:
-        """Wait until every background task has finished."""
-        while self.tasks:
-            await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
     async def _dedupe(
         self, body: dict[str, Any], request: Any, next: Callable[[], Awaitable[None]]
@@ -132,7 +115,7 @@ class GpuBot:
         return None
 
     async def identify(self, user_id: str, name: str) -> Person:
-        """Return who a Slack user is on the boxes, or why they are refused."""
+        """Return who a Slack user is on the boxes, or why they are refused (``refused``)."""
         if self.services.approvals is not None:
             return await self.services.approvals.identify(user_id, name)
         found = resolve(self.services.policy, user_id, None, None)  # no store: resets refused
@@ -147,17 +130,28 @@ class GpuBot:
             await out.reply(error_message(exc))
             return None
 
+    def on_click(self, action_id: str, what: str, act: Click) -> None:
+        """Handle the button ``action_id``: acknowledge, then run ``act`` in the background as
+        whoever clicked (``clicker``)."""
+
+        async def clicked(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+            await ack()
+            self.spawn(self._as_clicker(act, body, action), what)
+
+        self.app.action(action_id)(clicked)
+
+    async def _as_clicker(self, act: Click, body: dict[str, Any], action: dict[str, Any]) -> None:
+        out = self.surface(body)
+        who = await self.clicker(body, out)
+        if who is not None:
+            await act(who, out, action)
+
     def surface(self, body: dict[str, Any]) -> NeutralSurface:
-        """Return where answers to ``body`` go."""
         channel = body.get("channel_id") or (body.get("channel") or {}).get("id")
         user = body.get("user_id") or (body.get("user") or {}).get("id", "")
         return NeutralSurface(
-            SlackSurface(
-                self.api, channel=channel, user=user, response_url=body.get("response_url")
-            )
+            self.api, channel=channel, user=user, response_url=body.get("response_url")
         )
-
-    # -- handlers ------------------------------------------------------------------------------
 
     async def _on_command(self, ack: Any, body: dict[str, Any]) -> None:
         text = str(body.get("text") or "")
@@ -171,11 +165,18 @@ class GpuBot:
             await ack(**_ephemeral(help_message(commands.help_text(cmd.topic))))
             return
         await ack()
-        self.spawn(self._command(cmd, body, f"/gpu {text.strip()}"), f"/gpu {text[:40]}")
+        user = {"id": body.get("user_id"), "username": body.get("user_name")}
+        self.spawn(self._command(cmd, body, user, f"/gpu {text.strip()}"), f"/gpu {text[:40]}")
 
-    async def _command(self, cmd: commands.Command, body: dict[str, Any], text: str) -> None:
-        who = await self.identify(str(body.get("user_id")), str(body.get("user_name") or ""))
+    async def _command(
+        self, cmd: commands.Command, body: dict[str, Any], user: dict[str, Any], text: str
+    ) -> None:
+        who = await self._user(user)
         await self.flows.run(cmd, who, self.surface(body), text=text)
+
+    async def _user(self, user: dict[str, Any]) -> Person:
+        """Return who the ``user`` of a request is (``identify``)."""
+        return await self.identify(str(user.get("id")), str(user.get("username") or ""))
 
     async def _on_decide(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
@@ -185,22 +186,14 @@ class GpuBot:
             log.warning("a decision with a bad value %r", action.get("value"))
             return
         approve = action.get("action_id") == ACTION_APPROVE
+        self.spawn(self._decide(approval_id, approve, body), f"decide {approval_id}")
+
+    async def _decide(self, approval_id: int, approve: bool, body: dict[str, Any]) -> None:
         container = body.get("container") or {}
         handle: MessageRef | None = None
         if container.get("channel_id") and container.get("message_ts"):
             handle = ref_of(str(container["channel_id"]), str(container["message_ts"]))
-        user = body.get("user") or {}
-        self.spawn(self._decide(approval_id, approve, body, handle, user), f"decide {approval_id}")
-
-    async def _decide(
-        self,
-        approval_id: int,
-        approve: bool,
-        body: dict[str, Any],
-        handle: MessageRef | None,
-        user: dict[str, Any],
-    ) -> None:
-        who = await self.identify(str(user.get("id")), str(user.get("username") or ""))
+        who = await self._user(body.get("user") or {})
         await self.flows.decide(approval_id, approve, who, self.surface(body), handle=handle)
 
     async def _on_reset_button(
@@ -215,18 +208,24 @@ class GpuBot:
         except UsageError as exc:
             self.spawn(out.reply(error_message(exc)), "reset button")
             return
-        self.spawn(
-            self._command(
-                cmd,
-                {
-                    **body,
-                    "user_id": (body.get("user") or {}).get("id"),
-                    "user_name": (body.get("user") or {}).get("username"),
-                },
-                f"/gpu reset {node} gpu {gpu} (alert button)",
-            ),
-            "reset button",
-        )
+        text = f"/gpu reset {node} gpu {gpu} (alert button)"
+        self.spawn(self._command(cmd, body, body.get("user") or {}, text), "reset button")
+
+    async def _on_drain_button(
+        self, ack: Any, body: dict[str, Any], action: dict[str, Any]
+    ) -> None:
+        """A finding's Drain button: ``/gpu drain NODE because SUMMARY`` by the presser."""
+        await ack()
+        out = self.surface(body)
+        try:
+            cmd = drain_of(str(action.get("value") or ""))
+            self.flows.check(cmd)
+        except UsageError as exc:
+            self.spawn(out.reply(error_message(exc)), "drain button")
+            return
+        because = f" because {cmd.reason}" if cmd.reason else ""
+        text = f"/gpu drain {cmd.node}{because} (alert button)"
+        self.spawn(self._command(cmd, body, body.get("user") or {}, text), "drain button")
 
     async def _on_home(self, event: dict[str, Any]) -> None:
         if event.get("tab", "home") != "home":
@@ -242,29 +241,18 @@ class GpuBot:
 
     async def _on_review(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
-        user = body.get("user") or {}
-        self.spawn(self._review(user, str(action.get("value"))), "review")
+        self.spawn(self._review(body.get("user") or {}, str(action.get("value"))), "review")
 
     async def _review(self, user: dict[str, Any], value: str) -> None:
-        who = await self.identify(str(user.get("id")), str(user.get("username") or ""))
+        who = await self._user(user)
         done = await review(
             self.services.audit, self.services.approvals, who, value, source=self.flows.source
         )
         log.info("Home tab review by %s: %s", who.id, done)
         await self._home(who.id, done)
 
-    async def post_alert(self, channel: str | None, msg: Message) -> MessageRef | None:
-        """Post a notice or an alert (e.g. ``chat.alerts.render_alert_group``) to ``channel``."""
-        target = channel or self.services.policy.channel
-        if target is None:
-            log.warning("no [slack] channel configured: not posted: %s", to_slack(msg)["text"])
-            return None
-        return await self.api.post(target, to_slack(msg))
-
-    # -- HTTP ----------------------------------------------------------------------------------
-
     def web_app(self, path: str = "/slack/events") -> web.Application:
-        """Return the aiohttp application serving Slack's requests at ``path``."""
+        """Return the aiohttp application serving Slack's requests at ``path`` (and health)."""
 
         async def handle(request: web.Request) -> web.Response:
             bolt_resp = await self.app.async_dispatch(await to_bolt_request(request))

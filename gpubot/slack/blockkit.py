@@ -6,9 +6,7 @@ elements, one ``table`` block a message with at most 100 rows of at most 20 cell
 view (``limit_problems(..., view=True)``); confirmation dialogs are plain_text.
 
 ``message_text`` turns a Block Kit message back into plain text: only for the last of Slack's
-fallbacks (``text_only``), when Slack refuses a message's blocks; ``simpler_forms`` yields a
-message's forms in the order they are tried (as is, without tables, as text). The console
-renders the neutral message itself (``gpubot.console.text_render``).
+fallbacks, when Slack refuses a message's blocks (``simpler_forms``).
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ MAX_CONFIRM = {"title": 100, "text": 300, "confirm": 30, "deny": 30}
 
 
 def header(text: str) -> Block:
-    """Return a header block (plain text, clipped to 150)."""
     return {
         "type": "header",
         "text": {"type": "plain_text", "text": clip(one_line(text), MAX_HEADER)},
@@ -54,12 +51,11 @@ def header(text: str) -> Block:
 
 
 def section(mrkdwn: str) -> Block:
-    """Return a section block (clipped to 3000)."""
     return {"type": "section", "text": {"type": "mrkdwn", "text": clip(mrkdwn, MAX_TEXT)}}
 
 
 def context(*parts: str) -> Block:
-    """Return a context block of up to 10 mrkdwn parts."""
+    """Return a context block of up to 10 mrkdwn parts (one blank part if none)."""
     elements = [{"type": "mrkdwn", "text": clip(p, MAX_TEXT)} for p in parts if p]
     return {
         "type": "context",
@@ -68,7 +64,7 @@ def context(*parts: str) -> Block:
 
 
 def pre(lines: Iterable[str]) -> str:
-    """Return lines as a preformatted mrkdwn text (already escaped lines)."""
+    """Return already escaped lines as a preformatted mrkdwn text."""
     return "```\n" + "\n".join(lines) + "\n```"
 
 
@@ -90,13 +86,9 @@ def table(
 def confirm_dialog(
     title: str, text: str, *, confirm: str, deny: str, style: str | None = None
 ) -> dict[str, Any]:
-    """Return a confirmation dialog object: every part ``plain_text`` and clipped to its limit.
-
-    Slack's reference gives ``title``, ``text``, ``confirm`` and ``deny`` as plain_text text
-    objects (https://api.slack.com/reference/block-kit/composition-objects#confirm), so the
-    text is raw, never mrkdwn: nothing in it is parsed (no mention, no link), and it is not
-    HTML-escaped (a plain_text ``&amp;`` would show as such).
-    """
+    """Return a confirmation dialog object: every part ``plain_text`` (``MAX_CONFIRM``), so
+    raw, never mrkdwn: nothing in it is parsed (no mention, no link), and it is not
+    HTML-escaped (a plain_text ``&amp;`` would show as such)."""
     parts = {"title": title, "text": text, "confirm": confirm, "deny": deny}
     dialog: dict[str, Any] = {
         k: {"type": "plain_text", "text": clip(one_line(v), MAX_CONFIRM[k]) or "–"}
@@ -105,9 +97,6 @@ def confirm_dialog(
     if style is not None:
         dialog["style"] = style
     return dialog
-
-
-# --- limits and plain text -------------------------------------------------------------------
 
 
 def nested(obj: Any) -> Iterable[Mapping[str, Any]]:
@@ -137,9 +126,7 @@ def confirm_problems(blocks: Any) -> list[str]:
     return problems
 
 
-def limit_problems(
-    message: Mapping[str, Any], *, max_blocks: int | None = None, view: bool = False
-) -> list[str]:
+def limit_problems(message: Mapping[str, Any], *, view: bool = False) -> list[str]:
     """Return every way ``message`` (or, ``view``, a Home tab view) breaks a Slack limit.
 
     A view holds up to 100 blocks and no ``table`` block at all, nested or not: Slack renders
@@ -148,8 +135,7 @@ def limit_problems(
     """
     problems: list[str] = []
     blocks = message.get("blocks") or []
-    if max_blocks is None:
-        max_blocks = MAX_VIEW_BLOCKS if view else MAX_BLOCKS
+    max_blocks = MAX_VIEW_BLOCKS if view else MAX_BLOCKS
     if view and any(o.get("type") == "table" for o in nested(blocks)):
         problems.append("a table block in a view (tables render in messages only)")
     problems.extend(confirm_problems(blocks))
@@ -202,13 +188,9 @@ _BOLD = re.compile(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])")
 
 
 def _plain(mrkdwn: str) -> str:
-    """Turn mrkdwn into plain text (for the console and text fallbacks)."""
-    out = []
-    for i, part in enumerate(mrkdwn.split("```")):
-        if i % 2:  # inside a preformatted block
-            out.append(part.strip("\n"))
-            continue
-        out.append(_unformat(part))
+    """Turn mrkdwn into plain text (for the text fallbacks)."""
+    parts = mrkdwn.split("```")  # odd parts: inside a preformatted block
+    out = [p.strip("\n") if i % 2 else _unformat(p) for i, p in enumerate(parts)]
     text = "\n".join(p for p in out if p.strip())
     text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
     return text.translate(_UNDO)  # the look-alikes of ``escape`` back to the real characters
@@ -234,18 +216,14 @@ def message_text(message: Mapping[str, Any]) -> str:
         kind = blk.get("type")
         if kind == "header":
             out.append(f"== {blk['text']['text']} ==")
-        elif kind == "section":
-            if "text" in blk:
-                out.append(_plain(blk["text"]["text"]))
-            out.extend(_plain(f["text"]) for f in blk.get("fields", []))
+        elif kind == "section":  # gpubot's have text, no fields; the last fallback never raises
+            out.append(_plain(blk.get("text", {}).get("text", "")))
         elif kind == "context":
             out.append(" · ".join(_plain(e.get("text", "")) for e in blk["elements"]).strip())
         elif kind == "table":
             out.extend(table_text([[c["text"] for c in r] for r in blk["rows"]]))
         elif kind == "actions":
             out.append("  ".join(f"[{e['text']['text']}]" for e in blk["elements"]))
-        elif kind == "divider":
-            out.append("-" * 40)
     return "\n".join(line for line in out if line.strip())
 
 
@@ -269,11 +247,6 @@ def without_tables(message: Mapping[str, Any]) -> SlackMessage | None:
     return {**message, "blocks": out}
 
 
-def text_only(message: Mapping[str, Any]) -> SlackMessage:
-    """Return a blocks-free copy of ``message`` carrying its content as text."""
-    return {"text": clip(escape_lines(message_text(message)), MAX_FALLBACK)}
-
-
 def forms_with_blocks(msg: SlackMessage) -> Iterator[SlackMessage]:
     """Yield the forms with blocks to try in turn: ``msg``, then without tables (if it has one)."""
     if not msg.get("blocks"):
@@ -288,7 +261,7 @@ def text_form(msg: SlackMessage) -> SlackMessage:
     """Return the last form to try: ``msg``'s content as text (as it is if it has no blocks)."""
     if not msg.get("blocks"):
         return {k: v for k, v in msg.items() if k != "blocks"}
-    return text_only(msg)
+    return {"text": clip(escape_lines(message_text(msg)), MAX_FALLBACK)}
 
 
 def simpler_forms(msg: SlackMessage) -> Iterator[SlackMessage]:

@@ -19,10 +19,8 @@ class SlackDigest:
         self.channel = channel
 
     async def post(self, report: UsageReport, *, token: str) -> Posted:
-        """Post the digest carrying ``token`` in its metadata."""
         msg = render_usage(report, title="Weekly GPU-hours")
         return await self.poster.post(self.channel, msg, token=token)
 
     async def find(self, token: str, since: datetime) -> Lookup:
-        """Look for the digest carrying ``token`` in the channel since ``since``."""
         return await self.poster.find(self.channel, token, since)

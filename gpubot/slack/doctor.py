@@ -15,7 +15,6 @@ from gpubot.slack.doctor_checks import SlackFacts, needed_scopes, slack_checks
 
 
 async def check(token: str, base_url: str, settings: Settings) -> list[Check]:
-    """Return the Slack checks of the settings' token, scopes and channels."""
     policy = settings.policy
     channels = [c for c in (policy.channel, policy.oncall_channel) if c]
     facts = await slack_facts(token, base_url, channels)
@@ -24,7 +23,6 @@ async def check(token: str, base_url: str, settings: Settings) -> list[Check]:
 
 
 async def slack_facts(token: str, base_url: str, channels: Sequence[str]) -> SlackFacts:
-    """Return what Slack says of ``token`` and of the bot's membership of ``channels``."""
     client = make_client(token, base_url, timeout=10)
     try:
         auth = await call(client, "auth.test")

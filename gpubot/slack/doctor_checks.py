@@ -39,7 +39,6 @@ class SlackFacts:
 
 
 def slack_checks(facts: SlackFacts, need: Mapping[str, str]) -> list[Check]:
-    """Check the token, the scopes and that the bot is in the configured channels."""
     area = "slack"
     if facts.error is not None:
         return [

@@ -1,8 +1,8 @@
 """What the bot is waiting on, on demand: ``kill -USR1 <pid>`` logs every asyncio task with its
 stack and every thread's stack.
 
-One handler, set up by ``gpubot.slack.serve.listen`` on the running loop and removed when it
-stops. The dump is one log record (WARNING, logger ``gpubot.slack.dump``) so that it stays together.
+Set up by ``gpubot.slack.serve.listen`` while it runs. The dump is one log record (WARNING,
+logger ``gpubot.slack.dump``) so that it stays together.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import signal
 import sys
 import threading
 import traceback
@@ -24,7 +23,8 @@ def render(loop: asyncio.AbstractEventLoop) -> str:
     tasks = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
     out.write(f"{len(tasks)} asyncio task(s):\n")
     for task in tasks:
-        out.write(f"--- task {task.get_name()!r} ({_state(task)})\n")
+        state = "done" if task.done() else "cancelling" if task.cancelling() else "pending"
+        out.write(f"--- task {task.get_name()!r} ({state})\n")
         task.print_stack(limit=20, file=out)
     names = {t.ident: t.name for t in threading.enumerate()}
     frames = sys._current_frames()
@@ -35,27 +35,11 @@ def render(loop: asyncio.AbstractEventLoop) -> str:
     return out.getvalue()
 
 
-def _state(task: asyncio.Task[object]) -> str:
-    if task.done():
-        return "done"
-    return "cancelling" if task.cancelling() else "pending"
-
-
 def dump(loop: asyncio.AbstractEventLoop) -> None:
-    """Log what ``loop``'s tasks and every thread are waiting on."""
+    """Log what ``loop``'s tasks and every thread are waiting on (on SIGUSR1)."""
     try:
         # Lines of its own after the record's (``extra`` key ``block``: cli/logs.py): a text
         # log's message is one line, and this dump is many.
         log.warning("SIGUSR1: what gpubot is waiting on", extra={"block": render(loop)})
     except Exception:  # a dump must never take the bot down
         log.exception("SIGUSR1: the dump failed")
-
-
-def install(loop: asyncio.AbstractEventLoop) -> None:
-    """Log a dump on every SIGUSR1 (until ``uninstall``)."""
-    loop.add_signal_handler(signal.SIGUSR1, dump, loop)
-
-
-def uninstall(loop: asyncio.AbstractEventLoop) -> None:
-    """Remove the SIGUSR1 handler ``install`` set."""
-    loop.remove_signal_handler(signal.SIGUSR1)

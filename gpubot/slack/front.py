@@ -8,13 +8,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpubot.chat.idle import chat_ids_of
 from gpubot.chat.message import Message, Section, paragraph
 from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.config import Settings
-from gpubot.core.report import Report
+from gpubot.core.ports import Report
 from gpubot.slack.alerts import SlackAlerts
-from gpubot.slack.api import SlackApi, SlackDirectory, SlackSurface, make_client
+from gpubot.slack.api import TIMEOUT_S, SlackApi, SlackDirectory, make_client
 from gpubot.slack.digest import SlackDigest
 from gpubot.slack.heads import HeadPublisher
 from gpubot.slack.ladder import SlackLadder
@@ -30,11 +29,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class SlackAccess:
-    """Where the Slack Web API is and the bot's token (read from the environment by serve)."""
-
+class SlackAccess:  # read from the environment by serve
     bot_token: str
     api_url: str
+    timeout_s: int = TIMEOUT_S
 
 
 class SlackFront:
@@ -43,39 +41,34 @@ class SlackFront:
     name = "slack"
 
     def __init__(self, access: SlackAccess, *, min_update_s: float = MIN_UPDATE_S) -> None:
-        """``min_update_s``: the least time between two progress edits of one message (tests
-        pass a small value)."""
         self.min_update_s = min_update_s
-        self.api = SlackApi(make_client(access.bot_token, access.api_url, shared_session=True))
+        self.api = SlackApi(
+            make_client(
+                access.bot_token, access.api_url, timeout=access.timeout_s, shared_session=True
+            )
+        )
 
     def surface(self) -> NeutralSurface:
-        """Where an expiry updates the request's message."""
-        return NeutralSurface(SlackSurface(self.api, channel=None, user="", response_url=None))
+        return NeutralSurface(self.api, channel=None, user="", response_url=None)
 
     def reporter(self, settings: Settings) -> SlackReporter:
-        """The start-up report, told in the bot's channel."""
         return SlackReporter(self.api, settings.policy.channel)
 
     def directory(self) -> SlackDirectory:
-        """User groups and accounts."""
         return SlackDirectory(self.api.client)
 
     def dm(self, outbox: Outbox[Message]) -> Dm:
-        """Direct messages (``conversations.open``, then ``chat.postMessage``), each once
-        through ``outbox`` (without a database: at most once); one not sent is False."""
-        dms: dict[str, str] = {}
+        """Direct messages, each once through ``outbox`` (without a database: at most once)."""
 
         async def dm(user: str, msg: Message, subject: str) -> bool:
-            channel = dms.get(user) or await self.api.open_dm(user)
+            channel = await self.api.open_dm(user)
             if channel is None:  # not sent: the duty asks again on its next turn
                 return False
-            dms[user] = channel
             return await outbox.send_once(subject, channel, msg)
 
         return dm
 
     def poster(self) -> SlackPoster:
-        """Posts once: approval requests and re-pings, DMs, the ladder's, the audit head."""
         return SlackPoster(self.api)
 
     def alerts(self, settings: Settings, outbox: Outbox[Message]) -> SlackAlerts | None:
@@ -84,12 +77,11 @@ class SlackFront:
         if channel is None:
             log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
             return None
-        people = chat_ids_of(settings.policy.users)
+        people = settings.policy.chat_ids()
         return SlackAlerts(self.api, channel, people=people, outbox=outbox)
 
     def ladder(self, settings: Settings, outbox: Outbox[Message]) -> SlackLadder:
-        """The reclaim ladder's steps, in the alerts' channel and by DM."""
-        people = chat_ids_of(settings.policy.users)
+        people = settings.policy.chat_ids()
         return SlackLadder(self.api, settings.sweep.channel, people, outbox)
 
     def digest(self, settings: Settings) -> SlackDigest | None:
@@ -100,7 +92,6 @@ class SlackFront:
     def heads(
         self, settings: Settings, store: Store, outbox: Outbox[Message]
     ) -> HeadPublisher | None:
-        """The audit head, in the alerts' channel."""
         channel = settings.sweep.channel
         if channel is None:
             log.warning("no [alerts] or [slack] channel: the audit head is not published")
@@ -108,19 +99,17 @@ class SlackFront:
         return HeadPublisher(store, outbox, channel)
 
     async def close(self) -> None:
-        """Close the Web API's session."""
         await self.api.close()
 
 
 class SlackReporter:
-    """Tells a report in the bot's channel (``[slack] channel``): the ``Reporter`` port."""
+    """The ``Reporter`` port: tells a report in ``[slack] channel``."""
 
     def __init__(self, api: SlackApi, channel: str | None) -> None:
         self.api = api
         self.channel = channel
 
     async def report(self, report: Report) -> None:
-        """Post the report's text under its title."""
         msg = Message(report.title, (Section(paragraph(report.text())),))
         if self.channel is None:
             log.warning("no [slack] channel configured: not posted: %s", to_slack(msg)["text"])

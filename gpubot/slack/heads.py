@@ -40,27 +40,24 @@ class HeadPublisher:
     async def publish(self) -> VerifyResult | None:
         """Verify the log (it must still hold the last head posted) and post the verdict."""
         async with self._lock:
-            return await self._publish()
+            try:
+                result = await self.store.verify(published=self.last)
+            except GpubotError as exc:
+                log.error("audit head not published: %s", exc, extra=DUTY_TURN)
+                return None
+            if result.ok and result.head_seq > 0:
+                self.last = (result.head_seq, result.head_hash)
+                log.info("audit head %s posted to %s", result.head, self.channel)
+            elif not result.ok:
+                log.error("%s", result.line())
+            now = datetime.now(UTC)
 
-    async def _publish(self) -> VerifyResult | None:
-        try:
-            result = await self.store.verify(published=self.last)
-        except GpubotError as exc:
-            log.error("audit head not published: %s", exc, extra=DUTY_TURN)
-            return None
-        if result.ok and result.head_seq > 0:
-            self.last = (result.head_seq, result.head_hash)
-            log.info("audit head %s posted to %s", result.head, self.channel)
-        elif not result.ok:
-            log.error("%s", result.line())
-        now = datetime.now(UTC)
+            async def send(token: str, repeat_of: datetime | None) -> Posted:
+                msg = render_head(result, now, repeat_of)  # its own line says it may repeat
+                return await self.outbox.calls(self.channel, msg)[0](token, None)
 
-        async def send(token: str, repeat_of: datetime | None) -> Posted:
-            msg = render_head(result, now, repeat_of)  # its own line says it may repeat
-            return await self.outbox.calls(self.channel, msg)[0](token, None)
-
-        try:
-            await self.outbox.publish(SUBJECT, send, self.outbox.finder(self.channel), now)
-        except GpubotError as exc:  # the outbox cannot be written: nothing was posted
-            log.error("audit head not published: %s", exc, extra=DUTY_TURN)
-        return result
+            try:
+                await self.outbox.publish(SUBJECT, send, self.outbox.finder(self.channel), now)
+            except GpubotError as exc:  # the outbox cannot be written: nothing was posted
+                log.error("audit head not published: %s", exc, extra=DUTY_TURN)
+            return result

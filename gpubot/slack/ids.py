@@ -25,7 +25,7 @@ register(SLACK_IDS)
 
 
 def ref_of(channel: str, ts: str) -> MessageRef:
-    """Return the reference of Slack's message ``ts`` in ``channel`` ("CHANNEL/TS")."""
+    """Return the reference "CHANNEL/TS" of Slack's message ``ts`` in ``channel``."""
     return MessageRef(f"{channel}/{ts}")
 
 

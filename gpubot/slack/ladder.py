@@ -13,16 +13,22 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpubot.chat.ladder import ACTION_KEEP, ACTION_ONCALL_FREE, keep, oncall_free, render_ladder
+from gpubot.chat.ladder import (
+    ACTION_KEEP,
+    ACTION_ONCALL_FREE,
+    LadderTeller,
+    keep,
+    oncall_free,
+)
 from gpubot.chat.message import Message
-from gpubot.core.usage.ladder import Rung, Step
 from gpubot.errors import ChatCallFailed
-from gpubot.services.ladder import LadderNotice
 from gpubot.services.outbox import Outbox
 from gpubot.slack.api import SlackApi, call
 
 if TYPE_CHECKING:
+    from gpubot.core.policy import Person
     from gpubot.slack.app import GpuBot
+    from gpubot.slack.render import NeutralSurface
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +36,8 @@ KEEP_VIEW = "gpubot_ladder_keep_view"  # the modal's callback id
 REASON_BLOCK, REASON_INPUT = "reason", "reason_input"
 
 
-class SlackLadder:
-    """Tells the ladder's steps in Slack (implements ``LadderNotifier``); each message once
-    through ``outbox``."""
+class SlackLadder(LadderTeller):
+    """Tells the ladder's steps in Slack: DMs, and posts in the alerts channel."""
 
     def __init__(
         self,
@@ -41,45 +46,11 @@ class SlackLadder:
         people: Mapping[str, Sequence[str]],
         outbox: Outbox[Message],
     ) -> None:
-        self.api = api
-        self.channel = channel
-        self.people = people
-        self.outbox = outbox
-
-    async def tell(self, notice: LadderNotice) -> bool:
-        """DM the owner (steps 1-2) or post in the alerts channel (3-4); never raises."""
-        owners = tuple(self.people.get(notice.rung.owner, ()))
-        said = render_ladder(notice, owners)
-        try:
-            if notice.step in (Step.DM, Step.REMIND):
-                sent = False
-                for user in owners:
-                    channel = await self.api.open_dm(user)
-                    if channel is not None:
-                        subject = ladder_subject(notice.rung, notice.step, user)
-                        sent = await self.outbox.send(subject, channel, said) is not None or sent
-                if not owners:
-                    log.info("reclaim ladder: %s maps to no Slack user", notice.rung.owner)
-                return sent
-            if self.channel is None:
-                log.warning("reclaim ladder: no alerts channel for step %d", int(notice.step))
-                return False
-            subject = ladder_subject(notice.rung, notice.step, self.channel, "post")
-            return await self.outbox.send(subject, self.channel, said) is not None
-        except Exception:  # a step is told at most once; its record stands
-            log.exception("reclaim ladder: step %d not told", int(notice.step))
-            return False
-
-
-def ladder_subject(rung: Rung, step: Step, to: str, kind: str = "dm") -> str:
-    """Return the outbox's name of one ladder message: "dm:ladder:<finding>:<start>:<step>:<to>"
-    (the finding's key names the holder: node, GPU, pid and its start; ``to``: the Slack user
-    of a DM, or with ``kind`` "post" the channel of a post)."""
-    return f"{kind}:ladder:{rung.finding}:{rung.started_at}:{int(step)}:{to}"
+        super().__init__(api.open_dm, channel, people, outbox, "Slack")
 
 
 def keep_view(key: str, where: str) -> dict[str, Any]:
-    """Return the modal asking why the GPU is kept."""
+    """Return the modal asking why the GPU ``where`` is kept."""
     return {
         "type": "modal",
         "callback_id": KEEP_VIEW,
@@ -115,13 +86,13 @@ def register(bot: GpuBot) -> None:
         reason = str((state.get(REASON_INPUT) or {}).get("value") or "")
         bot.spawn(_keep(bot, body, str(view.get("private_metadata")), reason), "keep reason")
 
-    async def on_free(ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
-        await ack()
-        bot.spawn(_free(bot, body, str(action.get("value"))), "on-call free it")
+    async def free(who: Person, out: NeutralSurface, action: dict[str, Any]) -> None:
+        if bot.services.ladder is not None:
+            await oncall_free(bot.flows, bot.services.ladder, str(action.get("value")), who, out)
 
     bot.app.action(ACTION_KEEP)(on_keep)
     bot.app.view(KEEP_VIEW)(on_keep_view)
-    bot.app.action(ACTION_ONCALL_FREE)(on_free)
+    bot.on_click(ACTION_ONCALL_FREE, "on-call free it", free)
 
 
 async def _open_keep(bot: GpuBot, body: dict[str, Any], key: str) -> None:
@@ -146,11 +117,3 @@ async def _keep(bot: GpuBot, body: dict[str, Any], key: str, reason: str) -> Non
     who = await bot.clicker(body, out)
     if who is not None and ladder is not None:
         await keep(ladder, key, reason, who, out, source="slack")
-
-
-async def _free(bot: GpuBot, body: dict[str, Any], key: str) -> None:
-    ladder = bot.services.ladder
-    out = bot.surface(body)
-    who = await bot.clicker(body, out)
-    if who is not None and ladder is not None:
-        await oncall_free(bot.flows, ladder, key, who, out)

@@ -45,11 +45,6 @@ def escape_lines(text: str) -> str:
     return "\n".join(escape(line) for line in text.split("\n"))
 
 
-def mrkdwn_lines(text: str) -> str:
-    """Return ``mrkdwn`` of each line of ``text`` (lines stay lines: for text gpubot wrote)."""
-    return "\n".join(mrkdwn(line) for line in text.split("\n"))
-
-
 def code_safe(text: str) -> str:
     """Return text as one line for a code span or a preformatted block (no back-tick in it)."""
     return one_line(text).translate(_CODE)
@@ -63,12 +58,9 @@ def code(text: str) -> str:
 
 def mrkdwn(text: str) -> str:
     """Return a core sentence as one line of mrkdwn: each literal core marked
-    (``core.text.code``) a code span, every other part plain text (``escape``).
-
-    Each part is escaped for where it lands, so nothing formats whoever wrote the back-ticks: a
-    stray back-tick of a name core did not mark at worst moves text into or out of a span. A
-    newline (of a name core did not mark) is ``\\x0a``, as in ``escape``.
-    """
+    (``core.text.code``) a code span, every other part plain text (``escape``). Each part is
+    escaped for where it lands: a stray back-tick of a name core did not mark at worst moves
+    text into or out of a span, and formats nothing."""
     parts = one_line(text).split(TICK)
     if len(parts) % 2 == 0:  # an unmatched back-tick is text, not the start of a span
         parts[-2:] = [parts[-2] + TICK + parts[-1]]

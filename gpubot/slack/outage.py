@@ -35,7 +35,7 @@ class NotForOperators(logging.Filter):
 
 
 def quiet_unreachable(logger: logging.Logger) -> logging.Logger:
-    """Return ``logger`` with ``OneLineUnreachable`` and ``NotForOperators`` on it (once)."""
+    """Return ``logger`` with both filters on it (once)."""
     for kind in (OneLineUnreachable, NotForOperators):
         if not any(isinstance(f, kind) for f in logger.filters):
             logger.addFilter(kind())

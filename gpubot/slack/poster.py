@@ -1,19 +1,12 @@
 """Slack's side of the outbox: a token in the message metadata, found again in the history.
 
-``post_once`` posts with ``metadata`` (Slack's ``event_type`` / ``event_payload``, unseen by
-people) and says how the post ended: ``posted``, ``refused`` (Slack answered no: nothing is in
-the channel) or ``uncertain`` (a timeout, a dropped connection, a 5xx: it may be there). The
-bot's client never retries a post that may have been taken (``slack.api.retry_handlers``): only
-a 429, which Slack documents as not taken, or a connection never made.
-``internal_error`` (and ``fatal_error``, ``service_unavailable``) at HTTP 200 may follow a post
-Slack took, as its documentation of ``chat.postMessage`` says: before a simpler form is sent,
-the history is searched for the token.
-
-``find_post`` pages through ``conversations.history`` (``include_all_metadata``, from a moment
-on) for the token. It needs the ``channels:history`` scope (``groups:history`` for a private
-channel; ``im:history`` for a DM); without it, or on any error, it says the history could not
-be checked. A post to a message's reference goes to its thread, also shown in the channel, so
-the history holds it. ``SlackPoster`` is the outbox's ``Poster`` on these.
+``post_once`` posts with ``metadata`` (unseen by people) and says how the post ended:
+``posted``, ``refused`` (nothing is in the channel) or ``uncertain`` (a timeout, a dropped
+connection, a 5xx: it may be there; the client never retries those: ``slack.api``).
+``find_post`` pages through ``conversations.history`` for the token; without the
+``channels:history`` scope (``groups:history``, ``im:history``), or on any error, it says the
+history could not be checked. A post to a message's reference goes to its thread, also shown
+in the channel, so the history holds it.
 """
 
 from __future__ import annotations
@@ -44,13 +37,10 @@ SLACK_SKEW_S = 60.0  # the history is searched from this long before the post's 
 
 
 async def post_once(api: SlackApi, to: str, msg: SlackMessage, *, token: str) -> Posted:
-    """Post ``msg`` to ``to`` (a channel, or a message's thread) carrying ``token`` in its
-    metadata; say whether Slack has it.
-
-    Like ``SlackApi._send``, blocks Slack refuses step down to simpler forms, but only on an
-    answer of HTTP 200 that took nothing: after a 5xx it may be there, so nothing follows; after
-    an answer that may follow a post it took (``MAYBE_TAKEN``) the history is searched first.
-    """
+    """Post ``msg`` to ``to`` (a channel, or a message's thread) carrying ``token``; say whether
+    Slack has it. Refused blocks step down to simpler forms only on an answer of HTTP 200 that
+    took nothing: after a 5xx nothing follows; after ``MAYBE_TAKEN`` (which Slack documents may
+    follow a post it took) the history is searched first."""
     channel, thread = split_ref(to)
     meta = {"event_type": EVENT, "event_payload": {"token": token}}
     where: dict[str, Any] = {"channel": channel, "metadata": meta}
@@ -96,8 +86,7 @@ async def _maybe_taken(
 
 
 async def find_post(client: AsyncWebClient, to: str, token: str, since: datetime) -> Lookup:
-    """Look for the message carrying ``token`` in the history of ``to``'s channel since
-    ``since``."""
+    """Look for the message carrying ``token`` in ``to``'s channel since ``since``."""
     channel, _ = split_ref(to)
     oldest = f"{max(0.0, since.timestamp() - SLACK_SKEW_S):.6f}"
     cursor: str | None = None
@@ -148,15 +137,11 @@ class SlackPoster:
     async def post(
         self, to: str, msg: Message, *, token: str, repeat_of: datetime | None = None
     ) -> Posted:
-        """Post ``msg`` to ``to`` carrying ``token`` (saying it may repeat the post of
-        ``repeat_of``)."""
         shown = msg if repeat_of is None else may_repeat(msg, repeat_of)
         return await post_once(self.api, to, to_slack(shown), token=token)
 
     async def find(self, to: str, token: str, since: datetime) -> Lookup:
-        """Look for the post carrying ``token`` in ``to``'s channel since ``since``."""
         return await find_post(self.api.client, to, token, since)
 
     async def direct(self, user: str) -> str | None:
-        """Open the direct message with ``user`` (None without ``im:write``, or on failure)."""
         return await self.api.open_dm(user)

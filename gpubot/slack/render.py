@@ -1,15 +1,14 @@
 """Neutral messages (``gpubot.chat.message``) as Block Kit: the one place chat text meets mrkdwn.
 
 Plain text is escaped here (``slack.mrkdwn``), people become mentions, dates Slack's date tokens,
-actions buttons. ``to_slack`` gives a message's ``{"text", "blocks"}``, ``to_view`` a page's Home
-tab view.
+actions buttons.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpubot.chat.layout import MAX_FALLBACK, MAX_TEXT, clip
+from gpubot.chat.layout import MAX_FALLBACK, clip
 from gpubot.chat.message import (
     Action,
     Actions,
@@ -47,11 +46,12 @@ from gpubot.slack.blockkit import (
 from gpubot.slack.ids import split_ref
 from gpubot.slack.mrkdwn import clip_mrkdwn, code, code_safe, date, escape, mrkdwn, time_of_day
 
-__all__ = ["SlackMessage", "button", "span_mrkdwn", "text_mrkdwn", "to_blocks", "to_slack"]
+if TYPE_CHECKING:
+    from gpubot.core.alerting import MessageRef
+    from gpubot.slack.api import SlackApi
 
 
 def span_mrkdwn(s: Span) -> str:
-    """Return one span as mrkdwn."""
     if isinstance(s, str):
         return escape(s)
     if isinstance(s, Break):
@@ -78,12 +78,10 @@ def span_mrkdwn(s: Span) -> str:
 
 
 def text_mrkdwn(text: Text) -> str:
-    """Return text as mrkdwn."""
     return "".join(span_mrkdwn(s) for s in text)
 
 
 def button(a: Action) -> dict[str, Any]:
-    """Return an action as a Block Kit button."""
     out: dict[str, Any] = {"type": "button", "action_id": a.id, "value": a.value}
     if a.style is not None:
         out["style"] = str(a.style)
@@ -98,7 +96,6 @@ def button(a: Action) -> dict[str, Any]:
 
 
 def to_block(p: Part) -> Block:
-    """Return one part as a block."""
     if isinstance(p, Heading):
         return header(p.text)
     if isinstance(p, Section):
@@ -135,7 +132,6 @@ def fallback(msg: Message) -> str:
 
 
 def to_slack(msg: Message) -> SlackMessage:
-    """Return a message as Slack's ``{"text", "blocks"}``."""
     return {"text": fallback(msg), "blocks": to_blocks(msg)}
 
 
@@ -144,25 +140,31 @@ def to_view(msg: Message) -> SlackMessage:
     return {"type": "home", "blocks": to_blocks(msg)}
 
 
-def section_text(text: Text) -> str:
-    """Return text as a section's mrkdwn, clipped to Slack's limit."""
-    return clip(text_mrkdwn(text), MAX_TEXT)
-
-
 class NeutralSurface:
-    """A ``chat.surface.Surface`` over a Slack one: each neutral message rendered on its way."""
+    """A ``chat.surface.Surface`` in Slack: where one command's or click's messages go, each
+    neutral message rendered on its way."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(
+        self, api: SlackApi, *, channel: str | None, user: str, response_url: str | None
+    ) -> None:
+        self.api = api
+        self.channel = channel
+        self.user = user
+        self.response_url = response_url
 
     async def reply(self, msg: Message) -> None:
-        """Answer only the person who asked (ephemeral)."""
-        await self.inner.reply(to_slack(msg))
+        slack = to_slack(msg)
+        await self.api.ephemeral(self.channel, self.user, slack, response_url=self.response_url)
 
-    async def post(self, msg: Message, *, channel: str | None = None) -> Any:
-        """Post a message where the person asked (or in ``channel``); None if it failed."""
-        return await self.inner.post(to_slack(msg), channel=channel)
+    async def post(self, msg: Message, *, channel: str | None = None) -> MessageRef | None:
+        target = channel or self.channel
+        if target is None:
+            await self.reply(msg)
+            return None
+        url = self.response_url if channel is None else None
+        return await self.api.post(target, to_slack(msg), response_url=url)
 
-    async def update(self, handle: Any, msg: Message) -> Any:
-        """Replace a message (or post anew if that fails); return where it now is."""
-        return await self.inner.update(handle, to_slack(msg))
+    async def update(self, handle: MessageRef | None, msg: Message) -> MessageRef | None:
+        if handle is None:
+            return await self.post(msg)
+        return await self.api.update(handle, to_slack(msg))

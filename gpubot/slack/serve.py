@@ -1,9 +1,8 @@
 """The Slack front end at run time: the bolt app over HTTP or Socket Mode, until stopped.
 
 ``gpubot.cli.serve`` builds the app on ``slack.front.SlackFront`` and runs its lifecycle
-(``App.running``: the start-up report, the duties, the metrics); this module only puts the bolt
-handlers on the narrow parts it is given (``SlackParts``: ``build_bot``), checks the token and
-listens for Slack until SIGTERM or SIGINT (``listen``).
+(``App.running``); this module only puts the bolt handlers on the narrow parts it is given
+(``build_bot``), checks the token and listens for Slack until SIGTERM or SIGINT (``listen``).
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ class SlackParts:
 
 
 def build_bot(parts: SlackParts, signing_secret: str | None) -> GpuBot:
-    """Put the Slack front end on ``parts``: the bolt handlers of every family.
-    ``signing_secret`` None: Socket Mode."""
+    """Put the bolt handlers of every family on ``parts``; ``signing_secret`` None: Socket Mode."""
     bot = GpuBot(parts.flows, parts.api, signing_secret=signing_secret)
     alerts.register(bot, parts.snoozer)
     idle_dm.register(bot)
@@ -61,10 +59,8 @@ def build_bot(parts: SlackParts, signing_secret: str | None) -> GpuBot:
 
 
 async def start_http(bot: GpuBot, host: str, port: int, path: str) -> web.AppRunner:
-    """Serve Slack's requests at ``http://host:port/path``; return the runner to clean up.
-
-    A port that cannot be bound (in use, not allowed, an address not on this host) is a
-    ``ConfigError``: one line naming the port and the flag to change, never a traceback.
+    """Serve Slack's requests at ``http://host:port/path``; return the runner to clean up. A
+    port that cannot be bound is a ``ConfigError``: one line naming the flag, never a traceback.
     """
     runner = web.AppRunner(bot.web_app(path), access_log=None)
     await runner.setup()
@@ -85,7 +81,7 @@ async def listen(bot: GpuBot, listener: Listener) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    dump.install(loop)  # kill -USR1: log what every task and thread is waiting on
+    loop.add_signal_handler(signal.SIGUSR1, dump.dump, loop)  # what every task waits on
     try:
         if listener.http:
             runner = await start_http(bot, listener.host, listener.port, listener.path)
@@ -103,8 +99,7 @@ async def listen(bot: GpuBot, listener: Listener) -> None:
             await handler.close_async()
         await bot.drain()
     finally:
-        dump.uninstall(loop)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
 
 

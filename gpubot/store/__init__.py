@@ -22,6 +22,7 @@ from gpubot.errors import StoreError
 from gpubot.store import audit, version
 from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import DbApprovals
+from gpubot.store.audit_list import summaries_query
 from gpubot.store.claims import DbClaims
 from gpubot.store.engine import (
     MEMORY,
@@ -42,15 +43,10 @@ from gpubot.store.headfile import FileHead, HeadFile, HeadFileError
 from gpubot.store.health import DbEcc
 from gpubot.store.ladder import DbLadder
 from gpubot.store.leases import check_fence
+from gpubot.store.maint import DbMaint
 from gpubot.store.outbox import DbOutbox
 from gpubot.store.query_records import query_payload
-from gpubot.store.records import (
-    ActionDetail,
-    ActionSummary,
-    Approval,
-    AuditRecord,
-    VerifyResult,
-)
+from gpubot.store.records import ActionDetail, ActionSummary, Approval, AuditRecord, VerifyResult
 from gpubot.store.samples import DbSamples
 from gpubot.store.seals import SealRule
 from gpubot.store.usage import DbUsage
@@ -64,11 +60,7 @@ __all__ = [
     "ActionSummary",
     "Approval",
     "AuditRecord",
-    "DbAlerts",
-    "DbApprovals",
-    "DbSamples",
     "SealRule",
-    "SealWritten",
     "Store",
     "VerifyResult",
     "open_store",
@@ -130,7 +122,7 @@ class Store(Part):
         super().__init__(self.engine)
         self.url = url if is_memory(url) else parse_url(url).render_as_string(hide_password=True)
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)  # record times
-        self._last: tuple[int, str] | None = None  # the last record this store wrote
+        self.last_written: tuple[int, str] | None = None  # (seq, hash): the last record it wrote
         self._last_lock = threading.Lock()
         self._running: set[int] = set()  # actions begun here whose outcome is not yet written
         self.approvals = DbApprovals(self.engine)
@@ -141,6 +133,7 @@ class Store(Part):
         self.usage = DbUsage(self.engine)  # GPU-hours
         self.ladder = DbLadder(self.engine)  # the reclaim ladder
         self.claims = DbClaims(self.engine)  # GPU claims and the queue
+        self.maint = DbMaint(self.engine)  # maintenance windows
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -171,7 +164,6 @@ class Store(Part):
     async def record_event(
         self, action_id: int, event: Mapping[str, Any], *, fence: Fence | None = None
     ) -> None:
-        """Append one step of an action (signal sent, process exited, GPU outcome ...)."""
         await in_thread(self._follow, action_id, "event", dict(event), fence)
 
     async def finish_action(
@@ -214,7 +206,6 @@ class Store(Part):
         seconds: float,
         changed: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        """Append a brief record of a read-only query (status, sweep)."""
         payload = query_payload(kind, nodes, failed, seconds, changed)
         node = nodes[0] if len(nodes) == 1 else None
         await self._query((actor, source, node), payload)
@@ -245,16 +236,11 @@ class Store(Part):
 
     # -- seals and the head outside the database ---------------------------------------------
 
-    @property
-    def last_written(self) -> tuple[int, str] | None:
-        """Return (seq, hash) of the last audit record this store wrote (None: none yet)."""
-        return self._last
-
     def _appended(self, seq: int, digest: str, at: str) -> None:
         """After each committed append: remember it, and write it to the head file."""
         with self._last_lock:
-            if self._last is None or seq > self._last[0]:
-                self._last = (seq, digest)
+            if self.last_written is None or seq > self.last_written[0]:
+                self.last_written = (seq, digest)
         if self.head_file is not None:
             self.head_file.record(seq, digest, at, self._holds)
 
@@ -267,7 +253,7 @@ class Store(Part):
         return await in_thread(self._seal, reason, every_s, after)
 
     def _seal(self, reason: str, every_s: float, after: int | None) -> SealWritten:
-        prev = self._last
+        prev = self.last_written
         with guard("cannot write the audit seal"), write_tx(self.engine) as c:
             now = self.clock()
             rec, held = audit.seal(
@@ -277,19 +263,18 @@ class Store(Part):
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def incomplete_actions(self) -> list[ActionSummary]:
+    @reads(READ)
+    def incomplete_actions(
+        self, c: Connection, nodes: Sequence[str] | None = None
+    ) -> list[ActionSummary]:
         """Return unreviewed actions with an intent but no outcome, newest first."""
-        return await self._interrupted(None)
+        return audit.interrupted(c, nodes)
 
     async def interrupted(self, nodes: Sequence[str] | None = None) -> list[ActionSummary]:
-        """Return the unfinished, unreviewed actions, newest first, but this process's running
-        ones; another process's running action is listed (nothing tells it from a dead one)."""
-        found = await self._interrupted(nodes)
+        """``incomplete_actions`` but this process's running ones; another process's running
+        action is listed (nothing tells it from a dead one)."""
+        found = await self.incomplete_actions(nodes)
         return [a for a in found if a.id not in self._running]
-
-    @reads(READ)
-    def _interrupted(self, c: Connection, nodes: Sequence[str] | None) -> list[ActionSummary]:
-        return audit.interrupted(c, nodes)
 
     async def review_action(
         self, action_id: int, *, actor: str, source: str, note: str = ""
@@ -313,7 +298,7 @@ class Store(Part):
         limit: int = 50,
     ) -> list[ActionSummary]:
         """Return actions newest first; ``actor`` matches any part of the recorded actor."""
-        return audit.summaries(c, node=node, actor=actor, since=since, limit=limit)
+        return audit.summaries(c, summaries_query(node=node, actor=actor, since=since, limit=limit))
 
     @reads(READ)
     def queries(
@@ -329,7 +314,6 @@ class Store(Part):
 
     @reads(READ)
     def action(self, c: Connection, action_id: int) -> ActionDetail | None:
-        """Return an action's intent, events and outcome, or None."""
         return audit.detail(c, action_id)
 
     @reads(READ)
@@ -371,7 +355,6 @@ class Store(Part):
     # -- schema ----------------------------------------------------------------------------
 
     def upgrade(self, revision: str = "head") -> None:
-        """Apply the migrations (``gpubot db upgrade``)."""
         from gpubot.store import migrate  # Alembic, only when migrating
 
         migrate.upgrade(self.engine, revision)

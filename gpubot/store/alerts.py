@@ -13,49 +13,39 @@ from gpubot.core.findings import FindingKey
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
 from gpubot.store.engine import Part, guard, reads, write_tx, writes
-from gpubot.store.records import iso, parse_iso
+from gpubot.store.records import iso, parse_iso, parse_opt
 from gpubot.store.tables import alerts
 from gpubot.store.waits import in_thread
 
 
 class DbAlerts(Part):
-    """Findings seen across sweeps; every method is async and raises ``StoreError``."""
-
-    async def upsert_seen(self, keys: Iterable[FindingKey], now: datetime) -> list[Alert]:
-        """Record that a sweep at ``now`` saw ``keys``; return their state (new ones included)."""
-        return await self._upsert_seen(list(keys), now)
+    """The ``AlertStore`` (``core.ports``) on one engine."""
 
     async def mark_alerted(self, key: FindingKey, *, ref: MessageRef, now: datetime) -> Alert:
-        """Record that an alert for ``key`` was posted as message ``ref``."""
         values = {"alerted_at": iso(now), "ref": ref}
         return await in_thread(self._change, key, now, "alerted", values)
 
     async def mark_reminded(self, key: FindingKey, now: datetime) -> Alert:
-        """Record that a reminder for ``key`` was posted."""
         return await in_thread(self._change, key, now, "reminded", {"reminded_at": iso(now)})
 
     async def snooze(self, key: FindingKey, until: datetime, *, by: str, now: datetime) -> Alert:
-        """Silence alerts for ``key`` until ``until`` (kept if the finding comes back)."""
+        """Kept if the finding comes back."""
         return await in_thread(self._change, key, now, "snoozed", {"snoozed_until": iso(until)}, by)
-
-    async def mark_resolved(self, keys: Iterable[FindingKey], now: datetime) -> list[Alert]:
-        """Resolve the open findings among ``keys``; return those that were open."""
-        return await self._resolve(list(keys), now)
 
     @reads("cannot read alerts")
     def open_alerts(self, conn: Connection) -> list[Alert]:
-        """Return every unresolved finding, oldest first."""
         q = select(alerts).where(alerts.c.resolved_at.is_(None)).order_by(alerts.c.id)
         return [_alert(r) for r in conn.execute(q).all()]
 
     @reads("cannot read alerts")
     def on_message(self, conn: Connection, ref: MessageRef) -> list[Alert]:
-        """Return the findings alerted in one message (resolved ones too), oldest first."""
         q = select(alerts).where(alerts.c.ref == ref).order_by(alerts.c.id)
         return [_alert(r) for r in conn.execute(q).all()]
 
     @writes("cannot record sweep findings")
-    def _upsert_seen(self, conn: Connection, keys: list[FindingKey], now: datetime) -> list[Alert]:
+    def upsert_seen(
+        self, conn: Connection, keys: Iterable[FindingKey], now: datetime
+    ) -> list[Alert]:
         at = iso(now)
         out: list[Alert] = []
         for key in dict.fromkeys(keys):  # once each, in order
@@ -103,7 +93,9 @@ class DbAlerts(Part):
             return _note(conn, _must(conn, key), key, values, {"alert": what, **values}, by, now)
 
     @writes("cannot resolve alerts")
-    def _resolve(self, conn: Connection, keys: list[FindingKey], now: datetime) -> list[Alert]:
+    def mark_resolved(
+        self, conn: Connection, keys: Iterable[FindingKey], now: datetime
+    ) -> list[Alert]:
         out: list[Alert] = []
         for key in dict.fromkeys(keys):
             row = _row(conn, key)
@@ -142,18 +134,15 @@ def _must(conn: Connection, key: FindingKey) -> Row[Any]:
 
 
 def _alert(row: Row[Any]) -> Alert:
-    def t(v: str | None) -> datetime | None:
-        return None if v is None else parse_iso(v)
-
     return Alert(
         id=int(row.id),
         key=FindingKey(row.node, None if row.gpu is None else int(row.gpu), row.kind, row.holder),
         first_seen=parse_iso(row.first_seen),
         last_seen=parse_iso(row.last_seen),
         seen_count=int(row.seen_count),
-        alerted_at=t(row.alerted_at),
+        alerted_at=parse_opt(row.alerted_at),
         ref=None if row.ref is None else MessageRef(row.ref),
-        reminded_at=t(row.reminded_at),
-        snoozed_until=t(row.snoozed_until),
-        resolved_at=t(row.resolved_at),
+        reminded_at=parse_opt(row.reminded_at),
+        snoozed_until=parse_opt(row.snoozed_until),
+        resolved_at=parse_opt(row.resolved_at),
     )

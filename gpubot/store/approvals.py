@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, and_, func, select
+from sqlalchemy import Connection, Row, and_, func, select
 
 from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import ApprovalRequest
 from gpubot.core.models import ApprovalState
 from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.slurm.drain import NodeChange
 from gpubot.errors import (
     AlreadyDecided,
     ApprovalError,
@@ -37,24 +37,22 @@ from gpubot.errors import (
 )
 from gpubot.store.audit import append
 from gpubot.store.chain import canonical_json
-from gpubot.store.engine import guard, read_tx, write_tx
-from gpubot.store.records import Approval, iso, parse_iso
+from gpubot.store.engine import Part, guard, reads, run_tx, write_tx, writes
+from gpubot.store.records import Approval, iso, parse_iso, parse_opt
 from gpubot.store.tables import approvals
 from gpubot.store.waits import in_thread
 
 DEFAULT_EXPIRY_S = 900.0
 S = ApprovalState
-TO_RUN = (S.APPROVED, S.WAITING)  # approved, and not run to an end yet
 
 
-class DbApprovals:
-    """The ``ApprovalStore`` on one engine; every method is async and raises ``StoreError``."""
+class DbApprovals(Part):
+    """The ``ApprovalStore`` (``core.approval.ports``) on one engine."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    async def create(
+    @writes("cannot record the approval request")
+    def create(
         self,
+        conn: Connection,
         requester: str,
         requester_name: str,
         node: str,
@@ -64,10 +62,29 @@ class DbApprovals:
         source: str = "chat",
         now: datetime | None = None,
     ) -> Approval:
-        """Record a pending request that expires ``expires_in_s`` seconds from ``now``."""
-        return await in_thread(
-            self._create, requester, requester_name, node, request, expires_in_s, source, now
-        )
+        if expires_in_s <= 0:
+            raise ApprovalError(f"an approval must expire in the future, not {expires_in_s}s")
+        at = now or datetime.now(UTC)
+        expires = iso(at + timedelta(seconds=expires_in_s))
+        plan = marshal(request)
+        key = conn.execute(
+            approvals.insert().values(
+                requester=requester,
+                requester_name=requester_name,
+                source=source,
+                node=node,
+                plan=canonical_json(plan),
+                state=S.PENDING.value,
+                created_at=iso(at),
+                expires_at=expires,
+            )
+        ).inserted_primary_key
+        if key is None:
+            raise ApprovalError("the database gave the new approval no id")
+        aid = int(key[0])
+        detail = {"plan": plan, "expires_at": expires, "requester_name": requester_name}
+        _audit(conn, aid, node, (None, S.PENDING), (requester, source), at, detail)
+        return _load(conn, aid)
 
     async def decide(
         self,
@@ -89,114 +106,75 @@ class DbApprovals:
         self, approval_id: int, by: str, now: datetime, *, source: str = "chat"
     ) -> Approval:
         """Cancel a pending request (the service checks that ``by`` may)."""
-        return await in_thread(
-            self._move, approval_id, (S.PENDING,), S.CANCELLED, by, source, now, None
-        )
+        return await self._move(approval_id, (S.PENDING,), S.CANCELLED, now, None, by, source)
 
     async def mark_executed(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
-        """Record that the approved action ran; AlreadyDecided if it is not (or no longer)
-        approved."""
-        return await in_thread(
-            self._move, approval_id, (S.APPROVED,), S.EXECUTED, "gpubot", "gpubot", now, result
-        )
+        """AlreadyDecided if it is not (or no longer) approved."""
+        return await self._move(approval_id, (S.APPROVED,), S.EXECUTED, now, result)
 
     async def mark_failed(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
-        """Record that the approved (or waiting) action failed; AlreadyDecided if it is
-        neither."""
-        return await in_thread(
-            self._move, approval_id, TO_RUN, S.FAILED, "gpubot", "gpubot", now, result
-        )
+        """AlreadyDecided if it is neither approved nor waiting."""
+        return await self._move(approval_id, (S.APPROVED, S.WAITING), S.FAILED, now, result)
 
     async def mark_waiting(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
-        """Record that an approved action could not run yet (``result`` says why)."""
-        return await in_thread(
-            self._move, approval_id, (S.APPROVED,), S.WAITING, "gpubot", "gpubot", now, result
-        )
+        return await self._move(approval_id, (S.APPROVED,), S.WAITING, now, result)
 
     async def resume(self, approval_id: int, *, now: datetime | None = None) -> Approval:
-        """Take a waiting approval back to approved to run it; AlreadyDecided if another try
-        took it first."""
-        return await in_thread(
-            self._move, approval_id, (S.WAITING,), S.APPROVED, "gpubot", "gpubot", now, None
-        )
-
-    async def waiting(self) -> list[Approval]:
-        """Return the approvals waiting to be retried, oldest first."""
-        return await in_thread(self._in_state, S.WAITING)
+        """AlreadyDecided if another try took it first."""
+        return await self._move(approval_id, (S.WAITING,), S.APPROVED, now, None)
 
     async def mark_incomplete(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
-        """Record that an approved action never recorded its end (the bot stopped mid-run)."""
-        return await in_thread(
-            self._move, approval_id, (S.APPROVED,), S.INCOMPLETE, "gpubot", "gpubot", now, result
+        return await self._move(approval_id, (S.APPROVED,), S.INCOMPLETE, now, result)
+
+    @reads("cannot read approvals")
+    def waiting(self, conn: Connection) -> list[Approval]:
+        return _in_state(conn, S.WAITING)
+
+    @reads("cannot read approvals")
+    def pending(self, conn: Connection) -> list[Approval]:
+        """Every pending approval, oldest first (they survive restarts)."""
+        return _in_state(conn, S.PENDING)
+
+    @reads("cannot read approvals")
+    def approved(self, conn: Connection, decided_before: datetime) -> list[Approval]:
+        settled = func.coalesce(approvals.c.taken_at, approvals.c.decided_at)  # the later
+        rows = conn.execute(
+            select(approvals)
+            .where(approvals.c.state == S.APPROVED.value, settled < iso(decided_before))
+            .order_by(approvals.c.id)
+        ).all()
+        return [_approval(r) for r in rows]
+
+    @writes("cannot expire approvals")
+    def expire_due(
+        self, conn: Connection, now: datetime, source: str | None = None
+    ) -> list[Approval]:
+        due_now = and_(approvals.c.state == S.PENDING.value, approvals.c.expires_at <= iso(now))
+        if source is not None:
+            due_now = and_(due_now, approvals.c.source == source)
+        due = conn.execute(select(approvals.c.id).where(due_now).order_by(approvals.c.id)).all()
+        return [_move_in(conn, r.id, (S.PENDING,), S.EXPIRED, now, None) for r in due]
+
+    @writes("cannot record the approval message")
+    def set_message(self, conn: Connection, approval_id: int, ref: MessageRef) -> None:
+        changed = conn.execute(
+            approvals.update().where(approvals.c.id == approval_id).values(ref=ref)
         )
+        if changed.rowcount != 1:
+            raise ApprovalError(f"there is no approval {approval_id}")
 
-    async def approved(self, decided_before: datetime) -> list[Approval]:
-        """Return approvals still ``approved`` (not run to an end) decided, or last taken by a
-        retry, before a moment."""
-        return await in_thread(self._approved, decided_before)
-
-    async def expire_due(self, now: datetime, source: str | None = None) -> list[Approval]:
-        """Expire every pending request (of ``source`` only, if given) whose time is up at
-        ``now``; return them."""
-        return await in_thread(self._expire_due, now, source)
-
-    async def set_message(self, approval_id: int, ref: MessageRef) -> None:
-        """Remember the chat message that shows the request (to update it later)."""
-        await in_thread(self._set_message, approval_id, ref)
-
-    async def get(self, approval_id: int) -> Approval | None:
-        """Return one approval or None."""
-        return await in_thread(self._get, approval_id)
-
-    async def pending(self) -> list[Approval]:
-        """Return every pending approval, oldest first (they survive restarts)."""
-        return await in_thread(self._in_state, S.PENDING)
-
-    # -- synchronous parts, run in a worker thread ------------------------------------------
-
-    def _create(
-        self,
-        requester: str,
-        requester_name: str,
-        node: str,
-        request: ApprovalRequest,
-        expires_in_s: float,
-        source: str,
-        now: datetime | None,
-    ) -> Approval:
-        if expires_in_s <= 0:
-            raise ApprovalError(f"an approval must expire in the future, not {expires_in_s}s")
-        at = now or datetime.now(UTC)
-        expires = at + timedelta(seconds=expires_in_s)
-        plan = marshal(request)
-        with guard("cannot record the approval request"), write_tx(self._engine) as conn:
-            res = conn.execute(
-                approvals.insert().values(
-                    requester=requester,
-                    requester_name=requester_name,
-                    source=source,
-                    node=node,
-                    plan=canonical_json(plan),
-                    state=S.PENDING.value,
-                    created_at=iso(at),
-                    expires_at=iso(expires),
-                )
-            )
-            key = res.inserted_primary_key
-            if key is None:
-                raise ApprovalError("the database gave the new approval no id")
-            aid = int(key[0])
-            detail = {"plan": plan, "expires_at": iso(expires), "requester_name": requester_name}
-            _audit(conn, Change(aid, node, None, S.PENDING, requester, source, at), detail)
-            return self._load(conn, aid)
+    @reads("cannot read approvals")
+    def get(self, conn: Connection, approval_id: int) -> Approval | None:
+        row = _row(conn, approval_id)
+        return None if row is None else _approval(row)
 
     def _decide(
         self, aid: int, approver: str, approve: bool, now: datetime, approver_name: str, source: str
@@ -220,160 +198,121 @@ class DbApprovals:
                 )
             )
             if changed.rowcount == 1:
-                a = self._load(conn, aid)
-                change = Change(aid, a.node, S.PENDING, new, approver, source, now)
-                _audit(conn, change, {"by_name": approver_name})
+                a = _load(conn, aid)
+                moved = (S.PENDING, new)
+                _audit(
+                    conn, aid, a.node, moved, (approver, source), now, {"by_name": approver_name}
+                )
                 return a
-            row = self._row(conn, aid)
+            row = _row(conn, aid)
             if row is None:
                 error = ApprovalError(f"there is no approval {aid}")
             elif row.requester == approver:
+                what = "request" if _is_change(row.plan) else "forced kill"
                 error = SelfApproval(
-                    "you cannot approve your own forced kill: ask another approver"
+                    f"you cannot approve your own {what}: ask another approver"
                     if approve
                     else "you cannot decide your own request: cancel it instead"
                 )
             elif row.state != S.PENDING.value:
                 error = _already(aid, row)
-            else:  # pending, but its time is up: expire it now, then refuse
-                self._move_in(conn, aid, (S.PENDING,), S.EXPIRED, "gpubot", "gpubot", now, None)
+            else:  # pending, but its time is up: expire it now (committed), then refuse
+                _move_in(conn, aid, (S.PENDING,), S.EXPIRED, now, None)
                 error = ApprovalExpired(
                     f"approval {aid} expired at {row.expires_at[11:19]} UTC: request it again"
                 )
         raise error
 
-    def _move(
+    async def _move(
         self,
         aid: int,
         from_: tuple[S, ...],
         to: S,
-        by: str,
-        source: str,
         now: datetime | None,
         result: Mapping[str, Any] | None,
+        by: str = "gpubot",
+        source: str = "gpubot",
     ) -> Approval:
-        with guard(f"cannot record approval {aid} as {to.value}"), write_tx(self._engine) as conn:
-            return self._move_in(conn, aid, from_, to, by, source, now, result)
+        def move(conn: Connection) -> Approval:
+            return _move_in(conn, aid, from_, to, now, result, by, source)
 
-    def _move_in(
-        self,
-        conn: Connection,
-        aid: int,
-        from_: tuple[S, ...],
-        to: S,
-        by: str,
-        source: str,
-        now: datetime | None,
-        result: Mapping[str, Any] | None,
-    ) -> Approval:
-        at = now or datetime.now(UTC)
-        values: dict[str, Any] = {"state": to.value}
-        if to in (S.EXECUTED, S.FAILED, S.INCOMPLETE):
-            values |= {"finished_at": iso(at), "result": canonical_json(result or {})}
-        elif to is S.WAITING:  # who approved it, and when, stay as they are
-            values |= {"result": canonical_json(result or {})}
-        elif S.WAITING in from_:  # a retry takes it: still the approver's decision, taken now
-            values |= {"taken_at": iso(at)}
-        else:
-            values |= {"decided_by": by, "decided_at": iso(at)}
-        row = self._row(conn, aid)
-        if row is None:
-            raise ApprovalError(f"there is no approval {aid}")
-        changed = conn.execute(
-            approvals.update()
-            .where(approvals.c.id == aid, approvals.c.state.in_([s.value for s in from_]))
-            .values(**values)
-        )
-        if changed.rowcount != 1:
-            raise _already(aid, row)
-        extra = {} if result is None else {"result": result}
-        _audit(conn, Change(aid, row.node, S(row.state), to, by, source, at), extra)
-        return self._load(conn, aid)
-
-    def _expire_due(self, now: datetime, source: str | None) -> list[Approval]:
-        out: list[Approval] = []
-        due_now = and_(approvals.c.state == S.PENDING.value, approvals.c.expires_at <= iso(now))
-        if source is not None:
-            due_now = and_(due_now, approvals.c.source == source)
-        with guard("cannot expire approvals"), write_tx(self._engine) as conn:
-            due = (
-                conn.execute(select(approvals.c.id).where(due_now).order_by(approvals.c.id))
-                .scalars()
-                .all()
-            )
-            for aid in due:
-                out.append(
-                    self._move_in(conn, aid, (S.PENDING,), S.EXPIRED, "gpubot", "gpubot", now, None)
-                )
-        return out
-
-    def _set_message(self, aid: int, ref: MessageRef) -> None:
-        with guard("cannot record the approval message"), write_tx(self._engine) as conn:
-            changed = conn.execute(approvals.update().where(approvals.c.id == aid).values(ref=ref))
-            if changed.rowcount != 1:
-                raise ApprovalError(f"there is no approval {aid}")
-
-    def _get(self, aid: int) -> Approval | None:
-        with guard("cannot read approvals"), read_tx(self._engine) as conn:
-            row = self._row(conn, aid)
-            return None if row is None else _approval(row)
-
-    def _in_state(self, state: S) -> list[Approval]:
-        with guard("cannot read approvals"), read_tx(self._engine) as conn:
-            rows = conn.execute(
-                select(approvals).where(approvals.c.state == state.value).order_by(approvals.c.id)
-            ).all()
-            return [_approval(r) for r in rows]
-
-    def _approved(self, before: datetime) -> list[Approval]:
-        settled = func.coalesce(approvals.c.taken_at, approvals.c.decided_at)  # the later
-        with guard("cannot read approvals"), read_tx(self._engine) as conn:
-            rows = conn.execute(
-                select(approvals)
-                .where(approvals.c.state == S.APPROVED.value, settled < iso(before))
-                .order_by(approvals.c.id)
-            ).all()
-            return [_approval(r) for r in rows]
-
-    def _row(self, conn: Connection, aid: int) -> Row[Any] | None:
-        return conn.execute(select(approvals).where(approvals.c.id == aid)).one_or_none()
-
-    def _load(self, conn: Connection, aid: int) -> Approval:
-        row = self._row(conn, aid)
-        if row is None:
-            raise ApprovalError(f"there is no approval {aid}")
-        return _approval(row)
+        what = f"cannot record approval {aid} as {to.value}"
+        return await in_thread(run_tx, self._engine, what, move, True)
 
 
-@dataclass(frozen=True)
-class Change:
-    """One move of an approval between states: what its audit record says."""
+def _move_in(
+    conn: Connection,
+    aid: int,
+    from_: tuple[S, ...],
+    to: S,
+    now: datetime | None,
+    result: Mapping[str, Any] | None,
+    by: str = "gpubot",
+    source: str = "gpubot",
+) -> Approval:
+    at = now or datetime.now(UTC)
+    values: dict[str, Any] = {"state": to.value}
+    if to in (S.EXECUTED, S.FAILED, S.INCOMPLETE):
+        values |= {"finished_at": iso(at), "result": canonical_json(result or {})}
+    elif to is S.WAITING:  # who approved it, and when, stay as they are
+        values |= {"result": canonical_json(result or {})}
+    elif S.WAITING in from_:  # a retry takes it: still the approver's decision, taken now
+        values |= {"taken_at": iso(at)}
+    else:
+        values |= {"decided_by": by, "decided_at": iso(at)}
+    row = _row(conn, aid)
+    if row is None:
+        raise ApprovalError(f"there is no approval {aid}")
+    changed = conn.execute(
+        approvals.update()
+        .where(approvals.c.id == aid, approvals.c.state.in_([s.value for s in from_]))
+        .values(**values)
+    )
+    if changed.rowcount != 1:
+        raise _already(aid, row)
+    extra = {} if result is None else {"result": result}
+    _audit(conn, aid, row.node, (S(row.state), to), (by, source), at, extra)
+    return _load(conn, aid)
 
-    aid: int
-    node: str
-    from_: S | None
-    to: S
-    by: str
-    source: str
-    at: datetime
+
+def _in_state(conn: Connection, state: S) -> list[Approval]:
+    q = select(approvals).where(approvals.c.state == state.value).order_by(approvals.c.id)
+    return [_approval(r) for r in conn.execute(q).all()]
 
 
-def _audit(conn: Connection, change: Change, extra: Mapping[str, Any]) -> None:
-    """Record ``change`` (with ``extra``) in the audit log, in the transaction of the change."""
-    payload = {
-        "approval": change.aid,
-        "from": None if change.from_ is None else change.from_.value,
-        "to": change.to.value,
-        **extra,
-    }
+def _row(conn: Connection, aid: int) -> Row[Any] | None:
+    return conn.execute(select(approvals).where(approvals.c.id == aid)).one_or_none()
+
+
+def _load(conn: Connection, aid: int) -> Approval:
+    row = _row(conn, aid)
+    if row is None:
+        raise ApprovalError(f"there is no approval {aid}")
+    return _approval(row)
+
+
+def _audit(
+    conn: Connection,
+    aid: int,
+    node: str,
+    move: tuple[S | None, S],
+    who: tuple[str, str],
+    at: datetime,
+    extra: Mapping[str, Any],
+) -> None:
+    """Record approval ``aid``'s ``move`` (from, to) by ``who`` (actor, source), in the
+    transaction of the move."""
+    was, to = move
+    payload = {"approval": aid, "from": None if was is None else was.value, "to": to.value}
+    actor, source = who
     append(
         conn,
         kind="approval",
-        actor=change.by,
-        source=change.source,
-        node=change.node,
-        payload=payload,
-        now=change.at,
+        actor=actor,
+        source=source,
+        node=node,
+        payload={**payload, **extra},
+        now=at,
     )
 
 
@@ -385,21 +324,39 @@ def _already(aid: int, row: Row[Any]) -> ApprovalError:
     return AlreadyDecided(f"approval {aid} is already {row.state}{by}")
 
 
+# The key of a node change's stored form; a row without it (every row from before drains were
+# approved) is a reset plan, read as it always was.
+CHANGE = "node_change"
+
+
 def marshal(request: ApprovalRequest) -> dict[str, Any]:
-    """Return the JSON form of a request, as stored (and as the audit chain records it)."""
+    """Return the JSON form of a request, as stored (and as the audit chain records it): a reset
+    plan's own fields, or a node change under ``CHANGE``."""
+    plan = request.plan
+    what = {CHANGE: plan.to_dict()} if isinstance(plan, NodeChange) else plan.to_dict()
     return {
-        **request.plan.to_dict(),
+        **what,
         "grace_s": request.grace_s,
         "command": request.command,
         "requester_user": request.requester_user,
     }
 
 
+def _is_change(stored: str) -> bool:
+    """Whether a stored request is a node change (the words of a refusal only)."""
+    try:
+        data = json.loads(stored)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and CHANGE in data
+
+
 def unmarshal(data: Any, approval_id: int) -> ApprovalRequest:
     """Rebuild a request from its stored JSON; raise ``StoreError`` naming the approval if it
     cannot be read. Rows from before a field existed load with its default."""
     try:
-        plan = ResetPlan.from_dict(data)
+        change = data.get(CHANGE)
+        plan = ResetPlan.from_dict(data) if change is None else NodeChange.from_dict(change)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StoreError(
             f"approval {approval_id}: its stored plan cannot be read ({type(exc).__name__}: {exc})"
@@ -417,9 +374,6 @@ def unmarshal(data: Any, approval_id: int) -> ApprovalRequest:
 
 
 def _approval(row: Row[Any]) -> Approval:
-    def t(v: str | None) -> datetime | None:
-        return None if v is None else parse_iso(v)
-
     return Approval(
         id=int(row.id),
         requester=row.requester,
@@ -432,9 +386,9 @@ def _approval(row: Row[Any]) -> Approval:
         expires_at=parse_iso(row.expires_at),
         decided_by=row.decided_by,
         decided_by_name=row.decided_by_name,
-        decided_at=t(row.decided_at),
-        finished_at=t(row.finished_at),
+        decided_at=parse_opt(row.decided_at),
+        finished_at=parse_opt(row.finished_at),
         result=None if row.result is None else json.loads(row.result),
         ref=None if row.ref is None else MessageRef(row.ref),
-        taken_at=t(row.taken_at),
+        taken_at=parse_opt(row.taken_at),
     )

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Row, Select, and_, exists, select
 
 from gpubot.core.models import ActionStatus
 from gpubot.errors import StoreError, UsageError
-from gpubot.store.audit_list import narrow, summaries_query
+from gpubot.store.audit_list import narrow
 from gpubot.store.chain import (
     GENESIS,
     MARKER,
@@ -37,7 +37,7 @@ from gpubot.store.records import (
     AuditRecord,
     VerifyResult,
     iso,
-    parse_iso,
+    parse_opt,
 )
 from gpubot.store.seals import SEAL, SealRule, age_problem, seal_payload
 from gpubot.store.tables import audit_head, audit_log
@@ -122,7 +122,6 @@ def _insert(conn: Connection, head_hash: str, key: bytes | None, fields: Chained
 
 
 def to_record(row: Row[Any]) -> AuditRecord:
-    """Build an ``AuditRecord`` from an ``audit_log`` row."""
     return AuditRecord(**{f: row._mapping[f] for f in RECORD_FIELDS})
 
 
@@ -139,19 +138,8 @@ def intent_of(conn: Connection, action_id: int) -> tuple[AuditRecord, AuditRecor
     return recs["intent"], recs.get("outcome")
 
 
-def summaries(
-    conn: Connection,
-    *,
-    node: str | None = None,
-    actor: str | None = None,
-    since: datetime | None = None,
-    limit: int | None = 50,
-    incomplete_only: bool = False,
-) -> list[ActionSummary]:
-    """Return actions, newest first, with their outcome status (``audit_list``'s query)."""
-    q = summaries_query(
-        node=node, actor=actor, since=since, limit=limit, incomplete_only=incomplete_only
-    )
+def summaries(conn: Connection, q: Select[Any]) -> list[ActionSummary]:
+    """Return the actions ``q`` (an ``audit_list.summaries_query``) finds, with their status."""
     return [summary(to_record(r), r.o_payload, r.o_at) for r in conn.execute(q).all()]
 
 
@@ -207,7 +195,6 @@ def review(
 def summary(
     intent: AuditRecord, outcome_payload: str | None, outcome_at: str | None
 ) -> ActionSummary:
-    """Build an ``ActionSummary`` from an intent and its outcome's payload and time."""
     data = intent.data
     status: str = ActionStatus.INCOMPLETE
     if outcome_payload is not None:
@@ -222,7 +209,7 @@ def summary(
         gpus=tuple(int(g) for g in data.get("gpus", ())),
         started_at=intent.time,
         status=status,
-        finished_at=None if outcome_at is None else parse_iso(outcome_at),
+        finished_at=parse_opt(outcome_at),
     )
 
 
@@ -235,17 +222,13 @@ def detail(conn: Connection, action_id: int) -> ActionDetail | None:
     intent = next((r for r in recs if r.kind == "intent"), None)
     if intent is None:
         return None
-    outcome = next((r for r in recs if r.kind == "outcome"), None)
-    out_data = None if outcome is None else outcome.data
+    out = next((r for r in recs if r.kind == "outcome"), None)
+    o_payload, o_at = (None, None) if out is None else (out.payload, out.created_at)
     return ActionDetail(
-        summary=summary(
-            intent,
-            None if outcome is None else outcome.payload,
-            None if outcome is None else outcome.created_at,
-        ),
+        summary=summary(intent, o_payload, o_at),
         plan=intent.data.get("plan"),
         events=tuple(r for r in recs if r.kind == "event"),
-        result=None if out_data is None else out_data.get("result"),
+        result=None if out is None else out.data.get("result"),
         records=recs,
     )
 
@@ -283,7 +266,6 @@ def _all(conn: Connection) -> Iterator[AuditRecord]:
 
 
 def hash_at(conn: Connection, seq: int) -> str | None:
-    """Return the hash of record ``seq`` (None: no such record)."""
     found = conn.execute(select(audit_log.c.hash).where(audit_log.c.seq == seq)).scalar()
     return None if found is None else str(found)
 

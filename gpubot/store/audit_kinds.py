@@ -1,10 +1,10 @@
 """``audit list --kind``: the kinds of record a person can list, and their indexed queries.
 
-A listing kind is a stored ``kind`` named for a person, plus two that split a stored kind by the
-first key of its canonical payload: ``reset`` and ``digest``. Each stored kind is one query
-through the ``(kind, seq)`` or ``(node, kind, seq)`` index, newest first and cut at the limit,
-and the answers are merged by seq: a ``kind IN (…)`` query would let a database walk the primary
-key backwards over the whole log looking for enough rows.
+A listing kind is a stored ``kind`` named for a person, plus three that split a stored kind by
+the first key of its canonical payload: ``reset``, ``drain`` and ``digest``. Each stored kind is
+one query through the ``(kind, seq)`` or ``(node, kind, seq)`` index, newest first and cut at the
+limit, and the answers are merged by seq: a ``kind IN (…)`` query would let a database walk the
+primary key backwards over the whole log looking for enough rows.
 """
 
 from __future__ import annotations
@@ -38,14 +38,26 @@ class Kind:
 
 _DIGEST = ('{"alert":"digest ',)
 KINDS = (
-    Kind("action", "intent", "every action: resets, GPU resets, refused requests"),
+    Kind(
+        "action",
+        "intent",
+        "every action: resets, GPU resets, drains, diagnostics, refused requests",
+    ),
     Kind(
         "reset", "intent", "resets and GPU resets", ('{"action":"reset",', '{"action":"gpu-reset",')
     ),
+    Kind(
+        "drain",
+        "intent",
+        "drains and resumes of Slurm nodes",
+        ('{"action":"drain",', '{"action":"resume",'),
+    ),
+    Kind("diag", "intent", "GPU diagnostics (dcgmi diag)", ('{"action":"diag",',)),
     Kind("review", audit.REVIEW, "reviews of interrupted actions"),
     Kind("claim", "claim", "claims, extensions, releases and the queue"),
     Kind("approval", "approval", "approval requests, decisions and their posts"),
     Kind("ladder", "ladder", "steps of the reclaim ladder"),
+    Kind("maint", "maint", "maintenance windows opened, ended and refused"),
     Kind("digest", "alert", "the GPU-hours digest's posts", _DIGEST),
     Kind("alert", "alert", "alerts of findings", not_prefixes=_DIGEST),
     Kind("query", "query", "status and sweep queries"),
@@ -55,7 +67,7 @@ KINDS = (
 )
 BY_NAME = {k.name: k for k in KINDS}
 # The default listing: what a person did or approved (gpubot's own records left out).
-PEOPLE = ("action", "review", "claim", "approval", "ladder")
+PEOPLE = ("action", "review", "claim", "approval", "ladder", "maint")
 
 Listed = ActionSummary | AuditRecord  # an action (intent and outcome) or any other record
 
@@ -102,7 +114,7 @@ def listing(conn: Connection, f: ListFilter) -> list[Listed]:
         q = summaries_query(node=f.node, actor=f.actor, since=f.since, limit=f.limit)
         cond = _payload_condition(actions)
         q = q if cond is None else q.where(cond)
-        out += [audit.summary(audit.to_record(r), r.o_payload, r.o_at) for r in conn.execute(q)]
+        out += audit.summaries(conn, q)
     for stored in dict.fromkeys(k.stored for k in kinds if k.stored != "intent"):
         q = records_query(stored, f, people)
         cond = _payload_condition([k for k in kinds if k.stored == stored])
@@ -147,7 +159,6 @@ class AuditListing(Part):
 
     @reads("cannot read the audit log")
     def list(self, c: Connection, f: ListFilter) -> list[Listed]:
-        """Return the records ``f`` asks for, newest first."""
         return listing(c, f)
 
     @reads("cannot read the audit log")

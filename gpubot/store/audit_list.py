@@ -28,12 +28,7 @@ def since_bound(since: datetime) -> ScalarSelect[Any]:
 
 
 def summaries_query(
-    *,
-    node: str | None = None,
-    actor: str | None = None,
-    since: datetime | None = None,
-    limit: int | None = 50,
-    incomplete_only: bool = False,
+    *, node: str | None = None, actor: str | None = None, since: datetime | None = None, limit: int
 ) -> Select[Any]:
     """Return the query of actions (intents with their outcome), newest first."""
     outcome = audit_log.alias("outcome")
@@ -48,12 +43,7 @@ def summaries_query(
         .where(audit_log.c.kind == "intent")
         .order_by(audit_log.c.seq.desc())
     )
-    q = narrow(q, node, actor, since)
-    if incomplete_only:
-        q = q.where(outcome.c.seq.is_(None))
-    if limit is not None:
-        q = q.limit(limit)
-    return q
+    return narrow(q, node, actor, since).limit(limit)
 
 
 def narrow(

@@ -173,7 +173,6 @@ class _Walk:
         )
 
     def bad(self, seq: int, reason: str) -> VerifyResult:
-        """Record ``seq`` is not intact."""
         return self.verdict(False, reason, seq)
 
     def prev_bad(self, reason: str) -> VerifyResult:

@@ -21,12 +21,10 @@ from gpubot.store.records import text_of, unix_of
 from gpubot.store.tables import claim_waits
 
 KIND = "claim"  # the audit records' kind, of claims and of the queue
-LIVE = (WaitState.WAITING.value, WaitState.OFFERED.value)
 BY_GPUBOT = ("gpubot", "gpubot")  # the actor and source of gpubot's own changes
 
 
 def unix(text: str | None) -> float | None:
-    """Return the unix time of the store's text (None stays None)."""
     return None if text is None else unix_of(text)
 
 
@@ -71,12 +69,10 @@ class WaitsMixin(Part):
 
     @reads("cannot read the queue")
     def waits(self, c: Connection, node: str | None = None) -> list[Wait]:
-        """Return the live places (waiting or offered), first in line first."""
         return live(c, node)
 
     @reads("cannot read the queue")
     def get_wait(self, c: Connection, wait_id: int) -> Wait | None:
-        """Return one place in the queue."""
         return _find(c, wait_id)
 
     @writes("cannot record leaving the queue")
@@ -129,7 +125,8 @@ class WaitsMixin(Part):
 
 def live(c: Connection, node: str | None) -> list[Wait]:
     """Return the live places (of ``node``), first in line first."""
-    q = select(claim_waits).where(claim_waits.c.state.in_(LIVE))
+    live = (WaitState.WAITING.value, WaitState.OFFERED.value)
+    q = select(claim_waits).where(claim_waits.c.state.in_(live))
     if node is not None:
         q = q.where(claim_waits.c.node == node)
     return [_wait(r) for r in c.execute(q.order_by(claim_waits.c.id)).all()]

@@ -125,12 +125,10 @@ class DbClaims(waits.WaitsMixin):
 
     @reads("cannot read claims")
     def active(self, c: Connection, node: str | None = None) -> list[Claim]:
-        """Return the active claims (of ``node``), by node and GPU."""
         return [claim_of(r) for r in _active_rows(c, node)]
 
     @reads("cannot read claims")
     def get(self, c: Connection, claim_id: int) -> Claim | None:
-        """Return one claim."""
         row = c.execute(select(claims).where(claims.c.id == claim_id)).one_or_none()
         return None if row is None else claim_of(row)
 
@@ -210,7 +208,6 @@ class DbClaims(waits.WaitsMixin):
     def intervals(self, since: float, until: float) -> Iterable[Interval]:
         """Return (node, gpu, user, start, end) of every claim overlapping [since, until), cut
         to it (synchronous: call it in a worker thread)."""
-        lo, hi = since, until
         with guard("cannot read claims"), read_tx(self._engine) as conn:
             rows = conn.execute(
                 select(claims).where(claims.c.started_at < text_of(until)).order_by(claims.c.id)
@@ -219,8 +216,8 @@ class DbClaims(waits.WaitsMixin):
         for r in rows:
             c = claim_of(r)
             end = min(c.end, c.ended_at if c.ended_at is not None else c.end)
-            if end > lo and c.start < hi:
-                out.append((c.node, c.gpu, c.user, max(c.start, lo), min(end, hi)))
+            if end > since and c.start < until:
+                out.append((c.node, c.gpu, c.user, max(c.start, since), min(end, until)))
         return out
 
 
@@ -264,12 +261,10 @@ def _payload(c: Claim) -> dict[str, Any]:
 
 
 def get_claim(c: Connection, claim_id: int) -> Claim:
-    """Return one claim as stored."""
     return claim_of(c.execute(select(claims).where(claims.c.id == claim_id)).one())
 
 
 def claim_of(r: Row[Any]) -> Claim:
-    """Build a ``Claim`` from a ``claims`` row."""
     return Claim(
         id=int(r.id),
         node=r.node,

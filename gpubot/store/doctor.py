@@ -17,14 +17,13 @@ import stat
 import urllib.parse
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpubot.core.doctor.facts import DbFacts
 from gpubot.errors import GpubotError, StoreError
 from gpubot.store import migrate
 from gpubot.store.audit import _keyed_from
-from gpubot.store.chain import MARKER
 from gpubot.store.engine import (
     BUSY_TIMEOUT_S,
     PG_CONNECT_ARGS,
@@ -34,7 +33,6 @@ from gpubot.store.engine import (
     make_engine,
     parse_url,
 )
-from gpubot.store.tables import audit_log
 
 
 def database_facts(url: str, *, password: str | None, audit_key: bytes | None) -> DbFacts:
@@ -155,20 +153,14 @@ def _keyed(engine: Engine, key: bytes | None) -> tuple[bool, str | None]:
     """Return whether the log is keyed, and why this key cannot write to it (None: it can)."""
     try:
         with engine.connect() as conn:
-            marker = conn.execute(
-                select(audit_log.c.seq).where(audit_log.c.kind == MARKER).limit(1)
-            ).one_or_none()
-            try:
-                _keyed_from(conn, key)
-            except StoreError as exc:
-                return marker is not None, str(exc)
+            return _keyed_from(conn, key) is not None, None
+    except StoreError as exc:  # only a keyed log refuses a key
+        return True, str(exc)
     except SQLAlchemyError as exc:
         return False, f"cannot read the audit log: {describe(exc)}"
-    return marker is not None, None
 
 
 def _mode(path: str | None) -> int | None:
-    """Return a SQLite file's permission bits (None: no file, or it cannot be read)."""
     if path is None:
         return None
     try:

@@ -25,6 +25,7 @@ PROTECTED: dict[str, str] = {
     "approvals": "approval",  # who asked for a forced kill and who allowed it
     "claims": "claim",  # who holds (held) which GPU until when
     "claim_waits": "queued claim request",  # people waiting for a GPU, first come first served
+    "maint_windows": "maintenance window",  # planned work that claims and alerts respect
 }
 AUDIT = "audit_log"
 DropCheck = Callable[[Connection], None]  # run under the downgrade's write lock (``unchanged``)
@@ -41,7 +42,6 @@ class AtRisk:
 
     @property
     def audit(self) -> int:
-        """Return how many audit records would be dropped."""
         return self.counts.get(AUDIT, 0)
 
     def describe(self) -> str:

@@ -14,9 +14,6 @@ is in memory, not a WAL, so a reader waits for a writer.
 
 The audit chain's HMAC key travels with the engine as an execution option, so that every
 ``audit.append`` on any of its connections uses it.
-
-Each part of the store (``Part``) runs its calls through ``reads`` and ``writes``: one transaction
-each, in the store's own pool, its failures mapped by the one boundary map (``guard``).
 """
 
 from __future__ import annotations
@@ -49,12 +46,10 @@ log = logging.getLogger(__name__)
 
 LOCK_KEY = 0x6770_7562_6F74  # "gpubot": the advisory lock every PostgreSQL write takes
 BUSY_TIMEOUT_S = 15.0  # how long SQLite waits for another writer
-CONNECT_TIMEOUT_S = 5  # how long PostgreSQL may take to answer a connection
-POOL_TIMEOUT_S = 10  # how long a call waits for a free pooled connection
 # A server gone without closing the connection (host down, cut network) ends a blocked call:
 # keepalives probe an idle connection, tcp_user_timeout bounds unacknowledged sends.
 PG_CONNECT_ARGS = {
-    "connect_timeout": CONNECT_TIMEOUT_S,
+    "connect_timeout": 5,  # s: how long PostgreSQL may take to answer a connection
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
@@ -74,7 +69,6 @@ def memory_url(name: str | None = None) -> str:
 
 
 def is_memory(url: str) -> bool:
-    """Whether ``url`` names an in-memory database (``memory://...``)."""
     return url.startswith(MEMORY)
 
 
@@ -115,7 +109,10 @@ def make_engine(
 ) -> Engine:
     """Create the engine for ``url``; nothing connects until first use. ``on_append`` is told
     each new chain head after its commit, so a head it is told is in the database."""
-    engine = _engine(url, password)
+    engine = _made(url, password)
+    # Lets the loop in after a run of statements one after another (store.waits).
+    event.listen(engine, "before_cursor_execute", lambda *_: STATEMENTS.before())
+    event.listen(engine, "after_cursor_execute", _answered)
     options: dict[str, Any] = {}
     if audit_key is not None:
         options["gpubot_audit_key"] = audit_key
@@ -125,17 +122,9 @@ def make_engine(
 
 
 def audit_key_of(conn: Connection) -> bytes | None:
-    """Return the HMAC key of the audit chain that ``conn``'s engine was made with."""
+    """Return the audit chain's HMAC key ``conn``'s engine was made with."""
     key = conn.get_execution_options().get("gpubot_audit_key")
     return key if isinstance(key, bytes) else None
-
-
-def _engine(url: str, password: str | None) -> Engine:
-    engine = _made(url, password)
-    # Lets the loop in after a run of statements one after another (store.waits).
-    event.listen(engine, "before_cursor_execute", lambda *_: STATEMENTS.before())
-    event.listen(engine, "after_cursor_execute", _answered)
-    return engine
 
 
 def _answered(*_: Any) -> None:
@@ -147,8 +136,9 @@ def _made(url: str, password: str | None) -> Engine:
     u = parse_url(url, password)
     with guard(f"cannot use {u.render_as_string()}"):
         if u.get_backend_name() == "postgresql":
+            # pool_timeout: how long a call waits for a free pooled connection
             return create_engine(
-                u, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=PG_CONNECT_ARGS
+                u, pool_pre_ping=True, pool_timeout=10, connect_args=PG_CONNECT_ARGS
             )
         memory = u.database in (None, "", ":memory:")
         engine = create_engine(
@@ -253,7 +243,6 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 def is_postgresql(engine: Engine) -> bool:
-    """Whether ``engine`` talks to PostgreSQL."""
     return engine.dialect.name == "postgresql"
 
 
@@ -291,22 +280,31 @@ def run_tx(engine: Engine, what: str, fn: Callable[[Connection], T], write: bool
 
 
 def write_rows(
-    conn: Connection, table: Table, keys: tuple[str, ...], old: list[Values], new: list[Values]
+    conn: Connection,
+    table: Table,
+    keys: tuple[str, ...],
+    old: list[Values],
+    new: list[Values],
+    *,
+    add: bool = False,
 ) -> None:
-    """Update the ``old`` rows, found by their ``keys`` columns, and insert the ``new`` ones, in
-    two batched statements: a statement built per row held the store's thread too long."""
+    """Update the ``old`` rows, found by their ``keys`` columns (``add``: add their other values
+    to the stored ones), and insert the ``new`` ones, in two batched statements: a statement
+    built per row held the store's thread too long."""
     if old:
         where = [table.c[k] == bindparam(f"k_{k}") for k in keys]
-        values: Values = {c: bindparam(c) for c in old[0] if c not in keys}
-        params = [{f"k_{c}" if c in keys else c: v for c, v in row.items()} for row in old]
+        values: Values = {}
+        for c in old[0]:
+            if c not in keys:
+                values[c] = table.c[c] + bindparam(f"v_{c}") if add else bindparam(f"v_{c}")
+        params = [{f"k_{c}" if c in keys else f"v_{c}": v for c, v in row.items()} for row in old]
         conn.execute(table.update().where(*where).values(values), params)
     if new:
         conn.execute(table.insert(), new)
 
 
 class Part:
-    """A part of the store over its engine. Its methods are ``reads`` or ``writes``: each call
-    is one transaction in the store's pool (``store.waits``), so the loop never waits on SQL."""
+    """A part of the store over its engine; its methods are ``reads`` or ``writes``."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -318,17 +316,10 @@ InTx = Callable[Concatenate[S, Connection, P], T]  # a method that runs in a tra
 Async = Callable[Concatenate[S, P], Coroutine[Any, Any, T]]
 
 
-def reads(what: str) -> Callable[[InTx[S, P, T]], Async[S, P, T]]:
-    """Make a ``Part`` method async: one read transaction in the store's pool (``run_tx``)."""
-    return _in_pool(what, False)
+def reads(what: str, write: bool = False) -> Callable[[InTx[S, P, T]], Async[S, P, T]]:
+    """Make a ``Part`` method async: one read (or write) transaction in the store's pool
+    (``run_tx``), so the loop never waits on SQL."""
 
-
-def writes(what: str) -> Callable[[InTx[S, P, T]], Async[S, P, T]]:
-    """Make a ``Part`` method async: one write transaction in the store's pool (``run_tx``)."""
-    return _in_pool(what, True)
-
-
-def _in_pool(what: str, write: bool) -> Callable[[InTx[S, P, T]], Async[S, P, T]]:
     def wrap(fn: InTx[S, P, T]) -> Async[S, P, T]:
         @functools.wraps(fn)
         async def call(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -342,6 +333,11 @@ def _in_pool(what: str, write: bool) -> Callable[[InTx[S, P, T]], Async[S, P, T]
     return wrap
 
 
+def writes(what: str) -> Callable[[InTx[S, P, T]], Async[S, P, T]]:
+    """``reads``, in a write transaction."""
+    return reads(what, True)
+
+
 def describe(exc: BaseException) -> str:
     """Return the first line of what the driver said (not installed: the extra to install)."""
     if isinstance(exc, ImportError) and exc.name in ("psycopg", "psycopg_binary"):
@@ -349,11 +345,6 @@ def describe(exc: BaseException) -> str:
     inner = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
     return lines[0] if lines else type(inner).__name__
-
-
-# What the database libraries raise: SQLAlchemy's errors, the sqlite3 module's (a raw connection),
-# the files' OSError, and ImportError for a driver that is not installed (psycopg).
-STORE_ERRORS = (SQLAlchemyError, sqlite3.Error, OSError, ImportError)
 
 
 # PostgreSQL's SQLSTATEs of a server that cannot be used now: class 08 (connection exception),
@@ -385,7 +376,9 @@ def guard(what: str) -> Iterator[None]:
         yield
     except GpubotError:
         raise
-    except STORE_ERRORS as exc:
+    # What the database libraries raise: SQLAlchemy's errors, the sqlite3 module's (a raw
+    # connection), the files' OSError, and ImportError for a driver not installed (psycopg).
+    except (SQLAlchemyError, sqlite3.Error, OSError, ImportError) as exc:
         why = f"{what}: {describe(exc)}"
         if unreachable(exc):
             OUTAGE.failed(why)

@@ -21,17 +21,17 @@ import hmac
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from gpubot.errors import StoreError
 from gpubot.store.chain import KEY_ID, canonical_json, key_id
 
 log = logging.getLogger(__name__)
 
-HEX64 = frozenset("0123456789abcdef")
+HEX64 = re.compile(r"[0-9a-f]{64}")
 MAX_BYTES = 4096  # a head is one short line; anything longer is not gpubot's
 
 
@@ -53,13 +53,8 @@ class FileHead:
     key_id: str | None
     mac: str | None
 
-    def as_dict(self) -> dict[str, Any]:
-        """Return the file's fields (JSON-ready)."""
-        return asdict(self)
-
 
 def head_mac(key: bytes, seq: int, digest: str, at: str) -> str:
-    """Return the HMAC-SHA256 of a head under ``key``."""
     body = canonical_json({"file": "gpubot audit head", "seq": seq, "hash": digest, "at": at})
     return hmac.new(key, body.encode("utf-8"), hashlib.sha256).hexdigest()
 
@@ -80,17 +75,13 @@ def parse_head(text: str) -> FileHead:
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
         raise ValueError(f"seq: expected a record number, got {seq!r}")
     for name, value in (("hash", digest), ("mac", mac)):
-        if value is not None and not (isinstance(value, str) and _hex64(value)):
+        if value is not None and not (isinstance(value, str) and HEX64.fullmatch(value)):
             raise ValueError(f"{name}: expected 64 hex digits")
     if digest is None or not isinstance(at, str):
         raise ValueError("hash and at are required")
     if kid is not None and not (isinstance(kid, str) and KEY_ID.fullmatch(kid)):
         raise ValueError("key_id: expected 16 hex digits")
     return FileHead(seq, digest, at, kid, mac)
-
-
-def _hex64(text: str) -> bool:
-    return len(text) == 64 and set(text) <= HEX64
 
 
 class HeadFile:
@@ -171,7 +162,7 @@ class HeadFile:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o644)
         try:
-            os.write(fd, (json.dumps(head.as_dict(), sort_keys=True) + "\n").encode("utf-8"))
+            os.write(fd, (json.dumps(asdict(head), sort_keys=True) + "\n").encode("utf-8"))
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -27,7 +27,6 @@ class DbEcc(Part):
 
     @reads("cannot read ECC counts")
     def ecc_counts(self, conn: Connection) -> dict[EccKey, EccSeen]:
-        """Return every GPU's counts as the last sweep saw them."""
         out: dict[EccKey, EccSeen] = {}
         for node, uuid, counter, count, grew_from, since in conn.execute(select(t)):
             grew = None if grew_from is None else int(grew_from)
@@ -35,7 +34,6 @@ class DbEcc(Part):
         return out
 
     async def put_ecc(self, counts: Mapping[EccKey, EccSeen]) -> None:
-        """Store ``counts`` (each replaces its GPU's row)."""
         if counts:
             await in_thread(self._put, dict(counts))
 

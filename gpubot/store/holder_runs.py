@@ -36,7 +36,6 @@ def _ids(holder: str) -> tuple[int, int]:
 
 
 def read(conn: Connection) -> Runs:
-    """Return every kept run."""
     out: Runs = {}
     for node, gpu, pid, ticks, since, last in conn.execute(select(h)):
         out[(str(node), int(gpu), _holder(int(pid), int(ticks)))] = OnGpu(

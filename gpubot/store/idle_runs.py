@@ -23,7 +23,6 @@ REBUILD_ROWS = 100_000  # samples read a sweep at most to rebuild runs
 
 
 def sample_of(row: Row[object]) -> GpuSample:
-    """Build a ``GpuSample`` from a ``gpu_samples`` row."""
     m = row._mapping
     return GpuSample(
         str(m["node"]),
@@ -67,7 +66,6 @@ _STREAM = {"yield_per": 256}
 
 
 def _bound(key: GpuKey, keep_from: float) -> dict[str, object]:
-    """Return the bound values of ``_ONE_GPU`` for ``key``."""
     node, gpu, uuid = key
     return {"w_node": node, "w_gpu": gpu, "w_uuid": uuid, "w_from": text_of(keep_from)}
 
@@ -212,7 +210,6 @@ def _run_row(run: IdleRun) -> dict[str, object]:
 def _write_runs(
     conn: Connection, after: Mapping[GpuKey, IdleRun], before: Mapping[GpuKey, IdleRun]
 ) -> None:
-    """Update the runs that were there, insert the new ones."""
     old = [_run_row(a) for k, a in after.items() if k in before]
     new = [_run_row(a) for k, a in after.items() if k not in before]
     write_rows(conn, r, ("node", "gpu_index", "gpu_uuid"), old, new)

@@ -25,14 +25,7 @@ class DbLadder(Part):
 
     @reads("cannot read the reclaim ladder")
     def rungs(self, conn: Connection) -> dict[str, Rung]:
-        """Return every idle holder's rung, by finding key text."""
         return {r.finding: _rung(r) for r in conn.execute(select(t))}
-
-    async def climb(
-        self, rung: Rung, step: Step, now: float, detail: Mapping[str, Any]
-    ) -> Rung | None:
-        """Record and audit ``rung`` reaching ``step``; None when another replica took it first."""
-        return await self._climb(rung, step, now, dict(detail))
 
     @writes("cannot record the Keep")
     def keep(self, conn: Connection, finding: str, by: str, reason: str, now: float) -> Rung:
@@ -49,18 +42,11 @@ class DbLadder(Part):
         _audit(conn, rung, "kept", by, now, {"reason": reason})
         return replace(rung, kept_by=by, kept_reason=reason, kept_at=now)
 
-    async def note(self, finding: str, what: str, by: str, detail: Mapping[str, Any]) -> None:
-        """Audit something done on a ladder (on-call's *Free it* asked), its row unchanged."""
-        await self._note(finding, what, by, dict(detail))
-
-    async def leave(self, findings: Iterable[str], now: float, why: str) -> list[Rung]:
-        """End the ladders of holders no longer idle (audited); return them."""
-        return await self._leave(list(findings), now, why)
-
     @writes("cannot record the reclaim ladder's step")
-    def _climb(
-        self, conn: Connection, rung: Rung, step: Step, now: float, detail: dict[str, Any]
+    def climb(
+        self, conn: Connection, rung: Rung, step: Step, now: float, detail: Mapping[str, Any]
     ) -> Rung | None:
+        """Record and audit ``rung`` reaching ``step``; None when another replica took it first."""
         at = text_of(now)
         if step is Step.DM:
             if _row(conn, rung.finding) is not None:
@@ -90,16 +76,18 @@ class DbLadder(Part):
         return replace(rung, step=step, step_at=now, started_at=_started(conn, rung.finding))
 
     @writes("cannot audit the reclaim ladder")
-    def _note(
-        self, conn: Connection, finding: str, what: str, by: str, detail: dict[str, Any]
+    def note(
+        self, conn: Connection, finding: str, what: str, by: str, detail: Mapping[str, Any]
     ) -> None:
+        """Audit something done on a ladder (on-call's *Free it* asked), its row unchanged."""
         row = _row(conn, finding)
         if row is None:
             raise StoreError("no reclaim ladder for this finding")
         _audit(conn, _rung(row), what, by, None, detail)
 
     @writes("cannot end the reclaim ladder")
-    def _leave(self, conn: Connection, findings: list[str], now: float, why: str) -> list[Rung]:
+    def leave(self, conn: Connection, findings: Iterable[str], now: float, why: str) -> list[Rung]:
+        """End the ladders of holders no longer idle (audited); return them."""
         out: list[Rung] = []
         for finding in dict.fromkeys(findings):
             row = _row(conn, finding)

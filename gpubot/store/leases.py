@@ -39,15 +39,6 @@ from gpubot.store.waits import in_thread
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TTL_S = 30.0
-DEFAULT_RENEW_S = 5.0
-LEASE_RECORD = "lease"  # the audit record kind of a takeover
-
-
-def replica_name() -> str:
-    """Return this process's name among replicas: ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
 
 def check_fence(conn: Connection, fence: Fence, now: datetime) -> None:
     """Extend the lease ``fence`` names, in ``conn``'s transaction, or raise ``LeaseLost``."""
@@ -106,7 +97,7 @@ def _audit_takeover(conn: Connection, lease: Lease, now: datetime) -> None:
     node = name if kind == "reset" and name else None
     append(
         conn,
-        kind=LEASE_RECORD,
+        kind="lease",
         actor=lease.holder,
         source="gpubot",
         node=node,
@@ -137,15 +128,15 @@ class DbLeases:
         engine: Engine,
         *,
         replica: str | None = None,
-        ttl_s: float = DEFAULT_TTL_S,
-        renew_s: float = DEFAULT_RENEW_S,
+        ttl_s: float = 30.0,
+        renew_s: float = 5.0,
         now: Callable[[], datetime] | None = None,
     ) -> None:
         """Use ``engine`` (the store's: a takeover is audited with its key and head file)."""
         if not 0 < renew_s < ttl_s:
             raise ValueError(f"a lease renewed every {renew_s} s must last longer, not {ttl_s} s")
         self.engine = engine
-        self.replica = replica or replica_name()
+        self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"  # host:pid
         self.ttl_s = ttl_s
         self.renew_s = renew_s
         self.now: Callable[[], datetime] = now or (lambda: datetime.now(UTC))

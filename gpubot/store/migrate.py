@@ -42,7 +42,6 @@ def _config() -> Config:
 
 
 def head() -> str:
-    """Return the revision this gpubot needs."""
     found = ScriptDirectory.from_config(_config()).get_current_head()
     if found is None:
         raise StoreError("no database migrations found")
@@ -50,7 +49,6 @@ def head() -> str:
 
 
 def current(engine: Engine) -> str | None:
-    """Return the database's revision, or None for an empty database."""
     with guard("cannot read the schema version"), engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
@@ -71,7 +69,6 @@ def check(engine: Engine) -> None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply migrations up to ``revision``."""
     _run(engine, "upgrade", revision)
 
 

@@ -41,7 +41,6 @@ class Outage:
         self._lock = threading.Lock()  # store calls fail and succeed in several threads
 
     def up(self) -> bool:
-        """Whether no outage is being reported now."""
         return self.since is None
 
     def failed(self, why: str) -> None:

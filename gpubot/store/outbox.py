@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, select
+from sqlalchemy import Connection, Row, select
 from sqlalchemy.exc import IntegrityError
 
 from gpubot.core.alerting import Intent, MessageRef, PendingPost
@@ -32,10 +32,9 @@ from gpubot.core.health.kinds import parse_key
 from gpubot.core.models import ApprovalState
 from gpubot.errors import StoreError
 from gpubot.store.audit import append
-from gpubot.store.engine import guard, read_tx, write_tx
+from gpubot.store.engine import Part, reads, writes
 from gpubot.store.records import iso, parse_iso
 from gpubot.store.tables import alerts, approvals, outbox
-from gpubot.store.waits import in_thread
 
 log = logging.getLogger(__name__)
 
@@ -45,195 +44,148 @@ CLOCK_STEP_S = 300.0
 c = outbox.c
 
 
-class DbOutbox:
-    """The outbox on one engine; every method is async and raises ``StoreError``."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+class DbOutbox(Part):
+    """The ``OutboxStore`` (``core.ports``) on one engine."""
 
     async def begin(self, intent: Intent) -> PendingPost | None:
-        """Record ``intent``; return the post to make, or None: nothing to post (an alert's
-        findings all alerted, an approval not in the state for it, a ``once`` subject posted
-        or being posted)."""
+        """None also when an alert's findings are all alerted, an approval is not in the state
+        for the post, or a ``once`` subject is posted or being posted."""
         try:
-            return await in_thread(self._begin, intent)
+            return await self._begin(intent)
         except StoreError as exc:
             if intent.once and isinstance(exc.__cause__, IntegrityError):
                 return None  # another replica recorded it first
             raise
 
-    async def take(self, token: str, stale_before: datetime, now: datetime) -> PendingPost | None:
-        """Take the post ``token`` if it is pending on a take made at or before
-        ``stale_before``; None: it is settled, or another caller holds a newer take."""
-        return await in_thread(self._take, token, stale_before, now)
+    @writes("cannot record the post, so it was not posted")
+    def _begin(self, conn: Connection, intent: Intent) -> PendingPost | None:
+        since, keys = intent.at, intent.keys
+        if keys:
+            marked = _mark_alerted(conn, intent)
+            if marked is None:
+                return None
+            since, keys = marked
+        about = parse_subject(intent.subject)
+        node = None if about is None else _approval_node(conn, about, intent.at)
+        if about is not None and node is None:
+            return None
+        if intent.once:
+            row = conn.execute(select(outbox).where(c.once == intent.subject)).one_or_none()
+            if row is not None:
+                return _retake(conn, row, intent)
+        at = iso(intent.at)
+        conn.execute(
+            outbox.insert().values(
+                token=intent.token,
+                subject=intent.subject,
+                once=intent.subject if intent.once else None,
+                keys=json.dumps([k.text() for k in keys]),
+                destination=intent.to,
+                since=iso(since),
+                created_at=at,
+                taken_at=at,
+                state="pending",
+                repeats=0,
+            )
+        )
+        if intent.audit is not None:
+            payload = {**_about(about), **intent.audit, "token": intent.token}
+            _audit_post(conn, about, node, payload, intent.at)
+        return replace(_pending(_row(conn, intent.token)), audit=intent.audit)
 
-    async def finish(
-        self, post: PendingPost, ref: MessageRef, now: datetime, *, adopted: bool = False
+    @writes("cannot take the post")
+    def take(
+        self, conn: Connection, token: str, stale_before: datetime, now: datetime
+    ) -> PendingPost | None:
+        """None: it is settled, or another caller holds a newer take."""
+        row = _row(conn, token)
+        if row.state != "pending" or _held(row, stale_before, now):
+            return None
+        moved = conn.execute(
+            outbox.update()
+            .where(c.id == row.id, c.state == "pending", c.taken_at == row.taken_at)
+            .values(taken_at=iso(now))
+        )
+        if moved.rowcount != 1:
+            return None
+        return replace(_pending(row), taken_at=now, fresh=False)
+
+    @writes("cannot record the post as posted")
+    def finish(
+        self,
+        conn: Connection,
+        post: PendingPost,
+        ref: MessageRef,
+        now: datetime,
+        *,
+        adopted: bool = False,
     ) -> list[FindingKey]:
-        """Record that ``post`` is the message ``ref`` (``adopted``: found in the history, not
-        answered); return the findings it alerted (none when another take holds it)."""
-        return await in_thread(self._finish, post, ref, now, adopted)
+        """``adopted``: found in the history, not answered; none alerted when another take
+        holds it."""
+        row = _settle(conn, post, state="posted", ref=ref, finished_at=iso(now))
+        if row is None:
+            return []
+        _audit_end(conn, post, now, {"outcome": "posted", "ref": ref})
+        about = parse_subject(row.subject)
+        if about is not None and about[1] is Purpose.REQUEST:  # where its buttons are
+            conn.execute(approvals.update().where(approvals.c.id == about[0]).values(ref=ref))
+        return _alerted(conn, row, ref, now, adopted)
 
-    async def cancel(self, post: PendingPost, now: datetime) -> None:
-        """Record that ``post`` was refused: nothing of it is there, its findings not alerted."""
-        await in_thread(self._cancel, post, now)
-
-    async def abandon(self, post: PendingPost, why: str, now: datetime) -> None:
-        """Give up on ``post`` (nobody can tell whether it is there): audited."""
-        await in_thread(self._abandon, post, why, now)
-
-    async def note_repeat(self, token: str) -> None:
-        """Record, before it is made, a post that may repeat the post ``token``."""
-        await in_thread(self._note_repeat, token)
-
-    async def pending(self, subject: str, *, under: bool = False) -> list[PendingPost]:
-        """Return the posts of ``subject`` (``under``: of every subject that starts with it)
-        recorded and not known posted, refused or given up, oldest first."""
-        return await in_thread(self._pending, subject, under)
-
-    async def recorded(self, subject: str) -> bool:
-        """Whether a post of the ``once`` subject ``subject`` was recorded."""
-        return await in_thread(self._recorded, subject)
-
-    # -- synchronous parts, run in a worker thread ------------------------------------------
-
-    def _begin(self, intent: Intent) -> PendingPost | None:
-        with guard("cannot record the post, so it was not posted"), write_tx(self._engine) as conn:
-            since, keys = intent.at, intent.keys
-            if keys:
-                marked = _mark_alerted(conn, intent)
-                if marked is None:
-                    return None
-                since, keys = marked
-            about = parse_subject(intent.subject)
-            node = None if about is None else _approval_node(conn, about, intent.at)
-            if about is not None and node is None:
-                return None
-            if intent.once:
-                row = conn.execute(select(outbox).where(c.once == intent.subject)).one_or_none()
-                if row is not None:
-                    return _retake(conn, row, intent)
-            at = iso(intent.at)
-            conn.execute(
-                outbox.insert().values(
-                    token=intent.token,
-                    subject=intent.subject,
-                    once=intent.subject if intent.once else None,
-                    keys=json.dumps([k.text() for k in keys]),
-                    destination=intent.to,
-                    since=iso(since),
-                    created_at=at,
-                    taken_at=at,
-                    state="pending",
-                    repeats=0,
-                )
+    @writes("cannot record the refused post")
+    def cancel(self, conn: Connection, post: PendingPost, now: datetime) -> None:
+        """Nothing of ``post`` is there: its findings are not alerted."""
+        row = _settle(conn, post, state="refused", finished_at=iso(now))
+        if row is None:
+            return
+        _audit_end(conn, post, now, {"outcome": "refused"})
+        if row.keys == NO_KEYS:
+            return
+        conn.execute(
+            alerts.update()
+            .where(
+                alerts.c.key.in_(json.loads(row.keys)),
+                alerts.c.ref.is_(None),
+                alerts.c.alerted_at == row.created_at,
             )
-            if intent.audit is not None:
-                append(
-                    conn,
-                    kind="alert" if about is None else "approval",
-                    actor="gpubot",
-                    source="gpubot",
-                    node=node,
-                    payload={**_about(about), **intent.audit, "token": intent.token},
-                    now=intent.at,
-                )
-            return replace(_pending(_row(conn, intent.token)), audit=intent.audit)
+            .values(alerted_at=None)
+        )
 
-    def _take(self, token: str, stale_before: datetime, now: datetime) -> PendingPost | None:
-        with guard("cannot take the post"), write_tx(self._engine) as conn:
-            row = _row(conn, token)
-            if row.state != "pending" or _held(row, stale_before, now):
-                return None
-            moved = conn.execute(
-                outbox.update()
-                .where(c.id == row.id, c.state == "pending", c.taken_at == row.taken_at)
-                .values(taken_at=iso(now))
-            )
-            if moved.rowcount != 1:
-                return None
-            return replace(_pending(row), taken_at=now, fresh=False)
+    @writes("cannot record the abandoned post")
+    def abandon(self, conn: Connection, post: PendingPost, why: str, now: datetime) -> None:
+        """Nobody can tell whether ``post`` is there."""
+        row = _settle(conn, post, state="abandoned", finished_at=iso(now))
+        if row is None:
+            return
+        about = parse_subject(row.subject)
+        if about is not None:
+            node = _node(conn, about)
+            payload = {"approval": about[0], "post": str(about[1]), "not posted": why}
+        else:
+            message = row.keys == NO_KEYS
+            node = None if message else row.subject.removeprefix("alert:")
+            payload = {"alert": "not posted", "keys": json.loads(row.keys), "why": why}
+            payload |= {"message": row.subject} if message else {}
+        _audit_post(conn, about, node, {**payload, "token": row.token}, now)
 
-    def _finish(
-        self, post: PendingPost, ref: MessageRef, now: datetime, adopted: bool
-    ) -> list[FindingKey]:
-        with guard("cannot record the post as posted"), write_tx(self._engine) as conn:
-            row = _settle(conn, post, state="posted", ref=ref, finished_at=iso(now))
-            if row is None:
-                return []
-            _audit_end(conn, post, now, {"outcome": "posted", "ref": ref})
-            about = parse_subject(row.subject)
-            if about is not None and about[1] is Purpose.REQUEST:  # where its buttons are
-                conn.execute(approvals.update().where(approvals.c.id == about[0]).values(ref=ref))
-            return _alerted(conn, row, ref, now, adopted)
+    @writes("cannot record the repeated post")
+    def note_repeat(self, conn: Connection, token: str) -> None:
+        row = _row(conn, token)
+        conn.execute(
+            outbox.update()
+            .where(c.id == row.id, c.state == "pending")
+            .values(repeats=c.repeats + 1)
+        )
 
-    def _cancel(self, post: PendingPost, now: datetime) -> None:
-        with guard("cannot record the refused post"), write_tx(self._engine) as conn:
-            row = _settle(conn, post, state="refused", finished_at=iso(now))
-            if row is None:
-                return
-            _audit_end(conn, post, now, {"outcome": "refused"})
-            if row.keys == NO_KEYS:
-                return
-            conn.execute(
-                alerts.update()
-                .where(
-                    alerts.c.key.in_(json.loads(row.keys)),
-                    alerts.c.ref.is_(None),
-                    alerts.c.alerted_at == row.created_at,
-                )
-                .values(alerted_at=None)
-            )
-
-    def _abandon(self, post: PendingPost, why: str, now: datetime) -> None:
-        with guard("cannot record the abandoned post"), write_tx(self._engine) as conn:
-            row = _settle(conn, post, state="abandoned", finished_at=iso(now))
-            if row is None:
-                return
-            about = parse_subject(row.subject)
-            if about is not None:
-                node = conn.execute(
-                    select(approvals.c.node).where(approvals.c.id == about[0])
-                ).scalar()
-                payload = {"approval": about[0], "post": str(about[1]), "not posted": why}
-                kind = "approval"
-            else:
-                message = row.keys == NO_KEYS
-                node = None if message else row.subject.removeprefix("alert:")
-                payload = {"alert": "not posted", "keys": json.loads(row.keys), "why": why}
-                payload |= {"message": row.subject} if message else {}
-                kind = "alert"
-            payload["token"] = row.token
-            append(
-                conn,
-                kind=kind,
-                actor="gpubot",
-                source="gpubot",
-                node=node,
-                now=now,
-                payload=payload,
-            )
-
-    def _note_repeat(self, token: str) -> None:
-        with guard("cannot record the repeated post"), write_tx(self._engine) as conn:
-            row = _row(conn, token)
-            conn.execute(
-                outbox.update()
-                .where(c.id == row.id, c.state == "pending")
-                .values(repeats=c.repeats + 1)
-            )
-
-    def _pending(self, subject: str, under: bool) -> list[PendingPost]:
+    @reads("cannot read the outbox")
+    def pending(self, conn: Connection, subject: str, *, under: bool = False) -> list[PendingPost]:
+        """Oldest first; pending: not known posted, refused or given up."""
         which = c.subject.startswith(subject, autoescape=True) if under else c.subject == subject
-        with guard("cannot read the outbox"), read_tx(self._engine) as conn:
-            rows = conn.execute(
-                select(outbox).where(c.state == "pending", which).order_by(c.id)
-            ).all()
-            return [_pending(r) for r in rows]
+        q = select(outbox).where(c.state == "pending", which).order_by(c.id)
+        return [_pending(r) for r in conn.execute(q).all()]
 
-    def _recorded(self, subject: str) -> bool:
-        with guard("cannot read the outbox"), read_tx(self._engine) as conn:
-            return conn.execute(select(c.id).where(c.once == subject)).first() is not None
+    @reads("cannot read the outbox")
+    def recorded(self, conn: Connection, subject: str) -> bool:
+        return conn.execute(select(c.id).where(c.once == subject)).first() is not None
 
 
 def _mark_alerted(
@@ -317,15 +269,7 @@ def _alerted(
         payload: dict[str, Any] = {"alert": "alerted", "key": text, "token": row.token, "ref": ref}
         if adopted:
             payload["adopted"] = True
-        append(
-            conn,
-            kind="alert",
-            actor="gpubot",
-            source="gpubot",
-            node=a.node,
-            now=now,
-            payload=payload,
-        )
+        _audit_post(conn, None, a.node, payload, now)
         done.append(parse_key(text))
     return done
 
@@ -335,18 +279,25 @@ def _audit_end(conn: Connection, post: PendingPost, now: datetime, end: dict[str
     if post.audit is None:
         return
     about = parse_subject(post.subject)
-    node = None
-    if about is not None:
-        node = conn.execute(select(approvals.c.node).where(approvals.c.id == about[0])).scalar()
-    append(
-        conn,
-        kind="alert" if about is None else "approval",
-        actor="gpubot",
-        source="gpubot",
-        node=node,
-        payload={**_about(about), **post.audit, **end, "token": post.token},
-        now=now,
-    )
+    node = None if about is None else _node(conn, about)
+    payload = {**_about(about), **post.audit, **end, "token": post.token}
+    _audit_post(conn, about, node, payload, now)
+
+
+def _audit_post(
+    conn: Connection,
+    about: tuple[int, Purpose] | None,
+    node: str | None,
+    payload: dict[str, Any],
+    now: datetime,
+) -> None:
+    """Append a post's audit record: an approval's (``about`` names it) or an alert's."""
+    kind = "alert" if about is None else "approval"
+    append(conn, kind=kind, actor="gpubot", source="gpubot", node=node, payload=payload, now=now)
+
+
+def _node(conn: Connection, about: tuple[int, Purpose]) -> str | None:
+    return conn.execute(select(approvals.c.node).where(approvals.c.id == about[0])).scalar()
 
 
 def _about(about: tuple[int, Purpose] | None) -> dict[str, Any]:

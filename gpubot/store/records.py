@@ -24,12 +24,14 @@ def iso(moment: datetime) -> str:
 
 
 def parse_iso(text: str) -> datetime:
-    """Parse the store's UTC text back into an aware datetime."""
     return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC)
 
 
+def parse_opt(text: str | None) -> datetime | None:
+    return None if text is None else parse_iso(text)
+
+
 def text_of(unix: float) -> str:
-    """Return the store's UTC text of a unix time."""
     return iso(datetime.fromtimestamp(unix, UTC))
 
 
@@ -55,16 +57,13 @@ class AuditRecord:
 
     @property
     def time(self) -> datetime:
-        """Return ``created_at`` as an aware datetime."""
         return parse_iso(self.created_at)
 
     @property
     def data(self) -> Any:
-        """Return the decoded payload."""
         return json.loads(self.payload)
 
     def as_dict(self) -> dict[str, Any]:
-        """Return every stored field (for export)."""
         return asdict(self)
 
 
@@ -89,7 +88,6 @@ class ActionSummary:
         return self.finished_at is None
 
     def as_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
         finished = None if self.finished_at is None else iso(self.finished_at)
         shown = {"gpus": list(self.gpus), "started_at": iso(self.started_at)}
         return asdict(self) | shown | {"finished_at": finished}
@@ -112,7 +110,6 @@ class ActionDetail:
         return dict(found) if isinstance(found, Mapping) else None
 
     def as_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
         return {
             **self.summary.as_dict(),
             "approval": self.approval,
@@ -139,11 +136,9 @@ class Seal:
 
     @property
     def time(self) -> datetime:
-        """Return when the seal was written."""
         return parse_iso(self.at)
 
     def as_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
         return {"seq": self.seq, "at": self.at, "reason": self.reason, "every_s": self.every_s}
 
 
@@ -175,7 +170,6 @@ class VerifyResult:
         return f"{self.head_seq}:{self.head_hash}"
 
     def mode_text(self) -> str:
-        """Return the chain's mode for a person."""
         if self.mode == "keyed":
             return f"keyed (HMAC-SHA256 from record {self.keyed_from}, key id {self.key_id})"
         return "plain (sha256, no key)"
@@ -211,7 +205,7 @@ class VerifyResult:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict (``audit verify --json``)."""
+        """``audit verify --json``."""
         seal = None if self.seal is None else {**self.seal.as_dict(), "age_s": self.seal_age_s}
         head_file = None
         if self.file_head is not None:

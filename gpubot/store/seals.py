@@ -67,22 +67,13 @@ def parse_seal(r: AuditRecord) -> Seal | None:
     if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
         return None
     link: tuple[int, str] | None = None
-    if prev is not None:
-        if not _is_link(prev):
+    if prev is not None:  # [SEQ, "HASH"]
+        if not (isinstance(prev, list) and len(prev) == 2 and type(prev[0]) is int):
+            return None
+        if not isinstance(prev[1], str):
             return None
         link = (prev[0], prev[1])
     return Seal(r.seq, r.created_at, str(d["seal"]), float(every), link)
-
-
-def _is_link(value: Any) -> bool:
-    """Whether ``value`` is ``[SEQ, "HASH"]``."""
-    return (
-        isinstance(value, list)
-        and len(value) == 2
-        and isinstance(value[0], int)
-        and not isinstance(value[0], bool)
-        and isinstance(value[1], str)
-    )
 
 
 class SealTrail:

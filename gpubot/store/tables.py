@@ -107,11 +107,8 @@ alerts = Table(
     Column("ref", Text, nullable=True),  # its alert message (0014)
 )
 
-# The outbox (``store.outbox``): every post that must appear once (alerts, DMs, the audit head,
-# the ladder's, approvals'), recorded with a token before it is made; the token rides in the
-# message, so a post whose answer was lost is found in the history instead of repeated. ``once``
-# (the subject, or NULL) makes a subject one row ever; ``taken_at`` is the compare-and-set of the
-# caller that may post it now; ``ref`` is where it landed, as the front end names it.
+# The outbox (``store.outbox``). ``once`` (the subject, or NULL) makes a subject one row ever;
+# ``taken_at`` is the compare-and-set of the caller that may post it now.
 outbox = Table(
     "outbox",
     metadata,
@@ -148,10 +145,9 @@ gpu_samples = Table(
     Index(None, "node", "gpu_index", "taken_at"),
 )
 
-# One row per GPU (``usage.idle_runs``): its latest sample's time and since when it has been held
-# idle, advanced by each sweep in the transaction that stores its samples, so that the idle
-# check reads one row per GPU instead of the samples. ``min_mib``/``max_gap_ms``: the rule the
-# run was kept under (another rule rebuilds it from the samples). Pruned with the samples.
+# One row per GPU (``store.idle_runs``): its latest sample's time and since when it has been
+# held idle. ``min_mib``/``max_gap_ms``: the rule the run was kept under (another rule rebuilds
+# it from the samples). Pruned with the samples.
 gpu_idle = Table(
     "gpu_idle",
     metadata,
@@ -166,10 +162,9 @@ gpu_idle = Table(
     Index(None, "last_at"),
 )
 
-# Since when each process has held its GPU (``core.usage.holder_runs``), folded in the transaction
-# that advances ``gpu_idle`` (``store.holder_runs``): a holder is idle only for its own part of
-# its GPU's idle run, whichever process swept before. pid 0 (no process's): the GPU's own looks.
-# A holder gone from its GPU, or not looked at for longer than the gap, has no row.
+# Since when each process has held its GPU (``store.holder_runs``). pid 0 (no process's): the
+# GPU's own looks. A holder gone from its GPU, or not looked at for longer than the gap, has no
+# row.
 gpu_holders = Table(
     "gpu_holders",
     metadata,
@@ -183,10 +178,8 @@ gpu_holders = Table(
     Index(None, "last_at"),
 )
 
-# One row per exclusive thing (``reset:NODE``, ``sweep``): who holds it, under which fencing
-# token, until when (``store.leases``). A row is never deleted, so a token is never reused; a
-# released lease keeps its token with an empty holder. Not part of the audit chain (renewed every
-# few seconds); taking over a dead holder's expired lease is audited.
+# One row per exclusive thing (``reset:NODE``, ``sweep``): ``store.leases``. A row is never
+# deleted, so a token is never reused. Not part of the audit chain (renewed every few seconds).
 leases = Table(
     "leases",
     metadata,
@@ -279,9 +272,8 @@ idle_ladder = Table(
     Column("kept_at", TIME, nullable=True),
 )
 
-# GPU claims (``store.claims``, issue 26): a person's word that they use a GPU until a time.
-# ``holding`` is "NODE:GPU" while the claim is active and NULL after: a unique column, so the
-# database itself refuses a second active claim of one GPU (a conditional write's backstop).
+# GPU claims (``store.claims``). ``holding`` is "NODE:GPU" while the claim is active and NULL
+# after: a unique column, so the database itself refuses a second active claim of one GPU.
 claims = Table(
     "claims",
     metadata,
@@ -296,9 +288,7 @@ claims = Table(
     Column("note", Text, nullable=False),
     Column("state", String(16), nullable=False),
     Column("ended_at", TIME, nullable=True),
-    Column(
-        "idle_since", TIME, nullable=True
-    ),  # its GPU's idle run (``core.claims.rules.idle_step``)
+    Column("idle_since", TIME, nullable=True),  # its GPU's idle run (core.claims.rules)
     Column("idle_last_at", TIME, nullable=True),
     Column("idle_dm_at", TIME, nullable=True),  # when its holder was asked Keep / Release
     Column("intruder_told", Text, nullable=True),  # the intruder its holder was told of
@@ -325,4 +315,21 @@ claim_waits = Table(
     Column("hold_until", TIME, nullable=True),
     CheckConstraint("state IN ('waiting', 'offered', 'taken', 'lapsed', 'left')", name="state"),
     Index(None, "state", "node"),
+)
+
+# Maintenance windows (``store.maint``, issue 37): a node's planned work from ``starts_at`` to
+# ``ends_at``; ``ended_at`` when ``maint end`` closed it early. Every change is audited too.
+maint_windows = Table(
+    "maint_windows",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", Text, nullable=False),
+    Column("starts_at", TIME, nullable=False),
+    Column("ends_at", TIME, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("opened_by", Text, nullable=False),
+    Column("created_at", TIME, nullable=False),
+    Column("ended_at", TIME, nullable=True),
+    Column("ended_by", Text, nullable=True),
+    Index(None, "ends_at"),
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import Connection, RowMapping, and_, bindparam, func, select
+from sqlalchemy import Connection, RowMapping, and_, func, select
 
 from gpubot.core.usage.hours import (
     KINDS,
@@ -61,7 +61,8 @@ class DbUsage(Part):
         self, conn: Connection, since: float, until: float, *, by: str = ""
     ) -> UsageRecords:
         """Return the buckets of the hours in [since, until), and what they rest on; ``by``
-        "node" or "holder" has the database sum them, since a fleet's week is millions."""
+        "node", "holder" or "node-holder" (each holder's per node) has the database sum them,
+        since a fleet's week is millions."""
         lo, hi = text_of(since), text_of(until)
         rows = _summed(conn, lo, hi, int(since), by)
         count = select(func.count()).select_from(sweeps)
@@ -83,9 +84,16 @@ def _summed(conn: Connection, lo: str, hi: str, since: int, by: str) -> tuple[Us
     if not by:
         q = select(u).where(*when).order_by(u.c.hour, u.c.node, u.c.gpu_index, u.c.holder)
         return tuple(_usage_of(r._mapping) for r in conn.execute(q))
+    sums = [func.sum(u.c[c]) for c in COLUMNS]
+    if by == "node-holder":  # each holder's sums per node
+        keys = (u.c.node, u.c.holder)
+        q = select(*keys, *sums).where(*when, u.c.holder != NODE_ROW).group_by(*keys)
+        return tuple(
+            Usage(since, node, 0, holder, *(int(f or 0) for f in figures))
+            for node, holder, *figures in conn.execute(q.order_by(*keys))
+        )
     key = u.c.node if by == "node" else u.c.holder
     mine = u.c.holder == NODE_ROW if by == "node" else u.c.holder != NODE_ROW
-    sums = [func.sum(u.c[c]) for c in COLUMNS]
     q = select(key, *sums).where(*when, mine).group_by(key).order_by(key)
     out = []
     for name, *figures in conn.execute(q):
@@ -105,42 +113,21 @@ def _usage_of(m: RowMapping) -> Usage:
 
 
 def _write_buckets(conn: Connection, rows: Iterable[Usage]) -> None:
-    """Add to the buckets that exist, insert the others (two batched statements)."""
+    """Add to the buckets that exist, insert the others."""
     todo = list(rows)
-    if not todo:
-        return
     hours = sorted({r.hour for r in todo})
     have: set[tuple[int, str, int, str]] = set()
     for h in hours:
         q = select(u.c.node, u.c.gpu_index, u.c.holder).where(u.c.hour == text_of(h))
         have |= {(h, n, int(g), user) for n, g, user in conn.execute(q)}
-    old = [_values(r, "k_", "d_") for r in todo if r.key in have]
+    old = [_values(r) for r in todo if r.key in have]
     new = [_values(r) for r in todo if r.key not in have]
-    if old:
-        change = (
-            u.update()
-            .where(
-                u.c.hour == bindparam("k_hour"),
-                u.c.node == bindparam("k_node"),
-                u.c.gpu_index == bindparam("k_gpu_index"),
-                u.c.holder == bindparam("k_holder"),
-            )
-            .values({c: u.c[c] + bindparam(f"d_{c}") for c in COLUMNS})
-        )
-        conn.execute(change, old)
-    if new:
-        conn.execute(u.insert(), new)
+    write_rows(conn, u, ("hour", "node", "gpu_index", "holder"), old, new, add=True)
 
 
-def _values(r: Usage, key: str = "", delta: str = "") -> dict[str, object]:
-    """Return a bucket's columns; an update's bound names the key and the figures apart."""
-    out: dict[str, object] = {
-        f"{key}hour": text_of(r.hour),
-        f"{key}node": r.node,
-        f"{key}gpu_index": r.gpu,
-        f"{key}holder": r.user,
-    }
-    return out | {f"{delta}{k}_ms": getattr(r, k) for k in KINDS} | {f"{delta}samples": r.samples}
+def _values(r: Usage) -> dict[str, object]:
+    key = {"hour": text_of(r.hour), "node": r.node, "gpu_index": r.gpu, "holder": r.user}
+    return key | {f"{k}_ms": getattr(r, k) for k in KINDS} | {"samples": r.samples}
 
 
 def _write_last(conn: Connection, sweep: UsageSweep, prev: dict[tuple[str, int], float]) -> None:

@@ -32,7 +32,6 @@ _pool_lock = threading.Lock()
 
 
 def pool() -> ThreadPoolExecutor:
-    """Return the store's thread pool (made on first use, one per process)."""
     global _pool
     with _pool_lock:
         if _pool is None:

@@ -9,31 +9,22 @@ from gpubot.config import SshSettings
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.core.ports import NvmlTables, Transport
 from gpubot.transport import descriptors
-from gpubot.transport.local import LocalTransport, nvml_query
-from gpubot.transport.scripted import ScriptedTransport
-from gpubot.transport.ssh import SshTransport
-
-__all__ = [
-    "LocalTransport",
-    "RoutingTransport",
-    "ScriptedTransport",
-    "SshTransport",
-    "make_transport",
-    "nvml_query",
-]
+from gpubot.transport.local import LocalTransport as LocalTransport
+from gpubot.transport.local import nvml_query as nvml_query
+from gpubot.transport.scripted import ScriptedTransport as ScriptedTransport
+from gpubot.transport.ssh import SshTransport as SshTransport
 
 
 class RoutingTransport:
     """Sends ``host = "local"`` nodes to a LocalTransport and every other node over SSH."""
 
-    def __init__(self, ssh: SshSettings, *, local: LocalTransport | None = None) -> None:
+    def __init__(self, ssh: SshSettings) -> None:
         self.ssh = SshTransport(ssh)
-        self.local = local or LocalTransport(ssh)
+        self.local = LocalTransport(ssh)
 
     async def run(
         self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
     ) -> CommandResult:
-        """Run ``argv`` on ``node`` through the transport its host calls for."""
         t: Transport = self.local if node.host == "local" else self.ssh
         return await t.run(node, argv, timeout=timeout)
 
@@ -42,11 +33,9 @@ class RoutingTransport:
         return await self.local.nvml_snapshot(node) if node.host == "local" else None
 
     def connected(self) -> int:
-        """Return how many SSH connections are open."""
         return self.ssh.connected()
 
     async def close(self) -> None:
-        """Close every pooled connection."""
         await self.ssh.close()
         await self.local.close()
 

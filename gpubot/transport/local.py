@@ -78,7 +78,6 @@ class LocalTransport:
     async def run(
         self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
     ) -> CommandResult:
-        """Run ``argv`` here (no shell) and return its result."""
         check_argv(argv)
         limit = self._ssh.command_timeout_s if timeout is None else timeout
         args = tuple(argv)
@@ -115,7 +114,7 @@ class LocalTransport:
         return CommandResult(args, status, out, err)
 
     async def nvml_snapshot(self, node: NodeConfig) -> NvmlTables | None:
-        """Return NVML's GPU and compute-app tables, or None to fall back to nvidia-smi."""
+        """Return NVML's tables, or None to fall back to nvidia-smi."""
         if self._nvml_absent:
             return None
         try:
@@ -128,7 +127,7 @@ class LocalTransport:
             return None  # nvidia-smi will say what is wrong, in its own words
 
     async def close(self) -> None:
-        """Nothing is pooled locally."""
+        pass  # nothing is pooled locally
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:
@@ -186,11 +185,7 @@ class _Lost(Exception):
     """NVML said NVML_ERROR_GPU_IS_LOST in one GPU's reads: what was read of it is dropped."""
 
 
-class _Absent:
-    """The function is not in this process's NVML (or a pynvml too old to wrap it)."""
-
-
-_ABSENT = _Absent()
+_ABSENT = object()  # the function is not in this process's NVML (or a pynvml too old to wrap it)
 
 
 class _Reader:
@@ -207,7 +202,7 @@ class _Reader:
         self.missing = _missing_set(lib)
         self.flags: list[str] = []  # the current GPU's
 
-    def flag(self, flag: str) -> None:
+    def flag(self, flag: str) -> None:  # on the current GPU
         if flag not in self.flags:
             self.flags.append(flag)
 

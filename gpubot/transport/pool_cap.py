@@ -1,9 +1,8 @@
 """The SSH pool's cap: at most so many connections open, so the descriptor limit is never hit.
 
-Idle connections stay open, one per node; past the descriptor limit the last nodes failed with
-``EMFILE`` and looked unreachable. A command holds its node's place; when the pool is full, a
-new node takes the place of the least recently used idle one, whose connection is closed; when
-every place is busy it waits at most ``wait_s``, then fails in one line.
+Past the descriptor limit the last nodes would fail with ``EMFILE`` and look unreachable. A
+command holds its node's place; when the pool is full, a new node takes the place of the least
+recently used idle one (closed); when every place is busy it waits at most ``wait_s``.
 """
 
 from __future__ import annotations
@@ -49,7 +48,13 @@ class ConnectionCap:
             if idle is not None:
                 del self._places[idle]
                 self._close(idle)
-                self._said()
+                self.closed_for_room += 1
+                if self.closed_for_room == 1:
+                    log.warning(
+                        "SSH connections at their cap of %d (the descriptor limit): idle ones are "
+                        "closed to reach more nodes; raise LimitNOFILE to keep one per node",
+                        self.limit,
+                    )
                 continue
             self._freed = self._freed or asyncio.Event()
             self._freed.clear()
@@ -63,12 +68,3 @@ class ConnectionCap:
                 ) from None
         self._places[node] = self._places.get(node, 0) + 1
         self._places.move_to_end(node)
-
-    def _said(self) -> None:
-        self.closed_for_room += 1
-        if self.closed_for_room == 1:
-            log.warning(
-                "SSH connections at their cap of %d (the descriptor limit): idle ones are "
-                "closed to reach more nodes; raise LimitNOFILE to keep one per node",
-                self.limit,
-            )

@@ -2,9 +2,7 @@
 ``MockTransport`` is the model).
 
 Every ``run`` is one ``Call`` given to the handler, which returns a result or raises as a real
-transport would. The argv is checked as the real transports check it, and every call is kept
-for a test to look at. Nothing is started: the seam for tests of services, and for front ends
-shown without a fleet.
+transport would; the argv is checked as the real transports check it, and every call is kept.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from dataclasses import dataclass
 
 from gpubot.core.models import CommandResult, NodeConfig
 from gpubot.core.names import SUDO
+from gpubot.core.nodelog import LOGGED_NAME
 from gpubot.errors import TransportError
 from gpubot.transport.ssh import check_argv
 
@@ -33,8 +32,11 @@ class Call:
     @property
     def program(self) -> str:
         """The script's own name (``gpubot-probe`` for ``bash -c SCRIPT gpubot-probe ...``), or
-        the program run (``argv[0]``), after any ``timeout ...`` or ``sudo -n`` prefix."""
+        the program run (``argv[0]``), after any ``timeout ...`` or ``sudo -n`` prefix, or the
+        ``gpubot-log`` wrapper that writes an action's node log line first (``nodelog``)."""
         argv = list(self.argv)
+        if argv[:2] == ["sh", "-c"] and argv[3:4] == [LOGGED_NAME]:  # sh -c S gpubot-log LINE ...
+            argv = argv[5:]
         if argv[:1] == ["timeout"]:  # timeout -k 1 SECONDS COMMAND ...
             argv = argv[4:]
         if tuple(argv[: len(SUDO)]) == SUDO:
@@ -62,7 +64,6 @@ class ScriptedTransport:
     async def run(
         self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
     ) -> CommandResult:
-        """Give the call to the handler and return its result (or raise its error)."""
         check_argv(argv)
         call = Call(node, tuple(argv), timeout)
         self.calls.append(call)

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar, cast
 from gpubot.config import SshSettings, expand
 from gpubot.core.clock import within
 from gpubot.core.models import CommandResult, NodeConfig
+from gpubot.core.text import cut
 from gpubot.errors import (
     AuthRefused,
     CommandTimeout,
@@ -57,7 +58,7 @@ def describe(argv: Sequence[str], limit: int = 60) -> str:
     if len(argv) > 3 and argv[0] in ("sh", "bash") and argv[1] == "-c":
         return argv[3]  # our scripts name themselves in $0 (gpubot-probe, ...)
     text = " ".join(shlex.join(argv).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return cut(text, limit)
 
 
 def exit_status_of(status: int | None, sig: tuple[str, bool, str, str] | None) -> int | None:
@@ -104,18 +105,16 @@ class SshTransport:
         self._cap = ConnectionCap(cap, self._evict)
 
     def connected(self) -> int:
-        """Return how many pooled connections are open."""
         return sum(1 for p in self._pool.values() if not p.conn.is_closed())
 
     async def run(
         self, node: NodeConfig, argv: Sequence[str], *, timeout: float | None = None
     ) -> CommandResult:
-        """Run ``argv`` on ``node`` (joined with ``shlex.join``) and return its result."""
+        """Run ``argv`` on ``node``, joined with ``shlex.join``."""
         async with self._cap.held(node.name, self._ssh.connect_timeout_s):
             return await self._run(node, argv, timeout=timeout)
 
-    def _evict(self, name: str) -> None:
-        """Close ``name``'s pooled connection, to make room for another node's (pool_cap)."""
+    def _evict(self, name: str) -> None:  # to make room for another node's (pool_cap)
         pooled = self._pool.pop(name, None)
         if pooled is not None:
             pooled.conn.close()
@@ -186,7 +185,6 @@ class SshTransport:
             raise
 
     async def close(self) -> None:
-        """Close every pooled connection."""
         pooled, self._pool = list(self._pool.values()), {}
         for p in pooled:
             p.conn.close()
@@ -357,13 +355,11 @@ def _stale(conn: asyncssh.SSHClientConnection, cause: BaseException | None) -> b
     return conn.is_closed() or isinstance(cause, asyncssh.DisconnectError | ConnectionError)
 
 
-def _why(exc: BaseException) -> str:
-    """Return the reason of a file that could not be read or parsed (its strerror, or text)."""
+def _why(exc: BaseException) -> str:  # of a file that could not be read or parsed
     return getattr(exc, "strerror", None) or str(exc)
 
 
-def _reason(exc: OSError) -> str:
-    """Return a short reason for a socket error ("Connection refused", a DNS failure ...)."""
+def _reason(exc: OSError) -> str:  # of a socket error ("Connection refused", DNS ...)
     if isinstance(exc, socket.gaierror) and exc.strerror:
         return exc.strerror
     if exc.errno and exc.errno > 0:
@@ -372,7 +368,7 @@ def _reason(exc: OSError) -> str:
 
 
 def check_argv(argv: Sequence[str]) -> None:
-    """Refuse an argv that no exec can carry (empty, or holding a NUL byte)."""
+    """Refuse an argv that no exec can carry."""
     if not argv:
         raise UsageError("empty command")
     if any("\0" in a for a in argv):
@@ -420,7 +416,6 @@ async def read_capped(out: Readable, err: Readable, cap: int) -> tuple[str, str]
 
 
 async def _collect(proc: asyncssh.SSHClientProcess[bytes], cap: int) -> tuple[str, str]:
-    """Read stdout and stderr (at most ``cap`` bytes together), then wait for the exit status."""
     out, err = await read_capped(proc.stdout, proc.stderr, cap)
     await proc.wait_closed()
     return out, err

@@ -18,6 +18,4 @@ warnings.filterwarnings(
     module=r"asyncssh(\.|$)",
 )
 
-import asyncssh  # noqa: E402  (after its filter, on purpose)
-
-__all__ = ["asyncssh"]
+import asyncssh as asyncssh  # noqa: E402  (after its filter, on purpose)

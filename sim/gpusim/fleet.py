@@ -409,6 +409,10 @@ class SimFleet:
             std_dirs=(str(self.root / "std-bin"),) if self._without else None,
         )
 
+    def execs(self) -> dict[str, int]:
+        """Return how many commands each node's SSH server has run (asyncssh servers only)."""
+        return dict(getattr(self._pool, "execs", {}))
+
     def _servers_for(self, node: str) -> ServerPool:
         if self._pool is None:
             raise SimUsageError("the fleet is not started")

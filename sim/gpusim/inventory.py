@@ -74,6 +74,7 @@ def config_text(
             f"dev_prefix = {q(n.dev_prefix)}",
             f"nvidia_smi = {q(n.nvidia_smi)}",
             f"driver_dir = {q(n.driver_dir)}",
+            f"pci_dir = {q(n.pci_dir)}",
             f"fabricmanager_pid = {q(n.fabricmanager_pid)}",
             *(["sudo = true"] if n.sudo else []),
             *(

@@ -22,10 +22,22 @@ per record (journalctl(1), short-iso), then ``-- cursor: s=gpusim;i=HEX`` after 
 shown (none when nothing is shown); an unknown cursor: ``Failed to seek to cursor: Invalid
 argument``, exit 1.
 ``dmesg --time-format iso`` prints ``2026-12-02T05:50:01,123456+00:00 MESSAGE`` (dmesg(1)).
+
+``logger [-t TAG] [--] MESSAGE...`` (util-linux's, as gpubot calls it) appends one user record
+to ``<state>/syslog.log`` (one JSON object a line: time, tag, message), and ``journalctl -t TAG
+[-o short-iso]`` prints the records of that tag as ``2026-12-02T05:50:01+0000 HOST TAG:
+MESSAGE``. ``<state>/logger.mode`` says how logger behaves (``LOGGER_MODES``):
+
+- ``journal`` (the default): the record is written, exit 0.
+- ``no-socket``: no syslog socket (a container without journald): nothing is written, and
+  logger says what util-linux's says then, ``logger: socket /dev/log: No such file or
+  directory`` (verbatim from https://github.com/docker-library/python/issues/576), exit 1.
+- ``hang``: logger blocks (a journal that does not read its socket) for 60 s, writing nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -35,6 +47,10 @@ from datetime import UTC, datetime
 LOG_FILE = "kernel.log"
 MODE_FILE = "kernel.mode"
 MODES = ("journal", "dmesg", "no-journal-group", "denied")
+SYSLOG_FILE = "syslog.log"
+LOGGER_MODE_FILE = "logger.mode"
+LOGGER_MODES = ("journal", "no-socket", "hang")
+NO_SOCKET = "logger: socket /dev/log: No such file or directory"
 HINT = (
     "Hint: You are currently not seeing messages from other users and the system.\n"
     "      Users in groups 'adm', 'systemd-journal' can see all messages.\n"
@@ -65,7 +81,73 @@ def mode(state_dir: str) -> str:
     return m if m in MODES else "journal"
 
 
+def user_records(state_dir: str) -> list[dict[str, object]]:
+    """Return the node's ``logger`` records (time, tag, message), oldest first."""
+    try:
+        with open(os.path.join(state_dir, SYSLOG_FILE), encoding="utf-8") as f:
+            return [json.loads(x) for x in f if x.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def logger_mode(state_dir: str) -> str:
+    """Return how the node's ``logger`` behaves (``LOGGER_MODES``)."""
+    try:
+        with open(os.path.join(state_dir, LOGGER_MODE_FILE), encoding="ascii") as f:
+            m = f.read().strip()
+    except FileNotFoundError:
+        return "journal"
+    return m if m in LOGGER_MODES else "journal"
+
+
+def _logger(argv: list[str], state_dir: str) -> int:
+    tag = os.environ.get("USER", "gpusim")
+    words: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            words += argv[i + 1 :]
+            break
+        if a in ("-t", "--tag") and i + 1 < len(argv):
+            tag, i = argv[i + 1], i + 2
+            continue
+        if a.startswith("-") and a != "-":
+            print(f"logger: gpusim's stand-in has no option {a}", file=sys.stderr)
+            return 1
+        words.append(a)
+        i += 1
+    m = logger_mode(state_dir)
+    if m == "no-socket":
+        print(NO_SOCKET, file=sys.stderr)
+        return 1
+    if m == "hang":
+        time.sleep(60)
+        return 1
+    path = os.path.join(state_dir, SYSLOG_FILE)
+    record = json.dumps({"at": time.time(), "tag": tag, "message": " ".join(words)})
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, (record + "\n").encode())
+    finally:
+        os.close(fd)
+    return 0
+
+
+def _by_tag(argv: list[str], state_dir: str) -> int:
+    tag = argv[argv.index("-t") + 1] if argv.index("-t") + 1 < len(argv) else ""
+    host = socket.gethostname()
+    for r in user_records(state_dir):
+        if r.get("tag") == tag:
+            at = r.get("at")
+            ts = datetime.fromtimestamp(float(at) if isinstance(at, int | float) else 0, UTC)
+            print(f"{ts.strftime('%Y-%m-%dT%H:%M:%S+0000')} {host} {tag}: {r.get('message')}")
+    return 0
+
+
 def _journal(argv: list[str], state_dir: str) -> int:
+    if "-t" in argv:  # user records of one tag (logger's)
+        return _by_tag(argv, state_dir)
     m = mode(state_dir)
     if m == "dmesg":
         print("No journal files were found.", file=sys.stderr)
@@ -108,12 +190,14 @@ def _dmesg(argv: list[str], state_dir: str) -> int:
 
 
 def main(prog: str, argv: list[str], state_dir: str) -> int:
-    """Run stand-in ``prog`` (``journalctl`` or ``dmesg``) against the node's kernel log."""
+    """Run stand-in ``prog`` (``journalctl``, ``dmesg`` or ``logger``) against the node's logs."""
     try:
         if prog == "journalctl":
             return _journal(argv, state_dir)
         if prog == "dmesg":
             return _dmesg(argv, state_dir)
+        if prog == "logger":
+            return _logger(argv, state_dir)
     except BrokenPipeError:
         return 141
     print(f"gpusim: no stand-in called {prog!r}", file=sys.stderr)

@@ -15,7 +15,16 @@ import time
 from pathlib import Path
 
 from gpusim.errors import SimUsageError
-from gpusim.kernlog import LOG_FILE, MODE_FILE, MODES, records
+from gpusim.kernlog import (
+    LOG_FILE,
+    LOGGER_MODE_FILE,
+    LOGGER_MODES,
+    MODE_FILE,
+    MODES,
+    SYSLOG_FILE,
+    records,
+    user_records,
+)
 
 # Real lines after "NVRM: Xid (PCI:dddd:bb:dd): CODE, " (the pid/name part is added when given).
 TEMPLATES: dict[int, tuple[str, str]] = {
@@ -127,8 +136,22 @@ class KernelLog:
         path.write_text(mode + "\n", encoding="ascii")
         os.chmod(path, 0o644)
 
+    def set_logger_mode(self, mode: str) -> None:
+        """Set how the node's ``logger`` behaves (``gpusim.kernlog.LOGGER_MODES``)."""
+        if mode not in LOGGER_MODES:
+            raise SimUsageError(f"logger mode must be one of {', '.join(LOGGER_MODES)}")
+        path = self.state_dir / LOGGER_MODE_FILE
+        path.write_text(mode + "\n", encoding="ascii")
+        os.chmod(path, 0o644)
+
+    def user_lines(self, tag: str) -> list[str]:
+        """Return the messages ``logger -t TAG`` wrote on the node, oldest first."""
+        return [
+            str(r.get("message")) for r in user_records(str(self.state_dir)) if r.get("tag") == tag
+        ]
+
     def clear(self) -> None:
-        """Empty the log and set the mode back to ``journal``."""
-        for name in (LOG_FILE, MODE_FILE):
+        """Empty the logs and set the modes back to ``journal``."""
+        for name in (LOG_FILE, MODE_FILE, SYSLOG_FILE, LOGGER_MODE_FILE):
             (self.state_dir / name).unlink(missing_ok=True)
         self._seq = None

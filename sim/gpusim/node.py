@@ -60,6 +60,7 @@ class SimNode:
         # GPU index i opens {dev_prefix}{minors[i]}; the driver's folder says so per bus id.
         self.minors = list(minors) if minors is not None else list(range(gpus))
         self.driver_dir = str(self.dir / "driver")
+        self.pci_dir = str(self.dir / "pci")  # the kernel's PCI devices: a sysfs stand-in
         self.fabricmanager_pid = str(self.dir / "run" / "nvidia-fabricmanager" / "fm.pid")
         # The sudo stand-in (a fleet started with sudo_rule=): its directory comes first on PATH.
         self.sudo = False
@@ -82,8 +83,7 @@ class SimNode:
         """Create the node's directories, device files, state and nvidia-smi launcher."""
         node_layout.make_tree(self.dir, self.minors)
         gpus = node_layout.gpu_records(self.name, self.model, self.memory_mib, self.minors)
-        for g in gpus:
-            node_layout.write_information(self.driver_dir, g)
+        node_layout.write_driver(self.driver_dir, self.pci_dir, gpus)
         state = simstate.new_state(self.name, gpus, self.dev_prefix, self._initial_delay)
         node_layout.init_state(self.state_dir, state)
         self.kernel = KernelLog(self.state_dir, [str(g["bus_id"]) for g in gpus])
@@ -423,7 +423,8 @@ class SimNode:
         with simstate.transaction(str(self.state_dir)) as state:
             state["allocs"] = []
             state["overrides"] = {"gpu": {}, "apps": {}}
-            state.pop("health", None)  # gpusim.health_faults
+            state.pop("health", None)  # gpusim.health_faults (a vanished GPU's too)
+            node_layout.write_pci(self.pci_dir, state["gpus"])  # one gone from PCI comes back
 
     def live_pids(self) -> list[tuple[int, int]]:
         """Return ``(pid, start ticks)`` of every live process this node started (an adopted

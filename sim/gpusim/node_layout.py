@@ -92,6 +92,39 @@ def write_information(driver_dir: str, g: dict[str, Any]) -> None:
     )
 
 
+# Devices beside the GPUs, as a GPU box's /sys/bus/pci/devices has them: an NVSwitch (NVIDIA,
+# class bridge), a GPU's HDMI audio function (NVIDIA, class audio), a NIC (Mellanox).
+OTHER_PCI = {
+    "0000:05:00.0": ("0x10de", "0x068000"),
+    "0000:18:00.1": ("0x10de", "0x040300"),
+    "0000:0c:00.0": ("0x15b3", "0x020700"),
+}
+
+
+def pci_name(bus: str) -> str:
+    """Return nvidia-smi's ``00000000:18:00.0`` as sysfs names it: ``0000:18:00.0``."""
+    domain, rest = bus.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def write_driver(driver_dir: str, pci_dir: str, gpus: list[dict[str, Any]]) -> None:
+    """Write each GPU's driver folder (``write_information``) and the node's PCI devices."""
+    for g in gpus:
+        write_information(driver_dir, g)
+    write_pci(pci_dir, gpus)
+
+
+def write_pci(pci_dir: str, gpus: list[dict[str, Any]]) -> None:
+    """Write the sysfs stand-in: ``<pci_dir>/<bus id>/vendor`` and ``class`` for each GPU (a 3D
+    controller, 0x030200) and for a few devices that are no GPU (``OTHER_PCI``)."""
+    devices = {pci_name(g["bus_id"]): ("0x10de", "0x030200") for g in gpus}
+    for bus, (vendor, cls) in {**OTHER_PCI, **devices}.items():
+        folder = Path(pci_dir) / bus
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "vendor").write_text(vendor + "\n", encoding="utf-8")
+        (folder / "class").write_text(cls + "\n", encoding="utf-8")
+
+
 def init_state(state_dir: Path, state: simstate.State) -> None:
     """Create the state lock (everyone may take it) and save the node's first state."""
     lock = state_dir / simstate.LOCK_FILE
@@ -118,10 +151,10 @@ def write_launcher(
 
 
 def write_kernlog(directory: Path, python: str, lib_dir: Path, node: str, state: Path) -> None:
-    """Write the node's stand-in ``journalctl`` and ``dmesg`` (``gpusim.kernlog``)."""
+    """Write the node's stand-in ``journalctl``, ``dmesg`` and ``logger`` (``gpusim.kernlog``)."""
     directory.mkdir(exist_ok=True)
     os.chmod(directory, 0o755)
-    for prog in ("journalctl", "dmesg"):
+    for prog in ("journalctl", "dmesg", "logger"):
         doc = f"{prog} of the simulated node {node} (gpusim.kernlog)."
         args = f"{prog!r}, sys.argv[1:], {str(state)!r}"
         write_launcher(directory / prog, python, lib_dir, doc, "kernlog", args)

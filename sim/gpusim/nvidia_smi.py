@@ -233,11 +233,12 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 def select_gpus(state: simstate.State, ids: list[str] | None) -> list[dict[str, Any]]:
     """Return the GPUs ``-i`` names (all without ``-i``); raise ``Usage`` for an unknown one.
 
-    A lost GPU (fault ``lost``) answers nothing: it is left out.
+    A lost GPU (fault ``lost``) answers nothing: it is left out; so is a vanished one, silently.
     """
     fault = state.get("fault") or {}
-    gone = fault.get("gpu") if fault.get("kind") == "lost" else None
-    gpus: list[dict[str, Any]] = [g for g in state["gpus"] if g["index"] != gone]
+    gone = {*state.get("health", {}).get("vanished", ())}  # gpusim.health_faults.vanish
+    gone |= {fault.get("gpu")} if fault.get("kind") == "lost" else set()
+    gpus: list[dict[str, Any]] = [g for g in state["gpus"] if g["index"] not in gone]
     if ids is None:
         return gpus
     out: list[dict[str, Any]] = []

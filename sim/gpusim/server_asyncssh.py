@@ -8,6 +8,7 @@ import errno
 import os
 import signal
 import threading
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -72,6 +73,7 @@ class AsyncsshPool:
         self._listeners: dict[str, _Listener] = {}
         self._children: set[asyncio.subprocess.Process] = set()
         self._sessions: set[asyncio.Task[Any]] = set()
+        self.execs: Counter[str] = Counter()  # commands each node's server was asked to run
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -88,6 +90,7 @@ class AsyncsshPool:
             task = asyncio.current_task()
             assert task is not None
             self._sessions.add(task)  # closing the pool waits for it to end its command
+            self.execs[spec.name] += 1
             try:
                 await self._session(lst, process)
             finally:

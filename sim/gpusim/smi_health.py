@@ -5,15 +5,22 @@ Standalone (standard library only, relative imports only: copied with ``nvidia_s
 "gpus": {"0": {...}}}``; a GPU's entry overrides its defaults: ``ecc_volatile``,
 ``ecc_aggregate`` (counts), ``retired_pending``, ``remap_pending``, ``remap_failure`` (bools),
 ``slowdown`` (a list of ``hw_slowdown``/``hw_thermal_slowdown``/``sw_thermal_slowdown``),
-``temperature``, ``power``, ``fabric_state``, ``fabric_status``, ``links_down`` (link numbers).
+``temperature``, ``power``, ``power_limit``, ``fabric_state``, ``fabric_status``, ``links_down``
+(link numbers).
+
+Power: a GPU draws ``IDLE_W`` plus ``W_PER_PCT`` per point of utilisation (as the default table
+prints it), up to its limit (``LIMIT_W``), unless its entry says ``power``; an allocation with
+``power_w`` (``health_faults.set_workload``: a job wedged at 100 % that draws little) adds that
+instead of its utilisation's share.
 
 The formats are the real program's (driver 550), as public samples show them (tests/corpus):
 ``--query-gpu`` prints ``Yes``/``No``, ``Active``/``Not Active``, counts, ``[N/A]`` where the GPU
 has no such thing (a consumer GPU: no ECC, no row remapper; no NVSwitch: no fabric), and
 ``Field "X" is not a valid field to query.`` for a field the driver does not know
 (``legacy``: a driver before 535, without ``clocks_event_reasons.*`` and ``fabric.*``).
-``nvlink -s`` lists each GPU's links (``Link 3: <inactive>`` when down) and nothing for a GPU
-without NVLink.
+``nvlink -s`` lists each GPU's links (``Link 3: <inactive>`` when down), NVML's one line
+``NVML: Unable to retrieve NVLink information as all links are inActive`` for a GPU whose links
+are all down, and nothing for a GPU without NVLink.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ FIELDS = {
     "remapped_rows.failure": "",
     "temperature.gpu": "",
     "power.draw": "W",
+    "power.limit": "W",
     "fabric.state": "",
     "fabric.status": "",
     **{f"clocks_event_reasons.{r}": "" for r in REASONS},
@@ -38,6 +46,10 @@ NEW_IN_535 = frozenset(
     {"fabric.state", "fabric.status", *(f"clocks_event_reasons.{r}" for r in REASONS)}
 )
 LINK_SPEED = "26.562 GB/s"  # an H100's, as nvidia-smi nvlink -s prints it
+ALL_INACTIVE = "NVML: Unable to retrieve NVLink information as all links are inActive"
+IDLE_W = 70.0
+W_PER_PCT = 6.0
+LIMIT_W = 700.0  # an H100 SXM's
 
 
 def unknown_fields(state: dict[str, Any], raw: list[str]) -> str | None:
@@ -49,10 +61,26 @@ def unknown_fields(state: dict[str, Any], raw: list[str]) -> str | None:
     return None
 
 
+def power_draw(state: dict[str, Any], index: int, limit: float) -> float:
+    """Return what GPU ``index`` draws, from its live allocations (see the module's note)."""
+    watts, util = IDLE_W, 0
+    for a in state.get("allocs", ()):
+        if a.get("gpu") != index or a.get("died_at") is not None:
+            continue
+        if a.get("power_w") is not None:
+            watts += float(a["power_w"])
+        else:
+            util += int(a.get("util", 0))
+    return min(limit, watts + W_PER_PCT * min(100, util))
+
+
 def values(state: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
     """Return one GPU's health fields as ``--query-gpu`` prints them."""
     node = state.get("health", {})
     mine = dict(node.get("gpus", {}).get(str(g["index"]), {}))
+    limit = float(mine.get("power_limit", LIMIT_W))
+    power = mine.get("power")
+    drawn = power_draw(state, g["index"], limit) if power is None else float(power)
     consumer = bool(node.get("consumer"))
     na = "[N/A]"
     out: dict[str, Any] = {
@@ -66,7 +94,8 @@ def values(state: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
         if consumer
         else _yes(mine.get("remap_failure", False)),
         "temperature.gpu": mine.get("temperature", 34),
-        "power.draw": f"{float(mine.get('power', 71.5)):.2f}",
+        "power.draw": f"{drawn:.2f}",
+        "power.limit": f"{limit:.2f}",
         "fabric.state": mine.get("fabric_state", "Completed") if node.get("fabric") else na,
         "fabric.status": mine.get("fabric_status", "Success") if node.get("fabric") else na,
     }
@@ -88,6 +117,9 @@ def nvlink_status(state: dict[str, Any], gpus: list[dict[str, Any]]) -> str:
     for g in gpus:
         out.append(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})")
         down = set(node.get("gpus", {}).get(str(g["index"]), {}).get("links_down", ()))
+        if n and down >= set(range(n)):  # NVML's one line (leptonai/gpud#1085)
+            out.append(ALL_INACTIVE)
+            continue
         for k in range(n):
             out.append(f"\t Link {k}: {'<inactive>' if k in down else LINK_SPEED}")
     return "".join(line + "\n" for line in out)

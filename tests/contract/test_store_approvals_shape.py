@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from gpubot.core.approval.model import ApprovalRequest
 from gpubot.core.models import ApprovalState as S
+from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.slurm.drain import NodeChange
 from gpubot.errors import StoreError
 from gpubot.store import Store
 from gpubot.store.records import iso
@@ -56,6 +59,7 @@ async def test_a_row_of_the_old_shape_loads_as_the_typed_request(store: Store) -
     aid = _insert(store, OLD_ROW)
     a = await store.approvals.get(aid)
     assert a is not None and a.request == REQUEST
+    assert isinstance(a.plan, ResetPlan) and a.request.change is None  # a reset, as ever
     assert (a.plan.forced, a.plan.targets[0].pid, a.request.node) == (True, 4242, "node3")
 
 
@@ -75,8 +79,57 @@ async def test_a_row_from_before_the_options_existed_loads_with_their_defaults(
     assert (a.request.command, a.request.grace_s, a.request.requester_user) == ("", None, None)
 
 
+DRAIN = ApprovalRequest(
+    NodeChange("node3", True, "xid 79 on GPU 5"),
+    command="/gpu drain node3 because xid 79 on GPU 5",
+    requester_user="alice",
+)
+# What a node change's request is stored as: the change under its own key, so that a row
+# without that key is a reset plan.
+DRAIN_ROW = {
+    "node_change": {"node": "node3", "state": "DRAIN", "reason": "xid 79 on GPU 5"},
+    "command": "/gpu drain node3 because xid 79 on GPU 5",
+    "grace_s": None,
+    "requester_user": "alice",
+}
+
+
 @pytest.mark.parametrize(
-    "bad", ['{"node": "node3", "kill": [{"pid": 4242}]}', "[1, 2]", '{"node": "node3"}']
+    ("request_", "row"),
+    [
+        (DRAIN, DRAIN_ROW),
+        (
+            ApprovalRequest(NodeChange("node3", False), command="resume node3"),
+            {
+                "node_change": {"node": "node3", "state": "RESUME", "reason": None},
+                "command": "resume node3",
+                "grace_s": None,
+                "requester_user": None,
+            },
+        ),
+    ],
+)
+async def test_a_node_change_is_stored_under_its_key_and_read_back(
+    store: Store, request_: ApprovalRequest, row: dict[str, Any]
+) -> None:
+    a = await store.approvals.create("U1", "alice", "node3", request_, now=T0)
+    assert _stored(store, a.id) == row
+    got = await store.approvals.get(a.id)
+    assert got is not None and got.request == request_ and got.request.change == request_.plan
+    assert got.node == "node3"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"node": "node3", "kill": [{"pid": 4242}]}',
+        "[1, 2]",
+        '{"node": "node3"}',
+        '{"node_change": {"node": "node3", "state": "DOWN"}}',
+        '{"node_change": {"state": "DRAIN"}}',
+        '{"node_change": "node3"}',
+        '{"node_change": {"node": "node3", "state": "DRAIN", "reason": 7}}',
+    ],
 )
 async def test_an_unreadable_row_is_one_clear_error(store: Store, bad: str) -> None:
     aid = _insert(store, bad)

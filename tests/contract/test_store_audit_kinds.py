@@ -65,6 +65,17 @@ async def _fill(store: Store) -> dict[str, int]:
         plan=None,
     )
     await store.finish_action(ids["reset"], status="ok", result={})
+    for verb in ("drain", "resume"):
+        ids[verb] = await store.begin_action(
+            kind=verb,
+            actor="U6",
+            source="slack",
+            command=f"/gpu {verb} node4",
+            node="node4",
+            gpus=(),
+            plan={"slurm_node": "node4", "approval": {"approver": "U6"}},
+        )
+        await store.finish_action(ids[verb], status="done", result={})
     ids["refused"] = await store.begin_action(
         kind="approve",
         actor="U3",
@@ -125,13 +136,14 @@ async def test_each_kind_and_the_people_default(store: Store) -> None:
 
     people = await kinds()
     assert people == sorted(people, reverse=True)  # newest first
-    for kind in ("reset", "refused", "claim", "approval", "ladder"):
+    for kind in ("reset", "drain", "resume", "refused", "claim", "approval", "ladder"):
         assert ids[kind] in people, kind
     assert not {ids["digest"], ids["alert"], ids["own"]} & set(people)  # gpubot's own
     assert ids["claim"] in await kinds("claim") and ids["own"] in await kinds("claim")
     assert ids["reset"] not in await kinds("claim")
     assert await kinds("reset") == [ids["reset"]]  # a refused approval is no reset
-    assert await kinds("action") == [ids["refused"], ids["reset"]]
+    assert await kinds("drain") == [ids["resume"], ids["drain"]]  # and a drain no reset
+    assert await kinds("action") == [ids["refused"], ids["resume"], ids["drain"], ids["reset"]]
     assert await kinds("digest") == [ids["digest"], ids["digest_intent"]]
     assert ids["digest"] not in await kinds("alert") and ids["alert"] in await kinds("alert")
     assert set(await kinds("alert,digest")) == {ids["alert"], ids["digest"], ids["digest_intent"]}

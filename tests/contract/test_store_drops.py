@@ -60,12 +60,31 @@ async def test_only_protected_tables_that_go_are_counted(fresh_db_url: str) -> N
     try:
         await _reset(store)
         claims_only = at_risk(store.engine, "0009")
-        assert claims_only.tables == ("claims", "claim_waits")
+        assert claims_only.tables == ("claims", "claim_waits", "maint_windows")
         assert (claims_only.counts, claims_only.head, claims_only.describe()) == ({}, None, "")
         everything = at_risk(store.engine, "base")
-        assert everything.tables == ("audit_log", "approvals", "claims", "claim_waits")
+        tables = ("audit_log", "approvals", "claims", "claim_waits", "maint_windows")
+        assert everything.tables == tables
         assert everything.counts == {"audit_log": 2} and everything.describe() == "2 audit records"
         assert everything.head == store.last_written
+    finally:
+        store.close()
+
+
+async def test_a_planned_maintenance_window_is_counted_before_it_is_dropped(
+    fresh_db_url: str,
+) -> None:
+    # The window a person planned cannot be rebuilt from anything else: a downgrade below the
+    # migration that made its table asks first, naming it.
+    store = open_store(fresh_db_url)
+    try:
+        now = 1_800_000_000.0
+        await store.maint.open(
+            "node3", now + 3600, 7200, "firmware", by="U1 (alice)", source="cli", now=now
+        )
+        risk = at_risk(store.engine, "0014")
+        assert risk.tables == ("maint_windows",)
+        assert risk.counts == {"maint_windows": 1} and risk.describe() == "1 maintenance window"
     finally:
         store.close()
 

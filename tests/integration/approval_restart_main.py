@@ -28,7 +28,6 @@ from gpubot.core.policy import Person
 from gpubot.lifecycle import Serving
 from gpubot.services.alert_keeper import NoAlerts
 from gpubot.services.reset import Ask
-from gpubot.slack.api import SlackSurface
 from gpubot.slack.app import GpuBot
 from gpubot.slack.front import SlackAccess, SlackFront
 from gpubot.slack.render import NeutralSurface, to_slack
@@ -69,7 +68,7 @@ async def approve(bot: GpuBot, s: Settings) -> None:
     await approvals.approvals.set_message(a.id, handle)
     channel_of, _, ts = handle.partition("/")
     emit("approving", approval=a.id, channel=channel_of, ts=ts)
-    out = NeutralSurface(SlackSurface(bot.api, channel=channel, user=CAROL.id, response_url=None))
+    out = NeutralSurface(bot.api, channel=channel, user=CAROL.id, response_url=None)
     await bot.flows.decide(a.id, True, CAROL, out, handle=handle)
     emit("decided", approval=a.id)
 

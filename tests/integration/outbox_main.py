@@ -29,11 +29,11 @@ from gpubot.core.reset.readiness import Readiness
 from gpubot.services.alert_keeper import AlertKeeper
 from gpubot.services.sweep import SweepService
 from gpubot.slack.alerts import SlackAlerts
-from gpubot.slack.api import SlackApi, make_client
+from gpubot.slack.api import SlackApi
 from gpubot.slack.front import SlackAccess, SlackFront
 from gpubot.slack.render import to_slack
 from tests.fixtures.settings import sweep_ports, with_tables
-from tests.fixtures.slack import BOT_TOKEN
+from tests.fixtures.slack import BOT_TOKEN, slack_api
 
 CHANNEL = "C0ALERTS"
 
@@ -76,9 +76,12 @@ class PostThenRecord(AlertKeeper):
         return tuple(alerted)
 
 
-def post_then_record(settings: Settings, app: Any, slack_url: str) -> SweepService:
-    """Return the control's sweep service over ``app``'s store and Slack at ``slack_url``."""
-    api = SlackApi(make_client(BOT_TOKEN, slack_url))
+def post_then_record(
+    settings: Settings, app: Any, slack_url: str, *, timeout: int | None = None
+) -> SweepService:
+    """Return the control's sweep service over ``app``'s store and Slack at ``slack_url``
+    (``timeout``: its Web API client's, in seconds; None: the product's)."""
+    api = slack_api(slack_url, timeout=timeout)
     notifier = SlackAlerts(api, CHANNEL)
     ports = sweep_ports(settings, app.store, notifier=notifier, keeper=PostThenRecord)
     assert isinstance(ports.keeper, PostThenRecord)

@@ -26,7 +26,7 @@ from gpubot.config import LeaseSettings, load
 from gpubot.core.alerting import SweepResult
 from gpubot.core.reset.plan import ResetRequest
 from gpubot.errors import GpubotError, LockHeld
-from gpubot.scheduler import SweepScheduler
+from gpubot.scheduler import IntervalScheduler
 from gpubot.services.reset import Ask
 from gpubot.services.sweep import SweepService
 from gpubot.store.leases import DbLeases
@@ -67,7 +67,7 @@ async def main(config: str, db_url: str, name: str, tables: dict[str, Any]) -> N
     locks = DbLeases(app.store.engine, replica=name, ttl_s=s.leases.ttl_s, renew_s=s.leases.renew_s)
     ports = sweep_ports(s, app.store, locks=locks)
     svc = TracedSweeps(s, app.status, app.transport, ports, replica=name)
-    sched = SweepScheduler(svc.scheduled, s.sweep.interval_s, first_after_s=0)
+    sched = IntervalScheduler(svc.scheduled, s.sweep.interval_s, first_after_s=0)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     sched.start()

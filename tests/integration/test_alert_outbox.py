@@ -2,6 +2,9 @@
 and a channel whose history gpubot cannot read. Each has its control: the order before the
 outbox (post, then record), or the history search taken out, posts the alert twice.
 
+The 12 s answer meets the product's client (its 10 s timeout); the controls and the unreadable
+history, a client that gives up after ``QUICK_TIMEOUT_S`` and an answer after ``LATE_S``.
+
 The fake Web API (``benchmarks/fake_slack.py``) keeps a posted message before it answers, as a
 Slack that took the post but whose answer is late; its ``conversations.history`` pages and
 returns metadata as Slack documents (``benchmarks/fake_history.py``).
@@ -33,7 +36,14 @@ from gpubot.slack.poster import EVENT, post_once
 from gpubot.store import Store
 from gpusim.fleet import SimFleet
 from tests.fixtures.settings import sweep_ports
-from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
+from tests.fixtures.slack import (
+    BOT_TOKEN,
+    LATE_S,
+    QUICK_TIMEOUT_S,
+    FakeSlack,
+    assert_within_limits,
+    slack_api,
+)
 from tests.integration.outbox_main import CHANNEL, outbox_settings, post_then_record
 from tests.procs import wait_dead
 
@@ -69,18 +79,24 @@ def orphan(slack_fleet: SimFleet) -> Iterator[str]:
 
 @asynccontextmanager
 async def sweeper(
-    fleet: SimFleet, fake: FakeSlack, db_url: str, *, order: str = "outbox"
+    fleet: SimFleet,
+    fake: FakeSlack,
+    db_url: str,
+    *,
+    order: str = "outbox",
+    timeout: int | None = None,
 ) -> AsyncIterator[tuple[SweepService, Store]]:
-    """The real composition with a sweep service posting to ``fake`` (or the control's)."""
+    """The real composition with a sweep service posting to ``fake`` (or the control's), its
+    Web API client giving up after ``timeout`` seconds (None: the product's 10 s)."""
     settings = outbox_settings(fleet.config_path, db_url)
     app = build(settings, {}, need_store=True)
     assert app.store is not None
     if order == "outbox":
-        notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
+        notifier = SlackAlerts(slack_api(fake.base_url, timeout=timeout), CHANNEL)
         ports = sweep_ports(settings, app.store, notifier=notifier)
         svc = SweepService(settings, app.status, app.transport, ports, replica="test")
     else:
-        svc = post_then_record(settings, app, fake.base_url)
+        svc = post_then_record(settings, app, fake.base_url, timeout=timeout)
     try:
         yield svc, app.store
     finally:
@@ -140,13 +156,16 @@ async def test_control_a_slow_answer_posts_twice_without_the_outbox(
 
         monkeypatch.setattr(SlackAlerts, "find", nothing_there)
     order = "post-first" if control == "post-then-record" else "outbox"
-    async with sweeper(slack_fleet, fake_slack, f"sqlite:///{tmp_path}/c.db", order=order) as (
+    db = f"sqlite:///{tmp_path}/c.db"
+    async with sweeper(slack_fleet, fake_slack, db, order=order, timeout=QUICK_TIMEOUT_S) as (
         svc,
         _,
     ):
         await svc.run()
-        fake_slack.delays["chat.postMessage"] = SLOW_S
+        fake_slack.delays["chat.postMessage"] = LATE_S
+        t0 = time.monotonic()
         await svc.run()  # the answer is lost
+        assert time.monotonic() - t0 >= QUICK_TIMEOUT_S  # the client's timeout came first
         fake_slack.delays.clear()
         await svc.run()  # and the alert goes out again
         await svc.run()
@@ -157,10 +176,13 @@ async def test_unreadable_history_posts_once_saying_it_may_repeat(
     slack_fleet: SimFleet, fake_slack: FakeSlack, orphan: str, tmp_path: Path
 ) -> None:
     fake_slack.history_readable = False  # no channels:history scope: missing_scope
-    async with sweeper(slack_fleet, fake_slack, f"sqlite:///{tmp_path}/h.db") as (svc, store):
+    db = f"sqlite:///{tmp_path}/h.db"
+    async with sweeper(slack_fleet, fake_slack, db, timeout=QUICK_TIMEOUT_S) as (svc, store):
         await svc.run()
-        fake_slack.delays["chat.postMessage"] = SLOW_S
+        fake_slack.delays["chat.postMessage"] = LATE_S
+        t0 = time.monotonic()
         assert (await svc.run()).alerted == ()  # uncertain, and nothing can tell: pending
+        assert time.monotonic() - t0 >= QUICK_TIMEOUT_S  # the client's timeout came first
         [pending] = await store.outbox.pending(ALERT, under=True)
         fake_slack.delays.clear()
         third = await svc.run()

@@ -2,7 +2,8 @@
 app and the loopback fake Web API (and the console): a reason carried into the request and the
 audit log, unknown memory shown as unknown, one re-ping at half the expiry (two replicas and a
 restart included), an expiry that edits the request and tells the requester, and a request
-whose post times out that still appears once.
+whose post times out that still appears once (its bot's Web API client giving up after
+``QUICK_TIMEOUT_S``, the fake answering at ``LATE_S``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,18 @@ from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
 from gpubot.slack.poster import EVENT, SlackPoster
 from gpubot.store.tables import outbox
-from tests.fixtures.slack import DmSlack, FakeSlack, Harness, assert_within_limits, running_bot
+from tests.fixtures.slack import (
+    LATE_S,
+    QUICK_TIMEOUT_S,
+    DmSlack,
+    FakeSlack,
+    Harness,
+    assert_within_limits,
+    running_bot,
+)
 from tests.procs import alive
 
 ONCALL = "C0ONCALL"
-SLOW_S = 12.0  # past the Web API client's 10 s timeout
 
 
 class Later(SystemClock):
@@ -222,11 +230,12 @@ async def test_expiry_edits_the_request_and_tells_the_requester(
 
 
 async def slow_on_call_post(h: Harness, node1: Any) -> Any:
-    """Bob asks; the on-call post's answer comes after 12 s (Slack took it at once)."""
+    """Bob asks; the on-call post's answer comes at ``LATE_S``, after the client's timeout
+    (Slack took it at once)."""
     w = node1.spawn(gpu=2, mib=3000)
     sent = asyncio.create_task(h.send.command("reset node1 gpu 2", user="U0BOB"))
     await h.fake.wait_for(lambda: bool(h.fake.of("chat.postMessage")), 30)  # "planning …"
-    h.fake.delays["chat.postMessage"] = SLOW_S
+    h.fake.delays["chat.postMessage"] = LATE_S
     await h.fake.wait_for(
         lambda: any(c.body.get("channel") == ONCALL for c in h.fake.of("chat.postMessage")), 60
     )
@@ -236,10 +245,13 @@ async def slow_on_call_post(h: Harness, node1: Any) -> Any:
     return w
 
 
-async def test_a_request_whose_post_times_out_appears_once(harness: Harness, node1: Any) -> None:
+async def test_a_request_whose_post_times_out_appears_once(
+    quick_harness: Harness, node1: Any
+) -> None:
+    harness = quick_harness
     t0 = time.monotonic()
     w = await slow_on_call_post(harness, node1)
-    assert time.monotonic() - t0 >= 10.0  # the client's timeout came first
+    assert time.monotonic() - t0 >= QUICK_TIMEOUT_S  # the client's timeout came first
     [(ts, _)] = requests_in(harness.fake)
     (posted,) = [c for c in harness.fake.of("chat.postMessage") if c.body["channel"] == ONCALL]
     (approval,) = await harness.store.approvals.pending()
@@ -253,17 +265,18 @@ async def test_a_request_whose_post_times_out_appears_once(harness: Harness, nod
     await harness.send.click(ACTION_APPROVE, str(approval.id), user="U0CAROL", message_ts=ts)
     await harness.settle()
     assert not alive(w.pid)
-    # Slack did take the post: its late answer (12 s after it) comes after the client gave up.
+    # Slack did take the post: its late answer (LATE_S after it) comes after the client gave up.
     # The reset above may end before then on a fast box, so the answer is waited for here.
     await harness.fake.wait_for(lambda: posted.answered_at is not None, 15)
 
 
 async def test_control_without_the_history_search_a_slow_post_appears_twice(
-    harness: Harness, node1: Any, monkeypatch: pytest.MonkeyPatch
+    quick_harness: Harness, node1: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def nothing_there(self: SlackPoster, to: str, token: str, since: Any) -> Lookup:
         return Lookup(True)
 
+    harness = quick_harness
     monkeypatch.setattr(SlackPoster, "find", nothing_there)
     await slow_on_call_post(harness, node1)
     (approval,) = await harness.store.approvals.pending()
@@ -297,7 +310,7 @@ def test_the_cli_reset_records_its_reason(slack_fleet: Any, node1: Any) -> None:
 
 
 async def test_after_a_restart_an_unconfirmed_request_is_adopted_not_repeated(
-    harness: Harness,
+    quick_harness: Harness,
     node1: Any,
     slack_settings: Any,
     tmp_path: Path,
@@ -306,6 +319,7 @@ async def test_after_a_restart_an_unconfirmed_request_is_adopted_not_repeated(
     async def unreadable(self: SlackPoster, to: str, token: str, since: Any) -> Lookup:
         return Lookup(False, why="conversations.history: a timeout")
 
+    harness = quick_harness
     with monkeypatch.context() as patched:  # the bot that posted could not confirm it
         patched.setattr(SlackPoster, "find", unreadable)
         await slow_on_call_post(harness, node1)

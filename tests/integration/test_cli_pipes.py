@@ -70,6 +70,7 @@ class Env:
 ARGS: dict[tuple[str, ...], list[str]] = {
     ("reset",): ["node1", "--dry-run"],
     ("gpu-reset",): ["node1", "--gpu", "0", "--yes"],
+    ("diag",): ["node1", "--gpu", "0"],  # no dcgmi on the fleet: one line, exit 2
     ("audit", "show"): ["{action}"],
     ("audit", "review"): ["{action}", "--note", "pipes"],
     ("db", "downgrade"): [HEAD],

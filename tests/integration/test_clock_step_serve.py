@@ -69,13 +69,24 @@ async def test_a_step_back_under_serve_keeps_the_sweeps_going(
             await asyncio.sleep(5 * INTERVAL)
             before = sweeps.runs
             clock.offset = -H  # NTP steps the wall clock back an hour
+            # another replica's sweep, recorded just before the step: now an hour ahead
+            store.clock = lambda: datetime.fromtimestamp(SystemClock().now(), UTC)
+            await store.record_query(
+                kind="sweep",
+                actor="gpubot:B",
+                source="schedule",
+                nodes=["node3"],
+                failed={},
+                seconds=0.0,
+            )
+            store.clock = lambda: datetime.fromtimestamp(clock.now(), UTC)
             await asyncio.sleep(8 * INTERVAL)
             after = sweeps.runs - before
     finally:
         await app.close()
     assert before >= 3 and after >= 5  # every INTERVAL, before and after the step
     skipped = [r.getMessage() for r in caplog.records if "another replica swept" in r.getMessage()]
-    assert skipped == []  # the sweeps recorded an hour ahead do not stand in for this hour's
+    assert skipped == []  # the sweep recorded an hour ahead does not stand in for this hour's
     assert _steps(caplog) == 1
 
 

@@ -1,12 +1,12 @@
 """Direct messages posted once, through the one outbox.
 
-The idle holder's DM, from the notifier ``gpubot.app`` builds (its real Web API client with its
-10 s timeout, the store's outbox), against the loopback fake Web API, which keeps a message
-before it answers: a DM whose answer comes after the client's timeout is found in the DM's
-history and adopted, one message. The control takes the history search out: the same DM twice.
-A DM whose end is unknown and whose history cannot be read is posted once more, saying so.
-The claims' free-GPU hold DM, through signed Slack requests to the bot as ``gpubot serve``
-wires it: the same, once, and twice in the control.
+The idle holder's DM, from the notifier ``gpubot.app`` builds (its real Web API client, giving
+up after ``QUICK_TIMEOUT_S``; the store's outbox), against the loopback fake Web API, which
+keeps a message before it answers: a DM whose answer comes after the client's timeout (at
+``LATE_S``) is found in the DM's history and adopted, one message. The control takes the
+history search out: the same DM twice. A DM whose end is unknown and whose history cannot be
+read is posted once more, saying so. The claims' free-GPU hold DM, through signed Slack
+requests to the bot as ``gpubot serve`` wires it: the same, once, and twice in the control.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from gpubot.store import Store
 from gpubot.store.tables import outbox
 from tests.fixtures.settings import ManualClock, with_tables
 from tests.fixtures.slack import (
+    LATE_S,
+    QUICK_TIMEOUT_S,
     DmSlack,
     FakeSlack,
     assert_within_limits,
@@ -47,7 +49,6 @@ EXTRA: dict[str, Any] = {
     "alerts": {"channel": CHANNEL},
     "users": {"U0ALICE": "alice"},
 }
-SLOW_S = 12.0  # past the Web API client's 10 s timeout
 SUBJECT = "dm:idle:node7:3:4242:99:U0ALICE"
 
 
@@ -55,7 +56,8 @@ SUBJECT = "dm:idle:node7:3:4242:99:U0ALICE"
 async def notifier(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[SlackAlerts, Store]]:
     """The sweep's Slack notifier as the app builds it, with its store."""
     settings = with_tables(Settings(database_url=f"sqlite:///{tmp_path / 'audit.db'}"), EXTRA)
-    app = build(settings, {}, need_store=True, front=slack_front(fake))
+    front = slack_front(fake, timeout=QUICK_TIMEOUT_S)
+    app = build(settings, {}, need_store=True, front=front)
     assert app.store is not None and app.sweep.keeper is not None
     alerts = app.sweep.keeper.notifier
     assert isinstance(alerts, SlackAlerts)
@@ -97,11 +99,11 @@ async def test_an_idle_holders_dm_answered_after_the_timeout_appears_once(
     dm_slack: DmSlack, tmp_path: Path
 ) -> None:
     async with notifier(dm_slack, tmp_path) as (alerts, store):
-        dm_slack.channel_delays[("chat.postMessage", DM)] = SLOW_S  # the alert is answered
+        dm_slack.channel_delays[("chat.postMessage", DM)] = LATE_S  # the alert is answered
         t0 = time.monotonic()
         posted = await alerts.post(idle_group("alice"), token="t1")
         assert posted.delivery is Delivery.POSTED and posted.ref is not None
-        assert time.monotonic() - t0 >= 10.0  # the DM's answer was lost to the timeout
+        assert time.monotonic() - t0 >= QUICK_TIMEOUT_S  # the DM's answer was lost to it
         (post,) = posts_to(dm_slack, DM)  # no second post of a lost answer
         (history,) = dm_slack.of("conversations.history")
         assert history.body["channel"] == DM
@@ -112,7 +114,7 @@ async def test_an_idle_holders_dm_answered_after_the_timeout_appears_once(
         assert await store.outbox.pending(SUBJECT) == []
         assert await store.outbox.pending(ALERT, under=True) == []  # no alert post among them
         await dm_slack.wait_for(lambda: post.answered_at is not None, 30)
-        assert (post.answered_at or 0.0) - post.at >= SLOW_S - 0.5  # Slack answered late
+        assert (post.answered_at or 0.0) - post.at >= LATE_S - 0.5  # Slack answered late
     assert_within_limits(dm_slack)
 
 
@@ -124,7 +126,7 @@ async def test_control_without_the_history_search_the_idle_dm_appears_twice(
 
     monkeypatch.setattr(poster_mod, "find_post", nothing_there)
     async with notifier(dm_slack, tmp_path) as (alerts, _):
-        dm_slack.channel_delays[("chat.postMessage", DM)] = SLOW_S
+        dm_slack.channel_delays[("chat.postMessage", DM)] = LATE_S
         await alerts.post(idle_group("alice"), token="t1")
     first, again = in_channel(dm_slack, DM)  # the same DM, twice
     assert first[1]["text"] == again[1]["text"]
@@ -158,10 +160,11 @@ async def hold_dm_to_dave(slack_settings: Any, fake: DmSlack, tmp_path: Path) ->
     """Bob claims node1 GPU 3, Dave queues for it, Bob releases it: Dave's hold DM is posted
     (answered after the timeout); return the messages in Dave's DM."""
     clock = ManualClock()
-    async with serving(slack_settings, fake, f"sqlite:///{tmp_path}/c.db", clock) as (h, _):
+    db = f"sqlite:///{tmp_path}/c.db"
+    async with serving(slack_settings, fake, db, clock, timeout=QUICK_TIMEOUT_S) as (h, _):
         assert "CUDA_VISIBLE_DEVICES" in await ask(h, "claim node1 gpu 3 for 4h", "U0BOB")
         assert "in line for node1 GPU 3" in await ask(h, "wait node1 gpu 3", "U0DAVE")
-        fake.channel_delays[("chat.postMessage", "D0DAVE")] = SLOW_S
+        fake.channel_delays[("chat.postMessage", "D0DAVE")] = LATE_S
         assert "released: node1 GPU 3" in await ask(h, "release node1 gpu 3", "U0BOB")
         await h.settle()
         sent = posts_to(fake, "D0DAVE")

@@ -1,9 +1,10 @@
 """The audit head's publications are posted once, through the one outbox.
 
-The app as ``gpubot serve`` builds it (its ``HeadPublisher``, the real Slack client with its
-10 s timeout) against the loopback fake Web API, which keeps a message before it answers. A
-publication whose answer comes after the client's timeout is found in the channel's history and
-adopted: one head message. The control takes the history search out: the same head, twice.
+The app as ``gpubot serve`` builds it (its ``HeadPublisher``, the real Slack client, giving up
+after ``QUICK_TIMEOUT_S``) against the loopback fake Web API, which keeps a message before it
+answers. A publication whose answer comes after the client's timeout (at ``LATE_S``) is found
+in the channel's history and adopted: one head message. The control takes the history search
+out: the same head, twice.
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ from gpubot.slack.render import to_slack
 from gpubot.store import Store
 from gpubot.store.tables import outbox
 from tests.fixtures.settings import with_tables
-from tests.fixtures.slack import FakeSlack, assert_within_limits, slack_front
+from tests.fixtures.slack import (
+    LATE_S,
+    QUICK_TIMEOUT_S,
+    FakeSlack,
+    assert_within_limits,
+    slack_front,
+)
 
 CHANNEL = "C0ALERTS"
 EXTRA: dict[str, Any] = {"slack": {"channel": "C0GENERAL"}, "alerts": {"channel": CHANNEL}}
-SLOW_S = 12.0  # past the Web API client's 10 s timeout
 
 
 @asynccontextmanager
@@ -45,7 +51,7 @@ async def publisher(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[tuple[Head
         settings,
         {},
         need_store=True,
-        front=slack_front(fake),
+        front=slack_front(fake, timeout=QUICK_TIMEOUT_S),
         serving=Serving(settle_heap=False, first_after_s=3600),
     )
     assert app.store is not None and isinstance(app.heads, HeadPublisher)
@@ -81,11 +87,11 @@ async def test_a_web_api_answering_after_the_timeout_posts_the_head_once(
     fake_slack: FakeSlack, tmp_path: Path
 ) -> None:
     async with publisher(fake_slack, tmp_path) as (heads, store):
-        fake_slack.delays["chat.postMessage"] = SLOW_S
+        fake_slack.delays["chat.postMessage"] = LATE_S
         t0 = time.monotonic()
         result = await heads.publish()
         assert result is not None and result.ok
-        assert time.monotonic() - t0 >= 10.0  # the client's timeout came first
+        assert time.monotonic() - t0 >= QUICK_TIMEOUT_S  # the client's timeout came first
         (post,) = fake_slack.of("chat.postMessage")  # no second post of a lost answer
         (history,) = fake_slack.of("conversations.history")
         assert history.body["include_all_metadata"] in ("1", "true")
@@ -100,7 +106,7 @@ async def test_a_web_api_answering_after_the_timeout_posts_the_head_once(
         [_, (_, later)] = heads_posted(fake_slack)
         assert token_of(later) != token
         await fake_slack.wait_for(lambda: post.answered_at is not None, 30)
-        assert (post.answered_at or 0.0) - post.at >= SLOW_S - 0.5  # Slack answered late
+        assert (post.answered_at or 0.0) - post.at >= LATE_S - 0.5  # Slack answered late
     assert_within_limits(fake_slack)
 
 
@@ -112,7 +118,7 @@ async def test_control_without_the_history_search_the_head_is_posted_twice(
 
     monkeypatch.setattr(poster_mod, "find_post", nothing_there)
     async with publisher(fake_slack, tmp_path) as (heads, _):
-        fake_slack.delays["chat.postMessage"] = SLOW_S
+        fake_slack.delays["chat.postMessage"] = LATE_S
         await heads.publish()
     first, again = heads_posted(fake_slack)  # the same head, twice
     assert first[1]["text"] == again[1]["text"]
@@ -149,7 +155,7 @@ async def test_the_next_publication_settles_the_ones_left_unconfirmed(
         assert len(heads_posted(fake_slack)) == 2  # the crashed one (adopted) and the new one
 
         fake_slack.history_readable = False
-        fake_slack.delays["chat.postMessage"] = SLOW_S
+        fake_slack.delays["chat.postMessage"] = LATE_S
         await heads.publish()  # uncertain, and the history cannot tell: left pending
         [unsure] = await store.outbox.pending(SUBJECT)
         fake_slack.delays.clear()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core.enrich import Found, enrich_argv, parse_scontrol
+from gpubot.core.enrich import enrich_argv
 from gpubot.core.health.kernlog import (
     MAX_LINE_BYTES,
     MAX_LINES,
@@ -20,6 +20,8 @@ from gpubot.core.health.kernlog import (
     parse_kernlog,
 )
 from gpubot.core.reset.readiness import readiness, ready_argv
+from gpubot.core.runtimes.base import Found
+from gpubot.core.runtimes.slurm import parse_scontrol
 from tests.fixtures.node_samples import FORGED_USER, LINE79, TOPO_MIXED, gpu, job_record, proc, snap
 
 
@@ -160,3 +162,27 @@ def test_the_script_falls_back_to_dmesg_when_the_journal_says_so(
         assert got.denied == (f"journal-denied {denied}",) and len(got.lines) == 1
     else:
         assert got.cursor_lost
+
+
+def test_the_script_keeps_and_counts_the_mig_prefix(tmp_path: Path) -> None:
+    """NVIDIA's documented MIG line (tests/corpus/kernlog/ogkm-error-cont-xid94-mig.txt) passes
+    the node's filter and is counted under its GPU; a forged attribution does not."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    mig = "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9)."
+    ci = "NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:02): 13, pid=9, name=a, Graphics Exception"
+    forged = "NVRM: Xid (PCI:0000:02:00 GPU-I:05 x): 79, forged"
+    log = tmp_path / "log.txt"
+    ts = "2026-05-01T10:00:00+0000 n1 kernel: "
+    log.write_text("".join(f"{ts}{x}\n" for x in (mig, ci, forged)) + "-- cursor: s=z;i=9\n")
+    (bin_dir / "journalctl").write_text(f"#!/bin/sh\ncat {log}\n")
+    (bin_dir / "journalctl").chmod(0o755)
+    for prog in ("bash", "grep", "tail", "cut", "head", "cat", "sed", "sort", "uniq"):
+        src = subprocess.run(["sh", "-c", f"command -v {prog}"], capture_output=True, text=True)
+        (bin_dir / prog).symlink_to(src.stdout.strip())
+    out = subprocess.run(
+        kernlog_argv(None, 3600), capture_output=True, text=True, env={"PATH": str(bin_dir)}
+    )
+    got = parse_kernlog(out.stdout)
+    assert got.lines == (f"{ts}{mig}", f"{ts}{ci}")  # application codes after the others
+    assert got.counts == {(False, "0000:01:00", 94): 1, (False, "0000:01:00", 13): 1}

@@ -134,6 +134,14 @@ async def test_gpu_reset_under_persistence_mode(
     assert [g.outcome for g in r.gpus] == [Outcome.FREED], r.gpus
     modes = [(s.data["mode"], s.data["exit_status"]) for s in r.steps if s.kind == "persistence"]
     assert modes == [(0, 0), (1, 0)]
+    # each of the three commands wrote its line on the node, in the same exec (issue 37)
+    said = [x.split(": ", 1)[1] for x in node.kernel.user_lines("gpubot")[-3:]]
+    tail = f' by "t", audit #{r.action_id}'
+    assert said == [
+        f"persistence mode off for the GPU reset (nvidia-smi -pm 0 -i 3){tail}",
+        f"GPU reset (nvidia-smi --gpu-reset -i 3){tail}",
+        f"persistence mode back on after the GPU reset (nvidia-smi -pm 1 -i 3){tail}",
+    ]
     deadline = time.monotonic() + 5  # persistence mode is back on: the daemon holds GPU 3 again
     while daemon not in holders(node.device(3)):
         assert time.monotonic() < deadline

@@ -107,7 +107,7 @@ def alert_group(at: datetime) -> AlertGroup:
 def ladder_of(app: Any) -> SlackLadder:
     ladder = app.sweep.ladder
     assert ladder is not None and isinstance(ladder.notifier, SlackLadder)
-    assert ladder.notifier.channel == CHANNEL
+    assert ladder.notifier.place == CHANNEL
     return ladder.notifier
 
 

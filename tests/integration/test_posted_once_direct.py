@@ -24,7 +24,7 @@ import pytest
 from gpubot.app import build
 from gpubot.config import Settings
 from gpubot.core.alerting import MessageRef
-from gpubot.core.report import Report
+from gpubot.core.ports import Report
 from gpubot.slack.api import SlackApi, make_client
 from gpubot.slack.blockkit import SlackMessage as Message
 from gpubot.slack.blockkit import section, table

@@ -121,10 +121,11 @@ def test_arguments_are_validated() -> None:
     with pytest.raises(ValueError):
         signal_argv("HUP; rm -rf /", [(1, 1, 0)], sudo=False)
     bad = [(0, 5, 1000), (-1, 5, 1000), (7, -1, 1000), (7, 5, -1)]
-    assert signal_argv("TERM", bad, sudo=False)[6:] == []
+    assert signal_argv("TERM", bad, sudo=False)[7:] == []
     assert signal_argv("KILL", [(7, 5, 0), (8, 9, 1000)], sudo=True)[4:] == [
         "KILL",
         "1",
+        "",  # no line for the node's log
         "7:5:0",
         "8:9:1000",
     ]

@@ -29,8 +29,12 @@ RULE = (
     "/usr/bin/crictl inspect *\n"
     "Cmnd_Alias GPUBOT_STOP  = /usr/bin/docker stop *, /usr/bin/podman stop *, "
     "/usr/bin/scancel *, /usr/bin/systemctl stop *\n"
+    "# Only on Slurm nodes, for /gpu drain and /gpu resume (GPUBOT_DRAIN):\n"
+    r"Cmnd_Alias GPUBOT_DRAIN = /usr/bin/scontrol update NodeName\=* State\=DRAIN Reason\=*, "
+    r"/usr/bin/scontrol update NodeName\=* State\=RESUME"
+    "\n"
     "gpubot ALL=(root) NOPASSWD: GPUBOT_FUSER, GPUBOT_KILL, GPUBOT_RESET, GPUBOT_INSPECT, "
-    "GPUBOT_STOP\n"
+    "GPUBOT_STOP, GPUBOT_DRAIN\n"
 )
 
 
@@ -56,6 +60,8 @@ def test_readme_holds_exactly_the_rule() -> None:
         "/usr/bin/podman stop *",
         "/usr/bin/scancel *",
         "/usr/bin/systemctl stop *",
+        r"/usr/bin/scontrol update NodeName\=* State\=DRAIN Reason\=*",
+        r"/usr/bin/scontrol update NodeName\=* State\=RESUME",
     ]
 
 
@@ -68,6 +74,10 @@ def test_readme_holds_exactly_the_rule() -> None:
         ("/usr/bin/fuser", "-v /dev/nvidia0", False),  # the host's, not the node's
         ("/usr/bin/fuser", "-k /n x/dev/nvidia0", False),
         ("/usr/bin/kill", "-s TERM 123", True),
+        ("/usr/bin/scontrol", "update NodeName=gpu3 State=DRAIN Reason=gpubot: xid 79", True),
+        ("/usr/bin/scontrol", "update NodeName=gpu3 State=RESUME", True),
+        ("/usr/bin/scontrol", "update NodeName=gpu3 State=DOWN Reason=x", False),
+        ("/usr/bin/scontrol", "delete NodeName=gpu3", False),
         ("/usr/bin/kill", "-s KILL 123 456", True),  # wildcards match spaces too
         ("/usr/bin/kill", "-s HUP 123", False),
         ("/usr/bin/kill", "-s TERM -1", False),
@@ -111,7 +121,7 @@ def test_wildcards(pattern: str, args: list[str], ok: bool) -> None:
     [
         "Defaults !authenticate\n" + RULE,
         RULE + "gpubot ALL=(root) NOPASSWD: !/bin/sh\n",
-        RULE.replace("GPUBOT_STOP\n", "GPUBOT_STPO\n"),
+        RULE.replace("GPUBOT_DRAIN\n", "GPUBOT_DRIAN\n"),
         RULE.replace("(root)", "(ALL : wheel)"),
         RULE + "alice ALL=(root) NOPASSWD: /bin/true\n",
         "gpubot ALL=(root) NOPASSWD: ALL\n",

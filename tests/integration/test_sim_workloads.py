@@ -231,6 +231,10 @@ def test_a_zombie_counts_as_dead(node: SimNode) -> None:
     assert w.supervisor_pid is not None
     os.kill(w.supervisor_pid, signal.SIGSTOP)  # a stopped parent cannot reap its child
     try:
+        # SIGSTOP lands when the supervisor next runs; on a loaded box its wait() may first
+        # reap a child that died meanwhile. Kill the child only once the parent is stopped.
+        sup = w.supervisor_pid
+        assert wait_for(lambda: (simstate.proc_stat(sup) or ("?",))[0] in ("T", "t"))
         os.kill(w.pid, signal.SIGKILL)
         assert wait_for(lambda: (simstate.proc_stat(w.pid) or ("?",))[0] == "Z")
         assert wait_for(lambda: w.current_pid() is None)

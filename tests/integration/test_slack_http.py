@@ -144,6 +144,21 @@ async def test_home_tab_published_and_events_deduplicated(harness: Harness) -> N
     assert len(harness.fake.of("views.publish")) == 1
 
 
+async def test_home_tab_names_the_maintenance_windows_open_or_planned(harness: Harness) -> None:
+    now = time.time()
+    maint = harness.store.maint
+    await maint.open("node1", now + 3600, 7200, "kernel update", by="U0CAROL", source="t", now=now)
+    await maint.open("node2", now, 600, "bios flash", by="U0CAROL", source="t", now=now)
+    await maint.end("node2", by="U0CAROL", source="t", now=now)  # over: not shown
+    event = {"type": "app_home_opened", "user": "U0OWNER", "tab": "home"}
+    assert (await harness.send.event({**event, "event_ts": f"{now:.6f}"})).status == 200
+    await harness.settle()
+    (publish,) = harness.fake.of("views.publish")
+    texts = str(publish.body["view"])
+    assert "node1 maintenance" in texts and "kernel update, by U0CAROL" in texts
+    assert "bios flash" not in texts
+
+
 async def test_url_verification_and_form_body_exactly_as_slack(harness: Harness) -> None:
     import json
 

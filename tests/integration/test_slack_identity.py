@@ -312,7 +312,7 @@ async def test_refused_clicks_are_in_audit_list(
     dave = next(a for a in as_json if a["actor"] == "U0DAVE")
     assert (dave["status"], dave["kind"], dave["node"]) == ("refused", "approve", "node1")
     shown = await audit_cli(harness.store, tmp_path, capsys, "show", str(dave["id"]))
-    assert "only on-call approvers can decide forced kills" in shown  # why
+    assert "only on-call approvers can decide requests for approval" in shown  # why
 
 
 async def test_a_refusal_is_audited_while_another_decision_is_in_flight(

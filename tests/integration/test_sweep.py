@@ -41,7 +41,19 @@ CHANNEL = "C0ALERTS"
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
-    with SimFleet(tmp_path_factory.mktemp("sweep"), nodes=4, gpus=4, release_delay_s=0.3) as f:
+    # These boxes run no nvidia-persistenced. The reset readiness asks `ps -C nvidia-persistenced`,
+    # which on this host also sees other test files' simulated daemons (and jobs named so), so the
+    # nodes' sessions get a ps that answers that one question as a box without the daemon does.
+    tmp = tmp_path_factory.mktemp("sweep")
+    shim = tmp / "ps-shim"
+    shim.mkdir()
+    (shim / "ps").write_text(
+        '#!/bin/sh\n[ "$1 $2" = "-C nvidia-persistenced" ] && exit 1\nexec /bin/ps "$@"\n'
+    )
+    (shim / "ps").chmod(0o755)
+    with SimFleet(
+        tmp / "fleet", nodes=4, gpus=4, release_delay_s=0.3, session_path=[str(shim)]
+    ) as f:
         yield f
 
 

@@ -8,30 +8,32 @@ database; time moves by a clock the test holds.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpubot.app import build
-from gpubot.config import Settings, load
 from gpubot.core.alerting import SweepResult
 from gpubot.core.health.findings import ECC_HOLD
-from gpubot.services.health_checks import HealthChecks, wire_health
+from gpubot.services.health_checks import HealthChecks
 from gpubot.services.sweep import SweepService
-from gpubot.slack.alerts import SlackAlerts
-from gpubot.slack.api import SlackApi, make_client
+from gpubot.store import Store
 from gpusim import health_faults as hf
 from gpusim.fleet import SimFleet
+from gpusim.node_layout import bus_id, pci_name
 from tests.fixtures.db import temp_database
-from tests.fixtures.settings import ManualClock, sweep_ports, with_tables
-from tests.fixtures.slack import BOT_TOKEN, FakeSlack, assert_within_limits
-
-CHANNEL = "C0HEALTH"
+from tests.fixtures.health_sweep import (
+    buttons,
+    posts,
+    settings_for,
+    sweep,
+    sweeper,
+    text_of,
+)
+from tests.fixtures.settings import ManualClock
+from tests.fixtures.slack import FakeSlack, assert_within_limits
 
 
 @pytest.fixture(scope="module")
@@ -52,57 +54,6 @@ def clean(fleet: SimFleet) -> Iterator[None]:
 def db_url(tmp_path: Path) -> Iterator[str]:
     with temp_database("sqlite", tmp_path) as url:
         yield url
-
-
-def settings_for(fleet: SimFleet, db_url: str) -> Settings:
-    s = load(fleet.config_path)
-    ssh = dataclasses.replace(s.ssh, command_timeout_s=10.0, connect_timeout_s=5.0)
-    s = dataclasses.replace(s, database_url=db_url, ssh=ssh)
-    return with_tables(s, {"sweep": {"interval_s": 60}, "alerts": {"channel": CHANNEL}})
-
-
-@asynccontextmanager
-async def sweeper(
-    settings: Settings, fake: FakeSlack, clock: ManualClock
-) -> AsyncIterator[SweepService]:
-    app = build(settings, {}, need_store=True)
-    notifier = SlackAlerts(SlackApi(make_client(BOT_TOKEN, fake.base_url)), CHANNEL)
-    ports = sweep_ports(settings, app.store, notifier=notifier, clock=clock)
-    assert app.store is not None
-    health = wire_health(settings, app.transport, app.store.ecc)
-    assert health is not None
-    app.status.decorators.append(health.decorate)  # as the root wires it
-    ports = dataclasses.replace(ports, health=health)
-    svc = SweepService(settings, app.status, app.transport, ports, clock=clock, replica="t")
-    try:
-        yield svc
-    finally:
-        await app.close()
-
-
-async def sweep(svc: SweepService, clock: ManualClock) -> SweepResult:
-    clock.advance(60)
-    return await svc.run()
-
-
-def posts(fake: FakeSlack) -> list[dict[str, Any]]:
-    return [c.body for c in fake.ok("chat.postMessage")]
-
-
-def text_of(body: dict[str, Any]) -> str:
-    b = body.get("blocks") or []
-    return json.dumps(json.loads(b) if isinstance(b, str) else b, ensure_ascii=False)
-
-
-def buttons(body: dict[str, Any]) -> list[tuple[str, str]]:
-    b = body.get("blocks") or []
-    blocks = json.loads(b) if isinstance(b, str) else b
-    return [
-        (e["action_id"], e["value"])
-        for x in blocks
-        if x["type"] == "actions"
-        for e in x["elements"]
-    ]
 
 
 def kinds(result: SweepResult) -> set[tuple[str, int | None, str]]:
@@ -137,6 +88,32 @@ async def test_pending_remap_offers_a_reset_of_the_idle_gpu(
     assert "memory-repair-pending" in text  # the flag in the node's table
     assert ("gpubot_reset_gpu", "node1:0") in buttons(alert)
     assert_within_limits(fake_slack)
+
+
+async def test_a_maintenance_window_keeps_the_sweep_from_paging(
+    fleet: SimFleet, db_url: str, fake_slack: FakeSlack
+) -> None:
+    """During node1's window its finding is recorded, sweep after sweep, and nothing is posted;
+    once on-call ends the window, the next sweep posts it (the control: the same keeper pages)."""
+    hf.set_gpu(fleet.node("node1"), 0, remap_pending=True)
+    clock = ManualClock()
+    async with sweeper(settings_for(fleet, db_url), fake_slack, clock) as svc:
+        store = svc.audit
+        assert isinstance(store, Store)
+        now = clock.now()
+        await store.maint.open(
+            "node1", now - 60, 4 * 3600, "firmware", by="U0CAROL", source="test", now=now
+        )
+        for _ in range(3):
+            found = await sweep(svc, clock)
+            assert ("node1", 0, "memory-repair-pending") in kinds(found) and not found.alerted
+        assert posts(fake_slack) == []  # recorded, not paged
+        await store.maint.end("node1", by="U0CAROL", source="test", now=clock.now())
+        after = await sweep(svc, clock)
+        assert [(k.node, k.gpu, k.kind) for k in after.alerted] == [
+            ("node1", 0, "memory-repair-pending")
+        ]
+    assert len(posts(fake_slack)) == 1
 
 
 async def test_pending_remap_on_a_busy_gpu_goes_through_the_reset_first(
@@ -176,11 +153,18 @@ async def test_a_growing_uncorrectable_ecc_count(
         assert kinds(await sweep(svc, clock)) == set()
         assert kinds(await sweep(svc, clock)) == set()  # it does not grow: nothing
         hf.set_gpu(n1, 2, ecc_volatile=2, ecc_aggregate=7)
-        alert = await alerted_once(svc, clock, fake_slack, ("node1", 2, "ecc-uncorrected"))
-        assert "volatile 0 → 2, aggregate 5 → 7" in text_of(alert)
-        for _ in range(ECC_HOLD + 2):  # no further growth: it clears after its hold
+        await sweep(svc, clock)
+        second = await sweep(svc, clock)  # two findings: errors since the load, and growth
+        alerted = {(k.node, k.gpu, k.kind) for k in second.alerted}
+        load, grew = ("node1", 2, "ecc-since-load"), ("node1", 2, "ecc-uncorrected")
+        assert alerted == {load, grew}
+        texts = [text_of(a) for a in posts(fake_slack)]
+        assert any("volatile 0 → 2, aggregate 5 → 7" in t for t in texts)
+        assert any("2 uncorrectable ECC errors since the driver loaded" in t for t in texts)
+        for _ in range(ECC_HOLD + 2):  # no further growth: growth clears after its hold
             last = await sweep(svc, clock)
-        assert kinds(last) == set() and len(posts(fake_slack)) == 1
+        # the volatile count stays above 0: that finding stands; both were alerted in one post
+        assert kinds(last) == {load} and len(posts(fake_slack)) == 1
 
 
 async def test_fabric_not_ready_names_the_fabric_manager(
@@ -221,6 +205,70 @@ async def test_a_link_down(fleet: SimFleet, db_url: str, fake_slack: FakeSlack) 
     assert "2 of 18 NVLink links inactive (link 3, 5)" in text
     assert "gpu-reset node1 gpu 2 now" in text
     assert "health: NVLink links down: 3, 5" in text
+
+
+async def test_unwired_links_are_no_fault_and_a_gpu_that_loses_them_all_is(
+    fleet: SimFleet, db_url: str, fake_slack: FakeSlack
+) -> None:
+    """Bridged PCIe cards outside a fabric: 6 of 18 links inactive on every GPU by design raise
+    nothing, sweep after sweep; then GPU 1's links all go down (nvidia-smi says NVML's one line):
+    the 12 it was seen with up are down. Control: the first sweeps found nothing."""
+    n2 = fleet.node("node2")
+    unwired = [4, 5, 10, 11, 16, 17]
+    hf.set_node(n2, links=18)
+    for g in range(4):
+        hf.set_gpu(n2, g, links_down=unwired)
+    clock = ManualClock()
+    async with sweeper(settings_for(fleet, db_url), fake_slack, clock) as svc:
+        for _ in range(3):
+            result = await sweep(svc, clock)
+            assert kinds(result) == set()
+        snap = next(s for s in result.snapshots if s.node == "node2")
+        assert all(g.health is not None and g.health.flags() == () for g in snap.gpus)
+        hf.set_gpu(n2, 1, links_down=list(range(18)))
+        alert = await alerted_once(svc, clock, fake_slack, ("node2", 1, "nvlink-down"))
+    text = text_of(alert)
+    assert "all 12 NVLink links inactive (NVML: all links are inactive)" in text
+    assert "health: NVLink links down: 0, 1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 15" in text
+
+
+async def test_a_gpu_vanishes_from_nvidia_smi_and_one_from_pci_too(
+    fleet: SimFleet, db_url: str, fake_slack: FakeSlack
+) -> None:
+    """node2 shows its 4 GPUs, then GPU 1 leaves nvidia-smi's list (the kernel still sees it on
+    PCI) and GPU 3 leaves both, with no error line: one finding names each bus id and where it is
+    missing from. Control: the sweeps before found nothing, and node1 nothing throughout."""
+    n2 = fleet.node("node2")
+    clock = ManualClock()
+    async with sweeper(settings_for(fleet, db_url), fake_slack, clock) as svc:
+        for _ in range(2):
+            assert kinds(await sweep(svc, clock)) == set()
+        assert isinstance(svc.health, HealthChecks)
+        assert set(svc.health.last["node2"].pci or ()) == {pci_name(bus_id(g)) for g in range(4)}
+        hf.vanish(n2, 1, from_pci=False)
+        hf.vanish(n2, 3, from_pci=True)
+        first = await sweep(svc, clock)
+        assert kinds(first) == {("node2", None, "gpu-vanished")}
+        snap = next(s for s in first.snapshots if s.node == "node2")
+        assert sorted(g.index for g in snap.gpus) == [0, 2]
+        alert = await alerted_once_node(svc, clock, fake_slack, ("node2", None, "gpu-vanished"))
+    text = text_of(alert)
+    b1, b3 = (pci_name(bus_id(g)) for g in (1, 3))
+    assert "nvidia-smi shows 2 of the node's 4 GPUs" in text
+    assert f"{b1} missing from nvidia-smi only (the kernel still sees it on PCI" in text
+    assert f"{b3} missing from nvidia-smi and from the kernel's PCI devices" in text
+
+
+async def alerted_once_node(
+    svc: SweepService, clock: ManualClock, fake: FakeSlack, want: tuple[str, None, str]
+) -> dict[str, Any]:
+    """As ``alerted_once``, for a finding of the node (no GPU); the first sweep was run."""
+    second = await sweep(svc, clock)
+    assert [(k.node, k.gpu, k.kind) for k in second.alerted] == [want]
+    for _ in range(2):
+        assert (await sweep(svc, clock)).alerted == ()
+    (alert,) = posts(fake)
+    return alert
 
 
 async def test_sustained_thermal_slowdown_alerts_and_a_moment_does_not(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -103,9 +103,7 @@ async def fleet(store: Store) -> AsyncIterator[Fleet]:
 
     def replica() -> Replica:
         reset = LeasedReset(locks)
-        ports = ApprovalPorts(
-            store.approvals, cast(ResetService, reset), cast(Any, None), locks, store, clock=clock
-        )
+        ports = ApprovalPorts(store.approvals, cast(ResetService, reset), store, clock=clock)
         service = ApprovalService(settings.policy, ports)
         return Replica(service, ApprovalRetry(service, settled_s=SETTLED_S), reset)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -83,21 +83,12 @@ async def bot(store: Store) -> AsyncIterator[Bot]:
     )
     locks = NodeLocks(clock)
     reset = LeasedReset(locks)
-    ports = ApprovalPorts(
-        store.approvals,
-        cast(ResetService, reset),
-        cast(Any, None),
-        locks,
-        store,
-        clock=clock,
-    )
+    ports = ApprovalPorts(store.approvals, cast(ResetService, reset), store, clock=clock)
     approvals = ApprovalService(settings.policy, ports)
     poster = Poster(store)
     outbox = Outbox(store.outbox, poster, clock=clock)
     words = ApprovalWords(settings.policy.expiry_s)
-    duty = ApprovalDuty(
-        approvals, settings.policy, outbox, words, front="slack", settled_s=SETTLED_S
-    )
+    duty = ApprovalDuty(approvals, outbox, words, front="slack", settled_s=SETTLED_S)
     yield Bot(store, clock, locks, reset, approvals, duty, poster)
 
 

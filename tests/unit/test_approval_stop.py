@@ -32,7 +32,7 @@ from gpubot.core.approval.posts import Purpose
 from gpubot.core.commands import MAX_GRACE_S
 from gpubot.core.models import ActionStatus, ApprovalState, CommandResult
 from gpubot.core.policy import Person
-from gpubot.core.report import Report
+from gpubot.core.ports import Report
 from gpubot.errors import LockHeld
 from gpubot.scheduler import IntervalScheduler
 from gpubot.services.approval_duty import ApprovalDuty
@@ -137,14 +137,12 @@ async def bot(store: Store) -> AsyncIterator[Bot]:
     locks = NodeLocks(clock)
     status = StatusService(settings, transport, store)
     reset = ResetService(settings, transport, store, status, locks, clock=clock)
-    ports = ApprovalPorts(store.approvals, reset, status, locks, store, clock=clock)
+    ports = ApprovalPorts(store.approvals, reset, store, clock=clock)
     approvals = ApprovalService(settings.policy, ports)
     poster = Poster(store)
     outbox = Outbox(store.outbox, poster, clock=clock)
     words = ApprovalWords(settings.policy.expiry_s)
-    duty = ApprovalDuty(
-        approvals, settings.policy, outbox, words, front="slack", settled_s=SETTLED_S
-    )
+    duty = ApprovalDuty(approvals, outbox, words, front="slack", settled_s=SETTLED_S)
     yield Bot(store, clock, locks, approvals, duty, poster, signals, term)
 
 

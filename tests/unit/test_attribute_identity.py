@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubot.core.attribute import attribute
+from gpubot.core.enrich import attribute
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.workload import Workload, parse_cgroup
 

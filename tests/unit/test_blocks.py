@@ -249,8 +249,8 @@ def test_home_tab_within_view_limits() -> None:
     assert "not mapped to a Linux user" in bk.message_text(unknown)
 
 
-def test_text_only_keeps_content_and_escapes() -> None:
-    msg = bk.text_only(fv.render_node(snap()))
+def test_text_form_keeps_content_and_escapes() -> None:
+    msg = bk.text_form(fv.render_node(snap()))
     assert set(msg) == {"text"}
     assert "alice 4242" in msg["text"] and "&lt;!channel&gt;" in msg["text"]
     assert len(msg["text"]) <= bk.MAX_FALLBACK

@@ -64,10 +64,9 @@ async def test_a_step_is_seen_once_whoever_looks(caplog: pytest.LogCaptureFixtur
     assert steps.check() is None  # time passing is no step
     clock.step(-H)
     jump = steps.check()
-    assert jump is not None and round(jump.step) == -H
+    assert jump is not None and round(jump) == -H
     assert steps.check() is None and steps.expiry_now() == clock.now()  # seen once
     assert _steps(caplog) == ["the wall clock stepped back by 3600 s: " + _rest()]
-    assert steps.jumps == 1
 
 
 def _rest() -> str:

@@ -33,6 +33,11 @@ GOOD = [
     ("reset node1 user alice", commands.Reset("node1", user="alice")),
     ("gpu-reset node2 gpu 3", commands.GpuReset("node2", 3)),
     ("gpureset node2 gpu=3", commands.GpuReset("node2", 3)),
+    ("drain node3", commands.Drain("node3")),
+    ("/gpu drain node3 because xid 79 GPU 5", commands.Drain("node3", "xid 79 GPU 5")),
+    ("DRAIN node3 BECAUSE  fabric\tnot ready ", commands.Drain("node3", "fabric not ready")),
+    ("drain node3 because pid 4 gpu 2", commands.Drain("node3", "pid 4 gpu 2")),  # no options
+    ("resume node3", commands.Resume("node3")),
     ("sweep", commands.Sweep()),
     ("audit", commands.Audit()),
     ("audit node1", commands.Audit("node1")),
@@ -71,6 +76,14 @@ BAD = [
     ("gpu-reset node1", "needs one GPU"),
     ("gpu-reset node1 gpu 1,2", "exactly one GPU"),
     ("gpu-reset node1 pid 4", "unexpected 'pid'"),
+    ("drain", "drain needs a node"),
+    ("drain node1;rm", "bad node name"),
+    ("drain node1 xid 79", "unexpected 'xid' after 'drain'"),  # the reason needs 'because'
+    ("drain node1 node2", "unexpected 'node2' after 'drain'"),
+    ("drain node1 because", "nothing follows 'because'"),
+    ("resume", "resume needs a node"),
+    ("resume node1 now", "unexpected 'now' after 'resume'"),
+    ("resume node1 because fixed", "reason to reset, drain or maint only"),
     ("sweep now", "unexpected 'now' after 'sweep'"),
     ("audit node1 0", "bad count '0'"),
     ("audit node1 101", "bad count"),
@@ -112,11 +125,11 @@ def test_help_text() -> None:
 
 def test_shared_vocabulary_helpers() -> None:
     assert commands.parse_gpus("2,0") == (0, 2)
-    assert commands.parse_pids("300") == (300,)
+    assert commands.parse("reset n1 pid 300,300") == commands.Reset("n1", pids=(300,))
     assert commands.parse_grace("10s") == 10.0
-    assert commands.check_node_name("node-7.a") == "node-7.a"
-    with pytest.raises(UsageError):
-        commands.check_node_name("-x")
+    assert commands.parse("status node-7.a") == commands.Status(("node-7.a",))
+    with pytest.raises(UsageError, match="bad node or group name"):
+        commands.parse("status -x")
 
 
 @given(st.text(max_size=400))

@@ -99,7 +99,8 @@ def test_policy_defaults() -> None:
         ({"users": {"U0A": "Alice Smith"}}, "users.U0A: expected a Linux user name"),
         (
             {"users": {"alice": "alice"}},
-            "users.alice: not a Slack user id (U…/W…), email_local_part, email_domains or min_uid",
+            "users.alice: not a Slack user id (U…/W…) or a Matrix user id (@name:server), "
+            "email_local_part, email_domains or min_uid",
         ),
         ({"users": {"email_local_part": "yes"}}, "users.email_local_part: expected true or false"),
         ({"users": {"email_local_part": True}}, "users.email_local_part: needs users.email_do"),
@@ -123,7 +124,7 @@ def test_policy_defaults() -> None:
         ({"approvals": {"approvers": [""]}}, "approvals.approvers: expected a list of non-empty"),
         (
             {"approvals": {"approvers": ["alice"]}},
-            "approvals.approvers: 'alice' is not a Slack user id (U…/W…)",
+            "approvals.approvers: 'alice' is not a Slack user id (U…/W…) or a Matrix user id",
         ),
         (
             {"approvals": {"usergroup": "U0A"}},
@@ -145,8 +146,8 @@ def test_policy_defaults() -> None:
         ({"permissions": {"team a": ["*"]}}, "permissions.team a: not a node or group name"),
         (
             {"permissions": {"team-a": ["alice"]}},
-            "permissions.team-a: 'alice' is not a Slack user id (U…/W…), a Slack user group "
-            'id (S…) or "*"',
+            "permissions.team-a: 'alice' is not a Slack user id (U…/W…) or a Matrix user id "
+            '(@name:server), a Slack user group id (S…) or "*"',
         ),
         (
             {"permissions": {"team-a": "U0A"}},

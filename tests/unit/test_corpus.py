@@ -8,17 +8,21 @@ documents or for text that is cut or not what the tool prints.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import pytest
 
-from gpubot.core import cgroup_shapes
-from gpubot.core.enrich import Found, enrich_target, parse_enrichment, parse_scontrol
+from gpubot.core import workload
+from gpubot.core.enrich import enrich_target, parse_enrichment
+from gpubot.core.health.diag import parse_diag
 from gpubot.core.health.kernlog import parse_event
 from gpubot.core.health.xid import Seen, xid_findings
 from gpubot.core.models import GpuInfo, NodeSnapshot
 from gpubot.core.probe.nvsmi import parse_apps, parse_gpus, take_notes
+from gpubot.core.runtimes.base import Found
+from gpubot.core.runtimes.slurm import parse_scontrol
 from gpubot.core.workload import (
     Workload,
     decide_owner,
@@ -28,6 +32,7 @@ from gpubot.core.workload import (
 )
 from gpubot.errors import ParseError
 from tests.fixtures.corpus import CORPUS, INDEX, by_parser, text_of
+from tests.fixtures.prometheus import dcgm_truth
 
 PARSERS = (
     "cgroup",
@@ -41,12 +46,24 @@ PARSERS = (
     "health_q",
     "nvlink",
     "xid",
+    "dcgm_diag",
+    "dcgm_metrics",
 )
-_SOURCE = re.compile(r"[\w.-]+/[\w.-]+ \S+ @[0-9a-f]{40}( \(.+\))?|https://\S+( \(.+\))?")
+# repository path @commit, a URL, or (where the public code index that held a file did not name
+# its repository) that index's id of the file, with what the file is
+_SOURCE = re.compile(
+    r"[\w.-]+/[\w.-]+ \S+ @[0-9a-f]{40}( \(.+\))?|https://\S+( \(.+\))?"
+    r"|code-search id \d+ \(.+\)"
+)
 
 
 def test_the_corpus_is_indexed_whole_with_its_sources() -> None:
-    files = {str(p.relative_to(CORPUS)) for p in CORPUS.rglob("*") if p.is_file()}
+    # slurm/ keeps its own index (its README.md), checked whole by tests/unit/test_slurm_parse.py
+    files = {
+        str(p.relative_to(CORPUS))
+        for p in CORPUS.rglob("*")
+        if p.is_file() and p.relative_to(CORPUS).parts[0] != "slurm"
+    }
     indexed = [s["file"] for s in INDEX]
     assert len(indexed) == len(set(indexed))
     assert files - {"index.json", "README.md"} == set(indexed)
@@ -90,7 +107,7 @@ def test_cgroup_samples(sample: dict[str, Any]) -> None:
 def _before_the_fix() -> tuple[tuple[str, re.Pattern[str]], ...]:
     """The shapes without the rules of issue 21 that the ``before`` answers predate."""
     new = ("reason_daemon", r"\.slice:", "kubelet", "sluid")
-    return tuple(s for s in cgroup_shapes.SHAPES if not any(n in s[1].pattern for n in new))
+    return tuple(s for s in workload.SHAPES if not any(n in s[1].pattern for n in new))
 
 
 @pytest.mark.parametrize(
@@ -186,3 +203,44 @@ def test_kernel_log_xid_lines(sample: dict[str, Any]) -> None:
     found = xid_findings(seen, {"n": snap}, now=100.0, window_s=3600.0)
     got = sorted([f.gpu is not None, f.key.holder, f.next_step] for f in found)
     assert got == want["findings"]
+
+
+def diag_document(sample: dict[str, Any]) -> str:
+    """Return the sample as a whole ``dcgmi diag -j`` document (a quoted test object is put in
+    one, as its entry's ``normalized`` says)."""
+    text = text_of(sample)
+    if not sample["file"].endswith(".txt"):
+        return text
+    test = text.rstrip().removesuffix(",")
+    category = {"category": "Hardware", "tests": ["TEST"]}
+    shell = json.dumps({"DCGM Diagnostic": {"test_categories": [category]}})
+    return shell.replace('"TEST"', test)
+
+
+@pytest.mark.parametrize("sample", by_parser("dcgm_diag"))
+def test_dcgm_diag_documents(sample: dict[str, Any]) -> None:
+    """Per test and per GPU: each status, the message of each failed or skipped test."""
+    want = sample["expect"]
+    report = parse_diag(diag_document(sample))
+    gpu = want["gpu"]
+    mine = report.for_gpu(gpu)
+    assert report.version == want.get("version")
+    assert len(mine) == want["rows"]
+    statuses: dict[str, int] = {}
+    for r in mine:
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+    assert statuses == want["statuses"]
+    assert [[r.test, r.message] for r in mine if r.status == "fail"] == want["failed"]
+    skipped = [[r.test, r.message] for r in mine if r.status == "skip" and r.message]
+    assert skipped == want["skipped_with_reason"]
+    assert report.verdict(gpu) == want["verdict"]
+    assert {str(g): report.verdict(int(g)) for g in want["other_verdicts"]} == want[
+        "other_verdicts"
+    ]
+
+
+@pytest.mark.parametrize("sample", by_parser("dcgm_metrics"))
+def test_dcgm_exporter_samples_read_by_brute_force(sample: dict[str, Any]) -> None:
+    # The reference the Prometheus tests compare gpubot's PromQL summary with
+    # (tests/integration/test_prometheus.py): it must say what the sample says.
+    assert dcgm_truth(text_of(sample)) == sample["expect"]

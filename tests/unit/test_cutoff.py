@@ -68,11 +68,11 @@ def test_the_message_names_what_went_out_and_each_gpu_unknown() -> None:
 
 
 def test_unknown_gpus() -> None:
-    (g,) = unknown_gpus((1,), {1: 4096}, "lost the node lease")
+    (g,) = unknown_gpus((1,), "lost the node lease")
     assert (g.index, g.outcome, g.memory_before_mib, g.memory_after_mib) == (
         1,
         Outcome.UNKNOWN,
-        4096,
+        None,
         None,
     )
     assert g.detail.startswith("lost the node lease: the reset stopped before verifying")

@@ -25,7 +25,9 @@ User gpubot may run the following commands on gpu3:
         [0-9]*, /usr/bin/nvidia-smi --gpu-reset -i [0-9]*, /usr/bin/nvidia-smi -pm
         0 -i [0-9]*, /usr/bin/nvidia-smi -pm 1 -i [0-9]*, /usr/bin/docker inspect
         *, /usr/bin/podman inspect *, /usr/bin/crictl inspect *, /usr/bin/docker
-        stop *, /usr/bin/podman stop *, /usr/bin/scancel *, /usr/bin/systemctl stop *
+        stop *, /usr/bin/podman stop *, /usr/bin/scancel *, /usr/bin/systemctl stop
+        *, /usr/bin/scontrol update NodeName\\=* State\\=DRAIN Reason\\=*,
+        /usr/bin/scontrol update NodeName\\=* State\\=RESUME
 """
 
 
@@ -36,9 +38,10 @@ def readme_listing(rule_text: str | None = None, **over: object) -> str:
 
 def test_the_wrapped_listing_parses_into_the_readmes_commands() -> None:
     grants = parse_sudo_list(REAL)
-    assert len(grants) == 14
+    assert len(grants) == 16
     assert grants[1] == Grant("root", True, "/usr/sbin/fuser -v /dev/nvidia[0-9]*")
-    assert grants[-1].command == "/usr/bin/systemctl stop *"
+    assert grants[13].command == "/usr/bin/systemctl stop *"
+    assert grants[-1].command == r"/usr/bin/scontrol update NodeName\=* State\=RESUME"
     assert sudo_check("gpu3", REAL, 0, SudoNeeds()).ok
 
 
@@ -59,7 +62,7 @@ def edited(old: str, new: str) -> str:
             edited("/usr/bin/kill -s TERM [0-9]*", "/usr/bin/kill"),
             "/usr/bin/kill (any arguments)",
         ),
-        (edited("GPUBOT_STOP\n", "GPUBOT_STOP, /bin/bash -c *\n"), "/bin/bash -c *"),
+        (edited("GPUBOT_DRAIN\n", "GPUBOT_DRAIN, /bin/bash -c *\n"), "/bin/bash -c *"),
         (edited("/usr/bin/scancel *", "/usr/bin/* *"), "a path with wildcards"),
     ],
 )

@@ -16,20 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpubot.core.enrich import (
-    MAX_LABELS,
-    MAX_TEXT,
-    SLURM_SCRIPT,
-    Found,
-    apply_enrichment,
-    enrich_argv,
-    enrich_target,
-    parse_crictl_inspect,
-    parse_docker_inspect,
-    parse_enrichment,
-    parse_podman_inspect,
-    parse_scontrol,
-)
+from gpubot.core.enrich import apply_enrichment, enrich_argv, enrich_target, parse_enrichment
+from gpubot.core.runtimes.base import Found
+from gpubot.core.runtimes.docker import parse_docker_inspect
+from gpubot.core.runtimes.inspect_json import MAX_LABELS, MAX_TEXT
+from gpubot.core.runtimes.kubernetes import parse_crictl_inspect
+from gpubot.core.runtimes.podman import parse_podman_inspect
+from gpubot.core.runtimes.slurm import SLURM_SCRIPT, parse_scontrol
 from gpubot.core.workload import Workload
 from tests.fixtures.node_samples import FORGED_USER, job_record
 

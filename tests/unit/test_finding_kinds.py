@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpubot.core.alerting import confirmed, to_resolve
-from gpubot.core.findings import FindingKey, FindingKind, NodeFailure, SweepConfig
+from gpubot.core.findings import FindingKey, FindingKind, NodeFailure
 from gpubot.core.health.kinds import BY_NAME, KINDS, _check, title_of
 
 NOW = datetime(2026, 5, 1, tzinfo=UTC)
@@ -34,6 +34,12 @@ STORED = {
     "gpu-xid": "Xid error",
     "nvswitch-sxid": "NVSwitch SXid error",
     "claim-intruder": "unclaimed use of a claimed GPU",
+    "slurm-allocated-unused": "GPU allocated by Slurm, unused",
+    "slurm-outside": "GPU used outside Slurm",
+    "slurm-node-drained": "node drained in Slurm",
+    "ecc-since-load": "uncorrectable ECC errors since the driver loaded",
+    "gpu-vanished": "GPU vanished",
+    "hung-busy": "GPU busy without progress",
 }
 
 
@@ -49,8 +55,11 @@ def test_what_each_kind_offers() -> None:
         return {k.value for k in KINDS if getattr(k, flag)}
 
     gpu = {"orphaned-vram", "memory-repair-pending", "fabric-not-ready", "nvlink-down"}
-    assert names("reset") == gpu | {"zombie-process", "hidden-holder", "idle-holder"}
+    gpu |= {"ecc-since-load"}  # a GPU reset clears the volatile count (and applies a remap)
+    holders = {"zombie-process", "hidden-holder", "idle-holder", "slurm-outside"}
+    assert names("reset") == gpu | holders
     assert names("gpu_reset") == gpu
+    assert names("ladder") == {"idle-holder", "hung-busy"}
     assert names("event") == {"gpu-xid", "nvswitch-sxid"}
     assert names("node") == {"node-unreachable", "node-slow", "smi-failed"}
 
@@ -68,12 +77,9 @@ class Seen:
 
 
 def test_alerting_reads_the_kinds_by_their_stored_names() -> None:
-    cfg = SweepConfig()
-    assert confirmed("gpu-xid", Seen(), NOW, cfg) and confirmed(
-        BY_NAME["gpu-xid"], Seen(), NOW, cfg
-    )
-    assert not confirmed("orphaned-vram", Seen(), NOW, cfg)
-    assert confirmed("orphaned-vram", Seen(seen_count=2), NOW, cfg)
+    assert confirmed("gpu-xid", Seen()) and confirmed(BY_NAME["gpu-xid"], Seen())
+    assert not confirmed("orphaned-vram", Seen())
+    assert confirmed("orphaned-vram", Seen(seen_count=2))
     node, gpu = FindingKey("n", None, "node-slow"), FindingKey("n", 0, "orphaned-vram")
     cleared = to_resolve([node, gpu], [], answered=[], failed=["n"], configured=["n"])
     assert cleared == [node]  # a failed node clears its node finding, not its GPUs'

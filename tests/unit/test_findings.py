@@ -207,7 +207,7 @@ def test_finding_details() -> None:
     (d,) = find([snap(gpu(0, 4096), procs=(proc(12, state="D", wchan="uvm_wait"),))], {}, CFG)
     assert "state D in uvm_wait" in d.summary and "4096 MiB" in d.summary
     (o,) = find([snap(gpu(3, 8192))], {}, CFG)
-    assert (o.memory_mib, o.title) == (8192, "orphaned GPU memory")
+    assert (o.memory_mib, o.kind.heading) == (8192, "orphaned GPU memory")
     assert o.to_dict()["kind"] == "orphaned-vram"
 
 
@@ -362,8 +362,8 @@ def test_notice_table(what: str, kind: str, state: State, now: datetime, want: N
 
 
 def test_confirmed_needs_two_sweeps() -> None:
-    assert not confirmed("orphaned-vram", State(seen_count=1), T0, CFG)
-    assert confirmed("orphaned-vram", State(seen_count=2), T0, CFG)
+    assert not confirmed("orphaned-vram", State(seen_count=1))
+    assert confirmed("orphaned-vram", State(seen_count=2))
 
 
 def test_to_resolve() -> None:

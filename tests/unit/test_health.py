@@ -17,10 +17,12 @@ from gpubot.core.health.state import (
 )
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 
-H100 = "0, 0, 0, No, No, No, Not Active, Not Active, Not Active, 35, 71.20, Completed, Success"
+H100 = (
+    "0, 0, 0, No, No, No, Not Active, Not Active, Not Active, 35, 71.20, Completed, Success, 700.00"
+)
 GEFORCE = (
     "0, [N/A], [N/A], [N/A], [Not Supported], [Not Supported], Not Active, Not Active, "
-    "Not Active, 41, 30.11, [N/A], [N/A]"
+    "Not Active, 41, 30.11, [N/A], [N/A], 350.00"
 )
 
 
@@ -75,7 +77,7 @@ def test_the_fabric_manager(fm: str, said: str) -> None:
 
 def test_the_argv_carries_every_set_and_refuses_a_relative_pid_file() -> None:
     argv = health_argv("nvidia-smi", 3.0)
-    assert argv[:2] == ["bash", "-c"] and [a.split("=")[0] for a in argv[7:]] == list(FIELD_SETS)
+    assert argv[:2] == ["bash", "-c"] and [a.split("=")[0] for a in argv[8:]] == list(FIELD_SETS)
     with pytest.raises(ValueError, match="absolute"):
         health_argv("nvidia-smi", 3.0, fm_pid="run/fm.pid")
 
@@ -95,8 +97,15 @@ def test_ecc_grows_then_holds_then_clears() -> None:
     for count in [3, 3, 5, 5, 5, 5, 5, 5]:
         found, mem = find_health([_snap()], {"n": NodeHealth({0: GpuHealth(0, count)})}, mem)
         seen.append([f.kind.value for f in found])
-    grew = ["ecc-uncorrected"]
-    assert seen == [[], [], grew, *[grew] * (ECC_HOLD - 1), *[[]] * (8 - 2 - ECC_HOLD)]
+    load, grew = ["ecc-since-load"], ["ecc-since-load", "ecc-uncorrected"]
+    # a volatile count above 0 is found at the first reading and stands; growth is a second one
+    assert seen == [load, load, grew, *[grew] * (ECC_HOLD - 1), *[load] * (8 - 2 - ECC_HOLD)]
+
+
+def test_a_lifetime_count_alone_is_only_a_baseline() -> None:
+    h = GpuHealth(0, ecc_volatile=0, ecc_aggregate=5)
+    found, _ = find_health([_snap()], {"n": NodeHealth({0: h})}, HealthMemory())
+    assert found == ()
 
 
 def test_throttling_takes_two_sweeps() -> None:
@@ -117,9 +126,12 @@ def test_a_remap_next_step_follows_who_holds_the_gpu() -> None:
     assert "1 process(es) hold it: stop them first" in busy[0].summary
 
 
-def test_links_all_down_without_any_up_is_no_nvlink_at_all() -> None:
+def test_links_are_judged_against_the_expected_set_alone() -> None:
+    """Inactive links are down only where they should be up (tests/unit/test_nvlink.py learns
+    the set); control: the same links with the set said are down."""
     assert _kinds(GpuHealth(0, links=Links((), (0, 1, 2, 3)))) == []
-    assert _kinds(GpuHealth(0, links=Links((0, 1), (2,)))) == ["nvlink-down"]
+    assert _kinds(GpuHealth(0, links=Links((0, 1), (2,)))) == []
+    assert _kinds(GpuHealth(0, links=Links((0, 1), (2,), expected=(0, 1, 2)))) == ["nvlink-down"]
 
 
 def test_health_shows_in_status_json_and_metrics() -> None:

@@ -22,8 +22,8 @@ from tests.fixtures.settings import with_sweep
 
 PENDING = (
     "\n@gpubot health r535 0\n"
-    "0, 0, 0, No, Yes, No, Not Active, Not Active, Not Active, 35, 70.00, [N/A], [N/A]\n"
-    "1, 0, 0, No, No, No, Not Active, Not Active, Not Active, 35, 70.00, [N/A], [N/A]\n"
+    "0, 0, 0, No, Yes, No, Not Active, Not Active, Not Active, 35, 70.00, [N/A], [N/A], 700.00\n"
+    "1, 0, 0, No, No, No, Not Active, Not Active, Not Active, 35, 70.00, [N/A], [N/A], 700.00\n"
     "\n@gpubot nvlink 0\n\n@gpubot fm none\n@gpubot end\n"
 )
 

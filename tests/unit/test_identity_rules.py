@@ -12,7 +12,6 @@ from gpubot.core.policy import (
     ChatAccount,
     Policy,
     Resolved,
-    account_refusal,
     floor_note,
     linux_user,
     resolve,
@@ -86,7 +85,7 @@ def test_no_email_mapping_without_domains() -> None:
     ],
 )
 def test_account_refusals(account: ChatAccount, home: str | None, want: str | None) -> None:
-    got = account_refusal(account, home, P.bots)  # the bots the settings name (Slackbot)
+    got = resolve(P, account.id, account, home).refused  # P.bots: the ones settings name
     assert got == want if want is None else (got is not None and want in got)
 
 

@@ -20,7 +20,7 @@ from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.reset.protect import Protection
 from gpubot.core.usage.holder_runs import look, on_gpu_since
 from gpubot.core.usage.idle import IdleRule
-from gpubot.core.usage.ladder import LadderRule, Step
+from gpubot.core.usage.ladder import Evidence, LadderRule, Step
 from gpubot.services.idle_accounting import IdleAccounting
 from gpubot.services.ladder import ReclaimLadder
 from gpubot.store import Store, open_store
@@ -128,6 +128,7 @@ async def test_a_job_handed_an_idle_gpu_is_not_named_idle_for_the_time_before_it
     samples = await store.samples.samples_since(0.0, gpus=[("n1", 3)])
     assert len(samples) == 54  # the GPU's whole history is there ...
     ev = dm.evidence  # ... and bob's evidence is only his
+    assert isinstance(ev, Evidence)
     assert ev.first_at is not None and ev.first_at >= bob_came
     assert ev.samples == sum(1 for s in samples if s.taken_at >= f.idle_since)
     assert ev.samples < sum(1 for s in samples if s.taken_at >= box.clock.now() - 34 * 60)
@@ -144,6 +145,7 @@ async def test_control_one_long_lived_idle_job_is_named_idle_for_the_whole_run(
     last = box.clock.now() - INTERVAL
     assert f.owner == "mallory" and f.idle_s == last - start
     (dm,) = await box.ladder.climb(_result(box.clock.now(), found))
+    assert isinstance(dm.evidence, Evidence)
     assert dm.evidence.samples == 54 and dm.evidence.first_at == start
 
 
@@ -178,6 +180,7 @@ async def test_after_a_restart_a_job_handed_an_idle_gpu_is_counted_from_its_arri
     (f,) = found
     assert f.owner == "bob" and f.idle_since == bob_came
     (dm,) = await box.ladder.climb(_result(box.clock.now(), found))
+    assert isinstance(dm.evidence, Evidence)
     assert dm.rung.owner == "bob" and dm.evidence.first_at == bob_came
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpubot.core.usage.idle import GpuSample, held_idle_since
-from gpubot.core.usage.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since, rebuild
+from gpubot.core.usage.idle import GpuSample, held_idle, held_idle_since
+from gpubot.core.usage.idle_runs import IdleRun, RunRule, advance, can_advance, kept_since
 
 RULE = RunRule.of(4096, 450.0)
 T0 = 1_750_000_000.0
@@ -27,6 +30,25 @@ def history_of(steps: list[tuple[float, int | None, int | None, str]]) -> list[G
         t += dt
         out.append(GpuSample("n1", 0, uuid, t, util, mem))
     return out
+
+
+def rebuild(samples: Iterable[GpuSample], rule: RunRule) -> IdleRun | None:
+    """Return the run of one GPU from its samples in stored order (None: none): ``advance``
+    folded over its whole history, a model of a rebuild. Of samples taken at the same time, as
+    in ``held_idle_since``, the first stored decides whether the run reaches that time."""
+    run: IdleRun | None = None
+    ordered = sorted(samples, key=lambda s: s.taken_at)  # stable: ties keep their order
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j < len(ordered) and ordered[j].taken_at == ordered[i].taken_at:
+            j += 1
+        first, tied = ordered[i], ordered[i:j]
+        run = advance(run, first, rule)
+        if run.idle_since is not None and not all(held_idle(s, rule.min_mib) for s in tied):
+            run = replace(run, idle_since=first.taken_at)
+        i = j
+    return run
 
 
 @settings(max_examples=300, deadline=None)

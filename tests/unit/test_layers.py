@@ -233,7 +233,7 @@ def test_no_import_climbs_a_layer() -> None:
 
 
 def test_front_ends_never_import_the_app() -> None:
-    bad = _imports_of("slack") + _imports_of("console")
+    bad = _imports_of("slack") + _imports_of("console") + _imports_of("matrix")
     assert [(f, m) for f, m in bad if _is(m, "gpubot.app")] == []
 
 
@@ -241,7 +241,7 @@ def test_the_composition_root_is_one_package_that_names_no_front_end() -> None:
     """The root is ``gpubot/app/`` (modules by meaning, not ``app_*.py`` cut to a size); a
     front end is passed in by the entry that chose it, so the root imports none."""
     assert sorted(_rel(p) for p in PKG.rglob("app_*.py")) + list(PKG.glob("app.py")) == []
-    fronts = ("gpubot.slack", "gpubot.console", "slack_bolt", "slack_sdk")
+    fronts = ("gpubot.slack", "gpubot.console", "gpubot.matrix", "slack_bolt", "slack_sdk")
     root = _imports_of("app") + _imports_of("lifecycle.py")
     assert root and [(f, m) for f, m in root if _is(m, *fronts)] == []
     # The control: an import of Slack is seen where the root would hold one.
@@ -1003,7 +1003,7 @@ def test_control_the_outbox_rule_sees_the_two_outboxes_it_replaced() -> None:
 # ``import_module("gpubot.slack...")`` would dodge the import rule, not this one).
 SHARED = ("core", "services", "store", "chat", "config", "transport", "app")
 SHARED_FILES = ("errors.py", "metrics.py", "metrics_claims.py", "scheduler.py")
-FRONT_ENDS = {"slack"}  # its libraries (slack_sdk, slack_bolt) spell it too
+FRONT_ENDS = {"slack", "matrix"}  # Slack's libraries (slack_sdk, slack_bolt) spell it too
 # Names where "slack" is English (a tolerance of the clock), not the chat system.
 NOT_A_FRONT_END = {"TIME_SLACK_S", "START_SLACK_S"}
 DOC_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

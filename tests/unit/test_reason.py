@@ -7,7 +7,7 @@ import pytest
 
 from gpubot.chat.reset_view import held_memory
 from gpubot.core import commands
-from gpubot.core.reason import MAX_REASON, clean_reason, split_reason
+from gpubot.core.commands import MAX_REASON, clean_reason, split_reason
 from gpubot.core.reset.plan import ResetPlan, Target
 from gpubot.errors import UsageError
 
@@ -60,7 +60,7 @@ def test_options_after_because_are_refused_not_dropped(line: str, said: str) -> 
     [
         ("reset node1 because", "nothing follows 'because'"),
         ("reset node1 because   ", "nothing follows 'because'"),
-        ("status because x", "gives a reason to reset only"),
+        ("status because x", "gives a reason to reset, drain or maint only"),
         ("because x", "a reason needs a command"),
     ],
 )
@@ -107,8 +107,10 @@ def test_a_plan_without_a_reason_keeps_its_shape() -> None:
 
 
 def test_a_claims_note_may_say_because() -> None:
-    """Only a reset takes a reason: a claim's note is free text, ``because`` and all."""
+    """Only a reset or a drain takes a reason: a claim's note is free text, ``because`` and all."""
     got = commands.parse("/gpu claim node3 gpu 2 for 4h eval because the deadline is friday")
     assert getattr(got, "note", None) == "eval because the deadline is friday"
-    with pytest.raises(UsageError, match="gives a reason to reset only"):  # the control
+    with pytest.raises(
+        UsageError, match="gives a reason to reset, drain or maint only"
+    ):  # the control
         commands.parse("status node3 because the deadline is friday")

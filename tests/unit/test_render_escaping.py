@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from gpubot.chat import alert_digest, alerts, fleet_view, flows, heads, home, idle, reset_view
+from gpubot.chat import alert_digest, alerts, fleet_view, heads, home, idle, reset_view
 from gpubot.chat.alerts import snooze_buttons
+from gpubot.chat.errors import error_message
 from gpubot.chat.message import Mention, Message
 from gpubot.cli import render as cli_render
 from gpubot.cli import sweep as cli_sweep
@@ -52,7 +53,6 @@ render_sweep, render_head, render_idle_dm = (
     heads.render_head,
     idle.render_idle_dm,
 )
-error_message = flows.error_message
 ASKED = ("Requested by ", Mention("U0DAVE"))
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -196,7 +196,7 @@ def messages() -> dict[str, Any]:
     """Every Slack payload for the hostile inputs (and Slack's fallbacks of four)."""
     msgs = {k: slack(m) for k, m in neutral_messages().items()}
     for name in ("approval request", "node", "sweep", "alert group"):
-        msgs[f"{name}, text only"] = bk.text_only(msgs[name])
+        msgs[f"{name}, text only"] = bk.text_form(msgs[name])
         msgs[f"{name}, without tables"] = bk.without_tables(msgs[name]) or msgs[name]
     return msgs
 

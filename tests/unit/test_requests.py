@@ -14,8 +14,9 @@ from typing import Any, cast
 from gpubot.core import commands
 from gpubot.core.approval.model import Approval, ApprovalRequest
 from gpubot.core.models import ApprovalState, ResetStep
-from gpubot.core.policy import Person
+from gpubot.core.policy import Person, Policy
 from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.slurm.drain import NodeChange
 from gpubot.errors import NotAnApprover, NotPermitted, StoreError
 from gpubot.services.approvals import ApprovalService
 from gpubot.services.requests import (
@@ -84,6 +85,7 @@ class FakeApprovals:
         self.the_plan = plan
         self.permitted = permitted
         self.approvals = Store()
+        self.policy = Policy(min_uid=1000)
         self.refusals: list[tuple[str, str]] = []
         self.decision: Approval | None = None
         self.gate = asyncio.Event()
@@ -124,7 +126,7 @@ class FakeApprovals:
 
 
 def service(fake: FakeApprovals | None) -> RequestService:
-    return RequestService(cast(ApprovalService | None, fake), min_uid=1000)
+    return RequestService(cast(ApprovalService | None, fake))
 
 
 class Sink:
@@ -142,7 +144,7 @@ RESET = commands.Reset("node1", gpus=(0,))
 ASK = Ask(BOB, "/gpu reset node1 gpu 0", "console")
 
 
-async def nowhere(a: Approval, plan: ResetPlan) -> Any:
+async def nowhere(a: Approval, plan: ResetPlan | NodeChange) -> Any:
     raise AssertionError("an own-process reset is never announced")
 
 
@@ -165,7 +167,7 @@ async def test_a_forced_plan_is_announced_and_remembered() -> None:
     fake, sink = FakeApprovals(forced(plan_and_result().plan)), Sink()
     announced: list[int] = []
 
-    async def announce(a: Approval, plan: ResetPlan) -> Any:
+    async def announce(a: Approval, plan: ResetPlan | NodeChange) -> Any:
         announced.append(a.id)
         return "C0ONCALL/1.5"
 
@@ -178,7 +180,7 @@ async def test_a_forced_plan_is_announced_and_remembered() -> None:
     assert isinstance(await service(fake).reset(ASK, RESET, own, announce), Pending)
     assert own.kinds() == ["Planning", "Refusal"] and fake.refusals == [("U0BOB", "reset")]
 
-    async def lost(a: Approval, plan: ResetPlan) -> Any:
+    async def lost(a: Approval, plan: ResetPlan | NodeChange) -> Any:
         return None
 
     again = await service(fake).reset(zed, RESET, Sink(), lost)

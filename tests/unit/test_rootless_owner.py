@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.core.attribute import attribute
 from gpubot.core.claims.rules import Claim, intruders
+from gpubot.core.enrich import attribute
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.probe.snapshot import parse_procs
 from gpubot.core.reset.plan import ResetRequest, plan_reset

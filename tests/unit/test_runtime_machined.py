@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubot.core import cgroup_shapes
+from gpubot.core import workload
 from gpubot.core.enrich import enrich_target
 from gpubot.core.reset.stopgate import noun, workload_root
 from gpubot.core.workload import (
@@ -124,8 +124,8 @@ def test_a_container_inside_a_machine_is_tied_to_the_machine() -> None:
 def test_control_without_the_module_a_machine_is_other() -> None:
     """Control: the registry is what knows machines; without machined's shapes a QEMU VM's
     scope is a cgroup of no known shape, with no stop command."""
-    without = tuple(s for s in cgroup_shapes.SHAPES if s[0] != "machine")
-    assert len(without) == len(cgroup_shapes.SHAPES) - 2
+    without = tuple(s for s in workload.SHAPES if s[0] != "machine")
+    assert len(without) == len(workload.SHAPES) - 2
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("gpubot.core.workload.SHAPES", without)
         w = parse_cgroup(v2(f"{QEMU}/emulator"))

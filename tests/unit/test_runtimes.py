@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubot.config import validate
-from gpubot.core import cgroup_shapes, enrich
+from gpubot.config import nodes
+from gpubot.core import enrich, workload
 from gpubot.core.runtimes import LOOKUPS, RUNTIMES, _check, find_runtime, runtime_of
 from gpubot.core.runtimes.base import Rank, Shape
 from gpubot.core.workload import match_path, workload_from_dict
@@ -33,9 +33,8 @@ def test_a_stored_workload_of_no_listed_kind_is_refused() -> None:
 
 
 def test_config_and_lookups_iterate_the_list() -> None:
-    assert validate.RUNTIMES == enrich.RUNTIMES == ("docker", "podman", "slurm", "crictl")
-    assert tuple(LOOKUPS) == validate.RUNTIMES
-    assert set(enrich.PARSERS) == set(LOOKUPS)
+    assert nodes.RUNTIMES == enrich.RUNTIMES == ("docker", "podman", "slurm", "crictl")
+    assert tuple(LOOKUPS) == nodes.RUNTIMES
 
 
 def _samples() -> list[str]:
@@ -53,7 +52,7 @@ def test_shapes_of_one_rank_never_claim_the_same_path() -> None:
     samples = _samples()
     assert len(samples) >= 30
     ranked = [
-        (kind, s.rank, re.compile(s.pattern + r"\Z")) for kind, s in cgroup_shapes.ordered(RUNTIMES)
+        (kind, s.rank, re.compile(s.pattern + r"\Z")) for kind, s in workload.ordered(RUNTIMES)
     ]
     for path in samples:
         hits = [(rank, kind) for kind, rank, p in ranked if p.match(path)]
@@ -63,7 +62,7 @@ def test_shapes_of_one_rank_never_claim_the_same_path() -> None:
 
 
 def test_the_table_is_ranked() -> None:
-    ranks = [s.rank for _, s in cgroup_shapes.ordered(RUNTIMES)]
+    ranks = [s.rank for _, s in workload.ordered(RUNTIMES)]
     assert ranks == sorted(ranks) and ranks[-1] is Rank.SERVICE
     assert match_path("/system.slice/containerd.service").get("reason") == (
         "runtime daemon's own unit"

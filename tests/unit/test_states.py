@@ -14,7 +14,10 @@ from gpubot.core.timefmt import iso
 from gpubot.store.records import iso as stored_iso
 
 WORDS = [
-    (ActionStatus, ["freed", "not-freed", "error", "refused", "incomplete", "unknown"]),
+    (
+        ActionStatus,
+        ["freed", "not-freed", "error", "refused", "done", "unchanged", "incomplete", "unknown"],
+    ),
     (
         ResetStep,
         [
@@ -27,6 +30,7 @@ WORDS = [
             "gpu_reset",
             "stop_workload",
             "sending",
+            "node_log",
         ],
     ),
     (StopResult, ["not-run", "running", "done", "failed"]),

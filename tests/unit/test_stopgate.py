@@ -150,6 +150,7 @@ def test_the_argv_carries_everything_as_arguments() -> None:
         gate=True,
         sudo=True,
         kind="service",
+        note='stop service "x.service"; $(id)',
     )
     assert argv[:2] == ["sh", "-c"] and "x.service" not in argv[2]
     assert argv[3:] == [
@@ -158,6 +159,7 @@ def test_the_argv_carries_everything_as_arguments() -> None:
         "1001",
         "1",
         "service",
+        'stop service "x.service"; $(id)',  # the node's log line: one argument
         "2",
         ":/system.slice/x.service",
         "name=systemd:/a b/$(id)",

@@ -98,6 +98,12 @@ async def test_control_with_wait_for_the_cancellation_is_lost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The defence removed (``asyncio.wait_for``, CPython gh-86296): the call's error comes
-    out instead, so a loop that handles it goes on after it was cancelled."""
+    out instead, so a loop that handles it goes on after it was cancelled.
+
+    The loss needs the call's end to reach the loop before the caller's next step; on a loaded
+    box the worker thread may be descheduled between queuing the cancellation and ending, and
+    then the cancellation wins. So the control asks whether it can be lost at all: some of a
+    few tries lose it (on a quiet box the first)."""
     monkeypatch.setattr(waits, "within", asyncio.wait_for)
-    assert isinstance(await _cancelled_as_it_fails(), StoreError)
+    got = [await _cancelled_as_it_fails() for _ in range(20)]
+    assert any(isinstance(x, StoreError) for x in got)

@@ -9,7 +9,8 @@ from gpubot.chat import fleet_view
 from gpubot.cli.render import render_snapshot
 from gpubot.console.text_render import render_text
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
-from gpubot.core.text_table import cut, gpu_lines, summary_lines, summary_rows, table_lines
+from gpubot.core.text import cut
+from gpubot.core.text_table import gpu_lines, summary_lines, summary_rows, table_lines
 
 LONG = "/opt/conda/envs/train/bin/python /home/bob/projects/llm/train.py --config big.yaml"
 

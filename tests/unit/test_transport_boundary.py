@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from gpubot.errors import AuthRefused, CommandTimeout, NodeUnreachable
-from gpubot.transport.boundary import ErrorMap, map_errors, nearest
+from gpubot.errors import AuthRefused, CommandTimeout, NodeUnreachable, nearest
+from gpubot.transport.boundary import ErrorMap, map_errors
 from gpubot.transport.sshlib import asyncssh
 
 TABLE: ErrorMap = {

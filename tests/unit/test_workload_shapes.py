@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubot.core.enrich import Found, apply_enrichment, enrich_target
+from gpubot.core.enrich import apply_enrichment, enrich_target
+from gpubot.core.runtimes.base import Found
 from gpubot.core.workload import (
     decide_owner,
     describe,
@@ -21,7 +22,7 @@ OUT = "88ea268e" * 8  # an outer container's id
 STATIC = "8daa50c3a64c9ff60bb9eab7b44b56fd"  # a static pod's UID: 32 hex digits, no dashes
 UPOD = POD.replace("-", "_")
 
-# Shapes of issue 21, from the public sources in gpubot/core/cgroup_shapes.py and tests/corpus/.
+# Shapes of issue 21, from the public sources in gpubot/core/runtimes/ and tests/corpus/.
 MORE_SHAPES = [
     # containerd's own unit nesting pods (SystemdCgroup=false, kubelet on the systemd driver)
     (
@@ -173,11 +174,11 @@ def test_a_runtimes_own_unit_is_never_a_workload(path: str, reason: str) -> None
 
 def test_a_runtimes_unit_was_a_service_before_the_rule() -> None:
     """Control: without the daemon rule, containerd's unit is a service to stop (every pod)."""
-    from gpubot.core import cgroup_shapes
+    from gpubot.core import workload
 
-    rule = [s for s in cgroup_shapes.SHAPES if "reason_daemon" in s[1].pattern]
+    rule = [s for s in workload.SHAPES if "reason_daemon" in s[1].pattern]
     assert len(rule) == 1
-    without = tuple(s for s in cgroup_shapes.SHAPES if s not in rule)
+    without = tuple(s for s in workload.SHAPES if s not in rule)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("gpubot.core.workload.SHAPES", without)
         w = parse_cgroup(v2("/system.slice/containerd.service"))

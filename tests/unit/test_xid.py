@@ -73,6 +73,11 @@ def test_bus_ids_and_times() -> None:
     assert gpu_bus("00000000:18:00.0") == "0000:18:00"
     assert gpu_bus("00000001:C8:00.0") == "0001:c8:00"
     assert gpu_bus("garbage") is None and gpu_bus(None) is None
+    # NVML's bus id reaches this unchecked on the local path: a legacy 4-digit domain, a missing
+    # function or padding still names the GPU an Xid line is about
+    assert gpu_bus("0000:52:00.0") == "0000:52:00"
+    assert gpu_bus(" 00000000:52:00.0\n") == "0000:52:00"
+    assert gpu_bus("00000000:52:00") == "0000:52:00"
     assert parse_time("2026-12-02T05:50:01+0000") == parse_time("2026-12-02T05:50:01,000000+00:00")
     assert parse_time("not a time") is None
 

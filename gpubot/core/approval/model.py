@@ -1,6 +1,8 @@
 """An approval for a forced action, as the approvals store hands it out.
 
-``ApprovalRequest`` is what was asked: the plan and how to run it. It is typed here and turned
+``ApprovalRequest`` is what was asked: a reset plan that kills other people's processes, or a
+change of a Slurm node's state (``NodeChange``: a drain or resume asked by someone who is no
+approver), and how to run it. It is typed here and turned
 into JSON (and back) only inside ``gpubot.store``: the wire form stays with the store.
 """
 
@@ -15,6 +17,7 @@ from gpubot.core.alerting import MessageRef
 from gpubot.core.clock import steps_of
 from gpubot.core.models import ApprovalState
 from gpubot.core.reset.plan import ResetPlan
+from gpubot.core.slurm.drain import NodeChange
 from gpubot.errors import DatabaseBehind, LockHeld, StoreError
 
 if TYPE_CHECKING:
@@ -29,19 +32,24 @@ NOT_YET = (LockHeld, StoreError)
 
 @dataclass(frozen=True)
 class ApprovalRequest:
-    """A forced kill waiting for a decision: the plan, the command that asked for it, the grace
-    it runs with (None: the default) and the Linux user the requester mapped to when asking
-    (None: unknown; an approver of that user is refused)."""
+    """An action waiting for a decision: the plan (a forced kill's ``ResetPlan``, or a Slurm
+    ``NodeChange``), the command that asked for it, the grace a kill runs with (None: the
+    default) and the Linux user the requester mapped to when asking (None: unknown; an approver
+    of that user is refused)."""
 
-    plan: ResetPlan
+    plan: ResetPlan | NodeChange
     command: str = ""
     grace_s: float | None = None
     requester_user: str | None = None
 
     @property
     def node(self) -> str:
-        """The node the plan is for."""
         return self.plan.node
+
+    @property
+    def change(self) -> NodeChange | None:
+        """Return the node change it asks for (None: a reset)."""
+        return self.plan if isinstance(self.plan, NodeChange) else None
 
 
 @dataclass(frozen=True)
@@ -66,8 +74,7 @@ class Approval:
     taken_at: datetime | None = None  # when a retry last took it from waiting back to approved
 
     @property
-    def plan(self) -> ResetPlan:
-        """The plan asked for (``request.plan``)."""
+    def plan(self) -> ResetPlan | NodeChange:
         return self.request.plan
 
 

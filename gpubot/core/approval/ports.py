@@ -28,11 +28,8 @@ class ApprovalStore(Protocol):
         now: datetime | None = None,
     ) -> Approval:
         """Record a pending request that expires ``expires_in_s`` seconds from ``now``."""
-        ...
 
-    async def get(self, approval_id: int) -> Approval | None:
-        """Return one approval or None."""
-        ...
+    async def get(self, approval_id: int) -> Approval | None: ...
 
     async def decide(
         self,
@@ -45,60 +42,45 @@ class ApprovalStore(Protocol):
         source: str = ...,
     ) -> Approval:
         """Approve or deny a pending request exactly once (never the requester's own)."""
-        ...
 
     async def cancel(
         self, approval_id: int, by: str, now: datetime, *, source: str = ...
-    ) -> Approval:
-        """Cancel a pending request."""
-        ...
+    ) -> Approval: ...
 
     async def mark_executed(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
-    ) -> Approval:
-        """Record that the approved action ran."""
-        ...
+    ) -> Approval: ...
 
     async def mark_failed(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
-    ) -> Approval:
-        """Record that the approved action failed."""
-        ...
+    ) -> Approval: ...
 
     async def mark_incomplete(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
         """Record that an approved action never recorded its end (gpubot stopped mid-run)."""
-        ...
 
     async def approved(self, decided_before: datetime) -> list[Approval]:
         """Return approvals still ``approved`` (not run to an end) decided, or last taken by a
         retry (``taken_at``), before a moment."""
-        ...
 
     async def mark_waiting(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
     ) -> Approval:
         """Record that an approved action could not run yet (``result``: why); retried."""
-        ...
 
     async def resume(self, approval_id: int, *, now: datetime | None = None) -> Approval:
         """Take a ``waiting`` approval back to ``approved`` to run it (once, of all tries)."""
-        ...
 
     async def waiting(self) -> list[Approval]:
         """Return the approvals ``waiting`` to be retried, oldest first."""
-        ...
 
     async def expire_due(self, now: datetime, source: str | None = None) -> list[Approval]:
         """Expire every pending request (of ``source`` only, if given) whose time is up at
         ``now``; return them."""
-        ...
 
     async def set_message(self, approval_id: int, ref: MessageRef) -> None:
         """Remember the chat message that shows the request (to update it later)."""
-        ...
 
     async def pending(self) -> list[Approval]:
         """Return every pending approval, oldest first."""
-        ...

@@ -62,11 +62,6 @@ def parse_subject(text: str) -> tuple[int, Purpose] | None:
         return None
 
 
-def half_time(created_at: datetime, expires_at: datetime) -> datetime:
-    """Return the moment half of an approval's time to expiry has gone."""
-    return created_at + (expires_at - created_at) / 2
-
-
 def may_record(
     purpose: Purpose,
     state: ApprovalState,
@@ -78,14 +73,13 @@ def may_record(
     re-ping only between half its time and its expiry."""
     if state not in NEEDS[purpose]:
         return False
-    return purpose is not Purpose.REPING or half_time(created_at, expires_at) <= now < expires_at
+    half_time = created_at + (expires_at - created_at) / 2
+    return purpose is not Purpose.REPING or half_time <= now < expires_at
 
 
 def reping_due(a: Approval, now: datetime) -> bool:
     """Whether an undecided request should ping on-call again now: half its time has gone and
     it has not expired (its request message is known, so the ping goes in its thread)."""
-    return (
-        a.state is ApprovalState.PENDING
-        and a.ref is not None
-        and half_time(a.created_at, a.expires_at) <= now < a.expires_at
+    return a.ref is not None and may_record(
+        Purpose.REPING, a.state, a.created_at, a.expires_at, now
     )

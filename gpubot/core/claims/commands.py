@@ -168,15 +168,9 @@ def _wait(args: list[str]) -> WaitFor:
     if not args:
         raise UsageError(f"wait needs a node; usage: {USAGE['wait']}")
     node = _node(args[0])
-    rest = args[1:]
-    gpus: tuple[int, ...] = ()
-    count = 1
-    if rest and rest[0].lower() in ("gpu", "gpus"):
-        if len(rest) < 2:
-            raise UsageError("gpu needs a value")
-        gpus, rest = _gpus(rest[1]), rest[2:]
-        count = len(gpus)
-    elif rest and rest[0].lower() == "any":
+    _, gpus, rest = _where(args, "wait")
+    count = len(gpus) or 1
+    if not gpus and rest and rest[0].lower() == "any":
         rest = rest[1:]
         if rest and rest[0].lower() != "for":
             count, rest = _count(rest[0]), rest[1:]

@@ -13,13 +13,11 @@ class ClaimStore(Protocol):
 
     async def claim(self, req: ClaimRequest) -> ClaimOutcome:
         """Write the claim conditionally (one winner)."""
-        ...
 
     async def extend(
         self, chat_id: str, scope: tuple[str | None, tuple[int, ...]], by_s: float, **kw: Any
     ) -> list[tuple[Claim, bool]]:
         """Extend active claims; each with whether a limit cut it."""
-        ...
 
     async def release(
         self, chat_id: str | None, scope: tuple[str | None, tuple[int, ...]], **kw: Any
@@ -33,21 +31,16 @@ class ClaimStore(Protocol):
 
     async def used_last(self, chat_id: str, node: str) -> dict[int, float]:
         """Return GPU → when the person last claimed it on ``node``."""
-        ...
 
     async def advance_idle(
         self, updates: Sequence[tuple[int, float | None, float, float | None]]
-    ) -> None:
-        """Store each claim's idle run."""
-        ...
+    ) -> None: ...
 
     async def mark_idle_dm(self, claim_id: int, now: float) -> bool:
         """Record the Keep / Release question once."""
-        ...
 
     async def tell_intruder(self, claim_id: int, key: str, now: float) -> bool:
         """Record telling the holder of an intruder once."""
-        ...
 
     async def keep(self, claim_id: int, chat_id: str, now: float, source: str) -> Claim | None: ...
 
@@ -65,10 +58,8 @@ class ClaimStore(Protocol):
         self, wait_id: int, gpus: tuple[int, ...], hold_until: float, now: float
     ) -> Wait | None:
         """Hold GPUs for a place, once."""
-        ...
 
     async def lapse(self, now: float) -> list[Wait]: ...
 
     async def told(self, wait_id: int, now: float) -> Wait | None:
         """Close a place whose person was told."""
-        ...

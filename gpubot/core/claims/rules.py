@@ -15,6 +15,7 @@ from typing import Any
 from gpubot.core import durations
 from gpubot.core.findings import Finding, FindingKind, holder_id, workload_label
 from gpubot.core.models import GpuProcess, NodeSnapshot
+from gpubot.core.slurm import alloc
 from gpubot.core.usage.idle import GpuSample, holder_owner
 from gpubot.core.usage.idle_runs import IdleRun, RunRule, advance, can_advance
 
@@ -92,7 +93,6 @@ class Claim:
     idle_dm_at: float | None = None  # when its holder was asked Keep / Release
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form (times as unix seconds)."""
         return {
             "id": self.id,
             "node": self.node,
@@ -124,7 +124,6 @@ class Wait:
     hold_until: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form."""
         return {
             "id": self.id,
             "node": self.node,
@@ -139,9 +138,6 @@ class Wait:
             "hold_until": self.hold_until,
         }
 
-    def wants(self) -> int:
-        return len(self.gpus) or self.count
-
 
 def busy(snapshot: NodeSnapshot, gpu: int, below_mib: int) -> bool:
     """Whether ``gpu`` runs a job or holds ``below_mib`` or more; unknown memory is in use."""
@@ -152,12 +148,18 @@ def busy(snapshot: NodeSnapshot, gpu: int, below_mib: int) -> bool:
 
 
 def free_gpus(snapshot: NodeSnapshot, claimed: Iterable[int], below_mib: int) -> tuple[int, ...]:
-    """Return the unclaimed GPUs of ``snapshot`` that are not busy and have no flag."""
+    """Return the unclaimed GPUs of ``snapshot`` that are not busy, have no flag and that no
+    Slurm job was allocated (``core.slurm.alloc``: a job that has not started its work yet); on
+    a Slurm node whose allocation cannot be told now, none."""
     taken = set(claimed)
     return tuple(
         g.index
         for g in snapshot.gpus
-        if g.index not in taken and not g.flags and not busy(snapshot, g.index, below_mib)
+        if g.index not in taken
+        and not g.flags
+        and not busy(snapshot, g.index, below_mib)
+        and alloc.gpu_job(snapshot, g) is None
+        and alloc.unsure(snapshot) is None
     )
 
 

@@ -49,29 +49,21 @@ def failed(area: str, name: str, detail: str, fix: str) -> Check:
     return Check(area, name, False, detail, fix)
 
 
-def did_you_mean(word: str, known: Iterable[str]) -> str | None:
-    """Return the known word closest to ``word`` (a typo's likely meaning), or None."""
-    found = difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.6)
-    return found[0] if found else None
+def verdict(area: str, name: str, problem: str | None, fix: str, detail: str = "") -> Check:
+    """Return the check that failed with ``problem`` (its fix), or passed when there is none."""
+    return passed(area, name, detail) if problem is None else failed(area, name, problem, fix)
 
 
 def unknown_key(where: str, key: str, known: Iterable[str]) -> Check:
     """Return the failed check of an unknown settings key, with "did you mean" when close."""
     leaf = key.rsplit(".", 1)[-1]
-    guess = did_you_mean(leaf, known)
-    parent = key[: -len(leaf)]
-    if guess is not None:
-        fix = f"did you mean {parent}{guess}? rename it in {where}"
+    guess = difflib.get_close_matches(leaf, sorted(known), n=1, cutoff=0.6)  # a typo's meaning
+    if guess:
+        fix = f"did you mean {key[: -len(leaf)]}{guess[0]}? rename it in {where}"
     else:
         names = ", ".join(sorted(known)) or "none"
         fix = f"remove it from {where} (known here: {names})"
     return failed("config", f"key {key}", "unknown key", fix)
-
-
-def bash_version(text: str) -> tuple[int, int] | None:
-    """Return (major, minor) from ``bash --version``'s first line, or None if it is not bash's."""
-    m = _BASH.search(text)
-    return None if m is None else (int(m[1]), int(m[2]))
 
 
 def bash_check(area: str, text: str | None) -> Check:
@@ -79,13 +71,13 @@ def bash_check(area: str, text: str | None) -> Check:
     name = "bash >= 4.4"
     if text is None:
         return failed(area, name, "no bash on the node", "install bash 4.4 or later")
-    version = bash_version(text)
-    if version is None:
+    m = _BASH.search(text)
+    if m is None:
         return failed(
             area, name, f"not GNU bash: {one_line(text)[:80]!r}", "install bash 4.4 or later"
         )
-    shown = f"bash {version[0]}.{version[1]}"
-    if version < MIN_BASH:
+    shown = f"bash {m[1]}.{m[2]}"
+    if (int(m[1]), int(m[2])) < MIN_BASH:
         return failed(
             area,
             name,
@@ -97,9 +89,8 @@ def bash_check(area: str, text: str | None) -> Check:
 
 def readable_check(area: str, what: str, path: str, problem: str | None) -> Check:
     """Check that a file the settings name can be read (``problem``: why not, or None)."""
-    if problem is None:
-        return passed(area, f"{what} readable", path)
-    return failed(area, f"{what} readable", f"{path}: {problem}", f"make {path} readable by gpubot")
+    why = None if problem is None else f"{path}: {problem}"
+    return verdict(area, f"{what} readable", why, f"make {path} readable by gpubot", path)
 
 
 def all_ok(checks: Sequence[Check]) -> bool:

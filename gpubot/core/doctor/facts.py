@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpubot.core.doctor.checks import Check, failed, passed
+from gpubot.core.doctor.checks import Check, failed, passed, verdict
 
 
 @dataclass(frozen=True)
@@ -27,78 +27,29 @@ def db_checks(facts: DbFacts) -> list[Check]:
     """Check that the database opens, is migrated, takes writes, and has its audit key."""
     area = "database"
     if facts.error is not None:
-        return [
-            failed(
-                area,
-                "opens",
-                f"{facts.url}: {facts.error}",
-                "fix [database] url (and $GPUBOT_DB_PASSWORD), then `gpubot db upgrade`",
-            )
-        ]
-    if facts.missing is not None:
-        return [_missing(facts.missing)]
-    checks = [passed(area, "opens", facts.url)]
+        fix = "fix [database] url (and $GPUBOT_DB_PASSWORD), then `gpubot db upgrade`"
+        return [failed(area, "opens", f"{facts.url}: {facts.error}", fix)]
+    if facts.missing is not None:  # the doctor reports it: creating it is not a check
+        why = f"{facts.missing}: no such file (gpubot creates it on first use)"
+        fix = "run `gpubot db upgrade` to create it now, or point [database] url at the database"
+        return [failed(area, "exists", why, fix)]
+    behind = None
     if facts.revision != facts.head:
-        checks.append(
-            failed(
-                area,
-                "migrated",
-                f"at {facts.revision or 'base (empty)'}, this gpubot needs {facts.head}",
-                "run `gpubot db upgrade`",
-            )
-        )
-    else:
-        checks.append(passed(area, "migrated", f"at {facts.head}"))
-    if facts.write_error is not None:
-        checks.append(
-            failed(
-                area,
-                "writable",
-                facts.write_error,
-                "give gpubot's account write access to the database (file and folder)",
-            )
-        )
-    else:
-        checks.append(passed(area, "writable"))
+        behind = f"at {facts.revision or 'base (empty)'}, this gpubot needs {facts.head}"
+    write_fix = "give gpubot's account write access to the database (file and folder)"
+    checks = [
+        passed(area, "opens", facts.url),
+        verdict(area, "migrated", behind, "run `gpubot db upgrade`", f"at {facts.head}"),
+        verdict(area, "writable", facts.write_error, write_fix),
+    ]
     if facts.file is not None and facts.file_mode is not None:
-        checks.append(_file_mode(facts.file, facts.file_mode))
-    if facts.keyed_error is not None:
-        checks.append(
-            failed(
-                area,
-                "audit key",
-                facts.keyed_error,
-                "set GPUBOT_AUDIT_KEY to the key the log was keyed with",
-            )
-        )
-    else:
-        checks.append(
-            passed(
-                area,
-                "audit key",
-                "keyed log, key matches" if facts.keyed else "plain log (no key needed)",
-            )
-        )
+        # A SQLite file must be private: it holds every person's command lines.
+        mode = f"{facts.file_mode:04o}"
+        shared = f"{facts.file} has mode {mode}: other users can read it"
+        shared_or_not = shared if facts.file_mode & 0o077 else None
+        fix = f"chmod 600 {facts.file}"
+        checks.append(verdict(area, "file private", shared_or_not, fix, f"mode {mode}"))
+    keyed = "keyed log, key matches" if facts.keyed else "plain log (no key needed)"
+    fix = "set GPUBOT_AUDIT_KEY to the key the log was keyed with"
+    checks.append(verdict(area, "audit key", facts.keyed_error, fix, keyed))
     return checks
-
-
-def _missing(path: str) -> Check:
-    """Say that a SQLite file is not there: the doctor reports it, creating it is not a check."""
-    return failed(
-        "database",
-        "exists",
-        f"{path}: no such file (gpubot creates it on first use)",
-        "run `gpubot db upgrade` to create it now, or point [database] url at the database",
-    )
-
-
-def _file_mode(path: str, mode: int) -> Check:
-    """Check that a SQLite file is private: it holds every person's command lines."""
-    if mode & 0o077:
-        return failed(
-            "database",
-            "file private",
-            f"{path} has mode {mode:04o}: other users can read it",
-            f"chmod 600 {path}",
-        )
-    return passed("database", "file private", f"mode {mode:04o}")

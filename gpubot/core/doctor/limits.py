@@ -15,16 +15,12 @@ AREA = "limits"
 NAME = "descriptors for the fleet"
 
 
-def _shown(limit: int | None) -> str:
-    return "unlimited" if limit is None else str(limit)
-
-
 def descriptor_check(nodes: int, soft: int, hard: int | None) -> Check:
     """Check that the limit gpubot will run under (``hard`` None: unlimited) keeps one SSH
     connection per node."""
     at_start = fdbudget.raised_to(soft, hard)
     cap = fdbudget.connection_cap(at_start)
-    limits = f"soft {soft}, hard {_shown(hard)}"
+    limits = f"soft {soft}, hard {'unlimited' if hard is None else hard}"
     if at_start > soft:
         limits += f" (raised to {at_start} at start)"
     room = f"{limits}: {cap} SSH connections for {nodes} node{'s' if nodes != 1 else ''}"

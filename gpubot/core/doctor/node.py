@@ -10,16 +10,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpubot.core.doctor.checks import Check, bash_check, failed, passed
+from gpubot.core.doctor.checks import Check, bash_check, failed, passed, verdict
 from gpubot.core.doctor.sudo import SudoNeeds, sudo_check
 from gpubot.core.enrich import enrich_argv
+from gpubot.core.health.kernlog import KernelRead
 from gpubot.core.models import NodeConfig
+from gpubot.core.nodelog import LOGGER_SH, TAG, NodeLog, find_marker
 from gpubot.core.probe.nvsmi import gpu_query_argv, normal_bus_id, parse_gpus
 from gpubot.core.runtimes import LOOKUPS
 from gpubot.errors import ParseError
 
 MARK = "@doctor"
-DOCTOR_SCRIPT = r"""smi=$1 pre=$2 drv=$3 su=$4 T=$5
+DOCTOR_SCRIPT = (
+    LOGGER_SH
+    + r"""smi=$1 pre=$2 drv=$3 su=$4 T=$5 lg=$6
 m() { printf '\n@doctor %s\n' "$*"; }
 LC_ALL=C; export LC_ALL
 PATH=$PATH:/usr/sbin:/sbin  # fuser lives in sbin on some distributions (as the probe)
@@ -32,7 +36,7 @@ if command -v bash >/dev/null 2>&1; then
 else m no-bash; fi
 m fuser "$(command -v fuser 2>/dev/null || echo -)"
 m smi-path "$(command -v "$smi" 2>/dev/null || echo -)"
-shift 5
+shift 6
 m smi; lim "$@" 2>&1; m smi-exit "$?"
 m dev
 for f in "$pre"[0-9]*; do [ -e "$f" ] && printf '%s\n' "${f#"$pre"}"; done
@@ -47,12 +51,20 @@ if [ "$su" = sudo ]; then
   if command -v sudo >/dev/null 2>&1; then m sudo; lim sudo -n -l 2>&1; m sudo-exit "$?"
   else m no-sudo; fi
 fi
+m logger
+gpubot_log "$lg"
 m mounts
 while read -r _ mnt fs opts _; do
   [ "$mnt" = /proc ] && [ "$fs" = proc ] && printf '%s\n' "$opts"
 done </proc/mounts 2>/dev/null
 m end
 """
+)
+
+
+# The line the doctor writes with ``logger`` (its own words only): that the node logs it is what
+# shows gpubot's actions there will be attributed in its journal (``journalctl -t gpubot``).
+LOGGER_TEST = "doctor: checking that gpubot's actions on this node reach its log"
 
 
 def doctor_argv(node: NodeConfig, *, timeout_s: float) -> list[str]:
@@ -68,6 +80,7 @@ def doctor_argv(node: NodeConfig, *, timeout_s: float) -> list[str]:
         node.driver_dir,
         "sudo" if node.sudo else "-",
         limit,
+        LOGGER_TEST,
         *gpu_query_argv(node.nvidia_smi),
     ]
 
@@ -89,6 +102,7 @@ class NodeFacts:
     sudo_installed: bool = True
     sudo_exit: int | None = None
     proc_options: str | None = None  # /proc's mount options
+    logger: NodeLog | None = None  # what logger did with the test line; None: not asked
 
 
 def parse_facts(stdout: str) -> NodeFacts:
@@ -131,6 +145,7 @@ def parse_facts(stdout: str) -> NodeFacts:
         sudo_exit=_int(args.get("sudo-exit")),
         # The last mount of /proc is the one in effect (a namespace's over the host's).
         proc_options=body("mounts").splitlines()[-1] if body("mounts") else None,
+        logger=find_marker(body("logger"), LOGGER_TEST) if "logger" in sections else None,
     )
 
 
@@ -150,20 +165,30 @@ def node_checks(node: NodeConfig, facts: NodeFacts, needs: SudoNeeds | None = No
                 f"check that sh, id and coreutils work on {area}, then run gpubot doctor again",
             )
         ]
-    checks = [bash_check(area, facts.bash), _fuser(area, facts), *_smi_and_devices(node, facts)]
+    no_fuser = None if facts.fuser else "not found (PATH, /usr/sbin, /sbin)"
+    checks = [
+        bash_check(area, facts.bash),
+        verdict(area, "fuser", no_fuser, "install psmisc (it has fuser)", facts.fuser or ""),
+        *_smi_and_devices(node, facts),
+    ]
     if node.sudo:
         text = facts.sudo if facts.sudo_installed else None
         checks.append(sudo_check(area, text, facts.sudo_exit, needs or SudoNeeds(node.dev_prefix)))
     checks.append(proc_check(area, facts.uid, node.sudo, facts.proc_options))
+    if facts.logger is not None:
+        checks.append(logger_check(area, facts.logger))
     return checks
 
 
-def _fuser(area: str, facts: NodeFacts) -> Check:
-    if facts.fuser is None:
-        return failed(
-            area, "fuser", "not found (PATH, /usr/sbin, /sbin)", "install psmisc (it has fuser)"
-        )
-    return passed(area, "fuser", facts.fuser)
+def logger_check(area: str, log: NodeLog) -> Check:
+    """Check that the node's ``logger`` wrote the test line: else gpubot's actions there (a
+    SIGKILL, a ``gpu-reset``) still run, but leave no line in the node's own log."""
+    if log.ok:
+        return passed(area, "node log", f"a test line written (journalctl -t {TAG})")
+    said = log.said or "nothing"
+    problem = f"logger exit {log.exit_status}: {said}"
+    fix = f"run journald or a syslog daemon on {area}: its log does not name gpubot's actions"
+    return failed(area, "node log", problem, fix)
 
 
 def _smi_and_devices(node: NodeConfig, facts: NodeFacts) -> list[Check]:
@@ -227,10 +252,8 @@ def device_check(
 def proc_check(area: str, uid: int | None, sudo: bool, options: str | None) -> Check:
     """Check what gpubot's account sees in ``/proc`` and through fuser (the probe's notes)."""
     name = "/proc view"
-    hidepid = None
-    for opt in (options or "").split(","):
-        if opt.startswith("hidepid="):
-            hidepid = opt.partition("=")[2]
+    said = [opt for opt in (options or "").split(",") if opt.startswith("hidepid=")]
+    hidepid = said[-1].partition("=")[2] if said else None  # the last one given wins
     if hidepid not in (None, "0", "off") and uid != 0:
         return failed(
             area,
@@ -285,3 +308,22 @@ def runtime_check(area: str, runtime: str, exit_status: int, output: str) -> Che
             area, name, f"refused: {first}", f"check {runtime}'s daemon and gpubot's access to it"
         )
     return passed(area, name, "answers")
+
+
+KERNLOG = "kernel log (Xid)"  # the check's name
+
+
+def kernlog_check(area: str, user: str | None, read: KernelRead) -> Check:
+    """Return the check of one node's kernel-log read (``[sweep] kernel_log = true``): which
+    source the account may read, or the one line that gives it one (never sudo)."""
+    if read.source == "journal":
+        return passed(area, KERNLOG, "journalctl -k is readable")
+    if read.source == "dmesg":
+        return passed(area, KERNLOG, "dmesg is readable (no journal for this account)")
+    who = user or "the SSH account"
+    why = "; ".join(read.denied) or "neither journalctl -k nor dmesg answered"
+    fix = (
+        f"usermod -aG systemd-journal {who} on the node (or sysctl kernel.dmesg_restrict=0), "
+        "or set [sweep] kernel_log = false"
+    )
+    return failed(area, KERNLOG, why, fix)

@@ -37,6 +37,10 @@ README_RULE: tuple[tuple[str, str, str], ...] = (
     ("GPUBOT_RESET", "nvidia-smi", "-pm 1 -i [0-9]*"),
     *(("GPUBOT_INSPECT", *_split(r.lookup.sudo)) for r in RUNTIMES if r.lookup and r.lookup.sudo),
     *(("GPUBOT_STOP", *_split(r.sudo_stop)) for r in RUNTIMES if r.sudo_stop),
+    # Only on Slurm nodes with sudo = true: /gpu drain and resume (core.doctor.slurm checks them).
+    # sudoers escapes "=" in arguments, and `sudo -l` prints them so (sudo 1.9.13, checked)
+    ("GPUBOT_DRAIN", "scontrol", r"update NodeName\=* State\=DRAIN Reason\=*"),
+    ("GPUBOT_DRAIN", "scontrol", r"update NodeName\=* State\=RESUME"),
 )
 _ENTRY = re.compile(r"\((?P<runas>[^)]*)\)\s*(?P<rest>.*)")
 _TAGS = re.compile(r"((?:[A-Z_]+:\s*)+)")
@@ -98,20 +102,9 @@ def parse_sudo_list(text: str) -> tuple[Grant, ...]:
 
 def _split_commas(text: str) -> list[str]:
     """Split a sudoers command list at unescaped commas."""
-    parts = [""]
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            parts[-1] += text[i : i + 2]
-            i += 2
-            continue
-        if ch == ",":
-            parts.append("")
-        else:
-            parts[-1] += ch
-        i += 1
-    return [p.strip() for p in parts]
+    # An escape pair is kept whole, so only a bare comma becomes a newline (an entry has none).
+    marked = re.sub(r"\\.|,", lambda m: "\n" if m[0] == "," else m[0], text, flags=re.S)
+    return [p.strip() for p in marked.split("\n")]
 
 
 def _split_command(command: str) -> tuple[str, str | None]:

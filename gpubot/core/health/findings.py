@@ -8,10 +8,15 @@ when idle → drain and reboot → hardware: open a ticket):
   ``gpu-reset`` when the GPU is idle; when processes hold it, they must stop first (the alert's
   Reset button, through approval where they are other people's);
 - a failed row remap is hardware: open a ticket;
-- an uncorrectable ECC count that grew since the previous sweep (a count seen once is the
-  baseline: a GPU's lifetime count is not news) stands for ``ECC_HOLD`` sweeps after it last grew;
-- a GPU whose NVSwitch fabric registration has not completed with success, or whose NVLink
-  links are partly down, is flagged (its reset may need the fabric manager running);
+- a non-zero VOLATILE uncorrectable ECC count is a finding from the first reading on, while it
+  stays non-zero (an error since the driver loaded: jobs on the GPU may fail until a GPU reset
+  clears it; NVIDIA/k8s-device-plugin#267); the lifetime (aggregate) count is only a baseline;
+- an uncorrectable ECC count that grew since the previous sweep is a second finding, standing
+  for ``ECC_HOLD`` sweeps after it last grew;
+- a GPU whose NVSwitch fabric registration has not completed with success is flagged (its reset
+  may need the fabric manager running); so is one whose NVLink links that should be up are not,
+  all of them included (``core.health.nvlink``: a link never seen up outside a fabric is taken
+  as not wired, so an H100 PCIe pair's 6 unwired links each are no fault);
 - throttling (HW slowdown, HW or SW thermal slowdown) is a finding only when the previous sweep
   saw it too: a moment is not.
 
@@ -20,10 +25,12 @@ when idle → drain and reboot → hardware: open a ticket):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gpubot.core.findings import Finding, FindingKind
+from gpubot.core.health.hung import HungMemory, HungRule, find_hung
+from gpubot.core.health.nvlink import LinkKey, expect_links, learn_links
 from gpubot.core.health.state import REASON_WORDS, GpuHealth, NodeHealth
 from gpubot.core.models import GpuInfo, NodeSnapshot
 
@@ -33,6 +40,9 @@ MEMORY_REPAIR_PENDING = FindingKind(
 )
 REMAP_FAILED = FindingKind("remap-failed", "GPU row remapping failed")
 ECC_UNCORRECTED = FindingKind("ecc-uncorrected", "uncorrectable ECC errors growing")
+ECC_SINCE_LOAD = FindingKind(
+    "ecc-since-load", "uncorrectable ECC errors since the driver loaded", reset=True, gpu_reset=True
+)
 FABRIC_NOT_READY = FindingKind(
     "fabric-not-ready", "GPU fabric not ready", reset=True, gpu_reset=True
 )
@@ -54,33 +64,51 @@ class EccSeen:
 
 @dataclass
 class HealthMemory:
-    """What earlier sweeps saw: ECC counts, and each GPU's throttle reasons last sweep."""
+    """What earlier sweeps saw: ECC counts, each GPU's throttle reasons last sweep, and the
+    NVLink links each GPU has been seen with up, and the hung-but-busy runs and learned busy
+    draws (``core.health.hung``)."""
 
     ecc: dict[EccKey, EccSeen] = field(default_factory=dict)
     throttled: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    links: dict[LinkKey, tuple[int, ...]] = field(default_factory=dict)
+    hung: HungMemory = field(default_factory=HungMemory)
 
 
 def find_health(
     snapshots: Iterable[NodeSnapshot],
     health: Mapping[str, NodeHealth],
     memory: HealthMemory,
+    *,
+    hung: HungRule | None = None,
+    at: float | None = None,
 ) -> tuple[tuple[Finding, ...], HealthMemory]:
-    """Return the health findings of one sweep and what the next sweep must remember."""
+    """Return the health findings of one sweep and what the next sweep must remember
+    (``hung``: the hung-but-busy rule, None: not looked for; ``at``: the sweep's time)."""
+    snapshots = list(snapshots)
     out: list[Finding] = []
-    new = HealthMemory(dict(memory.ecc), {})
+    new = HealthMemory(dict(memory.ecc), {}, dict(memory.links))
     for snap in snapshots:
         node_health = health.get(snap.node)
         if node_health is None:
             continue
+        node_health = expect_links(snap.node, snap.gpus, node_health, memory.links)
+        new.links = learn_links(snap.node, snap.gpus, node_health, new.links)
         for g in sorted(snap.gpus, key=lambda g: g.index):
             h = node_health.gpus.get(g.index)
             if h is None or "lost" in g.flags:
                 continue
-            busy = [p for p in snap.on_gpu(g.index) if p.exists and not p.system]
-            out += _memory(snap.node, g, h, len(busy))
-            out += _ecc(snap.node, g, h, memory, new)
-            out += _fabric(snap.node, g, h, node_health, len(busy))
-            out += _throttle(snap.node, g, h, memory, new)
+            busy = len([p for p in snap.on_gpu(g.index) if p.exists and not p.system])
+            found = (
+                *_memory(snap.node, g, h, busy),
+                *_ecc_since_load(snap.node, g, h, busy),
+                *_ecc(snap.node, g, h, memory, new),
+                *_fabric(snap.node, g, h, node_health, busy),
+                *_throttle(snap.node, g, h, memory, new),
+            )
+            out += [Finding(snap.node, g.index, kind, "", summary) for kind, summary in found]
+    if hung is not None:
+        stuck, new.hung = find_hung(snapshots, health, memory.hung, hung, at=at)
+        out += stuck
     return tuple(out), new
 
 
@@ -94,37 +122,40 @@ def reset_step(node: str, gpu: int, busy: int) -> str:
     return f"it is idle: gpu-reset {node} gpu {gpu} now"
 
 
-def _memory(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> list[Finding]:
-    out: list[Finding] = []
+Found = Iterator[tuple[FindingKind, str]]  # a GPU's findings: (kind, summary)
+
+
+def _memory(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> Found:
     if h.remap_failure:
-        out.append(
-            Finding(
-                node,
-                g.index,
-                REMAP_FAILED,
-                "",
-                f"GPU {g.index} ({g.name}): a row remapping failed: its memory cannot be "
-                "repaired. Hardware: drain it and open a ticket",
-            )
+        text = (
+            f"GPU {g.index} ({g.name}): a row remapping failed: its memory cannot be "
+            "repaired. Hardware: drain it and open a ticket"
         )
+        yield REMAP_FAILED, text
     if h.remap_pending or h.retired_pending:
         what = "a remapped row" if h.remap_pending else "a retired page"
-        out.append(
-            Finding(
-                node,
-                g.index,
-                MEMORY_REPAIR_PENDING,
-                "",
-                f"GPU {g.index}: {what} waits for a GPU reset to take effect; "
-                + reset_step(node, g.index, busy),
-            )
-        )
-    return out
+        step = reset_step(node, g.index, busy)
+        text = f"GPU {g.index}: {what} waits for a GPU reset to take effect; {step}"
+        yield MEMORY_REPAIR_PENDING, text
 
 
-def _ecc(
-    node: str, g: GpuInfo, h: GpuHealth, memory: HealthMemory, new: HealthMemory
-) -> list[Finding]:
+def _ecc_since_load(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> Found:
+    """A volatile uncorrectable count above 0 means an error since the driver loaded: a finding
+    at the first reading (it needs no history), standing until a reset or reload clears it."""
+    if not h.ecc_volatile:
+        return
+    n = h.ecc_volatile
+    life = f" (aggregate {h.ecc_aggregate})" if h.ecc_aggregate is not None else ""
+    text = (
+        f"GPU {g.index}: {n} uncorrectable ECC error{'s' if n != 1 else ''} since the driver "
+        f"loaded{life}: jobs on it may fail ('uncorrectable ECC error encountered'); "
+        f"{reset_step(node, g.index, busy)}; if it comes back after the reset, hardware: open "
+        "a ticket"
+    )
+    yield ECC_SINCE_LOAD, text
+
+
+def _ecc(node: str, g: GpuInfo, h: GpuHealth, memory: HealthMemory, new: HealthMemory) -> Found:
     grew: list[str] = []
     for which, count in (("volatile", h.ecc_volatile), ("aggregate", h.ecc_aggregate)):
         key = (node, g.uuid, which)
@@ -143,64 +174,51 @@ def _ecc(
         new.ecc[key] = seen
         if seen.grew_from is not None:
             grew.append(f"{which} {seen.grew_from} → {seen.count}")
-    if not grew:
-        return []
-    return [
-        Finding(
-            node,
-            g.index,
-            ECC_UNCORRECTED,
-            "",
+    if grew:
+        text = (
             f"GPU {g.index}: uncorrectable ECC errors grew ({', '.join(grew)}): drain it; a "
             "pending remap is applied by a GPU reset, and if the count keeps growing, hardware: "
-            "open a ticket",
+            "open a ticket"
         )
-    ]
+        yield ECC_UNCORRECTED, text
 
 
-def _fabric(node: str, g: GpuInfo, h: GpuHealth, nh: NodeHealth, busy: int) -> list[Finding]:
-    out: list[Finding] = []
+def _fabric(node: str, g: GpuInfo, h: GpuHealth, nh: NodeHealth, busy: int) -> Found:
     fm = f"; fabric manager: {nh.fabric_manager}"
     start = "start nvidia-fabricmanager, then " if nh.fabric_manager.startswith("not") else ""
+    step = start + reset_step(node, g.index, busy)
     if h.fabric_ready is False:
         status = f", status {h.fabric_status}" if h.fabric_status else ""
-        out.append(
-            Finding(
-                node,
-                g.index,
-                FABRIC_NOT_READY,
-                "",
-                f"GPU {g.index}: NVSwitch fabric state {h.fabric_state}{status}{fm}: CUDA jobs "
-                f"across GPUs fail until it completes; {start}" + reset_step(node, g.index, busy),
-            )
+        text = (
+            f"GPU {g.index}: NVSwitch fabric state {h.fabric_state}{status}{fm}: CUDA jobs "
+            f"across GPUs fail until it completes; {step}"
         )
+        yield FABRIC_NOT_READY, text
     links = h.links
-    if links is not None and links.down and links.up:
-        down = ", ".join(str(i) for i in links.down)
-        total = len(links.up) + len(links.down)
-        out.append(
-            Finding(
-                node,
-                g.index,
-                NVLINK_DOWN,
-                "",
-                f"GPU {g.index}: {len(links.down)} of {total} NVLink links inactive (link {down})"
-                f"; {start}" + reset_step(node, g.index, busy) + "; if they stay down after a "
-                "reset, drain and reboot, then hardware: open a ticket",
-            )
+    if links is not None and links.missing and links.expected is not None:
+        down = ", ".join(str(i) for i in links.missing)
+        total = len(links.expected)
+        what = (
+            f"all {total} NVLink links inactive"
+            + (" (NVML: all links are inactive)" if links.all_inactive else f" (link {down})")
+            if not links.up
+            else f"{len(links.missing)} of {total} NVLink links inactive (link {down})"
         )
-    return out
+        text = (
+            f"GPU {g.index}: {what}; {step}; if they stay down after a reset, drain and reboot, "
+            "then hardware: open a ticket"
+        )
+        yield NVLINK_DOWN, text
 
 
 def _throttle(
     node: str, g: GpuInfo, h: GpuHealth, memory: HealthMemory, new: HealthMemory
-) -> list[Finding]:
+) -> Found:
     if not h.slowdown:
-        return []
+        return
     new.throttled[(node, g.uuid)] = h.slowdown
-    before = memory.throttled.get((node, g.uuid), ())
-    if not before:  # a moment is not a finding
-        return []
+    if not memory.throttled.get((node, g.uuid)):  # a moment is not a finding
+        return
     words = ", ".join(REASON_WORDS[r] for r in h.slowdown)
     temp = f" at {h.temperature_c} C" if h.temperature_c is not None else ""
     power = f", {h.power_w:g} W" if h.power_w is not None else ""
@@ -211,12 +229,4 @@ def _throttle(
         else "HW slowdown is the board's own (power brake, power supply): drain it and, if it "
         "persists, hardware: open a ticket"
     )
-    return [
-        Finding(
-            node,
-            g.index,
-            GPU_THROTTLED,
-            "",
-            f"GPU {g.index}: {words} for two sweeps or more{temp}{power}: {step}",
-        )
-    ]
+    yield GPU_THROTTLED, f"GPU {g.index}: {words} for two sweeps or more{temp}{power}: {step}"

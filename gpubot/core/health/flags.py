@@ -15,11 +15,6 @@ from gpubot.core.health.kernlog import gpu_bus
 from gpubot.core.models import NodeSnapshot
 
 
-def xid_flags(codes: Iterable[int]) -> tuple[str, ...]:
-    """Return the flags of a GPU's recent serious codes, each once, in code order."""
-    return tuple(f"xid-{c}" for c in sorted(set(codes)))
-
-
 def flag_snapshot(snap: NodeSnapshot, serious: Mapping[str, Iterable[int]]) -> NodeSnapshot:
     """Return ``snap`` with ``xid-N`` flags on the GPUs whose bus id has serious codes."""
     if not serious:
@@ -27,6 +22,7 @@ def flag_snapshot(snap: NodeSnapshot, serious: Mapping[str, Iterable[int]]) -> N
     gpus = []
     for g in snap.gpus:
         bus = gpu_bus(g.bus_id)
-        extra = [f for f in xid_flags(serious.get(bus, ()) if bus else ()) if f not in g.flags]
+        codes = sorted(set(serious.get(bus, ()) if bus else ()))  # each once, in code order
+        extra = [f"xid-{c}" for c in codes if f"xid-{c}" not in g.flags]
         gpus.append(replace(g, flags=(*g.flags, *extra)) if extra else g)
     return replace(snap, gpus=tuple(gpus))

@@ -55,6 +55,8 @@ APP_CODES = tuple(sorted(c.code for c in XIDS.values() if c.fault == "applicatio
 # $1: the journal cursor ("" none), $2: since (journalctl's "-3600s"), $3: lines, $4: bytes,
 # $5: the application codes ("13|31|..."), $6: application lines, $7: counts, $8: the journal
 # entries one read takes (the oldest after the cursor: ``journalctl -n`` with a cursor).
+# M: the MIG attribution the driver writes after the bus id (" GPU-I:05", " GPU-I:01 GPU-CI:02";
+# kernel_rc.c's XID_PRINT_WITH_ATTR): every form of the prefix ``parse_event`` reads.
 # D: a driver line (the driver's words right after the timestamp, or "HOST kernel: " after it,
 # as journalctl -o short-iso and dmesg --time-format iso write them: nothing a user writes comes
 # first); A: such a line of an application code. The counts are taken of the lines D passed, so
@@ -63,11 +65,12 @@ _SCRIPT = r"""export LC_ALL=C
 case $5 in ''|*[!0-9\|]*) echo 'gpubot-kernlog: bad codes' >&2; exit 2 ;; esac
 case $8 in ''|*[!0-9]*) echo 'gpubot-kernlog: bad entries' >&2; exit 2 ;; esac
 B='[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}'
+M='( GPU-I:[0-9]{1,3}( GPU-CI:[0-9]{1,3})?)?'
 P='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[^ ]+ ([^ ]+ kernel: )?'
-D=$P'(NVRM: Xid \((PCI:)?'$B'\): [0-9]+|'
+D=$P'(NVRM: Xid \((PCI:)?'$B$M'\): [0-9]+|'
 D+='nvidia-nvswitch[0-9]*: SXid \(PCI:'$B'(\.[0-9A-Fa-f])?\): [0-9]+)'
-A=$P'NVRM: Xid \((PCI:)?'$B'\): ('$5')([^0-9]|$)'
-X='s/^[^ ]+ ([^ ]+ kernel: )?NVRM: Xid \((PCI:)?([0-9A-Fa-f:]+)\): ([0-9]+).*/x \3 \4/p'
+A=$P'NVRM: Xid \((PCI:)?'$B$M'\): ('$5')([^0-9]|$)'
+X='s/^[^ ]+ ([^ ]+ kernel: )?NVRM: Xid \((PCI:)?('$B')'$M'\): ([0-9]+).*/x \3 \6/p'
 S='s/^[^ ]+ ([^ ]+ kernel: )?nvidia-nvswitch[0-9]*: SXid \(PCI:('$B')[^)]*\): ([0-9]+).*/s \2 \3/p'
 pick() {  # $1: the source's text, $2: lines, $3: bytes, $4: application lines, $5: counts
   local d
@@ -199,6 +202,7 @@ class XidEvent:
     line: str = ""  # the whole line as read (for dedupe)
     count: int = 1  # how many lines this stands for
     summary: bool = False  # the lines a cap dropped, known only by their count
+    mig: str = ""  # the MIG instance the driver named ("GPU-I:05", "GPU-I:01 GPU-CI:02"), or ""
 
     @property
     def key(self) -> CountKey:
@@ -265,7 +269,13 @@ _PREFIX = re.compile(
     r"(?: \S+)? )?kernel: )?(?:kern +:[a-z]+ *: )?(?:(?P<dts>\d{4}-\d\d-\d\dT\S+) )?"
     r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d \d{4}\] )?"
 )
-_XID = re.compile(r"^NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\): (\d+)")
+# Every prefix the driver writes (open-gpu-kernel-modules, src/nvidia/src/kernel/gpu/rc/kernel_rc.c,
+# XID_PRINT_WITH_ATTR): "Xid (PCI:dddd:bb:dd)", on a MIG GPU "Xid (PCI:dddd:bb:dd GPU-I:05)" and
+# "Xid (PCI:dddd:bb:dd GPU-I:01 GPU-CI:02)"; older drivers: "Xid (dddd:bb:dd)" (NVIDIA's Xid doc).
+_XID = re.compile(
+    r"^NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
+    r"( GPU-I:\d{1,3}(?: GPU-CI:\d{1,3})?)?\): (\d+)"
+)
 _SXID = re.compile(
     r"^nvidia-nvswitch\d*: SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
     r"(?:\.[0-9A-Fa-f])?\): (\d+)"
@@ -280,13 +290,8 @@ def parse_time(ts: str) -> float | None:
     if m is None:
         return None
     frac = (m.group(2) or "0")[:6].ljust(6, "0")
-    tz = m.group(3) or "+00:00"
-    if tz == "Z":
-        tz = "+00:00"
-    elif ":" not in tz:
-        tz = f"{tz[:3]}:{tz[3:]}"
     try:
-        return datetime.fromisoformat(f"{m.group(1)}.{frac}{tz}").timestamp()
+        return datetime.fromisoformat(f"{m.group(1)}.{frac}{m.group(3) or 'Z'}").timestamp()
     except ValueError:
         return None
 
@@ -306,7 +311,9 @@ def parse_event(line: str) -> XidEvent | None:
             pid, rest = p.group(1).strip("'"), rest[p.end() :]
             if (n := _NAME.match(rest)) is not None:
                 name, rest = n.group(1), rest[n.end() :]
-        return XidEvent(False, int(x.group(2)), x.group(1).lower(), at, rest, pid, name, line)
+        mig = (x.group(2) or "").strip()
+        code = int(x.group(3))
+        return XidEvent(False, code, x.group(1).lower(), at, rest, pid, name, line, mig=mig)
     s = _SXID.match(msg)
     if s is not None:
         rest = msg[s.end() :].removeprefix(", ")
@@ -318,6 +325,8 @@ def gpu_bus(bus_id: str | None) -> str | None:
     """Return nvidia-smi's bus id ("00000000:52:00.0") as an Xid line writes it ("0000:52:00")."""
     if not bus_id:
         return None
+    # Lenient on purpose: NVML's bus id (the local path) is not checked against nvidia-smi's form
+    # first, and a legacy 4-digit domain or padding must still map the Xid line to its GPU.
     parts = bus_id.strip().lower().split(":")
     if len(parts) != 3:
         return None

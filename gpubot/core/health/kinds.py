@@ -15,7 +15,8 @@ from gpubot.core import findings
 from gpubot.core.claims import rules as claims
 from gpubot.core.findings import FindingKey, FindingKind
 from gpubot.core.health import findings as health
-from gpubot.core.health import xid
+from gpubot.core.health import hung, vanished, xid
+from gpubot.core.slurm import findings as slurm
 from gpubot.errors import UsageError
 
 KINDS: tuple[FindingKind, ...] = (
@@ -36,6 +37,12 @@ KINDS: tuple[FindingKind, ...] = (
     xid.GPU_XID,
     xid.NVSWITCH_SXID,
     claims.CLAIM_INTRUDER,
+    slurm.ALLOCATED_UNUSED,
+    slurm.OUTSIDE_SLURM,
+    slurm.NODE_DRAINED,
+    health.ECC_SINCE_LOAD,
+    vanished.GPU_VANISHED,
+    hung.HUNG_BUSY,
 )
 
 

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from gpubot.core.health.state import GpuHealth, unknown
 
-_PATHS = {
-    ("ECC Errors", "Volatile", "DRAM Uncorrectable"): "ecc_volatile",
-    ("ECC Errors", "Aggregate", "DRAM Uncorrectable"): "ecc_aggregate",
+# Uncorrectable counts are summed over the section's "... Uncorrectable ..." entries (DRAM and
+# SRAM, the SRAM split into Parity and SEC-DED on newer drivers), as the CSV query's
+# ``ecc.errors.uncorrected.volatile.total`` is: an SRAM error is as fatal to a job as a DRAM one.
+_ECC_SUMS: dict[tuple[str, ...], str] = {
+    ("ECC Errors", "Volatile"): "ecc_volatile",
+    ("ECC Errors", "Aggregate"): "ecc_aggregate",
+}
+_PATHS: dict[tuple[str, ...], str] = {
     ("Retired Pages", "Pending Page Blacklist"): "retired_pending",
     ("Retired Pages", "Pending"): "retired_pending",
     ("Remapped Rows", "Pending"): "remap_pending",
@@ -33,6 +38,7 @@ def parse_q_health(text: str, index: int = 0) -> GpuHealth:
     stack: list[tuple[int, str]] = []
     said: dict[str, str] = {}
     slow: list[str] = []
+    sums: dict[str, int] = {}
     for raw in text.splitlines():
         if not raw.strip():
             continue
@@ -51,10 +57,13 @@ def parse_q_health(text: str, index: int = 0) -> GpuHealth:
         name = _PATHS.get(path)
         if name is not None and not unknown(value):
             said[name] = value
+        total = _ECC_SUMS.get(path[:2])
+        if total is not None and len(path) == 3 and "Uncorrectable" in key and value.isdigit():
+            sums[total] = sums.get(total, 0) + int(value)
     return GpuHealth(
         index=index,
-        ecc_volatile=_int(said.get("ecc_volatile")),
-        ecc_aggregate=_int(said.get("ecc_aggregate")),
+        ecc_volatile=sums.get("ecc_volatile"),
+        ecc_aggregate=sums.get("ecc_aggregate"),
         retired_pending=_yes(said.get("retired_pending")),
         remap_pending=_yes(said.get("remap_pending")),
         remap_failure=_yes(said.get("remap_failure")),
@@ -64,10 +73,6 @@ def parse_q_health(text: str, index: int = 0) -> GpuHealth:
         fabric_state=said.get("fabric_state"),
         fabric_status=said.get("fabric_status"),
     )
-
-
-def _int(v: str | None) -> int | None:
-    return int(v) if v is not None and v.isdigit() else None
 
 
 def _yes(v: str | None) -> bool | None:

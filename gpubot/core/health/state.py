@@ -2,7 +2,8 @@
 
 Pure. A sweep, never a status (a status stays cheap), runs ``health_argv``'s one exec after the
 node's probe answered: its own ``--query-gpu`` (so a field an older driver lacks never costs the
-probe's table), ``nvidia-smi nvlink -s`` and a look at the fabric manager's pid file. What it
+probe's table), ``nvidia-smi nvlink -s``, a look at the fabric manager's pid file and the
+NVIDIA GPUs among the kernel's PCI devices (``core.health.vanished``). What it
 means is ``core.health.findings``.
 
 Field sets are tried in order until one is accepted (``Field "X" is not a valid field``: the next
@@ -17,9 +18,10 @@ and owner in ``/proc``, so a user's process called ``nv-fabricmanager`` is not t
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _COMMON = (
@@ -29,6 +31,9 @@ _COMMON = (
     "retired_pages.pending",
 )
 _TAIL = ("temperature.gpu", "power.draw")
+_LIMIT = (
+    "power.limit",
+)  # last in every set: the hung-but-busy check's fallback (core.health.hung)
 _REMAP = ("remapped_rows.pending", "remapped_rows.failure")
 _REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
 # name -> fields, newest first.
@@ -40,11 +45,20 @@ FIELD_SETS: dict[str, tuple[str, ...]] = {
         *_TAIL,
         "fabric.state",
         "fabric.status",
+        *_LIMIT,
     ),
-    "r460": (*_COMMON, *_REMAP, *(f"clocks_throttle_reasons.{r}" for r in _REASONS), *_TAIL),
-    "old": (*_COMMON, *(f"clocks_throttle_reasons.{r}" for r in _REASONS), *_TAIL),
+    "r460": (
+        *_COMMON,
+        *_REMAP,
+        *(f"clocks_throttle_reasons.{r}" for r in _REASONS),
+        *_TAIL,
+        *_LIMIT,
+    ),
+    "old": (*_COMMON, *(f"clocks_throttle_reasons.{r}" for r in _REASONS), *_TAIL, *_LIMIT),
 }
 FABRIC_MANAGER_PID = "/run/nvidia-fabricmanager/nv-fabricmanager.pid"
+PCI_DEVICES = "/sys/bus/pci/devices"
+_PCI_NAME = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 REASON_WORDS = {
     "hw_slowdown": "HW slowdown",
     "hw_thermal_slowdown": "HW thermal slowdown",
@@ -56,8 +70,8 @@ _NOT_IN_FABRIC = frozenset({"Not Supported", "N/A", "[N/A]", "[Not Supported]"})
 # One exec. Everything that varies is a positional argument; every marker comes from the script,
 # and the bodies are nvidia-smi's answers (no process names). Times are bounded by timeout(1).
 HEALTH_SCRIPT = r"""m() { printf '\n@gpubot %s\n' "$*"; }
-smi=$1 T=$2 fm=$3
-shift 3
+smi=$1 T=$2 fm=$3 pci=$4
+shift 4
 n=- s=- o=
 for a in "$@"; do
   n=${a%%=*}
@@ -77,14 +91,31 @@ case $c in
   nv-fabricmanage*) m fm running "$p" "${u:--}" ;;
   *) if [[ -n $p ]]; then m fm stale; elif [[ -e $fm ]]; then m fm stale; else m fm none; fi ;;
 esac
+if [[ -d $pci ]]; then
+  m pci 0
+  for d in "$pci"/*; do
+    v= c=
+    { IFS= read -r v <"$d/vendor" && IFS= read -r c <"$d/class"; } 2>/dev/null
+    [[ $v == 0x10de && ($c == 0x0300* || $c == 0x0302*) ]] && printf '%s\n' "${d##*/}"
+  done
+else
+  m pci 1
+fi
 m end
 """
 
 
 def health_argv(
-    nvidia_smi: str, timeout_s: float, *, sets: Sequence[str] = tuple(FIELD_SETS), fm_pid: str = ""
+    nvidia_smi: str,
+    timeout_s: float,
+    *,
+    sets: Sequence[str] = tuple(FIELD_SETS),
+    fm_pid: str = "",
+    pci_dir: str = PCI_DEVICES,
 ) -> list[str]:
-    """Return the argv of the health exec: ``sets`` (names of ``FIELD_SETS``) tried in order."""
+    """Return the argv of the health exec: ``sets`` (names of ``FIELD_SETS``) tried in order;
+    ``pci_dir``: the kernel's PCI devices, whose NVIDIA display controllers (vendor 0x10de, class
+    0x0300xx VGA or 0x0302xx 3D) are listed (an NVSwitch, a bridge, an audio function are not)."""
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     if not sets or any(s not in FIELD_SETS for s in sets):
@@ -92,6 +123,8 @@ def health_argv(
     pid = fm_pid or FABRIC_MANAGER_PID
     if not pid.startswith("/"):
         raise ValueError(f"the fabric manager's pid file must be an absolute path: {pid!r}")
+    if not pci_dir.startswith("/"):
+        raise ValueError(f"the PCI devices' folder must be an absolute path: {pci_dir!r}")
     queries = [f"{s}={','.join(FIELD_SETS[s])}" for s in sets]
     return [
         "bash",
@@ -101,16 +134,34 @@ def health_argv(
         nvidia_smi,
         f"{timeout_s:g}",
         pid,
+        pci_dir,
         *queries,
     ]
 
 
 @dataclass(frozen=True)
 class Links:
-    """One GPU's NVLink links as ``nvidia-smi nvlink -s`` lists them."""
+    """One GPU's NVLink links as ``nvidia-smi nvlink -s`` lists them, and those it should have up.
+
+    ``nvlink -s`` cannot tell a link that is down from one that is not wired: an H100 PCIe pair
+    joined by NVLink bridges lists 18 links each, 6 of them ``<inactive>`` by design (topology
+    NV12). Which are wired is ``expected`` (``core.health.nvlink``): the links this GPU has been
+    seen with up, or, in an NVSwitch fabric, those its peers of the same model have up. None:
+    not known, so no link counts as down.
+    """
 
     up: tuple[int, ...] = ()
     down: tuple[int, ...] = ()  # "<inactive>"
+    all_inactive: bool = False  # NVML: "Unable to retrieve NVLink information as all links ..."
+    expected: tuple[int, ...] | None = None  # the links that should be up (None: unknown)
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """Return the expected links that are not up now (none while ``expected`` is unknown)."""
+        if self.expected is None:
+            return ()
+        up = set(self.up)
+        return tuple(i for i in self.expected if i not in up)
 
 
 @dataclass(frozen=True)
@@ -127,6 +178,7 @@ class GpuHealth:
     reasons_read: bool = False  # the driver said Active/Not Active for the reasons
     temperature_c: int | None = None
     power_w: float | None = None
+    power_limit_w: float | None = None  # the enforced software limit (``power.limit``)
     fabric_state: str | None = None  # None: not in an NVSwitch fabric (or not said)
     fabric_status: str | None = None
     links: Links | None = None  # None: nvlink -s said nothing of this GPU
@@ -150,8 +202,8 @@ class GpuHealth:
             out.append(f"ecc-uncorrected:{self.ecc_volatile}")
         if self.fabric_ready is False:
             out.append("fabric-not-ready")
-        if self.links is not None and self.links.down and self.links.up:
-            out.append(f"nvlink-down:{len(self.links.down)}")
+        if self.links is not None and self.links.missing:
+            out.append(f"nvlink-down:{len(self.links.missing)}")
         out += [f"throttled:{r.replace('_', '-')}" for r in self.slowdown]
         return tuple(out)
 
@@ -166,9 +218,15 @@ class GpuHealth:
             "throttled": list(self.slowdown),
             "temperature_c": self.temperature_c,
             "power_w": self.power_w,
+            "power_limit_w": self.power_limit_w,
             "fabric_state": self.fabric_state,
             "fabric_status": self.fabric_status,
-            "nvlink_down": None if self.links is None else list(self.links.down),
+            "nvlink_down": None if self.links is None else list(self.links.missing),
+            "nvlink_inactive": None if self.links is None else list(self.links.down),
+            "nvlink_all_inactive": None if self.links is None else self.links.all_inactive,
+            "nvlink_expected": None
+            if self.links is None or self.links.expected is None
+            else list(self.links.expected),
         }
 
 
@@ -180,6 +238,8 @@ class NodeHealth:
     field_set: str | None = None  # which of FIELD_SETS the driver accepted (None: none)
     fabric_manager: str = "unknown"  # "running (pid N)", "not running", "not the daemon ..."
     notes: tuple[str, ...] = ()  # what could not be read, one line each
+    # The NVIDIA GPUs the kernel sees on PCI (sysfs bus ids, "0000:2a:00.0"); None: not read.
+    pci: tuple[str, ...] | None = None
 
     @property
     def in_fabric(self) -> bool:
@@ -221,9 +281,10 @@ def _yes(v: str) -> bool | None:
 
 def _float(v: str) -> float | None:
     try:
-        return float(v.strip().removesuffix(" W"))
+        x = float(v.strip().removesuffix(" W"))
     except ValueError:
         return None
+    return x if math.isfinite(x) and x >= 0 else None
 
 
 def parse_health_rows(set_name: str, text: str) -> tuple[dict[int, GpuHealth], tuple[str, ...]]:
@@ -258,6 +319,7 @@ def parse_health_rows(set_name: str, text: str) -> tuple[dict[int, GpuHealth], t
             reasons_read=bool(said),
             temperature_c=_count(v["temperature.gpu"]),
             power_w=_float(v["power.draw"]),
+            power_limit_w=_float(v["power.limit"]),
             fabric_state=None
             if state is None or state in _NOT_IN_FABRIC or unknown(state)
             else state,
@@ -270,6 +332,11 @@ def parse_health_rows(set_name: str, text: str) -> tuple[dict[int, GpuHealth], t
 _REASON_PREFIXES = ("clocks_event_reasons", "clocks_throttle_reasons")
 _GPU_LINE = re.compile(r"GPU (\d+): .*")
 _LINK_LINE = re.compile(r"\s+Link (\d+): (.+)")
+# NVML's answer for a GPU whose links are all down (leptonai/gpud#1085; spelled "Nvlink" and
+# without the space in NVIDIA/open-gpu-kernel-modules#1150's title).
+_ALL_INACTIVE = re.compile(
+    r"\s*NVML: ?Unable to retrieve NVLink information as all links are inactive\.?\s*", re.I
+)
 
 
 def _text(v: str | None) -> str | None:
@@ -279,9 +346,12 @@ def _text(v: str | None) -> str | None:
 def parse_nvlink(text: str) -> dict[int, Links]:
     """Parse ``nvidia-smi nvlink -s``: each GPU's links, up (a speed) or down (``<inactive>``).
 
-    A GPU without NVLink lists no link (or the whole answer is one NVML line): it gets none.
+    A GPU whose links are all down is NVML's one line under its own (``all_inactive``). A GPU
+    without NVLink lists no link: it gets none. Whether a link that is not up should be is not
+    said here (``Links.expected``).
     """
     out: dict[int, tuple[list[int], list[int]]] = {}
+    none_up: set[int] = set()
     gpu: int | None = None
     for line in text.splitlines():
         g = _GPU_LINE.fullmatch(line.rstrip())
@@ -289,11 +359,18 @@ def parse_nvlink(text: str) -> dict[int, Links]:
             gpu = int(g[1])
             out.setdefault(gpu, ([], []))
             continue
+        if gpu is not None and _ALL_INACTIVE.fullmatch(line):
+            none_up.add(gpu)
+            continue
         link = _LINK_LINE.fullmatch(line.rstrip())
         if link is not None and gpu is not None:
             down = link[2].strip().lower() == "<inactive>"
             out[gpu][1 if down else 0].append(int(link[1]))
-    return {g: Links(tuple(up), tuple(down)) for g, (up, down) in out.items() if up or down}
+    return {
+        g: Links(tuple(up), tuple(down), all_inactive=g in none_up and not up)
+        for g, (up, down) in out.items()
+        if up or down or g in none_up
+    }
 
 
 def _fabric_manager(words: list[str]) -> str:
@@ -328,12 +405,15 @@ def parse_health(output: str | None, *, why_unknown: str = "") -> NodeHealth:
         set_name = None
     lwords, lbody = s.get("nvlink", ([], ""))
     links = parse_nvlink(lbody) if lwords[:1] == ["0"] else {}
-    gpus = {
-        i: GpuHealth(**{**_fields(h), "links": links.get(i)}) if i in links else h
-        for i, h in gpus.items()
-    }
+    gpus = {i: replace(h, links=links[i]) if i in links else h for i, h in gpus.items()}
     fm = _fabric_manager(s.get("fm", ([], ""))[0]) if "fm" in s else "unknown"
-    return NodeHealth(gpus, set_name, fm, tuple(notes))
+    pwords, pbody = s.get("pci", ([], ""))
+    pci = None
+    if pwords[:1] == ["0"]:
+        pci = tuple(sorted({b for b in pbody.split() if _PCI_NAME.fullmatch(b)}))
+    elif pwords[:1] == ["1"]:
+        notes.append("the kernel's PCI devices not read: no such folder")
+    return NodeHealth(gpus, set_name, fm, tuple(notes), pci)
 
 
 def _without_notes(body: str) -> str:
@@ -342,10 +422,6 @@ def _without_notes(body: str) -> str:
         for line in body.splitlines()
         if not line.startswith(("WARNING: infoROM", "Unable to determine the device handle"))
     )
-
-
-def _fields(h: GpuHealth) -> dict[str, Any]:
-    return {k: getattr(h, k) for k in h.__dataclass_fields__}
 
 
 def health_blockers(h: GpuHealth | None) -> tuple[str, ...]:
@@ -364,6 +440,6 @@ def health_blockers(h: GpuHealth | None) -> tuple[str, ...]:
             f"fabric manager {h.fabric_manager}: on an NVSwitch box the GPU may not rejoin the "
             "fabric after a reset until it runs"
         )
-    if h.links is not None and h.links.down and h.links.up:
-        out.append(f"NVLink links down: {', '.join(str(i) for i in h.links.down)}")
+    if h.links is not None and h.links.missing:
+        out.append(f"NVLink links down: {', '.join(str(i) for i in h.links.missing)}")
     return tuple(out)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpubot.core.findings import Finding, FindingKind
-from gpubot.core.health.codes import QUIET, TELL_OWNER, XidClass, sxid_class, xid_class
+from gpubot.core.health.codes import QUIET, TELL_OWNER, XidClass, sxid_class, xid_class_named
 from gpubot.core.health.kernlog import XidEvent, gpu_bus
 from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.names import is_linux_user
@@ -54,17 +54,12 @@ def recent(seen: Iterable[Seen], now: float, window_s: float) -> list[Seen]:
 
 def bus_map(snap: NodeSnapshot) -> dict[str, int]:
     """Return the node's GPUs by bus id as an Xid line writes it."""
-    out: dict[str, int] = {}
-    for g in snap.gpus:
-        bus = gpu_bus(g.bus_id)
-        if bus is not None:
-            out[bus] = g.index
-    return out
+    return {bus: g.index for g in snap.gpus if (bus := gpu_bus(g.bus_id)) is not None}
 
 
 def classify(e: XidEvent) -> XidClass:
     """Return the class of one event."""
-    return sxid_class(e.code, e.text) if e.sxid else xid_class(e.code)
+    return sxid_class(e.code, e.text) if e.sxid else xid_class_named(e.code, e.text)
 
 
 BURST_OWNERS = 2  # distinct known owners that make an application burst on-call's
@@ -145,22 +140,17 @@ def known_owner(p: GpuProcess) -> str | None:
     return p.user if is_linux_user(p.user) else None
 
 
-def several(sources: Sequence[Source]) -> bool:
-    """Whether application errors come from more than one person's trouble: distinct named
-    owners (``known_owner``: root's word). Processes whose owner is unknown (gone by the sweep,
-    pid reused, an unnamed or subordinate uid) never count as other people: one user's
-    short-lived processes or subordinate uids, however many, are evidence about that user's
-    jobs, never a reason to reset another's GPU."""
-    return len({s.owner for s in sources if s.owner is not None}) >= BURST_OWNERS
-
-
 def is_burst(cls: XidClass, group: Group) -> bool:
     """Whether ``group`` is past its code's repeat threshold: lines for a code that is not the
-    job's own; for an application code, lines from several known owners' processes (lines
-    without a pid, or of processes whose owner is unknown, never make one)."""
+    job's own; for an application code, lines from the processes of distinct named owners
+    (``known_owner``: root's word). Lines without a pid, or of processes whose owner is unknown
+    (gone by the sweep, pid reused, an unnamed or subordinate uid), never count as other people:
+    one user's short-lived processes or subordinate uids, however many, are evidence about that
+    user's jobs, never a reason to reset another's GPU."""
     if not cls.burst or group.lines < cls.burst:
         return False
-    return cls.fault != "application" or several(group.sources())
+    owners = {s.owner for s in group.sources() if s.owner is not None}
+    return cls.fault != "application" or len(owners) >= BURST_OWNERS
 
 
 def xid_findings(
@@ -177,7 +167,9 @@ def xid_findings(
     out: list[Finding] = []
     for (node, gpu, _sxid, _code, bus), events in sorted(groups.items(), key=_order):
         group = Group(node, gpu, bus, tuple(events), snaps.get(node))
-        cls = classify(events[-1].event)
+        # the newest line the driver wrote decides (an Xid 154: the action it names now)
+        last = next((x.event for x in reversed(events) if not x.event.summary), events[-1].event)
+        cls = classify(last)
         if cls.step != QUIET:
             out.append(_finding(group, cls, cls.step, burst=False))
         if is_burst(cls, group):
@@ -205,13 +197,18 @@ def _finding(group: Group, cls: XidClass, step: str, *, burst: bool) -> Finding:
         where = f" on the GPU at {bus} (the node has given no GPU table yet)"
     elif gpu is None:
         where = f" on a GPU at {bus} that no GPU of the node's table has (its bus id is unknown)"
+    migs = sorted({s.event.mig for s in group.seen if s.event.mig})
+    if migs:  # the driver's words, never a user's: its MIG instances on the GPU
+        where += f" (MIG {', '.join(migs[:MAX_SOURCES_SHOWN])})"
     n = group.lines
     times = f"{n} in the window" if n > 1 else "once"
     shown = next((s.event for s in reversed(group.seen) if not s.event.summary), last)
     said = f" ({mark(shown.text[:120])})" if shown.text else ""
+    capped = sum(s.event.count for s in group.seen if s.event.summary)
+    dropped = f" ({capped} of them summarised by the kernel-log read's cap)" if capped else ""
     who, owner = _who(group)
     summary = (
-        f"{label} {cls.code} {cls.name}: {cls.meaning}{where}{said}, {times}{_dropped(group)}"
+        f"{label} {cls.code} {cls.name}: {cls.meaning}{where}{said}, {times}{dropped}"
         f"{who}; fault: {cls.fault}; next step: {step}"
         + (f" (past the threshold of {cls.burst})" if burst else "")
     )
@@ -224,11 +221,6 @@ def _finding(group: Group, cls: XidClass, step: str, *, burst: bool) -> Finding:
         owner=owner if step == TELL_OWNER else None,
         next_step=step,
     )
-
-
-def _dropped(group: Group) -> str:
-    n = sum(s.event.count for s in group.seen if s.event.summary)
-    return f" ({n} of them summarised by the kernel-log read's cap)" if n else ""
 
 
 MAX_SOURCES_SHOWN = 4

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 
 from gpubot.core.models import DeviceHolder, ProcInfo
-from gpubot.core.workload import Workload, parse_cgroup
+from gpubot.core.workload import parse_cgroup
 from gpubot.errors import ParseError
 
 NUM = re.compile(r"[0-9]{1,12}")  # a decimal count, pid, uid or status
@@ -98,20 +98,12 @@ def parse_proc_lines(
     if seen != asked:
         raise ParseError(f"{what} (pids not as asked)", f"{seen[:20]} for {asked[:20]}")
     uids = {int(f[6]) for f in rows.values() if NUM.fullmatch(f[6])}
-    out: dict[int, ProcInfo] = {}
-    for pid, f in rows.items():
-        out[pid] = _proc_info(pid, f, names, ticks, uptime, what)
+    out = {pid: _proc_info(pid, f, names, ticks, uptime, what) for pid, f in rows.items()}
     # The script also names each ``user@U.service`` slice's uid (a rootless container's owner);
     # any other extra name is ignored, never an error: a user's cgroups must not fail the probe.
     if not uids <= set(names):
         raise ParseError(f"{what} (owner names)", " ".join(map(str, sorted(uids)))[:200])
     return out
-
-
-def _slice_uid(w: Workload | None) -> int | None:
-    """The uid of a rootless container's user slice (root made that path), else None."""
-    uid = w.get("uid") if w is not None and w.get("rootless") else None
-    return int(uid) if uid is not None and NUM.fullmatch(uid) else None
 
 
 def _proc_info(
@@ -139,9 +131,10 @@ def _proc_info(
     w = _unescape(wchan, what).strip()
     cg = _unescape(cgroup, what).strip()
     work = _workload_of(cg)
-    slice_uid = _slice_uid(work)
-    if work is not None and slice_uid is not None:  # its owner's name, from the node's passwd
-        work = work.with_detail(uid_name=names.get(slice_uid))
+    # A rootless container's user slice (root made that path): its owner's name, from passwd.
+    slice_uid = work.get("uid") if work is not None and work.get("rootless") else None
+    if work is not None and slice_uid is not None and NUM.fullmatch(slice_uid):
+        work = work.with_detail(uid_name=names.get(int(slice_uid)))
     return ProcInfo(
         pid=pid,
         ppid=int(ppid),

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gpubot.core.models import ComputeApp, GpuInfo
+from gpubot.core.text import cut
 from gpubot.errors import ParseError, ProbeError, SmiFailed, SmiMissing
 
 GPU_FIELDS = (
@@ -49,10 +50,8 @@ UNAVAILABLE = frozenset(
     }
 )
 
-_GPU_HEADER = GPU_FIELDS
 _BUS = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])")
 _APP_HEADER = ("pid", "gpu_uuid", "used_gpu_memory")
-_APP_HEADER_ALT = ("pid", "gpu_uuid", "used_memory")
 _UNIT = re.compile(r"\s*\[[^\]]*\]$")  # " [MiB]" after a header name
 _UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*")
 _INT = re.compile(r"[0-9]{1,12}")
@@ -188,7 +187,7 @@ def parse_apps_answer(
 def parse_gpus(text: str) -> tuple[GpuInfo, ...]:
     """Parse ``--query-gpu`` output (with or without header and units); raise ParseError."""
     rows: list[GpuInfo] = []
-    for line in _data_lines(text, (_GPU_HEADER,)):
+    for line in _data_lines(text, (GPU_FIELDS,)):
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 8:
             raise ParseError("nvidia-smi GPU line", line)
@@ -234,7 +233,7 @@ def normal_bus_id(bus: str) -> str | None:
 
 def parse_apps(text: str) -> tuple[ComputeApp, ...]:
     """Parse ``--query-compute-apps=pid,gpu_uuid,used_memory`` output; raise ParseError."""
-    lines = _data_lines(text, (_APP_HEADER, _APP_HEADER_ALT))
+    lines = _data_lines(text, (_APP_HEADER, APP_FIELDS))
     if lines == [_NO_PROCESSES]:  # older drivers say so instead of printing nothing
         return ()
     rows: list[ComputeApp] = []
@@ -276,7 +275,7 @@ def first_meaningful_line(output: str, limit: int = 200) -> str:
     for raw in output.splitlines():
         line = " ".join(raw.split())
         if line:
-            return line if len(line) <= limit else line[: limit - 1] + "…"
+            return cut(line, limit)
     return ""
 
 

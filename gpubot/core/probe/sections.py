@@ -88,6 +88,13 @@ class Sections:
             raise ParseError(f"{self.what} ({kind} section)", " ".join(found[0]) if found else "")
         return found[0]
 
+    def body(self, kind: str) -> str:
+        """Return the body of the ``kind`` section, which has no arguments."""
+        found = self.get(kind)
+        if found is None or found[0]:
+            raise ParseError(f"{self.what} ({kind} section)", "")
+        return found[1]
+
     def status(self, kind: str) -> tuple[int, str]:
         """Return the exit status a section carries and its body."""
         found = self.get(kind)
@@ -101,10 +108,7 @@ class Sections:
     def smi_answer(self, kind: str) -> tuple[int, str, str]:
         """Return nvidia-smi's exit status, standard output and standard error for ``kind``."""
         status, body = self.status(kind)
-        err = self.get(f"{kind}-err")
-        if err is None or err[0]:
-            raise ParseError(f"{self.what} ({kind}-err section)", "")
-        return status, body, err[1]
+        return status, body, self.body(f"{kind}-err")
 
     def view(self) -> tuple[str | None, int | None]:
         """Return /proc's ``hidepid`` option (None when not set) and the uid the probe ran as."""
@@ -152,11 +156,8 @@ class Sections:
 
     def minors(self) -> dict[str, int | None]:
         """Return each GPU's device minor by bus id (``0000:18:00.0``) from the driver's files."""
-        found = self.get("minors")
-        if found is None or found[0]:
-            raise ParseError(f"{self.what} (minors section)", "")
         out: dict[str, int | None] = {}
-        for line in found[1].split("\n"):
+        for line in self.body("minors").split("\n"):
             if not line:
                 continue
             words = line.split(" ")
@@ -169,10 +170,7 @@ class Sections:
 
     def procs(self, pids: Sequence[int]) -> dict[int, ProcInfo]:
         """Return the ``procs`` section, parsed, for ``pids`` (those still there)."""
-        found = self.get("procs")
-        if found is None or found[0]:
-            raise ParseError(f"{self.what} (procs section)", "")
-        return parse_proc_lines(found[1], pids, self.what)
+        return parse_proc_lines(self.body("procs"), pids, self.what)
 
 
 _STAGES = {

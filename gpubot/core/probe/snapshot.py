@@ -12,7 +12,7 @@ PID that vanishes mid-probe is simply absent.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from gpubot.core.models import (
     CommandResult,
@@ -65,7 +65,10 @@ def probe_argv(
     second); past it the answer is unknown. ``state_dir``: where the queries record themselves
     for the stuck-query check (default ``/run/user/UID``; "": walk ``/proc`` instead).
     """
-    _check_prefix(node)
+    if not node.dev_prefix.startswith("/"):
+        raise ConfigError(f"node {node.name}: dev_prefix must be an absolute path")
+    if state_dir and not state_dir.startswith("/"):
+        raise ValueError(f"state_dir must be an absolute path or empty, got {state_dir!r}")
     if smi_timeout_s <= 0:
         raise ValueError(f"smi_timeout_s must be > 0, got {smi_timeout_s!r}")
     budget = 2 * smi_timeout_s + 1 if budget_s is None else budget_s
@@ -82,7 +85,7 @@ def probe_argv(
         "gpubot-probe",
         node.nvidia_smi,
         node.dev_prefix,
-        _seconds(smi_timeout_s),
+        f"{smi_timeout_s:.3f}".rstrip("0").rstrip("."),
         "sudo" if node.sudo else "-",
         "nvml" if nvml is not None else "smi",
         idx,
@@ -90,7 +93,7 @@ def probe_argv(
         ",".join(str(_nonneg(m)) for m in minors),
         str(max(1, round(budget * 1000))),
         "auto" if holders is Holders.IF_UNEXPLAINED and nvml is None else "always",
-        "-" if state_dir is None else _state_dir(state_dir),
+        "-" if state_dir is None else state_dir,
         *(str(_nonneg(p)) for p in pids),
     ]
 
@@ -122,16 +125,19 @@ def parse_probe(
     if not checked and (nvml is not None or not memory_adds_up(gpus, apps)):
         raise ParseError("probe output (fuser skipped on memory that does not add up)", "")
     holders, unseen = s.fuser(node)
-    files = _DeviceFiles.of(node, gpus, minors)
-    on_gpu, ctl_pids = files.sort(holders)
+    # A GPU's device file is named only through its minor (never index == minor).
+    gpu_paths = {node.device(g.minor): g.index for g in gpus if g.minor is not None}
+    other_gpus = {node.device(m) for m in minors.values() if m is not None}
+    ctl_paths = {f"{node.dev_prefix}ctl", f"{node.dev_prefix}-uvm"}
+    on_gpu, ctl_pids = _sort_holders(holders, gpu_paths, ctl_paths, other_gpus)
     # The script reads /proc for the apps' PIDs, then those of the GPUs' device files' holders, in
     # that order: so must the output. A holder of only the control files is counted, never read.
-    read = [h.pid for h in holders if h.path not in files.ctl_paths]
+    read = [h.pid for h in holders if h.path not in ctl_paths]
     procs = s.procs([a.pid for a in apps] + read)
     strict = nvml is None and asked_all  # every GPU was asked for: each app must be on one
     visible = _on_gpus(gpus, apps, on_gpu, procs, strict=strict)
-    listed = {pid for pid, _ in visible} | {h.pid for h in holders if h.path in files.other_gpus}
-    first = {h.pid: h for h in reversed(holders) if h.path in files.ctl_paths}
+    listed = {pid for pid, _ in visible} | {h.pid for h in holders if h.path in other_gpus}
+    first = {h.pid: h for h in reversed(holders) if h.path in ctl_paths}
     ctl_only = tuple(first[pid] for pid in sorted(ctl_pids - listed))  # fuser's rows, unread
     rule = protection or Protection()
     processes = tuple(
@@ -189,40 +195,24 @@ def _tables(
     return tuple(gpus), tuple(apps), said.lines(), lost
 
 
-@dataclass(frozen=True)
-class _DeviceFiles:
-    """The device files a probe asked ``fuser`` about, and what each one stands for."""
-
-    gpu_paths: dict[str, int]  # a probed GPU's device file -> its index
-    other_gpus: set[str]  # device files of GPUs this probe did not ask about
-    ctl_paths: set[str]  # {prefix}ctl and {prefix}-uvm
-
-    @classmethod
-    def of(
-        cls, node: NodeConfig, gpus: Sequence[GpuInfo], minors: dict[str, int | None]
-    ) -> _DeviceFiles:
-        """Name the files: a GPU's only through its minor (never index == minor)."""
-        return cls(
-            {node.device(g.minor): g.index for g in gpus if g.minor is not None},
-            {node.device(m) for m in minors.values() if m is not None},
-            {f"{node.dev_prefix}ctl", f"{node.dev_prefix}-uvm"},
-        )
-
-    def sort(
-        self, holders: Sequence[DeviceHolder]
-    ) -> tuple[dict[tuple[int, int], DeviceHolder], set[int]]:
-        """Return the holders of each probed GPU by (pid, GPU) and the PIDs holding the control
-        files; a file the probe did not ask about is a ParseError."""
-        on_gpu: dict[tuple[int, int], DeviceHolder] = {}
-        ctl_pids: set[int] = set()
-        for h in holders:
-            if h.path in self.gpu_paths:
-                on_gpu.setdefault((h.pid, self.gpu_paths[h.path]), h)
-            elif h.path in self.ctl_paths:
-                ctl_pids.add(h.pid)
-            elif h.path not in self.other_gpus:
-                raise ParseError("fuser line (a file the probe did not ask about)", h.path)
-        return on_gpu, ctl_pids
+def _sort_holders(
+    holders: Sequence[DeviceHolder],
+    gpu_paths: dict[str, int],
+    ctl_paths: set[str],
+    others: set[str],
+) -> tuple[dict[tuple[int, int], DeviceHolder], set[int]]:
+    """Return the holders of each probed GPU by (pid, GPU) and the PIDs holding the control
+    files; a file the probe did not ask about is a ParseError."""
+    on_gpu: dict[tuple[int, int], DeviceHolder] = {}
+    ctl_pids: set[int] = set()
+    for h in holders:
+        if h.path in gpu_paths:
+            on_gpu.setdefault((h.pid, gpu_paths[h.path]), h)
+        elif h.path in ctl_paths:
+            ctl_pids.add(h.pid)
+        elif h.path not in others:
+            raise ParseError("fuser line (a file the probe did not ask about)", h.path)
+    return on_gpu, ctl_pids
 
 
 def _on_gpus(
@@ -320,6 +310,10 @@ def _with_minors(gpus: Sequence[GpuInfo], by_bus: dict[str, int | None]) -> tupl
     return tuple(out)
 
 
+# A row takes every field its process's /proc read has under the same name (the pid aside).
+_FROM_PROC = {f.name for f in fields(ProcInfo)} & {f.name for f in fields(GpuProcess)} - {"pid"}
+
+
 def _gpu_process(
     pid: int,
     gpu: int,
@@ -329,26 +323,10 @@ def _gpu_process(
     info: ProcInfo | None,
     fallback_user: str | None = None,
 ) -> GpuProcess:
+    if info is None:
+        return GpuProcess(pid, gpu, mem, "?", visible, holds, user=fallback_user)
     return GpuProcess(
-        pid=pid,
-        gpu_index=gpu,
-        used_memory_mib=mem,
-        process_name=info.comm if info else "?",
-        visible_to_nvidia_smi=visible,
-        holds_device_file=holds,
-        user=info.user if info else fallback_user,
-        ppid=info.ppid if info else None,
-        state=info.state if info else None,
-        start_ticks=info.start_ticks if info else None,
-        elapsed_s=info.elapsed_s if info else None,
-        command=info.command if info else None,
-        wchan=info.wchan if info else None,
-        cgroup=info.cgroup if info else None,
-        workload=info.workload if info else None,
-        uid=info.uid if info else None,
-        real_uid=info.real_uid if info else None,
-        exe=info.exe if info else None,
-        argv0=info.argv0 if info else None,
+        pid, gpu, mem, info.comm, visible, holds, **{k: getattr(info, k) for k in _FROM_PROC}
     )
 
 
@@ -356,18 +334,3 @@ def _nonneg(i: int) -> int:
     if isinstance(i, bool) or not isinstance(i, int) or i < 0:
         raise ValueError(f"expected a non-negative integer, got {i!r}")
     return i
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.3f}".rstrip("0").rstrip(".")
-
-
-def _state_dir(path: str) -> str:
-    if path and not path.startswith("/"):
-        raise ValueError(f"state_dir must be an absolute path or empty, got {path!r}")
-    return path
-
-
-def _check_prefix(node: NodeConfig) -> None:
-    if not node.dev_prefix.startswith("/"):
-        raise ConfigError(f"node {node.name}: dev_prefix must be an absolute path")

@@ -64,12 +64,11 @@ def _after(pid: int, at: str, exited: Mapping[int, str], alive_at: Mapping[int, 
     return "not known since"
 
 
-def unknown_gpus(
-    gpus: Sequence[int], before: Mapping[int, int | None], why: str
-) -> tuple[GpuResult, ...]:
-    """Return each targeted GPU as ``unknown``: the reset stopped before it could tell."""
+def unknown_gpus(gpus: Sequence[int], why: str) -> tuple[GpuResult, ...]:
+    """Return each targeted GPU as ``unknown``: the reset stopped before it could tell (nor
+    was its memory read)."""
     detail = f"{why}: the reset stopped before verifying this GPU; check the node"
-    return tuple(GpuResult(g, Outcome.UNKNOWN, detail, before.get(g), None, None) for g in gpus)
+    return tuple(GpuResult(g, Outcome.UNKNOWN, detail, None, None, None) for g in gpus)
 
 
 def interrupted_message(node: str, error: str, sent: Sequence[Sent], gpus: Sequence[int]) -> str:

@@ -37,13 +37,7 @@ class Unfinished(Protocol):
 
 
 def show_command(action_id: int) -> str:
-    """Return the command that shows what an action recorded before it stopped."""
     return f"gpubot audit show {action_id}"
-
-
-def review_command(action_id: int) -> str:
-    """Return the command that marks an interrupted action reviewed (it is then not listed)."""
-    return f"gpubot audit review {action_id}"
 
 
 def interrupted_line(a: Unfinished) -> str:
@@ -77,5 +71,5 @@ def interrupted_dict(a: Unfinished) -> dict[str, Any]:
         "started_at": iso(a.started_at, timespec="seconds"),
         "line": interrupted_line(a),
         "show": show_command(a.id),
-        "review": review_command(a.id),
+        "review": f"gpubot audit review {a.id}",
     }

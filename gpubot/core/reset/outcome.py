@@ -92,7 +92,6 @@ def already_free(result: GpuResult, signalled: bool) -> bool:
 
 
 def outcome_words(result: GpuResult, signalled: bool) -> str:
-    """Return how a GPU ended, in words."""
     return ALREADY_FREE if already_free(result, signalled) else str(result.outcome)
 
 
@@ -113,8 +112,7 @@ def classify(
         parent = f"parent pid {n.ppid}" if n.ppid else "unknown parent"
         if n.parent_command:
             parent += f" ({n.parent_command})"
-        stop = stop_command(n.workload) if n.workload is not None else None
-        if n.workload is not None and stop is not None:
+        if n.workload is not None and (stop := stop_command(n.workload)) is not None:
             return Outcome.RESPAWNED, (
                 f"pid {n.pid} ({n.command}) took the GPU again in {describe(n.workload)}, "
                 f"which restarts it: stop it with `{stop}`"

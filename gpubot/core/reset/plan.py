@@ -20,9 +20,8 @@ class ResetRequest:
     """What a person asked to free."""
 
     node: str
-    requester: (
-        str | None
-    )  # the Linux user the requester maps to; None: unknown, so every kill is forced
+    # the Linux user the requester maps to; None: unknown, so every kill is forced
+    requester: str | None
     gpus: tuple[int, ...] = ()  # empty: every GPU of the node (or the GPUs the given pids hold)
     pids: tuple[int, ...] = ()
     user: str | None = None  # only this Linux user's processes
@@ -97,7 +96,7 @@ class ResetPlan:
         said = [
             describe(t.workload)
             for t in self.targets
-            if t.workload is not None and _named(t.workload)
+            if t.workload is not None and named(t.workload)
         ]
         return tuple(dict.fromkeys(said))
 
@@ -118,7 +117,6 @@ class ResetPlan:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready form."""
         d = asdict(self)
         d["forced"] = self.forced
         d["memory_before_mib"] = {str(k): v for k, v in self.memory_before_mib.items()}
@@ -129,7 +127,6 @@ class ResetPlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResetPlan:
-        """Rebuild a plan from ``to_dict`` output."""
         return cls(
             node=d["node"],
             gpus=tuple(d["gpus"]),
@@ -160,8 +157,11 @@ def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protec
     chosen, skipped = _choose(snapshot, gpus, request, protection)
     targets = [_target(snapshot, procs, gpus, request) for procs in chosen.values()]
     targets.sort(key=lambda t: (t.gpus, t.pid))
+    before: dict[int, int | None] = {}
     expected: dict[int, int] = {}
     for g in gpus:
+        info = snapshot.gpu(g)
+        before[g] = info.memory_used_mib if info else None
         left = [p for p in snapshot.on_gpu(g) if p.pid not in chosen]
         expected[g] = sum(p.used_memory_mib or 0 for p in left)
     return ResetPlan(
@@ -170,7 +170,7 @@ def plan_reset(snapshot: NodeSnapshot, request: ResetRequest, protection: Protec
         targets=tuple(targets),
         skipped=tuple(sorted(skipped, key=lambda s: (s.gpu, s.pid))),
         requester=request.requester,
-        memory_before_mib={g: _mem(snapshot, g) for g in gpus},
+        memory_before_mib=before,
         expected_after_mib=expected,
     )
 
@@ -261,21 +261,11 @@ def owner_of(proc: GpuProcess) -> tuple[str | None, bool]:
     return proc.user, False
 
 
-def _named(w: Workload | None) -> bool:
-    """Whether a workload is worth naming in a plan (not a bare session or unknown cgroup)."""
-    return named(w)
-
-
 def below_floor(uid: int | None, min_uid: int | None) -> bool:
     """Whether a process of ``uid`` is below the self-service floor (root always is)."""
     if min_uid is None:
         return False
     return uid is None or uid == 0 or uid < min_uid
-
-
-def _mem(snapshot: NodeSnapshot, index: int) -> int | None:
-    gpu = snapshot.gpu(index)
-    return gpu.memory_used_mib if gpu else None
 
 
 def _command(proc: GpuProcess) -> str:
@@ -303,7 +293,7 @@ def _target(
         sorted({p.gpu_index for p in snapshot.processes if p.pid == first.pid} - set(gpus))
     )
     reasons: list[str] = []
-    if first.workload is not None and _named(first.workload):
+    if first.workload is not None and named(first.workload):
         reasons.append(f"kills {describe(first.workload)}")
     mib_known = [p.used_memory_mib for p in procs if p.used_memory_mib is not None]
     if any(p.visible_to_nvidia_smi for p in procs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpubot.core.health.state import health_blockers
@@ -57,7 +57,6 @@ class Readiness:
     health: tuple[str, ...] = ()  # the GPU's health blockers (core.health.state), one line each
 
     def lines(self) -> list[str]:
-        """Return the readiness list, one line per item."""
         procs = ", ".join(self.processes) if self.processes else "none"
         if self.nvlink_peers is None:
             peers = f"unknown ({self.nvlink_note})" if self.nvlink_note else "unknown"
@@ -75,16 +74,7 @@ class Readiness:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "gpu": self.gpu,
-            "processes": list(self.processes),
-            "persistence_daemon": self.persistence_daemon,
-            "nvlink_peers": None if self.nvlink_peers is None else list(self.nvlink_peers),
-            "nvlink_note": self.nvlink_note,
-            "mig_mode": self.mig_mode,
-            "persistence_mode": self.persistence_mode,
-            "health": list(self.health),
-        }
+        return asdict(self)
 
 
 def readiness(
@@ -101,7 +91,7 @@ def readiness(
     note = why_unknown or "not asked"
     if topo_status == 0:
         peers = parse_topo_peers(topo)
-        note = "" if peers is not None else "nvidia-smi topo -m gave no GPU matrix"
+        note = "" if peers is not None else "nvidia-smi topo -m gave no GPU topology table"
     elif topo_status is not None:
         note = "nvidia-smi topo -m is not available here"
     modes_status, modes_text = sections.get("modes", (None, ""))

@@ -12,13 +12,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpubot.core.names import SUDO_SH
+from gpubot.core.nodelog import LOGGER_SH, is_marker
 from gpubot.errors import ParseError
 
-# $1: TERM | KILL | check   $2: 1 to use `sudo -n kill`   then PID:START_TICKS:UID triples.
+# $1: TERM | KILL | check   $2: 1 to use `sudo -n kill`   $3: the node's log line (empty: none)
+# then PID:START_TICKS:UID triples.
 # Prints one line per triple: "PID gone" | "PID reused" | "PID owner UID" | "PID alive STATE WCHAN"
-# | "PID sent" | "PID failed".
+# | "PID sent" | "PID failed"; then, with a log line, "logger STATUS WORDS"
+# (``gpubot.core.nodelog``: written after the signals, so logger never delays or stops one).
 SIGNAL_SCRIPT = r"""
-sig=$1; su=$2; shift 2
+sig=$1; su=$2; note=$3; shift 3
 k() { if [ "$su" = 1 ]; then @SUDO@ kill "$@"; else kill "$@"; fi; }
 for t; do
   p=${t%%:*}; rest=${t#*:}; want=${rest%%:*}; wuid=${rest#*:}
@@ -39,7 +42,9 @@ for t; do
   fi
   if k -s "$sig" "$p" 2>/dev/null; then echo "$p sent"; else echo "$p failed"; fi
 done
+[ "$sig" = check ] || gpubot_log "$note"
 """.replace("@SUDO@", SUDO_SH)
+SIGNAL_SCRIPT = LOGGER_SH + SIGNAL_SCRIPT
 
 SIGNALS = ("TERM", "KILL", "check")
 Identity = tuple[int, int, int]  # (pid, start_ticks, uid)
@@ -79,26 +84,33 @@ class PidReport:
         return None
 
 
-def signal_argv(signal: str, targets: Sequence[Identity], *, sudo: bool) -> list[str]:
-    """Build the argv that signals (or checks) ``(pid, start_ticks, uid)``, identity first."""
+def signal_argv(
+    signal: str, targets: Sequence[Identity], *, sudo: bool, note: str = ""
+) -> list[str]:
+    """Build the argv that signals (or checks) ``(pid, start_ticks, uid)``, identity first;
+    ``note``: the line written to the node's log after the signals (``gpubot.core.nodelog``)."""
     if signal not in SIGNALS:
         raise ValueError(f"unknown signal {signal!r}")
+    if "\0" in note:
+        raise ValueError("a log line has no NUL byte")
     pairs = [
         f"{int(pid)}:{int(ticks)}:{int(uid)}"
         for pid, ticks, uid in targets
         if pid > 0 and ticks >= 0 and uid >= 0
     ]
-    return ["sh", "-c", SIGNAL_SCRIPT, "gpubot-signal", signal, "1" if sudo else "0", *pairs]
+    su = "1" if sudo else "0"
+    return ["sh", "-c", SIGNAL_SCRIPT, "gpubot-signal", signal, su, note, *pairs]
 
 
 _BARE = frozenset({PidStatus.GONE, PidStatus.REUSED, PidStatus.SENT, PidStatus.FAILED})
 
 
 def parse_signal_output(text: str) -> dict[int, PidReport]:
-    """Parse the script's lines into one report per PID."""
+    """Parse the script's lines into one report per PID (the logger marker is not one:
+    ``nodelog.find_marker`` reads it)."""
     out: dict[int, PidReport] = {}
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or is_marker(line):
             continue
         parts = line.split()
         if len(parts) < 2 or not parts[0].isdigit():

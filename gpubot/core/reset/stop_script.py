@@ -29,19 +29,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpubot.core.names import SUDO_SH, is_linux_user
+from gpubot.core.nodelog import LOGGER_SH, is_marker
 from gpubot.core.runtimes import RUNTIMES
 from gpubot.errors import ParseError
 
 # $1 gate (1: refuse unless every process is $2's)  $2 uid or -  $3 1: sudo -n the stop
-# $4 kind (its runtime's root helpers in it, slurm's slurmstepd, are not counted)  $5 N, then
-# N CONTROLLERS:PATH (v2: empty controllers), then the stop argv.
+# $4 kind (its runtime's root helpers in it, slurm's slurmstepd, are not counted)  $5 the node's
+# log line (empty: none)  $6 N, then N CONTROLLERS:PATH (v2: empty controllers), then the stop
+# argv.
 # Prints "unreadable I" (the I-th cgroup), "unknown PID", "foreign PID RUID EUID" (the first
-# 20), "user UID NAME", "checked N foreign M", then "refused" or "stopping" and execs the stop.
+# 20), "user UID NAME", "checked N foreign M", then "refused", or "logger STATUS WORDS" (the log
+# line written: ``gpubot.core.nodelog``) and "stopping" and execs the stop.
 STOP_SCRIPT = r"""
-gate=$1; want=$2; su=$3; kind=$4; n=$5; shift 5
+gate=$1; want=$2; su=$3; kind=$4; note=$5; n=$6; shift 6
 set -f
 mnt() {
   m=
@@ -104,12 +107,13 @@ for p in $pids; do
 done
 echo "checked $count foreign $nf"
 if [ "$gate" = 1 ] && { [ "$bad" = 1 ] || [ "$count" = 0 ]; }; then echo refused; exit 0; fi
+gpubot_log "$note"
 echo stopping
 if [ "$su" = 1 ]; then exec @SUDO@ "$@"; fi
 exec "$@"
 """.replace("@SUDO@", SUDO_SH)
 # Each runtime's own root helpers (``Runtime.root_helpers``) as case patterns "KIND:COMM".
-STOP_SCRIPT = STOP_SCRIPT.replace(
+STOP_SCRIPT = LOGGER_SH + STOP_SCRIPT.replace(
     "@OWN@", "|".join(f"{r.kind}:{c}" for r in RUNTIMES for c in r.root_helpers) or "-:-"
 )
 
@@ -136,11 +140,15 @@ def stop_check_argv(
     gate: bool,
     sudo: bool,
     kind: str,
+    note: str = "",
 ) -> list[str]:
-    """Build the argv that checks ``cgroups`` and then runs ``stop``; ``ValueError`` for
-    anything the script must not be given."""
+    """Build the argv that checks ``cgroups`` and then runs ``stop``, writing ``note`` to the
+    node's log just before it (``gpubot.core.nodelog``); ``ValueError`` for anything the
+    script must not be given."""
     if not stop or any("\0" in a for a in stop):
         raise ValueError("a stop command is a non-empty argv without NUL bytes")
+    if "\0" in note:
+        raise ValueError("a log line has no NUL byte")
     if gate and (uid is None or uid < 0):
         raise ValueError("a gated stop needs the requester's uid")
     if len(cgroups) > MAX_CGROUPS:
@@ -151,7 +159,18 @@ def stop_check_argv(
     head = ["1" if gate else "0", "-" if uid is None else str(int(uid)), "1" if sudo else "0"]
     kind = kind if kind.isalpha() else "other"
     paths = [f"{ctl}:{path}" for ctl, path in cgroups]
-    return ["sh", "-c", STOP_SCRIPT, "gpubot-stop", *head, kind, str(len(paths)), *paths, *stop]
+    return [
+        "sh",
+        "-c",
+        STOP_SCRIPT,
+        "gpubot-stop",
+        *head,
+        kind,
+        note,
+        str(len(paths)),
+        *paths,
+        *stop,
+    ]
 
 
 @dataclass(frozen=True)
@@ -176,9 +195,9 @@ class StopCheck:
     unreadable: tuple[int, ...] = ()  # indices (from 1) of the cgroups that could not be read
     names: tuple[tuple[int, str], ...] = ()  # uid -> user name on the node
     output: str = ""  # what the stop command itself printed
+    logger: str | None = None  # the "logger STATUS WORDS" line (None: none printed)
 
     def name(self, uid: int) -> str | None:
-        """Return the node's name of ``uid``, if it said one."""
         return next((n for u, n in self.names if u == uid), None)
 
 
@@ -188,55 +207,49 @@ def _digits(parts: Sequence[str], line: str) -> list[int]:
     return [int(p) for p in parts]
 
 
-@dataclass
-class _Seen:
-    foreign: list[Foreign] = field(default_factory=list)
-    unknown: list[int] = field(default_factory=list)
-    unreadable: list[int] = field(default_factory=list)
-    names: list[tuple[int, str]] = field(default_factory=list)
-    checked: int = 0
-    count: int = 0
-
-    def verdict(self, line: str, output: str) -> StopCheck:
-        return StopCheck(
-            stopping=line == "stopping",
-            refused=line == "refused",
-            checked=self.checked,
-            foreign=tuple(self.foreign),
-            foreign_count=self.count,
-            unknown=tuple(self.unknown),
-            unreadable=tuple(self.unreadable),
-            names=tuple(self.names),
-            output=output,
-        )
-
-    def add(self, line: str) -> None:
-        parts = line.split()
-        if not parts:
-            return
-        key, rest = parts[0], parts[1:]
-        if key == "foreign" and len(rest) == 3:
-            self.foreign.append(Foreign(*_digits(rest, line)))
-        elif key == "unknown" and len(rest) == 1:
-            self.unknown += _digits(rest, line)
-        elif key == "unreadable" and len(rest) == 1:
-            self.unreadable += _digits(rest, line)
-        elif key == "user":  # the node's passwd says it: kept only when well formed
-            if len(rest) == 2 and rest[0].isdigit() and is_linux_user(rest[1]):
-                self.names.append((int(rest[0]), rest[1]))
-        elif key == "checked" and len(rest) == 3 and rest[1] == "foreign":
-            self.checked, self.count = _digits([rest[0], rest[2]], line)
-        else:
-            raise ParseError("stop script output", line)
-
-
 def parse_stop_output(text: str) -> StopCheck:
     """Parse the script's answer; what follows ``stopping`` is the stop's own output. An answer
     cut short before its verdict is neither stopping nor refused."""
     lines = text.split("\n")
-    seen = _Seen()
+    foreign: list[Foreign] = []
+    unknown: list[int] = []
+    unreadable: list[int] = []
+    names: list[tuple[int, str]] = []
+    checked = count = 0
+    verdict, output = "", ""
+    logger: str | None = None
     for i, line in enumerate(lines):
         if line in ("refused", "stopping"):
-            return seen.verdict(line, "\n".join(lines[i + 1 :]).strip())
-        seen.add(line)
-    return seen.verdict("", "")
+            verdict, output = line, "\n".join(lines[i + 1 :]).strip()
+            break
+        if is_marker(line):
+            logger = line
+            continue
+        key, *rest = line.split() or [""]
+        if not key:
+            continue
+        if key == "foreign" and len(rest) == 3:
+            foreign.append(Foreign(*_digits(rest, line)))
+        elif key == "unknown" and len(rest) == 1:
+            unknown += _digits(rest, line)
+        elif key == "unreadable" and len(rest) == 1:
+            unreadable += _digits(rest, line)
+        elif key == "user":  # the node's passwd says it: kept only when well formed
+            if len(rest) == 2 and rest[0].isdigit() and is_linux_user(rest[1]):
+                names.append((int(rest[0]), rest[1]))
+        elif key == "checked" and len(rest) == 3 and rest[1] == "foreign":
+            checked, count = _digits([rest[0], rest[2]], line)
+        else:
+            raise ParseError("stop script output", line)
+    return StopCheck(
+        stopping=verdict == "stopping",
+        refused=verdict == "refused",
+        checked=checked,
+        foreign=tuple(foreign),
+        foreign_count=count,
+        unknown=tuple(unknown),
+        unreadable=tuple(unreadable),
+        names=tuple(names),
+        output=output,
+        logger=logger,
+    )

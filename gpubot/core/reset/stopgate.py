@@ -75,7 +75,7 @@ def requester_uid(plan: ResetPlan, w: Workload) -> int | None:
 def noun(w: Workload, argv: Sequence[str]) -> str:
     """Say what the stop command stops, by its last argument (``stop_command`` makes it safe)."""
     last = argv[-1] if argv else w.id
-    return runtime_of(w.kind).noun(w, last)
+    return runtime_of(w.kind).noun.format(last)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Each runtime is one ``Runtime`` value in its own module (``docker.py``, ``slurm.py`` ...;
 ``base.py`` says what one gives). Within a rank their shapes are tried in this list's order.
 Adding a runtime is writing its module, naming its value here, and its test: everything else
-(``core.workload``, ``core.cgroup_shapes``, ``core.enrich``, ``reset.stopgate``, ``doctor.sudo``,
+(``core.workload``, ``core.enrich``, ``reset.stopgate``, ``doctor.sudo``,
 config validation) iterates this list.
 """
 

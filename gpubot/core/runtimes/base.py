@@ -18,6 +18,7 @@ from typing import Any
 
 from gpubot.core import text
 from gpubot.core.names import is_linux_user
+from gpubot.core.text import one_line
 
 # Fragments the shapes share (see each runtime's module for its sources).
 HEX64 = r"[0-9a-f]{64}"
@@ -31,10 +32,7 @@ OTHER = "other"  # the kind of what no runtime names, or names as no workload
 
 def printable_path(text: str) -> str:
     """Return ``text`` with non-printable characters as ``\\xNN``, at most 300 of them."""
-    if text.isprintable():  # the usual path: no join of it char by char
-        return text[:300]
-    out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
-    return out[:300]
+    return one_line(text)[:300]
 
 
 def valid_user(name: str | None) -> bool:
@@ -60,7 +58,6 @@ class Workload:
     detail: tuple[tuple[str, str], ...] = ()
 
     def get(self, key: str) -> str | None:
-        """Return one detail value, or None."""
         return next((v for k, v in self.detail if k == key), None)
 
     def with_detail(self, **values: str | None) -> Workload:
@@ -163,19 +160,11 @@ def default_short(w: Workload) -> str:
     return f"{w.kind}:{label}"
 
 
-def _no_owner(w: Workload, by_uid: str | None, label: str | None) -> str | None:
+def _none(*_: object) -> None:
     return None
 
 
-def _no_stop(w: Workload) -> list[str] | None:
-    return None
-
-
-def _noun(w: Workload, last: str) -> str:
-    return f"container `{last}`"
-
-
-def _own_id(w: Workload) -> str | None:
+def own_id(w: Workload) -> str | None:
     return w.id
 
 
@@ -188,7 +177,7 @@ class Runtime:
     owner label: only what root controls. ``stop`` is the argv that stops the workload for good
     (None when there is none to give), ``restarts`` whether something starts it again once its
     process is killed, ``is_root(w, component, previous)`` whether a path component is the
-    workload's own cgroup directory (what its stop kills), ``noun`` how a stop names it.
+    workload's own cgroup directory (what its stop kills).
     ``nests``: a container, whose root may nest another container in its cgroup; ``host_id`` is
     the id the host's runtime knows it by. ``generic`` ranks a process's hierarchies: the most
     specific workload wins (0 a container or job, 1 a service or session, 2 ``other``).
@@ -207,15 +196,15 @@ class Runtime:
     shapes: tuple[Shape, ...] = ()
     daemons: tuple[str, ...] = ()
     short: Callable[[Workload], str] = default_short
-    owner: Callable[[Workload, str | None, str | None], str | None] = _no_owner
-    stop: Callable[[Workload], list[str] | None] = _no_stop
+    owner: Callable[[Workload, str | None, str | None], str | None] = _none
+    stop: Callable[[Workload], list[str] | None] = _none
     stop_note: str | None = None  # what its stop ends beyond the node, for approvers
     restarts: Callable[[Workload], bool] = _never
     is_root: Callable[[Workload, str, str], bool] = _never
-    noun: Callable[[Workload, str], str] = _noun
+    noun: str = "container `{}`"  # how a stop names it, given the stop's last argument
     lookup: Lookup | None = None
     nests: bool = False
-    host_id: Callable[[Workload], str | None] = _own_id
+    host_id: Callable[[Workload], str | None] = own_id
     generic: int = 0
     named: bool = True  # worth naming in a plan, a table or an idle line
     root_helpers: tuple[str, ...] = ()

@@ -36,21 +36,17 @@ from gpubot.core.runtimes.base import (
 NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # docker/podman container names
 
 
-def parse_docker_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
-    """Read ``docker inspect`` output: a record for each asked id found exactly once."""
-    return inspect_json.by_id(
-        inspect_json.json_items(stdout), ids, lambda o: inspect_json.as_str(o.get("Id")), _found
-    )
-
-
 def _found(o: dict[str, Any]) -> Found:
-    name = inspect_json.as_str(o.get("Name"))
+    name = o.get("Name")
     return Found(
-        name=inspect_json.text(name[1:] if name and name.startswith("/") else name),
+        name=inspect_json.text(name.removeprefix("/") if isinstance(name, str) else None),
         image=inspect_json.text(inspect_json.at(o, "Config", "Image")),
         restart=inspect_json.text(inspect_json.at(o, "HostConfig", "RestartPolicy", "Name")),
         labels=inspect_json.labels(inspect_json.at(o, "Config", "Labels")),
     )
+
+
+parse_docker_inspect = inspect_json.parser(lambda o: o.get("Id"), _found)
 
 
 def describe_container(w: Workload) -> str:

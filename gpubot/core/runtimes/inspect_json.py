@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpubot.core.runtimes.base import HEX64_ID, Found, Workload
-from gpubot.core.text import one_line
+from gpubot.core.text import cut, one_line
 
 MAX_TEXT = 200  # characters of one name, image or label value kept
 MAX_LABELS = 8  # labels kept on a workload, besides the owner label
@@ -42,20 +42,22 @@ def json_items(text: str) -> list[dict[str, Any]]:
                 out.append(v)
 
 
-def by_id(
-    items: list[dict[str, Any]],
-    ids: Sequence[str],
-    key: Callable[[dict[str, Any]], str | None],
-    build: Callable[[dict[str, Any]], Found],
-) -> dict[str, Found]:
-    """Build a record for each asked id that exactly one item carries; drop ids seen twice."""
-    asked = {i for i in ids if isinstance(i, str) and HEX64_ID.fullmatch(i)}
-    seen: dict[str, list[dict[str, Any]]] = {}
-    for o in items:
-        k = key(o)
-        if k is not None and k in asked:
-            seen.setdefault(k, []).append(o)
-    return {k: build(found[0]) for k, found in seen.items() if len(found) == 1}
+def parser(
+    key: Callable[[dict[str, Any]], object], build: Callable[[dict[str, Any]], Found]
+) -> Callable[[str, Sequence[str]], dict[str, Found]]:
+    """Return the parse of an inspect output: a record for each asked id that exactly one of
+    its objects carries (``key``); an id seen twice is dropped."""
+
+    def parse(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
+        asked = {i for i in ids if isinstance(i, str) and HEX64_ID.fullmatch(i)}
+        seen: dict[str, list[dict[str, Any]]] = {}
+        for o in json_items(stdout):
+            k = key(o)
+            if isinstance(k, str) and k in asked:
+                seen.setdefault(k, []).append(o)
+        return {k: build(found[0]) for k, found in seen.items() if len(found) == 1}
+
+    return parse
 
 
 def at(o: object, *path: str) -> object:
@@ -67,17 +69,12 @@ def at(o: object, *path: str) -> object:
     return o
 
 
-def as_str(v: object) -> str | None:
-    """Return ``v`` when it is a str, else None."""
-    return v if isinstance(v, str) else None
-
-
 def text(v: object) -> str | None:
     """Return ``v`` marked by ``printable`` and capped at MAX_TEXT; None unless a non-empty str."""
     if not isinstance(v, str) or not v:
         return None
     t = one_line(v)
-    return t if len(t) <= MAX_TEXT else t[: MAX_TEXT - 1] + "…"
+    return cut(t, MAX_TEXT)
 
 
 def labels(v: object) -> tuple[tuple[str, str], ...]:

@@ -46,14 +46,6 @@ _RT = r"(?P<rt>cri-containerd|crio|docker)"
 _RUNTIME = {"cri-containerd": "containerd", "crio": "cri-o"}
 
 
-def parse_crictl_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
-    """Read ``crictl inspect`` output (one object, an array, or objects one after another)."""
-    items = inspect_json.json_items(stdout)
-    return inspect_json.by_id(
-        items, ids, lambda o: inspect_json.as_str(inspect_json.at(o, "status", "id")), _found
-    )
-
-
 def _found(o: dict[str, Any]) -> Found:
     labels = inspect_json.at(o, "status", "labels")
     get = (labels if isinstance(labels, dict) else {}).get
@@ -67,6 +59,10 @@ def _found(o: dict[str, Any]) -> Found:
         pod=inspect_json.text(get("io.kubernetes.pod.name")),
         pod_uid=inspect_json.text(get("io.kubernetes.pod.uid")),
     )
+
+
+# One object, an array, or objects one after another (see the module docstring).
+parse_crictl_inspect = inspect_json.parser(lambda o: inspect_json.at(o, "status", "id"), _found)
 
 
 def _build(kind: str, path: str, g: Mapping[str, str]) -> Workload:
@@ -108,7 +104,6 @@ def _crictl(ids: Sequence[str], sudo: Sequence[str]) -> list[str]:
 RUNTIME = Runtime(
     kind="kubernetes",
     shapes=(
-        # The kubelet's systemd driver; kind's nodes use --cgroup-root=/kubelet.
         Shape(
             rf"/kubepods\.slice/(?:kubepods-(?:besteffort|burstable)\.slice/)?kubepods{_QOS}"
             rf"-pod(?P<pod>{_POD})\.slice(?:/{_RT}-(?P<id>{HEX64})\.scope)?{NEST}"
@@ -118,8 +113,6 @@ RUNTIME = Runtime(
             rf"burstable)\.slice/)?kubelet-kubepods{_QOS}-pod(?P<pod>{_POD})\.slice"
             rf"(?:/{_RT}-(?P<id>{HEX64})\.scope)?{NEST}"
         ),
-        # containerd with SystemdCgroup=false under a kubelet using the systemd driver: runc
-        # takes the "slice:prefix:id" cgroupsPath as a path below containerd's own cgroup.
         Shape(
             rf"{ROOT_SLICES}(?:containerd\.service/)?kubepods{_QOS}-pod(?P<pod>{_POD})\.slice"
             rf":{_RT}:(?P<id>{HEX64}){NEST}"

@@ -38,7 +38,6 @@ def _describe(w: Workload) -> str:
 RUNTIME = Runtime(
     kind="lxc",
     shapes=(
-        # LXC 4+ and LXD (lxc.payload.NAME, lxc.monitor.NAME), LXC 3 and older (/lxc/NAME).
         Shape(rf"/lxc\.payload[./]{_NAME}{NEST}"),
         Shape(rf"/lxc/{_NAME}{NEST}"),
         Shape(

@@ -55,10 +55,6 @@ def _is_root(w: Workload, comp: str, prev: str) -> bool:
     return comp == w.get("unit")
 
 
-def _noun(w: Workload, last: str) -> str:
-    return f"machine `{last}`"
-
-
 RUNTIME = Runtime(
     kind="machine",
     shapes=(
@@ -75,6 +71,6 @@ RUNTIME = Runtime(
     stop=_stop,
     restarts=always,
     is_root=_is_root,
-    noun=_noun,
+    noun="machine `{}`",
     nests=True,  # a container's own docker or podman
 )

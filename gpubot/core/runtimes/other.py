@@ -41,7 +41,6 @@ _APPTAINER = "Apptainer cgroup named by its starter's PID: no stable container i
 RUNTIME = Runtime(
     kind=OTHER,
     shapes=(
-        # Apptainer/Singularity --apply-cgroups: a scope or folder named by the starter's PID.
         Shape(
             r"(?:/system\.slice/(?P<reason_apptainer>(?:apptainer|singularity)(?:-oci)?-[^/]+"
             r"\.scope)|/(?P<reason_apptainer_fs>apptainer|singularity)/\d+)" + TAIL,

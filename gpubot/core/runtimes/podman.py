@@ -11,7 +11,6 @@ podman-container-inspect(1) example): the same array shape as docker's; ``Name``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from gpubot.core.runtimes import inspect_json
@@ -27,13 +26,6 @@ from gpubot.core.runtimes.base import (
 from gpubot.core.runtimes.docker import container_parts
 
 
-def parse_podman_inspect(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
-    """Read ``podman inspect`` output: a record for each asked id found exactly once."""
-    return inspect_json.by_id(
-        inspect_json.json_items(stdout), ids, lambda o: inspect_json.as_str(o.get("Id")), _found
-    )
-
-
 def _found(o: dict[str, Any]) -> Found:
     return Found(
         name=inspect_json.text(o.get("Name")),
@@ -42,6 +34,9 @@ def _found(o: dict[str, Any]) -> Found:
         restart=inspect_json.text(inspect_json.at(o, "HostConfig", "RestartPolicy", "Name")),
         labels=inspect_json.labels(inspect_json.at(o, "Config", "Labels")),
     )
+
+
+parse_podman_inspect = inspect_json.parser(lambda o: o.get("Id"), _found)
 
 
 RUNTIME = Runtime(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from gpubot.core import text
 from gpubot.core.runtimes import inspect_json
@@ -32,6 +32,7 @@ from gpubot.core.runtimes.base import (
     Shape,
     Workload,
     always,
+    own_id,
     valid_user,
 )
 
@@ -59,14 +60,6 @@ _USER_TOKEN = re.compile(r"(?:^|\s)UserId=")
 _USER_LINE = re.compile(r"   UserId=([^\s()]{1,64})\(([0-9]{1,10})\) GroupId=")
 _STATE_LINE = re.compile(r"   JobState=([A-Z_]{1,32})(?: |\Z)")
 _NOBODY_UID = 65534
-
-
-@dataclass(frozen=True)
-class _Job:
-    job: str
-    user: str
-    uid: int
-    found: Found
 
 
 def parse_scontrol(stdout: str, ids: Sequence[str]) -> dict[str, Found]:
@@ -112,14 +105,15 @@ def _segment(job: str, lines: list[str]) -> Found | None:
     records = [lines[a:b] for a, b in zip(starts, [*starts[1:], len(lines)], strict=False)]
     parsed = [_record(r) for r in records]
     jobs = [p for p in parsed if p is not None]
-    if not jobs or len(jobs) != len(parsed) or len({(j.user, j.uid) for j in jobs}) != 1:
+    if not jobs or len(jobs) != len(parsed) or len({(u, f.uid) for _, u, f in jobs}) != 1:
         return None
-    mine = [j for j in jobs if j.job == job]
-    return mine[0].found if len(mine) == 1 else None
+    mine = [f for j, _, f in jobs if j == job]
+    return mine[0] if len(mine) == 1 else None
 
 
-def _record(lines: list[str]) -> _Job | None:
-    """Parse one record (its ``JobId=`` line and the lines up to the next); None if malformed."""
+def _record(lines: list[str]) -> tuple[str, str, Found] | None:
+    """Parse one record (its ``JobId=`` line and the lines up to the next) into its job id, the
+    user as scontrol printed it, and the record; None if malformed."""
     first = _FIRST.fullmatch(lines[0])
     if first is None or sum(len(_USER_TOKEN.findall(line)) for line in lines) != 1:
         return None
@@ -129,13 +123,8 @@ def _record(lines: list[str]) -> _Job | None:
     user, uid = users[0][1], int(users[0][2])
     states = [m[1] for m in map(_STATE_LINE.match, lines[1:]) if m is not None]
     named = user if valid_user(user) and (user != "nobody" or uid == _NOBODY_UID) else None
-    found = Found(
-        name=inspect_json.text(first[2]),
-        user=named,
-        uid=uid,
-        state=states[0] if len(states) == 1 else None,
-    )
-    return _Job(job=first[1], user=user, uid=uid, found=found)
+    state = states[0] if len(states) == 1 else None
+    return first[1], user, Found(name=inspect_json.text(first[2]), user=named, uid=uid, state=state)
 
 
 def _argv(ids: Sequence[str], sudo: Sequence[str]) -> list[str]:
@@ -193,14 +182,6 @@ def _is_root(w: Workload, comp: str, prev: str) -> bool:
     return comp == f"job_{w.id}" or (comp == w.id and _SLUID.fullmatch(w.id) is not None)
 
 
-def _noun(w: Workload, last: str) -> str:
-    return f"Slurm job {last}"
-
-
-def _job_id(w: Workload) -> str | None:
-    return w.id  # scontrol is asked by numeric job id only (the lookup's ids)
-
-
 RUNTIME = Runtime(
     kind="slurm",
     shapes=(
@@ -231,14 +212,21 @@ RUNTIME = Runtime(
     restarts=always,  # its batch script may start the next step
     root_helpers=("slurmstepd",),  # in each job's own cgroup, as root
     is_root=_is_root,
-    noun=_noun,
+    noun="Slurm job {}",
     lookup=Lookup(
         tool="slurm",
         ids=_JOB_ID,
         argv=_argv,
         parse=parse_scontrol,
-        target=_job_id,
+        target=own_id,  # scontrol is asked by numeric job id only (the lookup's ids)
         apply=_apply,
         contradicts=_contradicts,
     ),
 )
+
+KIND = RUNTIME.kind  # the scheduler's name too (``scheduler = "slurm"``, ``[slurm]``)
+
+
+def job_of(w: Workload | None) -> str | None:
+    """Return the Slurm job ``w`` runs in (its cgroup's job id); None: in none."""
+    return w.id if w is not None and w.kind == KIND else None

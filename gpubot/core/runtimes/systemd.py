@@ -49,15 +49,9 @@ def _is_unit(w: Workload, comp: str, prev: str) -> bool:
     return comp == w.id
 
 
-def _noun(w: Workload, last: str) -> str:
-    return f"unit `{last}`"
-
-
 SERVICE = Runtime(
     kind="service",
     shapes=(
-        # Without pam_systemd, every login or cron job stays in the unit of the daemon that
-        # started it: stopping that unit would end sshd or cron (and everyone's sessions).
         Shape(
             rf"{ROOT_SLICES}(?P<reason_login>(?:{_LOGIN})\.service|(?:serial-)?getty@[^/]+\.service)"
             + TAIL,
@@ -75,7 +69,7 @@ SERVICE = Runtime(
     sudo_stop="systemctl stop *",
     restarts=always,
     is_root=_is_unit,
-    noun=_noun,
+    noun="unit `{}`",
     generic=1,
 )
 

@@ -85,11 +85,7 @@ class Tally:
     gaps: list[Gap] = field(default_factory=list)
 
     def bucket(self, hour: int, node: str, gpu: int, user: str) -> Usage:
-        key = (hour, node, gpu, user)
-        row = self.rows.get(key)
-        if row is None:
-            row = self.rows[key] = Usage(hour, node, gpu, user)
-        return row
+        return self.rows.setdefault((hour, node, gpu, user), Usage(hour, node, gpu, user))
 
 
 def hour_of(t: float) -> int:

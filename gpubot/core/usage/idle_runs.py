@@ -8,8 +8,7 @@ latest (overlapping sweeps) or a run kept under other settings is rebuilt from t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gpubot.core.usage.idle import GpuKey, GpuSample, held_idle
 
@@ -64,25 +63,6 @@ def advance(run: IdleRun | None, sample: GpuSample, rule: RunRule) -> IdleRun:
         ):
             since = run.idle_since
     return IdleRun(sample.node, sample.gpu, sample.uuid, sample.taken_at, since, rule)
-
-
-def rebuild(samples: Iterable[GpuSample], rule: RunRule) -> IdleRun | None:
-    """Return the run of one GPU from its samples in stored order (None: none). Of samples
-    taken at the same time, as in ``held_idle_since``, the first stored decides whether the run
-    reaches that time."""
-    run: IdleRun | None = None
-    ordered = sorted(samples, key=lambda s: s.taken_at)  # stable: ties keep their order
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j < len(ordered) and ordered[j].taken_at == ordered[i].taken_at:
-            j += 1
-        first, tied = ordered[i], ordered[i:j]
-        run = advance(run, first, rule)
-        if run.idle_since is not None and not all(held_idle(s, rule.min_mib) for s in tied):
-            run = replace(run, idle_since=first.taken_at)
-        i = j
-    return run
 
 
 def kept_since(since: float, first_kept: float | None, current: float) -> float:

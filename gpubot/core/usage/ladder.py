@@ -1,6 +1,9 @@
 """The reclaim ladder of an idle holder: the steps, their delays, and the next one due.
 
-An idle holder climbs at most one step per sweep, each after its delay since the step before:
+A hung-but-busy holder (``core.health.hung``) climbs the same ladder, with its own evidence
+(``BusyEvidence``): its owner is told and reminded before anyone else, and on-call's forced stop
+is offered only at the last step. A holder climbs at most one step per sweep, each after its
+delay since the step before:
 
 1. ``DM``: a direct message to the owner (*Keep (reason)*, *Free it* for their own reset);
 2. ``REMIND``: a reminder to the owner, ``remind_after`` after the DM;
@@ -15,10 +18,10 @@ holder no longer idle leaves it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import IntEnum
 
 from gpubot.core.durations import TIME_SLACK_S
+from gpubot.core.usage.report import utc_minute
 
 
 class Step(IntEnum):
@@ -71,7 +74,6 @@ class Rung:
 
     @property
     def kept(self) -> bool:
-        """Whether the owner stopped this ladder."""
         return self.kept_at is not None
 
 
@@ -117,14 +119,10 @@ class Evidence:
         """Return the evidence as one line for a person (and the audit log)."""
         line = f"held idle {self.gpu_hours:.2f} GPU-hours: {self.samples} sample(s) at 0 %"
         if self.first_at is not None and self.last_at is not None:
-            line += f" from {_hm(self.first_at)} to {_hm(self.last_at)} UTC"
+            line += f" from {utc_minute(self.first_at)} to {utc_minute(self.last_at)} UTC"
         if self.min_mib is not None and self.max_mib is not None:
-            mib = (
-                f"{self.min_mib}"
-                if self.min_mib == self.max_mib
-                else (f"{self.min_mib}-{self.max_mib}")
-            )
-            line += f", {mib} MiB in use"
+            most = "" if self.min_mib == self.max_mib else f"-{self.max_mib}"
+            line += f", {self.min_mib}{most} MiB in use"
         return line
 
     def to_dict(self) -> dict[str, object]:
@@ -138,5 +136,18 @@ class Evidence:
         }
 
 
-def _hm(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+@dataclass(frozen=True)
+class BusyEvidence:
+    """Why a holder looks hung though busy: its finding's own line (utilisation, power against
+    the typical draw, memory, since when), as the sweep that found it said it."""
+
+    line: str
+
+    def text(self) -> str:
+        return self.line
+
+    def to_dict(self) -> dict[str, object]:
+        return {"hung_busy": self.line}
+
+
+LadderEvidence = Evidence | BusyEvidence

@@ -1,0 +1,192 @@
+"""Slurm as a source (issue 36), against the real one-node Slurm 22.05 with four GPU GRES.
+
+The simulated node's sessions run the real ``sinfo``, ``squeue`` and ``scontrol`` (wrappers on
+PATH carry ``SLURM_CONF``); its GPUs' device minors are gres.conf's ``File=`` digits, so the map
+from Slurm's GRES index to a GPU is proven. alice's job is allocated two GPUs and holds the
+first; bob runs a process on a third GPU outside Slurm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fake_slack import FakeSlack
+from gpubot.app import build
+from gpubot.config import Settings, load
+from gpubot.core.claims import commands as cc
+from gpubot.core.findings import Finding
+from gpubot.core.policy import Person
+from gpubot.core.slurm import SlurmSettings
+from gpubot.errors import UsageError
+from gpubot.services.claims import ClaimService
+from gpusim.fleet import SimFleet, SimNode
+from tests.fixtures.fleet import gpubot_cli
+from tests.fixtures.real_runs import real_fleet
+from tests.fixtures.settings import with_tables
+from tests.fixtures.slack import QUICK_TIMEOUT_S, slack_front
+from tests.fixtures.slurm import SlurmCluster
+from tests.procs import wait_until
+
+WINDOW_S = 3.0
+ALERTS = {"alerts": {"channel": "C0ALERTS"}}
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    sim_users: tuple[str, ...],
+    slurm_cluster: SlurmCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SimFleet]:
+    with real_fleet(
+        tmp_path_factory.mktemp("slurm-aware"), ["slurm"], [slurm_cluster.bin_dir]
+    ) as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def config(
+    fleet: SimFleet, slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The fleet's settings: node1 is Slurm's (its NodeName the cluster's), a short window,
+    claims on beside Slurm (so that a claim of an allocated GPU meets the job), a database."""
+    text = fleet.config_path.read_text()
+    text, n = re.subn(
+        r'(?m)^name = "node1"$',
+        f'name = "node1"\nscheduler = "slurm"\nslurm_node = "{slurm_cluster.node_name}"',
+        text,
+    )
+    assert n == 1
+    db = tmp_path_factory.mktemp("slurm-aware-db") / "gpubot.db"
+    text = re.sub(r'(?m)^url = "sqlite:///.*"$', f'url = "sqlite:///{db}"', text, count=1)
+    text += f'\n[slurm]\nunused_after = "{WINDOW_S:g}s"\nclaims = true\n'
+    text += "\n[claims]\nenabled = true\n"
+    path = tmp_path_factory.mktemp("slurm-aware-conf") / "gpubot.toml"
+    path.write_text(text)
+    assert gpubot_cli(path, "db", "upgrade").returncode == 0
+    return path
+
+
+@pytest.fixture
+def node(fleet: SimFleet, slurm_cluster: SlurmCluster) -> Iterator[SimNode]:
+    n = fleet.node("node1")
+    yield n
+    slurm_cluster.cancel_all()
+    n.clear()
+
+
+def allocated(cluster: SlurmCluster, job: str) -> list[int]:
+    """Return the GRES indices Slurm gave ``job`` once it runs (its ``gres_detail``)."""
+    wait_until(lambda: bool(cluster.job_json(job)["gres_detail"]), 30, f"job {job} running")
+    (detail,) = cluster.job_json(job)["gres_detail"]
+    m = re.fullmatch(r"gpu(?::\d+)?\(IDX:(\d+)-(\d+)\)", detail)
+    assert m is not None, detail
+    return list(range(int(m[1]), int(m[2]) + 1))
+
+
+def test_allocation_beside_use_a_finding_once_and_a_claim_refused(
+    config: Path, node: SimNode, slurm_cluster: SlurmCluster, sim_users: tuple[str, ...]
+) -> None:
+    alice, bob = sim_users
+    script = f'g=${{SLURM_JOB_GPUS%%,*}}; exec 3<>{node.dev_prefix}"$g"; exec sleep 1000000'
+    job = slurm_cluster.sbatch(alice, script, "train", gres="gpu:2")
+    idx = allocated(slurm_cluster, job)
+    assert len(idx) == 2
+    used, unused = idx  # the sim's GPU i has device minor i; gres.conf's File= i is minor i
+    pid = slurm_cluster.holder(job, node.device(used))
+    node.adopt(pid, used, 3000)
+    outside = next(g for g in range(4) if g not in idx)
+    node.spawn(gpu=outside, mib=1000, user=bob)
+
+    out = gpubot_cli(config, "status", "node1", "--json")
+    assert out.returncode == 0, out.stderr
+    (doc,) = json.loads(out.stdout)["nodes"]
+    gpus = {g["index"]: g for g in doc["gpus"]}
+    assert gpus[used]["slurm"]["job"] == job and gpus[used]["slurm"]["used"] is True
+    assert gpus[unused]["slurm"]["job"] == job and gpus[unused]["slurm"]["used"] is False
+    assert gpus[used]["slurm"]["user"] == alice and gpus[used]["slurm"]["map_proven"] is True
+    assert gpus[outside]["slurm"]["job"] is None and "outside-slurm" in gpus[outside]["flags"]
+    assert "allocated-unused" in gpus[unused]["flags"] and gpus[used]["flags"] == []
+    text = gpubot_cli(config, "status", "node1").stdout
+    assert f"Slurm job {job} ({alice}, train): GPU {used}, {unused}" in text
+
+    fake = FakeSlack()
+    found = asyncio.run(sweeps(with_tables(load(config), ALERTS), fake, 4))
+    first, second, third, fourth = ([(f.kind.value, f.gpu, f.owner) for f in r] for r in found)
+    assert ("slurm-outside", outside, bob) in first
+    assert not any(k == "slurm-allocated-unused" for k, _, _ in first)  # not for the window yet
+    for later in (second, third, fourth):
+        assert [x for x in later if x[0] == "slurm-allocated-unused"] == [
+            ("slurm-allocated-unused", unused, alice)
+        ]
+    # Seen twice, then alerted once: the later sweeps see it again and post nothing new.
+    posts = [json.dumps(c.body) for c in fake.of("chat.postMessage")]
+    about = [p for p in posts if "GPU allocated by Slurm, unused" in p]
+    assert len(about) == 1, posts
+    assert f"Slurm job {job} (train) of {alice} was allocated GPU {unused}" in about[0]
+
+    msg = asyncio.run(claim_of(load(config), bob, unused))
+    assert f"node1 GPU {unused} is allocated by Slurm to job {job} ({alice}" in msg
+
+
+async def sweeps(settings: Settings, fake: FakeSlack, n: int) -> list[list[Finding]]:
+    """Run ``n`` alerting sweeps of the app on Slack (``fake``), the first two ``WINDOW_S``
+    apart; return each one's findings."""
+    await fake.start()
+    app = build(settings, {}, need_store=True, front=slack_front(fake, timeout=QUICK_TIMEOUT_S))
+    out = []
+    try:
+        for i in range(n):
+            if i == 1:
+                await asyncio.sleep(WINDOW_S + 0.5)
+            out.append(list((await app.sweep.run(alerting=True)).findings))
+    finally:
+        await app.close()
+        await fake.stop()
+    return out
+
+
+async def claim_of(settings: Settings, user: str, gpu: int) -> str:
+    app = build(settings, {}, need_store=True)
+    try:
+        assert app.store is not None
+        svc = ClaimService(settings, app.store.claims, app.status)
+        with pytest.raises(UsageError) as err:
+            await svc.claim(
+                Person("U0BOB", user, user), cc.ClaimGpus("node1", (gpu,), 0, 3600.0), "cli"
+            )
+        return str(err.value)
+    finally:
+        await app.close()
+
+
+def test_control_claims_off_beside_slurm_answer_with_how_to_ask_slurm(
+    config: Path, node: SimNode, slurm_cluster: SlurmCluster, sim_users: tuple[str, ...]
+) -> None:
+    s = load(config)
+    off = dataclasses.replace(s, slurm=SlurmSettings(unused_after_s=WINDOW_S, claims=False))
+    msg = asyncio.run(claim_of(off, sim_users[1], 3))
+    assert msg.startswith("node1 is scheduled by Slurm: ask it for GPUs instead")
+    assert f"salloc -w {slurm_cluster.node_name} --gres=gpu:1" in msg
+
+
+def test_a_report_without_slurm_accounting_says_so_in_one_note(config: Path) -> None:
+    """This cluster keeps no accounting: sacct fails, the report says so once and goes on."""
+    out = gpubot_cli(config, "report", "--by", "user", "--since", "1h", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    (note,) = doc["slurm"]["notes"]
+    assert doc["slurm"]["allocation"] is False
+    assert note.startswith("no allocated h (Slurm's accounting not read): sacct on node1 exited")
+    assert "accounting storage is disabled" in note, note
+    assert all("allocated_ms" not in r for r in doc["rows"])
+    text = gpubot_cli(config, "report", "--by", "user", "--since", "1h")
+    assert text.returncode == 0 and note in text.stdout.splitlines()
+    header = text.stdout.splitlines()[1]
+    assert header.startswith("user ") and "allocated" not in header
