@@ -34,7 +34,7 @@ from gpubot.slack.render import NeutralSurface, to_slack
 from gpubot.slack.serve import SlackParts, build_bot
 from tests.fixtures.slack import BOT_TOKEN, slack_settings_for
 
-TTL_S, RENEW_S = 8.0, 0.5  # a killed holder's lease lapses this long after its last renewal
+TTL_S, RENEW_S = 12.0, 0.5  # a killed holder's lease lapses this long after its last renewal
 GRACE_S = 60.0  # the stubborn process keeps the approved kill in its grace wait this long
 EVERY_S = 0.3  # the approval duty's interval
 OWNER = Person("U0OWNER", "owner", None)
