@@ -12,11 +12,9 @@ if TYPE_CHECKING:
     from gpubot.chat.surface import Surface
     from gpubot.config import Settings
     from gpubot.core.ports import Notifier, Poster, Reporter
-    from gpubot.services.digest import DigestNotifier
     from gpubot.services.directory import Directory
     from gpubot.services.ladder import LadderNotifier
     from gpubot.services.outbox import Outbox
-    from gpubot.store import Store
 
 
 class Publisher(Protocol):
@@ -56,12 +54,6 @@ class FrontEnd(Protocol):
 
     def ladder(self, settings: Settings, outbox: Outbox[Message]) -> LadderNotifier | None:
         """Who tells idle holders as they climb the reclaim ladder."""
-
-    def digest(self, settings: Settings) -> DigestNotifier | None:
-        """Where the weekly GPU-hours digest goes."""
-
-    def heads(self, settings: Settings, store: Store, outbox: Outbox[Message]) -> Publisher | None:
-        """What publishes the audit log's head."""
 
     async def close(self) -> None:
         """Close its connections."""

@@ -3,6 +3,7 @@ or feeds), then the chosen front end's flows. Not built on the cold path (``gpub
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,9 @@ from gpubot.app.stores import NoStore
 from gpubot.chat.alerts import chat_sweeper
 from gpubot.chat.approval_words import ApprovalWords
 from gpubot.chat.flows import Flows, Services
+from gpubot.chat.heads import HeadPublisher
 from gpubot.chat.message import Message
+from gpubot.chat.report_view import ChannelDigest
 from gpubot.config import Settings
 from gpubot.core.ports import Locks, PromSource, Transport
 from gpubot.core.slurm import SLURM
@@ -40,6 +43,8 @@ from gpubot.store import Store
 
 if TYPE_CHECKING:  # prometheus_client only where a gpubot serves (``root.build``)
     from gpubot.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,8 @@ def build_parts(base: Base, front: FrontEnd | None) -> Parts:
         None if store is None else store.outbox, None if front is None else front.poster()
     )
     heads = None
-    if base.serving and front and store and settings.audit.publish_head_every_s is not None:
-        heads = front.heads(settings, store, outbox)
+    if base.serving and outbox.poster and store and settings.audit.publish_head_every_s:
+        heads = _heads(settings, store, outbox)
     seals = _seals(settings, store, heads)
     audit = store if store is not None else NoStore()
     reset = ResetService(
@@ -154,6 +159,15 @@ def _duty(
     return ApprovalDuty(approvals, outbox, words, front=front.name, settled_s=ttl)
 
 
+def _heads(settings: Settings, store: Store, outbox: Outbox[Message]) -> HeadPublisher | None:
+    """The audit head's publisher, posting in the alerts' channel or room."""
+    channel = settings.sweep.channel
+    if channel is None:
+        log.warning("no alerts channel or room: the audit head is not published")
+        return None
+    return HeadPublisher(store, outbox, channel)
+
+
 def _seals(settings: Settings, store: Store | None, heads: Publisher | None) -> SealService | None:
     """With a store and its key: the audit log's seals. A forced reset is sealed at its end and
     the head then published at once."""
@@ -185,10 +199,10 @@ def _sweep(
             transport=base.transport,
         )
         told = None if front is None else front.ladder(settings, outbox)
-        poster = None if front is None or reports.digest is None else front.digest(settings)
-        digest = None
-        if reports.digest is not None and poster is not None:
-            digest = DigestService(reports.digest, reports.digest_by, usage, outbox, poster)
+        digest, channel = None, reports.digest_channel or cfg.channel
+        if reports.digest is not None and outbox.poster is not None and channel is not None:
+            post = ChannelDigest(outbox, channel)
+            digest = DigestService(reports.digest, reports.digest_by, usage, outbox, post)
         ports = replace(
             ports,
             audit=store,

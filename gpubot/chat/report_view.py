@@ -3,9 +3,13 @@ CLI's)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from gpubot.chat.layout import MAX_TABLE_ROWS, Budget, clip, rows_of, table_fits, table_text
 from gpubot.chat.message import Code, Heading, Message, Section, Table, ctx, italic
+from gpubot.core.alerting import Lookup, Posted
 from gpubot.core.usage.report import UsageReport
+from gpubot.services.outbox import Outbox
 
 SHOWN = 15  # rows a chat report shows
 
@@ -30,3 +34,19 @@ def render_usage(report: UsageReport, *, title: str = "GPU-hours") -> Message:
     b.add(ctx(clip(" · ".join(n.strip() for n in notes[:6]), 1900)))
     b.add(ctx(("all of it: ", Code(f"gpubot report --by {report.by} --csv"))))
     return b.message(clip(title, 3000))
+
+
+class ChannelDigest:
+    """The weekly digest in one channel or room, posted and found through the outbox's poster
+    (a ``services.digest.DigestNotifier``)."""
+
+    def __init__(self, outbox: Outbox[Message], channel: str) -> None:
+        self.outbox = outbox
+        self.channel = channel
+
+    async def post(self, report: UsageReport, *, token: str) -> Posted:
+        msg = render_usage(report, title="Weekly GPU-hours")
+        return await self.outbox.calls(self.channel, msg)[0](token, None)
+
+    async def find(self, token: str, since: datetime) -> Lookup:
+        return await self.outbox.finder(self.channel)(token, since)

@@ -65,11 +65,5 @@ class ConsoleFront:
     def ladder(self, settings: object, outbox: object) -> None:
         """None: the ladder's steps are not told."""
 
-    def digest(self, settings: object) -> None:
-        """None: no digest."""
-
-    def heads(self, settings: object, store: object, outbox: object) -> None:
-        """None: no audit head is published."""
-
     async def close(self) -> None:
         """Nothing to close."""

@@ -2,9 +2,9 @@
 client-server API adapter, whose one HTTP session ``close`` ends. The entry that runs Matrix
 (``gpubot serve --chat matrix``) passes it in; the root names no front end.
 
-Not on Matrix yet: the weekly digest and the audit head (each None, as the console's are);
-approvals, sweep alerts with their idle-holder DMs, the reclaim ladder, the claims' DMs and the
-start-up report are.
+Approvals, sweep alerts with their idle-holder DMs, the reclaim ladder, the claims' DMs and the
+start-up report are here; the weekly digest and the audit head are posted by the root through
+this front end's poster, as on Slack.
 """
 
 from __future__ import annotations
@@ -77,12 +77,6 @@ class MatrixFront:
         """The reclaim ladder's DMs, and its posts in the alerts' room."""
         people = settings.policy.chat_ids()
         return MatrixLadder(self._poster, settings.sweep.channel, people, outbox)
-
-    def digest(self, settings: object) -> None:
-        """None: no digest on Matrix yet."""
-
-    def heads(self, settings: object, store: object, outbox: object) -> None:
-        """None: the audit head is not published on Matrix yet."""
 
     async def close(self) -> None:
         await self.api.close()

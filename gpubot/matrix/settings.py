@@ -116,9 +116,10 @@ def load(path: Path) -> MatrixSettings:
 
 
 def on_matrix(settings: Settings, m: MatrixSettings) -> Settings:
-    """Return ``settings`` whose rooms are Matrix's: answers, approval requests and sweep
-    alerts go there."""
+    """Return ``settings`` whose rooms are Matrix's: answers, approval requests, sweep alerts,
+    the weekly digest and the audit head go there."""
     first = m.rooms[0] if m.rooms else None
     policy = replace(settings.policy, channel=first, oncall_channel=m.oncall_room or first)
     sweep = replace(settings.sweep, channel=m.alerts_room or first)
-    return replace(settings, policy=policy, sweep=sweep)
+    reports = replace(settings.reports, digest_channel=None)  # [reports]' is Slack's: the alerts'
+    return replace(settings, policy=policy, sweep=sweep, reports=reports)

@@ -14,8 +14,6 @@ from gpubot.config import Settings
 from gpubot.core.ports import Report
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import TIMEOUT_S, SlackApi, SlackDirectory, make_client
-from gpubot.slack.digest import SlackDigest
-from gpubot.slack.heads import HeadPublisher
 from gpubot.slack.ladder import SlackLadder
 from gpubot.slack.poster import SlackPoster
 from gpubot.slack.render import NeutralSurface, to_slack
@@ -23,7 +21,6 @@ from gpubot.slack.render import NeutralSurface, to_slack
 if TYPE_CHECKING:
     from gpubot.chat.claims import Dm
     from gpubot.services.outbox import Outbox
-    from gpubot.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +33,7 @@ class SlackAccess:  # read from the environment by serve
 
 
 class SlackFront:
-    """Slack's outlets for the root: alerts, DMs, approval posts, the digest, the audit head."""
+    """Slack's outlets for the root: alerts, DMs, approval posts."""
 
     name = "slack"
 
@@ -83,20 +80,6 @@ class SlackFront:
     def ladder(self, settings: Settings, outbox: Outbox[Message]) -> SlackLadder:
         people = settings.policy.chat_ids()
         return SlackLadder(self.api, settings.sweep.channel, people, outbox)
-
-    def digest(self, settings: Settings) -> SlackDigest | None:
-        """The weekly digest, in ``[reports] digest_channel`` (else the alerts')."""
-        channel = settings.reports.digest_channel or settings.sweep.channel
-        return None if channel is None else SlackDigest(self.api, channel)
-
-    def heads(
-        self, settings: Settings, store: Store, outbox: Outbox[Message]
-    ) -> HeadPublisher | None:
-        channel = settings.sweep.channel
-        if channel is None:
-            log.warning("no [alerts] or [slack] channel: the audit head is not published")
-            return None
-        return HeadPublisher(store, outbox, channel)
 
     async def close(self) -> None:
         await self.api.close()

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gpubot.app import App, Serving, build
+from gpubot.chat.heads import HeadPublisher
 from gpubot.config import AuditSettings, Settings
-from gpubot.slack.heads import HeadPublisher
 from gpubot.store import Store
 from tests.fixtures.db import audit_rows, rewrite_chain
 from tests.fixtures.settings import with_tables

@@ -20,12 +20,11 @@ import pytest
 import sqlalchemy as sa
 
 from gpubot.app import Serving, build
-from gpubot.chat.heads import render_head
+from gpubot.chat.heads import SUBJECT, HeadPublisher, render_head
 from gpubot.config import Settings
 from gpubot.core.alerting import Intent, Lookup
 from gpubot.services.outbox import ALERT
 from gpubot.slack import poster as poster_mod
-from gpubot.slack.heads import SUBJECT, HeadPublisher
 from gpubot.slack.poster import EVENT, SlackPoster, post_once
 from gpubot.slack.render import to_slack
 from gpubot.store import Store

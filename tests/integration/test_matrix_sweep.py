@@ -19,9 +19,12 @@ from urllib.parse import quote
 
 import pytest
 
+from gpubot.chat.heads import HeadPublisher
 from gpubot.chat.message import Message
 from gpubot.core.findings import IDLE_HOLDER
 from gpubot.core.usage.ladder import LadderRule
+from gpubot.core.usage.report import Digest
+from gpubot.lifecycle import Serving
 from gpubot.matrix.poster import MatrixPoster
 from tests.fixtures.fleet import leave_clean
 from tests.fixtures.matrix import MatrixHarness, MatrixWorld, matrix_settings, running_matrix_bot
@@ -290,3 +293,47 @@ def outbox_rows_under(h: MatrixHarness, prefix: str) -> list[tuple[str, str, str
     with h.store.engine.connect() as conn:
         rows = conn.execute(select(c.token, c.state, c.ref).where(c.subject.startswith(prefix)))
     return [(r.token, r.state, r.ref) for r in rows]
+
+
+async def test_the_weekly_digest_and_the_audit_head_are_posted_in_the_alerts_room(
+    matrix_world: MatrixWorld, slack_fleet: Any, slack_settings: Any, node1: Any, tmp_path: Path
+) -> None:
+    node1.spawn(gpu=0, mib=4096, util_pct=90)
+    monday = Digest.parse("mon 09:00").last_due(time.time())
+    # [reports] digest_channel names a Slack channel: on Matrix the digest goes to the alerts room
+    reports = dataclasses.replace(
+        slack_settings.reports, digest=Digest.parse("mon 09:00"), digest_channel="C0DIGEST"
+    )
+    audit = dataclasses.replace(slack_settings.audit, publish_head_every_s=86400.0)
+    base = dataclasses.replace(slack_settings, reports=reports, audit=audit)
+    s = matrix_settings(matrix_world, with_sweep(base, **SWEEP), workload_owner(slack_fleet))
+    url, serving = f"sqlite:///{tmp_path}/audit.db", Serving(sweeps=False, settle_heap=False)
+    async with running_matrix_bot(matrix_world, s, url, serving) as h:
+        svc, clock = h.app.sweep, ManualClock(monday - 2 * INTERVAL)
+        assert svc.keeper is not None and svc.idle is not None and svc.digest is not None
+        assert h.app.chat.usage is not None and svc.ladder is not None
+        svc.clock = svc.keeper.clock = svc.idle.clock = svc.ladder.clock = clock
+        svc.digest.clock = h.app.chat.usage.clock = clock
+        for t in (monday - 2 * INTERVAL, monday - INTERVAL, monday + 300):
+            clock.t = t  # two sweeps of samples, then the one after Monday 09:00 posts it
+            await svc.run()
+        w, alice = h.world, h.world.users["alice"]
+        (digest,) = [e for e in from_bot(h, await alice.events(w.room)) if "Weekly" in _body(e)]
+        assert "Weekly GPU-hours by team" in _body(digest) and "<table>" in _html(digest)
+        day = time.strftime("%Y-%m-%d", time.gmtime(monday))
+        ((_, state, ref),) = outbox_rows(h, f"digest:{day}")
+        assert (state, ref) == ("posted", f"{w.room}/{digest['event_id']}")
+
+        heads = h.app.heads
+        assert isinstance(heads, HeadPublisher) and heads.channel == w.room
+        result = await heads.publish()
+        assert result is not None and result.ok
+        said = [e for e in from_bot(h, await alice.events(w.room)) if "Audit log head" in _body(e)]
+        (head,) = said
+        assert f"gpubot audit verify --expect-head {result.head}" in _body(head)
+        ((_, state, ref),) = outbox_rows(h, "audit-head")
+        assert (state, ref) == ("posted", f"{w.room}/{head['event_id']}")
+
+
+def _html(e: dict[str, Any]) -> str:
+    return str(e["content"].get("formatted_body", ""))

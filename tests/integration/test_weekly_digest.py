@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubot.chat.report_view import ChannelDigest
 from gpubot.config import Settings
 from gpubot.core.alerting import Intent
 from gpubot.core.findings import SweepConfig
@@ -26,8 +27,7 @@ from gpubot.services.digest import DigestService
 from gpubot.services.outbox import SETTLE_S, Outbox
 from gpubot.services.usage import UsageService
 from gpubot.slack.api import SlackApi, make_client
-from gpubot.slack.digest import SlackDigest
-from gpubot.slack.poster import EVENT
+from gpubot.slack.poster import EVENT, SlackPoster
 from gpubot.store import open_store
 from tests.fixtures.settings import ManualClock
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack
@@ -72,14 +72,9 @@ async def test_the_digest_is_posted_once_a_week(fake: FakeSlack, tmp_path: Path)
             at = MONDAY_9 - 86400 + i * 900.0
             gpu = GpuInfo(0, "GPU-0", "H200", 8192, 143771, 50)
             await usage.record([NodeSnapshot("n1", at, (gpu,), (proc,))], at)
-        svc = DigestService(
-            Digest.parse("mon 09:00"),
-            "user",
-            usage,
-            Outbox(store.outbox),
-            SlackDigest(api, "C0GENERAL"),
-            clock=clock,
-        )
+        outbox = Outbox(store.outbox, SlackPoster(api))
+        told = ChannelDigest(outbox, "C0GENERAL")
+        svc = DigestService(Digest.parse("mon 09:00"), "user", usage, outbox, told, clock=clock)
         assert await svc.run_due() is None  # Sunday: last week's was more than a day ago
         clock.t = MONDAY_9 - 60
         assert await svc.run_due() is None and digests(fake) == []
@@ -99,7 +94,7 @@ async def test_the_digest_is_posted_once_a_week(fake: FakeSlack, tmp_path: Path)
         crash = Intent(period, datetime.fromtimestamp(clock.t, UTC), once=True, token="tok-crash")
         assert await store.outbox.begin(crash)
         report = await usage.report_of(Window(int(MONDAY_9), int(MONDAY_9 + WEEK)), "user", clock.t)
-        await SlackDigest(api, "C0GENERAL").post(report, token="tok-crash")
+        await told.post(report, token="tok-crash")
         assert len(digests(fake)) == 2
         # Within a minute of its start the post may still be on its way: left alone.
         assert await svc.run_due() is None and fake.of("conversations.history") == []

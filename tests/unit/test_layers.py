@@ -122,7 +122,7 @@ CONSTRUCTORS = {
     "SlackDirectory": "slack/",
     "make_client": "slack/",
     "SlackAlerts": "slack/",
-    "HeadPublisher": "slack/",
+    "HeadPublisher": "chat/",
     "Metrics": "metrics.py",
     "IntervalScheduler": "scheduler.py",
     "StatusService": "services/",
