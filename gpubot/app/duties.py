@@ -48,8 +48,8 @@ def duties(
         if parts.heads is not None and every is not None:
             out.append(("audit-head", every, parts.heads.publish, first, STOP_S))
     if parts.flows is not None and front is not None:
-        # A front end that does not serve (the console) leaves the others' requests to serve.
-        expire = expiry(parts.flows, front.surface(), own=serving is None)
+        # Each front end's duty handles its own requests only (``services.approval_duty``).
+        expire = expiry(parts.flows, front.surface())
         every = (serving or Serving()).expire_every_s
         out.append(("approval-expiry", every, expire, 0.0, APPROVAL_STOP_WAIT_S))
         out.append(("claims", settings.claims.every_s, parts.flows.claims.tick, 0.0, STOP_S))
@@ -61,13 +61,13 @@ def duties(
     )
 
 
-def expiry(flows: Flows, surface: Surface, *, own: bool) -> Callable[[], Awaitable[None]]:
-    """Return the approval duty's job: expire due approvals (``own``: only ``flows``'s own;
-    their messages updated on ``surface``), re-ping on-call, look again at approved work."""
+def expiry(flows: Flows, surface: Surface) -> Callable[[], Awaitable[None]]:
+    """Return the approval duty's job for ``flows``'s own approvals: expire the due ones (their
+    messages updated on ``surface``), re-ping on-call, look again at approved work."""
 
     async def expire() -> None:
         try:
-            await flows.expire(surface, own=own)
+            await flows.expire(surface)
         except StoreError as exc:  # one line, no traceback; an outage's is said once (store)
             log.warning("approvals not expired: %s", exc, extra=DUTY_TURN)
         except Exception:

@@ -132,7 +132,7 @@ class App:
                 from gpubot.services.startup import report_interrupted
 
                 told = self.front.reporter(self.settings)
-                await report_interrupted(self.store, self.approvals, told)
+                await report_interrupted(self.store, self.approvals, told, self.front.name)
             port = serve_metrics(self.metrics, self.settings, self.serving or Serving())
             if self.serving is not None and self.serving.settle_heap:
                 settle_heap()

@@ -383,14 +383,14 @@ class Flows:
             Mention(a.decided_by or "?"),
         )
 
-    async def expire(self, out: Surface, *, own: bool = False) -> int:
+    async def expire(self, out: Surface) -> int:
         """The approval duty: settle lost posts, re-ping, expire due requests (telling their
-        requesters), then look again at approved actions that did not run to an end. ``own``:
-        expire only this front end's requests, since another's are its to show and tell."""
+        requesters), then look again at approved actions that did not run to an end. Each of
+        this front end's requests only: another's are its own duty's to show and tell."""
         if self.duty is not None:
             await self.duty.settle()
             await self.duty.reping()
-        expired = await self.requests.expire_due(self.source if own else None)
+        expired = await self.requests.expire_due(self.source)
         for a in expired:
             await self._show_final(out, a, None)
             if self.duty is not None and not await self.duty.tell_requester(a):

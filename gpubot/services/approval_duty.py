@@ -6,6 +6,10 @@ outbox row is the mark: once per request across restarts and replicas); (the cal
 the requests whose time is up; and looks again at approved actions that did not run to an end
 (``look_again``; see ``approval_retry``), each told in its thread. What it says is the chat
 layer's (``Words``).
+
+Each front end's duty handles only the approvals that came from it (their ``source``): their
+posts are in its rooms and their people its own, so two front ends serving one database (one
+``gpubot serve`` each) never post into each other's, nor re-ping, expire or retry twice.
 """
 
 from __future__ import annotations
@@ -67,13 +71,14 @@ class ApprovalDuty(Generic[M]):
         settled_s: float = 30.0,
     ) -> None:
         """``front``: the front end whose people ``outbox``'s poster reaches directly (an
-        approval's ``source``); ``settled_s``: see ``ApprovalRetry``."""
+        approval's ``source``): the only approvals this duty handles; ``settled_s``: see
+        ``ApprovalRetry``."""
         self.approvals = approvals
         self.policy = approvals.policy
         self.outbox = outbox
         self.words = words
         self.front = front
-        self.retry = ApprovalRetry(approvals, settled_s=settled_s)
+        self.retry = ApprovalRetry(approvals, settled_s=settled_s, source=front)
 
     async def _message(self, post: PendingPost) -> M | None:
         """Return the message of a pending post as it should be now (None: nothing to say)."""
@@ -101,8 +106,15 @@ class ApprovalDuty(Generic[M]):
         send, find = self.outbox.calls(post.to, msg) if msg is not None else (None, None)
         return send, find or self.outbox.finder(post.to)
 
+    async def _mine(self, post: PendingPost) -> bool:
+        """Whether ``post`` is about an approval of this front end (another's is its own)."""
+        about = parse_subject(post.subject)
+        a = None if about is None else await self.approvals.approvals.get(about[0])
+        return a is not None and a.source == self.front
+
     async def settle(self) -> int:
-        return len(await self.outbox.reconcile(PREFIX, self._rebuild, self.approvals.now()))
+        now = self.approvals.now()
+        return len(await self.outbox.reconcile(PREFIX, self._rebuild, now, mine=self._mine))
 
     async def _post(self, a: Approval, purpose: Purpose, to: str, msg: M, **audit: object) -> bool:
         intent = Intent(subject(a.id, purpose), self.approvals.now(), to=to, once=True, audit=audit)
@@ -114,7 +126,7 @@ class ApprovalDuty(Generic[M]):
         many were pinged now."""
         now = self.approvals.now()
         pinged = 0
-        for a in await self.approvals.approvals.pending():
+        for a in await self.approvals.approvals.pending(self.front):
             if not reping_due(a, now) or a.ref is None:
                 continue
             if await self.outbox.recorded(subject(a.id, Purpose.REPING)):
@@ -158,7 +170,7 @@ class ApprovalDuty(Generic[M]):
             await self.tell_thread(a, Purpose.INTERRUPTED)
             await self.tell_requester(a, Purpose.INTERRUPTED_DM)
             changed.append(a)
-        for a in await self.approvals.approvals.waiting():
+        for a in await self.approvals.approvals.waiting(self.front):
             if await self.outbox.recorded(subject(a.id, Purpose.WAITING)):
                 continue  # told already (``begin`` is the check that counts)
             if await self.tell_thread(a, Purpose.WAITING):

@@ -41,12 +41,13 @@ class ApprovalRetry:
     approvals: ApprovalService
     _: KW_ONLY
     settled_s: float
+    source: str | None = None  # only the approvals of this front end (None: every one)
 
     async def interrupted(self) -> list[Approval]:
         """Mark ``incomplete`` the approvals whose holder stopped and whose lease has lapsed;
         return them, and those the start-up look marked (each is marked once, so each is
         returned once)."""
-        await self.approvals.abandon_approved(self.settled_s)
+        await self.approvals.abandon_approved(self.settled_s, self.source)
         found, self.approvals.abandoned = self.approvals.abandoned, []
         return found
 
@@ -54,7 +55,7 @@ class ApprovalRetry:
         """Retry each waiting approval, or give it up once its time to run is over; return
         those that ended (``executed``, ``failed``) as they are now."""
         await self._record_waits()
-        ended = [await self._one(a) for a in await self.approvals.approvals.waiting()]
+        ended = [await self._one(a) for a in await self.approvals.approvals.waiting(self.source)]
         return [a for a in ended if a is not None]
 
     async def _one(self, a: Approval) -> Approval | None:

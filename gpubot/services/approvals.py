@@ -364,14 +364,16 @@ class ApprovalService:
         due = steps_of(self.clock).expiry_now()
         return await self.approvals.expire_due(datetime.fromtimestamp(due, UTC), source)
 
-    async def abandon_approved(self, settled_s: float = 0.0) -> list[Approval]:
-        """Mark ``incomplete`` the approvals a stopped gpubot left ``approved`` over
-        ``settled_s`` ago; return them. One a live replica runs holds its node's reset lock (a
-        node change: its drain lease) and is left alone, as is one this process runs or could
-        not record as waiting."""
+    async def abandon_approved(
+        self, settled_s: float = 0.0, source: str | None = None
+    ) -> list[Approval]:
+        """Mark ``incomplete`` the approvals (of ``source`` only, if given) a stopped gpubot
+        left ``approved`` over ``settled_s`` ago; return them. One a live replica runs holds its
+        node's reset lock (a node change: its drain lease) and is left alone, as is one this
+        process runs or could not record as waiting."""
         now = self.now()
         marked: list[Approval] = []
-        for a in await self.approvals.approved(now - timedelta(seconds=settled_s)):
+        for a in await self.approvals.approved(now - timedelta(seconds=settled_s), source):
             if a.id in self.running or a.id in self.unrecorded:
                 continue
             why = {

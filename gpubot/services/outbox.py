@@ -55,6 +55,7 @@ Send = Callable[[str, datetime | None], Awaitable[Posted]]
 Find = Callable[[str, datetime], Awaitable[Lookup]]
 # How to post a pending post now (None: nothing to say any more), and how to look for it.
 Rebuild = Callable[[PendingPost], Awaitable[tuple[Send | None, Find]]]
+Mine = Callable[[PendingPost], Awaitable[bool]]  # whether a pending post is this caller's
 # The keys an alert post alerted, and where it is (None: not there, or not known yet).
 Settled = tuple[MessageRef | None, tuple[FindingKey, ...]]
 
@@ -162,14 +163,17 @@ class Outbox(Generic[M]):
         *,
         settle_s: float | None = None,
         gone: str = "nothing to tell any more",
+        mine: Mine | None = None,
     ) -> list[Settled]:
         """Settle every pending post of the subjects under ``subjects`` taken at least
         ``settle_s`` ago (default: the outbox's; after a restart, a timeout): take it, then
-        adopt, post, or give up (``gone``: why, when it has nothing to say any more)."""
+        adopt, post, or give up (``gone``: why, when it has nothing to say any more).
+        ``mine``: which of them are this caller's to settle (default: all), the others left
+        untaken to theirs."""
         stale = now - timedelta(seconds=self.settle_s if settle_s is None else settle_s)
         done: list[Settled] = []
         for p in await self._store.pending(subjects, under=True):
-            if p.token in self.in_flight:
+            if p.token in self.in_flight or (mine is not None and not await mine(p)):
                 continue
             post = await self._store.take(p.token, stale, now)
             if post is None:

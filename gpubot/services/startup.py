@@ -25,15 +25,19 @@ class Incomplete(Protocol):
 
 
 async def report_interrupted(
-    audit: Incomplete | None, approvals: ApprovalService | None, reporter: Reporter
+    audit: Incomplete | None,
+    approvals: ApprovalService | None,
+    reporter: Reporter,
+    source: str | None = None,
 ) -> list[Report]:
     """Tell which actions never recorded an outcome, then mark and tell the approved forced
-    kills that never ended; return what was told."""
+    kills (of ``source``, the front end told, only: another's are its own) that never ended;
+    return what was told."""
     told: list[Report] = []
     left = [] if audit is None else await audit.incomplete_actions()
     if left:
         told.append(await _tell(reporter, actions_report(left)))
-    marked = [] if approvals is None else await approvals.abandon_approved()
+    marked = [] if approvals is None else await approvals.abandon_approved(source=source)
     if marked:
         told.append(await _tell(reporter, approvals_report(marked)))
     return told

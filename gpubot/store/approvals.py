@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, func, select
+from sqlalchemy import ColumnElement, Connection, Row, and_, func, select
 
 from gpubot.core.alerting import MessageRef
 from gpubot.core.approval.model import ApprovalRequest
@@ -135,21 +135,22 @@ class DbApprovals(Part):
         return await self._move(approval_id, (S.APPROVED,), S.INCOMPLETE, now, result)
 
     @reads("cannot read approvals")
-    def waiting(self, conn: Connection) -> list[Approval]:
-        return _in_state(conn, S.WAITING)
+    def waiting(self, conn: Connection, source: str | None = None) -> list[Approval]:
+        return _in_state(conn, S.WAITING, source)
 
     @reads("cannot read approvals")
-    def pending(self, conn: Connection) -> list[Approval]:
-        """Every pending approval, oldest first (they survive restarts)."""
-        return _in_state(conn, S.PENDING)
+    def pending(self, conn: Connection, source: str | None = None) -> list[Approval]:
+        """Every pending approval (of ``source``), oldest first (they survive restarts)."""
+        return _in_state(conn, S.PENDING, source)
 
     @reads("cannot read approvals")
-    def approved(self, conn: Connection, decided_before: datetime) -> list[Approval]:
+    def approved(
+        self, conn: Connection, decided_before: datetime, source: str | None = None
+    ) -> list[Approval]:
         settled = func.coalesce(approvals.c.taken_at, approvals.c.decided_at)  # the later
+        where = and_(approvals.c.state == S.APPROVED.value, settled < iso(decided_before))
         rows = conn.execute(
-            select(approvals)
-            .where(approvals.c.state == S.APPROVED.value, settled < iso(decided_before))
-            .order_by(approvals.c.id)
+            select(approvals).where(_of(where, source)).order_by(approvals.c.id)
         ).all()
         return [_approval(r) for r in rows]
 
@@ -158,8 +159,7 @@ class DbApprovals(Part):
         self, conn: Connection, now: datetime, source: str | None = None
     ) -> list[Approval]:
         due_now = and_(approvals.c.state == S.PENDING.value, approvals.c.expires_at <= iso(now))
-        if source is not None:
-            due_now = and_(due_now, approvals.c.source == source)
+        due_now = _of(due_now, source)
         due = conn.execute(select(approvals.c.id).where(due_now).order_by(approvals.c.id)).all()
         return [_move_in(conn, r.id, (S.PENDING,), S.EXPIRED, now, None) for r in due]
 
@@ -275,8 +275,14 @@ def _move_in(
     return _load(conn, aid)
 
 
-def _in_state(conn: Connection, state: S) -> list[Approval]:
-    q = select(approvals).where(approvals.c.state == state.value).order_by(approvals.c.id)
+def _of(where: ColumnElement[bool], source: str | None) -> ColumnElement[bool]:
+    """``where``, of the approvals that came from ``source`` only (None: from any)."""
+    return where if source is None else and_(where, approvals.c.source == source)
+
+
+def _in_state(conn: Connection, state: S, source: str | None = None) -> list[Approval]:
+    where = _of(approvals.c.state == state.value, source)
+    q = select(approvals).where(where).order_by(approvals.c.id)
     return [_approval(r) for r in conn.execute(q).all()]
 
 

@@ -65,3 +65,26 @@ async def test_a_retry_take_stamps_taken_at_and_settles_from_it(store: Store) ->
     assert again.taken_at == T0 + timedelta(minutes=10)  # kept: only an approved one is looked at
     await store.approvals.resume(a.id, now=T0 + timedelta(minutes=20))
     assert await store.approvals.approved(T0 + timedelta(minutes=15)) == []
+
+
+async def test_each_state_read_of_one_source_leaves_the_others(store: Store) -> None:
+    """The approval duty of one front end reads only its own approvals (its ``source``)."""
+    ids: dict[str, list[int]] = {}
+    for source in ("slack", "matrix"):
+        made = [
+            await store.approvals.create("U1", "alice", "node3", REQUEST, source=source, now=T0)
+            for _ in range(3)
+        ]
+        ids[source] = [a.id for a in made]
+        _, approved, waiting = made  # the first stays pending
+        await store.approvals.decide(approved.id, "U2", True, T0 + timedelta(minutes=1))
+        await store.approvals.decide(waiting.id, "U2", True, T0 + timedelta(minutes=1))
+        await store.approvals.mark_waiting(waiting.id, {"error": "busy"}, now=T0)
+    later = T0 + timedelta(hours=1)
+    for source, (p, a, w) in ids.items():  # pending, approved, waiting
+        assert [x.id for x in await store.approvals.pending(source)] == [p]
+        assert [x.id for x in await store.approvals.approved(later, source)] == [a]
+        assert [x.id for x in await store.approvals.waiting(source)] == [w]
+    # the control: with no source, each read is of every front end's
+    assert len(await store.approvals.pending()) == len(await store.approvals.waiting()) == 2
+    assert len(await store.approvals.approved(later)) == 2

@@ -40,7 +40,7 @@ async def _interrupted(app: App) -> tuple[int, int]:
         gpus=[1],
         plan={"targets": []},
     )
-    a = await app.store.approvals.create("U1", "alice", "node3", REQUEST)
+    a = await app.store.approvals.create("U1", "alice", "node3", REQUEST, source="console")
     await app.store.approvals.decide(a.id, "U2", True, a.created_at, approver_name="bob")
     return action, a.id
 

@@ -41,9 +41,9 @@ async def _outage(bot: Bot, monkeypatch: pytest.MonkeyPatch) -> int:
     turns = {"n": 0, "down": False}
     expire = h.bot.flows.expire
 
-    async def counted(out: Any, *, own: bool = False) -> int:
+    async def counted(out: Any) -> int:
         turns["n"] += 1 if turns["down"] else 0
-        return int(await expire(out, own=own))
+        return int(await expire(out))
 
     monkeypatch.setattr(h.bot.flows, "expire", counted)
     expiry = IntervalScheduler(h.expire, 0.2, first_after_s=0, name="approval-expiry")

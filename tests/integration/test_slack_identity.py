@@ -368,10 +368,16 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
 ) -> None:
     store = harness.store
     asked = replace(request_on("node1"), command="/gpu reset node1 gpu 1")
-    left = await store.approvals.create("U0BOB", "bob", "node1", asked)
-    busy = await store.approvals.create("U0BOB", "bob", "node2", request_on("node2"))
+    left = await store.approvals.create("U0BOB", "bob", "node1", asked, source="slack")
+    busy = await store.approvals.create(
+        "U0BOB", "bob", "node2", request_on("node2"), source="slack"
+    )
+    # another front end's (a Matrix gpubot on this database): its own start-up's to report
+    other = await store.approvals.create(
+        "@b:hs", "bob", "node3", request_on("node3"), source="matrix"
+    )
     now = left.created_at
-    for a in (left, busy):
+    for a in (left, busy, other):
         await store.approvals.decide(a.id, "U0CAROL", True, now, approver_name="carol")
     # node2's approval is being run by a live replica: it holds the node's reset lock
     locks = harness.bot.services.approvals.locks
@@ -382,6 +388,7 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
     assert "1 approved forced kill(s) never recorded an end" in text and "incomplete" in text
     assert f"approval #{left.id} on node1: asked by bob (U0BOB), approved by carol" in text
     assert "/gpu reset node1 gpu 1" in text and f"#{busy.id}" not in text
+    assert f"#{other.id}" not in text
     marked = await store.approvals.get(left.id)
     assert marked.state is ApprovalState.INCOMPLETE and "gpubot stopped" in marked.result["error"]
     assert (await store.approvals.get(busy.id)).state is ApprovalState.APPROVED
@@ -390,3 +397,4 @@ async def test_an_approval_left_approved_is_reported_and_marked_incomplete(
     await harness.start_up()  # once only: nothing new to say about it
     assert len(harness.fake.ok("chat.postMessage")) == 2  # busy's, now that nothing holds it
     assert (await store.approvals.get(busy.id)).state is ApprovalState.INCOMPLETE
+    assert (await store.approvals.get(other.id)).state is ApprovalState.APPROVED

@@ -1,7 +1,7 @@
 """The console runs the root's duties as ``gpubot serve`` does: a request that nobody decides
-expires. It expires only its own: on ``serve``'s database, Slack's requests are Slack's to
-update and tell their requesters of, while ``serve`` expires every one. The memory store; the
-duties run on a virtual clock."""
+expires. Each expires only its own: on ``serve``'s database, Slack's requests are Slack's to
+update and tell their requesters of (two serving front ends: ``tests/integration/
+test_two_fronts.py``). The memory store; the duties run on a virtual clock."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ async def test_the_console_leaves_another_front_ends_due_request_to_it() -> None
     await app.close()
 
 
-async def test_control_a_serving_gpubot_expires_every_front_ends_request() -> None:
+async def test_a_serving_gpubot_expires_its_own_requests_only_too() -> None:
     serving = Serving(sweeps=False, settle_heap=False)
     app = build(SETTINGS, {}, need_store=True, front=ConsoleFront(echo=print), serving=serving)
     assert app.store is not None
@@ -89,7 +89,8 @@ async def test_control_a_serving_gpubot_expires_every_front_ends_request() -> No
     (duty,) = [s for s in app.schedulers if s.name == "approval-expiry"]
     await duty.job()
     after = [await app.store.approvals.get(i) for i in ids]
-    assert [a.state if a else None for a in after] == [ApprovalState.EXPIRED] * 2
+    expected = [ApprovalState.EXPIRED, ApprovalState.PENDING]  # its own (the control), not Slack's
+    assert [a.state if a else None for a in after] == expected
     await app.close()
 
 

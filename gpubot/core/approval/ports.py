@@ -60,9 +60,9 @@ class ApprovalStore(Protocol):
     ) -> Approval:
         """Record that an approved action never recorded its end (gpubot stopped mid-run)."""
 
-    async def approved(self, decided_before: datetime) -> list[Approval]:
-        """Return approvals still ``approved`` (not run to an end) decided, or last taken by a
-        retry (``taken_at``), before a moment."""
+    async def approved(self, decided_before: datetime, source: str | None = None) -> list[Approval]:
+        """Return approvals (of ``source`` only, if given) still ``approved`` (not run to an
+        end) decided, or last taken by a retry (``taken_at``), before a moment."""
 
     async def mark_waiting(
         self, approval_id: int, result: Mapping[str, Any], *, now: datetime | None = None
@@ -72,8 +72,9 @@ class ApprovalStore(Protocol):
     async def resume(self, approval_id: int, *, now: datetime | None = None) -> Approval:
         """Take a ``waiting`` approval back to ``approved`` to run it (once, of all tries)."""
 
-    async def waiting(self) -> list[Approval]:
-        """Return the approvals ``waiting`` to be retried, oldest first."""
+    async def waiting(self, source: str | None = None) -> list[Approval]:
+        """Return the approvals (of ``source`` only, if given) ``waiting`` to be retried,
+        oldest first."""
 
     async def expire_due(self, now: datetime, source: str | None = None) -> list[Approval]:
         """Expire every pending request (of ``source`` only, if given) whose time is up at
@@ -82,5 +83,5 @@ class ApprovalStore(Protocol):
     async def set_message(self, approval_id: int, ref: MessageRef) -> None:
         """Remember the chat message that shows the request (to update it later)."""
 
-    async def pending(self) -> list[Approval]:
-        """Return every pending approval, oldest first."""
+    async def pending(self, source: str | None = None) -> list[Approval]:
+        """Return every pending approval (of ``source`` only, if given), oldest first."""

@@ -1,0 +1,169 @@
+"""Two front ends on one database, as two ``gpubot serve`` (``--chat slack`` and ``--chat
+matrix``) run them: a Slack bot (signed requests, the loopback fake Web API) and a Matrix bot
+on a real Synapse, each on its own composition, one SQLite audit database. Each one's approval
+duty re-pings, expires and tells only the requests made through it; the other's it leaves
+untouched, to that one's duty."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from gpubot.core.alerting import Intent
+from gpubot.core.approval.posts import Purpose, subject
+from gpubot.core.clock import SystemClock
+from gpubot.core.models import ApprovalState
+from gpubot.matrix.render import APPROVAL_KEY
+from gpubot.store.tables import outbox
+from tests.fixtures.matrix import MatrixHarness
+from tests.fixtures.slack import Harness
+from tests.procs import alive
+
+ONCALL = "C0ONCALL"  # the Slack settings' on-call channel
+
+
+class Later(SystemClock):
+    """The system clock with wall time ``seconds`` ahead (deadlines keep real time)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def now(self) -> float:
+        return time.time() + self.seconds
+
+
+def at(seconds: float, *apps: Any) -> None:
+    """Move each app's approvals (and so its duty) ``seconds`` ahead."""
+    for app in apps:
+        app.approvals.clock = Later(seconds)
+
+
+async def duty(app: Any) -> None:
+    """Run ``app``'s approval duty once (its schedule's job, as ``App.running`` runs it)."""
+    await app.scheduler("approval-expiry").job()
+
+
+async def state(store: Any, approval_id: int) -> ApprovalState:
+    a = await store.approvals.get(approval_id)
+    assert a is not None
+    return a.state  # type: ignore[no-any-return]
+
+
+def posts_about(store: Any, approval_id: int) -> list[str]:
+    """The purposes of the outbox's posts about one approval, in the order they were made."""
+    prefix = f"approval:{approval_id}:"
+    with store.engine.begin() as conn:
+        rows = conn.execute(select(outbox.c.subject).order_by(outbox.c.token)).all()
+    return sorted(r.subject[len(prefix) :] for r in rows if r.subject.startswith(prefix))
+
+
+def slack_thread(h: Harness, ts: str) -> list[dict[str, Any]]:
+    return [m for (c, _), m in h.fake.messages.items() if c == ONCALL and m.get("thread_ts") == ts]
+
+
+async def slack_request(h: Harness, node1: Any) -> tuple[Any, int, str]:
+    """Bob asks in Slack for a forced kill on GPU 2; return the workload, the id and the ts."""
+    w = node1.spawn(gpu=2, mib=3000)
+    await h.send.command("reset node1 gpu 2", user="U0BOB")
+    await h.settle()
+    (a,) = await h.store.approvals.pending()
+    assert a.source == "slack" and a.ref is not None and a.ref.startswith(f"{ONCALL}/")
+    return w, a.id, a.ref.split("/", 1)[1]
+
+
+async def matrix_request(m: MatrixHarness, node1: Any) -> tuple[Any, int, str]:
+    """Bob asks on Matrix for a forced kill on GPU 3; return the workload, the id and the
+    request's event id."""
+    w = node1.spawn(gpu=3, mib=3000)
+    await m.world.users["bob"].say(m.world.room, "!gpu reset node1 gpu 3")
+    request = await m.said(lambda e: APPROVAL_KEY in e["content"])
+    approval = await m.store.approvals.get(request["content"][APPROVAL_KEY])
+    assert approval is not None and approval.source == "matrix"
+    return w, approval.id, request["event_id"]
+
+
+def in_thread_of(event_id: str, words: str) -> Any:
+    def test(e: dict[str, Any]) -> bool:
+        relates = e["content"].get("m.relates_to", {})
+        shown = e["content"].get("m.new_content", e["content"])
+        in_thread = relates.get("rel_type") == "m.thread" and relates["event_id"] == event_id
+        return in_thread and words in shown.get("body", "")
+
+    return test
+
+
+def edit_of(event_id: str, words: str) -> Any:
+    def test(e: dict[str, Any]) -> bool:
+        relates = e["content"].get("m.relates_to", {})
+        edit = relates.get("rel_type") == "m.replace" and relates["event_id"] == event_id
+        return edit and words in e["content"]["m.new_content"]["body"]
+
+    return test
+
+
+async def test_each_front_ends_duty_handles_only_its_own_requests(
+    harness: Harness, matrix: MatrixHarness, node1: Any
+) -> None:
+    slack, mx = harness.app, matrix.app
+    assert slack.store.url == matrix.store.url  # one database
+    w2, sid, ts = await slack_request(harness, node1)
+    w3, mid, event = await matrix_request(matrix, node1)
+    slack_calls = len(harness.fake.calls)
+
+    # Half-way to expiry: Matrix's duty re-pings its own request, in its thread, and nothing
+    # of Slack's (its poster would post into Slack's channel id).
+    at(451, slack, mx)
+    await duty(mx)
+    await matrix.said(in_thread_of(event, "is still undecided"))
+    assert posts_about(matrix.store, mid) == ["reping", "request"]
+    assert posts_about(matrix.store, sid) == ["request"]
+    assert len(harness.fake.calls) == slack_calls and slack_thread(harness, ts) == []
+    # The control: the request was due its re-ping, and Slack's duty makes it, in Slack.
+    await duty(slack)
+    (ping,) = slack_thread(harness, ts)
+    assert "is still undecided" in str(ping)
+    assert posts_about(matrix.store, sid) == ["reping", "request"]
+    assert posts_about(matrix.store, mid) == ["reping", "request"]  # no second, from Slack
+    slack_calls = len(harness.fake.calls)
+
+    # Past expiry: Matrix's duty expires its own request and edits it; Slack's stays pending,
+    # its message and requester left to Slack's duty.
+    at(901, slack, mx)
+    await duty(mx)
+    await matrix.said(edit_of(event, "nobody decided"))
+    assert await state(matrix.store, mid) is ApprovalState.EXPIRED
+    assert await state(matrix.store, sid) is ApprovalState.PENDING
+    assert len(harness.fake.calls) == slack_calls
+    # The control: Slack's duty expires it and edits its request in Slack.
+    await duty(slack)
+    assert await state(harness.store, sid) is ApprovalState.EXPIRED
+    edits = [c for c in harness.fake.ok("chat.update") if c.body.get("ts") == ts]
+    assert edits and "nobody decided" in str(edits[-1].body)
+    assert posts_about(harness.store, sid) == ["reping", "request"]  # this fake has no DMs
+    assert posts_about(harness.store, mid) == ["expired", "reping", "request"]  # Matrix's DM
+    assert alive(w2.pid) and alive(w3.pid)
+
+
+async def test_a_lost_post_is_settled_by_its_own_front_ends_duty(
+    harness: Harness, matrix: MatrixHarness, node1: Any
+) -> None:
+    """A Slack re-ping whose answer was lost (its outbox row pending): Matrix's duty leaves the
+    row untaken; Slack's settles it, in Slack."""
+    _, sid, ts = await slack_request(harness, node1)
+    pinged = datetime.fromtimestamp(Later(451).now(), UTC)  # the re-ping's time
+    lost = Intent(subject(sid, Purpose.REPING), pinged, to=f"{ONCALL}/{ts}", once=True)
+    began = await harness.store.outbox.begin(lost)
+    assert began is not None
+    at(600, harness.app, matrix.app)  # past the outbox's settle time (60 s) after it
+    await duty(matrix.app)
+    (left,) = await harness.store.outbox.pending("approval:", under=True)
+    assert left.take == began.take  # not taken: Matrix's poster never tried it
+    assert slack_thread(harness, ts) == []
+    # The control: the post was due its settling, and Slack's duty settles it.
+    await duty(harness.app)
+    assert await harness.store.outbox.pending("approval:", under=True) == []
+    (ping,) = slack_thread(harness, ts)
+    assert "is still undecided" in str(ping)
