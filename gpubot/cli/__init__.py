@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("gpubot.cli.audit", "list, show, review, export and verify the audit log"),
     "doctor": ("gpubot.cli.doctor", "check settings, nodes, Slack and the database; say each fix"),
     "db": ("gpubot.cli.db", "database migrations"),
-    "serve": ("gpubot.cli.serve", "run the Slack bot"),
+    "serve": ("gpubot.cli.serve", "run the Slack bot (or the Matrix bot: --chat matrix)"),
     "console": ("gpubot.cli.console", "type /gpu commands on a terminal"),
     "claim": ("gpubot.cli.claims", "claim GPUs, extend, release, list claims, queue (--json)"),
     "maint": ("gpubot.cli.maint", "plan, end or list maintenance windows, audited"),

@@ -1,4 +1,7 @@
-"""``gpubot serve``: run the Slack bot, over Socket Mode (default) or HTTP (``--http``).
+"""``gpubot serve``: run the Slack bot, over Socket Mode (default) or HTTP (``--http``), or the
+Matrix bot (``--chat matrix``). One front end per process: to serve both, run one ``gpubot
+serve`` for each on one database (each one's approval duty handles its own requests), the
+second with ``--no-sweeps`` (``SERVE_BOTH``).
 
 The only place that reads Slack secrets, from the environment: ``SLACK_BOT_TOKEN`` (always),
 ``SLACK_APP_TOKEN`` (Socket Mode), ``SLACK_SIGNING_SECRET`` (HTTP), ``SLACK_API_URL`` (optional:
@@ -64,12 +67,31 @@ def read_tokens(environ: Mapping[str, str], *, http: bool) -> Tokens:
     return Tokens(bot, app, secret, url if url.endswith("/") else url + "/")
 
 
+CHATS = ("slack", "matrix")
+SERVE_BOTH = (
+    "one front end per process: to serve Slack and Matrix, run `gpubot serve --chat slack` "
+    "and `gpubot serve --chat matrix --no-sweeps` on one database"
+)
+
+
+def chat_arg(text: str) -> str:
+    """An argparse type: one front end's name; more than one is refused, saying how."""
+    if text in CHATS:
+        return text
+    if text == "both" or "," in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: {SERVE_BOTH}")
+    raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(CHATS)}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chat",
-        choices=("slack", "matrix"),
+        type=chat_arg,
         default="slack",
-        help="the chat front end to serve (default slack; matrix: the [matrix] section)",
+        metavar="{slack,matrix}",
+        help="the chat front end to serve (default slack; matrix: the [matrix] section); "
+        "one per process: for both, run one of each on one database, the second with "
+        "--no-sweeps",
     )
     parser.add_argument(
         "--http", action="store_true", help="serve the Events API over HTTP instead of Socket Mode"

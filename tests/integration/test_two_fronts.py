@@ -6,8 +6,14 @@ untouched, to that one's duty."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import pwd
+import socket
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -17,12 +23,22 @@ from gpubot.core.approval.posts import Purpose, subject
 from gpubot.core.clock import SystemClock
 from gpubot.core.models import ApprovalState
 from gpubot.matrix.render import APPROVAL_KEY
+from gpubot.store import open_store
 from gpubot.store.tables import outbox
-from tests.fixtures.matrix import MatrixHarness
-from tests.fixtures.slack import Harness
+from tests.fixtures.matrix import MatrixHarness, MatrixWorld, serving
+from tests.fixtures.serve import env_with, spawn_serve, stop_serve, toml_value
+from tests.fixtures.slack import (
+    BOT_TOKEN,
+    SECRET,
+    FakeSlack,
+    Harness,
+    SlackSender,
+    workload_owner,
+)
 from tests.procs import alive
 
 ONCALL = "C0ONCALL"  # the Slack settings' on-call channel
+EXPIRY_S = 12  # the two processes' requests: re-pinged after 6 s, expired after 12 s
 
 
 class Later(SystemClock):
@@ -167,3 +183,107 @@ async def test_a_lost_post_is_settled_by_its_own_front_ends_duty(
     assert await harness.store.outbox.pending("approval:", under=True) == []
     (ping,) = slack_thread(harness, ts)
     assert "is still undecided" in str(ping)
+
+
+# -- two gpubot serve processes, one settings file, one database ------------------------------
+
+
+def both_config(world: MatrixWorld, fleet: Any, folder: Path) -> Path:
+    """One settings file for both front ends: ``[slack]`` and ``[matrix]``, and each person
+    in ``[users]`` and ``[approvals]`` by the id of the platform they use (bob on both)."""
+    db = f"sqlite:///{folder}/audit.db"
+    store = open_store(db, check_schema=False)
+    store.upgrade()
+    store.close()
+    text = fleet.config_path.read_text()
+    start = text.index('url = "', text.index("[database]"))
+    text = text[:start] + f'url = "{db}"' + text[text.index("\n", start) :]
+    u = {n: c.user_id for n, c in world.users.items()}
+    owner = workload_owner(fleet)
+    tables: dict[str, dict[str, Any]] = {
+        "slack": {"channel": "C0GENERAL", "oncall_channel": ONCALL},
+        "matrix": {"homeserver": world.synapse.url, "user_id": world.bot_id, "rooms": [world.room]},
+        "users": {
+            "U0OWNER": owner,
+            "U0BOB": "bob",
+            "U0CAROL": "carol",
+            u["alice"]: owner,
+            u["bob"]: "bob",
+            u["carol"]: "carol",
+            "min_uid": min(1000, pwd.getpwnam(owner).pw_uid),
+        },
+        "approvals": {"approvers": ["U0CAROL", u["carol"]], "expiry_s": EXPIRY_S},
+    }
+    for table, values in tables.items():
+        text += f"\n[{table}]\n" + "".join(f'"{k}" = {toml_value(v)}\n' for k, v in values.items())
+    path = folder / "gpubot.toml"
+    path.write_text(text)
+    return path
+
+
+@contextlib.asynccontextmanager
+async def slack_serving(config: Path, fake: FakeSlack) -> AsyncIterator[SlackSender]:
+    """``gpubot serve --http`` on ``config`` (no sweeps, the duty every second)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = env_with(
+        SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_SIGNING_SECRET=SECRET, SLACK_API_URL=fake.base_url
+    )
+    args = ("--http", "--port", str(port), "--no-sweeps", "--expire-every", "1")
+    proc = await spawn_serve(config, env, args, asyncio.subprocess.DEVNULL)
+    try:
+        assert proc.stderr is not None
+        while b"serving Slack" not in (line := await asyncio.wait_for(proc.stderr.readline(), 60)):
+            assert line, "gpubot serve --http ended before serving"
+        yield SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake)
+    finally:
+        await stop_serve(proc)
+
+
+async def test_two_serve_processes_on_one_database_each_keep_to_their_own(
+    matrix_world: MatrixWorld, slack_fleet: Any, fake_slack: FakeSlack, node1: Any, tmp_path: Path
+) -> None:
+    """``gpubot serve --chat slack`` and ``--chat matrix`` on one settings file and database:
+    bob asks on each; each request is re-pinged and expires in its own front end only."""
+    world, fake = matrix_world, fake_slack
+    config = both_config(world, slack_fleet, tmp_path)
+    node1.spawn(gpu=2, mib=3000)
+    node1.spawn(gpu=3, mib=3000)
+    async with (
+        slack_serving(config, fake) as slack,
+        serving(config, world.bot_token) as matrix_proc,
+    ):
+        assert (await slack.command("reset node1 gpu 2", user="U0BOB")).status == 200
+        await world.users["bob"].say(world.room, "!gpu reset node1 gpu 3")
+        alice = world.users["alice"]
+        request = await alice.wait_for(
+            world.room, world.bot_id, lambda e: APPROVAL_KEY in e["content"]
+        )
+        await alice.wait_for(world.room, world.bot_id, edit_of(request["event_id"], "nobody"))
+
+        def slack_expired() -> bool:
+            return any("nobody decided" in str(c.body) for c in fake.ok("chat.update"))
+
+        await fake.wait_for(slack_expired, 60)
+        assert matrix_proc.returncode is None
+    store = open_store(f"sqlite:///{tmp_path}/audit.db")
+    try:
+        made = [await store.approvals.get(i) for i in (1, 2)]  # the only two, as made
+        with store.engine.begin() as conn:
+            rows = conn.execute(
+                select(outbox.c.subject, outbox.c.destination, outbox.c.state)
+            ).all()
+    finally:
+        store.close()
+    by = {a.source: a for a in made if a is not None and a.state is ApprovalState.EXPIRED}
+    slack_req, matrix_req = by["slack"], by["matrix"]
+    assert slack_req.ref is not None and matrix_req.ref is not None
+    pings = {r.subject: r.destination for r in rows if r.subject.endswith(":reping")}
+    assert {r.state for r in rows if r.subject.endswith(":reping")} == {"posted"}
+    assert pings == {  # each re-pinged once, in its own front end's thread
+        f"approval:{slack_req.id}:reping": slack_req.ref,
+        f"approval:{matrix_req.id}:reping": matrix_req.ref,
+    }
+    assert slack_req.ref.startswith(f"{ONCALL}/") and matrix_req.ref.startswith(world.room)
+    assert not [c for c in fake.calls if str(c.body.get("channel", "")).startswith("!")]
