@@ -20,6 +20,8 @@ from typing import Protocol
 
 from gpubot.chat.message import NL, Code, Date, DateStyle, Message, Part, Section, bold, ctx, note
 from gpubot.core.alerting import Posted
+from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.ports import Clock
 from gpubot.errors import DUTY_TURN, GpubotError
 from gpubot.services.outbox import Outbox
 
@@ -91,8 +93,11 @@ class Verifier(Protocol):
 class HeadPublisher:
     """Walks the chain and posts its head to one channel or room (what the schedule runs)."""
 
-    def __init__(self, store: Verifier, outbox: Outbox[Message], channel: str) -> None:
+    def __init__(
+        self, store: Verifier, outbox: Outbox[Message], channel: str, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.store = store
+        self.clock = clock
         self.outbox = outbox
         self.channel = channel
         self.last: tuple[int, str] | None = None  # the head this publisher posted last
@@ -111,7 +116,7 @@ class HeadPublisher:
                 log.info("audit head %s posted to %s", result.head, self.channel)
             elif not result.ok:
                 log.error("%s", result.line())
-            now = datetime.now(UTC)
+            now = datetime.fromtimestamp(self.clock.now(), UTC)
 
             async def send(token: str, repeat_of: datetime | None) -> Posted:
                 msg = render_head(result, now, repeat_of)  # its own line says it may repeat
