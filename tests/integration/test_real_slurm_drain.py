@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -349,3 +349,36 @@ async def test_a_node_without_slurm_is_refused_in_one_line(
     )
     assert slurm_says(cluster) == ("idle", "none")
     assert await app.flows.svc.audit.actions(node="node1", limit=5) == []
+
+
+async def test_slurm_refusing_the_update_itself_is_one_line_and_audited(
+    fleet_factory: Callable[..., SimFleet],
+    cluster: SlurmCluster,
+    sim_users: tuple[str, ...],
+    app_for: Any,
+) -> None:
+    """gpubot's SSH account is alice, no Slurm operator (this cluster has no accounting: only
+    root and SlurmUser may update a node): she may read the node, so the drain gets as far as
+    ``scontrol update``, which slurmctld refuses. The answer is one line with Slurm's words,
+    the audit record's outcome is an error, and the node stays idle (``sinfo``)."""
+    alice = fleet_factory(
+        nodes=1,
+        gpus=4,
+        view_user=sim_users[0],
+        runtimes=["slurm"],
+        session_path=[str(cluster.bin_dir)],
+    )
+    app = app_for(slurm_settings(alice, cluster.node_name, "slurm"))
+    text = await answer(app.flows, "drain node1 because xid 79", person(app, "U0CAROL"))
+    assert text.strip() == (
+        f"⚠ Slurm refused to drain {cluster.node_name}: slurm_update error: Invalid user id"
+    ), text
+    assert slurm_says(cluster) == ("idle", "none")
+    (action,) = await app.flows.svc.audit.actions(node="node1", limit=5)
+    assert (action.kind, action.actor, action.status) == ("drain", "U0CAROL", "error")
+    assert app.store is not None
+    detail = await app.store.action(action.id)
+    assert detail is not None and detail.result["ok"] is False
+    assert detail.result["error"] == text.strip().removeprefix("⚠ ")
+    (sent,) = detail.result["sent"]
+    assert sent.startswith(f"scontrol update NodeName={cluster.node_name} State=DRAIN"), sent
