@@ -36,7 +36,7 @@ from gpubot.chat.message import (
 from gpubot.chat.reset_view import reset_button
 from gpubot.core import durations
 from gpubot.core.alerting import SNOOZE_S, AlertGroup, AlertItem, SweepResult
-from gpubot.core.health.codes import DRAIN_REBOOT, RESET_WHEN_IDLE
+from gpubot.core.health.codes import RESET_WHEN_IDLE
 from gpubot.core.health.kinds import BY_NAME, title_of
 from gpubot.core.policy import Person
 from gpubot.core.reset.interrupted import Unfinished
@@ -112,7 +112,7 @@ def _actions(item: AlertItem, group: AlertGroup) -> Actions | None:
     kind = BY_NAME.get(item.key.kind)
     if item.key.gpu is not None and ((kind is not None and kind.reset) or offered):
         elements.append(reset_button(item.key.node, item.key.gpu))
-    if f is not None and f.next_step == DRAIN_REBOOT and f.node in group.slurm_nodes:
+    if f is not None and (f.drain or f.kind.drain) and f.node in group.slurm_nodes:
         elements.append(drain_button(f.node, f.summary))
     elements += snooze_buttons(item.key.text())
     return Actions(tuple(elements))

@@ -39,7 +39,9 @@ class FindingKind(str):
     touch. ``event``: read once (a kernel log line), so it is real when first seen. ``node``: the
     node gave no usable answer; it clears once the node answers or fails in another way.
     ``ladder``: its holder climbs the reclaim ladder (told, reminded, named, then offered to
-    on-call) instead of the plain alert.
+    on-call) instead of the plain alert. ``drain``: on a node a scheduler owns, its alert offers
+    to drain the node (the Drain button); a kind whose findings differ (an Xid's code) says so
+    on each finding instead (``Finding.drain``).
     """
 
     heading: str  # the kind in words (``str.title`` is taken)
@@ -48,6 +50,7 @@ class FindingKind(str):
     event: bool
     node: bool
     ladder: bool
+    drain: bool
 
     def __new__(
         cls,
@@ -59,6 +62,7 @@ class FindingKind(str):
         event: bool = False,
         node: bool = False,
         ladder: bool = False,
+        drain: bool = False,
     ) -> FindingKind:
         kind = super().__new__(cls, name)
         kind.__dict__.update(
@@ -68,6 +72,7 @@ class FindingKind(str):
             event=event,
             node=node,
             ladder=ladder,
+            drain=drain,
         )
         return kind
 
@@ -151,6 +156,8 @@ class Finding:
     idle_s: float | None = None  # an idle holder: how long it has held its GPU idle so far
     idle_since: float | None = None  # an idle holder: since when (never before it held the GPU)
     next_step: str | None = None  # an Xid's: ``core.health.codes`` (reset when idle, ...)
+    # a scheduler's node may be drained for it, whatever its kind says (an Xid's code decides)
+    drain: bool = False
     # Who named the node to the sweep, where it was not swept in full over SSH: "named by
     # prometheus (GPU 3: ...), confirmed over ssh". The finding itself is always the probe's.
     source: str | None = None

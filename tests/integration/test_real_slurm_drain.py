@@ -279,7 +279,7 @@ async def test_the_drain_button_of_a_finding_drains_through_slack_and_the_approv
         "Xid 79 GPU has fallen off the bus: the GPU is unreachable, 4 in the window; "
         "fault: hardware; next step: drain and reboot (past the threshold of 3)"
     )
-    f = Finding("node1", 5, GPU_XID, "", summary, next_step=DRAIN_REBOOT)
+    f = Finding("node1", 5, GPU_XID, "", summary, next_step=DRAIN_REBOOT, drain=True)
     settings = slurm_settings(fleet, cluster.node_name, "slurm")
     db = f"sqlite:///{tmp_path}/audit.db"
     async with running_bot(settings, fake_slack, db) as h:

@@ -16,6 +16,12 @@ processes would die), ``RESTART_BM`` is "drain and reboot", ``CONTACT_SUPPORT`` 
 open a ticket". A repeat threshold turns a code that is one job's trouble when seen once into a
 finding for on-call when it comes back ``burst`` times in the window on the same GPU (the
 catalog's "Repeat ... to same GPU (via PCI-ID): possible HW issue", its WORKFLOW_XID_13/31).
+
+On a node a scheduler owns, a code whose next step is "drain and reboot" offers to drain the node
+(its alert's Drain button), and so do the codes that say the GPU should get no new job while it
+waits for its fix (``drain_at``): a row that could not be remapped (Xid 64, once), and memory
+errors that repeat on the same GPU in the window (Xid 48, 94, 95, ``DRAIN_REPEAT`` times). Their
+next step stays as it is: on a node with no scheduler nothing else changes.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ class XidClass:
     source: str
     burst: int = 0  # this many in the window on one GPU: ``burst_step`` (0: no threshold)
     burst_step: str = RESET_WHEN_IDLE
+    # this many in the window on one GPU: a scheduler's node may be drained for it (0: only
+    # when its step is DRAIN_REBOOT)
+    drain_at: int = 0
 
     @property
     def serious(self) -> bool:
@@ -65,15 +74,20 @@ class XidClass:
         return self.fault not in ("application", "unknown") and self.step != QUIET
 
 
+DRAIN_REPEAT = 3  # memory errors on one GPU in the window that make its node's drain worth it
+
+
 def _app(code: int, name: str, meaning: str) -> XidClass:
     return XidClass(code, name, meaning, "application", TELL_OWNER, f"{CATALOG} (Xid {code})", 5)
 
 
-def _reset(code: int, name: str, meaning: str, fault: str, burst: int = 0) -> XidClass:
+def _reset(
+    code: int, name: str, meaning: str, fault: str, burst: int = 0, drain_at: int = 0
+) -> XidClass:
     """A code whose catalog bucket is RESET_GPU; past ``burst`` (if any): drain and reboot."""
     source = f"{CATALOG} (Xid {code}: RESET_GPU)"
     then = DRAIN_REBOOT if burst else RESET_WHEN_IDLE
-    return XidClass(code, name, meaning, fault, RESET_WHEN_IDLE, source, burst, then)
+    return XidClass(code, name, meaning, fault, RESET_WHEN_IDLE, source, burst, then, drain_at)
 
 
 XIDS: dict[int, XidClass] = {
@@ -92,6 +106,7 @@ XIDS: dict[int, XidClass] = {
             "memory",
             RESET_WHEN_IDLE,
             f"{CATALOG} (Xid 48: RESET_GPU); {XID_DOC}",
+            drain_at=DRAIN_REPEAT,
         ),
         _reset(61, "PMU_BREAKPOINT", "internal micro-controller breakpoint", "driver"),
         _reset(62, "PMU_HALT_ERROR", "internal micro-controller halt", "driver"),
@@ -110,6 +125,7 @@ XIDS: dict[int, XidClass] = {
             "memory",
             TICKET,
             f"{CATALOG} (Xid 64: CONTACT_SUPPORT); {REMAP_DOC}",
+            drain_at=1,
         ),
         XidClass(
             74,
@@ -146,12 +162,14 @@ XIDS: dict[int, XidClass] = {
             "memory",
             RESET_WHEN_IDLE,
             f"{CATALOG} (Xid 94: RESTART_APP, then RESET_GPU)",
+            drain_at=DRAIN_REPEAT,
         ),
         _reset(
             95,
             "ROBUST_CHANNEL_UNCONTAINED_ERROR",
             "uncontained ECC error: every job on the GPU is affected",
             "memory",
+            drain_at=DRAIN_REPEAT,
         ),
         _reset(
             119,

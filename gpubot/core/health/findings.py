@@ -38,13 +38,16 @@ from gpubot.core.models import GpuInfo, NodeSnapshot
 MEMORY_REPAIR_PENDING = FindingKind(
     "memory-repair-pending", "GPU memory repair pending", reset=True, gpu_reset=True
 )
-REMAP_FAILED = FindingKind("remap-failed", "GPU row remapping failed")
-ECC_UNCORRECTED = FindingKind("ecc-uncorrected", "uncorrectable ECC errors growing")
+# On a node a scheduler owns, a GPU whose memory cannot be repaired or whose uncorrectable errors
+# grow offers to drain the node (their own advice: drain it), and so does one whose fabric is not
+# ready (CUDA jobs across GPUs fail on it until a reset brings it back).
+REMAP_FAILED = FindingKind("remap-failed", "GPU row remapping failed", drain=True)
+ECC_UNCORRECTED = FindingKind("ecc-uncorrected", "uncorrectable ECC errors growing", drain=True)
 ECC_SINCE_LOAD = FindingKind(
     "ecc-since-load", "uncorrectable ECC errors since the driver loaded", reset=True, gpu_reset=True
 )
 FABRIC_NOT_READY = FindingKind(
-    "fabric-not-ready", "GPU fabric not ready", reset=True, gpu_reset=True
+    "fabric-not-ready", "GPU fabric not ready", reset=True, gpu_reset=True, drain=True
 )
 NVLINK_DOWN = FindingKind("nvlink-down", "NVLink link down", reset=True, gpu_reset=True)
 GPU_THROTTLED = FindingKind("gpu-throttled", "GPU throttled")

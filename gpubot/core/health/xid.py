@@ -4,7 +4,9 @@ An event maps to its GPU through the snapshot's bus ids; an Xid on no known GPU 
 finding, and an SXid is always the node's (it names an NVSwitch). Each (GPU, code) is one finding
 while an event of it lies in the window: it alerts once, and resolves once the window has passed
 with none. A code seen ``XidClass.burst`` times in the window on one GPU is a second finding, for
-on-call, with the class's burst step.
+on-call, with the class's burst step. A finding whose step is to drain and reboot, or whose code
+came ``XidClass.drain_at`` times in the window on one GPU, says a scheduler may drain its node
+(``Finding.drain``: the Drain button on a Slurm node); its next step stays the code's.
 
 Evidence that accuses a person is that person's own: an application code's lines are counted
 per faulting process, never per line. Any user can open a context on another's GPU and fault
@@ -25,7 +27,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpubot.core.findings import Finding, FindingKind
-from gpubot.core.health.codes import QUIET, TELL_OWNER, XidClass, sxid_class, xid_class_named
+from gpubot.core.health.codes import (
+    DRAIN_REBOOT,
+    QUIET,
+    TELL_OWNER,
+    XidClass,
+    sxid_class,
+    xid_class_named,
+)
 from gpubot.core.health.kernlog import XidEvent, gpu_bus
 from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.names import is_linux_user
@@ -153,6 +162,15 @@ def is_burst(cls: XidClass, group: Group) -> bool:
     return cls.fault != "application" or len(owners) >= BURST_OWNERS
 
 
+def drains(cls: XidClass, group: Group, step: str) -> bool:
+    """Whether a scheduler's node may be drained for a finding of ``group`` whose next step is
+    ``step``: that step is to drain and reboot, or the code came ``cls.drain_at`` times in the
+    window on this GPU (lines, counted as a burst of a code that is not the job's own is)."""
+    if step == DRAIN_REBOOT:
+        return True
+    return cls.drain_at > 0 and group.lines >= cls.drain_at
+
+
 def xid_findings(
     seen: Sequence[Seen], snaps: Mapping[str, NodeSnapshot], *, now: float, window_s: float
 ) -> list[Finding]:
@@ -220,6 +238,7 @@ def _finding(group: Group, cls: XidClass, step: str, *, burst: bool) -> Finding:
         summary,
         owner=owner if step == TELL_OWNER else None,
         next_step=step,
+        drain=drains(cls, group, step),
     )
 
 
