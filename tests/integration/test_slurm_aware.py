@@ -19,6 +19,7 @@ import pytest
 
 from benchmarks.fake_slack import FakeSlack
 from gpubot.app import build
+from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_RESET_GPU
 from gpubot.config import Settings, load
 from gpubot.core.claims import commands as cc
 from gpubot.core.findings import Finding
@@ -30,9 +31,16 @@ from gpusim.fleet import SimFleet, SimNode
 from tests.fixtures.fleet import gpubot_cli
 from tests.fixtures.real_runs import real_fleet
 from tests.fixtures.settings import with_tables
-from tests.fixtures.slack import QUICK_TIMEOUT_S, slack_front
+from tests.fixtures.slack import (
+    QUICK_TIMEOUT_S,
+    running_bot,
+    slack_front,
+    slack_tables,
+    workload_owner,
+)
+from tests.fixtures.slack_flows import blocks_of, request_in_oncall
 from tests.fixtures.slurm import SlurmCluster
-from tests.procs import wait_until
+from tests.procs import alive, wait_until
 
 WINDOW_S = 3.0
 ALERTS = {"alerts": {"channel": "C0ALERTS"}}
@@ -85,9 +93,9 @@ def allocated(cluster: SlurmCluster, job: str) -> list[int]:
     """Return the GRES indices Slurm gave ``job`` once it runs (its ``gres_detail``)."""
     wait_until(lambda: bool(cluster.job_json(job)["gres_detail"]), 30, f"job {job} running")
     (detail,) = cluster.job_json(job)["gres_detail"]
-    m = re.fullmatch(r"gpu(?::\d+)?\(IDX:(\d+)-(\d+)\)", detail)
+    m = re.fullmatch(r"gpu(?::\d+)?\(IDX:(\d+)(?:-(\d+))?\)", detail)
     assert m is not None, detail
-    return list(range(int(m[1]), int(m[2]) + 1))
+    return list(range(int(m[1]), int(m[2] or m[1]) + 1))
 
 
 def test_allocation_beside_use_a_finding_once_and_a_claim_refused(
@@ -190,3 +198,61 @@ def test_a_report_without_slurm_accounting_says_so_in_one_note(config: Path) -> 
     assert text.returncode == 0 and note in text.stdout.splitlines()
     header = text.stdout.splitlines()[1]
     assert header.startswith("user ") and "allocated" not in header
+
+
+def buttons_by_finding(fake: FakeSlack) -> dict[str, list[tuple[str, str]]]:
+    """Return the buttons of each finding in the alerts posted, by the finding's first line."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for post in fake.ok("chat.postMessage"):
+        about = ""
+        for block in blocks_of(post):
+            if block["type"] == "section":
+                about = block["text"]["text"].splitlines()[0]
+            elif block["type"] == "actions":
+                out[about] = [(e["action_id"], e.get("value", "")) for e in block["elements"]]
+    return out
+
+
+async def test_the_outside_process_gets_the_usual_forced_kill(
+    config: Path,
+    fleet: SimFleet,
+    node: SimNode,
+    slurm_cluster: SlurmCluster,
+    sim_users: tuple[str, ...],
+    fake_slack: FakeSlack,
+    tmp_path: Path,
+) -> None:
+    """The "used outside Slurm" alert offers *Reset GPU* for bob's process; U0DAVE (no
+    approver) presses it, U0CAROL approves: bob's process is stopped, alice's job runs on."""
+    alice, bob = sim_users
+    script = f'exec 3<>{node.dev_prefix}"$SLURM_JOB_GPUS"; exec sleep 1000000'
+    job = slurm_cluster.sbatch(alice, script, "train", gres="gpu:1")
+    (used,) = allocated(slurm_cluster, job)
+    held = slurm_cluster.holder(job, node.device(used))
+    node.adopt(held, used, 3000)
+    outside = next(g for g in range(4) if g != used)
+    w = node.spawn(gpu=outside, mib=1000, user=bob)
+    s = with_tables(load(config), {**slack_tables(workload_owner(fleet)), **ALERTS})
+    settings = dataclasses.replace(s, reset=dataclasses.replace(s.reset, grace_s=1.0))
+    async with running_bot(settings, fake_slack, f"sqlite:///{tmp_path}/audit.db") as h:
+        for _ in range(2):  # seen twice, then alerted
+            found = (await h.app.sweep.run(alerting=True)).findings
+        assert [(f.gpu, f.owner) for f in found if f.kind == "slurm-outside"] == [(outside, bob)]
+        offered = buttons_by_finding(fake_slack)[f"⚠ *GPU {outside}: GPU used outside Slurm*"]
+        assert (ACTION_RESET_GPU, f"node1:{outside}") in offered, offered
+        await h.send.click(ACTION_RESET_GPU, f"node1:{outside}", user="U0DAVE", channel="C0ALERTS")
+        await h.settle()
+        approval_id, ts = request_in_oncall(fake_slack)
+        assert alive(w.pid)  # a request: nothing is stopped before on-call decides
+        await h.send.click(ACTION_APPROVE, str(approval_id), user="U0CAROL", message_ts=ts)
+        await h.settle()
+        wait_until(lambda: not alive(w.pid), 30, "bob's process stopped")
+        assert h.store is not None
+        (action,) = await h.store.actions()
+        assert (action.kind, action.node, action.gpus, action.status) == (
+            "reset",
+            "node1",
+            (outside,),
+            "freed",
+        )
+    assert alive(held) and slurm_cluster.state(job) == "RUNNING"
