@@ -139,6 +139,7 @@ async def test_an_approver_drains_and_resumes_a_real_slurm_node(
         refused
     )
     assert slurm_says(cluster) == ("idle", "none")  # the control: nothing reached Slurm
+    assert await drained_findings(app) == []  # the control of the finding below: in service
 
     text = await answer(flows, "/gpu drain node1 because xid 79", carol)
     audit_id = int(re.search(r"audit #(\d+)", text).group(1))  # type: ignore[union-attr]
@@ -148,6 +149,12 @@ async def test_an_approver_drains_and_resumes_a_real_slurm_node(
     # sinfo -R lists it with the user that set it (gpubot's SSH user: root here)
     listed = cluster.cli("-R", "-h", "-o", "%E|%N", program=need("sinfo", "slurm-wlm")).stdout
     assert f"{reason}|{cluster.node_name}" in listed.splitlines()
+    # a sweep now finds the node Slurm holds drained: gpubot's reason, its record, its age
+    (drained,) = await drained_findings(app)
+    assert (drained.node, drained.gpu) == ("node1", None)
+    age = r"\d+ [a-z]+( \d+ [a-z]+)?"  # "0 s", "1 min 5 s"
+    said = rf"Slurm holds the node idle\+drain for {age} by root: {re.escape(reason)}"
+    assert re.fullmatch(said, drained.summary), drained.summary
 
     again = await answer(flows, "/gpu drain node1 because something else", carol)
     assert "node1" in again and "is drained already" in again and reason in again, again
@@ -193,6 +200,12 @@ async def test_an_approver_drains_and_resumes_a_real_slurm_node(
     assert len(lines) == 2 and lines[0] == drain_line  # unchanged ones write nothing
     assert lines[1].startswith(f'resume node1: Slurm node "{cluster.node_name}" by ')
     assert detail.result["node_log"] == {"line": drain_line, "ok": True, "exit_status": 0}
+
+
+async def drained_findings(app: App) -> list[Finding]:
+    """Return the ``slurm-node-drained`` findings of a sweep now (read-only, no alerts)."""
+    result = await app.sweep.run(alerting=False)
+    return [f for f in result.findings if f.kind == "slurm-node-drained"]
 
 
 def request_id(text: str) -> int:
