@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from gpubot.app import build
 from gpubot.chat.reset_view import ACTION_APPROVE, ACTION_RESET_GPU
 from gpubot.config import Settings, load
 from gpubot.core.claims import commands as cc
+from gpubot.core.claims.rules import Granted
 from gpubot.core.findings import Finding
 from gpubot.core.policy import Person
 from gpubot.core.slurm import SlurmSettings
@@ -99,11 +101,15 @@ def allocated(cluster: SlurmCluster, job: str) -> list[int]:
 
 
 def test_allocation_beside_use_a_finding_once_and_a_claim_refused(
-    config: Path, node: SimNode, slurm_cluster: SlurmCluster, sim_users: tuple[str, ...]
+    config: Path,
+    fleet: SimFleet,
+    node: SimNode,
+    slurm_cluster: SlurmCluster,
+    sim_users: tuple[str, ...],
 ) -> None:
     alice, bob = sim_users
     script = f'g=${{SLURM_JOB_GPUS%%,*}}; exec 3<>{node.dev_prefix}"$g"; exec sleep 1000000'
-    job = slurm_cluster.sbatch(alice, script, "train", gres="gpu:2")
+    job = slurm_cluster.sbatch(alice, script, "train", gres="gpu:2", time_limit="30")
     idx = allocated(slurm_cluster, job)
     assert len(idx) == 2
     used, unused = idx  # the sim's GPU i has device minor i; gres.conf's File= i is minor i
@@ -123,6 +129,8 @@ def test_allocation_beside_use_a_finding_once_and_a_claim_refused(
     assert "allocated-unused" in gpus[unused]["flags"] and gpus[used]["flags"] == []
     text = gpubot_cli(config, "status", "node1").stdout
     assert f"Slurm job {job} ({alice}, train): GPU {used}, {unused}" in text
+    time_left_shown(slurm_cluster, job, [gpus[used], gpus[unused]], text)
+    no_scheduler_no_slurm(fleet.config_path)
 
     fake = FakeSlack()
     found = asyncio.run(sweeps(with_tables(load(config), ALERTS), fake, 4))
@@ -134,13 +142,38 @@ def test_allocation_beside_use_a_finding_once_and_a_claim_refused(
             ("slurm-allocated-unused", unused, alice)
         ]
     # Seen twice, then alerted once: the later sweeps see it again and post nothing new.
-    posts = [json.dumps(c.body) for c in fake.of("chat.postMessage")]
-    about = [p for p in posts if "GPU allocated by Slurm, unused" in p]
-    assert len(about) == 1, posts
-    assert f"Slurm job {job} (train) of {alice} was allocated GPU {unused}" in about[0]
+    calls = fake.of("chat.postMessage")
+    about = [c.body for c in calls if "GPU allocated by Slurm, unused" in json.dumps(c.body)]
+    assert len(about) == 1, [c.body for c in calls]
+    assert f"Slurm job {job} (train) of {alice} was allocated GPU {unused}" in json.dumps(about[0])
+    assert about[0]["channel"] == ALERTS["alerts"]["channel"]  # on-call's list: the alerts
 
     msg = asyncio.run(claim_of(load(config), bob, unused))
-    assert f"node1 GPU {unused} is allocated by Slurm to job {job} ({alice}" in msg
+    assert f"node1 GPU {unused} is allocated by Slurm to job {job} ({alice}, " in msg
+    free = next(g for g in range(4) if g not in (*idx, outside))  # no job's, no process
+    assert asyncio.run(claim_granted(load(config), bob, free)) == [("node1", free, bob)]
+
+
+def time_left_shown(
+    cluster: SlurmCluster, job: str, entries: list[dict[str, Any]], text: str
+) -> None:
+    """The job's 30-minute limit: ``--json``'s ``end`` is its start + 1800 s (Slurm's own
+    ``end_time``), and the text says the minutes left."""
+    start = cluster.job_json(job)["start_time"]
+    for e in entries:
+        end = e["slurm"]["end"]
+        assert end is not None and abs(end - (start + 1800)) <= 60, (e, start)
+    m = re.search(rf"Slurm job {job} \(.*, (\d+) min left$", text, re.M)
+    assert m is not None and 20 <= int(m[1]) <= 30, text
+
+
+def no_scheduler_no_slurm(plain: Path) -> None:
+    """The control: the same node and job, its settings naming no scheduler: ``"slurm": null``
+    on every GPU."""
+    out = gpubot_cli(plain, "status", "node1", "--json")
+    assert out.returncode == 0, out.stderr
+    (doc,) = json.loads(out.stdout)["nodes"]
+    assert [g["slurm"] for g in doc["gpus"]] == [None] * 4
 
 
 async def sweeps(settings: Settings, fake: FakeSlack, n: int) -> list[list[Finding]]:
@@ -170,6 +203,21 @@ async def claim_of(settings: Settings, user: str, gpu: int) -> str:
                 Person("U0BOB", user, user), cc.ClaimGpus("node1", (gpu,), 0, 3600.0), "cli"
             )
         return str(err.value)
+    finally:
+        await app.close()
+
+
+async def claim_granted(settings: Settings, user: str, gpu: int) -> list[tuple[str, int, str]]:
+    """Claim ``gpu`` of node1 as ``user``; return what was granted, released again."""
+    app = build(settings, {}, need_store=True)
+    try:
+        assert app.store is not None
+        svc = ClaimService(settings, app.store.claims, app.status)
+        who = Person("U0BOB", user, user)
+        got = await svc.claim(who, cc.ClaimGpus("node1", (gpu,), 0, 3600.0), "cli")
+        assert isinstance(got, Granted), got
+        await svc.release(who, cc.Release("node1", (gpu,)), "cli")
+        return [(c.node, c.gpu, c.user) for c in got.claims]
     finally:
         await app.close()
 
