@@ -178,3 +178,49 @@ def test_attribution_mistakes_are_named(text: str, message: str) -> None:
         parse(tomllib.loads(text), "/etc/gpubot.toml")
     line = str(err.value)
     assert line.startswith("/etc/gpubot.toml: ") and message in line and "\n" not in line
+
+
+def test_a_group_s_scheduler_is_its_nodes() -> None:
+    s = parse(
+        tomllib.loads(
+            '[groups.slurm-h200]\nscheduler = "slurm"\n'
+            '[[nodes]]\nname = "a"\nhost = "h"\ngroups = ["slurm-h200"]\n'
+            '[[nodes]]\nname = "b"\nhost = "h"\ngroups = ["slurm-h200"]\nslurm_node = "gpu-b"\n'
+            '[[nodes]]\nname = "c"\nhost = "h"\n'
+        )
+    )
+    got = [(n.name, n.scheduler, n.slurm_name) for n in s.nodes]
+    assert got == [("a", "slurm", "a"), ("b", "slurm", "gpu-b"), ("c", None, "c")]
+
+
+SLURM_GROUP = '[groups.g]\nscheduler = "slurm"\n' + NODE.format(name="a") + 'groups = ["g"]\n'
+
+
+def test_a_node_naming_another_scheduler_than_its_group_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Slurm is the one scheduler known, so a second is played (``pbs``) for the clash to be
+    reachable; the same node naming its group's scheduler is the control."""
+    monkeypatch.setattr("gpubot.config.nodes.SCHEDULERS", ("slurm", "pbs"))
+    (same,) = parse(tomllib.loads(SLURM_GROUP + 'scheduler = "slurm"\n')).nodes
+    assert same.scheduler == "slurm"
+    with pytest.raises(ConfigError) as err:
+        parse(tomllib.loads(SLURM_GROUP + 'scheduler = "pbs"\n'), "/etc/gpubot.toml")
+    assert str(err.value) == (
+        "/etc/gpubot.toml: nodes[0].scheduler: 'pbs', but its group 'g' says 'slurm'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (NODE.format(name="a") + "scheduler = 'pbs'\n", "unknown scheduler 'pbs' (one of slurm)"),
+        (SLURM_GROUP.replace('"slurm"', '"lsf"', 1), "groups.g.scheduler: unknown scheduler"),
+        (SLURM_GROUP + "slurm_node = 'a b'\n", "nodes[0].slurm_node: 'a b' is not a node name"),
+    ],
+)
+def test_scheduler_mistakes_are_one_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(tomllib.loads(text), "/etc/gpubot.toml")
+    line = str(err.value)
+    assert line.startswith("/etc/gpubot.toml: ") and message in line and "\n" not in line
