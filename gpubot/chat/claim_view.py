@@ -34,7 +34,7 @@ ACTION_TAKE = "gpubot_claim_take"  # value: the place in the queue
 ACTION_LEAVE = "gpubot_queue_leave"  # value: the place in the queue
 ACTION_JOIN = "gpubot_queue_join"  # value: the ``wait`` command that queues
 ACTION_KEEP = "gpubot_claim_keep"  # value: the claim id
-ACTION_RELEASE = "gpubot_claim_release"  # value: the claim id
+ACTION_RELEASE = "gpubot_claim_release"  # value: "ID NODE GPU" (the claim; a bare id before)
 ACTION_FREE_INTRUDER = "gpubot_claim_free"  # value: the intruder finding's key text
 
 
@@ -68,7 +68,7 @@ def render_granted(claims: Sequence[Claim], *, title: str = "Claimed") -> Messag
         Section(
             ("Use exactly these GPUs (UUIDs: CUDA's order is not nvidia-smi's): ", NL, Code(env))
         ),
-        ctx("`/gpu extend` makes it last longer; `/gpu release` ends it."),
+        ctx((Code("/gpu extend"), " makes it last longer; ", Code("/gpu release"), " ends it.")),
     )
     return Message(
         f"{title} · {c0.node}", body, fallback=f"claimed {c0.node} {gpus_text(gpus)}; {env}"
@@ -260,7 +260,7 @@ def render_intruder(i: Intruder, key: str) -> Message:
 def render_idle_asked(c: Claim, idle_s: float) -> Message:
     """The DM to the holder of an idle claim: Keep or Release."""
     keep = Action(ACTION_KEEP, "Keep", str(c.id), Style.PRIMARY)
-    release = Action(ACTION_RELEASE, "Release", str(c.id))
+    release = Action(ACTION_RELEASE, "Release", f"{c.id} {c.node} {c.gpu}")
     idle = f" has been idle (0 %) for {durations.format(idle_s, 'minutes')}."
     said = (
         "💤 Your claim of ",

@@ -128,7 +128,7 @@ class ClaimDesk:
             elif action == view.ACTION_LEAVE:
                 cmd = cc.Leave(int(value))
             elif action in (view.ACTION_KEEP, view.ACTION_RELEASE):
-                claim_id = int(value)
+                claim_id = int(value.split(" ", 1)[0])  # Release's "ID NODE GPU": the id
             elif action == view.ACTION_JOIN:
                 parsed = commands.parse(value)
                 if not isinstance(parsed, cc.WaitFor):

@@ -14,6 +14,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from gpubot.chat import claim_view as claims
 from gpubot.chat.alerts import SNOOZE_ACTION
 from gpubot.chat.drain_view import ACTION_DRAIN_NODE
 from gpubot.chat.idle import ACTION_FREE
@@ -83,7 +84,7 @@ def inline(s: Span, html: bool) -> str:
     if isinstance(s, Break):
         return "<br>" if html else "\n"
     if isinstance(s, Code):
-        inner = one_line(s.text)
+        inner = as_typed(one_line(s.text))
         return (f"<code>{escape(inner)}</code>" if html else f"`{inner}`") if inner else "–"
     if isinstance(s, Mention):
         if html:
@@ -100,6 +101,13 @@ def inline(s: Span, html: bool) -> str:
     if isinstance(s, Place):
         return place(s, html)
     raise TypeError(f"not a span: {s!r}")
+
+
+def as_typed(code: str) -> str:
+    """A ``/gpu …`` command a message quotes, as it is typed here (``!gpu …``)."""
+    if code == "/gpu" or code.startswith("/gpu "):
+        return PREFIX + code.removeprefix("/gpu")
+    return code
 
 
 def text(parts: Text, html: bool) -> str:
@@ -126,6 +134,26 @@ def typed(a: Action) -> str | None:
     if a.id == ACTION_DRAIN_NODE:
         node, _, reason = a.value.partition(" ")
         return f"{PREFIX} drain {node} because {reason}" if reason else f"{PREFIX} drain {node}"
+    return claim_typed(a)
+
+
+def claim_typed(a: Action) -> str | None:
+    """What to type for a button of the claims' messages: the claims' own commands where one
+    does what the button does (``take``, ``leave``, ``wait``, ``release``), else the typed
+    buttons of ``matrix.typed`` (``keep claim ID``, and ``free KEY`` for an intruder)."""
+    if a.id == claims.ACTION_TAKE:
+        return f"{PREFIX} take {a.value}"
+    if a.id == claims.ACTION_LEAVE:
+        return f"{PREFIX} leave {a.value}"
+    if a.id == claims.ACTION_JOIN:
+        return f"{PREFIX} {a.value}"
+    if a.id == claims.ACTION_KEEP:
+        return f"{PREFIX} keep claim {a.value}"
+    if a.id == claims.ACTION_RELEASE:
+        _, node, gpu = [*a.value.split(" "), "", ""][:3]
+        return f"{PREFIX} release {node} gpu {gpu}" if node and gpu else None
+    if a.id == claims.ACTION_FREE_INTRUDER:
+        return f"{PREFIX} free {a.value}"
     return None
 
 

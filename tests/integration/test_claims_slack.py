@@ -225,6 +225,11 @@ async def test_an_idle_claim_is_asked_then_kept_then_released(
         clock.advance(600)
         n = len(dm_slack.calls)
         assert await tick() == 1  # asked again; this time no one keeps it
+        release = button(dms(dm_slack, "U0BOB", n)[-1], view.ACTION_RELEASE)
+        assert release == f"{claim_id} node1 2"  # the id, and what Matrix's words name
+        for value in (release, claim_id):  # a DM posted before the value named the GPU, too
+            refused = await click(h, view.ACTION_RELEASE, value, "U0DAVE")
+            assert f"claim {claim_id} is not an active claim of yours" in refused
         clock.advance(600)
         assert await tick() == 0
         clock.advance(600)

@@ -7,7 +7,6 @@ workloads are real processes at 0 % or holding leaked memory; people are real Ma
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import time
@@ -27,7 +26,13 @@ from gpubot.core.usage.report import Digest
 from gpubot.lifecycle import Serving
 from gpubot.matrix.poster import MatrixPoster
 from tests.fixtures.fleet import leave_clean
-from tests.fixtures.matrix import MatrixHarness, MatrixWorld, matrix_settings, running_matrix_bot
+from tests.fixtures.matrix import (
+    MatrixHarness,
+    MatrixWorld,
+    dm_invite,
+    matrix_settings,
+    running_matrix_bot,
+)
 from tests.fixtures.settings import ManualClock, with_sweep
 from tests.fixtures.slack import workload_owner
 from tests.procs import wait_dead
@@ -80,25 +85,6 @@ def from_bot(h: MatrixHarness, events: list[dict[str, Any]]) -> list[dict[str, A
         and e["type"] == "m.room.message"
         and e["content"].get("m.relates_to", {}).get("rel_type") != "m.replace"
     ]
-
-
-async def dm_invite(h: MatrixHarness, name: str) -> str:
-    """Return the room the bot invited ``name`` to as a DM (the invitation says ``is_direct``)."""
-    who = h.world.users[name]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        invites = (await who.call("GET", "/sync?timeout=0")).get("rooms", {}).get("invite", {})
-        for room, data in invites.items():
-            for e in data["invite_state"]["events"]:
-                if e["type"] == "m.room.member" and e["state_key"] == who.user_id:
-                    assert e["content"].get("is_direct") is True
-                    return str(room)
-        await _pause()
-    raise AssertionError(f"{name} got no DM invitation")
-
-
-async def _pause() -> None:
-    await asyncio.sleep(0.2)
 
 
 async def test_an_idle_holder_gets_one_dm_and_frees_it_by_command(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpubot.chat import fleet_view, reset_view
-from gpubot.chat.message import Mention, Message, Section
+from gpubot.chat.message import Action, Mention, Message, Section
 from gpubot.core.reset.plan import ResetRequest, plan_reset
 from gpubot.core.reset.protect import Protection
 from gpubot.matrix import render
@@ -126,3 +126,27 @@ def test_the_alert_and_ladder_buttons_say_what_to_type() -> None:
         f"Snooze 1 day: !gpu snooze 1d {key} · Keep (reason): !gpu keep {key} because REASON"
         f" · Free it (on-call): !gpu oncall-free {key}"
     )
+
+
+def test_the_claims_buttons_say_the_words_that_do_the_same() -> None:
+    """Claim / Leave / Queue me / Release are the claims' own commands; Keep and an intruder's
+    Free it are typed buttons; a ``/gpu`` command the message quotes reads ``!gpu``."""
+    from gpubot.chat import claim_view as view
+    from gpubot.core.claims.rules import Claim, Wait, WaitState
+
+    w = Wait(7, "node1", (2,), 1, None, "alice", "@a:lab", 0.0, WaitState.OFFERED, (2,), 60.0)
+    offer = render.to_matrix(view.render_offer(w, ["GPU-x"], hold=True))["body"]
+    assert "or type `!gpu take 7`." in offer and "/gpu" not in offer
+    assert "Claim: !gpu take 7 · Leave the queue: !gpu leave 7" in offer
+    c = Claim(5, "node1", 2, "GPU-x", "bob", "@b:lab", 0.0, 3600.0, "")
+    asked = render.to_matrix(view.render_idle_asked(c, 1200))["body"]
+    assert "Keep: !gpu keep claim 5 · Release: !gpu release node1 gpu 2" in asked
+    old = Action(view.ACTION_RELEASE, "Release", "5")  # posted before the value named the GPU
+    assert render.typed(old) is None  # never a bare "!gpu release", which ends every claim
+    key = '["node1","2","claim-intruder","42:7"]'
+    free = render.typed(Action(view.ACTION_FREE_INTRUDER, "Free it", key))
+    assert free == f"!gpu free {key}"
+    granted = render.to_matrix(view.render_granted([c]))["body"]
+    assert "`!gpu extend` makes it last longer; `!gpu release` ends it." in granted
+    join = Action(view.ACTION_JOIN, "Queue me", "wait node1 gpu 3 for 1h")
+    assert render.typed(join) == "!gpu wait node1 gpu 3 for 1h"
