@@ -25,6 +25,10 @@ from gpubot.store.version import HEAD
 from tests.fixtures.approvals import REQUEST
 from tests.fixtures.db import audit_rows, migrated_sqlite
 
+# A test here runs up to eight gpubot processes one after another (each bounded at 90 s below);
+# on a loaded 2-core box each took up to 15 s, so the default 120 s can end a test that works.
+pytestmark = pytest.mark.timeout(360)
+
 
 def gpubot(
     config: Path, *args: str, stdin: int = subprocess.DEVNULL
