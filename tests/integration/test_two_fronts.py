@@ -25,8 +25,8 @@ from gpubot.core.models import ApprovalState
 from gpubot.matrix.render import APPROVAL_KEY
 from gpubot.store import open_store
 from gpubot.store.tables import outbox
-from tests.fixtures.matrix import MatrixHarness, MatrixWorld, serving
-from tests.fixtures.serve import env_with, spawn_serve, stop_serve, toml_value
+from tests.fixtures.matrix import MatrixHarness, MatrixWorld, fleet_config, serving
+from tests.fixtures.serve import env_with, spawn_serve, stop_serve
 from tests.fixtures.slack import (
     BOT_TOKEN,
     SECRET,
@@ -191,13 +191,6 @@ async def test_a_lost_post_is_settled_by_its_own_front_ends_duty(
 def both_config(world: MatrixWorld, fleet: Any, folder: Path) -> Path:
     """One settings file for both front ends: ``[slack]`` and ``[matrix]``, and each person
     in ``[users]`` and ``[approvals]`` by the id of the platform they use (bob on both)."""
-    db = f"sqlite:///{folder}/audit.db"
-    store = open_store(db, check_schema=False)
-    store.upgrade()
-    store.close()
-    text = fleet.config_path.read_text()
-    start = text.index('url = "', text.index("[database]"))
-    text = text[:start] + f'url = "{db}"' + text[text.index("\n", start) :]
     u = {n: c.user_id for n, c in world.users.items()}
     owner = workload_owner(fleet)
     tables: dict[str, dict[str, Any]] = {
@@ -214,11 +207,7 @@ def both_config(world: MatrixWorld, fleet: Any, folder: Path) -> Path:
         },
         "approvals": {"approvers": ["U0CAROL", u["carol"]], "expiry_s": EXPIRY_S},
     }
-    for table, values in tables.items():
-        text += f"\n[{table}]\n" + "".join(f'"{k}" = {toml_value(v)}\n' for k, v in values.items())
-    path = folder / "gpubot.toml"
-    path.write_text(text)
-    return path
+    return fleet_config(fleet, folder, tables)
 
 
 @contextlib.asynccontextmanager
