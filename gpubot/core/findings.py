@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from gpubot.core import durations
@@ -283,24 +283,32 @@ def _gpu_findings(
         if trouble is None:
             continue
         kind, summary = trouble
-        is_idle = kind == IDLE_HOLDER  # only an idle holder carries its idle time
-        out.append(
-            Finding(
-                node,
-                p.gpu_index,
-                kind,
-                holder_id(p),
-                summary,
-                pid=p.pid,
-                user=p.user,
-                memory_mib=p.used_memory_mib,
-                owner=holder_owner(p),
-                workload=workload_label(p),
-                idle_s=idle_s if is_idle else None,
-                idle_since=since if is_idle else None,
-            )
+        # only an idle holder carries its idle time
+        held: dict[str, Any] = (
+            {"idle_s": idle_s, "idle_since": since} if kind == IDLE_HOLDER else {}
         )
+        out.append(process_finding(node, p.gpu_index, kind, p, summary, **held))
     return out
+
+
+def process_finding(
+    node: str, gpu: int | None, kind: FindingKind, p: GpuProcess, summary: str, **more: Any
+) -> Finding:
+    """Return a finding about the one process ``p``: its identity (pid and start ticks), user,
+    memory, owner and workload are that process's own; ``more``: further fields."""
+    f = Finding(
+        node,
+        gpu,
+        kind,
+        holder_id(p),
+        summary,
+        pid=p.pid,
+        user=p.user,
+        memory_mib=p.used_memory_mib,
+        owner=holder_owner(p),
+        workload=workload_label(p),
+    )
+    return replace(f, **more) if more else f
 
 
 def workload_label(p: GpuProcess) -> str | None:

@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpubot.core import durations
-from gpubot.core.findings import Finding, FindingKind, holder_id, workload_label
+from gpubot.core.findings import Finding, FindingKind, process_finding, workload_label
 from gpubot.core.models import GpuProcess, NodeSnapshot
 from gpubot.core.slurm import alloc
 from gpubot.core.usage.idle import GpuSample, holder_owner
@@ -203,18 +203,8 @@ class Intruder:
     def finding(self) -> Finding:
         p, c = self.process, self.claim
         mem = "" if p.used_memory_mib is None else f", {p.used_memory_mib} MiB"
-        return Finding(
-            c.node,
-            c.gpu,
-            CLAIM_INTRUDER,
-            holder_id(p),
-            f"{self.what()} on GPU {c.gpu}, claimed by {c.user}; it started {self.relative()}{mem}",
-            pid=p.pid,
-            user=p.user,
-            memory_mib=p.used_memory_mib,
-            owner=holder_owner(p),
-            workload=workload_label(p),
-        )
+        what = f"{self.what()} on GPU {c.gpu}, claimed by {c.user}; it started {self.relative()}"
+        return process_finding(c.node, c.gpu, CLAIM_INTRUDER, p, what + mem)
 
 
 def intruders(snapshot: NodeSnapshot, claims: Iterable[Claim]) -> list[Intruder]:

@@ -28,11 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpubot.core import durations
-from gpubot.core.findings import Finding, FindingKind, holder_id, workload_label
+from gpubot.core.findings import Finding, FindingKind, process_finding
 from gpubot.core.health.state import NodeHealth
 from gpubot.core.models import GpuInfo, GpuProcess, NodeSnapshot
 from gpubot.core.usage.holder_runs import holder_key
-from gpubot.core.usage.idle import holder_owner
 from gpubot.core.usage.report import utc_minute
 
 HUNG_BUSY = FindingKind("hung-busy", "GPU busy without progress", ladder=True)
@@ -175,15 +174,4 @@ def _finding(
         f"{line.why}), its {p.used_memory_mib} MiB unchanged: a wedged job (an NCCL hang?). "
         "Its owner is asked to check it; a forced stop comes only after they were told"
     )
-    return Finding(
-        node,
-        g.index,
-        HUNG_BUSY,
-        holder_id(p),
-        summary,
-        pid=p.pid,
-        user=p.user,
-        memory_mib=p.used_memory_mib,
-        owner=holder_owner(p),
-        workload=workload_label(p),
-    )
+    return process_finding(node, g.index, HUNG_BUSY, p, summary)

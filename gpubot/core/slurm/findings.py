@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from gpubot.core import durations
-from gpubot.core.findings import Finding, FindingKind, holder_id, workload_label
+from gpubot.core.findings import Finding, FindingKind, process_finding
 from gpubot.core.models import NodeSnapshot
 from gpubot.core.slurm import alloc
 
@@ -75,19 +75,8 @@ def find_slurm(
                 job_id = alloc.job_id_of(p)
                 how = "outside Slurm" if job_id is None else f"in job {job_id}, not allocated it"
                 mem = "" if p.used_memory_mib is None else f", {p.used_memory_mib} MiB"
+                said = f"pid {p.pid} {p.process_name} ({p.user or '?'}) uses GPU {g.index} {how}"
                 out.append(
-                    Finding(
-                        snap.node,
-                        g.index,
-                        OUTSIDE_SLURM,
-                        holder_id(p),
-                        f"pid {p.pid} {p.process_name} ({p.user or '?'}) uses GPU {g.index} "
-                        f"{how}{mem}",
-                        pid=p.pid,
-                        user=p.user,
-                        memory_mib=p.used_memory_mib,
-                        owner=p.user,
-                        workload=workload_label(p),
-                    )
+                    process_finding(snap.node, g.index, OUTSIDE_SLURM, p, said + mem, owner=p.user)
                 )
     return out
