@@ -1,5 +1,6 @@
 """Every periodic duty, built by the root and run by ``App.running``, the same in every front
-end: a serving gpubot's sweep, audit seals and head; a front end's approvals and claims."""
+end: a serving gpubot's sweep, audit seals and head; a front end's approvals, claims, and the
+DMs other front ends' processes handed over to it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 # under systemd's ``TimeoutStopSec``, whose SIGKILL would lose the clean stop's seal.
 APPROVAL_STOP_WAIT_S = 60.0
 STOP_S = 30.0  # the other duties' (a sweep waits for its budget)
+DM_DUE_EVERY_S = 30.0  # how soon a DM handed over by another front end's process goes out
 Job = Callable[[], Awaitable[object]]
 
 
@@ -53,6 +55,8 @@ def duties(
         every = (serving or Serving()).expire_every_s
         out.append(("approval-expiry", every, expire, 0.0, APPROVAL_STOP_WAIT_S))
         out.append(("claims", settings.claims.every_s, parts.flows.claims.tick, 0.0, STOP_S))
+    if parts.dms is not None and parts.dms.due is not None:  # DMs handed over to this front
+        out.append(("dm-due", DM_DUE_EVERY_S, parts.dms.deliver, 0.0, STOP_S))
     return tuple(
         IntervalScheduler(
             job, every_s, first_after_s=first, stop_wait_s=wait, name=name, clock=clock

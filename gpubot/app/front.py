@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from gpubot.config import Settings
     from gpubot.core.ports import Notifier, Poster, Reporter
     from gpubot.services.directory import Directory
-    from gpubot.services.ladder import LadderNotifier
     from gpubot.services.outbox import Outbox
 
 
@@ -51,9 +50,6 @@ class FrontEnd(Protocol):
 
     def alerts(self, settings: Settings, outbox: Outbox[Message]) -> Notifier | None:
         """Where sweep alerts go."""
-
-    def ladder(self, settings: Settings, outbox: Outbox[Message]) -> LadderNotifier | None:
-        """Who tells idle holders as they climb the reclaim ladder."""
 
     async def close(self) -> None:
         """Close its connections."""

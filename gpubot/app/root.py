@@ -112,7 +112,8 @@ class App:
         return DiagService(self.settings, self.transport, self.store, self.status, self.locks)
 
     def scheduler(self, name: str) -> IntervalScheduler | None:
-        """Return the duty ``name`` (sweep, audit-head, audit-seal, approval-expiry, claims)."""
+        """Return the duty ``name`` (sweep, audit-head, audit-seal, approval-expiry, claims,
+        dm-due)."""
         return next((s for s in self.schedulers if s.name == name), None)
 
     def start(self) -> None:

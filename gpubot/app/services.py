@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from gpubot.app.front import FrontEnd, Publisher
 from gpubot.app.stores import NoStore
 from gpubot.chat.alerts import chat_sweeper
 from gpubot.chat.approval_words import ApprovalWords
+from gpubot.chat.dm_route import DmRoute
 from gpubot.chat.flows import Flows, Services
 from gpubot.chat.heads import HeadPublisher
+from gpubot.chat.ladder import LadderTeller
 from gpubot.chat.message import Message
 from gpubot.chat.report_view import ChannelDigest
 from gpubot.config import Settings
+from gpubot.config.front_ends import reaches
 from gpubot.core.ports import Locks, PromSource, Transport
 from gpubot.core.slurm import SLURM
 from gpubot.lifecycle import SweepHeap
@@ -74,6 +78,7 @@ class Parts:
     seals: SealService | None  # with a store and its key
     heads: Publisher | None  # a serving gpubot's, with a store and a front end that posts it
     flows: Flows | None  # the front end's, when there is one
+    dms: DmRoute | None = None  # the front end's DMs, and those handed over to it
 
 
 def build_parts(base: Base, front: FrontEnd | None) -> Parts:
@@ -91,9 +96,7 @@ def build_parts(base: Base, front: FrontEnd | None) -> Parts:
     outbox: Outbox[Message] = Outbox(
         None if store is None else store.outbox, None if front is None else front.poster()
     )
-    heads = None
-    if base.serving and outbox.poster and store and settings.audit.publish_head_every_s:
-        heads = _heads(settings, store, outbox)
+    heads = _heads(base, outbox)
     seals = _seals(settings, store, heads)
     audit = store if store is not None else NoStore()
     reset = ResetService(
@@ -111,7 +114,8 @@ def build_parts(base: Base, front: FrontEnd | None) -> Parts:
         claims = ClaimService(settings, store.claims, status, observe=observe, maint=store.maint)
     directory = None if front is None else front.directory()
     ports = SweepPorts(locks=base.locks, observer=metrics, health=health, xid=xid, heap=heap)
-    sweep = _sweep(base, status, ports, claims, front, directory, outbox)
+    dms = None if front is None else _dms(front, outbox, store)
+    sweep = _sweep(base, status, ports, claims, front, directory, outbox, dms)
     approvals, maint = None, None
     if store is not None:
         asks = ApprovalPorts(store.approvals, reset, audit, directory or NoDirectory())
@@ -133,9 +137,16 @@ def build_parts(base: Base, front: FrontEnd | None) -> Parts:
         maint=maint,
     )
     flows = None
-    if front is not None:
-        flows = Flows(chat, source=front.name, min_update_s=front.min_update_s, dm=front.dm(outbox))
-    return Parts(status, reset, sweep, chat, approvals, seals, heads, flows)
+    if front is not None and dms is not None:
+        flows = Flows(chat, source=front.name, min_update_s=front.min_update_s, dm=dms)
+    return Parts(status, reset, sweep, chat, approvals, seals, heads, flows, dms)
+
+
+def _dms(front: FrontEnd, outbox: Outbox[Message], store: Store | None) -> DmRoute:
+    """A DM to a person this front end reaches goes through it; one to another front end's
+    person is handed over through the store (``chat.dm_route``)."""
+    due = None if store is None else store.dm_due
+    return DmRoute(front.dm(outbox), partial(reaches, front.name), due)
 
 
 def _sources(base: Base) -> Sources:
@@ -159,8 +170,12 @@ def _duty(
     return ApprovalDuty(approvals, outbox, words, front=front.name, settled_s=ttl)
 
 
-def _heads(settings: Settings, store: Store, outbox: Outbox[Message]) -> HeadPublisher | None:
-    """The audit head's publisher, posting in the alerts' channel or room."""
+def _heads(base: Base, outbox: Outbox[Message]) -> HeadPublisher | None:
+    """A serving gpubot's audit head publisher, posting in the alerts' channel or room, with a
+    store and a front end that posts once (None: none, or not asked for)."""
+    settings, store = base.settings, base.store
+    if not (base.serving and outbox.poster and store and settings.audit.publish_head_every_s):
+        return None
     channel = settings.sweep.channel
     if channel is None:
         log.warning("no alerts channel or room: the audit head is not published")
@@ -185,6 +200,7 @@ def _sweep(
     front: FrontEnd | None,
     directory: Directory | None,
     outbox: Outbox[Message],
+    dms: DmRoute | None,
 ) -> SweepService:
     """The sweep over ``ports``; with a store also everything a sweep feeds."""
     settings, store = base.settings, base.store
@@ -198,7 +214,10 @@ def _sweep(
             directory=directory,
             transport=base.transport,
         )
-        told = None if front is None else front.ladder(settings, outbox)
+        told = None
+        if dms is not None and outbox.poster is not None:  # a front end that posts once
+            people = settings.policy.chat_ids()
+            told = LadderTeller(dms, cfg.channel, people, outbox)
         digest, channel = None, reports.digest_channel or cfg.channel
         if reports.digest is not None and outbox.poster is not None and channel is not None:
             post = ChannelDigest(outbox, channel)

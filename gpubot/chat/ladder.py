@@ -6,8 +6,9 @@ evidence.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
+from gpubot.chat.claims import Dm
 from gpubot.chat.errors import error_message
 from gpubot.chat.flows import Flows
 from gpubot.chat.holders import free_it
@@ -138,23 +139,21 @@ def ladder_subject(rung: Rung, step: Step, to: str, kind: str = "dm") -> str:
 
 
 log = logging.getLogger(__name__)
-OpenDm = Callable[[str], Awaitable[str | None]]  # a chat user id -> their DM's place, or None
 
 
 class LadderTeller:
-    """Tells the ladder's steps (``LadderNotifier``) on one front end, each message once through
-    the one outbox: steps 1-2 to the owner's chat users (``open_dm``), 3-4 in ``place``."""
+    """Tells the ladder's steps (``LadderNotifier``), each message once through the one outbox:
+    steps 1-2 to each of the owner's chat users, through ``dm`` (on whichever front end reaches
+    them, ``chat.dm_route``), 3-4 in ``place``."""
 
     def __init__(
         self,
-        open_dm: OpenDm,
+        dm: Dm,
         place: str | None,
         people: Mapping[str, Sequence[str]],
         outbox: Outbox[Message],
-        platform: str,
     ) -> None:
-        self.open_dm, self.place, self.people = open_dm, place, people
-        self.outbox, self.platform = outbox, platform
+        self.dm, self.place, self.people, self.outbox = dm, place, people, outbox
 
     async def tell(self, notice: LadderNotice) -> bool:
         """DM the owner (steps 1-2) or post in the alerts place (3-4); never raises."""
@@ -164,14 +163,10 @@ class LadderTeller:
             if notice.step in (Step.DM, Step.REMIND):
                 sent = False
                 for user in owners:
-                    dm = await self.open_dm(user)
-                    if dm is not None:
-                        subject = ladder_subject(notice.rung, notice.step, user)
-                        sent = await self.outbox.send(subject, dm, said) is not None or sent
+                    subject = ladder_subject(notice.rung, notice.step, user)
+                    sent = await self.dm(user, said, subject) or sent
                 if not owners:
-                    log.info(
-                        "reclaim ladder: %s maps to no %s user", notice.rung.owner, self.platform
-                    )
+                    log.info("reclaim ladder: %s maps to no chat user", notice.rung.owner)
                 return sent
             if self.place is None:
                 log.warning("reclaim ladder: no alerts place for step %d", int(notice.step))

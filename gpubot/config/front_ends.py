@@ -61,3 +61,10 @@ def person_words(where: str, key: str) -> str:
     """Return what a person's id is, in every loaded front end's words (for a refusal)."""
     forms(where, key)  # no front end loaded: that is the error
     return " or ".join(f.user_words for f in sorted(KNOWN.values(), key=lambda f: not f.primary))
+
+
+def reaches(front: str, user: str) -> bool:
+    """Whether the front end named ``front`` can message the person ``user``: an id of its own
+    form. A front end with no forms of its own (the console) reaches everyone it is given."""
+    own = KNOWN.get(front)
+    return own is None or own.user.fullmatch(user) is not None

@@ -62,8 +62,5 @@ class ConsoleFront:
     def poster(self) -> None:
         """None: nothing is posted once (a request is printed where it is asked)."""
 
-    def ladder(self, settings: object, outbox: object) -> None:
-        """None: the ladder's steps are not told."""
-
     async def close(self) -> None:
         """Nothing to close."""

@@ -299,6 +299,32 @@ class AuditLog(AuditStore, Protocol):
         """Record that ``actor`` reviewed an interrupted action (``UsageError``: it cannot be)."""
 
 
+@dataclass(frozen=True)
+class DueDm:
+    """A direct message handed over for the front end that reaches ``to`` (``DmDueStore``):
+    ``body`` is the rendered message (``chat.message_codec``), ``subject`` its outbox name."""
+
+    subject: str
+    to: str
+    body: str
+    at: float
+
+
+class DmDueStore(Protocol):
+    """Direct messages due to people another process's front end reaches; raises
+    ``StoreError``."""
+
+    async def hand(self, dm: DueDm) -> bool:
+        """Keep ``dm`` for the front end that reaches its person; False: one of its subject
+        is kept already."""
+
+    async def due(self) -> list[DueDm]:
+        """Return every message kept, oldest first."""
+
+    async def done(self, subject: str) -> None:
+        """Forget the message of ``subject``: delivered, or given up."""
+
+
 class Poster(Protocol[M_contra]):
     """The front end's side of the outbox: posts a neutral message carrying a token (unseen by
     people) where it goes, and finds it again by that token. ``to`` and the

@@ -17,7 +17,6 @@ from gpubot.config import Settings
 from gpubot.core.ports import Report
 from gpubot.matrix.alerts import MatrixAlerts
 from gpubot.matrix.api import MatrixAccess, MatrixApi
-from gpubot.matrix.ladder import MatrixLadder
 from gpubot.matrix.poster import MatrixPoster, RoomSurface
 
 if TYPE_CHECKING:
@@ -72,11 +71,6 @@ class MatrixFront:
             return None
         people = settings.policy.chat_ids()
         return MatrixAlerts(self._poster, room, people=people, outbox=outbox)
-
-    def ladder(self, settings: Settings, outbox: Outbox[Message]) -> MatrixLadder:
-        """The reclaim ladder's DMs, and its posts in the alerts' room."""
-        people = settings.policy.chat_ids()
-        return MatrixLadder(self._poster, settings.sweep.channel, people, outbox)
 
     async def close(self) -> None:
         await self.api.close()

@@ -14,7 +14,6 @@ from gpubot.config import Settings
 from gpubot.core.ports import Report
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import TIMEOUT_S, SlackApi, SlackDirectory, make_client
-from gpubot.slack.ladder import SlackLadder
 from gpubot.slack.poster import SlackPoster
 from gpubot.slack.render import NeutralSurface, to_slack
 
@@ -76,10 +75,6 @@ class SlackFront:
             return None
         people = settings.policy.chat_ids()
         return SlackAlerts(self.api, channel, people=people, outbox=outbox)
-
-    def ladder(self, settings: Settings, outbox: Outbox[Message]) -> SlackLadder:
-        people = settings.policy.chat_ids()
-        return SlackLadder(self.api, settings.sweep.channel, people, outbox)
 
     async def close(self) -> None:
         await self.api.close()

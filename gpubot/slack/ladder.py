@@ -1,29 +1,25 @@
-"""The reclaim ladder in Slack: its DMs and channel posts, *Keep (reason)* and on-call's *Free it*.
+"""The reclaim ladder's buttons in Slack: *Keep (reason)* and on-call's *Free it*.
 
-``SlackLadder`` tells each step (``services.ladder``) to the owner's Slack users and the alerts
-channel, each once through the one outbox. *Keep (reason)* opens a modal asking why; its
-submission stops the ladder (audited with the reason). On-call's *Free it* asks the approvers
-for a forced reset of that one process, the request carrying the idle evidence.
+The steps themselves are told by ``chat.ladder.LadderTeller``, which the root builds. *Keep
+(reason)* opens a modal asking why; its submission stops the ladder (audited with the reason).
+On-call's *Free it* asks the approvers for a forced reset of that one process, the request
+carrying the idle evidence.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpubot.chat.ladder import (
     ACTION_KEEP,
     ACTION_ONCALL_FREE,
-    LadderTeller,
     keep,
     oncall_free,
 )
-from gpubot.chat.message import Message
 from gpubot.errors import ChatCallFailed
-from gpubot.services.outbox import Outbox
-from gpubot.slack.api import SlackApi, call
+from gpubot.slack.api import call
 
 if TYPE_CHECKING:
     from gpubot.core.policy import Person
@@ -34,19 +30,6 @@ log = logging.getLogger(__name__)
 
 KEEP_VIEW = "gpubot_ladder_keep_view"  # the modal's callback id
 REASON_BLOCK, REASON_INPUT = "reason", "reason_input"
-
-
-class SlackLadder(LadderTeller):
-    """Tells the ladder's steps in Slack: DMs, and posts in the alerts channel."""
-
-    def __init__(
-        self,
-        api: SlackApi,
-        channel: str | None,
-        people: Mapping[str, Sequence[str]],
-        outbox: Outbox[Message],
-    ) -> None:
-        super().__init__(api.open_dm, channel, people, outbox, "Slack")
 
 
 def keep_view(key: str, where: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from gpubot.store.alerts import DbAlerts
 from gpubot.store.approvals import DbApprovals
 from gpubot.store.audit_list import summaries_query
 from gpubot.store.claims import DbClaims
+from gpubot.store.dm_due import DbDmDue
 from gpubot.store.engine import (
     MEMORY,
     Part,
@@ -134,6 +135,7 @@ class Store(Part):
         self.ladder = DbLadder(self.engine)  # the reclaim ladder
         self.claims = DbClaims(self.engine)  # GPU claims and the queue
         self.maint = DbMaint(self.engine)  # maintenance windows
+        self.dm_due = DbDmDue(self.engine)  # DMs for another front end's process
 
     # -- actions ---------------------------------------------------------------------------
 

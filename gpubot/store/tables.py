@@ -333,3 +333,15 @@ maint_windows = Table(
     Column("ended_by", Text, nullable=True),
     Index(None, "ends_at"),
 )
+
+# Direct messages handed over (``store.dm_due``, issue 39): rendered by a process whose front end
+# does not reach the person, kept until the process whose front end does has posted them.
+dm_due = Table(
+    "dm_due",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("subject", Text, nullable=False, unique=True),  # its outbox subject
+    Column("chat_id", Text, nullable=False),
+    Column("body", Text, nullable=False),  # JSON (``chat.message_codec``)
+    Column("created_at", TIME, nullable=False),
+)

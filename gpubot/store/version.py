@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-HEAD = "0015"  # tests/unit/test_schema_version.py keeps this equal to Alembic's head
+HEAD = "0016"  # tests/unit/test_schema_version.py keeps this equal to Alembic's head
 
 
 def at_head(engine: Engine) -> bool:

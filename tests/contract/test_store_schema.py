@@ -41,6 +41,7 @@ TABLES = {
     "claim_waits",
     "gpu_holders",
     "maint_windows",
+    "dm_due",
 }
 # The migrations after 0006 in the order they are chained, each with the tables it adds.
 GPU_HOURS = {"gpu_usage", "gpu_usage_last", "usage_sweeps", "usage_gaps", "idle_ladder"}
@@ -57,7 +58,7 @@ CHAIN_AFTER_0006: tuple[tuple[str, frozenset[str]], ...] = (
 AFTER_0006 = frozenset().union(*(tables for _, tables in CHAIN_AFTER_0006))
 # 0014 folds the three outboxes into one: ``outbox`` comes, they go.
 OUTBOXES = frozenset({"alert_posts", "approval_posts", "usage_digests"})
-AT_0013 = TABLES - {"outbox", "maint_windows"} | OUTBOXES
+AT_0013 = TABLES - {"outbox", "maint_windows", "dm_due"} | OUTBOXES
 
 
 def _tables(url: str) -> set[str]:
@@ -113,9 +114,14 @@ def test_each_migration_after_0006_goes_down_and_up_again_alone(fresh_db_url: st
     """Each later migration removes exactly its own table when it is undone, in chain order."""
     store = open_store(fresh_db_url, check_schema=False)
     try:
-        assert store.revision() == (HEAD, HEAD) == ("0015", "0015")
-        store.downgrade("0014")  # 0015 takes its own table away, alone
-        assert set(sa.inspect(store.engine).get_table_names()) == TABLES - {"maint_windows"}
+        assert store.revision() == (HEAD, HEAD) == ("0016", "0016")
+        store.downgrade("0015")  # 0016 takes its own table away, alone
+        assert set(sa.inspect(store.engine).get_table_names()) == TABLES - {"dm_due"}
+        store.downgrade("0014")  # and 0015
+        assert set(sa.inspect(store.engine).get_table_names()) == TABLES - {
+            "dm_due",
+            "maint_windows",
+        }
         store.downgrade("0013")
         assert set(sa.inspect(store.engine).get_table_names()) == AT_0013
         revisions = ["0006", *(rev for rev, _ in CHAIN_AFTER_0006)]

@@ -74,9 +74,6 @@ class Front:
     def alerts(self, settings: object, outbox: object) -> None:
         return None
 
-    def ladder(self, settings: object, outbox: object) -> None:
-        return None
-
     async def close(self) -> None:
         return None
 

@@ -22,19 +22,18 @@ import sqlalchemy as sa
 from slack_sdk.http_retry.builtin_async_handlers import AsyncServerErrorRetryHandler
 
 from gpubot.app import build
+from gpubot.chat.ladder import LadderTeller
 from gpubot.config import Settings
 from gpubot.core.alerting import AlertGroup, AlertItem
-from gpubot.core.findings import IDLE_HOLDER, Finding
 from gpubot.core.models import GpuInfo, NodeSnapshot
-from gpubot.core.usage.ladder import Evidence, Rung, Step
-from gpubot.services.ladder import LadderNotice
+from gpubot.core.usage.ladder import Step
 from gpubot.services.outbox import Outbox
 from gpubot.slack.alerts import SlackAlerts
 from gpubot.slack.api import SlackApi, make_client
-from gpubot.slack.ladder import SlackLadder
 from gpubot.slack.poster import EVENT
 from gpubot.store import Store
 from gpubot.store.tables import outbox
+from tests.fixtures.ladder import idle_finding, notice
 from tests.fixtures.settings import with_tables
 from tests.fixtures.slack import (
     BOT_TOKEN,
@@ -51,7 +50,6 @@ EXTRA: dict[str, Any] = {
 }
 # (error, HTTP status) of each fault: a 5xx, and internal_error at HTTP 200
 FAULTS = [("internal_error", 500), ("internal_error", 200)]
-HOLDER = "4242:99"
 
 
 @asynccontextmanager
@@ -77,36 +75,15 @@ def outbox_rows(store: Store) -> list[tuple[str, str]]:
     return [(str(r.subject), str(r.state)) for r in rows]
 
 
-def idle_finding(node: str = "node7") -> Finding:
-    return Finding(
-        node,
-        3,
-        IDLE_HOLDER,
-        HOLDER,
-        "pid 4242 python3 (zed) holds 40000 MiB of GPU 3, idle (0 %) for 5 h",
-        pid=4242,
-        user="zed",
-        memory_mib=40000,
-        owner="zed",  # no Slack user: no DM, only the channel post
-        idle_s=5 * 3600.0,
-    )
-
-
-def notice(step: Step) -> LadderNotice:
-    f = idle_finding()
-    rung = Rung(f.key.text(), f.node, 3, "zed", step, 1000.0, 2000.0)
-    return LadderNotice(step, rung, f, Evidence(5 * 3600.0, 20))
-
-
 def alert_group(at: datetime) -> AlertGroup:
     f = idle_finding()
     snap = NodeSnapshot("node7", 0.0, (GpuInfo(3, "GPU-3", "H200", 40000, 143771, 0),))
     return AlertGroup("node7", (AlertItem(f.key, f, at),), snap, at)
 
 
-def ladder_of(app: Any) -> SlackLadder:
+def ladder_of(app: Any) -> LadderTeller:
     ladder = app.sweep.ladder
-    assert ladder is not None and isinstance(ladder.notifier, SlackLadder)
+    assert ladder is not None and isinstance(ladder.notifier, LadderTeller)
     assert ladder.notifier.place == CHANNEL
     return ladder.notifier
 

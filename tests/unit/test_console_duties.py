@@ -100,6 +100,6 @@ def test_every_front_end_runs_the_same_duties() -> None:
     slack = SlackFront(SlackAccess("xoxb-not-a-token", "http://127.0.0.1:9/api/"))
     apps = [build(SETTINGS, {}, need_store=True, front=f) for f in (ConsoleFront(), slack)]
     names = [[s.name for s in a.schedulers] for a in apps]
-    assert names == [["approval-expiry", "claims"]] * 2
+    assert names == [["approval-expiry", "claims", "dm-due"]] * 2
     for a in apps:
         asyncio.run(a.close())

@@ -1,0 +1,96 @@
+"""Direct messages to a person on the front end that reaches them (issue 39).
+
+A gpubot process serves one front end, and the settings map a Linux user to people of several
+(``U0ALICE`` and ``@alice:lab.example``). A direct message to a person this process's front end
+reaches goes through its own ``Dm``; one to a person it does not reach is handed over, rendered,
+through the database (``DmDueStore``), and the process whose front end reaches them posts it
+(``deliver``, a duty) through the one outbox under the same subject: once, whichever process
+made it. Without a database there is nobody to hand it to: it is not sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from gpubot.chat.claims import Dm
+from gpubot.chat.message import Message
+from gpubot.chat.message_codec import decode, encode
+from gpubot.core.clock import SYSTEM_CLOCK
+from gpubot.core.ports import Clock, DmDueStore, DueDm
+from gpubot.errors import DUTY_TURN, StoreError
+
+log = logging.getLogger(__name__)
+
+KEEP_S = 24 * 3600.0  # a message no serving front end has delivered in this long is given up
+
+
+class DmRoute:
+    """The one ``Dm`` of a process: its front end's own, or handed over (``due``)."""
+
+    def __init__(
+        self,
+        own: Dm,
+        reaches: Callable[[str], bool],
+        due: DmDueStore | None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.own, self.reaches, self.due, self.clock = own, reaches, due, clock
+
+    async def __call__(self, user: str, msg: Message, subject: str) -> bool:
+        """Send ``msg`` to ``user`` once under ``subject``; False: the caller asks again."""
+        if self.reaches(user):
+            return await self.own(user, msg, subject)
+        if self.due is None:
+            log.info("%s: no database to hand the DM to %s over: not sent", subject, user)
+            return False
+        try:
+            body = encode(msg)
+        except ValueError as exc:
+            log.error("%s: the DM to %s cannot be handed over: %s", subject, user, exc)
+            return False
+        try:
+            await self.due.hand(DueDm(subject, user, body, self.clock.now()))
+        except StoreError as exc:  # the caller asks again; a one-off message is lost, logged
+            log.warning("%s: the DM to %s was not handed over: %s", subject, user, exc)
+            return False
+        return True  # kept: the front end that reaches them posts it
+
+    async def deliver(self) -> int:
+        """Post the handed-over messages to people this front end reaches (each once, through
+        ``own``), give up those kept longer than ``KEEP_S``; return how many were posted."""
+        if self.due is None:
+            return 0
+        sent = 0
+        try:
+            for dm in await self.due.due():
+                sent += await self._one(dm)
+        except StoreError as exc:  # the next turn tries again
+            log.warning("handed-over DMs not delivered: %s", exc, extra=DUTY_TURN)
+        return sent
+
+    async def _one(self, dm: DueDm) -> bool:
+        assert self.due is not None
+        if self.clock.now() - dm.at > KEEP_S:
+            log.error(
+                "%s: no front end delivered the DM to %s in a day: given up", dm.subject, dm.to
+            )
+            await self.due.done(dm.subject)
+            return False
+        if not self.reaches(dm.to):
+            return False  # another front end's
+        try:
+            msg = decode(dm.body)
+        except ValueError as exc:
+            log.error("%s: the DM handed over to %s is unreadable: %s", dm.subject, dm.to, exc)
+            await self.due.done(dm.subject)
+            return False
+        try:
+            ok = await self.own(dm.to, msg, dm.subject)
+        except Exception:  # a DM is a courtesy: the duty goes on, and tries it again
+            log.exception("%s: the DM to %s failed", dm.subject, dm.to)
+            return False
+        if ok:
+            await self.due.done(dm.subject)
+        return ok
