@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from gpubot.chat.claims import Dm
+    from gpubot.chat.dm_route import DmRoute
     from gpubot.chat.message import Message
     from gpubot.chat.surface import Surface
     from gpubot.config import Settings
@@ -48,8 +49,11 @@ class FrontEnd(Protocol):
     def poster(self) -> Poster[Message] | None:
         """What posts the messages that must appear once (the outbox's front end)."""
 
-    def alerts(self, settings: Settings, outbox: Outbox[Message]) -> Notifier | None:
-        """Where sweep alerts go."""
+    def alerts(
+        self, settings: Settings, outbox: Outbox[Message], route: DmRoute
+    ) -> Notifier | None:
+        """Where sweep alerts go; ``route``: how the DMs that ride on them reach the people
+        of another front end."""
 
     async def close(self) -> None:
         """Close its connections."""

@@ -206,7 +206,7 @@ def _sweep(
     settings, store = base.settings, base.store
     if store is not None:
         cfg, reports = settings.sweep, settings.reports
-        notifier = None if front is None else front.alerts(settings, outbox)
+        notifier = None if front is None or dms is None else front.alerts(settings, outbox, dms)
         usage = UsageService(
             settings,
             store.usage,

@@ -1,10 +1,14 @@
-"""The direct message an idle holder's owner gets: what is held idle, *Free it* and *Snooze*."""
+"""The direct message an idle holder's owner gets: what is held idle, *Free it* and *Snooze*,
+and who gets it (``tell_idle_owners``, for every front end's alerts)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
+from gpubot.chat.alerts import snooze_buttons
+from gpubot.chat.claims import Dm
+from gpubot.chat.dm_route import DmRoute
 from gpubot.chat.layout import MAX_FALLBACK, Budget, clip
 from gpubot.chat.message import (
     NL,
@@ -108,3 +112,31 @@ def idle_subject(node: str, items: Sequence[AlertItem], user: str) -> str:
     "dm:idle:<node>:<gpu>:<pid>:<start>[,…]:<user>" (a holder is a process and its start)."""
     held = ",".join(sorted(f"{i.key.gpu}:{i.key.holder}" for i in items))
     return f"dm:idle:{node}:{held}:{user}"
+
+
+async def tell_idle_owners(
+    group: AlertGroup,
+    where: MessageRef | None,
+    people: Mapping[str, Sequence[str]],
+    own: Dm,
+    route: DmRoute | None,
+) -> int:
+    """DM each owner of the group's open idle holders about them, once each; return how many
+    were sent or handed over. A chat user this front end reaches gets it through ``own``, the
+    alert ``where`` linked; another front end's gets it through ``route`` (handed over to that
+    front end's process, ``chat.dm_route``), without the link, which names this one's message."""
+    sent = 0
+    for user, items in idle_owners(group, people).items():
+        mine = route is None or route.reaches(user)
+        alert = where if mine else None
+        msg = render_idle_dm(items, group.node, now=group.at, alert=alert, snooze=_snooze_day)
+        subject = idle_subject(group.node, items, user)
+        if mine:
+            sent += await own(user, msg, subject)
+        elif route is not None:
+            sent += await route(user, msg, subject)
+    return sent
+
+
+def _snooze_day(key_text: str) -> Action:
+    return snooze_buttons(key_text)[-1]

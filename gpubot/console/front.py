@@ -52,7 +52,7 @@ class ConsoleFront:
 
         return dm
 
-    def alerts(self, settings: object, outbox: object) -> Notifier | None:
+    def alerts(self, settings: object, outbox: object, route: object) -> Notifier | None:
         """The notifier given, if any."""
         return self.notifier
 

@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_details
-from gpubot.chat.alerts import render_reminder, snooze_buttons
-from gpubot.chat.idle import idle_owners, idle_subject, render_idle_dm
+from gpubot.chat.alerts import render_reminder
+from gpubot.chat.dm_route import DmRoute
+from gpubot.chat.idle import tell_idle_owners
 from gpubot.chat.message import Message
 from gpubot.core.alerting import AlertGroup, Delivery, Lookup, MessageRef, Posted
 from gpubot.errors import ChatCallFailed
@@ -43,11 +44,13 @@ class MatrixAlerts:
         *,
         people: Mapping[str, Sequence[str]],
         outbox: Outbox[Message],
+        route: DmRoute | None = None,
     ) -> None:
         self.poster = poster
         self.api = poster.api
         self.room = room
         self.people = people
+        self.route = route  # how another front end's people get their DMs (None: they do not)
         self.outbox = outbox
         self._unsure: dict[str, AlertGroup] = {}  # token → a digest whose post is unconfirmed
 
@@ -92,23 +95,17 @@ class MatrixAlerts:
         return sum([await self._thread(where, m) for m in render_digest_details(group)])
 
     async def direct(self, group: AlertGroup, where: MessageRef | None) -> int:
-        """DM each owner of the group's open idle holders who maps to Matrix; return DMs sent."""
-        sent = 0
-        for user, items in idle_owners(group, self.people).items():
-            room = await self.poster.direct(user)
-            if room is None:
-                continue
-            msg = render_idle_dm(
-                items,
-                group.node,
-                now=group.at,
-                alert=where,
-                snooze=lambda key: snooze_buttons(key)[-1],
-            )
-            # Due once (it rides on its alert, which the outbox posts once); delivered once.
-            ref = await self.outbox.send(idle_subject(group.node, items, user), room, msg)
-            sent += ref is not None
-        return sent
+        """DM each owner of the group's open idle holders (``chat.idle.tell_idle_owners``);
+        return how many DMs were sent or handed over."""
+        return await tell_idle_owners(group, where, self.people, self._dm, self.route)
+
+    async def _dm(self, user: str, msg: Message, subject: str) -> bool:
+        """Post an idle DM to a Matrix user (due once: it rides on its alert, which the outbox
+        posts once; delivered once)."""
+        room = await self.poster.direct(user)
+        if room is None:
+            return False
+        return await self.outbox.send(subject, room, msg) is not None
 
     async def update(self, where: MessageRef, group: AlertGroup) -> None:
         """Edit an alert message to the group's current state (``m.replace``)."""

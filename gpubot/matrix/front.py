@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from gpubot.chat.dm_route import DmRoute
 from gpubot.chat.message import Message, Section, paragraph
 from gpubot.config import Settings
 from gpubot.core.ports import Report
@@ -62,7 +63,9 @@ class MatrixFront:
     def poster(self) -> MatrixPoster:
         return self._poster
 
-    def alerts(self, settings: Settings, outbox: Outbox[Message]) -> MatrixAlerts | None:
+    def alerts(
+        self, settings: Settings, outbox: Outbox[Message], route: DmRoute
+    ) -> MatrixAlerts | None:
         """Sweep alerts in ``[matrix] alerts_room`` (else the first room), and the idle
         holders' DMs; none without a room."""
         room = settings.sweep.channel
@@ -70,7 +73,7 @@ class MatrixFront:
             log.warning("no [matrix] rooms: sweeps run, but nothing is posted")
             return None
         people = settings.policy.chat_ids()
-        return MatrixAlerts(self._poster, room, people=people, outbox=outbox)
+        return MatrixAlerts(self._poster, room, people=people, outbox=outbox, route=route)
 
     async def close(self) -> None:
         await self.api.close()

@@ -18,9 +18,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_details
-from gpubot.chat.alerts import SNOOZE_ACTION, render_reminder, snooze_buttons
+from gpubot.chat.alerts import SNOOZE_ACTION, render_reminder
+from gpubot.chat.dm_route import DmRoute
 from gpubot.chat.holders import snooze
-from gpubot.chat.idle import idle_owners, idle_subject, render_idle_dm
+from gpubot.chat.idle import tell_idle_owners
 from gpubot.chat.message import Message
 from gpubot.core.alerting import AlertGroup, Delivery, Lookup, MessageRef, Posted
 from gpubot.errors import ChatCallFailed
@@ -50,10 +51,12 @@ class SlackAlerts:
         *,
         people: Mapping[str, Sequence[str]] | None = None,
         outbox: Outbox[Message] | None = None,
+        route: DmRoute | None = None,
     ) -> None:
         self.api = api
         self.channel = channel
         self.people = people or {}
+        self.route = route  # how another front end's people get their DMs (None: they do not)
         self.poster = SlackPoster(api)
         self.outbox = outbox or Outbox(None, self.poster)
         self._posted_at: dict[str, float] = {}  # channel → when this notifier last posted there
@@ -127,25 +130,18 @@ class SlackAlerts:
         return sum([await self._reply(where, to_slack(m)) for m in render_digest_details(group)])
 
     async def direct(self, group: AlertGroup, where: MessageRef | None) -> int:
-        """DM each owner of the group's open idle holders who maps to Slack; return DMs sent."""
-        mine = idle_owners(group, self.people)
-        sent = 0
-        for user, items in mine.items():
-            channel = await self.api.open_dm(user)
-            if channel is None:
-                continue
-            msg = render_idle_dm(
-                items,
-                group.node,
-                now=group.at,
-                alert=where,
-                snooze=lambda key: snooze_buttons(key)[-1],
-            )
-            # Due once (it rides on its alert, which the outbox posts once); delivered once.
-            async with self._paced(channel):
-                ref = await self.outbox.send(idle_subject(group.node, items, user), channel, msg)
-            sent += ref is not None
-        return sent
+        """DM each owner of the group's open idle holders (``chat.idle.tell_idle_owners``);
+        return how many DMs were sent or handed over."""
+        return await tell_idle_owners(group, where, self.people, self._dm, self.route)
+
+    async def _dm(self, user: str, msg: Message, subject: str) -> bool:
+        """Post an idle DM to a Slack user, paced (due once: it rides on its alert, which the
+        outbox posts once; delivered once)."""
+        channel = await self.api.open_dm(user)
+        if channel is None:
+            return False
+        async with self._paced(channel):
+            return await self.outbox.send(subject, channel, msg) is not None
 
     async def update(self, where: MessageRef, group: AlertGroup) -> None:
         """Replace an alert message by the group's current state (paced)."""

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpubot.chat.dm_route import DmRoute
 from gpubot.chat.message import Message, Section, paragraph
 from gpubot.chat.surface import MIN_UPDATE_S
 from gpubot.config import Settings
@@ -67,14 +68,16 @@ class SlackFront:
     def poster(self) -> SlackPoster:
         return SlackPoster(self.api)
 
-    def alerts(self, settings: Settings, outbox: Outbox[Message]) -> SlackAlerts | None:
+    def alerts(
+        self, settings: Settings, outbox: Outbox[Message], route: DmRoute
+    ) -> SlackAlerts | None:
         """Sweep alerts in ``[alerts] channel`` (else ``[slack] channel``); none without."""
         channel = settings.sweep.channel
         if channel is None:
             log.warning("no [alerts] or [slack] channel: sweeps run, but nothing is posted")
             return None
         people = settings.policy.chat_ids()
-        return SlackAlerts(self.api, channel, people=people, outbox=outbox)
+        return SlackAlerts(self.api, channel, people=people, outbox=outbox, route=route)
 
     async def close(self) -> None:
         await self.api.close()

@@ -71,7 +71,7 @@ class Front:
     def poster(self) -> Front:
         return self
 
-    def alerts(self, settings: object, outbox: object) -> None:
+    def alerts(self, settings: object, outbox: object, route: object) -> None:
         return None
 
     async def close(self) -> None:
