@@ -1,14 +1,19 @@
 """What a claim must not take: another user's running job, a GPU Slurm allocated (or any GPU
-of a Slurm node, unless ``[slurm] claims``), and GPUs the node does not have."""
+of a Slurm node, unless ``[slurm] claims``), and GPUs the node does not have; and who intrudes
+on a claim now."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from gpubot.core.claims import commands as cc
+from gpubot.core.claims.ports import ClaimStore
+from gpubot.core.claims.rules import Intruder, intruders
+from gpubot.core.health.kinds import parse_key
 from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.slurm import SLURM, SlurmSettings, alloc
 from gpubot.errors import UsageError
+from gpubot.services.status import StatusService
 
 
 def refuse_scheduled(
@@ -60,3 +65,11 @@ def uuids_of(snap: NodeSnapshot, gpus: Sequence[int]) -> tuple[tuple[int, str], 
             raise UsageError(f"{snap.node} has no GPU {g} (it has {have})")
         out.append((g, info.uuid))
     return tuple(out)
+
+
+async def intruder_now(status: StatusService, store: ClaimStore, key: str) -> Intruder | None:
+    """Look for the intruder of the finding ``key`` on its node now (None: not there)."""
+    node = parse_key(key).node
+    snap = await status.snapshot(status.node(node))
+    found = intruders(snap, await store.active(node))
+    return next((i for i in found if i.finding().key.text() == key), None)

@@ -2,12 +2,10 @@
 
 A claim kills nothing. The duty expires claims, ends holds that ran out and serves the queue: a
 GPU is free for it once released, or after two looks in a row with no job and little memory. The
-first in line gets a hold (a conditional write: one DM across replicas). Without ``[claims]
-enabled``, ``wait`` still tells the person, and nothing is held.
-
-A hold recorded by any process (the CLI, which cannot message, a replica, a run before a
-restart) is returned by the duty every turn until the front end says its DM was delivered, so a
-DM that failed is tried again.
+first in line gets a hold (a conditional write: one offer across replicas). Without ``[claims]
+enabled``, ``wait`` still tells the person, and nothing is held. A hold recorded by any process
+(the CLI, which cannot message, a replica, a run before a restart) is returned by the duty every
+turn until the front end says its DM was delivered (once, through the outbox).
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ from gpubot.core.models import NodeConfig, NodeSnapshot
 from gpubot.core.policy import Person
 from gpubot.core.ports import Clock
 from gpubot.errors import DUTY_TURN, GpubotError, StoreError, UsageError
-from gpubot.services.claim_checks import refuse_others, refuse_scheduled, uuids_of
+from gpubot.services.claim_checks import intruder_now, refuse_others, refuse_scheduled, uuids_of
 from gpubot.services.claim_idle import IdleAsked, IdleReleased, idle_claims
 from gpubot.services.maint import holders_ahead
 from gpubot.services.status import StatusService
@@ -334,9 +332,11 @@ class ClaimService:
         self._told &= set(found)
         return [i.finding() for i, _ in found.values()]
 
-    def intruder(self, key: str) -> Intruder | None:
+    async def intruder(self, key: str) -> Intruder | None:
+        """The intruder of finding ``key``: remembered by this process's sweeps, else looked
+        for now (its DM may come from another process, or from before a restart)."""
         got = self._intruders.get(key)
-        return None if got is None else got[0]
+        return got[0] if got is not None else await intruder_now(self.status, self.store, key)
 
     async def _due_intruders(self, now: float) -> list[Intruding]:
         out = []

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 from typing import Any
 
 from gpubot.chat import claim_view as view
@@ -242,3 +244,28 @@ async def test_an_idle_claim_is_asked_then_kept_then_released(
         changes = [r.data["change"] for r in await h.store.records() if r.kind == "claim"]
         assert changes.count("idle-asked") == 2 and changes.count("kept") == 1
         assert changes[-1] == "released-idle"
+
+
+async def test_an_intruders_free_it_is_looked_up_when_clicked_after_a_restart(
+    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+) -> None:
+    """The claimant's *Free it* names a process the sweep of another run found: a bot restarted
+    since (or another front end's process, which does not sweep) looks for it on the node when
+    clicked, and asks the approvers as the first would; once it is gone, it says so."""
+    clock, url = ManualClock(), f"sqlite:///{tmp_path}/r.db"
+    async with serving(slack_settings, dm_slack, url, clock) as (h, app):
+        assert "claimed until" in await ask(h, "claim node1 gpu 1 for 2h eval run", "U0BOB")
+        w = node1.spawn(gpu=1, mib=3000)
+        await app.sweep.run(alerting=True)
+        n = len(dm_slack.calls)
+        assert await h.bot.flows.claims.tick() == 1
+        key = button(dms(dm_slack, "U0BOB", n)[0], view.ACTION_FREE_INTRUDER)
+    async with serving(slack_settings, dm_slack, url, clock) as (h, app):  # never swept
+        await click(h, view.ACTION_FREE_INTRUDER, key, "U0BOB")
+        (request,) = [c for c in dm_slack.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
+        assert f"Unclaimed use: {w.user}'s pid {w.pid}" in json.dumps(request.body)
+        assert alive(w.pid)  # asked, not killed
+        os.kill(w.pid, signal.SIGKILL)  # the test's own workload ends
+        await until(lambda: not alive(w.pid), 20, "the workload's end")
+        gone = await click(h, view.ACTION_FREE_INTRUDER, key, "U0BOB")  # the control
+        assert "that process is no longer seen on the claimed GPU" in gone
