@@ -150,7 +150,7 @@ class ApprovalWords:
             ".",
             NL,
             "Asked: ",
-            *(names or ["nobody (no approvers configured)"]),
+            *(names or ["nobody here (no approver of this front end is configured)"]),
         )
         return Message(None, (Section(text),), f"Request #{a.id} on {a.node} is still undecided")
 

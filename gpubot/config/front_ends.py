@@ -68,3 +68,10 @@ def reaches(front: str, user: str) -> bool:
     form. A front end with no forms of its own (the console) reaches everyone it is given."""
     own = KNOWN.get(front)
     return own is None or own.user.fullmatch(user) is not None
+
+
+def names(front: str, value: str) -> bool:
+    """Whether ``value`` is a person or a group of people of the front end named ``front``: who
+    its messages can mention. A front end with no forms of its own mentions any."""
+    own = KNOWN.get(front)
+    return own is None or bool(own.user.fullmatch(value) or own.group.fullmatch(value))

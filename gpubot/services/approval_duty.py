@@ -18,6 +18,7 @@ import logging
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
+from gpubot.config.front_ends import names
 from gpubot.core.alerting import Intent, Lookup, PendingPost, Posted
 from gpubot.core.approval.model import Approval
 from gpubot.core.approval.posts import PREFIX, Purpose, parse_subject, reping_due, subject
@@ -90,7 +91,7 @@ class ApprovalDuty(Generic[M]):
         if purpose is Purpose.REQUEST:
             return self.words.request(a) if pending else None
         if purpose is Purpose.REPING:
-            return self.words.reping(a, asked(self.policy)) if pending else None
+            return self.words.reping(a, self._asked()) if pending else None
         if purpose is Purpose.EXPIRED:
             return self.words.expired(a) if a.state is ApprovalState.EXPIRED else None
         return self.words.told(purpose, a)
@@ -121,6 +122,10 @@ class ApprovalDuty(Generic[M]):
         posted = await self.outbox.post_to(intent, msg)
         return posted is not None and posted.ref is not None
 
+    def _asked(self) -> tuple[str, ...]:
+        """The approvers (and groups) that this front end's re-ping can name: its own."""
+        return tuple(w for w in asked(self.policy) if names(self.front, w))
+
     async def reping(self) -> int:
         """Ping on-call again in the thread of each request half-way to expiry; return how
         many were pinged now."""
@@ -131,7 +136,7 @@ class ApprovalDuty(Generic[M]):
                 continue
             if await self.outbox.recorded(subject(a.id, Purpose.REPING)):
                 continue  # pinged already (a read; ``begin`` is the check that counts)
-            who = asked(self.policy)
+            who = self._asked()
             msg = self.words.reping(a, who)
             pinged += await self._post(
                 a, Purpose.REPING, a.ref, msg, post="reping", reminded=list(who)

@@ -205,7 +205,11 @@ def both_config(world: MatrixWorld, fleet: Any, folder: Path) -> Path:
             u["carol"]: "carol",
             "min_uid": min(1000, pwd.getpwnam(owner).pw_uid),
         },
-        "approvals": {"approvers": ["U0CAROL", u["carol"]], "expiry_s": EXPIRY_S},
+        "approvals": {
+            "approvers": ["U0CAROL", u["carol"]],
+            "usergroup": "S0ONCALL",
+            "expiry_s": EXPIRY_S,
+        },
     }
     return fleet_config(fleet, folder, tables)
 
@@ -249,12 +253,21 @@ async def test_two_serve_processes_on_one_database_each_keep_to_their_own(
         request = await alice.wait_for(
             world.room, world.bot_id, lambda e: APPROVAL_KEY in e["content"]
         )
+        ping = await alice.wait_for(
+            world.room, world.bot_id, in_thread_of(request["event_id"], "is still undecided")
+        )
         await alice.wait_for(world.room, world.bot_id, edit_of(request["event_id"], "nobody"))
 
         def slack_expired() -> bool:
             return any("nobody decided" in str(c.body) for c in fake.ok("chat.update"))
 
         await fake.wait_for(slack_expired, 60)
+        (slack_ping,) = [c for c in fake.ok("chat.postMessage") if "still undecided" in str(c.body)]
+        # each re-ping names the approvers its own front end can mention, and only those
+        assert world.users["carol"].user_id in ping["content"]["body"]
+        assert "U0CAROL" not in str(ping["content"]) and "S0ONCALL" not in str(ping["content"])
+        assert "U0CAROL" in str(slack_ping.body) and "S0ONCALL" in str(slack_ping.body)
+        assert world.users["carol"].user_id not in str(slack_ping.body)
         assert matrix_proc.returncode is None
     store = open_store(f"sqlite:///{tmp_path}/audit.db")
     try:
