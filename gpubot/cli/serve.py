@@ -1,7 +1,8 @@
-"""``gpubot serve``: run the Slack bot, over Socket Mode (default) or HTTP (``--http``), or the
-Matrix bot (``--chat matrix``). One front end per process: to serve both, run one ``gpubot
-serve`` for each on one database (each one's approval duty handles its own requests), the
-second with ``--no-sweeps`` (``SERVE_BOTH``).
+"""``gpubot serve``: run the Slack bot, over Socket Mode (default) or HTTP (``--http``), the
+Matrix bot (``--chat matrix``), or both (``--chat both``). Each front end runs on a composition
+of its own over the one database, as two processes would: each one's approval duty handles its
+own requests, DMs to the other's people are handed over to it, and only Slack's sweeps (the
+alerts go to its channel) and metrics run. SIGTERM or SIGINT stops both.
 
 The only place that reads Slack secrets, from the environment: ``SLACK_BOT_TOKEN`` (always),
 ``SLACK_APP_TOKEN`` (Socket Mode), ``SLACK_SIGNING_SECRET`` (HTTP), ``SLACK_API_URL`` (optional:
@@ -12,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import re
-from collections.abc import Mapping
+import signal
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
-from gpubot.app import Serving, build, settings_from
+from gpubot.app import App, Serving, build, settings_from
 from gpubot.cli.common import duration_arg
 from gpubot.config import Settings, check_port
 from gpubot.errors import ConfigError
@@ -67,19 +71,15 @@ def read_tokens(environ: Mapping[str, str], *, http: bool) -> Tokens:
     return Tokens(bot, app, secret, url if url.endswith("/") else url + "/")
 
 
-CHATS = ("slack", "matrix")
-SERVE_BOTH = (
-    "one front end per process: to serve Slack and Matrix, run `gpubot serve --chat slack` "
-    "and `gpubot serve --chat matrix --no-sweeps` on one database"
-)
+CHATS = ("slack", "matrix", "both")
 
 
 def chat_arg(text: str) -> str:
-    """An argparse type: one front end's name; more than one is refused, saying how."""
+    """An argparse type: a front end's name, or both."""
     if text in CHATS:
         return text
-    if text == "both" or "," in text:
-        raise argparse.ArgumentTypeError(f"{text!r}: {SERVE_BOTH}")
+    if "," in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: to serve Slack and Matrix, say --chat both")
     raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(CHATS)}")
 
 
@@ -88,10 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chat",
         type=chat_arg,
         default="slack",
-        metavar="{slack,matrix}",
-        help="the chat front end to serve (default slack; matrix: the [matrix] section); "
-        "one per process: for both, run one of each on one database, the second with "
-        "--no-sweeps",
+        metavar="{slack,matrix,both}",
+        help="the chat front end to serve (default slack; matrix: the [matrix] section; both: "
+        "each on its own composition over the one database, the sweeps' alerts in Slack)",
     )
     parser.add_argument(
         "--http", action="store_true", help="serve the Events API over HTTP instead of Socket Mode"
@@ -135,12 +134,11 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         check_port(args.metrics_port, "--metrics-port")
     environ = os.environ
-    if args.chat == "matrix":
-        return _run_matrix(args, environ)
-    tokens = read_tokens(environ, http=args.http)
+    tokens = None if args.chat == "matrix" else read_tokens(environ, http=args.http)
     settings = settings_from(args.config, environ)
+    matrix = None if args.chat == "slack" else _matrix_login(settings, environ)
     _log_setup()
-    asyncio.run(_serve(args, settings, tokens, environ))
+    asyncio.run(_serve(args, settings, tokens, matrix, environ))
     return 0
 
 
@@ -150,72 +148,121 @@ def _log_setup() -> None:
     )
 
 
-def _serving(args: argparse.Namespace) -> Serving:
+def _serving(args: argparse.Namespace, *, first: bool = True) -> Serving:
+    """How a front end's composition serves; ``first`` False: the second of ``--chat both``,
+    which neither sweeps nor serves the metrics (the first does)."""
     return Serving(
-        sweeps=not args.no_sweeps,
-        metrics_port=args.metrics_port,
+        sweeps=first and not args.no_sweeps,
+        metrics_port=args.metrics_port if first else None,
         metrics_host=args.metrics_host,
         expire_every_s=args.expire_every,
     )
 
 
-def _run_matrix(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """Serve Matrix: the ``[matrix]`` section of the same settings file, its token's variable."""
+def _matrix_login(settings: Settings, environ: Mapping[str, str]) -> tuple[MatrixSettings, str]:
+    """The ``[matrix]`` section of the same settings file, and its token's variable."""
     from pathlib import Path
 
     from gpubot.matrix import settings as matrix_settings
 
-    settings = settings_from(args.config, environ)
     m = matrix_settings.load(Path(settings.path or "gpubot.toml"))
-    token = m.token(environ)
-    _log_setup()
-    asyncio.run(_serve_matrix(args, matrix_settings.on_matrix(settings, m), m, token, environ))
-    return 0
+    return m, m.token(environ)
 
 
-async def _serve_matrix(
+@dataclass(frozen=True)
+class Served:
+    """One front end's composition: its credentials' check, and its bot's listening."""
+
+    app: App
+    check: Callable[[], Awaitable[None]]
+    listen: Callable[[asyncio.Event], Awaitable[None]]
+
+
+async def _serve(
+    args: argparse.Namespace,
+    settings: Settings,
+    tokens: Tokens | None,
+    matrix: tuple[MatrixSettings, str] | None,
+    environ: Mapping[str, str],
+) -> None:
+    """Build each front end on its own composition (a database that is behind stops it here),
+    check each one's credentials (a refusal is one line), then run them until SIGTERM or
+    SIGINT; one that stops stops the other."""
+    async with contextlib.AsyncExitStack() as stack:
+        built: list[Served] = []
+        if tokens is not None:
+            built.append(_slack(args, settings, tokens, environ))
+            stack.push_async_callback(built[-1].app.close)
+        if matrix is not None:
+            built.append(_matrix(args, settings, *matrix, environ, first=not built))
+            stack.push_async_callback(built[-1].app.close)
+        for served in built:
+            await served.check()
+        for served in built:
+            await stack.enter_async_context(served.app.running())
+        with _stop_on_signals() as stop:
+            await asyncio.gather(*(_until_one_ends(s.listen, stop) for s in built))
+
+
+async def _until_one_ends(
+    listen: Callable[[asyncio.Event], Awaitable[None]], stop: asyncio.Event
+) -> None:
+    try:
+        await listen(stop)
+    finally:
+        stop.set()
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[asyncio.Event]:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield stop
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _matrix(
     args: argparse.Namespace,
     settings: Settings,
     m: MatrixSettings,
     token: str,
     environ: Mapping[str, str],
-) -> None:
+    *,
+    first: bool,
+) -> Served:
+    """The Matrix bot on its composition; its check asks the homeserver who the token is."""
     from gpubot.matrix.api import MatrixAccess
     from gpubot.matrix.bot import MatrixBot, MatrixParts
     from gpubot.matrix.front import MatrixFront
     from gpubot.matrix.serve import check_login, listen
+    from gpubot.matrix.settings import on_matrix
     from gpubot.matrix.typed import Typed
 
     front = MatrixFront(MatrixAccess(m.homeserver, m.user_id, token, m.device_id))
-    try:
-        await check_login(front.api, m.token_env)
-    except ConfigError:
-        await front.close()
-        raise
-    app = build(settings, environ, need_store=True, front=front, serving=_serving(args))
-    try:
-        rooms, servers = frozenset(m.rooms), frozenset(m.servers)
-        keeper = app.sweep.keeper
-        snoozer = None if keeper is None else keeper.snooze
-        typed = Typed(app.flows, snoozer, app.sweep.ladder)
-        parts = MatrixParts(app.flows, front.api, rooms, servers, typed)
-        async with app.running():
-            await listen(MatrixBot(parts))
-    finally:
-        await app.close()
+    serving = _serving(args, first=first)
+    app = build(on_matrix(settings, m), environ, need_store=True, front=front, serving=serving)
+    keeper = app.sweep.keeper
+    typed = Typed(app.flows, None if keeper is None else keeper.snooze, app.sweep.ladder)
+    rooms, servers = frozenset(m.rooms), frozenset(m.servers)
+    bot = MatrixBot(MatrixParts(app.flows, front.api, rooms, servers, typed))
+    return Served(app, partial(check_login, front.api, m.token_env), partial(listen, bot))
 
 
-async def _serve(
+def _slack(
     args: argparse.Namespace, settings: Settings, tokens: Tokens, environ: Mapping[str, str]
-) -> None:
+) -> Served:
+    """The Slack bot on its composition; its check asks Slack who the token is."""
     from gpubot.services.alert_keeper import NoAlerts
     from gpubot.slack.front import SlackAccess, SlackFront
     from gpubot.slack.serve import Listener, SlackParts, build_bot, check_token, listen
 
-    options = _serving(args)
-    # A database that is behind stops us here; the composition root builds everything once.
     front = SlackFront(SlackAccess(tokens.bot, tokens.api_url))
-    app = build(settings, environ, need_store=True, front=front, serving=options)
+    app = build(settings, environ, need_store=True, front=front, serving=_serving(args))
     listener = Listener(
         http=args.http,
         host=args.host,
@@ -224,11 +271,6 @@ async def _serve(
         app_token=tokens.app,
         signing_secret=tokens.signing_secret,
     )
-    try:
-        snoozer = app.sweep.keeper or NoAlerts()
-        bot = build_bot(SlackParts(app.flows, front.api, snoozer), tokens.signing_secret)
-        await check_token(bot)
-        async with app.running():
-            await listen(bot, listener)
-    finally:
-        await app.close()
+    snoozer = app.sweep.keeper or NoAlerts()
+    bot = build_bot(SlackParts(app.flows, front.api, snoozer), tokens.signing_secret)
+    return Served(app, partial(check_token, front.api), partial(listen, bot, listener))

@@ -1,4 +1,4 @@
-"""The Matrix front end at run time: check the login, then sync until SIGTERM or SIGINT.
+"""The Matrix front end at run time: check the login, then sync until told to stop.
 
 ``gpubot.cli.serve`` builds the app on ``matrix.front.MatrixFront`` and runs its lifecycle
 (``App.running``); this module checks who the token is (``check_login``) and runs the bot's long
@@ -8,7 +8,6 @@ poll (``listen``).
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 
 from gpubot.errors import ChatCallFailed, ChatUnanswered, ConfigError
@@ -42,21 +41,14 @@ async def check_login(api: MatrixApi, token_env: str) -> None:
         )
 
 
-async def listen(bot: MatrixBot) -> None:
-    """Sync until SIGTERM or SIGINT, then let the commands under way finish."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        running = asyncio.create_task(bot.run(stop))
-        ready = asyncio.create_task(bot.ready.wait())
-        await asyncio.wait({running, ready}, return_when=asyncio.FIRST_COMPLETED)
-        if ready.done():  # the first sync is behind: what is typed now is answered
-            print(f"gpubot: serving Matrix as {bot.me}", file=sys.stderr, flush=True)
-        ready.cancel()
-        await running
-        await bot.drain()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+async def listen(bot: MatrixBot, stop: asyncio.Event) -> None:
+    """Sync until ``stop`` is set (the entry sets it on SIGTERM or SIGINT), then let the
+    commands under way finish."""
+    running = asyncio.create_task(bot.run(stop))
+    ready = asyncio.create_task(bot.ready.wait())
+    await asyncio.wait({running, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if ready.done():  # the first sync is behind: what is typed now is answered
+        print(f"gpubot: serving Matrix as {bot.me}", file=sys.stderr, flush=True)
+    ready.cancel()
+    await running
+    await bot.drain()

@@ -75,13 +75,11 @@ async def start_http(bot: GpuBot, host: str, port: int, path: str) -> web.AppRun
     return runner
 
 
-async def listen(bot: GpuBot, listener: Listener) -> None:
-    """Listen for Slack until SIGTERM or SIGINT, then let the handlers under way finish."""
-    stop = asyncio.Event()
+async def listen(bot: GpuBot, listener: Listener, stop: asyncio.Event) -> None:
+    """Listen for Slack until ``stop`` is set (the entry sets it on SIGTERM or SIGINT), then
+    let the handlers under way finish. SIGUSR1 dumps what every task waits on."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGUSR1, dump.dump, loop)  # what every task waits on
+    loop.add_signal_handler(signal.SIGUSR1, dump.dump, loop)
     try:
         if listener.http:
             runner = await start_http(bot, listener.host, listener.port, listener.path)
@@ -99,8 +97,7 @@ async def listen(bot: GpuBot, listener: Listener) -> None:
             await handler.close_async()
         await bot.drain()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            loop.remove_signal_handler(sig)
+        loop.remove_signal_handler(signal.SIGUSR1)
 
 
 async def _connect_until(handler: Any, stop: asyncio.Event) -> None:
@@ -118,11 +115,11 @@ async def _connect_until(handler: Any, stop: asyncio.Event) -> None:
     await stopping
 
 
-async def check_token(bot: GpuBot) -> None:
+async def check_token(api: SlackApi) -> None:
     """Ask Slack who we are: a refused token is a start-up error naming the variable; a Slack
     that cannot be reached is one line, and the bot starts (calls retry; Socket Mode reconnects)."""
     try:
-        await call(bot.client, "auth.test")
+        await call(api.client, "auth.test")
     except ChatCallFailed as exc:
         if not answered(exc):
             log.warning("cannot reach the Slack Web API yet (%s): starting anyway", exc.error)

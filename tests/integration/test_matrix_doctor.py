@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpubot.core.doctor.checks import Check
 from gpubot.matrix.doctor import check, check_file
 from gpubot.matrix.settings import MatrixSettings
 from tests.fixtures.db import closed_port
 from tests.fixtures.matrix import MatrixWorld, config_for
 from tests.fixtures.serve import env_with, run_serve
+from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack
 
 ENV = "MATRIX_ACCESS_TOKEN"
 
@@ -59,13 +62,24 @@ async def test_a_file_without_matrix_has_no_matrix_checks(tmp_path: Path) -> Non
     assert name == "settings" and "matrix.homeserver: expected http(s)://host" in detail
 
 
+@pytest.mark.parametrize("chat", ["matrix", "both"])
 async def test_serve_refuses_a_bad_token_in_one_line(
-    matrix_world: MatrixWorld, slack_fleet: Any, tmp_path: Path
+    matrix_world: MatrixWorld, slack_fleet: Any, fake_slack: FakeSlack, tmp_path: Path, chat: str
 ) -> None:
+    """Alone or beside Slack (whose token is good), a refused Matrix token stops the start
+    before anything runs: one line."""
     w = matrix_world
-    config = config_for(w, slack_fleet, tmp_path, w.synapse.url)
-    env = env_with(MATRIX_ACCESS_TOKEN="syt_not_a_token")
-    code, err = await run_serve(config, env, "--chat", "matrix", "--no-sweeps")
+    config = config_for(w, slack_fleet, tmp_path, w.synapse.url, slack=chat == "both")
+    env = env_with(
+        MATRIX_ACCESS_TOKEN="syt_not_a_token",
+        SLACK_BOT_TOKEN=BOT_TOKEN,
+        SLACK_SIGNING_SECRET=SECRET,
+        SLACK_API_URL=fake_slack.base_url,
+    )
+    port = str(closed_port())
+    code, err = await run_serve(
+        config, env, "--chat", chat, "--no-sweeps", "--http", "--port", port
+    )
     assert code == 2
     assert err.strip().splitlines() == [
         f"gpubot: error: {ENV} was refused by the homeserver: M_UNKNOWN_TOKEN"

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from gpubot.core.alerting import Intent
@@ -215,38 +216,69 @@ def both_config(world: MatrixWorld, fleet: Any, folder: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def slack_serving(config: Path, fake: FakeSlack) -> AsyncIterator[SlackSender]:
-    """``gpubot serve --http`` on ``config`` (no sweeps, the duty every second)."""
+async def slack_serving(
+    config: Path, fake: FakeSlack, matrix_token: str | None = None
+) -> AsyncIterator[tuple[SlackSender, asyncio.subprocess.Process]]:
+    """``gpubot serve --http`` on ``config`` (no sweeps, the duty every second); with
+    ``matrix_token``, ``--chat both``: the Matrix bot too, in the same process."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = env_with(
         SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_SIGNING_SECRET=SECRET, SLACK_API_URL=fake.base_url
     )
-    args = ("--http", "--port", str(port), "--no-sweeps", "--expire-every", "1")
+    args: tuple[str, ...] = ("--http", "--port", str(port), "--no-sweeps", "--expire-every", "1")
+    waits = [b"serving Slack"]
+    if matrix_token is not None:
+        env["MATRIX_ACCESS_TOKEN"] = matrix_token
+        args, waits = ("--chat", "both", *args), [*waits, b"serving Matrix"]
     proc = await spawn_serve(config, env, args, asyncio.subprocess.DEVNULL)
     try:
         assert proc.stderr is not None
-        while b"serving Slack" not in (line := await asyncio.wait_for(proc.stderr.readline(), 60)):
-            assert line, "gpubot serve --http ended before serving"
-        yield SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake)
+        said: list[bytes] = []
+        while not all(any(w in line for line in said) for w in waits):
+            said.append(line := await asyncio.wait_for(proc.stderr.readline(), 60))
+            assert line, b"gpubot serve ended before serving: " + b"".join(said[-10:])
+        yield SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake), proc
     finally:
         await stop_serve(proc)
+    assert proc.returncode == 0  # SIGTERM stops every front end it serves, cleanly
 
 
-async def test_two_serve_processes_on_one_database_each_keep_to_their_own(
-    matrix_world: MatrixWorld, slack_fleet: Any, fake_slack: FakeSlack, node1: Any, tmp_path: Path
+@contextlib.asynccontextmanager
+async def both_serving(
+    config: Path, fake: FakeSlack, world: MatrixWorld, processes: int
+) -> AsyncIterator[tuple[SlackSender, asyncio.subprocess.Process]]:
+    """Slack and Matrix served by two ``gpubot serve`` processes, or by one ``--chat both``;
+    the process yielded is the one that serves Matrix."""
+    if processes == 1:
+        async with slack_serving(config, fake, world.bot_token) as (slack, proc):
+            yield slack, proc
+        return
+    async with (
+        slack_serving(config, fake) as (slack, _),
+        serving(config, world.bot_token) as matrix_proc,
+    ):
+        yield slack, matrix_proc
+
+
+@pytest.mark.parametrize("processes", [2, 1], ids=["two-processes", "chat-both"])
+async def test_slack_and_matrix_served_on_one_database_each_keep_to_their_own(
+    matrix_world: MatrixWorld,
+    slack_fleet: Any,
+    fake_slack: FakeSlack,
+    node1: Any,
+    tmp_path: Path,
+    processes: int,
 ) -> None:
-    """``gpubot serve --chat slack`` and ``--chat matrix`` on one settings file and database:
-    bob asks on each; each request is re-pinged and expires in its own front end only."""
+    """``gpubot serve --chat slack`` and ``--chat matrix`` on one settings file and database,
+    or one ``gpubot serve --chat both``: bob asks on each; each request is re-pinged and
+    expires in its own front end only."""
     world, fake = matrix_world, fake_slack
     config = both_config(world, slack_fleet, tmp_path)
     node1.spawn(gpu=2, mib=3000)
     node1.spawn(gpu=3, mib=3000)
-    async with (
-        slack_serving(config, fake) as slack,
-        serving(config, world.bot_token) as matrix_proc,
-    ):
+    async with both_serving(config, fake, world, processes) as (slack, matrix_proc):
         assert (await slack.command("reset node1 gpu 2", user="U0BOB")).status == 200
         await world.users["bob"].say(world.room, "!gpu reset node1 gpu 3")
         alice = world.users["alice"]
