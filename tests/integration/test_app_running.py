@@ -68,7 +68,7 @@ async def test_the_report_comes_first_then_every_duty_runs_and_stops(settings: S
             await asyncio.wait_for(expired.wait(), 10)
             assert expiry.running
             running = [s.name for s in app.schedulers if s.running]
-            assert running == ["sweep", "approval-expiry", "claims"]  # no seals: no key
+            assert running == ["sweep", "approval-expiry", "claims", "dm-due"]  # no seals: no key
             assert run.metrics_port is not None and run.metrics_port > 0
         assert started[0] is True
         assert [s.name for s in app.schedulers if s.running] == []  # stopped on the way out
