@@ -1,5 +1,5 @@
-"""Sweep alerts on Matrix: posted once in the alerts' room, edited as they change, and the idle
-holders' DMs.
+"""Sweep alerts on Matrix: how a reply goes in a thread and an alert is edited; what every front
+end does alike is ``chat.alert_teller``'s.
 
 An alert is posted through the one outbox (``services.outbox``) with its token as the
 transaction id (``matrix.poster``): a post resent after a lost answer or a crash is the same
@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 
-from gpubot.chat.alert_digest import is_digest, render_alert, render_digest_details
-from gpubot.chat.alerts import render_reminder
+from gpubot.chat.alert_digest import render_alert
+from gpubot.chat.alert_teller import AlertTeller
 from gpubot.chat.dm_route import DmRoute
-from gpubot.chat.idle import tell_idle_owners
 from gpubot.chat.message import Message
-from gpubot.core.alerting import AlertGroup, Delivery, Lookup, MessageRef, Posted
+from gpubot.core.alerting import AlertGroup, Delivery, MessageRef
 from gpubot.errors import ChatCallFailed
 from gpubot.matrix.api import new_txn
 from gpubot.matrix.ids import split_ref
@@ -33,9 +31,9 @@ from gpubot.services.outbox import Outbox
 log = logging.getLogger(__name__)
 
 
-class MatrixAlerts:
-    """Posts, edits and reminds alert messages in one room (the ``Notifier`` port). ``people``:
-    Linux user → Matrix user ids, whose idle holders are told by DM once each (``outbox``)."""
+class MatrixAlerts(AlertTeller):
+    """Alerts in one Matrix room (``chat.alert_teller``): replies in threads (``m.thread``),
+    edits (``m.replace``)."""
 
     def __init__(
         self,
@@ -46,66 +44,14 @@ class MatrixAlerts:
         outbox: Outbox[Message],
         route: DmRoute | None = None,
     ) -> None:
-        self.poster = poster
+        super().__init__(poster, room, people=people, outbox=outbox, route=route)
         self.api = poster.api
-        self.room = room
-        self.people = people
-        self.route = route  # how another front end's people get their DMs (None: they do not)
-        self.outbox = outbox
-        self._unsure: dict[str, AlertGroup] = {}  # token → a digest whose post is unconfirmed
 
-    async def post(self, group: AlertGroup, *, token: str) -> Posted:
-        """Post a new alert with ``token`` as its transaction id; once the homeserver has it,
-        post a digest's details in its thread and DM the idle holders' owners."""
-        posted = await self.poster.post(self.room, render_alert(group), token=token)
-        if posted.delivery is Delivery.UNCERTAIN and is_digest(group):
-            self._unsure[token] = group  # its details follow if the timeline has it
-        if posted.delivery is Delivery.POSTED:  # once per finding: the DM rides on its alert
-            try:
-                if posted.ref is not None:
-                    await self.details(posted.ref, group)
-                await self.direct(group, posted.ref)
-            except Exception:  # what follows an alert never fails a sweep
-                log.exception("details or direct messages of the alert on %s failed", group.node)
-        return posted
-
-    async def find(self, token: str, since: datetime) -> Lookup:
-        """Look for the alert sent with transaction id ``token``; a digest of this process
-        found there gets its details in its thread."""
-        lookup = await self.poster.find(self.room, token, since)
-        group = self._unsure.pop(token, None) if lookup.checked or lookup.ref else None
-        if group is not None and lookup.ref is not None:
-            try:
-                await self.details(lookup.ref, group)
-            except Exception:  # never fails the search
-                log.exception("details of the digest %s failed", group.node)
-        return lookup
-
-    async def _thread(self, where: MessageRef, msg: Message) -> bool:
-        """Post ``msg`` in the thread of ``where``; False (logged) if it did not get there. A
-        reply whose answer is lost is not resent."""
+    async def reply(self, where: MessageRef, msg: Message, *, broadcast: bool = False) -> bool:
+        """Post ``msg`` in the thread of ``where`` (Matrix shows no thread reply in the room);
+        False (logged) if it did not get there. A reply whose answer is lost is not resent."""
         posted = await post_once(self.api, where, msg, token=new_txn())
         return posted.delivery is Delivery.POSTED
-
-    async def details(self, where: MessageRef, group: AlertGroup) -> int:
-        """Post a digest's details in its thread (nothing for a node's own alert); return how
-        many replies were posted."""
-        if not is_digest(group):
-            return 0
-        return sum([await self._thread(where, m) for m in render_digest_details(group)])
-
-    async def direct(self, group: AlertGroup, where: MessageRef | None) -> int:
-        """DM each owner of the group's open idle holders (``chat.idle.tell_idle_owners``);
-        return how many DMs were sent or handed over."""
-        return await tell_idle_owners(group, where, self.people, self._dm, self.route)
-
-    async def _dm(self, user: str, msg: Message, subject: str) -> bool:
-        """Post an idle DM to a Matrix user (due once: it rides on its alert, which the outbox
-        posts once; delivered once)."""
-        room = await self.poster.direct(user)
-        if room is None:
-            return False
-        return await self.outbox.send(subject, room, msg) is not None
 
     async def update(self, where: MessageRef, group: AlertGroup) -> None:
         """Edit an alert message to the group's current state (``m.replace``)."""
@@ -117,6 +63,3 @@ class MatrixAlerts:
             await self.api.send(room, edit_of(event, render_alert(group)), txn=new_txn())
         except ChatCallFailed as exc:
             log.error("editing the alert %s failed: %s", where, exc)
-
-    async def remind(self, where: MessageRef, group: AlertGroup) -> None:
-        await self._thread(where, render_reminder(group))
