@@ -77,6 +77,8 @@ def offered(found: list[Finding], slurm: frozenset[str] = SLURM) -> list[str]:
 
 
 NOT_READY = GpuHealth(0, fabric_state="In Progress", fabric_status="Failure")
+BRAKE = GpuHealth(0, slowdown=("hw_slowdown",), power_w=90.0)  # the board's own power brake
+HOT = GpuHealth(0, slowdown=("hw_thermal_slowdown",), temperature_c=92)
 
 
 @pytest.mark.parametrize(
@@ -91,8 +93,12 @@ NOT_READY = GpuHealth(0, fabric_state="In Progress", fabric_status="Failure")
         (health(NOT_READY), "NVSwitch fabric state In Progress, status Failure"),
         (health(GpuHealth(0, remap_failure=True)), "drain it and open a ticket"),
         (health(GpuHealth(0, 2), before=GpuHealth(0, 1)), "uncorrectable ECC errors grew"),
+        (health(BRAKE, before=BRAKE), "HW slowdown is the board's own"),
     ],
-    ids=["xid79", "sxid", "xid64", "xid48x3", "xid94x4", "xid95x3", "fabric", "remap", "ecc"],
+    ids=[
+        *("xid79", "sxid", "xid64", "xid48x3", "xid94x4", "xid95x3"),
+        *("fabric", "remap", "ecc", "hw-slowdown"),
+    ],
 )
 def test_a_drain_finding_on_a_slurm_node_offers_drain(found: list[Finding], why: str) -> None:
     (summary,) = offered(found)  # one finding of them: the one whose step is to drain
@@ -111,8 +117,12 @@ def test_a_drain_finding_on_a_slurm_node_offers_drain(found: list[Finding], why:
         xids((63, 0), (63, 0), (63, 0)),  # a pending remap: a reset applies it
         health(GpuHealth(0, remap_pending=True)),
         health(GpuHealth(0, 1)),  # an ECC error since load, not growing
+        health(HOT, before=HOT),  # a thermal slowdown: the box's cooling, not the node
     ],
-    ids=["xid48", "xid48x2", "xid48-two-gpus", "mixed", "xid13x6", "xid63x3", "pending", "ecc1"],
+    ids=[
+        *("xid48", "xid48x2", "xid48-two-gpus", "mixed", "xid13x6", "xid63x3"),
+        *("pending", "ecc1", "thermal"),
+    ],
 )
 def test_no_drain_for_findings_a_reset_or_the_job_answers(found: list[Finding]) -> None:
     assert found and offered(found) == []

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpubot.core.findings import Finding, FindingKind
 from gpubot.core.health.hung import HungMemory, HungRule, find_hung
@@ -108,7 +109,7 @@ def find_health(
                 *_fabric(snap.node, g, h, node_health, busy),
                 *_throttle(snap.node, g, h, memory, new),
             )
-            out += [Finding(snap.node, g.index, kind, "", summary) for kind, summary in found]
+            out += [Finding(snap.node, g.index, k, "", said, drain=d) for k, said, d in found]
     if hung is not None:
         stuck, new.hung = find_hung(snapshots, health, memory.hung, hung, at=at)
         out += stuck
@@ -125,7 +126,16 @@ def reset_step(node: str, gpu: int, busy: int) -> str:
     return f"it is idle: gpu-reset {node} gpu {gpu} now"
 
 
-Found = Iterator[tuple[FindingKind, str]]  # a GPU's findings: (kind, summary)
+class Said(NamedTuple):
+    """A GPU's finding as a producer says it; ``drain``: offer to drain the node though its kind
+    does not (a board's own slowdown, beside a thermal one)."""
+
+    kind: FindingKind
+    summary: str
+    drain: bool = False
+
+
+Found = Iterator[Said]
 
 
 def _memory(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> Found:
@@ -134,12 +144,12 @@ def _memory(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> Found:
             f"GPU {g.index} ({g.name}): a row remapping failed: its memory cannot be "
             "repaired. Hardware: drain it and open a ticket"
         )
-        yield REMAP_FAILED, text
+        yield Said(REMAP_FAILED, text)
     if h.remap_pending or h.retired_pending:
         what = "a remapped row" if h.remap_pending else "a retired page"
         step = reset_step(node, g.index, busy)
         text = f"GPU {g.index}: {what} waits for a GPU reset to take effect; {step}"
-        yield MEMORY_REPAIR_PENDING, text
+        yield Said(MEMORY_REPAIR_PENDING, text)
 
 
 def _ecc_since_load(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> Found:
@@ -155,7 +165,7 @@ def _ecc_since_load(node: str, g: GpuInfo, h: GpuHealth, busy: int) -> Found:
         f"{reset_step(node, g.index, busy)}; if it comes back after the reset, hardware: open "
         "a ticket"
     )
-    yield ECC_SINCE_LOAD, text
+    yield Said(ECC_SINCE_LOAD, text)
 
 
 def _ecc(node: str, g: GpuInfo, h: GpuHealth, memory: HealthMemory, new: HealthMemory) -> Found:
@@ -183,7 +193,7 @@ def _ecc(node: str, g: GpuInfo, h: GpuHealth, memory: HealthMemory, new: HealthM
             "pending remap is applied by a GPU reset, and if the count keeps growing, hardware: "
             "open a ticket"
         )
-        yield ECC_UNCORRECTED, text
+        yield Said(ECC_UNCORRECTED, text)
 
 
 def _fabric(node: str, g: GpuInfo, h: GpuHealth, nh: NodeHealth, busy: int) -> Found:
@@ -196,7 +206,7 @@ def _fabric(node: str, g: GpuInfo, h: GpuHealth, nh: NodeHealth, busy: int) -> F
             f"GPU {g.index}: NVSwitch fabric state {h.fabric_state}{status}{fm}: CUDA jobs "
             f"across GPUs fail until it completes; {step}"
         )
-        yield FABRIC_NOT_READY, text
+        yield Said(FABRIC_NOT_READY, text)
     links = h.links
     if links is not None and links.missing and links.expected is not None:
         down = ", ".join(str(i) for i in links.missing)
@@ -211,7 +221,7 @@ def _fabric(node: str, g: GpuInfo, h: GpuHealth, nh: NodeHealth, busy: int) -> F
             f"GPU {g.index}: {what}; {step}; if they stay down after a reset, drain and reboot, "
             "then hardware: open a ticket"
         )
-        yield NVLINK_DOWN, text
+        yield Said(NVLINK_DOWN, text)
 
 
 def _throttle(
@@ -232,4 +242,5 @@ def _throttle(
         else "HW slowdown is the board's own (power brake, power supply): drain it and, if it "
         "persists, hardware: open a ticket"
     )
-    yield GPU_THROTTLED, f"GPU {g.index}: {words} for two sweeps or more{temp}{power}: {step}"
+    text = f"GPU {g.index}: {words} for two sweeps or more{temp}{power}: {step}"
+    yield Said(GPU_THROTTLED, text, drain=not thermal)  # the board's own: drain it
