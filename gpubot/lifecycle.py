@@ -24,11 +24,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Serving:
     """How a long-running gpubot (``gpubot serve``) serves the fleet: its sweeps (off: another
-    replica sweeps), the metrics' port (None: ``[metrics] port``, if any) and address, how often
+    replica sweeps), its metrics (off: another composition of the process serves them), their
+    port (None: ``[metrics] port``, if any) and address, how often
     approvals expire, whether the start-up heap is frozen out of the collector's full passes
     (``settle_heap``), and when the schedules first run (None: a few seconds after start)."""
 
     sweeps: bool = True
+    metrics: bool = True
     metrics_port: int | None = None
     metrics_host: str | None = None
     expire_every_s: float = 30.0
@@ -49,7 +51,7 @@ def serve_metrics(metrics: Metrics | None, settings: Settings, options: Serving)
     cfg = settings.metrics
     port = cfg.port if options.metrics_port is None else options.metrics_port
     host = options.metrics_host or cfg.host
-    if port is None or metrics is None:
+    if port is None or metrics is None or not options.metrics:
         return None
     bound = metrics.serve(port, host)
     log.info("metrics at http://%s:%d/metrics", host, bound)

@@ -19,7 +19,7 @@ from gpubot.chat.ladder import LadderTeller
 from gpubot.chat.message import Message
 from gpubot.chat.report_view import ChannelDigest
 from gpubot.config import Settings
-from gpubot.config.front_ends import reaches
+from gpubot.config.front_ends import has_forms, reaches
 from gpubot.core.ports import Locks, PromSource, Transport
 from gpubot.core.slurm import SLURM
 from gpubot.lifecycle import SweepHeap
@@ -146,7 +146,8 @@ def _dms(front: FrontEnd, outbox: Outbox[Message], store: Store | None) -> DmRou
     """A DM to a person this front end reaches goes through it; one to another front end's
     person is handed over through the store (``chat.dm_route``)."""
     due = None if store is None else store.dm_due
-    return DmRoute(front.dm(outbox), partial(reaches, front.name), due)
+    takes = has_forms(front.name)  # the console reaches anyone: it takes no one else's DMs
+    return DmRoute(front.dm(outbox), partial(reaches, front.name), due, takes=takes)
 
 
 def _sources(base: Base) -> Sources:

@@ -176,7 +176,7 @@ class ClaimDesk:
         someone else's, waits for an on-call approver; the request says whose claim it is."""
         try:
             svc = self._svc()
-            i = await svc.intruder(value)
+            i = await svc.intruder(value, who.id)
             if i is None:
                 raise UsageError(
                     "that process is no longer seen on the claimed GPU: nothing to free"

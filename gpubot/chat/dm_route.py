@@ -5,7 +5,8 @@ A gpubot process serves one front end, and the settings map a Linux user to peop
 reaches goes through its own ``Dm``; one to a person it does not reach is handed over, rendered,
 through the database (``DmDueStore``), and the process whose front end reaches them posts it
 (``deliver``, a duty) through the one outbox under the same subject: once, whichever process
-made it. Without a database there is nobody to hand it to: it is not sent.
+made it. Without a database there is nobody to hand it to: it is not sent. One that no process
+delivers within ``KEEP_S`` is stale (an offer's hold has lapsed by then): given up, logged.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from gpubot.errors import DUTY_TURN, StoreError
 
 log = logging.getLogger(__name__)
 
-KEEP_S = 24 * 3600.0  # a message no serving front end has delivered in this long is given up
+KEEP_S = 3600.0  # a message no serving front end delivered in this long is stale: given up
+RETRY_S = 30.0  # a message that did not go out waits this long, doubled each time, to go again
 
 
 class DmRoute:
-    """The one ``Dm`` of a process: its front end's own, or handed over (``due``)."""
+    """The one ``Dm`` of a process: its front end's own, or handed over (``due``). ``takes``:
+    whether it delivers what others handed over (a front end with ids of its own; the console,
+    which reaches anyone, never takes another's)."""
 
     def __init__(
         self,
@@ -34,9 +38,12 @@ class DmRoute:
         reaches: Callable[[str], bool],
         due: DmDueStore | None,
         *,
+        takes: bool = True,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.own, self.reaches, self.due, self.clock = own, reaches, due, clock
+        self.takes = takes
+        self._later: dict[str, tuple[float, float]] = {}  # subject → (next try, wait after)
 
     async def __call__(self, user: str, msg: Message, subject: str) -> bool:
         """Send ``msg`` to ``user`` once under ``subject``; False: the caller asks again."""
@@ -59,12 +66,15 @@ class DmRoute:
 
     async def deliver(self) -> int:
         """Post the handed-over messages to people this front end reaches (each once, through
-        ``own``), give up those kept longer than ``KEEP_S``; return how many were posted."""
-        if self.due is None:
+        ``own``; one that did not go out waits longer each time), give up those older than
+        ``KEEP_S``; return how many were posted."""
+        if self.due is None or not self.takes:
             return 0
         sent = 0
         try:
-            for dm in await self.due.due():
+            kept = await self.due.due()
+            self._later = {k: v for k, v in self._later.items() if k in {d.subject for d in kept}}
+            for dm in kept:
                 sent += await self._one(dm)
         except StoreError as exc:  # the next turn tries again
             log.warning("handed-over DMs not delivered: %s", exc, extra=DUTY_TURN)
@@ -72,25 +82,27 @@ class DmRoute:
 
     async def _one(self, dm: DueDm) -> bool:
         assert self.due is not None
-        if self.clock.now() - dm.at > KEEP_S:
+        now = self.clock.now()
+        if now - dm.at > KEEP_S:
             log.error(
-                "%s: no front end delivered the DM to %s in a day: given up", dm.subject, dm.to
+                "%s: no front end delivered the DM to %s in time: given up", dm.subject, dm.to
             )
             await self.due.done(dm.subject)
             return False
-        if not self.reaches(dm.to):
-            return False  # another front end's
+        if not self.reaches(dm.to) or now < self._later.get(dm.subject, (0.0, 0.0))[0]:
+            return False  # another front end's, or not yet again
         try:
-            msg = decode(dm.body)
-        except ValueError as exc:
+            ok = await self.own(dm.to, decode(dm.body), dm.subject)
+        except ValueError as exc:  # perhaps a newer gpubot's: left to one that reads it, or to age
             log.error("%s: the DM handed over to %s is unreadable: %s", dm.subject, dm.to, exc)
-            await self.due.done(dm.subject)
-            return False
-        try:
-            ok = await self.own(dm.to, msg, dm.subject)
+            ok = False
         except Exception:  # a DM is a courtesy: the duty goes on, and tries it again
             log.exception("%s: the DM to %s failed", dm.subject, dm.to)
-            return False
+            ok = False
         if ok:
+            self._later.pop(dm.subject, None)
             await self.due.done(dm.subject)
+        else:
+            wait = self._later.get(dm.subject, (0.0, RETRY_S / 2))[1] * 2
+            self._later[dm.subject] = (now + wait, wait)
         return ok

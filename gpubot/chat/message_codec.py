@@ -52,7 +52,7 @@ def decode(text: str) -> Message:
     """Return the message ``encode`` wrote (``ValueError``: it is not one)."""
     try:
         msg = _in(json.loads(text))
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
         raise ValueError(f"not a message: {exc!r}") from None
     if not isinstance(msg, Message):
         raise ValueError(f"not a message: a {type(msg).__name__}")

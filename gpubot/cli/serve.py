@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -153,7 +153,8 @@ def _serving(args: argparse.Namespace, *, first: bool = True) -> Serving:
     which neither sweeps nor serves the metrics (the first does)."""
     return Serving(
         sweeps=first and not args.no_sweeps,
-        metrics_port=args.metrics_port if first else None,
+        metrics=first,
+        metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         expire_every_s=args.expire_every,
     )
@@ -201,16 +202,25 @@ async def _serve(
         for served in built:
             await stack.enter_async_context(served.app.running())
         with _stop_on_signals() as stop:
-            await asyncio.gather(*(_until_one_ends(s.listen, stop) for s in built))
+            await listen_all([s.listen for s in built], stop)
 
 
-async def _until_one_ends(
-    listen: Callable[[asyncio.Event], Awaitable[None]], stop: asyncio.Event
+async def listen_all(
+    listens: Sequence[Callable[[asyncio.Event], Awaitable[None]]], stop: asyncio.Event
 ) -> None:
-    try:
-        await listen(stop)
-    finally:
-        stop.set()
+    """Run every listener until ``stop``, which one that ends (or fails) sets, so that it stops
+    the others; each ends, drained, before the apps close, and the first failure is raised."""
+
+    async def until_one_ends(listen: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+        try:
+            await listen(stop)
+        finally:
+            stop.set()
+
+    ended = await asyncio.gather(*map(until_one_ends, listens), return_exceptions=True)
+    for outcome in ended:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 @contextlib.contextmanager

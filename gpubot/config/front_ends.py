@@ -75,3 +75,8 @@ def names(front: str, value: str) -> bool:
     its messages can mention. A front end with no forms of its own mentions any."""
     own = KNOWN.get(front)
     return own is None or bool(own.user.fullmatch(value) or own.group.fullmatch(value))
+
+
+def has_forms(front: str) -> bool:
+    """Whether the front end named ``front`` has ids of its own (the console has none)."""
+    return front in KNOWN

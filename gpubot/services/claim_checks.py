@@ -67,9 +67,16 @@ def uuids_of(snap: NodeSnapshot, gpus: Sequence[int]) -> tuple[tuple[int, str], 
     return tuple(out)
 
 
-async def intruder_now(status: StatusService, store: ClaimStore, key: str) -> Intruder | None:
-    """Look for the intruder of the finding ``key`` on its node now (None: not there)."""
-    node = parse_key(key).node
-    snap = await status.snapshot(status.node(node))
-    found = intruders(snap, await store.active(node))
+async def intruder_now(
+    status: StatusService, store: ClaimStore, key: str, claimant: str
+) -> Intruder | None:
+    """Look for the intruder of the finding ``key`` on its node now (None: not there), for the
+    ``claimant`` of its GPU alone: nobody else makes gpubot probe a node by asking."""
+    k = parse_key(key)
+    active = await store.active(k.node)
+    if not any(c.gpu == k.gpu and c.chat_id == claimant for c in active):
+        where = f"{k.node} GPU {k.gpu}"
+        raise UsageError(f"you hold no claim of {where}: only its claimant may ask to free it")
+    snap = await status.snapshot(status.node(k.node))
+    found = intruders(snap, active)
     return next((i for i in found if i.finding().key.text() == key), None)

@@ -212,13 +212,9 @@ class ClaimService:
         if cmd.node is not None:
             self.status.node(cmd.node)
         await self._refuse_extend_into(who, cmd)
+        now, where = self.clock.now(), (cmd.node, cmd.gpus)
         done = await self.store.extend(
-            who.id,
-            (cmd.node, cmd.gpus),
-            cmd.by_s,
-            most_s=self._most_s,
-            now=self.clock.now(),
-            source=source,
+            who.id, where, cmd.by_s, most_s=self._most_s, now=now, source=source
         )
         if not done:
             raise UsageError("you have no claim there to extend (see `/gpu claims mine`)")
@@ -332,11 +328,12 @@ class ClaimService:
         self._told &= set(found)
         return [i.finding() for i, _ in found.values()]
 
-    async def intruder(self, key: str) -> Intruder | None:
+    async def intruder(self, key: str, claimant: str) -> Intruder | None:
         """The intruder of finding ``key``: remembered by this process's sweeps, else looked
-        for now (its DM may come from another process, or from before a restart)."""
+        for now for its GPU's ``claimant`` (the DM may be another process's, or older)."""
         got = self._intruders.get(key)
-        return got[0] if got is not None else await intruder_now(self.status, self.store, key)
+        found = got[0] if got is not None else None
+        return found or await intruder_now(self.status, self.store, key, claimant)
 
     async def _due_intruders(self, now: float) -> list[Intruding]:
         out = []

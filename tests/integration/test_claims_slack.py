@@ -247,7 +247,7 @@ async def test_an_idle_claim_is_asked_then_kept_then_released(
 
 
 async def test_an_intruders_free_it_is_looked_up_when_clicked_after_a_restart(
-    slack_settings: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
+    slack_settings: Any, slack_fleet: Any, dm_slack: DmSlack, tmp_path: Any, node1: Any
 ) -> None:
     """The claimant's *Free it* names a process the sweep of another run found: a bot restarted
     since (or another front end's process, which does not sweep) looks for it on the node when
@@ -261,7 +261,12 @@ async def test_an_intruders_free_it_is_looked_up_when_clicked_after_a_restart(
         assert await h.bot.flows.claims.tick() == 1
         key = button(dms(dm_slack, "U0BOB", n)[0], view.ACTION_FREE_INTRUDER)
     async with serving(slack_settings, dm_slack, url, clock) as (h, app):  # never swept
+        execs = slack_fleet.execs().get("node1", 0)
+        dave = await click(h, view.ACTION_FREE_INTRUDER, key, "U0DAVE")  # not the claimant
+        assert "you hold no claim of node1 GPU 1: only its claimant may ask to free it" in dave
+        assert slack_fleet.execs().get("node1", 0) == execs  # asking probed nothing
         await click(h, view.ACTION_FREE_INTRUDER, key, "U0BOB")
+        assert slack_fleet.execs()["node1"] > execs  # the claimant's: looked up on the node
         (request,) = [c for c in dm_slack.ok("chat.postMessage") if c.body["channel"] == "C0ONCALL"]
         assert f"Unclaimed use: {w.user}'s pid {w.pid}" in json.dumps(request.body)
         assert alive(w.pid)  # asked, not killed

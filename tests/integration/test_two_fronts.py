@@ -27,7 +27,7 @@ from gpubot.matrix.render import APPROVAL_KEY
 from gpubot.store import open_store
 from gpubot.store.tables import outbox
 from tests.fixtures.matrix import MatrixHarness, MatrixWorld, fleet_config, serving
-from tests.fixtures.serve import env_with, spawn_serve, stop_serve
+from tests.fixtures.serve import env_with, run_serve, spawn_serve, stop_serve
 from tests.fixtures.slack import (
     BOT_TOKEN,
     SECRET,
@@ -321,3 +321,46 @@ async def test_slack_and_matrix_served_on_one_database_each_keep_to_their_own(
     }
     assert slack_req.ref.startswith(f"{ONCALL}/") and matrix_req.ref.startswith(world.room)
     assert not [c for c in fake.calls if str(c.body.get("channel", "")).startswith("!")]
+
+
+async def test_chat_both_serves_the_settings_metrics_port_once(
+    matrix_world: MatrixWorld, slack_fleet: Any, fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    """``[metrics] port`` is the process's: with ``--chat both`` the first composition serves it
+    and the second does not bind it again (which failed the start)."""
+    config = both_config(matrix_world, slack_fleet, tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config.write_text(config.read_text() + f"\n[metrics]\nport = {port}\n")
+    async with slack_serving(config, fake_slack, matrix_world.bot_token) as (_, proc):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.0 200") and b"gpubot_" in answer
+        assert proc.returncode is None
+
+
+async def test_chat_both_whose_slack_port_is_taken_ends_both_in_one_line(
+    matrix_world: MatrixWorld, slack_fleet: Any, fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    """One listener failing (Slack's port is taken) stops the other, which ends (drained)
+    before the apps close: the start fails in one line, never a traceback."""
+    config = both_config(matrix_world, slack_fleet, tmp_path)
+    env = env_with(
+        SLACK_BOT_TOKEN=BOT_TOKEN,
+        SLACK_SIGNING_SECRET=SECRET,
+        SLACK_API_URL=fake_slack.base_url,
+        MATRIX_ACCESS_TOKEN=matrix_world.bot_token,
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args = ("--chat", "both", "--http", "--port", port, "--no-sweeps")
+        code, err = await run_serve(config, env, *args)
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert code == 2 and len(errors) == 1, err
+    assert errors[0].startswith(f"gpubot: error: cannot serve Slack on 127.0.0.1:{port}")
+    assert "Traceback" not in err and "Task was destroyed" not in err
