@@ -304,3 +304,62 @@ async def test_the_outside_process_gets_the_usual_forced_kill(
             "freed",
         )
     assert alive(held) and slurm_cluster.state(job) == "RUNNING"
+
+
+MINORS = [3, 1, 0, 2]  # GPU index i opens nvidia{MINORS[i]}: not the order of the indices
+
+
+@pytest.fixture(scope="module")
+def permuted(
+    sim_users: tuple[str, ...],
+    slurm_cluster: SlurmCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[SimFleet, Path]]:
+    """A node whose device minors are not its GPU indices (real boxes number them apart), on
+    the same Slurm, and its settings."""
+    with SimFleet(
+        tmp_path_factory.mktemp("slurm-minors"),
+        nodes=1,
+        gpus=4,
+        runtimes=["slurm"],
+        session_path=[str(slurm_cluster.bin_dir)],
+        release_delay_s=0.2,
+        minors=MINORS,
+    ) as f:
+        text = f.config_path.read_text()
+        slurm = f'name = "node1"\nscheduler = "slurm"\nslurm_node = "{slurm_cluster.node_name}"'
+        text, n = re.subn(r'(?m)^name = "node1"$', slurm, text)
+        assert n == 1
+        path = tmp_path_factory.mktemp("slurm-minors-conf") / "gpubot.toml"
+        path.write_text(text)
+        yield f, path
+        slurm_cluster.cancel_all()
+
+
+def test_a_jobs_gres_index_is_its_gpu_by_device_minor_not_by_index(
+    permuted: tuple[SimFleet, Path], slurm_cluster: SlurmCluster, sim_users: tuple[str, ...]
+) -> None:
+    """Slurm's ``IDX:k`` is gres.conf's k-th ``File=``, the device of minor k; on this node
+    that is GPU ``MINORS.index(k)``: status shows the job there, on no other GPU."""
+    fleet, config = permuted
+    node = fleet.node("node1")
+    alice = sim_users[0]
+    script = f'g=${{SLURM_JOB_GPUS%%,*}}; exec 3<>{node.dev_prefix}"$g"; exec sleep 1000000'
+    job = slurm_cluster.sbatch(alice, script, "minors", gres="gpu:1", time_limit="30")
+    (k,) = allocated(slurm_cluster, job)
+    gpu = MINORS.index(k)  # the GPU whose device file is gres.conf's k-th
+    pid = slurm_cluster.holder(job, node.device(gpu))
+    node.adopt(pid, gpu, 2000)
+    try:
+        out = gpubot_cli(config, "status", "node1", "--json")
+        assert out.returncode == 0, out.stderr
+        (doc,) = json.loads(out.stdout)["nodes"]
+        jobs = {g["index"]: (g["slurm"] or {}).get("job") for g in doc["gpus"]}
+        assert jobs == {i: job if i == gpu else None for i in range(4)}, (k, jobs)
+        mine = next(g for g in doc["gpus"] if g["index"] == gpu)
+        assert mine["slurm"]["used"] is True and mine["slurm"]["map_proven"] is True
+        if k != gpu:  # the control: by index, the job would be shown on GPU k
+            assert jobs[k] is None
+    finally:
+        slurm_cluster.cancel_all()
+        node.clear()
