@@ -27,6 +27,7 @@ from gpubot.core.probe.holders import Holders
 from gpubot.core.probe.snapshot import NvmlKnown, parse_probe, probe_argv
 from gpubot.core.reset.protect import Protection
 from gpubot.core.slurm import SLURM
+from gpubot.core.slurm.alloc import undeclared
 from gpubot.core.telemetry import PROMETHEUS, PromNode
 from gpubot.core.workload import Workload
 from gpubot.errors import (
@@ -344,7 +345,8 @@ class StatusService:
         snap = await self.snapshot(node, holders=Holders.IF_UNEXPLAINED)
         for decorate in self.decorators:
             snap = decorate(snap)
-        return snap
+        said = undeclared(snap, node.scheduler)  # Slurm seen where no scheduler is named
+        return snap if said is None else replace(snap, notes=(*snap.notes, said))
 
     async def abandon(self) -> None:
         """Cancel the rounds in flight and wait for them, before the transport closes: a

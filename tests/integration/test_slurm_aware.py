@@ -127,10 +127,11 @@ def test_allocation_beside_use_a_finding_once_and_a_claim_refused(
     assert gpus[used]["slurm"]["user"] == alice and gpus[used]["slurm"]["map_proven"] is True
     assert gpus[outside]["slurm"]["job"] is None and "outside-slurm" in gpus[outside]["flags"]
     assert "allocated-unused" in gpus[unused]["flags"] and gpus[used]["flags"] == []
+    assert not [n for n in doc["notes"] if "name no scheduler" in n]  # it is named here
     text = gpubot_cli(config, "status", "node1").stdout
     assert f"Slurm job {job} ({alice}, train): GPU {used}, {unused}" in text
     time_left_shown(slurm_cluster, job, [gpus[used], gpus[unused]], text)
-    no_scheduler_no_slurm(fleet.config_path)
+    no_scheduler_no_slurm(fleet.config_path, job)
 
     fake = FakeSlack()
     found = asyncio.run(sweeps(with_tables(load(config), ALERTS), fake, 4))
@@ -167,13 +168,17 @@ def time_left_shown(
     assert m is not None and 20 <= int(m[1]) <= 30, text
 
 
-def no_scheduler_no_slurm(plain: Path) -> None:
+def no_scheduler_no_slurm(plain: Path, job: str) -> None:
     """The control: the same node and job, its settings naming no scheduler: ``"slurm": null``
-    on every GPU."""
+    on every GPU, and a note that Slurm's jobs run there (detected, never assumed)."""
     out = gpubot_cli(plain, "status", "node1", "--json")
     assert out.returncode == 0, out.stderr
     (doc,) = json.loads(out.stdout)["nodes"]
     assert [g["slurm"] for g in doc["gpus"]] == [None] * 4
+    (note,) = [n for n in doc["notes"] if "name no scheduler" in n]
+    assert f"processes here run in Slurm jobs ({job})" in note and 'scheduler = "slurm"' in note
+    text = gpubot_cli(plain, "status", "node1").stdout
+    assert "but the settings name no scheduler for node1" in text
 
 
 async def sweeps(settings: Settings, fake: FakeSlack, n: int) -> list[list[Finding]]:

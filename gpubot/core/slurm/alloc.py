@@ -166,3 +166,17 @@ def gpu_dict(snap: NodeSnapshot, g: GpuInfo) -> dict[str, object] | None:
         "used": used,
         "map_proven": sure,
     }
+
+
+def undeclared(snap: NodeSnapshot, scheduler: str | None) -> str | None:
+    """Say so where a node's processes run in Slurm jobs (their cgroups) while the settings
+    name no scheduler for it: Slurm is then detected, never assumed (None: nothing to say)."""
+    jobs = sorted({j for p in snap.processes if (j := job_of(p.workload)) is not None})
+    if scheduler is not None or not jobs:
+        return None
+    shown = ", ".join(jobs[:3]) + (" …" if len(jobs) > 3 else "")
+    return (
+        f"processes here run in Slurm jobs ({shown}) but the settings name no scheduler for "
+        f'{snap.node}: add scheduler = "slurm" to see allocations beside use, refuse claims '
+        "of allocated GPUs and drain through Slurm"
+    )
