@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -148,9 +149,9 @@ def _log_setup() -> None:
     )
 
 
-def _serving(args: argparse.Namespace, *, first: bool = True) -> Serving:
-    """How a front end's composition serves; ``first`` False: the second of ``--chat both``,
-    which neither sweeps nor serves the metrics (the first does)."""
+def _serving(args: argparse.Namespace, *, first: bool) -> Serving:
+    """How a front end's composition serves; ``first`` False: the other of ``--chat both``,
+    which neither sweeps nor serves the metrics (``_sweeper``'s does)."""
     return Serving(
         sweeps=first and not args.no_sweeps,
         metrics=first,
@@ -189,13 +190,14 @@ async def _serve(
     """Build each front end on its own composition (a database that is behind stops it here),
     check each one's credentials (a refusal is one line), then run them until SIGTERM or
     SIGINT; one that stops stops the other."""
+    sweeper = _sweeper(settings, tokens, matrix)
     async with contextlib.AsyncExitStack() as stack:
         built: list[Served] = []
         if tokens is not None:
-            built.append(_slack(args, settings, tokens, environ))
+            built.append(_slack(args, settings, tokens, environ, first=sweeper == "slack"))
             stack.push_async_callback(built[-1].app.close)
         if matrix is not None:
-            built.append(_matrix(args, settings, *matrix, environ, first=not built))
+            built.append(_matrix(args, settings, *matrix, environ, first=sweeper == "matrix"))
             stack.push_async_callback(built[-1].app.close)
         for served in built:
             await served.check()
@@ -203,6 +205,26 @@ async def _serve(
             await stack.enter_async_context(served.app.running())
         with _stop_on_signals() as stop:
             await listen_all([s.listen for s in built], stop)
+
+
+def _sweeper(
+    settings: Settings, tokens: Tokens | None, matrix: tuple[MatrixSettings, str] | None
+) -> str:
+    """Which front end sweeps and serves the metrics: Slack's, unless only Matrix has a place
+    for the alerts (``--chat both``; alone, each does)."""
+    if tokens is None:
+        return "matrix"
+    if matrix is None or settings.sweep.channel is not None:
+        return "slack"
+    from gpubot.matrix.settings import on_matrix
+
+    if on_matrix(settings, matrix[0]).sweep.channel is None:
+        return "slack"
+    print(
+        "gpubot: sweeps and metrics run on the Matrix side (Slack has no alerts channel)",
+        file=sys.stderr,
+    )
+    return "matrix"
 
 
 async def listen_all(
@@ -264,7 +286,12 @@ def _matrix(
 
 
 def _slack(
-    args: argparse.Namespace, settings: Settings, tokens: Tokens, environ: Mapping[str, str]
+    args: argparse.Namespace,
+    settings: Settings,
+    tokens: Tokens,
+    environ: Mapping[str, str],
+    *,
+    first: bool,
 ) -> Served:
     """The Slack bot on its composition; its check asks Slack who the token is."""
     from gpubot.services.alert_keeper import NoAlerts
@@ -272,7 +299,8 @@ def _slack(
     from gpubot.slack.serve import Listener, SlackParts, build_bot, check_token, listen
 
     front = SlackFront(SlackAccess(tokens.bot, tokens.api_url))
-    app = build(settings, environ, need_store=True, front=front, serving=_serving(args))
+    serving = _serving(args, first=first)
+    app = build(settings, environ, need_store=True, front=front, serving=serving)
     listener = Listener(
         http=args.http,
         host=args.host,

@@ -26,7 +26,7 @@ from gpubot.core.models import ApprovalState
 from gpubot.matrix.render import APPROVAL_KEY
 from gpubot.store import open_store
 from gpubot.store.tables import outbox
-from tests.fixtures.matrix import MatrixHarness, MatrixWorld, fleet_config, serving
+from tests.fixtures.matrix import MatrixHarness, MatrixWorld, config_for, fleet_config, serving
 from tests.fixtures.serve import env_with, run_serve, spawn_serve, stop_serve
 from tests.fixtures.slack import (
     BOT_TOKEN,
@@ -364,3 +364,41 @@ async def test_chat_both_whose_slack_port_is_taken_ends_both_in_one_line(
     assert code == 2 and len(errors) == 1, err
     assert errors[0].startswith(f"gpubot: error: cannot serve Slack on 127.0.0.1:{port}")
     assert "Traceback" not in err and "Task was destroyed" not in err
+
+
+@pytest.mark.parametrize("slack_channel", [False, True], ids=["matrix-only-room", "both"])
+async def test_chat_both_sweeps_on_the_side_that_has_a_place_for_alerts(
+    matrix_world: MatrixWorld,
+    slack_fleet: Any,
+    fake_slack: FakeSlack,
+    tmp_path: Path,
+    slack_channel: bool,
+) -> None:
+    """Slack sweeps (and serves the metrics) unless only Matrix has a room for the alerts: then
+    Matrix does, said at start; the control: with a Slack channel, Slack does, unsaid."""
+    w = matrix_world
+    config = config_for(w, slack_fleet, tmp_path, w.synapse.url, slack=slack_channel)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = env_with(
+        SLACK_BOT_TOKEN=BOT_TOKEN,
+        SLACK_SIGNING_SECRET=SECRET,
+        SLACK_API_URL=fake_slack.base_url,
+        MATRIX_ACCESS_TOKEN=w.bot_token,
+    )
+    args = ("--chat", "both", "--http", "--port", str(port), "--expire-every", "1")
+    proc = await spawn_serve(config, env, args, asyncio.subprocess.DEVNULL)
+    said: list[bytes] = []
+    try:
+        assert proc.stderr is not None
+        while not (
+            any(b"serving Slack" in x for x in said) and any(b"serving Matrix" in x for x in said)
+        ):
+            said.append(line := await asyncio.wait_for(proc.stderr.readline(), 60))
+            assert line, b"".join(said[-10:])
+    finally:
+        await stop_serve(proc)
+    matrix_sweeps = any(b"sweeps and metrics run on the Matrix side" in x for x in said)
+    assert matrix_sweeps is not slack_channel, b"".join(said)
+    assert proc.returncode == 0
