@@ -73,7 +73,8 @@ class DmRoute:
         sent = 0
         try:
             kept = await self.due.due()
-            self._later = {k: v for k, v in self._later.items() if k in {d.subject for d in kept}}
+            subjects = {d.subject for d in kept}  # forget the waits of those gone
+            self._later = {k: v for k, v in self._later.items() if k in subjects}
             for dm in kept:
                 sent += await self._one(dm)
         except StoreError as exc:  # the next turn tries again

@@ -127,14 +127,10 @@ async def tell_idle_owners(
     front end's process, ``chat.dm_route``), without the link, which names this one's message."""
     sent = 0
     for user, items in idle_owners(group, people).items():
-        mine = route is None or route.reaches(user)
-        alert = where if mine else None
+        send: Dm = own if route is None or route.reaches(user) else route
+        alert = where if send is own else None
         msg = render_idle_dm(items, group.node, now=group.at, alert=alert, snooze=_snooze_day)
-        subject = idle_subject(group.node, items, user)
-        if mine:
-            sent += await own(user, msg, subject)
-        elif route is not None:
-            sent += await route(user, msg, subject)
+        sent += await send(user, msg, idle_subject(group.node, items, user))
     return sent
 
 

@@ -13,8 +13,8 @@ from gpubot.matrix.doctor import check, check_file
 from gpubot.matrix.settings import MatrixSettings
 from tests.fixtures.db import closed_port
 from tests.fixtures.matrix import MatrixWorld, config_for
-from tests.fixtures.serve import env_with, run_serve
-from tests.fixtures.slack import BOT_TOKEN, SECRET, FakeSlack
+from tests.fixtures.serve import http_env, run_serve
+from tests.fixtures.slack import FakeSlack
 
 ENV = "MATRIX_ACCESS_TOKEN"
 
@@ -70,12 +70,7 @@ async def test_serve_refuses_a_bad_token_in_one_line(
     before anything runs: one line."""
     w = matrix_world
     config = config_for(w, slack_fleet, tmp_path, w.synapse.url, slack=chat == "both")
-    env = env_with(
-        MATRIX_ACCESS_TOKEN="syt_not_a_token",
-        SLACK_BOT_TOKEN=BOT_TOKEN,
-        SLACK_SIGNING_SECRET=SECRET,
-        SLACK_API_URL=fake_slack.base_url,
-    )
+    env = http_env(fake_slack, MATRIX_ACCESS_TOKEN="syt_not_a_token")
     port = str(closed_port())
     code, err = await run_serve(
         config, env, "--chat", chat, "--no-sweeps", "--http", "--port", port

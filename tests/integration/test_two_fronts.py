@@ -26,10 +26,10 @@ from gpubot.core.models import ApprovalState
 from gpubot.matrix.render import APPROVAL_KEY
 from gpubot.store import open_store
 from gpubot.store.tables import outbox
+from tests.fixtures.db import closed_port
 from tests.fixtures.matrix import MatrixHarness, MatrixWorld, config_for, fleet_config, serving
-from tests.fixtures.serve import env_with, run_serve, spawn_serve, stop_serve
+from tests.fixtures.serve import http_env, run_serve, spawn_serve, stop_serve
 from tests.fixtures.slack import (
-    BOT_TOKEN,
     SECRET,
     FakeSlack,
     Harness,
@@ -218,16 +218,13 @@ def both_config(world: MatrixWorld, fleet: Any, folder: Path) -> Path:
 @contextlib.asynccontextmanager
 async def slack_serving(
     config: Path, fake: FakeSlack, matrix_token: str | None = None
-) -> AsyncIterator[tuple[SlackSender, asyncio.subprocess.Process]]:
+) -> AsyncIterator[tuple[SlackSender, asyncio.subprocess.Process, list[bytes]]]:
     """``gpubot serve --http`` on ``config`` (no sweeps, the duty every second); with
-    ``matrix_token``, ``--chat both``: the Matrix bot too, in the same process."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = env_with(
-        SLACK_BOT_TOKEN=BOT_TOKEN, SLACK_SIGNING_SECRET=SECRET, SLACK_API_URL=fake.base_url
-    )
-    args: tuple[str, ...] = ("--http", "--port", str(port), "--no-sweeps", "--expire-every", "1")
+    ``matrix_token``, ``--chat both``: the Matrix bot too, in the same process. Yields what it
+    said on stderr until it served."""
+    port = str(closed_port())
+    env = http_env(fake)
+    args: tuple[str, ...] = ("--http", "--port", port, "--no-sweeps", "--expire-every", "1")
     waits = [b"serving Slack"]
     if matrix_token is not None:
         env["MATRIX_ACCESS_TOKEN"] = matrix_token
@@ -239,7 +236,7 @@ async def slack_serving(
         while not all(any(w in line for line in said) for w in waits):
             said.append(line := await asyncio.wait_for(proc.stderr.readline(), 60))
             assert line, b"gpubot serve ended before serving: " + b"".join(said[-10:])
-        yield SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake), proc
+        yield SlackSender(f"http://127.0.0.1:{port}/slack/events", SECRET, fake), proc, said
     finally:
         await stop_serve(proc)
     assert proc.returncode == 0  # SIGTERM stops every front end it serves, cleanly
@@ -252,11 +249,11 @@ async def both_serving(
     """Slack and Matrix served by two ``gpubot serve`` processes, or by one ``--chat both``;
     the process yielded is the one that serves Matrix."""
     if processes == 1:
-        async with slack_serving(config, fake, world.bot_token) as (slack, proc):
+        async with slack_serving(config, fake, world.bot_token) as (slack, proc, _):
             yield slack, proc
         return
     async with (
-        slack_serving(config, fake) as (slack, _),
+        slack_serving(config, fake) as (slack, _, _),
         serving(config, world.bot_token) as matrix_proc,
     ):
         yield slack, matrix_proc
@@ -329,11 +326,9 @@ async def test_chat_both_serves_the_settings_metrics_port_once(
     """``[metrics] port`` is the process's: with ``--chat both`` the first composition serves it
     and the second does not bind it again (which failed the start)."""
     config = both_config(matrix_world, slack_fleet, tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = closed_port()
     config.write_text(config.read_text() + f"\n[metrics]\nport = {port}\n")
-    async with slack_serving(config, fake_slack, matrix_world.bot_token) as (_, proc):
+    async with slack_serving(config, fake_slack, matrix_world.bot_token) as (_, proc, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
         answer = await asyncio.wait_for(reader.read(), 10)
@@ -348,12 +343,7 @@ async def test_chat_both_whose_slack_port_is_taken_ends_both_in_one_line(
     """One listener failing (Slack's port is taken) stops the other, which ends (drained)
     before the apps close: the start fails in one line, never a traceback."""
     config = both_config(matrix_world, slack_fleet, tmp_path)
-    env = env_with(
-        SLACK_BOT_TOKEN=BOT_TOKEN,
-        SLACK_SIGNING_SECRET=SECRET,
-        SLACK_API_URL=fake_slack.base_url,
-        MATRIX_ACCESS_TOKEN=matrix_world.bot_token,
-    )
+    env = http_env(fake_slack, MATRIX_ACCESS_TOKEN=matrix_world.bot_token)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -378,27 +368,7 @@ async def test_chat_both_sweeps_on_the_side_that_has_a_place_for_alerts(
     Matrix does, said at start; the control: with a Slack channel, Slack does, unsaid."""
     w = matrix_world
     config = config_for(w, slack_fleet, tmp_path, w.synapse.url, slack=slack_channel)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = env_with(
-        SLACK_BOT_TOKEN=BOT_TOKEN,
-        SLACK_SIGNING_SECRET=SECRET,
-        SLACK_API_URL=fake_slack.base_url,
-        MATRIX_ACCESS_TOKEN=w.bot_token,
-    )
-    args = ("--chat", "both", "--http", "--port", str(port), "--expire-every", "1")
-    proc = await spawn_serve(config, env, args, asyncio.subprocess.DEVNULL)
-    said: list[bytes] = []
-    try:
-        assert proc.stderr is not None
-        while not (
-            any(b"serving Slack" in x for x in said) and any(b"serving Matrix" in x for x in said)
-        ):
-            said.append(line := await asyncio.wait_for(proc.stderr.readline(), 60))
-            assert line, b"".join(said[-10:])
-    finally:
-        await stop_serve(proc)
+    async with slack_serving(config, fake_slack, w.bot_token) as (_, _, said):
+        pass
     matrix_sweeps = any(b"sweeps and metrics run on the Matrix side" in x for x in said)
     assert matrix_sweeps is not slack_channel, b"".join(said)
-    assert proc.returncode == 0
