@@ -140,6 +140,13 @@ def test_allocated_hours_beside_observed_recomputed_from_sacct(
         script = f'g=${{SLURM_JOB_GPUS%%,*}}; exec 3<>{node.dev_prefix}"$g"; exec sleep 1000000'
         long = c.sbatch(alice, script, "long", gres="gpu:2")
         wait_until(lambda: bool(c.job_json(long)["gres_detail"]), 30, f"job {long} running")
+        # slurmctld tells slurmdbd of a start on its own time: on a loaded box the report could
+        # read sacct before the running job is there, which the brute force (read after) has.
+        wait_until(
+            lambda: any(r["JobID"] == long and r["Start"] != "Unknown" for r in sacct_rows(c)),
+            30,
+            f"sacct: job {long} started",
+        )
         (detail,) = c.job_json(long)["gres_detail"]
         used = int(re.fullmatch(r"gpu(?::\d+)?\(IDX:(\d+)-\d+\)", detail)[1])  # type: ignore[index]
         node.adopt(c.holder(long, node.device(used)), used, 3000)
