@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import ctypes
 import os
@@ -81,6 +82,10 @@ def write_lib(lib_dir: Path) -> None:
     (lib_dir / "gpusim_workload.py").write_text(
         "import sys\n\nfrom gpusim.workload import main\n\nsys.exit(main())\n"
     )
+    # Compiled once here: every nvidia-smi, journalctl and workload of the node imports these,
+    # and a Python that may not write bytecode (PYTHONDONTWRITEBYTECODE, or a user who cannot
+    # write here) would compile them again at each start (a quarter of nvidia-smi's CPU).
+    compileall.compile_dir(pkg, quiet=1)
     for p in [lib_dir, pkg, *lib_dir.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
 
