@@ -25,7 +25,6 @@ import os
 import sys
 import time
 from datetime import datetime
-from typing import Any
 
 from . import simstate
 from .smi_faults import garble, hang, lost_line, stick
@@ -168,7 +167,7 @@ def await_daemon(node_dir: str, modes: dict[str, int], limit_s: float = 5.0) -> 
         time.sleep(0.05)
 
 
-def persistence(state: simstate.State, opts: dict[str, Any]) -> tuple[int, str]:
+def persistence(state: simstate.State, opts: simstate.Doc) -> tuple[int, str]:
     """``-pm 0|1 [-i N]``: ask the persistence daemon to let go of (or take) the GPUs.
 
     As a public incident write-up shows it: ``Disabled persistence mode for GPU <bus>.``, then
@@ -184,9 +183,9 @@ def persistence(state: simstate.State, opts: dict[str, Any]) -> tuple[int, str]:
     return 0, "\n".join(lines) + "\nAll done.\n"
 
 
-def parse_args(argv: list[str]) -> dict[str, Any]:
+def parse_args(argv: list[str]) -> simstate.Doc:
     """Parse the subset of nvidia-smi's command line that the simulation knows."""
-    opts: dict[str, Any] = {"mode": "table", "ids": None, "fields": [], "format": None}
+    opts: simstate.Doc = {"mode": "table", "ids": None, "fields": [], "format": None}
     it = iter(argv)
     for arg in it:
         name, eq, value = arg.partition("=")
@@ -230,7 +229,7 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     return opts
 
 
-def select_gpus(state: simstate.State, ids: list[str] | None) -> list[dict[str, Any]]:
+def select_gpus(state: simstate.State, ids: list[str] | None) -> list[simstate.Doc]:
     """Return the GPUs ``-i`` names (all without ``-i``); raise ``Usage`` for an unknown one.
 
     A lost GPU (fault ``lost``) answers nothing: it is left out; so is a vanished one, silently.
@@ -238,10 +237,10 @@ def select_gpus(state: simstate.State, ids: list[str] | None) -> list[dict[str, 
     fault = state.get("fault") or {}
     gone = {*state.get("health", {}).get("vanished", ())}  # gpusim.health_faults.vanish
     gone |= {fault.get("gpu")} if fault.get("kind") == "lost" else set()
-    gpus: list[dict[str, Any]] = [g for g in state["gpus"] if g["index"] not in gone]
+    gpus: list[simstate.Doc] = [g for g in state["gpus"] if g["index"] not in gone]
     if ids is None:
         return gpus
-    out: list[dict[str, Any]] = []
+    out: list[simstate.Doc] = []
     for ident in ids:
         match = [
             g
@@ -256,7 +255,7 @@ def select_gpus(state: simstate.State, ids: list[str] | None) -> list[dict[str, 
     return sorted(out, key=lambda g: g["index"])
 
 
-def render(state: simstate.State, opts: dict[str, Any], now: float) -> str:
+def render(state: simstate.State, opts: simstate.Doc, now: float) -> str:
     """Render the output of a query, ``-L`` or the default table."""
     gpus = select_gpus(state, opts["ids"])
     usage = simstate.gpu_usage(state, now)
@@ -307,7 +306,7 @@ def render(state: simstate.State, opts: dict[str, Any], now: float) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def gpu_values(state: simstate.State, g: dict[str, Any], use: tuple[int, int]) -> dict[str, Any]:
+def gpu_values(state: simstate.State, g: simstate.Doc, use: tuple[int, int]) -> simstate.Doc:
     """Return every queryable value of one GPU."""
     used, util = use
     return {
@@ -326,7 +325,7 @@ def gpu_values(state: simstate.State, g: dict[str, Any], use: tuple[int, int]) -
     }
 
 
-def cell(name: str, value: Any, unit: str, nounits: bool, special: dict[str, str]) -> str:
+def cell(name: str, value: object, unit: str, nounits: bool, special: dict[str, str]) -> str:
     """Format one CSV cell: ``[N/A]``-style overrides win, units follow the value."""
     if name in special:
         return special[name]
@@ -336,7 +335,7 @@ def cell(name: str, value: Any, unit: str, nounits: bool, special: dict[str, str
 
 
 def table(
-    state: simstate.State, gpus: list[dict[str, Any]], usage: dict[int, tuple[int, int]], now: float
+    state: simstate.State, gpus: list[simstate.Doc], usage: dict[int, tuple[int, int]], now: float
 ) -> str:
     """Render the default ``nvidia-smi`` table (driver 550 layout)."""
 
@@ -422,7 +421,7 @@ def holders(path: str) -> list[int]:
     return pids
 
 
-def gpu_reset(state: simstate.State, opts: dict[str, Any], now: float) -> tuple[int, str]:
+def gpu_reset(state: simstate.State, opts: simstate.Doc, now: float) -> tuple[int, str]:
     """Reset the selected GPUs unless a process still uses one; return (exit code, output)."""
     try:
         gpus = select_gpus(state, opts["ids"])

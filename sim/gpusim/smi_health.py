@@ -25,7 +25,9 @@ are all down, and nothing for a GPU without NVLink.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # (no typing at run time: see simstate)
+if TYPE_CHECKING:
+    from typing import Any
 
 REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
 FIELDS = {
